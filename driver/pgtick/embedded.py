@@ -1,0 +1,132 @@
+"""Embedded PostgreSQL for ``pgtick run`` without a DSN, and for tests.
+
+The ``pgserver`` package ships PostgreSQL binaries in a wheel; this module
+starts one on a data directory (persistent under the user's data directory by
+default, or a throwaway one), returns its DSN, and stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger("pgtick.embedded")
+
+
+def default_data_dir() -> Path:
+    """Where ``pgtick run`` keeps its embedded database: $PGTICK_HOME or the XDG data dir."""
+    home = os.environ.get("PGTICK_HOME")
+    if home:
+        return Path(home).expanduser() / "pgdata"
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "pgtick" / "pgdata"
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server from the ``pgserver`` wheel on one data directory.
+
+    ``ephemeral=True`` puts the data in a fresh temporary directory that is
+    deleted on ``stop()``; ``fast=True`` turns off fsync and synchronous
+    commit (for tests: durability traded for speed).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        ephemeral: bool = False,
+        fast: bool = False,
+        max_connections: int = 200,
+    ) -> None:
+        self.ephemeral = ephemeral
+        self.fast = fast
+        self.max_connections = max_connections
+        if ephemeral and data_dir is None:
+            self._tmp: str | None = tempfile.mkdtemp(prefix="pgtick-pg-")
+            data_dir = Path(self._tmp) / "pgdata"
+        else:
+            self._tmp = None
+        self.data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+        self._server: Any = None
+
+    @property
+    def dsn(self) -> str:
+        if self._server is None:
+            raise RuntimeError("embedded PostgreSQL is not running")
+        return str(self._server.get_uri())
+
+    def start(self) -> str:
+        """Start (or attach to) the server; returns a DSN for the ``postgres`` database."""
+        import pgserver  # imported late: it is slow to import and only needed here
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        if self._tmp is not None:
+            os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
+        fresh = not (self.data_dir / "PG_VERSION").exists()
+        # pgserver caches handles per directory; a stopped one must not be reused.
+        pgserver.PostgresServer._instances.pop(self.data_dir, None)
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
+        if fresh or self._settings_differ():
+            self._configure()
+        log.info("embedded PostgreSQL data=%s dsn=%s", self.data_dir, self.dsn)
+        return self.dsn
+
+    def _wanted(self) -> dict[str, str]:
+        wanted = {"max_connections": str(self.max_connections)}
+        if self.fast:
+            wanted.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        return wanted
+
+    def _settings_differ(self) -> bool:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for name, value in self._wanted().items():
+                row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+                if row is None or row[0] != value:
+                    return True
+        return False
+
+    def _configure(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for name, value in self._wanted().items():
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")  # names are ours, not input
+        self.restart()
+
+    def restart(self) -> None:
+        """Restart the server process (same data, same socket)."""
+        self._pg_ctl(["-w", "-m", "fast", "restart"])
+
+    def _pg_ctl(self, args: list[str]) -> None:
+        from pgserver import pg_ctl
+
+        pg_ctl(args, pgdata=self.data_dir, user=self._server.system_user, timeout=60)
+
+    def stop(self) -> None:
+        """Stop the server; an ephemeral one also loses its data directory."""
+        if self._server is not None:
+            try:
+                self._pg_ctl(["-w", "-m", "fast", "stop"])
+            except Exception as exc:  # already stopped: nothing to do
+                log.debug("pg_ctl stop: %s", exc)
+            self._server = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> EmbeddedPostgres:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,71 @@
+-- ===========================================================================
+-- cancel.sql: stopping work. A QUEUED run is cancelled at once; a RUNNING run
+-- gets cancel_requested, which its worker learns from its next heartbeat and
+-- acknowledges (jobs.acknowledge_cancel) at a checkpoint.
+-- ===========================================================================
+
+-- Cancel a run: QUEUED -> CANCELLED now; RUNNING -> cancel_requested. Returns the status after the call.
+CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint)
+RETURNS jobs.run_status
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_status jobs.run_status;
+BEGIN
+    IF cancel.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    UPDATE jobs.runs AS r
+       SET status = CASE WHEN r.status = 'QUEUED' THEN 'CANCELLED'::jobs.run_status ELSE r.status END,
+           finished_at = CASE WHEN r.status = 'QUEUED' THEN now() ELSE r.finished_at END,
+           error = CASE WHEN r.status = 'QUEUED' THEN 'cancelled before it started' ELSE r.error END,
+           cancel_requested = TRUE
+     WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
+    RETURNING r.status INTO v_status;
+    IF FOUND THEN
+        RETURN v_status;
+    END IF;
+    SELECT r.status INTO v_status FROM jobs.runs AS r WHERE r.id = cancel.run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'P0002';
+    END IF;
+    RETURN v_status;  -- already finished: nothing to do
+END
+$$;
+COMMENT ON FUNCTION jobs.cancel(bigint) IS
+'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';
+
+-- Cancel every QUEUED run of a definition; returns how many.
+CREATE OR REPLACE FUNCTION jobs.cancel_queued(name text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id bigint;
+    v_count integer;
+BEGIN
+    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(cancel_queued.name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    WITH victims AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.definition_id = v_id AND r.status = 'QUEUED'
+         ORDER BY r.id
+           FOR UPDATE SKIP LOCKED  -- a row a claimer holds right now is starting: leave it
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
+           error = 'cancelled before it started'
+      FROM victims WHERE r.id = victims.id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.cancel_queued(text) IS
+'Cancel every QUEUED run of the named definition; returns how many were cancelled.';

@@ -1,0 +1,110 @@
+-- ===========================================================================
+-- helpers.sql: private validation and notification helpers used by the API.
+-- All functions pin search_path; every reference is schema-qualified.
+-- ===========================================================================
+
+-- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
+CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR length(value) = 0 THEN
+        RAISE EXCEPTION '% must be a non-empty text', field USING ERRCODE = '22023';
+    END IF;
+    IF length(value) > max_length THEN
+        RAISE EXCEPTION '% is % characters long; the limit is %', field, length(value), max_length
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS
+'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
+
+-- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes.
+CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_limit integer := (SELECT c.max_payload_bytes FROM jobs.config AS c);
+    v_size integer;
+BEGIN
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION '% must be a JSON object, got %', field, coalesce(jsonb_typeof(payload), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    v_size := octet_length(payload::text);
+    IF v_size > v_limit THEN
+        RAISE EXCEPTION '% is % bytes; the limit is % (jobs.config.max_payload_bytes)', field, v_size, v_limit
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS
+'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes.';
+
+-- Raise 22023 naming the field when a number is NULL or outside [low, high].
+CREATE OR REPLACE FUNCTION jobs._check_range(field text, value bigint, low bigint, high bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR value < low OR value > high THEN
+        RAISE EXCEPTION '% must be between % and %, got %', field, low, high, coalesce(value::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
+'Private: raises 22023 naming the field if the number is NULL or out of range.';
+
+-- Raise 22023 unless the timestamp is present and finite.
+CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR NOT isfinite(value) THEN
+        RAISE EXCEPTION '% must be a finite timestamp, got %', field, coalesce(value::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
+'Private: raises 22023 naming the field if the timestamp is NULL or infinite.';
+
+-- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
+CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NOT NULL AND value <= interval '0' THEN
+        RAISE EXCEPTION '% must be a positive interval, got %', field, value USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_positive(text, interval) IS
+'Private: raises 22023 naming the field if the interval is zero or negative.';
+
+-- Wake idle workers: one NOTIFY on channel "jobs" per transaction, however many rows it queues.
+CREATE OR REPLACE FUNCTION jobs._notify()
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('pgtick.notified', TRUE) IS DISTINCT FROM 'yes' THEN
+        PERFORM pg_notify('jobs', '');
+        PERFORM set_config('pgtick.notified', 'yes', TRUE);  -- transaction-local
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._notify() IS
+'Private: NOTIFY jobs once per transaction so idle workers wake at once.';

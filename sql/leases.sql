@@ -1,0 +1,142 @@
+-- ===========================================================================
+-- leases.sql: leader election and TTL leases.
+--
+-- Leadership is a session-scoped advisory lock on one documented key,
+-- 8099570450837490756 ('pgtickLD' as a bigint; in pg_locks classid 1885828201,
+-- objid 1667976260, objsubid 1). It is held for as long as the leader's
+-- connection lives, so the leader must use a direct or session-mode
+-- connection: a transaction-mode pooler would hand the lock to other clients.
+--
+-- Leases are rows with an owner and an expiry: acquire succeeds when the lease
+-- is free or expired; renew and release only by the owner.
+-- ===========================================================================
+
+-- Private: the leader lock key.
+CREATE OR REPLACE FUNCTION jobs._leader_key()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 8099570450837490756::bigint $$;
+COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
+
+-- Private: does this session hold the leader lock?
+CREATE OR REPLACE FUNCTION jobs._holds_lead()
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT FROM pg_catalog.pg_locks AS l
+         WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+           AND l.database = (SELECT o.oid FROM pg_catalog.pg_database AS o WHERE o.datname = current_database())
+           AND l.classid = (jobs._leader_key() >> 32)::oid
+           AND l.objid = (jobs._leader_key() & 4294967295)::oid
+           AND l.objsubid = 1)
+$$;
+COMMENT ON FUNCTION jobs._holds_lead() IS 'Private: true if this session holds the leader advisory lock.';
+
+-- Try to become (or stay) the scheduler leader; never waits.
+CREATE OR REPLACE FUNCTION jobs.try_lead(owner text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF jobs._holds_lead() THEN
+        RETURN TRUE;  -- already leading: the lock must not be stacked
+    END IF;
+    IF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
+        RETURN FALSE;
+    END IF;
+    INSERT INTO jobs._leadership AS l (singleton, pid, owner, since)
+    VALUES (TRUE, pg_backend_pid(), left(try_lead.owner, 200), clock_timestamp())
+    ON CONFLICT (singleton) DO UPDATE
+       SET pid = excluded.pid, owner = excluded.owner, since = excluded.since;
+    RETURN TRUE;
+END
+$$;
+COMMENT ON FUNCTION jobs.try_lead(text) IS
+'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
+
+-- Give up leadership held by this session.
+CREATE OR REPLACE FUNCTION jobs.resign()
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT jobs._holds_lead() THEN
+        RETURN FALSE;
+    END IF;
+    DELETE FROM jobs._leadership AS l WHERE l.pid = pg_backend_pid();
+    RETURN pg_advisory_unlock(jobs._leader_key());
+END
+$$;
+COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
+
+-- Take a lease if it is free or expired.
+CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('name', acquire_lease.name, 200);
+    PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
+    IF acquire_lease.ttl IS NULL OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year' THEN
+        RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(acquire_lease.ttl::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)
+    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(), clock_timestamp() + acquire_lease.ttl, 0)
+    ON CONFLICT (name) DO UPDATE
+       SET owner = excluded.owner, acquired_at = excluded.acquired_at,
+           expires_at = excluded.expires_at, consecutive_skips = 0
+     WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp();
+    IF FOUND THEN
+        RETURN TRUE;
+    END IF;
+    UPDATE jobs.leases AS l
+       SET consecutive_skips = l.consecutive_skips + 1, last_skipped_at = clock_timestamp()
+     WHERE l.name = acquire_lease.name;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS
+'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
+
+-- Extend a lease; only its owner can, and only while it has not expired.
+CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF renew_lease.ttl IS NULL OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year' THEN
+        RAISE EXCEPTION 'ttl must be a positive interval of at most a year' USING ERRCODE = '22023';
+    END IF;
+    UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
+     WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS
+'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
+
+-- Release a lease; only its owner can.
+CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE jobs.leases AS l SET owner = NULL, expires_at = '-infinity'
+     WHERE l.name = release_lease.name AND l.owner = release_lease.owner;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.release_lease(text, text) IS 'Release the lease if owner holds it; true if it did.';

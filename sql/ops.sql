@@ -1,0 +1,175 @@
+-- ===========================================================================
+-- ops.sql: the operator's console (views) and retention (prune).
+-- ===========================================================================
+
+-- Who leads the scheduler, since when.
+CREATE OR REPLACE VIEW jobs.leader AS
+SELECT
+    l.pid,
+    s.owner,
+    s.since,
+    now() - s.since AS leading_for,
+    a.application_name,
+    a.client_addr,
+    a.backend_start
+FROM pg_catalog.pg_locks AS l
+INNER JOIN pg_catalog.pg_database AS db ON db.oid = l.database AND db.datname = current_database()
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+LEFT JOIN jobs._leadership AS s ON s.pid = l.pid
+WHERE
+    l.locktype = 'advisory' AND l.granted
+    AND l.classid = (jobs._leader_key() >> 32)::oid
+    AND l.objid = (jobs._leader_key() & 4294967295)::oid
+    AND l.objsubid = 1;
+COMMENT ON VIEW jobs.leader IS
+'The backend holding the scheduler leader lock (no row: nobody leads), with its owner id and since when.';
+
+-- What is running now, with heartbeat age and runtime.
+CREATE OR REPLACE VIEW jobs.running AS
+SELECT
+    r.id,
+    d.name AS definition,
+    r.kind,
+    r.worker,
+    r.attempt,
+    r.scheduled_for,
+    r.started_at,
+    now() - r.started_at AS runtime,
+    r.heartbeat_at,
+    now() - r.heartbeat_at AS heartbeat_age,
+    r.cancel_requested,
+    r.timeout
+FROM jobs.runs AS r
+LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+WHERE r.status = 'RUNNING';
+COMMENT ON VIEW jobs.running IS
+'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated).';
+
+-- Queue depth per kind: live counts, recent outcomes, oldest due QUEUED age.
+CREATE OR REPLACE VIEW jobs.queue_stats AS
+WITH live AS (
+    SELECT
+        r.kind,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()) AS queued,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now()) AS scheduled,
+        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        now() - min(r.scheduled_for) FILTER (
+            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()
+        ) AS oldest_queued_age
+    FROM jobs.runs AS r
+    WHERE r.status IN ('QUEUED', 'RUNNING')
+    GROUP BY r.kind
+),
+recent AS (
+    SELECT
+        r.kind,
+        count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
+        count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
+        count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h
+    FROM jobs.runs AS r
+    WHERE r.finished_at > now() - interval '1 hour'
+    GROUP BY r.kind
+)
+SELECT
+    coalesce(live.kind, recent.kind) AS kind,
+    coalesce(live.queued, 0) AS queued,
+    coalesce(live.scheduled, 0) AS scheduled,
+    coalesce(live.running, 0) AS running,
+    coalesce(recent.completed_1h, 0) AS completed_1h,
+    coalesce(recent.failed_1h, 0) AS failed_1h,
+    coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
+    live.oldest_queued_age
+FROM live
+FULL OUTER JOIN recent ON recent.kind = live.kind;
+COMMENT ON VIEW jobs.queue_stats IS
+'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, and the age of the oldest due QUEUED run.';
+
+-- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
+CREATE OR REPLACE VIEW jobs.definition_health AS
+SELECT
+    d.id,
+    d.name,
+    d.kind,
+    d.schedule,
+    d.timezone,
+    NOT d.enabled AS paused,
+    d.next_run_at,
+    d.next_run_at AT TIME ZONE d.timezone AS next_run_local,
+    d.max_concurrent_runs,
+    coalesce(live.running, 0) AS running,
+    coalesce(live.queued, 0) AS queued,
+    ok.finished_at AS last_success_at,
+    bad.finished_at AS last_failure_at,
+    last.status AS last_status,
+    fails.failures AS consecutive_failures,
+    skipped.skips AS consecutive_skips,
+    d.finished_at IS NOT NULL AS finished,
+    d.schedule_error
+FROM jobs.definitions AS d
+LEFT JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE r.status = 'QUEUED') AS queued
+    FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
+) AS live ON TRUE
+LEFT JOIN LATERAL (
+    SELECT r.id, r.finished_at FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
+    ORDER BY r.id DESC LIMIT 1
+) AS ok ON TRUE
+LEFT JOIN LATERAL (
+    SELECT r.finished_at FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.status = 'FAILED'
+    ORDER BY r.id DESC LIMIT 1
+) AS bad ON TRUE
+LEFT JOIN LATERAL (
+    SELECT r.status FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+    ORDER BY r.id DESC LIMIT 1
+) AS last ON TRUE
+LEFT JOIN LATERAL (
+    SELECT count(*) AS failures FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.status = 'FAILED' AND r.id > coalesce(ok.id, 0)
+) AS fails ON TRUE
+LEFT JOIN LATERAL (
+    SELECT count(*) AS skips FROM jobs.runs AS r
+    WHERE
+        r.definition_id = d.id AND r.failure_reason = 'Skipped'
+        AND r.id > coalesce((
+            SELECT max(s.id) FROM jobs.runs AS s
+            WHERE s.definition_id = d.id AND s.started_at IS NOT NULL
+        ), 0)
+) AS skipped ON TRUE;
+COMMENT ON VIEW jobs.definition_health IS
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error.';
+
+-- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
+CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_age interval := coalesce(prune.older_than, (SELECT c.retention FROM jobs.config AS c));
+    v_count bigint;
+BEGIN
+    IF v_age < interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be negative, got %', v_age USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('batch_size', prune.batch_size, 1, 1000000);
+    WITH victims AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.finished_at < now() - v_age
+         ORDER BY r.finished_at
+         LIMIT prune.batch_size
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.prune(interval, integer) IS
+'Delete up to batch_size finished runs older than older_than (default jobs.config.retention); returns how many. Call again while it returns batch_size.';

@@ -1,0 +1,222 @@
+-- ===========================================================================
+-- retry.sql: failing a run and retrying it as a NEW row.
+--
+-- A failed attempt keeps its own error and reason; if the kind's policy allows,
+-- attempt n+1 is inserted QUEUED with retry_of = n and scheduled_for = now() +
+-- backoff (exponential, capped, with jitter): the future scheduled_for is the
+-- delay, no timers. Policy (jobs.retry_policies, per kind):
+--   * deny is checked first and always wins;
+--   * allow NULL allows every class; otherwise one of the classes must be listed;
+--   * lost workers (HeartbeatLost, Orphaned) are infrastructure failures: they
+--     are retried while attempts remain unless denied, whatever allow says;
+--   * attempts: runs.max_attempts, else the policy's, else jobs.config's.
+-- The caller passes the error's class and its base classes, and the failure
+-- reason is appended, so 'Error' or 'Timeout' can be allowed or denied too.
+-- ===========================================================================
+
+-- Private: may a failure with these error classes be retried under this policy?
+CREATE OR REPLACE FUNCTION jobs._retry_allowed(
+    deny text [], allow text [], classes text [], infrastructure boolean
+)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT coalesce(deny && classes, FALSE)
+           AND (infrastructure OR allow IS NULL OR allow && classes)
+$$;
+COMMENT ON FUNCTION jobs._retry_allowed(text [], text [], text [], boolean) IS
+'Private: deny wins; then infrastructure failures, a NULL allow list, or a listed class allow a retry.';
+
+-- Private: delay before attempt (attempt + 1): initial * factor^(attempt-1), capped, +-jitter.
+CREATE OR REPLACE FUNCTION jobs._backoff(
+    initial interval, factor double precision, cap interval, jitter double precision, attempt integer
+)
+RETURNS interval
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT make_interval(secs => least(
+               extract(epoch FROM initial)::double precision * power(factor, least(attempt - 1, 60)),
+               extract(epoch FROM cap)::double precision)
+           * (1 + jitter * (2 * random() - 1)))
+$$;
+COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double precision, integer) IS
+'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap), spread by +-jitter.';
+
+-- Private: insert the next attempt for each given FAILED run that its policy allows to retry.
+CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint [], error_classes text [])
+RETURNS TABLE (retry_of bigint, retry_run_id bigint)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO jobs.runs AS n (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, attempt, retry_of, scheduled_for
+    )
+    SELECT r.definition_id, r.kind, r.payload, r.priority, r.max_attempts, r.timeout,
+           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id,
+           now() + jobs._backoff(coalesce(p.backoff_initial, c.backoff_initial),
+                                 coalesce(p.backoff_factor, 2),
+                                 coalesce(p.backoff_max, c.backoff_max),
+                                 coalesce(p.jitter, 0.2),
+                                 r.attempt)
+      FROM jobs.runs AS r
+     CROSS JOIN jobs.config AS c
+      LEFT JOIN jobs.retry_policies AS p ON p.kind = r.kind
+     WHERE r.id = ANY (run_ids)
+       AND r.status = 'FAILED'
+       AND r.attempt < coalesce(r.max_attempts, p.max_attempts, c.max_attempts)
+       AND jobs._retry_allowed(p.deny, p.allow,
+                               coalesce(error_classes, '{}') || r.failure_reason,
+                               r.failure_reason IN ('HeartbeatLost', 'Orphaned'))
+    ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
+    RETURNING n.retry_of, n.id
+$$;
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint [], text []) IS
+'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id).';
+
+-- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
+CREATE OR REPLACE FUNCTION jobs.fail(
+    run_id bigint,
+    worker text,
+    error_classes text [] DEFAULT '{}',
+    message text DEFAULT NULL,
+    reason text DEFAULT 'Error'
+)
+RETURNS jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_failed jobs.runs;
+    v_retry jobs.runs;
+    v_retry_id bigint;
+BEGIN
+    PERFORM jobs._check_range('run_id', fail.run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', fail.worker, 200);
+    IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
+        RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(fail.error_classes) > 100 OR
+       EXISTS (SELECT FROM unnest(fail.error_classes) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200) THEN
+        RAISE EXCEPTION 'error_classes must hold at most 100 non-empty names of up to 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+
+    UPDATE jobs.runs AS r
+       SET status = 'FAILED', finished_at = now(), failure_reason = fail.reason,
+           error = left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)
+     WHERE r.id = fail.run_id
+       AND r.status = 'RUNNING'
+       AND r.worker = fail.worker
+    RETURNING r.* INTO v_failed;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- fenced: not RUNNING for this worker (reaped, cancelled, or never ours)
+    END IF;
+
+    SELECT x.retry_run_id INTO v_retry_id
+      FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
+    IF v_retry_id IS NULL THEN
+        RETURN v_failed;
+    END IF;
+    SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.id = v_retry_id;
+    PERFORM jobs._notify();
+    RETURN v_retry;
+END
+$$;
+COMMENT ON FUNCTION jobs.fail(bigint, text, text [], text, text) IS
+'RUNNING -> FAILED (reason Error or Timeout) if owned by worker; inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
+
+-- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
+CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint)
+RETURNS jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_run jobs.runs;
+    v_next jobs.runs;
+BEGIN
+    SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', retry.run_id USING ERRCODE = 'P0002';
+    END IF;
+    IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
+        RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT r.* INTO v_next FROM jobs.runs AS r WHERE r.retry_of = v_run.id;
+    IF FOUND THEN
+        RAISE EXCEPTION 'run % was already retried as run %', v_run.id, v_next.id USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.runs AS n (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, attempt, retry_of
+    )
+    VALUES (
+        v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
+        greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
+        'retry', v_run.attempt + 1, v_run.id
+    )
+    RETURNING n.* INTO v_next;
+    PERFORM jobs._notify();
+    RETURN v_next;
+END
+$$;
+COMMENT ON FUNCTION jobs.retry(bigint) IS
+'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy.';
+
+-- Register or replace the retry policy of a kind (the Python driver calls this on registration).
+CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
+    kind text,
+    allow text [] DEFAULT NULL,
+    deny text [] DEFAULT '{}',
+    max_attempts integer DEFAULT 3,
+    backoff_initial interval DEFAULT '10 seconds',
+    backoff_factor double precision DEFAULT 2,
+    backoff_max interval DEFAULT '1 hour',
+    jitter double precision DEFAULT 0.2
+)
+RETURNS jobs.retry_policies
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_policy jobs.retry_policies;
+BEGIN
+    PERFORM jobs._check_text('kind', set_retry_policy.kind, 200);
+    PERFORM jobs._check_range('max_attempts', set_retry_policy.max_attempts, 1, 1000);
+    IF set_retry_policy.backoff_initial IS NULL OR set_retry_policy.backoff_initial < interval '0'
+       OR set_retry_policy.backoff_max IS NULL OR set_retry_policy.backoff_max < interval '0' THEN
+        RAISE EXCEPTION 'backoff_initial and backoff_max must be intervals >= 0' USING ERRCODE = '22023';
+    END IF;
+    IF set_retry_policy.backoff_factor IS NULL OR set_retry_policy.backoff_factor < 1
+       OR set_retry_policy.backoff_factor > 100 THEN
+        RAISE EXCEPTION 'backoff_factor must be between 1 and 100' USING ERRCODE = '22023';
+    END IF;
+    IF set_retry_policy.jitter IS NULL OR set_retry_policy.jitter NOT BETWEEN 0 AND 1 THEN
+        RAISE EXCEPTION 'jitter must be between 0 and 1' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.retry_policies AS p (
+        kind, allow, deny, max_attempts, backoff_initial, backoff_factor, backoff_max, jitter
+    )
+    VALUES (
+        set_retry_policy.kind, set_retry_policy.allow, coalesce(set_retry_policy.deny, '{}'),
+        set_retry_policy.max_attempts, set_retry_policy.backoff_initial,
+        set_retry_policy.backoff_factor, set_retry_policy.backoff_max, set_retry_policy.jitter
+    )
+    ON CONFLICT (kind) DO UPDATE
+       SET allow = excluded.allow, deny = excluded.deny, max_attempts = excluded.max_attempts,
+           backoff_initial = excluded.backoff_initial, backoff_factor = excluded.backoff_factor,
+           backoff_max = excluded.backoff_max, jitter = excluded.jitter, updated_at = now()
+    RETURNING p.* INTO v_policy;
+    RETURN v_policy;
+END
+$$;
+COMMENT ON FUNCTION jobs.set_retry_policy(text, text [], text [], integer, interval, double precision, interval, double precision) IS
+'Create or replace the retry policy of a kind.';

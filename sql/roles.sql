@@ -1,0 +1,61 @@
+-- ===========================================================================
+-- roles.sql: least privilege. Nothing is executable by PUBLIC. Every public
+-- function is SECURITY DEFINER with search_path pinned to pg_catalog, pg_temp
+-- (pg_temp last, so a caller's temporary objects can never shadow anything)
+-- and every reference schema-qualified: callers need no table privileges, and
+-- a hostile search_path in the caller's session changes nothing. Roles nest:
+-- jobs_reader < jobs_worker < jobs_operator.
+--   jobs_reader   : SELECT on the tables and views (the psql console)
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel
+--   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
+--                   and the scheduler's own calls (try_lead, materialize, reap, prune)
+-- ===========================================================================
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM PUBLIC;
+
+GRANT jobs_reader TO jobs_worker;
+GRANT jobs_worker TO jobs_operator;
+
+GRANT USAGE ON SCHEMA jobs TO jobs_reader;
+GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
+GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
+
+GRANT EXECUTE ON FUNCTION
+jobs.claim(integer, text, text []),
+jobs.heartbeat(bigint [], text),
+jobs.complete(bigint, text, jsonb),
+jobs.complete_many(bigint [], text),
+jobs.fail(bigint, text, text [], text, text),
+jobs.acknowledge_cancel(bigint, text, text)
+TO jobs_worker;
+
+GRANT EXECUTE ON FUNCTION
+jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval),
+jobs.run_now(text, jsonb),
+jobs.cancel(bigint),
+jobs.cancel_queued(text),
+jobs.retry(bigint),
+jobs.set_retry_policy(
+    text, text [], text [], integer, interval, double precision, interval, double precision
+),
+jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
+    interval, interval
+),
+jobs.pause(text),
+jobs.resume(text),
+jobs.undefine(text),
+jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer),
+jobs.materialize_one_shots(interval, interval),
+jobs.mark_schedule_error(bigint, integer, text),
+jobs.reap(),
+jobs.prune(interval, integer),
+jobs.try_lead(text),
+jobs.resign(),
+jobs.acquire_lease(text, text, interval),
+jobs.renew_lease(text, text, interval),
+jobs.release_lease(text, text)
+TO jobs_operator;
+
+GRANT UPDATE ON jobs.config TO jobs_operator;

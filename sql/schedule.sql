@@ -1,0 +1,365 @@
+-- ===========================================================================
+-- schedule.sql: definitions and materialization.
+--
+-- The leader computes occurrences in the driver (RRULE/cron in the definition's
+-- time zone) and hands them to jobs.materialize(), which advances the cursor
+-- (next_run_at) with a compare-and-set and inserts the runs in the same
+-- commit. A stale leader's call matches nothing and returns 0, and the unique
+-- index runs_occurrence_uniq makes a second insert of an occurrence
+-- impossible anyway: each occurrence is materialized exactly once.
+-- ===========================================================================
+
+-- Keep the zone cache current with this server's time zone database.
+INSERT INTO jobs._zones (name)
+SELECT z.name FROM pg_catalog.pg_timezone_names AS z
+ON CONFLICT DO NOTHING;
+
+-- Private: raise 22023 unless zone is an IANA time zone name known to the server.
+CREATE OR REPLACE FUNCTION jobs._check_zone(zone text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF zone IS NULL OR NOT (
+        EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = zone)
+        OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = zone)
+    ) THEN
+        RAISE EXCEPTION 'timezone % is not a known IANA time zone name', quote_literal(coalesce(zone, 'NULL'))
+            USING ERRCODE = '22023', HINT = 'Use a name such as Europe/Sofia or UTC (see pg_timezone_names).';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_zone(text) IS 'Private: raises 22023 unless the text names a known IANA time zone.';
+
+-- Private: raise 22023 unless the text has the shape of a cron expression or an RRULE.
+-- The driver parses it fully; this keeps obvious garbage out of the table when defined from psql.
+CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM jobs._check_text('schedule', schedule, 4000);
+    IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
+       OR schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$'
+       OR schedule ~* '(^|[\s:;])FREQ=' THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'schedule % is neither a 5-field cron expression nor an RRULE (FREQ=...)',
+        quote_literal(schedule) USING ERRCODE = '22023';
+END
+$$;
+COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
+'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
+
+-- Create or replace a definition by name; a change of schedule, time zone or run_at resets its cursor.
+CREATE OR REPLACE FUNCTION jobs.define(
+    name text,
+    kind text,
+    schedule text DEFAULT NULL,
+    timezone text DEFAULT 'UTC',
+    run_at timestamptz DEFAULT NULL,
+    payload jsonb DEFAULT '{}',
+    enabled boolean DEFAULT NULL,
+    max_concurrent_runs integer DEFAULT NULL,
+    priority integer DEFAULT 0,
+    max_attempts integer DEFAULT NULL,
+    misfire_policy text DEFAULT 'coalesce',
+    overlap_policy text DEFAULT 'queue',
+    timeout interval DEFAULT NULL,
+    heartbeat_timeout interval DEFAULT NULL
+)
+RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_old jobs.definitions;
+    v_new jobs.definitions;
+BEGIN
+    PERFORM jobs._check_text('name', define.name, 200);
+    PERFORM jobs._check_text('kind', define.kind, 200);
+    IF (define.schedule IS NULL) = (define.run_at IS NULL) THEN
+        RAISE EXCEPTION 'definition %: give exactly one of schedule (recurring) or run_at (one-shot)',
+            quote_literal(define.name) USING ERRCODE = '22023';
+    END IF;
+    IF define.schedule IS NOT NULL THEN
+        PERFORM jobs._check_schedule_shape(define.schedule);
+    ELSE
+        PERFORM jobs._check_instant('run_at', define.run_at);
+    END IF;
+    PERFORM jobs._check_zone(define.timezone);
+    PERFORM jobs._check_payload('payload', define.payload);
+    IF define.max_concurrent_runs IS NOT NULL THEN
+        PERFORM jobs._check_range('max_concurrent_runs', define.max_concurrent_runs, 1, 100000);
+    END IF;
+    PERFORM jobs._check_range('priority', define.priority, -1000, 1000);
+    IF define.max_attempts IS NOT NULL THEN
+        PERFORM jobs._check_range('max_attempts', define.max_attempts, 1, 1000);
+    END IF;
+    IF define.misfire_policy IS NULL OR define.misfire_policy NOT IN ('coalesce', 'catch_up', 'skip') THEN
+        RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip, got %',
+            coalesce(define.misfire_policy, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    IF define.overlap_policy IS NULL OR define.overlap_policy NOT IN ('queue', 'skip') THEN
+        RAISE EXCEPTION 'overlap_policy must be queue or skip, got %',
+            coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_positive('timeout', define.timeout);
+    PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+
+    SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
+
+    INSERT INTO jobs.definitions AS d (
+        name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+    )
+    VALUES (
+        define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
+        define.payload, coalesce(define.enabled, TRUE), define.max_concurrent_runs, define.priority,
+        define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
+        define.heartbeat_timeout
+    )
+    ON CONFLICT (name) DO UPDATE
+       SET kind = excluded.kind,
+           schedule = excluded.schedule,
+           timezone = excluded.timezone,
+           run_at = excluded.run_at,
+           payload = excluded.payload,
+           enabled = coalesce(define.enabled, d.enabled),
+           max_concurrent_runs = excluded.max_concurrent_runs,
+           priority = excluded.priority,
+           max_attempts = excluded.max_attempts,
+           misfire_policy = excluded.misfire_policy,
+           overlap_policy = excluded.overlap_policy,
+           timeout = excluded.timeout,
+           heartbeat_timeout = excluded.heartbeat_timeout,
+           schedule_error = NULL,
+           updated_at = now(),
+           -- A new schedule, zone or one-shot time starts from a fresh cursor.
+           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN 1 ELSE 0 END,
+           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN excluded.run_at ELSE d.next_run_at END,
+           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN NULL ELSE d.finished_at END
+    RETURNING d.* INTO v_new;
+
+    IF v_old.id IS NOT NULL AND v_new.revision <> v_old.revision THEN
+        -- Occurrences of the old schedule materialized ahead of time are superseded.
+        WITH superseded AS (
+            SELECT r.id FROM jobs.runs AS r
+             WHERE r.definition_id = v_new.id AND r.status = 'QUEUED' AND r.origin = 'schedule'
+               AND r.scheduled_for > now()
+             ORDER BY r.id
+               FOR UPDATE SKIP LOCKED
+        )
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(),
+               error = 'superseded: the definition''s schedule changed'
+          FROM superseded WHERE r.id = superseded.id;
+    END IF;
+    RETURN v_new;
+END
+$$;
+COMMENT ON FUNCTION jobs.define(text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval) IS
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state.';
+
+-- Pause a definition: no new occurrences are materialized (queued runs still run).
+CREATE OR REPLACE FUNCTION jobs.pause(name text)
+RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_def jobs.definitions;
+BEGIN
+    UPDATE jobs.definitions AS d SET enabled = FALSE, updated_at = now()
+     WHERE d.name = pause.name RETURNING d.* INTO v_def;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(pause.name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    RETURN v_def;
+END
+$$;
+COMMENT ON FUNCTION jobs.pause(text) IS
+'Pause the named definition: no new occurrences are materialized until jobs.resume().';
+
+-- Resume a paused definition from the next occurrence after now (the paused window is not caught up).
+CREATE OR REPLACE FUNCTION jobs.resume(name text)
+RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_def jobs.definitions;
+BEGIN
+    UPDATE jobs.definitions AS d
+       SET enabled = TRUE, updated_at = now(),
+           revision = d.revision + CASE WHEN d.enabled THEN 0 ELSE 1 END,
+           next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END
+     WHERE d.name = resume.name RETURNING d.* INTO v_def;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(resume.name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    RETURN v_def;
+END
+$$;
+COMMENT ON FUNCTION jobs.resume(text) IS
+'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up.';
+
+-- Delete a definition and cancel its queued runs; its run history stays.
+CREATE OR REPLACE FUNCTION jobs.undefine(name text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cancelled integer;
+BEGIN
+    v_cancelled := jobs.cancel_queued(undefine.name);
+    DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
+    RETURN v_cancelled;
+END
+$$;
+COMMENT ON FUNCTION jobs.undefine(text) IS
+'Delete the named definition and cancel its QUEUED runs; returns how many were cancelled. Run history is kept.';
+
+-- Compare-and-set the cursor and insert the occurrences' runs, in one commit.
+CREATE OR REPLACE FUNCTION jobs.materialize(
+    definition_id bigint,
+    expected_next_run_at timestamptz,
+    run_times timestamptz [],
+    new_next_run_at timestamptz,
+    expected_revision integer DEFAULT NULL
+)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_def jobs.definitions;
+    v_count integer;
+BEGIN
+    IF materialize.definition_id IS NULL OR materialize.run_times IS NULL THEN
+        RAISE EXCEPTION 'definition_id and run_times must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('run_times length', cardinality(materialize.run_times), 0, 10000);
+    IF EXISTS (SELECT FROM unnest(materialize.run_times) AS t
+                WHERE t IS NULL OR NOT isfinite(t)
+                   OR t < materialize.expected_next_run_at
+                   OR t >= materialize.new_next_run_at) THEN
+        RAISE EXCEPTION 'run_times must be finite and within [expected_next_run_at, new_next_run_at)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF materialize.new_next_run_at IS NOT NULL THEN
+        PERFORM jobs._check_instant('new_next_run_at', materialize.new_next_run_at);
+    END IF;
+
+    UPDATE jobs.definitions AS d
+       SET next_run_at = materialize.new_next_run_at,
+           finished_at = CASE WHEN materialize.new_next_run_at IS NULL THEN now() END
+     WHERE d.id = materialize.definition_id
+       AND d.next_run_at IS NOT DISTINCT FROM materialize.expected_next_run_at
+       AND (materialize.expected_revision IS NULL OR d.revision = materialize.expected_revision)
+       AND d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL
+    RETURNING d.* INTO v_def;
+    IF NOT FOUND THEN
+        RETURN 0;  -- stale: another leader (or a define/pause) got there first
+    END IF;
+
+    INSERT INTO jobs.runs (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, scheduled_for
+    )
+    SELECT v_def.id, v_def.kind, v_def.payload, v_def.priority, v_def.max_attempts, v_def.timeout,
+           v_def.heartbeat_timeout, 'schedule', t
+      FROM unnest(materialize.run_times) AS t
+    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer) IS
+'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
+
+-- Materialize due one-shot definitions, in pure SQL; returns runs created.
+CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(
+    lookahead interval DEFAULT '0', misfire_grace interval DEFAULT '1 minute'
+)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count integer;
+BEGIN
+    IF materialize_one_shots.lookahead IS NULL OR materialize_one_shots.lookahead < interval '0'
+       OR materialize_one_shots.misfire_grace IS NULL OR materialize_one_shots.misfire_grace < interval '0' THEN
+        RAISE EXCEPTION 'lookahead and misfire_grace must be intervals >= 0' USING ERRCODE = '22023';
+    END IF;
+    WITH due AS (
+        UPDATE jobs.definitions AS d
+           SET next_run_at = NULL, finished_at = now()
+         WHERE d.schedule IS NULL AND d.enabled AND d.finished_at IS NULL
+           AND d.next_run_at <= now() + materialize_one_shots.lookahead
+        RETURNING d.*
+    ),
+    missed AS (
+        SELECT due.*, due.misfire_policy = 'skip'
+                      AND due.run_at < now() - materialize_one_shots.misfire_grace AS skipped
+          FROM due
+    )
+    INSERT INTO jobs.runs (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, scheduled_for, status, finished_at, failure_reason, error
+    )
+    SELECT m.id, m.kind, m.payload, m.priority, m.max_attempts, m.timeout, m.heartbeat_timeout,
+           'schedule', m.run_at,
+           CASE WHEN m.skipped THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
+           CASE WHEN m.skipped THEN now() END,
+           CASE WHEN m.skipped THEN 'Skipped' END,
+           CASE WHEN m.skipped THEN 'skipped: run_at passed while no scheduler ran (misfire_policy skip)' END
+      FROM missed AS m
+    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS
+'Leader: turn every enabled one-shot definition due within lookahead into its run (once); returns runs created.';
+
+-- Leader: record that a definition's schedule cannot be read, so operators see it and ticks skip it.
+CREATE OR REPLACE FUNCTION jobs.mark_schedule_error(definition_id bigint, revision integer, message text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE jobs.definitions AS d
+       SET schedule_error = left(coalesce(mark_schedule_error.message, 'invalid schedule'), 2000)
+     WHERE d.id = mark_schedule_error.definition_id AND d.revision = mark_schedule_error.revision;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS
+'Leader: store why the schedule of this definition revision cannot be read; jobs.define() clears it.';

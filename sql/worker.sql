@@ -1,0 +1,106 @@
+-- ===========================================================================
+-- worker.sql: what a worker calls while it holds runs: heartbeat, complete,
+-- acknowledge a cancellation. Every transition is fenced in its WHERE clause by
+-- status = 'RUNNING' and the claiming worker's id, and says whether it happened:
+-- a worker that was reaped (or never owned the run) changes nothing.
+-- ===========================================================================
+
+-- Stamp heartbeat_at on all of a worker's runs in one statement.
+-- heartbeat_at is in no index and no index predicate, so on a page with free
+-- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
+CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint [], worker text)
+RETURNS TABLE (run_id bigint, cancel_requested boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF heartbeat.run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('run_ids length', cardinality(heartbeat.run_ids), 0, 10000);
+    PERFORM jobs._check_text('worker', heartbeat.worker, 200);
+    RETURN QUERY
+    UPDATE jobs.runs AS r
+       SET heartbeat_at = now()
+     WHERE r.id = ANY (heartbeat.run_ids)
+       AND r.status = 'RUNNING'
+       AND r.worker = heartbeat.worker
+    RETURNING r.id, r.cancel_requested;
+END
+$$;
+COMMENT ON FUNCTION jobs.heartbeat(bigint [], text) IS
+'Stamp heartbeat_at on the given runs still RUNNING for worker; returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
+
+-- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
+CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_range('run_id', complete.run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', complete.worker, 200);
+    IF complete.result IS NOT NULL AND octet_length(complete.result::text) >
+            (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
+        RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
+    END IF;
+    UPDATE jobs.runs AS r
+       SET status = 'COMPLETED', finished_at = now(), result = complete.result
+     WHERE r.id = complete.run_id
+       AND r.status = 'RUNNING'
+       AND r.worker = complete.worker;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
+'RUNNING -> COMPLETED if the run is still owned by worker; returns false (and changes nothing) otherwise.';
+
+-- Complete many runs of one worker in one statement; returns the ids that were completed.
+CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint [], worker text)
+RETURNS TABLE (run_id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF complete_many.run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('run_ids length', cardinality(complete_many.run_ids), 0, 10000);
+    PERFORM jobs._check_text('worker', complete_many.worker, 200);
+    RETURN QUERY
+    UPDATE jobs.runs AS r
+       SET status = 'COMPLETED', finished_at = now()
+     WHERE r.id = ANY (complete_many.run_ids)
+       AND r.status = 'RUNNING'
+       AND r.worker = complete_many.worker
+    RETURNING r.id;
+END
+$$;
+COMMENT ON FUNCTION jobs.complete_many(bigint [], text) IS
+'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker, returns their ids.';
+
+-- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
+CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(run_id bigint, worker text, message text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_range('run_id', acknowledge_cancel.run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', acknowledge_cancel.worker, 200);
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(),
+           error = coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint')
+     WHERE r.id = acknowledge_cancel.run_id
+       AND r.status = 'RUNNING'
+       AND r.worker = acknowledge_cancel.worker
+       AND r.cancel_requested;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS
+'The owning worker stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
