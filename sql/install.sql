@@ -543,7 +543,9 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
 -- grows by 3 x batch_size (to the ~4x oversample) only when caps held rows back,
--- so one crowded definition cannot starve the batch. In that second round a
+-- so one crowded definition cannot starve the batch. The second slice leaves out
+-- the definitions already known to have no room left, so even a capped backlog
+-- far longer than the oversample cannot fill it. In that second round a
 -- definition whose id is below one already locked is only try-locked (never
 -- waited for), which keeps every wait in ascending order.
 -- ===========================================================================
@@ -577,6 +579,7 @@ DECLARE
     v_room_skip boolean[] := '{}';
     v_pick bigint[];
     v_skip bigint[];
+    v_full bigint[] := '{}';        -- capped definitions with no room for another pool row
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -607,6 +610,7 @@ BEGIN
                    AND r.scheduled_for <= now()
                    AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
                    AND r.id <> ALL (v_pool_ids)
+                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full))
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
                  LIMIT v_limit
                    FOR UPDATE SKIP LOCKED) AS c;
@@ -663,6 +667,14 @@ BEGIN
         EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
                OR cardinality(v_new_ids) < v_limit              -- queue exhausted
                OR coalesce(cardinality(v_pick), 0) >= claim.batch_size;  -- batch full
+
+        -- Going round again: the next slice skips definitions whose room the pool already
+        -- fills, or a capped backlog longer than the oversample would fill it all again.
+        SELECT coalesce(array_agg(room.definition_id), '{}')
+          INTO v_full
+          FROM unnest(v_room_defs, v_room_free) AS room (definition_id, free)
+         WHERE room.free <= (SELECT count(*) FROM unnest(v_pool_defs) AS p (definition_id)
+                              WHERE p.definition_id = room.definition_id);
     END LOOP;
 
     IF v_skip IS NOT NULL THEN

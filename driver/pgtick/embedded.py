@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -64,15 +65,17 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or attach to) the server; returns a DSN for the ``postgres`` database."""
-        import pgserver  # imported late: it is slow to import and only needed here
+        with warnings.catch_warnings():  # pgserver warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from pgserver.postgres_server import PostgresServer, get_server  # slow import: late
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
         fresh = not (self.data_dir / "PG_VERSION").exists()
         # pgserver caches handles per directory; a stopped one must not be reused.
-        pgserver.PostgresServer._instances.pop(self.data_dir, None)
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode=None)
+        PostgresServer._instances.pop(self.data_dir, None)
+        self._server = get_server(self.data_dir, cleanup_mode=None)
         if fresh or self._settings_differ():
             self._configure()
         log.info("embedded PostgreSQL data=%s dsn=%s", self.data_dir, self.dsn)
@@ -103,9 +106,11 @@ class EmbeddedPostgres:
         self._pg_ctl(["-w", "-m", "fast", "restart"])
 
     def _pg_ctl(self, args: list[str]) -> None:
-        from pgserver import pg_ctl
+        from pgserver import _commands
 
-        pg_ctl(args, pgdata=self.data_dir, user=self._server.system_user, timeout=60)
+        _commands.pg_ctl(  # type: ignore[attr-defined]  # generated at import
+            args, pgdata=self.data_dir, user=self._server.system_user, timeout=60
+        )
 
     def stop(self) -> None:
         """Stop the server; an ephemeral one also loses its data directory."""

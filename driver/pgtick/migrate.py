@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -132,14 +133,14 @@ def install_script(root: Path | None = None) -> str:
     return "".join(out)
 
 
-def applied_versions(conn: psycopg.Connection[object]) -> set[str]:
+def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
     exists = conn.execute("SELECT to_regclass('jobs.schema_migrations') IS NOT NULL").fetchone()
     if not exists or not exists[0]:
         return set()
     return {str(row[0]) for row in conn.execute("SELECT version FROM jobs.schema_migrations")}
 
 
-def apply(conn: psycopg.Connection[object], root: Path | None = None) -> list[str]:
+def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
     """Apply pending migrations and re-apply functions; returns the versions applied now.
 
     ``conn`` must be in autocommit mode: each migration is its own transaction,

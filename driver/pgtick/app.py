@@ -1,0 +1,236 @@
+"""The application object: a registry of job kinds, their retry policies and schedules.
+
+    app = App()
+
+    @app.job("send-report", retry_on=[TimeoutError], never_retry=[ValueError], timeout=300)
+    def send_report(ctx: Context) -> dict[str, int]:
+        for part in parts(ctx.payload):
+            ctx.checkpoint()          # cancellation and timeouts are observed here
+            ...
+        return {"sent": n}
+
+    app.schedule("weekday-report", "send-report",
+                 "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0", tz="Europe/Sofia")
+
+``pgtick run module:app`` syncs the policies and schedules to the database and
+runs the scheduler and a worker for the registered kinds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
+
+JobFunction = Callable[["Context"], Any]
+Compensation = Callable[["Context"], None]
+
+log = logging.getLogger("pgtick.job")
+
+
+def error_classes(exc: BaseException) -> list[str]:
+    """The exception's class and its bases, most specific first, e.g.
+    ['BudgetExhausted', 'RuntimeError', 'Exception'] (the retry policy matches any)."""
+    return [k.__name__ for k in type(exc).__mro__ if k not in (BaseException, object)]
+
+
+def _class_names(classes: Iterable[type[BaseException] | str] | None) -> list[str] | None:
+    if classes is None:
+        return None
+    return [c if isinstance(c, str) else c.__name__ for c in classes]
+
+
+def _seconds(value: float | timedelta | None) -> float | None:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds <= 0:
+        raise UsageError(f"timeout must be positive, got {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One registered kind: its code and the rules the database applies to it."""
+
+    kind: str
+    fn: JobFunction
+    retry_on: list[str] | None
+    never_retry: list[str]
+    max_attempts: int
+    backoff_initial: float
+    backoff_factor: float
+    backoff_max: float
+    jitter: float
+    timeout: float | None
+    mutating: bool
+    compensate: Compensation | None
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A definition declared in code; ``App.sync`` upserts it with jobs.define()."""
+
+    name: str
+    kind: str
+    schedule: str | None
+    timezone: str
+    run_at: datetime | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class App:
+    """Registry of job kinds and declared schedules."""
+
+    def __init__(self, name: str = "pgtick") -> None:
+        self.name = name
+        self.jobs: dict[str, JobSpec] = {}
+        self.schedules: dict[str, ScheduleSpec] = {}
+
+    def job(
+        self,
+        kind: str,
+        *,
+        retry_on: Sequence[type[BaseException] | str] | None = None,
+        never_retry: Sequence[type[BaseException] | str] = (),
+        max_attempts: int | None = None,
+        backoff: float = 10.0,
+        backoff_factor: float = 2.0,
+        backoff_max: float = 3600.0,
+        jitter: float = 0.2,
+        timeout: float | timedelta | None = None,
+        mutating: bool = False,
+        compensate: Compensation | None = None,
+    ) -> Callable[[JobFunction], JobFunction]:
+        """Register ``fn`` as the code of ``kind``.
+
+        retry_on: error classes (or names) that may be retried; None retries any
+        class not in never_retry. never_retry always wins. max_attempts defaults
+        to 3 when retry_on or never_retry is given, else 1 (no retries).
+        timeout (seconds) is enforced at ``ctx.checkpoint()``. For a mutating
+        kind, ``compensate`` (and hooks added with ``ctx.on_cancel``) run when a
+        checkpoint observes cancellation, before the run is stamped CANCELLED.
+        """
+        if not kind or len(kind) > 200:
+            raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
+        if kind in self.jobs:
+            raise UsageError(f"job kind {kind!r} is registered twice")
+        if max_attempts is None:
+            max_attempts = 3 if (retry_on is not None or never_retry) else 1
+        if not 1 <= max_attempts <= 1000:
+            raise UsageError(f"job {kind}: max_attempts must be 1..1000, got {max_attempts}")
+        if compensate is not None and not mutating:
+            raise UsageError(f"job {kind}: compensate= needs mutating=True")
+
+        def register(fn: JobFunction) -> JobFunction:
+            self.jobs[kind] = JobSpec(
+                kind=kind,
+                fn=fn,
+                retry_on=_class_names(retry_on),
+                never_retry=_class_names(never_retry) or [],
+                max_attempts=max_attempts,
+                backoff_initial=backoff,
+                backoff_factor=backoff_factor,
+                backoff_max=backoff_max,
+                jitter=jitter,
+                timeout=_seconds(timeout),
+                mutating=mutating,
+                compensate=compensate,
+            )
+            return fn
+
+        return register
+
+    def schedule(
+        self,
+        name: str,
+        kind: str,
+        schedule: str | None = None,
+        *,
+        tz: str = "UTC",
+        run_at: datetime | None = None,
+        **options: Any,
+    ) -> None:
+        """Declare a definition (recurring with ``schedule``, or one-shot with ``run_at``).
+
+        ``options`` are jobs.define() parameters: payload, max_concurrent_runs,
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout.
+        """
+        self.schedules[name] = ScheduleSpec(name, kind, schedule, tz, run_at, dict(options))
+
+
+class Context:
+    """What job code receives: the run's facts, ``checkpoint()`` and a logger."""
+
+    def __init__(
+        self,
+        run: dict[str, Any],
+        spec: JobSpec,
+        worker_id: str,
+        timeout: float | None,
+    ) -> None:
+        self.run = run
+        self.spec = spec
+        self.run_id: int = run["id"]
+        self.attempt: int = run["attempt"]
+        self.kind: str = run["kind"]
+        self.payload: dict[str, Any] = run["payload"]
+        self.scheduled_for: datetime = run["scheduled_for"]
+        self.definition_id: int | None = run["definition_id"]
+        self.worker_id = worker_id
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.logger = logging.LoggerAdapter(
+            log, {"run": self.run_id, "kind": self.kind, "attempt": self.attempt}
+        )
+        self._cancel = threading.Event()
+        self._abandoned = threading.Event()
+        self._compensations: list[Compensation] = []
+        self._compensated = False
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
+
+    def request_cancel(self) -> None:
+        self._cancel.set()
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+    def on_cancel(self, hook: Compensation) -> None:
+        """Register compensation for a mutating kind; hooks run last-registered first."""
+        if not self.spec.mutating:
+            raise UsageError(f"job {self.kind}: on_cancel needs a kind registered with mutating=True")
+        self._compensations.append(hook)
+
+    def checkpoint(self) -> None:
+        """Stop here if the run was cancelled, timed out, or is no longer ours."""
+        if self._abandoned.is_set():
+            raise Abandoned(f"run {self.run_id} is no longer owned by this worker")
+        if self._cancel.is_set():
+            self._compensate()
+            raise Cancelled(f"run {self.run_id} cancelled")
+        if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+            raise JobTimeout(f"run {self.run_id} exceeded its timeout of {self.timeout:g}s")
+
+    def _compensate(self) -> None:
+        if not self.spec.mutating or self._compensated:
+            return
+        self._compensated = True
+        hooks = list(self._compensations)
+        if self.spec.compensate is not None:
+            hooks.insert(0, self.spec.compensate)
+        for hook in reversed(hooks):
+            self.logger.info("run=%s compensating after cancellation", self.run_id)
+            hook(self)

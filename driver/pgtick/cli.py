@@ -1,0 +1,516 @@
+"""The ``pgtick`` command line. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
+
+Every error is one readable line on stderr, never a traceback for a user mistake.
+Without --dsn or $DATABASE_URL every command uses the embedded PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
+
+import psycopg
+
+from pgtick import __version__, migrate
+from pgtick.db import connect, connect_dicts, resolve_dsn
+from pgtick.errors import PgtickError, UsageError
+
+log = logging.getLogger("pgtick.cli")
+
+EXAMPLES = {
+    "run": "pgtick run examples/app.py            # embedded PostgreSQL\n"
+    "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20",
+    "migrate": "pgtick migrate --dsn postgresql://localhost/app\n"
+    "  pgtick migrate --sql | psql -v ON_ERROR_STOP=1 -d app",
+    "define": "pgtick define weekday-report send-report "
+    "--schedule 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' --tz Europe/Sofia\n"
+    "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
+    "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
+    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
+    "run-now": "pgtick run-now weekday-report",
+    "cancel": "pgtick cancel 1234\n  pgtick cancel --definition weekday-report   # every queued run",
+    "pause": "pgtick pause weekday-report",
+    "resume": "pgtick resume weekday-report",
+    "retry": "pgtick retry 1234",
+    "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2",
+    "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report",
+    "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
+    "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
+    "--after 2026-03-07",
+    "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
+    "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '1.5h', '2d' -> seconds (positive)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
+    return seconds
+
+
+def parse_instant(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2026-12-24T18:00:00+02:00)"
+        ) from None
+    return value
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"payload is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("payload must be a JSON object, e.g. '{\"a\": 1}'")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _command(
+    sub: Any, name: str, help_text: str, fn: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=f"example:\n  {EXAMPLES[name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.set_defaults(fn=fn)
+    if name not in ("preview",):
+        p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="pgtick",
+        description="pgtick: a job scheduler that lives inside PostgreSQL.",
+        epilog="example:\n  pgtick run examples/app.py\n  pgtick status",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pgtick {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run)
+    p.add_argument("app", help="module:attr or path/to/app.py (attr defaults to app)")
+    p.add_argument("--concurrency", type=int, default=10, help="jobs at once (default 10)")
+    p.add_argument("--batch", type=int, default=None, help="claim batch size (default: concurrency)")
+    p.add_argument("--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)")
+    p.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
+    p.add_argument("--heartbeat", type=parse_duration, default=5.0, help="heartbeat cadence (5s)")
+    p.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
+    p.add_argument("--no-scheduler", action="store_true", help="only work, never lead")
+    p.add_argument("--no-worker", action="store_true", help="only schedule")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+
+    p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
+    p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
+
+    p = _command(sub, "define", "create or replace a definition", cmd_define)
+    p.add_argument("name")
+    p.add_argument("kind")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--schedule", help="RRULE (FREQ=...) or 5-field cron")
+    when.add_argument("--run-at", type=parse_instant, help="one-shot time, ISO 8601")
+    p.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
+    p.add_argument("--payload", type=parse_json_object, default=None)
+    p.add_argument("--cap", type=int, default=None, help="max concurrent runs")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--max-attempts", type=int, default=None)
+    p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
+    p.add_argument("--overlap", choices=["queue", "skip"], default="queue")
+    p.add_argument("--timeout", type=parse_duration, default=None)
+    p.add_argument("--paused", action="store_true", help="define it paused")
+
+    p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
+    p.add_argument("kind")
+    p.add_argument("--payload", type=parse_json_object, default=None)
+    p.add_argument("--run-at", type=parse_instant, default=None)
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--key", default=None, help="idempotency key")
+
+    p = _command(sub, "run-now", "queue a run of a definition now", cmd_run_now)
+    p.add_argument("name")
+
+    p = _command(sub, "cancel", "cancel a run (or every queued run of a definition)", cmd_cancel)
+    p.add_argument("run_id", nargs="?", type=int)
+    p.add_argument("--definition", default=None)
+
+    for name, verb in (("pause", "pause"), ("resume", "resume")):
+        p = _command(sub, name, f"{verb} a definition", cmd_pause_resume)
+        p.add_argument("name")
+
+    p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
+    p.add_argument("run_id", type=int)
+
+    p = _command(sub, "status", "definitions, queues and the leader", cmd_status)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
+
+    p = _command(sub, "runs", "list recent runs", cmd_runs)
+    p.add_argument("--status", choices=["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"])
+    p.add_argument("--kind")
+    p.add_argument("--definition")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
+    p.add_argument("schedule")
+    p.add_argument("--tz", default="UTC")
+    p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
+    p.add_argument("--count", type=int, default=10)
+
+    p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock)
+    p.add_argument("name")
+    p.add_argument("--ttl", type=parse_duration, required=True, help="lease time to live")
+    p.add_argument("--owner", default=None, help="owner id (default host-pid-random)")
+    p.add_argument("--skipped-exit", type=int, default=75, help="exit code when held (75)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
+    return parser
+
+
+# -- helpers ------------------------------------------------------------------------
+
+_embedded: Any = None
+
+
+def _start_embedded() -> str:
+    global _embedded
+    from pgtick.embedded import EmbeddedPostgres
+
+    _embedded = EmbeddedPostgres()
+    dsn: str = _embedded.start()
+    print(f"pgtick: embedded PostgreSQL, data in {_embedded.data_dir}", file=sys.stderr)
+    with connect(dsn) as conn:
+        if migrate.applied_versions(conn) != {m.version for m in migrate.migrations()}:
+            migrate.apply(conn)
+    return dsn
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    return resolve_dsn(getattr(args, "dsn", None), _start_embedded)
+
+
+def _print_table(rows: Sequence[dict[str, Any]], empty: str) -> None:
+    from tabulate import tabulate
+
+    if not rows:
+        print(empty)
+        return
+    print(tabulate([{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys"))
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():.1f}s"
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value)[:60]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pgtick.runner import RunOptions, load_app, run_app
+
+    app = load_app(args.app)
+    dsn = _dsn(args)
+    if args.migrate:
+        with connect(dsn) as conn:
+            migrate.apply(conn)
+    options = RunOptions(
+        concurrency=args.concurrency,
+        batch_size=args.batch,
+        tick_interval=args.tick,
+        poll_interval=args.poll,
+        heartbeat_interval=args.heartbeat,
+        shutdown_grace=args.grace,
+        scheduler=not args.no_scheduler,
+        worker=not args.no_worker,
+        metrics_port=args.metrics_port,
+    )
+    if _embedded is not None:
+        print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
+    try:
+        return run_app(app, dsn, options)
+    finally:
+        if _embedded is not None:
+            _embedded.stop()
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    if args.sql:
+        sys.stdout.write(migrate.install_script())
+        return 0
+    with connect(_dsn(args)) as conn:
+        done = migrate.apply(conn)
+    print(f"applied migrations: {', '.join(done)}" if done else "schema up to date")
+    return 0
+
+
+def cmd_define(args: argparse.Namespace) -> int:
+    from pgtick.runner import define
+    from pgtick.schedule import ScheduleError, parse_schedule
+
+    if args.schedule is not None:
+        try:
+            parse_schedule(args.schedule, args.tz, definition=args.name)
+        except ScheduleError as exc:
+            raise UsageError(str(exc)) from exc
+    with connect_dicts(_dsn(args)) as conn:
+        row = define(
+            conn,
+            args.name,
+            args.kind,
+            schedule=args.schedule,
+            timezone=args.tz,
+            run_at=args.run_at,
+            payload=args.payload,
+            max_concurrent_runs=args.cap,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            misfire_policy=args.misfire,
+            overlap_policy=args.overlap,
+            timeout=timedelta(seconds=args.timeout) if args.timeout else None,
+            enabled=False if args.paused else None,
+        )
+    print(f"definition={row['name']} id={row['id']} revision={row['revision']} saved")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    from psycopg.types.json import Jsonb
+
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute(
+            "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s)",
+            (args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key),
+        ).fetchone()
+    assert row is not None
+    print(
+        f"run={row['id']} kind={row['kind']} status={row['status']}"
+        f" scheduled_for={_cell(row['scheduled_for'])}"
+    )
+    return 0
+
+
+def cmd_run_now(args: argparse.Namespace) -> int:
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute("SELECT * FROM jobs.run_now(%s)", (args.name,)).fetchone()
+    assert row is not None
+    print(f"run={row['id']} definition={args.name} queued")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    if (args.run_id is None) == (args.definition is None):
+        raise UsageError("give a RUN_ID or --definition NAME")
+    with connect(_dsn(args)) as conn:
+        if args.definition is not None:
+            row = conn.execute("SELECT jobs.cancel_queued(%s)", (args.definition,)).fetchone()
+            print(f"definition={args.definition} cancelled {row[0] if row else 0} queued runs")
+        else:
+            row = conn.execute("SELECT jobs.cancel(%s)::text", (args.run_id,)).fetchone()
+            status = row[0] if row else "?"
+            note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
+            print(f"run={args.run_id} status={status}{note}")
+    return 0
+
+
+def cmd_pause_resume(args: argparse.Namespace) -> int:
+    fn = "jobs.pause" if args.command == "pause" else "jobs.resume"
+    with connect(_dsn(args)) as conn:
+        conn.execute(f"SELECT {fn}(%s)", (args.name,))
+    print(f"definition={args.name} {'paused' if args.command == 'pause' else 'resumed'}")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute("SELECT * FROM jobs.retry(%s)", (args.run_id,)).fetchone()
+    assert row is not None
+    print(f"run={args.run_id} retried as run={row['id']} attempt={row['attempt']}")
+    return 0
+
+
+def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    return {
+        "leader": conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall(),
+        "definitions": conn.execute(
+            "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
+            " last_status, last_success_at, consecutive_failures AS fails,"
+            " consecutive_skips AS skips, finished, schedule_error"
+            " FROM jobs.definition_health ORDER BY name"
+        ).fetchall(),
+        "queues": conn.execute("SELECT * FROM jobs.queue_stats ORDER BY kind").fetchall(),
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with connect_dicts(_dsn(args)) as conn:
+        while True:
+            snap = status_snapshot(conn)
+            if args.json:
+                print(json.dumps(snap, default=_json_default))
+            else:
+                if args.watch:
+                    print("\033[2J\033[H", end="")
+                leader = snap["leader"]
+                print(
+                    f"leader: {leader[0]['owner']} (pid {leader[0]['pid']}) since {_cell(leader[0]['since'])}"
+                    if leader
+                    else "leader: none (no scheduler running)"
+                )
+                print("\ndefinitions:")
+                _print_table(snap["definitions"], "  (none)")
+                print("\nqueues:")
+                _print_table(snap["queues"], "  (empty)")
+            if not args.watch:
+                return 0
+            sys.stdout.flush()
+            time.sleep(args.watch)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 10000:
+        raise UsageError("--limit must be 1..10000")
+    with connect_dicts(_dsn(args)) as conn:
+        rows = conn.execute(
+            """
+            SELECT r.id, d.name AS definition, r.kind, r.status::text AS status, r.attempt,
+                   r.scheduled_for, r.started_at, r.finished_at, r.worker, r.failure_reason,
+                   left(r.error, 60) AS error
+              FROM jobs.runs r LEFT JOIN jobs.definitions d ON d.id = r.definition_id
+             WHERE (%(status)s::jobs.run_status IS NULL OR r.status = %(status)s::jobs.run_status)
+               AND (%(kind)s::text IS NULL OR r.kind = %(kind)s)
+               AND (%(definition)s::text IS NULL OR d.name = %(definition)s)
+             ORDER BY r.id DESC LIMIT %(limit)s
+            """,
+            {
+                "status": args.status,
+                "kind": args.kind,
+                "definition": args.definition,
+                "limit": args.limit,
+            },
+        ).fetchall()
+    if args.json:
+        print(json.dumps(rows, default=_json_default))
+    else:
+        _print_table(rows, "(no runs)")
+    return 0
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from pgtick.schedule import ScheduleError, format_preview, parse_schedule
+
+    if not 1 <= args.count <= 1000:
+        raise UsageError("--count must be 1..1000")
+    after = args.after or datetime.now(UTC)
+    try:
+        schedule = parse_schedule(args.schedule, args.tz)
+        if after.tzinfo is None:
+            from zoneinfo import ZoneInfo
+
+            after = after.replace(tzinfo=ZoneInfo(args.tz))
+        lines = format_preview(schedule, after, args.count)
+    except ScheduleError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"next {args.count} runs of {args.schedule!r} in {args.tz} (local, then UTC):")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from pgtick.lock import run_locked
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("give the command to run after --, e.g. pgtick lock NAME --ttl 5m -- cmd")
+    return run_locked(_dsn(args), args.name, args.ttl, cmd, owner=args.owner, skipped_exit=args.skipped_exit)
+
+
+def cmd_dsn(args: argparse.Namespace) -> int:
+    print(_dsn(args))
+    return 0
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else getattr(logging, os.environ.get("PGTICK_LOG", "INFO")),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.fn(args))
+    except UsageError as exc:
+        print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except PgtickError as exc:
+        print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"pgtick {args.command}: error: {message}", file=sys.stderr)
+        return 2 if sqlstate.startswith("22") or sqlstate == "P0002" else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

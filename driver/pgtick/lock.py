@@ -1,0 +1,106 @@
+"""``pgtick lock NAME --ttl D -- CMD``: run an existing cron command under a lease.
+
+Acquire the lease (skip with one line and exit 75 if someone holds it), run
+CMD as a child, renew the lease from a background thread every ttl/3 and stop
+CMD if renewal fails (another holder could take over), release in ``finally``
+(also on SIGTERM and when CMD fails), and exit with CMD's status.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from types import FrameType
+
+import psycopg
+
+from pgtick.db import connect
+from pgtick.worker import new_worker_id
+
+SKIP_WARN_AFTER = 3
+
+
+def _lease_call(dsn: str, sql: str, params: tuple[object, ...]) -> bool:
+    with connect(dsn, application_name="pgtick-lock") as conn:
+        row = conn.execute(sql, params).fetchone()
+        return bool(row and row[0])
+
+
+def run_locked(
+    dsn: str,
+    name: str,
+    ttl: float,
+    cmd: list[str],
+    *,
+    owner: str | None = None,
+    skipped_exit: int = 75,
+) -> int:
+    owner = owner or new_worker_id()
+    ttl_interval = timedelta(seconds=ttl)
+    with connect(dsn, application_name="pgtick-lock") as conn:
+        row = conn.execute("SELECT jobs.acquire_lease(%s, %s, %s)", (name, owner, ttl_interval)).fetchone()
+        if not (row and row[0]):
+            held = conn.execute(
+                "SELECT owner, expires_at, consecutive_skips FROM jobs.leases WHERE name = %s",
+                (name,),
+            ).fetchone()
+            holder, until, skips = held if held else ("?", None, 0)
+            print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
+            if skips >= SKIP_WARN_AFTER:
+                print(
+                    f"warning: lease {name} skipped {skips} times in a row; is {holder} stuck?",
+                    file=sys.stderr,
+                )
+            return skipped_exit
+
+    child: subprocess.Popen[bytes] | None = None
+    lost = threading.Event()
+    done = threading.Event()
+
+    def renew() -> None:
+        deadline = time.monotonic() + ttl
+        while not done.wait(ttl / 3):
+            try:
+                ok = _lease_call(dsn, "SELECT jobs.renew_lease(%s, %s, %s)", (name, owner, ttl_interval))
+            except (psycopg.Error, Exception) as exc:
+                print(f"pgtick lock: renewing lease {name} failed: {exc}", file=sys.stderr)
+                if time.monotonic() < deadline - ttl / 6:
+                    continue
+                ok = False
+            if not ok:
+                print(f"pgtick lock: lease {name} lost; stopping the command", file=sys.stderr)
+                lost.set()
+                if child is not None:
+                    child.terminate()
+                return
+            deadline = time.monotonic() + ttl
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    renewer = threading.Thread(target=renew, name="pgtick-lease", daemon=True)
+    try:
+        try:
+            child = subprocess.Popen(cmd)
+        except OSError as exc:
+            print(f"pgtick lock: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+            return 127
+        renewer.start()
+        code = child.wait()
+        if lost.is_set() and code == 0:
+            code = 1
+        return 128 - code if code < 0 else code
+    finally:
+        done.set()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        try:
+            _lease_call(dsn, "SELECT jobs.release_lease(%s, %s)", (name, owner))
+        except Exception as exc:  # the TTL frees it anyway
+            print(f"pgtick lock: releasing lease {name} failed: {exc}", file=sys.stderr)

@@ -1,0 +1,92 @@
+"""Optional Prometheus endpoint for ``pgtick run --metrics-port N``.
+
+Counters come from this process's worker; queue depth, oldest queued age and
+the leader flag are read from the database at scrape time (one query each).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pgtick.db import connect
+
+log = logging.getLogger("pgtick.metrics")
+
+
+class WorkerMetrics:
+    """The worker's events as Prometheus series (a pgtick.worker listener)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.started = Counter("pgtick_runs_started", "Runs claimed and started", ["kind"], registry=registry)
+        self.finished = Counter(
+            "pgtick_runs_finished", "Runs finished by this worker", ["kind", "outcome"], registry=registry
+        )
+        self.claim_seconds = Histogram(
+            "pgtick_claim_seconds", "Latency of one jobs.claim call", registry=registry
+        )
+        self.heartbeat_failures = Counter(
+            "pgtick_heartbeat_failures", "Heartbeat calls that failed", registry=registry
+        )
+
+    def on_claim(self, kinds: list[str], seconds: float) -> None:
+        self.claim_seconds.observe(seconds)
+        for kind in kinds:
+            self.started.labels(kind).inc()
+
+    def on_outcome(self, kind: str, outcome: str) -> None:
+        self.finished.labels(kind, outcome).inc()
+
+    def on_heartbeat_failure(self) -> None:
+        self.heartbeat_failures.inc()
+
+
+class DatabaseCollector(Collector):
+    """Queue depth, oldest queued age, skips and the leader flag, read at scrape time."""
+
+    def __init__(self, dsn: str, owner: str | None) -> None:
+        self.dsn = dsn
+        self.owner = owner
+
+    def collect(self) -> Iterator[Any]:
+        depth = GaugeMetricFamily("pgtick_queue_depth", "Due QUEUED runs", labels=["kind"])
+        running = GaugeMetricFamily("pgtick_running", "RUNNING runs", labels=["kind"])
+        oldest = GaugeMetricFamily(
+            "pgtick_oldest_queued_seconds", "Age of the oldest due QUEUED run", labels=["kind"]
+        )
+        skips = GaugeMetricFamily(
+            "pgtick_consecutive_skips", "Occurrences skipped in a row", labels=["definition"]
+        )
+        leader = GaugeMetricFamily("pgtick_leader", "1 if this process leads the scheduler")
+        try:
+            with connect(self.dsn, application_name="pgtick-metrics") as conn:
+                for kind, queued, run, age in conn.execute(
+                    "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age)"
+                    " FROM jobs.queue_stats"
+                ):
+                    depth.add_metric([kind], queued)
+                    running.add_metric([kind], run)
+                    oldest.add_metric([kind], float(age or 0))
+                for name, count in conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health"):
+                    skips.add_metric([name], count)
+                row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (self.owner,))
+                leader.add_metric([], float((row.fetchone() or [0])[0]))
+        except Exception as exc:
+            log.warning("metrics: database unavailable: %s", exc)
+            return
+        yield from (depth, running, oldest, skips, leader)
+
+
+def serve_metrics(port: int, dsn: str, owner: str | None) -> tuple[WorkerMetrics, Any]:
+    """Start the HTTP endpoint; returns the worker listener and the server."""
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    registry.register(DatabaseCollector(dsn, owner))
+    server, thread = start_http_server(port, registry=registry)
+    log.info("metrics on http://0.0.0.0:%d/metrics", port)
+    return metrics, (server, thread)

@@ -1,0 +1,174 @@
+"""``pgtick run``: load an app, sync it to the database, run scheduler and worker."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+
+from pgtick.app import App
+from pgtick.db import connect
+from pgtick.errors import PgtickError, UsageError
+from pgtick.schedule import ScheduleError, parse_schedule
+from pgtick.scheduler import Scheduler
+from pgtick.worker import Worker, new_worker_id
+
+log = logging.getLogger("pgtick.run")
+
+
+def load_app(target: str) -> App:
+    """Load ``module:attr``, ``path/to/file.py[:attr]`` or ``module`` (attr defaults to ``app``)."""
+    module_part, _, attr = target.partition(":")
+    attr = attr or "app"
+    try:
+        if module_part.endswith(".py") or "/" in module_part:
+            path = Path(module_part).resolve()
+            if not path.is_file():
+                raise UsageError(f"app file not found: {module_part}")
+            sys.path.insert(0, str(path.parent))
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"cannot load app file {module_part}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_part)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"cannot import app module {module_part!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise UsageError(f"{target}: no pgtick.App named {attr!r} in {module_part}")
+    return app
+
+
+def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
+    """Write the app's retry policies and declared schedules (validated here first)."""
+    for spec in app.jobs.values():
+        conn.execute(
+            "SELECT jobs.set_retry_policy(%s, %s, %s, %s, make_interval(secs => %s), %s, "
+            "make_interval(secs => %s), %s)",
+            (
+                spec.kind,
+                spec.retry_on,
+                spec.never_retry,
+                spec.max_attempts,
+                spec.backoff_initial,
+                spec.backoff_factor,
+                spec.backoff_max,
+                spec.jitter,
+            ),
+        )
+    for s in app.schedules.values():
+        if s.schedule is not None:
+            try:
+                parse_schedule(s.schedule, s.timezone, definition=s.name)
+            except ScheduleError as exc:
+                raise UsageError(str(exc)) from exc
+        define(
+            conn,
+            s.name,
+            s.kind,
+            schedule=s.schedule,
+            timezone=s.timezone,
+            run_at=s.run_at,
+            **s.options,
+        )
+
+
+def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -> Any:
+    """jobs.define with named arguments (only those given)."""
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    if isinstance(params.get("payload"), dict):
+        params["payload"] = Jsonb(params["payload"])
+    given = {k: v for k, v in params.items() if v is not None}
+    args = [sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given]
+    query = sql.SQL("SELECT * FROM jobs.define(%(name)s, %(kind)s{})").format(
+        sql.SQL("").join(sql.SQL(", ") + a for a in args)
+    )
+    return conn.execute(query, {"name": name, "kind": kind, **given}).fetchone()
+
+
+@dataclass
+class RunOptions:
+    concurrency: int = 10
+    batch_size: int | None = None
+    tick_interval: float = 1.0
+    poll_interval: float = 1.0
+    heartbeat_interval: float = 5.0
+    shutdown_grace: float = 30.0
+    scheduler: bool = True
+    worker: bool = True
+    metrics_port: int | None = None
+
+
+def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``); returns the process exit code."""
+    stop = stop or threading.Event()
+    _install_signal_handlers(stop)
+    with connect(dsn, application_name="pgtick-sync") as conn:
+        exists = conn.execute("SELECT to_regclass('jobs.runs') IS NOT NULL").fetchone()
+        if not exists or not exists[0]:
+            raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+        sync_app(app, conn)
+    worker_id = new_worker_id()
+    threads: list[threading.Thread] = []
+    listener = None
+    if options.metrics_port is not None:
+        from pgtick.metrics import serve_metrics
+
+        listener, _ = serve_metrics(options.metrics_port, dsn, worker_id)
+    if options.worker:
+        worker = Worker(
+            app,
+            dsn,
+            worker_id=worker_id,
+            concurrency=options.concurrency,
+            batch_size=options.batch_size,
+            poll_interval=options.poll_interval,
+            heartbeat_interval=options.heartbeat_interval,
+            shutdown_grace=options.shutdown_grace,
+            listener=listener,
+        )
+        threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
+    if options.scheduler:
+        scheduler = Scheduler(dsn, owner=worker_id, tick_interval=options.tick_interval)
+        threads.append(threading.Thread(target=scheduler.run, args=(stop,), name="pgtick-scheduler"))
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.5)
+    except KeyboardInterrupt:
+        stop.set()
+        for t in threads:
+            t.join()
+    return 0
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting now")
+            raise SystemExit(1)
+        log.info("signal %s: stopping (claiming nothing more, draining)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

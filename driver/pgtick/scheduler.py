@@ -1,0 +1,314 @@
+"""The scheduler: a leader-elected tick that turns definitions into runs.
+
+Every ``tick_interval`` seconds, on one dedicated session connection:
+
+1. ``jobs.try_lead()`` — a session advisory lock; only the leader goes on;
+2. initialize the cursors of new recurring definitions (first occurrence >= now);
+3. materialize recurring definitions due within the lookahead: compute the
+   occurrences here (RRULE/cron in the definition's time zone, misfire policy)
+   and hand them to ``jobs.materialize``, a compare-and-set on the cursor plus
+   the inserts in one commit, so a second leader in the same instant adds nothing;
+4. ``jobs.materialize_one_shots()``;
+5. ``jobs.reap()``;
+6. ``jobs.prune()`` now and then.
+
+Each phase is its own transaction. A failing tick logs one line and the loop
+sleeps and goes on; a lost connection means lost leadership, contested again
+on the next tick. The connection must be direct or session-pooled: a
+transaction-mode pooler would hand the session lock to other clients (the
+scheduler warns when its backend pid changes between statements).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from datetime import time as dtime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+
+from pgtick.db import connect_dicts
+from pgtick.schedule import (
+    Schedule,
+    ScheduleError,
+    first_cursor,
+    parse_schedule,
+    plan_materialization,
+)
+
+log = logging.getLogger("pgtick.scheduler")
+
+DUE_SQL = """
+SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
+  FROM jobs.definitions
+ WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
+   AND next_run_at <= %s
+ ORDER BY next_run_at
+ LIMIT %s
+"""
+
+NEW_SQL = """
+SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
+  FROM jobs.definitions
+ WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
+   AND next_run_at IS NULL
+ ORDER BY id
+ LIMIT %s
+"""
+
+MATERIALIZE_SQL = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+
+
+@dataclass
+class TickReport:
+    """What one tick did (the leader's tick; a follower's is empty)."""
+
+    leading: bool = False
+    initialized: int = 0
+    runs_created: int = 0
+    stale: int = 0
+    one_shots: int = 0
+    reaped: list[dict[str, Any]] = field(default_factory=list)
+    pruned: int = 0
+    schedule_errors: int = 0
+
+
+def anchor_for(created_at: datetime, timezone: str) -> datetime:
+    """Start of a DTSTART-less RRULE: local midnight of the day the definition was created,
+    so FREQ=DAILY;BYHOUR=8 means 08:00:00 and FREQ=HOURLY means on the hour."""
+    zone = ZoneInfo(timezone)
+    local_day = created_at.astimezone(zone).date()
+    return datetime.combine(local_day, dtime(0, 0), tzinfo=zone)
+
+
+class Scheduler:
+    """Leader election plus the materialize / reap / prune phases."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        owner: str,
+        tick_interval: float = 1.0,
+        lookahead: float | None = None,
+        misfire_grace: float = 60.0,
+        max_catch_up: int = 100,
+        batch: int = 1000,
+        prune_every: float = 3600.0,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.owner = owner
+        self.tick_interval = tick_interval
+        self.lookahead = timedelta(seconds=lookahead if lookahead is not None else 2 * tick_interval)
+        self.misfire_grace = timedelta(seconds=misfire_grace)
+        self.max_catch_up = max_catch_up
+        self.batch = batch
+        self.prune_every = prune_every
+        self.clock = clock
+        self.leading = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pid: int | None = None
+        self._last_prune = 0.0
+        self._schedules: dict[tuple[int, int], Schedule] = {}
+
+    # -- loop ---------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop``; never dies of a database error."""
+        log.info("scheduler owner=%s tick=%.2fs", self.owner, self.tick_interval)
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.tick()
+                except Exception as exc:  # the loop must survive anything a tick meets
+                    log.warning("scheduler tick failed (will retry): %s", _one_line(exc))
+                    self._drop_connection()
+                stop.wait(max(0.0, self.tick_interval - (time.monotonic() - started)))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Resign explicitly and close the leader connection."""
+        if self._conn is not None and not self._conn.closed:
+            try:
+                if self.leading:
+                    self._conn.execute("SELECT jobs.resign()")
+                    self.leading = False
+                    log.info("scheduler owner=%s resigned", self.owner)
+            except psycopg.Error:
+                pass
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        if self.leading:
+            log.warning("scheduler owner=%s lost leadership (connection gone)", self.owner)
+        self.leading = False
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self.leading = False
+            self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
+            # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
+            idle = max(30, int(self.tick_interval * 10))
+            self._conn.execute(f"SET idle_session_timeout = '{idle}s'")
+            self._pid = self._backend_pid(self._conn)
+        return self._conn
+
+    @staticmethod
+    def _backend_pid(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+        assert row is not None
+        return int(row["pid"])
+
+    # -- one tick -----------------------------------------------------------------
+    def tick(self) -> TickReport:
+        conn = self._connection()
+        report = TickReport()
+        row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (self.owner,)).fetchone()
+        leading = bool(row and row["leading"])
+        if leading and self._backend_pid(conn) != self._pid:
+            log.error(
+                "scheduler owner=%s backend pid changed between statements: the leader "
+                "connection goes through a transaction-mode pooler; use a direct connection",
+                self.owner,
+            )
+            self._drop_connection()
+            return report
+        if leading != self.leading:
+            log.info("scheduler owner=%s %s", self.owner, "is leader" if leading else "follows")
+        self.leading = report.leading = leading
+        if not leading:
+            return report
+        now = self._now(conn)
+        self._init_cursors(conn, now, report)
+        self._materialize_recurring(conn, now, report)
+        one = conn.execute(
+            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
+        ).fetchone()
+        report.one_shots = int(one["n"]) if one else 0
+        report.reaped = conn.execute("SELECT * FROM jobs.reap()").fetchall()
+        for r in report.reaped:
+            log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
+        if time.monotonic() - self._last_prune >= self.prune_every:
+            report.pruned = self.prune(conn)
+            self._last_prune = time.monotonic()
+        if report.runs_created or report.one_shots:
+            log.debug("tick: %d runs materialized, %d one-shots", report.runs_created, report.one_shots)
+        return report
+
+    def _now(self, conn: psycopg.Connection[Any]) -> datetime:
+        if self.clock is not None:
+            return self.clock()
+        row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
+        assert row is not None
+        now: datetime = row["now"]
+        return now
+
+    def _schedule(
+        self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
+    ) -> Schedule | None:
+        key = (int(d["id"]), int(d["revision"]))
+        cached = self._schedules.get(key)
+        if cached is not None and cached.text == d["schedule"] and cached.timezone == d["timezone"]:
+            return cached
+        try:
+            parsed = parse_schedule(
+                d["schedule"],
+                d["timezone"],
+                anchor=anchor_for(d["created_at"], d["timezone"]),
+                definition=d["name"],
+            )
+        except (ScheduleError, ValueError) as exc:
+            report.schedule_errors += 1
+            log.error("definition=%s schedule unusable: %s", d["name"], exc)
+            conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (d["id"], d["revision"], str(exc)))
+            return None
+        self._schedules[key] = parsed
+        return parsed
+
+    def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
+        rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
+        calls: list[tuple[Any, ...]] = []
+        for d in rows:
+            schedule = self._schedule(conn, d, report)
+            if schedule is None:
+                continue
+            calls.append((d["id"], None, [], first_cursor(schedule, now), d["revision"]))
+        if calls:
+            self._materialize(conn, calls, report)
+            report.initialized += len(calls)
+
+    def _materialize_recurring(
+        self, conn: psycopg.Connection[Any], now: datetime, report: TickReport
+    ) -> None:
+        horizon = now + self.lookahead
+        for _ in range(20):  # bounded: the next tick continues
+            rows = conn.execute(DUE_SQL, (horizon, self.batch)).fetchall()
+            calls: list[tuple[Any, ...]] = []
+            for d in rows:
+                schedule = self._schedule(conn, d, report)
+                if schedule is None:
+                    continue
+                plan = plan_materialization(
+                    schedule,
+                    d["next_run_at"],
+                    now,
+                    misfire_policy=d["misfire_policy"],
+                    lookahead=self.lookahead,
+                    misfire_grace=self.misfire_grace,
+                    max_runs=self.max_catch_up,
+                )
+                if plan.missed:
+                    log.info(
+                        "definition=%s %d missed occurrences, misfire_policy=%s: %d runs",
+                        d["name"],
+                        plan.missed,
+                        d["misfire_policy"],
+                        len(plan.run_times),
+                    )
+                calls.append((d["id"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]))
+            if calls:
+                self._materialize(conn, calls, report)
+            if len(rows) < self.batch:
+                return
+
+    def _materialize(
+        self, conn: psycopg.Connection[Any], calls: list[tuple[Any, ...]], report: TickReport
+    ) -> None:
+        """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
+        with conn.pipeline():
+            cursors = [conn.execute(MATERIALIZE_SQL, call) for call in calls]
+        for call, cur in zip(calls, cursors, strict=True):
+            row = cur.fetchone()
+            created = int(row["n"]) if row else 0
+            report.runs_created += created
+            if created == 0 and call[2]:
+                report.stale += 1
+
+    def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
+        conn = conn or self._connection()
+        total = 0
+        while True:
+            row = conn.execute("SELECT jobs.prune(NULL, %s) AS n", (batch,)).fetchone()
+            n = int(row["n"]) if row else 0
+            total += n
+            if n < batch:
+                break
+        if total:
+            log.info("pruned %d finished runs", total)
+        return total
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

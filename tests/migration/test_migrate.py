@@ -1,0 +1,220 @@
+"""Migration mechanics: idempotent, serialized, psql path == driver path, documented schema."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Database, Server, psql_binary, run_in_processes
+from pgtick import migrate
+
+# Everything a user or another language can observe about the jobs schema.
+CATALOG_SNAPSHOT = """
+SELECT 'rel', c.relname || ':' || c.relkind::text || ':' || coalesce(array_to_string(c.reloptions, ','), '')
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'col', c.relname || '.' || a.attname || ':' || format_type(a.atttypid, a.atttypmod)
+       || ':' || a.attnotnull || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE n.nspname = 'jobs' AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'idx', pg_get_indexdef(i.indexrelid)
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'con', conrelid::regclass::text || ':' || conname || ':' || pg_get_constraintdef(o.oid)
+  FROM pg_constraint o JOIN pg_namespace n ON n.oid = o.connamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'fn', pg_get_functiondef(p.oid) || coalesce(array_to_string(p.proacl, ','), '')
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'view', c.relname || ':' || pg_get_viewdef(c.oid)
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'jobs' AND c.relkind = 'v'
+UNION ALL
+SELECT 'acl', c.relname || ':' || coalesce(array_to_string(c.relacl, ','), '')
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'enum', t.typname || ':' || e.enumlabel || ':' || e.enumsortorder
+  FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
+  JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'comment', c.relname || ':' || d.objsubid || ':' || d.description
+  FROM pg_description d
+  JOIN pg_class c ON d.classoid = 'pg_class'::regclass AND c.oid = d.objoid
+  JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'
+UNION ALL
+SELECT 'version', version FROM jobs.schema_migrations
+ORDER BY 1, 2
+"""
+
+
+def snapshot(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [tuple(row) for row in conn.execute(CATALOG_SNAPSHOT).fetchall()]
+
+
+def migrate_dsn(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return migrate.apply(conn)
+
+
+def psql_install(dsn: str, script: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def empty(pg: Server) -> Any:
+    database = pg.create_empty_database()
+    yield database
+    pg.drop_database(database)
+
+
+@pytest.fixture
+def empty2(pg: Server) -> Any:
+    database = pg.create_empty_database()
+    yield database
+    pg.drop_database(database)
+
+
+def test_install_script_is_in_sync_with_sources() -> None:
+    """sql/install.sql is generated: it must equal what `pgtick migrate --sql` prints."""
+    committed = (migrate.schema_root() / "sql" / "install.sql").read_text()
+    assert committed == migrate.install_script(), (
+        "sql/install.sql is stale: regenerate it with `pgtick migrate --sql > sql/install.sql`"
+    )
+
+
+def test_applying_twice_is_a_noop(empty: Database) -> None:
+    assert migrate_dsn(empty.dsn) == [m.version for m in migrate.migrations()]
+    first = snapshot(empty.dsn)
+    assert migrate_dsn(empty.dsn) == []
+    assert snapshot(empty.dsn) == first
+
+
+def test_psql_path_equals_driver_path(empty: Database, empty2: Database) -> None:
+    result = psql_install(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR" not in result.stderr
+    migrate_dsn(empty2.dsn)
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+    # And re-running the psql script over an installed schema changes nothing.
+    again = psql_install(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert again.returncode == 0, again.stderr
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+
+
+def test_concurrent_migrators_leave_one_schema(empty: Database, empty2: Database) -> None:
+    """Invariant: N migrators at once are serialized by the advisory lock; each
+    migration is applied once and the result equals a lone migrator's schema."""
+    results = run_in_processes(migrate_dsn, [(empty.dsn,)] * 4)
+    applied = [v for r in results for v in r]
+    assert sorted(applied) == [m.version for m in migrate.migrations()], results
+    migrate_dsn(empty2.dsn)
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+
+
+def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Database) -> None:
+    script = migrate.schema_root() / "sql" / "install.sql"
+    procs = [
+        subprocess.Popen(
+            [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty.dsn, "-f", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    migrate_dsn(empty.dsn)
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    migrate_dsn(empty2.dsn)
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+
+
+def test_step_by_step_upgrade_equals_fresh_install(
+    empty: Database, empty2: Database, tmp_path: Path
+) -> None:
+    """Applying migrations one release at a time (each followed by that state's
+    functions) ends in the same schema as a fresh install of everything."""
+    all_migrations = migrate.migrations()
+    root = tmp_path / "root"
+    (root / "migrations").mkdir(parents=True)
+    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
+    for migration in all_migrations:
+        shutil.copy(migration.path, root / "migrations" / migration.path.name)
+        with psycopg.connect(empty.dsn, autocommit=True) as conn:
+            assert migrate.apply(conn, root) == [migration.version]
+    migrate_dsn(empty2.dsn)
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+
+
+def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
+    shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
+    (root / "migrations" / "9999_broken.sql").write_text(
+        "CREATE TABLE jobs.half_applied (id int);\nSELECT no_such_function();\n"
+    )
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            migrate.apply(conn, root)
+        assert conn.execute("SELECT to_regclass('jobs.half_applied')").fetchone() == (None,)
+        versions = migrate.applied_versions(conn)
+    assert "9999" not in versions
+    assert versions == {m.version for m in migrate.migrations()}
+
+
+def test_every_jobs_object_is_documented(db: Database) -> None:
+    """STYLE: every table, column, view and function in jobs carries a COMMENT."""
+    with db.connect() as conn:
+        missing = conn.execute(
+            """
+            SELECT 'table ' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'jobs' AND c.relkind IN ('r', 'v')
+               AND obj_description(c.oid, 'pg_class') IS NULL
+            UNION ALL
+            SELECT 'column ' || c.relname || '.' || a.attname
+              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+              JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'jobs' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+               AND col_description(c.oid, a.attnum) IS NULL
+            UNION ALL
+            SELECT 'function ' || p.oid::regprocedure FROM pg_proc p
+              JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'jobs' AND obj_description(p.oid, 'pg_proc') IS NULL
+            """
+        ).fetchall()
+    assert missing == [], f"undocumented objects: {missing}"
+
+
+def test_every_function_pins_search_path_and_none_is_public(db: Database) -> None:
+    with db.connect() as conn:
+        unpinned = conn.execute(
+            """
+            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'jobs'
+               AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+            """
+        ).fetchall()
+        public = conn.execute(
+            """
+            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'jobs' AND has_function_privilege('public', p.oid, 'EXECUTE')
+            """
+        ).fetchall()
+    assert unpinned == [], f"functions without a pinned search_path: {unpinned}"
+    assert public == [], f"functions executable by PUBLIC: {public}"

@@ -1,0 +1,74 @@
+"""jobs.cancel / acknowledge_cancel / cancel_queued: stopping queued and running work."""
+
+from __future__ import annotations
+
+from sql_support import Conn, add_definition, add_runs, digest, expect_error, run_row, scalar
+
+
+def test_cancel_queued_run_is_cancelled_at_once(conn: Conn) -> None:
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k')"))
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "CANCELLED"
+    row = run_row(conn, run_id)
+    assert row["status"] == "CANCELLED" and row["finished_at"] is not None
+    assert row["failure_reason"] is None and row["worker"] is None
+    assert conn.execute("SELECT * FROM jobs.claim(10, 'w')").fetchall() == [], "never claimed"
+
+
+def test_cancel_running_run_is_cooperative(conn: Conn) -> None:
+    """RUNNING -> cancel_requested, delivered in the heartbeat answer; the owner acknowledges at
+    a checkpoint and the run becomes CANCELLED. Only the owner can acknowledge."""
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k')"))
+    assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(run_id,)]
+    beat = conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s]::bigint[], 'w1')", (run_id,))
+    assert beat.fetchall() == [(run_id, False)]
+
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "RUNNING"
+    row = run_row(conn, run_id)
+    assert (row["status"], row["cancel_requested"], row["finished_at"]) == ("RUNNING", True, None)
+    beat = conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s]::bigint[], 'w1')", (run_id,))
+    assert beat.fetchall() == [(run_id, True)], "the worker learns of it from its heartbeat"
+    # Cancelling again is harmless and says where things stand.
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "RUNNING"
+
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, 'w2')", (run_id,)) is False
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, 'w1', 'stopped')", (run_id,)) is True
+    row = run_row(conn, run_id)
+    assert (row["status"], row["error"]) == ("CANCELLED", "stopped")
+    assert row["finished_at"] is not None
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1')", (run_id,)) is False, "now fenced"
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "CANCELLED"
+
+
+def test_acknowledge_without_a_request_is_refused(conn: Conn) -> None:
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k')"))
+    conn.execute("SELECT jobs.claim(1, 'w1')")
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, 'w1')", (run_id,)) is False
+    assert run_row(conn, run_id)["status"] == "RUNNING"
+
+
+def test_cancel_finished_run_changes_nothing(conn: Conn) -> None:
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k')"))
+    conn.execute("SELECT jobs.claim(1, 'w1')")
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1')", (run_id,)) is True
+    before = digest(conn)
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "COMPLETED"
+    assert digest(conn) == before
+
+
+def test_cancel_unknown_run_is_not_found(conn: Conn) -> None:
+    before = digest(conn)
+    expect_error(conn, "SELECT jobs.cancel(%s)", (424242,), "P0002", "424242")
+    expect_error(conn, "SELECT jobs.cancel(NULL)", None, "22023", "run_id")
+    assert digest(conn) == before
+
+
+def test_cancel_queued_of_a_definition(conn: Conn) -> None:
+    def_id = add_definition(conn, "nightly")
+    ids = add_runs(conn, 4, kind="nightly", definition_id=def_id)
+    other = add_runs(conn, 1, kind="other")
+    assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(ids[0],)]
+    assert scalar(conn, "SELECT jobs.cancel_queued('nightly')") == 3
+    states = dict(conn.execute("SELECT id, status::text FROM jobs.runs").fetchall())
+    assert [states[i] for i in ids] == ["RUNNING", "CANCELLED", "CANCELLED", "CANCELLED"]
+    assert states[other[0]] == "QUEUED"
+    expect_error(conn, "SELECT jobs.cancel_queued('nope')", None, "P0002", "nope")
