@@ -20,7 +20,7 @@ BEGIN
 END
 $roles$;
 
-REVOKE ALL ON SCHEMA jobs FROM PUBLIC;
+REVOKE ALL ON SCHEMA jobs FROM public;
 GRANT USAGE ON SCHEMA jobs TO jobs_reader, jobs_worker, jobs_operator;
 
 -- ===========================================================================
@@ -224,8 +224,8 @@ WHERE finished_at IS NOT NULL;
 -- ===========================================================================
 CREATE TABLE jobs.retry_policies (
     kind text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 200),
-    allow text [],
-    deny text [] NOT NULL DEFAULT '{}',
+    allow text[],
+    deny text[] NOT NULL DEFAULT '{}',
     max_attempts integer NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 1000),
     backoff_initial interval NOT NULL DEFAULT '10 seconds' CHECK (backoff_initial >= '0'),
     backoff_factor double precision NOT NULL DEFAULT 2 CHECK (backoff_factor >= 1),

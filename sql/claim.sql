@@ -26,7 +26,7 @@
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
-    kinds text [] DEFAULT NULL
+    kinds text[] DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -166,5 +166,5 @@ BEGIN
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text []) IS
+COMMENT ON FUNCTION jobs.claim(integer, text, text[]) IS
 'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING.';

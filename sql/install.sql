@@ -42,7 +42,7 @@ BEGIN
 END
 $roles$;
 
-REVOKE ALL ON SCHEMA jobs FROM PUBLIC;
+REVOKE ALL ON SCHEMA jobs FROM public;
 GRANT USAGE ON SCHEMA jobs TO jobs_reader, jobs_worker, jobs_operator;
 
 -- ===========================================================================
@@ -246,8 +246,8 @@ WHERE finished_at IS NOT NULL;
 -- ===========================================================================
 CREATE TABLE jobs.retry_policies (
     kind text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 200),
-    allow text [],
-    deny text [] NOT NULL DEFAULT '{}',
+    allow text[],
+    deny text[] NOT NULL DEFAULT '{}',
     max_attempts integer NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 1000),
     backoff_initial interval NOT NULL DEFAULT '10 seconds' CHECK (backoff_initial >= '0'),
     backoff_factor double precision NOT NULL DEFAULT 2 CHECK (backoff_factor >= 1),
@@ -554,7 +554,7 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
-    kinds text [] DEFAULT NULL
+    kinds text[] DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -694,7 +694,7 @@ BEGIN
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text []) IS
+COMMENT ON FUNCTION jobs.claim(integer, text, text[]) IS
 'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING.';
 
 -- sql/worker.sql
@@ -708,7 +708,7 @@ COMMENT ON FUNCTION jobs.claim(integer, text, text []) IS
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
-CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint [], worker text)
+CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -729,7 +729,7 @@ BEGIN
     RETURNING r.id, r.cancel_requested;
 END
 $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint [], text) IS
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text) IS
 'Stamp heartbeat_at on the given runs still RUNNING for worker; returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
@@ -758,7 +758,7 @@ COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
 'RUNNING -> COMPLETED if the run is still owned by worker; returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
-CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint [], worker text)
+CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -779,7 +779,7 @@ BEGIN
     RETURNING r.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete_many(bigint [], text) IS
+COMMENT ON FUNCTION jobs.complete_many(bigint[], text) IS
 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker, returns their ids.';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
@@ -824,7 +824,7 @@ COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS
 
 -- Private: may a failure with these error classes be retried under this policy?
 CREATE OR REPLACE FUNCTION jobs._retry_allowed(
-    deny text [], allow text [], classes text [], infrastructure boolean
+    deny text[], allow text[], classes text[], infrastructure boolean
 )
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
@@ -833,10 +833,13 @@ AS $$
     SELECT NOT coalesce(deny && classes, FALSE)
            AND (infrastructure OR allow IS NULL OR allow && classes)
 $$;
-COMMENT ON FUNCTION jobs._retry_allowed(text [], text [], text [], boolean) IS
+COMMENT ON FUNCTION jobs._retry_allowed(text[], text[], text[], boolean) IS
 'Private: deny wins; then infrastructure failures, a NULL allow list, or a listed class allow a retry.';
 
 -- Private: delay before attempt (attempt + 1): initial * factor^(attempt-1), capped, +-jitter.
+-- Whatever the policy or jobs.config hold, the delay stays under ~200 years (100 before jitter)
+-- and factor^n finite: now() + delay must never overflow, or every jobs.fail() and jobs.reap()
+-- that meets the kind would raise and roll back, leaving its runs stuck RUNNING.
 CREATE OR REPLACE FUNCTION jobs._backoff(
     initial interval, factor double precision, cap interval, jitter double precision, attempt integer
 )
@@ -845,15 +848,17 @@ LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT make_interval(secs => least(
-               extract(epoch FROM initial)::double precision * power(factor, least(attempt - 1, 60)),
-               extract(epoch FROM cap)::double precision)
-           * (1 + jitter * (2 * random() - 1)))
+               extract(epoch FROM initial)::double precision
+               * power(least(factor, 100), least(attempt - 1, 60)),
+               extract(epoch FROM cap)::double precision,
+               3155760000)  -- 100 years
+           * (1 + least(jitter, 1) * (2 * random() - 1)))
 $$;
 COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double precision, integer) IS
-'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap), spread by +-jitter.';
+'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap, 100 years), spread by +-jitter.';
 
 -- Private: insert the next attempt for each given FAILED run that its policy allows to retry.
-CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint [], error_classes text [])
+CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint[], error_classes text[])
 RETURNS TABLE (retry_of bigint, retry_run_id bigint)
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -881,14 +886,14 @@ AS $$
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id
 $$;
-COMMENT ON FUNCTION jobs._enqueue_retries(bigint [], text []) IS
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS
 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id).';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(
     run_id bigint,
     worker text,
-    error_classes text [] DEFAULT '{}',
+    error_classes text[] DEFAULT '{}',
     message text DEFAULT NULL,
     reason text DEFAULT 'Error'
 )
@@ -935,7 +940,7 @@ BEGIN
     RETURN v_retry;
 END
 $$;
-COMMENT ON FUNCTION jobs.fail(bigint, text, text [], text, text) IS
+COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text) IS
 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker; inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
@@ -949,6 +954,9 @@ DECLARE
     v_run jobs.runs;
     v_next jobs.runs;
 BEGIN
+    IF retry.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
+    END IF;
     SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', retry.run_id USING ERRCODE = 'P0002';
@@ -981,8 +989,8 @@ COMMENT ON FUNCTION jobs.retry(bigint) IS
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
     kind text,
-    allow text [] DEFAULT NULL,
-    deny text [] DEFAULT '{}',
+    allow text[] DEFAULT NULL,
+    deny text[] DEFAULT '{}',
     max_attempts integer DEFAULT 3,
     backoff_initial interval DEFAULT '10 seconds',
     backoff_factor double precision DEFAULT 2,
@@ -1026,7 +1034,7 @@ BEGIN
     RETURN v_policy;
 END
 $$;
-COMMENT ON FUNCTION jobs.set_retry_policy(text, text [], text [], integer, interval, double precision, interval, double precision) IS
+COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS
 'Create or replace the retry policy of a kind.';
 
 -- sql/cancel.sql
@@ -1413,7 +1421,7 @@ COMMENT ON FUNCTION jobs.undefine(text) IS
 CREATE OR REPLACE FUNCTION jobs.materialize(
     definition_id bigint,
     expected_next_run_at timestamptz,
-    run_times timestamptz [],
+    run_times timestamptz[],
     new_next_run_at timestamptz,
     expected_revision integer DEFAULT NULL
 )
@@ -1468,7 +1476,7 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer) IS
+COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
 'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
@@ -1698,9 +1706,9 @@ SELECT
     a.client_addr,
     a.backend_start
 FROM pg_catalog.pg_locks AS l
-INNER JOIN pg_catalog.pg_database AS db ON db.oid = l.database AND db.datname = current_database()
-LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
-LEFT JOIN jobs._leadership AS s ON s.pid = l.pid
+INNER JOIN pg_catalog.pg_database AS db ON l.database = db.oid AND db.datname = current_database()
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
+LEFT JOIN jobs._leadership AS s ON l.pid = s.pid
 WHERE
     l.locktype = 'advisory' AND l.granted
     AND l.classid = (jobs._leader_key() >> 32)::oid
@@ -1725,7 +1733,7 @@ SELECT
     r.cancel_requested,
     r.timeout
 FROM jobs.runs AS r
-LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
 WHERE r.status = 'RUNNING';
 COMMENT ON VIEW jobs.running IS
 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated).';
@@ -1745,6 +1753,7 @@ WITH live AS (
     WHERE r.status IN ('QUEUED', 'RUNNING')
     GROUP BY r.kind
 ),
+
 recent AS (
     SELECT
         r.kind,
@@ -1755,6 +1764,7 @@ recent AS (
     WHERE r.finished_at > now() - interval '1 hour'
     GROUP BY r.kind
 )
+
 SELECT
     coalesce(live.kind, recent.kind) AS kind,
     coalesce(live.queued, 0) AS queued,
@@ -1765,7 +1775,7 @@ SELECT
     coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
     live.oldest_queued_age
 FROM live
-FULL OUTER JOIN recent ON recent.kind = live.kind;
+FULL OUTER JOIN recent ON live.kind = recent.kind;
 COMMENT ON VIEW jobs.queue_stats IS
 'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, and the age of the oldest due QUEUED run.';
 
@@ -1799,7 +1809,10 @@ LEFT JOIN LATERAL (
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
 LEFT JOIN LATERAL (
-    SELECT r.id, r.finished_at FROM jobs.runs AS r
+    SELECT
+        r.id,
+        r.finished_at
+    FROM jobs.runs AS r
     WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
     ORDER BY r.id DESC LIMIT 1
 ) AS ok ON TRUE
@@ -1873,8 +1886,8 @@ COMMENT ON FUNCTION jobs.prune(interval, integer) IS
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
 
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
+REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
 
 GRANT jobs_reader TO jobs_worker;
 GRANT jobs_worker TO jobs_operator;
@@ -1884,11 +1897,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text []),
-jobs.heartbeat(bigint [], text),
+jobs.claim(integer, text, text[]),
+jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
-jobs.complete_many(bigint [], text),
-jobs.fail(bigint, text, text [], text, text),
+jobs.complete_many(bigint[], text),
+jobs.fail(bigint, text, text[], text, text),
 jobs.acknowledge_cancel(bigint, text, text)
 TO jobs_worker;
 
@@ -1899,7 +1912,7 @@ jobs.cancel(bigint),
 jobs.cancel_queued(text),
 jobs.retry(bigint),
 jobs.set_retry_policy(
-    text, text [], text [], integer, interval, double precision, interval, double precision
+    text, text[], text[], integer, interval, double precision, interval, double precision
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
@@ -1908,7 +1921,7 @@ jobs.define(
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
-jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer),
+jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer),
 jobs.materialize_one_shots(interval, interval),
 jobs.mark_schedule_error(bigint, integer, text),
 jobs.reap(),

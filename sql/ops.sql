@@ -13,9 +13,9 @@ SELECT
     a.client_addr,
     a.backend_start
 FROM pg_catalog.pg_locks AS l
-INNER JOIN pg_catalog.pg_database AS db ON db.oid = l.database AND db.datname = current_database()
-LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
-LEFT JOIN jobs._leadership AS s ON s.pid = l.pid
+INNER JOIN pg_catalog.pg_database AS db ON l.database = db.oid AND db.datname = current_database()
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
+LEFT JOIN jobs._leadership AS s ON l.pid = s.pid
 WHERE
     l.locktype = 'advisory' AND l.granted
     AND l.classid = (jobs._leader_key() >> 32)::oid
@@ -40,7 +40,7 @@ SELECT
     r.cancel_requested,
     r.timeout
 FROM jobs.runs AS r
-LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
 WHERE r.status = 'RUNNING';
 COMMENT ON VIEW jobs.running IS
 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated).';
@@ -60,6 +60,7 @@ WITH live AS (
     WHERE r.status IN ('QUEUED', 'RUNNING')
     GROUP BY r.kind
 ),
+
 recent AS (
     SELECT
         r.kind,
@@ -70,6 +71,7 @@ recent AS (
     WHERE r.finished_at > now() - interval '1 hour'
     GROUP BY r.kind
 )
+
 SELECT
     coalesce(live.kind, recent.kind) AS kind,
     coalesce(live.queued, 0) AS queued,
@@ -80,7 +82,7 @@ SELECT
     coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
     live.oldest_queued_age
 FROM live
-FULL OUTER JOIN recent ON recent.kind = live.kind;
+FULL OUTER JOIN recent ON live.kind = recent.kind;
 COMMENT ON VIEW jobs.queue_stats IS
 'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, and the age of the oldest due QUEUED run.';
 
@@ -114,7 +116,10 @@ LEFT JOIN LATERAL (
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
 LEFT JOIN LATERAL (
-    SELECT r.id, r.finished_at FROM jobs.runs AS r
+    SELECT
+        r.id,
+        r.finished_at
+    FROM jobs.runs AS r
     WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
     ORDER BY r.id DESC LIMIT 1
 ) AS ok ON TRUE

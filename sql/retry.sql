@@ -16,7 +16,7 @@
 
 -- Private: may a failure with these error classes be retried under this policy?
 CREATE OR REPLACE FUNCTION jobs._retry_allowed(
-    deny text [], allow text [], classes text [], infrastructure boolean
+    deny text[], allow text[], classes text[], infrastructure boolean
 )
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
@@ -25,10 +25,13 @@ AS $$
     SELECT NOT coalesce(deny && classes, FALSE)
            AND (infrastructure OR allow IS NULL OR allow && classes)
 $$;
-COMMENT ON FUNCTION jobs._retry_allowed(text [], text [], text [], boolean) IS
+COMMENT ON FUNCTION jobs._retry_allowed(text[], text[], text[], boolean) IS
 'Private: deny wins; then infrastructure failures, a NULL allow list, or a listed class allow a retry.';
 
 -- Private: delay before attempt (attempt + 1): initial * factor^(attempt-1), capped, +-jitter.
+-- Whatever the policy or jobs.config hold, the delay stays under ~200 years (100 before jitter)
+-- and factor^n finite: now() + delay must never overflow, or every jobs.fail() and jobs.reap()
+-- that meets the kind would raise and roll back, leaving its runs stuck RUNNING.
 CREATE OR REPLACE FUNCTION jobs._backoff(
     initial interval, factor double precision, cap interval, jitter double precision, attempt integer
 )
@@ -37,15 +40,17 @@ LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT make_interval(secs => least(
-               extract(epoch FROM initial)::double precision * power(factor, least(attempt - 1, 60)),
-               extract(epoch FROM cap)::double precision)
-           * (1 + jitter * (2 * random() - 1)))
+               extract(epoch FROM initial)::double precision
+               * power(least(factor, 100), least(attempt - 1, 60)),
+               extract(epoch FROM cap)::double precision,
+               3155760000)  -- 100 years
+           * (1 + least(jitter, 1) * (2 * random() - 1)))
 $$;
 COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double precision, integer) IS
-'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap), spread by +-jitter.';
+'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap, 100 years), spread by +-jitter.';
 
 -- Private: insert the next attempt for each given FAILED run that its policy allows to retry.
-CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint [], error_classes text [])
+CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint[], error_classes text[])
 RETURNS TABLE (retry_of bigint, retry_run_id bigint)
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -73,14 +78,14 @@ AS $$
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id
 $$;
-COMMENT ON FUNCTION jobs._enqueue_retries(bigint [], text []) IS
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS
 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id).';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(
     run_id bigint,
     worker text,
-    error_classes text [] DEFAULT '{}',
+    error_classes text[] DEFAULT '{}',
     message text DEFAULT NULL,
     reason text DEFAULT 'Error'
 )
@@ -127,7 +132,7 @@ BEGIN
     RETURN v_retry;
 END
 $$;
-COMMENT ON FUNCTION jobs.fail(bigint, text, text [], text, text) IS
+COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text) IS
 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker; inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
@@ -141,6 +146,9 @@ DECLARE
     v_run jobs.runs;
     v_next jobs.runs;
 BEGIN
+    IF retry.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
+    END IF;
     SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', retry.run_id USING ERRCODE = 'P0002';
@@ -173,8 +181,8 @@ COMMENT ON FUNCTION jobs.retry(bigint) IS
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
     kind text,
-    allow text [] DEFAULT NULL,
-    deny text [] DEFAULT '{}',
+    allow text[] DEFAULT NULL,
+    deny text[] DEFAULT '{}',
     max_attempts integer DEFAULT 3,
     backoff_initial interval DEFAULT '10 seconds',
     backoff_factor double precision DEFAULT 2,
@@ -218,5 +226,5 @@ BEGIN
     RETURN v_policy;
 END
 $$;
-COMMENT ON FUNCTION jobs.set_retry_policy(text, text [], text [], integer, interval, double precision, interval, double precision) IS
+COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS
 'Create or replace the retry policy of a kind.';

@@ -11,8 +11,8 @@
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
 
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
+REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
 
 GRANT jobs_reader TO jobs_worker;
 GRANT jobs_worker TO jobs_operator;
@@ -22,11 +22,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text []),
-jobs.heartbeat(bigint [], text),
+jobs.claim(integer, text, text[]),
+jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
-jobs.complete_many(bigint [], text),
-jobs.fail(bigint, text, text [], text, text),
+jobs.complete_many(bigint[], text),
+jobs.fail(bigint, text, text[], text, text),
 jobs.acknowledge_cancel(bigint, text, text)
 TO jobs_worker;
 
@@ -37,7 +37,7 @@ jobs.cancel(bigint),
 jobs.cancel_queued(text),
 jobs.retry(bigint),
 jobs.set_retry_policy(
-    text, text [], text [], integer, interval, double precision, interval, double precision
+    text, text[], text[], integer, interval, double precision, interval, double precision
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
@@ -46,7 +46,7 @@ jobs.define(
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
-jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer),
+jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer),
 jobs.materialize_one_shots(interval, interval),
 jobs.mark_schedule_error(bigint, integer, text),
 jobs.reap(),

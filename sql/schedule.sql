@@ -239,7 +239,7 @@ COMMENT ON FUNCTION jobs.undefine(text) IS
 CREATE OR REPLACE FUNCTION jobs.materialize(
     definition_id bigint,
     expected_next_run_at timestamptz,
-    run_times timestamptz [],
+    run_times timestamptz[],
     new_next_run_at timestamptz,
     expected_revision integer DEFAULT NULL
 )
@@ -294,7 +294,7 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz [], timestamptz, integer) IS
+COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
 'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.

@@ -8,7 +8,7 @@
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
-CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint [], worker text)
+CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -29,7 +29,7 @@ BEGIN
     RETURNING r.id, r.cancel_requested;
 END
 $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint [], text) IS
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text) IS
 'Stamp heartbeat_at on the given runs still RUNNING for worker; returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
@@ -58,7 +58,7 @@ COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
 'RUNNING -> COMPLETED if the run is still owned by worker; returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
-CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint [], worker text)
+CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -79,7 +79,7 @@ BEGIN
     RETURNING r.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete_many(bigint [], text) IS
+COMMENT ON FUNCTION jobs.complete_many(bigint[], text) IS
 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker, returns their ids.';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.

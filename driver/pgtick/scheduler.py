@@ -189,13 +189,7 @@ class Scheduler:
         self.leading = report.leading = leading
         if not leading:
             return report
-        now = self._now(conn)
-        self._init_cursors(conn, now, report)
-        self._materialize_recurring(conn, now, report)
-        one = conn.execute(
-            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
-        ).fetchone()
-        report.one_shots = int(one["n"]) if one else 0
+        self.materialize_due(report)
         report.reaped = conn.execute("SELECT * FROM jobs.reap()").fetchall()
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
@@ -204,6 +198,24 @@ class Scheduler:
             self._last_prune = time.monotonic()
         if report.runs_created or report.one_shots:
             log.debug("tick: %d runs materialized, %d one-shots", report.runs_created, report.one_shots)
+        return report
+
+    def materialize_due(self, report: TickReport | None = None) -> TickReport:
+        """The materialization phases alone (cursors, recurring, one-shots).
+
+        The tick calls this only while leading; tests and benchmarks call it
+        directly, for instance from two processes at once, to show that the
+        compare-and-set keeps every occurrence single without the leader lock.
+        """
+        report = report or TickReport()
+        conn = self._connection()
+        now = self._now(conn)
+        self._init_cursors(conn, now, report)
+        self._materialize_recurring(conn, now, report)
+        one = conn.execute(
+            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
+        ).fetchone()
+        report.one_shots = int(one["n"]) if one else 0
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:

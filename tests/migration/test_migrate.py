@@ -145,9 +145,7 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
-def test_step_by_step_upgrade_equals_fresh_install(
-    empty: Database, empty2: Database, tmp_path: Path
-) -> None:
+def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Database, tmp_path: Path) -> None:
     """Applying migrations one release at a time (each followed by that state's
     functions) ends in the same schema as a fresh install of everything."""
     all_migrations = migrate.migrations()
