@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=parse_duration, required=True, help="lease time to live")
     p.add_argument("--owner", default=None, help="owner id (default host-pid-random)")
     p.add_argument("--skipped-exit", type=int, default=75, help="exit code when held (75)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    # Filled from whatever follows the first `--` (see main): a REMAINDER positional
+    # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
+    p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
 
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
@@ -483,9 +485,23 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 # -- entry point ----------------------------------------------------------------------
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse argv; for ``pgtick lock ... -- CMD ARGS`` everything after the first ``--``
+    is the command, verbatim (its own options included)."""
+    if "--" in argv:
+        split = argv.index("--")
+        head, command = argv[:split], argv[split + 1 :]
+        subcommand = next((a for a in head if not a.startswith("-")), None)
+        if subcommand == "lock":
+            args = parser.parse_args(head)
+            args.cmd = command
+            return args
+    return parser.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else getattr(logging, os.environ.get("PGTICK_LOG", "INFO")),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

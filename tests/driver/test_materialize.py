@@ -101,8 +101,8 @@ def test_two_leaders_materialize_each_occurrence_exactly_once(db: Database) -> N
             total += len(times)
     created = sum(r[0] for r in results)
     assert created == total, f"processes reported {created} runs but {total} exist"
-    # Both processes really competed: some compare-and-sets lost.
-    assert all(r[0] > 0 for r in results), results
+    # The processes really competed for the same cursors: some compare-and-sets lost.
+    assert sum(r[1] for r in results) > 0, f"no contention observed: {results}"
 
 
 # -- misfire ------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_broken_schedule_never_crashes_the_tick(db: Database) -> None:
 
 
 def test_changing_the_schedule_resets_cursor_and_cancels_future_runs(db: Database) -> None:
-    clock = Clock(utc(2026, 6, 1, 12, 0, 0))
+    clock = Clock(utc(2027, 6, 1, 12, 0, 0))  # ahead of the database clock
     scheduler = Scheduler(db.dsn, owner="t", clock=clock, lookahead=3600)
     with db.connect() as conn:
         definition_id = define(conn, "d", "*/10 * * * *")
@@ -255,10 +255,8 @@ def test_changing_the_schedule_resets_cursor_and_cancels_future_runs(db: Databas
         queued = conn.execute(
             "SELECT count(*) FROM jobs.runs WHERE definition_id = %s AND status = 'QUEUED'", (definition_id,)
         ).fetchone()
-        assert queued is not None and queued[0] >= 5  # an hour of lookahead (in the DB's future)
-        before = conn.execute(
-            "SELECT revision FROM jobs.definitions WHERE id = %s", (definition_id,)
-        ).fetchone()
+        assert queued is not None and queued[0] >= 5  # an hour of lookahead
+        before = revision_of(conn, definition_id)
         define(conn, "d", "*/15 * * * *")
         row = conn.execute(
             "SELECT revision, next_run_at FROM jobs.definitions WHERE id = %s", (definition_id,)
@@ -269,13 +267,10 @@ def test_changing_the_schedule_resets_cursor_and_cancels_future_runs(db: Databas
             " AND scheduled_for > now() GROUP BY 1",
             (definition_id,),
         ).fetchall()
-        assert dict(states).get("QUEUED", 0) == 0, states
+        assert dict(states) == {"CANCELLED": queued[0]}, states
         # Same schedule again: nothing resets.
         define(conn, "d", "*/15 * * * *", priority=5)
-        again = conn.execute(
-            "SELECT revision FROM jobs.definitions WHERE id = %s", (definition_id,)
-        ).fetchone()
-        assert again == (row[0],)
+        assert revision_of(conn, definition_id) == row[0]
     scheduler.close()
 
 
