@@ -316,8 +316,13 @@ BEGIN
     WITH due AS (
         UPDATE jobs.definitions AS d
            SET next_run_at = NULL, finished_at = now()
-         WHERE d.schedule IS NULL AND d.enabled AND d.finished_at IS NULL
-           AND d.next_run_at <= now() + materialize_one_shots.lookahead
+         WHERE d.id IN (
+                   -- A second leader in the same instant skips what the first holds.
+                   SELECT o.id FROM jobs.definitions AS o
+                    WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
+                      AND o.next_run_at <= now() + materialize_one_shots.lookahead
+                    ORDER BY o.id
+                      FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING d.*
     ),
     missed AS (

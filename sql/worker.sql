@@ -20,12 +20,18 @@ BEGIN
     END IF;
     PERFORM jobs._check_range('run_ids length', cardinality(heartbeat.run_ids), 0, 10000);
     PERFORM jobs._check_text('worker', heartbeat.worker, 200);
+    -- Lock in id order: the same worker's complete_many runs at the same time on
+    -- another connection, and two multi-row updates must not lock in crossed order.
     RETURN QUERY
     UPDATE jobs.runs AS r
        SET heartbeat_at = now()
-     WHERE r.id = ANY (heartbeat.run_ids)
-       AND r.status = 'RUNNING'
-       AND r.worker = heartbeat.worker
+      FROM (SELECT s.id FROM jobs.runs AS s
+             WHERE s.id = ANY (heartbeat.run_ids)
+               AND s.status = 'RUNNING'
+               AND s.worker = heartbeat.worker
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine
+     WHERE r.id = mine.id
     RETURNING r.id, r.cancel_requested;
 END
 $$;
@@ -70,12 +76,16 @@ BEGIN
     END IF;
     PERFORM jobs._check_range('run_ids length', cardinality(complete_many.run_ids), 0, 10000);
     PERFORM jobs._check_text('worker', complete_many.worker, 200);
-    RETURN QUERY
+    RETURN QUERY  -- locks in id order, like jobs.heartbeat
     UPDATE jobs.runs AS r
        SET status = 'COMPLETED', finished_at = now()
-     WHERE r.id = ANY (complete_many.run_ids)
-       AND r.status = 'RUNNING'
-       AND r.worker = complete_many.worker
+      FROM (SELECT s.id FROM jobs.runs AS s
+             WHERE s.id = ANY (complete_many.run_ids)
+               AND s.status = 'RUNNING'
+               AND s.worker = complete_many.worker
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine
+     WHERE r.id = mine.id
     RETURNING r.id;
 END
 $$;

@@ -13,6 +13,9 @@ from pgtick.errors import PgtickError
 
 Connection = psycopg.Connection[Any]
 
+#: What a database outage looks like to the driver's loops: retry, never die.
+DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, PgtickError)
+
 
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
     """An autocommit connection (each function call is its own transaction)."""

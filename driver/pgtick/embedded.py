@@ -103,7 +103,11 @@ class EmbeddedPostgres:
 
     def restart(self) -> None:
         """Restart the server process (same data, same socket)."""
-        self._pg_ctl(["-w", "-m", "fast", "restart"])
+        self._pg_ctl(["-w", "-m", "fast", "-l", str(self.data_dir / "log"), "restart"])
+
+    def halt(self) -> None:
+        """Stop the server but keep its data (``start()`` brings it back): outage drills."""
+        self._pg_ctl(["-w", "-m", "fast", "stop"])
 
     def _pg_ctl(self, args: list[str]) -> None:
         from pgserver import _commands
