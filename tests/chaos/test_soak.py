@@ -35,7 +35,7 @@ SOAK_SECONDS = float(os.environ.get("PGTICK_SOAK_SECONDS", "40"))
 TICK = 0.3
 HEARTBEAT_TIMEOUT = 2.0
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SOAK_SECONDS + 300)]
 
 
 def _try(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]] | None:
