@@ -53,11 +53,16 @@ BEGIN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(cancel_queued.name, 'NULL'))
             USING ERRCODE = 'P0002';
     END IF;
+    -- Wait for rows a claimer holds (never long: claim does not wait on rows) rather than skip
+    -- them: a claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
+    -- would leave runs behind, even of a definition jobs.undefine() is deleting. After the wait
+    -- the status is checked again, so a row the claimer did start stays RUNNING. Locked in
+    -- ascending id order.
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r
          WHERE r.definition_id = v_id AND r.status = 'QUEUED'
          ORDER BY r.id
-           FOR UPDATE SKIP LOCKED  -- a row a claimer holds right now is starting: leave it
+           FOR UPDATE
     )
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,

@@ -10,8 +10,11 @@
 --   3. only then count the live RUNNING rows of those definitions;
 --   4. pick rows in pool order while their definition has room and mark them
 --      RUNNING. Rows of definitions at cap stay QUEUED (backpressure), except
---      scheduled occurrences of overlap_policy = 'skip' definitions, which are
---      recorded as CANCELLED with failure_reason 'Skipped'.
+--      scheduled occurrences of overlap_policy = 'skip' definitions that find
+--      no free slot at all, which are recorded as CANCELLED with failure_reason
+--      'Skipped'.
+-- One claim per transaction: a second call would still hold the first call's
+-- dispatch locks and could wait out of order, so it is refused.
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
 -- grows by 3 x batch_size (to the ~4x oversample) only when caps held rows back,
@@ -59,6 +62,13 @@ BEGIN
             USING ERRCODE = '25000',
                   HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
     END IF;
+    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
+        -- The dispatch locks of the first call are still held: a second call could
+        -- wait on a lower definition id and break the ascending lock order.
+        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
+            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
+    END IF;
+    PERFORM set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
     PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
     IF claim.worker IS NOT NULL THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
@@ -127,7 +137,7 @@ BEGIN
 
         -- 4. Pick in pool order while each definition has room.
         SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
-               array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.rn > p.free AND p.origin = 'schedule')
+               array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
           INTO v_pick, v_skip
           FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
                        row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn

@@ -538,8 +538,11 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 --   3. only then count the live RUNNING rows of those definitions;
 --   4. pick rows in pool order while their definition has room and mark them
 --      RUNNING. Rows of definitions at cap stay QUEUED (backpressure), except
---      scheduled occurrences of overlap_policy = 'skip' definitions, which are
---      recorded as CANCELLED with failure_reason 'Skipped'.
+--      scheduled occurrences of overlap_policy = 'skip' definitions that find
+--      no free slot at all, which are recorded as CANCELLED with failure_reason
+--      'Skipped'.
+-- One claim per transaction: a second call would still hold the first call's
+-- dispatch locks and could wait out of order, so it is refused.
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
 -- grows by 3 x batch_size (to the ~4x oversample) only when caps held rows back,
@@ -587,6 +590,13 @@ BEGIN
             USING ERRCODE = '25000',
                   HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
     END IF;
+    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
+        -- The dispatch locks of the first call are still held: a second call could
+        -- wait on a lower definition id and break the ascending lock order.
+        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
+            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
+    END IF;
+    PERFORM set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
     PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
     IF claim.worker IS NOT NULL THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
@@ -655,7 +665,7 @@ BEGIN
 
         -- 4. Pick in pool order while each definition has room.
         SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
-               array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.rn > p.free AND p.origin = 'schedule')
+               array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
           INTO v_pick, v_skip
           FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
                        row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn
@@ -720,12 +730,18 @@ BEGIN
     END IF;
     PERFORM jobs._check_range('run_ids length', cardinality(heartbeat.run_ids), 0, 10000);
     PERFORM jobs._check_text('worker', heartbeat.worker, 200);
+    -- Lock in id order: the same worker's complete_many runs at the same time on
+    -- another connection, and two multi-row updates must not lock in crossed order.
     RETURN QUERY
     UPDATE jobs.runs AS r
        SET heartbeat_at = now()
-     WHERE r.id = ANY (heartbeat.run_ids)
-       AND r.status = 'RUNNING'
-       AND r.worker = heartbeat.worker
+      FROM (SELECT s.id FROM jobs.runs AS s
+             WHERE s.id = ANY (heartbeat.run_ids)
+               AND s.status = 'RUNNING'
+               AND s.worker = heartbeat.worker
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine
+     WHERE r.id = mine.id
     RETURNING r.id, r.cancel_requested;
 END
 $$;
@@ -770,12 +786,16 @@ BEGIN
     END IF;
     PERFORM jobs._check_range('run_ids length', cardinality(complete_many.run_ids), 0, 10000);
     PERFORM jobs._check_text('worker', complete_many.worker, 200);
-    RETURN QUERY
+    RETURN QUERY  -- locks in id order, like jobs.heartbeat
     UPDATE jobs.runs AS r
        SET status = 'COMPLETED', finished_at = now()
-     WHERE r.id = ANY (complete_many.run_ids)
-       AND r.status = 'RUNNING'
-       AND r.worker = complete_many.worker
+      FROM (SELECT s.id FROM jobs.runs AS s
+             WHERE s.id = ANY (complete_many.run_ids)
+               AND s.status = 'RUNNING'
+               AND s.worker = complete_many.worker
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine
+     WHERE r.id = mine.id
     RETURNING r.id;
 END
 $$;
@@ -794,7 +814,7 @@ BEGIN
     PERFORM jobs._check_text('worker', acknowledge_cancel.worker, 200);
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(),
-           error = coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint')
+           error = left(coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint'), 10000)
      WHERE r.id = acknowledge_cancel.run_id
        AND r.status = 'RUNNING'
        AND r.worker = acknowledge_cancel.worker
@@ -1093,11 +1113,16 @@ BEGIN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(cancel_queued.name, 'NULL'))
             USING ERRCODE = 'P0002';
     END IF;
+    -- Wait for rows a claimer holds (never long: claim does not wait on rows) rather than skip
+    -- them: a claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
+    -- would leave runs behind, even of a definition jobs.undefine() is deleting. After the wait
+    -- the status is checked again, so a row the claimer did start stays RUNNING. Locked in
+    -- ascending id order.
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r
          WHERE r.definition_id = v_id AND r.status = 'QUEUED'
          ORDER BY r.id
-           FOR UPDATE SKIP LOCKED  -- a row a claimer holds right now is starting: leave it
+           FOR UPDATE
     )
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
@@ -1498,8 +1523,13 @@ BEGIN
     WITH due AS (
         UPDATE jobs.definitions AS d
            SET next_run_at = NULL, finished_at = now()
-         WHERE d.schedule IS NULL AND d.enabled AND d.finished_at IS NULL
-           AND d.next_run_at <= now() + materialize_one_shots.lookahead
+         WHERE d.id IN (
+                   -- A second leader in the same instant skips what the first holds.
+                   SELECT o.id FROM jobs.definitions AS o
+                    WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
+                      AND o.next_run_at <= now() + materialize_one_shots.lookahead
+                    ORDER BY o.id
+                      FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING d.*
     ),
     missed AS (
@@ -1696,6 +1726,9 @@ COMMENT ON FUNCTION jobs.release_lease(text, text) IS 'Release the lease if owne
 -- ===========================================================================
 
 -- Who leads the scheduler, since when.
+-- The leader key (leases.sql: 8099570450837490756, 'pgtickLD') is spelled out here rather than
+-- read from jobs._leader_key(): a view calls functions with the privileges of whoever selects
+-- from it, and the private helper is executable by no role, so every reader would get 42501.
 CREATE OR REPLACE VIEW jobs.leader AS
 SELECT
     l.pid,
@@ -1711,8 +1744,8 @@ LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
 LEFT JOIN jobs._leadership AS s ON l.pid = s.pid
 WHERE
     l.locktype = 'advisory' AND l.granted
-    AND l.classid = (jobs._leader_key() >> 32)::oid
-    AND l.objid = (jobs._leader_key() & 4294967295)::oid
+    AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
+    AND l.objid = 1667976260::oid  -- 8099570450837490756 & 4294967295
     AND l.objsubid = 1;
 COMMENT ON VIEW jobs.leader IS
 'The backend holding the scheduler leader lock (no row: nobody leads), with its owner id and since when.';
@@ -1759,7 +1792,9 @@ recent AS (
         r.kind,
         count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
         count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
-        count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h
+        count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
+        count(*) FILTER (WHERE r.failure_reason = 'Skipped') AS skipped_1h,
+        count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
     FROM jobs.runs AS r
     WHERE r.finished_at > now() - interval '1 hour'
     GROUP BY r.kind
@@ -1773,11 +1808,13 @@ SELECT
     coalesce(recent.completed_1h, 0) AS completed_1h,
     coalesce(recent.failed_1h, 0) AS failed_1h,
     coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
-    live.oldest_queued_age
+    live.oldest_queued_age,
+    coalesce(recent.skipped_1h, 0) AS skipped_1h,
+    coalesce(recent.lost_1h, 0) AS lost_1h
 FROM live
 FULL OUTER JOIN recent ON live.kind = recent.kind;
 COMMENT ON VIEW jobs.queue_stats IS
-'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, and the age of the oldest due QUEUED run.';
+'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned).';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS

@@ -3,6 +3,9 @@
 -- ===========================================================================
 
 -- Who leads the scheduler, since when.
+-- The leader key (leases.sql: 8099570450837490756, 'pgtickLD') is spelled out here rather than
+-- read from jobs._leader_key(): a view calls functions with the privileges of whoever selects
+-- from it, and the private helper is executable by no role, so every reader would get 42501.
 CREATE OR REPLACE VIEW jobs.leader AS
 SELECT
     l.pid,
@@ -18,8 +21,8 @@ LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
 LEFT JOIN jobs._leadership AS s ON l.pid = s.pid
 WHERE
     l.locktype = 'advisory' AND l.granted
-    AND l.classid = (jobs._leader_key() >> 32)::oid
-    AND l.objid = (jobs._leader_key() & 4294967295)::oid
+    AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
+    AND l.objid = 1667976260::oid  -- 8099570450837490756 & 4294967295
     AND l.objsubid = 1;
 COMMENT ON VIEW jobs.leader IS
 'The backend holding the scheduler leader lock (no row: nobody leads), with its owner id and since when.';
@@ -66,7 +69,9 @@ recent AS (
         r.kind,
         count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
         count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
-        count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h
+        count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
+        count(*) FILTER (WHERE r.failure_reason = 'Skipped') AS skipped_1h,
+        count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
     FROM jobs.runs AS r
     WHERE r.finished_at > now() - interval '1 hour'
     GROUP BY r.kind
@@ -80,11 +85,13 @@ SELECT
     coalesce(recent.completed_1h, 0) AS completed_1h,
     coalesce(recent.failed_1h, 0) AS failed_1h,
     coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
-    live.oldest_queued_age
+    live.oldest_queued_age,
+    coalesce(recent.skipped_1h, 0) AS skipped_1h,
+    coalesce(recent.lost_1h, 0) AS lost_1h
 FROM live
 FULL OUTER JOIN recent ON live.kind = recent.kind;
 COMMENT ON VIEW jobs.queue_stats IS
-'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, and the age of the oldest due QUEUED run.';
+'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned).';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS

@@ -104,7 +104,7 @@ BEGIN
     PERFORM jobs._check_text('worker', acknowledge_cancel.worker, 200);
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(),
-           error = coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint')
+           error = left(coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint'), 10000)
      WHERE r.id = acknowledge_cancel.run_id
        AND r.status = 'RUNNING'
        AND r.worker = acknowledge_cancel.worker

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 from sql_support import Conn, add_definition, add_runs, digest, expect_error, run_row, scalar
+
+from harness import Database
 
 
 def test_cancel_queued_run_is_cancelled_at_once(conn: Conn) -> None:
@@ -72,3 +78,72 @@ def test_cancel_queued_of_a_definition(conn: Conn) -> None:
     assert [states[i] for i in ids] == ["RUNNING", "CANCELLED", "CANCELLED", "CANCELLED"]
     assert states[other[0]] == "QUEUED"
     expect_error(conn, "SELECT jobs.cancel_queued('nope')", None, "P0002", "nope")
+
+
+def _wait_until_blocked(conn: Conn, thread: threading.Thread) -> None:
+    """Until some session of this database waits on a lock (or the thread is done; 5 s max)."""
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        waiting = scalar(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        if waiting:
+            return
+        time.sleep(0.01)
+
+
+def test_cancel_queued_does_not_miss_rows_a_claimer_is_looking_at(db: Database, conn: Conn) -> None:
+    """A claimer locks a pool of QUEUED rows while it decides; rows of a definition at its cap
+    stay QUEUED. cancel_queued (and so undefine) must still cancel them once the claimer is
+    done, not skip them and leave runs of a deleted definition queued (and then uncapped)."""
+    def_id = add_definition(conn, "busy", cap=1)
+    ids = add_runs(conn, 5, kind="busy", definition_id=def_id)
+    assert conn.execute("SELECT id FROM jobs.claim(1, 'w0')").fetchall() == [(ids[0],)]
+    result: dict[str, Any] = {}
+
+    def cancel_queued() -> None:
+        with db.connect() as operator:
+            result["n"] = scalar(operator, "SELECT jobs.cancel_queued('busy')")
+
+    with db.connect(autocommit=False) as claimer:
+        assert claimer.execute("SELECT * FROM jobs.claim(10, 'w1')").fetchall() == [], "at cap"
+        locked = scalar(
+            conn,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND pid = %s",
+            (claimer.info.backend_pid,),
+        )
+        assert locked >= 1, "the claimer's transaction should still be open"
+        operator = threading.Thread(target=cancel_queued)
+        operator.start()
+        _wait_until_blocked(conn, operator)
+        claimer.commit()
+    operator.join(10)
+    states = [run_row(conn, i)["status"] for i in ids]
+    assert states == ["RUNNING", "CANCELLED", "CANCELLED", "CANCELLED", "CANCELLED"], (
+        f"cancel_queued returned {result.get('n')}; states {list(zip(ids, states, strict=True))}"
+    )
+    assert result["n"] == 4
+
+
+def test_cancel_queued_leaves_a_run_that_is_being_started(db: Database, conn: Conn) -> None:
+    """The other side of the same race: a row the claimer does start stays RUNNING."""
+    def_id = add_definition(conn, "free")
+    ids = add_runs(conn, 3, kind="free", definition_id=def_id)
+    with db.connect(autocommit=False) as claimer:
+        got = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(1, 'w1')")]
+        assert got == ids[:1]
+        result: dict[str, Any] = {}
+
+        def cancel_queued() -> None:
+            with db.connect() as operator:
+                result["n"] = scalar(operator, "SELECT jobs.cancel_queued('free')")
+
+        operator = threading.Thread(target=cancel_queued)
+        operator.start()
+        _wait_until_blocked(conn, operator)
+        claimer.commit()
+    operator.join(10)
+    assert [run_row(conn, i)["status"] for i in ids] == ["RUNNING", "CANCELLED", "CANCELLED"]
+    assert result["n"] == 2

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 import psycopg
+import pytest
 from sql_support import (
     OVER_CAP_SQL,
     Conn,
@@ -97,9 +98,7 @@ def _cap_probe(dsn: str, seconds: float) -> dict[str, Any]:
             for over in conn.execute(OVER_CAP_SQL, {"defs": None}).fetchall():
                 violations.append(("probe", *over))
             samples += 1
-            live = scalar(
-                conn, "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"
-            )
+            live = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')")
             if live == 0:
                 break
     return {"worker": "probe", "claimed": [], "violations": violations, "samples": samples}
@@ -248,9 +247,7 @@ def test_claim_order_due_time_and_kinds(conn: Conn) -> None:
     """Claim order is priority DESC, then scheduled_for; future runs are not due; kinds filter."""
     low = add_runs(conn, 2, kind="a", priority=0)
     high = add_runs(conn, 2, kind="b", priority=5)
-    future = int(
-        scalar(conn, "SELECT id FROM jobs.enqueue('a', run_at => now() + interval '1 hour')")
-    )
+    future = int(scalar(conn, "SELECT id FROM jobs.enqueue('a', run_at => now() + interval '1 hour')"))
     got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w', ARRAY['a'])")]
     assert got == low[:1], "kinds => ARRAY['a'] must skip the higher-priority kind b"
     got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'w')")]
@@ -297,9 +294,7 @@ def test_overlap_skip_cancels_scheduled_occurrence_at_cap(conn: Conn) -> None:
         )
     (occurrence,) = add_runs(conn, 1, definition_id=skip_def, origin="schedule", start="30 min")
     (manual,) = add_runs(conn, 1, definition_id=skip_def, origin="manual", start="20 min")
-    (queued_occurrence,) = add_runs(
-        conn, 1, definition_id=queue_def, origin="schedule", start="10 min"
-    )
+    (queued_occurrence,) = add_runs(conn, 1, definition_id=queue_def, origin="schedule", start="10 min")
 
     assert conn.execute("SELECT * FROM jobs.claim(5, 'w1')").fetchall() == []
 
@@ -314,3 +309,17 @@ def test_overlap_skip_cancels_scheduled_occurrence_at_cap(conn: Conn) -> None:
     assert scalar(conn, "SELECT jobs.complete(%s, 'w0')", (running[skip_def],)) is True
     got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(5, 'w1')")]
     assert got == [manual]
+
+
+def test_claim_twice_in_one_transaction_is_refused(conn: psycopg.Connection[Any]) -> None:
+    """The first call's dispatch locks live until commit; a second call in the same
+    transaction could wait on a lower definition id (a deadlock risk), so it is refused."""
+    conn.execute("SELECT jobs.enqueue('k')")
+    conn.execute("SELECT jobs.enqueue('k')")
+    with pytest.raises(psycopg.errors.InvalidTransactionState, match="already called"):
+        with conn.transaction():
+            conn.execute("SELECT * FROM jobs.claim(1, 'w')")
+            conn.execute("SELECT * FROM jobs.claim(1, 'w')")
+    # Rolled back: both runs still queued; separate transactions are fine.
+    assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1
+    assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1

@@ -50,9 +50,7 @@ def test_heartbeat_lost_is_reaped_fenced_and_retried(conn: Conn) -> None:
     assert beat.fetchall() == [(run_id, False)]
     assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "a fresh heartbeat is alive"
 
-    conn.execute(
-        "UPDATE jobs.runs SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", (run_id,)
-    )
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", (run_id,))
     reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
     assert len(reaped) == 1 and reaped[0][:2] == (run_id, "HeartbeatLost"), reaped
     retry_id = reaped[0][2]
@@ -74,8 +72,9 @@ def test_heartbeat_lost_is_reaped_fenced_and_retried(conn: Conn) -> None:
     )
     assert retry["payload"] == {"n": 1} and retry["worker"] is None
     assert conn.execute("SELECT * FROM jobs.claim(1, 'w2')").fetchall() == [], "not due yet"
-    due_in = scalar(conn, "SELECT extract(epoch FROM scheduled_for - now()) FROM jobs.runs"
-                    " WHERE id = %s", (retry_id,))
+    due_in = scalar(
+        conn, "SELECT extract(epoch FROM scheduled_for - now()) FROM jobs.runs WHERE id = %s", (retry_id,)
+    )
     time.sleep(max(float(due_in), 0) + 0.05)
     assert _claim_one(conn, "w2", "report") == retry_id
     assert scalar(conn, "SELECT jobs.complete(%s, 'w2', '{\"ok\": 1}')", (retry_id,)) is True
@@ -92,9 +91,7 @@ def test_orphaned_run_is_reaped_and_retried(conn: Conn) -> None:
     conn.execute("UPDATE jobs.config SET orphan_timeout = '5 minutes'")
     run_id = _enqueue(conn, "psql-job")
     assert _claim_one(conn, "w1", "psql-job") == run_id
-    conn.execute(
-        "UPDATE jobs.runs SET started_at = now() - interval '4 minutes' WHERE id = %s", (run_id,)
-    )
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '4 minutes' WHERE id = %s", (run_id,))
     assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "within orphan_timeout"
 
     conn.execute("UPDATE jobs.config SET orphan_timeout = '1 minute'")
@@ -139,9 +136,7 @@ def test_reap_is_set_based_over_many_runs(conn: Conn) -> None:
     assert sorted(got) == ids
     conn.execute("SELECT * FROM jobs.heartbeat(%s, 'w1')", (ids,))
     stale = ids[:20]
-    conn.execute(
-        "UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = ANY(%s)", (stale,)
-    )
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = ANY(%s)", (stale,))
     reaped = conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
     assert reaped == [(i, "HeartbeatLost") for i in stale]
     alive = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, 'w1') ORDER BY 1", (ids,))

@@ -41,6 +41,4 @@ def test_psql_sees_clear_errors_and_nothing_changes(db: Database) -> None:
     assert "ERROR" in out and "batch_size must be between 1 and 1000, got 0" in out, out
     out = db.psql("SELECT jobs.enqueue('k', '[1, 2]')", check=False)
     assert "payload must be a JSON object, got array" in out, out
-    assert db.psql("SELECT count(*), count(*) FILTER (WHERE status = 'QUEUED') FROM jobs.runs") == (
-        before
-    )
+    assert db.psql("SELECT count(*), count(*) FILTER (WHERE status = 'QUEUED') FROM jobs.runs") == (before)

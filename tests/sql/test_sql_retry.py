@@ -23,8 +23,14 @@ def _start(conn: Conn, kind: str, worker: str = "w1", **kw: Any) -> int:
     return run_id
 
 
-def _fail(conn: Conn, run_id: int, classes: list[str], message: str | None = None,
-          worker: str = "w1", reason: str = "Error") -> dict[str, Any] | None:
+def _fail(
+    conn: Conn,
+    run_id: int,
+    classes: list[str],
+    message: str | None = None,
+    worker: str = "w1",
+    reason: str = "Error",
+) -> dict[str, Any] | None:
     """Call jobs.fail; the returned row as a dict, or None when it returned NULL."""
     cur = conn.execute(
         "SELECT (f).* FROM (SELECT jobs.fail(%s, %s, %s, %s, %s) AS f) AS x WHERE (f).id IS NOT NULL",
@@ -162,11 +168,7 @@ def test_backoff_grows_exponentially_and_is_capped(conn: Conn) -> None:
         conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (retry["id"],))
         run_id = int(scalar(conn, "SELECT id FROM jobs.claim(1, 'w1', ARRAY['grow'])"))
         assert run_id == retry["id"]
-    bad = [
-        (a, e, d)
-        for a, e, d in delays
-        if not e * (1 - jitter) - 1e-3 <= d <= e * (1 + jitter) + 1e-3
-    ]
+    bad = [(a, e, d) for a, e, d in delays if not e * (1 - jitter) - 1e-3 <= d <= e * (1 + jitter) + 1e-3]
     assert not bad, f"(attempt, expected delay, actual delay) outside +-{jitter:.0%}: {delays}"
     assert max(d for _, _, d in delays) <= cap * (1 + jitter) + 1e-3
 
@@ -208,7 +210,46 @@ def test_operator_retry_ignores_policy_once(conn: Conn) -> None:
     run_id = _start(conn, "manual-retry")
     failed = _fail(conn, run_id, ["E"])
     assert failed is not None and failed["status"] == "FAILED"
-    again = conn.execute("SELECT id, attempt, retry_of, status::text FROM jobs.retry(%s)",
-                         (run_id,)).fetchone()
+    again = conn.execute(
+        "SELECT id, attempt, retry_of, status::text FROM jobs.retry(%s)", (run_id,)
+    ).fetchone()
     assert again is not None and again[1:] == (2, run_id, "QUEUED")
     assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(again[0],)]
+
+
+def test_absurd_backoff_cannot_wedge_fail_or_reap(conn: Conn) -> None:
+    """Regression: a policy (or jobs.config) with a backoff of 400,000 years made now() +
+    backoff overflow, so every jobs.fail() and every jobs.reap() meeting that kind raised 22008
+    and rolled back: the run stayed RUNNING and the whole reaper was stuck. The delay is now
+    clamped to 100 years (before jitter)."""
+    _policy(
+        conn,
+        "forever",
+        max_attempts=3,
+        backoff_initial="400000 years",
+        backoff_max="400000 years",
+        jitter=0,
+    )
+    run_id = _start(conn, "forever")
+    retry = _fail(conn, run_id, ["E"])
+    assert retry is not None and retry["status"] == "QUEUED"
+    years = scalar(
+        conn,
+        "SELECT extract(epoch FROM scheduled_for - now()) / 31557600 FROM jobs.runs WHERE id = %s",
+        (retry["id"],),
+    )
+    assert 99 < float(years) <= 100.01
+
+    reaped_id = _start(conn, "forever")
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (reaped_id,))
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert [r[:2] for r in reaped] == [(reaped_id, "HeartbeatLost")] and reaped[0][2] is not None
+
+    # The same through jobs.config for kinds without a policy.
+    conn.execute(
+        "UPDATE jobs.config SET max_attempts = 2,"
+        " backoff_initial = '400000 years', backoff_max = '400000 years'"
+    )
+    plain = _start(conn, "no-policy")
+    got = _fail(conn, plain, ["E"])
+    assert got is not None and got["status"] == "QUEUED"
