@@ -234,6 +234,10 @@ def _print_table(rows: Sequence[dict[str, Any]], empty: str) -> None:
 
 def _cell(value: Any) -> Any:
     if isinstance(value, datetime):
+        if value.tzinfo is None:
+            # Already a wall-clock time in a named zone (next_run_local): astimezone() would
+            # read it as this machine's local time and shift it.
+            return value.strftime("%Y-%m-%d %H:%M:%S")
         return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     if isinstance(value, timedelta):
         return f"{value.total_seconds():.1f}s"

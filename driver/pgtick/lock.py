@@ -79,18 +79,26 @@ def run_locked(
                 return
             deadline = time.monotonic() + ttl
 
+    early: list[int] = []  # SIGTERM/SIGINT that came before CMD was started
+
     def forward(signum: int, frame: FrameType | None) -> None:
-        if child is not None and child.poll() is None:
+        if child is None:
+            early.append(signum)
+        elif child.poll() is None:
             child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     renewer = threading.Thread(target=renew, name="pgtick-lease", daemon=True)
     try:
+        if early:  # stopped before CMD started: do not start it
+            return 128 + early[0]
         try:
             child = subprocess.Popen(cmd)
         except OSError as exc:
             print(f"pgtick lock: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
             return 127
+        for signum in early:  # came while Popen ran, before `child` was set
+            child.send_signal(signum)
         renewer.start()
         code = child.wait()
         if lost.is_set() and code == 0:

@@ -39,7 +39,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgtick.app import App, Context, error_classes
-from pgtick.db import connect, connect_dicts
+from pgtick.db import DB_ERRORS, connect, connect_dicts
 from pgtick.errors import Abandoned, Cancelled, JobTimeout
 
 log = logging.getLogger("pgtick.worker")
@@ -150,7 +150,9 @@ class HeartbeatLoop:
             if run_id not in still_held:
                 continue
             if run_id not in alive:
-                if not ctx.abandoned and not w.is_finished(ctx):
+                if w.is_finished(ctx):
+                    continue  # its outcome is on its way; the fenced SQL call decides
+                if not ctx.abandoned:
                     log.warning(
                         "run=%s kind=%s worker=%s abandoned: no longer ours (reaped or fenced)",
                         run_id,
@@ -246,7 +248,7 @@ class Worker:
                     self._report(conn)
                     full = self._claim(conn)
                     failures = 0
-                except psycopg.Error as exc:
+                except DB_ERRORS as exc:
                     failures += 1
                     log.warning("worker=%s database error (retrying): %s", self.worker_id, exc)
                     if conn is not None:
@@ -347,7 +349,10 @@ class Worker:
             return Outcome(ctx, "abandon")
         except JobTimeout as exc:
             return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
-        except Exception as exc:
+        except BaseException as exc:
+            # Exception, and also SystemExit/KeyboardInterrupt raised by job code: uncaught
+            # they would end this executor thread silently and leave the run RUNNING with
+            # live heartbeats (never reaped) and one slot fewer.
             message = f"{type(exc).__name__}: {exc}"
             return Outcome(ctx, "fail", classes=error_classes(exc), message=message)
         return Outcome(ctx, "complete", result=result)
@@ -465,7 +470,7 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = self._connect()
                 self._report(conn)
-            except psycopg.Error as exc:
+            except DB_ERRORS as exc:
                 log.warning("worker=%s database error while draining: %s", self.worker_id, exc)
                 if conn is not None:
                     conn.close()

@@ -1,0 +1,49 @@
+"""Test app: job kinds for crash, shutdown, cancellation and timeout tests. No schedules;
+tests enqueue runs. Every job records its entry and exit (recording.py); the payload's
+``seconds`` says how long it works, in checkpointed steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from recording import busy, create_tables, record_compensation, recorded
+
+from pgtick.app import App, Context
+
+create_tables()
+app = App("test-work")
+
+
+@app.job("quick")
+@recorded
+def quick(ctx: Context) -> None:
+    pass
+
+
+@app.job("sleepy", never_retry=[], max_attempts=2, backoff=0.2, jitter=0.0)
+@recorded
+def sleepy(ctx: Context) -> dict[str, Any]:
+    """Retried once on any failure (HeartbeatLost included); a retry works ``retry_seconds``."""
+    key = "seconds" if ctx.attempt == 1 else "retry_seconds"
+    return {"slept": busy(ctx, float(ctx.payload.get(key, 0.1))), "attempt": ctx.attempt}
+
+
+@app.job("mutating", mutating=True, compensate=record_compensation)
+@recorded
+def mutating(ctx: Context) -> float:
+    return busy(ctx, float(ctx.payload.get("seconds", 30)))
+
+
+@app.job("timeboxed", timeout=1)
+@recorded
+def timeboxed(ctx: Context) -> float:
+    return busy(ctx, float(ctx.payload.get("seconds", 30)))
+
+
+@app.job("exits")
+@recorded
+def exits(ctx: Context) -> None:
+    """Job code that calls sys.exit(): a BaseException, not an Exception."""
+    sys.exit(int(ctx.payload.get("code", 3)))

@@ -1,0 +1,95 @@
+"""Stopping a running job from outside (jobs.cancel from psql) and from inside (its timeout).
+
+* Cancellation reaches job code at its next checkpoint through the heartbeat; for a
+  mutating kind the compensation runs (and commits its row) before the runner stamps
+  the run CANCELLED.
+* A job past its timeout fails at its next checkpoint with failure_reason 'Timeout'.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from procs import processes, scalar, wait_for
+
+from harness import Database
+
+
+def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
+    db: Database, tmp_path: Path
+) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("work_app.py", "replica")
+        worker = replica.worker_id
+        run_id = scalar(conn, """SELECT id FROM jobs.enqueue('mutating', '{"seconds": 30}')""")
+        wait_for(
+            f"run {run_id} to start",
+            lambda: scalar(conn, "SELECT 1 FROM public.executions WHERE run_id = %s", (run_id,)),
+            timeout=10,
+        )
+        answer = db.psql(f"SELECT jobs.cancel({run_id})")
+        cancelled_at = scalar(conn, "SELECT clock_timestamp()")
+        status = wait_for(
+            f"run {run_id} to end",
+            lambda: scalar(
+                conn,
+                "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
+                (run_id,),
+            ),
+            timeout=10,
+        )
+        run = conn.execute(
+            "SELECT worker, error, finished_at, cancel_requested FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+        compensations = conn.execute(
+            "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
+        ).fetchall()
+        executions = conn.execute(
+            "SELECT run_id, outcome, exited - entered FROM public.executions ORDER BY id"
+        ).fetchall()
+        log = replica.log()
+
+    assert run is not None
+    context = f"run {run_id}: {status} {run}; compensations {compensations}; executions {executions}\n{log}"
+    assert answer == "RUNNING", f"jobs.cancel said {answer!r}: {context}"
+    assert status == "CANCELLED", context
+    assert run[0] == worker and run[3] is True, context
+    assert run[2] - cancelled_at < timedelta(seconds=3), f"cancellation took too long: {context}"
+    assert len(compensations) == 1, f"compensation must run exactly once: {context}"
+    pid, comp_worker, compensated_at = compensations[0]
+    assert (pid, comp_worker) == (replica.pid, worker), context
+    assert compensated_at <= run[2], f"the run was stamped CANCELLED before compensation ran: {context}"
+    assert len(executions) == 1 and executions[0][:2] == (run_id, "Cancelled"), context
+    assert executions[0][2] < timedelta(seconds=10), f"the job was not stopped at a checkpoint: {context}"
+
+
+def test_timeout_fails_the_run_with_reason_timeout(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("work_app.py", "replica")
+        worker = replica.worker_id
+        run_id = scalar(conn, """SELECT id FROM jobs.enqueue('timeboxed', '{"seconds": 30}')""")
+        status = wait_for(
+            f"run {run_id} to end",
+            lambda: scalar(
+                conn,
+                "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
+                (run_id,),
+            ),
+            timeout=15,
+        )
+        run = conn.execute(
+            "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
+            (run_id,),
+        ).fetchone()
+        retries = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,))
+        executions = conn.execute("SELECT run_id, outcome FROM public.executions ORDER BY id").fetchall()
+        log = replica.log()
+
+    assert run is not None
+    context = f"run {run_id}: {status} {run}; retries {retries}; executions {executions}\n{log}"
+    assert status == "FAILED" and run[0] == "Timeout" and run[3] == worker, context
+    assert "timeout" in run[1].lower(), context
+    assert timedelta(seconds=1) <= run[2] < timedelta(seconds=4), f"not stopped at its 1 s timeout: {context}"
+    assert retries == 0, f"a kind with max_attempts 1 was retried: {context}"
+    assert executions == [(run_id, "JobTimeout")], context

@@ -1,0 +1,43 @@
+"""Job code that ends badly still ends its run: a failure is reported, the slot comes back.
+
+`sys.exit()` in job code raises SystemExit, a BaseException: the run must end FAILED
+with the class in its error, not leave its executor thread dead and the run RUNNING
+with live heartbeats (which the reaper would never take; DESIGN invariant 4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from procs import processes, scalar, wait_for
+
+from harness import Database
+
+
+def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("work_app.py", "replica", "--concurrency", "1")
+        worker = replica.worker_id
+        exits = scalar(conn, """SELECT id FROM jobs.enqueue('exits', '{"code": 3}')""")
+        after = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+        wait_for(
+            f"runs {exits} and {after} to end",
+            lambda: scalar(
+                conn,
+                "SELECT bool_and(finished_at IS NOT NULL) FROM jobs.runs WHERE id = ANY(%s)",
+                ([exits, after],),
+            ),
+            timeout=10,
+        )
+        runs = conn.execute(
+            "SELECT id, status::text, failure_reason, error, worker FROM jobs.runs ORDER BY id"
+        ).fetchall()
+        alive = replica.popen.poll() is None
+        log = replica.log()
+
+    context = f"runs {runs}\n{log}"
+    assert runs == [
+        (exits, "FAILED", "Error", "SystemExit: 3", worker),
+        (after, "COMPLETED", None, None, worker),  # the one slot was given back
+    ], context
+    assert alive, f"the worker process died with its job: {context}"
