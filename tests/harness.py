@@ -68,7 +68,7 @@ def psql_binary() -> str:
     found = os.environ.get("PGTICK_PSQL") or shutil.which("psql")
     if found:
         return found
-    from pgserver import POSTGRES_BIN_PATH
+    from pgserver._commands import POSTGRES_BIN_PATH
 
     return str(POSTGRES_BIN_PATH / "psql")
 

@@ -58,8 +58,8 @@ def revision_of(conn: psycopg.Connection[Any], definition_id: int) -> int:
     return int(row[0])
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 # -- two leaders --------------------------------------------------------------------

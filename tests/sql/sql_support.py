@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ GATE_KEY = 740_011
 NEVER = "2999-01-01 00:00:00+00"
 
 
-def scalar(conn: Conn, sql: str, params: Sequence[Any] | None = None) -> Any:
+def scalar(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
     """First column of the first row."""
     row = conn.execute(sql, params).fetchone()
     assert row is not None, f"no row from {sql!r}"

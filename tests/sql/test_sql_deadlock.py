@@ -90,7 +90,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                 if ids:
                     rows = rec.call(
                         "heartbeat",
-                        lambda ids=ids: hb.execute(
+                        lambda ids=ids: hb.execute(  # type: ignore[misc]  # default-bound lambda
                             "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, %s)",
                             (ids, worker),
                         ).fetchall(),
@@ -108,7 +108,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
             kinds = rng.sample(KINDS, 6)
             rows = rec.call(
                 "claim",
-                lambda k=kinds: conn.execute(
+                lambda k=kinds: conn.execute(  # type: ignore[misc]  # default-bound lambda
                     "SELECT id FROM jobs.claim(%s, %s, %s)", (rng.randint(1, 6), worker, k)
                 ).fetchall(),
             )
@@ -133,7 +133,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
             for run_id in cancels:
                 rec.call(
                     "acknowledge_cancel",
-                    lambda r=run_id: conn.execute("SELECT jobs.acknowledge_cancel(%s, %s)", (r, worker)),
+                    lambda r=run_id: conn.execute("SELECT jobs.acknowledge_cancel(%s, %s)", (r, worker)),  # type: ignore[misc]  # default-bound lambda
                 )
             rest = [i for i in due if i not in cancels]
             rng.shuffle(rest)
@@ -141,7 +141,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
             if batch:
                 rec.call(
                     "complete_many",
-                    lambda b=batch: conn.execute(
+                    lambda b=batch: conn.execute(  # type: ignore[misc]  # default-bound lambda
                         "SELECT * FROM jobs.complete_many(%s, %s)", (b, worker)
                     ).fetchall(),
                 )
@@ -149,7 +149,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                 if rng.random() < 0.3:
                     rec.call(
                         "fail",
-                        lambda r=run_id: conn.execute(
+                        lambda r=run_id: conn.execute(  # type: ignore[misc]  # default-bound lambda
                             "SELECT jobs.fail(%s, %s, %s, 'chaos')",
                             (r, worker, rng.choice([["RuntimeError", "Exception"], ["Denied"]])),
                         ),
@@ -157,14 +157,14 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                 else:
                     rec.call(
                         "complete",
-                        lambda r=run_id: conn.execute(
+                        lambda r=run_id: conn.execute(  # type: ignore[misc]  # default-bound lambda
                             "SELECT jobs.complete(%s, %s, '{\"ok\": true}')", (r, worker)
                         ),
                     )
             for run_id in zombies:  # back from the dead: fenced if the reaper got it
                 ok = rec.call(
                     "zombie_complete",
-                    lambda r=run_id: scalar(conn, "SELECT jobs.complete(%s, %s)", (r, worker)),
+                    lambda r=run_id: scalar(conn, "SELECT jobs.complete(%s, %s)", (r, worker)),  # type: ignore[misc]  # default-bound lambda
                 )
                 rec.ops["zombie_fenced" if ok is False else "zombie_completed"] += 1
             time.sleep(rng.uniform(0, 0.004))
@@ -217,7 +217,7 @@ def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
                     # P0002: pruned between the pick and the call; that is an answer, not a hang.
                     rec.call(
                         "cancel",
-                        lambda r=run_id: conn.execute("SELECT jobs.cancel(%s)", (r,)),
+                        lambda r=run_id: conn.execute("SELECT jobs.cancel(%s)", (r,)),  # type: ignore[misc]  # default-bound lambda
                         benign=("P0002",),
                     )
             elif action < 0.9:
@@ -229,7 +229,7 @@ def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
                 i = rng.randint(0, 11)
                 rec.call(
                     "define",
-                    lambda i=i: conn.execute(
+                    lambda i=i: conn.execute(  # type: ignore[misc]  # default-bound lambda
                         "SELECT jobs.define(%s, %s, run_at => %s, max_concurrent_runs => %s,"
                         " overlap_policy => %s)",
                         (f"d{i}", f"k{i}", NEVER, rng.randint(1, 3), "skip" if i < 2 else "queue"),
