@@ -41,12 +41,14 @@ SELECT
     r.heartbeat_at,
     now() - r.heartbeat_at AS heartbeat_age,
     r.cancel_requested,
-    r.timeout
+    r.timeout,
+    coalesce(r.heartbeat_timeout, c.heartbeat_timeout) AS heartbeat_timeout
 FROM jobs.runs AS r
+CROSS JOIN jobs.config AS c
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
 WHERE r.status = 'RUNNING';
 COMMENT ON VIEW jobs.running IS
-'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated).';
+'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
 
 -- Queue depth per kind: live counts, recent outcomes, oldest due QUEUED age.
 CREATE OR REPLACE VIEW jobs.queue_stats AS

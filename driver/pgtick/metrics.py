@@ -1,7 +1,9 @@
 """Optional Prometheus endpoint for ``pgtick run --metrics-port N``.
 
-Counters come from this process's worker; queue depth, oldest queued age and
-the leader flag are read from the database at scrape time (one query each).
+Counters come from this process's worker; queue depth, oldest queued age,
+skipped and lost runs of the last hour (jobs.queue_stats), consecutive skips
+(jobs.definition_health) and the leader flag (jobs.leader) are read from the
+database at scrape time, one query each.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class WorkerMetrics:
 
 
 class DatabaseCollector(Collector):
-    """Queue depth, oldest queued age, skips and the leader flag, read at scrape time."""
+    """Queue depth, oldest queued age, skipped and lost runs, skips and the leader flag,
+    read at scrape time."""
 
     def __init__(self, dsn: str, owner: str | None) -> None:
         self.dsn = dsn
@@ -59,19 +62,31 @@ class DatabaseCollector(Collector):
         oldest = GaugeMetricFamily(
             "pgtick_oldest_queued_seconds", "Age of the oldest due QUEUED run", labels=["kind"]
         )
+        skipped = GaugeMetricFamily(
+            "pgtick_runs_skipped_last_hour",
+            "Occurrences recorded as Skipped (overlap_policy skip) in the last hour",
+            labels=["kind"],
+        )
+        lost = GaugeMetricFamily(
+            "pgtick_runs_lost_last_hour",
+            "Runs reaped as HeartbeatLost or Orphaned in the last hour",
+            labels=["kind"],
+        )
         skips = GaugeMetricFamily(
             "pgtick_consecutive_skips", "Occurrences skipped in a row", labels=["definition"]
         )
         leader = GaugeMetricFamily("pgtick_leader", "1 if this process leads the scheduler")
         try:
             with connect(self.dsn, application_name="pgtick-metrics") as conn:
-                for kind, queued, run, age in conn.execute(
-                    "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age)"
-                    " FROM jobs.queue_stats"
+                for kind, queued, run, age, skipped_1h, lost_1h in conn.execute(
+                    "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age),"
+                    " skipped_1h, lost_1h FROM jobs.queue_stats"
                 ):
                     depth.add_metric([kind], queued)
                     running.add_metric([kind], run)
                     oldest.add_metric([kind], float(age or 0))
+                    skipped.add_metric([kind], skipped_1h)
+                    lost.add_metric([kind], lost_1h)
                 for name, count in conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health"):
                     skips.add_metric([name], count)
                 row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (self.owner,))
@@ -79,7 +94,7 @@ class DatabaseCollector(Collector):
         except Exception as exc:
             log.warning("metrics: database unavailable: %s", exc)
             return
-        yield from (depth, running, oldest, skips, leader)
+        yield from (depth, running, oldest, skipped, lost, skips, leader)
 
 
 def serve_metrics(port: int, dsn: str, owner: str | None) -> tuple[WorkerMetrics, Any]:

@@ -115,7 +115,7 @@ class Scheduler:
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
-        self._last_prune = 0.0
+        self._last_prune = float("-inf")  # prune on the first tick as leader
         self._schedules: dict[tuple[int, int], Schedule] = {}
 
     # -- loop ---------------------------------------------------------------------

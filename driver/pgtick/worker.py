@@ -391,6 +391,8 @@ class Worker:
         ctx = o.ctx
         if o.action == "abandon" or ctx.abandoned:
             self.stats.abandoned += 1
+            if self.listener is not None:
+                self.listener.on_outcome(ctx.kind, "abandon")
             log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
             self._forget(ctx)
             return

@@ -1,0 +1,367 @@
+#!/usr/bin/env bash
+# A complete pgtick worker in bash + psql, using only the SQL API (docs/other-languages.md).
+#
+#   PGTICK_DSN=postgresql://worker@db/app examples/worker.sh
+#
+# It claims one run at a time (jobs.claim), heartbeats it from a background loop
+# (jobs.heartbeat) and reports how it ended: jobs.complete, jobs.fail (the database
+# decides about a retry from the kind's policy), or jobs.acknowledge_cancel when a
+# cancellation it learned about from a heartbeat stopped the job at a checkpoint.
+# The job kinds are the shell functions named job_<kind> below.
+#
+# SIGTERM / SIGINT: claim nothing more, give the running job PGTICK_GRACE seconds to
+# finish and report it, then exit 0. A job still running after that is killed and its
+# run left to the reaper (HeartbeatLost, retried by policy). A second signal exits at once.
+#
+# The login needs only the jobs_worker role. For concurrency, run several copies.
+# Payloads and results travel as shell variables and psql arguments, which Linux caps at
+# 128 kB each: keep them smaller (pass a reference, such as a URL or a row id, instead).
+#
+# Settings (environment):
+#   PGTICK_DSN or DATABASE_URL   where the jobs schema lives (a URL or "host=... dbname=...")
+#   PGTICK_POLL=1                seconds between claims while the queue is empty
+#   PGTICK_HEARTBEAT=5           heartbeat cadence; keep it well under jobs.config.heartbeat_timeout
+#   PGTICK_GRACE=30              seconds a running job may take to finish after SIGTERM
+#   PSQL=psql                    the psql binary
+
+set -uo pipefail # not -e: a failed psql call (a database blip) is handled, never fatal
+
+DSN=${PGTICK_DSN:-${DATABASE_URL:-}}
+if [[ -z $DSN ]]; then
+    echo "worker.sh: set PGTICK_DSN or DATABASE_URL" >&2
+    exit 2
+fi
+POLL=${PGTICK_POLL:-1}
+HEARTBEAT=${PGTICK_HEARTBEAT:-5}
+GRACE=${PGTICK_GRACE:-30}
+PSQL=${PSQL:-psql}
+WORKER="bash-$(hostname)-$$-$(printf '%04x%04x' "$RANDOM" "$RANDOM")"
+MAIN=$$
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/pgtick-worker.XXXXXX")
+export PGAPPNAME="pgtick-bash $WORKER" PGCONNECT_TIMEOUT=${PGCONNECT_TIMEOUT:-10}
+
+log() { printf '%s worker=%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$WORKER" "$*" >&2; }
+
+# Run the SQL on stdin. Values travel as psql variables (-v name=value) and appear in the
+# SQL as :'name', which psql quotes as a literal: a payload can never become SQL.
+# Output: unaligned, tuples only, tab-separated. Exit status: 0 ok, 3 the SQL failed,
+# 1 or 2 psql could not talk to the server. psql ignores SIGTERM: a signal to the whole
+# process group must not cut a call short whose answer (a claimed run) would then be lost.
+sql() { (trap '' TERM INT && exec "$PSQL" -X -q -A -t -F $'\t' -v ON_ERROR_STOP=1 -d "$DSN" "$@"); }
+
+# Sleep in the background so that a signal interrupts the wait at once.
+pause() {
+    sleep "$1" &
+    local nap=$!
+    wait "$nap"
+    kill "$nap" 2>/dev/null
+}
+
+# ---------------------------------------------------------------------------------------
+# Helpers for job code. A job runs in its own subshell with PGTICK_RUN_ID, PGTICK_KIND,
+# PGTICK_ATTEMPT and PGTICK_PAYLOAD (JSON) set. It prints its result (JSON, or nothing)
+# on stdout; a non-zero exit fails the run with the last stderr line as the message.
+# ---------------------------------------------------------------------------------------
+
+# payload KEY: a top-level field of the payload as text (PostgreSQL parses the JSON).
+payload() {
+    sql -v payload="$PGTICK_PAYLOAD" -v key="$1" <<<"SELECT :'payload'::jsonb ->> :'key'"
+}
+
+# raise CLASS MESSAGE...: fail the run with an error class the kind's retry policy
+# matches on (jobs.retry_policies allow / deny), e.g. raise Unavailable "upstream is down".
+raise() {
+    printf '%s\n' "$1" >"$STATE/class.$PGTICK_RUN_ID"
+    printf '%s\n' "${*:2}" >&2
+    exit 1
+}
+
+# checkpoint: stop here if the run was cancelled or is no longer ours (both learned from
+# the heartbeat answer). Call it between steps of a long job.
+checkpoint() {
+    if [[ -e $STATE/lost.$PGTICK_RUN_ID ]]; then
+        echo "run $PGTICK_RUN_ID is no longer ours" >&2
+        exit 1
+    fi
+    if [[ -e $STATE/cancel.$PGTICK_RUN_ID ]]; then
+        echo "cancelled at a checkpoint" >&2
+        exit 1
+    fi
+}
+
+# json_string TEXT: TEXT as a JSON string.
+json_string() {
+    local s=$1
+    s=${s//\\/\\\\}
+    s=${s//\"/\\\"}
+    s=${s//$'\n'/\\n}
+    s=${s//$'\r'/\\r}
+    s=${s//$'\t'/\\t}
+    printf '"%s"' "$s"
+}
+
+# ---------------------------------------------------------------------------------------
+# The job kinds: job_<kind>. Add your own; the worker claims exactly these kinds.
+# ---------------------------------------------------------------------------------------
+
+# greet {"name": "Ada"} -> {"greeting": "hello Ada"}
+job_greet() {
+    local name
+    name=$(payload name) || raise PayloadError "cannot read the payload"
+    [[ -n $name ]] || raise BadInput 'the payload needs a "name"'
+    printf '{"greeting": %s}\n' "$(json_string "hello $name")"
+}
+
+# flaky {"fail_times": 2}: fails with Unavailable on the first fail_times attempts, then
+# succeeds. Whether a failure is retried, how often and when is the kind's retry policy.
+job_flaky() {
+    local fail_times
+    fail_times=$(payload fail_times) || raise PayloadError "cannot read the payload"
+    if ((PGTICK_ATTEMPT <= ${fail_times:-0})); then
+        raise Unavailable "upstream unavailable on attempt $PGTICK_ATTEMPT"
+    fi
+    printf '{"attempt": %d}\n' "$PGTICK_ATTEMPT"
+}
+
+# nap {"steps": 50}: works 0.1 s per step, checking for cancellation between steps.
+job_nap() {
+    local steps i
+    steps=$(payload steps) || raise PayloadError "cannot read the payload"
+    for ((i = 0; i < ${steps:-10}; i++)); do
+        checkpoint
+        sleep 0.1
+    done
+    printf '{"steps": %d}\n' "$i"
+}
+
+# ---------------------------------------------------------------------------------------
+# Heartbeats: a background loop stamps the current run every HEARTBEAT seconds. The answer
+# says whether cancellation was requested (t), or nothing comes back: the run is no longer
+# ours (reaped, or fenced). Failures are logged, never fatal to the job.
+# ---------------------------------------------------------------------------------------
+
+beat() {
+    local run_id answer
+    run_id=$(cat "$STATE/current" 2>/dev/null) || return 0
+    [[ -n $run_id ]] || return 0
+    if ! answer=$(sql -v run_id="$run_id" -v worker="$WORKER" <<'SQL'
+SELECT cancel_requested FROM jobs.heartbeat(ARRAY[:'run_id']::bigint[], :'worker')
+SQL
+    ); then
+        log "run=$run_id heartbeat failed (the job keeps going)"
+        return 0
+    fi
+    if [[ $answer == t && ! -e $STATE/cancel.$run_id ]]; then
+        log "run=$run_id cancel requested"
+        : >"$STATE/cancel.$run_id"
+    elif [[ -z $answer && ! -e $STATE/lost.$run_id && $(cat "$STATE/current" 2>/dev/null) == "$run_id" ]]; then
+        log "run=$run_id no longer ours (reaped or fenced): stopping it at its next checkpoint"
+        : >"$STATE/lost.$run_id"
+    fi
+}
+
+heartbeat_loop() {
+    # A SIGTERM to the whole process group (systemd does that) must not stop heartbeats
+    # while the job drains: only the main loop stops this loop (USR1), or its own death.
+    trap '' TERM INT
+    trap 'kill "$NAP" 2>/dev/null; exit 0' USR1
+    trap ':' USR2 # beat now
+    while kill -0 "$MAIN" 2>/dev/null; do
+        sleep "$HEARTBEAT" &
+        NAP=$!
+        wait "$NAP"
+        kill "$NAP" 2>/dev/null
+        beat
+    done
+}
+
+# ---------------------------------------------------------------------------------------
+# Reporting: each call is fenced by the worker id in the database, so repeating it after a
+# lost connection is harmless. Keep trying while the database does not answer.
+# ---------------------------------------------------------------------------------------
+
+report() { # report SQL-ARGS...: run the statement on stdin, retrying while the server is away
+    local input out status tries=0
+    input=$(cat)
+    while :; do
+        out=$(sql "$@" <<<"$input")
+        status=$?
+        # 2: psql could not reach the server. Anything else is an answer (0), a refusal (3),
+        # or a problem no retry fixes.
+        if ((status != 2)) || ((++tries >= 60)); then
+            printf '%s' "$out"
+            return "$status"
+        fi
+        log "database unavailable while reporting (try $tries); retrying"
+        sleep 1
+    done
+}
+
+unreported() { # unreported RUN_ID STATUS: say why a report did not happen
+    log "run=$1 outcome not reported (psql exit $2): the reaper will hand the run on"
+}
+
+complete_run() { # complete_run RUN_ID RESULT
+    local applied status
+    applied=$(report -v run_id="$1" -v worker="$WORKER" -v result="$2" <<'SQL'
+SELECT jobs.complete(:'run_id', :'worker', nullif(:'result', '')::jsonb)
+SQL
+    )
+    status=$?
+    if ((status == 3)); then # the result was refused: not JSON, or too large
+        fail_run "$1" InvalidResult "the job printed a result that is not a JSON document"
+    elif ((status != 0)); then
+        unreported "$1" "$status"
+    elif [[ $applied == t ]]; then
+        log "run=$1 completed"
+    else
+        log "run=$1 complete not applied: no longer RUNNING for this worker (fenced)"
+    fi
+}
+
+fail_run() { # fail_run RUN_ID CLASS MESSAGE
+    local answer status id next
+    answer=$(report -v run_id="$1" -v worker="$WORKER" -v class="$2" -v message="$3" <<'SQL'
+SELECT (f).id, (f).status FROM jobs.fail(:'run_id', :'worker', ARRAY[:'class', 'ShellError'], :'message') AS f
+SQL
+    )
+    status=$?
+    IFS=$'\t' read -r id next <<<"$answer"
+    if ((status != 0)); then
+        unreported "$1" "$status"
+    elif [[ -z $id ]]; then
+        log "run=$1 fail not applied: no longer RUNNING for this worker (fenced)"
+    elif [[ $next == QUEUED ]]; then
+        log "run=$1 failed class=$2: $3; retry queued as run=$id"
+    else
+        log "run=$1 failed class=$2: $3; no retry"
+    fi
+}
+
+acknowledge_cancel() { # acknowledge_cancel RUN_ID
+    local applied status
+    applied=$(report -v run_id="$1" -v worker="$WORKER" <<'SQL'
+SELECT jobs.acknowledge_cancel(:'run_id', :'worker', 'cancelled at a checkpoint')
+SQL
+    )
+    status=$?
+    if ((status != 0)); then
+        unreported "$1" "$status"
+    elif [[ $applied == t ]]; then
+        log "run=$1 cancelled"
+    else
+        log "run=$1 cancel not applied: no longer RUNNING for this worker (fenced)"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# One run: start the job in the background, wait for it (or for the grace period once
+# stopping), report the outcome.
+# ---------------------------------------------------------------------------------------
+
+run_one() {
+    local run_id kind attempt payload rc deadline=""
+    IFS=$'\t' read -r run_id kind attempt payload <<<"$1"
+    printf '%s\n' "$run_id" >"$STATE/current"
+    kill -USR2 "$HB_PID" 2>/dev/null # first heartbeat right away
+    log "run=$run_id kind=$kind attempt=$attempt started"
+    (
+        trap '' TERM INT # the main loop decides when a job stops (grace period)
+        trap 'echo $? >"$STATE/rc.$PGTICK_RUN_ID"' EXIT
+        export PGTICK_RUN_ID=$run_id PGTICK_KIND=$kind PGTICK_ATTEMPT=$attempt PGTICK_PAYLOAD=$payload
+        "job_$kind"
+    ) >"$STATE/out.$run_id" 2>"$STATE/err.$run_id" &
+    JOB=$!
+    while [[ ! -e $STATE/rc.$run_id ]] && kill -0 "$JOB" 2>/dev/null; do
+        if ((!STOP)); then
+            wait "$JOB" # returns when the job ends, or at once when a signal arrives
+            continue
+        fi
+        if [[ -z $deadline ]]; then
+            deadline=$((SECONDS + GRACE))
+            log "stopping: run=$run_id has ${GRACE}s to finish"
+        fi
+        if ((SECONDS >= deadline)); then
+            kill_job
+            rm -f "$STATE/current" # no more heartbeats: the reaper hands the run on
+            log "grace over; leaving run=$run_id to the reaper"
+            cleanup_run "$run_id"
+            return
+        fi
+        pause 0.1
+    done
+    wait "$JOB" 2>/dev/null
+    JOB=""
+    rc=$(cat "$STATE/rc.$run_id" 2>/dev/null || echo 137)
+    rm -f "$STATE/current" # stop heartbeating: from here on the run's fate is our report
+
+    if [[ -e $STATE/lost.$run_id ]]; then
+        log "run=$run_id abandoned: its result is not reported"
+    elif ((rc == 0)); then
+        complete_run "$run_id" "$(cat "$STATE/out.$run_id")"
+    elif [[ -e $STATE/cancel.$run_id ]]; then
+        acknowledge_cancel "$run_id"
+    else
+        local class message
+        class=$(cat "$STATE/class.$run_id" 2>/dev/null || echo "Exit$rc")
+        message=$(tail -n 1 "$STATE/err.$run_id")
+        fail_run "$run_id" "$class" "${message:-exit status $rc}"
+    fi
+    cleanup_run "$run_id"
+}
+
+cleanup_run() { rm -f "$STATE"/{rc,out,err,class,cancel,lost}."$1"; }
+
+kill_job() { # the job's subshell and the command it is running
+    if [[ -n $JOB ]]; then
+        disown "$JOB" 2>/dev/null # no "Killed" notice from bash
+        pkill -KILL -P "$JOB" 2>/dev/null
+        kill -KILL "$JOB" 2>/dev/null
+    fi
+}
+
+# ---------------------------------------------------------------------------------------
+# Main loop: claim one run of our kinds; none due: wait POLL seconds (or for a signal).
+# ---------------------------------------------------------------------------------------
+
+STOP=0
+JOB=""
+on_signal() {
+    if ((STOP)); then
+        log "second signal: exiting now"
+        kill_job
+        exit 1
+    fi
+    STOP=1
+    log "signal: stopping (claiming nothing more, draining)"
+}
+
+shutdown() {
+    kill -USR1 "$HB_PID" 2>/dev/null
+    wait "$HB_PID" 2>/dev/null
+    rm -rf "$STATE"
+    log "stopped"
+}
+
+KINDS=$(compgen -A function job_ | sed 's/^job_//' | tr '\n' ' ')
+heartbeat_loop &
+HB_PID=$!
+trap on_signal TERM INT
+trap shutdown EXIT
+log "started kinds=${KINDS% }"
+
+while ((!STOP)); do
+    if ! line=$(sql -v worker="$WORKER" -v kinds="${KINDS% }" <<'SQL'
+SELECT id, kind, attempt, payload::text
+  FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '))
+SQL
+    ); then
+        log "claim failed (database unavailable?); retrying in ${POLL}s"
+        pause "$POLL"
+    elif [[ -z $line ]]; then
+        pause "$POLL"
+    else
+        run_one "$line" # a run claimed while a signal arrived is still run (within the grace)
+    fi
+done
+exit 0
