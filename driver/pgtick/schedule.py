@@ -15,10 +15,11 @@ database access.
 
 from __future__ import annotations
 
+import calendar
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -58,8 +59,6 @@ DEFAULT_ANCHOR_WALL_TIME = datetime(2000, 1, 1)
 
 _ONE_SECOND = timedelta(seconds=1)
 _LAST_WALL_TIME = datetime.max.replace(microsecond=0)
-# Longest length of each month in any year (February 29 exists in leap years).
-_DAYS_IN_MONTH = dict(enumerate((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31), start=1))
 
 
 class ScheduleError(ValueError):
@@ -162,32 +161,22 @@ def _latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | Non
 _PERIOD_SECONDS = {WEEKLY: 7 * 86400, DAILY: 86400, HOURLY: 3600, MINUTELY: 60, SECONDLY: 1}
 
 
-def _rebased_start(start: datetime, frequency: int, interval: int, target: datetime) -> datetime:
-    """A DTSTART at or before `target`, a whole number of periods after `start`.
-
-    dateutil expands from DTSTART, so a rule anchored years ago would be walked period
-    by period.  All implicit BYxxx values have been made explicit from the original
-    DTSTART, so moving DTSTART forward by whole multiples of INTERVAL x FREQ keeps the
-    phase; the new DTSTART only decides where the first expanded period begins.  Yearly
-    and monthly rules start at the beginning of their period (day 1, midnight), which
-    sidesteps days that do not exist in the target month.
-    """
+def _period_start(moment: datetime, frequency: int, week_start: int) -> datetime:
+    """Start of the FREQ period (year, month, week, day, ...) that holds `moment`."""
     if frequency == YEARLY:
-        periods = (target.year - start.year) // interval
-        if periods < 1:
-            return start
-        return datetime(start.year + periods * interval, 1, 1)
+        return datetime(moment.year, 1, 1)
     if frequency == MONTHLY:
-        periods = ((target.year - start.year) * 12 + target.month - start.month) // interval
-        if periods < 1:
-            return start
-        month_index = start.year * 12 + start.month - 1 + periods * interval
-        return datetime(month_index // 12, month_index % 12 + 1, 1)
-    period = timedelta(seconds=_PERIOD_SECONDS[frequency] * interval)
-    periods = (target - start) // period
-    if periods < 1:
-        return start
-    return start + periods * period
+        return datetime(moment.year, moment.month, 1)
+    if frequency == WEEKLY:
+        days_into_week = (moment.weekday() - week_start) % 7
+        return datetime(moment.year, moment.month, moment.day) - timedelta(days=days_into_week)
+    if frequency == DAILY:
+        return moment.replace(hour=0, minute=0, second=0)
+    if frequency == HOURLY:
+        return moment.replace(minute=0, second=0)
+    if frequency == MINUTELY:
+        return moment.replace(second=0)
+    return moment
 
 
 @dataclass(frozen=True)
@@ -197,6 +186,7 @@ class _Rule:
     template: rrule
     frequency: int
     interval: int
+    week_start: int  # WKST, 0 = Monday
     start: datetime | None  # naive DTSTART; None for cron, which has no phase to keep
     has_count: bool  # COUNT rules must be walked from DTSTART to be counted right
 
@@ -208,14 +198,62 @@ class _Rule:
             return self.template.replace(dtstart=not_before)
         if not rebase:
             return self.template
-        start = _rebased_start(self.start, self.frequency, self.interval, not_before)
+        start = self.rebased_start(self.start, not_before)
         return self.template if start == self.start else self.template.replace(dtstart=start)
 
+    def rebased_start(self, start: datetime, target: datetime) -> datetime:
+        """A DTSTART at or before `target` that expands like `start` from there on.
 
-def _month_days_possible(months: Iterable[int], month_days: Iterable[int]) -> bool:
-    """Whether some (month, day-of-month) pair exists in some year (Feb 29 counts)."""
-    month_days = list(month_days)
-    return any(abs(day) <= _DAYS_IN_MONTH[month] for month in months for day in month_days)
+        dateutil expands from DTSTART, so a rule anchored years ago would be walked period
+        by period.  All implicit BYxxx values have been made explicit from the original
+        DTSTART, so DTSTART can move to the start of any period a whole multiple of
+        INTERVAL periods after its own: the phase is kept and only the place where the
+        expansion begins changes.  Starting exactly at a period start matters: dateutil
+        applies BYSETPOS to the rest of DTSTART's week only, and months and years start
+        on day 1, which exists in every month.
+        """
+        try:
+            first = _period_start(start, self.frequency, self.week_start)
+        except OverflowError:  # a week that began before the year 1
+            return start
+        if self.frequency in (YEARLY, MONTHLY):
+            months_per_period = (12 if self.frequency == YEARLY else 1) * self.interval
+            months = (target.year - first.year) * 12 + target.month - first.month
+            periods = months // months_per_period
+            if periods < 1:
+                return start
+            month_index = first.year * 12 + first.month - 1 + periods * months_per_period
+            return datetime(month_index // 12, month_index % 12 + 1, 1)
+        period = timedelta(seconds=_PERIOD_SECONDS[self.frequency] * self.interval)
+        periods = (target - first) // period
+        if periods < 1:
+            return start
+        return first + periods * period
+
+
+def _some_day_matches(
+    months: Collection[int] = (),
+    month_days: Collection[int] = (),
+    year_days: Collection[int] = (),
+) -> bool:
+    """Whether any day passes the BYMONTH, BYMONTHDAY and BYYEARDAY filters (empty: any).
+
+    These filters only depend on the length of the year, so a common and a leap year
+    cover every case.  dateutil would otherwise look for a match until the year 9999,
+    which takes seconds for a minutely rule.
+    """
+    for year in (2023, 2024):
+        year_length = 366 if calendar.isleap(year) else 365
+        for day_of_year in range(1, year_length + 1):
+            day = date(year, 1, 1) + timedelta(days=day_of_year - 1)
+            month_length = calendar.monthrange(year, day.month)[1]
+            if (
+                (not months or day.month in months)
+                and (not month_days or {day.day, day.day - month_length - 1} & set(month_days))
+                and (not year_days or {day_of_year, day_of_year - year_length - 1} & set(year_days))
+            ):
+                return True
+    return False
 
 
 # --------------------------------------------------------------------------- schedule
@@ -278,7 +316,11 @@ class Schedule:
             expansion.rdate(rdate)
         for exdate in self._exdates:
             expansion.exdate(exdate)
-        wall_times = iter(expansion) if not_before is None else expansion.xafter(not_before, inc=True)
+        wall_times: Iterator[datetime]
+        if not_before is None:
+            wall_times = iter(expansion)
+        else:
+            wall_times = expansion.xafter(not_before, inc=True)
 
         reached = not_before or datetime.min
         previous: datetime | None = None
@@ -397,7 +439,7 @@ def _cron_rule(
         # cron counts Sunday as 0 (and 7); dateutil counts Monday as 0
         byweekday=None if cron_weekdays is None else sorted({(d - 1) % 7 for d in cron_weekdays}),
     )
-    return _Rule(template, DAILY, 1, start=None, has_count=False)
+    return _Rule(template, DAILY, 1, week_start=0, start=None, has_count=False)
 
 
 def _parse_cron(text: str) -> tuple[_Rule, ...]:
@@ -416,13 +458,13 @@ def _parse_cron(text: str) -> tuple[_Rule, ...]:
     # Only when both are restricted does a day match if EITHER matches.
     if not fields[2].startswith("*") and not fields[4].startswith("*"):
         weekday_rule = _cron_rule(minutes, hours, months, None, cron_weekdays)
-        if not _month_days_possible(months, month_days):
+        if not _some_day_matches(months, month_days):
             return (weekday_rule,)  # an impossible day rule would make dateutil spin to 9999
         return (_cron_rule(minutes, hours, months, month_days, None), weekday_rule)
-    if not _month_days_possible(months, month_days):
+    if not _some_day_matches(months, month_days):
         raise ScheduleError(
-            f"cron: day-of-month {fields[2]!r} never occurs in month {fields[3]!r}, "
-            "so the schedule has no occurrences"
+            f"cron: schedule has no occurrences (day-of-month {fields[2]!r} never occurs "
+            f"in month {fields[3]!r})"
         )
     return (
         _cron_rule(
@@ -464,6 +506,7 @@ _PART_FREQUENCIES: dict[str, set[Frequency]] = {
     "BYYEARDAY": {YEARLY, HOURLY, MINUTELY, SECONDLY},
     "BYMONTHDAY": set(_FREQUENCIES.values()) - {WEEKLY},
 }
+_PROPERTIES = "DTSTART, RRULE, RDATE, EXDATE"
 _BYDAY_ITEM = re.compile(r"([+-]?[0-9]{1,2})?(MO|TU|WE|TH|FR|SA|SU)")
 _DATE_TIME = re.compile(r"([0-9]{4})([0-9]{2})([0-9]{2})(?:T([0-9]{2})([0-9]{2})([0-9]{2})(Z?))?")
 
@@ -479,12 +522,12 @@ def _parse_date_time(text: str, where: str) -> _DateTimeValue:
     match = _DATE_TIME.fullmatch(text.strip().upper())
     if match is None:
         raise ScheduleError(f"{where}: invalid date-time {text!r}")
-    year, month, day, hour, minute, second, utc = match.groups()
+    year, month, day, hour, minute, second, utc = match.groups(default="0")
     try:
-        value = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0))
+        value = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second))
     except ValueError:
         raise ScheduleError(f"{where}: invalid date-time {text!r}") from None
-    return _DateTimeValue(value, is_utc=utc == "Z", is_date=hour is None)
+    return _DateTimeValue(value, is_utc=utc == "Z", is_date=match.group(4) is None)
 
 
 def _number_list(text: str, part: str, low: int, high: int, signed: bool) -> tuple[int, ...]:
@@ -577,15 +620,23 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> _Rule:
             raise ScheduleError(f"RRULE: unknown part {name!r}")
 
     _make_defaults_explicit(options, frequency, start)
-    if "bymonthday" in options and not _month_days_possible(
-        options.get("bymonth", range(1, 13)), options["bymonthday"]
+    if not _some_day_matches(
+        options.get("bymonth", ()), options.get("bymonthday", ()), options.get("byyearday", ())
     ):
-        raise ScheduleError("RRULE: BYMONTHDAY never occurs in BYMONTH, rule has no occurrences")
+        filters = "BYMONTH/BYMONTHDAY/BYYEARDAY"
+        raise ScheduleError(f"RRULE: rule has no occurrences (no day passes {filters})")
     try:
         template = rrule(frequency, dtstart=start, **options)
     except ValueError as error:
         raise ScheduleError(f"RRULE: rule has no occurrences ({error})") from None
-    return _Rule(template, frequency, options["interval"], start, has_count="count" in options)
+    return _Rule(
+        template,
+        frequency,
+        options["interval"],
+        week_start=options["wkst"],
+        start=start,
+        has_count="count" in options,
+    )
 
 
 def _until_wall_time(until: _DateTimeValue, zone: ZoneInfo) -> datetime | None:
@@ -614,7 +665,7 @@ def _make_defaults_explicit(options: dict[str, Any], frequency: int, start: date
             options["byweekday"] = (start.weekday(),)
 
 
-def _property_wall_times(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[datetime]:
+def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[datetime]:
     """DTSTART / RDATE / EXDATE values as naive wall times of the schedule's zone."""
     value_zone: ZoneInfo | None = None
     for param in params:
@@ -630,9 +681,7 @@ def _property_wall_times(prop: str, params: Sequence[str], value: str, zone: Zon
         if parsed.is_utc and value_zone is not None:
             raise ScheduleError(f"{prop}: {item!r} is UTC but a TZID is also given")
         if prop == "DTSTART" and value_zone is not None and value_zone.key != zone.key:
-            raise ScheduleError(
-                f"DTSTART: TZID {value_zone.key!r} differs from the definition's time zone {zone.key!r}"
-            )
+            raise ScheduleError(f"DTSTART: TZID {value_zone.key!r} is not {zone.key!r}")
         if parsed.is_utc:
             source_zone: tzinfo = UTC
         elif value_zone is not None and value_zone.key != zone.key:
@@ -671,16 +720,16 @@ def _parse_rrule_text(
         elif prop == "DTSTART":
             if start is not None:
                 raise ScheduleError("DTSTART: given more than once")
-            values = _property_wall_times(prop, params, value, zone)
+            values = _date_values(prop, params, value, zone)
             if len(values) != 1:
                 raise ScheduleError("DTSTART: expected exactly one date-time")
             start = values[0]
         elif prop == "RDATE":
-            rdates.extend(_property_wall_times(prop, params, value, zone))
+            rdates.extend(_date_values(prop, params, value, zone))
         elif prop == "EXDATE":
-            exdates.extend(_property_wall_times(prop, params, value, zone))
+            exdates.extend(_date_values(prop, params, value, zone))
         else:
-            raise ScheduleError(f"unsupported property {prop!r} (use DTSTART, RRULE, RDATE, EXDATE)")
+            raise ScheduleError(f"unsupported property {prop!r} (use {_PROPERTIES})")
     if not rule_texts and not rdates:
         raise ScheduleError("RRULE: no RRULE or RDATE line")
     rules = tuple(_parse_rule(rule_text, start or anchor, zone) for rule_text in rule_texts)
@@ -776,7 +825,8 @@ def plan_materialization(
     that cap stops the plan, next_cursor is the first occurrence not taken.
     """
     if misfire_policy not in MISFIRE_POLICIES:
-        raise ValueError(f"unknown misfire policy {misfire_policy!r}, use one of {MISFIRE_POLICIES}")
+        expected = ", ".join(MISFIRE_POLICIES)
+        raise ValueError(f"unknown misfire policy {misfire_policy!r} (expected {expected})")
     if max_runs < 1:
         raise ValueError(f"max_runs must be at least 1, got {max_runs}")
     if lookahead < timedelta(0) or misfire_grace < timedelta(0):
