@@ -41,7 +41,7 @@ def undo_partial_import(ctx: Context) -> None:
 @app.job("long-import", mutating=True, compensate=undo_partial_import, timeout=600)
 def long_import(ctx: Context) -> dict[str, int]:
     steps = int(ctx.payload.get("steps", 20))
-    for step in range(steps):
+    for _ in range(steps):
         ctx.checkpoint()  # cancellation (pgtick cancel RUN) and the timeout stop it here
         time.sleep(1)
     return {"imported": steps}

@@ -12,11 +12,12 @@ import multiprocessing
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -31,6 +32,7 @@ TEST_ROLES = {
     "pgtick_t_nobody": None,
 }
 _counter = itertools.count()
+T = TypeVar("T")
 
 
 def dsn_for(base: str, dbname: str, **extra: Any) -> str:
@@ -142,6 +144,18 @@ def server() -> Iterator[Server]:
         yield srv
     finally:
         srv.close()
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
+    """Poll ``fn`` until it returns something truthy; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
 
 
 def _call(payload: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:

@@ -298,14 +298,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_define(args: argparse.Namespace) -> int:
-    from pgtick.runner import define
-    from pgtick.schedule import ScheduleError, parse_schedule
+    from pgtick.runner import define, validate_schedule
 
-    if args.schedule is not None:
-        try:
-            parse_schedule(args.schedule, args.tz, definition=args.name)
-        except ScheduleError as exc:
-            raise UsageError(str(exc)) from exc
+    if args.schedule is not None:  # before any connection: a typo fails fast
+        validate_schedule(args.schedule, args.tz, args.name)
+
     with connect_dicts(_dsn(args)) as conn:
         row = define(
             conn,

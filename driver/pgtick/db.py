@@ -37,16 +37,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def connect_dicts(dsn: str, *, application_name: str = "pgtick") -> psycopg.Connection[dict[str, Any]]:
-    try:
-        return psycopg.connect(
-            dsn,
-            autocommit=True,
-            application_name=application_name,
-            connect_timeout=10,
-            row_factory=dict_row,
-        )
-    except psycopg.OperationalError as exc:
-        raise PgtickError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from exc
+    """Like ``connect``, with rows as dicts."""
+    conn: psycopg.Connection[dict[str, Any]] = connect(
+        dsn, application_name=application_name, row_factory=dict_row
+    )
+    return conn
 
 
 def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:

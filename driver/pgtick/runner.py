@@ -70,11 +70,6 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
             ),
         )
     for s in app.schedules.values():
-        if s.schedule is not None:
-            try:
-                parse_schedule(s.schedule, s.timezone, definition=s.name)
-            except ScheduleError as exc:
-                raise UsageError(str(exc)) from exc
         define(
             conn,
             s.name,
@@ -86,8 +81,19 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
         )
 
 
+def validate_schedule(schedule: str, timezone: str, name: str) -> None:
+    """Raise UsageError naming the definition and the bad part of its schedule."""
+    try:
+        parse_schedule(schedule, timezone, definition=name)
+    except ScheduleError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -> Any:
-    """jobs.define with named arguments (only those given)."""
+    """jobs.define with named arguments (only those given), after the driver has
+    parsed the schedule: SQL checks only its shape, the driver checks every part."""
+    if params.get("schedule") is not None:
+        validate_schedule(params["schedule"], params.get("timezone") or "UTC", name)
     from psycopg import sql
     from psycopg.types.json import Jsonb
 

@@ -15,13 +15,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+
+from harness import wait_for as wait_for  # shared poller, re-exported for these tests
 
 APPS = Path(__file__).resolve().parent / "apps"
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,18 +56,6 @@ def pid_of_owner(owner: str | None) -> int | None:
     """The pid inside a worker/owner id host-PID-rand (hosts may contain dashes)."""
     match = re.search(r"-(\d+)-[0-9a-f]{6}$", owner or "")
     return int(match.group(1)) if match else None
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
 
 
 class Proc:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+
+from harness import wait_for as wait_for  # shared poller, re-exported for these tests
 
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
@@ -100,18 +101,6 @@ def expect_error(
     for word in mentions:
         assert word in message, f"{sql} {params!r}: message {message!r} does not name {word!r}"
     return err
-
-
-def wait_for(what: str, fn: Callable[[], T], timeout: float, interval: float = 0.05) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
 
 
 def free_port() -> int:
