@@ -214,8 +214,9 @@ def _start_embedded() -> str:
     dsn: str = _embedded.start()
     print(f"pgtick: embedded PostgreSQL, data in {_embedded.data_dir}", file=sys.stderr)
     with connect(dsn) as conn:
-        if migrate.applied_versions(conn) != {m.version for m in migrate.migrations()}:
-            migrate.apply(conn)
+        # Always through the migration lock: checking versions first would race a
+        # concurrent migrator between its migration commit and its function commit.
+        migrate.apply(conn)
     return dsn
 
 

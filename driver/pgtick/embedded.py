@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from types import TracebackType
@@ -72,12 +73,15 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
-        fresh = not (self.data_dir / "PG_VERSION").exists()
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
         self._server = get_server(self.data_dir, cleanup_mode=None)
-        if fresh or self._settings_differ():
-            self._configure()
+        if self._settings_differ():
+            # Two pgtick commands started at once on a fresh directory must not both
+            # restart the server: pgserver's machine-wide lock lets one configure it.
+            with PostgresServer._lock:
+                if self._settings_differ():
+                    self._configure()
         log.info("embedded PostgreSQL data=%s dsn=%s", self.data_dir, self.dsn)
         return self.dsn
 
@@ -88,12 +92,19 @@ class EmbeddedPostgres:
         return wanted
 
     def _settings_differ(self) -> bool:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            for name, value in self._wanted().items():
-                row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
-                if row is None or row[0] != value:
-                    return True
-        return False
+        deadline = time.monotonic() + 60
+        while True:  # another process may be restarting the server right now
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                    for name, value in self._wanted().items():
+                        row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+                        if row is None or row[0] != value:
+                            return True
+                return False
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _configure(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
