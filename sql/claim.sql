@@ -26,14 +26,21 @@
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
+-- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
+-- from now on (the Python driver), so a crash right after the claim is reaped after the
+-- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
+-- The statements are planned once per session (generic plans): re-planning them on every
+-- call cost about a third of a claim (see docs/performance.md).
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
-    kinds text[] DEFAULT NULL
+    kinds text[] DEFAULT NULL,
+    heartbeat boolean DEFAULT FALSE
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -169,12 +176,13 @@ BEGIN
     RETURN QUERY
     WITH started AS (
         UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = now(), worker = v_worker, heartbeat_at = NULL
+           SET status = 'RUNNING', started_at = now(), worker = v_worker,
+               heartbeat_at = CASE WHEN claim.heartbeat THEN now() END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
     )
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text[]) IS
-'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING.';
+COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean) IS
+'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';

@@ -22,7 +22,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text[]),
+jobs.claim(integer, text, text[], boolean),
 jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
 jobs.complete_many(bigint[], text),

@@ -35,6 +35,7 @@ import psycopg
 
 from pgtick.db import connect_dicts
 from pgtick.schedule import (
+    Plan,
     Schedule,
     ScheduleError,
     first_cursor,
@@ -116,7 +117,8 @@ class Scheduler:
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
         self._last_prune = float("-inf")  # prune on the first tick as leader
-        self._schedules: dict[tuple[int, int], Schedule] = {}
+        # Parsed schedules by (text, zone, anchor): definitions sharing a schedule share it.
+        self._parsed: dict[tuple[str, str, datetime], Schedule] = {}
 
     # -- loop ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -229,41 +231,46 @@ class Scheduler:
     def _schedule(
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
     ) -> Schedule | None:
-        key = (int(d["id"]), int(d["revision"]))
-        cached = self._schedules.get(key)
-        if cached is not None and cached.text == d["schedule"] and cached.timezone == d["timezone"]:
-            return cached
         try:
-            parsed = parse_schedule(
-                d["schedule"],
-                d["timezone"],
-                anchor=anchor_for(d["created_at"], d["timezone"]),
-                definition=d["name"],
-            )
-        except (ScheduleError, ValueError) as exc:
+            anchor = anchor_for(d["created_at"], d["timezone"])
+            key = (d["schedule"], d["timezone"], anchor)
+            cached = self._parsed.get(key)
+            if cached is not None:
+                return cached
+            parsed = parse_schedule(d["schedule"], d["timezone"], anchor=anchor, definition=d["name"])
+        except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
             conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (d["id"], d["revision"], str(exc)))
             return None
-        self._schedules[key] = parsed
+        if len(self._parsed) >= 10000:
+            self._parsed.clear()
+        self._parsed[key] = parsed
         return parsed
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
-        rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
-        calls: list[tuple[Any, ...]] = []
-        for d in rows:
-            schedule = self._schedule(conn, d, report)
-            if schedule is None:
-                continue
-            calls.append((d["id"], None, [], first_cursor(schedule, now), d["revision"]))
-        if calls:
-            self._materialize(conn, calls, report)
-            report.initialized += len(calls)
+        firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
+        for _ in range(20):  # bounded: the next tick continues
+            rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
+            calls: list[tuple[Any, ...]] = []
+            for d in rows:
+                schedule = self._schedule(conn, d, report)
+                if schedule is None:
+                    continue
+                if id(schedule) not in firsts:
+                    firsts[id(schedule)] = first_cursor(schedule, now)
+                calls.append((d["id"], None, [], firsts[id(schedule)], d["revision"]))
+            if calls:
+                self._materialize(conn, calls, report)
+                report.initialized += len(calls)
+            if len(rows) < self.batch:
+                return
 
     def _materialize_recurring(
         self, conn: psycopg.Connection[Any], now: datetime, report: TickReport
     ) -> None:
         horizon = now + self.lookahead
+        plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
         for _ in range(20):  # bounded: the next tick continues
             rows = conn.execute(DUE_SQL, (horizon, self.batch)).fetchall()
             calls: list[tuple[Any, ...]] = []
@@ -271,15 +278,18 @@ class Scheduler:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
-                plan = plan_materialization(
-                    schedule,
-                    d["next_run_at"],
-                    now,
-                    misfire_policy=d["misfire_policy"],
-                    lookahead=self.lookahead,
-                    misfire_grace=self.misfire_grace,
-                    max_runs=self.max_catch_up,
-                )
+                memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
+                plan = plans.get(memo)
+                if plan is None:
+                    plan = plans[memo] = plan_materialization(
+                        schedule,
+                        d["next_run_at"],
+                        now,
+                        misfire_policy=d["misfire_policy"],
+                        lookahead=self.lookahead,
+                        misfire_grace=self.misfire_grace,
+                        max_runs=self.max_catch_up,
+                    )
                 if plan.missed:
                     log.info(
                         "definition=%s %d missed occurrences, misfire_policy=%s: %d runs",

@@ -44,7 +44,9 @@ from pgtick.errors import Abandoned, Cancelled, JobTimeout
 
 log = logging.getLogger("pgtick.worker")
 
-CLAIM_SQL = "SELECT * FROM jobs.claim(%s, %s, %s)"
+# heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
+# trip is needed right after it, and a crash just after claiming is reaped by timeout.
+CLAIM_SQL = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
 
 
 def new_worker_id() -> str:
@@ -319,7 +321,6 @@ class Worker:
             for ctx in contexts:
                 self._active[ctx.run_id] = ctx
         self.stats.claimed += len(contexts)
-        self._heartbeat.now.set()  # first heartbeat right away
         for ctx in contexts:
             log.debug("run=%s kind=%s worker=%s started", ctx.run_id, ctx.kind, self.worker_id)
             self._tasks.put(ctx)

@@ -323,3 +323,14 @@ def test_claim_twice_in_one_transaction_is_refused(conn: psycopg.Connection[Any]
     # Rolled back: both runs still queued; separate transactions are fine.
     assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1
     assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1
+
+
+def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> None:
+    """heartbeat => true: the run counts as heartbeated from its claim (reaped by the
+    heartbeat timeout); by default it counts as never heartbeated (orphan timeout)."""
+    conn.execute("SELECT jobs.enqueue('k')")
+    conn.execute("SELECT jobs.enqueue('k')")
+    plain = conn.execute("SELECT heartbeat_at FROM jobs.claim(1, 'w')").fetchone()
+    stamped = conn.execute("SELECT heartbeat_at, started_at FROM jobs.claim(1, 'w', heartbeat => true)").fetchone()
+    assert plain == (None,)
+    assert stamped is not None and stamped[0] == stamped[1]

@@ -121,7 +121,7 @@ def test_no_jobs_function_is_executable_by_public(conn: Conn) -> None:
 
 
 GRANTS = [
-    ("jobs_worker", "jobs.claim(integer, text, text[])", True),
+    ("jobs_worker", "jobs.claim(integer, text, text[], boolean)", True),
     ("jobs_worker", "jobs.heartbeat(bigint[], text)", True),
     ("jobs_worker", "jobs.complete(bigint, text, jsonb)", True),
     ("jobs_worker", "jobs.complete_many(bigint[], text)", True),
@@ -130,7 +130,7 @@ GRANTS = [
     ("jobs_worker", "jobs.reap()", False),
     ("jobs_worker", "jobs.retry(bigint)", False),
     ("jobs_worker", "jobs.cancel(bigint)", False),
-    ("jobs_reader", "jobs.claim(integer, text, text[])", False),
+    ("jobs_reader", "jobs.claim(integer, text, text[], boolean)", False),
     (
         "jobs_operator",
         "jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval)",
@@ -138,7 +138,7 @@ GRANTS = [
     ),
     ("jobs_operator", "jobs.reap()", True),
     ("jobs_operator", "jobs.cancel(bigint)", True),
-    ("jobs_operator", "jobs.claim(integer, text, text[])", True),
+    ("jobs_operator", "jobs.claim(integer, text, text[], boolean)", True),
     ("jobs_operator", "jobs._enqueue_retries(bigint[], text[])", False),
     ("jobs_operator", "jobs._check_payload(text, jsonb)", False),
 ]

@@ -1,0 +1,653 @@
+"""The scenarios of issue 7: drain, caps, latency, growth, and the heartbeat/HOT study.
+
+Each scenario function takes the ``Bench`` context and emits one record (one JSON line)
+per measured configuration through ``bench.emit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bench import sys_bare, sys_peers, sys_pgtick
+from bench.harness import (
+    Control,
+    Drain,
+    Profiler,
+    Server,
+    connect,
+    percentiles,
+    rate,
+    report_ready,
+    run_drain,
+    spawn,
+    timed,
+    worker_process,
+)
+
+THREADS = 10  # the 10-way concurrency of every drain, per worker process
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Bench:
+    server: Server
+    quick: bool
+    profiler: Profiler
+    systems: set[str] | None = None  # --systems: run only these (drain, caps, latency)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    _dbs: int = 0
+
+    @property
+    def jobs(self) -> int:
+        return 5000 if self.quick else 20000
+
+    def wants(self, system: str) -> bool:
+        return self.systems is None or system in self.systems
+
+    def database(self, label: str) -> tuple[str, str]:
+        """A fresh database for one system/scenario; returns (name, dsn)."""
+        self._dbs += 1
+        name = f"b{self._dbs:03d}_{label}".replace("-", "_")[:60]
+        return name, self.server.fresh_database(name)
+
+    def emit(self, record: dict[str, Any], dbname: str | None = None) -> None:
+        record = {k: v for k, v in record.items() if v is not None}
+        record["loadavg"] = round(os.getloadavg()[0], 2)
+        if dbname is not None and self.profiler.enabled:
+            record["profile"] = self.profiler.collect(dbname)
+        self.records.append(record)
+        print(json.dumps(record, default=str), flush=True)
+
+    def done_with(self, dbname: str) -> None:
+        self.server.drop_database(dbname)
+
+
+# -- systems under drain -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrainSystem:
+    name: str
+    install: Callable[[str], None]
+    fill: Callable[[str, int], None]
+    drain: Drain
+    target: Callable[..., None]
+    args: Callable[[int], tuple[Any, ...]]  # batch -> worker args after dsn
+    batches: tuple[int | None, ...]  # None: the system has no batch setting
+    jobs_divisor: int = 1  # slow configurations drain fewer jobs (the rate is steady-state)
+    settings: str = ""
+
+
+def drain_systems() -> list[DrainSystem]:
+    return [
+        DrainSystem(
+            "bare-sql",
+            sys_bare.install,
+            sys_bare.fill,
+            sys_bare.DRAIN,
+            sys_bare.sql_worker,
+            lambda b: (b, THREADS),
+            (1, 10, 100),
+            settings=f"{THREADS} threads x own connection; claim UPDATE..IN(SELECT..SKIP LOCKED LIMIT b), "
+            "complete UPDATE..= ANY(ids)",
+        ),
+        DrainSystem(
+            "pgtick-sql",
+            sys_pgtick.install,
+            sys_pgtick.fill,
+            sys_pgtick.DRAIN,
+            sys_pgtick.sql_worker,
+            lambda b: (b, THREADS),
+            (1, 10, 100),
+            settings=f"{THREADS} threads x own connection; jobs.claim(b, w); jobs.complete (b=1) or "
+            "jobs.complete_many",
+        ),
+        DrainSystem(
+            "pgtick-driver",
+            sys_pgtick.install,
+            sys_pgtick.fill,
+            sys_pgtick.DRAIN,
+            sys_pgtick.driver_worker,
+            lambda b: (b, THREADS, True),
+            (1, 10, 100),
+            settings=f"pgtick.worker.Worker(concurrency={THREADS}, batch_size=b, listen=True, heartbeats on)",
+        ),
+        DrainSystem(
+            "pgqueuer",
+            sys_peers.pgqueuer_install,
+            sys_peers.pgqueuer_fill,
+            sys_peers.PGQUEUER_DRAIN,
+            sys_peers.pgqueuer_worker,
+            lambda b: (b, 2 * b if b == 5 else None),
+            (5, 10),
+            settings="PgQueuer(AsyncpgDriver) under uvloop; b=5: batch_size=5, max_concurrent_tasks=10; "
+            "b=10: its defaults (batch_size=10, unlimited tasks)",
+        ),
+        DrainSystem(
+            "procrastinate",
+            sys_peers.procrastinate_install,
+            sys_peers.procrastinate_fill,
+            sys_peers.PROCRASTINATE_DRAIN,
+            sys_peers.procrastinate_worker,
+            lambda b: (THREADS,),
+            (None,),
+            jobs_divisor=4,
+            settings=f"App(PsycopgConnector).run_worker_async(concurrency={THREADS}), listen_notify on, "
+            "one job per fetch",
+        ),
+    ]
+
+
+def drain_one(
+    bench: Bench,
+    system: DrainSystem,
+    batch: int | None,
+    procs: int,
+    jobs: int,
+    scenario: str = "drain",
+) -> dict[str, Any]:
+    """Drain ``jobs`` runs on a fresh database; short drains are repeated (best of up to 3,
+    while the drains so far took under 4 s in all) so a burst of load from elsewhere on the
+    machine does not decide a figure. Every attempt's rate is kept in ``runs``."""
+    rates: list[float] = []
+    best: tuple[float, Any, str] | None = None
+    spent = 0.0
+    attempts = 1 if bench.profiler.enabled else 3  # profiles: one attempt, so counters match it
+    while len(rates) < attempts and (not rates or spent < 4.0):
+        dbname, dsn = bench.database(f"{scenario}_{system.name}_{batch}_{procs}")
+        system.install(dsn)
+        system.fill(dsn, jobs)
+        bench.profiler.reset()
+        t = run_drain(dsn, jobs, system.drain, system.target, procs, *system.args(batch or 0))
+        spent += t.seconds
+        rates.append(rate(jobs, t.seconds))
+        if t.completed != jobs:
+            best = (0.0, t, dbname)
+            break
+        if best is None or rates[-1] > best[0]:
+            if best is not None:
+                bench.done_with(best[2])
+            best = (rates[-1], t, dbname)
+        else:
+            bench.done_with(dbname)
+    assert best is not None
+    _, t, dbname = best
+    record = {
+        "scenario": scenario,
+        "system": system.name,
+        "batch": batch,
+        "procs": procs,
+        "concurrency": THREADS,
+        "jobs": jobs,
+        "seconds": round(t.seconds, 3),
+        "jobs_per_s": rate(jobs, t.seconds),
+        "runs": rates,
+        "completed": t.completed,
+        "settings": system.settings,
+    }
+    if t.completed != jobs:
+        record["error"] = f"{t.completed} of {jobs} completed"
+    bench.emit(record, dbname)
+    bench.done_with(dbname)
+    return record
+
+
+def scenario_drain(bench: Bench) -> None:
+    procs_list = (1,) if bench.quick else (1, 2)
+    for system in drain_systems():
+        if not bench.wants(system.name):
+            continue
+        for batch in system.batches:
+            for procs in procs_list:
+                divisor = system.jobs_divisor
+                if system.name == "pgtick-driver" and batch == 1:
+                    divisor = 4  # commit-latency bound (see docs/performance.md): fewer jobs, same rate
+                log(f"drain {system.name} batch={batch} procs={procs}")
+                drain_one(bench, system, batch, procs, bench.jobs // divisor)
+
+
+# -- caps ----------------------------------------------------------------------------------
+
+
+def scenario_caps(bench: Bench) -> None:
+    systems = {s.name: s for s in drain_systems()}
+    cases = [("uncapped", 0, 0), ("100-definitions-cap-2", 100, 2), ("hot-key-cap-10", 1, 10)]
+    plan = [("pgtick-driver", 1), ("pgtick-sql", 1)]
+    if not bench.quick:
+        plan.append(("pgtick-driver", 2))
+    for system_name, procs in plan:
+        if not bench.wants(system_name):
+            continue
+        system = systems[system_name]
+        for case, count, cap in cases:
+            log(f"caps {system_name} {case} procs={procs}")
+            dbname, dsn = bench.database(f"caps_{system_name}_{case}_{procs}")
+            system.install(dsn)
+            defs = sys_pgtick.define_capped(dsn, count, cap) if count else None
+            sys_pgtick.fill(dsn, bench.jobs, defs)
+            bench.profiler.reset()
+            t = run_drain(
+                dsn,
+                bench.jobs,
+                system.drain,
+                system.target,
+                procs,
+                *system.args(10),
+                sampler=sys_pgtick.running_per_definition if count else None,
+            )
+            record: dict[str, Any] = {
+                "scenario": "caps",
+                "case": case,
+                "system": system_name,
+                "batch": 10,
+                "procs": procs,
+                "concurrency": THREADS,
+                "jobs": bench.jobs,
+                "seconds": round(t.seconds, 3),
+                "jobs_per_s": rate(bench.jobs, t.seconds),
+                "completed": t.completed,
+            }
+            if count:
+                worst = max(t.samples, default=0)
+                record.update(
+                    definitions=count,
+                    cap=cap,
+                    samples=len(t.samples),
+                    max_running_per_definition=worst,
+                    cap_respected=worst <= cap,
+                )
+            if t.completed != bench.jobs:
+                record["error"] = f"{t.completed} of {bench.jobs} completed"
+            bench.emit(record, dbname)
+            bench.done_with(dbname)
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+class _PsycopgEnqueuer:
+    def __init__(self, dsn: str, enqueue_one: Callable[[Any, int], None]) -> None:
+        self.conn = connect(dsn)
+        self._one = enqueue_one
+
+    def enqueue(self, i: int) -> None:
+        self._one(self.conn, i)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _enqueuer(system: str, dsn: str) -> Any:
+    if system == "pgtick-driver":
+        return _PsycopgEnqueuer(dsn, sys_pgtick.enqueue_one)
+    if system == "bare-sql":
+        return _PsycopgEnqueuer(dsn, sys_bare.enqueue_one)
+    if system == "pgqueuer":
+        return sys_peers.PgqueuerEnqueuer(dsn)
+    if system == "procrastinate":
+        return sys_peers.ProcrastinateEnqueuer(dsn)
+    raise ValueError(system)
+
+
+@worker_process
+def open_loop_enqueuer(
+    control: Control, index: int, dsn: str, system: str, per_s: float, seconds: float
+) -> None:
+    """Enqueue at a fixed schedule (job i at t0 + i/rate), never waiting for the worker."""
+    enq = _enqueuer(system, dsn)
+    report_ready(control, index)
+    control.go.wait()
+    n = int(per_s * seconds)
+    slips: list[float] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        target = t0 + i / per_s
+        delay = target - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        slips.append(time.perf_counter() - target)
+        enq.enqueue(i)
+    sent_seconds = time.perf_counter() - t0
+    enq.close()
+    control.out.put({"sent": n, "seconds": sent_seconds, "slip": percentiles(slips)})
+
+
+@dataclass(frozen=True)
+class LatencySystem:
+    name: str
+    install: Callable[[str], None]
+    drain: Drain
+    target: Callable[..., None]
+    args: tuple[Any, ...]
+    db_latency_sql: str
+    db_clock: str
+
+
+def latency_systems() -> list[LatencySystem]:
+    return [
+        LatencySystem(
+            "pgtick-driver",
+            sys_pgtick.install,
+            sys_pgtick.DRAIN,
+            sys_pgtick.driver_worker,
+            (10, THREADS, True, True),
+            sys_pgtick.DB_LATENCY_SQL,
+            "runs.started_at - runs.created_at",
+        ),
+        LatencySystem(
+            "bare-sql",
+            sys_bare.install,
+            sys_bare.DRAIN,
+            sys_bare.listen_worker,
+            (10,),
+            sys_bare.DB_LATENCY_SQL,
+            "started_at - created_at (LISTEN/NOTIFY wake-up)",
+        ),
+        LatencySystem(
+            "pgqueuer",
+            sys_peers.pgqueuer_install,
+            sys_peers.PGQUEUER_DRAIN,
+            sys_peers.pgqueuer_worker,
+            (10, None, True),
+            sys_peers.PGQUEUER_DB_LATENCY_SQL,
+            "pgqueuer_log picked.created - queued.created",
+        ),
+        LatencySystem(
+            "procrastinate",
+            sys_peers.procrastinate_install,
+            sys_peers.PROCRASTINATE_DRAIN,
+            sys_peers.procrastinate_worker,
+            (THREADS, True),
+            sys_peers.PROCRASTINATE_DB_LATENCY_SQL,
+            "procrastinate_events started.at - deferred.at",
+        ),
+    ]
+
+
+def scenario_latency(bench: Bench) -> None:
+    per_s = 100.0
+    seconds = 5.0 if bench.quick else 10.0
+    for system in latency_systems():
+        if not bench.wants(system.name):
+            continue
+        log(f"latency {system.name} {per_s:.0f}/s for {seconds:.0f}s")
+        dbname, dsn = bench.database(f"latency_{system.name}")
+        system.install(dsn)
+        bench.profiler.reset()
+        workers = spawn(system.target, 1, dsn, *system.args)
+        workers.control.go.set()
+        time.sleep(1.5)  # the worker is up, listening and idle before the first enqueue
+        enq = spawn(open_loop_enqueuer, 1, dsn, system.name, per_s, seconds)
+        enq.control.go.set()
+        sent = enq.join(timeout=seconds * 3 + 30)
+        with connect(dsn) as conn:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                row = conn.execute(system.drain.remaining_sql).fetchone()
+                if row is not None and int(row[0]) == 0:
+                    break
+                time.sleep(0.05)
+            workers.control.stop.set()
+            results = workers.join()
+            db = [float(r[0]) for r in conn.execute(system.db_latency_sql)]
+        client = [start - t for r in results for (_, t, start) in r.get("starts", [])]
+        record: dict[str, Any] = {
+            "scenario": "latency",
+            "system": system.name,
+            "batch": None,
+            "procs": 1,
+            "jobs": len(db),
+            "rate_per_s": per_s,
+            "seconds": round(sent[0]["seconds"], 3) if sent else None,
+            **percentiles(db),
+            "db_clock": system.db_clock,
+            "client": percentiles(client),
+            "enqueue_slip": sent[0]["slip"] if sent else None,
+        }
+        expected = int(per_s * seconds)
+        if len(db) != expected:
+            record["error"] = f"{len(db)} of {expected} started"
+        bench.emit(record, dbname)
+        bench.done_with(dbname)
+
+
+# -- growth --------------------------------------------------------------------------------
+
+HISTORY_SQL = """
+INSERT INTO jobs.runs (kind, origin, status, created_at, scheduled_for, started_at, finished_at, worker)
+SELECT %s, 'manual', 'COMPLETED', t, t, t, t + interval '10 ms', 'history'
+  FROM (SELECT now() - interval '2 days' + g * interval '100 ms' AS t
+          FROM generate_series(1, %s) AS g) AS s
+"""
+
+STALE_SQL = """
+INSERT INTO jobs.runs (kind, origin, status, created_at, scheduled_for, started_at, heartbeat_at, worker)
+SELECT %s, 'manual', 'RUNNING', now() - interval '2 hours', now() - interval '2 hours',
+       now() - interval '2 hours', now() - interval '90 minutes', 'gone'
+  FROM generate_series(1, %s)
+"""
+
+
+def _table_sizes(conn: Any) -> dict[str, int]:
+    row = conn.execute(
+        "SELECT pg_relation_size('jobs.runs'), pg_indexes_size('jobs.runs'),"
+        " pg_total_relation_size('jobs.runs')"
+    ).fetchone()
+    return {"heap_bytes": int(row[0]), "index_bytes": int(row[1]), "total_bytes": int(row[2])}
+
+
+def scenario_growth(bench: Bench) -> None:
+    history = 250_000 if bench.quick else 1_000_000
+    systems = {s.name: s for s in drain_systems()}
+    for hist in (0, history):
+        log(f"growth: drains with {hist} terminal rows in jobs.runs")
+        dbname, dsn = bench.database(f"growth_{hist}")
+        sys_pgtick.install(dsn)
+        prep: dict[str, Any] = {"history": hist}
+        if hist:
+            with connect(dsn) as conn, timed() as took:
+                conn.execute(HISTORY_SQL, (sys_pgtick.KIND, hist))
+                conn.execute("VACUUM ANALYZE jobs.runs")
+            prep["history_load_seconds"] = round(took(), 2)
+            with connect(dsn) as conn:
+                prep.update(_table_sizes(conn))
+        for name in ("pgtick-driver", "pgtick-sql"):
+            system = systems[name]
+            sys_pgtick.fill(dsn, bench.jobs)
+            bench.profiler.reset()
+            t = run_drain(dsn, bench.jobs, system.drain, system.target, 1, *system.args(10))
+            done = t.completed - (0 if name == "pgtick-driver" else bench.jobs)
+            bench.emit(
+                {
+                    "scenario": "growth-drain",
+                    "system": name,
+                    "batch": 10,
+                    "procs": 1,
+                    "jobs": bench.jobs,
+                    "seconds": round(t.seconds, 3),
+                    "jobs_per_s": rate(bench.jobs, t.seconds),
+                    "completed": done,
+                    **prep,
+                },
+                dbname,
+            )
+        _reap(bench, dsn, dbname, hist)
+        bench.done_with(dbname)
+    _materialize(bench)
+
+
+def _reap(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
+    stale = 10_000
+    log(f"growth: reap {stale} stale RUNNING runs ({hist} history rows)")
+    with connect(dsn) as conn:
+        conn.execute("SELECT jobs.set_retry_policy(%s, max_attempts => 3)", (sys_pgtick.KIND,))
+        conn.execute(STALE_SQL, (sys_pgtick.KIND, stale))
+        conn.execute("ANALYZE jobs.runs")
+        bench.profiler.reset()
+        with timed() as took:
+            row = conn.execute("SELECT count(*), count(retry_run_id) FROM jobs.reap()").fetchone()
+        seconds = took()
+    assert row is not None
+    bench.emit(
+        {
+            "scenario": "reap",
+            "system": "pgtick-sql",
+            "batch": None,
+            "procs": 1,
+            "jobs": stale,
+            "history": hist,
+            "seconds": round(seconds, 3),
+            "reaped": int(row[0]),
+            "retries_queued": int(row[1]),
+        },
+        dbname,
+    )
+
+
+def _materialize(bench: Bench) -> None:
+    from pgtick.scheduler import Scheduler
+
+    count = 10_000
+    log(f"growth: materialize {count} due definitions")
+    dbname, dsn = bench.database("materialize")
+    sys_pgtick.install(dsn)
+    with connect(dsn) as conn:
+        with timed() as took:
+            conn.execute(
+                "SELECT count(jobs.define(name => 'every-minute-' || g, kind => %s, schedule => '* * * * *'))"
+                "  FROM generate_series(1, %s) AS g",
+                (sys_pgtick.KIND, count),
+            )
+        define_seconds = took()
+        conn.execute("ANALYZE jobs.definitions")
+        now: datetime = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    minute = now.replace(second=0, microsecond=0)
+    clock = {"now": minute + timedelta(seconds=30)}  # first cursor: the next minute, not due yet
+    scheduler = Scheduler(dsn, owner="bench", clock=lambda: clock["now"])
+    try:
+        bench.profiler.reset()
+        init_calls = 0
+        initialized = 0
+        with timed() as took:
+            while True:
+                report = scheduler.materialize_due()
+                init_calls += 1
+                initialized += report.initialized
+                if report.initialized == 0 or init_calls > 100:
+                    break
+        init_seconds = took()
+        clock["now"] = minute + timedelta(seconds=61)  # every cursor is now due, once
+        with timed() as took:
+            report = scheduler.materialize_due()
+        mat_seconds = took()
+        created = report.runs_created
+    finally:
+        scheduler.close()
+    bench.emit(
+        {
+            "scenario": "materialize",
+            "system": "pgtick-driver",
+            "batch": None,
+            "procs": 1,
+            "jobs": count,
+            "seconds": round(mat_seconds, 3),
+            "runs_created": created,
+            "define_seconds": round(define_seconds, 3),
+            "cursor_init_seconds": round(init_seconds, 3),
+            "cursor_init_calls": init_calls,
+            "cursors_initialized": initialized,
+        },
+        dbname,
+    )
+    bench.done_with(dbname)
+
+
+# -- heartbeats, HOT updates and fillfactor -----------------------------------------------
+
+TABLE_STATS_SQL = """
+SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_newpage_upd, n_dead_tup, autovacuum_count,
+       pg_relation_size('jobs.runs'), pg_indexes_size('jobs.runs')
+  FROM pg_stat_user_tables WHERE relid = 'jobs.runs'::regclass
+"""
+TABLE_STATS_KEYS = (
+    "n_tup_ins",
+    "n_tup_upd",
+    "n_tup_hot_upd",
+    "n_tup_newpage_upd",
+    "n_dead_tup",
+    "autovacuum_count",
+    "heap_bytes",
+    "index_bytes",
+)
+
+
+def _table_stats(dsn: str) -> dict[str, int]:
+    time.sleep(0.7)  # let exited backends flush their table counters
+    with connect(dsn) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(TABLE_STATS_SQL).fetchone()
+    assert row is not None
+    return dict(zip(TABLE_STATS_KEYS, (int(v) for v in row), strict=True))
+
+
+def scenario_heartbeats(bench: Bench) -> None:
+    """Drains with the driver (batch 10): fillfactor 80 vs 100 with heartbeats, and 80 without."""
+    jobs = bench.jobs
+    for fillfactor, heartbeats in ((80, True), (100, True), (80, False)):
+        log(f"heartbeats: fillfactor={fillfactor} heartbeats={'on' if heartbeats else 'off'}")
+        dbname, dsn = bench.database(f"hot_ff{fillfactor}_{'hb' if heartbeats else 'nohb'}")
+        sys_pgtick.install(dsn)
+        with connect(dsn) as conn:
+            conn.execute(f"ALTER TABLE jobs.runs SET (fillfactor = {fillfactor})")
+        sys_pgtick.fill(dsn, jobs)
+        before = _table_stats(dsn)
+        bench.profiler.reset()
+        t = run_drain(dsn, jobs, sys_pgtick.DRAIN, sys_pgtick.driver_worker, 1, 10, THREADS, heartbeats)
+        after = _table_stats(dsn)
+        upd = after["n_tup_upd"] - before["n_tup_upd"]
+        hot = after["n_tup_hot_upd"] - before["n_tup_hot_upd"]
+        bench.emit(
+            {
+                "scenario": "heartbeats",
+                "system": "pgtick-driver",
+                "batch": 10,
+                "procs": 1,
+                "jobs": jobs,
+                "fillfactor": fillfactor,
+                "heartbeats": heartbeats,
+                "seconds": round(t.seconds, 3),
+                "jobs_per_s": rate(jobs, t.seconds),
+                "updates": upd,
+                "hot_updates": hot,
+                "hot_ratio": round(hot / upd, 3) if upd else None,
+                "newpage_updates": after["n_tup_newpage_upd"] - before["n_tup_newpage_upd"],
+                "heartbeat_row_updates": upd - 2 * jobs,
+                "autovacuums": after["autovacuum_count"] - before["autovacuum_count"],
+                "heap_bytes_before": before["heap_bytes"],
+                "heap_bytes_after": after["heap_bytes"],
+                "index_bytes_before": before["index_bytes"],
+                "index_bytes_after": after["index_bytes"],
+                "dead_tuples_after": after["n_dead_tup"],
+            },
+            dbname,
+        )
+        bench.done_with(dbname)
+
+
+SCENARIOS: dict[str, Callable[[Bench], None]] = {
+    "drain": scenario_drain,
+    "caps": scenario_caps,
+    "latency": scenario_latency,
+    "growth": scenario_growth,
+    "heartbeats": scenario_heartbeats,
+}

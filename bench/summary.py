@@ -1,0 +1,220 @@
+"""The summary: every result in one table, then the ratios issue 7 targets, met or missed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Summary:
+    records: list[dict[str, Any]]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, target: str, measured: float | None, goal: str, ok: bool | None, note: str = "") -> None:
+        self.rows.append(
+            {
+                "target": target,
+                "measured": None if measured is None else round(measured, 3),
+                "goal": goal,
+                "status": "n/a" if ok is None else ("met" if ok else "MISSED"),
+                "note": note,
+            }
+        )
+
+    def table(self) -> str:
+        lines = ["results", _results_table(self.records), "", "targets (issue 7, ratios within this run)"]
+        widths = (58, 10, 10, 7)
+        head = ("target", "measured", "goal", "status")
+        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + "  note")
+        lines.append("-" * 110)
+        for r in self.rows:
+            measured = "-" if r["measured"] is None else f"{r['measured']:g}"
+            cells = (r["target"], measured, r["goal"], r["status"])
+            lines.append(
+                "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + r["note"]
+            )
+        return "\n".join(lines)
+
+
+def _results_table(records: list[dict[str, Any]]) -> str:
+    cols = (
+        "scenario",
+        "system",
+        "case",
+        "batch",
+        "procs",
+        "jobs",
+        "seconds",
+        "jobs_per_s",
+        "p50_ms",
+        "p99_ms",
+    )
+    rows = [[_cell(r, c) for c in cols] for r in records]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(out)
+
+
+def _cell(record: dict[str, Any], col: str) -> str:
+    if col == "case":
+        for key in ("case", "fillfactor", "history"):
+            if key in record:
+                value = record[key]
+                if key == "fillfactor":
+                    return f"ff{value}{'' if record.get('heartbeats') else ' no-hb'}"
+                if key == "history":
+                    return f"history={value}"
+                return str(value)
+        return ""
+    value = record.get(col)
+    return "" if value is None else str(value)
+
+
+def _find(records: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
+    return [r for r in records if all(r.get(k) == v for k, v in match.items()) and "error" not in r]
+
+
+def _rate(records: list[dict[str, Any]], **match: Any) -> float | None:
+    found = _find(records, **match)
+    return float(found[0]["jobs_per_s"]) if found else None
+
+
+def _best(records: list[dict[str, Any]], **match: Any) -> tuple[float | None, Any]:
+    found = _find(records, **match)
+    if not found:
+        return None, None
+    top = max(found, key=lambda r: float(r["jobs_per_s"]))
+    return float(top["jobs_per_s"]), top.get("batch")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(records: list[dict[str, Any]]) -> Summary:
+    s = Summary(records)
+    drains = [r for r in records if r.get("scenario") == "drain"]
+    for procs in (1, 2):
+        for batch in (1, 10, 100):
+            sql = _rate(drains, system="pgtick-sql", batch=batch, procs=procs)
+            bare = _rate(drains, system="bare-sql", batch=batch, procs=procs)
+            ratio = _ratio(sql, bare)
+            if ratio is not None:
+                s.add(
+                    f"drain pgtick-sql / bare-sql, batch {batch}, {procs} proc",
+                    ratio,
+                    ">= 0.8",
+                    ratio >= 0.8,
+                    f"{sql:.0f} vs {bare:.0f} jobs/s",
+                )
+        driver, driver_batch = _best(drains, system="pgtick-driver", procs=procs)
+        pgq, pgq_batch = _best(drains, system="pgqueuer", procs=procs)
+        proc, _ = _best(drains, system="procrastinate", procs=procs)
+        ratio = _ratio(driver, pgq)
+        if ratio is not None:
+            s.add(
+                f"drain pgtick-driver best / pgqueuer best, {procs} proc",
+                ratio,
+                ">= 2",
+                ratio >= 2,
+                f"{driver:.0f} (batch {driver_batch}) vs {pgq:.0f} (batch {pgq_batch}) jobs/s",
+            )
+        ratio = _ratio(driver, proc)
+        if ratio is not None:
+            s.add(
+                f"drain pgtick-driver best / procrastinate, {procs} proc",
+                ratio,
+                ">= 10",
+                ratio >= 10,
+                f"{driver:.0f} vs {proc:.0f} jobs/s",
+            )
+    caps = [r for r in records if r.get("scenario") == "caps"]
+    for system, procs in (("pgtick-driver", 1), ("pgtick-sql", 1), ("pgtick-driver", 2)):
+        base = _rate(caps, system=system, procs=procs, case="uncapped")
+        for case, goal in (("100-definitions-cap-2", 0.6), ("hot-key-cap-10", None)):
+            found = _find(caps, system=system, procs=procs, case=case)
+            if not found or base is None:
+                continue
+            r = found[0]
+            ratio = float(r["jobs_per_s"]) / base
+            correct = bool(r.get("cap_respected"))
+            note = (
+                f"{r['jobs_per_s']:.0f} vs {base:.0f} jobs/s; max RUNNING/definition "
+                f"{r.get('max_running_per_definition')} (cap {r.get('cap')}, {r.get('samples')} samples)"
+            )
+            if goal is None:
+                s.add(f"caps {case} / uncapped, {system} {procs} proc", ratio, "reported", correct, note)
+            else:
+                s.add(
+                    f"caps {case} / uncapped, {system} {procs} proc",
+                    ratio,
+                    f">= {goal}",
+                    ratio >= goal and correct,
+                    note,
+                )
+    lat = {r["system"]: r for r in records if r.get("scenario") == "latency" and "p99_ms" in r}
+    if "pgtick-driver" in lat:
+        p99 = float(lat["pgtick-driver"]["p99_ms"])
+        s.add("latency pgtick-driver enqueue->start p99 (ms, db clock)", p99, "<= 10", p99 <= 10)
+        peers = {k: float(v["p99_ms"]) for k, v in lat.items() if k in ("pgqueuer", "procrastinate")}
+        if peers:
+            best_peer = min(peers.values())
+            s.add(
+                "latency pgtick p99 / best peer p99",
+                p99 / best_peer if best_peer else None,
+                "< 1",
+                p99 < best_peer,
+                ", ".join(f"{k} {v:g} ms" for k, v in peers.items()),
+            )
+        if "bare-sql" in lat:
+            s.add(
+                "latency pgtick p99 / bare-sql p99 (info)",
+                p99 / float(lat["bare-sql"]["p99_ms"]),
+                "info",
+                None,
+            )
+    growth = [r for r in records if r.get("scenario") == "growth-drain"]
+    for system in ("pgtick-driver", "pgtick-sql"):
+        with_none = [r for r in growth if r["system"] == system and r.get("history") == 0]
+        with_hist = [r for r in growth if r["system"] == system and r.get("history", 0) > 0]
+        if with_none and with_hist:
+            ratio = float(with_hist[0]["jobs_per_s"]) / float(with_none[0]["jobs_per_s"])
+            s.add(
+                f"growth drain with {with_hist[0]['history']:,} history / none, {system}",
+                ratio,
+                ">= 0.8",
+                ratio >= 0.8,
+                f"{with_hist[0]['jobs_per_s']:.0f} vs {with_none[0]['jobs_per_s']:.0f} jobs/s",
+            )
+    for r in records:
+        if r.get("scenario") == "reap":
+            s.add(
+                f"reap 10,000 stale runs (s), {r['history']:,} history",
+                r["seconds"],
+                "<= 1",
+                r["seconds"] <= 1,
+            )
+        if r.get("scenario") == "materialize":
+            total = r["seconds"] + r["cursor_init_seconds"]
+            s.add(
+                "materialize 10,000 due definitions (s)",
+                r["seconds"],
+                "<= 5",
+                r["seconds"] <= 5 and r.get("runs_created") == r["jobs"],
+                f"runs {r.get('runs_created')}; cursor init {r['cursor_init_seconds']:.2f}s in "
+                f"{r['cursor_init_calls']} calls; both {total:.2f}s",
+            )
+        if r.get("scenario") == "heartbeats":
+            s.add(
+                f"heartbeats ff{r['fillfactor']} hb={'on' if r['heartbeats'] else 'off'}: HOT share of upd.",
+                r.get("hot_ratio"),
+                "info",
+                None,
+                f"{r['jobs_per_s']:.0f} jobs/s; {r['updates']} upd, {r['hot_updates']} HOT, "
+                f"{r['newpage_updates']} to another page, "
+                f"heap {r['heap_bytes_before'] // 1024}->{r['heap_bytes_after'] // 1024} KiB, "
+                f"idx {r['index_bytes_before'] // 1024}->{r['index_bytes_after'] // 1024} KiB",
+            )
+    return s

@@ -1,0 +1,186 @@
+"""pgtick under benchmark: the Python driver (``pgtick.worker.Worker``) and the SQL API alone
+(a psycopg loop over ``jobs.claim`` and ``jobs.complete``/``jobs.complete_many``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from bench.harness import Control, Drain, connect, report_ready, worker_process
+
+KIND = "noop"
+
+DRAIN = Drain(
+    remaining_sql=(
+        "SELECT (SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED')"
+        " + (SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING')"
+    ),
+    last_finished_sql=(
+        "SELECT max(finished_at) FROM jobs.runs WHERE status = 'COMPLETED' AND worker <> 'history'"
+    ),
+    done_sql="SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED' AND worker <> 'history'",
+)
+
+
+def install(dsn: str) -> None:
+    """Migrate a fresh database with pgtick's own migrator."""
+    from pgtick.migrate import apply
+
+    with connect(dsn) as conn:
+        apply(conn)
+
+
+def fill(dsn: str, jobs: int, definition_ids: list[int] | None = None, seed: float = 0.42) -> None:
+    """Queue ``jobs`` no-op runs set-based; with ``definition_ids``, each run belongs to one of
+    them, drawn at random (fixed seed), as if many schedules had materialized interleaved."""
+    with connect(dsn) as conn:
+        if definition_ids:
+            conn.execute("SELECT setseed(%s)", (seed,))
+            conn.execute(
+                """
+                INSERT INTO jobs.runs (kind, origin, definition_id)
+                SELECT %s, 'manual', (%s::bigint[])[1 + floor(random() * %s)::int]
+                  FROM generate_series(1, %s)
+                """,
+                (KIND, definition_ids, len(definition_ids), jobs),
+            )
+        else:
+            conn.execute(
+                "INSERT INTO jobs.runs (kind, origin) SELECT %s, 'manual' FROM generate_series(1, %s)",
+                (KIND, jobs),
+            )
+        conn.execute("ANALYZE jobs.runs")
+
+
+def define_capped(dsn: str, count: int, cap: int) -> list[int]:
+    """``count`` recurring definitions with max_concurrent_runs ``cap`` (never materialized here)."""
+    with connect(dsn) as conn:
+        rows = conn.execute(
+            """
+            SELECT (jobs.define(name => 'capped-' || g, kind => %s, schedule => '@yearly',
+                                max_concurrent_runs => %s)).id
+              FROM generate_series(1, %s) AS g
+            """,
+            (KIND, cap, count),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def running_per_definition(conn: psycopg.Connection[Any]) -> int:
+    """Sampler for the caps scenario: the largest RUNNING count of any one definition, read in
+    one snapshot (a violation of a cap would show here)."""
+    row = conn.execute(
+        """
+        SELECT coalesce(max(n), 0) FROM (
+            SELECT count(*) AS n FROM jobs.runs
+             WHERE status = 'RUNNING' AND definition_id IS NOT NULL
+             GROUP BY definition_id) AS c
+        """
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+# -- the driver ---------------------------------------------------------------------------
+
+
+@worker_process
+def driver_worker(
+    control: Control,
+    index: int,
+    dsn: str,
+    batch: int,
+    concurrency: int,
+    heartbeats: bool = True,
+    record_starts: bool = False,
+) -> None:
+    """One process running ``pgtick.worker.Worker`` with a no-op job until ``stop``."""
+    from pgtick.app import App, Context
+    from pgtick.worker import Worker
+
+    app = App("bench")
+    starts: list[tuple[int, float, float]] = []
+
+    @app.job(KIND)
+    def noop(ctx: Context) -> None:
+        if record_starts:
+            starts.append((int(ctx.payload.get("i", -1)), float(ctx.payload.get("t", 0.0)), time.time()))
+
+    worker = Worker(
+        app,
+        dsn,
+        worker_id=f"bench-{os.getpid()}",
+        concurrency=concurrency,
+        batch_size=batch,
+        listen=True,
+    )
+    if not heartbeats:  # the counterfactual for the heartbeat cost: no heartbeat calls at all
+        worker._heartbeat.beat = lambda: None  # type: ignore[method-assign]
+    report_ready(control, index)
+    control.go.wait()
+    worker.run(control.stop)
+    s = worker.stats
+    control.out.put(
+        {
+            "index": index,
+            "claimed": s.claimed,
+            "completed": s.completed,
+            "fenced": s.fenced,
+            "heartbeat_failures": s.heartbeat_failures,
+            "starts": starts,
+        }
+    )
+
+
+# -- SQL only -----------------------------------------------------------------------------
+
+CLAIM_SQL = "SELECT id FROM jobs.claim(%s, %s)"
+COMPLETE_SQL = "SELECT jobs.complete(%s, %s)"
+COMPLETE_MANY_SQL = "SELECT count(*) FROM jobs.complete_many(%s, %s)"
+
+
+@worker_process
+def sql_worker(control: Control, index: int, dsn: str, batch: int, threads: int) -> None:
+    """``threads`` threads, each with its own connection: claim a batch, complete it, repeat."""
+    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
+    counts = [0] * threads
+
+    def loop(i: int, conn: psycopg.Connection[Any]) -> None:
+        worker = f"sql-{os.getpid()}-{i}"
+        while not control.stop.is_set():
+            ids = [r[0] for r in conn.execute(CLAIM_SQL, (batch, worker))]
+            if not ids:
+                time.sleep(0.002)
+                continue
+            if len(ids) == 1:
+                conn.execute(COMPLETE_SQL, (ids[0], worker))
+            else:
+                conn.execute(COMPLETE_MANY_SQL, (ids, worker))
+            counts[i] += len(ids)
+
+    report_ready(control, index)
+    control.go.wait()
+    ts = [threading.Thread(target=loop, args=(i, c), daemon=True) for i, c in enumerate(conns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for c in conns:
+        c.close()
+    control.out.put({"index": index, "completed": sum(counts)})
+
+
+# -- latency ------------------------------------------------------------------------------
+
+
+def enqueue_one(conn: psycopg.Connection[Any], i: int) -> None:
+    conn.execute("SELECT (jobs.enqueue(%s, %s)).id", (KIND, Jsonb({"i": i, "t": time.time()})))
+
+
+DB_LATENCY_SQL = (
+    "SELECT extract(epoch FROM started_at - created_at)::float8 FROM jobs.runs WHERE started_at IS NOT NULL"
+)
