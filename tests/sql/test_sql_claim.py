@@ -331,6 +331,8 @@ def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> N
     conn.execute("SELECT jobs.enqueue('k')")
     conn.execute("SELECT jobs.enqueue('k')")
     plain = conn.execute("SELECT heartbeat_at FROM jobs.claim(1, 'w')").fetchone()
-    stamped = conn.execute("SELECT heartbeat_at, started_at FROM jobs.claim(1, 'w', heartbeat => true)").fetchone()
+    stamped = conn.execute(
+        "SELECT heartbeat_at, started_at FROM jobs.claim(1, 'w', heartbeat => true)"
+    ).fetchone()
     assert plain == (None,)
     assert stamped is not None and stamped[0] == stamped[1]
