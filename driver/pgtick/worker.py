@@ -247,8 +247,7 @@ class Worker:
                 try:
                     if conn is None or conn.closed:
                         conn = self._connect()
-                    self._report(conn)
-                    full = self._claim(conn)
+                    full = self._cycle(conn)
                     failures = 0
                 except DB_ERRORS as exc:
                     failures += 1
@@ -299,15 +298,45 @@ class Worker:
                 log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
                 stop.wait(1.0)
 
-    def _claim(self, conn: psycopg.Connection[Any]) -> bool:
-        """Claim up to the free slots; True if the batch came back full."""
+    def _cycle(self, conn: psycopg.Connection[Any]) -> bool:
+        """Report finished runs and claim for the free slots in one round trip.
+
+        Plain completions (no result) and the claim travel in one pipeline, each
+        still its own transaction; the slots the completions free are claimed at
+        once. Returns True if the claim came back full (there may be more due).
+        """
+        plain = self._report(conn, defer_plain=True)
         with self._lock:
-            free = self.concurrency - len(self._active)
+            free = self.concurrency - len(self._active) + len(plain)
         want = min(free, self.batch_size)
-        if want <= 0:
+        if not plain and want <= 0:
             return False
         began = time.monotonic()
-        rows = conn.execute(CLAIM_SQL, (want, self.worker_id, self.kinds)).fetchall()
+        try:
+            with conn.pipeline():
+                done_cur = (
+                    conn.execute(
+                        "SELECT run_id FROM jobs.complete_many(%s, %s)",
+                        ([o.ctx.run_id for o in plain], self.worker_id),
+                    )
+                    if plain
+                    else None
+                )
+                claim_cur = conn.execute(CLAIM_SQL, (want, self.worker_id, self.kinds)) if want > 0 else None
+            done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
+            rows = claim_cur.fetchall() if claim_cur is not None else []
+        except BaseException:
+            with self._lock:
+                self._outcomes[:0] = plain  # report them again on the next cycle
+            raise
+        for o in plain:
+            self._settled(o, o.ctx.run_id in done)
+        if want <= 0:
+            return False
+        return self._dispatch(rows, want, began)
+
+    def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
+        """Start the claimed runs; True if the batch came back full."""
         if self.listener is not None:
             self.listener.on_claim([r["kind"] for r in rows], time.monotonic() - began)
         if not rows:
@@ -359,17 +388,23 @@ class Worker:
         return Outcome(ctx, "complete", result=result)
 
     # -- reporting ----------------------------------------------------------------
-    def _report(self, conn: psycopg.Connection[Any]) -> None:
-        """Report finished runs; on a database error the unreported ones are kept."""
+    def _report(self, conn: psycopg.Connection[Any], *, defer_plain: bool = False) -> list[Outcome]:
+        """Report finished runs; on a database error the unreported ones are kept.
+
+        With ``defer_plain`` the plain completions are returned instead of sent
+        (``_cycle`` pipelines them with the next claim)."""
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
         if not outcomes:
-            return
+            return []
         pending = list(outcomes)
+        plain = [o for o in pending if o.action == "complete" and o.result is None]
+        plain = [o for o in plain if not o.ctx.abandoned]
         try:
-            plain = [o for o in pending if o.action == "complete" and o.result is None]
-            plain = [o for o in plain if not o.ctx.abandoned]
-            if plain:
+            if defer_plain:
+                for o in plain:
+                    pending.remove(o)
+            elif plain:
                 ids = [o.ctx.run_id for o in plain]
                 done = {
                     row["run_id"]
@@ -380,13 +415,19 @@ class Worker:
                 for o in plain:
                     self._settled(o, o.ctx.run_id in done)
                     pending.remove(o)
+                plain = []
             for o in list(pending):
                 self._report_one(conn, o)
                 pending.remove(o)
+        except BaseException:
+            if defer_plain:
+                pending += plain
+            raise
         finally:
             if pending:
                 with self._lock:
                     self._outcomes[:0] = pending
+        return plain
 
     def _report_one(self, conn: psycopg.Connection[Any], o: Outcome) -> None:
         ctx = o.ctx
