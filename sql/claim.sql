@@ -29,8 +29,8 @@
 -- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
 -- from now on (the Python driver), so a crash right after the claim is reaped after the
 -- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
--- The statements are planned once per session (generic plans): re-planning them on every
--- call cost about a third of a claim (see docs/performance.md).
+-- Its statements are planned once per session (generic plans), except the pool query:
+-- re-planning them on every call cost about a third of a claim (docs/performance.md).
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
@@ -88,7 +88,10 @@ BEGIN
         v_round := v_round + 1;
         v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
 
-        -- 1. Lock the next slice of the candidate pool, in claim order.
+        -- 1. Lock the next slice of the candidate pool, in claim order. This statement is
+        -- planned for its actual values: a generic plan (LIMIT and arrays unknown) can
+        -- sort the whole queue instead of walking runs_claim_idx. The rest use generic plans.
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', TRUE);
         SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
@@ -105,6 +108,7 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) AS c;
         v_pool_ids := v_pool_ids || v_new_ids;
         v_pool_defs := v_pool_defs || v_new_defs;
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
         -- 2. Dispatch locks for capped definitions new in this slice, ascending.
         v_count_defs := '{}';
