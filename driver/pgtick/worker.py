@@ -102,7 +102,8 @@ class HeartbeatLoop:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.now = threading.Event()  # set to heartbeat at once (new runs)
+        self.now = threading.Event()  # set to heartbeat at once
+        self.waiting = float("inf")  # the wait in progress, seconds
         self.stopped = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._loop, name="pgtick-heartbeat", daemon=True)
@@ -119,7 +120,8 @@ class HeartbeatLoop:
 
     def _loop(self) -> None:
         while not self.stopped.is_set():
-            self.now.wait(self.worker.heartbeat_interval())
+            self.waiting = self.worker.heartbeat_interval()
+            self.now.wait(self.waiting)
             self.now.clear()
             if self.stopped.is_set():
                 return
@@ -350,6 +352,13 @@ class Worker:
             for ctx in contexts:
                 self._active[ctx.run_id] = ctx
         self.stats.claimed += len(contexts)
+        # The claim stamped heartbeat_at; only a run whose heartbeat timeout is shorter than
+        # the wait in progress (timeouts/3) needs the heartbeat loop woken to re-plan.
+        shortest = min(
+            _seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout for c in contexts
+        )
+        if shortest / 3 < self._heartbeat.waiting:
+            self._heartbeat.now.set()
         for ctx in contexts:
             log.debug("run=%s kind=%s worker=%s started", ctx.run_id, ctx.kind, self.worker_id)
             self._tasks.put(ctx)
