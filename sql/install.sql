@@ -534,7 +534,9 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 -- READ COMMITTED each one sees a fresh snapshot:
 --   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED;
 --   2. for the capped definitions among them take the dispatch advisory lock,
---      in ascending definition id order (so claimers never wait in a cycle);
+--      in ascending definition id order (so claimers never wait in a cycle): first
+--      only tried; if nothing in the pool can be picked without a busy one, waited
+--      for, but only for ids above every lock already held;
 --   3. only then count the live RUNNING rows of those definitions;
 --   4. pick rows in pool order while their definition has room and mark them
 --      RUNNING. Rows of definitions at cap stay QUEUED (backpressure), except
@@ -590,6 +592,9 @@ DECLARE
     v_pick bigint[];
     v_skip bigint[];
     v_full bigint[] := '{}';        -- capped definitions with no room for another pool row
+    v_busy bigint[] := '{}';        -- capped definitions another claimer is dispatching
+    v_still_busy bigint[];
+    v_waited boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -638,52 +643,72 @@ BEGIN
         v_pool_defs := v_pool_defs || v_new_defs;
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
-        -- 2. Dispatch locks for capped definitions new in this slice, ascending.
+        -- 2. Dispatch locks for the capped definitions new in this slice, in ascending
+        -- id order. First only try them: a busy one is someone else's claim in flight.
         v_count_defs := '{}';
         FOR v_def IN
             SELECT d.id FROM jobs.definitions AS d
              WHERE d.id = ANY (v_new_defs) AND d.max_concurrent_runs IS NOT NULL
-               AND d.id <> ALL (v_room_defs)
+               AND d.id <> ALL (v_room_defs) AND d.id <> ALL (v_busy)
              ORDER BY d.id
         LOOP
-            IF v_max_locked IS NULL OR v_def > v_max_locked THEN
-                PERFORM pg_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0));
-                v_max_locked := v_def;
+            IF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
                 v_count_defs := v_count_defs || v_def;
-            ELSIF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
-                v_count_defs := v_count_defs || v_def;
+                v_max_locked := greatest(v_max_locked, v_def);
             ELSE
-                -- Busy, and waiting would break the ascending order: no room this time.
-                v_room_defs := v_room_defs || v_def;
-                v_room_free := v_room_free || 0;
-                v_room_skip := v_room_skip || FALSE;
+                v_busy := v_busy || v_def;
             END IF;
         END LOOP;
+        v_waited := FALSE;
 
-        -- 3. Only now, under those locks, count what is RUNNING per capped definition.
-        IF cardinality(v_count_defs) > 0 THEN
-            SELECT v_room_defs || array_agg(d.id),
-                   v_room_free || array_agg(greatest(d.max_concurrent_runs - coalesce(n.running, 0), 0)::integer),
-                   v_room_skip || array_agg(d.overlap_policy = 'skip')
-              INTO v_room_defs, v_room_free, v_room_skip
-              FROM jobs.definitions AS d
-              LEFT JOIN (SELECT r.definition_id, count(*) AS running
-                           FROM jobs.runs AS r
-                          WHERE r.status = 'RUNNING' AND r.definition_id = ANY (v_count_defs)
-                          GROUP BY r.definition_id) AS n ON n.definition_id = d.id
-             WHERE d.id = ANY (v_count_defs);
-        END IF;
+        LOOP
+            -- 3. Only now, under those locks, count what is RUNNING per capped definition.
+            IF cardinality(v_count_defs) > 0 THEN
+                SELECT v_room_defs || array_agg(d.id),
+                       v_room_free || array_agg(greatest(d.max_concurrent_runs - coalesce(n.running, 0), 0)::integer),
+                       v_room_skip || array_agg(d.overlap_policy = 'skip')
+                  INTO v_room_defs, v_room_free, v_room_skip
+                  FROM jobs.definitions AS d
+                  LEFT JOIN (SELECT r.definition_id, count(*) AS running
+                               FROM jobs.runs AS r
+                              WHERE r.status = 'RUNNING' AND r.definition_id = ANY (v_count_defs)
+                              GROUP BY r.definition_id) AS n ON n.definition_id = d.id
+                 WHERE d.id = ANY (v_count_defs);
+            END IF;
 
-        -- 4. Pick in pool order while each definition has room.
-        SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
-               array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
-          INTO v_pick, v_skip
-          FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
-                       row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn
-                  FROM unnest(v_pool_ids, v_pool_defs, v_pool_origin)
-                       WITH ORDINALITY AS pool (id, definition_id, origin, ord)
-                  LEFT JOIN unnest(v_room_defs, v_room_free, v_room_skip) AS room (definition_id, free, skip)
-                         ON room.definition_id = pool.definition_id) AS p;
+            -- 4. Pick in pool order while each definition has room (a busy one has none).
+            SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
+                   array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
+              INTO v_pick, v_skip
+              FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
+                           row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn
+                      FROM unnest(v_pool_ids, v_pool_defs, v_pool_origin)
+                           WITH ORDINALITY AS pool (id, definition_id, origin, ord)
+                      LEFT JOIN unnest(v_room_defs || v_busy,
+                                       v_room_free || array_fill(0, ARRAY[cardinality(v_busy)]),
+                                       v_room_skip || array_fill(FALSE, ARRAY[cardinality(v_busy)]))
+                                AS room (definition_id, free, skip)
+                             ON room.definition_id = pool.definition_id) AS p;
+
+            -- Nothing claimable without waiting: wait for the busy ones, but only for ids
+            -- above every lock held (try the others), so every wait is in ascending order.
+            EXIT WHEN v_pick IS NOT NULL OR cardinality(v_busy) = 0 OR v_waited;
+            v_waited := TRUE;
+            v_count_defs := '{}';
+            v_still_busy := '{}';
+            FOREACH v_def IN ARRAY (SELECT array_agg(b ORDER BY b) FROM unnest(v_busy) AS b) LOOP
+                IF v_max_locked IS NULL OR v_def > v_max_locked THEN
+                    PERFORM pg_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0));
+                    v_max_locked := v_def;
+                    v_count_defs := v_count_defs || v_def;
+                ELSIF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
+                    v_count_defs := v_count_defs || v_def;
+                ELSE
+                    v_still_busy := v_still_busy || v_def;
+                END IF;
+            END LOOP;
+            v_busy := v_still_busy;
+        END LOOP;
 
         EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
                OR cardinality(v_new_ids) < v_limit              -- queue exhausted
