@@ -300,17 +300,18 @@ class Worker:
                 log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
                 stop.wait(1.0)
 
-    def _cycle(self, conn: psycopg.Connection[Any]) -> bool:
+    def _cycle(self, conn: psycopg.Connection[Any], *, claim: bool = True) -> bool:
         """Report finished runs and claim for the free slots in one round trip.
 
         Plain completions (no result) and the claim travel in one pipeline, each
         still its own transaction; the slots the completions free are claimed at
         once. Returns True if the claim came back full (there may be more due).
+        Draining calls it with ``claim=False``.
         """
-        plain = self._report(conn, defer_plain=True)
+        plain = self._report(conn)
         with self._lock:
             free = self.concurrency - len(self._active) + len(plain)
-        want = min(free, self.batch_size)
+        want = min(free, self.batch_size) if claim else 0
         if not plain and want <= 0:
             return False
         began = time.monotonic()
@@ -397,11 +398,10 @@ class Worker:
         return Outcome(ctx, "complete", result=result)
 
     # -- reporting ----------------------------------------------------------------
-    def _report(self, conn: psycopg.Connection[Any], *, defer_plain: bool = False) -> list[Outcome]:
-        """Report finished runs; on a database error the unreported ones are kept.
-
-        With ``defer_plain`` the plain completions are returned instead of sent
-        (``_cycle`` pipelines them with the next claim)."""
+    def _report(self, conn: psycopg.Connection[Any]) -> list[Outcome]:
+        """Report the finished runs that need a call of their own (failures, cancellations,
+        results) and return the plain completions, which ``_cycle`` sends in one batch with
+        the next claim. On a database error the unreported ones are kept."""
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
         if not outcomes:
@@ -409,28 +409,14 @@ class Worker:
         pending = list(outcomes)
         plain = [o for o in pending if o.action == "complete" and o.result is None]
         plain = [o for o in plain if not o.ctx.abandoned]
+        for o in plain:
+            pending.remove(o)
         try:
-            if defer_plain:
-                for o in plain:
-                    pending.remove(o)
-            elif plain:
-                ids = [o.ctx.run_id for o in plain]
-                done = {
-                    row["run_id"]
-                    for row in conn.execute(
-                        "SELECT run_id FROM jobs.complete_many(%s, %s)", (ids, self.worker_id)
-                    ).fetchall()
-                }
-                for o in plain:
-                    self._settled(o, o.ctx.run_id in done)
-                    pending.remove(o)
-                plain = []
             for o in list(pending):
                 self._report_one(conn, o)
                 pending.remove(o)
         except BaseException:
-            if defer_plain:
-                pending += plain
+            pending += plain
             raise
         finally:
             if pending:
@@ -522,7 +508,7 @@ class Worker:
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
-                self._report(conn)
+                self._cycle(conn, claim=False)
             except DB_ERRORS as exc:
                 log.warning("worker=%s database error while draining: %s", self.worker_id, exc)
                 if conn is not None:
