@@ -27,10 +27,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from harness import APPS
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
 
-HERE = Path(__file__).resolve().parent
 SOAK_SECONDS = float(os.environ.get("PGTICK_SOAK_SECONDS", "40"))
 TICK = 0.3
 HEARTBEAT_TIMEOUT = 2.0
@@ -67,7 +67,7 @@ class Fleet:
                 "-m",
                 "pgtick.cli",
                 "run",
-                str(HERE / "soak_app.py"),
+                str(APPS / "soak_app.py"),
                 "--dsn",
                 self.dsn,
                 "--tick",

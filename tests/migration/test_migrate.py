@@ -197,22 +197,3 @@ def test_every_jobs_object_is_documented(db: Database) -> None:
             """
         ).fetchall()
     assert missing == [], f"undocumented objects: {missing}"
-
-
-def test_every_function_pins_search_path_and_none_is_public(db: Database) -> None:
-    with db.connect() as conn:
-        unpinned = conn.execute(
-            """
-            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname = 'jobs'
-               AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-            """
-        ).fetchall()
-        public = conn.execute(
-            """
-            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname = 'jobs' AND has_function_privilege('public', p.oid, 'EXECUTE')
-            """
-        ).fetchall()
-    assert unpinned == [], f"functions without a pinned search_path: {unpinned}"
-    assert public == [], f"functions executable by PUBLIC: {public}"
