@@ -150,6 +150,15 @@ class Server:
             conn.execute(f'CREATE DATABASE "{name}"')
         return Database(name, dsn_for(self.admin_dsn, name))
 
+    @contextmanager
+    def database(self) -> Iterator[Database]:
+        """A database cloned from the migrated template, dropped when the block ends."""
+        database = self.create_database()
+        try:
+            yield database
+        finally:
+            self.drop_database(database)
+
     def drop_database(self, db: Database) -> None:
         with self.admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db.name}" WITH (FORCE)')

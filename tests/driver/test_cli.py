@@ -103,11 +103,8 @@ BAD_INPUT = [
 @pytest.fixture(scope="module")
 def shared_db(pg: Server) -> Iterator[Database]:
     """One database for every bad-input case: none of them may change it."""
-    database = pg.create_database()
-    try:
+    with pg.database() as database:
         yield database
-    finally:
-        pg.drop_database(database)
 
 
 @pytest.mark.parametrize(
