@@ -25,10 +25,7 @@ import asyncio
 import inspect
 import json
 import logging
-import os
 import queue
-import secrets
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -38,20 +35,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
+from pgtick import calls
 from pgtick.app import App, Context, error_classes
 from pgtick.db import DB_ERRORS, connect, connect_dicts
 from pgtick.errors import Abandoned, Cancelled, JobTimeout
+from pgtick.identity import new_worker_id
 
 log = logging.getLogger("pgtick.worker")
-
-# heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
-# trip is needed right after it, and a crash just after claiming is reaped by timeout.
-CLAIM_SQL = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
-
-
-def new_worker_id() -> str:
-    """Unique per process: host, pid and a random suffix (pids are reused)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass
@@ -135,10 +125,7 @@ class HeartbeatLoop:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(w.dsn, application_name=f"pgtick-heartbeat {w.worker_id}")
-            rows = self._conn.execute(
-                "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, %s)",
-                (list(held), w.worker_id),
-            ).fetchall()
+            alive = calls.heartbeat(self._conn, list(held), w.worker_id)
         except Exception as exc:
             w.stats.heartbeat_failures += 1
             if w.listener is not None:
@@ -148,7 +135,6 @@ class HeartbeatLoop:
                 self._conn.close()
             self._conn = None
             return
-        alive = {int(run_id): bool(cancel) for run_id, cancel in rows}
         still_held = w.held()  # runs reported meanwhile are gone from the answer too
         for run_id, ctx in held.items():
             if run_id not in still_held:
@@ -274,9 +260,9 @@ class Worker:
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
-        row = conn.execute("SELECT heartbeat_timeout FROM jobs.config").fetchone()
-        if row is not None:
-            self.default_heartbeat_timeout = row["heartbeat_timeout"].total_seconds()
+        timeout = calls.default_heartbeat_timeout(conn)
+        if timeout is not None:
+            self.default_heartbeat_timeout = timeout.total_seconds()
         return conn
 
     def _start_threads(self, stop: threading.Event) -> None:
@@ -292,7 +278,7 @@ class Worker:
         while not stop.is_set():
             try:
                 with connect(self.dsn, application_name=f"pgtick-listen {self.worker_id}") as conn:
-                    conn.execute("LISTEN jobs")
+                    calls.listen(conn)
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             self._wake.set()
@@ -318,14 +304,13 @@ class Worker:
         try:
             with conn.pipeline():
                 done_cur = (
-                    conn.execute(
-                        "SELECT run_id FROM jobs.complete_many(%s, %s)",
-                        ([o.ctx.run_id for o in plain], self.worker_id),
-                    )
+                    conn.execute(calls.COMPLETE_MANY, ([o.ctx.run_id for o in plain], self.worker_id))
                     if plain
                     else None
                 )
-                claim_cur = conn.execute(CLAIM_SQL, (want, self.worker_id, self.kinds)) if want > 0 else None
+                claim_cur = (
+                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds)) if want > 0 else None
+                )
             done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             rows = claim_cur.fetchall() if claim_cur is not None else []
         except BaseException:
@@ -434,26 +419,18 @@ class Worker:
             self._forget(ctx)
             return
         if o.action == "complete":
-            row = conn.execute(
-                "SELECT jobs.complete(%s, %s, %s) AS ok",
-                (ctx.run_id, self.worker_id, Jsonb(_jsonable(o.result))),
-            ).fetchone()
-            self._settled(o, bool(row and row["ok"]))
+            ok = calls.complete(conn, ctx.run_id, self.worker_id, Jsonb(_jsonable(o.result)))
+            self._settled(o, ok)
         elif o.action == "cancel":
-            row = conn.execute(
-                "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok",
-                (ctx.run_id, self.worker_id, o.message),
-            ).fetchone()
-            self._settled(o, bool(row and row["ok"]))
+            ok = calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, o.message)
+            self._settled(o, ok)
         else:
-            row = conn.execute(
-                "SELECT (f).id, (f).status::text AS status FROM jobs.fail(%s, %s, %s, %s, %s) AS f",
-                (ctx.run_id, self.worker_id, o.classes, (o.message or "")[:10000], o.reason),
-            ).fetchone()
-            fenced = row is None or row["id"] is None
-            self._settled(o, not fenced)
-            if not fenced and row is not None and row["status"] == "QUEUED":
-                log.info("run=%s kind=%s retry queued as run=%s", ctx.run_id, ctx.kind, row["id"])
+            failed = calls.fail(
+                conn, ctx.run_id, self.worker_id, o.classes, (o.message or "")[:10000], o.reason
+            )
+            self._settled(o, failed is not None)
+            if failed is not None and failed[1] == "QUEUED":
+                log.info("run=%s kind=%s retry queued as run=%s", ctx.run_id, ctx.kind, failed[0])
 
     def _settled(self, o: Outcome, applied: bool) -> None:
         ctx = o.ctx
