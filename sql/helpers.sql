@@ -3,6 +3,41 @@
 -- All functions pin search_path; every reference is schema-qualified.
 -- ===========================================================================
 
+-- Advisory lock keys: every key pgtick takes, named once.
+--
+--   key                     scope        taken by                     value
+--   ----------------------  -----------  ---------------------------  ------------------------------------
+--   migration               session      sql/install.sql, migrate.py  8099570450837491015 ('pgtickMG');
+--                                                                    a literal in sql/install.sql
+--                                                                    (\set pgtick_migration_lock): it is
+--                                                                    taken before the schema exists
+--   jobs._leader_key()      session      jobs.try_lead / resign       8099570450837490756 ('pgtickLD'; in
+--                                                                    pg_locks classid 1885828201, objid
+--                                                                    1667976260, objsubid 1; spelled out
+--                                                                    in the jobs.leader view)
+--   jobs._dispatch_key(id)  transaction  jobs.claim (capped          hashtextextended('dispatch:' || id, 0)
+--                                        definitions, ascending id)
+--
+-- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
+-- out in pg_locks and cannot meet a hash of another application by accident.
+
+-- Private: the scheduler leader lock key.
+CREATE OR REPLACE FUNCTION jobs._leader_key()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 8099570450837490756::bigint $$;
+COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
+
+-- Private: the dispatch lock key of one definition (serializes claims of a capped definition).
+CREATE OR REPLACE FUNCTION jobs._dispatch_key(definition_id bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
+COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
+'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
+
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
 RETURNS void

@@ -3,7 +3,7 @@
 -- ===========================================================================
 
 -- Who leads the scheduler, since when.
--- The leader key (leases.sql: 8099570450837490756, 'pgtickLD') is spelled out here rather than
+-- The leader key (helpers.sql key table: 8099570450837490756, 'pgtickLD') is spelled out here rather than
 -- read from jobs._leader_key(): a view calls functions with the privileges of whoever selects
 -- from it, and the private helper is executable by no role, so every reader would get 42501.
 CREATE OR REPLACE VIEW jobs.leader AS

@@ -1,4 +1,4 @@
-"""The bad input matrix (issue 6): through SQL and through the CLI.
+"""The bad input matrix: through SQL and through the CLI.
 
 Every row: a clear SQLSTATE (22023 invalid parameter, P0002 not found) and a
 message naming the field; nothing changed. Injection attempts are data, never code.

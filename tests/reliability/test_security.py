@@ -1,4 +1,4 @@
-"""Least privilege and hostile search_path (issue 6).
+"""Least privilege and hostile search_path.
 
 Every role is logged in as and tried. Every function is SECURITY DEFINER with
 search_path pinned to pg_catalog, pg_temp, so objects a caller plants earlier

@@ -33,7 +33,7 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
     each its own transaction, as the driver does): n_tup_hot_upd grows by about as many rows
     as the heartbeats updated.
 
-    Measured caveat (see the report on issue 3): one statement that heartbeats hundreds of runs
+    Measured caveat: one statement that heartbeats hundreds of runs
     packed on the same pages is only ~2/3 HOT, because a page cannot prune the versions that
     the same statement just made dead; per-worker batches of ~10 are ~98% HOT.
     """
