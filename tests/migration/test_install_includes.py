@@ -7,7 +7,6 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -94,23 +93,7 @@ def test_an_unknown_include_is_refused(tmp_path: Path) -> None:
         migrate.install_plan(root)
 
 
-@pytest.fixture
-def empty(pg: Server) -> Any:
-    database = pg.create_empty_database()
-    yield database
-    pg.drop_database(database)
-
-
-@pytest.fixture
-def empty2(pg: Server) -> Any:
-    database = pg.create_empty_database()
-    yield database
-    pg.drop_database(database)
-
-
-def test_a_new_migration_is_one_line_for_both_paths(
-    empty: Database, empty2: Database, tmp_path: Path
-) -> None:
+def test_a_new_migration_is_one_line_for_both_paths(pg: Server, tmp_path: Path) -> None:
     """A migrations/NNNN file plus its one install.sql line is applied once by psql and by the driver."""
     root = copy_root(tmp_path)
     (root / "migrations" / "9998_extra.sql").write_text(
@@ -118,6 +101,15 @@ def test_a_new_migration_is_one_line_for_both_paths(
     )
     add_migration_line(root, "9998_extra")
     assert problems(root) == []
+    empty, empty2 = pg.create_empty_database(), pg.create_empty_database()
+    try:
+        _install_both_ways(empty, empty2, root)
+    finally:
+        pg.drop_database(empty)
+        pg.drop_database(empty2)
+
+
+def _install_both_ways(empty: Database, empty2: Database, root: Path) -> None:
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
         assert migrate.apply(conn, root)[-1] == "9998"
         assert migrate.apply(conn, root) == []
