@@ -97,6 +97,23 @@ $$;
 COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
 'Private: raises 22023 naming the field if the number is NULL or out of range.';
 
+-- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
+CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('run_ids length', cardinality(run_ids), 0, 10000);
+    PERFORM jobs._check_text('worker', worker, 200);
+END
+$$;
+COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
+'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
+
 -- Raise 22023 unless the timestamp is present and finite.
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
 RETURNS void
