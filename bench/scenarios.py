@@ -1,4 +1,4 @@
-"""The scenarios of issue 7: drain, caps, latency, growth, and the heartbeat/HOT study.
+"""The benchmark scenarios: drain, caps, latency, growth, and the heartbeat/HOT study.
 
 Each scenario function takes the ``Bench`` context and emits one record (one JSON line)
 per measured configuration through ``bench.emit``.

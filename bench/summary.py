@@ -1,4 +1,4 @@
-"""The summary: every result in one table, then the ratios issue 7 targets, met or missed."""
+"""The summary: every result in one table, then the ratios the performance targets set, met or missed."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Summary:
         )
 
     def table(self) -> str:
-        lines = ["results", _results_table(self.records), "", "targets (issue 7, ratios within this run)"]
+        lines = ["results", _results_table(self.records), "", "targets (ratios within this run)"]
         widths = (58, 10, 10, 7)
         head = ("target", "measured", "goal", "status")
         lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + "  note")

@@ -46,6 +46,8 @@ jobs.define(
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
+jobs.new_definitions(integer),
+jobs.due_definitions(timestamptz, integer),
 jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer),
 jobs.materialize_one_shots(interval, interval),
 jobs.mark_schedule_error(bigint, integer, text),

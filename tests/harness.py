@@ -132,7 +132,7 @@ class Server:
             migrate.apply(conn)
         with self.admin() as conn:
             for role, member_of in TEST_ROLES.items():
-                exists = conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
                 if not exists:
                     conn.execute(f"CREATE ROLE {role} LOGIN")
                 if member_of:

@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 
+from pgtick import calls as sql
 from pgtick.db import connect_dicts
 from pgtick.schedule import (
     Plan,
@@ -44,26 +45,6 @@ from pgtick.schedule import (
 )
 
 log = logging.getLogger("pgtick.scheduler")
-
-DUE_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at <= %s
- ORDER BY next_run_at
- LIMIT %s
-"""
-
-NEW_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at IS NULL
- ORDER BY id
- LIMIT %s
-"""
-
-MATERIALIZE_SQL = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
 
 
 @dataclass
@@ -141,7 +122,7 @@ class Scheduler:
         if self._conn is not None and not self._conn.closed:
             try:
                 if self.leading:
-                    self._conn.execute("SELECT jobs.resign()")
+                    sql.resign(self._conn)
                     self.leading = False
                     log.info("scheduler owner=%s resigned", self.owner)
             except psycopg.Error:
@@ -162,22 +143,19 @@ class Scheduler:
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
             # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
             idle = max(30, int(self.tick_interval * 10))
-            self._conn.execute(f"SET idle_session_timeout = '{idle}s'")
+            sql.set_idle_session_timeout(self._conn, idle)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
     @staticmethod
     def _backend_pid(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
-        assert row is not None
-        return int(row["pid"])
+        return sql.backend_pid(conn)
 
     # -- one tick -----------------------------------------------------------------
     def tick(self) -> TickReport:
         conn = self._connection()
         report = TickReport()
-        row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (self.owner,)).fetchone()
-        leading = bool(row and row["leading"])
+        leading = sql.try_lead(conn, self.owner)
         if leading and self._backend_pid(conn) != self._pid:
             log.error(
                 "scheduler owner=%s backend pid changed between statements: the leader "
@@ -192,7 +170,7 @@ class Scheduler:
         if not leading:
             return report
         self.materialize_due(report)
-        report.reaped = conn.execute("SELECT * FROM jobs.reap()").fetchall()
+        report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
         if time.monotonic() - self._last_prune >= self.prune_every:
@@ -214,19 +192,13 @@ class Scheduler:
         now = self._now(conn)
         self._init_cursors(conn, now, report)
         self._materialize_recurring(conn, now, report)
-        one = conn.execute(
-            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
-        ).fetchone()
-        report.one_shots = int(one["n"]) if one else 0
+        report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
         if self.clock is not None:
             return self.clock()
-        row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
-        assert row is not None
-        now: datetime = row["now"]
-        return now
+        return sql.clock_timestamp(conn)
 
     def _schedule(
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
@@ -241,7 +213,7 @@ class Scheduler:
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
-            conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (d["id"], d["revision"], str(exc)))
+            sql.mark_schedule_error(conn, d["id"], d["revision"], str(exc))
             return None
         if len(self._parsed) >= 10000:
             self._parsed.clear()
@@ -251,7 +223,7 @@ class Scheduler:
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
+            rows = sql.new_definitions(conn, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -272,7 +244,7 @@ class Scheduler:
         horizon = now + self.lookahead
         plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(DUE_SQL, (horizon, self.batch)).fetchall()
+            rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -309,7 +281,7 @@ class Scheduler:
     ) -> None:
         """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
         with conn.pipeline():
-            cursors = [conn.execute(MATERIALIZE_SQL, call) for call in calls]
+            cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
@@ -321,8 +293,7 @@ class Scheduler:
         conn = conn or self._connection()
         total = 0
         while True:
-            row = conn.execute("SELECT jobs.prune(NULL, %s) AS n", (batch,)).fetchone()
-            n = int(row["n"]) if row else 0
+            n = sql.prune(conn, batch)
             total += n
             if n < batch:
                 break

@@ -110,7 +110,7 @@ def _leader_pid(dsn: str) -> int | None:
     rows = _try(dsn, "SELECT owner, pid FROM jobs.leader")
     if not rows or rows[0][0] is None:
         return None
-    # owner is host-PID-random (pgtick.worker.new_worker_id)
+    # owner is host-PID-random (pgtick.identity.new_worker_id)
     return int(str(rows[0][0]).rsplit("-", 2)[1])
 
 

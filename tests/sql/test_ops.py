@@ -70,7 +70,7 @@ def test_leader_row_goes_when_its_connection_closes(db: Database, conn: Conn) ->
 
 def test_every_view_is_readable_by_the_reader_role(db: Database, conn: Conn) -> None:
     """jobs_reader is the psql console role: each view must work for it, the leader view too
-    (it used to call the private jobs._leader_key(), which no role may execute: 42501)."""
+    (a view that called the private jobs._leader_key(), which no role may execute, would raise 42501)."""
     assert scalar(conn, "SELECT jobs.try_lead('me')") is True
     enqueue(conn)
     with psycopg.connect(db.dsn_as(READER), autocommit=True) as reader:

@@ -1,0 +1,62 @@
+"""Running job code: one plain function from a claimed run to a typed outcome.
+
+``execute`` never raises: whatever the job does, it returns an ``Outcome`` that
+the reporter sends to the database (``pgtick.reporter``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pgtick.app import Context, error_classes
+from pgtick.errors import Abandoned, Cancelled, JobTimeout
+
+#: How a run ended in this process.
+Action = Literal["complete", "fail", "cancel", "abandon"]
+
+#: What became of an outcome once reported: its action, or "fenced" when the
+#: database no longer had the run RUNNING for this worker.
+Settlement = Literal["complete", "fail", "cancel", "abandon", "fenced"]
+
+
+@dataclass
+class Outcome:
+    """How a run ended in this process, waiting to be reported."""
+
+    ctx: Context
+    action: Action
+    result: Any = None
+    classes: list[str] | None = None
+    message: str | None = None
+    reason: str = "Error"
+
+    @property
+    def plain(self) -> bool:
+        """A completion without a result: sent in one batch with the next claim."""
+        return self.action == "complete" and self.result is None and not self.ctx.abandoned
+
+
+def execute(ctx: Context) -> Outcome:
+    """Run the job's function for ``ctx`` and say how it ended."""
+    fn = ctx.spec.fn
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = asyncio.run(fn(ctx))
+        else:
+            result = fn(ctx)
+    except Cancelled as exc:
+        return Outcome(ctx, "cancel", message=str(exc))
+    except Abandoned:
+        return Outcome(ctx, "abandon")
+    except JobTimeout as exc:
+        return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
+    except BaseException as exc:
+        # Exception, and also SystemExit/KeyboardInterrupt raised by job code: uncaught
+        # they would end the executor thread silently and leave the run RUNNING with
+        # live heartbeats (never reaped) and one slot fewer.
+        message = f"{type(exc).__name__}: {exc}"
+        return Outcome(ctx, "fail", classes=error_classes(exc), message=message)
+    return Outcome(ctx, "complete", result=result)
