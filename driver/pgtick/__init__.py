@@ -2,4 +2,8 @@
 
 from __future__ import annotations
 
+from pgtick.client import AsyncClient, Client, Definition, Run
+
 __version__ = "0.1.0"
+
+__all__ = ["AsyncClient", "Client", "Definition", "Run", "__version__"]

@@ -1,0 +1,250 @@
+"""pgtick.Client against a real database: an enqueue with ``conn=`` commits or rolls back with
+the caller's transaction (over a conninfo, a Connection and a pool), every method calls its SQL
+function with the arguments given, and bad input arrives as InvalidArgument / NotFound."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from harness import Database
+from pgtick import Client, Run
+from pgtick.client import Definition
+from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch
+
+
+def count_runs(db: Database, kind: str) -> int:
+    with db.connect() as c:
+        row = c.execute("SELECT count(*) FROM jobs.runs WHERE kind = %s", (kind,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def has_parameter(db: Database, function: str, parameter: str) -> bool:
+    with db.connect() as c:
+        row = c.execute(
+            "SELECT bool_or(%s = ANY(p.proargnames)) FROM pg_proc p"
+            " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'jobs' AND p.proname = %s",
+            (parameter, function),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture
+def client(db: Database) -> Iterator[Client]:
+    with Client(db.dsn) as c:
+        yield c
+
+
+@pytest.fixture(params=["conninfo", "connection", "pool"])
+def any_client(request: pytest.FixtureRequest, db: Database) -> Iterator[Client]:
+    """A client over each kind of source."""
+    if request.param == "conninfo":
+        with Client(db.dsn) as c:
+            yield c
+    elif request.param == "connection":
+        with db.connect(autocommit=True) as conn:
+            yield Client(conn)
+    else:
+        with ConnectionPool(db.dsn, min_size=1, max_size=2, open=True) as pool:
+            yield Client(pool)
+
+
+# -- transactions ---------------------------------------------------------------------
+
+
+def test_an_enqueue_with_conn_rolls_back_with_the_callers_transaction(
+    any_client: Client, db: Database
+) -> None:
+    with db.connect(autocommit=False) as conn:
+        conn.execute("CREATE TEMP TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        run = any_client.enqueue("receipt", {"order": 1}, conn=conn)
+        assert run.status == "QUEUED"
+        assert count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        conn.rollback()
+    assert count_runs(db, "receipt") == 0, f"run {run.id} survived the caller's rollback"
+
+
+def test_an_enqueue_with_conn_commits_with_the_callers_transaction(any_client: Client, db: Database) -> None:
+    with db.connect(autocommit=False) as conn:
+        run = any_client.enqueue("receipt", {"order": 2}, conn=conn)
+        assert count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        conn.commit()
+    assert count_runs(db, "receipt") == 1
+    assert any_client.get_run(run.id).payload == {"order": 2}
+
+
+def test_an_exception_in_a_transaction_block_takes_the_enqueue_with_it(client: Client, db: Database) -> None:
+    with pytest.raises(RuntimeError), db.connect() as conn, conn.transaction():
+        client.enqueue("receipt", conn=conn)
+        raise RuntimeError("the order could not be saved")
+    assert count_runs(db, "receipt") == 0
+
+
+def test_without_conn_each_call_is_its_own_transaction(any_client: Client, db: Database) -> None:
+    run = any_client.enqueue("solo")
+    assert count_runs(db, "solo") == 1, "a call without conn= did not commit"
+    with pytest.raises(InvalidArgument):
+        any_client.enqueue("solo", priority=5000)
+    assert count_runs(db, "solo") == 1
+    assert any_client.get_run(run.id).id == run.id  # the client is still usable after an error
+
+
+# -- every method -----------------------------------------------------------------------
+
+
+def test_enqueue_passes_every_argument_of_jobs_enqueue(client: Client) -> None:
+    at = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+    run = client.enqueue(
+        "mail",
+        {"to": "a@example.com"},
+        run_at=at,
+        priority=7,
+        idempotency_key="order-9",
+        max_attempts=4,
+        timeout=30,
+        heartbeat_timeout=timedelta(seconds=20),
+    )
+    assert isinstance(run, Run)
+    assert (run.kind, run.payload, run.scheduled_for, run.priority) == (
+        "mail",
+        {"to": "a@example.com"},
+        at,
+        7,
+    )
+    assert (run.idempotency_key, run.max_attempts, run.origin) == ("order-9", 4, "manual")
+    assert (run.timeout, run.heartbeat_timeout) == (timedelta(seconds=30), timedelta(seconds=20))
+    again = client.enqueue("mail", {"to": "b@example.com"}, idempotency_key="order-9")
+    assert again.id == run.id and again.payload == {"to": "a@example.com"}
+
+
+def test_a_naive_run_at_is_read_in_the_zone_given_with_tz(client: Client) -> None:
+    run = client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0), tz="Europe/Sofia")
+    assert run.scheduled_for == datetime(2031, 7, 1, 6, 0, tzinfo=UTC)  # EEST is UTC+3
+    run = client.enqueue("mail", run_at=datetime(2031, 1, 1, 9, 0), tz=ZoneInfo("America/New_York"))
+    assert run.scheduled_for == datetime(2031, 1, 1, 14, 0, tzinfo=UTC)
+
+
+def test_a_naive_run_at_without_tz_is_refused_before_anything_is_written(
+    client: Client, db: Database
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"run_at is a naive datetime.*tz=") as caught:
+        client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0))
+    assert caught.value.field == "run_at"
+    with pytest.raises(InvalidArgument, match="Mars/Olympus"):
+        client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0), tz="Mars/Olympus")
+    with pytest.raises(InvalidArgument, match="run_at is a naive datetime"):
+        client.define("launch", "announce", run_at=datetime(2031, 7, 1, 9, 0))
+    assert count_runs(db, "mail") == 0
+
+
+def test_define_run_now_and_cancel(client: Client) -> None:
+    definition = client.define(
+        "nightly",
+        "report",
+        "0 3 * * *",
+        timezone="Europe/Sofia",
+        payload={"full": True},
+        max_concurrent_runs=1,
+        priority=3,
+        max_attempts=2,
+        misfire_policy="skip",
+        overlap_policy="skip",
+        timeout=600,
+        heartbeat_timeout=60,
+        enabled=False,
+    )
+    assert isinstance(definition, Definition)
+    assert (definition.name, definition.schedule, definition.timezone) == (
+        "nightly",
+        "0 3 * * *",
+        "Europe/Sofia",
+    )
+    assert (definition.max_concurrent_runs, definition.priority, definition.enabled) == (1, 3, False)
+    assert (definition.misfire_policy, definition.overlap_policy) == ("skip", "skip")
+    assert definition.timeout == timedelta(minutes=10)
+
+    run = client.run_now("nightly", {"full": False})
+    assert (run.definition_id, run.payload, run.status) == (definition.id, {"full": False}, "QUEUED")
+    assert client.cancel(run.id) == "CANCELLED"
+    assert client.get_run(run.id).status == "CANCELLED"
+
+    one_shot = client.define(
+        "launch", "announce", run_at=datetime(2031, 12, 24, 18, 0), timezone="Europe/Sofia"
+    )
+    assert one_shot.run_at == datetime(2031, 12, 24, 16, 0, tzinfo=UTC)
+
+
+def test_cancel_of_a_running_run_requests_cancellation(client: Client, conn: psycopg.Connection[Any]) -> None:
+    run = client.enqueue("long")
+    conn.execute("SELECT * FROM jobs.claim(1, 'w1')")
+    assert client.cancel(run.id) == "RUNNING"
+    assert client.get_run(run.id).cancel_requested is True
+
+
+def test_a_bad_schedule_is_refused_by_the_driver_naming_the_definition(client: Client) -> None:
+    from pgtick.errors import UsageError
+
+    with pytest.raises(UsageError, match="nightly"):
+        client.define("nightly", "report", "61 * * * *")
+
+
+def test_options_of_newer_schemas_are_passed_by_name_or_refused_clearly(client: Client, db: Database) -> None:
+    """queue=, enqueue_many and the queue controls exist on schemas that have queues; on one
+    without them the call says the schema is older than the driver instead of misbehaving."""
+    if has_parameter(db, "enqueue", "queue"):
+        assert client.enqueue("mail", queue="emails").queue == "emails"
+    else:
+        with pytest.raises(SchemaMismatch, match="pgtick migrate"):
+            client.enqueue("mail", queue="emails")
+    if has_parameter(db, "enqueue_many", "payloads"):
+        runs = client.enqueue_many("mail", [{"n": 1}, {"n": 2}])
+        assert [r.payload for r in runs] == [{"n": 1}, {"n": 2}]
+    else:
+        with pytest.raises(SchemaMismatch):
+            client.enqueue_many("mail", [{"n": 1}, {"n": 2}])
+    if has_parameter(db, "pause_queue", "name"):
+        client.pause_queue("emails")
+        client.resume_queue("emails")
+    else:
+        with pytest.raises(SchemaMismatch):
+            client.pause_queue("emails")
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def test_invalid_arguments_name_the_field_and_keep_the_sql_message(client: Client) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        client.enqueue("mail", priority=5000)
+    err = caught.value
+    assert (err.sqlstate, err.field) == ("22023", "priority")
+    assert "priority must be between -1000 and 1000" in str(err)
+    assert isinstance(err.__cause__, psycopg.Error)
+
+    with pytest.raises(InvalidArgument) as caught:
+        client.define("x", "k", run_at=datetime(2031, 1, 1, tzinfo=UTC), timezone="Mars/Olympus")
+    assert caught.value.field == "timezone"
+    assert caught.value.hint is not None and "Europe/Sofia" in caught.value.hint
+
+
+def test_unknown_names_and_ids_raise_not_found(client: Client) -> None:
+    with pytest.raises(NotFound, match="'nope'") as caught:
+        client.run_now("nope")
+    assert caught.value.sqlstate == "P0002"
+    with pytest.raises(NotFound, match="424242"):
+        client.cancel(424242)
+    with pytest.raises(NotFound, match="424242"):
+        client.get_run(424242)
+
+
+def test_a_client_refuses_what_it_cannot_connect_with() -> None:
+    with pytest.raises(TypeError, match="conninfo string"):
+        Client(42)  # type: ignore[arg-type]
