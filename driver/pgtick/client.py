@@ -279,7 +279,7 @@ class Client:
             with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            with self._conn.transaction():
+            with self._lock, self._conn.transaction():  # one call at a time on a shared connection
                 yield self._conn
         else:
             with self._lock:
@@ -511,7 +511,7 @@ class AsyncClient:
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            async with self._conn.transaction():
+            async with self._lock, self._conn.transaction():  # one call at a time on a shared connection
                 yield self._conn
         else:
             async with self._lock:

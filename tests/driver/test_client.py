@@ -248,3 +248,12 @@ def test_unknown_names_and_ids_raise_not_found(client: Client) -> None:
 def test_a_client_refuses_what_it_cannot_connect_with() -> None:
     with pytest.raises(TypeError, match="conninfo string"):
         Client(42)  # type: ignore[arg-type]
+
+
+def test_threads_share_one_client(any_client: Client, db: Database) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        runs = list(pool.map(lambda i: any_client.enqueue("fan", {"i": i}), range(40)))
+    assert len({r.id for r in runs}) == 40
+    assert count_runs(db, "fan") == 40
