@@ -100,6 +100,7 @@ class Run(_Record):
     concurrency_key: str | None = None
     unique_key: str | None = None
     depends_on: list[int] | None = None
+    blocked: bool | None = None
 
     @property
     def finished(self) -> bool:
@@ -138,6 +139,8 @@ class Definition(_Record):
     dst_repeat: str | None = None
     jitter: timedelta | None = None
     pause_after_failures: int | None = None
+    paused_reason: str | None = None
+    failure_streak_since: datetime | None = None
 
 
 def _run(row: Row | None) -> Run:
@@ -354,12 +357,29 @@ class Client:
         *,
         run_at: datetime | None = None,
         tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        depends_on: Sequence[int] | None = None,
         conn: psycopg.Connection[Any] | None = None,
-        **options: Any,
     ) -> list[Run]:
-        """Queue one run of ``kind`` per payload in one statement (jobs.enqueue_many).
-        ``options`` are the other parameters of jobs.enqueue_many (priority, queue, ...)."""
-        args = {"kind": kind, "payloads": list(payloads), "run_at": aware(run_at, tz), **options}
+        """Queue one run of ``kind`` per payload in one statement and one NOTIFY
+        (jobs.enqueue_many); the other arguments apply to every run. Returns the runs."""
+        args = {
+            "kind": kind,
+            "payloads": [dict(p) for p in payloads],
+            "run_at": aware(run_at, tz),
+            "priority": priority,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "depends_on": depends_on,
+        }
         return [Run.from_row(r) for r in self._rows("enqueue_many", args, conn)]
 
     def run_now(
@@ -425,13 +445,14 @@ class Client:
         rows = self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
         return Definition.from_row(rows[0])
 
-    def pause_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> None:
-        """Stop claiming from the queue ``name`` (jobs.pause_queue); RUNNING runs finish."""
-        self._value("pause_queue", {"name": name}, conn)
+    def pause_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Stop claiming from the queue ``name`` (jobs.pause_queue); RUNNING runs finish.
+        False if it was paused already."""
+        return bool(self._value("pause_queue", {"name": name}, conn))
 
-    def resume_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> None:
-        """Claim from the queue ``name`` again (jobs.resume_queue)."""
-        self._value("resume_queue", {"name": name}, conn)
+    def resume_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Claim from the queue ``name`` again (jobs.resume_queue). False if it was not paused."""
+        return bool(self._value("resume_queue", {"name": name}, conn))
 
     def get_run(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
         """The run ``run_id`` as it is now; ``NotFound`` if there is none."""
@@ -588,11 +609,28 @@ class AsyncClient:
         *,
         run_at: datetime | None = None,
         tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        depends_on: Sequence[int] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-        **options: Any,
     ) -> list[Run]:
         """See ``Client.enqueue_many``."""
-        args = {"kind": kind, "payloads": list(payloads), "run_at": aware(run_at, tz), **options}
+        args = {
+            "kind": kind,
+            "payloads": [dict(p) for p in payloads],
+            "run_at": aware(run_at, tz),
+            "priority": priority,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "depends_on": depends_on,
+        }
         return [Run.from_row(r) for r in await self._rows("enqueue_many", args, conn)]
 
     async def run_now(
@@ -618,20 +656,51 @@ class AsyncClient:
         *,
         timezone: str | None = None,
         run_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        max_concurrent_runs: int | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        misfire_policy: str | None = None,
+        overlap_policy: str | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        dst_gap: str | None = None,
+        dst_repeat: str | None = None,
+        jitter: float | timedelta | None = None,
+        pause_after_failures: int | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-        **options: Any,
     ) -> Definition:
-        """See ``Client.define`` (the same keyword options)."""
+        """See ``Client.define``."""
+        options = {
+            "payload": payload,
+            "enabled": enabled,
+            "max_concurrent_runs": max_concurrent_runs,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "misfire_policy": misfire_policy,
+            "overlap_policy": overlap_policy,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "dst_gap": dst_gap,
+            "dst_repeat": dst_repeat,
+            "jitter": jitter,
+            "pause_after_failures": pause_after_failures,
+        }
         rows = await self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
         return Definition.from_row(rows[0])
 
-    async def pause_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
+    async def pause_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
         """See ``Client.pause_queue``."""
-        await self._value("pause_queue", {"name": name}, conn)
+        return bool(await self._value("pause_queue", {"name": name}, conn))
 
-    async def resume_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> None:
+    async def resume_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
         """See ``Client.resume_queue``."""
-        await self._value("resume_queue", {"name": name}, conn)
+        return bool(await self._value("resume_queue", {"name": name}, conn))
 
     async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """See ``Client.get_run``."""

@@ -257,3 +257,86 @@ def test_threads_share_one_client(any_client: Client, db: Database) -> None:
         runs = list(pool.map(lambda i: any_client.enqueue("fan", {"i": i}), range(40)))
     assert len({r.id for r in runs}) == 40
     assert count_runs(db, "fan") == 40
+
+
+SQL_FUNCTIONS = {
+    "enqueue": "enqueue",
+    "enqueue_many": "enqueue_many",
+    "run_now": "run_now",
+    "cancel": "cancel",
+    "define": "define",
+    "pause_queue": "pause_queue",
+    "resume_queue": "resume_queue",
+}
+
+
+@pytest.mark.parametrize("method", sorted(SQL_FUNCTIONS))
+def test_every_parameter_of_the_sql_function_is_a_client_argument(
+    method: str, conn: psycopg.Connection[Any]
+) -> None:
+    """On this database's schema: a parameter the SQL function has and the client lacks
+    (in Client or AsyncClient) fails here, naming it."""
+    import inspect
+
+    from pgtick import AsyncClient
+
+    rows = conn.execute(
+        "SELECT unnest(p.proargnames) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'jobs' AND p.proname = %s",
+        (SQL_FUNCTIONS[method],),
+    ).fetchall()
+    sql_parameters = {r[0] for r in rows}
+    for cls in (Client, AsyncClient):
+        python_parameters = set(inspect.signature(getattr(cls, method)).parameters)
+        missing = sql_parameters - python_parameters
+        assert not missing, f"{cls.__name__}.{method} lacks jobs.{SQL_FUNCTIONS[method]} parameters {missing}"
+
+
+def test_arguments_are_sent_by_name_and_only_when_given(conn: psycopg.Connection[Any]) -> None:
+    from pgtick.client import call
+
+    query, params = call(
+        "enqueue",
+        {
+            "kind": "k",
+            "payload": None,
+            "queue": "q",
+            "unique_for": 60,
+            "depends_on": [1, 2],
+            "priority": None,
+        },
+    )
+    text = query.as_string(conn)
+    assert text == (
+        'SELECT * FROM jobs."enqueue"("kind" => %(kind)s, "queue" => %(queue)s, '
+        '"unique_for" => %(unique_for)s, "depends_on" => %(depends_on)s)'
+    ), text
+    assert params["unique_for"] == timedelta(minutes=1)
+
+
+def test_app_enqueue_goes_through_the_apps_client(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgtick import App
+    from pgtick.errors import UsageError
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("PGTICK_DSN", raising=False)
+    with pytest.raises(UsageError, match=r"App\(dsn=\.\.\.\)"):
+        App("shop").enqueue("receipt")
+
+    app = App("shop", dsn=db.dsn)
+    with db.connect(autocommit=False) as conn:
+        app.enqueue("receipt", {"order": 1}, conn=conn)
+        conn.rollback()
+    assert count_runs(db, "receipt") == 0
+    run = app.enqueue("receipt", {"order": 2}, priority=1)
+    assert (run.payload, run.priority) == ({"order": 2}, 1)
+
+    monkeypatch.setenv("DATABASE_URL", db.dsn)
+    from_env = App("from-env")
+    assert from_env.enqueue("receipt").kind == "receipt"
+    from_env.client.close()
+    app.client.close()
+    with Client(db.dsn) as client:
+        app.use(client)
+        assert app.client is client
+    assert count_runs(db, "receipt") == 2
