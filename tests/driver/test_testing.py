@@ -58,3 +58,14 @@ def test_a_failure_is_retried_by_the_apps_policy(pgtick_jobs: JobsTester) -> Non
 def test_each_test_starts_with_empty_jobs_tables(pgtick_jobs: JobsTester) -> None:
     assert pgtick_jobs.runs() == []
     assert pgtick_jobs.run_due(app) == []
+
+
+def test_the_readme_shows_the_first_test_of_this_file() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    start = readme.index("def test_a_receipt_is_sent_once_the_job_runs(pgtick_jobs):")
+    shown = readme[start : readme.index("```", start)].strip()
+    here = Path(__file__).read_text().replace("(pgtick_jobs: JobsTester) -> None:", "(pgtick_jobs):")
+    assert shown.replace("  # and the run it enqueued", "") in here, "README example and test drifted apart"
