@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgtick.errors import InvalidArgument, translate_errors
+from pgtick.errors import InvalidArgument, UsageError, translate_errors
 
 __all__ = ["AsyncClient", "Client", "Definition", "Run"]
 
@@ -160,10 +160,12 @@ def _zone(tz: str | tzinfo, what: str) -> tzinfo:
         raise InvalidArgument(f"{what} {tz!r} is not a known IANA time zone name", field=what) from None
 
 
-def aware(value: datetime | None, tz: str | tzinfo | None, *, field_name: str = "run_at") -> datetime | None:
-    """``value`` as an aware datetime: kept if aware, read as wall time in ``tz`` if naive.
-    A naive value without ``tz`` is refused: it is never read in the server's or this
-    machine's zone."""
+def aware(
+    value: datetime | None, tz: str | tzinfo | None, *, field_name: str = "run_at", tz_name: str = "tz"
+) -> datetime | None:
+    """``value`` as an aware datetime: kept if aware (``tz`` is then not used), read as wall
+    time in ``tz`` if naive. A naive value without ``tz`` is refused: it is never read in
+    the server's or this machine's zone."""
     if value is None:
         return None
     if value.tzinfo is not None and value.utcoffset() is not None:
@@ -171,10 +173,10 @@ def aware(value: datetime | None, tz: str | tzinfo | None, *, field_name: str = 
     if tz is None:
         raise InvalidArgument(
             f"{field_name} is a naive datetime ({value.isoformat()}); give an aware datetime "
-            f"or the zone it is in with tz=",
+            f"or the zone it is in with {tz_name}=",
             field=field_name,
         )
-    return value.replace(tzinfo=_zone(tz, "tz"))
+    return value.replace(tzinfo=_zone(tz, tz_name))
 
 
 def _sql_value(name: str, value: Any) -> Any:
@@ -218,13 +220,16 @@ def _define_args(
     if schedule is not None:
         from pgtick.runner import validate_schedule  # every part parsed here; SQL checks the shape
 
-        validate_schedule(schedule, timezone or "UTC", name)
+        try:
+            validate_schedule(schedule, timezone or "UTC", name)
+        except UsageError as exc:
+            raise InvalidArgument(str(exc), field="schedule") from exc
     return {
         "name": name,
         "kind": kind,
         "schedule": schedule,
         "timezone": timezone,
-        "run_at": aware(run_at, timezone),
+        "run_at": aware(run_at, timezone, tz_name="timezone"),
         **options,
     }
 

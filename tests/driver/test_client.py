@@ -140,7 +140,7 @@ def test_a_naive_run_at_without_tz_is_refused_before_anything_is_written(
     assert caught.value.field == "run_at"
     with pytest.raises(InvalidArgument, match="Mars/Olympus"):
         client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0), tz="Mars/Olympus")
-    with pytest.raises(InvalidArgument, match="run_at is a naive datetime"):
+    with pytest.raises(InvalidArgument, match=r"run_at is a naive datetime.*timezone="):
         client.define("launch", "announce", run_at=datetime(2031, 7, 1, 9, 0))
     assert count_runs(db, "mail") == 0
 
@@ -190,10 +190,9 @@ def test_cancel_of_a_running_run_requests_cancellation(client: Client, conn: psy
 
 
 def test_a_bad_schedule_is_refused_by_the_driver_naming_the_definition(client: Client) -> None:
-    from pgtick.errors import UsageError
-
-    with pytest.raises(UsageError, match="nightly"):
+    with pytest.raises(InvalidArgument, match="nightly") as caught:
         client.define("nightly", "report", "61 * * * *")
+    assert caught.value.field == "schedule"
 
 
 def test_options_of_newer_schemas_are_passed_by_name_or_refused_clearly(client: Client, db: Database) -> None:
