@@ -12,7 +12,7 @@ and use the ``pgtick_jobs`` fixture::
         assert outcome.status == "COMPLETED"
 
 The database: ``$PGTICK_TESTING_DSN`` when set (a database the tests may empty: its
-``jobs`` tables are truncated after every test), else an embedded PostgreSQL (the
+``jobs`` tables are truncated around every test), else an embedded PostgreSQL (the
 ``pgserver`` wheel) started once per test session in a temporary directory. Either
 way it is migrated first. Override the session fixture ``pgtick_dsn`` to use your own.
 
@@ -248,8 +248,10 @@ def pgtick_dsn() -> Iterator[str]:
 
 @pytest.fixture
 def pgtick_jobs(pgtick_dsn: str) -> Iterator[JobsTester]:
-    """A ``JobsTester`` on the test database; the jobs tables are emptied after the test."""
+    """A ``JobsTester`` on the test database; the jobs tables are emptied before and after
+    the test."""
     tester = JobsTester(pgtick_dsn)
+    tester.reset()
     try:
         yield tester
     finally:
