@@ -93,7 +93,8 @@ class App:
     """Registry of job kinds and declared schedules.
 
     ``dsn`` or ``client`` tell ``app.enqueue`` where to write; with neither, it uses
-    $DATABASE_URL (or $PGTICK_DSN) on first use. ``pgtick run`` does not need them.
+    $DATABASE_URL (or $PGTICK_DSN) on first use. ``pgtick run`` does not need them, and
+    gives an app without them its own DSN, so job code can ``app.enqueue`` follow-ups.
     """
 
     def __init__(self, name: str = "pgtick", *, dsn: str | None = None, client: Client | None = None) -> None:
@@ -117,6 +118,11 @@ class App:
                 )
             self._client = Client(dsn)
         return self._client
+
+    @property
+    def has_database(self) -> bool:
+        """Whether ``dsn`` or ``client`` was given (``pgtick run`` fills in its own DSN if not)."""
+        return self.dsn is not None or self._client is not None
 
     def use(self, target: str | Client) -> None:
         """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests)."""

@@ -129,6 +129,8 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         if not exists or not exists[0]:
             raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
         sync_app(app, conn)
+    if not app.has_database:
+        app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()
     threads: list[threading.Thread] = []
     listener = None
