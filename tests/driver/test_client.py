@@ -339,3 +339,17 @@ def test_app_enqueue_goes_through_the_apps_client(db: Database, monkeypatch: pyt
         app.use(client)
         assert app.client is client
     assert count_runs(db, "receipt") == 2
+
+
+def test_a_client_over_a_connection_in_a_transaction_joins_it(db: Database) -> None:
+    """Documented: on a connection with a transaction open, a call without conn= is a
+    savepoint in it; on an idle one, a transaction of its own."""
+    with db.connect(autocommit=False) as conn:
+        client = Client(conn)
+        client.enqueue("joined")  # idle connection: its own transaction, committed
+        assert count_runs(db, "joined") == 1
+        conn.execute("SELECT 1")  # the caller opens a transaction
+        client.enqueue("joined")
+        assert count_runs(db, "joined") == 1, "the call committed the caller's open transaction"
+        conn.rollback()
+    assert count_runs(db, "joined") == 1
