@@ -353,3 +353,15 @@ def test_a_client_over_a_connection_in_a_transaction_joins_it(db: Database) -> N
         assert count_runs(db, "joined") == 1, "the call committed the caller's open transaction"
         conn.rollback()
     assert count_runs(db, "joined") == 1
+
+
+def test_the_operator_role_is_enough_for_every_client_call(db: Database) -> None:
+    with Client(db.dsn_as("pgtick_t_operator")) as client:
+        run = client.enqueue("mail", {"n": 1})
+        assert client.get_run(run.id).status == "QUEUED"
+        client.define("nightly", "report", "0 3 * * *")
+        assert client.cancel(client.run_now("nightly").id) == "CANCELLED"
+    with Client(db.dsn_as("pgtick_t_reader")) as reader:
+        assert reader.get_run(run.id).id == run.id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.enqueue("mail")
