@@ -24,7 +24,9 @@ worker's concurrency): a child runs one job after another and is killed and repl
 only when a job is stopped or kills it. Children ignore SIGINT/SIGTERM (the worker
 decides when they stop) and exit when the worker process dies. Job code in a child
 shares module-level state with the jobs that ran before it in that child, as it does
-in a thread. Measured costs are in README ("Process isolation").
+in a thread. A worker inside a daemonic ``multiprocessing`` process cannot start job
+processes (Python forbids it): such runs fail with the reason in their error. Measured
+costs are in the README ("Running jobs: threads, async, processes").
 """
 
 from __future__ import annotations
@@ -194,7 +196,11 @@ class ProcessPool:
         self.started = 0
 
     def execute(self, ctx: Context) -> Outcome:
-        proc = self._take()
+        try:
+            proc = self._take()
+        except Exception as exc:  # e.g. a daemonic worker process may not start children
+            log.warning("run=%s kind=%s cannot start a job process: %s", ctx.run_id, ctx.kind, exc)
+            return outcome_of(ctx, exc)
         keep = False
         try:
             outcome, keep = proc.run(ctx)
