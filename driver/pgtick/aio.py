@@ -68,7 +68,15 @@ class EventLoop:
     def submit(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
         """Run ``ctx``'s job as a task on the loop; ``done(outcome)`` is called when it ends
         (on the loop thread). Callable from any thread."""
-        self.loop.call_soon_threadsafe(self._create, ctx, done)
+        self.submit_many([ctx], done)
+
+    def submit_many(self, contexts: list[Context], done: Callable[[Outcome], None]) -> None:
+        """``submit`` for a claimed batch: one wake-up of the loop for all of them."""
+        self.loop.call_soon_threadsafe(self._create_all, contexts, done)
+
+    def _create_all(self, contexts: list[Context], done: Callable[[Outcome], None]) -> None:
+        for ctx in contexts:
+            self._create(ctx, done)
 
     def _create(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
         task = self.loop.create_task(run_job(ctx), name=f"pgtick-run-{ctx.run_id}")

@@ -261,12 +261,15 @@ class Worker:
         )
         if shortest / 3 < self._heartbeat.waiting:
             self._heartbeat.now.set()
+        tasks = []
         for ctx in contexts:
             log.debug("run=%s kind=%s worker=%s started", ctx.run_id, ctx.kind, self.worker_id)
             if ctx.spec.is_async and self.event_loop is not None:
-                self.event_loop.submit(ctx, self._finished)
+                tasks.append(ctx)
             else:
                 self._tasks.put(ctx)
+        if tasks and self.event_loop is not None:
+            self.event_loop.submit_many(tasks, self._finished)
         return len(rows) == want
 
     def _execute_loop(self) -> None:
