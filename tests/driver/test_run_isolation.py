@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -140,3 +141,31 @@ def test_process_jobs_return_results_and_reuse_their_child_process(db: Database,
     pids = {r["pid"] for r in results}
     assert replica.pid not in pids, f"a job ran in the worker process: {context}"
     assert len(pids) == 1, f"each job started a process of its own: {context}"
+
+
+def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
+    db: Database, tmp_path: Path
+) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("isolated_app.py", "replica")
+        assert replica.worker_id  # started: its tables exist
+        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
+        child = wait_for(
+            f"run {run_id} to start",
+            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
+            timeout=60,
+        )
+        os.kill(child, signal.SIGKILL)
+        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
+        run = conn.execute("SELECT failure_reason, error FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+        compensations = scalar(conn, "SELECT count(*) FROM public.compensations")
+        alive = replica.popen.poll()
+        log = replica.log()
+
+    assert run is not None
+    context = f"run {run_id}: {status} {run}; compensations {compensations}\n{log}"
+    assert status == "FAILED" and run[0] == "Error", context
+    expected = f"JobProcessExited: job process pid {child} exited with code -9 before reporting"
+    assert run[1] == expected, context
+    assert compensations == 0, f"a failure is not a cancel: {context}"
+    assert alive is None, f"the worker died with its job process: {context}"

@@ -14,7 +14,7 @@ import re
 import signal
 from pathlib import Path
 
-from harness import Conn, Database, Proc, pid_of_owner, processes, scalar, wait_for
+from harness import APPS, Conn, Database, Proc, pgtick, pid_of_owner, processes, scalar, wait_for
 
 HEARTBEAT_TIMEOUT = 2.0
 
@@ -94,3 +94,9 @@ def test_sigterm_to_the_supervisor_drains_both_children(db: Database, tmp_path: 
     assert pids == {pid_of_owner(w) for w in workers}, context
     assert runs == [(i, "COMPLETED") for i in ids], f"the children did not drain: {context}"
     assert len(re.findall(r"worker=\S+ stopped", log)) == 2, context
+
+
+def test_processes_below_one_is_refused_with_exit_code_2(db: Database) -> None:
+    done = pgtick("run", str(APPS / "work_app.py"), "--dsn", db.dsn, "--processes", "0")
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == "pgtick run: error: --processes must be at least 1, got 0", done.stderr
