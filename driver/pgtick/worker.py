@@ -326,7 +326,8 @@ class Worker:
 
     def _finished(self, outcome: Outcome) -> None:
         self.reporter.add(outcome)
-        self._wake.set()
+        if not self._wake.is_set():  # one wake-up for the claim loop is enough
+            self._wake.set()
 
     def _stop_runners(self) -> None:
         """Stop the event loop and the idle job processes (runs left go to the reaper)."""
