@@ -843,6 +843,17 @@ def scenario_processes(bench: Bench) -> None:
             bench.done_with(dbname)
 
 
+def scenario_scaling(bench: Bench) -> None:
+    """Drains with 1, 2 and 4 worker processes: pgtick-sql at batch 10 (10 connections per
+    process) and the driver at batch 10 and 100 (one Worker per process)."""
+    systems = {s.name: s for s in drain_systems()}
+    for procs in (1, 2, 4):
+        for name, batch in (("pgtick-sql", 10), ("pgtick-driver", 10), ("pgtick-driver", 100)):
+            if bench.wants(name):
+                log(f"scaling {name} batch={batch} procs={procs}")
+                drain_one(bench, systems[name], batch, procs, bench.jobs, scenario="scaling")
+
+
 SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "drain": scenario_drain,
     "caps": scenario_caps,
@@ -851,4 +862,5 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "heartbeats": scenario_heartbeats,
     "workers": scenario_workers,
     "processes": scenario_processes,
+    "scaling": scenario_scaling,
 }
