@@ -317,6 +317,70 @@ INSERT INTO jobs.schema_migrations (version, name) VALUES ('0001', 'initial');
 \endif
 COMMIT;
 
+-- migration 0003_time
+BEGIN;
+SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = '0003') AS pgtick_apply_0003 \gset
+\if :pgtick_apply_0003
+-- ===========================================================================
+-- 0003_time: DST policy per definition and the schedule controls
+-- (overlap buffer_one / cancel_other, jitter, pause_after_failures, backfill).
+-- ===========================================================================
+
+ALTER TABLE jobs.definitions
+ADD COLUMN dst_gap text CHECK (dst_gap IN ('shift', 'end', 'skip')),
+ADD COLUMN dst_repeat text CHECK (dst_repeat IN ('first', 'second', 'both')),
+ADD COLUMN jitter interval CHECK (jitter >= '0' AND jitter <= '1 day'),
+ADD COLUMN pause_after_failures integer CHECK (pause_after_failures BETWEEN 1 AND 1000),
+ADD COLUMN paused_reason text,
+ADD COLUMN failure_streak_since timestamptz;
+COMMENT ON COLUMN jobs.definitions.dst_gap IS
+'A wall time that does not exist (spring forward): shift (offset before the gap, RFC 5545), end (first instant after the gap), skip. NULL = auto.';
+COMMENT ON COLUMN jobs.definitions.dst_repeat IS
+'A wall time that occurs twice (fall back): first, second or both. NULL = auto.';
+COMMENT ON COLUMN jobs.definitions.jitter IS
+'Each occurrence starts a deterministic offset in [0, jitter) later, derived from (id, occurrence); NULL = none.';
+COMMENT ON COLUMN jobs.definitions.pause_after_failures IS
+'That many consecutive final failures (no retry left) pause the definition; NULL = never.';
+COMMENT ON COLUMN jobs.definitions.paused_reason IS
+'Why the definition was paused automatically (pause_after_failures); cleared by jobs.resume().';
+COMMENT ON COLUMN jobs.definitions.failure_streak_since IS
+'Failures that finished before this instant do not count toward pause_after_failures (set by jobs.resume()).';
+
+ALTER TABLE jobs.definitions DROP CONSTRAINT definitions_overlap_policy_check;
+ALTER TABLE jobs.definitions ADD CONSTRAINT definitions_overlap_policy_check
+CHECK (overlap_policy IN ('queue', 'skip', 'buffer_one', 'cancel_other'));
+COMMENT ON COLUMN jobs.definitions.overlap_policy IS
+'An occurrence that finds the definition at its cap: queue (waits), skip (CANCELLED Skipped), buffer_one (at most one waits, further ones Skipped), cancel_other (asks the running one to cancel, then waits).';
+
+CREATE TABLE jobs.backfills (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    definition_id bigint NOT NULL REFERENCES jobs.definitions (id) ON DELETE CASCADE,
+    revision integer NOT NULL,
+    window_from timestamptz NOT NULL,
+    window_to timestamptz NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now(),
+    done_at timestamptz,
+    runs_created integer,
+    error text,
+    CONSTRAINT backfills_window_ordered CHECK (window_from <= window_to)
+);
+COMMENT ON TABLE jobs.backfills IS
+'Requests to materialize the occurrences of a past window once (jobs.backfill); the scheduler computes and inserts them.';
+COMMENT ON COLUMN jobs.backfills.id IS 'Surrogate key.';
+COMMENT ON COLUMN jobs.backfills.definition_id IS 'The definition whose occurrences are backfilled.';
+COMMENT ON COLUMN jobs.backfills.revision IS 'The definition revision the window was requested for; a changed schedule voids it.';
+COMMENT ON COLUMN jobs.backfills.window_from IS 'First instant of the window (inclusive).';
+COMMENT ON COLUMN jobs.backfills.window_to IS 'Last instant of the window (inclusive).';
+COMMENT ON COLUMN jobs.backfills.requested_at IS 'When jobs.backfill() was called.';
+COMMENT ON COLUMN jobs.backfills.done_at IS 'When the occurrences were inserted (or the request voided); NULL = pending.';
+COMMENT ON COLUMN jobs.backfills.runs_created IS 'Runs inserted; occurrences already present are not inserted again.';
+COMMENT ON COLUMN jobs.backfills.error IS 'Why the request was voided (schedule changed, unreadable); NULL when done normally.';
+
+CREATE INDEX backfills_pending_idx ON jobs.backfills (id) WHERE done_at IS NULL;
+INSERT INTO jobs.schema_migrations (version, name) VALUES ('0003', 'time');
+\endif
+COMMIT;
+
 -- functions and views (re-applied every time)
 BEGIN;
 
@@ -722,6 +786,9 @@ BEGIN
          WHERE room.free <= (SELECT count(*) FROM unnest(v_pool_defs) AS p (definition_id)
                               WHERE p.definition_id = room.definition_id);
     END LOOP;
+
+    -- overlap_policy buffer_one / cancel_other of the definitions counted under our locks.
+    PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
 
     IF v_skip IS NOT NULL THEN
         UPDATE jobs.runs AS r
@@ -1297,6 +1364,11 @@ $$;
 COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
+-- The signature before the DST and schedule-control parameters: replaced, not overloaded.
+DROP FUNCTION IF EXISTS jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
+);
+
 -- Create or replace a definition by name; a change of schedule, time zone or run_at resets its cursor.
 CREATE OR REPLACE FUNCTION jobs.define(
     name text,
@@ -1312,7 +1384,11 @@ CREATE OR REPLACE FUNCTION jobs.define(
     misfire_policy text DEFAULT 'coalesce',
     overlap_policy text DEFAULT 'queue',
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    dst_gap text DEFAULT NULL,
+    dst_repeat text DEFAULT NULL,
+    jitter interval DEFAULT NULL,
+    pause_after_failures integer DEFAULT NULL
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1347,24 +1423,49 @@ BEGIN
         RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip, got %',
             coalesce(define.misfire_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
-    IF define.overlap_policy IS NULL OR define.overlap_policy NOT IN ('queue', 'skip') THEN
-        RAISE EXCEPTION 'overlap_policy must be queue or skip, got %',
+    IF define.overlap_policy IS NULL
+       OR define.overlap_policy NOT IN ('queue', 'skip', 'buffer_one', 'cancel_other') THEN
+        RAISE EXCEPTION 'overlap_policy must be queue, skip, buffer_one or cancel_other, got %',
             coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_positive('timeout', define.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
+        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)
+            USING ERRCODE = '22023',
+                  HINT = 'shift: the offset before the gap (RFC 5545); end: right after the gap; skip: no run.';
+    END IF;
+    IF define.dst_repeat IS NOT NULL AND define.dst_repeat NOT IN ('first', 'second', 'both') THEN
+        RAISE EXCEPTION 'dst_repeat must be first, second or both (NULL = auto), got %',
+            quote_literal(define.dst_repeat) USING ERRCODE = '22023';
+    END IF;
+    IF (define.dst_gap IS NOT NULL OR define.dst_repeat IS NOT NULL) AND define.schedule IS NULL THEN
+        RAISE EXCEPTION 'dst_gap and dst_repeat apply to a recurring schedule, not to run_at'
+            USING ERRCODE = '22023';
+    END IF;
+    IF define.jitter IS NOT NULL AND (define.jitter < interval '0' OR define.jitter > interval '1 day') THEN
+        RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', define.jitter USING ERRCODE = '22023';
+    END IF;
+    IF define.pause_after_failures IS NOT NULL THEN
+        PERFORM jobs._check_range('pause_after_failures', define.pause_after_failures, 1, 1000);
+    END IF;
 
     SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
 
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        dst_gap, dst_repeat, jitter, pause_after_failures
     )
     VALUES (
         define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
-        define.payload, coalesce(define.enabled, TRUE), define.max_concurrent_runs, define.priority,
-        define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
-        define.heartbeat_timeout
+        define.payload, coalesce(define.enabled, TRUE),
+        -- buffer_one and cancel_other are about a running occurrence: without a cap, one.
+        coalesce(define.max_concurrent_runs,
+                 CASE WHEN define.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
+        define.priority, define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
+        define.heartbeat_timeout, define.dst_gap, define.dst_repeat, nullif(define.jitter, interval '0'),
+        define.pause_after_failures
     )
     ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind,
@@ -1380,17 +1481,28 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           dst_gap = excluded.dst_gap,
+           dst_repeat = excluded.dst_repeat,
+           jitter = excluded.jitter,
+           pause_after_failures = excluded.pause_after_failures,
+           -- Enabling explicitly is a resume: the failure streak starts again.
+           paused_reason = CASE WHEN define.enabled THEN NULL ELSE d.paused_reason END,
+           failure_streak_since = CASE WHEN define.enabled AND NOT d.enabled THEN now()
+                                       ELSE d.failure_streak_since END,
            schedule_error = NULL,
            updated_at = now(),
-           -- A new schedule, zone or one-shot time starts from a fresh cursor.
-           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           -- A new schedule, zone, DST policy or one-shot time: new occurrences.
+           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN 1 ELSE 0 END,
-           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN excluded.run_at ELSE d.next_run_at END,
-           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN NULL ELSE d.finished_at END
     RETURNING d.* INTO v_new;
 
@@ -1411,8 +1523,11 @@ BEGIN
     RETURN v_new;
 END
 $$;
-COMMENT ON FUNCTION jobs.define(text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state.';
+COMMENT ON FUNCTION jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
+    text, text, interval, integer
+) IS
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -1447,7 +1562,8 @@ DECLARE
     v_def jobs.definitions;
 BEGIN
     UPDATE jobs.definitions AS d
-       SET enabled = TRUE, updated_at = now(),
+       SET enabled = TRUE, updated_at = now(), paused_reason = NULL,
+           failure_streak_since = CASE WHEN d.enabled THEN d.failure_streak_since ELSE now() END,
            revision = d.revision + CASE WHEN d.enabled THEN 0 ELSE 1 END,
            next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
@@ -1459,7 +1575,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.resume(text) IS
-'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up.';
+'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up. An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
 CREATE OR REPLACE FUNCTION jobs.undefine(name text)
@@ -1523,15 +1639,7 @@ BEGIN
         RETURN 0;  -- stale: another leader (or a define/pause) got there first
     END IF;
 
-    INSERT INTO jobs.runs (
-        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for
-    )
-    SELECT v_def.id, v_def.kind, v_def.payload, v_def.priority, v_def.max_attempts, v_def.timeout,
-           v_def.heartbeat_timeout, 'schedule', t
-      FROM unnest(materialize.run_times) AS t
-    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    v_count := jobs._insert_occurrences(v_def, materialize.run_times);
     IF v_count > 0 THEN
         PERFORM jobs._notify();
     END IF;
@@ -1612,6 +1720,318 @@ END
 $$;
 COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS
 'Leader: store why the schedule of this definition revision cannot be read; jobs.define() clears it.';
+
+-- sql/schedule_controls.sql
+-- ===========================================================================
+-- schedule_controls.sql: what a definition's schedule controls do beyond
+-- materialization: the DST policy auto picks, overlap_policy buffer_one and
+-- cancel_other (applied by jobs.claim), pause_after_failures (a deferred
+-- trigger on every final failure) and jobs.backfill for past windows.
+-- Occurrences themselves are computed by the driver (pgtick.schedule).
+-- ===========================================================================
+
+-- ===========================================================================
+-- Jitter and the run insert shared by jobs.materialize and jobs.finish_backfill.
+-- ===========================================================================
+
+-- The delay of one occurrence: a deterministic offset in [0, jitter) from (definition, occurrence),
+-- so every leader computes the same start.
+CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
+RETURNS interval
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
+        ELSE make_interval(secs => floor(
+            -- 52 bits of the hash, as a fraction in [0, 1)
+            ((hashtextextended(definition_id::text || '@' || extract(epoch FROM occurrence)::text, 0) >> 12)
+             & 4503599627370495)::float8 / 4503599627370496.0
+            * (extract(epoch FROM jitter) * 1000000)::float8
+        ) / 1000000.0)
+    END
+$$;
+COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS
+'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence).';
+
+-- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
+-- The occurrence index makes an occurrence that already has its run a no-op.
+CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO jobs.runs (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, scheduled_for
+    )
+    SELECT def.id, def.kind, def.payload, def.priority, def.max_attempts, def.timeout,
+           def.heartbeat_timeout, 'schedule', t + jobs.jitter_offset(def.id, t, def.jitter)
+      FROM unnest(run_times) AS t
+    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS
+'Private: insert a QUEUED scheduled run per occurrence, delayed by jobs.jitter_offset; occurrences already present are skipped. Returns runs inserted.';
+
+-- ===========================================================================
+-- DST policy: what auto picks (the driver's zones.auto_policy says the same).
+-- ===========================================================================
+
+-- Private: {dst_gap, dst_repeat} that auto picks for a schedule text; NULL for a one-shot.
+CREATE OR REPLACE FUNCTION jobs._dst_auto(schedule text)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN schedule IS NULL THEN NULL
+        -- interval-like cron (minute or hour field starts with *) and sub-daily RRULE: real time
+        WHEN schedule ~* '^\s*@hourly\s*$' THEN ARRAY['skip', 'both']
+        WHEN schedule ~* '^\s*@' THEN ARRAY['end', 'first']
+        WHEN schedule !~ '[=:]' AND schedule ~ '^\s*(\*|\S+\s+\*)' THEN ARRAY['skip', 'both']
+        WHEN schedule !~ '[=:]' THEN ARRAY['end', 'first']
+        WHEN schedule ~* '(^|[\s:;])FREQ=(HOURLY|MINUTELY|SECONDLY)' THEN ARRAY['skip', 'both']
+        ELSE ARRAY['shift', 'first']
+    END
+$$;
+COMMENT ON FUNCTION jobs._dst_auto(text) IS
+'Private: the DST policy auto picks, {dst_gap, dst_repeat}: interval-like cron and sub-daily RRULE skip/both, other cron end/first, other RRULE shift/first.';
+
+-- ===========================================================================
+-- Overlap: buffer_one and cancel_other, applied by jobs.claim under its dispatch locks.
+-- ===========================================================================
+
+-- Private, called by jobs.claim after it picked, while it holds the dispatch locks of room_defs
+-- (room_free = free slots counted under them): for buffer_one definitions every due scheduled
+-- occurrence beyond the one that may wait is CANCELLED Skipped; for cancel_other definitions at
+-- their cap, the running runs older than a waiting occurrence are asked to cancel. Rows locked
+-- by someone else are left for the next claim (SKIP LOCKED): it never waits.
+CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_defs bigint[];
+BEGIN
+    SELECT array_agg(d.id) INTO v_defs
+      FROM jobs.definitions AS d
+     WHERE d.id = ANY (room_defs) AND d.overlap_policy IN ('buffer_one', 'cancel_other');
+    IF v_defs IS NULL THEN
+        RETURN;
+    END IF;
+
+    WITH room AS (  -- slots still free after this claim's picks
+        SELECT r.definition_id,
+               greatest(r.free - (SELECT count(*) FROM jobs.runs AS p
+                                   WHERE p.id = ANY (coalesce(picked, '{}'))
+                                     AND p.definition_id = r.definition_id), 0) AS free
+          FROM unnest(room_defs, room_free) AS r (definition_id, free)
+         WHERE r.definition_id = ANY (v_defs)
+    ),
+    waiting AS (  -- due and not picked, in claim order: those beyond the free slots wait
+        SELECT q.id, q.definition_id,
+               row_number() OVER (PARTITION BY q.definition_id
+                                  ORDER BY q.priority DESC, q.scheduled_for, q.id) AS rn
+          FROM jobs.runs AS q
+          JOIN jobs.definitions AS d ON d.id = q.definition_id AND d.overlap_policy = 'buffer_one'
+         WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
+           AND q.id <> ALL (coalesce(picked, '{}'))
+    ),
+    victims AS (  -- and of those that wait, only one may
+        SELECT q.id FROM jobs.runs AS q
+          JOIN waiting AS w ON w.id = q.id
+          JOIN room ON room.definition_id = w.definition_id
+         WHERE w.rn > room.free + 1 AND q.origin = 'schedule' AND q.status = 'QUEUED'
+         ORDER BY q.id
+           FOR UPDATE OF q SKIP LOCKED
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+           error = 'skipped: an earlier occurrence already waits (overlap_policy buffer_one)'
+      FROM victims WHERE r.id = victims.id;
+
+    WITH waiting AS (  -- per cancel_other definition at its cap: its newest due occurrence
+        SELECT q.definition_id, max(q.scheduled_for) AS newest
+          FROM jobs.runs AS q
+          JOIN unnest(room_defs, room_free) AS room (definition_id, free)
+            ON room.definition_id = q.definition_id AND room.free = 0
+          JOIN jobs.definitions AS d ON d.id = q.definition_id AND d.overlap_policy = 'cancel_other'
+         WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
+           AND q.origin = 'schedule' AND q.id <> ALL (coalesce(picked, '{}'))
+         GROUP BY q.definition_id
+    ),
+    victims AS (
+        SELECT r.id FROM jobs.runs AS r JOIN waiting AS w ON w.definition_id = r.definition_id
+         WHERE r.status = 'RUNNING' AND NOT r.cancel_requested AND r.scheduled_for < w.newest
+         ORDER BY r.id
+           FOR UPDATE OF r SKIP LOCKED
+    )
+    UPDATE jobs.runs AS r SET cancel_requested = TRUE
+      FROM victims WHERE r.id = victims.id AND r.status = 'RUNNING';
+END
+$$;
+COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS
+'Private (jobs.claim): enforce overlap_policy buffer_one (further waiting occurrences Skipped) and cancel_other (ask the older running run to cancel) for the definitions whose dispatch locks the claim holds.';
+
+-- ===========================================================================
+-- pause_after_failures: a deferred trigger sees every final failure, whatever path failed it
+-- (jobs.fail, jobs.reap, timeouts), after the retry row (if any) was inserted.
+-- ===========================================================================
+
+-- Private trigger function: when a run of a definition with pause_after_failures ends FAILED with
+-- no retry, count the definition's consecutive final failures and pause it at the threshold.
+CREATE OR REPLACE FUNCTION jobs._pause_after_failures()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_limit integer;
+    v_failures integer;
+BEGIN
+    SELECT d.pause_after_failures INTO v_limit FROM jobs.definitions AS d
+     WHERE d.id = NEW.definition_id AND d.enabled;
+    IF v_limit IS NULL OR EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = NEW.id) THEN
+        RETURN NULL;  -- not watched, already paused, or a retry follows: not final
+    END IF;
+    -- Two failures committing at once: the second counts after the first committed.
+    PERFORM pg_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0));
+    SELECT count(*) INTO v_failures
+      FROM jobs.runs AS r
+      JOIN jobs.definitions AS d ON d.id = r.definition_id
+     WHERE r.definition_id = NEW.definition_id AND r.status = 'FAILED'
+       AND r.finished_at >= coalesce(d.failure_streak_since, '-infinity')
+       AND r.id > coalesce((SELECT max(ok.id) FROM jobs.runs AS ok
+                             WHERE ok.definition_id = NEW.definition_id AND ok.status = 'COMPLETED'), 0)
+       AND NOT EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = r.id);
+    UPDATE jobs.definitions AS d
+       SET enabled = FALSE, updated_at = now(),
+           paused_reason = format('paused after %s consecutive failures (pause_after_failures %s); last: run %s %s',
+                                  v_failures, d.pause_after_failures, NEW.id,
+                                  left(coalesce(NEW.failure_reason || ': ', '') || coalesce(NEW.error, ''), 500))
+     WHERE d.id = NEW.definition_id AND d.enabled AND v_failures >= d.pause_after_failures;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION jobs._pause_after_failures() IS
+'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                    WHERE t.tgname = 'runs_pause_after_failures'
+                      AND t.tgrelid = 'jobs.runs'::regclass) THEN
+        CREATE CONSTRAINT TRIGGER runs_pause_after_failures
+        AFTER UPDATE OF status ON jobs.runs
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW
+        WHEN (new.status = 'FAILED' AND old.status <> 'FAILED' AND new.definition_id IS NOT NULL)
+        EXECUTE FUNCTION jobs._pause_after_failures();
+    END IF;
+END
+$$;
+
+-- ===========================================================================
+-- Backfill: the occurrences of a past window, once.
+-- ===========================================================================
+
+-- Ask for the occurrences of name's schedule in [from, to] (a past window) to be materialized once.
+-- The scheduler (or `pgtick backfill`) computes them and calls jobs.finish_backfill.
+CREATE OR REPLACE FUNCTION jobs.backfill(name text, "from" timestamptz, "to" timestamptz)
+RETURNS jobs.backfills
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_def jobs.definitions;
+    v_row jobs.backfills;
+BEGIN
+    IF backfill."from" IS NULL OR backfill."to" IS NULL
+       OR NOT isfinite(backfill."from") OR NOT isfinite(backfill."to") THEN
+        RAISE EXCEPTION 'backfill from and to must be finite timestamps' USING ERRCODE = '22023';
+    END IF;
+    IF backfill."from" > backfill."to" THEN
+        RAISE EXCEPTION 'backfill from (%) is after to (%)', backfill."from", backfill."to"
+            USING ERRCODE = '22023';
+    END IF;
+    IF backfill."to" > now() THEN
+        RAISE EXCEPTION 'backfill to (%) is in the future: backfill is for past windows', backfill."to"
+            USING ERRCODE = '22023', HINT = 'Future occurrences are the scheduler''s.';
+    END IF;
+    IF backfill."to" - backfill."from" > interval '366 days' THEN
+        RAISE EXCEPTION 'backfill window from % to % is longer than 366 days', backfill."from", backfill."to"
+            USING ERRCODE = '22023', HINT = 'Backfill a long history in windows of at most a year.';
+    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = backfill.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(backfill.name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    IF v_def.schedule IS NULL THEN
+        RAISE EXCEPTION 'definition % is a one-shot: only a recurring schedule can be backfilled',
+            quote_literal(backfill.name) USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.backfills AS b (definition_id, revision, window_from, window_to)
+    VALUES (v_def.id, v_def.revision, backfill."from", backfill."to")
+    RETURNING b.* INTO v_row;
+    PERFORM jobs._notify();
+    RETURN v_row;
+END
+$$;
+COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS
+'Request the occurrences of the named definition in the past window [from, to] (at most 366 days) to be materialized once; the scheduler inserts them. Occurrences that already have their run are not inserted again.';
+
+-- Leader: insert a pending backfill's occurrences (or void it with error), once.
+CREATE OR REPLACE FUNCTION jobs.finish_backfill(backfill_id bigint, run_times timestamptz[], error text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_request jobs.backfills;
+    v_def jobs.definitions;
+    v_count integer := 0;
+    v_error text := finish_backfill.error;
+BEGIN
+    PERFORM jobs._check_range('run_times length', cardinality(coalesce(finish_backfill.run_times, '{}')), 0, 100000);
+    SELECT b.* INTO v_request FROM jobs.backfills AS b
+     WHERE b.id = finish_backfill.backfill_id AND b.done_at IS NULL
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;  -- done already (another leader, or twice)
+    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_request.definition_id FOR SHARE;
+    IF v_error IS NULL AND v_def.revision <> v_request.revision THEN
+        v_error := 'the definition''s schedule changed after the backfill was requested';
+    END IF;
+    IF v_error IS NULL AND EXISTS (SELECT FROM unnest(finish_backfill.run_times) AS t
+                                    WHERE t IS NULL OR t < v_request.window_from OR t > v_request.window_to) THEN
+        RAISE EXCEPTION 'run_times must lie within the backfill window [%, %]',
+            v_request.window_from, v_request.window_to USING ERRCODE = '22023';
+    END IF;
+    IF v_error IS NULL THEN
+        v_count := jobs._insert_occurrences(v_def, finish_backfill.run_times);
+    END IF;
+    UPDATE jobs.backfills AS b
+       SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)
+     WHERE b.id = v_request.id;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS
+'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';
 
 -- sql/leases.sql
 -- ===========================================================================
@@ -1875,7 +2295,14 @@ SELECT
     fails.failures AS consecutive_failures,
     skipped.skips AS consecutive_skips,
     d.finished_at IS NOT NULL AS finished,
-    d.schedule_error
+    d.schedule_error,
+    coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+    coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat,
+    d.dst_gap IS NULL AND d.dst_repeat IS NULL AND d.schedule IS NOT NULL AS dst_auto,
+    d.overlap_policy,
+    d.jitter,
+    d.pause_after_failures,
+    d.paused_reason
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -1916,7 +2343,7 @@ LEFT JOIN LATERAL (
         ), 0)
 ) AS skipped ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically).';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
@@ -1992,8 +2419,10 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval
+    interval, interval, text, text, interval, integer
 ),
+jobs.backfill(text, timestamptz, timestamptz),
+jobs.finish_backfill(bigint, timestamptz[], text),
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
@@ -2010,5 +2439,11 @@ jobs.release_lease(text, text)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
+
+-- Pure functions the views and previews use (jobs.definition_health calls jobs._dst_auto).
+GRANT EXECUTE ON FUNCTION
+jobs._dst_auto(text),
+jobs.jitter_offset(bigint, timestamptz, interval)
+TO jobs_reader;
 COMMIT;
 DO $$ BEGIN PERFORM pg_advisory_unlock(8099570450837491015); END $$;

@@ -33,6 +33,7 @@ SQL_FILES = (
     "cancel.sql",
     "reap.sql",
     "schedule.sql",
+    "schedule_controls.sql",
     "leases.sql",
     "ops.sql",
     "roles.sql",

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -18,7 +19,7 @@ import psycopg
 from pgtick.app import App
 from pgtick.db import connect
 from pgtick.errors import PgtickError, UsageError
-from pgtick.schedule import ScheduleError, parse_schedule
+from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 from pgtick.scheduler import Scheduler
 from pgtick.worker import Worker, new_worker_id
 
@@ -81,10 +82,21 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def validate_schedule(schedule: str, timezone: str, name: str) -> None:
-    """Raise UsageError naming the definition and the bad part of its schedule."""
+def validate_schedule(
+    schedule: str, timezone: str, name: str, *, dst_gap: str | None = None, dst_repeat: str | None = None
+) -> None:
+    """Raise UsageError naming the definition and the bad part of its schedule.
+
+    Anchored as the scheduler will anchor a definition created now."""
     try:
-        parse_schedule(schedule, timezone, definition=name)
+        parse_schedule(
+            schedule,
+            timezone,
+            anchor=anchor_for(datetime.now(UTC), timezone),
+            dst_gap=dst_gap,
+            dst_repeat=dst_repeat,
+            definition=name,
+        )
     except ScheduleError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -93,7 +105,13 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
     """jobs.define with named arguments (only those given), after the driver has
     parsed the schedule: SQL checks only its shape, the driver checks every part."""
     if params.get("schedule") is not None:
-        validate_schedule(params["schedule"], params.get("timezone") or "UTC", name)
+        validate_schedule(
+            params["schedule"],
+            params.get("timezone") or "UTC",
+            name,
+            dst_gap=params.get("dst_gap"),
+            dst_repeat=params.get("dst_repeat"),
+        )
     from psycopg import sql
     from psycopg.types.json import Jsonb
 

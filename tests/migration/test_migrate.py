@@ -145,15 +145,38 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
+def _release_functions(sql_dir: Path, following: migrate.Migration | None) -> None:
+    """Write the sql/ files of the release that ended with the migrations so far: those
+    of the commit before `following` was added (from git), or today's for the last one."""
+    shutil.rmtree(sql_dir, ignore_errors=True)
+    shutil.copytree(migrate.schema_root() / "sql", sql_dir)
+    if following is None:
+        return
+    repo = migrate.schema_root()
+    added = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "-1", "--", f"migrations/{following.path.name}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    if added.returncode != 0:
+        pytest.fail(f"the step-by-step upgrade needs the git history of {repo}: {added.stderr.strip()}")
+    ref = f"{added.stdout.strip()}^" if added.stdout.strip() else "HEAD"
+    for path in sql_dir.glob("*.sql"):
+        old = subprocess.run(["git", "show", f"{ref}:sql/{path.name}"], cwd=repo, capture_output=True)
+        path.write_bytes(old.stdout if old.returncode == 0 else b"")
+
+
 def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Database, tmp_path: Path) -> None:
     """Applying migrations one release at a time (each followed by that state's
     functions) ends in the same schema as a fresh install of everything."""
     all_migrations = migrate.migrations()
     root = tmp_path / "root"
     (root / "migrations").mkdir(parents=True)
-    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
-    for migration in all_migrations:
+    for number, migration in enumerate(all_migrations):
         shutil.copy(migration.path, root / "migrations" / migration.path.name)
+        following = all_migrations[number + 1] if number + 1 < len(all_migrations) else None
+        _release_functions(root / "sql", following)
         with psycopg.connect(empty.dsn, autocommit=True) as conn:
             assert migrate.apply(conn, root) == [migration.version]
     migrate_dsn(empty2.dsn)
