@@ -201,7 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
     p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
     p.add_argument("--count", type=int, default=10)
-    p.add_argument("--anchor", type=parse_instant, default=None, help="start of a rule without DTSTART")
+    p.add_argument(
+        "--anchor",
+        type=parse_instant,
+        default=None,
+        help="start of a rule without DTSTART (default: local midnight of the --after day)",
+    )
     p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
     p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
@@ -509,8 +514,13 @@ def cmd_preview(args: argparse.Namespace) -> int:
     try:
         if after.tzinfo is None:
             after = after.replace(tzinfo=ZoneInfo(tz))
-        if args.anchor is None:
-            anchor, note = anchor_for(datetime.now(UTC), tz), "as if defined now: local midnight today"
+        if args.anchor is None:  # as if the definition were created at the start of the preview
+            anchor = anchor_for(after, tz)
+            note = (
+                "as if defined now: local midnight today"
+                if args.after is None
+                else "as if defined at --after: local midnight that day"
+            )
         else:
             anchor = args.anchor if args.anchor.tzinfo else args.anchor.replace(tzinfo=ZoneInfo(tz))
             note = "--anchor"

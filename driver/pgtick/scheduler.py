@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from pgtick.db import connect_dicts
 from pgtick.schedule import (
@@ -362,7 +363,8 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
     occurrence that already has its run is not inserted again.
     """
     created = 0
-    for b in conn.execute(BACKFILLS_SQL, (limit,)).fetchall():
+    cur = conn.cursor(row_factory=dict_row)
+    for b in cur.execute(BACKFILLS_SQL, (limit,)).fetchall():
         error: str | None = None
         times: list[datetime] = []
         try:
@@ -378,7 +380,7 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
                 times.append(occurrence.at)
         except (ScheduleError, ValueError, LookupError) as exc:
             error = str(exc)
-        row = conn.execute(
+        row = cur.execute(
             "SELECT jobs.finish_backfill(%s, %s::timestamptz[], %s) AS n", (b["backfill_id"], times, error)
         ).fetchone()
         n = int(row["n"]) if row else 0
