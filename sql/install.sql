@@ -1743,16 +1743,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
+        -- 52 bits of the hash as a fraction in [0, 1) of the jitter, in whole seconds
+        -- (microseconds for a jitter under a second): shown and compared as written.
         ELSE make_interval(secs => floor(
-            -- 52 bits of the hash, as a fraction in [0, 1)
             ((hashtextextended(definition_id::text || '@' || extract(epoch FROM occurrence)::text, 0) >> 12)
              & 4503599627370495)::float8 / 4503599627370496.0
-            * (extract(epoch FROM jitter) * 1000000)::float8
-        ) / 1000000.0)
+            * (extract(epoch FROM jitter) * CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)::float8
+        ) / CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)
     END
 $$;
 COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS
-'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence).';
+'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
 
 -- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
 -- The occurrence index makes an occurrence that already has its run a no-op.

@@ -106,8 +106,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    if name not in ("preview",):
-        p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     return p
 
 

@@ -178,19 +178,24 @@ def test_changing_the_dst_policy_resets_the_cursor(conn: Conn) -> None:
 def test_jitter_is_deterministic_bounded_and_spread(conn: Conn) -> None:
     rows = conn.execute(
         """
-        SELECT t, jobs.jitter_offset(42, t, interval '10 minutes'),
+        SELECT t, jobs.jitter_offset(42, t, interval '1 hour'),
+               jobs.jitter_offset(42, t, interval '1 hour'),
+               jobs.jitter_offset(43, t, interval '1 hour'),
                jobs.jitter_offset(42, t, interval '10 minutes'),
-               jobs.jitter_offset(43, t, interval '10 minutes')
+               jobs.jitter_offset(42, t, interval '250 milliseconds')
           FROM generate_series(timestamptz '2026-01-01', timestamptz '2026-01-08', interval '1 hour') AS t
         """
     ).fetchall()
     offsets = [r[1] for r in rows]
     assert all(r[1] == r[2] for r in rows), "the same definition and occurrence gave two offsets"
-    bad = [(r[0], r[1]) for r in rows if not timedelta(0) <= r[1] < timedelta(minutes=10)]
+    bounds = [(timedelta(hours=1), 1), (timedelta(minutes=10), 4), (timedelta(milliseconds=250), 5)]
+    bad = [(r[0], r[i]) for r in rows for limit, i in bounds if not timedelta(0) <= r[i] < limit]
     assert not bad, bad
+    assert all(r[1].microseconds == 0 and r[4].microseconds == 0 for r in rows), "not whole seconds"
+    assert len({r[5] for r in rows}) > len(rows) * 0.9, "sub-second jitter is not spread"
     assert len(set(offsets)) > len(rows) * 0.9, "offsets are not spread"
     assert sum(r[1] != r[3] for r in rows) > len(rows) * 0.9, "other definitions get the same offsets"
-    assert max(offsets) > timedelta(minutes=8) and min(offsets) < timedelta(minutes=2)
+    assert max(offsets) > timedelta(minutes=50) and min(offsets) < timedelta(minutes=10)
     zero = scalar(conn, "SELECT jobs.jitter_offset(1, now(), NULL) + jobs.jitter_offset(1, now(), '0')")
     assert zero == timedelta(0)
 
