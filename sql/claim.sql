@@ -196,7 +196,9 @@ BEGIN
     END LOOP;
 
     -- overlap_policy buffer_one / cancel_other of the definitions counted under our locks.
-    PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+    IF cardinality(v_room_defs) > 0 THEN
+        PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+    END IF;
 
     IF v_skip IS NOT NULL THEN
         UPDATE jobs.runs AS r

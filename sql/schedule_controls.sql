@@ -178,8 +178,18 @@ BEGIN
     IF v_limit IS NULL OR EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = NEW.id) THEN
         RETURN NULL;  -- not watched, already paused, or a retry follows: not final
     END IF;
-    -- Two failures committing at once: the second counts after the first committed.
-    PERFORM pg_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0));
+    -- Two failures committing at once: the second counts after the first committed. A
+    -- transaction already holding one such lock (a reap sweep failing runs of several
+    -- definitions) only tries the next: waiting while holding one could close a cycle with
+    -- another sweep. Then that definition pauses at its next final failure instead.
+    IF current_setting('pgtick.pause_locked', TRUE) = 'yes' THEN
+        IF NOT pg_try_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0)) THEN
+            RETURN NULL;
+        END IF;
+    ELSE
+        PERFORM pg_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0));
+        PERFORM set_config('pgtick.pause_locked', 'yes', TRUE);
+    END IF;
     SELECT count(*) INTO v_failures
       FROM jobs.runs AS r
       JOIN jobs.definitions AS d ON d.id = r.definition_id

@@ -4,6 +4,7 @@ input for each of them."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -409,3 +410,35 @@ def test_cancel_other_leaves_a_newer_running_occurrence_alone(conn: Conn) -> Non
     )
     assert claim(conn, "w2") == []
     assert statuses(conn, [older, running]) == [("QUEUED", None, False), ("RUNNING", None, False)]
+
+
+def test_two_final_failures_committing_at_once_both_count(conn: Conn, db: Any) -> None:
+    """Each failure counts the streak at commit, after the other committed: with
+    pause_after_failures 2, two failures committed at the same moment pause it."""
+    d = define(conn, "racy", "0 * * * *", pause_after_failures=2, max_attempts=1)
+    first, second = occurrence_runs(
+        conn, d["id"], "now() - interval '2 minutes'", "now() - interval '1 minute'"
+    )
+    assert sorted(claim(conn, "w", 10)) == sorted([first, second])
+    with db.connect() as a, db.connect() as b:
+        a.autocommit = b.autocommit = False
+        a.execute("SELECT jobs.fail(%s, 'w', ARRAY['RuntimeError'], 'a')", (first,))
+        b.execute("SELECT jobs.fail(%s, 'w', ARRAY['RuntimeError'], 'b')", (second,))
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def commit(session: Conn) -> None:
+            try:
+                start.wait(timeout=30)
+                session.commit()
+            except BaseException as exc:  # reported below, with which session
+                errors.append(exc)
+
+        threads = [threading.Thread(target=commit, args=(s,)) for s in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+    h = health(conn, "racy")
+    assert (h["paused"], h["consecutive_failures"]) == (True, 2), h
