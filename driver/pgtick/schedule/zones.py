@@ -132,13 +132,20 @@ class WallTimeRuns:
 
 
 def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> WallTimeRuns | None:
-    """Map a naive wall time to its runs; None past the year 9999."""
+    """Map a naive wall time to its runs; None past the year 9999.
+
+    The UTC offsets of its two readings (PEP 495 fold) tell the cases apart: equal, the
+    wall time exists once; the earlier reading's offset larger, it exists twice (the
+    clock went back); smaller, it fell in a gap (the clock jumped forward).
+    """
     try:
-        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
-        if first == second:
+        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
+        assert before is not None and after is not None
+        first = (wall - before).replace(tzinfo=UTC)
+        if before == after:
             return WallTimeRuns(wall, ((first, None),), first)
-        if wall_time(first, zone) == wall:  # exists twice: fold=0 is the earlier reading
+        if before > after:  # exists twice
+            second = (wall - after).replace(tzinfo=UTC)
             if policy.repeat == "first":
                 runs: tuple[tuple[datetime, DstMark | None], ...] = ((first, "first of two"),)
             elif policy.repeat == "second":
@@ -146,7 +153,7 @@ def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> Wall
             else:
                 runs = ((first, "doubled"), (second, "doubled"))
             return WallTimeRuns(wall, runs, first)
-        # In a gap: fold=0 reads it with the offset before the gap (the later instant).
+        # In a gap: `first` reads it with the offset before the gap (the later instant).
         end = gap_end(wall, zone)
         if policy.gap == "shift":
             return WallTimeRuns(wall, ((first, "moved"),), end)
@@ -160,9 +167,10 @@ def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> Wall
 def earliest_run(wall: datetime, zone: ZoneInfo) -> datetime | None:
     """The gap-end / first-reading instant of a wall time: later wall times never map earlier."""
     try:
-        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
-        if wall_time(first, zone) == wall:
-            return first
+        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
+        assert before is not None and after is not None
+        if before >= after:
+            return (wall - before).replace(tzinfo=UTC)
         return gap_end(wall, zone)
     except OverflowError:
         return None
