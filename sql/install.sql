@@ -1740,7 +1740,7 @@ COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS
 -- so every leader computes the same start.
 CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
 RETURNS interval
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE

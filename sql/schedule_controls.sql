@@ -14,7 +14,7 @@
 -- so every leader computes the same start.
 CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
 RETURNS interval
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
