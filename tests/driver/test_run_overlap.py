@@ -8,6 +8,7 @@ while newer ones come due.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ def finished(conn: Any, run_id: int) -> str | None:
         conn, "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL", (run_id,)
     )
     return None if value is None else str(value)
+
+
+def _finished_check(conn: Any, run_id: int) -> Callable[[], str | None]:
+    return lambda: finished(conn, run_id)
 
 
 def test_cancel_other_stops_the_running_occurrence_then_starts_the_new_one(
@@ -86,7 +91,7 @@ def test_buffer_one_lets_one_wait_and_skips_the_rest(db: Database, tmp_path: Pat
         )
         waiting, *extra = (occurrence(conn, definition, 0.1, f"{4 - n} minutes") for n in range(4))
         for run_id in extra:
-            wait_for(f"run {run_id} to be skipped", lambda run_id=run_id: finished(conn, run_id), timeout=30)
+            wait_for(f"run {run_id} to be skipped", _finished_check(conn, run_id), timeout=30)
         assert finished(conn, waiting) is None, "the one buffered occurrence must still wait"
         conn.execute("SELECT jobs.cancel(%s)", (running,))
         wait_for(f"run {waiting} to finish", lambda: finished(conn, waiting), timeout=60)
