@@ -323,7 +323,14 @@ def cmd_define(args: argparse.Namespace) -> int:
     from pgtick.runner import define, validate_schedule
 
     if args.schedule is not None:  # before any connection: a typo fails fast
-        validate_schedule(args.schedule, args.tz, args.name, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat)
+        validate_schedule(
+            args.schedule,
+            args.tz,
+            args.name,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+        )
 
     with connect_dicts(_dsn(args)) as conn:
         row = define(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import logging
 import signal
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -83,20 +84,36 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
 
 
 def validate_schedule(
-    schedule: str, timezone: str, name: str, *, dst_gap: str | None = None, dst_repeat: str | None = None
+    schedule: str,
+    timezone: str,
+    name: str,
+    *,
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
+    jitter: timedelta | None = None,
 ) -> None:
     """Raise UsageError naming the definition and the bad part of its schedule.
 
-    Anchored as the scheduler will anchor a definition created now."""
+    Anchored as the scheduler will anchor a definition created now.  A jitter longer than
+    the spacing of the next runs is refused: delayed runs could overtake or coincide."""
+    now = datetime.now(UTC)
     try:
-        parse_schedule(
+        parsed = parse_schedule(
             schedule,
             timezone,
-            anchor=anchor_for(datetime.now(UTC), timezone),
+            anchor=anchor_for(now, timezone),
             dst_gap=dst_gap,
             dst_repeat=dst_repeat,
             definition=name,
         )
+        if jitter:
+            runs = parsed.between(now, now + timedelta(days=3660), limit=50)
+            spacing = min((b - a for a, b in itertools.pairwise(runs)), default=None)
+            if spacing is not None and jitter > spacing:
+                raise UsageError(
+                    f"definition={name} jitter {jitter} is longer than the {spacing} between runs "
+                    "of its schedule: delayed runs could overtake or coincide"
+                )
     except ScheduleError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -111,6 +128,7 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
             name,
             dst_gap=params.get("dst_gap"),
             dst_repeat=params.get("dst_repeat"),
+            jitter=params["jitter"] if isinstance(params.get("jitter"), timedelta) else None,
         )
     from psycopg import sql
     from psycopg.types.json import Jsonb

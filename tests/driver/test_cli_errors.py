@@ -64,6 +64,12 @@ BAD_INPUT = [
         2,
         "--jitter",
     ),
+    (
+        "define-jitter-over-spacing",
+        ["define", "x", "k", "--schedule", "*/5 * * * *", "--jitter", "10m"],
+        2,
+        "longer than the 0:05:00 between runs",
+    ),
     ("preview-text-and-definition", ["preview", "0 * * * *", "--definition", "x"], 2, "not both"),
     ("preview-bad-dst-repeat", ["preview", "0 * * * *", "--dst-repeat", "twice"], 2, "twice"),
     ("preview-big-step", ["preview", "*/90 * * * *"], 2, "FREQ=MINUTELY;INTERVAL=90"),
