@@ -195,14 +195,6 @@ def gap_end(wall: datetime, zone: ZoneInfo) -> datetime:
     return before + timedelta(seconds=high)
 
 
-def transition_near(instant: datetime, zone: ZoneInfo) -> bool:
-    """Whether the UTC offset changes within MAX_TRANSITION before `instant`."""
-    try:
-        return (instant - MAX_TRANSITION).astimezone(zone).utcoffset() != instant.astimezone(zone).utcoffset()
-    except OverflowError:
-        return False
-
-
 def latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | None:
     """The latest whole-second wall time whose earliest run is at or before `instant`.
 
