@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from itertools import count
 from typing import Literal
 from zoneinfo import ZoneInfo
@@ -128,12 +129,10 @@ class Schedule:
         shifted out of a gap or read a second time can run up to a transition later.
         """
         try:
-            window = [instant - MAX_TRANSITION, instant, instant + MAX_TRANSITION]
-            offsets = {moment.astimezone(self._zone).utcoffset() for moment in window}
-        except OverflowError:
-            offsets = set()
-        try:
-            back = MAX_TRANSITION if len(offsets) > 1 else _ONE_SECOND
+            near = _offset_changes_near(
+                self._zone, instant.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+            )
+            back = MAX_TRANSITION if near else _ONE_SECOND
             return wall_time(instant - back, self._zone).replace(microsecond=0)
         except OverflowError:
             return None
@@ -201,6 +200,17 @@ class Schedule:
             elif occurrence.at != previous and wanted(occurrence.at):
                 previous = occurrence.at
                 yield occurrence
+
+
+@lru_cache(maxsize=4096)
+def _offset_changes_near(zone: ZoneInfo, hour: datetime) -> bool:
+    """Whether the zone's UTC offset changes within MAX_TRANSITION (plus the hour) of `hour`."""
+    reach = MAX_TRANSITION + timedelta(hours=1)
+    try:
+        offsets = {moment.astimezone(zone).utcoffset() for moment in (hour - reach, hour, hour + reach)}
+    except OverflowError:
+        return False
+    return len(offsets) > 1
 
 
 def looks_like_cron(text: str) -> bool:
