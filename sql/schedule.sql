@@ -338,6 +338,52 @@ $$;
 COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
 'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
 
+-- The scheduler's rule for which recurring definitions need work: live ones
+-- (a schedule, enabled, not finished, no recorded schedule error) whose cursor
+-- is unset (new) or within the horizon (due). The leader plans these in the
+-- driver (time zones, DST) and hands the result to jobs.materialize().
+
+-- Live recurring definitions (a schedule, enabled, not finished, no schedule error)
+-- with what the leader needs to plan them.
+CREATE OR REPLACE VIEW jobs._live_schedules AS
+SELECT
+    d.id,
+    d.name,
+    d.schedule,
+    d.timezone,
+    d.revision,
+    d.created_at,
+    d.next_run_at,
+    d.misfire_policy,
+    d.dst_gap,
+    d.dst_repeat
+FROM jobs.definitions AS d
+WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;
+COMMENT ON VIEW jobs._live_schedules IS
+'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from.';
+
+-- Recurring definitions whose cursor is not initialized yet, oldest first.
+CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
+RETURNS SETOF jobs._live_schedules
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM jobs._live_schedules AS d WHERE d.next_run_at IS NULL ORDER BY d.id LIMIT max_rows
+$$;
+COMMENT ON FUNCTION jobs.new_definitions(integer) IS
+'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is not set yet, by id.';
+
+-- Recurring definitions whose cursor is at or before the horizon, earliest first.
+CREATE OR REPLACE FUNCTION jobs.due_definitions(horizon timestamptz, max_rows integer)
+RETURNS SETOF jobs._live_schedules
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM jobs._live_schedules AS d WHERE d.next_run_at <= horizon ORDER BY d.next_run_at LIMIT max_rows
+$$;
+COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS
+'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first.';
+
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
 CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(
     lookahead interval DEFAULT '0', misfire_grace interval DEFAULT '1 minute'

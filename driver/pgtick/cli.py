@@ -19,9 +19,9 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgtick import __version__, migrate
+from pgtick import __version__, calls, migrate
 from pgtick.db import connect, connect_dicts, resolve_dsn
-from pgtick.errors import PgtickError, UsageError
+from pgtick.errors import PgtickError, UsageError, translate_errors
 
 log = logging.getLogger("pgtick.cli")
 
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-worker", action="store_true", help="only schedule")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -282,11 +283,14 @@ def _json_default(value: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pgtick import supervisor
     from pgtick.runner import RunOptions, load_app, run_app
 
+    if args.processes < 1:
+        raise UsageError(f"--processes must be at least 1, got {args.processes}")
     app = load_app(args.app)
     dsn = _dsn(args)
-    if args.migrate:
+    if args.migrate and supervisor.child_index() is None:
         with connect(dsn) as conn:
             migrate.apply(conn)
     options = RunOptions(
@@ -303,7 +307,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
     try:
-        return run_app(app, dsn, options)
+        if args.processes > 1:
+            return supervisor.run_supervised(app, dsn, options, args.processes)
+        stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
+        return run_app(app, dsn, options, stop)
     finally:
         if _embedded is not None:
             _embedded.stop()
@@ -320,7 +327,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_define(args: argparse.Namespace) -> int:
-    from pgtick.runner import define, validate_schedule
+    from pgtick.definitions import define, validate_schedule
 
     if args.schedule is not None:  # before any connection: a typo fails fast
         validate_schedule(
@@ -384,10 +391,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from psycopg.types.json import Jsonb
 
     with connect_dicts(_dsn(args)) as conn:
-        row = conn.execute(
-            "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s)",
-            (args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key),
-        ).fetchone()
+        row = calls.enqueue(conn, args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key)
     assert row is not None
     print(
         f"run={row['id']} kind={row['kind']} status={row['status']}"
@@ -398,7 +402,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_run_now(args: argparse.Namespace) -> int:
     with connect_dicts(_dsn(args)) as conn:
-        row = conn.execute("SELECT * FROM jobs.run_now(%s)", (args.name,)).fetchone()
+        row = calls.run_now(conn, args.name)
     assert row is not None
     print(f"run={row['id']} definition={args.name} queued")
     return 0
@@ -409,27 +413,26 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         raise UsageError("give a RUN_ID or --definition NAME")
     with connect(_dsn(args)) as conn:
         if args.definition is not None:
-            row = conn.execute("SELECT jobs.cancel_queued(%s)", (args.definition,)).fetchone()
-            print(f"definition={args.definition} cancelled {row[0] if row else 0} queued runs")
+            n = calls.cancel_queued(conn, args.definition)
+            print(f"definition={args.definition} cancelled {n} queued runs")
         else:
-            row = conn.execute("SELECT jobs.cancel(%s)::text", (args.run_id,)).fetchone()
-            status = row[0] if row else "?"
+            status = calls.cancel(conn, args.run_id)
             note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
             print(f"run={args.run_id} status={status}{note}")
     return 0
 
 
 def cmd_pause_resume(args: argparse.Namespace) -> int:
-    fn = "jobs.pause" if args.command == "pause" else "jobs.resume"
+    call = calls.pause if args.command == "pause" else calls.resume
     with connect(_dsn(args)) as conn:
-        conn.execute(f"SELECT {fn}(%s)", (args.name,))
+        call(conn, args.name)
     print(f"definition={args.name} {'paused' if args.command == 'pause' else 'resumed'}")
     return 0
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
     with connect_dicts(_dsn(args)) as conn:
-        row = conn.execute("SELECT * FROM jobs.retry(%s)", (args.run_id,)).fetchone()
+        row = calls.retry(conn, args.run_id)
     assert row is not None
     print(f"run={args.run_id} retried as run={row['id']} attempt={row['attempt']}")
     return 0
@@ -437,14 +440,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return {
-        "leader": conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall(),
-        "definitions": conn.execute(
-            "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
-            " last_status, last_success_at, consecutive_failures AS fails,"
-            " consecutive_skips AS skips, finished, schedule_error"
-            " FROM jobs.definition_health ORDER BY name"
-        ).fetchall(),
-        "queues": conn.execute("SELECT * FROM jobs.queue_stats ORDER BY kind").fetchall(),
+        "leader": calls.leader(conn),
+        "definitions": calls.definition_health(conn),
+        "queues": calls.queue_stats(conn),
     }
 
 
@@ -477,24 +475,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= 10000:
         raise UsageError("--limit must be 1..10000")
     with connect_dicts(_dsn(args)) as conn:
-        rows = conn.execute(
-            """
-            SELECT r.id, d.name AS definition, r.kind, r.status::text AS status, r.attempt,
-                   r.scheduled_for, r.started_at, r.finished_at, r.worker, r.failure_reason,
-                   left(r.error, 60) AS error
-              FROM jobs.runs r LEFT JOIN jobs.definitions d ON d.id = r.definition_id
-             WHERE (%(status)s::jobs.run_status IS NULL OR r.status = %(status)s::jobs.run_status)
-               AND (%(kind)s::text IS NULL OR r.kind = %(kind)s)
-               AND (%(definition)s::text IS NULL OR d.name = %(definition)s)
-             ORDER BY r.id DESC LIMIT %(limit)s
-            """,
-            {
-                "status": args.status,
-                "kind": args.kind,
-                "definition": args.definition,
-                "limit": args.limit,
-            },
-        ).fetchall()
+        rows = calls.run_list(conn, args.status, args.kind, args.definition, args.limit)
     if args.json:
         print(json.dumps(rows, default=_json_default))
     else:
@@ -628,7 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.fn(args))
+        with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
+            return int(args.fn(args))
     except UsageError as exc:
         print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -636,10 +618,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        sqlstate = getattr(exc, "sqlstate", None) or ""
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"pgtick {args.command}: error: {message}", file=sys.stderr)
-        return 2 if sqlstate.startswith("22") or sqlstate == "P0002" else 1
+        return 1
     except KeyboardInterrupt:
         return 130
 

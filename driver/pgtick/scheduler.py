@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
+from pgtick import calls as sql
 from pgtick.db import connect_dicts
 from pgtick.schedule import (
     Plan,
@@ -44,28 +44,6 @@ from pgtick.schedule import (
 )
 
 log = logging.getLogger("pgtick.scheduler")
-
-DUE_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy,
-       dst_gap, dst_repeat
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at <= %s
- ORDER BY next_run_at
- LIMIT %s
-"""
-
-NEW_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy,
-       dst_gap, dst_repeat
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at IS NULL
- ORDER BY id
- LIMIT %s
-"""
-
-MATERIALIZE_SQL = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
 
 
 @dataclass
@@ -136,7 +114,7 @@ class Scheduler:
         if self._conn is not None and not self._conn.closed:
             try:
                 if self.leading:
-                    self._conn.execute("SELECT jobs.resign()")
+                    sql.resign(self._conn)
                     self.leading = False
                     log.info("scheduler owner=%s resigned", self.owner)
             except psycopg.Error:
@@ -157,22 +135,19 @@ class Scheduler:
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
             # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
             idle = max(30, int(self.tick_interval * 10))
-            self._conn.execute(f"SET idle_session_timeout = '{idle}s'")
+            sql.set_idle_session_timeout(self._conn, idle)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
     @staticmethod
     def _backend_pid(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
-        assert row is not None
-        return int(row["pid"])
+        return sql.backend_pid(conn)
 
     # -- one tick -----------------------------------------------------------------
     def tick(self) -> TickReport:
         conn = self._connection()
         report = TickReport()
-        row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (self.owner,)).fetchone()
-        leading = bool(row and row["leading"])
+        leading = sql.try_lead(conn, self.owner)
         if leading and self._backend_pid(conn) != self._pid:
             log.error(
                 "scheduler owner=%s backend pid changed between statements: the leader "
@@ -187,7 +162,7 @@ class Scheduler:
         if not leading:
             return report
         self.materialize_due(report)
-        report.reaped = conn.execute("SELECT * FROM jobs.reap()").fetchall()
+        report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
         if time.monotonic() - self._last_prune >= self.prune_every:
@@ -209,20 +184,14 @@ class Scheduler:
         now = self._now(conn)
         self._init_cursors(conn, now, report)
         self._materialize_recurring(conn, now, report)
-        one = conn.execute(
-            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
-        ).fetchone()
-        report.one_shots = int(one["n"]) if one else 0
+        report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
         report.backfilled = materialize_backfills(conn)
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
         if self.clock is not None:
             return self.clock()
-        row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
-        assert row is not None
-        now: datetime = row["now"]
-        return now
+        return sql.clock_timestamp(conn)
 
     def _schedule(
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
@@ -235,7 +204,7 @@ class Scheduler:
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
-            conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (d["id"], d["revision"], str(exc)))
+            sql.mark_schedule_error(conn, d["id"], d["revision"], str(exc))
             return None
         if len(self._parsed) >= 10000:
             self._parsed.clear()
@@ -248,7 +217,7 @@ class Scheduler:
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
+            rows = sql.new_definitions(conn, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -269,7 +238,7 @@ class Scheduler:
         horizon = now + self.lookahead
         plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(DUE_SQL, (horizon, self.batch)).fetchall()
+            rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -306,7 +275,7 @@ class Scheduler:
     ) -> None:
         """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
         with conn.pipeline():
-            cursors = [conn.execute(MATERIALIZE_SQL, call) for call in calls]
+            cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
@@ -318,8 +287,7 @@ class Scheduler:
         conn = conn or self._connection()
         total = 0
         while True:
-            row = conn.execute("SELECT jobs.prune(NULL, %s) AS n", (batch,)).fetchone()
-            n = int(row["n"]) if row else 0
+            n = sql.prune(conn, batch)
             total += n
             if n < batch:
                 break
@@ -346,14 +314,6 @@ def definition_schedule(d: dict[str, Any]) -> Schedule:
     )
 
 
-BACKFILLS_SQL = """
-SELECT b.id AS backfill_id, b.window_from, b.window_to, d.id, d.name, d.schedule, d.timezone,
-       d.created_at, d.dst_gap, d.dst_repeat
-  FROM jobs.backfills AS b JOIN jobs.definitions AS d ON d.id = b.definition_id
- WHERE b.done_at IS NULL
- ORDER BY b.id
- LIMIT %s
-"""
 
 
 def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
@@ -363,8 +323,7 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
     occurrence that already has its run is not inserted again.
     """
     created = 0
-    cur = conn.cursor(row_factory=dict_row)
-    for b in cur.execute(BACKFILLS_SQL, (limit,)).fetchall():
+    for b in sql.pending_backfills(conn, limit):
         error: str | None = None
         times: list[datetime] = []
         try:
@@ -380,10 +339,7 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
                 times.append(occurrence.at)
         except (ScheduleError, ValueError, LookupError) as exc:
             error = str(exc)
-        row = cur.execute(
-            "SELECT jobs.finish_backfill(%s, %s::timestamptz[], %s) AS n", (b["backfill_id"], times, error)
-        ).fetchone()
-        n = int(row["n"]) if row else 0
+        n = sql.finish_backfill(conn, b["backfill_id"], times, error)
         created += n
         suffix = f" error={error}" if error else ""
         log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from procs import processes, scalar, wait_for
+from harness import processes, scalar, wait_for
 
 from harness import Database
 

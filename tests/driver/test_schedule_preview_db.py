@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from procs import pgtick
+from harness import pgtick
 
 from harness import Database
 from pgtick.app import App
