@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
@@ -333,5 +333,6 @@ def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
 
 
 def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
-    row = conn.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
     return int(row[0]) if row else 0

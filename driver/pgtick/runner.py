@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import itertools
 import logging
 import signal
 import sys
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 

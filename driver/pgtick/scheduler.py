@@ -314,8 +314,6 @@ def definition_schedule(d: dict[str, Any]) -> Schedule:
     )
 
 
-
-
 def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
     """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
 

@@ -12,9 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import processes, scalar, wait_for
-
-from harness import Database
+from harness import Database, processes, scalar, wait_for
 
 
 def occurrence(conn: Any, definition_id: int, seconds: float, due: str) -> int:

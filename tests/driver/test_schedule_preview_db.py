@@ -16,11 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from harness import pgtick
 
-from harness import Database
+from harness import Database, pgtick
 from pgtick.app import App
-from pgtick.runner import sync_app
+from pgtick.definitions import sync_app
 from pgtick.scheduler import Scheduler
 
 CREATED = datetime(2026, 3, 3, 10, 17, tzinfo=UTC)  # a Tuesday, mid-morning

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from harness import Conn, digest, expect_error, scalar
 
+from harness import Conn, digest, expect_error, scalar
 from pgtick.schedule import anchor_for, parse_schedule
 from pgtick.scheduler import materialize_backfills
 
