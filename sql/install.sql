@@ -317,6 +317,146 @@ INSERT INTO jobs.schema_migrations (version, name) VALUES ('0001', 'initial');
 \endif
 COMMIT;
 
+-- migration 0004_flow_control
+BEGIN;
+SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = '0004') AS pgtick_apply_0004 \gset
+\if :pgtick_apply_0004
+-- pgtick schema: flow control. Named queues (pausable), limits per queue and kind (running
+-- and rate, optionally per concurrency key), unique jobs, and dependencies between runs.
+-- Forward-only: once released this file is never edited.
+
+-- ===========================================================================
+-- Queues and concurrency keys on definitions and runs
+-- ===========================================================================
+ALTER TABLE jobs.definitions
+ADD COLUMN queue text NOT NULL DEFAULT 'default' CHECK (length(queue) BETWEEN 1 AND 200),
+ADD COLUMN concurrency_key text CHECK (length(concurrency_key) BETWEEN 1 AND 200);
+COMMENT ON COLUMN jobs.definitions.queue IS
+'Queue its runs go to (default ''default''); jobs.pause_queue() and queue limits act on it.';
+COMMENT ON COLUMN jobs.definitions.concurrency_key IS
+'Concurrency key its runs carry (a tenant, customer, account): per_key limits count each key separately. NULL = none.';
+
+ALTER TABLE jobs.runs
+ADD COLUMN queue text NOT NULL DEFAULT 'default' CHECK (length(queue) BETWEEN 1 AND 200),
+ADD COLUMN concurrency_key text CHECK (length(concurrency_key) BETWEEN 1 AND 200),
+ADD COLUMN unique_key text CHECK (length(unique_key) BETWEEN 1 AND 200),
+ADD COLUMN depends_on bigint[] CHECK (cardinality(depends_on) BETWEEN 1 AND 1000),
+ADD COLUMN blocked boolean NOT NULL DEFAULT FALSE;
+COMMENT ON COLUMN jobs.runs.queue IS
+'Queue of this run (default ''default''); claim skips paused queues and honours queue limits.';
+COMMENT ON COLUMN jobs.runs.concurrency_key IS
+'Tenant/customer/account key: a per_key limit holds for each distinct key separately. NULL = none.';
+COMMENT ON COLUMN jobs.runs.unique_key IS
+'Unique-job key (per kind): while a run with the same kind and key is in the unique_while states, jobs.enqueue adds no other.';
+COMMENT ON COLUMN jobs.runs.depends_on IS
+'Runs that must COMPLETE (by their retry chain''s final outcome) before this one is claimable; NULL = none.';
+COMMENT ON COLUMN jobs.runs.blocked IS
+'True while some run in depends_on has not completed: jobs.claim skips it (see the jobs.blocked view).';
+
+-- DependencyFailed: cancelled because a run it depends on failed for good or was cancelled.
+ALTER TABLE jobs.runs DROP CONSTRAINT runs_failure_reason_check;
+ALTER TABLE jobs.runs ADD CONSTRAINT runs_failure_reason_check
+CHECK (failure_reason IN ('Error', 'HeartbeatLost', 'Orphaned', 'Timeout', 'Skipped', 'DependencyFailed'));
+COMMENT ON COLUMN jobs.runs.failure_reason IS
+'Error, HeartbeatLost, Orphaned, Timeout, Skipped or DependencyFailed.';
+
+-- The idempotency key is per kind: two kinds may use the same key.
+DROP INDEX jobs.runs_idempotency_uniq;
+CREATE UNIQUE INDEX runs_idempotency_uniq ON jobs.runs (kind, idempotency_key)
+WHERE idempotency_key IS NOT NULL;
+COMMENT ON COLUMN jobs.runs.idempotency_key IS
+'Optional caller key, unique per kind: a second enqueue of the kind with it returns this run.';
+
+-- Live counts per queue and per kind (claim counts RUNNING per group under its locks).
+CREATE INDEX runs_running_queue_idx ON jobs.runs (queue, concurrency_key)
+WHERE status = 'RUNNING';
+CREATE INDEX runs_running_kind_idx ON jobs.runs (kind, concurrency_key)
+WHERE status = 'RUNNING';
+-- Rate limits: starts in a trailing window, per queue and per kind.
+CREATE INDEX runs_started_queue_idx ON jobs.runs (queue, started_at)
+WHERE started_at IS NOT NULL;
+CREATE INDEX runs_started_kind_idx ON jobs.runs (kind, started_at)
+WHERE started_at IS NOT NULL;
+-- Unique jobs: the runs of a kind with a unique key, newest first.
+CREATE INDEX runs_unique_idx ON jobs.runs (kind, unique_key, id)
+WHERE unique_key IS NOT NULL;
+-- Dependencies: the waiting runs of a dependency (release on completion, cascade on failure).
+CREATE INDEX runs_blocked_deps_idx ON jobs.runs USING gin (depends_on)
+WHERE blocked;
+
+-- ===========================================================================
+-- Paused queues
+-- ===========================================================================
+CREATE TABLE jobs.paused_queues (
+    name text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
+    paused_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE jobs.paused_queues IS
+'Queues nothing is claimed from (jobs.pause_queue / jobs.resume_queue); RUNNING runs finish.';
+COMMENT ON COLUMN jobs.paused_queues.name IS 'Queue name.';
+COMMENT ON COLUMN jobs.paused_queues.paused_at IS 'When it was paused.';
+
+-- ===========================================================================
+-- Limits per queue and per kind
+-- ===========================================================================
+CREATE TABLE jobs.limits (
+    scope text NOT NULL CHECK (scope IN ('queue', 'kind')),
+    name text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    max_running integer CHECK (max_running BETWEEN 1 AND 1000000),
+    rate_limit integer CHECK (rate_limit BETWEEN 1 AND 1000000),
+    rate_period interval CHECK (rate_period > '0' AND rate_period <= '1 day'),
+    per_key boolean NOT NULL DEFAULT FALSE,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, name),
+    CONSTRAINT limits_rate_needs_period CHECK ((rate_limit IS NULL) = (rate_period IS NULL)),
+    CONSTRAINT limits_something_limited CHECK (max_running IS NOT NULL OR rate_limit IS NOT NULL)
+);
+COMMENT ON TABLE jobs.limits IS
+'Limits enforced by jobs.claim across all workers, per queue or per kind (written by jobs.set_limit).';
+COMMENT ON COLUMN jobs.limits.scope IS 'queue or kind.';
+COMMENT ON COLUMN jobs.limits.name IS 'The queue or kind name.';
+COMMENT ON COLUMN jobs.limits.max_running IS 'At most this many RUNNING at once; NULL = no running limit.';
+COMMENT ON COLUMN jobs.limits.rate_limit IS 'At most this many starts per trailing rate_period; NULL = no rate limit.';
+COMMENT ON COLUMN jobs.limits.rate_period IS 'The trailing window of the rate limit (up to 1 day).';
+COMMENT ON COLUMN jobs.limits.per_key IS
+'true: the limit holds for each distinct concurrency_key separately (runs without a key share one slot group).';
+COMMENT ON COLUMN jobs.limits.updated_at IS 'Last change.';
+
+-- ===========================================================================
+-- Functions whose signature grows (absent on a fresh install; re-created by sql/*.sql)
+-- ===========================================================================
+DROP FUNCTION IF EXISTS jobs.claim(integer, text, text[], boolean);
+DROP FUNCTION IF EXISTS jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval);
+DROP FUNCTION IF EXISTS jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
+    interval, interval
+);
+
+-- ===========================================================================
+-- Private: one capped group of a claim's pool (a definition with a cap, or a limit,
+-- per concurrency key where the limit is per_key), with its lock and its room
+-- ===========================================================================
+CREATE TYPE jobs._claim_group AS (
+    label text,
+    lock_key bigint,
+    scope text,
+    name text,
+    ckey text,
+    per_key boolean,
+    definition_id bigint,
+    max_running integer,
+    rate_limit integer,
+    rate_period interval,
+    skip boolean,
+    locked boolean,
+    free integer
+);
+COMMENT ON TYPE jobs._claim_group IS
+'Private: a group jobs.claim must keep within its limit: its label, dispatch lock key, limit, and the room counted under the lock.';
+INSERT INTO jobs.schema_migrations (version, name) VALUES ('0004', 'flow_control');
+\endif
+COMMIT;
+
 -- functions and views (re-applied every time)
 BEGIN;
 
@@ -432,12 +572,468 @@ $$;
 COMMENT ON FUNCTION jobs._notify() IS
 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
 
+-- sql/flow.sql
+-- ===========================================================================
+-- flow.sql: flow control. Named queues (pause / resume), limits per queue and
+-- kind (running and rate, optionally per concurrency key), snooze, and the
+-- dependency bookkeeping behind jobs.enqueue(..., depends_on => ...).
+--
+-- Limits are enforced by jobs.claim (claim.sql); unique jobs and bulk enqueue
+-- live in enqueue.sql.
+--
+-- Dependencies. A run with depends_on is inserted blocked unless every run it
+-- depends on has already completed. A dependency counts by its retry chain's
+-- final outcome (the chain is the run and its retries, linked by retry_of):
+--   * when the last run of a chain COMPLETES, jobs._release_dependents clears
+--     `blocked` on the runs waiting on that chain whose other dependencies are
+--     complete too (called by jobs.complete and jobs.complete_many);
+--   * when the last run of a chain ends FAILED with no retry, or CANCELLED,
+--     jobs._cascade_dependency_failure cancels every blocked run waiting on it,
+--     and the runs waiting on those, down the chain, with failure_reason
+--     'DependencyFailed' (called by jobs.fail, jobs.reap, jobs.cancel,
+--     jobs.cancel_queued, jobs.acknowledge_cancel and claim's overlap skip).
+-- Both lock the waiting runs in ascending id order. A dependent always has a
+-- higher id than its dependencies (they must exist first), so every path locks
+-- its own run before the dependents: no cycle. jobs.enqueue takes FOR SHARE
+-- locks on the dependency chains while it decides whether the new run is
+-- blocked, so a completion or failure cannot slip between that decision and
+-- the commit that makes the new run visible.
+-- ===========================================================================
+
+-- Private: every run of the retry chains starting at the given runs (each run and its retries).
+CREATE OR REPLACE FUNCTION jobs._chain_forward(run_ids bigint[])
+RETURNS TABLE (root bigint, run_id bigint, attempt integer, status jobs.run_status)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE chain AS (
+        SELECT r.id AS root, r.id, r.attempt, r.status
+          FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+        UNION ALL
+        SELECT c.root, r.id, r.attempt, r.status
+          FROM chain AS c JOIN jobs.runs AS r ON r.retry_of = c.id
+    )
+    SELECT chain.root, chain.id, chain.attempt, chain.status FROM chain
+$$;
+COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS
+'Private: (root, run_id, attempt, status) of every run in the retry chains that start at run_ids.';
+
+-- Private: the given runs and every earlier attempt of theirs (following retry_of back).
+CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[])
+RETURNS bigint[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE chain AS (
+        SELECT r.id, r.retry_of FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+        UNION
+        SELECT r.id, r.retry_of FROM chain AS c JOIN jobs.runs AS r ON r.id = c.retry_of
+    )
+    SELECT coalesce(array_agg(chain.id), '{}') FROM chain
+$$;
+COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS
+'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
+
+-- Private: 'met', 'pending' or 'failed' for a depends_on list, locking the chains FOR SHARE.
+CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[])
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_missing bigint[];
+    v_chain bigint[];
+    v_locked bigint[] := '{}';
+    v_state text;
+BEGIN
+    IF depends_on IS NULL THEN
+        RETURN 'met';
+    END IF;
+    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000
+       OR EXISTS (SELECT FROM unnest(depends_on) AS d WHERE d IS NULL) THEN
+        RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT array_agg(d ORDER BY d) INTO v_missing
+      FROM unnest(depends_on) AS d
+     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
+            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
+    END IF;
+    -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
+    -- chain, so look again until the locked set covers it.
+    LOOP
+        SELECT array_agg(DISTINCT c.run_id ORDER BY c.run_id) INTO v_chain
+          FROM jobs._chain_forward(depends_on) AS c;
+        EXIT WHEN v_chain <@ v_locked;
+        PERFORM FROM jobs.runs AS r
+         WHERE r.id = ANY (v_chain) AND r.id <> ALL (v_locked)
+         ORDER BY r.id
+           FOR SHARE;
+        v_locked := v_locked || v_chain;
+    END LOOP;
+    SELECT CASE WHEN bool_or(l.status IN ('FAILED', 'CANCELLED')) THEN 'failed'
+                WHEN bool_and(l.status = 'COMPLETED') THEN 'met'
+                ELSE 'pending' END
+      INTO v_state
+      FROM (SELECT DISTINCT ON (c.root) c.root, c.status
+              FROM jobs._chain_forward(depends_on) AS c
+             ORDER BY c.root, c.attempt DESC) AS l;
+    RETURN v_state;
+END
+$$;
+COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS
+'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
+
+-- Private: unblock the runs waiting on these just-completed runs whose dependencies are all complete.
+CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_chain bigint[] := jobs._chain_back(run_ids);
+    v_waiting bigint[];
+    v_count integer;
+BEGIN
+    -- Lock first (ascending ids), then decide in a new statement: its fresh snapshot sees a
+    -- concurrent completion of another dependency that committed while we waited for the lock.
+    SELECT array_agg(w.id) INTO v_waiting
+      FROM (SELECT r.id FROM jobs.runs AS r
+             WHERE r.blocked AND r.status = 'QUEUED'
+               AND r.depends_on && v_chain
+             ORDER BY r.id
+               FOR UPDATE) AS w;
+    IF v_waiting IS NULL THEN
+        RETURN 0;
+    END IF;
+    UPDATE jobs.runs AS r
+       SET blocked = FALSE
+     WHERE r.id = ANY (v_waiting) AND r.blocked AND r.status = 'QUEUED'
+       AND NOT EXISTS (
+           SELECT FROM (SELECT DISTINCT ON (c.root) c.status
+                          FROM jobs._chain_forward(r.depends_on) AS c
+                         ORDER BY c.root, c.attempt DESC) AS l
+            WHERE l.status <> 'COMPLETED');
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
+'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
+
+-- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
+CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_chain bigint[];
+    v_count integer;
+BEGIN
+    IF run_ids IS NULL OR cardinality(run_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    v_chain := jobs._chain_back(run_ids);
+    WITH RECURSIVE doomed AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on && v_chain
+        UNION
+        SELECT r.id FROM doomed AS d
+          JOIN jobs.runs AS r ON r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+    ),
+    locked AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.id IN (SELECT doomed.id FROM doomed) AND r.status = 'QUEUED'
+         ORDER BY r.id
+           FOR UPDATE
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
+           failure_reason = 'DependencyFailed',
+           error = 'a run it depends on failed or was cancelled'
+      FROM locked
+     WHERE r.id = locked.id AND r.status = 'QUEUED';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS
+'Private: after runs failed for good or were cancelled, cancel every run waiting on them (and on those, down the chain) with failure_reason DependencyFailed; returns how many.';
+
+-- ---------------------------------------------------------------------------
+-- Queues
+-- ---------------------------------------------------------------------------
+
+-- Stop claiming from a queue now (RUNNING runs finish); returns true if it was not paused yet.
+CREATE OR REPLACE FUNCTION jobs.pause_queue(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('name', pause_queue.name, 200);
+    INSERT INTO jobs.paused_queues (name) VALUES (pause_queue.name) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.pause_queue(text) IS
+'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
+
+-- Resume claiming from a paused queue; returns true if it was paused.
+CREATE OR REPLACE FUNCTION jobs.resume_queue(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('name', resume_queue.name, 200);
+    DELETE FROM jobs.paused_queues AS p WHERE p.name = resume_queue.name;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.resume_queue(text) IS
+'Resume claiming from the named queue (wakes idle workers). Returns false if it was not paused.';
+
+-- Every queue in use (by a live run, a definition, a limit or a pause), with its state and counts.
+CREATE OR REPLACE VIEW jobs.queues AS
+WITH names AS (
+    SELECT r.queue AS name FROM jobs.runs AS r
+    WHERE r.status IN ('QUEUED', 'RUNNING')
+    UNION
+    SELECT d.queue FROM jobs.definitions AS d
+    UNION
+    SELECT l.name FROM jobs.limits AS l
+    WHERE l.scope = 'queue'
+    UNION
+    SELECT p.name FROM jobs.paused_queues AS p
+)
+
+SELECT
+    n.name,
+    p.name IS NOT NULL AS paused,
+    p.paused_at,
+    coalesce(live.queued, 0) AS queued,
+    coalesce(live.running, 0) AS running,
+    coalesce(live.blocked, 0) AS blocked,
+    l.max_running,
+    l.rate_limit,
+    l.rate_period,
+    l.per_key
+FROM names AS n
+LEFT JOIN jobs.paused_queues AS p ON n.name = p.name
+LEFT JOIN jobs.limits AS l ON l.scope = 'queue' AND n.name = l.name
+LEFT JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND NOT r.blocked) AS queued,
+        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked
+    FROM jobs.runs AS r
+    WHERE r.queue = n.name AND r.status IN ('QUEUED', 'RUNNING')
+) AS live ON TRUE;
+COMMENT ON VIEW jobs.queues IS
+'Every queue in use (live runs, definitions, limits, pauses): paused and since when, QUEUED (claimable or waiting for a time), RUNNING, blocked on dependencies, and its limit.';
+
+-- ---------------------------------------------------------------------------
+-- Limits
+-- ---------------------------------------------------------------------------
+
+-- Create or replace the limit of a queue or kind (running and/or rate, optionally per concurrency key).
+CREATE OR REPLACE FUNCTION jobs.set_limit(
+    scope text,
+    name text,
+    max_running integer DEFAULT NULL,
+    rate_limit integer DEFAULT NULL,
+    rate_period interval DEFAULT NULL,
+    per_key boolean DEFAULT FALSE
+)
+RETURNS jobs.limits
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_limit jobs.limits;
+BEGIN
+    IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
+        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_text('name', set_limit.name, 200);
+    IF set_limit.max_running IS NOT NULL THEN
+        PERFORM jobs._check_range('max_running', set_limit.max_running, 1, 1000000);
+    END IF;
+    IF set_limit.rate_limit IS NOT NULL THEN
+        PERFORM jobs._check_range('rate_limit', set_limit.rate_limit, 1, 1000000);
+    END IF;
+    IF (set_limit.rate_limit IS NULL) <> (set_limit.rate_period IS NULL) THEN
+        RAISE EXCEPTION 'rate_limit and rate_period go together: give both or neither'
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.rate_period IS NOT NULL
+       AND (set_limit.rate_period <= interval '0' OR set_limit.rate_period > interval '1 day') THEN
+        RAISE EXCEPTION 'rate_period must be a positive interval of at most 1 day, got %', set_limit.rate_period
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.max_running IS NULL AND set_limit.rate_limit IS NULL THEN
+        RAISE EXCEPTION 'give max_running, or rate_limit with rate_period (jobs.remove_limit removes a limit)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.per_key IS NULL THEN
+        RAISE EXCEPTION 'per_key must be true or false, got NULL' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.limits AS l (scope, name, max_running, rate_limit, rate_period, per_key)
+    VALUES (set_limit.scope, set_limit.name, set_limit.max_running, set_limit.rate_limit,
+            set_limit.rate_period, set_limit.per_key)
+    ON CONFLICT (scope, name) DO UPDATE
+       SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period, per_key = excluded.per_key, updated_at = now()
+    RETURNING l.* INTO v_limit;
+    PERFORM jobs._notify();  -- a raised limit may let waiting runs start
+    RETURN v_limit;
+END
+$$;
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS
+'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
+
+-- Remove the limit of a queue or kind; returns true if there was one.
+CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF remove_limit.scope IS NULL OR remove_limit.scope NOT IN ('queue', 'kind') THEN
+        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(remove_limit.scope, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_text('name', remove_limit.name, 200);
+    DELETE FROM jobs.limits AS l WHERE l.scope = remove_limit.scope AND l.name = remove_limit.name;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
+'Remove the limit of a queue or kind (scope queue | kind); returns false if it had none.';
+
+-- ---------------------------------------------------------------------------
+-- Snooze
+-- ---------------------------------------------------------------------------
+
+-- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
+CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_range('run_id', snooze.run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', snooze.worker, 200);
+    IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN
+        RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE jobs.runs AS r
+       SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
+           started_at = NULL, heartbeat_at = NULL, worker = NULL
+     WHERE r.id = snooze.run_id
+       AND r.status = 'RUNNING'
+       AND r.worker = snooze.worker
+       AND NOT r.cancel_requested;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval) IS
+'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker and no cancellation was requested; returns false (and changes nothing) otherwise.';
+
+-- ---------------------------------------------------------------------------
+-- What waits on what
+-- ---------------------------------------------------------------------------
+
+-- Blocked runs, each with the dependencies it still waits for.
+CREATE OR REPLACE VIEW jobs.blocked AS
+SELECT
+    r.id,
+    r.kind,
+    r.queue,
+    r.depends_on,
+    w.waiting_on,
+    r.created_at,
+    now() - r.created_at AS waiting_for
+FROM jobs.runs AS r
+CROSS JOIN
+    LATERAL (
+        SELECT array_agg(d.dep ORDER BY d.dep) AS waiting_on
+        FROM unnest(r.depends_on) AS d (dep)
+        WHERE NOT EXISTS (
+            WITH RECURSIVE chain AS (
+                SELECT
+                    c.id,
+                    c.status
+                FROM jobs.runs AS c
+                WHERE c.id = d.dep
+                UNION ALL
+                SELECT
+                    n.id,
+                    n.status
+                FROM chain INNER JOIN jobs.runs AS n ON chain.id = n.retry_of
+            )
+
+            SELECT FROM chain
+            WHERE chain.status = 'COMPLETED'
+        )
+    ) AS w
+WHERE r.blocked AND r.status = 'QUEUED';
+COMMENT ON VIEW jobs.blocked IS
+'QUEUED runs that wait on dependencies: depends_on, and waiting_on, those whose retry chain has not completed yet.';
+
 -- sql/enqueue.sql
 -- ===========================================================================
 -- enqueue.sql: ad-hoc runs (jobs.enqueue) and runs of a definition on demand (jobs.run_now).
 -- ===========================================================================
 
--- Queue one ad-hoc run; with an idempotency key, a repeat returns the existing run.
+-- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
+CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM jobs._check_text('queue', queue, 200);
+    IF concurrency_key IS NOT NULL THEN
+        PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS
+'Private: raises 22023 naming the field unless queue is a non-empty name and concurrency_key NULL or non-empty (up to 200 characters).';
+
+-- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
+-- run. With a unique key, while a run of the same kind and key is in the unique_while states
+-- (and was created within unique_for), no run is added: on_conflict says what happens to the
+-- existing one. Concurrent enqueues of one unique key are serialized by an advisory xact lock
+-- on (kind, unique_key), then the check and the insert run under it.
+-- With depends_on, the run is not claimable until every run listed has completed.
 CREATE OR REPLACE FUNCTION jobs.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -446,7 +1042,14 @@ CREATE OR REPLACE FUNCTION jobs.enqueue(
     idempotency_key text DEFAULT NULL,
     max_attempts integer DEFAULT NULL,
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL,
+    unique_key text DEFAULT NULL,
+    unique_while text DEFAULT 'active',
+    unique_for interval DEFAULT NULL,
+    on_conflict text DEFAULT 'ignore',
+    depends_on bigint[] DEFAULT NULL
 )
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -455,6 +1058,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_run jobs.runs;
+    v_deps text;
 BEGIN
     PERFORM jobs._check_text('kind', enqueue.kind, 200);
     PERFORM jobs._check_payload('payload', enqueue.payload);
@@ -468,29 +1072,160 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', enqueue.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', enqueue.heartbeat_timeout);
+    PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
+    IF enqueue.unique_key IS NOT NULL THEN
+        PERFORM jobs._check_text('unique_key', enqueue.unique_key, 200);
+    END IF;
+    IF enqueue.unique_while IS NULL OR enqueue.unique_while NOT IN ('queued', 'active', 'ever') THEN
+        RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_positive('unique_for', enqueue.unique_for);
+    IF enqueue.on_conflict IS NULL OR enqueue.on_conflict NOT IN ('ignore', 'replace', 'debounce') THEN
+        RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', coalesce(enqueue.on_conflict, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.unique_key IS NOT NULL AND enqueue.idempotency_key IS NOT NULL THEN
+        RAISE EXCEPTION 'give unique_key or idempotency_key, not both' USING ERRCODE = '22023';
+    END IF;
+
+    IF enqueue.unique_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('unique:' || jsonb_build_array(enqueue.kind, enqueue.unique_key)::text, 0));
+        -- Under the lock, a fresh snapshot: any earlier enqueue of this key has committed.
+        SELECT r.* INTO v_run
+          FROM jobs.runs AS r
+         WHERE r.kind = enqueue.kind AND r.unique_key = enqueue.unique_key
+           AND CASE enqueue.unique_while
+                   WHEN 'queued' THEN r.status = 'QUEUED'
+                   WHEN 'active' THEN r.status IN ('QUEUED', 'RUNNING')
+                   ELSE TRUE END
+           AND (enqueue.unique_for IS NULL OR r.created_at > now() - enqueue.unique_for)
+         ORDER BY r.id DESC
+         LIMIT 1
+           FOR UPDATE;
+        IF FOUND THEN
+            IF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'replace' THEN
+                UPDATE jobs.runs AS r
+                   SET payload = enqueue.payload, scheduled_for = enqueue.run_at
+                 WHERE r.id = v_run.id AND r.status = 'QUEUED'
+                RETURNING r.* INTO v_run;
+                PERFORM jobs._notify();
+            ELSIF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'debounce' THEN
+                UPDATE jobs.runs AS r
+                   SET scheduled_for = enqueue.run_at
+                 WHERE r.id = v_run.id AND r.status = 'QUEUED'
+                RETURNING r.* INTO v_run;
+            END IF;
+            RETURN v_run;
+        END IF;
+    END IF;
+
+    v_deps := jobs._dependency_state(enqueue.depends_on);
 
     INSERT INTO jobs.runs AS r (
         kind, payload, scheduled_for, priority, idempotency_key, max_attempts,
-        timeout, heartbeat_timeout, origin
+        timeout, heartbeat_timeout, origin, queue, concurrency_key, unique_key, depends_on,
+        blocked, status, finished_at, failure_reason, error
     )
     VALUES (
         enqueue.kind, enqueue.payload, enqueue.run_at, enqueue.priority, enqueue.idempotency_key,
-        enqueue.max_attempts, enqueue.timeout, enqueue.heartbeat_timeout, 'manual'
+        enqueue.max_attempts, enqueue.timeout, enqueue.heartbeat_timeout, 'manual',
+        enqueue.queue, enqueue.concurrency_key, enqueue.unique_key, enqueue.depends_on,
+        v_deps = 'pending',
+        CASE WHEN v_deps = 'failed' THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
+        CASE WHEN v_deps = 'failed' THEN now() END,
+        CASE WHEN v_deps = 'failed' THEN 'DependencyFailed' END,
+        CASE WHEN v_deps = 'failed' THEN 'a run it depends on failed or was cancelled' END
     )
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING r.* INTO v_run;
 
     IF NOT FOUND THEN
         -- The key exists (possibly committed a moment ago by a concurrent caller): return that run.
-        SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.idempotency_key = enqueue.idempotency_key;
+        SELECT r.* INTO v_run FROM jobs.runs AS r
+         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key;
         RETURN v_run;
     END IF;
     PERFORM jobs._notify();
     RETURN v_run;
 END
 $$;
-COMMENT ON FUNCTION jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval) IS
-'Queue an ad-hoc run of kind at run_at. With idempotency_key, a second call returns the existing run and creates nothing.';
+COMMENT ON FUNCTION jobs.enqueue(
+    text, jsonb, timestamptz, integer, text, integer, interval, interval,
+    text, text, text, text, interval, text, bigint[]
+) IS
+'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run. unique_key: while a run of the kind with that key is queued | active | ever (unique_while), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled.';
+
+-- Queue many ad-hoc runs of one kind in one statement (one per element of the JSON array payloads).
+CREATE OR REPLACE FUNCTION jobs.enqueue_many(
+    kind text,
+    payloads jsonb,
+    run_at timestamptz DEFAULT now(),
+    priority integer DEFAULT 0,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    heartbeat_timeout interval DEFAULT NULL,
+    depends_on bigint[] DEFAULT NULL
+)
+RETURNS SETOF jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_deps text;
+    v_bad bigint;
+BEGIN
+    PERFORM jobs._check_text('kind', enqueue_many.kind, 200);
+    IF enqueue_many.payloads IS NULL OR jsonb_typeof(enqueue_many.payloads) <> 'array' THEN
+        RAISE EXCEPTION 'payloads must be a JSON array of objects, got %',
+            coalesce(jsonb_typeof(enqueue_many.payloads), 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('payloads length', jsonb_array_length(enqueue_many.payloads), 1, 100000);
+    SELECT min(e.n) INTO v_bad
+      FROM jsonb_array_elements(enqueue_many.payloads) WITH ORDINALITY AS e (payload, n)
+     WHERE jsonb_typeof(e.payload) <> 'object'
+        OR octet_length(e.payload::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads[%] must be a JSON object within jobs.config.max_payload_bytes', v_bad - 1
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_instant('run_at', enqueue_many.run_at);
+    PERFORM jobs._check_range('priority', enqueue_many.priority, -1000, 1000);
+    PERFORM jobs._check_flow_args(enqueue_many.queue, enqueue_many.concurrency_key);
+    IF enqueue_many.max_attempts IS NOT NULL THEN
+        PERFORM jobs._check_range('max_attempts', enqueue_many.max_attempts, 1, 1000);
+    END IF;
+    PERFORM jobs._check_positive('timeout', enqueue_many.timeout);
+    PERFORM jobs._check_positive('heartbeat_timeout', enqueue_many.heartbeat_timeout);
+    v_deps := jobs._dependency_state(enqueue_many.depends_on);
+
+    RETURN QUERY
+    INSERT INTO jobs.runs AS r (
+        kind, payload, scheduled_for, priority, max_attempts, timeout, heartbeat_timeout, origin,
+        queue, concurrency_key, depends_on, blocked, status, finished_at, failure_reason, error
+    )
+    SELECT enqueue_many.kind, e.payload, enqueue_many.run_at, enqueue_many.priority,
+           enqueue_many.max_attempts, enqueue_many.timeout, enqueue_many.heartbeat_timeout, 'manual',
+           enqueue_many.queue, enqueue_many.concurrency_key, enqueue_many.depends_on,
+           v_deps = 'pending',
+           CASE WHEN v_deps = 'failed' THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
+           CASE WHEN v_deps = 'failed' THEN now() END,
+           CASE WHEN v_deps = 'failed' THEN 'DependencyFailed' END,
+           CASE WHEN v_deps = 'failed' THEN 'a run it depends on failed or was cancelled' END
+      FROM jsonb_array_elements(enqueue_many.payloads) WITH ORDINALITY AS e (payload, n)
+     ORDER BY e.n
+    RETURNING r.*;
+    PERFORM jobs._notify();
+END
+$$;
+COMMENT ON FUNCTION jobs.enqueue_many(
+    text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]
+) IS
+'Queue one ad-hoc run of kind per element of payloads (a JSON array of objects) in one statement and one NOTIFY; returns them in array order. The other arguments apply to every run.';
 
 -- Queue a run of a definition now (origin manual); it counts against the definition's cap.
 CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL)
@@ -511,11 +1246,13 @@ BEGIN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(run_now.name) USING ERRCODE = 'P0002';
     END IF;
     INSERT INTO jobs.runs AS r (
-        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin,
+        queue, concurrency_key
     )
     VALUES (
         v_def.id, v_def.kind, coalesce(run_now.payload, v_def.payload), v_def.priority,
-        v_def.max_attempts, v_def.timeout, v_def.heartbeat_timeout, 'manual'
+        v_def.max_attempts, v_def.timeout, v_def.heartbeat_timeout, 'manual',
+        v_def.queue, v_def.concurrency_key
     )
     RETURNING r.* INTO v_run;
     PERFORM jobs._notify();
@@ -527,35 +1264,52 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 
 -- sql/claim.sql
 -- ===========================================================================
--- claim.sql: hand due QUEUED runs to a worker, never more RUNNING per definition
--- than its max_concurrent_runs, across any number of claimers.
+-- claim.sql: hand due QUEUED runs to a worker, never more RUNNING (or more starts
+-- per trailing window) in any capped group than its limit, across any number of
+-- claimers.
+--
+-- A run belongs to up to three capped groups: its definition (max_concurrent_runs),
+-- its queue and its kind (jobs.limits; with per_key, the group is the queue or kind
+-- together with the run's concurrency_key). It starts only when every group it
+-- belongs to has room.
 --
 -- The algorithm (DESIGN.md "Claiming"); each step is its own statement, so under
 -- READ COMMITTED each one sees a fresh snapshot:
---   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED;
---   2. for the capped definitions among them take the dispatch advisory lock,
---      in ascending definition id order (so claimers never wait in a cycle): first
---      only tried; if nothing in the pool can be picked without a busy one, waited
---      for, but only for ids above every lock already held;
---   3. only then count the live RUNNING rows of those definitions;
---   4. pick rows in pool order while their definition has room and mark them
---      RUNNING. Rows of definitions at cap stay QUEUED (backpressure), except
---      scheduled occurrences of overlap_policy = 'skip' definitions that find
---      no free slot at all, which are recorded as CANCELLED with failure_reason
---      'Skipped'.
+--   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED,
+--      leaving out paused queues, queues not asked for, and runs whose dependencies
+--      have not completed (blocked);
+--   2. for the capped groups among them take each group's dispatch advisory lock,
+--      in ONE ascending order of lock keys across all groups (so claimers never
+--      wait in a cycle): first only tried; if nothing in the pool can be picked
+--      without a busy one, waited for, but only for keys above every lock already
+--      held;
+--   3. only then count, per group, the live RUNNING rows and (rate limits) the
+--      starts within the trailing rate_period;
+--   4. pick rows in pool order while every group a row belongs to has room and mark
+--      them RUNNING. Rows of a group at its limit stay QUEUED (backpressure),
+--      except scheduled occurrences of overlap_policy = 'skip' definitions that
+--      find no free slot at all, which are recorded as CANCELLED with
+--      failure_reason 'Skipped'.
 -- One claim per transaction: a second call would still hold the first call's
 -- dispatch locks and could wait out of order, so it is refused.
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
--- grows by 3 x batch_size (to the ~4x oversample) only when caps held rows back,
--- so one crowded definition cannot starve the batch. The second slice leaves out
--- the definitions already known to have no room left, so even a capped backlog
--- far longer than the oversample cannot fill it. In that second round a
--- definition whose id is below one already locked is only try-locked (never
--- waited for), which keeps every wait in ascending order.
+-- grows by 3 x batch_size (to the ~4x oversample) only when limits held rows back,
+-- so one crowded group cannot starve the batch. The second slice leaves out the
+-- groups already known to have no room left, so even a capped backlog far longer
+-- than the oversample cannot fill it. In that second round a group whose lock key
+-- is below one already held is only try-locked (never waited for), which keeps
+-- every wait in ascending order.
+-- With no limit rows and no capped definition in the pool there are no groups:
+-- steps 2 and 3 do nothing and step 4 takes the pool's first batch_size rows.
+--
+-- Dispatch lock keys: a definition's is hashtextextended('dispatch:' || id, 0); a
+-- limit's is hashtextextended('dispatch:' || label, 0), label being the JSON array
+-- [scope, name] or, per key, [scope, name, concurrency_key].
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
+-- kinds / queues: only runs of these kinds / queues (NULL = all).
 -- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
 -- from now on (the Python driver), so a crash right after the claim is reaped after the
 -- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
@@ -565,7 +1319,8 @@ CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
     kinds text[] DEFAULT NULL,
-    heartbeat boolean DEFAULT FALSE
+    heartbeat boolean DEFAULT FALSE,
+    queues text[] DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -577,24 +1332,32 @@ DECLARE
     v_worker text;
     v_round integer := 0;
     v_limit integer;
+    v_paused text[];
+    v_has_limits boolean;
     v_new_ids bigint[];
-    v_new_defs bigint[];
-    v_pool_ids bigint[] := '{}';    -- pool in claim order ...
-    v_pool_defs bigint[] := '{}';   -- ... with each row's definition (NULL: ad-hoc)
-    v_pool_origin text[] := '{}';
-    v_locked bigint[] := '{}';      -- capped definitions whose dispatch lock we hold
-    v_max_locked bigint := NULL;
-    v_def bigint;
-    v_count_defs bigint[];
-    v_room_defs bigint[] := '{}';   -- per capped definition: free slots, skip policy
-    v_room_free integer[] := '{}';
-    v_room_skip boolean[] := '{}';
+    v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
+    v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
+    v_pool_origin text[] := '{}';   --   origin
+    v_pool_queues text[] := '{}';   --   queue
+    v_pool_kinds text[] := '{}';    --   kind
+    v_pool_keys text[] := '{}';     --   concurrency_key
+    v_groups jobs._claim_group[] := '{}';   -- every capped group met so far
+    v_labels text[] := '{}';        -- their labels, for lookups
+    v_new jobs._claim_group[];
+    v_g jobs._claim_group;
+    v_max_key bigint := NULL;       -- highest dispatch lock key held
+    v_busy boolean;                 -- some group could not be locked yet
+    v_waited boolean;
+    v_room integer[];
+    v_demand integer[];
+    v_row_groups integer[];
+    v_gi integer;
+    v_ok boolean;
     v_pick bigint[];
     v_skip bigint[];
-    v_full bigint[] := '{}';        -- capped definitions with no room for another pool row
-    v_busy bigint[] := '{}';        -- capped definitions another claimer is dispatching
-    v_still_busy bigint[];
-    v_waited boolean;
+    v_full_defs bigint[] := '{}';   -- groups with no room for another pool row
+    v_full text[] := '{}';
+    i integer;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -604,7 +1367,7 @@ BEGIN
     END IF;
     IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
         -- The dispatch locks of the first call are still held: a second call could
-        -- wait on a lower definition id and break the ascending lock order.
+        -- wait on a lower lock key and break the ascending lock order.
         RAISE EXCEPTION 'jobs.claim was already called in this transaction'
             USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
     END IF;
@@ -613,9 +1376,19 @@ BEGIN
     IF claim.worker IS NOT NULL THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
+    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+            SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200)) THEN
+        RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+            USING ERRCODE = '22023';
+    END IF;
     v_worker := coalesce(claim.worker, (
         SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
           FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()));
+    -- Paused queues and whether any limit exists, read once: a pause committed before
+    -- this call starts is seen by it.
+    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
+           EXISTS (SELECT FROM jobs.limits)
+      INTO v_paused, v_has_limits;
 
     LOOP
         v_round := v_round + 1;
@@ -626,108 +1399,208 @@ BEGIN
         -- sort the whole queue instead of walking runs_claim_idx. The rest use generic plans.
         PERFORM set_config('plan_cache_mode', 'force_custom_plan', TRUE);
         SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-          INTO v_new_ids, v_new_defs, v_pool_origin
-          FROM (SELECT r.id, r.definition_id, r.origin, r.priority, r.scheduled_for
+               v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+          INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+          FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                       r.priority, r.scheduled_for
                   FROM jobs.runs AS r
                  WHERE r.status = 'QUEUED'
                    AND r.scheduled_for <= now()
+                   AND NOT r.blocked
                    AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+                   AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+                   AND r.queue <> ALL (v_paused)
                    AND r.id <> ALL (v_pool_ids)
-                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full))
+                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
+                   AND (cardinality(v_full) = 0
+                        OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
+                            AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
+                            AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
+                            AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
                  LIMIT v_limit
                    FOR UPDATE SKIP LOCKED) AS c;
         v_pool_ids := v_pool_ids || v_new_ids;
-        v_pool_defs := v_pool_defs || v_new_defs;
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
-        -- 2. Dispatch locks for the capped definitions new in this slice, in ascending
-        -- id order. First only try them: a busy one is someone else's claim in flight.
-        v_count_defs := '{}';
-        FOR v_def IN
-            SELECT d.id FROM jobs.definitions AS d
-             WHERE d.id = ANY (v_new_defs) AND d.max_concurrent_runs IS NOT NULL
-               AND d.id <> ALL (v_room_defs) AND d.id <> ALL (v_busy)
-             ORDER BY d.id
-        LOOP
-            IF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
-                v_count_defs := v_count_defs || v_def;
-                v_max_locked := greatest(v_max_locked, v_def);
-            ELSE
-                v_busy := v_busy || v_def;
+        -- 2. The capped groups new in this slice, in ascending lock key order; first only
+        -- try their dispatch locks: a busy one is someone else's claim in flight.
+        SELECT coalesce(array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
+                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
+                                      g.skip, FALSE, NULL)::jobs._claim_group
+                                  ORDER BY g.lock_key, g.label), '{}')
+          INTO v_new
+          FROM (SELECT DISTINCT x.*
+                  FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
+                       AS p (definition_id, queue, kind, ckey)
+                 CROSS JOIN LATERAL (
+                       SELECT 'd' || d.id AS label, hashtextextended('dispatch:' || d.id, 0) AS lock_key,
+                              'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
+                              FALSE AS per_key, d.id AS definition_id,
+                              d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
+                              NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
+                         FROM jobs.definitions AS d
+                        WHERE d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
+                       UNION ALL
+                       SELECT l.label, hashtextextended('dispatch:' || l.label, 0),
+                              l.scope, l.name, l.ckey, l.per_key, NULL,
+                              l.max_running, l.rate_limit, l.rate_period, FALSE
+                         FROM (SELECT m.*,
+                                      CASE WHEN m.per_key THEN p.ckey END AS ckey,
+                                      CASE WHEN m.per_key
+                                           THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
+                                           ELSE jsonb_build_array(m.scope, m.name)::text END AS label
+                                 FROM jobs.limits AS m
+                                WHERE v_has_limits
+                                  AND ((m.scope = 'queue' AND m.name = p.queue)
+                                       OR (m.scope = 'kind' AND m.name = p.kind))) AS l
+                 ) AS x) AS g
+         WHERE g.label <> ALL (v_labels);
+
+        FOREACH v_g IN ARRAY v_new LOOP
+            IF pg_try_advisory_xact_lock(v_g.lock_key) THEN
+                v_g.locked := TRUE;
+                v_max_key := greatest(v_max_key, v_g.lock_key);
             END IF;
+            v_groups := v_groups || v_g;
+            v_labels := v_labels || v_g.label;
         END LOOP;
         v_waited := FALSE;
 
         LOOP
-            -- 3. Only now, under those locks, count what is RUNNING per capped definition.
-            IF cardinality(v_count_defs) > 0 THEN
-                SELECT v_room_defs || array_agg(d.id),
-                       v_room_free || array_agg(greatest(d.max_concurrent_runs - coalesce(n.running, 0), 0)::integer),
-                       v_room_skip || array_agg(d.overlap_policy = 'skip')
-                  INTO v_room_defs, v_room_free, v_room_skip
-                  FROM jobs.definitions AS d
-                  LEFT JOIN (SELECT r.definition_id, count(*) AS running
-                               FROM jobs.runs AS r
-                              WHERE r.status = 'RUNNING' AND r.definition_id = ANY (v_count_defs)
-                              GROUP BY r.definition_id) AS n ON n.definition_id = d.id
-                 WHERE d.id = ANY (v_count_defs);
+            -- 3. Only now, under those locks, count per newly locked group what is RUNNING
+            -- and, for a rate limit, what started within its trailing window.
+            IF EXISTS (SELECT FROM unnest(v_groups) AS g WHERE g.locked AND g.free IS NULL) THEN
+                SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
+                                     g.definition_id, g.max_running, g.rate_limit, g.rate_period,
+                                     g.skip, g.locked,
+                                     CASE WHEN g.locked AND g.free IS NULL
+                                          THEN greatest(least(coalesce(g.max_running - c.running, 2147483647),
+                                                              coalesce(g.rate_limit - c.starts, 2147483647)), 0)
+                                          ELSE g.free END
+                                 )::jobs._claim_group ORDER BY g.ordinality)
+                  INTO v_groups
+                  FROM unnest(v_groups) WITH ORDINALITY AS g
+                  LEFT JOIN LATERAL (
+                       SELECT CASE WHEN g.max_running IS NULL THEN 0
+                                   WHEN g.scope = 'definition' THEN
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
+                                   WHEN g.scope = 'queue' THEN
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.queue = g.name
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                   ELSE
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.kind = g.name
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                              END AS running,
+                              CASE WHEN g.rate_limit IS NULL THEN 0
+                                   WHEN g.scope = 'queue' THEN
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.queue = g.name AND r.started_at > now() - g.rate_period
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                   ELSE
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.kind = g.name AND r.started_at > now() - g.rate_period
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                              END AS starts
+                        WHERE g.locked AND g.free IS NULL
+                  ) AS c ON TRUE;
             END IF;
 
-            -- 4. Pick in pool order while each definition has room (a busy one has none).
-            SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
-                   array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
-              INTO v_pick, v_skip
-              FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
-                           row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn
-                      FROM unnest(v_pool_ids, v_pool_defs, v_pool_origin)
-                           WITH ORDINALITY AS pool (id, definition_id, origin, ord)
-                      LEFT JOIN unnest(v_room_defs || v_busy,
-                                       v_room_free || array_fill(0, ARRAY[cardinality(v_busy)]),
-                                       v_room_skip || array_fill(FALSE, ARRAY[cardinality(v_busy)]))
-                                AS room (definition_id, free, skip)
-                             ON room.definition_id = pool.definition_id) AS p;
+            -- 4. Pick in pool order while every group of the row has room (a busy group has
+            -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
+            v_pick := '{}';
+            v_skip := '{}';
+            IF cardinality(v_groups) = 0 THEN
+                v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
+            ELSE
+                SELECT array_agg(coalesce(g.free, 0) ORDER BY g.ordinality), array_fill(0, ARRAY[cardinality(v_groups)])
+                  INTO v_room, v_demand
+                  FROM unnest(v_groups) WITH ORDINALITY AS g;
+                FOR i IN 1 .. cardinality(v_pool_ids) LOOP
+                    v_row_groups := '{}';
+                    IF v_pool_defs[i] IS NOT NULL THEN
+                        v_gi := array_position(v_labels, 'd' || v_pool_defs[i]);
+                        IF v_gi IS NOT NULL THEN
+                            v_row_groups := v_row_groups || v_gi;
+                        END IF;
+                    END IF;
+                    IF v_has_limits THEN
+                        v_row_groups := v_row_groups || array_remove(ARRAY[
+                            array_position(v_labels, jsonb_build_array('queue', v_pool_queues[i])::text),
+                            array_position(v_labels, jsonb_build_array('queue', v_pool_queues[i], v_pool_keys[i])::text),
+                            array_position(v_labels, jsonb_build_array('kind', v_pool_kinds[i])::text),
+                            array_position(v_labels, jsonb_build_array('kind', v_pool_kinds[i], v_pool_keys[i])::text)
+                        ], NULL);
+                    END IF;
+                    v_ok := TRUE;
+                    FOREACH v_gi IN ARRAY v_row_groups LOOP
+                        v_demand[v_gi] := v_demand[v_gi] + 1;
+                        IF v_room[v_gi] <= 0 THEN
+                            v_ok := FALSE;
+                        END IF;
+                    END LOOP;
+                    IF v_ok AND cardinality(v_pick) < claim.batch_size THEN
+                        v_pick := v_pick || v_pool_ids[i];
+                        FOREACH v_gi IN ARRAY v_row_groups LOOP
+                            v_room[v_gi] := v_room[v_gi] - 1;
+                        END LOOP;
+                    ELSIF NOT v_ok AND v_pool_origin[i] = 'schedule' AND v_pool_defs[i] IS NOT NULL THEN
+                        v_gi := array_position(v_labels, 'd' || v_pool_defs[i]);
+                        IF v_gi IS NOT NULL AND (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
+                            v_skip := v_skip || v_pool_ids[i];
+                        END IF;
+                    END IF;
+                END LOOP;
+            END IF;
 
-            -- Nothing claimable without waiting: wait for the busy ones, but only for ids
+            -- Nothing claimable without waiting: wait for the busy groups, but only for keys
             -- above every lock held (try the others), so every wait is in ascending order.
-            EXIT WHEN v_pick IS NOT NULL OR cardinality(v_busy) = 0 OR v_waited;
+            v_busy := EXISTS (SELECT FROM unnest(v_groups) AS g WHERE NOT g.locked);
+            EXIT WHEN cardinality(v_pick) > 0 OR NOT v_busy OR v_waited;
             v_waited := TRUE;
-            v_count_defs := '{}';
-            v_still_busy := '{}';
-            FOREACH v_def IN ARRAY (SELECT array_agg(b ORDER BY b) FROM unnest(v_busy) AS b) LOOP
-                IF v_max_locked IS NULL OR v_def > v_max_locked THEN
-                    PERFORM pg_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0));
-                    v_max_locked := v_def;
-                    v_count_defs := v_count_defs || v_def;
-                ELSIF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
-                    v_count_defs := v_count_defs || v_def;
+            FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
+                      WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
+                v_g := v_groups[i];
+                IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
+                    PERFORM pg_advisory_xact_lock(v_g.lock_key);
+                    v_max_key := v_g.lock_key;
+                    v_g.locked := TRUE;
                 ELSE
-                    v_still_busy := v_still_busy || v_def;
+                    v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
                 END IF;
+                v_groups[i] := v_g;
             END LOOP;
-            v_busy := v_still_busy;
         END LOOP;
 
         EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
                OR cardinality(v_new_ids) < v_limit              -- queue exhausted
-               OR coalesce(cardinality(v_pick), 0) >= claim.batch_size;  -- batch full
+               OR cardinality(v_pick) >= claim.batch_size;      -- batch full
 
-        -- Going round again: the next slice skips definitions whose room the pool already
+        -- Going round again: the next slice skips groups whose room the pool already
         -- fills, or a capped backlog longer than the oversample would fill it all again.
-        SELECT coalesce(array_agg(room.definition_id), '{}')
-          INTO v_full
-          FROM unnest(v_room_defs, v_room_free) AS room (definition_id, free)
-         WHERE room.free <= (SELECT count(*) FROM unnest(v_pool_defs) AS p (definition_id)
-                              WHERE p.definition_id = room.definition_id);
+        SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
+               coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
+          INTO v_full_defs, v_full
+          FROM unnest(v_groups) WITH ORDINALITY AS g
+         WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
     END LOOP;
 
-    IF v_skip IS NOT NULL THEN
+    IF cardinality(v_skip) > 0 THEN
         UPDATE jobs.runs AS r
            SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
                error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
          WHERE r.id = ANY (v_skip);
+        PERFORM jobs._cascade_dependency_failure(v_skip);
     END IF;
 
     RETURN QUERY
@@ -741,8 +1614,8 @@ BEGIN
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean) IS
-'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';
+COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[]) IS
+'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';
 
 -- sql/worker.sql
 -- ===========================================================================
@@ -804,7 +1677,11 @@ BEGIN
      WHERE r.id = complete.run_id
        AND r.status = 'RUNNING'
        AND r.worker = complete.worker;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM jobs._release_dependents(ARRAY[complete.run_id]);  -- runs waiting on it (flow.sql)
+    RETURN TRUE;
 END
 $$;
 COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
@@ -834,6 +1711,9 @@ BEGIN
                FOR NO KEY UPDATE) AS mine
      WHERE r.id = mine.id
     RETURNING r.id;
+    IF FOUND THEN  -- runs waiting on them (flow.sql)
+        PERFORM jobs._release_dependents(complete_many.run_ids);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION jobs.complete_many(bigint[], text) IS
@@ -856,7 +1736,11 @@ BEGIN
        AND r.status = 'RUNNING'
        AND r.worker = acknowledge_cancel.worker
        AND r.cancel_requested;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM jobs._cascade_dependency_failure(ARRAY[acknowledge_cancel.run_id]);
+    RETURN TRUE;
 END
 $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS
@@ -922,10 +1806,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, scheduled_for
+        origin, attempt, retry_of, queue, concurrency_key, scheduled_for
     )
     SELECT r.definition_id, r.kind, r.payload, r.priority, r.max_attempts, r.timeout,
-           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id,
+           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key,
            now() + jobs._backoff(coalesce(p.backoff_initial, c.backoff_initial),
                                  coalesce(p.backoff_factor, 2),
                                  coalesce(p.backoff_max, c.backoff_max),
@@ -990,6 +1874,7 @@ BEGIN
     SELECT x.retry_run_id INTO v_retry_id
       FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
     IF v_retry_id IS NULL THEN
+        PERFORM jobs._cascade_dependency_failure(ARRAY[v_failed.id]);  -- failed for good
         RETURN v_failed;
     END IF;
     SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.id = v_retry_id;
@@ -1028,12 +1913,12 @@ BEGIN
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of
+        origin, attempt, retry_of, queue, concurrency_key
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
-        'retry', v_run.attempt + 1, v_run.id
+        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();
@@ -1122,6 +2007,9 @@ BEGIN
      WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
     RETURNING r.status INTO v_status;
     IF FOUND THEN
+        IF v_status = 'CANCELLED' THEN
+            PERFORM jobs._cascade_dependency_failure(ARRAY[cancel.run_id]);
+        END IF;
         RETURN v_status;
     END IF;
     SELECT r.status INTO v_status FROM jobs.runs AS r WHERE r.id = cancel.run_id;
@@ -1144,6 +2032,7 @@ AS $$
 DECLARE
     v_id bigint;
     v_count integer;
+    v_ids bigint[];
 BEGIN
     SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
     IF NOT FOUND THEN
@@ -1160,12 +2049,16 @@ BEGIN
          WHERE r.definition_id = v_id AND r.status = 'QUEUED'
          ORDER BY r.id
            FOR UPDATE
+    ),
+    cancelled AS (
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
+               error = 'cancelled before it started'
+          FROM victims WHERE r.id = victims.id
+        RETURNING r.id
     )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
-           error = 'cancelled before it started'
-      FROM victims WHERE r.id = victims.id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    SELECT count(*), array_agg(c.id) INTO v_count, v_ids FROM cancelled AS c;
+    PERFORM jobs._cascade_dependency_failure(v_ids);  -- runs waiting on them
     RETURN v_count;
 END
 $$;
@@ -1235,6 +2128,11 @@ BEGIN
       LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
      WHERE r.id = ANY (v_dead)
      ORDER BY r.id;
+    -- Those without a retry failed for good: the runs waiting on them are cancelled.
+    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
+       FROM jobs.runs AS r
+      WHERE r.id = ANY (v_dead)
+        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
     PERFORM jobs._notify();
 END
 $$;
@@ -1312,7 +2210,9 @@ CREATE OR REPLACE FUNCTION jobs.define(
     misfire_policy text DEFAULT 'coalesce',
     overlap_policy text DEFAULT 'queue',
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1322,6 +2222,7 @@ AS $$
 DECLARE
     v_old jobs.definitions;
     v_new jobs.definitions;
+    v_superseded bigint[];
 BEGIN
     PERFORM jobs._check_text('name', define.name, 200);
     PERFORM jobs._check_text('kind', define.kind, 200);
@@ -1353,18 +2254,20 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', define.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
 
     SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
 
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        queue, concurrency_key
     )
     VALUES (
         define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
         define.payload, coalesce(define.enabled, TRUE), define.max_concurrent_runs, define.priority,
         define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
-        define.heartbeat_timeout
+        define.heartbeat_timeout, define.queue, define.concurrency_key
     )
     ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind,
@@ -1380,6 +2283,8 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           queue = excluded.queue,
+           concurrency_key = excluded.concurrency_key,
            schedule_error = NULL,
            updated_at = now(),
            -- A new schedule, zone or one-shot time starts from a fresh cursor.
@@ -1402,17 +2307,25 @@ BEGIN
                AND r.scheduled_for > now()
              ORDER BY r.id
                FOR UPDATE SKIP LOCKED
+        ),
+        cancelled AS (
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(),
+                   error = 'superseded: the definition''s schedule changed'
+              FROM superseded WHERE r.id = superseded.id
+            RETURNING r.id
         )
-        UPDATE jobs.runs AS r
-           SET status = 'CANCELLED', finished_at = now(),
-               error = 'superseded: the definition''s schedule changed'
-          FROM superseded WHERE r.id = superseded.id;
+        SELECT array_agg(c.id) INTO v_superseded FROM cancelled AS c;
+        PERFORM jobs._cascade_dependency_failure(v_superseded);  -- runs waiting on them
     END IF;
     RETURN v_new;
 END
 $$;
-COMMENT ON FUNCTION jobs.define(text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state.';
+COMMENT ON FUNCTION jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
+    interval, interval, text, text
+) IS
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -1525,10 +2438,10 @@ BEGIN
 
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for
+        origin, queue, concurrency_key, scheduled_for
     )
     SELECT v_def.id, v_def.kind, v_def.payload, v_def.priority, v_def.max_attempts, v_def.timeout,
-           v_def.heartbeat_timeout, 'schedule', t
+           v_def.heartbeat_timeout, 'schedule', v_def.queue, v_def.concurrency_key, t
       FROM unnest(materialize.run_times) AS t
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -1576,10 +2489,10 @@ BEGIN
     )
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for, status, finished_at, failure_reason, error
+        origin, queue, concurrency_key, scheduled_for, status, finished_at, failure_reason, error
     )
     SELECT m.id, m.kind, m.payload, m.priority, m.max_attempts, m.timeout, m.heartbeat_timeout,
-           'schedule', m.run_at,
+           'schedule', m.queue, m.concurrency_key, m.run_at,
            CASE WHEN m.skipped THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
            CASE WHEN m.skipped THEN now() END,
            CASE WHEN m.skipped THEN 'Skipped' END,
@@ -1810,25 +2723,30 @@ WHERE r.status = 'RUNNING';
 COMMENT ON VIEW jobs.running IS
 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
 
--- Queue depth per kind: live counts, recent outcomes, oldest due QUEUED age.
+-- Queue depth per kind and queue: live counts, recent outcomes, oldest due QUEUED age, and
+-- flow control: paused, blocked on dependencies, held back by a full rate window, limits.
+-- (Columns after lost_1h were added later, at the end, so existing readers keep working.)
 CREATE OR REPLACE VIEW jobs.queue_stats AS
 WITH live AS (
     SELECT
         r.kind,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()) AS queued,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now()) AS scheduled,
+        r.queue,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked) AS queued,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now() AND NOT r.blocked) AS scheduled,
         count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked,
         now() - min(r.scheduled_for) FILTER (
-            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()
+            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
         ) AS oldest_queued_age
     FROM jobs.runs AS r
     WHERE r.status IN ('QUEUED', 'RUNNING')
-    GROUP BY r.kind
+    GROUP BY r.kind, r.queue
 ),
 
 recent AS (
     SELECT
         r.kind,
+        r.queue,
         count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
         count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
         count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
@@ -1836,24 +2754,76 @@ recent AS (
         count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
     FROM jobs.runs AS r
     WHERE r.finished_at > now() - interval '1 hour'
-    GROUP BY r.kind
+    GROUP BY r.kind, r.queue
+),
+
+stats AS (
+    SELECT
+        coalesce(live.kind, recent.kind) AS kind,
+        coalesce(live.queue, recent.queue) AS queue,
+        coalesce(live.queued, 0) AS queued,
+        coalesce(live.scheduled, 0) AS scheduled,
+        coalesce(live.running, 0) AS running,
+        coalesce(recent.completed_1h, 0) AS completed_1h,
+        coalesce(recent.failed_1h, 0) AS failed_1h,
+        coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
+        live.oldest_queued_age,
+        coalesce(recent.skipped_1h, 0) AS skipped_1h,
+        coalesce(recent.lost_1h, 0) AS lost_1h,
+        coalesce(live.blocked, 0) AS blocked
+    FROM live
+    FULL OUTER JOIN recent ON live.kind = recent.kind AND live.queue = recent.queue
 )
 
 SELECT
-    coalesce(live.kind, recent.kind) AS kind,
-    coalesce(live.queued, 0) AS queued,
-    coalesce(live.scheduled, 0) AS scheduled,
-    coalesce(live.running, 0) AS running,
-    coalesce(recent.completed_1h, 0) AS completed_1h,
-    coalesce(recent.failed_1h, 0) AS failed_1h,
-    coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
-    live.oldest_queued_age,
-    coalesce(recent.skipped_1h, 0) AS skipped_1h,
-    coalesce(recent.lost_1h, 0) AS lost_1h
-FROM live
-FULL OUTER JOIN recent ON live.kind = recent.kind;
+    s.kind,
+    s.queued,
+    s.scheduled,
+    s.running,
+    s.completed_1h,
+    s.failed_1h,
+    s.cancelled_1h,
+    s.oldest_queued_age,
+    s.skipped_1h,
+    s.lost_1h,
+    s.queue,
+    p.name IS NOT NULL AS paused,
+    s.blocked,
+    -- Due QUEUED runs whose queue or kind rate window is full now (per key where per_key).
+    coalesce(held.rate_limited, 0) AS rate_limited,
+    ql.max_running AS queue_max_running,
+    kl.max_running AS kind_max_running,
+    CASE WHEN ql.rate_limit IS NOT NULL THEN ql.rate_limit || ' per ' || ql.rate_period END AS queue_rate,
+    CASE WHEN kl.rate_limit IS NOT NULL THEN kl.rate_limit || ' per ' || kl.rate_period END AS kind_rate,
+    coalesce(ql.per_key, FALSE) OR coalesce(kl.per_key, FALSE) AS per_key
+FROM stats AS s
+LEFT JOIN jobs.paused_queues AS p ON s.queue = p.name
+LEFT JOIN jobs.limits AS ql ON ql.scope = 'queue' AND s.queue = ql.name
+LEFT JOIN jobs.limits AS kl ON kl.scope = 'kind' AND s.kind = kl.name
+LEFT JOIN LATERAL (
+    SELECT count(*) AS rate_limited
+    FROM jobs.runs AS q
+    WHERE
+        (ql.rate_limit IS NOT NULL OR kl.rate_limit IS NOT NULL)
+        AND q.kind = s.kind AND q.queue = s.queue AND q.status = 'QUEUED'
+        AND NOT q.blocked AND q.scheduled_for <= now()
+        AND (
+            (ql.rate_limit IS NOT NULL AND ql.rate_limit <= (
+                SELECT count(*) FROM jobs.runs AS x
+                WHERE
+                    x.queue = s.queue AND x.started_at > now() - ql.rate_period
+                    AND (NOT ql.per_key OR x.concurrency_key IS NOT DISTINCT FROM q.concurrency_key)
+            ))
+            OR (kl.rate_limit IS NOT NULL AND kl.rate_limit <= (
+                SELECT count(*) FROM jobs.runs AS x
+                WHERE
+                    x.kind = s.kind AND x.started_at > now() - kl.rate_period
+                    AND (NOT kl.per_key OR x.concurrency_key IS NOT DISTINCT FROM q.concurrency_key)
+            ))
+        )
+) AS held ON TRUE;
 COMMENT ON VIEW jobs.queue_stats IS
-'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned).';
+'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
@@ -1957,7 +2927,7 @@ COMMENT ON FUNCTION jobs.prune(interval, integer) IS
 -- a hostile search_path in the caller's session changes nothing. Roles nest:
 -- jobs_reader < jobs_worker < jobs_operator.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
---   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
@@ -1973,16 +2943,25 @@ GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text[], boolean),
+jobs.claim(integer, text, text[], boolean, text[]),
 jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
 jobs.complete_many(bigint[], text),
 jobs.fail(bigint, text, text[], text, text),
-jobs.acknowledge_cancel(bigint, text, text)
+jobs.acknowledge_cancel(bigint, text, text),
+jobs.snooze(bigint, text, interval)
 TO jobs_worker;
 
 GRANT EXECUTE ON FUNCTION
-jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval),
+jobs.enqueue(
+    text, jsonb, timestamptz, integer, text, integer, interval, interval,
+    text, text, text, text, interval, text, bigint[]
+),
+jobs.enqueue_many(text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]),
+jobs.pause_queue(text),
+jobs.resume_queue(text),
+jobs.set_limit(text, text, integer, integer, interval, boolean),
+jobs.remove_limit(text, text),
 jobs.run_now(text, jsonb),
 jobs.cancel(bigint),
 jobs.cancel_queued(text),
@@ -1992,7 +2971,7 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval
+    interval, interval, text, text
 ),
 jobs.pause(text),
 jobs.resume(text),

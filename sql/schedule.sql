@@ -68,7 +68,9 @@ CREATE OR REPLACE FUNCTION jobs.define(
     misfire_policy text DEFAULT 'coalesce',
     overlap_policy text DEFAULT 'queue',
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -78,6 +80,7 @@ AS $$
 DECLARE
     v_old jobs.definitions;
     v_new jobs.definitions;
+    v_superseded bigint[];
 BEGIN
     PERFORM jobs._check_text('name', define.name, 200);
     PERFORM jobs._check_text('kind', define.kind, 200);
@@ -109,18 +112,20 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', define.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
 
     SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
 
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        queue, concurrency_key
     )
     VALUES (
         define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
         define.payload, coalesce(define.enabled, TRUE), define.max_concurrent_runs, define.priority,
         define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
-        define.heartbeat_timeout
+        define.heartbeat_timeout, define.queue, define.concurrency_key
     )
     ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind,
@@ -136,6 +141,8 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           queue = excluded.queue,
+           concurrency_key = excluded.concurrency_key,
            schedule_error = NULL,
            updated_at = now(),
            -- A new schedule, zone or one-shot time starts from a fresh cursor.
@@ -158,17 +165,25 @@ BEGIN
                AND r.scheduled_for > now()
              ORDER BY r.id
                FOR UPDATE SKIP LOCKED
+        ),
+        cancelled AS (
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(),
+                   error = 'superseded: the definition''s schedule changed'
+              FROM superseded WHERE r.id = superseded.id
+            RETURNING r.id
         )
-        UPDATE jobs.runs AS r
-           SET status = 'CANCELLED', finished_at = now(),
-               error = 'superseded: the definition''s schedule changed'
-          FROM superseded WHERE r.id = superseded.id;
+        SELECT array_agg(c.id) INTO v_superseded FROM cancelled AS c;
+        PERFORM jobs._cascade_dependency_failure(v_superseded);  -- runs waiting on them
     END IF;
     RETURN v_new;
 END
 $$;
-COMMENT ON FUNCTION jobs.define(text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state.';
+COMMENT ON FUNCTION jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
+    interval, interval, text, text
+) IS
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -281,10 +296,10 @@ BEGIN
 
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for
+        origin, queue, concurrency_key, scheduled_for
     )
     SELECT v_def.id, v_def.kind, v_def.payload, v_def.priority, v_def.max_attempts, v_def.timeout,
-           v_def.heartbeat_timeout, 'schedule', t
+           v_def.heartbeat_timeout, 'schedule', v_def.queue, v_def.concurrency_key, t
       FROM unnest(materialize.run_times) AS t
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -332,10 +347,10 @@ BEGIN
     )
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for, status, finished_at, failure_reason, error
+        origin, queue, concurrency_key, scheduled_for, status, finished_at, failure_reason, error
     )
     SELECT m.id, m.kind, m.payload, m.priority, m.max_attempts, m.timeout, m.heartbeat_timeout,
-           'schedule', m.run_at,
+           'schedule', m.queue, m.concurrency_key, m.run_at,
            CASE WHEN m.skipped THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
            CASE WHEN m.skipped THEN now() END,
            CASE WHEN m.skipped THEN 'Skipped' END,

@@ -26,6 +26,7 @@ MIGRATION_LOCK_KEY = 8099570450837491015
 #: Function and view files in dependency order (roles.sql grants on all, so last).
 SQL_FILES = (
     "helpers.sql",
+    "flow.sql",
     "enqueue.sql",
     "claim.sql",
     "worker.sql",
