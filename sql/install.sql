@@ -1603,10 +1603,13 @@ BEGIN
         PERFORM jobs._cascade_dependency_failure(v_skip);
     END IF;
 
+    -- started_at is the clock now, not the transaction start: a claim that waited for a
+    -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
+    -- another claimer's starts), and the recorded times keep that order.
     RETURN QUERY
     WITH started AS (
         UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = now(), worker = v_worker,
+           SET status = 'RUNNING', started_at = clock_timestamp(), worker = v_worker,
                heartbeat_at = CASE WHEN claim.heartbeat THEN now() END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
