@@ -46,7 +46,8 @@ log = logging.getLogger("pgtick.worker")
 
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
-CLAIM_SQL = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
+# queues => NULL claims from every queue.
+CLAIM_SQL = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s)"
 
 
 def new_worker_id() -> str:
@@ -185,6 +186,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         listen: bool = True,
         listener: WorkerListener | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -199,6 +201,7 @@ class Worker:
         self.listen = listen
         self.listener = listener
         self.kinds = sorted(app.jobs)
+        self.queues = sorted(set(queues)) if queues else None  # None: every queue
         self.stats = WorkerStats()
         self.default_heartbeat_timeout = 60.0
         self._lock = threading.Lock()
@@ -325,7 +328,11 @@ class Worker:
                     if plain
                     else None
                 )
-                claim_cur = conn.execute(CLAIM_SQL, (want, self.worker_id, self.kinds)) if want > 0 else None
+                claim_cur = (
+                    conn.execute(CLAIM_SQL, (want, self.worker_id, self.kinds, self.queues))
+                    if want > 0
+                    else None
+                )
             done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             rows = claim_cur.fetchall() if claim_cur is not None else []
         except BaseException:
