@@ -100,6 +100,8 @@ COMMANDS = [
     "cancel",
     "pause",
     "resume",
+    "pause-queue",
+    "resume-queue",
     "retry",
     "status",
     "runs",
