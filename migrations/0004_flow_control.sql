@@ -125,8 +125,9 @@ CREATE TYPE jobs._claim_group AS (
     rate_limit integer,
     rate_period interval,
     skip boolean,
+    shared boolean,
     locked boolean,
     free integer
 );
 COMMENT ON TYPE jobs._claim_group IS
-'Private: a group jobs.claim must keep within its limit: its label, dispatch lock key, limit, and the room counted under the lock.';
+'Private: a group jobs.claim must keep within its limit: its label, dispatch lock key, limit, whether its lock is taken shared (a roomy limit), and the room counted under the lock.';

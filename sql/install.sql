@@ -448,11 +448,12 @@ CREATE TYPE jobs._claim_group AS (
     rate_limit integer,
     rate_period interval,
     skip boolean,
+    shared boolean,
     locked boolean,
     free integer
 );
 COMMENT ON TYPE jobs._claim_group IS
-'Private: a group jobs.claim must keep within its limit: its label, dispatch lock key, limit, and the room counted under the lock.';
+'Private: a group jobs.claim must keep within its limit: its label, dispatch lock key, limit, whether its lock is taken shared (a roomy limit), and the room counted under the lock.';
 INSERT INTO jobs.schema_migrations (version, name) VALUES ('0004', 'flow_control');
 \endif
 COMMIT;
@@ -1303,6 +1304,17 @@ COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
 -- With no limit rows and no capped definition in the pool there are no groups:
 -- steps 2 and 3 do nothing and step 4 takes the pool's first batch_size rows.
 --
+-- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
+-- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
+-- by many claimers at once, and each of them starts at most 20 runs of the group. After
+-- taking it, a claimer reads how many claimers hold it (h, from pg_locks; itself
+-- included) and only then, in a later statement, counts RUNNING (c) and recent starts;
+-- its room is min(20, limit - c - (h - 1) x 20). Whoever took the lock last saw every
+-- earlier holder either committed (in c) or still holding (in h), so the sum never passes
+-- the limit. A claimer that needs exclusivity (a tight limit, a definition) takes the
+-- lock EXCLUSIVE and waits for the shared holders to commit. Near a roomy limit this
+-- leaves up to (h - 1) x 20 slots unused while claimers overlap; it never exceeds it.
+--
 -- Dispatch lock keys: a definition's is hashtextextended('dispatch:' || id, 0); a
 -- limit's is hashtextextended('dispatch:' || label, 0), label being the JSON array
 -- [scope, name] or, per key, [scope, name, concurrency_key].
@@ -1329,6 +1341,13 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
+    -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
+    -- counts the others as if they all did (see step 3).
+    c_shared_min CONSTANT integer := 500;
+    c_shared_batch CONSTANT integer := 20;
+    v_holders integer[];
+    v_started timestamptz;
     v_worker text;
     v_round integer := 0;
     v_limit integer;
@@ -1431,7 +1450,11 @@ BEGIN
         -- try their dispatch locks: a busy one is someone else's claim in flight.
         SELECT coalesce(array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
                                       g.definition_id, g.max_running, g.rate_limit, g.rate_period,
-                                      g.skip, FALSE, NULL)::jobs._claim_group
+                                      g.skip,
+                                      g.scope <> 'definition'
+                                      AND coalesce(g.max_running, 2147483647) >= c_shared_min
+                                      AND coalesce(g.rate_limit, 2147483647) >= c_shared_min,
+                                      FALSE, NULL)::jobs._claim_group
                                   ORDER BY g.lock_key, g.label), '{}')
           INTO v_new
           FROM (SELECT DISTINCT x.*
@@ -1465,7 +1488,8 @@ BEGIN
          WHERE g.label <> ALL (v_labels);
 
         FOREACH v_g IN ARRAY v_new LOOP
-            IF pg_try_advisory_xact_lock(v_g.lock_key) THEN
+            IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
+                     ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
                 v_g.locked := TRUE;
                 v_max_key := greatest(v_max_key, v_g.lock_key);
             END IF;
@@ -1478,13 +1502,36 @@ BEGIN
             -- 3. Only now, under those locks, count per newly locked group what is RUNNING
             -- and, for a rate limit, what started within its trailing window.
             IF EXISTS (SELECT FROM unnest(v_groups) AS g WHERE g.locked AND g.free IS NULL) THEN
+                -- Shared-mode groups: first (its own statement, so that the counts below
+                -- see every holder that committed after this read) how many claimers hold it.
+                v_holders := '{}';
+                IF EXISTS (SELECT FROM unnest(v_groups) AS g WHERE g.locked AND g.free IS NULL AND g.shared) THEN
+                    SELECT array_agg((SELECT count(*) FROM pg_locks AS l
+                                       WHERE g.shared AND g.locked AND g.free IS NULL
+                                         AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                                         AND l.database = (SELECT d.oid FROM pg_database AS d
+                                                            WHERE d.datname = current_database())
+                                         AND l.classid::bigint = (g.lock_key >> 32) & 4294967295
+                                         AND l.objid::bigint = g.lock_key & 4294967295)::integer
+                                     ORDER BY g.ordinality)
+                      INTO v_holders
+                      FROM unnest(v_groups) WITH ORDINALITY AS g;
+                END IF;
                 SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
-                                     g.skip, g.locked,
-                                     CASE WHEN g.locked AND g.free IS NULL
-                                          THEN greatest(least(coalesce(g.max_running - c.running, 2147483647),
+                                     g.skip, g.shared, g.locked,
+                                     CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                          WHEN g.shared THEN   -- each holder adds at most c_shared_batch
+                                              greatest(least(c_shared_batch,
+                                                  coalesce(g.max_running - c.running
+                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
+                                                           2147483647),
+                                                  coalesce(g.rate_limit - c.starts
+                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
+                                                           2147483647)), 0)
+                                          ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
                                                               coalesce(g.rate_limit - c.starts, 2147483647)), 0)
-                                          ELSE g.free END
+                                     END
                                  )::jobs._claim_group ORDER BY g.ordinality)
                   INTO v_groups
                   FROM unnest(v_groups) WITH ORDINALITY AS g
@@ -1572,9 +1619,15 @@ BEGIN
                       WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
                 v_g := v_groups[i];
                 IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
-                    PERFORM pg_advisory_xact_lock(v_g.lock_key);
+                    IF v_g.shared THEN
+                        PERFORM pg_advisory_xact_lock_shared(v_g.lock_key);
+                    ELSE
+                        PERFORM pg_advisory_xact_lock(v_g.lock_key);
+                    END IF;
                     v_max_key := v_g.lock_key;
                     v_g.locked := TRUE;
+                ELSIF v_g.shared THEN
+                    v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
                 ELSE
                     v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
                 END IF;
@@ -1606,11 +1659,12 @@ BEGIN
     -- started_at is the clock now, not the transaction start: a claim that waited for a
     -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
     -- another claimer's starts), and the recorded times keep that order.
+    v_started := clock_timestamp();
     RETURN QUERY
     WITH started AS (
         UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = clock_timestamp(), worker = v_worker,
-               heartbeat_at = CASE WHEN claim.heartbeat THEN now() END
+           SET status = 'RUNNING', started_at = v_started, worker = v_worker,
+               heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
     )

@@ -202,3 +202,108 @@ def test_rate_window_check_catches_an_excess() -> None:
     assert _rate_violations(starts, 2, period)
     assert not _rate_violations(starts, 3, period)
     assert not _rate_violations([t0, t0 + period, t0 + 2 * period], 1, period)
+
+
+# ---------------------------------------------------------------------------
+# Roomy limits: shared-mode dispatch locks
+# ---------------------------------------------------------------------------
+
+SHARED_HOLDERS_SQL = """
+SELECT coalesce(max(n), 0) FROM (
+    SELECT count(*) AS n FROM pg_locks
+     WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     GROUP BY classid, objid) AS held
+"""
+
+
+def _roomy_role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    if role == "probe":
+        return _probe(dsn, seconds)
+    return _hoarder(dsn, worker, seed, seconds)
+
+
+def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim up to 50 at a time and keep up to 150 runs RUNNING, completing the oldest 40
+    whenever it holds 120: together the claimers want far more than the limits allow."""
+    rng = random.Random(seed)
+    held: list[int] = []
+    claimed: list[int] = []
+    violations: list[tuple[Any, ...]] = []
+    errors: list[tuple[str, str | None, str]] = []
+    shared_seen = 0
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        wait_at_gate(conn)
+        while time.monotonic() < deadline:
+            try:
+                rows = conn.execute(
+                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 50), worker)
+                ).fetchall()
+                claimed.extend(int(r[0]) for r in rows)
+                held.extend(int(r[0]) for r in rows)
+                for over in conn.execute(OVER_LIMIT_SQL).fetchall():
+                    violations.append(("after claim by " + worker, *over))
+                shared_seen = max(shared_seen, int(scalar(conn, SHARED_HOLDERS_SQL)))
+                if len(held) >= 120 or (not rows and held):
+                    done, held = held[:40], held[40:]
+                    conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", (done, worker))
+                elif not rows:
+                    if scalar(conn, LIVE_SQL) == 0:
+                        break
+                    time.sleep(0.003)
+            except psycopg.Error as exc:
+                errors.append((worker, exc.sqlstate, str(exc).splitlines()[0]))
+                if len(errors) > 20:
+                    break
+        if held:
+            conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", (held, worker))
+    return {
+        "worker": worker,
+        "claimed": claimed,
+        "violations": violations,
+        "errors": errors,
+        "shared_seen": shared_seen,
+    }
+
+
+def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) -> None:
+    """Invariant: a queue limit of 500 and a kind rate limit of 600 per second are taken in
+    shared mode (several claimers hold the lock at once, as pg_locks shows), and still 8
+    hoarding claimers never push RUNNING above 500 nor starts in any 1-second window above
+    600; everything completes once."""
+    expected: set[int] = set()
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 500)")
+    ids = add_runs(conn, 2500, kind="a")
+    conn.execute("UPDATE jobs.runs SET queue = 'big' WHERE id = ANY (%s)", (ids,))
+    expected.update(ids)
+    rate_limit, period = 600, timedelta(seconds=1)
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'burst', rate_limit => %s, rate_period => %s)", (rate_limit, period)
+    )
+    expected.update(add_runs(conn, 2500, kind="burst"))
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+
+    claimers = 8
+    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 240.0) for i in range(claimers)]
+    args.append(("probe", db.dsn, "probe", 0, 240.0))
+    with start_gate(db.dsn, claimers + 1):
+        results = run_in_processes(_roomy_role, args, timeout=400)
+
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
+    violations = [v for r in results for v in r["violations"]]
+    assert not violations, (
+        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
+        f"{[v[:6] for v in violations[:10]]}"
+    )
+    shared = max(r.get("shared_seen", 0) for r in results)
+    assert shared >= 2, f"never saw two claimers holding one shared dispatch lock (max {shared})"
+    starts = [r[0] for r in conn.execute("SELECT started_at FROM jobs.runs WHERE kind = 'burst'")]
+    over = _rate_violations(starts, rate_limit, period)
+    assert not over, f"above {rate_limit} per {period}: {[(s, n) for s, n, _ in over[:5]]}"
+    claimed = [run_id for r in results for run_id in r["claimed"]]
+    assert len(claimed) == len(set(claimed)), "a run was claimed twice"
+    assert set(claimed) == expected
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(expected)}, states
