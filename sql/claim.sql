@@ -100,10 +100,13 @@ DECLARE
     v_g jobs._claim_group;
     v_max_key bigint := NULL;       -- highest dispatch lock key held
     v_busy boolean;                 -- some group could not be locked yet
+    v_todo boolean;
+    v_shared_todo boolean;
     v_waited boolean;
     v_room integer[];
     v_demand integer[];
-    v_row_groups integer[];
+    v_row_groups integer[];         -- per pool row, 3 slots: its definition, queue, kind group
+    j integer;
     v_gi integer;
     v_ok boolean;
     v_pick bigint[];
@@ -182,44 +185,48 @@ BEGIN
 
         -- 2. The capped groups new in this slice, in ascending lock key order; first only
         -- try their dispatch locks: a busy one is someone else's claim in flight.
-        SELECT coalesce(array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
-                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
-                                      g.skip,
-                                      g.scope <> 'definition'
-                                      AND coalesce(g.max_running, 2147483647) >= c_shared_min
-                                      AND coalesce(g.rate_limit, 2147483647) >= c_shared_min,
-                                      FALSE, NULL)::jobs._claim_group
-                                  ORDER BY g.lock_key, g.label), '{}')
-          INTO v_new
-          FROM (SELECT DISTINCT x.*
-                  FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
-                       AS p (definition_id, queue, kind, ckey)
-                 CROSS JOIN LATERAL (
-                       SELECT 'd' || d.id AS label, hashtextextended('dispatch:' || d.id, 0) AS lock_key,
-                              'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
-                              FALSE AS per_key, d.id AS definition_id,
-                              d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
-                              NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
-                         FROM jobs.definitions AS d
-                        WHERE d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
-                       UNION ALL
-                       SELECT l.label, hashtextextended('dispatch:' || l.label, 0),
-                              l.scope, l.name, l.ckey, l.per_key, NULL,
-                              l.max_running, l.rate_limit, l.rate_period, FALSE
-                         FROM (SELECT m.*,
-                                      CASE WHEN m.per_key THEN p.ckey END AS ckey,
-                                      CASE WHEN m.per_key
-                                           THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
-                                           ELSE jsonb_build_array(m.scope, m.name)::text END AS label
-                                 FROM jobs.limits AS m
-                                WHERE v_has_limits
-                                  AND ((m.scope = 'queue' AND m.name = p.queue)
-                                       OR (m.scope = 'kind' AND m.name = p.kind))) AS l
-                 ) AS x) AS g
-         WHERE g.label <> ALL (v_labels);
+        -- (An ad-hoc slice with no limit defined has none: skip the query.)
+        v_new := '{}';
+        IF v_has_limits OR cardinality(array_remove(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:], NULL)) > 0 THEN
+            SELECT coalesce(array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
+                                          g.definition_id, g.max_running, g.rate_limit, g.rate_period,
+                                          g.skip,
+                                          g.scope <> 'definition'
+                                          AND coalesce(g.max_running, 2147483647) >= c_shared_min
+                                          AND coalesce(g.rate_limit, 2147483647) >= c_shared_min,
+                                          FALSE, NULL)::jobs._claim_group
+                                      ORDER BY g.lock_key, g.label), '{}')
+              INTO v_new
+              FROM (SELECT DISTINCT x.*
+                      FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
+                           AS p (definition_id, queue, kind, ckey)
+                     CROSS JOIN LATERAL (
+                           SELECT 'd' || d.id AS label, hashtextextended('dispatch:' || d.id, 0) AS lock_key,
+                                  'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
+                                  FALSE AS per_key, d.id AS definition_id,
+                                  d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
+                                  NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
+                             FROM jobs.definitions AS d
+                            WHERE d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
+                           UNION ALL
+                           SELECT l.label, hashtextextended('dispatch:' || l.label, 0),
+                                  l.scope, l.name, l.ckey, l.per_key, NULL,
+                                  l.max_running, l.rate_limit, l.rate_period, FALSE
+                             FROM (SELECT m.*,
+                                          CASE WHEN m.per_key THEN p.ckey END AS ckey,
+                                          CASE WHEN m.per_key
+                                               THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
+                                               ELSE jsonb_build_array(m.scope, m.name)::text END AS label
+                                     FROM jobs.limits AS m
+                                    WHERE v_has_limits
+                                      AND ((m.scope = 'queue' AND m.name = p.queue)
+                                           OR (m.scope = 'kind' AND m.name = p.kind))) AS l
+                     ) AS x) AS g
+             WHERE g.label <> ALL (v_labels);
+        END IF;
 
         FOREACH v_g IN ARRAY v_new LOOP
             IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
@@ -235,21 +242,31 @@ BEGIN
         LOOP
             -- 3. Only now, under those locks, count per newly locked group what is RUNNING
             -- and, for a rate limit, what started within its trailing window.
-            IF EXISTS (SELECT FROM unnest(v_groups) AS g WHERE g.locked AND g.free IS NULL) THEN
+            -- (Flags from plain loops, not queries: every statement costs a claim.)
+            v_todo := FALSE;
+            v_shared_todo := FALSE;
+            FOREACH v_g IN ARRAY v_groups LOOP
+                IF v_g.locked AND v_g.free IS NULL THEN
+                    v_todo := TRUE;
+                    v_shared_todo := v_shared_todo OR v_g.shared;
+                END IF;
+            END LOOP;
+            IF v_todo THEN
                 -- Shared-mode groups: first (its own statement, so that the counts below
                 -- see every holder that committed after this read) how many claimers hold it.
                 v_holders := '{}';
-                IF EXISTS (SELECT FROM unnest(v_groups) AS g WHERE g.locked AND g.free IS NULL AND g.shared) THEN
-                    SELECT array_agg((SELECT count(*) FROM pg_locks AS l
-                                       WHERE g.shared AND g.locked AND g.free IS NULL
-                                         AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                                         AND l.database = (SELECT d.oid FROM pg_database AS d
-                                                            WHERE d.datname = current_database())
-                                         AND l.classid::bigint = (g.lock_key >> 32) & 4294967295
-                                         AND l.objid::bigint = g.lock_key & 4294967295)::integer
-                                     ORDER BY g.ordinality)
+                IF v_shared_todo THEN
+                    SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
                       INTO v_holders
-                      FROM unnest(v_groups) WITH ORDINALITY AS g;
+                      FROM unnest(v_groups) WITH ORDINALITY AS g
+                      LEFT JOIN (SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key, count(*) AS n
+                                   FROM pg_locks AS l
+                                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                                    AND l.mode = 'ShareLock'
+                                    AND l.database = (SELECT d.oid FROM pg_database AS d
+                                                       WHERE d.datname = current_database())
+                                  GROUP BY 1) AS h
+                             ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
                 END IF;
                 SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
@@ -284,14 +301,8 @@ BEGIN
                                            AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
                               END AS running,
                               CASE WHEN g.rate_limit IS NULL THEN 0
-                                   WHEN g.scope = 'queue' THEN
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.queue = g.name AND r.started_at > now() - g.rate_period
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
-                                   ELSE
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.kind = g.name AND r.started_at > now() - g.rate_period
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                   ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                                          WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
                               END AS starts
                         WHERE g.locked AND g.free IS NULL
                   ) AS c ON TRUE;
@@ -304,40 +315,52 @@ BEGIN
             IF cardinality(v_groups) = 0 THEN
                 v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
             ELSE
-                SELECT array_agg(coalesce(g.free, 0) ORDER BY g.ordinality), array_fill(0, ARRAY[cardinality(v_groups)])
-                  INTO v_room, v_demand
-                  FROM unnest(v_groups) WITH ORDINALITY AS g;
+                -- Each pool row's groups as three slots (definition, queue, kind; 0 = none),
+                -- looked up once, set-based; then a greedy pass in pool order.
+                v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
+                v_demand := v_room;
+                FOR j IN 1 .. cardinality(v_groups) LOOP
+                    v_room[j] := coalesce((v_groups[j]).free, 0);
+                END LOOP;
+                SELECT array_agg(x.slot ORDER BY p.ord, x.k)
+                  INTO v_row_groups
+                  FROM unnest(v_pool_defs, v_pool_queues, v_pool_kinds, v_pool_keys)
+                       WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
+                 CROSS JOIN LATERAL (VALUES
+                       (1, coalesce(array_position(v_labels, 'd' || p.definition_id), 0)),
+                       (2, CASE WHEN v_has_limits THEN coalesce(
+                               array_position(v_labels, jsonb_build_array('queue', p.queue)::text),
+                               array_position(v_labels, jsonb_build_array('queue', p.queue, p.ckey)::text), 0)
+                               ELSE 0 END),
+                       (3, CASE WHEN v_has_limits THEN coalesce(
+                               array_position(v_labels, jsonb_build_array('kind', p.kind)::text),
+                               array_position(v_labels, jsonb_build_array('kind', p.kind, p.ckey)::text), 0)
+                               ELSE 0 END)
+                 ) AS x (k, slot);
                 FOR i IN 1 .. cardinality(v_pool_ids) LOOP
-                    v_row_groups := '{}';
-                    IF v_pool_defs[i] IS NOT NULL THEN
-                        v_gi := array_position(v_labels, 'd' || v_pool_defs[i]);
-                        IF v_gi IS NOT NULL THEN
-                            v_row_groups := v_row_groups || v_gi;
-                        END IF;
-                    END IF;
-                    IF v_has_limits THEN
-                        v_row_groups := v_row_groups || array_remove(ARRAY[
-                            array_position(v_labels, jsonb_build_array('queue', v_pool_queues[i])::text),
-                            array_position(v_labels, jsonb_build_array('queue', v_pool_queues[i], v_pool_keys[i])::text),
-                            array_position(v_labels, jsonb_build_array('kind', v_pool_kinds[i])::text),
-                            array_position(v_labels, jsonb_build_array('kind', v_pool_kinds[i], v_pool_keys[i])::text)
-                        ], NULL);
-                    END IF;
                     v_ok := TRUE;
-                    FOREACH v_gi IN ARRAY v_row_groups LOOP
-                        v_demand[v_gi] := v_demand[v_gi] + 1;
-                        IF v_room[v_gi] <= 0 THEN
-                            v_ok := FALSE;
+                    FOR j IN 3 * i - 2 .. 3 * i LOOP
+                        v_gi := v_row_groups[j];
+                        IF v_gi > 0 THEN
+                            v_demand[v_gi] := v_demand[v_gi] + 1;
+                            IF v_room[v_gi] <= 0 THEN
+                                v_ok := FALSE;
+                            END IF;
                         END IF;
                     END LOOP;
-                    IF v_ok AND cardinality(v_pick) < claim.batch_size THEN
-                        v_pick := v_pick || v_pool_ids[i];
-                        FOREACH v_gi IN ARRAY v_row_groups LOOP
-                            v_room[v_gi] := v_room[v_gi] - 1;
-                        END LOOP;
-                    ELSIF NOT v_ok AND v_pool_origin[i] = 'schedule' AND v_pool_defs[i] IS NOT NULL THEN
-                        v_gi := array_position(v_labels, 'd' || v_pool_defs[i]);
-                        IF v_gi IS NOT NULL AND (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
+                    IF v_ok THEN
+                        IF cardinality(v_pick) < claim.batch_size THEN
+                            v_pick := v_pick || v_pool_ids[i];
+                            FOR j IN 3 * i - 2 .. 3 * i LOOP
+                                v_gi := v_row_groups[j];
+                                IF v_gi > 0 THEN
+                                    v_room[v_gi] := v_room[v_gi] - 1;
+                                END IF;
+                            END LOOP;
+                        END IF;
+                    ELSIF v_pool_origin[i] = 'schedule' AND v_row_groups[3 * i - 2] > 0 THEN
+                        v_gi := v_row_groups[3 * i - 2];
+                        IF (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
                             v_skip := v_skip || v_pool_ids[i];
                         END IF;
                     END IF;
@@ -346,8 +369,12 @@ BEGIN
 
             -- Nothing claimable without waiting: wait for the busy groups, but only for keys
             -- above every lock held (try the others), so every wait is in ascending order.
-            v_busy := EXISTS (SELECT FROM unnest(v_groups) AS g WHERE NOT g.locked);
-            EXIT WHEN cardinality(v_pick) > 0 OR NOT v_busy OR v_waited;
+            EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
+            v_busy := FALSE;
+            FOREACH v_g IN ARRAY v_groups LOOP
+                v_busy := v_busy OR NOT v_g.locked;
+            END LOOP;
+            EXIT WHEN NOT v_busy;
             v_waited := TRUE;
             FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
                       WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
@@ -394,6 +421,30 @@ BEGIN
     -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
     -- another claimer's starts), and the recorded times keep that order.
     v_started := clock_timestamp();
+    -- Rate-limited groups: record how many of their runs start now (their windows' counts),
+    -- and drop what no window reaches any more (rows another claimer is dropping: skipped).
+    v_todo := FALSE;
+    IF v_has_limits AND cardinality(v_pick) > 0 THEN
+        FOREACH v_g IN ARRAY v_groups LOOP
+            v_todo := v_todo OR v_g.rate_limit IS NOT NULL;
+        END LOOP;
+    END IF;
+    IF v_todo THEN
+        INSERT INTO jobs._rate_starts (label, started_at, starts)
+        SELECT g.label, v_started, count(*)
+          FROM unnest(v_groups) AS g
+          JOIN unnest(v_pick) AS p (id) ON TRUE
+          JOIN jobs.runs AS r ON r.id = p.id
+         WHERE g.rate_limit IS NOT NULL
+           AND CASE g.scope WHEN 'queue' THEN r.queue = g.name ELSE r.kind = g.name END
+           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey)
+         GROUP BY g.label;
+        DELETE FROM jobs._rate_starts AS x
+         WHERE x.ctid IN (SELECT o.ctid FROM jobs._rate_starts AS o
+                            JOIN unnest(v_groups) AS g ON g.label = o.label AND g.rate_limit IS NOT NULL
+                           WHERE o.started_at <= v_started - g.rate_period
+                             FOR UPDATE OF o SKIP LOCKED);
+    END IF;
     RETURN QUERY
     WITH started AS (
         UPDATE jobs.runs AS r

@@ -118,10 +118,14 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_chain bigint[] := jobs._chain_back(run_ids);
+    v_chain bigint[];
     v_waiting bigint[];
     v_count integer;
 BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+        RETURN 0;  -- nothing waits on anything (runs_blocked_idx): the common case
+    END IF;
+    v_chain := jobs._chain_back(run_ids);
     -- Lock first (ascending ids), then decide in a new statement: its fresh snapshot sees a
     -- concurrent completion of another dependency that committed while we waited for the lock.
     SELECT array_agg(w.id) INTO v_waiting
@@ -161,7 +165,8 @@ DECLARE
     v_chain bigint[];
     v_count integer;
 BEGIN
-    IF run_ids IS NULL OR cardinality(run_ids) = 0 THEN
+    IF run_ids IS NULL OR cardinality(run_ids) = 0
+       OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;
     END IF;
     v_chain := jobs._chain_back(run_ids);

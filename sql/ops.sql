@@ -136,16 +136,22 @@ LEFT JOIN LATERAL (
         AND NOT q.blocked AND q.scheduled_for <= now()
         AND (
             (ql.rate_limit IS NOT NULL AND ql.rate_limit <= (
-                SELECT count(*) FROM jobs.runs AS x
+                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
                 WHERE
-                    x.queue = s.queue AND x.started_at > now() - ql.rate_period
-                    AND (NOT ql.per_key OR x.concurrency_key IS NOT DISTINCT FROM q.concurrency_key)
+                    x.label = CASE
+                        WHEN ql.per_key THEN jsonb_build_array('queue', s.queue, q.concurrency_key)::text
+                        ELSE jsonb_build_array('queue', s.queue)::text
+                    END
+                    AND x.started_at > now() - ql.rate_period
             ))
             OR (kl.rate_limit IS NOT NULL AND kl.rate_limit <= (
-                SELECT count(*) FROM jobs.runs AS x
+                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
                 WHERE
-                    x.kind = s.kind AND x.started_at > now() - kl.rate_period
-                    AND (NOT kl.per_key OR x.concurrency_key IS NOT DISTINCT FROM q.concurrency_key)
+                    x.label = CASE
+                        WHEN kl.per_key THEN jsonb_build_array('kind', s.kind, q.concurrency_key)::text
+                        ELSE jsonb_build_array('kind', s.kind)::text
+                    END
+                    AND x.started_at > now() - kl.rate_period
             ))
         )
 ) AS held ON TRUE;

@@ -60,7 +60,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    PERFORM jobs._release_dependents(ARRAY[complete.run_id]);  -- runs waiting on it (flow.sql)
+    IF EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on it (flow.sql)
+        PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
+    END IF;
     RETURN TRUE;
 END
 $$;
@@ -91,7 +93,7 @@ BEGIN
                FOR NO KEY UPDATE) AS mine
      WHERE r.id = mine.id
     RETURNING r.id;
-    IF FOUND THEN  -- runs waiting on them (flow.sql)
+    IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on them (flow.sql)
         PERFORM jobs._release_dependents(complete_many.run_ids);
     END IF;
 END

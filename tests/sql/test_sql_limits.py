@@ -90,15 +90,17 @@ def test_limits_of_queue_and_kind_both_apply(conn: Conn) -> None:
 
 def test_rate_limit_counts_starts_in_the_trailing_window(conn: Conn) -> None:
     """rate_limit 3 per hour: 3 start, then nothing even after they complete (the starts are
-    still in the window); a start older than the window no longer counts."""
+    still in the window); starts older than the window no longer count."""
     ids = _runs(conn, 6, queue="r")
     conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 3, rate_period => '1 hour')")
     first = _claim(conn)
     assert first == ids[:3]
     conn.execute("SELECT jobs.complete_many(%s, 'w')", (first,))
     assert _claim(conn) == []
-    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '2 hours' WHERE id = %s", (first[0],))
-    assert _claim(conn) == ids[3:4]
+    # Age the recorded starts past the window (as if two hours had gone by).
+    conn.execute("UPDATE jobs._rate_starts SET started_at = started_at - interval '2 hours'")
+    assert _claim(conn) == ids[3:6]
+    assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 3, "expired starts are dropped"
 
 
 def test_rate_limit_per_key(conn: Conn) -> None:
