@@ -1387,7 +1387,8 @@ DECLARE
     v_waited boolean;
     v_room integer[];
     v_demand integer[];
-    v_row_groups integer[];         -- per pool row, 3 slots: its definition, queue, kind group
+    v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
+    v_new_slots integer[];
     j integer;
     v_gi integer;
     v_ok boolean;
@@ -1467,48 +1468,70 @@ BEGIN
 
         -- 2. The capped groups new in this slice, in ascending lock key order; first only
         -- try their dispatch locks: a busy one is someone else's claim in flight.
+        -- The same statement places each new pool row in its groups: three slots per row
+        -- (definition, queue limit, kind limit) holding the group's position in v_groups
+        -- (0: none), new groups numbered after the known ones in the order they are added.
         -- (An ad-hoc slice with no limit defined has none: skip the query.)
         v_new := '{}';
+        v_new_slots := array_fill(0, ARRAY[3 * cardinality(v_new_ids)]);
         IF v_has_limits OR cardinality(array_remove(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:], NULL)) > 0 THEN
-            SELECT coalesce(array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
-                                          g.definition_id, g.max_running, g.rate_limit, g.rate_period,
-                                          g.skip,
-                                          g.scope <> 'definition'
-                                          AND coalesce(g.max_running, 2147483647) >= c_shared_min
-                                          AND coalesce(g.rate_limit, 2147483647) >= c_shared_min,
-                                          FALSE, NULL)::jobs._claim_group
-                                      ORDER BY g.lock_key, g.label), '{}')
-              INTO v_new
-              FROM (SELECT DISTINCT x.*
-                      FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                                  v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                                  v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                                  v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
-                           AS p (definition_id, queue, kind, ckey)
-                     CROSS JOIN LATERAL (
-                           SELECT 'd' || d.id AS label, hashtextextended('dispatch:' || d.id, 0) AS lock_key,
-                                  'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
-                                  FALSE AS per_key, d.id AS definition_id,
-                                  d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
-                                  NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
-                             FROM jobs.definitions AS d
-                            WHERE d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
-                           UNION ALL
-                           SELECT l.label, hashtextextended('dispatch:' || l.label, 0),
-                                  l.scope, l.name, l.ckey, l.per_key, NULL,
-                                  l.max_running, l.rate_limit, l.rate_period, FALSE
-                             FROM (SELECT m.*,
-                                          CASE WHEN m.per_key THEN p.ckey END AS ckey,
-                                          CASE WHEN m.per_key
-                                               THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
-                                               ELSE jsonb_build_array(m.scope, m.name)::text END AS label
-                                     FROM jobs.limits AS m
-                                    WHERE v_has_limits
-                                      AND ((m.scope = 'queue' AND m.name = p.queue)
-                                           OR (m.scope = 'kind' AND m.name = p.kind))) AS l
-                     ) AS x) AS g
-             WHERE g.label <> ALL (v_labels);
+            WITH p AS (
+                SELECT *
+                  FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
+                       WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
+            ),
+            x AS (
+                SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
+                       hashtextextended('dispatch:' || d.id, 0) AS lock_key,
+                       'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
+                       FALSE AS per_key, d.id AS definition_id,
+                       d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
+                       NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
+                  FROM p JOIN jobs.definitions AS d
+                    ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
+                UNION ALL
+                SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),
+                       l.scope, l.name, l.ckey, l.per_key, NULL,
+                       l.max_running, l.rate_limit, l.rate_period, FALSE
+                  FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
+                               CASE WHEN m.per_key THEN p.ckey END AS ckey,
+                               CASE WHEN m.per_key
+                                    THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
+                                    ELSE jsonb_build_array(m.scope, m.name)::text END AS label
+                          FROM p JOIN jobs.limits AS m
+                            ON v_has_limits
+                           AND ((m.scope = 'queue' AND m.name = p.queue)
+                                OR (m.scope = 'kind' AND m.name = p.kind))) AS l
+            ),
+            g AS (
+                SELECT DISTINCT x.label, x.lock_key, x.scope, x.name, x.ckey, x.per_key, x.definition_id,
+                       x.max_running, x.rate_limit, x.rate_period, x.skip
+                  FROM x WHERE x.label <> ALL (v_labels)
+            ),
+            n AS (
+                SELECT g.*, cardinality(v_labels) + row_number() OVER (ORDER BY g.lock_key, g.label) AS pos
+                  FROM g
+            )
+            SELECT (SELECT coalesce(array_agg(ROW(n.label, n.lock_key, n.scope, n.name, n.ckey, n.per_key,
+                                                  n.definition_id, n.max_running, n.rate_limit, n.rate_period,
+                                                  n.skip,
+                                                  n.scope <> 'definition'
+                                                  AND coalesce(n.max_running, 2147483647) >= c_shared_min
+                                                  AND coalesce(n.rate_limit, 2147483647) >= c_shared_min,
+                                                  FALSE, NULL)::jobs._claim_group
+                                              ORDER BY n.pos), '{}')
+                      FROM n),
+                   (SELECT array_agg(coalesce(n.pos, array_position(v_labels, x.label), 0)::integer
+                                     ORDER BY p.ord, s.slot)
+                      FROM p CROSS JOIN generate_series(1, 3) AS s (slot)
+                      LEFT JOIN x ON x.ord = p.ord AND x.slot = s.slot
+                      LEFT JOIN n ON n.label = x.label)
+              INTO v_new, v_new_slots;
         END IF;
+        v_row_groups := v_row_groups || v_new_slots;
 
         FOREACH v_g IN ARRAY v_new LOOP
             IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
@@ -1597,28 +1620,12 @@ BEGIN
             IF cardinality(v_groups) = 0 THEN
                 v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
             ELSE
-                -- Each pool row's groups as three slots (definition, queue, kind; 0 = none),
-                -- looked up once, set-based; then a greedy pass in pool order.
+                -- Greedy, in pool order, over each row's three group slots (v_row_groups).
                 v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
                 v_demand := v_room;
                 FOR j IN 1 .. cardinality(v_groups) LOOP
                     v_room[j] := coalesce((v_groups[j]).free, 0);
                 END LOOP;
-                SELECT array_agg(x.slot ORDER BY p.ord, x.k)
-                  INTO v_row_groups
-                  FROM unnest(v_pool_defs, v_pool_queues, v_pool_kinds, v_pool_keys)
-                       WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
-                 CROSS JOIN LATERAL (VALUES
-                       (1, coalesce(array_position(v_labels, 'd' || p.definition_id), 0)),
-                       (2, CASE WHEN v_has_limits THEN coalesce(
-                               array_position(v_labels, jsonb_build_array('queue', p.queue)::text),
-                               array_position(v_labels, jsonb_build_array('queue', p.queue, p.ckey)::text), 0)
-                               ELSE 0 END),
-                       (3, CASE WHEN v_has_limits THEN coalesce(
-                               array_position(v_labels, jsonb_build_array('kind', p.kind)::text),
-                               array_position(v_labels, jsonb_build_array('kind', p.kind, p.ckey)::text), 0)
-                               ELSE 0 END)
-                 ) AS x (k, slot);
                 FOR i IN 1 .. cardinality(v_pool_ids) LOOP
                     v_ok := TRUE;
                     FOR j IN 3 * i - 2 .. 3 * i LOOP
