@@ -444,6 +444,22 @@ def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     }
 
 
+#: The jobs.queue_stats columns `pgtick status` shows as a table (--json has them all).
+QUEUE_COLUMNS = (
+    "kind",
+    "queue",
+    "paused",
+    "queued",
+    "scheduled",
+    "running",
+    "blocked",
+    "rate_limited",
+    "completed_1h",
+    "failed_1h",
+    "oldest_queued_age",
+)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with connect_dicts(_dsn(args)) as conn:
         while True:
@@ -462,7 +478,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print("\ndefinitions:")
                 _print_table(snap["definitions"], "  (none)")
                 print("\nqueues:")
-                _print_table(snap["queues"], "  (empty)")
+                _print_table(
+                    [{k: q[k] for k in QUEUE_COLUMNS if k in q} for q in snap["queues"]], "  (empty)"
+                )
             if not args.watch:
                 return 0
             sys.stdout.flush()
