@@ -44,21 +44,16 @@ WHERE idempotency_key IS NOT NULL;
 COMMENT ON COLUMN jobs.runs.idempotency_key IS
 'Optional caller key, unique per kind: a second enqueue of the kind with it returns this run.';
 
--- Live counts per queue and per kind (claim counts RUNNING per group under its locks).
-CREATE INDEX runs_running_queue_idx ON jobs.runs (queue, concurrency_key)
-WHERE status = 'RUNNING';
-CREATE INDEX runs_running_kind_idx ON jobs.runs (kind, concurrency_key)
-WHERE status = 'RUNNING';
--- Rate limits: starts in a trailing window, per queue and per kind.
-CREATE INDEX runs_started_queue_idx ON jobs.runs (queue, started_at)
-WHERE started_at IS NOT NULL;
-CREATE INDEX runs_started_kind_idx ON jobs.runs (kind, started_at)
-WHERE started_at IS NOT NULL;
+-- (Live RUNNING counts per queue or kind use runs_running_idx: the RUNNING set is small,
+-- and every index on jobs.runs costs each claim and each completion an insert.)
 -- Unique jobs: the runs of a kind with a unique key, newest first.
 CREATE INDEX runs_unique_idx ON jobs.runs (kind, unique_key, id)
 WHERE unique_key IS NOT NULL;
 -- Dependencies: the waiting runs of a dependency (release on completion, cascade on failure).
 CREATE INDEX runs_blocked_deps_idx ON jobs.runs USING gin (depends_on)
+WHERE blocked;
+-- Whether anything waits at all: completions skip the dependency work when nothing does.
+CREATE INDEX runs_blocked_idx ON jobs.runs (id)
 WHERE blocked;
 
 -- ===========================================================================
@@ -98,6 +93,22 @@ COMMENT ON COLUMN jobs.limits.rate_period IS 'The trailing window of the rate li
 COMMENT ON COLUMN jobs.limits.per_key IS
 'true: the limit holds for each distinct concurrency_key separately (runs without a key share one slot group).';
 COMMENT ON COLUMN jobs.limits.updated_at IS 'Last change.';
+
+-- ===========================================================================
+-- Private: starts per rate-limited group, for the trailing-window counts
+-- ===========================================================================
+CREATE TABLE jobs._rate_starts (
+    label text NOT NULL,
+    started_at timestamptz NOT NULL,
+    starts integer NOT NULL CHECK (starts > 0)
+);
+CREATE INDEX rate_starts_label_idx ON jobs._rate_starts (label, started_at);
+COMMENT ON TABLE jobs._rate_starts IS
+'Private: how many runs jobs.claim started per rate-limited group and instant (a row per claim and group); rows older than the window are deleted by later claims.';
+COMMENT ON COLUMN jobs._rate_starts.label IS
+'The group: JSON array [scope, name] or, per key, [scope, name, concurrency_key].';
+COMMENT ON COLUMN jobs._rate_starts.started_at IS 'When they started (the runs'' started_at).';
+COMMENT ON COLUMN jobs._rate_starts.starts IS 'How many of the group''s runs that claim started.';
 
 -- ===========================================================================
 -- Functions whose signature grows (absent on a fresh install; re-created by sql/*.sql)
