@@ -245,6 +245,8 @@ BEGIN
     )
     DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
+    DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
     RETURN v_count;
 END
 $$;
