@@ -45,7 +45,10 @@ LIVE_SQL = "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')
 
 
 def _session(dsn: str) -> psycopg.Connection[Any]:
+    """A session that has passed the start gate and then waits at most 5 s for any lock
+    (a hang shows up as 55P03, a deadlock as 40P01)."""
     conn = psycopg.connect(dsn, autocommit=True)
+    wait_at_gate(conn)  # the gate can take long on a loaded machine: before the timeout
     conn.execute("SET lock_timeout = '5s'")
     return conn
 
@@ -63,7 +66,6 @@ def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
     errors: list[tuple[str, str | None, str]] = []
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
-        wait_at_gate(conn)
         while time.monotonic() < deadline:
             try:
                 rows = conn.execute(
@@ -91,7 +93,6 @@ def _probe(dsn: str, seconds: float) -> dict[str, Any]:
     samples = 0
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
-        wait_at_gate(conn)
         while time.monotonic() < deadline:
             for over in conn.execute(OVER_LIMIT_SQL).fetchall():
                 violations.append(("probe", *over))
@@ -234,7 +235,6 @@ def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
     shared_seen = 0
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
-        wait_at_gate(conn)
         while time.monotonic() < deadline:
             try:
                 rows = conn.execute(
