@@ -49,8 +49,8 @@
 -- lock EXCLUSIVE and waits for the shared holders to commit. Near a roomy limit this
 -- leaves up to (h - 1) x 20 slots unused while claimers overlap; it never exceeds it.
 --
--- Dispatch lock keys: a definition's is hashtextextended('dispatch:' || id, 0); a
--- limit's is hashtextextended('dispatch:' || label, 0), label being the JSON array
+-- Dispatch lock keys (the key table is in sql/helpers.sql): a definition's is
+-- jobs._dispatch_key(id); a limit's is jobs._limit_key(label), label being the JSON array
 -- [scope, name] or, per key, [scope, name, concurrency_key].
 -- ===========================================================================
 
@@ -111,6 +111,8 @@ DECLARE
     v_gi integer;
     v_ok boolean;
     v_pick bigint[];
+    v_room_defs bigint[];           -- capped definitions counted under their locks, and
+    v_room_free integer[];          --   their free slots (for the overlap policies)
     v_skip bigint[];
     v_full_defs bigint[] := '{}';   -- groups with no room for another pool row
     v_full text[] := '{}';
@@ -203,7 +205,7 @@ BEGIN
             ),
             x AS (
                 SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
-                       hashtextextended('dispatch:' || d.id, 0) AS lock_key,
+                       jobs._dispatch_key(d.id) AS lock_key,
                        'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
                        FALSE AS per_key, d.id AS definition_id,
                        d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
@@ -211,7 +213,7 @@ BEGIN
                   FROM p JOIN jobs.definitions AS d
                     ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
                 UNION ALL
-                SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),
+                SELECT l.ord, l.slot, l.label, jobs._limit_key(l.label),
                        l.scope, l.name, l.ckey, l.per_key, NULL,
                        l.max_running, l.rate_limit, l.rate_period, FALSE
                   FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
@@ -415,6 +417,17 @@ BEGIN
           FROM unnest(v_groups) WITH ORDINALITY AS g
          WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
     END LOOP;
+
+    -- buffer_one and cancel_other act on the definitions whose dispatch locks are held.
+    IF cardinality(v_groups) > 0 THEN
+        SELECT array_agg(g.definition_id), array_agg(g.free)
+          INTO v_room_defs, v_room_free
+          FROM unnest(v_groups) AS g
+         WHERE g.scope = 'definition' AND g.locked AND g.free IS NOT NULL;
+        IF v_room_defs IS NOT NULL THEN
+            PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+        END IF;
+    END IF;
 
     IF cardinality(v_skip) > 0 THEN
         UPDATE jobs.runs AS r

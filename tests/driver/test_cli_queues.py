@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from procs import pgtick, processes, scalar
+from harness import pgtick, processes, scalar
 
 from harness import Database, wait_for
 
