@@ -724,6 +724,8 @@ def scenario_limits(bench: Bench) -> None:
             "case": "ratios",
             "three_limits_vs_none": round(best["three-limits"] / best["no-limits"], 3),
             "uncapped_vs_baseline": round(best["uncapped"] / best["uncapped-baseline"], 3),
+        }
+    )
 
 
 # -- workers: async, process isolation, --processes ---------------------------------------

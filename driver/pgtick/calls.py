@@ -213,8 +213,7 @@ def enqueue(
     concurrency_key: str | None = None,
 ) -> Any:
     return conn.execute(
-        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s,"
-        " queue => %s, concurrency_key => %s)",
+        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s, queue => %s, concurrency_key => %s)",
         (kind, payload, run_at, priority, key, queue, concurrency_key),
     ).fetchone()
 

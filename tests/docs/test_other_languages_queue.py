@@ -7,9 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from harness import ROOT, Conn, scalar
-
-from harness import Database, psql_binary, wait_for
+from harness import ROOT, Conn, Database, psql_binary, scalar, wait_for
 
 
 def test_worker_sh_claims_from_one_queue(db: Database, conn: Conn, tmp_path: Path) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import pgtick, processes, scalar
-
-from harness import Database, wait_for
+from harness import Database, pgtick, processes, scalar, wait_for
 
 
 def test_pause_and_resume_queue_from_the_cli(db: Database) -> None:

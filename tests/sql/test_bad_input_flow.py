@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from harness import Conn, add_runs, digest, expect_error
 
 INVALID = "22023"

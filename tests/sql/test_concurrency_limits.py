@@ -13,9 +13,17 @@ from datetime import UTC, timedelta
 from typing import Any
 
 import psycopg
-from harness import Conn, add_definition, add_runs, scalar, start_gate, wait_at_gate
 
-from harness import Database, run_in_processes
+from harness import (
+    Conn,
+    Database,
+    add_definition,
+    add_runs,
+    run_in_processes,
+    scalar,
+    start_gate,
+    wait_at_gate,
+)
 
 #: Every group above its running limit right now: (scope, name, key, limit, running, run ids, workers).
 OVER_LIMIT_SQL = """

@@ -10,9 +10,8 @@ import time
 from typing import Any
 
 import psycopg
-from harness import Conn, run_row, scalar, start_gate, wait_at_gate
 
-from harness import Database, run_in_processes
+from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
 
 
 def _enqueue(conn: Conn, kind: str = "k", deps: list[int] | None = None, **extra: Any) -> int:

@@ -4,9 +4,7 @@ restores claiming. Definitions, run_now, retries and materialized runs carry the
 
 from __future__ import annotations
 
-from harness import NEVER, Conn, run_row, scalar
-
-from harness import Database
+from harness import NEVER, Conn, Database, run_row, scalar
 
 
 def _enqueue(conn: Conn, kind: str, queue: str, n: int = 1) -> list[int]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from harness import Conn, run_row, scalar, start_gate, wait_at_gate
 
-from harness import Database, run_in_processes
+from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
