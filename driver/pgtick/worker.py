@@ -79,6 +79,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         listen: bool = True,
         listener: WorkerListener | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -97,6 +98,7 @@ class Worker:
         self.listen = listen
         self.listener = listener
         self.kinds = sorted(app.jobs)
+        self.queues = sorted(set(queues)) if queues else None  # None: every queue
         self.stats = WorkerStats()
         self.events = Listeners([self.stats, listener])
         self.default_heartbeat_timeout = 60.0
@@ -239,7 +241,9 @@ class Worker:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
         try:
             rows = (
-                conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds)).fetchall() if want > 0 else []
+                conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues)).fetchall()
+                if want > 0
+                else []
             )
         except BaseException:
             if done is not None:

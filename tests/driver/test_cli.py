@@ -174,6 +174,8 @@ COMMANDS = [
     "preview",
     "lock",
     "dsn",
+    "pause-queue",
+    "resume-queue",
     "backfill",
 ]
 
