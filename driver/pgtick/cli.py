@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-worker", action="store_true", help="only schedule")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument("--web", metavar="ADDR", default=None, help="also serve the dashboard on HOST:PORT")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -197,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
 
+    p = _command(sub, "web", "serve the web dashboard", cmd_web)
+    p.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    p.add_argument("--password-file", default=None, help="operator password (else $PGTICK_WEB_PASSWORD)")
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
 
@@ -281,6 +285,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
+    if args.web:
+        from pgtick.web.serve import operator_secret, serve_in_thread
+
+        serve_in_thread(dsn, args.web, operator_secret(None))
     try:
         return run_app(app, dsn, options)
     finally:
@@ -477,6 +485,20 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("give the command to run after --, e.g. pgtick lock NAME --ttl 5m -- cmd")
     return run_locked(_dsn(args), args.name, args.ttl, cmd, owner=args.owner, skipped_exit=args.skipped_exit)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from pgtick.web.serve import operator_secret, parse_bind, serve
+    except ImportError as exc:
+        raise UsageError(f"the dashboard needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+    parse_bind(args.bind)
+    secret = operator_secret(args.password_file)
+    try:
+        return serve(_dsn(args), args.bind, secret)
+    finally:
+        if _embedded is not None:
+            _embedded.stop()
 
 
 def cmd_dsn(args: argparse.Namespace) -> int:

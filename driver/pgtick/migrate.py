@@ -35,6 +35,7 @@ SQL_FILES = (
     "schedule.sql",
     "leases.sql",
     "ops.sql",
+    "dashboard.sql",
     "roles.sql",
 )
 

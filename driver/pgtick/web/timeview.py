@@ -1,0 +1,94 @@
+"""Times as the dashboard shows them: UTC, a definition's local time, DST marks.
+
+Occurrences come from ``pgtick.schedule`` (the same code the scheduler runs, with the
+same anchor); this module only labels them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from pgtick.schedule import ScheduleError, parse_schedule, preview
+from pgtick.scheduler import anchor_for
+
+#: What the scheduler does with wall times DST makes missing or double (pgtick.schedule).
+BUILTIN_DST_POLICY = {"dst_gap": "end", "dst_repeat": "first"}
+
+_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    local: datetime
+    utc: datetime
+    marks: tuple[str, ...]
+
+
+def offset_text(moment: datetime) -> str:
+    offset = moment.utcoffset() or timedelta(0)
+    seconds = int(offset.total_seconds())
+    sign = "-" if seconds < 0 else "+"
+    hours, rest = divmod(abs(seconds), 3600)
+    return f"{sign}{hours:02d}:{rest // 60:02d}"
+
+
+def dst_marks(local: datetime, previous: datetime | None) -> tuple[str, ...]:
+    """Why this occurrence's local time deserves a look: moved out of a gap, in a repeated
+    hour, or on the other side of an offset change from the previous occurrence."""
+    zone = local.tzinfo
+    assert zone is not None
+    marks = []
+    before = (local.astimezone(UTC) - _SECOND).astimezone(zone)
+    if before.utcoffset() != local.utcoffset() and (before.utcoffset() or timedelta(0)) < (
+        local.utcoffset() or timedelta(0)
+    ):
+        marks.append("after the spring-forward gap (the wall time before it does not exist that day)")
+    wall = local.replace(tzinfo=None)
+    first = wall.replace(tzinfo=zone, fold=0).utcoffset()
+    second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+    if first != second:
+        marks.append("in the repeated hour (this wall time happens twice)")
+    if previous is not None and previous.utcoffset() != local.utcoffset():
+        marks.append(f"UTC offset changed {offset_text(previous)} → {offset_text(local)}")
+    return tuple(marks)
+
+
+def occurrences(
+    schedule_text: str,
+    timezone: str,
+    *,
+    after: datetime,
+    count: int,
+    created_at: datetime | None = None,
+) -> list[Occurrence]:
+    """The next `count` occurrences after `after`, labelled; raises ScheduleError on a bad rule.
+
+    With `created_at` (a stored definition) the anchor is the scheduler's; without it,
+    a DTSTART-less RRULE starts at local midnight of `after`'s day.
+    """
+    anchor = anchor_for(created_at or after, timezone)
+    schedule = parse_schedule(schedule_text, timezone, anchor=anchor)
+    out: list[Occurrence] = []
+    previous: datetime | None = None
+    for local, utc in preview(schedule, after, count):
+        out.append(Occurrence(local, utc, dst_marks(local, previous)))
+        previous = local
+    return out
+
+
+def next_offset_change(zone_name: str, now: datetime, until: datetime | None) -> datetime | None:
+    """Whether the zone's UTC offset differs at `until` from now (a DST move before the next run)."""
+    if until is None:
+        return None
+    try:
+        zone = ZoneInfo(zone_name)
+    except (KeyError, ValueError):
+        return None
+    if now.astimezone(zone).utcoffset() != until.astimezone(zone).utcoffset():
+        return until
+    return None
+
+
+__all__ = ["BUILTIN_DST_POLICY", "Occurrence", "ScheduleError", "dst_marks", "occurrences", "offset_text"]
