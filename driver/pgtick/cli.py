@@ -47,6 +47,7 @@ EXAMPLES = {
     "--after 2026-03-07",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
+    "web": "PGTICK_WEB_PASSWORD='long secret' pgtick web --bind 127.0.0.1:8080",
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -127,3 +127,29 @@ def seed(conn: psycopg.Connection[Any]) -> Seeded:
         capped_waiting=capped_waiting,
         failed_batch=failed_batch,
     )
+
+
+def history(conn: psycopg.Connection[Any], runs: int, *, span: str = "1 hour") -> None:
+    """Insert `runs` finished runs spread evenly over the last `span` (one statement):
+    1 in 20 FAILED, 1 in 200 lost (HeartbeatLost), the rest COMPLETED, started 0-5 s late."""
+    conn.execute(
+        """
+        INSERT INTO jobs.runs (kind, payload, status, scheduled_for, created_at, started_at, heartbeat_at,
+                               finished_at, worker, origin, failure_reason, error, result)
+        SELECT (ARRAY['report', 'sync', 'email', 'thumbnail'])[1 + i %% 4],
+               jsonb_build_object('i', i),
+               CASE WHEN i %% 20 = 0 OR i %% 200 = 7 THEN 'FAILED' ELSE 'COMPLETED' END::jobs.run_status,
+               f - interval '3 seconds' - late, f - interval '1 minute', f - interval '3 seconds',
+               f - interval '1 second', f, 'history-worker', 'manual',
+               CASE WHEN i %% 20 = 0 THEN 'Error' WHEN i %% 200 = 7 THEN 'HeartbeatLost' END,
+               CASE WHEN i %% 20 = 0 THEN 'TimeoutError: upstream took too long'
+                    WHEN i %% 200 = 7 THEN 'no heartbeat for 60s' END,
+               CASE WHEN i %% 20 = 0 OR i %% 200 = 7 THEN NULL ELSE '{"ok": true}'::jsonb END
+          FROM generate_series(1, %(runs)s) AS i
+         CROSS JOIN LATERAL (
+             SELECT now() - %(span)s::interval * (i::float8 / %(runs)s) AS f,
+                    make_interval(secs => (i %% 50) / 10.0) AS late
+         ) AS t
+        """,
+        {"runs": runs, "span": span},
+    )

@@ -214,7 +214,11 @@ class Dashboard:
             rows = await queries.definitions(conn)
         now = datetime.now(UTC)
         for row in rows:
-            row["dst_before_next"] = timeview.next_offset_change(row["timezone"], now, row["next_run_at"])
+            row["next"] = None
+            if row["schedule"] and not row["paused"] and not row["finished"]:
+                row["next"] = timeview.next_occurrence(
+                    row["schedule"], row["timezone"], row["created_at"], now
+                )
             cap = row["max_concurrent_runs"]
             row["at_cap"] = cap is not None and row["running"] >= cap
         return self.render(request, "definitions.html", {"definitions": rows})

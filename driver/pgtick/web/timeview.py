@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
+from functools import lru_cache
 
-from pgtick.schedule import ScheduleError, parse_schedule, preview
+from pgtick.schedule import Schedule, ScheduleError, parse_schedule, preview
 from pgtick.scheduler import anchor_for
 
 #: What the scheduler does with wall times DST makes missing or double (pgtick.schedule).
@@ -68,8 +68,7 @@ def occurrences(
     With `created_at` (a stored definition) the anchor is the scheduler's; without it,
     a DTSTART-less RRULE starts at local midnight of `after`'s day.
     """
-    anchor = anchor_for(created_at or after, timezone)
-    schedule = parse_schedule(schedule_text, timezone, anchor=anchor)
+    schedule = _parsed(schedule_text, timezone, anchor_for(created_at or after, timezone))
     out: list[Occurrence] = []
     previous: datetime | None = None
     for local, utc in preview(schedule, after, count):
@@ -78,17 +77,35 @@ def occurrences(
     return out
 
 
-def next_offset_change(zone_name: str, now: datetime, until: datetime | None) -> datetime | None:
-    """Whether the zone's UTC offset differs at `until` from now (a DST move before the next run)."""
-    if until is None:
-        return None
+@lru_cache(maxsize=2048)
+def _parsed(schedule_text: str, timezone: str, anchor: datetime) -> Schedule:
+    return parse_schedule(schedule_text, timezone, anchor=anchor)
+
+
+def next_occurrence(
+    schedule_text: str, timezone: str, created_at: datetime, after: datetime
+) -> Occurrence | None:
+    """The definition's next occurrence after `after`, labelled; None if none or unreadable."""
     try:
-        zone = ZoneInfo(zone_name)
-    except (KeyError, ValueError):
+        found = occurrences(schedule_text, timezone, after=after, count=1, created_at=created_at)
+    except (ScheduleError, ValueError, LookupError):
         return None
-    if now.astimezone(zone).utcoffset() != until.astimezone(zone).utcoffset():
-        return until
-    return None
+    if not found:
+        return None
+    first = found[0]
+    now_offset = after.astimezone(first.local.tzinfo).utcoffset()
+    if now_offset != first.local.utcoffset() and not first.marks:
+        change = f"UTC offset changes before it: {offset_text(after.astimezone(first.local.tzinfo))} → "
+        return Occurrence(first.local, first.utc, (change + offset_text(first.local),))
+    return first
 
 
-__all__ = ["BUILTIN_DST_POLICY", "Occurrence", "ScheduleError", "dst_marks", "occurrences", "offset_text"]
+__all__ = [
+    "BUILTIN_DST_POLICY",
+    "Occurrence",
+    "ScheduleError",
+    "dst_marks",
+    "next_occurrence",
+    "occurrences",
+    "offset_text",
+]
