@@ -138,6 +138,16 @@ def test_an_operator_steers_schedules_and_runs_in_a_real_browser(
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
 
+    try:
+        _steer(base, seeded, page, db)
+    except Exception:
+        shot(page, "failure")
+        raise
+    assert alerts == [], f"markup from the database ran as script: {alerts}"
+    assert errors == [], f"browser errors: {errors}"
+
+
+def _steer(base: str, seeded: Seeded, page: Page, db: Database) -> None:
     with db.connect() as conn:
         # Read-only until logged in: no action buttons anywhere.
         page.goto(base + "/")
@@ -245,5 +255,3 @@ def test_an_operator_steers_schedules_and_runs_in_a_real_browser(
         page.goto(base + "/")
         page.wait_for_selector("svg.chart rect.ok")
         shot(page, "overview-operator")
-    assert alerts == [], f"markup from the database ran as script: {alerts}"
-    assert errors == [], f"browser errors: {errors}"

@@ -246,6 +246,8 @@ def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded,
     assert post(client, "/definitions/pause", csrf, name="berlin-sunday-0230").status_code == 303
     assert conn.execute(enabled).fetchone() == (False,)
     assert "paused" in client.get("/definition?name=berlin-sunday-0230").text
+    listing = client.get("/definitions")
+    assert listing.status_code == 200 and "resume" in listing.text
     assert post(client, "/definitions/resume", csrf, name="berlin-sunday-0230").status_code == 303
     assert conn.execute(enabled).fetchone() == (True,)
     before = conn.execute("SELECT count(*) FROM jobs.runs WHERE origin = 'manual'").fetchone()

@@ -129,13 +129,19 @@ def seed(conn: psycopg.Connection[Any]) -> Seeded:
     )
 
 
-def history(conn: psycopg.Connection[Any], runs: int, *, span: str = "1 hour") -> None:
+def history(conn: psycopg.Connection[Any], runs: int, *, span: str = "1 hour", definitions: int = 0) -> None:
     """Insert `runs` finished runs spread evenly over the last `span` (one statement):
-    1 in 20 FAILED, 1 in 200 lost (HeartbeatLost), the rest COMPLETED, started 0-5 s late."""
+    1 in 20 FAILED, 1 in 200 lost (HeartbeatLost), the rest COMPLETED, started 0-5 s late.
+    With `definitions`, also define that many hourly schedules and spread the runs over them."""
+    for n in range(definitions):
+        conn.execute(
+            "SELECT jobs.define(%s, 'report', %s, %s)",
+            (f"history-{n:04d}", f"{n % 60} * * * *", ("UTC", "Europe/Berlin", "America/New_York")[n % 3]),
+        )
     conn.execute(
         """
         INSERT INTO jobs.runs (kind, payload, status, scheduled_for, created_at, started_at, heartbeat_at,
-                               finished_at, worker, origin, failure_reason, error, result)
+                               finished_at, worker, origin, failure_reason, error, result, definition_id)
         SELECT (ARRAY['report', 'sync', 'email', 'thumbnail'])[1 + i %% 4],
                jsonb_build_object('i', i),
                CASE WHEN i %% 20 = 0 OR i %% 200 = 7 THEN 'FAILED' ELSE 'COMPLETED' END::jobs.run_status,
@@ -144,12 +150,15 @@ def history(conn: psycopg.Connection[Any], runs: int, *, span: str = "1 hour") -
                CASE WHEN i %% 20 = 0 THEN 'Error' WHEN i %% 200 = 7 THEN 'HeartbeatLost' END,
                CASE WHEN i %% 20 = 0 THEN 'TimeoutError: upstream took too long'
                     WHEN i %% 200 = 7 THEN 'no heartbeat for 60s' END,
-               CASE WHEN i %% 20 = 0 OR i %% 200 = 7 THEN NULL ELSE '{"ok": true}'::jsonb END
+               CASE WHEN i %% 20 = 0 OR i %% 200 = 7 THEN NULL ELSE '{"ok": true}'::jsonb END,
+               (SELECT d.id FROM jobs.definitions AS d
+                 WHERE d.name = 'history-' || lpad((i %% greatest(%(definitions)s, 1))::text, 4, '0')
+                   AND %(definitions)s > 0)
           FROM generate_series(1, %(runs)s) AS i
          CROSS JOIN LATERAL (
              SELECT now() - %(span)s::interval * (i::float8 / %(runs)s) AS f,
                     make_interval(secs => (i %% 50) / 10.0) AS late
          ) AS t
         """,
-        {"runs": runs, "span": span},
+        {"runs": runs, "span": span, "definitions": definitions},
     )

@@ -37,6 +37,10 @@ from pgtick.web.db import ActionsUnavailable, Database
 log = logging.getLogger("pgtick.web")
 HERE = Path(__file__).resolve().parent
 
+#: Definitions whose next run the definitions page computes from the schedule per request
+#: (those no scheduler has materialized yet); the rest come from the database.
+COMPUTE_NEXT_LIMIT = 100
+
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -105,6 +109,11 @@ def make_templates() -> Jinja2Templates:
     env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json)
     env.globals.update(pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode)
     return Jinja2Templates(env=env)
+
+
+def _policy(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A definition's effective DST policy, where jobs.definition_health reports one."""
+    return row.get("dst_gap"), row.get("dst_repeat")
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -213,14 +222,22 @@ class Dashboard:
         async with self.db.reading() as conn:
             rows = await queries.definitions(conn)
         now = datetime.now(UTC)
+        computed = 0
         for row in rows:
-            row["next"] = None
-            if row["schedule"] and not row["paused"] and not row["finished"]:
-                row["next"] = timeview.next_occurrence(
-                    row["schedule"], row["timezone"], row["created_at"], now
-                )
             cap = row["max_concurrent_runs"]
             row["at_cap"] = cap is not None and row["running"] >= cap
+            row["next"] = None
+            if not row["schedule"] or row["paused"] or row["finished"]:
+                continue
+            known = [t for t in (row["next_queued"], row["next_run_at"]) if t is not None]
+            if known:
+                row["next"] = timeview.labelled(min(known), row["timezone"], now)
+            elif computed < COMPUTE_NEXT_LIMIT:
+                # Not materialized yet (no scheduler has started it): ask the schedule.
+                computed += 1
+                row["next"] = timeview.next_occurrence(
+                    row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
+                )
         return self.render(request, "definitions.html", {"definitions": rows})
 
     async def definition(self, request: Request) -> Response:
@@ -243,6 +260,7 @@ class Dashboard:
                     after=datetime.now(UTC),
                     count=10,
                     created_at=row["created_at"],
+                    policy=_policy(row),
                 )
             except (timeview.ScheduleError, ValueError) as exc:
                 schedule_error = schedule_error or str(exc)
@@ -300,8 +318,8 @@ class Dashboard:
             bulk = None
             if flt.status == "FAILED":
                 bulk = {
-                    "unretried": len(await queries.failed_ids(conn, feats, flt, unretried=True)),
-                    "failed": len(await queries.failed_ids(conn, feats, flt, unretried=False)),
+                    "unretried": await queries.failed_count(conn, feats, flt, unretried=True),
+                    "failed": await queries.failed_count(conn, feats, flt, unretried=False),
                     "limit": queries.BULK_LIMIT,
                 }
         more = len(rows) > queries.PAGE_SIZE

@@ -144,11 +144,21 @@ async def last_hour(conn: Conn) -> tuple[datetime, list[Row]]:
 
 
 async def definitions(conn: Conn) -> list[Row]:
+    """Every definition with its health, and its earliest materialized QUEUED occurrence
+    (the cursor, next_run_at, runs ahead of that when occurrences are materialized early)."""
     cur = await conn.execute(
         """
-        SELECT h.*, d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at
+        WITH next_queued AS (
+            SELECT r.definition_id, min(r.scheduled_for) AS next_queued
+              FROM jobs.runs AS r
+             WHERE r.status = 'QUEUED' AND r.origin = 'schedule'
+             GROUP BY r.definition_id
+        )
+        SELECT h.*, d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
+               q.next_queued
           FROM jobs.definition_health AS h
           JOIN jobs.definitions AS d ON d.id = h.id
+          LEFT JOIN next_queued AS q ON q.definition_id = h.id
          ORDER BY h.name
         """
     )
@@ -263,6 +273,20 @@ async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) ->
     ).format(where)
     cur = await conn.execute(query, [*args, PAGE_SIZE + 1])
     return await cur.fetchall()
+
+
+async def failed_count(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> int:
+    """How many FAILED runs match the filter (counted up to BULK_LIMIT)."""
+    where, args = _where(f, feats, status="FAILED")
+    if unretried:
+        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id)").format(
+            where
+        )
+    query = sql.SQL("SELECT count(*) AS n FROM (SELECT FROM jobs.runs AS r WHERE {} LIMIT %s) AS m").format(
+        where
+    )
+    row = await (await conn.execute(query, [*args, BULK_LIMIT])).fetchone()
+    return int(row["n"]) if row else 0
 
 
 async def failed_ids(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> list[int]:
