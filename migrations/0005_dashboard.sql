@@ -26,6 +26,8 @@ COMMENT ON COLUMN jobs.audit_log.db_user IS 'The database login that recorded th
 -- ===========================================================================
 -- Runs: the FAILED set, for the dashboard's failed filter and bulk actions
 -- ===========================================================================
--- Partial: touched only when a run fails, so claims and completions pay nothing for it.
+-- Partial: touched only when a run fails, so claims and completions pay nothing for them.
 CREATE INDEX runs_failed_idx ON jobs.runs (id)
+WHERE status = 'FAILED';
+CREATE INDEX runs_failed_kind_idx ON jobs.runs (kind, id)
 WHERE status = 'FAILED';

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -37,9 +38,9 @@ from pgtick.web.db import ActionsUnavailable, Database
 log = logging.getLogger("pgtick.web")
 HERE = Path(__file__).resolve().parent
 
-#: Definitions whose next run the definitions page computes from the schedule per request
-#: (those no scheduler has materialized yet); the rest come from the database.
-COMPUTE_NEXT_LIMIT = 100
+#: Time the definitions page may spend computing next runs from schedules, for definitions
+#: no scheduler has materialized yet (the rest come from the database).
+COMPUTE_NEXT_SECONDS = 0.1
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -222,7 +223,7 @@ class Dashboard:
         async with self.db.reading() as conn:
             rows = await queries.definitions(conn)
         now = datetime.now(UTC)
-        computed = 0
+        budget = time.monotonic() + COMPUTE_NEXT_SECONDS
         for row in rows:
             cap = row["max_concurrent_runs"]
             row["at_cap"] = cap is not None and row["running"] >= cap
@@ -232,9 +233,8 @@ class Dashboard:
             known = [t for t in (row["next_queued"], row["next_run_at"]) if t is not None]
             if known:
                 row["next"] = timeview.labelled(min(known), row["timezone"], now)
-            elif computed < COMPUTE_NEXT_LIMIT:
+            elif time.monotonic() < budget:
                 # Not materialized yet (no scheduler has started it): ask the schedule.
-                computed += 1
                 row["next"] = timeview.next_occurrence(
                     row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
                 )
