@@ -347,13 +347,15 @@ COMMENT ON COLUMN jobs.audit_log.detail IS 'The outcome as JSON: the status afte
 COMMENT ON COLUMN jobs.audit_log.db_user IS 'The database login that recorded the entry.';
 
 -- ===========================================================================
--- Runs: the FAILED set, for the dashboard's failed filter and bulk actions
+-- Runs: the FAILED set, for the dashboard's failed filter, bulk actions and failure streaks
 -- ===========================================================================
 -- Partial: touched only when a run fails, so claims and completions pay nothing for them.
 CREATE INDEX runs_failed_idx ON jobs.runs (id)
 WHERE status = 'FAILED';
 CREATE INDEX runs_failed_kind_idx ON jobs.runs (kind, id)
 WHERE status = 'FAILED';
+CREATE INDEX runs_failed_definition_idx ON jobs.runs (definition_id, id)
+WHERE status = 'FAILED' AND definition_id IS NOT NULL;
 INSERT INTO jobs.schema_migrations (version, name) VALUES ('0005', 'dashboard');
 \endif
 COMMIT;

@@ -188,22 +188,59 @@ async def last_hour(conn: Conn) -> tuple[datetime, list[Row]]:
 
 
 async def definitions(conn: Conn) -> list[Row]:
-    """Every definition with its health, and its earliest materialized QUEUED occurrence
-    (the cursor, next_run_at, runs ahead of that when occurrences are materialized early)."""
+    """Every definition with what jobs.definition_health shows, computed so that the cost
+    follows the number of definitions and the live set, not the history: live counts from
+    the QUEUED and RUNNING partial indexes, failures from the FAILED-by-definition index.
+    Also the earliest materialized QUEUED occurrence (the cursor, next_run_at, runs ahead
+    of it when occurrences are materialized early)."""
     cur = await conn.execute(
         """
-        WITH next_queued AS (
-            SELECT r.definition_id, min(r.scheduled_for) AS next_queued
-              FROM jobs.runs AS r
-             WHERE r.status = 'QUEUED' AND r.origin = 'schedule'
+        WITH live AS (
+            SELECT r.definition_id, 0 AS running, count(*) AS queued,
+                   min(r.scheduled_for) FILTER (WHERE r.origin = 'schedule') AS next_queued
+              FROM jobs.runs AS r WHERE r.status = 'QUEUED' AND r.definition_id IS NOT NULL
              GROUP BY r.definition_id
+            UNION ALL
+            SELECT r.definition_id, count(*), 0, NULL
+              FROM jobs.runs AS r WHERE r.status = 'RUNNING' AND r.definition_id IS NOT NULL
+             GROUP BY r.definition_id
+        ),
+        live_by_definition AS (
+            SELECT l.definition_id, sum(l.running) AS running, sum(l.queued) AS queued,
+                   min(l.next_queued) AS next_queued
+              FROM live AS l GROUP BY l.definition_id
         )
-        SELECT h.*, d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
-               q.next_queued
-          FROM jobs.definition_health AS h
-          JOIN jobs.definitions AS d ON d.id = h.id
-          LEFT JOIN next_queued AS q ON q.definition_id = h.id
-         ORDER BY h.name
+        SELECT d.id, d.name, d.kind, d.schedule, d.timezone, NOT d.enabled AS paused,
+               d.next_run_at, d.next_run_at AT TIME ZONE d.timezone AS next_run_local,
+               d.max_concurrent_runs, coalesce(l.running, 0) AS running,
+               coalesce(l.queued, 0) AS queued, l.next_queued,
+               last.status AS last_status, last.finished_at AS last_finished_at,
+               (SELECT count(*) FROM jobs.runs AS f
+                 WHERE f.definition_id = d.id AND f.status = 'FAILED'
+                   AND f.id > coalesce(ok.id, 0)) AS consecutive_failures,
+               (SELECT count(*) FROM jobs.runs AS s
+                 WHERE s.definition_id = d.id AND s.failure_reason = 'Skipped'
+                   AND s.id > coalesce(started.id, 0)) AS consecutive_skips,
+               d.finished_at IS NOT NULL AS finished, d.schedule_error,
+               d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at
+          FROM jobs.definitions AS d
+          LEFT JOIN live_by_definition AS l ON l.definition_id = d.id
+          LEFT JOIN LATERAL (
+              SELECT r.status, r.finished_at FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+               ORDER BY r.id DESC LIMIT 1
+          ) AS last ON TRUE
+          LEFT JOIN LATERAL (
+              SELECT r.id FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
+               ORDER BY r.id DESC LIMIT 1
+          ) AS ok ON TRUE
+          LEFT JOIN LATERAL (
+              SELECT r.id FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.started_at IS NOT NULL
+               ORDER BY r.id DESC LIMIT 1
+          ) AS started ON TRUE
+         ORDER BY d.name
         """
     )
     return await cur.fetchall()
