@@ -4,6 +4,9 @@ login and CSRF guards, escaping of hostile text, validation, and the audit log."
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
@@ -382,3 +385,76 @@ def test_pages_read_as_jobs_reader_in_a_read_only_transaction_and_act_as_jobs_op
             await web_db.close()
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--bind", "localhost"], {}, "--bind must be HOST:PORT"),
+        (["--bind", "127.0.0.1:http"], {}, "--bind port must be a number"),
+        (["--bind", "127.0.0.1:70000"], {}, "--bind port must be between 0 and 65535"),
+        ([], {"PGTICK_WEB_PASSWORD": "short"}, "at least 8 characters"),
+        (["--password-file", "/nonexistent/pgtick-password"], {}, "cannot read --password-file"),
+    ],
+)
+def test_pgtick_web_refuses_bad_options_with_one_line_and_exit_2(
+    db: Database, args: list[str], env: dict[str, str], message: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", "web", "--dsn", db.dsn, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+# Queues, limits and dependencies as the flow-control schema names them (jobs.queues,
+# jobs.pause_queue/resume_queue, jobs.limits, runs.queue, runs.depends_on): created here by
+# hand, so this test shows the dashboard picks them up when a database has them.
+FLOW_STAND_IN = """
+ALTER TABLE jobs.runs ADD COLUMN queue text NOT NULL DEFAULT 'default', ADD COLUMN depends_on bigint[];
+CREATE TABLE jobs.paused_queues (name text PRIMARY KEY);
+CREATE VIEW jobs.queues AS
+SELECT q.name, p.name IS NOT NULL AS paused,
+       (SELECT count(*) FROM jobs.runs AS r WHERE r.queue = q.name AND r.status = 'RUNNING') AS running,
+       1 AS max_running
+  FROM (VALUES ('default'), ('<b>bulk</b>')) AS q (name)
+  LEFT JOIN jobs.paused_queues AS p ON p.name = q.name;
+CREATE TABLE jobs.limits (scope text, name text, max_running integer);
+INSERT INTO jobs.limits VALUES ('queue', 'default', 1);
+CREATE FUNCTION jobs.pause_queue(name text) RETURNS boolean LANGUAGE sql SECURITY DEFINER
+AS $$ INSERT INTO jobs.paused_queues VALUES (name) ON CONFLICT DO NOTHING RETURNING true $$;
+CREATE FUNCTION jobs.resume_queue(name text) RETURNS boolean LANGUAGE sql SECURITY DEFINER
+AS $$ DELETE FROM jobs.paused_queues AS p WHERE p.name = resume_queue.name RETURNING true $$;
+GRANT SELECT ON jobs.paused_queues, jobs.queues, jobs.limits TO jobs_reader;
+GRANT EXECUTE ON FUNCTION jobs.pause_queue(text), jobs.resume_queue(text) TO jobs_operator;
+"""
+
+
+def test_queues_limits_and_dependencies_appear_when_the_schema_has_them(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    conn.execute(FLOW_STAND_IN)
+    conn.execute("UPDATE jobs.runs SET depends_on = %s WHERE id = %s", ([seeded.chain[0]], seeded.queued))
+    with _client(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)) as flow:
+        overview = flow.get("/").text
+        assert 'id="queues"' in overview and 'id="limits"' in overview
+        assert "at limit" in overview and "&lt;b&gt;bulk&lt;/b&gt;" in overview
+        assert f'data-run="{seeded.queued}"' in flow.get("/runs?queue=default").text
+        assert "No runs match" in flow.get("/runs?queue=other").text
+        run_page = flow.get(f"/runs/{seeded.queued}").text
+        assert 'id="dependencies"' in run_page and f'href="/runs/{seeded.chain[0]}"' in run_page
+        assert f'href="/runs/{seeded.queued}"' in flow.get(f"/runs/{seeded.chain[0]}").text
+        csrf = login(flow)
+        assert post(flow, "/queues/pause", csrf, name="default").status_code == 303
+        assert conn.execute("SELECT name FROM jobs.paused_queues").fetchall() == [("default",)]
+        assert post(flow, "/queues/resume", csrf, name="default").status_code == 303
+        assert conn.execute("SELECT count(*) FROM jobs.paused_queues").fetchone() == (0,)
+    assert [(r[1], r[2]) for r in audit_rows(conn)][1:] == [
+        ("pause_queue", "queue default"),
+        ("resume_queue", "queue default"),
+    ]
