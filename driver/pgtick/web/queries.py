@@ -334,17 +334,6 @@ def _queue_clause(queue: str, feats: Features) -> tuple[sql.Composable, list[Any
     return (sql.SQL("TRUE") if queue == "default" else sql.SQL("FALSE")), []
 
 
-def _order_prefix(f: RunFilter) -> sql.Composable:
-    """A column the filter fixes, put before id in ORDER BY: the order is the same, and the
-    planner then walks the (definition_id, id) or (kind, id) index instead of scanning ids
-    backwards and filtering (a rare kind among a million runs)."""
-    if f.definition:
-        return sql.SQL("r.definition_id DESC, ")
-    if f.kind:
-        return sql.SQL("r.kind DESC, ")
-    return sql.SQL("")
-
-
 async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) -> list[Row]:
     """One page of runs matching the filter, newest first (keyset on id)."""
     where, args = _where(f, feats, status=f.status)
@@ -355,14 +344,15 @@ async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) ->
         """
         SELECT r.id, r.kind, r.status, r.attempt, r.retry_of, r.origin, r.definition_id,
                d.name AS definition, r.scheduled_for, r.started_at, r.finished_at,
-               r.failure_reason, left(r.error, 300) AS error, r.worker, r.cancel_requested
+               r.failure_reason, left(r.error, 300) AS error, r.worker, r.cancel_requested,
+               EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id) AS retried
           FROM jobs.runs AS r
           LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
          WHERE {}
-         ORDER BY {}r.id DESC
+         ORDER BY r.id DESC
          LIMIT %s
         """
-    ).format(where, _order_prefix(f))
+    ).format(where)
     cur = await conn.execute(query, [*args, PAGE_SIZE + 1])
     return await cur.fetchall()
 
