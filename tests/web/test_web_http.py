@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -18,7 +21,7 @@ from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, seed
 from web_support import PASSWORD, csrf_of, login, post
 
-from harness import Database
+from harness import Database, wait_for
 from pgtick.web import Secret, create_app
 from pgtick.web.db import Database as WebDatabase
 
@@ -458,3 +461,50 @@ def test_queues_limits_and_dependencies_appear_when_the_schema_has_them(
         ("pause_queue", "queue default"),
         ("resume_queue", "queue default"),
     ]
+
+
+def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded: Seeded) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = Path(__file__).resolve().parents[2] / "examples" / "app.py"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pgtick.cli",
+            "run",
+            str(app),
+            "--dsn",
+            db.dsn,
+            "--no-scheduler",
+            "--web",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ, "PGTICK_WEB_PASSWORD": PASSWORD},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def running_page() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick run exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/running", timeout=5) as response:
+                return str(response.read().decode())
+        except OSError:
+            return None
+
+    try:
+        page = wait_for("the dashboard beside pgtick run", running_page, 90)
+        assert f'data-run="{seeded.running}"' in page
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
