@@ -106,6 +106,7 @@ COMMANDS = [
     "preview",
     "lock",
     "dsn",
+    "web",
 ]
 
 

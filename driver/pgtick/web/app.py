@@ -42,6 +42,9 @@ HERE = Path(__file__).resolve().parent
 #: no scheduler has materialized yet (the rest come from the database).
 COMPUTE_NEXT_SECONDS = 0.1
 
+#: Seconds a refused login waits before it answers.
+LOGIN_FAILURE_DELAY = 1.0
+
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -406,6 +409,7 @@ class Dashboard:
         ok = await asyncio.to_thread(self.secret.matches, password)
         if not ok:
             log.warning("dashboard login refused name=%r client=%s", name, request.client)
+            await asyncio.sleep(LOGIN_FAILURE_DELAY)  # slows guessing beyond scrypt's own cost
             return self.render(request, "login.html", {"problem": "wrong password", "name": name or ""}, 401)
         session = self.sessions.rotate(self.session(request))
         session.operator = name
