@@ -286,11 +286,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
-    if args.web:
-        from pgtick.web.serve import operator_secret, serve_in_thread
-
-        serve_in_thread(dsn, args.web, operator_secret(None))
     try:
+        if args.web:
+            try:
+                from pgtick.web.serve import operator_secret, serve_in_thread
+            except ImportError as exc:
+                raise UsageError(f"--web needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+            serve_in_thread(dsn, args.web, operator_secret(None))
         return run_app(app, dsn, options)
     finally:
         if _embedded is not None:

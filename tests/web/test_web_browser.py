@@ -104,6 +104,7 @@ def page() -> Iterator[Page]:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             context = browser.new_context(viewport={"width": 1360, "height": 900})
+            context.set_default_timeout(90_000)  # a loaded 2-core machine renders slowly
             yield context.new_page()
         finally:
             browser.close()

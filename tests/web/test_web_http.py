@@ -508,3 +508,18 @@ def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(15)
+
+
+def test_pgtick_run_refuses_a_bad_web_address_with_one_line_and_exit_2(db: Database) -> None:
+    app = Path(__file__).resolve().parents[2] / "examples" / "app.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", "run", str(app), "--dsn", db.dsn, "--web", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == "pgtick run: error: --web must be HOST:PORT such as 127.0.0.1:8080, got 'nowhere'"
+    )

@@ -18,18 +18,18 @@ DEFAULT_BIND = "127.0.0.1:8080"
 PASSWORD_ENV = "PGTICK_WEB_PASSWORD"
 
 
-def parse_bind(text: str) -> tuple[str, int]:
+def parse_bind(text: str, option: str = "--bind") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8080`` for IPv6) or ``:PORT`` (127.0.0.1)."""
     host, sep, port_text = text.rpartition(":")
     if not sep:
-        raise UsageError(f"--bind must be HOST:PORT such as 127.0.0.1:8080, got {text!r}")
+        raise UsageError(f"{option} must be HOST:PORT such as 127.0.0.1:8080, got {text!r}")
     host = host.strip("[]") or "127.0.0.1"
     try:
         port = int(port_text)
     except ValueError:
-        raise UsageError(f"--bind port must be a number, got {port_text!r}") from None
+        raise UsageError(f"{option} port must be a number, got {port_text!r}") from None
     if not 0 <= port <= 65535:
-        raise UsageError(f"--bind port must be between 0 and 65535, got {port}")
+        raise UsageError(f"{option} port must be between 0 and 65535, got {port}")
     return host, port
 
 
@@ -62,12 +62,12 @@ def operator_secret(password_file: str | None) -> Secret | None:
         raise UsageError(str(exc)) from None
 
 
-def _config(dsn: str, bind: str, secret: Secret | None) -> object:
+def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") -> object:
     import uvicorn
 
     from pgtick.web.app import create_app
 
-    host, port = parse_bind(bind)
+    host, port = parse_bind(bind, option)
     if not _is_loopback(host):
         log.warning(
             "dashboard bound to %s, reachable from other machines: put it behind TLS%s",
@@ -105,7 +105,7 @@ def serve_in_thread(dsn: str, bind: str, secret: Secret | None) -> threading.Thr
     """Serve from a daemon thread (beside ``pgtick run``); it ends with the process."""
     import uvicorn
 
-    config = _config(dsn, bind, secret)
+    config = _config(dsn, bind, secret, "--web")
     assert isinstance(config, uvicorn.Config)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="pgtick-web", daemon=True)
