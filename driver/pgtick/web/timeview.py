@@ -45,7 +45,7 @@ def dst_marks(local: datetime, previous: datetime | None) -> tuple[str, ...]:
     if before.utcoffset() != local.utcoffset() and (before.utcoffset() or timedelta(0)) < (
         local.utcoffset() or timedelta(0)
     ):
-        marks.append("after the spring-forward gap (the wall time before it does not exist that day)")
+        marks.append("at the end of the spring-forward gap (a wall time inside the gap runs here)")
     wall = local.replace(tzinfo=None)
     first = wall.replace(tzinfo=zone, fold=0).utcoffset()
     second = wall.replace(tzinfo=zone, fold=1).utcoffset()
