@@ -100,7 +100,11 @@ def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) 
     capped = client.get("/definitions").text
     assert "at cap" in capped
     berlin = client.get("/definition?name=berlin-sunday-0230").text
-    assert "spring-forward gap" in berlin and "repeated hour" in berlin, "DST moves are not marked"
+    upcoming = berlin[berlin.index('id="upcoming"') :]
+    marked = [row for row in upcoming.split("<tr")[2:] if 'class="badge dst"' in row]
+    # The last Sunday of March (02:30 does not exist) and of October (02:30 happens twice).
+    assert any("-03-2" in row for row in marked) and any("-10-" in row for row in marked), marked
+    assert not any(day in row for row in marked for day in ("-03-14 ", "-10-10 ")), marked
     assert "CEST" in berlin and "CET" in berlin
     running = client.get("/running").text
     assert f'data-run="{seeded.running}"' in running and f'data-run="{seeded.capped_running}"' in running
