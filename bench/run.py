@@ -1,4 +1,4 @@
-"""Run the pgtick benchmark suite (issue 7) against one throwaway PostgreSQL.
+"""Run the pgtick benchmark suite against one throwaway PostgreSQL.
 
     .venv/bin/python bench/run.py [--quick] [--scenarios drain,caps,latency,growth,heartbeats]
                                   [--dsn DSN] [--profile] [--out results.json]

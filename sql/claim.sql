@@ -124,7 +124,7 @@ BEGIN
                AND d.id <> ALL (v_room_defs) AND d.id <> ALL (v_busy)
              ORDER BY d.id
         LOOP
-            IF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
+            IF pg_try_advisory_xact_lock(jobs._dispatch_key(v_def)) THEN
                 v_count_defs := v_count_defs || v_def;
                 v_max_locked := greatest(v_max_locked, v_def);
             ELSE
@@ -170,10 +170,10 @@ BEGIN
             v_still_busy := '{}';
             FOREACH v_def IN ARRAY (SELECT array_agg(b ORDER BY b) FROM unnest(v_busy) AS b) LOOP
                 IF v_max_locked IS NULL OR v_def > v_max_locked THEN
-                    PERFORM pg_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0));
+                    PERFORM pg_advisory_xact_lock(jobs._dispatch_key(v_def));
                     v_max_locked := v_def;
                     v_count_defs := v_count_defs || v_def;
-                ELSIF pg_try_advisory_xact_lock(hashtextextended('dispatch:' || v_def, 0)) THEN
+                ELSIF pg_try_advisory_xact_lock(jobs._dispatch_key(v_def)) THEN
                     v_count_defs := v_count_defs || v_def;
                 ELSE
                     v_still_busy := v_still_busy || v_def;
@@ -194,6 +194,11 @@ BEGIN
          WHERE room.free <= (SELECT count(*) FROM unnest(v_pool_defs) AS p (definition_id)
                               WHERE p.definition_id = room.definition_id);
     END LOOP;
+
+    -- overlap_policy buffer_one / cancel_other of the definitions counted under our locks.
+    IF cardinality(v_room_defs) > 0 THEN
+        PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+    END IF;
 
     IF v_skip IS NOT NULL THEN
         UPDATE jobs.runs AS r

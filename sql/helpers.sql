@@ -3,6 +3,41 @@
 -- All functions pin search_path; every reference is schema-qualified.
 -- ===========================================================================
 
+-- Advisory lock keys: every key pgtick takes, named once.
+--
+--   key                     scope        taken by                     value
+--   ----------------------  -----------  ---------------------------  ------------------------------------
+--   migration               session      sql/install.sql, migrate.py  8099570450837491015 ('pgtickMG');
+--                                                                    a literal in sql/install.sql
+--                                                                    (\set pgtick_migration_lock): it is
+--                                                                    taken before the schema exists
+--   jobs._leader_key()      session      jobs.try_lead / resign       8099570450837490756 ('pgtickLD'; in
+--                                                                    pg_locks classid 1885828201, objid
+--                                                                    1667976260, objsubid 1; spelled out
+--                                                                    in the jobs.leader view)
+--   jobs._dispatch_key(id)  transaction  jobs.claim (capped          hashtextextended('dispatch:' || id, 0)
+--                                        definitions, ascending id)
+--
+-- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
+-- out in pg_locks and cannot meet a hash of another application by accident.
+
+-- Private: the scheduler leader lock key.
+CREATE OR REPLACE FUNCTION jobs._leader_key()
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 8099570450837490756::bigint $$;
+COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
+
+-- Private: the dispatch lock key of one definition (serializes claims of a capped definition).
+CREATE OR REPLACE FUNCTION jobs._dispatch_key(definition_id bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
+COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
+'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
+
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
 RETURNS void
@@ -61,6 +96,23 @@ END
 $$;
 COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
 'Private: raises 22023 naming the field if the number is NULL or out of range.';
+
+-- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
+CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('run_ids length', cardinality(run_ids), 0, 10000);
+    PERFORM jobs._check_text('worker', worker, 200);
+END
+$$;
+COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
+'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
 -- Raise 22023 unless the timestamp is present and finite.
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)

@@ -2,22 +2,13 @@
 -- leases.sql: leader election and TTL leases.
 --
 -- Leadership is a session-scoped advisory lock on one documented key,
--- 8099570450837490756 ('pgtickLD' as a bigint; in pg_locks classid 1885828201,
--- objid 1667976260, objsubid 1). It is held for as long as the leader's
+-- jobs._leader_key() (see the key table in helpers.sql). It is held for as long as the leader's
 -- connection lives, so the leader must use a direct or session-mode
 -- connection: a transaction-mode pooler would hand the lock to other clients.
 --
 -- Leases are rows with an owner and an expiry: acquire succeeds when the lease
 -- is free or expired; renew and release only by the owner.
 -- ===========================================================================
-
--- Private: the leader lock key.
-CREATE OR REPLACE FUNCTION jobs._leader_key()
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 8099570450837490756::bigint $$;
-COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
 
 -- Private: does this session hold the leader lock?
 CREATE OR REPLACE FUNCTION jobs._holds_lead()

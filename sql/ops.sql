@@ -3,7 +3,7 @@
 -- ===========================================================================
 
 -- Who leads the scheduler, since when.
--- The leader key (leases.sql: 8099570450837490756, 'pgtickLD') is spelled out here rather than
+-- The leader key (helpers.sql key table: 8099570450837490756, 'pgtickLD') is spelled out here rather than
 -- read from jobs._leader_key(): a view calls functions with the privileges of whoever selects
 -- from it, and the private helper is executable by no role, so every reader would get 42501.
 CREATE OR REPLACE VIEW jobs.leader AS
@@ -115,7 +115,14 @@ SELECT
     fails.failures AS consecutive_failures,
     skipped.skips AS consecutive_skips,
     d.finished_at IS NOT NULL AS finished,
-    d.schedule_error
+    d.schedule_error,
+    coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+    coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat,
+    d.dst_gap IS NULL AND d.dst_repeat IS NULL AND d.schedule IS NOT NULL AS dst_auto,
+    d.overlap_policy,
+    d.jitter,
+    d.pause_after_failures,
+    d.paused_reason
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -156,7 +163,26 @@ LEFT JOIN LATERAL (
         ), 0)
 ) AS skipped ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically).';
+
+-- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
+CREATE OR REPLACE VIEW jobs.run_list AS
+SELECT
+    r.id,
+    d.name AS definition,
+    r.kind,
+    r.status::text AS status,
+    r.attempt,
+    r.scheduled_for,
+    r.started_at,
+    r.finished_at,
+    r.worker,
+    r.failure_reason,
+    left(r.error, 60) AS error
+FROM jobs.runs AS r
+LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
+COMMENT ON VIEW jobs.run_list IS
+'Runs with their definition name (NULL for ad-hoc runs), status as text and the first 60 characters of the error; what `pgtick runs` lists, newest first.';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)

@@ -41,11 +41,15 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval
+    interval, interval, text, text, interval, integer
 ),
+jobs.backfill(text, timestamptz, timestamptz),
+jobs.finish_backfill(bigint, timestamptz[], text),
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
+jobs.new_definitions(integer),
+jobs.due_definitions(timestamptz, integer),
 jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer),
 jobs.materialize_one_shots(interval, interval),
 jobs.mark_schedule_error(bigint, integer, text),
@@ -62,3 +66,9 @@ jobs.discard(bigint[])
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
+
+-- Pure functions the views and previews use (jobs.definition_health calls jobs._dst_auto).
+GRANT EXECUTE ON FUNCTION
+jobs._dst_auto(text),
+jobs.jitter_offset(bigint, timestamptz, interval)
+TO jobs_reader;

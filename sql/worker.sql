@@ -15,11 +15,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF heartbeat.run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('run_ids length', cardinality(heartbeat.run_ids), 0, 10000);
-    PERFORM jobs._check_text('worker', heartbeat.worker, 200);
+    PERFORM jobs._check_run_batch(heartbeat.run_ids, heartbeat.worker);
     -- Lock in id order: the same worker's complete_many runs at the same time on
     -- another connection, and two multi-row updates must not lock in crossed order.
     RETURN QUERY
@@ -71,11 +67,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF complete_many.run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('run_ids length', cardinality(complete_many.run_ids), 0, 10000);
-    PERFORM jobs._check_text('worker', complete_many.worker, 200);
+    PERFORM jobs._check_run_batch(complete_many.run_ids, complete_many.worker);
     RETURN QUERY  -- locks in id order, like jobs.heartbeat
     UPDATE jobs.runs AS r
        SET status = 'COMPLETED', finished_at = now()

@@ -1,8 +1,23 @@
-"""Test harness: a real PostgreSQL server, a migrated template, one database per test.
+"""What every test uses: a real PostgreSQL server, a migrated template, one database per
+test; queries and seeding; races that start together; real ``pgtick`` processes.
 
 The server comes from ``PGTICK_TEST_DSN`` (any database on a server where we
 may create databases and roles) or, without it, an embedded throwaway server
-from the ``pgserver`` wheel running with fsync off.
+from the ``pgserver`` wheel running with fsync off. The fixtures built on it
+(``pg``, ``db``, ``conn``) live in tests/fixtures/, listed in tests/conftest.py.
+
+Seeding goes straight into the tables as the superuser (the fixtures' DSN), so
+a test sets up exactly the state it needs; everything under test goes through
+the public ``jobs.*`` functions. Processes started with ``run_in_processes``
+meet at a start gate (an advisory lock) so a race really is a race and does not
+depend on how fast each child spawns.
+
+``Processes`` starts real processes (`pgtick run` replicas, `pgtick lock`), each
+in its own session (process group) with stderr logged to a file under the
+test's tmp dir; it kills whatever is still alive when the test ends, whatever
+happened, and failing tests quote the log tails. Replicas run with short
+timings (tick/poll 0.2 s, heartbeat 0.3 s) and with ``PGTICK_APP_DSN`` set so
+job code in tests/apps can record itself.
 """
 
 from __future__ import annotations
@@ -10,21 +25,38 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgtick import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The job modules `pgtick run` loads in the process tests.
+APPS = ROOT / "tests" / "apps"
+PGTICK = [sys.executable, "-m", "pgtick.cli"]
+FAST = ["--tick", "0.2s", "--poll", "0.2s", "--heartbeat", "0.3s"]
+Conn = psycopg.Connection[Any]
+
+#: Advisory lock key of the start gate (any key the SQL core does not use).
+GATE_KEY = 740_011
+
+#: Far-future run_at for definitions that only exist to carry a cap or a policy.
+NEVER = "2999-01-01 00:00:00+00"
 TEST_ROLES = {
     "pgtick_t_reader": "jobs_reader",
     "pgtick_t_worker": "jobs_worker",
@@ -100,7 +132,7 @@ class Server:
             migrate.apply(conn)
         with self.admin() as conn:
             for role, member_of in TEST_ROLES.items():
-                exists = conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
                 if not exists:
                     conn.execute(f"CREATE ROLE {role} LOGIN")
                 if member_of:
@@ -117,6 +149,15 @@ class Server:
         with self.admin() as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return Database(name, dsn_for(self.admin_dsn, name))
+
+    @contextmanager
+    def database(self) -> Iterator[Database]:
+        """A database cloned from the migrated template, dropped when the block ends."""
+        database = self.create_database()
+        try:
+            yield database
+        finally:
+            self.drop_database(database)
 
     def drop_database(self, db: Database) -> None:
         with self.admin() as conn:
@@ -176,3 +217,364 @@ def run_in_processes(
     with ctx.Pool(processes=len(jobs)) as pool:
         pending = pool.map_async(_call, [(fn, args) for args in jobs])
         return list(pending.get(timeout=timeout))
+
+
+def scalar(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
+    """First column of the first row; None when there is no row (a condition not met yet)."""
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def rows(conn: Conn, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """All rows as dicts."""
+    cur = conn.execute(sql, params)
+    assert cur.description is not None
+    names = [c.name for c in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def one(conn: Conn, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> dict[str, Any]:
+    """Exactly one row as a dict."""
+    got = rows(conn, sql, params)
+    assert len(got) == 1, f"{sql!r} returned {len(got)} rows: {got!r}"
+    return got[0]
+
+
+def enqueue(conn: Conn, kind: str = "k", payload: str = "{}", run_at: str = "now()") -> int:
+    return int(scalar(conn, f"SELECT id FROM jobs.enqueue(%s, %s::jsonb, {run_at})", (kind, payload)))
+
+
+def claim(conn: Conn, worker: str = "w", batch: int = 1, kinds: list[str] | None = None) -> list[int]:
+    got = conn.execute("SELECT id FROM jobs.claim(%s, %s, %s)", (batch, worker, kinds)).fetchall()
+    return [int(r[0]) for r in got]
+
+
+def finish_old(
+    conn: Conn,
+    count: int,
+    *,
+    age: str,
+    status: str = "COMPLETED",
+    kind: str = "k",
+    definition_id: int | None = None,
+) -> list[int]:
+    """Insert ``count`` runs that reached ``status`` ``age`` ago (oldest first, 1 s apart)."""
+    reason = "'Error'" if status == "FAILED" else "NULL"
+    got = conn.execute(
+        f"""
+        INSERT INTO jobs.runs (definition_id, kind, status, scheduled_for, created_at, started_at,
+                               finished_at, worker, failure_reason)
+        SELECT %s, %s, %s::jobs.run_status, t - interval '1 minute', t - interval '1 minute',
+               t - interval '30 seconds', t, 'old-worker', {reason}
+          FROM (SELECT now() - %s::interval - (%s - g) * interval '1 second' AS t, g
+                  FROM generate_series(1, %s) AS g) AS s
+         ORDER BY g
+        RETURNING id
+        """,
+        (definition_id, kind, status, age, count, count),
+    ).fetchall()
+    return sorted(int(r[0]) for r in got)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
+    """Kill a test's child process (and its process group) if it is still alive."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def add_definition(
+    conn: Conn,
+    name: str,
+    *,
+    kind: str | None = None,
+    cap: int | None = None,
+    overlap: str = "queue",
+    priority: int = 0,
+) -> int:
+    """A disabled one-shot definition far in the future: a holder for a cap and a policy."""
+    return int(
+        scalar(
+            conn,
+            """
+            INSERT INTO jobs.definitions
+                (name, kind, run_at, enabled, max_concurrent_runs, overlap_policy, priority)
+            VALUES (%s, %s, %s, false, %s, %s, %s)
+            RETURNING id
+            """,
+            (name, kind or name, NEVER, cap, overlap, priority),
+        )
+    )
+
+
+def add_runs(
+    conn: Conn,
+    count: int,
+    *,
+    kind: str = "k",
+    definition_id: int | None = None,
+    priority: int = 0,
+    origin: str = "manual",
+    start: str = "1 hour",
+) -> list[int]:
+    """Insert ``count`` due QUEUED runs; scheduled_for rises with the id (now() - start + n ms)."""
+    rows = conn.execute(
+        """
+        INSERT INTO jobs.runs (definition_id, kind, priority, origin, scheduled_for)
+        SELECT %s, %s, %s, %s, now() - %s::interval + g * interval '1 millisecond'
+          FROM generate_series(1, %s) AS g
+        ORDER BY g
+        RETURNING id
+        """,
+        (definition_id, kind, priority, origin, start, count),
+    ).fetchall()
+    return sorted(int(r[0]) for r in rows)
+
+
+def run_row(conn: Conn, run_id: int) -> dict[str, Any]:
+    """One jobs.runs row as a dict (column name -> value)."""
+    cur = conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (run_id,))
+    row = cur.fetchone()
+    assert row is not None, f"run {run_id} does not exist"
+    assert cur.description is not None
+    return {col.name: value for col, value in zip(cur.description, row, strict=True)}
+
+
+def digest(conn: Conn) -> dict[str, Any]:
+    """Row counts and content hashes of every jobs table: equal digests mean nothing changed."""
+    out: dict[str, Any] = {}
+    for table in ("runs", "definitions", "retry_policies", "config", "leases"):
+        count, md5 = conn.execute(
+            f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
+            f" FROM jobs.{table} AS t"
+        ).fetchone() or (None, None)
+        out[table] = (count, md5)
+    return out
+
+
+def expect_error(
+    conn: Conn,
+    sql: str,
+    params: Sequence[Any] | None,
+    sqlstate: str,
+    *mentions: str,
+) -> psycopg.Error:
+    """Run sql, expect it to fail with sqlstate and a message naming each of ``mentions``."""
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(sql, params)
+    err = info.value
+    message = err.diag.message_primary or str(err)
+    assert err.sqlstate == sqlstate, (
+        f"{sql} {params!r}: expected SQLSTATE {sqlstate}, got {err.sqlstate}: {message}"
+    )
+    for word in mentions:
+        assert word in message, f"{sql} {params!r}: message {message!r} does not name {word!r}"
+    return err
+
+
+@contextmanager
+def start_gate(dsn: str, parties: int, timeout: float = 90) -> Iterator[None]:
+    """Hold the gate shut until ``parties`` sessions wait at it (see ``wait_at_gate``).
+
+    Children take a shared lock on GATE_KEY, which blocks while we hold it
+    exclusively; a watcher thread opens the gate once all of them are queued.
+    """
+    holder = psycopg.connect(dsn, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+
+    def open_when_all_wait() -> None:
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            while time.monotonic() < deadline:
+                waiting = scalar(
+                    watch,
+                    """
+                    SELECT count(*) FROM pg_locks AS l
+                     WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objid = %s
+                       AND l.database = (SELECT oid FROM pg_database
+                                          WHERE datname = current_database())
+                    """,
+                    (GATE_KEY,),
+                )
+                if waiting >= parties:
+                    break
+                time.sleep(0.01)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+
+    opener = threading.Thread(target=open_when_all_wait, name="start-gate", daemon=True)
+    opener.start()
+    try:
+        yield
+    finally:
+        opener.join(timeout)
+        holder.close()
+
+
+def wait_at_gate(conn: Conn) -> None:
+    """Block until the test's start gate opens (returns at once if there is none)."""
+    conn.execute("SELECT pg_advisory_lock_shared(%s)", (GATE_KEY,))
+    conn.execute("SELECT pg_advisory_unlock_shared(%s)", (GATE_KEY,))
+
+
+#: Every definition above its cap right now, with the offending runs and their workers.
+OVER_CAP_SQL = """
+SELECT d.id, d.max_concurrent_runs, count(*),
+       array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
+  FROM jobs.runs AS r
+  JOIN jobs.definitions AS d ON d.id = r.definition_id
+ WHERE r.status = 'RUNNING' AND d.max_concurrent_runs IS NOT NULL
+   AND (%(defs)s::bigint[] IS NULL OR d.id = ANY (%(defs)s::bigint[]))
+ GROUP BY d.id
+HAVING count(*) > d.max_concurrent_runs
+"""
+
+
+def env_for(dsn: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env.update(PGTICK_LOG="INFO", PYTHONUNBUFFERED="1")
+    if dsn is not None:
+        env["PGTICK_APP_DSN"] = dsn
+    return env
+
+
+def pgtick(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """One CLI call to completion (no embedded server: callers pass --dsn)."""
+    return subprocess.run(
+        [*PGTICK, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env_for(None),
+        cwd=ROOT,
+    )
+
+
+def pid_of_owner(owner: str | None) -> int | None:
+    """The pid inside a worker/owner id host-PID-rand (hosts may contain dashes)."""
+    match = re.search(r"-(\d+)-[0-9a-f]{6}$", owner or "")
+    return int(match.group(1)) if match else None
+
+
+class Proc:
+    """A started process, its log file, and helpers to wait on both."""
+
+    def __init__(self, label: str, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.label = label
+        self.popen = popen
+        self.log_path = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, lines: int = 25) -> str:
+        return "\n".join(f"  {self.label}| {line}" for line in self.log().splitlines()[-lines:])
+
+    def wait_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
+        """Wait until the log has a line matching ``pattern``; fail with the log tail."""
+        regex = re.compile(pattern)
+
+        def found() -> re.Match[str] | None:
+            if self.popen.poll() is not None:
+                match = regex.search(self.log())
+                if match:
+                    return match
+                raise AssertionError(
+                    f"{self.label} (pid {self.pid}) exited {self.popen.returncode} before logging "
+                    f"{pattern!r}:\n{self.tail()}"
+                )
+            return regex.search(self.log())
+
+        try:
+            return wait_for(f"{self.label} to log {pattern!r}", found, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.tail()}") from None
+
+    @property
+    def worker_id(self) -> str:
+        return self.wait_log(r"worker=(\S+) started").group(1)
+
+    def send(self, sig: signal.Signals) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.label} (pid {self.pid}) still running after {timeout:.1f}s:\n{self.tail()}"
+            ) from None
+
+    def stdout(self) -> str:
+        assert self.popen.stdout is not None
+        return self.popen.stdout.read().decode(errors="replace")
+
+
+class Processes:
+    """Starts processes for one test and kills every leftover at the end."""
+
+    def __init__(self, directory: Path, dsn: str) -> None:
+        self.directory = directory
+        self.dsn = dsn
+        self.started: list[Proc] = []
+
+    def start(self, label: str, args: list[str], *, stdout: bool = False) -> Proc:
+        log = self.directory / f"{label}.log"
+        with log.open("wb") as stderr:
+            popen = subprocess.Popen(
+                [*PGTICK, *args],
+                stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+                stderr=stderr,
+                env=env_for(self.dsn),
+                cwd=ROOT,
+                start_new_session=True,  # its own process group: children die with it
+            )
+        proc = Proc(label, popen, log)
+        self.started.append(proc)
+        return proc
+
+    def replica(self, app: str, label: str, *extra: str, grace: str = "5s") -> Proc:
+        """`pgtick run tests/apps/APP --dsn DSN` with the fast timings."""
+        args = ["run", str(APPS / app), "--dsn", self.dsn, *FAST, "--grace", grace, *extra]
+        return self.start(label, args)
+
+    def by_pid(self, pid: int | None) -> Proc | None:
+        return next((p for p in self.started if p.pid == pid), None)
+
+    def tails(self) -> str:
+        return "\n".join(p.tail() for p in self.started)
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            try:  # the whole group, even when its leader is gone: a lock's orphaned child too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.popen.stdout is not None:
+                proc.popen.stdout.close()
+
+
+@contextmanager
+def processes(directory: Path, dsn: str) -> Iterator[Processes]:
+    procs = Processes(directory, dsn)
+    try:
+        yield procs
+    finally:
+        procs.kill_all()

@@ -18,16 +18,21 @@ from types import FrameType
 
 import psycopg
 
+from pgtick import calls
 from pgtick.db import connect
-from pgtick.worker import new_worker_id
+from pgtick.identity import new_worker_id
 
 SKIP_WARN_AFTER = 3
 
 
-def _lease_call(dsn: str, sql: str, params: tuple[object, ...]) -> bool:
+def _renew(dsn: str, name: str, owner: str, ttl: timedelta) -> bool:
     with connect(dsn, application_name="pgtick-lock") as conn:
-        row = conn.execute(sql, params).fetchone()
-        return bool(row and row[0])
+        return calls.renew_lease(conn, name, owner, ttl)
+
+
+def _release(dsn: str, name: str, owner: str) -> bool:
+    with connect(dsn, application_name="pgtick-lock") as conn:
+        return calls.release_lease(conn, name, owner)
 
 
 def run_locked(
@@ -42,12 +47,8 @@ def run_locked(
     owner = owner or new_worker_id()
     ttl_interval = timedelta(seconds=ttl)
     with connect(dsn, application_name="pgtick-lock") as conn:
-        row = conn.execute("SELECT jobs.acquire_lease(%s, %s, %s)", (name, owner, ttl_interval)).fetchone()
-        if not (row and row[0]):
-            held = conn.execute(
-                "SELECT owner, expires_at, consecutive_skips FROM jobs.leases WHERE name = %s",
-                (name,),
-            ).fetchone()
+        if not calls.acquire_lease(conn, name, owner, ttl_interval):
+            held = calls.lease_holder(conn, name)
             holder, until, skips = held if held else ("?", None, 0)
             print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
             if skips >= SKIP_WARN_AFTER:
@@ -65,7 +66,7 @@ def run_locked(
         deadline = time.monotonic() + ttl
         while not done.wait(ttl / 3):
             try:
-                ok = _lease_call(dsn, "SELECT jobs.renew_lease(%s, %s, %s)", (name, owner, ttl_interval))
+                ok = _renew(dsn, name, owner, ttl_interval)
             except (psycopg.Error, Exception) as exc:
                 print(f"pgtick lock: renewing lease {name} failed: {exc}", file=sys.stderr)
                 if time.monotonic() < deadline - ttl / 6:
@@ -109,6 +110,6 @@ def run_locked(
         for s, handler in previous.items():
             signal.signal(s, handler)
         try:
-            _lease_call(dsn, "SELECT jobs.release_lease(%s, %s)", (name, owner))
+            _release(dsn, name, owner)
         except Exception as exc:  # the TTL frees it anyway
             print(f"pgtick lock: releasing lease {name} failed: {exc}", file=sys.stderr)

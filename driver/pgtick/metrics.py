@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from pgtick import calls
 from pgtick.db import connect
 
 log = logging.getLogger("pgtick.metrics")
@@ -78,19 +79,15 @@ class DatabaseCollector(Collector):
         leader = GaugeMetricFamily("pgtick_leader", "1 if this process leads the scheduler")
         try:
             with connect(self.dsn, application_name="pgtick-metrics") as conn:
-                for kind, queued, run, age, skipped_1h, lost_1h in conn.execute(
-                    "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age),"
-                    " skipped_1h, lost_1h FROM jobs.queue_stats"
-                ):
+                for kind, queued, run, age, skipped_1h, lost_1h in calls.queue_metrics(conn):
                     depth.add_metric([kind], queued)
                     running.add_metric([kind], run)
                     oldest.add_metric([kind], float(age or 0))
                     skipped.add_metric([kind], skipped_1h)
                     lost.add_metric([kind], lost_1h)
-                for name, count in conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health"):
+                for name, count in calls.definition_skips(conn):
                     skips.add_metric([name], count)
-                row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (self.owner,))
-                leader.add_metric([], float((row.fetchone() or [0])[0]))
+                leader.add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
         except Exception as exc:
             log.warning("metrics: database unavailable: %s", exc)
             return

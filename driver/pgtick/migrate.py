@@ -1,14 +1,20 @@
 """Schema installation: versioned migrations plus re-applied functions and views.
 
-Two equal paths apply the same files in the same order:
+``sql/install.sql`` is the one record of what is loaded and in which order: a
+short psql file of ``\\ir`` lines. Two equal paths follow it:
 
-* ``pgtick migrate`` (``apply``) runs them over a psycopg connection;
-* ``sql/install.sql`` (``install_script``) is the same thing as one psql script,
-  generated from these files and checked in, so a checkout and psql are enough.
+* psql runs it directly (``psql -f sql/install.sql``);
+* ``pgtick migrate`` (``apply``) reads the same lines (``install_plan``) and
+  applies the same files over a psycopg connection.
 
-Both take a session advisory lock first, so concurrent migrators run one after
-the other; a migration already recorded in ``jobs.schema_migrations`` is skipped,
-and everything in ``sql/`` is ``CREATE OR REPLACE`` and re-applied every time.
+``pgtick migrate --sql`` (``install_script``) prints the plan with every include
+inlined, as one psql script; it is generated on demand, never committed.
+
+Both paths take the session advisory lock named in install.sql first, so
+concurrent migrators run one after the other; a migration already recorded in
+``jobs.schema_migrations`` is skipped (and recorded in the transaction that
+applies it), and everything in ``sql/`` is ``CREATE OR REPLACE`` and re-applied
+every time, in one transaction.
 """
 
 from __future__ import annotations
@@ -20,44 +26,18 @@ from typing import Any
 
 import psycopg
 
-#: Session advisory lock key that serializes migrators ('pgtickMG' as a bigint).
-MIGRATION_LOCK_KEY = 8099570450837491015
+from pgtick import calls
 
-#: Function and view files in dependency order (roles.sql grants on all, so last).
-SQL_FILES = (
-    "helpers.sql",
-    "enqueue.sql",
-    "claim.sql",
-    "worker.sql",
-    "retry.sql",
-    "cancel.sql",
-    "reap.sql",
-    "schedule.sql",
-    "leases.sql",
-    "ops.sql",
-    "dashboard.sql",
-    "roles.sql",
+_LOCK_LINE = re.compile(r"^\\set\s+pgtick_migration_lock\s+(\d+)\s*$")
+_MIGRATION_LINE = re.compile(
+    r"^\\set\s+migration\s+(\d{4})_([a-z0-9_]+)\s+\\ir\s+\.\./migrations/apply\.sql\s*$"
 )
-
-BOOTSTRAP = """\
-CREATE SCHEMA IF NOT EXISTS jobs;
-COMMENT ON SCHEMA jobs IS 'pgtick: a job scheduler inside PostgreSQL.';
-CREATE TABLE IF NOT EXISTS jobs.schema_migrations (
-    version text PRIMARY KEY,
-    name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE jobs.schema_migrations IS 'Applied pgtick migrations, one row each.';
-COMMENT ON COLUMN jobs.schema_migrations.version IS 'Migration number, e.g. 0001.';
-COMMENT ON COLUMN jobs.schema_migrations.name IS 'Migration file name without number and suffix.';
-COMMENT ON COLUMN jobs.schema_migrations.applied_at IS 'When it was applied.';
-"""
-
-_MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_BOOTSTRAP_LINE = re.compile(r"^\\ir\s+\.\./migrations/bootstrap\.sql\s*$")
+_SQL_LINE = re.compile(r"^\\ir\s+([a-z0-9_]+\.sql)\s*$")
 
 
 class SchemaFilesMissing(RuntimeError):
-    """The sql/ and migrations/ directories could not be found."""
+    """The sql/ and migrations/ directories, or a file install.sql names, could not be found."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +50,16 @@ class Migration:
         return self.path.read_text(encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class InstallPlan:
+    """What ``sql/install.sql`` loads, in order."""
+
+    lock_key: int
+    bootstrap: Path
+    migrations: list[Migration]
+    function_files: list[Path]
+
+
 def schema_root() -> Path:
     """Directory holding ``sql/`` and ``migrations/``: the wheel's copy, else the checkout."""
     here = Path(__file__).resolve().parent
@@ -79,20 +69,42 @@ def schema_root() -> Path:
     raise SchemaFilesMissing(f"cannot find sql/ and migrations/ near {here}")
 
 
-def migrations(root: Path | None = None) -> list[Migration]:
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise SchemaFilesMissing(f"sql/install.sql names a file that does not exist: {path}")
+    return path
+
+
+def install_plan(root: Path | None = None) -> InstallPlan:
+    """Parse ``sql/install.sql``: the lock key, the bootstrap, migrations and sql files in order."""
     root = root or schema_root()
-    found = []
-    for path in sorted((root / "migrations").glob("*.sql")):
-        match = _MIGRATION_NAME.match(path.name)
-        if match is None:
-            raise SchemaFilesMissing(f"migration file name not NNNN_name.sql: {path}")
-        found.append(Migration(match.group(1), match.group(2), path))
-    return found
+    lock_key: int | None = None
+    bootstrap: Path | None = None
+    found: list[Migration] = []
+    files: list[Path] = []
+    for line in (root / "sql" / "install.sql").read_text(encoding="utf-8").splitlines():
+        if match := _LOCK_LINE.match(line):
+            lock_key = int(match.group(1))
+        elif _BOOTSTRAP_LINE.match(line):
+            bootstrap = _existing(root / "migrations" / "bootstrap.sql")
+        elif match := _MIGRATION_LINE.match(line):
+            version, name = match.groups()
+            found.append(Migration(version, name, _existing(root / "migrations" / f"{version}_{name}.sql")))
+        elif match := _SQL_LINE.match(line):
+            files.append(_existing(root / "sql" / match.group(1)))
+        elif line.startswith("\\ir") or line.startswith("\\set migration"):
+            raise SchemaFilesMissing(f"sql/install.sql: include not understood: {line!r}")
+    if lock_key is None or bootstrap is None:
+        raise SchemaFilesMissing("sql/install.sql must set pgtick_migration_lock and include the bootstrap")
+    return InstallPlan(lock_key, bootstrap, found, files)
+
+
+def migrations(root: Path | None = None) -> list[Migration]:
+    return install_plan(root).migrations
 
 
 def function_files(root: Path | None = None) -> list[Path]:
-    root = root or schema_root()
-    return [root / "sql" / name for name in SQL_FILES]
+    return install_plan(root).function_files
 
 
 def _record(migration: Migration) -> str:
@@ -103,21 +115,22 @@ def _record(migration: Migration) -> str:
 
 
 def install_script(root: Path | None = None) -> str:
-    """The whole install as one psql script (the content of ``sql/install.sql``)."""
-    root = root or schema_root()
+    """``sql/install.sql`` with every include inlined: one psql script, same order."""
+    plan = install_plan(root)
     out = [
-        "-- pgtick install script for psql. GENERATED by `pgtick migrate --sql`; do not edit.\n",
-        "-- Usage: psql -v ON_ERROR_STOP=1 -d DBNAME -f sql/install.sql\n",
+        "-- pgtick install script for psql, printed by `pgtick migrate --sql` from sql/install.sql.\n",
+        "-- Usage: psql -v ON_ERROR_STOP=1 -d DBNAME -f install.sql\n",
         "-- Safe to re-run: applied migrations are skipped; functions and views are replaced.\n",
         "\\set ON_ERROR_STOP on\n",
         "SET client_min_messages = warning;\n",
-        f"DO $$ BEGIN PERFORM pg_advisory_lock({MIGRATION_LOCK_KEY}); END $$;\n",
-        BOOTSTRAP,
+        f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
+        "\n-- migrations/bootstrap.sql\n",
+        plan.bootstrap.read_text(encoding="utf-8"),
     ]
-    for migration in migrations(root):
+    for migration in plan.migrations:
         flag = f"pgtick_apply_{migration.version}"
         out += [
-            f"\n-- migration {migration.version}_{migration.name}\n",
+            f"\n-- migrations/{migration.path.name}\n",
             "BEGIN;\n",
             f"SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = "
             f"'{migration.version}') AS {flag} \\gset\n",
@@ -128,17 +141,16 @@ def install_script(root: Path | None = None) -> str:
             "COMMIT;\n",
         ]
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
-    for path in function_files(root):
+    for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
-    out += ["COMMIT;\n", f"DO $$ BEGIN PERFORM pg_advisory_unlock({MIGRATION_LOCK_KEY}); END $$;\n"]
+    out += ["COMMIT;\n", f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n"]
     return "".join(out)
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
-    exists = conn.execute("SELECT to_regclass('jobs.schema_migrations') IS NOT NULL").fetchone()
-    if not exists or not exists[0]:
+    if not calls.migration_ledger_exists(conn):
         return set()
-    return {str(row[0]) for row in conn.execute("SELECT version FROM jobs.schema_migrations")}
+    return calls.applied_migrations(conn)
 
 
 def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
@@ -149,23 +161,23 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
     """
     if not conn.autocommit:
         raise ValueError("migrate needs an autocommit connection")
-    root = root or schema_root()
+    plan = install_plan(root)
     done: list[str] = []
     conn.execute("SET client_min_messages = warning")
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    calls.advisory_lock(conn, plan.lock_key)
     try:
-        conn.execute(BOOTSTRAP.encode())
+        conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
-        for migration in migrations(root):
+        for migration in plan.migrations:
             if migration.version in already:
                 continue
             with conn.transaction():
                 conn.execute(migration.sql().encode())
-                conn.execute(_record(migration).encode())
+                calls.record_migration(conn, migration.version, migration.name)
             done.append(migration.version)
         with conn.transaction():
-            for path in function_files(root):
+            for path in plan.function_files:
                 conn.execute(path.read_bytes())
     finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        calls.advisory_unlock(conn, plan.lock_key)
     return done

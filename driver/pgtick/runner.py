@@ -11,16 +11,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
-import psycopg
-
+from pgtick import calls
 from pgtick.app import App
 from pgtick.db import connect
+from pgtick.definitions import sync_app
 from pgtick.errors import PgtickError, UsageError
-from pgtick.schedule import ScheduleError, parse_schedule
+from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
-from pgtick.worker import Worker, new_worker_id
+from pgtick.worker import Worker
 
 log = logging.getLogger("pgtick.run")
 
@@ -52,61 +51,6 @@ def load_app(target: str) -> App:
     return app
 
 
-def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
-    """Write the app's retry policies and declared schedules (validated here first)."""
-    for spec in app.jobs.values():
-        conn.execute(
-            "SELECT jobs.set_retry_policy(%s, %s, %s, %s, make_interval(secs => %s), %s, "
-            "make_interval(secs => %s), %s)",
-            (
-                spec.kind,
-                spec.retry_on,
-                spec.never_retry,
-                spec.max_attempts,
-                spec.backoff_initial,
-                spec.backoff_factor,
-                spec.backoff_max,
-                spec.jitter,
-            ),
-        )
-    for s in app.schedules.values():
-        define(
-            conn,
-            s.name,
-            s.kind,
-            schedule=s.schedule,
-            timezone=s.timezone,
-            run_at=s.run_at,
-            **s.options,
-        )
-
-
-def validate_schedule(schedule: str, timezone: str, name: str) -> None:
-    """Raise UsageError naming the definition and the bad part of its schedule."""
-    try:
-        parse_schedule(schedule, timezone, definition=name)
-    except ScheduleError as exc:
-        raise UsageError(str(exc)) from exc
-
-
-def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -> Any:
-    """jobs.define with named arguments (only those given), after the driver has
-    parsed the schedule: SQL checks only its shape, the driver checks every part."""
-    if params.get("schedule") is not None:
-        validate_schedule(params["schedule"], params.get("timezone") or "UTC", name)
-    from psycopg import sql
-    from psycopg.types.json import Jsonb
-
-    if isinstance(params.get("payload"), dict):
-        params["payload"] = Jsonb(params["payload"])
-    given = {k: v for k, v in params.items() if v is not None}
-    args = [sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given]
-    query = sql.SQL("SELECT * FROM jobs.define(%(name)s, %(kind)s{})").format(
-        sql.SQL("").join(sql.SQL(", ") + a for a in args)
-    )
-    return conn.execute(query, {"name": name, "kind": kind, **given}).fetchone()
-
-
 @dataclass
 class RunOptions:
     concurrency: int = 10
@@ -125,10 +69,11 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     stop = stop or threading.Event()
     _install_signal_handlers(stop)
     with connect(dsn, application_name="pgtick-sync") as conn:
-        exists = conn.execute("SELECT to_regclass('jobs.runs') IS NOT NULL").fetchone()
-        if not exists or not exists[0]:
+        if not calls.schema_installed(conn):
             raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
         sync_app(app, conn)
+    if not app.has_database:
+        app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()
     threads: list[threading.Thread] = []
     listener = None

@@ -8,7 +8,7 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    occurrences here (RRULE/cron in the definition's time zone, misfire policy)
    and hand them to ``jobs.materialize``, a compare-and-set on the cursor plus
    the inserts in one commit, so a second leader in the same instant adds nothing;
-4. ``jobs.materialize_one_shots()``;
+4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
 6. ``jobs.prune()`` now and then.
 
@@ -27,43 +27,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from datetime import time as dtime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import psycopg
 
+from pgtick import calls as sql
 from pgtick.db import connect_dicts
 from pgtick.schedule import (
     Plan,
     Schedule,
     ScheduleError,
+    anchor_for,
     first_cursor,
     parse_schedule,
     plan_materialization,
 )
 
 log = logging.getLogger("pgtick.scheduler")
-
-DUE_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at <= %s
- ORDER BY next_run_at
- LIMIT %s
-"""
-
-NEW_SQL = """
-SELECT id, name, schedule, timezone, revision, created_at, next_run_at, misfire_policy
-  FROM jobs.definitions
- WHERE schedule IS NOT NULL AND enabled AND finished_at IS NULL AND schedule_error IS NULL
-   AND next_run_at IS NULL
- ORDER BY id
- LIMIT %s
-"""
-
-MATERIALIZE_SQL = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
 
 
 @dataclass
@@ -78,14 +58,7 @@ class TickReport:
     reaped: list[dict[str, Any]] = field(default_factory=list)
     pruned: int = 0
     schedule_errors: int = 0
-
-
-def anchor_for(created_at: datetime, timezone: str) -> datetime:
-    """Start of a DTSTART-less RRULE: local midnight of the day the definition was created,
-    so FREQ=DAILY;BYHOUR=8 means 08:00:00 and FREQ=HOURLY means on the hour."""
-    zone = ZoneInfo(timezone)
-    local_day = created_at.astimezone(zone).date()
-    return datetime.combine(local_day, dtime(0, 0), tzinfo=zone)
+    backfilled: int = 0
 
 
 class Scheduler:
@@ -117,8 +90,8 @@ class Scheduler:
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
         self._last_prune = float("-inf")  # prune on the first tick as leader
-        # Parsed schedules by (text, zone, anchor): definitions sharing a schedule share it.
-        self._parsed: dict[tuple[str, str, datetime], Schedule] = {}
+        # Parsed schedules by (text, zone, anchor, DST policy): definitions sharing one share it.
+        self._parsed: dict[tuple[str, str, datetime, str | None, str | None], Schedule] = {}
 
     # -- loop ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -141,7 +114,7 @@ class Scheduler:
         if self._conn is not None and not self._conn.closed:
             try:
                 if self.leading:
-                    self._conn.execute("SELECT jobs.resign()")
+                    sql.resign(self._conn)
                     self.leading = False
                     log.info("scheduler owner=%s resigned", self.owner)
             except psycopg.Error:
@@ -162,22 +135,19 @@ class Scheduler:
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
             # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
             idle = max(30, int(self.tick_interval * 10))
-            self._conn.execute(f"SET idle_session_timeout = '{idle}s'")
+            sql.set_idle_session_timeout(self._conn, idle)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
     @staticmethod
     def _backend_pid(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
-        assert row is not None
-        return int(row["pid"])
+        return sql.backend_pid(conn)
 
     # -- one tick -----------------------------------------------------------------
     def tick(self) -> TickReport:
         conn = self._connection()
         report = TickReport()
-        row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (self.owner,)).fetchone()
-        leading = bool(row and row["leading"])
+        leading = sql.try_lead(conn, self.owner)
         if leading and self._backend_pid(conn) != self._pid:
             log.error(
                 "scheduler owner=%s backend pid changed between statements: the leader "
@@ -192,7 +162,7 @@ class Scheduler:
         if not leading:
             return report
         self.materialize_due(report)
-        report.reaped = conn.execute("SELECT * FROM jobs.reap()").fetchall()
+        report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
         if time.monotonic() - self._last_prune >= self.prune_every:
@@ -214,44 +184,40 @@ class Scheduler:
         now = self._now(conn)
         self._init_cursors(conn, now, report)
         self._materialize_recurring(conn, now, report)
-        one = conn.execute(
-            "SELECT jobs.materialize_one_shots(%s, %s) AS n", (self.lookahead, self.misfire_grace)
-        ).fetchone()
-        report.one_shots = int(one["n"]) if one else 0
+        report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
+        report.backfilled = materialize_backfills(conn)
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
         if self.clock is not None:
             return self.clock()
-        row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
-        assert row is not None
-        now: datetime = row["now"]
-        return now
+        return sql.clock_timestamp(conn)
 
     def _schedule(
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
     ) -> Schedule | None:
         try:
-            anchor = anchor_for(d["created_at"], d["timezone"])
-            key = (d["schedule"], d["timezone"], anchor)
-            cached = self._parsed.get(key)
-            if cached is not None:
-                return cached
-            parsed = parse_schedule(d["schedule"], d["timezone"], anchor=anchor, definition=d["name"])
+            parsed = self._parsed_schedule(d)
+            if parsed is not None:
+                return parsed
+            parsed = definition_schedule(d)
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
-            conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (d["id"], d["revision"], str(exc)))
+            sql.mark_schedule_error(conn, d["id"], d["revision"], str(exc))
             return None
         if len(self._parsed) >= 10000:
             self._parsed.clear()
-        self._parsed[key] = parsed
+        self._parsed[_schedule_key(d)] = parsed
         return parsed
+
+    def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
+        return self._parsed.get(_schedule_key(d))
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(NEW_SQL, (self.batch,)).fetchall()
+            rows = sql.new_definitions(conn, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -272,7 +238,7 @@ class Scheduler:
         horizon = now + self.lookahead
         plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
         for _ in range(20):  # bounded: the next tick continues
-            rows = conn.execute(DUE_SQL, (horizon, self.batch)).fetchall()
+            rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
@@ -309,7 +275,7 @@ class Scheduler:
     ) -> None:
         """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
         with conn.pipeline():
-            cursors = [conn.execute(MATERIALIZE_SQL, call) for call in calls]
+            cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
@@ -321,14 +287,61 @@ class Scheduler:
         conn = conn or self._connection()
         total = 0
         while True:
-            row = conn.execute("SELECT jobs.prune(NULL, %s) AS n", (batch,)).fetchone()
-            n = int(row["n"]) if row else 0
+            n = sql.prune(conn, batch)
             total += n
             if n < batch:
                 break
         if total:
             log.info("pruned %d finished runs", total)
         return total
+
+
+def _schedule_key(d: dict[str, Any]) -> tuple[str, str, datetime, str | None, str | None]:
+    anchor = anchor_for(d["created_at"], d["timezone"])
+    return (d["schedule"], d["timezone"], anchor, d.get("dst_gap"), d.get("dst_repeat"))
+
+
+def definition_schedule(d: dict[str, Any]) -> Schedule:
+    """A stored definition's schedule exactly as the scheduler reads it: anchored at local
+    midnight of its creation day, with its DST policy.  `d` is a jobs.definitions row."""
+    return parse_schedule(
+        d["schedule"],
+        d["timezone"],
+        anchor=anchor_for(d["created_at"], d["timezone"]),
+        dst_gap=d.get("dst_gap"),
+        dst_repeat=d.get("dst_repeat"),
+        definition=d["name"],
+    )
+
+
+def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
+    """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
+
+    Each request is finished once (jobs.finish_backfill fences on its done_at), and an
+    occurrence that already has its run is not inserted again.
+    """
+    created = 0
+    for b in sql.pending_backfills(conn, limit):
+        error: str | None = None
+        times: list[datetime] = []
+        try:
+            schedule = definition_schedule(b)
+            for occurrence in schedule.occurrences(b["window_from"], inclusive=True):
+                assert occurrence.at is not None
+                if occurrence.at > b["window_to"]:
+                    break
+                if len(times) >= 100_000:
+                    error = "the window holds more than 100000 occurrences; backfill smaller windows"
+                    times = []
+                    break
+                times.append(occurrence.at)
+        except (ScheduleError, ValueError, LookupError) as exc:
+            error = str(exc)
+        n = sql.finish_backfill(conn, b["backfill_id"], times, error)
+        created += n
+        suffix = f" error={error}" if error else ""
+        log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
+    return created
 
 
 def _one_line(exc: BaseException) -> str:

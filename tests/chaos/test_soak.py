@@ -27,10 +27,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from harness import APPS
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
 
-HERE = Path(__file__).resolve().parent
 SOAK_SECONDS = float(os.environ.get("PGTICK_SOAK_SECONDS", "40"))
 TICK = 0.3
 HEARTBEAT_TIMEOUT = 2.0
@@ -67,7 +67,7 @@ class Fleet:
                 "-m",
                 "pgtick.cli",
                 "run",
-                str(HERE / "soak_app.py"),
+                str(APPS / "soak_app.py"),
                 "--dsn",
                 self.dsn,
                 "--tick",
@@ -110,7 +110,7 @@ def _leader_pid(dsn: str) -> int | None:
     rows = _try(dsn, "SELECT owner, pid FROM jobs.leader")
     if not rows or rows[0][0] is None:
         return None
-    # owner is host-PID-random (pgtick.worker.new_worker_id)
+    # owner is host-PID-random (pgtick.identity.new_worker_id)
     return int(str(rows[0][0]).rsplit("-", 2)[1])
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from procs import processes, scalar, wait_for
-
-from harness import Database
+from harness import Database, processes, scalar, wait_for
 
 
 def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(

@@ -12,9 +12,7 @@ import signal
 from datetime import timedelta
 from pathlib import Path
 
-from procs import pid_of_owner, processes, scalar, wait_for
-
-from harness import Database
+from harness import Database, pid_of_owner, processes, scalar, wait_for
 
 HEARTBEAT_TIMEOUT = 2.0
 

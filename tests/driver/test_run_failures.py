@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from procs import processes, scalar, wait_for
-
-from harness import Database
+from harness import Database, processes, scalar, wait_for
 
 
 def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(db: Database, tmp_path: Path) -> None:

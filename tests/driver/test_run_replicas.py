@@ -1,6 +1,6 @@
 """`pgtick run` replicas against one database: one leader, each occurrence run exactly once.
 
-Invariants checked from the database (job code records itself, apps/recording.py):
+Invariants checked from the database (job code records itself, tests/apps/recording.py):
 * at most one leader at any instant (jobs.leader sampled every ~100 ms), and one
   most of the time; a killed leader is replaced within two ticks plus a margin;
 * each occurrence of the per-second schedule has exactly one run (invariant 3),
@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from procs import Processes, pid_of_owner, processes, scalar, wait_for
 
-from harness import Database
+from harness import Database, Processes, pid_of_owner, processes, scalar, wait_for
 
 TICK = 0.2
 APP = "ticker_app.py"

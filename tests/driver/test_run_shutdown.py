@@ -13,9 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
-from procs import Proc, processes, scalar, wait_for
 
-from harness import Database
+from harness import Database, Proc, processes, scalar, wait_for
 
 
 def started(conn: psycopg.Connection[object], run_id: int) -> object:

@@ -89,12 +89,15 @@ def empty2(pg: Server) -> Any:
     pg.drop_database(database)
 
 
-def test_install_script_is_in_sync_with_sources() -> None:
-    """sql/install.sql is generated: it must equal what `pgtick migrate --sql` prints."""
-    committed = (migrate.schema_root() / "sql" / "install.sql").read_text()
-    assert committed == migrate.install_script(), (
-        "sql/install.sql is stale: regenerate it with `pgtick migrate --sql > sql/install.sql`"
-    )
+def test_generated_script_equals_the_includes(empty: Database, empty2: Database, tmp_path: Path) -> None:
+    """`pgtick migrate --sql` (includes inlined) installs the same schema as sql/install.sql."""
+    script = tmp_path / "install.sql"
+    script.write_text(migrate.install_script())
+    result = psql_install(empty.dsn, script)
+    assert result.returncode == 0, result.stderr
+    installed = psql_install(empty2.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert installed.returncode == 0, installed.stderr
+    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
 def test_applying_twice_is_a_noop(empty: Database) -> None:
@@ -145,19 +148,58 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
-def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Database, tmp_path: Path) -> None:
-    """Applying migrations one release at a time (each followed by that state's
-    functions) ends in the same schema as a fresh install of everything."""
-    all_migrations = migrate.migrations()
-    root = tmp_path / "root"
-    (root / "migrations").mkdir(parents=True)
-    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
-    for migration in all_migrations:
-        shutil.copy(migration.path, root / "migrations" / migration.path.name)
-        with psycopg.connect(empty.dsn, autocommit=True) as conn:
-            assert migrate.apply(conn, root) == [migration.version]
+def _earlier_states() -> list[str]:
+    """Git revisions of every earlier schema: the commit just before each migration after the
+    first was added (what a user who installed then has in their database)."""
+    repo = migrate.schema_root()
+    refs: list[str] = []
+    for migration in migrate.migrations()[1:]:
+        added = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration.path.name}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        if added.returncode != 0:
+            pytest.fail(f"the upgrade test needs the git history of {repo}: {added.stderr.strip()}")
+        for commit in added.stdout.split():
+            if f"{commit}^" not in refs:
+                refs.append(f"{commit}^")
+    return refs
+
+
+def _checkout_schema(ref: str, into: Path) -> Path:
+    """sql/ and migrations/ as they were at `ref`, extracted into `into`."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, "sql", "migrations"],
+        cwd=migrate.schema_root(),
+        capture_output=True,
+    )
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "sql" / "install.sql"
+
+
+def test_upgrade_from_every_earlier_schema_equals_fresh_install(
+    pg: Server, empty2: Database, tmp_path: Path
+) -> None:
+    """A database installed (with psql, as that release documented) from any earlier schema
+    and then migrated ends in the same schema as a fresh install of everything."""
     migrate_dsn(empty2.dsn)
-    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+    fresh = snapshot(empty2.dsn)
+    refs = _earlier_states()
+    assert refs or len(migrate.migrations()) == 1
+    for number, ref in enumerate(refs):
+        script = _checkout_schema(ref, tmp_path / f"state{number}")
+        database = pg.create_empty_database()
+        try:
+            installed = psql_install(database.dsn, script)
+            assert installed.returncode == 0, f"installing {ref}: {installed.stderr}"
+            migrate_dsn(database.dsn)
+            assert snapshot(database.dsn) == fresh, f"upgrading from {ref} differs from a fresh install"
+        finally:
+            pg.drop_database(database)
 
 
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
@@ -166,6 +208,12 @@ def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path:
     shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
     (root / "migrations" / "9999_broken.sql").write_text(
         "CREATE TABLE jobs.half_applied (id int);\nSELECT no_such_function();\n"
+    )
+    install = root / "sql" / "install.sql"
+    install.write_text(
+        install.read_text().replace(
+            "\nBEGIN;\n", "\n\\set migration 9999_broken \\ir ../migrations/apply.sql\nBEGIN;\n", 1
+        )
     )
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.UndefinedFunction):
@@ -197,22 +245,3 @@ def test_every_jobs_object_is_documented(db: Database) -> None:
             """
         ).fetchall()
     assert missing == [], f"undocumented objects: {missing}"
-
-
-def test_every_function_pins_search_path_and_none_is_public(db: Database) -> None:
-    with db.connect() as conn:
-        unpinned = conn.execute(
-            """
-            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname = 'jobs'
-               AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-            """
-        ).fetchall()
-        public = conn.execute(
-            """
-            SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-             WHERE n.nspname = 'jobs' AND has_function_privilege('public', p.oid, 'EXECUTE')
-            """
-        ).fetchall()
-    assert unpinned == [], f"functions without a pinned search_path: {unpinned}"
-    assert public == [], f"functions executable by PUBLIC: {public}"

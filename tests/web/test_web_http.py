@@ -527,3 +527,46 @@ def test_pgtick_run_refuses_a_bad_web_address_with_one_line_and_exit_2(db: Datab
         proc.stderr.strip()
         == "pgtick run: error: --web must be HOST:PORT such as 127.0.0.1:8080, got 'nowhere'"
     )
+
+
+def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
+    client: TestClient, conn: Conn
+) -> None:
+    # 02:30 on Sundays in March in New York: the second Sunday's is in the spring-forward gap.
+    conn.execute(
+        "SELECT jobs.define(name => 'ny-gap-skip', kind => 'report', schedule => '30 2 * 3 0',"
+        " timezone => 'America/New_York', dst_gap => 'skip')"
+    )
+    listing = client.get("/definitions").text
+    skip_row = listing[listing.index('data-name="ny-gap-skip"') :].split("</tr>")[0]
+    assert "gap skip · repeat first (auto)" in skip_row, skip_row
+    auto_row = listing[listing.index('data-name="berlin-sunday-0230"') :].split("</tr>")[0]
+    assert "gap end (auto) · repeat first (auto)" in auto_row, auto_row
+    health = conn.execute(
+        "SELECT dst_gap, dst_repeat FROM jobs.definition_health WHERE name = 'ny-gap-skip'"
+    ).fetchone()
+    assert health == ("skip", "first")
+    page = client.get("/definition?name=ny-gap-skip").text
+    policies = page[page.index('id="policies"') :].split("</dl>")[0]
+    assert "<dd>skip</dd>" in policies and "first" in policies, policies
+    upcoming = page[page.index('id="upcoming"') :].split("</table>")[0]
+    rows = upcoming.split("<tr")[2:]
+    skipped = [row for row in rows if "DST gap: skipped" in row]
+    assert skipped and all("<td>skipped</td>" in row for row in skipped), rows
+    assert all("DST gap: moved" not in row for row in rows), rows
+
+
+def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None:
+    from datetime import UTC, datetime
+
+    from pgtick.web import timeview
+
+    after = datetime(2027, 3, 1, tzinfo=UTC)
+    shifted = timeview.occurrences("30 2 * * *", "America/New_York", after=after, count=20)
+    gap_day = next(o for o in shifted if o.local.day == 14)
+    assert gap_day.utc is not None and any("DST gap: moved" in m for m in gap_day.marks), gap_day
+    skipped = timeview.occurrences(
+        "30 2 * * *", "America/New_York", after=after, count=20, policy=("skip", None)
+    )
+    assert [o.utc for o in skipped if o.local.day == 14 and o.local.month == 3] == [None], skipped
+    assert len([o for o in skipped if o.utc is not None]) == 20

@@ -115,9 +115,9 @@ def make_templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
-def _policy(row: dict[str, Any]) -> tuple[str | None, str | None]:
-    """A definition's effective DST policy, where jobs.definition_health reports one."""
-    return row.get("dst_gap"), row.get("dst_repeat")
+def _policy(row: dict[str, Any]) -> timeview.Policy:
+    """A definition's stored DST policy (None is auto), which its schedule is parsed with."""
+    return row["stored_dst_gap"], row["stored_dst_repeat"]
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -251,7 +251,6 @@ class Dashboard:
             row = await queries.definition(conn, name)
             if row is None:
                 raise HTTPException(404, f"definition {name!r} does not exist")
-            policy = await queries.dst_policy(conn, feats, row["id"])
             recent = await queries.runs(conn, feats, queries.RunFilter(definition=name), None)
         upcoming: list[timeview.Occurrence] = []
         schedule_error = row["schedule_error"]
@@ -272,8 +271,6 @@ class Dashboard:
             "definition.html",
             {
                 "d": row,
-                "dst_policy": policy or timeview.BUILTIN_DST_POLICY,
-                "dst_policy_builtin": policy is None,
                 "upcoming": upcoming,
                 "schedule_error": schedule_error,
                 "recent": recent[: queries.PAGE_SIZE],
@@ -415,7 +412,7 @@ class Dashboard:
         session.operator = name
         request.scope["pgtick.session"] = session
         async with self.db.acting() as conn:
-            await conn.execute("SELECT jobs.audit(%s, 'login')", (self._actor(request),))
+            await queries.record_audit(conn, self._actor(request), "login", None, "{}")
         session.flash("ok", f"logged in as {name}")
         return self._back(request, form, "/")
 
@@ -437,9 +434,8 @@ class Dashboard:
     ) -> Response:
         async with self.db.acting() as conn:
             message, detail = await call(conn)
-            await conn.execute(
-                "SELECT jobs.audit(%s, %s, %s, %s::jsonb)",
-                (self._actor(request), action, target, json.dumps(detail, default=str)),
+            await queries.record_audit(
+                conn, self._actor(request), action, target, json.dumps(detail, default=str)
             )
         log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), message)
         self.session(request).flash("ok", message)
@@ -454,9 +450,7 @@ class Dashboard:
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "cancel":
-                row = await (await conn.execute("SELECT jobs.cancel(%s) AS status", (run_id,))).fetchone()
-                assert row is not None
-                status = row["status"]
+                status = await queries.cancel(conn, run_id)
                 if status == "CANCELLED":
                     return f"run {run_id} cancelled", {"status": status}
                 if status == "RUNNING":
@@ -464,16 +458,14 @@ class Dashboard:
                         "status": status
                     }
                 return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
-            row = await (await conn.execute("SELECT id FROM jobs.retry(%s)", (run_id,))).fetchone()
-            assert row is not None
-            return f"run {run_id} retried as run {row['id']}", {"new_run": row["id"]}
+            new_run = await queries.retry(conn, run_id)
+            return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
 
         return await self._act(request, form, action, f"run {run_id}", call, f"/runs/{run_id}")
 
     async def definition_action(self, request: Request) -> Response:
         action = request.path_params["action"]
-        function = {"pause": "jobs.pause", "resume": "jobs.resume", "run-now": "jobs.run_now"}.get(action)
-        if function is None:
+        if action not in ("pause", "resume", "run-now"):
             raise HTTPException(404, f"no such action on a definition: {action[:40]!r}")
         form = await self._form(request)
         name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
@@ -481,10 +473,12 @@ class Dashboard:
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "run-now":
-                row = await (await conn.execute("SELECT id FROM jobs.run_now(%s)", (name,))).fetchone()
-                assert row is not None
-                return f"definition {name}: run {row['id']} queued now", {"new_run": row["id"]}
-            await conn.execute(f"SELECT 1 FROM {function}(%s)", (name,))  # a fixed function name
+                new_run = await queries.run_now(conn, name)
+                return f"definition {name}: run {new_run} queued now", {"new_run": new_run}
+            if action == "pause":
+                await queries.pause_definition(conn, name)
+            else:
+                await queries.resume_definition(conn, name)
             return f"definition {name} {'paused' if action == 'pause' else 'resumed'}", {}
 
         back = "/definition?" + urlencode({"name": name})
@@ -501,8 +495,10 @@ class Dashboard:
         name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
-            function = "jobs.pause_queue" if action == "pause" else "jobs.resume_queue"
-            await conn.execute(f"SELECT {function}(%s)", (name,))  # a fixed function name
+            if action == "pause":
+                await queries.pause_queue(conn, name)
+            else:
+                await queries.resume_queue(conn, name)
             return f"queue {name} {'paused' if action == 'pause' else 'resumed'}", {}
 
         return await self._act(request, form, f"{action}_queue", f"queue {name}", call, "/")
@@ -520,13 +516,11 @@ class Dashboard:
             feats = self.db.features
             if action == "retry":
                 ids = await queries.failed_ids(conn, feats, flt, unretried=True)
-                cur = await conn.execute("SELECT id FROM jobs.retry_many(%s)", (ids,))
-                done = len(await cur.fetchall())
+                done = await queries.retry_many(conn, ids)
                 return f"retried {done} failed run(s)", {"filter": flt.params(), "retried": done}
             ids = await queries.failed_ids(conn, feats, flt, unretried=False)
-            row = await (await conn.execute("SELECT jobs.discard(%s) AS n", (ids,))).fetchone()
-            assert row is not None
-            return f"discarded {row['n']} failed run(s)", {"filter": flt.params(), "discarded": row["n"]}
+            discarded = await queries.discard(conn, ids)
+            return f"discarded {discarded} failed run(s)", {"filter": flt.params(), "discarded": discarded}
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)

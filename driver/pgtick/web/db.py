@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from pgtick.web import queries
 from pgtick.web.queries import Conn, Features, features
 
 
@@ -48,15 +49,7 @@ class Database:
     async def open(self) -> None:
         await self.pool.open(wait=True, timeout=30)
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                """
-                SELECT current_user AS login,
-                       pg_catalog.pg_has_role('jobs_reader', 'MEMBER') AS reader,
-                       pg_catalog.pg_has_role('jobs_operator', 'MEMBER') AS operator
-                """
-            )
-            row = await cur.fetchone()
-            assert row is not None
+            row = await queries.access(conn)
             self.access = Access(row["login"], row["reader"], row["operator"])
         async with self.reading() as conn:
             self.features = await features(conn)
@@ -68,10 +61,7 @@ class Database:
     async def reading(self) -> AsyncIterator[Conn]:
         """A read-only transaction as jobs_reader (or as the login, if it cannot take that role)."""
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SET TRANSACTION READ ONLY")
-            await conn.execute("SET LOCAL statement_timeout = '15s'")
-            if self.access.reader:
-                await conn.execute("SET LOCAL ROLE jobs_reader")
+            await queries.begin_reading(conn, as_reader=self.access.reader)
             yield conn
 
     @asynccontextmanager
@@ -83,6 +73,5 @@ class Database:
                 "so the dashboard is read-only"
             )
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SET LOCAL statement_timeout = '60s'")
-            await conn.execute("SET LOCAL ROLE jobs_operator")
+            await queries.begin_acting(conn)
             yield conn

@@ -1,9 +1,12 @@
-"""Every query the dashboard's pages send, one function per page part.
+"""Every statement the dashboard sends, by name: the dashboard's own read model.
 
-All of them run inside a transaction that has ``SET LOCAL ROLE jobs_reader`` (see
-``db.py``), so they can only read. Parts that depend on schema the database may not
-have yet (queues, limits, dependencies, DST policy columns) each live in one function
-that asks ``Features`` first and returns None when the schema lacks them.
+The driver's statements live in ``pgtick.calls``; the dashboard reads what its pages
+show with its own queries (cost shaped for a page load) and acts through the jobs.*
+functions, and this module is the one place both are written. Page reads run inside a
+READ ONLY transaction as jobs_reader, actions in a transaction as jobs_operator (see
+``db.py``, which opens them with `begin_reading` / `begin_acting`). Parts that depend on
+schema the database may not have (queues, limits, dependencies) each live in one
+function that asks ``Features`` first and returns None when the schema lacks them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,34 @@ class Features:
 
     def has(self, name: str) -> bool:
         return name in self.relations or name in self.columns
+
+
+async def access(conn: Conn) -> Row:
+    """The login and whether it may take the reader and operator roles."""
+    cur = await conn.execute(
+        """
+        SELECT current_user AS login,
+               pg_catalog.pg_has_role('jobs_reader', 'MEMBER') AS reader,
+               pg_catalog.pg_has_role('jobs_operator', 'MEMBER') AS operator
+        """
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def begin_reading(conn: Conn, *, as_reader: bool) -> None:
+    """Settings of a page's transaction: read only, a 15 s limit, the reader role."""
+    await conn.execute("SET TRANSACTION READ ONLY")
+    await conn.execute("SET LOCAL statement_timeout = '15s'")
+    if as_reader:
+        await conn.execute("SET LOCAL ROLE jobs_reader")
+
+
+async def begin_acting(conn: Conn) -> None:
+    """Settings of an action's transaction: a 60 s limit, the operator role."""
+    await conn.execute("SET LOCAL statement_timeout = '60s'")
+    await conn.execute("SET LOCAL ROLE jobs_operator")
 
 
 async def features(conn: Conn) -> Features:
@@ -192,7 +223,9 @@ async def definitions(conn: Conn) -> list[Row]:
     follows the number of definitions and the live set, not the history: live counts from
     the QUEUED and RUNNING partial indexes, failures from the FAILED-by-definition index.
     Also the earliest materialized QUEUED occurrence (the cursor, next_run_at, runs ahead
-    of it when occurrences are materialized early)."""
+    of it when occurrences are materialized early), and the DST policy: stored (None is
+    auto, what the schedule is parsed with) and effective (dst_gap, dst_repeat: the
+    columns of jobs.definition_health, auto resolved by jobs._dst_auto as the view does)."""
     cur = await conn.execute(
         """
         WITH live AS (
@@ -222,7 +255,10 @@ async def definitions(conn: Conn) -> list[Row]:
                  WHERE s.definition_id = d.id AND s.failure_reason = 'Skipped'
                    AND s.id > coalesce(started.id, 0)) AS consecutive_skips,
                d.finished_at IS NOT NULL AS finished, d.schedule_error,
-               d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at
+               d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
+               d.dst_gap AS stored_dst_gap, d.dst_repeat AS stored_dst_repeat,
+               coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+               coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat
           FROM jobs.definitions AS d
           LEFT JOIN live_by_definition AS l ON l.definition_id = d.id
           LEFT JOIN LATERAL (
@@ -249,26 +285,15 @@ async def definitions(conn: Conn) -> list[Row]:
 async def definition(conn: Conn, name: str) -> Row | None:
     cur = await conn.execute(
         """
-        SELECT h.*, d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
-               d.payload, d.max_attempts, d.timeout, d.heartbeat_timeout, d.updated_at, d.revision
+        SELECT h.*, d.misfire_policy, d.priority, d.created_at, d.run_at,
+               d.payload, d.max_attempts, d.timeout, d.heartbeat_timeout, d.updated_at, d.revision,
+               d.dst_gap AS stored_dst_gap, d.dst_repeat AS stored_dst_repeat
           FROM jobs.definition_health AS h
           JOIN jobs.definitions AS d ON d.id = h.id
          WHERE h.name = %s
         """,
         (name,),
     )
-    return await cur.fetchone()
-
-
-async def dst_policy(conn: Conn, feats: Features, definition_id: int) -> Row | None:
-    """The effective DST policy of a definition as the schema reports it, when it does."""
-    wanted = [c for c in ("dst_gap", "dst_repeat") if feats.has(f"definition_health.{c}")]
-    if not wanted:
-        return None
-    query = sql.SQL("SELECT {} FROM jobs.definition_health WHERE id = %s").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in wanted)
-    )
-    cur = await conn.execute(query, (definition_id,))
     return await cur.fetchone()
 
 
@@ -473,3 +498,61 @@ async def audit(conn: Conn, before: int | None) -> list[Row]:
         {"before": before, "limit": PAGE_SIZE + 1},
     )
     return await cur.fetchall()
+
+
+# -- actions (as jobs_operator; each commits with its audit entry) ----------------------
+
+
+async def record_audit(conn: Conn, actor: str, action: str, target: str | None, detail: str) -> None:
+    """jobs.audit: who did what to what; `detail` is a JSON object as text."""
+    await conn.execute("SELECT jobs.audit(%s, %s, %s, %s::jsonb)", (actor, action, target, detail))
+
+
+async def cancel(conn: Conn, run_id: int) -> str:
+    """jobs.cancel; the run's status after it."""
+    row = await (await conn.execute("SELECT jobs.cancel(%s) AS status", (run_id,))).fetchone()
+    assert row is not None
+    return str(row["status"])
+
+
+async def retry(conn: Conn, run_id: int) -> int:
+    """jobs.retry; the id of the new attempt."""
+    row = await (await conn.execute("SELECT id FROM jobs.retry(%s)", (run_id,))).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def run_now(conn: Conn, name: str) -> int:
+    """jobs.run_now; the id of the queued run."""
+    row = await (await conn.execute("SELECT id FROM jobs.run_now(%s)", (name,))).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def pause_definition(conn: Conn, name: str) -> None:
+    await conn.execute("SELECT 1 FROM jobs.pause(%s)", (name,))
+
+
+async def resume_definition(conn: Conn, name: str) -> None:
+    await conn.execute("SELECT 1 FROM jobs.resume(%s)", (name,))
+
+
+async def pause_queue(conn: Conn, name: str | None) -> None:
+    await conn.execute("SELECT jobs.pause_queue(%s)", (name,))
+
+
+async def resume_queue(conn: Conn, name: str | None) -> None:
+    await conn.execute("SELECT jobs.resume_queue(%s)", (name,))
+
+
+async def retry_many(conn: Conn, run_ids: list[int]) -> int:
+    """jobs.retry_many; how many runs it retried."""
+    cur = await conn.execute("SELECT id FROM jobs.retry_many(%s)", (run_ids,))
+    return len(await cur.fetchall())
+
+
+async def discard(conn: Conn, run_ids: list[int]) -> int:
+    """jobs.discard; how many runs it deleted."""
+    row = await (await conn.execute("SELECT jobs.discard(%s) AS n", (run_ids,))).fetchone()
+    assert row is not None
+    return int(row["n"])

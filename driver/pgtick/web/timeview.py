@@ -11,11 +11,19 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-from pgtick.schedule import Schedule, ScheduleError, parse_schedule, preview
-from pgtick.scheduler import anchor_for
+from pgtick.schedule import Schedule, ScheduleError, anchor_for, parse_schedule, preview
 
-#: What the scheduler does with wall times DST makes missing or double (pgtick.schedule).
-BUILTIN_DST_POLICY = {"dst_gap": "end", "dst_repeat": "first"}
+#: A definition's stored DST policy, (dst_gap, dst_repeat); None is auto.
+Policy = tuple[str | None, str | None]
+
+#: How an occurrence's DST mark from pgtick.schedule reads on a page.
+_MARKS = {
+    "moved": "DST gap: moved ({gap})",
+    "skipped": "DST gap: skipped",
+    "doubled": "DST repeat: runs at both readings",
+    "first of two": "DST repeat: first of two",
+    "second of two": "DST repeat: second of two",
+}
 
 _SECOND = timedelta(seconds=1)
 
@@ -63,45 +71,37 @@ def occurrences(
     after: datetime,
     count: int,
     created_at: datetime | None = None,
-    policy: tuple[str | None, str | None] = (None, None),
+    policy: Policy = (None, None),
 ) -> list[Occurrence]:
     """The next `count` occurrences after `after`, labelled; raises ScheduleError on a bad rule.
 
     With `created_at` (a stored definition) the anchor is the scheduler's; without it,
     a DTSTART-less RRULE starts at local midnight of `after`'s day. `policy` is the
-    definition's (dst_gap, dst_repeat) where the schedule module takes one.
+    definition's stored (dst_gap, dst_repeat), None for auto, as the scheduler reads it.
+    Wall times the policy skips are listed with `utc` None.
     """
     schedule = _parsed(schedule_text, timezone, anchor_for(created_at or after, timezone), policy)
-    zone = ZoneInfo(timezone)
+    zone = schedule.zone
     out: list[Occurrence] = []
     previous: datetime | None = None
     for item in preview(schedule, after, count):
-        if isinstance(item, tuple):  # (local, utc) pairs
-            local, utc = item
-            own: tuple[str, ...] = ()
-        else:  # Occurrence(wall, at, dst): the schedule module marks DST itself
-            if item.at is None:
-                wall = item.wall.replace(tzinfo=zone) if item.wall.tzinfo is None else item.wall
-                out.append(Occurrence(wall, None, (f"DST gap: {item.dst or 'skipped'}",)))
-                continue
-            utc = item.at
-            local = utc.astimezone(zone)
-            own = (f"DST: {item.dst}",) if item.dst else ()
-        marks = own or dst_marks(local, previous)
-        if own and previous is not None and previous.utcoffset() != local.utcoffset():
+        mark = _MARKS[item.dst].format(gap=schedule.policy.gap) if item.dst else None
+        if item.at is None:
+            out.append(Occurrence(item.wall.replace(tzinfo=zone), None, (mark or _MARKS["skipped"],)))
+            continue
+        local = item.at.astimezone(zone)
+        marks: tuple[str, ...] = (mark,) if mark else ()
+        if previous is not None and previous.utcoffset() != local.utcoffset():
             marks += (f"UTC offset changed {offset_text(previous)} → {offset_text(local)}",)
-        out.append(Occurrence(local, utc, marks))
+        out.append(Occurrence(local, item.at, marks))
         previous = local
     return out
 
 
 @lru_cache(maxsize=2048)
-def _parsed(
-    schedule_text: str, timezone: str, anchor: datetime, policy: tuple[str | None, str | None]
-) -> Schedule:
+def _parsed(schedule_text: str, timezone: str, anchor: datetime, policy: Policy) -> Schedule:
     gap, repeat = policy
-    extra = {k: v for k, v in (("dst_gap", gap), ("dst_repeat", repeat)) if v is not None}
-    return parse_schedule(schedule_text, timezone, anchor=anchor, **extra)
+    return parse_schedule(schedule_text, timezone, anchor=anchor, dst_gap=gap, dst_repeat=repeat)
 
 
 def next_occurrence(
@@ -109,7 +109,7 @@ def next_occurrence(
     timezone: str,
     created_at: datetime,
     after: datetime,
-    policy: tuple[str | None, str | None] = (None, None),
+    policy: Policy = (None, None),
 ) -> Occurrence | None:
     """The definition's next run after `after`, labelled; None if none or unreadable."""
     try:
@@ -138,8 +138,8 @@ def labelled(run: datetime, timezone: str, now: datetime) -> Occurrence:
 
 
 __all__ = [
-    "BUILTIN_DST_POLICY",
     "Occurrence",
+    "Policy",
     "ScheduleError",
     "dst_marks",
     "labelled",

@@ -1,0 +1,338 @@
+"""Every SQL statement the driver sends, by name.
+
+One answer to "what does the driver send?": each call is a name, its SQL text
+and a thin typed function. The rules live in SQL (``sql/*.sql``, documented in
+DESIGN.md); these calls only name the function or view and pass arguments.
+Hot-path calls that travel in a pipeline expose their SQL text as constants.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import Jsonb
+
+Conn = psycopg.Connection[Any]
+
+# --- migrations (migrate.py) -------------------------------------------------
+
+MIGRATION_LEDGER_EXISTS = "SELECT to_regclass('jobs.schema_migrations') IS NOT NULL"
+APPLIED_MIGRATIONS = "SELECT version FROM jobs.schema_migrations"
+RECORD_MIGRATION = "INSERT INTO jobs.schema_migrations (version, name) VALUES (%s, %s)"
+ADVISORY_LOCK = "SELECT pg_advisory_lock(%s)"
+ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+
+
+def migration_ledger_exists(conn: Conn) -> bool:
+    row = conn.execute(MIGRATION_LEDGER_EXISTS).fetchone()
+    return bool(row and row[0])
+
+
+def applied_migrations(conn: Conn) -> set[str]:
+    return {str(row[0]) for row in conn.execute(APPLIED_MIGRATIONS)}
+
+
+def record_migration(conn: Conn, version: str, name: str) -> None:
+    conn.execute(RECORD_MIGRATION, (version, name))
+
+
+def advisory_lock(conn: Conn, key: int) -> None:
+    conn.execute(ADVISORY_LOCK, (key,))
+
+
+def advisory_unlock(conn: Conn, key: int) -> None:
+    conn.execute(ADVISORY_UNLOCK, (key,))
+
+
+def schema_installed(conn: Conn) -> bool:
+    row = conn.execute("SELECT to_regclass('jobs.runs') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+# --- worker (worker.py, heartbeat) ------------------------------------------
+
+# heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
+# trip is needed right after it, and a crash just after claiming is reaped by timeout.
+CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
+COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
+COMPLETE = "SELECT jobs.complete(%s, %s, %s) AS ok"
+ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok"
+FAIL = "SELECT (f).id, (f).status::text AS status FROM jobs.fail(%s, %s, %s, %s, %s) AS f"
+HEARTBEAT = "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, %s)"
+DEFAULT_HEARTBEAT_TIMEOUT = "SELECT heartbeat_timeout FROM jobs.config"
+LISTEN = "LISTEN jobs"
+
+
+def default_heartbeat_timeout(conn: Conn) -> timedelta | None:
+    row = conn.execute(DEFAULT_HEARTBEAT_TIMEOUT).fetchone()
+    return None if row is None else _first(row)
+
+
+def listen(conn: Conn) -> None:
+    conn.execute(LISTEN)
+
+
+def heartbeat(conn: Conn, run_ids: list[int], worker_id: str) -> dict[int, bool]:
+    """Stamp the runs still ours; returns run id -> cancel requested for each of them."""
+    rows = conn.execute(HEARTBEAT, (run_ids, worker_id)).fetchall()
+    return {int(run_id): bool(cancel) for run_id, cancel in rows}
+
+
+def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb) -> bool:
+    row = conn.execute(COMPLETE, (run_id, worker_id, result)).fetchone()
+    return bool(row and _first(row))
+
+
+def acknowledge_cancel(conn: Conn, run_id: int, worker_id: str, message: str | None) -> bool:
+    row = conn.execute(ACKNOWLEDGE_CANCEL, (run_id, worker_id, message)).fetchone()
+    return bool(row and _first(row))
+
+
+def fail(
+    conn: Conn, run_id: int, worker_id: str, classes: list[str] | None, message: str, reason: str
+) -> tuple[int, str] | None:
+    """jobs.fail; (retry or failed run id, its status), or None when fenced."""
+    row = conn.execute(FAIL, (run_id, worker_id, classes, message, reason)).fetchone()
+    if row is None:
+        return None
+    run, status = (row[0], row[1]) if isinstance(row, tuple) else (row["id"], row["status"])
+    return None if run is None else (int(run), str(status))
+
+
+def _first(row: Any) -> Any:
+    return row[0] if isinstance(row, tuple) else next(iter(row.values()))
+
+
+# --- scheduler (scheduler.py) -----------------------------------------------
+
+NEW_DEFINITIONS = "SELECT * FROM jobs.new_definitions(%s)"
+DUE_DEFINITIONS = "SELECT * FROM jobs.due_definitions(%s, %s)"
+MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+
+
+def try_lead(conn: Conn, owner: str) -> bool:
+    row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (owner,)).fetchone()
+    return bool(row and _first(row))
+
+
+def resign(conn: Conn) -> None:
+    conn.execute("SELECT jobs.resign()")
+
+
+def set_idle_session_timeout(conn: Conn, seconds: int) -> None:
+    conn.execute(f"SET idle_session_timeout = '{int(seconds)}s'")
+
+
+def backend_pid(conn: Conn) -> int:
+    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+    return int(_first(row)) if row else 0
+
+
+def clock_timestamp(conn: Conn) -> datetime:
+    row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
+    assert row is not None
+    value: datetime = _first(row)
+    return value
+
+
+def reap(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT * FROM jobs.reap()").fetchall()
+
+
+def new_definitions(conn: Conn, max_rows: int) -> list[Any]:
+    return conn.execute(NEW_DEFINITIONS, (max_rows,)).fetchall()
+
+
+def due_definitions(conn: Conn, horizon: datetime, max_rows: int) -> list[Any]:
+    return conn.execute(DUE_DEFINITIONS, (horizon, max_rows)).fetchall()
+
+
+def materialize_one_shots(conn: Conn, lookahead: timedelta, misfire_grace: timedelta) -> int:
+    row = conn.execute(
+        "SELECT jobs.materialize_one_shots(%s, %s) AS n", (lookahead, misfire_grace)
+    ).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def mark_schedule_error(conn: Conn, definition_id: int, revision: int, error: str) -> None:
+    conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (definition_id, revision, error))
+
+
+def prune(conn: Conn, batch: int) -> int:
+    row = conn.execute("SELECT jobs.prune(NULL, %s) AS n", (batch,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+# --- definitions and app sync (definitions.py) ------------------------------
+
+
+def set_retry_policy(
+    conn: Conn,
+    kind: str,
+    retry_on: list[str] | None,
+    never_retry: list[str] | None,
+    max_attempts: int | None,
+    backoff_initial: float | None,
+    backoff_factor: float | None,
+    backoff_max: float | None,
+    jitter: float | None,
+) -> None:
+    conn.execute(
+        "SELECT jobs.set_retry_policy(%s, %s, %s, %s, make_interval(secs => %s), %s, "
+        "make_interval(secs => %s), %s)",
+        (kind, retry_on, never_retry, max_attempts, backoff_initial, backoff_factor, backoff_max, jitter),
+    )
+
+
+def define(conn: Conn, name: str, kind: str, given: dict[str, Any]) -> Any:
+    """jobs.define with named arguments, only those given (the rest keep their SQL defaults)."""
+    args = [sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given]
+    query = sql.SQL("SELECT * FROM jobs.define(%(name)s, %(kind)s{})").format(
+        sql.SQL("").join(sql.SQL(", ") + a for a in args)
+    )
+    return conn.execute(query, {"name": name, "kind": kind, **given}).fetchone()
+
+
+# --- operator commands (cli.py) ---------------------------------------------
+
+
+def enqueue(
+    conn: Conn, kind: str, payload: Jsonb, run_at: datetime | None, priority: int | None, key: str | None
+) -> Any:
+    return conn.execute(
+        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s)",
+        (kind, payload, run_at, priority, key),
+    ).fetchone()
+
+
+def run_now(conn: Conn, name: str) -> Any:
+    return conn.execute("SELECT * FROM jobs.run_now(%s)", (name,)).fetchone()
+
+
+def cancel_queued(conn: Conn, definition: str) -> int:
+    row = conn.execute("SELECT jobs.cancel_queued(%s)", (definition,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def cancel(conn: Conn, run_id: int) -> str:
+    row = conn.execute("SELECT jobs.cancel(%s)::text", (run_id,)).fetchone()
+    return str(_first(row)) if row else "?"
+
+
+def pause(conn: Conn, name: str) -> None:
+    conn.execute("SELECT jobs.pause(%s)", (name,))
+
+
+def resume(conn: Conn, name: str) -> None:
+    conn.execute("SELECT jobs.resume(%s)", (name,))
+
+
+def retry(conn: Conn, run_id: int) -> Any:
+    return conn.execute("SELECT * FROM jobs.retry(%s)", (run_id,)).fetchone()
+
+
+def leader(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall()
+
+
+def definition_health(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
+        " last_status, last_success_at, consecutive_failures AS fails,"
+        " consecutive_skips AS skips, finished, schedule_error"
+        " FROM jobs.definition_health ORDER BY name"
+    ).fetchall()
+
+
+def queue_stats(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT * FROM jobs.queue_stats ORDER BY kind").fetchall()
+
+
+def run_list(
+    conn: Conn, status: str | None, kind: str | None, definition: str | None, limit: int
+) -> list[Any]:
+    return conn.execute(
+        """
+        SELECT * FROM jobs.run_list
+         WHERE (%(status)s::text IS NULL OR status = %(status)s::jobs.run_status::text)
+           AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+           AND (%(definition)s::text IS NULL OR definition = %(definition)s)
+         ORDER BY id DESC LIMIT %(limit)s
+        """,
+        {"status": status, "kind": kind, "definition": definition, "limit": limit},
+    ).fetchall()
+
+
+# --- leases (lock.py) -------------------------------------------------------
+
+ACQUIRE_LEASE = "SELECT jobs.acquire_lease(%s, %s, %s)"
+RENEW_LEASE = "SELECT jobs.renew_lease(%s, %s, %s)"
+RELEASE_LEASE = "SELECT jobs.release_lease(%s, %s)"
+
+
+def acquire_lease(conn: Conn, name: str, owner: str, ttl: timedelta) -> bool:
+    row = conn.execute(ACQUIRE_LEASE, (name, owner, ttl)).fetchone()
+    return bool(row and _first(row))
+
+
+def renew_lease(conn: Conn, name: str, owner: str, ttl: timedelta) -> bool:
+    row = conn.execute(RENEW_LEASE, (name, owner, ttl)).fetchone()
+    return bool(row and _first(row))
+
+
+def release_lease(conn: Conn, name: str, owner: str) -> bool:
+    row = conn.execute(RELEASE_LEASE, (name, owner)).fetchone()
+    return bool(row and _first(row))
+
+
+def lease_holder(conn: Conn, name: str) -> Any:
+    return conn.execute(
+        "SELECT owner, expires_at, consecutive_skips FROM jobs.leases WHERE name = %s", (name,)
+    ).fetchone()
+
+
+# --- metrics (metrics.py) ---------------------------------------------------
+
+
+def queue_metrics(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age),"
+        " skipped_1h, lost_1h FROM jobs.queue_stats"
+    ).fetchall()
+
+
+def definition_skips(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health").fetchall()
+
+
+def leads(conn: Conn, owner: str) -> bool:
+    row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (owner,)).fetchone()
+    return bool(row and _first(row))
+
+
+# --- backfill (scheduler.py: jobs.backfill requests the leader fills in) -----
+
+PENDING_BACKFILLS = """
+SELECT b.id AS backfill_id, b.window_from, b.window_to, d.id, d.name, d.schedule, d.timezone,
+       d.created_at, d.dst_gap, d.dst_repeat
+  FROM jobs.backfills AS b JOIN jobs.definitions AS d ON d.id = b.definition_id
+ WHERE b.done_at IS NULL
+ ORDER BY b.id
+ LIMIT %s
+"""
+FINISH_BACKFILL = "SELECT jobs.finish_backfill(%s, %s::timestamptz[], %s) AS n"
+
+
+def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(PENDING_BACKFILLS, (limit,)).fetchall())
+
+
+def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
+    return int(row[0]) if row else 0

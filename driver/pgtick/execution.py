@@ -1,0 +1,74 @@
+"""Running job code: one plain function from a claimed run to a typed outcome.
+
+``execute`` never raises: whatever the job does, it returns an ``Outcome`` that
+the reporter sends to the database (``pgtick.reporter``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pgtick.app import Context, error_classes
+from pgtick.errors import Abandoned, Cancelled, JobTimeout
+
+#: How a run ended in this process.
+Action = Literal["complete", "fail", "cancel", "abandon"]
+
+#: What became of an outcome once reported: its action, or "fenced" when the
+#: database no longer had the run RUNNING for this worker.
+Settlement = Literal["complete", "fail", "cancel", "abandon", "fenced"]
+
+
+@dataclass
+class Outcome:
+    """How a run ended in this process, waiting to be reported."""
+
+    ctx: Context
+    action: Action
+    result: Any = None
+    classes: list[str] | None = None
+    message: str | None = None
+    reason: str = "Error"
+
+    @property
+    def plain(self) -> bool:
+        """A completion without a result: sent in one batch with the next claim."""
+        return self.action == "complete" and self.result is None and not self.ctx.abandoned
+
+
+def execute(ctx: Context) -> Outcome:
+    """Run the job's function for ``ctx`` and say how it ended.
+
+    The worker sends ``async def`` jobs to its event loop (``pgtick.aio``) and
+    process-isolated ones to a child process (``pgtick.isolation``); called here
+    directly, an ``async def`` job gets a loop of its own."""
+    if ctx.spec.isolation == "process":
+        from pgtick.isolation import execute_in_process
+
+        return execute_in_process(ctx)
+    fn = ctx.spec.fn
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = asyncio.run(fn(ctx))
+        else:
+            result = fn(ctx)
+    except BaseException as exc:
+        # Exception, and also SystemExit/KeyboardInterrupt raised by job code: uncaught
+        # they would end the executor thread silently and leave the run RUNNING with
+        # live heartbeats (never reaped) and one slot fewer.
+        return outcome_of(ctx, exc)
+    return Outcome(ctx, "complete", result=result)
+
+
+def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
+    """The outcome of a run whose job code raised ``exc``."""
+    if isinstance(exc, Cancelled):
+        return Outcome(ctx, "cancel", message=str(exc))
+    if isinstance(exc, Abandoned):
+        return Outcome(ctx, "abandon")
+    if isinstance(exc, JobTimeout):
+        return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
+    return Outcome(ctx, "fail", classes=error_classes(exc), message=f"{type(exc).__name__}: {exc}")

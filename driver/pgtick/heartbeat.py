@@ -1,0 +1,99 @@
+"""The worker's heartbeat: one ``jobs.heartbeat`` call for all its runs, on a cadence.
+
+The loop knows nothing of the worker beyond ``HeartbeatOwner``: which runs to
+stamp and how often, what to do with a run that is no longer ours, and where a
+failed call is reported. A run flagged cancel_requested is asked to stop at its
+next checkpoint. Failures are logged, never fatal to the jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import psycopg
+
+from pgtick import calls
+from pgtick.app import Context
+from pgtick.db import connect
+
+log = logging.getLogger("pgtick.worker")
+
+
+class HeartbeatOwner(Protocol):
+    """What the heartbeat loop needs from whoever holds the runs."""
+
+    def held(self) -> Mapping[int, Context]:
+        """The runs to stamp, by id."""
+        ...
+
+    def heartbeat_interval(self) -> float:
+        """Seconds until the next heartbeat."""
+        ...
+
+    def lost(self, ctx: Context) -> None:
+        """A held run missing from the answer: reaped or fenced, no longer ours."""
+        ...
+
+    def heartbeat_failed(self, exc: Exception) -> None:
+        """The heartbeat call failed (the runs keep going)."""
+        ...
+
+
+class HeartbeatLoop:
+    """One heartbeat call for all of an owner's runs, on its cadence, on its own connection."""
+
+    def __init__(self, dsn: str, worker_id: str, owner: HeartbeatOwner) -> None:
+        self.dsn = dsn
+        self.worker_id = worker_id
+        self.owner = owner
+        self.now = threading.Event()  # set to heartbeat at once
+        self.waiting = float("inf")  # the wait in progress, seconds
+        self.stopped = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name="pgtick-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.now.set()
+        self._thread.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            self.waiting = self.owner.heartbeat_interval()
+            self.now.wait(self.waiting)
+            self.now.clear()
+            if self.stopped.is_set():
+                return
+            self.beat()
+
+    def beat(self) -> None:
+        held = dict(self.owner.held())
+        if not held:
+            return
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.dsn, application_name=f"pgtick-heartbeat {self.worker_id}")
+            alive = calls.heartbeat(self._conn, list(held), self.worker_id)
+        except Exception as exc:
+            self.owner.heartbeat_failed(exc)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return
+        still_held = self.owner.held()  # runs reported meanwhile are gone from the answer too
+        for run_id, ctx in held.items():
+            if run_id not in still_held:
+                continue
+            if run_id not in alive:
+                self.owner.lost(ctx)
+            elif alive[run_id] and not ctx.cancel_requested:
+                log.info("run=%s kind=%s cancel requested", run_id, ctx.kind)
+                ctx.request_cancel()

@@ -1,0 +1,164 @@
+"""Every ```sql snippet of docs/operations.md runs without error, through psql, with the
+runbook's variables set, against a database holding runs in every state.
+
+Each snippet gets its own clone of one seeded database, so a snippet that changes things
+(cancel, retry, prune, pause) cannot break the next one, and the order in the document is
+free. A leader session holds the leader lock while the snippet runs.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT, Conn, Database, Server, claim, enqueue, finish_old, psql_binary, scalar
+
+RUNBOOK = ROOT / "docs" / "operations.md"
+SNIPPETS = re.findall(r"^```sql\n(.*?)^```", RUNBOOK.read_text(), flags=re.DOTALL | re.MULTILINE)
+WORKER = "web-7-31337-a1b2c3"
+NAME = "nightly-report"
+
+
+def seed(conn: Conn) -> int:
+    """Definitions and runs in every state; returns the id of a FAILED run (the :run_id)."""
+    conn.execute("UPDATE jobs.config SET max_attempts = 1")
+    conn.execute("SELECT jobs.set_retry_policy('report', allow => '{Timeout}', max_attempts => 3)")
+    conn.execute(
+        "SELECT jobs.define('nightly-report', 'report', schedule => 'FREQ=DAILY;BYHOUR=2',"
+        " timezone => 'Europe/Sofia', max_concurrent_runs => 1)"
+    )
+    conn.execute(
+        "SELECT jobs.define('every-minute', 'tick', schedule => '* * * * *', max_concurrent_runs => 1,"
+        " overlap_policy => 'skip')"
+    )
+    conn.execute("SELECT jobs.define('broken', 'tick', schedule => 'FREQ=DAILY;BYHOUR=99')")
+    conn.execute("SELECT jobs.define('launch', 'announce', run_at => now() - interval '1 hour')")
+    conn.execute("SELECT jobs.materialize_one_shots()")
+    conn.execute(
+        "UPDATE jobs.definitions SET next_run_at = now() - interval '10 minutes'"
+        " WHERE name IN ('nightly-report', 'every-minute')"
+    )
+    conn.execute(
+        "SELECT jobs.mark_schedule_error(id, revision, 'BYHOUR must be 0..23') FROM jobs.definitions"
+        " WHERE name = 'broken'"
+    )
+
+    # nightly-report: a failure (the :run_id), then one running and one waiting behind the cap.
+    failed = int(scalar(conn, "SELECT id FROM jobs.run_now('nightly-report')"))
+    assert claim(conn, WORKER, kinds=["report"]) == [failed]
+    conn.execute("SELECT jobs.fail(%s, %s, '{ConnectionError}', 'report server down')", (failed, WORKER))
+    running = int(scalar(conn, "SELECT id FROM jobs.run_now('nightly-report')"))
+    assert claim(conn, WORKER, kinds=["report"]) == [running]
+    conn.execute("SELECT jobs.heartbeat(ARRAY[%s]::bigint[], %s)", (running, WORKER))
+    conn.execute("SELECT jobs.run_now('nightly-report')")
+
+    # every-minute: one running, the next occurrences skipped at its cap.
+    for _ in range(3):
+        conn.execute("SELECT jobs.run_now('every-minute')")
+    conn.execute("UPDATE jobs.runs SET origin = 'schedule' WHERE kind = 'tick'")
+    assert len(claim(conn, "other-worker", batch=3, kinds=["tick"])) == 1
+    assert claim(conn, "other-worker", batch=3, kinds=["tick"]) == [], "at its cap: skipped"
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE failure_reason = 'Skipped'") == 2
+
+    # Ad-hoc work: queued for ten minutes, scheduled for later, a silent run, a cancelled one.
+    for _ in range(3):
+        enqueue(conn, "send-email", run_at="now() - interval '10 minutes'")
+    enqueue(conn, "send-email", run_at="now() + interval '1 hour'")
+    enqueue(conn, "nobody-runs-this", run_at="now() - interval '30 minutes'")
+    silent = enqueue(conn, "send-email", run_at="now() - interval '20 minutes'")
+    stale = enqueue(conn, "send-email", run_at="now() - interval '20 minutes'")
+    got = claim(conn, WORKER, batch=2, kinds=["send-email"])
+    assert sorted(got) == sorted([silent, stale]), got
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = now() - interval '10 minutes',"
+        " heartbeat_at = CASE WHEN id = %s THEN now() - interval '50 seconds' END WHERE id IN (%s, %s)",
+        (stale, silent, stale),
+    )
+    conn.execute("SELECT jobs.cancel(%s)", (stale,))
+    conn.execute("SELECT jobs.cancel(%s)", (enqueue(conn, "send-email"),))
+
+    # History: old and recent outcomes, a run the reaper took, a lease that keeps skipping.
+    finish_old(conn, 50, age="20 days", kind="send-email")
+    finish_old(conn, 10, age="2 hours", kind="send-email")
+    finish_old(conn, 5, age="10 minutes", kind="send-email", status="FAILED")
+    conn.execute(
+        "UPDATE jobs.runs SET failure_reason = 'HeartbeatLost' WHERE id IN"
+        " (SELECT id FROM jobs.runs WHERE status = 'FAILED' AND kind = 'send-email' ORDER BY id LIMIT 2)"
+    )
+    conn.execute("SELECT jobs.acquire_lease('nightly-backup', 'host-a', '1 hour')")
+    for _ in range(3):
+        conn.execute("SELECT jobs.acquire_lease('nightly-backup', 'host-b', '1 hour')")
+    conn.execute("ANALYZE jobs.runs")
+    return failed
+
+
+@pytest.fixture(scope="module")
+def seeded(pg: Server) -> Iterator[tuple[Server, Database, int]]:
+    template = pg.create_database()
+    try:
+        with template.connect() as conn:
+            run_id = seed(conn)
+        yield pg, template, run_id
+    finally:
+        pg.drop_database(template)
+
+
+def test_the_runbook_has_its_snippets() -> None:
+    assert len(SNIPPETS) >= 30, f"found only {len(SNIPPETS)} sql blocks in {RUNBOOK}"
+    text = "\n".join(SNIPPETS)
+    for call in (
+        "jobs.running",
+        "jobs.queue_stats",
+        "jobs.definition_health",
+        "jobs.leader",
+        "jobs.pause(",
+        "jobs.resume(",
+        "jobs.cancel(",
+        "jobs.cancel_queued(",
+        "jobs.retry(",
+        "jobs.prune(",
+        "jobs.fail(",
+        "reloptions",
+        "pg_stat_user_tables",
+        "consecutive_skips",
+        "oldest_queued_age",
+        "HeartbeatLost",
+    ):
+        assert call in text, f"the runbook has no snippet using {call}"
+
+
+def _label(i: int, snippet: str) -> str:
+    """'07-jobs.pause' : the snippet's number and the first jobs./pg_ object it names."""
+    found = re.search(r"\b(jobs\.\w+|pg_\w+)", snippet)
+    return f"{i:02d}-{found.group(1) if found else 'sql'}"
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[_label(i, s) for i, s in enumerate(SNIPPETS)])
+def test_runbook_snippet_runs(seeded: tuple[Server, Database, int], snippet: str, tmp_path: Path) -> None:
+    pg, template, run_id = seeded
+    db = pg.create_database(template=template.name)
+    try:
+        with db.connect() as leader:
+            assert scalar(leader, "SELECT jobs.try_lead('runbook-leader')") is True
+            script = tmp_path / "snippet.sql"
+            script.write_text(snippet)
+            proc = subprocess.run(
+                [
+                    psql_binary(),
+                    *("-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn),
+                    *("-v", f"run_id={run_id}", "-v", f"name={NAME}", "-v", f"worker={WORKER}"),
+                    *("-f", str(script)),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        assert proc.returncode == 0 and "ERROR" not in proc.stderr, (
+            f"runbook snippet failed (exit {proc.returncode}):\n{snippet}\n--- stderr:\n{proc.stderr}"
+        )
+    finally:
+        pg.drop_database(db)

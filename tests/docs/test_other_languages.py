@@ -1,0 +1,275 @@
+"""examples/worker.sh, the bash + psql worker of docs/other-languages.md, against real runs:
+results, retries by policy, cancellation through the heartbeat answer, draining on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import ROOT, Conn, Database, enqueue, one, psql_binary, rows, run_row, scalar, wait_for
+
+WORKER_SH = ROOT / "examples" / "worker.sh"
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+@dataclass
+class ShellWorker:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        assert self.alive(), f"worker.sh exited {self.proc.returncode}:\n{self.log()[-3000:]}"
+
+    def wait_until(self, what: str, fn: Callable[[], object], timeout: float = 10) -> None:
+        """Poll ``fn`` until truthy; fail at once, with the log, if the worker exits meanwhile."""
+
+        def probe() -> bool:
+            self.check_alive()
+            return bool(fn())
+
+        wait_for(what, probe, timeout)
+
+    def wait_log(self, text: str, timeout: float = 10) -> None:
+        self.wait_until(f"worker.sh to log {text!r}", lambda: text in self.log(), timeout)
+
+    def terminate_and_wait(self, timeout: float = 15) -> int:
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker.sh still running {timeout}s after SIGTERM:\n{self.log()}") from None
+
+    def group_is_gone(self) -> bool:
+        """True when no process of the worker's process group is left (heartbeat loop, job, sleep)."""
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+@pytest.fixture
+def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
+    started: list[ShellWorker] = []
+
+    def start(grace: float = 10, label: str = "worker") -> ShellWorker:
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+        env.update(
+            PGTICK_DSN=db.dsn,
+            PGTICK_POLL="0.1",
+            PGTICK_HEARTBEAT="0.2",
+            PGTICK_GRACE=str(grace),
+            PSQL=psql_binary(),
+        )
+        log = tmp_path / f"{label}.log"
+        with log.open("wb") as stderr:
+            proc = subprocess.Popen(
+                ["bash", str(WORKER_SH)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,  # its own process group: the test can see leftovers
+            )
+        worker = ShellWorker(proc, log)
+        started.append(worker)
+        worker.wait_log("started kinds=flaky greet nap")
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            try:
+                os.killpg(worker.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            worker.proc.wait(10)
+
+
+def wait_terminal(conn: Conn, worker: ShellWorker, kinds: list[str], timeout: float = 30) -> None:
+    def settled() -> bool:
+        worker.check_alive()
+        return bool(
+            scalar(
+                conn,
+                "SELECT count(*) = 0 FROM jobs.runs"
+                " WHERE kind = ANY (%s) AND status IN ('QUEUED', 'RUNNING')",
+                (kinds,),
+            )
+        )
+
+    wait_for(f"every {kinds} run to finish", settled, timeout)
+
+
+def attempts(conn: Conn, first: int) -> list[dict[str, Any]]:
+    """The chain of attempts that starts at run ``first``."""
+    return rows(
+        conn,
+        """
+        WITH RECURSIVE chain AS (
+            SELECT * FROM jobs.runs WHERE id = %s
+            UNION ALL
+            SELECT r.* FROM jobs.runs AS r JOIN chain AS c ON r.retry_of = c.id
+        )
+        SELECT id, attempt, retry_of, status::text AS status, failure_reason, error, result, worker
+          FROM chain ORDER BY attempt
+        """,
+        (first,),
+    )
+
+
+def test_worker_sh_processes_runs_with_results_and_retries(conn: Conn, start_worker: Any) -> None:
+    # Retry policies live in the database, per kind; the worker only names the error class.
+    conn.execute(
+        "SELECT jobs.set_retry_policy('flaky', allow => '{Unavailable}', max_attempts => 3,"
+        " backoff_initial => '0.1 seconds', jitter => 0)"
+    )
+    conn.execute(
+        "SELECT jobs.set_retry_policy('greet', deny => '{BadInput}', max_attempts => 3,"
+        " backoff_initial => '0.1 seconds', jitter => 0)"
+    )
+    name = 'Ada "Countess"\tof Lovelace \\ o/'
+    greet = enqueue(conn, "greet", payload=json.dumps({"name": name}))
+    recovers = enqueue(conn, "flaky", payload='{"fail_times": 1}')
+    gives_up = enqueue(conn, "flaky", payload='{"fail_times": 5}')
+    bad_input = enqueue(conn, "greet", payload="{}")
+    foreign = enqueue(conn, "python-only")
+
+    worker = start_worker()
+    wait_terminal(conn, worker, ["greet", "flaky"])
+
+    done = run_row(conn, greet)
+    assert (done["status"], done["result"]) == ("COMPLETED", {"greeting": f"hello {name}"})
+    assert done["worker"].startswith("bash-") and done["attempt"] == 1
+
+    chain = attempts(conn, recovers)
+    assert [(a["attempt"], a["status"]) for a in chain] == [(1, "FAILED"), (2, "COMPLETED")]
+    assert (chain[0]["failure_reason"], chain[0]["error"]) == ("Error", "upstream unavailable on attempt 1")
+    assert chain[1]["retry_of"] == recovers and chain[1]["result"] == {"attempt": 2}
+
+    chain = attempts(conn, gives_up)
+    assert [(a["attempt"], a["status"]) for a in chain] == [(1, "FAILED"), (2, "FAILED"), (3, "FAILED")], (
+        "max_attempts 3: no fourth attempt"
+    )
+
+    chain = attempts(conn, bad_input)
+    assert [(a["attempt"], a["status"]) for a in chain] == [(1, "FAILED")], "deny wins: no retry"
+    assert chain[0]["error"] == 'the payload needs a "name"'
+
+    assert run_row(conn, foreign)["status"] == "QUEUED", "a kind the worker lacks is never claimed"
+
+    # Idle, a SIGTERM stops it at once, cleanly, with nothing left behind.
+    assert worker.terminate_and_wait() == 0, worker.log()
+    wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=5)
+    assert "stopped" in worker.log()
+
+
+def test_worker_sh_heartbeats_and_is_cancelled_through_the_heartbeat_answer(
+    conn: Conn, start_worker: Any
+) -> None:
+    worker = start_worker()
+    long_run = enqueue(conn, "nap", payload='{"steps": 600}')
+    worker.wait_until(
+        "the long run to be RUNNING with a heartbeat",
+        lambda: scalar(conn, "SELECT heartbeat_at IS NOT NULL FROM jobs.runs WHERE id = %s", (long_run,)),
+        timeout=15,
+    )
+    running = one(conn, "SELECT * FROM jobs.running WHERE id = %s", (long_run,))
+    assert running["heartbeat_age"] is not None and running["worker"].startswith("bash-")
+
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (long_run,)) == "RUNNING"
+    worker.wait_until(
+        "the run to be cancelled at a checkpoint",
+        lambda: run_row(conn, long_run)["status"] == "CANCELLED",
+        timeout=10,
+    )
+    assert run_row(conn, long_run)["error"] == "cancelled at a checkpoint"
+
+    # The worker goes on working after a cancellation.
+    after = enqueue(conn, "greet", payload='{"name": "again"}')
+    worker.wait_until("the next run", lambda: run_row(conn, after)["status"] == "COMPLETED", timeout=10)
+    assert worker.terminate_and_wait() == 0
+
+
+def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: Any) -> None:
+    worker = start_worker(grace=20)
+    draining = enqueue(conn, "nap", payload='{"steps": 15}')  # 1.5 s of work
+    worker.wait_until(
+        "the run to start",
+        lambda: run_row(conn, draining)["status"] == "RUNNING",
+        timeout=10,
+    )
+    began = time.monotonic()
+    # As systemd stops a service: SIGTERM to every process of the group, the job's included.
+    os.killpg(worker.proc.pid, signal.SIGTERM)
+    worker.wait_log("stopping: run=")
+    late = enqueue(conn, "greet", payload='{"name": "too late"}')
+    assert worker.proc.wait(15) == 0, worker.log()
+    assert time.monotonic() - began < 10
+    row = run_row(conn, draining)
+    assert (row["status"], row["result"]) == ("COMPLETED", {"steps": 15}), "finished within the grace"
+    assert run_row(conn, late)["status"] == "QUEUED", "nothing is claimed after SIGTERM"
+    wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=5)
+
+
+def test_worker_sh_leaves_a_job_past_its_grace_to_the_reaper(conn: Conn, start_worker: Any) -> None:
+    worker = start_worker(grace=1)
+    stuck = enqueue(conn, "nap", payload='{"steps": 600}')
+    worker.wait_until(
+        "the run to start",
+        lambda: run_row(conn, stuck)["status"] == "RUNNING",
+        timeout=10,
+    )
+    assert worker.terminate_and_wait(timeout=10) == 0, worker.log()
+    assert "grace over; leaving run=" in worker.log()
+    wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=5)
+    assert run_row(conn, stuck)["status"] == "RUNNING", "not reported: the reaper hands it on"
+
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '0.3 seconds'")
+    time.sleep(0.5)
+    reaped = rows(conn, "SELECT * FROM jobs.reap()")
+    assert [(r["run_id"], r["reason"]) for r in reaped] == [(stuck, "HeartbeatLost")]
+
+
+def test_other_languages_sql_snippets_run(db: Database, conn: Conn, tmp_path: Path) -> None:
+    """The ```sql blocks of docs/other-languages.md run, in order, with the bash worker's
+    variables set (a RUNNING run for the fail call)."""
+    doc = (ROOT / "docs" / "other-languages.md").read_text()
+    snippets = re.findall(r"^```sql\n(.*?)^```", doc, flags=re.DOTALL | re.MULTILINE)
+    assert len(snippets) >= 2
+    run_id = enqueue(conn, "resize")
+    assert scalar(conn, "SELECT id FROM jobs.claim(1, 'w', '{resize}')") == run_id
+    for i, snippet in enumerate(snippets):
+        script = tmp_path / f"snippet{i}.sql"
+        script.write_text(snippet.rstrip().rstrip(";") + ";\n")
+        variables = {"run_id": run_id, "worker": "w", "class": "IOException", "message": "boom"}
+        args = [psql_binary(), "-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn, "-f", str(script)]
+        for name, value in variables.items():
+            args += ["-v", f"{name}={value}"]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "ERROR" not in proc.stderr, f"{snippet}\n{proc.stderr}"
+    policy = one(conn, "SELECT allow, deny, max_attempts FROM jobs.retry_policies WHERE kind = 'resize'")
+    assert policy == {
+        "allow": ["IOException", "Unavailable"],
+        "deny": ["IllegalArgumentException"],
+        "max_attempts": 5,
+    }
+    retry = one(conn, "SELECT attempt, status::text AS status FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    assert retry == {"attempt": 2, "status": "QUEUED"}, "IOException is allowed: a retry was queued"

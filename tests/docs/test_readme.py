@@ -1,0 +1,87 @@
+"""The README's first command: `pgtick run examples/app.py` on the embedded PostgreSQL.
+
+A newcomer with no database gets one started for them, the schema installed,
+and the example's jobs running; `pgtick status` and `pgtick dsn` work against
+the same embedded server; SIGTERM stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import ROOT, wait_for
+
+
+@pytest.mark.timeout(180)
+def test_example_app_runs_on_embedded_postgres(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "data"), PGTICK_LOG="INFO")
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgtick.cli", "run", "examples/app.py", "--tick", "0.5s"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    last: list[str] = []
+    try:
+
+        def status() -> dict[str, Any] | None:
+            result = subprocess.run(
+                [sys.executable, "-m", "pgtick.cli", "status", "--json"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            last[:] = [result.stderr[-2000:], result.stdout[-2000:]]
+            if result.returncode != 0:
+                return None
+            snap: dict[str, Any] = json.loads(result.stdout)
+            queues = {q["kind"]: q for q in snap["queues"]}
+            done = queues.get("tick", {}).get("completed_1h", 0)
+            return snap if snap["leader"] and done >= 2 else None
+
+        try:
+            snap = wait_for("the example's tick jobs to complete twice", status, timeout=90, interval=1.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last status call: {last}") from None
+        names = {d["name"] for d in snap["definitions"]}
+        assert {"weekday-report", "every-minute", "every-10s", "nightly-import", "hello-once"} <= names
+        dsn = subprocess.run(
+            [sys.executable, "-m", "pgtick.cli", "dsn"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert dsn.returncode == 0 and str(tmp_path / "data") in dsn.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-3000:]
+    assert "embedded PostgreSQL, data in" in text and "Traceback" not in text, text[-3000:]
+    # The embedded server was stopped on exit: its pid file is gone.
+    deadline = time.monotonic() + 10
+    pidfile = tmp_path / "data" / "pgtick" / "pgdata" / "postmaster.pid"
+    while pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pidfile.exists()

@@ -1,0 +1,462 @@
+"""The CLI on bad input: the right exit code (2 usage or bad input, 1 runtime failure) and
+exactly one readable line on stderr, never a traceback; `--help` everywhere has an example;
+`pgtick preview` shows local wall time across a DST change."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, pgtick, scalar
+from pgtick import cli
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens on port 1
+EXAMPLE = str(ROOT / "examples" / "app.py")  # imports without a database
+
+INJECTION = "x'); DROP TABLE jobs.runs; --"
+
+# (id, argv with {dsn} for the test database, expected exit code, text the error line must hold)
+BAD_INPUT = [
+    ("unknown-command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    ("unknown-option", ["status", "--colour", "--dsn", "{dsn}"], 2, "unrecognized arguments: --colour"),
+    ("unreachable-db", ["status", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
+    ("unreachable-db-migrate", ["migrate", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
+    ("unreachable-db-run", ["run", EXAMPLE, "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
+    ("bad-cron", ["define", "x", "k", "--schedule", "61 * * * *", "--dsn", "{dsn}"], 2, "minute"),
+    ("bad-rrule", ["define", "x", "k", "--schedule", "FREQ=FORTNIGHTLY", "--dsn", "{dsn}"], 2, "FREQ"),
+    (
+        "unknown-zone",
+        ["define", "x", "k", "--schedule", "0 9 * * *", "--tz", "Mars/Olympus", "--dsn", "{dsn}"],
+        2,
+        "Mars/Olympus",
+    ),
+    (
+        "unknown-zone-one-shot",  # no schedule to parse in Python: the SQL check answers (22023)
+        ["define", "x", "k", "--run-at", "2030-01-01T00:00:00Z", "--tz", "Mars/Olympus", "--dsn", "{dsn}"],
+        2,
+        "Mars/Olympus",
+    ),
+    ("bad-run-at", ["define", "x", "k", "--run-at", "next tuesday", "--dsn", "{dsn}"], 2, "ISO 8601"),
+    ("no-schedule", ["define", "x", "k", "--dsn", "{dsn}"], 2, "--schedule"),
+    ("unknown-definition", ["run-now", "nope", "--dsn", "{dsn}"], 2, "nope"),
+    ("unknown-definition-pause", ["pause", "nope", "--dsn", "{dsn}"], 2, "nope"),
+    ("unknown-run-cancel", ["cancel", "424242", "--dsn", "{dsn}"], 2, "424242"),
+    ("unknown-run-retry", ["retry", "424242", "--dsn", "{dsn}"], 2, "424242"),
+    ("cancel-nothing", ["cancel", "--dsn", "{dsn}"], 2, "RUN_ID"),
+    ("bad-payload-json", ["enqueue", "k", "--payload", "{oops", "--dsn", "{dsn}"], 2, "not valid JSON"),
+    ("payload-not-object", ["enqueue", "k", "--payload", "[1, 2]", "--dsn", "{dsn}"], 2, "JSON object"),
+    ("bad-duration", ["lock", "x", "--ttl", "soon", "--dsn", "{dsn}", "--", "true"], 2, "not a duration"),
+    ("lock-no-command", ["lock", "x", "--ttl", "5s", "--dsn", "{dsn}"], 2, "command"),
+    (
+        "lock-missing-program",
+        ["lock", "x", "--ttl", "5s", "--dsn", "{dsn}", "--", "/nonexistent/cmd"],
+        127,
+        "",
+    ),
+    ("preview-garbage", ["preview", "garbage"], 2, "cron"),
+    ("preview-bad-rrule", ["preview", "FREQ=DAILY;BYHOUR=25"], 2, "BYHOUR"),
+    ("preview-unknown-zone", ["preview", "0 9 * * *", "--tz", "Nowhere/Land"], 2, "Nowhere/Land"),
+    ("preview-bad-after", ["preview", "0 9 * * *", "--after", "yesterday"], 2, "ISO 8601"),
+    ("preview-bad-count", ["preview", "0 9 * * *", "--count", "0"], 2, "--count"),
+    ("define-bad-dst-gap", ["define", "x", "k", "--schedule", "0 * * * *", "--dst-gap", "later"], 2, "later"),
+    (
+        "define-negative-jitter",
+        ["define", "x", "k", "--schedule", "0 * * * *", "--jitter", "-5m"],
+        2,
+        "--jitter",
+    ),
+    (
+        "define-jitter-over-spacing",
+        ["define", "x", "k", "--schedule", "*/5 * * * *", "--jitter", "10m"],
+        2,
+        "longer than the 0:05:00 between runs",
+    ),
+    ("preview-text-and-definition", ["preview", "0 * * * *", "--definition", "x"], 2, "not both"),
+    ("preview-bad-dst-repeat", ["preview", "0 * * * *", "--dst-repeat", "twice"], 2, "twice"),
+    ("preview-big-step", ["preview", "*/90 * * * *"], 2, "FREQ=MINUTELY;INTERVAL=90"),
+    (
+        "backfill-backwards",
+        ["backfill", "x", "--from", "2026-01-02T00:00Z", "--to", "2026-01-01T00:00Z", "--dsn", "{dsn}"],
+        2,
+        "is after to",
+    ),
+    (
+        "backfill-unknown",
+        ["backfill", "nope", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T00:00Z", "--dsn", "{dsn}"],
+        2,
+        "nope",
+    ),
+    ("run-missing-app", ["run", "tests/apps/missing.py", "--dsn", "{dsn}"], 2, "not found"),
+    ("run-not-an-app", ["run", f"{EXAMPLE}:nothing", "--dsn", "{dsn}"], 2, "no pgtick.App named 'nothing'"),
+    ("six-field-cron", ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * * *"], 2, "error"),
+    (
+        "rrule-hour-99",
+        ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "FREQ=DAILY;BYHOUR=99"],
+        2,
+        "error",
+    ),
+    (
+        "unknown-zone-cron",
+        ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * *", "--tz", "Nowhere/Land"],
+        2,
+        "error",
+    ),
+    ("run-at-tomorrow", ["define", "--dsn", "{dsn}", "x", "k", "--run-at", "tomorrow"], 2, "error"),
+    ("cap-zero", ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * *", "--cap", "0"], 2, "error"),
+    (
+        "negative-timeout",
+        ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * *", "--timeout", "-5s"],
+        2,
+        "error",
+    ),
+    ("payload-list", ["enqueue", "--dsn", "{dsn}", "k", "--payload", "[1]"], 2, "error"),
+    ("payload-broken-json", ["enqueue", "--dsn", "{dsn}", "k", "--payload", "{not json"], 2, "error"),
+    ("run-at-infinity", ["enqueue", "--dsn", "{dsn}", "k", "--run-at", "infinity"], 2, "error"),
+    ("empty-kind", ["enqueue", "--dsn", "{dsn}", "", "--payload", "{}"], 2, "error"),
+    ("injection-as-name", ["run-now", "--dsn", "{dsn}", INJECTION], 2, "error"),
+    ("negative-run-id", ["cancel", "--dsn", "{dsn}", "-5"], 2, "error"),
+    ("unknown-run-retry-large", ["retry", "--dsn", "{dsn}", "123456789"], 2, "error"),
+    ("runs-limit-zero", ["runs", "--dsn", "{dsn}", "--limit", "0"], 2, "error"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared_db(pg: Server) -> Iterator[Database]:
+    """One database for every bad-input case: none of them may change it."""
+    with pg.database() as database:
+        yield database
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "needle"), [c[1:] for c in BAD_INPUT], ids=[c[0] for c in BAD_INPUT]
+)
+def test_bad_input_exits_with_one_line_and_no_traceback(
+    shared_db: Database, argv: list[str], code: int, needle: str
+) -> None:
+    with shared_db.connect() as conn:
+        before = digest(conn)
+    result = pgtick(*[a.replace("{dsn}", shared_db.dsn) for a in argv])
+    shown = (
+        f"pgtick {' '.join(argv)}\nexit {result.returncode}\n"
+        f"stdout: {result.stdout!r}\nstderr: {result.stderr!r}"
+    )
+    assert result.returncode == code, shown
+    assert "Traceback" not in result.stderr + result.stdout, shown
+    assert len(result.stderr.splitlines()) == 1, f"expected exactly one line on stderr:\n{shown}"
+    assert result.stderr.startswith("pgtick"), shown
+    assert needle in result.stderr, f"the error should mention {needle!r}:\n{shown}"
+    assert result.stdout == "", shown
+    if code == 2:  # bad input changes nothing (a runtime failure, like a missing program, may)
+        with shared_db.connect() as conn:
+            assert digest(conn) == before, f"bad input changed the database:\n{shown}"
+
+
+COMMANDS = [
+    "run",
+    "migrate",
+    "define",
+    "enqueue",
+    "run-now",
+    "cancel",
+    "pause",
+    "resume",
+    "retry",
+    "status",
+    "runs",
+    "preview",
+    "lock",
+    "dsn",
+    "backfill",
+    "web",
+]
+
+
+def test_every_command_is_listed_here() -> None:
+    from pgtick.cli import EXAMPLES
+
+    assert set(EXAMPLES) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_has_an_example(command: str | None) -> None:
+    result = pgtick(*([command] if command else []), "--help")
+    assert result.returncode == 0, result
+    assert "example" in result.stdout, result.stdout
+    assert result.stderr == "", result.stderr
+
+
+def test_preview_keeps_local_time_across_the_dst_change() -> None:
+    result = pgtick(
+        "preview",
+        "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0",
+        "--tz",
+        "Europe/Sofia",
+        "--after",
+        "2026-03-26",
+        "--count",
+        "6",
+    )
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()
+    assert lines[1:3] == [
+        "  anchor: 2026-03-26T00:00:00+02:00 (as if defined at --after: local midnight that day)",
+        "  dst: dst_gap=shift (auto) dst_repeat=first (auto)",
+    ], result.stdout
+    runs = [line.split() for line in lines[3:]]
+    # 2026-03-29 (a Sunday) 03:00 EET -> 04:00 EEST: 09:00 local is 07:00Z before, 06:00Z after.
+    assert [(r[0], r[1], r[-1]) for r in runs] == [
+        ("2026-03-26", "09:00", "2026-03-26T07:00:00Z"),
+        ("2026-03-27", "09:00", "2026-03-27T07:00:00Z"),
+        ("2026-03-30", "09:00", "2026-03-30T06:00:00Z"),
+        ("2026-03-31", "09:00", "2026-03-31T06:00:00Z"),
+        ("2026-04-01", "09:00", "2026-04-01T06:00:00Z"),
+        ("2026-04-02", "09:00", "2026-04-02T06:00:00Z"),
+    ], result.stdout
+    assert result.stderr == "", result.stderr
+
+
+def _pgtick(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, f"pgtick {' '.join(args)} exited {code}: {err}"
+    return out
+
+
+@pytest.fixture
+def machine_in_new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run as if this machine's local time zone were America/New_York (not the data's zone)."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
+def busy(db: Database, conn: Conn) -> Iterator[dict[str, Any]]:
+    """A leader, a definition due at 08:00 Sofia time, queued/running/failed runs."""
+    leader = db.connect()
+    assert scalar(leader, "SELECT jobs.try_lead('cli-leader')") is True
+    def_id = scalar(
+        conn,
+        "SELECT id FROM jobs.define('sofia-report', 'report', schedule => 'FREQ=DAILY;BYHOUR=8',"
+        " timezone => 'Europe/Sofia')",
+    )
+    conn.execute(
+        "UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s",
+        (datetime(2031, 7, 1, 5, 0, tzinfo=UTC), def_id),
+    )
+    failed = int(scalar(conn, "SELECT id FROM jobs.run_now('sofia-report')"))
+    assert claim(conn, "w") == [failed]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'report server down')", (failed,))
+    running = enqueue(conn, "mail", run_at="now() - interval '1 minute'")
+    assert claim(conn, "w", kinds=["mail"]) == [running]
+    queued = [enqueue(conn, "mail", run_at="now() - interval '5 minutes'") for _ in range(2)]
+    try:
+        yield {"failed": failed, "running": running, "queued": queued, "def_id": def_id}
+    finally:
+        leader.close()
+
+
+def test_status_tables(
+    db: Database, busy: dict[str, Any], machine_in_new_york: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _pgtick(capsys, "status", "--dsn", db.dsn)
+    lines = out.splitlines()
+    assert lines[0].startswith("leader: cli-leader (pid ")
+    assert "definitions:" in lines and "queues:" in lines
+    defs = out[out.index("definitions:") : out.index("queues:")]
+    row = next(line for line in defs.splitlines() if line.startswith("sofia-report"))
+    # Local wall-clock time in the definition's zone, not shifted by this machine's zone.
+    assert "2031-07-01 08:00:00" in row and "Europe/Sofia" in row and "FAILED" in row
+    assert "08:00:00Z" not in row
+    queues = out[out.index("queues:") :].splitlines()
+    header = queues[1].split()
+    mail = dict(zip(header, next(q for q in queues if q.startswith("mail")).split(), strict=False))
+    assert (mail["queued"], mail["running"]) == ("2", "1")
+    report = dict(zip(header, next(q for q in queues if q.startswith("report")).split(), strict=False))
+    assert report["failed_1h"] == "1"
+
+
+def test_status_json(db: Database, busy: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+    assert [leader["owner"] for leader in snap["leader"]] == ["cli-leader"]
+    assert datetime.fromisoformat(snap["leader"][0]["since"]).tzinfo is not None
+    (definition,) = snap["definitions"]
+    assert definition["name"] == "sofia-report"
+    assert definition["next_run_local"] == "2031-07-01T08:00:00"
+    assert (definition["last_status"], definition["fails"], definition["paused"]) == ("FAILED", 1, False)
+    queues = {q["kind"]: q for q in snap["queues"]}
+    assert (queues["mail"]["queued"], queues["mail"]["running"]) == (2, 1)
+    assert 300 <= queues["mail"]["oldest_queued_age"] < 400, "an interval becomes seconds"
+    assert queues["report"]["failed_1h"] == 1
+
+
+def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _pgtick(capsys, "status", "--dsn", db.dsn)
+    assert "leader: none" in out and "(none)" in out and "(empty)" in out
+    snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+    assert snap == {"leader": [], "definitions": [], "queues": []}
+
+
+def test_runs_json_with_filters(
+    db: Database, busy: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    every = json.loads(_pgtick(capsys, "runs", "--json", "--dsn", db.dsn))
+    ids = [r["id"] for r in every]
+    assert ids == sorted(ids, reverse=True), "newest first"
+    assert set(ids) == {busy["failed"], busy["running"], *busy["queued"]}
+
+    (failed,) = json.loads(_pgtick(capsys, "runs", "--json", "--status", "FAILED", "--dsn", db.dsn))
+    assert failed["id"] == busy["failed"]
+    assert (failed["definition"], failed["kind"], failed["failure_reason"]) == (
+        "sofia-report",
+        "report",
+        "Error",
+    )
+    assert failed["error"] == "report server down" and failed["worker"] == "w"
+    assert datetime.fromisoformat(failed["finished_at"]).tzinfo is not None
+
+    mail = json.loads(_pgtick(capsys, "runs", "--json", "--kind", "mail", "--limit", "2", "--dsn", db.dsn))
+    assert [r["id"] for r in mail] == sorted(busy["queued"], reverse=True)
+    assert {r["status"] for r in mail} == {"QUEUED"}
+    by_def = json.loads(_pgtick(capsys, "runs", "--json", "--definition", "sofia-report", "--dsn", db.dsn))
+    assert [r["id"] for r in by_def] == [busy["failed"]]
+    assert json.loads(_pgtick(capsys, "runs", "--json", "--definition", "nope", "--dsn", db.dsn)) == []
+
+    table = _pgtick(capsys, "runs", "--status", "RUNNING", "--dsn", db.dsn)
+    assert str(busy["running"]) in table and "RUNNING" in table
+
+
+def test_status_json_through_the_installed_entry_point(db: Database, busy: dict[str, Any]) -> None:
+    proc = subprocess.run(
+        [*PGTICK, "status", "--json", "--dsn", db.dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["leader"][0]["owner"] == "cli-leader"
+
+
+def test_status_works_for_the_read_only_role(
+    db: Database, busy: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console role jobs_reader can run `pgtick status` (the leader view used to refuse it)."""
+    snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn_as("pgtick_t_reader")))
+    assert [leader["owner"] for leader in snap["leader"]] == ["cli-leader"]
+    assert [d["name"] for d in snap["definitions"]] == ["sofia-report"]
+
+
+def ok(*args: str) -> str:
+    result: subprocess.CompletedProcess[str] = pgtick(*args)
+    assert result.returncode == 0, f"pgtick {' '.join(args)} -> {result.returncode}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+def one(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> tuple[Any, ...]:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return tuple(row)
+
+
+def number(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return int(match.group(1))
+
+
+def test_cli_round_trip(db: Database) -> None:
+    dsn = ["--dsn", db.dsn]
+    with db.connect() as conn:
+        # define: RRULE in a zone, cron with a cap and overlap policy, a one-shot
+        out = ok("define", "weekday-report", "report", *dsn, "--schedule",
+                 "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0", "--tz", "Europe/Sofia",
+                 "--payload", '{"team": "sofia"}')  # fmt: skip
+        assert re.fullmatch(r"definition=weekday-report id=\d+ revision=1 saved\n", out), out
+        ok(
+            "define",
+            "cleanup",
+            "vacuum",
+            *dsn,
+            "--schedule",
+            "*/15 * * * *",
+            "--cap",
+            "1",
+            "--overlap",
+            "skip",
+        )
+        ok("define", "launch", "announce", *dsn, "--run-at", "2030-12-24T18:00:00+02:00")
+        rows = conn.execute(
+            "SELECT name, kind, schedule, timezone, run_at::text, payload, max_concurrent_runs,"
+            " overlap_policy, enabled FROM jobs.definitions ORDER BY name"
+        ).fetchall()
+        assert rows == [
+            ("cleanup", "vacuum", "*/15 * * * *", "UTC", None, {}, 1, "skip", True),
+            ("launch", "announce", None, "UTC", "2030-12-24 16:00:00+00", {}, None, "queue", True),
+            ("weekday-report", "report", "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0",
+             "Europe/Sofia", None, {"team": "sofia"}, None, "queue", True),
+        ], rows  # fmt: skip
+
+        # enqueue with an idempotency key twice: one run
+        first = ok("enqueue", "send-email", *dsn, "--payload", '{"to": "a@example.com"}', "--key", "order-42")
+        again = ok("enqueue", "send-email", *dsn, "--payload", '{"to": "a@example.com"}', "--key", "order-42")
+        run_id = number(r"run=(\d+) kind=send-email status=QUEUED", first)
+        assert number(r"run=(\d+)", again) == run_id, (first, again)
+        assert one(conn, "SELECT count(*) FROM jobs.runs WHERE idempotency_key = 'order-42'") == (1,)
+
+        # run-now: a manual run of the definition
+        manual = number(r"run=(\d+) definition=weekday-report queued", ok("run-now", "weekday-report", *dsn))
+        assert one(
+            conn,
+            "SELECT d.name, r.origin, r.status::text, r.payload FROM jobs.runs r"
+            " JOIN jobs.definitions d ON d.id = r.definition_id WHERE r.id = %s",
+            (manual,),
+        ) == ("weekday-report", "manual", "QUEUED", {"team": "sofia"})
+
+        # pause / resume
+        assert ok("pause", "cleanup", *dsn) == "definition=cleanup paused\n"
+        assert one(conn, "SELECT enabled FROM jobs.definitions WHERE name = 'cleanup'") == (False,)
+        assert ok("resume", "cleanup", *dsn) == "definition=cleanup resumed\n"
+        assert one(conn, "SELECT enabled FROM jobs.definitions WHERE name = 'cleanup'") == (True,)
+
+        # cancel a queued run, then retry it as attempt 2
+        assert ok("cancel", str(run_id), *dsn) == f"run={run_id} status=CANCELLED\n"
+        retried = ok("retry", str(run_id), *dsn)
+        retry_id = number(rf"run={run_id} retried as run=(\d+) attempt=2", retried)
+        assert one(
+            conn, "SELECT retry_of, attempt, status::text, origin FROM jobs.runs WHERE id = %s", (retry_id,)
+        ) == (run_id, 2, "QUEUED", "retry")
+
+        # cancel every queued run of a definition
+        out = ok("cancel", "--definition", "weekday-report", *dsn)
+        assert out == "definition=weekday-report cancelled 1 queued runs\n", out
+        assert one(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (manual,)) == ("CANCELLED",)
+
+        # status --json and runs --json parse and show what we did
+        status = json.loads(ok("status", "--json", *dsn))
+        assert set(status) >= {"definitions", "queues", "leader"}, status
+        assert status["leader"] == [], status["leader"]  # no scheduler runs in this test
+        assert sorted(d["name"] for d in status["definitions"]) == ["cleanup", "launch", "weekday-report"]
+        assert {q["kind"] for q in status["queues"]} >= {"send-email"}, status["queues"]
+        assert "leader: none" in ok("status", *dsn)
+
+        runs = json.loads(ok("runs", "--json", *dsn))
+        assert [(r["id"], r["status"]) for r in runs] == [
+            (retry_id, "QUEUED"),
+            (manual, "CANCELLED"),
+            (run_id, "CANCELLED"),
+        ], runs
+        queued_only = json.loads(ok("runs", "--json", "--status", "QUEUED", "--kind", "send-email", *dsn))
+        assert [r["id"] for r in queued_only] == [retry_id], queued_only
+        assert str(retry_id) in ok("runs", *dsn)  # the table form

@@ -1,0 +1,102 @@
+"""`pgtick lock NAME --ttl D -- CMD`: skip-if-running for any cron command.
+
+* while one invocation holds the lease (renewed past its TTL), another prints one
+  line `skipped: lease NAME held by OWNER until T` and exits 75 without running CMD;
+* a holder killed with -9 keeps the lease until its TTL runs out, then the next
+  invocation takes it;
+* CMD's exit status passes through, and the lease is released when CMD ends
+  (normally, failing, or stopped by SIGTERM).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from harness import Database, pgtick, pid_of_owner, processes, wait_for
+
+TTL = 2.0
+
+
+def lease(conn: psycopg.Connection[Any], name: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        "SELECT owner, expires_at > clock_timestamp() AS live FROM jobs.leases WHERE name = %s", (name,)
+    ).fetchone()
+
+
+def lock(dsn: str, name: str, *cmd: str, ttl: float = TTL) -> list[str]:
+    return ["lock", name, "--ttl", f"{ttl}s", "--dsn", dsn, "--", *cmd]
+
+
+def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
+    db: Database, tmp_path: Path
+) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        holder = procs.start("holder", lock(db.dsn, "nightly", "sleep", "60"))
+        owner = wait_for("the holder to take the lease", lambda: (lease(conn, "nightly") or (None,))[0], 10)
+        assert pid_of_owner(owner) == holder.pid, f"lease owner {owner!r} is not pid {holder.pid}"
+        time.sleep(TTL + 0.5)  # past the TTL: only renewal keeps the lease now
+
+        second = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "echo RAN"))
+        assert second.returncode == 75, second
+        lines = second.stdout.splitlines()
+        assert len(lines) == 1, f"a skip must print exactly one line: {second}"
+        assert re.fullmatch(rf"skipped: lease nightly held by {re.escape(owner)} until \S.*", lines[0]), lines
+        assert "RAN" not in second.stdout + second.stderr, second
+        assert holder.popen.poll() is None, f"the holder died:\n{holder.tail()}"
+
+        holder.send(signal.SIGKILL)
+        killed = time.monotonic()
+        assert holder.wait(5) == -signal.SIGKILL
+        attempts: list[tuple[float, int, str]] = []
+        while True:
+            began = time.monotonic() - killed
+            result = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "exit 3"))
+            attempts.append((round(began, 2), result.returncode, result.stdout.strip()))
+            if result.returncode != 75:
+                break
+            assert began < TTL + 5, f"lease never freed after the holder died: {attempts}"
+            time.sleep(0.1)
+        after = conn.execute(
+            "SELECT owner, consecutive_skips FROM jobs.leases WHERE name = 'nightly'"
+        ).fetchone()
+
+    context = f"attempts after kill -9 (t, exit, stdout): {attempts}; lease after {after}"
+    assert attempts[0][1] == 75, f"a crashed holder's lease must last until its TTL: {context}"
+    assert result.returncode == 3, f"CMD's exit status must pass through: {context} {result}"
+    # Expiry is at most TTL after the kill; + one skipped attempt's run time on a busy machine.
+    assert attempts[-1][0] <= TTL + 2.0, f"took over too late for a {TTL}s TTL: {context}"
+    assert after == (None, 0), f"lease not released (or skips not reset) after CMD ended: {context}"
+    print(f"\nlease taken over {attempts[-1][0]:.2f}s after kill -9 of its holder (ttl {TTL}s)")
+
+
+def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:
+    with db.connect() as conn:
+        failed = pgtick(*lock(db.dsn, "report", "sh", "-c", "echo out; exit 3", ttl=600))
+        released_after_failure = lease(conn, "report")
+        ok = pgtick(*lock(db.dsn, "report", "sh", "-c", "echo again", ttl=600))
+        released = lease(conn, "report")
+
+    # A 10-minute TTL: the second run could only start because the first released the lease.
+    assert (failed.returncode, failed.stdout) == (3, "out\n"), failed
+    assert released_after_failure == (None, False), released_after_failure
+    assert (ok.returncode, ok.stdout) == (0, "again\n"), ok
+    assert released == (None, False), released
+    assert failed.stderr == ok.stderr == "", (failed.stderr, ok.stderr)
+
+
+def test_sigterm_stops_the_command_and_releases_the_lease(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        holder = procs.start("holder", lock(db.dsn, "backup", "sleep", "60", ttl=600))
+        wait_for("the holder to take the lease", lambda: (lease(conn, "backup") or (None,))[0], 10)
+        holder.send(signal.SIGTERM)
+        code = holder.wait(10)
+        after = lease(conn, "backup")
+
+    assert code == 128 + signal.SIGTERM, f"exit {code}:\n{holder.tail()}"
+    assert after == (None, False), f"lease not released on SIGTERM: {after}"

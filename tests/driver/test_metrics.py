@@ -1,0 +1,119 @@
+"""The Prometheus endpoint of `pgtick run --metrics-port`: a real process runs real jobs, the
+test scrapes /metrics and checks the series and their values."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness import APPS, PGTICK, ROOT, Conn, Database, enqueue, free_port, scalar, stop_process, wait_for
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_metrics_endpoint_reports_runs_queue_and_leader(db: Database, conn: Conn, tmp_path: Path) -> None:
+    for _ in range(3):
+        enqueue(conn, "ops-ok")
+    enqueue(conn, "ops-fail")
+    # Nobody in this process runs "ops-nobody": its runs stay queued, two minutes old.
+    for _ in range(2):
+        enqueue(conn, "ops-nobody", run_at="now() - interval '2 minutes'")
+
+    port = free_port()
+    log = tmp_path / "pgtick-run.log"
+    args = [
+        *PGTICK,
+        *("run", str(APPS / "metrics_app.py"), "--dsn", db.dsn, "--metrics-port", str(port)),
+        *("--tick", "0.2s", "--poll", "0.2s", "--heartbeat", "0.3s", "--grace", "5s"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT, env=env, start_new_session=True
+        )
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-3000:]
+
+    try:
+
+        def settled() -> bool:
+            assert proc.poll() is None, f"pgtick run exited {proc.returncode}:\n{tail()}"
+            return bool(
+                scalar(
+                    conn,
+                    "SELECT count(*) FILTER (WHERE status = 'COMPLETED') = 3"
+                    " AND count(*) FILTER (WHERE status = 'FAILED') = 1"
+                    " FROM jobs.runs WHERE kind IN ('ops-ok', 'ops-fail')",
+                )
+            )
+
+        wait_for("the four runs to finish", settled, timeout=30)
+
+        def scraped_as_leader() -> Samples | None:
+            assert proc.poll() is None, f"pgtick run exited {proc.returncode}:\n{tail()}"
+            try:
+                samples = scrape(port)
+            except OSError:
+                return None
+            return samples if value(samples, "pgtick_leader") == 1 else None
+
+        scraped = wait_for("a scrape that shows this process leading", scraped_as_leader, timeout=30)
+        assert scraped is not None
+        samples = scraped
+
+        started = {k: value(samples, "pgtick_runs_started_total", kind=k) for k in ("ops-ok", "ops-fail")}
+        assert started == {"ops-ok": 3, "ops-fail": 1}, samples
+        assert value(samples, "pgtick_runs_finished_total", kind="ops-ok", outcome="complete") == 3
+        assert value(samples, "pgtick_runs_finished_total", kind="ops-fail", outcome="fail") == 1
+        assert value(samples, "pgtick_runs_started_total", kind="ops-nobody") is None, "never claimed"
+
+        assert value(samples, "pgtick_queue_depth", kind="ops-nobody") == 2
+        oldest = value(samples, "pgtick_oldest_queued_seconds", kind="ops-nobody")
+        assert oldest is not None and 120 <= oldest < 600
+        assert value(samples, "pgtick_running", kind="ops-nobody") == 0
+        assert value(samples, "pgtick_runs_lost_last_hour", kind="ops-fail") == 0
+        assert value(samples, "pgtick_runs_skipped_last_hour", kind="ops-ok") == 0
+
+        claims = value(samples, "pgtick_claim_seconds_count")
+        assert claims is not None and claims >= 1
+        assert value(samples, "pgtick_heartbeat_failures_total") == 0
+        assert (
+            scalar(conn, "SELECT count(*) FROM jobs.runs WHERE kind = 'ops-nobody' AND status = 'QUEUED'")
+            == 2
+        )
+
+        # A clean stop: SIGTERM drains (nothing in flight) and exits 0, resigning the lead.
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(20) == 0, tail()
+        assert scalar(conn, "SELECT count(*) FROM jobs.leader") == 0
+    finally:
+        _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    stop_process(proc)

@@ -1,0 +1,388 @@
+"""Materialization against a real database: exactly once, misfire policies, DST,
+cursors of definitions made in psql, finished schedules, broken schedules."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+
+from harness import (
+    Conn,
+    Database,
+    finish_old,
+    run_in_processes,
+)
+from pgtick.scheduler import Scheduler
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def define(conn: psycopg.Connection[Any], name: str, schedule: str, **kw: Any) -> int:
+    args = ", ".join(f"{k} => %({k})s" for k in kw)
+    row = conn.execute(
+        f"SELECT id FROM jobs.define(%(name)s, 'k', %(schedule)s{', ' if kw else ''}{args})",
+        {"name": name, "schedule": schedule, **kw},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run_times(conn: psycopg.Connection[Any], definition_id: int) -> list[datetime]:
+    rows = conn.execute(
+        "SELECT scheduled_for FROM jobs.runs WHERE definition_id = %s AND origin = 'schedule'"
+        " ORDER BY scheduled_for",
+        (definition_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def cursor_of(conn: psycopg.Connection[Any], definition_id: int) -> datetime | None:
+    row = conn.execute("SELECT next_run_at FROM jobs.definitions WHERE id = %s", (definition_id,)).fetchone()
+    assert row is not None
+    value: datetime | None = row[0]
+    return value
+
+
+def revision_of(conn: psycopg.Connection[Any], definition_id: int) -> int:
+    row = conn.execute("SELECT revision FROM jobs.definitions WHERE id = %s", (definition_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+
+
+# -- two leaders --------------------------------------------------------------------
+
+
+def materialize_loop(dsn: str, seconds: float) -> tuple[int, int]:
+    """A would-be leader that skips the lock and materializes in a tight loop."""
+    scheduler = Scheduler(dsn, owner=f"rogue-{time.monotonic_ns()}", tick_interval=0.05)
+    created = stale = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            report = scheduler.materialize_due()
+            created += report.runs_created
+            stale += report.stale
+    finally:
+        scheduler.close()
+    return created, stale
+
+
+def test_two_leaders_materialize_each_occurrence_exactly_once(db: Database) -> None:
+    """Invariant 3: two processes materializing the same per-second definitions at
+    once create every occurrence exactly once, with no gap between first and last."""
+    with db.connect() as conn:
+        ids = [define(conn, f"every-second-{i}", "FREQ=SECONDLY;INTERVAL=1") for i in range(20)]
+    results = run_in_processes(materialize_loop, [(db.dsn, 6.0), (db.dsn, 6.0)])
+    with db.connect() as conn:
+        dupes = conn.execute(
+            "SELECT definition_id, scheduled_for, count(*) FROM jobs.runs GROUP BY 1, 2 HAVING count(*) > 1"
+        ).fetchall()
+        assert dupes == [], f"occurrences materialized twice: {dupes[:10]}"
+        total = 0
+        for definition_id in ids:
+            times = run_times(conn, definition_id)
+            assert len(times) >= 4, f"definition {definition_id} got only {times}"
+            gaps = [(a, b) for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
+            assert gaps == [], f"definition {definition_id} lost occurrences between {gaps[:5]}"
+            assert cursor_of(conn, definition_id) == times[-1] + timedelta(seconds=1)
+            total += len(times)
+    created = sum(r[0] for r in results)
+    assert created == total, f"processes reported {created} runs but {total} exist"
+    # The processes really competed for the same cursors: some compare-and-sets lost.
+    assert sum(r[1] for r in results) > 0, f"no contention observed: {results}"
+
+
+# -- misfire ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("coalesce", [utc(2026, 5, 4, 13)]),
+        ("catch_up", [utc(2026, 5, 4, 11), utc(2026, 5, 4, 12), utc(2026, 5, 4, 13)]),
+        ("skip", []),
+    ],
+)
+def test_scheduler_down_three_hours_over_hourly_job(
+    db: Database, policy: str, expected: list[datetime]
+) -> None:
+    clock = Clock(utc(2026, 5, 4, 10, 59, 30))
+    scheduler = Scheduler(db.dsn, owner="t", tick_interval=1.0, misfire_grace=60, clock=clock)
+    with db.connect() as conn:
+        definition_id = define(conn, "hourly", "0 * * * *", misfire_policy=policy)
+        scheduler.materialize_due()  # cursor initialized: 11:00
+        assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 11)
+        clock.now = utc(2026, 5, 4, 13, 59, 30)  # down for three hours
+        scheduler.materialize_due()
+        assert run_times(conn, definition_id) == expected
+        assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 14)
+        scheduler.materialize_due()  # nothing new until 14:00 comes
+        assert run_times(conn, definition_id) == expected
+    scheduler.close()
+
+
+def test_catch_up_is_bounded_per_tick(db: Database) -> None:
+    clock = Clock(utc(2026, 5, 4, 0, 0, 30))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock, max_catch_up=5)
+    with db.connect() as conn:
+        definition_id = define(conn, "minutely", "* * * * *", misfire_policy="catch_up")
+        scheduler.materialize_due()
+        clock.now = utc(2026, 5, 4, 0, 30, 30)
+        scheduler.materialize_due()
+        first = run_times(conn, definition_id)
+        assert first[0] == utc(2026, 5, 4, 0, 1)
+        # The leader loops over batches, but each definition gets at most 5 per pass;
+        # everything arrives over the next ticks, in order, once.
+        for _ in range(10):
+            scheduler.materialize_due()
+        times = run_times(conn, definition_id)
+    assert times == [utc(2026, 5, 4, 0, m) for m in range(1, 31)]
+    scheduler.close()
+
+
+# -- DST through the database --------------------------------------------------------
+
+
+def test_daily_0800_sofia_across_both_changes(db: Database) -> None:
+    """08:00 Europe/Sofia every day: 06:00Z in winter, 05:00Z in summer, once a day,
+    through the whole pipeline (driver math, jobs.materialize, the table)."""
+    # 2027 so that the RRULE anchor (the day the definition is created) lies before.
+    clock = Clock(utc(2027, 3, 26, 0))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock, misfire_grace=3600 * 24 * 400, max_catch_up=1000)
+    with db.connect() as conn:
+        definition_id = define(
+            conn,
+            "sofia",
+            "FREQ=DAILY;BYHOUR=8;BYMINUTE=0",
+            timezone="Europe/Sofia",
+            misfire_policy="catch_up",
+        )
+        scheduler.materialize_due()
+        for moment in (utc(2027, 3, 30, 0), utc(2027, 10, 29, 0), utc(2027, 11, 2, 0)):
+            clock.now = moment
+            scheduler.materialize_due()
+        times = run_times(conn, definition_id)
+    sofia = ZoneInfo("Europe/Sofia")
+    by_day = {t.astimezone(sofia).date(): t for t in times}
+    assert len(times) == len(by_day), "two runs on one day"
+    assert by_day[date(2027, 3, 27)] == utc(2027, 3, 27, 6)  # EET, +02:00
+    assert by_day[date(2027, 3, 28)] == utc(2027, 3, 28, 5)  # EEST from 03:00 that day
+    assert by_day[date(2027, 10, 30)] == utc(2027, 10, 30, 5)
+    assert by_day[date(2027, 10, 31)] == utc(2027, 10, 31, 6)  # back to EET at 04:00
+    assert sorted(by_day) == [date(2027, 3, 26) + timedelta(days=n) for n in range(len(by_day))]
+    assert all(t.astimezone(sofia).hour == 8 and t.astimezone(sofia).minute == 0 for t in times)
+    scheduler.close()
+
+
+# -- cursors, finished schedules, broken schedules ------------------------------------
+
+
+def test_definition_from_psql_gets_a_cursor_within_one_tick(db: Database) -> None:
+    db.psql("SELECT jobs.define('from-psql', 'k', '*/5 * * * *', 'Asia/Tokyo')")
+    scheduler = Scheduler(db.dsn, owner="t")
+    report = scheduler.tick()
+    assert report.leading and report.initialized == 1
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT next_run_at, next_run_local FROM jobs.definition_health WHERE name = 'from-psql'"
+        ).fetchone()
+    assert row is not None and row[0] is not None
+    assert row[0].minute % 5 == 0 and row[0].second == 0
+    assert row[0] > datetime.now(UTC) - timedelta(seconds=5)
+    scheduler.close()
+
+
+def test_exhausted_count_finishes_cleanly(db: Database) -> None:
+    clock = Clock(utc(2026, 1, 1, 0, 0, 0))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock)
+    with db.connect() as conn:
+        definition_id = define(conn, "thrice", "DTSTART:20260101T000010Z\nRRULE:FREQ=SECONDLY;COUNT=3")
+        for second in range(0, 30, 2):
+            clock.now = utc(2026, 1, 1, 0, 0, second)
+            scheduler.materialize_due()
+        times = run_times(conn, definition_id)
+        row = conn.execute(
+            "SELECT finished, next_run_at FROM jobs.definition_health WHERE id = %s", (definition_id,)
+        ).fetchone()
+    assert times == [utc(2026, 1, 1, 0, 0, 10), utc(2026, 1, 1, 0, 0, 11), utc(2026, 1, 1, 0, 0, 12)]
+    assert row == (True, None)
+    scheduler.close()
+
+
+def test_broken_schedule_never_crashes_the_tick(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('broken', 'k', 'FREQ=DAILY;BYHOUR=25')")
+        conn.execute("SELECT jobs.define('fine', 'k', 'FREQ=SECONDLY')")
+    scheduler = Scheduler(db.dsn, owner="t")
+    report = scheduler.tick()
+    assert report.schedule_errors == 1
+    time.sleep(1.1)
+    report = scheduler.tick()
+    assert report.runs_created >= 1 and report.schedule_errors == 0
+    with db.connect() as conn:
+        err = conn.execute("SELECT schedule_error FROM jobs.definitions WHERE name = 'broken'").fetchone()
+        assert err is not None and "BYHOUR" in err[0] and "broken" in err[0]
+        # Redefining it clears the error and it gets a cursor.
+        conn.execute("SELECT jobs.define('broken', 'k', 'FREQ=DAILY;BYHOUR=23')")
+    report = scheduler.tick()
+    assert report.initialized == 1
+    scheduler.close()
+
+
+# -- define ---------------------------------------------------------------------------
+
+
+def test_changing_the_schedule_resets_cursor_and_cancels_future_runs(db: Database) -> None:
+    clock = Clock(utc(2027, 6, 1, 12, 0, 0))  # ahead of the database clock
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock, lookahead=3600)
+    with db.connect() as conn:
+        definition_id = define(conn, "d", "*/10 * * * *")
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+        queued = conn.execute(
+            "SELECT count(*) FROM jobs.runs WHERE definition_id = %s AND status = 'QUEUED'", (definition_id,)
+        ).fetchone()
+        assert queued is not None and queued[0] >= 5  # an hour of lookahead
+        before = revision_of(conn, definition_id)
+        define(conn, "d", "*/15 * * * *")
+        row = conn.execute(
+            "SELECT revision, next_run_at FROM jobs.definitions WHERE id = %s", (definition_id,)
+        ).fetchone()
+        assert row == (before + 1, None)
+        states = conn.execute(
+            "SELECT status::text, count(*) FROM jobs.runs WHERE definition_id = %s"
+            " AND scheduled_for > now() GROUP BY 1",
+            (definition_id,),
+        ).fetchall()
+        assert dict(states) == {"CANCELLED": queued[0]}, states
+        # Same schedule again: nothing resets.
+        define(conn, "d", "*/15 * * * *", priority=5)
+        assert revision_of(conn, definition_id) == row[0]
+    scheduler.close()
+
+
+def test_stale_materialize_changes_nothing(conn: psycopg.Connection[Any]) -> None:
+    definition_id = define(conn, "cas", "* * * * *")
+    t0 = utc(2030, 1, 1, 0, 0)
+    assert conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, t0)).fetchone() == (0,)
+    assert cursor_of(conn, definition_id) == t0
+    # A stale expected cursor: nothing inserted, cursor unchanged.
+    stale = conn.execute(
+        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+        (definition_id, t0 - timedelta(minutes=1), t0 - timedelta(minutes=1), t0 + timedelta(minutes=1)),
+    ).fetchone()
+    assert stale == (0,)
+    assert cursor_of(conn, definition_id) == t0
+    assert run_times(conn, definition_id) == []
+    # Run times outside [expected, new) are refused with 22023, nothing applied.
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="run_times"):
+        conn.execute(
+            "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+            (definition_id, t0, t0 + timedelta(minutes=5), t0 + timedelta(minutes=1)),
+        )
+    assert cursor_of(conn, definition_id) == t0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"schedule": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
+        ({"schedule": "* * * * *", "run_at": "2030-01-01"}, "exactly one"),
+        ({}, "exactly one"),
+        ({"schedule": "every day at noon"}, "schedule"),
+        ({"schedule": "* * * * *", "max_concurrent_runs": 0}, "max_concurrent_runs"),
+        ({"schedule": "* * * * *", "priority": 5000}, "priority"),
+        ({"schedule": "* * * * *", "misfire_policy": "later"}, "misfire_policy"),
+        ({"schedule": "* * * * *", "overlap_policy": "maybe"}, "overlap_policy"),
+        ({"schedule": "* * * * *", "payload": "[1]"}, "payload"),
+        ({"run_at": "infinity"}, "run_at"),
+        ({"schedule": "* * * * *", "timeout": "-5 minutes"}, "timeout"),
+    ],
+)
+def test_define_rejects_bad_input(
+    conn: psycopg.Connection[Any], kwargs: dict[str, Any], fragment: str
+) -> None:
+    args = ", ".join(f"{k} => %({k})s" for k in kwargs)
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+        conn.execute(f"SELECT jobs.define('bad', 'k'{', ' if kwargs else ''}{args})", kwargs)
+    assert fragment in str(info.value)
+    assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (0,)
+
+
+def test_pause_and_resume(db: Database) -> None:
+    clock = Clock(utc(2026, 6, 1, 12, 0, 30))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock)
+    with db.connect() as conn:
+        definition_id = define(conn, "p", "* * * * *")
+        scheduler.materialize_due()
+        conn.execute("SELECT jobs.pause('p')")
+        clock.now = utc(2026, 6, 1, 12, 10, 30)
+        scheduler.materialize_due()
+        assert run_times(conn, definition_id) == []
+        paused = conn.execute("SELECT paused FROM jobs.definition_health WHERE id = %s", (definition_id,))
+        assert paused.fetchone() == (True,)
+        conn.execute("SELECT jobs.resume('p')")
+        scheduler.materialize_due()
+        # Resumed from the next occurrence after now: the paused window is not caught up.
+        assert run_times(conn, definition_id) == []
+        assert cursor_of(conn, definition_id) == utc(2026, 6, 1, 12, 11)
+        with pytest.raises(psycopg.errors.NoDataFound):
+            conn.execute("SELECT jobs.pause('nope')")
+    scheduler.close()
+
+
+def test_one_shot_runs_once_even_with_concurrent_leaders(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('once', 'k', run_at => now() - interval '1 second')")
+    results = run_in_processes(materialize_loop, [(db.dsn, 1.0), (db.dsn, 1.0)])
+    assert sum(r[0] for r in results) == 0  # one-shots are counted apart from recurring runs
+    with db.connect() as conn:
+        rows = conn.execute(
+            "SELECT r.status::text, d.finished_at IS NOT NULL FROM jobs.runs r"
+            " JOIN jobs.definitions d ON d.id = r.definition_id WHERE d.name = 'once'"
+        ).fetchall()
+    assert rows == [("QUEUED", True)]
+
+
+def test_one_shot_missed_with_skip_policy_is_recorded_as_skipped(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "SELECT jobs.define('late', 'k', run_at => now() - interval '1 hour', misfire_policy => 'skip')"
+    )
+    assert conn.execute("SELECT jobs.materialize_one_shots()").fetchone() == (1,)
+    row = conn.execute("SELECT status::text, failure_reason FROM jobs.runs").fetchone()
+    assert row == ("CANCELLED", "Skipped")
+    assert conn.execute("SELECT jobs.materialize_one_shots()").fetchone() == (0,)
+
+
+def test_leader_tick_prunes_with_the_configured_retention(db: Database, conn: Conn) -> None:
+    """The scheduler's tick calls jobs.prune (in batches, until a short one) while it leads."""
+    conn.execute("UPDATE jobs.config SET retention = '1 day'")
+    finish_old(conn, 30, age="2 days")
+    kept = finish_old(conn, 2, age="1 hour")
+    scheduler = Scheduler(db.dsn, owner="pruner", prune_every=0)
+    try:
+        assert scheduler.prune(batch=7) == 30, "five batches of at most 7"
+        finish_old(conn, 4, age="3 days")
+        report = scheduler.tick()
+        assert report.leading and report.pruned == 4
+    finally:
+        scheduler.close()
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept

@@ -1,0 +1,112 @@
+"""The worker's parts on their own: execute() says how a run ended, WorkerStats counts events."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from pgtick.app import App, Context
+from pgtick.events import Listeners, WorkerStats
+from pgtick.execution import execute
+
+
+def _context(app: App, kind: str, timeout: float | None = None) -> Context:
+    run = {
+        "id": 7,
+        "attempt": 1,
+        "kind": kind,
+        "payload": {},
+        "scheduled_for": datetime(2030, 1, 1, tzinfo=UTC),
+        "definition_id": None,
+    }
+    return Context(run, app.jobs[kind], "w", timeout)
+
+
+def test_execute_names_how_each_run_ended() -> None:
+    app = App()
+
+    @app.job("ok")
+    def ok(ctx: Context) -> Any:
+        return {"n": 1}
+
+    @app.job("plain")
+    def plain(ctx: Context) -> None:
+        return None
+
+    @app.job("async")
+    async def run_async(ctx: Context) -> int:
+        await asyncio.sleep(0)
+        return 2
+
+    @app.job("boom")
+    def boom(ctx: Context) -> None:
+        raise KeyError("x")
+
+    @app.job("exit")
+    def leave(ctx: Context) -> None:
+        raise SystemExit(3)
+
+    @app.job("checkpoint")
+    def checkpoint(ctx: Context) -> None:
+        ctx.checkpoint()
+
+    got = execute(_context(app, "ok"))
+    assert (got.action, got.result, got.plain) == ("complete", {"n": 1}, False)
+    got = execute(_context(app, "plain"))
+    assert (got.action, got.plain) == ("complete", True)
+    assert execute(_context(app, "async")).result == 2
+    got = execute(_context(app, "boom"))
+    assert (got.action, got.reason, got.classes) == (
+        "fail",
+        "Error",
+        ["KeyError", "LookupError", "Exception"],
+    )
+    assert got.message == "KeyError: 'x'"
+    assert execute(_context(app, "exit")).action == "fail", "SystemExit from job code must not escape"
+
+    cancelled = _context(app, "checkpoint")
+    cancelled.request_cancel()
+    assert execute(cancelled).action == "cancel"
+    lost = _context(app, "checkpoint")
+    lost.abandon()
+    got = execute(lost)
+    assert (got.action, got.plain) == ("abandon", False)
+    late = _context(app, "checkpoint", timeout=1e-9)
+    got = execute(late)
+    assert (got.action, got.reason) == ("fail", "Timeout")
+
+
+def test_stats_count_what_the_listeners_hear() -> None:
+    stats = WorkerStats()
+    heard: list[tuple[str, str]] = []
+
+    class Recorder:
+        def on_claim(self, kinds: list[str], seconds: float) -> None:
+            heard.append(("claim", ",".join(kinds)))
+
+        def on_outcome(self, kind: str, outcome: str) -> None:
+            heard.append((kind, outcome))
+
+        def on_heartbeat_failure(self) -> None:
+            heard.append(("heartbeat", "failed"))
+
+    events = Listeners([stats, Recorder(), None])
+    events.on_claim(["a", "b"], 0.01)
+    for outcome in ("complete", "complete", "fail", "cancel", "abandon", "fenced"):
+        events.on_outcome("a", outcome)
+    events.on_heartbeat_failure()
+    assert stats == WorkerStats(
+        claimed=2, completed=2, failed=1, cancelled=1, abandoned=1, fenced=1, heartbeat_failures=1
+    )
+    assert heard[0] == ("claim", "a,b") and heard[-1] == ("heartbeat", "failed") and len(heard) == 8
+
+
+@pytest.mark.parametrize("outcome", ["complete", "fail", "cancel", "abandon", "fenced"])
+def test_every_settlement_is_counted_once(outcome: str) -> None:
+    stats = WorkerStats()
+    stats.on_outcome("k", outcome)  # type: ignore[arg-type]
+    counted = {k: v for k, v in vars(stats).items() if v}
+    assert len(counted) == 1 and next(iter(counted.values())) == 1, counted

@@ -1,0 +1,339 @@
+"""jobs.claim: exactly-once hand-out, global caps, oversample against starvation, overlap skip.
+
+Concurrency tests here run real processes with their own connections and real
+commits; each states the invariant it checks and fails with the counter-example.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import (
+    OVER_CAP_SQL,
+    Conn,
+    Database,
+    add_definition,
+    add_runs,
+    run_in_processes,
+    run_row,
+    scalar,
+    start_gate,
+    wait_at_gate,
+)
+
+# ---------------------------------------------------------------------------
+# Child processes (module level: spawned processes import them by name)
+# ---------------------------------------------------------------------------
+
+
+def _claim_until_empty(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim with random batch sizes 1..10 until nothing is QUEUED; record every run id."""
+    rng = random.Random(seed)
+    claimed: list[int] = []
+    oversized: list[tuple[int, int]] = []
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        while time.monotonic() < deadline:
+            batch = rng.randint(1, 10)
+            rows = conn.execute("SELECT id FROM jobs.claim(%s, %s)", (batch, worker)).fetchall()
+            if len(rows) > batch:
+                oversized.append((batch, len(rows)))
+            if rows:
+                claimed.extend(int(r[0]) for r in rows)
+            elif scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 0:
+                break
+    return {"worker": worker, "claimed": claimed, "oversized": oversized}
+
+
+def _cap_role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """One process of the caps test: a claimer or the probe."""
+    if role == "probe":
+        return _cap_probe(dsn, seconds)
+    return _cap_claimer(dsn, worker, seed, seconds)
+
+
+def _cap_claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim 1..5, check caps right after the claim committed, hold a few ms, complete, loop."""
+    rng = random.Random(seed)
+    claimed: list[int] = []
+    violations: list[tuple[Any, ...]] = []
+    refused: list[int] = []
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        while time.monotonic() < deadline:
+            rows = conn.execute(
+                "SELECT id, definition_id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
+            ).fetchall()
+            if not rows:
+                if scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 0:
+                    break
+                time.sleep(0.002)
+                continue
+            claimed.extend(int(r[0]) for r in rows)
+            defs = sorted({int(r[1]) for r in rows})
+            for over in conn.execute(OVER_CAP_SQL, {"defs": defs}).fetchall():
+                violations.append(("after claim by " + worker, *over))
+            time.sleep(rng.uniform(0.001, 0.006))
+            for run_id, _ in rows:
+                if not scalar(conn, "SELECT jobs.complete(%s, %s)", (run_id, worker)):
+                    refused.append(int(run_id))
+    return {"worker": worker, "claimed": claimed, "violations": violations, "refused": refused}
+
+
+def _cap_probe(dsn: str, seconds: float) -> dict[str, Any]:
+    """Sample RUNNING per definition continuously until the queue is drained."""
+    violations: list[tuple[Any, ...]] = []
+    samples = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        while time.monotonic() < deadline:
+            for over in conn.execute(OVER_CAP_SQL, {"defs": None}).fetchall():
+                violations.append(("probe", *over))
+            samples += 1
+            live = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')")
+            if live == 0:
+                break
+    return {"worker": "probe", "claimed": [], "violations": violations, "samples": samples}
+
+
+def _claimed_by(results: list[dict[str, Any]]) -> dict[int, list[str]]:
+    owners: dict[int, list[str]] = defaultdict(list)
+    for result in results:
+        for run_id in result["claimed"]:
+            owners[run_id].append(result["worker"])
+    return owners
+
+
+# ---------------------------------------------------------------------------
+# Invariant 1: a QUEUED run is claimed by at most one claimer
+# ---------------------------------------------------------------------------
+
+
+def test_no_double_claim_across_processes(db: Database, conn: Conn) -> None:
+    """Invariant: 8 processes claiming concurrently (batch sizes 1..10) over 5,000 QUEUED runs
+    claim every run exactly once, and each run ends RUNNING for the worker that got it."""
+    total, workers = 5000, 8
+    expected = set(add_runs(conn, total))
+    args = [(db.dsn, f"w{i}", i, 120.0) for i in range(workers)]
+    with start_gate(db.dsn, workers):
+        results = run_in_processes(_claim_until_empty, args)
+
+    owners = _claimed_by(results)
+    doubles = {run_id: ws for run_id, ws in owners.items() if len(ws) > 1}
+    assert not doubles, f"runs claimed more than once (run -> workers): {dict(list(doubles.items())[:20])}"
+    oversized = [(r["worker"], r["oversized"]) for r in results if r["oversized"]]
+    assert not oversized, f"claim returned more rows than batch_size: {oversized}"
+    missing = expected - owners.keys()
+    assert not missing, f"{len(missing)} runs never claimed, e.g. {sorted(missing)[:20]}"
+    assert owners.keys() == expected
+    busy = [r["worker"] for r in results if r["claimed"]]
+    assert len(busy) >= 2, f"only {busy} claimed anything: the race did not happen"
+
+    wrong = [
+        (run_id, status, worker, owners[run_id][0])
+        for run_id, status, worker in conn.execute("SELECT id, status::text, worker FROM jobs.runs")
+        if status != "RUNNING" or worker != owners[run_id][0]
+    ]
+    assert not wrong, f"(run, status, worker in db, worker that claimed it): {wrong[:20]}"
+
+
+# ---------------------------------------------------------------------------
+# Invariant 2: RUNNING per definition never exceeds max_concurrent_runs
+# ---------------------------------------------------------------------------
+
+
+def test_caps_hold_under_concurrent_claimers(db: Database, conn: Conn) -> None:
+    """Invariant: with 8 claimer processes (claim, hold a few ms, complete, loop) over 50 capped
+    definitions (caps 1..3), no definition ever has more RUNNING runs than its cap, as seen by a
+    probe sampling continuously and by each claimer right after its claim commits; and every run
+    completes exactly once."""
+    rng = random.Random(42)
+    caps: dict[int, int] = {}
+    expected: set[int] = set()
+    for i in range(50):
+        cap = rng.randint(1, 3)
+        def_id = add_definition(conn, f"capped-{i}", kind="capped", cap=cap)
+        caps[def_id] = cap
+        expected |= set(add_runs(conn, 20, kind="capped", definition_id=def_id))
+    # Shuffle claim order across definitions so claimers collide on the same definitions.
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+
+    claimers = 8
+    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 120.0) for i in range(claimers)]
+    args.append(("probe", db.dsn, "probe", 0, 120.0))
+    with start_gate(db.dsn, claimers + 1):
+        results = run_in_processes(_cap_role, args)
+
+    violations = [v for r in results for v in r["violations"]]
+    assert not violations, (
+        "definitions above their cap (who saw it, definition, cap, running, run ids, workers): "
+        f"{violations[:10]}"
+    )
+    probe = next(r for r in results if r["worker"] == "probe")
+    assert probe["samples"] >= 5, f"the probe sampled only {probe['samples']} times"
+    refused = [(r["worker"], r["refused"]) for r in results if r.get("refused")]
+    assert not refused, f"complete() refused by the claiming worker: {refused}"
+
+    owners = _claimed_by(results)
+    doubles = {run_id: ws for run_id, ws in owners.items() if len(ws) > 1}
+    assert not doubles, f"runs claimed more than once: {doubles}"
+    assert owners.keys() == expected, f"never claimed: {sorted(expected - owners.keys())[:20]}"
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(expected)}, states
+
+
+def test_crowded_definition_does_not_starve_a_batch_within_the_oversample(conn: Conn) -> None:
+    """A cap-1 definition with 25 runs ahead of everyone else: claim(10) looks at ~4x the batch
+    and still fills it with the other definitions' runs instead of returning 1."""
+    crowded = add_definition(conn, "crowded", cap=1)
+    add_runs(conn, 25, kind="crowded", definition_id=crowded, priority=10)
+    others = [add_definition(conn, f"other-{i}") for i in range(4)]
+    for def_id in others:
+        add_runs(conn, 5, kind="other", definition_id=def_id)
+
+    rows = conn.execute("SELECT definition_id FROM jobs.claim(10, 'w')").fetchall()
+    defs = [r[0] for r in rows]
+    assert defs.count(crowded) == 1, defs
+    assert len(defs) == 10, f"claim(10) returned {len(defs)} runs: {defs}"
+
+
+def test_crowded_backlog_far_beyond_the_oversample_does_not_starve_others(conn: Conn) -> None:
+    """A cap-1 definition with 200 higher-priority runs queued ahead of 20 runs of other
+    definitions: a single claim(10) must still return other definitions' runs, not just 1
+    (otherwise the others wait for the whole capped backlog to drain one run at a time)."""
+    crowded = add_definition(conn, "crowded", cap=1)
+    add_runs(conn, 200, kind="crowded", definition_id=crowded, priority=10)
+    others = [add_definition(conn, f"other-{i}", cap=5) for i in range(4)]
+    for def_id in others:
+        add_runs(conn, 5, kind="other", definition_id=def_id)
+
+    rows = conn.execute("SELECT id, definition_id FROM jobs.claim(10, 'w')").fetchall()
+    defs = [r[1] for r in rows]
+    assert defs.count(crowded) == 1, defs
+    assert len(defs) == 10, f"claim(10) returned {len(defs)} runs of definitions {defs}"
+    # And the crowded definition's next run still waits for its slot: at cap, not lost.
+    assert conn.execute("SELECT * FROM jobs.claim(10, 'w2', ARRAY['crowded'])").fetchall() == []
+
+
+def test_cap_counts_runs_already_running(conn: Conn) -> None:
+    """Runs RUNNING before the claim count against the cap; at cap the rows stay QUEUED."""
+    def_id = add_definition(conn, "busy", cap=2)
+    ids = add_runs(conn, 5, kind="busy", definition_id=def_id)
+    first = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'a')")]
+    assert first == ids[:1]
+    second = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'b')")]
+    assert second == ids[1:2], "only one slot was left"
+    assert conn.execute("SELECT * FROM jobs.claim(10, 'c')").fetchall() == []
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 3
+    assert scalar(conn, "SELECT jobs.complete(%s, 'a')", (ids[0],)) is True
+    third = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'c')")]
+    assert third == ids[2:3]
+
+
+# ---------------------------------------------------------------------------
+# Claim order, due time, kinds, worker id
+# ---------------------------------------------------------------------------
+
+
+def test_claim_order_due_time_and_kinds(conn: Conn) -> None:
+    """Claim order is priority DESC, then scheduled_for; future runs are not due; kinds filter."""
+    low = add_runs(conn, 2, kind="a", priority=0)
+    high = add_runs(conn, 2, kind="b", priority=5)
+    future = int(scalar(conn, "SELECT id FROM jobs.enqueue('a', run_at => now() + interval '1 hour')"))
+    got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w', ARRAY['a'])")]
+    assert got == low[:1], "kinds => ARRAY['a'] must skip the higher-priority kind b"
+    got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'w')")]
+    assert got == [*high, low[1]], "priority DESC then scheduled_for; the future run is not due"
+    assert run_row(conn, future)["status"] == "QUEUED"
+    assert conn.execute("SELECT * FROM jobs.claim(10, 'w')").fetchall() == []
+
+
+def test_claim_marks_running_and_defaults_worker_to_the_session(conn: Conn) -> None:
+    (run_id,) = add_runs(conn, 1)
+    row = conn.execute(
+        "SELECT id, status::text, worker, started_at, heartbeat_at FROM jobs.claim()"
+    ).fetchone()
+    assert row is not None
+    assert row[0] == run_id and row[1] == "RUNNING"
+    pid = scalar(conn, "SELECT pg_backend_pid()")
+    assert row[2].startswith(f"sql-{pid}-"), row[2]
+    assert row[3] is not None and row[4] is None
+    # The session-derived id works for the rest of the protocol too.
+    assert scalar(conn, "SELECT jobs.complete(%s, %s)", (run_id, row[2])) is True
+
+
+# ---------------------------------------------------------------------------
+# overlap_policy = 'skip'
+# ---------------------------------------------------------------------------
+
+
+def test_overlap_skip_cancels_scheduled_occurrence_at_cap(conn: Conn) -> None:
+    """overlap_policy skip + cap 1 + one RUNNING run: a due scheduled occurrence is recorded as
+    CANCELLED / Skipped by claim; a manual run of the same definition waits (stays QUEUED)."""
+    skip_def = add_definition(conn, "nightly", cap=1, overlap="skip")
+    queue_def = add_definition(conn, "hourly", cap=1, overlap="queue")
+    running = {}
+    for def_id in (skip_def, queue_def):
+        running[def_id] = scalar(
+            conn,
+            """
+            INSERT INTO jobs.runs (definition_id, kind, origin, status, started_at, worker,
+                                   scheduled_for)
+            VALUES (%s, 'k', 'schedule', 'RUNNING', now(), 'w0', now() - interval '2 hours')
+            RETURNING id
+            """,
+            (def_id,),
+        )
+    (occurrence,) = add_runs(conn, 1, definition_id=skip_def, origin="schedule", start="30 min")
+    (manual,) = add_runs(conn, 1, definition_id=skip_def, origin="manual", start="20 min")
+    (queued_occurrence,) = add_runs(conn, 1, definition_id=queue_def, origin="schedule", start="10 min")
+
+    assert conn.execute("SELECT * FROM jobs.claim(5, 'w1')").fetchall() == []
+
+    skipped = run_row(conn, occurrence)
+    assert skipped["status"] == "CANCELLED"
+    assert skipped["failure_reason"] == "Skipped"
+    assert skipped["finished_at"] is not None and skipped["worker"] is None
+    assert run_row(conn, manual)["status"] == "QUEUED", "a manual run waits for capacity"
+    assert run_row(conn, queued_occurrence)["status"] == "QUEUED", "overlap_policy queue waits"
+
+    # Once the running one finishes, the manual run gets the slot.
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w0')", (running[skip_def],)) is True
+    got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(5, 'w1')")]
+    assert got == [manual]
+
+
+def test_claim_twice_in_one_transaction_is_refused(conn: psycopg.Connection[Any]) -> None:
+    """The first call's dispatch locks live until commit; a second call in the same
+    transaction could wait on a lower definition id (a deadlock risk), so it is refused."""
+    conn.execute("SELECT jobs.enqueue('k')")
+    conn.execute("SELECT jobs.enqueue('k')")
+    with pytest.raises(psycopg.errors.InvalidTransactionState, match="already called"):
+        with conn.transaction():
+            conn.execute("SELECT * FROM jobs.claim(1, 'w')")
+            conn.execute("SELECT * FROM jobs.claim(1, 'w')")
+    # Rolled back: both runs still queued; separate transactions are fine.
+    assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1
+    assert len(conn.execute("SELECT * FROM jobs.claim(1, 'w')").fetchall()) == 1
+
+
+def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> None:
+    """heartbeat => true: the run counts as heartbeated from its claim (reaped by the
+    heartbeat timeout); by default it counts as never heartbeated (orphan timeout)."""
+    conn.execute("SELECT jobs.enqueue('k')")
+    conn.execute("SELECT jobs.enqueue('k')")
+    plain = conn.execute("SELECT heartbeat_at FROM jobs.claim(1, 'w')").fetchone()
+    stamped = conn.execute(
+        "SELECT heartbeat_at, started_at FROM jobs.claim(1, 'w', heartbeat => true)"
+    ).fetchone()
+    assert plain == (None,)
+    assert stamped is not None and stamped[0] == stamped[1]

@@ -1,0 +1,143 @@
+"""Reaping and fencing: a worker that went silent loses its run, cannot touch it afterwards,
+and the retry row is a new attempt another worker claims and completes.
+
+Time passes by moving the rows' timestamps into the past as the superuser (the
+test's clock), except where a short real wait checks a real due time.
+"""
+
+from __future__ import annotations
+
+import time
+
+from harness import Conn, add_runs, digest, run_row, scalar
+
+
+def _enqueue(conn: Conn, kind: str, **kw: object) -> int:
+    extra = "".join(f", {name} => %({name})s" for name in kw)
+    return int(scalar(conn, f"SELECT id FROM jobs.enqueue(%(kind)s{extra})", {"kind": kind, **kw}))
+
+
+def _claim_one(conn: Conn, worker: str, kind: str) -> int:
+    rows = conn.execute("SELECT id FROM jobs.claim(1, %s, ARRAY[%s])", (worker, kind)).fetchall()
+    assert len(rows) == 1, f"{worker} expected one {kind} run, got {rows}"
+    return int(rows[0][0])
+
+
+def _assert_fenced(conn: Conn, run_id: int, worker: str) -> None:
+    """Every call of the old owner is a no-op that says so; the row does not change."""
+    before = digest(conn)
+    assert scalar(conn, "SELECT jobs.complete(%s, %s, '{\"late\": true}')", (run_id, worker)) is False
+    beat = conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s]::bigint[], %s)", (run_id, worker))
+    assert beat.fetchall() == [], "heartbeat must omit a run that is no longer this worker's"
+    assert scalar(conn, "SELECT jobs.fail(%s, %s, '{RuntimeError}', 'late') IS NULL", (run_id, worker))
+    done = conn.execute("SELECT * FROM jobs.complete_many(ARRAY[%s]::bigint[], %s)", (run_id, worker))
+    assert done.fetchall() == []
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, %s)", (run_id, worker)) is False
+    assert digest(conn) == before, f"a fenced call by {worker} changed the database"
+
+
+def test_heartbeat_lost_is_reaped_fenced_and_retried(conn: Conn) -> None:
+    """Invariant: a reaped run's old worker cannot complete it. w1 claims and heartbeats, then
+    goes silent; reap() fails the run as HeartbeatLost with a retry id; w1's complete is false,
+    its heartbeat omits the run, its fail returns NULL; the retry is claimable by w2 once due."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('report', max_attempts => 3,"
+        " backoff_initial => '400 milliseconds', jitter => 0)"
+    )
+    run_id = _enqueue(conn, "report", payload='{"n": 1}')
+    assert _claim_one(conn, "w1", "report") == run_id
+    beat = conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s]::bigint[], 'w1')", (run_id,))
+    assert beat.fetchall() == [(run_id, False)]
+    assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "a fresh heartbeat is alive"
+
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", (run_id,))
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert len(reaped) == 1 and reaped[0][:2] == (run_id, "HeartbeatLost"), reaped
+    retry_id = reaped[0][2]
+    assert retry_id is not None, "the policy allows 3 attempts: reap must queue a retry"
+
+    failed = run_row(conn, run_id)
+    assert failed["status"] == "FAILED" and failed["failure_reason"] == "HeartbeatLost"
+    assert "w1" in failed["error"] and failed["finished_at"] is not None
+    assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "reaped once only"
+
+    _assert_fenced(conn, run_id, "w1")
+
+    retry = run_row(conn, retry_id)
+    assert (retry["status"], retry["attempt"], retry["retry_of"], retry["origin"]) == (
+        "QUEUED",
+        2,
+        run_id,
+        "retry",
+    )
+    assert retry["payload"] == {"n": 1} and retry["worker"] is None
+    assert conn.execute("SELECT * FROM jobs.claim(1, 'w2')").fetchall() == [], "not due yet"
+    due_in = scalar(
+        conn, "SELECT extract(epoch FROM scheduled_for - now()) FROM jobs.runs WHERE id = %s", (retry_id,)
+    )
+    time.sleep(max(float(due_in), 0) + 0.05)
+    assert _claim_one(conn, "w2", "report") == retry_id
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w2', '{\"ok\": 1}')", (retry_id,)) is True
+    done = run_row(conn, retry_id)
+    assert (done["status"], done["worker"], done["result"]) == ("COMPLETED", "w2", {"ok": 1})
+    # w1 still cannot touch the new attempt either.
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1')", (retry_id,)) is False
+
+
+def test_orphaned_run_is_reaped_and_retried(conn: Conn) -> None:
+    """A run that never heartbeated is reaped as Orphaned once orphan_timeout passes, not before;
+    its worker is fenced and the retry row is a new attempt."""
+    conn.execute("SELECT jobs.set_retry_policy('psql-job', max_attempts => 2, jitter => 0)")
+    conn.execute("UPDATE jobs.config SET orphan_timeout = '5 minutes'")
+    run_id = _enqueue(conn, "psql-job")
+    assert _claim_one(conn, "w1", "psql-job") == run_id
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '4 minutes' WHERE id = %s", (run_id,))
+    assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "within orphan_timeout"
+
+    conn.execute("UPDATE jobs.config SET orphan_timeout = '1 minute'")
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert len(reaped) == 1 and reaped[0][:2] == (run_id, "Orphaned"), reaped
+    retry_id = reaped[0][2]
+    assert retry_id is not None
+    failed = run_row(conn, run_id)
+    assert (failed["status"], failed["failure_reason"]) == ("FAILED", "Orphaned")
+    _assert_fenced(conn, run_id, "w1")
+    retry = run_row(conn, retry_id)
+    assert (retry["status"], retry["attempt"], retry["retry_of"]) == ("QUEUED", 2, run_id)
+
+
+def test_per_run_heartbeat_timeout_and_no_retry_without_budget(conn: Conn) -> None:
+    """runs.heartbeat_timeout overrides jobs.config for that run only; a kind without a policy
+    (jobs.config.max_attempts = 1) is reaped without a retry row."""
+    short = _enqueue(conn, "plain", heartbeat_timeout="1 second")
+    normal = _enqueue(conn, "plain")
+    claimed = {r[0] for r in conn.execute("SELECT id FROM jobs.claim(2, 'w1')")}
+    assert claimed == {short, normal}
+    beat = conn.execute(
+        "SELECT run_id FROM jobs.heartbeat(ARRAY[%s, %s]::bigint[], 'w1') ORDER BY 1",
+        (short, normal),
+    )
+    assert [r[0] for r in beat] == sorted([short, normal])
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '5 seconds' WHERE id IN (%s, %s)",
+        (short, normal),
+    )
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert reaped == [(short, "HeartbeatLost", None)]
+    assert run_row(conn, normal)["status"] == "RUNNING"
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (short,)) == 0
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1')", (normal,)) is True
+
+
+def test_reap_is_set_based_over_many_runs(conn: Conn) -> None:
+    """One reap() call sweeps every stale run at once (and only those)."""
+    ids = add_runs(conn, 30, kind="bulk")
+    got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(30, 'w1')")]
+    assert sorted(got) == ids
+    conn.execute("SELECT * FROM jobs.heartbeat(%s, 'w1')", (ids,))
+    stale = ids[:20]
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = ANY(%s)", (stale,))
+    reaped = conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
+    assert reaped == [(i, "HeartbeatLost") for i in stale]
+    alive = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, 'w1') ORDER BY 1", (ids,))
+    assert [r[0] for r in alive] == ids[20:]

@@ -1,0 +1,316 @@
+"""jobs.fail and retry policies: deny wins, class chains, attempt budget, backoff, new rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import Conn, claim, enqueue, expect_error, one, run_row, scalar
+
+CHAIN = ["BudgetExhausted", "RuntimeError", "Exception"]
+
+
+def _policy(conn: Conn, kind: str, **kw: Any) -> None:
+    args = "".join(f", {name} => %({name})s" for name in kw)
+    conn.execute(f"SELECT jobs.set_retry_policy(%(kind)s{args})", {"kind": kind, **kw})
+
+
+def _start(conn: Conn, kind: str, worker: str = "w1", **kw: Any) -> int:
+    args = "".join(f", {name} => %({name})s" for name in kw)
+    run_id = int(scalar(conn, f"SELECT id FROM jobs.enqueue(%(kind)s{args})", {"kind": kind, **kw}))
+    got = conn.execute("SELECT id FROM jobs.claim(1, %s, ARRAY[%s])", (worker, kind)).fetchall()
+    assert got == [(run_id,)], f"expected to claim {run_id}, got {got}"
+    return run_id
+
+
+def _fail(
+    conn: Conn,
+    run_id: int,
+    classes: list[str],
+    message: str | None = None,
+    worker: str = "w1",
+    reason: str = "Error",
+) -> dict[str, Any] | None:
+    """Call jobs.fail; the returned row as a dict, or None when it returned NULL."""
+    cur = conn.execute(
+        "SELECT (f).* FROM (SELECT jobs.fail(%s, %s, %s, %s, %s) AS f) AS x WHERE (f).id IS NOT NULL",
+        (run_id, worker, classes, message, reason),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    assert cur.description is not None
+    return {c.name: v for c, v in zip(cur.description, row, strict=True)}
+
+
+def _retries_of(conn: Conn, run_id: int) -> int:
+    return int(scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)))
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "classes", "retried"),
+    [
+        (["RuntimeError"], [], CHAIN, True),  # a base class in the chain is allowed
+        (["RuntimeError"], ["BudgetExhausted"], CHAIN, False),  # deny beats allow
+        (None, ["BudgetExhausted"], CHAIN, False),  # deny beats "allow everything"
+        (["Exception"], ["RuntimeError"], CHAIN, False),  # deny on a base class wins too
+        (None, [], CHAIN, True),  # allow NULL = every class not denied
+        (["RuntimeError"], [], ["ValueError", "Exception"], False),  # not in the allow list
+        (["Error"], [], [], True),  # the failure reason is matched as a class too
+    ],
+)
+def test_policy_allow_and_deny(
+    conn: Conn, allow: list[str] | None, deny: list[str], classes: list[str], retried: bool
+) -> None:
+    _policy(conn, "job", allow=allow, deny=deny, max_attempts=5, backoff_initial="0")
+    run_id = _start(conn, "job")
+    got = _fail(conn, run_id, classes, "boom")
+    assert got is not None
+    if retried:
+        assert (got["status"], got["retry_of"], got["attempt"]) == ("QUEUED", run_id, 2)
+        assert _retries_of(conn, run_id) == 1
+    else:
+        assert (got["id"], got["status"]) == (run_id, "FAILED"), "no retry: fail returns the row"
+        assert _retries_of(conn, run_id) == 0
+
+
+def test_failed_row_keeps_its_own_error_and_retry_is_a_new_row(conn: Conn) -> None:
+    """A failure never rewrites the attempt into the next one: the FAILED row keeps message and
+    reason; the retry row is attempt 2 with retry_of, the same kind and payload, clean state."""
+    _policy(conn, "mail", max_attempts=3, backoff_initial="1 minute", jitter=0)
+    run_id = _start(conn, "mail", payload='{"to": "a@b"}', priority=7)
+    retry = _fail(conn, run_id, CHAIN, "SMTP said no")
+    assert retry is not None
+    failed = run_row(conn, run_id)
+    assert (failed["status"], failed["failure_reason"], failed["error"]) == (
+        "FAILED",
+        "Error",
+        "SMTP said no",
+    )
+    assert failed["worker"] == "w1" and failed["finished_at"] is not None
+    assert retry["id"] != run_id
+    assert (retry["status"], retry["attempt"], retry["retry_of"], retry["origin"]) == (
+        "QUEUED",
+        2,
+        run_id,
+        "retry",
+    )
+    assert (retry["kind"], retry["payload"], retry["priority"]) == ("mail", {"to": "a@b"}, 7)
+    for clean in ("worker", "started_at", "heartbeat_at", "finished_at", "error", "failure_reason"):
+        assert retry[clean] is None, f"retry row carries {clean}={retry[clean]!r}"
+    # The error text defaults to the first class when no message is given.
+    second = _start(conn, "mail")
+    _fail(conn, second, CHAIN)
+    assert run_row(conn, second)["error"] == "BudgetExhausted"
+
+
+def test_retry_row_is_not_claimable_before_scheduled_for(conn: Conn) -> None:
+    _policy(conn, "slow", max_attempts=3, backoff_initial="30 seconds", jitter=0)
+    run_id = _start(conn, "slow")
+    retry = _fail(conn, run_id, ["RuntimeError"])
+    assert retry is not None
+    assert conn.execute("SELECT * FROM jobs.claim(10, 'w2')").fetchall() == []
+    # Move the test's clock: make it due.
+    conn.execute(
+        "UPDATE jobs.runs SET scheduled_for = now() - interval '1 second' WHERE id = %s",
+        (retry["id"],),
+    )
+    assert conn.execute("SELECT id FROM jobs.claim(10, 'w2')").fetchall() == [(retry["id"],)]
+
+
+def test_attempt_budget_is_exhausted_without_a_new_row(conn: Conn) -> None:
+    """max_attempts counts attempts including the first; the last failure inserts nothing.
+    runs.max_attempts (from enqueue) overrides the policy."""
+    _policy(conn, "twice", max_attempts=2, backoff_initial="0")
+    first = _start(conn, "twice")
+    second = _fail(conn, first, ["RuntimeError"])
+    assert second is not None and second["attempt"] == 2
+    got = conn.execute("SELECT id FROM jobs.claim(1, 'w1', ARRAY['twice'])").fetchall()
+    assert got == [(second["id"],)]
+    last = _fail(conn, second["id"], ["RuntimeError"])
+    assert last is not None and (last["id"], last["status"]) == (second["id"], "FAILED")
+    assert _retries_of(conn, second["id"]) == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE kind = 'twice'") == 2
+
+    once = _start(conn, "twice", max_attempts=1)
+    got_once = _fail(conn, once, ["RuntimeError"])
+    assert got_once is not None and got_once["status"] == "FAILED"
+    assert _retries_of(conn, once) == 0
+
+    # A kind with no policy uses jobs.config.max_attempts (1 by default): no retry.
+    plain = _start(conn, "no-policy")
+    got_plain = _fail(conn, plain, ["RuntimeError"])
+    assert got_plain is not None and got_plain["id"] == plain
+
+
+def test_backoff_grows_exponentially_and_is_capped(conn: Conn) -> None:
+    """Delay before attempt n+1 = min(initial * factor^(n-1), backoff_max), +- jitter."""
+    initial, factor, cap, jitter = 10.0, 3.0, 100.0, 0.1
+    _policy(
+        conn,
+        "grow",
+        max_attempts=10,
+        backoff_initial=f"{initial} seconds",
+        backoff_factor=factor,
+        backoff_max=f"{cap} seconds",
+        jitter=jitter,
+    )
+    run_id = _start(conn, "grow")
+    delays: list[tuple[int, float, float]] = []
+    for attempt in range(1, 7):
+        retry = _fail(conn, run_id, ["RuntimeError"], f"attempt {attempt}")
+        assert retry is not None and retry["attempt"] == attempt + 1
+        failed = run_row(conn, run_id)
+        delay = (retry["scheduled_for"] - failed["finished_at"]).total_seconds()
+        expected = min(initial * factor ** (attempt - 1), cap)
+        delays.append((attempt, expected, delay))
+        # Make it due (the test's clock) and take the next attempt.
+        conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (retry["id"],))
+        run_id = int(scalar(conn, "SELECT id FROM jobs.claim(1, 'w1', ARRAY['grow'])"))
+        assert run_id == retry["id"]
+    bad = [(a, e, d) for a, e, d in delays if not e * (1 - jitter) - 1e-3 <= d <= e * (1 + jitter) + 1e-3]
+    assert not bad, f"(attempt, expected delay, actual delay) outside +-{jitter:.0%}: {delays}"
+    assert max(d for _, _, d in delays) <= cap * (1 + jitter) + 1e-3
+
+
+def test_zero_jitter_is_exact(conn: Conn) -> None:
+    _policy(conn, "exact", max_attempts=3, backoff_initial="7 seconds", jitter=0)
+    run_id = _start(conn, "exact")
+    retry = _fail(conn, run_id, ["X"])
+    assert retry is not None
+    delay = retry["scheduled_for"] - run_row(conn, run_id)["finished_at"]
+    assert delay.total_seconds() == pytest.approx(7.0, abs=1e-6)
+
+
+def test_fail_return_values_and_fencing(conn: Conn) -> None:
+    """fail returns the retry row (QUEUED) / the FAILED row when no retry / NULL when fenced
+    (not RUNNING, or another worker's run), and a fenced fail changes nothing."""
+    _policy(conn, "r", max_attempts=2, backoff_initial="0")
+    run_id = _start(conn, "r")
+    assert _fail(conn, run_id, ["E"], worker="intruder") is None
+    assert run_row(conn, run_id)["status"] == "RUNNING"
+    retry = _fail(conn, run_id, ["E"])
+    assert retry is not None and retry["status"] == "QUEUED"
+    assert _fail(conn, run_id, ["E"]) is None, "failing twice is fenced"
+    assert _retries_of(conn, run_id) == 1
+    queued = _fail(conn, retry["id"], ["E"])
+    assert queued is None, "a QUEUED run cannot be failed"
+
+
+def test_timeout_reason_is_recorded_and_matchable(conn: Conn) -> None:
+    _policy(conn, "t", allow=["Timeout"], max_attempts=3, backoff_initial="0")
+    run_id = _start(conn, "t")
+    retry = _fail(conn, run_id, ["TimeoutError"], "took too long", reason="Timeout")
+    assert retry is not None and retry["status"] == "QUEUED"
+    assert run_row(conn, run_id)["failure_reason"] == "Timeout"
+
+
+def test_operator_retry_ignores_policy_once(conn: Conn) -> None:
+    """jobs.retry queues a FAILED run again now, once; twice is refused."""
+    run_id = _start(conn, "manual-retry")
+    failed = _fail(conn, run_id, ["E"])
+    assert failed is not None and failed["status"] == "FAILED"
+    again = conn.execute(
+        "SELECT id, attempt, retry_of, status::text FROM jobs.retry(%s)", (run_id,)
+    ).fetchone()
+    assert again is not None and again[1:] == (2, run_id, "QUEUED")
+    assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(again[0],)]
+
+
+def test_absurd_backoff_cannot_wedge_fail_or_reap(conn: Conn) -> None:
+    """Regression: a policy (or jobs.config) with a backoff of 400,000 years made now() +
+    backoff overflow, so every jobs.fail() and every jobs.reap() meeting that kind raised 22008
+    and rolled back: the run stayed RUNNING and the whole reaper was stuck. The delay is now
+    clamped to 100 years (before jitter)."""
+    _policy(
+        conn,
+        "forever",
+        max_attempts=3,
+        backoff_initial="400000 years",
+        backoff_max="400000 years",
+        jitter=0,
+    )
+    run_id = _start(conn, "forever")
+    retry = _fail(conn, run_id, ["E"])
+    assert retry is not None and retry["status"] == "QUEUED"
+    years = scalar(
+        conn,
+        "SELECT extract(epoch FROM scheduled_for - now()) / 31557600 FROM jobs.runs WHERE id = %s",
+        (retry["id"],),
+    )
+    assert 99 < float(years) <= 100.01
+
+    reaped_id = _start(conn, "forever")
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (reaped_id,))
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert [r[:2] for r in reaped] == [(reaped_id, "HeartbeatLost")] and reaped[0][2] is not None
+
+    # The same through jobs.config for kinds without a policy.
+    conn.execute(
+        "UPDATE jobs.config SET max_attempts = 2,"
+        " backoff_initial = '400000 years', backoff_max = '400000 years'"
+    )
+    plain = _start(conn, "no-policy")
+    got = _fail(conn, plain, ["E"])
+    assert got is not None and got["status"] == "QUEUED"
+
+
+def _failed(conn: Conn, kind: str = "k") -> int:
+    run_id = enqueue(conn, kind, payload='{"n": 7}')
+    assert claim(conn, "w", kinds=[kind]) == [run_id]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'it broke')", (run_id,))
+    assert run_row(conn, run_id)["status"] == "FAILED"
+    return run_id
+
+
+def test_retry_queues_a_new_attempt_row_now(conn: Conn) -> None:
+    failed = _failed(conn)
+    before = run_row(conn, failed)
+    new = one(conn, "SELECT * FROM jobs.retry(%s)", (failed,))
+    assert new["id"] != failed
+    assert (new["status"], new["attempt"], new["retry_of"], new["origin"]) == ("QUEUED", 2, failed, "retry")
+    assert (new["kind"], new["payload"]) == ("k", {"n": 7})
+    assert new["scheduled_for"] <= scalar(conn, "SELECT now()"), "due at once, no backoff"
+    assert run_row(conn, failed) == before, "the failed attempt keeps its row, error and reason"
+    assert claim(conn, "w2") == [new["id"]]
+    conn.execute("SELECT jobs.fail(%s, 'w2', '{Boom}', 'again')", (new["id"],))
+    third = one(conn, "SELECT * FROM jobs.retry(%s)", (new["id"],))
+    assert (third["attempt"], third["retry_of"]) == (3, new["id"])
+
+
+def test_retry_of_a_cancelled_run(conn: Conn) -> None:
+    run_id = enqueue(conn)
+    conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+    new = one(conn, "SELECT * FROM jobs.retry(%s)", (run_id,))
+    assert (new["status"], new["attempt"], new["retry_of"]) == ("QUEUED", 2, run_id)
+
+
+def test_retry_refuses_live_and_completed_runs(conn: Conn) -> None:
+    running = enqueue(conn)
+    completed = enqueue(conn)
+    assert claim(conn, "w", batch=2) == [running, completed]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (completed,))
+    queued = enqueue(conn)
+    count = scalar(conn, "SELECT count(*) FROM jobs.runs")
+    for run_id, status in [(queued, "QUEUED"), (running, "RUNNING"), (completed, "COMPLETED")]:
+        assert run_row(conn, run_id)["status"] == status
+        expect_error(conn, "SELECT jobs.retry(%s)", (run_id,), "22023", status, str(run_id))
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == count, "a refused retry inserts nothing"
+    expect_error(conn, "SELECT jobs.retry(%s)", (987654,), "P0002", "987654")
+    expect_error(conn, "SELECT jobs.retry(NULL)", None, "22023")
+
+
+def test_retry_twice_is_refused(conn: Conn) -> None:
+    failed = _failed(conn)
+    first = scalar(conn, "SELECT id FROM jobs.retry(%s)", (failed,))
+    expect_error(conn, "SELECT jobs.retry(%s)", (failed,), "22023", "already retried", str(first))
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (failed,)) == 1
+
+
+def test_retry_is_refused_when_the_policy_already_retried(conn: Conn) -> None:
+    conn.execute("SELECT jobs.set_retry_policy('auto', max_attempts => 3, backoff_initial => '1 hour')")
+    failed = _failed(conn, "auto")
+    auto = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (failed,))
+    assert auto is not None, "the policy queued attempt 2"
+    expect_error(conn, "SELECT jobs.retry(%s)", (failed,), "22023", "already retried", str(auto))

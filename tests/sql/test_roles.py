@@ -1,0 +1,278 @@
+"""Least privilege: roles get exactly the calls they need; PUBLIC gets nothing; a hostile
+search_path cannot hijack a function.
+
+Logged in as the test login roles (members of jobs_worker / jobs_reader / nothing)
+over real connections. Every function is SECURITY DEFINER with search_path pinned to
+pg_catalog, pg_temp, so objects a caller plants earlier on their own search_path
+cannot hijack anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Conn, Database, add_runs, digest, expect_error, scalar
+
+WORKER = "pgtick_t_worker"
+
+
+def _as(db: Database, user: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(db.dsn_as(user), autocommit=True)
+
+
+def test_worker_cannot_write_tables_or_call_operator_functions(db: Database, conn: Conn) -> None:
+    (run_id,) = add_runs(conn, 1)
+    before = digest(conn)
+    with _as(db, WORKER) as worker:
+        assert scalar(worker, "SELECT current_user") == WORKER
+        denied = [
+            ("UPDATE jobs.runs SET status = 'COMPLETED', finished_at = now() WHERE id = %s", (run_id,)),
+            ("INSERT INTO jobs.runs (kind) VALUES ('sneaky')", None),
+            ("DELETE FROM jobs.runs WHERE id = %s", (run_id,)),
+            ("UPDATE jobs.config SET heartbeat_timeout = '1 second'", None),
+            ("INSERT INTO jobs.retry_policies (kind) VALUES ('x')", None),
+            ("SELECT jobs.enqueue('sneaky')", None),
+            ("SELECT jobs.define('d', 'k', run_at => now())", None),
+            ("SELECT jobs.cancel(%s)", (run_id,)),
+            ("SELECT jobs.reap()", None),
+            ("SELECT jobs.set_retry_policy('k')", None),
+            ("SELECT jobs._notify()", None),
+            ("SELECT jobs._enqueue_retries(ARRAY[%s]::bigint[], NULL)", (run_id,)),
+        ]
+        for sql, params in denied:
+            expect_error(worker, sql, params, "42501")
+        # A reader role can look.
+        assert scalar(worker, "SELECT count(*) FROM jobs.runs") == 1
+    assert digest(conn) == before, "a refused call changed something"
+
+
+def test_worker_runs_the_protocol_and_cannot_complete_anothers_run(db: Database, conn: Conn) -> None:
+    """A jobs_worker login can claim, heartbeat, complete, fail and acknowledge; a run owned by
+    another worker id is fenced: complete returns false and nothing changes."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 1)")
+    ids = add_runs(conn, 3)
+    with _as(db, WORKER) as worker:
+        got = [r[0] for r in worker.execute("SELECT id FROM jobs.claim(2, 'w-mine')")]
+        assert got == ids[:2]
+        beat = worker.execute("SELECT run_id FROM jobs.heartbeat(%s, 'w-mine') ORDER BY 1", (got,))
+        assert [r[0] for r in beat] == got
+        assert scalar(worker, "SELECT jobs.complete(%s, 'w-mine', '{}')", (got[0],)) is True
+        failed = worker.execute("SELECT status::text FROM jobs.fail(%s, 'w-mine', '{E}', 'x')", (got[1],))
+        assert failed.fetchall() == [("FAILED",)]
+
+    conn.execute("SELECT jobs.claim(1, 'w-other')")
+    before = digest(conn)
+    with _as(db, WORKER) as worker:
+        assert scalar(worker, "SELECT jobs.complete(%s, 'w-mine')", (ids[2],)) is False
+        assert worker.execute("SELECT * FROM jobs.heartbeat(%s, 'w-mine')", ([ids[2]],)).fetchall() == []
+        assert scalar(worker, "SELECT jobs.fail(%s, 'w-mine', '{E}') IS NULL", (ids[2],)) is True
+        assert scalar(worker, "SELECT jobs.acknowledge_cancel(%s, 'w-mine')", (ids[2],)) is False
+    assert digest(conn) == before
+
+
+def test_nobody_can_call_or_read_anything(db: Database, conn: Conn) -> None:
+    (run_id,) = add_runs(conn, 1)
+    before = digest(conn)
+    with _as(db, "pgtick_t_nobody") as nobody:
+        for sql, params in [
+            ("SELECT * FROM jobs.runs", None),
+            ("SELECT * FROM jobs.definitions", None),
+            ("SELECT * FROM jobs.config", None),
+            ("SELECT * FROM jobs.claim(1, 'n')", None),
+            ("SELECT jobs.complete(%s, 'n')", (run_id,)),
+            ("SELECT * FROM jobs.heartbeat(%s, 'n')", ([run_id],)),
+            ("SELECT jobs.enqueue('k')", None),
+            ("SELECT jobs.cancel(%s)", (run_id,)),
+            ("SELECT * FROM jobs.reap()", None),
+        ]:
+            expect_error(nobody, sql, params, "42501")
+    assert digest(conn) == before
+
+
+def test_reader_reads_but_cannot_claim(db: Database, conn: Conn) -> None:
+    add_runs(conn, 1)
+    with _as(db, "pgtick_t_reader") as reader:
+        assert scalar(reader, "SELECT count(*) FROM jobs.runs") == 1
+        expect_error(reader, "SELECT * FROM jobs.claim(1, 'r')", None, "42501")
+        expect_error(reader, "UPDATE jobs.runs SET priority = 1", None, "42501")
+
+
+GRANTS = [
+    ("jobs_worker", "jobs.claim(integer, text, text[], boolean)", True),
+    ("jobs_worker", "jobs.heartbeat(bigint[], text)", True),
+    ("jobs_worker", "jobs.complete(bigint, text, jsonb)", True),
+    ("jobs_worker", "jobs.complete_many(bigint[], text)", True),
+    ("jobs_worker", "jobs.fail(bigint, text, text[], text, text)", True),
+    ("jobs_worker", "jobs.acknowledge_cancel(bigint, text, text)", True),
+    ("jobs_worker", "jobs.reap()", False),
+    ("jobs_worker", "jobs.retry(bigint)", False),
+    ("jobs_worker", "jobs.cancel(bigint)", False),
+    ("jobs_reader", "jobs.claim(integer, text, text[], boolean)", False),
+    (
+        "jobs_operator",
+        "jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval)",
+        True,
+    ),
+    ("jobs_operator", "jobs.reap()", True),
+    ("jobs_operator", "jobs.cancel(bigint)", True),
+    ("jobs_operator", "jobs.claim(integer, text, text[], boolean)", True),
+    ("jobs_operator", "jobs._enqueue_retries(bigint[], text[])", False),
+    ("jobs_operator", "jobs._check_payload(text, jsonb)", False),
+]
+
+
+def test_role_grants(conn: Conn) -> None:
+    """Roles nest reader < worker < operator; private helpers are granted to nobody."""
+    wrong = []
+    for role, function, allowed in GRANTS:
+        got = scalar(
+            conn,
+            "SELECT has_function_privilege(%s, %s::regprocedure, 'EXECUTE')",
+            (role, function),
+        )
+        if got is not allowed:
+            wrong.append((role, function, f"expected {allowed}, got {got}"))
+    assert not wrong, wrong
+
+
+# (statement, lowest role allowed) — roles nest reader < worker < operator.
+ORDER = ["pgtick_t_nobody", "pgtick_t_reader", "pgtick_t_worker", "pgtick_t_operator"]
+
+
+MATRIX = [
+    ("SELECT count(*) FROM jobs.runs", "pgtick_t_reader"),
+    ("SELECT count(*) FROM jobs.definition_health", "pgtick_t_reader"),
+    ("SELECT count(*) FROM jobs.queue_stats", "pgtick_t_reader"),
+    ("SELECT count(*) FROM jobs.leader", "pgtick_t_reader"),
+    ("SELECT count(*) FROM jobs.claim(1, 'w')", "pgtick_t_worker"),
+    ("SELECT count(*) FROM jobs.heartbeat('{1}', 'w')", "pgtick_t_worker"),
+    ("SELECT jobs.complete(1, 'w')", "pgtick_t_worker"),
+    ("SELECT jobs.fail(1, 'w', '{}', 'm')", "pgtick_t_worker"),
+    ("SELECT jobs.acknowledge_cancel(1, 'w')", "pgtick_t_worker"),
+    ("SELECT jobs.enqueue('k')", "pgtick_t_operator"),
+    ("SELECT jobs.define('d', 'k', '* * * * *')", "pgtick_t_operator"),
+    ("SELECT jobs.cancel(1)", "pgtick_t_operator"),
+    ("SELECT count(*) FROM jobs.reap()", "pgtick_t_operator"),
+    ("SELECT jobs.prune()", "pgtick_t_operator"),
+    ("SELECT jobs.try_lead('x')", "pgtick_t_operator"),
+    ("SELECT jobs.acquire_lease('l', 'o', '1 minute')", "pgtick_t_operator"),
+    ("UPDATE jobs.config SET retention = '7 days'", "pgtick_t_operator"),
+    ("UPDATE jobs.runs SET status = 'COMPLETED'", None),
+    ("DELETE FROM jobs.runs", None),
+    ("INSERT INTO jobs.runs (kind) VALUES ('k')", None),
+    ("UPDATE jobs.definitions SET enabled = false", None),
+    ("TRUNCATE jobs.runs", None),
+    ("DROP TABLE jobs.leases", None),
+    ("SELECT jobs._notify()", None),
+    ("SELECT * FROM jobs._enqueue_retries('{1}', NULL)", None),
+]
+
+
+@pytest.mark.parametrize("role", ORDER)
+def test_every_role_gets_exactly_its_privileges(db: Database, role: str) -> None:
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('k')")
+    rank = ORDER.index(role)
+    wrong = []
+    for sql, lowest in MATRIX:
+        allowed = lowest is not None and rank >= ORDER.index(lowest)
+        with psycopg.connect(db.dsn_as(role), autocommit=True) as conn:
+            try:
+                with conn.transaction():
+                    conn.execute(sql)
+                    raise _Rollback  # try it, keep nothing
+            except _Rollback:
+                got = True
+            except psycopg.errors.InsufficientPrivilege:
+                got = False
+            except psycopg.Error as exc:  # e.g. wrong worker: allowed, but refused by the rules
+                got = exc.sqlstate != "42501"
+        if got != allowed:
+            wrong.append(
+                (sql, "allowed" if got else "denied", "expected", "allowed" if allowed else "denied")
+            )
+    assert wrong == [], f"{role}: {wrong}"
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_hostile_search_path_cannot_hijack_functions(db: Database) -> None:
+    """A caller shadows built-ins (now, jsonb_typeof, length, hashtextextended,
+    pg_advisory_xact_lock, =) in a schema searched before pg_catalog and sets a
+    temp table named like ours. The functions must behave exactly as normal."""
+    with db.connect() as admin:
+        admin.execute(
+            """
+            CREATE SCHEMA evil;
+            GRANT USAGE, CREATE ON SCHEMA evil TO pgtick_t_operator;
+            CREATE TABLE evil.calls (fn text);
+            GRANT INSERT ON evil.calls TO PUBLIC;
+            CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('now') RETURNING '1970-01-01'::timestamptz $$;
+            CREATE FUNCTION evil.jsonb_typeof(jsonb) RETURNS text LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('jsonb_typeof') RETURNING 'object' $$;
+            CREATE FUNCTION evil.length(text) RETURNS integer LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('length') RETURNING 1 $$;
+            CREATE FUNCTION evil.hashtextextended(text, bigint) RETURNS bigint LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('hashtextextended') RETURNING 1::bigint $$;
+            CREATE FUNCTION evil.pg_advisory_xact_lock(bigint) RETURNS void LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('pg_advisory_xact_lock') $$;
+            CREATE FUNCTION evil.eq(bigint, bigint) RETURNS boolean LANGUAGE sql
+                AS $$ INSERT INTO evil.calls VALUES ('=') RETURNING true $$;
+            CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.eq);
+            """
+        )
+        admin.execute(
+            "SELECT jobs.define('capped', 'k', run_at => now() + interval '1 day', max_concurrent_runs => 1)"
+        )
+    with psycopg.connect(db.dsn_as("pgtick_t_operator"), autocommit=True) as conn:
+        conn.execute("SET search_path = evil, pg_catalog, public")
+        conn.execute("CREATE TEMP TABLE runs (id int)")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="payload"):
+            conn.execute("SELECT jobs.enqueue('k', '[1]')")  # the real jsonb_typeof says array
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="kind"):
+            conn.execute("SELECT jobs.enqueue(repeat('k', 300))")  # the real length says 300
+        run = conn.execute("SELECT id, scheduled_for > '2000-01-01' FROM jobs.run_now('capped')").fetchone()
+        second = conn.execute("SELECT id FROM jobs.run_now('capped')").fetchone()
+        claimed = conn.execute("SELECT id, worker FROM jobs.claim(10, 'w')").fetchall()
+        assert run is not None and second is not None and run[1] is True  # the real now()
+        assert [c[0] for c in claimed] == [run[0]], "cap 1 must hold: one of the two runs"
+        assert conn.execute("SELECT jobs.complete(%s, 'w')", (run[0],)).fetchone() == (True,)
+        assert conn.execute("SELECT jobs.complete(%s, 'w')", (second[0],)).fetchone() == (False,)
+        assert conn.execute("SELECT count(*) FROM pg_temp.runs").fetchone() == (0,)
+    with db.connect() as admin:
+        calls = admin.execute("SELECT fn, count(*) FROM evil.calls GROUP BY 1").fetchall()
+    assert calls == [], f"hijacked: {calls}"
+
+
+def test_no_function_is_public_and_every_one_pins_search_path(conn: Conn) -> None:
+    """Every function in schema jobs: not executable by PUBLIC (neither via a NULL acl, which
+    means the default grant to PUBLIC, nor an explicit entry), search_path pinned to
+    ``pg_catalog, pg_temp``; every public (not underscored) one is SECURITY DEFINER."""
+    found = conn.execute(
+        """
+        SELECT p.oid::regprocedure::text,
+               has_function_privilege('public', p.oid, 'EXECUTE')
+               OR p.proacl IS NULL
+               OR EXISTS (SELECT FROM aclexplode(p.proacl) AS a
+                           WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
+               'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}')),
+               p.prosecdef,
+               p.proname LIKE '\\_%%'
+          FROM pg_proc AS p
+         WHERE p.pronamespace = 'jobs'::regnamespace
+         ORDER BY 1
+        """
+    ).fetchall()
+    assert len(found) >= 20, f"expected the jobs API, found {[r[0] for r in found]}"
+    public = [name for name, is_public, *_ in found if is_public]
+    assert not public, f"executable by PUBLIC: {public}"
+    unpinned = [name for name, _, pinned, *_ in found if not pinned]
+    assert not unpinned, f"functions without search_path pinned to pg_catalog, pg_temp: {unpinned}"
+    invoker = [name for name, _, _, definer, private in found if not (definer or private)]
+    assert not invoker, f"public functions that are not SECURITY DEFINER: {invoker}"
