@@ -68,7 +68,10 @@ jobs.try_lead(text),
 jobs.resign(),
 jobs.acquire_lease(text, text, interval),
 jobs.renew_lease(text, text, interval),
-jobs.release_lease(text, text)
+jobs.release_lease(text, text),
+jobs.audit(text, text, text, jsonb),
+jobs.retry_many(bigint[]),
+jobs.discard(bigint[])
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;

@@ -55,6 +55,7 @@ EXAMPLES = {
     "backfill": "pgtick backfill weekday-report --from 2026-03-01T00:00Z --to 2026-03-08T00:00Z",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
+    "web": "PGTICK_WEB_PASSWORD='long secret' pgtick web --bind 127.0.0.1:8080",
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="claim only from these queues (a,b; default all)",
     )
     p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
+    p.add_argument("--web", metavar="ADDR", default=None, help="also serve the dashboard on HOST:PORT")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -246,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
 
+    p = _command(sub, "web", "serve the web dashboard", cmd_web)
+    p.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    p.add_argument("--password-file", default=None, help="operator password (else $PGTICK_WEB_PASSWORD)")
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
 
@@ -335,6 +340,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
     try:
+        if args.web and supervisor.child_index() is None:
+            # One dashboard per `pgtick run`: the supervisor serves it, its worker children do not.
+            try:
+                from pgtick.web.serve import operator_secret, serve_in_thread
+            except ImportError as exc:
+                raise UsageError(f"--web needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+            serve_in_thread(dsn, args.web, operator_secret(None))
         if args.processes > 1:
             return supervisor.run_supervised(app, dsn, options, args.processes)
         stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
@@ -640,6 +652,20 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if not cmd:
         raise UsageError("give the command to run after --, e.g. pgtick lock NAME --ttl 5m -- cmd")
     return run_locked(_dsn(args), args.name, args.ttl, cmd, owner=args.owner, skipped_exit=args.skipped_exit)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from pgtick.web.serve import operator_secret, parse_bind, serve
+    except ImportError as exc:
+        raise UsageError(f"the dashboard needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+    parse_bind(args.bind)
+    secret = operator_secret(args.password_file)
+    try:
+        return serve(_dsn(args), args.bind, secret)
+    finally:
+        if _embedded is not None:
+            _embedded.stop()
 
 
 def cmd_dsn(args: argparse.Namespace) -> int:

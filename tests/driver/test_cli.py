@@ -177,6 +177,7 @@ COMMANDS = [
     "pause-queue",
     "resume-queue",
     "backfill",
+    "web",
 ]
 
 
