@@ -319,7 +319,7 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
         ("/definitions/pause", {"name": "ghost"}, 404, "definition &#39;ghost&#39; does not exist"),
         ("/definitions/run-now", {"name": "x" * 201}, 400, "name is 201 characters long"),
         ("/runs/bulk/retry", {"since": "soon"}, 400, "since must be an ISO 8601 time"),
-        ("/queues/pause", {"name": "default"}, 404, "no queues"),
+        ("/queues/pause", {"name": ""}, 400, "queue"),
     ]
     for path, fields, status, message in cases:
         response = post(client, path, csrf, **fields)
@@ -422,30 +422,16 @@ def test_pgtick_web_refuses_bad_options_with_one_line_and_exit_2(
 # Queues, limits and dependencies as the flow-control schema names them (jobs.queues,
 # jobs.pause_queue/resume_queue, jobs.limits, runs.queue, runs.depends_on): created here by
 # hand, so this test shows the dashboard picks them up when a database has them.
-FLOW_STAND_IN = """
-ALTER TABLE jobs.runs ADD COLUMN queue text NOT NULL DEFAULT 'default', ADD COLUMN depends_on bigint[];
-CREATE TABLE jobs.paused_queues (name text PRIMARY KEY);
-CREATE VIEW jobs.queues AS
-SELECT q.name, p.name IS NOT NULL AS paused,
-       (SELECT count(*) FROM jobs.runs AS r WHERE r.queue = q.name AND r.status = 'RUNNING') AS running,
-       1 AS max_running
-  FROM (VALUES ('default'), ('<b>bulk</b>')) AS q (name)
-  LEFT JOIN jobs.paused_queues AS p ON p.name = q.name;
-CREATE TABLE jobs.limits (scope text, name text, max_running integer);
-INSERT INTO jobs.limits VALUES ('queue', 'default', 1);
-CREATE FUNCTION jobs.pause_queue(name text) RETURNS boolean LANGUAGE sql SECURITY DEFINER
-AS $$ INSERT INTO jobs.paused_queues VALUES (name) ON CONFLICT DO NOTHING RETURNING true $$;
-CREATE FUNCTION jobs.resume_queue(name text) RETURNS boolean LANGUAGE sql SECURITY DEFINER
-AS $$ DELETE FROM jobs.paused_queues AS p WHERE p.name = resume_queue.name RETURNING true $$;
-GRANT SELECT ON jobs.paused_queues, jobs.queues, jobs.limits TO jobs_reader;
-GRANT EXECUTE ON FUNCTION jobs.pause_queue(text), jobs.resume_queue(text) TO jobs_operator;
+FLOW_LIMITS = """
+SELECT jobs.set_limit('queue', 'default', max_running => 1);
+SELECT jobs.set_limit('queue', '<b>bulk</b>', max_running => 5);
 """
 
 
-def test_queues_limits_and_dependencies_appear_when_the_schema_has_them(
+def test_queues_limits_and_dependencies_are_shown_and_queues_paused(
     db: Database, seeded: Seeded, conn: Conn
 ) -> None:
-    conn.execute(FLOW_STAND_IN)
+    conn.execute(FLOW_LIMITS)
     conn.execute("UPDATE jobs.runs SET depends_on = %s WHERE id = %s", ([seeded.chain[0]], seeded.queued))
     with _client(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)) as flow:
         overview = flow.get("/").text
