@@ -61,3 +61,5 @@ jobs.release_lease(text, text)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
+
+GRANT EXECUTE ON FUNCTION jobs.version() TO jobs_reader;

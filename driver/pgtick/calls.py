@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
@@ -311,3 +312,29 @@ def definition_skips(conn: Conn) -> list[Any]:
 def leads(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (owner,)).fetchone()
     return bool(row and _first(row))
+
+
+# --- schema version (migrate.py, pgtick status) ---------------------------------
+
+PACKAGE_VERSION_COLUMN_EXISTS = (
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = 'jobs.schema_migrations'::regclass"
+    " AND attname = 'package_version' AND NOT attisdropped)"
+)
+RECORD_PACKAGE_VERSION = "UPDATE jobs.schema_migrations SET package_version = %s WHERE version = ANY(%s)"
+SCHEMA_VERSION = "SELECT schema_version, migration, package_version, applied_at FROM jobs.version()"
+
+
+def record_package_version(conn: Conn, package_version: str, versions: list[str]) -> None:
+    """Note which pgtick release applied ``versions`` (schemas that record it)."""
+    row = conn.execute(PACKAGE_VERSION_COLUMN_EXISTS).fetchone()
+    if row and row[0]:
+        conn.execute(RECORD_PACKAGE_VERSION, (package_version, versions))
+
+
+def schema_version(conn: Conn) -> dict[str, Any] | None:
+    """jobs.version(): the latest applied migration and the package that applied it."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute("SELECT to_regprocedure('jobs.version()') IS NOT NULL AS found").fetchone()
+        if not (found and found["found"]):
+            return None
+        return cur.execute(SCHEMA_VERSION).fetchone()

@@ -381,6 +381,7 @@ def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "leader": calls.leader(conn),
         "definitions": calls.definition_health(conn),
         "queues": calls.queue_stats(conn),
+        "schema": calls.schema_version(conn),
     }
 
 
@@ -399,6 +400,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     if leader
                     else "leader: none (no scheduler running)"
                 )
+                print(_schema_line(snap["schema"]))
                 print("\ndefinitions:")
                 _print_table(snap["definitions"], "  (none)")
                 print("\nqueues:")
@@ -407,6 +409,16 @@ def cmd_status(args: argparse.Namespace) -> int:
                 return 0
             sys.stdout.flush()
             time.sleep(args.watch)
+
+
+def _schema_line(schema: dict[str, Any] | None) -> str:
+    if schema is None:
+        return "schema: unknown (jobs.version() missing: run `pgtick migrate`)"
+    by = f"pgtick {schema['package_version']}" if schema["package_version"] else "psql"
+    return (
+        f"schema: {schema['schema_version']}_{schema['migration']} "
+        f"(applied by {by} at {_cell(schema['applied_at'])}; this is pgtick {__version__})"
+    )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

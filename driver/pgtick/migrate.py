@@ -140,11 +140,29 @@ def install_script(root: Path | None = None) -> str:
             "\\endif\n",
             "COMMIT;\n",
         ]
+    if any(m.version >= _FIRST_WITH_PACKAGE_VERSION for m in plan.migrations):
+        out.append("\n-- the pgtick version that printed this script applied what it applied\n")
+        for migration in plan.migrations:
+            out.append(
+                f"\\if :pgtick_apply_{migration.version}\n"
+                f"UPDATE jobs.schema_migrations SET package_version = '{_package_version()}' "
+                f"WHERE version = '{migration.version}';\n\\endif\n"
+            )
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += ["COMMIT;\n", f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n"]
     return "".join(out)
+
+
+#: The migration that adds jobs.schema_migrations.package_version.
+_FIRST_WITH_PACKAGE_VERSION = "0008"
+
+
+def _package_version() -> str:
+    from pgtick import __version__
+
+    return __version__
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
@@ -178,6 +196,8 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
         with conn.transaction():
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
+            if done:
+                calls.record_package_version(conn, _package_version(), done)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
     return done
