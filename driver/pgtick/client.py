@@ -41,6 +41,7 @@ from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
 from pgtick.errors import InvalidArgument, UsageError, translate_errors
 
 __all__ = ["AsyncClient", "Client", "Definition", "Run"]
@@ -296,6 +297,7 @@ class Client:
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    prepare_for_pooler(self._own)
                 with self._own.transaction():
                     yield self._own
 
@@ -546,6 +548,7 @@ class AsyncClient:
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    await prepare_for_pooler_async(self._own)
                 async with self._own.transaction():
                     yield self._own
 
