@@ -11,6 +11,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pgtick import instrumentation
 from pgtick.app import Context, error_classes
 from pgtick.errors import Abandoned, Cancelled, JobTimeout
 
@@ -41,6 +42,13 @@ class Outcome:
 
 def execute(ctx: Context) -> Outcome:
     """Run the job's function for ``ctx`` and say how it ended."""
+    with instrumentation.current.execute(ctx) as ended:
+        outcome = _run(ctx)
+        ended(outcome)
+    return outcome
+
+
+def _run(ctx: Context) -> Outcome:
     fn = ctx.spec.fn
     try:
         if inspect.iscoroutinefunction(fn):

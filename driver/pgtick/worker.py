@@ -37,7 +37,7 @@ from typing import Any
 
 import psycopg
 
-from pgtick import calls
+from pgtick import calls, instrumentation
 from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
@@ -244,6 +244,7 @@ class Worker:
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full."""
         self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
+        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
             return False
         contexts = []
