@@ -137,3 +137,32 @@ def test_without_instrumentation_runs_carry_no_trace_context(db: Database) -> No
         run = client.enqueue("k")
     with db.connect() as conn:
         assert scalar(conn, "SELECT trace_context FROM jobs.runs WHERE id = %s", (run.id,)) is None
+
+
+@pytest.mark.asyncio
+async def test_each_client_kind_stores_its_send_span_with_the_runs(
+    db: Database, telemetry: Telemetry
+) -> None:
+    """Own autocommit connections, sync and async, store the context of their own send
+    span, and an empty setting stores none."""
+    from pgtick import AsyncClient
+
+    with Client(db.dsn) as client:
+        one_run = client.enqueue("k")
+        two_run = client.enqueue("k")
+    async with AsyncClient(db.dsn) as aclient:
+        async_run = await aclient.enqueue("k")
+    sends = {s.context.span_id: s for s in telemetry.spans.get_finished_spans() if s.name == "send k"}
+    assert len(sends) == 3, sorted(s.name for s in telemetry.spans.get_finished_spans())
+    with db.connect() as conn:
+        stored = {
+            r["id"]: r["trace_context"]
+            for r in rows(conn, "SELECT id, trace_context FROM jobs.runs ORDER BY id")
+        }
+        with conn.transaction():
+            conn.execute("SELECT set_config('pgtick.trace_context', '', true)")
+            plain = scalar(conn, "INSERT INTO jobs.runs (kind) VALUES ('k') RETURNING trace_context")
+    span_ids = {int(tc["traceparent"].split("-")[2], 16) for tc in stored.values()}
+    assert span_ids == set(sends), "each run carries the context of the send span that enqueued it"
+    assert len({stored[r.id]["traceparent"] for r in (one_run, two_run, async_run)}) == 3
+    assert plain is None, "an empty setting means no trace context"
