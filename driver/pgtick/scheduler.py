@@ -241,6 +241,8 @@ class Scheduler:
 
     def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
         """The leader's phases; in lease mode each starts only while the lease holds."""
+        if self._fenced():
+            return report
         self.materialize_due(report)
         if self._fenced():
             return report

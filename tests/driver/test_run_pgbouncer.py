@@ -26,6 +26,8 @@ from harness import (
     Database,
     PgBouncer,
     Server,
+    claim,
+    enqueue,
     pgtick,
     pid_of_owner,
     processes,
@@ -190,3 +192,25 @@ def test_no_listen_polls_on_a_direct_connection(db: Database, tmp_path: Path) ->
         )
         stop_all(procs)
     assert listening == 0, "--no-listen still opened a listener connection"
+
+
+def test_a_lease_leader_stops_its_tick_once_the_lease_may_have_expired(db: Database) -> None:
+    """Fencing: the phases after materialization run only while the lease renewed at the
+    start of the tick still holds (here a 1 ms lease has lapsed by then: nothing is reaped);
+    a lease that holds lets the same tick reap."""
+    with db.connect() as conn:
+        (run_id,) = (enqueue(conn), claim(conn))[1]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+    lapsing = Scheduler(db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=0.001)
+    holding = Scheduler(db.dsn, owner="holding", tick_interval=0.2, leadership="lease", lease_ttl=TTL)
+    try:
+        report = lapsing.tick()
+        assert report.leading and report.reaped == [], report
+        assert not lapsing.leading, "a leader whose lease may have lapsed no longer counts itself leading"
+        with db.connect() as conn:
+            assert scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)) == "RUNNING"
+        report = holding.tick()
+        assert report.leading and [r["run_id"] for r in report.reaped] == [run_id], report
+    finally:
+        lapsing.close()
+        holding.close()
