@@ -167,8 +167,8 @@ def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
     survivors = {pid for pid in workers if pid != victim.pid}
     assert pid_of_owner(owners[0]) in survivors, f"new leader {owners} is not a survivor {survivors}"
     # The lease outlives its killed holder by at most its TTL; a follower takes it on its next
-    # tick after that. The margin is for a loaded machine.
-    assert failover <= TTL + 3.0, f"new leader only after {failover:.2f}s (ttl {TTL}s): {samples[-5:]}"
+    # tick after that. The margin is for a loaded machine, where ticks come late.
+    assert failover <= TTL + 4.0, f"new leader only after {failover:.2f}s (ttl {TTL}s): {samples[-5:]}"
     assert all(code == 0 for _, code in codes), f"exit codes {codes}\n{logs}"
     assert advisory == 0, "a replica behind the pooler took a session advisory lock"
     assert_each_occurrence_once(runs, stopped_at - timedelta(seconds=2), dead_worker=workers[victim.pid])
