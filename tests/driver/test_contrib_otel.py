@@ -3,6 +3,7 @@ the request that enqueued to the job that ran, retries linked, messaging metric 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -166,3 +167,25 @@ async def test_each_client_kind_stores_its_send_span_with_the_runs(
     assert span_ids == set(sends), "each run carries the context of the send span that enqueued it"
     assert len({stored[r.id]["traceparent"] for r in (one_run, two_run, async_run)}) == 3
     assert plain is None, "an empty setting means no trace context"
+
+
+def test_an_async_job_on_the_workers_loop_continues_the_trace(db: Database, telemetry: Telemetry) -> None:
+    app = App("otel-async")
+
+    @app.job("notify")
+    async def notify(ctx: Context) -> None:
+        await asyncio.sleep(0)
+
+    with db.connect() as conn:
+        sync_app(app, conn)
+    tracer = telemetry.tracer_provider.get_tracer("web")
+    with tracer.start_as_current_span("POST /notify") as request, Client(db.dsn) as client:
+        run = client.enqueue("notify")
+    with db.connect() as conn:
+        status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+        _work(app, db.dsn, lambda: scalar(conn, status, (run.id,)) == "COMPLETED")
+    (send,) = telemetry.finished("send notify")
+    (process,) = telemetry.finished("process notify")
+    assert process.context.trace_id == request.get_span_context().trace_id
+    assert process.parent is not None and process.parent.span_id == send.context.span_id
+    assert attrs(process)["pgtick.run.outcome"] == "complete"
