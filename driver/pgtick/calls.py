@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
@@ -62,7 +62,8 @@ def schema_installed(conn: Conn) -> bool:
 
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
-CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
+# queues => NULL claims from every queue.
+CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s)"
 COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
 COMPLETE = "SELECT jobs.complete(%s, %s, %s) AS ok"
 ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok"
@@ -206,12 +207,28 @@ def define(conn: Conn, name: str, kind: str, given: dict[str, Any]) -> Any:
 
 
 def enqueue(
-    conn: Conn, kind: str, payload: Jsonb, run_at: datetime | None, priority: int | None, key: str | None
+    conn: Conn,
+    kind: str,
+    payload: Jsonb,
+    run_at: datetime | None,
+    priority: int | None,
+    key: str | None,
+    *,
+    queue: str = "default",
+    concurrency_key: str | None = None,
 ) -> Any:
     return conn.execute(
-        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s)",
-        (kind, payload, run_at, priority, key),
+        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s, queue => %s, concurrency_key => %s)",
+        (kind, payload, run_at, priority, key, queue, concurrency_key),
     ).fetchone()
+
+
+def pause_queue(conn: Conn, name: str) -> bool:
+    return bool(_first(conn.execute("SELECT jobs.pause_queue(%s)", (name,)).fetchone()))
+
+
+def resume_queue(conn: Conn, name: str) -> bool:
+    return bool(_first(conn.execute("SELECT jobs.resume_queue(%s)", (name,)).fetchone()))
 
 
 def run_now(conn: Conn, name: str) -> Any:
@@ -368,3 +385,27 @@ def lease_leader(conn: Conn) -> list[dict[str, Any]]:
             " WHERE name = %s AND owner IS NOT NULL AND expires_at > clock_timestamp()",
             (LEADER_LEASE,),
         ).fetchall()
+
+
+# --- backfill (scheduler.py: jobs.backfill requests the leader fills in) -----
+
+PENDING_BACKFILLS = """
+SELECT b.id AS backfill_id, b.window_from, b.window_to, d.id, d.name, d.schedule, d.timezone,
+       d.created_at, d.dst_gap, d.dst_repeat
+  FROM jobs.backfills AS b JOIN jobs.definitions AS d ON d.id = b.definition_id
+ WHERE b.done_at IS NULL
+ ORDER BY b.id
+ LIMIT %s
+"""
+FINISH_BACKFILL = "SELECT jobs.finish_backfill(%s, %s::timestamptz[], %s) AS n"
+
+
+def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(PENDING_BACKFILLS, (limit,)).fetchall())
+
+
+def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
+    return int(row[0]) if row else 0

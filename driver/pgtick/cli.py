@@ -27,30 +27,48 @@ log = logging.getLogger("pgtick.cli")
 
 EXAMPLES = {
     "run": "pgtick run examples/app.py            # embedded PostgreSQL\n"
-    "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20",
+    "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20\n"
+    "  pgtick run myproj.jobs:app --queues mail,reports   # claim only from these queues",
     "migrate": "pgtick migrate --dsn postgresql://localhost/app\n"
     "  pgtick migrate --sql | psql -v ON_ERROR_STOP=1 -d app",
     "define": "pgtick define weekday-report send-report "
     "--schedule 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' --tz Europe/Sofia\n"
     "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
+    "  pgtick define nightly etl --schedule '30 2 * * *' --tz America/New_York --dst-gap skip "
+    "--jitter 5m --pause-after-failures 3\n"
     "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
-    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
+    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42\n'
+    "  pgtick enqueue sync-account --queue tenants --concurrency-key acme",
     "run-now": "pgtick run-now weekday-report",
     "cancel": "pgtick cancel 1234\n  pgtick cancel --definition weekday-report   # every queued run",
     "pause": "pgtick pause weekday-report",
     "resume": "pgtick resume weekday-report",
+    "pause-queue": "pgtick pause-queue mail     # claims stop now; running jobs finish",
+    "resume-queue": "pgtick resume-queue mail",
     "retry": "pgtick retry 1234",
     "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2",
     "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report",
     "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
     "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
-    "--after 2026-03-07",
+    "--after 2026-03-07\n  pgtick preview --definition weekday-report --count 5\n"
+    "  pgtick preview '0 * * * *' --tz America/New_York --dst-repeat first",
+    "backfill": "pgtick backfill weekday-report --from 2026-03-01T00:00Z --to 2026-03-08T00:00Z",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_queue_list(text: str) -> list[str]:
+    """'mail,reports' -> ['mail', 'reports'] (non-empty names of up to 200 characters)."""
+    names = [name.strip() for name in text.split(",")]
+    if not names or any(not name or len(name) > 200 for name in names):
+        raise argparse.ArgumentTypeError(
+            f"queues must be a comma-separated list of queue names, got {text!r}"
+        )
+    return names
 
 
 def parse_duration(text: str) -> float:
@@ -102,8 +120,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    if name not in ("preview",):
-        p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     return p
 
 
@@ -138,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="lead by session lock or by lease (auto: lease behind a pooler)",
     )
     p.add_argument("--lease-ttl", type=parse_duration, default=None, help="leader lease TTL (5s)")
+    p.add_argument(
+        "--queues",
+        type=parse_queue_list,
+        default=None,
+        help="claim only from these queues (a,b; default all)",
+    )
     p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
@@ -155,9 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--max-attempts", type=int, default=None)
     p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
-    p.add_argument("--overlap", choices=["queue", "skip"], default="queue")
+    p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
     p.add_argument("--timeout", type=parse_duration, default=None)
     p.add_argument("--paused", action="store_true", help="define it paused")
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
+    p.add_argument("--jitter", type=parse_duration, default=None, help="delay each run by up to this")
+    p.add_argument("--pause-after-failures", type=int, default=None, metavar="N")
+
+    p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
+    p.add_argument("name")
+    p.add_argument("--from", dest="window_from", type=parse_instant, required=True, help="ISO time")
+    p.add_argument("--to", dest="window_to", type=parse_instant, required=True, help="ISO time")
 
     p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
     p.add_argument("kind")
@@ -165,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-at", type=parse_instant, default=None)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--key", default=None, help="idempotency key")
+    p.add_argument("--queue", default="default", help="queue (default 'default')")
+    p.add_argument("--concurrency-key", default=None, help="tenant/customer key for per-key limits")
 
     p = _command(sub, "run-now", "queue a run of a definition now", cmd_run_now)
     p.add_argument("name")
@@ -176,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         p = _command(sub, name, f"{verb} a definition", cmd_pause_resume)
         p.add_argument("name")
+
+    p = _command(sub, "pause-queue", "stop claiming from a queue now (running jobs finish)", cmd_queue_pause)
+    p.add_argument("name")
+    p = _command(sub, "resume-queue", "resume claiming from a paused queue", cmd_queue_pause)
+    p.add_argument("name")
 
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
     p.add_argument("run_id", type=int)
@@ -192,10 +231,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
-    p.add_argument("schedule")
-    p.add_argument("--tz", default="UTC")
+    p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
+    p.add_argument("--definition", default=None, help="preview a stored definition as the scheduler will")
+    p.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
     p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
     p.add_argument("--count", type=int, default=10)
+    p.add_argument(
+        "--anchor",
+        type=parse_instant,
+        default=None,
+        help="start of a rule without DTSTART (default: local midnight of the --after day)",
+    )
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock)
     p.add_argument("name")
@@ -293,6 +341,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         listen=not args.no_listen,
         leadership=args.leadership,
         lease_ttl=args.lease_ttl,
+        queues=args.queues,
     )
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
@@ -320,7 +369,14 @@ def cmd_define(args: argparse.Namespace) -> int:
     from pgtick.definitions import define, validate_schedule
 
     if args.schedule is not None:  # before any connection: a typo fails fast
-        validate_schedule(args.schedule, args.tz, args.name)
+        validate_schedule(
+            args.schedule,
+            args.tz,
+            args.name,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+        )
 
     with connect_dicts(_dsn(args)) as conn:
         row = define(
@@ -338,8 +394,35 @@ def cmd_define(args: argparse.Namespace) -> int:
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
             enabled=False if args.paused else None,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+            pause_after_failures=args.pause_after_failures,
         )
     print(f"definition={row['name']} id={row['id']} revision={row['revision']} saved")
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from pgtick.scheduler import materialize_backfills
+
+    for value in (args.window_from, args.window_to):
+        if value.tzinfo is None:
+            raise UsageError("--from and --to need a UTC offset (e.g. 2026-03-01T00:00Z)")
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute(
+            "SELECT * FROM jobs.backfill(%s, %s, %s)", (args.name, args.window_from, args.window_to)
+        ).fetchone()
+        assert row is not None
+        materialize_backfills(conn)
+        done = conn.execute("SELECT * FROM jobs.backfills WHERE id = %s", (row["id"],)).fetchone()
+    assert done is not None
+    if done["error"]:
+        raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
+    print(
+        f"definition={args.name} backfill={row['id']} runs={done['runs_created'] or 0} "
+        "(occurrences that already had a run were left alone)"
+    )
     return 0
 
 
@@ -347,7 +430,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from psycopg.types.json import Jsonb
 
     with connect_dicts(_dsn(args)) as conn:
-        row = calls.enqueue(conn, args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key)
+        row = calls.enqueue(
+            conn,
+            args.kind,
+            Jsonb(args.payload or {}),
+            args.run_at,
+            args.priority,
+            args.key,
+            queue=args.queue,
+            concurrency_key=args.concurrency_key,
+        )
     assert row is not None
     print(
         f"run={row['id']} kind={row['kind']} status={row['status']}"
@@ -386,6 +478,19 @@ def cmd_pause_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue_pause(args: argparse.Namespace) -> int:
+    pause = args.command == "pause-queue"
+    with connect(_dsn(args)) as conn:
+        changed = calls.pause_queue(conn, args.name) if pause else calls.resume_queue(conn, args.name)
+    state = "paused" if pause else "resumed"
+    print(
+        f"queue={args.name} {state}"
+        if changed
+        else f"queue={args.name} already {state if pause else 'running'}"
+    )
+    return 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     with connect_dicts(_dsn(args)) as conn:
         row = calls.retry(conn, args.run_id)
@@ -401,6 +506,22 @@ def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "queues": calls.queue_stats(conn),
         "schema": calls.schema_version(conn),
     }
+
+
+#: The jobs.queue_stats columns `pgtick status` shows as a table (--json has them all).
+QUEUE_COLUMNS = (
+    "kind",
+    "queue",
+    "paused",
+    "queued",
+    "scheduled",
+    "running",
+    "blocked",
+    "rate_limited",
+    "completed_1h",
+    "failed_1h",
+    "oldest_queued_age",
+)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -423,7 +544,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print("\ndefinitions:")
                 _print_table(snap["definitions"], "  (none)")
                 print("\nqueues:")
-                _print_table(snap["queues"], "  (empty)")
+                _print_table(
+                    [{k: q[k] for k in QUEUE_COLUMNS if k in q} for q in snap["queues"]], "  (empty)"
+                )
             if not args.watch:
                 return 0
             sys.stdout.flush()
@@ -457,21 +580,80 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from pgtick.schedule import ScheduleError, format_preview, parse_schedule
+    from zoneinfo import ZoneInfo
+
+    from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule
 
     if not 1 <= args.count <= 1000:
         raise UsageError("--count must be 1..1000")
+    if (args.schedule is None) == (args.definition is None):
+        raise UsageError("give a schedule or --definition NAME (not both)")
+    if args.definition is not None:
+        if args.anchor is not None or args.tz is not None:
+            raise UsageError("--anchor and --tz come from the definition; leave them out with --definition")
+        return _preview_definition(args)
+    tz = args.tz or "UTC"
     after = args.after or datetime.now(UTC)
     try:
-        schedule = parse_schedule(args.schedule, args.tz)
         if after.tzinfo is None:
-            from zoneinfo import ZoneInfo
-
-            after = after.replace(tzinfo=ZoneInfo(args.tz))
+            after = after.replace(tzinfo=ZoneInfo(tz))
+        if args.anchor is None:  # as if the definition were created at the start of the preview
+            anchor = anchor_for(after, tz)
+            note = (
+                "as if defined now: local midnight today"
+                if args.after is None
+                else "as if defined at --after: local midnight that day"
+            )
+        else:
+            anchor = args.anchor if args.anchor.tzinfo else args.anchor.replace(tzinfo=ZoneInfo(tz))
+            note = "--anchor"
+        schedule = parse_schedule(
+            args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
+        )
         lines = format_preview(schedule, after, args.count)
-    except ScheduleError as exc:
+    except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
-    print(f"next {args.count} runs of {args.schedule!r} in {args.tz} (local, then UTC):")
+    print(f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):")
+    for line in header(schedule, anchor_note=note):
+        print(f"  {line}")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+def _preview_definition(args: argparse.Namespace) -> int:
+    """A stored definition's next runs exactly as the scheduler will materialize them."""
+    from pgtick.schedule import ScheduleError, format_preview, header
+    from pgtick.scheduler import definition_schedule
+
+    with connect_dicts(_dsn(args)) as conn:
+        d = conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (args.definition,)).fetchone()
+        if d is None:
+            raise UsageError(f"definition {args.definition!r} does not exist")
+        if d["schedule"] is None:
+            raise UsageError(f"definition {args.definition!r} is a one-shot at {d['run_at'].isoformat()}")
+        if args.dst_gap is not None or args.dst_repeat is not None:
+            d = {**d, "dst_gap": args.dst_gap or d["dst_gap"]}
+            d["dst_repeat"] = args.dst_repeat or d["dst_repeat"]
+        after = args.after or datetime.now(UTC)
+        if after.tzinfo is None:
+            raise UsageError("--after needs a UTC offset with --definition")
+
+        def jitter(runs: Sequence[datetime]) -> list[timedelta]:
+            rows = conn.execute(
+                "SELECT jobs.jitter_offset(%s, t, %s) AS j FROM unnest(%s::timestamptz[]) AS t",
+                (d["id"], d["jitter"], list(runs)),
+            ).fetchall()
+            return [row["j"] for row in rows]
+
+        try:
+            schedule = definition_schedule(d)
+            lines = format_preview(schedule, after, args.count, delay=jitter)
+        except ScheduleError as exc:
+            raise UsageError(str(exc)) from exc
+    print(f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):")
+    for line in header(schedule, anchor_note="local midnight of the day it was created"):
+        print(f"  {line}")
     for line in lines:
         print(f"  {line}")
     return 0

@@ -65,6 +65,7 @@ class RunOptions:
     listen: bool = True
     leadership: str = "auto"
     lease_ttl: float | None = None
+    queues: list[str] | None = None  # claim only from these queues (None: all)
 
 
 def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
@@ -96,6 +97,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             shutdown_grace=options.shutdown_grace,
             listener=listener,
             listen=options.listen,
+            queues=options.queues,
         )
         threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
     if options.scheduler:
