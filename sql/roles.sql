@@ -81,3 +81,5 @@ GRANT EXECUTE ON FUNCTION
 jobs._dst_auto(text),
 jobs.jitter_offset(bigint, timestamptz, interval)
 TO jobs_reader;
+
+GRANT EXECUTE ON FUNCTION jobs.version() TO jobs_reader;

@@ -25,6 +25,7 @@ APPLIED_MIGRATIONS = "SELECT version FROM jobs.schema_migrations"
 RECORD_MIGRATION = "INSERT INTO jobs.schema_migrations (version, name) VALUES (%s, %s)"
 ADVISORY_LOCK = "SELECT pg_advisory_lock(%s)"
 ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
 
 def migration_ledger_exists(conn: Conn) -> bool:
@@ -46,6 +47,10 @@ def advisory_lock(conn: Conn, key: int) -> None:
 
 def advisory_unlock(conn: Conn, key: int) -> None:
     conn.execute(ADVISORY_UNLOCK, (key,))
+
+
+def advisory_xact_lock(conn: Conn, key: int) -> None:
+    conn.execute(ADVISORY_XACT_LOCK, (key,))
 
 
 def schema_installed(conn: Conn) -> bool:
@@ -329,6 +334,57 @@ def definition_skips(conn: Conn) -> list[Any]:
 def leads(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (owner,)).fetchone()
     return bool(row and _first(row))
+
+
+# --- schema version (migrate.py, pgtick status) ---------------------------------
+
+PACKAGE_VERSION_COLUMN_EXISTS = (
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = 'jobs.schema_migrations'::regclass"
+    " AND attname = 'package_version' AND NOT attisdropped)"
+)
+RECORD_PACKAGE_VERSION = "UPDATE jobs.schema_migrations SET package_version = %s WHERE version = ANY(%s)"
+SCHEMA_VERSION = "SELECT schema_version, migration, package_version, applied_at FROM jobs.version()"
+
+
+def record_package_version(conn: Conn, package_version: str, versions: list[str]) -> None:
+    """Note which pgtick release applied ``versions`` (schemas that record it)."""
+    row = conn.execute(PACKAGE_VERSION_COLUMN_EXISTS).fetchone()
+    if row and row[0]:
+        conn.execute(RECORD_PACKAGE_VERSION, (package_version, versions))
+
+
+def schema_version(conn: Conn) -> dict[str, Any] | None:
+    """jobs.version(): the latest applied migration and the package that applied it."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute("SELECT to_regprocedure('jobs.version()') IS NOT NULL AS found").fetchone()
+        if not (found and found["found"]):
+            return None
+        return cur.execute(SCHEMA_VERSION).fetchone()
+
+
+# --- poolers (db.py) and lease leadership (scheduler.py) -------------------------
+
+SERVER_PORT = "SELECT current_setting('port')::integer AS port"
+
+#: The lease a scheduler leads by when its connection goes through a pooler.
+LEADER_LEASE = "pgtick:leader"
+
+
+def server_port(conn: Conn) -> int | None:
+    """The port PostgreSQL listens on (not necessarily the one this client reached)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(SERVER_PORT).fetchone()
+    return int(row["port"]) if row else None
+
+
+def lease_leader(conn: Conn) -> list[dict[str, Any]]:
+    """The scheduler leading by lease, if any (pid is NULL: a lease has no session)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT NULL::integer AS pid, owner, acquired_at AS since FROM jobs.leases"
+            " WHERE name = %s AND owner IS NOT NULL AND expires_at > clock_timestamp()",
+            (LEADER_LEASE,),
+        ).fetchall()
 
 
 # --- backfill (scheduler.py: jobs.backfill requests the leader fills in) -----

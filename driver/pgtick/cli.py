@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-worker", action="store_true", help="only schedule")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument("--no-listen", action="store_true", help="poll only (automatic behind a pooler)")
+    p.add_argument(
+        "--leadership",
+        choices=["auto", "lock", "lease"],
+        default="auto",
+        help="lead by session lock or by lease (auto: lease behind a pooler)",
+    )
+    p.add_argument("--lease-ttl", type=parse_duration, default=None, help="leader lease TTL (5s)")
     p.add_argument(
         "--queues",
         type=parse_queue_list,
@@ -335,6 +343,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
+        listen=not args.no_listen,
+        leadership=args.leadership,
+        lease_ttl=args.lease_ttl,
         queues=args.queues,
     )
     if _embedded is not None:
@@ -502,9 +513,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return {
-        "leader": calls.leader(conn),
+        "leader": calls.leader(conn) or calls.lease_leader(conn),
         "definitions": calls.definition_health(conn),
         "queues": calls.queue_stats(conn),
+        "schema": calls.schema_version(conn),
     }
 
 
@@ -535,10 +547,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                     print("\033[2J\033[H", end="")
                 leader = snap["leader"]
                 print(
-                    f"leader: {leader[0]['owner']} (pid {leader[0]['pid']}) since {_cell(leader[0]['since'])}"
+                    f"leader: {leader[0]['owner']} ({_leader_by(leader[0])}) "
+                    f"since {_cell(leader[0]['since'])}"
                     if leader
                     else "leader: none (no scheduler running)"
                 )
+                print(_schema_line(snap["schema"]))
                 print("\ndefinitions:")
                 _print_table(snap["definitions"], "  (none)")
                 print("\nqueues:")
@@ -549,6 +563,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                 return 0
             sys.stdout.flush()
             time.sleep(args.watch)
+
+
+def _leader_by(leader: dict[str, Any]) -> str:
+    return f"pid {leader['pid']}" if leader["pid"] is not None else "by lease"
+
+
+def _schema_line(schema: dict[str, Any] | None) -> str:
+    if schema is None:
+        return "schema: unknown (jobs.version() missing: run `pgtick migrate`)"
+    by = f"pgtick {schema['package_version']}" if schema["package_version"] else "psql"
+    return (
+        f"schema: {schema['schema_version']}_{schema['migration']} "
+        f"(applied by {by} at {_cell(schema['applied_at'])}; this is pgtick {__version__})"
+    )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

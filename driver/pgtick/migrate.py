@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 
 from pgtick import calls
+from pgtick.db import behind_pooler
 
 _LOCK_LINE = re.compile(r"^\\set\s+pgtick_migration_lock\s+(\d+)\s*$")
 _MIGRATION_LINE = re.compile(
@@ -140,11 +141,29 @@ def install_script(root: Path | None = None) -> str:
             "\\endif\n",
             "COMMIT;\n",
         ]
+    if any(m.version >= _FIRST_WITH_PACKAGE_VERSION for m in plan.migrations):
+        out.append("\n-- the pgtick version that printed this script applied what it applied\n")
+        for migration in plan.migrations:
+            out.append(
+                f"\\if :pgtick_apply_{migration.version}\n"
+                f"UPDATE jobs.schema_migrations SET package_version = '{_package_version()}' "
+                f"WHERE version = '{migration.version}';\n\\endif\n"
+            )
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += ["COMMIT;\n", f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n"]
     return "".join(out)
+
+
+#: The migration that adds jobs.schema_migrations.package_version.
+_FIRST_WITH_PACKAGE_VERSION = "0008"
+
+
+def _package_version() -> str:
+    from pgtick import __version__
+
+    return __version__
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
@@ -162,6 +181,8 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
     if not conn.autocommit:
         raise ValueError("migrate needs an autocommit connection")
     plan = install_plan(root)
+    if behind_pooler(conn):
+        return _apply_in_one_transaction(conn, plan)
     done: list[str] = []
     conn.execute("SET client_min_messages = warning")
     calls.advisory_lock(conn, plan.lock_key)
@@ -178,6 +199,31 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
         with conn.transaction():
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
+            if done:
+                calls.record_package_version(conn, _package_version(), done)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
+    return done
+
+
+def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) -> list[str]:
+    """``apply`` through a transaction-mode pooler: one transaction under the transaction
+    form of the migration lock, since a session lock (and a session SET) would stay on a
+    server connection that other clients share."""
+    done: list[str] = []
+    with conn.transaction():
+        conn.execute("SET LOCAL client_min_messages = warning")
+        calls.advisory_xact_lock(conn, plan.lock_key)
+        conn.execute(plan.bootstrap.read_bytes())
+        already = applied_versions(conn)
+        for migration in plan.migrations:
+            if migration.version in already:
+                continue
+            conn.execute(migration.sql().encode())
+            calls.record_migration(conn, migration.version, migration.name)
+            done.append(migration.version)
+        for path in plan.function_files:
+            conn.execute(path.read_bytes())
+        if done:
+            calls.record_package_version(conn, _package_version(), done)
     return done

@@ -14,9 +14,27 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
 
 Each phase is its own transaction. A failing tick logs one line and the loop
 sleeps and goes on; a lost connection means lost leadership, contested again
-on the next tick. The connection must be direct or session-pooled: a
-transaction-mode pooler would hand the session lock to other clients (the
-scheduler warns when its backend pid changes between statements).
+on the next tick.
+
+Leadership takes one of two forms (``leadership``):
+
+* ``lock``: the session advisory lock of step 1, for a direct (or session-pooled)
+  connection; a crashed leader's lock goes with its session, so a follower takes
+  over on its next tick;
+* ``lease``: the lease ``pgtick:leader`` in ``jobs.leases``, taken with
+  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease``; it
+  needs no session, so it works through a transaction-mode pooler (PgBouncer),
+  where a session lock would be handed to other clients. A crashed leader's lease
+  expires after ``lease_ttl``, then a follower takes it. The leader's own writes
+  are fenced by the lease: a tick stops between phases once the lease it renewed
+  at the start may have expired (measured on this process's monotonic clock from
+  before the renewal was sent), so a deposed leader does no more than finish the
+  statement in flight, and that one is harmless: materialization is a
+  compare-and-set, reaping and pruning are idempotent.
+* ``auto`` (default): ``lease`` when the connection goes through a pooler
+  (``pgtick.db.behind_pooler``), else ``lock``. Every replica of a deployment
+  should reach PostgreSQL the same way, or be given the same mode: a lock leader
+  and a lease leader do not see each other.
 """
 
 from __future__ import annotations
@@ -32,7 +50,7 @@ from typing import Any
 import psycopg
 
 from pgtick import calls as sql
-from pgtick.db import connect_dicts
+from pgtick.db import behind_pooler, connect_dicts
 from pgtick.schedule import (
     Plan,
     Schedule,
@@ -76,8 +94,18 @@ class Scheduler:
         batch: int = 1000,
         prune_every: float = 3600.0,
         clock: Callable[[], datetime] | None = None,
+        leadership: str = "auto",
+        lease_ttl: float | None = None,
     ) -> None:
+        if leadership not in ("auto", "lock", "lease"):
+            raise ValueError(f"leadership must be auto, lock or lease, got {leadership!r}")
         self.dsn = dsn
+        self.leadership = leadership
+        self.mode = leadership if leadership != "auto" else "lock"  # settled when connected
+        self.lease_ttl = timedelta(
+            seconds=lease_ttl if lease_ttl is not None else max(5.0, 5 * tick_interval)
+        )
+        self._lease_until = float("-inf")  # monotonic instant the renewed lease may expire
         self.owner = owner
         self.tick_interval = tick_interval
         self.lookahead = timedelta(seconds=lookahead if lookahead is not None else 2 * tick_interval)
@@ -113,7 +141,11 @@ class Scheduler:
         """Resign explicitly and close the leader connection."""
         if self._conn is not None and not self._conn.closed:
             try:
-                if self.leading:
+                if self.leading and self.mode == "lease":
+                    sql.release_lease(self._conn, sql.LEADER_LEASE, self.owner)
+                    self.leading = False
+                    log.info("scheduler owner=%s resigned (lease released)", self.owner)
+                elif self.leading:
                     sql.resign(self._conn)
                     self.leading = False
                     log.info("scheduler owner=%s resigned", self.owner)
@@ -133,9 +165,16 @@ class Scheduler:
         if self._conn is None or self._conn.closed:
             self.leading = False
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
-            # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
-            idle = max(30, int(self.tick_interval * 10))
-            sql.set_idle_session_timeout(self._conn, idle)
+            if self.leadership == "auto":
+                mode = "lease" if behind_pooler(self._conn) else "lock"
+                if mode != self.mode or self._pid is None:
+                    log.info("scheduler owner=%s leads by %s", self.owner, mode)
+                self.mode = mode
+            if self.mode == "lock":
+                # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
+                # (Never through a pooler: a session setting would reach other clients.)
+                idle = max(30, int(self.tick_interval * 10))
+                sql.set_idle_session_timeout(self._conn, idle)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
@@ -147,6 +186,8 @@ class Scheduler:
     def tick(self) -> TickReport:
         conn = self._connection()
         report = TickReport()
+        if self.mode == "lease":
+            return self._tick_by_lease(conn, report)
         leading = sql.try_lead(conn, self.owner)
         if leading and self._backend_pid(conn) != self._pid:
             log.error(
@@ -161,11 +202,46 @@ class Scheduler:
         self.leading = report.leading = leading
         if not leading:
             return report
+        return self._lead(conn, report)
+
+    def _tick_by_lease(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
+        """Renew the leader lease (or take it when free or expired), then lead while it holds."""
+        sent = time.monotonic()
+        # Renew first even when not known to lead: after a reconnect the lease may still be ours.
+        leading = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        if self.leading and not leading:
+            log.warning("scheduler owner=%s lost the leader lease (expired or taken)", self.owner)
+        if not leading:
+            sent = time.monotonic()
+            leading = sql.acquire_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        if leading:
+            self._lease_until = sent + self.lease_ttl.total_seconds()
+        if leading != self.leading:
+            log.info("scheduler owner=%s %s (lease)", self.owner, "is leader" if leading else "follows")
+        self.leading = report.leading = leading
+        if not leading:
+            return report
+        return self._lead(conn, report)
+
+    def _fenced(self) -> bool:
+        """Lease mode: the lease renewed at the start of this tick may have expired by now."""
+        if self.mode == "lease" and time.monotonic() >= self._lease_until:
+            log.warning("scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner)
+            self.leading = False
+            return True
+        return False
+
+    def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
+        """The leader's phases; in lease mode each starts only while the lease holds."""
+        if self._fenced():
+            return report
         self.materialize_due(report)
+        if self._fenced():
+            return report
         report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
-        if time.monotonic() - self._last_prune >= self.prune_every:
+        if time.monotonic() - self._last_prune >= self.prune_every and not self._fenced():
             report.pruned = self.prune(conn)
             self._last_prune = time.monotonic()
         if report.runs_created or report.one_shots:

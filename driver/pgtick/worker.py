@@ -10,7 +10,8 @@ Threads, each with its own connection where it talks to PostgreSQL:
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
   cancelled at its next checkpoint; failures are logged, never fatal to the jobs;
-* the listener: LISTEN jobs, so a new run starts within milliseconds;
+* the listener: LISTEN jobs, so a new run starts within milliseconds (not behind a
+  transaction pooler, nor with ``listen=False``: then polling every ``poll_interval``);
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
   claim loop asks to report;
@@ -39,10 +40,10 @@ from typing import Any
 
 import psycopg
 
-from pgtick import calls
+from pgtick import calls, instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
-from pgtick.db import DB_ERRORS, connect, connect_dicts
+from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, execute
 from pgtick.heartbeat import HeartbeatLoop
@@ -199,6 +200,13 @@ class Worker:
         while not stop.is_set():
             try:
                 with connect(self.dsn, application_name=f"pgtick-listen {self.worker_id}") as conn:
+                    if behind_pooler(conn):  # a transaction pooler delivers no notifications
+                        log.info(
+                            "worker=%s behind a pooler: polling every %.2fs",
+                            self.worker_id,
+                            self.poll_interval,
+                        )
+                        return
                     calls.listen(conn)
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
@@ -248,6 +256,7 @@ class Worker:
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full."""
         self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
+        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
             return False
         contexts = []

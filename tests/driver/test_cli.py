@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, pgtick, scalar
-from pgtick import cli
+from pgtick import cli, migrate
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 EXAMPLE = str(ROOT / "examples" / "app.py")  # imports without a database
@@ -306,7 +306,9 @@ def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFix
     out = _pgtick(capsys, "status", "--dsn", db.dsn)
     assert "leader: none" in out and "(none)" in out and "(empty)" in out
     snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+    schema = snap.pop("schema")
     assert snap == {"leader": [], "definitions": [], "queues": []}
+    assert schema["schema_version"] == migrate.migrations()[-1].version
 
 
 def test_runs_json_with_filters(
