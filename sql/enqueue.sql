@@ -33,6 +33,7 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', enqueue.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', enqueue.heartbeat_timeout);
+    PERFORM jobs._warn_unknown_kind(enqueue.kind);
 
     INSERT INTO jobs.runs AS r (
         kind, payload, scheduled_for, priority, idempotency_key, max_attempts,

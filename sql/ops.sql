@@ -60,7 +60,10 @@ WITH live AS (
         count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
         now() - min(r.scheduled_for) FILTER (
             WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()
-        ) AS oldest_queued_age
+        ) AS oldest_queued_age,
+        min(r.scheduled_for) FILTER (
+            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()
+        ) AS oldest_queued_at
     FROM jobs.runs AS r
     WHERE r.status IN ('QUEUED', 'RUNNING')
     GROUP BY r.kind
@@ -89,11 +92,12 @@ SELECT
     coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
     live.oldest_queued_age,
     coalesce(recent.skipped_1h, 0) AS skipped_1h,
-    coalesce(recent.lost_1h, 0) AS lost_1h
+    coalesce(recent.lost_1h, 0) AS lost_1h,
+    live.oldest_queued_at
 FROM live
 FULL OUTER JOIN recent ON live.kind = recent.kind;
 COMMENT ON VIEW jobs.queue_stats IS
-'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned).';
+'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned), and when the oldest due QUEUED run was due.';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
@@ -115,7 +119,10 @@ SELECT
     fails.failures AS consecutive_failures,
     skipped.skips AS consecutive_skips,
     d.finished_at IS NOT NULL AS finished,
-    d.schedule_error
+    d.schedule_error,
+    coalesce(recent.outcomes, '{}') AS recent_outcomes,
+    catch_up.caught_up_at AS last_catch_up_at,
+    catch_up.summary AS last_catch_up
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -154,9 +161,27 @@ LEFT JOIN LATERAL (
             SELECT max(s.id) FROM jobs.runs AS s
             WHERE s.definition_id = d.id AND s.started_at IS NOT NULL
         ), 0)
-) AS skipped ON TRUE;
+) AS skipped ON TRUE
+LEFT JOIN LATERAL (
+    SELECT array_agg(x.outcome ORDER BY x.id) AS outcomes FROM (
+        SELECT
+            r.id,
+            CASE WHEN r.failure_reason = 'Skipped' THEN 'SKIPPED' ELSE r.status::text END AS outcome
+        FROM jobs.runs AS r
+        WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+        ORDER BY r.id DESC LIMIT 20
+    ) AS x
+) AS recent ON TRUE
+LEFT JOIN LATERAL (
+    SELECT
+        c.caught_up_at,
+        jobs.describe_catch_up(c) AS summary
+    FROM jobs.catch_ups AS c
+    WHERE c.definition_id = d.id
+    ORDER BY c.caught_up_at DESC LIMIT 1
+) AS catch_up ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error, the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence.';
 
 -- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
 CREATE OR REPLACE VIEW jobs.run_list AS
@@ -171,11 +196,14 @@ SELECT
     r.finished_at,
     r.worker,
     r.failure_reason,
-    left(r.error, 60) AS error
+    left(r.error, 60) AS error,
+    coalesce(d.timezone, 'UTC') AS timezone,
+    coalesce(r.finished_at, CASE WHEN r.status = 'RUNNING' THEN now() END) - r.started_at AS duration,
+    r.origin
 FROM jobs.runs AS r
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
 COMMENT ON VIEW jobs.run_list IS
-'Runs with their definition name (NULL for ad-hoc runs), status as text and the first 60 characters of the error; what `pgtick runs` lists, newest first.';
+'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)

@@ -157,6 +157,21 @@ def materialize_one_shots(conn: Conn, lookahead: timedelta, misfire_grace: timed
     return int(_first(row)) if row else 0
 
 
+def record_catch_up(
+    conn: Conn,
+    definition_id: int,
+    misfire_policy: str,
+    first_late: datetime,
+    last_late: datetime,
+    occurrences: int,
+    runs: int,
+) -> None:
+    conn.execute(
+        "SELECT jobs.record_catch_up(%s, %s, %s, %s, %s, %s)",
+        (definition_id, misfire_policy, first_late, last_late, occurrences, runs),
+    )
+
+
 def mark_schedule_error(conn: Conn, definition_id: int, revision: int, error: str) -> None:
     conn.execute("SELECT jobs.mark_schedule_error(%s, %s, %s)", (definition_id, revision, error))
 
@@ -311,3 +326,87 @@ def definition_skips(conn: Conn) -> list[Any]:
 def leads(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (owner,)).fetchone()
     return bool(row and _first(row))
+
+
+# --- the operator's console (cli.py; sql/console.sql) -------------------------
+
+REGISTER_WORKER = "SELECT jobs.register_worker(%s, %s, %s, %s)"
+WORKER_SEEN = "SELECT jobs.worker_seen(%s)"
+WORKER_STOPPED = "SELECT jobs.worker_stopped(%s)"
+
+
+def register_worker(conn: Conn, worker_id: str, kinds: list[str], host: str, pid: int) -> None:
+    conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid))
+
+
+def worker_seen(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_SEEN, (worker_id,))
+
+
+def worker_stopped(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_STOPPED, (worker_id,))
+
+
+def leader_detail(conn: Conn) -> Any:
+    return conn.execute("SELECT owner, pid, since, leading_for FROM jobs.leader LIMIT 1").fetchone()
+
+
+def status_definitions(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT name, kind, schedule, timezone, paused, finished, next_run_at, running, queued,"
+        " max_concurrent_runs, last_status, last_success_at, last_failure_at, consecutive_failures,"
+        " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at"
+        " FROM jobs.definition_health ORDER BY name"
+    ).fetchall()
+
+
+def kinds_without_worker(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT * FROM jobs.kinds_without_worker ORDER BY kind").fetchall()
+
+
+def workers(conn: Conn, include_gone: bool) -> list[Any]:
+    return conn.execute(
+        "SELECT * FROM jobs.workers WHERE %s OR state = 'alive' ORDER BY state, started_at DESC, worker",
+        (include_gone,),
+    ).fetchall()
+
+
+def definition_list(
+    conn: Conn, kind: str | None, name_like: str | None, state: str | None, limit: int
+) -> list[Any]:
+    return conn.execute(
+        """
+        SELECT * FROM jobs.definition_list
+         WHERE (%(kind)s::text IS NULL OR kind = %(kind)s)
+           AND (%(name)s::text IS NULL OR name LIKE %(name)s)
+           AND (%(state)s::text IS NULL
+                OR (%(state)s = 'paused' AND paused)
+                OR (%(state)s = 'finished' AND finished)
+                OR (%(state)s = 'active' AND NOT paused AND NOT finished))
+         ORDER BY name LIMIT %(limit)s
+        """,
+        {"kind": kind, "name": name_like, "state": state, "limit": limit},
+    ).fetchall()
+
+
+def run_detail(conn: Conn, run_id: int) -> Any:
+    return conn.execute("SELECT * FROM jobs.run_detail(%s)", (run_id,)).fetchone()
+
+
+def undefine_detail(conn: Conn, name: str) -> Any:
+    return conn.execute("SELECT * FROM jobs.undefine_detail(%s)", (name,)).fetchone()
+
+
+def prune_count(conn: Conn, older_than: timedelta | None) -> int:
+    row = conn.execute("SELECT jobs.prune_count(%s) AS n", (older_than,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def prune_batch(conn: Conn, older_than: timedelta | None, batch: int) -> int:
+    row = conn.execute("SELECT jobs.prune(%s, %s) AS n", (older_than, batch)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def definition_names(conn: Conn, ids: list[int]) -> dict[int, str]:
+    rows = conn.execute("SELECT id, name FROM jobs.definitions WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {int(_first(r)): str(r["name"] if isinstance(r, dict) else r[1]) for r in rows}

@@ -242,7 +242,9 @@ class Scheduler:
         self, conn: psycopg.Connection[Any], now: datetime, report: TickReport
     ) -> None:
         horizon = now + self.lookahead
-        plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
+        # shared schedule, same cursor: same plan
+        plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
+        catch_ups: dict[int, CatchUp] = {}  # by index in this batch's calls
         for _ in range(20):  # bounded: the next tick continues
             rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
@@ -251,43 +253,70 @@ class Scheduler:
                 if schedule is None:
                     continue
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
-                plan = plans.get(memo)
-                if plan is None:
-                    plan = plans[memo] = plan_materialization(
-                        schedule,
-                        d["next_run_at"],
-                        now,
-                        misfire_policy=d["misfire_policy"],
-                        lookahead=self.lookahead,
-                        misfire_grace=self.misfire_grace,
-                        max_runs=self.max_catch_up,
-                    )
-                if plan.missed:
-                    log.info(
-                        "definition=%s %d missed occurrences, misfire_policy=%s: %d runs",
-                        d["name"],
-                        plan.missed,
-                        d["misfire_policy"],
-                        len(plan.run_times),
-                    )
+                planned = plans.get(memo)
+                if planned is None:
+                    planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                plan, catch_up = planned
+                if catch_up is not None:
+                    catch_ups[len(calls)] = catch_up
+                    log.warning("definition=%s %s", d["name"], catch_up.describe(d["misfire_policy"], now))
                 calls.append((d["id"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]))
             if calls:
-                self._materialize(conn, calls, report)
+                created = self._materialize(conn, calls, report)
+                self._record_catch_ups(conn, calls, created, catch_ups, rows)
             if len(rows) < self.batch:
                 return
 
+    def _plan(
+        self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str
+    ) -> tuple[Plan, CatchUp | None]:
+        """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``)."""
+        grace = misfire_grace_for(schedule, cursor, self.misfire_grace)
+        plan = plan_materialization(
+            schedule,
+            cursor,
+            now,
+            misfire_policy=misfire_policy,
+            lookahead=self.lookahead,
+            misfire_grace=grace,
+            max_runs=self.max_catch_up,
+        )
+        return settle_late(schedule, plan, cursor, now, misfire_policy)
+
+    def _record_catch_ups(
+        self,
+        conn: psycopg.Connection[Any],
+        calls: list[tuple[Any, ...]],
+        created: list[int],
+        catch_ups: dict[int, CatchUp],
+        rows: list[dict[str, Any]],
+    ) -> None:
+        """Record each catch-up whose materialization went through (a stale one did nothing)."""
+        by_id = {d["id"]: d for d in rows}
+        for index, c in catch_ups.items():
+            call = calls[index]
+            if call[2] and created[index] == 0:
+                continue  # stale: another leader (or a define) got there first
+            policy = by_id[call[0]]["misfire_policy"]
+            sql.record_catch_up(conn, call[0], policy, c.first_late, c.last_late, c.occurrences, c.runs)
+        catch_ups.clear()
+
     def _materialize(
         self, conn: psycopg.Connection[Any], calls: list[tuple[Any, ...]], report: TickReport
-    ) -> None:
-        """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
+    ) -> list[int]:
+        """Each call is its own transaction; pipelined so 10,000 cost few round trips.
+        Returns the runs each call created."""
         with conn.pipeline():
             cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
+        counts = []
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
+            counts.append(created)
             report.runs_created += created
             if created == 0 and call[2]:
                 report.stale += 1
+        return counts
 
     def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
         conn = conn or self._connection()
@@ -300,6 +329,72 @@ class Scheduler:
         if total:
             log.info("pruned %d finished runs", total)
         return total
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Occurrences found late after downtime, and how many runs the misfire policy made of them."""
+
+    first_late: datetime
+    last_late: datetime
+    occurrences: int
+    runs: int
+
+    def describe(self, misfire_policy: str, now: datetime) -> str:
+        """The sentence jobs.describe_catch_up gives too, e.g.
+        ``caught up after 2m30s of downtime: 15 occurrences coalesced into 1``."""
+        from pgtick.terminal import compact_duration
+
+        n = f"{self.occurrences} occurrence{'s' if self.occurrences != 1 else ''}"
+        if misfire_policy == "coalesce":
+            what = f"{n} coalesced into {self.runs}"
+        elif misfire_policy == "catch_up":
+            what = f"{n} run late ({self.runs} runs)"
+        elif self.runs == 0:
+            what = f"{n} skipped (past the misfire grace)"
+        else:
+            skipped = self.occurrences - self.runs
+            what = f"{n}: {skipped} skipped, {self.runs} run (past the misfire grace)"
+        return f"caught up after {compact_duration(now - self.first_late)} of downtime: {what}"
+
+
+def misfire_grace_for(schedule: Schedule, cursor: datetime, configured: timedelta) -> timedelta:
+    """The misfire grace for a schedule at its cursor: the configured one, but at most one
+    period (the gap from the cursor to the following occurrence), so an every-10-seconds
+    job that was down for minutes does not replay the occurrences of the last minute."""
+    following = schedule.next_after(cursor, inclusive=False)
+    if following is None:
+        return configured
+    return min(configured, following - cursor)
+
+
+def settle_late(
+    schedule: Schedule, plan: Plan, cursor: datetime, now: datetime, misfire_policy: str
+) -> tuple[Plan, CatchUp | None]:
+    """After downtime (the plan found missed occurrences), count every late occurrence
+    (cursor <= t <= now, up to where the plan stops) and keep the policy's promise for
+    all of them: ``coalesce`` makes exactly one run, at the latest late occurrence (the
+    plan alone coalesces those past the grace but still runs the recent ones one by
+    one, which an overlap cap then records as skipped for a false reason); ``catch_up``
+    runs each; ``skip`` runs only those still within the grace. Occurrences after now
+    are planned as usual."""
+    if not plan.missed:
+        return plan, None
+    end = now
+    if plan.next_cursor is not None and plan.next_cursor <= now:
+        end = plan.next_cursor - timedelta(microseconds=1)
+    late = schedule.between(cursor, end, limit=10_000_000)
+    if not late:
+        return plan, None
+    late_runs = [t for t in plan.run_times if t <= now]
+    future = [t for t in plan.run_times if t > now]
+    if misfire_policy == "coalesce":
+        run_times = [late[-1], *future]
+        runs = 1
+    else:
+        run_times = plan.run_times
+        runs = len(late_runs)
+    return Plan(run_times, plan.next_cursor, plan.missed), CatchUp(late[0], late[-1], len(late), runs)
 
 
 def _one_line(exc: BaseException) -> str:

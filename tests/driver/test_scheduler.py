@@ -4,6 +4,7 @@ cursors of definitions made in psql, finished schedules, broken schedules."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -386,3 +387,72 @@ def test_leader_tick_prunes_with_the_configured_retention(db: Database, conn: Co
     finally:
         scheduler.close()
     assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept
+
+
+# -- honest catch-up after downtime ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "sentence"),
+    [
+        ("coalesce", 1, "15 occurrences coalesced into 1"),
+        ("catch_up", 15, "15 occurrences run late (15 runs)"),
+        ("skip", 1, "15 occurrences: 14 skipped, 1 run (past the misfire grace)"),
+    ],
+)
+def test_every_10s_job_after_150s_of_downtime_keeps_its_misfire_promise(
+    db: Database, policy: str, runs: int, sentence: str
+) -> None:
+    """The scheduler stops for 150 s over an every-10-seconds job (cap 1, overlap skip) and
+    comes back: the misfire grace shrinks to one period, so coalesce makes exactly one run
+    for all 15 late occurrences (not one per occurrence of the last minute, which the cap
+    then records as skipped "at max_concurrent_runs" although nothing ran), and health
+    says what happened."""
+    # The clock stays near the database's, so the runs are really due and claimable.
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=160)
+    start = start - timedelta(seconds=start.second % 10) + timedelta(seconds=5)  # hh:mm:x5
+    clock = Clock(start)
+    scheduler = Scheduler(db.dsn, owner="t", misfire_grace=60, clock=clock)
+    with db.connect() as conn:
+        definition_id = define(
+            conn,
+            "every-10s",
+            "FREQ=SECONDLY;INTERVAL=10",
+            misfire_policy=policy,
+            overlap_policy="skip",
+            max_concurrent_runs=1,
+        )
+        scheduler.materialize_due()  # cursor: start + 5s; nothing due within the lookahead
+        assert run_times(conn, definition_id) == []
+        clock.now = start + timedelta(seconds=150)  # the scheduler was down meanwhile
+        scheduler.materialize_due()
+        late = [start + timedelta(seconds=5 + 10 * k) for k in range(15)]
+        expected = {"coalesce": late[-1:], "catch_up": late, "skip": late[-1:]}[policy]
+        assert run_times(conn, definition_id) == expected
+        assert len(expected) == runs
+        scheduler.materialize_due()  # a second tick at the same moment adds nothing
+        assert run_times(conn, definition_id) == expected
+
+        catch_ups = conn.execute(
+            "SELECT first_late, last_late, occurrences, runs FROM jobs.catch_ups WHERE definition_id = %s",
+            (definition_id,),
+        ).fetchall()
+        assert catch_ups == [(late[0], late[-1], 15, runs)], catch_ups
+        health = conn.execute(
+            "SELECT last_catch_up FROM jobs.definition_health WHERE id = %s", (definition_id,)
+        ).fetchone()
+        assert health is not None
+        pattern = rf"caught up after 2m[0-9]{{2}}s of downtime: {re.escape(sentence)}"
+        assert re.fullmatch(pattern, health[0]), health
+
+        # Work every due run off with a cap-1 claimer: none is skipped for a false reason.
+        for _ in range(runs):
+            (claimed,) = conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchall()
+            conn.execute("SELECT jobs.complete(%s, 'w')", (claimed[0],))
+        skipped = conn.execute(
+            "SELECT id, scheduled_for, error FROM jobs.runs"
+            " WHERE definition_id = %s AND (failure_reason = 'Skipped' OR status <> 'COMPLETED')",
+            (definition_id,),
+        ).fetchall()
+        assert skipped == [], f"runs not completed after the catch-up: {skipped}"
+    scheduler.close()

@@ -159,6 +159,8 @@ def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Data
     lines = install.splitlines(keepends=True)
     for step, migration in enumerate(all_migrations, start=1):
         # install.sql as it was in that release: only the first `step` migration lines.
+        # Today's functions and views may need tables of later migrations: the steps
+        # before the last apply the migrations alone, the last one the functions too.
         seen = 0
         kept = []
         for line in lines:
@@ -166,6 +168,8 @@ def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Data
                 seen += 1
                 if seen > step:
                     continue
+            if step < len(all_migrations) and line.startswith("\\ir ") and "migrations/" not in line:
+                continue
             kept.append(line)
         (root / "sql" / "install.sql").write_text("".join(kept))
         with psycopg.connect(empty.dsn, autocommit=True) as conn:
