@@ -47,11 +47,13 @@ CREATE TABLE jobs.catch_ups (
     definition_id bigint NOT NULL,
     caught_up_at timestamptz NOT NULL DEFAULT now(),
     misfire_policy text NOT NULL CHECK (misfire_policy IN ('coalesce', 'catch_up', 'skip')),
+    resumed_from timestamptz NOT NULL,
     first_late timestamptz NOT NULL,
     last_late timestamptz NOT NULL,
     occurrences integer NOT NULL CHECK (occurrences >= 1),
     runs integer NOT NULL CHECK (runs >= 0 AND runs <= occurrences),
-    CONSTRAINT catch_ups_once UNIQUE (definition_id, first_late),
+    superseded integer NOT NULL DEFAULT 0 CHECK (superseded >= 0 AND superseded <= occurrences),
+    CONSTRAINT catch_ups_once UNIQUE (definition_id, resumed_from),
     CONSTRAINT catch_ups_definition_fk FOREIGN KEY (definition_id)
     REFERENCES jobs.definitions (id) ON DELETE CASCADE
 );
@@ -61,9 +63,13 @@ COMMENT ON COLUMN jobs.catch_ups.id IS 'Surrogate key.';
 COMMENT ON COLUMN jobs.catch_ups.definition_id IS 'The definition whose occurrences were late.';
 COMMENT ON COLUMN jobs.catch_ups.caught_up_at IS 'When the scheduler materialized the late occurrences.';
 COMMENT ON COLUMN jobs.catch_ups.misfire_policy IS 'The policy applied: coalesce, catch_up or skip.';
-COMMENT ON COLUMN jobs.catch_ups.first_late IS 'The earliest late occurrence (the cursor the scheduler resumed from).';
+COMMENT ON COLUMN jobs.catch_ups.resumed_from IS 'The cursor the scheduler resumed from (one record per definition and cursor).';
+COMMENT ON COLUMN jobs.catch_ups.first_late IS
+'The earliest late occurrence: the cursor, or an older run materialized before the downtime that never started.';
 COMMENT ON COLUMN jobs.catch_ups.last_late IS 'The latest late occurrence.';
-COMMENT ON COLUMN jobs.catch_ups.occurrences IS 'How many occurrences were late.';
+COMMENT ON COLUMN jobs.catch_ups.occurrences IS 'How many occurrences were late (superseded ones included).';
+COMMENT ON COLUMN jobs.catch_ups.superseded IS
+'Of them, QUEUED runs materialized before the downtime that never started, cancelled as Skipped (coalesce, skip).';
 COMMENT ON COLUMN jobs.catch_ups.runs IS
 'How many runs were created for them (coalesce: 1; catch_up: all; skip: those still within the misfire grace).';
 CREATE INDEX catch_ups_definition_idx ON jobs.catch_ups (definition_id, caught_up_at DESC);

@@ -171,9 +171,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'caught up after ' || jobs.compact_interval(c.caught_up_at - c.first_late) || ' of downtime: '
         || c.occurrences || CASE WHEN c.occurrences = 1 THEN ' occurrence' ELSE ' occurrences' END
-        || CASE c.misfire_policy
-            WHEN 'coalesce' THEN ' coalesced into ' || c.runs
-            WHEN 'catch_up' THEN ' run late (' || c.runs || ' runs)'
+        || CASE
+            WHEN c.occurrences = 1 AND c.runs = 1 THEN ' run late'
+            WHEN c.misfire_policy = 'coalesce' THEN ' coalesced into ' || c.runs
+            WHEN c.misfire_policy = 'catch_up' THEN ' run late (' || c.runs || ' runs)'
             ELSE CASE WHEN c.runs = 0 THEN ' skipped' ELSE ': ' || (c.occurrences - c.runs) || ' skipped, ' || c.runs || ' run' END
                  || ' (past the misfire grace)'
         END
@@ -181,37 +182,80 @@ $$;
 COMMENT ON FUNCTION jobs.describe_catch_up(jobs.catch_ups) IS
 'A catch-up as one sentence, e.g. caught up after 2m30s of downtime: 15 occurrences coalesced into 1.';
 
--- Scheduler: record what a catch-up did with the late occurrences (once per definition and first_late).
+-- Scheduler: record a catch-up (once per definition and first_late) and supersede the
+-- definition's older QUEUED runs that the policy replaces.
 CREATE OR REPLACE FUNCTION jobs.record_catch_up(
     definition_id bigint,
     misfire_policy text,
     first_late timestamptz,
     last_late timestamptz,
     occurrences integer,
-    runs integer
+    runs integer,
+    next_run_at timestamptz
 )
-RETURNS boolean
+RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_superseded integer := 0;
+    v_earliest timestamptz;
+    v_row jobs.catch_ups;
 BEGIN
     IF record_catch_up.first_late IS NULL OR record_catch_up.last_late IS NULL
        OR record_catch_up.last_late < record_catch_up.first_late THEN
         RAISE EXCEPTION 'first_late and last_late must be set, first_late <= last_late' USING ERRCODE = '22023';
     END IF;
+    IF record_catch_up.misfire_policy IS NULL OR record_catch_up.misfire_policy NOT IN ('coalesce', 'catch_up', 'skip') THEN
+        RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip' USING ERRCODE = '22023';
+    END IF;
     PERFORM jobs._check_range('occurrences', record_catch_up.occurrences, 1, 2147483647);
     PERFORM jobs._check_range('runs', record_catch_up.runs, 0, record_catch_up.occurrences);
-    INSERT INTO jobs.catch_ups (definition_id, misfire_policy, first_late, last_late, occurrences, runs)
-    SELECT d.id, record_catch_up.misfire_policy, record_catch_up.first_late, record_catch_up.last_late,
-           record_catch_up.occurrences, record_catch_up.runs
+    -- Only for the materialization that went through: the cursor is where it left it.
+    IF NOT EXISTS (
+        SELECT FROM jobs.definitions AS d
+         WHERE d.id = record_catch_up.definition_id
+           AND d.next_run_at IS NOT DISTINCT FROM record_catch_up.next_run_at
+    ) THEN
+        RETURN NULL;
+    END IF;
+    IF record_catch_up.misfire_policy <> 'catch_up' THEN
+        -- Runs materialized before the downtime and never started are late occurrences too:
+        -- coalesce runs only the latest, skip runs none of them.
+        WITH stale AS (
+            SELECT r.id FROM jobs.runs AS r
+             WHERE r.definition_id = record_catch_up.definition_id AND r.status = 'QUEUED'
+               AND r.origin = 'schedule' AND r.scheduled_for < record_catch_up.first_late
+             ORDER BY r.id
+               FOR UPDATE SKIP LOCKED
+        ),
+        superseded AS (
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+                   error = CASE record_catch_up.misfire_policy
+                       WHEN 'coalesce' THEN 'skipped: superseded by coalescing (a later occurrence runs instead)'
+                       ELSE 'skipped: past the misfire grace (misfire_policy skip)'
+                   END
+              FROM stale WHERE r.id = stale.id
+            RETURNING r.scheduled_for
+        )
+        SELECT count(*), min(superseded.scheduled_for) INTO v_superseded, v_earliest FROM superseded;
+    END IF;
+    INSERT INTO jobs.catch_ups (
+        definition_id, misfire_policy, resumed_from, first_late, last_late, occurrences, runs, superseded
+    )
+    SELECT d.id, record_catch_up.misfire_policy, record_catch_up.first_late,
+           least(v_earliest, record_catch_up.first_late), record_catch_up.last_late,
+           record_catch_up.occurrences + v_superseded, record_catch_up.runs, v_superseded
       FROM jobs.definitions AS d WHERE d.id = record_catch_up.definition_id
-    ON CONFLICT ON CONSTRAINT catch_ups_once DO NOTHING;
-    RETURN FOUND;
+    ON CONFLICT ON CONSTRAINT catch_ups_once DO NOTHING
+    RETURNING * INTO v_row;
+    RETURN CASE WHEN v_row.id IS NOT NULL THEN jobs.describe_catch_up(v_row) END;
 END
 $$;
-COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer) IS
-'Scheduler: record that occurrences first_late..last_late of a definition were late and how many runs the misfire policy made of them; a repeat (second leader) adds nothing.';
+COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS
+'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
 
 -- ---------------------------------------------------------------------------
 -- Definitions, runs, retention

@@ -69,7 +69,7 @@ jobs.resign(),
 jobs.acquire_lease(text, text, interval),
 jobs.renew_lease(text, text, interval),
 jobs.release_lease(text, text),
-jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer),
+jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz),
 jobs.undefine_detail(text)
 TO jobs_operator;
 

@@ -111,6 +111,12 @@ def _first(row: Any) -> Any:
 NEW_DEFINITIONS = "SELECT * FROM jobs.new_definitions(%s)"
 DUE_DEFINITIONS = "SELECT * FROM jobs.due_definitions(%s, %s)"
 MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+# After downtime: materialize and record the catch-up (jobs.record_catch_up, which also
+# supersedes older never-started runs) in one statement, so one commit.
+MATERIALIZE_CATCH_UP = (
+    "WITH m AS MATERIALIZED (SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n)"
+    " SELECT m.n, jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded FROM m"
+)
 
 
 def try_lead(conn: Conn, owner: str) -> bool:
@@ -155,21 +161,6 @@ def materialize_one_shots(conn: Conn, lookahead: timedelta, misfire_grace: timed
         "SELECT jobs.materialize_one_shots(%s, %s) AS n", (lookahead, misfire_grace)
     ).fetchone()
     return int(_first(row)) if row else 0
-
-
-def record_catch_up(
-    conn: Conn,
-    definition_id: int,
-    misfire_policy: str,
-    first_late: datetime,
-    last_late: datetime,
-    occurrences: int,
-    runs: int,
-) -> None:
-    conn.execute(
-        "SELECT jobs.record_catch_up(%s, %s, %s, %s, %s, %s)",
-        (definition_id, misfire_policy, first_late, last_late, occurrences, runs),
-    )
 
 
 def mark_schedule_error(conn: Conn, definition_id: int, revision: int, error: str) -> None:

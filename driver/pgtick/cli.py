@@ -802,7 +802,7 @@ def _indent(text: str) -> str:
 DEFINITION_FIELDS = [
     "id", "name", "kind", "schedule", "timezone", "run_at", "paused", "finished", "next_run_at",
     "misfire_policy", "overlap_policy", "max_concurrent_runs", "priority", "max_attempts", "timeout",
-    "schedule_error", "created_at", "updated_at",
+    "payload", "schedule_error", "created_at", "updated_at",
 ]  # fmt: skip
 
 
@@ -890,7 +890,7 @@ def cmd_undefine(args: argparse.Namespace) -> Result:
 
 WORKER_FIELDS = [
     "worker", "state", "host", "pid", "kinds", "started_at", "last_seen_at", "seen_age", "running",
-    "run_ids", "oldest_heartbeat_age",
+    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at",
 ]  # fmt: skip
 
 

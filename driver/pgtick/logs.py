@@ -6,6 +6,8 @@
   (logger ``pgtick.outcome``), what job code logs through ``ctx.logger`` (``pgtick.job``),
   start and stop (``pgtick.run``), the embedded
   server (``pgtick.embedded``).
+* the human format is ``time level logger message``, and on a terminal shorter:
+  ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up);
 * ``--log-format json`` (or ``PGTICK_LOG_FORMAT=json``) writes one JSON object per
   line with stable field names (docs/cli.md): ``ts``, ``level``, ``logger``,
   ``message``, and for run outcomes ``event: "run_outcome"``, ``run_id``, ``kind``,
@@ -20,6 +22,8 @@ import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
+
+from pgtick.terminal import compact_duration
 
 #: Loggers ``pgtick run`` shows at INFO even without -v: these lines are its output.
 RUN_LOGGERS = ("pgtick.outcome", "pgtick.job", "pgtick.run", "pgtick.embedded")
@@ -49,12 +53,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class TerminalFormatter(logging.Formatter):
+    """For a person at a terminal: ``05:02:50 run=12 kind=tick ...``; the level only from
+    WARNING up, no logger name (the line fits 100 columns)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            stamp, _, rest = text.partition(" ")
+            text = f"{stamp} {record.levelname} {rest}"
+        return text
+
+
 def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> None:
     """Configure the root logger once for this process (see the module doc)."""
     fmt = log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human"
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
+    elif sys.stderr.isatty():
+        handler.setFormatter(TerminalFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     global _handler
@@ -106,7 +127,7 @@ def log_outcome(
         fields["retry_run_id"] = retry_run_id
     text = (
         f"run={run_id} kind={kind} definition={definition or '-'} status={status} attempt={attempt}"
-        f" duration={duration:.3f}s"
+        f" duration={compact_duration(duration)}"
     )
     if retry_run_id is not None:
         text += f" retry=run {retry_run_id}"

@@ -248,10 +248,12 @@ class Scheduler:
         for _ in range(20):  # bounded: the next tick continues
             rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
+            names: dict[int, str] = {}
             for d in rows:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
+                names[d["id"]] = d["name"]
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
                 planned = plans.get(memo)
                 if planned is None:
@@ -259,11 +261,11 @@ class Scheduler:
                 plan, catch_up = planned
                 if catch_up is not None:
                     catch_ups[len(calls)] = catch_up
-                    log.warning("definition=%s %s", d["name"], catch_up.describe(d["misfire_policy"], now))
                 calls.append((d["id"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]))
             if calls:
-                created = self._materialize(conn, calls, report)
-                self._record_catch_ups(conn, calls, created, catch_ups, rows)
+                for definition_id, sentence in self._materialize(conn, calls, report, catch_ups):
+                    log.warning("definition=%s %s", names[definition_id], sentence)
+                catch_ups.clear()
             if len(rows) < self.batch:
                 return
 
@@ -283,40 +285,45 @@ class Scheduler:
         )
         return settle_late(schedule, plan, cursor, now, misfire_policy)
 
-    def _record_catch_ups(
+    def _materialize(
         self,
         conn: psycopg.Connection[Any],
         calls: list[tuple[Any, ...]],
-        created: list[int],
-        catch_ups: dict[int, CatchUp],
-        rows: list[dict[str, Any]],
-    ) -> None:
-        """Record each catch-up whose materialization went through (a stale one did nothing)."""
-        by_id = {d["id"]: d for d in rows}
-        for index, c in catch_ups.items():
-            call = calls[index]
-            if call[2] and created[index] == 0:
-                continue  # stale: another leader (or a define) got there first
-            policy = by_id[call[0]]["misfire_policy"]
-            sql.record_catch_up(conn, call[0], policy, c.first_late, c.last_late, c.occurrences, c.runs)
-        catch_ups.clear()
-
-    def _materialize(
-        self, conn: psycopg.Connection[Any], calls: list[tuple[Any, ...]], report: TickReport
-    ) -> list[int]:
+        report: TickReport,
+        catch_ups: dict[int, CatchUp] | None = None,
+    ) -> list[tuple[int, str]]:
         """Each call is its own transaction; pipelined so 10,000 cost few round trips.
-        Returns the runs each call created."""
+        A catch-up is recorded in the same statement as its materialization (one commit,
+        before workers hear of the new run); returns (definition id, sentence) for each
+        catch-up recorded."""
+        catch_ups = catch_ups or {}
         with conn.pipeline():
-            cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
-        counts = []
+            cursors = []
+            for index, call in enumerate(calls):
+                c = catch_ups.get(index)
+                if c is None:
+                    cursors.append(conn.execute(sql.MATERIALIZE, call))
+                else:
+                    record = (
+                        call[0],
+                        c.misfire_policy,
+                        c.first_late,
+                        c.last_late,
+                        c.occurrences,
+                        c.runs,
+                        call[3],
+                    )
+                    cursors.append(conn.execute(sql.MATERIALIZE_CATCH_UP, (*call, *record)))
+        recorded = []
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
-            counts.append(created)
             report.runs_created += created
             if created == 0 and call[2]:
                 report.stale += 1
-        return counts
+            if row and row.get("recorded"):
+                recorded.append((call[0], row["recorded"]))
+        return recorded
 
     def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
         conn = conn or self._connection()
@@ -333,29 +340,14 @@ class Scheduler:
 
 @dataclass(frozen=True)
 class CatchUp:
-    """Occurrences found late after downtime, and how many runs the misfire policy made of them."""
+    """Occurrences found late after downtime, and how many runs the misfire policy made of them
+    (``jobs.record_catch_up`` records it and says it as a sentence)."""
 
+    misfire_policy: str
     first_late: datetime
     last_late: datetime
     occurrences: int
     runs: int
-
-    def describe(self, misfire_policy: str, now: datetime) -> str:
-        """The sentence jobs.describe_catch_up gives too, e.g.
-        ``caught up after 2m30s of downtime: 15 occurrences coalesced into 1``."""
-        from pgtick.terminal import compact_duration
-
-        n = f"{self.occurrences} occurrence{'s' if self.occurrences != 1 else ''}"
-        if misfire_policy == "coalesce":
-            what = f"{n} coalesced into {self.runs}"
-        elif misfire_policy == "catch_up":
-            what = f"{n} run late ({self.runs} runs)"
-        elif self.runs == 0:
-            what = f"{n} skipped (past the misfire grace)"
-        else:
-            skipped = self.occurrences - self.runs
-            what = f"{n}: {skipped} skipped, {self.runs} run (past the misfire grace)"
-        return f"caught up after {compact_duration(now - self.first_late)} of downtime: {what}"
 
 
 def misfire_grace_for(schedule: Schedule, cursor: datetime, configured: timedelta) -> timedelta:
@@ -394,7 +386,8 @@ def settle_late(
     else:
         run_times = plan.run_times
         runs = len(late_runs)
-    return Plan(run_times, plan.next_cursor, plan.missed), CatchUp(late[0], late[-1], len(late), runs)
+    catch_up = CatchUp(misfire_policy, late[0], late[-1], len(late), runs)
+    return Plan(run_times, plan.next_cursor, plan.missed), catch_up
 
 
 def _one_line(exc: BaseException) -> str:

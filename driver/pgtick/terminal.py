@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -198,7 +199,7 @@ class Table:
     def render(self, style: Style, *, wide: bool = False) -> str:
         cols = [c for c in self.columns if wide or not c.wide_only]
         cells = [[_one_line(c.cell(r)) for c in cols] for r in self.rows]
-        widths = [max([len(c.header), *(len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
+        widths = [max([len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
         keep = list(range(len(cols)))
         if not wide:
             keep, widths = _fit(cols, widths, style.width)
@@ -217,16 +218,28 @@ class Table:
         return "\n".join(lines)
 
 
+_ESCAPES = re.compile(r"\033\[[0-9;]*m")
+
+
+def visible_len(text: str) -> int:
+    """Columns the text takes on screen (colour codes take none)."""
+    return len(_ESCAPES.sub("", text))
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split()) if "\n" in str(text) else str(text)
 
 
 def _pad(text: str, width: int, right: bool) -> str:
-    return text.rjust(width) if right else text.ljust(width)
+    fill = " " * max(width - visible_len(text), 0)
+    return fill + text if right else text + fill
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+    if visible_len(text) <= width:
+        return text
+    plain = _ESCAPES.sub("", text)  # a cut cell loses its colour rather than its reset code
+    return plain[: max(width - 1, 0)] + "…"
 
 
 #: Columns of this priority or higher are dropped before any text is cut.

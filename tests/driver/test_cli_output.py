@@ -71,9 +71,10 @@ SELECT d.id, d.kind, v.status::jobs.run_status, v.attempt, v.retry_of, v.origin,
 INSERT INTO jobs.runs (kind, payload, scheduled_for, created_at)
 VALUES ('send-emial', '{"to": "ops@example.com"}', '2026-11-30 11:55Z', '2026-11-30 11:55Z');
 INSERT INTO jobs.catch_ups (
-    definition_id, caught_up_at, misfire_policy, first_late, last_late, occurrences, runs
+    definition_id, caught_up_at, misfire_policy, resumed_from, first_late, last_late, occurrences, runs
 )
-SELECT id, '2026-11-30 11:57:30Z', 'coalesce', '2026-11-30 11:55:00Z', '2026-11-30 11:57:20Z', 15, 1
+SELECT id, '2026-11-30 11:57:30Z', 'coalesce', '2026-11-30 11:55:00Z', '2026-11-30 11:55:00Z',
+       '2026-11-30 11:57:20Z', 15, 1
   FROM jobs.definitions WHERE name = 'every-10s';
 INSERT INTO jobs.known_kinds (kind) VALUES ('report'), ('tick'), ('crm-sync');
 INSERT INTO jobs.worker_registry (worker, host, pid, kinds, started_at, last_seen_at, stopped_at)
@@ -206,8 +207,7 @@ def test_lists_as_csv_have_a_header_and_one_line_per_row(
     assert first["id" if command != "workers" else "worker"] == str(
         as_json[0]["id" if command != "workers" else "worker"]
     )
-    if command == "runs":
-        check_golden("runs.csv", out)
+    assert set(out.splitlines()[0].split(",")) == set(as_json[0]), "the same fields as --json"
 
 
 def test_status_says_what_matters_in_words(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
