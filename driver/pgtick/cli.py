@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -586,7 +587,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
 
     table = Table(
         [
-            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=12),
+            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16),
             Column("NEXT", next_cell, priority=1),
             Column(
                 "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
@@ -611,23 +612,23 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     )
     out.append("")
     out.append(table.render(style, wide=wide) if snap["definitions"] else "no definitions")
-    notes = []
+    notes: list[tuple[str, str | None]] = []  # (text, colour)
     for d in snap["definitions"]:
         if d["schedule_error"]:
-            notes.append(paint(f"{d['name']}: schedule unusable: {d['schedule_error']}", "red", style))
+            notes.append((f"{d['name']}: schedule unusable: {d['schedule_error']}", "red"))
         if d["last_catch_up"] and not wide:
             caught = _when(d["last_catch_up_at"])
             if caught and now - caught < timedelta(hours=24):
-                notes.append(f"{d['name']}: {d['last_catch_up']} ({relative(caught, now)})")
+                notes.append((f"{d['name']}: {d['last_catch_up']} ({relative(caught, now)})", None))
     for k in snap["kinds_without_worker"]:
         why = "no worker ever registered it" if not k["ever_registered"] else "no live worker runs it"
         oldest = relative(_when(k["oldest_queued_at"]), now)
-        notes.append(
-            paint(f"kind {k['kind']}: {k['queued']} queued, oldest due {oldest}: {why}", "yellow", style)
-        )
+        notes.append((f"kind {k['kind']}: {k['queued']} queued, oldest due {oldest}: {why}", "yellow"))
     if notes:
         out.append("")
-        out.extend(notes)
+        for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
+            wrapped = textwrap.wrap(text, style.width, subsequent_indent="    ", break_on_hyphens=False)
+            out.extend(paint(line, colour, style) for line in wrapped)
     queues = Table(
         [
             Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12),
@@ -759,8 +760,9 @@ def cmd_show(args: argparse.Namespace) -> Result:
             f"  attempt     {r['attempt']}"
             + (f" of {r['max_attempts']}" if r["max_attempts"] else "")
             + f"  (origin {r['origin']})",
-            f"  worker      {r['worker'] or ''}",
         ]
+        if r["worker"]:
+            lines.append(f"  worker      {r['worker']}")
         for label, key in (
             ("scheduled", "scheduled_for"),
             ("started", "started_at"),
