@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PGTICK_LOG_FORMAT") or None,
         help="log lines as text or JSON objects (default: $PGTICK_LOG_FORMAT, else human)",
     )
+    p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -370,11 +371,14 @@ def _progress_enabled() -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pgtick import supervisor
     from pgtick.runner import RunOptions, load_app, run_app
 
+    if args.processes < 1:
+        raise UsageError(f"--processes must be at least 1, got {args.processes}")
     app = load_app(args.app)
     dsn = _dsn(args)
-    if args.migrate:
+    if args.migrate and supervisor.child_index() is None:
         with connect(dsn) as conn:
             migrate.apply(conn)
     options = RunOptions(
@@ -389,7 +393,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
     )
     try:
-        return run_app(app, dsn, options)
+        if args.processes > 1:
+            return supervisor.run_supervised(app, dsn, options, args.processes)
+        stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
+        return run_app(app, dsn, options, stop)
     finally:
         if _embedded is not None:
             _embedded.stop()
