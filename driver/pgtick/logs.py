@@ -45,6 +45,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        # What job code logs through ctx.logger carries its run (LoggerAdapter extras).
+        for attr, key in (("run", "run_id"), ("kind", "kind"), ("attempt", "attempt")):
+            if hasattr(record, attr):
+                entry[key] = getattr(record, attr)
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             entry.update(fields)

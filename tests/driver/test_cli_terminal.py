@@ -132,7 +132,7 @@ def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> Non
         "from pgtick.app import App\n"
         "app = App('outcomes')\n"
         "@app.job('ok')\n"
-        "def ok(ctx):\n    return None\n"
+        "def ok(ctx):\n    ctx.logger.info('hello from the job')\n"
         "@app.job('bad')\n"
         "def bad(ctx):\n    raise ValueError('nope')\n"
     )
@@ -171,6 +171,8 @@ def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> Non
     assert outcomes[bad_run]["status"] == "FAILED" and outcomes[bad_run]["kind"] == "bad"
     assert outcomes[bad_run]["error"] == "ValueError: nope"
     assert {"attempt", "duration_s", "worker"} <= set(outcomes[ok_run])
+    (said,) = [line for line in lines if line["message"] == "hello from the job"]
+    assert (said["logger"], said["run_id"], said["kind"]) == ("pgtick.job", ok_run, "ok")
 
 
 def test_completion_offers_the_commands(tmp_path: Path) -> None:
