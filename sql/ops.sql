@@ -120,6 +120,13 @@ SELECT
     skipped.skips AS consecutive_skips,
     d.finished_at IS NOT NULL AS finished,
     d.schedule_error,
+    coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+    coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat,
+    d.dst_gap IS NULL AND d.dst_repeat IS NULL AND d.schedule IS NOT NULL AS dst_auto,
+    d.overlap_policy,
+    d.jitter,
+    d.pause_after_failures,
+    d.paused_reason,
     coalesce(recent.outcomes, '{}') AS recent_outcomes,
     catch_up.caught_up_at AS last_catch_up_at,
     catch_up.summary AS last_catch_up
@@ -181,7 +188,7 @@ LEFT JOIN LATERAL (
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error, the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures, paused_reason (why it was paused automatically), the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence.';
 
 -- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
 CREATE OR REPLACE VIEW jobs.run_list AS

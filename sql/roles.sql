@@ -52,8 +52,10 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval
+    interval, interval, text, text, interval, integer
 ),
+jobs.backfill(text, timestamptz, timestamptz),
+jobs.finish_backfill(bigint, timestamptz[], text),
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
@@ -74,3 +76,9 @@ jobs.undefine_detail(text)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
+
+-- Pure functions the views and previews use (jobs.definition_health calls jobs._dst_auto).
+GRANT EXECUTE ON FUNCTION
+jobs._dst_auto(text),
+jobs.jitter_offset(bigint, timestamptz, interval)
+TO jobs_reader;

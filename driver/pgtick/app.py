@@ -229,7 +229,10 @@ class App:
         """Declare a definition (recurring with ``schedule``, or one-shot with ``run_at``).
 
         ``options`` are jobs.define() parameters: payload, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout.
+        priority, max_attempts, misfire_policy, overlap_policy (queue, skip, buffer_one,
+        cancel_other), timeout, heartbeat_timeout, dst_gap (shift, end, skip) and
+        dst_repeat (first, second, both; None = auto), jitter (a timedelta),
+        pause_after_failures.
         """
         self.schedules[name] = ScheduleSpec(name, kind, schedule, tz, run_at, dict(options))
 

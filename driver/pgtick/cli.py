@@ -61,6 +61,8 @@ EXAMPLES = {
     "define": "pgtick define weekday-report send-report "
     "--schedule 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' --tz Europe/Sofia\n"
     "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
+    "  pgtick define nightly etl --schedule '30 2 * * *' --tz America/New_York --dst-gap skip "
+    "--jitter 5m --pause-after-failures 3\n"
     "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
     "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
     "run-now": "pgtick run-now weekday-report",
@@ -80,7 +82,9 @@ EXAMPLES = {
     "  pgtick definitions --name 'nightly-%' --format csv",
     "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
     "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
-    "--after 2026-03-07",
+    "--after 2026-03-07\n  pgtick preview --definition weekday-report --count 5\n"
+    "  pgtick preview '0 * * * *' --tz America/New_York --dst-repeat first",
+    "backfill": "pgtick backfill weekday-report --from 2026-03-01T00:00Z --to 2026-03-08T00:00Z",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
 }
@@ -177,8 +181,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    if name not in ("preview",):
-        p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     if output is not None:
         p.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
     if output in ("table", "list"):
@@ -236,9 +239,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--max-attempts", type=int, default=None)
     p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
-    p.add_argument("--overlap", choices=["queue", "skip"], default="queue")
+    p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
     p.add_argument("--timeout", type=parse_duration, default=None)
     p.add_argument("--paused", action="store_true", help="define it paused")
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
+    p.add_argument("--jitter", type=parse_duration, default=None, help="delay each run by up to this")
+    p.add_argument("--pause-after-failures", type=int, default=None, metavar="N")
+
+    p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
+    p.add_argument("name")
+    p.add_argument("--from", dest="window_from", type=parse_instant, required=True, help="ISO time")
+    p.add_argument("--to", dest="window_to", type=parse_instant, required=True, help="ISO time")
 
     p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
     p.add_argument("kind")
@@ -304,10 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=1000)
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
-    p.add_argument("schedule")
-    p.add_argument("--tz", default="UTC")
+    p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
+    p.add_argument("--definition", default=None, help="preview a stored definition as the scheduler will")
+    p.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
     p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
     p.add_argument("--count", type=int, default=10)
+    p.add_argument(
+        "--anchor",
+        type=parse_instant,
+        default=None,
+        help="start of a rule without DTSTART (default: local midnight of the --after day)",
+    )
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock, output=None)
     p.add_argument("name")
@@ -421,7 +442,14 @@ def cmd_define(args: argparse.Namespace) -> Result:
     from pgtick.definitions import define, validate_schedule
 
     if args.schedule is not None:  # before any connection: a typo fails fast
-        validate_schedule(args.schedule, args.tz, args.name)
+        validate_schedule(
+            args.schedule,
+            args.tz,
+            args.name,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+        )
 
     with connect_dicts(_dsn(args)) as conn:
         row = define(
@@ -439,10 +467,40 @@ def cmd_define(args: argparse.Namespace) -> Result:
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
             enabled=False if args.paused else None,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+            pause_after_failures=args.pause_after_failures,
         )
     data = _jsonable(dict(row))
     return Result(
         data, lambda s, w: f"definition={row['name']} id={row['id']} revision={row['revision']} saved"
+    )
+
+
+def cmd_backfill(args: argparse.Namespace) -> Result:
+    from pgtick.scheduler import materialize_backfills
+
+    for value in (args.window_from, args.window_to):
+        if value.tzinfo is None:
+            raise UsageError("--from and --to need a UTC offset (e.g. 2026-03-01T00:00Z)")
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute(
+            "SELECT * FROM jobs.backfill(%s, %s, %s)", (args.name, args.window_from, args.window_to)
+        ).fetchone()
+        assert row is not None
+        materialize_backfills(conn)
+        done = conn.execute("SELECT * FROM jobs.backfills WHERE id = %s", (row["id"],)).fetchone()
+    assert done is not None
+    if done["error"]:
+        raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
+    runs = done["runs_created"] or 0
+    return Result(
+        {"definition": args.name, "backfill_id": row["id"], "runs": runs},
+        lambda st, w: (
+            f"definition={args.name} backfill={row['id']} runs={runs} "
+            "(occurrences that already had a run were left alone)"
+        ),
     )
 
 
@@ -959,39 +1017,107 @@ def cmd_prune(args: argparse.Namespace) -> Result:
     )
 
 
-# -- preview, lock, dsn ------------------------------------------------------------------
+# -- preview, backfill, lock, dsn ----------------------------------------------------------
 
 
-def cmd_preview(args: argparse.Namespace) -> Result:
-    from pgtick.schedule import ScheduleError, parse_schedule, preview
-
-    if not 1 <= args.count <= 1000:
-        raise UsageError("--count must be 1..1000")
-    after = args.after or datetime.now(UTC)
-    try:
-        schedule = parse_schedule(args.schedule, args.tz)
-        if after.tzinfo is None:
-            after = after.replace(tzinfo=_zone(args.tz))
-        runs = preview(schedule, after, args.count)
-    except ScheduleError as exc:
-        raise UsageError(str(exc)) from exc
-    from pgtick.schedule import format_preview
-
-    data = {
-        "schedule": args.schedule,
-        "timezone": args.tz,
+def _preview_data(
+    text: str | None, zone: str, runs: Sequence[datetime], definition: str | None = None
+) -> dict[str, Any]:
+    """What `pgtick preview --json` prints (schema: docs/schemas/preview.json)."""
+    tz = _zone(zone)
+    return {
+        "schedule": text,
+        "timezone": zone,
+        "definition": definition,
         "runs": [
-            {"local": local.replace(tzinfo=None).isoformat(), "abbreviation": local.tzname(), "utc": iso(utc)}
-            for local, utc in runs
+            {
+                "local": t.astimezone(tz).replace(tzinfo=None).isoformat(),
+                "abbreviation": t.astimezone(tz).tzname(),
+                "utc": iso(t),
+            }
+            for t in runs
         ],
     }
 
-    def text(style: Style, wide: bool) -> str:
-        lines = [f"next {args.count} runs of {args.schedule!r} in {args.tz} (local, then UTC):"]
-        lines += [f"  {line}" for line in format_preview(schedule, after, args.count)]
-        return "\n".join(lines)
 
-    return Result(data, text)
+def cmd_preview(args: argparse.Namespace) -> Result:
+    from zoneinfo import ZoneInfo
+
+    from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule, preview
+
+    if not 1 <= args.count <= 1000:
+        raise UsageError("--count must be 1..1000")
+    if (args.schedule is None) == (args.definition is None):
+        raise UsageError("give a schedule or --definition NAME (not both)")
+    if args.definition is not None:
+        if args.anchor is not None or args.tz is not None:
+            raise UsageError("--anchor and --tz come from the definition; leave them out with --definition")
+        return _preview_definition(args)
+    tz = args.tz or "UTC"
+    after = args.after or datetime.now(UTC)
+    try:
+        if after.tzinfo is None:
+            after = after.replace(tzinfo=ZoneInfo(tz))
+        if args.anchor is None:  # as if the definition were created at the start of the preview
+            anchor = anchor_for(after, tz)
+            note = (
+                "as if defined now: local midnight today"
+                if args.after is None
+                else "as if defined at --after: local midnight that day"
+            )
+        else:
+            anchor = args.anchor if args.anchor.tzinfo else args.anchor.replace(tzinfo=ZoneInfo(tz))
+            note = "--anchor"
+        schedule = parse_schedule(
+            args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
+        )
+        lines = format_preview(schedule, after, args.count)
+        runs = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
+    except (ScheduleError, LookupError) as exc:
+        raise UsageError(str(exc)) from exc
+    out = [f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):"]
+    out += [f"  {line}" for line in header(schedule, anchor_note=note)]
+    out += [f"  {line}" for line in lines]
+    return Result(_preview_data(args.schedule, tz, runs), lambda st, w: "\n".join(out))
+
+
+def _preview_definition(args: argparse.Namespace) -> Result:
+    """A stored definition's next runs exactly as the scheduler will materialize them."""
+    from pgtick.schedule import ScheduleError, format_preview, header, preview
+    from pgtick.scheduler import definition_schedule
+
+    with connect_dicts(_dsn(args)) as conn:
+        d = conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (args.definition,)).fetchone()
+        if d is None:
+            raise UsageError(f"definition {args.definition!r} does not exist")
+        if d["schedule"] is None:
+            raise UsageError(f"definition {args.definition!r} is a one-shot at {d['run_at'].isoformat()}")
+        if args.dst_gap is not None or args.dst_repeat is not None:
+            d = {**d, "dst_gap": args.dst_gap or d["dst_gap"]}
+            d["dst_repeat"] = args.dst_repeat or d["dst_repeat"]
+        after = args.after or datetime.now(UTC)
+        if after.tzinfo is None:
+            raise UsageError("--after needs a UTC offset with --definition")
+
+        def jitter(runs: Sequence[datetime]) -> list[timedelta]:
+            rows = conn.execute(
+                "SELECT jobs.jitter_offset(%s, t, %s) AS j FROM unnest(%s::timestamptz[]) AS t",
+                (d["id"], d["jitter"], list(runs)),
+            ).fetchall()
+            return [row["j"] for row in rows]
+
+        try:
+            schedule = definition_schedule(d)
+            lines = format_preview(schedule, after, args.count, delay=jitter)
+            plain = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
+            runs = [t + j for t, j in zip(plain, jitter(plain), strict=True)] if plain else []
+        except ScheduleError as exc:
+            raise UsageError(str(exc)) from exc
+    out = [f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):"]
+    out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
+    out += [f"  {line}" for line in lines]
+    data = _preview_data(d["schedule"], d["timezone"], runs, definition=d["name"])
+    return Result(data, lambda st, w: "\n".join(out))
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

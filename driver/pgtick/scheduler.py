@@ -8,7 +8,7 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    occurrences here (RRULE/cron in the definition's time zone, misfire policy)
    and hand them to ``jobs.materialize``, a compare-and-set on the cursor plus
    the inserts in one commit, so a second leader in the same instant adds nothing;
-4. ``jobs.materialize_one_shots()``;
+4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
 6. ``jobs.prune()`` now and then.
 
@@ -27,9 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from datetime import time as dtime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import psycopg
 
@@ -39,6 +37,7 @@ from pgtick.schedule import (
     Plan,
     Schedule,
     ScheduleError,
+    anchor_for,
     first_cursor,
     parse_schedule,
     plan_materialization,
@@ -59,14 +58,7 @@ class TickReport:
     reaped: list[dict[str, Any]] = field(default_factory=list)
     pruned: int = 0
     schedule_errors: int = 0
-
-
-def anchor_for(created_at: datetime, timezone: str) -> datetime:
-    """Start of a DTSTART-less RRULE: local midnight of the day the definition was created,
-    so FREQ=DAILY;BYHOUR=8 means 08:00:00 and FREQ=HOURLY means on the hour."""
-    zone = ZoneInfo(timezone)
-    local_day = created_at.astimezone(zone).date()
-    return datetime.combine(local_day, dtime(0, 0), tzinfo=zone)
+    backfilled: int = 0
 
 
 class Scheduler:
@@ -98,8 +90,8 @@ class Scheduler:
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
         self._last_prune = float("-inf")  # prune on the first tick as leader
-        # Parsed schedules by (text, zone, anchor): definitions sharing a schedule share it.
-        self._parsed: dict[tuple[str, str, datetime], Schedule] = {}
+        # Parsed schedules by (text, zone, anchor, DST policy): definitions sharing one share it.
+        self._parsed: dict[tuple[str, str, datetime, str | None, str | None], Schedule] = {}
 
     # -- loop ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -193,6 +185,7 @@ class Scheduler:
         self._init_cursors(conn, now, report)
         self._materialize_recurring(conn, now, report)
         report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
+        report.backfilled = materialize_backfills(conn)
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
@@ -204,12 +197,10 @@ class Scheduler:
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
     ) -> Schedule | None:
         try:
-            anchor = anchor_for(d["created_at"], d["timezone"])
-            key = (d["schedule"], d["timezone"], anchor)
-            cached = self._parsed.get(key)
-            if cached is not None:
-                return cached
-            parsed = parse_schedule(d["schedule"], d["timezone"], anchor=anchor, definition=d["name"])
+            parsed = self._parsed_schedule(d)
+            if parsed is not None:
+                return parsed
+            parsed = definition_schedule(d)
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
@@ -217,8 +208,11 @@ class Scheduler:
             return None
         if len(self._parsed) >= 10000:
             self._parsed.clear()
-        self._parsed[key] = parsed
+        self._parsed[_schedule_key(d)] = parsed
         return parsed
+
+    def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
+        return self._parsed.get(_schedule_key(d))
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
@@ -336,6 +330,54 @@ class Scheduler:
         if total:
             log.info("pruned %d finished runs", total)
         return total
+
+
+def _schedule_key(d: dict[str, Any]) -> tuple[str, str, datetime, str | None, str | None]:
+    anchor = anchor_for(d["created_at"], d["timezone"])
+    return (d["schedule"], d["timezone"], anchor, d.get("dst_gap"), d.get("dst_repeat"))
+
+
+def definition_schedule(d: dict[str, Any]) -> Schedule:
+    """A stored definition's schedule exactly as the scheduler reads it: anchored at local
+    midnight of its creation day, with its DST policy.  `d` is a jobs.definitions row."""
+    return parse_schedule(
+        d["schedule"],
+        d["timezone"],
+        anchor=anchor_for(d["created_at"], d["timezone"]),
+        dst_gap=d.get("dst_gap"),
+        dst_repeat=d.get("dst_repeat"),
+        definition=d["name"],
+    )
+
+
+def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
+    """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
+
+    Each request is finished once (jobs.finish_backfill fences on its done_at), and an
+    occurrence that already has its run is not inserted again.
+    """
+    created = 0
+    for b in sql.pending_backfills(conn, limit):
+        error: str | None = None
+        times: list[datetime] = []
+        try:
+            schedule = definition_schedule(b)
+            for occurrence in schedule.occurrences(b["window_from"], inclusive=True):
+                assert occurrence.at is not None
+                if occurrence.at > b["window_to"]:
+                    break
+                if len(times) >= 100_000:
+                    error = "the window holds more than 100000 occurrences; backfill smaller windows"
+                    times = []
+                    break
+                times.append(occurrence.at)
+        except (ScheduleError, ValueError, LookupError) as exc:
+            error = str(exc)
+        n = sql.finish_backfill(conn, b["backfill_id"], times, error)
+        created += n
+        suffix = f" error={error}" if error else ""
+        log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
+    return created
 
 
 @dataclass(frozen=True)

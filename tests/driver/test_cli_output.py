@@ -270,6 +270,11 @@ def test_every_other_command_prints_json_valid_against_its_schema(
         run_cli(capsys, "preview", "0 9 * * 1-5", "--tz", "Europe/Sofia", "--count", "3", "--json")
     )
     validate("preview", preview)
+    stored = json.loads(run_cli(capsys, "preview", "--definition", "nightly-report", "--json", *dsn))
+    validate("preview", stored)
+    assert stored["definition"] == "nightly-report" and len(stored["runs"]) == 10
+    backfill = ["backfill", "nightly-report", "--from", "2026-11-20T00:00Z", "--to", "2026-11-22T00:00Z"]
+    validate("backfill", json.loads(run_cli(capsys, *backfill, "--json", *dsn)))
 
 
 def test_undefine_says_what_happens_to_the_runs(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
