@@ -55,7 +55,8 @@ log = logging.getLogger("pgtick.cli")
 EXAMPLES = {
     "run": "pgtick run examples/app.py            # embedded PostgreSQL\n"
     "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20\n"
-    "  pgtick run myproj.jobs:app --log-format json   # one JSON object per line",
+    "  pgtick run myproj.jobs:app --log-format json   # one JSON object per line\n"
+    "  pgtick run myproj.jobs:app --queues mail,reports   # claim only from these queues",
     "migrate": "pgtick migrate --dsn postgresql://localhost/app\n"
     "  pgtick migrate --sql | psql -v ON_ERROR_STOP=1 -d app",
     "define": "pgtick define weekday-report send-report "
@@ -64,11 +65,14 @@ EXAMPLES = {
     "  pgtick define nightly etl --schedule '30 2 * * *' --tz America/New_York --dst-gap skip "
     "--jitter 5m --pause-after-failures 3\n"
     "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
-    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
+    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42\n'
+    "  pgtick enqueue sync-account --queue tenants --concurrency-key acme",
     "run-now": "pgtick run-now weekday-report",
     "cancel": "pgtick cancel 1234\n  pgtick cancel --definition weekday-report   # every queued run",
     "pause": "pgtick pause weekday-report",
     "resume": "pgtick resume weekday-report",
+    "pause-queue": "pgtick pause-queue mail     # claims stop now; running jobs finish",
+    "resume-queue": "pgtick resume-queue mail",
     "retry": "pgtick retry 1234",
     "status": "pgtick status\n  pgtick status --wide --recent 20\n  pgtick status --json\n"
     "  pgtick status --watch 2",
@@ -93,6 +97,16 @@ STATUSES = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_queue_list(text: str) -> list[str]:
+    """'mail,reports' -> ['mail', 'reports'] (non-empty names of up to 200 characters)."""
+    names = [name.strip() for name in text.split(",")]
+    if not names or any(not name or len(name) > 200 for name in names):
+        raise argparse.ArgumentTypeError(
+            f"queues must be a comma-separated list of queue names, got {text!r}"
+        )
+    return names
 
 
 def parse_duration(text: str) -> float:
@@ -222,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PGTICK_LOG_FORMAT") or None,
         help="log lines as text or JSON objects (default: $PGTICK_LOG_FORMAT, else human)",
     )
+    p.add_argument(
+        "--queues",
+        type=parse_queue_list,
+        default=None,
+        help="claim only from these queues (a,b; default all)",
+    )
     p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
@@ -258,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-at", type=parse_instant, default=None)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--key", default=None, help="idempotency key")
+    p.add_argument("--queue", default="default", help="queue (default 'default')")
+    p.add_argument("--concurrency-key", default=None, help="tenant/customer key for per-key limits")
 
     p = _command(sub, "run-now", "queue a run of a definition now", cmd_run_now)
     p.add_argument("name")
@@ -269,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         p = _command(sub, name, f"{verb} a definition", cmd_pause_resume)
         p.add_argument("name")
+
+    p = _command(sub, "pause-queue", "stop claiming from a queue now (running jobs finish)", cmd_queue_pause)
+    p.add_argument("name")
+    p = _command(sub, "resume-queue", "resume claiming from a paused queue", cmd_queue_pause)
+    p.add_argument("name")
 
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
     p.add_argument("run_id", type=int)
@@ -412,6 +439,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
+        queues=args.queues,
     )
     try:
         if args.processes > 1:
@@ -510,7 +538,16 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
     notices: list[str] = []
     with connect_dicts(_dsn(args)) as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        row = calls.enqueue(conn, args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key)
+        row = calls.enqueue(
+            conn,
+            args.kind,
+            Jsonb(args.payload or {}),
+            args.run_at,
+            args.priority,
+            args.key,
+            queue=args.queue,
+            concurrency_key=args.concurrency_key,
+        )
     assert row is not None
     for notice in notices:
         _warn("enqueue", notice)
@@ -561,6 +598,19 @@ def cmd_pause_resume(args: argparse.Namespace) -> Result:
         {"definition": args.name, "paused": paused},
         lambda s, w: f"definition={args.name} {'paused' if paused else 'resumed'}",
     )
+
+
+def cmd_queue_pause(args: argparse.Namespace) -> Result:
+    pause = args.command == "pause-queue"
+    with connect(_dsn(args)) as conn:
+        changed = calls.pause_queue(conn, args.name) if pause else calls.resume_queue(conn, args.name)
+    state = "paused" if pause else "resumed"
+    text = (
+        f"queue={args.name} {state}"
+        if changed
+        else f"queue={args.name} already {state if pause else 'running'}"
+    )
+    return Result({"queue": args.name, "paused": pause, "changed": bool(changed)}, lambda st, w: text)
 
 
 def cmd_retry(args: argparse.Namespace) -> Result:
@@ -697,6 +747,12 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     queues = Table(
         [
             Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12),
+            Column(
+                "QUEUE",
+                lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
+                priority=2,
+                shrink=True,
+            ),
             Column("QUEUED", lambda q: str(q["queued"]), right=True, priority=0),
             Column("OLDEST", lambda q: _age(q["oldest_queued_at"], now), right=True, priority=1),
             Column("RUNNING", lambda q: str(q["running"]), right=True, priority=0),
@@ -712,6 +768,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             Column("SKIPPED/1H", lambda q: str(q["skipped_1h"]), right=True, priority=3),
             Column("LOST/1H", lambda q: str(q["lost_1h"]), right=True, priority=3),
             Column("CANCELLED/1H", lambda q: str(q["cancelled_1h"]), right=True, wide_only=True),
+            Column("BLOCKED", lambda q: str(q.get("blocked", 0)), right=True, wide_only=True),
+            Column("RATE-LIMITED", lambda q: str(q.get("rate_limited", 0)), right=True, wide_only=True),
         ],
         snap["queues"],
     )

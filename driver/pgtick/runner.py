@@ -62,6 +62,7 @@ class RunOptions:
     scheduler: bool = True
     worker: bool = True
     metrics_port: int | None = None
+    queues: list[str] | None = None  # claim only from these queues (None: all)
 
 
 def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
@@ -92,6 +93,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             heartbeat_interval=options.heartbeat_interval,
             shutdown_grace=options.shutdown_grace,
             listener=listener,
+            queues=options.queues,
         )
         threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
     if options.scheduler:

@@ -76,6 +76,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         listen: bool = True,
         listener: WorkerListener | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -90,6 +91,7 @@ class Worker:
         self.listen = listen
         self.listener = listener
         self.kinds = sorted(app.jobs)
+        self.queues = sorted(set(queues)) if queues else None  # None: every queue
         self.stats = WorkerStats()
         self.events = Listeners([self.stats, listener])
         self.default_heartbeat_timeout = 60.0
@@ -236,7 +238,9 @@ class Worker:
                     else None
                 )
                 claim_cur = (
-                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds)) if want > 0 else None
+                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues))
+                    if want > 0
+                    else None
                 )
             done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             rows = claim_cur.fetchall() if claim_cur is not None else []

@@ -179,6 +179,8 @@ COMMANDS = [
     "workers",
     "prune",
     "definitions",
+    "pause-queue",
+    "resume-queue",
     "backfill",
 ]
 
