@@ -118,6 +118,12 @@ def _first(row: Any) -> Any:
 NEW_DEFINITIONS = "SELECT * FROM jobs.new_definitions(%s)"
 DUE_DEFINITIONS = "SELECT * FROM jobs.due_definitions(%s, %s)"
 MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+# After downtime: materialize and record the catch-up (jobs.record_catch_up, which also
+# supersedes older never-started runs) in one statement, so one commit.
+MATERIALIZE_CATCH_UP = (
+    "WITH m AS MATERIALIZED (SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n)"
+    " SELECT m.n, jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded FROM m"
+)
 
 
 def try_lead(conn: Conn, owner: str) -> bool:
@@ -409,3 +415,87 @@ def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: 
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
     return int(row[0]) if row else 0
+
+
+# --- the operator's console (cli.py; sql/console.sql) -------------------------
+
+REGISTER_WORKER = "SELECT jobs.register_worker(%s, %s, %s, %s)"
+WORKER_SEEN = "SELECT jobs.worker_seen(%s)"
+WORKER_STOPPED = "SELECT jobs.worker_stopped(%s)"
+
+
+def register_worker(conn: Conn, worker_id: str, kinds: list[str], host: str, pid: int) -> None:
+    conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid))
+
+
+def worker_seen(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_SEEN, (worker_id,))
+
+
+def worker_stopped(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_STOPPED, (worker_id,))
+
+
+def leader_detail(conn: Conn) -> Any:
+    return conn.execute("SELECT owner, pid, since, leading_for FROM jobs.leader LIMIT 1").fetchone()
+
+
+def status_definitions(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT name, kind, schedule, timezone, paused, finished, next_run_at, running, queued,"
+        " max_concurrent_runs, last_status, last_success_at, last_failure_at, consecutive_failures,"
+        " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at"
+        " FROM jobs.definition_health ORDER BY name"
+    ).fetchall()
+
+
+def kinds_without_worker(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT * FROM jobs.kinds_without_worker ORDER BY kind").fetchall()
+
+
+def workers(conn: Conn, include_gone: bool) -> list[Any]:
+    return conn.execute(
+        "SELECT * FROM jobs.workers WHERE %s OR state = 'alive' ORDER BY state, started_at DESC, worker",
+        (include_gone,),
+    ).fetchall()
+
+
+def definition_list(
+    conn: Conn, kind: str | None, name_like: str | None, state: str | None, limit: int
+) -> list[Any]:
+    return conn.execute(
+        """
+        SELECT * FROM jobs.definition_list
+         WHERE (%(kind)s::text IS NULL OR kind = %(kind)s)
+           AND (%(name)s::text IS NULL OR name LIKE %(name)s)
+           AND (%(state)s::text IS NULL
+                OR (%(state)s = 'paused' AND paused)
+                OR (%(state)s = 'finished' AND finished)
+                OR (%(state)s = 'active' AND NOT paused AND NOT finished))
+         ORDER BY name LIMIT %(limit)s
+        """,
+        {"kind": kind, "name": name_like, "state": state, "limit": limit},
+    ).fetchall()
+
+
+def run_detail(conn: Conn, run_id: int) -> Any:
+    return conn.execute("SELECT * FROM jobs.run_detail(%s)", (run_id,)).fetchone()
+
+
+def undefine_detail(conn: Conn, name: str) -> Any:
+    return conn.execute("SELECT * FROM jobs.undefine_detail(%s)", (name,)).fetchone()
+
+
+def prune_count(conn: Conn, older_than: timedelta | None) -> int:
+    row = conn.execute("SELECT jobs.prune_count(%s) AS n", (older_than,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def prune_batch(conn: Conn, older_than: timedelta | None, batch: int) -> int:
+    row = conn.execute("SELECT jobs.prune(%s, %s) AS n", (older_than, batch)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def definition_names(conn: Conn, ids: list[int]) -> dict[int, str]:
+    rows = conn.execute("SELECT id, name FROM jobs.definitions WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {int(_first(r)): str(r["name"] if isinstance(r, dict) else r[1]) for r in rows}

@@ -20,6 +20,7 @@ every time, in one transaction.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,8 +173,15 @@ def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
     return calls.applied_migrations(conn)
 
 
-def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
+def apply(
+    conn: psycopg.Connection[Any],
+    root: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[str]:
     """Apply pending migrations and re-apply functions; returns the versions applied now.
+
+    ``progress(step, done, total)`` is called after each migration and once for the
+    functions (the CLI draws a progress bar with it).
 
     ``conn`` must be in autocommit mode: each migration is its own transaction,
     and the advisory lock is held by the session across all of them.
@@ -189,18 +197,22 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
     try:
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
-        for migration in plan.migrations:
-            if migration.version in already:
-                continue
+        pending = [m for m in plan.migrations if m.version not in already]
+        total = len(pending) + 1
+        for migration in pending:
             with conn.transaction():
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
             done.append(migration.version)
+            if progress is not None:
+                progress(f"{migration.version}_{migration.name}", len(done), total)
         with conn.transaction():
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
             if done:
                 calls.record_package_version(conn, _package_version(), done)
+        if progress is not None:
+            progress("functions and views", total, total)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
     return done

@@ -312,52 +312,88 @@ class Scheduler:
         self, conn: psycopg.Connection[Any], now: datetime, report: TickReport
     ) -> None:
         horizon = now + self.lookahead
-        plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
+        # shared schedule, same cursor: same plan
+        plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
+        catch_ups: dict[int, CatchUp] = {}  # by index in this batch's calls
         for _ in range(20):  # bounded: the next tick continues
             rows = sql.due_definitions(conn, horizon, self.batch)
             calls: list[tuple[Any, ...]] = []
+            names: dict[int, str] = {}
             for d in rows:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
+                names[d["id"]] = d["name"]
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
-                plan = plans.get(memo)
-                if plan is None:
-                    plan = plans[memo] = plan_materialization(
-                        schedule,
-                        d["next_run_at"],
-                        now,
-                        misfire_policy=d["misfire_policy"],
-                        lookahead=self.lookahead,
-                        misfire_grace=self.misfire_grace,
-                        max_runs=self.max_catch_up,
-                    )
-                if plan.missed:
-                    log.info(
-                        "definition=%s %d missed occurrences, misfire_policy=%s: %d runs",
-                        d["name"],
-                        plan.missed,
-                        d["misfire_policy"],
-                        len(plan.run_times),
-                    )
+                planned = plans.get(memo)
+                if planned is None:
+                    planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                plan, catch_up = planned
+                if catch_up is not None:
+                    catch_ups[len(calls)] = catch_up
                 calls.append((d["id"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]))
             if calls:
-                self._materialize(conn, calls, report)
+                for definition_id, sentence in self._materialize(conn, calls, report, catch_ups):
+                    log.warning("definition=%s %s", names[definition_id], sentence)
+                catch_ups.clear()
             if len(rows) < self.batch:
                 return
 
+    def _plan(
+        self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str
+    ) -> tuple[Plan, CatchUp | None]:
+        """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``)."""
+        grace = misfire_grace_for(schedule, cursor, self.misfire_grace)
+        plan = plan_materialization(
+            schedule,
+            cursor,
+            now,
+            misfire_policy=misfire_policy,
+            lookahead=self.lookahead,
+            misfire_grace=grace,
+            max_runs=self.max_catch_up,
+        )
+        return settle_late(schedule, plan, cursor, now, misfire_policy)
+
     def _materialize(
-        self, conn: psycopg.Connection[Any], calls: list[tuple[Any, ...]], report: TickReport
-    ) -> None:
-        """Each call is its own transaction; pipelined so 10,000 cost few round trips."""
+        self,
+        conn: psycopg.Connection[Any],
+        calls: list[tuple[Any, ...]],
+        report: TickReport,
+        catch_ups: dict[int, CatchUp] | None = None,
+    ) -> list[tuple[int, str]]:
+        """Each call is its own transaction; pipelined so 10,000 cost few round trips.
+        A catch-up is recorded in the same statement as its materialization (one commit,
+        before workers hear of the new run); returns (definition id, sentence) for each
+        catch-up recorded."""
+        catch_ups = catch_ups or {}
         with conn.pipeline():
-            cursors = [conn.execute(sql.MATERIALIZE, call) for call in calls]
+            cursors = []
+            for index, call in enumerate(calls):
+                c = catch_ups.get(index)
+                if c is None:
+                    cursors.append(conn.execute(sql.MATERIALIZE, call))
+                else:
+                    record = (
+                        call[0],
+                        c.misfire_policy,
+                        c.first_late,
+                        c.last_late,
+                        c.occurrences,
+                        c.runs,
+                        call[3],
+                    )
+                    cursors.append(conn.execute(sql.MATERIALIZE_CATCH_UP, (*call, *record)))
+        recorded = []
         for call, cur in zip(calls, cursors, strict=True):
             row = cur.fetchone()
             created = int(row["n"]) if row else 0
             report.runs_created += created
             if created == 0 and call[2]:
                 report.stale += 1
+            if row and row.get("recorded"):
+                recorded.append((call[0], row["recorded"]))
+        return recorded
 
     def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
         conn = conn or self._connection()
@@ -418,6 +454,58 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
         suffix = f" error={error}" if error else ""
         log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
     return created
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Occurrences found late after downtime, and how many runs the misfire policy made of them
+    (``jobs.record_catch_up`` records it and says it as a sentence)."""
+
+    misfire_policy: str
+    first_late: datetime
+    last_late: datetime
+    occurrences: int
+    runs: int
+
+
+def misfire_grace_for(schedule: Schedule, cursor: datetime, configured: timedelta) -> timedelta:
+    """The misfire grace for a schedule at its cursor: the configured one, but at most one
+    period (the gap from the cursor to the following occurrence), so an every-10-seconds
+    job that was down for minutes does not replay the occurrences of the last minute."""
+    following = schedule.next_after(cursor, inclusive=False)
+    if following is None:
+        return configured
+    return min(configured, following - cursor)
+
+
+def settle_late(
+    schedule: Schedule, plan: Plan, cursor: datetime, now: datetime, misfire_policy: str
+) -> tuple[Plan, CatchUp | None]:
+    """After downtime (the plan found missed occurrences), count every late occurrence
+    (cursor <= t <= now, up to where the plan stops) and keep the policy's promise for
+    all of them: ``coalesce`` makes exactly one run, at the latest late occurrence (the
+    plan alone coalesces those past the grace but still runs the recent ones one by
+    one, which an overlap cap then records as skipped for a false reason); ``catch_up``
+    runs each; ``skip`` runs only those still within the grace. Occurrences after now
+    are planned as usual."""
+    if not plan.missed:
+        return plan, None
+    end = now
+    if plan.next_cursor is not None and plan.next_cursor <= now:
+        end = plan.next_cursor - timedelta(microseconds=1)
+    late = schedule.between(cursor, end, limit=10_000_000)
+    if not late:
+        return plan, None
+    late_runs = [t for t in plan.run_times if t <= now]
+    future = [t for t in plan.run_times if t > now]
+    if misfire_policy == "coalesce":
+        run_times = [late[-1], *future]
+        runs = 1
+    else:
+        run_times = plan.run_times
+        runs = len(late_runs)
+    catch_up = CatchUp(misfire_policy, late[0], late[-1], len(late), runs)
+    return Plan(run_times, plan.next_cursor, plan.missed), catch_up
 
 
 def _one_line(exc: BaseException) -> str:

@@ -31,7 +31,9 @@ and retried until the database answers: the fenced SQL makes a repeat harmless.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -101,6 +103,7 @@ class Worker:
         self.reporter = Reporter(self.worker_id, self.events, self._release)
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
         self._threads: list[threading.Thread] = []
+        self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
@@ -175,11 +178,16 @@ class Worker:
             for _ in self._threads:
                 self._tasks.put(None)
             if conn is not None:
+                try:
+                    calls.worker_stopped(conn, self.worker_id)
+                except DB_ERRORS:
+                    pass  # it shows as lost instead of stopped
                 conn.close()
             log.info("worker=%s stopped", self.worker_id)
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
+        calls.register_worker(conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid())
         timeout = calls.default_heartbeat_timeout(conn)
         if timeout is not None:
             self.default_heartbeat_timeout = timeout.total_seconds()
@@ -244,6 +252,7 @@ class Worker:
                 )
             done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             rows = claim_cur.fetchall() if claim_cur is not None else []
+            self._name_definitions(conn, rows)
         except BaseException:
             self.reporter.requeue(plain)  # report them again on the next cycle
             raise
@@ -252,6 +261,15 @@ class Worker:
         if want <= 0:
             return False
         return self._dispatch(rows, want, began)
+
+    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
+        """Put each claimed run's definition name in its row (for the outcome log line);
+        names are looked up once per definition and kept."""
+        unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
+        if unknown:
+            self._names.update(calls.definition_names(conn, unknown))
+        for r in rows:
+            r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
 
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full."""
