@@ -10,7 +10,8 @@ Threads, each with its own connection where it talks to PostgreSQL:
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
   cancelled at its next checkpoint; failures are logged, never fatal to the jobs;
-* the listener: LISTEN jobs, so a new run starts within milliseconds;
+* the listener: LISTEN jobs, so a new run starts within milliseconds (not behind a
+  transaction pooler, nor with ``listen=False``: then polling every ``poll_interval``);
 * the completer: sends each cycle's plain completions (``jobs.complete_many``)
   on a connection of its own while the claim loop's claim runs, so the two
   commits overlap (PostgreSQL flushes them together) instead of queueing one
@@ -34,7 +35,9 @@ and retried until the database answers: the fenced SQL makes a repeat harmless.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -44,10 +47,10 @@ from typing import Any
 
 import psycopg
 
-from pgtick import calls
+from pgtick import calls, instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
-from pgtick.db import DB_ERRORS, connect, connect_dicts
+from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, execute
 from pgtick.heartbeat import HeartbeatLoop
@@ -111,6 +114,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
+        self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
@@ -187,11 +191,16 @@ class Worker:
             self._completer.submit(self._close_done_conn)
             self._completer.shutdown(wait=True)
             if conn is not None:
+                try:
+                    calls.worker_stopped(conn, self.worker_id)
+                except DB_ERRORS:
+                    pass  # it shows as lost instead of stopped
                 conn.close()
             log.info("worker=%s stopped", self.worker_id)
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
+        calls.register_worker(conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid())
         timeout = calls.default_heartbeat_timeout(conn)
         if timeout is not None:
             self.default_heartbeat_timeout = timeout.total_seconds()
@@ -212,6 +221,13 @@ class Worker:
         while not stop.is_set():
             try:
                 with connect(self.dsn, application_name=f"pgtick-listen {self.worker_id}") as conn:
+                    if behind_pooler(conn):  # a transaction pooler delivers no notifications
+                        log.info(
+                            "worker=%s behind a pooler: polling every %.2fs",
+                            self.worker_id,
+                            self.poll_interval,
+                        )
+                        return
                     calls.listen(conn)
                     while not stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
@@ -245,6 +261,7 @@ class Worker:
                 if want > 0
                 else []
             )
+            self._name_definitions(conn, rows)
         except BaseException:
             if done is not None:
                 self._settle_plain(plain, done)
@@ -287,9 +304,19 @@ class Worker:
         for o in plain:
             self.reporter.settle(o, o.ctx.run_id in applied)
 
+    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
+        """Put each claimed run's definition name in its row (for the outcome log line);
+        names are looked up once per definition and kept."""
+        unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
+        if unknown:
+            self._names.update(calls.definition_names(conn, unknown))
+        for r in rows:
+            r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
+
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full."""
         self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
+        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
             return False
         contexts = []
