@@ -27,7 +27,8 @@ jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
 jobs.complete_many(bigint[], text),
 jobs.fail(bigint, text, text[], text, text),
-jobs.acknowledge_cancel(bigint, text, text)
+jobs.acknowledge_cancel(bigint, text, text),
+jobs.next_due(text[])
 TO jobs_worker;
 
 GRANT EXECUTE ON FUNCTION
@@ -50,6 +51,8 @@ jobs.new_definitions(integer),
 jobs.due_definitions(timestamptz, integer),
 jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer),
 jobs.materialize_one_shots(interval, interval),
+jobs.materialize_many(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]),
+jobs.define_many(jsonb),
 jobs.mark_schedule_error(bigint, integer, text),
 jobs.reap(),
 jobs.prune(interval, integer),

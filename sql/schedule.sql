@@ -313,11 +313,12 @@ SELECT
     d.revision,
     d.created_at,
     d.next_run_at,
-    d.misfire_policy
+    d.misfire_policy,
+    d.materialize_retry_at
 FROM jobs.definitions AS d
 WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;
 COMMENT ON VIEW jobs._live_schedules IS
-'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from.';
+'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from, and when one backing off after failed run inserts may be tried again.';
 
 -- Recurring definitions whose cursor is not initialized yet, oldest first.
 CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
@@ -336,10 +337,12 @@ RETURNS SETOF jobs._live_schedules
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT * FROM jobs._live_schedules AS d WHERE d.next_run_at <= horizon ORDER BY d.next_run_at LIMIT max_rows
+    SELECT * FROM jobs._live_schedules AS d
+     WHERE d.next_run_at <= horizon AND (d.materialize_retry_at IS NULL OR d.materialize_retry_at <= now())
+     ORDER BY d.next_run_at LIMIT max_rows
 $$;
 COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS
-'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first.';
+'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
 CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(

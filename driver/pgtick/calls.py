@@ -57,6 +57,8 @@ def schema_installed(conn: Conn) -> bool:
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
 CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
+# When the next QUEUED run becomes due (and the server clock): an idle worker sleeps until then.
+NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s)"
 COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
 COMPLETE = "SELECT jobs.complete(%s, %s, %s) AS ok"
 ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok"
@@ -111,6 +113,10 @@ def _first(row: Any) -> Any:
 NEW_DEFINITIONS = "SELECT * FROM jobs.new_definitions(%s)"
 DUE_DEFINITIONS = "SELECT * FROM jobs.due_definitions(%s, %s)"
 MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+MATERIALIZE_MANY = (
+    "SELECT definition_id, created, error FROM jobs.materialize_many("
+    "%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::integer[], %s::bigint[], %s::timestamptz[])"
+)
 
 
 def try_lead(conn: Conn, owner: str) -> bool:
@@ -148,6 +154,21 @@ def new_definitions(conn: Conn, max_rows: int) -> list[Any]:
 
 def due_definitions(conn: Conn, horizon: datetime, max_rows: int) -> list[Any]:
     return conn.execute(DUE_DEFINITIONS, (horizon, max_rows)).fetchall()
+
+
+def materialize_many(
+    conn: Conn,
+    definition_ids: list[int],
+    expected: list[datetime | None],
+    new_next: list[datetime | None],
+    revisions: list[int | None],
+    run_definition_ids: list[int],
+    run_times: list[datetime],
+) -> list[Any]:
+    """jobs.materialize_many: one row per definition advanced (created) or refused (error)."""
+    return conn.execute(
+        MATERIALIZE_MANY, (definition_ids, expected, new_next, revisions, run_definition_ids, run_times)
+    ).fetchall()
 
 
 def materialize_one_shots(conn: Conn, lookahead: timedelta, misfire_grace: timedelta) -> int:
@@ -306,6 +327,17 @@ def queue_metrics(conn: Conn) -> list[Any]:
 
 def definition_skips(conn: Conn) -> list[Any]:
     return conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health").fetchall()
+
+
+def schedule_backlog(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT kind, due_not_started, extract(epoch FROM oldest_due_age) FROM jobs.schedule_backlog"
+    ).fetchall()
+
+
+def materialize_failing(conn: Conn) -> int:
+    row = conn.execute("SELECT materialize_errors FROM jobs.definition_summary").fetchone()
+    return int(_first(row)) if row else 0
 
 
 def leads(conn: Conn, owner: str) -> bool:

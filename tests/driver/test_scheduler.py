@@ -72,7 +72,8 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second:
 
 def materialize_loop(dsn: str, seconds: float) -> tuple[int, int]:
     """A would-be leader that skips the lock and materializes in a tight loop."""
-    scheduler = Scheduler(dsn, owner=f"rogue-{time.monotonic_ns()}", tick_interval=0.05)
+    # The same fixed horizon in both processes, so they compete for the same cursors.
+    scheduler = Scheduler(dsn, owner=f"rogue-{time.monotonic_ns()}", tick_interval=0.05, lookahead=0.1)
     created = stale = 0
     deadline = time.monotonic() + seconds
     try:

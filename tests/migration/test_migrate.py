@@ -149,8 +149,9 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
 
 
 def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Database, tmp_path: Path) -> None:
-    """Applying migrations one release at a time (each followed by that state's
-    functions) ends in the same schema as a fresh install of everything."""
+    """Applying migrations one release at a time ends in the same schema as a fresh
+    install of everything. The functions of today are applied with the last step
+    only: they may use columns that a later migration adds."""
     all_migrations = migrate.migrations()
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")
@@ -161,12 +162,17 @@ def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Data
         # install.sql as it was in that release: only the first `step` migration lines.
         seen = 0
         kept = []
+        in_functions = False
         for line in lines:
             if line.startswith("\\set migration "):
                 seen += 1
                 if seen > step:
                     continue
-            kept.append(line)
+            if step < len(all_migrations) and line.strip() in ("BEGIN;", "COMMIT;"):
+                in_functions = line.strip() == "BEGIN;"
+                continue
+            if not in_functions:
+                kept.append(line)
         (root / "sql" / "install.sql").write_text("".join(kept))
         with psycopg.connect(empty.dsn, autocommit=True) as conn:
             assert migrate.apply(conn, root) == [migration.version]
