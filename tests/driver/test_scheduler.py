@@ -387,3 +387,69 @@ def test_leader_tick_prunes_with_the_configured_retention(db: Database, conn: Co
     finally:
         scheduler.close()
     assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept
+
+
+# -- one definition never stops the others -----------------------------------------
+
+
+@pytest.mark.parametrize("cause", ["trigger", "constraint"])
+def test_a_poisoned_definition_never_stops_the_others_nor_costs_the_lead(
+    db: Database, cause: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Forty every-second definitions; the database refuses the runs of one of them. For
+    several seconds of real ticks the 39 others get every occurrence, the leader keeps its
+    session (same backend, still leading), and the poisoned one is logged by name and
+    shown in jobs.definition_health."""
+    with db.connect() as conn:
+        ids = [define(conn, f"every-second-{i:02}", "FREQ=SECONDLY") for i in range(40)]
+        poisoned = ids[7]
+        if cause == "trigger":
+            conn.execute(
+                f"""
+                CREATE FUNCTION public.quota() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.definition_id = {poisoned} THEN
+                        RAISE EXCEPTION 'quota: no more runs for this definition';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER quota BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.quota();
+                """
+            )
+        else:
+            conn.execute(
+                f"ALTER TABLE jobs.runs ADD CONSTRAINT operator_rule CHECK (definition_id <> {poisoned})"
+            )
+    scheduler = Scheduler(db.dsn, owner="leader", tick_interval=0.2)
+    pids = set()
+    caplog.set_level("ERROR", logger="pgtick.scheduler")
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            report = scheduler.tick()
+            assert report.leading, "the leader lost its lead"
+            assert scheduler._pid is not None
+            pids.add(scheduler._pid)
+            time.sleep(0.2)
+    finally:
+        scheduler.close()
+    assert len(pids) == 1, f"the leader session was replaced: {pids}"
+    with db.connect() as conn:
+        for definition_id in ids:
+            times = run_times(conn, definition_id)
+            if definition_id == poisoned:
+                assert times == []
+                continue
+            assert len(times) >= 5, f"definition {definition_id} got only {times}"
+            gaps = [(a, b) for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
+            assert gaps == [], (
+                f"definition {definition_id} lost occurrences beside the poisoned one: {gaps[:3]}"
+            )
+        health = conn.execute(
+            "SELECT name, materialize_error, materialize_failures FROM jobs.definition_health"
+            " WHERE materialize_error IS NOT NULL"
+        ).fetchall()
+    assert [h[0] for h in health] == ["every-second-07"], health
+    assert health[0][2] >= 2, "the poisoned definition must be retried (with backoff)"
+    logged = [r.getMessage() for r in caplog.records if "every-second-07" in r.getMessage()]
+    assert logged and ("quota" in logged[0] or "operator_rule" in logged[0]), logged
