@@ -217,6 +217,31 @@ def define(conn: Conn, name: str, kind: str, given: dict[str, Any]) -> Any:
     return conn.execute(query, {"name": name, "kind": kind, **given}).fetchone()
 
 
+DEFINE_MANY_FIELDS = frozenset(
+    {
+        "name",
+        "kind",
+        "schedule",
+        "timezone",
+        "run_at",
+        "payload",
+        "enabled",
+        "max_concurrent_runs",
+        "priority",
+        "max_attempts",
+        "misfire_policy",
+        "overlap_policy",
+        "timeout",
+        "heartbeat_timeout",
+    }
+)
+
+
+def define_many(conn: Conn, definitions: list[dict[str, Any]]) -> list[Any]:
+    """jobs.define_many: one row per definition (id, name, created, rescheduled)."""
+    return conn.execute("SELECT * FROM jobs.define_many(%s)", (Jsonb(definitions),)).fetchall()
+
+
 # --- operator commands (cli.py) ---------------------------------------------
 
 
@@ -259,13 +284,20 @@ def leader(conn: Conn) -> list[Any]:
     return conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall()
 
 
-def definition_health(conn: Conn) -> list[Any]:
+def definition_health(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:
+    """One page of jobs.definition_health by name (each row reads that definition's runs)."""
     return conn.execute(
         "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
         " last_status, last_success_at, consecutive_failures AS fails,"
-        " consecutive_skips AS skips, finished, schedule_error"
-        " FROM jobs.definition_health ORDER BY name"
+        " consecutive_skips AS skips, finished, schedule_error, materialize_error,"
+        " lateness_p50, lateness_p99"
+        " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
+        (limit, offset),
     ).fetchall()
+
+
+def definition_summary(conn: Conn) -> Any:
+    return conn.execute("SELECT * FROM jobs.definition_summary").fetchone()
 
 
 def queue_stats(conn: Conn) -> list[Any]:

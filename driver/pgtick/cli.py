@@ -33,14 +33,16 @@ EXAMPLES = {
     "define": "pgtick define weekday-report send-report "
     "--schedule 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' --tz Europe/Sofia\n"
     "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
-    "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
+    "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00\n"
+    "  pgtick define --from-file definitions.jsonl   # or .csv; one statement",
     "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
     "run-now": "pgtick run-now weekday-report",
     "cancel": "pgtick cancel 1234\n  pgtick cancel --definition weekday-report   # every queued run",
     "pause": "pgtick pause weekday-report",
     "resume": "pgtick resume weekday-report",
     "retry": "pgtick retry 1234",
-    "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2",
+    "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2\n"
+    "  pgtick status --limit 100 --offset 100",
     "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report",
     "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
     "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
@@ -134,10 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
 
-    p = _command(sub, "define", "create or replace a definition", cmd_define)
-    p.add_argument("name")
-    p.add_argument("kind")
-    when = p.add_mutually_exclusive_group(required=True)
+    p = _command(sub, "define", "create or replace a definition (or many, --from-file)", cmd_define)
+    p.add_argument("name", nargs="?")
+    p.add_argument("kind", nargs="?")
+    p.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="create or replace every definition in FILE in one statement: JSON lines "
+        "(one object per line with the fields of jobs.define_many) or .csv with a header row",
+    )
+    when = p.add_mutually_exclusive_group()
     when.add_argument("--schedule", help="RRULE (FREQ=...) or 5-field cron")
     when.add_argument("--run-at", type=parse_instant, help="one-shot time, ISO 8601")
     p.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
@@ -174,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "status", "definitions, queues and the leader", cmd_status)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
+    p.add_argument("--limit", type=int, default=50, help="definitions shown (a page by name, default 50)")
+    p.add_argument("--offset", type=int, default=0, help="definitions skipped before the page")
 
     p = _command(sub, "runs", "list recent runs", cmd_runs)
     p.add_argument("--status", choices=["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"])
@@ -299,7 +309,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_define(args: argparse.Namespace) -> int:
-    from pgtick.definitions import define, validate_schedule
+    from pgtick.definitions import define, define_many, read_definitions, validate_schedule
+
+    if args.from_file is not None:
+        if args.name or args.kind or args.schedule or args.run_at:
+            raise UsageError("--from-file takes its definitions from the file: give no NAME, KIND or times")
+        definitions = read_definitions(args.from_file)
+        with connect_dicts(_dsn(args)) as conn, conn.transaction():
+            rows = define_many(conn, definitions)
+        created = sum(1 for r in rows if r["created"])
+        rescheduled = sum(1 for r in rows if r["rescheduled"])
+        print(f"definitions={len(rows)} created={created} rescheduled={rescheduled} saved")
+        return 0
+    if not args.name or not args.kind or (args.schedule is None) == (args.run_at is None):
+        raise UsageError("give NAME KIND and one of --schedule or --run-at (or --from-file FILE)")
 
     if args.schedule is not None:  # before any connection: a typo fails fast
         validate_schedule(args.schedule, args.tz, args.name)
@@ -376,18 +399,22 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+def status_snapshot(conn: psycopg.Connection[Any], limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    """The leader, a summary of all definitions, one page of them by name, and the queues."""
     return {
         "leader": calls.leader(conn),
-        "definitions": calls.definition_health(conn),
+        "summary": calls.definition_summary(conn),
+        "definitions": calls.definition_health(conn, limit, offset),
         "queues": calls.queue_stats(conn),
     }
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 10000 or args.offset < 0:
+        raise UsageError("--limit must be 1..10000 and --offset at least 0")
     with connect_dicts(_dsn(args)) as conn:
         while True:
-            snap = status_snapshot(conn)
+            snap = status_snapshot(conn, args.limit, args.offset)
             if args.json:
                 print(json.dumps(snap, default=_json_default))
             else:
@@ -401,6 +428,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
                 print("\ndefinitions:")
                 _print_table(snap["definitions"], "  (none)")
+                summary = snap["summary"]
+                print(
+                    f"  ({summary['definitions']} in all, {summary['paused']} paused,"
+                    f" {summary['schedule_errors']} with schedule errors,"
+                    f" {summary['materialize_errors']} failing to materialize;"
+                    f" this page: {len(snap['definitions'])} from #{args.offset + 1} by name)"
+                )
                 print("\nqueues:")
                 _print_table(snap["queues"], "  (empty)")
             if not args.watch:

@@ -172,7 +172,7 @@ def materialize_batch_loop(dsn: str, ids: list[int], rounds: int) -> tuple[int, 
     created = stale = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(rounds):
-            cursors = dict(
+            cursors: dict[int, datetime] = dict(
                 conn.execute(
                     "SELECT id, next_run_at FROM jobs.definitions WHERE id = ANY(%s)", (ids,)
                 ).fetchall()
