@@ -19,14 +19,18 @@ runs the scheduler and a worker for the registered kinds.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
+
+if TYPE_CHECKING:
+    from pgtick.client import Client, Run
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
@@ -86,12 +90,53 @@ class ScheduleSpec:
 
 
 class App:
-    """Registry of job kinds and declared schedules."""
+    """Registry of job kinds and declared schedules.
 
-    def __init__(self, name: str = "pgtick") -> None:
+    ``dsn`` or ``client`` tell ``app.enqueue`` where to write; with neither, it uses
+    $DATABASE_URL (or $PGTICK_DSN) on first use. ``pgtick run`` does not need them, and
+    gives an app without them its own DSN, so job code can ``app.enqueue`` follow-ups.
+    """
+
+    def __init__(self, name: str = "pgtick", *, dsn: str | None = None, client: Client | None = None) -> None:
         self.name = name
         self.jobs: dict[str, JobSpec] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
+        self.dsn = dsn
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        """The ``pgtick.Client`` behind ``app.enqueue``: the one given, else one over the DSN."""
+        if self._client is None:
+            from pgtick.client import Client
+
+            dsn = self.dsn or os.environ.get("DATABASE_URL") or os.environ.get("PGTICK_DSN")
+            if not dsn:
+                raise UsageError(
+                    f"app {self.name!r} does not know its database: give App(dsn=...) or "
+                    "App(client=...), call app.use(...), or set $DATABASE_URL"
+                )
+            self._client = Client(dsn)
+        return self._client
+
+    @property
+    def has_database(self) -> bool:
+        """Whether ``dsn`` or ``client`` was given (``pgtick run`` fills in its own DSN if not)."""
+        return self.dsn is not None or self._client is not None
+
+    def use(self, target: str | Client) -> None:
+        """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests)."""
+        from pgtick.client import Client
+
+        if isinstance(target, Client):
+            self._client, self.dsn = target, None
+        else:
+            self._client, self.dsn = None, target
+
+    def enqueue(self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Run:
+        """``self.client.enqueue(kind, payload, **options)``: the same arguments, ``conn=``
+        included (the run then commits or rolls back with the caller's transaction)."""
+        return self.client.enqueue(kind, payload, **options)
 
     def job(
         self,

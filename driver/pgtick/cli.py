@@ -21,7 +21,7 @@ import psycopg
 
 from pgtick import __version__, calls, migrate
 from pgtick.db import connect, connect_dicts, resolve_dsn
-from pgtick.errors import PgtickError, UsageError
+from pgtick.errors import PgtickError, UsageError, translate_errors
 
 log = logging.getLogger("pgtick.cli")
 
@@ -522,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.fn(args))
+        with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
+            return int(args.fn(args))
     except UsageError as exc:
         print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -530,10 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        sqlstate = getattr(exc, "sqlstate", None) or ""
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"pgtick {args.command}: error: {message}", file=sys.stderr)
-        return 2 if sqlstate.startswith("22") or sqlstate == "P0002" else 1
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
 
 class PgtickError(Exception):
     """Base class: an error the CLI reports as one line (exit code 1)."""
@@ -26,3 +33,93 @@ class Abandoned(JobStopped):
 
 class JobTimeout(Exception):
     """The run exceeded its timeout; it fails with failure_reason 'Timeout'."""
+
+
+# -- errors of the SQL API ----------------------------------------------------------
+# The one place that maps a SQLSTATE raised by a jobs.* function to a driver exception.
+# The client, the CLI and the testing helpers all go through ``translate_errors``.
+
+#: The leading field of a SQL API message: "priority must be between ...",
+#: "timezone 'Mars/Olympus' is not a known IANA time zone name".
+_FIELD = re.compile(r"^([a-z][a-z0-9_]*)(?: '[^']*')? (?:must|is)\b")
+
+
+class SqlApiError(UsageError):
+    """Bad input refused by a jobs.* function: the SQL message, its SQLSTATE, and the field,
+    hint and detail where the server gave them. A ``UsageError``: the CLI exits 2."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str,
+        field: str | None = None,
+        hint: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.field = field
+        self.hint = hint
+        self.detail = detail
+
+
+class InvalidArgument(SqlApiError):
+    """An argument was refused (SQLSTATE class 22 or 23, e.g. 22023 invalid parameter);
+    ``field`` names it when the message or the server says which."""
+
+    def __init__(self, message: str, *, sqlstate: str = "22023", **kw: Any) -> None:
+        super().__init__(message, sqlstate=sqlstate, **kw)
+
+
+class NotFound(SqlApiError):
+    """What the call names does not exist (SQLSTATE P0002): a run id, a definition name."""
+
+    def __init__(self, message: str, *, sqlstate: str = "P0002", **kw: Any) -> None:
+        super().__init__(message, sqlstate=sqlstate, **kw)
+
+
+class SchemaMismatch(PgtickError):
+    """The database's jobs schema lacks a function or parameter this driver called
+    (SQLSTATE 42883): the schema is older than the driver; run ``pgtick migrate``."""
+
+
+def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
+    """The driver exception for a psycopg error of the SQL API, or None when the error is
+    not one (a lost connection, a serialization failure: those stay psycopg errors)."""
+    sqlstate = exc.sqlstate or ""
+    diag = exc.diag
+    message = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if sqlstate == "42883":
+        return SchemaMismatch(
+            f"{message} (this database's jobs schema is older than pgtick {_version()}: run pgtick migrate)"
+        )
+    if sqlstate == "P0002":
+        cls: type[SqlApiError] = NotFound
+    elif sqlstate[:2] in ("22", "23"):
+        cls = InvalidArgument
+    else:
+        return None
+    match = _FIELD.match(message)
+    field = diag.column_name or (match.group(1) if match else None)
+    return cls(message, sqlstate=sqlstate, field=field, hint=diag.message_hint, detail=diag.message_detail)
+
+
+def _version() -> str:
+    from pgtick import __version__
+
+    return __version__
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Re-raise the SQL API's errors (class 22/23, P0002, 42883) as driver exceptions,
+    chained to the psycopg error; every other exception passes through unchanged."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        mapped = from_psycopg(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc

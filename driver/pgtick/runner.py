@@ -72,6 +72,8 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         if not calls.schema_installed(conn):
             raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
         sync_app(app, conn)
+    if not app.has_database:
+        app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()
     threads: list[threading.Thread] = []
     listener = None

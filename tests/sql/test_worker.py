@@ -38,6 +38,10 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
     the same statement just made dead; per-worker batches of ~10 are ~98% HOT.
     """
     workers, batch, rounds = 20, 10, 5
+    # An autovacuum ANALYZE of jobs.runs holds a snapshot in this database while it runs (for
+    # long on a loaded machine), and no page can prune versions that snapshot may still see.
+    # That is the database being busy, not the heartbeat's shape: keep it out of the count.
+    conn.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = off)")
     add_runs(conn, workers * batch)
     held: dict[str, list[int]] = {}
     for w in range(workers):

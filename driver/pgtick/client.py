@@ -1,0 +1,716 @@
+"""The client application code uses to enqueue and manage runs: ``Client`` and ``AsyncClient``.
+
+    client = pgtick.Client("postgresql://localhost/app")       # or a Connection, or a pool
+    with psycopg.connect(dsn) as conn:                         # the caller's transaction
+        order_id = insert_order(conn)
+        client.enqueue("send-receipt", {"order": order_id}, conn=conn)
+    # the order and its run commit together, or neither does
+
+Every method is a thin ``SELECT * FROM jobs.<function>(name => value, ...)``: only
+the arguments the caller gave are sent, in named notation, so the SQL defaults
+apply to the rest and a schema that has more parameters still works. Errors of
+the SQL API arrive as ``pgtick.errors.InvalidArgument`` / ``NotFound`` (see
+``pgtick.errors``).
+
+Transactions. With ``conn=`` a call runs on that connection inside whatever
+transaction it has open and never commits: it commits or rolls back with the
+caller. Without ``conn=`` the client uses what it was built over:
+
+* a conninfo string: one connection of its own (opened on first use, autocommit),
+  each call its own transaction;
+* a ``psycopg_pool`` pool: a connection from the pool per call, its own transaction;
+* a psycopg connection: ``conn.transaction()`` on it, which is a transaction of its
+  own when the connection is idle, and a savepoint of the transaction in progress
+  (so it commits with it) when one is open.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, tzinfo
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int8
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgtick.errors import InvalidArgument, UsageError, translate_errors
+
+__all__ = ["AsyncClient", "Client", "Definition", "Run"]
+
+Row = dict[str, Any]
+T = TypeVar("T", bound="_Record")
+
+
+# -- typed results ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Record:
+    """Built from a row by column name; columns this class does not name go to ``extra``."""
+
+    extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
+
+    @classmethod
+    def from_row(cls: type[T], row: Mapping[str, Any]) -> T:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(
+            **{k: v for k, v in row.items() if k in known},
+            extra={k: v for k, v in row.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class Run(_Record):
+    """One row of ``jobs.runs`` (one execution attempt). Columns a schema does not have are
+    None; columns this class does not name (a newer schema) are in ``extra``."""
+
+    id: int
+    kind: str
+    status: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    definition_id: int | None = None
+    attempt: int = 1
+    max_attempts: int | None = None
+    retry_of: int | None = None
+    scheduled_for: datetime | None = None
+    priority: int = 0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    finished_at: datetime | None = None
+    worker: str | None = None
+    origin: str | None = None
+    cancel_requested: bool = False
+    failure_reason: str | None = None
+    error: str | None = None
+    result: Any = None
+    idempotency_key: str | None = None
+    timeout: timedelta | None = None
+    heartbeat_timeout: timedelta | None = None
+    # queues, limits, uniqueness and dependencies (schemas that have them)
+    queue: str | None = None
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    depends_on: list[int] | None = None
+    blocked: bool | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("COMPLETED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class Definition(_Record):
+    """One row of ``jobs.definitions``; like ``Run``, tolerant of older and newer schemas."""
+
+    id: int
+    name: str
+    kind: str
+    schedule: str | None = None
+    timezone: str = "UTC"
+    run_at: datetime | None = None
+    next_run_at: datetime | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    max_concurrent_runs: int | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    misfire_policy: str | None = None
+    overlap_policy: str | None = None
+    timeout: timedelta | None = None
+    heartbeat_timeout: timedelta | None = None
+    revision: int = 1
+    schedule_error: str | None = None
+    finished_at: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    # queues, limits and the schedule controls (schemas that have them)
+    queue: str | None = None
+    concurrency_key: str | None = None
+    dst_gap: str | None = None
+    dst_repeat: str | None = None
+    jitter: timedelta | None = None
+    pause_after_failures: int | None = None
+    paused_reason: str | None = None
+    failure_streak_since: datetime | None = None
+
+
+def _run(row: Row | None) -> Run:
+    assert row is not None, "a jobs function that returns a run returned no row"
+    return Run.from_row(row)
+
+
+# -- building the calls ---------------------------------------------------------------
+
+
+def _zone(tz: str | tzinfo, what: str) -> tzinfo:
+    if isinstance(tz, tzinfo):
+        return tz
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgument(f"{what} {tz!r} is not a known IANA time zone name", field=what) from None
+
+
+def aware(
+    value: datetime | None, tz: str | tzinfo | None, *, field_name: str = "run_at", tz_name: str = "tz"
+) -> datetime | None:
+    """``value`` as an aware datetime: kept if aware (``tz`` is then not used), read as wall
+    time in ``tz`` if naive. A naive value without ``tz`` is refused: it is never read in
+    the server's or this machine's zone."""
+    if value is None:
+        return None
+    if value.tzinfo is not None and value.utcoffset() is not None:
+        return value
+    if tz is None:
+        raise InvalidArgument(
+            f"{field_name} is a naive datetime ({value.isoformat()}); give an aware datetime "
+            f"or the zone it is in with {tz_name}=",
+            field=field_name,
+        )
+    return value.replace(tzinfo=_zone(tz, tz_name))
+
+
+def _sql_value(name: str, value: Any) -> Any:
+    if name in ("payload", "payloads", "result"):
+        return Jsonb(value)
+    if name == "depends_on":
+        return [Int8(v) for v in value]
+    if name in ("timeout", "heartbeat_timeout", "unique_for", "jitter"):
+        return timedelta(seconds=value) if isinstance(value, int | float) else value
+    return value
+
+
+def call(function: str, args: Mapping[str, Any], *, returns_row: bool = True) -> tuple[sql.Composed, Row]:
+    """``SELECT * FROM jobs.<function>(a => %(a)s, ...)`` for the arguments that are not None."""
+    given = {k: _sql_value(k, v) for k, v in args.items() if v is not None}
+    named = sql.SQL(", ").join(
+        sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given
+    )
+    template = "SELECT * FROM jobs.{}({})" if returns_row else "SELECT jobs.{}({}) AS value"
+    return sql.SQL(template).format(sql.Identifier(function), named), given
+
+
+def _enqueue_args(
+    kind: str,
+    payload: Mapping[str, Any] | None,
+    run_at: datetime | None,
+    tz: str | tzinfo | None,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    return {"kind": kind, "payload": payload, "run_at": aware(run_at, tz), **options}
+
+
+def _define_args(
+    name: str,
+    kind: str,
+    schedule: str | None,
+    timezone: str | None,
+    run_at: datetime | None,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    if schedule is not None:
+        from pgtick.definitions import validate_schedule  # every part parsed here; SQL checks the shape
+
+        try:
+            validate_schedule(schedule, timezone or "UTC", name)
+        except UsageError as exc:
+            raise InvalidArgument(str(exc), field="schedule") from exc
+    return {
+        "name": name,
+        "kind": kind,
+        "schedule": schedule,
+        "timezone": timezone,
+        "run_at": aware(run_at, timezone, tz_name="timezone"),
+        **options,
+    }
+
+
+# -- the sync client ------------------------------------------------------------------
+
+
+class Client:
+    """Enqueue and manage runs from application code (see the module docstring for how
+    calls relate to transactions). Usable as a context manager; ``close()`` closes only
+    what the client opened itself."""
+
+    def __init__(
+        self,
+        source: str | psycopg.Connection[Any] | ConnectionPool[Any],
+        *,
+        application_name: str = "pgtick-client",
+    ) -> None:
+        self._conninfo: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._own: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self.application_name = application_name
+        if isinstance(source, str):
+            self._conninfo = source
+        elif isinstance(source, psycopg.Connection):
+            self._conn = source
+        elif isinstance(source, ConnectionPool):
+            self._pool = source
+        else:
+            raise TypeError(
+                "Client needs a conninfo string, a psycopg.Connection or a psycopg_pool.ConnectionPool"
+                f", got {type(source).__name__}"
+                + (" (use AsyncClient for async connections and pools)" if _is_async(source) else "")
+            )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
+
+    @contextmanager
+    def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        if conn is not None:
+            yield conn  # the caller's transaction: no commit here
+        elif self._pool is not None:
+            with self._pool.connection() as pooled, pooled.transaction():
+                yield pooled
+        elif self._conn is not None:
+            with self._lock, self._conn.transaction():  # one call at a time on a shared connection
+                yield self._conn
+        else:
+            with self._lock:
+                if self._own is None or self._own.closed or self._own.broken:
+                    assert self._conninfo is not None
+                    self._own = psycopg.connect(
+                        self._conninfo, autocommit=True, application_name=self.application_name
+                    )
+                with self._own.transaction():
+                    yield self._own
+
+    def _rows(
+        self, function: str, args: Mapping[str, Any], conn: psycopg.Connection[Any] | None
+    ) -> list[Row]:
+        query, params = call(function, args)
+        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            return cur.fetchall()
+
+    def _value(self, function: str, args: Mapping[str, Any], conn: psycopg.Connection[Any] | None) -> Any:
+        query, params = call(function, args, returns_row=False)
+        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+            cur.execute(query, params)
+            row = cur.fetchone()
+        return None if row is None else row["value"]
+
+    def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        run_at: datetime | None = None,
+        tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        unique_key: str | None = None,
+        unique_while: str | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str | None = None,
+        depends_on: Sequence[int] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Run:
+        """Queue an ad-hoc run of ``kind`` (jobs.enqueue). ``run_at``: an aware datetime, or a
+        naive one with ``tz=`` (an IANA name); default now. Durations: seconds or timedelta.
+        Returns the run (the existing one when an idempotency or unique key matched)."""
+        options = {
+            "priority": priority,
+            "idempotency_key": idempotency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "unique_key": unique_key,
+            "unique_while": unique_while,
+            "unique_for": unique_for,
+            "on_conflict": on_conflict,
+            "depends_on": depends_on,
+        }
+        rows = self._rows("enqueue", _enqueue_args(kind, payload, run_at, tz, options), conn)
+        return _run(rows[0] if rows else None)
+
+    def enqueue_many(
+        self,
+        kind: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        run_at: datetime | None = None,
+        tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        depends_on: Sequence[int] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[Run]:
+        """Queue one run of ``kind`` per payload in one statement and one NOTIFY
+        (jobs.enqueue_many); the other arguments apply to every run. Returns the runs."""
+        args = {
+            "kind": kind,
+            "payloads": [dict(p) for p in payloads],
+            "run_at": aware(run_at, tz),
+            "priority": priority,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "depends_on": depends_on,
+        }
+        return [Run.from_row(r) for r in self._rows("enqueue_many", args, conn)]
+
+    def run_now(
+        self,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Run:
+        """Queue a run of the named definition now, optionally with another payload (jobs.run_now)."""
+        return _run(next(iter(self._rows("run_now", {"name": name, "payload": payload}, conn)), None))
+
+    def cancel(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> str:
+        """Cancel a run (jobs.cancel): QUEUED -> CANCELLED at once, RUNNING -> cancel requested.
+        Returns the run's status after the call."""
+        return str(self._value("cancel", {"run_id": run_id}, conn))
+
+    def define(
+        self,
+        name: str,
+        kind: str,
+        schedule: str | None = None,
+        *,
+        timezone: str | None = None,
+        run_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        max_concurrent_runs: int | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        misfire_policy: str | None = None,
+        overlap_policy: str | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        dst_gap: str | None = None,
+        dst_repeat: str | None = None,
+        jitter: float | timedelta | None = None,
+        pause_after_failures: int | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Definition:
+        """Create or replace the definition ``name`` (jobs.define): recurring with ``schedule``
+        (RRULE or cron, read in ``timezone``) or one-shot with ``run_at`` (aware, or naive and
+        read in an explicitly given ``timezone``)."""
+        options = {
+            "payload": payload,
+            "enabled": enabled,
+            "max_concurrent_runs": max_concurrent_runs,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "misfire_policy": misfire_policy,
+            "overlap_policy": overlap_policy,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "dst_gap": dst_gap,
+            "dst_repeat": dst_repeat,
+            "jitter": jitter,
+            "pause_after_failures": pause_after_failures,
+        }
+        rows = self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
+        return Definition.from_row(rows[0])
+
+    def pause_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Stop claiming from the queue ``name`` (jobs.pause_queue); RUNNING runs finish.
+        False if it was paused already."""
+        return bool(self._value("pause_queue", {"name": name}, conn))
+
+    def resume_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Claim from the queue ``name`` again (jobs.resume_queue). False if it was not paused."""
+        return bool(self._value("resume_queue", {"name": name}, conn))
+
+    def get_run(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
+        """The run ``run_id`` as it is now; ``NotFound`` if there is none."""
+        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(_GET_RUN, {"run_id": run_id}).fetchone()
+        return _found(row, run_id)
+
+
+_GET_RUN = "SELECT r.* FROM jobs.runs AS r WHERE r.id = %(run_id)s"
+
+
+def _found(row: Row | None, run_id: int) -> Run:
+    from pgtick.errors import NotFound
+
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist", field="run_id")
+    return Run.from_row(row)
+
+
+def _is_async(source: object) -> bool:
+    return isinstance(source, psycopg.AsyncConnection) or (isinstance(source, AsyncConnectionPool))
+
+
+# -- the async client ------------------------------------------------------------------
+
+
+class AsyncClient:
+    """``Client`` for asyncio code, over a conninfo string, a ``psycopg.AsyncConnection`` or a
+    ``psycopg_pool.AsyncConnectionPool``; the same methods, awaited, with the same
+    transaction rules (``conn=`` takes an ``AsyncConnection``)."""
+
+    def __init__(
+        self,
+        source: str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any],
+        *,
+        application_name: str = "pgtick-client",
+    ) -> None:
+        import asyncio
+
+        self._conninfo: str | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._own: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self.application_name = application_name
+        if isinstance(source, str):
+            self._conninfo = source
+        elif isinstance(source, psycopg.AsyncConnection):
+            self._conn = source
+        elif isinstance(source, AsyncConnectionPool):
+            self._pool = source
+        else:
+            raise TypeError(
+                "AsyncClient needs a conninfo string, a psycopg.AsyncConnection or a "
+                f"psycopg_pool.AsyncConnectionPool, got {type(source).__name__}"
+            )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._own is not None:
+                await self._own.close()
+                self._own = None
+
+    @asynccontextmanager
+    async def _connection(
+        self, conn: psycopg.AsyncConnection[Any] | None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if conn is not None:
+            yield conn
+        elif self._pool is not None:
+            async with self._pool.connection() as pooled, pooled.transaction():
+                yield pooled
+        elif self._conn is not None:
+            async with self._lock, self._conn.transaction():  # one call at a time on a shared connection
+                yield self._conn
+        else:
+            async with self._lock:
+                if self._own is None or self._own.closed or self._own.broken:
+                    assert self._conninfo is not None
+                    self._own = await psycopg.AsyncConnection.connect(
+                        self._conninfo, autocommit=True, application_name=self.application_name
+                    )
+                async with self._own.transaction():
+                    yield self._own
+
+    async def _rows(
+        self, function: str, args: Mapping[str, Any], conn: psycopg.AsyncConnection[Any] | None
+    ) -> list[Row]:
+        query, params = call(function, args)
+        with translate_errors():
+            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall()
+
+    async def _value(
+        self, function: str, args: Mapping[str, Any], conn: psycopg.AsyncConnection[Any] | None
+    ) -> Any:
+        query, params = call(function, args, returns_row=False)
+        with translate_errors():
+            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                row = await cur.fetchone()
+        return None if row is None else row["value"]
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        run_at: datetime | None = None,
+        tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        unique_key: str | None = None,
+        unique_while: str | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str | None = None,
+        depends_on: Sequence[int] | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Run:
+        """See ``Client.enqueue``."""
+        options = {
+            "priority": priority,
+            "idempotency_key": idempotency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "unique_key": unique_key,
+            "unique_while": unique_while,
+            "unique_for": unique_for,
+            "on_conflict": on_conflict,
+            "depends_on": depends_on,
+        }
+        rows = await self._rows("enqueue", _enqueue_args(kind, payload, run_at, tz, options), conn)
+        return _run(rows[0] if rows else None)
+
+    async def enqueue_many(
+        self,
+        kind: str,
+        payloads: Sequence[Mapping[str, Any]],
+        *,
+        run_at: datetime | None = None,
+        tz: str | tzinfo | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        depends_on: Sequence[int] | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[Run]:
+        """See ``Client.enqueue_many``."""
+        args = {
+            "kind": kind,
+            "payloads": [dict(p) for p in payloads],
+            "run_at": aware(run_at, tz),
+            "priority": priority,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "depends_on": depends_on,
+        }
+        return [Run.from_row(r) for r in await self._rows("enqueue_many", args, conn)]
+
+    async def run_now(
+        self,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Run:
+        """See ``Client.run_now``."""
+        rows = await self._rows("run_now", {"name": name, "payload": payload}, conn)
+        return _run(rows[0] if rows else None)
+
+    async def cancel(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> str:
+        """See ``Client.cancel``."""
+        return str(await self._value("cancel", {"run_id": run_id}, conn))
+
+    async def define(
+        self,
+        name: str,
+        kind: str,
+        schedule: str | None = None,
+        *,
+        timezone: str | None = None,
+        run_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        max_concurrent_runs: int | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        misfire_policy: str | None = None,
+        overlap_policy: str | None = None,
+        timeout: float | timedelta | None = None,
+        heartbeat_timeout: float | timedelta | None = None,
+        queue: str | None = None,
+        concurrency_key: str | None = None,
+        dst_gap: str | None = None,
+        dst_repeat: str | None = None,
+        jitter: float | timedelta | None = None,
+        pause_after_failures: int | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Definition:
+        """See ``Client.define``."""
+        options = {
+            "payload": payload,
+            "enabled": enabled,
+            "max_concurrent_runs": max_concurrent_runs,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "misfire_policy": misfire_policy,
+            "overlap_policy": overlap_policy,
+            "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "queue": queue,
+            "concurrency_key": concurrency_key,
+            "dst_gap": dst_gap,
+            "dst_repeat": dst_repeat,
+            "jitter": jitter,
+            "pause_after_failures": pause_after_failures,
+        }
+        rows = await self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
+        return Definition.from_row(rows[0])
+
+    async def pause_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
+        """See ``Client.pause_queue``."""
+        return bool(await self._value("pause_queue", {"name": name}, conn))
+
+    async def resume_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
+        """See ``Client.resume_queue``."""
+        return bool(await self._value("resume_queue", {"name": name}, conn))
+
+    async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
+        """See ``Client.get_run``."""
+        with translate_errors():
+            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+                await cur.execute(_GET_RUN, {"run_id": run_id})
+                row = await cur.fetchone()
+        return _found(row, run_id)

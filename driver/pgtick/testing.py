@@ -1,0 +1,259 @@
+"""Helpers for testing an application's jobs with pytest, without a running worker.
+
+Opt in from your ``conftest.py``::
+
+    pytest_plugins = ["pgtick.testing"]
+
+and use the ``pgtick_jobs`` fixture::
+
+    def test_receipt_is_sent(pgtick_jobs):
+        pgtick_jobs.enqueue("send-receipt", {"order": 42})
+        [outcome] = pgtick_jobs.run_due(app)
+        assert outcome.status == "COMPLETED"
+
+The database: ``$PGTICK_TESTING_DSN`` when set (a database the tests may empty: its
+``jobs`` tables are truncated around every test), else an embedded PostgreSQL (the
+``pgserver`` wheel) started once per test session in a temporary directory. Either
+way it is migrated first. Override the session fixture ``pgtick_dsn`` to use your own.
+
+``run_due(app)`` executes the due runs of the app's kinds inline, one after the other
+in the test's thread: it claims them through ``jobs.claim``, calls the job function with
+a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
+``jobs.acknowledge_cancel``, so retry policies, backoff and fencing are the database's
+own. Runs that the jobs enqueue and that are due at once run in the same call. A retry
+is scheduled after its backoff, so it is not due at once: ``run_due(app,
+include_future=True)`` runs it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgtick import migrate
+from pgtick.app import App, Context, error_classes
+from pgtick.client import Client, Run
+from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
+
+__all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
+
+DSN_VARIABLE = "PGTICK_TESTING_DSN"
+WORKER = "pgtick-testing"
+#: Every table that holds an application's state (the schema's own config stays).
+STATE_TABLES = ("jobs.runs", "jobs.definitions", "jobs.retry_policies", "jobs.leases")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run ended in ``run_due``: the run as the database has it now, the retry
+    the failure queued (if any), what the job returned or raised."""
+
+    run: Run
+    retry: Run | None = None
+    result: Any = None
+    exception: BaseException | None = None
+
+    @property
+    def status(self) -> str:
+        return self.run.status
+
+    @property
+    def error(self) -> str | None:
+        return self.run.error
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.run.failure_reason
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    """A migrated database for tests: ``$PGTICK_TESTING_DSN``, else an embedded PostgreSQL
+    in a temporary directory (stopped and deleted at the end). Yields its DSN."""
+    dsn = os.environ.get(DSN_VARIABLE)
+    embedded = None
+    if not dsn:
+        from pgtick.embedded import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres(ephemeral=True, fast=True)
+        dsn = embedded.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.apply(conn)
+        yield dsn
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+class JobsTester:
+    """Enqueue runs and execute the due ones inline. ``client`` is a ``pgtick.Client``
+    on the test database for everything else (define, run_now, cancel, get_run, ...)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.client = Client(dsn, application_name="pgtick-testing")
+
+    def close(self) -> None:
+        self.client.close()
+
+    def enqueue(self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Run:
+        """``Client.enqueue``: the same arguments."""
+        return self.client.enqueue(kind, payload, **options)
+
+    def runs(self, kind: str | None = None) -> list[Run]:
+        """Every run (of ``kind``), oldest first."""
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
+            rows = conn.execute(
+                "SELECT * FROM jobs.runs WHERE %(kind)s::text IS NULL OR kind = %(kind)s ORDER BY id",
+                {"kind": kind},
+            ).fetchall()
+        return [Run.from_row(r) for r in rows]
+
+    def run_due(self, app: App, *, include_future: bool = False, limit: int = 1000) -> list[Outcome]:
+        """Execute the due QUEUED runs of ``app``'s kinds inline until none is left, and
+        return their outcomes in the order they ran. The app's retry policies and declared
+        schedules are synced first, as ``pgtick run`` does; while it runs, ``app.enqueue``
+        writes to the test database. ``include_future`` makes runs scheduled for later
+        (retries after their backoff included) due now: their ``scheduled_for`` becomes now."""
+
+        kinds = sorted(app.jobs)
+        outcomes: list[Outcome] = []
+        saved = (app._client, app.dsn)
+        app.use(self.client)  # app.enqueue inside job code writes to the test database
+        try:
+            self._run_due(app, kinds, outcomes, include_future, limit)
+        finally:
+            app._client, app.dsn = saved
+        return outcomes
+
+    def _run_due(
+        self, app: App, kinds: list[str], outcomes: list[Outcome], include_future: bool, limit: int
+    ) -> None:
+        from pgtick.definitions import sync_app
+
+        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn, translate_errors():
+            sync_app(app, conn)
+            while len(outcomes) < limit:
+                if include_future:
+                    conn.execute(
+                        "UPDATE jobs.runs SET scheduled_for = now()"
+                        " WHERE status = 'QUEUED' AND kind = ANY(%s) AND scheduled_for > now()",
+                        (kinds,),
+                    )
+                run = conn.execute(
+                    "SELECT * FROM jobs.claim(batch_size => 1, worker => %s, kinds => %s, heartbeat => true)",
+                    (WORKER, kinds),
+                ).fetchone()
+                if run is None:
+                    break
+                outcomes.append(self._execute(conn, app, run))
+
+    def _execute(self, conn: psycopg.Connection[dict[str, Any]], app: App, run: dict[str, Any]) -> Outcome:
+        spec = app.jobs[run["kind"]]
+        timeout = run["timeout"].total_seconds() if isinstance(run["timeout"], timedelta) else spec.timeout
+        ctx = Context(run, spec, WORKER, timeout)
+        result: Any = None
+        exception: BaseException | None = None
+        retry: dict[str, Any] | None = None
+        try:
+            result = _call(spec.fn, ctx)
+        except Abandoned as exc:
+            exception = exc
+        except Cancelled as exc:
+            exception = exc
+            conn.execute("SELECT jobs.acknowledge_cancel(%s, %s, %s)", (ctx.run_id, WORKER, str(exc)))
+        except (Exception, SystemExit) as exc:
+            exception = exc
+            reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
+            message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+            row = conn.execute(
+                "SELECT * FROM jobs.fail(%s, %s, %s, %s, %s)",
+                (ctx.run_id, WORKER, error_classes(exc), message[:10000], reason),
+            ).fetchone()
+            if row is not None and row["id"] is not None and row["id"] != ctx.run_id:
+                retry = row
+        else:
+            conn.execute("SELECT jobs.complete(%s, %s, %s)", (ctx.run_id, WORKER, Jsonb(_jsonable(result))))
+        final = conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (ctx.run_id,)).fetchone()
+        assert final is not None
+        return Outcome(
+            run=Run.from_row(final),
+            retry=None if retry is None else Run.from_row(retry),
+            result=result,
+            exception=exception,
+        )
+
+    def reset(self) -> None:
+        """Empty the jobs tables (runs, definitions, retry policies, leases)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {', '.join(STATE_TABLES)} RESTART IDENTITY CASCADE")
+
+
+def _call(fn: Any, ctx: Context) -> Any:
+    """Call a job function; a coroutine function runs to completion on an event loop of its
+    own (in a helper thread when the test itself runs inside one)."""
+    if not inspect.iscoroutinefunction(fn):
+        return fn(ctx)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(fn(ctx))
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = asyncio.run(fn(ctx))
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="pgtick-testing-async")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)}
+    return value
+
+
+# -- the pytest plugin ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pgtick_dsn() -> Iterator[str]:
+    """The migrated test database's DSN, for the whole session (see ``database``)."""
+    with database() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def pgtick_jobs(pgtick_dsn: str) -> Iterator[JobsTester]:
+    """A ``JobsTester`` on the test database; the jobs tables are emptied before and after
+    the test."""
+    tester = JobsTester(pgtick_dsn)
+    tester.reset()
+    try:
+        yield tester
+    finally:
+        tester.close()
+        tester.reset()

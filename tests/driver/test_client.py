@@ -1,0 +1,367 @@
+"""pgtick.Client against a real database: an enqueue with ``conn=`` commits or rolls back with
+the caller's transaction (over a conninfo, a Connection and a pool), every method calls its SQL
+function with the arguments given, and bad input arrives as InvalidArgument / NotFound."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from harness import Database
+from pgtick import Client, Run
+from pgtick.client import Definition
+from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch
+
+
+def count_runs(db: Database, kind: str) -> int:
+    with db.connect() as c:
+        row = c.execute("SELECT count(*) FROM jobs.runs WHERE kind = %s", (kind,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def has_parameter(db: Database, function: str, parameter: str) -> bool:
+    with db.connect() as c:
+        row = c.execute(
+            "SELECT bool_or(%s = ANY(p.proargnames)) FROM pg_proc p"
+            " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'jobs' AND p.proname = %s",
+            (parameter, function),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture
+def client(db: Database) -> Iterator[Client]:
+    with Client(db.dsn) as c:
+        yield c
+
+
+@pytest.fixture(params=["conninfo", "connection", "pool"])
+def any_client(request: pytest.FixtureRequest, db: Database) -> Iterator[Client]:
+    """A client over each kind of source."""
+    if request.param == "conninfo":
+        with Client(db.dsn) as c:
+            yield c
+    elif request.param == "connection":
+        with db.connect(autocommit=True) as conn:
+            yield Client(conn)
+    else:
+        with ConnectionPool(db.dsn, min_size=1, max_size=2, open=True) as pool:
+            yield Client(pool)
+
+
+# -- transactions ---------------------------------------------------------------------
+
+
+def test_an_enqueue_with_conn_rolls_back_with_the_callers_transaction(
+    any_client: Client, db: Database
+) -> None:
+    with db.connect(autocommit=False) as conn:
+        conn.execute("CREATE TEMP TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        run = any_client.enqueue("receipt", {"order": 1}, conn=conn)
+        assert run.status == "QUEUED"
+        assert count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        conn.rollback()
+    assert count_runs(db, "receipt") == 0, f"run {run.id} survived the caller's rollback"
+
+
+def test_an_enqueue_with_conn_commits_with_the_callers_transaction(any_client: Client, db: Database) -> None:
+    with db.connect(autocommit=False) as conn:
+        run = any_client.enqueue("receipt", {"order": 2}, conn=conn)
+        assert count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        conn.commit()
+    assert count_runs(db, "receipt") == 1
+    assert any_client.get_run(run.id).payload == {"order": 2}
+
+
+def test_an_exception_in_a_transaction_block_takes_the_enqueue_with_it(client: Client, db: Database) -> None:
+    with pytest.raises(RuntimeError), db.connect() as conn, conn.transaction():
+        client.enqueue("receipt", conn=conn)
+        raise RuntimeError("the order could not be saved")
+    assert count_runs(db, "receipt") == 0
+
+
+def test_without_conn_each_call_is_its_own_transaction(any_client: Client, db: Database) -> None:
+    run = any_client.enqueue("solo")
+    assert count_runs(db, "solo") == 1, "a call without conn= did not commit"
+    with pytest.raises(InvalidArgument):
+        any_client.enqueue("solo", priority=5000)
+    assert count_runs(db, "solo") == 1
+    assert any_client.get_run(run.id).id == run.id  # the client is still usable after an error
+
+
+# -- every method -----------------------------------------------------------------------
+
+
+def test_enqueue_passes_every_argument_of_jobs_enqueue(client: Client) -> None:
+    at = datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC)
+    run = client.enqueue(
+        "mail",
+        {"to": "a@example.com"},
+        run_at=at,
+        priority=7,
+        idempotency_key="order-9",
+        max_attempts=4,
+        timeout=30,
+        heartbeat_timeout=timedelta(seconds=20),
+    )
+    assert isinstance(run, Run)
+    assert (run.kind, run.payload, run.scheduled_for, run.priority) == (
+        "mail",
+        {"to": "a@example.com"},
+        at,
+        7,
+    )
+    assert (run.idempotency_key, run.max_attempts, run.origin) == ("order-9", 4, "manual")
+    assert (run.timeout, run.heartbeat_timeout) == (timedelta(seconds=30), timedelta(seconds=20))
+    again = client.enqueue("mail", {"to": "b@example.com"}, idempotency_key="order-9")
+    assert again.id == run.id and again.payload == {"to": "a@example.com"}
+
+
+def test_a_naive_run_at_is_read_in_the_zone_given_with_tz(client: Client) -> None:
+    run = client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0), tz="Europe/Sofia")
+    assert run.scheduled_for == datetime(2031, 7, 1, 6, 0, tzinfo=UTC)  # EEST is UTC+3
+    run = client.enqueue("mail", run_at=datetime(2031, 1, 1, 9, 0), tz=ZoneInfo("America/New_York"))
+    assert run.scheduled_for == datetime(2031, 1, 1, 14, 0, tzinfo=UTC)
+
+
+def test_a_naive_run_at_without_tz_is_refused_before_anything_is_written(
+    client: Client, db: Database
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"run_at is a naive datetime.*tz=") as caught:
+        client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0))
+    assert caught.value.field == "run_at"
+    with pytest.raises(InvalidArgument, match="Mars/Olympus"):
+        client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0), tz="Mars/Olympus")
+    with pytest.raises(InvalidArgument, match=r"run_at is a naive datetime.*timezone="):
+        client.define("launch", "announce", run_at=datetime(2031, 7, 1, 9, 0))
+    assert count_runs(db, "mail") == 0
+
+
+def test_define_run_now_and_cancel(client: Client) -> None:
+    definition = client.define(
+        "nightly",
+        "report",
+        "0 3 * * *",
+        timezone="Europe/Sofia",
+        payload={"full": True},
+        max_concurrent_runs=1,
+        priority=3,
+        max_attempts=2,
+        misfire_policy="skip",
+        overlap_policy="skip",
+        timeout=600,
+        heartbeat_timeout=60,
+        enabled=False,
+    )
+    assert isinstance(definition, Definition)
+    assert (definition.name, definition.schedule, definition.timezone) == (
+        "nightly",
+        "0 3 * * *",
+        "Europe/Sofia",
+    )
+    assert (definition.max_concurrent_runs, definition.priority, definition.enabled) == (1, 3, False)
+    assert (definition.misfire_policy, definition.overlap_policy) == ("skip", "skip")
+    assert definition.timeout == timedelta(minutes=10)
+
+    run = client.run_now("nightly", {"full": False})
+    assert (run.definition_id, run.payload, run.status) == (definition.id, {"full": False}, "QUEUED")
+    assert client.cancel(run.id) == "CANCELLED"
+    assert client.get_run(run.id).status == "CANCELLED"
+
+    one_shot = client.define(
+        "launch", "announce", run_at=datetime(2031, 12, 24, 18, 0), timezone="Europe/Sofia"
+    )
+    assert one_shot.run_at == datetime(2031, 12, 24, 16, 0, tzinfo=UTC)
+
+
+def test_cancel_of_a_running_run_requests_cancellation(client: Client, conn: psycopg.Connection[Any]) -> None:
+    run = client.enqueue("long")
+    conn.execute("SELECT * FROM jobs.claim(1, 'w1')")
+    assert client.cancel(run.id) == "RUNNING"
+    assert client.get_run(run.id).cancel_requested is True
+
+
+def test_a_bad_schedule_is_refused_by_the_driver_naming_the_definition(client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="nightly") as caught:
+        client.define("nightly", "report", "61 * * * *")
+    assert caught.value.field == "schedule"
+
+
+def test_options_of_newer_schemas_are_passed_by_name_or_refused_clearly(client: Client, db: Database) -> None:
+    """queue=, enqueue_many and the queue controls exist on schemas that have queues; on one
+    without them the call says the schema is older than the driver instead of misbehaving."""
+    if has_parameter(db, "enqueue", "queue"):
+        assert client.enqueue("mail", queue="emails").queue == "emails"
+    else:
+        with pytest.raises(SchemaMismatch, match="pgtick migrate"):
+            client.enqueue("mail", queue="emails")
+    if has_parameter(db, "enqueue_many", "payloads"):
+        runs = client.enqueue_many("mail", [{"n": 1}, {"n": 2}])
+        assert [r.payload for r in runs] == [{"n": 1}, {"n": 2}]
+    else:
+        with pytest.raises(SchemaMismatch):
+            client.enqueue_many("mail", [{"n": 1}, {"n": 2}])
+    if has_parameter(db, "pause_queue", "name"):
+        client.pause_queue("emails")
+        client.resume_queue("emails")
+    else:
+        with pytest.raises(SchemaMismatch):
+            client.pause_queue("emails")
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def test_invalid_arguments_name_the_field_and_keep_the_sql_message(client: Client) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        client.enqueue("mail", priority=5000)
+    err = caught.value
+    assert (err.sqlstate, err.field) == ("22023", "priority")
+    assert "priority must be between -1000 and 1000" in str(err)
+    assert isinstance(err.__cause__, psycopg.Error)
+
+    with pytest.raises(InvalidArgument) as caught:
+        client.define("x", "k", run_at=datetime(2031, 1, 1, tzinfo=UTC), timezone="Mars/Olympus")
+    assert caught.value.field == "timezone"
+    assert caught.value.hint is not None and "Europe/Sofia" in caught.value.hint
+
+
+def test_unknown_names_and_ids_raise_not_found(client: Client) -> None:
+    with pytest.raises(NotFound, match="'nope'") as caught:
+        client.run_now("nope")
+    assert caught.value.sqlstate == "P0002"
+    with pytest.raises(NotFound, match="424242"):
+        client.cancel(424242)
+    with pytest.raises(NotFound, match="424242"):
+        client.get_run(424242)
+
+
+def test_a_client_refuses_what_it_cannot_connect_with() -> None:
+    with pytest.raises(TypeError, match="conninfo string"):
+        Client(42)  # type: ignore[arg-type]
+
+
+def test_threads_share_one_client(any_client: Client, db: Database) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        runs = list(pool.map(lambda i: any_client.enqueue("fan", {"i": i}), range(40)))
+    assert len({r.id for r in runs}) == 40
+    assert count_runs(db, "fan") == 40
+
+
+SQL_FUNCTIONS = {
+    "enqueue": "enqueue",
+    "enqueue_many": "enqueue_many",
+    "run_now": "run_now",
+    "cancel": "cancel",
+    "define": "define",
+    "pause_queue": "pause_queue",
+    "resume_queue": "resume_queue",
+}
+
+
+@pytest.mark.parametrize("method", sorted(SQL_FUNCTIONS))
+def test_every_parameter_of_the_sql_function_is_a_client_argument(
+    method: str, conn: psycopg.Connection[Any]
+) -> None:
+    """On this database's schema: a parameter the SQL function has and the client lacks
+    (in Client or AsyncClient) fails here, naming it."""
+    import inspect
+
+    from pgtick import AsyncClient
+
+    rows = conn.execute(
+        "SELECT unnest(p.proargnames) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'jobs' AND p.proname = %s",
+        (SQL_FUNCTIONS[method],),
+    ).fetchall()
+    sql_parameters = {r[0] for r in rows}
+    for cls in (Client, AsyncClient):
+        python_parameters = set(inspect.signature(getattr(cls, method)).parameters)
+        missing = sql_parameters - python_parameters
+        assert not missing, f"{cls.__name__}.{method} lacks jobs.{SQL_FUNCTIONS[method]} parameters {missing}"
+
+
+def test_arguments_are_sent_by_name_and_only_when_given(conn: psycopg.Connection[Any]) -> None:
+    from pgtick.client import call
+
+    query, params = call(
+        "enqueue",
+        {
+            "kind": "k",
+            "payload": None,
+            "queue": "q",
+            "unique_for": 60,
+            "depends_on": [1, 2],
+            "priority": None,
+        },
+    )
+    text = query.as_string(conn)
+    assert text == (
+        'SELECT * FROM jobs."enqueue"("kind" => %(kind)s, "queue" => %(queue)s, '
+        '"unique_for" => %(unique_for)s, "depends_on" => %(depends_on)s)'
+    ), text
+    assert params["unique_for"] == timedelta(minutes=1)
+
+
+def test_app_enqueue_goes_through_the_apps_client(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgtick import App
+    from pgtick.errors import UsageError
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("PGTICK_DSN", raising=False)
+    with pytest.raises(UsageError, match=r"App\(dsn=\.\.\.\)"):
+        App("shop").enqueue("receipt")
+
+    app = App("shop", dsn=db.dsn)
+    with db.connect(autocommit=False) as conn:
+        app.enqueue("receipt", {"order": 1}, conn=conn)
+        conn.rollback()
+    assert count_runs(db, "receipt") == 0
+    run = app.enqueue("receipt", {"order": 2}, priority=1)
+    assert (run.payload, run.priority) == ({"order": 2}, 1)
+
+    monkeypatch.setenv("DATABASE_URL", db.dsn)
+    from_env = App("from-env")
+    assert from_env.enqueue("receipt").kind == "receipt"
+    from_env.client.close()
+    app.client.close()
+    with Client(db.dsn) as client:
+        app.use(client)
+        assert app.client is client
+    assert count_runs(db, "receipt") == 2
+
+
+def test_a_client_over_a_connection_in_a_transaction_joins_it(db: Database) -> None:
+    """Documented: on a connection with a transaction open, a call without conn= is a
+    savepoint in it; on an idle one, a transaction of its own."""
+    with db.connect(autocommit=False) as conn:
+        client = Client(conn)
+        client.enqueue("joined")  # idle connection: its own transaction, committed
+        assert count_runs(db, "joined") == 1
+        conn.execute("SELECT 1")  # the caller opens a transaction
+        client.enqueue("joined")
+        assert count_runs(db, "joined") == 1, "the call committed the caller's open transaction"
+        conn.rollback()
+    assert count_runs(db, "joined") == 1
+
+
+def test_the_operator_role_is_enough_for_every_client_call(db: Database) -> None:
+    with Client(db.dsn_as("pgtick_t_operator")) as client:
+        run = client.enqueue("mail", {"n": 1})
+        assert client.get_run(run.id).status == "QUEUED"
+        client.define("nightly", "report", "0 3 * * *")
+        assert client.cancel(client.run_now("nightly").id) == "CANCELLED"
+    with Client(db.dsn_as("pgtick_t_reader")) as reader:
+        assert reader.get_run(run.id).id == run.id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.enqueue("mail")

@@ -1,0 +1,97 @@
+"""pgtick.AsyncClient under asyncio: the same transaction rules as Client (an enqueue with
+``conn=`` commits or rolls back with the caller), over a conninfo, an AsyncConnection and an
+AsyncConnectionPool, and the same errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+import pytest_asyncio
+from psycopg_pool import AsyncConnectionPool
+
+from harness import Database
+from pgtick import AsyncClient, Run
+from pgtick.errors import InvalidArgument, NotFound
+
+pytestmark = pytest.mark.asyncio
+
+
+async def count_runs(db: Database, kind: str) -> int:
+    async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as c:
+        cur = await c.execute("SELECT count(*) FROM jobs.runs WHERE kind = %s", (kind,))
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest_asyncio.fixture(params=["conninfo", "connection", "pool"])
+async def client(request: pytest.FixtureRequest, db: Database) -> AsyncIterator[AsyncClient]:
+    """An async client over each kind of source."""
+    if request.param == "conninfo":
+        async with AsyncClient(db.dsn) as c:
+            yield c
+    elif request.param == "connection":
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as conn:
+            yield AsyncClient(conn)
+    else:
+        async with AsyncConnectionPool(db.dsn, min_size=1, max_size=2, open=False) as pool:
+            yield AsyncClient(pool)
+
+
+async def test_an_async_enqueue_with_conn_rolls_back_with_the_callers_transaction(
+    client: AsyncClient, db: Database
+) -> None:
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        run = await client.enqueue("receipt", {"order": 1}, conn=conn)
+        assert run.status == "QUEUED"
+        assert await count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        await conn.rollback()
+    assert await count_runs(db, "receipt") == 0, f"run {run.id} survived the caller's rollback"
+
+
+async def test_an_async_enqueue_with_conn_commits_with_the_callers_transaction(
+    client: AsyncClient, db: Database
+) -> None:
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        run = await client.enqueue("receipt", {"order": 2}, conn=conn)
+        assert await count_runs(db, "receipt") == 0, "the run is visible before the caller committed"
+        await conn.commit()
+    assert await count_runs(db, "receipt") == 1
+    assert (await client.get_run(run.id)).payload == {"order": 2}
+
+
+async def test_every_async_method_calls_its_sql_function(client: AsyncClient, db: Database) -> None:
+    at = datetime(2031, 7, 1, 9, 0)
+    run = await client.enqueue("mail", {"n": 1}, run_at=at, tz="Europe/Sofia", priority=2, max_attempts=3)
+    assert isinstance(run, Run)
+    assert (run.scheduled_for, run.priority, run.max_attempts) == (datetime(2031, 7, 1, 6, tzinfo=UTC), 2, 3)
+    assert await count_runs(db, "mail") == 1, "a call without conn= did not commit"
+
+    definition = await client.define("nightly", "report", "0 3 * * *", timezone="Europe/Sofia", priority=4)
+    assert (definition.name, definition.priority) == ("nightly", 4)
+    queued = await client.run_now("nightly")
+    assert queued.definition_id == definition.id
+    assert await client.cancel(queued.id) == "CANCELLED"
+    assert (await client.get_run(queued.id)).status == "CANCELLED"
+
+
+async def test_async_errors_are_mapped(client: AsyncClient) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        await client.enqueue("mail", priority=-5000)
+    assert caught.value.field == "priority"
+    with pytest.raises(InvalidArgument, match="naive"):
+        await client.enqueue("mail", run_at=datetime(2031, 1, 1))
+    with pytest.raises(NotFound, match="'nope'"):
+        await client.run_now("nope")
+    with pytest.raises(NotFound, match="424242"):
+        await client.get_run(424242)
+
+
+async def test_concurrent_async_enqueues_share_one_client(client: AsyncClient, db: Database) -> None:
+    runs = await asyncio.gather(*(client.enqueue("fan", {"i": i}) for i in range(20)))
+    assert len({r.id for r in runs}) == 20
+    assert await count_runs(db, "fan") == 20

@@ -1,0 +1,66 @@
+"""pgtick.errors maps the SQL API's SQLSTATEs in one place: class 22/23 -> InvalidArgument
+(naming the field, keeping the hint), P0002 -> NotFound, 42883 -> SchemaMismatch; anything
+else stays a psycopg error. The CLI goes through the same mapping (exit 2, one line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Database, pgtick
+from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError, translate_errors
+
+
+def test_22023_becomes_invalid_argument_naming_the_field(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidArgument) as caught, translate_errors():
+        conn.execute("SELECT jobs.enqueue('k', max_attempts => 0)")
+    err = caught.value
+    assert (err.sqlstate, err.field) == ("22023", "max_attempts"), vars(err)
+    assert str(err).startswith("max_attempts must be between 1 and 1000"), str(err)
+    assert isinstance(err, UsageError), "the CLI treats it as bad input (exit 2)"
+
+
+def test_a_hint_from_the_server_is_kept(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidArgument) as caught, translate_errors():
+        conn.execute("SELECT jobs.define('d', 'k', timezone => 'Mars/Olympus', run_at => now() + '1 day')")
+    assert caught.value.field == "timezone"
+    assert caught.value.hint == "Use a name such as Europe/Sofia or UTC (see pg_timezone_names)."
+
+
+def test_class_23_becomes_invalid_argument(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidArgument) as caught, translate_errors():
+        conn.execute("INSERT INTO jobs.runs (kind, attempt) VALUES ('k', 0)")
+    assert caught.value.sqlstate == "23514", vars(caught.value)
+
+
+def test_p0002_becomes_not_found(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(NotFound, match="definition 'nope' does not exist") as caught, translate_errors():
+        conn.execute("SELECT jobs.run_now('nope')")
+    assert caught.value.sqlstate == "P0002"
+
+
+def test_42883_says_the_schema_is_older_than_the_driver(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(SchemaMismatch, match="pgtick migrate"), translate_errors():
+        conn.execute("SELECT jobs.enqueue('k', no_such_parameter => 1)")
+
+
+def test_other_errors_stay_psycopg_errors(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.UndefinedTable), translate_errors():
+        conn.execute("SELECT * FROM jobs.no_such_table")
+    with pytest.raises(psycopg.errors.QueryCanceled), translate_errors():
+        conn.execute("SET statement_timeout = '10ms'")
+        conn.execute("SELECT pg_sleep(5)")
+
+
+def test_the_cli_reports_an_invalid_argument_as_one_line_exit_2(db: Database) -> None:
+    result = pgtick("enqueue", "k", "--priority", "5000", "--dsn", db.dsn)
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == "pgtick enqueue: error: priority must be between -1000 and 1000, got 5000"
+
+
+def test_the_cli_reports_not_found_as_one_line_exit_2(db: Database) -> None:
+    result = pgtick("cancel", "424242", "--dsn", db.dsn)
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == "pgtick cancel: error: run 424242 does not exist"

@@ -1,0 +1,71 @@
+"""pgtick.testing used the way an application's own test suite uses it: opt into the plugin,
+enqueue, run the due jobs inline, look at the outcomes. The first test is the README's example."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pgtick import App, Context
+
+if TYPE_CHECKING:  # imported by the plugin below; importing it here first would skip assert rewriting
+    from pgtick.testing import JobsTester
+
+pytest_plugins = ["pgtick.testing"]
+
+app = App("shop")
+sent: list[int] = []
+
+
+@app.job("send-receipt", retry_on=[ConnectionError], max_attempts=2, backoff=60)
+def send_receipt(ctx: Context) -> dict[str, int]:
+    if ctx.payload.get("smtp_down"):
+        raise ConnectionError("smtp server did not answer")
+    sent.append(ctx.payload["order"])
+    app.enqueue("log-receipt", {"order": ctx.payload["order"]})
+    return {"order": ctx.payload["order"]}
+
+
+@app.job("log-receipt")
+async def log_receipt(ctx: Context) -> str:
+    return f"logged {ctx.payload['order']}"
+
+
+def test_a_receipt_is_sent_once_the_job_runs(pgtick_jobs: JobsTester) -> None:
+    pgtick_jobs.enqueue("send-receipt", {"order": 42})
+    assert sent == []  # enqueued, not run yet
+
+    receipt, log_entry = pgtick_jobs.run_due(app)
+
+    assert receipt.status == "COMPLETED"
+    assert receipt.run.result == {"order": 42}
+    assert sent == [42]
+    assert (log_entry.run.kind, log_entry.result) == ("log-receipt", "logged 42")
+
+
+def test_a_failure_is_retried_by_the_apps_policy(pgtick_jobs: JobsTester) -> None:
+    pgtick_jobs.enqueue("send-receipt", {"order": 7, "smtp_down": True})
+
+    [first] = pgtick_jobs.run_due(app)
+    assert (first.status, first.error) == ("FAILED", "ConnectionError: smtp server did not answer")
+    assert first.retry is not None and first.retry.attempt == 2
+    assert pgtick_jobs.run_due(app) == [], "the retry ran before its backoff"
+
+    [second] = pgtick_jobs.run_due(app, include_future=True)
+    assert (second.run.id, second.status) == (first.retry.id, "FAILED")
+    assert second.retry is None, "max_attempts=2 allows no third attempt"
+
+
+def test_each_test_starts_with_empty_jobs_tables(pgtick_jobs: JobsTester) -> None:
+    assert pgtick_jobs.runs() == []
+    assert pgtick_jobs.run_due(app) == []
+
+
+def test_the_readme_shows_the_first_test_of_this_file() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    start = readme.index("def test_a_receipt_is_sent_once_the_job_runs(pgtick_jobs):")
+    shown = readme[start : readme.index("```", start)].strip()
+    here = Path(__file__).read_text().replace("(pgtick_jobs: JobsTester) -> None:", "(pgtick_jobs):")
+    assert shown.replace("  # and the run it enqueued", "") in here, "README example and test drifted apart"
