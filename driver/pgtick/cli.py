@@ -131,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scheduler", action="store_true", help="only work, never lead")
     p.add_argument("--no-worker", action="store_true", help="only schedule")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    p.add_argument(
+        "--metrics-per-definition",
+        action="store_true",
+        help="also label start lateness by definition id (one series per definition)",
+    )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
@@ -288,6 +293,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
+        metrics_per_definition=args.metrics_per_definition,
     )
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
