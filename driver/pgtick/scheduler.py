@@ -131,6 +131,7 @@ class Horizon:
         self.fixed = fixed
         self.seconds_per_definition = 0.0
         self.burst = 0.0
+        self._counts: Counter[datetime] = Counter()
 
     def observe_batch(self, definitions: int, seconds: float) -> None:
         if definitions <= 0:
@@ -142,8 +143,13 @@ class Horizon:
             self.seconds_per_definition = 0.8 * self.seconds_per_definition + 0.2 * sample
 
     def observe_cursors(self, cursors: list[datetime | None]) -> None:
-        counts = Counter(c for c in cursors if c is not None)
-        biggest = max(counts.values(), default=0)
+        """Count the cursors moved to each instant, across batches and ticks (a boundary's
+        definitions arrive over several batches): the largest count is the burst."""
+        self._counts.update(c for c in cursors if c is not None)
+        if len(self._counts) > 10_000:  # keep the latest instants
+            for old in sorted(self._counts)[: len(self._counts) - 5_000]:
+                del self._counts[old]
+        biggest = max(self._counts.values(), default=0)
         self.burst = max(self.burst * 0.999, float(biggest))
 
     @property

@@ -223,11 +223,12 @@ class Worker:
         next_at, db_now = row["next_at"], row["db_now"]
         self._db_offset = db_now.timestamp() - time.time()
         with self._lock:
-            if next_at is None:
-                self._due_at = None
-            else:
+            if next_at is not None:
                 # A millisecond past the instant: the claim's now() must have reached it.
-                self._due_at = time.monotonic() + (next_at - db_now).total_seconds() + 0.001
+                learned = time.monotonic() + (next_at - db_now).total_seconds() + 0.001
+                # A NOTIFY may have re-armed the timer for a run committed after this answer
+                # was computed: keep the sooner of the two.
+                self._due_at = learned if self._due_at is None else min(self._due_at, learned)
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")

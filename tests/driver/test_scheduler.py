@@ -453,3 +453,24 @@ def test_a_poisoned_definition_never_stops_the_others_nor_costs_the_lead(
     assert health[0][2] >= 2, "the poisoned definition must be retried (with backoff)"
     logged = [r.getMessage() for r in caplog.records if "every-second-07" in r.getMessage()]
     assert logged and ("quota" in logged[0] or "operator_rule" in logged[0]), logged
+
+
+def test_the_horizon_grows_with_the_burst_at_one_instant_across_batches() -> None:
+    """100,000 definitions due at one minute arrive over many batches and ticks: the horizon
+    counts them together and grows to cover materializing them all; a fixed one never moves."""
+    from pgtick.scheduler import Horizon
+
+    base = timedelta(seconds=2)
+    adaptive = Horizon(base, tick_interval=1.0, per_tick=20_000, maximum=timedelta(minutes=2), fixed=False)
+    fixed = Horizon(base, tick_interval=1.0, per_tick=20_000, maximum=timedelta(minutes=2), fixed=True)
+    minute = utc(2030, 1, 1, 0, 1)
+    assert adaptive.lookahead == base
+    for _ in range(100):  # 100 batches of 1,000 cursors moved to the same minute
+        adaptive.observe_batch(1000, 0.05)
+        adaptive.observe_cursors([minute] * 1000)
+        fixed.observe_cursors([minute] * 1000)
+    assert adaptive.burst == 100_000
+    # 100,000 x 50 us = 5 s of work over 5 ticks of 20,000: at least 3 x 10 s ahead.
+    assert adaptive.lookahead >= timedelta(seconds=30), adaptive.lookahead
+    assert adaptive.lookahead <= timedelta(minutes=2)
+    assert fixed.lookahead == base
