@@ -15,10 +15,11 @@ and ``--workers`` worker processes (``pgtick run --no-scheduler``) start; after 
 minute boundary, ``--boundaries`` boundaries are observed. Lateness is
 ``started_at - scheduled_for`` of every occurrence of the observed boundaries (database
 clock); missed = occurrences not started 60 s after their time (counting those never
-inserted); duplicated = more than one run of one definition for one occurrence. CPU is the
-user+system time of the leader and the worker processes over the observed window, as a
-percentage of one core. The every-second scenario observes 60 seconds of ``FREQ=SECONDLY``
-occurrences the same way.
+inserted); duplicated = more than one run of one definition for one occurrence;
+inserted_after_their_time counts runs materialized late. CPU is the user+system time
+of the leader and the worker processes over the observed window, as a percentage of
+one core. The every-second scenario observes 60 seconds of ``FREQ=SECONDLY`` occurrences
+the same way.
 
 Peers (pg_cron, procrastinate, DBOS) are not driven by this script yet; they are reported
 as ``not run``.
@@ -159,7 +160,8 @@ def scenario(
         stats = conn.execute(
             """
             WITH r AS (
-                SELECT definition_id, scheduled_for, started_at, started_at - scheduled_for AS late
+                SELECT definition_id, scheduled_for, started_at, created_at,
+                       started_at - scheduled_for AS late
                   FROM jobs.runs
                  WHERE origin = 'schedule' AND scheduled_for BETWEEN %s AND %s
             )
@@ -169,13 +171,15 @@ def scenario(
                    1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY late)),
                    1000 * extract(epoch FROM max(late)),
                    1000 * extract(epoch FROM min(late)),
-                   count(*) FILTER (WHERE started_at < scheduled_for)
+                   count(*) FILTER (WHERE started_at < scheduled_for),
+                   count(*) FILTER (WHERE created_at > scheduled_for),
+                   count(*)
               FROM r
             """,
             (observed_from, observed_to),
         ).fetchone()
         assert stats is not None
-        started, duplicated, p50, p99, worst, best, early = stats
+        started, duplicated, p50, p99, worst, best, early, inserted_late, inserted = stats
         expected = count * observe
     server.drop_database(dbname)
     return {
@@ -188,6 +192,8 @@ def scenario(
         "missed": expected - int(started),
         "duplicated": int(duplicated),
         "started_early": int(early),
+        "inserted": int(inserted),
+        "inserted_after_their_time": int(inserted_late),
         "lateness_ms": {
             "p50": _round(p50),
             "p99": _round(p99),
