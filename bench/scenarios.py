@@ -644,10 +644,181 @@ def scenario_heartbeats(bench: Bench) -> None:
         bench.done_with(dbname)
 
 
+# -- workers: async, process isolation, --processes ---------------------------------------
+
+
+def _mode_system(mode: str) -> DrainSystem:
+    return DrainSystem(
+        f"pgtick-driver-{mode}",
+        sys_pgtick.install,
+        sys_pgtick.fill,
+        sys_pgtick.DRAIN,
+        sys_pgtick.mode_worker,
+        lambda b: (b, THREADS, mode),
+        (10,),
+        settings=f"Worker(concurrency={THREADS}, batch_size=10); the no-op kind runs as: {mode}",
+    )
+
+
+def scenario_workers(bench: Bench) -> None:
+    """No-op drains with one worker process, the kind run in a thread, as an ``async def``
+    job on the worker's loop, and with ``isolation="process"`` (pooled, and one spawned
+    process per job); then the per-job cost of isolation without the database.
+
+    Thread and async drains alternate, several rounds, and each keeps its best: on a
+    shared machine the load moves more between two drains than the modes differ."""
+    jobs = bench.jobs
+    rounds = 3 if bench.quick else 5
+    rates: dict[str, list[float]] = {"thread": [], "async": []}
+    best: dict[str, tuple[float, Any]] = {}
+    for r in range(rounds):
+        for mode in ("thread", "async") if r % 2 == 0 else ("async", "thread"):
+            log(f"workers: drain with {mode} jobs, round {r + 1} of {rounds}")
+            system = _mode_system(mode)
+            dbname, dsn = bench.database(f"workers_{mode}_{r}")
+            system.install(dsn)
+            system.fill(dsn, jobs)
+            t = run_drain(dsn, jobs, system.drain, system.target, 1, *system.args(10))
+            bench.done_with(dbname)
+            rates[mode].append(rate(jobs, t.seconds) if t.completed == jobs else 0.0)
+            if mode not in best or rates[mode][-1] > best[mode][0]:
+                best[mode] = (rates[mode][-1], t)
+    for mode, (jobs_per_s, t) in best.items():
+        record = {
+            "scenario": "workers",
+            "system": f"pgtick-driver-{mode}",
+            "batch": 10,
+            "procs": 1,
+            "concurrency": THREADS,
+            "jobs": jobs,
+            "seconds": round(t.seconds, 3),
+            "jobs_per_s": jobs_per_s,
+            "runs": rates[mode],
+            "completed": t.completed,
+            "settings": _mode_system(mode).settings + f"; best of {rounds} alternating rounds",
+        }
+        if t.completed != jobs:
+            record["error"] = f"{t.completed} of {jobs} completed"
+        bench.emit(record)
+    sizes = {"process": jobs // 5, "process-fresh": max(100, jobs // 100)}
+    for mode, count in sizes.items():
+        log(f"workers: drain with {mode} jobs")
+        drain_one(bench, _mode_system(mode), 10, 1, count, scenario="workers")
+    _isolation_cost(bench)
+
+
+def _isolation_cost(bench: Bench) -> None:
+    """Sequential executions of the no-op in this process: ``execute`` in a thread, and
+    through the process pool (reused child; fresh child per job). Milliseconds per job."""
+    from pgtick import isolation
+    from pgtick.app import App, Context
+    from pgtick.execution import execute
+
+    app = App("bench")
+    app.job(sys_pgtick.KIND)(sys_pgtick.noop_job)
+    app.job("isolated", isolation="process")(sys_pgtick.noop_job)
+    run = {"id": 1, "attempt": 1, "payload": {}, "scheduled_for": None, "definition_id": None}
+
+    def per_job(kind: str, count: int) -> float:
+        spec = app.jobs[kind]
+        started = time.perf_counter()
+        for i in range(count):
+            outcome = execute(Context({**run, "id": i, "kind": kind}, spec, "bench", None))
+            assert outcome.action == "complete", outcome
+        return round((time.perf_counter() - started) / count * 1000, 3)
+
+    counts = {"thread": 20000, "process": 2000, "process-fresh": 20 if bench.quick else 50}
+    figures = {"thread": per_job(sys_pgtick.KIND, counts["thread"])}
+    isolation.POOL.reuse = True
+    per_job("isolated", 5)  # the pool's first child starts outside the measurement
+    figures["process"] = per_job("isolated", counts["process"])
+    isolation.POOL.reuse = False
+    figures["process-fresh"] = per_job("isolated", counts["process-fresh"])
+    isolation.POOL.reuse = True
+    isolation.close_idle_processes()
+    bench.emit(
+        {
+            "scenario": "isolation-cost",
+            "ms_per_job": figures,
+            "jobs": counts,
+            "settings": "one job at a time in the bench process, no database: pgtick.execution.execute "
+            "in the calling thread vs isolation='process' (pooled child; a spawned child per job)",
+        }
+    )
+
+
+def scenario_processes(bench: Bench) -> None:
+    """``pgtick run --processes N`` (N = 1, 2) drains the same queue: no-op jobs, and jobs
+    that burn 2 ms of Python CPU each (the database is then not the bottleneck)."""
+    import signal
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    app = root / "bench" / "apps" / "cpu_app.py"
+    for cpu_ms, divisor in ((0, 1), (2, 4)):
+        jobs = bench.jobs // divisor
+        for procs in (1, 2):
+            dbname, dsn = bench.database(f"processes_{cpu_ms}_{procs}")
+            sys_pgtick.install(dsn)
+            env = dict(os.environ, PGTICK_BENCH_CPU_MS=str(cpu_ms), PGTICK_LOG="INFO")
+            env["PYTHONPATH"] = os.pathsep.join([str(root / "driver"), env.get("PYTHONPATH", "")])
+            command = [sys.executable, "-m", "pgtick.cli", "run", str(app), "--dsn", dsn]
+            command += ["--processes", str(procs), "--concurrency", str(THREADS), "--poll", "0.1s"]
+            with tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, env=env)
+                try:
+                    deadline = time.monotonic() + 60
+                    while True:
+                        err.seek(0)
+                        text = err.read().decode(errors="replace")
+                        if text.count(" started kinds=") >= procs:
+                            break
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"pgtick run did not start its workers:\n{text[-3000:]}")
+                        time.sleep(0.1)
+                    sys_pgtick.fill(dsn, jobs)
+                    with connect(dsn) as conn:
+                        t0 = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+                        while conn.execute(sys_pgtick.DRAIN.remaining_sql).fetchone()[0] > 0:
+                            time.sleep(0.05)
+                        last = conn.execute(sys_pgtick.DRAIN.last_finished_sql).fetchone()[0]
+                        done = conn.execute(sys_pgtick.DRAIN.done_sql).fetchone()[0]
+                finally:
+                    proc.send_signal(signal.SIGTERM)  # our own child, by its handle
+                    try:
+                        proc.wait(60)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+            seconds = (last - t0).total_seconds()
+            log(f"processes: cpu {cpu_ms} ms, {procs} processes: {rate(jobs, seconds)} jobs/s")
+            bench.emit(
+                {
+                    "scenario": "processes",
+                    "system": "pgtick-run",
+                    "procs": procs,
+                    "cpu_ms": cpu_ms,
+                    "concurrency": THREADS,
+                    "jobs": jobs,
+                    "completed": int(done),
+                    "seconds": round(seconds, 3),
+                    "jobs_per_s": rate(jobs, seconds),
+                    "settings": f"pgtick run --processes {procs} --concurrency {THREADS}; "
+                    f"each job burns {cpu_ms} ms of CPU",
+                },
+                dbname,
+            )
+            bench.done_with(dbname)
+
+
 SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "drain": scenario_drain,
     "caps": scenario_caps,
     "latency": scenario_latency,
     "growth": scenario_growth,
     "heartbeats": scenario_heartbeats,
+    "workers": scenario_workers,
+    "processes": scenario_processes,
 }

@@ -217,4 +217,50 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
                 f"heap {r['heap_bytes_before'] // 1024}->{r['heap_bytes_after'] // 1024} KiB, "
                 f"idx {r['index_bytes_before'] // 1024}->{r['index_bytes_after'] // 1024} KiB",
             )
+    workers = [r for r in records if r.get("scenario") == "workers"]
+    thread = _rate(workers, system="pgtick-driver-thread")
+    for mode in ("async", "process", "process-fresh"):
+        measured = _rate(workers, system=f"pgtick-driver-{mode}")
+        if mode == "async":
+            ratio = _ratio(measured, thread)
+            if ratio is not None:
+                s.add(
+                    "workers async / thread no-op drain, 1 proc",
+                    ratio,
+                    ">= 1",
+                    ratio >= 1,
+                    f"{measured:.0f} vs {thread:.0f} jobs/s",
+                )
+        elif measured and thread:
+            s.add(
+                f"workers {mode} no-op drain: added ms per job (10 at once)",
+                1000 / measured - 1000 / thread,
+                "reported",
+                None,
+                f"{measured:.0f} vs {thread:.0f} jobs/s",
+            )
+    for r in records:
+        if r.get("scenario") == "isolation-cost":
+            ms = r["ms_per_job"]
+            for mode in ("process", "process-fresh"):
+                s.add(
+                    f"isolation {mode}: ms per job, one at a time, no database",
+                    ms[mode],
+                    "reported",
+                    None,
+                    f"thread: {ms['thread']} ms per job",
+                )
+    procs = [r for r in records if r.get("scenario") == "processes"]
+    for cpu_ms, goal in ((2, 1.5), (0, None)):
+        one = _rate(procs, procs=1, cpu_ms=cpu_ms)
+        two = _rate(procs, procs=2, cpu_ms=cpu_ms)
+        ratio = _ratio(two, one)
+        if ratio is None:
+            continue
+        label = f"pgtick run --processes 2 / 1, jobs of {cpu_ms} ms CPU"
+        note = f"{two:.0f} vs {one:.0f} jobs/s"
+        if goal is None:
+            s.add(label, ratio, "reported", None, note + "; no-op jobs: the database's commits bound it")
+        else:
+            s.add(label, ratio, f">= {goal}", ratio >= goal, note)
     return s

@@ -184,3 +184,52 @@ def enqueue_one(conn: psycopg.Connection[Any], i: int) -> None:
 DB_LATENCY_SQL = (
     "SELECT extract(epoch FROM started_at - created_at)::float8 FROM jobs.runs WHERE started_at IS NOT NULL"
 )
+
+
+# -- how job code runs: thread, async, process ---------------------------------------------
+
+#: Worker modes the ``workers`` scenario compares (``isolation="process"`` in two variants).
+MODES = ("thread", "async", "process", "process-fresh")
+
+
+def noop_job(ctx: Any) -> None:
+    """A module-level no-op (a process-isolated job's function must be importable)."""
+
+
+async def async_noop_job(ctx: Any) -> None:
+    """The same no-op as an ``async def`` job."""
+
+
+def register(app: Any, mode: str) -> None:
+    """Register the no-op kind in ``app`` the way ``mode`` runs it."""
+    if mode == "async":
+        app.job(KIND)(async_noop_job)
+    elif mode in ("process", "process-fresh"):
+        import multiprocessing
+
+        from pgtick import isolation
+
+        # The harness's worker processes are daemonic, and a daemonic process may not start
+        # children; a worker started by `pgtick run` is not.
+        multiprocessing.current_process().daemon = False
+
+        isolation.POOL.reuse = mode == "process"  # process-fresh: one spawned process per job
+        app.job(KIND, isolation="process")(noop_job)
+    else:
+        app.job(KIND)(noop_job)
+
+
+@worker_process
+def mode_worker(control: Control, index: int, dsn: str, batch: int, concurrency: int, mode: str) -> None:
+    """One process running ``pgtick.worker.Worker`` with the no-op kind run as ``mode``."""
+    from pgtick.app import App
+    from pgtick.worker import Worker
+
+    app = App("bench")
+    register(app, mode)
+    worker = Worker(app, dsn, worker_id=f"bench-{os.getpid()}", concurrency=concurrency, batch_size=batch)
+    report_ready(control, index)
+    control.go.wait()
+    worker.run(control.stop)
+    s = worker.stats
+    control.out.put({"index": index, "claimed": s.claimed, "completed": s.completed, "fenced": s.fenced})

@@ -195,6 +195,11 @@ BEGIN
                               WHERE p.definition_id = room.definition_id);
     END LOOP;
 
+    -- overlap_policy buffer_one / cancel_other of the definitions counted under our locks.
+    IF cardinality(v_room_defs) > 0 THEN
+        PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+    END IF;
+
     IF v_skip IS NOT NULL THEN
         UPDATE jobs.runs AS r
            SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',

@@ -98,8 +98,8 @@ BEGIN
     IF coalesce(e ->> 'misfire_policy', 'coalesce') NOT IN ('coalesce', 'catch_up', 'skip') THEN
         RETURN 'misfire_policy must be coalesce, catch_up or skip';
     END IF;
-    IF coalesce(e ->> 'overlap_policy', 'queue') NOT IN ('queue', 'skip') THEN
-        RETURN 'overlap_policy must be queue or skip';
+    IF coalesce(e ->> 'overlap_policy', 'queue') NOT IN ('queue', 'skip', 'buffer_one', 'cancel_other') THEN
+        RETURN 'overlap_policy must be queue, skip, buffer_one or cancel_other';
     END IF;
     FOREACH v_key IN ARRAY ARRAY['timeout', 'heartbeat_timeout'] LOOP
         IF jsonb_typeof(e -> v_key) = 'number' THEN

@@ -18,6 +18,7 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 
 -- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
 \set migration 0001_initial \ir ../migrations/apply.sql
+\set migration 0003_time \ir ../migrations/apply.sql
 \set migration 0007_on_time \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
@@ -30,6 +31,7 @@ BEGIN;
 \ir cancel.sql
 \ir reap.sql
 \ir schedule.sql
+\ir schedule_controls.sql
 \ir materialize_many.sql
 \ir define_many.sql
 \ir leases.sql

@@ -12,7 +12,8 @@
 -- one savepoint per batch, nothing per definition.
 -- ===========================================================================
 
--- Private: the set-based compare-and-set plus inserts for the given definitions.
+-- Private: the set-based compare-and-set plus inserts for the given definitions
+-- (each run delayed by its definition's jitter, as jobs._insert_occurrences does).
 -- Rows another transaction holds are skipped (stale for now, planned again next tick),
 -- so two leaders never wait on each other; locks are taken in id order.
 CREATE OR REPLACE FUNCTION jobs._materialize_set(
@@ -51,7 +52,8 @@ AS $$
                materialize_retry_at = NULL
           FROM locked AS l
          WHERE d.id = l.id
-        RETURNING d.id, d.kind, d.payload, d.priority, d.max_attempts, d.timeout, d.heartbeat_timeout
+        RETURNING d.id, d.kind, d.payload, d.priority, d.max_attempts, d.timeout, d.heartbeat_timeout,
+                  d.jitter
     ),
     inserted AS (
         INSERT INTO jobs.runs (
@@ -59,7 +61,7 @@ AS $$
             origin, scheduled_for
         )
         SELECT a.id, a.kind, a.payload, a.priority, a.max_attempts, a.timeout, a.heartbeat_timeout,
-               'schedule', t.at
+               'schedule', t.at + jobs.jitter_offset(a.id, t.at, a.jitter)
           FROM advanced AS a
           JOIN unnest(run_definition_ids, run_times) AS t (id, at) ON t.id = a.id
          ORDER BY t.at, a.id

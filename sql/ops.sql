@@ -116,6 +116,13 @@ SELECT
     skipped.skips AS consecutive_skips,
     d.finished_at IS NOT NULL AS finished,
     d.schedule_error,
+    coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+    coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat,
+    d.dst_gap IS NULL AND d.dst_repeat IS NULL AND d.schedule IS NOT NULL AS dst_auto,
+    d.overlap_policy,
+    d.jitter,
+    d.pause_after_failures,
+    d.paused_reason,
     d.materialize_error,
     d.materialize_failures,
     d.materialize_retry_at,
@@ -171,7 +178,7 @@ LEFT JOIN LATERAL (
         AND r.scheduled_for > now() - interval '1 hour' AND r.started_at IS NOT NULL
 ) AS late ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS

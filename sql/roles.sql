@@ -42,8 +42,10 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval
+    interval, interval, text, text, interval, integer
 ),
+jobs.backfill(text, timestamptz, timestamptz),
+jobs.finish_backfill(bigint, timestamptz[], text),
 jobs.pause(text),
 jobs.resume(text),
 jobs.undefine(text),
@@ -64,3 +66,9 @@ jobs.release_lease(text, text)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
+
+-- Pure functions the views and previews use (jobs.definition_health calls jobs._dst_auto).
+GRANT EXECUTE ON FUNCTION
+jobs._dst_auto(text),
+jobs.jitter_offset(bigint, timestamptz, interval)
+TO jobs_reader;

@@ -53,6 +53,11 @@ $$;
 COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
+-- The signature before the DST and schedule-control parameters: replaced, not overloaded.
+DROP FUNCTION IF EXISTS jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
+);
+
 -- Create or replace a definition by name; a change of schedule, time zone or run_at resets its cursor.
 CREATE OR REPLACE FUNCTION jobs.define(
     name text,
@@ -68,7 +73,11 @@ CREATE OR REPLACE FUNCTION jobs.define(
     misfire_policy text DEFAULT 'coalesce',
     overlap_policy text DEFAULT 'queue',
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    dst_gap text DEFAULT NULL,
+    dst_repeat text DEFAULT NULL,
+    jitter interval DEFAULT NULL,
+    pause_after_failures integer DEFAULT NULL
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -103,24 +112,49 @@ BEGIN
         RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip, got %',
             coalesce(define.misfire_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
-    IF define.overlap_policy IS NULL OR define.overlap_policy NOT IN ('queue', 'skip') THEN
-        RAISE EXCEPTION 'overlap_policy must be queue or skip, got %',
+    IF define.overlap_policy IS NULL
+       OR define.overlap_policy NOT IN ('queue', 'skip', 'buffer_one', 'cancel_other') THEN
+        RAISE EXCEPTION 'overlap_policy must be queue, skip, buffer_one or cancel_other, got %',
             coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_positive('timeout', define.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
+        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)
+            USING ERRCODE = '22023',
+                  HINT = 'shift: the offset before the gap (RFC 5545); end: right after the gap; skip: no run.';
+    END IF;
+    IF define.dst_repeat IS NOT NULL AND define.dst_repeat NOT IN ('first', 'second', 'both') THEN
+        RAISE EXCEPTION 'dst_repeat must be first, second or both (NULL = auto), got %',
+            quote_literal(define.dst_repeat) USING ERRCODE = '22023';
+    END IF;
+    IF (define.dst_gap IS NOT NULL OR define.dst_repeat IS NOT NULL) AND define.schedule IS NULL THEN
+        RAISE EXCEPTION 'dst_gap and dst_repeat apply to a recurring schedule, not to run_at'
+            USING ERRCODE = '22023';
+    END IF;
+    IF define.jitter IS NOT NULL AND (define.jitter < interval '0' OR define.jitter > interval '1 day') THEN
+        RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', define.jitter USING ERRCODE = '22023';
+    END IF;
+    IF define.pause_after_failures IS NOT NULL THEN
+        PERFORM jobs._check_range('pause_after_failures', define.pause_after_failures, 1, 1000);
+    END IF;
 
     SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
 
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        dst_gap, dst_repeat, jitter, pause_after_failures
     )
     VALUES (
         define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
-        define.payload, coalesce(define.enabled, TRUE), define.max_concurrent_runs, define.priority,
-        define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
-        define.heartbeat_timeout
+        define.payload, coalesce(define.enabled, TRUE),
+        -- buffer_one and cancel_other are about a running occurrence: without a cap, one.
+        coalesce(define.max_concurrent_runs,
+                 CASE WHEN define.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
+        define.priority, define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
+        define.heartbeat_timeout, define.dst_gap, define.dst_repeat, nullif(define.jitter, interval '0'),
+        define.pause_after_failures
     )
     ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind,
@@ -136,17 +170,28 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           dst_gap = excluded.dst_gap,
+           dst_repeat = excluded.dst_repeat,
+           jitter = excluded.jitter,
+           pause_after_failures = excluded.pause_after_failures,
+           -- Enabling explicitly is a resume: the failure streak starts again.
+           paused_reason = CASE WHEN define.enabled THEN NULL ELSE d.paused_reason END,
+           failure_streak_since = CASE WHEN define.enabled AND NOT d.enabled THEN now()
+                                       ELSE d.failure_streak_since END,
            schedule_error = NULL,
            updated_at = now(),
-           -- A new schedule, zone or one-shot time starts from a fresh cursor.
-           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           -- A new schedule, zone, DST policy or one-shot time: new occurrences.
+           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN 1 ELSE 0 END,
-           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN excluded.run_at ELSE d.next_run_at END,
-           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN NULL ELSE d.finished_at END
     RETURNING d.* INTO v_new;
 
@@ -167,8 +212,11 @@ BEGIN
     RETURN v_new;
 END
 $$;
-COMMENT ON FUNCTION jobs.define(text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state.';
+COMMENT ON FUNCTION jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
+    text, text, interval, integer
+) IS
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -203,7 +251,8 @@ DECLARE
     v_def jobs.definitions;
 BEGIN
     UPDATE jobs.definitions AS d
-       SET enabled = TRUE, updated_at = now(),
+       SET enabled = TRUE, updated_at = now(), paused_reason = NULL,
+           failure_streak_since = CASE WHEN d.enabled THEN d.failure_streak_since ELSE now() END,
            revision = d.revision + CASE WHEN d.enabled THEN 0 ELSE 1 END,
            next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
@@ -215,7 +264,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.resume(text) IS
-'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up.';
+'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up. An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
 CREATE OR REPLACE FUNCTION jobs.undefine(name text)
@@ -279,15 +328,7 @@ BEGIN
         RETURN 0;  -- stale: another leader (or a define/pause) got there first
     END IF;
 
-    INSERT INTO jobs.runs (
-        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for
-    )
-    SELECT v_def.id, v_def.kind, v_def.payload, v_def.priority, v_def.max_attempts, v_def.timeout,
-           v_def.heartbeat_timeout, 'schedule', t
-      FROM unnest(materialize.run_times) AS t
-    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    v_count := jobs._insert_occurrences(v_def, materialize.run_times);
     IF v_count > 0 THEN
         PERFORM jobs._notify();
     END IF;
@@ -314,6 +355,8 @@ SELECT
     d.created_at,
     d.next_run_at,
     d.misfire_policy,
+    d.dst_gap,
+    d.dst_repeat,
     d.materialize_retry_at
 FROM jobs.definitions AS d
 WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;

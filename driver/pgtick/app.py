@@ -18,14 +18,16 @@ runs the scheduler and a worker for the registered kinds.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
 
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
+#: Where a job's code runs: a thread of the worker (default; ``async def`` jobs on the
+#: worker's event loop), or a child process that can be killed (``pgtick.isolation``).
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 
 log = logging.getLogger("pgtick.job")
 
@@ -75,6 +81,12 @@ class JobSpec:
     timeout: float | None
     mutating: bool
     compensate: Compensation | None
+    isolation: Isolation = "thread"
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` job: it runs on the worker's event loop (``pgtick.aio``)."""
+        return inspect.iscoroutinefunction(self.fn)
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ class App:
         timeout: float | timedelta | None = None,
         mutating: bool = False,
         compensate: Compensation | None = None,
+        isolation: Isolation = "thread",
     ) -> Callable[[JobFunction], JobFunction]:
         """Register ``fn`` as the code of ``kind``.
 
@@ -161,6 +174,12 @@ class App:
         timeout (seconds) is enforced at ``ctx.checkpoint()``. For a mutating
         kind, ``compensate`` (and hooks added with ``ctx.on_cancel``) run when a
         checkpoint observes cancellation, before the run is stamped CANCELLED.
+
+        An ``async def`` function runs on the worker's one event loop; its timeout and
+        cancellation also interrupt it at whatever it awaits. ``isolation="process"``
+        runs the function in a child process that is killed at its timeout or on
+        cancel, for code that never reaches a checkpoint (``pgtick.isolation``); its
+        function and ``compensate`` must be importable (module-level) functions.
         """
         if not kind or len(kind) > 200:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
@@ -172,8 +191,12 @@ class App:
             raise UsageError(f"job {kind}: max_attempts must be 1..1000, got {max_attempts}")
         if compensate is not None and not mutating:
             raise UsageError(f"job {kind}: compensate= needs mutating=True")
+        if isolation not in ISOLATIONS:
+            raise UsageError(f"job {kind}: isolation must be 'thread' or 'process', got {isolation!r}")
 
         def register(fn: JobFunction) -> JobFunction:
+            if isolation == "process" and inspect.iscoroutinefunction(fn):
+                raise UsageError(f"job {kind}: isolation='process' takes a plain function, not async def")
             self.jobs[kind] = JobSpec(
                 kind=kind,
                 fn=fn,
@@ -187,6 +210,7 @@ class App:
                 timeout=_seconds(timeout),
                 mutating=mutating,
                 compensate=compensate,
+                isolation=isolation,
             )
             return fn
 
@@ -205,7 +229,10 @@ class App:
         """Declare a definition (recurring with ``schedule``, or one-shot with ``run_at``).
 
         ``options`` are jobs.define() parameters: payload, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout.
+        priority, max_attempts, misfire_policy, overlap_policy (queue, skip, buffer_one,
+        cancel_other), timeout, heartbeat_timeout, dst_gap (shift, end, skip) and
+        dst_repeat (first, second, both; None = auto), jitter (a timedelta),
+        pause_after_failures.
         """
         self.schedules[name] = ScheduleSpec(name, kind, schedule, tz, run_at, dict(options))
 
@@ -236,6 +263,7 @@ class Context:
         )
         self._cancel = threading.Event()
         self._abandoned = threading.Event()
+        self._interrupt: Callable[[], None] | None = None  # set by pgtick.aio for async jobs
         self._compensations: list[Compensation] = []
         self._compensated = False
 
@@ -249,9 +277,16 @@ class Context:
 
     def request_cancel(self) -> None:
         self._cancel.set()
+        self._interrupted()
 
     def abandon(self) -> None:
         self._abandoned.set()
+        self._interrupted()
+
+    def _interrupted(self) -> None:
+        interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt()
 
     def on_cancel(self, hook: Compensation) -> None:
         """Register compensation for a mutating kind; hooks run last-registered first."""
@@ -259,8 +294,15 @@ class Context:
             raise UsageError(f"job {self.kind}: on_cancel needs a kind registered with mutating=True")
         self._compensations.append(hook)
 
-    def checkpoint(self) -> None:
-        """Stop here if the run was cancelled, timed out, or is no longer ours."""
+    def checkpoint(self) -> Awaitable[None]:
+        """Stop here if the run was cancelled, timed out, or is no longer ours.
+
+        The checks happen when it is called; in an ``async def`` job, ``await
+        ctx.checkpoint()`` also yields to the event loop once, so other jobs run."""
+        self._check()
+        return _YIELD
+
+    def _check(self) -> None:
         if self._abandoned.is_set():
             raise Abandoned(f"run {self.run_id} is no longer owned by this worker")
         if self._cancel.is_set():
@@ -279,3 +321,13 @@ class Context:
         for hook in reversed(hooks):
             self.logger.info("run=%s compensating after cancellation", self.run_id)
             hook(self)
+
+
+class _Yield:
+    """What ``checkpoint()`` returns: ignored by plain code; awaited, it yields to the loop once."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return asyncio.sleep(0).__await__()
+
+
+_YIELD = _Yield()

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
@@ -379,3 +380,27 @@ def materialize_failing(conn: Conn) -> int:
 def leads(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT count(*) FROM jobs.leader WHERE owner = %s", (owner,)).fetchone()
     return bool(row and _first(row))
+
+
+# --- backfill (scheduler.py: jobs.backfill requests the leader fills in) -----
+
+PENDING_BACKFILLS = """
+SELECT b.id AS backfill_id, b.window_from, b.window_to, d.id, d.name, d.schedule, d.timezone,
+       d.created_at, d.dst_gap, d.dst_repeat
+  FROM jobs.backfills AS b JOIN jobs.definitions AS d ON d.id = b.definition_id
+ WHERE b.done_at IS NULL
+ ORDER BY b.id
+ LIMIT %s
+"""
+FINISH_BACKFILL = "SELECT jobs.finish_backfill(%s, %s::timestamptz[], %s) AS n"
+
+
+def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(PENDING_BACKFILLS, (limit,)).fetchall())
+
+
+def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
+    return int(row[0]) if row else 0

@@ -33,6 +33,8 @@ EXAMPLES = {
     "define": "pgtick define weekday-report send-report "
     "--schedule 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' --tz Europe/Sofia\n"
     "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
+    "  pgtick define nightly etl --schedule '30 2 * * *' --tz America/New_York --dst-gap skip "
+    "--jitter 5m --pause-after-failures 3\n"
     "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00\n"
     "  pgtick define --from-file definitions.jsonl   # or .csv; one statement",
     "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
@@ -46,7 +48,9 @@ EXAMPLES = {
     "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report",
     "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
     "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
-    "--after 2026-03-07",
+    "--after 2026-03-07\n  pgtick preview --definition weekday-report --count 5\n"
+    "  pgtick preview '0 * * * *' --tz America/New_York --dst-repeat first",
+    "backfill": "pgtick backfill weekday-report --from 2026-03-01T00:00Z --to 2026-03-08T00:00Z",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
 }
@@ -104,8 +108,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    if name not in ("preview",):
-        p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     return p
 
 
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also label start lateness by definition id (one series per definition)",
     )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -159,9 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--max-attempts", type=int, default=None)
     p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
-    p.add_argument("--overlap", choices=["queue", "skip"], default="queue")
+    p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
     p.add_argument("--timeout", type=parse_duration, default=None)
     p.add_argument("--paused", action="store_true", help="define it paused")
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
+    p.add_argument("--jitter", type=parse_duration, default=None, help="delay each run by up to this")
+    p.add_argument("--pause-after-failures", type=int, default=None, metavar="N")
+
+    p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
+    p.add_argument("name")
+    p.add_argument("--from", dest="window_from", type=parse_instant, required=True, help="ISO time")
+    p.add_argument("--to", dest="window_to", type=parse_instant, required=True, help="ISO time")
 
     p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
     p.add_argument("kind")
@@ -198,10 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
-    p.add_argument("schedule")
-    p.add_argument("--tz", default="UTC")
+    p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
+    p.add_argument("--definition", default=None, help="preview a stored definition as the scheduler will")
+    p.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
     p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
     p.add_argument("--count", type=int, default=10)
+    p.add_argument(
+        "--anchor",
+        type=parse_instant,
+        default=None,
+        help="start of a rule without DTSTART (default: local midnight of the --after day)",
+    )
+    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
+    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock)
     p.add_argument("name")
@@ -276,11 +298,14 @@ def _json_default(value: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pgtick import supervisor
     from pgtick.runner import RunOptions, load_app, run_app
 
+    if args.processes < 1:
+        raise UsageError(f"--processes must be at least 1, got {args.processes}")
     app = load_app(args.app)
     dsn = _dsn(args)
-    if args.migrate:
+    if args.migrate and supervisor.child_index() is None:
         with connect(dsn) as conn:
             migrate.apply(conn)
     options = RunOptions(
@@ -298,7 +323,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
     try:
-        return run_app(app, dsn, options)
+        if args.processes > 1:
+            return supervisor.run_supervised(app, dsn, options, args.processes)
+        stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
+        return run_app(app, dsn, options, stop)
     finally:
         if _embedded is not None:
             _embedded.stop()
@@ -331,7 +359,14 @@ def cmd_define(args: argparse.Namespace) -> int:
         raise UsageError("give NAME KIND and one of --schedule or --run-at (or --from-file FILE)")
 
     if args.schedule is not None:  # before any connection: a typo fails fast
-        validate_schedule(args.schedule, args.tz, args.name)
+        validate_schedule(
+            args.schedule,
+            args.tz,
+            args.name,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+        )
 
     with connect_dicts(_dsn(args)) as conn:
         row = define(
@@ -349,8 +384,35 @@ def cmd_define(args: argparse.Namespace) -> int:
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
             enabled=False if args.paused else None,
+            dst_gap=args.dst_gap,
+            dst_repeat=args.dst_repeat,
+            jitter=timedelta(seconds=args.jitter) if args.jitter else None,
+            pause_after_failures=args.pause_after_failures,
         )
     print(f"definition={row['name']} id={row['id']} revision={row['revision']} saved")
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from pgtick.scheduler import materialize_backfills
+
+    for value in (args.window_from, args.window_to):
+        if value.tzinfo is None:
+            raise UsageError("--from and --to need a UTC offset (e.g. 2026-03-01T00:00Z)")
+    with connect_dicts(_dsn(args)) as conn:
+        row = conn.execute(
+            "SELECT * FROM jobs.backfill(%s, %s, %s)", (args.name, args.window_from, args.window_to)
+        ).fetchone()
+        assert row is not None
+        materialize_backfills(conn)
+        done = conn.execute("SELECT * FROM jobs.backfills WHERE id = %s", (row["id"],)).fetchone()
+    assert done is not None
+    if done["error"]:
+        raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
+    print(
+        f"definition={args.name} backfill={row['id']} runs={done['runs_created'] or 0} "
+        "(occurrences that already had a run were left alone)"
+    )
     return 0
 
 
@@ -462,21 +524,80 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from pgtick.schedule import ScheduleError, format_preview, parse_schedule
+    from zoneinfo import ZoneInfo
+
+    from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule
 
     if not 1 <= args.count <= 1000:
         raise UsageError("--count must be 1..1000")
+    if (args.schedule is None) == (args.definition is None):
+        raise UsageError("give a schedule or --definition NAME (not both)")
+    if args.definition is not None:
+        if args.anchor is not None or args.tz is not None:
+            raise UsageError("--anchor and --tz come from the definition; leave them out with --definition")
+        return _preview_definition(args)
+    tz = args.tz or "UTC"
     after = args.after or datetime.now(UTC)
     try:
-        schedule = parse_schedule(args.schedule, args.tz)
         if after.tzinfo is None:
-            from zoneinfo import ZoneInfo
-
-            after = after.replace(tzinfo=ZoneInfo(args.tz))
+            after = after.replace(tzinfo=ZoneInfo(tz))
+        if args.anchor is None:  # as if the definition were created at the start of the preview
+            anchor = anchor_for(after, tz)
+            note = (
+                "as if defined now: local midnight today"
+                if args.after is None
+                else "as if defined at --after: local midnight that day"
+            )
+        else:
+            anchor = args.anchor if args.anchor.tzinfo else args.anchor.replace(tzinfo=ZoneInfo(tz))
+            note = "--anchor"
+        schedule = parse_schedule(
+            args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
+        )
         lines = format_preview(schedule, after, args.count)
-    except ScheduleError as exc:
+    except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
-    print(f"next {args.count} runs of {args.schedule!r} in {args.tz} (local, then UTC):")
+    print(f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):")
+    for line in header(schedule, anchor_note=note):
+        print(f"  {line}")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+def _preview_definition(args: argparse.Namespace) -> int:
+    """A stored definition's next runs exactly as the scheduler will materialize them."""
+    from pgtick.schedule import ScheduleError, format_preview, header
+    from pgtick.scheduler import definition_schedule
+
+    with connect_dicts(_dsn(args)) as conn:
+        d = conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (args.definition,)).fetchone()
+        if d is None:
+            raise UsageError(f"definition {args.definition!r} does not exist")
+        if d["schedule"] is None:
+            raise UsageError(f"definition {args.definition!r} is a one-shot at {d['run_at'].isoformat()}")
+        if args.dst_gap is not None or args.dst_repeat is not None:
+            d = {**d, "dst_gap": args.dst_gap or d["dst_gap"]}
+            d["dst_repeat"] = args.dst_repeat or d["dst_repeat"]
+        after = args.after or datetime.now(UTC)
+        if after.tzinfo is None:
+            raise UsageError("--after needs a UTC offset with --definition")
+
+        def jitter(runs: Sequence[datetime]) -> list[timedelta]:
+            rows = conn.execute(
+                "SELECT jobs.jitter_offset(%s, t, %s) AS j FROM unnest(%s::timestamptz[]) AS t",
+                (d["id"], d["jitter"], list(runs)),
+            ).fetchall()
+            return [row["j"] for row in rows]
+
+        try:
+            schedule = definition_schedule(d)
+            lines = format_preview(schedule, after, args.count, delay=jitter)
+        except ScheduleError as exc:
+            raise UsageError(str(exc)) from exc
+    print(f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):")
+    for line in header(schedule, anchor_note="local midnight of the day it was created"):
+        print(f"  {line}")
     for line in lines:
         print(f"  {line}")
     return 0

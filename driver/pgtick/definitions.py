@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,40 @@ from psycopg.types.json import Jsonb
 from pgtick import calls
 from pgtick.app import App
 from pgtick.errors import UsageError
-from pgtick.schedule import ScheduleError, parse_schedule
+from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 
 
-def validate_schedule(schedule: str, timezone: str, name: str) -> None:
-    """Raise UsageError naming the definition and the bad part of its schedule."""
+def validate_schedule(
+    schedule: str,
+    timezone: str,
+    name: str,
+    *,
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
+    jitter: timedelta | None = None,
+) -> None:
+    """Raise UsageError naming the definition and the bad part of its schedule.
+
+    Anchored as the scheduler will anchor a definition created now.  A jitter longer than
+    the spacing of the next runs is refused: delayed runs could overtake or coincide."""
+    now = datetime.now(UTC)
     try:
-        parse_schedule(schedule, timezone, definition=name)
+        parsed = parse_schedule(
+            schedule,
+            timezone,
+            anchor=anchor_for(now, timezone),
+            dst_gap=dst_gap,
+            dst_repeat=dst_repeat,
+            definition=name,
+        )
+        if jitter:
+            runs = parsed.between(now, now + timedelta(days=3660), limit=50)
+            spacing = min((b - a for a, b in itertools.pairwise(runs)), default=None)
+            if spacing is not None and jitter > spacing:
+                raise UsageError(
+                    f"definition={name} jitter {jitter} is longer than the {spacing} between runs "
+                    "of its schedule: delayed runs could overtake or coincide"
+                )
     except ScheduleError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -35,7 +63,14 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
     """jobs.define with named arguments (only those given), after the driver has
     parsed the schedule: SQL checks only its shape, the driver checks every part."""
     if params.get("schedule") is not None:
-        validate_schedule(params["schedule"], params.get("timezone") or "UTC", name)
+        validate_schedule(
+            params["schedule"],
+            params.get("timezone") or "UTC",
+            name,
+            dst_gap=params.get("dst_gap"),
+            dst_repeat=params.get("dst_repeat"),
+            jitter=params["jitter"] if isinstance(params.get("jitter"), timedelta) else None,
+        )
     if isinstance(params.get("payload"), dict):
         params["payload"] = Jsonb(params["payload"])
     given = {k: v for k, v in params.items() if v is not None}

@@ -40,23 +40,35 @@ class Outcome:
 
 
 def execute(ctx: Context) -> Outcome:
-    """Run the job's function for ``ctx`` and say how it ended."""
+    """Run the job's function for ``ctx`` and say how it ended.
+
+    The worker sends ``async def`` jobs to its event loop (``pgtick.aio``) and
+    process-isolated ones to a child process (``pgtick.isolation``); called here
+    directly, an ``async def`` job gets a loop of its own."""
+    if ctx.spec.isolation == "process":
+        from pgtick.isolation import execute_in_process
+
+        return execute_in_process(ctx)
     fn = ctx.spec.fn
     try:
         if inspect.iscoroutinefunction(fn):
             result = asyncio.run(fn(ctx))
         else:
             result = fn(ctx)
-    except Cancelled as exc:
-        return Outcome(ctx, "cancel", message=str(exc))
-    except Abandoned:
-        return Outcome(ctx, "abandon")
-    except JobTimeout as exc:
-        return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
     except BaseException as exc:
         # Exception, and also SystemExit/KeyboardInterrupt raised by job code: uncaught
         # they would end the executor thread silently and leave the run RUNNING with
         # live heartbeats (never reaped) and one slot fewer.
-        message = f"{type(exc).__name__}: {exc}"
-        return Outcome(ctx, "fail", classes=error_classes(exc), message=message)
+        return outcome_of(ctx, exc)
     return Outcome(ctx, "complete", result=result)
+
+
+def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
+    """The outcome of a run whose job code raised ``exc``."""
+    if isinstance(exc, Cancelled):
+        return Outcome(ctx, "cancel", message=str(exc))
+    if isinstance(exc, Abandoned):
+        return Outcome(ctx, "abandon")
+    if isinstance(exc, JobTimeout):
+        return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
+    return Outcome(ctx, "fail", classes=error_classes(exc), message=f"{type(exc).__name__}: {exc}")

@@ -12,7 +12,7 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    trigger, a constraint, a refused value) is isolated there: recorded in
    ``jobs.definitions.materialize_error``, retried with backoff, logged here by
    name; the others are materialized and the leader keeps its lock;
-4. ``jobs.materialize_one_shots()``;
+4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
 6. ``jobs.prune()`` now and then.
 
@@ -41,9 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from datetime import time as dtime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import psycopg
 
@@ -53,6 +51,7 @@ from pgtick.schedule import (
     Plan,
     Schedule,
     ScheduleError,
+    anchor_for,
     first_cursor,
     parse_schedule,
     plan_materialization,
@@ -74,14 +73,7 @@ class TickReport:
     pruned: int = 0
     schedule_errors: int = 0
     materialize_errors: int = 0
-
-
-def anchor_for(created_at: datetime, timezone: str) -> datetime:
-    """Start of a DTSTART-less RRULE: local midnight of the day the definition was created,
-    so FREQ=DAILY;BYHOUR=8 means 08:00:00 and FREQ=HOURLY means on the hour."""
-    zone = ZoneInfo(timezone)
-    local_day = created_at.astimezone(zone).date()
-    return datetime.combine(local_day, dtime(0, 0), tzinfo=zone)
+    backfilled: int = 0
 
 
 class ScheduleCache:
@@ -313,6 +305,7 @@ class Scheduler:
         self._init_cursors(conn, now, report)
         self._materialize_recurring(conn, now, report)
         report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
+        report.backfilled = materialize_backfills(conn)
         return report
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
@@ -324,12 +317,11 @@ class Scheduler:
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
     ) -> Schedule | None:
         try:
-            anchor = anchor_for(d["created_at"], d["timezone"])
-            key = ScheduleCache.key(d, anchor)
+            key = _schedule_key(d)
             cached = self._parsed.get(key)
             if cached is not None:
                 return cached
-            parsed = parse_schedule(d["schedule"], d["timezone"], anchor=anchor, definition=d["name"])
+            parsed = definition_schedule(d)
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
@@ -337,6 +329,9 @@ class Scheduler:
             return None
         self._parsed.put(key, parsed)
         return parsed
+
+    def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
+        return self._parsed.get(_schedule_key(d))
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
@@ -458,6 +453,54 @@ class Call:
     run_times: list[datetime]
     new_next: datetime | None
     revision: int
+
+
+def _schedule_key(d: dict[str, Any]) -> tuple[str, str, datetime, str | None, str | None]:
+    anchor = anchor_for(d["created_at"], d["timezone"])
+    return (d["schedule"], d["timezone"], anchor, d.get("dst_gap"), d.get("dst_repeat"))
+
+
+def definition_schedule(d: dict[str, Any]) -> Schedule:
+    """A stored definition's schedule exactly as the scheduler reads it: anchored at local
+    midnight of its creation day, with its DST policy.  `d` is a jobs.definitions row."""
+    return parse_schedule(
+        d["schedule"],
+        d["timezone"],
+        anchor=anchor_for(d["created_at"], d["timezone"]),
+        dst_gap=d.get("dst_gap"),
+        dst_repeat=d.get("dst_repeat"),
+        definition=d["name"],
+    )
+
+
+def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
+    """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
+
+    Each request is finished once (jobs.finish_backfill fences on its done_at), and an
+    occurrence that already has its run is not inserted again.
+    """
+    created = 0
+    for b in sql.pending_backfills(conn, limit):
+        error: str | None = None
+        times: list[datetime] = []
+        try:
+            schedule = definition_schedule(b)
+            for occurrence in schedule.occurrences(b["window_from"], inclusive=True):
+                assert occurrence.at is not None
+                if occurrence.at > b["window_to"]:
+                    break
+                if len(times) >= 100_000:
+                    error = "the window holds more than 100000 occurrences; backfill smaller windows"
+                    times = []
+                    break
+                times.append(occurrence.at)
+        except (ScheduleError, ValueError, LookupError) as exc:
+            error = str(exc)
+        n = sql.finish_backfill(conn, b["backfill_id"], times, error)
+        created += n
+        suffix = f" error={error}" if error else ""
+        log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
+    return created
 
 
 def _one_line(exc: BaseException) -> str:

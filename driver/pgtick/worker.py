@@ -18,7 +18,10 @@ Threads, each with its own connection where it talks to PostgreSQL:
   than the one set; an empty payload (a run due now) wakes the claim loop;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
-  claim loop asks to report.
+  claim loop asks to report;
+* when the app has ``async def`` kinds, one event loop thread (``pgtick.aio``)
+  running those jobs as tasks, their outcomes reported the same way. Thread and
+  async jobs share the ``concurrency`` slots.
 
 Events (claims, outcomes, heartbeat failures) go to the listeners: the
 worker's own ``WorkerStats`` and, when given, one more (the metrics endpoint).
@@ -42,6 +45,7 @@ from typing import Any
 import psycopg
 
 from pgtick import calls
+from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
@@ -104,6 +108,7 @@ class Worker:
         self.reporter = Reporter(self.worker_id, self.events, self._release)
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
         self._threads: list[threading.Thread] = []
+        self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
     def held(self) -> Mapping[int, Context]:
@@ -172,6 +177,7 @@ class Worker:
             conn = self._drain(conn)
         finally:
             self._heartbeat.stop()
+            self._stop_runners()
             for _ in self._threads:
                 self._tasks.put(None)
             if conn is not None:
@@ -243,6 +249,8 @@ class Worker:
             t.start()
             self._threads.append(t)
         self._heartbeat.start()
+        if self.event_loop is not None:
+            self.event_loop.start()
         if self.listen:
             threading.Thread(target=self._listen, args=(stop,), name="pgtick-listen", daemon=True).start()
 
@@ -333,9 +341,15 @@ class Worker:
         )
         if shortest / 3 < self._heartbeat.waiting:
             self._heartbeat.now.set()
+        tasks = []
         for ctx in contexts:
             log.debug("run=%s kind=%s worker=%s started", ctx.run_id, ctx.kind, self.worker_id)
-            self._tasks.put(ctx)
+            if ctx.spec.is_async and self.event_loop is not None:
+                tasks.append(ctx)
+            else:
+                self._tasks.put(ctx)
+        if tasks and self.event_loop is not None:
+            self.event_loop.submit_many(tasks, self._finished)
         return len(rows) == want
 
     def _execute_loop(self) -> None:
@@ -343,8 +357,19 @@ class Worker:
             ctx = self._tasks.get()
             if ctx is None:
                 return
-            self.reporter.add(execute(ctx))
-            self.signal_work()
+            self._finished(execute(ctx))
+
+    def _finished(self, outcome: Outcome) -> None:
+        self.reporter.add(outcome)
+        self.signal_work()
+
+    def _stop_runners(self) -> None:
+        """Stop the event loop and the idle job processes (runs left go to the reaper)."""
+        if self.event_loop is not None:
+            self.event_loop.stop()
+        from pgtick.isolation import close_idle_processes
+
+        close_idle_processes()
 
     def _release(self, ctx: Context) -> None:
         with self._lock:

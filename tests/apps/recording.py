@@ -15,7 +15,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -119,3 +119,42 @@ def busy(ctx: Context, seconds: float, step: float = 0.05) -> float:
         time.sleep(step)
     ctx.checkpoint()
     return seconds
+
+
+def arecorded(fn: Callable[[Context], Awaitable[Any]]) -> Callable[[Context], Awaitable[Any]]:
+    """``recorded`` for ``async def`` job code (its rows are written from the loop thread)."""
+
+    @functools.wraps(fn)
+    async def job(ctx: Context) -> Any:
+        row = (
+            _connection()
+            .execute(
+                "INSERT INTO public.executions"
+                " (run_id, definition_id, scheduled_for, attempt, kind, worker, pid)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                (
+                    ctx.run_id,
+                    ctx.definition_id,
+                    ctx.scheduled_for,
+                    ctx.attempt,
+                    ctx.kind,
+                    ctx.worker_id,
+                    os.getpid(),
+                ),
+            )
+            .fetchone()
+        )
+        assert row is not None
+        outcome = "returned"
+        try:
+            return await fn(ctx)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            _connection().execute(
+                "UPDATE public.executions SET exited = clock_timestamp(), outcome = %s WHERE id = %s",
+                (outcome, row[0]),
+            )
+
+    return job

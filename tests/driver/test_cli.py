@@ -67,6 +67,34 @@ BAD_INPUT = [
     ("preview-unknown-zone", ["preview", "0 9 * * *", "--tz", "Nowhere/Land"], 2, "Nowhere/Land"),
     ("preview-bad-after", ["preview", "0 9 * * *", "--after", "yesterday"], 2, "ISO 8601"),
     ("preview-bad-count", ["preview", "0 9 * * *", "--count", "0"], 2, "--count"),
+    ("define-bad-dst-gap", ["define", "x", "k", "--schedule", "0 * * * *", "--dst-gap", "later"], 2, "later"),
+    (
+        "define-negative-jitter",
+        ["define", "x", "k", "--schedule", "0 * * * *", "--jitter", "-5m"],
+        2,
+        "--jitter",
+    ),
+    (
+        "define-jitter-over-spacing",
+        ["define", "x", "k", "--schedule", "*/5 * * * *", "--jitter", "10m"],
+        2,
+        "longer than the 0:05:00 between runs",
+    ),
+    ("preview-text-and-definition", ["preview", "0 * * * *", "--definition", "x"], 2, "not both"),
+    ("preview-bad-dst-repeat", ["preview", "0 * * * *", "--dst-repeat", "twice"], 2, "twice"),
+    ("preview-big-step", ["preview", "*/90 * * * *"], 2, "FREQ=MINUTELY;INTERVAL=90"),
+    (
+        "backfill-backwards",
+        ["backfill", "x", "--from", "2026-01-02T00:00Z", "--to", "2026-01-01T00:00Z", "--dsn", "{dsn}"],
+        2,
+        "is after to",
+    ),
+    (
+        "backfill-unknown",
+        ["backfill", "nope", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T00:00Z", "--dsn", "{dsn}"],
+        2,
+        "nope",
+    ),
     ("run-missing-app", ["run", "tests/apps/missing.py", "--dsn", "{dsn}"], 2, "not found"),
     ("run-not-an-app", ["run", f"{EXAMPLE}:nothing", "--dsn", "{dsn}"], 2, "no pgtick.App named 'nothing'"),
     ("six-field-cron", ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * * *"], 2, "error"),
@@ -147,6 +175,7 @@ COMMANDS = [
     "preview",
     "lock",
     "dsn",
+    "backfill",
 ]
 
 
@@ -176,7 +205,12 @@ def test_preview_keeps_local_time_across_the_dst_change() -> None:
         "6",
     )
     assert result.returncode == 0, result
-    runs = [line.split() for line in result.stdout.splitlines()[1:]]
+    lines = result.stdout.splitlines()
+    assert lines[1:3] == [
+        "  anchor: 2026-03-26T00:00:00+02:00 (as if defined at --after: local midnight that day)",
+        "  dst: dst_gap=shift (auto) dst_repeat=first (auto)",
+    ], result.stdout
+    runs = [line.split() for line in lines[3:]]
     # 2026-03-29 (a Sunday) 03:00 EET -> 04:00 EEST: 09:00 local is 07:00Z before, 06:00Z after.
     assert [(r[0], r[1], r[-1]) for r in runs] == [
         ("2026-03-26", "09:00", "2026-03-26T07:00:00Z"),

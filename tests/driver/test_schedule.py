@@ -20,10 +20,22 @@ from pgtick.schedule import (
     ScheduleError,
     first_cursor,
     format_preview,
-    parse_schedule,
     plan_materialization,
     preview,
 )
+from pgtick.schedule import parse_schedule as parse_with_anchor
+
+
+def parse_schedule(
+    text: str, timezone: str, *, anchor: datetime | None = None, **options: str | None
+) -> Schedule:
+    """parse_schedule anchored, unless told otherwise, at 2000-01-01 00:00 local time."""
+    if anchor is None:
+        try:
+            anchor = datetime(2000, 1, 1, tzinfo=ZoneInfo(timezone))
+        except (LookupError, ValueError, OSError):
+            anchor = datetime(2000, 1, 1, tzinfo=UTC)
+    return parse_with_anchor(text, timezone, anchor=anchor, **options)
 
 
 def utc(year: int, month: int, day: int, h: int = 0, m: int = 0, s: int = 0) -> datetime:
@@ -63,11 +75,15 @@ def test_daily_0800_in_sofia_is_0800_local_every_day_of_2026() -> None:
     assert runs_on(schedule, date(2026, 10, 25)) == [utc(2026, 10, 25, 6)]
 
 
-@pytest.mark.parametrize("text", ["FREQ=DAILY;BYHOUR=2;BYMINUTE=30", "30 2 * * *"])
-def test_0230_in_new_york_runs_once_on_both_change_days(text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "gap_run"),
+    [("FREQ=DAILY;BYHOUR=2;BYMINUTE=30", utc(2026, 3, 8, 7, 30)), ("30 2 * * *", utc(2026, 3, 8, 7))],
+)
+def test_0230_in_new_york_runs_once_on_both_change_days(text: str, gap_run: datetime) -> None:
     schedule = parse_schedule(text, "America/New_York")
-    # 02:30 does not exist on 2026-03-08: it runs when the gap ends, 03:00 EDT.
-    assert runs_on(schedule, date(2026, 3, 8)) == [utc(2026, 3, 8, 7)]
+    # 02:30 does not exist on 2026-03-08: RRULE reads it with the offset before the gap
+    # (03:30 EDT, RFC 5545); cron runs it when the gap ends (03:00 EDT, Vixie cron).
+    assert runs_on(schedule, date(2026, 3, 8)) == [gap_run]
     # 02:30 exists once on 2026-11-01 (clocks went back at 02:00 EDT to 01:00 EST).
     assert runs_on(schedule, date(2026, 11, 1)) == [utc(2026, 11, 1, 7, 30)]
     assert runs_on(schedule, date(2026, 3, 9)) == [utc(2026, 3, 9, 6, 30)]
@@ -80,8 +96,8 @@ def test_ambiguous_0130_in_new_york_runs_once_at_its_first_occurrence(text: str)
     assert runs_on(schedule, date(2026, 11, 2)) == [utc(2026, 11, 2, 6, 30)]  # 01:30 EST
 
 
-def test_every_15_minutes_in_the_gap_hour_runs_once_at_gap_end() -> None:
-    schedule = parse_schedule("*/15 2 * * *", "America/New_York")
+def test_every_15_minutes_in_the_gap_hour_runs_once_at_gap_end_when_told() -> None:
+    schedule = parse_schedule("*/15 2 * * *", "America/New_York", dst_gap="end")
     assert runs_on(schedule, date(2026, 3, 8)) == [utc(2026, 3, 8, 7)]
     assert runs_on(schedule, date(2026, 3, 7)) == [utc(2026, 3, 7, 7, m) for m in (0, 15, 30, 45)]
     assert runs_on(schedule, date(2026, 11, 1)) == [utc(2026, 11, 1, 7, m) for m in (0, 15, 30, 45)]
@@ -90,11 +106,15 @@ def test_every_15_minutes_in_the_gap_hour_runs_once_at_gap_end() -> None:
     assert len(runs) == 14 * 4 - 3
 
 
-@pytest.mark.parametrize("text", ["FREQ=DAILY;BYHOUR=2;BYMINUTE=15", "15 2 * * *"])
-def test_lord_howe_half_hour_shifts(text: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "gap_run"),
+    [("FREQ=DAILY;BYHOUR=2;BYMINUTE=15", utc(2026, 10, 3, 15, 45)), ("15 2 * * *", utc(2026, 10, 3, 15, 30))],
+)
+def test_lord_howe_half_hour_shifts(text: str, gap_run: datetime) -> None:
     schedule = parse_schedule(text, "Australia/Lord_Howe")
-    # 2026-10-04 02:00 +10:30 -> 02:30 +11:00: 02:15 is missing, runs at 02:30 (15:30Z).
-    assert runs_on(schedule, date(2026, 10, 4)) == [utc(2026, 10, 3, 15, 30)]
+    # 2026-10-04 02:00 +10:30 -> 02:30 +11:00: 02:15 is missing; RRULE shifts it by the
+    # half hour (02:45 +11:00, 15:45Z), cron runs it when the gap ends (02:30, 15:30Z).
+    assert runs_on(schedule, date(2026, 10, 4)) == [gap_run]
     assert runs_on(schedule, date(2026, 10, 5)) == [utc(2026, 10, 4, 15, 15)]
     # 2026-04-05 02:00 +11:00 -> 01:30 +10:30: 02:15 is after the repeated half hour.
     assert runs_on(schedule, date(2026, 4, 5)) == [utc(2026, 4, 4, 15, 45)]
@@ -416,14 +436,15 @@ def test_anchor_sets_the_phase_of_a_bare_rule() -> None:
 def test_utc_until_is_exact_inside_a_repeated_hour() -> None:
     # 06:45Z is 01:45 EST, the second pass of 01:xx; wall time 01:50 ran at 01:50 EDT
     # (05:50Z), before UNTIL, and 02:00 EST (07:00Z) is after it.
-    schedule = parse_schedule(
-        "DTSTART:20261101T000000\nRRULE:FREQ=MINUTELY;INTERVAL=10;UNTIL=20261101T064500Z",
-        "America/New_York",
-    )
+    text = "DTSTART:20261101T000000\nRRULE:FREQ=MINUTELY;INTERVAL=10;UNTIL=20261101T064500Z"
+    schedule = parse_schedule(text, "America/New_York", dst_repeat="first")
     runs = schedule.between(utc(2026, 11, 1), utc(2026, 11, 2), limit=100)
     assert len(runs) == 12
     assert runs[-1] == utc(2026, 11, 1, 5, 50)
     assert schedule.next_after(runs[-1]) is None
+    # Auto runs both readings of 01:xx; the second ones after UNTIL do not run.
+    both = parse_schedule(text, "America/New_York").between(utc(2026, 11, 1), utc(2026, 11, 2), limit=100)
+    assert both == runs[:6] + sorted(runs[6:] + [utc(2026, 11, 1, 6, m) for m in (0, 10, 20, 30, 40)])
 
 
 def test_date_until_includes_the_whole_day() -> None:
@@ -655,10 +676,10 @@ def test_first_cursor_is_the_first_occurrence_at_or_after_now() -> None:
 
 def test_preview_and_format_preview() -> None:
     schedule = parse_schedule("0 9 * * MON", "Europe/Sofia")
-    pairs = preview(schedule, utc(2026, 3, 21), 2)
-    assert [utc_run for _, utc_run in pairs] == [utc(2026, 3, 23, 7), utc(2026, 3, 30, 6)]
-    assert all(local == utc_run for local, utc_run in pairs)
-    assert all(local.tzinfo == ZoneInfo("Europe/Sofia") for local, _ in pairs)
+    found = preview(schedule, utc(2026, 3, 21), 2)
+    assert [o.at for o in found] == [utc(2026, 3, 23, 7), utc(2026, 3, 30, 6)]
+    assert [o.wall for o in found] == [datetime(2026, 3, 23, 9), datetime(2026, 3, 30, 9)]
+    assert all(o.dst is None for o in found)
     assert format_preview(schedule, utc(2026, 3, 21), 2) == [
         "2026-03-23 09:00 Mon EET (+02:00)  2026-03-23T07:00:00Z",
         "2026-03-30 09:00 Mon EEST (+03:00)  2026-03-30T06:00:00Z",
@@ -681,7 +702,7 @@ def test_preview_and_format_preview() -> None:
         ("0 */x * * *", "cron field 'hour' step 'x' in '*/x' must be 1-24"),
         ("0 0 * FOO *", "cron field 'month' unknown name 'FOO'"),
         ("0 0 * * FUNDAY", "cron field 'day-of-week' unknown name 'FUNDAY'"),
-        ("0 0 * * MON-SUN", "cron field 'day-of-week' range 'MON-SUN' runs backwards"),
+        ("0 0 * * SAT-FRI", "cron field 'day-of-week' range 'SAT-FRI' runs backwards"),
         ("0 x * * *", "cron field 'hour' invalid value 'x'"),
         ("5/15 * * * *", "cron field 'minute' step '5/15' needs '*' or a range"),
         ("1,,2 * * * *", "cron field 'minute' has an empty list item"),

@@ -148,36 +148,58 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
-def test_step_by_step_upgrade_equals_fresh_install(empty: Database, empty2: Database, tmp_path: Path) -> None:
-    """Applying migrations one release at a time ends in the same schema as a fresh
-    install of everything. The functions of today are applied with the last step
-    only: they may use columns that a later migration adds."""
-    all_migrations = migrate.migrations()
-    root = tmp_path / "root"
-    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
-    shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
-    install = (root / "sql" / "install.sql").read_text()
-    lines = install.splitlines(keepends=True)
-    for step, migration in enumerate(all_migrations, start=1):
-        # install.sql as it was in that release: only the first `step` migration lines.
-        seen = 0
-        kept = []
-        in_functions = False
-        for line in lines:
-            if line.startswith("\\set migration "):
-                seen += 1
-                if seen > step:
-                    continue
-            if step < len(all_migrations) and line.strip() in ("BEGIN;", "COMMIT;"):
-                in_functions = line.strip() == "BEGIN;"
-                continue
-            if not in_functions:
-                kept.append(line)
-        (root / "sql" / "install.sql").write_text("".join(kept))
-        with psycopg.connect(empty.dsn, autocommit=True) as conn:
-            assert migrate.apply(conn, root) == [migration.version]
+def _earlier_states() -> list[str]:
+    """Git revisions of every earlier schema: the commit just before each migration after the
+    first was added (what a user who installed then has in their database)."""
+    repo = migrate.schema_root()
+    refs: list[str] = []
+    for migration in migrate.migrations()[1:]:
+        added = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration.path.name}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        if added.returncode != 0:
+            pytest.fail(f"the upgrade test needs the git history of {repo}: {added.stderr.strip()}")
+        for commit in added.stdout.split():
+            if f"{commit}^" not in refs:
+                refs.append(f"{commit}^")
+    return refs
+
+
+def _checkout_schema(ref: str, into: Path) -> Path:
+    """sql/ and migrations/ as they were at `ref`, extracted into `into`."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, "sql", "migrations"],
+        cwd=migrate.schema_root(),
+        capture_output=True,
+    )
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "sql" / "install.sql"
+
+
+def test_upgrade_from_every_earlier_schema_equals_fresh_install(
+    pg: Server, empty2: Database, tmp_path: Path
+) -> None:
+    """A database installed (with psql, as that release documented) from any earlier schema
+    and then migrated ends in the same schema as a fresh install of everything."""
     migrate_dsn(empty2.dsn)
-    assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+    fresh = snapshot(empty2.dsn)
+    refs = _earlier_states()
+    assert refs or len(migrate.migrations()) == 1
+    for number, ref in enumerate(refs):
+        script = _checkout_schema(ref, tmp_path / f"state{number}")
+        database = pg.create_empty_database()
+        try:
+            installed = psql_install(database.dsn, script)
+            assert installed.returncode == 0, f"installing {ref}: {installed.stderr}"
+            migrate_dsn(database.dsn)
+            assert snapshot(database.dsn) == fresh, f"upgrading from {ref} differs from a fresh install"
+        finally:
+            pg.drop_database(database)
 
 
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:

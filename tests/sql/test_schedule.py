@@ -118,6 +118,8 @@ def test_due_definitions_are_those_within_the_horizon_earliest_first(conn: Conn)
         "created_at",
         "next_run_at",
         "misfire_policy",
+        "dst_gap",
+        "dst_repeat",
         "materialize_retry_at",
     ]
 

@@ -1,0 +1,155 @@
+"""Async jobs: one event loop per worker process, on a thread of its own.
+
+The claim loop hands every claimed run of an ``async def`` kind to ``EventLoop.start``;
+the run becomes a task on the loop, and its outcome goes to the same ``done`` callback
+the executor threads use (the reporter), so heartbeats, fencing and reporting are the
+thread jobs' own. No executor thread is held while an async job runs: the worker's
+``concurrency`` bounds thread and async jobs together, because it claims only as many
+runs as it has free slots.
+
+Stopping an async job:
+
+* ``await ctx.checkpoint()`` checks for cancellation, the timeout and lost ownership
+  like a thread job's checkpoint (compensation runs there, on the loop thread) and
+  yields to the loop once;
+* besides, cancellation (from the heartbeat), lost ownership and the timeout cancel the
+  job's task, so an ``await`` anywhere in the job raises ``asyncio.CancelledError``;
+  the run then ends CANCELLED (after compensation, run on a thread so the loop goes on),
+  abandoned, or failed with reason ``Timeout``. Code that blocks the loop without
+  awaiting cannot be interrupted this way: use a thread job or ``isolation="process"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pgtick.app import Context
+from pgtick.errors import JobTimeout
+from pgtick.execution import Outcome, outcome_of
+
+log = logging.getLogger("pgtick.worker")
+
+
+class EventLoop:
+    """An asyncio loop running forever on its own thread, until ``stop``."""
+
+    def __init__(self, name: str = "pgtick-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._tasks: set[asyncio.Task[Outcome]] = set()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            try:
+                pending = asyncio.all_tasks(self.loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def submit(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
+        """Run ``ctx``'s job as a task on the loop; ``done(outcome)`` is called when it ends
+        (on the loop thread). Callable from any thread."""
+        self.submit_many([ctx], done)
+
+    def submit_many(self, contexts: list[Context], done: Callable[[Outcome], None]) -> None:
+        """``submit`` for a claimed batch: one wake-up of the loop for all of them."""
+        self.loop.call_soon_threadsafe(self._create_all, contexts, done)
+
+    def _create_all(self, contexts: list[Context], done: Callable[[Outcome], None]) -> None:
+        for ctx in contexts:
+            self._create(ctx, done)
+
+    def _create(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
+        task = self.loop.create_task(run_job(ctx), name=f"pgtick-run-{ctx.run_id}")
+        self._tasks.add(task)
+
+        def finished(t: asyncio.Task[Outcome]) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():  # only when the loop itself shuts down
+                done(outcome_of(ctx, asyncio.CancelledError("the worker's event loop stopped")))
+            else:
+                done(t.result())
+
+        task.add_done_callback(finished)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop (tasks still running are cancelled) and wait for its thread."""
+        if self.loop.is_closed():
+            return
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+        elif not self._thread.ident:
+            self.loop.close()
+
+
+async def run_job(ctx: Context) -> Outcome:
+    """Await the job's coroutine; cancellation, lost ownership and the timeout cancel it."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    why: list[str] = []  # the first reason the task was interrupted
+
+    def interrupt_here(reason: str) -> None:
+        if not why and not task.done():
+            why.append(reason)
+            task.cancel()
+
+    def interrupt() -> None:  # from the heartbeat thread
+        reason = "abandoned" if ctx.abandoned else "cancel"
+        loop.call_soon_threadsafe(interrupt_here, reason)
+
+    timer: asyncio.TimerHandle | None = None
+    if ctx.timeout is not None:
+        left = ctx.timeout - (time.monotonic() - ctx.started)
+        timer = loop.call_later(max(left, 0.0), interrupt_here, "timeout")
+    ctx._interrupt = interrupt
+    if ctx.cancel_requested or ctx.abandoned:
+        interrupt()
+    try:
+        result: Any = await ctx.spec.fn(ctx)
+    except asyncio.CancelledError as exc:
+        if not why:
+            raise  # not ours: the loop is shutting down
+        task.uncancel()
+        return await _interrupted(ctx, why[0], exc)
+    except BaseException as exc:
+        return outcome_of(ctx, exc)
+    finally:
+        ctx._interrupt = None
+        if timer is not None:
+            timer.cancel()
+    return Outcome(ctx, "complete", result=result)
+
+
+async def _interrupted(ctx: Context, reason: str, exc: asyncio.CancelledError) -> Outcome:
+    if reason == "abandoned" or ctx.abandoned:
+        return Outcome(ctx, "abandon")
+    if reason == "timeout":
+        timeout = ctx.timeout or 0.0
+        return outcome_of(ctx, JobTimeout(f"run {ctx.run_id} exceeded its timeout of {timeout:g}s"))
+    try:
+        await asyncio.to_thread(ctx._compensate)
+    except BaseException as error:
+        log.warning("run=%s kind=%s compensation failed: %s", ctx.run_id, ctx.kind, error)
+        return outcome_of(ctx, error)
+    return Outcome(ctx, "cancel", message=f"run {ctx.run_id} cancelled")

@@ -1,0 +1,309 @@
+"""Process isolation: ``@app.job(..., isolation="process")`` runs the job in a child process.
+
+A thread cannot be stopped from outside, so a thread job that never reaches
+``ctx.checkpoint()`` runs past its timeout and past a cancel. An isolated job runs in
+a child process instead, and the executor thread that waits for it kills the child
+(SIGKILL) when
+
+* the run's timeout passes: the run fails with reason ``Timeout``;
+* a cancel reaches the worker (through its heartbeat): the kind's ``compensate``
+  function then runs in the worker process, in the executor thread that waited, and
+  the run ends CANCELLED;
+* the run is no longer this worker's (reaped or fenced): nothing is reported.
+
+What travels (pickled over a pipe): to the child, the job's spec (its function and
+``compensate`` by reference, so both must be importable module-level functions) and
+the run's row; back, the result (its ``repr`` when it cannot be pickled) or the
+exception's class chain (for the retry policy), its message and its traceback text
+(appended to the run's ``error``). In the child, ``ctx.checkpoint()`` still enforces
+the timeout; cancellation is the parent's kill, so ``ctx.on_cancel`` hooks registered
+in the child never run (use the kind's ``compensate=``).
+
+The children form a small pool, one per isolated job running at once (so at most the
+worker's concurrency): a child runs one job after another and is killed and replaced
+only when a job is stopped or kills it. Children ignore SIGINT/SIGTERM (the worker
+decides when they stop) and exit when the worker process dies. Job code in a child
+shares module-level state with the jobs that ran before it in that child, as it does
+in a thread. A worker inside a daemonic ``multiprocessing`` process cannot start job
+processes (Python forbids it): such runs fail with the reason in their error. Measured
+costs are in the README ("Running jobs: threads, async, processes").
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+from typing import Any
+
+from pgtick.app import Context, JobSpec, error_classes
+from pgtick.errors import JobTimeout
+from pgtick.execution import Outcome, outcome_of
+
+log = logging.getLogger("pgtick.worker")
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class JobProcessExited(Exception):
+    """The job's process ended without reporting (killed from outside, or os._exit)."""
+
+
+class JobProcess:
+    """One child process that runs isolated jobs one at a time."""
+
+    def __init__(self) -> None:
+        self.conn, child = SPAWN.Pipe()
+        self.process = SPAWN.Process(
+            target=_child_main,
+            args=(child, _logging_setup()),
+            name="pgtick-job-process",
+            daemon=True,  # killed if the worker exits without closing it
+        )
+        self.process.start()
+        child.close()
+        self._wake_r, self._wake_w = os.pipe()  # written to interrupt the wait (cancel)
+        os.set_blocking(self._wake_w, False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def interrupt(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass  # already written (pipe full) or closed: the waiter wakes either way
+
+    def run(self, ctx: Context) -> tuple[Outcome, bool]:
+        """Run ``ctx``'s job in this process; returns its outcome and whether the
+        process can run another job."""
+        timeout = None if ctx.timeout is None else ctx.timeout - (time.monotonic() - ctx.started)
+        spec = replace(ctx.spec, compensate=None)  # compensation runs here, not in the child
+        try:
+            self.conn.send((spec, ctx.run, ctx.worker_id, timeout))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            message = f"isolation='process' needs an importable module-level job function: {exc}"
+            return outcome_of(ctx, TypeError(message)), True
+        ctx._interrupt = self.interrupt
+        try:
+            return self._wait(ctx)
+        finally:
+            ctx._interrupt = None
+
+    def _wait(self, ctx: Context) -> tuple[Outcome, bool]:
+        deadline = None if ctx.timeout is None else ctx.started + ctx.timeout
+        while True:
+            if ctx.abandoned:
+                self.kill()
+                return Outcome(ctx, "abandon"), False
+            if ctx.cancel_requested:
+                self.kill()
+                return _cancelled(ctx), False
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self.kill()
+                error = JobTimeout(
+                    f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s; its process was killed"
+                )
+                return outcome_of(ctx, error), False
+            wait = None if deadline is None else deadline - now
+            ready = multiprocessing.connection.wait(
+                [self.conn, self.process.sentinel, self._wake_r], timeout=wait
+            )
+            if self._wake_r in ready:
+                os.read(self._wake_r, 64)
+            if self.conn in ready:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    return self._exited(ctx), False
+                return _outcome(ctx, message), True
+            if self.process.sentinel in ready:
+                return self._exited(ctx), False
+
+    def _exited(self, ctx: Context) -> Outcome:
+        self.process.join(5)
+        code = self.process.exitcode
+        error = JobProcessExited(f"job process pid {self.pid} exited with code {code} before reporting")
+        return outcome_of(ctx, error)
+
+    def kill(self) -> None:
+        """SIGKILL the child (a hard stop) and reap it."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+        self.close()
+
+    def close(self) -> None:
+        """Tell an idle child to exit; kill it if it does not; release the pipes."""
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(2)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        self.conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+
+def _cancelled(ctx: Context) -> Outcome:
+    """The child is dead; compensate here (this executor thread), then report CANCELLED."""
+    try:
+        ctx._compensate()
+    except BaseException as exc:
+        log.warning("run=%s kind=%s compensation failed: %s", ctx.run_id, ctx.kind, exc)
+        return outcome_of(ctx, exc)
+    return Outcome(ctx, "cancel", message=f"run {ctx.run_id} cancelled; its process was killed")
+
+
+def _outcome(ctx: Context, message: tuple[Any, ...]) -> Outcome:
+    if message[0] == "ok":
+        return Outcome(ctx, "complete", result=message[1])
+    _, classes, text, trace, timed_out = message
+    if timed_out:
+        return Outcome(ctx, "fail", classes=classes, message=text, reason="Timeout")
+    return Outcome(ctx, "fail", classes=classes, message=f"{text}\n\n{trace}".rstrip())
+
+
+class ProcessPool:
+    """Job processes of one worker process: idle ones are kept for the next job.
+
+    ``reuse=False`` starts a fresh process for every job (one spawn per job: the
+    slower alternative the README measures)."""
+
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
+        self._lock = threading.Lock()
+        self._idle: list[JobProcess] = []
+        self._busy: set[JobProcess] = set()
+        self.started = 0
+
+    def execute(self, ctx: Context) -> Outcome:
+        try:
+            proc = self._take()
+        except Exception as exc:  # e.g. a daemonic worker process may not start children
+            log.warning("run=%s kind=%s cannot start a job process: %s", ctx.run_id, ctx.kind, exc)
+            return outcome_of(ctx, exc)
+        keep = False
+        try:
+            outcome, keep = proc.run(ctx)
+            return outcome
+        finally:
+            keep = keep and self.reuse
+            with self._lock:
+                self._busy.discard(proc)
+                if keep:
+                    self._idle.append(proc)
+            if not keep:
+                proc.close()
+
+    def _take(self) -> JobProcess:
+        with self._lock:
+            while self._idle:
+                proc = self._idle.pop()
+                if proc.process.is_alive():
+                    self._busy.add(proc)
+                    return proc
+                proc.close()
+            self.started += 1
+        proc = JobProcess()
+        with self._lock:
+            self._busy.add(proc)
+        return proc
+
+    def close(self) -> None:
+        """Stop the idle children and kill the busy ones (their runs go to the reaper)."""
+        with self._lock:
+            procs, self._idle = self._idle + list(self._busy), []
+            busy = set(self._busy)
+        for proc in procs:
+            if proc in busy:
+                if proc.process.is_alive():
+                    proc.process.kill()  # its executor thread reaps it
+            else:
+                proc.close()
+
+
+#: The job processes of this worker process.
+POOL = ProcessPool()
+
+
+def execute_in_process(ctx: Context) -> Outcome:
+    """Run ``ctx``'s job in a child process from ``POOL``."""
+    return POOL.execute(ctx)
+
+
+def close_idle_processes() -> None:
+    """The worker stops: no job process outlives it."""
+    POOL.close()
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+def _logging_setup() -> tuple[int, logging.Formatter | None]:
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    try:
+        pickle.dumps(formatter)
+    except Exception:
+        formatter = None
+    return root.getEffectiveLevel(), formatter
+
+
+def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a job stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    level, formatter = logging_setup
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        spec, run, worker_id, timeout = job
+        conn.send(_run_here(spec, run, worker_id, timeout))
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)  # the worker process is gone: so is its job
+
+
+def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float | None) -> tuple[Any, ...]:
+    ctx = Context(run, spec, worker_id, timeout)
+    try:
+        result = spec.fn(ctx)
+    except BaseException as exc:
+        text = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+        trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
+        return ("error", error_classes(exc), text, trace, isinstance(exc, JobTimeout))
+    try:
+        pickle.dumps(result)
+    except Exception:
+        result = {"repr": repr(result)}
+    return ("ok", result)

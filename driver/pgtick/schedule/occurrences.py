@@ -1,0 +1,258 @@
+"""A parsed schedule and its occurrences: the one place that says when a schedule runs.
+
+`parse_schedule` reads RRULE or cron text in an IANA zone with an explicit anchor (where
+a rule without DTSTART starts) and a DST policy; `Schedule.occurrences` yields what it
+runs, in UTC and in order.  The scheduler, ``pgtick preview``, validation and the tests
+all call this, so what preview shows is what the scheduler materializes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from itertools import count
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from dateutil.rrule import rruleset
+
+from pgtick.schedule.cron import parse_cron
+from pgtick.schedule.rrule import Rule, follows_real_time, parse_rrule_text
+from pgtick.schedule.zones import (
+    MAX_TRANSITION,
+    DstMark,
+    DstPolicy,
+    ScheduleError,
+    load_zone,
+    require_aware,
+    resolve_policy,
+    runs_of_wall_time,
+    wall_time,
+)
+
+ScheduleKind = Literal["rrule", "cron"]
+
+_ONE_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence: the wall time the rule produced and the instant it runs at.
+
+    `at` is None for a wall time that a ``dst_gap=skip`` policy dropped (only yielded
+    when asked for).  `dst` says what DST did to it, if anything.
+    """
+
+    wall: datetime
+    at: datetime | None
+    dst: DstMark | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A parsed schedule; build it with `parse_schedule`.
+
+    All public methods take and return aware datetimes; run instants are UTC and
+    strictly increasing.
+    """
+
+    text: str
+    timezone: str
+    kind: ScheduleKind
+    policy: DstPolicy
+    anchor: datetime
+    _zone: ZoneInfo = field(repr=False)
+    _rules: tuple[Rule, ...] = field(repr=False)
+    _rdates: tuple[datetime, ...] = field(repr=False, default=())
+    _exdates: tuple[datetime, ...] = field(repr=False, default=())
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return self._zone
+
+    def occurrences(
+        self, after: datetime | None, *, inclusive: bool = False, include_skipped: bool = False
+    ) -> Iterator[Occurrence]:
+        """Occurrences running after `after` (at it too if inclusive; all if None), in order.
+
+        Occurrences that map to the same instant are one.  With `include_skipped`, wall
+        times dropped in a DST gap are yielded too (``at`` None), where the gap ends.
+        """
+        return self._occurrences(after, inclusive=inclusive, include_skipped=include_skipped)
+
+    def next_after(self, instant: datetime, *, inclusive: bool = False) -> datetime | None:
+        """The first run after `instant` (or at it, if inclusive); None if exhausted."""
+        for occurrence in self.occurrences(instant, inclusive=inclusive):
+            return occurrence.at
+        return None
+
+    def between(self, start: datetime, end: datetime, *, limit: int) -> list[datetime]:
+        """Runs t with start <= t <= end, ascending, at most `limit` of them."""
+        require_aware(end, "end")
+        if limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        runs: list[datetime] = []
+        for occurrence in self.occurrences(start, inclusive=True):
+            assert occurrence.at is not None
+            if occurrence.at > end or len(runs) >= limit:
+                break
+            runs.append(occurrence.at)
+        return runs
+
+    def _run_instants(
+        self, instant: datetime | None, *, inclusive: bool, rebase: bool = True
+    ) -> Iterator[datetime]:
+        """Run instants only; `rebase=False` walks every rule from its DTSTART (tests)."""
+        for occurrence in self._occurrences(instant, inclusive=inclusive, rebase=rebase):
+            assert occurrence.at is not None
+            yield occurrence.at
+
+    def _wall_times(self, not_before: datetime | None, *, rebase: bool) -> Iterator[datetime]:
+        expansion = rruleset()
+        for rule in self._rules:
+            expansion.rrule(rule.expansion_from(not_before, rebase=rebase))
+        for rdate in self._rdates:
+            expansion.rdate(rdate)
+        for exdate in self._exdates:
+            expansion.exdate(exdate)
+        if not_before is None:
+            return iter(expansion)
+        return expansion.xafter(not_before, inc=True)
+
+    def _start_wall_time(self, instant: datetime) -> datetime | None:
+        """The earliest wall time that can run at or after `instant` (None: past 9999).
+
+        Away from DST changes that is the wall time of `instant`; near one, a wall time
+        shifted out of a gap or read a second time can run up to a transition later.
+        """
+        try:
+            near = _offset_changes_near(
+                self._zone, instant.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+            )
+            back = MAX_TRANSITION if near else _ONE_SECOND
+            return wall_time(instant - back, self._zone).replace(microsecond=0)
+        except OverflowError:
+            return None
+
+    def _occurrences(
+        self,
+        instant: datetime | None,
+        *,
+        inclusive: bool,
+        include_skipped: bool = False,
+        rebase: bool = True,
+    ) -> Iterator[Occurrence]:
+        not_before: datetime | None = None
+        if instant is not None:
+            require_aware(instant, "instant")
+            not_before = self._start_wall_time(instant)
+            if not_before is None and instant.astimezone(UTC).year > 5000:
+                return
+
+        # A UTC UNTIL bounds instants: a second reading can run after it.  (With several
+        # rules or RDATEs the latest UNTIL bounds them all.)
+        bound = None
+        if not self._rdates and all(rule.until_utc for rule in self._rules):
+            bound = max(rule.until_utc for rule in self._rules if rule.until_utc)
+
+        def wanted(moment: datetime) -> bool:
+            if bound is not None and moment > bound:
+                return False
+            return instant is None or moment > instant or (inclusive and moment == instant)
+
+        # Near a DST change a later wall time can run earlier (a gap shift, a second
+        # reading); every policy maps a wall time at or after its earliest reading, which
+        # never decreases, so what sorts below that is final.
+        pending: list[tuple[datetime, int, Occurrence]] = []
+        order = count()
+        previous: datetime | None = None
+        reached = not_before or datetime.min
+        try:
+            for wall in self._wall_times(not_before, rebase=rebase):
+                reached = wall
+                mapped = runs_of_wall_time(wall, self._zone, self.policy)
+                if mapped is None:
+                    break
+                while pending and pending[0][0] <= mapped.earliest:
+                    key, _, occurrence = heapq.heappop(pending)
+                    if occurrence.at is None:
+                        if include_skipped and wanted(key):
+                            yield occurrence
+                        continue
+                    if occurrence.at != previous and wanted(occurrence.at):
+                        previous = occurrence.at
+                        yield occurrence
+                for at, mark in mapped.runs:
+                    heapq.heappush(pending, (at, next(order), Occurrence(wall, at, mark)))
+                if mapped.skipped:
+                    heapq.heappush(pending, (mapped.earliest, next(order), Occurrence(wall, None, "skipped")))
+        except ValueError as error:  # dateutil stops past the year 9999 or on an empty rule
+            if reached.year < datetime.max.year - 1:
+                raise ScheduleError(f"RRULE: rule has no occurrences ({error})") from None
+        while pending:
+            key, _, occurrence = heapq.heappop(pending)
+            if occurrence.at is None:
+                if include_skipped and wanted(key):
+                    yield occurrence
+            elif occurrence.at != previous and wanted(occurrence.at):
+                previous = occurrence.at
+                yield occurrence
+
+
+@lru_cache(maxsize=4096)
+def _offset_changes_near(zone: ZoneInfo, hour: datetime) -> bool:
+    """Whether the zone's UTC offset changes within MAX_TRANSITION (plus the hour) of `hour`."""
+    reach = MAX_TRANSITION + timedelta(hours=1)
+    try:
+        offsets = {moment.astimezone(zone).utcoffset() for moment in (hour - reach, hour, hour + reach)}
+    except OverflowError:
+        return False
+    return len(offsets) > 1
+
+
+def looks_like_cron(text: str) -> bool:
+    """RRULE text always has '=' (FREQ=...) or ':' (DTSTART:...); cron never does."""
+    stripped = text.strip()
+    return stripped.startswith("@") or not ("=" in stripped or ":" in stripped)
+
+
+def parse_schedule(
+    text: str,
+    timezone: str,
+    *,
+    anchor: datetime,
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
+    definition: str | None = None,
+) -> Schedule:
+    """Parse an RRULE or cron schedule evaluated in the IANA zone `timezone`.
+
+    `anchor` (aware) starts an RRULE that has no DTSTART line, read as wall time in
+    `timezone` without microseconds; the scheduler passes local midnight of the
+    definition's creation day (`plan.anchor_for`).  Cron has no phase and ignores it.
+    `dst_gap` / `dst_repeat` None means auto (zones.py).  `definition` only names the
+    definition in error messages.
+    """
+    try:
+        if anchor.tzinfo is None or anchor.utcoffset() is None:
+            raise ScheduleError(f"anchor must be timezone-aware, got {anchor!r}")
+        zone = load_zone(timezone)
+        stripped = text.strip()
+        if not stripped:
+            raise ScheduleError("schedule text is empty")
+        if looks_like_cron(stripped):
+            rules, real_time = parse_cron(stripped)
+            policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=real_time, kind="cron")
+            return Schedule(text, timezone, "cron", policy, anchor, zone, rules)
+        anchor_wall_time = wall_time(anchor, zone).replace(microsecond=0)
+        rules, rdates, exdates = parse_rrule_text(stripped, zone, anchor_wall_time)
+        policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=follows_real_time(rules), kind="rrule")
+        schedule = Schedule(text, timezone, "rrule", policy, anchor, zone, rules, rdates, exdates)
+        if next(schedule.occurrences(None, include_skipped=True), None) is None:
+            raise ScheduleError("RRULE: rule has no occurrences")
+        return schedule
+    except ScheduleError as error:
+        raise ScheduleError(error.detail, definition=definition) from None

@@ -1,0 +1,90 @@
+"""``pgtick preview``: the next occurrences as the scheduler will materialize them.
+
+Each line shows local time, UTC and what DST did to the occurrence; the header names
+the anchor and the effective DST policy, so a preview can be checked against a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from pgtick.schedule.occurrences import Occurrence, Schedule
+
+_MARKS = {
+    "moved": "DST gap: moved ({gap})",
+    "skipped": "DST gap: skipped",
+    "doubled": "DST repeat: doubled",
+    "first of two": "DST repeat: first of two",
+    "second of two": "DST repeat: second of two",
+}
+
+
+def preview(schedule: Schedule, after: datetime, count: int) -> list[Occurrence]:
+    """The next `count` occurrences after `after`, with the ones DST skipped in between."""
+    if count < 0:
+        raise ValueError(f"count must not be negative, got {count}")
+    found: list[Occurrence] = []
+    runs = 0
+    for occurrence in schedule.occurrences(after, include_skipped=True):
+        if runs >= count:
+            break
+        found.append(occurrence)
+        runs += occurrence.at is not None
+    return found
+
+
+def _format_offset(offset: timedelta | None) -> str:
+    seconds = int(offset.total_seconds()) if offset is not None else 0
+    sign = "-" if seconds < 0 else "+"
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{sign}{hours:02d}:{minutes:02d}" + (f":{seconds:02d}" if seconds else "")
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S %a" if moment.second else "%Y-%m-%d %H:%M %a")
+
+
+def header(schedule: Schedule, *, anchor_note: str) -> list[str]:
+    """Lines that say how the preview was computed: anchor (for RRULE) and DST policy."""
+    lines = []
+    if schedule.kind == "rrule":
+        lines.append(f"anchor: {schedule.anchor.isoformat()} ({anchor_note})")
+    lines.append(f"dst: {schedule.policy.describe()}")
+    return lines
+
+
+def format_preview(
+    schedule: Schedule,
+    after: datetime,
+    count: int,
+    *,
+    delay: Callable[[Sequence[datetime]], Sequence[timedelta]] | None = None,
+) -> list[str]:
+    """`preview` as text, one line per occurrence, local time first, e.g.
+
+    ``2026-03-08 03:30 Sun EDT (-04:00)  2026-03-08T07:30:00Z  DST gap: moved (shift)``
+
+    `delay` maps run instants to their jitter (the database computes it for a stored
+    definition); a delayed run shows where it will actually start.
+    """
+    occurrences = preview(schedule, after, count)
+    runs = [o.at for o in occurrences if o.at is not None]
+    delays = list(delay(runs)) if delay is not None and runs else [timedelta(0)] * len(runs)
+    by_run = dict(zip(runs, delays, strict=True))
+    lines = []
+    for occurrence in occurrences:
+        mark = _MARKS[occurrence.dst].format(gap=schedule.policy.gap) if occurrence.dst else ""
+        if occurrence.at is None:
+            wall = f"{_stamp(occurrence.wall)} (wall time)"
+            lines.append(f"{wall:<31}  {'-':<20}  {mark}".rstrip())
+            continue
+        start = occurrence.at + by_run[occurrence.at]
+        local = start.astimezone(schedule.zone)
+        stamp = f"{_stamp(local)} {local.tzname()} ({_format_offset(local.utcoffset())})"
+        extra = [mark] if mark else []
+        if by_run[occurrence.at]:
+            extra.append(f"jitter +{int(by_run[occurrence.at].total_seconds())}s")
+        lines.append(f"{stamp:<31}  {start:%Y-%m-%dT%H:%M:%SZ}  {'; '.join(extra)}".rstrip())
+    return lines

@@ -1,0 +1,420 @@
+"""RFC 5545 recurrence rules, expanded by python-dateutil in naive wall-clock time.
+
+Accepted: a bare rule (``FREQ=DAILY;BYHOUR=8``), an ``RRULE:`` line, or several lines
+with ``DTSTART``, ``RRULE``, ``RDATE`` and ``EXDATE``.  A rule without DTSTART starts at
+the anchor the caller gives (the scheduler's: local midnight of the definition's
+creation day).  `Rule` is shared with cron, which is expanded the same way.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from typing import Any, Literal
+from zoneinfo import ZoneInfo
+
+from dateutil.rrule import (
+    DAILY,
+    HOURLY,
+    MINUTELY,
+    MONTHLY,
+    SECONDLY,
+    WEEKLY,
+    YEARLY,
+    rrule,
+    weekday,
+    weekdays,
+)
+
+from pgtick.schedule.zones import ScheduleError, latest_wall_time_until, load_zone, wall_time
+
+Frequency = Literal[0, 1, 2, 3, 4, 5, 6]  # dateutil's YEARLY .. SECONDLY
+_NUMBER = re.compile(r"[0-9]+")
+
+_PERIOD_SECONDS = {WEEKLY: 7 * 86400, DAILY: 86400, HOURLY: 3600, MINUTELY: 60, SECONDLY: 1}
+
+
+def _period_start(moment: datetime, frequency: int, week_start: int) -> datetime:
+    """Start of the FREQ period (year, month, week, day, ...) that holds `moment`."""
+    if frequency == YEARLY:
+        return datetime(moment.year, 1, 1)
+    if frequency == MONTHLY:
+        return datetime(moment.year, moment.month, 1)
+    if frequency == WEEKLY:
+        days_into_week = (moment.weekday() - week_start) % 7
+        return datetime(moment.year, moment.month, moment.day) - timedelta(days=days_into_week)
+    if frequency == DAILY:
+        return moment.replace(hour=0, minute=0, second=0)
+    if frequency == HOURLY:
+        return moment.replace(minute=0, second=0)
+    if frequency == MINUTELY:
+        return moment.replace(second=0)
+    return moment
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One recurrence rule, expanded in naive wall-clock time of the schedule's zone."""
+
+    template: rrule
+    frequency: int
+    interval: int
+    week_start: int  # WKST, 0 = Monday
+    start: datetime | None  # naive DTSTART; None for cron, which has no phase to keep
+    has_count: bool  # COUNT rules must be walked from DTSTART to be counted right
+    until_utc: datetime | None = None  # a UTC UNTIL bounds instants, not wall times
+
+    def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> rrule:
+        """The rule, restarted as close before `not_before` as its phase allows."""
+        if not_before is None or self.has_count:
+            return self.template
+        if self.start is None:
+            return self.template.replace(dtstart=not_before)
+        if not rebase:
+            return self.template
+        start = self.rebased_start(self.start, not_before)
+        return self.template if start == self.start else self.template.replace(dtstart=start)
+
+    def rebased_start(self, start: datetime, target: datetime) -> datetime:
+        """A DTSTART at or before `target` that expands like `start` from there on.
+
+        dateutil expands from DTSTART, so a rule anchored years ago would be walked period
+        by period.  All implicit BYxxx values have been made explicit from the original
+        DTSTART, so DTSTART can move to the start of any period a whole multiple of
+        INTERVAL periods after its own: the phase is kept and only the place where the
+        expansion begins changes.  Starting exactly at a period start matters: dateutil
+        applies BYSETPOS to the rest of DTSTART's week only, and months and years start
+        on day 1, which exists in every month.
+        """
+        try:
+            first = _period_start(start, self.frequency, self.week_start)
+        except OverflowError:  # a week that began before the year 1
+            return start
+        if self.frequency in (YEARLY, MONTHLY):
+            months_per_period = (12 if self.frequency == YEARLY else 1) * self.interval
+            months = (target.year - first.year) * 12 + target.month - first.month
+            periods = months // months_per_period
+            if periods < 1:
+                return start
+            month_index = first.year * 12 + first.month - 1 + periods * months_per_period
+            return datetime(month_index // 12, month_index % 12 + 1, 1)
+        period = timedelta(seconds=_PERIOD_SECONDS[self.frequency] * self.interval)
+        periods = (target - first) // period
+        if periods < 1:
+            return start
+        return first + periods * period
+
+
+def some_day_matches(
+    months: Collection[int] = (),
+    month_days: Collection[int] = (),
+    year_days: Collection[int] = (),
+) -> bool:
+    """Whether any day passes the BYMONTH, BYMONTHDAY and BYYEARDAY filters (empty: any).
+
+    These filters only depend on the length of the year, so a common and a leap year
+    cover every case.  dateutil would otherwise look for a match until the year 9999,
+    which takes seconds for a minutely rule.
+    """
+    for year in (2023, 2024):
+        year_length = 366 if calendar.isleap(year) else 365
+        for day_of_year in range(1, year_length + 1):
+            day = date(year, 1, 1) + timedelta(days=day_of_year - 1)
+            month_length = calendar.monthrange(year, day.month)[1]
+            if (
+                (not months or day.month in months)
+                and (not month_days or {day.day, day.day - month_length - 1} & set(month_days))
+                and (not year_days or {day_of_year, day_of_year - year_length - 1} & set(year_days))
+            ):
+                return True
+    return False
+
+
+_FREQUENCIES: dict[str, Frequency] = {
+    "YEARLY": YEARLY,
+    "MONTHLY": MONTHLY,
+    "WEEKLY": WEEKLY,
+    "DAILY": DAILY,
+    "HOURLY": HOURLY,
+    "MINUTELY": MINUTELY,
+    "SECONDLY": SECONDLY,
+}
+_WEEKDAY_CODES = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+# part name -> (rrule keyword, smallest, largest, negative values allowed)
+_NUMBER_LIST_PARTS = {
+    "BYSECOND": ("bysecond", 0, 59, False),
+    "BYMINUTE": ("byminute", 0, 59, False),
+    "BYHOUR": ("byhour", 0, 23, False),
+    "BYMONTH": ("bymonth", 1, 12, False),
+    "BYMONTHDAY": ("bymonthday", 1, 31, True),
+    "BYYEARDAY": ("byyearday", 1, 366, True),
+    "BYWEEKNO": ("byweekno", 1, 53, True),
+    "BYSETPOS": ("bysetpos", 1, 366, True),
+}
+# RFC 5545 section 3.3.10: parts that only make sense with some frequencies
+_PART_FREQUENCIES: dict[str, set[Frequency]] = {
+    "BYWEEKNO": {YEARLY},
+    "BYYEARDAY": {YEARLY, HOURLY, MINUTELY, SECONDLY},
+    "BYMONTHDAY": set(_FREQUENCIES.values()) - {WEEKLY},
+}
+_PROPERTIES = "DTSTART, RRULE, RDATE, EXDATE"
+_BYDAY_ITEM = re.compile(r"([+-]?[0-9]{1,2})?(MO|TU|WE|TH|FR|SA|SU)")
+_DATE_TIME = re.compile(r"([0-9]{4})([0-9]{2})([0-9]{2})(?:T([0-9]{2})([0-9]{2})([0-9]{2})(Z?))?")
+
+
+@dataclass(frozen=True)
+class _DateTimeValue:
+    value: datetime  # naive, as written
+    is_utc: bool
+    is_date: bool
+
+
+def _parse_date_time(text: str, where: str) -> _DateTimeValue:
+    match = _DATE_TIME.fullmatch(text.strip().upper())
+    if match is None:
+        raise ScheduleError(f"{where}: invalid date-time {text!r}")
+    year, month, day, hour, minute, second, utc = match.groups(default="0")
+    try:
+        value = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second))
+    except ValueError:
+        raise ScheduleError(f"{where}: invalid date-time {text!r}") from None
+    return _DateTimeValue(value, is_utc=utc == "Z", is_date=match.group(4) is None)
+
+
+def _number_list(text: str, part: str, low: int, high: int, signed: bool) -> tuple[int, ...]:
+    numbers = []
+    for item in text.split(","):
+        if not re.fullmatch(r"[+-]?[0-9]+" if signed else "[0-9]+", item):
+            raise ScheduleError(f"RRULE: invalid {part} value {item!r}")
+        number = int(item)
+        if not low <= abs(number) <= high or (signed and number == 0):
+            allowed = f"{low}-{high}" + (f" or -{high}--{low}" if signed else "")
+            raise ScheduleError(f"RRULE: {part} value {number} out of range {allowed}")
+        numbers.append(number)
+    return tuple(numbers)
+
+
+def _positive_integer(text: str, part: str, *, allow_zero: bool = False) -> int:
+    if not _NUMBER.fullmatch(text) or (int(text) == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ScheduleError(f"RRULE: {part} must be a {kind} integer, got {text!r}")
+    return int(text)
+
+
+def _byday(text: str, frequency: int) -> list[weekday]:
+    days = []
+    for item in text.split(","):
+        match = _BYDAY_ITEM.fullmatch(item)
+        if match is None:
+            raise ScheduleError(f"RRULE: invalid BYDAY value {item!r}")
+        ordinal_text, code = match.groups()
+        day = weekdays[_WEEKDAY_CODES.index(code)]
+        if ordinal_text is None:
+            days.append(day)
+            continue
+        ordinal = int(ordinal_text)
+        if not 1 <= abs(ordinal) <= 53:
+            raise ScheduleError(f"RRULE: BYDAY value {item!r} ordinal out of range 1-53")
+        if frequency not in (MONTHLY, YEARLY):
+            raise ScheduleError(f"RRULE: BYDAY value {item!r} needs FREQ=MONTHLY or YEARLY")
+        days.append(day(ordinal))
+    return days
+
+
+def _rule_parts(text: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for part in text.strip().split(";"):
+        if not part.strip():
+            continue
+        name, equals, value = part.partition("=")
+        name, value = name.strip().upper(), value.strip().upper()
+        if not equals or not name or not value:
+            raise ScheduleError(f"RRULE: malformed part {part!r} (expected NAME=VALUE)")
+        if name in parts:
+            raise ScheduleError(f"RRULE: {name} given more than once")
+        parts[name] = value
+    return parts
+
+
+def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
+    """One RRULE value (``FREQ=...;...``) with its naive wall-clock DTSTART."""
+    parts = _rule_parts(text)
+    if "FREQ" not in parts:
+        raise ScheduleError("RRULE: missing FREQ")
+    if parts["FREQ"] not in _FREQUENCIES:
+        raise ScheduleError(f"RRULE: unknown FREQ {parts['FREQ']!r}")
+    frequency_name = parts.pop("FREQ")
+    frequency = _FREQUENCIES[frequency_name]
+    if "COUNT" in parts and "UNTIL" in parts:
+        raise ScheduleError("RRULE: COUNT and UNTIL cannot both be given")
+
+    options: dict[str, Any] = {"interval": 1, "wkst": 0}  # RFC 5545 default week start: MO
+    until_utc: datetime | None = None
+    for name, value in parts.items():
+        if name in _PART_FREQUENCIES and frequency not in _PART_FREQUENCIES[name]:
+            raise ScheduleError(f"RRULE: {name} cannot be used with FREQ={frequency_name}")
+        if name in _NUMBER_LIST_PARTS:
+            keyword, low, high, signed = _NUMBER_LIST_PARTS[name]
+            options[keyword] = _number_list(value, name, low, high, signed)
+        elif name == "INTERVAL":
+            options["interval"] = _positive_integer(value, name)
+        elif name == "COUNT":
+            options["count"] = _positive_integer(value, name, allow_zero=True)
+        elif name == "UNTIL":
+            until = _parse_date_time(value, "RRULE: UNTIL")
+            options["until"] = _until_wall_time(until, zone)
+            if until.is_utc and not until.is_date:
+                until_utc = until.value.replace(tzinfo=UTC)
+        elif name == "WKST":
+            if value not in _WEEKDAY_CODES:
+                raise ScheduleError(f"RRULE: invalid WKST value {value!r}")
+            options["wkst"] = _WEEKDAY_CODES.index(value)
+        elif name == "BYDAY":
+            options["byweekday"] = _byday(value, frequency)
+        else:
+            raise ScheduleError(f"RRULE: unknown part {name!r}")
+
+    _make_defaults_explicit(options, frequency, start)
+    if not some_day_matches(
+        options.get("bymonth", ()), options.get("bymonthday", ()), options.get("byyearday", ())
+    ):
+        filters = "BYMONTH/BYMONTHDAY/BYYEARDAY"
+        raise ScheduleError(f"RRULE: rule has no occurrences (no day passes {filters})")
+    try:
+        template = rrule(frequency, dtstart=start, **options)
+    except ValueError as error:
+        raise ScheduleError(f"RRULE: rule has no occurrences ({error})") from None
+    return Rule(
+        template,
+        frequency,
+        options["interval"],
+        week_start=options["wkst"],
+        start=start,
+        has_count="count" in options,
+        until_utc=until_utc,
+    )
+
+
+def _until_wall_time(until: _DateTimeValue, zone: ZoneInfo) -> datetime | None:
+    if until.is_date:  # a date bounds the rule inclusively: the whole day counts
+        return until.value.replace(hour=23, minute=59, second=59)
+    if until.is_utc:
+        return latest_wall_time_until(until.value.replace(tzinfo=UTC), zone)
+    return until.value
+
+
+def _make_defaults_explicit(options: dict[str, Any], frequency: int, start: datetime) -> None:
+    """Spell out what dateutil would derive from DTSTART, so DTSTART can be moved."""
+    if frequency < HOURLY:
+        options.setdefault("byhour", (start.hour,))
+    if frequency < MINUTELY:
+        options.setdefault("byminute", (start.minute,))
+    if frequency < SECONDLY:
+        options.setdefault("bysecond", (start.second,))
+    if not options.keys() & {"byweekno", "byyearday", "bymonthday", "byweekday"}:
+        if frequency == YEARLY:
+            options.setdefault("bymonth", (start.month,))
+            options["bymonthday"] = (start.day,)
+        elif frequency == MONTHLY:
+            options["bymonthday"] = (start.day,)
+        elif frequency == WEEKLY:
+            options["byweekday"] = (start.weekday(),)
+
+
+def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[datetime]:
+    """DTSTART / RDATE / EXDATE values as naive wall times of the schedule's zone."""
+    value_zone: ZoneInfo | None = None
+    for param in params:
+        name, _, param_value = param.partition("=")
+        name = name.strip().upper()
+        if name == "TZID":
+            value_zone = load_zone(param_value.strip().strip('"'))
+        elif name != "VALUE" or param_value.strip().upper() not in ("DATE-TIME", "DATE"):
+            raise ScheduleError(f"{prop}: unsupported parameter {param!r}")
+    wall_times = []
+    for item in value.split(","):
+        parsed = _parse_date_time(item, prop)
+        if parsed.is_utc and value_zone is not None:
+            raise ScheduleError(f"{prop}: {item!r} is UTC but a TZID is also given")
+        if prop == "DTSTART" and value_zone is not None and value_zone.key != zone.key:
+            raise ScheduleError(f"DTSTART: TZID {value_zone.key!r} is not {zone.key!r}")
+        if parsed.is_utc:
+            source_zone: tzinfo = UTC
+        elif value_zone is not None and value_zone.key != zone.key:
+            source_zone = value_zone
+        else:
+            wall_times.append(parsed.value)  # already wall time in the schedule's zone
+            continue
+        try:
+            wall_times.append(wall_time(parsed.value.replace(tzinfo=source_zone), zone))
+        except OverflowError:
+            raise ScheduleError(f"{prop}: {item!r} is out of range") from None
+    return wall_times
+
+
+def _parse_rrule_text(
+    text: str, zone: ZoneInfo, anchor: datetime
+) -> tuple[tuple[Rule, ...], tuple[datetime, ...], tuple[datetime, ...]]:
+    """RRULE text -> (rules, RDATE wall times, EXDATE wall times)."""
+    start: datetime | None = None
+    rule_texts: list[str] = []
+    rdates: list[datetime] = []
+    exdates: list[datetime] = []
+    for line in (line.strip() for line in text.splitlines()):
+        if not line:
+            continue
+        head, colon, value = line.partition(":")
+        if not colon:  # a bare rule: FREQ=...;...
+            rule_texts.append(line)
+            continue
+        prop, *params = head.split(";")
+        prop = prop.strip().upper()
+        if prop == "RRULE":
+            if params:
+                raise ScheduleError(f"RRULE: unsupported parameter {params[0]!r}")
+            rule_texts.append(value)
+        elif prop == "DTSTART":
+            if start is not None:
+                raise ScheduleError("DTSTART: given more than once")
+            values = _date_values(prop, params, value, zone)
+            if len(values) != 1:
+                raise ScheduleError("DTSTART: expected exactly one date-time")
+            start = values[0]
+        elif prop == "RDATE":
+            rdates.extend(_date_values(prop, params, value, zone))
+        elif prop == "EXDATE":
+            exdates.extend(_date_values(prop, params, value, zone))
+        else:
+            raise ScheduleError(f"unsupported property {prop!r} (use {_PROPERTIES})")
+    if not rule_texts and not rdates:
+        raise ScheduleError("RRULE: no RRULE or RDATE line")
+    rules = tuple(_parse_rule(rule_text, start or anchor, zone) for rule_text in rule_texts)
+    for number, rule in enumerate(rules, start=1):
+        # Checked one by one: a rule that never matches would make every query walk
+        # dateutil's expansion up to the year 9999, even next to rules that do match.
+        if not _has_occurrence(rule.template):
+            which = "rule" if len(rules) == 1 else f"rule {number}"
+            raise ScheduleError(f"RRULE: {which} has no occurrences")
+    return rules, tuple(rdates), tuple(exdates)
+
+
+def _has_occurrence(rule: rrule) -> bool:
+    try:
+        return next(iter(rule), None) is not None
+    except ValueError:  # dateutil: an empty BYxxx combination, or past the year 9999
+        return False
+
+
+def parse_rrule_text(
+    text: str, zone: ZoneInfo, anchor: datetime
+) -> tuple[tuple[Rule, ...], tuple[datetime, ...], tuple[datetime, ...]]:
+    """RRULE text -> (rules, RDATE wall times, EXDATE wall times); `anchor` is naive wall time."""
+    return _parse_rrule_text(text, zone, anchor)
+
+
+def follows_real_time(rules: Sequence[Rule]) -> bool:
+    """Sub-daily rules (HOURLY, MINUTELY, SECONDLY) count real time, not wall time."""
+    return any(rule.frequency in (HOURLY, MINUTELY, SECONDLY) for rule in rules)

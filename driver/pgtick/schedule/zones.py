@@ -1,0 +1,225 @@
+"""The DST rules: how a wall time in an IANA zone becomes the instants it runs at.
+
+A schedule is expanded in naive wall-clock time of its zone; each wall time is then
+mapped to UTC here.  Most wall times exist exactly once.  Two kinds do not:
+
+* a wall time inside a spring-forward gap does not exist.  ``dst_gap`` decides:
+  ``shift`` reads it with the UTC offset from before the gap (RFC 5545 section 3.3.5:
+  02:30 in New York on the change day is 03:30 EDT); ``end`` runs it at the first
+  instant after the gap (03:00 EDT, as Vixie cron does); ``skip`` drops it.
+* a wall time inside a fall-back overlap exists twice.  ``dst_repeat`` decides:
+  ``first``, ``second`` or ``both`` (two runs, one real hour apart in New York).
+
+``None`` means *auto*, chosen per schedule by `auto_policy`.  Everything here is pure
+and works for gaps and overlaps of any length (Lord Howe shifts by 30 minutes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+__all__ = [
+    "DST_GAPS",
+    "DST_REPEATS",
+    "DstPolicy",
+    "ScheduleError",
+    "WallTimeRuns",
+    "auto_policy",
+    "load_zone",
+    "resolve_policy",
+    "runs_of_wall_time",
+]
+
+DstGap = Literal["shift", "end", "skip"]
+DstRepeat = Literal["first", "second", "both"]
+DST_GAPS: tuple[DstGap, ...] = ("shift", "end", "skip")
+DST_REPEATS: tuple[DstRepeat, ...] = ("first", "second", "both")
+
+#: What a DST mark on an occurrence says: moved by a gap, skipped in a gap, or one of
+#: the two readings of a repeated wall time (``doubled`` when both run).
+DstMark = Literal["moved", "skipped", "doubled", "first of two", "second of two"]
+
+# The largest UTC offset change any zone has made at once is two hours; four leaves room.
+MAX_TRANSITION = timedelta(hours=4)
+_ONE_SECOND = timedelta(seconds=1)
+_LAST_WALL_TIME = datetime.max.replace(microsecond=0)
+
+
+class ScheduleError(ValueError):
+    """A schedule text or time zone that cannot be used; the message names the bad part."""
+
+    def __init__(self, detail: str, *, definition: str | None = None) -> None:
+        self.detail = detail
+        self.definition = definition
+        prefix = "schedule" if definition is None else f"definition={definition} schedule"
+        super().__init__(f"{prefix}: {detail}")
+
+
+@dataclass(frozen=True)
+class DstPolicy:
+    """The effective DST policy of a schedule and whether each half was chosen by auto."""
+
+    gap: DstGap
+    repeat: DstRepeat
+    gap_auto: bool = False
+    repeat_auto: bool = False
+
+    def describe(self) -> str:
+        """``dst_gap=shift (auto) dst_repeat=first (auto)``"""
+        gap = f"dst_gap={self.gap}" + (" (auto)" if self.gap_auto else "")
+        return gap + f" dst_repeat={self.repeat}" + (" (auto)" if self.repeat_auto else "")
+
+
+def auto_policy(*, follows_real_time: bool, kind: Literal["rrule", "cron"]) -> tuple[DstGap, DstRepeat]:
+    """What *auto* picks.
+
+    Schedules that follow real time (cron whose minute or hour field starts with ``*``,
+    RRULE with FREQ=HOURLY, MINUTELY or SECONDLY) skip the gap and run both readings of
+    a repeated hour, so they run every real hour through both changes.  Fixed-time cron
+    follows Vixie cron (gap end, first reading); DAILY-and-coarser RRULE follows RFC 5545
+    (shift, first reading).
+    """
+    if follows_real_time:
+        return "skip", "both"
+    return ("end", "first") if kind == "cron" else ("shift", "first")
+
+
+def resolve_policy(
+    gap: str | None, repeat: str | None, *, follows_real_time: bool, kind: Literal["rrule", "cron"]
+) -> DstPolicy:
+    """Explicit values win; None is auto.  Unknown values raise ScheduleError."""
+    if gap is not None and gap not in DST_GAPS:
+        raise ScheduleError(f"dst_gap must be shift, end or skip, got {gap!r}")
+    if repeat is not None and repeat not in DST_REPEATS:
+        raise ScheduleError(f"dst_repeat must be first, second or both, got {repeat!r}")
+    auto_gap, auto_repeat = auto_policy(follows_real_time=follows_real_time, kind=kind)
+    return DstPolicy(
+        gap=auto_gap if gap is None else gap,
+        repeat=auto_repeat if repeat is None else repeat,
+        gap_auto=gap is None,
+        repeat_auto=repeat is None,
+    )
+
+
+def load_zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ScheduleError(f"unknown time zone {name!r}") from None
+
+
+def require_aware(value: datetime, name: str) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
+
+
+def wall_time(instant: datetime, zone: ZoneInfo) -> datetime:
+    """Naive wall-clock time of an aware instant (OverflowError past the year 9999)."""
+    return instant.astimezone(zone).replace(tzinfo=None, fold=0)
+
+
+@dataclass(frozen=True)
+class WallTimeRuns:
+    """The instants one wall time runs at under a policy, each with its DST mark."""
+
+    wall: datetime
+    runs: tuple[tuple[datetime, DstMark | None], ...]
+    earliest: datetime  # where the gap-end / first-reading mapping puts it: monotonic in wall
+    skipped: bool = False  # a gap wall time dropped by dst_gap=skip
+
+
+def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> WallTimeRuns | None:
+    """Map a naive wall time to its runs; None past the year 9999.
+
+    The UTC offsets of its two readings (PEP 495 fold) tell the cases apart: equal, the
+    wall time exists once; the earlier reading's offset larger, it exists twice (the
+    clock went back); smaller, it fell in a gap (the clock jumped forward).
+    """
+    try:
+        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
+        assert before is not None and after is not None
+        first = (wall - before).replace(tzinfo=UTC)
+        if before == after:
+            return WallTimeRuns(wall, ((first, None),), first)
+        if before > after:  # exists twice
+            second = (wall - after).replace(tzinfo=UTC)
+            if policy.repeat == "first":
+                runs: tuple[tuple[datetime, DstMark | None], ...] = ((first, "first of two"),)
+            elif policy.repeat == "second":
+                runs = ((second, "second of two"),)
+            else:
+                runs = ((first, "doubled"), (second, "doubled"))
+            return WallTimeRuns(wall, runs, first)
+        # In a gap: `first` reads it with the offset before the gap (the later instant).
+        end = gap_end(wall, zone)
+        if policy.gap == "shift":
+            return WallTimeRuns(wall, ((first, "moved"),), end)
+        if policy.gap == "end":
+            return WallTimeRuns(wall, ((end, "moved"),), end)
+        return WallTimeRuns(wall, (), end, skipped=True)
+    except OverflowError:
+        return None
+
+
+def earliest_run(wall: datetime, zone: ZoneInfo) -> datetime | None:
+    """The gap-end / first-reading instant of a wall time: later wall times never map earlier."""
+    try:
+        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
+        assert before is not None and after is not None
+        if before >= after:
+            return (wall - before).replace(tzinfo=UTC)
+        return gap_end(wall, zone)
+    except OverflowError:
+        return None
+
+
+def gap_end(wall: datetime, zone: ZoneInfo) -> datetime:
+    """The first instant after the spring-forward gap that swallows `wall`.
+
+    The two readings of a missing wall time (old and new UTC offset) bracket the
+    transition; bisect on whole seconds for the first instant whose wall time has
+    passed it.
+    """
+    readings = [wall.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)]
+    before, after = min(readings), max(readings)
+    low, high = 0, int((after - before).total_seconds())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if wall_time(before + timedelta(seconds=middle), zone) >= wall:
+            high = middle
+        else:
+            low = middle
+    return before + timedelta(seconds=high)
+
+
+def latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | None:
+    """The latest whole-second wall time whose earliest run is at or before `instant`.
+
+    None when every representable wall time qualifies.  Turns a UTC ``UNTIL`` into the
+    naive bound dateutil needs.
+    """
+
+    def runs_by(wall: datetime) -> bool:
+        run = earliest_run(wall, zone)
+        return run is not None and run <= instant
+
+    try:
+        low = wall_time(instant, zone).replace(microsecond=0)
+    except OverflowError:
+        return None
+    try:
+        high = low + timedelta(days=1)
+    except OverflowError:
+        high = _LAST_WALL_TIME
+    if runs_by(high):
+        return high if high < _LAST_WALL_TIME else None
+    while high - low > _ONE_SECOND:
+        middle = low + timedelta(seconds=int((high - low).total_seconds()) // 2)
+        if runs_by(middle):
+            low = middle
+        else:
+            high = middle
+    return low

@@ -1,0 +1,321 @@
+-- ===========================================================================
+-- schedule_controls.sql: what a definition's schedule controls do beyond
+-- materialization: the DST policy auto picks, overlap_policy buffer_one and
+-- cancel_other (applied by jobs.claim), pause_after_failures (a deferred
+-- trigger on every final failure) and jobs.backfill for past windows.
+-- Occurrences themselves are computed by the driver (pgtick.schedule).
+-- ===========================================================================
+
+-- ===========================================================================
+-- Jitter and the run insert shared by jobs.materialize and jobs.finish_backfill.
+-- ===========================================================================
+
+-- The delay of one occurrence: a deterministic offset in [0, jitter) from (definition, occurrence),
+-- so every leader computes the same start.
+CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
+RETURNS interval
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
+        -- 52 bits of the hash as a fraction in [0, 1) of the jitter, in whole seconds
+        -- (microseconds for a jitter under a second): shown and compared as written.
+        ELSE make_interval(secs => floor(
+            ((hashtextextended(definition_id::text || '@' || extract(epoch FROM occurrence)::text, 0) >> 12)
+             & 4503599627370495)::float8 / 4503599627370496.0
+            * (extract(epoch FROM jitter) * CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)::float8
+        ) / CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)
+    END
+$$;
+COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS
+'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
+
+-- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
+-- The occurrence index makes an occurrence that already has its run a no-op.
+CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO jobs.runs (
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
+        origin, scheduled_for
+    )
+    SELECT def.id, def.kind, def.payload, def.priority, def.max_attempts, def.timeout,
+           def.heartbeat_timeout, 'schedule', t + jobs.jitter_offset(def.id, t, def.jitter)
+      FROM unnest(run_times) AS t
+    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS
+'Private: insert a QUEUED scheduled run per occurrence, delayed by jobs.jitter_offset; occurrences already present are skipped. Returns runs inserted.';
+
+-- ===========================================================================
+-- DST policy: what auto picks (the driver's zones.auto_policy says the same).
+-- ===========================================================================
+
+-- Private: {dst_gap, dst_repeat} that auto picks for a schedule text; NULL for a one-shot.
+CREATE OR REPLACE FUNCTION jobs._dst_auto(schedule text)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN schedule IS NULL THEN NULL
+        -- interval-like cron (minute or hour field starts with *) and sub-daily RRULE: real time
+        WHEN schedule ~* '^\s*@hourly\s*$' THEN ARRAY['skip', 'both']
+        WHEN schedule ~* '^\s*@' THEN ARRAY['end', 'first']
+        WHEN schedule !~ '[=:]' AND schedule ~ '^\s*(\*|\S+\s+\*)' THEN ARRAY['skip', 'both']
+        WHEN schedule !~ '[=:]' THEN ARRAY['end', 'first']
+        WHEN schedule ~* '(^|[\s:;])FREQ=(HOURLY|MINUTELY|SECONDLY)' THEN ARRAY['skip', 'both']
+        ELSE ARRAY['shift', 'first']
+    END
+$$;
+COMMENT ON FUNCTION jobs._dst_auto(text) IS
+'Private: the DST policy auto picks, {dst_gap, dst_repeat}: interval-like cron and sub-daily RRULE skip/both, other cron end/first, other RRULE shift/first.';
+
+-- ===========================================================================
+-- Overlap: buffer_one and cancel_other, applied by jobs.claim under its dispatch locks.
+-- ===========================================================================
+
+-- Private, called by jobs.claim after it picked, while it holds the dispatch locks of room_defs
+-- (room_free = free slots counted under them): for buffer_one definitions every due scheduled
+-- occurrence beyond the one that may wait is CANCELLED Skipped; for cancel_other definitions at
+-- their cap, the running runs older than a waiting occurrence are asked to cancel. Rows locked
+-- by someone else are left for the next claim (SKIP LOCKED): it never waits.
+CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_defs bigint[];
+BEGIN
+    SELECT array_agg(d.id) INTO v_defs
+      FROM jobs.definitions AS d
+     WHERE d.id = ANY (room_defs) AND d.overlap_policy IN ('buffer_one', 'cancel_other');
+    IF v_defs IS NULL THEN
+        RETURN;
+    END IF;
+
+    WITH room AS (  -- slots still free after this claim's picks
+        SELECT r.definition_id,
+               greatest(r.free - (SELECT count(*) FROM jobs.runs AS p
+                                   WHERE p.id = ANY (coalesce(picked, '{}'))
+                                     AND p.definition_id = r.definition_id), 0) AS free
+          FROM unnest(room_defs, room_free) AS r (definition_id, free)
+         WHERE r.definition_id = ANY (v_defs)
+    ),
+    waiting AS (  -- due and not picked, in claim order: those beyond the free slots wait
+        SELECT q.id, q.definition_id,
+               row_number() OVER (PARTITION BY q.definition_id
+                                  ORDER BY q.priority DESC, q.scheduled_for, q.id) AS rn
+          FROM jobs.runs AS q
+          JOIN jobs.definitions AS d ON d.id = q.definition_id AND d.overlap_policy = 'buffer_one'
+         WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
+           AND q.id <> ALL (coalesce(picked, '{}'))
+    ),
+    victims AS (  -- and of those that wait, only one may
+        SELECT q.id FROM jobs.runs AS q
+          JOIN waiting AS w ON w.id = q.id
+          JOIN room ON room.definition_id = w.definition_id
+         WHERE w.rn > room.free + 1 AND q.origin = 'schedule' AND q.status = 'QUEUED'
+         ORDER BY q.id
+           FOR UPDATE OF q SKIP LOCKED
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+           error = 'skipped: an earlier occurrence already waits (overlap_policy buffer_one)'
+      FROM victims WHERE r.id = victims.id;
+
+    WITH waiting AS (  -- per cancel_other definition at its cap: its newest due occurrence
+        SELECT q.definition_id, max(q.scheduled_for) AS newest
+          FROM jobs.runs AS q
+          JOIN unnest(room_defs, room_free) AS room (definition_id, free)
+            ON room.definition_id = q.definition_id AND room.free = 0
+          JOIN jobs.definitions AS d ON d.id = q.definition_id AND d.overlap_policy = 'cancel_other'
+         WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
+           AND q.origin = 'schedule' AND q.id <> ALL (coalesce(picked, '{}'))
+         GROUP BY q.definition_id
+    ),
+    victims AS (
+        SELECT r.id FROM jobs.runs AS r JOIN waiting AS w ON w.definition_id = r.definition_id
+         WHERE r.status = 'RUNNING' AND NOT r.cancel_requested AND r.scheduled_for < w.newest
+         ORDER BY r.id
+           FOR UPDATE OF r SKIP LOCKED
+    )
+    UPDATE jobs.runs AS r SET cancel_requested = TRUE
+      FROM victims WHERE r.id = victims.id AND r.status = 'RUNNING';
+END
+$$;
+COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS
+'Private (jobs.claim): enforce overlap_policy buffer_one (further waiting occurrences Skipped) and cancel_other (ask the older running run to cancel) for the definitions whose dispatch locks the claim holds.';
+
+-- ===========================================================================
+-- pause_after_failures: a deferred trigger sees every final failure, whatever path failed it
+-- (jobs.fail, jobs.reap, timeouts), after the retry row (if any) was inserted.
+-- ===========================================================================
+
+-- Private trigger function: when a run of a definition with pause_after_failures ends FAILED with
+-- no retry, count the definition's consecutive final failures and pause it at the threshold.
+CREATE OR REPLACE FUNCTION jobs._pause_after_failures()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_limit integer;
+    v_failures integer;
+BEGIN
+    SELECT d.pause_after_failures INTO v_limit FROM jobs.definitions AS d
+     WHERE d.id = NEW.definition_id AND d.enabled;
+    IF v_limit IS NULL OR EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = NEW.id) THEN
+        RETURN NULL;  -- not watched, already paused, or a retry follows: not final
+    END IF;
+    -- Two failures committing at once: the second counts after the first committed. A
+    -- transaction already holding one such lock (a reap sweep failing runs of several
+    -- definitions) only tries the next: waiting while holding one could close a cycle with
+    -- another sweep. Then that definition pauses at its next final failure instead.
+    IF current_setting('pgtick.pause_locked', TRUE) = 'yes' THEN
+        IF NOT pg_try_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0)) THEN
+            RETURN NULL;
+        END IF;
+    ELSE
+        PERFORM pg_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0));
+        PERFORM set_config('pgtick.pause_locked', 'yes', TRUE);
+    END IF;
+    SELECT count(*) INTO v_failures
+      FROM jobs.runs AS r
+      JOIN jobs.definitions AS d ON d.id = r.definition_id
+     WHERE r.definition_id = NEW.definition_id AND r.status = 'FAILED'
+       AND r.finished_at >= coalesce(d.failure_streak_since, '-infinity')
+       AND r.id > coalesce((SELECT max(ok.id) FROM jobs.runs AS ok
+                             WHERE ok.definition_id = NEW.definition_id AND ok.status = 'COMPLETED'), 0)
+       AND NOT EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = r.id);
+    UPDATE jobs.definitions AS d
+       SET enabled = FALSE, updated_at = now(),
+           paused_reason = format('paused after %s consecutive failures (pause_after_failures %s); last: run %s %s',
+                                  v_failures, d.pause_after_failures, NEW.id,
+                                  left(coalesce(NEW.failure_reason || ': ', '') || coalesce(NEW.error, ''), 500))
+     WHERE d.id = NEW.definition_id AND d.enabled AND v_failures >= d.pause_after_failures;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION jobs._pause_after_failures() IS
+'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                    WHERE t.tgname = 'runs_pause_after_failures'
+                      AND t.tgrelid = 'jobs.runs'::regclass) THEN
+        CREATE CONSTRAINT TRIGGER runs_pause_after_failures
+        AFTER UPDATE OF status ON jobs.runs
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW
+        WHEN (new.status = 'FAILED' AND old.status <> 'FAILED' AND new.definition_id IS NOT NULL)
+        EXECUTE FUNCTION jobs._pause_after_failures();
+    END IF;
+END
+$$;
+
+-- ===========================================================================
+-- Backfill: the occurrences of a past window, once.
+-- ===========================================================================
+
+-- Ask for the occurrences of name's schedule in [from, to] (a past window) to be materialized once.
+-- The scheduler (or `pgtick backfill`) computes them and calls jobs.finish_backfill.
+CREATE OR REPLACE FUNCTION jobs.backfill(name text, "from" timestamptz, "to" timestamptz)
+RETURNS jobs.backfills
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_def jobs.definitions;
+    v_row jobs.backfills;
+BEGIN
+    IF backfill."from" IS NULL OR backfill."to" IS NULL
+       OR NOT isfinite(backfill."from") OR NOT isfinite(backfill."to") THEN
+        RAISE EXCEPTION 'backfill from and to must be finite timestamps' USING ERRCODE = '22023';
+    END IF;
+    IF backfill."from" > backfill."to" THEN
+        RAISE EXCEPTION 'backfill from (%) is after to (%)', backfill."from", backfill."to"
+            USING ERRCODE = '22023';
+    END IF;
+    IF backfill."to" > now() THEN
+        RAISE EXCEPTION 'backfill to (%) is in the future: backfill is for past windows', backfill."to"
+            USING ERRCODE = '22023', HINT = 'Future occurrences are the scheduler''s.';
+    END IF;
+    IF backfill."to" - backfill."from" > interval '366 days' THEN
+        RAISE EXCEPTION 'backfill window from % to % is longer than 366 days', backfill."from", backfill."to"
+            USING ERRCODE = '22023', HINT = 'Backfill a long history in windows of at most a year.';
+    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = backfill.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(backfill.name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    IF v_def.schedule IS NULL THEN
+        RAISE EXCEPTION 'definition % is a one-shot: only a recurring schedule can be backfilled',
+            quote_literal(backfill.name) USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.backfills AS b (definition_id, revision, window_from, window_to)
+    VALUES (v_def.id, v_def.revision, backfill."from", backfill."to")
+    RETURNING b.* INTO v_row;
+    PERFORM jobs._notify();
+    RETURN v_row;
+END
+$$;
+COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS
+'Request the occurrences of the named definition in the past window [from, to] (at most 366 days) to be materialized once; the scheduler inserts them. Occurrences that already have their run are not inserted again.';
+
+-- Leader: insert a pending backfill's occurrences (or void it with error), once.
+CREATE OR REPLACE FUNCTION jobs.finish_backfill(backfill_id bigint, run_times timestamptz[], error text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_request jobs.backfills;
+    v_def jobs.definitions;
+    v_count integer := 0;
+    v_error text := finish_backfill.error;
+BEGIN
+    PERFORM jobs._check_range('run_times length', cardinality(coalesce(finish_backfill.run_times, '{}')), 0, 100000);
+    SELECT b.* INTO v_request FROM jobs.backfills AS b
+     WHERE b.id = finish_backfill.backfill_id AND b.done_at IS NULL
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;  -- done already (another leader, or twice)
+    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_request.definition_id FOR SHARE;
+    IF v_error IS NULL AND v_def.revision <> v_request.revision THEN
+        v_error := 'the definition''s schedule changed after the backfill was requested';
+    END IF;
+    IF v_error IS NULL AND EXISTS (SELECT FROM unnest(finish_backfill.run_times) AS t
+                                    WHERE t IS NULL OR t < v_request.window_from OR t > v_request.window_to) THEN
+        RAISE EXCEPTION 'run_times must lie within the backfill window [%, %]',
+            v_request.window_from, v_request.window_to USING ERRCODE = '22023';
+    END IF;
+    IF v_error IS NULL THEN
+        v_count := jobs._insert_occurrences(v_def, finish_backfill.run_times);
+    END IF;
+    UPDATE jobs.backfills AS b
+       SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)
+     WHERE b.id = v_request.id;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS
+'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';

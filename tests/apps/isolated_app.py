@@ -1,0 +1,47 @@
+"""Test app: kinds with ``isolation="process"``. Job code records its entry and exit
+(recording.py) from the child process it runs in."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from recording import create_tables, record_compensation, recorded
+
+from pgtick.app import App, Context
+
+create_tables()
+app = App("test-isolated")
+
+
+@app.job("stuck", isolation="process", timeout=2)
+@recorded
+def stuck(ctx: Context) -> None:
+    """Code that never reaches a checkpoint."""
+    time.sleep(3600)
+
+
+@app.job("stuck-mutating", isolation="process", mutating=True, compensate=record_compensation)
+@recorded
+def stuck_mutating(ctx: Context) -> None:
+    time.sleep(3600)
+
+
+class LedgerLocked(RuntimeError):
+    """An error with a class chain the retry policy can match."""
+
+
+@app.job(
+    "isolated-fails", isolation="process", retry_on=[RuntimeError], max_attempts=2, backoff=0.2, jitter=0.0
+)
+@recorded
+def isolated_fails(ctx: Context) -> None:
+    raise LedgerLocked(f"ledger locked for run {ctx.run_id}")
+
+
+@app.job("isolated-returns", isolation="process")
+@recorded
+def isolated_returns(ctx: Context) -> dict[str, Any]:
+    ctx.checkpoint()
+    return {"pid": os.getpid(), "echo": ctx.payload.get("echo")}

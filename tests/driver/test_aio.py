@@ -1,0 +1,135 @@
+"""pgtick.aio without a database: async jobs as tasks on one loop thread.
+
+The outcome of every run comes back through ``done`` (as the worker's reporter gets it);
+cancellation and the timeout interrupt a job at whatever it awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pgtick.aio import EventLoop
+from pgtick.app import App, Context
+from pgtick.execution import Outcome
+
+
+def _context(app: App, kind: str, run_id: int, timeout: float | None = None) -> Context:
+    run = {
+        "id": run_id,
+        "attempt": 1,
+        "kind": kind,
+        "payload": {},
+        "scheduled_for": datetime.now(UTC),
+        "definition_id": None,
+    }
+    return Context(run, app.jobs[kind], "test-worker", timeout)
+
+
+def _outcomes(loop: EventLoop, contexts: list[Context], timeout: float = 30) -> list[Outcome]:
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    for ctx in contexts:
+        loop.submit(ctx, done.put)
+    return sorted((done.get(timeout=timeout) for _ in contexts), key=lambda o: o.ctx.run_id)
+
+
+def test_async_jobs_run_at_once_as_tasks_of_one_loop_on_one_thread() -> None:
+    app = App()
+    seen: list[tuple[int, int]] = []
+    entered = 0
+    count = 20
+
+    @app.job("gather")
+    async def gather(ctx: Context) -> int:
+        nonlocal entered
+        seen.append((id(asyncio.get_running_loop()), threading.get_ident()))
+        entered += 1
+        while entered < count:  # finishes only if all are running at the same time
+            await asyncio.sleep(0.01)
+        return ctx.run_id
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        outcomes = _outcomes(loop, [_context(app, "gather", i) for i in range(count)])
+    finally:
+        loop.stop()
+    assert [(o.action, o.result) for o in outcomes] == [("complete", i) for i in range(count)]
+    assert set(seen) == {(id(loop.loop), loop.thread.ident)}, seen
+
+
+def test_a_cancel_interrupts_the_await_and_compensation_runs_once_off_the_loop() -> None:
+    app = App()
+    compensated: list[str] = []
+    started = threading.Event()
+
+    def compensate(ctx: Context) -> None:
+        compensated.append(threading.current_thread().name)
+
+    @app.job("waits", mutating=True, compensate=compensate)
+    async def waits(ctx: Context) -> None:
+        started.set()
+        await asyncio.sleep(3600)
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        ctx = _context(app, "waits", 1)
+        done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        loop.submit(ctx, done.put)
+        assert started.wait(30)
+        ctx.request_cancel()  # what the heartbeat thread does
+        outcome = done.get(timeout=30)
+    finally:
+        loop.stop()
+    assert outcome.action == "cancel", outcome
+    assert len(compensated) == 1 and compensated[0] != loop.thread.name, compensated
+
+
+def test_the_timeout_interrupts_the_await_and_other_jobs_go_on() -> None:
+    app = App()
+
+    @app.job("sleeps")
+    async def sleeps(ctx: Context) -> None:
+        await asyncio.sleep(3600)
+
+    @app.job("quick")
+    async def quick(ctx: Context) -> str:
+        await ctx.checkpoint()
+        return "done"
+
+    loop = EventLoop()
+    loop.start()
+    began = time.monotonic()
+    try:
+        outcomes = _outcomes(loop, [_context(app, "sleeps", 1, timeout=0.2), _context(app, "quick", 2)])
+    finally:
+        loop.stop()
+    stopped, finished = outcomes
+    assert (stopped.action, stopped.reason) == ("fail", "Timeout"), stopped
+    assert stopped.classes is not None and stopped.classes[0] == "JobTimeout", stopped
+    assert time.monotonic() - began >= 0.2
+    assert (finished.action, finished.result) == ("complete", "done"), finished
+
+
+def test_a_checkpoint_in_an_async_job_sees_the_cancel_and_compensates_on_the_loop() -> None:
+    app = App()
+    where: list[Any] = []
+
+    @app.job("steps", mutating=True, compensate=lambda ctx: where.append(threading.get_ident()))
+    async def steps(ctx: Context) -> None:
+        ctx.request_cancel()
+        await ctx.checkpoint()  # raises before it awaits: the checkpoint sees the cancel first
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        [outcome] = _outcomes(loop, [_context(app, "steps", 1)])
+    finally:
+        loop.stop()
+    assert outcome.action == "cancel", outcome
+    assert where == [loop.thread.ident]

@@ -1,0 +1,102 @@
+"""`pgtick run --processes 2`: two worker processes under one supervisor.
+
+* kill -9 of the child running a job: the supervisor logs the exit code and starts a
+  new child; the supervisor's scheduler reaps the dead child's run and its retry
+  completes in a live child.
+* SIGTERM to the supervisor: both children drain (their running jobs complete), every
+  process exits, the supervisor with code 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+from harness import APPS, Conn, Database, Proc, pgtick, pid_of_owner, processes, scalar, wait_for
+
+HEARTBEAT_TIMEOUT = 2.0
+
+
+def _workers(proc: Proc, count: int) -> list[str]:
+    """Wait until ``count`` workers have started under ``proc``; their ids."""
+
+    def started() -> list[str] | None:
+        ids = re.findall(r"worker=(\S+) started", proc.log())
+        return ids if len(ids) >= count else None
+
+    return wait_for(f"{count} workers to start", started, timeout=60)
+
+
+def _job_pids(conn: Conn, count: int) -> set[int] | None:
+    pids = {r[0] for r in conn.execute("SELECT pid FROM public.executions").fetchall()}
+    return pids if len(pids) == count else None
+
+
+def test_a_child_killed_mid_job_is_replaced_and_its_run_reaped_and_retried(
+    db: Database, tmp_path: Path
+) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        sup = procs.replica("work_app.py", "supervisor", "--processes", "2")
+        workers = _workers(sup, 2)
+        children = {pid_of_owner(w) for w in workers}
+        run_id = scalar(
+            conn,
+            """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 60, "retry_seconds": 0.3}',
+                                           heartbeat_timeout => make_interval(secs => %s))""",
+            (HEARTBEAT_TIMEOUT,),
+        )
+        victim = wait_for(
+            f"run {run_id} to start",
+            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
+            timeout=30,
+        )
+        assert victim in children and victim != sup.pid, f"run {run_id} in pid {victim}: {sup.tail()}"
+        os.kill(victim, signal.SIGKILL)
+        sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=30)
+        replaced = _workers(sup, 3)
+        retry = wait_for(
+            f"the retry of run {run_id} to complete",
+            lambda: conn.execute(
+                "SELECT id, worker FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
+            ).fetchone(),
+            timeout=60,
+        )
+        first = conn.execute(
+            "SELECT status::text, failure_reason FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+        alive = sup.popen.poll()
+        log = sup.log()
+
+    context = f"run {run_id}: {first}; retry {retry}; workers {replaced}\n{log}"
+    assert first == ("FAILED", "HeartbeatLost"), context
+    assert pid_of_owner(retry[1]) in {pid_of_owner(w) for w in replaced} - {victim}, context
+    assert len({pid_of_owner(w) for w in replaced}) == 3, f"the dead child was not replaced: {context}"
+    assert alive is None, f"the supervisor exited: {context}"
+
+
+def test_sigterm_to_the_supervisor_drains_both_children(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        sup = procs.replica(
+            "work_app.py", "supervisor", "--processes", "2", "--concurrency", "1", grace="60s"
+        )
+        workers = _workers(sup, 2)
+        ids = [scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 2}')""") for _ in range(2)]
+        pids = wait_for("both runs to start in the two children", lambda: _job_pids(conn, 2), timeout=30)
+        sup.send(signal.SIGTERM)
+        code = sup.wait(90)
+        runs = conn.execute("SELECT id, status::text FROM jobs.runs ORDER BY id").fetchall()
+        log = sup.log()
+
+    context = f"runs {runs}; workers {workers}; job pids {pids}\n{log}"
+    assert code == 0, context
+    assert pids == {pid_of_owner(w) for w in workers}, context
+    assert runs == [(i, "COMPLETED") for i in ids], f"the children did not drain: {context}"
+    assert len(re.findall(r"worker=\S+ stopped", log)) == 2, context
+
+
+def test_processes_below_one_is_refused_with_exit_code_2(db: Database) -> None:
+    done = pgtick("run", str(APPS / "work_app.py"), "--dsn", db.dsn, "--processes", "0")
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == "pgtick run: error: --processes must be at least 1, got 0", done.stderr
