@@ -1,4 +1,5 @@
-"""The benchmark scenarios: drain, caps, latency, growth, and the heartbeat/HOT study.
+"""The benchmark scenarios: drain, caps, latency, growth, the heartbeat/HOT study, limits (the
+claim under flow control), and the worker engines (threads, async, processes).
 
 Each scenario function takes the ``Bench`` context and emits one record (one JSON line)
 per measured configuration through ``bench.emit``.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bench import sys_bare, sys_peers, sys_pgtick
+from bench import sys_bare, sys_limits, sys_peers, sys_pgtick
 from bench.harness import (
     Control,
     Drain,
@@ -644,6 +646,88 @@ def scenario_heartbeats(bench: Bench) -> None:
         bench.done_with(dbname)
 
 
+# -- limits ----------------------------------------------------------------------------------
+
+
+def scenario_limits(bench: Bench) -> None:
+    """The claim under flow control, as ratios within one run (pgtick-sql, batch 10, 1 process):
+    a drain with three limits active on the pool (a queue, a kind, and a per-tenant kind
+    limit) against the same drain with none; and the uncapped claim against the claim of the
+    baseline commit (before queues and limits; PGTICK_BENCH_BASELINE, default the merge base
+    with main). Cases alternate, three rounds, best of each, so load from elsewhere on the
+    machine hits all of them alike."""
+    rev = (
+        os.environ.get("PGTICK_BENCH_BASELINE")
+        or subprocess.run(
+            ["git", "-C", str(sys_limits.ROOT), "merge-base", "HEAD", "main"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    baseline = sys_limits.baseline_root(rev)
+    system = next(s for s in drain_systems() if s.name == "pgtick-sql")
+    jobs = bench.jobs // 2
+
+    def no_limits(dsn: str) -> None:
+        system.install(dsn)
+        sys_limits.fill_two_kinds(dsn, jobs)
+
+    def three_limits(dsn: str) -> None:
+        no_limits(dsn)
+        sys_limits.set_three_limits(dsn)
+
+    def uncapped(dsn: str) -> None:
+        system.install(dsn)
+        sys_pgtick.fill(dsn, jobs)
+
+    def uncapped_baseline(dsn: str) -> None:
+        sys_limits.install_from(baseline, dsn)
+        sys_pgtick.fill(dsn, jobs)
+
+    cases: list[tuple[str, Callable[[str], None]]] = [
+        ("no-limits", no_limits),
+        ("three-limits", three_limits),
+        ("uncapped", uncapped),
+        ("uncapped-baseline", uncapped_baseline),
+    ]
+    rates: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for round_ in range(1 if bench.quick else 3):
+        for name, prepare in cases:
+            log(f"limits {name} round {round_ + 1}")
+            dbname, dsn = bench.database(f"limits_{name}")
+            prepare(dsn)
+            t = run_drain(dsn, jobs, system.drain, system.target, 1, *system.args(10))
+            if t.completed != jobs:
+                raise RuntimeError(f"limits {name}: {t.completed} of {jobs} completed")
+            rates[name].append(rate(jobs, t.seconds))
+            bench.done_with(dbname)
+    best = {name: max(r) for name, r in rates.items()}
+    for name, _ in cases:
+        bench.emit(
+            {
+                "scenario": "limits",
+                "system": "pgtick-sql",
+                "case": name,
+                "batch": 10,
+                "procs": 1,
+                "concurrency": THREADS,
+                "jobs": jobs,
+                "jobs_per_s": best[name],
+                "runs": rates[name],
+                "baseline": rev[:12] if name == "uncapped-baseline" else None,
+            }
+        )
+    bench.emit(
+        {
+            "scenario": "limits",
+            "case": "ratios",
+            "three_limits_vs_none": round(best["three-limits"] / best["no-limits"], 3),
+            "uncapped_vs_baseline": round(best["uncapped"] / best["uncapped-baseline"], 3),
+        }
+    )
+
+
 # -- workers: async, process isolation, --processes ---------------------------------------
 
 
@@ -819,6 +903,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "latency": scenario_latency,
     "growth": scenario_growth,
     "heartbeats": scenario_heartbeats,
+    "limits": scenario_limits,
     "workers": scenario_workers,
     "processes": scenario_processes,
 }

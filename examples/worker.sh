@@ -19,6 +19,7 @@
 #
 # Settings (environment):
 #   PGTICK_DSN or DATABASE_URL   where the jobs schema lives (a URL or "host=... dbname=...")
+#   PGTICK_QUEUE                 claim only from this queue (default: every queue)
 #   PGTICK_POLL=1                seconds between claims while the queue is empty
 #   PGTICK_HEARTBEAT=5           heartbeat cadence; keep it well under jobs.config.heartbeat_timeout
 #   PGTICK_GRACE=30              seconds a running job may take to finish after SIGTERM
@@ -31,6 +32,7 @@ if [[ -z $DSN ]]; then
     echo "worker.sh: set PGTICK_DSN or DATABASE_URL" >&2
     exit 2
 fi
+QUEUE=${PGTICK_QUEUE:-}
 POLL=${PGTICK_POLL:-1}
 HEARTBEAT=${PGTICK_HEARTBEAT:-5}
 GRACE=${PGTICK_GRACE:-30}
@@ -348,12 +350,13 @@ heartbeat_loop &
 HB_PID=$!
 trap on_signal TERM INT
 trap shutdown EXIT
-log "started kinds=${KINDS% }"
+log "started kinds=${KINDS% }${QUEUE:+ queue=$QUEUE}"
 
 while ((!STOP)); do
-    if ! line=$(sql -v worker="$WORKER" -v kinds="${KINDS% }" <<'SQL'
+    if ! line=$(sql -v worker="$WORKER" -v kinds="${KINDS% }" -v queue="$QUEUE" <<'SQL'
 SELECT id, kind, attempt, payload::text
-  FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '))
+  FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '),
+                  queues => CASE WHEN :'queue' <> '' THEN ARRAY[:'queue'] END)
 SQL
     ); then
         log "claim failed (database unavailable?); retrying in ${POLL}s"

@@ -25,6 +25,9 @@ BEGIN
      WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
     RETURNING r.status INTO v_status;
     IF FOUND THEN
+        IF v_status = 'CANCELLED' THEN
+            PERFORM jobs._cascade_dependency_failure(ARRAY[cancel.run_id]);
+        END IF;
         RETURN v_status;
     END IF;
     SELECT r.status INTO v_status FROM jobs.runs AS r WHERE r.id = cancel.run_id;
@@ -47,6 +50,7 @@ AS $$
 DECLARE
     v_id bigint;
     v_count integer;
+    v_ids bigint[];
 BEGIN
     SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
     IF NOT FOUND THEN
@@ -63,12 +67,16 @@ BEGIN
          WHERE r.definition_id = v_id AND r.status = 'QUEUED'
          ORDER BY r.id
            FOR UPDATE
+    ),
+    cancelled AS (
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
+               error = 'cancelled before it started'
+          FROM victims WHERE r.id = victims.id
+        RETURNING r.id
     )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
-           error = 'cancelled before it started'
-      FROM victims WHERE r.id = victims.id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    SELECT count(*), array_agg(c.id) INTO v_count, v_ids FROM cancelled AS c;
+    PERFORM jobs._cascade_dependency_failure(v_ids);  -- runs waiting on them
     RETURN v_count;
 END
 $$;

@@ -1,33 +1,61 @@
 -- ===========================================================================
--- claim.sql: hand due QUEUED runs to a worker, never more RUNNING per definition
--- than its max_concurrent_runs, across any number of claimers.
+-- claim.sql: hand due QUEUED runs to a worker, never more RUNNING (or more starts
+-- per trailing window) in any capped group than its limit, across any number of
+-- claimers.
+--
+-- A run belongs to up to three capped groups: its definition (max_concurrent_runs),
+-- its queue and its kind (jobs.limits; with per_key, the group is the queue or kind
+-- together with the run's concurrency_key). It starts only when every group it
+-- belongs to has room.
 --
 -- The algorithm (DESIGN.md "Claiming"); each step is its own statement, so under
 -- READ COMMITTED each one sees a fresh snapshot:
---   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED;
---   2. for the capped definitions among them take the dispatch advisory lock,
---      in ascending definition id order (so claimers never wait in a cycle): first
---      only tried; if nothing in the pool can be picked without a busy one, waited
---      for, but only for ids above every lock already held;
---   3. only then count the live RUNNING rows of those definitions;
---   4. pick rows in pool order while their definition has room and mark them
---      RUNNING. Rows of definitions at cap stay QUEUED (backpressure), except
---      scheduled occurrences of overlap_policy = 'skip' definitions that find
---      no free slot at all, which are recorded as CANCELLED with failure_reason
---      'Skipped'.
+--   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED,
+--      leaving out paused queues, queues not asked for, and runs whose dependencies
+--      have not completed (blocked);
+--   2. for the capped groups among them take each group's dispatch advisory lock,
+--      in ONE ascending order of lock keys across all groups (so claimers never
+--      wait in a cycle): first only tried; if nothing in the pool can be picked
+--      without a busy one, waited for, but only for keys above every lock already
+--      held;
+--   3. only then count, per group, the live RUNNING rows and (rate limits) the
+--      starts within the trailing rate_period;
+--   4. pick rows in pool order while every group a row belongs to has room and mark
+--      them RUNNING. Rows of a group at its limit stay QUEUED (backpressure),
+--      except scheduled occurrences of overlap_policy = 'skip' definitions that
+--      find no free slot at all, which are recorded as CANCELLED with
+--      failure_reason 'Skipped'.
 -- One claim per transaction: a second call would still hold the first call's
 -- dispatch locks and could wait out of order, so it is refused.
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
--- grows by 3 x batch_size (to the ~4x oversample) only when caps held rows back,
--- so one crowded definition cannot starve the batch. The second slice leaves out
--- the definitions already known to have no room left, so even a capped backlog
--- far longer than the oversample cannot fill it. In that second round a
--- definition whose id is below one already locked is only try-locked (never
--- waited for), which keeps every wait in ascending order.
+-- grows by 3 x batch_size (to the ~4x oversample) only when limits held rows back,
+-- so one crowded group cannot starve the batch. The second slice leaves out the
+-- groups already known to have no room left, so even a capped backlog far longer
+-- than the oversample cannot fill it. In that second round a group whose lock key
+-- is below one already held is only try-locked (never waited for), which keeps
+-- every wait in ascending order.
+-- With no limit rows and no capped definition in the pool there are no groups:
+-- steps 2 and 3 do nothing and step 4 takes the pool's first batch_size rows.
+--
+-- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
+-- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
+-- by many claimers at once, and each of them starts at most 20 runs of the group. After
+-- taking it, a claimer reads how many claimers hold it (h, from pg_locks; itself
+-- included) and only then, in a later statement, counts RUNNING (c) and recent starts;
+-- its room is min(20, limit - c - (h - 1) x 20). Whoever took the lock last saw every
+-- earlier holder either committed (in c) or still holding (in h), so the sum never passes
+-- the limit. A claimer that needs exclusivity (a tight limit, a definition) takes the
+-- lock EXCLUSIVE and waits for the shared holders to commit. Near a roomy limit this
+-- leaves up to (h - 1) x 20 slots unused while claimers overlap; it never exceeds it.
+--
+-- Dispatch lock keys (the key table is in sql/helpers.sql): a definition's is
+-- jobs._dispatch_key(id); a limit's is jobs._limit_key(label), label being the JSON array
+-- [scope, name] or, per key, [scope, name, concurrency_key].
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
+-- kinds / queues: only runs of these kinds / queues (NULL = all).
 -- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
 -- from now on (the Python driver), so a crash right after the claim is reaped after the
 -- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
@@ -37,7 +65,8 @@ CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
     kinds text[] DEFAULT NULL,
-    heartbeat boolean DEFAULT FALSE
+    heartbeat boolean DEFAULT FALSE,
+    queues text[] DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -46,27 +75,48 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
+    -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
+    -- counts the others as if they all did (see step 3).
+    c_shared_min CONSTANT integer := 500;
+    c_shared_batch CONSTANT integer := 20;
+    v_holders integer[];
+    v_started timestamptz;
     v_worker text;
     v_round integer := 0;
     v_limit integer;
+    v_paused text[];
+    v_has_limits boolean;
     v_new_ids bigint[];
-    v_new_defs bigint[];
-    v_pool_ids bigint[] := '{}';    -- pool in claim order ...
-    v_pool_defs bigint[] := '{}';   -- ... with each row's definition (NULL: ad-hoc)
-    v_pool_origin text[] := '{}';
-    v_locked bigint[] := '{}';      -- capped definitions whose dispatch lock we hold
-    v_max_locked bigint := NULL;
-    v_def bigint;
-    v_count_defs bigint[];
-    v_room_defs bigint[] := '{}';   -- per capped definition: free slots, skip policy
-    v_room_free integer[] := '{}';
-    v_room_skip boolean[] := '{}';
-    v_pick bigint[];
-    v_skip bigint[];
-    v_full bigint[] := '{}';        -- capped definitions with no room for another pool row
-    v_busy bigint[] := '{}';        -- capped definitions another claimer is dispatching
-    v_still_busy bigint[];
+    v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
+    v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
+    v_pool_origin text[] := '{}';   --   origin
+    v_pool_queues text[] := '{}';   --   queue
+    v_pool_kinds text[] := '{}';    --   kind
+    v_pool_keys text[] := '{}';     --   concurrency_key
+    v_groups jobs._claim_group[] := '{}';   -- every capped group met so far
+    v_labels text[] := '{}';        -- their labels, for lookups
+    v_new jobs._claim_group[];
+    v_g jobs._claim_group;
+    v_max_key bigint := NULL;       -- highest dispatch lock key held
+    v_busy boolean;                 -- some group could not be locked yet
+    v_todo boolean;
+    v_shared_todo boolean;
     v_waited boolean;
+    v_room integer[];
+    v_demand integer[];
+    v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
+    v_new_slots integer[];
+    j integer;
+    v_gi integer;
+    v_ok boolean;
+    v_pick bigint[];
+    v_room_defs bigint[];           -- capped definitions counted under their locks, and
+    v_room_free integer[];          --   their free slots (for the overlap policies)
+    v_skip bigint[];
+    v_full_defs bigint[] := '{}';   -- groups with no room for another pool row
+    v_full text[] := '{}';
+    i integer;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -76,7 +126,7 @@ BEGIN
     END IF;
     IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
         -- The dispatch locks of the first call are still held: a second call could
-        -- wait on a lower definition id and break the ascending lock order.
+        -- wait on a lower lock key and break the ascending lock order.
         RAISE EXCEPTION 'jobs.claim was already called in this transaction'
             USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
     END IF;
@@ -85,9 +135,19 @@ BEGIN
     IF claim.worker IS NOT NULL THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
+    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+            SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200)) THEN
+        RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+            USING ERRCODE = '22023';
+    END IF;
     v_worker := coalesce(claim.worker, (
         SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
           FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()));
+    -- Paused queues and whether any limit exists, read once: a pause committed before
+    -- this call starts is seen by it.
+    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
+           EXISTS (SELECT FROM jobs.limits)
+      INTO v_paused, v_has_limits;
 
     LOOP
         v_round := v_round + 1;
@@ -98,125 +158,323 @@ BEGIN
         -- sort the whole queue instead of walking runs_claim_idx. The rest use generic plans.
         PERFORM set_config('plan_cache_mode', 'force_custom_plan', TRUE);
         SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-          INTO v_new_ids, v_new_defs, v_pool_origin
-          FROM (SELECT r.id, r.definition_id, r.origin, r.priority, r.scheduled_for
+               v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+               v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+          INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+          FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                       r.priority, r.scheduled_for
                   FROM jobs.runs AS r
                  WHERE r.status = 'QUEUED'
                    AND r.scheduled_for <= now()
+                   AND NOT r.blocked
                    AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+                   AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+                   AND r.queue <> ALL (v_paused)
                    AND r.id <> ALL (v_pool_ids)
-                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full))
+                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
+                   AND (cardinality(v_full) = 0
+                        OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
+                            AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
+                            AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
+                            AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
                  LIMIT v_limit
                    FOR UPDATE SKIP LOCKED) AS c;
         v_pool_ids := v_pool_ids || v_new_ids;
-        v_pool_defs := v_pool_defs || v_new_defs;
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
-        -- 2. Dispatch locks for the capped definitions new in this slice, in ascending
-        -- id order. First only try them: a busy one is someone else's claim in flight.
-        v_count_defs := '{}';
-        FOR v_def IN
-            SELECT d.id FROM jobs.definitions AS d
-             WHERE d.id = ANY (v_new_defs) AND d.max_concurrent_runs IS NOT NULL
-               AND d.id <> ALL (v_room_defs) AND d.id <> ALL (v_busy)
-             ORDER BY d.id
-        LOOP
-            IF pg_try_advisory_xact_lock(jobs._dispatch_key(v_def)) THEN
-                v_count_defs := v_count_defs || v_def;
-                v_max_locked := greatest(v_max_locked, v_def);
-            ELSE
-                v_busy := v_busy || v_def;
+        -- 2. The capped groups new in this slice, in ascending lock key order; first only
+        -- try their dispatch locks: a busy one is someone else's claim in flight.
+        -- The same statement places each new pool row in its groups: three slots per row
+        -- (definition, queue limit, kind limit) holding the group's position in v_groups
+        -- (0: none), new groups numbered after the known ones in the order they are added.
+        -- (An ad-hoc slice with no limit defined has none: skip the query.)
+        v_new := '{}';
+        v_new_slots := array_fill(0, ARRAY[3 * cardinality(v_new_ids)]);
+        IF v_has_limits OR cardinality(array_remove(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:], NULL)) > 0 THEN
+            WITH p AS (
+                SELECT *
+                  FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                              v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
+                       WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
+            ),
+            x AS (
+                SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
+                       jobs._dispatch_key(d.id) AS lock_key,
+                       'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
+                       FALSE AS per_key, d.id AS definition_id,
+                       d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
+                       NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
+                  FROM p JOIN jobs.definitions AS d
+                    ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
+                UNION ALL
+                SELECT l.ord, l.slot, l.label, jobs._limit_key(l.label),
+                       l.scope, l.name, l.ckey, l.per_key, NULL,
+                       l.max_running, l.rate_limit, l.rate_period, FALSE
+                  FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
+                               CASE WHEN m.per_key THEN p.ckey END AS ckey,
+                               CASE WHEN m.per_key
+                                    THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
+                                    ELSE jsonb_build_array(m.scope, m.name)::text END AS label
+                          FROM p JOIN jobs.limits AS m
+                            ON v_has_limits
+                           AND ((m.scope = 'queue' AND m.name = p.queue)
+                                OR (m.scope = 'kind' AND m.name = p.kind))) AS l
+            ),
+            g AS (
+                SELECT DISTINCT x.label, x.lock_key, x.scope, x.name, x.ckey, x.per_key, x.definition_id,
+                       x.max_running, x.rate_limit, x.rate_period, x.skip
+                  FROM x WHERE x.label <> ALL (v_labels)
+            ),
+            n AS (
+                SELECT g.*, cardinality(v_labels) + row_number() OVER (ORDER BY g.lock_key, g.label) AS pos
+                  FROM g
+            )
+            SELECT (SELECT coalesce(array_agg(ROW(n.label, n.lock_key, n.scope, n.name, n.ckey, n.per_key,
+                                                  n.definition_id, n.max_running, n.rate_limit, n.rate_period,
+                                                  n.skip,
+                                                  n.scope <> 'definition'
+                                                  AND coalesce(n.max_running, 2147483647) >= c_shared_min
+                                                  AND coalesce(n.rate_limit, 2147483647) >= c_shared_min,
+                                                  FALSE, NULL)::jobs._claim_group
+                                              ORDER BY n.pos), '{}')
+                      FROM n),
+                   (SELECT array_agg(coalesce(n.pos, array_position(v_labels, x.label), 0)::integer
+                                     ORDER BY p.ord, s.slot)
+                      FROM p CROSS JOIN generate_series(1, 3) AS s (slot)
+                      LEFT JOIN x ON x.ord = p.ord AND x.slot = s.slot
+                      LEFT JOIN n ON n.label = x.label)
+              INTO v_new, v_new_slots;
+        END IF;
+        v_row_groups := v_row_groups || v_new_slots;
+
+        FOREACH v_g IN ARRAY v_new LOOP
+            IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
+                     ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
+                v_g.locked := TRUE;
+                v_max_key := greatest(v_max_key, v_g.lock_key);
             END IF;
+            v_groups := v_groups || v_g;
+            v_labels := v_labels || v_g.label;
         END LOOP;
         v_waited := FALSE;
 
         LOOP
-            -- 3. Only now, under those locks, count what is RUNNING per capped definition.
-            IF cardinality(v_count_defs) > 0 THEN
-                SELECT v_room_defs || array_agg(d.id),
-                       v_room_free || array_agg(greatest(d.max_concurrent_runs - coalesce(n.running, 0), 0)::integer),
-                       v_room_skip || array_agg(d.overlap_policy = 'skip')
-                  INTO v_room_defs, v_room_free, v_room_skip
-                  FROM jobs.definitions AS d
-                  LEFT JOIN (SELECT r.definition_id, count(*) AS running
-                               FROM jobs.runs AS r
-                              WHERE r.status = 'RUNNING' AND r.definition_id = ANY (v_count_defs)
-                              GROUP BY r.definition_id) AS n ON n.definition_id = d.id
-                 WHERE d.id = ANY (v_count_defs);
-            END IF;
-
-            -- 4. Pick in pool order while each definition has room (a busy one has none).
-            SELECT (array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.free IS NULL OR p.rn <= p.free))[1:claim.batch_size],
-                   array_agg(p.id ORDER BY p.ord) FILTER (WHERE p.skip AND p.free = 0 AND p.origin = 'schedule')
-              INTO v_pick, v_skip
-              FROM (SELECT pool.id, pool.ord, pool.origin, room.free, room.skip,
-                           row_number() OVER (PARTITION BY pool.definition_id ORDER BY pool.ord) AS rn
-                      FROM unnest(v_pool_ids, v_pool_defs, v_pool_origin)
-                           WITH ORDINALITY AS pool (id, definition_id, origin, ord)
-                      LEFT JOIN unnest(v_room_defs || v_busy,
-                                       v_room_free || array_fill(0, ARRAY[cardinality(v_busy)]),
-                                       v_room_skip || array_fill(FALSE, ARRAY[cardinality(v_busy)]))
-                                AS room (definition_id, free, skip)
-                             ON room.definition_id = pool.definition_id) AS p;
-
-            -- Nothing claimable without waiting: wait for the busy ones, but only for ids
-            -- above every lock held (try the others), so every wait is in ascending order.
-            EXIT WHEN v_pick IS NOT NULL OR cardinality(v_busy) = 0 OR v_waited;
-            v_waited := TRUE;
-            v_count_defs := '{}';
-            v_still_busy := '{}';
-            FOREACH v_def IN ARRAY (SELECT array_agg(b ORDER BY b) FROM unnest(v_busy) AS b) LOOP
-                IF v_max_locked IS NULL OR v_def > v_max_locked THEN
-                    PERFORM pg_advisory_xact_lock(jobs._dispatch_key(v_def));
-                    v_max_locked := v_def;
-                    v_count_defs := v_count_defs || v_def;
-                ELSIF pg_try_advisory_xact_lock(jobs._dispatch_key(v_def)) THEN
-                    v_count_defs := v_count_defs || v_def;
-                ELSE
-                    v_still_busy := v_still_busy || v_def;
+            -- 3. Only now, under those locks, count per newly locked group what is RUNNING
+            -- and, for a rate limit, what started within its trailing window.
+            -- (Flags from plain loops, not queries: every statement costs a claim.)
+            v_todo := FALSE;
+            v_shared_todo := FALSE;
+            FOREACH v_g IN ARRAY v_groups LOOP
+                IF v_g.locked AND v_g.free IS NULL THEN
+                    v_todo := TRUE;
+                    v_shared_todo := v_shared_todo OR v_g.shared;
                 END IF;
             END LOOP;
-            v_busy := v_still_busy;
+            IF v_todo THEN
+                -- Shared-mode groups: first (its own statement, so that the counts below
+                -- see every holder that committed after this read) how many claimers hold it.
+                v_holders := '{}';
+                IF v_shared_todo THEN
+                    SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
+                      INTO v_holders
+                      FROM unnest(v_groups) WITH ORDINALITY AS g
+                      LEFT JOIN (SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key, count(*) AS n
+                                   FROM pg_locks AS l
+                                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                                    AND l.mode = 'ShareLock'
+                                    AND l.database = (SELECT d.oid FROM pg_database AS d
+                                                       WHERE d.datname = current_database())
+                                  GROUP BY 1) AS h
+                             ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
+                END IF;
+                SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
+                                     g.definition_id, g.max_running, g.rate_limit, g.rate_period,
+                                     g.skip, g.shared, g.locked,
+                                     CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                          WHEN g.shared THEN   -- each holder adds at most c_shared_batch
+                                              greatest(least(c_shared_batch,
+                                                  coalesce(g.max_running - c.running
+                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
+                                                           2147483647),
+                                                  coalesce(g.rate_limit - c.starts
+                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
+                                                           2147483647)), 0)
+                                          ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
+                                                              coalesce(g.rate_limit - c.starts, 2147483647)), 0)
+                                     END
+                                 )::jobs._claim_group ORDER BY g.ordinality)
+                  INTO v_groups
+                  FROM unnest(v_groups) WITH ORDINALITY AS g
+                  LEFT JOIN LATERAL (
+                       SELECT CASE WHEN g.max_running IS NULL THEN 0
+                                   WHEN g.scope = 'definition' THEN
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
+                                   WHEN g.scope = 'queue' THEN
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.queue = g.name
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                   ELSE
+                                       (SELECT count(*) FROM jobs.runs AS r
+                                         WHERE r.status = 'RUNNING' AND r.kind = g.name
+                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                              END AS running,
+                              CASE WHEN g.rate_limit IS NULL THEN 0
+                                   ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                                          WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
+                              END AS starts
+                        WHERE g.locked AND g.free IS NULL
+                  ) AS c ON TRUE;
+            END IF;
+
+            -- 4. Pick in pool order while every group of the row has room (a busy group has
+            -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
+            v_pick := '{}';
+            v_skip := '{}';
+            IF cardinality(v_groups) = 0 THEN
+                v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
+            ELSE
+                -- Greedy, in pool order, over each row's three group slots (v_row_groups).
+                v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
+                v_demand := v_room;
+                FOR j IN 1 .. cardinality(v_groups) LOOP
+                    v_room[j] := coalesce((v_groups[j]).free, 0);
+                END LOOP;
+                FOR i IN 1 .. cardinality(v_pool_ids) LOOP
+                    v_ok := TRUE;
+                    FOR j IN 3 * i - 2 .. 3 * i LOOP
+                        v_gi := v_row_groups[j];
+                        IF v_gi > 0 THEN
+                            v_demand[v_gi] := v_demand[v_gi] + 1;
+                            IF v_room[v_gi] <= 0 THEN
+                                v_ok := FALSE;
+                            END IF;
+                        END IF;
+                    END LOOP;
+                    IF v_ok THEN
+                        IF cardinality(v_pick) < claim.batch_size THEN
+                            v_pick := v_pick || v_pool_ids[i];
+                            FOR j IN 3 * i - 2 .. 3 * i LOOP
+                                v_gi := v_row_groups[j];
+                                IF v_gi > 0 THEN
+                                    v_room[v_gi] := v_room[v_gi] - 1;
+                                END IF;
+                            END LOOP;
+                        END IF;
+                    ELSIF v_pool_origin[i] = 'schedule' AND v_row_groups[3 * i - 2] > 0 THEN
+                        v_gi := v_row_groups[3 * i - 2];
+                        IF (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
+                            v_skip := v_skip || v_pool_ids[i];
+                        END IF;
+                    END IF;
+                END LOOP;
+            END IF;
+
+            -- Nothing claimable without waiting: wait for the busy groups, but only for keys
+            -- above every lock held (try the others), so every wait is in ascending order.
+            EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
+            v_busy := FALSE;
+            FOREACH v_g IN ARRAY v_groups LOOP
+                v_busy := v_busy OR NOT v_g.locked;
+            END LOOP;
+            EXIT WHEN NOT v_busy;
+            v_waited := TRUE;
+            FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
+                      WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
+                v_g := v_groups[i];
+                IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
+                    IF v_g.shared THEN
+                        PERFORM pg_advisory_xact_lock_shared(v_g.lock_key);
+                    ELSE
+                        PERFORM pg_advisory_xact_lock(v_g.lock_key);
+                    END IF;
+                    v_max_key := v_g.lock_key;
+                    v_g.locked := TRUE;
+                ELSIF v_g.shared THEN
+                    v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
+                ELSE
+                    v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
+                END IF;
+                v_groups[i] := v_g;
+            END LOOP;
         END LOOP;
 
         EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
                OR cardinality(v_new_ids) < v_limit              -- queue exhausted
-               OR coalesce(cardinality(v_pick), 0) >= claim.batch_size;  -- batch full
+               OR cardinality(v_pick) >= claim.batch_size;      -- batch full
 
-        -- Going round again: the next slice skips definitions whose room the pool already
+        -- Going round again: the next slice skips groups whose room the pool already
         -- fills, or a capped backlog longer than the oversample would fill it all again.
-        SELECT coalesce(array_agg(room.definition_id), '{}')
-          INTO v_full
-          FROM unnest(v_room_defs, v_room_free) AS room (definition_id, free)
-         WHERE room.free <= (SELECT count(*) FROM unnest(v_pool_defs) AS p (definition_id)
-                              WHERE p.definition_id = room.definition_id);
+        SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
+               coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
+          INTO v_full_defs, v_full
+          FROM unnest(v_groups) WITH ORDINALITY AS g
+         WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
     END LOOP;
 
-    -- overlap_policy buffer_one / cancel_other of the definitions counted under our locks.
-    IF cardinality(v_room_defs) > 0 THEN
-        PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+    -- buffer_one and cancel_other act on the definitions whose dispatch locks are held.
+    IF cardinality(v_groups) > 0 THEN
+        SELECT array_agg(g.definition_id), array_agg(g.free)
+          INTO v_room_defs, v_room_free
+          FROM unnest(v_groups) AS g
+         WHERE g.scope = 'definition' AND g.locked AND g.free IS NOT NULL;
+        IF v_room_defs IS NOT NULL THEN
+            PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+        END IF;
     END IF;
 
-    IF v_skip IS NOT NULL THEN
+    IF cardinality(v_skip) > 0 THEN
         UPDATE jobs.runs AS r
            SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
                error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
          WHERE r.id = ANY (v_skip);
+        PERFORM jobs._cascade_dependency_failure(v_skip);
     END IF;
 
+    -- started_at is the clock now, not the transaction start: a claim that waited for a
+    -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
+    -- another claimer's starts), and the recorded times keep that order.
+    v_started := clock_timestamp();
+    -- Rate-limited groups: record how many of their runs start now (their windows' counts),
+    -- and drop what no window reaches any more (rows another claimer is dropping: skipped).
+    v_todo := FALSE;
+    IF v_has_limits AND cardinality(v_pick) > 0 THEN
+        FOREACH v_g IN ARRAY v_groups LOOP
+            v_todo := v_todo OR v_g.rate_limit IS NOT NULL;
+        END LOOP;
+    END IF;
+    IF v_todo THEN
+        INSERT INTO jobs._rate_starts (label, started_at, starts)
+        SELECT g.label, v_started, count(*)
+          FROM unnest(v_groups) AS g
+          JOIN unnest(v_pick) AS p (id) ON TRUE
+          JOIN jobs.runs AS r ON r.id = p.id
+         WHERE g.rate_limit IS NOT NULL
+           AND CASE g.scope WHEN 'queue' THEN r.queue = g.name ELSE r.kind = g.name END
+           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey)
+         GROUP BY g.label;
+        DELETE FROM jobs._rate_starts AS x
+         WHERE x.ctid IN (SELECT o.ctid FROM jobs._rate_starts AS o
+                            JOIN unnest(v_groups) AS g ON g.label = o.label AND g.rate_limit IS NOT NULL
+                           WHERE o.started_at <= v_started - g.rate_period
+                             FOR UPDATE OF o SKIP LOCKED);
+    END IF;
     RETURN QUERY
     WITH started AS (
         UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = now(), worker = v_worker,
-               heartbeat_at = CASE WHEN claim.heartbeat THEN now() END
+           SET status = 'RUNNING', started_at = v_started, worker = v_worker,
+               heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
     )
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean) IS
-'Claim up to batch_size due QUEUED runs (optionally only of kinds) for worker, respecting every definition''s max_concurrent_runs; returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';
+COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[]) IS
+'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';

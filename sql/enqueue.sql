@@ -2,7 +2,28 @@
 -- enqueue.sql: ad-hoc runs (jobs.enqueue) and runs of a definition on demand (jobs.run_now).
 -- ===========================================================================
 
--- Queue one ad-hoc run; with an idempotency key, a repeat returns the existing run.
+-- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
+CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM jobs._check_text('queue', queue, 200);
+    IF concurrency_key IS NOT NULL THEN
+        PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS
+'Private: raises 22023 naming the field unless queue is a non-empty name and concurrency_key NULL or non-empty (up to 200 characters).';
+
+-- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
+-- run. With a unique key, while a run of the same kind and key is in the unique_while states
+-- (and was created within unique_for), no run is added: on_conflict says what happens to the
+-- existing one. Concurrent enqueues of one unique key are serialized by an advisory xact lock
+-- on (kind, unique_key), then the check and the insert run under it.
+-- With depends_on, the run is not claimable until every run listed has completed.
 CREATE OR REPLACE FUNCTION jobs.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -11,7 +32,14 @@ CREATE OR REPLACE FUNCTION jobs.enqueue(
     idempotency_key text DEFAULT NULL,
     max_attempts integer DEFAULT NULL,
     timeout interval DEFAULT NULL,
-    heartbeat_timeout interval DEFAULT NULL
+    heartbeat_timeout interval DEFAULT NULL,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL,
+    unique_key text DEFAULT NULL,
+    unique_while text DEFAULT 'active',
+    unique_for interval DEFAULT NULL,
+    on_conflict text DEFAULT 'ignore',
+    depends_on bigint[] DEFAULT NULL
 )
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -20,6 +48,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_run jobs.runs;
+    v_deps text;
 BEGIN
     PERFORM jobs._check_text('kind', enqueue.kind, 200);
     PERFORM jobs._check_payload('payload', enqueue.payload);
@@ -33,29 +62,160 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', enqueue.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', enqueue.heartbeat_timeout);
+    PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
+    IF enqueue.unique_key IS NOT NULL THEN
+        PERFORM jobs._check_text('unique_key', enqueue.unique_key, 200);
+    END IF;
+    IF enqueue.unique_while IS NULL OR enqueue.unique_while NOT IN ('queued', 'active', 'ever') THEN
+        RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_positive('unique_for', enqueue.unique_for);
+    IF enqueue.on_conflict IS NULL OR enqueue.on_conflict NOT IN ('ignore', 'replace', 'debounce') THEN
+        RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', coalesce(enqueue.on_conflict, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF enqueue.unique_key IS NOT NULL AND enqueue.idempotency_key IS NOT NULL THEN
+        RAISE EXCEPTION 'give unique_key or idempotency_key, not both' USING ERRCODE = '22023';
+    END IF;
+
+    IF enqueue.unique_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('unique:' || jsonb_build_array(enqueue.kind, enqueue.unique_key)::text, 0));
+        -- Under the lock, a fresh snapshot: any earlier enqueue of this key has committed.
+        SELECT r.* INTO v_run
+          FROM jobs.runs AS r
+         WHERE r.kind = enqueue.kind AND r.unique_key = enqueue.unique_key
+           AND CASE enqueue.unique_while
+                   WHEN 'queued' THEN r.status = 'QUEUED'
+                   WHEN 'active' THEN r.status IN ('QUEUED', 'RUNNING')
+                   ELSE TRUE END
+           AND (enqueue.unique_for IS NULL OR r.created_at > now() - enqueue.unique_for)
+         ORDER BY r.id DESC
+         LIMIT 1
+           FOR UPDATE;
+        IF FOUND THEN
+            IF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'replace' THEN
+                UPDATE jobs.runs AS r
+                   SET payload = enqueue.payload, scheduled_for = enqueue.run_at
+                 WHERE r.id = v_run.id AND r.status = 'QUEUED'
+                RETURNING r.* INTO v_run;
+                PERFORM jobs._notify();
+            ELSIF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'debounce' THEN
+                UPDATE jobs.runs AS r
+                   SET scheduled_for = enqueue.run_at
+                 WHERE r.id = v_run.id AND r.status = 'QUEUED'
+                RETURNING r.* INTO v_run;
+            END IF;
+            RETURN v_run;
+        END IF;
+    END IF;
+
+    v_deps := jobs._dependency_state(enqueue.depends_on);
 
     INSERT INTO jobs.runs AS r (
         kind, payload, scheduled_for, priority, idempotency_key, max_attempts,
-        timeout, heartbeat_timeout, origin
+        timeout, heartbeat_timeout, origin, queue, concurrency_key, unique_key, depends_on,
+        blocked, status, finished_at, failure_reason, error
     )
     VALUES (
         enqueue.kind, enqueue.payload, enqueue.run_at, enqueue.priority, enqueue.idempotency_key,
-        enqueue.max_attempts, enqueue.timeout, enqueue.heartbeat_timeout, 'manual'
+        enqueue.max_attempts, enqueue.timeout, enqueue.heartbeat_timeout, 'manual',
+        enqueue.queue, enqueue.concurrency_key, enqueue.unique_key, enqueue.depends_on,
+        v_deps = 'pending',
+        CASE WHEN v_deps = 'failed' THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
+        CASE WHEN v_deps = 'failed' THEN now() END,
+        CASE WHEN v_deps = 'failed' THEN 'DependencyFailed' END,
+        CASE WHEN v_deps = 'failed' THEN 'a run it depends on failed or was cancelled' END
     )
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING r.* INTO v_run;
 
     IF NOT FOUND THEN
         -- The key exists (possibly committed a moment ago by a concurrent caller): return that run.
-        SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.idempotency_key = enqueue.idempotency_key;
+        SELECT r.* INTO v_run FROM jobs.runs AS r
+         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key;
         RETURN v_run;
     END IF;
     PERFORM jobs._notify();
     RETURN v_run;
 END
 $$;
-COMMENT ON FUNCTION jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval) IS
-'Queue an ad-hoc run of kind at run_at. With idempotency_key, a second call returns the existing run and creates nothing.';
+COMMENT ON FUNCTION jobs.enqueue(
+    text, jsonb, timestamptz, integer, text, integer, interval, interval,
+    text, text, text, text, interval, text, bigint[]
+) IS
+'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run. unique_key: while a run of the kind with that key is queued | active | ever (unique_while), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled.';
+
+-- Queue many ad-hoc runs of one kind in one statement (one per element of the JSON array payloads).
+CREATE OR REPLACE FUNCTION jobs.enqueue_many(
+    kind text,
+    payloads jsonb,
+    run_at timestamptz DEFAULT now(),
+    priority integer DEFAULT 0,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    heartbeat_timeout interval DEFAULT NULL,
+    depends_on bigint[] DEFAULT NULL
+)
+RETURNS SETOF jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_deps text;
+    v_bad bigint;
+BEGIN
+    PERFORM jobs._check_text('kind', enqueue_many.kind, 200);
+    IF enqueue_many.payloads IS NULL OR jsonb_typeof(enqueue_many.payloads) <> 'array' THEN
+        RAISE EXCEPTION 'payloads must be a JSON array of objects, got %',
+            coalesce(jsonb_typeof(enqueue_many.payloads), 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('payloads length', jsonb_array_length(enqueue_many.payloads), 1, 100000);
+    SELECT min(e.n) INTO v_bad
+      FROM jsonb_array_elements(enqueue_many.payloads) WITH ORDINALITY AS e (payload, n)
+     WHERE jsonb_typeof(e.payload) <> 'object'
+        OR octet_length(e.payload::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads[%] must be a JSON object within jobs.config.max_payload_bytes', v_bad - 1
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_instant('run_at', enqueue_many.run_at);
+    PERFORM jobs._check_range('priority', enqueue_many.priority, -1000, 1000);
+    PERFORM jobs._check_flow_args(enqueue_many.queue, enqueue_many.concurrency_key);
+    IF enqueue_many.max_attempts IS NOT NULL THEN
+        PERFORM jobs._check_range('max_attempts', enqueue_many.max_attempts, 1, 1000);
+    END IF;
+    PERFORM jobs._check_positive('timeout', enqueue_many.timeout);
+    PERFORM jobs._check_positive('heartbeat_timeout', enqueue_many.heartbeat_timeout);
+    v_deps := jobs._dependency_state(enqueue_many.depends_on);
+
+    RETURN QUERY
+    INSERT INTO jobs.runs AS r (
+        kind, payload, scheduled_for, priority, max_attempts, timeout, heartbeat_timeout, origin,
+        queue, concurrency_key, depends_on, blocked, status, finished_at, failure_reason, error
+    )
+    SELECT enqueue_many.kind, e.payload, enqueue_many.run_at, enqueue_many.priority,
+           enqueue_many.max_attempts, enqueue_many.timeout, enqueue_many.heartbeat_timeout, 'manual',
+           enqueue_many.queue, enqueue_many.concurrency_key, enqueue_many.depends_on,
+           v_deps = 'pending',
+           CASE WHEN v_deps = 'failed' THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
+           CASE WHEN v_deps = 'failed' THEN now() END,
+           CASE WHEN v_deps = 'failed' THEN 'DependencyFailed' END,
+           CASE WHEN v_deps = 'failed' THEN 'a run it depends on failed or was cancelled' END
+      FROM jsonb_array_elements(enqueue_many.payloads) WITH ORDINALITY AS e (payload, n)
+     ORDER BY e.n
+    RETURNING r.*;
+    PERFORM jobs._notify();
+END
+$$;
+COMMENT ON FUNCTION jobs.enqueue_many(
+    text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]
+) IS
+'Queue one ad-hoc run of kind per element of payloads (a JSON array of objects) in one statement and one NOTIFY; returns them in array order. The other arguments apply to every run.';
 
 -- Queue a run of a definition now (origin manual); it counts against the definition's cap.
 CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL)
@@ -76,11 +236,13 @@ BEGIN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(run_now.name) USING ERRCODE = 'P0002';
     END IF;
     INSERT INTO jobs.runs AS r (
-        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin
+        definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin,
+        queue, concurrency_key
     )
     VALUES (
         v_def.id, v_def.kind, coalesce(run_now.payload, v_def.payload), v_def.priority,
-        v_def.max_attempts, v_def.timeout, v_def.heartbeat_timeout, 'manual'
+        v_def.max_attempts, v_def.timeout, v_def.heartbeat_timeout, 'manual',
+        v_def.queue, v_def.concurrency_key
     )
     RETURNING r.* INTO v_run;
     PERFORM jobs._notify();

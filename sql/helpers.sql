@@ -16,7 +16,10 @@
 --                                                                    1667976260, objsubid 1; spelled out
 --                                                                    in the jobs.leader view)
 --   jobs._dispatch_key(id)  transaction  jobs.claim (capped          hashtextextended('dispatch:' || id, 0)
---                                        definitions, ascending id)
+--                                        definitions)
+--   jobs._limit_key(label)  transaction  jobs.claim (queue and kind  hashtextextended('dispatch:' || label, 0)
+--                           (shared for  limits; label: the JSON    (one sorted order with the
+--                           big limits)  array [scope, name(, key)]) definition keys: no cycles)
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.
@@ -37,6 +40,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
 COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
 'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
+
+-- Private: the dispatch lock key of one queue or kind limit group (label: see jobs.claim).
+CREATE OR REPLACE FUNCTION jobs._limit_key(label text)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
+COMMENT ON FUNCTION jobs._limit_key(text) IS
+'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
 
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)

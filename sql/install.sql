@@ -19,11 +19,13 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 -- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
 \set migration 0001_initial \ir ../migrations/apply.sql
 \set migration 0003_time \ir ../migrations/apply.sql
+\set migration 0004_flow_control \ir ../migrations/apply.sql
 \set migration 0007_on_time \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;
 \ir helpers.sql
+\ir flow.sql
 \ir enqueue.sql
 \ir claim.sql
 \ir worker.sql

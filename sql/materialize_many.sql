@@ -13,7 +13,8 @@
 -- ===========================================================================
 
 -- Private: the set-based compare-and-set plus inserts for the given definitions
--- (each run delayed by its definition's jitter, as jobs._insert_occurrences does).
+-- (each run in its definition's queue, with its concurrency key, delayed by its jitter,
+-- as jobs._insert_occurrences does).
 -- Rows another transaction holds are skipped (stale for now, planned again next tick),
 -- so two leaders never wait on each other; locks are taken in id order.
 CREATE OR REPLACE FUNCTION jobs._materialize_set(
@@ -53,15 +54,15 @@ AS $$
           FROM locked AS l
          WHERE d.id = l.id
         RETURNING d.id, d.kind, d.payload, d.priority, d.max_attempts, d.timeout, d.heartbeat_timeout,
-                  d.jitter
+                  d.jitter, d.queue, d.concurrency_key
     ),
     inserted AS (
         INSERT INTO jobs.runs (
             definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-            origin, scheduled_for
+            origin, queue, concurrency_key, scheduled_for
         )
         SELECT a.id, a.kind, a.payload, a.priority, a.max_attempts, a.timeout, a.heartbeat_timeout,
-               'schedule', t.at + jobs.jitter_offset(a.id, t.at, a.jitter)
+               'schedule', a.queue, a.concurrency_key, t.at + jobs.jitter_offset(a.id, t.at, a.jitter)
           FROM advanced AS a
           JOIN unnest(run_definition_ids, run_times) AS t (id, at) ON t.id = a.id
          ORDER BY t.at, a.id

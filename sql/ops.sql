@@ -50,25 +50,30 @@ WHERE r.status = 'RUNNING';
 COMMENT ON VIEW jobs.running IS
 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
 
--- Queue depth per kind: live counts, recent outcomes, oldest due QUEUED age.
+-- Queue depth per kind and queue: live counts, recent outcomes, oldest due QUEUED age, and
+-- flow control: paused, blocked on dependencies, held back by a full rate window, limits.
+-- (Columns after lost_1h were added later, at the end, so existing readers keep working.)
 CREATE OR REPLACE VIEW jobs.queue_stats AS
 WITH live AS (
     SELECT
         r.kind,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()) AS queued,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now()) AS scheduled,
+        r.queue,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked) AS queued,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now() AND NOT r.blocked) AS scheduled,
         count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked,
         now() - min(r.scheduled_for) FILTER (
-            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now()
+            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
         ) AS oldest_queued_age
     FROM jobs.runs AS r
     WHERE r.status IN ('QUEUED', 'RUNNING')
-    GROUP BY r.kind
+    GROUP BY r.kind, r.queue
 ),
 
 recent AS (
     SELECT
         r.kind,
+        r.queue,
         count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
         count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
         count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
@@ -76,24 +81,82 @@ recent AS (
         count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
     FROM jobs.runs AS r
     WHERE r.finished_at > now() - interval '1 hour'
-    GROUP BY r.kind
+    GROUP BY r.kind, r.queue
+),
+
+stats AS (
+    SELECT
+        coalesce(live.kind, recent.kind) AS kind,
+        coalesce(live.queue, recent.queue) AS queue,
+        coalesce(live.queued, 0) AS queued,
+        coalesce(live.scheduled, 0) AS scheduled,
+        coalesce(live.running, 0) AS running,
+        coalesce(recent.completed_1h, 0) AS completed_1h,
+        coalesce(recent.failed_1h, 0) AS failed_1h,
+        coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
+        live.oldest_queued_age,
+        coalesce(recent.skipped_1h, 0) AS skipped_1h,
+        coalesce(recent.lost_1h, 0) AS lost_1h,
+        coalesce(live.blocked, 0) AS blocked
+    FROM live
+    FULL OUTER JOIN recent ON live.kind = recent.kind AND live.queue = recent.queue
 )
 
 SELECT
-    coalesce(live.kind, recent.kind) AS kind,
-    coalesce(live.queued, 0) AS queued,
-    coalesce(live.scheduled, 0) AS scheduled,
-    coalesce(live.running, 0) AS running,
-    coalesce(recent.completed_1h, 0) AS completed_1h,
-    coalesce(recent.failed_1h, 0) AS failed_1h,
-    coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
-    live.oldest_queued_age,
-    coalesce(recent.skipped_1h, 0) AS skipped_1h,
-    coalesce(recent.lost_1h, 0) AS lost_1h
-FROM live
-FULL OUTER JOIN recent ON live.kind = recent.kind;
+    s.kind,
+    s.queued,
+    s.scheduled,
+    s.running,
+    s.completed_1h,
+    s.failed_1h,
+    s.cancelled_1h,
+    s.oldest_queued_age,
+    s.skipped_1h,
+    s.lost_1h,
+    s.queue,
+    p.name IS NOT NULL AS paused,
+    s.blocked,
+    -- Due QUEUED runs whose queue or kind rate window is full now (per key where per_key).
+    coalesce(held.rate_limited, 0) AS rate_limited,
+    ql.max_running AS queue_max_running,
+    kl.max_running AS kind_max_running,
+    CASE WHEN ql.rate_limit IS NOT NULL THEN ql.rate_limit || ' per ' || ql.rate_period END AS queue_rate,
+    CASE WHEN kl.rate_limit IS NOT NULL THEN kl.rate_limit || ' per ' || kl.rate_period END AS kind_rate,
+    coalesce(ql.per_key, FALSE) OR coalesce(kl.per_key, FALSE) AS per_key
+FROM stats AS s
+LEFT JOIN jobs.paused_queues AS p ON s.queue = p.name
+LEFT JOIN jobs.limits AS ql ON ql.scope = 'queue' AND s.queue = ql.name
+LEFT JOIN jobs.limits AS kl ON kl.scope = 'kind' AND s.kind = kl.name
+LEFT JOIN LATERAL (
+    SELECT count(*) AS rate_limited
+    FROM jobs.runs AS q
+    WHERE
+        (ql.rate_limit IS NOT NULL OR kl.rate_limit IS NOT NULL)
+        AND q.kind = s.kind AND q.queue = s.queue AND q.status = 'QUEUED'
+        AND NOT q.blocked AND q.scheduled_for <= now()
+        AND (
+            (ql.rate_limit IS NOT NULL AND ql.rate_limit <= (
+                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                WHERE
+                    x.label = CASE
+                        WHEN ql.per_key THEN jsonb_build_array('queue', s.queue, q.concurrency_key)::text
+                        ELSE jsonb_build_array('queue', s.queue)::text
+                    END
+                    AND x.started_at > now() - ql.rate_period
+            ))
+            OR (kl.rate_limit IS NOT NULL AND kl.rate_limit <= (
+                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                WHERE
+                    x.label = CASE
+                        WHEN kl.per_key THEN jsonb_build_array('kind', s.kind, q.concurrency_key)::text
+                        ELSE jsonb_build_array('kind', s.kind)::text
+                    END
+                    AND x.started_at > now() - kl.rate_period
+            ))
+        )
+) AS held ON TRUE;
 COMMENT ON VIEW jobs.queue_stats IS
-'Per kind: due QUEUED, future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, and of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned).';
+'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
@@ -249,6 +312,8 @@ BEGIN
     )
     DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
+    DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
     RETURN v_count;
 END
 $$;

@@ -60,6 +60,11 @@ BEGIN
       LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
      WHERE r.id = ANY (v_dead)
      ORDER BY r.id;
+    -- Those without a retry failed for good: the runs waiting on them are cancelled.
+    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
+       FROM jobs.runs AS r
+      WHERE r.id = ANY (v_dead)
+        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
     PERFORM jobs._notify();
 END
 $$;

@@ -57,10 +57,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, scheduled_for
+        origin, attempt, retry_of, queue, concurrency_key, scheduled_for
     )
     SELECT r.definition_id, r.kind, r.payload, r.priority, r.max_attempts, r.timeout,
-           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id,
+           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key,
            now() + jobs._backoff(coalesce(p.backoff_initial, c.backoff_initial),
                                  coalesce(p.backoff_factor, 2),
                                  coalesce(p.backoff_max, c.backoff_max),
@@ -125,6 +125,7 @@ BEGIN
     SELECT x.retry_run_id INTO v_retry_id
       FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
     IF v_retry_id IS NULL THEN
+        PERFORM jobs._cascade_dependency_failure(ARRAY[v_failed.id]);  -- failed for good
         RETURN v_failed;
     END IF;
     SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.id = v_retry_id;
@@ -163,12 +164,12 @@ BEGIN
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of
+        origin, attempt, retry_of, queue, concurrency_key
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
-        'retry', v_run.attempt + 1, v_run.id
+        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();

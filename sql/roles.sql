@@ -6,7 +6,7 @@
 -- a hostile search_path in the caller's session changes nothing. Roles nest:
 -- jobs_reader < jobs_worker < jobs_operator.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
---   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
@@ -22,17 +22,26 @@ GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text[], boolean),
+jobs.claim(integer, text, text[], boolean, text[]),
 jobs.heartbeat(bigint[], text),
 jobs.complete(bigint, text, jsonb),
 jobs.complete_many(bigint[], text),
 jobs.fail(bigint, text, text[], text, text),
 jobs.acknowledge_cancel(bigint, text, text),
-jobs.next_due(text[])
+jobs.next_due(text[]),
+jobs.snooze(bigint, text, interval)
 TO jobs_worker;
 
 GRANT EXECUTE ON FUNCTION
-jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval),
+jobs.enqueue(
+    text, jsonb, timestamptz, integer, text, integer, interval, interval,
+    text, text, text, text, interval, text, bigint[]
+),
+jobs.enqueue_many(text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]),
+jobs.pause_queue(text),
+jobs.resume_queue(text),
+jobs.set_limit(text, text, integer, integer, interval, boolean),
+jobs.remove_limit(text, text),
 jobs.run_now(text, jsonb),
 jobs.cancel(bigint),
 jobs.cancel_queued(text),
@@ -42,7 +51,7 @@ jobs.set_retry_policy(
 ),
 jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text,
-    interval, interval, text, text, interval, integer
+    interval, interval, text, text, interval, integer, text, text
 ),
 jobs.backfill(text, timestamptz, timestamptz),
 jobs.finish_backfill(bigint, timestamptz[], text),

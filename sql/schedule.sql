@@ -57,6 +57,10 @@ COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 DROP FUNCTION IF EXISTS jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
 );
+DROP FUNCTION IF EXISTS jobs.define(
+    text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
+    text, text, interval, integer
+);
 
 -- Create or replace a definition by name; a change of schedule, time zone or run_at resets its cursor.
 CREATE OR REPLACE FUNCTION jobs.define(
@@ -77,7 +81,9 @@ CREATE OR REPLACE FUNCTION jobs.define(
     dst_gap text DEFAULT NULL,
     dst_repeat text DEFAULT NULL,
     jitter interval DEFAULT NULL,
-    pause_after_failures integer DEFAULT NULL
+    pause_after_failures integer DEFAULT NULL,
+    queue text DEFAULT 'default',
+    concurrency_key text DEFAULT NULL
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -87,6 +93,7 @@ AS $$
 DECLARE
     v_old jobs.definitions;
     v_new jobs.definitions;
+    v_superseded bigint[];
 BEGIN
     PERFORM jobs._check_text('name', define.name, 200);
     PERFORM jobs._check_text('kind', define.kind, 200);
@@ -119,6 +126,7 @@ BEGIN
     END IF;
     PERFORM jobs._check_positive('timeout', define.timeout);
     PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
     IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
         RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)
             USING ERRCODE = '22023',
@@ -144,7 +152,7 @@ BEGIN
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
         priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
-        dst_gap, dst_repeat, jitter, pause_after_failures
+        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
     )
     VALUES (
         define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
@@ -154,7 +162,7 @@ BEGIN
                  CASE WHEN define.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
         define.priority, define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
         define.heartbeat_timeout, define.dst_gap, define.dst_repeat, nullif(define.jitter, interval '0'),
-        define.pause_after_failures
+        define.pause_after_failures, define.queue, define.concurrency_key
     )
     ON CONFLICT (name) DO UPDATE
        SET kind = excluded.kind,
@@ -170,6 +178,8 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           queue = excluded.queue,
+           concurrency_key = excluded.concurrency_key,
            dst_gap = excluded.dst_gap,
            dst_repeat = excluded.dst_repeat,
            jitter = excluded.jitter,
@@ -203,20 +213,25 @@ BEGIN
                AND r.scheduled_for > now()
              ORDER BY r.id
                FOR UPDATE SKIP LOCKED
+        ),
+        cancelled AS (
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(),
+                   error = 'superseded: the definition''s schedule changed'
+              FROM superseded WHERE r.id = superseded.id
+            RETURNING r.id
         )
-        UPDATE jobs.runs AS r
-           SET status = 'CANCELLED', finished_at = now(),
-               error = 'superseded: the definition''s schedule changed'
-          FROM superseded WHERE r.id = superseded.id;
+        SELECT array_agg(c.id) INTO v_superseded FROM cancelled AS c;
+        PERFORM jobs._cascade_dependency_failure(v_superseded);  -- runs waiting on them
     END IF;
     RETURN v_new;
 END
 $$;
 COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
-    text, text, interval, integer
+    text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures.';
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -422,10 +437,10 @@ BEGIN
     )
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, scheduled_for, status, finished_at, failure_reason, error
+        origin, queue, concurrency_key, scheduled_for, status, finished_at, failure_reason, error
     )
     SELECT m.id, m.kind, m.payload, m.priority, m.max_attempts, m.timeout, m.heartbeat_timeout,
-           'schedule', m.run_at,
+           'schedule', m.queue, m.concurrency_key, m.run_at,
            CASE WHEN m.skipped THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
            CASE WHEN m.skipped THEN now() END,
            CASE WHEN m.skipped THEN 'Skipped' END,

@@ -53,7 +53,13 @@ BEGIN
      WHERE r.id = complete.run_id
        AND r.status = 'RUNNING'
        AND r.worker = complete.worker;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    IF EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on it (flow.sql)
+        PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
+    END IF;
+    RETURN TRUE;
 END
 $$;
 COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
@@ -79,6 +85,9 @@ BEGIN
                FOR NO KEY UPDATE) AS mine
      WHERE r.id = mine.id
     RETURNING r.id;
+    IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on them (flow.sql)
+        PERFORM jobs._release_dependents(complete_many.run_ids);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION jobs.complete_many(bigint[], text) IS
@@ -101,7 +110,11 @@ BEGIN
        AND r.status = 'RUNNING'
        AND r.worker = acknowledge_cancel.worker
        AND r.cancel_requested;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM jobs._cascade_dependency_failure(ARRAY[acknowledge_cancel.run_id]);
+    RETURN TRUE;
 END
 $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS

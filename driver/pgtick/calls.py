@@ -57,7 +57,8 @@ def schema_installed(conn: Conn) -> bool:
 
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
-CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true)"
+# queues => NULL claims from every queue.
+CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s)"
 # When the next QUEUED run becomes due (and the server clock): an idle worker sleeps until then.
 NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s)"
 COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
@@ -247,12 +248,28 @@ def define_many(conn: Conn, definitions: list[dict[str, Any]]) -> list[Any]:
 
 
 def enqueue(
-    conn: Conn, kind: str, payload: Jsonb, run_at: datetime | None, priority: int | None, key: str | None
+    conn: Conn,
+    kind: str,
+    payload: Jsonb,
+    run_at: datetime | None,
+    priority: int | None,
+    key: str | None,
+    *,
+    queue: str = "default",
+    concurrency_key: str | None = None,
 ) -> Any:
     return conn.execute(
-        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s)",
-        (kind, payload, run_at, priority, key),
+        "SELECT * FROM jobs.enqueue(%s, %s, coalesce(%s, now()), %s, %s, queue => %s, concurrency_key => %s)",
+        (kind, payload, run_at, priority, key, queue, concurrency_key),
     ).fetchone()
+
+
+def pause_queue(conn: Conn, name: str) -> bool:
+    return bool(_first(conn.execute("SELECT jobs.pause_queue(%s)", (name,)).fetchone()))
+
+
+def resume_queue(conn: Conn, name: str) -> bool:
+    return bool(_first(conn.execute("SELECT jobs.resume_queue(%s)", (name,)).fetchone()))
 
 
 def run_now(conn: Conn, name: str) -> Any:

@@ -27,7 +27,8 @@ log = logging.getLogger("pgtick.cli")
 
 EXAMPLES = {
     "run": "pgtick run examples/app.py            # embedded PostgreSQL\n"
-    "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20",
+    "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20\n"
+    "  pgtick run myproj.jobs:app --queues mail,reports   # claim only from these queues",
     "migrate": "pgtick migrate --dsn postgresql://localhost/app\n"
     "  pgtick migrate --sql | psql -v ON_ERROR_STOP=1 -d app",
     "define": "pgtick define weekday-report send-report "
@@ -37,11 +38,14 @@ EXAMPLES = {
     "--jitter 5m --pause-after-failures 3\n"
     "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00\n"
     "  pgtick define --from-file definitions.jsonl   # or .csv; one statement",
-    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42',
+    "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42\n'
+    "  pgtick enqueue sync-account --queue tenants --concurrency-key acme",
     "run-now": "pgtick run-now weekday-report",
     "cancel": "pgtick cancel 1234\n  pgtick cancel --definition weekday-report   # every queued run",
     "pause": "pgtick pause weekday-report",
     "resume": "pgtick resume weekday-report",
+    "pause-queue": "pgtick pause-queue mail     # claims stop now; running jobs finish",
+    "resume-queue": "pgtick resume-queue mail",
     "retry": "pgtick retry 1234",
     "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2\n"
     "  pgtick status --limit 100 --offset 100",
@@ -57,6 +61,16 @@ EXAMPLES = {
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_queue_list(text: str) -> list[str]:
+    """'mail,reports' -> ['mail', 'reports'] (non-empty names of up to 200 characters)."""
+    names = [name.strip() for name in text.split(",")]
+    if not names or any(not name or len(name) > 200 for name in names):
+        raise argparse.ArgumentTypeError(
+            f"queues must be a comma-separated list of queue names, got {text!r}"
+        )
+    return names
 
 
 def parse_duration(text: str) -> float:
@@ -140,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also label start lateness by definition id (one series per definition)",
     )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument(
+        "--queues",
+        type=parse_queue_list,
+        default=None,
+        help="claim only from these queues (a,b; default all)",
+    )
     p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
@@ -182,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-at", type=parse_instant, default=None)
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--key", default=None, help="idempotency key")
+    p.add_argument("--queue", default="default", help="queue (default 'default')")
+    p.add_argument("--concurrency-key", default=None, help="tenant/customer key for per-key limits")
 
     p = _command(sub, "run-now", "queue a run of a definition now", cmd_run_now)
     p.add_argument("name")
@@ -193,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         p = _command(sub, name, f"{verb} a definition", cmd_pause_resume)
         p.add_argument("name")
+
+    p = _command(sub, "pause-queue", "stop claiming from a queue now (running jobs finish)", cmd_queue_pause)
+    p.add_argument("name")
+    p = _command(sub, "resume-queue", "resume claiming from a paused queue", cmd_queue_pause)
+    p.add_argument("name")
 
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
     p.add_argument("run_id", type=int)
@@ -319,6 +346,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
         metrics_per_definition=args.metrics_per_definition,
+        queues=args.queues,
     )
     if _embedded is not None:
         print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
@@ -420,7 +448,16 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     from psycopg.types.json import Jsonb
 
     with connect_dicts(_dsn(args)) as conn:
-        row = calls.enqueue(conn, args.kind, Jsonb(args.payload or {}), args.run_at, args.priority, args.key)
+        row = calls.enqueue(
+            conn,
+            args.kind,
+            Jsonb(args.payload or {}),
+            args.run_at,
+            args.priority,
+            args.key,
+            queue=args.queue,
+            concurrency_key=args.concurrency_key,
+        )
     assert row is not None
     print(
         f"run={row['id']} kind={row['kind']} status={row['status']}"
@@ -459,6 +496,19 @@ def cmd_pause_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue_pause(args: argparse.Namespace) -> int:
+    pause = args.command == "pause-queue"
+    with connect(_dsn(args)) as conn:
+        changed = calls.pause_queue(conn, args.name) if pause else calls.resume_queue(conn, args.name)
+    state = "paused" if pause else "resumed"
+    print(
+        f"queue={args.name} {state}"
+        if changed
+        else f"queue={args.name} already {state if pause else 'running'}"
+    )
+    return 0
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     with connect_dicts(_dsn(args)) as conn:
         row = calls.retry(conn, args.run_id)
@@ -475,6 +525,22 @@ def status_snapshot(conn: psycopg.Connection[Any], limit: int = 50, offset: int 
         "definitions": calls.definition_health(conn, limit, offset),
         "queues": calls.queue_stats(conn),
     }
+
+
+#: The jobs.queue_stats columns `pgtick status` shows as a table (--json has them all).
+QUEUE_COLUMNS = (
+    "kind",
+    "queue",
+    "paused",
+    "queued",
+    "scheduled",
+    "running",
+    "blocked",
+    "rate_limited",
+    "completed_1h",
+    "failed_1h",
+    "oldest_queued_age",
+)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -504,7 +570,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     f" this page: {len(snap['definitions'])} from #{args.offset + 1} by name)"
                 )
                 print("\nqueues:")
-                _print_table(snap["queues"], "  (empty)")
+                _print_table(
+                    [{k: q[k] for k in QUEUE_COLUMNS if k in q} for q in snap["queues"]], "  (empty)"
+                )
             if not args.watch:
                 return 0
             sys.stdout.flush()

@@ -63,6 +63,7 @@ class RunOptions:
     worker: bool = True
     metrics_port: int | None = None
     metrics_per_definition: bool = False
+    queues: list[str] | None = None  # claim only from these queues (None: all)
 
 
 def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
@@ -95,6 +96,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             heartbeat_interval=options.heartbeat_interval,
             shutdown_grace=options.shutdown_grace,
             listener=listener,
+            queues=options.queues,
         )
         threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
     if options.scheduler:

@@ -79,6 +79,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         listen: bool = True,
         listener: WorkerListener | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -93,6 +94,7 @@ class Worker:
         self.listen = listen
         self.listener = listener
         self.kinds = sorted(app.jobs)
+        self.queues = sorted(set(queues)) if queues else None  # None: every queue
         self.stats = WorkerStats()
         self.events = Listeners([self.stats, listener])
         self.default_heartbeat_timeout = 60.0
@@ -302,7 +304,9 @@ class Worker:
                 )
                 due_cur = conn.execute(calls.NEXT_DUE, (self.kinds,)) if want > 0 else None
                 claim_cur = (
-                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds)) if want > 0 else None
+                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues))
+                    if want > 0
+                    else None
                 )
             done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             if due_cur is not None:

@@ -175,6 +175,8 @@ COMMANDS = [
     "preview",
     "lock",
     "dsn",
+    "pause-queue",
+    "resume-queue",
     "backfill",
 ]
 

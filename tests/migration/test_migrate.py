@@ -155,7 +155,15 @@ def _earlier_states() -> list[str]:
     refs: list[str] = []
     for migration in migrate.migrations()[1:]:
         added = subprocess.run(
-            ["git", "log", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration.path.name}"],
+            [
+                "git",
+                "log",
+                "--first-parent",
+                "--diff-filter=A",
+                "--format=%H",
+                "--",
+                f"migrations/{migration.path.name}",
+            ],
             cwd=repo,
             capture_output=True,
             text=True,

@@ -1,5 +1,7 @@
 """Invariant 5: no deadlock between claim, heartbeat, complete, complete_many, fail, reap,
-cancel, enqueue, run_now, define and prune, run concurrently from real processes.
+cancel, enqueue, run_now, define and prune, and the flow-control calls (claim from queues,
+snooze, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue, enqueue with
+dependencies, enqueue_many), run concurrently from real processes.
 
 Every session sets lock_timeout = 5s, so a hang shows up as SQLSTATE 55P03 instead
 of a stuck test; a deadlock shows up as 40P01 (deadlock_timeout is 1s) and as
@@ -33,6 +35,7 @@ from harness import (
 )
 
 KINDS = [f"k{i}" for i in range(12)]
+QUEUES = [f"q{i}" for i in range(4)]
 SECONDS = 10.0
 LOCK_TIMEOUT = "5s"
 
@@ -89,6 +92,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
     abandoned: dict[int, float] = {}  # run id -> when we abandoned it
     cancel_seen: set[int] = set()
     claimed: list[int] = []
+    snoozed_ok: list[int] = []
     guard = threading.Lock()
     stop = threading.Event()
 
@@ -116,10 +120,11 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
             kinds = rng.sample(KINDS, 6)
+            queues = rng.sample(QUEUES, 2) if rng.random() < 0.3 else None
             rows = rec.call(
                 "claim",
-                lambda k=kinds: conn.execute(  # type: ignore[misc]  # default-bound lambda
-                    "SELECT id FROM jobs.claim(%s, %s, %s)", (rng.randint(1, 6), worker, k)
+                lambda k=kinds, q=queues: conn.execute(  # type: ignore[misc]  # default-bound lambda
+                    "SELECT id FROM jobs.claim(%s, %s, %s, queues => %s)", (rng.randint(1, 6), worker, k, q)
                 ).fetchall(),
             )
             now = time.monotonic()
@@ -147,6 +152,17 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                 )
             rest = [i for i in due if i not in cancels]
             rng.shuffle(rest)
+            snoozed = [i for i in rest if rng.random() < 0.05]
+            for run_id in snoozed:
+                back = rec.call(
+                    "snooze",
+                    lambda r=run_id: scalar(  # type: ignore[misc]  # default-bound lambda
+                        conn, "SELECT jobs.snooze(%s, %s, %s)", (r, worker, rng.choice(["0", "20 ms"]))
+                    ),
+                )
+                if back:
+                    snoozed_ok.append(run_id)  # queued again: a later claim of it is legitimate
+            rest = [i for i in rest if i not in snoozed]
             batch, rest = rest[: len(rest) // 2], rest[len(rest) // 2 :]
             if batch:
                 rec.call(
@@ -189,7 +205,7 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                     "SELECT * FROM jobs.complete_many(%s, %s)", (leftovers, worker)
                 ).fetchall(),
             )
-    return rec.result(claimed=claimed)
+    return rec.result(claimed=claimed, snoozed=snoozed_ok)
 
 
 def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
@@ -203,6 +219,8 @@ def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
         n = 0
         while time.monotonic() < deadline:
             n += 1
+            if rng.random() < 0.4:
+                _flow_action(conn, rec, rng)
             action = rng.random()
             if action < 0.35:
                 with conn.transaction():  # several enqueues in one transaction
@@ -246,7 +264,73 @@ def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
                     ),
                 )
             time.sleep(rng.uniform(0, 0.01))
+        for queue in QUEUES:
+            rec.call("resume_queue", lambda q=queue: conn.execute("SELECT jobs.resume_queue(%s)", (q,)))  # type: ignore[misc]  # default-bound lambda
     return rec.result(claimed=[])
+
+
+def _flow_action(conn: Conn, rec: Recorder, rng: random.Random) -> None:
+    """One flow-control call: limits, pause/resume, unique or dependent enqueues, bulk enqueue."""
+    action = rng.random()
+    queue, kind = rng.choice(QUEUES), rng.choice(KINDS)
+    if action < 0.2:
+        scope, name = rng.choice([("queue", queue), ("kind", kind)])
+        rec.call(
+            "set_limit",
+            lambda: conn.execute(
+                "SELECT jobs.set_limit(%s, %s, max_running => %s, rate_limit => %s,"
+                " rate_period => %s, per_key => %s)",
+                (
+                    scope,
+                    name,
+                    rng.randint(1, 4),
+                    *rng.choice([(None, None), (50, "1 s")]),
+                    rng.random() < 0.5,
+                ),
+            ),
+        )
+    elif action < 0.3:
+        scope, name = rng.choice([("queue", queue), ("kind", kind)])
+        rec.call("remove_limit", lambda: conn.execute("SELECT jobs.remove_limit(%s, %s)", (scope, name)))
+    elif action < 0.45:
+        rec.call("pause_queue", lambda: conn.execute("SELECT jobs.pause_queue(%s)", (queue,)))
+    elif action < 0.6:
+        rec.call("resume_queue", lambda: conn.execute("SELECT jobs.resume_queue(%s)", (queue,)))
+    elif action < 0.75:
+        rec.call(
+            "enqueue_unique",
+            lambda: conn.execute(
+                "SELECT jobs.enqueue(%s, queue => %s, concurrency_key => %s, unique_key => %s,"
+                " on_conflict => %s)",
+                (
+                    kind,
+                    queue,
+                    rng.choice([None, "t1", "t2"]),
+                    f"u{rng.randint(0, 10)}",
+                    rng.choice(["ignore", "replace", "debounce"]),
+                ),
+            ),
+        )
+    elif action < 0.9:
+        deps = [r[0] for r in conn.execute("SELECT id FROM jobs.runs ORDER BY random() LIMIT 2").fetchall()]
+        if deps:
+            # P0002: a dependency pruned between the pick and the call.
+            rec.call(
+                "enqueue_depends",
+                lambda: conn.execute(
+                    "SELECT jobs.enqueue(%s, queue => %s, depends_on => %s)", (kind, queue, deps)
+                ),
+                benign=("P0002",),
+            )
+    else:
+        rec.call(
+            "enqueue_many",
+            lambda: conn.execute(
+                "SELECT count(*) FROM jobs.enqueue_many(%s, '[{}, {}, {}]', queue => %s,"
+                " concurrency_key => %s)",
+                (kind, queue, rng.choice([None, "t1"])),
+            ),
+        )
 
 
 def _reaper(dsn: str, name: str) -> dict[str, Any]:
@@ -281,14 +365,20 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
     """Invariant: for ~10 s, 4 workers (each with a heartbeat thread on its own connection),
     an operator and a reaper run claim / heartbeat / complete / complete_many / fail /
     acknowledge_cancel / reap / prune / cancel / cancel_queued / enqueue / run_now / define
-    over overlapping definition sets. No call fails with 40P01 (deadlock) or 55P03 (lock
+    and the flow-control calls (claim from queues, snooze, set_limit, remove_limit,
+    pause_queue, resume_queue, unique and dependent enqueues, enqueue_many) over overlapping
+    definition, queue, kind and concurrency-key sets. No call fails with 40P01 (deadlock) or 55P03 (lock
     timeout, i.e. a wait of 5 s), no call fails at all, the server logs no deadlock, and no run
     is handed to two workers."""
     for i, kind in enumerate(KINDS):
         def_id = add_definition(
             conn, f"d{i}", kind=kind, cap=(i % 3) + 1, overlap="skip" if i < 2 else "queue"
         )
-        add_runs(conn, 25, kind=kind, definition_id=def_id, origin="schedule" if i < 2 else "manual")
+        ids = add_runs(conn, 25, kind=kind, definition_id=def_id, origin="schedule" if i < 2 else "manual")
+        conn.execute(
+            "UPDATE jobs.runs SET queue = %s, concurrency_key = %s WHERE id = ANY (%s)",
+            (QUEUES[i % len(QUEUES)], f"t{i % 3}", ids),
+        )
         conn.execute(
             "SELECT jobs.set_retry_policy(%s, deny => '{Denied}', max_attempts => 3,"
             " backoff_initial => '0', jitter => 0)",
@@ -328,6 +418,14 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
         "run_now",
         "cancel",
         "define",
+        "snooze",
+        "set_limit",
+        "remove_limit",
+        "pause_queue",
+        "resume_queue",
+        "enqueue_unique",
+        "enqueue_depends",
+        "enqueue_many",
     ):
         assert ops[op] > 0, f"the mix never ran {op}: {dict(ops)}"
     assert reaped["HeartbeatLost"] > 0 and reaped["Orphaned"] > 0, (
@@ -337,9 +435,10 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
 
     owners: dict[int, str] = {}
     doubles = []
+    snoozed = {run_id for r in results for run_id in r.get("snoozed", [])}
     for r in results:
         for run_id in r["claimed"]:
-            if run_id in owners:
+            if run_id in owners and run_id not in snoozed:
                 doubles.append((run_id, owners[run_id], r["who"]))
             owners[run_id] = r["who"]
     assert not doubles, f"(run, first worker, second worker) claimed twice: {doubles[:10]}"

@@ -101,7 +101,7 @@ def test_reader_reads_but_cannot_claim(db: Database, conn: Conn) -> None:
 
 
 GRANTS = [
-    ("jobs_worker", "jobs.claim(integer, text, text[], boolean)", True),
+    ("jobs_worker", "jobs.claim(integer, text, text[], boolean, text[])", True),
     ("jobs_worker", "jobs.heartbeat(bigint[], text)", True),
     ("jobs_worker", "jobs.complete(bigint, text, jsonb)", True),
     ("jobs_worker", "jobs.complete_many(bigint[], text)", True),
@@ -110,15 +110,32 @@ GRANTS = [
     ("jobs_worker", "jobs.reap()", False),
     ("jobs_worker", "jobs.retry(bigint)", False),
     ("jobs_worker", "jobs.cancel(bigint)", False),
-    ("jobs_reader", "jobs.claim(integer, text, text[], boolean)", False),
+    ("jobs_reader", "jobs.claim(integer, text, text[], boolean, text[])", False),
     (
         "jobs_operator",
-        "jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval)",
+        "jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval,"
+        " text, text, text, text, interval, text, bigint[])",
         True,
     ),
     ("jobs_operator", "jobs.reap()", True),
     ("jobs_operator", "jobs.cancel(bigint)", True),
-    ("jobs_operator", "jobs.claim(integer, text, text[], boolean)", True),
+    ("jobs_operator", "jobs.claim(integer, text, text[], boolean, text[])", True),
+    ("jobs_worker", "jobs.snooze(bigint, text, interval)", True),
+    ("jobs_reader", "jobs.snooze(bigint, text, interval)", False),
+    ("jobs_worker", "jobs.pause_queue(text)", False),
+    ("jobs_operator", "jobs.pause_queue(text)", True),
+    ("jobs_operator", "jobs.resume_queue(text)", True),
+    ("jobs_worker", "jobs.set_limit(text, text, integer, integer, interval, boolean)", False),
+    ("jobs_operator", "jobs.set_limit(text, text, integer, integer, interval, boolean)", True),
+    ("jobs_operator", "jobs.remove_limit(text, text)", True),
+    (
+        "jobs_operator",
+        "jobs.enqueue_many(text, jsonb, timestamptz, integer, text, text, integer, interval,"
+        " interval, bigint[])",
+        True,
+    ),
+    ("jobs_operator", "jobs._dependency_state(bigint[])", False),
+    ("jobs_operator", "jobs._cascade_dependency_failure(bigint[])", False),
     ("jobs_operator", "jobs._enqueue_retries(bigint[], text[])", False),
     ("jobs_operator", "jobs._check_payload(text, jsonb)", False),
 ]

@@ -1,0 +1,438 @@
+-- ===========================================================================
+-- flow.sql: flow control. Named queues (pause / resume), limits per queue and
+-- kind (running and rate, optionally per concurrency key), snooze, and the
+-- dependency bookkeeping behind jobs.enqueue(..., depends_on => ...).
+--
+-- Limits are enforced by jobs.claim (claim.sql); unique jobs and bulk enqueue
+-- live in enqueue.sql.
+--
+-- Dependencies. A run with depends_on is inserted blocked unless every run it
+-- depends on has already completed. A dependency counts by its retry chain's
+-- final outcome (the chain is the run and its retries, linked by retry_of):
+--   * when the last run of a chain COMPLETES, jobs._release_dependents clears
+--     `blocked` on the runs waiting on that chain whose other dependencies are
+--     complete too (called by jobs.complete and jobs.complete_many);
+--   * when the last run of a chain ends FAILED with no retry, or CANCELLED,
+--     jobs._cascade_dependency_failure cancels every blocked run waiting on it,
+--     and the runs waiting on those, down the chain, with failure_reason
+--     'DependencyFailed' (called by jobs.fail, jobs.reap, jobs.cancel,
+--     jobs.cancel_queued, jobs.acknowledge_cancel and claim's overlap skip).
+-- Both lock the waiting runs in ascending id order. A dependent always has a
+-- higher id than its dependencies (they must exist first), so every path locks
+-- its own run before the dependents: no cycle. jobs.enqueue takes FOR SHARE
+-- locks on the dependency chains while it decides whether the new run is
+-- blocked, so a completion or failure cannot slip between that decision and
+-- the commit that makes the new run visible.
+-- ===========================================================================
+
+-- Private: every run of the retry chains starting at the given runs (each run and its retries).
+CREATE OR REPLACE FUNCTION jobs._chain_forward(run_ids bigint[])
+RETURNS TABLE (root bigint, run_id bigint, attempt integer, status jobs.run_status)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE chain AS (
+        SELECT r.id AS root, r.id, r.attempt, r.status
+          FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+        UNION ALL
+        SELECT c.root, r.id, r.attempt, r.status
+          FROM chain AS c JOIN jobs.runs AS r ON r.retry_of = c.id
+    )
+    SELECT chain.root, chain.id, chain.attempt, chain.status FROM chain
+$$;
+COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS
+'Private: (root, run_id, attempt, status) of every run in the retry chains that start at run_ids.';
+
+-- Private: the given runs and every earlier attempt of theirs (following retry_of back).
+CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[])
+RETURNS bigint[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE chain AS (
+        SELECT r.id, r.retry_of FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+        UNION
+        SELECT r.id, r.retry_of FROM chain AS c JOIN jobs.runs AS r ON r.id = c.retry_of
+    )
+    SELECT coalesce(array_agg(chain.id), '{}') FROM chain
+$$;
+COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS
+'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
+
+-- Private: 'met', 'pending' or 'failed' for a depends_on list, locking the chains FOR SHARE.
+CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[])
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_missing bigint[];
+    v_chain bigint[];
+    v_locked bigint[] := '{}';
+    v_state text;
+BEGIN
+    IF depends_on IS NULL THEN
+        RETURN 'met';
+    END IF;
+    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000
+       OR EXISTS (SELECT FROM unnest(depends_on) AS d WHERE d IS NULL) THEN
+        RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT array_agg(d ORDER BY d) INTO v_missing
+      FROM unnest(depends_on) AS d
+     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
+            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
+    END IF;
+    -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
+    -- chain, so look again until the locked set covers it.
+    LOOP
+        SELECT array_agg(DISTINCT c.run_id ORDER BY c.run_id) INTO v_chain
+          FROM jobs._chain_forward(depends_on) AS c;
+        EXIT WHEN v_chain <@ v_locked;
+        PERFORM FROM jobs.runs AS r
+         WHERE r.id = ANY (v_chain) AND r.id <> ALL (v_locked)
+         ORDER BY r.id
+           FOR SHARE;
+        v_locked := v_locked || v_chain;
+    END LOOP;
+    SELECT CASE WHEN bool_or(l.status IN ('FAILED', 'CANCELLED')) THEN 'failed'
+                WHEN bool_and(l.status = 'COMPLETED') THEN 'met'
+                ELSE 'pending' END
+      INTO v_state
+      FROM (SELECT DISTINCT ON (c.root) c.root, c.status
+              FROM jobs._chain_forward(depends_on) AS c
+             ORDER BY c.root, c.attempt DESC) AS l;
+    RETURN v_state;
+END
+$$;
+COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS
+'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
+
+-- Private: unblock the runs waiting on these just-completed runs whose dependencies are all complete.
+CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_chain bigint[];
+    v_waiting bigint[];
+    v_count integer;
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+        RETURN 0;  -- nothing waits on anything (runs_blocked_idx): the common case
+    END IF;
+    v_chain := jobs._chain_back(run_ids);
+    -- Lock first (ascending ids), then decide in a new statement: its fresh snapshot sees a
+    -- concurrent completion of another dependency that committed while we waited for the lock.
+    SELECT array_agg(w.id) INTO v_waiting
+      FROM (SELECT r.id FROM jobs.runs AS r
+             WHERE r.blocked AND r.status = 'QUEUED'
+               AND r.depends_on && v_chain
+             ORDER BY r.id
+               FOR UPDATE) AS w;
+    IF v_waiting IS NULL THEN
+        RETURN 0;
+    END IF;
+    UPDATE jobs.runs AS r
+       SET blocked = FALSE
+     WHERE r.id = ANY (v_waiting) AND r.blocked AND r.status = 'QUEUED'
+       AND NOT EXISTS (
+           SELECT FROM (SELECT DISTINCT ON (c.root) c.status
+                          FROM jobs._chain_forward(r.depends_on) AS c
+                         ORDER BY c.root, c.attempt DESC) AS l
+            WHERE l.status <> 'COMPLETED');
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
+'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
+
+-- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
+CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_chain bigint[];
+    v_count integer;
+BEGIN
+    IF run_ids IS NULL OR cardinality(run_ids) = 0
+       OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+        RETURN 0;
+    END IF;
+    v_chain := jobs._chain_back(run_ids);
+    WITH RECURSIVE doomed AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on && v_chain
+        UNION
+        SELECT r.id FROM doomed AS d
+          JOIN jobs.runs AS r ON r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+    ),
+    locked AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.id IN (SELECT doomed.id FROM doomed) AND r.status = 'QUEUED'
+         ORDER BY r.id
+           FOR UPDATE
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
+           failure_reason = 'DependencyFailed',
+           error = 'a run it depends on failed or was cancelled'
+      FROM locked
+     WHERE r.id = locked.id AND r.status = 'QUEUED';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS
+'Private: after runs failed for good or were cancelled, cancel every run waiting on them (and on those, down the chain) with failure_reason DependencyFailed; returns how many.';
+
+-- ---------------------------------------------------------------------------
+-- Queues
+-- ---------------------------------------------------------------------------
+
+-- Stop claiming from a queue now (RUNNING runs finish); returns true if it was not paused yet.
+CREATE OR REPLACE FUNCTION jobs.pause_queue(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('name', pause_queue.name, 200);
+    INSERT INTO jobs.paused_queues (name) VALUES (pause_queue.name) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.pause_queue(text) IS
+'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
+
+-- Resume claiming from a paused queue; returns true if it was paused.
+CREATE OR REPLACE FUNCTION jobs.resume_queue(name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('name', resume_queue.name, 200);
+    DELETE FROM jobs.paused_queues AS p WHERE p.name = resume_queue.name;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.resume_queue(text) IS
+'Resume claiming from the named queue (wakes idle workers). Returns false if it was not paused.';
+
+-- Every queue in use (by a live run, a definition, a limit or a pause), with its state and counts.
+CREATE OR REPLACE VIEW jobs.queues AS
+WITH names AS (
+    SELECT r.queue AS name FROM jobs.runs AS r
+    WHERE r.status IN ('QUEUED', 'RUNNING')
+    UNION
+    SELECT d.queue FROM jobs.definitions AS d
+    UNION
+    SELECT l.name FROM jobs.limits AS l
+    WHERE l.scope = 'queue'
+    UNION
+    SELECT p.name FROM jobs.paused_queues AS p
+)
+
+SELECT
+    n.name,
+    p.name IS NOT NULL AS paused,
+    p.paused_at,
+    coalesce(live.queued, 0) AS queued,
+    coalesce(live.running, 0) AS running,
+    coalesce(live.blocked, 0) AS blocked,
+    l.max_running,
+    l.rate_limit,
+    l.rate_period,
+    l.per_key
+FROM names AS n
+LEFT JOIN jobs.paused_queues AS p ON n.name = p.name
+LEFT JOIN jobs.limits AS l ON l.scope = 'queue' AND n.name = l.name
+LEFT JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND NOT r.blocked) AS queued,
+        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked
+    FROM jobs.runs AS r
+    WHERE r.queue = n.name AND r.status IN ('QUEUED', 'RUNNING')
+) AS live ON TRUE;
+COMMENT ON VIEW jobs.queues IS
+'Every queue in use (live runs, definitions, limits, pauses): paused and since when, QUEUED (claimable or waiting for a time), RUNNING, blocked on dependencies, and its limit.';
+
+-- ---------------------------------------------------------------------------
+-- Limits
+-- ---------------------------------------------------------------------------
+
+-- Create or replace the limit of a queue or kind (running and/or rate, optionally per concurrency key).
+CREATE OR REPLACE FUNCTION jobs.set_limit(
+    scope text,
+    name text,
+    max_running integer DEFAULT NULL,
+    rate_limit integer DEFAULT NULL,
+    rate_period interval DEFAULT NULL,
+    per_key boolean DEFAULT FALSE
+)
+RETURNS jobs.limits
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_limit jobs.limits;
+BEGIN
+    IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
+        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_text('name', set_limit.name, 200);
+    IF set_limit.max_running IS NOT NULL THEN
+        PERFORM jobs._check_range('max_running', set_limit.max_running, 1, 1000000);
+    END IF;
+    IF set_limit.rate_limit IS NOT NULL THEN
+        PERFORM jobs._check_range('rate_limit', set_limit.rate_limit, 1, 1000000);
+    END IF;
+    IF (set_limit.rate_limit IS NULL) <> (set_limit.rate_period IS NULL) THEN
+        RAISE EXCEPTION 'rate_limit and rate_period go together: give both or neither'
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.rate_period IS NOT NULL
+       AND (set_limit.rate_period <= interval '0' OR set_limit.rate_period > interval '1 day') THEN
+        RAISE EXCEPTION 'rate_period must be a positive interval of at most 1 day, got %', set_limit.rate_period
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.max_running IS NULL AND set_limit.rate_limit IS NULL THEN
+        RAISE EXCEPTION 'give max_running, or rate_limit with rate_period (jobs.remove_limit removes a limit)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF set_limit.per_key IS NULL THEN
+        RAISE EXCEPTION 'per_key must be true or false, got NULL' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.limits AS l (scope, name, max_running, rate_limit, rate_period, per_key)
+    VALUES (set_limit.scope, set_limit.name, set_limit.max_running, set_limit.rate_limit,
+            set_limit.rate_period, set_limit.per_key)
+    ON CONFLICT (scope, name) DO UPDATE
+       SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period, per_key = excluded.per_key, updated_at = now()
+    RETURNING l.* INTO v_limit;
+    PERFORM jobs._notify();  -- a raised limit may let waiting runs start
+    RETURN v_limit;
+END
+$$;
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS
+'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
+
+-- Remove the limit of a queue or kind; returns true if there was one.
+CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF remove_limit.scope IS NULL OR remove_limit.scope NOT IN ('queue', 'kind') THEN
+        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(remove_limit.scope, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_text('name', remove_limit.name, 200);
+    DELETE FROM jobs.limits AS l WHERE l.scope = remove_limit.scope AND l.name = remove_limit.name;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
+'Remove the limit of a queue or kind (scope queue | kind); returns false if it had none.';
+
+-- ---------------------------------------------------------------------------
+-- Snooze
+-- ---------------------------------------------------------------------------
+
+-- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
+CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_range('run_id', snooze.run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', snooze.worker, 200);
+    IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN
+        RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE jobs.runs AS r
+       SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
+           started_at = NULL, heartbeat_at = NULL, worker = NULL
+     WHERE r.id = snooze.run_id
+       AND r.status = 'RUNNING'
+       AND r.worker = snooze.worker
+       AND NOT r.cancel_requested;
+    IF FOUND THEN
+        PERFORM jobs._notify();
+        RETURN TRUE;
+    END IF;
+    RETURN FALSE;
+END
+$$;
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval) IS
+'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker and no cancellation was requested; returns false (and changes nothing) otherwise.';
+
+-- ---------------------------------------------------------------------------
+-- What waits on what
+-- ---------------------------------------------------------------------------
+
+-- Blocked runs, each with the dependencies it still waits for.
+CREATE OR REPLACE VIEW jobs.blocked AS
+SELECT
+    r.id,
+    r.kind,
+    r.queue,
+    r.depends_on,
+    w.waiting_on,
+    r.created_at,
+    now() - r.created_at AS waiting_for
+FROM jobs.runs AS r
+CROSS JOIN
+    LATERAL (
+        SELECT array_agg(d.dep ORDER BY d.dep) AS waiting_on
+        FROM unnest(r.depends_on) AS d (dep)
+        WHERE NOT EXISTS (
+            WITH RECURSIVE chain AS (
+                SELECT
+                    c.id,
+                    c.status
+                FROM jobs.runs AS c
+                WHERE c.id = d.dep
+                UNION ALL
+                SELECT
+                    n.id,
+                    n.status
+                FROM chain INNER JOIN jobs.runs AS n ON chain.id = n.retry_of
+            )
+
+            SELECT FROM chain
+            WHERE chain.status = 'COMPLETED'
+        )
+    ) AS w
+WHERE r.blocked AND r.status = 'QUEUED';
+COMMENT ON VIEW jobs.blocked IS
+'QUEUED runs that wait on dependencies: depends_on, and waiting_on, those whose retry chain has not completed yet.';

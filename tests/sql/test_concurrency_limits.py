@@ -1,0 +1,317 @@
+"""Invariant 2 for limits, under real concurrency: 8 claimer processes hammer a queue limit,
+a kind limit, per-key limits with several keys, definition caps combined with a queue limit,
+and a rate limit, all in one pool. A probe samples RUNNING per group continuously from
+another connection, each claimer checks right after its claim commits, and the starts per
+trailing rate window are checked from the final rows. Never above a limit; everything
+drains; no call fails (no deadlock, no lock timeout)."""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import UTC, timedelta
+from typing import Any
+
+import psycopg
+
+from harness import (
+    Conn,
+    Database,
+    add_definition,
+    add_runs,
+    run_in_processes,
+    scalar,
+    start_gate,
+    wait_at_gate,
+)
+
+#: Every group above its running limit right now: (scope, name, key, limit, running, run ids, workers).
+OVER_LIMIT_SQL = """
+SELECT 'queue', l.name, CASE WHEN l.per_key THEN r.concurrency_key END, l.max_running, count(*),
+       array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
+  FROM jobs.runs AS r JOIN jobs.limits AS l ON l.scope = 'queue' AND l.name = r.queue
+ WHERE r.status = 'RUNNING' AND l.max_running IS NOT NULL
+ GROUP BY l.name, l.max_running, l.per_key, CASE WHEN l.per_key THEN r.concurrency_key END
+HAVING count(*) > l.max_running
+UNION ALL
+SELECT 'kind', l.name, CASE WHEN l.per_key THEN r.concurrency_key END, l.max_running, count(*),
+       array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
+  FROM jobs.runs AS r JOIN jobs.limits AS l ON l.scope = 'kind' AND l.name = r.kind
+ WHERE r.status = 'RUNNING' AND l.max_running IS NOT NULL
+ GROUP BY l.name, l.max_running, l.per_key, CASE WHEN l.per_key THEN r.concurrency_key END
+HAVING count(*) > l.max_running
+UNION ALL
+SELECT 'definition', d.name, NULL, d.max_concurrent_runs, count(*),
+       array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
+  FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id
+ WHERE r.status = 'RUNNING' AND d.max_concurrent_runs IS NOT NULL
+ GROUP BY d.name, d.max_concurrent_runs
+HAVING count(*) > d.max_concurrent_runs
+"""
+
+LIVE_SQL = "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"
+
+
+def _session(dsn: str) -> psycopg.Connection[Any]:
+    """A session that has passed the start gate and then waits at most 5 s for any lock
+    (a hang shows up as 55P03, a deadlock as 40P01)."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    wait_at_gate(conn)  # the gate can take long on a loaded machine: before the timeout
+    conn.execute("SET lock_timeout = '5s'")
+    return conn
+
+
+def _role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    if role == "probe":
+        return _probe(dsn, seconds)
+    return _claimer(dsn, worker, seed, seconds)
+
+
+def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    rng = random.Random(seed)
+    claimed: list[int] = []
+    violations: list[tuple[Any, ...]] = []
+    errors: list[tuple[str, str | None, str]] = []
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        while time.monotonic() < deadline:
+            try:
+                rows = conn.execute(
+                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
+                ).fetchall()
+                if not rows:
+                    if scalar(conn, LIVE_SQL) == 0:
+                        break
+                    time.sleep(0.003)
+                    continue
+                claimed.extend(int(r[0]) for r in rows)
+                for over in conn.execute(OVER_LIMIT_SQL).fetchall():
+                    violations.append(("after claim by " + worker, *over))
+                time.sleep(rng.uniform(0.001, 0.006))
+                conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", ([r[0] for r in rows], worker))
+            except psycopg.Error as exc:
+                errors.append((worker, exc.sqlstate, str(exc).splitlines()[0]))
+                if len(errors) > 20:
+                    break
+    return {"worker": worker, "claimed": claimed, "violations": violations, "errors": errors}
+
+
+def _probe(dsn: str, seconds: float) -> dict[str, Any]:
+    violations: list[tuple[Any, ...]] = []
+    samples = 0
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        while time.monotonic() < deadline:
+            for over in conn.execute(OVER_LIMIT_SQL).fetchall():
+                violations.append(("probe", *over))
+            samples += 1
+            if scalar(conn, LIVE_SQL) == 0:
+                break
+    return {"worker": "probe", "claimed": [], "violations": violations, "errors": [], "samples": samples}
+
+
+def _rate_violations(starts: list[Any], limit: int, period: timedelta) -> list[tuple[Any, ...]]:
+    """Every trailing window [s, s + period) that holds more than limit starts."""
+    starts = sorted(starts)
+    out = []
+    j = 0
+    for i, s in enumerate(starts):
+        j = max(j, i)
+        while j + 1 < len(starts) and starts[j + 1] < s + period:
+            j += 1
+        if j - i + 1 > limit:
+            out.append((s, j - i + 1, starts[i : j + 1]))
+    return out
+
+
+def test_limits_hold_under_concurrent_claimers(db: Database, conn: Conn) -> None:
+    """Invariant: no queue, kind, per-key or definition group ever has more RUNNING runs
+    than its limit (probe and claimers), no trailing window holds more starts than the rate
+    limit (final rows), every run completes exactly once, and no claim fails."""
+    rng = random.Random(11)
+    expected: set[int] = set()
+
+    def runs(n: int, kind: str, queue: str, key: str | None = None, def_id: int | None = None) -> None:
+        ids = add_runs(conn, n, kind=kind, definition_id=def_id)
+        conn.execute(
+            "UPDATE jobs.runs SET queue = %s, concurrency_key = %s WHERE id = ANY (%s)", (queue, key, ids)
+        )
+        expected.update(ids)
+
+    conn.execute("SELECT jobs.set_limit('queue', 'qlim', max_running => 3)")
+    runs(120, "plain", "qlim")
+    conn.execute("SELECT jobs.set_limit('kind', 'klim', max_running => 2)")
+    runs(60, "klim", "default")
+    runs(60, "klim", "other")
+    conn.execute("SELECT jobs.set_limit('queue', 'tenants', max_running => 2, per_key => true)")
+    for t in range(5):
+        runs(30, "tenant-work", "tenants", key=f"t{t}")
+    runs(10, "tenant-work", "tenants", key=None)
+    conn.execute("SELECT jobs.set_limit('queue', 'dq', max_running => 3)")
+    for d in range(2):
+        def_id = add_definition(conn, f"capped-{d}", kind="capped", cap=2)
+        runs(40, "capped", "dq", def_id=def_id)
+    rate_limit, period = 4, timedelta(seconds=1)
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'rated', rate_limit => %s, rate_period => %s)", (rate_limit, period)
+    )
+    runs(24, "rated", "default")
+    runs(100, "free", "default")
+    # Mix the claim order so claimers collide on every group at once.
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+    rng.random()
+
+    claimers = 8
+    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 240.0) for i in range(claimers)]
+    args.append(("probe", db.dsn, "probe", 0, 240.0))
+    with start_gate(db.dsn, claimers + 1):
+        results = run_in_processes(_role, args, timeout=400)
+
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
+    violations = [v for r in results for v in r["violations"]]
+    assert not violations, (
+        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
+        f"{violations[:10]}"
+    )
+    probe = next(r for r in results if r["worker"] == "probe")
+    assert probe["samples"] >= 5, f"the probe sampled only {probe['samples']} times"
+
+    owners: dict[int, str] = {}
+    doubles = []
+    for r in results:
+        for run_id in r["claimed"]:
+            if run_id in owners:
+                doubles.append((run_id, owners[run_id], r["worker"]))
+            owners[run_id] = r["worker"]
+    assert not doubles, f"(run, first worker, second worker): {doubles[:10]}"
+    assert owners.keys() == expected, f"never claimed: {sorted(expected - owners.keys())[:20]}"
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(expected)}, states
+
+    starts = [r[0] for r in conn.execute("SELECT started_at FROM jobs.runs WHERE kind = 'rated'")]
+    over = _rate_violations(starts, rate_limit, period)
+    assert not over, f"(window start, starts in it, the starts) above {rate_limit} per {period}: {over[:5]}"
+    busy = [r["worker"] for r in results if r["claimed"]]
+    assert len(busy) >= 2, f"only {busy} claimed anything: the race did not happen"
+
+
+def test_rate_window_check_catches_an_excess() -> None:
+    """The final-rows rate check itself: 3 starts within one period are caught at limit 2."""
+    from datetime import datetime
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    period = timedelta(seconds=1)
+    starts = [
+        t0,
+        t0 + timedelta(milliseconds=400),
+        t0 + timedelta(milliseconds=999),
+        t0 + timedelta(seconds=2),
+    ]
+    assert _rate_violations(starts, 2, period)
+    assert not _rate_violations(starts, 3, period)
+    assert not _rate_violations([t0, t0 + period, t0 + 2 * period], 1, period)
+
+
+# ---------------------------------------------------------------------------
+# Roomy limits: shared-mode dispatch locks
+# ---------------------------------------------------------------------------
+
+SHARED_HOLDERS_SQL = """
+SELECT coalesce(max(n), 0) FROM (
+    SELECT count(*) AS n FROM pg_locks
+     WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     GROUP BY classid, objid) AS held
+"""
+
+
+def _roomy_role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    if role == "probe":
+        return _probe(dsn, seconds)
+    return _hoarder(dsn, worker, seed, seconds)
+
+
+def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim up to 50 at a time and keep up to 150 runs RUNNING, completing the oldest 40
+    whenever it holds 120: together the claimers want far more than the limits allow."""
+    rng = random.Random(seed)
+    held: list[int] = []
+    claimed: list[int] = []
+    violations: list[tuple[Any, ...]] = []
+    errors: list[tuple[str, str | None, str]] = []
+    shared_seen = 0
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        while time.monotonic() < deadline:
+            try:
+                rows = conn.execute(
+                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 50), worker)
+                ).fetchall()
+                claimed.extend(int(r[0]) for r in rows)
+                held.extend(int(r[0]) for r in rows)
+                for over in conn.execute(OVER_LIMIT_SQL).fetchall():
+                    violations.append(("after claim by " + worker, *over))
+                shared_seen = max(shared_seen, int(scalar(conn, SHARED_HOLDERS_SQL)))
+                if len(held) >= 120 or (not rows and held):
+                    done, held = held[:40], held[40:]
+                    conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", (done, worker))
+                elif not rows:
+                    if scalar(conn, LIVE_SQL) == 0:
+                        break
+                    time.sleep(0.003)
+            except psycopg.Error as exc:
+                errors.append((worker, exc.sqlstate, str(exc).splitlines()[0]))
+                if len(errors) > 20:
+                    break
+        if held:
+            conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", (held, worker))
+    return {
+        "worker": worker,
+        "claimed": claimed,
+        "violations": violations,
+        "errors": errors,
+        "shared_seen": shared_seen,
+    }
+
+
+def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) -> None:
+    """Invariant: a queue limit of 500 and a kind rate limit of 600 per second are taken in
+    shared mode (several claimers hold the lock at once, as pg_locks shows), and still 8
+    hoarding claimers never push RUNNING above 500 nor starts in any 1-second window above
+    600; everything completes once."""
+    expected: set[int] = set()
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 500)")
+    ids = add_runs(conn, 2500, kind="a")
+    conn.execute("UPDATE jobs.runs SET queue = 'big' WHERE id = ANY (%s)", (ids,))
+    expected.update(ids)
+    rate_limit, period = 600, timedelta(seconds=1)
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'burst', rate_limit => %s, rate_period => %s)", (rate_limit, period)
+    )
+    expected.update(add_runs(conn, 2500, kind="burst"))
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+
+    claimers = 8
+    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 240.0) for i in range(claimers)]
+    args.append(("probe", db.dsn, "probe", 0, 240.0))
+    with start_gate(db.dsn, claimers + 1):
+        results = run_in_processes(_roomy_role, args, timeout=400)
+
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
+    violations = [v for r in results for v in r["violations"]]
+    assert not violations, (
+        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
+        f"{[v[:6] for v in violations[:10]]}"
+    )
+    shared = max(r.get("shared_seen", 0) for r in results)
+    assert shared >= 2, f"never saw two claimers holding one shared dispatch lock (max {shared})"
+    starts = [r[0] for r in conn.execute("SELECT started_at FROM jobs.runs WHERE kind = 'burst'")]
+    over = _rate_violations(starts, rate_limit, period)
+    assert not over, f"above {rate_limit} per {period}: {[(s, n) for s, n, _ in over[:5]]}"
+    claimed = [run_id for r in results for run_id in r["claimed"]]
+    assert len(claimed) == len(set(claimed)), "a run was claimed twice"
+    assert set(claimed) == expected
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(expected)}, states

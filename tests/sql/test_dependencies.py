@@ -1,0 +1,263 @@
+"""Dependencies (jobs.enqueue depends_on): a run is not claimable until every run it depends
+on has COMPLETED by its retry chain's final outcome; a dependency that fails for good or is
+cancelled cancels its dependents (DependencyFailed), down the chain. Concurrency tests use
+real processes and check the final rows."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import psycopg
+
+from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+
+
+def _enqueue(conn: Conn, kind: str = "k", deps: list[int] | None = None, **extra: Any) -> int:
+    args = ", ".join(f"{k} => %({k})s" for k in extra)
+    sql = (
+        "SELECT id FROM jobs.enqueue(%(kind)s, run_at => now() - interval '1 s',"
+        " depends_on => %(deps)s::bigint[]"
+    )
+    sql += (", " + args if args else "") + ")"
+    return int(scalar(conn, sql, {"kind": kind, "deps": deps, **extra}))
+
+
+def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
+    return sorted(int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(%s, %s)", (n, worker)))
+
+
+def _status(conn: Conn, run_id: int) -> tuple[str, str | None]:
+    row = run_row(conn, run_id)
+    return row["status"], row["failure_reason"]
+
+
+def test_chain_runs_one_after_another(conn: Conn) -> None:
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    c = _enqueue(conn, deps=[b])
+    assert _claim(conn) == [a]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (a,))
+    assert _claim(conn) == [b]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (b,))
+    assert _claim(conn) == [c]
+
+
+def test_fan_in_waits_for_every_dependency(conn: Conn) -> None:
+    parts = [_enqueue(conn) for _ in range(3)]
+    join = _enqueue(conn, deps=parts)
+    assert _claim(conn) == parts
+    blocked = conn.execute("SELECT id, waiting_on FROM jobs.blocked").fetchall()
+    assert blocked == [(join, parts)], blocked
+    conn.execute("SELECT jobs.complete(%s, 'w')", (parts[0],))
+    conn.execute("SELECT * FROM jobs.complete_many(%s, 'w')", (parts[1:2],))
+    assert _claim(conn) == []
+    assert conn.execute("SELECT waiting_on FROM jobs.blocked").fetchall() == [([parts[2]],)]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (parts[2],))
+    assert _claim(conn) == [join]
+
+
+def test_fan_out_releases_every_dependent(conn: Conn) -> None:
+    root = _enqueue(conn)
+    leaves = [_enqueue(conn, deps=[root]) for _ in range(5)]
+    assert _claim(conn) == [root]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (root,))
+    assert _claim(conn) == leaves
+
+
+def test_already_completed_dependency_is_met_at_enqueue(conn: Conn) -> None:
+    a = _enqueue(conn)
+    _claim(conn)
+    conn.execute("SELECT jobs.complete(%s, 'w')", (a,))
+    b = _enqueue(conn, deps=[a])
+    assert run_row(conn, b)["blocked"] is False
+    assert _claim(conn) == [b]
+
+
+def test_failure_for_good_cascades_down_the_chain(conn: Conn) -> None:
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    c = _enqueue(conn, deps=[b])
+    other = _enqueue(conn)
+    _claim(conn)
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')", (a,))
+    assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
+    assert _status(conn, c) == ("CANCELLED", "DependencyFailed")
+    assert _status(conn, other) == ("RUNNING", None)
+    late = _enqueue(conn, deps=[a])
+    assert _status(conn, late) == ("CANCELLED", "DependencyFailed")
+
+
+def test_cancel_of_a_dependency_cascades(conn: Conn) -> None:
+    a = int(scalar(conn, "SELECT id FROM jobs.enqueue('k', run_at => now() + interval '1 hour')"))
+    b = _enqueue(conn, deps=[a])
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (a,)) == "CANCELLED"
+    assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
+
+
+def test_acknowledged_cancel_and_reaped_runs_cascade(conn: Conn) -> None:
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    lost = _enqueue(conn)
+    lost_dep = _enqueue(conn, deps=[lost])
+    _claim(conn)
+    conn.execute("SELECT jobs.cancel(%s)", (a,))
+    conn.execute("SELECT jobs.acknowledge_cancel(%s, 'w')", (a,))
+    assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 1)")
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 day' WHERE id = %s", (lost,))
+    conn.execute("SELECT * FROM jobs.reap()")
+    assert _status(conn, lost) == ("FAILED", "HeartbeatLost")
+    assert _status(conn, lost_dep) == ("CANCELLED", "DependencyFailed")
+
+
+def test_a_dependency_retried_then_completed_releases_its_dependents(conn: Conn) -> None:
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3, backoff_initial => '0', jitter => 0)")
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    _claim(conn)
+    retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{Flaky}', 'first try')", (a,)))
+    assert retry != a
+    assert _status(conn, b) == ("QUEUED", None) and run_row(conn, b)["blocked"] is True
+    late = _enqueue(conn, deps=[a])  # enqueued while the chain is mid-retry: still waits
+    assert run_row(conn, late)["blocked"] is True
+    assert _claim(conn) == [retry]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (retry,))
+    assert _claim(conn) == sorted([b, late])
+
+
+def test_reaped_then_retried_dependency_keeps_dependents_waiting(conn: Conn) -> None:
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    _claim(conn)
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 day' WHERE id = %s", (a,))
+    retry = conn.execute("SELECT retry_run_id FROM jobs.reap()").fetchone()
+    assert retry is not None and retry[0] is not None
+    assert _status(conn, b) == ("QUEUED", None)
+    assert _claim(conn) == [retry[0]]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'again')", (retry[0],))
+    assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
+
+
+# ---------------------------------------------------------------------------
+# Concurrency: real processes, final rows
+# ---------------------------------------------------------------------------
+
+
+def _complete_one(dsn: str, run_id: int) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        with conn.transaction():
+            ok = bool(scalar(conn, "SELECT jobs.complete(%s, 'w')", (run_id,)))
+            conn.execute("SELECT pg_sleep(0.05)")  # both completions in flight together
+        return ok
+
+
+def test_fan_in_released_when_its_dependencies_complete_at_the_same_time(db: Database, conn: Conn) -> None:
+    """Invariant: two dependencies completed concurrently in two processes (each transaction
+    open while the other commits) release the run that waits on both: neither completion
+    may miss the other."""
+    for attempt in range(5):
+        a, b = _enqueue(conn), _enqueue(conn)
+        join = _enqueue(conn, deps=[a, b])
+        assert _claim(conn, 2) == [a, b]
+        with start_gate(db.dsn, 2):
+            done = run_in_processes(_complete_one, [(db.dsn, a), (db.dsn, b)])
+        assert done == [True, True]
+        row = run_row(conn, join)
+        assert row["blocked"] is False, (
+            f"round {attempt}: run {join} still blocked after {a} and {b} completed"
+        )
+        assert _claim(conn) == [join]
+        conn.execute("SELECT jobs.complete(%s, 'w')", (join,))
+
+
+def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim, hold briefly, then complete (mostly) or fail; loop until nothing is live."""
+    rng = random.Random(seed)
+    claimed: list[int] = []
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        while time.monotonic() < deadline:
+            rows = conn.execute("SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 4), worker)).fetchall()
+            if not rows:
+                if scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')") == 0:
+                    break
+                time.sleep(0.005)
+                continue
+            time.sleep(rng.uniform(0, 0.004))
+            for (run_id,) in rows:
+                claimed.append(int(run_id))
+                if rng.random() < 0.35:
+                    conn.execute("SELECT jobs.fail(%s, %s, '{Flaky}', 'chaos')", (run_id, worker))
+                else:
+                    conn.execute("SELECT jobs.complete(%s, %s)", (run_id, worker))
+    return {"worker": worker, "claimed": claimed}
+
+
+def test_no_dependent_starts_before_its_dependencies_complete(db: Database, conn: Conn) -> None:
+    """Invariant, from the final rows: in a random DAG of 300 runs drained by 6 processes that
+    fail 35% of attempts (retried up to 3 attempts), every run that started did so after the
+    final attempt of each of its dependencies COMPLETED; every run whose dependency chain
+    ended FAILED or CANCELLED was cancelled with DependencyFailed and never started; and
+    nothing is left QUEUED or RUNNING."""
+    rng = random.Random(7)
+    conn.execute(
+        "SELECT jobs.set_retry_policy('dag', max_attempts => 3, backoff_initial => '0', jitter => 0)"
+    )
+    ids: list[int] = []
+    for _ in range(300):
+        deps = rng.sample(ids[-40:], k=min(len(ids[-40:]), rng.choice([0, 0, 1, 1, 2, 3]))) if ids else []
+        ids.append(_enqueue(conn, "dag", deps or None))
+    workers = 6
+    with start_gate(db.dsn, workers):
+        run_in_processes(_dag_worker, [(db.dsn, f"w{i}", i, 120.0) for i in range(workers)])
+
+    live = conn.execute(
+        "SELECT id, status::text FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"
+    ).fetchall()
+    assert not live, f"left live: {live[:20]}"
+    # Final outcome of each chain (root = first attempt).
+    final = {
+        int(r[0]): (r[1], r[2])
+        for r in conn.execute(
+            """
+            WITH RECURSIVE chain AS (
+                SELECT id AS root, id, attempt FROM jobs.runs WHERE attempt = 1
+                UNION ALL
+                SELECT c.root, r.id, r.attempt FROM chain c JOIN jobs.runs r ON r.retry_of = c.id
+            )
+            SELECT DISTINCT ON (c.root) c.root, r.status::text, r.finished_at
+              FROM chain c JOIN jobs.runs r ON r.id = c.id
+             ORDER BY c.root, c.attempt DESC
+            """
+        )
+    }
+    early: list[tuple[Any, ...]] = []
+    wrong_cancel: list[tuple[Any, ...]] = []
+    for run_id, depends_on, started_at, status, reason in conn.execute(
+        "SELECT id, depends_on, started_at, status::text, failure_reason"
+        " FROM jobs.runs WHERE depends_on IS NOT NULL"
+    ):
+        outcomes = [final[d] for d in depends_on]
+        all_done = all(s == "COMPLETED" for s, _ in outcomes)
+        if started_at is not None:
+            for dep, (s, finished) in zip(depends_on, outcomes, strict=True):
+                if s != "COMPLETED" or finished > started_at:
+                    early.append((run_id, started_at, dep, s, finished))
+        if not all_done and (status, reason) != ("CANCELLED", "DependencyFailed"):
+            wrong_cancel.append((run_id, status, reason, depends_on, outcomes))
+        if all_done and reason == "DependencyFailed":
+            wrong_cancel.append((run_id, status, reason, depends_on, outcomes))
+    assert not early, f"(run, started_at, dependency, its final status, finished_at): {early[:10]}"
+    assert not wrong_cancel, f"(run, status, reason, depends_on, dependency outcomes): {wrong_cancel[:10]}"
+    started = scalar(
+        conn, "SELECT count(*) FROM jobs.runs WHERE depends_on IS NOT NULL AND started_at IS NOT NULL"
+    )
+    cascaded = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE failure_reason = 'DependencyFailed'")
+    assert started > 20 and cascaded > 0, (
+        f"the DAG should both run and cascade: started {started}, cascaded {cascaded}"
+    )

@@ -1,0 +1,172 @@
+"""Limits per queue and kind (jobs.set_limit): max_running and rate limits, per
+concurrency key with per_key, on ad-hoc runs as on scheduled ones, combined with a
+definition's max_concurrent_runs. Single-session behaviour here; the concurrent
+invariants are in test_sql_flow_concurrency.py."""
+
+from __future__ import annotations
+
+from harness import Conn, add_definition, add_runs, scalar
+
+
+def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
+    return [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(%s, %s)", (n, worker))]
+
+
+def _runs(
+    conn: Conn, n: int, *, kind: str = "k", queue: str = "default", key: str | None = None, priority: int = 0
+) -> list[int]:
+    rows = conn.execute(
+        """
+        INSERT INTO jobs.runs (kind, queue, concurrency_key, priority, scheduled_for)
+        SELECT %s, %s, %s, %s, now() - interval '1 hour' + g * interval '1 ms'
+          FROM generate_series(1, %s) AS g ORDER BY g RETURNING id
+        """,
+        (kind, queue, key, priority, n),
+    ).fetchall()
+    return sorted(int(r[0]) for r in rows)
+
+
+def test_queue_limit_caps_ad_hoc_runs(conn: Conn) -> None:
+    """max_running 2 on a queue: claim(10) starts 2; each completion frees one slot."""
+    ids = _runs(conn, 5, queue="q")
+    conn.execute("SELECT jobs.set_limit('queue', 'q', max_running => 2)")
+    first = _claim(conn)
+    assert first == ids[:2], first
+    assert _claim(conn) == []
+    conn.execute("SELECT jobs.complete(%s, 'w')", (first[0],))
+    assert _claim(conn) == ids[2:3]
+
+
+def test_kind_limit_spans_queues(conn: Conn) -> None:
+    _runs(conn, 3, kind="pdf", queue="a")
+    _runs(conn, 3, kind="pdf", queue="b")
+    other = _runs(conn, 2, kind="other", queue="a")
+    conn.execute("SELECT jobs.set_limit('kind', 'pdf', max_running => 2)")
+    got = _claim(conn)
+    kinds = dict(
+        conn.execute("SELECT kind, count(*) FROM jobs.runs WHERE status = 'RUNNING' GROUP BY 1").fetchall()
+    )
+    assert kinds == {"pdf": 2, "other": 2}, (got, kinds)
+    assert set(other) <= set(got)
+
+
+def test_per_key_limit_holds_for_each_key(conn: Conn) -> None:
+    """per_key: one tenant with a long backlog ahead of everyone takes only its own slots;
+    the oversample reaches the other tenants in the same claim."""
+    _runs(conn, 30, queue="t", key="big", priority=10)
+    for key in ("a", "b", "c"):
+        _runs(conn, 3, queue="t", key=key)
+    _runs(conn, 3, queue="t", key=None)
+    conn.execute("SELECT jobs.set_limit('queue', 't', max_running => 1, per_key => true)")
+    _claim(conn, 10)
+    per_key = dict(
+        conn.execute(
+            "SELECT coalesce(concurrency_key, '<none>'), count(*)"
+            " FROM jobs.runs WHERE status = 'RUNNING' GROUP BY 1"
+        ).fetchall()
+    )
+    assert per_key == {"big": 1, "a": 1, "b": 1, "c": 1, "<none>": 1}, per_key
+
+
+def test_definition_cap_combines_with_queue_limit(conn: Conn) -> None:
+    """A run starts only when every group it belongs to has room: definition cap 3 and
+    queue limit 2 give 2; lifting the queue limit gives the third."""
+    def_id = add_definition(conn, "capped", cap=3)
+    add_runs(conn, 6, kind="capped", definition_id=def_id)
+    conn.execute("UPDATE jobs.runs SET queue = 'dq' WHERE definition_id = %s", (def_id,))
+    conn.execute("SELECT jobs.set_limit('queue', 'dq', max_running => 2)")
+    assert len(_claim(conn)) == 2
+    conn.execute("SELECT jobs.remove_limit('queue', 'dq')")
+    assert len(_claim(conn)) == 1
+    assert _claim(conn) == []
+
+
+def test_limits_of_queue_and_kind_both_apply(conn: Conn) -> None:
+    _runs(conn, 5, kind="k1", queue="q1")
+    conn.execute("SELECT jobs.set_limit('queue', 'q1', max_running => 4)")
+    conn.execute("SELECT jobs.set_limit('kind', 'k1', max_running => 1)")
+    assert len(_claim(conn)) == 1
+
+
+def test_rate_limit_counts_starts_in_the_trailing_window(conn: Conn) -> None:
+    """rate_limit 3 per hour: 3 start, then nothing even after they complete (the starts are
+    still in the window); starts older than the window no longer count."""
+    ids = _runs(conn, 6, queue="r")
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 3, rate_period => '1 hour')")
+    first = _claim(conn)
+    assert first == ids[:3]
+    conn.execute("SELECT jobs.complete_many(%s, 'w')", (first,))
+    assert _claim(conn) == []
+    # Age the recorded starts past the window (as if two hours had gone by).
+    conn.execute("UPDATE jobs._rate_starts SET started_at = started_at - interval '2 hours'")
+    assert _claim(conn) == ids[3:6]
+    assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 3, "expired starts are dropped"
+
+
+def test_rate_limit_per_key(conn: Conn) -> None:
+    _runs(conn, 4, kind="api", key="acme")
+    _runs(conn, 4, kind="api", key="globex")
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour', per_key => true)"
+    )
+    _claim(conn)
+    per_key = dict(
+        conn.execute("SELECT concurrency_key, count(*) FROM jobs.runs WHERE status = 'RUNNING' GROUP BY 1")
+    )
+    assert per_key == {"acme": 2, "globex": 2}, per_key
+
+
+def test_no_limits_means_no_cap(conn: Conn) -> None:
+    _runs(conn, 12, queue="free")
+    assert len(_claim(conn, 12)) == 12
+
+
+def test_set_limit_replaces_and_remove_limit_removes(conn: Conn) -> None:
+    row = conn.execute(
+        "SELECT scope, name, max_running, per_key FROM jobs.set_limit('kind', 'x', max_running => 1)"
+    ).fetchone()
+    assert row == ("kind", "x", 1, False)
+    row = conn.execute(
+        "SELECT max_running, rate_limit, rate_period::text"
+        " FROM jobs.set_limit('kind', 'x', rate_limit => 5, rate_period => '1 minute')"
+    ).fetchone()
+    assert row == (None, 5, "00:01:00")
+    assert scalar(conn, "SELECT count(*) FROM jobs.limits") == 1
+    assert scalar(conn, "SELECT jobs.remove_limit('kind', 'x')") is True
+    assert scalar(conn, "SELECT jobs.remove_limit('kind', 'x')") is False
+
+
+def test_queue_stats_shows_limits_pause_blocked_and_rate_limited(conn: Conn) -> None:
+    """New columns come after the old ones, so a reader of the old columns is unaffected."""
+    cols = [
+        r[0]
+        for r in conn.execute(
+            "SELECT attname FROM pg_attribute"
+            " WHERE attrelid = 'jobs.queue_stats'::regclass AND attnum > 0 ORDER BY attnum"
+        )
+    ]
+    old = [
+        "kind",
+        "queued",
+        "scheduled",
+        "running",
+        "completed_1h",
+        "failed_1h",
+        "cancelled_1h",
+        "oldest_queued_age",
+        "skipped_1h",
+        "lost_1h",
+    ]
+    assert cols[: len(old)] == old, cols
+    _runs(conn, 4, kind="api", queue="ext")
+    conn.execute("SELECT jobs.set_limit('queue', 'ext', rate_limit => 1, rate_period => '1 hour')")
+    conn.execute("SELECT jobs.set_limit('kind', 'api', max_running => 5)")
+    _claim(conn)
+    dep = int(scalar(conn, "SELECT id FROM jobs.runs WHERE status = 'RUNNING'"))
+    conn.execute("SELECT jobs.enqueue('api', queue => 'ext', depends_on => ARRAY[%s]::bigint[])", (dep,))
+    conn.execute("SELECT jobs.pause_queue('ext')")
+    row = conn.execute(
+        "SELECT queue, paused, queued, running, blocked, rate_limited, kind_max_running, queue_rate"
+        " FROM jobs.queue_stats WHERE kind = 'api'"
+    ).fetchone()
+    assert row == ("ext", True, 3, 1, 1, 3, 5, "1 per 01:00:00"), row

@@ -1,0 +1,152 @@
+"""Unique jobs (jobs.enqueue unique_key / unique_while / unique_for / on_conflict), the
+per-kind idempotency key, jobs.enqueue_many and jobs.snooze."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+
+
+def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
+    row_id = int(scalar(conn, f"SELECT id FROM jobs.enqueue({sql_args})", params))
+    return run_row(conn, row_id)
+
+
+def _enqueue_with_key(dsn: str, i: int) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        wait_at_gate(conn)
+        with conn.transaction():  # hold the transaction open a moment after the enqueue
+            run_id = int(
+                scalar(
+                    conn,
+                    "SELECT id FROM jobs.enqueue('sync', jsonb_build_object('i', %s::int),"
+                    " unique_key => 'account-7')",
+                    (i,),
+                )
+            )
+            conn.execute("SELECT pg_sleep(0.05)")
+        return run_id
+
+
+def test_concurrent_enqueues_with_one_unique_key_give_one_run(db: Database, conn: Conn) -> None:
+    """Invariant: 8 processes enqueueing the same unique key at once, each in a transaction
+    that commits a moment later, all get the same run, and only one row exists."""
+    n = 8
+    with start_gate(db.dsn, n):
+        ids = run_in_processes(_enqueue_with_key, [(db.dsn, i) for i in range(n)])
+    rows = conn.execute("SELECT id FROM jobs.runs WHERE unique_key = 'account-7'").fetchall()
+    assert len(rows) == 1, f"{len(rows)} runs for one unique key: {rows}"
+    assert set(ids) == {rows[0][0]}, f"callers got {ids}, the run is {rows[0][0]}"
+
+
+def test_ignore_returns_the_existing_run_unchanged(conn: Conn) -> None:
+    first = _enqueue(conn, "'k', '{\"v\": 1}', unique_key => 'u'")
+    second = _enqueue(conn, "'k', '{\"v\": 2}', unique_key => 'u'")
+    assert second["id"] == first["id"] and second["payload"] == {"v": 1}
+    # Another kind with the same key is another job.
+    other = _enqueue(conn, "'k2', unique_key => 'u'")
+    assert other["id"] != first["id"]
+
+
+def test_replace_updates_payload_and_time_of_a_queued_run(conn: Conn) -> None:
+    first = _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() + interval '1 hour', unique_key => 'u'")
+    second = _enqueue(
+        conn,
+        "'k', '{\"v\": 2}', run_at => now() + interval '2 hours', unique_key => 'u',"
+        " on_conflict => 'replace'",
+    )
+    assert second["id"] == first["id"]
+    assert second["payload"] == {"v": 2}
+    assert second["scheduled_for"] > first["scheduled_for"]
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
+
+
+def test_debounce_moves_only_the_time(conn: Conn) -> None:
+    first = _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() + interval '1 minute', unique_key => 'u'")
+    second = _enqueue(
+        conn,
+        "'k', '{\"v\": 2}', run_at => now() + interval '5 minutes', unique_key => 'u',"
+        " on_conflict => 'debounce'",
+    )
+    assert second["id"] == first["id"]
+    assert second["payload"] == {"v": 1}
+    assert second["scheduled_for"] > first["scheduled_for"]
+
+
+def test_replace_leaves_a_running_run_alone(conn: Conn) -> None:
+    first = _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() - interval '1 s', unique_key => 'u'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    second = _enqueue(conn, "'k', '{\"v\": 2}', unique_key => 'u', on_conflict => 'replace'")
+    assert second["id"] == first["id"] and second["payload"] == {"v": 1} and second["status"] == "RUNNING"
+
+
+def test_active_lets_a_new_run_in_after_completion_and_ever_does_not(conn: Conn) -> None:
+    a = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'a'")
+    e = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'e', unique_while => 'ever'")
+    conn.execute("SELECT jobs.claim(10, 'w')")
+    conn.execute("SELECT jobs.complete_many(ARRAY[%s, %s]::bigint[], 'w')", (a["id"], e["id"]))
+    a2 = _enqueue(conn, "'k', unique_key => 'a'")
+    e2 = _enqueue(conn, "'k', unique_key => 'e', unique_while => 'ever'")
+    assert a2["id"] != a["id"], "active: a completed run must not block a new one"
+    assert e2["id"] == e["id"], "ever: a completed run must still count"
+
+
+def test_queued_lets_a_new_run_in_while_one_is_running(conn: Conn) -> None:
+    q = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'")
+    assert _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")["id"] == q["id"]
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    assert _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")["id"] != q["id"]
+
+
+def test_unique_for_limits_the_window(conn: Conn) -> None:
+    old = _enqueue(conn, "'k', unique_key => 'w', unique_while => 'ever'")
+    conn.execute("UPDATE jobs.runs SET created_at = now() - interval '2 hours' WHERE id = %s", (old["id"],))
+    same = _enqueue(conn, "'k', unique_key => 'w', unique_while => 'ever'")
+    assert same["id"] == old["id"]
+    fresh = _enqueue(conn, "'k', unique_key => 'w', unique_while => 'ever', unique_for => '1 hour'")
+    assert fresh["id"] != old["id"]
+
+
+def test_idempotency_key_is_per_kind(conn: Conn) -> None:
+    a = _enqueue(conn, "'k1', idempotency_key => 'x'")
+    assert _enqueue(conn, "'k1', idempotency_key => 'x'")["id"] == a["id"]
+    b = _enqueue(conn, "'k2', idempotency_key => 'x'")
+    assert b["id"] != a["id"]
+
+
+def test_enqueue_many_inserts_in_order_with_one_notify(db: Database, conn: Conn) -> None:
+    with db.connect() as listener:
+        listener.execute("LISTEN jobs")
+        rows = conn.execute(
+            "SELECT id, payload, queue, concurrency_key FROM jobs.enqueue_many('bulk',"
+            " '[{\"n\": 1}, {\"n\": 2}, {\"n\": 3}]', queue => 'b', concurrency_key => 't')"
+        ).fetchall()
+        assert [r[1] for r in rows] == [{"n": 1}, {"n": 2}, {"n": 3}]
+        assert {(r[2], r[3]) for r in rows} == {("b", "t")}
+        assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+        notes = list(listener.notifies(timeout=1.0, stop_after=5))
+    assert len(notes) == 1, f"{len(notes)} notifications for one enqueue_many"
+
+
+def test_snooze_requeues_the_same_attempt_later_and_is_fenced(conn: Conn) -> None:
+    run = _enqueue(conn, "'k', run_at => now() - interval '1 s'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'intruder', '1 minute')", (run["id"],)) is False
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 minute')", (run["id"],)) is True
+    after = run_row(conn, run["id"])
+    assert (after["status"], after["attempt"], after["worker"], after["started_at"]) == (
+        "QUEUED",
+        1,
+        None,
+        None,
+    )
+    assert after["scheduled_for"] > run["scheduled_for"]
+    assert conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchall() == []  # not due yet
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 minute')", (run["id"],)) is False  # not RUNNING
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (run["id"],)) is False
+    conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (run["id"],))
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w2')")] == [run["id"]]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (run["id"],)) is True
