@@ -371,12 +371,11 @@ SELECT
     d.next_run_at,
     d.misfire_policy,
     d.dst_gap,
-    d.dst_repeat,
-    d.materialize_retry_at
+    d.dst_repeat
 FROM jobs.definitions AS d
 WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;
 COMMENT ON VIEW jobs._live_schedules IS
-'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from, and when one backing off after failed run inserts may be tried again.';
+'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from.';
 
 -- Recurring definitions whose cursor is not initialized yet, oldest first.
 CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
@@ -396,7 +395,9 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT * FROM jobs._live_schedules AS d
-     WHERE d.next_run_at <= horizon AND (d.materialize_retry_at IS NULL OR d.materialize_retry_at <= now())
+     WHERE d.next_run_at <= horizon
+       AND NOT EXISTS (SELECT FROM jobs.definitions AS b  -- backing off after refused inserts
+                        WHERE b.id = d.id AND b.materialize_retry_at > now())
      ORDER BY d.next_run_at LIMIT max_rows
 $$;
 COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS

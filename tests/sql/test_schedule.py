@@ -120,7 +120,6 @@ def test_due_definitions_are_those_within_the_horizon_earliest_first(conn: Conn)
         "misfire_policy",
         "dst_gap",
         "dst_repeat",
-        "materialize_retry_at",
     ]
 
 
