@@ -112,6 +112,7 @@ BEGIN
     END IF;
 
     v_deps := jobs._dependency_state(enqueue.depends_on);
+    PERFORM jobs._warn_unknown_kind(enqueue.kind);
 
     INSERT INTO jobs.runs AS r (
         kind, payload, scheduled_for, priority, idempotency_key, max_attempts,

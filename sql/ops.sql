@@ -64,7 +64,10 @@ WITH live AS (
         count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked,
         now() - min(r.scheduled_for) FILTER (
             WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
-        ) AS oldest_queued_age
+        ) AS oldest_queued_age,
+        min(r.scheduled_for) FILTER (
+            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
+        ) AS oldest_queued_at
     FROM jobs.runs AS r
     WHERE r.status IN ('QUEUED', 'RUNNING')
     GROUP BY r.kind, r.queue
@@ -97,7 +100,8 @@ stats AS (
         live.oldest_queued_age,
         coalesce(recent.skipped_1h, 0) AS skipped_1h,
         coalesce(recent.lost_1h, 0) AS lost_1h,
-        coalesce(live.blocked, 0) AS blocked
+        coalesce(live.blocked, 0) AS blocked,
+        live.oldest_queued_at
     FROM live
     FULL OUTER JOIN recent ON live.kind = recent.kind AND live.queue = recent.queue
 )
@@ -122,7 +126,8 @@ SELECT
     kl.max_running AS kind_max_running,
     CASE WHEN ql.rate_limit IS NOT NULL THEN ql.rate_limit || ' per ' || ql.rate_period END AS queue_rate,
     CASE WHEN kl.rate_limit IS NOT NULL THEN kl.rate_limit || ' per ' || kl.rate_period END AS kind_rate,
-    coalesce(ql.per_key, FALSE) OR coalesce(kl.per_key, FALSE) AS per_key
+    coalesce(ql.per_key, FALSE) OR coalesce(kl.per_key, FALSE) AS per_key,
+    s.oldest_queued_at
 FROM stats AS s
 LEFT JOIN jobs.paused_queues AS p ON s.queue = p.name
 LEFT JOIN jobs.limits AS ql ON ql.scope = 'queue' AND s.queue = ql.name
@@ -186,6 +191,9 @@ SELECT
     d.jitter,
     d.pause_after_failures,
     d.paused_reason,
+    coalesce(recent.outcomes, '{}') AS recent_outcomes,
+    catch_up.caught_up_at AS last_catch_up_at,
+    catch_up.summary AS last_catch_up,
     d.materialize_error,
     d.materialize_failures,
     d.materialize_retry_at,
@@ -239,9 +247,27 @@ LEFT JOIN LATERAL (
     WHERE
         r.definition_id = d.id AND r.origin = 'schedule'
         AND r.scheduled_for > now() - interval '1 hour' AND r.started_at IS NOT NULL
-) AS late ON TRUE;
+) AS late ON TRUE
+LEFT JOIN LATERAL (
+    SELECT array_agg(x.outcome ORDER BY x.id) AS outcomes FROM (
+        SELECT
+            r.id,
+            CASE WHEN r.failure_reason = 'Skipped' THEN 'SKIPPED' ELSE r.status::text END AS outcome
+        FROM jobs.runs AS r
+        WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+        ORDER BY r.id DESC LIMIT 20
+    ) AS x
+) AS recent ON TRUE
+LEFT JOIN LATERAL (
+    SELECT
+        c.caught_up_at,
+        jobs.describe_catch_up(c) AS summary
+    FROM jobs.catch_ups AS c
+    WHERE c.definition_id = d.id
+    ORDER BY c.caught_up_at DESC LIMIT 1
+) AS catch_up ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS
@@ -282,11 +308,14 @@ SELECT
     r.finished_at,
     r.worker,
     r.failure_reason,
-    left(r.error, 60) AS error
+    left(r.error, 60) AS error,
+    coalesce(d.timezone, 'UTC') AS timezone,
+    coalesce(r.finished_at, CASE WHEN r.status = 'RUNNING' THEN now() END) - r.started_at AS duration,
+    r.origin
 FROM jobs.runs AS r
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
 COMMENT ON VIEW jobs.run_list IS
-'Runs with their definition name (NULL for ad-hoc runs), status as text and the first 60 characters of the error; what `pgtick runs` lists, newest first.';
+'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)

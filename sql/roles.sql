@@ -29,8 +29,19 @@ jobs.complete_many(bigint[], text),
 jobs.fail(bigint, text, text[], text, text),
 jobs.acknowledge_cancel(bigint, text, text),
 jobs.next_due(text[]),
-jobs.snooze(bigint, text, interval)
+jobs.snooze(bigint, text, interval),
+jobs.register_worker(text, text[], text, integer),
+jobs.worker_seen(text),
+jobs.worker_stopped(text)
 TO jobs_worker;
+
+-- The console's read-only calls (sql/console.sql).
+GRANT EXECUTE ON FUNCTION
+jobs.run_detail(bigint),
+jobs.prune_count(interval),
+jobs.compact_interval(interval),
+jobs.describe_catch_up(jobs.catch_ups)
+TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
 jobs.enqueue(
@@ -71,7 +82,12 @@ jobs.try_lead(text),
 jobs.resign(),
 jobs.acquire_lease(text, text, interval),
 jobs.renew_lease(text, text, interval),
-jobs.release_lease(text, text)
+jobs.release_lease(text, text),
+jobs.audit(text, text, text, jsonb),
+jobs.retry_many(bigint[]),
+jobs.discard(bigint[]),
+jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz),
+jobs.undefine_detail(text)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;
@@ -81,3 +97,5 @@ GRANT EXECUTE ON FUNCTION
 jobs._dst_auto(text),
 jobs.jitter_offset(bigint, timestamptz, interval)
 TO jobs_reader;
+
+GRANT EXECUTE ON FUNCTION jobs.version() TO jobs_reader;

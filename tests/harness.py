@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,7 +42,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgtick import migrate
 
@@ -578,3 +579,103 @@ def processes(directory: Path, dsn: str) -> Iterator[Processes]:
         yield procs
     finally:
         procs.kill_all()
+
+
+# --- PgBouncer in transaction mode in front of the test server ------------------------
+
+
+class PgBouncer:
+    """A PgBouncer process in transaction mode, on a free port, in front of the test server.
+
+    Clients connect without a password (``auth_type = any``); PgBouncer logs in to the
+    server with the credentials of the server's admin DSN (the embedded server's socket or
+    ``PGTICK_TEST_DSN``), for any database name (the ``*`` fallback entry).
+    """
+
+    def __init__(self, srv: Server) -> None:
+        # Its own directory under /tmp: PgBouncer runs as another user when we are root,
+        # and must reach its files (pytest's tmp dirs are private to us).
+        directory = Path(tempfile.mkdtemp(prefix="pgtick-pgbouncer-"))
+        self.directory = directory
+        binary = os.environ.get("PGTICK_PGBOUNCER") or shutil.which("pgbouncer")
+        if binary is None:
+            for candidate in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"):
+                if os.path.exists(candidate):
+                    binary = candidate
+        if binary is None:
+            raise RuntimeError("pgbouncer not found: apt-get install -y pgbouncer (or set PGTICK_PGBOUNCER)")
+        with srv.admin() as conn:
+            info = conn.info
+            target = {"host": info.host, "port": str(info.port), "user": info.user}
+            if info.password:
+                target["password"] = info.password
+        self.port = free_port()
+        os.chmod(directory, 0o755)
+        server = " ".join(f"{k}={v}" for k, v in target.items())
+        config = directory / "pgbouncer.ini"
+        self.log_path = directory / "pgbouncer.log"
+        config.write_text(
+            f"""[databases]
+* = {server}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 40
+server_reset_query =
+ignore_startup_parameters = extra_float_digits,options
+logfile = {self.log_path}
+"""
+        )
+        self.log_path.touch()
+        for path in (config, self.log_path):
+            os.chmod(path, 0o666)
+        user: list[str] = []
+        if os.geteuid() == 0:  # PgBouncer refuses root; run as whoever may reach the server
+            host = target["host"]
+            owner = Path(host).stat().st_uid if host.startswith("/") else None
+            import pwd
+
+            name = pwd.getpwuid(owner).pw_name if owner is not None else "nobody"
+            user = ["-u", name]
+        self.stderr_path = directory / "stderr.log"
+        with self.stderr_path.open("wb") as stderr:
+            self.popen = subprocess.Popen(
+                [binary, *user, str(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        wait_for(f"pgbouncer on port {self.port}", self._accepting, timeout=30)
+
+    def _accepting(self) -> bool:
+        if self.popen.poll() is not None:
+            err = self.stderr_path.read_text(errors="replace")
+            raise RuntimeError(f"pgbouncer exited {self.popen.returncode}: {err}\n{self.log()}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def dsn(self, db: Database) -> str:
+        """The DSN of ``db`` through PgBouncer."""
+        params = conninfo_to_dict(db.dsn)
+        for key in ("hostaddr", "password", "passfile"):
+            params.pop(key, None)
+        params.update(host="127.0.0.1", port=str(self.port))
+        return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pgtick import instrumentation
 from pgtick.app import Context
 from pgtick.errors import JobTimeout
 from pgtick.execution import Outcome, outcome_of
@@ -103,7 +104,15 @@ class EventLoop:
 
 
 async def run_job(ctx: Context) -> Outcome:
-    """Await the job's coroutine; cancellation, lost ownership and the timeout cancel it."""
+    """Await the job's coroutine; cancellation, lost ownership and the timeout cancel it.
+    Instrumented like ``pgtick.execution.execute``."""
+    with instrumentation.current.execute(ctx) as ended:
+        outcome = await _run_job(ctx)
+        ended(outcome)
+    return outcome
+
+
+async def _run_job(ctx: Context) -> Outcome:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None

@@ -25,6 +25,7 @@ APPLIED_MIGRATIONS = "SELECT version FROM jobs.schema_migrations"
 RECORD_MIGRATION = "INSERT INTO jobs.schema_migrations (version, name) VALUES (%s, %s)"
 ADVISORY_LOCK = "SELECT pg_advisory_lock(%s)"
 ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+ADVISORY_XACT_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
 
 def migration_ledger_exists(conn: Conn) -> bool:
@@ -46,6 +47,10 @@ def advisory_lock(conn: Conn, key: int) -> None:
 
 def advisory_unlock(conn: Conn, key: int) -> None:
     conn.execute(ADVISORY_UNLOCK, (key,))
+
+
+def advisory_xact_lock(conn: Conn, key: int) -> None:
+    conn.execute(ADVISORY_XACT_LOCK, (key,))
 
 
 def schema_installed(conn: Conn) -> bool:
@@ -118,6 +123,13 @@ MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
 MATERIALIZE_MANY = (
     "SELECT definition_id, created, error FROM jobs.materialize_many("
     "%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::integer[], %s::bigint[], %s::timestamptz[])"
+)
+
+# After downtime: materialize and record the catch-up (jobs.record_catch_up, which also
+# supersedes older never-started runs) in one statement, so one commit.
+MATERIALIZE_CATCH_UP = (
+    "WITH m AS MATERIALIZED (SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n)"
+    " SELECT m.n, jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded FROM m"
 )
 
 
@@ -399,6 +411,57 @@ def leads(conn: Conn, owner: str) -> bool:
     return bool(row and _first(row))
 
 
+# --- schema version (migrate.py, pgtick status) ---------------------------------
+
+PACKAGE_VERSION_COLUMN_EXISTS = (
+    "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = 'jobs.schema_migrations'::regclass"
+    " AND attname = 'package_version' AND NOT attisdropped)"
+)
+RECORD_PACKAGE_VERSION = "UPDATE jobs.schema_migrations SET package_version = %s WHERE version = ANY(%s)"
+SCHEMA_VERSION = "SELECT schema_version, migration, package_version, applied_at FROM jobs.version()"
+
+
+def record_package_version(conn: Conn, package_version: str, versions: list[str]) -> None:
+    """Note which pgtick release applied ``versions`` (schemas that record it)."""
+    row = conn.execute(PACKAGE_VERSION_COLUMN_EXISTS).fetchone()
+    if row and row[0]:
+        conn.execute(RECORD_PACKAGE_VERSION, (package_version, versions))
+
+
+def schema_version(conn: Conn) -> dict[str, Any] | None:
+    """jobs.version(): the latest applied migration and the package that applied it."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute("SELECT to_regprocedure('jobs.version()') IS NOT NULL AS found").fetchone()
+        if not (found and found["found"]):
+            return None
+        return cur.execute(SCHEMA_VERSION).fetchone()
+
+
+# --- poolers (db.py) and lease leadership (scheduler.py) -------------------------
+
+SERVER_PORT = "SELECT current_setting('port')::integer AS port"
+
+#: The lease a scheduler leads by when its connection goes through a pooler.
+LEADER_LEASE = "pgtick:leader"
+
+
+def server_port(conn: Conn) -> int | None:
+    """The port PostgreSQL listens on (not necessarily the one this client reached)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(SERVER_PORT).fetchone()
+    return int(row["port"]) if row else None
+
+
+def lease_leader(conn: Conn) -> list[dict[str, Any]]:
+    """The scheduler leading by lease, if any (pid is NULL: a lease has no session)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT NULL::integer AS pid, owner, acquired_at AS since FROM jobs.leases"
+            " WHERE name = %s AND owner IS NOT NULL AND expires_at > clock_timestamp()",
+            (LEADER_LEASE,),
+        ).fetchall()
+
+
 # --- backfill (scheduler.py: jobs.backfill requests the leader fills in) -----
 
 PENDING_BACKFILLS = """
@@ -421,3 +484,90 @@ def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: 
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
     return int(row[0]) if row else 0
+
+
+# --- the operator's console (cli.py; sql/console.sql) -------------------------
+
+REGISTER_WORKER = "SELECT jobs.register_worker(%s, %s, %s, %s)"
+WORKER_SEEN = "SELECT jobs.worker_seen(%s)"
+WORKER_STOPPED = "SELECT jobs.worker_stopped(%s)"
+
+
+def register_worker(conn: Conn, worker_id: str, kinds: list[str], host: str, pid: int) -> None:
+    conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid))
+
+
+def worker_seen(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_SEEN, (worker_id,))
+
+
+def worker_stopped(conn: Conn, worker_id: str) -> None:
+    conn.execute(WORKER_STOPPED, (worker_id,))
+
+
+def leader_detail(conn: Conn) -> Any:
+    return conn.execute("SELECT owner, pid, since, leading_for FROM jobs.leader LIMIT 1").fetchone()
+
+
+def status_definitions(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:
+    """One page of jobs.definition_health by name (each row reads that definition's runs)."""
+    return conn.execute(
+        "SELECT name, kind, schedule, timezone, paused, finished, next_run_at, running, queued,"
+        " max_concurrent_runs, last_status, last_success_at, last_failure_at, consecutive_failures,"
+        " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at,"
+        " materialize_error, lateness_p50, lateness_p99"
+        " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
+        (limit, offset),
+    ).fetchall()
+
+
+def kinds_without_worker(conn: Conn) -> list[Any]:
+    return conn.execute("SELECT * FROM jobs.kinds_without_worker ORDER BY kind").fetchall()
+
+
+def workers(conn: Conn, include_gone: bool) -> list[Any]:
+    return conn.execute(
+        "SELECT * FROM jobs.workers WHERE %s OR state = 'alive' ORDER BY state, started_at DESC, worker",
+        (include_gone,),
+    ).fetchall()
+
+
+def definition_list(
+    conn: Conn, kind: str | None, name_like: str | None, state: str | None, limit: int
+) -> list[Any]:
+    return conn.execute(
+        """
+        SELECT * FROM jobs.definition_list
+         WHERE (%(kind)s::text IS NULL OR kind = %(kind)s)
+           AND (%(name)s::text IS NULL OR name LIKE %(name)s)
+           AND (%(state)s::text IS NULL
+                OR (%(state)s = 'paused' AND paused)
+                OR (%(state)s = 'finished' AND finished)
+                OR (%(state)s = 'active' AND NOT paused AND NOT finished))
+         ORDER BY name LIMIT %(limit)s
+        """,
+        {"kind": kind, "name": name_like, "state": state, "limit": limit},
+    ).fetchall()
+
+
+def run_detail(conn: Conn, run_id: int) -> Any:
+    return conn.execute("SELECT * FROM jobs.run_detail(%s)", (run_id,)).fetchone()
+
+
+def undefine_detail(conn: Conn, name: str) -> Any:
+    return conn.execute("SELECT * FROM jobs.undefine_detail(%s)", (name,)).fetchone()
+
+
+def prune_count(conn: Conn, older_than: timedelta | None) -> int:
+    row = conn.execute("SELECT jobs.prune_count(%s) AS n", (older_than,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def prune_batch(conn: Conn, older_than: timedelta | None, batch: int) -> int:
+    row = conn.execute("SELECT jobs.prune(%s, %s) AS n", (older_than, batch)).fetchone()
+    return int(_first(row)) if row else 0
+
+
+def definition_names(conn: Conn, ids: list[int]) -> dict[int, str]:
+    rows = conn.execute("SELECT id, name FROM jobs.definitions WHERE id = ANY(%s)", (ids,)).fetchall()
+    return {int(_first(r)): str(r["name"] if isinstance(r, dict) else r[1]) for r in rows}

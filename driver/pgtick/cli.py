@@ -1,7 +1,14 @@
 """The ``pgtick`` command line. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
 
-Every error is one readable line on stderr, never a traceback for a user mistake.
+Results go to stdout, diagnostics to stderr (WARNING and up unless -v). Every
+error is one readable line on stderr, never a traceback for a user mistake.
 Without --dsn or $DATABASE_URL every command uses the embedded PostgreSQL.
+
+A command is registered in ``build_parser`` with ``_command`` (name, help,
+function, what output options it takes) and an example in ``EXAMPLES``; it
+returns a ``Result``: the data (what ``--json`` prints, documented in
+docs/cli.md) and how to show it to a person. Tables and marks live in
+``pgtick.terminal``; the facts come from SQL (``sql/console.sql``).
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
@@ -22,12 +31,31 @@ import psycopg
 from pgtick import __version__, calls, migrate
 from pgtick.db import connect, connect_dicts, resolve_dsn
 from pgtick.errors import PgtickError, UsageError, translate_errors
+from pgtick.terminal import (
+    Column,
+    Style,
+    Table,
+    compact_duration,
+    display_now,
+    full_time,
+    iso,
+    local_time,
+    mark,
+    outcome_of,
+    paint,
+    relative,
+    seconds,
+    status_word,
+    to_csv,
+    to_json,
+)
 
 log = logging.getLogger("pgtick.cli")
 
 EXAMPLES = {
     "run": "pgtick run examples/app.py            # embedded PostgreSQL\n"
     "  pgtick run myproj.jobs:app --dsn postgresql://... --concurrency 20\n"
+    "  pgtick run myproj.jobs:app --log-format json   # one JSON object per line\n"
     "  pgtick run myproj.jobs:app --queues mail,reports   # claim only from these queues",
     "migrate": "pgtick migrate --dsn postgresql://localhost/app\n"
     "  pgtick migrate --sql | psql -v ON_ERROR_STOP=1 -d app",
@@ -47,9 +75,16 @@ EXAMPLES = {
     "pause-queue": "pgtick pause-queue mail     # claims stop now; running jobs finish",
     "resume-queue": "pgtick resume-queue mail",
     "retry": "pgtick retry 1234",
-    "status": "pgtick status\n  pgtick status --json\n  pgtick status --watch 2\n"
-    "  pgtick status --limit 100 --offset 100",
-    "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report",
+    "status": "pgtick status\n  pgtick status --wide --recent 20\n  pgtick status --json\n"
+    "  pgtick status --watch 2\n  pgtick status --limit 100 --offset 100",
+    "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report\n"
+    "  pgtick runs --format csv > runs.csv",
+    "show": "pgtick show 1234\n  pgtick show 1234 --json | jq .attempts",
+    "undefine": "pgtick undefine weekday-report",
+    "workers": "pgtick workers\n  pgtick workers --all     # stopped and lost ones too",
+    "prune": "pgtick prune --dry-run\n  pgtick prune --older-than 7d",
+    "definitions": "pgtick definitions\n  pgtick definitions --kind send-report --paused\n"
+    "  pgtick definitions --name 'nightly-%' --format csv",
     "preview": "pgtick preview 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0' "
     "--tz Europe/Sofia --count 10\n  pgtick preview '30 2 * * *' --tz America/New_York "
     "--after 2026-03-07\n  pgtick preview --definition weekday-report --count 5\n"
@@ -57,7 +92,10 @@ EXAMPLES = {
     "backfill": "pgtick backfill weekday-report --from 2026-03-01T00:00Z --to 2026-03-08T00:00Z",
     "lock": "pgtick lock nightly-backup --ttl 10m -- /usr/local/bin/backup.sh --full",
     "dsn": 'psql "$(pgtick dsn)" -c "TABLE jobs.definition_health"',
+    "web": "PGTICK_WEB_PASSWORD='long secret' pgtick web --bind 127.0.0.1:8080",
 }
+
+STATUSES = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -111,9 +149,46 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# -- results ------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What a command found or did: ``data`` for --json (and csv), ``text`` for a person."""
+
+    data: Any
+    text: Callable[[Style, bool], str] | None = None
+    csv_fields: Sequence[str] | None = None  # a list: --format csv writes these columns
+    code: int = 0
+
+
+def _emit(args: argparse.Namespace, result: Result) -> int:
+    fmt = getattr(args, "format", None) or ("json" if getattr(args, "json", False) else "table")
+    if fmt == "json":
+        print(to_json(result.data))
+    elif fmt == "csv":
+        assert result.csv_fields is not None
+        print(to_csv(result.data, result.csv_fields))
+    elif result.text is not None:
+        text = result.text(Style.detect(sys.stdout), bool(getattr(args, "wide", False)))
+        if text:
+            print(text)
+    return result.code
+
+
+# -- parser ---------------------------------------------------------------------------
+
+
 def _command(
-    sub: Any, name: str, help_text: str, fn: Callable[[argparse.Namespace], int]
+    sub: Any,
+    name: str,
+    help_text: str,
+    fn: Callable[[argparse.Namespace], Result | int],
+    *,
+    output: str | None = "json",
 ) -> argparse.ArgumentParser:
+    """Register a command. ``output``: "json" (--json), "table" (--json, --wide),
+    "list" (--json, --wide, --format table|csv|json) or None (no machine output)."""
     p: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help_text,
@@ -123,6 +198,14 @@ def _command(
     )
     p.set_defaults(fn=fn)
     p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    if output is not None:
+        p.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
+    if output in ("table", "list"):
+        p.add_argument("--wide", action="store_true", help="every column, nothing cut")
+    if output == "list":
+        p.add_argument(
+            "--format", choices=["table", "csv", "json"], default=None, help="output format (table)"
+        )
     return p
 
 
@@ -134,10 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"pgtick {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="diagnostics down to DEBUG")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run)
+    p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run, output=None)
     p.add_argument("app", help="module:attr or path/to/app.py (attr defaults to app)")
     p.add_argument("--concurrency", type=int, default=10, help="jobs at once (default 10)")
     p.add_argument("--batch", type=int, default=None, help="claim batch size (default: concurrency)")
@@ -154,6 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="also label start lateness by definition id (one series per definition)",
     )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
+    p.add_argument("--no-listen", action="store_true", help="poll only (automatic behind a pooler)")
+    p.add_argument(
+        "--leadership",
+        choices=["auto", "lock", "lease"],
+        default="auto",
+        help="lead by session lock or by lease (auto: lease behind a pooler)",
+    )
+    p.add_argument("--lease-ttl", type=parse_duration, default=None, help="leader lease TTL (5s)")
+    p.add_argument(
+        "--log-format",
+        choices=["human", "json"],
+        default=os.environ.get("PGTICK_LOG_FORMAT") or None,
+        help="log lines as text or JSON objects (default: $PGTICK_LOG_FORMAT, else human)",
+    )
     p.add_argument(
         "--queues",
         type=parse_queue_list,
@@ -161,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="claim only from these queues (a,b; default all)",
     )
     p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
+    p.add_argument("--web", metavar="ADDR", default=None, help="also serve the dashboard on HOST:PORT")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
@@ -224,18 +322,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
     p.add_argument("run_id", type=int)
 
-    p = _command(sub, "status", "definitions, queues and the leader", cmd_status)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = _command(
+        sub, "status", "what is due, what failed, the leader, kinds nobody runs", cmd_status, output="table"
+    )
     p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
     p.add_argument("--limit", type=int, default=50, help="definitions shown (a page by name, default 50)")
     p.add_argument("--offset", type=int, default=0, help="definitions skipped before the page")
+    p.add_argument("--recent", type=int, default=10, help="outcomes in the strip (1..20, default 10)")
 
-    p = _command(sub, "runs", "list recent runs", cmd_runs)
-    p.add_argument("--status", choices=["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"])
+    p = _command(sub, "runs", "list recent runs, newest first", cmd_runs, output="list")
+    p.add_argument("--status", choices=STATUSES)
     p.add_argument("--kind")
     p.add_argument("--definition")
     p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "show", "one run in full: timings, attempts, payload, result, error", cmd_show)
+    p.add_argument("run_id", type=int, metavar="RUN")
+
+    p = _command(
+        sub,
+        "undefine",
+        "delete a definition: its queued runs are cancelled, running ones finish, history stays",
+        cmd_undefine,
+    )
+    p.add_argument("name")
+
+    p = _command(sub, "workers", "workers: alive or not, what each runs, when last seen", cmd_workers,
+                 output="list")  # fmt: skip
+    p.add_argument("--all", action="store_true", help="also stopped and lost workers")
+
+    p = _command(sub, "prune", "delete finished runs older than the retention", cmd_prune)
+    p.add_argument("--older-than", type=parse_duration, default=None,
+                   help="age of finished runs to delete (default: jobs.config.retention)")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    p.add_argument("--batch", type=int, default=10000, help="rows per transaction (10000)")
+
+    p = _command(sub, "definitions", "list definitions, filterable", cmd_definitions, output="list")
+    p.add_argument("--kind")
+    p.add_argument("--name", help="SQL LIKE pattern, e.g. 'nightly-%%'")
+    state = p.add_mutually_exclusive_group()
+    for flag in ("active", "paused", "finished"):
+        state.add_argument(f"--{flag}", dest="state", action="store_const", const=flag,
+                           help=f"only {flag} definitions")  # fmt: skip
+    p.add_argument("--limit", type=int, default=1000)
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
     p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
@@ -252,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
     p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
-    p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock)
+    p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock, output=None)
     p.add_argument("name")
     p.add_argument("--ttl", type=parse_duration, required=True, help="lease time to live")
     p.add_argument("--owner", default=None, help="owner id (default host-pid-random)")
@@ -261,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
 
+    p = _command(sub, "web", "serve the web dashboard", cmd_web, output=None)
+    p.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+    p.add_argument("--password-file", default=None, help="operator password (else $PGTICK_WEB_PASSWORD)")
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
 
@@ -275,8 +407,7 @@ def _start_embedded() -> str:
     from pgtick.embedded import EmbeddedPostgres
 
     _embedded = EmbeddedPostgres()
-    dsn: str = _embedded.start()
-    print(f"pgtick: embedded PostgreSQL, data in {_embedded.data_dir}", file=sys.stderr)
+    dsn: str = _embedded.start()  # logs where its data lives (pgtick.embedded, INFO)
     with connect(dsn) as conn:
         # Always through the migration lock: checking versions first would race a
         # concurrent migrator between its migration commit and its function commit.
@@ -288,37 +419,27 @@ def _dsn(args: argparse.Namespace) -> str:
     return resolve_dsn(getattr(args, "dsn", None), _start_embedded)
 
 
-def _print_table(rows: Sequence[dict[str, Any]], empty: str) -> None:
-    from tabulate import tabulate
-
-    if not rows:
-        print(empty)
-        return
-    print(tabulate([{k: _cell(v) for k, v in r.items()} for r in rows], headers="keys"))
+def _warn(command: str, message: str) -> None:
+    print(f"pgtick {command}: warning: {message}", file=sys.stderr)
 
 
-def _cell(value: Any) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            # Already a wall-clock time in a named zone (next_run_local): astimezone() would
-            # read it as this machine's local time and shift it.
-            return value.strftime("%Y-%m-%d %H:%M:%S")
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-    if isinstance(value, timedelta):
-        return f"{value.total_seconds():.1f}s"
-    if value is None:
-        return ""
-    if isinstance(value, dict | list):
-        return json.dumps(value)[:60]
-    return value
+def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A row for --json: times as UTC ISO 8601 strings, intervals as seconds."""
+    if row is None:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, datetime):
+            out[k] = iso(v)
+        elif isinstance(v, timedelta):
+            out[k] = seconds(v)
+        else:
+            out[k] = v
+    return out
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return str(value)
+def _progress_enabled() -> bool:
+    return sys.stderr.isatty()
 
 
 # -- commands -------------------------------------------------------------------------
@@ -346,11 +467,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
         metrics_per_definition=args.metrics_per_definition,
+        listen=not args.no_listen,
+        leadership=args.leadership,
+        lease_ttl=args.lease_ttl,
         queues=args.queues,
     )
-    if _embedded is not None:
-        print(f'pgtick: watch it with: psql "{_embedded.dsn}"', file=sys.stderr)
     try:
+        if args.web and supervisor.child_index() is None:
+            # One dashboard per `pgtick run`: the supervisor serves it, its worker children do not.
+            try:
+                from pgtick.web.serve import operator_secret, serve_in_thread
+            except ImportError as exc:
+                raise UsageError(f"--web needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+            serve_in_thread(dsn, args.web, operator_secret(None))
         if args.processes > 1:
             return supervisor.run_supervised(app, dsn, options, args.processes)
         stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
@@ -360,17 +489,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             _embedded.stop()
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
+def cmd_migrate(args: argparse.Namespace) -> Result | int:
     if args.sql:
         sys.stdout.write(migrate.install_script())
         return 0
-    with connect(_dsn(args)) as conn:
-        done = migrate.apply(conn)
-    print(f"applied migrations: {', '.join(done)}" if done else "schema up to date")
-    return 0
+    from pgtick.progress import Steps
+
+    steps: Steps
+    with connect(_dsn(args)) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
+        done = migrate.apply(conn, progress=steps.step)
+    return Result(
+        {"applied": done},
+        lambda style, wide: f"applied migrations: {', '.join(done)}" if done else "schema up to date",
+    )
 
 
-def cmd_define(args: argparse.Namespace) -> int:
+def cmd_define(args: argparse.Namespace) -> Result:
     from pgtick.definitions import define, define_many, read_definitions, validate_schedule
 
     if args.from_file is not None:
@@ -381,8 +515,11 @@ def cmd_define(args: argparse.Namespace) -> int:
             rows = define_many(conn, definitions)
         created = sum(1 for r in rows if r["created"])
         rescheduled = sum(1 for r in rows if r["rescheduled"])
-        print(f"definitions={len(rows)} created={created} rescheduled={rescheduled} saved")
-        return 0
+        summary = {"definitions": len(rows), "created": created, "rescheduled": rescheduled}
+        return Result(
+            summary,
+            lambda s, w: f"definitions={len(rows)} created={created} rescheduled={rescheduled} saved",
+        )
     if not args.name or not args.kind or (args.schedule is None) == (args.run_at is None):
         raise UsageError("give NAME KIND and one of --schedule or --run-at (or --from-file FILE)")
 
@@ -417,11 +554,13 @@ def cmd_define(args: argparse.Namespace) -> int:
             jitter=timedelta(seconds=args.jitter) if args.jitter else None,
             pause_after_failures=args.pause_after_failures,
         )
-    print(f"definition={row['name']} id={row['id']} revision={row['revision']} saved")
-    return 0
+    data = _jsonable(dict(row))
+    return Result(
+        data, lambda s, w: f"definition={row['name']} id={row['id']} revision={row['revision']} saved"
+    )
 
 
-def cmd_backfill(args: argparse.Namespace) -> int:
+def cmd_backfill(args: argparse.Namespace) -> Result:
     from pgtick.scheduler import materialize_backfills
 
     for value in (args.window_from, args.window_to):
@@ -437,17 +576,22 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     assert done is not None
     if done["error"]:
         raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
-    print(
-        f"definition={args.name} backfill={row['id']} runs={done['runs_created'] or 0} "
-        "(occurrences that already had a run were left alone)"
+    runs = done["runs_created"] or 0
+    return Result(
+        {"definition": args.name, "backfill_id": row["id"], "runs": runs},
+        lambda st, w: (
+            f"definition={args.name} backfill={row['id']} runs={runs} "
+            "(occurrences that already had a run were left alone)"
+        ),
     )
-    return 0
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
+def cmd_enqueue(args: argparse.Namespace) -> Result:
     from psycopg.types.json import Jsonb
 
+    notices: list[str] = []
     with connect_dicts(_dsn(args)) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         row = calls.enqueue(
             conn,
             args.kind,
@@ -459,142 +603,586 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             concurrency_key=args.concurrency_key,
         )
     assert row is not None
-    print(
-        f"run={row['id']} kind={row['kind']} status={row['status']}"
-        f" scheduled_for={_cell(row['scheduled_for'])}"
+    for notice in notices:
+        _warn("enqueue", notice)
+    now = display_now()
+    return Result(
+        _jsonable(dict(row)),
+        lambda s, w: (
+            f"run={row['id']} kind={row['kind']} status={row['status']}"
+            f" scheduled_for={iso(row['scheduled_for'])} ({relative(row['scheduled_for'], now)})"
+        ),
     )
-    return 0
 
 
-def cmd_run_now(args: argparse.Namespace) -> int:
+def cmd_run_now(args: argparse.Namespace) -> Result:
     with connect_dicts(_dsn(args)) as conn:
         row = calls.run_now(conn, args.name)
     assert row is not None
-    print(f"run={row['id']} definition={args.name} queued")
-    return 0
+    return Result(
+        {"run_id": row["id"], "definition": args.name, "status": str(row["status"])},
+        lambda s, w: f"run={row['id']} definition={args.name} queued",
+    )
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
+def cmd_cancel(args: argparse.Namespace) -> Result:
     if (args.run_id is None) == (args.definition is None):
         raise UsageError("give a RUN_ID or --definition NAME")
     with connect(_dsn(args)) as conn:
         if args.definition is not None:
             n = calls.cancel_queued(conn, args.definition)
-            print(f"definition={args.definition} cancelled {n} queued runs")
-        else:
-            status = calls.cancel(conn, args.run_id)
-            note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
-            print(f"run={args.run_id} status={status}{note}")
-    return 0
+            return Result(
+                {"definition": args.definition, "cancelled": n},
+                lambda s, w: f"definition={args.definition} cancelled {n} queued runs",
+            )
+        status = calls.cancel(conn, args.run_id)
+    note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
+    return Result(
+        {"run_id": args.run_id, "status": status, "cancel_requested": status == "RUNNING"},
+        lambda s, w: f"run={args.run_id} status={status}{note}",
+    )
 
 
-def cmd_pause_resume(args: argparse.Namespace) -> int:
+def cmd_pause_resume(args: argparse.Namespace) -> Result:
     call = calls.pause if args.command == "pause" else calls.resume
     with connect(_dsn(args)) as conn:
         call(conn, args.name)
-    print(f"definition={args.name} {'paused' if args.command == 'pause' else 'resumed'}")
-    return 0
+    paused = args.command == "pause"
+    return Result(
+        {"definition": args.name, "paused": paused},
+        lambda s, w: f"definition={args.name} {'paused' if paused else 'resumed'}",
+    )
 
 
-def cmd_queue_pause(args: argparse.Namespace) -> int:
+def cmd_queue_pause(args: argparse.Namespace) -> Result:
     pause = args.command == "pause-queue"
     with connect(_dsn(args)) as conn:
         changed = calls.pause_queue(conn, args.name) if pause else calls.resume_queue(conn, args.name)
     state = "paused" if pause else "resumed"
-    print(
+    text = (
         f"queue={args.name} {state}"
         if changed
         else f"queue={args.name} already {state if pause else 'running'}"
     )
-    return 0
+    return Result({"queue": args.name, "paused": pause, "changed": bool(changed)}, lambda st, w: text)
 
 
-def cmd_retry(args: argparse.Namespace) -> int:
+def cmd_retry(args: argparse.Namespace) -> Result:
     with connect_dicts(_dsn(args)) as conn:
         row = calls.retry(conn, args.run_id)
     assert row is not None
-    print(f"run={args.run_id} retried as run={row['id']} attempt={row['attempt']}")
-    return 0
+    return Result(
+        {"run_id": args.run_id, "retry_run_id": row["id"], "attempt": row["attempt"]},
+        lambda s, w: f"run={args.run_id} retried as run={row['id']} attempt={row['attempt']}",
+    )
 
 
-def status_snapshot(conn: psycopg.Connection[Any], limit: int = 50, offset: int = 0) -> dict[str, Any]:
-    """The leader, a summary of all definitions, one page of them by name, and the queues."""
+# -- status -----------------------------------------------------------------------------
+
+
+def status_snapshot(
+    conn: psycopg.Connection[Any], recent: int = 10, limit: int = 50, offset: int = 0
+) -> dict[str, Any]:
+    """What `pgtick status --json` prints (schema: docs/schemas/status.json)."""
+    leader = calls.leader_detail(conn)
+    definitions = []
+    for d in calls.status_definitions(conn, limit, offset):
+        row = _jsonable(dict(d))
+        assert row is not None
+        row["recent_outcomes"] = list(d["recent_outcomes"] or [])[-recent:]
+        row["next_run_local"] = (
+            d["next_run_at"].astimezone(_zone(d["timezone"])).replace(tzinfo=None).isoformat()
+            if d["next_run_at"]
+            else None
+        )
+        definitions.append(row)
     return {
-        "leader": calls.leader(conn),
-        "summary": calls.definition_summary(conn),
-        "definitions": calls.definition_health(conn, limit, offset),
-        "queues": calls.queue_stats(conn),
+        "now": iso(display_now()),
+        "leader": _jsonable(dict(leader)) if leader else _lease_leader(conn),
+        "schema": _jsonable(calls.schema_version(conn)),
+        "summary": _jsonable(dict(calls.definition_summary(conn))),
+        "definitions": definitions,
+        "queues": [_jsonable(dict(q)) for q in calls.queue_stats(conn)],
+        "kinds_without_worker": [_jsonable(dict(k)) for k in calls.kinds_without_worker(conn)],
     }
 
 
-#: The jobs.queue_stats columns `pgtick status` shows as a table (--json has them all).
-QUEUE_COLUMNS = (
-    "kind",
-    "queue",
-    "paused",
-    "queued",
-    "scheduled",
-    "running",
-    "blocked",
-    "rate_limited",
-    "completed_1h",
-    "failed_1h",
-    "oldest_queued_age",
-)
+def _zone(name: str) -> Any:
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo(name)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _when(value: str | datetime | None) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(value)
+
+
+def _age(value: str | datetime | None, now: datetime) -> str:
+    """How long ago ``value`` was, measured from the display clock."""
+    when = _when(value) if isinstance(value, str) else value
+    return "" if when is None else compact_duration(now - when)
+
+
+def _streak(d: dict[str, Any]) -> str:
+    if d["consecutive_failures"]:
+        return f"{d['consecutive_failures']} failed"
+    if d["consecutive_skips"]:
+        return f"{d['consecutive_skips']} skipped"
+    return ""
+
+
+def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
+    now = datetime.fromisoformat(snap["now"])
+    out: list[str] = []
+    leader = snap["leader"]
+    if leader:
+        by = f"pid {leader['pid']}" if leader.get("pid") is not None else "by lease"
+        out.append(f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}")
+    else:
+        out.append(paint("leader  none: no scheduler is running, nothing new is materialized", "red", style))
+    out.append(_schema_line(snap.get("schema")))
+
+    def strip(d: dict[str, Any]) -> str:
+        return "".join(mark(o, style) for o in d["recent_outcomes"])
+
+    def next_cell(d: dict[str, Any]) -> str:
+        if d["paused"]:
+            return "paused"
+        if d["finished"]:
+            return "finished"
+        return local_time(_when(d["next_run_at"]), d["timezone"], now)
+
+    def last_at(d: dict[str, Any]) -> datetime | None:
+        times = [t for t in (_when(d["last_success_at"]), _when(d["last_failure_at"])) if t]
+        return max(times) if times else None
+
+    table = Table(
+        [
+            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16),
+            Column("NEXT", next_cell, priority=1),
+            Column(
+                "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
+            ),
+            Column(
+                "LAST", lambda d: status_word(d["last_status"], style) if d["last_status"] else "", priority=2
+            ),
+            Column("PASSED", lambda d: relative(last_at(d), now), priority=3),
+            Column("RECENT", strip, priority=2),
+            Column(
+                "STREAK", _streak, priority=2, colour=lambda d: "red" if d["consecutive_failures"] else None
+            ),
+            Column("RUN/Q", lambda d: f"{d['running']}/{d['queued']}", priority=4, right=True),
+            Column("KIND", lambda d: d["kind"], priority=6, shrink=True),
+            Column("SCHEDULE", lambda d: d["schedule"] or "one-shot", wide_only=True),
+            Column("ZONE", lambda d: d["timezone"], wide_only=True),
+            Column("NEXT (UTC)", lambda d: d["next_run_at"] or "", wide_only=True),
+            Column("CAP", lambda d: str(d["max_concurrent_runs"] or ""), wide_only=True),
+            Column("CATCH-UP", lambda d: d["last_catch_up"] or "", wide_only=True),
+        ],
+        snap["definitions"],
+    )
+    out.append("")
+    out.append(table.render(style, wide=wide) if snap["definitions"] else "no definitions")
+    summary = snap.get("summary")
+    if summary and summary["definitions"] > len(snap["definitions"]):
+        out.append(
+            f"({len(snap['definitions'])} of {summary['definitions']} definitions shown: --limit, --offset;"
+            f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
+            f" {summary['materialize_errors']} failing to materialize)"
+        )
+    notes: list[tuple[str, str | None]] = []  # (text, colour)
+    for d in snap["definitions"]:
+        if d["schedule_error"]:
+            notes.append((f"{d['name']}: schedule unusable: {d['schedule_error']}", "red"))
+        if d["last_catch_up"] and not wide:
+            caught = _when(d["last_catch_up_at"])
+            if caught and now - caught < timedelta(hours=24):
+                notes.append((f"{d['name']}: {d['last_catch_up']} ({relative(caught, now)})", None))
+    for k in snap["kinds_without_worker"]:
+        why = "no worker ever registered it" if not k["ever_registered"] else "no live worker runs it"
+        oldest = relative(_when(k["oldest_queued_at"]), now)
+        notes.append((f"kind {k['kind']}: {k['queued']} queued, oldest due {oldest}: {why}", "yellow"))
+    if notes:
+        out.append("")
+        for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
+            wrapped = textwrap.wrap(text, style.width, subsequent_indent="    ", break_on_hyphens=False)
+            out.extend(paint(line, colour, style) for line in wrapped)
+    queues = Table(
+        [
+            Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12),
+            Column(
+                "QUEUE",
+                lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
+                priority=2,
+                shrink=True,
+            ),
+            Column("QUEUED", lambda q: str(q["queued"]), right=True, priority=0),
+            Column("OLDEST", lambda q: _age(q["oldest_queued_at"], now), right=True, priority=1),
+            Column("RUNNING", lambda q: str(q["running"]), right=True, priority=0),
+            Column("LATER", lambda q: str(q["scheduled"]), right=True, priority=2),
+            Column("DONE/1H", lambda q: str(q["completed_1h"]), right=True, priority=1),
+            Column(
+                "FAILED/1H",
+                lambda q: str(q["failed_1h"]),
+                right=True,
+                priority=1,
+                colour=lambda q: "red" if q["failed_1h"] else None,
+            ),
+            Column("SKIPPED/1H", lambda q: str(q["skipped_1h"]), right=True, priority=3),
+            Column("LOST/1H", lambda q: str(q["lost_1h"]), right=True, priority=3),
+            Column("CANCELLED/1H", lambda q: str(q["cancelled_1h"]), right=True, wide_only=True),
+            Column("BLOCKED", lambda q: str(q.get("blocked", 0)), right=True, wide_only=True),
+            Column("RATE-LIMITED", lambda q: str(q.get("rate_limited", 0)), right=True, wide_only=True),
+        ],
+        snap["queues"],
+    )
+    out.append("")
+    out.append(queues.render(style, wide=wide) if snap["queues"] else "no runs in the last hour")
+    return "\n".join(out)
+
+
+def cmd_status(args: argparse.Namespace) -> Result | int:
+    if not 1 <= args.recent <= 20:
+        raise UsageError("--recent must be 1..20")
     if not 1 <= args.limit <= 10000 or args.offset < 0:
         raise UsageError("--limit must be 1..10000 and --offset at least 0")
     with connect_dicts(_dsn(args)) as conn:
+        if not args.watch:
+            snap = status_snapshot(conn, args.recent)
+            return Result(snap, lambda style, wide: render_status(snap, style, wide))
         while True:
-            snap = status_snapshot(conn, args.limit, args.offset)
+            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             if args.json:
-                print(json.dumps(snap, default=_json_default))
+                print(json.dumps(snap))
             else:
-                if args.watch:
-                    print("\033[2J\033[H", end="")
-                leader = snap["leader"]
-                print(
-                    f"leader: {leader[0]['owner']} (pid {leader[0]['pid']}) since {_cell(leader[0]['since'])}"
-                    if leader
-                    else "leader: none (no scheduler running)"
-                )
-                print("\ndefinitions:")
-                _print_table(snap["definitions"], "  (none)")
-                summary = snap["summary"]
-                print(
-                    f"  ({summary['definitions']} in all, {summary['paused']} paused,"
-                    f" {summary['schedule_errors']} with schedule errors,"
-                    f" {summary['materialize_errors']} failing to materialize;"
-                    f" this page: {len(snap['definitions'])} from #{args.offset + 1} by name)"
-                )
-                print("\nqueues:")
-                _print_table(
-                    [{k: q[k] for k in QUEUE_COLUMNS if k in q} for q in snap["queues"]], "  (empty)"
-                )
-            if not args.watch:
-                return 0
+                print("\033[2J\033[H", end="")
+                print(render_status(snap, Style.detect(sys.stdout), args.wide))
             sys.stdout.flush()
             time.sleep(args.watch)
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
+def _lease_leader(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+    """The scheduler that leads by lease (behind a pooler: no session, so no pid)."""
+    found = calls.lease_leader(conn)
+    return _jsonable({**found[0], "leading_for": None}) if found else None
+
+
+def _schema_line(schema: dict[str, Any] | None) -> str:
+    if schema is None:
+        return "schema  unknown (jobs.version() missing: run `pgtick migrate`)"
+    by = f"pgtick {schema['package_version']}" if schema["package_version"] else "psql"
+    version = f"{schema['schema_version']}_{schema['migration']}"
+    return f"schema  {version} (applied by {by}; this is pgtick {__version__})"
+
+
+# -- runs and show ---------------------------------------------------------------------
+
+RUN_FIELDS = [
+    "id", "definition", "kind", "status", "attempt", "scheduled_for", "started_at", "finished_at",
+    "duration", "worker", "failure_reason", "error", "origin", "timezone",
+]  # fmt: skip
+
+
+def cmd_runs(args: argparse.Namespace) -> Result:
     if not 1 <= args.limit <= 10000:
         raise UsageError("--limit must be 1..10000")
     with connect_dicts(_dsn(args)) as conn:
         rows = calls.run_list(conn, args.status, args.kind, args.definition, args.limit)
-    if args.json:
-        print(json.dumps(rows, default=_json_default))
-    else:
-        _print_table(rows, "(no runs)")
-    return 0
+    data = [_jsonable(dict(r)) for r in rows]
+    now = display_now()
+
+    def text(style: Style, wide: bool) -> str:
+        if not rows:
+            return "no runs"
+
+        def what(r: dict[str, Any]) -> str:
+            return r["definition"] or f"({r['kind']})"
+
+        table = Table(
+            [
+                Column("ID", lambda r: str(r["id"]), priority=0, right=True),
+                Column(
+                    "STATUS",
+                    lambda r: status_word(outcome_of(r["status"], r["failure_reason"]), style),
+                    priority=0,
+                ),
+                Column("DEFINITION", what, priority=1, shrink=True, min_width=10),
+                Column("KIND", lambda r: r["kind"], priority=6, shrink=True),
+                Column("TRY", lambda r: str(r["attempt"]), priority=3, right=True),
+                Column("SCHEDULED", lambda r: local_time(r["scheduled_for"], r["timezone"], now), priority=2),
+                Column(
+                    "WHEN",
+                    lambda r: relative(r["finished_at"] or r["started_at"] or r["scheduled_for"], now),
+                    priority=1,
+                ),
+                Column("TOOK", lambda r: _took(r, now), priority=2, right=True),
+                Column("ERROR", _first_line, priority=4, shrink=True, min_width=10),
+                Column("WORKER", lambda r: r["worker"] or "", wide_only=True),
+                Column("ORIGIN", lambda r: r["origin"], wide_only=True),
+            ],
+            [dict(r) for r in rows],
+        )
+        return table.render(style, wide=wide)
+
+    return Result(data, text, RUN_FIELDS)
 
 
-def cmd_preview(args: argparse.Namespace) -> int:
+def _first_line(r: dict[str, Any]) -> str:
+    lines = (r["error"] or "").splitlines()
+    return lines[0] if lines else ""
+
+
+def _took(r: dict[str, Any], now: datetime) -> str:
+    """A run's duration; while RUNNING, so far (from the display clock)."""
+    if r["started_at"] is None:
+        return ""
+    return compact_duration((r["finished_at"] or now) - r["started_at"])
+
+
+def cmd_show(args: argparse.Namespace) -> Result:
+    with connect_dicts(_dsn(args)) as conn:
+        row = calls.run_detail(conn, args.run_id)
+    assert row is not None
+    data = _jsonable(dict(row))
+    assert data is not None
+    data["duration"] = (
+        seconds(row["finished_at"] - row["started_at"]) if row["finished_at"] and row["started_at"] else None
+    )
+    now = display_now()
+    zone = row["timezone"]
+
+    def text(style: Style, wide: bool) -> str:
+        r = row
+        lines = [
+            f"run {r['id']}  {status_word(outcome_of(r['status'], r['failure_reason']), style)}"
+            + (f"  ({r['failure_reason']})" if r["failure_reason"] else "")
+            + ("  cancel requested" if r["cancel_requested"] and r["status"] == "RUNNING" else ""),
+            f"  definition  {r['definition'] or '(ad-hoc)'}",
+            f"  kind        {r['kind']}",
+            f"  attempt     {r['attempt']}"
+            + (f" of {r['max_attempts']}" if r["max_attempts"] else "")
+            + f"  (origin {r['origin']})",
+        ]
+        if r["worker"]:
+            lines.append(f"  worker      {r['worker']}")
+        for label, key in (
+            ("scheduled", "scheduled_for"),
+            ("started", "started_at"),
+            ("heartbeat", "heartbeat_at"),
+            ("finished", "finished_at"),
+        ):
+            if r[key] is not None:
+                lines.append(f"  {label:<11} {full_time(r[key], zone)}  ({relative(r[key], now)})")
+        if r["started_at"] is not None:
+            took = (r["finished_at"] or now) - r["started_at"]
+            lines.append(f"  took        {compact_duration(took)}" + ("" if r["finished_at"] else " so far"))
+        if len(r["attempts"]) > 1:
+            lines.append("attempts")
+            for a in r["attempts"]:
+                here = "  <- this run" if a["id"] == r["id"] else ""
+                reason = f"  {a['failure_reason']}: {a['error']}" if a["error"] else ""
+                lines.append(
+                    f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}{reason}{here}"
+                )
+        lines.append("payload")
+        lines.append(_indent(json.dumps(r["payload"], indent=2, ensure_ascii=False)))
+        if r["result"] is not None:
+            lines.append("result")
+            lines.append(_indent(json.dumps(r["result"], indent=2, ensure_ascii=False)))
+        if r["error"]:
+            lines.append("error")
+            lines.append(_indent(r["error"]))
+        return "\n".join(lines)
+
+    return Result(data, text)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+# -- definitions, undefine, workers, prune ----------------------------------------------
+
+DEFINITION_FIELDS = [
+    "id", "name", "kind", "schedule", "timezone", "run_at", "paused", "finished", "next_run_at",
+    "misfire_policy", "overlap_policy", "max_concurrent_runs", "priority", "max_attempts", "timeout",
+    "payload", "schedule_error", "created_at", "updated_at",
+]  # fmt: skip
+
+
+def cmd_definitions(args: argparse.Namespace) -> Result:
+    if not 1 <= args.limit <= 100000:
+        raise UsageError("--limit must be 1..100000")
+    with connect_dicts(_dsn(args)) as conn:
+        rows = calls.definition_list(conn, args.kind, args.name, args.state, args.limit)
+    data = [_jsonable(dict(r)) for r in rows]
+    now = display_now()
+
+    def state(d: dict[str, Any]) -> str:
+        return (
+            "error"
+            if d["schedule_error"]
+            else "paused"
+            if d["paused"]
+            else "finished"
+            if d["finished"]
+            else "active"
+        )
+
+    def text(style: Style, wide: bool) -> str:
+        if not rows:
+            return "no definitions"
+        table = Table(
+            [
+                Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12),
+                Column("KIND", lambda d: d["kind"], priority=2, shrink=True, min_width=8),
+                Column(
+                    "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=12
+                ),
+                Column("ZONE", lambda d: d["timezone"], priority=3),
+                Column(
+                    "STATE",
+                    state,
+                    priority=0,
+                    colour=lambda d: "red" if d["schedule_error"] else "yellow" if d["paused"] else None,
+                ),
+                Column(
+                    "NEXT",
+                    lambda d: "" if d["paused"] else local_time(d["next_run_at"], d["timezone"], now),
+                    priority=2,
+                ),
+                Column("LEFT", lambda d: "" if d["paused"] else relative(d["next_run_at"], now), priority=3),
+                Column("POLICIES", lambda d: f"{d['misfire_policy']}/{d['overlap_policy']}", priority=5),
+                Column("CAP", lambda d: str(d["max_concurrent_runs"] or ""), priority=6, right=True),
+                Column("PRIORITY", lambda d: str(d["priority"]), wide_only=True, right=True),
+                Column("ATTEMPTS", lambda d: str(d["max_attempts"] or ""), wide_only=True, right=True),
+                Column("TIMEOUT", lambda d: compact_duration(d["timeout"]), wide_only=True),
+                Column("CREATED", lambda d: iso(d["created_at"]) or "", wide_only=True),
+            ],
+            [dict(r) for r in rows],
+        )
+        return table.render(style, wide=wide)
+
+    return Result(data, text, DEFINITION_FIELDS)
+
+
+def cmd_undefine(args: argparse.Namespace) -> Result:
+    with connect_dicts(_dsn(args)) as conn:
+        row = calls.undefine_detail(conn, args.name)
+    assert row is not None
+    data = {
+        "definition": row["definition"],
+        "cancelled": row["cancelled"],
+        "still_running": list(row["still_running"]),
+        "history": row["history"],
+    }
+
+    def text(style: Style, wide: bool) -> str:
+        running = data["still_running"]
+        lines = [
+            f"definition={args.name} deleted",
+            f"  {data['cancelled']} queued run{'s' if data['cancelled'] != 1 else ''} cancelled",
+            f"  {len(running)} running run{'s' if len(running) != 1 else ''} will finish"
+            + (f": {', '.join(map(str, running))}" if running else ""),
+            f"  {data['history']} finished run{'s' if data['history'] != 1 else ''} kept as history"
+            " (pgtick prune removes them with age)",
+        ]
+        return "\n".join(lines)
+
+    return Result(data, text)
+
+
+WORKER_FIELDS = [
+    "worker", "state", "host", "pid", "kinds", "started_at", "last_seen_at", "seen_age", "running",
+    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at",
+]  # fmt: skip
+
+
+def cmd_workers(args: argparse.Namespace) -> Result:
+    with connect_dicts(_dsn(args)) as conn:
+        rows = calls.workers(conn, args.all)
+    data = [_jsonable(dict(r)) for r in rows]
+    now = display_now()
+
+    def text(style: Style, wide: bool) -> str:
+        if not rows:
+            return "no live workers" + ("" if args.all else " (pgtick workers --all shows stopped ones)")
+        state_colour = {"alive": "green", "lost": "red", "stopped": "dim"}
+        table = Table(
+            [
+                Column("WORKER", lambda w: w["worker"], priority=0, shrink=True, min_width=14),
+                Column("STATE", lambda w: w["state"], priority=0, colour=lambda w: state_colour[w["state"]]),
+                Column("SEEN", lambda w: relative(w["last_seen_at"], now), priority=1),
+                Column("UP", lambda w: compact_duration(now - w["started_at"]), priority=3, right=True),
+                Column("RUNNING", lambda w: str(w["running"]), priority=0, right=True),
+                Column("RUNS", lambda w: ",".join(map(str, w["run_ids"])), priority=2, shrink=True),
+                Column("HEARTBEAT", lambda w: _age(w["oldest_heartbeat_at"], now), priority=2, right=True),
+                Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=10),
+                Column("HOST", lambda w: f"{w['host']}:{w['pid']}", wide_only=True),
+            ],
+            [dict(r) for r in rows],
+        )
+        return table.render(style, wide=wide)
+
+    return Result(data, text, WORKER_FIELDS)
+
+
+def cmd_prune(args: argparse.Namespace) -> Result:
+    if not 1 <= args.batch <= 1000000:
+        raise UsageError("--batch must be 1..1000000")
+    older = timedelta(seconds=args.older_than) if args.older_than else None
+    with connect(_dsn(args)) as conn:
+        total = calls.prune_count(conn, older)
+        if args.dry_run:
+            return Result(
+                {"dry_run": True, "rows": total, "deleted": 0},
+                lambda s, w: f"would delete {total} finished run{'s' if total != 1 else ''} (dry run)",
+            )
+        from pgtick.progress import Bar
+
+        deleted = 0
+        with Bar("prune", total, enabled=_progress_enabled()) as bar:
+            while True:
+                n = calls.prune_batch(conn, older, args.batch)
+                deleted += n
+                bar.advance(n)
+                if n < args.batch:
+                    break
+    return Result(
+        {"dry_run": False, "rows": total, "deleted": deleted},
+        lambda s, w: f"deleted {deleted} finished run{'s' if deleted != 1 else ''}",
+    )
+
+
+# -- preview, backfill, lock, dsn ----------------------------------------------------------
+
+
+def _preview_data(
+    text: str | None, zone: str, runs: Sequence[datetime], definition: str | None = None
+) -> dict[str, Any]:
+    """What `pgtick preview --json` prints (schema: docs/schemas/preview.json)."""
+    tz = _zone(zone)
+    return {
+        "schedule": text,
+        "timezone": zone,
+        "definition": definition,
+        "runs": [
+            {
+                "local": t.astimezone(tz).replace(tzinfo=None).isoformat(),
+                "abbreviation": t.astimezone(tz).tzname(),
+                "utc": iso(t),
+            }
+            for t in runs
+        ],
+    }
+
+
+def cmd_preview(args: argparse.Namespace) -> Result:
     from zoneinfo import ZoneInfo
 
-    from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule
+    from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule, preview
 
     if not 1 <= args.count <= 1000:
         raise UsageError("--count must be 1..1000")
@@ -623,19 +1211,18 @@ def cmd_preview(args: argparse.Namespace) -> int:
             args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
         )
         lines = format_preview(schedule, after, args.count)
+        runs = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
     except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
-    print(f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):")
-    for line in header(schedule, anchor_note=note):
-        print(f"  {line}")
-    for line in lines:
-        print(f"  {line}")
-    return 0
+    out = [f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):"]
+    out += [f"  {line}" for line in header(schedule, anchor_note=note)]
+    out += [f"  {line}" for line in lines]
+    return Result(_preview_data(args.schedule, tz, runs), lambda st, w: "\n".join(out))
 
 
-def _preview_definition(args: argparse.Namespace) -> int:
+def _preview_definition(args: argparse.Namespace) -> Result:
     """A stored definition's next runs exactly as the scheduler will materialize them."""
-    from pgtick.schedule import ScheduleError, format_preview, header
+    from pgtick.schedule import ScheduleError, format_preview, header, preview
     from pgtick.scheduler import definition_schedule
 
     with connect_dicts(_dsn(args)) as conn:
@@ -661,14 +1248,15 @@ def _preview_definition(args: argparse.Namespace) -> int:
         try:
             schedule = definition_schedule(d)
             lines = format_preview(schedule, after, args.count, delay=jitter)
+            plain = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
+            runs = [t + j for t, j in zip(plain, jitter(plain), strict=True)] if plain else []
         except ScheduleError as exc:
             raise UsageError(str(exc)) from exc
-    print(f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):")
-    for line in header(schedule, anchor_note="local midnight of the day it was created"):
-        print(f"  {line}")
-    for line in lines:
-        print(f"  {line}")
-    return 0
+    out = [f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):"]
+    out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
+    out += [f"  {line}" for line in lines]
+    data = _preview_data(d["schedule"], d["timezone"], runs, definition=d["name"])
+    return Result(data, lambda st, w: "\n".join(out))
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
@@ -682,9 +1270,23 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return run_locked(_dsn(args), args.name, args.ttl, cmd, owner=args.owner, skipped_exit=args.skipped_exit)
 
 
-def cmd_dsn(args: argparse.Namespace) -> int:
-    print(_dsn(args))
-    return 0
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from pgtick.web.serve import operator_secret, parse_bind, serve
+    except ImportError as exc:
+        raise UsageError(f"the dashboard needs the web extra: pip install 'pgtick[web]' ({exc})") from None
+    parse_bind(args.bind)
+    secret = operator_secret(args.password_file)
+    try:
+        return serve(_dsn(args), args.bind, secret)
+    finally:
+        if _embedded is not None:
+            _embedded.stop()
+
+
+def cmd_dsn(args: argparse.Namespace) -> Result:
+    dsn = _dsn(args)
+    return Result({"dsn": dsn}, lambda s, w: dsn)
 
 
 # -- entry point ----------------------------------------------------------------------
@@ -705,20 +1307,28 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pgtick.logs import setup_logging
+
     parser = build_parser()
+    try:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    except ImportError:  # completion is a convenience; the CLI works without it
+        pass
     args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else getattr(logging, os.environ.get("PGTICK_LOG", "INFO")),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+    setup_logging(
+        verbose=args.verbose,
+        log_format=getattr(args, "log_format", None),
+        outcomes=args.command == "run",
     )
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
     if args.command is None:
         parser.print_help()
         return 2
     try:
         with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
-            return int(args.fn(args))
+            result = args.fn(args)
+        return _emit(args, result) if isinstance(result, Result) else int(result)
     except UsageError as exc:
         print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, tzinfo
 from typing import Any, TypeVar
@@ -41,6 +41,8 @@ from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from pgtick import instrumentation
+from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
 from pgtick.errors import InvalidArgument, UsageError, translate_errors
 
 __all__ = ["AsyncClient", "Client", "Definition", "Run"]
@@ -296,6 +298,7 @@ class Client:
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    prepare_for_pooler(self._own)
                 with self._own.transaction():
                     yield self._own
 
@@ -304,8 +307,21 @@ class Client:
     ) -> list[Row]:
         query, params = call(function, args)
         with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)
-            return cur.fetchall()
+            if function not in instrumentation.ENQUEUING:
+                cur.execute(query, params)
+                return cur.fetchall()
+            with instrumentation.current.enqueue(function, args) as trace_context:
+                if trace_context is None:
+                    cur.execute(query, params)
+                    return cur.fetchall()
+                # The setting is transaction-local: both statements in one transaction, the
+                # caller's when one is open (a non-autocommit connection always has one).
+                with c.transaction() if c.autocommit else nullcontext():
+                    cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
+                    cur.execute(query, params)
+                    found = cur.fetchall()
+                    cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
+                return found
 
     def _value(self, function: str, args: Mapping[str, Any], conn: psycopg.Connection[Any] | None) -> Any:
         query, params = call(function, args, returns_row=False)
@@ -477,6 +493,11 @@ def _found(row: Row | None, run_id: int) -> Run:
     return Run.from_row(row)
 
 
+@asynccontextmanager
+async def _async_null() -> AsyncIterator[None]:
+    yield
+
+
 def _is_async(source: object) -> bool:
     return isinstance(source, psycopg.AsyncConnection) or (isinstance(source, AsyncConnectionPool))
 
@@ -546,6 +567,7 @@ class AsyncClient:
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    await prepare_for_pooler_async(self._own)
                 async with self._own.transaction():
                     yield self._own
 
@@ -555,8 +577,19 @@ class AsyncClient:
         query, params = call(function, args)
         with translate_errors():
             async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                return await cur.fetchall()
+                if function not in instrumentation.ENQUEUING:
+                    await cur.execute(query, params)
+                    return await cur.fetchall()
+                with instrumentation.current.enqueue(function, args) as trace_context:
+                    if trace_context is None:
+                        await cur.execute(query, params)
+                        return await cur.fetchall()
+                    async with c.transaction() if c.autocommit else _async_null():  # see Client._rows
+                        await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
+                        await cur.execute(query, params)
+                        found = await cur.fetchall()
+                        await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
+                    return found
 
     async def _value(
         self, function: str, args: Mapping[str, Any], conn: psycopg.AsyncConnection[Any] | None

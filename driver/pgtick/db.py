@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgtick import calls
 from pgtick.errors import PgtickError
 
 Connection = psycopg.Connection[Any]
@@ -18,9 +19,10 @@ DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, PgtickError)
 
 
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
-    """An autocommit connection (each function call is its own transaction)."""
+    """An autocommit connection (each function call is its own transaction); behind a
+    pooler it never prepares statements (see ``prepare_for_pooler``)."""
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             dsn,
             autocommit=True,
             application_name=application_name,
@@ -29,6 +31,31 @@ def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Con
         )
     except psycopg.OperationalError as exc:
         raise PgtickError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from exc
+    prepare_for_pooler(conn)
+    return conn
+
+
+def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
+    """True when something sits between this client and PostgreSQL (PgBouncer, a proxy):
+    the port this connection reached is not the port the server listens on.
+
+    Through a transaction-mode pooler, consecutive transactions of one client may run
+    on different server sessions, and a session's state (advisory locks, LISTEN, SET,
+    prepared statements) reaches other clients: the driver then leads by a lease,
+    polls instead of listening and prepares nothing. A port-mapping proxy in front of
+    a direct connection is taken for a pooler too, which only costs those shortcuts.
+    """
+    server_port = calls.server_port(conn)
+    return server_port is not None and conn.info.port != server_port
+
+
+def prepare_for_pooler(conn: psycopg.Connection[Any]) -> bool:
+    """Behind a pooler, turn psycopg's automatic prepared statements off (a statement
+    prepared on one server session does not exist on the next); True if it did."""
+    if behind_pooler(conn):
+        conn.prepare_threshold = None
+        return True
+    return False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -52,3 +79,13 @@ def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
     if env:
         return env
     return start_embedded()
+
+
+async def prepare_for_pooler_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """``prepare_for_pooler`` for an async connection."""
+    cur = await conn.execute(calls.SERVER_PORT)
+    row = await cur.fetchone()
+    if row is not None and conn.info.port != int(row[0] if isinstance(row, tuple) else row["port"]):
+        conn.prepare_threshold = None
+        return True
+    return False

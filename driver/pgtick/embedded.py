@@ -82,7 +82,7 @@ class EmbeddedPostgres:
             with PostgresServer._lock:
                 if self._settings_differ():
                     self._configure()
-        log.info("embedded PostgreSQL data=%s dsn=%s", self.data_dir, self.dsn)
+        log.info('embedded PostgreSQL, data in %s; watch it with: psql "%s"', self.data_dir, self.dsn)
         return self.dsn
 
     def _wanted(self) -> dict[str, str]:

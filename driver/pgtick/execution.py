@@ -11,6 +11,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pgtick import instrumentation
 from pgtick.app import Context, error_classes
 from pgtick.errors import Abandoned, Cancelled, JobTimeout
 
@@ -45,6 +46,13 @@ def execute(ctx: Context) -> Outcome:
     The worker sends ``async def`` jobs to its event loop (``pgtick.aio``) and
     process-isolated ones to a child process (``pgtick.isolation``); called here
     directly, an ``async def`` job gets a loop of its own."""
+    with instrumentation.current.execute(ctx) as ended:
+        outcome = _run(ctx)
+        ended(outcome)
+    return outcome
+
+
+def _run(ctx: Context) -> Outcome:
     if ctx.spec.isolation == "process":
         from pgtick.isolation import execute_in_process
 

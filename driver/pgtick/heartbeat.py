@@ -76,11 +76,12 @@ class HeartbeatLoop:
 
     def beat(self) -> None:
         held = dict(self.owner.held())
-        if not held:
-            return
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, application_name=f"pgtick-heartbeat {self.worker_id}")
+            calls.worker_seen(self._conn, self.worker_id)  # the worker's own sign of life
+            if not held:
+                return
             alive = calls.heartbeat(self._conn, list(held), self.worker_id)
         except Exception as exc:
             self.owner.heartbeat_failed(exc)

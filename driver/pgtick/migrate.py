@@ -20,6 +20,7 @@ every time, in one transaction.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import psycopg
 
 from pgtick import calls
+from pgtick.db import behind_pooler
 
 _LOCK_LINE = re.compile(r"^\\set\s+pgtick_migration_lock\s+(\d+)\s*$")
 _MIGRATION_LINE = re.compile(
@@ -140,11 +142,29 @@ def install_script(root: Path | None = None) -> str:
             "\\endif\n",
             "COMMIT;\n",
         ]
+    if any(m.version >= _FIRST_WITH_PACKAGE_VERSION for m in plan.migrations):
+        out.append("\n-- the pgtick version that printed this script applied what it applied\n")
+        for migration in plan.migrations:
+            out.append(
+                f"\\if :pgtick_apply_{migration.version}\n"
+                f"UPDATE jobs.schema_migrations SET package_version = '{_package_version()}' "
+                f"WHERE version = '{migration.version}';\n\\endif\n"
+            )
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += ["COMMIT;\n", f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n"]
     return "".join(out)
+
+
+#: The migration that adds jobs.schema_migrations.package_version.
+_FIRST_WITH_PACKAGE_VERSION = "0008"
+
+
+def _package_version() -> str:
+    from pgtick import __version__
+
+    return __version__
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
@@ -153,8 +173,15 @@ def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
     return calls.applied_migrations(conn)
 
 
-def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
+def apply(
+    conn: psycopg.Connection[Any],
+    root: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[str]:
     """Apply pending migrations and re-apply functions; returns the versions applied now.
+
+    ``progress(step, done, total)`` is called after each migration and once for the
+    functions (the CLI draws a progress bar with it).
 
     ``conn`` must be in autocommit mode: each migration is its own transaction,
     and the advisory lock is held by the session across all of them.
@@ -162,22 +189,53 @@ def apply(conn: psycopg.Connection[Any], root: Path | None = None) -> list[str]:
     if not conn.autocommit:
         raise ValueError("migrate needs an autocommit connection")
     plan = install_plan(root)
+    if behind_pooler(conn):
+        return _apply_in_one_transaction(conn, plan)
     done: list[str] = []
     conn.execute("SET client_min_messages = warning")
     calls.advisory_lock(conn, plan.lock_key)
     try:
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
-        for migration in plan.migrations:
-            if migration.version in already:
-                continue
+        pending = [m for m in plan.migrations if m.version not in already]
+        total = len(pending) + 1
+        for migration in pending:
             with conn.transaction():
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
             done.append(migration.version)
+            if progress is not None:
+                progress(f"{migration.version}_{migration.name}", len(done), total)
         with conn.transaction():
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
+            if done:
+                calls.record_package_version(conn, _package_version(), done)
+        if progress is not None:
+            progress("functions and views", total, total)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
+    return done
+
+
+def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) -> list[str]:
+    """``apply`` through a transaction-mode pooler: one transaction under the transaction
+    form of the migration lock, since a session lock (and a session SET) would stay on a
+    server connection that other clients share."""
+    done: list[str] = []
+    with conn.transaction():
+        conn.execute("SET LOCAL client_min_messages = warning")
+        calls.advisory_xact_lock(conn, plan.lock_key)
+        conn.execute(plan.bootstrap.read_bytes())
+        already = applied_versions(conn)
+        for migration in plan.migrations:
+            if migration.version in already:
+                continue
+            conn.execute(migration.sql().encode())
+            calls.record_migration(conn, migration.version, migration.name)
+            done.append(migration.version)
+        for path in plan.function_files:
+            conn.execute(path.read_bytes())
+        if done:
+            calls.record_package_version(conn, _package_version(), done)
     return done

@@ -24,8 +24,12 @@ from pgtick import calls
 from pgtick.app import Context
 from pgtick.events import WorkerListener
 from pgtick.execution import Outcome
+from pgtick.logs import log_outcome
 
 log = logging.getLogger("pgtick.worker")
+
+#: The status each applied action leaves the run in.
+_STATUS = {"complete": "COMPLETED", "fail": "FAILED", "cancel": "CANCELLED", "abandon": "ABANDONED"}
 
 
 def _jsonable(value: Any) -> Any:
@@ -98,36 +102,30 @@ class Reporter:
         else:
             message = (o.message or "")[:10000]
             failed = calls.fail(conn, ctx.run_id, self.worker_id, o.classes, message, o.reason)
-            self.settle(o, failed is not None)
-            if failed is not None and failed[1] == "QUEUED":
-                log.info("run=%s kind=%s retry queued as run=%s", ctx.run_id, ctx.kind, failed[0])
+            retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
+            self.settle(o, failed is not None, retry_run_id=retry)
 
-    def settle(self, o: Outcome, applied: bool) -> None:
-        """The database answered for this outcome: applied, or fenced."""
+    def settle(self, o: Outcome, applied: bool, retry_run_id: int | None = None) -> None:
+        """The database answered for this outcome: applied, or fenced. Logs one line."""
         ctx = o.ctx
         self.events.on_outcome(ctx.kind, o.action if applied else "fenced")
-        elapsed = time.monotonic() - ctx.started
+        status = _STATUS[o.action] if applied else "FENCED"
+        error = None
         if not applied:
-            log.warning(
-                "run=%s kind=%s %s not applied: no longer RUNNING for worker=%s (fenced)",
-                ctx.run_id,
-                ctx.kind,
-                o.action,
-                self.worker_id,
-            )
-        elif o.action == "complete":
-            log.debug("run=%s kind=%s completed in %.3fs", ctx.run_id, ctx.kind, elapsed)
-        elif o.action == "cancel":
-            log.info("run=%s kind=%s cancelled after %.3fs", ctx.run_id, ctx.kind, elapsed)
-        else:
-            log.info(
-                "run=%s kind=%s failed reason=%s after %.3fs: %s",
-                ctx.run_id,
-                ctx.kind,
-                o.reason,
-                elapsed,
-                o.message,
-            )
+            error = f"{o.action} not applied: no longer RUNNING for this worker (reaped or fenced)"
+        elif o.action == "fail":
+            error = f"{o.reason}: {o.message}" if o.reason != "Error" else o.message
+        log_outcome(
+            run_id=ctx.run_id,
+            kind=ctx.kind,
+            definition=ctx.run.get("definition"),
+            status=status,
+            attempt=ctx.attempt,
+            duration=time.monotonic() - ctx.started,
+            worker=self.worker_id,
+            error=error,
+            retry_run_id=retry_run_id,
+        )
         self._forget(ctx)
 
     def _forget(self, ctx: Context) -> None:

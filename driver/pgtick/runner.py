@@ -63,6 +63,9 @@ class RunOptions:
     worker: bool = True
     metrics_port: int | None = None
     metrics_per_definition: bool = False
+    listen: bool = True
+    leadership: str = "auto"
+    lease_ttl: float | None = None
     queues: list[str] | None = None  # claim only from these queues (None: all)
 
 
@@ -96,11 +99,18 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             heartbeat_interval=options.heartbeat_interval,
             shutdown_grace=options.shutdown_grace,
             listener=listener,
+            listen=options.listen,
             queues=options.queues,
         )
         threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
     if options.scheduler:
-        scheduler = Scheduler(dsn, owner=worker_id, tick_interval=options.tick_interval)
+        scheduler = Scheduler(
+            dsn,
+            owner=worker_id,
+            tick_interval=options.tick_interval,
+            leadership=options.leadership,
+            lease_ttl=options.lease_ttl,
+        )
         threads.append(threading.Thread(target=scheduler.run, args=(stop,), name="pgtick-scheduler"))
     for t in threads:
         t.start()

@@ -27,9 +27,26 @@ occurrences finds them inserted well before it.
 Each phase is its own transaction. A failing tick logs one line and the loop
 sleeps and goes on; a lost connection means lost leadership, contested again
 on the next tick (an error the database reports on a healthy session keeps it).
-The connection must be direct or session-pooled: a transaction-mode pooler
-would hand the session lock to other clients (the scheduler warns when its
-backend pid changes between statements).
+
+Leadership takes one of two forms (``leadership``):
+
+* ``lock``: the session advisory lock of step 1, for a direct (or session-pooled)
+  connection; a crashed leader's lock goes with its session, so a follower takes
+  over on its next tick;
+* ``lease``: the lease ``pgtick:leader`` in ``jobs.leases``, taken with
+  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease``; it
+  needs no session, so it works through a transaction-mode pooler (PgBouncer),
+  where a session lock would be handed to other clients. A crashed leader's lease
+  expires after ``lease_ttl``, then a follower takes it. The leader's own writes
+  are fenced by the lease: a tick stops between phases once the lease it renewed
+  at the start may have expired (measured on this process's monotonic clock from
+  before the renewal was sent), so a deposed leader does no more than finish the
+  statement in flight, and that one is harmless: materialization is a
+  compare-and-set, reaping and pruning are idempotent.
+* ``auto`` (default): ``lease`` when the connection goes through a pooler
+  (``pgtick.db.behind_pooler``), else ``lock``. Every replica of a deployment
+  should reach PostgreSQL the same way, or be given the same mode: a lock leader
+  and a lease leader do not see each other.
 """
 
 from __future__ import annotations
@@ -46,7 +63,7 @@ from typing import Any
 import psycopg
 
 from pgtick import calls as sql
-from pgtick.db import connect_dicts
+from pgtick.db import behind_pooler, connect_dicts
 from pgtick.schedule import (
     Plan,
     Schedule,
@@ -170,8 +187,18 @@ class Scheduler:
         batches_per_tick: int = 20,
         prune_every: float = 3600.0,
         clock: Callable[[], datetime] | None = None,
+        leadership: str = "auto",
+        lease_ttl: float | None = None,
     ) -> None:
+        if leadership not in ("auto", "lock", "lease"):
+            raise ValueError(f"leadership must be auto, lock or lease, got {leadership!r}")
         self.dsn = dsn
+        self.leadership = leadership
+        self.mode = leadership if leadership != "auto" else "lock"  # settled when connected
+        self.lease_ttl = timedelta(
+            seconds=lease_ttl if lease_ttl is not None else max(5.0, 5 * tick_interval)
+        )
+        self._lease_until = float("-inf")  # monotonic instant the renewed lease may expire
         self.owner = owner
         self.tick_interval = tick_interval
         self.misfire_grace = timedelta(seconds=misfire_grace)
@@ -220,7 +247,11 @@ class Scheduler:
         """Resign explicitly and close the leader connection."""
         if self._conn is not None and not self._conn.closed:
             try:
-                if self.leading:
+                if self.leading and self.mode == "lease":
+                    sql.release_lease(self._conn, sql.LEADER_LEASE, self.owner)
+                    self.leading = False
+                    log.info("scheduler owner=%s resigned (lease released)", self.owner)
+                elif self.leading:
                     sql.resign(self._conn)
                     self.leading = False
                     log.info("scheduler owner=%s resigned", self.owner)
@@ -253,9 +284,16 @@ class Scheduler:
         if self._conn is None or self._conn.closed:
             self.leading = False
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
-            # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
-            idle = max(30, int(self.tick_interval * 10))
-            sql.set_idle_session_timeout(self._conn, idle)
+            if self.leadership == "auto":
+                mode = "lease" if behind_pooler(self._conn) else "lock"
+                if mode != self.mode or self._pid is None:
+                    log.info("scheduler owner=%s leads by %s", self.owner, mode)
+                self.mode = mode
+            if self.mode == "lock":
+                # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
+                # (Never through a pooler: a session setting would reach other clients.)
+                idle = max(30, int(self.tick_interval * 10))
+                sql.set_idle_session_timeout(self._conn, idle)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
@@ -267,6 +305,8 @@ class Scheduler:
     def tick(self) -> TickReport:
         conn = self._connection()
         report = TickReport()
+        if self.mode == "lease":
+            return self._tick_by_lease(conn, report)
         leading = sql.try_lead(conn, self.owner)
         if leading and self._backend_pid(conn) != self._pid:
             log.error(
@@ -281,11 +321,46 @@ class Scheduler:
         self.leading = report.leading = leading
         if not leading:
             return report
+        return self._lead(conn, report)
+
+    def _tick_by_lease(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
+        """Renew the leader lease (or take it when free or expired), then lead while it holds."""
+        sent = time.monotonic()
+        # Renew first even when not known to lead: after a reconnect the lease may still be ours.
+        leading = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        if self.leading and not leading:
+            log.warning("scheduler owner=%s lost the leader lease (expired or taken)", self.owner)
+        if not leading:
+            sent = time.monotonic()
+            leading = sql.acquire_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        if leading:
+            self._lease_until = sent + self.lease_ttl.total_seconds()
+        if leading != self.leading:
+            log.info("scheduler owner=%s %s (lease)", self.owner, "is leader" if leading else "follows")
+        self.leading = report.leading = leading
+        if not leading:
+            return report
+        return self._lead(conn, report)
+
+    def _fenced(self) -> bool:
+        """Lease mode: the lease renewed at the start of this tick may have expired by now."""
+        if self.mode == "lease" and time.monotonic() >= self._lease_until:
+            log.warning("scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner)
+            self.leading = False
+            return True
+        return False
+
+    def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
+        """The leader's phases; in lease mode each starts only while the lease holds."""
+        if self._fenced():
+            return report
         self.materialize_due(report)
+        if self._fenced():
+            return report
         report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
-        if time.monotonic() - self._last_prune >= self.prune_every:
+        if time.monotonic() - self._last_prune >= self.prune_every and not self._fenced():
             report.pruned = self.prune(conn)
             self._last_prune = time.monotonic()
         if report.runs_created or report.one_shots:
@@ -358,45 +433,52 @@ class Scheduler:
     ) -> None:
         lookahead = self.lookahead
         horizon = now + lookahead
-        plans: dict[tuple[int, datetime, str], Plan] = {}  # shared schedule, same cursor: same plan
+        # shared schedule, same cursor: same plan
+        plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
             began = time.monotonic()
             rows = sql.due_definitions(conn, horizon, self.batch)
             batch: list[Call] = []
+            late: list[tuple[Call, CatchUp]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
-                plan = plans.get(memo)
-                if plan is None:
-                    plan = plans[memo] = plan_materialization(
-                        schedule,
-                        d["next_run_at"],
-                        now,
-                        misfire_policy=d["misfire_policy"],
-                        lookahead=lookahead,
-                        misfire_grace=self.misfire_grace,
-                        max_runs=self.max_catch_up,
-                    )
-                if plan.missed:
-                    log.info(
-                        "definition=%s %d missed occurrences, misfire_policy=%s: %d runs",
-                        d["name"],
-                        plan.missed,
-                        d["misfire_policy"],
-                        len(plan.run_times),
-                    )
-                batch.append(
-                    Call(
-                        d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]
-                    )
-                )
+                planned = plans.get(memo)
+                if planned is None:
+                    planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                plan, catch_up = planned
+                call = Call(d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"])
+                if catch_up is None:
+                    batch.append(call)
+                else:
+                    late.append((call, catch_up))
             if batch:
                 self._materialize(conn, batch, report)
+            for call, catch_up in late:
+                sentence = self._materialize_catch_up(conn, call, catch_up, report)
+                if sentence:
+                    log.warning("definition=%s %s", call.name, sentence)
             self.horizon.observe_batch(len(rows), time.monotonic() - began)
             if len(rows) < self.batch:
                 return
+
+    def _plan(
+        self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str
+    ) -> tuple[Plan, CatchUp | None]:
+        """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``)."""
+        grace = misfire_grace_for(schedule, cursor, self.misfire_grace)
+        plan = plan_materialization(
+            schedule,
+            cursor,
+            now,
+            misfire_policy=misfire_policy,
+            lookahead=self.lookahead,
+            misfire_grace=grace,
+            max_runs=self.max_catch_up,
+        )
+        return settle_late(schedule, plan, cursor, now, misfire_policy)
 
     def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> None:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
@@ -429,6 +511,28 @@ class Scheduler:
             report.runs_created += int(row["created"])
             if int(row["created"]) == 0 and c.run_times:
                 report.stale += 1
+
+    def _materialize_catch_up(
+        self, conn: psycopg.Connection[Any], call: Call, c: CatchUp, report: TickReport
+    ) -> str | None:
+        """A definition back from downtime: its runs and the record of its catch-up in one
+        statement (one commit, before workers hear of the new run); returns the sentence."""
+        record = (call.definition_id, c.misfire_policy, c.first_late, c.last_late, c.occurrences, c.runs)
+        params = (call.definition_id, call.expected, call.run_times, call.new_next, call.revision)
+        try:
+            row = conn.execute(sql.MATERIALIZE_CATCH_UP, (*params, *record, call.new_next)).fetchone()
+        except psycopg.DatabaseError as exc:
+            if conn.broken:
+                raise
+            report.materialize_errors += 1
+            log.error("definition=%s catch-up runs not inserted (tried again next tick): %s", call.name, exc)
+            return None
+        self.horizon.observe_cursors([call.new_next])
+        created = int(row["n"]) if row else 0
+        report.runs_created += created
+        if created == 0 and call.run_times:
+            report.stale += 1
+        return str(row["recorded"]) if row and row.get("recorded") else None
 
     def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
         conn = conn or self._connection()
@@ -501,6 +605,58 @@ def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) ->
         suffix = f" error={error}" if error else ""
         log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
     return created
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Occurrences found late after downtime, and how many runs the misfire policy made of them
+    (``jobs.record_catch_up`` records it and says it as a sentence)."""
+
+    misfire_policy: str
+    first_late: datetime
+    last_late: datetime
+    occurrences: int
+    runs: int
+
+
+def misfire_grace_for(schedule: Schedule, cursor: datetime, configured: timedelta) -> timedelta:
+    """The misfire grace for a schedule at its cursor: the configured one, but at most one
+    period (the gap from the cursor to the following occurrence), so an every-10-seconds
+    job that was down for minutes does not replay the occurrences of the last minute."""
+    following = schedule.next_after(cursor, inclusive=False)
+    if following is None:
+        return configured
+    return min(configured, following - cursor)
+
+
+def settle_late(
+    schedule: Schedule, plan: Plan, cursor: datetime, now: datetime, misfire_policy: str
+) -> tuple[Plan, CatchUp | None]:
+    """After downtime (the plan found missed occurrences), count every late occurrence
+    (cursor <= t <= now, up to where the plan stops) and keep the policy's promise for
+    all of them: ``coalesce`` makes exactly one run, at the latest late occurrence (the
+    plan alone coalesces those past the grace but still runs the recent ones one by
+    one, which an overlap cap then records as skipped for a false reason); ``catch_up``
+    runs each; ``skip`` runs only those still within the grace. Occurrences after now
+    are planned as usual."""
+    if not plan.missed:
+        return plan, None
+    end = now
+    if plan.next_cursor is not None and plan.next_cursor <= now:
+        end = plan.next_cursor - timedelta(microseconds=1)
+    late = schedule.between(cursor, end, limit=10_000_000)
+    if not late:
+        return plan, None
+    late_runs = [t for t in plan.run_times if t <= now]
+    future = [t for t in plan.run_times if t > now]
+    if misfire_policy == "coalesce":
+        run_times = [late[-1], *future]
+        runs = 1
+    else:
+        run_times = plan.run_times
+        runs = len(late_runs)
+    catch_up = CatchUp(misfire_policy, late[0], late[-1], len(late), runs)
+    return Plan(run_times, plan.next_cursor, plan.missed), catch_up
 
 
 def _one_line(exc: BaseException) -> str:

@@ -53,7 +53,15 @@ __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
 DSN_VARIABLE = "PGTICK_TESTING_DSN"
 WORKER = "pgtick-testing"
 #: Every table that holds an application's state (the schema's own config stays).
-STATE_TABLES = ("jobs.runs", "jobs.definitions", "jobs.retry_policies", "jobs.leases")
+STATE_TABLES = (
+    "jobs.runs",
+    "jobs.definitions",
+    "jobs.retry_policies",
+    "jobs.leases",
+    "jobs.catch_ups",
+    "jobs.worker_registry",
+    "jobs.known_kinds",
+)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ Threads, each with its own connection where it talks to PostgreSQL:
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
   cancelled at its next checkpoint; failures are logged, never fatal to the jobs;
-* the listener: LISTEN jobs, so a new run starts within milliseconds. A
-  notification whose payload is a time (epoch seconds, sent by the scheduler
-  for the earliest run it inserted) only re-arms the timer when it is sooner
-  than the one set; an empty payload (a run due now) wakes the claim loop;
+* the listener: LISTEN jobs, so a new run starts within milliseconds (not behind a
+  transaction pooler, nor with ``listen=False``: then polling every ``poll_interval``).
+  A notification whose payload is a time (epoch seconds, sent by the scheduler for the
+  earliest run it inserted) only re-arms the timer when it is sooner than the one set;
+  an empty payload (a run due now) wakes the claim loop;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
   claim loop asks to report;
@@ -35,7 +36,9 @@ and retried until the database answers: the fenced SQL makes a repeat harmless.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -44,10 +47,10 @@ from typing import Any
 
 import psycopg
 
-from pgtick import calls
+from pgtick import calls, instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
-from pgtick.db import DB_ERRORS, connect, connect_dicts
+from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, execute
 from pgtick.heartbeat import HeartbeatLoop
@@ -110,6 +113,7 @@ class Worker:
         self.reporter = Reporter(self.worker_id, self.events, self._release)
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
         self._threads: list[threading.Thread] = []
+        self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
@@ -183,6 +187,10 @@ class Worker:
             for _ in self._threads:
                 self._tasks.put(None)
             if conn is not None:
+                try:
+                    calls.worker_stopped(conn, self.worker_id)
+                except DB_ERRORS:
+                    pass  # it shows as lost instead of stopped
                 conn.close()
             log.info("worker=%s stopped", self.worker_id)
 
@@ -240,6 +248,7 @@ class Worker:
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
+        calls.register_worker(conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid())
         timeout = calls.default_heartbeat_timeout(conn)
         if timeout is not None:
             self.default_heartbeat_timeout = timeout.total_seconds()
@@ -260,6 +269,13 @@ class Worker:
         while not stop.is_set():
             try:
                 with connect(self.dsn, application_name=f"pgtick-listen {self.worker_id}") as conn:
+                    if behind_pooler(conn):  # a transaction pooler delivers no notifications
+                        log.info(
+                            "worker=%s behind a pooler: polling every %.2fs",
+                            self.worker_id,
+                            self.poll_interval,
+                        )
+                        return
                     calls.listen(conn)
                     while not stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
@@ -312,6 +328,7 @@ class Worker:
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
             rows = claim_cur.fetchall() if claim_cur is not None else []
+            self._name_definitions(conn, rows)
         except BaseException:
             self.reporter.requeue(plain)  # report them again on the next cycle
             raise
@@ -321,9 +338,19 @@ class Worker:
             return False
         return self._dispatch(rows, want, began)
 
+    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
+        """Put each claimed run's definition name in its row (for the outcome log line);
+        names are looked up once per definition and kept."""
+        unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
+        if unknown:
+            self._names.update(calls.definition_names(conn, unknown))
+        for r in rows:
+            r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
+
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full."""
         self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
+        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
             return False
         for r in rows:

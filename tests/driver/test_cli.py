@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, pgtick, scalar
-from pgtick import cli
+from pgtick import cli, migrate
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 EXAMPLE = str(ROOT / "examples" / "app.py")  # imports without a database
@@ -175,9 +175,15 @@ COMMANDS = [
     "preview",
     "lock",
     "dsn",
+    "show",
+    "undefine",
+    "workers",
+    "prune",
+    "definitions",
     "pause-queue",
     "resume-queue",
     "backfill",
+    "web",
 ]
 
 
@@ -269,33 +275,46 @@ def busy(db: Database, conn: Conn) -> Iterator[dict[str, Any]]:
 
 
 def test_status_tables(
-    db: Database, busy: dict[str, Any], machine_in_new_york: None, capsys: pytest.CaptureFixture[str]
+    db: Database,
+    busy: dict[str, Any],
+    machine_in_new_york: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("PGTICK_NOW", "2031-07-01T04:56:00Z")
     out = _pgtick(capsys, "status", "--dsn", db.dsn)
     lines = out.splitlines()
-    assert lines[0].startswith("leader: cli-leader (pid ")
-    assert "definitions:" in lines and "queues:" in lines
-    defs = out[out.index("definitions:") : out.index("queues:")]
-    row = next(line for line in defs.splitlines() if line.startswith("sofia-report"))
-    # Local wall-clock time in the definition's zone, not shifted by this machine's zone.
-    assert "2031-07-01 08:00:00" in row and "Europe/Sofia" in row and "FAILED" in row
-    assert "08:00:00Z" not in row
-    queues = out[out.index("queues:") :].splitlines()
-    header = queues[1].split()
-    mail = dict(zip(header, next(q for q in queues if q.startswith("mail")).split(), strict=False))
-    assert (mail["queued"], mail["running"]) == ("2", "1")
-    report = dict(zip(header, next(q for q in queues if q.startswith("report")).split(), strict=False))
-    assert report["failed_1h"] == "1"
+    assert lines[0].startswith("leader  cli-leader (pid ")
+    row = next(line for line in lines if line.startswith("sofia-report"))
+    # Local wall-clock time in the definition's zone with its abbreviation, not shifted by
+    # this machine's zone, and how long until then.
+    assert "08:00:00 EEST" in row and "in 4m" in row and "FAILED" in row, row
+    assert "1 failed" in row, row
+    header = next(line for line in lines if line.startswith("KIND"))
+
+    def cell(kind: str, column: str) -> str:
+        """The right-aligned cell under `column` in the row of `kind` ("" when blank)."""
+        row = next(q for q in lines if q.startswith(kind + " "))
+        end = header.index(column) + len(column)
+        return row[:end].split()[-1] if row[end - 1] != " " else ""
+
+    assert (cell("mail", "QUEUED"), cell("mail", "RUNNING")) == ("2", "1")
+    assert cell("report", "FAILED/1H") == "1"
+    assert all(len(line) <= 100 for line in lines), out
 
 
 def test_status_json(db: Database, busy: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
-    assert [leader["owner"] for leader in snap["leader"]] == ["cli-leader"]
-    assert datetime.fromisoformat(snap["leader"][0]["since"]).tzinfo is not None
+    assert snap["leader"]["owner"] == "cli-leader"
+    assert datetime.fromisoformat(snap["leader"]["since"]).tzinfo is not None
     (definition,) = snap["definitions"]
     assert definition["name"] == "sofia-report"
     assert definition["next_run_local"] == "2031-07-01T08:00:00"
-    assert (definition["last_status"], definition["fails"], definition["paused"]) == ("FAILED", 1, False)
+    assert (definition["last_status"], definition["consecutive_failures"], definition["paused"]) == (
+        "FAILED",
+        1,
+        False,
+    )
     queues = {q["kind"]: q for q in snap["queues"]}
     assert (queues["mail"]["queued"], queues["mail"]["running"]) == (2, 1)
     assert 300 <= queues["mail"]["oldest_queued_age"] < 400, "an interval becomes seconds"
@@ -304,21 +323,17 @@ def test_status_json(db: Database, busy: dict[str, Any], capsys: pytest.CaptureF
 
 def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFixture[str]) -> None:
     out = _pgtick(capsys, "status", "--dsn", db.dsn)
-    assert "leader: none" in out and "(none)" in out and "(empty)" in out
+    assert "leader  none" in out and "no definitions" in out and "no runs in the last hour" in out
     snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
-    assert snap == {
-        "leader": [],
-        "summary": {
-            "definitions": 0,
-            "recurring": 0,
-            "paused": 0,
-            "finished": 0,
-            "schedule_errors": 0,
-            "materialize_errors": 0,
-            "next_run_at": None,
-        },
+    summary = snap.pop("summary")
+    assert summary["definitions"] == 0 and summary["materialize_errors"] == 0, summary
+    schema = snap.pop("schema")
+    assert schema["schema_version"] == max(m.version for m in migrate.migrations())
+    assert {k: v for k, v in snap.items() if k != "now"} == {
+        "leader": None,
         "definitions": [],
         "queues": [],
+        "kinds_without_worker": [],
     }
 
 
@@ -360,7 +375,7 @@ def test_status_json_through_the_installed_entry_point(db: Database, busy: dict[
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["leader"][0]["owner"] == "cli-leader"
+    assert json.loads(proc.stdout)["leader"]["owner"] == "cli-leader"
 
 
 def test_status_works_for_the_read_only_role(
@@ -368,7 +383,7 @@ def test_status_works_for_the_read_only_role(
 ) -> None:
     """The console role jobs_reader can run `pgtick status` (the leader view used to refuse it)."""
     snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn_as("pgtick_t_reader")))
-    assert [leader["owner"] for leader in snap["leader"]] == ["cli-leader"]
+    assert snap["leader"]["owner"] == "cli-leader"
     assert [d["name"] for d in snap["definitions"]] == ["sofia-report"]
 
 
@@ -461,10 +476,10 @@ def test_cli_round_trip(db: Database) -> None:
         # status --json and runs --json parse and show what we did
         status = json.loads(ok("status", "--json", *dsn))
         assert set(status) >= {"definitions", "queues", "leader"}, status
-        assert status["leader"] == [], status["leader"]  # no scheduler runs in this test
+        assert status["leader"] is None, status["leader"]  # no scheduler runs in this test
         assert sorted(d["name"] for d in status["definitions"]) == ["cleanup", "launch", "weekday-report"]
         assert {q["kind"] for q in status["queues"]} >= {"send-email"}, status["queues"]
-        assert "leader: none" in ok("status", *dsn)
+        assert "leader  none" in ok("status", *dsn)
 
         runs = json.loads(ok("runs", "--json", *dsn))
         assert [(r["id"], r["status"]) for r in runs] == [

@@ -4,6 +4,7 @@ cursors of definitions made in psql, finished schedules, broken schedules."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from harness import (
     Conn,
     Database,
     finish_old,
+    one,
     run_in_processes,
 )
 from pgtick.scheduler import Scheduler
@@ -474,3 +476,87 @@ def test_the_horizon_grows_with_the_burst_at_one_instant_across_batches() -> Non
     assert adaptive.lookahead >= timedelta(seconds=30), adaptive.lookahead
     assert adaptive.lookahead <= timedelta(minutes=2)
     assert fixed.lookahead == base
+
+
+# -- honest catch-up after downtime ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "sentence", "stale_status", "stale_error"),
+    [
+        (
+            "coalesce",
+            1,
+            "15 occurrences coalesced into 1",
+            "CANCELLED",
+            "skipped: superseded by coalescing (a later occurrence runs instead)",
+        ),
+        ("catch_up", 14, "14 occurrences run late (14 runs)", "COMPLETED", None),
+        (
+            "skip",
+            1,
+            "15 occurrences: 14 skipped, 1 run (past the misfire grace)",
+            "CANCELLED",
+            "skipped: past the misfire grace (misfire_policy skip)",
+        ),
+    ],
+)
+def test_every_10s_job_after_150s_of_downtime_keeps_its_misfire_promise(
+    db: Database, policy: str, runs: int, sentence: str, stale_status: str, stale_error: str | None
+) -> None:
+    """The scheduler (and every worker) stops for 150 s over an every-10-seconds job (cap 1,
+    overlap skip), leaving one run it had materialized ahead unstarted, and comes back. The
+    misfire grace shrinks to one period, so coalesce makes exactly one run for all late
+    occurrences and supersedes the stale one (not one run per occurrence of the last minute,
+    which the cap then recorded as skipped "at max_concurrent_runs" although nothing ran);
+    every skipped occurrence says why, and health says what happened."""
+    # The clock stays near the database's, so the runs are really due and claimable.
+    base = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=170)
+    base -= timedelta(seconds=base.second % 10)  # hh:mm:x0, an occurrence
+    clock = Clock(base - timedelta(seconds=1))
+    scheduler = Scheduler(db.dsn, owner="t", misfire_grace=60, clock=clock)
+    with db.connect() as conn:
+        definition_id = define(
+            conn,
+            "every-10s",
+            "FREQ=SECONDLY;INTERVAL=10",
+            misfire_policy=policy,
+            overlap_policy="skip",
+            max_concurrent_runs=1,
+        )
+        scheduler.materialize_due()  # cursor: base
+        scheduler.materialize_due()  # base is within the lookahead: materialized, never started
+        assert run_times(conn, definition_id) == [base]
+        stale = one(conn, "SELECT id FROM jobs.runs WHERE definition_id = %s", (definition_id,))["id"]
+        clock.now = base + timedelta(seconds=147)  # everything was down meanwhile
+        scheduler.materialize_due()
+        late = [base + timedelta(seconds=10 * k) for k in range(1, 15)]  # +10s .. +140s
+        expected = {"coalesce": [base, late[-1]], "catch_up": [base, *late], "skip": [base, late[-1]]}[policy]
+        assert run_times(conn, definition_id) == expected
+        scheduler.materialize_due()  # a second tick at the same moment adds nothing
+        assert run_times(conn, definition_id) == expected
+
+        catch_ups = conn.execute(
+            "SELECT last_late, occurrences, runs FROM jobs.catch_ups WHERE definition_id = %s",
+            (definition_id,),
+        ).fetchall()
+        assert catch_ups == [(late[-1], 15 if policy != "catch_up" else 14, runs)], catch_ups
+        health = conn.execute(
+            "SELECT last_catch_up FROM jobs.definition_health WHERE id = %s", (definition_id,)
+        ).fetchone()
+        assert health is not None
+        # The downtime counts up to the database's now() (later on a loaded machine).
+        pattern = rf"caught up after [0-9]+m([0-9]{{2}}s)? of downtime: {re.escape(sentence)}"
+        assert re.fullmatch(pattern, health[0]), health
+
+        # Work every due run off with one cap-1 claimer: nothing is skipped "at max_concurrent_runs".
+        while claimed := conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchall():
+            conn.execute("SELECT jobs.complete(%s, 'w')", (claimed[0][0],))
+        outcomes = conn.execute(
+            "SELECT id, status::text, error FROM jobs.runs WHERE definition_id = %s ORDER BY id",
+            (definition_id,),
+        ).fetchall()
+        assert (stale, stale_status, stale_error) in outcomes, outcomes
+        assert [o for o in outcomes if o[0] != stale and o[1] != "COMPLETED"] == [], outcomes
+        assert len([o for o in outcomes if o[1] == "COMPLETED"]) == runs + (policy == "catch_up"), outcomes
+    scheduler.close()

@@ -1,0 +1,189 @@
+"""Run pgtick with an ASGI app: a worker (and optionally the scheduler) in this process,
+started and stopped by the app's lifespan, and an ``AsyncClient`` for request handlers.
+
+    jobs = pgtick.App("shop")
+    tick = Pgtick(jobs, dsn, scheduler=True)
+    api = FastAPI(lifespan=tick.lifespan)
+
+    @api.post("/orders")
+    async def create(conn=Depends(transaction), client=Depends(client)):
+        await conn.execute("INSERT INTO orders ...")
+        await client.enqueue("send-receipt", {...}, conn=conn)  # commits with the order
+
+``Pgtick.lifespan`` follows the Starlette/FastAPI lifespan protocol (a callable taking
+the app and returning an async context manager whose yielded mapping becomes the
+lifespan state, ``request.state.pgtick``). Any other framework can use
+``async with tick.running():`` from its own startup and shutdown hooks.
+
+The worker is the one ``pgtick run`` uses (``pgtick.worker.Worker``), in background
+threads: job code runs in its executor threads, never on the event loop; ``async def``
+jobs get their own loop there. The scheduler thread contests leadership like any other
+replica, so several app processes with ``scheduler=True`` elect one leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgtick import calls
+from pgtick.app import App
+from pgtick.client import AsyncClient
+from pgtick.db import connect, prepare_for_pooler_async
+from pgtick.definitions import sync_app
+from pgtick.errors import PgtickError
+from pgtick.identity import new_worker_id
+from pgtick.scheduler import Scheduler
+from pgtick.worker import Worker
+
+try:  # FastAPI injects a parameter annotated with Starlette's Request
+    from starlette.requests import Request
+except ImportError:  # any other ASGI framework: anything with .state
+    Request = Any  # type: ignore[misc,assignment]
+
+__all__ = ["Pgtick", "client", "get_pgtick", "transaction"]
+
+log = logging.getLogger("pgtick.asgi")
+
+
+class Pgtick:
+    """pgtick for one ASGI app: in-process worker and scheduler, a pool and a client."""
+
+    def __init__(
+        self,
+        app: App,
+        dsn: str,
+        *,
+        worker: bool = True,
+        scheduler: bool = False,
+        concurrency: int = 4,
+        poll_interval: float = 1.0,
+        tick_interval: float = 1.0,
+        heartbeat_interval: float = 5.0,
+        shutdown_grace: float = 10.0,
+        pool_size: int = 10,
+        worker_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.app = app
+        self.dsn = dsn
+        self.worker_id = new_worker_id()
+        self.shutdown_grace = shutdown_grace
+        self.pool_size = pool_size
+        self.worker = (
+            Worker(
+                app,
+                dsn,
+                worker_id=self.worker_id,
+                concurrency=concurrency,
+                poll_interval=poll_interval,
+                heartbeat_interval=heartbeat_interval,
+                shutdown_grace=shutdown_grace,
+                **dict(worker_options or {}),
+            )
+            if worker
+            else None
+        )
+        self.scheduler = (
+            Scheduler(dsn, owner=self.worker_id, tick_interval=tick_interval) if scheduler else None
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._client: AsyncClient | None = None
+
+    # -- background threads ------------------------------------------------------
+    def start(self) -> None:
+        """Sync the app's schedules and policies, then start the worker and scheduler threads."""
+        with connect(self.dsn, application_name="pgtick-sync") as conn:
+            if not calls.schema_installed(conn):
+                raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+            sync_app(self.app, conn)
+        if not self.app.has_database:
+            self.app.use(self.dsn)  # app.enqueue in job code writes where this process works
+        self._stop.clear()
+        for name, target in (("pgtick-worker", self.worker), ("pgtick-scheduler", self.scheduler)):
+            if target is not None:
+                thread = threading.Thread(target=target.run, args=(self._stop,), name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop claiming, let running jobs finish within the grace period, and join."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.shutdown_grace + 10)
+        self._threads.clear()
+
+    # -- the app's side ----------------------------------------------------------
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise RuntimeError("pgtick is not running: use Pgtick.lifespan or Pgtick.running()")
+        return self._pool
+
+    @property
+    def client(self) -> AsyncClient:
+        if self._client is None:
+            raise RuntimeError("pgtick is not running: use Pgtick.lifespan or Pgtick.running()")
+        return self._client
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Pgtick]:
+        """Start the threads and open the pool; stop and close on exit."""
+        await asyncio.to_thread(self.start)
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True, "application_name": "pgtick-asgi"},
+            configure=_configure,
+            open=False,
+        )
+        try:
+            await pool.open(wait=True)
+            self._pool, self._client = pool, AsyncClient(pool)
+            yield self
+        finally:
+            self._pool = self._client = None
+            await pool.close()
+            await asyncio.to_thread(self.stop)
+
+    @asynccontextmanager
+    async def lifespan(self, asgi_app: object = None) -> AsyncIterator[dict[str, Any]]:
+        """Starlette/FastAPI ``lifespan=``: the state has ``pgtick`` (this object)."""
+        async with self.running():
+            yield {"pgtick": self}
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    await prepare_for_pooler_async(conn)
+
+
+# -- request dependencies (FastAPI ``Depends``; or call them with the request) ----------
+
+
+def get_pgtick(request: Request) -> Pgtick:
+    """The ``Pgtick`` of the app serving ``request`` (from the lifespan state)."""
+    found = getattr(request.state, "pgtick", None)
+    if not isinstance(found, Pgtick):
+        raise RuntimeError("no pgtick in the request state: give the app lifespan=Pgtick(...).lifespan")
+    return found
+
+
+async def client(request: Request) -> AsyncClient:
+    """The app's ``AsyncClient`` (over the pool). Use ``conn=`` to enqueue inside a transaction."""
+    return get_pgtick(request).client
+
+
+async def transaction(request: Request) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A pooled connection inside a transaction that commits when the handler returns and
+    rolls back when it raises: runs enqueued with ``conn=`` share the outcome."""
+    async with get_pgtick(request).pool.connection() as conn, conn.transaction():
+        yield conn

@@ -1,0 +1,118 @@
+"""pgtick for Django: add ``"pgtick.contrib.django"`` to ``INSTALLED_APPS``.
+
+Settings (all optional but ``APP``)::
+
+    PGTICK = {
+        "APP": "shop.jobs:app",   # the pgtick.App with your jobs (module:attr)
+        "DATABASE": "default",    # the Django database alias pgtick lives in
+    }
+
+* ``manage.py migrate`` installs or upgrades the ``jobs`` schema (the app's Django
+  migration runs ``pgtick migrate``); ``manage.py pgtick_migrate`` does it alone.
+* ``manage.py check --database default`` warns when the schema is missing
+  (``pgtick.W001``) or pgtick migrations are pending (``pgtick.W002``); add
+  ``--fail-level WARNING`` to fail on them.
+* ``manage.py pgtick_worker`` / ``pgtick_scheduler`` run a worker / the scheduler for
+  ``PGTICK["APP"]``, like ``pgtick run --no-scheduler`` / ``--no-worker``. Job code may
+  use the ORM: each job closes stale Django connections before and after it runs.
+* ``pgtick.contrib.django.enqueue(kind, payload, ...)`` enqueues on Django's own
+  connection (psycopg 3, Django >= 4.2), so inside ``transaction.atomic()`` the run
+  commits or rolls back with everything else in the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from pgtick.app import App
+from pgtick.client import Client, Run
+
+__all__ = ["client", "database_alias", "dsn", "enqueue", "jobs_app"]
+
+#: libpq parameters carried from Django's connection settings into the worker's DSN.
+_LIBPQ_KEYS = {
+    "dbname",
+    "user",
+    "password",
+    "host",
+    "port",
+    "passfile",
+    "service",
+    "options",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "connect_timeout",
+    "target_session_attrs",
+}
+
+
+def _settings() -> Mapping[str, Any]:
+    from django.conf import settings
+
+    value = getattr(settings, "PGTICK", {})
+    return value if isinstance(value, Mapping) else {}
+
+
+def database_alias() -> str:
+    """``PGTICK["DATABASE"]``, default ``"default"``."""
+    return str(_settings().get("DATABASE", "default"))
+
+
+def dsn(using: str | None = None) -> str:
+    """A libpq DSN for the Django database ``using`` (default: pgtick's alias)."""
+    from django.db import connections
+
+    params = connections[using or database_alias()].get_connection_params()
+    return make_conninfo(**{k: str(v) for k, v in params.items() if k in _LIBPQ_KEYS and v not in (None, "")})
+
+
+def raw_connection(using: str | None = None) -> psycopg.Connection[Any]:
+    """Django's own psycopg connection for ``using`` (opened if needed)."""
+    from django.db import connections
+
+    wrapper = connections[using or database_alias()]
+    wrapper.ensure_connection()
+    conn = wrapper.connection
+    if not isinstance(conn, psycopg.Connection):
+        raise RuntimeError(
+            f"database {wrapper.alias!r} is not PostgreSQL on psycopg 3 (Django >= 4.2 needed)"
+        )
+    return conn
+
+
+def client(using: str | None = None) -> Client:
+    """A ``Client`` over Django's connection: each call joins the transaction in progress
+    (inside ``transaction.atomic()``) or autocommits (outside), like the ORM."""
+    return Client(raw_connection(using))
+
+
+def enqueue(
+    kind: str, payload: Mapping[str, Any] | None = None, *, using: str | None = None, **options: Any
+) -> Run:
+    """``Client.enqueue`` on Django's connection: inside ``transaction.atomic()`` the run
+    commits or rolls back with the block."""
+    conn = raw_connection(using)
+    return Client(conn).enqueue(kind, payload, conn=conn, **options)
+
+
+def jobs_app() -> App:
+    """The ``pgtick.App`` named by ``PGTICK["APP"]`` (``module:attr``)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from pgtick.errors import UsageError
+    from pgtick.runner import load_app
+
+    target = _settings().get("APP")
+    if not target:
+        raise ImproperlyConfigured('set PGTICK = {"APP": "yourapp.jobs:app"} in settings')
+    try:
+        return load_app(str(target))
+    except UsageError as exc:
+        raise ImproperlyConfigured(f"PGTICK['APP']: {exc}") from exc

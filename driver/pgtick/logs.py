@@ -1,0 +1,141 @@
+"""Logging for the command line: results on stdout, diagnostics on stderr.
+
+* Every command logs WARNING and up to stderr (``-v``: DEBUG; ``PGTICK_LOG=INFO``
+  sets a level explicitly).
+* ``pgtick run`` also logs its own facts at INFO: one line per run outcome
+  (logger ``pgtick.outcome``), what job code logs through ``ctx.logger`` (``pgtick.job``),
+  start and stop (``pgtick.run``), the embedded
+  server (``pgtick.embedded``).
+* the human format is ``time level logger message``, and on a terminal shorter:
+  ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up);
+* ``--log-format json`` (or ``PGTICK_LOG_FORMAT=json``) writes one JSON object per
+  line with stable field names (docs/cli.md): ``ts``, ``level``, ``logger``,
+  ``message``, and for run outcomes ``event: "run_outcome"``, ``run_id``, ``kind``,
+  ``definition``, ``status``, ``attempt``, ``duration_s``, ``worker``, ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from pgtick.terminal import compact_duration
+
+#: Loggers ``pgtick run`` shows at INFO even without -v: these lines are its output.
+RUN_LOGGERS = ("pgtick.outcome", "pgtick.job", "pgtick.run", "pgtick.embedded")
+
+outcome_log = logging.getLogger("pgtick.outcome")
+
+_handler: logging.Handler | None = None
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record; ``extra={"fields": {...}}`` adds stable fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        # What job code logs through ctx.logger carries its run (LoggerAdapter extras).
+        for attr, key in (("run", "run_id"), ("kind", "kind"), ("attempt", "attempt")):
+            if hasattr(record, attr):
+                entry[key] = getattr(record, attr)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class TerminalFormatter(logging.Formatter):
+    """For a person at a terminal: ``05:02:50 run=12 kind=tick ...``; the level only from
+    WARNING up, no logger name (the line fits 100 columns)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            stamp, _, rest = text.partition(" ")
+            text = f"{stamp} {record.levelname} {rest}"
+        return text
+
+
+def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> None:
+    """Configure the root logger once for this process (see the module doc)."""
+    fmt = log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human"
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    elif sys.stderr.isatty():
+        handler.setFormatter(TerminalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    global _handler
+    root = logging.getLogger()
+    if _handler is not None:  # configured before in this process (tests call main() again)
+        root.removeHandler(_handler)
+    _handler = handler
+    root.addHandler(handler)
+    explicit = os.environ.get("PGTICK_LOG")
+    level = (
+        logging.DEBUG
+        if verbose
+        else getattr(logging, explicit.upper(), logging.WARNING)
+        if explicit
+        else logging.WARNING
+    )
+    root.setLevel(level)
+    for name in RUN_LOGGERS:
+        logging.getLogger(name).setLevel(min(level, logging.INFO) if outcomes else logging.NOTSET)
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+
+
+def log_outcome(
+    *,
+    run_id: int,
+    kind: str,
+    definition: str | None,
+    status: str,
+    attempt: int,
+    duration: float,
+    worker: str,
+    error: str | None = None,
+    retry_run_id: int | None = None,
+) -> None:
+    """One line per run outcome: ``run=12 kind=report definition=nightly status=COMPLETED
+    attempt=1 duration=0.53s``; the same facts as fields in JSON."""
+    fields: dict[str, Any] = {
+        "event": "run_outcome",
+        "run_id": run_id,
+        "kind": kind,
+        "definition": definition,
+        "status": status,
+        "attempt": attempt,
+        "duration_s": round(duration, 3),
+        "worker": worker,
+        "error": error,
+    }
+    if retry_run_id is not None:
+        fields["retry_run_id"] = retry_run_id
+    text = (
+        f"run={run_id} kind={kind} definition={definition or '-'} status={status} attempt={attempt}"
+        f" duration={compact_duration(duration)}"
+    )
+    if retry_run_id is not None:
+        text += f" retry=run {retry_run_id}"
+    if error:
+        text += f" error={error.splitlines()[0] if error.splitlines() else error}"
+    level = logging.WARNING if status in ("FAILED", "FENCED") else logging.INFO
+    outcome_log.log(level, "%s", text, extra={"fields": fields})

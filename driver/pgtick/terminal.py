@@ -1,0 +1,311 @@
+"""How the command line shows things to a person: tables that fit, status marks, times.
+
+Everything here is presentation: the facts come from SQL views and functions
+(``sql/console.sql``, ``sql/ops.sql``). Rules:
+
+* a table fits ``width`` columns (100 unless the terminal is narrower): columns
+  are dropped lowest priority first, long text is cut with an ellipsis; ``wide``
+  shows every column at full length;
+* times are shown in the definition's zone with its abbreviation, next to a
+  relative form ("in 4m", "12s ago");
+* a status is a mark (✓ ✗ ⟳ …) when the output can show UTF-8 and ``NO_COLOR``
+  is unset, otherwise a letter; colour only when stdout is a terminal;
+* ``PGTICK_NOW`` (ISO 8601) fixes the "now" used for display, for reproducible output.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, TextIO
+from zoneinfo import ZoneInfo
+
+# ---------------------------------------------------------------------------- style
+
+
+@dataclass(frozen=True)
+class Style:
+    """What the output stream can show: marks (UTF-8), colour (a terminal), its width."""
+
+    unicode: bool
+    colour: bool
+    width: int
+
+    @classmethod
+    def detect(cls, stream: TextIO | None = None) -> Style:
+        stream = stream or sys.stdout
+        no_color = "NO_COLOR" in os.environ
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        tty = bool(getattr(stream, "isatty", lambda: False)())
+        width = 100
+        if tty:
+            width = min(100, shutil.get_terminal_size((100, 40)).columns)
+        return cls(
+            unicode=encoding == "utf8" and not no_color,
+            colour=tty and not no_color and os.environ.get("TERM") != "dumb",
+            width=max(40, width),
+        )
+
+
+# Status -> (mark, plain letter, colour). SKIPPED is a CANCELLED run with failure_reason Skipped.
+MARKS: dict[str, tuple[str, str, str]] = {
+    "COMPLETED": ("✓", "C", "green"),
+    "FAILED": ("✗", "F", "red"),
+    "RUNNING": ("⟳", "R", "cyan"),
+    "QUEUED": ("·", "Q", "dim"),
+    "CANCELLED": ("⊘", "X", "yellow"),
+    "SKIPPED": ("↷", "S", "yellow"),
+}
+
+_ANSI = {"green": "32", "red": "31", "cyan": "36", "yellow": "33", "dim": "2", "bold": "1"}
+
+
+def paint(text: str, colour: str | None, style: Style) -> str:
+    if not style.colour or not colour or not text:
+        return text
+    return f"\033[{_ANSI[colour]}m{text}\033[0m"
+
+
+def mark(status: str | None, style: Style) -> str:
+    """One character for a run status."""
+    if status is None:
+        return " "
+    glyph, letter, colour = MARKS.get(status, ("?", "?", "dim"))
+    return paint(glyph if style.unicode else letter, colour, style)
+
+
+def status_word(status: str | None, style: Style) -> str:
+    """Mark and word, e.g. ``✓ COMPLETED``."""
+    if status is None:
+        return ""
+    return f"{mark(status, style)} {paint(status, MARKS.get(status, ('', '', 'dim'))[2], style)}"
+
+
+def outcome_of(status: str, failure_reason: str | None) -> str:
+    return "SKIPPED" if status == "CANCELLED" and failure_reason == "Skipped" else status
+
+
+# ---------------------------------------------------------------------------- time
+
+
+def display_now() -> datetime:
+    """Now, for display only: ``PGTICK_NOW`` (ISO 8601) when set, else the clock."""
+    fixed = os.environ.get("PGTICK_NOW")
+    if fixed:
+        value = datetime.fromisoformat(fixed)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.now(UTC)
+
+
+def compact_duration(value: timedelta | float | None) -> str:
+    """45s, 2m30s, 1h05m, 3d4h; below ten seconds with one decimal (1.3s), below one in ms."""
+    if value is None:
+        return ""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    seconds = max(seconds, 0.0)
+    if 0 < seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    if seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
+    if s < 86400:
+        return f"{s // 3600}h" + (f"{s % 3600 // 60:02d}m" if s % 3600 >= 60 else "")
+    return f"{s // 86400}d" + (f"{s % 86400 // 3600}h" if s % 86400 >= 3600 else "")
+
+
+def relative(when: datetime | None, now: datetime) -> str:
+    """``in 4m`` or ``12s ago`` (``now`` within half a second)."""
+    if when is None:
+        return ""
+    delta = (when - now).total_seconds()
+    if abs(delta) < 0.5:
+        return "now"
+    text = compact_duration(timedelta(seconds=round(abs(delta))))
+    return f"in {text}" if delta > 0 else f"{text} ago"
+
+
+def local_time(when: datetime | None, zone: str | None, now: datetime) -> str:
+    """A time in ``zone`` with the zone's abbreviation, as short as is unambiguous:
+    ``14:05:09 EET`` today, ``Dec 02 09:00 EET`` another day, ``2027-01-05 09:00 EET``
+    another year."""
+    if when is None:
+        return ""
+    tz = ZoneInfo(zone or "UTC")
+    local = when.astimezone(tz)
+    today = now.astimezone(tz).date()
+    if local.date() == today:
+        text = local.strftime("%H:%M:%S")
+    elif local.year == today.year:
+        text = local.strftime("%b %d %H:%M")
+    else:
+        text = local.strftime("%Y-%m-%d %H:%M")
+    return f"{text} {local.tzname()}"
+
+
+def full_time(when: datetime | None, zone: str | None) -> str:
+    """``2026-11-29 03:00:14 EET``: a time in full, in ``zone``."""
+    if when is None:
+        return ""
+    local = when.astimezone(ZoneInfo(zone or "UTC"))
+    return local.strftime("%Y-%m-%d %H:%M:%S ") + (local.tzname() or "")
+
+
+def iso(when: datetime | None) -> str | None:
+    """UTC ISO 8601 with a Z, for JSON and CSV."""
+    if when is None:
+        return None
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def seconds(value: timedelta | None) -> float | None:
+    return None if value is None else round(value.total_seconds(), 3)
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+@dataclass
+class Column:
+    """One table column: its header, how to get the cell text, how important it is."""
+
+    header: str
+    cell: Callable[[dict[str, Any]], str]
+    priority: int = 4  # lower is more important; OPTIONAL and up go before any text is cut
+    wide_only: bool = False
+    shrink: bool = False  # may be cut with an ellipsis
+    min_width: int = 8
+    right: bool = False
+    colour: Callable[[dict[str, Any]], str | None] | None = None
+
+
+@dataclass
+class Table:
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def render(self, style: Style, *, wide: bool = False) -> str:
+        cols = [c for c in self.columns if wide or not c.wide_only]
+        cells = [[_one_line(c.cell(r)) for c in cols] for r in self.rows]
+        widths = [max([len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
+        keep = list(range(len(cols)))
+        if not wide:
+            keep, widths = _fit(cols, widths, style.width)
+        lines = []
+        header = "  ".join(_pad(cols[i].header, widths[i], cols[i].right) for i in keep)
+        lines.append(paint(header.rstrip(), "bold", style))
+        for r, row in zip(self.rows, cells, strict=True):
+            parts = []
+            for i in keep:
+                text = _cut(row[i], widths[i])
+                padded = _pad(text, widths[i], cols[i].right)
+                colour_of = cols[i].colour
+                colour = colour_of(r) if colour_of is not None else None
+                parts.append(paint(padded, colour, style) if colour else padded)
+            lines.append("  ".join(parts).rstrip())
+        return "\n".join(lines)
+
+
+_ESCAPES = re.compile(r"\033\[[0-9;]*m")
+
+
+def visible_len(text: str) -> int:
+    """Columns the text takes on screen (colour codes take none)."""
+    return len(_ESCAPES.sub("", text))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) if "\n" in str(text) else str(text)
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    fill = " " * max(width - visible_len(text), 0)
+    return fill + text if right else text + fill
+
+
+def _cut(text: str, width: int) -> str:
+    if visible_len(text) <= width:
+        return text
+    plain = _ESCAPES.sub("", text)  # a cut cell loses its colour rather than its reset code
+    return plain[: max(width - 1, 0)] + "…"
+
+
+#: Columns of this priority or higher are dropped before any text is cut.
+OPTIONAL = 5
+
+
+def _fit(cols: list[Column], widths: list[int], limit: int) -> tuple[list[int], list[int]]:
+    """Until the row fits: drop optional columns (least important first), then cut long
+    text with an ellipsis, then drop the least important of the rest."""
+    widths = list(widths)
+    keep = list(range(len(cols)))
+
+    def total() -> int:
+        return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
+
+    optional = sorted(
+        (i for i in keep if cols[i].priority >= OPTIONAL), key=lambda i: (-cols[i].priority, -i)
+    )
+    while total() > limit and optional:
+        keep.remove(optional.pop(0))
+    while total() > limit:
+        shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
+        if shrinkable:
+            widest = max(shrinkable, key=lambda i: widths[i])
+            widths[widest] = max(cols[widest].min_width, widths[widest] - (total() - limit))
+            continue
+        if len(keep) == 1:
+            widths[keep[0]] = limit
+            break
+        keep.remove(max(keep, key=lambda i: (cols[i].priority, i)))
+    return keep, widths
+
+
+# ---------------------------------------------------------------------------- machine formats
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    return str(value)
+
+
+def to_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(fields), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv_cell(row.get(k)) for k in fields})
+    return out.getvalue().rstrip("\n")
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, datetime | timedelta | Decimal):
+        return _json_default(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    return value

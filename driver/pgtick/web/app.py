@@ -1,0 +1,603 @@
+"""The dashboard as an ASGI app (Starlette): pages, actions, login.
+
+Pages are rendered on the server (Jinja2 with autoescaping); a small script in
+``static/app.js`` adds auto-refresh and confirmation prompts. Reading needs no
+login; every POST needs the session's CSRF token and, except the login itself,
+an operator login, and each action commits together with its audit entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import jinja2
+import psycopg
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from pgtick.web import charts, inputs, queries, timeview
+from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
+from pgtick.web.db import ActionsUnavailable, Database
+
+log = logging.getLogger("pgtick.web")
+HERE = Path(__file__).resolve().parent
+
+#: Time the definitions page may spend computing next runs from schedules, for definitions
+#: no scheduler has materialized yet (the rest come from the database).
+COMPUTE_NEXT_SECONDS = 0.1
+
+#: Seconds a refused login waits before it answers.
+LOGIN_FAILURE_DELAY = 1.0
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+
+def fmt_utc(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def fmt_local(value: datetime | None, zone: str | None = None) -> str:
+    """A wall time (naive, as jobs.definition_health gives it) or an aware time in `zone`."""
+    if value is None:
+        return ""
+    if value.tzinfo is not None and zone:
+        from zoneinfo import ZoneInfo
+
+        value = value.astimezone(ZoneInfo(zone))
+        return value.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_age(value: timedelta | float | None) -> str:
+    if value is None:
+        return ""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    if seconds < 10:
+        return f"{sign}{seconds:.1f}s"
+    if seconds < 120:
+        return f"{sign}{seconds:.0f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 120:
+        return f"{sign}{minutes}m {sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{sign}{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days}d {hours:02d}h"
+
+
+def fmt_json(value: Any) -> str:
+    if value is None:
+        return ""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def fmt_pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def make_templates() -> Jinja2Templates:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json)
+    env.globals.update(pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode)
+    return Jinja2Templates(env=env)
+
+
+def _policy(row: dict[str, Any]) -> timeview.Policy:
+    """A definition's stored DST policy (None is auto), which its schedule is parsed with."""
+    return row["stored_dst_gap"], row["stored_dst_repeat"]
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
+class Dashboard:
+    """Shared state of one dashboard process: database, sessions, operator secret."""
+
+    def __init__(self, dsn: str, secret: Secret | None, *, refresh_seconds: int = 10) -> None:
+        self.db = Database(dsn)
+        self.secret = secret
+        self.sessions = Sessions()
+        self.templates = make_templates()
+        self.refresh_seconds = refresh_seconds
+
+    # sessions and rendering
+
+    def session(self, request: Request) -> Session:
+        session: Session | None = request.scope.get("pgtick.session")
+        if session is None:
+            session = self.sessions.get(request.cookies.get(COOKIE)) or self.sessions.new()
+            request.scope["pgtick.session"] = session
+        return session
+
+    def render(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        session = self.session(request)
+        base = {
+            "request": request,
+            "operator": session.operator,
+            "csrf": session.csrf,
+            "flashes": session.take_flashes(),
+            "access": self.db.access,
+            "features": self.db.features,
+            "can_act": self.secret is not None and self.db.access.operator,
+            "login_configured": self.secret is not None,
+            "refresh": self.refresh_seconds,
+            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "now": datetime.now(UTC),
+        }
+        response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+        return self.finish(request, response)
+
+    def finish(self, request: Request, response: Response) -> Response:
+        session = request.scope.get("pgtick.session")
+        if session is not None and request.cookies.get(COOKIE) != session.id:
+            response.set_cookie(COOKIE, session.id, httponly=True, samesite="strict", path="/")
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def error(self, request: Request, status: int, message: str) -> Response:
+        return self.render(request, "error.html", {"status": status, "message": message}, status)
+
+    def redirect(self, request: Request, target: str) -> Response:
+        return self.finish(request, RedirectResponse(target, status_code=303))
+
+    # pages
+
+    async def overview(self, request: Request) -> Response:
+        feats = self.db.features
+        async with self.db.reading() as conn:
+            kinds = await queries.kind_stats(conn)
+            queue_rows = await queries.queues(conn, feats)
+            limit_rows = await queries.limits(conn, feats)
+            leader = await queries.leader(conn)
+            start, minutes = await queries.last_hour(conn)
+        totals = {
+            key: sum(int(k[key]) for k in kinds)
+            for key in (
+                "queued",
+                "scheduled",
+                "running",
+                "completed_1h",
+                "failed_1h",
+                "cancelled_1h",
+                "lost_1h",
+            )
+        }
+        finished = totals["completed_1h"] + totals["failed_1h"] + totals["cancelled_1h"]
+        oldest = max((k["oldest_queued_age"] for k in kinds if k["oldest_queued_age"]), default=None)
+        return self.render(
+            request,
+            "overview.html",
+            {
+                "kinds": kinds,
+                "queues": queue_rows,
+                "limits": limit_rows,
+                "leader": leader,
+                "totals": totals,
+                "finished": finished,
+                "oldest": oldest,
+                "throughput_svg": charts.throughput(
+                    start, [int(m["completed"]) for m in minutes], [int(m["failed"]) for m in minutes]
+                ),
+                "lateness_svg": charts.lateness(
+                    start,
+                    [None if m["late_p50"] is None else float(m["late_p50"]) for m in minutes],
+                    [None if m["late_max"] is None else float(m["late_max"]) for m in minutes],
+                ),
+            },
+        )
+
+    async def definitions(self, request: Request) -> Response:
+        async with self.db.reading() as conn:
+            rows = await queries.definitions(conn)
+        now = datetime.now(UTC)
+        budget = time.monotonic() + COMPUTE_NEXT_SECONDS
+        for row in rows:
+            cap = row["max_concurrent_runs"]
+            row["at_cap"] = cap is not None and row["running"] >= cap
+            row["next"] = None
+            if not row["schedule"] or row["paused"] or row["finished"]:
+                continue
+            known = [t for t in (row["next_queued"], row["next_run_at"]) if t is not None]
+            if known:
+                row["next"] = timeview.labelled(min(known), row["timezone"], now)
+            elif time.monotonic() < budget:
+                # Not materialized yet (no scheduler has started it): ask the schedule.
+                row["next"] = timeview.next_occurrence(
+                    row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
+                )
+        return self.render(request, "definitions.html", {"definitions": rows})
+
+    async def definition(self, request: Request) -> Response:
+        name = inputs.text(request.query_params, "name", required=True)
+        assert name is not None
+        feats = self.db.features
+        async with self.db.reading() as conn:
+            row = await queries.definition(conn, name)
+            if row is None:
+                raise HTTPException(404, f"definition {name!r} does not exist")
+            recent = await queries.runs(conn, feats, queries.RunFilter(definition=name), None)
+        upcoming: list[timeview.Occurrence] = []
+        schedule_error = row["schedule_error"]
+        if row["schedule"] and not row["finished"]:
+            try:
+                upcoming = timeview.occurrences(
+                    row["schedule"],
+                    row["timezone"],
+                    after=datetime.now(UTC),
+                    count=10,
+                    created_at=row["created_at"],
+                    policy=_policy(row),
+                )
+            except (timeview.ScheduleError, ValueError) as exc:
+                schedule_error = schedule_error or str(exc)
+        return self.render(
+            request,
+            "definition.html",
+            {
+                "d": row,
+                "upcoming": upcoming,
+                "schedule_error": schedule_error,
+                "recent": recent[: queries.PAGE_SIZE],
+                "at_cap": row["max_concurrent_runs"] is not None
+                and row["running"] >= row["max_concurrent_runs"],
+            },
+        )
+
+    async def preview(self, request: Request) -> Response:
+        params = request.query_params
+        schedule = inputs.text(params, "schedule", max_length=4000)
+        tz = inputs.zone(params, "tz")
+        count = inputs.integer(params, "count", 1, 1000, default=10)
+        assert count is not None
+        after = inputs.instant(params, "after", tz) or datetime.now(UTC)
+        result: list[timeview.Occurrence] = []
+        problem = None
+        if schedule:
+            try:
+                result = timeview.occurrences(schedule, tz, after=after, count=count)
+            except (timeview.ScheduleError, ValueError) as exc:
+                problem = str(exc)
+        status = 400 if problem else 200
+        return self.render(
+            request,
+            "preview.html",
+            {
+                "schedule": schedule or "",
+                "tz": tz,
+                "count": count,
+                "after": params.get("after", ""),
+                "result": result,
+                "problem": problem,
+            },
+            status,
+        )
+
+    async def runs(self, request: Request) -> Response:
+        params = request.query_params
+        flt = inputs.run_filter(params)
+        before = inputs.integer(params, "before", 1, 2**63 - 1)
+        feats = self.db.features
+        async with self.db.reading() as conn:
+            rows = await queries.runs(conn, feats, flt, before)
+            bulk = None
+            if flt.status == "FAILED":
+                bulk = {
+                    "unretried": await queries.failed_count(conn, feats, flt, unretried=True),
+                    "failed": await queries.failed_count(conn, feats, flt, unretried=False),
+                    "limit": queries.BULK_LIMIT,
+                }
+        more = len(rows) > queries.PAGE_SIZE
+        rows = rows[: queries.PAGE_SIZE]
+        next_params = {**flt.params(), "before": str(rows[-1]["id"])} if more and rows else None
+        return self.render(
+            request,
+            "runs.html",
+            {
+                "runs": rows,
+                "filter": flt,
+                "filter_params": flt.params(),
+                "next_params": next_params,
+                "bulk": bulk,
+            },
+        )
+
+    async def run(self, request: Request) -> Response:
+        run_id = int(request.path_params["run_id"])
+        feats = self.db.features
+        async with self.db.reading() as conn:
+            row = await queries.run(conn, run_id)
+            if row is None:
+                raise HTTPException(404, f"run {run_id} does not exist")
+            chain = await queries.attempt_chain(conn, run_id)
+            deps = await queries.dependencies(conn, feats, run_id)
+        return self.render(request, "run.html", {"r": row, "chain": chain, "deps": deps})
+
+    async def running(self, request: Request) -> Response:
+        async with self.db.reading() as conn:
+            rows = await queries.running(conn)
+        return self.render(request, "running.html", {"running": rows})
+
+    async def audit(self, request: Request) -> Response:
+        before = inputs.integer(request.query_params, "before", 1, 2**63 - 1)
+        async with self.db.reading() as conn:
+            rows = await queries.audit(conn, before)
+        more = len(rows) > queries.PAGE_SIZE
+        rows = rows[: queries.PAGE_SIZE]
+        return self.render(
+            request, "audit.html", {"entries": rows, "next_before": rows[-1]["id"] if more and rows else None}
+        )
+
+    async def login_page(self, request: Request) -> Response:
+        return self.render(request, "login.html", {"problem": None, "name": ""})
+
+    # posts
+
+    async def _form(self, request: Request, *, need_operator: bool = True) -> FormData:
+        """The posted form, after the CSRF and login checks every POST passes."""
+        origin = request.headers.get("origin")
+        if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+            raise HTTPException(403, "cross-site request refused (Origin does not match this site)")
+        form = await request.form(max_files=0, max_fields=50)
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        submitted = form.get("csrf")
+        if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
+            raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again")
+        assert session is not None
+        request.scope["pgtick.session"] = session
+        if need_operator:
+            if self.secret is None:
+                raise HTTPException(403, "read-only dashboard: it was started without an operator password")
+            if session.operator is None:
+                raise HTTPException(403, "log in as an operator to do this")
+        return form
+
+    def _actor(self, request: Request) -> str:
+        session = self.session(request)
+        client = request.client.host if request.client else "?"
+        return f"{session.operator} ({client})"[:200]
+
+    def _back(self, request: Request, form: FormData, default: str) -> Response:
+        target = form.get("next")
+        return self.redirect(request, inputs.local_path(target if isinstance(target, str) else None, default))
+
+    async def login(self, request: Request) -> Response:
+        form = await self._form(request, need_operator=False)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        name = inputs.text(fields, "name", max_length=100, required=True)
+        password = fields.get("password", "")
+        if self.secret is None:
+            raise HTTPException(403, "read-only dashboard: it was started without an operator password")
+        ok = await asyncio.to_thread(self.secret.matches, password)
+        if not ok:
+            log.warning("dashboard login refused name=%r client=%s", name, request.client)
+            await asyncio.sleep(LOGIN_FAILURE_DELAY)  # slows guessing beyond scrypt's own cost
+            return self.render(request, "login.html", {"problem": "wrong password", "name": name or ""}, 401)
+        session = self.sessions.rotate(self.session(request))
+        session.operator = name
+        request.scope["pgtick.session"] = session
+        async with self.db.acting() as conn:
+            await queries.record_audit(conn, self._actor(request), "login", None, "{}")
+        session.flash("ok", f"logged in as {name}")
+        return self._back(request, form, "/")
+
+    async def logout(self, request: Request) -> Response:
+        form = await self._form(request, need_operator=False)
+        session = self.sessions.rotate(self.session(request))
+        request.scope["pgtick.session"] = session
+        session.flash("ok", "logged out")
+        return self._back(request, form, "/")
+
+    async def _act(
+        self,
+        request: Request,
+        form: FormData,
+        action: str,
+        target: str,
+        call: Callable[[queries.Conn], Awaitable[tuple[str, dict[str, Any]]]],
+        default_back: str,
+    ) -> Response:
+        async with self.db.acting() as conn:
+            message, detail = await call(conn)
+            await queries.record_audit(
+                conn, self._actor(request), action, target, json.dumps(detail, default=str)
+            )
+        log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), message)
+        self.session(request).flash("ok", message)
+        return self._back(request, form, default_back)
+
+    async def run_action(self, request: Request) -> Response:
+        run_id = int(request.path_params["run_id"])
+        action = request.path_params["action"]
+        if action not in ("cancel", "retry"):
+            raise HTTPException(404, f"no such action on a run: {action[:40]!r}")
+        form = await self._form(request)
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            if action == "cancel":
+                status = await queries.cancel(conn, run_id)
+                if status == "CANCELLED":
+                    return f"run {run_id} cancelled", {"status": status}
+                if status == "RUNNING":
+                    return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {
+                        "status": status
+                    }
+                return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
+            new_run = await queries.retry(conn, run_id)
+            return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
+
+        return await self._act(request, form, action, f"run {run_id}", call, f"/runs/{run_id}")
+
+    async def definition_action(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if action not in ("pause", "resume", "run-now"):
+            raise HTTPException(404, f"no such action on a definition: {action[:40]!r}")
+        form = await self._form(request)
+        name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
+        assert name is not None
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            if action == "run-now":
+                new_run = await queries.run_now(conn, name)
+                return f"definition {name}: run {new_run} queued now", {"new_run": new_run}
+            if action == "pause":
+                await queries.pause_definition(conn, name)
+            else:
+                await queries.resume_definition(conn, name)
+            return f"definition {name} {'paused' if action == 'pause' else 'resumed'}", {}
+
+        back = "/definition?" + urlencode({"name": name})
+        return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)
+
+    async def queue_action(self, request: Request) -> Response:
+        """Pause or resume a queue (jobs.pause_queue / jobs.resume_queue), when the schema has queues."""
+        if not self.db.features.has("queues"):
+            raise HTTPException(404, "this database has no queues to pause")
+        action = request.path_params["action"]
+        if action not in ("pause", "resume"):
+            raise HTTPException(404, f"no such action on a queue: {action[:40]!r}")
+        form = await self._form(request)
+        name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            if action == "pause":
+                await queries.pause_queue(conn, name)
+            else:
+                await queries.resume_queue(conn, name)
+            return f"queue {name} {'paused' if action == 'pause' else 'resumed'}", {}
+
+        return await self._act(request, form, f"{action}_queue", f"queue {name}", call, "/")
+
+    async def bulk_action(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        if action not in ("retry", "discard"):
+            raise HTTPException(404, f"no such bulk action: {action[:40]!r}")
+        form = await self._form(request)
+        flt = inputs.run_filter({k: v for k, v in form.items() if isinstance(v, str)})
+        flt = queries.RunFilter(**{**flt.__dict__, "status": "FAILED"})
+        target = "failed runs " + (urlencode(flt.params()) or "(all)")
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            feats = self.db.features
+            if action == "retry":
+                ids = await queries.failed_ids(conn, feats, flt, unretried=True)
+                done = await queries.retry_many(conn, ids)
+                return f"retried {done} failed run(s)", {"filter": flt.params(), "retried": done}
+            ids = await queries.failed_ids(conn, feats, flt, unretried=False)
+            discarded = await queries.discard(conn, ids)
+            return f"discarded {discarded} failed run(s)", {"filter": flt.params(), "discarded": discarded}
+
+        back = "/runs?" + urlencode(flt.params())
+        return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
+
+
+def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int = 10) -> Starlette:
+    """The dashboard for the database at `dsn`; actions need `secret` (None: read-only)."""
+    dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await dash.db.open()
+        try:
+            yield
+        finally:
+            await dash.db.close()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return dash.error(request, exc.status_code, str(exc.detail))
+
+    async def bad_input(request: Request, exc: Exception) -> Response:
+        return dash.error(request, 400, str(exc))
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        return dash.error(request, 403, str(exc))
+
+    async def database_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, psycopg.Error)
+        sqlstate = exc.sqlstate or ""
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if sqlstate == "P0002":
+            return dash.error(request, 404, message)
+        if sqlstate.startswith(("22", "23", "P0")):
+            return dash.error(request, 400, message)
+        if sqlstate == "42501":
+            return dash.error(request, 403, f"the database refused: {message}")
+        log.error("dashboard database error on %s: %s", request.url.path, message)
+        if isinstance(exc, psycopg.OperationalError):
+            return dash.error(request, 503, f"database unavailable: {message}")
+        return dash.error(request, 500, f"database error: {message}")
+
+    async def pool_timeout(request: Request, exc: Exception) -> Response:
+        return dash.error(request, 503, "database unavailable: no connection within 15 s")
+
+    from psycopg_pool import PoolTimeout
+
+    routes = [
+        Route("/", dash.overview),
+        Route("/definitions", dash.definitions),
+        Route("/definition", dash.definition),
+        Route("/definitions/{action:str}", dash.definition_action, methods=["POST"]),
+        Route("/preview", dash.preview),
+        Route("/runs", dash.runs),
+        Route("/runs/bulk/{action:str}", dash.bulk_action, methods=["POST"]),
+        Route("/runs/{run_id:int}", dash.run),
+        Route("/runs/{run_id:int}/{action:str}", dash.run_action, methods=["POST"]),
+        Route("/queues/{action:str}", dash.queue_action, methods=["POST"]),
+        Route("/running", dash.running),
+        Route("/audit", dash.audit),
+        Route("/login", dash.login_page),
+        Route("/login", dash.login, methods=["POST"]),
+        Route("/logout", dash.logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    middleware: list[Middleware] = []
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: http_error,
+            inputs.BadInput: bad_input,
+            ActionsUnavailable: unavailable,
+            psycopg.Error: database_error,
+            PoolTimeout: pool_timeout,
+        },
+    )
+    app.state.dashboard = dash
+    return app

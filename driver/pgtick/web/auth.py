@@ -1,0 +1,101 @@
+"""Operator login, sessions and CSRF tokens for the dashboard.
+
+The operator secret (a password or token chosen at start) is kept only as a
+salted scrypt hash and compared in constant time. Sessions live in this
+process's memory: a random id in an HttpOnly, SameSite=Strict cookie maps to
+the CSRF token of that browser and, after a login, the operator's name. Every
+POST must carry the session's CSRF token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+COOKIE = "pgtick_session"
+#: A session unused this long is forgotten (the operator logs in again).
+IDLE_SECONDS = 12 * 3600
+#: At most this many sessions are kept; the least recently used goes first.
+MAX_SESSIONS = 10_000
+
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A salted scrypt hash of the operator secret; the secret itself is not kept."""
+
+    salt: bytes
+    digest: bytes
+
+    @classmethod
+    def from_plain(cls, plain: str) -> Secret:
+        if len(plain) < 8:
+            raise ValueError("the operator password must be at least 8 characters long")
+        salt = secrets.token_bytes(16)
+        return cls(salt, hashlib.scrypt(plain.encode(), salt=salt, **_SCRYPT))
+
+    def matches(self, candidate: str) -> bool:
+        digest = hashlib.scrypt(candidate.encode()[:4096], salt=self.salt, **_SCRYPT)
+        return hmac.compare_digest(digest, self.digest)
+
+
+@dataclass
+class Session:
+    id: str
+    csrf: str
+    operator: str | None = None
+    flashes: list[tuple[str, str]] = field(default_factory=list)
+    seen: float = field(default_factory=time.monotonic)
+
+    def flash(self, level: str, message: str) -> None:
+        self.flashes.append((level, message))
+
+    def take_flashes(self) -> list[tuple[str, str]]:
+        taken, self.flashes = self.flashes, []
+        return taken
+
+
+class Sessions:
+    """In-memory sessions, least recently used first."""
+
+    def __init__(self) -> None:
+        self._by_id: OrderedDict[str, Session] = OrderedDict()
+
+    def get(self, session_id: str | None) -> Session | None:
+        if not session_id:
+            return None
+        session = self._by_id.get(session_id)
+        if session is None:
+            return None
+        now = time.monotonic()
+        if now - session.seen > IDLE_SECONDS:
+            del self._by_id[session_id]
+            return None
+        session.seen = now
+        self._by_id.move_to_end(session_id)
+        return session
+
+    def new(self) -> Session:
+        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        self._by_id[session.id] = session
+        while len(self._by_id) > MAX_SESSIONS:
+            self._by_id.popitem(last=False)
+        return session
+
+    def rotate(self, session: Session) -> Session:
+        """A fresh id and CSRF token for a session whose privilege changes (login, logout)."""
+        self._by_id.pop(session.id, None)
+        fresh = self.new()
+        fresh.flashes = session.flashes
+        return fresh
+
+
+def csrf_ok(session: Session | None, submitted: str | None) -> bool:
+    if session is None or not submitted:
+        return False
+    return hmac.compare_digest(session.csrf.encode(), submitted.encode())

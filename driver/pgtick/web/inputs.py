@@ -1,0 +1,99 @@
+"""Validation of what the browser sends, with the SQL API's wording and SQLSTATEs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pgtick.web.queries import STATUSES, RunFilter
+
+
+class BadInput(ValueError):
+    """A field the browser sent is invalid; shown with HTTP 400 and SQLSTATE 22023."""
+
+    sqlstate = "22023"
+
+
+def text(
+    params: Mapping[str, str], field: str, *, max_length: int = 200, required: bool = False
+) -> str | None:
+    value = (params.get(field) or "").strip()
+    if not value:
+        if required:
+            raise BadInput(f"{field} must be a non-empty text")
+        return None
+    if len(value) > max_length:
+        raise BadInput(f"{field} is {len(value)} characters long; the limit is {max_length}")
+    return value
+
+
+def integer(
+    params: Mapping[str, str], field: str, low: int, high: int, *, default: int | None = None
+) -> int | None:
+    raw = (params.get(field) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"{field} must be an integer, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise BadInput(f"{field} must be between {low} and {high}, got {value}")
+    return value
+
+
+def instant(params: Mapping[str, str], field: str, zone: str = "UTC") -> datetime | None:
+    """An ISO 8601 time; without an offset it is read in `zone`."""
+    raw = (params.get(field) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+    except ValueError:
+        raise BadInput(
+            f"{field} must be an ISO 8601 time such as 2026-03-29T09:00, got {raw[:40]!r}"
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=ZoneInfo(zone))
+    if not datetime(1, 1, 2, tzinfo=UTC) < value < datetime(9999, 12, 30, tzinfo=UTC):
+        raise BadInput(f"{field} must be a finite timestamp, got {raw[:40]!r}")
+    return value
+
+
+def zone(params: Mapping[str, str], field: str) -> str:
+    name = text(params, field, max_length=100) or "UTC"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise BadInput(f"timezone {name!r} is not a known IANA time zone name") from None
+    return name
+
+
+def run_filter(params: Mapping[str, str]) -> RunFilter:
+    status = text(params, "status", max_length=20)
+    if status is not None:
+        status = status.upper()
+        if status not in STATUSES:
+            raise BadInput(f"status must be one of {', '.join(STATUSES)}, got {status[:20]!r}")
+    since = instant(params, "since")
+    until = instant(params, "until")
+    if since is not None and until is not None and until <= since:
+        raise BadInput("until must be later than since")
+    return RunFilter(
+        status=status,
+        kind=text(params, "kind"),
+        queue=text(params, "queue"),
+        definition=text(params, "definition"),
+        since=since,
+        until=until,
+    )
+
+
+def local_path(value: str | None, default: str) -> str:
+    """A redirect target inside this site ("/runs?status=FAILED"), else `default`."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return default
+    if any(ord(c) < 32 for c in value):
+        return default
+    return value

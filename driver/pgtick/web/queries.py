@@ -1,0 +1,558 @@
+"""Every statement the dashboard sends, by name: the dashboard's own read model.
+
+The driver's statements live in ``pgtick.calls``; the dashboard reads what its pages
+show with its own queries (cost shaped for a page load) and acts through the jobs.*
+functions, and this module is the one place both are written. Page reads run inside a
+READ ONLY transaction as jobs_reader, actions in a transaction as jobs_operator (see
+``db.py``, which opens them with `begin_reading` / `begin_acting`). Parts that depend on
+schema the database may not have (queues, limits, dependencies) each live in one
+function that asks ``Features`` first and returns None when the schema lacks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+Conn = psycopg.AsyncConnection[dict[str, Any]]
+Row = dict[str, Any]
+
+STATUSES = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
+PAGE_SIZE = 50
+#: Bulk actions act on at most this many runs per click.
+BULK_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Features:
+    """Which optional schema parts this database has (read once at start)."""
+
+    relations: frozenset[str]
+    columns: frozenset[str]  # "table.column"
+
+    def has(self, name: str) -> bool:
+        return name in self.relations or name in self.columns
+
+
+async def access(conn: Conn) -> Row:
+    """The login and whether it may take the reader and operator roles."""
+    cur = await conn.execute(
+        """
+        SELECT current_user AS login,
+               pg_catalog.pg_has_role('jobs_reader', 'MEMBER') AS reader,
+               pg_catalog.pg_has_role('jobs_operator', 'MEMBER') AS operator
+        """
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def begin_reading(conn: Conn, *, as_reader: bool) -> None:
+    """Settings of a page's transaction: read only, a 15 s limit, the reader role."""
+    await conn.execute("SET TRANSACTION READ ONLY")
+    await conn.execute("SET LOCAL statement_timeout = '15s'")
+    if as_reader:
+        await conn.execute("SET LOCAL ROLE jobs_reader")
+
+
+async def begin_acting(conn: Conn) -> None:
+    """Settings of an action's transaction: a 60 s limit, the operator role."""
+    await conn.execute("SET LOCAL statement_timeout = '60s'")
+    await conn.execute("SET LOCAL ROLE jobs_operator")
+
+
+async def features(conn: Conn) -> Features:
+    rows = await (
+        await conn.execute(
+            """
+            SELECT c.relname, a.attname
+              FROM pg_catalog.pg_class AS c
+              JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'jobs'
+              LEFT JOIN pg_catalog.pg_attribute AS a
+                ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE c.relkind IN ('r', 'v', 'p')
+            """
+        )
+    ).fetchall()
+    return Features(
+        frozenset(r["relname"] for r in rows),
+        frozenset(f"{r['relname']}.{r['attname']}" for r in rows if r["attname"]),
+    )
+
+
+# -- overview ---------------------------------------------------------------------------
+
+
+async def kind_stats(conn: Conn) -> list[Row]:
+    """Per kind: due and future QUEUED, RUNNING, last hour's outcomes, oldest due age.
+
+    The columns of jobs.queue_stats, counted from the QUEUED and RUNNING partial indexes
+    and the finished_at index, so the cost follows the live set and the last hour, not
+    the history.
+    """
+    cur = await conn.execute(
+        """
+        WITH live AS (
+            SELECT r.kind,
+                   count(*) FILTER (WHERE r.scheduled_for <= now()) AS queued,
+                   count(*) FILTER (WHERE r.scheduled_for > now()) AS scheduled,
+                   0 AS running,
+                   min(r.scheduled_for) FILTER (WHERE r.scheduled_for <= now()) AS oldest_due
+              FROM jobs.runs AS r WHERE r.status = 'QUEUED' GROUP BY r.kind
+            UNION ALL
+            SELECT r.kind, 0, 0, count(*), NULL
+              FROM jobs.runs AS r WHERE r.status = 'RUNNING' GROUP BY r.kind
+        ),
+        recent AS (
+            SELECT r.kind,
+                   count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
+                   count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
+                   count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
+                   count(*) FILTER (WHERE r.failure_reason = 'Skipped') AS skipped_1h,
+                   count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
+              FROM jobs.runs AS r
+             WHERE r.finished_at > now() - interval '1 hour'
+             GROUP BY r.kind
+        ),
+        kinds AS (SELECT kind FROM live UNION SELECT kind FROM recent)
+        SELECT k.kind,
+               coalesce((SELECT sum(l.queued) FROM live AS l WHERE l.kind = k.kind), 0) AS queued,
+               coalesce((SELECT sum(l.scheduled) FROM live AS l WHERE l.kind = k.kind), 0) AS scheduled,
+               coalesce((SELECT sum(l.running) FROM live AS l WHERE l.kind = k.kind), 0) AS running,
+               coalesce(rc.completed_1h, 0) AS completed_1h,
+               coalesce(rc.failed_1h, 0) AS failed_1h,
+               coalesce(rc.cancelled_1h, 0) AS cancelled_1h,
+               now() - (SELECT min(l.oldest_due) FROM live AS l WHERE l.kind = k.kind) AS oldest_queued_age,
+               coalesce(rc.skipped_1h, 0) AS skipped_1h,
+               coalesce(rc.lost_1h, 0) AS lost_1h
+          FROM kinds AS k
+          LEFT JOIN recent AS rc ON rc.kind = k.kind
+         ORDER BY k.kind
+        """
+    )
+    return await cur.fetchall()
+
+
+async def queues(conn: Conn, feats: Features) -> list[Row] | None:
+    """The queues with their paused state (jobs.queues), when the schema has them."""
+    if not feats.has("queues"):
+        return None
+    cur = await conn.execute("SELECT * FROM jobs.queues ORDER BY 1")
+    return await cur.fetchall()
+
+
+async def limits(conn: Conn, feats: Features) -> list[Row] | None:
+    """Queue and kind limits (jobs.limits), when the schema has them."""
+    if not feats.has("limits"):
+        return None
+    cur = await conn.execute("SELECT * FROM jobs.limits ORDER BY 1, 2")
+    return await cur.fetchall()
+
+
+async def leader(conn: Conn) -> Row | None:
+    cur = await conn.execute("SELECT owner, since, leading_for, application_name, pid FROM jobs.leader")
+    return await cur.fetchone()
+
+
+async def last_hour(conn: Conn) -> tuple[datetime, list[Row]]:
+    """Per minute of the last hour: completions, failures, and start lateness (p50, max).
+
+    Finished runs come from the finished_at index; lateness is measured on the runs that
+    started in the window (those finished since, and those still RUNNING).
+    """
+    cur = await conn.execute(
+        """
+        WITH bounds AS (
+            SELECT date_trunc('minute', now()) - interval '59 minutes' AS start
+        ),
+        done AS (
+            SELECT floor(extract(epoch FROM r.finished_at - b.start) / 60)::integer AS minute,
+                   r.status
+              FROM jobs.runs AS r CROSS JOIN bounds AS b
+             WHERE r.finished_at >= b.start
+        ),
+        started AS (
+            SELECT r.started_at, r.scheduled_for
+              FROM jobs.runs AS r CROSS JOIN bounds AS b
+             WHERE r.finished_at >= b.start AND r.started_at >= b.start
+            UNION ALL
+            SELECT r.started_at, r.scheduled_for
+              FROM jobs.runs AS r CROSS JOIN bounds AS b
+             WHERE r.status = 'RUNNING' AND r.started_at >= b.start
+        ),
+        late AS (
+            SELECT floor(extract(epoch FROM s.started_at - b.start) / 60)::integer AS minute,
+                   greatest(extract(epoch FROM s.started_at - s.scheduled_for), 0) AS seconds
+              FROM started AS s CROSS JOIN bounds AS b
+        ),
+        done_by_minute AS (
+            SELECT d.minute,
+                   count(*) FILTER (WHERE d.status = 'COMPLETED') AS completed,
+                   count(*) FILTER (WHERE d.status = 'FAILED') AS failed
+              FROM done AS d GROUP BY d.minute
+        ),
+        late_by_minute AS (
+            SELECT l.minute,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY l.seconds) AS late_p50,
+                   max(l.seconds) AS late_max
+              FROM late AS l GROUP BY l.minute
+        )
+        SELECT m.minute, coalesce(d.completed, 0) AS completed, coalesce(d.failed, 0) AS failed,
+               l.late_p50, l.late_max, b.start
+          FROM generate_series(0, 59) AS m (minute)
+          CROSS JOIN bounds AS b
+          LEFT JOIN done_by_minute AS d ON d.minute = m.minute
+          LEFT JOIN late_by_minute AS l ON l.minute = m.minute
+         ORDER BY m.minute
+        """
+    )
+    rows = await cur.fetchall()
+    return rows[0]["start"], rows
+
+
+# -- definitions ------------------------------------------------------------------------
+
+
+async def definitions(conn: Conn) -> list[Row]:
+    """Every definition with what jobs.definition_health shows, computed so that the cost
+    follows the number of definitions and the live set, not the history: live counts from
+    the QUEUED and RUNNING partial indexes, failures from the FAILED-by-definition index.
+    Also the earliest materialized QUEUED occurrence (the cursor, next_run_at, runs ahead
+    of it when occurrences are materialized early), and the DST policy: stored (None is
+    auto, what the schedule is parsed with) and effective (dst_gap, dst_repeat: the
+    columns of jobs.definition_health, auto resolved by jobs._dst_auto as the view does)."""
+    cur = await conn.execute(
+        """
+        WITH live AS (
+            SELECT r.definition_id, 0 AS running, count(*) AS queued,
+                   min(r.scheduled_for) FILTER (WHERE r.origin = 'schedule') AS next_queued
+              FROM jobs.runs AS r WHERE r.status = 'QUEUED' AND r.definition_id IS NOT NULL
+             GROUP BY r.definition_id
+            UNION ALL
+            SELECT r.definition_id, count(*), 0, NULL
+              FROM jobs.runs AS r WHERE r.status = 'RUNNING' AND r.definition_id IS NOT NULL
+             GROUP BY r.definition_id
+        ),
+        live_by_definition AS (
+            SELECT l.definition_id, sum(l.running) AS running, sum(l.queued) AS queued,
+                   min(l.next_queued) AS next_queued
+              FROM live AS l GROUP BY l.definition_id
+        )
+        SELECT d.id, d.name, d.kind, d.schedule, d.timezone, NOT d.enabled AS paused,
+               d.next_run_at, d.next_run_at AT TIME ZONE d.timezone AS next_run_local,
+               d.max_concurrent_runs, coalesce(l.running, 0) AS running,
+               coalesce(l.queued, 0) AS queued, l.next_queued,
+               last.status AS last_status, last.finished_at AS last_finished_at,
+               (SELECT count(*) FROM jobs.runs AS f
+                 WHERE f.definition_id = d.id AND f.status = 'FAILED'
+                   AND f.id > coalesce(ok.id, 0)) AS consecutive_failures,
+               (SELECT count(*) FROM jobs.runs AS s
+                 WHERE s.definition_id = d.id AND s.failure_reason = 'Skipped'
+                   AND s.id > coalesce(started.id, 0)) AS consecutive_skips,
+               d.finished_at IS NOT NULL AS finished, d.schedule_error,
+               d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
+               d.dst_gap AS stored_dst_gap, d.dst_repeat AS stored_dst_repeat,
+               coalesce(d.dst_gap, (jobs._dst_auto(d.schedule))[1]) AS dst_gap,
+               coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat
+          FROM jobs.definitions AS d
+          LEFT JOIN live_by_definition AS l ON l.definition_id = d.id
+          LEFT JOIN LATERAL (
+              SELECT r.status, r.finished_at FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+               ORDER BY r.id DESC LIMIT 1
+          ) AS last ON TRUE
+          LEFT JOIN LATERAL (
+              SELECT r.id FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
+               ORDER BY r.id DESC LIMIT 1
+          ) AS ok ON TRUE
+          LEFT JOIN LATERAL (
+              SELECT r.id FROM jobs.runs AS r
+               WHERE r.definition_id = d.id AND r.started_at IS NOT NULL
+               ORDER BY r.id DESC LIMIT 1
+          ) AS started ON TRUE
+         ORDER BY d.name
+        """
+    )
+    return await cur.fetchall()
+
+
+async def definition(conn: Conn, name: str) -> Row | None:
+    cur = await conn.execute(
+        """
+        SELECT h.*, d.misfire_policy, d.priority, d.created_at, d.run_at,
+               d.payload, d.max_attempts, d.timeout, d.heartbeat_timeout, d.updated_at, d.revision,
+               d.dst_gap AS stored_dst_gap, d.dst_repeat AS stored_dst_repeat
+          FROM jobs.definition_health AS h
+          JOIN jobs.definitions AS d ON d.id = h.id
+         WHERE h.name = %s
+        """,
+        (name,),
+    )
+    return await cur.fetchone()
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    status: str | None = None
+    kind: str | None = None
+    queue: str | None = None
+    definition: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def params(self) -> dict[str, str]:
+        """The filter as query parameters (for links and the bulk forms)."""
+        out: dict[str, str] = {}
+        for key in ("status", "kind", "queue", "definition"):
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        for key in ("since", "until"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value.isoformat()
+        return out
+
+
+def _where(f: RunFilter, feats: Features, *, status: str | None) -> tuple[sql.Composable, list[Any]]:
+    clauses: list[sql.Composable] = []
+    args: list[Any] = []
+    if status:
+        clauses.append(sql.SQL("r.status = %s::jobs.run_status"))
+        args.append(status)
+    if f.kind:
+        clauses.append(sql.SQL("r.kind = %s"))
+        args.append(f.kind)
+    if f.definition:
+        clauses.append(
+            sql.SQL("r.definition_id = (SELECT d.id FROM jobs.definitions AS d WHERE d.name = %s)")
+        )
+        args.append(f.definition)
+    if f.queue:
+        clause, qargs = _queue_clause(f.queue, feats)
+        clauses.append(clause)
+        args.extend(qargs)
+    if f.since is not None:
+        clauses.append(sql.SQL("r.scheduled_for >= %s"))
+        args.append(f.since)
+    if f.until is not None:
+        clauses.append(sql.SQL("r.scheduled_for < %s"))
+        args.append(f.until)
+    if not clauses:
+        return sql.SQL("TRUE"), args
+    return sql.SQL(" AND ").join(clauses), args
+
+
+def _queue_clause(queue: str, feats: Features) -> tuple[sql.Composable, list[Any]]:
+    """Runs of one queue. Without a queue column every run is in the 'default' queue."""
+    if feats.has("runs.queue"):
+        return sql.SQL("r.queue = %s"), [queue]
+    return (sql.SQL("TRUE") if queue == "default" else sql.SQL("FALSE")), []
+
+
+async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) -> list[Row]:
+    """One page of runs matching the filter, newest first (keyset on id)."""
+    where, args = _where(f, feats, status=f.status)
+    if before is not None:
+        where = sql.SQL("{} AND r.id < %s").format(where)
+        args.append(before)
+    query = sql.SQL(
+        """
+        SELECT r.id, r.kind, r.status, r.attempt, r.retry_of, r.origin, r.definition_id,
+               d.name AS definition, r.scheduled_for, r.started_at, r.finished_at,
+               r.failure_reason, left(r.error, 300) AS error, r.worker, r.cancel_requested,
+               EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id) AS retried
+          FROM jobs.runs AS r
+          LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+         WHERE {}
+         ORDER BY r.id DESC
+         LIMIT %s
+        """
+    ).format(where)
+    cur = await conn.execute(query, [*args, PAGE_SIZE + 1])
+    return await cur.fetchall()
+
+
+async def failed_count(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> int:
+    """How many FAILED runs match the filter (counted up to BULK_LIMIT)."""
+    where, args = _where(f, feats, status="FAILED")
+    if unretried:
+        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id)").format(
+            where
+        )
+    query = sql.SQL("SELECT count(*) AS n FROM (SELECT FROM jobs.runs AS r WHERE {} LIMIT %s) AS m").format(
+        where
+    )
+    row = await (await conn.execute(query, [*args, BULK_LIMIT])).fetchone()
+    return int(row["n"]) if row else 0
+
+
+async def failed_ids(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> list[int]:
+    """Ids of the FAILED runs matching the filter (at most BULK_LIMIT), for bulk actions."""
+    where, args = _where(f, feats, status="FAILED")
+    if unretried:
+        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id)").format(
+            where
+        )
+    query = sql.SQL("SELECT r.id FROM jobs.runs AS r WHERE {} ORDER BY r.id LIMIT %s").format(where)
+    cur = await conn.execute(query, [*args, BULK_LIMIT])
+    return [row["id"] for row in await cur.fetchall()]
+
+
+async def run(conn: Conn, run_id: int) -> Row | None:
+    cur = await conn.execute(
+        """
+        SELECT r.*, d.name AS definition, d.max_concurrent_runs,
+               r.started_at - r.scheduled_for AS start_delay,
+               coalesce(r.finished_at, now()) - r.started_at AS runtime,
+               CASE WHEN r.status = 'RUNNING' THEN now() - r.heartbeat_at END AS heartbeat_age,
+               EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id) AS retried
+          FROM jobs.runs AS r
+          LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+         WHERE r.id = %s
+        """,
+        (run_id,),
+    )
+    return await cur.fetchone()
+
+
+async def attempt_chain(conn: Conn, run_id: int) -> list[Row]:
+    """Every attempt of the run's occurrence, first to last, following retry_of both ways."""
+    cur = await conn.execute(
+        """
+        WITH RECURSIVE earlier AS (
+            SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = %(id)s
+            UNION ALL
+            SELECT p.id, p.retry_of, e.depth + 1
+              FROM jobs.runs AS p JOIN earlier AS e ON p.id = e.retry_of
+             WHERE e.depth < 1000
+        ),
+        later AS (
+            SELECT r.id, 0 AS depth FROM jobs.runs AS r WHERE r.id = %(id)s
+            UNION ALL
+            SELECT n.id, l.depth + 1
+              FROM jobs.runs AS n JOIN later AS l ON n.retry_of = l.id
+             WHERE l.depth < 1000
+        )
+        SELECT r.id, r.attempt, r.status, r.origin, r.scheduled_for, r.started_at, r.finished_at,
+               r.failure_reason, left(r.error, 300) AS error, r.worker
+          FROM jobs.runs AS r
+         WHERE r.id IN (SELECT id FROM earlier UNION SELECT id FROM later)
+         ORDER BY r.attempt, r.id
+        """,
+        {"id": run_id},
+    )
+    return await cur.fetchall()
+
+
+async def dependencies(conn: Conn, feats: Features, run_id: int) -> tuple[list[Row], list[Row]] | None:
+    """(runs this one waits for, runs waiting for this one), when runs have depends_on."""
+    if not feats.has("runs.depends_on"):
+        return None
+    upstream = await (
+        await conn.execute(
+            """
+            SELECT u.id, u.kind, u.status FROM jobs.runs AS u
+             WHERE u.id = ANY((SELECT r.depends_on FROM jobs.runs AS r WHERE r.id = %s)::bigint[])
+             ORDER BY u.id
+            """,
+            (run_id,),
+        )
+    ).fetchall()
+    downstream = await (
+        await conn.execute(
+            "SELECT w.id, w.kind, w.status FROM jobs.runs AS w"
+            " WHERE %s = ANY(w.depends_on) ORDER BY w.id LIMIT 100",
+            (run_id,),
+        )
+    ).fetchall()
+    return upstream, downstream
+
+
+# -- running and audit --------------------------------------------------------------------
+
+
+async def running(conn: Conn) -> list[Row]:
+    cur = await conn.execute("SELECT * FROM jobs.running ORDER BY started_at, id LIMIT 1000")
+    return await cur.fetchall()
+
+
+async def audit(conn: Conn, before: int | None) -> list[Row]:
+    cur = await conn.execute(
+        """
+        SELECT a.id, a.at, a.actor, a.action, a.target, a.detail, a.db_user
+          FROM jobs.audit_log AS a
+         WHERE %(before)s::bigint IS NULL OR a.id < %(before)s::bigint
+         ORDER BY a.id DESC
+         LIMIT %(limit)s
+        """,
+        {"before": before, "limit": PAGE_SIZE + 1},
+    )
+    return await cur.fetchall()
+
+
+# -- actions (as jobs_operator; each commits with its audit entry) ----------------------
+
+
+async def record_audit(conn: Conn, actor: str, action: str, target: str | None, detail: str) -> None:
+    """jobs.audit: who did what to what; `detail` is a JSON object as text."""
+    await conn.execute("SELECT jobs.audit(%s, %s, %s, %s::jsonb)", (actor, action, target, detail))
+
+
+async def cancel(conn: Conn, run_id: int) -> str:
+    """jobs.cancel; the run's status after it."""
+    row = await (await conn.execute("SELECT jobs.cancel(%s) AS status", (run_id,))).fetchone()
+    assert row is not None
+    return str(row["status"])
+
+
+async def retry(conn: Conn, run_id: int) -> int:
+    """jobs.retry; the id of the new attempt."""
+    row = await (await conn.execute("SELECT id FROM jobs.retry(%s)", (run_id,))).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def run_now(conn: Conn, name: str) -> int:
+    """jobs.run_now; the id of the queued run."""
+    row = await (await conn.execute("SELECT id FROM jobs.run_now(%s)", (name,))).fetchone()
+    assert row is not None
+    return int(row["id"])
+
+
+async def pause_definition(conn: Conn, name: str) -> None:
+    await conn.execute("SELECT 1 FROM jobs.pause(%s)", (name,))
+
+
+async def resume_definition(conn: Conn, name: str) -> None:
+    await conn.execute("SELECT 1 FROM jobs.resume(%s)", (name,))
+
+
+async def pause_queue(conn: Conn, name: str | None) -> None:
+    await conn.execute("SELECT jobs.pause_queue(%s)", (name,))
+
+
+async def resume_queue(conn: Conn, name: str | None) -> None:
+    await conn.execute("SELECT jobs.resume_queue(%s)", (name,))
+
+
+async def retry_many(conn: Conn, run_ids: list[int]) -> int:
+    """jobs.retry_many; how many runs it retried."""
+    cur = await conn.execute("SELECT id FROM jobs.retry_many(%s)", (run_ids,))
+    return len(await cur.fetchall())
+
+
+async def discard(conn: Conn, run_ids: list[int]) -> int:
+    """jobs.discard; how many runs it deleted."""
+    row = await (await conn.execute("SELECT jobs.discard(%s) AS n", (run_ids,))).fetchone()
+    assert row is not None
+    return int(row["n"])

@@ -1,0 +1,113 @@
+"""Serving the dashboard with uvicorn: ``pgtick web`` and ``pgtick run --web``."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+from pgtick.errors import UsageError
+from pgtick.web.auth import Secret
+
+log = logging.getLogger("pgtick.web")
+
+DEFAULT_BIND = "127.0.0.1:8080"
+PASSWORD_ENV = "PGTICK_WEB_PASSWORD"
+
+
+def parse_bind(text: str, option: str = "--bind") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) or ``:PORT`` (127.0.0.1)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise UsageError(f"{option} must be HOST:PORT such as 127.0.0.1:8080, got {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"{option} port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"{option} port must be between 0 and 65535, got {port}")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def operator_secret(password_file: str | None) -> Secret | None:
+    """The operator secret from --password-file or $PGTICK_WEB_PASSWORD (then removed from the
+    environment so child processes do not inherit it); None: read-only."""
+    plain: str | None = None
+    if password_file:
+        try:
+            lines = Path(password_file).read_text().splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read --password-file {password_file}: {exc.strerror}") from None
+        plain = lines[0].strip() if lines else ""
+    else:
+        plain = os.environ.pop(PASSWORD_ENV, None)
+    if plain is None:
+        return None
+    try:
+        return Secret.from_plain(plain)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") -> object:
+    import uvicorn
+
+    from pgtick.web.app import create_app
+
+    host, port = parse_bind(bind, option)
+    if not _is_loopback(host):
+        log.warning(
+            "dashboard bound to %s, reachable from other machines: put it behind TLS%s",
+            host,
+            "" if secret is None else " (the operator password crosses the network)",
+        )
+    print(
+        f"pgtick: dashboard on http://{'[' + host + ']' if ':' in host else host}:{port}/ "
+        f"({'operator login enabled' if secret else 'read-only: no operator password given'})",
+        file=sys.stderr,
+    )
+    return uvicorn.Config(
+        create_app(dsn, secret),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+    )
+
+
+def serve(dsn: str, bind: str, secret: Secret | None) -> int:
+    """Serve in the foreground until interrupted."""
+    import uvicorn
+
+    config = _config(dsn, bind, secret)
+    assert isinstance(config, uvicorn.Config)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def serve_in_thread(dsn: str, bind: str, secret: Secret | None) -> threading.Thread:
+    """Serve from a daemon thread (beside ``pgtick run``); it ends with the process."""
+    import uvicorn
+
+    config = _config(dsn, bind, secret, "--web")
+    assert isinstance(config, uvicorn.Config)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="pgtick-web", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,149 @@
+"""Times as the dashboard shows them: UTC, a definition's local time, DST marks.
+
+Occurrences come from ``pgtick.schedule`` (the same code the scheduler runs, with the
+same anchor); this module only labels them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+from pgtick.schedule import Schedule, ScheduleError, anchor_for, parse_schedule, preview
+
+#: A definition's stored DST policy, (dst_gap, dst_repeat); None is auto.
+Policy = tuple[str | None, str | None]
+
+#: How an occurrence's DST mark from pgtick.schedule reads on a page.
+_MARKS = {
+    "moved": "DST gap: moved ({gap})",
+    "skipped": "DST gap: skipped",
+    "doubled": "DST repeat: runs at both readings",
+    "first of two": "DST repeat: first of two",
+    "second of two": "DST repeat: second of two",
+}
+
+_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    local: datetime
+    utc: datetime | None  # None: a wall time the DST policy skipped
+    marks: tuple[str, ...]
+
+
+def offset_text(moment: datetime) -> str:
+    offset = moment.utcoffset() or timedelta(0)
+    seconds = int(offset.total_seconds())
+    sign = "-" if seconds < 0 else "+"
+    hours, rest = divmod(abs(seconds), 3600)
+    return f"{sign}{hours:02d}:{rest // 60:02d}"
+
+
+def dst_marks(local: datetime, previous: datetime | None) -> tuple[str, ...]:
+    """Why this occurrence's local time deserves a look: moved out of a gap, in a repeated
+    hour, or on the other side of an offset change from the previous occurrence."""
+    zone = local.tzinfo
+    assert zone is not None
+    marks = []
+    before = (local.astimezone(UTC) - _SECOND).astimezone(zone)
+    if before.utcoffset() != local.utcoffset() and (before.utcoffset() or timedelta(0)) < (
+        local.utcoffset() or timedelta(0)
+    ):
+        marks.append("at the end of the spring-forward gap (a wall time inside the gap runs here)")
+    wall = local.replace(tzinfo=None)
+    first = wall.replace(tzinfo=zone, fold=0).utcoffset()
+    second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+    if first != second:
+        marks.append("in the repeated hour (this wall time happens twice)")
+    if previous is not None and previous.utcoffset() != local.utcoffset():
+        marks.append(f"UTC offset changed {offset_text(previous)} → {offset_text(local)}")
+    return tuple(marks)
+
+
+def occurrences(
+    schedule_text: str,
+    timezone: str,
+    *,
+    after: datetime,
+    count: int,
+    created_at: datetime | None = None,
+    policy: Policy = (None, None),
+) -> list[Occurrence]:
+    """The next `count` occurrences after `after`, labelled; raises ScheduleError on a bad rule.
+
+    With `created_at` (a stored definition) the anchor is the scheduler's; without it,
+    a DTSTART-less RRULE starts at local midnight of `after`'s day. `policy` is the
+    definition's stored (dst_gap, dst_repeat), None for auto, as the scheduler reads it.
+    Wall times the policy skips are listed with `utc` None.
+    """
+    schedule = _parsed(schedule_text, timezone, anchor_for(created_at or after, timezone), policy)
+    zone = schedule.zone
+    out: list[Occurrence] = []
+    previous: datetime | None = None
+    for item in preview(schedule, after, count):
+        mark = _MARKS[item.dst].format(gap=schedule.policy.gap) if item.dst else None
+        if item.at is None:
+            out.append(Occurrence(item.wall.replace(tzinfo=zone), None, (mark or _MARKS["skipped"],)))
+            continue
+        local = item.at.astimezone(zone)
+        marks: tuple[str, ...] = (mark,) if mark else ()
+        if previous is not None and previous.utcoffset() != local.utcoffset():
+            marks += (f"UTC offset changed {offset_text(previous)} → {offset_text(local)}",)
+        out.append(Occurrence(local, item.at, marks))
+        previous = local
+    return out
+
+
+@lru_cache(maxsize=2048)
+def _parsed(schedule_text: str, timezone: str, anchor: datetime, policy: Policy) -> Schedule:
+    gap, repeat = policy
+    return parse_schedule(schedule_text, timezone, anchor=anchor, dst_gap=gap, dst_repeat=repeat)
+
+
+def next_occurrence(
+    schedule_text: str,
+    timezone: str,
+    created_at: datetime,
+    after: datetime,
+    policy: Policy = (None, None),
+) -> Occurrence | None:
+    """The definition's next run after `after`, labelled; None if none or unreadable."""
+    try:
+        found = occurrences(
+            schedule_text, timezone, after=after, count=2, created_at=created_at, policy=policy
+        )
+    except (ScheduleError, ValueError, LookupError):
+        return None
+    runs = [o for o in found if o.utc is not None]
+    if not runs:
+        return None
+    first = runs[0]
+    now_offset = after.astimezone(first.local.tzinfo).utcoffset()
+    if now_offset != first.local.utcoffset() and not first.marks:
+        change = f"UTC offset changes before it: {offset_text(after.astimezone(first.local.tzinfo))} → "
+        return Occurrence(first.local, first.utc, (change + offset_text(first.local),))
+    return first
+
+
+def labelled(run: datetime, timezone: str, now: datetime) -> Occurrence:
+    """A stored run time in its definition's zone, marked when DST moves the offset before it."""
+    zone = ZoneInfo(timezone)
+    local = run.astimezone(zone)
+    marks = dst_marks(local, now.astimezone(zone))
+    return Occurrence(local, run, tuple(m.replace("changed", "changes before it:") for m in marks))
+
+
+__all__ = [
+    "Occurrence",
+    "Policy",
+    "ScheduleError",
+    "dst_marks",
+    "labelled",
+    "next_occurrence",
+    "occurrences",
+    "offset_text",
+]

@@ -1,0 +1,397 @@
+-- ===========================================================================
+-- console.sql: what the operator's terminal calls, for psql users too.
+--
+-- Each `pgtick` command that reads or changes state is a thin call of one
+-- object here (or in ops.sql):
+--   pgtick workers       jobs.workers
+--   pgtick status        jobs.definition_health, jobs.leader, jobs.queue_stats,
+--                        jobs.kinds_without_worker
+--   pgtick definitions   jobs.definition_list
+--   pgtick show RUN      jobs.run_detail(run_id)
+--   pgtick undefine NAME jobs.undefine_detail(name)
+--   pgtick prune         jobs.prune_count(older_than), jobs.prune(older_than, batch_size)
+-- Workers register themselves (jobs.register_worker) and say they are alive on
+-- their heartbeat cadence (jobs.worker_seen); the scheduler records catch-ups
+-- after downtime (jobs.record_catch_up).
+-- ===========================================================================
+
+-- ---------------------------------------------------------------------------
+-- Workers
+-- ---------------------------------------------------------------------------
+
+-- A worker announces itself and the kinds it runs (on start and on every reconnect).
+CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_text('worker', register_worker.worker, 200);
+    IF register_worker.kinds IS NULL OR EXISTS (
+        SELECT FROM unnest(register_worker.kinds) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200
+    ) THEN
+        RAISE EXCEPTION 'kinds must be an array of names of 1 to 200 characters' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds)
+    VALUES (register_worker.worker, left(register_worker.host, 255), register_worker.pid, register_worker.kinds)
+    ON CONFLICT (worker) DO UPDATE
+       SET kinds = excluded.kinds, host = excluded.host, pid = excluded.pid,
+           last_seen_at = now(), stopped_at = NULL;
+    INSERT INTO jobs.known_kinds AS k (kind)
+    SELECT DISTINCT u.kind FROM unnest(register_worker.kinds) AS u (kind)
+    ORDER BY u.kind
+    ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
+END
+$$;
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS
+'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
+
+-- A worker's sign of life; false when it is not registered.
+CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE jobs.worker_registry AS w SET last_seen_at = now(), stopped_at = NULL
+     WHERE w.worker = worker_seen.worker
+    RETURNING TRUE
+$$;
+COMMENT ON FUNCTION jobs.worker_seen(text) IS
+'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered.';
+
+-- A worker says it stopped.
+CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE jobs.worker_registry AS w SET stopped_at = now(), last_seen_at = now()
+     WHERE w.worker = worker_stopped.worker
+    RETURNING TRUE
+$$;
+COMMENT ON FUNCTION jobs.worker_stopped(text) IS
+'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost.';
+
+-- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
+CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
+        RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
+            USING HINT = 'Check the spelling, or start a worker whose app registers this kind.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS
+'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
+
+-- Every registered worker: alive (seen within the heartbeat timeout), stopped or lost; what it runs.
+CREATE OR REPLACE VIEW jobs.workers AS
+SELECT
+    w.worker,
+    CASE
+        WHEN w.stopped_at IS NOT NULL THEN 'stopped'
+        WHEN w.last_seen_at > now() - c.heartbeat_timeout THEN 'alive'
+        ELSE 'lost'
+    END AS state,
+    w.host,
+    w.pid,
+    w.kinds,
+    w.started_at,
+    w.last_seen_at,
+    now() - w.last_seen_at AS seen_age,
+    coalesce(r.running, 0) AS running,
+    coalesce(r.run_ids, '{}') AS run_ids,
+    r.oldest_heartbeat_age,
+    r.oldest_heartbeat_at
+FROM jobs.worker_registry AS w
+CROSS JOIN jobs.config AS c
+LEFT JOIN LATERAL (
+    SELECT
+        count(*) AS running,
+        array_agg(x.id ORDER BY x.id) AS run_ids,
+        max(now() - x.heartbeat_at) AS oldest_heartbeat_age,
+        min(x.heartbeat_at) AS oldest_heartbeat_at
+    FROM jobs.runs AS x
+    WHERE x.worker = w.worker AND x.status = 'RUNNING'
+) AS r ON TRUE;
+COMMENT ON VIEW jobs.workers IS
+'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them.';
+
+-- Kinds with due QUEUED runs that no alive worker runs.
+CREATE OR REPLACE VIEW jobs.kinds_without_worker AS
+SELECT
+    r.kind,
+    count(*) AS queued,
+    now() - min(r.scheduled_for) AS oldest_queued_age,
+    r.kind IN (SELECT k.kind FROM jobs.known_kinds AS k) AS ever_registered,
+    min(r.scheduled_for) AS oldest_queued_at
+FROM jobs.runs AS r
+WHERE
+    r.status = 'QUEUED' AND r.scheduled_for <= now()
+    AND NOT EXISTS (
+        SELECT FROM jobs.worker_registry AS w CROSS JOIN jobs.config AS c
+        WHERE
+            r.kind = any(w.kinds) AND w.stopped_at IS NULL
+            AND w.last_seen_at > now() - c.heartbeat_timeout
+    )
+GROUP BY r.kind;
+COMMENT ON VIEW jobs.kinds_without_worker IS
+'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
+
+-- ---------------------------------------------------------------------------
+-- Catch-ups after downtime
+-- ---------------------------------------------------------------------------
+
+-- An interval as an operator reads it: 45s, 2m30s, 1h05m, 3d4h.
+CREATE OR REPLACE FUNCTION jobs.compact_interval(value interval)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN s < 60 THEN s || 's'
+        WHEN s < 3600 THEN (s / 60) || 'm' || CASE WHEN s % 60 > 0 THEN lpad((s % 60)::text, 2, '0') || 's' ELSE '' END
+        WHEN s < 86400 THEN (s / 3600) || 'h' || CASE WHEN s % 3600 >= 60 THEN lpad((s % 3600 / 60)::text, 2, '0') || 'm' ELSE '' END
+        ELSE (s / 86400) || 'd' || CASE WHEN s % 86400 >= 3600 THEN (s % 86400 / 3600) || 'h' ELSE '' END
+    END
+    FROM (SELECT greatest(round(extract(EPOCH FROM value)), 0)::bigint AS s) AS t
+$$;
+COMMENT ON FUNCTION jobs.compact_interval(interval) IS 'An interval as 45s, 2m30s, 1h05m or 3d4h.';
+
+-- One catch-up as a sentence ("caught up after 2m30s of downtime: 15 occurrences coalesced into 1").
+CREATE OR REPLACE FUNCTION jobs.describe_catch_up(c jobs.catch_ups)
+RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'caught up after ' || jobs.compact_interval(c.caught_up_at - c.first_late) || ' of downtime: '
+        || c.occurrences || CASE WHEN c.occurrences = 1 THEN ' occurrence' ELSE ' occurrences' END
+        || CASE
+            WHEN c.occurrences = 1 AND c.runs = 1 THEN ' run late'
+            WHEN c.misfire_policy = 'coalesce' THEN ' coalesced into ' || c.runs
+            WHEN c.misfire_policy = 'catch_up' THEN ' run late (' || c.runs || ' runs)'
+            ELSE CASE WHEN c.runs = 0 THEN ' skipped' ELSE ': ' || (c.occurrences - c.runs) || ' skipped, ' || c.runs || ' run' END
+                 || ' (past the misfire grace)'
+        END
+$$;
+COMMENT ON FUNCTION jobs.describe_catch_up(jobs.catch_ups) IS
+'A catch-up as one sentence, e.g. caught up after 2m30s of downtime: 15 occurrences coalesced into 1.';
+
+-- Scheduler: record a catch-up (once per definition and first_late) and supersede the
+-- definition's older QUEUED runs that the policy replaces.
+CREATE OR REPLACE FUNCTION jobs.record_catch_up(
+    definition_id bigint,
+    misfire_policy text,
+    first_late timestamptz,
+    last_late timestamptz,
+    occurrences integer,
+    runs integer,
+    next_run_at timestamptz
+)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_superseded integer := 0;
+    v_earliest timestamptz;
+    v_row jobs.catch_ups;
+BEGIN
+    IF record_catch_up.first_late IS NULL OR record_catch_up.last_late IS NULL
+       OR record_catch_up.last_late < record_catch_up.first_late THEN
+        RAISE EXCEPTION 'first_late and last_late must be set, first_late <= last_late' USING ERRCODE = '22023';
+    END IF;
+    IF record_catch_up.misfire_policy IS NULL OR record_catch_up.misfire_policy NOT IN ('coalesce', 'catch_up', 'skip') THEN
+        RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('occurrences', record_catch_up.occurrences, 1, 2147483647);
+    PERFORM jobs._check_range('runs', record_catch_up.runs, 0, record_catch_up.occurrences);
+    -- Only for the materialization that went through: the cursor is where it left it.
+    IF NOT EXISTS (
+        SELECT FROM jobs.definitions AS d
+         WHERE d.id = record_catch_up.definition_id
+           AND d.next_run_at IS NOT DISTINCT FROM record_catch_up.next_run_at
+    ) THEN
+        RETURN NULL;
+    END IF;
+    IF record_catch_up.misfire_policy <> 'catch_up' THEN
+        -- Runs materialized before the downtime and never started are late occurrences too:
+        -- coalesce runs only the latest, skip runs none of them.
+        WITH stale AS (
+            SELECT r.id FROM jobs.runs AS r
+             WHERE r.definition_id = record_catch_up.definition_id AND r.status = 'QUEUED'
+               AND r.origin = 'schedule' AND r.scheduled_for < record_catch_up.first_late
+             ORDER BY r.id
+               FOR UPDATE SKIP LOCKED
+        ),
+        superseded AS (
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+                   error = CASE record_catch_up.misfire_policy
+                       WHEN 'coalesce' THEN 'skipped: superseded by coalescing (a later occurrence runs instead)'
+                       ELSE 'skipped: past the misfire grace (misfire_policy skip)'
+                   END
+              FROM stale WHERE r.id = stale.id
+            RETURNING r.scheduled_for
+        )
+        SELECT count(*), min(superseded.scheduled_for) INTO v_superseded, v_earliest FROM superseded;
+    END IF;
+    INSERT INTO jobs.catch_ups (
+        definition_id, misfire_policy, resumed_from, first_late, last_late, occurrences, runs, superseded
+    )
+    SELECT d.id, record_catch_up.misfire_policy, record_catch_up.first_late,
+           least(v_earliest, record_catch_up.first_late), record_catch_up.last_late,
+           record_catch_up.occurrences + v_superseded, record_catch_up.runs, v_superseded
+      FROM jobs.definitions AS d WHERE d.id = record_catch_up.definition_id
+    ON CONFLICT ON CONSTRAINT catch_ups_once DO NOTHING
+    RETURNING * INTO v_row;
+    RETURN CASE WHEN v_row.id IS NOT NULL THEN jobs.describe_catch_up(v_row) END;
+END
+$$;
+COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS
+'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
+
+-- ---------------------------------------------------------------------------
+-- Definitions, runs, retention
+-- ---------------------------------------------------------------------------
+
+-- Every definition with its settings: what `pgtick definitions` lists.
+CREATE OR REPLACE VIEW jobs.definition_list AS
+SELECT
+    d.id,
+    d.name,
+    d.kind,
+    d.schedule,
+    d.timezone,
+    d.run_at,
+    NOT d.enabled AS paused,
+    d.finished_at IS NOT NULL AS finished,
+    d.next_run_at,
+    d.misfire_policy,
+    d.overlap_policy,
+    d.max_concurrent_runs,
+    d.priority,
+    d.max_attempts,
+    d.timeout,
+    d.payload,
+    d.schedule_error,
+    d.created_at,
+    d.updated_at
+FROM jobs.definitions AS d;
+COMMENT ON VIEW jobs.definition_list IS
+'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
+
+-- One run in full, with its attempt chain (first attempt to last) and its definition.
+CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint)
+RETURNS TABLE (
+    id bigint,
+    definition text,
+    timezone text,
+    kind text,
+    status text,
+    attempt integer,
+    max_attempts integer,
+    origin text,
+    retry_of bigint,
+    scheduled_for timestamptz,
+    created_at timestamptz,
+    started_at timestamptz,
+    heartbeat_at timestamptz,
+    finished_at timestamptz,
+    worker text,
+    cancel_requested boolean,
+    failure_reason text,
+    error text,
+    payload jsonb,
+    result jsonb,
+    attempts jsonb
+)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = run_detail.run_id) THEN
+        RAISE EXCEPTION 'run % does not exist', coalesce(run_detail.run_id::text, 'NULL') USING ERRCODE = 'P0002';
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE back AS (
+        SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = run_detail.run_id
+        UNION ALL
+        SELECT p.id, p.retry_of, b.depth + 1 FROM jobs.runs AS p INNER JOIN back AS b ON p.id = b.retry_of
+        WHERE b.depth < 1000
+    ),
+    chain AS (
+        SELECT b.id, 0 AS depth FROM back AS b WHERE b.retry_of IS NULL OR b.depth = 1000
+        UNION ALL
+        SELECT n.id, c.depth + 1 FROM jobs.runs AS n INNER JOIN chain AS c ON n.retry_of = c.id
+        WHERE c.depth < 1000
+    )
+    SELECT r.id, d.name, coalesce(d.timezone, 'UTC'), r.kind, r.status::text, r.attempt, r.max_attempts,
+           r.origin, r.retry_of, r.scheduled_for, r.created_at, r.started_at, r.heartbeat_at,
+           r.finished_at, r.worker, r.cancel_requested, r.failure_reason, r.error, r.payload, r.result,
+           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                        'id', a.id, 'attempt', a.attempt, 'status', a.status::text,
+                        'started_at', a.started_at, 'finished_at', a.finished_at, 'worker', a.worker,
+                        'failure_reason', a.failure_reason,
+                        'error', split_part(a.error, E'\n', 1)) ORDER BY a.attempt, a.id), '[]')
+              FROM chain AS c INNER JOIN jobs.runs AS a ON a.id = c.id)
+      FROM jobs.runs AS r
+      LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
+     WHERE r.id = run_detail.run_id;
+END
+$$;
+COMMENT ON FUNCTION jobs.run_detail(bigint) IS
+'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
+
+-- Delete a definition (jobs.undefine) and say what became of its runs.
+CREATE OR REPLACE FUNCTION jobs.undefine_detail(name text)
+RETURNS TABLE (definition text, cancelled integer, still_running bigint[], history bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id bigint;
+    v_cancelled integer;
+BEGIN
+    PERFORM jobs._check_text('name', undefine_detail.name, 200);
+    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = undefine_detail.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(undefine_detail.name) USING ERRCODE = 'P0002';
+    END IF;
+    v_cancelled := jobs.undefine(undefine_detail.name);
+    RETURN QUERY
+    SELECT undefine_detail.name, v_cancelled,
+           coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.status = 'RUNNING'), '{}'),
+           count(*) FILTER (WHERE r.status <> 'RUNNING')
+      FROM jobs.runs AS r WHERE r.definition_id = v_id;
+END
+$$;
+COMMENT ON FUNCTION jobs.undefine_detail(text) IS
+'Delete the named definition (jobs.undefine): its QUEUED runs are cancelled, RUNNING runs finish normally, finished runs stay as history. Returns cancelled count, the ids still running and the history kept.';
+
+-- How many finished runs jobs.prune(older_than) would delete now.
+CREATE OR REPLACE FUNCTION jobs.prune_count(older_than interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
+BEGIN
+    IF v_age < interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be negative, got %', v_age USING ERRCODE = '22023';
+    END IF;
+    RETURN (SELECT count(*) FROM jobs.runs AS r WHERE r.finished_at < now() - v_age);
+END
+$$;
+COMMENT ON FUNCTION jobs.prune_count(interval) IS
+'How many finished runs older than older_than (default jobs.config.retention) jobs.prune would delete now: the dry run of `pgtick prune`.';

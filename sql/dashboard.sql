@@ -1,0 +1,92 @@
+-- ===========================================================================
+-- dashboard.sql: operator actions the web dashboard needs beyond the single-run
+-- and single-definition functions (jobs.cancel, jobs.retry, jobs.run_now,
+-- jobs.pause, jobs.resume), and the audit log every action writes to.
+-- ===========================================================================
+
+-- Record an operator action in jobs.audit_log; returns the entry id.
+CREATE OR REPLACE FUNCTION jobs.audit(actor text, action text, target text DEFAULT NULL, detail jsonb DEFAULT '{}')
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM jobs._check_text('actor', audit.actor, 200);
+    PERFORM jobs._check_text('action', audit.action, 100);
+    IF audit.target IS NOT NULL AND length(audit.target) > 1000 THEN
+        RAISE EXCEPTION 'target is % characters long; the limit is 1000', length(audit.target)
+            USING ERRCODE = '22023';
+    END IF;
+    IF audit.detail IS NULL OR jsonb_typeof(audit.detail) <> 'object' THEN
+        RAISE EXCEPTION 'detail must be a JSON object, got %', coalesce(jsonb_typeof(audit.detail), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO jobs.audit_log AS a (actor, action, target, detail)
+    VALUES (audit.actor, audit.action, audit.target, audit.detail)
+    RETURNING a.id INTO v_id;
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION jobs.audit(text, text, text, jsonb) IS
+'Record an operator action (who, what, to what, outcome) in jobs.audit_log; returns the entry id.';
+
+-- Retry each FAILED run among run_ids that has no next attempt yet; returns the new runs.
+CREATE OR REPLACE FUNCTION jobs.retry_many(run_ids bigint[])
+RETURNS SETOF jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id bigint;
+BEGIN
+    IF retry_many.run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of run_ids', cardinality(retry_many.run_ids), 0, 100000);
+    -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
+    -- retried meanwhile is passed over, not an error, so one click never half-applies.
+    FOR v_id IN
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.id = ANY(retry_many.run_ids) AND r.status = 'FAILED'
+         ORDER BY r.id
+           FOR UPDATE
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = v_id);
+        RETURN NEXT jobs.retry(v_id);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS
+'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet (others are passed over); returns the new QUEUED attempts.';
+
+-- Delete the FAILED runs among run_ids from the history; returns how many.
+CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count bigint;
+BEGIN
+    IF discard.run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of run_ids', cardinality(discard.run_ids), 0, 100000);
+    WITH victims AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.id = ANY(discard.run_ids) AND r.status = 'FAILED'
+         ORDER BY r.id
+           FOR UPDATE
+    )
+    DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.discard(bigint[]) IS
+'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone); returns how many. Later attempts of a chain stay.';

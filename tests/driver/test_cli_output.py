@@ -1,0 +1,309 @@
+"""What the operator's terminal prints, on a fixed database state with a fixed clock.
+
+Golden files (tests/driver/golden/) hold each command's default, --wide and --json
+output; the default form fits 100 columns; every --json output is valid against its
+documented schema (docs/schemas/). PGTICK_NOW fixes the clock the CLI displays with;
+the few values the database computes from its own clock (ages, pids) are masked.
+Regenerate the golden files after a deliberate change with PGTICK_GOLDEN_UPDATE=1
+and read the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import psycopg
+import pytest
+
+from harness import ROOT, Database, scalar
+from pgtick import cli
+
+GOLDEN = Path(__file__).parent / "golden"
+SCHEMAS = ROOT / "docs" / "schemas"
+NOW = "2026-11-30T12:00:00Z"
+VOLATILE = {"pid", "leading_for", "oldest_queued_age", "seen_age", "oldest_heartbeat_age"}
+
+STATE = """
+UPDATE jobs.definitions SET created_at = '2026-11-01 00:00Z', updated_at = '2026-11-01 00:00Z';
+UPDATE jobs.definitions SET next_run_at = '2026-12-01 01:00Z' WHERE name = 'nightly-report';
+UPDATE jobs.definitions SET next_run_at = '2026-11-30 12:00:10Z' WHERE name = 'every-10s';
+UPDATE jobs.definitions SET next_run_at = '2026-11-30 12:15Z' WHERE name = 'sync-crm';
+INSERT INTO jobs.runs (definition_id, kind, status, attempt, retry_of, origin, scheduled_for, created_at,
+                       started_at, heartbeat_at, finished_at, worker, failure_reason, error, result)
+SELECT d.id, d.kind, v.status::jobs.run_status, v.attempt, v.retry_of, v.origin, v.scheduled_for,
+       v.scheduled_for, v.started_at, v.started_at, v.finished_at, v.worker, v.failure_reason, v.error,
+       v.result::jsonb
+  FROM (VALUES
+    (1, 'nightly-report', 'COMPLETED', 1, NULL::bigint, 'schedule', '2026-11-26 01:00Z'::timestamptz,
+     '2026-11-26 01:00:01Z'::timestamptz, '2026-11-26 01:00:43Z'::timestamptz, 'host-a-101-f00d',
+     NULL, NULL, '{"rows": 1200}'),
+    (2, 'nightly-report', 'COMPLETED', 1, NULL, 'schedule', '2026-11-27 01:00Z', '2026-11-27 01:00:01Z',
+     '2026-11-27 01:00:39Z', 'host-a-101-f00d', NULL, NULL, '{"rows": 1180}'),
+    (3, 'nightly-report', 'COMPLETED', 1, NULL, 'schedule', '2026-11-28 01:00Z', '2026-11-28 01:00:02Z',
+     '2026-11-28 01:01:10Z', 'host-a-101-f00d', NULL, NULL, '{"rows": 1301}'),
+    (4, 'nightly-report', 'FAILED', 1, NULL, 'schedule', '2026-11-29 01:00Z', '2026-11-29 01:00:01Z',
+     '2026-11-29 01:00:04Z', 'host-a-101-f00d', 'Error',
+     E'ConnectionError: report server down\n\nTraceback (most recent call last):\n'
+     || E'  File "jobs.py", line 12, in report\n    fetch()\nConnectionError: report server down', NULL),
+    (5, 'nightly-report', 'FAILED', 2, 4, 'retry', '2026-11-29 01:00:14Z', '2026-11-29 01:00:15Z',
+     '2026-11-29 01:00:18Z', 'host-b-202-beef', 'Error', 'ConnectionError: report server down', NULL),
+    (6, 'every-10s', 'COMPLETED', 1, NULL, 'schedule', '2026-11-30 11:59:20Z', '2026-11-30 11:59:20.1Z',
+     '2026-11-30 11:59:20.3Z', 'host-a-101-f00d', NULL, NULL, NULL),
+    (7, 'every-10s', 'COMPLETED', 1, NULL, 'schedule', '2026-11-30 11:59:30Z', '2026-11-30 11:59:30.1Z',
+     '2026-11-30 11:59:41Z', 'host-a-101-f00d', NULL, NULL, NULL),
+    (8, 'every-10s', 'CANCELLED', 1, NULL, 'schedule', '2026-11-30 11:59:40Z', NULL,
+     '2026-11-30 11:59:40.1Z', NULL, 'Skipped',
+     'skipped: definition at max_concurrent_runs (overlap_policy skip)', NULL),
+    (9, 'every-10s', 'COMPLETED', 1, NULL, 'schedule', '2026-11-30 11:59:50Z', '2026-11-30 11:59:50.1Z',
+     '2026-11-30 11:59:50.2Z', 'host-a-101-f00d', NULL, NULL, NULL),
+    (10, 'every-10s', 'RUNNING', 1, NULL, 'schedule', '2026-11-30 12:00:00Z', '2026-11-30 12:00:00.2Z',
+     NULL, 'host-a-101-f00d', NULL, NULL, NULL)
+  ) AS v (n, name, status, attempt, retry_of, origin, scheduled_for, started_at, finished_at, worker,
+          failure_reason, error, result)
+  JOIN jobs.definitions AS d ON d.name = v.name
+ ORDER BY v.n;
+INSERT INTO jobs.runs (kind, payload, scheduled_for, created_at)
+VALUES ('send-emial', '{"to": "ops@example.com"}', '2026-11-30 11:55Z', '2026-11-30 11:55Z');
+INSERT INTO jobs.catch_ups (
+    definition_id, caught_up_at, misfire_policy, resumed_from, first_late, last_late, occurrences, runs
+)
+SELECT id, '2026-11-30 11:57:30Z', 'coalesce', '2026-11-30 11:55:00Z', '2026-11-30 11:55:00Z',
+       '2026-11-30 11:57:20Z', 15, 1
+  FROM jobs.definitions WHERE name = 'every-10s';
+INSERT INTO jobs.known_kinds (kind) VALUES ('report'), ('tick'), ('crm-sync');
+INSERT INTO jobs.worker_registry (worker, host, pid, kinds, started_at, last_seen_at, stopped_at)
+VALUES ('host-a-101-f00d', 'host-a', 101, '{report,tick}', '2026-11-30 08:00Z', '2026-11-30 11:59:58Z', NULL),
+       ('host-b-202-beef', 'host-b', 202, '{report,tick,crm-sync}', '2026-11-29 00:00Z',
+        '2026-11-30 10:00Z', '2026-11-30 10:00Z');
+"""
+
+
+@pytest.fixture
+def fixed(db: Database, monkeypatch: pytest.MonkeyPatch) -> Iterator[Database]:
+    """Four definitions with a history, a leader, two workers, a queued run of a kind no
+    worker registered, a catch-up; the display clock at 2026-11-30 12:00 UTC."""
+    monkeypatch.setenv("PGTICK_NOW", NOW)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    leader = psycopg.connect(db.dsn, autocommit=True)
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('nightly-report', 'report', schedule => 'FREQ=DAILY;BYHOUR=3;BYMINUTE=0',"
+            " timezone => 'Europe/Sofia', payload => '{\"team\": \"sofia\"}')"
+        )
+        conn.execute(
+            "SELECT jobs.define('every-10s', 'tick', schedule => 'FREQ=SECONDLY;INTERVAL=10',"
+            " max_concurrent_runs => 1, overlap_policy => 'skip')"
+        )
+        conn.execute(
+            "SELECT jobs.define('sync-crm', 'crm-sync', schedule => '*/15 * * * *',"
+            " timezone => 'America/New_York', enabled => false)"
+        )
+        conn.execute(
+            "SELECT jobs.define('launch', 'announce', run_at => '2026-12-24 16:00Z',"
+            " timezone => 'Europe/Sofia')"
+        )
+        conn.execute(STATE)
+        assert scalar(leader, "SELECT jobs.try_lead('host-a-101-f00d')") is True
+        conn.execute("UPDATE jobs._leadership SET since = '2026-11-30 08:00:05Z'")
+    try:
+        yield db
+    finally:
+        leader.close()
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, f"pgtick {' '.join(args)} exited {code}: {err}"
+    assert err == "", f"pgtick {' '.join(args)} wrote to stderr: {err}"
+    return out
+
+
+def mask(value: Any) -> Any:
+    """The values the database computes from its own clock, and pids, masked."""
+    if isinstance(value, dict):
+        masked = {k: "<volatile>" if k in VOLATILE and v is not None else mask(v) for k, v in value.items()}
+        if masked.get("status") == "RUNNING" and "duration" in masked and masked["duration"] is not None:
+            masked["duration"] = "<volatile>"
+        return masked
+    if isinstance(value, list):
+        return [mask(v) for v in value]
+    return value
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("PGTICK_GOLDEN_UPDATE"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    expected = path.read_text(encoding="utf-8")
+    assert text == expected, (
+        f"{name} differs from its golden file:\n--- got ---\n{text}\n--- expected ---\n{expected}"
+    )
+
+
+def validate(schema: str, data: Any) -> None:
+    document = json.loads((SCHEMAS / f"{schema}.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    jsonschema.validate(data, document, cls=jsonschema.Draft202012Validator)
+
+
+def text_of(out: str) -> str:
+    return re.sub(r"\(pid \d+\)", "(pid <pid>)", out)
+
+
+# (golden name, argv, schema of its --json form)
+COMMANDS = [
+    ("status", ["status"], "status"),
+    ("runs", ["runs"], "runs"),
+    ("runs-failed", ["runs", "--status", "FAILED"], "runs"),
+    ("show", ["show", "5"], "show"),
+    ("workers", ["workers", "--all"], "workers"),
+    ("definitions", ["definitions"], "definitions"),
+    ("definitions-paused", ["definitions", "--paused"], "definitions"),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "schema"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_default_wide_and_json_output_match_the_golden_files(
+    fixed: Database, capsys: pytest.CaptureFixture[str], name: str, argv: list[str], schema: str
+) -> None:
+    dsn = ["--dsn", fixed.dsn]
+    default = text_of(run_cli(capsys, *argv, *dsn))
+    too_wide = [line for line in default.splitlines() if len(line) > 100]
+    assert not too_wide, f"lines wider than 100 columns in `pgtick {' '.join(argv)}`: {too_wide}"
+    assert "True" not in default and "False" not in default and "None" not in default, default
+    assert "\033[" not in default, "no colour when stdout is not a terminal"
+    check_golden(f"{name}.txt", default)
+
+    data = json.loads(run_cli(capsys, *argv, "--json", *dsn))
+    validate(schema, data)
+    check_golden(f"{name}.json", json.dumps(mask(data), indent=2, ensure_ascii=False) + "\n")
+
+    if name != "show":
+        wide = text_of(run_cli(capsys, *argv, "--wide", *dsn))
+        check_golden(f"{name}-wide.txt", wide)
+
+
+@pytest.mark.parametrize("command", ["runs", "definitions", "workers"])
+def test_lists_as_csv_have_a_header_and_one_line_per_row(
+    fixed: Database, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    import csv
+    import io
+
+    argv = [command, "--all"] if command == "workers" else [command]
+    out = run_cli(capsys, *argv, "--format", "csv", "--dsn", fixed.dsn)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    as_json = json.loads(run_cli(capsys, *argv, "--json", "--dsn", fixed.dsn))
+    assert len(rows) == len(as_json) > 0
+    first = rows[0]
+    assert first["id" if command != "workers" else "worker"] == str(
+        as_json[0]["id" if command != "workers" else "worker"]
+    )
+    assert set(out.splitlines()[0].split(",")) == set(as_json[0]), "the same fields as --json"
+
+
+def test_status_says_what_matters_in_words(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_cli(capsys, "status", "--dsn", fixed.dsn)
+    assert "leading for 3h59m" in out
+    report = next(line for line in out.splitlines() if line.startswith("nightly-report"))
+    assert "Dec 01 03:00 EET" in report and "in 13h" in report and "2 failed" in report
+    assert "✓✓✓✗✗" in report, "the last outcomes as a strip of marks, oldest first"
+    ticks = next(line for line in out.splitlines() if line.startswith("every-10s"))
+    assert "✓✓↷✓" in ticks
+    assert "every-10s: caught up after 2m30s of downtime: 15 occurrences coalesced into 1" in out
+    assert "kind send-emial: 1 queued, oldest due 5m ago: no worker ever registered it" in out
+
+
+def test_no_color_means_letters(
+    fixed: Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = run_cli(capsys, "status", "--dsn", fixed.dsn)
+    report = next(line for line in out.splitlines() if line.startswith("nightly-report"))
+    assert "CCCFF" in report and "✓" not in out, report
+
+
+def test_show_has_the_attempt_chain_and_the_error_as_stored(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run_cli(capsys, "show", "4", "--dsn", fixed.dsn)
+    assert "Traceback (most recent call last):" in out and 'File "jobs.py", line 12' in out
+    data = json.loads(run_cli(capsys, "show", "4", "--json", "--dsn", fixed.dsn))
+    assert [(a["id"], a["attempt"], a["status"]) for a in data["attempts"]] == [
+        (4, 1, "FAILED"),
+        (5, 2, "FAILED"),
+    ]
+    assert data["error"].startswith("ConnectionError: report server down\n\nTraceback")
+
+
+def test_every_other_command_prints_json_valid_against_its_schema(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dsn = ["--dsn", fixed.dsn]
+    cases: list[tuple[str, list[str]]] = [
+        ("define", ["define", "hourly", "report", "--schedule", "0 * * * *"]),
+        ("enqueue", ["enqueue", "report", "--payload", '{"a": 1}']),
+        ("run-now", ["run-now", "hourly"]),
+        ("cancel", ["cancel", "--definition", "hourly"]),
+        ("cancel", ["cancel", "10"]),
+        ("pause", ["pause", "hourly"]),
+        ("pause", ["resume", "hourly"]),
+        ("retry", ["retry", "5"]),
+        ("prune", ["prune", "--dry-run", "--older-than", "1h"]),
+        ("prune", ["prune", "--older-than", "30d"]),
+        ("undefine", ["undefine", "sync-crm"]),
+        ("migrate", ["migrate"]),
+        ("dsn", ["dsn"]),
+    ]
+    for schema, argv in cases:
+        data = json.loads(run_cli(capsys, *argv, "--json", *dsn))
+        validate(schema, data)
+    preview = json.loads(
+        run_cli(capsys, "preview", "0 9 * * 1-5", "--tz", "Europe/Sofia", "--count", "3", "--json")
+    )
+    validate("preview", preview)
+    stored = json.loads(run_cli(capsys, "preview", "--definition", "nightly-report", "--json", *dsn))
+    validate("preview", stored)
+    assert stored["definition"] == "nightly-report" and len(stored["runs"]) == 10
+    backfill = ["backfill", "nightly-report", "--from", "2026-11-20T00:00Z", "--to", "2026-11-22T00:00Z"]
+    validate("backfill", json.loads(run_cli(capsys, *backfill, "--json", *dsn)))
+
+
+def test_undefine_says_what_happens_to_the_runs(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_cli(capsys, "undefine", "every-10s", "--dsn", fixed.dsn)
+    check_golden("undefine.txt", out)
+    with fixed.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions WHERE name = 'every-10s'") == 0
+        assert scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = 10") == "RUNNING", "it finishes"
+
+
+def test_prune_dry_run_counts_and_prune_deletes(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = ["--dsn", fixed.dsn]
+    assert run_cli(capsys, "prune", "--dry-run", "--older-than", "1h", *dsn) == (
+        "would delete 9 finished runs (dry run)\n"
+    )
+    assert run_cli(capsys, "prune", "--older-than", "1h", "--batch", "2", *dsn) == "deleted 9 finished runs\n"
+    with fixed.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE finished_at IS NOT NULL") == 0
+
+
+def test_enqueue_of_a_kind_no_worker_registered_warns_on_one_stderr_line(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["enqueue", "repotr", "--dsn", fixed.dsn]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("run=") and "kind=repotr status=QUEUED" in out
+    assert err == (
+        "pgtick enqueue: warning: no worker has ever registered kind 'repotr': the run waits until one does\n"
+    )
+    assert cli.main(["enqueue", "report", "--dsn", fixed.dsn]) == 0
+    out, err = capsys.readouterr()
+    assert err == "", "a registered kind: no warning"

@@ -1,0 +1,190 @@
+"""The CLI under a real pseudo-terminal (colour, marks, progress bars) and without one
+(plain text, one-line summaries), its log lines, and shell completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from harness import PGTICK, ROOT, Database, env_for, pgtick, scalar
+
+SCHEMAS = ROOT / "docs" / "schemas"
+
+
+def in_pty(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with stdin, stdout and stderr on a pseudo-terminal; return (code, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*PGTICK, *argv], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    code = proc.wait(timeout=10)
+    return code, b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def tty_env(**extra: str) -> dict[str, str]:
+    env = env_for(None)
+    env.pop("NO_COLOR", None)
+    env.update(TERM="xterm-256color", COLUMNS="100", LINES="40", PYTHONIOENCODING="utf-8", **extra)
+    env.pop("PGTICK_LOG", None)
+    return env
+
+
+def add_history(conn: Any, finished: int) -> None:
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, started_at, finished_at, scheduled_for)"
+        " SELECT 'k', 'COMPLETED', now() - interval '3 days', now() - interval '3 days',"
+        " now() - interval '3 days' FROM generate_series(1, %s)",
+        (finished,),
+    )
+    conn.execute("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *', timezone => 'Europe/Sofia')")
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, status, started_at, finished_at, failure_reason, error)"
+        " SELECT id, 'k', 'FAILED', now() - interval '1 minute', now(), 'Error', 'boom'"
+        " FROM jobs.definitions WHERE name = 'nightly'"
+    )
+
+
+def test_status_on_a_terminal_has_colour_and_marks(db: Database) -> None:
+    with db.connect() as conn:
+        add_history(conn, 1)
+    code, out = in_pty(["status", "--dsn", db.dsn], tty_env())
+    assert code == 0, out
+    assert "\033[" in out, f"colour on a terminal:\n{out!r}"
+    assert "✗" in out, out
+
+
+def test_status_on_a_terminal_with_no_color_has_letters_and_no_escapes(db: Database) -> None:
+    with db.connect() as conn:
+        add_history(conn, 1)
+    code, out = in_pty(["status", "--dsn", db.dsn], tty_env(NO_COLOR="1"))
+    assert code == 0, out
+    assert "\033[" not in out and "✗" not in out, out
+    assert " F FAILED" in out, out
+
+
+def test_status_piped_is_plain(db: Database) -> None:
+    with db.connect() as conn:
+        add_history(conn, 1)
+    result = pgtick("status", "--dsn", db.dsn)
+    assert result.returncode == 0, result.stderr
+    assert "\033[" not in result.stdout and "✗ FAILED" in result.stdout, result.stdout
+    assert result.stderr == "", "nothing on stderr but diagnostics"
+
+
+def test_prune_draws_a_progress_bar_on_a_terminal_and_one_line_when_piped(db: Database) -> None:
+    with db.connect() as conn:
+        add_history(conn, 20000)
+    code, out = in_pty(["prune", "--older-than", "1d", "--batch", "500", "--dsn", db.dsn], tty_env())
+    assert code == 0, out
+    assert "prune" in out and "━" in out, f"a progress bar:\n{out!r}"
+    assert "deleted 20000 finished runs" in out, out
+    with db.connect() as conn:
+        add_history(conn, 3000)
+        assert (
+            scalar(conn, "SELECT count(*) FROM jobs.runs WHERE finished_at < now() - interval '1 day'")
+            == 3000
+        )
+    result = pgtick("prune", "--older-than", "1d", "--batch", "500", "--dsn", db.dsn)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "deleted 3000 finished runs\n", "")
+
+
+def test_migrate_draws_a_progress_bar_on_a_terminal(db: Database, pg: Any) -> None:
+    empty = pg.create_empty_database()
+    try:
+        code, out = in_pty(["migrate", "--dsn", empty.dsn], tty_env())
+        assert code == 0, out
+        assert "migrate" in out and "━" in out, f"a progress bar:\n{out!r}"
+        assert "applied migrations: 0001" in out, out
+        piped = pgtick("migrate", "--dsn", empty.dsn)
+        assert (piped.returncode, piped.stdout, piped.stderr) == (0, "schema up to date\n", "")
+    finally:
+        pg.drop_database(empty)
+
+
+def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> None:
+    """`pgtick run --log-format json`: every stderr line is a JSON object valid against the
+    documented schema, and each run outcome is one line with its id, kind, definition,
+    status, attempt and duration."""
+    app = tmp_path / "outcomes_app.py"
+    app.write_text(
+        "from pgtick.app import App\n"
+        "app = App('outcomes')\n"
+        "@app.job('ok')\n"
+        "def ok(ctx):\n    ctx.logger.info('hello from the job')\n"
+        "@app.job('bad')\n"
+        "def bad(ctx):\n    raise ValueError('nope')\n"
+    )
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('often', 'ok', schedule => '* * * * *')")
+        ok_run = scalar(conn, "SELECT id FROM jobs.run_now('often')")
+        bad_run = scalar(conn, "SELECT id FROM jobs.enqueue('bad')")
+    env = env_for(None)
+    env.pop("PGTICK_LOG", None)
+    env["PGTICK_LOG_FORMAT"] = "json"
+    log = tmp_path / "run.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [*PGTICK, "run", str(app), "--dsn", db.dsn, "--no-scheduler"],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if log.read_text().count('"event": "run_outcome"') >= 2:
+                    break
+                time.sleep(0.2)
+        finally:
+            proc.terminate()
+            out, _ = proc.communicate(timeout=60)
+    assert out == b"", "pgtick run prints nothing on stdout"
+    schema = json.loads((SCHEMAS / "log-line.json").read_text())
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    for line in lines:
+        jsonschema.validate(line, schema)
+    outcomes = {o["run_id"]: o for o in lines if o.get("event") == "run_outcome"}
+    assert outcomes[ok_run]["status"] == "COMPLETED" and outcomes[ok_run]["definition"] == "often"
+    assert outcomes[bad_run]["status"] == "FAILED" and outcomes[bad_run]["kind"] == "bad"
+    assert outcomes[bad_run]["error"] == "ValueError: nope"
+    assert {"attempt", "duration_s", "worker"} <= set(outcomes[ok_run])
+    (said,) = [line for line in lines if line["message"] == "hello from the job"]
+    assert (said["logger"], said["run_id"], said["kind"]) == ("pgtick.job", ok_run, "ok")
+
+
+def test_completion_offers_the_commands(tmp_path: Path) -> None:
+    """Shell completion (argcomplete): what bash, zsh and fish get for `pgtick st<TAB>`."""
+    out = tmp_path / "completions"
+    line = "pgtick st"
+    env = env_for(None) | {
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "COMP_LINE": line,
+        "COMP_POINT": str(len(line)),
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+    }
+    subprocess.run([*PGTICK], env=env, cwd=ROOT, timeout=60, check=False, capture_output=True)
+    assert set(out.read_text().split()) == {"status"}, out.read_text()

@@ -1,0 +1,67 @@
+"""pgtick.contrib.asgi: the example FastAPI app (examples/fastapi_app.py) under httpx.
+
+The lifespan starts an in-process worker and scheduler; a request inserts an order
+and enqueues its receipt in one transaction; the worker runs the job. A request that
+fails rolls back both: no order, no run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from harness import ROOT, Database, rows, scalar, wait_for
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fastapi_app_example", ROOT / "examples" / "fastapi_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.asyncio
+async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_runs_it(db: Database) -> None:
+    api = _example().create_app(db.dsn)
+    async with LifespanManager(api) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            ok = await http.post("/orders", json={"item": "book"})
+            assert ok.status_code == 200, ok.text
+            bad = await http.post("/orders", json={"item": "  "})
+            assert bad.status_code == 422, bad.text
+        with db.connect() as conn:
+            body: dict[str, Any] = ok.json()
+
+            def done() -> bool:
+                sent = scalar(
+                    conn, "SELECT receipt_sent_at IS NOT NULL FROM orders WHERE id = %s", (body["order"],)
+                )
+                status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (body["run"],))
+                return bool(sent) and status == "COMPLETED"
+
+            wait_for("the in-process worker to run the job and report it", done, timeout=30)
+            runs = rows(conn, "SELECT id, status::text AS status, worker, payload FROM jobs.runs ORDER BY id")
+            orders = rows(conn, "SELECT id, item FROM orders ORDER BY id")
+    assert orders == [{"id": body["order"], "item": "book"}], "the failed request's order was not rolled back"
+    assert [(r["id"], r["payload"]) for r in runs] == [(body["run"], {"order": body["order"]})], (
+        f"the failed request's run was not rolled back, or the good one is missing: {runs}"
+    )
+    assert runs[0]["status"] == "COMPLETED"
+    with db.connect() as conn:
+        # The listener thread notices the stop within its one-second wait for notifications.
+        def gone() -> bool:
+            left = rows(
+                conn, "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'pgtick%'"
+            )
+            return not left
+
+        wait_for("the lifespan's pgtick connections to close after shutdown", gone, timeout=10)

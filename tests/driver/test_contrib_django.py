@@ -1,0 +1,141 @@
+"""pgtick.contrib.django: the example project (examples/django_project) against a real,
+empty database, through its own manage.py in subprocesses.
+
+`migrate` installs the jobs schema with the shop's tables; the system check tells a
+missing schema; an order placed inside `transaction.atomic()` enqueues its receipt in
+the same transaction (a failing one leaves neither); `pgtick_worker` runs the job,
+which writes through the ORM; `pgtick_scheduler` leads and materializes the schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT, Database, Server, rows, scalar, wait_for
+
+PROJECT = ROOT / "examples" / "django_project"
+
+
+@pytest.fixture
+def empty(pg: Server) -> Iterator[Database]:
+    database = pg.create_empty_database()
+    try:
+        yield database
+    finally:
+        pg.drop_database(database)
+
+
+def _env(db: Database) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
+    }
+    env.update(DATABASE_URL=db.dsn, PYTHONUNBUFFERED="1", PGTICK_LOG="INFO")
+    return env
+
+
+def manage(db: Database, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=PROJECT,
+        env=_env(db),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def start(db: Database, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=PROJECT,
+            env=_env(db),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], log: Path) -> int:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        raise AssertionError(f"manage.py did not stop on SIGTERM:\n{log.read_text()}") from None
+
+
+def test_the_example_project_migrates_checks_enqueues_in_its_transaction_and_runs_orm_jobs(
+    empty: Database, tmp_path: Path
+) -> None:
+    before = manage(empty, "check", "--database", "default", "--fail-level", "WARNING")
+    assert before.returncode != 0 and "pgtick.W001" in before.stderr, before.stderr
+
+    migrated = manage(empty, "migrate", "--no-input")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "pgtick.0001_jobs_schema" in migrated.stdout or "Applying pgtick" in migrated.stdout, (
+        migrated.stdout
+    )
+    again = manage(empty, "pgtick_migrate")
+    assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
+    after = manage(empty, "check", "--database", "default", "--fail-level", "WARNING")
+    assert after.returncode == 0, after.stderr
+
+    placed = manage(empty, "place_order", "book")
+    assert placed.returncode == 0, placed.stderr
+    match = re.search(r"order=(\d+) run=(\d+)", placed.stdout)
+    assert match, placed.stdout
+    order_id, run_id = int(match.group(1)), int(match.group(2))
+    failed = manage(empty, "place_order", " ")
+    assert failed.returncode != 0 and "item must not be empty" in failed.stderr, failed.stderr
+
+    with empty.connect() as conn:
+        orders = rows(conn, "SELECT id, item FROM shop_order ORDER BY id")
+        runs = rows(conn, "SELECT id, kind, payload FROM jobs.runs ORDER BY id")
+    assert orders == [{"id": order_id, "item": "book"}], "the failed order was not rolled back"
+    assert runs == [{"id": run_id, "kind": "send-receipt", "payload": {"order": order_id}}], (
+        f"the failed order's run was not rolled back with it: {runs}"
+    )
+
+    log = tmp_path / "worker.log"
+    worker = start(empty, log, "pgtick_worker", "--poll", "0.2s", "--grace", "5s")
+    try:
+        with empty.connect() as conn:
+
+            def sent() -> bool:
+                row = rows(conn, "SELECT receipt_run FROM shop_order WHERE id = %s", (order_id,))
+                done = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,))
+                return row == [{"receipt_run": run_id}] and done == "COMPLETED"
+
+            wait_for(f"the worker to run the ORM job\n{log.read_text()}", sent, timeout=60)
+    finally:
+        code = stop(worker, log)
+    assert code == 0, log.read_text()
+
+    log = tmp_path / "scheduler.log"
+    scheduler = start(empty, log, "pgtick_scheduler", "--tick", "0.2s")
+    try:
+        with empty.connect() as conn:
+
+            def materialized() -> bool:
+                cursor = "SELECT next_run_at IS NOT NULL FROM jobs.definitions WHERE name = 'close-day'"
+                return bool(scalar(conn, cursor)) and bool(scalar(conn, "SELECT count(*) FROM jobs.leader"))
+
+            wait_for(
+                f"the scheduler to lead and set the schedule's cursor\n{log.read_text()}", materialized, 60
+            )
+    finally:
+        code = stop(scheduler, log)
+    assert code == 0, log.read_text()

@@ -1,0 +1,216 @@
+"""Through PgBouncer in transaction mode: the client, the CLI and `pgtick run` replicas.
+
+Behind a transaction pooler a session is not the client's: the driver detects the
+pooler, leads by the lease `pgtick:leader` instead of a session lock, polls instead of
+LISTEN, and never prepares statements. A real PgBouncer (tests/harness.py: PgBouncer)
+sits between every pgtick connection and the test server; job code records itself
+over a direct connection.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from driver.test_run_replicas import assert_each_occurrence_once, occurrences, stop_all
+from harness import (
+    APPS,
+    FAST,
+    Database,
+    PgBouncer,
+    Server,
+    claim,
+    enqueue,
+    pgtick,
+    pid_of_owner,
+    processes,
+    scalar,
+    wait_for,
+)
+from pgtick import Client, calls
+from pgtick.db import behind_pooler, connect
+from pgtick.scheduler import Scheduler
+
+TTL = 2.0
+
+
+@pytest.fixture
+def pooled(db: Database, pgbouncer: PgBouncer) -> str:
+    return pgbouncer.dsn(db)
+
+
+def lease_owners(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT owner FROM jobs.leases"
+        " WHERE name = %s AND owner IS NOT NULL AND expires_at > clock_timestamp()",
+        (calls.LEADER_LEASE,),
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_the_driver_tells_a_pooled_connection_from_a_direct_one(db: Database, pooled: str) -> None:
+    with db.connect() as direct, connect(pooled) as through:
+        assert not behind_pooler(direct)
+        assert behind_pooler(through)
+        assert through.prepare_threshold is None, "statements must not be prepared behind a pooler"
+
+
+def test_client_enqueues_through_the_pooler_in_the_callers_transaction(db: Database, pooled: str) -> None:
+    with Client(pooled) as client:
+        ids = [client.enqueue("k", {"i": i}).id for i in range(12)]  # past psycopg's prepare threshold
+    with psycopg.connect(pooled, prepare_threshold=None) as conn:
+        client = Client(conn)
+        kept = client.enqueue("k", {"tx": "commit"}, conn=conn)
+        conn.commit()
+        dropped = client.enqueue("k", {"tx": "rollback"}, conn=conn)
+        conn.rollback()
+    with db.connect() as direct:
+        found = {r[0] for r in direct.execute("SELECT id FROM jobs.runs").fetchall()}
+    assert found == {*ids, kept.id}, f"rolled back run {dropped.id} exists, or a committed one is missing"
+
+
+def test_cli_migrates_and_reports_through_the_pooler(pg: Server, pgbouncer: PgBouncer) -> None:
+    empty = pg.create_empty_database()
+    try:
+        dsn = pgbouncer.dsn(empty)
+        for argv in (["migrate"], ["migrate"], ["enqueue", "k"], ["status"], ["runs"]):
+            result = pgtick(*argv, "--dsn", dsn)
+            assert result.returncode == 0, f"pgtick {argv}: {result.stderr}"
+        with empty.connect() as conn:
+            assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
+            assert scalar(conn, "SELECT schema_version FROM jobs.version()") is not None
+            locks = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        assert locks == 0, "a migrator left a session advisory lock on a pooled server connection"
+    finally:
+        pg.drop_database(empty)
+
+
+def test_a_scheduler_behind_the_pooler_leads_by_lease_and_releases_it(db: Database, pooled: str) -> None:
+    first = Scheduler(pooled, owner="first", tick_interval=0.2, lease_ttl=TTL)
+    second = Scheduler(pooled, owner="second", tick_interval=0.2, lease_ttl=TTL)
+    try:
+        assert first.tick().leading and first.mode == "lease"
+        assert not second.tick().leading
+        assert first.tick().leading, "the leader renews its own lease"
+        with db.connect() as conn:
+            assert lease_owners(conn) == ["first"]
+            held = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            assert held == 0, "a lease leader holds no session lock"
+        first.close()
+        assert second.tick().leading, "a released lease is free at once"
+    finally:
+        first.close()
+        second.close()
+
+
+def _start(procs: Any, label: str, dsn: str) -> Any:
+    args = [
+        "run",
+        str(APPS / "ticker_app.py"),
+        "--dsn",
+        dsn,
+        *FAST,
+        "--grace",
+        "5s",
+        "--lease-ttl",
+        f"{TTL}s",
+    ]
+    return procs.start(label, args)
+
+
+def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
+    db: Database, pooled: str, tmp_path: Path
+) -> None:
+    # The job code records itself over the direct DSN; pgtick itself only sees PgBouncer.
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replicas = [_start(procs, f"replica{i}", pooled) for i in range(3)]
+        workers = {r.pid: r.worker_id for r in replicas}
+        for r in replicas:
+            r.wait_log(r"leads by lease")
+            r.wait_log(r"behind a pooler: polling")
+        wait_for("a lease leader", lambda: lease_owners(conn), timeout=15)
+        time.sleep(2.0)  # a few occurrences under the first leader
+        old = lease_owners(conn)
+        assert len(old) == 1, old
+        victim = procs.by_pid(pid_of_owner(old[0]))
+        assert victim is not None, f"leader {old} is none of the replicas {workers}"
+
+        victim.send(signal.SIGKILL)
+        killed = time.monotonic()
+        samples: list[tuple[float, list[str]]] = []
+        while True:
+            owners = lease_owners(conn)
+            elapsed = time.monotonic() - killed
+            samples.append((round(elapsed, 3), owners))
+            assert len(owners) <= 1, f"two leaders at once: {samples[-5:]}"
+            if owners and owners != old:
+                break
+            assert elapsed < 20, f"no new leader 20 s after killing {old}: {samples[-5:]}\n{procs.tails()}"
+            time.sleep(0.02)
+        failover = elapsed
+        assert victim.wait(5) == -signal.SIGKILL
+        time.sleep(3.0)  # the new leader goes on materializing
+        stopped_at: datetime = scalar(conn, "SELECT clock_timestamp()")
+        codes = stop_all(procs)
+        runs = occurrences(conn)
+        advisory = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        logs = procs.tails()
+
+    print(f"\nfailover through PgBouncer after kill -9 of the lease leader: {failover:.3f}s (ttl {TTL}s)")
+    survivors = {pid for pid in workers if pid != victim.pid}
+    assert pid_of_owner(owners[0]) in survivors, f"new leader {owners} is not a survivor {survivors}"
+    # The lease outlives its killed holder by at most its TTL; a follower takes it on its next
+    # tick after that. The margin is for a loaded machine, where ticks come late.
+    assert failover <= TTL + 4.0, f"new leader only after {failover:.2f}s (ttl {TTL}s): {samples[-5:]}"
+    assert all(code == 0 for _, code in codes), f"exit codes {codes}\n{logs}"
+    assert advisory == 0, "a replica behind the pooler took a session advisory lock"
+    assert_each_occurrence_once(runs, stopped_at - timedelta(seconds=2), dead_worker=workers[victim.pid])
+    assert runs[-1]["scheduled_for"] > stopped_at - timedelta(seconds=2), (
+        f"materialization stopped after the failover: last occurrence {runs[-1]}"
+    )
+    assert not re.search(r"prepared statement .* does not exist", logs), logs
+
+
+def test_no_listen_polls_on_a_direct_connection(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("ticker_app.py", "replica", "--no-listen")
+        replica.wait_log(r"worker=\S+ started")
+        wait_for(
+            "a completed tick",
+            lambda: scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'"),
+            20,
+        )
+        listening = scalar(
+            conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtick-listen%'"
+        )
+        stop_all(procs)
+    assert listening == 0, "--no-listen still opened a listener connection"
+
+
+def test_a_lease_leader_stops_its_tick_once_the_lease_may_have_expired(db: Database) -> None:
+    """Fencing: the phases after materialization run only while the lease renewed at the
+    start of the tick still holds (here a 1 ms lease has lapsed by then: nothing is reaped);
+    a lease that holds lets the same tick reap."""
+    with db.connect() as conn:
+        (run_id,) = (enqueue(conn), claim(conn))[1]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+    lapsing = Scheduler(db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=0.001)
+    holding = Scheduler(db.dsn, owner="holding", tick_interval=0.2, leadership="lease", lease_ttl=TTL)
+    try:
+        report = lapsing.tick()
+        assert report.leading and report.reaped == [], report
+        assert not lapsing.leading, "a leader whose lease may have lapsed no longer counts itself leading"
+        with db.connect() as conn:
+            assert scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)) == "RUNNING"
+        report = holding.tick()
+        assert report.leading and [r["run_id"] for r in report.reaped] == [run_id], report
+    finally:
+        lapsing.close()
+        holding.close()

@@ -1,0 +1,201 @@
+"""sql/console.sql: what the operator's terminal calls, checked in SQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import claim, enqueue, expect_error, one, rows, scalar
+
+Conn = psycopg.Connection[Any]
+
+
+def notices_of(conn: Conn) -> list[str]:
+    found: list[str] = []
+    conn.add_notice_handler(lambda d: found.append(d.message_primary or ""))
+    return found
+
+
+def test_enqueue_of_a_kind_no_worker_ever_registered_raises_a_notice_and_still_queues(conn: Conn) -> None:
+    notices = notices_of(conn)
+    run = scalar(conn, "SELECT id FROM jobs.enqueue('repotr')")
+    assert scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run,)) == "QUEUED"
+    assert notices == ["no worker has ever registered kind 'repotr': the run waits until one does"]
+    conn.execute("SELECT jobs.register_worker('w1', '{report,repotr}', 'host', 1)")
+    notices.clear()
+    conn.execute("SELECT jobs.enqueue('repotr')")
+    assert notices == [], "a registered kind: no notice"
+
+
+def test_workers_view_says_alive_stopped_or_lost_and_what_each_runs(conn: Conn) -> None:
+    conn.execute("SELECT jobs.register_worker('w-alive', '{k}', 'host-a', 11)")
+    conn.execute("SELECT jobs.register_worker('w-stopped', '{k}', 'host-b', 12)")
+    conn.execute("SELECT jobs.worker_stopped('w-stopped')")
+    conn.execute("SELECT jobs.register_worker('w-lost', '{k}', 'host-c', 13)")
+    conn.execute(
+        "UPDATE jobs.worker_registry SET last_seen_at = now() - interval '2 hours' WHERE worker = 'w-lost'"
+    )
+    run = enqueue(conn, "k")
+    assert claim(conn, "w-alive") == [run]
+    got = {
+        r["worker"]: (r["state"], r["running"], r["run_ids"])
+        for r in rows(conn, "SELECT worker, state, running, run_ids FROM jobs.workers")
+    }
+    assert got == {
+        "w-alive": ("alive", 1, [run]),
+        "w-stopped": ("stopped", 0, []),
+        "w-lost": ("lost", 0, []),
+    }
+    assert scalar(conn, "SELECT jobs.worker_seen('w-lost')") is True
+    assert scalar(conn, "SELECT state FROM jobs.workers WHERE worker = 'w-lost'") == "alive"
+    assert scalar(conn, "SELECT jobs.worker_seen('nobody')") is None
+
+
+def test_kinds_without_worker_lists_due_runs_no_live_worker_takes(conn: Conn) -> None:
+    conn.execute("SELECT jobs.register_worker('w', '{mail}', 'h', 1)")
+    enqueue(conn, "mail")
+    enqueue(conn, "typo")
+    enqueue(conn, "later", run_at="now() + interval '1 hour'")
+    conn.execute("SELECT jobs.register_worker('old', '{report}', 'h', 2)")
+    conn.execute("SELECT jobs.worker_stopped('old')")
+    enqueue(conn, "report")
+    got = rows(conn, "SELECT kind, queued, ever_registered FROM jobs.kinds_without_worker ORDER BY kind")
+    assert got == [
+        {"kind": "report", "queued": 1, "ever_registered": True},
+        {"kind": "typo", "queued": 1, "ever_registered": False},
+    ]
+
+
+def test_register_worker_rejects_bad_kinds(conn: Conn) -> None:
+    expect_error(conn, "SELECT jobs.register_worker('w', NULL)", None, "22023", "kinds")
+    expect_error(conn, "SELECT jobs.register_worker('w', %s)", ([""],), "22023", "kinds")
+    expect_error(conn, "SELECT jobs.register_worker('', '{k}')", None, "22023", "worker")
+
+
+def test_run_detail_gives_the_attempt_chain_from_any_attempt(conn: Conn) -> None:
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3, backoff_initial => '0')")
+    first = enqueue(conn, "k")
+    ids = [first]
+    for attempt in range(3):
+        assert claim(conn, "w") == [ids[-1]]
+        nxt = one(conn, "SELECT (f).id, (f).status::text AS s FROM jobs.fail(%s, 'w', '{E}', %s) AS f",
+                  (ids[-1], f"E: failure {attempt + 1}\nTraceback ..."))  # fmt: skip
+        if nxt["s"] == "QUEUED":
+            ids.append(nxt["id"])
+    assert len(ids) == 3
+    for run in ids:
+        detail = one(conn, "SELECT * FROM jobs.run_detail(%s)", (run,))
+        chain = [(a["id"], a["attempt"], a["status"], a["error"]) for a in detail["attempts"]]
+        assert chain == [
+            (ids[0], 1, "FAILED", "E: failure 1"),
+            (ids[1], 2, "FAILED", "E: failure 2"),
+            (ids[2], 3, "FAILED", "E: failure 3"),
+        ], f"from run {run}: {chain}"
+        assert detail["error"].endswith("\nTraceback ..."), "the error as stored"
+    expect_error(conn, "SELECT * FROM jobs.run_detail(424242)", None, "P0002", "424242")
+
+
+def test_undefine_detail_cancels_queued_lets_running_finish_and_keeps_history(conn: Conn) -> None:
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '* * * * *')")
+    done = scalar(conn, "SELECT id FROM jobs.run_now('d')")
+    assert claim(conn, "w") == [done]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (done,))
+    running = scalar(conn, "SELECT id FROM jobs.run_now('d')")
+    assert claim(conn, "w") == [running]
+    scalar(conn, "SELECT id FROM jobs.run_now('d')")
+    got = one(conn, "SELECT * FROM jobs.undefine_detail('d')")
+    assert got == {"definition": "d", "cancelled": 1, "still_running": [running], "history": 2}
+    assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (running,)) is True, "the running run finishes"
+    expect_error(conn, "SELECT * FROM jobs.undefine_detail('d')", None, "P0002", "'d'")
+
+
+def test_prune_count_is_what_prune_deletes(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, finished_at) SELECT 'k', 'COMPLETED', now() - interval '2 days'"
+        " FROM generate_series(1, 7)"
+    )
+    enqueue(conn, "k")
+    assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 7
+    assert scalar(conn, "SELECT jobs.prune_count('3 days')") == 0
+    assert scalar(conn, "SELECT jobs.prune('1 day', 5)") == 5
+    assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 2
+    expect_error(conn, "SELECT jobs.prune_count('-1 day')", None, "22023", "older_than")
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "sentence"),
+    [
+        ("coalesce", 1, "caught up after 2m30s of downtime: 16 occurrences coalesced into 1"),
+        ("catch_up", 15, "caught up after 2m20s of downtime: 15 occurrences run late (15 runs)"),
+        ("skip", 0, "caught up after 2m30s of downtime: 16 occurrences skipped (past the misfire grace)"),
+    ],
+)
+def test_record_catch_up_once_supersede_stale_runs_and_say_it_in_a_sentence(
+    conn: Conn, policy: str, runs: int, sentence: str
+) -> None:
+    definition = scalar(conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')")
+    now = scalar(conn, "SELECT now()")
+    cursor = now + timedelta(seconds=50)
+    conn.execute("UPDATE jobs.definitions SET next_run_at = %s", (cursor,))
+    stale = scalar(
+        conn,
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for) VALUES (%s, 'k', 'schedule', %s)"
+        " RETURNING id",
+        (definition, now - timedelta(seconds=150)),
+    )
+    args = (definition, policy, now - timedelta(seconds=140), now - timedelta(seconds=10), runs, cursor)
+    call = "SELECT jobs.record_catch_up(%s, %s, %s, %s, 15, %s, %s)"
+    assert scalar(conn, call, (*args[:5], now)) is None, "a cursor elsewhere: stale, nothing recorded"
+    said = scalar(conn, call, args)
+    assert scalar(conn, call, args) is None, "a second leader's record adds nothing"
+    described = scalar(conn, "SELECT last_catch_up FROM jobs.definition_health WHERE id = %s", (definition,))
+    assert said == described
+    # The downtime is measured up to this statement's now(): a second may have passed.
+    assert described.replace("2m31s", "2m30s").replace("2m21s", "2m20s") == sentence, described
+    assert scalar(conn, "SELECT count(*) FROM jobs.catch_ups") == 1
+    status, error = one(conn, "SELECT status::text, error FROM jobs.runs WHERE id = %s", (stale,)).values()
+    if policy == "catch_up":
+        assert (status, error) == ("QUEUED", None), "catch_up runs every late occurrence"
+    else:
+        assert status == "CANCELLED" and error.startswith("skipped: "), error
+
+
+def test_record_catch_up_rejects_nonsense(conn: Conn) -> None:
+    definition = scalar(conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')")
+    bad = [
+        ("now()", "NULL", "'coalesce'", "1", "first_late"),
+        ("now()", "now() - interval '1 s'", "'coalesce'", "1", "first_late"),
+        ("now()", "now()", "'coalesce'", "2", "runs"),
+        ("now()", "now()", "'sometimes'", "1", "misfire_policy"),
+    ]
+    for first, last, policy, runs, field in bad:
+        expect_error(
+            conn,
+            f"SELECT jobs.record_catch_up(%s, {policy}, {first}, {last}, 1, {runs}, NULL)",
+            (definition,),
+            "22023",
+            field,
+        )
+
+
+@pytest.mark.parametrize(
+    ("interval", "text"),
+    [
+        ("0", "0s"),
+        ("45 s", "45s"),
+        ("150 s", "2m30s"),
+        ("120 s", "2m"),
+        ("3900 s", "1h05m"),
+        ("100800 s", "1d4h"),
+    ],
+)
+def test_compact_interval(conn: Conn, interval: str, text: str) -> None:
+    from pgtick.terminal import compact_duration
+
+    assert scalar(conn, "SELECT jobs.compact_interval(%s::interval)", (interval,)) == text
+    seconds = scalar(conn, "SELECT extract(epoch FROM %s::interval)::float", (interval,))
+    assert compact_duration(seconds) == text, "the CLI and SQL say durations the same way"

@@ -1,0 +1,558 @@
+"""The dashboard over HTTP against a real database: every route, its status codes, the
+login and CSRF guards, escaping of hostile text, validation, and the audit log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+from markupsafe import escape
+from starlette.testclient import TestClient
+from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, seed
+from web_support import PASSWORD, csrf_of, login, post
+
+from harness import Database, wait_for
+from pgtick.web import Secret, create_app
+from pgtick.web.db import Database as WebDatabase
+
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def seeded(db: Database) -> Seeded:
+    with db.connect() as conn:
+        return seed(conn)
+
+
+def _client(dsn: str, secret: Secret | None) -> TestClient:
+    return TestClient(create_app(dsn, secret), base_url="http://127.0.0.1:8080")
+
+
+@pytest.fixture
+def client(db: Database, seeded: Seeded) -> Iterator[TestClient]:
+    """The dashboard as the operator test login (a member of jobs_operator, not a superuser)."""
+    with _client(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)) as test_client:
+        yield test_client
+
+
+def status_of(conn: Conn, run_id: int) -> str | None:
+    row = conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT actor, action, target, detail FROM jobs.audit_log ORDER BY id").fetchall()
+
+
+def pages(s: Seeded) -> list[str]:
+    return [
+        "/",
+        "/definitions",
+        "/definition?name=capped",
+        "/definition?name=berlin-sunday-0230",
+        "/definition?" + urlencode({"name": HOSTILE_NAME}),
+        "/preview",
+        "/preview?" + urlencode({"schedule": "30 2 * 3,10 0", "tz": "Europe/Berlin", "after": "2027-03-01"}),
+        "/runs",
+        "/runs?status=FAILED",
+        "/runs?kind=batch&status=FAILED&since=2000-01-01T00:00Z&until=2100-01-01",
+        "/runs?definition=capped",
+        "/runs?queue=default",
+        f"/runs?before={s.failed_batch[0]}",
+        f"/runs/{s.chain[1]}",
+        f"/runs/{s.hostile_run}",
+        f"/runs/{s.running}",
+        "/running",
+        "/audit",
+        "/login",
+        "/static/app.js",
+        "/static/style.css",
+    ]
+
+
+def test_every_page_answers_200_to_an_anonymous_reader_without_action_forms(
+    client: TestClient, seeded: Seeded
+) -> None:
+    for path in pages(seeded):
+        response = client.get(path)
+        assert response.status_code == 200, f"{path}: {response.status_code} {response.text[-500:]}"
+        if not path.startswith("/static"):
+            assert "default-src 'none'" in response.headers["content-security-policy"], path
+            assert 'action="/runs/' not in response.text, f"{path} offers an action to an anonymous reader"
+            assert 'action="/definitions/' not in response.text, path
+
+
+def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) -> None:
+    chain = client.get(f"/runs/{seeded.chain[2]}").text
+    for run_id in seeded.chain:
+        assert f'href="/runs/{run_id}"' in chain, f"attempt chain lacks run {run_id}"
+    assert "upstream did not answer again" in chain
+    capped = client.get("/definitions").text
+    assert "at cap" in capped
+    berlin = client.get("/definition?name=berlin-sunday-0230").text
+    upcoming = berlin[berlin.index('id="upcoming"') :]
+    marked = [row for row in upcoming.split("<tr")[2:] if 'class="badge dst"' in row]
+    # The last Sunday of March (02:30 does not exist) and of October (02:30 happens twice).
+    assert any("-03-2" in row for row in marked) and any("-10-" in row for row in marked), marked
+    assert not any(day in row for row in marked for day in ("-03-14 ", "-10-10 ")), marked
+    assert "CEST" in berlin and "CET" in berlin
+    running = client.get("/running").text
+    assert f'data-run="{seeded.running}"' in running and f'data-run="{seeded.capped_running}"' in running
+    overview = client.get("/").text
+    assert "<svg" in overview and "flaky" in overview and "long-import" in overview
+    only_batch = client.get("/runs?kind=batch&status=FAILED").text
+    for run_id in seeded.failed_batch:
+        assert f'data-run="{run_id}"' in only_batch
+    assert f'data-run="{seeded.hostile_run}"' not in only_batch
+    assert "3 failed run(s) match this filter" in only_batch
+
+
+def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None:
+    for path in ["/runs/999999", "/definition?name=nope", "/nowhere", "/static/nope.js"]:
+        assert client.get(path).status_code == 404, path
+    assert "definition &#39;nope&#39; does not exist" in client.get("/definition?name=nope").text
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/runs?status=BOGUS", "status must be one of QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED"),
+        ("/runs?since=yesterday", "since must be an ISO 8601 time"),
+        ("/runs?since=2026-01-02&until=2026-01-01", "until must be later than since"),
+        ("/runs?before=abc", "before must be an integer"),
+        ("/runs?kind=" + "k" * 201, "kind is 201 characters long; the limit is 200"),
+        ("/preview?schedule=0+9+*+*+*&count=0", "count must be between 1 and 1000, got 0"),
+        ("/preview?schedule=0+9+*+*+*&tz=Mars/Base", "timezone &#39;Mars/Base&#39; is not a known IANA"),
+        ("/preview?schedule=FREQ%3DSOMETIMES", "FREQ"),
+        ("/definition", "name must be a non-empty text"),
+        ("/audit?before=0", "before must be between 1 and"),
+    ],
+)
+def test_bad_input_is_400_naming_the_field(client: TestClient, path: str, message: str) -> None:
+    response = client.get(path)
+    assert response.status_code == 400, f"{path}: {response.status_code}"
+    assert message in response.text, f"{path}: {message!r} not in the page"
+
+
+def test_actions_without_a_valid_csrf_token_are_refused_and_change_nothing(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    csrf = login(client)
+    for token in ["", "forged", csrf[:-1] + ("x" if csrf[-1] != "x" else "y")]:
+        response = post(client, f"/runs/{seeded.queued}/cancel", token)
+        assert response.status_code == 403, response.text
+        assert "CSRF token missing or wrong" in response.text
+    response = client.post(f"/runs/{seeded.queued}/cancel", data={}, follow_redirects=False)
+    assert response.status_code == 403
+    assert status_of(conn, seeded.queued) == "QUEUED"
+    assert [r[1] for r in audit_rows(conn)] == ["login"]
+
+
+def test_actions_from_another_origin_are_refused(client: TestClient, seeded: Seeded, conn: Conn) -> None:
+    csrf = login(client)
+    response = client.post(
+        f"/runs/{seeded.queued}/cancel",
+        data={"csrf": csrf},
+        headers={"Origin": "http://evil.example"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 403
+    assert status_of(conn, seeded.queued) == "QUEUED"
+
+
+def test_actions_need_an_operator_login(client: TestClient, seeded: Seeded, conn: Conn) -> None:
+    csrf = csrf_of(client)  # a valid token of an anonymous session
+    attempts = [
+        (f"/runs/{seeded.queued}/cancel", {}),
+        (f"/runs/{seeded.failed}/retry", {}),
+        ("/definitions/pause", {"name": "capped"}),
+        ("/definitions/resume", {"name": "capped"}),
+        ("/definitions/run-now", {"name": "capped"}),
+        ("/runs/bulk/retry", {"kind": "batch"}),
+        ("/runs/bulk/discard", {"kind": "batch"}),
+    ]
+    for path, fields in attempts:
+        response = post(client, path, csrf, **fields)
+        assert response.status_code == 403, f"{path}: {response.status_code}"
+        assert "log in as an operator" in response.text
+    assert status_of(conn, seeded.queued) == "QUEUED"
+    assert conn.execute(
+        "SELECT count(*) FROM jobs.runs WHERE retry_of = ANY(%s)", (seeded.failed_batch,)
+    ).fetchone() == (0,)
+    assert conn.execute("SELECT enabled FROM jobs.definitions WHERE name = 'capped'").fetchone() == (True,)
+    assert audit_rows(conn) == []
+
+
+def test_a_wrong_password_is_refused(client: TestClient, conn: Conn) -> None:
+    response = client.post("/login", data={"csrf": csrf_of(client), "name": "mallory", "password": "guess"})
+    assert response.status_code == 401
+    assert "wrong password" in response.text
+    assert "operator: mallory" not in client.get("/").text
+    assert audit_rows(conn) == []
+
+
+def test_login_is_audited_and_logout_ends_the_operator_session(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    anonymous = csrf_of(client)
+    csrf = login(client, "alice")
+    assert csrf != anonymous, "the session id and token must change at login"
+    assert "operator: alice" in client.get("/").text
+    assert post(client, "/logout", csrf).status_code == 303
+    assert "operator: alice" not in client.get("/").text
+    assert post(client, f"/runs/{seeded.queued}/cancel", csrf).status_code == 403
+    assert status_of(conn, seeded.queued) == "QUEUED"
+    assert [(r[0], r[1]) for r in audit_rows(conn)] == [("alice (testclient)", "login")]
+
+
+def test_cancel_and_retry_change_the_run_and_are_audited(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    csrf = login(client)
+    response = post(client, f"/runs/{seeded.queued}/cancel", csrf, next=f"/runs/{seeded.queued}")
+    assert response.status_code == 303 and response.headers["location"] == f"/runs/{seeded.queued}"
+    assert status_of(conn, seeded.queued) == "CANCELLED"
+    assert f"run {seeded.queued} cancelled" in client.get(f"/runs/{seeded.queued}").text
+
+    assert post(client, f"/runs/{seeded.running}/cancel", csrf).status_code == 303
+    row = conn.execute(
+        "SELECT status::text, cancel_requested FROM jobs.runs WHERE id = %s", (seeded.running,)
+    )
+    assert row.fetchone() == ("RUNNING", True)
+
+    assert post(client, f"/runs/{seeded.hostile_run}/retry", csrf).status_code == 303
+    new_run = conn.execute(
+        "SELECT id, status::text FROM jobs.runs WHERE retry_of = %s", (seeded.hostile_run,)
+    )
+    new_id, new_status = new_run.fetchone() or (None, None)
+    assert new_status == "QUEUED"
+
+    entries = audit_rows(conn)
+    assert [(e[0], e[1], e[2]) for e in entries] == [
+        ("alice (testclient)", "login", None),
+        ("alice (testclient)", "cancel", f"run {seeded.queued}"),
+        ("alice (testclient)", "cancel", f"run {seeded.running}"),
+        ("alice (testclient)", "retry", f"run {seeded.hostile_run}"),
+    ]
+    assert entries[1][3] == {"status": "CANCELLED"} and entries[2][3] == {"status": "RUNNING"}
+    assert entries[3][3] == {"new_run": new_id}
+    audit_page = client.get("/audit").text
+    assert f"run {seeded.hostile_run}" in audit_page and "alice (testclient)" in audit_page
+
+
+def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded, conn: Conn) -> None:
+    csrf = login(client)
+    enabled = "SELECT enabled FROM jobs.definitions WHERE name = 'berlin-sunday-0230'"
+    assert post(client, "/definitions/pause", csrf, name="berlin-sunday-0230").status_code == 303
+    assert conn.execute(enabled).fetchone() == (False,)
+    assert "paused" in client.get("/definition?name=berlin-sunday-0230").text
+    listing = client.get("/definitions")
+    assert listing.status_code == 200 and "resume" in listing.text
+    assert post(client, "/definitions/resume", csrf, name="berlin-sunday-0230").status_code == 303
+    assert conn.execute(enabled).fetchone() == (True,)
+    before = conn.execute("SELECT count(*) FROM jobs.runs WHERE origin = 'manual'").fetchone()
+    assert post(client, "/definitions/run-now", csrf, name="berlin-sunday-0230").status_code == 303
+    after = conn.execute("SELECT count(*) FROM jobs.runs WHERE origin = 'manual'").fetchone()
+    assert before is not None and after == (before[0] + 1,)
+    actions = [(r[1], r[2]) for r in audit_rows(conn)][1:]
+    assert actions == [
+        ("pause", "definition berlin-sunday-0230"),
+        ("resume", "definition berlin-sunday-0230"),
+        ("run_now", "definition berlin-sunday-0230"),
+    ]
+
+
+def test_bulk_retry_and_discard_touch_only_the_failed_runs_matching_the_filter(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    csrf = login(client)
+    response = post(client, "/runs/bulk/retry", csrf, kind="batch", status="COMPLETED")
+    assert response.status_code == 303
+    retried = conn.execute(
+        "SELECT retry_of, status::text, attempt FROM jobs.runs WHERE retry_of = ANY(%s) ORDER BY retry_of",
+        (seeded.failed_batch,),
+    ).fetchall()
+    assert retried == [(run_id, "QUEUED", 2) for run_id in seeded.failed_batch]
+    assert conn.execute(
+        "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (seeded.hostile_run,)
+    ).fetchone() == (0,)
+    # A second bulk retry finds nothing left to retry: each run has one next attempt at most.
+    assert post(client, "/runs/bulk/retry", csrf, kind="batch").status_code == 303
+    assert conn.execute(
+        "SELECT count(*) FROM jobs.runs WHERE retry_of = ANY(%s)", (seeded.failed_batch,)
+    ).fetchone() == (3,)
+
+    assert post(client, "/runs/bulk/discard", csrf, kind="batch").status_code == 303
+    assert conn.execute(
+        "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s)", (seeded.failed_batch,)
+    ).fetchone() == (0,)
+    assert status_of(conn, seeded.hostile_run) == "FAILED"
+    assert status_of(conn, seeded.chain[0]) == "FAILED"
+    details = [(r[1], r[3]) for r in audit_rows(conn)][1:]
+    assert details == [
+        ("bulk_retry", {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 3}),
+        ("bulk_retry", {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 0}),
+        ("bulk_discard", {"filter": {"status": "FAILED", "kind": "batch"}, "discarded": 3}),
+    ]
+
+
+def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    csrf = login(client)
+    cases = [
+        (f"/runs/{seeded.completed}/retry", {}, 400, "only FAILED or CANCELLED runs can be retried"),
+        (f"/runs/{seeded.chain[0]}/retry", {}, 400, f"was already retried as run {seeded.chain[1]}"),
+        ("/runs/999999/cancel", {}, 404, "run 999999 does not exist"),
+        ("/runs/1/explode", {}, 404, "no such action"),
+        ("/definitions/pause", {"name": ""}, 400, "name must be a non-empty text"),
+        ("/definitions/pause", {"name": "ghost"}, 404, "definition &#39;ghost&#39; does not exist"),
+        ("/definitions/run-now", {"name": "x" * 201}, 400, "name is 201 characters long"),
+        ("/runs/bulk/retry", {"since": "soon"}, 400, "since must be an ISO 8601 time"),
+        ("/queues/pause", {"name": ""}, 400, "queue"),
+    ]
+    for path, fields, status, message in cases:
+        response = post(client, path, csrf, **fields)
+        assert response.status_code == status, f"{path}: {response.status_code} {response.text[-300:]}"
+        assert message in response.text, f"{path}: {message!r} missing"
+    assert [r[1] for r in audit_rows(conn)] == ["login"]
+
+
+def test_hostile_names_payloads_and_errors_are_escaped(client: TestClient, seeded: Seeded) -> None:
+    csrf = login(client)  # logged in, so the action forms (with names in fields) render too
+    assert csrf
+    paths = [
+        "/",
+        "/definitions",
+        "/definition?" + urlencode({"name": HOSTILE_NAME}),
+        "/runs",
+        "/runs?status=FAILED",
+        f"/runs/{seeded.hostile_run}",
+        "/runs?" + urlencode({"kind": "<b>bold</b>", "definition": HOSTILE_NAME}),
+        "/preview?" + urlencode({"schedule": "<script>x</script>", "tz": "UTC"}),
+    ]
+    for path in paths:
+        text = client.get(path).text
+        for raw in (HOSTILE_NAME, HOSTILE_PAYLOAD, HOSTILE_ERROR, "<b>bold</b>", "<script>x</script>"):
+            assert raw not in text, f"{path} contains unescaped {raw!r}"
+    run_page = client.get(f"/runs/{seeded.hostile_run}").text
+    assert escape(HOSTILE_ERROR) in run_page
+    assert escape(HOSTILE_PAYLOAD) in run_page
+    assert escape(HOSTILE_NAME) in client.get("/definitions").text
+
+
+def test_a_login_without_the_operator_role_gets_a_read_only_dashboard(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    with _client(db.dsn_as("pgtick_t_reader"), Secret.from_plain(PASSWORD)) as reader:
+        for path in pages(seeded):
+            assert reader.get(path).status_code == 200, path
+        response = reader.post("/login", data={"csrf": csrf_of(reader), "name": "bob", "password": PASSWORD})
+        assert response.status_code == 403
+        assert "not a member of jobs_operator" in response.text
+    assert status_of(conn, seeded.queued) == "QUEUED"
+
+
+def test_without_an_operator_password_the_dashboard_is_read_only(db: Database, seeded: Seeded) -> None:
+    with _client(db.dsn_as("pgtick_t_operator"), None) as anonymous:
+        assert "started without an operator password" in anonymous.get("/login").text
+        assert 'action="/login"' not in anonymous.get("/login").text
+        response = anonymous.post("/login", data={"csrf": "any", "name": "x", "password": PASSWORD})
+        assert response.status_code == 403
+
+
+def test_pages_read_as_jobs_reader_in_a_read_only_transaction_and_act_as_jobs_operator(
+    db: Database, seeded: Seeded
+) -> None:
+    async def check() -> None:
+        web_db = WebDatabase(db.dsn_as("pgtick_t_operator"))
+        await web_db.open()
+        try:
+            async with web_db.reading() as conn:
+                row = await (await conn.execute("SELECT current_user AS who")).fetchone()
+                assert row == {"who": "jobs_reader"}
+                row = await (await conn.execute("SHOW transaction_read_only")).fetchone()
+                assert row == {"transaction_read_only": "on"}
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    await conn.execute("SELECT jobs.cancel(%s)", (seeded.queued,))
+            async with web_db.acting() as conn:
+                row = await (await conn.execute("SELECT current_user AS who")).fetchone()
+                assert row == {"who": "jobs_operator"}
+        finally:
+            await web_db.close()
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--bind", "localhost"], {}, "--bind must be HOST:PORT"),
+        (["--bind", "127.0.0.1:http"], {}, "--bind port must be a number"),
+        (["--bind", "127.0.0.1:70000"], {}, "--bind port must be between 0 and 65535"),
+        ([], {"PGTICK_WEB_PASSWORD": "short"}, "at least 8 characters"),
+        (["--password-file", "/nonexistent/pgtick-password"], {}, "cannot read --password-file"),
+    ],
+)
+def test_pgtick_web_refuses_bad_options_with_one_line_and_exit_2(
+    db: Database, args: list[str], env: dict[str, str], message: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", "web", "--dsn", db.dsn, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+# Queues, limits and dependencies as the flow-control schema names them (jobs.queues,
+# jobs.pause_queue/resume_queue, jobs.limits, runs.queue, runs.depends_on): created here by
+# hand, so this test shows the dashboard picks them up when a database has them.
+FLOW_LIMITS = """
+SELECT jobs.set_limit('queue', 'default', max_running => 1);
+SELECT jobs.set_limit('queue', '<b>bulk</b>', max_running => 5);
+"""
+
+
+def test_queues_limits_and_dependencies_are_shown_and_queues_paused(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    conn.execute(FLOW_LIMITS)
+    conn.execute("UPDATE jobs.runs SET depends_on = %s WHERE id = %s", ([seeded.chain[0]], seeded.queued))
+    with _client(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)) as flow:
+        overview = flow.get("/").text
+        assert 'id="queues"' in overview and 'id="limits"' in overview
+        assert "at limit" in overview and "&lt;b&gt;bulk&lt;/b&gt;" in overview
+        assert f'data-run="{seeded.queued}"' in flow.get("/runs?queue=default").text
+        assert "No runs match" in flow.get("/runs?queue=other").text
+        run_page = flow.get(f"/runs/{seeded.queued}").text
+        assert 'id="dependencies"' in run_page and f'href="/runs/{seeded.chain[0]}"' in run_page
+        assert f'href="/runs/{seeded.queued}"' in flow.get(f"/runs/{seeded.chain[0]}").text
+        csrf = login(flow)
+        assert post(flow, "/queues/pause", csrf, name="default").status_code == 303
+        assert conn.execute("SELECT name FROM jobs.paused_queues").fetchall() == [("default",)]
+        assert post(flow, "/queues/resume", csrf, name="default").status_code == 303
+        assert conn.execute("SELECT count(*) FROM jobs.paused_queues").fetchone() == (0,)
+    assert [(r[1], r[2]) for r in audit_rows(conn)][1:] == [
+        ("pause_queue", "queue default"),
+        ("resume_queue", "queue default"),
+    ]
+
+
+def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded: Seeded) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    app = Path(__file__).resolve().parents[2] / "examples" / "app.py"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pgtick.cli",
+            "run",
+            str(app),
+            "--dsn",
+            db.dsn,
+            "--no-scheduler",
+            "--web",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ, "PGTICK_WEB_PASSWORD": PASSWORD},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def running_page() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick run exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/running", timeout=5) as response:
+                return str(response.read().decode())
+        except OSError:
+            return None
+
+    try:
+        page = wait_for("the dashboard beside pgtick run", running_page, 90)
+        assert f'data-run="{seeded.running}"' in page
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(15)
+
+
+def test_pgtick_run_refuses_a_bad_web_address_with_one_line_and_exit_2(db: Database) -> None:
+    app = Path(__file__).resolve().parents[2] / "examples" / "app.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", "run", str(app), "--dsn", db.dsn, "--web", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip()
+        == "pgtick run: error: --web must be HOST:PORT such as 127.0.0.1:8080, got 'nowhere'"
+    )
+
+
+def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
+    client: TestClient, conn: Conn
+) -> None:
+    # 02:30 on Sundays in March in New York: the second Sunday's is in the spring-forward gap.
+    conn.execute(
+        "SELECT jobs.define(name => 'ny-gap-skip', kind => 'report', schedule => '30 2 * 3 0',"
+        " timezone => 'America/New_York', dst_gap => 'skip')"
+    )
+    listing = client.get("/definitions").text
+    skip_row = listing[listing.index('data-name="ny-gap-skip"') :].split("</tr>")[0]
+    assert "gap skip · repeat first (auto)" in skip_row, skip_row
+    auto_row = listing[listing.index('data-name="berlin-sunday-0230"') :].split("</tr>")[0]
+    assert "gap end (auto) · repeat first (auto)" in auto_row, auto_row
+    health = conn.execute(
+        "SELECT dst_gap, dst_repeat FROM jobs.definition_health WHERE name = 'ny-gap-skip'"
+    ).fetchone()
+    assert health == ("skip", "first")
+    page = client.get("/definition?name=ny-gap-skip").text
+    policies = page[page.index('id="policies"') :].split("</dl>")[0]
+    assert "<dd>skip</dd>" in policies and "first" in policies, policies
+    upcoming = page[page.index('id="upcoming"') :].split("</table>")[0]
+    rows = upcoming.split("<tr")[2:]
+    skipped = [row for row in rows if "DST gap: skipped" in row]
+    assert skipped and all("<td>skipped</td>" in row for row in skipped), rows
+    assert all("DST gap: moved" not in row for row in rows), rows
+
+
+def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None:
+    from datetime import UTC, datetime
+
+    from pgtick.web import timeview
+
+    after = datetime(2027, 3, 1, tzinfo=UTC)
+    shifted = timeview.occurrences("30 2 * * *", "America/New_York", after=after, count=20)
+    gap_day = next(o for o in shifted if o.local.day == 14)
+    assert gap_day.utc is not None and any("DST gap: moved" in m for m in gap_day.marks), gap_day
+    skipped = timeview.occurrences(
+        "30 2 * * *", "America/New_York", after=after, count=20, policy=("skip", None)
+    )
+    assert [o.utc for o in skipped if o.local.day == 14 and o.local.month == 3] == [None], skipped
+    assert len([o for o in skipped if o.utc is not None]) == 20
