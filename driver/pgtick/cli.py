@@ -850,7 +850,7 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
         raise UsageError("--limit must be 1..10000 and --offset at least 0")
     with connect_dicts(_dsn(args)) as conn:
         if not args.watch:
-            snap = status_snapshot(conn, args.recent)
+            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             return Result(snap, lambda style, wide: render_status(snap, style, wide))
         while True:
             snap = status_snapshot(conn, args.recent, args.limit, args.offset)

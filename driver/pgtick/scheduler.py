@@ -449,7 +449,9 @@ class Scheduler:
                 if planned is None:
                     planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
                 plan, catch_up = planned
-                call = Call(d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"])
+                call = Call(
+                    d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]
+                )
                 if catch_up is None:
                     batch.append(call)
                 else:
