@@ -742,7 +742,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         out.append(f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}")
     else:
         out.append(paint("leader  none: no scheduler is running, nothing new is materialized", "red", style))
-    out.append(_schema_line(snap.get("schema")))
+    if wide or snap.get("schema") is None:  # the schema version: on --wide, or when unknown
+        out.append(_schema_line(snap.get("schema")))
 
     def strip(d: dict[str, Any]) -> str:
         return "".join(mark(o, style) for o in d["recent_outcomes"])
