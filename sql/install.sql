@@ -21,8 +21,9 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0003_time \ir ../migrations/apply.sql
 \set migration 0004_flow_control \ir ../migrations/apply.sql
 \set migration 0005_dashboard \ir ../migrations/apply.sql
-\set migration 0008_integrations \ir ../migrations/apply.sql
 \set migration 0006_operations \ir ../migrations/apply.sql
+\set migration 0007_on_time \ir ../migrations/apply.sql
+\set migration 0008_integrations \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;
@@ -36,6 +37,8 @@ BEGIN;
 \ir reap.sql
 \ir schedule.sql
 \ir schedule_controls.sql
+\ir materialize_many.sql
+\ir define_many.sql
 \ir leases.sql
 \ir console.sql
 \ir ops.sql

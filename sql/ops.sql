@@ -193,7 +193,12 @@ SELECT
     d.paused_reason,
     coalesce(recent.outcomes, '{}') AS recent_outcomes,
     catch_up.caught_up_at AS last_catch_up_at,
-    catch_up.summary AS last_catch_up
+    catch_up.summary AS last_catch_up,
+    d.materialize_error,
+    d.materialize_failures,
+    d.materialize_retry_at,
+    late.p50 AS lateness_p50,
+    late.p99 AS lateness_p99
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -234,6 +239,16 @@ LEFT JOIN LATERAL (
         ), 0)
 ) AS skipped ON TRUE
 LEFT JOIN LATERAL (
+    -- Start lateness of the last hour's occurrences (served by runs_occurrence_uniq).
+    SELECT
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY r.started_at - r.scheduled_for) AS p50,
+        percentile_cont(0.99) WITHIN GROUP (ORDER BY r.started_at - r.scheduled_for) AS p99
+    FROM jobs.runs AS r
+    WHERE
+        r.definition_id = d.id AND r.origin = 'schedule'
+        AND r.scheduled_for > now() - interval '1 hour' AND r.started_at IS NOT NULL
+) AS late ON TRUE
+LEFT JOIN LATERAL (
     SELECT array_agg(x.outcome ORDER BY x.id) AS outcomes FROM (
         SELECT
             r.id,
@@ -252,7 +267,33 @@ LEFT JOIN LATERAL (
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
 COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures, paused_reason (why it was paused automatically), the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence.';
+'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
+
+-- One row for all definitions: how many there are and how many need attention.
+CREATE OR REPLACE VIEW jobs.definition_summary AS
+SELECT
+    count(*) AS definitions,
+    count(*) FILTER (WHERE d.schedule IS NOT NULL) AS recurring,
+    count(*) FILTER (WHERE NOT d.enabled) AS paused,
+    count(*) FILTER (WHERE d.finished_at IS NOT NULL) AS finished,
+    count(*) FILTER (WHERE d.schedule_error IS NOT NULL) AS schedule_errors,
+    count(*) FILTER (WHERE d.materialize_error IS NOT NULL) AS materialize_errors,
+    min(d.next_run_at) FILTER (WHERE d.enabled AND d.finished_at IS NULL) AS next_run_at
+FROM jobs.definitions AS d;
+COMMENT ON VIEW jobs.definition_summary IS
+'All definitions in one row: total, recurring, paused, finished, with a schedule error, failing to materialize, and the earliest cursor; what `pgtick status` shows before its page of jobs.definition_health.';
+
+-- Per kind: scheduled occurrences that are due but not started, and how late the oldest is.
+CREATE OR REPLACE VIEW jobs.schedule_backlog AS
+SELECT
+    r.kind,
+    count(*) AS due_not_started,
+    max(now() - r.scheduled_for) AS oldest_due_age
+FROM jobs.runs AS r
+WHERE r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for <= now()
+GROUP BY r.kind;
+COMMENT ON VIEW jobs.schedule_backlog IS
+'Per kind: schedule occurrences whose time has come that are still QUEUED (due but not started), and the age of the oldest; an alert source (it should stay near zero).';
 
 -- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
 CREATE OR REPLACE VIEW jobs.run_list AS

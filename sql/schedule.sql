@@ -394,10 +394,14 @@ RETURNS SETOF jobs._live_schedules
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT * FROM jobs._live_schedules AS d WHERE d.next_run_at <= horizon ORDER BY d.next_run_at LIMIT max_rows
+    SELECT * FROM jobs._live_schedules AS d
+     WHERE d.next_run_at <= horizon
+       AND NOT EXISTS (SELECT FROM jobs.definitions AS b  -- backing off after refused inserts
+                        WHERE b.id = d.id AND b.materialize_retry_at > now())
+     ORDER BY d.next_run_at LIMIT max_rows
 $$;
 COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS
-'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first.';
+'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
 CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(

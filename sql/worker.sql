@@ -119,3 +119,32 @@ END
 $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS
 'The owning worker stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
+
+-- When the next QUEUED run of these kinds becomes due, so an idle worker sleeps until then.
+-- Reads the claim index once per distinct priority (a loose index scan); runs already due
+-- are the claim's business and are not reported.
+CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL)
+RETURNS TABLE (next_at timestamptz, db_now timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE priorities AS (
+        (SELECT r.priority FROM jobs.runs AS r WHERE r.status = 'QUEUED'
+          ORDER BY r.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.priority FROM jobs.runs AS r
+                 WHERE r.status = 'QUEUED' AND r.priority < p.priority
+                 ORDER BY r.priority DESC LIMIT 1)
+          FROM priorities AS p
+         WHERE p.priority IS NOT NULL
+    )
+    SELECT min((SELECT r.scheduled_for FROM jobs.runs AS r
+                 WHERE r.status = 'QUEUED' AND r.priority = p.priority AND r.scheduled_for > now()
+                   AND (kinds IS NULL OR r.kind = ANY (kinds))
+                 ORDER BY r.priority DESC, r.scheduled_for LIMIT 1)),
+           clock_timestamp()
+      FROM priorities AS p
+     WHERE p.priority IS NOT NULL
+$$;
+COMMENT ON FUNCTION jobs.next_due(text[]) IS
+'Worker: the earliest scheduled_for after now among QUEUED runs of these kinds (NULL = all; NULL when none), and the server clock, so a worker can sleep until exactly then.';

@@ -64,6 +64,8 @@ def schema_installed(conn: Conn) -> bool:
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
 # queues => NULL claims from every queue.
 CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s)"
+# When the next QUEUED run becomes due (and the server clock): an idle worker sleeps until then.
+NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s)"
 COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
 COMPLETE = "SELECT jobs.complete(%s, %s, %s) AS ok"
 ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok"
@@ -118,6 +120,11 @@ def _first(row: Any) -> Any:
 NEW_DEFINITIONS = "SELECT * FROM jobs.new_definitions(%s)"
 DUE_DEFINITIONS = "SELECT * FROM jobs.due_definitions(%s, %s)"
 MATERIALIZE = "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n"
+MATERIALIZE_MANY = (
+    "SELECT definition_id, created, error FROM jobs.materialize_many("
+    "%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::integer[], %s::bigint[], %s::timestamptz[])"
+)
+
 # After downtime: materialize and record the catch-up (jobs.record_catch_up, which also
 # supersedes older never-started runs) in one statement, so one commit.
 MATERIALIZE_CATCH_UP = (
@@ -161,6 +168,21 @@ def new_definitions(conn: Conn, max_rows: int) -> list[Any]:
 
 def due_definitions(conn: Conn, horizon: datetime, max_rows: int) -> list[Any]:
     return conn.execute(DUE_DEFINITIONS, (horizon, max_rows)).fetchall()
+
+
+def materialize_many(
+    conn: Conn,
+    definition_ids: list[int],
+    expected: list[datetime | None],
+    new_next: list[datetime | None],
+    revisions: list[int | None],
+    run_definition_ids: list[int],
+    run_times: list[datetime],
+) -> list[Any]:
+    """jobs.materialize_many: one row per definition advanced (created) or refused (error)."""
+    return conn.execute(
+        MATERIALIZE_MANY, (definition_ids, expected, new_next, revisions, run_definition_ids, run_times)
+    ).fetchall()
 
 
 def materialize_one_shots(conn: Conn, lookahead: timedelta, misfire_grace: timedelta) -> int:
@@ -207,6 +229,31 @@ def define(conn: Conn, name: str, kind: str, given: dict[str, Any]) -> Any:
         sql.SQL("").join(sql.SQL(", ") + a for a in args)
     )
     return conn.execute(query, {"name": name, "kind": kind, **given}).fetchone()
+
+
+DEFINE_MANY_FIELDS = frozenset(
+    {
+        "name",
+        "kind",
+        "schedule",
+        "timezone",
+        "run_at",
+        "payload",
+        "enabled",
+        "max_concurrent_runs",
+        "priority",
+        "max_attempts",
+        "misfire_policy",
+        "overlap_policy",
+        "timeout",
+        "heartbeat_timeout",
+    }
+)
+
+
+def define_many(conn: Conn, definitions: list[dict[str, Any]]) -> list[Any]:
+    """jobs.define_many: one row per definition (id, name, created, rescheduled)."""
+    return conn.execute("SELECT * FROM jobs.define_many(%s)", (Jsonb(definitions),)).fetchall()
 
 
 # --- operator commands (cli.py) ---------------------------------------------
@@ -267,13 +314,20 @@ def leader(conn: Conn) -> list[Any]:
     return conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall()
 
 
-def definition_health(conn: Conn) -> list[Any]:
+def definition_health(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:
+    """One page of jobs.definition_health by name (each row reads that definition's runs)."""
     return conn.execute(
         "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
         " last_status, last_success_at, consecutive_failures AS fails,"
-        " consecutive_skips AS skips, finished, schedule_error"
-        " FROM jobs.definition_health ORDER BY name"
+        " consecutive_skips AS skips, finished, schedule_error, materialize_error,"
+        " lateness_p50, lateness_p99"
+        " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
+        (limit, offset),
     ).fetchall()
+
+
+def definition_summary(conn: Conn) -> Any:
+    return conn.execute("SELECT * FROM jobs.definition_summary").fetchone()
 
 
 def queue_stats(conn: Conn) -> list[Any]:
@@ -334,7 +388,22 @@ def queue_metrics(conn: Conn) -> list[Any]:
 
 
 def definition_skips(conn: Conn) -> list[Any]:
-    return conn.execute("SELECT name, consecutive_skips FROM jobs.definition_health").fetchall()
+    # Only definitions that can skip (overlap_policy skip): a scrape stays cheap with many definitions.
+    return conn.execute(
+        "SELECT name, consecutive_skips FROM jobs.definition_health"
+        " WHERE id IN (SELECT id FROM jobs.definitions WHERE overlap_policy <> 'queue')"
+    ).fetchall()
+
+
+def schedule_backlog(conn: Conn) -> list[Any]:
+    return conn.execute(
+        "SELECT kind, due_not_started, extract(epoch FROM oldest_due_age) FROM jobs.schedule_backlog"
+    ).fetchall()
+
+
+def materialize_failing(conn: Conn) -> int:
+    row = conn.execute("SELECT materialize_errors FROM jobs.definition_summary").fetchone()
+    return int(_first(row)) if row else 0
 
 
 def leads(conn: Conn, owner: str) -> bool:
@@ -440,12 +509,15 @@ def leader_detail(conn: Conn) -> Any:
     return conn.execute("SELECT owner, pid, since, leading_for FROM jobs.leader LIMIT 1").fetchone()
 
 
-def status_definitions(conn: Conn) -> list[Any]:
+def status_definitions(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:
+    """One page of jobs.definition_health by name (each row reads that definition's runs)."""
     return conn.execute(
         "SELECT name, kind, schedule, timezone, paused, finished, next_run_at, running, queued,"
         " max_concurrent_runs, last_status, last_success_at, last_failure_at, consecutive_failures,"
-        " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at"
-        " FROM jobs.definition_health ORDER BY name"
+        " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at,"
+        " materialize_error, lateness_p50, lateness_p99"
+        " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
+        (limit, offset),
     ).fetchall()
 
 

@@ -64,7 +64,8 @@ EXAMPLES = {
     "  pgtick define cleanup vacuum --schedule '*/15 * * * *' --cap 1 --overlap skip\n"
     "  pgtick define nightly etl --schedule '30 2 * * *' --tz America/New_York --dst-gap skip "
     "--jitter 5m --pause-after-failures 3\n"
-    "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00",
+    "  pgtick define launch announce --run-at 2026-12-24T18:00:00+02:00\n"
+    "  pgtick define --from-file definitions.jsonl   # or .csv; one statement",
     "enqueue": 'pgtick enqueue send-email --payload \'{"to": "a@example.com"}\' --key order-42\n'
     "  pgtick enqueue sync-account --queue tenants --concurrency-key acme",
     "run-now": "pgtick run-now weekday-report",
@@ -75,7 +76,7 @@ EXAMPLES = {
     "resume-queue": "pgtick resume-queue mail",
     "retry": "pgtick retry 1234",
     "status": "pgtick status\n  pgtick status --wide --recent 20\n  pgtick status --json\n"
-    "  pgtick status --watch 2",
+    "  pgtick status --watch 2\n  pgtick status --limit 100 --offset 100",
     "runs": "pgtick runs --status FAILED --limit 20\n  pgtick runs --definition weekday-report\n"
     "  pgtick runs --format csv > runs.csv",
     "show": "pgtick show 1234\n  pgtick show 1234 --json | jq .attempts",
@@ -235,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scheduler", action="store_true", help="only work, never lead")
     p.add_argument("--no-worker", action="store_true", help="only schedule")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    p.add_argument(
+        "--metrics-per-definition",
+        action="store_true",
+        help="also label start lateness by definition id (one series per definition)",
+    )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
     p.add_argument("--no-listen", action="store_true", help="poll only (automatic behind a pooler)")
     p.add_argument(
@@ -262,10 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
 
-    p = _command(sub, "define", "create or replace a definition", cmd_define)
-    p.add_argument("name")
-    p.add_argument("kind")
-    when = p.add_mutually_exclusive_group(required=True)
+    p = _command(sub, "define", "create or replace a definition (or many, --from-file)", cmd_define)
+    p.add_argument("name", nargs="?")
+    p.add_argument("kind", nargs="?")
+    p.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="create or replace every definition in FILE in one statement: JSON lines "
+        "(one object per line with the fields of jobs.define_many) or .csv with a header row",
+    )
+    when = p.add_mutually_exclusive_group()
     when.add_argument("--schedule", help="RRULE (FREQ=...) or 5-field cron")
     when.add_argument("--run-at", type=parse_instant, help="one-shot time, ISO 8601")
     p.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
@@ -319,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "status", "what is due, what failed, the leader, kinds nobody runs", cmd_status, output="table"
     )
     p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
+    p.add_argument("--limit", type=int, default=50, help="definitions shown (a page by name, default 50)")
+    p.add_argument("--offset", type=int, default=0, help="definitions skipped before the page")
     p.add_argument("--recent", type=int, default=10, help="outcomes in the strip (1..20, default 10)")
 
     p = _command(sub, "runs", "list recent runs, newest first", cmd_runs, output="list")
@@ -457,6 +471,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
+        metrics_per_definition=args.metrics_per_definition,
         listen=not args.no_listen,
         leadership=args.leadership,
         lease_ttl=args.lease_ttl,
@@ -495,7 +510,23 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
 
 
 def cmd_define(args: argparse.Namespace) -> Result:
-    from pgtick.definitions import define, validate_schedule
+    from pgtick.definitions import define, define_many, read_definitions, validate_schedule
+
+    if args.from_file is not None:
+        if args.name or args.kind or args.schedule or args.run_at:
+            raise UsageError("--from-file takes its definitions from the file: give no NAME, KIND or times")
+        definitions = read_definitions(args.from_file)
+        with connect_dicts(_dsn(args)) as conn, conn.transaction():
+            rows = define_many(conn, definitions)
+        created = sum(1 for r in rows if r["created"])
+        rescheduled = sum(1 for r in rows if r["rescheduled"])
+        summary = {"definitions": len(rows), "created": created, "rescheduled": rescheduled}
+        return Result(
+            summary,
+            lambda s, w: f"definitions={len(rows)} created={created} rescheduled={rescheduled} saved",
+        )
+    if not args.name or not args.kind or (args.schedule is None) == (args.run_at is None):
+        raise UsageError("give NAME KIND and one of --schedule or --run-at (or --from-file FILE)")
 
     if args.schedule is not None:  # before any connection: a typo fails fast
         validate_schedule(
@@ -654,11 +685,13 @@ def cmd_retry(args: argparse.Namespace) -> Result:
 # -- status -----------------------------------------------------------------------------
 
 
-def status_snapshot(conn: psycopg.Connection[Any], recent: int = 10) -> dict[str, Any]:
+def status_snapshot(
+    conn: psycopg.Connection[Any], recent: int = 10, limit: int = 50, offset: int = 0
+) -> dict[str, Any]:
     """What `pgtick status --json` prints (schema: docs/schemas/status.json)."""
     leader = calls.leader_detail(conn)
     definitions = []
-    for d in calls.status_definitions(conn):
+    for d in calls.status_definitions(conn, limit, offset):
         row = _jsonable(dict(d))
         assert row is not None
         row["recent_outcomes"] = list(d["recent_outcomes"] or [])[-recent:]
@@ -672,6 +705,7 @@ def status_snapshot(conn: psycopg.Connection[Any], recent: int = 10) -> dict[str
         "now": iso(display_now()),
         "leader": _jsonable(dict(leader)) if leader else _lease_leader(conn),
         "schema": _jsonable(calls.schema_version(conn)),
+        "summary": _jsonable(dict(calls.definition_summary(conn))),
         "definitions": definitions,
         "queues": [_jsonable(dict(q)) for q in calls.queue_stats(conn)],
         "kinds_without_worker": [_jsonable(dict(k)) for k in calls.kinds_without_worker(conn)],
@@ -713,7 +747,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         out.append(f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}")
     else:
         out.append(paint("leader  none: no scheduler is running, nothing new is materialized", "red", style))
-    out.append(_schema_line(snap.get("schema")))
+    if wide or snap.get("schema") is None:  # the schema version: on --wide, or when unknown
+        out.append(_schema_line(snap.get("schema")))
 
     def strip(d: dict[str, Any]) -> str:
         return "".join(mark(o, style) for o in d["recent_outcomes"])
@@ -756,6 +791,13 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     )
     out.append("")
     out.append(table.render(style, wide=wide) if snap["definitions"] else "no definitions")
+    summary = snap.get("summary")
+    if summary and summary["definitions"] > len(snap["definitions"]):
+        out.append(
+            f"({len(snap['definitions'])} of {summary['definitions']} definitions shown: --limit, --offset;"
+            f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
+            f" {summary['materialize_errors']} failing to materialize)"
+        )
     notes: list[tuple[str, str | None]] = []  # (text, colour)
     for d in snap["definitions"]:
         if d["schedule_error"]:
@@ -810,12 +852,14 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
 def cmd_status(args: argparse.Namespace) -> Result | int:
     if not 1 <= args.recent <= 20:
         raise UsageError("--recent must be 1..20")
+    if not 1 <= args.limit <= 10000 or args.offset < 0:
+        raise UsageError("--limit must be 1..10000 and --offset at least 0")
     with connect_dicts(_dsn(args)) as conn:
         if not args.watch:
-            snap = status_snapshot(conn, args.recent)
+            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             return Result(snap, lambda style, wide: render_status(snap, style, wide))
         while True:
-            snap = status_snapshot(conn, args.recent)
+            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             if args.json:
                 print(json.dumps(snap))
             else:

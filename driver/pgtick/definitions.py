@@ -6,8 +6,13 @@ so a bad one is refused with the definition and the bad part named.
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
+import json
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -72,6 +77,82 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
     return calls.define(conn, name, kind, given)
 
 
+def _json_value(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]) -> list[Any]:
+    """jobs.define_many after the driver has parsed every distinct (schedule, zone) once."""
+    checked: set[tuple[str, str]] = set()
+    for d in definitions:
+        schedule, zone = d.get("schedule"), d.get("timezone") or "UTC"
+        if isinstance(schedule, str) and (schedule, zone) not in checked:
+            validate_schedule(schedule, zone, str(d.get("name")))
+            checked.add((schedule, zone))
+    clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in definitions]
+    return calls.define_many(conn, clean)
+
+
+_INT_FIELDS = ("max_concurrent_runs", "priority", "max_attempts")
+
+
+def read_definitions(path: str) -> list[dict[str, Any]]:
+    """Definitions from a file for ``pgtick define --from-file``: JSON lines (one object per
+    line, the fields of jobs.define_many) or CSV with a header row of those field names
+    (``.csv``; empty cells are not given, payload is JSON text, enabled true/false,
+    timeouts seconds or interval text). ``-`` reads standard input as JSON lines."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    if path.lower().endswith(".csv"):
+        return _read_csv(text, path)
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{number}: not JSON: {exc.msg}") from exc
+        if not isinstance(item, dict):
+            raise UsageError(f"{path}:{number}: each line must be a JSON object")
+        out.append(item)
+    return out
+
+
+def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
+    reader = csv.DictReader(io.StringIO(text))
+    unknown = sorted(set(reader.fieldnames or []) - calls.DEFINE_MANY_FIELDS)
+    if unknown:
+        raise UsageError(f"{path}: unknown column {unknown[0]!r}")
+    out = []
+    for number, row in enumerate(reader, start=2):
+        item: dict[str, Any] = {}
+        for key, cell in row.items():
+            if cell is None or cell == "":
+                continue
+            try:
+                if key in _INT_FIELDS:
+                    item[key] = int(cell)
+                elif key == "payload":
+                    item[key] = json.loads(cell)
+                elif key == "enabled":
+                    item[key] = {"true": True, "false": False}[cell.strip().lower()]
+                elif key in ("timeout", "heartbeat_timeout") and cell.replace(".", "", 1).isdigit():
+                    item[key] = float(cell)
+                else:
+                    item[key] = cell
+            except (ValueError, KeyError) as exc:
+                raise UsageError(f"{path}:{number}: bad {key} {cell!r}") from exc
+        out.append(item)
+    return out
+
+
 def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
     """Write the app's retry policies and declared schedules (validated here first)."""
     for spec in app.jobs.values():
@@ -86,7 +167,18 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
             spec.backoff_max,
             spec.jitter,
         )
+    bulk: list[dict[str, Any]] = []
     for s in app.schedules.values():
+        item: dict[str, Any] = {
+            "name": s.name,
+            "kind": s.kind,
+            "schedule": s.schedule,
+            "timezone": s.timezone,
+        }
+        item.update(run_at=s.run_at, **s.options)
+        if set(item) <= calls.DEFINE_MANY_FIELDS:
+            bulk.append(item)  # many schedules: one statement
+            continue
         define(
             conn,
             s.name,
@@ -96,3 +188,5 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
             run_at=s.run_at,
             **s.options,
         )
+    if bulk:
+        define_many(conn, bulk)

@@ -10,7 +10,10 @@ from pgtick.execution import Settlement
 
 
 class WorkerListener(Protocol):
-    """Receives the worker's events (the metrics endpoint and ``WorkerStats`` implement it)."""
+    """Receives the worker's events (the metrics endpoint and ``WorkerStats`` implement it).
+
+    Optional: ``on_started(kind, definition_id, lateness)`` hears the start lateness
+    (``started_at - scheduled_for``, seconds) of every run claimed."""
 
     def on_claim(self, kinds: list[str], seconds: float) -> None: ...
     def on_outcome(self, kind: str, outcome: Settlement) -> None: ...
@@ -28,9 +31,14 @@ class WorkerStats:
     abandoned: int = 0
     fenced: int = 0
     heartbeat_failures: int = 0
+    max_lateness: float = 0.0
 
     def on_claim(self, kinds: list[str], seconds: float) -> None:
         self.claimed += len(kinds)
+
+    def on_started(self, kind: str, definition_id: int | None, lateness: float) -> None:
+        """Start lateness (started_at - scheduled_for, seconds) of a run just claimed."""
+        self.max_lateness = max(self.max_lateness, lateness)
 
     def on_outcome(self, kind: str, outcome: Settlement) -> None:
         if outcome == "complete":
@@ -57,6 +65,12 @@ class Listeners:
     def on_claim(self, kinds: list[str], seconds: float) -> None:
         for x in self.listeners:
             x.on_claim(kinds, seconds)
+
+    def on_started(self, kind: str, definition_id: int | None, lateness: float) -> None:
+        for x in self.listeners:
+            hear = getattr(x, "on_started", None)
+            if hear is not None:
+                hear(kind, definition_id, lateness)
 
     def on_outcome(self, kind: str, outcome: Settlement) -> None:
         for x in self.listeners:

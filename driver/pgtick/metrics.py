@@ -1,9 +1,13 @@
 """Optional Prometheus endpoint for ``pgtick run --metrics-port N``.
 
-Counters come from this process's worker; queue depth, oldest queued age,
-skipped and lost runs of the last hour (jobs.queue_stats), consecutive skips
-(jobs.definition_health) and the leader flag (jobs.leader) are read from the
-database at scrape time, one query each.
+Counters and the start lateness histogram (``started_at - scheduled_for``,
+per kind; per definition id too with ``per_definition``) come from this
+process's worker; queue depth, oldest queued age, skipped and lost runs of the
+last hour (jobs.queue_stats), scheduled occurrences due but not started
+(jobs.schedule_backlog, an alert source), definitions whose runs cannot be
+inserted (jobs.definition_summary), consecutive skips (jobs.definition_health)
+and the leader flag (jobs.leader) are read from the database at scrape time,
+one query each.
 """
 
 from __future__ import annotations
@@ -25,7 +29,28 @@ log = logging.getLogger("pgtick.metrics")
 class WorkerMetrics:
     """The worker's events as Prometheus series (a pgtick.worker listener)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    # Start lateness buckets, seconds: from a millisecond to a minute.
+    LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60)
+
+    def __init__(self, registry: CollectorRegistry, *, per_definition: bool = False) -> None:
+        self.lateness = Histogram(
+            "pgtick_start_lateness_seconds",
+            "Start lateness of claimed runs (started_at - scheduled_for)",
+            ["kind"],
+            buckets=self.LATENESS_BUCKETS,
+            registry=registry,
+        )
+        self.definition_lateness = (
+            Histogram(
+                "pgtick_definition_start_lateness_seconds",
+                "Start lateness of claimed runs per definition id (started_at - scheduled_for)",
+                ["definition_id"],
+                buckets=self.LATENESS_BUCKETS,
+                registry=registry,
+            )
+            if per_definition
+            else None
+        )
         self.started = Counter("pgtick_runs_started", "Runs claimed and started", ["kind"], registry=registry)
         self.finished = Counter(
             "pgtick_runs_finished", "Runs finished by this worker", ["kind", "outcome"], registry=registry
@@ -41,6 +66,11 @@ class WorkerMetrics:
         self.claim_seconds.observe(seconds)
         for kind in kinds:
             self.started.labels(kind).inc()
+
+    def on_started(self, kind: str, definition_id: int | None, lateness: float) -> None:
+        self.lateness.labels(kind).observe(max(0.0, lateness))
+        if self.definition_lateness is not None and definition_id is not None:
+            self.definition_lateness.labels(str(definition_id)).observe(max(0.0, lateness))
 
     def on_outcome(self, kind: str, outcome: str) -> None:
         self.finished.labels(kind, outcome).inc()
@@ -76,6 +106,20 @@ class DatabaseCollector(Collector):
         skips = GaugeMetricFamily(
             "pgtick_consecutive_skips", "Occurrences skipped in a row", labels=["definition"]
         )
+        due = GaugeMetricFamily(
+            "pgtick_occurrences_due_not_started",
+            "Schedule occurrences whose time has come that are still QUEUED",
+            labels=["kind"],
+        )
+        due_age = GaugeMetricFamily(
+            "pgtick_oldest_due_occurrence_seconds",
+            "How late the oldest due but not started schedule occurrence is",
+            labels=["kind"],
+        )
+        failing = GaugeMetricFamily(
+            "pgtick_definitions_materialize_failing",
+            "Definitions whose runs the database refused at the last attempt (backing off)",
+        )
         leader = GaugeMetricFamily("pgtick_leader", "1 if this process leads the scheduler")
         try:
             with connect(self.dsn, application_name="pgtick-metrics") as conn:
@@ -87,17 +131,23 @@ class DatabaseCollector(Collector):
                     lost.add_metric([kind], lost_1h)
                 for name, count in calls.definition_skips(conn):
                     skips.add_metric([name], count)
+                for kind, count, age in calls.schedule_backlog(conn):
+                    due.add_metric([kind], count)
+                    due_age.add_metric([kind], float(age or 0))
+                failing.add_metric([], calls.materialize_failing(conn))
                 leader.add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
         except Exception as exc:
             log.warning("metrics: database unavailable: %s", exc)
             return
-        yield from (depth, running, oldest, skipped, lost, skips, leader)
+        yield from (depth, running, oldest, skipped, lost, skips, due, due_age, failing, leader)
 
 
-def serve_metrics(port: int, dsn: str, owner: str | None) -> tuple[WorkerMetrics, Any]:
+def serve_metrics(
+    port: int, dsn: str, owner: str | None, *, per_definition: bool = False
+) -> tuple[WorkerMetrics, Any]:
     """Start the HTTP endpoint; returns the worker listener and the server."""
     registry = CollectorRegistry()
-    metrics = WorkerMetrics(registry)
+    metrics = WorkerMetrics(registry, per_definition=per_definition)
     registry.register(DatabaseCollector(dsn, owner))
     server, thread = start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)

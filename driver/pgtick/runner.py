@@ -62,6 +62,7 @@ class RunOptions:
     scheduler: bool = True
     worker: bool = True
     metrics_port: int | None = None
+    metrics_per_definition: bool = False
     listen: bool = True
     leadership: str = "auto"
     lease_ttl: float | None = None
@@ -84,7 +85,9 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     if options.metrics_port is not None:
         from pgtick.metrics import serve_metrics
 
-        listener, _ = serve_metrics(options.metrics_port, dsn, worker_id)
+        listener, _ = serve_metrics(
+            options.metrics_port, dsn, worker_id, per_definition=options.metrics_per_definition
+        )
     if options.worker:
         worker = Worker(
             app,

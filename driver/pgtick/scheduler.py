@@ -6,15 +6,27 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
 2. initialize the cursors of new recurring definitions (first occurrence >= now);
 3. materialize recurring definitions due within the lookahead: compute the
    occurrences here (RRULE/cron in the definition's time zone, misfire policy)
-   and hand them to ``jobs.materialize``, a compare-and-set on the cursor plus
-   the inserts in one commit, so a second leader in the same instant adds nothing;
+   and hand a batch of them to ``jobs.materialize_many``, a compare-and-set on
+   every cursor plus the inserts in one statement, so a second leader in the
+   same instant adds nothing. A definition whose runs the database refuses (a
+   trigger, a constraint, a refused value) is isolated there: recorded in
+   ``jobs.definitions.materialize_error``, retried with backoff, logged here by
+   name; the others are materialized and the leader keeps its lock;
 4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
 6. ``jobs.prune()`` now and then.
 
+The work of a tick is proportional to what is due: only definitions whose
+cursor falls within the horizon are read (an index), parsed schedules are
+cached by (schedule, zone, anchor) and plans shared by definitions with the
+same schedule and cursor. Without an explicit ``lookahead`` the horizon adapts:
+it covers the time the leader needs to materialize the largest group of
+definitions due at one instant (measured), so a minute boundary with 100,000
+occurrences finds them inserted well before it.
+
 Each phase is its own transaction. A failing tick logs one line and the loop
 sleeps and goes on; a lost connection means lost leadership, contested again
-on the next tick.
+on the next tick (an error the database reports on a healthy session keeps it).
 
 Leadership takes one of two forms (``leadership``):
 
@@ -42,6 +54,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -76,7 +89,85 @@ class TickReport:
     reaped: list[dict[str, Any]] = field(default_factory=list)
     pruned: int = 0
     schedule_errors: int = 0
+    materialize_errors: int = 0
     backfilled: int = 0
+
+
+class ScheduleCache:
+    """Parsed schedules by (schedule text, zone, anchor, DST policy), least recently used out.
+
+    Definitions that share a schedule share one parsed object (and so their plans)."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], Schedule] = OrderedDict()
+
+    @staticmethod
+    def key(d: dict[str, Any], anchor: datetime) -> tuple[Any, ...]:
+        return (d["schedule"], d["timezone"], anchor, d.get("dst_gap"), d.get("dst_repeat"))
+
+    def get(self, key: tuple[Any, ...]) -> Schedule | None:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[Any, ...], schedule: Schedule) -> None:
+        self._items[key] = schedule
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Horizon:
+    """The adaptive lookahead: long enough to materialize the largest group of definitions
+    due at one instant before that instant comes, with a safety factor.
+
+    It learns two things as the leader works: the seconds per definition of a batch
+    (fetch, plan, insert; a moving average) and the burst (the most definitions whose
+    cursor moved to one instant; decaying slowly so a quiet minute does not forget it).
+    """
+
+    def __init__(
+        self, base: timedelta, tick_interval: float, per_tick: int, maximum: timedelta, fixed: bool
+    ) -> None:
+        self.base = base
+        self.tick_interval = tick_interval
+        self.per_tick = per_tick
+        self.maximum = maximum
+        self.fixed = fixed
+        self.seconds_per_definition = 0.0
+        self.burst = 0.0
+        self._counts: Counter[datetime] = Counter()
+
+    def observe_batch(self, definitions: int, seconds: float) -> None:
+        if definitions <= 0:
+            return
+        sample = seconds / definitions
+        if self.seconds_per_definition == 0.0:
+            self.seconds_per_definition = sample
+        else:
+            self.seconds_per_definition = 0.8 * self.seconds_per_definition + 0.2 * sample
+
+    def observe_cursors(self, cursors: list[datetime | None]) -> None:
+        """Count the cursors moved to each instant, across batches and ticks (a boundary's
+        definitions arrive over several batches): the largest count is the burst."""
+        self._counts.update(c for c in cursors if c is not None)
+        if len(self._counts) > 10_000:  # keep the latest instants
+            for old in sorted(self._counts)[: len(self._counts) - 5_000]:
+                del self._counts[old]
+        biggest = max(self._counts.values(), default=0)
+        self.burst = max(self.burst * 0.999, float(biggest))
+
+    @property
+    def lookahead(self) -> timedelta:
+        if self.fixed:
+            return self.base
+        ticks = -(-self.burst // self.per_tick)  # ticks needed at the per-tick bound
+        need = 3.0 * (self.burst * self.seconds_per_definition + ticks * self.tick_interval)
+        return min(self.maximum, max(self.base, timedelta(seconds=self.base.total_seconds() + need)))
 
 
 class Scheduler:
@@ -89,9 +180,11 @@ class Scheduler:
         owner: str,
         tick_interval: float = 1.0,
         lookahead: float | None = None,
+        max_lookahead: float = 120.0,
         misfire_grace: float = 60.0,
         max_catch_up: int = 100,
         batch: int = 1000,
+        batches_per_tick: int = 20,
         prune_every: float = 3600.0,
         clock: Callable[[], datetime] | None = None,
         leadership: str = "auto",
@@ -108,18 +201,30 @@ class Scheduler:
         self._lease_until = float("-inf")  # monotonic instant the renewed lease may expire
         self.owner = owner
         self.tick_interval = tick_interval
-        self.lookahead = timedelta(seconds=lookahead if lookahead is not None else 2 * tick_interval)
         self.misfire_grace = timedelta(seconds=misfire_grace)
         self.max_catch_up = max_catch_up
         self.batch = batch
+        self.batches_per_tick = batches_per_tick
+        # The horizon adapts unless it is given (or time is the caller's: a test clock).
+        self.horizon = Horizon(
+            timedelta(seconds=lookahead if lookahead is not None else 2 * tick_interval),
+            tick_interval,
+            batch * batches_per_tick,
+            timedelta(seconds=max(max_lookahead, lookahead or 0.0)),
+            fixed=lookahead is not None or clock is not None,
+        )
         self.prune_every = prune_every
         self.clock = clock
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
         self._last_prune = float("-inf")  # prune on the first tick as leader
-        # Parsed schedules by (text, zone, anchor, DST policy): definitions sharing one share it.
-        self._parsed: dict[tuple[str, str, datetime, str | None, str | None], Schedule] = {}
+        self._parsed = ScheduleCache()
+
+    @property
+    def lookahead(self) -> timedelta:
+        """How far ahead occurrences are materialized now (see ``Horizon``)."""
+        return self.horizon.lookahead
 
     # -- loop ---------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -132,7 +237,8 @@ class Scheduler:
                     self.tick()
                 except Exception as exc:  # the loop must survive anything a tick meets
                     log.warning("scheduler tick failed (will retry): %s", _one_line(exc))
-                    self._drop_connection()
+                    if not self._session_healthy():
+                        self._drop_connection()
                 stop.wait(max(0.0, self.tick_interval - (time.monotonic() - started)))
         finally:
             self.close()
@@ -152,6 +258,19 @@ class Scheduler:
             except psycopg.Error:
                 pass
         self._drop_connection()
+
+    def _session_healthy(self) -> bool:
+        """True when the leader session survived the error (an error the database reported on
+        a working connection): keeping it keeps the session lock, hence leadership."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            return self._backend_pid(conn) == self._pid
+        except psycopg.Error:
+            return False
 
     def _drop_connection(self) -> None:
         if self.leading:
@@ -273,18 +392,17 @@ class Scheduler:
         self, conn: psycopg.Connection[Any], d: dict[str, Any], report: TickReport
     ) -> Schedule | None:
         try:
-            parsed = self._parsed_schedule(d)
-            if parsed is not None:
-                return parsed
+            key = _schedule_key(d)
+            cached = self._parsed.get(key)
+            if cached is not None:
+                return cached
             parsed = definition_schedule(d)
         except (ScheduleError, ValueError, LookupError) as exc:
             report.schedule_errors += 1
             log.error("definition=%s schedule unusable: %s", d["name"], exc)
             sql.mark_schedule_error(conn, d["id"], d["revision"], str(exc))
             return None
-        if len(self._parsed) >= 10000:
-            self._parsed.clear()
-        self._parsed[_schedule_key(d)] = parsed
+        self._parsed.put(key, parsed)
         return parsed
 
     def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
@@ -292,50 +410,59 @@ class Scheduler:
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
         firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
-        for _ in range(20):  # bounded: the next tick continues
+        for _ in range(self.batches_per_tick):  # bounded: the next tick continues
+            began = time.monotonic()
             rows = sql.new_definitions(conn, self.batch)
-            calls: list[tuple[Any, ...]] = []
+            batch: list[Call] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
                 if id(schedule) not in firsts:
                     firsts[id(schedule)] = first_cursor(schedule, now)
-                calls.append((d["id"], None, [], firsts[id(schedule)], d["revision"]))
-            if calls:
-                self._materialize(conn, calls, report)
-                report.initialized += len(calls)
+                batch.append(Call(d["id"], d["name"], None, [], firsts[id(schedule)], d["revision"]))
+            if batch:
+                self._materialize(conn, batch, report)
+                report.initialized += len(batch)
+            self.horizon.observe_batch(len(rows), time.monotonic() - began)
             if len(rows) < self.batch:
                 return
 
     def _materialize_recurring(
         self, conn: psycopg.Connection[Any], now: datetime, report: TickReport
     ) -> None:
-        horizon = now + self.lookahead
+        lookahead = self.lookahead
+        horizon = now + lookahead
         # shared schedule, same cursor: same plan
         plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
-        catch_ups: dict[int, CatchUp] = {}  # by index in this batch's calls
-        for _ in range(20):  # bounded: the next tick continues
+        for _ in range(self.batches_per_tick):  # bounded: the next tick continues
+            began = time.monotonic()
             rows = sql.due_definitions(conn, horizon, self.batch)
-            calls: list[tuple[Any, ...]] = []
-            names: dict[int, str] = {}
+            batch: list[Call] = []
+            late: list[tuple[Call, CatchUp]] = []
             for d in rows:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
-                names[d["id"]] = d["name"]
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
                 planned = plans.get(memo)
                 if planned is None:
                     planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
                 plan, catch_up = planned
-                if catch_up is not None:
-                    catch_ups[len(calls)] = catch_up
-                calls.append((d["id"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]))
-            if calls:
-                for definition_id, sentence in self._materialize(conn, calls, report, catch_ups):
-                    log.warning("definition=%s %s", names[definition_id], sentence)
-                catch_ups.clear()
+                call = Call(
+                    d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]
+                )
+                if catch_up is None:
+                    batch.append(call)
+                else:
+                    late.append((call, catch_up))
+            if batch:
+                self._materialize(conn, batch, report)
+            for call, catch_up in late:
+                sentence = self._materialize_catch_up(conn, call, catch_up, report)
+                if sentence:
+                    log.warning("definition=%s %s", call.name, sentence)
+            self.horizon.observe_batch(len(rows), time.monotonic() - began)
             if len(rows) < self.batch:
                 return
 
@@ -355,45 +482,59 @@ class Scheduler:
         )
         return settle_late(schedule, plan, cursor, now, misfire_policy)
 
-    def _materialize(
-        self,
-        conn: psycopg.Connection[Any],
-        calls: list[tuple[Any, ...]],
-        report: TickReport,
-        catch_ups: dict[int, CatchUp] | None = None,
-    ) -> list[tuple[int, str]]:
-        """Each call is its own transaction; pipelined so 10,000 cost few round trips.
-        A catch-up is recorded in the same statement as its materialization (one commit,
-        before workers hear of the new run); returns (definition id, sentence) for each
-        catch-up recorded."""
-        catch_ups = catch_ups or {}
-        with conn.pipeline():
-            cursors = []
-            for index, call in enumerate(calls):
-                c = catch_ups.get(index)
-                if c is None:
-                    cursors.append(conn.execute(sql.MATERIALIZE, call))
-                else:
-                    record = (
-                        call[0],
-                        c.misfire_policy,
-                        c.first_late,
-                        c.last_late,
-                        c.occurrences,
-                        c.runs,
-                        call[3],
-                    )
-                    cursors.append(conn.execute(sql.MATERIALIZE_CATCH_UP, (*call, *record)))
-        recorded = []
-        for call, cur in zip(calls, cursors, strict=True):
-            row = cur.fetchone()
-            created = int(row["n"]) if row else 0
-            report.runs_created += created
-            if created == 0 and call[2]:
+    def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> None:
+        """One jobs.materialize_many statement for the whole batch; refused definitions are
+        logged by name (the database recorded them and backs them off)."""
+        run_ids = [c.definition_id for c in batch for _ in c.run_times]
+        run_times = [t for c in batch for t in c.run_times]
+        rows = sql.materialize_many(
+            conn,
+            [c.definition_id for c in batch],
+            [c.expected for c in batch],
+            [c.new_next for c in batch],
+            [c.revision for c in batch],
+            run_ids,
+            run_times,
+        )
+        self.horizon.observe_cursors([c.new_next for c in batch])
+        answered = {}
+        for row in rows:
+            answered[int(row["definition_id"])] = row
+        for c in batch:
+            row = answered.get(c.definition_id)
+            if row is None:
+                if c.run_times:
+                    report.stale += 1  # another leader (or a define/pause) got there first
+                continue
+            if row["error"] is not None:
+                report.materialize_errors += 1
+                log.error("definition=%s runs not inserted (retried with backoff): %s", c.name, row["error"])
+                continue
+            report.runs_created += int(row["created"])
+            if int(row["created"]) == 0 and c.run_times:
                 report.stale += 1
-            if row and row.get("recorded"):
-                recorded.append((call[0], row["recorded"]))
-        return recorded
+
+    def _materialize_catch_up(
+        self, conn: psycopg.Connection[Any], call: Call, c: CatchUp, report: TickReport
+    ) -> str | None:
+        """A definition back from downtime: its runs and the record of its catch-up in one
+        statement (one commit, before workers hear of the new run); returns the sentence."""
+        record = (call.definition_id, c.misfire_policy, c.first_late, c.last_late, c.occurrences, c.runs)
+        params = (call.definition_id, call.expected, call.run_times, call.new_next, call.revision)
+        try:
+            row = conn.execute(sql.MATERIALIZE_CATCH_UP, (*params, *record, call.new_next)).fetchone()
+        except psycopg.DatabaseError as exc:
+            if conn.broken:
+                raise
+            report.materialize_errors += 1
+            log.error("definition=%s catch-up runs not inserted (tried again next tick): %s", call.name, exc)
+            return None
+        self.horizon.observe_cursors([call.new_next])
+        created = int(row["n"]) if row else 0
+        report.runs_created += created
+        if created == 0 and call.run_times:
+            report.stale += 1
+        return str(row["recorded"]) if row and row.get("recorded") else None
 
     def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
         conn = conn or self._connection()
@@ -406,6 +547,18 @@ class Scheduler:
         if total:
             log.info("pruned %d finished runs", total)
         return total
+
+
+@dataclass(frozen=True)
+class Call:
+    """One definition's part of a jobs.materialize_many batch."""
+
+    definition_id: int
+    name: str
+    expected: datetime | None
+    run_times: list[datetime]
+    new_next: datetime | None
+    revision: int
 
 
 def _schedule_key(d: dict[str, Any]) -> tuple[str, str, datetime, str | None, str | None]:

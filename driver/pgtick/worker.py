@@ -4,14 +4,19 @@ threads, heartbeats all its runs in one call, and reports outcomes (fenced).
 Threads, each with its own connection where it talks to PostgreSQL:
 
 * the claim loop (``Worker.run``): reports finished runs, claims as many runs as
-  it has free slots, then waits for the first of a NOTIFY on channel ``jobs``,
-  a finished job, the poll interval, or stop;
+  it has free slots, and learns in the same round trip when the next QUEUED run
+  becomes due (``jobs.next_due``); then sleeps until the first of: that instant
+  (a timer), a NOTIFY on channel ``jobs``, a finished job, the poll interval
+  (the safety net), or stop. A full batch claims again at once;
 * ``HeartbeatLoop`` (``pgtick.heartbeat``): stamps every run this worker holds
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
   cancelled at its next checkpoint; failures are logged, never fatal to the jobs;
 * the listener: LISTEN jobs, so a new run starts within milliseconds (not behind a
-  transaction pooler, nor with ``listen=False``: then polling every ``poll_interval``);
+  transaction pooler, nor with ``listen=False``: then polling every ``poll_interval``).
+  A notification whose payload is a time (epoch seconds, sent by the scheduler for the
+  earliest run it inserted) only re-arms the timer when it is sooner than the one set;
+  an empty payload (a run due now) wakes the claim loop;
 * the completer: sends each cycle's plain completions (``jobs.complete_many``)
   on a connection of its own while the claim loop's claim runs, so the two
   commits overlap (PostgreSQL flushes them together) instead of queueing one
@@ -108,6 +113,11 @@ class Worker:
         self._lock = threading.Lock()
         self._active: dict[int, Context] = {}
         self._wake = threading.Event()
+        # The timer: when the next QUEUED run is due (monotonic), and whether a wake-up
+        # means work (a finished job, a run due now) or only a re-armed timer.
+        self._due_at: float | None = None
+        self._work_signalled = False
+        self._db_offset = 0.0  # server clock minus this clock, seconds
         self._tasks: queue.SimpleQueue[Context | None] = queue.SimpleQueue()
         self.reporter = Reporter(self.worker_id, self.events, self._release)
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
@@ -180,8 +190,7 @@ class Worker:
                     continue
                 if full:
                     continue  # a full batch: there may be more due right now
-                self._wake.wait(self.poll_interval)
-                self._wake.clear()
+                self._sleep(stop)
             conn = self._drain(conn)
         finally:
             self._heartbeat.stop()
@@ -197,6 +206,58 @@ class Worker:
                     pass  # it shows as lost instead of stopped
                 conn.close()
             log.info("worker=%s stopped", self.worker_id)
+
+    def _sleep(self, stop: threading.Event) -> None:
+        """Wait for work: the next due run's instant, a work signal, or the poll interval."""
+        give_up = time.monotonic() + self.poll_interval
+        while not stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                until = give_up if self._due_at is None else min(give_up, self._due_at)
+            if now >= until:
+                break
+            self._wake.wait(until - now)
+            with self._lock:
+                self._wake.clear()
+                if self._work_signalled:
+                    self._work_signalled = False
+                    break
+            # Only the timer was re-armed: sleep again until the (sooner) instant.
+        with self._lock:
+            self._due_at = None  # the next cycle learns it again
+
+    def signal_work(self) -> None:
+        """Wake the claim loop now (a finished job to report, or a run due now)."""
+        with self._lock:
+            self._work_signalled = True
+        self._wake.set()
+
+    def rearm(self, epoch: float) -> None:
+        """A run becomes due at ``epoch`` (server clock): wake for it unless woken sooner anyway."""
+        delay = epoch - (time.time() + self._db_offset)
+        if delay <= 0.001:
+            self.signal_work()
+            return
+        at = time.monotonic() + delay
+        with self._lock:
+            if self._due_at is not None and self._due_at <= at:
+                return
+            self._due_at = at
+        self._wake.set()
+
+    def _learn_next_due(self, row: Any) -> None:
+        """Arm the timer from jobs.next_due's answer (its instant and the server clock)."""
+        if row is None:
+            return
+        next_at, db_now = row["next_at"], row["db_now"]
+        self._db_offset = db_now.timestamp() - time.time()
+        with self._lock:
+            if next_at is not None:
+                # A millisecond past the instant: the claim's now() must have reached it.
+                learned = time.monotonic() + (next_at - db_now).total_seconds() + 0.001
+                # A NOTIFY may have re-armed the timer for a run committed after this answer
+                # was computed: keep the sooner of the two.
+                self._due_at = learned if self._due_at is None else min(self._due_at, learned)
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
@@ -230,20 +291,32 @@ class Worker:
                         return
                     calls.listen(conn)
                     while not stop.is_set():
-                        for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            self._wake.set()
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
+                            self._notified(note.payload)
             except Exception as exc:
                 log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
                 stop.wait(1.0)
+
+    def _notified(self, payload: str) -> None:
+        try:
+            epoch = float(payload) if payload else None
+        except ValueError:
+            epoch = None
+        if epoch is None:
+            self.signal_work()
+        else:
+            self.rearm(epoch)
 
     def _cycle(self, conn: psycopg.Connection[Any], *, claim: bool = True) -> bool:
         """Report finished runs and claim for the free slots.
 
         Plain completions (no result) go to the completer, whose ``jobs.complete_many``
-        commits on its own connection while this connection's claim runs: the slots
-        they free are claimed at once, and the two commits overlap. Returns True if the
-        claim came back full (there may be more due). Draining calls it with
-        ``claim=False``.
+        commits on its own connection while this connection asks jobs.next_due and
+        claims (one pipeline, each its own transaction): the slots they free are claimed
+        at once, and the commits overlap. jobs.next_due is asked just before the claim,
+        so a run that falls due in between is either claimed or reported as due (a cycle
+        at once), never missed. Returns True if the claim came back full (there may be
+        more due). Draining calls it with ``claim=False``.
         """
         plain = self.reporter.report(conn)
         with self._lock:
@@ -256,11 +329,16 @@ class Worker:
         if plain:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
         try:
-            rows = (
-                conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues)).fetchall()
-                if want > 0
-                else []
-            )
+            with conn.pipeline():
+                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds,)) if want > 0 else None
+                claim_cur = (
+                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues))
+                    if want > 0
+                    else None
+                )
+            if due_cur is not None:
+                self._learn_next_due(due_cur.fetchone())
+            rows = claim_cur.fetchall() if claim_cur is not None else []
             self._name_definitions(conn, rows)
         except BaseException:
             if done is not None:
@@ -319,6 +397,10 @@ class Worker:
         instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
             return False
+        for r in rows:
+            if r["started_at"] is not None:
+                late = (r["started_at"] - r["scheduled_for"]).total_seconds()
+                self.events.on_started(r["kind"], r["definition_id"], late)
         contexts = []
         for run in rows:
             spec = self.app.jobs[run["kind"]]
@@ -357,8 +439,7 @@ class Worker:
 
     def _finished(self, outcome: Outcome) -> None:
         self.reporter.add(outcome)
-        if not self._wake.is_set():  # one wake-up for the claim loop is enough
-            self._wake.set()
+        self.signal_work()
 
     def _stop_runners(self) -> None:
         """Stop the event loop and the idle job processes (runs left go to the reaper)."""

@@ -113,9 +113,9 @@ def test_the_installed_wheel_migrates_a_database_and_records_its_version(built: 
         assert row is not None
         latest = max(p.name[:4] for p in (ROOT / "migrations").glob("[0-9]*.sql"))
         assert row == (latest, pgtick.__version__)
-        status = _outside(built, built.bin("pgtick"), "status", dsn=empty.dsn)
+        status = _outside(built, built.bin("pgtick"), "status", "--wide", dsn=empty.dsn)
         assert status.returncode == 0, status.stderr
-        assert f"schema: {latest}_" in status.stdout
+        assert f"schema  {latest}_" in status.stdout
         assert f"applied by pgtick {pgtick.__version__}" in status.stdout
     finally:
         pg.drop_database(empty)

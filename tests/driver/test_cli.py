@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -324,6 +325,8 @@ def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFix
     out = _pgtick(capsys, "status", "--dsn", db.dsn)
     assert "leader  none" in out and "no definitions" in out and "no runs in the last hour" in out
     snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+    summary = snap.pop("summary")
+    assert summary["definitions"] == 0 and summary["materialize_errors"] == 0, summary
     schema = snap.pop("schema")
     assert schema["schema_version"] == max(m.version for m in migrate.migrations())
     assert {k: v for k, v in snap.items() if k != "now"} == {
@@ -487,3 +490,54 @@ def test_cli_round_trip(db: Database) -> None:
         queued_only = json.loads(ok("runs", "--json", "--status", "QUEUED", "--kind", "send-email", *dsn))
         assert [r["id"] for r in queued_only] == [retry_id], queued_only
         assert str(retry_id) in ok("runs", *dsn)  # the table form
+
+
+def test_define_from_file_jsonl_and_csv_in_one_statement_each(
+    db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = tmp_path / "defs.jsonl"
+    lines.write_text(
+        "\n".join(json.dumps({"name": f"j{i}", "kind": "k", "schedule": "* * * * *"}) for i in range(300))
+        + "\n# a comment\n"
+        + '{"name": "once", "kind": "k", "run_at": "2031-01-01T00:00:00Z", "payload": {"a": 1}}\n'
+    )
+    out = _pgtick(capsys, "define", "--from-file", str(lines), "--dsn", db.dsn)
+    assert out.strip() == "definitions=301 created=301 rescheduled=0 saved"
+    table = tmp_path / "defs.csv"
+    table.write_text(
+        "name,kind,schedule,timezone,priority,payload,timeout\n"
+        'c1,k,0 9 * * 1-5,Europe/Sofia,5,"{""x"": 2}",90\n'
+        "j0,k,*/5 * * * *,,,,\n"
+    )
+    out = _pgtick(capsys, "define", "--from-file", str(table), "--dsn", db.dsn)
+    assert out.strip() == "definitions=2 created=1 rescheduled=1 saved"
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT timezone, priority, payload, timeout FROM jobs.definitions WHERE name = 'c1'"
+        ).fetchone()
+        assert row is not None and row[:3] == ("Europe/Sofia", 5, {"x": 2}) and row[3].total_seconds() == 90
+        assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (302,)
+        summary = json.loads(_pgtick(capsys, "status", "--json", "--limit", "10", "--dsn", db.dsn))
+    assert summary["summary"]["definitions"] == 302 and len(summary["definitions"]) == 10
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ('{"name": "x", "kind": "k", "schedule": "61 * * * *"}\n', ["x"]),
+        ('{"name": "x", "kind": "k", "schedule": "* * * * *", "colour": 1}\n', ["colour"]),
+        ("not json\n", ["defs.jsonl:1"]),
+    ],
+)
+def test_define_from_file_refuses_bad_lines_in_one_readable_line(
+    db: Database, tmp_path: Path, content: str, words: list[str]
+) -> None:
+    path = tmp_path / "defs.jsonl"
+    path.write_text(content)
+    result = pgtick("define", "--from-file", str(path), "--dsn", db.dsn)
+    assert result.returncode == 2, result
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (0,)

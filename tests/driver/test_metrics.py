@@ -117,3 +117,35 @@ def _kill_group(proc: subprocess.Popen[Any]) -> None:
     except ProcessLookupError:
         pass
     stop_process(proc)
+
+
+def test_lateness_histogram_due_occurrences_and_failing_definitions(db: Database, conn: Conn) -> None:
+    """Start lateness is a histogram per kind (and per definition id when asked); occurrences
+    due but not started and definitions whose runs were refused are gauges read at scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgtick.metrics import DatabaseCollector, WorkerMetrics
+
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry, per_definition=True)
+    registry.register(DatabaseCollector(db.dsn, "nobody"))
+    for late in (0.004, 0.004, 3.0):
+        metrics.on_started("tick", 7, late)
+    definition = scalar(conn, "SELECT id FROM jobs.define('minutely', 'tick', schedule => '* * * * *')")
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for)"
+        " VALUES (%s, 'tick', 'schedule', now() - interval '90 seconds')",
+        (definition,),
+    )
+    conn.execute("UPDATE jobs.definitions SET materialize_error = 'refused (SQLSTATE P0001)'")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "pgtick_start_lateness_seconds_count", kind="tick") == 3
+    assert value(samples, "pgtick_start_lateness_seconds_bucket", kind="tick", le="0.005") == 2
+    assert value(samples, "pgtick_definition_start_lateness_seconds_count", definition_id="7") == 3
+    assert value(samples, "pgtick_occurrences_due_not_started", kind="tick") == 1
+    oldest = value(samples, "pgtick_oldest_due_occurrence_seconds", kind="tick")
+    assert oldest is not None and 90 <= oldest < 600
+    assert value(samples, "pgtick_definitions_materialize_failing") == 1

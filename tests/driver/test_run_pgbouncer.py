@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from driver.test_run_replicas import assert_each_occurrence_once, occurrences, stop_all
+from driver.test_run_replicas import assert_each_occurrence_once, catch_up_windows, occurrences, stop_all
 from harness import (
     APPS,
     FAST,
@@ -160,6 +160,7 @@ def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
         stopped_at: datetime = scalar(conn, "SELECT clock_timestamp()")
         codes = stop_all(procs)
         runs = occurrences(conn)
+        coalesced = catch_up_windows(conn)
         advisory = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
         logs = procs.tails()
 
@@ -171,7 +172,9 @@ def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
     assert failover <= TTL + 4.0, f"new leader only after {failover:.2f}s (ttl {TTL}s): {samples[-5:]}"
     assert all(code == 0 for _, code in codes), f"exit codes {codes}\n{logs}"
     assert advisory == 0, "a replica behind the pooler took a session advisory lock"
-    assert_each_occurrence_once(runs, stopped_at - timedelta(seconds=2), dead_worker=workers[victim.pid])
+    assert_each_occurrence_once(
+        runs, stopped_at - timedelta(seconds=2), dead_worker=workers[victim.pid], coalesced=coalesced
+    )
     assert runs[-1]["scheduled_for"] > stopped_at - timedelta(seconds=2), (
         f"materialization stopped after the failover: last occurrence {runs[-1]}"
     )

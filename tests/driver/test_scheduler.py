@@ -74,7 +74,8 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second:
 
 def materialize_loop(dsn: str, seconds: float) -> tuple[int, int]:
     """A would-be leader that skips the lock and materializes in a tight loop."""
-    scheduler = Scheduler(dsn, owner=f"rogue-{time.monotonic_ns()}", tick_interval=0.05)
+    # The same fixed horizon in both processes, so they compete for the same cursors.
+    scheduler = Scheduler(dsn, owner=f"rogue-{time.monotonic_ns()}", tick_interval=0.05, lookahead=0.1)
     created = stale = 0
     deadline = time.monotonic() + seconds
     try:
@@ -388,6 +389,93 @@ def test_leader_tick_prunes_with_the_configured_retention(db: Database, conn: Co
     finally:
         scheduler.close()
     assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept
+
+
+# -- one definition never stops the others -----------------------------------------
+
+
+@pytest.mark.parametrize("cause", ["trigger", "constraint"])
+def test_a_poisoned_definition_never_stops_the_others_nor_costs_the_lead(
+    db: Database, cause: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Forty every-second definitions; the database refuses the runs of one of them. For
+    several seconds of real ticks the 39 others get every occurrence, the leader keeps its
+    session (same backend, still leading), and the poisoned one is logged by name and
+    shown in jobs.definition_health."""
+    with db.connect() as conn:
+        ids = [define(conn, f"every-second-{i:02}", "FREQ=SECONDLY") for i in range(40)]
+        poisoned = ids[7]
+        if cause == "trigger":
+            conn.execute(
+                f"""
+                CREATE FUNCTION public.quota() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.definition_id = {poisoned} THEN
+                        RAISE EXCEPTION 'quota: no more runs for this definition';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER quota BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.quota();
+                """
+            )
+        else:
+            conn.execute(
+                f"ALTER TABLE jobs.runs ADD CONSTRAINT operator_rule CHECK (definition_id <> {poisoned})"
+            )
+    scheduler = Scheduler(db.dsn, owner="leader", tick_interval=0.2)
+    pids = set()
+    caplog.set_level("ERROR", logger="pgtick.scheduler")
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            report = scheduler.tick()
+            assert report.leading, "the leader lost its lead"
+            assert scheduler._pid is not None
+            pids.add(scheduler._pid)
+            time.sleep(0.2)
+    finally:
+        scheduler.close()
+    assert len(pids) == 1, f"the leader session was replaced: {pids}"
+    with db.connect() as conn:
+        for definition_id in ids:
+            times = run_times(conn, definition_id)
+            if definition_id == poisoned:
+                assert times == []
+                continue
+            assert len(times) >= 5, f"definition {definition_id} got only {times}"
+            gaps = [(a, b) for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
+            assert gaps == [], (
+                f"definition {definition_id} lost occurrences beside the poisoned one: {gaps[:3]}"
+            )
+        health = conn.execute(
+            "SELECT name, materialize_error, materialize_failures FROM jobs.definition_health"
+            " WHERE materialize_error IS NOT NULL"
+        ).fetchall()
+    assert [h[0] for h in health] == ["every-second-07"], health
+    assert health[0][2] >= 2, "the poisoned definition must be retried (with backoff)"
+    logged = [r.getMessage() for r in caplog.records if "every-second-07" in r.getMessage()]
+    assert logged and ("quota" in logged[0] or "operator_rule" in logged[0]), logged
+
+
+def test_the_horizon_grows_with_the_burst_at_one_instant_across_batches() -> None:
+    """100,000 definitions due at one minute arrive over many batches and ticks: the horizon
+    counts them together and grows to cover materializing them all; a fixed one never moves."""
+    from pgtick.scheduler import Horizon
+
+    base = timedelta(seconds=2)
+    adaptive = Horizon(base, tick_interval=1.0, per_tick=20_000, maximum=timedelta(minutes=2), fixed=False)
+    fixed = Horizon(base, tick_interval=1.0, per_tick=20_000, maximum=timedelta(minutes=2), fixed=True)
+    minute = utc(2030, 1, 1, 0, 1)
+    assert adaptive.lookahead == base
+    for _ in range(100):  # 100 batches of 1,000 cursors moved to the same minute
+        adaptive.observe_batch(1000, 0.05)
+        adaptive.observe_cursors([minute] * 1000)
+        fixed.observe_cursors([minute] * 1000)
+    assert adaptive.burst == 100_000
+    # 100,000 x 50 us = 5 s of work over 5 ticks of 20,000: at least 3 x 10 s ahead.
+    assert adaptive.lookahead >= timedelta(seconds=30), adaptive.lookahead
+    assert adaptive.lookahead <= timedelta(minutes=2)
+    assert fixed.lookahead == base
 
 
 # -- honest catch-up after downtime ----------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 from harness import Database, wait_for
 from pgtick.app import App, Context
@@ -171,3 +172,65 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
         stop.set()
         thread.join(timeout=30)
     assert started == [first[0]], f"job code ran for {started}; only {first[0]} should have started"
+
+
+def _idle_worker(db: Database, started: list[str]) -> tuple[Worker, threading.Event, threading.Thread]:
+    """A worker whose poll is far longer than any test: only its timer or a NOTIFY starts runs."""
+    app = App()
+
+    @app.job("timed")
+    def timed(ctx: Context) -> None:
+        started.append(ctx.payload.get("name", ""))
+
+    worker = Worker(app, db.dsn, poll_interval=600.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    return worker, stop, thread
+
+
+def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> None:
+    """The worker learns when the next QUEUED run is due and sleeps until then: a run
+    enqueued for a few seconds ahead starts although the poll interval is ten minutes."""
+    started: list[str] = []
+    worker, stop, thread = _idle_worker(db, started)
+    try:
+        with db.connect() as conn:
+            wait_for("the worker to be idle", lambda: worker.stats.claimed == 0 and thread.is_alive(), 10)
+            time.sleep(0.5)  # past its first claim: now asleep on the ten-minute poll
+            conn.execute(
+                "SELECT jobs.enqueue('timed', '{\"name\": \"later\"}', now() + interval '2 seconds')"
+            )
+            wait_for("the future run to start on its timer", lambda: started == ["later"], timeout=120)
+            late = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
+            assert late == (True,), "a run must never start before its time"
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_a_scheduler_notification_rearms_a_sleeping_worker(db: Database) -> None:
+    """A run the scheduler materializes for a few seconds ahead arrives with its time in the
+    NOTIFY payload: the sleeping worker re-arms its timer and starts it then."""
+    started: list[str] = []
+    _, stop, thread = _idle_worker(db, started)
+    try:
+        with db.connect() as conn:
+            definition = conn.execute(
+                "SELECT id FROM jobs.define('ahead', 'timed', schedule => '* * * * *',"
+                ' payload => \'{"name": "ahead"}\')'
+            ).fetchone()
+            assert definition is not None
+            time.sleep(0.5)
+            at = conn.execute("SELECT date_trunc('second', now()) + interval '3 seconds'").fetchone()
+            assert at is not None
+            conn.execute(
+                "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
+                ([definition[0]], [None], [at[0] + timedelta(minutes=1)], [None], [definition[0]], [at[0]]),
+            )
+            wait_for("the materialized run to start on its re-armed timer", lambda: started == ["ahead"], 120)
+            ok = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
+            assert ok == (True,)
+    finally:
+        stop.set()
+        thread.join(timeout=30)

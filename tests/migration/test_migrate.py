@@ -13,7 +13,8 @@ import pytest
 from harness import Database, Server, psql_binary, run_in_processes
 from pgtick import migrate
 
-# Everything a user or another language can observe about the jobs schema.
+# Everything a user or another language can observe about the jobs schema, by name (the
+# position of a column added by a later migration depends on when a database got it).
 CATALOG_SNAPSHOT = """
 SELECT 'rel', c.relname || ':' || c.relkind::text || ':' || coalesce(array_to_string(c.reloptions, ','), '')
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'
@@ -46,9 +47,10 @@ SELECT 'enum', t.typname || ':' || e.enumlabel || ':' || e.enumsortorder
   FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid
   JOIN pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = 'jobs'
 UNION ALL
-SELECT 'comment', c.relname || ':' || d.objsubid || ':' || d.description
+SELECT 'comment', c.relname || ':' || coalesce(a.attname, '') || ':' || d.description
   FROM pg_description d
   JOIN pg_class c ON d.classoid = 'pg_class'::regclass AND c.oid = d.objoid
+  LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = d.objsubid AND d.objsubid > 0
   JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'jobs'
 UNION ALL
 SELECT 'version', version FROM jobs.schema_migrations

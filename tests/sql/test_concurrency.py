@@ -3,7 +3,7 @@ cancel, enqueue, run_now, define and prune, and the flow-control calls (claim fr
 snooze, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue, enqueue with
 dependencies, enqueue_many), run concurrently from real processes.
 
-Every session sets lock_timeout = 5s, so a hang shows up as SQLSTATE 55P03 instead
+Every session sets lock_timeout = 30s, so a hang shows up as SQLSTATE 55P03 instead
 of a stuck test; a deadlock shows up as 40P01 (deadlock_timeout is 1s) and as
 "deadlock detected" in the server log.
 """
@@ -37,7 +37,9 @@ from harness import (
 KINDS = [f"k{i}" for i in range(12)]
 QUEUES = [f"q{i}" for i in range(4)]
 SECONDS = 10.0
-LOCK_TIMEOUT = "5s"
+# Far above any wait a claim or a commit causes, even when a busy 2-core machine leaves a
+# lock holder off the CPU for seconds; far below the test's own deadline.
+LOCK_TIMEOUT = "30s"
 
 
 class Recorder:
@@ -368,7 +370,7 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
     and the flow-control calls (claim from queues, snooze, set_limit, remove_limit,
     pause_queue, resume_queue, unique and dependent enqueues, enqueue_many) over overlapping
     definition, queue, kind and concurrency-key sets. No call fails with 40P01 (deadlock) or 55P03 (lock
-    timeout, i.e. a wait of 5 s), no call fails at all, the server logs no deadlock, and no run
+    timeout, i.e. a wait of 30 s), no call fails at all, the server logs no deadlock, and no run
     is handed to two workers."""
     for i, kind in enumerate(KINDS):
         def_id = add_definition(

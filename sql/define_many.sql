@@ -1,0 +1,268 @@
+-- ===========================================================================
+-- define_many.sql: creating or replacing many definitions in one call.
+-- ===========================================================================
+
+-- Private: true when the text has the shape of a cron expression or an RRULE (as _check_schedule_shape).
+CREATE OR REPLACE FUNCTION jobs._schedule_shape_ok(schedule text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT length(schedule) BETWEEN 1 AND 4000 AND (
+        schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
+        OR schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$'
+        OR schedule ~* '(^|[\s:;])FREQ='
+    )
+$$;
+COMMENT ON FUNCTION jobs._schedule_shape_ok(text) IS
+'Private: true when the text looks like cron (5 fields or @macro) or RRULE (has FREQ=), at most 4000 characters.';
+
+-- Private: the first thing wrong with one element of jobs.define_many's array, or NULL.
+CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key text;
+    v_text text;
+BEGIN
+    IF jsonb_typeof(e) IS DISTINCT FROM 'object' THEN
+        RETURN 'must be a JSON object';
+    END IF;
+    SELECT k INTO v_key FROM jsonb_object_keys(e) AS k
+     WHERE k NOT IN ('name', 'kind', 'schedule', 'timezone', 'run_at', 'payload', 'enabled',
+                     'max_concurrent_runs', 'priority', 'max_attempts', 'misfire_policy',
+                     'overlap_policy', 'timeout', 'heartbeat_timeout')
+     LIMIT 1;
+    IF v_key IS NOT NULL THEN
+        RETURN format('unknown field %s', v_key);
+    END IF;
+    FOREACH v_key IN ARRAY ARRAY['name', 'kind'] LOOP
+        IF jsonb_typeof(e -> v_key) IS DISTINCT FROM 'string'
+           OR length(e ->> v_key) NOT BETWEEN 1 AND 200 OR (e ->> v_key) ~ '[[:cntrl:]]' THEN
+            RETURN format('%s must be a string of 1 to 200 characters without control characters', v_key);
+        END IF;
+    END LOOP;
+    FOREACH v_key IN ARRAY ARRAY['schedule', 'timezone', 'run_at', 'misfire_policy', 'overlap_policy'] LOOP
+        IF jsonb_typeof(e -> v_key) NOT IN ('string', 'null') THEN
+            RETURN format('%s must be a string', v_key);
+        END IF;
+    END LOOP;
+    IF (e ->> 'schedule' IS NULL) = (e ->> 'run_at' IS NULL) THEN
+        RETURN 'give exactly one of schedule (recurring) or run_at (one-shot)';
+    END IF;
+    IF e ->> 'schedule' IS NOT NULL AND NOT jobs._schedule_shape_ok(e ->> 'schedule') THEN
+        RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=...)',
+                      quote_literal(e ->> 'schedule'));
+    END IF;
+    v_text := coalesce(e ->> 'timezone', 'UTC');
+    IF NOT (EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = v_text)
+            OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = v_text)) THEN
+        RETURN format('timezone %s is not a known IANA time zone name', quote_literal(v_text));
+    END IF;
+    IF e ->> 'run_at' IS NOT NULL THEN
+        BEGIN
+            IF NOT isfinite((e ->> 'run_at')::timestamptz) THEN
+                RETURN 'run_at must be a finite timestamp';
+            END IF;
+        EXCEPTION WHEN data_exception THEN
+            RETURN format('run_at must be a timestamp, got %s', quote_literal(e ->> 'run_at'));
+        END;
+    END IF;
+    IF e ? 'payload' AND jsonb_typeof(e -> 'payload') IS DISTINCT FROM 'object' THEN
+        RETURN 'payload must be a JSON object';
+    END IF;
+    IF jsonb_typeof(e -> 'enabled') NOT IN ('boolean', 'null') THEN
+        RETURN 'enabled must be true, false or null';
+    END IF;
+    IF jsonb_typeof(e -> 'max_concurrent_runs') = 'number'
+       AND (e ->> 'max_concurrent_runs')::numeric BETWEEN 1 AND 100000
+       AND (e ->> 'max_concurrent_runs')::numeric % 1 = 0 THEN
+        NULL;
+    ELSIF jsonb_typeof(e -> 'max_concurrent_runs') NOT IN ('null') THEN
+        RETURN 'max_concurrent_runs must be an integer from 1 to 100000';
+    END IF;
+    IF jsonb_typeof(e -> 'priority') = 'number'
+       AND (e ->> 'priority')::numeric BETWEEN -1000 AND 1000 AND (e ->> 'priority')::numeric % 1 = 0 THEN
+        NULL;
+    ELSIF jsonb_typeof(e -> 'priority') NOT IN ('null') THEN
+        RETURN 'priority must be an integer from -1000 to 1000';
+    END IF;
+    IF jsonb_typeof(e -> 'max_attempts') = 'number'
+       AND (e ->> 'max_attempts')::numeric BETWEEN 1 AND 1000 AND (e ->> 'max_attempts')::numeric % 1 = 0 THEN
+        NULL;
+    ELSIF jsonb_typeof(e -> 'max_attempts') NOT IN ('null') THEN
+        RETURN 'max_attempts must be an integer from 1 to 1000';
+    END IF;
+    IF coalesce(e ->> 'misfire_policy', 'coalesce') NOT IN ('coalesce', 'catch_up', 'skip') THEN
+        RETURN 'misfire_policy must be coalesce, catch_up or skip';
+    END IF;
+    IF coalesce(e ->> 'overlap_policy', 'queue') NOT IN ('queue', 'skip', 'buffer_one', 'cancel_other') THEN
+        RETURN 'overlap_policy must be queue, skip, buffer_one or cancel_other';
+    END IF;
+    FOREACH v_key IN ARRAY ARRAY['timeout', 'heartbeat_timeout'] LOOP
+        IF jsonb_typeof(e -> v_key) = 'number' THEN
+            IF (e ->> v_key)::numeric <= 0 THEN
+                RETURN format('%s must be a positive number of seconds or interval', v_key);
+            END IF;
+        ELSIF jsonb_typeof(e -> v_key) = 'string' THEN
+            BEGIN
+                IF (e ->> v_key)::interval <= interval '0' THEN
+                    RETURN format('%s must be a positive interval', v_key);
+                END IF;
+            EXCEPTION WHEN data_exception THEN
+                RETURN format('%s must be an interval, got %s', v_key, quote_literal(e ->> v_key));
+            END;
+        ELSIF jsonb_typeof(e -> v_key) NOT IN ('null') THEN
+            RETURN format('%s must be a number of seconds or an interval', v_key);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS
+'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid.';
+
+-- Private: an interval field of a define_many element (seconds as a number, or interval text).
+CREATE OR REPLACE FUNCTION jobs._json_interval(value jsonb)
+RETURNS interval
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE jsonb_typeof(value)
+               WHEN 'number' THEN make_interval(secs => (value #>> '{}')::double precision)
+               WHEN 'string' THEN (value #>> '{}')::interval
+           END
+$$;
+COMMENT ON FUNCTION jobs._json_interval(jsonb) IS
+'Private: a JSON number of seconds or an interval string as an interval; NULL otherwise.';
+
+-- Create or replace many definitions by name in one call, validated like jobs.define.
+CREATE OR REPLACE FUNCTION jobs.define_many(definitions jsonb)
+RETURNS TABLE (id bigint, name text, created boolean, rescheduled boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_problem record;
+    v_names text[];
+    v_old_ids bigint[];
+    v_old_names text[];
+    v_old_revisions integer[];
+    v_old_enabled boolean[];
+BEGIN
+    IF jsonb_typeof(define_many.definitions) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'definitions must be a JSON array of objects' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('definitions length', jsonb_array_length(define_many.definitions), 0, 1000000);
+    SELECT x.n, x.e ->> 'name' AS name, x.problem INTO v_problem
+      FROM (SELECT o.n, o.e, jobs._definition_problem(o.e) AS problem
+              FROM jsonb_array_elements(define_many.definitions) WITH ORDINALITY AS o (e, n)) AS x
+     WHERE x.problem IS NOT NULL
+     ORDER BY x.n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'definitions[%] (%): %', v_problem.n - 1, coalesce(v_problem.name, 'no name'),
+            v_problem.problem USING ERRCODE = '22023';
+    END IF;
+    SELECT x.name INTO v_problem
+      FROM (SELECT e ->> 'name' AS name FROM jsonb_array_elements(define_many.definitions) AS e) AS x
+     GROUP BY x.name HAVING count(*) > 1 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'definitions: name % appears more than once', quote_literal(v_problem.name)
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- Existing rows are locked in name order (as jobs.define locks one), so concurrent calls never deadlock.
+    v_names := array(SELECT e ->> 'name' FROM jsonb_array_elements(define_many.definitions) AS e);
+    SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.name), '{}'),
+           coalesce(array_agg(x.revision), '{}'), coalesce(array_agg(x.enabled), '{}')
+      INTO v_old_ids, v_old_names, v_old_revisions, v_old_enabled
+      FROM (SELECT d.id, d.name, d.revision, d.enabled FROM jobs.definitions AS d
+             WHERE d.name = ANY (v_names)
+             ORDER BY d.name
+               FOR UPDATE) AS x;
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT e ->> 'name' AS name, e ->> 'kind' AS kind, e ->> 'schedule' AS schedule,
+               coalesce(e ->> 'timezone', 'UTC') AS timezone, (e ->> 'run_at')::timestamptz AS run_at,
+               coalesce(e -> 'payload', '{}') AS payload,
+               -- enabled not given keeps the current state (as jobs.define); new ones start enabled.
+               coalesce((e ->> 'enabled')::boolean, o.enabled, TRUE) AS enabled,
+               (e ->> 'max_concurrent_runs')::integer AS max_concurrent_runs,
+               coalesce((e ->> 'priority')::integer, 0) AS priority,
+               (e ->> 'max_attempts')::integer AS max_attempts,
+               coalesce(e ->> 'misfire_policy', 'coalesce') AS misfire_policy,
+               coalesce(e ->> 'overlap_policy', 'queue') AS overlap_policy,
+               jobs._json_interval(e -> 'timeout') AS timeout,
+               jobs._json_interval(e -> 'heartbeat_timeout') AS heartbeat_timeout
+          FROM jsonb_array_elements(define_many.definitions) AS e
+          LEFT JOIN unnest(v_old_names, v_old_enabled) AS o (name, enabled) ON o.name = e ->> 'name'
+    ),
+    saved AS (
+        INSERT INTO jobs.definitions AS d (
+            name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
+            priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        )
+        SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
+               i.enabled, i.max_concurrent_runs, i.priority, i.max_attempts,
+               i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout
+          FROM input AS i
+         ORDER BY i.name
+        ON CONFLICT (name) DO UPDATE
+           SET kind = excluded.kind,
+               schedule = excluded.schedule,
+               timezone = excluded.timezone,
+               run_at = excluded.run_at,
+               payload = excluded.payload,
+               enabled = excluded.enabled,
+               max_concurrent_runs = excluded.max_concurrent_runs,
+               priority = excluded.priority,
+               max_attempts = excluded.max_attempts,
+               misfire_policy = excluded.misfire_policy,
+               overlap_policy = excluded.overlap_policy,
+               timeout = excluded.timeout,
+               heartbeat_timeout = excluded.heartbeat_timeout,
+               schedule_error = NULL,
+               materialize_error = NULL,
+               materialize_failures = 0,
+               materialize_retry_at = NULL,
+               updated_at = now(),
+               revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
+                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                              THEN 1 ELSE 0 END,
+               next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                              THEN excluded.run_at ELSE d.next_run_at END,
+               finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                              THEN NULL ELSE d.finished_at END
+        RETURNING d.id, d.name, d.revision
+    )
+    SELECT s.id, s.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> s.revision
+      FROM saved AS s
+      LEFT JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = s.id;
+
+    -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).
+    WITH changed AS (
+        SELECT d.id FROM jobs.definitions AS d
+          JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
+         WHERE d.revision <> o.revision
+    ),
+    superseded AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.definition_id IN (SELECT c.id FROM changed AS c)
+           AND r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for > now()
+         ORDER BY r.id
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE jobs.runs AS r
+       SET status = 'CANCELLED', finished_at = now(),
+           error = 'superseded: the definition''s schedule changed'
+      FROM superseded WHERE r.id = superseded.id;
+END
+$$;
+COMMENT ON FUNCTION jobs.define_many(jsonb) IS
+'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: cursor reset, future queued runs cancelled).';
