@@ -1,7 +1,7 @@
 """Run the pgtick benchmark suite against one throwaway PostgreSQL.
 
     .venv/bin/python bench/run.py [--quick] [--scenarios drain,caps,latency,growth,heartbeats]
-                                  [--dsn DSN] [--profile] [--out results.json]
+                                  [--dsn DSN] [--profile] [--history N] [--out results.json]
 
 stdout: one JSON line per measured configuration, then a summary table of the ratios the
 issue targets. Progress goes to stderr. Without ``--dsn`` an embedded PostgreSQL (the
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dsn", help="use this server (a superuser DSN) instead of an embedded one")
     parser.add_argument("--profile", action="store_true", help="attach server-side profiles to each record")
+    parser.add_argument(
+        "--history", type=int, help="finished runs in the growth scenario (default 1,000,000; 250,000 quick)"
+    )
     parser.add_argument("--out", help="also write all records and the summary to this JSON file")
     args = parser.parse_args(argv)
 
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         log("server: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
         systems = {x.strip() for x in args.systems.split(",")} if args.systems else None
-        bench = Bench(server, args.quick, Profiler(server, args.profile), systems)
+        bench = Bench(server, args.quick, Profiler(server, args.profile), systems, args.history)
         for name in chosen:
             with_time = time.perf_counter()
             SCENARIOS[name](bench)

@@ -46,6 +46,7 @@ class Bench:
     quick: bool
     profiler: Profiler
     systems: set[str] | None = None  # --systems: run only these (drain, caps, latency)
+    history: int | None = None  # --history: finished runs in the growth scenario
     records: list[dict[str, Any]] = field(default_factory=list)
     _dbs: int = 0
 
@@ -425,11 +426,12 @@ def scenario_latency(bench: Bench) -> None:
 
 # -- growth --------------------------------------------------------------------------------
 
+# Finished runs spread evenly over the ten days before the last hour: a day holds a tenth.
 HISTORY_SQL = """
 INSERT INTO jobs.runs (kind, origin, status, created_at, scheduled_for, started_at, finished_at, worker)
-SELECT %s, 'manual', 'COMPLETED', t, t, t, t + interval '10 ms', 'history'
-  FROM (SELECT now() - interval '2 days' + g * interval '100 ms' AS t
-          FROM generate_series(1, %s) AS g) AS s
+SELECT %(kind)s, 'manual', 'COMPLETED', t, t, t, t + interval '10 ms', 'history'
+  FROM (SELECT now() - interval '10 days' + g * ((interval '10 days' - interval '1 hour') / %(n)s) AS t
+          FROM generate_series(1, %(n)s) AS g) AS s
 """
 
 STALE_SQL = """
@@ -449,7 +451,7 @@ def _table_sizes(conn: Any) -> dict[str, int]:
 
 
 def scenario_growth(bench: Bench) -> None:
-    history = 250_000 if bench.quick else 1_000_000
+    history = bench.history or (250_000 if bench.quick else 1_000_000)
     systems = {s.name: s for s in drain_systems()}
     for hist in (0, history):
         log(f"growth: drains with {hist} terminal rows in jobs.runs")
@@ -458,7 +460,7 @@ def scenario_growth(bench: Bench) -> None:
         prep: dict[str, Any] = {"history": hist}
         if hist:
             with connect(dsn) as conn, timed() as took:
-                conn.execute(HISTORY_SQL, (sys_pgtick.KIND, hist))
+                conn.execute(HISTORY_SQL, {"kind": sys_pgtick.KIND, "n": hist})
                 conn.execute("VACUUM ANALYZE jobs.runs")
             prep["history_load_seconds"] = round(took(), 2)
             with connect(dsn) as conn:
@@ -484,8 +486,36 @@ def scenario_growth(bench: Bench) -> None:
                 dbname,
             )
         _reap(bench, dsn, dbname, hist)
+        if hist:
+            _retention(bench, dsn, dbname, hist)
         bench.done_with(dbname)
     _materialize(bench)
+
+
+def _retention(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
+    """Retention of the oldest day of history (a tenth of it): jobs.prune in its default
+    batches of 10,000, called until a short batch, as the leader does."""
+    log(f"growth: prune the oldest day of {hist} history rows")
+    deleted = 0
+    with connect(dsn) as conn, timed() as took:
+        while True:
+            row = conn.execute("SELECT jobs.prune(interval '9 days')").fetchone()
+            assert row is not None
+            deleted += int(row[0])
+            if int(row[0]) < 10_000:
+                break
+    bench.emit(
+        {
+            "scenario": "retention",
+            "system": "pgtick-sql",
+            "batch": 10_000,
+            "procs": 1,
+            "jobs": deleted,
+            "history": hist,
+            "seconds": round(took(), 3),
+        },
+        dbname,
+    )
 
 
 def _reap(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
@@ -897,6 +927,17 @@ def scenario_processes(bench: Bench) -> None:
             bench.done_with(dbname)
 
 
+def scenario_scaling(bench: Bench) -> None:
+    """Drains with 1, 2 and 4 worker processes: pgtick-sql at batch 10 (10 connections per
+    process) and the driver at batch 10 and 100 (one Worker per process)."""
+    systems = {s.name: s for s in drain_systems()}
+    for procs in (1, 2, 4):
+        for name, batch in (("pgtick-sql", 10), ("pgtick-driver", 10), ("pgtick-driver", 100)):
+            if bench.wants(name):
+                log(f"scaling {name} batch={batch} procs={procs}")
+                drain_one(bench, systems[name], batch, procs, bench.jobs, scenario="scaling")
+
+
 SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "drain": scenario_drain,
     "caps": scenario_caps,
@@ -906,4 +947,5 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "limits": scenario_limits,
     "workers": scenario_workers,
     "processes": scenario_processes,
+    "scaling": scenario_scaling,
 }

@@ -109,6 +109,17 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
                     ratio >= 0.8,
                     f"{sql:.0f} vs {bare:.0f} jobs/s",
                 )
+        drv10 = _rate(drains, system="pgtick-driver", batch=10, procs=procs)
+        sql10 = _rate(drains, system="pgtick-sql", batch=10, procs=procs)
+        ratio = _ratio(drv10, sql10)
+        if ratio is not None:
+            s.add(
+                f"drain pgtick-driver / pgtick-sql, batch 10, {procs} proc",
+                ratio,
+                ">= 0.5",
+                ratio >= 0.5,
+                f"{drv10:.0f} vs {sql10:.0f} jobs/s",
+            )
         driver, driver_batch = _best(drains, system="pgtick-driver", procs=procs)
         pgq, pgq_batch = _best(drains, system="pgqueuer", procs=procs)
         proc, _ = _best(drains, system="procrastinate", procs=procs)
@@ -184,14 +195,21 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
             s.add(
                 f"growth drain with {with_hist[0]['history']:,} history / none, {system}",
                 ratio,
-                ">= 0.8",
-                ratio >= 0.8,
+                ">= 0.9",
+                ratio >= 0.9,
                 f"{with_hist[0]['jobs_per_s']:.0f} vs {with_none[0]['jobs_per_s']:.0f} jobs/s",
             )
     for r in records:
         if r.get("scenario") == "reap":
             s.add(
                 f"reap 10,000 stale runs (s), {r['history']:,} history",
+                r["seconds"],
+                "<= 1",
+                r["seconds"] <= 1,
+            )
+        if r.get("scenario") == "retention":
+            s.add(
+                f"retention of a day ({r['jobs']:,} runs) of {r['history']:,} history (s)",
                 r["seconds"],
                 "<= 1",
                 r["seconds"] <= 1,

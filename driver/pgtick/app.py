@@ -22,7 +22,6 @@ import asyncio
 import inspect
 import logging
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -258,29 +257,38 @@ class Context:
         self.worker_id = worker_id
         self.timeout = timeout
         self.started = time.monotonic()
-        self.logger = logging.LoggerAdapter(
-            log, {"run": self.run_id, "kind": self.kind, "attempt": self.attempt}
-        )
-        self._cancel = threading.Event()
-        self._abandoned = threading.Event()
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+        # Set once by another thread and only read after: a plain attribute is enough (no Event
+        # per run; nothing waits on them).
+        self._cancel = False
+        self._abandoned = False
         self._interrupt: Callable[[], None] | None = None  # set by pgtick.aio for async jobs
         self._compensations: list[Compensation] = []
         self._compensated = False
 
     @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose records carry the run id, kind and attempt."""
+        if self._logger is None:
+            self._logger = logging.LoggerAdapter(
+                log, {"run": self.run_id, "kind": self.kind, "attempt": self.attempt}
+            )
+        return self._logger
+
+    @property
     def cancel_requested(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancel
 
     @property
     def abandoned(self) -> bool:
-        return self._abandoned.is_set()
+        return self._abandoned
 
     def request_cancel(self) -> None:
-        self._cancel.set()
+        self._cancel = True
         self._interrupted()
 
     def abandon(self) -> None:
-        self._abandoned.set()
+        self._abandoned = True
         self._interrupted()
 
     def _interrupted(self) -> None:
@@ -303,9 +311,9 @@ class Context:
         return _YIELD
 
     def _check(self) -> None:
-        if self._abandoned.is_set():
+        if self._abandoned:
             raise Abandoned(f"run {self.run_id} is no longer owned by this worker")
-        if self._cancel.is_set():
+        if self._cancel:
             self._compensate()
             raise Cancelled(f"run {self.run_id} cancelled")
         if self.timeout is not None and time.monotonic() - self.started > self.timeout:

@@ -223,7 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run, output=None)
     p.add_argument("app", help="module:attr or path/to/app.py (attr defaults to app)")
     p.add_argument("--concurrency", type=int, default=10, help="jobs at once (default 10)")
-    p.add_argument("--batch", type=int, default=None, help="claim batch size (default: concurrency)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="claim batch size (default: concurrency); larger claims runs ahead of free slots",
+    )
     p.add_argument("--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)")
     p.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
     p.add_argument("--heartbeat", type=parse_duration, default=5.0, help="heartbeat cadence (5s)")

@@ -3,9 +3,10 @@
 Executor threads hand finished runs' outcomes to the ``Reporter``; the claim
 loop asks it to report them. Failures, cancellations and completions with a
 result each get their own fenced call here; plain completions (no result) are
-handed back so the claim loop sends them in one ``jobs.complete_many`` in the
-same pipeline as its next claim. An outcome that cannot be reported (database
-down) is kept and retried: the fenced SQL makes a repeat harmless.
+handed back so the worker sends them in one ``jobs.complete_many`` alongside
+its next claim (on the completer's own connection). An outcome that cannot be
+reported (database down) is kept and retried: the fenced SQL makes a repeat
+harmless.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Threads, each with its own connection where it talks to PostgreSQL:
   A notification whose payload is a time (epoch seconds, sent by the scheduler for the
   earliest run it inserted) only re-arms the timer when it is sooner than the one set;
   an empty payload (a run due now) wakes the claim loop;
+* the completer: sends each cycle's plain completions (``jobs.complete_many``)
+  on a connection of its own while the claim loop's claim runs, so the two
+  commits overlap (PostgreSQL flushes them together) instead of queueing one
+  behind the other on one connection;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
   claim loop asks to report;
@@ -42,6 +46,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -91,6 +96,10 @@ class Worker:
         self.worker_id = worker_id or new_worker_id()
         self.concurrency = concurrency
         self.batch_size = min(batch_size or concurrency, 1000)
+        # Runs held at once: the executing ones plus, when batch_size is larger than
+        # concurrency, up to batch_size - concurrency claimed ahead and waiting for a slot,
+        # so that claiming overlaps running (their server-side timeout starts at the claim).
+        self.capacity = max(self.concurrency, self.batch_size)
         self.poll_interval = poll_interval
         self.base_heartbeat_interval = heartbeat_interval
         self.shutdown_grace = shutdown_grace
@@ -113,6 +122,8 @@ class Worker:
         self.reporter = Reporter(self.worker_id, self.events, self._release)
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
         self._threads: list[threading.Thread] = []
+        self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
+        self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
@@ -186,6 +197,8 @@ class Worker:
             self._stop_runners()
             for _ in self._threads:
                 self._tasks.put(None)
+            self._completer.submit(self._close_done_conn)
+            self._completer.shutdown(wait=True)
             if conn is not None:
                 try:
                     calls.worker_stopped(conn, self.worker_id)
@@ -295,48 +308,79 @@ class Worker:
             self.rearm(epoch)
 
     def _cycle(self, conn: psycopg.Connection[Any], *, claim: bool = True) -> bool:
-        """Report finished runs and claim for the free slots in one round trip.
+        """Report finished runs and claim for the free slots.
 
-        Plain completions (no result), the next-due question and the claim travel in
-        one pipeline, each still its own transaction; the slots the completions free
-        are claimed at once. jobs.next_due is asked just before the claim, so a run
-        that falls due in between is either claimed or reported as due (a cycle at
-        once), never missed. Returns True if the claim came back full.
-        Draining calls it with ``claim=False``.
+        Plain completions (no result) go to the completer, whose ``jobs.complete_many``
+        commits on its own connection while this connection asks jobs.next_due and
+        claims (one pipeline, each its own transaction): the slots they free are claimed
+        at once, and the commits overlap. jobs.next_due is asked just before the claim,
+        so a run that falls due in between is either claimed or reported as due (a cycle
+        at once), never missed. Returns True if the claim came back full (there may be
+        more due). Draining calls it with ``claim=False``.
         """
         plain = self.reporter.report(conn)
         with self._lock:
-            free = self.concurrency - len(self._active) + len(plain)
+            free = self.capacity - len(self._active) + len(plain)
         want = min(free, self.batch_size) if claim else 0
         if not plain and want <= 0:
             return False
         began = time.monotonic()
+        done: Future[set[int]] | None = None
+        if plain:
+            done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
         try:
             with conn.pipeline():
-                done_cur = (
-                    conn.execute(calls.COMPLETE_MANY, ([o.ctx.run_id for o in plain], self.worker_id))
-                    if plain
-                    else None
-                )
                 due_cur = conn.execute(calls.NEXT_DUE, (self.kinds,)) if want > 0 else None
                 claim_cur = (
                     conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues))
                     if want > 0
                     else None
                 )
-            done = {row["run_id"] for row in done_cur.fetchall()} if done_cur is not None else set()
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
             rows = claim_cur.fetchall() if claim_cur is not None else []
             self._name_definitions(conn, rows)
         except BaseException:
-            self.reporter.requeue(plain)  # report them again on the next cycle
+            if done is not None:
+                self._settle_plain(plain, done)
             raise
-        for o in plain:
-            self.reporter.settle(o, o.ctx.run_id in done)
+        if done is not None:
+            self._settle_plain(plain, done)
         if want <= 0:
             return False
         return self._dispatch(rows, want, began)
+
+    def _complete_many(self, run_ids: list[int]) -> set[int]:
+        """In the completer thread: complete these runs; the ids that were still ours."""
+        try:
+            if self._done_conn is None or self._done_conn.closed:
+                self._done_conn = connect_dicts(
+                    self.dsn, application_name=f"pgtick-complete {self.worker_id}"
+                )
+            rows = self._done_conn.execute(calls.COMPLETE_MANY, (run_ids, self.worker_id)).fetchall()
+        except BaseException:
+            self._close_done_conn()
+            raise
+        return {row["run_id"] for row in rows}
+
+    def _close_done_conn(self) -> None:
+        if self._done_conn is not None:
+            self._done_conn.close()
+            self._done_conn = None
+
+    def _settle_plain(self, plain: list[Outcome], done: Future[set[int]]) -> None:
+        """Settle the completions the completer sent; on a database error keep them for the next cycle."""
+        try:
+            applied = done.result()
+        except DB_ERRORS as exc:
+            log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, exc)
+            self.reporter.requeue(plain)
+            return
+        except BaseException:
+            self.reporter.requeue(plain)
+            raise
+        for o in plain:
+            self.reporter.settle(o, o.ctx.run_id in applied)
 
     def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
         """Put each claimed run's definition name in its row (for the outcome log line);
@@ -388,6 +432,9 @@ class Worker:
             ctx = self._tasks.get()
             if ctx is None:
                 return
+            if ctx.abandoned or ctx.cancel_requested:  # while it waited for a slot
+                self._finished(Outcome(ctx, "abandon") if ctx.abandoned else Outcome(ctx, "cancel"))
+                continue
             self._finished(execute(ctx))
 
     def _finished(self, outcome: Outcome) -> None:

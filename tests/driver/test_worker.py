@@ -83,6 +83,97 @@ def test_unknown_kind_waits_visibly_and_crashes_nothing(db: Database) -> None:
     assert stats == (1, True)
 
 
+def test_batch_larger_than_concurrency_claims_ahead_and_runs_one_at_a_time(db: Database) -> None:
+    """With batch_size above concurrency the worker holds runs claimed ahead, but never
+    executes more than concurrency at once, and every run completes exactly once."""
+    app = App()
+    lock = threading.Lock()
+    running = 0
+    most = 0
+    seen: list[int] = []
+
+    @app.job("step")
+    def step(ctx: Context) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            seen.append(ctx.run_id)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 12)")
+    worker = Worker(app, db.dsn, concurrency=2, batch_size=6, poll_interval=0.1)
+    assert worker.capacity == 6
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        with db.connect() as conn:
+
+            def all_done() -> bool:
+                row = conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'").fetchone()
+                return row == (12,)
+
+            wait_for("all 12 runs to complete", all_done, timeout=60)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert most <= 2, f"{most} runs executed at once with concurrency 2"
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 12, seen
+    assert worker.stats.completed == 12 and worker.stats.fenced == 0, worker.stats
+
+
+def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> None:
+    """A run claimed ahead whose cancel arrives before a slot frees is acknowledged as
+    CANCELLED without its job code running."""
+    app = App()
+    release = threading.Event()
+    started: list[int] = []
+
+    @app.job("hold")
+    def hold(ctx: Context) -> None:
+        started.append(ctx.run_id)
+        assert release.wait(60)
+
+    with db.connect() as conn:
+        first = conn.execute("SELECT id FROM jobs.enqueue('hold', priority => 1)").fetchone()
+        second = conn.execute("SELECT id FROM jobs.enqueue('hold')").fetchone()
+    assert first is not None and second is not None
+    worker = Worker(app, db.dsn, concurrency=1, batch_size=2, poll_interval=0.1, heartbeat_interval=0.1)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        with db.connect() as conn:
+
+            def both_claimed() -> bool:
+                row = conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'").fetchone()
+                return row == (2,)
+
+            wait_for("both runs to be claimed", both_claimed, timeout=30)
+            conn.execute("SELECT jobs.cancel(%s)", second)
+            wait_for(
+                "the waiting run to see its cancel",
+                lambda: worker.held()[second[0]].cancel_requested,
+                timeout=30,
+            )
+            release.set()
+
+            def cancelled() -> bool:
+                row = conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", second).fetchone()
+                return row == ("CANCELLED",)
+
+            wait_for("the waiting run to be CANCELLED", cancelled, timeout=30)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(timeout=30)
+    assert started == [first[0]], f"job code ran for {started}; only {first[0]} should have started"
+
+
 def _idle_worker(db: Database, started: list[str]) -> tuple[Worker, threading.Event, threading.Thread]:
     """A worker whose poll is far longer than any test: only its timer or a NOTIFY starts runs."""
     app = App()
