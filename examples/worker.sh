@@ -352,16 +352,23 @@ trap on_signal TERM INT
 trap shutdown EXIT
 log "started kinds=${KINDS% }${QUEUE:+ queue=$QUEUE}"
 
+# The claim's answer goes to a file, not through $(...): a command substitution runs in a
+# subshell that a SIGTERM to the process group would kill while psql (which ignores it)
+# commits the claim, and the claimed run would be lost to this worker.
 while ((!STOP)); do
-    if ! line=$(sql -v worker="$WORKER" -v kinds="${KINDS% }" -v queue="$QUEUE" <<'SQL'
+    line=""
+    if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v queue="$QUEUE" >"$STATE/claim" <<'SQL'
 SELECT id, kind, attempt, payload::text
   FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '),
                   queues => CASE WHEN :'queue' <> '' THEN ARRAY[:'queue'] END)
 SQL
-    ); then
+    then
         log "claim failed (database unavailable?); retrying in ${POLL}s"
         pause "$POLL"
-    elif [[ -z $line ]]; then
+        continue
+    fi
+    IFS= read -r line <"$STATE/claim" || true
+    if [[ -z $line ]]; then
         pause "$POLL"
     else
         run_one "$line" # a run claimed while a signal arrived is still run (within the grace)
