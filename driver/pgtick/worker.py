@@ -66,6 +66,9 @@ __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
 log = logging.getLogger("pgtick.worker")
 
+#: Longest a sleeping claim loop goes without looking at its stop event (seconds).
+STOP_CHECK = 0.5
+
 
 def _seconds(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
@@ -216,7 +219,9 @@ class Worker:
                 until = give_up if self._due_at is None else min(give_up, self._due_at)
             if now >= until:
                 break
-            self._wake.wait(until - now)
+            # In slices: the caller's stop event cannot wake this wait, so a stop is seen
+            # within STOP_CHECK seconds even when the next due run is far away.
+            self._wake.wait(min(until - now, STOP_CHECK))
             with self._lock:
                 self._wake.clear()
                 if self._work_signalled:
