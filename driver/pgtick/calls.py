@@ -571,3 +571,34 @@ def prune_batch(conn: Conn, older_than: timedelta | None, batch: int) -> int:
 def definition_names(conn: Conn, ids: list[int]) -> dict[int, str]:
     rows = conn.execute("SELECT id, name FROM jobs.definitions WHERE id = ANY(%s)", (ids,)).fetchall()
     return {int(_first(r)): str(r["name"] if isinstance(r, dict) else r[1]) for r in rows}
+
+
+# --- backfill and preview of a stored definition (cli.py) --------------------
+
+
+def backfill(conn: Conn, name: str, window_from: datetime, window_to: datetime) -> Any:
+    """jobs.backfill: record a past window to materialize; returns the request row."""
+    row = conn.execute("SELECT * FROM jobs.backfill(%s, %s, %s)", (name, window_from, window_to)).fetchone()
+    assert row is not None
+    return row
+
+
+def backfill_request(conn: Conn, backfill_id: int) -> Any:
+    return conn.execute("SELECT * FROM jobs.backfills WHERE id = %s", (backfill_id,)).fetchone()
+
+
+def definition(conn: Conn, name: str) -> Any:
+    return conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (name,)).fetchone()
+
+
+def jitter_offsets(
+    conn: Conn, definition_id: int, jitter: timedelta | None, times: list[datetime]
+) -> list[Any]:
+    """jobs.jitter_offset for each occurrence time, in order (what the scheduler adds)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            "SELECT jobs.jitter_offset(%s, t.at, %s) FROM unnest(%s::timestamptz[]) WITH ORDINALITY"
+            " AS t (at, n) ORDER BY t.n",
+            (definition_id, jitter, times),
+        ).fetchall()
+    return [r[0] for r in rows]

@@ -572,12 +572,9 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         if value.tzinfo is None:
             raise UsageError("--from and --to need a UTC offset (e.g. 2026-03-01T00:00Z)")
     with connect_dicts(_dsn(args)) as conn:
-        row = conn.execute(
-            "SELECT * FROM jobs.backfill(%s, %s, %s)", (args.name, args.window_from, args.window_to)
-        ).fetchone()
-        assert row is not None
+        row = calls.backfill(conn, args.name, args.window_from, args.window_to)
         materialize_backfills(conn)
-        done = conn.execute("SELECT * FROM jobs.backfills WHERE id = %s", (row["id"],)).fetchone()
+        done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:
         raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
@@ -1232,7 +1229,7 @@ def _preview_definition(args: argparse.Namespace) -> Result:
     from pgtick.scheduler import definition_schedule
 
     with connect_dicts(_dsn(args)) as conn:
-        d = conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (args.definition,)).fetchone()
+        d = calls.definition(conn, args.definition)
         if d is None:
             raise UsageError(f"definition {args.definition!r} does not exist")
         if d["schedule"] is None:
@@ -1245,11 +1242,7 @@ def _preview_definition(args: argparse.Namespace) -> Result:
             raise UsageError("--after needs a UTC offset with --definition")
 
         def jitter(runs: Sequence[datetime]) -> list[timedelta]:
-            rows = conn.execute(
-                "SELECT jobs.jitter_offset(%s, t, %s) AS j FROM unnest(%s::timestamptz[]) AS t",
-                (d["id"], d["jitter"], list(runs)),
-            ).fetchall()
-            return [row["j"] for row in rows]
+            return calls.jitter_offsets(conn, d["id"], d["jitter"], list(runs))
 
         try:
             schedule = definition_schedule(d)
