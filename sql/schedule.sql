@@ -124,8 +124,8 @@ BEGIN
         RAISE EXCEPTION 'overlap_policy must be queue, skip, buffer_one or cancel_other, got %',
             coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
-    PERFORM jobs._check_positive('timeout', define.timeout);
-    PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    PERFORM jobs._check_duration('timeout', define.timeout);
+    PERFORM jobs._check_duration('heartbeat_timeout', define.heartbeat_timeout);
     PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
     IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
         RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)
