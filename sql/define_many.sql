@@ -63,8 +63,9 @@ BEGIN
     END IF;
     IF e ->> 'run_at' IS NOT NULL THEN
         BEGIN
-            IF NOT isfinite((e ->> 'run_at')::timestamptz) THEN
-                RETURN 'run_at must be a finite timestamp';
+            v_text := jobs._instant_problem((e ->> 'run_at')::timestamptz);
+            IF v_text IS NOT NULL THEN
+                RETURN 'run_at ' || v_text;
             END IF;
         EXCEPTION WHEN data_exception THEN
             RETURN format('run_at must be a timestamp, got %s', quote_literal(e ->> 'run_at'));

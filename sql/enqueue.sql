@@ -9,14 +9,14 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM jobs._check_text('queue', queue, 200);
+    PERFORM jobs._check_name('queue', queue);
     IF concurrency_key IS NOT NULL THEN
         PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
     END IF;
 END
 $$;
 COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS
-'Private: raises 22023 naming the field unless queue is a non-empty name and concurrency_key NULL or non-empty (up to 200 characters).';
+'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
 -- run. With a unique key, while a run of the same kind and key is in the unique_while states
@@ -50,7 +50,7 @@ DECLARE
     v_run jobs.runs;
     v_deps text;
 BEGIN
-    PERFORM jobs._check_text('kind', enqueue.kind, 200);
+    PERFORM jobs._check_name('kind', enqueue.kind);
     PERFORM jobs._check_payload('payload', enqueue.payload);
     PERFORM jobs._check_instant('run_at', enqueue.run_at);
     PERFORM jobs._check_range('priority', enqueue.priority, -1000, 1000);
@@ -171,7 +171,7 @@ DECLARE
     v_bad bigint;
     v_problem text;
 BEGIN
-    PERFORM jobs._check_text('kind', enqueue_many.kind, 200);
+    PERFORM jobs._check_name('kind', enqueue_many.kind);
     IF enqueue_many.payloads IS NULL OR jsonb_typeof(enqueue_many.payloads) <> 'array' THEN
         RAISE EXCEPTION 'payloads must be a JSON array of objects, got %',
             coalesce(jsonb_typeof(enqueue_many.payloads), 'NULL') USING ERRCODE = '22023';

@@ -69,6 +69,21 @@ $$;
 COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS
 'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
 
+-- Raise 22023 naming the field when a *_problem function found something wrong (NULL: nothing).
+CREATE OR REPLACE FUNCTION jobs._refuse(field text, problem text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '% %', field, problem USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._refuse(text, text) IS
+'Private: raises 22023 with the message "field problem" unless problem is NULL.';
+
 -- What is wrong with a payload (NULL when nothing): not a JSON object, larger than max_bytes,
 -- or nested deeper than 100 levels. PostgreSQL stores far deeper JSON, but a driver decodes it
 -- recursively (Python's json gives up near 1000 levels), and a run whose payload cannot be
@@ -94,16 +109,10 @@ COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS
 -- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes and 100 levels deep.
 CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_problem text := jobs._payload_problem(payload, (SELECT c.max_payload_bytes FROM jobs.config AS c));
-BEGIN
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION '% %', field, v_problem USING ERRCODE = '22023';
-    END IF;
-END
+    SELECT jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c
 $$;
 COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS
 'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes and nested at most 100 levels deep.';
@@ -141,21 +150,51 @@ $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
--- Raise 22023 unless the timestamp is present and finite.
+-- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
+-- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
+-- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).
+CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN value IS NULL OR NOT isfinite(value)
+          OR value < '0001-01-02 00:00:00+00' OR value >= '9999-12-31 00:00:00+00' THEN
+            format('must be a finite timestamp from 0001-01-02 to 9999-12-30 UTC, got %s',
+                   coalesce(to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC', 'NULL'))
+    END
+$$;
+COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS
+'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';
+
+-- Raise 22023 naming the field unless the timestamp is one every driver can hold.
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
+COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
+'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
+
+-- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
+-- control character (a newline or escape in a kind, queue or definition name would forge lines
+-- in logs and break the CLI's tables).
+CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value IS NULL OR NOT isfinite(value) THEN
-        RAISE EXCEPTION '% must be a finite timestamp, got %', field, coalesce(value::text, 'NULL')
+    PERFORM jobs._check_text(field, value, 200);
+    IF value ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION '% must not contain control characters, got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
-'Private: raises 22023 naming the field if the timestamp is NULL or infinite.';
+COMMENT ON FUNCTION jobs._check_name(text, text) IS
+'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
@@ -215,15 +254,11 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_problem text := jobs._duration_problem(coalesce(bound, field), value);
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs._duration_bounds(coalesce(bound, field)) AS b WHERE b.low IS NOT NULL) THEN
         RAISE EXCEPTION 'no bounds are known for the duration %', coalesce(bound, field) USING ERRCODE = 'XX000';
     END IF;
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION '% %', field, v_problem USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
 END
 $$;
 COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS

@@ -205,7 +205,7 @@ AS $$
 DECLARE
     v_policy jobs.retry_policies;
 BEGIN
-    PERFORM jobs._check_text('kind', set_retry_policy.kind, 200);
+    PERFORM jobs._check_name('kind', set_retry_policy.kind);
     PERFORM jobs._check_range('max_attempts', set_retry_policy.max_attempts, 1, 1000);
     IF set_retry_policy.backoff_initial IS NULL OR set_retry_policy.backoff_max IS NULL THEN
         RAISE EXCEPTION 'backoff_initial and backoff_max must be intervals, got NULL' USING ERRCODE = '22023';

@@ -95,8 +95,8 @@ DECLARE
     v_new jobs.definitions;
     v_superseded bigint[];
 BEGIN
-    PERFORM jobs._check_text('name', define.name, 200);
-    PERFORM jobs._check_text('kind', define.kind, 200);
+    PERFORM jobs._check_name('name', define.name);
+    PERFORM jobs._check_name('kind', define.kind);
     IF (define.schedule IS NULL) = (define.run_at IS NULL) THEN
         RAISE EXCEPTION 'definition %: give exactly one of schedule (recurring) or run_at (one-shot)',
             quote_literal(define.name) USING ERRCODE = '22023';

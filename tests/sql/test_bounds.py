@@ -48,6 +48,12 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
         ("unique_for", "100 years"),
     ),
     (f"SELECT jobs.enqueue('k', {DEEP_OBJECT})", INVALID, ("payload", "100 levels")),
+    # times a driver cannot hold in every zone (Python's datetime: years 1 to 9999)
+    ("SELECT jobs.enqueue('k', run_at => '9999-12-31 00:00+00')", INVALID, ("run_at", "9999-12-30")),
+    ("SELECT jobs.enqueue('k', run_at => '0001-01-01 00:00+00 BC')", INVALID, ("run_at", "0001-01-02")),
+    # names: no control characters (they forge log lines and break the CLI's tables)
+    ("SELECT jobs.enqueue('a' || chr(10) || 'b')", INVALID, ("kind", "control characters")),
+    ("SELECT jobs.enqueue('k', queue => 'q' || chr(9))", INVALID, ("queue", "control characters")),
     # jobs.enqueue_many
     (f"SELECT jobs.enqueue_many('k', '[{{}}]', timeout => '{HUGE}')", INVALID, ("timeout", "366 days")),
     (
@@ -60,6 +66,12 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
         INVALID,
         ("payloads[1]", "100 levels"),
     ),
+    (
+        "SELECT jobs.enqueue_many('k', '[{}]', run_at => '294276-01-01 00:00+00')",
+        INVALID,
+        ("run_at", "9999-12-30"),
+    ),
+    ("SELECT jobs.enqueue_many(chr(27) || '[31m', '[{}]')", INVALID, ("kind", "control characters")),
     # jobs.define
     (f"SELECT jobs.define('d', 'k', '* * * * *', timeout => '{HUGE}')", INVALID, ("timeout", "366 days")),
     (
@@ -77,6 +89,13 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
         INVALID,
         ("max_concurrent_runs", "100000"),
     ),
+    ("SELECT jobs.define('d', 'k', run_at => '0044-03-15 00:00+00 BC')", INVALID, ("run_at", "0001-01-02")),
+    (
+        "SELECT jobs.define('n' || chr(13) || chr(10), 'k', '* * * * *')",
+        INVALID,
+        ("name", "control characters"),
+    ),
+    ("SELECT jobs.define('d', 'k' || chr(7), '* * * * *')", INVALID, ("kind", "control characters")),
     # jobs.define_many: seconds or interval text
     (
         f"""SELECT jobs.define_many('[{{"name": "d", "kind": "k", "schedule": "* * * * *",
@@ -115,8 +134,19 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
         INVALID,
         ("payload", "max_payload_bytes"),
     ),
+    (
+        """SELECT jobs.define_many('[{"name": "d", "kind": "k", "run_at": "10000-01-01T00:00:00Z"}]')""",
+        INVALID,
+        ("run_at", "9999-12-30"),
+    ),
     # jobs.run_now
     (f"SELECT jobs.run_now('defined', {DEEP_OBJECT})", INVALID, ("payload", "100 levels")),
+    # jobs.backfill: a window the scheduler's driver could not compute in
+    (
+        "SELECT jobs.backfill('hourly', '4713-11-24 00:00+00 BC', '4713-11-25 00:00+00 BC')",
+        INVALID,
+        ("backfill from", "0001-01-02"),
+    ),
     # jobs.set_retry_policy
     (
         f"SELECT jobs.set_retry_policy('k', backoff_initial => '{HUGE}')",
@@ -128,8 +158,15 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("SELECT jobs.set_retry_policy('k', backoff_factor => 'NaN')", INVALID, ("backoff_factor", "100")),
     ("SELECT jobs.set_retry_policy('k', jitter => 'Infinity')", INVALID, ("jitter", "between 0 and 1")),
     ("SELECT jobs.set_retry_policy('k', max_attempts => 1001)", INVALID, ("max_attempts", "1000")),
+    ("SELECT jobs.set_retry_policy('k' || chr(127))", INVALID, ("kind", "control characters")),
     # jobs.set_limit, jobs.snooze, jobs.prune
     ("SELECT jobs.set_limit('queue', 'q', max_running => 1000001)", INVALID, ("max_running", "1000000")),
+    (
+        "SELECT jobs.set_limit('queue', 'q' || chr(10), max_running => 1)",
+        INVALID,
+        ("name", "control characters"),
+    ),
+    ("SELECT jobs.pause_queue('q' || chr(10))", INVALID, ("name", "control characters")),
     (
         f"SELECT jobs.set_limit('queue', 'q', rate_limit => 1, rate_period => '{HUGE}')",
         INVALID,
@@ -197,8 +234,9 @@ WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
 
 
 def _seed(conn: Conn) -> dict[str, Any]:
-    """A definition, a retry policy and a RUNNING run for the writers to meet."""
+    """Definitions (one-shot, recurring), a retry policy and a RUNNING run for the writers to meet."""
     add_definition(conn, "defined")
+    conn.execute("SELECT jobs.define('hourly', 'k', '0 * * * *')")
     conn.execute("SELECT jobs.set_retry_policy('k')")
     (running,) = add_runs(conn, 1)
     assert claim(conn, "w1") == [running]
