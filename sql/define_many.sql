@@ -63,15 +63,19 @@ BEGIN
     END IF;
     IF e ->> 'run_at' IS NOT NULL THEN
         BEGIN
-            IF NOT isfinite((e ->> 'run_at')::timestamptz) THEN
-                RETURN 'run_at must be a finite timestamp';
+            v_text := jobs._instant_problem((e ->> 'run_at')::timestamptz);
+            IF v_text IS NOT NULL THEN
+                RETURN 'run_at ' || v_text;
             END IF;
         EXCEPTION WHEN data_exception THEN
             RETURN format('run_at must be a timestamp, got %s', quote_literal(e ->> 'run_at'));
         END;
     END IF;
-    IF e ? 'payload' AND jsonb_typeof(e -> 'payload') IS DISTINCT FROM 'object' THEN
-        RETURN 'payload must be a JSON object';
+    IF e ? 'payload' THEN
+        v_text := jobs._payload_problem(e -> 'payload', (SELECT c.max_payload_bytes FROM jobs.config AS c));
+        IF v_text IS NOT NULL THEN
+            RETURN 'payload ' || v_text;
+        END IF;
     END IF;
     IF jsonb_typeof(e -> 'enabled') NOT IN ('boolean', 'null') THEN
         RETURN 'enabled must be true, false or null';
@@ -102,18 +106,18 @@ BEGIN
         RETURN 'overlap_policy must be queue, skip, buffer_one or cancel_other';
     END IF;
     FOREACH v_key IN ARRAY ARRAY['timeout', 'heartbeat_timeout'] LOOP
-        IF jsonb_typeof(e -> v_key) = 'number' THEN
-            IF (e ->> v_key)::numeric <= 0 THEN
-                RETURN format('%s must be a positive number of seconds or interval', v_key);
-            END IF;
-        ELSIF jsonb_typeof(e -> v_key) = 'string' THEN
+        IF jsonb_typeof(e -> v_key) IN ('number', 'string') THEN
             BEGIN
-                IF (e ->> v_key)::interval <= interval '0' THEN
-                    RETURN format('%s must be a positive interval', v_key);
-                END IF;
+                v_text := jobs._duration_problem(v_key, jobs._json_interval(e -> v_key));
             EXCEPTION WHEN data_exception THEN
-                RETURN format('%s must be an interval, got %s', v_key, quote_literal(e ->> v_key));
+                SELECT format('%s must be a number of seconds or an interval between %s and %s, got %s',
+                              v_key, b.low, b.high, e -> v_key)
+                  INTO v_text FROM jobs._duration_bounds(v_key) AS b;
+                RETURN v_text;
             END;
+            IF v_text IS NOT NULL THEN
+                RETURN v_key || ' ' || v_text;
+            END IF;
         ELSIF jsonb_typeof(e -> v_key) NOT IN ('null') THEN
             RETURN format('%s must be a number of seconds or an interval', v_key);
         END IF;
@@ -131,7 +135,10 @@ LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE jsonb_typeof(value)
-               WHEN 'number' THEN make_interval(secs => (value #>> '{}')::double precision)
+               -- Past 1e12 seconds make_interval would saturate silently: make it raise 22008.
+               WHEN 'number' THEN make_interval(secs => CASE WHEN abs((value #>> '{}')::numeric) <= 1e12
+                                                            THEN (value #>> '{}')::double precision
+                                                            ELSE 'Infinity' END)
                WHEN 'string' THEN (value #>> '{}')::interval
            END
 $$;

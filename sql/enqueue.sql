@@ -9,14 +9,14 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM jobs._check_text('queue', queue, 200);
+    PERFORM jobs._check_name('queue', queue);
     IF concurrency_key IS NOT NULL THEN
         PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
     END IF;
 END
 $$;
 COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS
-'Private: raises 22023 naming the field unless queue is a non-empty name and concurrency_key NULL or non-empty (up to 200 characters).';
+'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
 -- run. With a unique key, while a run of the same kind and key is in the unique_while states
@@ -50,7 +50,7 @@ DECLARE
     v_run jobs.runs;
     v_deps text;
 BEGIN
-    PERFORM jobs._check_text('kind', enqueue.kind, 200);
+    PERFORM jobs._check_name('kind', enqueue.kind);
     PERFORM jobs._check_payload('payload', enqueue.payload);
     PERFORM jobs._check_instant('run_at', enqueue.run_at);
     PERFORM jobs._check_range('priority', enqueue.priority, -1000, 1000);
@@ -60,8 +60,8 @@ BEGIN
     IF enqueue.max_attempts IS NOT NULL THEN
         PERFORM jobs._check_range('max_attempts', enqueue.max_attempts, 1, 1000);
     END IF;
-    PERFORM jobs._check_positive('timeout', enqueue.timeout);
-    PERFORM jobs._check_positive('heartbeat_timeout', enqueue.heartbeat_timeout);
+    PERFORM jobs._check_duration('timeout', enqueue.timeout);
+    PERFORM jobs._check_duration('heartbeat_timeout', enqueue.heartbeat_timeout);
     PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._check_text('unique_key', enqueue.unique_key, 200);
@@ -70,7 +70,7 @@ BEGIN
         RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    PERFORM jobs._check_positive('unique_for', enqueue.unique_for);
+    PERFORM jobs._check_duration('unique_for', enqueue.unique_for);
     IF enqueue.on_conflict IS NULL OR enqueue.on_conflict NOT IN ('ignore', 'replace', 'debounce') THEN
         RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', coalesce(enqueue.on_conflict, 'NULL')
             USING ERRCODE = '22023';
@@ -169,20 +169,23 @@ AS $$
 DECLARE
     v_deps text;
     v_bad bigint;
+    v_problem text;
 BEGIN
-    PERFORM jobs._check_text('kind', enqueue_many.kind, 200);
+    PERFORM jobs._check_name('kind', enqueue_many.kind);
     IF enqueue_many.payloads IS NULL OR jsonb_typeof(enqueue_many.payloads) <> 'array' THEN
         RAISE EXCEPTION 'payloads must be a JSON array of objects, got %',
             coalesce(jsonb_typeof(enqueue_many.payloads), 'NULL') USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_range('payloads length', jsonb_array_length(enqueue_many.payloads), 1, 100000);
-    SELECT min(e.n) INTO v_bad
+    SELECT e.n - 1, p.problem INTO v_bad, v_problem
       FROM jsonb_array_elements(enqueue_many.payloads) WITH ORDINALITY AS e (payload, n)
-     WHERE jsonb_typeof(e.payload) <> 'object'
-        OR octet_length(e.payload::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c);
+     CROSS JOIN jobs.config AS c
+     CROSS JOIN LATERAL jobs._payload_problem(e.payload, c.max_payload_bytes) AS p (problem)
+     WHERE p.problem IS NOT NULL
+     ORDER BY e.n
+     LIMIT 1;
     IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'payloads[%] must be a JSON object within jobs.config.max_payload_bytes', v_bad - 1
-            USING ERRCODE = '22023';
+        RAISE EXCEPTION 'payloads[%] %', v_bad, v_problem USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_instant('run_at', enqueue_many.run_at);
     PERFORM jobs._check_range('priority', enqueue_many.priority, -1000, 1000);
@@ -190,8 +193,8 @@ BEGIN
     IF enqueue_many.max_attempts IS NOT NULL THEN
         PERFORM jobs._check_range('max_attempts', enqueue_many.max_attempts, 1, 1000);
     END IF;
-    PERFORM jobs._check_positive('timeout', enqueue_many.timeout);
-    PERFORM jobs._check_positive('heartbeat_timeout', enqueue_many.heartbeat_timeout);
+    PERFORM jobs._check_duration('timeout', enqueue_many.timeout);
+    PERFORM jobs._check_duration('heartbeat_timeout', enqueue_many.heartbeat_timeout);
     v_deps := jobs._dependency_state(enqueue_many.depends_on);
 
     RETURN QUERY

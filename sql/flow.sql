@@ -208,7 +208,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM jobs._check_text('name', pause_queue.name, 200);
+    PERFORM jobs._check_name('name', pause_queue.name);
     INSERT INTO jobs.paused_queues (name) VALUES (pause_queue.name) ON CONFLICT DO NOTHING;
     RETURN FOUND;
 END
@@ -300,7 +300,7 @@ BEGIN
         RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    PERFORM jobs._check_text('name', set_limit.name, 200);
+    PERFORM jobs._check_name('name', set_limit.name);
     IF set_limit.max_running IS NOT NULL THEN
         PERFORM jobs._check_range('max_running', set_limit.max_running, 1, 1000000);
     END IF;

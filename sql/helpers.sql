@@ -69,29 +69,53 @@ $$;
 COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS
 'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
 
--- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes.
-CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
+-- Raise 22023 naming the field when a *_problem function found something wrong (NULL: nothing).
+CREATE OR REPLACE FUNCTION jobs._refuse(field text, problem text)
 RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_limit integer := (SELECT c.max_payload_bytes FROM jobs.config AS c);
-    v_size integer;
 BEGIN
-    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
-        RAISE EXCEPTION '% must be a JSON object, got %', field, coalesce(jsonb_typeof(payload), 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    v_size := octet_length(payload::text);
-    IF v_size > v_limit THEN
-        RAISE EXCEPTION '% is % bytes; the limit is % (jobs.config.max_payload_bytes)', field, v_size, v_limit
-            USING ERRCODE = '22023';
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '% %', field, problem USING ERRCODE = '22023';
     END IF;
 END
 $$;
+COMMENT ON FUNCTION jobs._refuse(text, text) IS
+'Private: raises 22023 with the message "field problem" unless problem is NULL.';
+
+-- What is wrong with a payload (NULL when nothing): not a JSON object, larger than max_bytes,
+-- or nested deeper than 100 levels. PostgreSQL stores far deeper JSON, but a driver decodes it
+-- recursively (Python's json gives up near 1000 levels), and a run whose payload cannot be
+-- decoded is lost with the rest of its claimed batch. The depth walk stops at level 100.
+CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+            format('must be a JSON object, got %s', coalesce(jsonb_typeof(payload), 'NULL'))
+        WHEN octet_length(payload::text) > max_bytes THEN
+            format('is %s bytes; the limit is %s (jobs.config.max_payload_bytes)',
+                   octet_length(payload::text), max_bytes)
+        WHEN jsonb_path_exists(payload, 'strict $.**{100}') THEN
+            'nests deeper than 100 levels of arrays and objects'
+    END
+$$;
+COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS
+'Private: why a payload is refused (not a JSON object, larger than max_bytes, nested deeper than 100 levels), or NULL.';
+
+-- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes and 100 levels deep.
+CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
+RETURNS void
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c
+$$;
 COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS
-'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes.';
+'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes and nested at most 100 levels deep.';
 
 -- Raise 22023 naming the field when a number is NULL or outside [low, high].
 CREATE OR REPLACE FUNCTION jobs._check_range(field text, value bigint, low bigint, high bigint)
@@ -126,21 +150,51 @@ $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
--- Raise 22023 unless the timestamp is present and finite.
+-- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
+-- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
+-- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).
+CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN value IS NULL OR NOT isfinite(value)
+          OR value < '0001-01-02 00:00:00+00' OR value >= '9999-12-31 00:00:00+00' THEN
+            format('must be a finite timestamp from 0001-01-02 to 9999-12-30 UTC, got %s',
+                   coalesce(to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC', 'NULL'))
+    END
+$$;
+COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS
+'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';
+
+-- Raise 22023 naming the field unless the timestamp is one every driver can hold.
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
+RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
+COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
+'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
+
+-- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
+-- control character (a newline or escape in a kind, queue or definition name would forge lines
+-- in logs and break the CLI's tables).
+CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF value IS NULL OR NOT isfinite(value) THEN
-        RAISE EXCEPTION '% must be a finite timestamp, got %', field, coalesce(value::text, 'NULL')
+    PERFORM jobs._check_text(field, value, 200);
+    IF value ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION '% must not contain control characters, got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
-'Private: raises 22023 naming the field if the timestamp is NULL or infinite.';
+COMMENT ON FUNCTION jobs._check_name(text, text) IS
+'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
@@ -156,6 +210,59 @@ END
 $$;
 COMMENT ON FUNCTION jobs._check_positive(text, interval) IS
 'Private: raises 22023 naming the field if the interval is zero or negative.';
+
+-- The bounds of every duration pgtick stores, by field: the one list that jobs._check_duration,
+-- jobs.define_many and the jobs.config trigger read (the CHECK constraints on the tables, from
+-- migrations/0010_bounds.sql, say the same for a direct UPDATE). Within them, now() plus or minus
+-- any value stays far inside timestamptz's range, a driver can hold it (Python's timedelta ends
+-- at 999999999 days), and no timeout is so short that a worker cannot keep its run alive.
+-- Intervals compare as PostgreSQL orders them: a month counts 30 days.
+CREATE OR REPLACE FUNCTION jobs._duration_bounds(field text, OUT low text, OUT high text)
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.low, b.high
+      FROM (VALUES ('timeout', '1 second', '366 days'),
+                   ('heartbeat_timeout', '100 milliseconds', '366 days'),
+                   ('orphan_timeout', '100 milliseconds', '366 days'),
+                   ('backoff_initial', '0 seconds', '366 days'),
+                   ('backoff_max', '0 seconds', '366 days'),
+                   ('unique_for', '1 millisecond', '100 years'),
+                   ('retention', '1 second', '100 years'),
+                   ('older_than', '0 seconds', '100 years')) AS b (field, low, high)
+     WHERE b.field = _duration_bounds.field
+$$;
+COMMENT ON FUNCTION jobs._duration_bounds(text) IS
+'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, older_than).';
+
+-- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
+CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('must be an interval between %s and %s, got %s', b.low, b.high, value)
+      FROM jobs._duration_bounds(field) AS b
+     WHERE value NOT BETWEEN b.low::interval AND b.high::interval
+$$;
+COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS
+'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL.';
+
+-- Raise 22023 naming the field when a duration is outside its bounds (NULL passes: "the default").
+CREATE OR REPLACE FUNCTION jobs._check_duration(field text, value interval, bound text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs._duration_bounds(coalesce(bound, field)) AS b WHERE b.low IS NOT NULL) THEN
+        RAISE EXCEPTION 'no bounds are known for the duration %', coalesce(bound, field) USING ERRCODE = 'XX000';
+    END IF;
+    PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
+END
+$$;
+COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS
+'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
 
 -- Wake idle workers: one NOTIFY on channel "jobs" per transaction, however many rows it queues.
 CREATE OR REPLACE FUNCTION jobs._notify()

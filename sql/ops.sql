@@ -1,6 +1,42 @@
 -- ===========================================================================
--- ops.sql: the operator's console (views) and retention (prune).
+-- ops.sql: the operator's settings (jobs.config), console (views) and retention (prune).
 -- ===========================================================================
+
+-- Operators change settings with UPDATE jobs.config SET ...: a value out of bounds is refused
+-- there with 22023 naming the setting and its range (the table's CHECK constraints say the same
+-- with 23514 should this trigger ever be disabled). A setting the reaper, prune or the retry
+-- backoff computes with can then never make them fail for every run.
+CREATE OR REPLACE FUNCTION jobs._check_config()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM jobs._check_duration('jobs.config.heartbeat_timeout', NEW.heartbeat_timeout, 'heartbeat_timeout');
+    PERFORM jobs._check_duration('jobs.config.orphan_timeout', NEW.orphan_timeout, 'orphan_timeout');
+    PERFORM jobs._check_duration('jobs.config.retention', NEW.retention, 'retention');
+    PERFORM jobs._check_duration('jobs.config.backoff_initial', NEW.backoff_initial, 'backoff_initial');
+    PERFORM jobs._check_duration('jobs.config.backoff_max', NEW.backoff_max, 'backoff_max');
+    PERFORM jobs._check_range('jobs.config.max_attempts', NEW.max_attempts, 1, 1000);
+    PERFORM jobs._check_range('jobs.config.max_payload_bytes', NEW.max_payload_bytes, 2, 268435456);
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_config() IS
+'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds.';
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                    WHERE t.tgname = 'config_bounds' AND t.tgrelid = 'jobs.config'::regclass) THEN
+        CREATE TRIGGER config_bounds
+        BEFORE INSERT OR UPDATE ON jobs.config
+        FOR EACH ROW EXECUTE FUNCTION jobs._check_config();
+    END IF;
+END
+$$;
+COMMENT ON TRIGGER config_bounds ON jobs.config IS
+'Refuse settings out of bounds with 22023 naming the setting (jobs._check_config).';
 
 -- Who leads the scheduler, since when.
 -- The leader key (helpers.sql key table: 8099570450837490756, 'pgtickLD') is spelled out here rather than
@@ -328,9 +364,7 @@ DECLARE
     v_age interval := coalesce(prune.older_than, (SELECT c.retention FROM jobs.config AS c));
     v_count bigint;
 BEGIN
-    IF v_age < interval '0' THEN
-        RAISE EXCEPTION 'older_than must not be negative, got %', v_age USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_duration('older_than', v_age);
     PERFORM jobs._check_range('batch_size', prune.batch_size, 1, 1000000);
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r

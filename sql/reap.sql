@@ -1,17 +1,34 @@
 -- ===========================================================================
 -- reap.sql: the orphan sweep, set-based, on the database clock only.
---   * HeartbeatLost: RUNNING and the last heartbeat is older than the run's
---     heartbeat timeout (runs.heartbeat_timeout, else jobs.config's);
---   * Orphaned: RUNNING, never heartbeated, started longer ago than
+-- One pass fails every RUNNING run that is overdue, for the first of:
+--   * Timeout: started_at + the run's timeout has passed, whether or not its
+--     worker still heartbeats (a job hung in I/O, or a worker in a language
+--     with no timeout of its own, cannot hold its slot and caps forever);
+--   * HeartbeatLost: the last heartbeat is older than the run's heartbeat
+--     timeout (runs.heartbeat_timeout, else jobs.config's);
+--   * Orphaned: never heartbeated, started longer ago than
 --     jobs.config.orphan_timeout (generous: a worker that never heartbeats,
 --     such as a psql script, still gets time to finish);
--- then one insert of retry rows by policy. Rows another transaction holds
--- (a heartbeat or completion in flight) are skipped, never waited for, so the
--- sweep cannot deadlock with workers. The old owner is fenced by the status
+-- then one insert of retry rows by policy (retry.sql). Rows another transaction
+-- holds (a heartbeat or completion in flight) are skipped, never waited for, so
+-- the sweep cannot deadlock with workers. The old owner is fenced by the status
 -- change: its complete/fail/heartbeat no longer match.
+--
+-- Deadlines are compared as epoch seconds (numeric), never as timestamptz +
+-- interval: no row, however absurd its timestamps or intervals, can make the
+-- arithmetic overflow and stop the sweep for everyone. (A month counts 30 days.)
 -- ===========================================================================
 
--- Fail RUNNING runs whose worker went silent; returns each with its reason and retry run id.
+-- Private: the instant since + allowed, as epoch seconds (NULL when allowed is NULL); never overflows.
+CREATE OR REPLACE FUNCTION jobs._deadline(since timestamptz, allowed interval)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT extract(epoch FROM since) + extract(epoch FROM allowed) $$;
+COMMENT ON FUNCTION jobs._deadline(timestamptz, interval) IS
+'Private: since + allowed as epoch seconds (numeric: no overflow, infinity stays infinity); NULL when either is NULL.';
+
+-- Fail overdue RUNNING runs (Timeout, HeartbeatLost, Orphaned); returns each with its reason and retry run id.
 CREATE OR REPLACE FUNCTION jobs.reap()
 RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -20,36 +37,41 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_dead bigint[];
+    v_now numeric := extract(epoch FROM now());
 BEGIN
-    WITH cfg AS (
-        SELECT c.heartbeat_timeout, c.orphan_timeout FROM jobs.config AS c
+    WITH overdue AS (
+        SELECT s.id, first.reason
+          FROM jobs.runs AS s
+         CROSS JOIN jobs.config AS c
+         CROSS JOIN LATERAL (
+               SELECT d.reason FROM (VALUES
+                   ('Timeout', jobs._deadline(s.started_at, s.timeout)),
+                   ('HeartbeatLost',
+                    jobs._deadline(s.heartbeat_at, coalesce(s.heartbeat_timeout, c.heartbeat_timeout))),
+                   ('Orphaned',
+                    CASE WHEN s.heartbeat_at IS NULL THEN jobs._deadline(s.started_at, c.orphan_timeout) END)
+               ) AS d (reason, deadline)
+                WHERE d.deadline < v_now
+                ORDER BY d.deadline
+                LIMIT 1) AS first
+         WHERE s.status = 'RUNNING'
+         ORDER BY s.id
+           FOR UPDATE OF s SKIP LOCKED
     ),
-    lost AS (
+    failed AS (
         UPDATE jobs.runs AS r
-           SET status = 'FAILED', finished_at = now(), failure_reason = 'HeartbeatLost',
-               error = format('no heartbeat from worker %s since %s', r.worker, r.heartbeat_at)
-          FROM cfg
-         WHERE r.id IN (SELECT s.id FROM jobs.runs AS s CROSS JOIN cfg
-                         WHERE s.status = 'RUNNING' AND s.heartbeat_at IS NOT NULL
-                           AND s.heartbeat_at < now() - coalesce(s.heartbeat_timeout, cfg.heartbeat_timeout)
-                         ORDER BY s.id
-                           FOR UPDATE OF s SKIP LOCKED)
-        RETURNING r.id
-    ),
-    orphaned AS (
-        UPDATE jobs.runs AS r
-           SET status = 'FAILED', finished_at = now(), failure_reason = 'Orphaned',
-               error = format('worker %s never heartbeated since it started at %s', r.worker, r.started_at)
-          FROM cfg
-         WHERE r.id IN (SELECT s.id FROM jobs.runs AS s CROSS JOIN cfg
-                         WHERE s.status = 'RUNNING' AND s.heartbeat_at IS NULL
-                           AND s.started_at < now() - cfg.orphan_timeout
-                         ORDER BY s.id
-                           FOR UPDATE OF s SKIP LOCKED)
+           SET status = 'FAILED', finished_at = now(), failure_reason = o.reason,
+               error = CASE o.reason
+                   WHEN 'Timeout' THEN format('timeout of %s passed: started at %s by worker %s',
+                                              r.timeout, r.started_at, r.worker)
+                   WHEN 'HeartbeatLost' THEN format('no heartbeat from worker %s since %s', r.worker, r.heartbeat_at)
+                   ELSE format('worker %s never heartbeated since it started at %s', r.worker, r.started_at)
+               END
+          FROM overdue AS o
+         WHERE r.id = o.id AND r.status = 'RUNNING'
         RETURNING r.id
     )
-    SELECT array_agg(x.id) INTO v_dead
-      FROM (SELECT l.id FROM lost AS l UNION ALL SELECT o.id FROM orphaned AS o) AS x;
+    SELECT array_agg(f.id) INTO v_dead FROM failed AS f;
 
     IF v_dead IS NULL THEN
         RETURN;
@@ -69,4 +91,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.reap() IS
-'Fail RUNNING runs with a stale heartbeat (HeartbeatLost) or none after orphan_timeout (Orphaned), and queue their retries by policy.';
+'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned); queue their retries by policy. Returns run_id, reason, retry_run_id.';

@@ -12,6 +12,10 @@
 --   * attempts: runs.max_attempts, else the policy's, else jobs.config's.
 -- The caller passes the error's class and its base classes, and the failure
 -- reason is appended, so 'Error' or 'Timeout' can be allowed or denied too.
+-- The reaper passes none: a run it failed for Timeout counts as the class
+-- JobTimeout (what the Python driver reports for a timeout seen at a checkpoint),
+-- so one policy entry decides both; a hung job is the job's failure, not the
+-- infrastructure's, so unlike HeartbeatLost it needs the policy's allow.
 -- ===========================================================================
 
 -- Private: may a failure with these error classes be retried under this policy?
@@ -73,13 +77,16 @@ AS $$
        AND r.status = 'FAILED'
        AND r.attempt < coalesce(r.max_attempts, p.max_attempts, c.max_attempts)
        AND jobs._retry_allowed(p.deny, p.allow,
-                               coalesce(error_classes, '{}') || r.failure_reason,
+                               coalesce(error_classes,
+                                        CASE WHEN r.failure_reason = 'Timeout' THEN '{JobTimeout}'::text[]
+                                             ELSE '{}'::text[] END)
+                               || r.failure_reason,
                                r.failure_reason IN ('HeartbeatLost', 'Orphaned'))
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id
 $$;
 COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS
-'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id).';
+'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(
@@ -198,18 +205,21 @@ AS $$
 DECLARE
     v_policy jobs.retry_policies;
 BEGIN
-    PERFORM jobs._check_text('kind', set_retry_policy.kind, 200);
+    PERFORM jobs._check_name('kind', set_retry_policy.kind);
     PERFORM jobs._check_range('max_attempts', set_retry_policy.max_attempts, 1, 1000);
-    IF set_retry_policy.backoff_initial IS NULL OR set_retry_policy.backoff_initial < interval '0'
-       OR set_retry_policy.backoff_max IS NULL OR set_retry_policy.backoff_max < interval '0' THEN
-        RAISE EXCEPTION 'backoff_initial and backoff_max must be intervals >= 0' USING ERRCODE = '22023';
+    IF set_retry_policy.backoff_initial IS NULL OR set_retry_policy.backoff_max IS NULL THEN
+        RAISE EXCEPTION 'backoff_initial and backoff_max must be intervals, got NULL' USING ERRCODE = '22023';
     END IF;
-    IF set_retry_policy.backoff_factor IS NULL OR set_retry_policy.backoff_factor < 1
-       OR set_retry_policy.backoff_factor > 100 THEN
-        RAISE EXCEPTION 'backoff_factor must be between 1 and 100' USING ERRCODE = '22023';
+    PERFORM jobs._check_duration('backoff_initial', set_retry_policy.backoff_initial);
+    PERFORM jobs._check_duration('backoff_max', set_retry_policy.backoff_max);
+    -- NaN compares greater than every number in PostgreSQL: BETWEEN refuses it and infinities.
+    IF set_retry_policy.backoff_factor IS NULL OR set_retry_policy.backoff_factor NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'backoff_factor must be a number between 1 and 100, got %',
+            coalesce(set_retry_policy.backoff_factor::text, 'NULL') USING ERRCODE = '22023';
     END IF;
     IF set_retry_policy.jitter IS NULL OR set_retry_policy.jitter NOT BETWEEN 0 AND 1 THEN
-        RAISE EXCEPTION 'jitter must be between 0 and 1' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'jitter must be a number between 0 and 1, got %',
+            coalesce(set_retry_policy.jitter::text, 'NULL') USING ERRCODE = '22023';
     END IF;
     INSERT INTO jobs.retry_policies AS p (
         kind, allow, deny, max_attempts, backoff_initial, backoff_factor, backoff_max, jitter

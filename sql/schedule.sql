@@ -95,8 +95,8 @@ DECLARE
     v_new jobs.definitions;
     v_superseded bigint[];
 BEGIN
-    PERFORM jobs._check_text('name', define.name, 200);
-    PERFORM jobs._check_text('kind', define.kind, 200);
+    PERFORM jobs._check_name('name', define.name);
+    PERFORM jobs._check_name('kind', define.kind);
     IF (define.schedule IS NULL) = (define.run_at IS NULL) THEN
         RAISE EXCEPTION 'definition %: give exactly one of schedule (recurring) or run_at (one-shot)',
             quote_literal(define.name) USING ERRCODE = '22023';
@@ -124,8 +124,8 @@ BEGIN
         RAISE EXCEPTION 'overlap_policy must be queue, skip, buffer_one or cancel_other, got %',
             coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
     END IF;
-    PERFORM jobs._check_positive('timeout', define.timeout);
-    PERFORM jobs._check_positive('heartbeat_timeout', define.heartbeat_timeout);
+    PERFORM jobs._check_duration('timeout', define.timeout);
+    PERFORM jobs._check_duration('heartbeat_timeout', define.heartbeat_timeout);
     PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
     IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
         RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)

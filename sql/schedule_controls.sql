@@ -242,10 +242,8 @@ DECLARE
     v_def jobs.definitions;
     v_row jobs.backfills;
 BEGIN
-    IF backfill."from" IS NULL OR backfill."to" IS NULL
-       OR NOT isfinite(backfill."from") OR NOT isfinite(backfill."to") THEN
-        RAISE EXCEPTION 'backfill from and to must be finite timestamps' USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_instant('backfill from', backfill."from");
+    PERFORM jobs._check_instant('backfill to', backfill."to");
     IF backfill."from" > backfill."to" THEN
         RAISE EXCEPTION 'backfill from (%) is after to (%)', backfill."from", backfill."to"
             USING ERRCODE = '22023';

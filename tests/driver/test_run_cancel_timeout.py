@@ -91,3 +91,60 @@ def test_timeout_fails_the_run_with_reason_timeout(db: Database, tmp_path: Path)
     assert timedelta(seconds=1) <= run[2] < timedelta(seconds=4), f"not stopped at its 1 s timeout: {context}"
     assert retries == 0, f"a kind with max_attempts 1 was retried: {context}"
     assert executions == [(run_id, "JobTimeout")], context
+
+
+def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_retried(
+    db: Database, tmp_path: Path
+) -> None:
+    """A job blocked in time.sleep (no checkpoint) on a run with a 2 s timeout keeps
+    heartbeating, yet the scheduler's reap fails it as Timeout long before the sleep ends; the
+    worker sees the run as no longer its own, the retry runs and completes, and the hung
+    attempt's late return changes nothing (the worker does not report it)."""
+    hang = 12.0  # seconds: the run must be failed well before this
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("hang_app.py", "replica")
+        run_id = scalar(
+            conn,
+            "SELECT id FROM jobs.enqueue('hangs', jsonb_build_object('seconds', %s::float8),"
+            " timeout => '2 seconds')",
+            (hang,),
+        )
+        retry_id = wait_for(
+            f"the retry of run {run_id} to complete",
+            lambda: scalar(
+                conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
+            ),
+            timeout=hang + 30,
+        )
+        facts = (
+            "SELECT status::text, failure_reason, error, heartbeat_at - started_at,"
+            " finished_at - started_at, result, worker FROM jobs.runs WHERE id = %s"
+        )
+        failed = conn.execute(facts, (run_id,)).fetchone()
+        retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
+        returned = wait_for(
+            f"the hung attempt of run {run_id} to return",
+            lambda: scalar(
+                conn,
+                "SELECT outcome FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
+                (run_id,),
+            ),
+            timeout=hang + 30,
+        )
+        replica.wait_log(rf"run={run_id} kind=hangs abandoned: result not reported", timeout=15)
+        after = conn.execute(facts, (run_id,)).fetchone()
+        log = replica.log()
+
+    assert failed is not None and retry is not None
+    context = f"run {run_id}: {failed}; retry {retry_id}: {retry}\n{log}"
+    status, reason, error, beating, lasted, result, worker = failed
+    assert (status, reason) == ("FAILED", "Timeout"), context
+    assert "timeout" in error and worker == replica.worker_id and result is None, context
+    assert beating > timedelta(seconds=1), f"heartbeats stopped while the job hung: {context}"
+    assert timedelta(seconds=2) <= lasted < timedelta(seconds=hang), f"not ended by the server: {context}"
+    assert retry == (2, {"attempt": 2}), context
+    assert returned == "returned", context
+    assert after == failed, f"the hung attempt's late return changed its run: {after} != {failed}\n{log}"
+    assert f"run={run_id} kind=hangs worker={worker} abandoned: no longer ours" in log, (
+        f"the worker's heartbeat never saw the run as lost: {log}"
+    )

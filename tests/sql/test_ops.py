@@ -360,7 +360,8 @@ def test_prune_defaults_to_the_configured_retention(conn: Conn) -> None:
 
 def test_prune_rejects_bad_arguments(conn: Conn) -> None:
     finish_old(conn, 1, age="30 days")
-    expect_error(conn, "SELECT jobs.prune('-1 day')", None, "22023", "negative")
+    expect_error(conn, "SELECT jobs.prune('-1 day')", None, "22023", "older_than")
+    expect_error(conn, "SELECT jobs.prune('1000000 years')", None, "22023", "older_than", "100 years")
     expect_error(conn, "SELECT jobs.prune('1 day', 0)", None, "22023", "batch_size")
     expect_error(conn, "SELECT jobs.prune('1 day', NULL)", None, "22023", "batch_size")
     assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1

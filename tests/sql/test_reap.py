@@ -8,6 +8,9 @@ test's clock), except where a short real wait checks a real due time.
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+
+import pytest
 
 from harness import Conn, add_runs, digest, run_row, scalar
 
@@ -141,3 +144,118 @@ def test_reap_is_set_based_over_many_runs(conn: Conn) -> None:
     assert reaped == [(i, "HeartbeatLost") for i in stale]
     alive = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, 'w1') ORDER BY 1", (ids,))
     assert [r[0] for r in alive] == ids[20:]
+
+
+def test_run_past_its_timeout_is_reaped_as_timeout_while_it_still_heartbeats(conn: Conn) -> None:
+    """The timeout is the server's: a run whose worker heartbeats on time but whose
+    started_at + timeout has passed is failed as Timeout in the same reap pass as the lost ones,
+    returned by reap() with its retry; its worker is fenced (a late complete, fail or heartbeat
+    changes nothing) and the retry is claimed and completed by another worker."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('hangs', max_attempts => 2, backoff_initial => '0', jitter => 0)"
+    )
+    hung = _enqueue(conn, "hangs", timeout="30 seconds", payload='{"n": 1}')
+    within = _enqueue(conn, "hangs", timeout="30 seconds")
+    lost = _enqueue(conn, "other")
+    claimed = {r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w1', heartbeat => true)")}
+    assert claimed == {hung, within, lost}
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '31 seconds' WHERE id = %s", (hung,))
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '29 seconds' WHERE id = %s", (within,))
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", (lost,))
+    beat = conn.execute(
+        "SELECT run_id FROM jobs.heartbeat(ARRAY[%s, %s]::bigint[], 'w1') ORDER BY 1", (hung, within)
+    )
+    assert [r[0] for r in beat] == sorted([hung, within]), "the hung run's heartbeats still arrive"
+
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
+    assert [r[:2] for r in reaped] == [(hung, "Timeout"), (lost, "HeartbeatLost")], reaped
+    retry_id = reaped[0][2]
+    assert retry_id is not None, f"the policy allows 2 attempts: the Timeout must be retried: {reaped}"
+    failed = run_row(conn, hung)
+    assert (failed["status"], failed["failure_reason"]) == ("FAILED", "Timeout"), failed
+    assert "timeout" in failed["error"] and "w1" in failed["error"], failed["error"]
+    assert run_row(conn, within)["status"] == "RUNNING", "a run within its timeout is not reaped"
+
+    _assert_fenced(conn, hung, "w1")
+    assert _claim_one(conn, "w2", "hangs") == retry_id
+    retry = run_row(conn, retry_id)
+    assert (retry["attempt"], retry["retry_of"], retry["timeout"]) == (2, hung, timedelta(seconds=30)), retry
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1', '{\"late\": 1}')", (retry_id,)) is False
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w2', '{\"ok\": 1}')", (retry_id,)) is True
+    assert run_row(conn, hung)["result"] is None, "the late worker's result must not land"
+
+
+@pytest.mark.parametrize(
+    ("allow", "deny", "retried"),
+    [
+        (None, [], True),  # every class allowed
+        (["JobTimeout"], [], True),  # the class the Python driver reports for a timeout
+        (["Timeout"], [], True),  # the failure reason counts as a class
+        (["ConnectionError"], [], False),  # a hung job is not an infrastructure failure
+        (None, ["Timeout"], False),  # deny wins
+    ],
+)
+def test_a_server_timeout_is_retried_by_the_kinds_policy(
+    conn: Conn, allow: list[str] | None, deny: list[str], retried: bool
+) -> None:
+    conn.execute(
+        "SELECT jobs.set_retry_policy('hangs', %s, %s, max_attempts => 3, jitter => 0)", (allow, deny)
+    )
+    run_id = _enqueue(conn, "hangs", timeout="1 second")
+    assert _claim_one(conn, "w1", "hangs") == run_id
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '2 seconds' WHERE id = %s", (run_id,))
+    reaped = conn.execute("SELECT run_id, reason, retry_run_id IS NOT NULL FROM jobs.reap()").fetchall()
+    assert reaped == [(run_id, "Timeout", retried)], f"allow={allow} deny={deny}: {reaped}"
+
+
+def test_the_deadline_that_passed_first_names_the_reason(conn: Conn) -> None:
+    """A run both silent and past its timeout is failed for whichever deadline came first."""
+    silent_first = _enqueue(conn, "k", timeout="1 hour", heartbeat_timeout="1 minute")
+    timed_out_first = _enqueue(conn, "k", timeout="1 minute", heartbeat_timeout="1 hour")
+    never_beat = _enqueue(conn, "k", timeout="2 hours")
+    assert len(conn.execute("SELECT id FROM jobs.claim(3, 'w1')").fetchall()) == 3
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = now() - interval '3 hours',"
+        " heartbeat_at = now() - interval '170 minutes' WHERE id IN (%s, %s)",
+        (silent_first, timed_out_first),
+    )
+    conn.execute("UPDATE jobs.runs SET started_at = now() - interval '3 hours' WHERE id = %s", (never_beat,))
+    reaped = conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
+    assert reaped == [
+        (silent_first, "HeartbeatLost"),  # silent at 2:49 ago, timeout only at 2:00 ago
+        (timed_out_first, "Timeout"),  # timed out at 2:59 ago, silent only at 1:50 ago
+        (never_beat, "Orphaned"),  # orphan timeout (1 hour) at 2:00 ago, timeout at 1:00 ago
+    ], reaped
+
+
+def test_reap_survives_absurd_rows_written_around_the_constraints(conn: Conn) -> None:
+    """The constraints make these rows impossible; should one exist anyway (the constraints
+    dropped, a restore without them), the reaper's arithmetic still cannot overflow: it sweeps
+    the stale run next to them, and the absurd rows are judged, never a reason to stop."""
+    stale = _enqueue(conn, "k")
+    huge = _enqueue(conn, "k")
+    endless = _enqueue(conn, "k")
+    beyond = _enqueue(conn, "k")
+    assert len(conn.execute("SELECT id FROM jobs.claim(4, 'w1', heartbeat => true)").fetchall()) == 4
+    with conn.transaction():
+        conn.execute(
+            "ALTER TABLE jobs.runs DROP CONSTRAINT runs_timeout_check,"
+            " DROP CONSTRAINT runs_heartbeat_timeout_check;"
+            "ALTER TABLE jobs.config DISABLE TRIGGER config_bounds,"
+            " DROP CONSTRAINT config_heartbeat_timeout_check, DROP CONSTRAINT config_orphan_timeout_check"
+        )
+        conn.execute(
+            "UPDATE jobs.config SET heartbeat_timeout = '178000000 years', orphan_timeout = '178000000 years'"
+        )
+        for sets, run_id in [
+            ("heartbeat_timeout = '1 minute', heartbeat_at = now() - interval '1 hour'", stale),
+            ("timeout = '178000000 years', heartbeat_timeout = '178000000 years'", huge),
+            ("started_at = '-infinity', heartbeat_at = '-infinity', timeout = '1 second'", endless),
+            ("started_at = '294276-12-31', heartbeat_at = 'infinity', timeout = '178000000 years'", beyond),
+        ]:
+            conn.execute(f"UPDATE jobs.runs SET {sets} WHERE id = %s", (run_id,))
+    reaped = conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
+    assert reaped == [(stale, "HeartbeatLost"), (endless, "Timeout")], reaped
+    still = conn.execute("SELECT id FROM jobs.runs WHERE status = 'RUNNING' ORDER BY id").fetchall()
+    assert [r[0] for r in still] == [huge, beyond], still
+    assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "a second pass finds nothing new"

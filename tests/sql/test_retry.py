@@ -218,42 +218,46 @@ def test_operator_retry_ignores_policy_once(conn: Conn) -> None:
     assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(again[0],)]
 
 
-def test_absurd_backoff_cannot_wedge_fail_or_reap(conn: Conn) -> None:
-    """Regression: a policy (or jobs.config) with a backoff of 400,000 years made now() +
-    backoff overflow, so every jobs.fail() and every jobs.reap() meeting that kind raised 22008
-    and rolled back: the run stayed RUNNING and the whole reaper was stuck. The delay is now
-    clamped to 100 years (before jitter)."""
-    _policy(
+def test_absurd_backoff_is_refused_where_written_and_the_largest_keeps_fail_and_reap_working(
+    conn: Conn,
+) -> None:
+    """A backoff of 400,000 years once made now() + backoff overflow, so every jobs.fail() and
+    jobs.reap() meeting that kind raised 22008 and rolled back. Such a value is now refused
+    where it is written (the policy, jobs.config, a direct UPDATE of either), and the largest
+    accepted ones (366 days, factor 100, attempt 999) still give a retry 366 days out."""
+    expect_error(
         conn,
-        "forever",
-        max_attempts=3,
-        backoff_initial="400000 years",
-        backoff_max="400000 years",
-        jitter=0,
+        "SELECT jobs.set_retry_policy('forever', backoff_initial => '400000 years')",
+        None,
+        "22023",
+        "backoff_initial",
+        "366 days",
     )
+    expect_error(
+        conn, "UPDATE jobs.config SET backoff_max = '400000 years'", None, "22023", "backoff_max", "366 days"
+    )
+    _policy(conn, "forever", max_attempts=1000, backoff_initial="366 days", backoff_factor=100, jitter=0)
+    expect_error(
+        conn, "UPDATE jobs.retry_policies SET backoff_max = '400000 years'", None, "23514", "backoff_max"
+    )
+    conn.execute("UPDATE jobs.retry_policies SET backoff_max = '366 days'")
+
+    earlier = int(scalar(conn, "SELECT id FROM jobs.enqueue('forever', run_at => now() + interval '1 day')"))
     run_id = _start(conn, "forever")
+    conn.execute("UPDATE jobs.runs SET attempt = 999, retry_of = %s WHERE id = %s", (earlier, run_id))
     retry = _fail(conn, run_id, ["E"])
-    assert retry is not None and retry["status"] == "QUEUED"
-    years = scalar(
+    assert retry is not None and retry["status"] == "QUEUED", retry
+    days = scalar(
         conn,
-        "SELECT extract(epoch FROM scheduled_for - now()) / 31557600 FROM jobs.runs WHERE id = %s",
+        "SELECT extract(epoch FROM scheduled_for - now()) / 86400 FROM jobs.runs WHERE id = %s",
         (retry["id"],),
     )
-    assert 99 < float(years) <= 100.01
+    assert 365.99 <= float(days) <= 366, f"retry after attempt 999 is {days} days out"
 
     reaped_id = _start(conn, "forever")
     conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (reaped_id,))
     reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
-    assert [r[:2] for r in reaped] == [(reaped_id, "HeartbeatLost")] and reaped[0][2] is not None
-
-    # The same through jobs.config for kinds without a policy.
-    conn.execute(
-        "UPDATE jobs.config SET max_attempts = 2,"
-        " backoff_initial = '400000 years', backoff_max = '400000 years'"
-    )
-    plain = _start(conn, "no-policy")
-    got = _fail(conn, plain, ["E"])
-    assert got is not None and got["status"] == "QUEUED"
+    assert [r[:2] for r in reaped] == [(reaped_id, "HeartbeatLost")] and reaped[0][2] is not None, reaped
 
 
 def _failed(conn: Conn, kind: str = "k") -> int:

@@ -1,0 +1,389 @@
+"""Bounds: every duration and number pgtick stores is range-checked where it is written.
+
+A value out of bounds is refused with 22023 and a message naming the field and its range, by
+every API function that writes it and by ``UPDATE jobs.config`` (the operator's way to change
+settings); a direct write to any other table is refused by its CHECK constraint (23514, the
+constraint named after the column). Nothing is half-applied. The bounds exist because a huge
+heartbeat timeout made every jobs.reap() overflow (now() - interval), a huge timeout could not
+be read by the driver (Python's timedelta ends at 999999999 days) so a claimed batch was lost,
+and a deeply nested payload could not be decoded by the driver at all.
+
+An upgrade clamps rows written before the bounds existed, so it never fails on them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Conn, Server, add_definition, add_runs, claim, digest, expect_error, psql_binary, scalar
+from pgtick import migrate
+
+INVALID = "22023"
+CHECK = "23514"
+HUGE = "1000000 years"
+DEEP = "repeat('[', 150) || repeat(']', 150)"  # JSON text nested 150 levels
+DEEP_OBJECT = f"jsonb_build_object('a', ({DEEP})::jsonb)"
+
+# (statement, SQLSTATE, words the message must contain: the field, then its range)
+WRITERS: list[tuple[str, str, tuple[str, ...]]] = [
+    # jobs.enqueue
+    (f"SELECT jobs.enqueue('k', timeout => '{HUGE}')", INVALID, ("timeout", "366 days")),
+    ("SELECT jobs.enqueue('k', timeout => '500 milliseconds')", INVALID, ("timeout", "1 second")),
+    ("SELECT jobs.enqueue('k', timeout => '400 days')", INVALID, ("timeout", "366 days")),
+    ("SELECT jobs.enqueue('k', timeout => '13 months')", INVALID, ("timeout", "366 days")),
+    (f"SELECT jobs.enqueue('k', heartbeat_timeout => '{HUGE}')", INVALID, ("heartbeat_timeout", "366 days")),
+    (
+        "SELECT jobs.enqueue('k', heartbeat_timeout => '10 ms')",
+        INVALID,
+        ("heartbeat_timeout", "100 milliseconds"),
+    ),
+    (
+        f"SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '{HUGE}')",
+        INVALID,
+        ("unique_for", "100 years"),
+    ),
+    (f"SELECT jobs.enqueue('k', {DEEP_OBJECT})", INVALID, ("payload", "100 levels")),
+    # times a driver cannot hold in every zone (Python's datetime: years 1 to 9999)
+    ("SELECT jobs.enqueue('k', run_at => '9999-12-31 00:00+00')", INVALID, ("run_at", "9999-12-30")),
+    ("SELECT jobs.enqueue('k', run_at => '0001-01-01 00:00+00 BC')", INVALID, ("run_at", "0001-01-02")),
+    # names: no control characters (they forge log lines and break the CLI's tables)
+    ("SELECT jobs.enqueue('a' || chr(10) || 'b')", INVALID, ("kind", "control characters")),
+    ("SELECT jobs.enqueue('k', queue => 'q' || chr(9))", INVALID, ("queue", "control characters")),
+    # jobs.enqueue_many
+    (f"SELECT jobs.enqueue_many('k', '[{{}}]', timeout => '{HUGE}')", INVALID, ("timeout", "366 days")),
+    (
+        f"SELECT jobs.enqueue_many('k', '[{{}}]', heartbeat_timeout => '{HUGE}')",
+        INVALID,
+        ("heartbeat_timeout", "366 days"),
+    ),
+    (
+        f"SELECT jobs.enqueue_many('k', jsonb_build_array('{{}}'::jsonb, {DEEP_OBJECT}))",
+        INVALID,
+        ("payloads[1]", "100 levels"),
+    ),
+    (
+        "SELECT jobs.enqueue_many('k', '[{}]', run_at => '294276-01-01 00:00+00')",
+        INVALID,
+        ("run_at", "9999-12-30"),
+    ),
+    ("SELECT jobs.enqueue_many(chr(27) || '[31m', '[{}]')", INVALID, ("kind", "control characters")),
+    # jobs.define
+    (f"SELECT jobs.define('d', 'k', '* * * * *', timeout => '{HUGE}')", INVALID, ("timeout", "366 days")),
+    (
+        f"SELECT jobs.define('d', 'k', '* * * * *', heartbeat_timeout => '{HUGE}')",
+        INVALID,
+        ("heartbeat_timeout", "366 days"),
+    ),
+    (
+        f"SELECT jobs.define('d', 'k', '* * * * *', payload => {DEEP_OBJECT})",
+        INVALID,
+        ("payload", "100 levels"),
+    ),
+    (
+        "SELECT jobs.define('d', 'k', '* * * * *', max_concurrent_runs => 100001)",
+        INVALID,
+        ("max_concurrent_runs", "100000"),
+    ),
+    ("SELECT jobs.define('d', 'k', run_at => '0044-03-15 00:00+00 BC')", INVALID, ("run_at", "0001-01-02")),
+    (
+        "SELECT jobs.define('n' || chr(13) || chr(10), 'k', '* * * * *')",
+        INVALID,
+        ("name", "control characters"),
+    ),
+    ("SELECT jobs.define('d', 'k' || chr(7), '* * * * *')", INVALID, ("kind", "control characters")),
+    # jobs.define_many: seconds or interval text
+    (
+        f"""SELECT jobs.define_many('[{{"name": "d", "kind": "k", "schedule": "* * * * *",
+                                       "timeout": "{HUGE}"}}]')""",
+        INVALID,
+        ("timeout", "366 days"),
+    ),
+    (
+        """SELECT jobs.define_many('[{"name": "d", "kind": "k", "schedule": "* * * * *",
+                                     "heartbeat_timeout": 1e12}]')""",
+        INVALID,
+        ("heartbeat_timeout", "366 days"),
+    ),
+    (
+        """SELECT jobs.define_many('[{"name": "d", "kind": "k", "schedule": "* * * * *",
+                                     "timeout": 1e300}]')""",
+        INVALID,
+        ("timeout", "seconds", "366 days"),
+    ),
+    (
+        """SELECT jobs.define_many('[{"name": "d", "kind": "k", "schedule": "* * * * *",
+                                     "timeout": 0.5}]')""",
+        INVALID,
+        ("timeout", "1 second"),
+    ),
+    (
+        f"""SELECT jobs.define_many(jsonb_build_array(jsonb_build_object(
+                'name', 'd', 'kind', 'k', 'schedule', '* * * * *', 'payload', {DEEP_OBJECT})))""",
+        INVALID,
+        ("payload", "100 levels"),
+    ),
+    (
+        """SELECT jobs.define_many(jsonb_build_array(jsonb_build_object(
+                'name', 'd', 'kind', 'k', 'schedule', '* * * * *',
+                'payload', jsonb_build_object('x', repeat('a', 1100000)))))""",
+        INVALID,
+        ("payload", "max_payload_bytes"),
+    ),
+    (
+        """SELECT jobs.define_many('[{"name": "d", "kind": "k", "run_at": "10000-01-01T00:00:00Z"}]')""",
+        INVALID,
+        ("run_at", "9999-12-30"),
+    ),
+    # jobs.run_now
+    (f"SELECT jobs.run_now('defined', {DEEP_OBJECT})", INVALID, ("payload", "100 levels")),
+    # jobs.backfill: a window the scheduler's driver could not compute in
+    (
+        "SELECT jobs.backfill('hourly', '4713-11-24 00:00+00 BC', '4713-11-25 00:00+00 BC')",
+        INVALID,
+        ("backfill from", "0001-01-02"),
+    ),
+    # jobs.set_retry_policy
+    (
+        f"SELECT jobs.set_retry_policy('k', backoff_initial => '{HUGE}')",
+        INVALID,
+        ("backoff_initial", "366 days"),
+    ),
+    (f"SELECT jobs.set_retry_policy('k', backoff_max => '{HUGE}')", INVALID, ("backoff_max", "366 days")),
+    ("SELECT jobs.set_retry_policy('k', backoff_factor => 1e6)", INVALID, ("backoff_factor", "100")),
+    ("SELECT jobs.set_retry_policy('k', backoff_factor => 'NaN')", INVALID, ("backoff_factor", "100")),
+    ("SELECT jobs.set_retry_policy('k', jitter => 'Infinity')", INVALID, ("jitter", "between 0 and 1")),
+    ("SELECT jobs.set_retry_policy('k', max_attempts => 1001)", INVALID, ("max_attempts", "1000")),
+    ("SELECT jobs.set_retry_policy('k' || chr(127))", INVALID, ("kind", "control characters")),
+    # jobs.set_limit, jobs.snooze, jobs.prune
+    ("SELECT jobs.set_limit('queue', 'q', max_running => 1000001)", INVALID, ("max_running", "1000000")),
+    (
+        "SELECT jobs.set_limit('queue', 'q' || chr(10), max_running => 1)",
+        INVALID,
+        ("name", "control characters"),
+    ),
+    ("SELECT jobs.pause_queue('q' || chr(10))", INVALID, ("name", "control characters")),
+    (
+        f"SELECT jobs.set_limit('queue', 'q', rate_limit => 1, rate_period => '{HUGE}')",
+        INVALID,
+        ("rate_period", "1 day"),
+    ),
+    (f"SELECT jobs.snooze(%(RUNNING)s, 'w1', '{HUGE}')", INVALID, ("delay", "365 days")),
+    (f"SELECT jobs.prune('{HUGE}')", INVALID, ("older_than", "100 years")),
+    # UPDATE jobs.config: the operator's writer, checked by its trigger
+    (
+        f"UPDATE jobs.config SET heartbeat_timeout = '{HUGE}'",
+        INVALID,
+        ("jobs.config.heartbeat_timeout", "366 days"),
+    ),
+    (
+        "UPDATE jobs.config SET heartbeat_timeout = '1 microsecond'",
+        INVALID,
+        ("jobs.config.heartbeat_timeout", "100 milliseconds"),
+    ),
+    (
+        f"UPDATE jobs.config SET orphan_timeout = '{HUGE}'",
+        INVALID,
+        ("jobs.config.orphan_timeout", "366 days"),
+    ),
+    (f"UPDATE jobs.config SET retention = '{HUGE}'", INVALID, ("jobs.config.retention", "100 years")),
+    (
+        f"UPDATE jobs.config SET backoff_initial = '{HUGE}'",
+        INVALID,
+        ("jobs.config.backoff_initial", "366 days"),
+    ),
+    (f"UPDATE jobs.config SET backoff_max = '{HUGE}'", INVALID, ("jobs.config.backoff_max", "366 days")),
+    ("UPDATE jobs.config SET max_attempts = 0", INVALID, ("jobs.config.max_attempts", "1000")),
+    ("UPDATE jobs.config SET max_payload_bytes = 1", INVALID, ("jobs.config.max_payload_bytes", "268435456")),
+    # Direct writes to the other tables: their CHECK constraints
+    (f"UPDATE jobs.runs SET timeout = '{HUGE}'", CHECK, ("runs_timeout_check",)),
+    (f"UPDATE jobs.runs SET heartbeat_timeout = '{HUGE}'", CHECK, ("runs_heartbeat_timeout_check",)),
+    ("UPDATE jobs.runs SET heartbeat_timeout = '1 ms'", CHECK, ("runs_heartbeat_timeout_check",)),
+    (f"UPDATE jobs.definitions SET timeout = '{HUGE}'", CHECK, ("definitions_timeout_check",)),
+    (
+        f"UPDATE jobs.definitions SET heartbeat_timeout = '{HUGE}'",
+        CHECK,
+        ("definitions_heartbeat_timeout_check",),
+    ),
+    (
+        "UPDATE jobs.definitions SET max_concurrent_runs = 100001",
+        CHECK,
+        ("definitions_max_concurrent_runs_check",),
+    ),
+    (
+        "UPDATE jobs.retry_policies SET backoff_factor = 'NaN'",
+        CHECK,
+        ("retry_policies_backoff_factor_check",),
+    ),
+    (
+        f"UPDATE jobs.retry_policies SET backoff_initial = '{HUGE}'",
+        CHECK,
+        ("retry_policies_backoff_initial_check",),
+    ),
+    (f"UPDATE jobs.retry_policies SET backoff_max = '{HUGE}'", CHECK, ("retry_policies_backoff_max_check",)),
+    (
+        f"INSERT INTO jobs.runs (kind, timeout) VALUES ('k', '{HUGE}')",
+        CHECK,
+        ("runs_timeout_check",),
+    ),
+]
+
+
+def _seed(conn: Conn) -> dict[str, Any]:
+    """Definitions (one-shot, recurring), a retry policy and a RUNNING run for the writers to meet."""
+    add_definition(conn, "defined")
+    conn.execute("SELECT jobs.define('hourly', 'k', '0 * * * *')")
+    conn.execute("SELECT jobs.set_retry_policy('k')")
+    (running,) = add_runs(conn, 1)
+    assert claim(conn, "w1") == [running]
+    return {"RUNNING": running}
+
+
+def _label(case: tuple[str, str, tuple[str, ...]]) -> str:
+    return " ".join(case[0].split())[:80]
+
+
+@pytest.mark.parametrize(("sql", "sqlstate", "mentions"), WRITERS, ids=[_label(c) for c in WRITERS])
+def test_out_of_range_value_is_refused_by_name_and_range_and_changes_nothing(
+    conn: Conn, sql: str, sqlstate: str, mentions: tuple[str, ...]
+) -> None:
+    ids = _seed(conn)
+    before = digest(conn)
+    expect_error(conn, sql % ids if "%(" in sql else sql, None, sqlstate, *mentions)
+    assert digest(conn) == before, f"{sql}: changed the database"
+
+
+def test_config_check_constraints_hold_without_the_trigger(conn: Conn) -> None:
+    """The trigger gives the readable 22023; the CHECK constraints hold even if it is disabled."""
+    conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER config_bounds")
+    for column in ("heartbeat_timeout", "orphan_timeout", "retention", "backoff_initial", "backoff_max"):
+        before = digest(conn)
+        expect_error(
+            conn, f"UPDATE jobs.config SET {column} = '{HUGE}'", None, CHECK, f"config_{column}_check"
+        )
+        assert digest(conn) == before
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        ("SELECT timeout FROM jobs.enqueue('k', timeout => '1 second')", "00:00:01"),
+        ("SELECT timeout FROM jobs.enqueue('k', timeout => '366 days')", "366 days"),
+        ("SELECT timeout FROM jobs.enqueue('k', timeout => '1 year')", "1 year"),
+        ("SELECT heartbeat_timeout FROM jobs.enqueue('k', heartbeat_timeout => '100 ms')", "00:00:00.1"),
+        ("SELECT backoff_initial FROM jobs.set_retry_policy('k', backoff_initial => '0')", "00:00:00"),
+        ("SELECT (jobs.prune('0'))::text", "0"),
+        (
+            "SELECT payload->>'n' FROM jobs.enqueue('k', jsonb_build_object('n', 1, 'deep',"
+            " (repeat('[', 98) || repeat(']', 98))::jsonb))",
+            "1",
+        ),
+    ],
+)
+def test_the_bounds_themselves_are_accepted(conn: Conn, sql: str, expected: str) -> None:
+    assert str(scalar(conn, f"SELECT x::text FROM ({sql}) AS q (x)")) == expected
+
+
+# -- upgrade ---------------------------------------------------------------------------------
+
+# Rows a database could hold before the bounds existed, all accepted then.
+ABSURD_ROWS = f"""
+UPDATE jobs.config SET heartbeat_timeout = '{HUGE}', orphan_timeout = '1 microsecond',
+       retention = '{HUGE}', backoff_initial = '{HUGE}', backoff_max = '{HUGE}';
+INSERT INTO jobs.definitions (name, kind, run_at, enabled, timeout, heartbeat_timeout, max_concurrent_runs)
+VALUES ('absurd', 'k', '2999-01-01', false, '{HUGE}', '1 microsecond', 2000000000);
+INSERT INTO jobs.runs (kind, timeout, heartbeat_timeout) VALUES ('k', '{HUGE}', '{HUGE}');
+INSERT INTO jobs.runs (kind, timeout) VALUES ('k', '1 microsecond');
+INSERT INTO jobs.runs (kind) VALUES ('k');
+INSERT INTO jobs.retry_policies (kind, backoff_initial, backoff_factor, backoff_max)
+VALUES ('nan', '{HUGE}', 'NaN', '{HUGE}'), ('inf', '1 second', 'Infinity', '1 hour');
+"""
+
+
+def _schema_before_bounds(into: Path) -> Path:
+    """sql/ and migrations/ as they were before migrations/0010_bounds.sql was added."""
+    root = migrate.schema_root()
+    added = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", "migrations/0010_bounds.sql"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if added.returncode != 0:
+        pytest.fail(f"the upgrade test needs the git history of {root}: {added.stderr.strip()}")
+    ref = f"{added.stdout.split()[-1]}^" if added.stdout.split() else "HEAD"
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, "sql", "migrations"], cwd=root, capture_output=True
+    )
+    assert archive.returncode == 0, archive.stderr.decode()
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    (into / "migrations" / "0010_bounds.sql").unlink(missing_ok=True)
+    install = into / "sql" / "install.sql"
+    install.write_text(
+        install.read_text().replace("\\set migration 0010_bounds \\ir ../migrations/apply.sql\n", "")
+    )
+    return install
+
+
+def test_upgrade_clamps_rows_written_before_the_bounds_and_reap_then_works(
+    pg: Server, tmp_path: Path
+) -> None:
+    """A database with absurd values from before the bounds upgrades without error: every
+    value is clamped into its bounds (huge to the largest, tiny to the smallest, NaN factor to
+    the default 2), and the reaper, which those values made fail, sweeps again."""
+    database = pg.create_empty_database()
+    try:
+        installed = subprocess.run(
+            [
+                psql_binary(),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                database.dsn,
+                "-f",
+                str(_schema_before_bounds(tmp_path / "old")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert installed.returncode == 0, installed.stderr
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            conn.execute(ABSURD_ROWS)
+            migrate.apply(conn)
+            config = conn.execute(
+                "SELECT heartbeat_timeout::text, orphan_timeout::text, retention::text,"
+                " backoff_initial::text, backoff_max::text FROM jobs.config"
+            ).fetchone()
+            definition = conn.execute(
+                "SELECT timeout::text, heartbeat_timeout::text, max_concurrent_runs FROM jobs.definitions"
+            ).fetchone()
+            runs = conn.execute(
+                "SELECT timeout::text, heartbeat_timeout::text FROM jobs.runs ORDER BY id"
+            ).fetchall()
+            policies = conn.execute(
+                "SELECT kind, backoff_initial::text, backoff_factor, backoff_max::text"
+                " FROM jobs.retry_policies ORDER BY kind"
+            ).fetchall()
+            # Runs claimed and gone silent are reaped (the huge heartbeat timeout was clamped).
+            claimed = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'w1', heartbeat => true)")]
+            conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '400 days'")
+            reaped = conn.execute("SELECT run_id, reason FROM jobs.reap() ORDER BY 1").fetchall()
+    finally:
+        pg.drop_database(database)
+
+    assert config == ("366 days", "00:00:00.1", "100 years", "366 days", "366 days"), config
+    assert definition == ("366 days", "00:00:00.1", 100000), definition
+    assert runs == [("366 days", "366 days"), ("00:00:01", None), (None, None)], runs
+    assert policies == [
+        ("inf", "00:00:01", 100.0, "01:00:00"),
+        ("nan", "366 days", 2.0, "366 days"),
+    ], policies
+    assert len(claimed) == 3 and sorted(r[0] for r in reaped) == sorted(claimed), (claimed, reaped)
