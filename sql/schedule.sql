@@ -330,10 +330,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_id bigint;
     v_cancelled integer;
 BEGIN
+    -- The row lock serializes with everything that adds runs of the definition: materializing
+    -- (jobs.materialize, materialize_many, materialize_one_shots, finish_backfill) locks the row
+    -- and re-checks it, jobs.run_now holds a key-share lock until it commits. Taken first, it
+    -- waits for those in flight, so the cancel below sees their runs; after this commit they
+    -- find no definition and add nothing.
+    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = undefine.name FOR UPDATE;
     v_cancelled := jobs.cancel_queued(undefine.name);
-    DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
+    DELETE FROM jobs.definitions AS d WHERE d.id = v_id;
     RETURN v_cancelled;
 END
 $$;
