@@ -239,10 +239,12 @@ BEGIN
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
                           THEN NULL ELSE d.finished_at END,
-           -- The new schedule takes over at this instant (see jobs._drop_superseded).
+           -- The new schedule takes over at this instant (see jobs._drop_superseded); a reset
+           -- cursor of a definition enabled now starts now (the disabled time is not caught up).
            cursor_from = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
+                            OR (define.enabled AND NOT d.enabled)
                           THEN now() ELSE d.cursor_from END
      -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,

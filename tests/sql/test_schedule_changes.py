@@ -185,3 +185,41 @@ def test_resuming_just_before_an_occurrence_materializes_it_when_the_tick_comes_
         scheduler.close()
     got = [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)]
     assert (occurrence, "QUEUED") in got, f"resumed at {resumed_at}: occurrence {occurrence} is lost: {got}"
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_changed_schedule_enabled_later_starts_when_it_is_enabled(
+    db: Database, conn: Conn, how: str
+) -> None:
+    """A schedule changed while disabled and enabled an hour later by a re-declare: its cursor
+    starts at the enabling, so the disabled hour is not caught up (catch_up policy)."""
+    sql = "SELECT jobs.define('off', 'k', schedule => %s, misfire_policy => 'catch_up', enabled => %s)"
+    conn.execute(sql, ("* * * * *", None))
+    conn.execute(sql, ("*/1 * * * *", False))
+    conn.execute(
+        "UPDATE jobs.definitions SET cursor_from = cursor_from - interval '1 hour'"
+    )  # changed long ago
+    element = {
+        "name": "off",
+        "kind": "k",
+        "schedule": "*/1 * * * *",
+        "misfire_policy": "catch_up",
+        "enabled": True,
+    }
+    if how == "define":
+        conn.execute(sql, ("*/1 * * * *", True))
+    else:
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([element]),))
+    enabled_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE name = 'off'")
+    scheduler = Scheduler(db.dsn, owner="t", clock=Clock(enabled_at), lookahead=60)
+    try:
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+    finally:
+        scheduler.close()
+    early = [
+        r["scheduled_for"]
+        for r in rows(conn, "SELECT scheduled_for FROM jobs.runs")
+        if r["scheduled_for"] < enabled_at
+    ]
+    assert early == [], f"{how}: enabled at {enabled_at}, the disabled time was caught up: {early}"
