@@ -1,8 +1,8 @@
 """jobs.undefine serializes with every path that adds runs of a definition (jobs.materialize,
-materialize_many, materialize_one_shots, finish_backfill, run_now): once undefine has
-committed, no QUEUED run of the deleted definition exists, and none appears afterwards.
-Real sessions: one holds the adding transaction open while another undefines; then a loop
-of real processes racing."""
+materialize_many, materialize_one_shots, finish_backfill, run_now, a retry after a failure):
+once undefine has committed, no QUEUED run of the deleted definition exists, and none
+appears afterwards. Real sessions: one holds the adding transaction open while another
+undefines; then a loop of real processes racing."""
 
 from __future__ import annotations
 
@@ -75,6 +75,14 @@ def _run_now(conn: Conn, held: Conn) -> None:
     held.execute("SELECT jobs.run_now('d')")
 
 
+def _fail_with_retry(conn: Conn, held: Conn) -> None:
+    """A running run of the definition fails and its retry is queued."""
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *', max_attempts => 3)")
+    conn.execute("SELECT jobs.run_now('d')")
+    run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+    held.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
+
+
 def _blocked(conn: Conn, pid: int) -> bool:
     return bool(scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)))
 
@@ -99,7 +107,7 @@ class Undefine(threading.Thread):
 
 @pytest.mark.parametrize(
     "add",
-    [_materialize, _materialize_many, _materialize_one_shots, _finish_backfill, _run_now],
+    [_materialize, _materialize_many, _materialize_one_shots, _finish_backfill, _run_now, _fail_with_retry],
     ids=lambda f: f.__name__.lstrip("_"),
 )
 def test_undefine_while_runs_are_being_added_leaves_no_queued_run(
@@ -203,3 +211,17 @@ def test_undefine_racing_run_now_and_materialize_in_processes(db: Database, conn
     assert orphans == [], (
         f"QUEUED runs {orphans} of undefined definitions remain ({rounds} rounds, {added} added)"
     )
+
+
+def test_a_run_of_a_deleted_definition_that_fails_is_not_retried(conn: Conn) -> None:
+    """The definition is undefined while its run is RUNNING: the run finishes normally (its
+    failure is recorded), but no retry of a deleted definition is queued."""
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *', max_attempts => 3)")
+    conn.execute("SELECT jobs.run_now('d')")
+    run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+    conn.execute("SELECT jobs.undefine('d')")
+    failed = conn.execute(
+        "SELECT id, status::text FROM jobs.fail(%s, 'w', '{}', 'boom')", (run_id,)
+    ).fetchone()
+    assert failed == (run_id, "FAILED"), f"fail returned {failed}: a retry of the undefined definition"
+    assert scalar(conn, ORPHANS) == []
