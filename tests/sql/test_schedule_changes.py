@@ -34,6 +34,17 @@ def _redefine(conn: Conn, how: str, name: str, schedule: str) -> None:
         )
 
 
+def _materialize(db: Database, at: datetime | None, lookahead: float) -> None:
+    """The scheduler's materialization phases, twice (new cursors, then their runs), at `at`
+    (None: the database's clock)."""
+    scheduler = Scheduler(db.dsn, owner="t", clock=None if at is None else Clock(at), lookahead=lookahead)
+    try:
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+    finally:
+        scheduler.close()
+
+
 def _runs(conn: Conn, definition_id: int) -> list[dict[str, Any]]:
     return rows(
         conn,
@@ -58,19 +69,10 @@ def test_a_shared_occurrence_just_after_a_change_runs_once_when_the_tick_comes_l
     shared = (now + timedelta(seconds=10)).replace(second=0, microsecond=0) + timedelta(minutes=1)
     if shared.minute % 2:
         shared += timedelta(minutes=1)
-    clock = Clock(now)
-    scheduler = Scheduler(db.dsn, owner="t", clock=clock, lookahead=300)
-    try:
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-        assert shared in [r["scheduled_for"] for r in _runs(conn, definition_id)], "materialized ahead"
-
-        _redefine(conn, how, "d", new_schedule)
-        clock.now = shared + timedelta(seconds=5)  # the first tick after the change is late
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-    finally:
-        scheduler.close()
+    _materialize(db, now, 300)
+    assert shared in [r["scheduled_for"] for r in _runs(conn, definition_id)], "materialized ahead"
+    _redefine(conn, how, "d", new_schedule)
+    _materialize(db, shared + timedelta(seconds=5), 300)  # the first tick after the change is late
     at_shared = [r for r in _runs(conn, definition_id) if r["scheduled_for"] == shared]
     assert [r["status"] for r in at_shared] == ["QUEUED"], (
         f"{how} {new_schedule!r}: the shared occurrence {shared} must have one live run, got {at_shared}"
@@ -79,12 +81,7 @@ def test_a_shared_occurrence_just_after_a_change_runs_once_when_the_tick_comes_l
 
 def test_redeclaring_the_same_definition_changes_nothing(db: Database, conn: Conn) -> None:
     conn.execute("SELECT jobs.define('same', 'k', schedule => '* * * * *', priority => 3)")
-    scheduler = Scheduler(db.dsn, owner="t", lookahead=300)
-    try:
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-    finally:
-        scheduler.close()
+    _materialize(db, None, 300)
     columns = "revision, next_run_at, updated_at, finished_at, enabled"
     before = rows(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'same'")
     definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'same'"))
@@ -147,12 +144,7 @@ def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubl
     conn.execute("SELECT jobs.define('j', 'k', schedule => '*/1 * * * *', jitter => '1 day')")
     changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
     assert first > changed_at, "the first occurrence's run starts after the change (jittered)"
-    scheduler = Scheduler(db.dsn, owner="t", clock=Clock(changed_at + timedelta(seconds=5)), lookahead=300)
-    try:
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-    finally:
-        scheduler.close()
+    _materialize(db, changed_at + timedelta(seconds=5), 300)
     after = _runs(conn, definition_id)
     live = [r["scheduled_for"] for r in after if r["status"] == "QUEUED"]
     assert first in live, f"jittered run {first} of occurrence {start} (before the change) is lost: {after}"
@@ -177,12 +169,7 @@ def test_resuming_just_before_an_occurrence_materializes_it_when_the_tick_comes_
     conn.execute("SELECT jobs.resume('r')")
     resumed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
     occurrence = resumed_at.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    scheduler = Scheduler(db.dsn, owner="t", clock=Clock(occurrence + timedelta(seconds=5)), lookahead=60)
-    try:
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-    finally:
-        scheduler.close()
+    _materialize(db, occurrence + timedelta(seconds=5), 60)
     got = [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)]
     assert (occurrence, "QUEUED") in got, f"resumed at {resumed_at}: occurrence {occurrence} is lost: {got}"
 
@@ -211,12 +198,7 @@ def test_a_changed_schedule_enabled_later_starts_when_it_is_enabled(
     else:
         conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([element]),))
     enabled_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE name = 'off'")
-    scheduler = Scheduler(db.dsn, owner="t", clock=Clock(enabled_at), lookahead=60)
-    try:
-        scheduler.materialize_due()
-        scheduler.materialize_due()
-    finally:
-        scheduler.close()
+    _materialize(db, enabled_at, 60)
     early = [
         r["scheduled_for"]
         for r in rows(conn, "SELECT scheduled_for FROM jobs.runs")
