@@ -65,8 +65,8 @@ def test_a_shared_occurrence_just_after_a_change_runs_once_when_the_tick_comes_l
     _redefine(conn, how, "d", "* * * * *")
     definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'd'"))
     now = scalar(conn, "SELECT now()")
-    # The next even minute at least 10 s ahead: shared by both new schedules.
-    shared = (now + timedelta(seconds=10)).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    # The next even minute at least 30 s ahead: shared by both new schedules.
+    shared = (now + timedelta(seconds=30)).replace(second=0, microsecond=0) + timedelta(minutes=1)
     if shared.minute % 2:
         shared += timedelta(minutes=1)
     _materialize(db, now, 300)
@@ -130,7 +130,15 @@ def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubl
     definition_id = int(
         scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => '1 day')")
     )
-    start = scalar(conn, "SELECT date_trunc('minute', now())")  # at or before the change
+    # An occurrence at or before the change whose run starts well after it (jittered).
+    start = scalar(
+        conn,
+        "SELECT t FROM generate_series(date_trunc('minute', now()), now() - interval '1 day',"
+        "                              '-1 minute') AS t"
+        " WHERE t + jobs.jitter_offset(%s, t, '1 day') > now() + interval '10 minutes'"
+        " LIMIT 1",
+        (definition_id,),
+    )
     times = [start + timedelta(minutes=i) for i in range(5)]
     conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, start))
     conn.execute(
