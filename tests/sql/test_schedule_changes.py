@@ -5,12 +5,16 @@ one-shot moved and moved back), with the scheduler's tick after the change."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
-from harness import Conn, Database, rows, scalar
+from harness import Conn, Database, rows, run_in_processes, scalar
 from pgtick.scheduler import Scheduler
 
 
@@ -213,3 +217,66 @@ def test_a_changed_schedule_enabled_later_starts_when_it_is_enabled(
         if r["scheduled_for"] < enabled_at
     ]
     assert early == [], f"{how}: enabled at {enabled_at}, the disabled time was caught up: {early}"
+
+
+FLIPS = ("FREQ=SECONDLY", "FREQ=SECONDLY;INTERVAL=1")  # the same instants, written two ways
+
+
+def _flip_loop(dsn: str, seconds: float) -> int:
+    """Re-declare the every-second definition again and again, alternating how it is written."""
+    flips = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            conn.execute(
+                "SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')",
+                (FLIPS[flips % 2],),
+            )
+            flips += 1
+            time.sleep(random.uniform(0, 0.3))
+    return flips
+
+
+def _materialize_loop(dsn: str, seconds: float) -> int:
+    """A would-be leader materializing in a loop (without the lock, as a second leader would)."""
+    scheduler = Scheduler(dsn, owner=f"m-{os.getpid()}", lookahead=2.0)
+    created = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            created += scheduler.materialize_due().runs_created
+            time.sleep(0.05)
+    finally:
+        scheduler.close()
+    return created
+
+
+def _race_member(dsn: str, seconds: float, role: str) -> int:
+    return _flip_loop(dsn, seconds) if role == "flip" else _materialize_loop(dsn, seconds)
+
+
+def test_re_declaring_during_materialization_keeps_every_occurrence_exactly_once(
+    db: Database, conn: Conn
+) -> None:
+    """A rolling deploy: one process re-declares an every-second schedule over and over (two
+    spellings of the same instants) while two processes materialize it. Every second of the
+    race has exactly one run: none cancelled and lost, none twice."""
+    conn.execute("SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')", (FLIPS[0],))
+    _materialize(db, None, 2.0)  # its cursor starts at once
+    first = scalar(conn, "SELECT min(scheduled_for) FROM jobs.runs")
+    flips, *created = run_in_processes(_race_member, [(db.dsn, 6.0, role) for role in ("flip", "m", "m")])
+    _materialize(db, None, 2.0)  # the last re-declare's occurrences up to now
+    ended = scalar(conn, "SELECT now()")
+    assert flips > 5, f"the race ran too little: {flips} re-declares"
+    got = rows(
+        conn,
+        "SELECT scheduled_for AS t, count(*) FILTER (WHERE status = 'QUEUED') AS live, count(*) AS runs"
+        " FROM jobs.runs GROUP BY 1 ORDER BY 1",
+    )
+    counts = {r["t"]: (r["live"], r["runs"]) for r in got}
+    seconds = [first + timedelta(seconds=i) for i in range(int((ended - first).total_seconds()))]
+    wrong = {t: counts.get(t, (0, 0)) for t in seconds if counts.get(t) != (1, 1)}
+    assert not wrong, (
+        f"{flips} re-declares, {created} runs created: seconds without exactly one live run"
+        f" (live, all runs): {sorted(wrong.items())[:10]}"
+    )
