@@ -191,7 +191,6 @@ BEGIN
              ORDER BY d.name
                FOR UPDATE) AS x;
 
-    RETURN QUERY
     WITH input AS (
         SELECT e ->> 'name' AS name, e ->> 'kind' AS kind, e ->> 'schedule' AS schedule,
                coalesce(e ->> 'timezone', 'UTC') AS timezone, (e ->> 'run_at')::timestamptz AS run_at,
@@ -207,69 +206,72 @@ BEGIN
                jobs._json_interval(e -> 'heartbeat_timeout') AS heartbeat_timeout
           FROM jsonb_array_elements(define_many.definitions) AS e
           LEFT JOIN unnest(v_old_names, v_old_enabled) AS o (name, enabled) ON o.name = e ->> 'name'
-    ),
-    saved AS (
-        INSERT INTO jobs.definitions AS d (
-            name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-            priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
-        )
-        SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
-               i.enabled, i.max_concurrent_runs, i.priority, i.max_attempts,
-               i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout
-          FROM input AS i
-         ORDER BY i.name
-        ON CONFLICT (name) DO UPDATE
-           SET kind = excluded.kind,
-               schedule = excluded.schedule,
-               timezone = excluded.timezone,
-               run_at = excluded.run_at,
-               payload = excluded.payload,
-               enabled = excluded.enabled,
-               max_concurrent_runs = excluded.max_concurrent_runs,
-               priority = excluded.priority,
-               max_attempts = excluded.max_attempts,
-               misfire_policy = excluded.misfire_policy,
-               overlap_policy = excluded.overlap_policy,
-               timeout = excluded.timeout,
-               heartbeat_timeout = excluded.heartbeat_timeout,
-               schedule_error = NULL,
-               materialize_error = NULL,
-               materialize_failures = 0,
-               materialize_retry_at = NULL,
-               updated_at = now(),
-               revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
-                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
-                              THEN 1 ELSE 0 END,
-               next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
-                              THEN excluded.run_at ELSE d.next_run_at END,
-               finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                              IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
-                              THEN NULL ELSE d.finished_at END
-        RETURNING d.id, d.name, d.revision
     )
-    SELECT s.id, s.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> s.revision
-      FROM saved AS s
-      LEFT JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = s.id;
+    INSERT INTO jobs.definitions AS d (
+        name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+    )
+    SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
+           i.enabled, i.max_concurrent_runs, i.priority, i.max_attempts,
+           i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout
+      FROM input AS i
+     ORDER BY i.name
+    ON CONFLICT (name) DO UPDATE
+       SET kind = excluded.kind,
+           schedule = excluded.schedule,
+           timezone = excluded.timezone,
+           run_at = excluded.run_at,
+           payload = excluded.payload,
+           enabled = excluded.enabled,
+           max_concurrent_runs = excluded.max_concurrent_runs,
+           priority = excluded.priority,
+           max_attempts = excluded.max_attempts,
+           misfire_policy = excluded.misfire_policy,
+           overlap_policy = excluded.overlap_policy,
+           timeout = excluded.timeout,
+           heartbeat_timeout = excluded.heartbeat_timeout,
+           schedule_error = NULL,
+           materialize_error = NULL,
+           materialize_failures = 0,
+           materialize_retry_at = NULL,
+           updated_at = now(),
+           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN 1 ELSE 0 END,
+           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN excluded.run_at ELSE d.next_run_at END,
+           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                          THEN NULL ELSE d.finished_at END,
+           -- As jobs.define: a change takes over now, and so does a definition enabled now.
+           cursor_from = CASE WHEN (d.schedule, d.timezone, d.run_at)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                            OR (excluded.enabled AND NOT d.enabled)
+                          THEN now() ELSE d.cursor_from END
+     -- Declaring what is already there (every deploy of an app) changes nothing.
+     WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
+            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout)
+           IS DISTINCT FROM
+           (excluded.kind, excluded.schedule, excluded.timezone, excluded.run_at, excluded.payload,
+            excluded.enabled, excluded.max_concurrent_runs, excluded.priority, excluded.max_attempts,
+            excluded.misfire_policy, excluded.overlap_policy, excluded.timeout, excluded.heartbeat_timeout)
+        OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
     -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).
-    WITH changed AS (
-        SELECT d.id FROM jobs.definitions AS d
-          JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
-         WHERE d.revision <> o.revision
-    ),
-    superseded AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.definition_id IN (SELECT c.id FROM changed AS c)
-           AND r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for > now()
-         ORDER BY r.id
-           FOR UPDATE SKIP LOCKED
-    )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(),
-           error = 'superseded: the definition''s schedule changed'
-      FROM superseded WHERE r.id = superseded.id;
+    PERFORM jobs._drop_superseded(array_agg(d.id), array_agg(now() + coalesce(d.jitter, interval '0')))
+       FROM jobs.definitions AS d
+       JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
+      WHERE d.revision <> o.revision
+     HAVING count(*) > 0;
+
+    RETURN QUERY
+    SELECT d.id, d.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> d.revision
+      FROM jobs.definitions AS d
+      LEFT JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
+     WHERE d.name = ANY (v_names)
+     ORDER BY d.name;
 END
 $$;
 COMMENT ON FUNCTION jobs.define_many(jsonb) IS
-'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: cursor reset, future queued runs cancelled).';
+'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';

@@ -235,7 +235,8 @@ BEGIN
     IF payload IS NOT NULL THEN
         PERFORM jobs._check_payload('payload', payload);
     END IF;
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = run_now.name;
+    -- Held until commit: jobs.undefine (FOR UPDATE) waits for this run, or this call for its end.
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = run_now.name FOR KEY SHARE;
     IF v_def.id IS NULL THEN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(run_now.name) USING ERRCODE = 'P0002';
     END IF;

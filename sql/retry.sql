@@ -76,6 +76,10 @@ AS $$
      WHERE r.id = ANY (run_ids)
        AND r.status = 'FAILED'
        AND r.attempt < coalesce(r.max_attempts, p.max_attempts, c.max_attempts)
+       -- A deleted definition's run is not retried; the lock (held to commit) makes a concurrent
+       -- jobs.undefine wait for the retry and cancel it.
+       AND (r.definition_id IS NULL
+            OR EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id FOR KEY SHARE))
        AND jobs._retry_allowed(p.deny, p.allow,
                                coalesce(error_classes,
                                         CASE WHEN r.failure_reason = 'Timeout' THEN '{JobTimeout}'::text[]
@@ -86,7 +90,7 @@ AS $$
     RETURNING n.retry_of, n.id
 $$;
 COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS
-'Private: set-based retry-row insert for FAILED runs, by each kind''s policy; returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
+'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(

@@ -53,6 +53,43 @@ $$;
 COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
+-- Private: after a schedule change, remove the runs the old schedule materialized ahead of time.
+-- A run is dropped when its occurrence lies after the change (scheduled_for > boundary, the
+-- change instant plus the old jitter: a jittered run may start after the change for an
+-- occurrence before it, and such a run stays). Dropped runs never started, so they are
+-- deleted, not cancelled: the new schedule's cursor starts at the change (cursor_from), so it
+-- re-creates every occurrence the two schedules share, exactly once, and a cancelled row would
+-- hold that occurrence's place in runs_occurrence_uniq and lose it. Runs waiting on a dropped
+-- run are cancelled (DependencyFailed). Rows a claimer holds are waited for, in id order, and
+-- checked again. Returns how many runs were dropped.
+CREATE OR REPLACE FUNCTION jobs._drop_superseded(definition_ids bigint[], boundaries timestamptz[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_ids bigint[];
+    v_count integer;
+BEGIN
+    SELECT array_agg(x.id ORDER BY x.id) INTO v_ids
+      FROM (SELECT r.id FROM jobs.runs AS r
+              JOIN unnest(definition_ids, boundaries) AS b (definition_id, boundary)
+                ON b.definition_id = r.definition_id
+             WHERE r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for > b.boundary
+             ORDER BY r.id
+               FOR UPDATE OF r) AS x;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM jobs._cascade_dependency_failure(v_ids);  -- runs waiting on them
+    DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_ids) AND r.status = 'QUEUED';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[]) IS
+'Private: delete the QUEUED scheduled runs of each definition whose start is after its boundary (a schedule change: the new schedule re-creates the occurrences it shares); runs waiting on them are cancelled. Returns how many were deleted.';
+
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
@@ -93,7 +130,6 @@ AS $$
 DECLARE
     v_old jobs.definitions;
     v_new jobs.definitions;
-    v_superseded bigint[];
 BEGIN
     PERFORM jobs._check_name('name', define.name);
     PERFORM jobs._check_name('kind', define.kind);
@@ -202,27 +238,33 @@ BEGIN
            finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
-                          THEN NULL ELSE d.finished_at END
+                          THEN NULL ELSE d.finished_at END,
+           -- The new schedule takes over at this instant (see jobs._drop_superseded); a reset
+           -- cursor of a definition enabled now starts now (the disabled time is not caught up).
+           cursor_from = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
+                            OR (define.enabled AND NOT d.enabled)
+                          THEN now() ELSE d.cursor_from END
+     -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
+     WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
+            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,
+            d.queue, d.concurrency_key, d.dst_gap, d.dst_repeat, d.jitter, d.pause_after_failures)
+           IS DISTINCT FROM
+           (excluded.kind, excluded.schedule, excluded.timezone, excluded.run_at, excluded.payload,
+            coalesce(define.enabled, d.enabled), excluded.max_concurrent_runs, excluded.priority,
+            excluded.max_attempts, excluded.misfire_policy, excluded.overlap_policy, excluded.timeout,
+            excluded.heartbeat_timeout, excluded.queue, excluded.concurrency_key, excluded.dst_gap,
+            excluded.dst_repeat, excluded.jitter, excluded.pause_after_failures)
+        OR d.schedule_error IS NOT NULL
+        OR (define.enabled AND d.paused_reason IS NOT NULL)
     RETURNING d.* INTO v_new;
 
+    IF v_new.id IS NULL THEN
+        RETURN v_old;  -- nothing changed
+    END IF;
     IF v_old.id IS NOT NULL AND v_new.revision <> v_old.revision THEN
-        -- Occurrences of the old schedule materialized ahead of time are superseded.
-        WITH superseded AS (
-            SELECT r.id FROM jobs.runs AS r
-             WHERE r.definition_id = v_new.id AND r.status = 'QUEUED' AND r.origin = 'schedule'
-               AND r.scheduled_for > now()
-             ORDER BY r.id
-               FOR UPDATE SKIP LOCKED
-        ),
-        cancelled AS (
-            UPDATE jobs.runs AS r
-               SET status = 'CANCELLED', finished_at = now(),
-                   error = 'superseded: the definition''s schedule changed'
-              FROM superseded WHERE r.id = superseded.id
-            RETURNING r.id
-        )
-        SELECT array_agg(c.id) INTO v_superseded FROM cancelled AS c;
-        PERFORM jobs._cascade_dependency_failure(v_superseded);  -- runs waiting on them
+        PERFORM jobs._drop_superseded(ARRAY[v_new.id], ARRAY[now() + coalesce(v_old.jitter, interval '0')]);
     END IF;
     RETURN v_new;
 END
@@ -231,7 +273,7 @@ COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor and cancels runs of the old schedule queued for the future. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant (cursor_from) and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -269,7 +311,8 @@ BEGIN
        SET enabled = TRUE, updated_at = now(), paused_reason = NULL,
            failure_streak_since = CASE WHEN d.enabled THEN d.failure_streak_since ELSE now() END,
            revision = d.revision + CASE WHEN d.enabled THEN 0 ELSE 1 END,
-           next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END
+           next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END,
+           cursor_from = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.cursor_from ELSE now() END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(resume.name, 'NULL'))
@@ -279,7 +322,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.resume(text) IS
-'Resume the named definition. A recurring one restarts from its first occurrence after now: the paused window is not caught up. An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
+'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up. An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
 CREATE OR REPLACE FUNCTION jobs.undefine(name text)
@@ -289,10 +332,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_id bigint;
     v_cancelled integer;
 BEGIN
+    -- The row lock serializes with everything that adds runs of the definition: materializing
+    -- (jobs.materialize, materialize_many, materialize_one_shots, finish_backfill) locks the row
+    -- and re-checks it, jobs.run_now holds a key-share lock until it commits. Taken first, it
+    -- waits for those in flight, so the cancel below sees their runs; after this commit they
+    -- find no definition and add nothing.
+    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = undefine.name FOR UPDATE;
     v_cancelled := jobs.cancel_queued(undefine.name);
-    DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
+    DELETE FROM jobs.definitions AS d WHERE d.id = v_id;
     RETURN v_cancelled;
 END
 $$;
@@ -371,11 +421,12 @@ SELECT
     d.next_run_at,
     d.misfire_policy,
     d.dst_gap,
-    d.dst_repeat
+    d.dst_repeat,
+    d.cursor_from
 FROM jobs.definitions AS d
 WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;
 COMMENT ON VIEW jobs._live_schedules IS
-'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from.';
+'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from (cursor_from: where a reset cursor starts).';
 
 -- Recurring definitions whose cursor is not initialized yet, oldest first.
 CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)

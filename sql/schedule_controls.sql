@@ -289,13 +289,17 @@ DECLARE
     v_error text := finish_backfill.error;
 BEGIN
     PERFORM jobs._check_range('run_times length', cardinality(coalesce(finish_backfill.run_times, '{}')), 0, 100000);
+    -- The definition first, then the request, as jobs.undefine locks them (its delete cascades to
+    -- the request): after an undefine neither is there, and nothing is inserted.
+    SELECT d.* INTO v_def FROM jobs.definitions AS d
+     WHERE d.id = (SELECT b.definition_id FROM jobs.backfills AS b WHERE b.id = finish_backfill.backfill_id)
+       FOR SHARE;
     SELECT b.* INTO v_request FROM jobs.backfills AS b
      WHERE b.id = finish_backfill.backfill_id AND b.done_at IS NULL
        FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN 0;  -- done already (another leader, or twice)
+    IF NOT FOUND OR v_def.id IS NULL THEN
+        RETURN 0;  -- done already (another leader, or twice), or its definition was deleted
     END IF;
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_request.definition_id FOR SHARE;
     IF v_error IS NULL AND v_def.revision <> v_request.revision THEN
         v_error := 'the definition''s schedule changed after the backfill was requested';
     END IF;

@@ -409,7 +409,8 @@ class Scheduler:
         return self._parsed.get(_schedule_key(d))
 
     def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
-        firsts: dict[int, datetime | None] = {}  # per shared schedule object: same now, same answer
+        # per shared schedule object and start: same answer
+        firsts: dict[tuple[int, datetime], datetime | None] = {}
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
             began = time.monotonic()
             rows = sql.new_definitions(conn, self.batch)
@@ -418,9 +419,12 @@ class Scheduler:
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue
-                if id(schedule) not in firsts:
-                    firsts[id(schedule)] = first_cursor(schedule, now)
-                batch.append(Call(d["id"], d["name"], None, [], firsts[id(schedule)], d["revision"]))
+                # A changed or resumed schedule starts where the change was made (cursor_from),
+                # not at this tick: an occurrence in between is materialized (once), not lost.
+                start = min(d["cursor_from"] or now, now)
+                if (id(schedule), start) not in firsts:
+                    firsts[id(schedule), start] = first_cursor(schedule, start)
+                batch.append(Call(d["id"], d["name"], None, [], firsts[id(schedule), start], d["revision"]))
             if batch:
                 self._materialize(conn, batch, report)
                 report.initialized += len(batch)

@@ -120,6 +120,7 @@ def test_due_definitions_are_those_within_the_horizon_earliest_first(conn: Conn)
         "misfire_policy",
         "dst_gap",
         "dst_repeat",
+        "cursor_from",
     ]
 
 

@@ -1,0 +1,282 @@
+"""Changing a schedule never loses, nor doubles, an occurrence the old and the new schedule
+share: jobs.define and jobs.define_many (a cosmetic change, a rolling deploy re-declaring, a
+one-shot moved and moved back), with the scheduler's tick after the change."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Conn, Database, rows, run_in_processes, scalar
+from pgtick.scheduler import Scheduler
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _redefine(conn: Conn, how: str, name: str, schedule: str) -> None:
+    if how == "define":
+        conn.execute("SELECT jobs.define(%s, 'k', schedule => %s)", (name, schedule))
+    else:
+        conn.execute(
+            "SELECT * FROM jobs.define_many(%s::jsonb)",
+            (json.dumps([{"name": name, "kind": "k", "schedule": schedule}]),),
+        )
+
+
+def _materialize(db: Database, at: datetime | None, lookahead: float) -> None:
+    """The scheduler's materialization phases, twice (new cursors, then their runs), at `at`
+    (None: the database's clock)."""
+    scheduler = Scheduler(db.dsn, owner="t", clock=None if at is None else Clock(at), lookahead=lookahead)
+    try:
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+    finally:
+        scheduler.close()
+
+
+def _runs(conn: Conn, definition_id: int) -> list[dict[str, Any]]:
+    return rows(
+        conn,
+        "SELECT id, scheduled_for, status::text AS status FROM jobs.runs WHERE definition_id = %s"
+        " ORDER BY scheduled_for, id",
+        (definition_id,),
+    )
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+@pytest.mark.parametrize("new_schedule", ["*/1 * * * *", "*/2 * * * *"])
+def test_a_shared_occurrence_just_after_a_change_runs_once_when_the_tick_comes_late(
+    db: Database, conn: Conn, how: str, new_schedule: str
+) -> None:
+    """Every minute, materialized ahead; the schedule text changes shortly before the next
+    minute T (which the new schedule also has), and the scheduler's next tick only comes after
+    T. T must have exactly one live run: not cancelled as superseded and lost, not twice."""
+    _redefine(conn, how, "d", "* * * * *")
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'd'"))
+    now = scalar(conn, "SELECT now()")
+    # The next even minute at least 30 s ahead: shared by both new schedules.
+    shared = (now + timedelta(seconds=30)).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    if shared.minute % 2:
+        shared += timedelta(minutes=1)
+    _materialize(db, now, 300)
+    assert shared in [r["scheduled_for"] for r in _runs(conn, definition_id)], "materialized ahead"
+    _redefine(conn, how, "d", new_schedule)
+    _materialize(db, shared + timedelta(seconds=5), 300)  # the first tick after the change is late
+    at_shared = [r for r in _runs(conn, definition_id) if r["scheduled_for"] == shared]
+    assert [r["status"] for r in at_shared] == ["QUEUED"], (
+        f"{how} {new_schedule!r}: the shared occurrence {shared} must have one live run, got {at_shared}"
+    )
+
+
+def test_redeclaring_the_same_definition_changes_nothing(db: Database, conn: Conn) -> None:
+    conn.execute("SELECT jobs.define('same', 'k', schedule => '* * * * *', priority => 3)")
+    _materialize(db, None, 300)
+    columns = "revision, next_run_at, updated_at, finished_at, enabled"
+    before = rows(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'same'")
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'same'"))
+    runs = _runs(conn, definition_id)
+    assert runs, "materialized ahead"
+    for _ in range(2):
+        conn.execute("SELECT jobs.define('same', 'k', schedule => '* * * * *', priority => 3)")
+        conn.execute(
+            "SELECT * FROM jobs.define_many(%s::jsonb)",
+            (json.dumps([{"name": "same", "kind": "k", "schedule": "* * * * *", "priority": 3}]),),
+        )
+    after = rows(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'same'")
+    assert after == before, f"an identical re-declare changed the definition: {before} -> {after}"
+    assert _runs(conn, definition_id) == runs, "an identical re-declare touched the runs"
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_one_shot_moved_and_moved_back_runs_once_at_its_time(conn: Conn, how: str) -> None:
+    a = scalar(conn, "SELECT date_trunc('second', now()) + interval '1 hour'")
+    b = a + timedelta(minutes=30)
+
+    def move(at: datetime) -> None:
+        if how == "define":
+            conn.execute("SELECT jobs.define('once', 'k', run_at => %s)", (at,))
+        else:
+            conn.execute(
+                "SELECT * FROM jobs.define_many(%s::jsonb)",
+                (json.dumps([{"name": "once", "kind": "k", "run_at": at.isoformat()}]),),
+            )
+        conn.execute("SELECT jobs.materialize_one_shots(interval '2 hours')")
+
+    move(a)
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'once'"))
+    move(b)
+    move(a)
+    runs = [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)]
+    assert runs == [(a, "QUEUED")], f"{how}: run_at {a} -> {b} -> {a} must leave one run at {a}, got {runs}"
+
+
+def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubled(
+    db: Database, conn: Conn
+) -> None:
+    """With a jitter, a run may start after the change for an occurrence before it: that run
+    belongs to the old schedule's past and stays. The occurrences after the change that the
+    schedules share are re-created once; none has two runs."""
+    definition_id = int(
+        scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => '1 day')")
+    )
+    # An occurrence at or before the change whose run starts well after it (jittered).
+    start = scalar(
+        conn,
+        "SELECT t FROM generate_series(date_trunc('minute', now()), now() - interval '1 day',"
+        "                              '-1 minute') AS t"
+        " WHERE t + jobs.jitter_offset(%s, t, '1 day') > now() + interval '10 minutes'"
+        " LIMIT 1",
+        (definition_id,),
+    )
+    times = [start + timedelta(minutes=i) for i in range(5)]
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, start))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
+        (definition_id, start, times, start + timedelta(minutes=5)),
+    )
+    first = scalar(conn, "SELECT %s + jobs.jitter_offset(%s, %s, '1 day')", (start, definition_id, start))
+    before = _runs(conn, definition_id)
+    assert len(before) == 5
+
+    conn.execute("SELECT jobs.define('j', 'k', schedule => '*/1 * * * *', jitter => '1 day')")
+    changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    assert first > changed_at, "the first occurrence's run starts after the change (jittered)"
+    _materialize(db, changed_at + timedelta(seconds=5), 300)
+    after = _runs(conn, definition_id)
+    live = [r["scheduled_for"] for r in after if r["status"] == "QUEUED"]
+    assert first in live, f"jittered run {first} of occurrence {start} (before the change) is lost: {after}"
+    offsets = rows(
+        conn,
+        "SELECT t, t + jobs.jitter_offset(%s, t, '1 day') AS s FROM unnest(%s::timestamptz[]) AS t",
+        (definition_id, times),
+    )
+    for o in offsets:
+        count = sum(1 for r in after if r["scheduled_for"] == o["s"])
+        assert count == 1, f"occurrence {o['t']} (starting {o['s']}) has {count} runs: {after}"
+    assert len(live) == len(set(live)), f"an occurrence runs twice: {after}"
+
+
+def test_resuming_just_before_an_occurrence_materializes_it_when_the_tick_comes_late(
+    db: Database, conn: Conn
+) -> None:
+    """jobs.resume restarts from the first occurrence at or after the resume, even when the
+    scheduler's first tick after it comes only after that occurrence."""
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.define('r', 'k', schedule => '* * * * *')"))
+    conn.execute("SELECT jobs.pause('r')")
+    conn.execute("SELECT jobs.resume('r')")
+    resumed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    occurrence = resumed_at.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    _materialize(db, occurrence + timedelta(seconds=5), 60)
+    got = [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)]
+    assert (occurrence, "QUEUED") in got, f"resumed at {resumed_at}: occurrence {occurrence} is lost: {got}"
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_changed_schedule_enabled_later_starts_when_it_is_enabled(
+    db: Database, conn: Conn, how: str
+) -> None:
+    """A schedule changed while disabled and enabled an hour later by a re-declare: its cursor
+    starts at the enabling, so the disabled hour is not caught up (catch_up policy)."""
+    sql = "SELECT jobs.define('off', 'k', schedule => %s, misfire_policy => 'catch_up', enabled => %s)"
+    conn.execute(sql, ("* * * * *", None))
+    conn.execute(sql, ("*/1 * * * *", False))
+    conn.execute(
+        "UPDATE jobs.definitions SET cursor_from = cursor_from - interval '1 hour'"
+    )  # changed long ago
+    element = {
+        "name": "off",
+        "kind": "k",
+        "schedule": "*/1 * * * *",
+        "misfire_policy": "catch_up",
+        "enabled": True,
+    }
+    if how == "define":
+        conn.execute(sql, ("*/1 * * * *", True))
+    else:
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([element]),))
+    enabled_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE name = 'off'")
+    _materialize(db, enabled_at, 60)
+    early = [
+        r["scheduled_for"]
+        for r in rows(conn, "SELECT scheduled_for FROM jobs.runs")
+        if r["scheduled_for"] < enabled_at
+    ]
+    assert early == [], f"{how}: enabled at {enabled_at}, the disabled time was caught up: {early}"
+
+
+FLIPS = ("FREQ=SECONDLY", "FREQ=SECONDLY;INTERVAL=1")  # the same instants, written two ways
+
+
+def _flip_loop(dsn: str, seconds: float) -> int:
+    """Re-declare the every-second definition again and again, alternating how it is written."""
+    flips = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            conn.execute(
+                "SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')",
+                (FLIPS[flips % 2],),
+            )
+            flips += 1
+            time.sleep(random.uniform(0, 0.3))
+    return flips
+
+
+def _materialize_loop(dsn: str, seconds: float) -> int:
+    """A would-be leader materializing in a loop (without the lock, as a second leader would)."""
+    scheduler = Scheduler(dsn, owner=f"m-{os.getpid()}", lookahead=2.0)
+    created = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            created += scheduler.materialize_due().runs_created
+            time.sleep(0.05)
+    finally:
+        scheduler.close()
+    return created
+
+
+def _race_member(dsn: str, seconds: float, role: str) -> int:
+    return _flip_loop(dsn, seconds) if role == "flip" else _materialize_loop(dsn, seconds)
+
+
+def test_re_declaring_during_materialization_keeps_every_occurrence_exactly_once(
+    db: Database, conn: Conn
+) -> None:
+    """A rolling deploy: one process re-declares an every-second schedule over and over (two
+    spellings of the same instants) while two processes materialize it. Every second of the
+    race has exactly one run: none cancelled and lost, none twice."""
+    conn.execute("SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')", (FLIPS[0],))
+    _materialize(db, None, 2.0)  # its cursor starts at once
+    first = scalar(conn, "SELECT min(scheduled_for) FROM jobs.runs")
+    flips, *created = run_in_processes(_race_member, [(db.dsn, 6.0, role) for role in ("flip", "m", "m")])
+    _materialize(db, None, 2.0)  # the last re-declare's occurrences up to now
+    ended = scalar(conn, "SELECT now()")
+    assert flips > 5, f"the race ran too little: {flips} re-declares"
+    got = rows(
+        conn,
+        "SELECT scheduled_for AS t, count(*) FILTER (WHERE status = 'QUEUED') AS live, count(*) AS runs"
+        " FROM jobs.runs GROUP BY 1 ORDER BY 1",
+    )
+    counts = {r["t"]: (r["live"], r["runs"]) for r in got}
+    seconds = [first + timedelta(seconds=i) for i in range(int((ended - first).total_seconds()))]
+    wrong = {t: counts.get(t, (0, 0)) for t in seconds if counts.get(t) != (1, 1)}
+    assert not wrong, (
+        f"{flips} re-declares, {created} runs created: seconds without exactly one live run"
+        f" (live, all runs): {sorted(wrong.items())[:10]}"
+    )

@@ -1,0 +1,227 @@
+"""jobs.undefine serializes with every path that adds runs of a definition (jobs.materialize,
+materialize_many, materialize_one_shots, finish_backfill, run_now, a retry after a failure):
+once undefine has committed, no QUEUED run of the deleted definition exists, and none
+appears afterwards. Real sessions: one holds the adding transaction open while another
+undefines; then a loop of real processes racing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import psycopg
+import pytest
+
+from harness import Conn, Database, run_in_processes, scalar, wait_for
+
+# Orphans: QUEUED runs whose definition no longer exists.
+ORPHANS = (
+    "SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') FROM jobs.runs AS r"
+    " WHERE r.status = 'QUEUED' AND r.definition_id IS NOT NULL"
+    " AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id)"
+)
+
+
+def _recurring(conn: Conn) -> int:
+    """A recurring definition whose cursor stands a minute in the past."""
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')"))
+    conn.execute(
+        "SELECT jobs.materialize(%s, NULL, '{}', date_trunc('minute', now()) - interval '1 minute')",
+        (definition_id,),
+    )
+    return definition_id
+
+
+def _materialize(conn: Conn, held: Conn) -> None:
+    definition_id = _recurring(conn)
+    held.execute(
+        "SELECT jobs.materialize(d.id, d.next_run_at, ARRAY[d.next_run_at],"
+        " d.next_run_at + interval '1 minute') FROM jobs.definitions AS d WHERE d.id = %s",
+        (definition_id,),
+    )
+
+
+def _materialize_many(conn: Conn, held: Conn) -> None:
+    definition_id = _recurring(conn)
+    held.execute(
+        "SELECT m.* FROM jobs.definitions AS d, jobs.materialize_many(ARRAY[d.id], ARRAY[d.next_run_at],"
+        " ARRAY[d.next_run_at + interval '1 minute'], ARRAY[d.revision], ARRAY[d.id], ARRAY[d.next_run_at])"
+        " AS m WHERE d.id = %s",
+        (definition_id,),
+    )
+
+
+def _materialize_one_shots(conn: Conn, held: Conn) -> None:
+    conn.execute("SELECT jobs.define('d', 'k', run_at => now() + interval '10 minutes')")
+    held.execute("SELECT jobs.materialize_one_shots(interval '1 hour')")
+
+
+def _backfill(conn: Conn) -> tuple[int, datetime]:
+    """A recurring definition with a pending backfill of one past minute."""
+    _recurring(conn)
+    at = scalar(conn, "SELECT date_trunc('minute', now()) - interval '1 hour'")
+    return int(scalar(conn, "SELECT id FROM jobs.backfill('d', %s, %s)", (at, at))), at
+
+
+def _finish_backfill(conn: Conn, held: Conn) -> None:
+    request, at = _backfill(conn)
+    held.execute("SELECT jobs.finish_backfill(%s, ARRAY[%s]::timestamptz[])", (request, at))
+
+
+def _run_now(conn: Conn, held: Conn) -> None:
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *')")
+    held.execute("SELECT jobs.run_now('d')")
+
+
+def _fail_with_retry(conn: Conn, held: Conn) -> None:
+    """A running run of the definition fails and its retry is queued."""
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *', max_attempts => 3)")
+    conn.execute("SELECT jobs.run_now('d')")
+    run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+    held.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
+
+
+def _blocked(conn: Conn, pid: int) -> bool:
+    return bool(scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)))
+
+
+class Undefine(threading.Thread):
+    """jobs.undefine('d') in its own session; keeps the error, if any."""
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(daemon=True)
+        self.session = db.connect()
+        self.pid = self.session.info.backend_pid
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.session.execute("SELECT jobs.undefine('d')")
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+        finally:
+            self.session.close()
+
+
+@pytest.mark.parametrize(
+    "add",
+    [_materialize, _materialize_many, _materialize_one_shots, _finish_backfill, _run_now, _fail_with_retry],
+    ids=lambda f: f.__name__.lstrip("_"),
+)
+def test_undefine_while_runs_are_being_added_leaves_no_queued_run(
+    db: Database, conn: Conn, add: Callable[[Conn, Conn], None]
+) -> None:
+    with db.connect(autocommit=False) as held:
+        add(conn, held)  # its runs are inserted, not committed
+        added = scalar(held, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'")
+        assert added >= 1, "the adding transaction inserted a run"
+        undefine = Undefine(db)
+        undefine.start()
+        # The undefine either waits for the adding transaction or (unserialized) is already done.
+        wait_for(
+            "the undefine to wait or finish",
+            lambda: not undefine.is_alive() or _blocked(conn, undefine.pid),
+            60,
+        )
+        held.commit()
+    undefine.join(60)
+    assert not undefine.is_alive() and undefine.error is None, f"undefine failed: {undefine.error!r}"
+    assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+    orphans = scalar(conn, ORPHANS)
+    assert orphans == [], (
+        f"{add.__name__}: QUEUED runs {orphans} of the undefined definition remain and would run"
+    )
+
+
+def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Database, conn: Conn) -> None:
+    """An undefine and a finish_backfill both wait for the definition (here held by a third
+    session); the undefine, first in line, deletes the definition and with it the request.
+    The backfill must then add nothing, and neither may be chosen as a deadlock victim."""
+    request, at = _backfill(conn)
+    errors: list[BaseException] = []
+
+    def finish() -> None:
+        try:
+            with db.connect() as session:
+                session.execute("SELECT jobs.finish_backfill(%s, ARRAY[%s]::timestamptz[])", (request, at))
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    with db.connect(autocommit=False) as holder:
+        holder.execute("SELECT FROM jobs.definitions WHERE name = 'd' FOR NO KEY UPDATE")
+        undefine = Undefine(db)
+        undefine.start()
+        wait_for("the undefine to wait", lambda: _blocked(conn, undefine.pid), 60)
+        finisher = threading.Thread(target=finish, daemon=True)
+        finisher.start()
+        wait_for(
+            "finish_backfill to wait",
+            lambda: scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%finish_backfill%%'",
+            ),
+            60,
+        )
+        holder.commit()
+    undefine.join(60)
+    finisher.join(60)
+    assert undefine.error is None and not errors, f"undefine: {undefine.error!r}, finish_backfill: {errors!r}"
+    assert scalar(conn, ORPHANS) == []
+
+
+def _undefine_loop(dsn: str, seconds: float) -> int:
+    rounds = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            conn.execute("SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour')")
+            conn.execute("SELECT jobs.undefine('race')")
+            rounds += 1
+    return rounds
+
+
+def _add_loop(dsn: str, seconds: float) -> int:
+    added = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            try:
+                conn.execute("SELECT jobs.run_now('race')")
+                added += 1
+            except psycopg.errors.NoDataFound:
+                pass  # undefined just now
+            added += int(scalar(conn, "SELECT jobs.materialize_one_shots(interval '2 hours')"))
+    return added
+
+
+def _race_member(dsn: str, seconds: float, role: str) -> int:
+    return _undefine_loop(dsn, seconds) if role == "undefine" else _add_loop(dsn, seconds)
+
+
+def test_undefine_racing_run_now_and_materialize_in_processes(db: Database, conn: Conn) -> None:
+    rounds, *added = run_in_processes(
+        _race_member, [(db.dsn, 6.0, role) for role in ("undefine", "add", "add")]
+    )
+    assert rounds > 10 and sum(added) > 10, f"the race ran too little: {rounds} undefines, {added} runs added"
+    assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+    orphans = scalar(conn, ORPHANS)
+    assert orphans == [], (
+        f"QUEUED runs {orphans} of undefined definitions remain ({rounds} rounds, {added} added)"
+    )
+
+
+def test_a_run_of_a_deleted_definition_that_fails_is_not_retried(conn: Conn) -> None:
+    """The definition is undefined while its run is RUNNING: the run finishes normally (its
+    failure is recorded), but no retry of a deleted definition is queued."""
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *', max_attempts => 3)")
+    conn.execute("SELECT jobs.run_now('d')")
+    run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+    conn.execute("SELECT jobs.undefine('d')")
+    failed = conn.execute(
+        "SELECT id, status::text FROM jobs.fail(%s, 'w', '{}', 'boom')", (run_id,)
+    ).fetchone()
+    assert failed == (run_id, "FAILED"), f"fail returned {failed}: a retry of the undefined definition"
+    assert scalar(conn, ORPHANS) == []
