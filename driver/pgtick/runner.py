@@ -76,7 +76,17 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     with connect(dsn, application_name="pgtick-sync") as conn:
         if not calls.schema_installed(conn):
             raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
-        sync_app(app, conn)
+        if calls.can_operate(conn):
+            sync_app(app, conn)
+        elif options.scheduler:
+            raise UsageError(
+                "this login is not a member of jobs_operator: it cannot schedule or write the app's"
+                " schedules and retry policies; pass --no-scheduler to only work with it"
+            )
+        else:
+            log.info(
+                "worker-only login: the app's schedules and retry policies are left as an operator wrote them"
+            )
     if not app.has_database:
         app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()

@@ -9,13 +9,11 @@ A run claimed without a token keeps worker-id fencing (callers that predate toke
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from harness import Conn, Database, add_runs, digest, expect_error, scalar
 
@@ -26,18 +24,8 @@ FORGED = "forged-0123456789abcdef-guess"
 @pytest.fixture
 def logins(db: Database) -> Iterator[tuple[str, str]]:
     """Two LOGIN roles that are members of jobs_worker only (dropped at the end)."""
-    names = (f"pgtick_t_tok_a{os.getpid()}", f"pgtick_t_tok_b{os.getpid()}")
-    with db.connect() as admin:
-        for name in names:
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
-            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-            admin.execute(sql.SQL("GRANT jobs_worker TO {}").format(sql.Identifier(name)))
-    try:
-        yield names
-    finally:
-        with db.connect() as admin:
-            for name in names:
-                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+    with db.worker_login("tok_a") as a, db.worker_login("tok_b") as b:
+        yield a, b
 
 
 def _as(db: Database, user: str) -> psycopg.Connection[Any]:
