@@ -74,7 +74,7 @@ def test_the_worker_presents_a_secret_it_never_logs_or_stores(
     db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each Worker claims with a token of its own; the database has its hash on the runs,
-    never its text, and no log line shows it."""
+    never its text; no log line and no statement text in pg_stat_activity shows it."""
     app = App()
     done = threading.Event()
 
@@ -103,6 +103,9 @@ def test_the_worker_presents_a_secret_it_never_logs_or_stores(
                         ),
                         timeout=20,
                     )
+                    # Bound parameters: no session's statement text shows the token.
+                    statements = scalar(conn, "SELECT string_agg(query, '|') FROM pg_stat_activity")
+                    assert worker.claim_token not in statements, "pg_stat_activity shows the token"
             finally:
                 stop.set()
                 thread.join(timeout=30)
