@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import APPS, FAST, Database, pgtick, processes, scalar, wait_for
+from harness import APPS, FAST, NEVER, Database, pgtick, processes, scalar, wait_for
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
 
-def test_pgtick_run_as_a_worker_login_completes_and_fails_jobs(db: Database, tmp_path: Path) -> None:
+def test_pgtick_run_as_a_worker_login_completes_fails_and_cancels_jobs(db: Database, tmp_path: Path) -> None:
+    """Every call the worker makes on the way (register, LISTEN, next_due, claim, heartbeat,
+    complete, complete_many, fail, acknowledge_cancel, definition names, stop) is allowed
+    to a jobs_worker login, and each run it claimed carries its claim token's hash."""
     with db.worker_login("runner") as login, processes(tmp_path, db.dsn) as procs, db.connect() as conn:
         replica = procs.start(
             "worker-login",
@@ -25,9 +28,18 @@ def test_pgtick_run_as_a_worker_login_completes_and_fails_jobs(db: Database, tmp
         )
         worker = replica.worker_id
         quick = [scalar(conn, "SELECT id FROM jobs.enqueue('quick')") for _ in range(3)]
-        sleepy = scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 0.8}')""")
+        sleepy = scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 2}')""")
         exits = scalar(conn, "SELECT id FROM jobs.enqueue('exits', max_attempts => 1)")
-        ids = [*quick, sleepy, exits]
+        conn.execute("SELECT jobs.define('nightly', 'quick', run_at => %s)", (NEVER,))
+        scheduled = scalar(conn, "SELECT id FROM jobs.run_now('nightly')")  # named in the log
+        cancelled = scalar(conn, """SELECT id FROM jobs.enqueue('mutating', '{"seconds": 60}')""")
+        wait_for(
+            f"run {cancelled} to be RUNNING",
+            lambda: scalar(conn, "SELECT status = 'RUNNING' FROM jobs.runs WHERE id = %s", (cancelled,)),
+            timeout=30,
+        )
+        conn.execute("SELECT jobs.cancel(%s)", (cancelled,))
+        ids = [*quick, sleepy, exits, scheduled, cancelled]
         wait_for(
             f"runs {ids} to end",
             lambda: scalar(
@@ -53,8 +65,11 @@ def test_pgtick_run_as_a_worker_login_completes_and_fails_jobs(db: Database, tmp
         *[(q, "COMPLETED", None, worker) for q in quick],
         (sleepy, "COMPLETED", None, worker),
         (exits, "FAILED", "SystemExit: 3", worker),
+        (scheduled, "COMPLETED", None, worker),
+        (cancelled, "CANCELLED", f"run {cancelled} cancelled", worker),
     ], context
-    assert runs[3][4] is True, f"the 0.8 s run was never heartbeated after its claim: {context}"
+    assert "definition=nightly" in log, log
+    assert runs[3][4] is True, f"the 2 s run was never heartbeated after its claim: {context}"
     assert len(hashes) == 1 and hashes[0] is not None, f"claim token hashes of the runs: {hashes}"
     assert "permission denied" not in log and "Traceback" not in log, log
     assert code == 0, context
