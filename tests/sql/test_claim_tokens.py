@@ -83,7 +83,7 @@ EVERYTHING = {
     "complete": True,
     "complete_many": 1,
     "fail": True,
-    "snooze": False,  # refused while a cancellation is requested
+    "snooze": False,  # refused while a cancellation is requested (as it is here)
     "acknowledge_cancel": True,
 }
 
@@ -98,15 +98,18 @@ def test_a_run_claimed_with_a_token_is_fenced_against_anyone_without_it(
     mine, other = logins
     with _as(db, mine) as a:
         _claim_one(a, "w-a", TOKEN)
-    conn.execute("SELECT jobs.cancel(%s)", (run_id,))  # so acknowledge_cancel could apply
     shown = scalar(conn, "SELECT worker FROM jobs.running WHERE id = %s", (run_id,))
     assert shown == "w-a", f"jobs.running shows worker {shown!r}"
-    before = digest(conn)
-    with _as(db, other) as b:
-        for token in (None, FORGED):
-            got = _touches(b, run_id, "w-a", token)
-            assert got == NOTHING, f"a caller with token {token!r} touched run {run_id}: {got}"
-    assert digest(conn) == before, "a fenced call changed something"
+    # Before and after a cancellation request (snooze applies only before, acknowledge after).
+    for cancel in (False, True):
+        if cancel:
+            conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+        before = digest(conn)
+        with _as(db, other) as b:
+            for token in (None, FORGED):
+                got = _touches(b, run_id, "w-a", token)
+                assert got == NOTHING, f"a caller with token {token!r} touched run {run_id}: {got}"
+        assert digest(conn) == before, "a fenced call changed something"
     with _as(db, mine) as a:
         got = _touches(a, run_id, "w-a", TOKEN)
         assert got == EVERYTHING, f"the token's owner was refused on run {run_id}: {got}"
