@@ -54,8 +54,12 @@ def advisory_xact_lock(conn: Conn, key: int) -> None:
 
 
 def can_operate(conn: Conn) -> bool:
-    """Whether this login has jobs_operator's rights (sync the app, schedule), not only a worker's."""
-    row = conn.execute("SELECT pg_has_role('jobs_operator', 'USAGE')").fetchone()
+    """Whether this login has jobs_operator's rights (sync the app, schedule), not only a worker's
+    (true where the role does not exist yet: the schema is not installed, which is said next)."""
+    row = conn.execute(
+        "SELECT CASE WHEN to_regrole('jobs_operator') IS NULL THEN true"
+        " ELSE pg_has_role('jobs_operator', 'USAGE') END"
+    ).fetchone()
     return bool(row and _first(row))
 
 

@@ -75,12 +75,16 @@ def test_pgtick_run_as_a_worker_login_completes_fails_and_cancels_jobs(db: Datab
     assert code == 0, context
 
 
-def test_pgtick_run_as_a_worker_login_refuses_to_schedule(db: Database, tmp_path: Path) -> None:
-    """Scheduling needs jobs_operator: one readable line and exit 2, not a traceback."""
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_pgtick_run_as_a_worker_login_refuses_to_schedule(
+    db: Database, tmp_path: Path, processes: str
+) -> None:
+    """Scheduling needs jobs_operator: one readable line and exit 2, not a traceback (nor
+    worker processes that a supervisor restarts for ever)."""
     app = tmp_path / "one_job.py"
     app.write_text("from pgtick import App\napp = App()\napp.job('k')(lambda ctx: None)\n")
     with db.worker_login("scheduler") as login:
-        done = pgtick("run", str(app), "--dsn", db.dsn_as(login), *FAST)
+        done = pgtick("run", str(app), "--dsn", db.dsn_as(login), "--processes", processes, *FAST)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "--no-scheduler" in lines[0], done.stderr
 
