@@ -14,6 +14,8 @@
 # run left to the reaper (HeartbeatLost, retried by policy). A second signal exits at once.
 #
 # The login needs only the jobs_worker role. For concurrency, run several copies.
+# Each copy claims with a claim token, a secret it draws at start: the runs it claims can
+# be heartbeated and reported only with that token, not by whoever reads its worker id.
 # Payloads and results travel as shell variables and psql arguments, which Linux caps at
 # 128 kB each: keep them smaller (pass a reference, such as a URL or a row id, instead).
 #
@@ -41,6 +43,16 @@ WORKER="bash-$(hostname)-$$-$(printf '%04x%04x' "$RANDOM" "$RANDOM")"
 MAIN=$$
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/pgtick-worker.XXXXXX")
 export PGAPPNAME="pgtick-bash $WORKER" PGCONNECT_TIMEOUT=${PGCONNECT_TIMEOUT:-10}
+# The claim token (jobs.claim stores only its sha256). It reaches the server as a session
+# setting in the connection options and the SQL reads it with current_setting: it is never
+# in the text of a statement, which pg_stat_activity and statement logs show. (A DSN that
+# sets options= overrides PGOPTIONS: add -c pgtick.claim_token there instead.)
+TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+if ((${#TOKEN} != 32)); then
+    echo "worker.sh: cannot read a claim token from /dev/urandom" >&2
+    exit 2
+fi
+export PGOPTIONS="${PGOPTIONS:+$PGOPTIONS }-c pgtick.claim_token=$TOKEN"
 
 log() { printf '%s worker=%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$WORKER" "$*" >&2; }
 
@@ -147,7 +159,8 @@ beat() {
     run_id=$(cat "$STATE/current" 2>/dev/null) || return 0
     [[ -n $run_id ]] || return 0
     if ! answer=$(sql -v run_id="$run_id" -v worker="$WORKER" <<'SQL'
-SELECT cancel_requested FROM jobs.heartbeat(ARRAY[:'run_id']::bigint[], :'worker')
+SELECT cancel_requested
+  FROM jobs.heartbeat(ARRAY[:'run_id']::bigint[], :'worker', current_setting('pgtick.claim_token'))
 SQL
     ); then
         log "run=$run_id heartbeat failed (the job keeps going)"
@@ -178,8 +191,8 @@ heartbeat_loop() {
 }
 
 # ---------------------------------------------------------------------------------------
-# Reporting: each call is fenced by the worker id in the database, so repeating it after a
-# lost connection is harmless. Keep trying while the database does not answer.
+# Reporting: each call is fenced by the worker id and claim token in the database, so
+# repeating it after a lost connection is harmless. Keep trying while the database does not answer.
 # ---------------------------------------------------------------------------------------
 
 report() { # report SQL-ARGS...: run the statement on stdin, retrying while the server is away
@@ -206,7 +219,7 @@ unreported() { # unreported RUN_ID STATUS: say why a report did not happen
 complete_run() { # complete_run RUN_ID RESULT
     local applied status
     applied=$(report -v run_id="$1" -v worker="$WORKER" -v result="$2" <<'SQL'
-SELECT jobs.complete(:'run_id', :'worker', nullif(:'result', '')::jsonb)
+SELECT jobs.complete(:'run_id', :'worker', nullif(:'result', '')::jsonb, current_setting('pgtick.claim_token'))
 SQL
     )
     status=$?
@@ -224,7 +237,9 @@ SQL
 fail_run() { # fail_run RUN_ID CLASS MESSAGE
     local answer status id next
     answer=$(report -v run_id="$1" -v worker="$WORKER" -v class="$2" -v message="$3" <<'SQL'
-SELECT (f).id, (f).status FROM jobs.fail(:'run_id', :'worker', ARRAY[:'class', 'ShellError'], :'message') AS f
+SELECT (f).id, (f).status
+  FROM jobs.fail(:'run_id', :'worker', ARRAY[:'class', 'ShellError'], :'message',
+                 claim_token => current_setting('pgtick.claim_token')) AS f
 SQL
     )
     status=$?
@@ -243,7 +258,8 @@ SQL
 acknowledge_cancel() { # acknowledge_cancel RUN_ID
     local applied status
     applied=$(report -v run_id="$1" -v worker="$WORKER" <<'SQL'
-SELECT jobs.acknowledge_cancel(:'run_id', :'worker', 'cancelled at a checkpoint')
+SELECT jobs.acknowledge_cancel(:'run_id', :'worker', 'cancelled at a checkpoint',
+                               current_setting('pgtick.claim_token'))
 SQL
     )
     status=$?
@@ -360,7 +376,8 @@ while ((!STOP)); do
     if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v queue="$QUEUE" >"$STATE/claim" <<'SQL'
 SELECT id, kind, attempt, payload::text
   FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '),
-                  queues => CASE WHEN :'queue' <> '' THEN ARRAY[:'queue'] END)
+                  queues => CASE WHEN :'queue' <> '' THEN ARRAY[:'queue'] END,
+                  claim_token => current_setting('pgtick.claim_token'))
 SQL
     then
         log "claim failed (database unavailable?); retrying in ${POLL}s"

@@ -59,6 +59,10 @@
 -- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
 -- from now on (the Python driver), so a crash right after the claim is reaped after the
 -- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
+-- claim_token: a secret the worker generated (16 to 200 characters); only its sha256 is
+-- stored, in claim_token_hash, and its later calls on these runs must present the same
+-- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
+-- jobs.config.require_claim_token set, a claim without one is refused.
 -- Its statements are planned once per session (generic plans), except the pool query:
 -- re-planning them on every call cost about a third of a claim (docs/performance.md).
 CREATE OR REPLACE FUNCTION jobs.claim(
@@ -66,7 +70,8 @@ CREATE OR REPLACE FUNCTION jobs.claim(
     worker text DEFAULT NULL,
     kinds text[] DEFAULT NULL,
     heartbeat boolean DEFAULT FALSE,
-    queues text[] DEFAULT NULL
+    queues text[] DEFAULT NULL,
+    claim_token text DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -83,6 +88,7 @@ DECLARE
     v_holders integer[];
     v_started timestamptz;
     v_worker text;
+    v_token_hash bytea;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
@@ -139,6 +145,12 @@ BEGIN
             SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200)) THEN
         RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
             USING ERRCODE = '22023';
+    END IF;
+    v_token_hash := jobs._claim_token_hash(claim.claim_token);
+    IF v_token_hash IS NULL AND (SELECT c.require_claim_token FROM jobs.config AS c) THEN
+        RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
+            USING ERRCODE = '22023',
+                  HINT = 'Pass claim_token => a secret generated once per worker process, and the same token to heartbeat, complete and fail.';
     END IF;
     v_worker := coalesce(claim.worker, (
         SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
@@ -469,6 +481,7 @@ BEGIN
     WITH started AS (
         UPDATE jobs.runs AS r
            SET status = 'RUNNING', started_at = v_started, worker = v_worker,
+               claim_token_hash = v_token_hash,
                heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
@@ -476,5 +489,5 @@ BEGIN
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[]) IS
-'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. heartbeat => true stamps heartbeat_at at claim.';
+COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS
+'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';

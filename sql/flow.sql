@@ -366,12 +366,14 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
 -- ---------------------------------------------------------------------------
 
 -- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
-CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval)
+CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(snooze.claim_token);
 BEGIN
     PERFORM jobs._check_range('run_id', snooze.run_id, 1, 9223372036854775807);
     PERFORM jobs._check_text('worker', snooze.worker, 200);
@@ -381,10 +383,11 @@ BEGIN
     END IF;
     UPDATE jobs.runs AS r
        SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
-           started_at = NULL, heartbeat_at = NULL, worker = NULL
+           started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
      WHERE r.id = snooze.run_id
        AND r.status = 'RUNNING'
        AND r.worker = snooze.worker
+       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
        AND NOT r.cancel_requested;
     IF FOUND THEN
         PERFORM jobs._notify();
@@ -393,8 +396,8 @@ BEGIN
     RETURN FALSE;
 END
 $$;
-COMMENT ON FUNCTION jobs.snooze(bigint, text, interval) IS
-'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker and no cancellation was requested; returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS
+'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
 
 -- ---------------------------------------------------------------------------
 -- What waits on what

@@ -150,6 +150,30 @@ $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
+-- The stored form of a worker's claim token: its sha256 (NULL for no token).
+-- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
+-- could be guessed, and a worker that presents one means to be fenced by it.
+CREATE OR REPLACE FUNCTION jobs._claim_token_hash(claim_token text)
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF claim_token IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF length(claim_token) NOT BETWEEN 16 AND 200 THEN
+        RAISE EXCEPTION 'claim_token must be 16 to 200 characters (a secret the worker generated), got %',
+            length(claim_token)
+            USING ERRCODE = '22023',
+                  HINT = 'Generate one per worker process, e.g. secrets.token_urlsafe(32) or openssl rand -hex 16.';
+    END IF;
+    RETURN pg_catalog.sha256(pg_catalog.convert_to(claim_token, 'UTF8'));
+END
+$$;
+COMMENT ON FUNCTION jobs._claim_token_hash(text) IS
+'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
+
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
 -- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).

@@ -98,7 +98,8 @@ CREATE OR REPLACE FUNCTION jobs.fail(
     worker text,
     error_classes text[] DEFAULT '{}',
     message text DEFAULT NULL,
-    reason text DEFAULT 'Error'
+    reason text DEFAULT 'Error',
+    claim_token text DEFAULT NULL
 )
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -109,6 +110,7 @@ DECLARE
     v_failed jobs.runs;
     v_retry jobs.runs;
     v_retry_id bigint;
+    v_token_hash bytea := jobs._claim_token_hash(fail.claim_token);
 BEGIN
     PERFORM jobs._check_range('run_id', fail.run_id, 1, 9223372036854775807);
     PERFORM jobs._check_text('worker', fail.worker, 200);
@@ -128,6 +130,7 @@ BEGIN
      WHERE r.id = fail.run_id
        AND r.status = 'RUNNING'
        AND r.worker = fail.worker
+       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
     RETURNING r.* INTO v_failed;
     IF NOT FOUND THEN
         RETURN NULL;  -- fenced: not RUNNING for this worker (reaped, cancelled, or never ours)
@@ -144,8 +147,8 @@ BEGIN
     RETURN v_retry;
 END
 $$;
-COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text) IS
-'RUNNING -> FAILED (reason Error or Timeout) if owned by worker; inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
+COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS
+'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint)

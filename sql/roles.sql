@@ -3,10 +3,13 @@
 -- function is SECURITY DEFINER with search_path pinned to pg_catalog, pg_temp
 -- (pg_temp last, so a caller's temporary objects can never shadow anything)
 -- and every reference schema-qualified: callers need no table privileges, and
--- a hostile search_path in the caller's session changes nothing. Roles nest:
--- jobs_reader < jobs_worker < jobs_operator.
+-- a hostile search_path in the caller's session changes nothing. jobs_operator is a
+-- member of both jobs_reader and jobs_worker; jobs_worker is not a reader.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
---   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze,
+--                   next_due and its registry calls; it reads no table, except the two
+--                   column grants below (no payload, no result: what its calls return
+--                   about the runs it claimed is all it sees of them)
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
@@ -14,26 +17,40 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
 REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
 
-GRANT jobs_reader TO jobs_worker;
+-- Schemas installed before workers lost their reader rights: take them back.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_auth_members AS m
+                WHERE m.roleid = 'jobs_reader'::regrole AND m.member = 'jobs_worker'::regrole) THEN
+        REVOKE jobs_reader FROM jobs_worker;
+    END IF;
+END
+$$;
+GRANT jobs_reader TO jobs_operator;
 GRANT jobs_worker TO jobs_operator;
 
-GRANT USAGE ON SCHEMA jobs TO jobs_reader;
+GRANT USAGE ON SCHEMA jobs TO jobs_reader, jobs_worker;
 GRANT SELECT ON ALL TABLES IN SCHEMA jobs TO jobs_reader;
 GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 
 GRANT EXECUTE ON FUNCTION
-jobs.claim(integer, text, text[], boolean, text[]),
-jobs.heartbeat(bigint[], text),
-jobs.complete(bigint, text, jsonb),
-jobs.complete_many(bigint[], text),
-jobs.fail(bigint, text, text[], text, text),
-jobs.acknowledge_cancel(bigint, text, text),
+jobs.claim(integer, text, text[], boolean, text[], text),
+jobs.heartbeat(bigint[], text, text),
+jobs.complete(bigint, text, jsonb, text),
+jobs.complete_many(bigint[], text, text),
+jobs.fail(bigint, text, text[], text, text, text),
+jobs.acknowledge_cancel(bigint, text, text, text),
 jobs.next_due(text[]),
-jobs.snooze(bigint, text, interval),
+jobs.snooze(bigint, text, interval, text),
 jobs.register_worker(text, text[], text, integer),
 jobs.worker_seen(text),
 jobs.worker_stopped(text)
 TO jobs_worker;
+
+-- What the Python worker reads besides its calls: the default heartbeat timeout, and
+-- definition names for its log lines.
+GRANT SELECT (heartbeat_timeout) ON jobs.config TO jobs_worker;
+GRANT SELECT (id, name) ON jobs.definitions TO jobs_worker;
 
 -- The console's read-only calls (sql/console.sql).
 GRANT EXECUTE ON FUNCTION

@@ -1,19 +1,28 @@
 -- ===========================================================================
 -- worker.sql: what a worker calls while it holds runs: heartbeat, complete,
 -- acknowledge a cancellation. Every transition is fenced in its WHERE clause by
--- status = 'RUNNING' and the claiming worker's id, and says whether it happened:
--- a worker that was reaped (or never owned the run) changes nothing.
+-- status = 'RUNNING', the claiming worker's id and its claim token, and says whether
+-- it happened: a worker that was reaped (or never owned the run) changes nothing.
+--
+-- Claim tokens: a worker id is no secret (jobs.running and jobs.workers show it), so a
+-- worker that claims with claim_token => a secret of its own gets runs that only a caller
+-- presenting the same token can touch: the run stores sha256 of the token
+-- (claim_token_hash) and each call here requires claim_token_hash IS NOT DISTINCT FROM
+-- sha256(its claim_token). A run claimed without a token is fenced by the worker id alone
+-- (callers that predate tokens), and a caller presenting a token cannot touch it either.
 -- ===========================================================================
 
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
-CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text)
+CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(heartbeat.claim_token);
 BEGIN
     PERFORM jobs._check_run_batch(heartbeat.run_ids, heartbeat.worker);
     -- Lock in id order: the same worker's complete_many runs at the same time on
@@ -25,22 +34,27 @@ BEGIN
              WHERE s.id = ANY (heartbeat.run_ids)
                AND s.status = 'RUNNING'
                AND s.worker = heartbeat.worker
+               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
              ORDER BY s.id
                FOR NO KEY UPDATE) AS mine
      WHERE r.id = mine.id
     RETURNING r.id, r.cancel_requested;
 END
 $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint[], text) IS
-'Stamp heartbeat_at on the given runs still RUNNING for worker; returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS
+'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
-CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION jobs.complete(
+    run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL
+)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(complete.claim_token);
 BEGIN
     PERFORM jobs._check_range('run_id', complete.run_id, 1, 9223372036854775807);
     PERFORM jobs._check_text('worker', complete.worker, 200);
@@ -52,7 +66,8 @@ BEGIN
        SET status = 'COMPLETED', finished_at = now(), result = complete.result
      WHERE r.id = complete.run_id
        AND r.status = 'RUNNING'
-       AND r.worker = complete.worker;
+       AND r.worker = complete.worker
+       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
@@ -62,16 +77,18 @@ BEGIN
     RETURN TRUE;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb) IS
-'RUNNING -> COMPLETED if the run is still owned by worker; returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS
+'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
-CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text)
+CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(complete_many.claim_token);
 BEGIN
     PERFORM jobs._check_run_batch(complete_many.run_ids, complete_many.worker);
     RETURN QUERY  -- locks in id order, like jobs.heartbeat
@@ -81,6 +98,7 @@ BEGIN
              WHERE s.id = ANY (complete_many.run_ids)
                AND s.status = 'RUNNING'
                AND s.worker = complete_many.worker
+               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
              ORDER BY s.id
                FOR NO KEY UPDATE) AS mine
      WHERE r.id = mine.id
@@ -90,16 +108,20 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete_many(bigint[], text) IS
-'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker, returns their ids.';
+COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS
+'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
-CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(run_id bigint, worker text, message text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
+    run_id bigint, worker text, message text DEFAULT NULL, claim_token text DEFAULT NULL
+)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(acknowledge_cancel.claim_token);
 BEGIN
     PERFORM jobs._check_range('run_id', acknowledge_cancel.run_id, 1, 9223372036854775807);
     PERFORM jobs._check_text('worker', acknowledge_cancel.worker, 200);
@@ -109,6 +131,7 @@ BEGIN
      WHERE r.id = acknowledge_cancel.run_id
        AND r.status = 'RUNNING'
        AND r.worker = acknowledge_cancel.worker
+       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
        AND r.cancel_requested;
     IF NOT FOUND THEN
         RETURN FALSE;
@@ -117,8 +140,8 @@ BEGIN
     RETURN TRUE;
 END
 $$;
-COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text) IS
-'The owning worker stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
+COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS
+'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
 
 -- When the next QUEUED run of these kinds becomes due, so an idle worker sleeps until then.
 -- Reads the claim index once per distinct priority (a loose index scan); runs already due

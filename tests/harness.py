@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.sql import SQL, Identifier
 
 from pgtick import migrate
 
@@ -84,6 +85,20 @@ class Database:
 
     def dsn_as(self, user: str) -> str:
         return make_conninfo(self.dsn, user=user)
+
+    @contextmanager
+    def worker_login(self, label: str) -> Iterator[str]:
+        """A LOGIN role that is a member of jobs_worker and nothing else, dropped at the end."""
+        name = f"pgtick_t_{label}_{os.getpid()}"
+        with self.connect() as admin:
+            admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
+            admin.execute(SQL("CREATE ROLE {} LOGIN").format(Identifier(name)))
+            admin.execute(SQL("GRANT jobs_worker TO {}").format(Identifier(name)))
+        try:
+            yield name
+        finally:
+            with self.connect() as admin:
+                admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
 
     def psql(self, sql: str, *, user: str | None = None, check: bool = True) -> str:
         """Run SQL through the psql binary (tuples only, unaligned, '|' separated)."""

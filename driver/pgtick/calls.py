@@ -53,6 +53,16 @@ def advisory_xact_lock(conn: Conn, key: int) -> None:
     conn.execute(ADVISORY_XACT_LOCK, (key,))
 
 
+def can_operate(conn: Conn) -> bool:
+    """Whether this login has jobs_operator's rights (sync the app, schedule), not only a worker's
+    (true where the role does not exist yet: the schema is not installed, which is said next)."""
+    row = conn.execute(
+        "SELECT CASE WHEN to_regrole('jobs_operator') IS NULL THEN true"
+        " ELSE pg_has_role('jobs_operator', 'USAGE') END"
+    ).fetchone()
+    return bool(row and _first(row))
+
+
 def schema_installed(conn: Conn) -> bool:
     row = conn.execute("SELECT to_regclass('jobs.runs') IS NOT NULL").fetchone()
     return bool(row and row[0])
@@ -62,15 +72,17 @@ def schema_installed(conn: Conn) -> bool:
 
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
-# queues => NULL claims from every queue.
-CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s)"
+# queues => NULL claims from every queue. claim_token: the worker's secret (one per worker
+# process, never logged); the database keeps its hash on the runs, and every later call on
+# them (heartbeat, complete, complete_many, fail, acknowledge_cancel) must present it.
+CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s, claim_token => %s)"
 # When the next QUEUED run becomes due (and the server clock): an idle worker sleeps until then.
 NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s)"
-COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s)"
-COMPLETE = "SELECT jobs.complete(%s, %s, %s) AS ok"
-ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s) AS ok"
-FAIL = "SELECT (f).id, (f).status::text AS status FROM jobs.fail(%s, %s, %s, %s, %s) AS f"
-HEARTBEAT = "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, %s)"
+COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s, claim_token => %s)"
+COMPLETE = "SELECT jobs.complete(%s, %s, %s, claim_token => %s) AS ok"
+ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s, claim_token => %s) AS ok"
+FAIL = "SELECT (f).id, (f).status::text AS status FROM jobs.fail(%s, %s, %s, %s, %s, claim_token => %s) AS f"
+HEARTBEAT = "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, %s, claim_token => %s)"
 DEFAULT_HEARTBEAT_TIMEOUT = "SELECT heartbeat_timeout FROM jobs.config"
 LISTEN = "LISTEN jobs"
 
@@ -84,27 +96,37 @@ def listen(conn: Conn) -> None:
     conn.execute(LISTEN)
 
 
-def heartbeat(conn: Conn, run_ids: list[int], worker_id: str) -> dict[int, bool]:
+def heartbeat(
+    conn: Conn, run_ids: list[int], worker_id: str, claim_token: str | None = None
+) -> dict[int, bool]:
     """Stamp the runs still ours; returns run id -> cancel requested for each of them."""
-    rows = conn.execute(HEARTBEAT, (run_ids, worker_id)).fetchall()
+    rows = conn.execute(HEARTBEAT, (run_ids, worker_id, claim_token)).fetchall()
     return {int(run_id): bool(cancel) for run_id, cancel in rows}
 
 
-def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb) -> bool:
-    row = conn.execute(COMPLETE, (run_id, worker_id, result)).fetchone()
+def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb, claim_token: str | None = None) -> bool:
+    row = conn.execute(COMPLETE, (run_id, worker_id, result, claim_token)).fetchone()
     return bool(row and _first(row))
 
 
-def acknowledge_cancel(conn: Conn, run_id: int, worker_id: str, message: str | None) -> bool:
-    row = conn.execute(ACKNOWLEDGE_CANCEL, (run_id, worker_id, message)).fetchone()
+def acknowledge_cancel(
+    conn: Conn, run_id: int, worker_id: str, message: str | None, claim_token: str | None = None
+) -> bool:
+    row = conn.execute(ACKNOWLEDGE_CANCEL, (run_id, worker_id, message, claim_token)).fetchone()
     return bool(row and _first(row))
 
 
 def fail(
-    conn: Conn, run_id: int, worker_id: str, classes: list[str] | None, message: str, reason: str
+    conn: Conn,
+    run_id: int,
+    worker_id: str,
+    classes: list[str] | None,
+    message: str,
+    reason: str,
+    claim_token: str | None = None,
 ) -> tuple[int, str] | None:
     """jobs.fail; (retry or failed run id, its status), or None when fenced."""
-    row = conn.execute(FAIL, (run_id, worker_id, classes, message, reason)).fetchone()
+    row = conn.execute(FAIL, (run_id, worker_id, classes, message, reason, claim_token)).fetchone()
     if row is None:
         return None
     run, status = (row[0], row[1]) if isinstance(row, tuple) else (row["id"], row["status"])

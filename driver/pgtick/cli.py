@@ -452,7 +452,7 @@ def _progress_enabled() -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pgtick import supervisor
-    from pgtick.runner import RunOptions, load_app, run_app
+    from pgtick.runner import RunOptions, check_login, load_app, run_app
 
     if args.processes < 1:
         raise UsageError(f"--processes must be at least 1, got {args.processes}")
@@ -486,6 +486,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--web needs the web extra: pip install 'pgtick[web]' ({exc})") from None
             serve_in_thread(dsn, args.web, operator_secret(None))
         if args.processes > 1:
+            with connect(dsn) as conn:  # a login that cannot run as asked: say so once, start nothing
+                check_login(conn, options)
             return supervisor.run_supervised(app, dsn, options, args.processes)
         stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
         return run_app(app, dsn, options, stop)

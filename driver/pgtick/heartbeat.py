@@ -45,9 +45,12 @@ class HeartbeatOwner(Protocol):
 class HeartbeatLoop:
     """One heartbeat call for all of an owner's runs, on its cadence, on its own connection."""
 
-    def __init__(self, dsn: str, worker_id: str, owner: HeartbeatOwner) -> None:
+    def __init__(
+        self, dsn: str, worker_id: str, owner: HeartbeatOwner, *, claim_token: str | None = None
+    ) -> None:
         self.dsn = dsn
         self.worker_id = worker_id
+        self.claim_token = claim_token  # what the runs were claimed with (a secret)
         self.owner = owner
         self.now = threading.Event()  # set to heartbeat at once
         self.waiting = float("inf")  # the wait in progress, seconds
@@ -82,7 +85,7 @@ class HeartbeatLoop:
             calls.worker_seen(self._conn, self.worker_id)  # the worker's own sign of life
             if not held:
                 return
-            alive = calls.heartbeat(self._conn, list(held), self.worker_id)
+            alive = calls.heartbeat(self._conn, list(held), self.worker_id, self.claim_token)
         except Exception as exc:
             self.owner.heartbeat_failed(exc)
             if self._conn is not None:

@@ -44,8 +44,16 @@ def _jsonable(value: Any) -> Any:
 class Reporter:
     """Holds outcomes until reported and settles each: events, logs, and ``release`` of the run."""
 
-    def __init__(self, worker_id: str, events: WorkerListener, release: Callable[[Context], None]) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        events: WorkerListener,
+        release: Callable[[Context], None],
+        *,
+        claim_token: str | None = None,
+    ) -> None:
         self.worker_id = worker_id
+        self.claim_token = claim_token  # what the runs were claimed with (a secret)
         self.events = events
         self.release = release  # the run is no longer this worker's to hold
         self._lock = threading.Lock()
@@ -97,12 +105,21 @@ class Reporter:
             log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
             self._forget(ctx)
         elif o.action == "complete":
-            self.settle(o, calls.complete(conn, ctx.run_id, self.worker_id, Jsonb(_jsonable(o.result))))
+            self.settle(
+                o,
+                calls.complete(
+                    conn, ctx.run_id, self.worker_id, Jsonb(_jsonable(o.result)), self.claim_token
+                ),
+            )
         elif o.action == "cancel":
-            self.settle(o, calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, o.message))
+            self.settle(
+                o, calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, o.message, self.claim_token)
+            )
         else:
             message = (o.message or "")[:10000]
-            failed = calls.fail(conn, ctx.run_id, self.worker_id, o.classes, message, o.reason)
+            failed = calls.fail(
+                conn, ctx.run_id, self.worker_id, o.classes, message, o.reason, self.claim_token
+            )
             retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
             self.settle(o, failed is not None, retry_run_id=retry)
 

@@ -11,6 +11,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+import psycopg
 
 from pgtick import calls
 from pgtick.app import App
@@ -69,6 +72,19 @@ class RunOptions:
     queues: list[str] | None = None  # claim only from these queues (None: all)
 
 
+def check_login(conn: psycopg.Connection[Any], options: RunOptions) -> bool:
+    """True when the login may write the app's schedules and retry policies (jobs_operator);
+    a worker-only login may only work: UsageError unless the scheduler is off."""
+    if calls.can_operate(conn):
+        return True
+    if options.scheduler:
+        raise UsageError(
+            "this login is not a member of jobs_operator: it cannot schedule or write the app's"
+            " schedules and retry policies; pass --no-scheduler to only work with it"
+        )
+    return False
+
+
 def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop``); returns the process exit code."""
     stop = stop or threading.Event()
@@ -76,7 +92,12 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     with connect(dsn, application_name="pgtick-sync") as conn:
         if not calls.schema_installed(conn):
             raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
-        sync_app(app, conn)
+        if check_login(conn, options):
+            sync_app(app, conn)
+        else:
+            log.info(
+                "worker-only login: the app's schedules and retry policies are left as an operator wrote them"
+            )
     if not app.has_database:
         app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()

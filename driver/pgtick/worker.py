@@ -59,7 +59,7 @@ from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, execute
 from pgtick.heartbeat import HeartbeatLoop
-from pgtick.identity import new_worker_id
+from pgtick.identity import new_claim_token, new_worker_id
 from pgtick.reporter import Reporter
 
 __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
@@ -97,6 +97,7 @@ class Worker:
         self.app = app
         self.dsn = dsn
         self.worker_id = worker_id or new_worker_id()
+        self.claim_token = new_claim_token()  # a secret: never logged
         self.concurrency = concurrency
         self.batch_size = min(batch_size or concurrency, 1000)
         # Runs held at once: the executing ones plus, when batch_size is larger than
@@ -122,8 +123,8 @@ class Worker:
         self._work_signalled = False
         self._db_offset = 0.0  # server clock minus this clock, seconds
         self._tasks: queue.SimpleQueue[Context | None] = queue.SimpleQueue()
-        self.reporter = Reporter(self.worker_id, self.events, self._release)
-        self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self)
+        self.reporter = Reporter(self.worker_id, self.events, self._release, claim_token=self.claim_token)
+        self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self, claim_token=self.claim_token)
         self._threads: list[threading.Thread] = []
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
@@ -337,7 +338,9 @@ class Worker:
             with conn.pipeline():
                 due_cur = conn.execute(calls.NEXT_DUE, (self.kinds,)) if want > 0 else None
                 claim_cur = (
-                    conn.execute(calls.CLAIM, (want, self.worker_id, self.kinds, self.queues))
+                    conn.execute(
+                        calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+                    )
                     if want > 0
                     else None
                 )
@@ -362,7 +365,9 @@ class Worker:
                 self._done_conn = connect_dicts(
                     self.dsn, application_name=f"pgtick-complete {self.worker_id}"
                 )
-            rows = self._done_conn.execute(calls.COMPLETE_MANY, (run_ids, self.worker_id)).fetchall()
+            rows = self._done_conn.execute(
+                calls.COMPLETE_MANY, (run_ids, self.worker_id, self.claim_token)
+            ).fetchall()
         except BaseException:
             self._close_done_conn()
             raise

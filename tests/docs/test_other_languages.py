@@ -68,10 +68,10 @@ class ShellWorker:
 def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
     started: list[ShellWorker] = []
 
-    def start(grace: float = 10, label: str = "worker") -> ShellWorker:
+    def start(grace: float = 10, label: str = "worker", dsn: str | None = None) -> ShellWorker:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
         env.update(
-            PGTICK_DSN=db.dsn,
+            PGTICK_DSN=dsn or db.dsn,
             PGTICK_POLL="0.1",
             PGTICK_HEARTBEAT="0.2",
             PGTICK_GRACE=str(grace),
@@ -208,6 +208,39 @@ def test_worker_sh_heartbeats_and_is_cancelled_through_the_heartbeat_answer(
     assert worker.terminate_and_wait() == 0
 
 
+def test_worker_sh_as_a_worker_login_holds_runs_that_its_worker_id_alone_cannot_touch(
+    db: Database, conn: Conn, start_worker: Any
+) -> None:
+    """Logged in with jobs_worker only, the bash worker claims with its claim token: a caller
+    that presents its worker id (shown in jobs.running) without the token completes nothing,
+    while the worker's own heartbeats, cancellation and completion go through."""
+    with db.worker_login("bash") as login:
+        worker = start_worker(dsn=db.dsn_as(login))
+        long_run = enqueue(conn, "nap", payload='{"steps": 600}')
+        worker.wait_until(
+            "the long run to be RUNNING with a heartbeat",
+            lambda: scalar(conn, "SELECT heartbeat_at IS NOT NULL FROM jobs.runs WHERE id = %s", (long_run,)),
+            timeout=15,
+        )
+        shown = scalar(conn, "SELECT worker FROM jobs.running WHERE id = %s", (long_run,))
+        forged = scalar(conn, """SELECT jobs.complete(%s, %s, '{"forged": true}')""", (long_run, shown))
+        row = run_row(conn, long_run)
+        assert forged is False and row["status"] == "RUNNING", f"completed with the worker id alone: {row}"
+        assert row["claim_token_hash"] is not None, "worker.sh claimed without a token"
+
+        assert scalar(conn, "SELECT jobs.cancel(%s)::text", (long_run,)) == "RUNNING"
+        worker.wait_until(
+            "the run to be cancelled at a checkpoint",
+            lambda: run_row(conn, long_run)["status"] == "CANCELLED",
+            timeout=10,
+        )
+        after = enqueue(conn, "greet", payload='{"name": "Ada"}')
+        worker.wait_until("the next run", lambda: run_row(conn, after)["status"] == "COMPLETED", timeout=10)
+        assert run_row(conn, after)["result"] == {"greeting": "hello Ada"}
+        assert worker.terminate_and_wait() == 0, worker.log()
+    assert "permission denied" not in worker.log(), worker.log()
+
+
 def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: Any) -> None:
     worker = start_worker(grace=20)
     draining = enqueue(conn, "nap", payload='{"steps": 15}')  # 1.5 s of work
@@ -250,12 +283,14 @@ def test_worker_sh_leaves_a_job_past_its_grace_to_the_reaper(conn: Conn, start_w
 
 def test_other_languages_sql_snippets_run(db: Database, conn: Conn, tmp_path: Path) -> None:
     """The ```sql blocks of docs/other-languages.md run, in order, with the bash worker's
-    variables set (a RUNNING run for the fail call)."""
+    variables and claim token set (a RUNNING run for the fail call)."""
     doc = (ROOT / "docs" / "other-languages.md").read_text()
     snippets = re.findall(r"^```sql\n(.*?)^```", doc, flags=re.DOTALL | re.MULTILINE)
     assert len(snippets) >= 2
     run_id = enqueue(conn, "resize")
-    assert scalar(conn, "SELECT id FROM jobs.claim(1, 'w', '{resize}')") == run_id
+    token = "doc-snippet-claim-token"
+    claimed = scalar(conn, "SELECT id FROM jobs.claim(1, 'w', '{resize}', claim_token => %s)", (token,))
+    assert claimed == run_id
     for i, snippet in enumerate(snippets):
         script = tmp_path / f"snippet{i}.sql"
         script.write_text(snippet.rstrip().rstrip(";") + ";\n")
@@ -263,7 +298,8 @@ def test_other_languages_sql_snippets_run(db: Database, conn: Conn, tmp_path: Pa
         args = [psql_binary(), "-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn, "-f", str(script)]
         for name, value in variables.items():
             args += ["-v", f"{name}={value}"]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        env = dict(os.environ, PGOPTIONS=f"-c pgtick.claim_token={token}")
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
         assert proc.returncode == 0 and "ERROR" not in proc.stderr, f"{snippet}\n{proc.stderr}"
     policy = one(conn, "SELECT allow, deny, max_attempts FROM jobs.retry_policies WHERE kind = 'resize'")
     assert policy == {

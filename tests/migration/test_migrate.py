@@ -195,7 +195,8 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
     pg: Server, empty2: Database, tmp_path: Path
 ) -> None:
     """A database installed (with psql, as that release documented) from any earlier schema
-    and then migrated ends in the same schema as a fresh install of everything."""
+    and then migrated ends in the same schema as a fresh install of everything, and with
+    the same role memberships (a worker is no longer a reader)."""
     migrate_dsn(empty2.dsn)
     fresh = snapshot(empty2.dsn)
     refs = _earlier_states()
@@ -208,6 +209,9 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
             assert installed.returncode == 0, f"installing {ref}: {installed.stderr}"
             migrate_dsn(database.dsn)
             assert snapshot(database.dsn) == fresh, f"upgrading from {ref} differs from a fresh install"
+            with psycopg.connect(database.dsn) as conn:  # roles are the cluster's, not in the snapshot
+                reader = conn.execute("SELECT pg_has_role('jobs_worker', 'jobs_reader', 'MEMBER')").fetchone()
+            assert reader == (False,), f"after upgrading from {ref}, jobs_worker is still a jobs_reader"
         finally:
             pg.drop_database(database)
 

@@ -1,0 +1,230 @@
+"""Claim tokens: a worker's identity is a secret it generated, not the worker id anyone can read.
+
+Each test logs in as real LOGIN roles created for it and granted only jobs_worker. A worker
+that claims with ``claim_token => T`` holds runs that only a caller presenting T can
+heartbeat, complete, fail, snooze or acknowledge; the database keeps sha256(T), never T.
+A run claimed without a token keeps worker-id fencing (callers that predate tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Conn, Database, add_runs, digest, expect_error, scalar
+
+TOKEN = "mine-0123456789abcdef-secret"
+FORGED = "forged-0123456789abcdef-guess"
+
+
+@pytest.fixture
+def logins(db: Database) -> Iterator[tuple[str, str]]:
+    """Two LOGIN roles that are members of jobs_worker only (dropped at the end)."""
+    with db.worker_login("tok_a") as a, db.worker_login("tok_b") as b:
+        yield a, b
+
+
+def _as(db: Database, user: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(db.dsn_as(user), autocommit=True)
+
+
+def _claim_one(worker: Conn, name: str, token: str | None) -> int:
+    claimed = worker.execute("SELECT id FROM jobs.claim(1, %s, claim_token => %s)", (name, token)).fetchall()
+    assert len(claimed) == 1, f"expected one run claimed by {name}, got {claimed}"
+    return int(claimed[0][0])
+
+
+def _touches(worker: Conn, run_id: int, name: str, token: str | None) -> dict[str, Any]:
+    """Every worker call on the run, each in a rolled-back transaction: what each answered."""
+    calls = {
+        "heartbeat": (
+            "SELECT count(*) FROM jobs.heartbeat(%s, %s, claim_token => %s)",
+            ([run_id], name, token),
+        ),
+        "complete": (
+            "SELECT jobs.complete(%s, %s, '{\"forged\": true}', claim_token => %s)",
+            (run_id, name, token),
+        ),
+        "complete_many": (
+            "SELECT count(*) FROM jobs.complete_many(%s, %s, claim_token => %s)",
+            ([run_id], name, token),
+        ),
+        "fail": (
+            "SELECT (jobs.fail(%s, %s, '{E}', 'forged', claim_token => %s)).id IS NOT NULL",
+            (run_id, name, token),
+        ),
+        "snooze": ("SELECT jobs.snooze(%s, %s, '1 hour', claim_token => %s)", (run_id, name, token)),
+        "acknowledge_cancel": (
+            "SELECT jobs.acknowledge_cancel(%s, %s, 'forged', claim_token => %s)",
+            (run_id, name, token),
+        ),
+    }
+    answers: dict[str, Any] = {}
+    for call, (query, params) in calls.items():
+        with worker.transaction(force_rollback=True):
+            answers[call] = scalar(worker, query, params)
+    return answers
+
+
+NOTHING = {
+    "heartbeat": 0,
+    "complete": False,
+    "complete_many": 0,
+    "fail": False,
+    "snooze": False,
+    "acknowledge_cancel": False,
+}
+EVERYTHING = {
+    "heartbeat": 1,
+    "complete": True,
+    "complete_many": 1,
+    "fail": True,
+    "snooze": False,  # refused while a cancellation is requested (as it is here)
+    "acknowledge_cancel": True,
+}
+
+
+def test_a_run_claimed_with_a_token_is_fenced_against_anyone_without_it(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B knows worker A's id (jobs.running shows it) but not its token: none of B's
+    calls touches A's run, with no token or a wrong one, and nothing changes. A's own calls,
+    with its token, do."""
+    (run_id,) = add_runs(conn, 1)
+    mine, other = logins
+    with _as(db, mine) as a:
+        _claim_one(a, "w-a", TOKEN)
+    shown = scalar(conn, "SELECT worker FROM jobs.running WHERE id = %s", (run_id,))
+    assert shown == "w-a", f"jobs.running shows worker {shown!r}"
+    # Before and after a cancellation request (snooze applies only before, acknowledge after).
+    for cancel in (False, True):
+        if cancel:
+            conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+        before = digest(conn)
+        with _as(db, other) as b:
+            for token in (None, FORGED):
+                got = _touches(b, run_id, "w-a", token)
+                assert got == NOTHING, f"a caller with token {token!r} touched run {run_id}: {got}"
+        assert digest(conn) == before, "a fenced call changed something"
+    with _as(db, mine) as a:
+        got = _touches(a, run_id, "w-a", TOKEN)
+        assert got == EVERYTHING, f"the token's owner was refused on run {run_id}: {got}"
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-a', '{\"ok\": 1}', claim_token => %s)", (run_id, TOKEN))
+    row = conn.execute("SELECT status::text, result FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+    assert row == ("COMPLETED", {"ok": 1}), f"run {run_id} ended {row}"
+
+
+def test_a_token_holder_snoozes_its_run_and_the_requeued_run_forgets_the_hash(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    (run_id,) = add_runs(conn, 1)
+    with _as(db, logins[0]) as a:
+        _claim_one(a, "w-a", TOKEN)
+        assert scalar(a, "SELECT jobs.snooze(%s, 'w-a', '0', claim_token => %s)", (run_id, FORGED)) is False
+        assert scalar(a, "SELECT jobs.snooze(%s, 'w-a', '0', claim_token => %s)", (run_id, TOKEN)) is True
+    row = conn.execute(
+        "SELECT status::text, worker, claim_token_hash FROM jobs.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    assert row == ("QUEUED", None, None), f"snoozed run {run_id}: {row}"
+    with _as(db, logins[1]) as b:  # the next claimer (no token) owns it now
+        assert _claim_one(b, "w-b", None) == run_id
+        assert scalar(b, "SELECT jobs.complete(%s, 'w-b')", (run_id,)) is True
+
+
+def test_runs_claimed_without_a_token_keep_worker_id_fencing(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Old-style calls (no token) work on runs claimed without one; presenting a token
+    there does not (the run was not claimed with it); another worker id never does."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 1)")
+    ids = add_runs(conn, 2)
+    with _as(db, logins[0]) as a:
+        got = [r[0] for r in a.execute("SELECT id FROM jobs.claim(2, 'w-old')")]
+        assert got == ids
+        assert [r[0] for r in a.execute("SELECT run_id FROM jobs.heartbeat(%s, 'w-old')", (ids,))] == ids
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-old', claim_token => %s)", (ids[0], TOKEN)) is False
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-other')", (ids[0],)) is False
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-old', '{}')", (ids[0],)) is True
+        assert scalar(a, "SELECT (jobs.fail(%s, 'w-old', '{E}', 'x')).status::text", (ids[1],)) == "FAILED"
+    hashes = scalar(conn, "SELECT array_agg(claim_token_hash) FROM jobs.runs WHERE id = ANY(%s)", (ids,))
+    assert hashes == [None, None], f"runs claimed without a token carry a hash: {hashes}"
+
+
+def test_the_token_is_stored_only_as_its_hash(db: Database, conn: Conn, logins: tuple[str, str]) -> None:
+    """After claiming, heartbeating and completing with a token, no table or view in schema
+    jobs holds the token's text; the run holds sha256(token)."""
+    (run_id,) = add_runs(conn, 1)
+    with _as(db, logins[0]) as a:
+        _claim_one(a, "w-a", TOKEN)
+        a.execute("SELECT * FROM jobs.heartbeat(%s, 'w-a', claim_token => %s)", ([run_id], TOKEN))
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-a', claim_token => %s)", (run_id, TOKEN)) is True
+    stored = scalar(conn, "SELECT claim_token_hash FROM jobs.runs WHERE id = %s", (run_id,))
+    assert stored == hashlib.sha256(TOKEN.encode()).digest(), f"run {run_id} stores {stored!r}"
+    relations = [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class AS c"
+            " WHERE c.relnamespace = 'jobs'::regnamespace AND c.relkind IN ('r', 'v', 'm')"
+        )
+    ]
+    assert "jobs.runs" in relations and "jobs.running" in relations, relations
+    holding = [
+        name
+        for name in relations
+        if scalar(conn, f"SELECT count(*) FROM {name} AS t WHERE t::text LIKE %s", (f"%{TOKEN}%",))
+    ]
+    assert holding == [], f"the token's text is stored in {holding}"
+
+
+def test_claim_token_is_checked_and_can_be_required(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """A token too short to be a secret is refused naming claim_token (22023), on every call;
+    with jobs.config.require_claim_token a claim without one is refused and claims nothing."""
+    add_runs(conn, 1)
+    before = digest(conn)
+    with _as(db, logins[0]) as a:
+        expect_error(
+            a, "SELECT * FROM jobs.claim(1, 'w', claim_token => 'short')", None, "22023", "claim_token"
+        )
+        expect_error(a, "SELECT jobs.complete(1, 'w', claim_token => '')", None, "22023", "claim_token")
+        expect_error(
+            a,
+            "SELECT * FROM jobs.heartbeat('{1}', 'w', claim_token => %s)",
+            ("x" * 201,),
+            "22023",
+            "claim_token",
+        )
+    assert digest(conn) == before
+    conn.execute("UPDATE jobs.config SET require_claim_token = true")
+    before = digest(conn)
+    with _as(db, logins[0]) as a:
+        expect_error(a, "SELECT * FROM jobs.claim(1, 'w')", None, "22023", "claim_token")
+        assert digest(conn) == before, "a refused claim changed something"
+        _claim_one(a, "w", TOKEN)
+
+
+def test_a_worker_login_reads_no_payload_or_result(db: Database, conn: Conn, logins: tuple[str, str]) -> None:
+    """A jobs_worker login cannot SELECT runs (payloads, results), definitions' payloads or
+    the console's views; what it needs comes back from its calls."""
+    conn.execute("""SELECT jobs.enqueue('k', '{"secret": "payload"}')""")
+    with _as(db, logins[0]) as a:
+        for query in (
+            "SELECT payload FROM jobs.runs",
+            "SELECT result FROM jobs.runs",
+            "SELECT count(*) FROM jobs.runs",
+            "SELECT payload FROM jobs.definitions",
+            "SELECT count(*) FROM jobs.running",
+            "SELECT count(*) FROM jobs.run_list",
+            "SELECT * FROM jobs.run_detail(1)",
+        ):
+            expect_error(a, query, None, "42501")
+        # The two column grants the Python worker reads, and its calls.
+        assert scalar(a, "SELECT heartbeat_timeout IS NOT NULL FROM jobs.config") is True
+        assert a.execute("SELECT id, name FROM jobs.definitions").fetchall() == []
+        claimed = a.execute("SELECT payload FROM jobs.claim(1, 'w', claim_token => %s)", (TOKEN,)).fetchall()
+        assert claimed == [({"secret": "payload"},)], f"its own claim returned {claimed}"
