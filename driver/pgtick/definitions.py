@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import App
+from pgtick.client import read_time
 from pgtick.errors import UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 
@@ -73,8 +74,21 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
         )
     if isinstance(params.get("payload"), dict):
         params["payload"] = Jsonb(params["payload"])
+    params["run_at"] = _run_at(name, params)
     given = {k: v for k, v in params.items() if v is not None}
     return calls.define(conn, name, kind, given)
+
+
+def _run_at(name: object, params: dict[str, Any]) -> Any:
+    """A definition's one-shot time as an instant: without a UTC offset it is wall time in
+    the definition's zone (UTC unless given), never the session's; in a DST gap or repeat,
+    read as ``read_time`` reads it by default. Values that are neither a time nor text are
+    left for the SQL API to refuse by name."""
+    value = params.get("run_at")
+    if not isinstance(value, str | datetime):
+        return value
+    zone = params.get("timezone") or "UTC"
+    return read_time(value, zone, field_name=f"definition={name} run_at", zone_name="timezone")
 
 
 def _json_value(value: Any) -> Any:
@@ -93,7 +107,8 @@ def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]
         if isinstance(schedule, str) and (schedule, zone) not in checked:
             validate_schedule(schedule, zone, str(d.get("name")))
             checked.add((schedule, zone))
-    clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in definitions]
+    timed = [{**d, "run_at": _run_at(d.get("name"), d)} if "run_at" in d else d for d in definitions]
+    clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in timed]
     return calls.define_many(conn, clean)
 
 
