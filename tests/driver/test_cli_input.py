@@ -58,18 +58,25 @@ SOFIA_EVE = datetime(2031, 12, 24, 16, 0, tzinfo=UTC)  # 18:00 EET
 
 
 @pytest.mark.parametrize("pgtz", SESSION_ZONES)
-def test_a_run_at_without_offset_is_read_in_tz_whatever_the_session_zone(db: Database, pgtz: str) -> None:
+def test_a_run_at_without_offset_is_read_in_tz_whatever_the_session_zone(
+    db: Database, pgtz: str, tmp_path: Path
+) -> None:
     dsn = ["--dsn", db.dsn]
     wall = "2031-12-24T18:00:00"
     ok("define", "launch", "announce", "--run-at", wall, "--tz", "Europe/Sofia", *dsn, pgtz=pgtz)
     ok("enqueue", "announce", "--run-at", wall, "--tz", "Europe/Sofia", *dsn, pgtz=pgtz)
+    lines = tmp_path / "definitions.jsonl"
+    line = {"name": "from-file", "kind": "announce", "run_at": wall, "timezone": "Europe/Sofia"}
+    lines.write_text(json.dumps(line) + "\n")
+    ok("define", "--from-file", str(lines), *dsn, pgtz=pgtz)
     materialize_one_shots(db, pgtz)
     with db.connect() as conn:
         conn.execute(f"SET TimeZone = '{pgtz}'")
-        stored = scalar(conn, "SELECT run_at FROM jobs.definitions WHERE name = 'launch'")
+        stored = dict(conn.execute("SELECT name, run_at FROM jobs.definitions").fetchall())
         runs = conn.execute("SELECT origin, scheduled_for FROM jobs.runs ORDER BY id").fetchall()
-    assert stored == SOFIA_EVE, f"PGTZ={pgtz}: definition run_at {stored}, expected {SOFIA_EVE}"
-    assert sorted(origin for origin, _ in runs) == ["manual", "schedule"], runs
+    expected = {"launch": SOFIA_EVE, "from-file": SOFIA_EVE}
+    assert stored == expected, f"PGTZ={pgtz}: definitions' run_at {stored}, expected {SOFIA_EVE}"
+    assert sorted(origin for origin, _ in runs) == ["manual", "schedule", "schedule"], runs
     wrong = [(origin, at) for origin, at in runs if at != SOFIA_EVE]
     assert not wrong, f"PGTZ={pgtz}: runs not at 18:00 in Sofia ({SOFIA_EVE}): {wrong}"
 
