@@ -86,33 +86,14 @@ def test_preview_define_and_backfill_read_the_same_text_in_the_same_zone(db: Dat
     names the same instant: the zone given, or the definition's."""
     dsn = ["--dsn", db.dsn]
     ok("define", "daily", "report", "--schedule", "0 18 * * *", "--tz", "Europe/Sofia", *dsn)
-    previewed = json.loads(
-        ok(
-            "preview",
-            "0 18 * * *",
-            "--tz",
-            "Europe/Sofia",
-            "--after",
-            "2031-12-24T17:59:00",
-            "--count",
-            "1",
-            "--json",
-        )
-    )["runs"][0]["utc"]
+    after = ["--after", "2031-12-24T17:59:00", "--count", "1", "--json"]
+
+    def first_run(*what: str) -> str:
+        return str(json.loads(ok("preview", *what, *after))["runs"][0]["utc"])
+
+    previewed = first_run("0 18 * * *", "--tz", "Europe/Sofia")
     assert previewed == "2031-12-24T16:00:00Z"
-    stored = json.loads(
-        ok(
-            "preview",
-            "--definition",
-            "daily",
-            "--after",
-            "2031-12-24T17:59:00",
-            "--count",
-            "1",
-            "--json",
-            *dsn,
-        )
-    )["runs"][0]["utc"]
+    stored = first_run("--definition", "daily", *dsn)
     assert stored == previewed, "preview --definition reads --after in the definition's zone"
     out = json.loads(
         ok(
