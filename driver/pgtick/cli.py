@@ -208,41 +208,16 @@ def parse_instant(text: str) -> datetime:
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
-    """An argparse type: a JSON object as PostgreSQL's jsonb takes it (no NaN or
-    Infinity, no NUL character in a string)."""
-
-    def refuse(constant: str) -> Any:
-        raise argparse.ArgumentTypeError(f"payload is not valid JSON: {constant} is not a JSON number")
+    """An argparse type: a JSON object as PostgreSQL's jsonb takes it."""
+    from pgtick.definitions import read_json
 
     try:
-        value = json.loads(text, parse_constant=refuse)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"payload is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise argparse.ArgumentTypeError("payload is nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer of more digits than Python converts
-        raise argparse.ArgumentTypeError(f"payload is not usable JSON: {exc}") from None
+        value = read_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"payload {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("payload must be a JSON object, e.g. '{\"a\": 1}'")
-    if _holds_nul(value):
-        raise argparse.ArgumentTypeError("payload must not contain NUL characters (\\u0000)")
     return value
-
-
-def _holds_nul(value: Any) -> bool:
-    """Whether a NUL character is in any key or string of a JSON value (jsonb refuses it)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 def _shown(text: str) -> str:

@@ -112,6 +112,35 @@ def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]
     return calls.define_many(conn, clean)
 
 
+def read_json(text: str) -> Any:
+    """JSON text as PostgreSQL's jsonb takes it: no NaN or Infinity, no NUL character in a
+    key or string. ValueError says what is wrong ("is not valid JSON: ...")."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"is not valid JSON: {constant} is not a JSON number")
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("is nested too deeply") from None
+    except ValueError as exc:  # NaN, or an integer of more digits than Python converts
+        message = str(exc)
+        raise ValueError(message if message.startswith("is ") else f"is not usable JSON: {message}") from None
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError("must not contain NUL characters (\\u0000)")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
 _INT_FIELDS = ("max_concurrent_runs", "priority", "max_attempts")
 
 
@@ -131,9 +160,9 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{number}: not JSON: {exc.msg}") from exc
+            item = read_json(line)
+        except ValueError as exc:
+            raise UsageError(f"{path}:{number}: {exc}") from None
         if not isinstance(item, dict):
             raise UsageError(f"{path}:{number}: each line must be a JSON object")
         out.append(item)
@@ -155,7 +184,7 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
                 if key in _INT_FIELDS:
                     item[key] = int(cell)
                 elif key == "payload":
-                    item[key] = json.loads(cell)
+                    item[key] = read_json(cell)
                 elif key == "enabled":
                     item[key] = {"true": True, "false": False}[cell.strip().lower()]
                 elif key in ("timeout", "heartbeat_timeout") and cell.replace(".", "", 1).isdigit():

@@ -341,3 +341,24 @@ def test_every_numeric_option_has_a_range() -> None:
         if action.type in (int, float)
     ]
     assert not bare, f"options parsed as a bare int or float, without a range: {bare}"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "defs.jsonl:1: is nested too deeply"),
+        ('{"name": "n", "kind": "k", "schedule": "* * * * *", "payload": {"a": NaN}}', "NaN is not a JSON"),
+        ('{"name": "n\\u0000", "kind": "k", "schedule": "* * * * *"}', "defs.jsonl:1: must not contain NUL"),
+    ],
+    ids=["nested", "nan", "nul"],
+)
+def test_a_definitions_file_with_json_jsonb_refuses_is_one_line(
+    seeded: Database, tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "defs.jsonl"
+    path.write_text(content + "\n")
+    with seeded.connect() as conn:
+        before = digest(conn)
+    assert_refused(exe("define", "--from-file", str(path), "--dsn", seeded.dsn), needle)
+    with seeded.connect() as conn:
+        assert digest(conn) == before
