@@ -26,6 +26,7 @@ caller. Without ``conn=`` the client uses what it was built over:
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -343,11 +344,44 @@ def _wall_time_in(
 _DURATIONS = ("timeout", "heartbeat_timeout", "unique_for", "jitter")
 
 
+def holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in any key or string of a JSON value (jsonb refuses it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _jsonb(name: str, value: Any) -> Jsonb:
+    """``value`` as jsonb, serialized here once so that what PostgreSQL cannot store (NaN,
+    infinities, NUL, nesting deeper than Python serializes) is refused by name before
+    anything is sent. Objects the standard encoder has no form for are left to the JSON
+    dumps the application configured in psycopg."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except TypeError:
+        return Jsonb(value)
+    except (ValueError, RecursionError) as exc:  # NaN, infinities, a circular reference
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidArgument(f"{name} must be JSON that PostgreSQL can store: {why}", field=name) from None
+    if holds_nul(value):  # after dumps: no cycles
+        raise InvalidArgument(f"{name} must not contain NUL characters (\\u0000)", field=name)
+    return Jsonb(value, dumps=lambda _: text)
+
+
 def _sql_value(name: str, value: Any) -> Any:
     """An argument as sent, checked first: numbers in their documented range, durations
     finite and in range, text without NUL (PostgreSQL text cannot hold it)."""
     if name in ("payload", "payloads", "result"):
-        return Jsonb(value)
+        return _jsonb(name, value)
     if name == "depends_on":
         return [Int8(check_int(name, v)) for v in value]
     if name in RANGES:

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import App
-from pgtick.client import read_time
+from pgtick.client import holds_nul, read_time
 from pgtick.errors import UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 
@@ -128,16 +128,8 @@ def read_json(text: str) -> Any:
     except ValueError as exc:  # NaN, or an integer of more digits than Python converts
         message = str(exc)
         raise ValueError(message if message.startswith("is ") else f"is not usable JSON: {message}") from None
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str) and "\x00" in item:
-            raise ValueError("must not contain NUL characters (\\u0000)")
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    if holds_nul(value):
+        raise ValueError("must not contain NUL characters (\\u0000)")
     return value
 
 

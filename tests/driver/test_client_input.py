@@ -34,6 +34,10 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("heartbeat-timeout-max", lambda c: c.enqueue("k", heartbeat_timeout=timedelta.max), "heartbeat_timeout"),
     ("depends-on-past-bigint", lambda c: c.enqueue("k", depends_on=[1, 2**63]), "depends_on"),
     ("kind-with-nul", lambda c: c.enqueue("a\x00b"), "kind"),
+    ("payload-nan", lambda c: c.enqueue("k", {"a": float("nan")}), "payload"),
+    ("payload-nul-key", lambda c: c.enqueue("k", {"a\x00": 1}), "payload"),
+    ("payload-nested", lambda c: c.enqueue("k", {"a": _nested(100_000)}), "payload"),
+    ("payloads-infinite", lambda c: c.enqueue_many("k", [{}, {"a": float("-inf")}]), "payloads"),
     ("naive-run-at", lambda c: c.enqueue("k", run_at=datetime(2031, 1, 1)), "run_at"),
     (
         "run-at-past-year-9999",
@@ -52,6 +56,13 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
         "pause_after_failures",
     ),
 ]
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 @pytest.mark.parametrize(("call", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
