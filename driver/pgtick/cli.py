@@ -198,6 +198,19 @@ def parse_zone(text: str) -> str:
     return text
 
 
+def parse_dsn(text: str) -> str:
+    """An argparse type: a libpq connection string or URL that libpq can parse."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave it out for $DATABASE_URL or embedded)")
+    try:
+        conninfo_to_dict(text)
+    except psycopg.ProgrammingError as exc:
+        raise argparse.ArgumentTypeError(f"not a connection string or URL: {exc}") from None
+    return text
+
+
 def parse_instant(text: str) -> datetime:
     """An argparse type: ISO 8601, with or without a UTC offset. Without one, the command
     reads it with ``read_time`` in its zone (--tz, or the definition's)."""
@@ -291,7 +304,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", type=parse_dsn, help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     if output is not None:
         p.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
     if output in ("table", "list"):

@@ -226,6 +226,8 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("tz-empty", ["define", "x", "k", "--schedule", "* * * * *", "--tz", ""], "--tz:"),
     ("tz-unknown", ["enqueue", "k", "--run-at", "2031-01-01T00:00", "--tz", "Mars/Olympus"], "Mars/Olympus"),
     ("argv-not-utf8", ["enqueue", b"k\xff"], "not valid UTF-8"),
+    ("dsn-not-a-connection-string", ["status", "--dsn", "foo"], "--dsn: not a connection string"),
+    ("dsn-empty", ["status", "--dsn", ""], "--dsn: must not be empty"),
     ("run-at-year-0", ["enqueue", "k", "--run-at", "0000-01-01T00:00:00Z"], "out of range"),
     ("run-at-year-99999", ["define", "x", "k", "--run-at", "99999-01-01T00:00:00"], "--run-at:"),
     ("run-at-past-9999-in-utc", ["enqueue", "k", "--run-at", "9999-12-31T23:00:00-05:00"], "out of range"),
