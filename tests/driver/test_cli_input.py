@@ -300,6 +300,10 @@ OPTIONS: list[tuple[list[str], bool]] = [  # (argv before the value, needs the d
     (["define", "x", "k", "--schedule", "0 9 * * *", "--max-attempts"], True),
     (["define", "x", "k", "--schedule", "0 0 1 1 *", "--jitter"], True),
     (["define", "x", "k", "--tz", "Europe/Sofia", "--run-at"], True),
+    (["run-now"], True),  # names: any text is a name that exists, one that does not, or refused
+    (["enqueue", "k", "--queue"], True),
+    (["enqueue", "k", "--payload"], True),
+    (["definitions", "--name"], True),
 ]
 
 VALUES = st.one_of(
