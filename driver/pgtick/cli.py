@@ -160,17 +160,25 @@ def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
 parse_duration = duration()
 
 
-def name_text(text: str) -> str:
-    """An argparse type for names, kinds, queues and keys: 1 to 200 characters, none of
-    them a control character (what the SQL API stores as a name)."""
-    if not text:
-        raise argparse.ArgumentTypeError("must not be empty")
-    if len(text) > 200:
-        raise argparse.ArgumentTypeError(f"must be at most 200 characters (got {len(text)})")
-    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cs")), None)
-    if bad is not None:
-        raise argparse.ArgumentTypeError(f"must not contain control characters (got {_shown(text)})")
-    return text
+def one_line_text(longest: int) -> Callable[[str], str]:
+    """An argparse type: 1 to ``longest`` characters, none of them a control character."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must not be empty")
+        if len(text) > longest:
+            raise argparse.ArgumentTypeError(f"must be at most {longest} characters (got {len(text)})")
+        if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+            raise argparse.ArgumentTypeError(f"must not contain control characters (got {_shown(text)})")
+        return text
+
+    return parse
+
+
+#: Names, kinds, queues and keys, as the SQL API stores a name.
+name_text = one_line_text(200)
+#: Schedule text (RRULE or cron), as jobs.define takes it.
+schedule_text = one_line_text(4000)
 
 
 def parse_queue_list(text: str) -> list[str]:
@@ -389,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(one object per line with the fields of jobs.define_many) or .csv with a header row",
     )
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--schedule", help="RRULE (FREQ=...) or 5-field cron")
+    when.add_argument("--schedule", type=schedule_text, help="RRULE (FREQ=...) or 5-field cron")
     when.add_argument(
         "--run-at", type=parse_instant, help="one-shot time, ISO 8601 (without an offset: in --tz)"
     )
@@ -497,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=integer(1, 100000), default=1000)
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
-    p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
+    p.add_argument("schedule", nargs="?", type=schedule_text,
+                   help="RRULE or cron text (or give --definition)")  # fmt: skip
     p.add_argument("--definition", type=name_text, default=None,
                    help="preview a stored definition as the scheduler will")  # fmt: skip
     p.add_argument("--tz", type=parse_zone, default=None, help="IANA time zone (default UTC)")
