@@ -21,6 +21,7 @@ import re
 import sys
 import textwrap
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,8 +30,9 @@ from typing import Any, NoReturn
 import psycopg
 
 from pgtick import __version__, calls, migrate
+from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
 from pgtick.db import connect, connect_dicts, resolve_dsn
-from pgtick.errors import PgtickError, UsageError, translate_errors
+from pgtick.errors import InvalidArgument, PgtickError, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
     Style,
@@ -97,56 +99,169 @@ EXAMPLES = {
 
 STATUSES = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
 
+# -- typed arguments -------------------------------------------------------------------
+# Every value typed on the command line is parsed here, once, into what the SQL API takes
+# and within the range it documents; a bad one is one line naming the option, exit 2,
+# before any connection.
+
+_INTEGER = re.compile(r"^\s*([+-]?)(\d+)\s*$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        match = _INTEGER.match(text)
+        if not match:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number between {low} and {high} (got {_shown(text)})"
+            )
+        digits = match.group(2).lstrip("0") or "0"
+        if len(digits) > 19:  # past bigint, and too long to be worth converting
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high} (got {_shown(text)})")
+        value = int(match.group(1) + digits)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high} (got {value})")
+        return value
+
+    return parse
+
+
+def sql_integer(field: str) -> Callable[[str], int]:
+    """An argparse type for the SQL API's integer ``field``, in its documented range."""
+    return integer(*RANGES[field])
+
+
+RUN_ID = sql_integer("run_id")
+
+
+def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
+    """An argparse type: '90', '90s', '5m', '1.5h', '2d' -> seconds, positive, at most ``maximum``."""
+    longest = maximum.total_seconds()
+
+    def parse(text: str) -> float:
+        match = _DURATION.match(text)
+        if not match:
+            raise argparse.ArgumentTypeError(f"not a duration: {_shown(text)} (use e.g. 30s, 5m, 1h, 2d)")
+        value = float(match.group(1)) * _UNITS[match.group(2)]
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"duration must be positive (got {_shown(text)})")
+        if not value <= longest:  # also an overflow to infinity
+            raise argparse.ArgumentTypeError(
+                f"must be at most {compact_duration(maximum)} (got {_shown(text)})"
+            )
+        return value
+
+    return parse
+
+
+parse_duration = duration()
+
+
+def one_line_text(longest: int) -> Callable[[str], str]:
+    """An argparse type: 1 to ``longest`` characters, none of them a control character."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must not be empty")
+        if len(text) > longest:
+            raise argparse.ArgumentTypeError(f"must be at most {longest} characters (got {len(text)})")
+        if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+            raise argparse.ArgumentTypeError(f"must not contain control characters (got {_shown(text)})")
+        return text
+
+    return parse
+
+
+#: Names, kinds, queues and keys, as the SQL API stores a name.
+name_text = one_line_text(200)
+#: Schedule text (RRULE or cron), as jobs.define takes it.
+schedule_text = one_line_text(4000)
+
+
 def parse_queue_list(text: str) -> list[str]:
-    """'mail,reports' -> ['mail', 'reports'] (non-empty names of up to 200 characters)."""
+    """'mail,reports' -> ['mail', 'reports'] (names as ``name_text`` takes them)."""
     names = [name.strip() for name in text.split(",")]
-    if not names or any(not name or len(name) > 200 for name in names):
+    try:
+        return [name_text(name) for name in names]
+    except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(
-            f"queues must be a comma-separated list of queue names, got {text!r}"
-        )
-    return names
+            f"must be a comma-separated list of queue names: {exc} in {_shown(text)}"
+        ) from None
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '5m', '1.5h', '2d' -> seconds (positive)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"duration must be positive: {text!r}")
-    return seconds
+def parse_zone(text: str) -> str:
+    """An argparse type: an IANA time zone name the driver and the database both know."""
+    from pgtick.schedule.zones import ScheduleError, load_zone
+
+    name_text(text)
+    try:
+        load_zone(text)
+    except ScheduleError:
+        raise argparse.ArgumentTypeError(
+            f"not a known IANA time zone name: {_shown(text)} (e.g. Europe/Sofia, UTC)"
+        ) from None
+    return text
+
+
+def parse_dsn(text: str) -> str:
+    """An argparse type: a libpq connection string or URL that libpq can parse."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave it out for $DATABASE_URL or embedded)")
+    try:
+        conninfo_to_dict(text)
+    except psycopg.ProgrammingError as exc:
+        raise argparse.ArgumentTypeError(f"not a connection string or URL: {exc}") from None
+    return text
 
 
 def parse_instant(text: str) -> datetime:
+    """An argparse type: ISO 8601, with or without a UTC offset. Without one, the command
+    reads it with ``read_time`` in its zone (--tz, or the definition's)."""
     try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {text!r} (e.g. 2026-12-24T18:00:00+02:00)"
-        ) from None
-    return value
+        return parse_time(text, "time")
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("time: ")) from None
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object as PostgreSQL's jsonb takes it."""
+    from pgtick.definitions import read_json
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"payload is not valid JSON: {exc}") from None
+        value = read_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"payload {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("payload must be a JSON object, e.g. '{\"a\": 1}'")
     return value
+
+
+def _shown(text: str) -> str:
+    """A typed value quoted for an error line, cut short and with control characters escaped."""
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def _argv_is_text(argv: Sequence[str]) -> str | None:
+    """The first argument that is not valid UTF-8 (the shell passed bytes), if any."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return None
 
 
 class Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exits 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        message = " ".join(message.split())  # one line, whatever argparse built
+        self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
 
 
 # -- results ------------------------------------------------------------------------
@@ -197,7 +312,7 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(fn=fn)
-    p.add_argument("--dsn", help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    p.add_argument("--dsn", type=parse_dsn, help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     if output is not None:
         p.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
     if output in ("table", "list"):
@@ -222,10 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run, output=None)
     p.add_argument("app", help="module:attr or path/to/app.py (attr defaults to app)")
-    p.add_argument("--concurrency", type=int, default=10, help="jobs at once (default 10)")
+    p.add_argument("--concurrency", type=integer(1, 1000), default=10, help="jobs at once (default 10)")
     p.add_argument(
         "--batch",
-        type=int,
+        type=integer(1, 1000),
         default=None,
         help="claim batch size (default: concurrency); larger claims runs ahead of free slots",
     )
@@ -235,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
     p.add_argument("--no-scheduler", action="store_true", help="only work, never lead")
     p.add_argument("--no-worker", action="store_true", help="only schedule")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    p.add_argument("--metrics-port", type=integer(0, 65535), default=None, help="serve Prometheus metrics")
     p.add_argument(
         "--metrics-per-definition",
         action="store_true",
@@ -249,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="lead by session lock or by lease (auto: lease behind a pooler)",
     )
-    p.add_argument("--lease-ttl", type=parse_duration, default=None, help="leader lease TTL (5s)")
+    p.add_argument(
+        "--lease-ttl", type=duration(timedelta(days=1)), default=None, help="leader lease TTL (5s)"
+    )
     p.add_argument(
         "--log-format",
         choices=["human", "json"],
@@ -262,15 +379,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="claim only from these queues (a,b; default all)",
     )
-    p.add_argument("--processes", type=int, default=1, help="worker processes under one supervisor (1)")
+    p.add_argument(
+        "--processes", type=integer(1, 256), default=1, help="worker processes under one supervisor (1)"
+    )
     p.add_argument("--web", metavar="ADDR", default=None, help="also serve the dashboard on HOST:PORT")
 
     p = _command(sub, "migrate", "install or upgrade the jobs schema", cmd_migrate)
     p.add_argument("--sql", action="store_true", help="print the install script for psql instead")
 
     p = _command(sub, "define", "create or replace a definition (or many, --from-file)", cmd_define)
-    p.add_argument("name", nargs="?")
-    p.add_argument("kind", nargs="?")
+    p.add_argument("name", nargs="?", type=name_text)
+    p.add_argument("kind", nargs="?", type=name_text)
     p.add_argument(
         "--from-file",
         metavar="FILE",
@@ -278,71 +397,85 @@ def build_parser() -> argparse.ArgumentParser:
         "(one object per line with the fields of jobs.define_many) or .csv with a header row",
     )
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--schedule", help="RRULE (FREQ=...) or 5-field cron")
-    when.add_argument("--run-at", type=parse_instant, help="one-shot time, ISO 8601")
-    p.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
+    when.add_argument("--schedule", type=schedule_text, help="RRULE (FREQ=...) or 5-field cron")
+    when.add_argument(
+        "--run-at", type=parse_instant, help="one-shot time, ISO 8601 (without an offset: in --tz)"
+    )
+    p.add_argument("--tz", type=parse_zone, default="UTC", help="IANA time zone (default UTC)")
     p.add_argument("--payload", type=parse_json_object, default=None)
-    p.add_argument("--cap", type=int, default=None, help="max concurrent runs")
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--max-attempts", type=int, default=None)
+    p.add_argument("--cap", type=sql_integer("max_concurrent_runs"), default=None, help="max concurrent runs")
+    p.add_argument("--priority", type=sql_integer("priority"), default=0)
+    p.add_argument("--max-attempts", type=sql_integer("max_attempts"), default=None)
     p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
     p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
     p.add_argument("--timeout", type=parse_duration, default=None)
     p.add_argument("--paused", action="store_true", help="define it paused")
     p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
     p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
-    p.add_argument("--jitter", type=parse_duration, default=None, help="delay each run by up to this")
-    p.add_argument("--pause-after-failures", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--jitter", type=duration(timedelta(days=1)), default=None, help="delay each run by up to this"
+    )
+    p.add_argument(
+        "--pause-after-failures", type=sql_integer("pause_after_failures"), default=None, metavar="N"
+    )
 
     p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
-    p.add_argument("name")
-    p.add_argument("--from", dest="window_from", type=parse_instant, required=True, help="ISO time")
-    p.add_argument("--to", dest="window_to", type=parse_instant, required=True, help="ISO time")
+    p.add_argument("name", type=name_text)
+    p.add_argument("--from", dest="window_from", type=parse_instant, required=True,
+                   help="ISO time (without an offset: in the definition's zone)")  # fmt: skip
+    p.add_argument("--to", dest="window_to", type=parse_instant, required=True,
+                   help="ISO time (without an offset: in the definition's zone)")  # fmt: skip
 
     p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
-    p.add_argument("kind")
+    p.add_argument("kind", type=name_text)
     p.add_argument("--payload", type=parse_json_object, default=None)
-    p.add_argument("--run-at", type=parse_instant, default=None)
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--key", default=None, help="idempotency key")
-    p.add_argument("--queue", default="default", help="queue (default 'default')")
-    p.add_argument("--concurrency-key", default=None, help="tenant/customer key for per-key limits")
+    p.add_argument("--run-at", type=parse_instant, default=None, help="ISO time (without an offset: in --tz)")
+    p.add_argument("--tz", type=parse_zone, default="UTC", help="zone of a --run-at without offset (UTC)")
+    p.add_argument("--priority", type=sql_integer("priority"), default=0)
+    p.add_argument("--key", type=name_text, default=None, help="idempotency key")
+    p.add_argument("--queue", type=name_text, default="default", help="queue (default 'default')")
+    p.add_argument("--concurrency-key", type=name_text, default=None,
+                   help="tenant/customer key for per-key limits")  # fmt: skip
 
     p = _command(sub, "run-now", "queue a run of a definition now", cmd_run_now)
-    p.add_argument("name")
+    p.add_argument("name", type=name_text)
 
     p = _command(sub, "cancel", "cancel a run (or every queued run of a definition)", cmd_cancel)
-    p.add_argument("run_id", nargs="?", type=int)
-    p.add_argument("--definition", default=None)
+    p.add_argument("run_id", nargs="?", type=RUN_ID)
+    p.add_argument("--definition", type=name_text, default=None)
 
     for name, verb in (("pause", "pause"), ("resume", "resume")):
         p = _command(sub, name, f"{verb} a definition", cmd_pause_resume)
-        p.add_argument("name")
+        p.add_argument("name", type=name_text)
 
     p = _command(sub, "pause-queue", "stop claiming from a queue now (running jobs finish)", cmd_queue_pause)
-    p.add_argument("name")
+    p.add_argument("name", type=name_text)
     p = _command(sub, "resume-queue", "resume claiming from a paused queue", cmd_queue_pause)
-    p.add_argument("name")
+    p.add_argument("name", type=name_text)
 
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
-    p.add_argument("run_id", type=int)
+    p.add_argument("run_id", type=RUN_ID)
 
     p = _command(
         sub, "status", "what is due, what failed, the leader, kinds nobody runs", cmd_status, output="table"
     )
     p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
-    p.add_argument("--limit", type=int, default=50, help="definitions shown (a page by name, default 50)")
-    p.add_argument("--offset", type=int, default=0, help="definitions skipped before the page")
-    p.add_argument("--recent", type=int, default=10, help="outcomes in the strip (1..20, default 10)")
+    p.add_argument("--limit", type=integer(1, 10000), default=50,
+                   help="definitions shown (a page by name, default 50)")  # fmt: skip
+    p.add_argument("--offset", type=integer(0, BIGINT_MAX), default=0,
+                   help="definitions skipped before the page")  # fmt: skip
+    p.add_argument(
+        "--recent", type=integer(1, 20), default=10, help="outcomes in the strip (1..20, default 10)"
+    )
 
     p = _command(sub, "runs", "list recent runs, newest first", cmd_runs, output="list")
     p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--kind")
-    p.add_argument("--definition")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--kind", type=name_text)
+    p.add_argument("--definition", type=name_text)
+    p.add_argument("--limit", type=integer(1, 10000), default=20)
 
     p = _command(sub, "show", "one run in full: timings, attempts, payload, result, error", cmd_show)
-    p.add_argument("run_id", type=int, metavar="RUN")
+    p.add_argument("run_id", type=RUN_ID, metavar="RUN")
 
     p = _command(
         sub,
@@ -350,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
         "delete a definition: its queued runs are cancelled, running ones finish, history stays",
         cmd_undefine,
     )
-    p.add_argument("name")
+    p.add_argument("name", type=name_text)
 
     p = _command(sub, "workers", "workers: alive or not, what each runs, when last seen", cmd_workers,
                  output="list")  # fmt: skip
@@ -360,23 +493,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=parse_duration, default=None,
                    help="age of finished runs to delete (default: jobs.config.retention)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
-    p.add_argument("--batch", type=int, default=10000, help="rows per transaction (10000)")
+    p.add_argument("--batch", type=integer(1, 1000000), default=10000, help="rows per transaction (10000)")
 
     p = _command(sub, "definitions", "list definitions, filterable", cmd_definitions, output="list")
-    p.add_argument("--kind")
-    p.add_argument("--name", help="SQL LIKE pattern, e.g. 'nightly-%%'")
+    p.add_argument("--kind", type=name_text)
+    p.add_argument("--name", type=name_text, help="SQL LIKE pattern, e.g. 'nightly-%%'")
     state = p.add_mutually_exclusive_group()
     for flag in ("active", "paused", "finished"):
         state.add_argument(f"--{flag}", dest="state", action="store_const", const=flag,
                            help=f"only {flag} definitions")  # fmt: skip
-    p.add_argument("--limit", type=int, default=1000)
+    p.add_argument("--limit", type=integer(1, 100000), default=1000)
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
-    p.add_argument("schedule", nargs="?", help="RRULE or cron text (or give --definition)")
-    p.add_argument("--definition", default=None, help="preview a stored definition as the scheduler will")
-    p.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
-    p.add_argument("--after", type=parse_instant, default=None, help="ISO time (default now)")
-    p.add_argument("--count", type=int, default=10)
+    p.add_argument("schedule", nargs="?", type=schedule_text,
+                   help="RRULE or cron text (or give --definition)")  # fmt: skip
+    p.add_argument("--definition", type=name_text, default=None,
+                   help="preview a stored definition as the scheduler will")  # fmt: skip
+    p.add_argument("--tz", type=parse_zone, default=None, help="IANA time zone (default UTC)")
+    p.add_argument("--after", type=parse_instant, default=None,
+                   help="ISO time (default now; without an offset: in the schedule's zone)")  # fmt: skip
+    p.add_argument("--count", type=integer(1, 1000), default=10)
     p.add_argument(
         "--anchor",
         type=parse_instant,
@@ -387,10 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock, output=None)
-    p.add_argument("name")
-    p.add_argument("--ttl", type=parse_duration, required=True, help="lease time to live")
-    p.add_argument("--owner", default=None, help="owner id (default host-pid-random)")
-    p.add_argument("--skipped-exit", type=int, default=75, help="exit code when held (75)")
+    p.add_argument("name", type=name_text)
+    p.add_argument("--ttl", type=duration(timedelta(days=365)), required=True, help="lease time to live")
+    p.add_argument("--owner", type=name_text, default=None, help="owner id (default host-pid-random)")
+    p.add_argument("--skipped-exit", type=integer(0, 255), default=75, help="exit code when held (75)")
     # Filled from whatever follows the first `--` (see main): a REMAINDER positional
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
@@ -540,6 +676,17 @@ def cmd_define(args: argparse.Namespace) -> Result:
             jitter=timedelta(seconds=args.jitter) if args.jitter else None,
         )
 
+    # For a one-shot, --dst-gap/--dst-repeat say how to read a wall time the zone skips or
+    # repeats; the definition stores the instant (the SQL API takes them for schedules only).
+    run_at = read_time(
+        args.run_at,
+        args.tz,
+        field_name="--run-at",
+        zone_name="--tz",
+        dst_gap=args.dst_gap,
+        dst_repeat=args.dst_repeat,
+    )
+    recurring = args.schedule is not None
     with connect_dicts(_dsn(args)) as conn:
         row = define(
             conn,
@@ -547,7 +694,7 @@ def cmd_define(args: argparse.Namespace) -> Result:
             args.kind,
             schedule=args.schedule,
             timezone=args.tz,
-            run_at=args.run_at,
+            run_at=run_at,
             payload=args.payload,
             max_concurrent_runs=args.cap,
             priority=args.priority,
@@ -556,8 +703,8 @@ def cmd_define(args: argparse.Namespace) -> Result:
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
             enabled=False if args.paused else None,
-            dst_gap=args.dst_gap,
-            dst_repeat=args.dst_repeat,
+            dst_gap=args.dst_gap if recurring else None,
+            dst_repeat=args.dst_repeat if recurring else None,
             jitter=timedelta(seconds=args.jitter) if args.jitter else None,
             pause_after_failures=args.pause_after_failures,
         )
@@ -570,11 +717,14 @@ def cmd_define(args: argparse.Namespace) -> Result:
 def cmd_backfill(args: argparse.Namespace) -> Result:
     from pgtick.scheduler import materialize_backfills
 
-    for value in (args.window_from, args.window_to):
-        if value.tzinfo is None:
-            raise UsageError("--from and --to need a UTC offset (e.g. 2026-03-01T00:00Z)")
     with connect_dicts(_dsn(args)) as conn:
-        row = calls.backfill(conn, args.name, args.window_from, args.window_to)
+        found = calls.definition(conn, args.name)
+        zone = found["timezone"] if found is not None else "UTC"  # unknown: jobs.backfill says so
+        window = [
+            read_time(value, zone, field_name=option, zone_name="the definition's timezone")
+            for value, option in ((args.window_from, "--from"), (args.window_to, "--to"))
+        ]
+        row = calls.backfill(conn, args.name, *window)
         materialize_backfills(conn)
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
@@ -593,6 +743,7 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
 def cmd_enqueue(args: argparse.Namespace) -> Result:
     from psycopg.types.json import Jsonb
 
+    run_at = read_time(args.run_at, args.tz, field_name="--run-at", zone_name="--tz")
     notices: list[str] = []
     with connect_dicts(_dsn(args)) as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
@@ -600,7 +751,7 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
             conn,
             args.kind,
             Jsonb(args.payload or {}),
-            args.run_at,
+            run_at,
             args.priority,
             args.key,
             queue=args.queue,
@@ -1185,8 +1336,6 @@ def _preview_data(
 
 
 def cmd_preview(args: argparse.Namespace) -> Result:
-    from zoneinfo import ZoneInfo
-
     from pgtick.schedule import ScheduleError, anchor_for, format_preview, header, parse_schedule, preview
 
     if not 1 <= args.count <= 1000:
@@ -1198,10 +1347,8 @@ def cmd_preview(args: argparse.Namespace) -> Result:
             raise UsageError("--anchor and --tz come from the definition; leave them out with --definition")
         return _preview_definition(args)
     tz = args.tz or "UTC"
-    after = args.after or datetime.now(UTC)
+    after = read_time(args.after, tz, field_name="--after", zone_name="--tz") or datetime.now(UTC)
     try:
-        if after.tzinfo is None:
-            after = after.replace(tzinfo=ZoneInfo(tz))
         if args.anchor is None:  # as if the definition were created at the start of the preview
             anchor = anchor_for(after, tz)
             note = (
@@ -1210,7 +1357,8 @@ def cmd_preview(args: argparse.Namespace) -> Result:
                 else "as if defined at --after: local midnight that day"
             )
         else:
-            anchor = args.anchor if args.anchor.tzinfo else args.anchor.replace(tzinfo=ZoneInfo(tz))
+            anchor = read_time(args.anchor, tz, field_name="--anchor", zone_name="--tz")
+            assert anchor is not None
             note = "--anchor"
         schedule = parse_schedule(
             args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
@@ -1239,9 +1387,9 @@ def _preview_definition(args: argparse.Namespace) -> Result:
         if args.dst_gap is not None or args.dst_repeat is not None:
             d = {**d, "dst_gap": args.dst_gap or d["dst_gap"]}
             d["dst_repeat"] = args.dst_repeat or d["dst_repeat"]
-        after = args.after or datetime.now(UTC)
-        if after.tzinfo is None:
-            raise UsageError("--after needs a UTC offset with --definition")
+        zone_name = "the definition's timezone"
+        after = read_time(args.after, d["timezone"], field_name="--after", zone_name=zone_name)
+        after = after or datetime.now(UTC)
 
         def jitter(runs: Sequence[datetime]) -> list[timedelta]:
             return calls.jitter_offsets(conn, d["id"], d["jitter"], list(runs))
@@ -1317,7 +1465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     except ImportError:  # completion is a convenience; the CLI works without it
         pass
-    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    undecodable = _argv_is_text(argv)
+    if undecodable is not None:
+        print(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}", file=sys.stderr)
+        return 2
+    args = _parse(parser, argv)
     setup_logging(
         verbose=args.verbose,
         log_format=getattr(args, "log_format", None),

@@ -26,12 +26,14 @@ caller. Without ``conn=`` the client uses what it was built over:
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta, tzinfo
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, TypeVar, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
@@ -162,32 +164,232 @@ def _zone(tz: str | tzinfo, what: str) -> tzinfo:
         raise InvalidArgument(f"{what} {tz!r} is not a known IANA time zone name", field=what) from None
 
 
-def aware(
-    value: datetime | None, tz: str | tzinfo | None, *, field_name: str = "run_at", tz_name: str = "tz"
+# -- what a caller hands over: times, numbers, durations --------------------------------------
+
+#: The documented range of each integer argument of the SQL API (jobs.define, jobs.enqueue,
+#: jobs.cancel ...); a value outside it is refused before any SQL is sent.
+BIGINT_MAX = 2**63 - 1
+INTEGER_MAX = 2**31 - 1
+RANGES: dict[str, tuple[int, int]] = {
+    "run_id": (1, BIGINT_MAX),
+    "depends_on": (1, BIGINT_MAX),
+    "priority": (-1000, 1000),
+    "max_attempts": (1, 1000),
+    "max_concurrent_runs": (1, 100_000),
+    "pause_after_failures": (1, 1000),
+}
+
+#: The longest duration the driver accepts (timeouts, jitter, unique_for ...): a hundred
+#: years, far inside what a PostgreSQL interval and a Python timedelta both hold.
+MAX_DURATION = timedelta(days=36_525)
+
+
+def check_int(field_name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int within [low, high] (default: the documented range of ``field_name``);
+    else InvalidArgument naming the field. Booleans and floats are not integers here."""
+    if low is None or high is None:
+        low, high = RANGES[field_name]
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgument(
+            f"{field_name} must be an integer between {low} and {high}, got {value!r}", field=field_name
+        )
+    number = value.__index__()
+    if not low <= number <= high:
+        raise InvalidArgument(
+            f"{field_name} must be between {low} and {high}, got {number}", field=field_name
+        )
+    return int(number)
+
+
+def check_duration(field_name: str, value: float | timedelta) -> timedelta:
+    """Seconds or a timedelta as a timedelta of at most ``MAX_DURATION`` either way (the SQL
+    API decides which signs it takes); NaN, infinities and overflows are refused by name."""
+    if isinstance(value, timedelta):
+        duration = value
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if abs(value) > MAX_DURATION.total_seconds():
+            duration = MAX_DURATION * 2  # refused below, with the value as given
+        else:
+            duration = timedelta(seconds=value)
+    else:
+        raise InvalidArgument(
+            f"{field_name} must be a finite number of seconds or a timedelta, got {value!r}", field=field_name
+        )
+    if abs(duration) > MAX_DURATION:
+        raise InvalidArgument(
+            f"{field_name} must be at most {MAX_DURATION.days} days, got {value!r}", field=field_name
+        )
+    return duration
+
+
+def parse_time(text: str, field_name: str = "run_at") -> datetime:
+    """An ISO 8601 date or time as typed by a person (``Z`` for UTC allowed); naive when it
+    has no UTC offset (read it with ``read_time``)."""
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        year = "out of range" in str(exc) or "must be in" in str(exc)
+        why = "a date out of range (years 1 to 9999)" if year else "not an ISO 8601 time"
+        raise InvalidArgument(
+            f"{field_name}: {why}: {text[:60]!r} (e.g. 2026-12-24T18:00:00+02:00)", field=field_name
+        ) from None
+
+
+@overload
+def read_time(
+    value: datetime | str,
+    zone: str | tzinfo | None,
+    *,
+    field_name: str = ...,
+    zone_name: str = ...,
+    dst_gap: str | None = ...,
+    dst_repeat: str | None = ...,
+) -> datetime: ...
+
+
+@overload
+def read_time(
+    value: None,
+    zone: str | tzinfo | None,
+    *,
+    field_name: str = ...,
+    zone_name: str = ...,
+    dst_gap: str | None = ...,
+    dst_repeat: str | None = ...,
+) -> None: ...
+
+
+@overload
+def read_time(
+    value: datetime | str | None,
+    zone: str | tzinfo | None,
+    *,
+    field_name: str = ...,
+    zone_name: str = ...,
+    dst_gap: str | None = ...,
+    dst_repeat: str | None = ...,
+) -> datetime | None: ...
+
+
+def read_time(
+    value: datetime | str | None,
+    zone: str | tzinfo | None,
+    *,
+    field_name: str = "run_at",
+    zone_name: str = "tz",
+    dst_gap: str | None = None,
+    dst_repeat: str | None = None,
 ) -> datetime | None:
-    """``value`` as an aware datetime: kept if aware (``tz`` is then not used), read as wall
-    time in ``tz`` if naive. A naive value without ``tz`` is refused: it is never read in
-    the server's or this machine's zone."""
+    """The instant a caller means by ``value`` (a datetime or ISO 8601 text): kept if it has
+    a UTC offset (``zone`` is then not used), else read as wall time in ``zone``. A naive
+    value without a zone is refused: it is never read in the server's, the session's or
+    this machine's zone.
+
+    A wall time the zone skips (a spring-forward gap) or repeats (a fall-back overlap) is
+    read as a DAILY schedule reads it (``pgtick.schedule.zones``): ``dst_gap`` shift (default:
+    the offset before the gap) or end (the first instant after it); ``dst_repeat`` first
+    (default) or second. ``skip`` and ``both`` cannot name one instant and are refused."""
     if value is None:
         return None
-    if value.tzinfo is not None and value.utcoffset() is not None:
-        return value
-    if tz is None:
+    when = parse_time(value, field_name) if isinstance(value, str) else value
+    if when.tzinfo is not None and when.utcoffset() is not None:
+        try:
+            return when.astimezone(UTC)
+        except OverflowError:
+            raise InvalidArgument(
+                f"{field_name} {when.isoformat()} is out of range (years 1 to 9999 in UTC)", field=field_name
+            ) from None
+    if zone is None:
         raise InvalidArgument(
-            f"{field_name} is a naive datetime ({value.isoformat()}); give an aware datetime "
-            f"or the zone it is in with {tz_name}=",
+            f"{field_name} is a naive datetime ({when.isoformat()}); give an aware datetime "
+            f"or the zone it is in with {zone_name}=",
             field=field_name,
         )
-    return value.replace(tzinfo=_zone(tz, tz_name))
+    return _wall_time_in(when, _zone(zone, zone_name), field_name, dst_gap, dst_repeat)
+
+
+def _wall_time_in(
+    wall: datetime, zone: tzinfo, field_name: str, dst_gap: str | None, dst_repeat: str | None
+) -> datetime:
+    from pgtick.schedule.zones import ScheduleError, resolve_policy, runs_of_wall_time
+
+    try:
+        policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=False, kind="rrule")
+    except ScheduleError as exc:
+        raise InvalidArgument(
+            exc.detail, field="dst_gap" if "dst_gap" in exc.detail else "dst_repeat"
+        ) from None
+    if not isinstance(zone, ZoneInfo):  # a fixed-offset tzinfo: no gaps, no repeats
+        try:
+            return wall.replace(tzinfo=zone).astimezone(UTC)
+        except OverflowError:
+            runs = None
+    else:
+        runs = runs_of_wall_time(wall.replace(fold=0), zone, policy)
+    if runs is None or not runs.runs:
+        if runs is None:
+            why = "is out of range (years 1 to 9999 in UTC)"
+        else:
+            why = f"does not exist in {zone} (the clocks skip it) and dst_gap=skip drops it"
+        raise InvalidArgument(f"{field_name} {wall.isoformat()} {why}", field=field_name)
+    if len(runs.runs) > 1:
+        raise InvalidArgument(
+            f"{field_name} {wall.isoformat()} happens twice in {zone} and dst_repeat=both would run it "
+            "twice: give a UTC offset or dst_repeat first or second",
+            field=field_name,
+        )
+    return runs.runs[0][0]
+
+
+_DURATIONS = ("timeout", "heartbeat_timeout", "unique_for", "jitter")
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in any key or string of a JSON value (jsonb refuses it)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _jsonb(name: str, value: Any) -> Jsonb:
+    """``value`` as jsonb, serialized here once so that what PostgreSQL cannot store (NaN,
+    infinities, NUL, nesting deeper than Python serializes) is refused by name before
+    anything is sent. Objects the standard encoder has no form for are left to the JSON
+    dumps the application configured in psycopg."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except TypeError:
+        return Jsonb(value)
+    except (ValueError, RecursionError) as exc:  # NaN, infinities, a circular reference
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidArgument(f"{name} must be JSON that PostgreSQL can store: {why}", field=name) from None
+    if holds_nul(value):  # after dumps: no cycles
+        raise InvalidArgument(f"{name} must not contain NUL characters (\\u0000)", field=name)
+    return Jsonb(value, dumps=lambda _: text)
 
 
 def _sql_value(name: str, value: Any) -> Any:
+    """An argument as sent, checked first: numbers in their documented range, durations
+    finite and in range, text without NUL (PostgreSQL text cannot hold it)."""
     if name in ("payload", "payloads", "result"):
-        return Jsonb(value)
+        return _jsonb(name, value)
     if name == "depends_on":
-        return [Int8(v) for v in value]
-    if name in ("timeout", "heartbeat_timeout", "unique_for", "jitter"):
-        return timedelta(seconds=value) if isinstance(value, int | float) else value
+        return [Int8(check_int(name, v)) for v in value]
+    if name in RANGES:
+        return check_int(name, value)
+    if name in _DURATIONS:
+        return check_duration(name, value)
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidArgument(f"{name} must not contain NUL characters, got {value[:60]!r}", field=name)
     return value
 
 
@@ -208,7 +410,7 @@ def _enqueue_args(
     tz: str | tzinfo | None,
     options: Mapping[str, Any],
 ) -> dict[str, Any]:
-    return {"kind": kind, "payload": payload, "run_at": aware(run_at, tz), **options}
+    return {"kind": kind, "payload": payload, "run_at": read_time(run_at, tz), **options}
 
 
 def _define_args(
@@ -231,7 +433,7 @@ def _define_args(
         "kind": kind,
         "schedule": schedule,
         "timezone": timezone,
-        "run_at": aware(run_at, timezone, tz_name="timezone"),
+        "run_at": read_time(run_at, timezone, zone_name="timezone"),
         **options,
     }
 
@@ -392,7 +594,7 @@ class Client:
         args = {
             "kind": kind,
             "payloads": [dict(p) for p in payloads],
-            "run_at": aware(run_at, tz),
+            "run_at": read_time(run_at, tz),
             "priority": priority,
             "queue": queue,
             "concurrency_key": concurrency_key,
@@ -477,8 +679,9 @@ class Client:
 
     def get_run(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
         """The run ``run_id`` as it is now; ``NotFound`` if there is none."""
+        checked = check_int("run_id", run_id)
         with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(_GET_RUN, {"run_id": run_id}).fetchone()
+            row = cur.execute(_GET_RUN, {"run_id": checked}).fetchone()
         return _found(row, run_id)
 
 
@@ -660,7 +863,7 @@ class AsyncClient:
         args = {
             "kind": kind,
             "payloads": [dict(p) for p in payloads],
-            "run_at": aware(run_at, tz),
+            "run_at": read_time(run_at, tz),
             "priority": priority,
             "queue": queue,
             "concurrency_key": concurrency_key,
@@ -742,8 +945,9 @@ class AsyncClient:
 
     async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """See ``Client.get_run``."""
+        checked = check_int("run_id", run_id)
         with translate_errors():
             async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(_GET_RUN, {"run_id": run_id})
+                await cur.execute(_GET_RUN, {"run_id": checked})
                 row = await cur.fetchone()
         return _found(row, run_id)

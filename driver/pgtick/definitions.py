@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import App
+from pgtick.client import holds_nul, read_time
 from pgtick.errors import UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 
@@ -73,8 +74,21 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
         )
     if isinstance(params.get("payload"), dict):
         params["payload"] = Jsonb(params["payload"])
+    params["run_at"] = _run_at(name, params)
     given = {k: v for k, v in params.items() if v is not None}
     return calls.define(conn, name, kind, given)
+
+
+def _run_at(name: object, params: dict[str, Any]) -> Any:
+    """A definition's one-shot time as an instant: without a UTC offset it is wall time in
+    the definition's zone (UTC unless given), never the session's; in a DST gap or repeat,
+    read as ``read_time`` reads it by default. Values that are neither a time nor text are
+    left for the SQL API to refuse by name."""
+    value = params.get("run_at")
+    if not isinstance(value, str | datetime):
+        return value
+    zone = params.get("timezone") or "UTC"
+    return read_time(value, zone, field_name=f"definition={name} run_at", zone_name="timezone")
 
 
 def _json_value(value: Any) -> Any:
@@ -93,8 +107,30 @@ def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]
         if isinstance(schedule, str) and (schedule, zone) not in checked:
             validate_schedule(schedule, zone, str(d.get("name")))
             checked.add((schedule, zone))
-    clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in definitions]
+    timed = [{**d, "run_at": _run_at(d.get("name"), d)} if "run_at" in d else d for d in definitions]
+    clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in timed]
     return calls.define_many(conn, clean)
+
+
+def read_json(text: str) -> Any:
+    """JSON text as PostgreSQL's jsonb takes it: no NaN or Infinity, no NUL character in a
+    key or string. ValueError says what is wrong ("is not valid JSON: ...")."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"is not valid JSON: {constant} is not a JSON number")
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("is nested too deeply") from None
+    except ValueError as exc:  # NaN, or an integer of more digits than Python converts
+        message = str(exc)
+        raise ValueError(message if message.startswith("is ") else f"is not usable JSON: {message}") from None
+    if holds_nul(value):
+        raise ValueError("must not contain NUL characters (\\u0000)")
+    return value
 
 
 _INT_FIELDS = ("max_concurrent_runs", "priority", "max_attempts")
@@ -116,9 +152,9 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{number}: not JSON: {exc.msg}") from exc
+            item = read_json(line)
+        except ValueError as exc:
+            raise UsageError(f"{path}:{number}: {exc}") from None
         if not isinstance(item, dict):
             raise UsageError(f"{path}:{number}: each line must be a JSON object")
         out.append(item)
@@ -140,7 +176,7 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
                 if key in _INT_FIELDS:
                     item[key] = int(cell)
                 elif key == "payload":
-                    item[key] = json.loads(cell)
+                    item[key] = read_json(cell)
                 elif key == "enabled":
                     item[key] = {"true": True, "false": False}[cell.strip().lower()]
                 elif key in ("timeout", "heartbeat_timeout") and cell.replace(".", "", 1).isdigit():

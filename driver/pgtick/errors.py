@@ -65,9 +65,10 @@ class SqlApiError(UsageError):
         self.detail = detail
 
 
-class InvalidArgument(SqlApiError):
-    """An argument was refused (SQLSTATE class 22 or 23, e.g. 22023 invalid parameter);
-    ``field`` names it when the message or the server says which."""
+class InvalidArgument(SqlApiError, ValueError):
+    """An argument was refused (SQLSTATE class 22 or 23, e.g. 22023 invalid parameter), by
+    the server or by the driver before it sent anything; ``field`` names it when the message
+    or the server says which. Also a ``ValueError``, as Python code expects of a bad value."""
 
     def __init__(self, message: str, *, sqlstate: str = "22023", **kw: Any) -> None:
         super().__init__(message, sqlstate=sqlstate, **kw)

@@ -226,7 +226,12 @@ def test_invalid_arguments_name_the_field_and_keep_the_sql_message(client: Clien
     err = caught.value
     assert (err.sqlstate, err.field) == ("22023", "priority")
     assert "priority must be between -1000 and 1000" in str(err)
-    assert isinstance(err.__cause__, psycopg.Error)
+    assert err.__cause__ is None, "the driver refuses a number out of range before sending it"
+
+    with pytest.raises(InvalidArgument) as caught:
+        client.enqueue("mail", queue="")
+    assert (caught.value.sqlstate, caught.value.field) == ("22023", "queue")
+    assert isinstance(caught.value.__cause__, psycopg.Error), "the SQL API's refusal, translated"
 
     with pytest.raises(InvalidArgument) as caught:
         client.define("x", "k", run_at=datetime(2031, 1, 1, tzinfo=UTC), timezone="Mars/Olympus")

@@ -57,7 +57,8 @@ def test_other_errors_stay_psycopg_errors(conn: psycopg.Connection[Any]) -> None
 def test_the_cli_reports_an_invalid_argument_as_one_line_exit_2(db: Database) -> None:
     result = pgtick("enqueue", "k", "--priority", "5000", "--dsn", db.dsn)
     assert result.returncode == 2, result
-    assert result.stderr.strip() == "pgtick enqueue: error: priority must be between -1000 and 1000, got 5000"
+    expected = "pgtick enqueue: error: --priority: must be between -1000 and 1000 (got 5000)"
+    assert result.stderr.strip() == f"{expected} (see pgtick enqueue --help)"
 
 
 def test_the_cli_reports_not_found_as_one_line_exit_2(db: Database) -> None:

@@ -1,0 +1,373 @@
+"""What a person types reaches the database as they meant it, or not at all.
+
+Through the installed `pgtick` executable against real PostgreSQL: a time without a UTC
+offset is wall time in the zone the command names (never the session's or the server's
+TimeZone), across DST gaps and repeats; every number, duration, payload, name and date is
+parsed once, range-checked, and a bad one is one readable line, exit 2, with the database
+unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import ROOT, Database, Server, digest, env_for, scalar
+from pgtick import cli
+
+PGTICK_EXE = str(Path(sys.executable).parent / "pgtick")  # the console script pip installed
+
+#: Session zones far from Sofia and from each other: a time read in either would show.
+SESSION_ZONES = ["America/Los_Angeles", "Pacific/Auckland"]
+
+
+def exe(*args: str | bytes, pgtz: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The `pgtick` executable, to completion; PGTZ set as a user's shell might have it."""
+    env = env_for(None)
+    if pgtz is not None:
+        env["PGTZ"] = pgtz
+    return subprocess.run(
+        [PGTICK_EXE, *args], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT, errors="replace"
+    )
+
+
+def ok(*args: str, pgtz: str | None = None) -> str:
+    result = exe(*args, pgtz=pgtz)
+    assert result.returncode == 0, f"pgtick {' '.join(args)}\nexit {result.returncode}\n{result.stderr}"
+    return result.stdout
+
+
+def materialize_one_shots(db: Database, session_zone: str) -> None:
+    """What the leader does for one-shots, from a session in another zone."""
+    with db.connect() as conn:
+        conn.execute(f"SET TimeZone = '{session_zone}'")
+        conn.execute("SELECT jobs.materialize_one_shots(interval '20 years', interval '1 minute')")
+
+
+# -- a time without an offset -------------------------------------------------------------
+
+SOFIA_EVE = datetime(2031, 12, 24, 16, 0, tzinfo=UTC)  # 18:00 EET
+
+
+@pytest.mark.parametrize("pgtz", SESSION_ZONES)
+def test_a_run_at_without_offset_is_read_in_tz_whatever_the_session_zone(
+    db: Database, pgtz: str, tmp_path: Path
+) -> None:
+    dsn = ["--dsn", db.dsn]
+    wall = "2031-12-24T18:00:00"
+    ok("define", "launch", "announce", "--run-at", wall, "--tz", "Europe/Sofia", *dsn, pgtz=pgtz)
+    ok("enqueue", "announce", "--run-at", wall, "--tz", "Europe/Sofia", *dsn, pgtz=pgtz)
+    lines = tmp_path / "definitions.jsonl"
+    line = {"name": "from-file", "kind": "announce", "run_at": wall, "timezone": "Europe/Sofia"}
+    lines.write_text(json.dumps(line) + "\n")
+    ok("define", "--from-file", str(lines), *dsn, pgtz=pgtz)
+    materialize_one_shots(db, pgtz)
+    with db.connect() as conn:
+        conn.execute(f"SET TimeZone = '{pgtz}'")
+        stored = dict(conn.execute("SELECT name, run_at FROM jobs.definitions").fetchall())
+        runs = conn.execute("SELECT origin, scheduled_for FROM jobs.runs ORDER BY id").fetchall()
+    expected = {"launch": SOFIA_EVE, "from-file": SOFIA_EVE}
+    assert stored == expected, f"PGTZ={pgtz}: definitions' run_at {stored}, expected {SOFIA_EVE}"
+    assert sorted(origin for origin, _ in runs) == ["manual", "schedule", "schedule"], runs
+    wrong = [(origin, at) for origin, at in runs if at != SOFIA_EVE]
+    assert not wrong, f"PGTZ={pgtz}: runs not at 18:00 in Sofia ({SOFIA_EVE}): {wrong}"
+
+
+def test_preview_define_and_backfill_read_the_same_text_in_the_same_zone(db: Database) -> None:
+    """The same wall time typed to preview --after, define --run-at and backfill --from/--to
+    names the same instant: the zone given, or the definition's."""
+    dsn = ["--dsn", db.dsn]
+    ok("define", "daily", "report", "--schedule", "0 18 * * *", "--tz", "Europe/Sofia", *dsn)
+    after = ["--after", "2031-12-24T17:59:00", "--count", "1", "--json"]
+
+    def first_run(*what: str) -> str:
+        return str(json.loads(ok("preview", *what, *after))["runs"][0]["utc"])
+
+    previewed = first_run("0 18 * * *", "--tz", "Europe/Sofia")
+    assert previewed == "2031-12-24T16:00:00Z"
+    stored = first_run("--definition", "daily", *dsn)
+    assert stored == previewed, "preview --definition reads --after in the definition's zone"
+    out = json.loads(
+        ok(
+            "backfill",
+            "daily",
+            "--from",
+            "2025-12-24T17:59:00",
+            "--to",
+            "2025-12-24T18:01:00",
+            "--json",
+            *dsn,
+            pgtz="Pacific/Auckland",
+        )
+    )
+    assert out["runs"] == 1, f"the window 17:59..18:01 Sofia holds exactly the 18:00 run: {out}"
+    with db.connect() as conn:
+        at = scalar(
+            conn,
+            "SELECT r.scheduled_for FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id",
+        )
+    assert at == datetime(2025, 12, 24, 16, 0, tzinfo=UTC), f"backfilled {at}, not 18:00 in Sofia"
+
+
+@pytest.mark.parametrize(
+    ("wall", "flags", "expected"),
+    [
+        # 2031-03-30 03:30 does not exist in Sofia (03:00 EET -> 04:00 EEST)
+        ("2031-03-30T03:30:00", [], datetime(2031, 3, 30, 1, 30, tzinfo=UTC)),  # shift: EET offset
+        ("2031-03-30T03:30:00", ["--dst-gap", "shift"], datetime(2031, 3, 30, 1, 30, tzinfo=UTC)),
+        ("2031-03-30T03:30:00", ["--dst-gap", "end"], datetime(2031, 3, 30, 1, 0, tzinfo=UTC)),  # 04:00 EEST
+        # 2031-10-26 03:30 happens twice in Sofia (04:00 EEST -> 03:00 EET)
+        ("2031-10-26T03:30:00", [], datetime(2031, 10, 26, 0, 30, tzinfo=UTC)),  # first: EEST
+        ("2031-10-26T03:30:00", ["--dst-repeat", "second"], datetime(2031, 10, 26, 1, 30, tzinfo=UTC)),
+    ],
+    ids=["gap-default", "gap-shift", "gap-end", "repeat-default", "repeat-second"],
+)
+def test_a_run_at_in_a_dst_gap_or_repeat_follows_the_schedule_policy(
+    db: Database, wall: str, flags: list[str], expected: datetime
+) -> None:
+    ok(
+        "define",
+        "edge",
+        "k",
+        "--run-at",
+        wall,
+        "--tz",
+        "Europe/Sofia",
+        *flags,
+        "--dsn",
+        db.dsn,
+        pgtz="America/Los_Angeles",
+    )
+    with db.connect() as conn:
+        stored = scalar(conn, "SELECT run_at FROM jobs.definitions WHERE name = 'edge'")
+    assert stored == expected, f"{wall} Europe/Sofia {flags}: stored {stored}, expected {expected}"
+
+
+def test_a_run_at_that_names_no_single_instant_is_refused(db: Database) -> None:
+    with db.connect() as conn:
+        before = digest(conn)
+    for wall, flags, needle in (
+        ("2031-03-30T03:30:00", ["--dst-gap", "skip"], "does not exist in Europe/Sofia"),
+        ("2031-10-26T03:30:00", ["--dst-repeat", "both"], "happens twice in Europe/Sofia"),
+    ):
+        result = exe("define", "edge", "k", "--run-at", wall, "--tz", "Europe/Sofia", *flags, "--dsn", db.dsn)
+        assert_refused(result, needle)
+    with db.connect() as conn:
+        assert digest(conn) == before
+
+
+# -- bad input: one line, exit 2, nothing changed --------------------------------------------
+
+NESTED = "[" * 60_000 + "]" * 60_000  # within the 128 KiB a single argument may have
+REFUSED: list[tuple[str, list[str | bytes], str]] = [
+    ("huge-run-id-cancel", ["cancel", "99999999999999999999"], "run_id: must be between 1 and"),
+    ("huge-run-id-retry", ["retry", "9223372036854775808"], "must be between 1 and 9223372036854775807"),
+    ("huge-run-id-show", ["show", "99999999999999999999"], "must be between"),
+    ("run-id-zero", ["cancel", "0"], "(got 0)"),
+    ("run-id-not-a-number", ["cancel", "12abc"], "must be a whole number"),
+    (
+        "max-attempts-int4",
+        ["define", "x", "k", "--schedule", "* * * * *", "--max-attempts", "2147483648"],
+        "--max-attempts: must be between 1 and 1000 (got 2147483648)",
+    ),
+    ("cap-huge", ["define", "x", "k", "--schedule", "* * * * *", "--cap", "99999999999999999999"], "--cap:"),
+    ("priority-int2", ["enqueue", "k", "--priority", "-32769"], "--priority: must be between -1000 and 1000"),
+    ("priority-float", ["enqueue", "k", "--priority", "1e3"], "--priority: must be a whole number"),
+    (
+        "pause-after-huge",
+        ["define", "x", "k", "--schedule", "* * * * *", "--pause-after-failures", "4294967296"],
+        "--pause-after-failures:",
+    ),
+    ("status-limit-huge", ["status", "--limit", "99999999999999999999"], "--limit:"),
+    ("status-offset-negative", ["status", "--offset", "-1"], "--offset:"),
+    ("runs-limit-int4", ["runs", "--limit", "2147483648"], "--limit:"),
+    ("definitions-limit-zero", ["definitions", "--limit", "0"], "--limit:"),
+    ("preview-count-huge", ["preview", "0 9 * * *", "--count", "99999999999999999999"], "--count:"),
+    ("prune-batch-huge", ["prune", "--batch", "99999999999999999999"], "--batch:"),
+    (
+        "timeout-years",
+        ["define", "x", "k", "--schedule", "* * * * *", "--timeout", "10000000y"],
+        "--timeout:",
+    ),
+    (
+        "timeout-days-overflow",
+        ["define", "x", "k", "--schedule", "* * * * *", "--timeout", "9" * 400 + "d"],
+        "--timeout: must be at most",
+    ),
+    ("timeout-zero", ["define", "x", "k", "--schedule", "* * * * *", "--timeout", "0s"], "positive"),
+    ("jitter-over-a-day", ["define", "x", "k", "--schedule", "0 0 1 1 *", "--jitter", "2d"], "--jitter:"),
+    ("prune-older-than-huge", ["prune", "--older-than", "99999999999d"], "--older-than:"),
+    ("lock-ttl-huge", ["lock", "x", "--ttl", "100000000d", "--", "true"], "--ttl:"),
+    ("payload-invalid", ["enqueue", "k", "--payload", "{'a': 1}"], "not valid JSON"),
+    ("payload-not-object", ["enqueue", "k", "--payload", '"text"'], "JSON object"),
+    ("payload-nan", ["enqueue", "k", "--payload", '{"a": NaN}'], "NaN is not a JSON number"),
+    (
+        "payload-infinity",
+        ["define", "x", "k", "--schedule", "* * * * *", "--payload", '{"a": -Infinity}'],
+        "-Infinity",
+    ),
+    ("payload-nul", ["enqueue", "k", "--payload", '{"a": "x\\u0000y"}'], "NUL"),
+    ("payload-nested", ["enqueue", "k", "--payload", NESTED], "nested too deeply"),
+    ("payload-huge-integer", ["enqueue", "k", "--payload", '{"a": ' + "9" * 5000 + "}"], "payload"),
+    ("name-control", ["define", "bad\x01name", "k", "--schedule", "* * * * *"], "control characters"),
+    ("kind-control", ["enqueue", "k\x7f"], "control characters"),
+    ("name-newline", ["run-now", "a\nb"], "control characters"),
+    ("kind-empty", ["enqueue", ""], "must not be empty"),
+    ("name-blank", ["pause", "   "], "must not be empty"),
+    ("schedule-newline", ["define", "x", "k", "--schedule", "* * * * *\n"], "--schedule: must not contain"),
+    ("schedule-too-long", ["preview", "* " * 2001], "must be at most 4000 characters"),
+    ("queue-empty", ["enqueue", "k", "--queue", ""], "--queue: must not be empty"),
+    ("key-too-long", ["enqueue", "k", "--key", "x" * 201], "--key: must be at most 200"),
+    ("tz-empty", ["define", "x", "k", "--schedule", "* * * * *", "--tz", ""], "--tz:"),
+    ("tz-unknown", ["enqueue", "k", "--run-at", "2031-01-01T00:00", "--tz", "Mars/Olympus"], "Mars/Olympus"),
+    ("argv-not-utf8", ["enqueue", b"k\xff"], "not valid UTF-8"),
+    ("dsn-not-a-connection-string", ["status", "--dsn", "foo"], "--dsn: not a connection string"),
+    ("dsn-empty", ["status", "--dsn", ""], "--dsn: must not be empty"),
+    ("run-at-year-0", ["enqueue", "k", "--run-at", "0000-01-01T00:00:00Z"], "out of range"),
+    ("run-at-year-99999", ["define", "x", "k", "--run-at", "99999-01-01T00:00:00"], "--run-at:"),
+    ("run-at-past-9999-in-utc", ["enqueue", "k", "--run-at", "9999-12-31T23:00:00-05:00"], "out of range"),
+    (
+        "run-at-before-year-1-in-utc",
+        ["enqueue", "k", "--run-at", "0001-01-01T00:30:00", "--tz", "Asia/Tokyo"],
+        "out of range",
+    ),
+    ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
+    ("backfill-from-year-0", ["backfill", "x", "--from", "0000-01-01", "--to", "2031-01-01"], "--from:"),
+]
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    shown = f"exit {result.returncode}\nstdout: {result.stdout[:300]!r}\nstderr: {result.stderr[:600]!r}"
+    assert result.returncode == 2, shown
+    assert "Traceback" not in result.stderr + result.stdout, shown
+    assert len(result.stderr.splitlines()) == 1, f"expected exactly one line on stderr:\n{shown}"
+    assert result.stderr.startswith("pgtick"), shown
+    assert needle in result.stderr, f"the error should say {needle!r}:\n{shown}"
+    assert result.stdout == "", shown
+
+
+@pytest.fixture(scope="module")
+def seeded(pg: Server) -> Iterator[Database]:
+    """A database with a definition, runs of each state and a retry policy: none of the
+    refused commands may change any of it."""
+    with pg.database() as database, database.connect() as conn:
+        conn.execute("SELECT jobs.define('x', 'k', schedule => '0 9 * * *', timezone => 'Europe/Sofia')")
+        conn.execute("SELECT jobs.enqueue('k', '{\"n\": 1}')")
+        conn.execute("SELECT jobs.enqueue('k', '{\"n\": 2}', run_at => now() + interval '1 day')")
+        yield database
+
+
+@pytest.mark.parametrize(("argv", "needle"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(
+    seeded: Database, argv: list[str | bytes], needle: str
+) -> None:
+    with seeded.connect() as conn:
+        before = digest(conn)
+    result = exe(*argv, "--dsn", seeded.dsn) if "--" not in argv else exe(*_dsn_before_dashes(argv, seeded))
+    assert_refused(result, needle)
+    with seeded.connect() as conn:
+        assert digest(conn) == before, f"pgtick {argv!r} was refused but changed the database"
+
+
+def _dsn_before_dashes(argv: list[str | bytes], db: Database) -> list[str | bytes]:
+    split = argv.index("--")
+    return [*argv[:split], "--dsn", db.dsn, *argv[split:]]
+
+
+# -- arbitrary text to every numeric, duration and time option -----------------------------
+
+OPTIONS: list[tuple[list[str], bool]] = [  # (argv before the value, needs the database)
+    (["preview", "0 9 * * *", "--count"], False),
+    (["preview", "0 9 * * *", "--tz", "Europe/Sofia", "--after"], False),
+    (["preview", "0 9 * * *", "--tz", "Europe/Sofia", "--anchor"], False),
+    (["preview", "0 9 * * *", "--tz"], False),
+    (["status", "--limit"], True),
+    (["status", "--offset"], True),
+    (["status", "--recent"], True),
+    (["runs", "--limit"], True),
+    (["cancel"], True),
+    (["show"], True),
+    (["prune", "--dry-run", "--older-than"], True),
+    (["prune", "--dry-run", "--batch"], True),
+    (["enqueue", "k", "--tz", "Europe/Sofia", "--run-at"], True),
+    (["enqueue", "k", "--priority"], True),
+    (["define", "x", "k", "--schedule", "0 9 * * *", "--timeout"], True),
+    (["define", "x", "k", "--schedule", "0 9 * * *", "--max-attempts"], True),
+    (["define", "x", "k", "--schedule", "0 0 1 1 *", "--jitter"], True),
+    (["define", "x", "k", "--tz", "Europe/Sofia", "--run-at"], True),
+    (["run-now"], True),  # names: any text is a name that exists, one that does not, or refused
+    (["enqueue", "k", "--queue"], True),
+    (["enqueue", "k", "--payload"], True),
+    (["definitions", "--name"], True),
+]
+
+VALUES = st.one_of(
+    st.text(max_size=30),
+    st.from_regex(r"\A[+-]?[0-9]{1,40}(\.[0-9]{1,5})?(ms|s|m|h|d|y)?\Z"),
+    st.from_regex(
+        r"\A[0-9]{1,6}-[0-9]{1,2}-[0-9]{1,2}(T[0-9]{1,2}:[0-9]{2}(:[0-9]{2})?)?(Z|[+-][0-9]{2}:[0-9]{2})?\Z"
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(OPTIONS), value=VALUES)
+def test_any_text_to_a_typed_option_is_accepted_or_refused_cleanly(
+    seeded: Database, capsys: pytest.CaptureFixture[str], option: tuple[list[str], bool], value: str
+) -> None:
+    """In-process for speed: the same parser and commands as the executable."""
+    head, needs_db = option
+    argv = [*head, value, "--json"] + (["--dsn", seeded.dsn] if needs_db else [])
+    if head[0] == "prune":
+        argv.remove("--json")
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code if isinstance(exc.code, int) else 2
+    _, err = capsys.readouterr()
+    assert code in (0, 2), f"pgtick {argv!r}: exit {code}\n{err}"
+    assert "Traceback" not in err, err
+    if code == 2:
+        assert len(err.splitlines()) == 1, f"pgtick {argv!r}: not one line:\n{err}"
+
+
+def test_every_numeric_option_has_a_range() -> None:
+    """No option of the CLI is a bare int: each goes through the typed, range-checked parser."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [
+        f"{name} {action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.type in (int, float)
+    ]
+    assert not bare, f"options parsed as a bare int or float, without a range: {bare}"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "defs.jsonl:1: is nested too deeply"),
+        ('{"name": "n", "kind": "k", "schedule": "* * * * *", "payload": {"a": NaN}}', "NaN is not a JSON"),
+        ('{"name": "n\\u0000", "kind": "k", "schedule": "* * * * *"}', "defs.jsonl:1: must not contain NUL"),
+    ],
+    ids=["nested", "nan", "nul"],
+)
+def test_a_definitions_file_with_json_jsonb_refuses_is_one_line(
+    seeded: Database, tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "defs.jsonl"
+    path.write_text(content + "\n")
+    with seeded.connect() as conn:
+        before = digest(conn)
+    assert_refused(exe("define", "--from-file", str(path), "--dsn", seeded.dsn), needle)
+    with seeded.connect() as conn:
+        assert digest(conn) == before

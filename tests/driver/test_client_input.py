@@ -1,0 +1,124 @@
+"""The Python API checks what application code hands it before any SQL is sent: numbers in
+the SQL API's documented range, durations finite and bounded, text without NUL, times with a
+zone. A refusal is an ``InvalidArgument`` (also a ``ValueError``) naming the argument. A naive
+time with a zone is wall time there, whatever the session's TimeZone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from harness import Database, scalar
+from pgtick import App, AsyncClient, Client
+from pgtick.definitions import sync_app
+from pgtick.errors import InvalidArgument
+
+NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens: a call that sent SQL would fail to connect
+
+CASES: list[tuple[str, Callable[[Client], Any], str]] = [
+    ("cancel-past-bigint", lambda c: c.cancel(2**63), "run_id"),
+    ("cancel-zero", lambda c: c.cancel(0), "run_id"),
+    ("get-run-past-bigint", lambda c: c.get_run(2**64), "run_id"),
+    ("priority-past-integer", lambda c: c.enqueue("k", priority=2**31), "priority"),
+    ("priority-float", lambda c: c.enqueue("k", priority=1.5), "priority"),  # type: ignore[arg-type]
+    ("max-attempts-bool", lambda c: c.enqueue("k", max_attempts=True), "max_attempts"),
+    ("max-attempts-past-integer", lambda c: c.enqueue("k", max_attempts=2147483648), "max_attempts"),
+    ("timeout-infinite", lambda c: c.enqueue("k", timeout=float("inf")), "timeout"),
+    ("timeout-nan", lambda c: c.enqueue("k", timeout=float("nan")), "timeout"),
+    ("timeout-huge", lambda c: c.enqueue("k", timeout=1e300), "timeout"),
+    ("heartbeat-timeout-max", lambda c: c.enqueue("k", heartbeat_timeout=timedelta.max), "heartbeat_timeout"),
+    ("depends-on-past-bigint", lambda c: c.enqueue("k", depends_on=[1, 2**63]), "depends_on"),
+    ("kind-with-nul", lambda c: c.enqueue("a\x00b"), "kind"),
+    ("payload-nan", lambda c: c.enqueue("k", {"a": float("nan")}), "payload"),
+    ("payload-nul-key", lambda c: c.enqueue("k", {"a\x00": 1}), "payload"),
+    ("payload-nested", lambda c: c.enqueue("k", {"a": _nested(100_000)}), "payload"),
+    ("payloads-infinite", lambda c: c.enqueue_many("k", [{}, {"a": float("-inf")}]), "payloads"),
+    ("naive-run-at", lambda c: c.enqueue("k", run_at=datetime(2031, 1, 1)), "run_at"),
+    (
+        "run-at-past-year-9999",
+        lambda c: c.enqueue("k", run_at=datetime(9999, 12, 31, 23), tz="America/New_York"),
+        "run_at",
+    ),
+    (
+        "cap-past-limit",
+        lambda c: c.define("x", "k", "* * * * *", max_concurrent_runs=10**6),
+        "max_concurrent_runs",
+    ),
+    ("jitter-nan", lambda c: c.define("x", "k", "* * * * *", jitter=float("nan")), "jitter"),
+    (
+        "pause-after-huge",
+        lambda c: c.define("x", "k", "* * * * *", pause_after_failures=10**20),
+        "pause_after_failures",
+    ),
+]
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("call", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_bad_argument_is_refused_by_name_before_any_sql(call: Callable[[Client], Any], field: str) -> None:
+    with Client(NOWHERE) as client, pytest.raises(InvalidArgument) as caught:
+        call(client)
+    assert caught.value.field == field, (
+        f"refused naming {caught.value.field!r}, not {field!r}: {caught.value}"
+    )
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.__cause__ is None, f"the refusal came from the database: {caught.value.__cause__!r}"
+
+
+def test_the_async_client_refuses_the_same_before_any_sql() -> None:
+    async def main() -> None:
+        async with AsyncClient(NOWHERE) as client:
+            with pytest.raises(InvalidArgument, match="run_id must be between 1 and"):
+                await client.cancel(2**63)
+            with pytest.raises(InvalidArgument, match="timeout"):
+                await client.enqueue("k", timeout=float("inf"))
+
+    asyncio.run(main())
+
+
+def _in_auckland(db: Database) -> str:
+    return f"{db.dsn} options='-c TimeZone=Pacific/Auckland'"
+
+
+def test_a_naive_time_in_a_dst_gap_or_repeat_is_read_as_a_daily_schedule_reads_it(db: Database) -> None:
+    with Client(_in_auckland(db)) as client:
+        gap = client.enqueue("k", run_at=datetime(2031, 3, 30, 3, 30), tz="Europe/Sofia")  # no 03:30 that day
+        twice = client.enqueue("k", run_at=datetime(2031, 10, 26, 3, 30), tz="Europe/Sofia")  # two 03:30s
+        one_shot = client.define("eve", "k", run_at=datetime(2031, 12, 24, 18, 0), timezone="Europe/Sofia")
+    assert gap.scheduled_for == datetime(2031, 3, 30, 1, 30, tzinfo=UTC), (
+        "a gap time keeps the offset before it"
+    )
+    assert twice.scheduled_for == datetime(2031, 10, 26, 0, 30, tzinfo=UTC), "a repeated time is its first"
+    assert one_shot.run_at == datetime(2031, 12, 24, 16, 0, tzinfo=UTC)
+
+
+def test_app_schedule_reads_a_naive_run_at_in_its_zone_not_the_sessions(db: Database) -> None:
+    app = App("t")
+    app.schedule("eve", "k", tz="Europe/Sofia", run_at=datetime(2031, 12, 24, 18, 0))
+    app.schedule("utc-eve", "k", run_at=datetime(2031, 12, 24, 18, 0))  # the definition's zone: UTC
+    app.schedule(
+        "loaded", "k", tz="Europe/Sofia", run_at=datetime(2031, 12, 24, 18, 0), priority=5, jitter=None
+    )
+    with psycopg.connect(_in_auckland(db), autocommit=True) as conn:
+        sync_app(app, conn)
+    with db.connect() as conn:
+        found = dict(conn.execute("SELECT name, run_at FROM jobs.definitions").fetchall())
+    expected = {
+        "eve": datetime(2031, 12, 24, 16, 0, tzinfo=UTC),
+        "utc-eve": datetime(2031, 12, 24, 18, 0, tzinfo=UTC),
+        "loaded": datetime(2031, 12, 24, 16, 0, tzinfo=UTC),
+    }
+    assert found == expected, f"run_at read in the session's zone (Pacific/Auckland)? {found}"
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
