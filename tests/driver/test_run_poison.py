@@ -146,6 +146,43 @@ def test_an_interval_too_large_for_python_fails_its_run_not_its_batch(
     assert alive, context
 
 
+def test_a_time_the_driver_cannot_read_fails_its_run_alone(db: Database, tmp_path: Path) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        poison = _enqueue(conn, "quick")
+        conn.execute("UPDATE jobs.runs SET scheduled_for = '0044-03-15 BC' WHERE id = %s", (poison,))
+        _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's scheduled_for")
+
+
+def _assert_keeps_claiming(conn: Conn, procs: Processes, what: str) -> None:
+    worker = procs.replica(APP, "worker", "--concurrency", "1", "--no-scheduler")
+    worker_id = worker.worker_id
+    run_id = _enqueue(conn, "quick")
+    completed = _wait_finished(conn, run_id, worker)
+    context = f"{what}: {completed}\n{worker.tail()}"
+    assert completed["status"] == "COMPLETED" and completed["worker"] == worker_id, context
+
+
+def test_a_queued_run_due_beyond_year_9999_does_not_stop_claiming(db: Database, tmp_path: Path) -> None:
+    """jobs.next_due answers with that run's time, which Python cannot hold."""
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        later = int(scalar(conn, "SELECT id FROM jobs.enqueue('quick', run_at => now() + interval '1 day')"))
+        conn.execute("UPDATE jobs.runs SET scheduled_for = '20000-01-01 00:00Z' WHERE id = %s", (later,))
+        _assert_keeps_claiming(conn, procs, "a run due in the year 20000")
+
+
+def test_a_default_heartbeat_timeout_too_large_for_python_does_not_stop_claiming(
+    db: Database, tmp_path: Path
+) -> None:
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        for (name,) in conn.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs.config'::regclass AND contype = 'c'"
+            " AND pg_get_constraintdef(oid) ~ 'heartbeat_timeout'"
+        ).fetchall():
+            conn.execute(f'ALTER TABLE jobs.config DROP CONSTRAINT "{name}"')
+        conn.execute("UPDATE jobs.config SET heartbeat_timeout = interval '100000000 years'")
+        _assert_keeps_claiming(conn, procs, "jobs.config.heartbeat_timeout of 100000000 years")
+
+
 def test_a_fault_of_the_worker_itself_exits_non_zero_and_fails_its_claimed_runs(
     db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
