@@ -21,15 +21,15 @@ from harness import Conn, Database, Proc, Processes, processes, rows, scalar, wa
 
 APP = "poison_app.py"
 
-#: Poison results: what the stored error must say (after the common prefix).
+#: Poison results: what the stored error says after "the result could not be stored: ".
 RESULTS = {
-    "nan": "NaN or Infinity",
-    "infinity": "NaN or Infinity",
-    "nul": "unsupported Unicode escape sequence",
-    "surrogate": "surrogate",
-    "object": "Opaque is not JSON serializable",
-    "deep": "recursion",
-    "large": "max_payload_bytes",
+    "nan": "ValueError: it holds a float JSON cannot represent (NaN or Infinity)",
+    "infinity": "ValueError: it holds a float JSON cannot represent (NaN or Infinity)",
+    "nul": "unsupported Unicode escape sequence (\\u0000 cannot be converted to text.)",
+    "surrogate": "invalid input syntax for type json (Unicode low surrogate must follow a high surrogate.)",
+    "object": "TypeError: Object of type Opaque is not JSON serializable",
+    "deep": "RecursionError: maximum recursion depth exceeded while encoding a JSON object",
+    "large": "result is larger than jobs.config.max_payload_bytes",
 }
 
 #: Error messages that cannot be sent as they are: the readable form stored instead.
@@ -82,24 +82,36 @@ def _assert_fails_alone(conn: Conn, procs: Processes, poison: int, expected: str
     assert worker.popen.poll() is None, f"the worker exited: {context}"
 
 
-@pytest.mark.parametrize("what", sorted(RESULTS))
-def test_a_result_the_database_refuses_fails_its_run_and_the_worker_goes_on(
-    db: Database, tmp_path: Path, what: str
+@pytest.mark.parametrize(
+    ("kind", "what"), [("returns", w) for w in sorted(RESULTS)] + [("raises", w) for w in sorted(ERRORS)]
+)
+def test_an_outcome_the_database_refuses_fails_its_run_and_the_worker_goes_on(
+    db: Database, tmp_path: Path, kind: str, what: str
 ) -> None:
+    """A poison result, or an error message that cannot be sent as it is."""
+    expected = f"the result could not be stored: {RESULTS[what]}" if kind == "returns" else ERRORS[what]
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, "returns", {"what": what})
-        _assert_fails_alone(conn, procs, poison, RESULTS[what])
-        error = scalar(conn, "SELECT error FROM jobs.runs WHERE id = %s", (poison,))
-    assert error.startswith("the result could not be stored"), f"result {what}: {error!r}"
+        poison = _enqueue(conn, kind, {"what": what})
+        _assert_fails_alone(conn, procs, poison, expected)
 
 
-@pytest.mark.parametrize("what", sorted(ERRORS))
-def test_an_error_message_that_cannot_be_sent_is_stored_readable(
-    db: Database, tmp_path: Path, what: str
-) -> None:
+def test_a_poison_result_does_not_sink_the_outcomes_reported_with_it(db: Database, tmp_path: Path) -> None:
+    """Outcomes finished together are reported together (plain completions in one batch):
+    the poison one fails alone."""
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, "raises", {"what": what})
-        _assert_fails_alone(conn, procs, poison, ERRORS[what])
+        runs = [
+            _enqueue(conn, "quick"),
+            _enqueue(conn, "returns", {"what": "nan"}),
+            _enqueue(conn, "breaks"),  # no result: a plain completion, sent in a batch
+            _enqueue(conn, "quick"),
+            _enqueue(conn, "breaks"),
+        ]
+        worker = procs.replica(APP, "worker", "--concurrency", "5", "--no-scheduler")
+        ended = [_wait_finished(conn, run_id, worker) for run_id in runs]
+    statuses = [r["status"] for r in ended]
+    assert statuses == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED", "COMPLETED"], (
+        f"{ended}\n{worker.tail()}"
+    )
 
 
 def test_a_payload_too_deep_for_the_driver_fails_its_run_alone(db: Database, tmp_path: Path) -> None:
