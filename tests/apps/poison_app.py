@@ -5,17 +5,20 @@ whose message is the one named by ``what``; ``quick`` returns a small result. No
 retried (max_attempts 1), so a refused outcome shows as one FAILED run.
 
 With ``PGTICK_TEST_BROKEN_HOOK=1`` the claim hook of the instrumentation raises once a
-run of kind ``breaks`` is claimed: a fault of the worker itself, not of one run.
+run of kind ``breaks`` is claimed (a fault of the worker itself, not of one run), and
+its execution hook raises around a run of kind ``hooked`` (a fault of that run).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pgtick import instrumentation
 from pgtick.app import App, Context
+from pgtick.execution import Outcome
 
 app = App("test-poison")
 
@@ -77,10 +80,22 @@ def breaks(ctx: Context) -> None:
     pass
 
 
+@app.job("hooked", max_attempts=1)
+def hooked(ctx: Context) -> None:
+    pass
+
+
 class BrokenHook(instrumentation.Instrumentation):
     def claimed(self, worker_id: str, runs: Sequence[Mapping[str, Any]], seconds: float) -> None:
         if any(r["kind"] == "breaks" for r in runs):
             raise RuntimeError("the claim hook is broken")
+
+    @contextmanager
+    def execute(self, ctx: Context) -> Iterator[Callable[[Outcome], None]]:
+        if ctx.kind == "hooked":
+            raise RuntimeError("the execution hook is broken")
+        with super().execute(ctx) as ended:
+            yield ended
 
 
 if os.environ.get("PGTICK_TEST_BROKEN_HOOK") == "1":

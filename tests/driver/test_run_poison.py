@@ -195,6 +195,16 @@ def test_a_default_heartbeat_timeout_too_large_for_python_does_not_stop_claiming
         _assert_keeps_claiming(conn, procs, "jobs.config.heartbeat_timeout of 100000000 years")
 
 
+def test_a_hook_that_fails_around_one_run_fails_that_run(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGTICK_TEST_BROKEN_HOOK", "1")
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        poison = _enqueue(conn, "hooked")
+        expected = "the worker could not run the job: RuntimeError: the execution hook is broken"
+        _assert_fails_alone(conn, procs, poison, expected)
+
+
 def test_a_fault_of_the_worker_itself_exits_non_zero_and_fails_its_claimed_runs(
     db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
