@@ -488,6 +488,7 @@ class Worker:
                 )
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
+            self._dispatching = []
             rows = claim_cur.fetchall() if claim_cur is not None else []
             self._dispatching = [r["id"] for r in rows]
             self._name_definitions(conn, rows)
@@ -538,7 +539,10 @@ class Worker:
         names are looked up once per definition and kept."""
         unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
         if unknown:
-            self._names.update(calls.definition_names(conn, unknown))
+            try:
+                self._names.update(calls.definition_names(conn, unknown))
+            except DB_ERRORS as exc:  # the claim has committed: run the batch without the names
+                log.warning("worker=%s definition names not read: %s", self.worker_id, exc)
         for r in rows:
             r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
 
