@@ -42,11 +42,12 @@ cannot read (a payload nested too deeply to decode, an interval beyond Python's
 its batch runs; an outcome the database refuses is recorded as a failure saying
 why (``pgtick.reporter``); an error around the job code (an instrumentation
 hook) fails that run and its executor thread goes on. What goes wrong with the
-worker itself (an unexpected error in the claim loop, the heartbeat loop ending)
-stops it: ``run`` sets ``stop``, fails at once the runs it holds that have not
-started, lets the running ones finish within the grace period, fails what is left,
-and raises (``pgtick run`` then exits 1). The listener, on an error that is not
-the database's, stops listening and the worker polls.
+worker itself (an unexpected error in the claim loop, the heartbeat loop ending,
+the database refusing the worker's own arguments such as its queues) stops it:
+``run`` sets ``stop``, fails at once the runs it holds that have not started, lets
+the running ones finish within the grace period, fails what is left, and raises
+(``pgtick run`` then exits 1). The listener, on an error that is not the
+database's, stops listening and the worker polls.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, describe, execute, failure
 from pgtick.heartbeat import HeartbeatLoop
 from pgtick.identity import new_worker_id
-from pgtick.reporter import MAX_REFUSAL, Reporter, storable
+from pgtick.reporter import MAX_REFUSAL, Reporter, refused, storable
 
 __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
@@ -263,6 +264,8 @@ class Worker:
                     full = self._cycle(conn)
                     failures = 0
                 except DB_ERRORS as exc:
+                    if refused(exc):  # its own arguments (queues, worker id): retrying cannot help
+                        raise
                     failures += 1
                     log.warning("worker=%s database error (retrying): %s", self.worker_id, exc)
                     if conn is not None:
@@ -525,6 +528,9 @@ class Worker:
         try:
             applied = done.result()
         except DB_ERRORS as exc:
+            if refused(exc):
+                self.reporter.requeue(plain)
+                raise
             log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, exc)
             self.reporter.requeue(plain)
             return

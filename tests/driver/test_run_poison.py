@@ -226,3 +226,15 @@ def test_a_fault_of_the_worker_itself_exits_non_zero_and_fails_its_claimed_runs(
         assert "the worker stopped on an internal error" in r["error"], context
         assert "the claim hook is broken" in r["error"], context
     assert "the claim hook is broken" in tail, context
+
+
+def test_a_worker_whose_own_arguments_are_refused_exits_non_zero(db: Database, tmp_path: Path) -> None:
+    """jobs.claim refuses more than 1000 queues: retrying the same call cannot help, so the
+    worker stops with the database's message rather than living on without claiming."""
+    queues = ",".join(f"q{i}" for i in range(1001))
+    with processes(tmp_path, db.dsn) as procs:
+        worker = procs.replica(APP, "worker", "--no-scheduler", "--queues", queues)
+        code = worker.wait(timeout=60)
+        tail = worker.tail()
+    assert code == 1, f"exit code {code}\n{tail}"
+    assert "queues must hold 1 to 1000" in tail, tail
