@@ -277,6 +277,8 @@ class Worker:
                     continue  # a full batch: there may be more due right now
                 self._sleep(stop)
             conn = self._drain(conn)
+            if self._fault is not None:  # while draining
+                raise self._fault
         except BaseException as exc:
             conn = self._give_up(conn, exc, stop)
             raise
