@@ -31,7 +31,7 @@ from typing import Any
 from pgtick import instrumentation
 from pgtick.app import Context
 from pgtick.errors import JobTimeout
-from pgtick.execution import Outcome, outcome_of
+from pgtick.execution import Outcome, failure, outcome_of
 
 log = logging.getLogger("pgtick.worker")
 
@@ -87,8 +87,13 @@ class EventLoop:
             self._tasks.discard(t)
             if t.cancelled():  # only when the loop itself shuts down
                 done(outcome_of(ctx, asyncio.CancelledError("the worker's event loop stopped")))
-            else:
+                return
+            error = t.exception()
+            if error is None:
                 done(t.result())
+            else:  # around the job code (a hook): the run fails, the loop goes on
+                log.error("run=%s kind=%s could not be run", ctx.run_id, ctx.kind, exc_info=error)
+                done(failure(ctx, "the worker could not run the job", error))
 
         task.add_done_callback(finished)
 

@@ -74,9 +74,33 @@ def _run(ctx: Context) -> Outcome:
 def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
     """The outcome of a run whose job code raised ``exc``."""
     if isinstance(exc, Cancelled):
-        return Outcome(ctx, "cancel", message=str(exc))
+        return Outcome(ctx, "cancel", message=message_of(exc))
     if isinstance(exc, Abandoned):
         return Outcome(ctx, "abandon")
     if isinstance(exc, JobTimeout):
-        return Outcome(ctx, "fail", classes=error_classes(exc), message=str(exc), reason="Timeout")
-    return Outcome(ctx, "fail", classes=error_classes(exc), message=f"{type(exc).__name__}: {exc}")
+        return Outcome(ctx, "fail", classes=error_classes(exc), message=message_of(exc), reason="Timeout")
+    return Outcome(ctx, "fail", classes=error_classes(exc), message=describe(exc))
+
+
+def describe(exc: BaseException) -> str:
+    """``Class: message`` for any exception, even one whose ``__str__`` raises."""
+    return f"{type(exc).__name__}: {message_of(exc)}"
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying why it could not be had: an error's own text must
+    not take down the thread that reports it."""
+    try:
+        return str(exc)
+    except Exception as error:  # whatever __str__ raises
+        try:
+            why = f"{type(error).__name__}: {error}"
+        except Exception:
+            why = type(error).__name__
+        return f"(the error message could not be read: {why})"
+
+
+def failure(ctx: Context, why: str, exc: BaseException | None = None) -> Outcome:
+    """A run that fails for a reason outside its job code: ``why``, then the error if any."""
+    message = why if exc is None else f"{why}: {describe(exc)}"
+    return Outcome(ctx, "fail", classes=None if exc is None else error_classes(exc), message=message)

@@ -3,7 +3,9 @@
 The loop knows nothing of the worker beyond ``HeartbeatOwner``: which runs to
 stamp and how often, what to do with a run that is no longer ours, and where a
 failed call is reported. A run flagged cancel_requested is asked to stop at its
-next checkpoint. Failures are logged, never fatal to the jobs.
+next checkpoint. A failed call (the database) is logged and tried again on the
+next beat, never fatal to the jobs; any other error ends the loop and is handed
+to the owner (``heartbeat_died``), which cannot go on without it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import psycopg
 
 from pgtick import calls
 from pgtick.app import Context
-from pgtick.db import connect
+from pgtick.db import DB_ERRORS, connect
 
 log = logging.getLogger("pgtick.worker")
 
@@ -39,6 +41,10 @@ class HeartbeatOwner(Protocol):
 
     def heartbeat_failed(self, exc: Exception) -> None:
         """The heartbeat call failed (the runs keep going)."""
+        ...
+
+    def heartbeat_died(self, exc: BaseException) -> None:
+        """The loop ended on an error that is not the database's: nothing heartbeats any more."""
         ...
 
 
@@ -69,13 +75,16 @@ class HeartbeatLoop:
             self._conn.close()
 
     def _loop(self) -> None:
-        while not self.stopped.is_set():
-            self.waiting = self.owner.heartbeat_interval()
-            self.now.wait(self.waiting)
-            self.now.clear()
-            if self.stopped.is_set():
-                return
-            self.beat()
+        try:
+            while not self.stopped.is_set():
+                self.waiting = self.owner.heartbeat_interval()
+                self.now.wait(self.waiting)
+                self.now.clear()
+                if self.stopped.is_set():
+                    return
+                self.beat()
+        except BaseException as exc:
+            self.owner.heartbeat_died(exc)
 
     def beat(self) -> None:
         held = dict(self.owner.held())
@@ -86,7 +95,7 @@ class HeartbeatLoop:
             if not held:
                 return
             alive = calls.heartbeat(self._conn, list(held), self.worker_id, self.claim_token)
-        except Exception as exc:
+        except DB_ERRORS as exc:
             self.owner.heartbeat_failed(exc)
             if self._conn is not None:
                 self._conn.close()

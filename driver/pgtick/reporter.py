@@ -7,6 +7,13 @@ handed back so the worker sends them in one ``jobs.complete_many`` alongside
 its next claim (on the completer's own connection). An outcome that cannot be
 reported (database down) is kept and retried: the fenced SQL makes a repeat
 harmless.
+
+An outcome whose values are refused is not an outage, and is never retried as
+it is: a result that is not JSON (NaN, an object), or that the database refuses
+(a NUL character, a lone surrogate, over ``jobs.config.max_payload_bytes``), is
+recorded as a failure saying the result could not be stored and why. Error
+texts are made storable before they are sent (``storable``): NUL and text that
+is not valid UTF-8 become escapes, and they are cut to a bounded length.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from psycopg.types.json import Jsonb
 from pgtick import calls
 from pgtick.app import Context
 from pgtick.events import WorkerListener
-from pgtick.execution import Outcome
+from pgtick.execution import Outcome, describe, failure
 from pgtick.logs import log_outcome
 
 log = logging.getLogger("pgtick.worker")
@@ -33,12 +40,51 @@ log = logging.getLogger("pgtick.worker")
 _STATUS = {"complete": "COMPLETED", "fail": "FAILED", "cancel": "CANCELLED", "abandon": "ABANDONED"}
 
 
-def _jsonable(value: Any) -> Any:
+#: Longest error text sent (jobs.fail keeps as much).
+MAX_MESSAGE = 10000
+#: Longest account of why an outcome could not be stored.
+MAX_REFUSAL = 2000
+#: SQLSTATE classes of a refused value: data exception, integrity constraint
+#: violation, program limit exceeded (too large, nested too deep).
+_REFUSED_CLASSES = ("22", "23", "54")
+
+
+def storable(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` as PostgreSQL text takes it: NUL and what is not valid UTF-8 (lone
+    surrogates, undecodable bytes decoded with surrogateescape) shown as backslash
+    escapes, cut to ``limit`` characters with a note of how much was cut."""
+    clean = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    if len(clean) <= limit:
+        return clean
+    keep = max(limit - 40, 0)  # room for the note
+    return f"{clean[:keep]}… ({len(clean) - keep} more characters)"
+
+
+def result_json(value: Any) -> Jsonb:
+    """The result as jsonb, or ValueError/TypeError/RecursionError saying why it is not JSON."""
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return {"repr": repr(value)}
-    return value
+        text = json.dumps(value, allow_nan=False)
+    except ValueError:
+        json.dumps(value)  # raises again if the problem is not a float
+        raise ValueError("it holds a float JSON cannot represent (NaN or Infinity)") from None
+    return Jsonb(value, dumps=lambda _: text)
+
+
+def refused(exc: BaseException) -> bool:
+    """True when ``exc`` says the values of a call were refused, by the driver or the
+    database, rather than the call failing (a lost connection): sending the same values
+    again fails the same way."""
+    if isinstance(exc, psycopg.Error):
+        return isinstance(exc, psycopg.DataError) or (exc.sqlstate or "")[:2] in _REFUSED_CLASSES
+    return isinstance(exc, (ValueError, TypeError, OverflowError, RecursionError))
+
+
+def _why(exc: BaseException) -> str:
+    """The refusal in one line: the database's message and detail, or the Python error."""
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        detail = exc.diag.message_detail
+        return exc.diag.message_primary + (f" ({detail})" if detail else "")
+    return describe(exc)
 
 
 class Reporter:
@@ -99,29 +145,53 @@ class Reporter:
         return plain
 
     def _report_one(self, conn: psycopg.Connection[Any], o: Outcome) -> None:
+        """Report one outcome. One whose values are refused is reported instead as the
+        failure that says why; if even that is refused, as a failure with a fixed text;
+        if that too is refused, the run is let go (the reaper fails it)."""
         ctx = o.ctx
         if o.action == "abandon" or ctx.abandoned:
             self.events.on_outcome(ctx.kind, "abandon")
             log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
             self._forget(ctx)
-        elif o.action == "complete":
-            self.settle(
-                o,
-                calls.complete(
-                    conn, ctx.run_id, self.worker_id, Jsonb(_jsonable(o.result)), self.claim_token
-                ),
-            )
-        elif o.action == "cancel":
-            self.settle(
-                o, calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, o.message, self.claim_token)
-            )
-        else:
-            message = (o.message or "")[:10000]
-            failed = calls.fail(
-                conn, ctx.run_id, self.worker_id, o.classes, message, o.reason, self.claim_token
-            )
-            retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
-            self.settle(o, failed is not None, retry_run_id=retry)
+            return
+        what = {"complete": "result", "cancel": "cancellation"}.get(o.action, "error")
+        why = f"the {what} could not be stored"
+        attempts = [o]
+        while attempts:
+            outcome = attempts.pop(0)
+            try:
+                applied, retry = self._send(conn, outcome)
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                log.warning("run=%s kind=%s %s: %s", ctx.run_id, ctx.kind, why, _why(exc))
+                if outcome is o:
+                    instead = failure(ctx, storable(f"{why}: {_why(exc)}", MAX_REFUSAL))
+                    if o.action == "fail":  # the job's error classes still choose the retry
+                        instead.classes, instead.reason = o.classes, o.reason
+                    attempts = [instead, failure(ctx, why)]
+                continue
+            self.settle(outcome, applied, retry_run_id=retry)
+            return
+        log.error("run=%s kind=%s no outcome could be stored: left to the reaper", ctx.run_id, ctx.kind)
+        self._forget(ctx)
+
+    def _send(self, conn: psycopg.Connection[Any], o: Outcome) -> tuple[bool, int | None]:
+        """The fenced call for ``o``: (applied, the retry's run id if one was queued)."""
+        ctx = o.ctx
+        if o.action == "complete":
+            return calls.complete(
+                conn, ctx.run_id, self.worker_id, result_json(o.result), self.claim_token
+            ), None
+        if o.action == "cancel":
+            message = None if o.message is None else storable(o.message)
+            return calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, message, self.claim_token), None
+        classes = None if o.classes is None else [storable(c, 200) for c in o.classes]
+        failed = calls.fail(
+            conn, ctx.run_id, self.worker_id, classes, storable(o.message or ""), o.reason, self.claim_token
+        )
+        retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
+        return failed is not None, retry
 
     def settle(self, o: Outcome, applied: bool, retry_run_id: int | None = None) -> None:
         """The database answered for this outcome: applied, or fenced. Logs one line."""
@@ -132,7 +202,8 @@ class Reporter:
         if not applied:
             error = f"{o.action} not applied: no longer RUNNING for this worker (reaped or fenced)"
         elif o.action == "fail":
-            error = f"{o.reason}: {o.message}" if o.reason != "Error" else o.message
+            message = None if o.message is None else storable(o.message)
+            error = f"{o.reason}: {message}" if o.reason != "Error" else message
         log_outcome(
             run_id=ctx.run_id,
             kind=ctx.kind,

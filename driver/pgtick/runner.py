@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -20,6 +21,7 @@ from pgtick.app import App
 from pgtick.db import connect
 from pgtick.definitions import sync_app
 from pgtick.errors import PgtickError, UsageError
+from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
 from pgtick.worker import Worker
@@ -85,8 +87,16 @@ def check_login(conn: psycopg.Connection[Any], options: RunOptions) -> bool:
     return False
 
 
+#: Exit code of ``pgtick run`` when the worker or the scheduler stopped on an error it
+#: could not go on from (after handing back what it held).
+EXIT_FAILED = 1
+
+
 def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | None = None) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop``); returns the process exit code."""
+    """Run until SIGTERM/SIGINT (or ``stop``); returns the process exit code: 0 after a
+    stop, ``EXIT_FAILED`` when the worker or the scheduler failed (the other one is
+    stopped too: a process that cannot do its whole job exits for its supervisor to
+    restart it, rather than living on half idle)."""
     stop = stop or threading.Event()
     _install_signal_handlers(stop)
     with connect(dsn, application_name="pgtick-sync") as conn:
@@ -102,6 +112,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = new_worker_id()
     threads: list[threading.Thread] = []
+    failures: list[str] = []
     listener = None
     if options.metrics_port is not None:
         from pgtick.metrics import serve_metrics
@@ -123,7 +134,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             listen=options.listen,
             queues=options.queues,
         )
-        threads.append(threading.Thread(target=worker.run, args=(stop,), name="pgtick-worker"))
+        threads.append(_thread(worker.run, stop, "pgtick-worker", failures))
     if options.scheduler:
         scheduler = Scheduler(
             dsn,
@@ -132,7 +143,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             leadership=options.leadership,
             lease_ttl=options.lease_ttl,
         )
-        threads.append(threading.Thread(target=scheduler.run, args=(stop,), name="pgtick-scheduler"))
+        threads.append(_thread(scheduler.run, stop, "pgtick-scheduler", failures))
     for t in threads:
         t.start()
     try:
@@ -143,7 +154,27 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         stop.set()
         for t in threads:
             t.join()
+    if failures:
+        log.error("stopped: %s failed (exit code %d)", " and ".join(failures), EXIT_FAILED)
+        return EXIT_FAILED
     return 0
+
+
+def _thread(
+    target: Callable[[threading.Event], None], stop: threading.Event, name: str, failures: list[str]
+) -> threading.Thread:
+    """A thread running ``target(stop)``; if it raises, the others are stopped and ``name``
+    is added to ``failures``."""
+
+    def run() -> None:
+        try:
+            target(stop)
+        except BaseException as exc:
+            log.error("%s failed: %s", name, describe(exc), exc_info=exc)
+            failures.append(name)
+            stop.set()
+
+    return threading.Thread(target=run, name=name)
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -175,11 +175,19 @@ def run_supervised(app: App, dsn: str, options: object, processes: int) -> int:
     stop = threading.Event()
     _install_signal_handlers(stop, supervisor)
     scheduler = None
+    scheduled: list[int] = []  # the scheduler's exit code, once it returns
     if options.scheduler:
         scheduling = replace(options, worker=False, metrics_port=None)
-        scheduler = threading.Thread(
-            target=run_app, args=(app, dsn, scheduling, stop), name="pgtick-scheduling", daemon=True
-        )
+
+        def schedule() -> None:
+            try:
+                scheduled.append(run_app(app, dsn, scheduling, stop))  # a failure sets stop
+            except BaseException as exc:
+                log.error("the scheduler failed: %s", exc, exc_info=exc)
+                scheduled.append(1)
+                stop.set()
+
+        scheduler = threading.Thread(target=schedule, name="pgtick-scheduling", daemon=True)
         scheduler.start()
     log.info("supervisor pid=%d: %d worker processes", os.getpid(), processes)
     try:
@@ -189,7 +197,7 @@ def run_supervised(app: App, dsn: str, options: object, processes: int) -> int:
         if scheduler is not None:
             scheduler.join(timeout=30)
     log.info("supervisor stopped")
-    return code
+    return max(code, *scheduled) if scheduled else code
 
 
 def _install_signal_handlers(stop: threading.Event, supervisor: Supervisor) -> None:

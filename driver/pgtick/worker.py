@@ -35,11 +35,25 @@ On stop the worker claims nothing more, lets running jobs finish within the
 grace period, reports them, then stops heartbeating whatever is left so the
 reaper hands it on. Outcomes that cannot be reported (database down) are kept
 and retried until the database answers: the fenced SQL makes a repeat harmless.
+
+What goes wrong with one run stays with that run: a claimed row the driver
+cannot read (a payload nested too deeply to decode, an interval beyond Python's
+``timedelta``) fails that run with a message naming the column, and the rest of
+its batch runs; an outcome the database refuses is recorded as a failure saying
+why (``pgtick.reporter``); an error around the job code (an instrumentation
+hook) fails that run and its executor thread goes on. What goes wrong with the
+worker itself (an unexpected error in the claim loop, the heartbeat loop ending,
+the database refusing the worker's own arguments such as its queues) stops it:
+``run`` sets ``stop``, fails at once the runs it holds that have not started, lets
+the running ones finish within the grace period, fails what is left, and raises
+(``pgtick run`` then exits 1). The listener, on an error that is not the
+database's, stops listening and the worker polls.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import socket
@@ -47,20 +61,23 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import abc
+from psycopg.adapt import Buffer, Loader
+from psycopg.pq import Format
 
 from pgtick import calls, instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
-from pgtick.execution import Outcome, execute
+from pgtick.execution import Outcome, describe, execute, failure
 from pgtick.heartbeat import HeartbeatLoop
 from pgtick.identity import new_claim_token, new_worker_id
-from pgtick.reporter import Reporter
+from pgtick.reporter import MAX_REFUSAL, Reporter, refused, storable
 
 __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
@@ -70,8 +87,51 @@ log = logging.getLogger("pgtick.worker")
 STOP_CHECK = 0.5
 
 
-def _seconds(value: timedelta | None) -> float | None:
-    return None if value is None else value.total_seconds()
+def _seconds(value: object) -> float | None:
+    return value.total_seconds() if isinstance(value, timedelta) else None
+
+
+class Unreadable:
+    """A value of a row the driver cannot convert (an interval beyond ``timedelta``, JSON
+    nested too deeply to decode): stands in for it, saying why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.why!r})"
+
+
+#: The types whose conversion can fail on a value PostgreSQL holds.
+_FRAGILE_TYPES = ("interval", "json", "jsonb", "timestamptz", "timestamp", "date")
+
+
+def read_tolerantly(conn: psycopg.Connection[Any]) -> None:
+    """Make ``conn`` load an ``Unreadable`` instead of raising for a value of a fragile type,
+    so that one run's absurd value cannot make a whole claimed batch unreadable (it has
+    committed by then: the runs are RUNNING for this worker)."""
+    for name in _FRAGILE_TYPES:
+        info = conn.adapters.types.get(name)
+        if info is None:
+            continue
+        conn.adapters.register_loader(info.oid, _tolerant(conn.adapters.get_loader(info.oid, Format.TEXT)))
+
+
+def _tolerant(base: type[abc.Loader] | None) -> type[Loader]:
+    class Tolerant(Loader):
+        def __init__(self, oid: int, context: Any = None) -> None:
+            super().__init__(oid, context)
+            self._base = base(oid, context) if base is not None else None
+
+        def load(self, data: Buffer) -> Any:
+            if self._base is None:
+                return bytes(data).decode("utf-8", "replace")
+            try:
+                return self._base.load(data)
+            except (psycopg.DataError, ValueError, OverflowError, RecursionError) as exc:
+                return Unreadable(describe(exc))
+
+    return Tolerant
 
 
 class Worker:
@@ -129,6 +189,9 @@ class Worker:
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
+        self._started: set[int] = set()  # held runs whose job code has begun
+        self._dispatching: list[int] = []  # a claimed batch not yet held
+        self._fault: BaseException | None = None  # set by another thread: the worker cannot go on
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
@@ -152,6 +215,18 @@ class Worker:
         self.events.on_heartbeat_failure()
         log.warning("worker=%s heartbeat failed (runs keep going): %s", self.worker_id, exc)
 
+    def heartbeat_died(self, exc: BaseException) -> None:
+        self.fault(RuntimeError(f"the heartbeat loop ended: {describe(exc)}"), exc)
+
+    def fault(self, exc: BaseException, cause: BaseException | None = None) -> None:
+        """Another thread of the worker failed in a way it cannot go on from: the claim
+        loop stops the worker (see ``run``)."""
+        exc.__cause__ = cause
+        with self._lock:
+            if self._fault is None:
+                self._fault = exc
+        self.signal_work()
+
     def heartbeat_interval(self) -> float:
         """The cadence: the configured interval, or a third of the shortest heartbeat timeout held."""
         with self._lock:
@@ -164,7 +239,10 @@ class Worker:
 
     # -- running ----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        """Work until ``stop`` is set, then drain within the grace period."""
+        """Work until ``stop`` is set, then drain within the grace period.
+
+        On an error it cannot go on from, set ``stop``, hand back what it holds (failed
+        at once when not started, after the grace period when running) and raise it."""
         if not self.kinds:
             log.warning("worker=%s has no job kinds registered: nothing to claim", self.worker_id)
         self._start_threads(stop)
@@ -179,12 +257,16 @@ class Worker:
         failures = 0
         try:
             while not stop.is_set():
+                if self._fault is not None:
+                    raise self._fault
                 try:
                     if conn is None or conn.closed:
                         conn = self._connect()
                     full = self._cycle(conn)
                     failures = 0
                 except DB_ERRORS as exc:
+                    if refused(exc):  # its own arguments (queues, worker id): retrying cannot help
+                        raise
                     failures += 1
                     log.warning("worker=%s database error (retrying): %s", self.worker_id, exc)
                     if conn is not None:
@@ -196,6 +278,11 @@ class Worker:
                     continue  # a full batch: there may be more due right now
                 self._sleep(stop)
             conn = self._drain(conn)
+            if self._fault is not None:  # while draining
+                raise self._fault
+        except BaseException as exc:
+            conn = self._give_up(conn, exc, stop)
+            raise
         finally:
             self._heartbeat.stop()
             self._stop_runners()
@@ -256,6 +343,10 @@ class Worker:
         if row is None:
             return
         next_at, db_now = row["next_at"], row["db_now"]
+        if not isinstance(db_now, datetime):
+            return
+        if not isinstance(next_at, datetime):
+            next_at = None  # unreadable: the poll interval is the safety net
         self._db_offset = db_now.timestamp() - time.time()
         with self._lock:
             if next_at is not None:
@@ -265,12 +356,62 @@ class Worker:
                 # was computed: keep the sooner of the two.
                 self._due_at = learned if self._due_at is None else min(self._due_at, learned)
 
+    def _give_up(
+        self, conn: psycopg.Connection[Any] | None, exc: BaseException, stop: threading.Event
+    ) -> psycopg.Connection[Any] | None:
+        """The worker cannot go on: stop, fail the held runs not started at once, give the
+        running ones the grace period, then fail what is left (not left to the reaper)."""
+        why = storable(f"the worker stopped on an internal error: {describe(exc)}", MAX_REFUSAL)
+        log.error("worker=%s %s", self.worker_id, why, exc_info=exc)
+        stop.set()
+        with self._lock:
+            waiting = [c for c in self._active.values() if c.run_id not in self._started]
+            idle = {c.run_id for c in waiting} | set(self._dispatching)
+        for ctx in waiting:
+            ctx.abandon()  # an executor that takes it now only reports it abandoned
+        conn = self._fail_runs(conn, idle, why)
+        try:
+            conn = self._drain(conn)
+        except Exception as error:
+            log.error("worker=%s cannot report while stopping: %s", self.worker_id, describe(error))
+        left = self.held()
+        for ctx in left.values():
+            ctx.abandon()
+        return self._fail_runs(conn, set(left), why)
+
+    def _fail_runs(
+        self, conn: psycopg.Connection[Any] | None, run_ids: set[int], why: str
+    ) -> psycopg.Connection[Any] | None:
+        """Fail these runs of this worker (fenced) and let them go."""
+        if not run_ids:
+            return conn
+        try:
+            if conn is None or conn.closed:
+                conn = self._connect()
+            for run_id in sorted(run_ids):
+                calls.fail(conn, run_id, self.worker_id, None, why, "Error", self.claim_token)
+        except DB_ERRORS as exc:
+            log.warning(
+                "worker=%s cannot fail runs=%s (the reaper will): %s",
+                self.worker_id,
+                ",".join(map(str, sorted(run_ids))),
+                exc,
+            )
+        with self._lock:
+            for run_id in run_ids:
+                self._active.pop(run_id, None)
+                self._started.discard(run_id)
+        return conn
+
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
+        read_tolerantly(conn)
         calls.register_worker(conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid())
         timeout = calls.default_heartbeat_timeout(conn)
-        if timeout is not None:
+        if isinstance(timeout, timedelta):
             self.default_heartbeat_timeout = timeout.total_seconds()
+        elif timeout is not None:
+            log.warning("worker=%s jobs.config.heartbeat_timeout cannot be read: %s", self.worker_id, timeout)
         return conn
 
     def _start_threads(self, stop: threading.Event) -> None:
@@ -299,16 +440,25 @@ class Worker:
                     while not stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             self._notified(note.payload)
-            except Exception as exc:
+            except DB_ERRORS as exc:
                 log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
                 stop.wait(1.0)
+            except Exception as exc:
+                log.error(
+                    "worker=%s listener failed: polling every %.2fs from now on: %s",
+                    self.worker_id,
+                    self.poll_interval,
+                    describe(exc),
+                    exc_info=exc,
+                )
+                return
 
     def _notified(self, payload: str) -> None:
         try:
             epoch = float(payload) if payload else None
         except ValueError:
             epoch = None
-        if epoch is None:
+        if epoch is None or not math.isfinite(epoch):
             self.signal_work()
         else:
             self.rearm(epoch)
@@ -346,7 +496,9 @@ class Worker:
                 )
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
+            self._dispatching = []
             rows = claim_cur.fetchall() if claim_cur is not None else []
+            self._dispatching = [r["id"] for r in rows]
             self._name_definitions(conn, rows)
         except BaseException:
             if done is not None:
@@ -383,6 +535,9 @@ class Worker:
         try:
             applied = done.result()
         except DB_ERRORS as exc:
+            if refused(exc):
+                self.reporter.requeue(plain)
+                raise
             log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, exc)
             self.reporter.requeue(plain)
             return
@@ -397,20 +552,16 @@ class Worker:
         names are looked up once per definition and kept."""
         unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
         if unknown:
-            self._names.update(calls.definition_names(conn, unknown))
+            try:
+                self._names.update(calls.definition_names(conn, unknown))
+            except DB_ERRORS as exc:  # the claim has committed: run the batch without the names
+                log.warning("worker=%s definition names not read: %s", self.worker_id, exc)
         for r in rows:
             r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
 
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
-        """Start the claimed runs; True if the batch came back full."""
-        self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
-        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
-        if not rows:
-            return False
-        for r in rows:
-            if r["started_at"] is not None:
-                late = (r["started_at"] - r["scheduled_for"]).total_seconds()
-                self.events.on_started(r["kind"], r["definition_id"], late)
+        """Start the claimed runs; True if the batch came back full. A run with a value the
+        driver cannot read fails alone."""
         contexts = []
         for run in rows:
             spec = self.app.jobs[run["kind"]]
@@ -419,6 +570,28 @@ class Worker:
         with self._lock:
             for ctx in contexts:
                 self._active[ctx.run_id] = ctx
+        self._dispatching = []
+        unreadable = {}
+        for ctx in contexts:
+            bad = [f"{column}: {v.why}" for column, v in ctx.run.items() if isinstance(v, Unreadable)]
+            if bad:
+                unreadable[ctx.run_id] = f"the driver cannot read this run's {'; '.join(bad)}"
+        self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
+        instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
+        if not rows:
+            return False
+        for r in rows:
+            if isinstance(r["started_at"], datetime) and isinstance(r["scheduled_for"], datetime):
+                late = (r["started_at"] - r["scheduled_for"]).total_seconds()
+                self.events.on_started(r["kind"], r["definition_id"], late)
+        if unreadable:
+            for ctx in contexts:
+                if ctx.run_id in unreadable:
+                    log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, unreadable[ctx.run_id])
+                    self._finished(failure(ctx, storable(unreadable[ctx.run_id], MAX_REFUSAL)))
+            contexts = [c for c in contexts if c.run_id not in unreadable]
+            if not contexts:
+                return len(rows) == want
         # The claim stamped heartbeat_at; only a run whose heartbeat timeout is shorter than
         # the wait in progress (timeouts/3) needs the heartbeat loop woken to re-plan.
         shortest = min(
@@ -431,6 +604,8 @@ class Worker:
             log.debug("run=%s kind=%s worker=%s started", ctx.run_id, ctx.kind, self.worker_id)
             if ctx.spec.is_async and self.event_loop is not None:
                 tasks.append(ctx)
+                with self._lock:
+                    self._started.add(ctx.run_id)
             else:
                 self._tasks.put(ctx)
         if tasks and self.event_loop is not None:
@@ -445,7 +620,14 @@ class Worker:
             if ctx.abandoned or ctx.cancel_requested:  # while it waited for a slot
                 self._finished(Outcome(ctx, "abandon") if ctx.abandoned else Outcome(ctx, "cancel"))
                 continue
-            self._finished(execute(ctx))
+            with self._lock:
+                self._started.add(ctx.run_id)
+            try:
+                outcome = execute(ctx)
+            except BaseException as exc:  # around the job code (a hook): the run fails, the thread goes on
+                log.error("run=%s kind=%s could not be run", ctx.run_id, ctx.kind, exc_info=exc)
+                outcome = failure(ctx, "the worker could not run the job", exc)
+            self._finished(outcome)
 
     def _finished(self, outcome: Outcome) -> None:
         self.reporter.add(outcome)
@@ -462,6 +644,7 @@ class Worker:
     def _release(self, ctx: Context) -> None:
         with self._lock:
             self._active.pop(ctx.run_id, None)
+            self._started.discard(ctx.run_id)
 
     def _drain(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """Claim nothing more; report what finishes within the grace period."""

@@ -10,9 +10,14 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
+from pgtick import instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.execution import Outcome
@@ -133,3 +138,37 @@ def test_a_checkpoint_in_an_async_job_sees_the_cancel_and_compensates_on_the_loo
         loop.stop()
     assert outcome.action == "cancel", outcome
     assert where == [loop.thread.ident]
+
+
+def test_a_hook_failing_around_an_async_job_fails_that_run_and_the_loop_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the guard the task's exception is only logged by asyncio: the run would
+    never be reported (RUNNING with live heartbeats) and its slot never freed."""
+
+    class BrokenHook(instrumentation.Instrumentation):
+        @contextmanager
+        def execute(self, ctx: Context) -> Iterator[Callable[[Outcome], None]]:
+            if ctx.run_id == 1:
+                raise RuntimeError("the execution hook is broken")
+            with super().execute(ctx) as ended:
+                yield ended
+
+    monkeypatch.setattr(instrumentation, "current", BrokenHook())
+    app = App()
+
+    @app.job("answer")
+    async def answer(ctx: Context) -> int:
+        return 42
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        outcomes = _outcomes(loop, [_context(app, "answer", 1), _context(app, "answer", 2)], timeout=10)
+    finally:
+        loop.stop()
+    summary = [(o.action, o.message, o.result) for o in outcomes]
+    assert summary == [
+        ("fail", "the worker could not run the job: RuntimeError: the execution hook is broken", None),
+        ("complete", None, 42),
+    ], summary

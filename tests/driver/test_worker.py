@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness import Database, wait_for
+from harness import Database, scalar, wait_for
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -234,3 +234,60 @@ def test_a_scheduler_notification_rearms_a_sleeping_worker(db: Database) -> None
     finally:
         stop.set()
         thread.join(timeout=30)
+
+
+def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: Database) -> None:
+    """Without heartbeats the worker cannot go on: it stops, says why, and fails the runs it
+    holds (the one waiting for a slot at once, the running one after the grace period)
+    rather than leaving them RUNNING until the reaper finds them."""
+    app = App()
+    release = threading.Event()
+    started = threading.Event()
+
+    @app.job("hold")
+    def hold(ctx: Context) -> None:
+        started.set()
+        release.wait(30)
+
+    worker = Worker(app, db.dsn, concurrency=1, batch_size=2, poll_interval=0.1, shutdown_grace=1.0)
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(stop)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    try:
+        with db.connect() as conn:
+            ids = [scalar(conn, "SELECT id FROM jobs.enqueue('hold')") for _ in range(2)]
+            thread.start()
+            assert started.wait(10), "the first run never started"
+            wait_for("both runs claimed", lambda: len(worker.held()) == 2, timeout=10)
+
+            def broken() -> float:
+                raise RuntimeError("no cadence")
+
+            worker.heartbeat_interval = broken  # type: ignore[method-assign]
+            worker._heartbeat.now.set()
+            thread.join(timeout=30)
+            runs = conn.execute(
+                "SELECT id, status::text, failure_reason, error FROM jobs.runs ORDER BY id"
+            ).fetchall()
+    finally:
+        release.set()
+        stop.set()
+        thread.join(timeout=30)
+    context = f"raised {raised!r}, runs {runs}"
+    assert not thread.is_alive() and stop.is_set(), context
+    assert len(raised) == 1 and "the heartbeat loop ended: RuntimeError: no cadence" in str(raised[0]), (
+        context
+    )
+    assert [r[0] for r in runs] == ids, context
+    for _, status, reason, error in runs:
+        assert (status, reason) == ("FAILED", "Error"), context
+        assert error.startswith("the worker stopped on an internal error: RuntimeError: the heartbeat"), (
+            context
+        )

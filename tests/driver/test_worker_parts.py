@@ -11,6 +11,7 @@ import pytest
 from pgtick.app import App, Context
 from pgtick.events import Listeners, WorkerStats
 from pgtick.execution import execute
+from pgtick.reporter import storable
 
 
 def _context(app: App, kind: str, timeout: float | None = None) -> Context:
@@ -110,3 +111,23 @@ def test_every_settlement_is_counted_once(outcome: str) -> None:
     stats.on_outcome("k", outcome)  # type: ignore[arg-type]
     counted = {k: v for k, v in vars(stats).items() if v}
     assert len(counted) == 1 and next(iter(counted.values())) == 1, counted
+
+
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [
+        ("plain", "plain"),
+        ("nul\x00here", "nul\\x00here"),
+        ("lone \ud800 surrogate", "lone \\ud800 surrogate"),
+        (b"bytes \xff".decode("utf-8", "surrogateescape"), "bytes \\udcff"),
+    ],
+)
+def test_storable_text_keeps_what_postgresql_takes_and_escapes_the_rest(text: str, stored: str) -> None:
+    assert storable(text) == stored
+    assert "\x00" not in stored
+    stored.encode("utf-8")  # valid UTF-8: PostgreSQL text takes it
+
+
+def test_storable_text_is_cut_to_its_limit_with_a_note() -> None:
+    cut = storable("x" * 50_000, limit=1000)
+    assert len(cut) <= 1000 and cut.endswith("… (49040 more characters)"), cut[-60:]
