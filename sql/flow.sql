@@ -79,17 +79,11 @@ BEGIN
         RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
             USING ERRCODE = '22023';
     END IF;
-    SELECT array_agg(d ORDER BY d) INTO v_missing
-      FROM unnest(depends_on) AS d
-     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
-    IF v_missing IS NOT NULL THEN
-        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
-            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
-    END IF;
     -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
-    -- chain, so look again until the locked set covers it.
+    -- chain, so look again until the locked set covers it. A run pruned meanwhile drops out
+    -- of the chain (the lock skips a row deleted while it waited), so the set is never NULL.
     LOOP
-        SELECT array_agg(DISTINCT c.run_id ORDER BY c.run_id) INTO v_chain
+        SELECT coalesce(array_agg(DISTINCT c.run_id ORDER BY c.run_id), '{}') INTO v_chain
           FROM jobs._chain_forward(depends_on) AS c;
         EXIT WHEN v_chain <@ v_locked;
         PERFORM FROM jobs.runs AS r
@@ -98,6 +92,14 @@ BEGIN
            FOR SHARE;
         v_locked := v_locked || v_chain;
     END LOOP;
+    -- Only now, with the chains locked (a prune can no longer delete them), is "exists" final.
+    SELECT array_agg(d ORDER BY d) INTO v_missing
+      FROM unnest(depends_on) AS d
+     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
+            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
+    END IF;
     SELECT CASE WHEN bool_or(l.status IN ('FAILED', 'CANCELLED')) THEN 'failed'
                 WHEN bool_and(l.status = 'COMPLETED') THEN 'met'
                 ELSE 'pending' END

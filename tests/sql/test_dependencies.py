@@ -6,12 +6,13 @@ real processes and check the final rows."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
 import psycopg
 
-from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate, wait_for
 
 
 def _enqueue(conn: Conn, kind: str = "k", deps: list[int] | None = None, **extra: Any) -> int:
@@ -172,6 +173,46 @@ def test_fan_in_released_when_its_dependencies_complete_at_the_same_time(db: Dat
         )
         assert _claim(conn) == [join]
         conn.execute("SELECT jobs.complete(%s, 'w')", (join,))
+
+
+def test_a_dependency_pruned_while_enqueue_locks_it_is_not_found(db: Database, conn: Conn) -> None:
+    """A dependency deleted by jobs.prune after jobs.enqueue saw it, while enqueue waits to lock
+    it FOR SHARE: the enqueue answers P0002 naming it (it did not exist by the time its chain was
+    locked), and neither spins nor inserts a run."""
+    a = _enqueue(conn)
+    assert _claim(conn) == [a]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (a,))
+    before = scalar(conn, "SELECT count(*) FROM jobs.runs")
+    with db.connect(autocommit=False) as pruner, db.connect() as client:
+        client.execute("SET statement_timeout = '60s'")  # a spinning enqueue fails the test, not CI
+        assert scalar(pruner, "SELECT jobs.prune('0', 1000)") >= 1  # deleted, not committed yet
+        client_pid = scalar(client, "SELECT pg_backend_pid()")
+        outcome: list[Any] = []
+
+        def enqueue_on_a() -> None:
+            try:
+                outcome.append(_enqueue(client, deps=[a]))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=enqueue_on_a, daemon=True)
+        thread.start()
+        wait_for(
+            "the enqueue to wait for the pruner's row lock",
+            lambda: scalar(
+                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (client_pid,)
+            ),
+            timeout=60,
+        )
+        pruner.commit()
+        thread.join(90)
+    assert not thread.is_alive(), "enqueue still running 90 s after the pruner committed"
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.Error), f"expected an error, got {outcome}"
+    err = outcome[0]
+    assert err.sqlstate == "P0002" and str(a) in str(err), (
+        f"expected P0002 naming run {a}, got {err.sqlstate}: {err}"
+    )
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == before - 1, "a run was inserted or kept"
 
 
 def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
