@@ -158,30 +158,45 @@ COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
 'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
 
 -- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
+-- jit off: the per-id probes are estimated at hundreds of rows each, which for a wide level
+-- crosses jit_above_cost, and compiling then costs far more than the probes themselves.
 CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
-    v_chain bigint[];
+    v_level bigint[];
+    v_doomed bigint[] := '{}';
     v_count integer;
 BEGIN
     IF run_ids IS NULL OR cardinality(run_ids) = 0
        OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;
     END IF;
-    v_chain := jobs._chain_back(run_ids);
-    WITH RECURSIVE doomed AS (
+    -- Down the chain one level per statement, each id of the level one probe of
+    -- runs_blocked_deps_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
+    -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
+    -- minutes for thousands). Ids only grow along depends_on: it ends.
+    v_level := jobs._chain_back(run_ids);
+    LOOP
+        SELECT coalesce(array_agg(DISTINCT w.id), '{}') INTO v_level
+          FROM unnest(v_level) AS d (id)
+         CROSS JOIN LATERAL (
+               SELECT r.id FROM jobs.runs AS r
+                WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+               OFFSET 0) AS w
+         WHERE w.id <> ALL (v_doomed);
+        EXIT WHEN cardinality(v_level) = 0;
+        v_doomed := v_doomed || v_level;
+    END LOOP;
+    IF cardinality(v_doomed) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH locked AS (
         SELECT r.id FROM jobs.runs AS r
-         WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on && v_chain
-        UNION
-        SELECT r.id FROM doomed AS d
-          JOIN jobs.runs AS r ON r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
-    ),
-    locked AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.id IN (SELECT doomed.id FROM doomed) AND r.status = 'QUEUED'
+         WHERE r.id = ANY (v_doomed) AND r.status = 'QUEUED'
          ORDER BY r.id
            FOR UPDATE
     )

@@ -24,6 +24,7 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0006_operations \ir ../migrations/apply.sql
 \set migration 0007_on_time \ir ../migrations/apply.sql
 \set migration 0008_integrations \ir ../migrations/apply.sql
+\set migration 0012_steady \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;
