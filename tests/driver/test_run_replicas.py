@@ -95,6 +95,36 @@ def assert_each_occurrence_once(
             assert r["pids"] == [pid_of_owner(r["worker"])], f"executed in another process: {r}"
 
 
+def wait_for_occurrences(conn: psycopg.Connection[Any], n: int) -> None:
+    """Until the per-second schedule has ``n`` runs (a busy machine starts replicas slowly)."""
+    wait_for(f"{n} occurrences", lambda: len(occurrences(conn)) >= n, timeout=60)
+
+
+def settle_after_failover(conn: psycopg.Connection[Any], since: datetime, dead_worker: str) -> datetime:
+    """Wait until the new leader's occurrences after ``since`` complete, then until every
+    occurrence due before a cut-off taken then has finished (but the dead worker's); return
+    the cut-off. Everything before it is settled, however slowly a busy machine ran it."""
+    wait_for(
+        "occurrences after the failover to complete",
+        lambda: (
+            sum(1 for r in occurrences(conn) if r["scheduled_for"] > since and r["status"] == "COMPLETED")
+            >= 2
+        ),
+        timeout=60,
+    )
+    cut_off: datetime = scalar(conn, "SELECT clock_timestamp()")
+    wait_for(
+        "every occurrence due before the cut-off to finish (but the dead worker's)",
+        lambda: all(
+            r["status"] == "COMPLETED" or r["worker"] == dead_worker
+            for r in occurrences(conn)
+            if r["scheduled_for"] < cut_off
+        ),
+        timeout=60,
+    )
+    return cut_off
+
+
 def stop_all(procs: Processes) -> list[tuple[str, int]]:
     alive = [p for p in procs.started if p.popen.poll() is None]
     for p in alive:
@@ -147,11 +177,7 @@ def test_killed_leader_is_replaced_within_two_ticks(db: Database, tmp_path: Path
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
         workers = start_replicas(procs, 3)
         wait_for("a leader", lambda: leader_owners(conn), timeout=60)
-        wait_for(
-            "a few occurrences under the first leader",
-            lambda: len(occurrences(conn)) >= 2,
-            timeout=60,
-        )
+        wait_for_occurrences(conn, 2)  # a few under the first leader
         old = leader_owners(conn)
         assert len(old) == 1, old
         victim = procs.by_pid(pid_of_owner(old[0]))
@@ -175,26 +201,7 @@ def test_killed_leader_is_replaced_within_two_ticks(db: Database, tmp_path: Path
         assert since is not None
         failover = (since - killed_at).total_seconds()
         assert victim.wait(30) == -signal.SIGKILL
-        # The new leader goes on materializing, and its runs complete: wait for both, then
-        # settle everything due before a cut-off the survivors have already passed.
-        wait_for(
-            "occurrences after the failover to complete",
-            lambda: (
-                sum(1 for r in occurrences(conn) if r["scheduled_for"] > since and r["status"] == "COMPLETED")
-                >= 2
-            ),
-            timeout=60,
-        )
-        settled_before: datetime = scalar(conn, "SELECT clock_timestamp()")
-        wait_for(
-            "every occurrence due before the cut-off to finish (but the dead worker's)",
-            lambda: all(
-                r["status"] == "COMPLETED" or r["worker"] == workers[victim.pid]
-                for r in occurrences(conn)
-                if r["scheduled_for"] < settled_before
-            ),
-            timeout=60,
-        )
+        settled_before = settle_after_failover(conn, since, workers[victim.pid])
         new = leader_owners(conn)
         codes = stop_all(procs)
         runs = occurrences(conn)
