@@ -650,7 +650,7 @@ logfile = {self.log_path}
                 stderr=stderr,
                 start_new_session=True,
             )
-        wait_for(f"pgbouncer on port {self.port}", self._accepting, timeout=30)
+        wait_for(f"pgbouncer on port {self.port}", self._accepting, timeout=60)
 
     def _accepting(self) -> bool:
         if self.popen.poll() is not None:

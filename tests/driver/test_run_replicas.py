@@ -135,7 +135,7 @@ def stop_all(procs: Processes) -> list[tuple[str, int]]:
 def test_three_replicas_one_leader_each_second_exactly_once(db: Database, tmp_path: Path) -> None:
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
         workers = start_replicas(procs, 3)
-        wait_for("a leader", lambda: leader_owners(conn), timeout=10)
+        wait_for("a leader", lambda: leader_owners(conn), timeout=60)
         samples: list[tuple[float, list[str | None]]] = []
         began = time.monotonic()
         while time.monotonic() - began < 10:

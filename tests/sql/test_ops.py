@@ -61,7 +61,7 @@ def test_leader_row_goes_when_its_connection_closes(db: Database, conn: Conn) ->
     wait_for(
         "the leader row to vanish after its connection closed",
         lambda: scalar(conn, "SELECT count(*) = 0 FROM jobs.leader"),
-        timeout=10,
+        timeout=60,
     )
     # ... and the next leader shows with its own owner and a later since.
     assert scalar(conn, "SELECT jobs.try_lead('next')") is True
@@ -75,7 +75,7 @@ def test_leader_shows_only_once_its_leadership_row_is_committed(db: Database, co
     with db.connect() as first:
         assert scalar(first, "SELECT jobs.try_lead('first')") is True
     # 'first' died without resigning: its row stays behind, its lock went with its session.
-    wait_for("the dead leader's lock to go", lambda: not rows(conn, "SELECT * FROM jobs.leader"), timeout=30)
+    wait_for("the dead leader's lock to go", lambda: not rows(conn, "SELECT * FROM jobs.leader"), timeout=60)
     with db.connect(autocommit=False) as second:
         assert scalar(second, "SELECT jobs.try_lead('second')") is True  # lock held, row not committed
         seen = rows(conn, "SELECT pid, owner FROM jobs.leader")
