@@ -168,46 +168,54 @@ SET jit = off
 AS $$
 DECLARE
     v_level bigint[];
-    v_doomed bigint[] := '{}';
+    v_doomed bigint[];
     v_count integer;
+    v_total integer := 0;
 BEGIN
     IF run_ids IS NULL OR cardinality(run_ids) = 0
        OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;
     END IF;
-    -- Down the chain one level per statement, each id of the level one probe of
-    -- runs_blocked_deps_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
-    -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
-    -- minutes for thousands). Ids only grow along depends_on: it ends.
     v_level := jobs._chain_back(run_ids);
     LOOP
-        SELECT coalesce(array_agg(DISTINCT w.id), '{}') INTO v_level
-          FROM unnest(v_level) AS d (id)
-         CROSS JOIN LATERAL (
-               SELECT r.id FROM jobs.runs AS r
-                WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
-               OFFSET 0) AS w
-         WHERE w.id <> ALL (v_doomed);
-        EXIT WHEN cardinality(v_level) = 0;
-        v_doomed := v_doomed || v_level;
+        -- Down the chain one level per statement, each id of the level one probe of
+        -- runs_blocked_deps_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
+        -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
+        -- minutes for thousands). Ids only grow along depends_on: it ends.
+        v_doomed := '{}';
+        LOOP
+            SELECT coalesce(array_agg(DISTINCT w.id), '{}') INTO v_level
+              FROM unnest(v_level) AS d (id)
+             CROSS JOIN LATERAL (
+                   SELECT r.id FROM jobs.runs AS r
+                    WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+                   OFFSET 0) AS w
+             WHERE w.id <> ALL (v_doomed);
+            EXIT WHEN cardinality(v_level) = 0;
+            v_doomed := v_doomed || v_level;
+        END LOOP;
+        EXIT WHEN cardinality(v_doomed) = 0;
+        WITH locked AS (
+            SELECT r.id FROM jobs.runs AS r
+             WHERE r.id = ANY (v_doomed) AND r.status = 'QUEUED'
+             ORDER BY r.id
+               FOR UPDATE
+        )
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
+               failure_reason = 'DependencyFailed',
+               error = 'a run it depends on failed or was cancelled'
+          FROM locked
+         WHERE r.id = locked.id AND r.status = 'QUEUED';
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_total := v_total + v_count;
+        -- An enqueue holding a doomed run FOR SHARE (jobs._dependency_state) made us wait and
+        -- may have committed a new dependent of it meanwhile, blocked: this round's snapshot
+        -- did not see it, the next one does. Go on from what was just cancelled until a round
+        -- finds nothing (each round cancels what it finds, so it ends).
+        v_level := v_doomed;
     END LOOP;
-    IF cardinality(v_doomed) = 0 THEN
-        RETURN 0;
-    END IF;
-    WITH locked AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.id = ANY (v_doomed) AND r.status = 'QUEUED'
-         ORDER BY r.id
-           FOR UPDATE
-    )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
-           failure_reason = 'DependencyFailed',
-           error = 'a run it depends on failed or was cancelled'
-      FROM locked
-     WHERE r.id = locked.id AND r.status = 'QUEUED';
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    RETURN v_total;
 END
 $$;
 COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS

@@ -140,6 +140,45 @@ def test_a_wide_cascade_walks_the_dependency_index_not_every_blocked_run(conn: C
     assert took < 10, f"cancelling 1250 roots with 5000 dependents among 40000 blocked runs took {took:.1f}s"
 
 
+def test_a_dependent_enqueued_while_the_cascade_waits_for_its_dependency_is_cancelled_too(
+    db: Database, conn: Conn
+) -> None:
+    """b waits on a, c is being enqueued on b (its transaction holds b FOR SHARE) when a fails
+    for good: the cascade waits for b's lock, and once c commits it must cancel c as well, not
+    leave it blocked forever on a cancelled run."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 1)")
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    assert _claim(conn) == [a]
+    with db.connect(autocommit=False) as enqueuer, db.connect() as failer:
+        c = _enqueue(enqueuer, deps=[b])  # b locked FOR SHARE until this commits
+        failer_pid = scalar(failer, "SELECT pg_backend_pid()")
+        outcome: list[Any] = []
+
+        def fail_a() -> None:
+            try:
+                outcome.append(scalar(failer, "SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')::text", (a,)))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=fail_a, daemon=True)
+        thread.start()
+        wait_for(
+            "the cascade to wait for b's lock",
+            lambda: scalar(
+                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (failer_pid,)
+            ),
+            timeout=60,
+        )
+        enqueuer.commit()
+        thread.join(60)
+    assert not thread.is_alive() and len(outcome) == 1, outcome
+    assert not isinstance(outcome[0], Exception), outcome
+    states = {r: _status(conn, r) for r in (a, b, c)}
+    assert states[b] == ("CANCELLED", "DependencyFailed"), states
+    assert states[c] == ("CANCELLED", "DependencyFailed"), f"c left waiting on a cancelled run: {states}"
+
+
 def test_acknowledged_cancel_and_reaped_runs_cascade(conn: Conn) -> None:
     a = _enqueue(conn)
     b = _enqueue(conn, deps=[a])
