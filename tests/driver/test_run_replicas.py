@@ -112,11 +112,17 @@ def settle_after_failover(conn: psycopg.Connection[Any], since: datetime, dead_w
         ),
         timeout=60,
     )
+    return settle(conn, dead_worker)
+
+
+def settle(conn: psycopg.Connection[Any], dead_worker: str | None = None) -> datetime:
+    """Take a cut-off now and wait until every occurrence due before it has finished (but the
+    dead worker's); return the cut-off."""
     cut_off: datetime = scalar(conn, "SELECT clock_timestamp()")
     wait_for(
         "every occurrence due before the cut-off to finish (but the dead worker's)",
         lambda: all(
-            r["status"] == "COMPLETED" or r["worker"] == dead_worker
+            r["status"] == "COMPLETED" or (dead_worker is not None and r["worker"] == dead_worker)
             for r in occurrences(conn)
             if r["scheduled_for"] < cut_off
         ),
@@ -141,7 +147,7 @@ def test_three_replicas_one_leader_each_second_exactly_once(db: Database, tmp_pa
         while time.monotonic() - began < 10:
             samples.append((round(time.monotonic() - began, 2), leader_owners(conn)))
             time.sleep(0.1)
-        stopped_at: datetime = scalar(conn, "SELECT clock_timestamp()")
+        settled_before = settle(conn)
         codes = stop_all(procs)
         runs = occurrences(conn)
         coalesced = catch_up_windows(conn)
@@ -159,7 +165,7 @@ def test_three_replicas_one_leader_each_second_exactly_once(db: Database, tmp_pa
     assert not strangers, f"leader owners that are no replica {strangers}; replicas {workers}"
     changes = [(a, b) for a, b in pairwise(owners) if a != b]
     assert not changes, f"leadership changed hands with no failure: {changes}"
-    assert_each_occurrence_once(runs, settled_before=stopped_at - timedelta(seconds=2), coalesced=coalesced)
+    assert_each_occurrence_once(runs, settled_before=settled_before, coalesced=coalesced)
     assert len(runs) >= 8, f"a per-second schedule over ~10 s gave {len(runs)} occurrences: {runs}"
     by_process = Counter(r["pids"][0] for r in runs if r["pids"])
     print(f"\n{len(runs)} occurrences, executions per replica pid: {dict(by_process)}")
