@@ -79,17 +79,11 @@ BEGIN
         RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
             USING ERRCODE = '22023';
     END IF;
-    SELECT array_agg(d ORDER BY d) INTO v_missing
-      FROM unnest(depends_on) AS d
-     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
-    IF v_missing IS NOT NULL THEN
-        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
-            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
-    END IF;
     -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
-    -- chain, so look again until the locked set covers it.
+    -- chain, so look again until the locked set covers it. A run pruned meanwhile drops out
+    -- of the chain (the lock skips a row deleted while it waited), so the set is never NULL.
     LOOP
-        SELECT array_agg(DISTINCT c.run_id ORDER BY c.run_id) INTO v_chain
+        SELECT coalesce(array_agg(DISTINCT c.run_id ORDER BY c.run_id), '{}') INTO v_chain
           FROM jobs._chain_forward(depends_on) AS c;
         EXIT WHEN v_chain <@ v_locked;
         PERFORM FROM jobs.runs AS r
@@ -98,6 +92,14 @@ BEGIN
            FOR SHARE;
         v_locked := v_locked || v_chain;
     END LOOP;
+    -- Only now, with the chains locked (a prune can no longer delete them), is "exists" final.
+    SELECT array_agg(d ORDER BY d) INTO v_missing
+      FROM unnest(depends_on) AS d
+     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
+            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
+    END IF;
     SELECT CASE WHEN bool_or(l.status IN ('FAILED', 'CANCELLED')) THEN 'failed'
                 WHEN bool_and(l.status = 'COMPLETED') THEN 'met'
                 ELSE 'pending' END
@@ -156,41 +158,64 @@ COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
 'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
 
 -- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
+-- jit off: the per-id probes are estimated at hundreds of rows each, which for a wide level
+-- crosses jit_above_cost, and compiling then costs far more than the probes themselves.
 CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
-    v_chain bigint[];
+    v_level bigint[];
+    v_doomed bigint[];
     v_count integer;
+    v_total integer := 0;
 BEGIN
     IF run_ids IS NULL OR cardinality(run_ids) = 0
        OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;
     END IF;
-    v_chain := jobs._chain_back(run_ids);
-    WITH RECURSIVE doomed AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on && v_chain
-        UNION
-        SELECT r.id FROM doomed AS d
-          JOIN jobs.runs AS r ON r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
-    ),
-    locked AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.id IN (SELECT doomed.id FROM doomed) AND r.status = 'QUEUED'
-         ORDER BY r.id
-           FOR UPDATE
-    )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
-           failure_reason = 'DependencyFailed',
-           error = 'a run it depends on failed or was cancelled'
-      FROM locked
-     WHERE r.id = locked.id AND r.status = 'QUEUED';
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    v_level := jobs._chain_back(run_ids);
+    LOOP
+        -- Down the chain one level per statement, each id of the level one probe of
+        -- runs_blocked_deps_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
+        -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
+        -- minutes for thousands). Ids only grow along depends_on: it ends.
+        v_doomed := '{}';
+        LOOP
+            SELECT coalesce(array_agg(DISTINCT w.id), '{}') INTO v_level
+              FROM unnest(v_level) AS d (id)
+             CROSS JOIN LATERAL (
+                   SELECT r.id FROM jobs.runs AS r
+                    WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+                   OFFSET 0) AS w
+             WHERE w.id <> ALL (v_doomed);
+            EXIT WHEN cardinality(v_level) = 0;
+            v_doomed := v_doomed || v_level;
+        END LOOP;
+        EXIT WHEN cardinality(v_doomed) = 0;
+        WITH locked AS (
+            SELECT r.id FROM jobs.runs AS r
+             WHERE r.id = ANY (v_doomed) AND r.status = 'QUEUED'
+             ORDER BY r.id
+               FOR UPDATE
+        )
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(), blocked = FALSE,
+               failure_reason = 'DependencyFailed',
+               error = 'a run it depends on failed or was cancelled'
+          FROM locked
+         WHERE r.id = locked.id AND r.status = 'QUEUED';
+        GET DIAGNOSTICS v_count = ROW_COUNT;
+        v_total := v_total + v_count;
+        -- An enqueue holding a doomed run FOR SHARE (jobs._dependency_state) made us wait and
+        -- may have committed a new dependent of it meanwhile, blocked: this round's snapshot
+        -- did not see it, the next one does. Go on from what was just cancelled until a round
+        -- finds nothing (each round cancels what it finds, so it ends).
+        v_level := v_doomed;
+    END LOOP;
+    RETURN v_total;
 END
 $$;
 COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS

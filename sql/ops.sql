@@ -54,14 +54,19 @@ SELECT
 FROM pg_catalog.pg_locks AS l
 INNER JOIN pg_catalog.pg_database AS db ON l.database = db.oid AND db.datname = current_database()
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
-LEFT JOIN jobs._leadership AS s ON l.pid = s.pid
+-- A leader shows only when the lock holder and the committed leadership row agree: the lock is
+-- in pg_locks as soon as jobs.try_lead takes it, the row only once that transaction commits, and
+-- a dead leader's row stays behind (a backend reusing its pid started after that row was written;
+-- backend_start is NULL to a reader who may not see that session: then the pid decides).
+INNER JOIN jobs._leadership AS s
+    ON l.pid = s.pid AND s.since >= coalesce(a.backend_start, s.since)
 WHERE
     l.locktype = 'advisory' AND l.granted
     AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
     AND l.objid = 1667976260::oid  -- 8099570450837490756 & 4294967295
     AND l.objsubid = 1;
 COMMENT ON VIEW jobs.leader IS
-'The backend holding the scheduler leader lock (no row: nobody leads), with its owner id and since when.';
+'The backend holding the scheduler leader lock whose leadership row is committed (no row: nobody leads, or a new leader has not committed yet), with its owner id and since when.';
 
 -- What is running now, with heartbeat age and runtime.
 CREATE OR REPLACE VIEW jobs.running AS

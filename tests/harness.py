@@ -498,7 +498,7 @@ class Proc:
     def tail(self, lines: int = 25) -> str:
         return "\n".join(f"  {self.label}| {line}" for line in self.log().splitlines()[-lines:])
 
-    def wait_log(self, pattern: str, timeout: float = 15) -> re.Match[str]:
+    def wait_log(self, pattern: str, timeout: float = 60) -> re.Match[str]:
         """Wait until the log has a line matching ``pattern``; fail with the log tail."""
         regex = re.compile(pattern)
 
@@ -665,7 +665,7 @@ logfile = {self.log_path}
                 stderr=stderr,
                 start_new_session=True,
             )
-        wait_for(f"pgbouncer on port {self.port}", self._accepting, timeout=30)
+        wait_for(f"pgbouncer on port {self.port}", self._accepting, timeout=60)
 
     def _accepting(self) -> bool:
         if self.popen.poll() is not None:

@@ -527,11 +527,11 @@ class Scheduler:
         params = (call.definition_id, call.expected, call.run_times, call.new_next, call.revision)
         try:
             row = conn.execute(sql.MATERIALIZE_CATCH_UP, (*params, *record, call.new_next)).fetchone()
-        except psycopg.DatabaseError as exc:
+        except psycopg.DatabaseError:
             if conn.broken:
                 raise
-            report.materialize_errors += 1
-            log.error("definition=%s catch-up runs not inserted (tried again next tick): %s", call.name, exc)
+            # Refused: materialize_many isolates it, records why and backs it off (logged there).
+            self._materialize(conn, [call], report)
             return None
         self.horizon.observe_cursors([call.new_next])
         created = int(row["n"]) if row else 0

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,21 @@ import pytest
 from harness import ROOT, wait_for
 
 
-@pytest.mark.timeout(180)
-def test_example_app_runs_on_embedded_postgres(tmp_path: Path) -> None:
+@pytest.fixture
+def data_home() -> Iterator[Path]:
+    """XDG_DATA_HOME for the embedded server, outside pytest's base directory: as root the
+    server runs as its own user, and every pytest session that starts on the machine makes
+    /tmp/pytest-of-<user> private again (0700), which would lock that user out mid-test."""
+    path = Path(tempfile.mkdtemp(prefix="pgtick-readme-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.timeout(420)
+def test_example_app_runs_on_embedded_postgres(tmp_path: Path, data_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env.update(XDG_DATA_HOME=str(tmp_path / "data"), PGTICK_LOG="INFO")
+    env.update(XDG_DATA_HOME=str(data_home), PGTICK_LOG="INFO")
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -36,6 +50,17 @@ def test_example_app_runs_on_embedded_postgres(tmp_path: Path) -> None:
         )
     last: list[str] = []
     try:
+        # `status` and `dsn` attach to the server `run` started: asked while `run` is still
+        # creating it (initdb, first start: long on a busy machine), they would race its setup.
+        wait_for(
+            "pgtick run to start the embedded server",
+            lambda: (
+                proc.poll() is not None or "embedded PostgreSQL, data in" in log.read_text(errors="replace")
+            ),
+            timeout=150,
+            interval=0.5,
+        )
+        assert proc.poll() is None, f"pgtick run exited early:\n{log.read_text(errors='replace')[-3000:]}"
 
         def status() -> dict[str, Any] | None:
             result = subprocess.run(
@@ -68,7 +93,7 @@ def test_example_app_runs_on_embedded_postgres(tmp_path: Path) -> None:
             text=True,
             timeout=60,
         )
-        assert dsn.returncode == 0 and str(tmp_path / "data") in dsn.stdout
+        assert dsn.returncode == 0 and str(data_home) in dsn.stdout
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -80,8 +105,8 @@ def test_example_app_runs_on_embedded_postgres(tmp_path: Path) -> None:
     assert code == 0, text[-3000:]
     assert "embedded PostgreSQL, data in" in text and "Traceback" not in text, text[-3000:]
     # The embedded server was stopped on exit: its pid file is gone.
-    deadline = time.monotonic() + 10
-    pidfile = tmp_path / "data" / "pgtick" / "pgdata" / "postmaster.pid"
+    deadline = time.monotonic() + 60
+    pidfile = data_home / "pgtick" / "pgdata" / "postmaster.pid"
     while pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not pidfile.exists()
+    assert not pidfile.exists(), f"{pidfile} still there 60 s after pgtick run exited: {text[-3000:]}"

@@ -48,7 +48,7 @@ async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_r
                 status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (body["run"],))
                 return bool(sent) and status == "COMPLETED"
 
-            wait_for("the in-process worker to run the job and report it", done, timeout=30)
+            wait_for("the in-process worker to run the job and report it", done, timeout=60)
             runs = rows(conn, "SELECT id, status::text AS status, worker, payload FROM jobs.runs ORDER BY id")
             orders = rows(conn, "SELECT id, item FROM orders ORDER BY id")
     assert orders == [{"id": body["order"], "item": "book"}], "the failed request's order was not rolled back"
@@ -64,4 +64,4 @@ async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_r
             )
             return not left
 
-        wait_for("the lifespan's pgtick connections to close after shutdown", gone, timeout=10)
+        wait_for("the lifespan's pgtick connections to close after shutdown", gone, timeout=60)

@@ -68,7 +68,7 @@ def test_metrics_endpoint_reports_runs_queue_and_leader(db: Database, conn: Conn
                 )
             )
 
-        wait_for("the four runs to finish", settled, timeout=30)
+        wait_for("the four runs to finish", settled, timeout=60)
 
         def scraped_as_leader() -> Samples | None:
             assert proc.poll() is None, f"pgtick run exited {proc.returncode}:\n{tail()}"
@@ -78,7 +78,7 @@ def test_metrics_endpoint_reports_runs_queue_and_leader(db: Database, conn: Conn
                 return None
             return samples if value(samples, "pgtick_leader") == 1 else None
 
-        scraped = wait_for("a scrape that shows this process leading", scraped_as_leader, timeout=30)
+        scraped = wait_for("a scrape that shows this process leading", scraped_as_leader, timeout=60)
         assert scraped is not None
         samples = scraped
 

@@ -70,10 +70,10 @@ def test_cancel_from_psql_stops_an_async_job_at_its_await_checkpoint_after_compe
         wait_for(
             f"run {run_id} to start",
             lambda: scalar(conn, "SELECT 1 FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=15,
+            timeout=60,
         )
         answer = db.psql(f"SELECT jobs.cancel({run_id})")
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=30)
+        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
         run = conn.execute("SELECT worker, finished_at FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
         compensations = conn.execute(
             "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)

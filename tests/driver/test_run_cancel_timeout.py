@@ -24,7 +24,7 @@ def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
         wait_for(
             f"run {run_id} to start",
             lambda: scalar(conn, "SELECT 1 FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=10,
+            timeout=60,
         )
         answer = db.psql(f"SELECT jobs.cancel({run_id})")
         cancelled_at = scalar(conn, "SELECT clock_timestamp()")
@@ -35,7 +35,7 @@ def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
                 "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
                 (run_id,),
             ),
-            timeout=10,
+            timeout=60,
         )
         run = conn.execute(
             "SELECT worker, error, finished_at, cancel_requested FROM jobs.runs WHERE id = %s", (run_id,)
@@ -74,7 +74,7 @@ def test_timeout_fails_the_run_with_reason_timeout(db: Database, tmp_path: Path)
                 "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
                 (run_id,),
             ),
-            timeout=15,
+            timeout=60,
         )
         run = conn.execute(
             "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",

@@ -25,7 +25,7 @@ def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(db: Database, tmp
                 "SELECT bool_and(finished_at IS NOT NULL) FROM jobs.runs WHERE id = ANY(%s)",
                 ([exits, after],),
             ),
-            timeout=10,
+            timeout=60,
         )
         runs = conn.execute(
             "SELECT id, status::text, failure_reason, error, worker FROM jobs.runs ORDER BY id"

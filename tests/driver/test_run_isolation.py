@@ -52,7 +52,7 @@ def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(db: Database, tmp
             "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
             (run_id,),
         ).fetchone()
-        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=10)
+        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
         log = replica.log()
 
     assert run is not None
@@ -83,7 +83,7 @@ def test_cancel_from_psql_kills_a_process_job_and_compensation_runs_in_the_worke
             "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
         ).fetchall()
         executions = conn.execute("SELECT run_id, pid, exited FROM public.executions").fetchall()
-        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=10)
+        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
         log = replica.log()
 
     assert run is not None

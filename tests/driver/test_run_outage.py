@@ -39,12 +39,14 @@ def private_server() -> Any:
 def test_database_gone_for_30s_mid_job(private_server: Any) -> None:
     server, dsn = private_server
     started: dict[int, threading.Event] = {}
+    halted = threading.Event()
     app = App()
 
     @app.job("slow", never_retry=[], max_attempts=2, backoff=0.0)
     def slow(ctx: Context) -> dict[str, int]:
         started.setdefault(ctx.run_id, threading.Event()).set()
-        time.sleep(2.0)  # finishes while the database is down; no checkpoint needed
+        halted.wait(120)  # finishes while the database is down; no checkpoint needed
+        time.sleep(0.5)
         return {"attempt": ctx.attempt}
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -59,9 +61,19 @@ def test_database_gone_for_30s_mid_job(private_server: Any) -> None:
     thread = threading.Thread(target=worker.run, args=(stop,))
     thread.start()
     try:
-        wait_for("both runs to start", lambda: patient_id in started and hasty_id in started, 20)
-        time.sleep(0.5)  # both have heartbeated at least once
+        wait_for("both runs to start", lambda: patient_id in started and hasty_id in started, 60)
+
+        def heartbeated() -> bool:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM jobs.runs WHERE id = ANY (%s) AND heartbeat_at > started_at",
+                    ([patient_id, hasty_id],),
+                ).fetchone()
+            return row == (2,)
+
+        wait_for("both runs to heartbeat at least once", heartbeated, 60)
         server.halt()
+        halted.set()
         time.sleep(OUTAGE_SECONDS)
         assert thread.is_alive(), "the worker died during the outage"
         server.start()
@@ -82,6 +94,7 @@ def test_database_gone_for_30s_mid_job(private_server: Any) -> None:
 
         wait_for("all runs to finish after the outage", reap_until_settled, 40)
     finally:
+        halted.set()
         stop.set()
         thread.join(timeout=30)
 

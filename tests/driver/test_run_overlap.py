@@ -60,7 +60,7 @@ def test_cancel_other_stops_the_running_occurrence_then_starts_the_new_one(
         wait_for(
             f"run {old} to start",
             lambda: scalar(conn, "SELECT 1 FROM jobs.runs WHERE id = %s AND status = 'RUNNING'", (old,)),
-            timeout=30,
+            timeout=60,
         )
         new = occurrence(conn, definition, 0.1, "1 minute")
         wait_for(f"run {new} to finish", lambda: finished(conn, new), timeout=60)
@@ -85,11 +85,11 @@ def test_buffer_one_lets_one_wait_and_skips_the_rest(db: Database, tmp_path: Pat
         wait_for(
             f"run {running} to start",
             lambda: scalar(conn, "SELECT 1 FROM jobs.runs WHERE id = %s AND status = 'RUNNING'", (running,)),
-            timeout=30,
+            timeout=60,
         )
         waiting, *extra = (occurrence(conn, definition, 0.1, f"{4 - n} minutes") for n in range(4))
         for run_id in extra:
-            wait_for(f"run {run_id} to be skipped", _finished_check(conn, run_id), timeout=30)
+            wait_for(f"run {run_id} to be skipped", _finished_check(conn, run_id), timeout=60)
         assert finished(conn, waiting) is None, "the one buffered occurrence must still wait"
         conn.execute("SELECT jobs.cancel(%s)", (running,))
         wait_for(f"run {waiting} to finish", lambda: finished(conn, waiting), timeout=60)

@@ -50,11 +50,11 @@ def test_a_child_killed_mid_job_is_replaced_and_its_run_reaped_and_retried(
         victim = wait_for(
             f"run {run_id} to start",
             lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=30,
+            timeout=60,
         )
         assert victim in children and victim != sup.pid, f"run {run_id} in pid {victim}: {sup.tail()}"
         os.kill(victim, signal.SIGKILL)
-        sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=30)
+        sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=60)
         replaced = _workers(sup, 3)
         retry = wait_for(
             f"the retry of run {run_id} to complete",
@@ -83,7 +83,7 @@ def test_sigterm_to_the_supervisor_drains_both_children(db: Database, tmp_path: 
         )
         workers = _workers(sup, 2)
         ids = [scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 2}')""") for _ in range(2)]
-        pids = wait_for("both runs to start in the two children", lambda: _job_pids(conn, 2), timeout=30)
+        pids = wait_for("both runs to start in the two children", lambda: _job_pids(conn, 2), timeout=60)
         sup.send(signal.SIGTERM)
         code = sup.wait(90)
         runs = conn.execute("SELECT id, status::text FROM jobs.runs ORDER BY id").fetchall()

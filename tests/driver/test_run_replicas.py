@@ -95,6 +95,42 @@ def assert_each_occurrence_once(
             assert r["pids"] == [pid_of_owner(r["worker"])], f"executed in another process: {r}"
 
 
+def wait_for_occurrences(conn: psycopg.Connection[Any], n: int) -> None:
+    """Until the per-second schedule has ``n`` runs (a busy machine starts replicas slowly)."""
+    wait_for(f"{n} occurrences", lambda: len(occurrences(conn)) >= n, timeout=60)
+
+
+def settle_after_failover(conn: psycopg.Connection[Any], since: datetime, dead_worker: str) -> datetime:
+    """Wait until the new leader's occurrences after ``since`` complete, then until every
+    occurrence due before a cut-off taken then has finished (but the dead worker's); return
+    the cut-off. Everything before it is settled, however slowly a busy machine ran it."""
+    wait_for(
+        "occurrences after the failover to complete",
+        lambda: (
+            sum(1 for r in occurrences(conn) if r["scheduled_for"] > since and r["status"] == "COMPLETED")
+            >= 2
+        ),
+        timeout=60,
+    )
+    return settle(conn, dead_worker)
+
+
+def settle(conn: psycopg.Connection[Any], dead_worker: str | None = None) -> datetime:
+    """Take a cut-off now and wait until every occurrence due before it has finished (but the
+    dead worker's); return the cut-off."""
+    cut_off: datetime = scalar(conn, "SELECT clock_timestamp()")
+    wait_for(
+        "every occurrence due before the cut-off to finish (but the dead worker's)",
+        lambda: all(
+            r["status"] == "COMPLETED" or (dead_worker is not None and r["worker"] == dead_worker)
+            for r in occurrences(conn)
+            if r["scheduled_for"] < cut_off
+        ),
+        timeout=60,
+    )
+    return cut_off
+
+
 def stop_all(procs: Processes) -> list[tuple[str, int]]:
     alive = [p for p in procs.started if p.popen.poll() is None]
     for p in alive:
@@ -105,13 +141,13 @@ def stop_all(procs: Processes) -> list[tuple[str, int]]:
 def test_three_replicas_one_leader_each_second_exactly_once(db: Database, tmp_path: Path) -> None:
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
         workers = start_replicas(procs, 3)
-        wait_for("a leader", lambda: leader_owners(conn), timeout=10)
+        wait_for("a leader", lambda: leader_owners(conn), timeout=60)
         samples: list[tuple[float, list[str | None]]] = []
         began = time.monotonic()
         while time.monotonic() - began < 10:
             samples.append((round(time.monotonic() - began, 2), leader_owners(conn)))
             time.sleep(0.1)
-        stopped_at: datetime = scalar(conn, "SELECT clock_timestamp()")
+        settled_before = settle(conn)
         codes = stop_all(procs)
         runs = occurrences(conn)
         coalesced = catch_up_windows(conn)
@@ -129,39 +165,50 @@ def test_three_replicas_one_leader_each_second_exactly_once(db: Database, tmp_pa
     assert not strangers, f"leader owners that are no replica {strangers}; replicas {workers}"
     changes = [(a, b) for a, b in pairwise(owners) if a != b]
     assert not changes, f"leadership changed hands with no failure: {changes}"
-    assert_each_occurrence_once(runs, settled_before=stopped_at - timedelta(seconds=2), coalesced=coalesced)
+    assert_each_occurrence_once(runs, settled_before=settled_before, coalesced=coalesced)
     assert len(runs) >= 8, f"a per-second schedule over ~10 s gave {len(runs)} occurrences: {runs}"
     by_process = Counter(r["pids"][0] for r in runs if r["pids"])
     print(f"\n{len(runs)} occurrences, executions per replica pid: {dict(by_process)}")
 
 
+def leader_since(conn: psycopg.Connection[Any]) -> datetime | None:
+    since: datetime | None = scalar(conn, "SELECT max(since) FROM jobs.leader")
+    return since
+
+
 def test_killed_leader_is_replaced_within_two_ticks(db: Database, tmp_path: Path) -> None:
+    """The failover is measured on the server's clock, from just before the kill to the new
+    leader's `since`; every other step waits on a condition with a generous deadline, so a
+    busy machine slows the test down but does not fail it."""
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
         workers = start_replicas(procs, 3)
-        wait_for("a leader", lambda: leader_owners(conn), timeout=10)
-        time.sleep(1.5)  # a few occurrences under the first leader
+        wait_for("a leader", lambda: leader_owners(conn), timeout=60)
+        wait_for_occurrences(conn, 2)  # a few under the first leader
         old = leader_owners(conn)
         assert len(old) == 1, old
         victim = procs.by_pid(pid_of_owner(old[0]))
         assert victim is not None, f"leader {old} is none of the replicas {workers}"
 
+        killed_at: datetime = scalar(conn, "SELECT clock_timestamp()")
         victim.send(signal.SIGKILL)
-        killed = time.monotonic()
         samples: list[tuple[float, list[str | None]]] = []
+        began = time.monotonic()
         while True:
             owners = leader_owners(conn)
-            elapsed = time.monotonic() - killed
+            elapsed = time.monotonic() - began
             samples.append((round(elapsed, 3), owners))
             assert len(owners) <= 1, f"two leaders at once: {samples[-5:]}"
+            assert None not in owners, f"a leader without its owner: {samples[-5:]}"
             if owners and owners != old:
                 break
-            assert elapsed < 10, f"no new leader 10 s after killing {old}: {samples[-5:]}\n{procs.tails()}"
+            assert elapsed < 60, f"no new leader 60 s after killing {old}: {samples[-5:]}\n{procs.tails()}"
             time.sleep(0.01)
-        failover = elapsed
-        assert victim.wait(5) == -signal.SIGKILL
-        time.sleep(2.5)  # the new leader goes on materializing
+        since = leader_since(conn)
+        assert since is not None
+        failover = (since - killed_at).total_seconds()
+        assert victim.wait(30) == -signal.SIGKILL
+        settled_before = settle_after_failover(conn, since, workers[victim.pid])
         new = leader_owners(conn)
-        stopped_at: datetime = scalar(conn, "SELECT clock_timestamp()")
         codes = stop_all(procs)
         runs = occurrences(conn)
         coalesced = catch_up_windows(conn)
@@ -170,13 +217,8 @@ def test_killed_leader_is_replaced_within_two_ticks(db: Database, tmp_path: Path
     survivors = {pid for pid in workers if pid != victim.pid}
     assert pid_of_owner(owners[0]) in survivors, f"new leader {owners} is not a survivor {survivors}"
     assert new == owners, f"leadership moved again after the failover: {owners} then {new}"
-    assert failover <= 2.0, f"new leader only after {failover:.2f}s (tick {TICK}s): {samples}"
+    assert failover <= 2.0, f"new leader only {failover:.2f}s after the kill (tick {TICK}s): {samples}"
     assert all(code == 0 for _, code in codes), codes
     # Occurrences across the failover: still one run each, no gap, each executed once.
     # A run the victim had claimed stays RUNNING for the reaper (heartbeat timeout 1 min).
-    assert_each_occurrence_once(
-        runs, stopped_at - timedelta(seconds=2), dead_worker=workers[victim.pid], coalesced=coalesced
-    )
-    assert runs[-1]["scheduled_for"] > stopped_at - timedelta(seconds=2), (
-        f"materialization stopped after the failover: last occurrence {runs[-1]}"
-    )
+    assert_each_occurrence_once(runs, settled_before, dead_worker=workers[victim.pid], coalesced=coalesced)

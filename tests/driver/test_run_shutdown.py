@@ -30,7 +30,7 @@ def signal_and_wait_for_drain(replica: Proc) -> float:
     replica.send(signal.SIGTERM)
     signalled = time.monotonic()
     # Once the worker logs this its claim loop is over: anything queued from now on stays queued.
-    replica.wait_log(r"worker=\S+ stopping: 1 runs in flight", timeout=5)
+    replica.wait_log(r"worker=\S+ stopping: 1 runs in flight", timeout=60)
     return signalled
 
 
@@ -39,7 +39,7 @@ def test_sigterm_finishes_the_run_in_flight_and_claims_nothing_more(db: Database
         replica = procs.replica("work_app.py", "replica", grace="5s")
         worker = replica.worker_id
         run_id = enqueue(conn, "sleepy", '{"seconds": 2}')
-        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=10)
+        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=60)
         signalled = signal_and_wait_for_drain(replica)
         later = [enqueue(conn, "quick", "{}") for _ in range(3)]
         code = replica.wait(10)
@@ -69,7 +69,7 @@ def test_sigterm_with_a_job_longer_than_the_grace_leaves_it_to_the_reaper(
         replica = procs.replica("work_app.py", "replica", grace="1s")
         worker = replica.worker_id
         run_id = enqueue(conn, "sleepy", '{"seconds": 30}', max_attempts="1", heartbeat_timeout="'2 seconds'")
-        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=10)
+        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=60)
         signalled = signal_and_wait_for_drain(replica)
         code = replica.wait(6)
         took = time.monotonic() - signalled
@@ -77,7 +77,7 @@ def test_sigterm_with_a_job_longer_than_the_grace_leaves_it_to_the_reaper(
         reaped = wait_for(
             f"jobs.reap() to take run {run_id}",
             lambda: conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall(),
-            timeout=10,
+            timeout=60,
             interval=0.2,
         )
         run = conn.execute(

@@ -468,6 +468,36 @@ def test_a_poisoned_definition_never_stops_the_others_nor_costs_the_lead(
     assert logged and ("quota" in logged[0] or "operator_rule" in logged[0]), logged
 
 
+def test_a_refused_catch_up_is_recorded_and_backed_off(db: Database) -> None:
+    """A definition back from downtime whose runs the database refuses is recorded and backed
+    off like one on time (a late tick on a busy machine is such a catch-up): it must not be
+    retried on every tick with nothing in jobs.definition_health."""
+    clock = Clock(utc(2026, 5, 4, 10, 59, 30))
+    scheduler = Scheduler(db.dsn, owner="t", tick_interval=1.0, misfire_grace=60, clock=clock)
+    with db.connect() as conn:
+        definition_id = define(conn, "hourly", "0 * * * *")
+        scheduler.materialize_due()  # cursor initialized: 11:00
+        conn.execute(
+            f"ALTER TABLE jobs.runs ADD CONSTRAINT operator_rule CHECK (definition_id <> {definition_id})"
+        )
+        clock.now = utc(2026, 5, 4, 13, 59, 30)  # down for three hours: a catch-up
+        for _ in range(3):
+            report = scheduler.materialize_due()
+            assert report.materialize_errors <= 1, report
+        row = conn.execute(
+            "SELECT materialize_failures, materialize_retry_at IS NOT NULL, materialize_error"
+            " FROM jobs.definitions WHERE id = %s",
+            (definition_id,),
+        ).fetchone()
+    scheduler.close()
+    assert row is not None
+    failures, backing_off, error = row
+    assert (failures, backing_off) == (1, True), (
+        f"refused catch-up: failures={failures}, backing off={backing_off}, error={error!r}"
+    )
+    assert "operator_rule" in error, error
+
+
 def test_the_horizon_grows_with_the_burst_at_one_instant_across_batches() -> None:
     """100,000 definitions due at one minute arrive over many batches and ticks: the horizon
     counts them together and grows to cover materializing them all; a fixed one never moves."""

@@ -42,7 +42,7 @@ def test_short_per_run_heartbeat_timeout_is_honoured(db: Database) -> None:
                 row = conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", run).fetchone()
                 return row == ("COMPLETED",)
 
-            wait_for("the run to complete", done, timeout=10)
+            wait_for("the run to complete", done, timeout=60)
     finally:
         stop.set()
         thread.join(timeout=30)
@@ -153,12 +153,12 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
                 row = conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'").fetchone()
                 return row == (2,)
 
-            wait_for("both runs to be claimed", both_claimed, timeout=30)
+            wait_for("both runs to be claimed", both_claimed, timeout=60)
             conn.execute("SELECT jobs.cancel(%s)", second)
             wait_for(
                 "the waiting run to see its cancel",
                 lambda: worker.held()[second[0]].cancel_requested,
-                timeout=30,
+                timeout=60,
             )
             release.set()
 
@@ -166,7 +166,7 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
                 row = conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", second).fetchone()
                 return row == ("CANCELLED",)
 
-            wait_for("the waiting run to be CANCELLED", cancelled, timeout=30)
+            wait_for("the waiting run to be CANCELLED", cancelled, timeout=60)
     finally:
         release.set()
         stop.set()
@@ -196,7 +196,7 @@ def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> 
     worker, stop, thread = _idle_worker(db, started)
     try:
         with db.connect() as conn:
-            wait_for("the worker to be idle", lambda: worker.stats.claimed == 0 and thread.is_alive(), 10)
+            wait_for("the worker to be idle", lambda: worker.stats.claimed == 0 and thread.is_alive(), 60)
             time.sleep(0.5)  # past its first claim: now asleep on the ten-minute poll
             conn.execute(
                 "SELECT jobs.enqueue('timed', '{\"name\": \"later\"}', now() + interval '2 seconds')"

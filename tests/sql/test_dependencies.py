@@ -6,12 +6,24 @@ real processes and check the final rows."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
 import psycopg
 
-from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+from harness import (
+    Conn,
+    Database,
+    add_definition,
+    add_runs,
+    run_in_processes,
+    run_row,
+    scalar,
+    start_gate,
+    wait_at_gate,
+    wait_for,
+)
 
 
 def _enqueue(conn: Conn, kind: str = "k", deps: list[int] | None = None, **extra: Any) -> int:
@@ -96,6 +108,77 @@ def test_cancel_of_a_dependency_cascades(conn: Conn) -> None:
     assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
 
 
+def test_a_wide_cascade_walks_the_dependency_index_not_every_blocked_run(conn: Conn) -> None:
+    """Cancelling the roots of 1,250 four-deep chains among 10,000 (40,000 blocked runs) cancels
+    the 5,000 dependents in seconds: the cascade probes the depends_on index one level at a time.
+    A walk that filters every blocked run once per doomed run (5,000 x 40,000 array tests)
+    takes minutes and holds the cancelled roots' locks all that while."""
+    roots = add_runs(conn, 10_000, kind="root", definition_id=add_definition(conn, "roots", kind="root"))
+    conn.execute("UPDATE jobs.runs SET definition_id = NULL WHERE id = ANY (%s)", (roots[len(roots) // 8 :],))
+    level = roots
+    for depth in range(1, 5):
+        level = [
+            int(r[0])
+            for r in conn.execute(
+                """
+                INSERT INTO jobs.runs (kind, origin, scheduled_for, depends_on, blocked)
+                SELECT %s, 'manual', now(), ARRAY[p], TRUE
+                  FROM unnest(%s::bigint[]) WITH ORDINALITY AS u (p, n)
+                 ORDER BY n
+                RETURNING id
+                """,
+                (f"level{depth}", level),
+            )
+        ]
+    conn.execute("ANALYZE jobs.runs")
+    conn.execute("SET statement_timeout = '120s'")
+    began = time.monotonic()
+    assert scalar(conn, "SELECT jobs.cancel_queued('roots')") == 1_250
+    took = time.monotonic() - began
+    cascaded = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE failure_reason = 'DependencyFailed'")
+    assert cascaded == 5_000, f"{cascaded} dependents cancelled, expected 5000"
+    assert took < 10, f"cancelling 1250 roots with 5000 dependents among 40000 blocked runs took {took:.1f}s"
+
+
+def test_a_dependent_enqueued_while_the_cascade_waits_for_its_dependency_is_cancelled_too(
+    db: Database, conn: Conn
+) -> None:
+    """b waits on a, c is being enqueued on b (its transaction holds b FOR SHARE) when a fails
+    for good: the cascade waits for b's lock, and once c commits it must cancel c as well, not
+    leave it blocked forever on a cancelled run."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 1)")
+    a = _enqueue(conn)
+    b = _enqueue(conn, deps=[a])
+    assert _claim(conn) == [a]
+    with db.connect(autocommit=False) as enqueuer, db.connect() as failer:
+        c = _enqueue(enqueuer, deps=[b])  # b locked FOR SHARE until this commits
+        failer_pid = scalar(failer, "SELECT pg_backend_pid()")
+        outcome: list[Any] = []
+
+        def fail_a() -> None:
+            try:
+                outcome.append(scalar(failer, "SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')::text", (a,)))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=fail_a, daemon=True)
+        thread.start()
+        wait_for(
+            "the cascade to wait for b's lock",
+            lambda: scalar(
+                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (failer_pid,)
+            ),
+            timeout=60,
+        )
+        enqueuer.commit()
+        thread.join(60)
+    assert not thread.is_alive() and len(outcome) == 1, outcome
+    assert not isinstance(outcome[0], Exception), outcome
+    states = {r: _status(conn, r) for r in (a, b, c)}
+    assert states[b] == ("CANCELLED", "DependencyFailed"), states
+    assert states[c] == ("CANCELLED", "DependencyFailed"), f"c left waiting on a cancelled run: {states}"
+
+
 def test_acknowledged_cancel_and_reaped_runs_cascade(conn: Conn) -> None:
     a = _enqueue(conn)
     b = _enqueue(conn, deps=[a])
@@ -172,6 +255,46 @@ def test_fan_in_released_when_its_dependencies_complete_at_the_same_time(db: Dat
         )
         assert _claim(conn) == [join]
         conn.execute("SELECT jobs.complete(%s, 'w')", (join,))
+
+
+def test_a_dependency_pruned_while_enqueue_locks_it_is_not_found(db: Database, conn: Conn) -> None:
+    """A dependency deleted by jobs.prune after jobs.enqueue saw it, while enqueue waits to lock
+    it FOR SHARE: the enqueue answers P0002 naming it (it did not exist by the time its chain was
+    locked), and neither spins nor inserts a run."""
+    a = _enqueue(conn)
+    assert _claim(conn) == [a]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (a,))
+    before = scalar(conn, "SELECT count(*) FROM jobs.runs")
+    with db.connect(autocommit=False) as pruner, db.connect() as client:
+        client.execute("SET statement_timeout = '60s'")  # a spinning enqueue fails the test, not CI
+        assert scalar(pruner, "SELECT jobs.prune('0', 1000)") >= 1  # deleted, not committed yet
+        client_pid = scalar(client, "SELECT pg_backend_pid()")
+        outcome: list[Any] = []
+
+        def enqueue_on_a() -> None:
+            try:
+                outcome.append(_enqueue(client, deps=[a]))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=enqueue_on_a, daemon=True)
+        thread.start()
+        wait_for(
+            "the enqueue to wait for the pruner's row lock",
+            lambda: scalar(
+                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (client_pid,)
+            ),
+            timeout=60,
+        )
+        pruner.commit()
+        thread.join(90)
+    assert not thread.is_alive(), "enqueue still running 90 s after the pruner committed"
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.Error), f"expected an error, got {outcome}"
+    err = outcome[0]
+    assert err.sqlstate == "P0002" and str(a) in str(err), (
+        f"expected P0002 naming run {a}, got {err.sqlstate}: {err}"
+    )
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == before - 1, "a run was inserted or kept"
 
 
 def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:

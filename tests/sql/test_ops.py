@@ -61,11 +61,29 @@ def test_leader_row_goes_when_its_connection_closes(db: Database, conn: Conn) ->
     wait_for(
         "the leader row to vanish after its connection closed",
         lambda: scalar(conn, "SELECT count(*) = 0 FROM jobs.leader"),
-        timeout=10,
+        timeout=60,
     )
     # ... and the next leader shows with its own owner and a later since.
     assert scalar(conn, "SELECT jobs.try_lead('next')") is True
     assert one(conn, "SELECT owner FROM jobs.leader")["owner"] == "next"
+
+
+def test_leader_shows_only_once_its_leadership_row_is_committed(db: Database, conn: Conn) -> None:
+    """The advisory lock is visible in pg_locks as soon as it is taken, the leadership row only
+    when try_lead's transaction commits: in between, the view shows nobody rather than a
+    half-made leader (no owner, or a dead predecessor's row)."""
+    with db.connect() as first:
+        assert scalar(first, "SELECT jobs.try_lead('first')") is True
+    # 'first' died without resigning: its row stays behind, its lock went with its session.
+    wait_for("the dead leader's lock to go", lambda: not rows(conn, "SELECT * FROM jobs.leader"), timeout=60)
+    with db.connect(autocommit=False) as second:
+        assert scalar(second, "SELECT jobs.try_lead('second')") is True  # lock held, row not committed
+        seen = rows(conn, "SELECT pid, owner FROM jobs.leader")
+        assert seen == [], f"the view shows a leader whose leadership row is not committed: {seen}"
+        second.commit()
+        pid = scalar(second, "SELECT pg_backend_pid()")
+        assert rows(conn, "SELECT pid, owner FROM jobs.leader") == [{"pid": pid, "owner": "second"}]
+        second.commit()
 
 
 def test_every_view_is_readable_by_the_reader_role(db: Database, conn: Conn) -> None:
