@@ -146,6 +146,14 @@ def set_idle_session_timeout(conn: Conn, seconds: int) -> None:
     conn.execute(f"SET idle_session_timeout = '{int(seconds)}s'")
 
 
+def idle_session_timeout(conn: Conn) -> float:
+    """The session's idle_session_timeout in seconds (0: none)."""
+    row = conn.execute(
+        "SELECT setting::bigint / 1000.0 AS s FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    return float(_first(row)) if row else 0.0
+
+
 def backend_pid(conn: Conn) -> int:
     row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
     return int(_first(row)) if row else 0
