@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from driver.test_scheduler import Clock, define, refuse_runs_of
 from harness import Database, claim, enqueue, one, scalar
@@ -242,3 +243,38 @@ def test_a_definition_whose_schedule_cannot_be_computed_is_skipped_with_its_erro
             assert n > 0, f"definition {definition_id} got no runs beside the broken one"
         error = scalar(conn, "SELECT schedule_error FROM jobs.definition_health WHERE id = %s", (broken,))
     assert error and "out of range" in error, error
+
+
+def test_the_operators_shorter_idle_session_timeout_is_kept_and_the_leader_lives_with_it(
+    db: Database,
+) -> None:
+    """The leader's role (here: its connection options) ends sessions idle for 4 s. The
+    leader keeps that limit (it set 30 s over it before) and, with a definition a day behind
+    to catch up on, never idles that long: one session through every tick."""
+    with db.connect() as conn:
+        late_id = define(conn, "a-day-behind", "FREQ=SECONDLY")
+        start = scalar(conn, "SELECT date_trunc('second', now()) - interval '1 day'")
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = %s, created_at = %s WHERE id = %s",
+            (start, start, late_id),
+        )
+    dsn = make_conninfo(db.dsn, options="-c idle_session_timeout=4000")
+    scheduler = Scheduler(dsn, owner="leader", tick_interval=0.5)
+    pids = set()
+    try:
+        with db.connect() as conn:
+            deadline = time.monotonic() + 300
+            while not scalar(
+                conn, "SELECT count(*) FROM jobs.catch_ups WHERE definition_id = %s", (late_id,)
+            ):
+                assert time.monotonic() < deadline, "the catch-up never finished"
+                report = scheduler.tick()
+                assert report.leading, report
+                pids.add(scheduler._pid)
+                assert scheduler._conn is not None
+                kept = scheduler._conn.execute("SHOW idle_session_timeout").fetchone()
+                assert kept == {"idle_session_timeout": "4s"}, kept
+                time.sleep(0.3)
+    finally:
+        scheduler.close()
+    assert len(pids) == 1, f"the leader's session was ended: {pids}"
