@@ -133,6 +133,15 @@ MATERIALIZE_CATCH_UP = (
 )
 
 
+RECORD_CATCH_UP = "SELECT jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded"
+
+
+def record_catch_up(conn: Conn, record: tuple[Any, ...], next_run_at: datetime | None) -> str | None:
+    """jobs.record_catch_up alone (after runs materialized by jobs.materialize_many)."""
+    row = conn.execute(RECORD_CATCH_UP, (*record, next_run_at)).fetchone()
+    return str(_first(row)) if row and _first(row) else None
+
+
 def try_lead(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (owner,)).fetchone()
     return bool(row and _first(row))

@@ -699,9 +699,15 @@ class Scheduler:
         except psycopg.DatabaseError as exc:
             if conn.broken:
                 raise
-            report.materialize_errors += 1
-            log.error("definition=%s catch-up runs not inserted (tried again next tick): %s", call.name, exc)
-            return None
+            # Again through jobs.materialize_many, which isolates the definition: runs the
+            # database refuses are recorded as its materialize_error (health, status) and
+            # retried with backoff, like those of an on-time definition.
+            log.warning(
+                "definition=%s catch-up not materialized, trying alone: %s", call.name, _one_line(exc)
+            )
+            if call.definition_id not in self._materialize(conn, [call], report):
+                return None
+            return sql.record_catch_up(conn, record, call.new_next)
         self.horizon.observe_cursors([call.new_next])
         created = int(row["n"]) if row else 0
         report.runs_created += created

@@ -278,3 +278,34 @@ def test_the_operators_shorter_idle_session_timeout_is_kept_and_the_leader_lives
     finally:
         scheduler.close()
     assert len(pids) == 1, f"the leader's session was ended: {pids}"
+
+
+def test_a_catch_up_whose_runs_are_refused_is_recorded_and_backed_off(db: Database) -> None:
+    """A definition back from downtime whose runs an operator's trigger rejects: like an
+    on-time one, its error is recorded where operators look (jobs.definition_health) and it
+    is retried with backoff, not tried again every tick unseen."""
+    with db.connect() as conn:
+        refused = define(conn, "refused-after-downtime", "FREQ=SECONDLY")
+        fine = define(conn, "fine-after-downtime", "FREQ=SECONDLY")
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = date_trunc('second', now()) - interval '10 minutes'"
+            " WHERE id = ANY(%s)",
+            ([refused, fine],),
+        )
+        refuse_runs_of(conn, refused, "quota", "no more runs for this definition")
+    scheduler = Scheduler(db.dsn, owner="leader", tick_interval=0.5)
+    try:
+        report = scheduler.tick()
+    finally:
+        scheduler.close()
+    assert report.materialize_errors == 1, report
+    with db.connect() as conn:
+        health = one(
+            conn,
+            "SELECT h.materialize_error, h.materialize_failures, d.materialize_retry_at > now() AS back_off"
+            " FROM jobs.definition_health AS h JOIN jobs.definitions AS d USING (id) WHERE id = %s",
+            (refused,),
+        )
+        assert health["materialize_failures"] == 1 and "quota" in health["materialize_error"], health
+        assert health["back_off"], health
+        assert scalar(conn, "SELECT count(*) FROM jobs.catch_ups WHERE definition_id = %s", (fine,)) == 1
