@@ -192,6 +192,8 @@ class Scheduler:
         batch: int = 1000,
         batches_per_tick: int = 20,
         prune_every: float = 3600.0,
+        prune_batch: int = 10_000,
+        prune_batches_per_tick: int = 10,
         clock: Callable[[], datetime] | None = None,
         leadership: str = "auto",
         lease_ttl: float | None = None,
@@ -228,6 +230,11 @@ class Scheduler:
             fixed=lookahead is not None or clock is not None,
         )
         self.prune_every = prune_every
+        # A backlog of finished runs is pruned over several ticks, a few batches each, so
+        # pruning never holds up materialization and reaping for minutes.
+        self.prune_batch = prune_batch
+        self.prune_batches_per_tick = prune_batches_per_tick
+        self._prune_more = False
         self.clock = clock
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
@@ -393,7 +400,8 @@ class Scheduler:
         if self._fenced():
             return report
         self._phase("reap", lambda: self._reap(conn, report), report)
-        if time.monotonic() - self._last_prune >= self.prune_every and not self._fenced():
+        due = self._prune_more or time.monotonic() - self._last_prune >= self.prune_every
+        if due and not self._fenced():
             self._phase("prune", lambda: self._prune_now(conn, report), report)
         if report.runs_created or report.one_shots:
             log.debug("tick: %d runs materialized, %d one-shots", report.runs_created, report.one_shots)
@@ -416,8 +424,10 @@ class Scheduler:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
 
     def _prune_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
-        self._last_prune = time.monotonic()  # a failing prune waits for its next turn too
-        report.pruned = self.prune(conn)
+        if not self._prune_more:
+            self._last_prune = time.monotonic()  # a failing prune waits for its next turn too
+        self._prune_more = False
+        report.pruned = self.prune(conn, max_batches=self.prune_batches_per_tick)
 
     def materialize_due(self, report: TickReport | None = None) -> TickReport:
         """The materialization phases alone (cursors, recurring, one-shots).
@@ -715,16 +725,29 @@ class Scheduler:
             report.stale += 1
         return str(row["recorded"]) if row and row.get("recorded") else None
 
-    def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
+    def prune(
+        self,
+        conn: psycopg.Connection[Any] | None = None,
+        batch: int | None = None,
+        max_batches: int | None = None,
+    ) -> int:
+        """jobs.prune in batches until a short one, or `max_batches` of them (then the tick
+        prunes again on the next tick); returns runs pruned."""
         conn = conn or self._connection()
+        batch = batch or self.prune_batch
         total = 0
+        batches = 0
         while True:
             n = sql.prune(conn, batch)
             total += n
+            batches += 1
             if n < batch:
                 break
+            if max_batches is not None and batches >= max_batches:
+                self._prune_more = True
+                break
         if total:
-            log.info("pruned %d finished runs", total)
+            log.info("pruned %d finished runs%s", total, " (more next tick)" if self._prune_more else "")
         return total
 
 

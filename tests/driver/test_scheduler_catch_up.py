@@ -17,7 +17,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from driver.test_scheduler import Clock, define, refuse_runs_of
-from harness import Database, claim, enqueue, one, scalar
+from harness import Database, claim, enqueue, finish_old, one, scalar
 from pgtick.schedule.rrule import Walked
 from pgtick.scheduler import Scheduler, TickReport
 
@@ -309,3 +309,24 @@ def test_a_catch_up_whose_runs_are_refused_is_recorded_and_backed_off(db: Databa
         assert health["materialize_failures"] == 1 and "quota" in health["materialize_error"], health
         assert health["back_off"], health
         assert scalar(conn, "SELECT count(*) FROM jobs.catch_ups WHERE definition_id = %s", (fine,)) == 1
+
+
+def test_a_backlog_of_finished_runs_is_pruned_over_several_ticks(db: Database) -> None:
+    """Fifty prunable runs, batches of 10, two batches a tick: each tick prunes 20 and goes
+    on materializing; the backlog is gone after three ticks, without waiting for prune_every."""
+    with db.connect() as conn:
+        conn.execute("UPDATE jobs.config SET retention = '1 day'")
+        finish_old(conn, 50, age="2 days")
+        every_second = define(conn, "every-second", "FREQ=SECONDLY")
+    scheduler = Scheduler(db.dsn, owner="pruner", prune_every=3600, prune_batch=10, prune_batches_per_tick=2)
+    pruned = []
+    try:
+        for _ in range(4):
+            report = scheduler.tick()
+            assert report.leading and report.phase_errors == [], report
+            pruned.append(report.pruned)
+    finally:
+        scheduler.close()
+    assert pruned == [20, 20, 10, 0], pruned
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE definition_id = %s", (every_second,)) > 0
