@@ -508,7 +508,7 @@ class Scheduler:
         horizon = now + lookahead
         # shared schedule, same cursor: same plan
         plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
-        budget = Budget(self.catch_up_budget, time.monotonic() + self.catch_up_seconds)
+        budget = Budget(self.catch_up_budget, self.catch_up_seconds)
         walks: dict[tuple[int, datetime, str, timedelta], Plan] = {}  # the catch-up's plans
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
             began = time.monotonic()
@@ -580,23 +580,24 @@ class Scheduler:
         chunks: list[Call] = []
         going_on: dict[int, Progress] = {}
         for d, schedule in behind:
-            if budget.spent():
-                report.catching_up += 1  # its turn comes next tick
-                continue
             cursor, policy = d["next_run_at"], d["misfire_policy"]
-            before = self._catching_up.pop(d["id"], None)
+            before = self._catching_up.get(d["id"])
             if before is not None and not before.continues(d):
                 before = None  # redefined, paused, or moved by another leader meanwhile
             try:
                 grace = before.grace if before else misfire_grace_for(schedule, cursor, self.misfire_grace)
                 memo = (id(schedule), cursor, policy, grace)
-                plan = walks.get(memo)
+                plan = walks.get(memo)  # definitions that share a schedule and cursor: free
                 if plan is None:
+                    if budget.spent():
+                        budget.deferred.add(d["id"])  # its turn comes next tick
+                        continue
                     plan = walks[memo] = self._walk(schedule, cursor, now, policy, grace, budget)
-                    budget.use(plan.missed)
             except Exception as exc:  # one definition never stops the others
                 self._unplannable(conn, d, exc, report)
                 continue
+            self._catching_up.pop(d["id"], None)
+            budget.deferred.discard(d["id"])
             call = Call(d["id"], d["name"], cursor, plan.run_times, plan.next_cursor, d["revision"])
             if plan.partial:
                 chunks.append(call)
@@ -613,7 +614,7 @@ class Scheduler:
             for definition_id, progress in going_on.items():
                 if definition_id in advanced:
                     self._catching_up[definition_id] = progress
-            report.catching_up += len(going_on)
+        report.catching_up = len(budget.deferred) + len(self._catching_up)
 
     def _unplannable(
         self, conn: psycopg.Connection[Any], d: dict[str, Any], exc: Exception, report: TickReport
@@ -649,7 +650,7 @@ class Scheduler:
         grace: timedelta,
         budget: Budget | None = None,
     ) -> Plan:
-        return plan_materialization(
+        plan = plan_materialization(
             schedule,
             cursor,
             now,
@@ -658,8 +659,11 @@ class Scheduler:
             misfire_grace=grace,
             max_runs=self.max_catch_up,
             budget=budget.left if budget else None,
-            deadline=budget.deadline if budget else None,
+            deadline=budget.start_walk() if budget else None,
         )
+        if budget:
+            budget.end_walk(plan.missed)
+        return plan
 
     def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> set[int]:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
@@ -901,17 +905,26 @@ class Progress:
 
 
 class Budget:
-    """What one tick may spend on catch-ups: missed occurrences walked and wall time."""
+    """What one tick may spend walking catch-ups: missed occurrences and seconds of walking
+    (statements do not count: they keep the session busy, not idle)."""
 
-    def __init__(self, occurrences: int, deadline: float) -> None:
+    def __init__(self, occurrences: int, seconds: float) -> None:
         self.left = max(1, occurrences)
-        self.deadline = deadline
+        self.seconds = seconds
+        self.deferred: set[int] = set()  # definitions left for the next tick
+        self._began = 0.0
 
-    def use(self, walked: int) -> None:
+    def start_walk(self) -> float:
+        """The deadline of the walk that starts now."""
+        self._began = time.monotonic()
+        return self._began + self.seconds
+
+    def end_walk(self, walked: int) -> None:
         self.left = max(0, self.left - walked)
+        self.seconds -= time.monotonic() - self._began
 
     def spent(self) -> bool:
-        return self.left <= 0 or time.monotonic() >= self.deadline
+        return self.left <= 0 or self.seconds <= 0
 
 
 def _one_line(exc: BaseException) -> str:
