@@ -4,6 +4,7 @@ the same runs, the same record of the late occurrences, the same cursor."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 
 import pytest
 
@@ -69,3 +70,29 @@ def test_a_catch_up_in_parts_ends_as_one_walk(
         runs, record, cursor, parts = walk(schedule_text, zone, start, policy, budget)
         assert parts > 1 or budget == 1000, f"budget {budget} did not split the walk"
         assert (runs, record, cursor) == whole[:3], (budget, runs[:5], record, cursor, whole[1], whole[2])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FREQ=SECONDLY;INTERVAL=7;COUNT=5000",
+        "FREQ=HOURLY;INTERVAL=5;BYMINUTE=10,40;COUNT=2000",
+        "FREQ=DAILY;BYHOUR=8,20;COUNT=900",
+        "FREQ=WEEKLY;INTERVAL=3;BYDAY=SU;COUNT=60;WKST=SU",
+        "FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1;COUNT=100",
+        "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29;COUNT=5",
+    ],
+)
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Sofia", "America/New_York"])
+def test_a_count_rule_restarted_near_the_instant_runs_as_walked_from_its_start(text: str, zone: str) -> None:
+    """A COUNT rule restarts near the asked instant with the occurrences before it counted
+    (and remembered): the same runs as walking it from DTSTART, at any instant, asked in any
+    order, and the remembered counts only ever save work."""
+    schedule = parse_schedule(text, zone, anchor=datetime(2026, 1, 1, tzinfo=UTC))
+    whole = list(schedule._run_instants(None, inclusive=True, rebase=False))
+    span = whole[-1] - whole[0] + timedelta(days=2)
+    instants = [whole[0] - timedelta(days=1) + span * k / 37 for k in (5, 1, 30, 12, 36, 12, 0, 21)]
+    for instant in instants:
+        expected = [t for t in whole if t >= instant][:10]
+        got = list(islice(schedule._run_instants(instant, inclusive=True), 10))
+        assert got == expected, (instant, got[:3], expected[:3])

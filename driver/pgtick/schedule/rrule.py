@@ -107,6 +107,8 @@ class Rule:
         assert self.start is not None
         known = bisect_right(self._counts, (start, limit + 1))
         since, counted = self._counts[known - 1] if known else (self.start, 0)
+        if since > start:  # only if two threads raced on the list: start over
+            since, counted = self.start, 0
         if since == start:
             return counted
         # From a rebased start the rule expands as from DTSTART (see `rebased_start`).
