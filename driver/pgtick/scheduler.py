@@ -14,7 +14,14 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    name; the others are materialized and the leader keeps its lock;
 4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
-6. ``jobs.prune()`` now and then.
+6. ``jobs.prune()`` now and then (a backlog a few batches per tick).
+
+Definitions back from downtime (a cursor older than the misfire grace) are planned
+after the on-time ones, within a budget per tick of missed occurrences walked and
+seconds spent walking; a catch-up that needs more commits its cursor where it
+stopped and goes on next tick, and the walk that reaches the present settles it
+as one walk would (``settle_late``). A definition whose schedule raises anything
+while read or planned gets a ``schedule_error`` and the others go on.
 
 The work of a tick is proportional to what is due: only definitions whose
 cursor falls within the horizon are read (an index), parsed schedules are
@@ -24,9 +31,11 @@ it covers the time the leader needs to materialize the largest group of
 definitions due at one instant (measured), so a minute boundary with 100,000
 occurrences finds them inserted well before it.
 
-Each phase is its own transaction. A failing tick logs one line and the loop
-sleeps and goes on; a lost connection means lost leadership, contested again
-on the next tick (an error the database reports on a healthy session keeps it).
+Each phase is its own transaction, and a phase that fails on a healthy session is
+logged while the next phases still run (a materialization that keeps failing never
+stops the reaper). A failing tick logs one line and the loop sleeps and goes on;
+a lost connection means lost leadership, contested again on the next tick (an
+error the database reports on a healthy session keeps it).
 
 Leadership takes one of two forms (``leadership``):
 
@@ -211,9 +220,9 @@ class Scheduler:
         self.tick_interval = tick_interval
         self.misfire_grace = timedelta(seconds=misfire_grace)
         self.max_catch_up = max_catch_up
-        # Catch-up after downtime is bounded per tick (missed occurrences walked, wall time),
-        # so a tick stays short: the session never idles long between statements, and
-        # reaping and the on-time definitions are never held up by a long catch-up.
+        # Catch-up after downtime is bounded per tick (missed occurrences and seconds spent
+        # walking them), so the session never idles long between statements, and reaping
+        # and the on-time definitions are never held up by a long catch-up.
         self.catch_up_budget = catch_up_budget
         self.catch_up_seconds = (
             catch_up_seconds if catch_up_seconds is not None else min(2.0, max(0.1, tick_interval / 2))
