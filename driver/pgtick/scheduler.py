@@ -66,10 +66,11 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.datetime import TimestamptzLoader
 
 from pgtick import calls as sql
 from pgtick.db import behind_pooler, connect_dicts
@@ -86,6 +87,21 @@ from pgtick.schedule import (
 log = logging.getLogger("pgtick.scheduler")
 
 _BEHIND = timedelta(minutes=1)
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+class _EdgeOfTimeLoader(TimestamptzLoader):
+    """timestamptz values Python cannot hold (``-infinity``, ``infinity``, years before 1 or
+    after 9999) load as the edges of datetime on the leader's connection, so one value
+    edited in psql cannot make every read of the definitions fail."""
+
+    def load(self, data: Any) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            return _EARLIEST if text.startswith(b"-") or text.endswith(b" BC") else _LATEST
 
 
 @dataclass
@@ -314,6 +330,7 @@ class Scheduler:
         if self._conn is None or self._conn.closed:
             self.leading = False
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
+            self._conn.adapters.register_loader("timestamptz", _EdgeOfTimeLoader)
             if self.leadership == "auto":
                 mode = "lease" if behind_pooler(self._conn) else "lock"
                 if mode != self.mode or self._pid is None:
@@ -526,6 +543,10 @@ class Scheduler:
             late: list[tuple[Call, CatchUp]] = []
             behind: list[tuple[dict[str, Any], Schedule]] = []
             for d in rows:
+                if d["next_run_at"] == _EARLIEST:
+                    detail = "schedule: next_run_at is before the year 1 or -infinity; define it again"
+                    self._unusable(conn, d, detail, report)
+                    continue
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
                     continue

@@ -330,3 +330,33 @@ def test_a_backlog_of_finished_runs_is_pruned_over_several_ticks(db: Database) -
     assert pruned == [20, 20, 10, 0], pruned
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE definition_id = %s", (every_second,)) > 0
+
+
+@pytest.mark.parametrize("cursor", ["-infinity", "4713-01-01 00:00:00+00 BC"])
+def test_a_cursor_python_cannot_hold_stops_only_its_definition(db: Database, cursor: str) -> None:
+    """A cursor set in psql to a time Python cannot hold made every read of the due
+    definitions fail, so no recurring definition got a run. Now only that definition stops,
+    with its schedule error; the others go on being materialized."""
+    with db.connect() as conn:
+        broken = define(conn, "cursor-out-of-time", "FREQ=SECONDLY")
+        define(conn, "fine", "FREQ=SECONDLY")
+    scheduler = Scheduler(db.dsn, owner="leader", tick_interval=0.5)
+    try:
+        scheduler.tick()
+        with db.connect() as conn:
+            conn.execute(
+                "UPDATE jobs.definitions SET next_run_at = %s::timestamptz WHERE id = %s", (cursor, broken)
+            )
+        created = 0
+        deadline = time.monotonic() + 60
+        while created == 0:  # until the next occurrence of the others comes within the horizon
+            assert time.monotonic() < deadline, "no run materialized beside the broken cursor"
+            time.sleep(0.3)
+            report = scheduler.tick()
+            assert report.phase_errors == [], report.phase_errors
+            created = report.runs_created
+    finally:
+        scheduler.close()
+    with db.connect() as conn:
+        error = scalar(conn, "SELECT schedule_error FROM jobs.definition_health WHERE id = %s", (broken,))
+    assert error and "next_run_at" in error, error
