@@ -155,6 +155,15 @@ MATERIALIZE_CATCH_UP = (
 )
 
 
+RECORD_CATCH_UP = "SELECT jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded"
+
+
+def record_catch_up(conn: Conn, record: tuple[Any, ...], next_run_at: datetime | None) -> str | None:
+    """jobs.record_catch_up alone (after runs materialized by jobs.materialize_many)."""
+    row = conn.execute(RECORD_CATCH_UP, (*record, next_run_at)).fetchone()
+    return str(_first(row)) if row and _first(row) else None
+
+
 def try_lead(conn: Conn, owner: str) -> bool:
     row = conn.execute("SELECT jobs.try_lead(%s) AS leading", (owner,)).fetchone()
     return bool(row and _first(row))
@@ -166,6 +175,14 @@ def resign(conn: Conn) -> None:
 
 def set_idle_session_timeout(conn: Conn, seconds: int) -> None:
     conn.execute(f"SET idle_session_timeout = '{int(seconds)}s'")
+
+
+def idle_session_timeout(conn: Conn) -> float:
+    """The session's idle_session_timeout in seconds (0: none)."""
+    row = conn.execute(
+        "SELECT setting::bigint / 1000.0 AS s FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    return float(_first(row)) if row else 0.0
 
 
 def backend_pid(conn: Conn) -> int:

@@ -14,7 +14,14 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    name; the others are materialized and the leader keeps its lock;
 4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
-6. ``jobs.prune()`` now and then.
+6. ``jobs.prune()`` now and then (a backlog a few batches per tick).
+
+Definitions back from downtime (a cursor older than the misfire grace) are planned
+after the on-time ones, within a budget per tick of missed occurrences walked and
+seconds spent walking; a catch-up that needs more commits its cursor where it
+stopped and goes on next tick, and the walk that reaches the present settles it
+as one walk would (``settle_late``). A definition whose schedule raises anything
+while read or planned gets a ``schedule_error`` and the others go on.
 
 The work of a tick is proportional to what is due: only definitions whose
 cursor falls within the horizon are read (an index), parsed schedules are
@@ -24,9 +31,11 @@ it covers the time the leader needs to materialize the largest group of
 definitions due at one instant (measured), so a minute boundary with 100,000
 occurrences finds them inserted well before it.
 
-Each phase is its own transaction. A failing tick logs one line and the loop
-sleeps and goes on; a lost connection means lost leadership, contested again
-on the next tick (an error the database reports on a healthy session keeps it).
+Each phase is its own transaction, and a phase that fails on a healthy session is
+logged while the next phases still run (a materialization that keeps failing never
+stops the reaper). A failing tick logs one line and the loop sleeps and goes on;
+a lost connection means lost leadership, contested again on the next tick (an
+error the database reports on a healthy session keeps it).
 
 Leadership takes one of two forms (``leadership``):
 
@@ -57,10 +66,11 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.datetime import TimestamptzLoader
 
 from pgtick import calls as sql
 from pgtick.db import behind_pooler, connect_dicts
@@ -75,6 +85,23 @@ from pgtick.schedule import (
 )
 
 log = logging.getLogger("pgtick.scheduler")
+
+_BEHIND = timedelta(minutes=1)
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+class _EdgeOfTimeLoader(TimestamptzLoader):
+    """timestamptz values Python cannot hold (``-infinity``, ``infinity``, years before 1 or
+    after 9999) load as the edges of datetime on the leader's connection, so one value
+    edited in psql cannot make every read of the definitions fail."""
+
+    def load(self, data: Any) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            return _EARLIEST if text.startswith(b"-") or text.endswith(b" BC") else _LATEST
 
 
 @dataclass
@@ -91,6 +118,8 @@ class TickReport:
     schedule_errors: int = 0
     materialize_errors: int = 0
     backfilled: int = 0
+    catching_up: int = 0  # definitions whose catch-up goes on next tick (the budget ran out)
+    phase_errors: list[str] = field(default_factory=list)
 
 
 class ScheduleCache:
@@ -183,9 +212,13 @@ class Scheduler:
         max_lookahead: float = 120.0,
         misfire_grace: float = 60.0,
         max_catch_up: int = 100,
+        catch_up_budget: int = 20_000,
+        catch_up_seconds: float | None = None,
         batch: int = 1000,
         batches_per_tick: int = 20,
         prune_every: float = 3600.0,
+        prune_batch: int = 10_000,
+        prune_batches_per_tick: int = 10,
         clock: Callable[[], datetime] | None = None,
         leadership: str = "auto",
         lease_ttl: float | None = None,
@@ -203,6 +236,14 @@ class Scheduler:
         self.tick_interval = tick_interval
         self.misfire_grace = timedelta(seconds=misfire_grace)
         self.max_catch_up = max_catch_up
+        # Catch-up after downtime is bounded per tick (missed occurrences and seconds spent
+        # walking them), so the session never idles long between statements, and reaping
+        # and the on-time definitions are never held up by a long catch-up.
+        self.catch_up_budget = catch_up_budget
+        self.catch_up_seconds = (
+            catch_up_seconds if catch_up_seconds is not None else min(2.0, max(0.1, tick_interval / 2))
+        )
+        self._catching_up: dict[int, Progress] = {}
         self.batch = batch
         self.batches_per_tick = batches_per_tick
         # The horizon adapts unless it is given (or time is the caller's: a test clock).
@@ -214,6 +255,11 @@ class Scheduler:
             fixed=lookahead is not None or clock is not None,
         )
         self.prune_every = prune_every
+        # A backlog of finished runs is pruned over several ticks, a few batches each, so
+        # pruning never holds up materialization and reaping for minutes.
+        self.prune_batch = prune_batch
+        self.prune_batches_per_tick = prune_batches_per_tick
+        self._prune_more = False
         self.clock = clock
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
@@ -284,18 +330,35 @@ class Scheduler:
         if self._conn is None or self._conn.closed:
             self.leading = False
             self._conn = connect_dicts(self.dsn, application_name=f"pgtick-leader {self.owner}")
+            self._conn.adapters.register_loader("timestamptz", _EdgeOfTimeLoader)
             if self.leadership == "auto":
                 mode = "lease" if behind_pooler(self._conn) else "lock"
                 if mode != self.mode or self._pid is None:
                     log.info("scheduler owner=%s leads by %s", self.owner, mode)
                 self.mode = mode
             if self.mode == "lock":
-                # A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock.
-                # (Never through a pooler: a session setting would reach other clients.)
-                idle = max(30, int(self.tick_interval * 10))
-                sql.set_idle_session_timeout(self._conn, idle)
+                self._limit_idle_session(self._conn)
             self._pid = self._backend_pid(self._conn)
         return self._conn
+
+    def _limit_idle_session(self, conn: psycopg.Connection[Any]) -> None:
+        """A leader frozen for long (SIGSTOP, swap) loses its session, hence the lock: an
+        idle_session_timeout of ten ticks (at least 30 s), unless the operator set a shorter
+        one (on the role or the database), which is kept: the leader never idles longer
+        than a tick between statements. (Never through a pooler: a session setting would
+        reach other clients.)"""
+        idle = max(30, int(self.tick_interval * 10))
+        current = sql.idle_session_timeout(conn)
+        if 0 < current <= idle:
+            if current < 2 * self.tick_interval + self.catch_up_seconds:
+                log.warning(
+                    "scheduler owner=%s idle_session_timeout %.1fs is shorter than two ticks: "
+                    "the leader's session may be ended between ticks",
+                    self.owner,
+                    current,
+                )
+            return
+        sql.set_idle_session_timeout(conn, idle)
 
     @staticmethod
     def _backend_pid(conn: psycopg.Connection[Any]) -> int:
@@ -320,6 +383,7 @@ class Scheduler:
             log.info("scheduler owner=%s %s", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
+            self._catching_up.clear()  # another leader moves the cursors meanwhile
             return report
         return self._lead(conn, report)
 
@@ -351,21 +415,45 @@ class Scheduler:
         return False
 
     def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
-        """The leader's phases; in lease mode each starts only while the lease holds."""
+        """The leader's phases; in lease mode each starts only while the lease holds.
+
+        A phase that fails on a healthy session (a statement timeout, a row the database
+        refuses) is logged and the next phase still runs: a materialization that keeps
+        failing never stops the reaper."""
         if self._fenced():
             return report
         self.materialize_due(report)
         if self._fenced():
             return report
-        report.reaped = sql.reap(conn)
-        for r in report.reaped:
-            log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
-        if time.monotonic() - self._last_prune >= self.prune_every and not self._fenced():
-            report.pruned = self.prune(conn)
-            self._last_prune = time.monotonic()
+        self._phase("reap", lambda: self._reap(conn, report), report)
+        due = self._prune_more or time.monotonic() - self._last_prune >= self.prune_every
+        if due and not self._fenced():
+            self._phase("prune", lambda: self._prune_now(conn, report), report)
         if report.runs_created or report.one_shots:
             log.debug("tick: %d runs materialized, %d one-shots", report.runs_created, report.one_shots)
         return report
+
+    def _phase(self, name: str, work: Callable[[], object], report: TickReport) -> None:
+        """Run one phase of the tick; an error the database reports on a healthy session is
+        logged and recorded in the report, a lost connection ends the tick."""
+        try:
+            work()
+        except Exception as exc:
+            if not self._session_healthy():
+                raise
+            report.phase_errors.append(f"{name}: {_one_line(exc)}")
+            log.warning("scheduler %s failed (the tick goes on; retried next tick): %s", name, _one_line(exc))
+
+    def _reap(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
+        report.reaped = sql.reap(conn)
+        for r in report.reaped:
+            log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
+
+    def _prune_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
+        if not self._prune_more:
+            self._last_prune = time.monotonic()  # a failing prune waits for its next turn too
+        self._prune_more = False
+        report.pruned = self.prune(conn, max_batches=self.prune_batches_per_tick)
 
     def materialize_due(self, report: TickReport | None = None) -> TickReport:
         """The materialization phases alone (cursors, recurring, one-shots).
@@ -377,11 +465,17 @@ class Scheduler:
         report = report or TickReport()
         conn = self._connection()
         now = self._now(conn)
-        self._init_cursors(conn, now, report)
-        self._materialize_recurring(conn, now, report)
-        report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
-        report.backfilled = materialize_backfills(conn)
+        self._phase("cursor initialization", lambda: self._init_cursors(conn, now, report), report)
+        self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
+        self._phase("one-shots", lambda: self._one_shots(conn, report), report)
+        self._phase("backfills", lambda: self._backfills(conn, report), report)
         return report
+
+    def _one_shots(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
+        report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
+
+    def _backfills(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
+        report.backfilled = materialize_backfills(conn)
 
     def _now(self, conn: psycopg.Connection[Any]) -> datetime:
         if self.clock is not None:
@@ -397,10 +491,11 @@ class Scheduler:
             if cached is not None:
                 return cached
             parsed = definition_schedule(d)
-        except (ScheduleError, ValueError, LookupError) as exc:
-            report.schedule_errors += 1
-            log.error("definition=%s schedule unusable: %s", d["name"], exc)
-            sql.mark_schedule_error(conn, d["id"], d["revision"], str(exc))
+        except ScheduleError as exc:
+            self._unusable(conn, d, str(exc), report)
+            return None
+        except Exception as exc:  # a value out of range (a creation time near the year 1), ...
+            self._unusable(conn, d, f"schedule: cannot be read: {_one_line(exc)}", report)
             return None
         self._parsed.put(key, parsed)
         return parsed
@@ -423,7 +518,11 @@ class Scheduler:
                 # not at this tick: an occurrence in between is materialized (once), not lost.
                 start = min(d["cursor_from"] or now, now)
                 if (id(schedule), start) not in firsts:
-                    firsts[id(schedule), start] = first_cursor(schedule, start)
+                    try:
+                        firsts[id(schedule), start] = first_cursor(schedule, start)
+                    except Exception as exc:  # one definition never stops the others
+                        self._unplannable(conn, d, exc, report)
+                        continue
                 batch.append(Call(d["id"], d["name"], None, [], firsts[id(schedule), start], d["revision"]))
             if batch:
                 self._materialize(conn, batch, report)
@@ -439,19 +538,34 @@ class Scheduler:
         horizon = now + lookahead
         # shared schedule, same cursor: same plan
         plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
+        budget = Budget(self.catch_up_budget, self.catch_up_seconds)
+        walks: dict[tuple[int, datetime, str, timedelta], Plan] = {}  # the catch-up's plans
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
             began = time.monotonic()
             rows = sql.due_definitions(conn, horizon, self.batch)
             batch: list[Call] = []
             late: list[tuple[Call, CatchUp]] = []
+            behind: list[tuple[dict[str, Any], Schedule]] = []
             for d in rows:
+                if d["next_run_at"] == _EARLIEST:
+                    detail = "schedule: next_run_at is before the year 1 or -infinity; define it again"
+                    self._unusable(conn, d, detail, report)
+                    continue
                 schedule = self._schedule(conn, d, report)
                 if schedule is None:
+                    continue
+                if self._behind(d, now):
+                    behind.append((d, schedule))  # after the on-time ones, within the budget
                     continue
                 memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
                 planned = plans.get(memo)
                 if planned is None:
-                    planned = plans[memo] = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                    try:
+                        planned = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                    except Exception as exc:  # one definition never stops the others
+                        self._unplannable(conn, d, exc, report)
+                        continue
+                    plans[memo] = planned
                 plan, catch_up = planned
                 call = Call(
                     d["id"], d["name"], d["next_run_at"], plan.run_times, plan.next_cursor, d["revision"]
@@ -462,6 +576,7 @@ class Scheduler:
                     late.append((call, catch_up))
             if batch:
                 self._materialize(conn, batch, report)
+            self._catch_up(conn, behind, now, budget, walks, late, report)
             for call, catch_up in late:
                 sentence = self._materialize_catch_up(conn, call, catch_up, report)
                 if sentence:
@@ -470,11 +585,105 @@ class Scheduler:
             if len(rows) < self.batch:
                 return
 
+    def _behind(self, d: dict[str, Any], now: datetime) -> bool:
+        """Back from downtime (its cursor is older than the misfire grace, or a minute) or in
+        the middle of such a catch-up: planned within the tick's catch-up budget. (A
+        cursor younger than a minute has at most 60 occurrences to walk.)"""
+        if d["id"] in self._catching_up:
+            return True
+        return bool(d["next_run_at"] < now - min(self.misfire_grace, _BEHIND))
+
+    def _catch_up(
+        self,
+        conn: psycopg.Connection[Any],
+        behind: list[tuple[dict[str, Any], Schedule]],
+        now: datetime,
+        budget: Budget,
+        walks: dict[tuple[int, datetime, str, timedelta], Plan],
+        late: list[tuple[Call, CatchUp]],
+        report: TickReport,
+    ) -> None:
+        """Plan the definitions that are behind, each as far as the tick's budget goes.
+
+        A walk the budget stopped among missed occurrences commits what it found (catch_up
+        runs, the cursor moved to the first occurrence not walked) and remembers its counts,
+        so the next tick continues from there; the walk that reaches the present settles
+        the whole catch-up as its misfire policy says, exactly as one unbounded walk would
+        (one coalesced run, one record of every late occurrence). Planned late ones join
+        `late`; chunks are materialized here, in one statement."""
+        chunks: list[Call] = []
+        going_on: dict[int, Progress] = {}
+        for d, schedule in behind:
+            cursor, policy = d["next_run_at"], d["misfire_policy"]
+            before = self._catching_up.get(d["id"])
+            if before is not None and not before.continues(d):
+                before = None  # redefined, paused, or moved by another leader meanwhile
+            try:
+                grace = before.grace if before else misfire_grace_for(schedule, cursor, self.misfire_grace)
+                memo = (id(schedule), cursor, policy, grace)
+                plan = walks.get(memo)  # definitions that share a schedule and cursor: free
+                if plan is None:
+                    if budget.spent():
+                        budget.deferred.add(d["id"])  # its turn comes next tick
+                        continue
+                    plan = walks[memo] = self._walk(schedule, cursor, now, policy, grace, budget)
+            except Exception as exc:  # one definition never stops the others
+                self._unplannable(conn, d, exc, report)
+                continue
+            self._catching_up.pop(d["id"], None)
+            budget.deferred.discard(d["id"])
+            call = Call(d["id"], d["name"], cursor, plan.run_times, plan.next_cursor, d["revision"])
+            if plan.partial:
+                chunks.append(call)
+                going_on[d["id"]] = Progress.after(before, d, plan, now, grace)
+                continue
+            plan, catch_up = settle_late(plan, now, policy, before)
+            call = Call(d["id"], d["name"], cursor, plan.run_times, plan.next_cursor, d["revision"])
+            if catch_up is None:
+                chunks.append(call)
+            else:
+                late.append((call, catch_up))
+        if chunks:
+            advanced = self._materialize(conn, chunks, report)
+            for definition_id, progress in going_on.items():
+                if definition_id in advanced:
+                    self._catching_up[definition_id] = progress
+        report.catching_up = len(budget.deferred) + len(self._catching_up)
+
+    def _unplannable(
+        self, conn: psycopg.Connection[Any], d: dict[str, Any], exc: Exception, report: TickReport
+    ) -> None:
+        """A schedule that parsed but fails to plan (an error deep in the rule, a cursor out of
+        range)."""
+        where = f"from cursor {d['next_run_at']}" if d["next_run_at"] else "its first occurrence"
+        self._unusable(conn, d, f"schedule: cannot plan {where}: {_one_line(exc)}", report)
+
+    def _unusable(
+        self, conn: psycopg.Connection[Any], d: dict[str, Any], detail: str, report: TickReport
+    ) -> None:
+        """Recorded as the definition's schedule error (health and status show it, the log
+        names it), so it is skipped until redefined; the others go on."""
+        report.schedule_errors += 1
+        log.error("definition=%s schedule unusable: %s", d["name"], detail)
+        self._catching_up.pop(d["id"], None)
+        sql.mark_schedule_error(conn, d["id"], d["revision"], detail)
+
     def _plan(
         self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str
     ) -> tuple[Plan, CatchUp | None]:
         """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``)."""
         grace = misfire_grace_for(schedule, cursor, self.misfire_grace)
+        return settle_late(self._walk(schedule, cursor, now, misfire_policy, grace), now, misfire_policy)
+
+    def _walk(
+        self,
+        schedule: Schedule,
+        cursor: datetime,
+        now: datetime,
+        misfire_policy: str,
+        grace: timedelta,
+        budget: Budget | None = None,
+    ) -> Plan:
         plan = plan_materialization(
             schedule,
             cursor,
@@ -483,12 +692,17 @@ class Scheduler:
             lookahead=self.lookahead,
             misfire_grace=grace,
             max_runs=self.max_catch_up,
+            budget=budget.left if budget else None,
+            deadline=budget.start_walk() if budget else None,
         )
-        return settle_late(schedule, plan, cursor, now, misfire_policy)
+        if budget:
+            budget.end_walk(plan.missed)
+        return plan
 
-    def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> None:
+    def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> set[int]:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
-        logged by name (the database recorded them and backs them off)."""
+        logged by name (the database recorded them and backs them off). Returns the
+        definitions whose cursor moved."""
         run_ids = [c.definition_id for c in batch for _ in c.run_times]
         run_times = [t for c in batch for t in c.run_times]
         rows = sql.materialize_many(
@@ -504,6 +718,7 @@ class Scheduler:
         answered = {}
         for row in rows:
             answered[int(row["definition_id"])] = row
+        advanced: set[int] = set()
         for c in batch:
             row = answered.get(c.definition_id)
             if row is None:
@@ -514,9 +729,11 @@ class Scheduler:
                 report.materialize_errors += 1
                 log.error("definition=%s runs not inserted (retried with backoff): %s", c.name, row["error"])
                 continue
+            advanced.add(c.definition_id)
             report.runs_created += int(row["created"])
             if int(row["created"]) == 0 and c.run_times:
                 report.stale += 1
+        return advanced
 
     def _materialize_catch_up(
         self, conn: psycopg.Connection[Any], call: Call, c: CatchUp, report: TickReport
@@ -527,12 +744,18 @@ class Scheduler:
         params = (call.definition_id, call.expected, call.run_times, call.new_next, call.revision)
         try:
             row = conn.execute(sql.MATERIALIZE_CATCH_UP, (*params, *record, call.new_next)).fetchone()
-        except psycopg.DatabaseError:
+        except psycopg.DatabaseError as exc:
             if conn.broken:
                 raise
-            # Refused: materialize_many isolates it, records why and backs it off (logged there).
-            self._materialize(conn, [call], report)
-            return None
+            # Again through jobs.materialize_many, which isolates the definition: runs the
+            # database refuses are recorded as its materialize_error (health, status) and
+            # retried with backoff, like those of an on-time definition.
+            log.warning(
+                "definition=%s catch-up not materialized, trying alone: %s", call.name, _one_line(exc)
+            )
+            if call.definition_id not in self._materialize(conn, [call], report):
+                return None
+            return sql.record_catch_up(conn, record, call.new_next)
         self.horizon.observe_cursors([call.new_next])
         created = int(row["n"]) if row else 0
         report.runs_created += created
@@ -540,16 +763,29 @@ class Scheduler:
             report.stale += 1
         return str(row["recorded"]) if row and row.get("recorded") else None
 
-    def prune(self, conn: psycopg.Connection[Any] | None = None, batch: int = 10000) -> int:
+    def prune(
+        self,
+        conn: psycopg.Connection[Any] | None = None,
+        batch: int | None = None,
+        max_batches: int | None = None,
+    ) -> int:
+        """jobs.prune in batches until a short one, or `max_batches` of them (then the tick
+        prunes again on the next tick); returns runs pruned."""
         conn = conn or self._connection()
+        batch = batch or self.prune_batch
         total = 0
+        batches = 0
         while True:
             n = sql.prune(conn, batch)
             total += n
+            batches += 1
             if n < batch:
                 break
+            if max_batches is not None and batches >= max_batches:
+                self._prune_more = True
+                break
         if total:
-            log.info("pruned %d finished runs", total)
+            log.info("pruned %d finished runs%s", total, " (more next tick)" if self._prune_more else "")
         return total
 
 
@@ -636,33 +872,93 @@ def misfire_grace_for(schedule: Schedule, cursor: datetime, configured: timedelt
 
 
 def settle_late(
-    schedule: Schedule, plan: Plan, cursor: datetime, now: datetime, misfire_policy: str
+    plan: Plan, now: datetime, misfire_policy: str, before: Progress | None = None
 ) -> tuple[Plan, CatchUp | None]:
     """After downtime (the plan found missed occurrences), count every late occurrence
-    (cursor <= t <= now, up to where the plan stops) and keep the policy's promise for
-    all of them: ``coalesce`` makes exactly one run, at the latest late occurrence (the
-    plan alone coalesces those past the grace but still runs the recent ones one by
-    one, which an overlap cap then records as skipped for a false reason); ``catch_up``
-    runs each; ``skip`` runs only those still within the grace. Occurrences after now
-    are planned as usual."""
-    if not plan.missed:
+    (cursor <= t <= now, up to where the plan stops; with `before`, those of the earlier
+    parts of a catch-up too) and keep the policy's promise for all of them: ``coalesce``
+    makes exactly one run, at the latest late occurrence (the plan alone coalesces those
+    past the grace but still runs the recent ones one by one, which an overlap cap then
+    records as skipped for a false reason); ``catch_up`` runs each; ``skip`` runs only
+    those still within the grace. Occurrences after now are planned as usual."""
+    if not plan.missed and before is None:
         return plan, None
-    end = now
-    if plan.next_cursor is not None and plan.next_cursor <= now:
-        end = plan.next_cursor - timedelta(microseconds=1)
-    late = schedule.between(cursor, end, limit=10_000_000)
-    if not late:
+    occurrences = plan.late + (before.occurrences if before else 0)
+    first_late = before.first_late if before else plan.first_late
+    last_late = plan.last_late or (before.last_late if before else None)
+    if not occurrences or first_late is None or last_late is None:
         return plan, None
     late_runs = [t for t in plan.run_times if t <= now]
     future = [t for t in plan.run_times if t > now]
     if misfire_policy == "coalesce":
-        run_times = [late[-1], *future]
-        runs = 1
+        # The run is at the latest late occurrence, which lies in this part of the walk.
+        run_times = [plan.last_late, *future] if plan.last_late else future
+        runs = 1 if plan.last_late else 0
     else:
         run_times = plan.run_times
-        runs = len(late_runs)
-    catch_up = CatchUp(misfire_policy, late[0], late[-1], len(late), runs)
+        runs = len(late_runs) + (before.runs if before else 0)
+    catch_up = CatchUp(misfire_policy, first_late, last_late, occurrences, runs)
     return Plan(run_times, plan.next_cursor, plan.missed), catch_up
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A catch-up that goes on over several ticks: where the cursor was committed, and what
+    the earlier parts of the walk counted (kept by the leader that walked them)."""
+
+    revision: int
+    misfire_policy: str
+    cursor: datetime | None
+    grace: timedelta  # the grace of the catch-up's first cursor, kept to its end
+    first_late: datetime | None
+    last_late: datetime | None
+    occurrences: int
+    runs: int
+
+    @staticmethod
+    def after(
+        before: Progress | None, d: dict[str, Any], plan: Plan, now: datetime, grace: timedelta
+    ) -> Progress:
+        return Progress(
+            revision=d["revision"],
+            misfire_policy=d["misfire_policy"],
+            cursor=plan.next_cursor,
+            grace=grace,
+            first_late=before.first_late if before else plan.first_late,
+            last_late=plan.last_late or (before.last_late if before else None),
+            occurrences=plan.late + (before.occurrences if before else 0),
+            runs=sum(1 for t in plan.run_times if t <= now) + (before.runs if before else 0),
+        )
+
+    def continues(self, d: dict[str, Any]) -> bool:
+        return bool(
+            d["revision"] == self.revision
+            and d["misfire_policy"] == self.misfire_policy
+            and d["next_run_at"] == self.cursor
+        )
+
+
+class Budget:
+    """What one tick may spend walking catch-ups: missed occurrences and seconds of walking
+    (statements do not count: they keep the session busy, not idle)."""
+
+    def __init__(self, occurrences: int, seconds: float) -> None:
+        self.left = max(1, occurrences)
+        self.seconds = seconds
+        self.deferred: set[int] = set()  # definitions left for the next tick
+        self._began = 0.0
+
+    def start_walk(self) -> float:
+        """The deadline of the walk that starts now."""
+        self._began = time.monotonic()
+        return self._began + self.seconds
+
+    def end_walk(self, walked: int) -> None:
+        self.left = max(0, self.left - walked)
+        self.seconds -= time.monotonic() - self._began
+
+    def spent(self) -> bool:
+        return self.left <= 0 or self.seconds <= 0
 
 
 def _one_line(exc: BaseException) -> str:

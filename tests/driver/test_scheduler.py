@@ -65,6 +65,23 @@ def revision_of(conn: psycopg.Connection[Any], definition_id: int) -> int:
     return int(row[0])
 
 
+def refuse_runs_of(conn: psycopg.Connection[Any], definition_id: int, name: str, message: str) -> None:
+    """An operator's BEFORE INSERT trigger on jobs.runs (an audit, a quota) that rejects the
+    runs of one definition with "<name>: <message>"."""
+    conn.execute(
+        f"""
+        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.definition_id = {int(definition_id)} THEN
+                RAISE EXCEPTION '{name}: {message}';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER {name} BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.{name}();
+        """
+    )
+
+
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
     return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
@@ -406,18 +423,7 @@ def test_a_poisoned_definition_never_stops_the_others_nor_costs_the_lead(
         ids = [define(conn, f"every-second-{i:02}", "FREQ=SECONDLY") for i in range(40)]
         poisoned = ids[7]
         if cause == "trigger":
-            conn.execute(
-                f"""
-                CREATE FUNCTION public.quota() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                    IF NEW.definition_id = {poisoned} THEN
-                        RAISE EXCEPTION 'quota: no more runs for this definition';
-                    END IF;
-                    RETURN NEW;
-                END $$;
-                CREATE TRIGGER quota BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.quota();
-                """
-            )
+            refuse_runs_of(conn, poisoned, "quota", "no more runs for this definition")
         else:
             conn.execute(
                 f"ALTER TABLE jobs.runs ADD CONSTRAINT operator_rule CHECK (definition_id <> {poisoned})"

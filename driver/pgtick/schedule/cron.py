@@ -130,7 +130,7 @@ def _cron_rule(
         # cron counts Sunday as 0 (and 7); dateutil counts Monday as 0
         byweekday=None if cron_weekdays is None else sorted({(d - 1) % 7 for d in cron_weekdays}),
     )
-    return Rule(template, DAILY, 1, week_start=0, start=None, has_count=False)
+    return Rule(template, DAILY, 1, week_start=0, start=None, count=None)
 
 
 def parse_cron(text: str) -> tuple[tuple[Rule, ...], bool]:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from dateutil.rrule import rruleset
 
 from pgtick.schedule.cron import parse_cron
-from pgtick.schedule.rrule import Rule, follows_real_time, parse_rrule_text
+from pgtick.schedule.rrule import Rule, _walked, follows_real_time, parse_rrule_text
 from pgtick.schedule.zones import (
     MAX_TRANSITION,
     DstMark,
@@ -113,14 +113,16 @@ class Schedule:
     def _wall_times(self, not_before: datetime | None, *, rebase: bool) -> Iterator[datetime]:
         expansion = rruleset()
         for rule in self._rules:
-            expansion.rrule(rule.expansion_from(not_before, rebase=rebase))
+            restarted = rule.expansion_from(not_before, rebase=rebase)
+            if restarted is not None:
+                expansion.rrule(restarted)
         for rdate in self._rdates:
             expansion.rdate(rdate)
         for exdate in self._exdates:
             expansion.exdate(exdate)
         if not_before is None:
-            return iter(expansion)
-        return expansion.xafter(not_before, inc=True)
+            return _walked(iter(expansion))
+        return _walked(expansion.xafter(not_before, inc=True))
 
     def _start_wall_time(self, instant: datetime) -> datetime | None:
         """The earliest wall time that can run at or after `instant` (None: past 9999).

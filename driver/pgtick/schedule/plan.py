@@ -6,7 +6,8 @@ created (`anchor_for`), for the scheduler and for ``pgtick preview --definition`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from datetime import time as dtime
 
@@ -33,12 +34,21 @@ class Plan:
     """What to materialize now: run times (UTC), where to resume, how many were late.
 
     `missed` counts the considered occurrences older than now - misfire_grace, whatever
-    the policy did with them (ran them late, coalesced them or skipped them).
+    the policy did with them (ran them late, coalesced them or skipped them).  `late`
+    counts the considered occurrences at or before now (`first_late` .. `last_late`), so
+    a catch-up is told without walking them again.  `partial`: a budget stopped the walk
+    among missed occurrences, or ``catch_up`` reached its cap of runs there; `next_cursor`
+    is the first one not considered, and a coalesced run is held back (a later missed
+    occurrence supersedes it).
     """
 
     run_times: list[datetime]
     next_cursor: datetime | None
     missed: int
+    late: int = field(default=0, compare=False)
+    first_late: datetime | None = field(default=None, compare=False)
+    last_late: datetime | None = field(default=None, compare=False)
+    partial: bool = field(default=False, compare=False)
 
 
 def plan_materialization(
@@ -50,6 +60,8 @@ def plan_materialization(
     lookahead: timedelta,
     misfire_grace: timedelta,
     max_runs: int,
+    budget: int | None = None,
+    deadline: float | None = None,
 ) -> Plan:
     """Decide which occurrences from `cursor` up to now + lookahead to materialize.
 
@@ -59,6 +71,11 @@ def plan_materialization(
     missed occurrence, then the due ones that are not missed; ``skip`` drops the missed
     ones.  At most `max_runs` runs are planned (a coalesced run counts as one); when
     that cap stops the plan, next_cursor is the first occurrence not taken.
+
+    A walk over missed occurrences (after downtime: there may be millions) is bounded by
+    `budget` occurrences and the `deadline` (a ``time.monotonic()`` instant): when either
+    runs out among missed occurrences, the plan is `partial` and resumes from next_cursor
+    (at least one occurrence is always considered, so every plan makes progress).
     """
     if misfire_policy not in MISFIRE_POLICIES:
         expected = ", ".join(MISFIRE_POLICIES)
@@ -72,14 +89,23 @@ def plan_materialization(
     missed_before = now - misfire_grace
 
     run_times: list[datetime] = []
-    missed = 0
+    missed = late = 0
+    first_late: datetime | None = None
+    last_late: datetime | None = None
     latest_missed: datetime | None = None  # waiting to be coalesced
     for found in schedule.occurrences(cursor, inclusive=True):
         occurrence = found.at
         assert occurrence is not None
         if occurrence > horizon or len(run_times) >= max_runs:
             next_cursor: datetime | None = occurrence
+            partial = occurrence < missed_before  # catch_up at its cap: more missed ones follow
             break
+        if occurrence < missed_before and missed and _spent(missed, budget, deadline):
+            return Plan(run_times, occurrence, missed, late, first_late, last_late, partial=True)
+        if occurrence <= now:
+            late += 1
+            first_late = first_late or occurrence
+            last_late = occurrence
         if occurrence < missed_before:
             missed += 1
             if misfire_policy == "catch_up":
@@ -92,13 +118,23 @@ def plan_materialization(
             latest_missed = None
             if len(run_times) >= max_runs:
                 next_cursor = occurrence
+                partial = False
                 break
         run_times.append(occurrence)
     else:
         next_cursor = None
+        partial = False
     if latest_missed is not None:
         run_times.append(latest_missed)
-    return Plan(run_times, next_cursor, missed)
+    return Plan(run_times, next_cursor, missed, late, first_late, last_late, partial)
+
+
+def _spent(considered: int, budget: int | None, deadline: float | None) -> bool:
+    """Whether a walk that considered this many missed occurrences must stop here (the
+    clock is read every 256 occurrences only)."""
+    if budget is not None and considered >= budget:
+        return True
+    return deadline is not None and considered % 256 == 0 and time.monotonic() >= deadline
 
 
 def first_cursor(schedule: Schedule, now: datetime) -> datetime | None:

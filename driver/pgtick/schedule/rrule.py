@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import calendar
 import re
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from bisect import bisect_right
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
@@ -55,6 +56,19 @@ def _period_start(moment: datetime, frequency: int, week_start: int) -> datetime
     return moment
 
 
+class Walked:
+    """Wall times expanded so far (by every schedule in this process): the work that
+    tests and benchmarks bound, independent of the machine's speed."""
+
+    count = 0
+
+
+def _walked(expansion: Iterator[datetime]) -> Iterator[datetime]:
+    for wall in expansion:
+        Walked.count += 1
+        yield wall
+
+
 @dataclass(frozen=True)
 class Rule:
     """One recurrence rule, expanded in naive wall-clock time of the schedule's zone."""
@@ -64,19 +78,49 @@ class Rule:
     interval: int
     week_start: int  # WKST, 0 = Monday
     start: datetime | None  # naive DTSTART; None for cron, which has no phase to keep
-    has_count: bool  # COUNT rules must be walked from DTSTART to be counted right
+    count: int | None  # COUNT counts from DTSTART: see `counted_before`
     until_utc: datetime | None = None  # a UTC UNTIL bounds instants, not wall times
+    # COUNT rules: (rebased start, occurrences before it), ascending; learned as walked.
+    _counts: list[tuple[datetime, int]] = field(default_factory=list, compare=False, repr=False)
 
-    def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> rrule:
-        """The rule, restarted as close before `not_before` as its phase allows."""
-        if not_before is None or self.has_count:
+    def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> rrule | None:
+        """The rule, restarted as close before `not_before` as its phase allows (None: a
+        COUNT rule that is used up before it)."""
+        if not_before is None:
             return self.template
         if self.start is None:
             return self.template.replace(dtstart=not_before)
         if not rebase:
             return self.template
         start = self.rebased_start(self.start, not_before)
-        return self.template if start == self.start else self.template.replace(dtstart=start)
+        if start == self.start:
+            return self.template
+        if self.count is None:
+            return self.template.replace(dtstart=start)
+        left = self.count - self.counted_before(start, self.count)
+        return self.template.replace(dtstart=start, count=left) if left > 0 else None
+
+    def counted_before(self, start: datetime, limit: int) -> int:
+        """How many occurrences the rule has before the rebased start `start` (at most
+        `limit`): walked once from the nearest start counted before, and remembered, so a
+        COUNT rule far into its life is not walked from its DTSTART again on every query."""
+        assert self.start is not None
+        known = bisect_right(self._counts, (start, limit + 1))
+        since, counted = self._counts[known - 1] if known else (self.start, 0)
+        if since > start:  # only if two threads raced on the list: start over
+            since, counted = self.start, 0
+        if since == start:
+            return counted
+        # From a rebased start the rule expands as from DTSTART (see `rebased_start`).
+        expansion = self.template.replace(dtstart=since, count=None)
+        for wall in _walked(iter(expansion)):
+            if wall >= start or counted >= limit:
+                break
+            counted += 1
+        self._counts.insert(known, (start, counted))
+        if len(self._counts) > 64:  # the cursor only moves forward: keep the latest
+            del self._counts[:32]
+        return counted
 
     def rebased_start(self, start: datetime, target: datetime) -> datetime:
         """A DTSTART at or before `target` that expands like `start` from there on.
@@ -293,7 +337,7 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         options["interval"],
         week_start=options["wkst"],
         start=start,
-        has_count="count" in options,
+        count=options.get("count"),
         until_utc=until_utc,
     )
 
