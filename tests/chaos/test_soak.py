@@ -26,6 +26,8 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +40,7 @@ from harness import APPS
 from pgtick import migrate
 from pgtick.db import connect_dicts
 from pgtick.embedded import EmbeddedPostgres
+from pgtick.errors import PgtickError
 from pgtick.schedule.occurrences import parse_schedule
 from pgtick.schedule.plan import anchor_for, first_cursor
 
@@ -465,7 +468,7 @@ def _probe_absurd(dsn: str, writes: list[tuple[str, tuple[Any, ...]]]) -> tuple[
     worker = f"soak-probe-{socket.gethostname()}-0-{random.randrange(10**6)}"
     try:
         conn = connect_dicts(dsn, application_name="soak-probe")  # the driver's own type loaders
-    except psycopg.Error as exc:
+    except (psycopg.Error, PgtickError) as exc:  # the database is down (restart_pg)
         return "inconclusive", str(exc)
     breaks: list[tuple[str, str]] = []
     try:
@@ -526,6 +529,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
     absurd: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     absurd_breaks: list[tuple[str, Any]] = []
     absurd_schedules: dict[str, str] = {}
+    absurd_defined_at: dict[str, datetime] = {}
     enqueued = 0
     probe_samples = 0
     try:
@@ -669,6 +673,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
                         name = f"chaos-absurd-{len(absurd_schedules)}"
                         ok = _define(dsn, name, "quick", "UTC", text)
                         absurd_schedules[name] = text if ok else f"{text} (call failed)"
+                        absurd_defined_at[name] = _db_now(dsn)
                         families["absurd_schedule"] += 1
                         continue
                 what, writes = rng.choice(ABSURD)
@@ -678,8 +683,23 @@ def test_chaos_soak(tmp_path: Path) -> None:
                 if outcome == "breaks":
                     absurd_breaks.append((what, detail))
 
+        harness_errors: list[str] = []
+
+        def guarded(loop: Callable[[], None]) -> Callable[[], None]:
+            """The loop again after an error of the soak's own (reported, not a violation)."""
+
+            def run() -> None:
+                while not stop.is_set():
+                    try:
+                        return loop()
+                    except Exception:
+                        harness_errors.append(traceback.format_exc(limit=4))
+                        stop.wait(1.0)
+
+            return run
+
         threads = [
-            threading.Thread(target=f, daemon=True)
+            threading.Thread(target=guarded(f), daemon=True)
             for f in (enqueue_stream, cap_probe, inject, change_schedules, absurd_values)
             if (f is not change_schedules or "schedules" in FAMILIES)
             and (f is not absurd_values or "absurd" in FAMILIES)
@@ -705,7 +725,19 @@ def test_chaos_soak(tmp_path: Path) -> None:
         violations.update(settle.pop("violations"))
         _account_new_families(dsn, report, ledger, one_shots, definitions, settle["settle_started"])
         if absurd_breaks:
-            violations["absurd_value_breaks_a_loop"] = absurd_breaks[:20]
+            violations["absurd_value_breaks_a_loop"] = dict(reversed(absurd_breaks))  # one per value
+        outcomes = _absurd_schedule_outcomes(dsn, absurd_schedules)
+        unsettled = [
+            text
+            for name, text in absurd_schedules.items()
+            if outcomes[text] == "not looked at"
+            and absurd_defined_at[name] < settle["settle_started"] - timedelta(seconds=20)
+        ]
+        if unsettled:  # the leader never got to it: with the tick errors it met meanwhile
+            violations["absurd_schedule_never_settled_by_the_leader"] = {
+                "schedules": unsettled,
+                "tick_errors": _tick_errors(tmp_path),
+            }
         if fleet.exited:
             violations["replica_exited_by_itself"] = fleet.exited[:10]
         report.update(
@@ -713,9 +745,10 @@ def test_chaos_soak(tmp_path: Path) -> None:
             faults=dict(faults),
             fault_families=dict(families),
             absurd_values={k: dict(v) for k, v in sorted(absurd.items())},
-            absurd_schedules=_absurd_schedule_outcomes(dsn, absurd_schedules),
+            absurd_schedules=outcomes,
             settle=settle,
             replicas_started=fleet.started,
+            harness_errors=harness_errors[:5],
             adhoc_enqueued=enqueued,
             cap_probe_samples=probe_samples,
         )
@@ -1118,6 +1151,17 @@ def _account_new_families(
         hung_timeout_overrun_max_s=round(overrun, 2),
         one_shots=dict(moved),
     )
+
+
+def _tick_errors(logs: Path) -> list[str]:
+    """The distinct reasons scheduler ticks failed, other than a lost connection."""
+    seen: collections.Counter[str] = collections.Counter()
+    for path in sorted(logs.glob("replica-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            _, found, reason = line.partition("scheduler tick failed (will retry): ")
+            if found and not any(w in reason for w in ("Shutdown", "terminat", "connect", "closed")):
+                seen[reason[:200]] += 1
+    return [f"{n}x {reason}" for reason, n in seen.most_common(5)]
 
 
 def _absurd_schedule_outcomes(dsn: str, defined: dict[str, str]) -> dict[str, str]:
