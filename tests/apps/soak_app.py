@@ -30,7 +30,7 @@ _local = threading.local()
 
 #: How long a hung job blocks (seconds): far beyond its timeout, short enough that the
 #: thread it holds comes back within the soak (Python cannot kill a thread).
-HANG_SECONDS = float(os.environ.get("CHAOS_HANG_SECONDS", "12"))
+HANG_SECONDS = float(os.environ.get("CHAOS_HANG_SECONDS", "20"))
 
 
 def _conn() -> psycopg.Connection[Any]:
