@@ -638,7 +638,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
                 action = rng.choices(["cosmetic", "changed", "one_shot"], weights=[4, 2, 4])[0]
                 if action == "one_shot":
                     now = datetime.now(UTC)
-                    soon = now + timedelta(seconds=1.5)
+                    soon = now + timedelta(seconds=0.8)  # also after the leader materialized it
                     movable = [s for s in one_shots if not s.uncertain and min(s.times) > soon]
                     if not movable or (len(movable) < 3 and rng.random() < 0.3):
                         first = now + timedelta(seconds=rng.uniform(4, 10))
