@@ -96,6 +96,7 @@ class Fleet:
         self.started = 0
         self.killed: set[int] = set()
         self.exited: list[dict[str, Any]] = []  # replicas that ended without being told to
+        self.failed_starts: list[dict[str, Any]] = []  # could not start (database down meanwhile)
 
     def spawn(self) -> subprocess.Popen[bytes]:
         self.started += 1
@@ -140,9 +141,12 @@ class Fleet:
         for p in self.procs:
             if p.returncode is None and p.poll() is not None and p.pid not in self.killed:
                 self.killed.add(p.pid)  # noted once
-                self.exited.append(
-                    {"pid": p.pid, "exit_code": p.returncode, "log_tail": _tail(self.log_of[p.pid])}
-                )
+                log = self.log_of[p.pid].read_text(errors="replace")
+                ended = {"pid": p.pid, "exit_code": p.returncode, "log_tail": _tail(self.log_of[p.pid])}
+                if p.returncode != 0 and " started kinds=" not in log:
+                    self.failed_starts.append(ended)  # said so and exited non-zero: a supervisor retries
+                else:
+                    self.exited.append(ended)
         while len(self.alive()) < replicas:
             self.spawn()
 
@@ -750,6 +754,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
             absurd_schedules=outcomes,
             settle=settle,
             replicas_started=fleet.started,
+            replicas_that_could_not_start=fleet.failed_starts[:5],
             harness_errors=harness_errors[:5],
             adhoc_enqueued=enqueued,
             cap_probe_samples=probe_samples,
