@@ -56,10 +56,8 @@ INNER JOIN pg_catalog.pg_database AS db ON l.database = db.oid AND db.datname = 
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON l.pid = a.pid
 -- A leader shows only when the lock holder and the committed leadership row agree: the lock is
 -- in pg_locks as soon as jobs.try_lead takes it, the row only once that transaction commits, and
--- a dead leader's row stays behind (a backend reusing its pid started after that row was written;
--- backend_start is NULL to a reader who may not see that session: then the pid decides).
-INNER JOIN jobs._leadership AS s
-    ON l.pid = s.pid AND s.since >= coalesce(a.backend_start, s.since)
+-- a dead leader's row stays behind with a pid that no longer holds the lock.
+INNER JOIN jobs._leadership AS s ON l.pid = s.pid
 WHERE
     l.locktype = 'advisory' AND l.granted
     AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
