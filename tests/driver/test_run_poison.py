@@ -118,7 +118,11 @@ def test_a_payload_too_deep_for_the_driver_fails_its_run_alone(db: Database, tmp
     depth = 5000
     payload = '{"deep": ' + "[" * depth + "]" * depth + "}"
     with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, "quick", payload)
+        # jobs.enqueue refuses such nesting now; a row written around it (by an older
+        # version, or by hand) must still fail alone.
+        with conn.transaction():
+            poison = _enqueue(conn, "quick")
+            conn.execute("UPDATE jobs.runs SET payload = %s::jsonb WHERE id = %s", (payload, poison))
         _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's payload")
 
 
@@ -191,6 +195,7 @@ def test_a_default_heartbeat_timeout_too_large_for_python_does_not_stop_claiming
             " AND pg_get_constraintdef(oid) ~ 'heartbeat_timeout'"
         ).fetchall():
             conn.execute(f'ALTER TABLE jobs.config DROP CONSTRAINT "{name}"')
+        conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER USER")  # the bounds check on UPDATE
         conn.execute("UPDATE jobs.config SET heartbeat_timeout = interval '100000000 years'")
         _assert_keeps_claiming(conn, procs, "jobs.config.heartbeat_timeout of 100000000 years")
 

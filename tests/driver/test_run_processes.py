@@ -99,4 +99,7 @@ def test_sigterm_to_the_supervisor_drains_both_children(db: Database, tmp_path: 
 def test_processes_below_one_is_refused_with_exit_code_2(db: Database) -> None:
     done = pgtick("run", str(APPS / "work_app.py"), "--dsn", db.dsn, "--processes", "0")
     assert done.returncode == 2, done
-    assert done.stderr.strip() == "pgtick run: error: --processes must be at least 1, got 0", done.stderr
+    assert (
+        done.stderr.strip()
+        == "pgtick run: error: --processes: must be between 1 and 256 (got 0) (see pgtick run --help)"
+    ), done.stderr
