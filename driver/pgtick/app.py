@@ -170,7 +170,9 @@ class App:
         retry_on: error classes (or names) that may be retried; None retries any
         class not in never_retry. never_retry always wins. max_attempts defaults
         to 3 when retry_on or never_retry is given, else 1 (no retries).
-        timeout (seconds) is enforced at ``ctx.checkpoint()``. For a mutating
+        timeout (seconds) is enforced at ``ctx.checkpoint()``; a job that never
+        reaches one has its run failed as Timeout by its worker soon after (the
+        thread itself runs on, its result unreported). For a mutating
         kind, ``compensate`` (and hooks added with ``ctx.on_cancel``) run when a
         checkpoint observes cancellation, before the run is stamped CANCELLED.
 

@@ -47,6 +47,11 @@ class HeartbeatOwner(Protocol):
         """The loop ended on an error that is not the database's: nothing heartbeats any more."""
         ...
 
+    def overdue(self) -> list[Context]:
+        """Held runs past a timeout only this worker knows (the kind's, when the run has none of
+        its own for the server to enforce): the loop fails them as Timeout."""
+        ...
+
 
 class HeartbeatLoop:
     """One heartbeat call for all of an owner's runs, on its cadence, on its own connection."""
@@ -101,6 +106,7 @@ class HeartbeatLoop:
                 self._conn.close()
             self._conn = None
             return
+        self._expire(self.owner.overdue())
         still_held = self.owner.held()  # runs reported meanwhile are gone from the answer too
         for run_id, ctx in held.items():
             if run_id not in still_held:
@@ -110,3 +116,30 @@ class HeartbeatLoop:
             elif alive[run_id] and not ctx.cancel_requested:
                 log.info("run=%s kind=%s cancel requested", run_id, ctx.kind)
                 ctx.request_cancel()
+
+    def _expire(self, overdue: list[Context]) -> None:
+        """Fail runs past their kind's timeout (fenced, retried by policy) and let them go: a job
+        that never reaches a checkpoint cannot hold its slot, caps and limits for ever, even where
+        the server does not know the timeout. Its late return is not reported."""
+        for ctx in overdue:
+            message = (
+                f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s without reaching a"
+                " checkpoint; failed by its worker"
+            )
+            try:
+                assert self._conn is not None
+                failed = calls.fail(
+                    self._conn,
+                    ctx.run_id,
+                    self.worker_id,
+                    ["JobTimeout"],
+                    message,
+                    "Timeout",
+                    self.claim_token,
+                )
+            except DB_ERRORS as exc:
+                self.owner.heartbeat_failed(exc)
+                return
+            if failed is not None:
+                log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, message)
+            self.owner.lost(ctx)

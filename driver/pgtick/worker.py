@@ -85,6 +85,9 @@ log = logging.getLogger("pgtick.worker")
 
 #: Longest a sleeping claim loop goes without looking at its stop event (seconds).
 STOP_CHECK = 0.5
+#: Past a run's kind timeout, how long the job's own checkpoint (or the kill of its child
+#: process) has to report it before the worker fails the run as Timeout (seconds).
+TIMEOUT_GRACE = 1.0
 
 
 def _seconds(value: object) -> float | None:
@@ -228,14 +231,36 @@ class Worker:
         self.signal_work()
 
     def heartbeat_interval(self) -> float:
-        """The cadence: the configured interval, or a third of the shortest heartbeat timeout held."""
+        """The cadence: the configured interval, or a third of the shortest heartbeat timeout held,
+        or sooner when a run only this worker can time out reaches its deadline."""
         with self._lock:
-            timeouts = [
-                _seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout
-                for c in self._active.values()
-            ]
+            held = list(self._active.values())
+        timeouts = [_seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout for c in held]
         shortest = min(timeouts, default=self.default_heartbeat_timeout)
-        return max(0.05, min(self.base_heartbeat_interval, shortest / 3))
+        now = time.monotonic()
+        until_deadline = [deadline - now for c in held if (deadline := self._deadline(c)) is not None]
+        return max(0.05, min(self.base_heartbeat_interval, shortest / 3, *until_deadline))
+
+    @staticmethod
+    def _deadline(ctx: Context) -> float | None:
+        """When the worker fails a run as Timeout: only for a timeout the server does not know
+        (the kind's, the run having none: the server's reap enforces the run's own), with a grace
+        for the job's checkpoint (or the killed child process) to report it first."""
+        if ctx.timeout is None or ctx.run.get("timeout") is not None or ctx.abandoned:
+            return None
+        return ctx.started + ctx.timeout + TIMEOUT_GRACE
+
+    def overdue(self) -> list[Context]:
+        now = time.monotonic()
+        with self._lock:
+            held = list(self._active.values())
+        return [
+            c
+            for c in held
+            if (deadline := self._deadline(c)) is not None
+            and deadline <= now
+            and not self.reporter.is_pending(c.run_id)
+        ]
 
     # -- running ----------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -21,3 +21,12 @@ def hangs(ctx: Context) -> dict[str, Any]:
     if ctx.attempt == 1:
         time.sleep(float(ctx.payload.get("seconds", 30)))
     return {"attempt": ctx.attempt}
+
+
+@app.job("hangs-past-its-kind-timeout", timeout=2, never_retry=[], max_attempts=2, backoff=0.2, jitter=0.0)
+@recorded
+def hangs_past_its_kind_timeout(ctx: Context) -> dict[str, Any]:
+    """The same, with the timeout declared on the kind only: the server does not know it."""
+    if ctx.attempt == 1:
+        time.sleep(float(ctx.payload.get("seconds", 30)))
+    return {"attempt": ctx.attempt}

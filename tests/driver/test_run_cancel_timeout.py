@@ -148,3 +148,56 @@ def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_ret
     assert f"run={run_id} kind=hangs worker={worker} abandoned: no longer ours" in log, (
         f"the worker's heartbeat never saw the run as lost: {log}"
     )
+
+
+def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
+    db: Database, tmp_path: Path
+) -> None:
+    """The timeout declared only on the kind (``@app.job(timeout=2)``; the run has none, so the
+    server cannot enforce it) still ends a job blocked in time.sleep: its worker fails the run as
+    Timeout soon after the deadline, with no scheduler running to reap it, the retry completes,
+    and the hung attempt's late return changes nothing."""
+    hang = 15.0
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        replica = procs.replica("hang_app.py", "worker", "--no-scheduler")
+        run_id = scalar(
+            conn,
+            "SELECT id FROM jobs.enqueue('hangs-past-its-kind-timeout',"
+            " jsonb_build_object('seconds', %s::float8))",
+            (hang,),
+        )
+        wait_for(
+            f"the retry of run {run_id} to complete",
+            lambda: scalar(
+                conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
+            ),
+            timeout=hang + 30,
+        )
+        facts = (
+            "SELECT status::text, failure_reason, error, finished_at - started_at, timeout"
+            " FROM jobs.runs WHERE id = %s"
+        )
+        failed = conn.execute(facts, (run_id,)).fetchone()
+        wait_for(
+            f"the hung attempt of run {run_id} to return",
+            lambda: scalar(
+                conn,
+                "SELECT outcome FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
+                (run_id,),
+            ),
+            timeout=hang + 30,
+        )
+        replica.wait_log(
+            rf"run={run_id} kind=hangs-past-its-kind-timeout abandoned: result not reported", timeout=15
+        )
+        after = conn.execute(facts, (run_id,)).fetchone()
+        log = replica.log()
+
+    assert failed is not None
+    context = f"run {run_id}: {failed}\n{log}"
+    status, reason, error, lasted, run_timeout = failed
+    assert run_timeout is None, f"the run itself carried a timeout, so the server could know it: {context}"
+    assert (status, reason) == ("FAILED", "Timeout"), context
+    assert "exceeded its timeout of 2s" in error, context
+    assert timedelta(seconds=2) <= lasted < timedelta(seconds=hang), f"not ended by its worker: {context}"
+    assert after == failed, f"the hung attempt's late return changed its run: {after} != {failed}\n{log}"
