@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from harness import Database, processes, scalar, wait_for
+from harness import Conn, Database, processes, scalar, wait_for
 
 
 def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
@@ -93,6 +94,28 @@ def test_timeout_fails_the_run_with_reason_timeout(db: Database, tmp_path: Path)
     assert executions == [(run_id, "JobTimeout")], context
 
 
+def _completed_retry(conn: Conn, run_id: int, timeout: float) -> Any:
+    """Wait for the retry of ``run_id`` to complete; its id."""
+    return wait_for(
+        f"the retry of run {run_id} to complete",
+        lambda: scalar(
+            conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
+        ),
+        timeout=timeout,
+    )
+
+
+def _hung_attempt_returned(conn: Conn, run_id: int, timeout: float) -> Any:
+    """Wait for the job code of ``run_id``'s hung attempt to return; its recorded outcome."""
+    return wait_for(
+        f"the hung attempt of run {run_id} to return",
+        lambda: scalar(
+            conn, "SELECT outcome FROM public.executions WHERE run_id = %s AND exited IS NOT NULL", (run_id,)
+        ),
+        timeout=timeout,
+    )
+
+
 def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_retried(
     db: Database, tmp_path: Path
 ) -> None:
@@ -109,28 +132,14 @@ def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_ret
             " timeout => '2 seconds')",
             (hang,),
         )
-        retry_id = wait_for(
-            f"the retry of run {run_id} to complete",
-            lambda: scalar(
-                conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
-            ),
-            timeout=hang + 30,
-        )
+        retry_id = _completed_retry(conn, run_id, hang + 30)
         facts = (
             "SELECT status::text, failure_reason, error, heartbeat_at - started_at,"
             " finished_at - started_at, result, worker FROM jobs.runs WHERE id = %s"
         )
         failed = conn.execute(facts, (run_id,)).fetchone()
         retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
-        returned = wait_for(
-            f"the hung attempt of run {run_id} to return",
-            lambda: scalar(
-                conn,
-                "SELECT outcome FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
-                (run_id,),
-            ),
-            timeout=hang + 30,
-        )
+        returned = _hung_attempt_returned(conn, run_id, hang + 30)
         replica.wait_log(rf"run={run_id} kind=hangs abandoned: result not reported", timeout=15)
         after = conn.execute(facts, (run_id,)).fetchone()
         log = replica.log()
@@ -166,27 +175,13 @@ def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
             " jsonb_build_object('seconds', %s::float8))",
             (hang,),
         )
-        wait_for(
-            f"the retry of run {run_id} to complete",
-            lambda: scalar(
-                conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
-            ),
-            timeout=hang + 30,
-        )
+        _completed_retry(conn, run_id, hang + 30)
         facts = (
             "SELECT status::text, failure_reason, error, finished_at - started_at, timeout"
             " FROM jobs.runs WHERE id = %s"
         )
         failed = conn.execute(facts, (run_id,)).fetchone()
-        wait_for(
-            f"the hung attempt of run {run_id} to return",
-            lambda: scalar(
-                conn,
-                "SELECT outcome FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
-                (run_id,),
-            ),
-            timeout=hang + 30,
-        )
+        _hung_attempt_returned(conn, run_id, hang + 30)
         replica.wait_log(
             rf"run={run_id} kind=hangs-past-its-kind-timeout abandoned: result not reported", timeout=15
         )
