@@ -244,11 +244,12 @@ BEGIN
            finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
                           THEN NULL ELSE d.finished_at END,
-           -- As jobs.define: a change takes over now, and so does a definition enabled now.
-           cursor_from = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
-                            OR (excluded.enabled AND NOT d.enabled)
-                          THEN now() ELSE d.cursor_from END
+           -- As jobs.define: a change takes over where the old schedule stopped, a definition
+           -- enabled now starts now.
+           cursor_from = CASE WHEN excluded.enabled AND NOT d.enabled THEN now()
+                              WHEN (d.schedule, d.timezone, d.run_at)
+                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                              THEN jobs._takeover(d) ELSE d.cursor_from END
      -- Declaring what is already there (every deploy of an app) changes nothing.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
             d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout)

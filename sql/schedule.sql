@@ -90,6 +90,26 @@ $$;
 COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[]) IS
 'Private: delete the QUEUED scheduled runs of each definition whose start is after its boundary (a schedule change: the new schedule re-creates the occurrences it shares); runs waiting on them are cancelled. Returns how many were deleted.';
 
+-- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
+-- for its occurrences before its cursor (next_run_at); those after the change are dropped
+-- (jobs._drop_superseded). So the new schedule starts at the change, or at the old cursor
+-- when that is earlier: a scheduler that had not yet materialized up to the change (it was
+-- behind, or the old schedule's own cursor was not set yet because it had just changed) leaves
+-- no window that neither schedule covers. A definition that was not live (disabled, finished,
+-- a one-shot, a schedule error) starts at the change.
+CREATE OR REPLACE FUNCTION jobs._takeover(old jobs.definitions)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN old.schedule IS NOT NULL AND old.enabled AND old.finished_at IS NULL
+                     AND old.schedule_error IS NULL
+                THEN least(now(), coalesce(old.next_run_at, old.cursor_from))
+                ELSE now() END
+$$;
+COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
+'Private: the instant a changed schedule starts from: the change (now), or the old live schedule''s cursor (or its own unset cursor''s start) when earlier, so no occurrence falls between the two.';
+
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
@@ -239,13 +259,14 @@ BEGIN
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
                           THEN NULL ELSE d.finished_at END,
-           -- The new schedule takes over at this instant (see jobs._drop_superseded); a reset
-           -- cursor of a definition enabled now starts now (the disabled time is not caught up).
-           cursor_from = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                            OR (define.enabled AND NOT d.enabled)
-                          THEN now() ELSE d.cursor_from END
+           -- The new schedule takes over at this instant, or where the old one's cursor stopped
+           -- (jobs._takeover); a definition enabled now starts now (the disabled time is not
+           -- caught up).
+           cursor_from = CASE WHEN define.enabled AND NOT d.enabled THEN now()
+                              WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                                     excluded.dst_gap, excluded.dst_repeat)
+                              THEN jobs._takeover(d) ELSE d.cursor_from END
      -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
             d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,
@@ -273,7 +294,7 @@ COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant (cursor_from) and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
