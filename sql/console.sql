@@ -387,9 +387,7 @@ AS $$
 DECLARE
     v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
 BEGIN
-    IF v_age < interval '0' THEN
-        RAISE EXCEPTION 'older_than must not be negative, got %', v_age USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_duration('older_than', v_age);  -- as jobs.prune
     RETURN (SELECT count(*) FROM jobs.runs AS r WHERE r.finished_at < now() - v_age);
 END
 $$;

@@ -452,10 +452,15 @@ COMMENT ON VIEW jobs._live_schedules IS
 -- Recurring definitions whose cursor is not initialized yet, oldest first.
 CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
 RETURNS SETOF jobs._live_schedules
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT * FROM jobs._live_schedules AS d WHERE d.next_run_at IS NULL ORDER BY d.id LIMIT max_rows
+BEGIN
+    PERFORM jobs._check_range('max_rows', new_definitions.max_rows, 0, 1000000);
+    RETURN QUERY
+        SELECT * FROM jobs._live_schedules AS d
+         WHERE d.next_run_at IS NULL ORDER BY d.id LIMIT new_definitions.max_rows;
+END
 $$;
 COMMENT ON FUNCTION jobs.new_definitions(integer) IS
 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is not set yet, by id.';
@@ -463,14 +468,18 @@ COMMENT ON FUNCTION jobs.new_definitions(integer) IS
 -- Recurring definitions whose cursor is at or before the horizon, earliest first.
 CREATE OR REPLACE FUNCTION jobs.due_definitions(horizon timestamptz, max_rows integer)
 RETURNS SETOF jobs._live_schedules
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT * FROM jobs._live_schedules AS d
-     WHERE d.next_run_at <= horizon
-       AND NOT EXISTS (SELECT FROM jobs.definitions AS b  -- backing off after refused inserts
-                        WHERE b.id = d.id AND b.materialize_retry_at > now())
-     ORDER BY d.next_run_at LIMIT max_rows
+BEGIN
+    PERFORM jobs._check_range('max_rows', due_definitions.max_rows, 0, 1000000);
+    RETURN QUERY
+        SELECT * FROM jobs._live_schedules AS d
+         WHERE d.next_run_at <= due_definitions.horizon
+           AND NOT EXISTS (SELECT FROM jobs.definitions AS b  -- backing off after refused inserts
+                            WHERE b.id = d.id AND b.materialize_retry_at > now())
+         ORDER BY d.next_run_at LIMIT due_definitions.max_rows;
+END
 $$;
 COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS
 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
@@ -487,10 +496,11 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
-    IF materialize_one_shots.lookahead IS NULL OR materialize_one_shots.lookahead < interval '0'
-       OR materialize_one_shots.misfire_grace IS NULL OR materialize_one_shots.misfire_grace < interval '0' THEN
-        RAISE EXCEPTION 'lookahead and misfire_grace must be intervals >= 0' USING ERRCODE = '22023';
+    IF materialize_one_shots.lookahead IS NULL OR materialize_one_shots.misfire_grace IS NULL THEN
+        RAISE EXCEPTION 'lookahead and misfire_grace must not be NULL' USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._check_duration('lookahead', materialize_one_shots.lookahead);
+    PERFORM jobs._check_duration('misfire_grace', materialize_one_shots.misfire_grace);
     WITH due AS (
         UPDATE jobs.definitions AS d
            SET next_run_at = NULL, finished_at = now()

@@ -20,7 +20,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Conn, Server, add_definition, add_runs, claim, digest, expect_error, psql_binary, scalar
+from harness import (
+    Conn,
+    Server,
+    add_definition,
+    add_runs,
+    claim,
+    digest,
+    expect_error,
+    psql_binary,
+    rows,
+    scalar,
+)
 from pgtick import migrate
 
 INVALID = "22023"
@@ -387,3 +398,99 @@ def test_upgrade_clamps_rows_written_before_the_bounds_and_reap_then_works(
         ("nan", "366 days", 2.0, "366 days"),
     ], policies
     assert len(claimed) == 3 and sorted(r[0] for r in reaped) == sorted(claimed), (claimed, reaped)
+
+
+# A plain value per argument type, and the extremes tried in each argument's place in turn.
+PLAIN = {
+    "text": "'x'",
+    "integer": "1",
+    "bigint": "1",
+    "boolean": "false",
+    "interval": "interval '1 second'",
+    "timestamp with time zone": "now()",
+    "jsonb": "'{}'::jsonb",
+    "text[]": "'{x}'::text[]",
+    "bigint[]": "'{1}'::bigint[]",
+    "timestamp with time zone[]": "ARRAY[now()]",
+}
+EXTREMES = {
+    "text": ["NULL", "''", "repeat('x', 100000)", "E'a\\x01b'"],
+    "integer": ["NULL", "0", "-2147483648", "2147483647"],
+    "bigint": ["NULL", "0", "-9223372036854775808", "9223372036854775807"],
+    "boolean": ["NULL"],
+    "interval": [
+        "NULL",
+        "interval '0'",
+        "interval '-1 second'",
+        "interval '178000000 years'",
+        "interval '-178000000 years'",
+    ],
+    "timestamp with time zone": [
+        "NULL",
+        "'infinity'::timestamptz",
+        "'-infinity'::timestamptz",
+        "'4713-01-01 BC'::timestamptz",
+        "'294276-12-31'::timestamptz",
+    ],
+    "jsonb": [
+        "NULL",
+        "'null'::jsonb",
+        "'[]'::jsonb",
+        "'1e308'::jsonb",
+        "(repeat('[', 5000) || repeat(']', 5000))::jsonb",
+    ],
+    "text[]": [
+        "NULL",
+        "'{}'::text[]",
+        "ARRAY[NULL]::text[]",
+        "ARRAY[repeat('x', 100000)]",
+        "array(SELECT 'k' || g FROM generate_series(1, 200000) AS g)",
+    ],
+    "bigint[]": [
+        "NULL",
+        "'{}'::bigint[]",
+        "ARRAY[NULL]::bigint[]",
+        "array(SELECT g FROM generate_series(1, 200000) AS g)",
+    ],
+}
+# What a caller can act on: a bad argument, a NULL where none is allowed, nothing by that
+# name, a duplicate, a state that does not allow it, not supported, not allowed.
+CLEAR = {"22023", "22004", "P0002", "23505", "55000", "0A000", "42501"}
+
+
+def test_every_public_function_answers_extreme_arguments_with_a_clear_error(conn: Conn) -> None:
+    """Each public jobs.* function, called with each extreme value of its argument types in one
+    argument's place (the others plain), either works or raises an error the caller can act on:
+    never an overflow (22008, 22003), a negative LIMIT (2201W), a program limit or an internal
+    error. Each call is rolled back."""
+    functions = rows(
+        conn,
+        "SELECT p.oid::regprocedure::text AS signature, p.proname AS name,"
+        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes::oid[]) AS t) AS types"
+        "  FROM pg_proc AS p"
+        " WHERE p.pronamespace = 'jobs'::regnamespace AND p.proname !~ '^_' AND p.prokind = 'f'"
+        "   AND p.prorettype <> 'trigger'::regtype AND p.proname <> 'resign'"
+        " ORDER BY 1",
+    )
+    assert len(functions) > 50, f"the public API shrank? {len(functions)} functions"
+    conn.execute("SET statement_timeout = '60s'")
+    unclear: list[str] = []
+    calls = 0
+    for f in functions:
+        plain = [PLAIN.get(t, "NULL") for t in f["types"]]
+        for i, type_name in enumerate(f["types"]):
+            for value in EXTREMES.get(type_name, []):
+                args = [*plain[:i], value, *plain[i + 1 :]]
+                calls += 1
+                try:
+                    with conn.transaction():
+                        conn.execute(f"SELECT * FROM jobs.{f['name']}({', '.join(args)})").fetchall()
+                        raise psycopg.Rollback()
+                except psycopg.Error as exc:
+                    if exc.sqlstate not in CLEAR:
+                        first_line = str(exc).splitlines()[0][:200]
+                        unclear.append(
+                            f"{f['signature']} argument {i + 1} = {value[:50]}: {exc.sqlstate} {first_line}"
+                        )
+    assert calls > 500, f"only {calls} calls were tried"
+    assert not unclear, f"{len(unclear)} of {calls} calls failed unclearly:\n" + "\n".join(unclear)
