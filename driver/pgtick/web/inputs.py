@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from pgtick.client import read_time
+from pgtick.errors import InvalidArgument
 from pgtick.web.queries import STATUSES, RunFilter
 
 
@@ -44,18 +46,21 @@ def integer(
 
 
 def instant(params: Mapping[str, str], field: str, zone: str = "UTC") -> datetime | None:
-    """An ISO 8601 time; without an offset it is read in `zone`."""
+    """An ISO 8601 time; without an offset it is read in `zone` as every other path reads a
+    wall time (``pgtick.client.read_time``: a skipped time shifted, a repeated one the first)."""
     raw = (params.get(field) or "").strip()
     if not raw:
         return None
     try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
     except ValueError:
         raise BadInput(
             f"{field} must be an ISO 8601 time such as 2026-03-29T09:00, got {raw[:40]!r}"
         ) from None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=ZoneInfo(zone))
+    try:
+        value = read_time(parsed, zone, field_name=field)
+    except InvalidArgument as exc:
+        raise BadInput(str(exc)) from None
     if not datetime(1, 1, 2, tzinfo=UTC) < value < datetime(9999, 12, 30, tzinfo=UTC):
         raise BadInput(f"{field} must be a finite timestamp, got {raw[:40]!r}")
     return value
