@@ -79,7 +79,7 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, TypeError, OverflowError, RecursionError))
 
 
-def _why(exc: BaseException) -> str:
+def refusal_text(exc: BaseException) -> str:
     """The refusal in one line: the database's message and detail, or the Python error."""
     if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
         detail = exc.diag.message_detail
@@ -164,9 +164,9 @@ class Reporter:
             except Exception as exc:
                 if not refused(exc):
                     raise
-                log.warning("run=%s kind=%s %s: %s", ctx.run_id, ctx.kind, why, _why(exc))
+                log.warning("run=%s kind=%s %s: %s", ctx.run_id, ctx.kind, why, refusal_text(exc))
                 if outcome is o:
-                    instead = failure(ctx, storable(f"{why}: {_why(exc)}", MAX_REFUSAL))
+                    instead = failure(ctx, storable(f"{why}: {refusal_text(exc)}", MAX_REFUSAL))
                     if o.action == "fail":  # the job's error classes still choose the retry
                         instead.classes, instead.reason = o.classes, o.reason
                     attempts = [instead, failure(ctx, why)]

@@ -19,18 +19,20 @@ way it is migrated first. Override the session fixture ``pgtick_dsn`` to use you
 ``run_due(app)`` executes the due runs of the app's kinds inline, one after the other
 in the test's thread: it claims them through ``jobs.claim``, calls the job function with
 a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
-``jobs.acknowledge_cancel``, so retry policies, backoff and fencing are the database's
-own. Runs that the jobs enqueue and that are due at once run in the same call. A retry
-is scheduled after its backoff, so it is not due at once: ``run_due(app,
-include_future=True)`` runs it anyway.
+``jobs.acknowledge_cancel`` with a claim token, as a worker does, so retry policies,
+backoff and fencing are the database's own, and a result that is not JSON (or that the
+database refuses) fails the run saying why, as it would in production. Runs that the
+jobs enqueue and that are due at once run in the same call. A retry is scheduled after
+its backoff, so it is not due at once: ``run_due(app, include_future=True)`` runs it
+anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import os
+import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -41,12 +43,12 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
-from pgtick import migrate
+from pgtick import calls, migrate
 from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, Run
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
+from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
 __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
 
@@ -114,6 +116,7 @@ class JobsTester:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.client = Client(dsn, application_name="pgtick-testing")
+        self._token = secrets.token_urlsafe(24)  # claims are fenced by it, as a worker's are
 
     def close(self) -> None:
         self.client.close()
@@ -163,8 +166,9 @@ class JobsTester:
                         (kinds,),
                     )
                 run = conn.execute(
-                    "SELECT * FROM jobs.claim(batch_size => 1, worker => %s, kinds => %s, heartbeat => true)",
-                    (WORKER, kinds),
+                    "SELECT * FROM jobs.claim(batch_size => 1, worker => %s, kinds => %s, heartbeat => true,"
+                    " claim_token => %s)",
+                    (WORKER, kinds, self._token),
                 ).fetchone()
                 if run is None:
                     break
@@ -183,19 +187,23 @@ class JobsTester:
             exception = exc
         except Cancelled as exc:
             exception = exc
-            conn.execute("SELECT jobs.acknowledge_cancel(%s, %s, %s)", (ctx.run_id, WORKER, str(exc)))
+            calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(str(exc)), self._token)
         except (Exception, SystemExit) as exc:
             exception = exc
             reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
             message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
-            row = conn.execute(
-                "SELECT * FROM jobs.fail(%s, %s, %s, %s, %s)",
-                (ctx.run_id, WORKER, error_classes(exc), message[:10000], reason),
-            ).fetchone()
-            if row is not None and row["id"] is not None and row["id"] != ctx.run_id:
-                retry = row
+            retry = self._fail(conn, ctx, error_classes(exc), storable(message), reason)
         else:
-            conn.execute("SELECT jobs.complete(%s, %s, %s)", (ctx.run_id, WORKER, Jsonb(_jsonable(result))))
+            # As the worker reports it: a result that is not JSON, or that the database
+            # refuses, fails the run saying why (the test sees what production would).
+            try:
+                with conn.transaction():
+                    calls.complete(conn, ctx.run_id, WORKER, result_json(result), self._token)
+            except Exception as refusal:
+                if not refused(refusal):
+                    raise
+                why = storable(f"the result could not be stored: {refusal_text(refusal)}", MAX_REFUSAL)
+                retry = self._fail(conn, ctx, None, why, "Error")
         final = conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (ctx.run_id,)).fetchone()
         assert final is not None
         return Outcome(
@@ -204,6 +212,20 @@ class JobsTester:
             result=result,
             exception=exception,
         )
+
+    def _fail(
+        self,
+        conn: psycopg.Connection[dict[str, Any]],
+        ctx: Context,
+        classes: list[str] | None,
+        message: str,
+        reason: str,
+    ) -> dict[str, Any] | None:
+        """jobs.fail for the run; the retry it queued, if any."""
+        failed = calls.fail(conn, ctx.run_id, WORKER, classes, message, reason, self._token)
+        if failed is None or failed[1] != "QUEUED":
+            return None
+        return conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (failed[0],)).fetchone()
 
     def reset(self) -> None:
         """Empty the jobs tables (runs, definitions, retry policies, leases)."""
@@ -234,14 +256,6 @@ def _call(fn: Any, ctx: Context) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("result")
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return {"repr": repr(value)}
-    return value
 
 
 # -- the pytest plugin ---------------------------------------------------------------------

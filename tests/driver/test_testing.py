@@ -55,6 +55,35 @@ def test_a_failure_is_retried_by_the_apps_policy(pgtick_jobs: JobsTester) -> Non
     assert second.retry is None, "max_attempts=2 allows no third attempt"
 
 
+@app.job("odd-result")
+def odd_result(ctx: Context) -> object:
+    return {"ratio": float("nan")} if ctx.payload.get("nan") else {"when": object()}
+
+
+def test_a_result_that_is_not_json_fails_the_run_as_a_worker_would(pgtick_jobs: JobsTester) -> None:
+    pgtick_jobs.enqueue("odd-result", {"nan": True})
+    pgtick_jobs.enqueue("odd-result", {})
+    outcomes = pgtick_jobs.run_due(app)
+    got = [(o.status, o.error) for o in outcomes]
+    assert [status for status, _ in got] == ["FAILED", "FAILED"], got
+    assert all(error and error.startswith("the result could not be stored: ") for _, error in got), got
+    assert "NaN" in str(got[0][1]) and "object" in str(got[1][1]), got
+
+
+def test_the_tester_works_where_workers_must_present_a_claim_token(pgtick_jobs: JobsTester) -> None:
+    import psycopg
+
+    with psycopg.connect(pgtick_jobs.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobs.config SET require_claim_token = true")
+    try:
+        pgtick_jobs.enqueue("send-receipt", {"order": 9})
+        [receipt, _] = pgtick_jobs.run_due(app)
+        assert receipt.status == "COMPLETED", receipt
+    finally:
+        with psycopg.connect(pgtick_jobs.dsn, autocommit=True) as conn:
+            conn.execute("UPDATE jobs.config SET require_claim_token = false")
+
+
 def test_each_test_starts_with_empty_jobs_tables(pgtick_jobs: JobsTester) -> None:
     assert pgtick_jobs.runs() == []
     assert pgtick_jobs.run_due(app) == []
