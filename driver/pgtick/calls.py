@@ -177,6 +177,11 @@ def set_idle_session_timeout(conn: Conn, seconds: int) -> None:
     conn.execute(f"SET idle_session_timeout = '{int(seconds)}s'")
 
 
+def ping(conn: Conn) -> None:
+    """A statement that does nothing: the session is not idle."""
+    conn.execute("SELECT 1")
+
+
 def idle_session_timeout(conn: Conn) -> float:
     """The session's idle_session_timeout in seconds (0: none)."""
     row = conn.execute(

@@ -83,6 +83,7 @@ from pgtick.schedule import (
     parse_schedule,
     plan_materialization,
 )
+from pgtick.schedule.rrule import keeping_alive
 
 log = logging.getLogger("pgtick.scheduler")
 
@@ -264,6 +265,7 @@ class Scheduler:
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
         self._pid: int | None = None
+        self._idle_seconds = 0.0  # the leader session's idle_session_timeout (0: none)
         self._last_prune = float("-inf")  # prune on the first tick as leader
         self._parsed = ScheduleCache()
 
@@ -338,6 +340,7 @@ class Scheduler:
                 self.mode = mode
             if self.mode == "lock":
                 self._limit_idle_session(self._conn)
+            self._idle_seconds = sql.idle_session_timeout(self._conn)
             self._pid = self._backend_pid(self._conn)
         return self._conn
 
@@ -465,8 +468,12 @@ class Scheduler:
         report = report or TickReport()
         conn = self._connection()
         now = self._now(conn)
-        self._phase("cursor initialization", lambda: self._init_cursors(conn, now, report), report)
-        self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
+        # A schedule walk that takes long (a COUNT rule counted from its start) pings the
+        # session well within its idle_session_timeout, so it is not ended mid-tick.
+        every = self._idle_seconds / 3 if self._idle_seconds > 0 else 60.0
+        with keeping_alive(lambda: sql.ping(conn), every):
+            self._phase("cursor initialization", lambda: self._init_cursors(conn, now, report), report)
+            self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
         self._phase("one-shots", lambda: self._one_shots(conn, report), report)
         self._phase("backfills", lambda: self._backfills(conn, report), report)
         return report

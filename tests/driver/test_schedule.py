@@ -24,6 +24,7 @@ from pgtick.schedule import (
     preview,
 )
 from pgtick.schedule import parse_schedule as parse_with_anchor
+from pgtick.schedule.rrule import Walked
 
 
 def parse_schedule(
@@ -572,6 +573,53 @@ def test_rebasing_matches_expansion_from_dtstart(
         # Also against dateutil itself, walking from DTSTART.
         oracle = rrulestr(text).xafter(query.replace(tzinfo=None), inc=inclusive)
         assert [run.replace(tzinfo=None) for run in rebased] == list(islice(oracle, 3)), text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(frequency="MONTHLY", interval=1, count=40, day=31, periods=20.5, zone_name="UTC", by_part="")
+@example(frequency="YEARLY", interval=1, count=10, day=29, periods=5.2, zone_name="UTC", by_part="")
+@example(
+    frequency="DAILY", interval=3, count=500, day=14, periods=300.0, zone_name="Europe/Sofia", by_part=""
+)
+@given(
+    frequency=st.sampled_from(list(FREQUENCIES)),
+    interval=st.integers(1, 12),
+    count=st.integers(0, 3000),
+    day=st.integers(1, 31),
+    periods=st.floats(0, 4000),
+    zone_name=st.sampled_from(["UTC", "Europe/Sofia", "America/New_York"]),
+    by_part=st.sampled_from(["", "", "", ";BYSECOND=0,30", ";BYMONTHDAY=1,15"]),
+)
+def test_a_count_rule_far_into_its_life_runs_as_walked_from_dtstart(
+    frequency: str, interval: int, count: int, day: int, periods: float, zone_name: str, by_part: str
+) -> None:
+    """A COUNT rule queried after many of its occurrences: the occurrences before the query are
+    counted (by arithmetic when each period has exactly DTSTART's one occurrence, else by a
+    walk), and what runs after it is what a walk from DTSTART gives, up to the last one."""
+    if by_part == ";BYMONTHDAY=1,15" and frequency == "WEEKLY":
+        by_part = ""
+    month = 2 if day == 29 and frequency == "YEARLY" else 1 + day % 12
+    try:
+        start = datetime(2000 + day % 5 * 4, month, day, 7, 45, 30)
+    except ValueError:
+        assume(False)
+        raise
+    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:FREQ={frequency};INTERVAL={interval};COUNT={count}{by_part}"
+    try:
+        schedule = parse_schedule(text, zone_name)
+    except ScheduleError:
+        assume(False)
+        raise
+    step = FREQUENCIES[frequency] * interval
+    seconds = min(periods * step, (datetime(2300, 1, 1) - start).total_seconds())
+    query = (start + timedelta(seconds=seconds)).replace(tzinfo=ZoneInfo(zone_name))
+    before = Walked.count
+    rebased = list(islice(schedule._run_instants(query, inclusive=True), 3))
+    walked = Walked.count - before
+    from_dtstart = list(islice(schedule._run_instants(query, inclusive=True, rebase=False), 3))
+    assert rebased == from_dtstart, text
+    if not by_part and not (frequency == "MONTHLY" and day > 28) and (month, day) != (2, 29):
+        assert walked <= 10, f"{text}: {walked} wall times walked to count the occurrences before {query}"
 
 
 def test_next_after_far_from_the_anchor_is_fast_and_in_phase() -> None:

@@ -148,25 +148,39 @@ def test_days_of_missed_per_second_occurrences_never_stall_the_leader(db: Databa
         )
 
 
-def test_a_count_rule_far_into_its_life_costs_the_same_per_tick(db: Database) -> None:
-    """FREQ=SECONDLY;COUNT=100000000 that started twenty days ago (1.7 million occurrences
-    behind it): after the first tick, each tick walks only the occurrences it materializes,
-    not the rule again from its DTSTART."""
+@pytest.mark.parametrize(
+    ("rule", "seconds", "first_tick"),
+    [
+        # One occurrence per second: the occurrences behind it are counted by arithmetic, so
+        # even the first tick after a start walks only what it materializes.
+        ("FREQ=SECONDLY;COUNT=100000000", 1, 50),
+        # Two a minute (a part of its own): walked once, on the first tick, then remembered.
+        ("FREQ=SECONDLY;BYSECOND=0,30;COUNT=100000000", 30, None),
+    ],
+)
+def test_a_count_rule_far_into_its_life_costs_the_same_per_tick(
+    db: Database, rule: str, seconds: int, first_tick: int | None
+) -> None:
+    """A COUNT rule that started twenty days ago (up to 1.7 million occurrences behind it):
+    each tick walks only the occurrences it materializes, not the rule again from its
+    DTSTART."""
     now = datetime.now(UTC).replace(microsecond=0)
     clock = Clock(now)
     with db.connect() as conn:
-        definition_id = define(conn, "counted", "FREQ=SECONDLY;COUNT=100000000")
+        definition_id = define(conn, "counted", rule)
         conn.execute(
             "UPDATE jobs.definitions SET created_at = %s WHERE id = %s",
             (now - timedelta(days=20), definition_id),
         )
     scheduler = Scheduler(db.dsn, owner="t", clock=clock, lookahead=2)
     try:
+        before = Walked.count
         scheduler.materialize_due()  # the cursor: first occurrence at or after now
         scheduler.materialize_due()
+        first = Walked.count - before
         walked = []
         for _ in range(5):
-            clock.now += timedelta(seconds=1)
+            clock.now += timedelta(seconds=seconds)
             before = Walked.count
             report = scheduler.materialize_due()
             walked.append(Walked.count - before)
@@ -174,6 +188,8 @@ def test_a_count_rule_far_into_its_life_costs_the_same_per_tick(db: Database) ->
     finally:
         scheduler.close()
     assert max(walked) <= 50, f"wall times expanded per tick: {walked} (the rule walked from its start again)"
+    if first_tick is not None:
+        assert first <= first_tick, f"the first ticks walked {first} wall times (the rule's past)"
     with db.connect() as conn:
         times = [
             r[0]
@@ -181,7 +197,34 @@ def test_a_count_rule_far_into_its_life_costs_the_same_per_tick(db: Database) ->
                 "SELECT scheduled_for FROM jobs.runs WHERE definition_id = %s ORDER BY 1", (definition_id,)
             ).fetchall()
         ]
-    assert times == [times[0] + timedelta(seconds=k) for k in range(len(times))], times
+    assert times == [times[0] + timedelta(seconds=seconds * k) for k in range(len(times))], times
+
+
+def test_a_long_count_walk_keeps_the_leader_session_alive(db: Database) -> None:
+    """A COUNT rule with parts of its own, four months into its life, is counted from its
+    DTSTART on the leader's first tick: a walk of several seconds, longer than the
+    operator's idle_session_timeout (2 s here). The session is pinged while it walks, so the
+    tick is not ended mid-walk (and redone from the start on every tick after)."""
+    with db.connect() as conn:
+        conn.execute(f"ALTER DATABASE {db.name} SET idle_session_timeout = '2s'")
+        definition_id = define(conn, "counted", "FREQ=SECONDLY;BYSECOND=0,30;COUNT=100000000")
+        conn.execute(
+            "UPDATE jobs.definitions SET created_at = now() - interval '120 days' WHERE id = %s",
+            (definition_id,),
+        )
+    scheduler = Scheduler(db.dsn, owner="t", lookahead=60)
+    try:
+        before, began = Walked.count, time.monotonic()
+        reports = [scheduler.materialize_due(), scheduler.materialize_due()]
+        walked, seconds = Walked.count - before, time.monotonic() - began
+    finally:
+        scheduler.close()
+    assert walked > 300_000, f"the rule's past was not walked ({walked} wall times): nothing to show"
+    errors = [e for r in reports for e in r.phase_errors]
+    assert errors == [], f"the tick failed during a {seconds:.1f} s walk: {errors}"
+    with db.connect() as conn:
+        created = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE definition_id = %s", (definition_id,))
+    assert created >= 1, f"no run materialized after a {seconds:.1f} s walk: {reports}"
 
 
 # -- every phase of the tick goes on when another one fails ---------------------------------

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import calendar
 import re
+import threading
+import time
 from bisect import bisect_right
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Literal
@@ -63,9 +66,38 @@ class Walked:
     count = 0
 
 
+class _Pinger(threading.local):
+    """This thread's `keeping_alive` hook, if any."""
+
+    ping: Callable[[], object] | None = None
+    every = 0.0
+    last = 0.0
+
+
+_pinger = _Pinger()
+
+
+@contextmanager
+def keeping_alive(ping: Callable[[], object], every: float) -> Iterator[None]:
+    """While this thread walks schedules, call `ping` whenever `every` seconds have passed
+    since the last call: a walk that takes long (a COUNT rule counted from its DTSTART)
+    keeps the caller's database session from being ended as idle."""
+    saved = (_pinger.ping, _pinger.every, _pinger.last)
+    _pinger.ping, _pinger.every, _pinger.last = ping, every, time.monotonic()
+    try:
+        yield
+    finally:
+        _pinger.ping, _pinger.every, _pinger.last = saved
+
+
 def _walked(expansion: Iterator[datetime]) -> Iterator[datetime]:
     for wall in expansion:
         Walked.count += 1
+        if not Walked.count & 1023 and _pinger.ping is not None:
+            now = time.monotonic()
+            if now - _pinger.last >= _pinger.every:
+                _pinger.last = now
+                _pinger.ping()
         yield wall
 
 
@@ -80,6 +112,9 @@ class Rule:
     start: datetime | None  # naive DTSTART; None for cron, which has no phase to keep
     count: int | None  # COUNT counts from DTSTART: see `counted_before`
     until_utc: datetime | None = None  # a UTC UNTIL bounds instants, not wall times
+    # Exactly one occurrence in every INTERVAL-th period (only DTSTART's own parts): counted
+    # by arithmetic, never walked.
+    one_per_period: bool = False
     # COUNT rules: (rebased start, occurrences before it), ascending; learned as walked.
     _counts: list[tuple[datetime, int]] = field(default_factory=list, compare=False, repr=False)
 
@@ -105,6 +140,8 @@ class Rule:
         `limit`): walked once from the nearest start counted before, and remembered, so a
         COUNT rule far into its life is not walked from its DTSTART again on every query."""
         assert self.start is not None
+        if self.one_per_period:
+            return min(self._periods_before(self.start, start), limit)
         known = bisect_right(self._counts, (start, limit + 1))
         since, counted = self._counts[known - 1] if known else (self.start, 0)
         if since > start:  # only if two threads raced on the list: start over
@@ -121,6 +158,22 @@ class Rule:
         if len(self._counts) > 64:  # the cursor only moves forward: keep the latest
             del self._counts[:32]
         return counted
+
+    def _periods_before(self, first: datetime, start: datetime) -> int:
+        """How many of first, first + one step, first + two steps ... (a step: INTERVAL
+        periods) lie before `start`."""
+        if start <= first:
+            return 0
+        if self.frequency in (YEARLY, MONTHLY):
+            step = (12 if self.frequency == YEARLY else 1) * self.interval
+            months = (start.year - first.year) * 12 + start.month - first.month
+            steps = months // step  # first + steps * step months is in start's month or before it
+            month_index = first.year * 12 + first.month - 1 + steps * step
+            if first.replace(year=month_index // 12, month=month_index % 12 + 1) < start:
+                steps += 1
+            return steps
+        step_length = timedelta(seconds=_PERIOD_SECONDS[self.frequency] * self.interval)
+        return -((first - start) // step_length)  # ceil((start - first) / step)
 
     def rebased_start(self, start: datetime, target: datetime) -> datetime:
         """A DTSTART at or before `target` that expands like `start` from there on.
@@ -321,7 +374,14 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         else:
             raise ScheduleError(f"RRULE: unknown part {name!r}")
 
+    given = options.keys() - {"interval", "count", "wkst", "until"}
     _make_defaults_explicit(options, frequency, start)
+    # Only DTSTART's own parts: one occurrence per period, unless its day is missing from
+    # some months (the 29th to the 31st monthly, February 29 yearly).
+    one_per_period = not given and not (
+        (frequency == MONTHLY and start.day > 28)
+        or (frequency == YEARLY and (start.month, start.day) == (2, 29))
+    )
     if not some_day_matches(
         options.get("bymonth", ()), options.get("bymonthday", ()), options.get("byyearday", ())
     ):
@@ -339,6 +399,7 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         start=start,
         count=options.get("count"),
         until_utc=until_utc,
+        one_per_period=one_per_period,
     )
 
 
