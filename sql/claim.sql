@@ -55,7 +55,9 @@
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
--- kinds / queues: only runs of these kinds / queues (NULL = all).
+-- kinds / queues: only runs of these kinds / queues (NULL = all). A login scoped by
+-- jobs.scope_worker (jobs.worker_scopes, keyed by session_user, so SET ROLE cannot leave it)
+-- gets only what both it asks for and its scope allows.
 -- heartbeat => true stamps heartbeat_at at claim time: for a caller that heartbeats
 -- from now on (the Python driver), so a crash right after the claim is reaped after the
 -- heartbeat timeout; without it the run counts as never heartbeated (orphan timeout).
@@ -92,6 +94,10 @@ DECLARE
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
+    v_kinds text[] := claim.kinds;     -- what is asked, narrowed to the login's scope
+    v_queues text[] := claim.queues;
+    v_scope_kinds text[];
+    v_scope_queues text[];
     v_has_limits boolean;
     v_new_ids bigint[];
     v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
@@ -155,11 +161,24 @@ BEGIN
     v_worker := coalesce(claim.worker, (
         SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
           FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()));
-    -- Paused queues and whether any limit exists, read once: a pause committed before
-    -- this call starts is seen by it.
+    -- Paused queues, whether any limit exists and the login's scope, read once: a pause or
+    -- scope committed before this call starts is seen by it.
     SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           EXISTS (SELECT FROM jobs.limits)
-      INTO v_paused, v_has_limits;
+           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues
+      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues
+      FROM (SELECT) AS one
+      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+    IF v_scope_kinds IS NOT NULL THEN
+        v_kinds := CASE WHEN v_kinds IS NULL THEN v_scope_kinds
+                        ELSE ARRAY(SELECT k FROM unnest(v_kinds) AS k WHERE k = ANY (v_scope_kinds)) END;
+    END IF;
+    IF v_scope_queues IS NOT NULL THEN
+        v_queues := CASE WHEN v_queues IS NULL THEN v_scope_queues
+                         ELSE ARRAY(SELECT q FROM unnest(v_queues) AS q WHERE q = ANY (v_scope_queues)) END;
+    END IF;
+    IF cardinality(v_kinds) = 0 OR cardinality(v_queues) = 0 THEN
+        RETURN;   -- nothing asked for is in the scope
+    END IF;
 
     LOOP
         v_round := v_round + 1;
@@ -182,8 +201,8 @@ BEGIN
                  WHERE r.status = 'QUEUED'
                    AND r.scheduled_for <= now()
                    AND NOT r.blocked
-                   AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-                   AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+                   AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                   AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                    AND r.queue <> ALL (v_paused)
                    AND r.id <> ALL (v_pool_ids)
                    AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
@@ -490,4 +509,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS
-'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';
+'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. A login scoped in jobs.worker_scopes gets only runs within its scope. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';

@@ -47,6 +47,78 @@ $$;
 COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS
 'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
 
+-- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
+-- for with the scope of session_user (the login; SET ROLE does not change it).
+CREATE OR REPLACE FUNCTION jobs.scope_worker(role name, kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
+RETURNS jobs.worker_scopes
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_row jobs.worker_scopes;
+    v_login boolean;
+BEGIN
+    PERFORM jobs._check_name('role', scope_worker.role::text);
+    SELECT r.rolcanlogin INTO v_login FROM pg_catalog.pg_roles AS r WHERE r.rolname = scope_worker.role;
+    IF v_login IS NULL THEN
+        RAISE EXCEPTION 'role must name an existing role, got %', to_json(scope_worker.role::text) USING ERRCODE = '22023';
+    ELSIF NOT v_login THEN
+        RAISE EXCEPTION 'role must be a role that can log in (a scope binds the login a worker connects as), got %',
+            to_json(scope_worker.role::text)
+            USING ERRCODE = '22023', HINT = 'Scope each worker''s LOGIN role, not a group role such as jobs_worker.';
+    END IF;
+    IF scope_worker.kinds IS NULL AND scope_worker.queues IS NULL THEN
+        RAISE EXCEPTION 'kinds and queues must not both be NULL (to lift a scope, call jobs.unscope_worker)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF scope_worker.kinds IS NOT NULL THEN
+        PERFORM jobs._check_names('kinds', scope_worker.kinds);
+    END IF;
+    IF scope_worker.queues IS NOT NULL THEN
+        PERFORM jobs._check_names('queues', scope_worker.queues);
+    END IF;
+    INSERT INTO jobs.worker_scopes AS s (role, kinds, queues)
+    VALUES (scope_worker.role, scope_worker.kinds, scope_worker.queues)
+    ON CONFLICT (role) DO UPDATE
+       SET kinds = excluded.kinds, queues = excluded.queues, updated_at = now()
+    RETURNING s.* INTO v_row;
+    RETURN v_row;
+END
+$$;
+COMMENT ON FUNCTION jobs.scope_worker(name, text[], text[]) IS
+'Operator: let the login role claim only runs of these kinds (NULL: any) in these queues (NULL: any); replaces its previous scope. Refuses (22023) a role that does not exist or cannot log in.';
+
+-- Lift a login's scope; true if it had one.
+CREATE OR REPLACE FUNCTION jobs.unscope_worker(role name)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM jobs._check_name('role', unscope_worker.role::text);
+    DELETE FROM jobs.worker_scopes AS s WHERE s.role = unscope_worker.role;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION jobs.unscope_worker(name) IS
+'Operator: let the login role claim any run again. Returns false if it had no scope.';
+
+-- Every scoped login, and whether the role still exists (a dropped role's scope binds a new
+-- role created with its name).
+CREATE OR REPLACE VIEW jobs.worker_scope_list AS
+SELECT
+    s.role,
+    s.kinds,
+    s.queues,
+    s.updated_at,
+    EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = s.role) AS role_exists
+FROM jobs.worker_scopes AS s
+ORDER BY s.role;
+COMMENT ON VIEW jobs.worker_scope_list IS
+'Each worker login''s scope (the kinds and queues jobs.claim may hand it; NULL: any), and whether the role exists.';
+
 -- A worker's sign of life; false when it is not registered.
 CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text)
 RETURNS boolean

@@ -220,6 +220,28 @@ $$;
 COMMENT ON FUNCTION jobs._check_name(text, text) IS
 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
+-- Raise 22023 naming the field unless the array holds 1 to 1000 names (each as jobs._check_name
+-- takes it; a bad element is named by its position, e.g. kinds[3]).
+CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    i integer;
+BEGIN
+    IF value IS NULL OR cardinality(value) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION '% must hold 1 to 1000 names, got %', field, coalesce(cardinality(value)::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. cardinality(value) LOOP
+        PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_names(text, text[]) IS
+'Private: raises 22023 naming the field (and the element) unless the array holds 1 to 1000 names of 1 to 200 characters without control characters.';
+
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
 RETURNS void

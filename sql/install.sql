@@ -28,6 +28,7 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0010_bounds \ir ../migrations/apply.sql
 \set migration 0011_claim_tokens \ir ../migrations/apply.sql
 \set migration 0012_steady \ir ../migrations/apply.sql
+\set migration 0013_worker_scopes \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

@@ -11,6 +11,7 @@
 --                   column grants below (no payload, no result: what its calls return
 --                   about the runs it claimed is all it sees of them)
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
+--                   scope_worker / unscope_worker (what a worker login may claim),
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
 
@@ -104,7 +105,9 @@ jobs.audit(text, text, text, jsonb),
 jobs.retry_many(bigint[]),
 jobs.discard(bigint[]),
 jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz),
-jobs.undefine_detail(text)
+jobs.undefine_detail(text),
+jobs.scope_worker(name, text[], text[]),
+jobs.unscope_worker(name)
 TO jobs_operator;
 
 GRANT UPDATE ON jobs.config TO jobs_operator;

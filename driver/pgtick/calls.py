@@ -328,6 +328,16 @@ def resume_queue(conn: Conn, name: str) -> bool:
     return bool(_first(conn.execute("SELECT jobs.resume_queue(%s)", (name,)).fetchone()))
 
 
+def scope_worker(conn: Conn, role: str, kinds: list[str] | None, queues: list[str] | None) -> Any:
+    return conn.execute(
+        "SELECT role::text AS role, kinds, queues FROM jobs.scope_worker(%s, %s, %s)", (role, kinds, queues)
+    ).fetchone()
+
+
+def unscope_worker(conn: Conn, role: str) -> bool:
+    return bool(_first(conn.execute("SELECT jobs.unscope_worker(%s)", (role,)).fetchone()))
+
+
 def run_now(conn: Conn, name: str) -> Any:
     return conn.execute("SELECT * FROM jobs.run_now(%s)", (name,)).fetchone()
 

@@ -76,6 +76,8 @@ EXAMPLES = {
     "resume": "pgtick resume weekday-report",
     "pause-queue": "pgtick pause-queue mail     # claims stop now; running jobs finish",
     "resume-queue": "pgtick resume-queue mail",
+    "scope-worker": "pgtick scope-worker mail_worker --kinds send-email,send-sms --queues mail",
+    "unscope-worker": "pgtick unscope-worker mail_worker",
     "retry": "pgtick retry 1234",
     "status": "pgtick status\n  pgtick status --wide --recent 20\n  pgtick status --json\n"
     "  pgtick status --watch 2\n  pgtick status --limit 100 --offset 100",
@@ -181,15 +183,36 @@ name_text = one_line_text(200)
 schedule_text = one_line_text(4000)
 
 
-def parse_queue_list(text: str) -> list[str]:
-    """'mail,reports' -> ['mail', 'reports'] (names as ``name_text`` takes them)."""
-    names = [name.strip() for name in text.split(",")]
-    try:
-        return [name_text(name) for name in names]
-    except argparse.ArgumentTypeError as exc:
+def name_list(what: str) -> Callable[[str], list[str]]:
+    """An argparse type: 'mail,reports' -> ['mail', 'reports'] (names as ``name_text`` takes
+    them, at most 1000, as the SQL API's name arrays hold)."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",")]
+        if len(names) > 1000:
+            raise argparse.ArgumentTypeError(f"must list at most 1000 {what} names (got {len(names)})")
+        try:
+            return [name_text(name) for name in names]
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of {what} names: {exc} in {_shown(text)}"
+            ) from None
+
+    return parse
+
+
+parse_queue_list = name_list("queue")
+
+
+def parse_role(text: str) -> str:
+    """An argparse type: a PostgreSQL role name as typed (at most 63 bytes, which PostgreSQL
+    would otherwise cut silently)."""
+    name_text(text)
+    if len(text.encode()) > 63:
         raise argparse.ArgumentTypeError(
-            f"must be a comma-separated list of queue names: {exc} in {_shown(text)}"
-        ) from None
+            f"must be at most 63 bytes, as PostgreSQL role names are (got {len(text.encode())})"
+        )
+    return text
 
 
 def parse_zone(text: str) -> str:
@@ -452,6 +475,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", type=name_text)
     p = _command(sub, "resume-queue", "resume claiming from a paused queue", cmd_queue_pause)
     p.add_argument("name", type=name_text)
+
+    scope = "let a worker login claim only these kinds and queues"
+    p = _command(sub, "scope-worker", scope, cmd_scope_worker)
+    p.add_argument("role", type=parse_role, help="the LOGIN role the worker connects as")
+    p.add_argument("--kinds", type=name_list("kind"), help="only these kinds (a,b; default any)")
+    p.add_argument("--queues", type=name_list("queue"), help="only these queues (a,b; default any)")
+    p = _command(sub, "unscope-worker", "let a worker login claim any run again", cmd_scope_worker)
+    p.add_argument("role", type=parse_role, help="the LOGIN role the worker connects as")
 
     p = _command(sub, "retry", "retry a FAILED or CANCELLED run now", cmd_retry)
     p.add_argument("run_id", type=RUN_ID)
@@ -820,6 +851,26 @@ def cmd_queue_pause(args: argparse.Namespace) -> Result:
         else f"queue={args.name} already {state if pause else 'running'}"
     )
     return Result({"queue": args.name, "paused": pause, "changed": bool(changed)}, lambda st, w: text)
+
+
+def cmd_scope_worker(args: argparse.Namespace) -> Result:
+    """scope-worker / unscope-worker (jobs.scope_worker, jobs.unscope_worker)."""
+    if args.command == "unscope-worker":
+        with connect(_dsn(args)) as conn:
+            changed = calls.unscope_worker(conn, args.role)
+        text = f"role={args.role} unscoped" if changed else f"role={args.role} had no scope"
+        data = {"role": args.role, "kinds": None, "queues": None, "scoped": False, "changed": changed}
+        return Result(data, lambda st, w: text)
+    if args.kinds is None and args.queues is None:
+        raise UsageError("give --kinds, --queues or both (pgtick unscope-worker lifts a scope)")
+    with connect_dicts(_dsn(args)) as conn:
+        row = calls.scope_worker(conn, args.role, args.kinds, args.queues)
+
+    def shown(names: list[str] | None) -> str:
+        return "any" if names is None else ",".join(names)
+
+    text = f"role={row['role']} kinds={shown(row['kinds'])} queues={shown(row['queues'])}"
+    return Result({**row, "scoped": True, "changed": True}, lambda st, w: text)
 
 
 def cmd_retry(args: argparse.Namespace) -> Result:

@@ -1,9 +1,11 @@
 """The CLI's queue commands: `pgtick run --queues a,b` claims only from those queues;
-`pgtick pause-queue` / `resume-queue` stop and restart claiming; bad input exits 2 with one
+`pgtick pause-queue` / `resume-queue` stop and restart claiming; `pgtick scope-worker` /
+`unscope-worker` bind a worker login to kinds and queues; bad input exits 2 with one
 line and no traceback."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness import Database, pgtick, processes, scalar, wait_for
@@ -56,3 +58,47 @@ def test_run_with_queues_claims_only_from_those_queues(db: Database, tmp_path: P
                 "SELECT queue, status::text, count(*) FROM jobs.runs GROUP BY 1, 2 ORDER BY 1"
             ).fetchall()
         assert states == [("a", "COMPLETED", 3), ("b", "QUEUED", 2)], states
+
+
+def test_scope_and_unscope_a_worker_login_from_the_cli(db: Database) -> None:
+    dsn = ["--dsn", db.dsn]
+    with db.worker_login("cli_scope") as role:
+        out = pgtick("scope-worker", role, "--kinds", "send-email,send-sms", "--queues", "mail", *dsn)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        assert out.stdout == f"role={role} kinds=send-email,send-sms queues=mail\n", out.stdout
+        with db.connect() as conn:
+            row = conn.execute(
+                "SELECT kinds, queues FROM jobs.worker_scopes WHERE role = %s", (role,)
+            ).fetchone()
+            assert row == (["send-email", "send-sms"], ["mail"]), row
+            out = pgtick("scope-worker", role, "--queues", "reports", "--json", *dsn)
+            assert out.returncode == 0, out.stderr
+            assert json.loads(out.stdout) == {
+                "role": role,
+                "kinds": None,
+                "queues": ["reports"],
+                "scoped": True,
+                "changed": True,
+            }, out.stdout
+            assert pgtick("unscope-worker", role, *dsn).stdout == f"role={role} unscoped\n"
+            assert scalar(conn, "SELECT count(*) FROM jobs.worker_scopes") == 0
+        assert pgtick("unscope-worker", role, *dsn).stdout == f"role={role} had no scope\n"
+
+
+def test_bad_scope_worker_arguments_exit_2_with_one_line(db: Database) -> None:
+    with db.worker_login("cli_scope_bad") as role:
+        for args in (
+            ["scope-worker", role],
+            ["scope-worker", role, "--kinds", "a,,b"],
+            ["scope-worker", role, "--queues", "q\x1b[31m"],
+            ["scope-worker", role, "--kinds", ",".join(f"k{i}" for i in range(1001))],
+            ["scope-worker", "r" * 64, "--kinds", "a"],
+            ["scope-worker", "pgtick_t_no_such_role", "--kinds", "a"],
+            ["scope-worker", "jobs_worker", "--kinds", "a"],
+            ["unscope-worker", ""],
+        ):
+            out = pgtick(*args, "--dsn", db.dsn)
+            assert out.returncode == 2, (args[:2], out.returncode, out.stderr)
+            assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        with db.connect() as conn:
+            assert scalar(conn, "SELECT count(*) FROM jobs.worker_scopes") == 0
