@@ -725,7 +725,10 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
             for value, option in ((args.window_from, "--from"), (args.window_to, "--to"))
         ]
         row = calls.backfill(conn, args.name, *window)
-        materialize_backfills(conn)
+        from pgtick.progress import Bar
+
+        with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
+            materialize_backfills(conn, progress=bar.reached)
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:

@@ -9,6 +9,7 @@ import pty
 import select
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,32 @@ def test_migrate_draws_a_progress_bar_on_a_terminal(db: Database, pg: Any) -> No
         assert (piped.returncode, piped.stdout, piped.stderr) == (0, "schema up to date\n", "")
     finally:
         pg.drop_database(empty)
+
+
+def test_backfill_draws_a_progress_bar_on_a_terminal_and_one_line_when_piped(db: Database) -> None:
+    """A backfill of thousands of occurrences: a bar over the window on a terminal, the
+    summary line alone on stdout (and nothing on stderr) when piped."""
+    with db.connect() as conn:
+        for name in ("minutely", "minutely-2"):
+            conn.execute("SELECT jobs.define(%s, 'k', schedule => '* * * * *')", (name,))
+    end = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
+    window = ["--from", (end - timedelta(days=5)).isoformat(), "--to", end.isoformat()]
+    occurrences = 5 * 24 * 60 + 1
+    code, out = in_pty(["backfill", "minutely", *window, "--dsn", db.dsn], tty_env(), timeout=180)
+    assert code == 0, out
+    assert "backfill" in out and "━" in out and "%" in out, f"a progress bar:\n{out!r}"
+    assert f"runs={occurrences} " in out, out
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}  # the default: WARNING
+    piped = subprocess.run(
+        [*PGTICK, "backfill", "minutely-2", *window, "--dsn", db.dsn],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=quiet,
+        cwd=ROOT,
+    )
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert len(piped.stdout.splitlines()) == 1 and f"runs={occurrences} " in piped.stdout, piped.stdout
 
 
 def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> None:
