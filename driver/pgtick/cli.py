@@ -919,7 +919,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
 
     table = Table(
         [
-            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16),
+            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16, middle=True),
             Column("NEXT", next_cell, priority=1),
             Column(
                 "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
@@ -933,7 +933,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
                 "STREAK", _streak, priority=2, colour=lambda d: "red" if d["consecutive_failures"] else None
             ),
             Column("RUN/Q", lambda d: f"{d['running']}/{d['queued']}", priority=4, right=True),
-            Column("KIND", lambda d: d["kind"], priority=6, shrink=True),
+            Column("KIND", lambda d: d["kind"], priority=6, shrink=True, middle=True),
             Column("SCHEDULE", lambda d: d["schedule"] or "one-shot", wide_only=True),
             Column("ZONE", lambda d: d["timezone"], wide_only=True),
             Column("NEXT (UTC)", lambda d: d["next_run_at"] or "", wide_only=True),
@@ -970,7 +970,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             out.extend(paint(line, colour, style) for line in wrapped)
     queues = Table(
         [
-            Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12),
+            Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12, middle=True),
             Column(
                 "QUEUE",
                 lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
@@ -1067,8 +1067,8 @@ def cmd_runs(args: argparse.Namespace) -> Result:
                     lambda r: status_word(outcome_of(r["status"], r["failure_reason"]), style),
                     priority=0,
                 ),
-                Column("DEFINITION", what, priority=1, shrink=True, min_width=10),
-                Column("KIND", lambda r: r["kind"], priority=6, shrink=True),
+                Column("DEFINITION", what, priority=1, shrink=True, min_width=10, middle=True),
+                Column("KIND", lambda r: r["kind"], priority=6, shrink=True, middle=True),
                 Column("TRY", lambda r: str(r["attempt"]), priority=3, right=True),
                 Column("SCHEDULED", lambda r: local_time(r["scheduled_for"], r["timezone"], now), priority=2),
                 Column(
@@ -1077,7 +1077,7 @@ def cmd_runs(args: argparse.Namespace) -> Result:
                     priority=1,
                 ),
                 Column("TOOK", lambda r: _took(r, now), priority=2, right=True),
-                Column("ERROR", _first_line, priority=4, shrink=True, min_width=10),
+                Column("ERROR", _first_line, priority=4, shrink=True, min_width=24),
                 Column("WORKER", lambda r: r["worker"] or "", wide_only=True),
                 Column("ORIGIN", lambda r: r["origin"], wide_only=True),
             ],
@@ -1195,12 +1195,12 @@ def cmd_definitions(args: argparse.Namespace) -> Result:
             return "no definitions"
         table = Table(
             [
-                Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12),
-                Column("KIND", lambda d: d["kind"], priority=2, shrink=True, min_width=8),
+                Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12, middle=True),
+                Column("KIND", lambda d: d["kind"], priority=2, shrink=True, min_width=12, middle=True),
                 Column(
-                    "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=12
+                    "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=20
                 ),
-                Column("ZONE", lambda d: d["timezone"], priority=3),
+                Column("ZONE", lambda d: d["timezone"], priority=5),  # NEXT shows its abbreviation
                 Column(
                     "STATE",
                     state,
@@ -1271,14 +1271,14 @@ def cmd_workers(args: argparse.Namespace) -> Result:
         state_colour = {"alive": "green", "lost": "red", "stopped": "dim"}
         table = Table(
             [
-                Column("WORKER", lambda w: w["worker"], priority=0, shrink=True, min_width=14),
+                Column("WORKER", lambda w: w["worker"], priority=0, shrink=True, min_width=14, middle=True),
                 Column("STATE", lambda w: w["state"], priority=0, colour=lambda w: state_colour[w["state"]]),
                 Column("SEEN", lambda w: relative(w["last_seen_at"], now), priority=1),
                 Column("UP", lambda w: compact_duration(now - w["started_at"]), priority=3, right=True),
                 Column("RUNNING", lambda w: str(w["running"]), priority=0, right=True),
                 Column("RUNS", lambda w: ",".join(map(str, w["run_ids"])), priority=2, shrink=True),
                 Column("HEARTBEAT", lambda w: _age(w["oldest_heartbeat_at"], now), priority=2, right=True),
-                Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=10),
+                Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=16),
                 Column("HOST", lambda w: f"{w['host']}:{w['pid']}", wide_only=True),
             ],
             [dict(r) for r in rows],

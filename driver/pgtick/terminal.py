@@ -186,6 +186,7 @@ class Column:
     priority: int = 4  # lower is more important; OPTIONAL and up go before any text is cut
     wide_only: bool = False
     shrink: bool = False  # may be cut with an ellipsis
+    middle: bool = False  # cut in the middle: names that share a prefix stay apart
     min_width: int = 8
     right: bool = False
     colour: Callable[[dict[str, Any]], str | None] | None = None
@@ -209,7 +210,7 @@ class Table:
         for r, row in zip(self.rows, cells, strict=True):
             parts = []
             for i in keep:
-                text = _cut(row[i], widths[i])
+                text = _cut(row[i], widths[i], middle=cols[i].middle)
                 padded = _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
@@ -235,11 +236,15 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
-def _cut(text: str, width: int) -> str:
+def _cut(text: str, width: int, *, middle: bool = False) -> str:
     if visible_len(text) <= width:
         return text
     plain = _ESCAPES.sub("", text)  # a cut cell loses its colour rather than its reset code
-    return plain[: max(width - 1, 0)] + "…"
+    keep = max(width - 1, 0)
+    if middle and keep >= 5:
+        tail = keep // 2
+        return plain[: keep - tail] + "…" + plain[len(plain) - tail :]
+    return plain[:keep] + "…"
 
 
 #: Columns of this priority or higher are dropped before any text is cut.
@@ -248,7 +253,8 @@ OPTIONAL = 5
 
 def _fit(cols: list[Column], widths: list[int], limit: int) -> tuple[list[int], list[int]]:
     """Until the row fits: drop optional columns (least important first), then cut long
-    text with an ellipsis, then drop the least important of the rest."""
+    text with an ellipsis (the least important column first, down to its minimum width),
+    then drop the least important of the rest."""
     widths = list(widths)
     keep = list(range(len(cols)))
 
@@ -263,8 +269,8 @@ def _fit(cols: list[Column], widths: list[int], limit: int) -> tuple[list[int], 
     while total() > limit:
         shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
         if shrinkable:
-            widest = max(shrinkable, key=lambda i: widths[i])
-            widths[widest] = max(cols[widest].min_width, widths[widest] - (total() - limit))
+            cut = max(shrinkable, key=lambda i: (cols[i].priority, widths[i]))
+            widths[cut] = max(cols[cut].min_width, widths[cut] - (total() - limit))
             continue
         if len(keep) == 1:
             widths[keep[0]] = limit

@@ -309,3 +309,63 @@ def test_enqueue_of_a_kind_no_worker_registered_warns_on_one_stderr_line(
     assert cli.main(["enqueue", "report", "--dsn", fixed.dsn]) == 0
     out, err = capsys.readouterr()
     assert err == "", "a registered kind: no warning"
+
+
+LONG_NAMES = """
+SELECT jobs.define('customer-invoice-reconciliation-eu-west-nightly', 'billing.reconcile_invoices_for_region',
+                   schedule => 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9,13,17;BYMINUTE=0,30',
+                   timezone => 'America/Argentina/Buenos_Aires', max_concurrent_runs => 1);
+SELECT jobs.define('customer-invoice-reconciliation-eu-west-weekly',
+                   'billing.reconcile_invoices_for_region_weekly', schedule => '0 6 * * 1',
+                   timezone => 'America/Argentina/Buenos_Aires');
+UPDATE jobs.definitions SET created_at = '2026-11-01 00:00Z', updated_at = '2026-11-01 00:00Z',
+       next_run_at = '2026-11-30 12:30Z'
+ WHERE name LIKE 'customer-invoice-%';
+INSERT INTO jobs.runs (definition_id, kind, status, scheduled_for, created_at, started_at, heartbeat_at,
+                       finished_at, worker, failure_reason, error)
+SELECT id, kind, 'FAILED', '2026-11-30 11:30Z', '2026-11-30 11:30Z', '2026-11-30 11:30:01Z',
+       '2026-11-30 11:30:01Z', '2026-11-30 11:31:07Z',
+       'ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4', 'Error',
+       'psycopg.errors.SerializationFailure: could not serialize access due to concurrent update'
+  FROM jobs.definitions WHERE name = 'customer-invoice-reconciliation-eu-west-nightly';
+INSERT INTO jobs.runs (definition_id, kind, scheduled_for, created_at)
+SELECT id, kind, '2026-11-30 11:58Z', '2026-11-30 11:58Z'
+  FROM jobs.definitions WHERE name = 'customer-invoice-reconciliation-eu-west-weekly';
+INSERT INTO jobs.known_kinds (kind) VALUES ('billing.reconcile_invoices_for_region');
+INSERT INTO jobs.worker_registry (worker, host, pid, kinds, started_at, last_seen_at, stopped_at)
+VALUES ('ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4',
+        'ip-10-20-130-44.eu-west-1.compute.internal', 48211,
+        '{billing.reconcile_invoices_for_region,report}', '2026-11-30 06:00Z', '2026-11-30 11:59:59Z', NULL);
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("status-long", ["status"]),
+        ("runs-long", ["runs"]),
+        ("definitions-long", ["definitions"]),
+        ("workers-long", ["workers", "--all"]),
+    ],
+)
+def test_long_names_fit_and_stay_apart(
+    fixed: Database, capsys: pytest.CaptureFixture[str], name: str, argv: list[str]
+) -> None:
+    """Names, kinds, zones and workers of production length: each list still fits 100
+    columns; a short name is never cut to make room for a long one's neighbours (the least
+    important column gives way first), and two long names that share a prefix are cut in
+    the middle, so they stay told apart."""
+    with fixed.connect() as conn:
+        conn.execute(LONG_NAMES)
+    out = text_of(run_cli(capsys, *argv, "--dsn", fixed.dsn))
+    too_wide = [line for line in out.splitlines() if len(line) > 100]
+    assert not too_wide, f"lines wider than 100 columns in `pgtick {' '.join(argv)}`: {too_wide}"
+    check_golden(f"{name}.txt", out)
+    lines = out.splitlines()
+    if name in ("status-long", "definitions-long"):
+        for short in ("nightly-report", "sync-crm", "every-10s"):
+            assert any(line.startswith(short + " ") for line in lines), f"{short} cut or missing:\n{out}"
+    if name != "workers-long":
+        column = 2 if name == "runs-long" else 0  # DEFINITION or NAME
+        cells = [re.split(r"\s{2,}", line.strip())[column] for line in lines if "custome" in line]
+        assert len(set(cells)) == len(cells) == 2, f"the two long names cut alike: {cells}\n{out}"
