@@ -954,7 +954,7 @@ class Progress:
         behind = f", {compact_duration(now - self.cursor)} behind" if self.cursor is not None else ""
         return (
             f"catching up ({self.misfire_policy}): {self.occurrences} late occurrences walked, "
-            f"{self.runs} runs so far{behind}"
+            f"{self.runs} run{'' if self.runs == 1 else 's'} so far{behind}"
         )
 
     def continues(self, d: dict[str, Any]) -> bool:
