@@ -727,20 +727,30 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         row = calls.backfill(conn, args.name, *window)
         from pgtick.progress import Bar
 
+        held: dict[int, int] = {}
         with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
-            materialize_backfills(conn, progress=bar.reached)
+            materialize_backfills(conn, progress=bar.reached, occurrences=held)
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:
         raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
     runs = done["runs_created"] or 0
+    occurrences = held.get(row["id"])  # None: another leader finished it first
+    note = _backfill_note(runs, occurrences)
     return Result(
-        {"definition": args.name, "backfill_id": row["id"], "runs": runs},
-        lambda st, w: (
-            f"definition={args.name} backfill={row['id']} runs={runs} "
-            "(occurrences that already had a run were left alone)"
-        ),
+        {"definition": args.name, "backfill_id": row["id"], "runs": runs, "occurrences": occurrences},
+        lambda st, w: f"definition={args.name} backfill={row['id']} runs={runs} ({note})",
     )
+
+
+def _backfill_note(runs: int, held: int | None) -> str:
+    """What a backfill's run count means: the window's occurrences, and those left alone."""
+    if held is None:
+        return "occurrences that already had a run were left alone"
+    if held == 0:
+        return "no occurrence of its schedule falls in the window"
+    kept = held - runs
+    return f"of {held} occurrence{'' if held == 1 else 's'}" + (f", {kept} already had a run" if kept else "")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> Result:

@@ -827,13 +827,18 @@ BackfillProgress = Callable[[str, float], None]
 
 
 def materialize_backfills(
-    conn: psycopg.Connection[Any], *, limit: int = 100, progress: BackfillProgress | None = None
+    conn: psycopg.Connection[Any],
+    *,
+    limit: int = 100,
+    progress: BackfillProgress | None = None,
+    occurrences: dict[int, int] | None = None,
 ) -> int:
     """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
 
     Each request is finished once (jobs.finish_backfill fences on its done_at), and an
     occurrence that already has its run is not inserted again. ``progress`` hears of the
-    walk through each window every thousand occurrences, and of the insert.
+    walk through each window every thousand occurrences, and of the insert;
+    ``occurrences`` gets, per backfill id, how many occurrences its window held.
     """
     created = 0
     for b in sql.pending_backfills(conn, limit):
@@ -859,6 +864,8 @@ def materialize_backfills(
             error = str(exc)
         if progress is not None:
             progress(f"{b['name']}: inserting {len(times)} runs", 1.0)
+        if occurrences is not None:
+            occurrences[b["backfill_id"]] = len(times)
         n = sql.finish_backfill(conn, b["backfill_id"], times, error)
         created += n
         suffix = f" error={error}" if error else ""

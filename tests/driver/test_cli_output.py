@@ -369,3 +369,22 @@ def test_long_names_fit_and_stay_apart(
         column = 2 if name == "runs-long" else 0  # DEFINITION or NAME
         cells = [re.split(r"\s{2,}", line.strip())[column] for line in lines if "custome" in line]
         assert len(set(cells)) == len(cells) == 2, f"the two long names cut alike: {cells}\n{out}"
+
+
+def test_backfill_says_how_many_occurrences_the_window_held(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary tells a window with no occurrence from one whose occurrences all had
+    their run already: "runs=0" alone reads the same for both."""
+    dsn = ["--dsn", fixed.dsn]
+    backfill = ["backfill", "nightly-report"]
+    out = run_cli(capsys, *backfill, "--from", "2026-11-25T00:00Z", "--to", "2026-11-28T00:00Z", *dsn)
+    assert out.endswith(" runs=1 (of 3 occurrences, 2 already had a run)\n"), out
+    out = run_cli(capsys, *backfill, "--from", "2026-11-25T00:00Z", "--to", "2026-11-28T00:00Z", *dsn)
+    assert out.endswith(" runs=0 (of 3 occurrences, 3 already had a run)\n"), out
+    quiet = ["--from", "2026-11-25T02:00Z", "--to", "2026-11-25T03:00Z"]
+    out = run_cli(capsys, *backfill, *quiet, *dsn)
+    assert out.endswith(" runs=0 (no occurrence of its schedule falls in the window)\n"), out
+    data = json.loads(run_cli(capsys, *backfill, *quiet, "--json", *dsn))
+    validate("backfill", data)
+    assert (data["runs"], data["occurrences"]) == (0, 0), data
