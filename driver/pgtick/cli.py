@@ -1206,7 +1206,7 @@ def cmd_definitions(args: argparse.Namespace) -> Result:
         table = Table(
             [
                 Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12, middle=True),
-                Column("KIND", lambda d: d["kind"], priority=2, shrink=True, min_width=12, middle=True),
+                Column("KIND", lambda d: d["kind"], priority=3, shrink=True, min_width=12, middle=True),
                 Column(
                     "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=20
                 ),

@@ -251,32 +251,35 @@ def _cut(text: str, width: int, *, middle: bool = False) -> str:
 OPTIONAL = 5
 
 
-def _fit(cols: list[Column], widths: list[int], limit: int) -> tuple[list[int], list[int]]:
+def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int], list[int]]:
     """Until the row fits: drop optional columns (least important first), then cut long
     text with an ellipsis (the least important column first, down to its minimum width),
-    then drop the least important of the rest."""
-    widths = list(widths)
+    then drop the least important of the rest and cut again from full widths (a dropped
+    column leaves room, so the others are cut no more than they must be)."""
     keep = list(range(len(cols)))
 
-    def total() -> int:
+    def total(widths: list[int]) -> int:
         return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
 
     optional = sorted(
         (i for i in keep if cols[i].priority >= OPTIONAL), key=lambda i: (-cols[i].priority, -i)
     )
-    while total() > limit and optional:
+    while total(natural) > limit and optional:
         keep.remove(optional.pop(0))
-    while total() > limit:
-        shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
-        if shrinkable:
+    while True:
+        widths = list(natural)
+        while total(widths) > limit:
+            shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
+            if not shrinkable:
+                break
             cut = max(shrinkable, key=lambda i: (cols[i].priority, widths[i]))
-            widths[cut] = max(cols[cut].min_width, widths[cut] - (total() - limit))
-            continue
+            widths[cut] = max(cols[cut].min_width, widths[cut] - (total(widths) - limit))
+        if total(widths) <= limit:
+            return keep, widths
         if len(keep) == 1:
             widths[keep[0]] = limit
-            break
+            return keep, widths
         keep.remove(max(keep, key=lambda i: (cols[i].priority, i)))
-    return keep, widths
 
 
 # ---------------------------------------------------------------------------- machine formats

@@ -388,3 +388,29 @@ def test_backfill_says_how_many_occurrences_the_window_held(
     data = json.loads(run_cli(capsys, *backfill, *quiet, "--json", *dsn))
     validate("backfill", data)
     assert (data["runs"], data["occurrences"]) == (0, 0), data
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [("status", ["status"]), ("definitions", ["definitions"]), ("workers", ["workers", "--all"])],
+)
+def test_a_narrow_terminal_drops_columns_before_cutting_names(
+    fixed: Database, name: str, argv: list[str]
+) -> None:
+    """Under a real pseudo-terminal 72 columns wide: every line fits, and once a column is
+    dropped the others get their room back (a name is not left cut beside empty space)."""
+    from driver.test_cli_terminal import in_pty, tty_env
+
+    env = tty_env()
+    env["COLUMNS"] = "72"
+    code, out = in_pty([*argv, "--dsn", fixed.dsn], env)
+    assert code == 0, out
+    assert "\033[" in out, "colour on a terminal"
+    text = text_of(re.sub(r"\033\[[0-9;?]*[a-zA-Z]", "", out).replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if len(line) > 72]
+    assert not too_wide, f"lines wider than 72 columns in `pgtick {' '.join(argv)}`: {too_wide}"
+    check_golden(f"{name}-72.txt", text)
+    names = {"status": "nightly-report", "definitions": "nightly-report", "workers": "host-a-101-f00d"}
+    assert any(line.startswith(names[name] + " ") for line in text.splitlines()), (
+        f"{names[name]} cut:\n{text}"
+    )
