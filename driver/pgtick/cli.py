@@ -37,6 +37,7 @@ from pgtick.terminal import (
     Column,
     Style,
     Table,
+    clip,
     compact_duration,
     display_now,
     full_time,
@@ -50,6 +51,7 @@ from pgtick.terminal import (
     status_word,
     to_csv,
     to_json,
+    visible_len,
 )
 
 log = logging.getLogger("pgtick.cli")
@@ -1149,12 +1151,13 @@ def cmd_show(args: argparse.Namespace) -> Result:
             lines.append(f"  took        {compact_duration(took)}" + ("" if r["finished_at"] else " so far"))
         if len(r["attempts"]) > 1:
             lines.append("attempts")
-            for a in r["attempts"]:
+            for a in r["attempts"]:  # one line each: the error in full is below, as stored
                 here = "  <- this run" if a["id"] == r["id"] else ""
+                head = f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}"
                 reason = f"  {a['failure_reason']}: {a['error']}" if a["error"] else ""
-                lines.append(
-                    f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}{reason}{here}"
-                )
+                if reason and not wide:
+                    reason = clip(reason, max(style.width - visible_len(head) - len(here), 16))
+                lines.append(head + reason + here)
         lines.append("payload")
         lines.append(_indent(json.dumps(r["payload"], indent=2, ensure_ascii=False)))
         if r["result"] is not None:

@@ -236,6 +236,11 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` cut with an ellipsis to ``width`` columns (for a line that is not a table)."""
+    return _cut(_one_line(text), max(width, 1))
+
+
 def _cut(text: str, width: int, *, middle: bool = False) -> str:
     if visible_len(text) <= width:
         return text

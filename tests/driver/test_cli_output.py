@@ -414,3 +414,20 @@ def test_a_narrow_terminal_drops_columns_before_cutting_names(
     assert any(line.startswith(names[name] + " ") for line in text.splitlines()), (
         f"{names[name]} cut:\n{text}"
     )
+
+
+def test_show_keeps_each_attempt_to_one_line_that_fits(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An attempt's error as long as a real one: its line in the attempt chain is cut to
+    100 columns (the error in full follows, as stored)."""
+    long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update " * 2
+    with fixed.connect() as conn:
+        conn.execute("UPDATE jobs.runs SET error = %s WHERE id IN (4, 5)", (long.strip(),))
+    out = run_cli(capsys, "show", "5", "--dsn", fixed.dsn)
+    lines = out.splitlines()
+    chain = lines[lines.index("attempts") + 1 : lines.index("payload")]
+    assert len(chain) == 2 and chain[1].endswith("<- this run"), chain
+    too_wide = [line for line in chain if len(line) > 100]
+    assert not too_wide, f"attempt lines wider than 100 columns: {too_wide}"
+    assert long.strip() in out, "the error in full, as stored"
