@@ -264,6 +264,8 @@ def test_every_other_command_prints_json_valid_against_its_schema(
         ("undefine", ["undefine", "sync-crm"]),
         ("migrate", ["migrate"]),
         ("dsn", ["dsn"]),
+        ("pause-queue", ["pause-queue", "mail"]),
+        ("pause-queue", ["resume-queue", "mail"]),
     ]
     for schema, argv in cases:
         data = json.loads(run_cli(capsys, *argv, "--json", *dsn))
