@@ -1027,9 +1027,11 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
             snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             if args.json:
                 print(json.dumps(snap))
-            else:
-                print("\033[2J\033[H", end="")
+            elif sys.stdout.isatty():
+                print("\033[2J\033[H", end="")  # clear the screen, then draw
                 print(render_status(snap, Style.detect(sys.stdout), args.wide))
+            else:  # a pipe or a file: one snapshot after another
+                print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
             sys.stdout.flush()
             time.sleep(args.watch)
 
@@ -1511,6 +1513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        return 1
 
 
 if __name__ == "__main__":
