@@ -433,3 +433,12 @@ def test_show_keeps_each_attempt_to_one_line_that_fits(
     too_wide = [line for line in chain if len(line) > 100]
     assert not too_wide, f"attempt lines wider than 100 columns: {too_wide}"
     assert long.strip() in out, "the error in full, as stored"
+
+
+def test_runs_of_a_definition_that_does_not_exist_is_an_error_not_an_empty_list(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["runs", "--definition", "nightly-reprot", "--dsn", fixed.dsn]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "pgtick runs: error: definition 'nightly-reprot' does not exist\n"), (out, err)
+    assert run_cli(capsys, "runs", "--definition", "sync-crm", "--dsn", fixed.dsn) == "no runs\n"
