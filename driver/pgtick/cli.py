@@ -1064,7 +1064,7 @@ def cmd_runs(args: argparse.Namespace) -> Result:
     with connect_dicts(_dsn(args)) as conn:
         rows = calls.run_list(conn, args.status, args.kind, args.definition, args.limit)
         if not rows and args.definition is not None and calls.definition(conn, args.definition) is None:
-            raise UsageError(f"definition {args.definition!r} does not exist")  # a typo is not "no runs"
+            _warn("runs", f"no definition is named {args.definition!r}")  # a typo is not "no runs"
     data = [_jsonable(dict(r)) for r in rows]
     now = display_now()
 
