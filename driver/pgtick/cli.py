@@ -37,6 +37,7 @@ from pgtick.terminal import (
     Column,
     Style,
     Table,
+    clip,
     compact_duration,
     display_now,
     full_time,
@@ -50,6 +51,7 @@ from pgtick.terminal import (
     status_word,
     to_csv,
     to_json,
+    visible_len,
 )
 
 log = logging.getLogger("pgtick.cli")
@@ -756,19 +758,32 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
             for value, option in ((args.window_from, "--from"), (args.window_to, "--to"))
         ]
         row = calls.backfill(conn, args.name, *window)
-        materialize_backfills(conn)
+        from pgtick.progress import Bar
+
+        held: dict[int, int] = {}
+        with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
+            materialize_backfills(conn, progress=bar.reached, occurrences=held)
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:
         raise UsageError(f"definition={args.name} backfill {row['id']}: {done['error']}")
     runs = done["runs_created"] or 0
+    occurrences = held.get(row["id"])  # None: another leader finished it first
+    note = _backfill_note(runs, occurrences)
     return Result(
-        {"definition": args.name, "backfill_id": row["id"], "runs": runs},
-        lambda st, w: (
-            f"definition={args.name} backfill={row['id']} runs={runs} "
-            "(occurrences that already had a run were left alone)"
-        ),
+        {"definition": args.name, "backfill_id": row["id"], "runs": runs, "occurrences": occurrences},
+        lambda st, w: f"definition={args.name} backfill={row['id']} runs={runs} ({note})",
     )
+
+
+def _backfill_note(runs: int, held: int | None) -> str:
+    """What a backfill's run count means: the window's occurrences, and those left alone."""
+    if held is None:
+        return "occurrences that already had a run were left alone"
+    if held == 0:
+        return "no occurrence of its schedule falls in the window"
+    kept = held - runs
+    return f"of {held} occurrence{'' if held == 1 else 's'}" + (f", {kept} already had a run" if kept else "")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> Result:
@@ -967,7 +982,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
 
     table = Table(
         [
-            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16),
+            Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16, middle=True),
             Column("NEXT", next_cell, priority=1),
             Column(
                 "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
@@ -981,7 +996,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
                 "STREAK", _streak, priority=2, colour=lambda d: "red" if d["consecutive_failures"] else None
             ),
             Column("RUN/Q", lambda d: f"{d['running']}/{d['queued']}", priority=4, right=True),
-            Column("KIND", lambda d: d["kind"], priority=6, shrink=True),
+            Column("KIND", lambda d: d["kind"], priority=6, shrink=True, middle=True),
             Column("SCHEDULE", lambda d: d["schedule"] or "one-shot", wide_only=True),
             Column("ZONE", lambda d: d["timezone"], wide_only=True),
             Column("NEXT (UTC)", lambda d: d["next_run_at"] or "", wide_only=True),
@@ -1018,7 +1033,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             out.extend(paint(line, colour, style) for line in wrapped)
     queues = Table(
         [
-            Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12),
+            Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12, middle=True),
             Column(
                 "QUEUE",
                 lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
@@ -1063,9 +1078,11 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
             snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             if args.json:
                 print(json.dumps(snap))
-            else:
-                print("\033[2J\033[H", end="")
+            elif sys.stdout.isatty():
+                print("\033[2J\033[H", end="")  # clear the screen, then draw
                 print(render_status(snap, Style.detect(sys.stdout), args.wide))
+            else:  # a pipe or a file: one snapshot after another
+                print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
             sys.stdout.flush()
             time.sleep(args.watch)
 
@@ -1097,6 +1114,8 @@ def cmd_runs(args: argparse.Namespace) -> Result:
         raise UsageError("--limit must be 1..10000")
     with connect_dicts(_dsn(args)) as conn:
         rows = calls.run_list(conn, args.status, args.kind, args.definition, args.limit)
+        if not rows and args.definition is not None and calls.definition(conn, args.definition) is None:
+            _warn("runs", f"no definition is named {args.definition!r}")  # a typo is not "no runs"
     data = [_jsonable(dict(r)) for r in rows]
     now = display_now()
 
@@ -1115,8 +1134,8 @@ def cmd_runs(args: argparse.Namespace) -> Result:
                     lambda r: status_word(outcome_of(r["status"], r["failure_reason"]), style),
                     priority=0,
                 ),
-                Column("DEFINITION", what, priority=1, shrink=True, min_width=10),
-                Column("KIND", lambda r: r["kind"], priority=6, shrink=True),
+                Column("DEFINITION", what, priority=1, shrink=True, min_width=10, middle=True),
+                Column("KIND", lambda r: r["kind"], priority=6, shrink=True, middle=True),
                 Column("TRY", lambda r: str(r["attempt"]), priority=3, right=True),
                 Column("SCHEDULED", lambda r: local_time(r["scheduled_for"], r["timezone"], now), priority=2),
                 Column(
@@ -1125,7 +1144,7 @@ def cmd_runs(args: argparse.Namespace) -> Result:
                     priority=1,
                 ),
                 Column("TOOK", lambda r: _took(r, now), priority=2, right=True),
-                Column("ERROR", _first_line, priority=4, shrink=True, min_width=10),
+                Column("ERROR", _first_line, priority=4, shrink=True, min_width=24),
                 Column("WORKER", lambda r: r["worker"] or "", wide_only=True),
                 Column("ORIGIN", lambda r: r["origin"], wide_only=True),
             ],
@@ -1187,12 +1206,13 @@ def cmd_show(args: argparse.Namespace) -> Result:
             lines.append(f"  took        {compact_duration(took)}" + ("" if r["finished_at"] else " so far"))
         if len(r["attempts"]) > 1:
             lines.append("attempts")
-            for a in r["attempts"]:
+            for a in r["attempts"]:  # one line each: the error in full is below, as stored
                 here = "  <- this run" if a["id"] == r["id"] else ""
+                head = f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}"
                 reason = f"  {a['failure_reason']}: {a['error']}" if a["error"] else ""
-                lines.append(
-                    f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}{reason}{here}"
-                )
+                if reason and not wide:
+                    reason = clip(reason, max(style.width - visible_len(head) - len(here), 16))
+                lines.append(head + reason + here)
         lines.append("payload")
         lines.append(_indent(json.dumps(r["payload"], indent=2, ensure_ascii=False)))
         if r["result"] is not None:
@@ -1243,12 +1263,12 @@ def cmd_definitions(args: argparse.Namespace) -> Result:
             return "no definitions"
         table = Table(
             [
-                Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12),
-                Column("KIND", lambda d: d["kind"], priority=2, shrink=True, min_width=8),
+                Column("NAME", lambda d: d["name"], priority=0, shrink=True, min_width=12, middle=True),
+                Column("KIND", lambda d: d["kind"], priority=3, shrink=True, min_width=12, middle=True),
                 Column(
-                    "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=12
+                    "SCHEDULE", lambda d: d["schedule"] or "one-shot", priority=1, shrink=True, min_width=20
                 ),
-                Column("ZONE", lambda d: d["timezone"], priority=3),
+                Column("ZONE", lambda d: d["timezone"], priority=5),  # NEXT shows its abbreviation
                 Column(
                     "STATE",
                     state,
@@ -1319,14 +1339,14 @@ def cmd_workers(args: argparse.Namespace) -> Result:
         state_colour = {"alive": "green", "lost": "red", "stopped": "dim"}
         table = Table(
             [
-                Column("WORKER", lambda w: w["worker"], priority=0, shrink=True, min_width=14),
+                Column("WORKER", lambda w: w["worker"], priority=0, shrink=True, min_width=14, middle=True),
                 Column("STATE", lambda w: w["state"], priority=0, colour=lambda w: state_colour[w["state"]]),
                 Column("SEEN", lambda w: relative(w["last_seen_at"], now), priority=1),
                 Column("UP", lambda w: compact_duration(now - w["started_at"]), priority=3, right=True),
                 Column("RUNNING", lambda w: str(w["running"]), priority=0, right=True),
                 Column("RUNS", lambda w: ",".join(map(str, w["run_ids"])), priority=2, shrink=True),
                 Column("HEARTBEAT", lambda w: _age(w["oldest_heartbeat_at"], now), priority=2, right=True),
-                Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=10),
+                Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=16),
                 Column("HOST", lambda w: f"{w['host']}:{w['pid']}", wide_only=True),
             ],
             [dict(r) for r in rows],
@@ -1546,6 +1566,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        return 1
 
 
 if __name__ == "__main__":

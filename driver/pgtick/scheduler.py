@@ -84,6 +84,7 @@ from pgtick.schedule import (
     plan_materialization,
 )
 from pgtick.schedule.rrule import keeping_alive
+from pgtick.terminal import compact_duration
 
 log = logging.getLogger("pgtick.scheduler")
 
@@ -655,6 +656,7 @@ class Scheduler:
             for definition_id, progress in going_on.items():
                 if definition_id in advanced:
                     self._catching_up[definition_id] = progress
+                    log.info("definition=%s %s", progress.name, progress.sentence(now))
         report.catching_up = len(budget.deferred) + len(self._catching_up)
 
     def _unplannable(
@@ -826,29 +828,51 @@ def definition_schedule(d: dict[str, Any]) -> Schedule:
     )
 
 
-def materialize_backfills(conn: psycopg.Connection[Any], *, limit: int = 100) -> int:
+#: ``progress(what, fraction)`` of a backfill: what it is doing, and how much of its window
+#: has been walked (0.0 to 1.0).
+BackfillProgress = Callable[[str, float], None]
+
+
+def materialize_backfills(
+    conn: psycopg.Connection[Any],
+    *,
+    limit: int = 100,
+    progress: BackfillProgress | None = None,
+    occurrences: dict[int, int] | None = None,
+) -> int:
     """Insert the occurrences of pending jobs.backfill() windows; returns runs created.
 
     Each request is finished once (jobs.finish_backfill fences on its done_at), and an
-    occurrence that already has its run is not inserted again.
+    occurrence that already has its run is not inserted again. ``progress`` hears of the
+    walk through each window every thousand occurrences, and of the insert;
+    ``occurrences`` gets, per backfill id, how many occurrences its window held.
     """
     created = 0
     for b in sql.pending_backfills(conn, limit):
         error: str | None = None
         times: list[datetime] = []
+        start, end = b["window_from"], b["window_to"]
+        span = max((end - start).total_seconds(), 1e-6)
         try:
             schedule = definition_schedule(b)
-            for occurrence in schedule.occurrences(b["window_from"], inclusive=True):
+            for occurrence in schedule.occurrences(start, inclusive=True):
                 assert occurrence.at is not None
-                if occurrence.at > b["window_to"]:
+                if occurrence.at > end:
                     break
                 if len(times) >= 100_000:
                     error = "the window holds more than 100000 occurrences; backfill smaller windows"
                     times = []
                     break
                 times.append(occurrence.at)
+                if progress is not None and len(times) % 1000 == 0:
+                    walked = (occurrence.at - start).total_seconds() / span
+                    progress(f"{b['name']}: {len(times)} occurrences", walked)
         except (ScheduleError, ValueError, LookupError) as exc:
             error = str(exc)
+        if progress is not None:
+            progress(f"{b['name']}: inserting {len(times)} runs", 1.0)
+        if occurrences is not None:
+            occurrences[b["backfill_id"]] = len(times)
         n = sql.finish_backfill(conn, b["backfill_id"], times, error)
         created += n
         suffix = f" error={error}" if error else ""
@@ -913,6 +937,7 @@ class Progress:
     """A catch-up that goes on over several ticks: where the cursor was committed, and what
     the earlier parts of the walk counted (kept by the leader that walked them)."""
 
+    name: str
     revision: int
     misfire_policy: str
     cursor: datetime | None
@@ -927,6 +952,7 @@ class Progress:
         before: Progress | None, d: dict[str, Any], plan: Plan, now: datetime, grace: timedelta
     ) -> Progress:
         return Progress(
+            name=d["name"],
             revision=d["revision"],
             misfire_policy=d["misfire_policy"],
             cursor=plan.next_cursor,
@@ -935,6 +961,14 @@ class Progress:
             last_late=plan.last_late or (before.last_late if before else None),
             occurrences=plan.late + (before.occurrences if before else 0),
             runs=sum(1 for t in plan.run_times if t <= now) + (before.runs if before else 0),
+        )
+
+    def sentence(self, now: datetime) -> str:
+        """Where a catch-up stands, as one log line between its ticks."""
+        behind = f", {compact_duration(now - self.cursor)} behind" if self.cursor is not None else ""
+        return (
+            f"catching up ({self.misfire_policy}): {self.occurrences} late occurrences walked, "
+            f"{self.runs} run{'' if self.runs == 1 else 's'} so far{behind}"
         )
 
     def continues(self, d: dict[str, Any]) -> bool:

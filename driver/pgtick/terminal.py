@@ -186,6 +186,7 @@ class Column:
     priority: int = 4  # lower is more important; OPTIONAL and up go before any text is cut
     wide_only: bool = False
     shrink: bool = False  # may be cut with an ellipsis
+    middle: bool = False  # cut in the middle: names that share a prefix stay apart
     min_width: int = 8
     right: bool = False
     colour: Callable[[dict[str, Any]], str | None] | None = None
@@ -209,7 +210,7 @@ class Table:
         for r, row in zip(self.rows, cells, strict=True):
             parts = []
             for i in keep:
-                text = _cut(row[i], widths[i])
+                text = _cut(row[i], widths[i], middle=cols[i].middle)
                 padded = _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
@@ -235,42 +236,55 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
-def _cut(text: str, width: int) -> str:
+def clip(text: str, width: int) -> str:
+    """``text`` cut with an ellipsis to ``width`` columns (for a line that is not a table)."""
+    return _cut(_one_line(text), max(width, 1))
+
+
+def _cut(text: str, width: int, *, middle: bool = False) -> str:
     if visible_len(text) <= width:
         return text
     plain = _ESCAPES.sub("", text)  # a cut cell loses its colour rather than its reset code
-    return plain[: max(width - 1, 0)] + "…"
+    keep = max(width - 1, 0)
+    if middle and keep >= 5:
+        tail = keep // 2
+        return plain[: keep - tail] + "…" + plain[len(plain) - tail :]
+    return plain[:keep] + "…"
 
 
 #: Columns of this priority or higher are dropped before any text is cut.
 OPTIONAL = 5
 
 
-def _fit(cols: list[Column], widths: list[int], limit: int) -> tuple[list[int], list[int]]:
+def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int], list[int]]:
     """Until the row fits: drop optional columns (least important first), then cut long
-    text with an ellipsis, then drop the least important of the rest."""
-    widths = list(widths)
+    text with an ellipsis (the least important column first, down to its minimum width),
+    then drop the least important of the rest and cut again from full widths (a dropped
+    column leaves room, so the others are cut no more than they must be)."""
     keep = list(range(len(cols)))
 
-    def total() -> int:
+    def total(widths: list[int]) -> int:
         return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
 
     optional = sorted(
         (i for i in keep if cols[i].priority >= OPTIONAL), key=lambda i: (-cols[i].priority, -i)
     )
-    while total() > limit and optional:
+    while total(natural) > limit and optional:
         keep.remove(optional.pop(0))
-    while total() > limit:
-        shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
-        if shrinkable:
-            widest = max(shrinkable, key=lambda i: widths[i])
-            widths[widest] = max(cols[widest].min_width, widths[widest] - (total() - limit))
-            continue
+    while True:
+        widths = list(natural)
+        while total(widths) > limit:
+            shrinkable = [i for i in keep if cols[i].shrink and widths[i] > cols[i].min_width]
+            if not shrinkable:
+                break
+            cut = max(shrinkable, key=lambda i: (cols[i].priority, widths[i]))
+            widths[cut] = max(cols[cut].min_width, widths[cut] - (total(widths) - limit))
+        if total(widths) <= limit:
+            return keep, widths
         if len(keep) == 1:
             widths[keep[0]] = limit
-            break
+            return keep, widths
         keep.remove(max(keep, key=lambda i: (cols[i].priority, i)))
-    return keep, widths
 
 
 # ---------------------------------------------------------------------------- machine formats

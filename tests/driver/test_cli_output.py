@@ -264,6 +264,8 @@ def test_every_other_command_prints_json_valid_against_its_schema(
         ("undefine", ["undefine", "sync-crm"]),
         ("migrate", ["migrate"]),
         ("dsn", ["dsn"]),
+        ("pause-queue", ["pause-queue", "mail"]),
+        ("pause-queue", ["resume-queue", "mail"]),
     ]
     for schema, argv in cases:
         data = json.loads(run_cli(capsys, *argv, "--json", *dsn))
@@ -309,3 +311,136 @@ def test_enqueue_of_a_kind_no_worker_registered_warns_on_one_stderr_line(
     assert cli.main(["enqueue", "report", "--dsn", fixed.dsn]) == 0
     out, err = capsys.readouterr()
     assert err == "", "a registered kind: no warning"
+
+
+LONG_NAMES = """
+SELECT jobs.define('customer-invoice-reconciliation-eu-west-nightly', 'billing.reconcile_invoices_for_region',
+                   schedule => 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9,13,17;BYMINUTE=0,30',
+                   timezone => 'America/Argentina/Buenos_Aires', max_concurrent_runs => 1);
+SELECT jobs.define('customer-invoice-reconciliation-eu-west-weekly',
+                   'billing.reconcile_invoices_for_region_weekly', schedule => '0 6 * * 1',
+                   timezone => 'America/Argentina/Buenos_Aires');
+UPDATE jobs.definitions SET created_at = '2026-11-01 00:00Z', updated_at = '2026-11-01 00:00Z',
+       next_run_at = '2026-11-30 12:30Z'
+ WHERE name LIKE 'customer-invoice-%';
+INSERT INTO jobs.runs (definition_id, kind, status, scheduled_for, created_at, started_at, heartbeat_at,
+                       finished_at, worker, failure_reason, error)
+SELECT id, kind, 'FAILED', '2026-11-30 11:30Z', '2026-11-30 11:30Z', '2026-11-30 11:30:01Z',
+       '2026-11-30 11:30:01Z', '2026-11-30 11:31:07Z',
+       'ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4', 'Error',
+       'psycopg.errors.SerializationFailure: could not serialize access due to concurrent update'
+  FROM jobs.definitions WHERE name = 'customer-invoice-reconciliation-eu-west-nightly';
+INSERT INTO jobs.runs (definition_id, kind, scheduled_for, created_at)
+SELECT id, kind, '2026-11-30 11:58Z', '2026-11-30 11:58Z'
+  FROM jobs.definitions WHERE name = 'customer-invoice-reconciliation-eu-west-weekly';
+INSERT INTO jobs.known_kinds (kind) VALUES ('billing.reconcile_invoices_for_region');
+INSERT INTO jobs.worker_registry (worker, host, pid, kinds, started_at, last_seen_at, stopped_at)
+VALUES ('ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4',
+        'ip-10-20-130-44.eu-west-1.compute.internal', 48211,
+        '{billing.reconcile_invoices_for_region,report}', '2026-11-30 06:00Z', '2026-11-30 11:59:59Z', NULL);
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("status-long", ["status"]),
+        ("runs-long", ["runs"]),
+        ("definitions-long", ["definitions"]),
+        ("workers-long", ["workers", "--all"]),
+    ],
+)
+def test_long_names_fit_and_stay_apart(
+    fixed: Database, capsys: pytest.CaptureFixture[str], name: str, argv: list[str]
+) -> None:
+    """Names, kinds, zones and workers of production length: each list still fits 100
+    columns; a short name is never cut to make room for a long one's neighbours (the least
+    important column gives way first), and two long names that share a prefix are cut in
+    the middle, so they stay told apart."""
+    with fixed.connect() as conn:
+        conn.execute(LONG_NAMES)
+    out = text_of(run_cli(capsys, *argv, "--dsn", fixed.dsn))
+    too_wide = [line for line in out.splitlines() if len(line) > 100]
+    assert not too_wide, f"lines wider than 100 columns in `pgtick {' '.join(argv)}`: {too_wide}"
+    check_golden(f"{name}.txt", out)
+    lines = out.splitlines()
+    if name in ("status-long", "definitions-long"):
+        for short in ("nightly-report", "sync-crm", "every-10s"):
+            assert any(line.startswith(short + " ") for line in lines), f"{short} cut or missing:\n{out}"
+    if name != "workers-long":
+        column = 2 if name == "runs-long" else 0  # DEFINITION or NAME
+        cells = [re.split(r"\s{2,}", line.strip())[column] for line in lines if "custome" in line]
+        assert len(set(cells)) == len(cells) == 2, f"the two long names cut alike: {cells}\n{out}"
+
+
+def test_backfill_says_how_many_occurrences_the_window_held(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary tells a window with no occurrence from one whose occurrences all had
+    their run already: "runs=0" alone reads the same for both."""
+    dsn = ["--dsn", fixed.dsn]
+    backfill = ["backfill", "nightly-report"]
+    out = run_cli(capsys, *backfill, "--from", "2026-11-25T00:00Z", "--to", "2026-11-28T00:00Z", *dsn)
+    assert out.endswith(" runs=1 (of 3 occurrences, 2 already had a run)\n"), out
+    out = run_cli(capsys, *backfill, "--from", "2026-11-25T00:00Z", "--to", "2026-11-28T00:00Z", *dsn)
+    assert out.endswith(" runs=0 (of 3 occurrences, 3 already had a run)\n"), out
+    quiet = ["--from", "2026-11-25T02:00Z", "--to", "2026-11-25T03:00Z"]
+    out = run_cli(capsys, *backfill, *quiet, *dsn)
+    assert out.endswith(" runs=0 (no occurrence of its schedule falls in the window)\n"), out
+    data = json.loads(run_cli(capsys, *backfill, *quiet, "--json", *dsn))
+    validate("backfill", data)
+    assert (data["runs"], data["occurrences"]) == (0, 0), data
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [("status", ["status"]), ("definitions", ["definitions"]), ("workers", ["workers", "--all"])],
+)
+def test_a_narrow_terminal_drops_columns_before_cutting_names(
+    fixed: Database, name: str, argv: list[str]
+) -> None:
+    """Under a real pseudo-terminal 72 columns wide: every line fits, and once a column is
+    dropped the others get their room back (a name is not left cut beside empty space)."""
+    from driver.test_cli_terminal import in_pty, tty_env
+
+    env = tty_env()
+    env["COLUMNS"] = "72"
+    code, out = in_pty([*argv, "--dsn", fixed.dsn], env)
+    assert code == 0, out
+    assert "\033[" in out, "colour on a terminal"
+    text = text_of(re.sub(r"\033\[[0-9;?]*[a-zA-Z]", "", out).replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if len(line) > 72]
+    assert not too_wide, f"lines wider than 72 columns in `pgtick {' '.join(argv)}`: {too_wide}"
+    check_golden(f"{name}-72.txt", text)
+    names = {"status": "nightly-report", "definitions": "nightly-report", "workers": "host-a-101-f00d"}
+    assert any(line.startswith(names[name] + " ") for line in text.splitlines()), (
+        f"{names[name]} cut:\n{text}"
+    )
+
+
+def test_show_keeps_each_attempt_to_one_line_that_fits(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An attempt's error as long as a real one: its line in the attempt chain is cut to
+    100 columns (the error in full follows, as stored)."""
+    long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update " * 2
+    with fixed.connect() as conn:
+        conn.execute("UPDATE jobs.runs SET error = %s WHERE id IN (4, 5)", (long.strip(),))
+    out = run_cli(capsys, "show", "5", "--dsn", fixed.dsn)
+    lines = out.splitlines()
+    chain = lines[lines.index("attempts") + 1 : lines.index("payload")]
+    assert len(chain) == 2 and chain[1].endswith("<- this run"), chain
+    too_wide = [line for line in chain if len(line) > 100]
+    assert not too_wide, f"attempt lines wider than 100 columns: {too_wide}"
+    assert long.strip() in out, "the error in full, as stored"
+
+
+def test_runs_of_a_definition_that_does_not_exist_warns_on_stderr(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt name still lists nothing (a filter; --json stays []), and says on stderr
+    that no definition has that name, so a typo does not read as a definition that never ran."""
+    assert cli.main(["runs", "--definition", "nightly-reprot", "--dsn", fixed.dsn]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("no runs\n", "pgtick runs: warning: no definition is named 'nightly-reprot'\n")
+    assert run_cli(capsys, "runs", "--definition", "sync-crm", "--dsn", fixed.dsn) == "no runs\n"

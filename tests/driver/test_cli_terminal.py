@@ -9,6 +9,7 @@ import pty
 import select
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,75 @@ def test_migrate_draws_a_progress_bar_on_a_terminal(db: Database, pg: Any) -> No
         assert (piped.returncode, piped.stdout, piped.stderr) == (0, "schema up to date\n", "")
     finally:
         pg.drop_database(empty)
+
+
+def test_backfill_draws_a_progress_bar_on_a_terminal_and_one_line_when_piped(db: Database) -> None:
+    """A backfill of thousands of occurrences: a bar over the window on a terminal, the
+    summary line alone on stdout (and nothing on stderr) when piped."""
+    with db.connect() as conn:
+        for name in ("minutely", "minutely-2"):
+            conn.execute("SELECT jobs.define(%s, 'k', schedule => '* * * * *')", (name,))
+    end = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
+    window = ["--from", (end - timedelta(days=5)).isoformat(), "--to", end.isoformat()]
+    occurrences = 5 * 24 * 60 + 1
+    code, out = in_pty(["backfill", "minutely", *window, "--dsn", db.dsn], tty_env(), timeout=180)
+    assert code == 0, out
+    assert "backfill" in out and "━" in out and "%" in out, f"a progress bar:\n{out!r}"
+    assert f"runs={occurrences} " in out, out
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}  # the default: WARNING
+    piped = subprocess.run(
+        [*PGTICK, "backfill", "minutely-2", *window, "--dsn", db.dsn],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=quiet,
+        cwd=ROOT,
+    )
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert len(piped.stdout.splitlines()) == 1 and f"runs={occurrences} " in piped.stdout, piped.stdout
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(db: Database) -> None:
+    """`pgtick runs | head -1`: the pipe closes before the CLI writes; it stops quietly
+    (exit 1, nothing on stderr) instead of printing a BrokenPipeError traceback."""
+    with db.connect() as conn:
+        add_history(conn, 5)
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "runs", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=quiet,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the CLI has even connected
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, err
+    assert err == "", f"nothing on stderr when the reader left:\n{err}"
+
+
+def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Database) -> None:
+    with db.connect() as conn:
+        add_history(conn, 1)
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "status", "--watch", "0.2", "--dsn", db.dsn], stdout=subprocess.PIPE, env=quiet, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + 60
+    try:
+        while out.count(b"DEFINITION") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                out += os.read(proc.stdout.fileno(), 65536)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = out.decode()
+    assert text.count("DEFINITION") >= 2, f"two snapshots within 60 s:\n{text}"
+    assert "\033[" not in text, f"no screen codes into a pipe:\n{text!r}"
 
 
 def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def walk(
     at a time, the way the scheduler's ticks do; returns runs, record, cursor, parts."""
     schedule = parse_schedule(schedule_text, zone, anchor=datetime(2026, 1, 1, tzinfo=UTC))
     grace = misfire_grace_for(schedule, cursor, timedelta(seconds=60))
-    definition = {"revision": 1, "misfire_policy": policy, "next_run_at": cursor}
+    definition = {"name": "walked", "revision": 1, "misfire_policy": policy, "next_run_at": cursor}
     runs: list[datetime] = []
     before: Progress | None = None
     for parts in range(1, 100_000):

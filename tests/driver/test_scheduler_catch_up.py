@@ -403,3 +403,34 @@ def test_a_cursor_python_cannot_hold_stops_only_its_definition(db: Database, cur
     with db.connect() as conn:
         error = scalar(conn, "SELECT schedule_error FROM jobs.definition_health WHERE id = %s", (broken,))
     assert error and "next_run_at" in error, error
+
+
+def test_a_catch_up_over_several_ticks_logs_where_it_stands_after_each(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An every-second definition down for two hours, walked 1,000 missed occurrences per
+    tick: each tick that leaves it unfinished logs one line of how far it got, and the tick
+    that settles it logs the catch-up as one sentence."""
+    with db.connect() as conn:
+        late_id = define(conn, "down-for-hours", "FREQ=SECONDLY")
+        start = scalar(conn, "SELECT date_trunc('second', now()) - interval '2 hours'")
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = %s, created_at = %s WHERE id = %s",
+            (start, start - timedelta(days=1), late_id),
+        )
+    scheduler = Scheduler(db.dsn, owner="leader", tick_interval=0.5, catch_up_budget=1000)
+    caplog.set_level("INFO", logger="pgtick.scheduler")
+    with db.connect() as conn:
+        deadline = time.monotonic() + 600
+        while scalar(conn, "SELECT count(*) FROM jobs.catch_ups WHERE definition_id = %s", (late_id,)) == 0:
+            assert time.monotonic() < deadline, "the catch-up never finished"
+            report = tick_like_run(scheduler)
+            assert report is not None and report.leading, "a tick failed"
+    scheduler.close()
+    lines = [r.getMessage() for r in caplog.records if "definition=down-for-hours" in r.getMessage()]
+    going = [line for line in lines if "catching up (coalesce):" in line]
+    assert len(going) >= 5, f"one line per unfinished tick of a 7,200-occurrence catch-up: {lines}"
+    walked = [int(line.split(": ")[1].split()[0]) for line in going]
+    assert walked == sorted(walked) and walked[0] >= 1000, f"late occurrences walked grow: {walked}"
+    assert all(" behind" in line for line in going), going
+    assert "coalesced into 1" in lines[-1], f"the last line settles the catch-up: {lines[-1]}"
