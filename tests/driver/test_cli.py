@@ -182,6 +182,8 @@ COMMANDS = [
     "definitions",
     "pause-queue",
     "resume-queue",
+    "scope-worker",
+    "unscope-worker",
     "backfill",
     "web",
 ]
