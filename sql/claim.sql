@@ -40,14 +40,19 @@
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
--- by many claimers at once, and each of them starts at most 20 runs of the group. After
--- taking it, a claimer reads how many claimers hold it (h, from pg_locks; itself
--- included) and only then, in a later statement, counts RUNNING (c) and recent starts;
--- its room is min(20, limit - c - (h - 1) x 20). Whoever took the lock last saw every
--- earlier holder either committed (in c) or still holding (in h), so the sum never passes
--- the limit. A claimer that needs exclusivity (a tight limit, a definition) takes the
--- lock EXCLUSIVE and waits for the shared holders to commit. Near a roomy limit this
--- leaves up to (h - 1) x 20 slots unused while claimers overlap; it never exceeds it.
+-- by many claimers at once, and each of them starts at most 20 runs of the group. A shared
+-- holder also takes one of the group's 16 stripe locks EXCLUSIVE (only tried, never waited
+-- for; with all 16 held the group counts as busy for this claim), so at most h = 16
+-- claimers start its runs at once. Only then, in a later statement, does it count RUNNING
+-- (c) and recent starts; its room is min(20, limit - c - (h - 1) x 20). Whoever took the
+-- lock last saw every earlier holder either committed (in c) or still holding (one of
+-- the other h - 1), so the sum never passes the limit. Where the bound of 16 leaves less
+-- than 20 (near the limit), the claimer reads the exact h from pg_locks (itself included;
+-- pg_locks takes every lock partition's lock, so it is read only then) and counts again
+-- in a later statement: the same argument with the holders it read. A claimer that needs
+-- exclusivity (a tight limit, a definition) takes the lock EXCLUSIVE and waits for the
+-- shared holders to commit. Near a roomy limit this leaves up to (h - 1) x 20 slots
+-- unused while claimers overlap; it never exceeds it.
 --
 -- Dispatch lock keys (the key table is in sql/helpers.sql): a definition's is
 -- jobs._dispatch_key(id); a limit's is jobs._limit_key(label), label being the JSON array
@@ -85,6 +90,11 @@ DECLARE
     -- counts the others as if they all did (see step 3).
     c_shared_min CONSTANT integer := 500;
     c_shared_batch CONSTANT integer := 20;
+    -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
+    -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
+    -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
+    c_stripes CONSTANT integer := 16;
+    v_exact boolean;
     v_holders integer[];
     v_started timestamptz;
     v_worker text;
@@ -268,8 +278,8 @@ BEGIN
         FOREACH v_g IN ARRAY v_new LOOP
             IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
                      ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
-                v_g.locked := TRUE;
                 v_max_key := greatest(v_max_key, v_g.lock_key);
+                v_g.locked := NOT v_g.shared OR jobs._try_stripe(v_g.label, c_stripes);
             END IF;
             v_groups := v_groups || v_g;
             v_labels := v_labels || v_g.label;
@@ -280,19 +290,24 @@ BEGIN
             -- 3. Only now, under those locks, count per newly locked group what is RUNNING
             -- and, for a rate limit, what started within its trailing window.
             -- (Flags from plain loops, not queries: every statement costs a claim.)
-            v_todo := FALSE;
-            v_shared_todo := FALSE;
-            FOREACH v_g IN ARRAY v_groups LOOP
-                IF v_g.locked AND v_g.free IS NULL THEN
-                    v_todo := TRUE;
-                    v_shared_todo := v_shared_todo OR v_g.shared;
-                END IF;
-            END LOOP;
-            IF v_todo THEN
-                -- Shared-mode groups: first (its own statement, so that the counts below
-                -- see every holder that committed after this read) how many claimers hold it.
+            -- A shared group is first counted against the bound of c_stripes holders; only
+            -- where that leaves less than c_shared_batch (near the limit) is it counted again
+            -- against the holders read from pg_locks (v_exact).
+            v_exact := FALSE;
+            LOOP
+                v_todo := FALSE;
+                v_shared_todo := FALSE;
+                FOREACH v_g IN ARRAY v_groups LOOP
+                    IF v_g.locked AND v_g.free IS NULL THEN
+                        v_todo := TRUE;
+                        v_shared_todo := v_shared_todo OR v_g.shared;
+                    END IF;
+                END LOOP;
+                EXIT WHEN NOT v_todo;
+                -- Exact holders: first (its own statement, so that the counts below see
+                -- every holder that committed after this read) how many claimers hold it.
                 v_holders := '{}';
-                IF v_shared_todo THEN
+                IF v_shared_todo AND v_exact THEN
                     SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
                       INTO v_holders
                       FROM unnest(v_groups) WITH ORDINALITY AS g
@@ -309,14 +324,16 @@ BEGIN
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
                                      g.skip, g.shared, g.locked,
                                      CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                          WHEN g.shared AND NOT v_exact THEN   -- full room, or count again
+                                              CASE WHEN coalesce(g.max_running - c.running - c.others, 2147483647)
+                                                        >= c_shared_batch
+                                                    AND coalesce(g.rate_limit - c.starts - c.others, 2147483647)
+                                                        >= c_shared_batch
+                                                   THEN c_shared_batch END
                                           WHEN g.shared THEN   -- each holder adds at most c_shared_batch
                                               greatest(least(c_shared_batch,
-                                                  coalesce(g.max_running - c.running
-                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
-                                                           2147483647),
-                                                  coalesce(g.rate_limit - c.starts
-                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
-                                                           2147483647)), 0)
+                                                  coalesce(g.max_running - c.running - c.others, 2147483647),
+                                                  coalesce(g.rate_limit - c.starts - c.others, 2147483647)), 0)
                                           ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
                                                               coalesce(g.rate_limit - c.starts, 2147483647)), 0)
                                      END
@@ -340,10 +357,14 @@ BEGIN
                               CASE WHEN g.rate_limit IS NULL THEN 0
                                    ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
                                           WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
-                              END AS starts
+                              END AS starts,
+                              (CASE WHEN v_exact THEN coalesce(v_holders[g.ordinality], 1) ELSE c_stripes END - 1)
+                              * c_shared_batch AS others
                         WHERE g.locked AND g.free IS NULL
                   ) AS c ON TRUE;
-            END IF;
+                EXIT WHEN v_exact OR NOT v_shared_todo;
+                v_exact := TRUE;
+            END LOOP;
 
             -- 4. Pick in pool order while every group of the row has room (a busy group has
             -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
@@ -408,11 +429,13 @@ BEGIN
                     END IF;
                     v_max_key := v_g.lock_key;
                     v_g.locked := TRUE;
-                ELSIF v_g.shared THEN
+                ELSIF v_g.shared THEN   -- (held already if only its stripes were busy)
                     v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
                 ELSE
                     v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
                 END IF;
+                -- Stripes are only ever tried, never waited for: they take no part in the order.
+                v_g.locked := v_g.locked AND (NOT v_g.shared OR jobs._try_stripe(v_g.label, c_stripes));
                 v_groups[i] := v_g;
             END LOOP;
         END LOOP;
