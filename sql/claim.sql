@@ -56,7 +56,8 @@
 --
 -- Dispatch lock keys (the key table is in sql/helpers.sql): a definition's is
 -- jobs._dispatch_key(id); a limit's is jobs._limit_key(label), label being the JSON array
--- [scope, name] or, per key, [scope, name, concurrency_key].
+-- [scope, name] or, per key, [scope, name, concurrency_key]. The claim computes them inline:
+-- a call of a function that pins search_path saves and restores settings each time.
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
@@ -95,6 +96,7 @@ DECLARE
     -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
     c_stripes CONSTANT integer := 16;
     v_exact boolean;
+    v_striped boolean[] := '{}';    -- per group: holds one of its stripes
     v_holders integer[];
     v_started timestamptz;
     v_worker text;
@@ -227,7 +229,7 @@ BEGIN
             ),
             x AS (
                 SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
-                       jobs._dispatch_key(d.id) AS lock_key,
+                       hashtextextended('dispatch:' || d.id, 0) AS lock_key,   -- jobs._dispatch_key, inline
                        'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
                        FALSE AS per_key, d.id AS definition_id,
                        d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
@@ -235,7 +237,7 @@ BEGIN
                   FROM p JOIN jobs.definitions AS d
                     ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
                 UNION ALL
-                SELECT l.ord, l.slot, l.label, jobs._limit_key(l.label),
+                SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),   -- jobs._limit_key
                        l.scope, l.name, l.ckey, l.per_key, NULL,
                        l.max_running, l.rate_limit, l.rate_period, FALSE
                   FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
@@ -278,8 +280,8 @@ BEGIN
         FOREACH v_g IN ARRAY v_new LOOP
             IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
                      ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
+                v_g.locked := TRUE;
                 v_max_key := greatest(v_max_key, v_g.lock_key);
-                v_g.locked := NOT v_g.shared OR jobs._try_stripe(v_g.label, c_stripes);
             END IF;
             v_groups := v_groups || v_g;
             v_labels := v_labels || v_g.label;
@@ -287,6 +289,27 @@ BEGIN
         v_waited := FALSE;
 
         LOOP
+            -- A shared group is locked only with one of its stripes too: tried from one
+            -- derived from this backend's pid, never waited for (so stripes take no part in
+            -- the lock order); with all of them held, the group is busy.
+            FOR i IN 1 .. cardinality(v_groups) LOOP
+                IF (v_groups[i]).shared AND (v_groups[i]).locked AND v_striped[i] IS NOT TRUE THEN
+                    v_striped[i] := FALSE;
+                    FOR j IN 0 .. c_stripes - 1 LOOP
+                        IF pg_try_advisory_xact_lock(hashtextextended(   -- key: helpers.sql
+                               'dispatch:' || (v_groups[i]).label || '#' || (pg_backend_pid() + j) % c_stripes, 0)) THEN
+                            v_striped[i] := TRUE;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                    IF NOT v_striped[i] THEN
+                        v_g := v_groups[i];
+                        v_g.locked := FALSE;
+                        v_groups[i] := v_g;
+                    END IF;
+                END IF;
+            END LOOP;
+
             -- 3. Only now, under those locks, count per newly locked group what is RUNNING
             -- and, for a rate limit, what started within its trailing window.
             -- (Flags from plain loops, not queries: every statement costs a claim.)
@@ -429,13 +452,11 @@ BEGIN
                     END IF;
                     v_max_key := v_g.lock_key;
                     v_g.locked := TRUE;
-                ELSIF v_g.shared THEN   -- (held already if only its stripes were busy)
+                ELSIF v_g.shared THEN   -- (held already when only its stripes were busy)
                     v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
                 ELSE
                     v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
                 END IF;
-                -- Stripes are only ever tried, never waited for: they take no part in the order.
-                v_g.locked := v_g.locked AND (NOT v_g.shared OR jobs._try_stripe(v_g.label, c_stripes));
                 v_groups[i] := v_g;
             END LOOP;
         END LOOP;

@@ -20,9 +20,9 @@
 --   jobs._limit_key(label)  transaction  jobs.claim (queue and kind  hashtextextended('dispatch:' || label, 0)
 --                           (shared for  limits; label: the JSON    (one sorted order with the
 --                           big limits)  array [scope, name(, key)]) definition keys: no cycles)
---   jobs._try_stripe(label, n) transaction jobs.claim (with each     hashtextextended('dispatch:' || label
---                                        shared limit lock: one of   || '#' || stripe, 0); only tried,
---                                        n stripes, exclusive)       never waited for
+--   (a limit's stripes)     transaction  jobs.claim (with each       hashtextextended('dispatch:' || label
+--                           (exclusive)  shared limit lock: one of   || '#' || stripe, 0), stripe 0..15;
+--                                        its 16 stripes)             only tried, never waited for
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.
@@ -52,30 +52,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
 COMMENT ON FUNCTION jobs._limit_key(text) IS
 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
-
--- Private: take one of a shared limit group's stripe locks (exclusive, transaction), trying
--- them from one derived from this backend's pid; false when all are held. A claimer holding a
--- group's lock in shared mode starts its runs only while it holds a stripe too, so the stripe
--- count bounds the claimers that hold the group at once (see jobs.claim). Never waits.
-CREATE OR REPLACE FUNCTION jobs._try_stripe(label text, stripes integer)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_first integer := pg_backend_pid() % stripes;
-BEGIN
-    FOR s IN 0 .. stripes - 1 LOOP
-        IF pg_try_advisory_xact_lock(hashtextextended(
-                'dispatch:' || label || '#' || (v_first + s) % stripes, 0)) THEN
-            RETURN TRUE;
-        END IF;
-    END LOOP;
-    RETURN FALSE;
-END
-$$;
-COMMENT ON FUNCTION jobs._try_stripe(text, integer) IS
-'Private: try, without waiting, one of the stripes locks of a shared queue or kind limit group (key hashtextextended(''dispatch:'' || label || ''#'' || stripe, 0)); true when one was taken.';
 
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
