@@ -56,20 +56,8 @@ def baseline_root(rev: str) -> Path:
 
 
 def install_from(root: Path, dsn: str) -> None:
-    """Migrate with the given sql/ and migrations/ (the function list is today's SQL_FILES,
-    filtered to the files that exist there)."""
+    """Install the schema of ``root`` (a ``baseline_root``) by its own sql/install.sql."""
     from pgtick import migrate
 
     with connect(dsn) as conn:
-        applied = []
-        conn.execute("SET client_min_messages = warning")
-        conn.execute(migrate.BOOTSTRAP.encode())
-        for m in migrate.migrations(root):
-            with conn.transaction():
-                conn.execute(m.sql().encode())
-            applied.append(m.version)
-        with conn.transaction():
-            for name in migrate.SQL_FILES:
-                path = root / "sql" / name
-                if path.exists():
-                    conn.execute(path.read_bytes())
+        migrate.apply(conn, root)

@@ -40,18 +40,24 @@
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
--- by many claimers at once, and each of them starts at most 20 runs of the group. After
--- taking it, a claimer reads how many claimers hold it (h, from pg_locks; itself
--- included) and only then, in a later statement, counts RUNNING (c) and recent starts;
--- its room is min(20, limit - c - (h - 1) x 20). Whoever took the lock last saw every
--- earlier holder either committed (in c) or still holding (in h), so the sum never passes
--- the limit. A claimer that needs exclusivity (a tight limit, a definition) takes the
--- lock EXCLUSIVE and waits for the shared holders to commit. Near a roomy limit this
--- leaves up to (h - 1) x 20 slots unused while claimers overlap; it never exceeds it.
+-- by many claimers at once, and each of them starts at most 20 runs of the group. A shared
+-- holder also takes one of the group's 16 stripe locks EXCLUSIVE (only tried, never waited
+-- for; with all 16 held the group counts as busy for this claim), so at most h = 16
+-- claimers start its runs at once. Only then, in a later statement, does it count RUNNING
+-- (c) and recent starts; its room is min(20, limit - c - (h - 1) x 20). Whoever took the
+-- lock last saw every earlier holder either committed (in c) or still holding (one of
+-- the other h - 1), so the sum never passes the limit. Where the bound of 16 leaves less
+-- than 20 (near the limit), the claimer reads the exact h from pg_locks (itself included;
+-- pg_locks takes every lock partition's lock, so it is read only then) and counts again
+-- in a later statement: the same argument with the holders it read. A claimer that needs
+-- exclusivity (a tight limit, a definition) takes the lock EXCLUSIVE and waits for the
+-- shared holders to commit. Near a roomy limit this leaves up to (h - 1) x 20 slots
+-- unused while claimers overlap; it never exceeds it.
 --
 -- Dispatch lock keys (the key table is in sql/helpers.sql): a definition's is
 -- jobs._dispatch_key(id); a limit's is jobs._limit_key(label), label being the JSON array
--- [scope, name] or, per key, [scope, name, concurrency_key].
+-- [scope, name] or, per key, [scope, name, concurrency_key]. The claim computes them inline:
+-- a call of a function that pins search_path saves and restores settings each time.
 -- ===========================================================================
 
 -- Claim up to batch_size due runs for worker (default: an id derived from this session).
@@ -87,6 +93,12 @@ DECLARE
     -- counts the others as if they all did (see step 3).
     c_shared_min CONSTANT integer := 500;
     c_shared_batch CONSTANT integer := 20;
+    -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
+    -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
+    -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
+    c_stripes CONSTANT integer := 16;
+    v_exact boolean;
+    v_striped boolean[] := '{}';    -- per group: holds one of its stripes
     v_holders integer[];
     v_started timestamptz;
     v_worker text;
@@ -236,7 +248,7 @@ BEGIN
             ),
             x AS (
                 SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
-                       jobs._dispatch_key(d.id) AS lock_key,
+                       hashtextextended('dispatch:' || d.id, 0) AS lock_key,   -- jobs._dispatch_key, inline
                        'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
                        FALSE AS per_key, d.id AS definition_id,
                        d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
@@ -244,7 +256,7 @@ BEGIN
                   FROM p JOIN jobs.definitions AS d
                     ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
                 UNION ALL
-                SELECT l.ord, l.slot, l.label, jobs._limit_key(l.label),
+                SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),   -- jobs._limit_key
                        l.scope, l.name, l.ckey, l.per_key, NULL,
                        l.max_running, l.rate_limit, l.rate_period, FALSE
                   FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
@@ -296,22 +308,48 @@ BEGIN
         v_waited := FALSE;
 
         LOOP
+            -- A shared group is locked only with one of its stripes too: tried from one
+            -- derived from this backend's pid, never waited for (so stripes take no part in
+            -- the lock order); with all of them held, the group is busy.
+            FOR i IN 1 .. cardinality(v_groups) LOOP
+                IF (v_groups[i]).shared AND (v_groups[i]).locked AND v_striped[i] IS NOT TRUE THEN
+                    v_striped[i] := FALSE;
+                    FOR j IN 0 .. c_stripes - 1 LOOP
+                        IF pg_try_advisory_xact_lock(hashtextextended(   -- key: helpers.sql
+                               'dispatch:' || (v_groups[i]).label || '#' || (pg_backend_pid() + j) % c_stripes, 0)) THEN
+                            v_striped[i] := TRUE;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                    IF NOT v_striped[i] THEN
+                        v_g := v_groups[i];
+                        v_g.locked := FALSE;
+                        v_groups[i] := v_g;
+                    END IF;
+                END IF;
+            END LOOP;
+
             -- 3. Only now, under those locks, count per newly locked group what is RUNNING
             -- and, for a rate limit, what started within its trailing window.
             -- (Flags from plain loops, not queries: every statement costs a claim.)
-            v_todo := FALSE;
-            v_shared_todo := FALSE;
-            FOREACH v_g IN ARRAY v_groups LOOP
-                IF v_g.locked AND v_g.free IS NULL THEN
-                    v_todo := TRUE;
-                    v_shared_todo := v_shared_todo OR v_g.shared;
-                END IF;
-            END LOOP;
-            IF v_todo THEN
-                -- Shared-mode groups: first (its own statement, so that the counts below
-                -- see every holder that committed after this read) how many claimers hold it.
+            -- A shared group is first counted against the bound of c_stripes holders; only
+            -- where that leaves less than c_shared_batch (near the limit) is it counted again
+            -- against the holders read from pg_locks (v_exact).
+            v_exact := FALSE;
+            LOOP
+                v_todo := FALSE;
+                v_shared_todo := FALSE;
+                FOREACH v_g IN ARRAY v_groups LOOP
+                    IF v_g.locked AND v_g.free IS NULL THEN
+                        v_todo := TRUE;
+                        v_shared_todo := v_shared_todo OR v_g.shared;
+                    END IF;
+                END LOOP;
+                EXIT WHEN NOT v_todo;
+                -- Exact holders: first (its own statement, so that the counts below see
+                -- every holder that committed after this read) how many claimers hold it.
                 v_holders := '{}';
-                IF v_shared_todo THEN
+                IF v_shared_todo AND v_exact THEN
                     SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
                       INTO v_holders
                       FROM unnest(v_groups) WITH ORDINALITY AS g
@@ -328,14 +366,16 @@ BEGIN
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
                                      g.skip, g.shared, g.locked,
                                      CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                          WHEN g.shared AND NOT v_exact THEN   -- full room, or count again
+                                              CASE WHEN coalesce(g.max_running - c.running - c.others, 2147483647)
+                                                        >= c_shared_batch
+                                                    AND coalesce(g.rate_limit - c.starts - c.others, 2147483647)
+                                                        >= c_shared_batch
+                                                   THEN c_shared_batch END
                                           WHEN g.shared THEN   -- each holder adds at most c_shared_batch
                                               greatest(least(c_shared_batch,
-                                                  coalesce(g.max_running - c.running
-                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
-                                                           2147483647),
-                                                  coalesce(g.rate_limit - c.starts
-                                                           - (coalesce(v_holders[g.ordinality], 1) - 1) * c_shared_batch,
-                                                           2147483647)), 0)
+                                                  coalesce(g.max_running - c.running - c.others, 2147483647),
+                                                  coalesce(g.rate_limit - c.starts - c.others, 2147483647)), 0)
                                           ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
                                                               coalesce(g.rate_limit - c.starts, 2147483647)), 0)
                                      END
@@ -359,10 +399,14 @@ BEGIN
                               CASE WHEN g.rate_limit IS NULL THEN 0
                                    ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
                                           WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
-                              END AS starts
+                              END AS starts,
+                              (CASE WHEN v_exact THEN coalesce(v_holders[g.ordinality], 1) ELSE c_stripes END - 1)
+                              * c_shared_batch AS others
                         WHERE g.locked AND g.free IS NULL
                   ) AS c ON TRUE;
-            END IF;
+                EXIT WHEN v_exact OR NOT v_shared_todo;
+                v_exact := TRUE;
+            END LOOP;
 
             -- 4. Pick in pool order while every group of the row has room (a busy group has
             -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
@@ -427,7 +471,7 @@ BEGIN
                     END IF;
                     v_max_key := v_g.lock_key;
                     v_g.locked := TRUE;
-                ELSIF v_g.shared THEN
+                ELSIF v_g.shared THEN   -- (held already when only its stripes were busy)
                     v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
                 ELSE
                     v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);

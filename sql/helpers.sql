@@ -20,6 +20,9 @@
 --   jobs._limit_key(label)  transaction  jobs.claim (queue and kind  hashtextextended('dispatch:' || label, 0)
 --                           (shared for  limits; label: the JSON    (one sorted order with the
 --                           big limits)  array [scope, name(, key)]) definition keys: no cycles)
+--   (a limit's stripes)     transaction  jobs.claim (with each       hashtextextended('dispatch:' || label
+--                           (exclusive)  shared limit lock: one of   || '#' || stripe, 0), stripe 0..15;
+--                                        its 16 stripes)             only tried, never waited for
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.

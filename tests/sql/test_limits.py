@@ -5,7 +5,7 @@ invariants are in test_sql_flow_concurrency.py."""
 
 from __future__ import annotations
 
-from harness import Conn, add_definition, add_runs, scalar
+from harness import Conn, Database, add_definition, add_runs, scalar
 
 
 def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
@@ -170,3 +170,25 @@ def test_queue_stats_shows_limits_pause_blocked_and_rate_limited(conn: Conn) -> 
         " FROM jobs.queue_stats WHERE kind = 'api'"
     ).fetchone()
     assert row == ("ext", True, 3, 1, 1, 3, 5, "1 per 01:00:00"), row
+
+
+def test_roomy_limit_with_every_stripe_held_starts_none_of_its_runs(db: Database, conn: Conn) -> None:
+    """A roomy limit (shared dispatch lock) is started from by at most 16 claimers at once:
+    each holds one of the group's 16 stripe locks. With all 16 held elsewhere, a claim starts
+    nothing of that group, at once (stripes are never waited for), and still starts other
+    runs; once they are released it starts the group's runs again."""
+    big = _runs(conn, 5, queue="big")
+    other = _runs(conn, 2, queue="other")
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 500)")
+    label = '["queue", "big"]'
+    with db.connect(autocommit=False) as holder:
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('dispatch:' || %s || '#' || s, 0))"
+            "  FROM generate_series(0, 15) AS s",
+            (label,),
+        )
+        got = _claim(conn)
+        assert got == other, f"claimed {got} with every stripe of the 'big' group held; expected only {other}"
+        holder.rollback()
+    got = _claim(conn)
+    assert got == big, f"claimed {got} after the stripes were released; expected {big}"
