@@ -233,13 +233,44 @@ def test_a_fault_of_the_worker_itself_exits_non_zero_and_fails_its_claimed_runs(
     assert "the claim hook is broken" in tail, context
 
 
-def test_a_worker_whose_own_arguments_are_refused_exits_non_zero(db: Database, tmp_path: Path) -> None:
-    """jobs.claim refuses more than 1000 queues: retrying the same call cannot help, so the
-    worker stops with the database's message rather than living on without claiming."""
-    queues = ",".join(f"q{i}" for i in range(1001))
+def test_a_worker_whose_own_arguments_are_refused_stops_with_the_databases_message(
+    db: Database, tmp_path: Path
+) -> None:
+    """jobs.claim refuses more than 1000 queues: retrying the same call cannot help, so a
+    worker given them through the Python API stops and raises the database's message rather
+    than living on without claiming; `pgtick run` refuses them before it starts (one line,
+    exit 2)."""
+    import threading
+
+    import psycopg
+
+    from pgtick.app import App
+    from pgtick.worker import Worker
+
+    queues = [f"q{i}" for i in range(1001)]
+    app = App("refused-arguments")
+    app.job("k")(lambda ctx: None)
+    worker = Worker(app, db.dsn, queues=queues, listen=False, poll_interval=0.1, shutdown_grace=1)
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            worker.run(stop)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the worker lived on after the database refused its arguments"
+    assert len(raised) == 1 and isinstance(raised[0], psycopg.Error), raised
+    assert "queues must hold 1 to 1000" in str(raised[0]), raised
     with processes(tmp_path, db.dsn) as procs:
-        worker = procs.replica(APP, "worker", "--no-scheduler", "--queues", queues)
-        code = worker.wait(timeout=60)
-        tail = worker.tail()
-    assert code == 1, f"exit code {code}\n{tail}"
-    assert "queues must hold 1 to 1000" in tail, tail
+        replica = procs.replica(APP, "worker", "--no-scheduler", "--queues", ",".join(queues))
+        code = replica.wait(timeout=60)
+        tail = replica.tail()
+    assert code == 2, f"exit code {code}\n{tail}"
+    assert "--queues: must list at most 1000 queue names" in tail and "Traceback" not in tail, tail
