@@ -5,8 +5,8 @@
 
 CREATE TABLE jobs.worker_scopes (
     role name PRIMARY KEY,
-    kinds text [],
-    queues text [],
+    kinds text[],
+    queues text[],
     updated_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT worker_scopes_kinds_bounded CHECK (kinds IS NULL OR cardinality(kinds) BETWEEN 1 AND 1000),
     CONSTRAINT worker_scopes_queues_bounded CHECK (queues IS NULL OR cardinality(queues) BETWEEN 1 AND 1000)

@@ -113,7 +113,7 @@ SELECT
     s.kinds,
     s.queues,
     s.updated_at,
-    EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = s.role) AS role_exists
+    s.role IN (SELECT r.rolname FROM pg_catalog.pg_roles AS r) AS role_exists
 FROM jobs.worker_scopes AS s
 ORDER BY s.role;
 COMMENT ON VIEW jobs.worker_scope_list IS
