@@ -46,18 +46,6 @@ def run_locked(
 ) -> int:
     owner = owner or new_worker_id()
     ttl_interval = timedelta(seconds=ttl)
-    with connect(dsn, application_name="pgtick-lock") as conn:
-        if not calls.acquire_lease(conn, name, owner, ttl_interval):
-            held = calls.lease_holder(conn, name)
-            holder, until, skips = held if held else ("?", None, 0)
-            print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
-            if skips >= SKIP_WARN_AFTER:
-                print(
-                    f"warning: lease {name} skipped {skips} times in a row; is {holder} stuck?",
-                    file=sys.stderr,
-                )
-            return skipped_exit
-
     child: subprocess.Popen[bytes] | None = None
     lost = threading.Event()
     done = threading.Event()
@@ -88,9 +76,25 @@ def run_locked(
         elif child.poll() is None:
             child.send_signal(signum)
 
+    # The handlers are in place before the lease is taken: a signal that comes just after
+    # the lease commits is kept (and the lease released), never the default death that
+    # would leave the lease held until its ttl runs out.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     renewer = threading.Thread(target=renew, name="pgtick-lease", daemon=True)
+    acquired = False
     try:
+        with connect(dsn, application_name="pgtick-lock") as conn:
+            acquired = calls.acquire_lease(conn, name, owner, ttl_interval)
+            if not acquired:
+                held = calls.lease_holder(conn, name)
+                holder, until, skips = held if held else ("?", None, 0)
+                print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
+                if skips >= SKIP_WARN_AFTER:
+                    print(
+                        f"warning: lease {name} skipped {skips} times in a row; is {holder} stuck?",
+                        file=sys.stderr,
+                    )
+                return skipped_exit
         if early:  # stopped before CMD started: do not start it
             return 128 + early[0]
         try:
@@ -109,7 +113,8 @@ def run_locked(
         done.set()
         for s, handler in previous.items():
             signal.signal(s, handler)
-        try:
-            _release(dsn, name, owner)
-        except Exception as exc:  # the TTL frees it anyway
-            print(f"pgtick lock: releasing lease {name} failed: {exc}", file=sys.stderr)
+        if acquired:
+            try:
+                _release(dsn, name, owner)
+            except Exception as exc:  # the TTL frees it anyway
+                print(f"pgtick lock: releasing lease {name} failed: {exc}", file=sys.stderr)

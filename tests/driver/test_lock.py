@@ -113,3 +113,20 @@ def test_sigterm_stops_the_command_and_releases_the_lease(db: Database, tmp_path
 
     assert code == 128 + signal.SIGTERM, f"exit {code}:\n{holder.tail()}"
     assert after == (None, False), f"lease not released on SIGTERM: {after}"
+
+
+def test_sigterm_the_moment_the_lease_is_taken_still_releases_it(db: Database, tmp_path: Path) -> None:
+    """SIGTERM sent the instant the lease row appears (polled without pause), five times: the
+    signal handlers are in place before the lease is taken, so each time the command stops
+    with 128 + SIGTERM and the lease is released, never left held until its ttl."""
+    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
+        for attempt in range(5):
+            holder = procs.start(f"holder{attempt}", lock(db.dsn, "edge", "sleep", "60", ttl=600))
+            deadline = time.monotonic() + 60
+            while not (lease(conn, "edge") or (None,))[0]:
+                assert time.monotonic() < deadline, f"attempt {attempt}: the lease was never taken"
+            holder.send(signal.SIGTERM)
+            code = holder.wait(30)
+            after = lease(conn, "edge")
+            assert code == 128 + signal.SIGTERM, f"attempt {attempt}: exit {code}:\n{holder.tail()}"
+            assert after in (None, (None, False)), f"attempt {attempt}: lease left held: {after}"
