@@ -111,6 +111,7 @@ DECLARE
     v_scope_kinds text[];
     v_scope_queues text[];
     v_has_limits boolean;
+    v_capped_defs boolean := FALSE; -- some group is a capped definition
     v_new_ids bigint[];
     v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
     v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
@@ -303,6 +304,7 @@ BEGIN
                 v_max_key := greatest(v_max_key, v_g.lock_key);
             END IF;
             v_groups := v_groups || v_g;
+            v_capped_defs := v_capped_defs OR v_g.scope = 'definition';
             v_labels := v_labels || v_g.label;
         END LOOP;
         v_waited := FALSE;
@@ -494,7 +496,7 @@ BEGIN
     END LOOP;
 
     -- buffer_one and cancel_other act on the definitions whose dispatch locks are held.
-    IF cardinality(v_groups) > 0 THEN
+    IF v_capped_defs THEN
         SELECT array_agg(g.definition_id), array_agg(g.free)
           INTO v_room_defs, v_room_free
           FROM unnest(v_groups) AS g
