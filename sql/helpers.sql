@@ -153,6 +153,24 @@ $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
+-- The definition a caller's lookup by name found, or P0002 naming the name when it found none
+-- (definition.id NULL). Each caller keeps its own query and lock; the rule lives here.
+CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text)
+RETURNS jobs.definitions
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF definition.id IS NULL THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    RETURN definition;
+END
+$$;
+COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS
+'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
+
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
 -- could be guessed, and a worker that presents one means to be fenced by it.
