@@ -195,6 +195,25 @@ $$;
 COMMENT ON FUNCTION jobs._claim_token_hash(text) IS
 'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
 
+-- The arguments every call on one claimed run shares (jobs.complete, fail, acknowledge_cancel,
+-- snooze), checked in this order: claim_token, run_id, worker. Returns the token's stored form,
+-- which the call's WHERE clause compares with the run's claim_token_hash.
+CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text)
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(claim_token);
+BEGIN
+    PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', worker, 200);
+    RETURN v_token_hash;
+END
+$$;
+COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS
+'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
+
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
 -- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).

@@ -110,10 +110,8 @@ DECLARE
     v_failed jobs.runs;
     v_retry jobs.runs;
     v_retry_id bigint;
-    v_token_hash bytea := jobs._claim_token_hash(fail.claim_token);
+    v_token_hash bytea := jobs._run_fence(fail.run_id, fail.worker, fail.claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', fail.run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', fail.worker, 200);
     IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
         RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
             USING ERRCODE = '22023';
