@@ -148,10 +148,7 @@ BEGIN
                          ORDER BY c.root, c.attempt DESC) AS l
             WHERE l.status <> 'COMPLETED');
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS

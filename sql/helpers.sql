@@ -367,3 +367,19 @@ END
 $$;
 COMMENT ON FUNCTION jobs._notify() IS
 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
+
+-- What a call that queued a number of runs returns: the number, after waking idle workers if it is not 0.
+CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queued > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN queued;
+END
+$$;
+COMMENT ON FUNCTION jobs._notify_queued(integer) IS
+'Private: jobs._notify() when queued > 0 (runs were queued or released); returns queued.';

@@ -408,10 +408,7 @@ BEGIN
     END IF;
 
     v_count := jobs._insert_occurrences(v_def, materialize.run_times);
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
@@ -524,10 +521,7 @@ BEGIN
       FROM missed AS m
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS

@@ -311,10 +311,7 @@ BEGIN
     UPDATE jobs.backfills AS b
        SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)
      WHERE b.id = v_request.id;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS
