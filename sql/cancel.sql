@@ -13,6 +13,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_status jobs.run_status;
+    v_run jobs.runs;
 BEGIN
     IF cancel.run_id IS NULL THEN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
@@ -30,11 +31,8 @@ BEGIN
         END IF;
         RETURN v_status;
     END IF;
-    SELECT r.status INTO v_status FROM jobs.runs AS r WHERE r.id = cancel.run_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'P0002';
-    END IF;
-    RETURN v_status;  -- already finished: nothing to do
+    SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = cancel.run_id;
+    RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
 END
 $$;
 COMMENT ON FUNCTION jobs.cancel(bigint) IS

@@ -389,9 +389,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = run_detail.run_id) THEN
-        RAISE EXCEPTION 'run % does not exist', coalesce(run_detail.run_id::text, 'NULL') USING ERRCODE = 'P0002';
-    END IF;
+    PERFORM jobs._known_run((SELECT r FROM jobs.runs AS r WHERE r.id = run_detail.run_id), run_detail.run_id);
     RETURN QUERY
     WITH RECURSIVE back AS (
         SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = run_detail.run_id

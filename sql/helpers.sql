@@ -171,6 +171,38 @@ $$;
 COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS
 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
 
+-- The run a caller's lookup by id found, or P0002 naming the id when it found none (run.id NULL).
+CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint)
+RETURNS jobs.runs
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run.id IS NULL THEN
+        RAISE EXCEPTION 'run % does not exist', coalesce(run_id::text, 'NULL') USING ERRCODE = 'P0002';
+    END IF;
+    RETURN run;
+END
+$$;
+COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS
+'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
+
+-- Raise 22023 unless run_ids is an array of at most 100,000 ids (the operator's batch calls).
+CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, 100000);
+END
+$$;
+COMMENT ON FUNCTION jobs._check_run_ids(bigint[]) IS
+'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most 100,000 ids (jobs.retry_many, jobs.discard).';
+
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
 -- could be guessed, and a worker that presents one means to be fenced by it.

@@ -163,9 +163,7 @@ BEGIN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
     END IF;
     SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', retry.run_id USING ERRCODE = 'P0002';
-    END IF;
+    v_run := jobs._known_run(v_run, retry.run_id);
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
             USING ERRCODE = '22023';
