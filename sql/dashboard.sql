@@ -43,7 +43,7 @@ AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    PERFORM jobs._check_run_ids(retry_many.run_ids);
+    PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
     -- retried meanwhile is passed over, not an error, so one click never half-applies.
     FOR v_id IN
@@ -70,7 +70,7 @@ AS $$
 DECLARE
     v_count bigint;
 BEGIN
-    PERFORM jobs._check_run_ids(discard.run_ids);
+    PERFORM jobs._check_run_ids(discard.run_ids, 100000);
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r
          WHERE r.id = ANY(discard.run_ids) AND r.status = 'FAILED'

@@ -136,6 +136,22 @@ $$;
 COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
 'Private: raises 22023 naming the field if the number is NULL or out of range.';
 
+-- Raise 22023 naming run_ids unless it is an array of at most max_length ids.
+CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[], max_length integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, max_length);
+END
+$$;
+COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS
+'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
+
 -- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
 CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
 RETURNS void
@@ -143,10 +159,7 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('run_ids length', cardinality(run_ids), 0, 10000);
+    PERFORM jobs._check_run_ids(run_ids, 10000);
     PERFORM jobs._check_text('worker', worker, 200);
 END
 $$;
@@ -186,22 +199,6 @@ END
 $$;
 COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS
 'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
-
--- Raise 22023 unless run_ids is an array of at most 100,000 ids (the operator's batch calls).
-CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[])
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, 100000);
-END
-$$;
-COMMENT ON FUNCTION jobs._check_run_ids(bigint[]) IS
-'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most 100,000 ids (jobs.retry_many, jobs.discard).';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
