@@ -13,6 +13,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_status jobs.run_status;
+    v_run jobs.runs;
 BEGIN
     IF cancel.run_id IS NULL THEN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
@@ -30,11 +31,8 @@ BEGIN
         END IF;
         RETURN v_status;
     END IF;
-    SELECT r.status INTO v_status FROM jobs.runs AS r WHERE r.id = cancel.run_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'P0002';
-    END IF;
-    RETURN v_status;  -- already finished: nothing to do
+    SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = cancel.run_id;
+    RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
 END
 $$;
 COMMENT ON FUNCTION jobs.cancel(bigint) IS
@@ -48,15 +46,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_id bigint;
+    v_def jobs.definitions;
     v_count integer;
     v_ids bigint[];
 BEGIN
-    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(cancel_queued.name, 'NULL'))
-            USING ERRCODE = 'P0002';
-    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
+    v_def := jobs._known_definition(v_def, cancel_queued.name);
     -- Wait for rows a claimer holds (never long: claim does not wait on rows) rather than skip
     -- them: a claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
     -- would leave runs behind, even of a definition jobs.undefine() is deleting. After the wait
@@ -64,7 +59,7 @@ BEGIN
     -- ascending id order.
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r
-         WHERE r.definition_id = v_id AND r.status = 'QUEUED'
+         WHERE r.definition_id = v_def.id AND r.status = 'QUEUED'
          ORDER BY r.id
            FOR UPDATE
     ),

@@ -389,9 +389,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = run_detail.run_id) THEN
-        RAISE EXCEPTION 'run % does not exist', coalesce(run_detail.run_id::text, 'NULL') USING ERRCODE = 'P0002';
-    END IF;
+    PERFORM jobs._known_run((SELECT r FROM jobs.runs AS r WHERE r.id = run_detail.run_id), run_detail.run_id);
     RETURN QUERY
     WITH RECURSIVE back AS (
         SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = run_detail.run_id
@@ -430,20 +428,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_id bigint;
+    v_def jobs.definitions;
     v_cancelled integer;
 BEGIN
     PERFORM jobs._check_text('name', undefine_detail.name, 200);
-    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = undefine_detail.name FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(undefine_detail.name) USING ERRCODE = 'P0002';
-    END IF;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = undefine_detail.name FOR UPDATE;
+    v_def := jobs._known_definition(v_def, undefine_detail.name);
     v_cancelled := jobs.undefine(undefine_detail.name);
     RETURN QUERY
     SELECT undefine_detail.name, v_cancelled,
            coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.status = 'RUNNING'), '{}'),
            count(*) FILTER (WHERE r.status <> 'RUNNING')
-      FROM jobs.runs AS r WHERE r.definition_id = v_id;
+      FROM jobs.runs AS r WHERE r.definition_id = v_def.id;
 END
 $$;
 COMMENT ON FUNCTION jobs.undefine_detail(text) IS

@@ -43,10 +43,7 @@ AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    IF retry_many.run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('number of run_ids', cardinality(retry_many.run_ids), 0, 100000);
+    PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
     -- retried meanwhile is passed over, not an error, so one click never half-applies.
     FOR v_id IN
@@ -73,10 +70,7 @@ AS $$
 DECLARE
     v_count bigint;
 BEGIN
-    IF discard.run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('number of run_ids', cardinality(discard.run_ids), 0, 100000);
+    PERFORM jobs._check_run_ids(discard.run_ids, 100000);
     WITH victims AS (
         SELECT r.id FROM jobs.runs AS r
          WHERE r.id = ANY(discard.run_ids) AND r.status = 'FAILED'

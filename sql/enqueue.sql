@@ -237,9 +237,7 @@ BEGIN
     END IF;
     -- Held until commit: jobs.undefine (FOR UPDATE) waits for this run, or this call for its end.
     SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = run_now.name FOR KEY SHARE;
-    IF v_def.id IS NULL THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(run_now.name) USING ERRCODE = 'P0002';
-    END IF;
+    v_def := jobs._known_definition(v_def, run_now.name);
     INSERT INTO jobs.runs AS r (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin,
         queue, concurrency_key

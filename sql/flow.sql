@@ -148,10 +148,7 @@ BEGIN
                          ORDER BY c.root, c.attempt DESC) AS l
             WHERE l.status <> 'COMPLETED');
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
@@ -398,10 +395,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(snooze.claim_token);
+    v_token_hash bytea := jobs._run_fence(snooze.run_id, snooze.worker, snooze.claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', snooze.run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', snooze.worker, 200);
     IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN
         RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
             USING ERRCODE = '22023';

@@ -136,6 +136,22 @@ $$;
 COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
 'Private: raises 22023 naming the field if the number is NULL or out of range.';
 
+-- Raise 22023 naming run_ids unless it is an array of at most max_length ids.
+CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[], max_length integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run_ids IS NULL THEN
+        RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, max_length);
+END
+$$;
+COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS
+'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
+
 -- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
 CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
 RETURNS void
@@ -143,15 +159,46 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF run_ids IS NULL THEN
-        RAISE EXCEPTION 'run_ids must be an array of run ids, got NULL' USING ERRCODE = '22023';
-    END IF;
-    PERFORM jobs._check_range('run_ids length', cardinality(run_ids), 0, 10000);
+    PERFORM jobs._check_run_ids(run_ids, 10000);
     PERFORM jobs._check_text('worker', worker, 200);
 END
 $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
+
+-- The definition a caller's lookup by name found, or P0002 naming the name when it found none
+-- (definition.id NULL). Each caller keeps its own query and lock; the rule lives here.
+CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text)
+RETURNS jobs.definitions
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF definition.id IS NULL THEN
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(name, 'NULL'))
+            USING ERRCODE = 'P0002';
+    END IF;
+    RETURN definition;
+END
+$$;
+COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS
+'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
+
+-- The run a caller's lookup by id found, or P0002 naming the id when it found none (run.id NULL).
+CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint)
+RETURNS jobs.runs
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF run.id IS NULL THEN
+        RAISE EXCEPTION 'run % does not exist', coalesce(run_id::text, 'NULL') USING ERRCODE = 'P0002';
+    END IF;
+    RETURN run;
+END
+$$;
+COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS
+'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
@@ -176,6 +223,25 @@ END
 $$;
 COMMENT ON FUNCTION jobs._claim_token_hash(text) IS
 'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
+
+-- The arguments every call on one claimed run shares (jobs.complete, fail, acknowledge_cancel,
+-- snooze), checked in this order: claim_token, run_id, worker. Returns the token's stored form,
+-- which the call's WHERE clause compares with the run's claim_token_hash.
+CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text)
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(claim_token);
+BEGIN
+    PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
+    PERFORM jobs._check_text('worker', worker, 200);
+    RETURN v_token_hash;
+END
+$$;
+COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS
+'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
 
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
@@ -330,3 +396,19 @@ END
 $$;
 COMMENT ON FUNCTION jobs._notify() IS
 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
+
+-- What a call that queued a number of runs returns: the number, after waking idle workers if it is not 0.
+CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queued > 0 THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN queued;
+END
+$$;
+COMMENT ON FUNCTION jobs._notify_queued(integer) IS
+'Private: jobs._notify() when queued > 0 (runs were queued or released); returns queued.';

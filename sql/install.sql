@@ -17,17 +17,29 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \ir ../migrations/bootstrap.sql
 
 -- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
+-- 0001: config, definitions, runs, retry policies, leases, leadership; types, indexes, roles.
 \set migration 0001_initial \ir ../migrations/apply.sql
+-- 0003: DST policy per definition; overlap, jitter, pause_after_failures, backfills.
 \set migration 0003_time \ir ../migrations/apply.sql
+-- 0004: named queues (pausable), limits per queue and kind, unique runs, dependencies.
 \set migration 0004_flow_control \ir ../migrations/apply.sql
+-- 0005: the audit log of operator actions.
 \set migration 0005_dashboard \ir ../migrations/apply.sql
+-- 0006: the worker registry, known kinds and the record of catch-ups.
 \set migration 0006_operations \ir ../migrations/apply.sql
+-- 0007: materialization health: a definition whose runs are refused is backed off.
 \set migration 0007_on_time \ir ../migrations/apply.sql
+-- 0008: the package version per migration and the trace context of runs.
 \set migration 0008_integrations \ir ../migrations/apply.sql
+-- 0009: cursor_from: a schedule change takes effect at the instant it is made.
 \set migration 0009_schedule_changes \ir ../migrations/apply.sql
+-- 0010: CHECK constraints: every stored duration and number within bounds.
 \set migration 0010_bounds \ir ../migrations/apply.sql
+-- 0011: claim tokens: a run fenced by the sha256 of its worker's secret.
 \set migration 0011_claim_tokens \ir ../migrations/apply.sql
+-- 0012: the blocked-runs index rebuilt without a GIN pending list.
 \set migration 0012_steady \ir ../migrations/apply.sql
+-- 0013: worker scopes: the kinds and queues a worker login may claim.
 \set migration 0013_worker_scopes \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).

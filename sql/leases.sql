@@ -66,6 +66,22 @@ END
 $$;
 COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
 
+-- Raise 22023 unless a lease's ttl is positive and at most a year.
+CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF ttl IS NULL OR ttl <= interval '0' OR ttl > interval '1 year' THEN
+        RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_ttl(interval) IS
+'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
+
 -- Take a lease if it is free or expired.
 CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval)
 RETURNS boolean
@@ -76,10 +92,7 @@ AS $$
 BEGIN
     PERFORM jobs._check_text('name', acquire_lease.name, 200);
     PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
-    IF acquire_lease.ttl IS NULL OR acquire_lease.ttl <= interval '0' OR acquire_lease.ttl > interval '1 year' THEN
-        RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(acquire_lease.ttl::text, 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_ttl(acquire_lease.ttl);
     INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)
     VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(), clock_timestamp() + acquire_lease.ttl, 0)
     ON CONFLICT (name) DO UPDATE
@@ -106,9 +119,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF renew_lease.ttl IS NULL OR renew_lease.ttl <= interval '0' OR renew_lease.ttl > interval '1 year' THEN
-        RAISE EXCEPTION 'ttl must be a positive interval of at most a year' USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_ttl(renew_lease.ttl);
     UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;

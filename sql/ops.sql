@@ -178,25 +178,22 @@ LEFT JOIN LATERAL (
         (ql.rate_limit IS NOT NULL OR kl.rate_limit IS NOT NULL)
         AND q.kind = s.kind AND q.queue = s.queue AND q.status = 'QUEUED'
         AND NOT q.blocked AND q.scheduled_for <= now()
-        AND (
-            (ql.rate_limit IS NOT NULL AND ql.rate_limit <= (
-                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
-                WHERE
-                    x.label = CASE
-                        WHEN ql.per_key THEN jsonb_build_array('queue', s.queue, q.concurrency_key)::text
-                        ELSE jsonb_build_array('queue', s.queue)::text
-                    END
-                    AND x.started_at > now() - ql.rate_period
-            ))
-            OR (kl.rate_limit IS NOT NULL AND kl.rate_limit <= (
-                SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
-                WHERE
-                    x.label = CASE
-                        WHEN kl.per_key THEN jsonb_build_array('kind', s.kind, q.concurrency_key)::text
-                        ELSE jsonb_build_array('kind', s.kind)::text
-                    END
-                    AND x.started_at > now() - kl.rate_period
-            ))
+        AND EXISTS (
+            -- The queue's and the kind's window, each under its label as jobs.claim counts it.
+            SELECT FROM (
+                VALUES ('queue', s.queue, ql.rate_limit, ql.rate_period, ql.per_key),
+                ('kind', s.kind, kl.rate_limit, kl.rate_period, kl.per_key)
+            ) AS l (scope, name, rate_limit, rate_period, per_key)
+            WHERE
+                l.rate_limit IS NOT NULL AND l.rate_limit <= (
+                    SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                    WHERE
+                        x.label = CASE
+                            WHEN l.per_key THEN jsonb_build_array(l.scope, l.name, q.concurrency_key)::text
+                            ELSE jsonb_build_array(l.scope, l.name)::text
+                        END
+                        AND x.started_at > now() - l.rate_period
+                )
         )
 ) AS held ON TRUE;
 COMMENT ON VIEW jobs.queue_stats IS

@@ -110,10 +110,8 @@ DECLARE
     v_failed jobs.runs;
     v_retry jobs.runs;
     v_retry_id bigint;
-    v_token_hash bytea := jobs._claim_token_hash(fail.claim_token);
+    v_token_hash bytea := jobs._run_fence(fail.run_id, fail.worker, fail.claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', fail.run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', fail.worker, 200);
     IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
         RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
             USING ERRCODE = '22023';
@@ -165,9 +163,7 @@ BEGIN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
     END IF;
     SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', retry.run_id USING ERRCODE = 'P0002';
-    END IF;
+    v_run := jobs._known_run(v_run, retry.run_id);
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
             USING ERRCODE = '22023';

@@ -308,11 +308,7 @@ DECLARE
 BEGIN
     UPDATE jobs.definitions AS d SET enabled = FALSE, updated_at = now()
      WHERE d.name = pause.name RETURNING d.* INTO v_def;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(pause.name, 'NULL'))
-            USING ERRCODE = 'P0002';
-    END IF;
-    RETURN v_def;
+    RETURN jobs._known_definition(v_def, pause.name);
 END
 $$;
 COMMENT ON FUNCTION jobs.pause(text) IS
@@ -335,11 +331,7 @@ BEGIN
            next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END,
            cursor_from = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.cursor_from ELSE now() END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(resume.name, 'NULL'))
-            USING ERRCODE = 'P0002';
-    END IF;
-    RETURN v_def;
+    RETURN jobs._known_definition(v_def, resume.name);
 END
 $$;
 COMMENT ON FUNCTION jobs.resume(text) IS
@@ -353,7 +345,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_id bigint;
+    v_def jobs.definitions;
     v_cancelled integer;
 BEGIN
     -- The row lock serializes with everything that adds runs of the definition: materializing
@@ -361,9 +353,10 @@ BEGIN
     -- and re-checks it, jobs.run_now holds a key-share lock until it commits. Taken first, it
     -- waits for those in flight, so the cancel below sees their runs; after this commit they
     -- find no definition and add nothing.
-    SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = undefine.name FOR UPDATE;
+    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = undefine.name FOR UPDATE;
+    v_def := jobs._known_definition(v_def, undefine.name);
     v_cancelled := jobs.cancel_queued(undefine.name);
-    DELETE FROM jobs.definitions AS d WHERE d.id = v_id;
+    DELETE FROM jobs.definitions AS d WHERE d.id = v_def.id;
     RETURN v_cancelled;
 END
 $$;
@@ -415,10 +408,7 @@ BEGIN
     END IF;
 
     v_count := jobs._insert_occurrences(v_def, materialize.run_times);
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
@@ -531,10 +521,7 @@ BEGIN
       FROM missed AS m
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS

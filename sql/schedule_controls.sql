@@ -257,10 +257,7 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'Backfill a long history in windows of at most a year.';
     END IF;
     SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = backfill.name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(backfill.name, 'NULL'))
-            USING ERRCODE = 'P0002';
-    END IF;
+    v_def := jobs._known_definition(v_def, backfill.name);
     IF v_def.schedule IS NULL THEN
         RAISE EXCEPTION 'definition % is a one-shot: only a recurring schedule can be backfilled',
             quote_literal(backfill.name) USING ERRCODE = '22023';
@@ -314,10 +311,7 @@ BEGIN
     UPDATE jobs.backfills AS b
        SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)
      WHERE b.id = v_request.id;
-    IF v_count > 0 THEN
-        PERFORM jobs._notify();
-    END IF;
-    RETURN v_count;
+    RETURN jobs._notify_queued(v_count);
 END
 $$;
 COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS

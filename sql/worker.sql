@@ -54,10 +54,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(complete.claim_token);
+    v_token_hash bytea := jobs._run_fence(complete.run_id, complete.worker, complete.claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', complete.run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', complete.worker, 200);
     IF complete.result IS NOT NULL AND octet_length(complete.result::text) >
             (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
         RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
@@ -121,10 +119,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(acknowledge_cancel.claim_token);
+    v_token_hash bytea := jobs._run_fence(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', acknowledge_cancel.run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', acknowledge_cancel.worker, 200);
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(),
            error = left(coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint'), 10000)

@@ -136,6 +136,13 @@ CASES: list[tuple[str, tuple[Any, ...] | None, str, str]] = [
     ("SELECT jobs.acquire_lease('l', 'o', '0')", None, INVALID, "ttl"),
     ("SELECT jobs.acquire_lease('l', 'o', '-1 minute')", None, INVALID, "ttl"),
     ("SELECT jobs.acquire_lease('l', NULL, '1 minute')", None, INVALID, "owner"),
+    # jobs.renew_lease: the same ttl rule, naming the value
+    (
+        "SELECT jobs.renew_lease('l', 'o', '2 years')",
+        None,
+        INVALID,
+        "ttl must be a positive interval of at most a year, got 2 years",
+    ),
     # jobs.prune
     ("SELECT jobs.prune('-1 day')", None, INVALID, "older_than"),
     ("SELECT jobs.prune('1 day', 0)", None, INVALID, "batch_size"),
