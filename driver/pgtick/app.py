@@ -26,12 +26,14 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
 
 if TYPE_CHECKING:
-    from pgtick.client import Client, Run
+    import psycopg
+
+    from pgtick.client import Client, EnqueueOptions, Run
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
@@ -144,10 +146,17 @@ class App:
         else:
             self._client, self.dsn = None, target
 
-    def enqueue(self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Run:
+    def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> Run:
         """``self.client.enqueue(kind, payload, **options)``: the same arguments, ``conn=``
         included (the run then commits or rolls back with the caller's transaction)."""
-        return self.client.enqueue(kind, payload, **options)
+        return self.client.enqueue(kind, payload, conn=conn, **options)
 
     def job(
         self,
