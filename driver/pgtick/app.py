@@ -31,9 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
 
 if TYPE_CHECKING:
-    import psycopg
-
-    from pgtick.client import Client, EnqueueOptions, Run
+    from pgtick.client import Client, EnqueueWithConnOptions, Run
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
@@ -147,16 +145,11 @@ class App:
             self._client, self.dsn = None, target
 
     def enqueue(
-        self,
-        kind: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        conn: psycopg.Connection[Any] | None = None,
-        **options: Unpack[EnqueueOptions],
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]
     ) -> Run:
         """``self.client.enqueue(kind, payload, **options)``: the same arguments, ``conn=``
         included (the run then commits or rolls back with the caller's transaction)."""
-        return self.client.enqueue(kind, payload, conn=conn, **options)
+        return self.client.enqueue(kind, payload, **options)
 
     def job(
         self,

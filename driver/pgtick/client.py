@@ -56,6 +56,7 @@ __all__ = [
     "Definition",
     "EnqueueManyOptions",
     "EnqueueOptions",
+    "EnqueueWithConnOptions",
     "PerRunOptions",
     "Run",
 ]
@@ -451,6 +452,12 @@ class EnqueueOptions(EnqueueManyOptions, total=False):
     on_conflict: str | None
 
 
+class EnqueueWithConnOptions(EnqueueOptions, total=False):
+    """``Client.enqueue``'s keywords, ``conn=`` included: what a wrapper passes on to it."""
+
+    conn: psycopg.Connection[Any] | None
+
+
 class DefineOptions(PerRunOptions, total=False):
     """The keyword options of ``define``."""
 
@@ -629,10 +636,46 @@ def _get_run(run_id: int) -> _Call[Run]:
 # -- the sync client ------------------------------------------------------------------
 
 
-class Client:
+Conn = TypeVar("Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
+Pool = TypeVar("Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
+
+
+class _Source(Generic[Conn, Pool]):
+    """What a client is built over, for both clients: a conninfo string (a connection of its
+    own, opened on first use), a connection or a pool of the client's kind (sync or async)."""
+
+    _accepts: tuple[type[Conn], type[Pool]]
+    _other: tuple[str, tuple[type, type]]  # what the other client takes, for the error
+
+    def __init__(self, source: str | Conn | Pool, application_name: str) -> None:
+        self._conninfo: str | None = None
+        self._conn: Conn | None = None
+        self._pool: Pool | None = None
+        self._own: Conn | None = None
+        self.application_name = application_name
+        connection, pool = self._accepts
+        if isinstance(source, str):
+            self._conninfo = source
+        elif isinstance(source, connection):
+            self._conn = source
+        elif isinstance(source, pool):
+            self._pool = source
+        else:
+            other, its_sources = self._other
+            raise TypeError(
+                f"{type(self).__name__} needs a conninfo string, a psycopg.{connection.__name__} or a "
+                f"psycopg_pool.{pool.__name__}, got {type(source).__name__}"
+                + (f" (use {other})" if isinstance(source, its_sources) else "")
+            )
+
+
+class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     """Enqueue and manage runs from application code (see the module docstring for how
     calls relate to transactions). Usable as a context manager; ``close()`` closes only
     what the client opened itself."""
+
+    _accepts = (psycopg.Connection, ConnectionPool)
+    _other = "AsyncClient for async connections and pools", (psycopg.AsyncConnection, AsyncConnectionPool)
 
     def __init__(
         self,
@@ -640,24 +683,8 @@ class Client:
         *,
         application_name: str = "pgtick-client",
     ) -> None:
-        self._conninfo: str | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._pool: ConnectionPool[Any] | None = None
-        self._own: psycopg.Connection[Any] | None = None
+        super().__init__(source, application_name)
         self._lock = threading.Lock()
-        self.application_name = application_name
-        if isinstance(source, str):
-            self._conninfo = source
-        elif isinstance(source, psycopg.Connection):
-            self._conn = source
-        elif isinstance(source, ConnectionPool):
-            self._pool = source
-        else:
-            raise TypeError(
-                "Client needs a conninfo string, a psycopg.Connection or a psycopg_pool.ConnectionPool"
-                f", got {type(source).__name__}"
-                + (" (use AsyncClient for async connections and pools)" if _is_async(source) else "")
-            )
 
     def __enter__(self) -> Client:
         return self
@@ -782,17 +809,16 @@ async def _async_null() -> AsyncIterator[None]:
     yield
 
 
-def _is_async(source: object) -> bool:
-    return isinstance(source, psycopg.AsyncConnection) or (isinstance(source, AsyncConnectionPool))
-
-
 # -- the async client ------------------------------------------------------------------
 
 
-class AsyncClient:
+class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]]):
     """``Client`` for asyncio code, over a conninfo string, a ``psycopg.AsyncConnection`` or a
     ``psycopg_pool.AsyncConnectionPool``; the same methods, awaited, with the same
     transaction rules (``conn=`` takes an ``AsyncConnection``)."""
+
+    _accepts = (psycopg.AsyncConnection, AsyncConnectionPool)
+    _other = "Client for sync connections and pools", (psycopg.Connection, ConnectionPool)
 
     def __init__(
         self,
@@ -802,23 +828,8 @@ class AsyncClient:
     ) -> None:
         import asyncio
 
-        self._conninfo: str | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._own: psycopg.AsyncConnection[Any] | None = None
+        super().__init__(source, application_name)
         self._lock = asyncio.Lock()
-        self.application_name = application_name
-        if isinstance(source, str):
-            self._conninfo = source
-        elif isinstance(source, psycopg.AsyncConnection):
-            self._conn = source
-        elif isinstance(source, AsyncConnectionPool):
-            self._pool = source
-        else:
-            raise TypeError(
-                "AsyncClient needs a conninfo string, a psycopg.AsyncConnection or a "
-                f"psycopg_pool.AsyncConnectionPool, got {type(source).__name__}"
-            )
 
     async def __aenter__(self) -> AsyncClient:
         return self

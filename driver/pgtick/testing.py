@@ -46,7 +46,7 @@ from psycopg.rows import dict_row
 
 from pgtick import calls, migrate
 from pgtick.app import App, Context, error_classes
-from pgtick.client import Client, EnqueueOptions, Run
+from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
 from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
@@ -122,15 +122,10 @@ class JobsTester:
         self.client.close()
 
     def enqueue(
-        self,
-        kind: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        conn: psycopg.Connection[Any] | None = None,
-        **options: Unpack[EnqueueOptions],
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]
     ) -> Run:
         """``Client.enqueue``: the same arguments."""
-        return self.client.enqueue(kind, payload, conn=conn, **options)
+        return self.client.enqueue(kind, payload, **options)
 
     def runs(self, kind: str | None = None) -> list[Run]:
         """Every run (of ``kind``), oldest first."""
