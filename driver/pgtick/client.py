@@ -247,39 +247,22 @@ def parse_time(text: str, field_name: str = "run_at") -> datetime:
         ) from None
 
 
-@overload
-def read_time(
-    value: datetime | str,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
-) -> datetime: ...
+class _Reading(TypedDict, total=False):
+    """How ``read_time`` names what it reads and reads a wall time the zone skips or repeats."""
+
+    field_name: str
+    zone_name: str
+    dst_gap: str | None
+    dst_repeat: str | None
 
 
 @overload
-def read_time(
-    value: None,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
-) -> None: ...
-
-
+def read_time(value: datetime | str, zone: str | tzinfo | None, **how: Unpack[_Reading]) -> datetime: ...
+@overload
+def read_time(value: None, zone: str | tzinfo | None, **how: Unpack[_Reading]) -> None: ...
 @overload
 def read_time(
-    value: datetime | str | None,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
+    value: datetime | str | None, zone: str | tzinfo | None, **how: Unpack[_Reading]
 ) -> datetime | None: ...
 
 
