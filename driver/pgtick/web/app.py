@@ -123,6 +123,10 @@ def _policy(row: dict[str, Any]) -> timeview.Policy:
 # -- the app ----------------------------------------------------------------------------------
 
 
+#: The counts of jobs.queue_stats the overview adds up over every kind.
+OVERVIEW_TOTALS = ("queued", "scheduled", "running", "completed_1h", "failed_1h", "cancelled_1h", "lost_1h")
+
+
 class Dashboard:
     """Shared state of one dashboard process: database, sessions, operator secret."""
 
@@ -186,18 +190,7 @@ class Dashboard:
             limit_rows = await queries.limits(conn, feats)
             leader = await queries.leader(conn)
             start, minutes = await queries.last_hour(conn)
-        totals = {
-            key: sum(int(k[key]) for k in kinds)
-            for key in (
-                "queued",
-                "scheduled",
-                "running",
-                "completed_1h",
-                "failed_1h",
-                "cancelled_1h",
-                "lost_1h",
-            )
-        }
+        totals = {key: sum(int(k[key]) for k in kinds) for key in OVERVIEW_TOTALS}
         finished = totals["completed_1h"] + totals["failed_1h"] + totals["cancelled_1h"]
         oldest = max((k["oldest_queued_age"] for k in kinds if k["oldest_queued_age"]), default=None)
         return self.render(
