@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from pgtick.errors import InvalidArgument, NotFound, from_psycopg
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
 from pgtick.web.db import ActionsUnavailable, Database
@@ -545,9 +546,10 @@ def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int =
         assert isinstance(exc, psycopg.Error)
         sqlstate = exc.sqlstate or ""
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if sqlstate == "P0002":
+        refused = from_psycopg(exc)  # what the SQL API refused, as the driver names it
+        if isinstance(refused, NotFound):
             return dash.error(request, 404, message)
-        if sqlstate.startswith(("22", "23", "P0")):
+        if isinstance(refused, InvalidArgument) or sqlstate.startswith("P0"):  # or another RAISE
             return dash.error(request, 400, message)
         if sqlstate == "42501":
             return dash.error(request, 403, f"the database refused: {message}")
