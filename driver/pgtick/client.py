@@ -26,6 +26,7 @@ caller. Without ``conn=`` the client uses what it was built over:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -629,12 +630,14 @@ class _Source(Generic[Conn, Pool]):
 
     _accepts: tuple[type[Conn], type[Pool]]
     _other: tuple[str, tuple[type, type]]  # what the other client takes, for the error
+    _new_lock: Callable[[], Any]  # one call at a time on a shared or an own connection
 
-    def __init__(self, source: str | Conn | Pool, application_name: str) -> None:
+    def __init__(self, source: str | Conn | Pool, *, application_name: str = "pgtick-client") -> None:
         self._conninfo: str | None = None
         self._conn: Conn | None = None
         self._pool: Pool | None = None
         self._own: Conn | None = None
+        self._lock = self._new_lock()
         self.application_name = application_name
         connection, pool = self._accepts
         if isinstance(source, str):
@@ -658,16 +661,9 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     what the client opened itself."""
 
     _accepts = (psycopg.Connection, ConnectionPool)
+    _new_lock = threading.Lock
+    _lock: threading.Lock
     _other = "AsyncClient for async connections and pools", (psycopg.AsyncConnection, AsyncConnectionPool)
-
-    def __init__(
-        self,
-        source: str | psycopg.Connection[Any] | ConnectionPool[Any],
-        *,
-        application_name: str = "pgtick-client",
-    ) -> None:
-        super().__init__(source, application_name)
-        self._lock = threading.Lock()
 
     def __enter__(self) -> Client:
         return self
@@ -801,18 +797,9 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     transaction rules (``conn=`` takes an ``AsyncConnection``)."""
 
     _accepts = (psycopg.AsyncConnection, AsyncConnectionPool)
+    _new_lock = asyncio.Lock
+    _lock: asyncio.Lock
     _other = "Client for sync connections and pools", (psycopg.Connection, ConnectionPool)
-
-    def __init__(
-        self,
-        source: str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any],
-        *,
-        application_name: str = "pgtick-client",
-    ) -> None:
-        import asyncio
-
-        super().__init__(source, application_name)
-        self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> AsyncClient:
         return self
