@@ -13,7 +13,7 @@ import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -23,16 +23,11 @@ from pgtick.app import App
 from pgtick.client import holds_nul, read_time
 from pgtick.errors import UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
+from pgtick.schedule.zones import DstChoice
 
 
 def validate_schedule(
-    schedule: str,
-    timezone: str,
-    name: str,
-    *,
-    dst_gap: str | None = None,
-    dst_repeat: str | None = None,
-    jitter: timedelta | None = None,
+    schedule: str, timezone: str, name: str, *, jitter: timedelta | None = None, **dst: Unpack[DstChoice]
 ) -> None:
     """Raise UsageError naming the definition and the bad part of its schedule.
 
@@ -40,14 +35,7 @@ def validate_schedule(
     the spacing of the next runs is refused: delayed runs could overtake or coincide."""
     now = datetime.now(UTC)
     try:
-        parsed = parse_schedule(
-            schedule,
-            timezone,
-            anchor=anchor_for(now, timezone),
-            dst_gap=dst_gap,
-            dst_repeat=dst_repeat,
-            definition=name,
-        )
+        parsed = parse_schedule(schedule, timezone, anchor=anchor_for(now, timezone), definition=name, **dst)
         if jitter:
             runs = parsed.between(now, now + timedelta(days=3660), limit=50)
             spacing = min((b - a for a, b in itertools.pairwise(runs)), default=None)
