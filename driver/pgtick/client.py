@@ -48,7 +48,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
-from pgtick.errors import InvalidArgument, NotFound, UsageError, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, translate_errors
 
 __all__ = [
     "AsyncClient",
@@ -583,12 +583,9 @@ def _run_now(name: str, payload: Mapping[str, Any] | None) -> _Call[Run]:
 def _define(name: str, kind: str, schedule: str | None, options: DefineOptions) -> _Call[Definition]:
     timezone = options.get("timezone")
     if schedule is not None:
-        from pgtick.definitions import validate_schedule  # every part parsed here; SQL checks the shape
+        from pgtick.definitions import check_schedule  # every part parsed here; SQL checks the shape
 
-        try:
-            validate_schedule(schedule, timezone or "UTC", name)
-        except UsageError as exc:
-            raise InvalidArgument(str(exc), field="schedule") from exc
+        check_schedule(name, schedule, timezone, options)
     run_at = read_time(options.get("run_at"), timezone, zone_name="timezone")
     args = {"name": name, "kind": kind, "schedule": schedule, **options, "run_at": run_at}
     return _jobs_call("define", args, _definition)

@@ -50,6 +50,10 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
         "max_concurrent_runs",
     ),
     ("jitter-nan", lambda c: c.define("x", "k", "* * * * *", jitter=float("nan")), "jitter"),
+    # a schedule is checked as pgtick define and an app's schedules check it
+    ("jitter-over-spacing", lambda c: c.define("x", "k", "*/5 * * * *", jitter=600), "jitter"),
+    ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
+    ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
     (
         "pause-after-huge",
         lambda c: c.define("x", "k", "* * * * *", pause_after_failures=10**20),
