@@ -458,10 +458,10 @@ class DefineOptions(PerRunOptions, total=False):
     pause_after_failures: int | None
 
 
-Method = TypeVar("Method", bound=Callable[..., Any])
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _takes(options: Any) -> Callable[[Method], Method]:
+def _takes(options: Any) -> Callable[[_Method], _Method]:
     """A method that takes ``**options: Unpack[options]`` (a TypedDict): its signature as
     ``inspect`` and ``help()`` show it lists each option as a keyword-only argument (default
     None), and a keyword neither the method nor ``options`` names is a TypeError, worded as
@@ -471,7 +471,7 @@ def _takes(options: Any) -> Callable[[Method], Method]:
         for name, annotation in options.__annotations__.items()
     }
 
-    def decorate(method: Method) -> Method:
+    def decorate(method: _Method) -> _Method:
         signature = inspect.signature(method)
         own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         keywords = [
@@ -504,25 +504,25 @@ def _takes(options: Any) -> Callable[[Method], Method]:
 
             wrapper = checked
         wrapper.__signature__ = shown  # type: ignore[attr-defined]
-        return cast(Method, wrapper)
+        return cast(_Method, wrapper)
 
     return decorate
 
 
 # -- what each method sends, for both clients -------------------------------------------------
 
-R = TypeVar("R")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
-class _Call(Generic[R]):
+class _Call(Generic[_R]):
     """One method's statement and how its rows become the method's result. Client and
     AsyncClient only execute it (``_send``)."""
 
     function: str
     query: sql.Composed | str
     params: Mapping[str, Any]
-    result: Callable[[list[Row]], R]
+    result: Callable[[list[Row]], _R]
     args: Mapping[str, Any] = field(default_factory=dict)
 
     @contextmanager
@@ -535,12 +535,12 @@ class _Call(Generic[R]):
             yield context
 
 
-def _jobs_call(function: str, args: Mapping[str, Any], result: Callable[[list[Row]], R]) -> _Call[R]:
+def _jobs_call(function: str, args: Mapping[str, Any], result: Callable[[list[Row]], _R]) -> _Call[_R]:
     query, params = call(function, args)
     return _Call(function, query, params, result, args)
 
 
-def _jobs_value(function: str, args: Mapping[str, Any], result: Callable[[Any], R]) -> _Call[R]:
+def _jobs_value(function: str, args: Mapping[str, Any], result: Callable[[Any], _R]) -> _Call[_R]:
     """A call of a function that returns one value (not a row)."""
     query, params = call(function, args, returns_row=False)
     return _Call(function, query, params, lambda rows: result(rows[0]["value"] if rows else None), args)
@@ -617,23 +617,23 @@ def _get_run(run_id: int) -> _Call[Run]:
 # -- the sync client ------------------------------------------------------------------
 
 
-Conn = TypeVar("Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
-Pool = TypeVar("Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
+_Conn = TypeVar("_Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
+_Pool = TypeVar("_Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
 
 
-class _Source(Generic[Conn, Pool]):
+class _Source(Generic[_Conn, _Pool]):
     """What a client is built over, for both clients: a conninfo string (a connection of its
     own, opened on first use), a connection or a pool of the client's kind (sync or async)."""
 
-    _accepts: tuple[type[Conn], type[Pool]]
+    _accepts: tuple[type[_Conn], type[_Pool]]
     _other: tuple[str, tuple[type, type]]  # what the other client takes, for the error
     _new_lock: Callable[[], Any]  # one call at a time on a shared or an own connection
 
-    def __init__(self, source: str | Conn | Pool, *, application_name: str = "pgtick-client") -> None:
+    def __init__(self, source: str | _Conn | _Pool, *, application_name: str = "pgtick-client") -> None:
         self._conninfo: str | None = None
-        self._conn: Conn | None = None
-        self._pool: Pool | None = None
-        self._own: Conn | None = None
+        self._conn: _Conn | None = None
+        self._pool: _Pool | None = None
+        self._own: _Conn | None = None
         self._lock = self._new_lock()
         self.application_name = application_name
         connection, pool = self._accepts
@@ -695,7 +695,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 with self._own.transaction():
                     yield self._own
 
-    def _send(self, call: _Call[R], conn: psycopg.Connection[Any] | None) -> R:
+    def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
             with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
@@ -833,7 +833,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                 async with self._own.transaction():
                     yield self._own
 
-    async def _send(self, call: _Call[R], conn: psycopg.AsyncConnection[Any] | None) -> R:
+    async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         with translate_errors():
             async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
                 with call.trace_context() as trace_context:
