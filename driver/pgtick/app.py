@@ -26,12 +26,12 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
 
 if TYPE_CHECKING:
-    from pgtick.client import Client, Run
+    from pgtick.client import Client, EnqueueWithConnOptions, Run
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
@@ -144,7 +144,9 @@ class App:
         else:
             self._client, self.dsn = None, target
 
-    def enqueue(self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Run:
+    def enqueue(
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]
+    ) -> Run:
         """``self.client.enqueue(kind, payload, **options)``: the same arguments, ``conn=``
         included (the run then commits or rolls back with the caller's transaction)."""
         return self.client.enqueue(kind, payload, **options)

@@ -368,18 +368,6 @@ def leader(conn: Conn) -> list[Any]:
     return conn.execute("SELECT pid, owner, since FROM jobs.leader").fetchall()
 
 
-def definition_health(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:
-    """One page of jobs.definition_health by name (each row reads that definition's runs)."""
-    return conn.execute(
-        "SELECT name, kind, schedule, timezone, paused, next_run_local, running, queued,"
-        " last_status, last_success_at, consecutive_failures AS fails,"
-        " consecutive_skips AS skips, finished, schedule_error, materialize_error,"
-        " lateness_p50, lateness_p99"
-        " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
-        (limit, offset),
-    ).fetchall()
-
-
 def definition_summary(conn: Conn) -> Any:
     return conn.execute("SELECT * FROM jobs.definition_summary").fetchone()
 

@@ -26,14 +26,17 @@ caller. Without ``conn=`` the client uses what it was built over:
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import json
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
@@ -45,9 +48,19 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
-from pgtick.errors import InvalidArgument, UsageError, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, translate_errors
 
-__all__ = ["AsyncClient", "Client", "Definition", "Run"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "DefineOptions",
+    "Definition",
+    "EnqueueManyOptions",
+    "EnqueueOptions",
+    "EnqueueWithConnOptions",
+    "PerRunOptions",
+    "Run",
+]
 
 Row = dict[str, Any]
 T = TypeVar("T", bound="_Record")
@@ -235,39 +248,22 @@ def parse_time(text: str, field_name: str = "run_at") -> datetime:
         ) from None
 
 
-@overload
-def read_time(
-    value: datetime | str,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
-) -> datetime: ...
+class _Reading(TypedDict, total=False):
+    """How ``read_time`` names what it reads and reads a wall time the zone skips or repeats."""
+
+    field_name: str
+    zone_name: str
+    dst_gap: str | None
+    dst_repeat: str | None
 
 
 @overload
-def read_time(
-    value: None,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
-) -> None: ...
-
-
+def read_time(value: datetime | str, zone: str | tzinfo | None, **how: Unpack[_Reading]) -> datetime: ...
+@overload
+def read_time(value: None, zone: str | tzinfo | None, **how: Unpack[_Reading]) -> None: ...
 @overload
 def read_time(
-    value: datetime | str | None,
-    zone: str | tzinfo | None,
-    *,
-    field_name: str = ...,
-    zone_name: str = ...,
-    dst_gap: str | None = ...,
-    dst_repeat: str | None = ...,
+    value: datetime | str | None, zone: str | tzinfo | None, **how: Unpack[_Reading]
 ) -> datetime | None: ...
 
 
@@ -403,73 +399,268 @@ def call(function: str, args: Mapping[str, Any], *, returns_row: bool = True) ->
     return sql.SQL(template).format(sql.Identifier(function), named), given
 
 
-def _enqueue_args(
-    kind: str,
-    payload: Mapping[str, Any] | None,
-    run_at: datetime | None,
-    tz: str | tzinfo | None,
-    options: Mapping[str, Any],
-) -> dict[str, Any]:
-    return {"kind": kind, "payload": payload, "run_at": read_time(run_at, tz), **options}
+# -- the keyword options, declared once ---------------------------------------------------
+# Client and AsyncClient take these as ``**options: Unpack[...]``: type checkers and IDEs see
+# each keyword with its type, ``_takes`` shows them in the runtime signature and refuses any
+# other keyword as Python does, and each method's arguments are built in one function below.
 
 
-def _define_args(
-    name: str,
-    kind: str,
-    schedule: str | None,
-    timezone: str | None,
-    run_at: datetime | None,
-    options: Mapping[str, Any],
-) -> dict[str, Any]:
-    if schedule is not None:
-        from pgtick.definitions import validate_schedule  # every part parsed here; SQL checks the shape
+class PerRunOptions(TypedDict, total=False):
+    """What every run gets: how it is claimed and how long it may take. None (the default)
+    leaves a value to the SQL API's default."""
 
-        try:
-            validate_schedule(schedule, timezone or "UTC", name)
-        except UsageError as exc:
-            raise InvalidArgument(str(exc), field="schedule") from exc
-    return {
-        "name": name,
-        "kind": kind,
-        "schedule": schedule,
-        "timezone": timezone,
-        "run_at": read_time(run_at, timezone, zone_name="timezone"),
-        **options,
+    priority: int | None
+    queue: str | None
+    concurrency_key: str | None
+    max_attempts: int | None
+    timeout: float | timedelta | None
+    heartbeat_timeout: float | timedelta | None
+
+
+class EnqueueManyOptions(PerRunOptions, total=False):
+    """The keyword options of ``enqueue_many``: ``run_at`` aware, or naive with ``tz=``."""
+
+    run_at: datetime | None
+    tz: str | tzinfo | None
+    depends_on: Sequence[int] | None
+
+
+class EnqueueOptions(EnqueueManyOptions, total=False):
+    """The keyword options of ``enqueue``: those of ``enqueue_many`` and the keys that make
+    a run unique or idempotent."""
+
+    idempotency_key: str | None
+    unique_key: str | None
+    unique_while: str | None
+    unique_for: float | timedelta | None
+    on_conflict: str | None
+
+
+class EnqueueWithConnOptions(EnqueueOptions, total=False):
+    """``Client.enqueue``'s keywords, ``conn=`` included: what a wrapper passes on to it."""
+
+    conn: psycopg.Connection[Any] | None
+
+
+class DefineOptions(PerRunOptions, total=False):
+    """The keyword options of ``define``."""
+
+    timezone: str | None
+    run_at: datetime | None
+    payload: Mapping[str, Any] | None
+    enabled: bool | None
+    max_concurrent_runs: int | None
+    misfire_policy: str | None
+    overlap_policy: str | None
+    dst_gap: str | None
+    dst_repeat: str | None
+    jitter: float | timedelta | None
+    pause_after_failures: int | None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _takes(options: Any) -> Callable[[_Method], _Method]:
+    """A method that takes ``**options: Unpack[options]`` (a TypedDict): its signature as
+    ``inspect`` and ``help()`` show it lists each option as a keyword-only argument (default
+    None), and a keyword neither the method nor ``options`` names is a TypeError, worded as
+    Python words it, before the method runs."""
+    declared = {  # the annotation as written (a TypedDict keeps it as a ForwardRef)
+        name: getattr(annotation, "__forward_arg__", annotation)
+        for name, annotation in options.__annotations__.items()
     }
+
+    def decorate(method: _Method) -> _Method:
+        signature = inspect.signature(method)
+        own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        keywords = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+            for name, annotation in declared.items()
+        ]
+        first_keyword = next((i for i, p in enumerate(own) if p.kind is p.KEYWORD_ONLY), len(own))
+        shown = signature.replace(parameters=[*own[:first_keyword], *keywords, *own[first_keyword:]])
+        known = frozenset(shown.parameters)
+
+        def check(kwargs: Mapping[str, Any]) -> None:
+            for name in kwargs:
+                if name not in known:
+                    raise TypeError(f"{method.__qualname__}() got an unexpected keyword argument {name!r}")
+
+        if inspect.iscoroutinefunction(method):
+
+            @functools.wraps(method)
+            async def checked_async(*args: Any, **kwargs: Any) -> Any:
+                check(kwargs)
+                return await method(*args, **kwargs)
+
+            wrapper: Callable[..., Any] = checked_async
+        else:
+
+            @functools.wraps(method)
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                check(kwargs)
+                return method(*args, **kwargs)
+
+            wrapper = checked
+        wrapper.__signature__ = shown  # type: ignore[attr-defined]
+        return cast(_Method, wrapper)
+
+    return decorate
+
+
+# -- what each method sends, for both clients -------------------------------------------------
+
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class _Call(Generic[_R]):
+    """One method's statement and how its rows become the method's result. Client and
+    AsyncClient only execute it (``_send``)."""
+
+    function: str
+    query: sql.Composed | str
+    params: Mapping[str, Any]
+    result: Callable[[list[Row]], _R]
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @contextmanager
+    def trace_context(self) -> Iterator[str | None]:
+        """The trace context an enqueuing call stores with its runs (see instrumentation), or None."""
+        if self.function not in instrumentation.ENQUEUING:
+            yield None
+            return
+        with instrumentation.current.enqueue(self.function, self.args) as context:
+            yield context
+
+
+def _jobs_call(function: str, args: Mapping[str, Any], result: Callable[[list[Row]], _R]) -> _Call[_R]:
+    query, params = call(function, args)
+    return _Call(function, query, params, result, args)
+
+
+def _jobs_value(function: str, args: Mapping[str, Any], result: Callable[[Any], _R]) -> _Call[_R]:
+    """A call of a function that returns one value (not a row)."""
+    query, params = call(function, args, returns_row=False)
+    return _Call(function, query, params, lambda rows: result(rows[0]["value"] if rows else None), args)
+
+
+def _first_run(rows: list[Row]) -> Run:
+    return _run(rows[0] if rows else None)
+
+
+def _runs(rows: list[Row]) -> list[Run]:
+    return [Run.from_row(r) for r in rows]
+
+
+def _definition(rows: list[Row]) -> Definition:
+    return Definition.from_row(rows[0])
+
+
+def _timed(options: EnqueueManyOptions) -> dict[str, Any]:
+    """The options of an enqueuing call as sent: ``run_at`` read in ``tz`` (not sent)."""
+    args: dict[str, Any] = {k: v for k, v in options.items() if k != "tz"}
+    args["run_at"] = read_time(options.get("run_at"), options.get("tz"))
+    return args
+
+
+def _enqueue(kind: str, payload: Mapping[str, Any] | None, options: EnqueueOptions) -> _Call[Run]:
+    return _jobs_call("enqueue", {"kind": kind, "payload": payload, **_timed(options)}, _first_run)
+
+
+def _enqueue_many(
+    kind: str, payloads: Sequence[Mapping[str, Any]], options: EnqueueManyOptions
+) -> _Call[list[Run]]:
+    args = {"kind": kind, "payloads": [dict(p) for p in payloads], **_timed(options)}
+    return _jobs_call("enqueue_many", args, _runs)
+
+
+def _run_now(name: str, payload: Mapping[str, Any] | None) -> _Call[Run]:
+    return _jobs_call("run_now", {"name": name, "payload": payload}, _first_run)
+
+
+def _define(name: str, kind: str, schedule: str | None, options: DefineOptions) -> _Call[Definition]:
+    timezone = options.get("timezone")
+    if schedule is not None:
+        from pgtick.definitions import check_schedule  # every part parsed here; SQL checks the shape
+
+        check_schedule(name, schedule, timezone, options)
+    run_at = read_time(options.get("run_at"), timezone, zone_name="timezone")
+    args = {"name": name, "kind": kind, "schedule": schedule, **options, "run_at": run_at}
+    return _jobs_call("define", args, _definition)
+
+
+def _cancel(run_id: int) -> _Call[str]:
+    return _jobs_value("cancel", {"run_id": run_id}, str)
+
+
+def _queue_switch(function: str, name: str) -> _Call[bool]:
+    """jobs.pause_queue or jobs.resume_queue: whether the queue's state changed."""
+    return _jobs_value(function, {"name": name}, bool)
+
+
+_GET_RUN = "SELECT r.* FROM jobs.runs AS r WHERE r.id = %(run_id)s"
+
+
+def _get_run(run_id: int) -> _Call[Run]:
+    checked = check_int("run_id", run_id)
+
+    def found(rows: list[Row]) -> Run:
+        if not rows:
+            raise NotFound(f"run {run_id} does not exist", field="run_id")
+        return Run.from_row(rows[0])
+
+    return _Call("get_run", _GET_RUN, {"run_id": checked}, found)
 
 
 # -- the sync client ------------------------------------------------------------------
 
 
-class Client:
+_Conn = TypeVar("_Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
+_Pool = TypeVar("_Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
+
+
+class _Source(Generic[_Conn, _Pool]):
+    """What a client is built over, for both clients: a conninfo string (a connection of its
+    own, opened on first use), a connection or a pool of the client's kind (sync or async)."""
+
+    _accepts: tuple[type[_Conn], type[_Pool]]
+    _other: tuple[str, tuple[type, type]]  # what the other client takes, for the error
+    _new_lock: Callable[[], Any]  # one call at a time on a shared or an own connection
+
+    def __init__(self, source: str | _Conn | _Pool, *, application_name: str = "pgtick-client") -> None:
+        self._conninfo: str | None = None
+        self._conn: _Conn | None = None
+        self._pool: _Pool | None = None
+        self._own: _Conn | None = None
+        self._lock = self._new_lock()
+        self.application_name = application_name
+        connection, pool = self._accepts
+        if isinstance(source, str):
+            self._conninfo = source
+        elif isinstance(source, connection):
+            self._conn = source
+        elif isinstance(source, pool):
+            self._pool = source
+        else:
+            other, its_sources = self._other
+            raise TypeError(
+                f"{type(self).__name__} needs a conninfo string, a psycopg.{connection.__name__} or a "
+                f"psycopg_pool.{pool.__name__}, got {type(source).__name__}"
+                + (f" (use {other})" if isinstance(source, its_sources) else "")
+            )
+
+
+class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     """Enqueue and manage runs from application code (see the module docstring for how
     calls relate to transactions). Usable as a context manager; ``close()`` closes only
     what the client opened itself."""
 
-    def __init__(
-        self,
-        source: str | psycopg.Connection[Any] | ConnectionPool[Any],
-        *,
-        application_name: str = "pgtick-client",
-    ) -> None:
-        self._conninfo: str | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._pool: ConnectionPool[Any] | None = None
-        self._own: psycopg.Connection[Any] | None = None
-        self._lock = threading.Lock()
-        self.application_name = application_name
-        if isinstance(source, str):
-            self._conninfo = source
-        elif isinstance(source, psycopg.Connection):
-            self._conn = source
-        elif isinstance(source, ConnectionPool):
-            self._pool = source
-        else:
-            raise TypeError(
-                "Client needs a conninfo string, a psycopg.Connection or a psycopg_pool.ConnectionPool"
-                f", got {type(source).__name__}"
-                + (" (use AsyncClient for async connections and pools)" if _is_async(source) else "")
-            )
+    _accepts = (psycopg.Connection, ConnectionPool)
+    _new_lock = threading.Lock
+    _lock: threading.Lock
+    _other = "AsyncClient for async connections and pools", (psycopg.AsyncConnection, AsyncConnectionPool)
 
     def __enter__(self) -> Client:
         return self
@@ -504,106 +695,46 @@ class Client:
                 with self._own.transaction():
                     yield self._own
 
-    def _rows(
-        self, function: str, args: Mapping[str, Any], conn: psycopg.Connection[Any] | None
-    ) -> list[Row]:
-        query, params = call(function, args)
+    def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-            if function not in instrumentation.ENQUEUING:
-                cur.execute(query, params)
-                return cur.fetchall()
-            with instrumentation.current.enqueue(function, args) as trace_context:
-                if trace_context is None:
-                    cur.execute(query, params)
-                    return cur.fetchall()
+            with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
                 # caller's when one is open (a non-autocommit connection always has one).
-                with c.transaction() if c.autocommit else nullcontext():
-                    cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                    cur.execute(query, params)
-                    found = cur.fetchall()
-                    cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
-                return found
+                with c.transaction() if trace_context and c.autocommit else nullcontext():
+                    if trace_context:
+                        cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
+                    cur.execute(call.query, call.params)
+                    rows = cur.fetchall()
+                    if trace_context:
+                        cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
+        return call.result(rows)
 
-    def _value(self, function: str, args: Mapping[str, Any], conn: psycopg.Connection[Any] | None) -> Any:
-        query, params = call(function, args, returns_row=False)
-        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)
-            row = cur.fetchone()
-        return None if row is None else row["value"]
-
+    @_takes(EnqueueOptions)
     def enqueue(
         self,
         kind: str,
         payload: Mapping[str, Any] | None = None,
         *,
-        run_at: datetime | None = None,
-        tz: str | tzinfo | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        unique_key: str | None = None,
-        unique_while: str | None = None,
-        unique_for: float | timedelta | None = None,
-        on_conflict: str | None = None,
-        depends_on: Sequence[int] | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Run:
         """Queue an ad-hoc run of ``kind`` (jobs.enqueue). ``run_at``: an aware datetime, or a
         naive one with ``tz=`` (an IANA name); default now. Durations: seconds or timedelta.
         Returns the run (the existing one when an idempotency or unique key matched)."""
-        options = {
-            "priority": priority,
-            "idempotency_key": idempotency_key,
-            "max_attempts": max_attempts,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "unique_key": unique_key,
-            "unique_while": unique_while,
-            "unique_for": unique_for,
-            "on_conflict": on_conflict,
-            "depends_on": depends_on,
-        }
-        rows = self._rows("enqueue", _enqueue_args(kind, payload, run_at, tz, options), conn)
-        return _run(rows[0] if rows else None)
+        return self._send(_enqueue(kind, payload, options), conn)
 
+    @_takes(EnqueueManyOptions)
     def enqueue_many(
         self,
         kind: str,
         payloads: Sequence[Mapping[str, Any]],
         *,
-        run_at: datetime | None = None,
-        tz: str | tzinfo | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        depends_on: Sequence[int] | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[Run]:
         """Queue one run of ``kind`` per payload in one statement and one NOTIFY
         (jobs.enqueue_many); the other arguments apply to every run. Returns the runs."""
-        args = {
-            "kind": kind,
-            "payloads": [dict(p) for p in payloads],
-            "run_at": read_time(run_at, tz),
-            "priority": priority,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "max_attempts": max_attempts,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "depends_on": depends_on,
-        }
-        return [Run.from_row(r) for r in self._rows("enqueue_many", args, conn)]
+        return self._send(_enqueue_many(kind, payloads, options), conn)
 
     def run_now(
         self,
@@ -613,87 +744,40 @@ class Client:
         conn: psycopg.Connection[Any] | None = None,
     ) -> Run:
         """Queue a run of the named definition now, optionally with another payload (jobs.run_now)."""
-        return _run(next(iter(self._rows("run_now", {"name": name, "payload": payload}, conn)), None))
+        return self._send(_run_now(name, payload), conn)
 
     def cancel(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> str:
         """Cancel a run (jobs.cancel): QUEUED -> CANCELLED at once, RUNNING -> cancel requested.
         Returns the run's status after the call."""
-        return str(self._value("cancel", {"run_id": run_id}, conn))
+        return self._send(_cancel(run_id), conn)
 
+    @_takes(DefineOptions)
     def define(
         self,
         name: str,
         kind: str,
         schedule: str | None = None,
         *,
-        timezone: str | None = None,
-        run_at: datetime | None = None,
-        payload: Mapping[str, Any] | None = None,
-        enabled: bool | None = None,
-        max_concurrent_runs: int | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        misfire_policy: str | None = None,
-        overlap_policy: str | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        dst_gap: str | None = None,
-        dst_repeat: str | None = None,
-        jitter: float | timedelta | None = None,
-        pause_after_failures: int | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[DefineOptions],
     ) -> Definition:
         """Create or replace the definition ``name`` (jobs.define): recurring with ``schedule``
         (RRULE or cron, read in ``timezone``) or one-shot with ``run_at`` (aware, or naive and
         read in an explicitly given ``timezone``)."""
-        options = {
-            "payload": payload,
-            "enabled": enabled,
-            "max_concurrent_runs": max_concurrent_runs,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "misfire_policy": misfire_policy,
-            "overlap_policy": overlap_policy,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "dst_gap": dst_gap,
-            "dst_repeat": dst_repeat,
-            "jitter": jitter,
-            "pause_after_failures": pause_after_failures,
-        }
-        rows = self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
-        return Definition.from_row(rows[0])
+        return self._send(_define(name, kind, schedule, options), conn)
 
     def pause_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
         """Stop claiming from the queue ``name`` (jobs.pause_queue); RUNNING runs finish.
         False if it was paused already."""
-        return bool(self._value("pause_queue", {"name": name}, conn))
+        return self._send(_queue_switch("pause_queue", name), conn)
 
     def resume_queue(self, name: str, *, conn: psycopg.Connection[Any] | None = None) -> bool:
         """Claim from the queue ``name`` again (jobs.resume_queue). False if it was not paused."""
-        return bool(self._value("resume_queue", {"name": name}, conn))
+        return self._send(_queue_switch("resume_queue", name), conn)
 
     def get_run(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
         """The run ``run_id`` as it is now; ``NotFound`` if there is none."""
-        checked = check_int("run_id", run_id)
-        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(_GET_RUN, {"run_id": checked}).fetchone()
-        return _found(row, run_id)
-
-
-_GET_RUN = "SELECT r.* FROM jobs.runs AS r WHERE r.id = %(run_id)s"
-
-
-def _found(row: Row | None, run_id: int) -> Run:
-    from pgtick.errors import NotFound
-
-    if row is None:
-        raise NotFound(f"run {run_id} does not exist", field="run_id")
-    return Run.from_row(row)
+        return self._send(_get_run(run_id), conn)
 
 
 @asynccontextmanager
@@ -701,43 +785,18 @@ async def _async_null() -> AsyncIterator[None]:
     yield
 
 
-def _is_async(source: object) -> bool:
-    return isinstance(source, psycopg.AsyncConnection) or (isinstance(source, AsyncConnectionPool))
-
-
 # -- the async client ------------------------------------------------------------------
 
 
-class AsyncClient:
+class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]]):
     """``Client`` for asyncio code, over a conninfo string, a ``psycopg.AsyncConnection`` or a
     ``psycopg_pool.AsyncConnectionPool``; the same methods, awaited, with the same
     transaction rules (``conn=`` takes an ``AsyncConnection``)."""
 
-    def __init__(
-        self,
-        source: str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any],
-        *,
-        application_name: str = "pgtick-client",
-    ) -> None:
-        import asyncio
-
-        self._conninfo: str | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._own: psycopg.AsyncConnection[Any] | None = None
-        self._lock = asyncio.Lock()
-        self.application_name = application_name
-        if isinstance(source, str):
-            self._conninfo = source
-        elif isinstance(source, psycopg.AsyncConnection):
-            self._conn = source
-        elif isinstance(source, AsyncConnectionPool):
-            self._pool = source
-        else:
-            raise TypeError(
-                "AsyncClient needs a conninfo string, a psycopg.AsyncConnection or a "
-                f"psycopg_pool.AsyncConnectionPool, got {type(source).__name__}"
-            )
+    _accepts = (psycopg.AsyncConnection, AsyncConnectionPool)
+    _new_lock = asyncio.Lock
+    _lock: asyncio.Lock
+    _other = "Client for sync connections and pools", (psycopg.Connection, ConnectionPool)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -774,105 +833,42 @@ class AsyncClient:
                 async with self._own.transaction():
                     yield self._own
 
-    async def _rows(
-        self, function: str, args: Mapping[str, Any], conn: psycopg.AsyncConnection[Any] | None
-    ) -> list[Row]:
-        query, params = call(function, args)
+    async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         with translate_errors():
             async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                if function not in instrumentation.ENQUEUING:
-                    await cur.execute(query, params)
-                    return await cur.fetchall()
-                with instrumentation.current.enqueue(function, args) as trace_context:
-                    if trace_context is None:
-                        await cur.execute(query, params)
-                        return await cur.fetchall()
-                    async with c.transaction() if c.autocommit else _async_null():  # see Client._rows
-                        await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                        await cur.execute(query, params)
-                        found = await cur.fetchall()
-                        await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
-                    return found
+                with call.trace_context() as trace_context:
+                    async with c.transaction() if trace_context and c.autocommit else _async_null():
+                        if trace_context:  # see Client._send
+                            await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
+                        await cur.execute(call.query, call.params)
+                        rows = await cur.fetchall()
+                        if trace_context:
+                            await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
+        return call.result(rows)
 
-    async def _value(
-        self, function: str, args: Mapping[str, Any], conn: psycopg.AsyncConnection[Any] | None
-    ) -> Any:
-        query, params = call(function, args, returns_row=False)
-        with translate_errors():
-            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                row = await cur.fetchone()
-        return None if row is None else row["value"]
-
+    @_takes(EnqueueOptions)
     async def enqueue(
         self,
         kind: str,
         payload: Mapping[str, Any] | None = None,
         *,
-        run_at: datetime | None = None,
-        tz: str | tzinfo | None = None,
-        priority: int | None = None,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        unique_key: str | None = None,
-        unique_while: str | None = None,
-        unique_for: float | timedelta | None = None,
-        on_conflict: str | None = None,
-        depends_on: Sequence[int] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Run:
         """See ``Client.enqueue``."""
-        options = {
-            "priority": priority,
-            "idempotency_key": idempotency_key,
-            "max_attempts": max_attempts,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "unique_key": unique_key,
-            "unique_while": unique_while,
-            "unique_for": unique_for,
-            "on_conflict": on_conflict,
-            "depends_on": depends_on,
-        }
-        rows = await self._rows("enqueue", _enqueue_args(kind, payload, run_at, tz, options), conn)
-        return _run(rows[0] if rows else None)
+        return await self._send(_enqueue(kind, payload, options), conn)
 
+    @_takes(EnqueueManyOptions)
     async def enqueue_many(
         self,
         kind: str,
         payloads: Sequence[Mapping[str, Any]],
         *,
-        run_at: datetime | None = None,
-        tz: str | tzinfo | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        depends_on: Sequence[int] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[Run]:
         """See ``Client.enqueue_many``."""
-        args = {
-            "kind": kind,
-            "payloads": [dict(p) for p in payloads],
-            "run_at": read_time(run_at, tz),
-            "priority": priority,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "max_attempts": max_attempts,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "depends_on": depends_on,
-        }
-        return [Run.from_row(r) for r in await self._rows("enqueue_many", args, conn)]
+        return await self._send(_enqueue_many(kind, payloads, options), conn)
 
     async def run_now(
         self,
@@ -882,72 +878,33 @@ class AsyncClient:
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> Run:
         """See ``Client.run_now``."""
-        rows = await self._rows("run_now", {"name": name, "payload": payload}, conn)
-        return _run(rows[0] if rows else None)
+        return await self._send(_run_now(name, payload), conn)
 
     async def cancel(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> str:
         """See ``Client.cancel``."""
-        return str(await self._value("cancel", {"run_id": run_id}, conn))
+        return await self._send(_cancel(run_id), conn)
 
+    @_takes(DefineOptions)
     async def define(
         self,
         name: str,
         kind: str,
         schedule: str | None = None,
         *,
-        timezone: str | None = None,
-        run_at: datetime | None = None,
-        payload: Mapping[str, Any] | None = None,
-        enabled: bool | None = None,
-        max_concurrent_runs: int | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        misfire_policy: str | None = None,
-        overlap_policy: str | None = None,
-        timeout: float | timedelta | None = None,
-        heartbeat_timeout: float | timedelta | None = None,
-        queue: str | None = None,
-        concurrency_key: str | None = None,
-        dst_gap: str | None = None,
-        dst_repeat: str | None = None,
-        jitter: float | timedelta | None = None,
-        pause_after_failures: int | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[DefineOptions],
     ) -> Definition:
         """See ``Client.define``."""
-        options = {
-            "payload": payload,
-            "enabled": enabled,
-            "max_concurrent_runs": max_concurrent_runs,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "misfire_policy": misfire_policy,
-            "overlap_policy": overlap_policy,
-            "timeout": timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "queue": queue,
-            "concurrency_key": concurrency_key,
-            "dst_gap": dst_gap,
-            "dst_repeat": dst_repeat,
-            "jitter": jitter,
-            "pause_after_failures": pause_after_failures,
-        }
-        rows = await self._rows("define", _define_args(name, kind, schedule, timezone, run_at, options), conn)
-        return Definition.from_row(rows[0])
+        return await self._send(_define(name, kind, schedule, options), conn)
 
     async def pause_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
         """See ``Client.pause_queue``."""
-        return bool(await self._value("pause_queue", {"name": name}, conn))
+        return await self._send(_queue_switch("pause_queue", name), conn)
 
     async def resume_queue(self, name: str, *, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
         """See ``Client.resume_queue``."""
-        return bool(await self._value("resume_queue", {"name": name}, conn))
+        return await self._send(_queue_switch("resume_queue", name), conn)
 
     async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """See ``Client.get_run``."""
-        checked = check_int("run_id", run_id)
-        with translate_errors():
-            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
-                await cur.execute(_GET_RUN, {"run_id": checked})
-                row = await cur.fetchone()
-        return _found(row, run_id)
+        return await self._send(_get_run(run_id), conn)

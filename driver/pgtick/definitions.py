@@ -11,67 +11,71 @@ import io
 import itertools
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import App
-from pgtick.client import holds_nul, read_time
-from pgtick.errors import UsageError
+from pgtick.client import check_duration, holds_nul, read_time
+from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
+from pgtick.schedule.zones import DstChoice
 
 
 def validate_schedule(
-    schedule: str,
-    timezone: str,
-    name: str,
-    *,
-    dst_gap: str | None = None,
-    dst_repeat: str | None = None,
-    jitter: timedelta | None = None,
+    schedule: str, timezone: str, name: str, *, jitter: timedelta | None = None, **dst: Unpack[DstChoice]
 ) -> None:
-    """Raise UsageError naming the definition and the bad part of its schedule.
+    """Raise InvalidArgument (a UsageError) naming the definition and the bad part of its
+    schedule: ``field`` is dst_gap, dst_repeat or jitter when one of those is wrong, else
+    schedule.
 
     Anchored as the scheduler will anchor a definition created now.  A jitter longer than
     the spacing of the next runs is refused: delayed runs could overtake or coincide."""
     now = datetime.now(UTC)
     try:
-        parsed = parse_schedule(
-            schedule,
-            timezone,
-            anchor=anchor_for(now, timezone),
-            dst_gap=dst_gap,
-            dst_repeat=dst_repeat,
-            definition=name,
-        )
+        parsed = parse_schedule(schedule, timezone, anchor=anchor_for(now, timezone), definition=name, **dst)
         if jitter:
             runs = parsed.between(now, now + timedelta(days=3660), limit=50)
             spacing = min((b - a for a, b in itertools.pairwise(runs)), default=None)
             if spacing is not None and jitter > spacing:
-                raise UsageError(
+                raise InvalidArgument(
                     f"definition={name} jitter {jitter} is longer than the {spacing} between runs "
-                    "of its schedule: delayed runs could overtake or coincide"
+                    "of its schedule: delayed runs could overtake or coincide",
+                    field="jitter",
                 )
     except ScheduleError as exc:
-        raise UsageError(str(exc)) from exc
+        field = next((f for f in ("dst_gap", "dst_repeat") if exc.detail.startswith(f)), "schedule")
+        raise InvalidArgument(str(exc), field=field) from None
+
+
+def check_schedule(name: str, schedule: str, timezone: str | None, options: Mapping[str, Any]) -> None:
+    """The driver's check of a recurring definition before it is saved, the same for
+    ``Client.define``, ``pgtick define`` and an app's schedules: ``validate_schedule`` with
+    the definition's zone (default UTC), DST choice and jitter (seconds or a timedelta; other
+    values are left for the SQL API to refuse by name)."""
+    jitter = options.get("jitter")
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float | timedelta):
+        jitter = None
+    validate_schedule(
+        schedule,
+        timezone or "UTC",
+        name,
+        jitter=None if jitter is None else check_duration("jitter", jitter),
+        dst_gap=options.get("dst_gap"),
+        dst_repeat=options.get("dst_repeat"),
+    )
 
 
 def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -> Any:
     """jobs.define with named arguments (only those given), after the driver has
     parsed the schedule: SQL checks only its shape, the driver checks every part."""
     if params.get("schedule") is not None:
-        validate_schedule(
-            params["schedule"],
-            params.get("timezone") or "UTC",
-            name,
-            dst_gap=params.get("dst_gap"),
-            dst_repeat=params.get("dst_repeat"),
-            jitter=params["jitter"] if isinstance(params.get("jitter"), timedelta) else None,
-        )
+        check_schedule(name, params["schedule"], params.get("timezone"), params)
     if isinstance(params.get("payload"), dict):
         params["payload"] = Jsonb(params["payload"])
     params["run_at"] = _run_at(name, params)

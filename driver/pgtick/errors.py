@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 
@@ -48,18 +47,21 @@ class SqlApiError(UsageError):
     """Bad input refused by a jobs.* function: the SQL message, its SQLSTATE, and the field,
     hint and detail where the server gave them. A ``UsageError``: the CLI exits 2."""
 
+    #: The SQLSTATE of a refusal the driver makes before it sends anything.
+    default_sqlstate = "P0001"
+
     def __init__(
         self,
         message: str,
         *,
-        sqlstate: str,
+        sqlstate: str | None = None,
         field: str | None = None,
         hint: str | None = None,
         detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.sqlstate = sqlstate
+        self.sqlstate = sqlstate or self.default_sqlstate
         self.field = field
         self.hint = hint
         self.detail = detail
@@ -70,15 +72,13 @@ class InvalidArgument(SqlApiError, ValueError):
     the server or by the driver before it sent anything; ``field`` names it when the message
     or the server says which. Also a ``ValueError``, as Python code expects of a bad value."""
 
-    def __init__(self, message: str, *, sqlstate: str = "22023", **kw: Any) -> None:
-        super().__init__(message, sqlstate=sqlstate, **kw)
+    default_sqlstate = "22023"
 
 
 class NotFound(SqlApiError):
     """What the call names does not exist (SQLSTATE P0002): a run id, a definition name."""
 
-    def __init__(self, message: str, *, sqlstate: str = "P0002", **kw: Any) -> None:
-        super().__init__(message, sqlstate=sqlstate, **kw)
+    default_sqlstate = "P0002"
 
 
 class SchemaMismatch(PgtickError):
@@ -96,7 +96,7 @@ def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
         return SchemaMismatch(
             f"{message} (this database's jobs schema is older than pgtick {_version()}: run pgtick migrate)"
         )
-    if sqlstate == "P0002":
+    if sqlstate == NotFound.default_sqlstate:
         cls: type[SqlApiError] = NotFound
     elif sqlstate[:2] in ("22", "23"):
         cls = InvalidArgument

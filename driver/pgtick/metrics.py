@@ -79,6 +79,46 @@ class WorkerMetrics:
         self.heartbeat_failures.inc()
 
 
+#: The gauges ``DatabaseCollector`` reads at scrape time: key, name, help text, labels.
+DATABASE_GAUGES: tuple[tuple[str, str, str, list[str]], ...] = (
+    ("depth", "pgtick_queue_depth", "Due QUEUED runs", ["kind"]),
+    ("running", "pgtick_running", "RUNNING runs", ["kind"]),
+    ("oldest", "pgtick_oldest_queued_seconds", "Age of the oldest due QUEUED run", ["kind"]),
+    (
+        "skipped",
+        "pgtick_runs_skipped_last_hour",
+        "Occurrences recorded as Skipped (overlap_policy skip) in the last hour",
+        ["kind"],
+    ),
+    (
+        "lost",
+        "pgtick_runs_lost_last_hour",
+        "Runs reaped as HeartbeatLost or Orphaned in the last hour",
+        ["kind"],
+    ),
+    ("skips", "pgtick_consecutive_skips", "Occurrences skipped in a row", ["definition"]),
+    (
+        "due",
+        "pgtick_occurrences_due_not_started",
+        "Schedule occurrences whose time has come that are still QUEUED",
+        ["kind"],
+    ),
+    (
+        "due_age",
+        "pgtick_oldest_due_occurrence_seconds",
+        "How late the oldest due but not started schedule occurrence is",
+        ["kind"],
+    ),
+    (
+        "failing",
+        "pgtick_definitions_materialize_failing",
+        "Definitions whose runs the database refused at the last attempt (backing off)",
+        [],
+    ),
+    ("leader", "pgtick_leader", "1 if this process leads the scheduler", []),
+)
+
+
 class DatabaseCollector(Collector):
     """Queue depth, oldest queued age, skipped and lost runs, skips and the leader flag,
     read at scrape time."""
@@ -88,58 +128,29 @@ class DatabaseCollector(Collector):
         self.owner = owner
 
     def collect(self) -> Iterator[Any]:
-        depth = GaugeMetricFamily("pgtick_queue_depth", "Due QUEUED runs", labels=["kind"])
-        running = GaugeMetricFamily("pgtick_running", "RUNNING runs", labels=["kind"])
-        oldest = GaugeMetricFamily(
-            "pgtick_oldest_queued_seconds", "Age of the oldest due QUEUED run", labels=["kind"]
-        )
-        skipped = GaugeMetricFamily(
-            "pgtick_runs_skipped_last_hour",
-            "Occurrences recorded as Skipped (overlap_policy skip) in the last hour",
-            labels=["kind"],
-        )
-        lost = GaugeMetricFamily(
-            "pgtick_runs_lost_last_hour",
-            "Runs reaped as HeartbeatLost or Orphaned in the last hour",
-            labels=["kind"],
-        )
-        skips = GaugeMetricFamily(
-            "pgtick_consecutive_skips", "Occurrences skipped in a row", labels=["definition"]
-        )
-        due = GaugeMetricFamily(
-            "pgtick_occurrences_due_not_started",
-            "Schedule occurrences whose time has come that are still QUEUED",
-            labels=["kind"],
-        )
-        due_age = GaugeMetricFamily(
-            "pgtick_oldest_due_occurrence_seconds",
-            "How late the oldest due but not started schedule occurrence is",
-            labels=["kind"],
-        )
-        failing = GaugeMetricFamily(
-            "pgtick_definitions_materialize_failing",
-            "Definitions whose runs the database refused at the last attempt (backing off)",
-        )
-        leader = GaugeMetricFamily("pgtick_leader", "1 if this process leads the scheduler")
+        gauge = {
+            key: GaugeMetricFamily(name, documentation, labels=labels)
+            for key, name, documentation, labels in DATABASE_GAUGES
+        }
         try:
             with connect(self.dsn, application_name="pgtick-metrics") as conn:
                 for kind, queued, run, age, skipped_1h, lost_1h in calls.queue_metrics(conn):
-                    depth.add_metric([kind], queued)
-                    running.add_metric([kind], run)
-                    oldest.add_metric([kind], float(age or 0))
-                    skipped.add_metric([kind], skipped_1h)
-                    lost.add_metric([kind], lost_1h)
+                    gauge["depth"].add_metric([kind], queued)
+                    gauge["running"].add_metric([kind], run)
+                    gauge["oldest"].add_metric([kind], float(age or 0))
+                    gauge["skipped"].add_metric([kind], skipped_1h)
+                    gauge["lost"].add_metric([kind], lost_1h)
                 for name, count in calls.definition_skips(conn):
-                    skips.add_metric([name], count)
+                    gauge["skips"].add_metric([name], count)
                 for kind, count, age in calls.schedule_backlog(conn):
-                    due.add_metric([kind], count)
-                    due_age.add_metric([kind], float(age or 0))
-                failing.add_metric([], calls.materialize_failing(conn))
-                leader.add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
+                    gauge["due"].add_metric([kind], count)
+                    gauge["due_age"].add_metric([kind], float(age or 0))
+                gauge["failing"].add_metric([], calls.materialize_failing(conn))
+                gauge["leader"].add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
         except Exception as exc:
             log.warning("metrics: database unavailable: %s", exc)
             return
-        yield from (depth, running, oldest, skipped, lost, skips, due, due_age, failing, leader)
+        yield from gauge.values()
 
 
 def serve_metrics(

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 import pytest
@@ -46,7 +46,7 @@ from psycopg.rows import dict_row
 
 from pgtick import calls, migrate
 from pgtick.app import App, Context, error_classes
-from pgtick.client import Client, Run
+from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
 from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
@@ -121,7 +121,9 @@ class JobsTester:
     def close(self) -> None:
         self.client.close()
 
-    def enqueue(self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Run:
+    def enqueue(
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]
+    ) -> Run:
         """``Client.enqueue``: the same arguments."""
         return self.client.enqueue(kind, payload, **options)
 

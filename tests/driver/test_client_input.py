@@ -50,6 +50,10 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
         "max_concurrent_runs",
     ),
     ("jitter-nan", lambda c: c.define("x", "k", "* * * * *", jitter=float("nan")), "jitter"),
+    # a schedule is checked as pgtick define and an app's schedules check it
+    ("jitter-over-spacing", lambda c: c.define("x", "k", "*/5 * * * *", jitter=600), "jitter"),
+    ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
+    ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
     (
         "pause-after-huge",
         lambda c: c.define("x", "k", "* * * * *", pause_after_failures=10**20),
@@ -85,6 +89,41 @@ def test_the_async_client_refuses_the_same_before_any_sql() -> None:
                 await client.enqueue("k", timeout=float("inf"))
 
     asyncio.run(main())
+
+
+UNKNOWN_KEYWORDS: list[tuple[str, Callable[[Any], Any]]] = [
+    ("enqueue", lambda c: c.enqueue("k", {}, prority=1)),
+    ("enqueue_many", lambda c: c.enqueue_many("k", [{}], prority=1)),
+    ("enqueue_many", lambda c: c.enqueue_many("k", [{}], unique_key="u")),  # an enqueue option only
+    ("define", lambda c: c.define("x", "k", "* * * * *", misfire="skip")),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "call"), UNKNOWN_KEYWORDS, ids=[f"{c[0]}-{i}" for i, c in enumerate(UNKNOWN_KEYWORDS)]
+)
+def test_an_unknown_keyword_is_a_type_error_naming_it_before_any_sql(
+    method: str, call: Callable[[Any], Any]
+) -> None:
+    """As Python refuses a keyword a function does not take, in both clients (the async one
+    when awaited); the declared keywords are the methods' signature."""
+    import inspect
+
+    with Client(NOWHERE) as client, pytest.raises(TypeError) as caught:
+        call(client)
+    assert str(caught.value).startswith(f"Client.{method}() got an unexpected keyword argument"), caught.value
+
+    async def main() -> None:
+        async with AsyncClient(NOWHERE) as client:
+            with pytest.raises(TypeError, match=rf"^AsyncClient\.{method}\(\) got an unexpected keyword"):
+                await call(client)
+
+    asyncio.run(main())
+    for cls in (Client, AsyncClient):
+        parameters = inspect.signature(getattr(cls, method)).parameters
+        assert "options" not in parameters and "run_at" in parameters and "conn" in parameters, (
+            f"{cls.__name__}.{method}{inspect.signature(getattr(cls, method))}"
+        )
 
 
 def _in_auckland(db: Database) -> str:

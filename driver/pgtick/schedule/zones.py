@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, TypedDict
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 __all__ = [
@@ -56,6 +56,13 @@ class ScheduleError(ValueError):
         self.definition = definition
         prefix = "schedule" if definition is None else f"definition={definition} schedule"
         super().__init__(f"{prefix}: {detail}")
+
+
+class DstChoice(TypedDict, total=False):
+    """The DST policy a definition chooses, as the SQL API takes it (None or absent: auto)."""
+
+    dst_gap: str | None
+    dst_repeat: str | None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from pgtick.errors import InvalidArgument, NotFound, from_psycopg
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
 from pgtick.web.db import ActionsUnavailable, Database
@@ -123,6 +124,10 @@ def _policy(row: dict[str, Any]) -> timeview.Policy:
 # -- the app ----------------------------------------------------------------------------------
 
 
+#: The counts of jobs.queue_stats the overview adds up over every kind.
+OVERVIEW_TOTALS = ("queued", "scheduled", "running", "completed_1h", "failed_1h", "cancelled_1h", "lost_1h")
+
+
 class Dashboard:
     """Shared state of one dashboard process: database, sessions, operator secret."""
 
@@ -186,18 +191,7 @@ class Dashboard:
             limit_rows = await queries.limits(conn, feats)
             leader = await queries.leader(conn)
             start, minutes = await queries.last_hour(conn)
-        totals = {
-            key: sum(int(k[key]) for k in kinds)
-            for key in (
-                "queued",
-                "scheduled",
-                "running",
-                "completed_1h",
-                "failed_1h",
-                "cancelled_1h",
-                "lost_1h",
-            )
-        }
+        totals = {key: sum(int(k[key]) for k in kinds) for key in OVERVIEW_TOTALS}
         finished = totals["completed_1h"] + totals["failed_1h"] + totals["cancelled_1h"]
         oldest = max((k["oldest_queued_age"] for k in kinds if k["oldest_queued_age"]), default=None)
         return self.render(
@@ -552,9 +546,10 @@ def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int =
         assert isinstance(exc, psycopg.Error)
         sqlstate = exc.sqlstate or ""
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if sqlstate == "P0002":
+        refused = from_psycopg(exc)  # what the SQL API refused, as the driver names it
+        if isinstance(refused, NotFound):
             return dash.error(request, 404, message)
-        if sqlstate.startswith(("22", "23", "P0")):
+        if isinstance(refused, InvalidArgument) or sqlstate.startswith("P0"):  # or another RAISE
             return dash.error(request, 400, message)
         if sqlstate == "42501":
             return dash.error(request, 403, f"the database refused: {message}")

@@ -11,10 +11,9 @@ from pgtick.errors import InvalidArgument
 from pgtick.web.queries import STATUSES, RunFilter
 
 
-class BadInput(ValueError):
-    """A field the browser sent is invalid; shown with HTTP 400 and SQLSTATE 22023."""
-
-    sqlstate = "22023"
+class BadInput(InvalidArgument):
+    """A field the browser sent is invalid (an ``InvalidArgument``: SQLSTATE 22023, a
+    ``ValueError``); shown with HTTP 400."""
 
 
 def text(

@@ -23,13 +23,13 @@ Settings (all optional but ``APP``)::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 from pgtick.app import App
-from pgtick.client import Client, Run
+from pgtick.client import Client, EnqueueOptions, Run
 
 __all__ = ["client", "database_alias", "dsn", "enqueue", "jobs_app"]
 
@@ -94,7 +94,11 @@ def client(using: str | None = None) -> Client:
 
 
 def enqueue(
-    kind: str, payload: Mapping[str, Any] | None = None, *, using: str | None = None, **options: Any
+    kind: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    using: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> Run:
     """``Client.enqueue`` on Django's connection: inside ``transaction.atomic()`` the run
     commits or rolls back with the block."""
