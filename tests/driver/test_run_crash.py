@@ -10,59 +10,53 @@ from __future__ import annotations
 
 import signal
 from datetime import timedelta
-from pathlib import Path
 
-from harness import Database, pid_of_owner, processes, scalar, wait_for
+from harness import (
+    Conn,
+    Processes,
+    enqueue,
+    pid_of_owner,
+    scalar,
+    wait_for,
+    wait_retry_completed,
+    wait_started,
+)
 
 HEARTBEAT_TIMEOUT = 2.0
 
 
-def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replicas = [procs.replica("work_app.py", f"replica{i}") for i in range(2)]
-        workers = {r.pid: r.worker_id for r in replicas}
-        run_id = scalar(
-            conn,
-            """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 30, "retry_seconds": 0.3}',
-                                           heartbeat_timeout => make_interval(secs => %s))""",
-            (HEARTBEAT_TIMEOUT,),
-        )
-        victim_pid = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        wait_for(
-            f"run {run_id} to heartbeat",
-            lambda: scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,)),
-            timeout=60,
-        )
-        victim = procs.by_pid(victim_pid)
-        survivor = next(r for r in replicas if r is not victim)
-        assert victim is not None, f"run {run_id} executed by pid {victim_pid}, no replica: {workers}"
+def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Processes, conn: Conn) -> None:
+    replicas = [procs.replica("work_app.py", f"replica{i}") for i in range(2)]
+    workers = {r.pid: r.worker_id for r in replicas}
+    run_id = enqueue(
+        conn,
+        "sleepy",
+        '{"seconds": 30, "retry_seconds": 0.3}',
+        heartbeat_timeout=f"make_interval(secs => {HEARTBEAT_TIMEOUT})",
+    )
+    victim_pid = wait_started(conn, run_id)
+    wait_for(
+        f"run {run_id} to heartbeat",
+        lambda: scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,)),
+        timeout=60,
+    )
+    victim = procs.by_pid(victim_pid)
+    survivor = next(r for r in replicas if r is not victim)
+    assert victim is not None, f"run {run_id} executed by pid {victim_pid}, no replica: {workers}"
 
-        victim.send(signal.SIGKILL)
-        assert victim.wait(30) == -signal.SIGKILL
-        retry = wait_for(
-            f"the retry of run {run_id} to complete",
-            lambda: conn.execute(
-                "SELECT id, attempt, status::text, worker, origin FROM jobs.runs"
-                " WHERE retry_of = %s AND status = 'COMPLETED'",
-                (run_id,),
-            ).fetchone(),
-            timeout=60,
-        )
-        first = conn.execute(
-            "SELECT status::text, failure_reason, worker, error, finished_at - heartbeat_at"
-            " FROM jobs.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        executions = conn.execute(
-            "SELECT run_id, attempt, pid, worker, exited IS NOT NULL, outcome FROM public.executions"
-            " ORDER BY id"
-        ).fetchall()
-        survivor_log = survivor.log()
-        logs = procs.tails()
+    victim.send(signal.SIGKILL)
+    assert victim.wait(30) == -signal.SIGKILL
+    retry = wait_retry_completed(conn, run_id, "id, attempt, status::text, worker, origin")
+    first = conn.execute(
+        "SELECT status::text, failure_reason, worker, error, finished_at - heartbeat_at"
+        " FROM jobs.runs WHERE id = %s",
+        (run_id,),
+    ).fetchone()
+    executions = conn.execute(
+        "SELECT run_id, attempt, pid, worker, exited IS NOT NULL, outcome FROM public.executions ORDER BY id"
+    ).fetchall()
+    survivor_log = survivor.log()
+    logs = procs.tails()
 
     assert first is not None
     status, reason, worker, error, silent_for = first
