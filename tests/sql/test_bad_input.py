@@ -1,5 +1,7 @@
-"""Bad input: every public call refuses it with a SQLSTATE and a message naming the field, and
-never half-applies (the database is byte-for-byte the same afterwards)."""
+"""Bad input: every public call, the flow-control API (queues, limits, unique jobs,
+enqueue_many, snooze, dependencies) included, refuses it with a SQLSTATE (class 22, 23 or P0)
+and a message naming the field, and never half-applies (the database is byte-for-byte the same
+afterwards: runs, definitions, policies, config, leases, limits and paused queues)."""
 
 from __future__ import annotations
 
@@ -142,6 +144,97 @@ CASES: list[tuple[str, tuple[Any, ...] | None, str, str]] = [
     # jobs.materialize / materialize_one_shots
     ("SELECT jobs.materialize(NULL, NULL, '{}', NULL)", None, INVALID, "definition_id"),
     ("SELECT jobs.materialize_one_shots('-1 s')", None, INVALID, "lookahead"),
+    # --- flow control: queues, limits, unique jobs, enqueue_many, snooze, dependencies ---
+    # jobs.enqueue: queue, concurrency_key, unique_*, on_conflict, depends_on
+    ("SELECT jobs.enqueue('k', queue => NULL)", None, INVALID, "queue"),
+    ("SELECT jobs.enqueue('k', queue => '')", None, INVALID, "queue"),
+    ("SELECT jobs.enqueue('k', queue => repeat('q', 201))", None, INVALID, "queue"),
+    ("SELECT jobs.enqueue('k', concurrency_key => '')", None, INVALID, "concurrency_key"),
+    ("SELECT jobs.enqueue('k', concurrency_key => repeat('c', 201))", None, INVALID, "concurrency_key"),
+    ("SELECT jobs.enqueue('k', unique_key => '')", None, INVALID, "unique_key"),
+    ("SELECT jobs.enqueue('k', unique_key => repeat('u', 201))", None, INVALID, "unique_key"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => 'forever')", None, INVALID, "unique_while"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => NULL)", None, INVALID, "unique_while"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '-1 hour')", None, INVALID, "unique_for"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '0')", None, INVALID, "unique_for"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => 'merge')", None, INVALID, "on_conflict"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => NULL)", None, INVALID, "on_conflict"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', idempotency_key => 'i')", None, INVALID, "unique_key"),
+    ("SELECT jobs.enqueue('k', depends_on => '{}')", None, INVALID, "depends_on"),
+    ("SELECT jobs.enqueue('k', depends_on => ARRAY[NULL]::bigint[])", None, INVALID, "depends_on"),
+    ("SELECT jobs.enqueue('k', depends_on => ARRAY[987654321]::bigint[])", None, NOT_FOUND, "depends_on"),
+    ("SELECT jobs.enqueue('k', depends_on => %s)", ("QUEUED+missing",), NOT_FOUND, "987654321"),
+    # jobs.enqueue_many
+    ("SELECT jobs.enqueue_many(NULL, '[{}]')", None, INVALID, "kind"),
+    ("SELECT jobs.enqueue_many('k', NULL)", None, INVALID, "payloads"),
+    ("SELECT jobs.enqueue_many('k', '{}')", None, INVALID, "payloads"),
+    ("SELECT jobs.enqueue_many('k', '[]')", None, INVALID, "payloads"),
+    ("SELECT jobs.enqueue_many('k', '[{}, 1]')", None, INVALID, "payloads[1]"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', run_at => 'infinity')", None, INVALID, "run_at"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', priority => 5000)", None, INVALID, "priority"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', queue => '')", None, INVALID, "queue"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', concurrency_key => '')", None, INVALID, "concurrency_key"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', max_attempts => 0)", None, INVALID, "max_attempts"),
+    ("SELECT jobs.enqueue_many('k', '[{}]', timeout => '0')", None, INVALID, "timeout"),
+    (
+        "SELECT jobs.enqueue_many('k', '[{}]', depends_on => ARRAY[987654321]::bigint[])",
+        None,
+        NOT_FOUND,
+        "depends_on",
+    ),
+    # jobs.claim(queues => ...)
+    ("SELECT * FROM jobs.claim(1, 'w', queues => '{}')", None, INVALID, "queues"),
+    ("SELECT * FROM jobs.claim(1, 'w', queues => ARRAY[NULL]::text[])", None, INVALID, "queues"),
+    ("SELECT * FROM jobs.claim(1, 'w', queues => ARRAY[''])", None, INVALID, "queues"),
+    # jobs.pause_queue / jobs.resume_queue
+    ("SELECT jobs.pause_queue(NULL)", None, INVALID, "name"),
+    ("SELECT jobs.pause_queue('')", None, INVALID, "name"),
+    ("SELECT jobs.resume_queue(repeat('q', 201))", None, INVALID, "name"),
+    # jobs.set_limit / jobs.remove_limit
+    ("SELECT jobs.set_limit('tenant', 'x', max_running => 1)", None, INVALID, "scope"),
+    ("SELECT jobs.set_limit(NULL, 'x', max_running => 1)", None, INVALID, "scope"),
+    ("SELECT jobs.set_limit('queue', '', max_running => 1)", None, INVALID, "name"),
+    ("SELECT jobs.set_limit('queue', NULL, max_running => 1)", None, INVALID, "name"),
+    ("SELECT jobs.set_limit('queue', 'x', max_running => 0)", None, INVALID, "max_running"),
+    ("SELECT jobs.set_limit('queue', 'x', max_running => -3)", None, INVALID, "max_running"),
+    ("SELECT jobs.set_limit('queue', 'x')", None, INVALID, "max_running"),
+    (
+        "SELECT jobs.set_limit('queue', 'x', rate_limit => 0, rate_period => '1 s')",
+        None,
+        INVALID,
+        "rate_limit",
+    ),
+    ("SELECT jobs.set_limit('queue', 'x', rate_limit => 5)", None, INVALID, "rate_period"),
+    ("SELECT jobs.set_limit('queue', 'x', rate_period => '1 s')", None, INVALID, "rate_limit"),
+    (
+        "SELECT jobs.set_limit('queue', 'x', rate_limit => 5, rate_period => '0')",
+        None,
+        INVALID,
+        "rate_period",
+    ),
+    (
+        "SELECT jobs.set_limit('queue', 'x', rate_limit => 5, rate_period => '2 days')",
+        None,
+        INVALID,
+        "rate_period",
+    ),
+    ("SELECT jobs.set_limit('queue', 'x', max_running => 1, per_key => NULL)", None, INVALID, "per_key"),
+    ("SELECT jobs.remove_limit('tenant', 'x')", None, INVALID, "scope"),
+    ("SELECT jobs.remove_limit('kind', '')", None, INVALID, "name"),
+    # jobs.snooze
+    ("SELECT jobs.snooze(NULL, 'w1', '1 minute')", None, INVALID, "run_id"),
+    ("SELECT jobs.snooze(%s, NULL, '1 minute')", ("RUNNING",), INVALID, "worker"),
+    ("SELECT jobs.snooze(%s, 'w1', NULL)", ("RUNNING",), INVALID, "delay"),
+    ("SELECT jobs.snooze(%s, 'w1', '-1 minute')", ("RUNNING",), INVALID, "delay"),
+    ("SELECT jobs.snooze(%s, 'w1', '400 days')", ("RUNNING",), INVALID, "delay"),
+    # jobs.define: queue, concurrency_key
+    ("SELECT jobs.define('d', 'k', run_at => now(), queue => '')", None, INVALID, "queue"),
+    (
+        "SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => '')",
+        None,
+        INVALID,
+        "concurrency_key",
+    ),
 ]
 
 
@@ -153,13 +246,20 @@ def _label(sql: str, params: tuple[Any, ...] | None) -> str:
 
 
 def _seed(conn: Conn) -> dict[str, Any]:
-    """One run in each interesting state, a definition, a policy."""
+    """One run in each interesting state, a definition, a policy, a limit, a paused queue."""
     add_definition(conn, "defined", cap=2)
     conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3)")
+    conn.execute("SELECT jobs.set_limit('queue', 'x', max_running => 7)")
+    conn.execute("SELECT jobs.pause_queue('held')")
     queued, running = add_runs(conn, 2)
     conn.execute("UPDATE jobs.runs SET scheduled_for = now() + interval '1 day' WHERE id = %s", (queued,))
     assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(running,)]
-    return {"QUEUED": queued, "RUNNING": running, "RUNNING[]": [running]}
+    return {
+        "QUEUED": queued,
+        "RUNNING": running,
+        "RUNNING[]": [running],
+        "QUEUED+missing": [queued, 987654321],
+    }
 
 
 @pytest.mark.parametrize(
@@ -168,6 +268,7 @@ def _seed(conn: Conn) -> dict[str, Any]:
 def test_bad_input_is_refused_by_name_and_changes_nothing(
     conn: Conn, sql: str, params: tuple[Any, ...] | None, sqlstate: str, mention: str
 ) -> None:
+    assert sqlstate[:2] in ("22", "23", "P0"), sqlstate
     ids = _seed(conn)
     bound = None if params is None else tuple(ids.get(p, p) if isinstance(p, str) else p for p in params)
     before = digest(conn)
