@@ -28,7 +28,7 @@ from harness import (
     claim,
     digest,
     expect_error,
-    psql_binary,
+    psql_file,
     rows,
     scalar,
 )
@@ -349,22 +349,7 @@ def test_upgrade_clamps_rows_written_before_the_bounds_and_reap_then_works(
     the default 2), and the reaper, which those values made fail, sweeps again."""
     database = pg.create_empty_database()
     try:
-        installed = subprocess.run(
-            [
-                psql_binary(),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                database.dsn,
-                "-f",
-                str(_schema_before_bounds(tmp_path / "old")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        installed = psql_file(database.dsn, _schema_before_bounds(tmp_path / "old"))
         assert installed.returncode == 0, installed.stderr
         with psycopg.connect(database.dsn, autocommit=True) as conn:
             conn.execute(ABSURD_ROWS)
