@@ -540,6 +540,12 @@ class Tally:
     errors: list[tuple[str, str | None, str]] = field(default_factory=list)
     samples: int = 0
 
+    def claim(self, conn: Conn, batch: int, columns: str = "id") -> list[tuple[Any, ...]]:
+        """jobs.claim(batch) as this worker: ``columns`` of the runs it got (the first: id)."""
+        got = conn.execute(f"SELECT {columns} FROM jobs.claim(%s, %s)", (batch, self.worker)).fetchall()
+        self.claimed.extend(int(r[0]) for r in got)
+        return got
+
     def check(self, conn: Conn, over_sql: str, params: Mapping[str, Any] | None = None) -> None:
         """Run the check query now; record each group it finds above its bound."""
         who = "probe" if self.worker == "probe" else f"after claim by {self.worker}"
@@ -802,15 +808,26 @@ class Cancelled:
     cancel_requested: bool
     compensations: list[tuple[Any, ...]]
 
-    def check_compensated_first(self, replica: Proc, worker: str, context: str) -> None:
-        """Cancelled while RUNNING on ``worker``; the compensation ran once, in ``replica``,
-        and committed before the run was stamped CANCELLED."""
+    def check_compensated_first(self, replica: Proc, context: str) -> None:
+        """Cancelled while RUNNING on the replica's worker; the compensation ran once, in the
+        replica, and committed before the run was stamped CANCELLED."""
+        worker = replica.worker_id
         assert self.answer == "RUNNING", f"jobs.cancel said {self.answer!r}: {context}"
         assert (self.status, self.worker, self.cancel_requested) == ("CANCELLED", worker, True), context
         assert len(self.compensations) == 1, f"compensation must run exactly once: {context}"
         pid, by, at = self.compensations[0]
         assert (pid, by) == (replica.pid, worker), f"compensation not in the worker: {context}"
         assert at <= self.finished_at, f"stamped CANCELLED before compensation ran: {context}"
+
+
+def cancel_a_running_job(
+    procs: Processes, db: Database, conn: Conn, app: str, kind: str, payload: str = "{}"
+) -> tuple[Proc, Cancelled]:
+    """A replica of ``app`` runs a ``kind`` job; once its job code has started, it is cancelled
+    through psql. The replica, and what the cancel did once the run ended."""
+    replica = procs.replica(app, "replica")
+    assert replica.worker_id  # started
+    return replica, cancel_from_psql(db, conn, enqueue(conn, kind, payload))
 
 
 def cancel_from_psql(db: Database, conn: Conn, run_id: int) -> Cancelled:

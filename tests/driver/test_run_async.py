@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from harness import Conn, Database, Processes, cancel_from_psql, executions, scalar, wait_finished, wait_for
+from harness import (
+    Conn,
+    Database,
+    Processes,
+    cancel_a_running_job,
+    executions,
+    scalar,
+    wait_finished,
+    wait_for,
+)
 
 
 def test_many_async_jobs_run_at_once_on_one_event_loop_next_to_a_thread_job(
@@ -53,15 +62,12 @@ def test_many_async_jobs_run_at_once_on_one_event_loop_next_to_a_thread_job(
 def test_cancel_from_psql_stops_an_async_job_at_its_await_checkpoint_after_compensation(
     db: Database, procs: Processes, conn: Conn
 ) -> None:
-    replica = procs.replica("async_app.py", "replica")
-    worker = replica.worker_id
-    run_id = scalar(conn, """SELECT id FROM jobs.enqueue('async-mutating', '{"seconds": 60}')""")
-    cancelled = cancel_from_psql(db, conn, run_id)
+    replica, cancelled = cancel_a_running_job(
+        procs, db, conn, "async_app.py", "async-mutating", '{"seconds": 60}'
+    )
     executed = executions(conn)
-    log = replica.log()
-
-    context = f"{cancelled}; executions {executed}\n{log}"
-    cancelled.check_compensated_first(replica, worker, context)
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
     assert len(executed) == 1 and executed[0][1] in ("Cancelled", "CancelledError"), context
 
 

@@ -15,7 +15,7 @@ from harness import (
     Conn,
     Database,
     Processes,
-    cancel_from_psql,
+    cancel_a_running_job,
     executions,
     scalar,
     wait_finished,
@@ -27,18 +27,13 @@ from harness import (
 def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
     db: Database, procs: Processes, conn: Conn
 ) -> None:
-    replica = procs.replica("work_app.py", "replica")
-    worker = replica.worker_id
-    run_id = scalar(conn, """SELECT id FROM jobs.enqueue('mutating', '{"seconds": 30}')""")
-    cancelled = cancel_from_psql(db, conn, run_id)
+    replica, cancelled = cancel_a_running_job(procs, db, conn, "work_app.py", "mutating", '{"seconds": 30}')
     executed = executions(conn, "run_id, outcome, exited - entered")
-    log = replica.log()
-
-    context = f"{cancelled}; executions {executed}\n{log}"
-    cancelled.check_compensated_first(replica, worker, context)
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
     took = cancelled.finished_at - cancelled.asked_at
     assert took < timedelta(seconds=3), f"cancellation took too long: {context}"
-    assert len(executed) == 1 and executed[0][:2] == (run_id, "Cancelled"), context
+    assert len(executed) == 1 and executed[0][:2] == (cancelled.run_id, "Cancelled"), context
     assert executed[0][2] < timedelta(seconds=10), f"the job was not stopped at a checkpoint: {context}"
 
 

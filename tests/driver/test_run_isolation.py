@@ -18,7 +18,7 @@ from harness import (
     Conn,
     Database,
     Processes,
-    cancel_from_psql,
+    cancel_a_running_job,
     executions,
     scalar,
     wait_finished,
@@ -63,18 +63,13 @@ def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(procs: Processes,
 def test_cancel_from_psql_kills_a_process_job_and_compensation_runs_in_the_worker(
     db: Database, procs: Processes, conn: Conn
 ) -> None:
-    replica = procs.replica("isolated_app.py", "replica")
-    worker = replica.worker_id
-    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
-    cancelled = cancel_from_psql(db, conn, run_id)
+    replica, cancelled = cancel_a_running_job(procs, db, conn, "isolated_app.py", "stuck-mutating")
     child = cancelled.pid
     executed = executions(conn, "run_id, pid, exited")
     gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
-    log = replica.log()
-
-    context = f"{cancelled}; executions {executed}\n{log}"
-    cancelled.check_compensated_first(replica, worker, context)
-    assert executed == [(run_id, child, None)], f"the job was not killed mid-sleep: {context}"
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
+    assert executed == [(cancelled.run_id, child, None)], f"the job was not killed mid-sleep: {context}"
     assert gone
 
 

@@ -61,15 +61,12 @@ def _cap_claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, 
     deadline = time.monotonic() + seconds
     with gated(dsn) as conn:
         while time.monotonic() < deadline:
-            rows = conn.execute(
-                "SELECT id, definition_id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
-            ).fetchall()
+            rows = tally.claim(conn, rng.randint(1, 5), "id, definition_id")
             if not rows:
                 if scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 0:
                     break
                 time.sleep(0.002)
                 continue
-            tally.claimed.extend(int(r[0]) for r in rows)
             tally.check(conn, OVER_CAP_SQL, {"defs": sorted({int(r[1]) for r in rows})})
             time.sleep(rng.uniform(0.001, 0.006))
             for run_id, _ in rows:

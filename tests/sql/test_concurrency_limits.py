@@ -63,15 +63,12 @@ def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
     with _session(dsn) as conn:
         while time.monotonic() < deadline:
             try:
-                rows = conn.execute(
-                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
-                ).fetchall()
+                rows = tally.claim(conn, rng.randint(1, 5))
                 if not rows:
                     if scalar(conn, LIVE_SQL) == 0:
                         break
                     time.sleep(0.003)
                     continue
-                tally.claimed.extend(int(r[0]) for r in rows)
                 tally.check(conn, OVER_LIMIT_SQL)
                 time.sleep(rng.uniform(0.001, 0.006))
                 conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", ([r[0] for r in rows], worker))
@@ -217,10 +214,7 @@ def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
     with _session(dsn) as conn:
         while time.monotonic() < deadline:
             try:
-                rows = conn.execute(
-                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 50), worker)
-                ).fetchall()
-                tally.claimed.extend(int(r[0]) for r in rows)
+                rows = tally.claim(conn, rng.randint(1, 50))
                 held.extend(int(r[0]) for r in rows)
                 tally.check(conn, OVER_LIMIT_SQL)
                 shared_seen = max(shared_seen, int(scalar(conn, SHARED_HOLDERS_SQL)))
