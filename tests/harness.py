@@ -12,10 +12,13 @@ the public ``jobs.*`` functions. Processes started with ``run_in_processes``
 meet at a start gate (an advisory lock) so a race really is a race and does not
 depend on how fast each child spawns.
 
-``Processes`` starts real processes (`pgtick run` replicas, `pgtick lock`), each
-in its own session (process group) with stderr logged to a file under the
-test's tmp dir; it kills whatever is still alive when the test ends, whatever
-happened, and failing tests quote the log tails. Replicas run with short
+``Processes`` (the ``procs`` fixture, tests/fixtures/processes.py) starts real
+processes (`pgtick run` replicas, `pgtick lock`), each in its own session (process
+group) with stderr logged to a file under the test's tmp dir; it kills whatever is
+still alive when the test ends, whatever happened, and failing tests quote the log
+tails. The job code of tests/apps records each execution in the test database;
+``wait_started``, ``wait_finished``, ``executions``, ``compensations`` and
+``cancel_a_running_job`` read it back. Replicas run with short
 timings (tick/poll 0.2 s, heartbeat 0.3 s) and with ``PGTICK_APP_DSN`` set so
 job code in tests/apps can record itself.
 """
