@@ -774,6 +774,18 @@ def wait_started(conn: Conn, run_id: int, timeout: float = 60) -> int:
     )
 
 
+#: The heartbeat timeout of a run whose worker a test kills: the reaper may take it this soon.
+SHORT_HEARTBEAT = 2.0
+
+
+def start_sleepy_run(conn: Conn, seconds: float) -> tuple[int, int]:
+    """A `sleepy` run of tests/apps/work_app.py (``seconds`` of work, its retry 0.3 s) with the
+    SHORT_HEARTBEAT timeout, once its job code has started: the run and the pid it runs in."""
+    payload = f'{{"seconds": {seconds}, "retry_seconds": 0.3}}'
+    run_id = enqueue(conn, "sleepy", payload, heartbeat_timeout=f"make_interval(secs => {SHORT_HEARTBEAT})")
+    return run_id, wait_started(conn, run_id)
+
+
 def wait_retry_completed(conn: Conn, run_id: int, columns: str = "id", timeout: float = 60) -> Any:
     """Wait until the retry of ``run_id`` has COMPLETED; its row (``columns`` of jobs.runs)."""
     return wait_for(

@@ -12,29 +12,21 @@ import signal
 from datetime import timedelta
 
 from harness import (
+    SHORT_HEARTBEAT,
     Conn,
     Processes,
-    enqueue,
     pid_of_owner,
     scalar,
+    start_sleepy_run,
     wait_for,
     wait_retry_completed,
-    wait_started,
 )
-
-HEARTBEAT_TIMEOUT = 2.0
 
 
 def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Processes, conn: Conn) -> None:
     replicas = [procs.replica("work_app.py", f"replica{i}") for i in range(2)]
     workers = {r.pid: r.worker_id for r in replicas}
-    run_id = enqueue(
-        conn,
-        "sleepy",
-        '{"seconds": 30, "retry_seconds": 0.3}',
-        heartbeat_timeout=f"make_interval(secs => {HEARTBEAT_TIMEOUT})",
-    )
-    victim_pid = wait_started(conn, run_id)
+    run_id, victim_pid = start_sleepy_run(conn, 30)
     wait_for(
         f"run {run_id} to heartbeat",
         lambda: scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,)),
@@ -63,9 +55,7 @@ def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Pr
     context = f"run {run_id}: {first}; retry {retry}; executions {executions}\n{logs}"
     assert (status, reason) == ("FAILED", "HeartbeatLost"), context
     assert worker == workers[victim.pid] and worker in error, context
-    assert silent_for >= timedelta(seconds=HEARTBEAT_TIMEOUT), (
-        f"reaped before its heartbeat timeout: {context}"
-    )
+    assert silent_for >= timedelta(seconds=SHORT_HEARTBEAT), f"reaped before its heartbeat timeout: {context}"
     retry_id, attempt, _, retry_worker, origin = retry
     assert (attempt, origin) == (2, "retry"), context
     assert pid_of_owner(retry_worker) == survivor.pid, f"retry not on the survivor {survivor.pid}: {context}"

@@ -19,16 +19,13 @@ from harness import (
     Database,
     Proc,
     Processes,
-    enqueue,
     pgtick,
     pid_of_owner,
     scalar,
+    start_sleepy_run,
     wait_for,
     wait_retry_completed,
-    wait_started,
 )
-
-HEARTBEAT_TIMEOUT = 2.0
 
 
 def _workers(proc: Proc, count: int) -> list[str]:
@@ -52,13 +49,7 @@ def test_a_child_killed_mid_job_is_replaced_and_its_run_reaped_and_retried(
     sup = procs.replica("work_app.py", "supervisor", "--processes", "2")
     workers = _workers(sup, 2)
     children = {pid_of_owner(w) for w in workers}
-    run_id = enqueue(
-        conn,
-        "sleepy",
-        '{"seconds": 60, "retry_seconds": 0.3}',
-        heartbeat_timeout=f"make_interval(secs => {HEARTBEAT_TIMEOUT})",
-    )
-    victim = wait_started(conn, run_id)
+    run_id, victim = start_sleepy_run(conn, 60)
     assert victim in children and victim != sup.pid, f"run {run_id} in pid {victim}: {sup.tail()}"
     os.kill(victim, signal.SIGKILL)
     sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=60)
