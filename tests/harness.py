@@ -12,10 +12,13 @@ the public ``jobs.*`` functions. Processes started with ``run_in_processes``
 meet at a start gate (an advisory lock) so a race really is a race and does not
 depend on how fast each child spawns.
 
-``Processes`` starts real processes (`pgtick run` replicas, `pgtick lock`), each
-in its own session (process group) with stderr logged to a file under the
-test's tmp dir; it kills whatever is still alive when the test ends, whatever
-happened, and failing tests quote the log tails. Replicas run with short
+``Processes`` (the ``procs`` fixture, tests/fixtures/processes.py) starts real
+processes (`pgtick run` replicas, `pgtick lock`), each in its own session (process
+group) with stderr logged to a file under the test's tmp dir; it kills whatever is
+still alive when the test ends, whatever happened, and failing tests quote the log
+tails. The job code of tests/apps records each execution in the test database;
+``wait_started``, ``wait_finished``, ``executions``, ``compensations`` and
+``cancel_a_running_job`` read it back. Replicas run with short
 timings (tick/poll 0.2 s, heartbeat 0.3 s) and with ``PGTICK_APP_DSN`` set so
 job code in tests/apps can record itself.
 """
@@ -34,9 +37,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -121,6 +127,16 @@ def psql_binary() -> str:
     from pgserver._commands import POSTGRES_BIN_PATH
 
     return str(POSTGRES_BIN_PATH / "psql")
+
+
+def psql_script_args(dsn: str, script: Path) -> list[str]:
+    """psql running ``script`` against ``dsn``, stopping at the first error."""
+    return [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(script)]
+
+
+def psql_file(dsn: str, script: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` through psql to completion (check ``returncode``; stderr says why)."""
+    return subprocess.run(psql_script_args(dsn, script), capture_output=True, text=True, timeout=timeout)
 
 
 class Server:
@@ -235,6 +251,24 @@ def run_in_processes(
         return list(pending.get(timeout=timeout))
 
 
+def race(
+    dsn: str, fn: Callable[..., Any], arg_tuples: Iterable[tuple[Any, ...]], *, timeout: float = 240
+) -> list[Any]:
+    """``run_in_processes`` behind the start gate: every child calls ``wait_at_gate`` on its
+    connection (or connects with ``gated``), and all of them are let go at once when the last
+    one waits there."""
+    jobs = list(arg_tuples)
+    with start_gate(dsn, len(jobs)):
+        return run_in_processes(fn, jobs, timeout=timeout)
+
+
+def race_parts(
+    dsn: str, parts: Iterable[tuple[Callable[..., Any], tuple[Any, ...]]], *, timeout: float = 240
+) -> list[Any]:
+    """``race`` of different roles: each part is a module-level function and its arguments."""
+    return race(dsn, _call, [(part,) for part in parts], timeout=timeout)
+
+
 def scalar(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
     """First column of the first row; None when there is no row (a condition not met yet)."""
     row = conn.execute(sql, params).fetchone()
@@ -256,8 +290,10 @@ def one(conn: Conn, sql: str, params: Sequence[Any] | dict[str, Any] | None = No
     return got[0]
 
 
-def enqueue(conn: Conn, kind: str = "k", payload: str = "{}", run_at: str = "now()") -> int:
-    return int(scalar(conn, f"SELECT id FROM jobs.enqueue(%s, %s::jsonb, {run_at})", (kind, payload)))
+def enqueue(conn: Conn, kind: str = "k", payload: str = "{}", run_at: str = "now()", **named: str) -> int:
+    """jobs.enqueue; ``run_at`` and the ``named`` arguments are SQL expressions."""
+    rest = "".join(f", {name} => {value}" for name, value in named.items())
+    return int(scalar(conn, f"SELECT id FROM jobs.enqueue(%s, %s::jsonb, {run_at}{rest})", (kind, payload)))
 
 
 def claim(conn: Conn, worker: str = "w", batch: int = 1, kinds: list[str] | None = None) -> list[int]:
@@ -308,6 +344,16 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
         pass
 
 
+def terminate(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGTERM, then ``grace`` seconds to exit before SIGKILL."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(15)
+
+
 def add_definition(
     conn: Conn,
     name: str,
@@ -356,6 +402,11 @@ def add_runs(
     return sorted(int(r[0]) for r in rows)
 
 
+def runs_in(conn: Conn, status: str) -> int:
+    """How many runs have ``status``."""
+    return int(scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = %s::jobs.run_status", (status,)))
+
+
 def run_row(conn: Conn, run_id: int) -> dict[str, Any]:
     """One jobs.runs row as a dict (column name -> value)."""
     cur = conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (run_id,))
@@ -368,7 +419,7 @@ def run_row(conn: Conn, run_id: int) -> dict[str, Any]:
 def digest(conn: Conn) -> dict[str, Any]:
     """Row counts and content hashes of every jobs table: equal digests mean nothing changed."""
     out: dict[str, Any] = {}
-    for table in ("runs", "definitions", "retry_policies", "config", "leases"):
+    for table in ("runs", "definitions", "retry_policies", "config", "leases", "limits", "paused_queues"):
         count, md5 = conn.execute(
             f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), ''))"
             f" FROM jobs.{table} AS t"
@@ -439,6 +490,99 @@ def wait_at_gate(conn: Conn) -> None:
     """Block until the test's start gate opens (returns at once if there is none)."""
     conn.execute("SELECT pg_advisory_lock_shared(%s)", (GATE_KEY,))
     conn.execute("SELECT pg_advisory_unlock_shared(%s)", (GATE_KEY,))
+
+
+def gated(dsn: str) -> Conn:
+    """A child's autocommit connection, returned once the start gate has opened."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    wait_at_gate(conn)
+    return conn
+
+
+def waits_on_lock(conn: Conn, pid: int) -> bool:
+    """Whether the backend ``pid`` is waiting for a lock right now."""
+    return bool(scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)))
+
+
+class BlockedCall:
+    """``call()`` on a thread, using ``session``, which must end up waiting for a lock: the
+    constructor returns once ``observer`` sees ``session`` wait. ``outcome`` then holds what
+    the call returned or the database error it raised."""
+
+    def __init__(self, observer: Conn, session: Conn, call: Callable[[], Any], what: str) -> None:
+        pid = session.info.backend_pid
+        self.outcome: list[Any] = []
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+        wait_for(what, lambda: waits_on_lock(observer, pid), timeout=60)
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        try:
+            self.outcome.append(call())
+        except psycopg.Error as exc:
+            self.outcome.append(exc)
+
+    def join(self, timeout: float) -> list[Any]:
+        """Wait for the call to end; its outcome (empty when it is still running)."""
+        self.thread.join(timeout)
+        return self.outcome
+
+
+#: Runs not finished yet: a claim race is over when there are none.
+LIVE_SQL = "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"
+
+
+@dataclass
+class Tally:
+    """What one process of a claim race saw: the runs it claimed, the groups it saw above
+    their bound (rows of an ``*_SQL`` check query), the calls that failed."""
+
+    worker: str
+    claimed: list[int] = field(default_factory=list)
+    violations: list[tuple[Any, ...]] = field(default_factory=list)
+    errors: list[tuple[str, str | None, str]] = field(default_factory=list)
+    samples: int = 0
+
+    def claim(self, conn: Conn, batch: int, columns: str = "id") -> list[tuple[Any, ...]]:
+        """jobs.claim(batch) as this worker: ``columns`` of the runs it got (the first: id)."""
+        got = conn.execute(f"SELECT {columns} FROM jobs.claim(%s, %s)", (batch, self.worker)).fetchall()
+        self.claimed.extend(int(r[0]) for r in got)
+        return got
+
+    def check(self, conn: Conn, over_sql: str, params: Mapping[str, Any] | None = None) -> None:
+        """Run the check query now; record each group it finds above its bound."""
+        who = "probe" if self.worker == "probe" else f"after claim by {self.worker}"
+        self.violations.extend((who, *over) for over in conn.execute(over_sql, params).fetchall())
+        self.samples += 1
+
+    def failed(self, exc: psycopg.Error) -> bool:
+        """Record a failed call; whether so many failed that the process should stop."""
+        self.errors.append((self.worker, exc.sqlstate, str(exc).splitlines()[0]))
+        return len(self.errors) > 20
+
+    def result(self, **extra: Any) -> dict[str, Any]:
+        """What the process returns to the test (plain data: it crosses a process boundary)."""
+        return {
+            "worker": self.worker,
+            "claimed": self.claimed,
+            "violations": self.violations,
+            "errors": self.errors,
+            "samples": self.samples,
+            **extra,
+        }
+
+
+def probe(
+    conn: Conn, seconds: float, over_sql: str, params: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the check query continuously, beside the claimers, until no run is live."""
+    tally = Tally("probe")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        tally.check(conn, over_sql, params)
+        if scalar(conn, LIVE_SQL) == 0:
+            break
+    return tally.result()
 
 
 #: Every definition above its cap right now, with the offending runs and their workers.
@@ -573,6 +717,13 @@ class Processes:
     def tails(self) -> str:
         return "\n".join(p.tail() for p in self.started)
 
+    def stop_all(self) -> list[tuple[str, int]]:
+        """SIGTERM every process still running; (label, exit code) of each."""
+        alive = [p for p in self.started if p.popen.poll() is None]
+        for p in alive:
+            p.send(signal.SIGTERM)
+        return [(p.label, p.wait(15)) for p in alive]
+
     def kill_all(self) -> None:
         for proc in self.started:
             try:  # the whole group, even when its leader is gone: a lock's orphaned child too
@@ -594,6 +745,266 @@ def processes(directory: Path, dsn: str) -> Iterator[Processes]:
         yield procs
     finally:
         procs.kill_all()
+
+
+# --- Runs worked by replicas: what the job code in tests/apps recorded ---------------
+
+
+def finished_status(conn: Conn, run_id: int) -> str | None:
+    """The run's status once it has finished (finished_at set); None while it has not."""
+    value = scalar(
+        conn, "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL", (run_id,)
+    )
+    return None if value is None else str(value)
+
+
+def wait_finished(conn: Conn, run_id: int, timeout: float = 60) -> str:
+    """Wait until the run has finished; its status."""
+    return wait_for(f"run {run_id} to end", lambda: finished_status(conn, run_id), timeout)
+
+
+def wait_started(conn: Conn, run_id: int, timeout: float = 60) -> int:
+    """Wait until the run's job code has recorded its entry; the pid it runs in."""
+    return int(
+        wait_for(
+            f"run {run_id} to start",
+            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
+            timeout,
+        )
+    )
+
+
+#: The heartbeat timeout of a run whose worker a test kills: the reaper may take it this soon.
+SHORT_HEARTBEAT = 2.0
+
+
+def start_sleepy_run(conn: Conn, seconds: float) -> tuple[int, int]:
+    """A `sleepy` run of tests/apps/work_app.py (``seconds`` of work, its retry 0.3 s) with the
+    SHORT_HEARTBEAT timeout, once its job code has started: the run and the pid it runs in."""
+    payload = f'{{"seconds": {seconds}, "retry_seconds": 0.3}}'
+    run_id = enqueue(conn, "sleepy", payload, heartbeat_timeout=f"make_interval(secs => {SHORT_HEARTBEAT})")
+    return run_id, wait_started(conn, run_id)
+
+
+def wait_retry_completed(conn: Conn, run_id: int, columns: str = "id", timeout: float = 60) -> Any:
+    """Wait until the retry of ``run_id`` has COMPLETED; its row (``columns`` of jobs.runs)."""
+    return wait_for(
+        f"the retry of run {run_id} to complete",
+        lambda: conn.execute(
+            f"SELECT {columns} FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
+        ).fetchone(),
+        timeout,
+    )
+
+
+def compensations(conn: Conn, run_id: int) -> list[tuple[Any, ...]]:
+    """(pid, worker, at) of each compensation hook call recorded for the run."""
+    return conn.execute(
+        "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
+    ).fetchall()
+
+
+def executions(conn: Conn, columns: str = "run_id, outcome") -> list[tuple[Any, ...]]:
+    """``columns`` of every recorded execution, in the order they started."""
+    return conn.execute(f"SELECT {columns} FROM public.executions ORDER BY id").fetchall()
+
+
+@dataclass
+class Cancelled:
+    """What a cancel from psql did to a running run of a mutating kind."""
+
+    run_id: int
+    pid: int  # where its job code ran
+    answer: str  # what jobs.cancel said
+    asked_at: datetime  # the server's clock just after jobs.cancel returned
+    status: str
+    worker: str | None
+    finished_at: datetime
+    cancel_requested: bool
+    compensations: list[tuple[Any, ...]]
+
+    def check_compensated_first(self, replica: Proc, context: str) -> None:
+        """Cancelled while RUNNING on the replica's worker; the compensation ran once, in the
+        replica, and committed before the run was stamped CANCELLED."""
+        worker = replica.worker_id
+        assert self.answer == "RUNNING", f"jobs.cancel said {self.answer!r}: {context}"
+        assert (self.status, self.worker, self.cancel_requested) == ("CANCELLED", worker, True), context
+        assert len(self.compensations) == 1, f"compensation must run exactly once: {context}"
+        pid, by, at = self.compensations[0]
+        assert (pid, by) == (replica.pid, worker), f"compensation not in the worker: {context}"
+        assert at <= self.finished_at, f"stamped CANCELLED before compensation ran: {context}"
+
+
+def cancel_a_running_job(
+    procs: Processes, db: Database, conn: Conn, app: str, kind: str, payload: str = "{}"
+) -> tuple[Proc, Cancelled]:
+    """A replica of ``app`` runs a ``kind`` job; once its job code has started, it is cancelled
+    through psql. The replica, and what the cancel did once the run ended."""
+    replica = procs.replica(app, "replica")
+    assert replica.worker_id  # started
+    return replica, cancel_from_psql(db, conn, enqueue(conn, kind, payload))
+
+
+def cancel_from_psql(db: Database, conn: Conn, run_id: int) -> Cancelled:
+    """Once the run's job code has started, cancel it through psql and wait for it to end."""
+    pid = wait_started(conn, run_id)
+    answer = db.psql(f"SELECT jobs.cancel({run_id})")
+    asked_at = scalar(conn, "SELECT clock_timestamp()")
+    status = wait_finished(conn, run_id)
+    run = one(conn, "SELECT worker, finished_at, cancel_requested FROM jobs.runs WHERE id = %s", (run_id,))
+    return Cancelled(run_id, pid, answer, asked_at, status, **run, compensations=compensations(conn, run_id))
+
+
+# --- A Worker's run loop on a thread of the test --------------------------------------
+
+
+class WorkerThread:
+    """``worker.run(stop)`` on a thread; whatever it raised is kept in ``raised``."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.stop = threading.Event()
+        self.raised: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="test-worker")
+
+    def _run(self) -> None:
+        try:
+            self.worker.run(self.stop)
+        except BaseException as exc:
+            self.raised.append(exc)
+
+    def finish(self, timeout: float = 30) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+
+
+@contextmanager
+def worker_thread(worker: Any, *, join: float = 30, may_raise: bool = False) -> Iterator[WorkerThread]:
+    """Run the worker for the block, then stop it and wait ``join`` seconds for it to end.
+
+    Unless ``may_raise``, a worker that raised fails the test with what it raised.
+    """
+    running = WorkerThread(worker)
+    running.thread.start()
+    try:
+        yield running
+    finally:
+        running.finish(join)
+    assert may_raise or not running.raised, f"the worker raised: {running.raised!r}"
+
+
+# --- The per-second schedule of tests/apps/ticker_app.py, worked by several replicas ----
+
+
+def occurrences(conn: Conn) -> list[dict[str, Any]]:
+    """Every run of the per-second definition with the executions that recorded it."""
+    rows = conn.execute(
+        """
+        SELECT r.id, r.scheduled_for, r.status::text AS status, r.worker, r.origin,
+               coalesce(array_agg(e.pid ORDER BY e.id) FILTER (WHERE e.id IS NOT NULL), '{}') AS pids,
+               coalesce(array_agg(e.worker ORDER BY e.id) FILTER (WHERE e.id IS NOT NULL), '{}')
+                   AS workers,
+               count(e.exited) AS exits,
+               bool_and(e.scheduled_for = r.scheduled_for AND e.definition_id = r.definition_id)
+                   AS facts_match
+          FROM jobs.runs AS r
+          JOIN jobs.definitions AS d ON d.id = r.definition_id AND d.name = 'every-second'
+          LEFT JOIN public.executions AS e ON e.run_id = r.id
+         GROUP BY r.id
+         ORDER BY r.scheduled_for, r.id
+        """
+    ).fetchall()
+    keys = ("id", "scheduled_for", "status", "worker", "origin", "pids", "workers", "exits", "facts_match")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def catch_up_windows(conn: Conn) -> list[tuple[datetime, datetime]]:
+    """The late occurrences a leader coalesced after a gap in leadership (jobs.catch_ups)."""
+    return [(r[0], r[1]) for r in conn.execute("SELECT first_late, last_late FROM jobs.catch_ups")]
+
+
+def assert_each_occurrence_once(
+    runs: list[dict[str, Any]],
+    settled_before: datetime,
+    dead_worker: str | None = None,
+    coalesced: list[tuple[datetime, datetime]] | None = None,
+) -> None:
+    """One run per occurrence, consecutive seconds, each executed at most once; the ones
+    due well before ``settled_before`` COMPLETED and executed exactly once by their worker
+    (except runs claimed by ``dead_worker``, killed before it could report them). A gap is
+    allowed only where a recorded catch-up coalesced the occurrences inside it (a failover
+    slower than the schedule's period: misfire_policy coalesce, grace one period)."""
+    assert len(runs) >= 3, f"too few occurrences materialized: {runs}"
+    per_time = Counter(r["scheduled_for"] for r in runs)
+    duplicated = [r for r in runs if per_time[r["scheduled_for"]] > 1]
+    assert not duplicated, f"an occurrence materialized more than once: {duplicated}"
+    assert all(r["origin"] == "schedule" for r in runs), runs
+    gaps = [(a["scheduled_for"], b["scheduled_for"]) for a, b in pairwise(runs)]
+    gaps = [(a, b) for a, b in gaps if b - a != timedelta(seconds=1)]
+    gaps = [(a, b) for a, b in gaps if not any(a < first and last <= b for first, last in coalesced or [])]
+    assert not gaps, f"occurrences not one second apart (gap or misalignment), none coalesced: {gaps}"
+    twice = [r for r in runs if len(r["pids"]) > 1]
+    assert not twice, f"runs executed more than once (run, pids, workers): {twice}"
+    for r in runs:
+        if r["worker"] is not None and r["worker"] == dead_worker and r["status"] != "COMPLETED":
+            assert r["status"] == "RUNNING", f"a dead worker's unfinished run is not RUNNING: {r}"
+            continue
+        if r["status"] == "COMPLETED" or r["scheduled_for"] < settled_before:
+            assert r["status"] == "COMPLETED", f"run due before the stop did not complete: {r}"
+            assert len(r["pids"]) == 1 and r["exits"] == 1, f"completed run not executed once: {r}"
+            assert r["facts_match"], f"job saw other facts than its run row: {r}"
+            assert r["workers"] == [r["worker"]], f"executed by another worker than the claimer: {r}"
+            assert r["pids"] == [pid_of_owner(r["worker"])], f"executed in another process: {r}"
+
+
+def wait_for_occurrences(conn: Conn, n: int) -> None:
+    """Until the per-second schedule has ``n`` runs (a busy machine starts replicas slowly)."""
+    wait_for(f"{n} occurrences", lambda: len(occurrences(conn)) >= n, timeout=60)
+
+
+def settle_after_failover(conn: Conn, since: datetime, dead_worker: str) -> datetime:
+    """Wait until the new leader's occurrences after ``since`` complete, then until every
+    occurrence due before a cut-off taken then has finished (but the dead worker's); return
+    the cut-off. Everything before it is settled, however slowly a busy machine ran it."""
+    wait_for(
+        "occurrences after the failover to complete",
+        lambda: (
+            sum(1 for r in occurrences(conn) if r["scheduled_for"] > since and r["status"] == "COMPLETED")
+            >= 2
+        ),
+        timeout=60,
+    )
+    return settle_occurrences(conn, dead_worker)
+
+
+def settle_occurrences(conn: Conn, dead_worker: str | None = None) -> datetime:
+    """Take a cut-off now and wait until every occurrence due before it has finished (but the
+    dead worker's); return the cut-off."""
+    cut_off: datetime = scalar(conn, "SELECT clock_timestamp()")
+    wait_for(
+        "every occurrence due before the cut-off to finish (but the dead worker's)",
+        lambda: all(
+            r["status"] == "COMPLETED" or (dead_worker is not None and r["worker"] == dead_worker)
+            for r in occurrences(conn)
+            if r["scheduled_for"] < cut_off
+        ),
+        timeout=60,
+    )
+    return cut_off
+
+
+def leader_to_kill(
+    procs: Processes, conn: Conn, owners: Callable[[Conn], list[Any]], workers: dict[int, str]
+) -> tuple[list[Any], Proc]:
+    """Once there is one leader (``owners`` lists them) and a few occurrences under it: the
+    leader's owners and the replica that is the leader."""
+    wait_for("a leader", lambda: owners(conn), timeout=60)
+    wait_for_occurrences(conn, 2)  # a few under the first leader
+    old = owners(conn)
+    assert len(old) == 1, old
+    victim = procs.by_pid(pid_of_owner(old[0]))
+    assert victim is not None, f"leader {old} is none of the replicas {workers}"
+    return old, victim
 
 
 # --- PgBouncer in transaction mode in front of the test server ------------------------

@@ -15,7 +15,8 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -65,41 +66,55 @@ def create_tables() -> None:
         conn.execute(TABLES)
 
 
+def _entered(ctx: Context) -> int:
+    """Insert the executions row for this attempt (committed at once); its id."""
+    row = (
+        _connection()
+        .execute(
+            "INSERT INTO public.executions"
+            " (run_id, definition_id, scheduled_for, attempt, kind, worker, pid)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (
+                ctx.run_id,
+                ctx.definition_id,
+                ctx.scheduled_for,
+                ctx.attempt,
+                ctx.kind,
+                ctx.worker_id,
+                os.getpid(),
+            ),
+        )
+        .fetchone()
+    )
+    assert row is not None
+    return int(row[0])
+
+
+@contextmanager
+def _execution(ctx: Context) -> Iterator[None]:
+    """The executions row of the block: entered before it, exited with how it ended
+    ('returned' or the exception class)."""
+    execution = _entered(ctx)
+    outcome = "returned"
+    try:
+        yield
+    except BaseException as exc:
+        outcome = type(exc).__name__
+        raise
+    finally:
+        _connection().execute(
+            "UPDATE public.executions SET exited = clock_timestamp(), outcome = %s WHERE id = %s",
+            (outcome, execution),
+        )
+
+
 def recorded(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
     """Wrap job code: a row on entry (committed before the job body runs), exit stamped after."""
 
     @functools.wraps(fn)
     def job(ctx: Context) -> Any:
-        row = (
-            _connection()
-            .execute(
-                "INSERT INTO public.executions"
-                " (run_id, definition_id, scheduled_for, attempt, kind, worker, pid)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                (
-                    ctx.run_id,
-                    ctx.definition_id,
-                    ctx.scheduled_for,
-                    ctx.attempt,
-                    ctx.kind,
-                    ctx.worker_id,
-                    os.getpid(),
-                ),
-            )
-            .fetchone()
-        )
-        assert row is not None
-        outcome = "returned"
-        try:
+        with _execution(ctx):
             return fn(ctx)
-        except BaseException as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            _connection().execute(
-                "UPDATE public.executions SET exited = clock_timestamp(), outcome = %s WHERE id = %s",
-                (outcome, row[0]),
-            )
 
     return job
 
@@ -126,35 +141,7 @@ def arecorded(fn: Callable[[Context], Awaitable[Any]]) -> Callable[[Context], Aw
 
     @functools.wraps(fn)
     async def job(ctx: Context) -> Any:
-        row = (
-            _connection()
-            .execute(
-                "INSERT INTO public.executions"
-                " (run_id, definition_id, scheduled_for, attempt, kind, worker, pid)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                (
-                    ctx.run_id,
-                    ctx.definition_id,
-                    ctx.scheduled_for,
-                    ctx.attempt,
-                    ctx.kind,
-                    ctx.worker_id,
-                    os.getpid(),
-                ),
-            )
-            .fetchone()
-        )
-        assert row is not None
-        outcome = "returned"
-        try:
+        with _execution(ctx):
             return await fn(ctx)
-        except BaseException as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            _connection().execute(
-                "UPDATE public.executions SET exited = clock_timestamp(), outcome = %s WHERE id = %s",
-                (outcome, row[0]),
-            )
 
     return job

@@ -181,25 +181,36 @@ def test_worker_sh_processes_runs_with_results_and_retries(conn: Conn, start_wor
     assert "stopped" in worker.log()
 
 
-def test_worker_sh_heartbeats_and_is_cancelled_through_the_heartbeat_answer(
-    conn: Conn, start_worker: Any
-) -> None:
-    worker = start_worker()
+def _long_run_heartbeating(conn: Conn, worker: Any, timeout: float) -> int:
+    """A run of ten minutes' naps, once the worker has it RUNNING and heartbeating."""
     long_run = enqueue(conn, "nap", payload='{"steps": 600}')
     worker.wait_until(
         "the long run to be RUNNING with a heartbeat",
         lambda: scalar(conn, "SELECT heartbeat_at IS NOT NULL FROM jobs.runs WHERE id = %s", (long_run,)),
-        timeout=60,
+        timeout=timeout,
     )
+    return long_run
+
+
+def _cancel_at_a_checkpoint(conn: Conn, worker: Any, run_id: int, timeout: float) -> None:
+    """jobs.cancel the RUNNING run; the worker hears it in a heartbeat answer and stops the job."""
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "RUNNING"
+    worker.wait_until(
+        "the run to be cancelled at a checkpoint",
+        lambda: run_row(conn, run_id)["status"] == "CANCELLED",
+        timeout=timeout,
+    )
+
+
+def test_worker_sh_heartbeats_and_is_cancelled_through_the_heartbeat_answer(
+    conn: Conn, start_worker: Any
+) -> None:
+    worker = start_worker()
+    long_run = _long_run_heartbeating(conn, worker, timeout=60)
     running = one(conn, "SELECT * FROM jobs.running WHERE id = %s", (long_run,))
     assert running["heartbeat_age"] is not None and running["worker"].startswith("bash-")
 
-    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (long_run,)) == "RUNNING"
-    worker.wait_until(
-        "the run to be cancelled at a checkpoint",
-        lambda: run_row(conn, long_run)["status"] == "CANCELLED",
-        timeout=60,
-    )
+    _cancel_at_a_checkpoint(conn, worker, long_run, timeout=60)
     assert run_row(conn, long_run)["error"] == "cancelled at a checkpoint"
 
     # The worker goes on working after a cancellation.
@@ -216,24 +227,14 @@ def test_worker_sh_as_a_worker_login_holds_runs_that_its_worker_id_alone_cannot_
     while the worker's own heartbeats, cancellation and completion go through."""
     with db.worker_login("bash") as login:
         worker = start_worker(dsn=db.dsn_as(login))
-        long_run = enqueue(conn, "nap", payload='{"steps": 600}')
-        worker.wait_until(
-            "the long run to be RUNNING with a heartbeat",
-            lambda: scalar(conn, "SELECT heartbeat_at IS NOT NULL FROM jobs.runs WHERE id = %s", (long_run,)),
-            timeout=15,
-        )
+        long_run = _long_run_heartbeating(conn, worker, timeout=15)
         shown = scalar(conn, "SELECT worker FROM jobs.running WHERE id = %s", (long_run,))
         forged = scalar(conn, """SELECT jobs.complete(%s, %s, '{"forged": true}')""", (long_run, shown))
         row = run_row(conn, long_run)
         assert forged is False and row["status"] == "RUNNING", f"completed with the worker id alone: {row}"
         assert row["claim_token_hash"] is not None, "worker.sh claimed without a token"
 
-        assert scalar(conn, "SELECT jobs.cancel(%s)::text", (long_run,)) == "RUNNING"
-        worker.wait_until(
-            "the run to be cancelled at a checkpoint",
-            lambda: run_row(conn, long_run)["status"] == "CANCELLED",
-            timeout=10,
-        )
+        _cancel_at_a_checkpoint(conn, worker, long_run, timeout=10)
         after = enqueue(conn, "greet", payload='{"name": "Ada"}')
         worker.wait_until("the next run", lambda: run_row(conn, after)["status"] == "COMPLETED", timeout=10)
         assert run_row(conn, after)["result"] == {"greeting": "hello Ada"}

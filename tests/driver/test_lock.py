@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from harness import Database, pgtick, pid_of_owner, processes, scalar, wait_for
+from harness import Conn, Database, Processes, pgtick, pid_of_owner, scalar, wait_for
 
 TTL = 2.0
 
@@ -34,42 +34,39 @@ def lock(dsn: str, name: str, *cmd: str, ttl: float = TTL) -> list[str]:
 
 
 def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
-    db: Database, tmp_path: Path
+    db: Database, procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        holder = procs.start("holder", lock(db.dsn, "nightly", "sleep", "60"))
-        owner = wait_for("the holder to take the lease", lambda: (lease(conn, "nightly") or (None,))[0], 60)
-        assert pid_of_owner(owner) == holder.pid, f"lease owner {owner!r} is not pid {holder.pid}"
-        time.sleep(TTL + 0.5)  # past the TTL: only renewal keeps the lease now
+    holder = procs.start("holder", lock(db.dsn, "nightly", "sleep", "60"))
+    owner = wait_for("the holder to take the lease", lambda: (lease(conn, "nightly") or (None,))[0], 60)
+    assert pid_of_owner(owner) == holder.pid, f"lease owner {owner!r} is not pid {holder.pid}"
+    time.sleep(TTL + 0.5)  # past the TTL: only renewal keeps the lease now
 
-        second = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "echo RAN"))
-        assert second.returncode == 75, second
-        lines = second.stdout.splitlines()
-        assert len(lines) == 1, f"a skip must print exactly one line: {second}"
-        assert re.fullmatch(rf"skipped: lease nightly held by {re.escape(owner)} until \S.*", lines[0]), lines
-        assert "RAN" not in second.stdout + second.stderr, second
-        assert holder.popen.poll() is None, f"the holder died:\n{holder.tail()}"
+    second = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "echo RAN"))
+    assert second.returncode == 75, second
+    lines = second.stdout.splitlines()
+    assert len(lines) == 1, f"a skip must print exactly one line: {second}"
+    assert re.fullmatch(rf"skipped: lease nightly held by {re.escape(owner)} until \S.*", lines[0]), lines
+    assert "RAN" not in second.stdout + second.stderr, second
+    assert holder.popen.poll() is None, f"the holder died:\n{holder.tail()}"
 
-        holder.send(signal.SIGKILL)
-        killed = time.monotonic()
-        assert holder.wait(30) == -signal.SIGKILL
-        # Dead: no renewal any more. Its lease lasts until this, on the server's clock.
-        dead_until = scalar(conn, "SELECT expires_at FROM jobs.leases WHERE name = 'nightly'")
-        attempts: list[tuple[float, int, str]] = []
-        slowest = 0.0  # the longest attempt (a CLI start and its statements)
-        while True:
-            began = time.monotonic() - killed
-            result = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "exit 3"))
-            attempts.append((round(began, 2), result.returncode, result.stdout.strip()))
-            slowest = max(slowest, time.monotonic() - killed - began)
-            if result.returncode != 75:
-                break
-            assert began < TTL + 60, f"lease never freed after the holder died: {attempts}"
-            time.sleep(0.1)
-        after = conn.execute(
-            "SELECT owner, consecutive_skips FROM jobs.leases WHERE name = 'nightly'"
-        ).fetchone()
-        taken_at = scalar(conn, "SELECT acquired_at FROM jobs.leases WHERE name = 'nightly'")
+    holder.send(signal.SIGKILL)
+    killed = time.monotonic()
+    assert holder.wait(30) == -signal.SIGKILL
+    # Dead: no renewal any more. Its lease lasts until this, on the server's clock.
+    dead_until = scalar(conn, "SELECT expires_at FROM jobs.leases WHERE name = 'nightly'")
+    attempts: list[tuple[float, int, str]] = []
+    slowest = 0.0  # the longest attempt (a CLI start and its statements)
+    while True:
+        began = time.monotonic() - killed
+        result = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "exit 3"))
+        attempts.append((round(began, 2), result.returncode, result.stdout.strip()))
+        slowest = max(slowest, time.monotonic() - killed - began)
+        if result.returncode != 75:
+            break
+        assert began < TTL + 60, f"lease never freed after the holder died: {attempts}"
+        time.sleep(0.1)
+    after = conn.execute("SELECT owner, consecutive_skips FROM jobs.leases WHERE name = 'nightly'").fetchone()
+    taken_at = scalar(conn, "SELECT acquired_at FROM jobs.leases WHERE name = 'nightly'")
 
     context = (
         f"attempts after kill -9 (t, exit, stdout): {attempts}; lease after {after}; "
@@ -103,30 +100,30 @@ def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, 
     assert failed.stderr == ok.stderr == "", (failed.stderr, ok.stderr)
 
 
-def test_sigterm_stops_the_command_and_releases_the_lease(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        holder = procs.start("holder", lock(db.dsn, "backup", "sleep", "60", ttl=600))
-        wait_for("the holder to take the lease", lambda: (lease(conn, "backup") or (None,))[0], 60)
-        holder.send(signal.SIGTERM)
-        code = holder.wait(10)
-        after = lease(conn, "backup")
+def test_sigterm_stops_the_command_and_releases_the_lease(db: Database, procs: Processes, conn: Conn) -> None:
+    holder = procs.start("holder", lock(db.dsn, "backup", "sleep", "60", ttl=600))
+    wait_for("the holder to take the lease", lambda: (lease(conn, "backup") or (None,))[0], 60)
+    holder.send(signal.SIGTERM)
+    code = holder.wait(10)
+    after = lease(conn, "backup")
 
     assert code == 128 + signal.SIGTERM, f"exit {code}:\n{holder.tail()}"
     assert after == (None, False), f"lease not released on SIGTERM: {after}"
 
 
-def test_sigterm_the_moment_the_lease_is_taken_still_releases_it(db: Database, tmp_path: Path) -> None:
+def test_sigterm_the_moment_the_lease_is_taken_still_releases_it(
+    db: Database, procs: Processes, conn: Conn
+) -> None:
     """SIGTERM sent the instant the lease row appears (polled without pause), five times: the
     signal handlers are in place before the lease is taken, so each time the command stops
     with 128 + SIGTERM and the lease is released, never left held until its ttl."""
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        for attempt in range(5):
-            holder = procs.start(f"holder{attempt}", lock(db.dsn, "edge", "sleep", "60", ttl=600))
-            deadline = time.monotonic() + 60
-            while not (lease(conn, "edge") or (None,))[0]:
-                assert time.monotonic() < deadline, f"attempt {attempt}: the lease was never taken"
-            holder.send(signal.SIGTERM)
-            code = holder.wait(30)
-            after = lease(conn, "edge")
-            assert code == 128 + signal.SIGTERM, f"attempt {attempt}: exit {code}:\n{holder.tail()}"
-            assert after in (None, (None, False)), f"attempt {attempt}: lease left held: {after}"
+    for attempt in range(5):
+        holder = procs.start(f"holder{attempt}", lock(db.dsn, "edge", "sleep", "60", ttl=600))
+        deadline = time.monotonic() + 60
+        while not (lease(conn, "edge") or (None,))[0]:
+            assert time.monotonic() < deadline, f"attempt {attempt}: the lease was never taken"
+        holder.send(signal.SIGTERM)
+        code = holder.wait(30)
+        after = lease(conn, "edge")
+        assert code == 128 + signal.SIGTERM, f"attempt {attempt}: exit {code}:\n{holder.tail()}"
+        assert after in (None, (None, False)), f"attempt {attempt}: lease left held: {after}"

@@ -11,43 +11,42 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
-from harness import Database, processes, scalar, wait_for
-
-
-def _finished(conn: object, run_id: int) -> object:
-    return scalar(
-        conn,  # type: ignore[arg-type]
-        "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
-        (run_id,),
-    )
+from harness import (
+    Conn,
+    Database,
+    Processes,
+    cancel_a_running_job,
+    executions,
+    scalar,
+    wait_finished,
+    wait_for,
+)
 
 
 def test_many_async_jobs_run_at_once_on_one_event_loop_next_to_a_thread_job(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
     count = 8
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("async_app.py", "replica", "--concurrency", str(count + 1))
-        worker = replica.worker_id
-        ids = [
-            scalar(conn, "SELECT id FROM jobs.enqueue('together', %s)", (f'{{"expect": {count}}}',))
-            for _ in range(count)
-        ]
-        plain = scalar(conn, "SELECT id FROM jobs.enqueue('plain')")
-        wait_for(
-            "every run to finish",
-            lambda: scalar(
-                conn,
-                "SELECT count(*) = %s FROM jobs.runs WHERE finished_at IS NOT NULL",
-                (count + 1,),
-            ),
-            timeout=60,
-        )
-        runs = conn.execute("SELECT id, status::text, worker, result FROM jobs.runs ORDER BY id").fetchall()
-        loops = conn.execute("SELECT DISTINCT loop_id, thread_id, pid FROM public.loops").fetchall()
-        log = replica.log()
+    replica = procs.replica("async_app.py", "replica", "--concurrency", str(count + 1))
+    worker = replica.worker_id
+    ids = [
+        scalar(conn, "SELECT id FROM jobs.enqueue('together', %s)", (f'{{"expect": {count}}}',))
+        for _ in range(count)
+    ]
+    plain = scalar(conn, "SELECT id FROM jobs.enqueue('plain')")
+    wait_for(
+        "every run to finish",
+        lambda: scalar(
+            conn,
+            "SELECT count(*) = %s FROM jobs.runs WHERE finished_at IS NOT NULL",
+            (count + 1,),
+        ),
+        timeout=60,
+    )
+    runs = conn.execute("SELECT id, status::text, worker, result FROM jobs.runs ORDER BY id").fetchall()
+    loops = conn.execute("SELECT DISTINCT loop_id, thread_id, pid FROM public.loops").fetchall()
+    log = replica.log()
 
     context = f"runs {runs}; loops {loops}\n{log}"
     statuses = {r[0]: r[1] for r in runs}
@@ -61,49 +60,29 @@ def test_many_async_jobs_run_at_once_on_one_event_loop_next_to_a_thread_job(
 
 
 def test_cancel_from_psql_stops_an_async_job_at_its_await_checkpoint_after_compensation(
-    db: Database, tmp_path: Path
+    db: Database, procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("async_app.py", "replica")
-        worker = replica.worker_id
-        run_id = scalar(conn, """SELECT id FROM jobs.enqueue('async-mutating', '{"seconds": 60}')""")
-        wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT 1 FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        answer = db.psql(f"SELECT jobs.cancel({run_id})")
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
-        run = conn.execute("SELECT worker, finished_at FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
-        compensations = conn.execute(
-            "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
-        ).fetchall()
-        executions = conn.execute("SELECT run_id, outcome FROM public.executions").fetchall()
-        log = replica.log()
+    replica, cancelled = cancel_a_running_job(
+        procs, db, conn, "async_app.py", "async-mutating", '{"seconds": 60}'
+    )
+    executed = executions(conn)
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
+    assert len(executed) == 1 and executed[0][1] in ("Cancelled", "CancelledError"), context
+
+
+def test_an_async_job_past_its_timeout_is_interrupted_at_its_await(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("async_app.py", "replica")
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('async-sleeps')")
+    status = wait_finished(conn, run_id)
+    run = conn.execute(
+        "SELECT failure_reason, error, finished_at - started_at FROM jobs.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    executed = executions(conn)
+    log = replica.log()
 
     assert run is not None
-    context = f"run {run_id}: {status} {run}; compensations {compensations}; executions {executions}\n{log}"
-    assert answer == "RUNNING", f"jobs.cancel said {answer!r}: {context}"
-    assert status == "CANCELLED" and run[0] == worker, context
-    assert len(compensations) == 1, f"compensation must run exactly once: {context}"
-    assert compensations[0][:2] == (replica.pid, worker), context
-    assert compensations[0][2] <= run[1], f"stamped CANCELLED before compensation ran: {context}"
-    assert len(executions) == 1 and executions[0][1] in ("Cancelled", "CancelledError"), context
-
-
-def test_an_async_job_past_its_timeout_is_interrupted_at_its_await(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("async_app.py", "replica")
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('async-sleeps')")
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
-        run = conn.execute(
-            "SELECT failure_reason, error, finished_at - started_at FROM jobs.runs WHERE id = %s", (run_id,)
-        ).fetchone()
-        executions = conn.execute("SELECT run_id, outcome FROM public.executions").fetchall()
-        log = replica.log()
-
-    assert run is not None
-    context = f"run {run_id}: {status} {run}; executions {executions}\n{log}"
+    context = f"run {run_id}: {status} {run}; executions {executed}\n{log}"
     assert status == "FAILED" and run[0] == "Timeout", context
     assert run[2] >= timedelta(seconds=1), f"stopped before its 1 s timeout: {context}"
-    assert executions == [(run_id, "CancelledError")], context
+    assert executed == [(run_id, "CancelledError")], context

@@ -9,100 +9,54 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-from harness import Conn, Database, processes, scalar, wait_for
+from harness import (
+    Conn,
+    Database,
+    Processes,
+    cancel_a_running_job,
+    executions,
+    scalar,
+    wait_finished,
+    wait_for,
+    wait_retry_completed,
+)
 
 
 def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
-    db: Database, tmp_path: Path
+    db: Database, procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica")
-        worker = replica.worker_id
-        run_id = scalar(conn, """SELECT id FROM jobs.enqueue('mutating', '{"seconds": 30}')""")
-        wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT 1 FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        answer = db.psql(f"SELECT jobs.cancel({run_id})")
-        cancelled_at = scalar(conn, "SELECT clock_timestamp()")
-        status = wait_for(
-            f"run {run_id} to end",
-            lambda: scalar(
-                conn,
-                "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
-                (run_id,),
-            ),
-            timeout=60,
-        )
-        run = conn.execute(
-            "SELECT worker, error, finished_at, cancel_requested FROM jobs.runs WHERE id = %s", (run_id,)
-        ).fetchone()
-        compensations = conn.execute(
-            "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
-        ).fetchall()
-        executions = conn.execute(
-            "SELECT run_id, outcome, exited - entered FROM public.executions ORDER BY id"
-        ).fetchall()
-        log = replica.log()
+    replica, cancelled = cancel_a_running_job(procs, db, conn, "work_app.py", "mutating", '{"seconds": 30}')
+    executed = executions(conn, "run_id, outcome, exited - entered")
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
+    took = cancelled.finished_at - cancelled.asked_at
+    assert took < timedelta(seconds=3), f"cancellation took too long: {context}"
+    assert len(executed) == 1 and executed[0][:2] == (cancelled.run_id, "Cancelled"), context
+    assert executed[0][2] < timedelta(seconds=10), f"the job was not stopped at a checkpoint: {context}"
+
+
+def test_timeout_fails_the_run_with_reason_timeout(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("work_app.py", "replica")
+    worker = replica.worker_id
+    run_id = scalar(conn, """SELECT id FROM jobs.enqueue('timeboxed', '{"seconds": 30}')""")
+    status = wait_finished(conn, run_id)
+    run = conn.execute(
+        "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
+        (run_id,),
+    ).fetchone()
+    retries = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    executed = executions(conn)
+    log = replica.log()
 
     assert run is not None
-    context = f"run {run_id}: {status} {run}; compensations {compensations}; executions {executions}\n{log}"
-    assert answer == "RUNNING", f"jobs.cancel said {answer!r}: {context}"
-    assert status == "CANCELLED", context
-    assert run[0] == worker and run[3] is True, context
-    assert run[2] - cancelled_at < timedelta(seconds=3), f"cancellation took too long: {context}"
-    assert len(compensations) == 1, f"compensation must run exactly once: {context}"
-    pid, comp_worker, compensated_at = compensations[0]
-    assert (pid, comp_worker) == (replica.pid, worker), context
-    assert compensated_at <= run[2], f"the run was stamped CANCELLED before compensation ran: {context}"
-    assert len(executions) == 1 and executions[0][:2] == (run_id, "Cancelled"), context
-    assert executions[0][2] < timedelta(seconds=10), f"the job was not stopped at a checkpoint: {context}"
-
-
-def test_timeout_fails_the_run_with_reason_timeout(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica")
-        worker = replica.worker_id
-        run_id = scalar(conn, """SELECT id FROM jobs.enqueue('timeboxed', '{"seconds": 30}')""")
-        status = wait_for(
-            f"run {run_id} to end",
-            lambda: scalar(
-                conn,
-                "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
-                (run_id,),
-            ),
-            timeout=60,
-        )
-        run = conn.execute(
-            "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        retries = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,))
-        executions = conn.execute("SELECT run_id, outcome FROM public.executions ORDER BY id").fetchall()
-        log = replica.log()
-
-    assert run is not None
-    context = f"run {run_id}: {status} {run}; retries {retries}; executions {executions}\n{log}"
+    context = f"run {run_id}: {status} {run}; retries {retries}; executions {executed}\n{log}"
     assert status == "FAILED" and run[0] == "Timeout" and run[3] == worker, context
     assert "timeout" in run[1].lower(), context
     assert timedelta(seconds=1) <= run[2] < timedelta(seconds=4), f"not stopped at its 1 s timeout: {context}"
     assert retries == 0, f"a kind with max_attempts 1 was retried: {context}"
-    assert executions == [(run_id, "JobTimeout")], context
-
-
-def _completed_retry(conn: Conn, run_id: int, timeout: float) -> Any:
-    """Wait for the retry of ``run_id`` to complete; its id."""
-    return wait_for(
-        f"the retry of run {run_id} to complete",
-        lambda: scalar(
-            conn, "SELECT id FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
-        ),
-        timeout=timeout,
-    )
+    assert executed == [(run_id, "JobTimeout")], context
 
 
 def _hung_attempt_returned(conn: Conn, run_id: int, timeout: float) -> Any:
@@ -117,32 +71,31 @@ def _hung_attempt_returned(conn: Conn, run_id: int, timeout: float) -> Any:
 
 
 def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_retried(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
     """A job blocked in time.sleep (no checkpoint) on a run with a 2 s timeout keeps
     heartbeating, yet the scheduler's reap fails it as Timeout long before the sleep ends; the
     worker sees the run as no longer its own, the retry runs and completes, and the hung
     attempt's late return changes nothing (the worker does not report it)."""
     hang = 12.0  # seconds: the run must be failed well before this
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("hang_app.py", "replica")
-        run_id = scalar(
-            conn,
-            "SELECT id FROM jobs.enqueue('hangs', jsonb_build_object('seconds', %s::float8),"
-            " timeout => '2 seconds')",
-            (hang,),
-        )
-        retry_id = _completed_retry(conn, run_id, hang + 30)
-        facts = (
-            "SELECT status::text, failure_reason, error, heartbeat_at - started_at,"
-            " finished_at - started_at, result, worker FROM jobs.runs WHERE id = %s"
-        )
-        failed = conn.execute(facts, (run_id,)).fetchone()
-        retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
-        returned = _hung_attempt_returned(conn, run_id, hang + 30)
-        replica.wait_log(rf"run={run_id} kind=hangs abandoned: result not reported", timeout=15)
-        after = conn.execute(facts, (run_id,)).fetchone()
-        log = replica.log()
+    replica = procs.replica("hang_app.py", "replica")
+    run_id = scalar(
+        conn,
+        "SELECT id FROM jobs.enqueue('hangs', jsonb_build_object('seconds', %s::float8),"
+        " timeout => '2 seconds')",
+        (hang,),
+    )
+    (retry_id,) = wait_retry_completed(conn, run_id, timeout=hang + 30)
+    facts = (
+        "SELECT status::text, failure_reason, error, heartbeat_at - started_at,"
+        " finished_at - started_at, result, worker FROM jobs.runs WHERE id = %s"
+    )
+    failed = conn.execute(facts, (run_id,)).fetchone()
+    retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
+    returned = _hung_attempt_returned(conn, run_id, hang + 30)
+    replica.wait_log(rf"run={run_id} kind=hangs abandoned: result not reported", timeout=15)
+    after = conn.execute(facts, (run_id,)).fetchone()
+    log = replica.log()
 
     assert failed is not None and retry is not None
     context = f"run {run_id}: {failed}; retry {retry_id}: {retry}\n{log}"
@@ -160,33 +113,32 @@ def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_ret
 
 
 def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
     """The timeout declared only on the kind (``@app.job(timeout=2)``; the run has none, so the
     server cannot enforce it) still ends a job blocked in time.sleep: its worker fails the run as
     Timeout soon after the deadline, with no scheduler running to reap it, the retry completes,
     and the hung attempt's late return changes nothing."""
     hang = 15.0
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("hang_app.py", "worker", "--no-scheduler")
-        run_id = scalar(
-            conn,
-            "SELECT id FROM jobs.enqueue('hangs-past-its-kind-timeout',"
-            " jsonb_build_object('seconds', %s::float8))",
-            (hang,),
-        )
-        _completed_retry(conn, run_id, hang + 30)
-        facts = (
-            "SELECT status::text, failure_reason, error, finished_at - started_at, timeout"
-            " FROM jobs.runs WHERE id = %s"
-        )
-        failed = conn.execute(facts, (run_id,)).fetchone()
-        _hung_attempt_returned(conn, run_id, hang + 30)
-        replica.wait_log(
-            rf"run={run_id} kind=hangs-past-its-kind-timeout abandoned: result not reported", timeout=15
-        )
-        after = conn.execute(facts, (run_id,)).fetchone()
-        log = replica.log()
+    replica = procs.replica("hang_app.py", "worker", "--no-scheduler")
+    run_id = scalar(
+        conn,
+        "SELECT id FROM jobs.enqueue('hangs-past-its-kind-timeout',"
+        " jsonb_build_object('seconds', %s::float8))",
+        (hang,),
+    )
+    wait_retry_completed(conn, run_id, timeout=hang + 30)
+    facts = (
+        "SELECT status::text, failure_reason, error, finished_at - started_at, timeout"
+        " FROM jobs.runs WHERE id = %s"
+    )
+    failed = conn.execute(facts, (run_id,)).fetchone()
+    _hung_attempt_returned(conn, run_id, hang + 30)
+    replica.wait_log(
+        rf"run={run_id} kind=hangs-past-its-kind-timeout abandoned: result not reported", timeout=15
+    )
+    after = conn.execute(facts, (run_id,)).fetchone()
+    log = replica.log()
 
     assert failed is not None
     context = f"run {run_id}: {failed}\n{log}"

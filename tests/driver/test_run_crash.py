@@ -10,68 +10,52 @@ from __future__ import annotations
 
 import signal
 from datetime import timedelta
-from pathlib import Path
 
-from harness import Database, pid_of_owner, processes, scalar, wait_for
+from harness import (
+    SHORT_HEARTBEAT,
+    Conn,
+    Processes,
+    pid_of_owner,
+    scalar,
+    start_sleepy_run,
+    wait_for,
+    wait_retry_completed,
+)
 
-HEARTBEAT_TIMEOUT = 2.0
 
+def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Processes, conn: Conn) -> None:
+    replicas = [procs.replica("work_app.py", f"replica{i}") for i in range(2)]
+    workers = {r.pid: r.worker_id for r in replicas}
+    run_id, victim_pid = start_sleepy_run(conn, 30)
+    wait_for(
+        f"run {run_id} to heartbeat",
+        lambda: scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,)),
+        timeout=60,
+    )
+    victim = procs.by_pid(victim_pid)
+    survivor = next(r for r in replicas if r is not victim)
+    assert victim is not None, f"run {run_id} executed by pid {victim_pid}, no replica: {workers}"
 
-def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replicas = [procs.replica("work_app.py", f"replica{i}") for i in range(2)]
-        workers = {r.pid: r.worker_id for r in replicas}
-        run_id = scalar(
-            conn,
-            """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 30, "retry_seconds": 0.3}',
-                                           heartbeat_timeout => make_interval(secs => %s))""",
-            (HEARTBEAT_TIMEOUT,),
-        )
-        victim_pid = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        wait_for(
-            f"run {run_id} to heartbeat",
-            lambda: scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,)),
-            timeout=60,
-        )
-        victim = procs.by_pid(victim_pid)
-        survivor = next(r for r in replicas if r is not victim)
-        assert victim is not None, f"run {run_id} executed by pid {victim_pid}, no replica: {workers}"
-
-        victim.send(signal.SIGKILL)
-        assert victim.wait(30) == -signal.SIGKILL
-        retry = wait_for(
-            f"the retry of run {run_id} to complete",
-            lambda: conn.execute(
-                "SELECT id, attempt, status::text, worker, origin FROM jobs.runs"
-                " WHERE retry_of = %s AND status = 'COMPLETED'",
-                (run_id,),
-            ).fetchone(),
-            timeout=60,
-        )
-        first = conn.execute(
-            "SELECT status::text, failure_reason, worker, error, finished_at - heartbeat_at"
-            " FROM jobs.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        executions = conn.execute(
-            "SELECT run_id, attempt, pid, worker, exited IS NOT NULL, outcome FROM public.executions"
-            " ORDER BY id"
-        ).fetchall()
-        survivor_log = survivor.log()
-        logs = procs.tails()
+    victim.send(signal.SIGKILL)
+    assert victim.wait(30) == -signal.SIGKILL
+    retry = wait_retry_completed(conn, run_id, "id, attempt, status::text, worker, origin")
+    first = conn.execute(
+        "SELECT status::text, failure_reason, worker, error, finished_at - heartbeat_at"
+        " FROM jobs.runs WHERE id = %s",
+        (run_id,),
+    ).fetchone()
+    executions = conn.execute(
+        "SELECT run_id, attempt, pid, worker, exited IS NOT NULL, outcome FROM public.executions ORDER BY id"
+    ).fetchall()
+    survivor_log = survivor.log()
+    logs = procs.tails()
 
     assert first is not None
     status, reason, worker, error, silent_for = first
     context = f"run {run_id}: {first}; retry {retry}; executions {executions}\n{logs}"
     assert (status, reason) == ("FAILED", "HeartbeatLost"), context
     assert worker == workers[victim.pid] and worker in error, context
-    assert silent_for >= timedelta(seconds=HEARTBEAT_TIMEOUT), (
-        f"reaped before its heartbeat timeout: {context}"
-    )
+    assert silent_for >= timedelta(seconds=SHORT_HEARTBEAT), f"reaped before its heartbeat timeout: {context}"
     retry_id, attempt, _, retry_worker, origin = retry
     assert (attempt, origin) == (2, "retry"), context
     assert pid_of_owner(retry_worker) == survivor.pid, f"retry not on the survivor {survivor.pid}: {context}"

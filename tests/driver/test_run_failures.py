@@ -7,31 +7,28 @@ with live heartbeats (which the reaper would never take; DESIGN invariant 4).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from harness import Database, processes, scalar, wait_for
+from harness import Conn, Processes, scalar, wait_for
 
 
-def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica", "--concurrency", "1")
-        worker = replica.worker_id
-        exits = scalar(conn, """SELECT id FROM jobs.enqueue('exits', '{"code": 3}')""")
-        after = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
-        wait_for(
-            f"runs {exits} and {after} to end",
-            lambda: scalar(
-                conn,
-                "SELECT bool_and(finished_at IS NOT NULL) FROM jobs.runs WHERE id = ANY(%s)",
-                ([exits, after],),
-            ),
-            timeout=60,
-        )
-        runs = conn.execute(
-            "SELECT id, status::text, failure_reason, error, worker FROM jobs.runs ORDER BY id"
-        ).fetchall()
-        alive = replica.popen.poll() is None
-        log = replica.log()
+def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("work_app.py", "replica", "--concurrency", "1")
+    worker = replica.worker_id
+    exits = scalar(conn, """SELECT id FROM jobs.enqueue('exits', '{"code": 3}')""")
+    after = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+    wait_for(
+        f"runs {exits} and {after} to end",
+        lambda: scalar(
+            conn,
+            "SELECT bool_and(finished_at IS NOT NULL) FROM jobs.runs WHERE id = ANY(%s)",
+            ([exits, after],),
+        ),
+        timeout=60,
+    )
+    runs = conn.execute(
+        "SELECT id, status::text, failure_reason, error, worker FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    alive = replica.popen.poll() is None
+    log = replica.log()
 
     context = f"runs {runs}\n{log}"
     assert runs == [

@@ -13,20 +13,21 @@ from __future__ import annotations
 import os
 import signal
 from datetime import timedelta
-from pathlib import Path
 
-from harness import Database, processes, scalar, wait_for
+from harness import (
+    Conn,
+    Database,
+    Processes,
+    cancel_a_running_job,
+    executions,
+    scalar,
+    wait_finished,
+    wait_for,
+    wait_started,
+)
 
 #: A stopped job ends long before this; a job left to its time.sleep(3600) would not.
 SLACK = timedelta(seconds=15)
-
-
-def _finished(conn: object, run_id: int) -> object:
-    return scalar(
-        conn,  # type: ignore[arg-type]
-        "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL",
-        (run_id,),
-    )
 
 
 def _alive(pid: int) -> bool:
@@ -37,23 +38,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("isolated_app.py", "replica")
-        worker = replica.worker_id
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck')")
-        child = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
-        run = conn.execute(
-            "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
-        log = replica.log()
+def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("isolated_app.py", "replica")
+    worker = replica.worker_id
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck')")
+    child = wait_started(conn, run_id)
+    status = wait_finished(conn, run_id)
+    run = conn.execute(
+        "SELECT failure_reason, error, finished_at - started_at, worker FROM jobs.runs WHERE id = %s",
+        (run_id,),
+    ).fetchone()
+    gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
+    log = replica.log()
 
     assert run is not None
     context = f"run {run_id}: {status} {run}; job pid {child}, worker pid {replica.pid}\n{log}"
@@ -65,53 +61,32 @@ def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(db: Database, tmp
 
 
 def test_cancel_from_psql_kills_a_process_job_and_compensation_runs_in_the_worker(
-    db: Database, tmp_path: Path
+    db: Database, procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("isolated_app.py", "replica")
-        worker = replica.worker_id
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
-        child = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        answer = db.psql(f"SELECT jobs.cancel({run_id})")
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
-        run = conn.execute("SELECT worker, finished_at FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
-        compensations = conn.execute(
-            "SELECT pid, worker, at FROM public.compensations WHERE run_id = %s", (run_id,)
-        ).fetchall()
-        executions = conn.execute("SELECT run_id, pid, exited FROM public.executions").fetchall()
-        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
-        log = replica.log()
-
-    assert run is not None
-    context = f"run {run_id}: {status} {run}; compensations {compensations}; executions {executions}\n{log}"
-    assert answer == "RUNNING", f"jobs.cancel said {answer!r}: {context}"
-    assert status == "CANCELLED" and run[0] == worker, context
-    assert len(compensations) == 1, f"compensation must run exactly once: {context}"
-    assert compensations[0][:2] == (replica.pid, worker), f"compensation not in the worker: {context}"
-    assert compensations[0][2] <= run[1], f"stamped CANCELLED before compensation ran: {context}"
-    assert executions == [(run_id, child, None)], f"the job was not killed mid-sleep: {context}"
+    replica, cancelled = cancel_a_running_job(procs, db, conn, "isolated_app.py", "stuck-mutating")
+    child = cancelled.pid
+    executed = executions(conn, "run_id, pid, exited")
+    gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
+    context = f"{cancelled}; executions {executed}\n{replica.log()}"
+    cancelled.check_compensated_first(replica, context)
+    assert executed == [(cancelled.run_id, child, None)], f"the job was not killed mid-sleep: {context}"
     assert gone
 
 
 def test_a_process_job_error_keeps_its_class_chain_for_retries_and_its_traceback(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("isolated_app.py", "replica")
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('isolated-fails')")
-        wait_for(
-            f"run {run_id} and its retry to fail",
-            lambda: scalar(conn, "SELECT count(*) = 2 FROM jobs.runs WHERE status = 'FAILED'") or None,
-            timeout=60,
-        )
-        runs = conn.execute(
-            "SELECT id, retry_of, attempt, failure_reason, error FROM jobs.runs ORDER BY id"
-        ).fetchall()
-        log = replica.log()
+    replica = procs.replica("isolated_app.py", "replica")
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('isolated-fails')")
+    wait_for(
+        f"run {run_id} and its retry to fail",
+        lambda: scalar(conn, "SELECT count(*) = 2 FROM jobs.runs WHERE status = 'FAILED'") or None,
+        timeout=60,
+    )
+    runs = conn.execute(
+        "SELECT id, retry_of, attempt, failure_reason, error FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    log = replica.log()
 
     context = f"runs {runs}\n{log}"
     assert [r[2] for r in runs] == [1, 2] and runs[1][1] == run_id, f"RuntimeError not retried: {context}"
@@ -121,20 +96,19 @@ def test_a_process_job_error_keeps_its_class_chain_for_retries_and_its_traceback
         assert "Traceback (most recent call last)" in r[4] and "isolated_fails" in r[4], context
 
 
-def test_process_jobs_return_results_and_reuse_their_child_process(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("isolated_app.py", "replica", "--concurrency", "1")
-        ids = [
-            scalar(conn, "SELECT id FROM jobs.enqueue('isolated-returns', %s)", (f'{{"echo": {i}}}',))
-            for i in range(3)
-        ]
-        wait_for(
-            "the runs to complete",
-            lambda: scalar(conn, "SELECT count(*) = 3 FROM jobs.runs WHERE status = 'COMPLETED'") or None,
-            timeout=60,
-        )
-        results = [scalar(conn, "SELECT result FROM jobs.runs WHERE id = %s", (i,)) for i in ids]
-        log = replica.log()
+def test_process_jobs_return_results_and_reuse_their_child_process(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("isolated_app.py", "replica", "--concurrency", "1")
+    ids = [
+        scalar(conn, "SELECT id FROM jobs.enqueue('isolated-returns', %s)", (f'{{"echo": {i}}}',))
+        for i in range(3)
+    ]
+    wait_for(
+        "the runs to complete",
+        lambda: scalar(conn, "SELECT count(*) = 3 FROM jobs.runs WHERE status = 'COMPLETED'") or None,
+        timeout=60,
+    )
+    results = [scalar(conn, "SELECT result FROM jobs.runs WHERE id = %s", (i,)) for i in ids]
+    log = replica.log()
 
     context = f"results {results}\n{log}"
     assert [r["echo"] for r in results] == [0, 1, 2], context
@@ -144,23 +118,18 @@ def test_process_jobs_return_results_and_reuse_their_child_process(db: Database,
 
 
 def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("isolated_app.py", "replica")
-        assert replica.worker_id  # started: its tables exist
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
-        child = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        os.kill(child, signal.SIGKILL)
-        status = wait_for(f"run {run_id} to end", lambda: _finished(conn, run_id), timeout=60)
-        run = conn.execute("SELECT failure_reason, error FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
-        compensations = scalar(conn, "SELECT count(*) FROM public.compensations")
-        alive = replica.popen.poll()
-        log = replica.log()
+    replica = procs.replica("isolated_app.py", "replica")
+    assert replica.worker_id  # started: its tables exist
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
+    child = wait_started(conn, run_id)
+    os.kill(child, signal.SIGKILL)
+    status = wait_finished(conn, run_id)
+    run = conn.execute("SELECT failure_reason, error FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+    compensations = scalar(conn, "SELECT count(*) FROM public.compensations")
+    alive = replica.popen.poll()
+    log = replica.log()
 
     assert run is not None
     context = f"run {run_id}: {status} {run}; compensations {compensations}\n{log}"

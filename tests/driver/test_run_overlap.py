@@ -8,11 +8,9 @@ while newer ones come due.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from harness import Database, processes, scalar, wait_for
+from harness import Conn, Processes, finished_status, scalar, wait_finished, wait_for
 
 
 def occurrence(conn: Any, definition_id: int, seconds: float, due: str) -> int:
@@ -39,37 +37,31 @@ def define(conn: Any, name: str, overlap: str) -> int:
     )
 
 
-def finished(conn: Any, run_id: int) -> str | None:
-    value = scalar(
-        conn, "SELECT status::text FROM jobs.runs WHERE id = %s AND finished_at IS NOT NULL", (run_id,)
+def long_running_occurrence(conn: Any, definition_id: int, due: str) -> int:
+    """An occurrence due `due` ago that works for a minute, once a worker has it RUNNING."""
+    run_id = occurrence(conn, definition_id, 60, due)
+    wait_for(
+        f"run {run_id} to start",
+        lambda: scalar(conn, "SELECT 1 FROM jobs.runs WHERE id = %s AND status = 'RUNNING'", (run_id,)),
+        timeout=60,
     )
-    return None if value is None else str(value)
-
-
-def _finished_check(conn: Any, run_id: int) -> Callable[[], str | None]:
-    return lambda: finished(conn, run_id)
+    return run_id
 
 
 def test_cancel_other_stops_the_running_occurrence_then_starts_the_new_one(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica", "--concurrency", "4")
-        definition = define(conn, "latest-wins", "cancel_other")
-        old = occurrence(conn, definition, 60, "2 minutes")
-        wait_for(
-            f"run {old} to start",
-            lambda: scalar(conn, "SELECT 1 FROM jobs.runs WHERE id = %s AND status = 'RUNNING'", (old,)),
-            timeout=60,
-        )
-        new = occurrence(conn, definition, 0.1, "1 minute")
-        wait_for(f"run {new} to finish", lambda: finished(conn, new), timeout=60)
-        rows = conn.execute(
-            "SELECT id, status::text, cancel_requested, started_at, finished_at FROM jobs.runs"
-            " WHERE id = ANY(%s) ORDER BY id",
-            ([old, new],),
-        ).fetchall()
-        log = replica.log()
+    replica = procs.replica("work_app.py", "replica", "--concurrency", "4")
+    definition = define(conn, "latest-wins", "cancel_other")
+    old = long_running_occurrence(conn, definition, "2 minutes")
+    new = occurrence(conn, definition, 0.1, "1 minute")
+    wait_finished(conn, new)
+    rows = conn.execute(
+        "SELECT id, status::text, cancel_requested, started_at, finished_at FROM jobs.runs"
+        " WHERE id = ANY(%s) ORDER BY id",
+        ([old, new],),
+    ).fetchall()
+    log = replica.log()
     context = f"{rows}\n{log}"
     (_, old_status, old_asked, _, old_end), (_, new_status, _, new_start, _) = rows
     assert (old_status, old_asked) == ("CANCELLED", True), context
@@ -77,27 +69,21 @@ def test_cancel_other_stops_the_running_occurrence_then_starts_the_new_one(
     assert new_start >= old_end, f"the new occurrence started before the old one ended: {context}"
 
 
-def test_buffer_one_lets_one_wait_and_skips_the_rest(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica", "--concurrency", "4")
-        definition = define(conn, "buffered", "buffer_one")
-        running = occurrence(conn, definition, 60, "5 minutes")
-        wait_for(
-            f"run {running} to start",
-            lambda: scalar(conn, "SELECT 1 FROM jobs.runs WHERE id = %s AND status = 'RUNNING'", (running,)),
-            timeout=60,
-        )
-        waiting, *extra = (occurrence(conn, definition, 0.1, f"{4 - n} minutes") for n in range(4))
-        for run_id in extra:
-            wait_for(f"run {run_id} to be skipped", _finished_check(conn, run_id), timeout=60)
-        assert finished(conn, waiting) is None, "the one buffered occurrence must still wait"
-        conn.execute("SELECT jobs.cancel(%s)", (running,))
-        wait_for(f"run {waiting} to finish", lambda: finished(conn, waiting), timeout=60)
-        rows = conn.execute(
-            "SELECT id, status::text, failure_reason FROM jobs.runs WHERE id = ANY(%s) ORDER BY id",
-            ([running, waiting, *extra],),
-        ).fetchall()
-        log = replica.log()
+def test_buffer_one_lets_one_wait_and_skips_the_rest(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("work_app.py", "replica", "--concurrency", "4")
+    definition = define(conn, "buffered", "buffer_one")
+    running = long_running_occurrence(conn, definition, "5 minutes")
+    waiting, *extra = (occurrence(conn, definition, 0.1, f"{4 - n} minutes") for n in range(4))
+    for run_id in extra:
+        wait_finished(conn, run_id)
+    assert finished_status(conn, waiting) is None, "the one buffered occurrence must still wait"
+    conn.execute("SELECT jobs.cancel(%s)", (running,))
+    wait_finished(conn, waiting)
+    rows = conn.execute(
+        "SELECT id, status::text, failure_reason FROM jobs.runs WHERE id = ANY(%s) ORDER BY id",
+        ([running, waiting, *extra],),
+    ).fetchall()
+    log = replica.log()
     assert rows == [
         (running, "CANCELLED", None),
         (waiting, "COMPLETED", None),

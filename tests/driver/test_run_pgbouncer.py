@@ -13,32 +13,29 @@ import re
 import signal
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from driver.test_run_replicas import (
-    assert_each_occurrence_once,
-    catch_up_windows,
-    occurrences,
-    settle_after_failover,
-    stop_all,
-    wait_for_occurrences,
-)
 from harness import (
     APPS,
     FAST,
+    Conn,
     Database,
     PgBouncer,
+    Processes,
     Server,
+    assert_each_occurrence_once,
+    catch_up_windows,
     claim,
     enqueue,
+    leader_to_kill,
+    occurrences,
     pgtick,
     pid_of_owner,
-    processes,
     scalar,
+    settle_after_failover,
     wait_for,
 )
 from pgtick import Client, calls
@@ -133,43 +130,37 @@ def _start(procs: Any, label: str, dsn: str) -> Any:
 
 
 def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
-    db: Database, pooled: str, tmp_path: Path
+    pooled: str, procs: Processes, conn: Conn
 ) -> None:
     # The job code records itself over the direct DSN; pgtick itself only sees PgBouncer.
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replicas = [_start(procs, f"replica{i}", pooled) for i in range(3)]
-        workers = {r.pid: r.worker_id for r in replicas}
-        for r in replicas:
-            r.wait_log(r"leads by lease")
-            r.wait_log(r"behind a pooler: polling")
-        wait_for("a lease leader", lambda: lease_owners(conn), timeout=60)
-        wait_for_occurrences(conn, 2)  # a few under the first leader
-        old = lease_owners(conn)
-        assert len(old) == 1, old
-        victim = procs.by_pid(pid_of_owner(old[0]))
-        assert victim is not None, f"leader {old} is none of the replicas {workers}"
+    replicas = [_start(procs, f"replica{i}", pooled) for i in range(3)]
+    workers = {r.pid: r.worker_id for r in replicas}
+    for r in replicas:
+        r.wait_log(r"leads by lease")
+        r.wait_log(r"behind a pooler: polling")
+    old, victim = leader_to_kill(procs, conn, lease_owners, workers)
 
-        victim.send(signal.SIGKILL)
-        killed = time.monotonic()
-        samples: list[tuple[float, list[str]]] = []
-        while True:
-            owners = lease_owners(conn)
-            elapsed = time.monotonic() - killed
-            samples.append((round(elapsed, 3), owners))
-            assert len(owners) <= 1, f"two leaders at once: {samples[-5:]}"
-            if owners and owners != old:
-                break
-            assert elapsed < 20, f"no new leader 20 s after killing {old}: {samples[-5:]}\n{procs.tails()}"
-            time.sleep(0.02)
-        failover = elapsed
-        since: datetime = scalar(conn, "SELECT clock_timestamp()")
-        assert victim.wait(30) == -signal.SIGKILL
-        settled_before = settle_after_failover(conn, since, workers[victim.pid])  # it goes on
-        codes = stop_all(procs)
-        runs = occurrences(conn)
-        coalesced = catch_up_windows(conn)
-        advisory = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-        logs = procs.tails()
+    victim.send(signal.SIGKILL)
+    killed = time.monotonic()
+    samples: list[tuple[float, list[str]]] = []
+    while True:
+        owners = lease_owners(conn)
+        elapsed = time.monotonic() - killed
+        samples.append((round(elapsed, 3), owners))
+        assert len(owners) <= 1, f"two leaders at once: {samples[-5:]}"
+        if owners and owners != old:
+            break
+        assert elapsed < 20, f"no new leader 20 s after killing {old}: {samples[-5:]}\n{procs.tails()}"
+        time.sleep(0.02)
+    failover = elapsed
+    since: datetime = scalar(conn, "SELECT clock_timestamp()")
+    assert victim.wait(30) == -signal.SIGKILL
+    settled_before = settle_after_failover(conn, since, workers[victim.pid])  # it goes on
+    codes = procs.stop_all()
+    runs = occurrences(conn)
+    coalesced = catch_up_windows(conn)
+    advisory = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+    logs = procs.tails()
 
     print(f"\nfailover through PgBouncer after kill -9 of the lease leader: {failover:.3f}s (ttl {TTL}s)")
     survivors = {pid for pid in workers if pid != victim.pid}
@@ -183,19 +174,18 @@ def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
     assert not re.search(r"prepared statement .* does not exist", logs), logs
 
 
-def test_no_listen_polls_on_a_direct_connection(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("ticker_app.py", "replica", "--no-listen")
-        replica.wait_log(r"worker=\S+ started")
-        wait_for(
-            "a completed tick",
-            lambda: scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'"),
-            20,
-        )
-        listening = scalar(
-            conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtick-listen%'"
-        )
-        stop_all(procs)
+def test_no_listen_polls_on_a_direct_connection(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("ticker_app.py", "replica", "--no-listen")
+    replica.wait_log(r"worker=\S+ started")
+    wait_for(
+        "a completed tick",
+        lambda: scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'"),
+        20,
+    )
+    listening = scalar(
+        conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtick-listen%'"
+    )
+    procs.stop_all()
     assert listening == 0, "--no-listen still opened a listener connection"
 
 

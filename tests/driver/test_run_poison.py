@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness import Conn, Database, Proc, Processes, processes, rows, scalar, wait_for
+from harness import Conn, Database, Proc, Processes, processes, rows, scalar, wait_for, worker_thread
 
 APP = "poison_app.py"
 
@@ -86,44 +86,41 @@ def _assert_fails_alone(conn: Conn, procs: Processes, poison: int, expected: str
     ("kind", "what"), [("returns", w) for w in sorted(RESULTS)] + [("raises", w) for w in sorted(ERRORS)]
 )
 def test_an_outcome_the_database_refuses_fails_its_run_and_the_worker_goes_on(
-    db: Database, tmp_path: Path, kind: str, what: str
+    kind: str, what: str, procs: Processes, conn: Conn
 ) -> None:
     """A poison result, or an error message that cannot be sent as it is."""
     expected = f"the result could not be stored: {RESULTS[what]}" if kind == "returns" else ERRORS[what]
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, kind, {"what": what})
-        _assert_fails_alone(conn, procs, poison, expected)
+    poison = _enqueue(conn, kind, {"what": what})
+    _assert_fails_alone(conn, procs, poison, expected)
 
 
-def test_a_poison_result_does_not_sink_the_outcomes_reported_with_it(db: Database, tmp_path: Path) -> None:
+def test_a_poison_result_does_not_sink_the_outcomes_reported_with_it(procs: Processes, conn: Conn) -> None:
     """Outcomes finished together are reported together (plain completions in one batch):
     the poison one fails alone."""
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        runs = [
-            _enqueue(conn, "quick"),
-            _enqueue(conn, "returns", {"what": "nan"}),
-            _enqueue(conn, "breaks"),  # no result: a plain completion, sent in a batch
-            _enqueue(conn, "quick"),
-            _enqueue(conn, "breaks"),
-        ]
-        worker = procs.replica(APP, "worker", "--concurrency", "5", "--no-scheduler")
-        ended = [_wait_finished(conn, run_id, worker) for run_id in runs]
+    runs = [
+        _enqueue(conn, "quick"),
+        _enqueue(conn, "returns", {"what": "nan"}),
+        _enqueue(conn, "breaks"),  # no result: a plain completion, sent in a batch
+        _enqueue(conn, "quick"),
+        _enqueue(conn, "breaks"),
+    ]
+    worker = procs.replica(APP, "worker", "--concurrency", "5", "--no-scheduler")
+    ended = [_wait_finished(conn, run_id, worker) for run_id in runs]
     statuses = [r["status"] for r in ended]
     assert statuses == ["COMPLETED", "FAILED", "COMPLETED", "COMPLETED", "COMPLETED"], (
         f"{ended}\n{worker.tail()}"
     )
 
 
-def test_a_payload_too_deep_for_the_driver_fails_its_run_alone(db: Database, tmp_path: Path) -> None:
+def test_a_payload_too_deep_for_the_driver_fails_its_run_alone(procs: Processes, conn: Conn) -> None:
     depth = 5000
     payload = '{"deep": ' + "[" * depth + "]" * depth + "}"
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        # jobs.enqueue refuses such nesting now; a row written around it (by an older
-        # version, or by hand) must still fail alone.
-        with conn.transaction():
-            poison = _enqueue(conn, "quick")
-            conn.execute("UPDATE jobs.runs SET payload = %s::jsonb WHERE id = %s", (payload, poison))
-        _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's payload")
+    # jobs.enqueue refuses such nesting now; a row written around it (by an older
+    # version, or by hand) must still fail alone.
+    with conn.transaction():
+        poison = _enqueue(conn, "quick")
+        conn.execute("UPDATE jobs.runs SET payload = %s::jsonb WHERE id = %s", (payload, poison))
+    _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's payload")
 
 
 def _drop_interval_checks(conn: Conn) -> None:
@@ -138,22 +135,21 @@ def _drop_interval_checks(conn: Conn) -> None:
 
 @pytest.mark.parametrize("column", ["timeout", "heartbeat_timeout"])
 def test_an_interval_too_large_for_python_fails_its_run_not_its_batch(
-    db: Database, tmp_path: Path, column: str
+    column: str, procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        _drop_interval_checks(conn)
-        good = [_enqueue(conn, "quick") for _ in range(2)]
-        poison = _enqueue(conn, "quick")
-        good.append(_enqueue(conn, "quick"))
-        conn.execute(f"UPDATE jobs.runs SET {column} = interval '100000000 years' WHERE id = %s", (poison,))
-        # One claim takes all four: the poison run sits in the middle of the batch.
-        worker = procs.replica(APP, "worker", "--concurrency", "4", "--no-scheduler")
-        worker_id = worker.worker_id
-        failed = _wait_finished(conn, poison, worker)
-        others = [_wait_finished(conn, run_id, worker) for run_id in good]
-        after = _enqueue(conn, "quick")
-        completed = _wait_finished(conn, after, worker)
-        alive = worker.popen.poll() is None
+    _drop_interval_checks(conn)
+    good = [_enqueue(conn, "quick") for _ in range(2)]
+    poison = _enqueue(conn, "quick")
+    good.append(_enqueue(conn, "quick"))
+    conn.execute(f"UPDATE jobs.runs SET {column} = interval '100000000 years' WHERE id = %s", (poison,))
+    # One claim takes all four: the poison run sits in the middle of the batch.
+    worker = procs.replica(APP, "worker", "--concurrency", "4", "--no-scheduler")
+    worker_id = worker.worker_id
+    failed = _wait_finished(conn, poison, worker)
+    others = [_wait_finished(conn, run_id, worker) for run_id in good]
+    after = _enqueue(conn, "quick")
+    completed = _wait_finished(conn, after, worker)
+    alive = worker.popen.poll() is None
     context = f"poison {failed}\nbatch {others}\nafter {completed}\n{worker.tail()}"
     assert failed["status"] == "FAILED", context
     assert f"the driver cannot read this run's {column}" in failed["error"], context
@@ -162,11 +158,10 @@ def test_an_interval_too_large_for_python_fails_its_run_not_its_batch(
     assert alive, context
 
 
-def test_a_time_the_driver_cannot_read_fails_its_run_alone(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, "quick")
-        conn.execute("UPDATE jobs.runs SET scheduled_for = '0044-03-15 BC' WHERE id = %s", (poison,))
-        _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's scheduled_for")
+def test_a_time_the_driver_cannot_read_fails_its_run_alone(procs: Processes, conn: Conn) -> None:
+    poison = _enqueue(conn, "quick")
+    conn.execute("UPDATE jobs.runs SET scheduled_for = '0044-03-15 BC' WHERE id = %s", (poison,))
+    _assert_fails_alone(conn, procs, poison, "the driver cannot read this run's scheduled_for")
 
 
 def _assert_keeps_claiming(conn: Conn, procs: Processes, what: str) -> None:
@@ -178,51 +173,47 @@ def _assert_keeps_claiming(conn: Conn, procs: Processes, what: str) -> None:
     assert completed["status"] == "COMPLETED" and completed["worker"] == worker_id, context
 
 
-def test_a_queued_run_due_beyond_year_9999_does_not_stop_claiming(db: Database, tmp_path: Path) -> None:
+def test_a_queued_run_due_beyond_year_9999_does_not_stop_claiming(procs: Processes, conn: Conn) -> None:
     """jobs.next_due answers with that run's time, which Python cannot hold."""
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        later = int(scalar(conn, "SELECT id FROM jobs.enqueue('quick', run_at => now() + interval '1 day')"))
-        conn.execute("UPDATE jobs.runs SET scheduled_for = '20000-01-01 00:00Z' WHERE id = %s", (later,))
-        _assert_keeps_claiming(conn, procs, "a run due in the year 20000")
+    later = int(scalar(conn, "SELECT id FROM jobs.enqueue('quick', run_at => now() + interval '1 day')"))
+    conn.execute("UPDATE jobs.runs SET scheduled_for = '20000-01-01 00:00Z' WHERE id = %s", (later,))
+    _assert_keeps_claiming(conn, procs, "a run due in the year 20000")
 
 
 def test_a_default_heartbeat_timeout_too_large_for_python_does_not_stop_claiming(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        for (name,) in conn.execute(
-            "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs.config'::regclass AND contype = 'c'"
-            " AND pg_get_constraintdef(oid) ~ 'heartbeat_timeout'"
-        ).fetchall():
-            conn.execute(f'ALTER TABLE jobs.config DROP CONSTRAINT "{name}"')
-        conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER USER")  # the bounds check on UPDATE
-        conn.execute("UPDATE jobs.config SET heartbeat_timeout = interval '100000000 years'")
-        _assert_keeps_claiming(conn, procs, "jobs.config.heartbeat_timeout of 100000000 years")
+    for (name,) in conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs.config'::regclass AND contype = 'c'"
+        " AND pg_get_constraintdef(oid) ~ 'heartbeat_timeout'"
+    ).fetchall():
+        conn.execute(f'ALTER TABLE jobs.config DROP CONSTRAINT "{name}"')
+    conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER USER")  # the bounds check on UPDATE
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = interval '100000000 years'")
+    _assert_keeps_claiming(conn, procs, "jobs.config.heartbeat_timeout of 100000000 years")
 
 
 def test_a_hook_that_fails_around_one_run_fails_that_run(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, procs: Processes, conn: Conn
 ) -> None:
     monkeypatch.setenv("PGTICK_TEST_BROKEN_HOOK", "1")
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        poison = _enqueue(conn, "hooked")
-        expected = "the worker could not run the job: RuntimeError: the execution hook is broken"
-        _assert_fails_alone(conn, procs, poison, expected)
+    poison = _enqueue(conn, "hooked")
+    expected = "the worker could not run the job: RuntimeError: the execution hook is broken"
+    _assert_fails_alone(conn, procs, poison, expected)
 
 
 def test_a_fault_of_the_worker_itself_exits_non_zero_and_fails_its_claimed_runs(
-    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, procs: Processes, conn: Conn
 ) -> None:
     monkeypatch.setenv("PGTICK_TEST_BROKEN_HOOK", "1")
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        claimed = [_enqueue(conn, "quick"), _enqueue(conn, "breaks"), _enqueue(conn, "quick")]
-        worker = procs.replica(APP, "worker", "--concurrency", "3", "--no-scheduler", grace="60s")
-        code = worker.wait(timeout=60)
-        runs = rows(
-            conn,
-            "SELECT id, status::text AS status, failure_reason, error FROM jobs.runs ORDER BY id",
-        )
-        tail = worker.tail()
+    claimed = [_enqueue(conn, "quick"), _enqueue(conn, "breaks"), _enqueue(conn, "quick")]
+    worker = procs.replica(APP, "worker", "--concurrency", "3", "--no-scheduler", grace="60s")
+    code = worker.wait(timeout=60)
+    runs = rows(
+        conn,
+        "SELECT id, status::text AS status, failure_reason, error FROM jobs.runs ORDER BY id",
+    )
+    tail = worker.tail()
     context = f"exit code {code}\nruns {runs}\n{tail}"
     assert code == 1, context
     assert [r["id"] for r in runs] == claimed, context
@@ -240,8 +231,6 @@ def test_a_worker_whose_own_arguments_are_refused_stops_with_the_databases_messa
     worker given them through the Python API stops and raises the database's message rather
     than living on without claiming; `pgtick run` refuses them before it starts (one line,
     exit 2)."""
-    import threading
-
     import psycopg
 
     from pgtick.app import App
@@ -251,21 +240,10 @@ def test_a_worker_whose_own_arguments_are_refused_stops_with_the_databases_messa
     app = App("refused-arguments")
     app.job("k")(lambda ctx: None)
     worker = Worker(app, db.dsn, queues=queues, listen=False, poll_interval=0.1, shutdown_grace=1)
-    stop = threading.Event()
-    raised: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            worker.run(stop)
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(timeout=60)
-    stop.set()
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "the worker lived on after the database refused its arguments"
+    with worker_thread(worker, may_raise=True) as running:
+        running.thread.join(timeout=60)
+    raised = running.raised
+    assert not running.thread.is_alive(), "the worker lived on after the database refused its arguments"
     assert len(raised) == 1 and isinstance(raised[0], psycopg.Error), raised
     assert "queues must hold 1 to 1000" in str(raised[0]), raised
     with processes(tmp_path, db.dsn) as procs:

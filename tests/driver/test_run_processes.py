@@ -12,11 +12,20 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
 
-from harness import APPS, Conn, Database, Proc, pgtick, pid_of_owner, processes, scalar, wait_for
-
-HEARTBEAT_TIMEOUT = 2.0
+from harness import (
+    APPS,
+    Conn,
+    Database,
+    Proc,
+    Processes,
+    pgtick,
+    pid_of_owner,
+    scalar,
+    start_sleepy_run,
+    wait_for,
+    wait_retry_completed,
+)
 
 
 def _workers(proc: Proc, count: int) -> list[str]:
@@ -35,39 +44,22 @@ def _job_pids(conn: Conn, count: int) -> set[int] | None:
 
 
 def test_a_child_killed_mid_job_is_replaced_and_its_run_reaped_and_retried(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        sup = procs.replica("work_app.py", "supervisor", "--processes", "2")
-        workers = _workers(sup, 2)
-        children = {pid_of_owner(w) for w in workers}
-        run_id = scalar(
-            conn,
-            """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 60, "retry_seconds": 0.3}',
-                                           heartbeat_timeout => make_interval(secs => %s))""",
-            (HEARTBEAT_TIMEOUT,),
-        )
-        victim = wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout=60,
-        )
-        assert victim in children and victim != sup.pid, f"run {run_id} in pid {victim}: {sup.tail()}"
-        os.kill(victim, signal.SIGKILL)
-        sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=60)
-        replaced = _workers(sup, 3)
-        retry = wait_for(
-            f"the retry of run {run_id} to complete",
-            lambda: conn.execute(
-                "SELECT id, worker FROM jobs.runs WHERE retry_of = %s AND status = 'COMPLETED'", (run_id,)
-            ).fetchone(),
-            timeout=60,
-        )
-        first = conn.execute(
-            "SELECT status::text, failure_reason FROM jobs.runs WHERE id = %s", (run_id,)
-        ).fetchone()
-        alive = sup.popen.poll()
-        log = sup.log()
+    sup = procs.replica("work_app.py", "supervisor", "--processes", "2")
+    workers = _workers(sup, 2)
+    children = {pid_of_owner(w) for w in workers}
+    run_id, victim = start_sleepy_run(conn, 60)
+    assert victim in children and victim != sup.pid, f"run {run_id} in pid {victim}: {sup.tail()}"
+    os.kill(victim, signal.SIGKILL)
+    sup.wait_log(rf"worker process \d \(pid {victim}\) exited with code -9", timeout=60)
+    replaced = _workers(sup, 3)
+    retry = wait_retry_completed(conn, run_id, "id, worker")
+    first = conn.execute(
+        "SELECT status::text, failure_reason FROM jobs.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    alive = sup.popen.poll()
+    log = sup.log()
 
     context = f"run {run_id}: {first}; retry {retry}; workers {replaced}\n{log}"
     assert first == ("FAILED", "HeartbeatLost"), context
@@ -76,18 +68,15 @@ def test_a_child_killed_mid_job_is_replaced_and_its_run_reaped_and_retried(
     assert alive is None, f"the supervisor exited: {context}"
 
 
-def test_sigterm_to_the_supervisor_drains_both_children(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        sup = procs.replica(
-            "work_app.py", "supervisor", "--processes", "2", "--concurrency", "1", grace="60s"
-        )
-        workers = _workers(sup, 2)
-        ids = [scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 2}')""") for _ in range(2)]
-        pids = wait_for("both runs to start in the two children", lambda: _job_pids(conn, 2), timeout=60)
-        sup.send(signal.SIGTERM)
-        code = sup.wait(90)
-        runs = conn.execute("SELECT id, status::text FROM jobs.runs ORDER BY id").fetchall()
-        log = sup.log()
+def test_sigterm_to_the_supervisor_drains_both_children(procs: Processes, conn: Conn) -> None:
+    sup = procs.replica("work_app.py", "supervisor", "--processes", "2", "--concurrency", "1", grace="60s")
+    workers = _workers(sup, 2)
+    ids = [scalar(conn, """SELECT id FROM jobs.enqueue('sleepy', '{"seconds": 2}')""") for _ in range(2)]
+    pids = wait_for("both runs to start in the two children", lambda: _job_pids(conn, 2), timeout=60)
+    sup.send(signal.SIGTERM)
+    code = sup.wait(90)
+    runs = conn.execute("SELECT id, status::text FROM jobs.runs ORDER BY id").fetchall()
+    log = sup.log()
 
     context = f"runs {runs}; workers {workers}; job pids {pids}\n{log}"
     assert code == 0, context

@@ -10,20 +10,8 @@ from __future__ import annotations
 import signal
 import time
 from datetime import timedelta
-from pathlib import Path
 
-import psycopg
-
-from harness import Database, Proc, processes, scalar, wait_for
-
-
-def started(conn: psycopg.Connection[object], run_id: int) -> object:
-    return scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,))
-
-
-def enqueue(conn: psycopg.Connection[object], kind: str, payload: str, **options: str) -> int:
-    named = "".join(f", {name} => {value}" for name, value in options.items())
-    return int(scalar(conn, f"SELECT id FROM jobs.enqueue(%s, %s{named})", (kind, payload)))
+from harness import Conn, Proc, Processes, enqueue, executions, wait_for, wait_started
 
 
 def signal_and_wait_for_drain(replica: Proc) -> float:
@@ -34,60 +22,56 @@ def signal_and_wait_for_drain(replica: Proc) -> float:
     return signalled
 
 
-def test_sigterm_finishes_the_run_in_flight_and_claims_nothing_more(db: Database, tmp_path: Path) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica", grace="5s")
-        worker = replica.worker_id
-        run_id = enqueue(conn, "sleepy", '{"seconds": 2}')
-        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=60)
-        signalled = signal_and_wait_for_drain(replica)
-        later = [enqueue(conn, "quick", "{}") for _ in range(3)]
-        code = replica.wait(10)
-        took = time.monotonic() - signalled
-        run = conn.execute(
-            "SELECT status::text, worker, result FROM jobs.runs WHERE id = %s", (run_id,)
-        ).fetchone()
-        queued = conn.execute(
-            "SELECT id, status::text, worker FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", (later,)
-        ).fetchall()
-        executions = conn.execute("SELECT run_id, outcome FROM public.executions ORDER BY id").fetchall()
-        log = replica.log()
+def test_sigterm_finishes_the_run_in_flight_and_claims_nothing_more(procs: Processes, conn: Conn) -> None:
+    replica = procs.replica("work_app.py", "replica", grace="5s")
+    worker = replica.worker_id
+    run_id = enqueue(conn, "sleepy", '{"seconds": 2}')
+    wait_started(conn, run_id)
+    signalled = signal_and_wait_for_drain(replica)
+    later = [enqueue(conn, "quick", "{}") for _ in range(3)]
+    code = replica.wait(10)
+    took = time.monotonic() - signalled
+    run = conn.execute(
+        "SELECT status::text, worker, result FROM jobs.runs WHERE id = %s", (run_id,)
+    ).fetchone()
+    queued = conn.execute(
+        "SELECT id, status::text, worker FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", (later,)
+    ).fetchall()
+    executed = executions(conn)
+    log = replica.log()
 
-    context = f"run {run_id}: {run}; later {queued}; executions {executions}; took {took:.2f}s\n{log}"
+    context = f"run {run_id}: {run}; later {queued}; executions {executed}; took {took:.2f}s\n{log}"
     assert code == 0, context
     assert run == ("COMPLETED", worker, {"slept": 2.0, "attempt": 1}), context
     assert took < 5, f"drain exceeded the grace period: {context}"
-    assert executions == [(run_id, "returned")], f"something ran after SIGTERM: {context}"
+    assert executed == [(run_id, "returned")], f"something ran after SIGTERM: {context}"
     assert queued == [(i, "QUEUED", None) for i in later], f"claimed after SIGTERM: {context}"
     assert "grace over" not in log, context
 
 
 def test_sigterm_with_a_job_longer_than_the_grace_leaves_it_to_the_reaper(
-    db: Database, tmp_path: Path
+    procs: Processes, conn: Conn
 ) -> None:
-    with processes(tmp_path, db.dsn) as procs, db.connect() as conn:
-        replica = procs.replica("work_app.py", "replica", grace="1s")
-        worker = replica.worker_id
-        run_id = enqueue(conn, "sleepy", '{"seconds": 30}', max_attempts="1", heartbeat_timeout="'2 seconds'")
-        wait_for(f"run {run_id} to start", lambda: started(conn, run_id), timeout=60)
-        signalled = signal_and_wait_for_drain(replica)
-        code = replica.wait(6)
-        took = time.monotonic() - signalled
-        left = conn.execute("SELECT status::text, worker FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
-        reaped = wait_for(
-            f"jobs.reap() to take run {run_id}",
-            lambda: conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall(),
-            timeout=60,
-            interval=0.2,
-        )
-        run = conn.execute(
-            "SELECT status::text, failure_reason, finished_at - heartbeat_at FROM jobs.runs WHERE id = %s",
-            (run_id,),
-        ).fetchone()
-        executions = conn.execute(
-            "SELECT run_id, exited IS NOT NULL, outcome FROM public.executions ORDER BY id"
-        ).fetchall()
-        log = replica.log()
+    replica = procs.replica("work_app.py", "replica", grace="1s")
+    worker = replica.worker_id
+    run_id = enqueue(conn, "sleepy", '{"seconds": 30}', max_attempts="1", heartbeat_timeout="'2 seconds'")
+    wait_started(conn, run_id)
+    signalled = signal_and_wait_for_drain(replica)
+    code = replica.wait(6)
+    took = time.monotonic() - signalled
+    left = conn.execute("SELECT status::text, worker FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+    reaped = wait_for(
+        f"jobs.reap() to take run {run_id}",
+        lambda: conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall(),
+        timeout=60,
+        interval=0.2,
+    )
+    run = conn.execute(
+        "SELECT status::text, failure_reason, finished_at - heartbeat_at FROM jobs.runs WHERE id = %s",
+        (run_id,),
+    ).fetchone()
+    executed = executions(conn, "run_id, exited IS NOT NULL, outcome")
+    log = replica.log()
 
     context = f"run {run_id}: left {left}, then {run}; reaped {reaped}; took {took:.2f}s\n{log}"
     assert code == 0, context
@@ -97,4 +81,4 @@ def test_sigterm_with_a_job_longer_than_the_grace_leaves_it_to_the_reaper(
     assert reaped == [(run_id, "HeartbeatLost", None)], context
     assert run is not None and run[:2] == ("FAILED", "HeartbeatLost"), context
     assert run[2] >= timedelta(seconds=2), f"reaped before its heartbeat timeout: {context}"
-    assert executions == [(run_id, False, None)], f"the job should have died mid-run: {context}"
+    assert executed == [(run_id, False, None)], f"the job should have died mid-run: {context}"

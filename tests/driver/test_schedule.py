@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import time
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
@@ -245,12 +246,19 @@ def near_offset_change(instant: datetime, zone: ZoneInfo) -> bool:
     return before != after
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    expression=cron_expressions,
-    start=start_instants,
-    zone_name=st.sampled_from(["UTC", "Asia/Kolkata", "Etc/GMT+11"]),
-)
+def against_croniter(examples: int, zones: list[str]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A property test over random cron expressions, start instants and one of ``zones``."""
+
+    def wrap(test: Callable[..., None]) -> Callable[..., None]:
+        chosen = given(expression=cron_expressions, start=start_instants, zone_name=st.sampled_from(zones))
+        return settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+            chosen(test)
+        )
+
+    return wrap
+
+
+@against_croniter(2000, ["UTC", "Asia/Kolkata", "Etc/GMT+11"])
 def test_cron_matches_croniter_in_fixed_offset_zones(
     expression: str, start: datetime, zone_name: str
 ) -> None:
@@ -260,12 +268,7 @@ def test_cron_matches_croniter_in_fixed_offset_zones(
     assert_strictly_increasing(ours)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    expression=cron_expressions,
-    start=start_instants,
-    zone_name=st.sampled_from(["America/New_York", "Europe/Sofia", "Australia/Lord_Howe"]),
-)
+@against_croniter(1000, ["America/New_York", "Europe/Sofia", "Australia/Lord_Howe"])
 def test_cron_matches_croniter_away_from_dst_changes(
     expression: str, start: datetime, zone_name: str
 ) -> None:

@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness import Database, scalar, wait_for
+from harness import Database, runs_in, scalar, wait_for, worker_thread
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -22,11 +22,8 @@ def test_short_per_run_heartbeat_timeout_is_honoured(db: Database) -> None:
         time.sleep(3.0)
 
     worker = Worker(app, db.dsn, poll_interval=0.1, heartbeat_interval=5.0)
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,))
-    thread.start()
     reaped = []
-    try:
+    with worker_thread(worker):
         time.sleep(0.5)  # the heartbeat loop is now in a 5 s wait (jobs.config: 60 s timeout)
         with db.connect() as conn:
             run = conn.execute(
@@ -43,9 +40,6 @@ def test_short_per_run_heartbeat_timeout_is_honoured(db: Database) -> None:
                 return row == ("COMPLETED",)
 
             wait_for("the run to complete", done, timeout=60)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
     assert reaped == [], f"reaped while its worker was alive: {reaped}"
     assert worker.stats.completed == 1 and worker.stats.fenced == 0, worker.stats
 
@@ -63,16 +57,9 @@ def test_unknown_kind_waits_visibly_and_crashes_nothing(db: Database) -> None:
     with db.connect() as conn:
         orphan = conn.execute("SELECT id FROM jobs.enqueue('nobody-knows-me')").fetchone()
         conn.execute("SELECT jobs.enqueue('known')")
-    worker = Worker(app, db.dsn, poll_interval=0.1)
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,))
-    thread.start()
-    try:
+    with worker_thread(Worker(app, db.dsn, poll_interval=0.1), join=10):
         assert done.wait(10)
         time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
     with db.connect() as conn:
         status = conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", orphan).fetchone()
         stats = conn.execute(
@@ -107,20 +94,8 @@ def test_batch_larger_than_concurrency_claims_ahead_and_runs_one_at_a_time(db: D
         conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 12)")
     worker = Worker(app, db.dsn, concurrency=2, batch_size=6, poll_interval=0.1)
     assert worker.capacity == 6
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,))
-    thread.start()
-    try:
-        with db.connect() as conn:
-
-            def all_done() -> bool:
-                row = conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'").fetchone()
-                return row == (12,)
-
-            wait_for("all 12 runs to complete", all_done, timeout=60)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("all 12 runs to complete", lambda: runs_in(conn, "COMPLETED") == 12, timeout=60)
     assert most <= 2, f"{most} runs executed at once with concurrency 2"
     assert sorted(seen) == sorted(set(seen)) and len(seen) == 12, seen
     assert worker.stats.completed == 12 and worker.stats.fenced == 0, worker.stats
@@ -143,17 +118,9 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
         second = conn.execute("SELECT id FROM jobs.enqueue('hold')").fetchone()
     assert first is not None and second is not None
     worker = Worker(app, db.dsn, concurrency=1, batch_size=2, poll_interval=0.1, heartbeat_interval=0.1)
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,))
-    thread.start()
-    try:
-        with db.connect() as conn:
-
-            def both_claimed() -> bool:
-                row = conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'").fetchone()
-                return row == (2,)
-
-            wait_for("both runs to be claimed", both_claimed, timeout=60)
+    with worker_thread(worker), db.connect() as conn:
+        try:
+            wait_for("both runs to be claimed", lambda: runs_in(conn, "RUNNING") == 2, timeout=60)
             conn.execute("SELECT jobs.cancel(%s)", second)
             wait_for(
                 "the waiting run to see its cancel",
@@ -167,14 +134,12 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
                 return row == ("CANCELLED",)
 
             wait_for("the waiting run to be CANCELLED", cancelled, timeout=60)
-    finally:
-        release.set()
-        stop.set()
-        thread.join(timeout=30)
+        finally:
+            release.set()
     assert started == [first[0]], f"job code ran for {started}; only {first[0]} should have started"
 
 
-def _idle_worker(db: Database, started: list[str]) -> tuple[Worker, threading.Event, threading.Thread]:
+def _idle_worker(db: Database, started: list[str]) -> Worker:
     """A worker whose poll is far longer than any test: only its timer or a NOTIFY starts runs."""
     app = App()
 
@@ -182,58 +147,43 @@ def _idle_worker(db: Database, started: list[str]) -> tuple[Worker, threading.Ev
     def timed(ctx: Context) -> None:
         started.append(ctx.payload.get("name", ""))
 
-    worker = Worker(app, db.dsn, poll_interval=600.0)
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,))
-    thread.start()
-    return worker, stop, thread
+    return Worker(app, db.dsn, poll_interval=600.0)
 
 
 def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> None:
     """The worker learns when the next QUEUED run is due and sleeps until then: a run
     enqueued for a few seconds ahead starts although the poll interval is ten minutes."""
     started: list[str] = []
-    worker, stop, thread = _idle_worker(db, started)
-    try:
-        with db.connect() as conn:
-            wait_for("the worker to be idle", lambda: worker.stats.claimed == 0 and thread.is_alive(), 60)
-            time.sleep(0.5)  # past its first claim: now asleep on the ten-minute poll
-            conn.execute(
-                "SELECT jobs.enqueue('timed', '{\"name\": \"later\"}', now() + interval '2 seconds')"
-            )
-            wait_for("the future run to start on its timer", lambda: started == ["later"], timeout=120)
-            late = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
-            assert late == (True,), "a run must never start before its time"
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    worker = _idle_worker(db, started)
+    with worker_thread(worker) as running, db.connect() as conn:
+        wait_for("the worker to be idle", lambda: worker.stats.claimed == 0 and running.thread.is_alive(), 60)
+        time.sleep(0.5)  # past its first claim: now asleep on the ten-minute poll
+        conn.execute("SELECT jobs.enqueue('timed', '{\"name\": \"later\"}', now() + interval '2 seconds')")
+        wait_for("the future run to start on its timer", lambda: started == ["later"], timeout=120)
+        late = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
+        assert late == (True,), "a run must never start before its time"
 
 
 def test_a_scheduler_notification_rearms_a_sleeping_worker(db: Database) -> None:
     """A run the scheduler materializes for a few seconds ahead arrives with its time in the
     NOTIFY payload: the sleeping worker re-arms its timer and starts it then."""
     started: list[str] = []
-    _, stop, thread = _idle_worker(db, started)
-    try:
-        with db.connect() as conn:
-            definition = conn.execute(
-                "SELECT id FROM jobs.define('ahead', 'timed', schedule => '* * * * *',"
-                ' payload => \'{"name": "ahead"}\')'
-            ).fetchone()
-            assert definition is not None
-            time.sleep(0.5)
-            at = conn.execute("SELECT date_trunc('second', now()) + interval '3 seconds'").fetchone()
-            assert at is not None
-            conn.execute(
-                "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
-                ([definition[0]], [None], [at[0] + timedelta(minutes=1)], [None], [definition[0]], [at[0]]),
-            )
-            wait_for("the materialized run to start on its re-armed timer", lambda: started == ["ahead"], 120)
-            ok = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
-            assert ok == (True,)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    with worker_thread(_idle_worker(db, started)), db.connect() as conn:
+        definition = conn.execute(
+            "SELECT id FROM jobs.define('ahead', 'timed', schedule => '* * * * *',"
+            ' payload => \'{"name": "ahead"}\')'
+        ).fetchone()
+        assert definition is not None
+        time.sleep(0.5)
+        at = conn.execute("SELECT date_trunc('second', now()) + interval '3 seconds'").fetchone()
+        assert at is not None
+        conn.execute(
+            "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
+            ([definition[0]], [None], [at[0] + timedelta(minutes=1)], [None], [definition[0]], [at[0]]),
+        )
+        wait_for("the materialized run to start on its re-armed timer", lambda: started == ["ahead"], 120)
+        ok = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
+        assert ok == (True,)
 
 
 def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: Database) -> None:
@@ -250,20 +200,10 @@ def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: D
         release.wait(30)
 
     worker = Worker(app, db.dsn, concurrency=1, batch_size=2, poll_interval=0.1, shutdown_grace=1.0)
-    stop = threading.Event()
-    raised: list[BaseException] = []
-
-    def run() -> None:
+    with db.connect() as conn:
+        ids = [scalar(conn, "SELECT id FROM jobs.enqueue('hold')") for _ in range(2)]
+    with worker_thread(worker, may_raise=True) as running, db.connect() as conn:
         try:
-            worker.run(stop)
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run)
-    try:
-        with db.connect() as conn:
-            ids = [scalar(conn, "SELECT id FROM jobs.enqueue('hold')") for _ in range(2)]
-            thread.start()
             assert started.wait(10), "the first run never started"
             wait_for("both runs claimed", lambda: len(worker.held()) == 2, timeout=10)
 
@@ -272,16 +212,15 @@ def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: D
 
             worker.heartbeat_interval = broken  # type: ignore[method-assign]
             worker._heartbeat.now.set()
-            thread.join(timeout=30)
+            running.thread.join(timeout=30)
             runs = conn.execute(
                 "SELECT id, status::text, failure_reason, error FROM jobs.runs ORDER BY id"
             ).fetchall()
-    finally:
-        release.set()
-        stop.set()
-        thread.join(timeout=30)
+        finally:
+            release.set()
+    raised = running.raised
     context = f"raised {raised!r}, runs {runs}"
-    assert not thread.is_alive() and stop.is_set(), context
+    assert not running.thread.is_alive() and running.stop.is_set(), context
     assert len(raised) == 1 and "the heartbeat loop ended: RuntimeError: no cadence" in str(raised[0]), (
         context
     )

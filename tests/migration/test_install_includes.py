@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from harness import Database, Server, psql_binary
+from harness import Database, Server, psql_file
 from pgtick import migrate
 
 _INCLUDE = re.compile(r"^(?:\\set\s+migration\s+(\S+)\s+)?\\ir\s+(\S+)\s*$")
@@ -114,22 +113,7 @@ def _install_both_ways(empty: Database, empty2: Database, root: Path) -> None:
         assert migrate.apply(conn, root)[-1] == "9998"
         assert migrate.apply(conn, root) == []
     for _ in range(2):
-        result = subprocess.run(
-            [
-                psql_binary(),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                empty2.dsn,
-                "-f",
-                str(root / "sql" / "install.sql"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = psql_file(empty2.dsn, root / "sql" / "install.sql")
         assert result.returncode == 0, result.stderr
     for dsn in (empty.dsn, empty2.dsn):
         with psycopg.connect(dsn) as conn:

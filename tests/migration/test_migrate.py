@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Database, Server, psql_binary, run_in_processes
+from harness import Database, Server, psql_file, psql_script_args, run_in_processes
 from pgtick import migrate
 
 # Everything a user or another language can observe about the jobs schema, by name (the
@@ -68,15 +68,6 @@ def migrate_dsn(dsn: str) -> list[str]:
         return migrate.apply(conn)
 
 
-def psql_install(dsn: str, script: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture
 def empty(pg: Server) -> Any:
     database = pg.create_empty_database()
@@ -95,9 +86,9 @@ def test_generated_script_equals_the_includes(empty: Database, empty2: Database,
     """`pgtick migrate --sql` (includes inlined) installs the same schema as sql/install.sql."""
     script = tmp_path / "install.sql"
     script.write_text(migrate.install_script())
-    result = psql_install(empty.dsn, script)
+    result = psql_file(empty.dsn, script)
     assert result.returncode == 0, result.stderr
-    installed = psql_install(empty2.dsn, migrate.schema_root() / "sql" / "install.sql")
+    installed = psql_file(empty2.dsn, migrate.schema_root() / "sql" / "install.sql")
     assert installed.returncode == 0, installed.stderr
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
@@ -110,13 +101,13 @@ def test_applying_twice_is_a_noop(empty: Database) -> None:
 
 
 def test_psql_path_equals_driver_path(empty: Database, empty2: Database) -> None:
-    result = psql_install(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    result = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
     assert result.returncode == 0, result.stderr
     assert "ERROR" not in result.stderr
     migrate_dsn(empty2.dsn)
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
     # And re-running the psql script over an installed schema changes nothing.
-    again = psql_install(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    again = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
     assert again.returncode == 0, again.stderr
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
@@ -135,7 +126,7 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     script = migrate.schema_root() / "sql" / "install.sql"
     procs = [
         subprocess.Popen(
-            [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty.dsn, "-f", str(script)],
+            psql_script_args(empty.dsn, script),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -205,7 +196,7 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
         script = _checkout_schema(ref, tmp_path / f"state{number}")
         database = pg.create_empty_database()
         try:
-            installed = psql_install(database.dsn, script)
+            installed = psql_file(database.dsn, script)
             assert installed.returncode == 0, f"installing {ref}: {installed.stderr}"
             migrate_dsn(database.dsn)
             assert snapshot(database.dsn) == fresh, f"upgrading from {ref} differs from a fresh install"

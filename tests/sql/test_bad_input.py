@@ -1,5 +1,7 @@
-"""Bad input: every public call refuses it with a SQLSTATE and a message naming the field, and
-never half-applies (the database is byte-for-byte the same afterwards)."""
+"""Bad input: every public call, the flow-control API (queues, limits, unique jobs,
+enqueue_many, snooze, dependencies) included, refuses it with a SQLSTATE (class 22, 23 or P0)
+and a message naming the field, and never half-applies (the database is byte-for-byte the same
+afterwards: runs, definitions, policies, config, leases, limits and paused queues)."""
 
 from __future__ import annotations
 
@@ -15,140 +17,208 @@ INVALID = "22023"
 NOT_FOUND = "P0002"
 INJECTION = "x'); DROP TABLE jobs.runs; --"
 
-# (call, params, SQLSTATE, word the message must contain)
-CASES: list[tuple[str, tuple[Any, ...] | None, str, str]] = [
+Case = tuple[str, tuple[Any, ...] | None, str, str]
+
+
+def bad(sql: str, mention: str, sqlstate: str = INVALID, params: tuple[Any, ...] | None = None) -> Case:
+    """A call refused with ``sqlstate`` and a message naming ``mention``; ``params`` may name a
+    seeded run by its state ("RUNNING", "QUEUED"...)."""
+    return (sql, params, sqlstate, mention)
+
+
+CASES: list[Case] = [
     # jobs.enqueue
-    ("SELECT jobs.enqueue(NULL)", None, INVALID, "kind"),
-    ("SELECT jobs.enqueue('')", None, INVALID, "kind"),
-    ("SELECT jobs.enqueue(repeat('k', 201))", None, INVALID, "kind"),
-    ("SELECT jobs.enqueue('k', NULL)", None, INVALID, "payload"),
-    ("SELECT jobs.enqueue('k', '[1, 2]')", None, INVALID, "payload"),
-    ("SELECT jobs.enqueue('k', '\"text\"')", None, INVALID, "payload"),
-    ("SELECT jobs.enqueue('k', '42')", None, INVALID, "payload"),
-    ("SELECT jobs.enqueue('k', 'null'::jsonb)", None, INVALID, "payload"),
-    (
+    bad("SELECT jobs.enqueue(NULL)", "kind"),
+    bad("SELECT jobs.enqueue('')", "kind"),
+    bad("SELECT jobs.enqueue(repeat('k', 201))", "kind"),
+    bad("SELECT jobs.enqueue('k', NULL)", "payload"),
+    bad("SELECT jobs.enqueue('k', '[1, 2]')", "payload"),
+    bad("SELECT jobs.enqueue('k', '\"text\"')", "payload"),
+    bad("SELECT jobs.enqueue('k', '42')", "payload"),
+    bad("SELECT jobs.enqueue('k', 'null'::jsonb)", "payload"),
+    bad(
         "SELECT jobs.enqueue('k', jsonb_build_object('x', repeat('a', %s)))",
-        (BIG,),
-        INVALID,
         "max_payload_bytes",
+        params=(BIG,),
     ),
-    ("SELECT jobs.enqueue('k', run_at => 'infinity')", None, INVALID, "run_at"),
-    ("SELECT jobs.enqueue('k', run_at => '-infinity')", None, INVALID, "run_at"),
-    ("SELECT jobs.enqueue('k', run_at => NULL)", None, INVALID, "run_at"),
-    ("SELECT jobs.enqueue('k', priority => 1001)", None, INVALID, "priority"),
-    ("SELECT jobs.enqueue('k', priority => -1001)", None, INVALID, "priority"),
-    ("SELECT jobs.enqueue('k', priority => NULL)", None, INVALID, "priority"),
-    ("SELECT jobs.enqueue('k', idempotency_key => '')", None, INVALID, "idempotency_key"),
-    ("SELECT jobs.enqueue('k', idempotency_key => repeat('x', 201))", None, INVALID, "idempotency_key"),
-    ("SELECT jobs.enqueue('k', max_attempts => 0)", None, INVALID, "max_attempts"),
-    ("SELECT jobs.enqueue('k', max_attempts => -1)", None, INVALID, "max_attempts"),
-    ("SELECT jobs.enqueue('k', max_attempts => 1001)", None, INVALID, "max_attempts"),
-    ("SELECT jobs.enqueue('k', timeout => '-1 second')", None, INVALID, "timeout"),
-    ("SELECT jobs.enqueue('k', timeout => '0')", None, INVALID, "timeout"),
-    ("SELECT jobs.enqueue('k', heartbeat_timeout => '-5 minutes')", None, INVALID, "heartbeat_timeout"),
+    bad("SELECT jobs.enqueue('k', run_at => 'infinity')", "run_at"),
+    bad("SELECT jobs.enqueue('k', run_at => '-infinity')", "run_at"),
+    bad("SELECT jobs.enqueue('k', run_at => NULL)", "run_at"),
+    bad("SELECT jobs.enqueue('k', priority => 1001)", "priority"),
+    bad("SELECT jobs.enqueue('k', priority => -1001)", "priority"),
+    bad("SELECT jobs.enqueue('k', priority => NULL)", "priority"),
+    bad("SELECT jobs.enqueue('k', idempotency_key => '')", "idempotency_key"),
+    bad("SELECT jobs.enqueue('k', idempotency_key => repeat('x', 201))", "idempotency_key"),
+    bad("SELECT jobs.enqueue('k', max_attempts => 0)", "max_attempts"),
+    bad("SELECT jobs.enqueue('k', max_attempts => -1)", "max_attempts"),
+    bad("SELECT jobs.enqueue('k', max_attempts => 1001)", "max_attempts"),
+    bad("SELECT jobs.enqueue('k', timeout => '-1 second')", "timeout"),
+    bad("SELECT jobs.enqueue('k', timeout => '0')", "timeout"),
+    bad("SELECT jobs.enqueue('k', heartbeat_timeout => '-5 minutes')", "heartbeat_timeout"),
     # jobs.run_now
-    ("SELECT jobs.run_now(NULL)", None, INVALID, "name"),
-    ("SELECT jobs.run_now('no-such-definition')", None, NOT_FOUND, "no-such-definition"),
-    ("SELECT jobs.run_now('defined', '[]')", None, INVALID, "payload"),
+    bad("SELECT jobs.run_now(NULL)", "name"),
+    bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),
+    bad("SELECT jobs.run_now('defined', '[]')", "payload"),
     # jobs.claim
-    ("SELECT * FROM jobs.claim(0)", None, INVALID, "batch_size"),
-    ("SELECT * FROM jobs.claim(-1)", None, INVALID, "batch_size"),
-    ("SELECT * FROM jobs.claim(1001)", None, INVALID, "batch_size"),
-    ("SELECT * FROM jobs.claim(NULL)", None, INVALID, "batch_size"),
-    ("SELECT * FROM jobs.claim(1, '')", None, INVALID, "worker"),
-    ("SELECT * FROM jobs.claim(1, repeat('w', 201))", None, INVALID, "worker"),
+    bad("SELECT * FROM jobs.claim(0)", "batch_size"),
+    bad("SELECT * FROM jobs.claim(-1)", "batch_size"),
+    bad("SELECT * FROM jobs.claim(1001)", "batch_size"),
+    bad("SELECT * FROM jobs.claim(NULL)", "batch_size"),
+    bad("SELECT * FROM jobs.claim(1, '')", "worker"),
+    bad("SELECT * FROM jobs.claim(1, repeat('w', 201))", "worker"),
     # jobs.heartbeat
-    ("SELECT * FROM jobs.heartbeat(NULL, 'w1')", None, INVALID, "run_ids"),
-    ("SELECT * FROM jobs.heartbeat('{1}', NULL)", None, INVALID, "worker"),
-    ("SELECT * FROM jobs.heartbeat('{1}', '')", None, INVALID, "worker"),
-    (
-        "SELECT * FROM jobs.heartbeat(array(SELECT generate_series(1, 10001)::bigint), 'w1')",
-        None,
-        INVALID,
-        "run_ids",
-    ),
+    bad("SELECT * FROM jobs.heartbeat(NULL, 'w1')", "run_ids"),
+    bad("SELECT * FROM jobs.heartbeat('{1}', NULL)", "worker"),
+    bad("SELECT * FROM jobs.heartbeat('{1}', '')", "worker"),
+    bad("SELECT * FROM jobs.heartbeat(array(SELECT generate_series(1, 10001)::bigint), 'w1')", "run_ids"),
     # jobs.complete / complete_many
-    ("SELECT jobs.complete(NULL, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.complete(0, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.complete(-7, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.complete(%s, NULL)", ("RUNNING",), INVALID, "worker"),
-    ("SELECT jobs.complete(%s, '')", ("RUNNING",), INVALID, "worker"),
-    (
+    bad("SELECT jobs.complete(NULL, 'w1')", "run_id"),
+    bad("SELECT jobs.complete(0, 'w1')", "run_id"),
+    bad("SELECT jobs.complete(-7, 'w1')", "run_id"),
+    bad("SELECT jobs.complete(%s, NULL)", "worker", params=("RUNNING",)),
+    bad("SELECT jobs.complete(%s, '')", "worker", params=("RUNNING",)),
+    bad(
         "SELECT jobs.complete(%s, 'w1', jsonb_build_object('x', repeat('a', %s)))",
-        ("RUNNING", BIG),
-        INVALID,
         "result",
+        params=("RUNNING", BIG),
     ),
-    ("SELECT * FROM jobs.complete_many(NULL, 'w1')", None, INVALID, "run_ids"),
-    ("SELECT * FROM jobs.complete_many(%s, NULL)", ("RUNNING[]",), INVALID, "worker"),
+    bad("SELECT * FROM jobs.complete_many(NULL, 'w1')", "run_ids"),
+    bad("SELECT * FROM jobs.complete_many(%s, NULL)", "worker", params=("RUNNING[]",)),
     # jobs.fail
-    ("SELECT jobs.fail(NULL, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.fail(-1, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.fail(%s, NULL)", ("RUNNING",), INVALID, "worker"),
-    ("SELECT jobs.fail(%s, 'w1', '{}', 'm', 'Bogus')", ("RUNNING",), INVALID, "reason"),
-    ("SELECT jobs.fail(%s, 'w1', '{}', 'm', NULL)", ("RUNNING",), INVALID, "reason"),
-    ("SELECT jobs.fail(%s, 'w1', '{}', 'm', 'HeartbeatLost')", ("RUNNING",), INVALID, "reason"),
-    ("SELECT jobs.fail(%s, 'w1', ARRAY['E', NULL])", ("RUNNING",), INVALID, "error_classes"),
-    ("SELECT jobs.fail(%s, 'w1', ARRAY[''])", ("RUNNING",), INVALID, "error_classes"),
-    (
+    bad("SELECT jobs.fail(NULL, 'w1')", "run_id"),
+    bad("SELECT jobs.fail(-1, 'w1')", "run_id"),
+    bad("SELECT jobs.fail(%s, NULL)", "worker", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', '{}', 'm', 'Bogus')", "reason", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', '{}', 'm', NULL)", "reason", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', '{}', 'm', 'HeartbeatLost')", "reason", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', ARRAY['E', NULL])", "error_classes", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', ARRAY[''])", "error_classes", params=("RUNNING",)),
+    bad(
         "SELECT jobs.fail(%s, 'w1', array(SELECT 'E' || g FROM generate_series(1, 101) g))",
-        ("RUNNING",),
-        INVALID,
         "error_classes",
+        params=("RUNNING",),
     ),
     # jobs.acknowledge_cancel
-    ("SELECT jobs.acknowledge_cancel(NULL, 'w1')", None, INVALID, "run_id"),
-    ("SELECT jobs.acknowledge_cancel(%s, NULL)", ("RUNNING",), INVALID, "worker"),
+    bad("SELECT jobs.acknowledge_cancel(NULL, 'w1')", "run_id"),
+    bad("SELECT jobs.acknowledge_cancel(%s, NULL)", "worker", params=("RUNNING",)),
     # jobs.cancel / cancel_queued
-    ("SELECT jobs.cancel(NULL)", None, INVALID, "run_id"),
-    ("SELECT jobs.cancel(987654321)", None, NOT_FOUND, "987654321"),
-    ("SELECT jobs.cancel(-1)", None, NOT_FOUND, "-1"),
-    ("SELECT jobs.cancel_queued('no-such-definition')", None, NOT_FOUND, "no-such-definition"),
+    bad("SELECT jobs.cancel(NULL)", "run_id"),
+    bad("SELECT jobs.cancel(987654321)", "987654321", NOT_FOUND),
+    bad("SELECT jobs.cancel(-1)", "-1", NOT_FOUND),
+    bad("SELECT jobs.cancel_queued('no-such-definition')", "no-such-definition", NOT_FOUND),
     # jobs.retry
-    ("SELECT jobs.retry(NULL)", None, INVALID, "run_id"),
-    ("SELECT jobs.retry(987654321)", None, NOT_FOUND, "987654321"),
-    ("SELECT jobs.retry(%s)", ("QUEUED",), INVALID, "QUEUED"),
-    ("SELECT jobs.retry(%s)", ("RUNNING",), INVALID, "RUNNING"),
+    bad("SELECT jobs.retry(NULL)", "run_id"),
+    bad("SELECT jobs.retry(987654321)", "987654321", NOT_FOUND),
+    bad("SELECT jobs.retry(%s)", "QUEUED", params=("QUEUED",)),
+    bad("SELECT jobs.retry(%s)", "RUNNING", params=("RUNNING",)),
     # jobs.set_retry_policy
-    ("SELECT jobs.set_retry_policy(NULL)", None, INVALID, "kind"),
-    ("SELECT jobs.set_retry_policy('k', max_attempts => 0)", None, INVALID, "max_attempts"),
-    ("SELECT jobs.set_retry_policy('k', max_attempts => NULL)", None, INVALID, "max_attempts"),
-    ("SELECT jobs.set_retry_policy('k', backoff_initial => '-1 second')", None, INVALID, "backoff_initial"),
-    ("SELECT jobs.set_retry_policy('k', backoff_max => NULL)", None, INVALID, "backoff_max"),
-    ("SELECT jobs.set_retry_policy('k', backoff_factor => 0.5)", None, INVALID, "backoff_factor"),
-    ("SELECT jobs.set_retry_policy('k', backoff_factor => 'NaN')", None, INVALID, "backoff_factor"),
-    ("SELECT jobs.set_retry_policy('k', backoff_factor => 'Infinity')", None, INVALID, "backoff_factor"),
-    ("SELECT jobs.set_retry_policy('k', jitter => 1.5)", None, INVALID, "jitter"),
-    ("SELECT jobs.set_retry_policy('k', jitter => -0.1)", None, INVALID, "jitter"),
-    ("SELECT jobs.set_retry_policy('k', jitter => 'NaN')", None, INVALID, "jitter"),
+    bad("SELECT jobs.set_retry_policy(NULL)", "kind"),
+    bad("SELECT jobs.set_retry_policy('k', max_attempts => 0)", "max_attempts"),
+    bad("SELECT jobs.set_retry_policy('k', max_attempts => NULL)", "max_attempts"),
+    bad("SELECT jobs.set_retry_policy('k', backoff_initial => '-1 second')", "backoff_initial"),
+    bad("SELECT jobs.set_retry_policy('k', backoff_max => NULL)", "backoff_max"),
+    bad("SELECT jobs.set_retry_policy('k', backoff_factor => 0.5)", "backoff_factor"),
+    bad("SELECT jobs.set_retry_policy('k', backoff_factor => 'NaN')", "backoff_factor"),
+    bad("SELECT jobs.set_retry_policy('k', backoff_factor => 'Infinity')", "backoff_factor"),
+    bad("SELECT jobs.set_retry_policy('k', jitter => 1.5)", "jitter"),
+    bad("SELECT jobs.set_retry_policy('k', jitter => -0.1)", "jitter"),
+    bad("SELECT jobs.set_retry_policy('k', jitter => 'NaN')", "jitter"),
     # validation comes before the lookup: these name runs that do not exist
-    ("SELECT jobs.fail(1, 'w', '{}', 'm', 'Oops')", None, INVALID, "reason"),
-    ("SELECT jobs.fail(1, 'w', ARRAY[NULL]::text[], 'm')", None, INVALID, "error_classes"),
+    bad("SELECT jobs.fail(1, 'w', '{}', 'm', 'Oops')", "reason"),
+    bad("SELECT jobs.fail(1, 'w', ARRAY[NULL]::text[], 'm')", "error_classes"),
     # more limits
-    ("SELECT jobs.enqueue('k', jsonb_build_object('a', repeat('x', 2000000)))", None, INVALID, "payload"),
-    ("SELECT jobs.enqueue('k', priority => 100000)", None, INVALID, "priority"),
+    bad("SELECT jobs.enqueue('k', jsonb_build_object('a', repeat('x', 2000000)))", "payload"),
+    bad("SELECT jobs.enqueue('k', priority => 100000)", "priority"),
     # jobs.define / pause (an injection attempt is only a name that is not there)
-    ("SELECT jobs.define(NULL, 'k', '* * * * *')", None, INVALID, "name"),
-    ("SELECT jobs.define('d', 'k', '* * * * *', %s)", (INJECTION,), INVALID, "timezone"),
-    ("SELECT jobs.define('d', 'k', run_at => 'infinity')", None, INVALID, "run_at"),
-    ("SELECT jobs.pause(%s)", (INJECTION,), NOT_FOUND, "DROP TABLE"),
+    bad("SELECT jobs.define(NULL, 'k', '* * * * *')", "name"),
+    bad("SELECT jobs.define('d', 'k', '* * * * *', %s)", "timezone", params=(INJECTION,)),
+    bad("SELECT jobs.define('d', 'k', run_at => 'infinity')", "run_at"),
+    bad("SELECT jobs.pause(%s)", "DROP TABLE", NOT_FOUND, params=(INJECTION,)),
     # jobs.acquire_lease
-    ("SELECT jobs.acquire_lease('l', 'o', '0')", None, INVALID, "ttl"),
-    ("SELECT jobs.acquire_lease('l', 'o', '-1 minute')", None, INVALID, "ttl"),
-    ("SELECT jobs.acquire_lease('l', NULL, '1 minute')", None, INVALID, "owner"),
+    bad("SELECT jobs.acquire_lease('l', 'o', '0')", "ttl"),
+    bad("SELECT jobs.acquire_lease('l', 'o', '-1 minute')", "ttl"),
+    bad("SELECT jobs.acquire_lease('l', NULL, '1 minute')", "owner"),
     # jobs.renew_lease: the same ttl rule, naming the value
-    (
+    bad(
         "SELECT jobs.renew_lease('l', 'o', '2 years')",
-        None,
-        INVALID,
         "ttl must be a positive interval of at most a year, got 2 years",
     ),
     # jobs.prune
-    ("SELECT jobs.prune('-1 day')", None, INVALID, "older_than"),
-    ("SELECT jobs.prune('1 day', 0)", None, INVALID, "batch_size"),
+    bad("SELECT jobs.prune('-1 day')", "older_than"),
+    bad("SELECT jobs.prune('1 day', 0)", "batch_size"),
     # jobs.materialize / materialize_one_shots
-    ("SELECT jobs.materialize(NULL, NULL, '{}', NULL)", None, INVALID, "definition_id"),
-    ("SELECT jobs.materialize_one_shots('-1 s')", None, INVALID, "lookahead"),
+    bad("SELECT jobs.materialize(NULL, NULL, '{}', NULL)", "definition_id"),
+    bad("SELECT jobs.materialize_one_shots('-1 s')", "lookahead"),
+    # --- flow control: queues, limits, unique jobs, enqueue_many, snooze, dependencies ---
+    # jobs.enqueue: queue, concurrency_key, unique_*, on_conflict, depends_on
+    bad("SELECT jobs.enqueue('k', queue => NULL)", "queue"),
+    bad("SELECT jobs.enqueue('k', queue => '')", "queue"),
+    bad("SELECT jobs.enqueue('k', queue => repeat('q', 201))", "queue"),
+    bad("SELECT jobs.enqueue('k', concurrency_key => '')", "concurrency_key"),
+    bad("SELECT jobs.enqueue('k', concurrency_key => repeat('c', 201))", "concurrency_key"),
+    bad("SELECT jobs.enqueue('k', unique_key => '')", "unique_key"),
+    bad("SELECT jobs.enqueue('k', unique_key => repeat('u', 201))", "unique_key"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => 'forever')", "unique_while"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => NULL)", "unique_while"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '-1 hour')", "unique_for"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '0')", "unique_for"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => 'merge')", "on_conflict"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => NULL)", "on_conflict"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', idempotency_key => 'i')", "unique_key"),
+    bad("SELECT jobs.enqueue('k', depends_on => '{}')", "depends_on"),
+    bad("SELECT jobs.enqueue('k', depends_on => ARRAY[NULL]::bigint[])", "depends_on"),
+    bad("SELECT jobs.enqueue('k', depends_on => ARRAY[987654321]::bigint[])", "depends_on", NOT_FOUND),
+    bad("SELECT jobs.enqueue('k', depends_on => %s)", "987654321", NOT_FOUND, params=("QUEUED+missing",)),
+    # jobs.enqueue_many
+    bad("SELECT jobs.enqueue_many(NULL, '[{}]')", "kind"),
+    bad("SELECT jobs.enqueue_many('k', NULL)", "payloads"),
+    bad("SELECT jobs.enqueue_many('k', '{}')", "payloads"),
+    bad("SELECT jobs.enqueue_many('k', '[]')", "payloads"),
+    bad("SELECT jobs.enqueue_many('k', '[{}, 1]')", "payloads[1]"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', run_at => 'infinity')", "run_at"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', priority => 5000)", "priority"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', queue => '')", "queue"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', concurrency_key => '')", "concurrency_key"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', max_attempts => 0)", "max_attempts"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', timeout => '0')", "timeout"),
+    bad(
+        "SELECT jobs.enqueue_many('k', '[{}]', depends_on => ARRAY[987654321]::bigint[])",
+        "depends_on",
+        NOT_FOUND,
+    ),
+    # jobs.claim(queues => ...)
+    bad("SELECT * FROM jobs.claim(1, 'w', queues => '{}')", "queues"),
+    bad("SELECT * FROM jobs.claim(1, 'w', queues => ARRAY[NULL]::text[])", "queues"),
+    bad("SELECT * FROM jobs.claim(1, 'w', queues => ARRAY[''])", "queues"),
+    # jobs.pause_queue / jobs.resume_queue
+    bad("SELECT jobs.pause_queue(NULL)", "name"),
+    bad("SELECT jobs.pause_queue('')", "name"),
+    bad("SELECT jobs.resume_queue(repeat('q', 201))", "name"),
+    # jobs.set_limit / jobs.remove_limit
+    bad("SELECT jobs.set_limit('tenant', 'x', max_running => 1)", "scope"),
+    bad("SELECT jobs.set_limit(NULL, 'x', max_running => 1)", "scope"),
+    bad("SELECT jobs.set_limit('queue', '', max_running => 1)", "name"),
+    bad("SELECT jobs.set_limit('queue', NULL, max_running => 1)", "name"),
+    bad("SELECT jobs.set_limit('queue', 'x', max_running => 0)", "max_running"),
+    bad("SELECT jobs.set_limit('queue', 'x', max_running => -3)", "max_running"),
+    bad("SELECT jobs.set_limit('queue', 'x')", "max_running"),
+    bad("SELECT jobs.set_limit('queue', 'x', rate_limit => 0, rate_period => '1 s')", "rate_limit"),
+    bad("SELECT jobs.set_limit('queue', 'x', rate_limit => 5)", "rate_period"),
+    bad("SELECT jobs.set_limit('queue', 'x', rate_period => '1 s')", "rate_limit"),
+    bad("SELECT jobs.set_limit('queue', 'x', rate_limit => 5, rate_period => '0')", "rate_period"),
+    bad("SELECT jobs.set_limit('queue', 'x', rate_limit => 5, rate_period => '2 days')", "rate_period"),
+    bad("SELECT jobs.set_limit('queue', 'x', max_running => 1, per_key => NULL)", "per_key"),
+    bad("SELECT jobs.remove_limit('tenant', 'x')", "scope"),
+    bad("SELECT jobs.remove_limit('kind', '')", "name"),
+    # jobs.snooze
+    bad("SELECT jobs.snooze(NULL, 'w1', '1 minute')", "run_id"),
+    bad("SELECT jobs.snooze(%s, NULL, '1 minute')", "worker", params=("RUNNING",)),
+    bad("SELECT jobs.snooze(%s, 'w1', NULL)", "delay", params=("RUNNING",)),
+    bad("SELECT jobs.snooze(%s, 'w1', '-1 minute')", "delay", params=("RUNNING",)),
+    bad("SELECT jobs.snooze(%s, 'w1', '400 days')", "delay", params=("RUNNING",)),
+    # jobs.define: queue, concurrency_key
+    bad("SELECT jobs.define('d', 'k', run_at => now(), queue => '')", "queue"),
+    bad("SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => '')", "concurrency_key"),
 ]
 
 
@@ -160,13 +230,20 @@ def _label(sql: str, params: tuple[Any, ...] | None) -> str:
 
 
 def _seed(conn: Conn) -> dict[str, Any]:
-    """One run in each interesting state, a definition, a policy."""
+    """One run in each interesting state, a definition, a policy, a limit, a paused queue."""
     add_definition(conn, "defined", cap=2)
     conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3)")
+    conn.execute("SELECT jobs.set_limit('queue', 'x', max_running => 7)")
+    conn.execute("SELECT jobs.pause_queue('held')")
     queued, running = add_runs(conn, 2)
     conn.execute("UPDATE jobs.runs SET scheduled_for = now() + interval '1 day' WHERE id = %s", (queued,))
     assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(running,)]
-    return {"QUEUED": queued, "RUNNING": running, "RUNNING[]": [running]}
+    return {
+        "QUEUED": queued,
+        "RUNNING": running,
+        "RUNNING[]": [running],
+        "QUEUED+missing": [queued, 987654321],
+    }
 
 
 @pytest.mark.parametrize(
@@ -175,6 +252,7 @@ def _seed(conn: Conn) -> dict[str, Any]:
 def test_bad_input_is_refused_by_name_and_changes_nothing(
     conn: Conn, sql: str, params: tuple[Any, ...] | None, sqlstate: str, mention: str
 ) -> None:
+    assert sqlstate[:2] in ("22", "23", "P0"), sqlstate
     ids = _seed(conn)
     bound = None if params is None else tuple(ids.get(p, p) if isinstance(p, str) else p for p in params)
     before = digest(conn)

@@ -18,13 +18,15 @@ from harness import (
     OVER_CAP_SQL,
     Conn,
     Database,
+    Tally,
     add_definition,
     add_runs,
-    run_in_processes,
+    gated,
+    probe,
+    race,
+    race_parts,
     run_row,
     scalar,
-    start_gate,
-    wait_at_gate,
 )
 
 # ---------------------------------------------------------------------------
@@ -38,8 +40,7 @@ def _claim_until_empty(dsn: str, worker: str, seed: int, seconds: float) -> dict
     claimed: list[int] = []
     oversized: list[tuple[int, int]] = []
     deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
+    with gated(dsn) as conn:
         while time.monotonic() < deadline:
             batch = rng.randint(1, 10)
             rows = conn.execute("SELECT id FROM jobs.claim(%s, %s)", (batch, worker)).fetchall()
@@ -52,57 +53,32 @@ def _claim_until_empty(dsn: str, worker: str, seed: int, seconds: float) -> dict
     return {"worker": worker, "claimed": claimed, "oversized": oversized}
 
 
-def _cap_role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
-    """One process of the caps test: a claimer or the probe."""
-    if role == "probe":
-        return _cap_probe(dsn, seconds)
-    return _cap_claimer(dsn, worker, seed, seconds)
-
-
 def _cap_claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
     """Claim 1..5, check caps right after the claim committed, hold a few ms, complete, loop."""
     rng = random.Random(seed)
-    claimed: list[int] = []
-    violations: list[tuple[Any, ...]] = []
+    tally = Tally(worker)
     refused: list[int] = []
     deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
+    with gated(dsn) as conn:
         while time.monotonic() < deadline:
-            rows = conn.execute(
-                "SELECT id, definition_id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
-            ).fetchall()
+            rows = tally.claim(conn, rng.randint(1, 5), "id, definition_id")
             if not rows:
                 if scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 0:
                     break
                 time.sleep(0.002)
                 continue
-            claimed.extend(int(r[0]) for r in rows)
-            defs = sorted({int(r[1]) for r in rows})
-            for over in conn.execute(OVER_CAP_SQL, {"defs": defs}).fetchall():
-                violations.append(("after claim by " + worker, *over))
+            tally.check(conn, OVER_CAP_SQL, {"defs": sorted({int(r[1]) for r in rows})})
             time.sleep(rng.uniform(0.001, 0.006))
             for run_id, _ in rows:
                 if not scalar(conn, "SELECT jobs.complete(%s, %s)", (run_id, worker)):
                     refused.append(int(run_id))
-    return {"worker": worker, "claimed": claimed, "violations": violations, "refused": refused}
+    return tally.result(refused=refused)
 
 
 def _cap_probe(dsn: str, seconds: float) -> dict[str, Any]:
     """Sample RUNNING per definition continuously until the queue is drained."""
-    violations: list[tuple[Any, ...]] = []
-    samples = 0
-    deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
-        while time.monotonic() < deadline:
-            for over in conn.execute(OVER_CAP_SQL, {"defs": None}).fetchall():
-                violations.append(("probe", *over))
-            samples += 1
-            live = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')")
-            if live == 0:
-                break
-    return {"worker": "probe", "claimed": [], "violations": violations, "samples": samples}
+    with gated(dsn) as conn:
+        return probe(conn, seconds, OVER_CAP_SQL, {"defs": None})
 
 
 def _claimed_by(results: list[dict[str, Any]]) -> dict[int, list[str]]:
@@ -124,8 +100,7 @@ def test_no_double_claim_across_processes(db: Database, conn: Conn) -> None:
     total, workers = 5000, 8
     expected = set(add_runs(conn, total))
     args = [(db.dsn, f"w{i}", i, 120.0) for i in range(workers)]
-    with start_gate(db.dsn, workers):
-        results = run_in_processes(_claim_until_empty, args)
+    results = race(db.dsn, _claim_until_empty, args)
 
     owners = _claimed_by(results)
     doubles = {run_id: ws for run_id, ws in owners.items() if len(ws) > 1}
@@ -168,10 +143,11 @@ def test_caps_hold_under_concurrent_claimers(db: Database, conn: Conn) -> None:
     conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
 
     claimers = 8
-    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 120.0) for i in range(claimers)]
-    args.append(("probe", db.dsn, "probe", 0, 120.0))
-    with start_gate(db.dsn, claimers + 1):
-        results = run_in_processes(_cap_role, args)
+    parts: list[tuple[Any, tuple[Any, ...]]] = [
+        (_cap_claimer, (db.dsn, f"w{i}", i, 120.0)) for i in range(claimers)
+    ]
+    parts.append((_cap_probe, (db.dsn, 120.0)))
+    results = race_parts(db.dsn, parts)
 
     violations = [v for r in results for v in r["violations"]]
     assert not violations, (
@@ -191,28 +167,23 @@ def test_caps_hold_under_concurrent_claimers(db: Database, conn: Conn) -> None:
     assert states == {"COMPLETED": len(expected)}, states
 
 
-def test_crowded_definition_does_not_starve_a_batch_within_the_oversample(conn: Conn) -> None:
-    """A cap-1 definition with 25 runs ahead of everyone else: claim(10) looks at ~4x the batch
-    and still fills it with the other definitions' runs instead of returning 1."""
+@pytest.mark.parametrize(
+    ("crowd", "others_cap"),
+    [
+        pytest.param(25, None, id="25-ahead-within-the-oversample"),
+        pytest.param(200, 5, id="200-ahead-far-beyond-the-oversample"),
+    ],
+)
+def test_a_crowded_capped_definition_does_not_starve_the_others(
+    conn: Conn, crowd: int, others_cap: int | None
+) -> None:
+    """A cap-1 definition with ``crowd`` higher-priority runs queued ahead of 20 runs of other
+    definitions: claim(10) looks at ~4x the batch, and when the capped backlog is far larger
+    than that it must still return 10 runs, one of the crowded definition and nine of the others
+    (not 1, which would make the others wait for the whole backlog to drain one run at a time)."""
     crowded = add_definition(conn, "crowded", cap=1)
-    add_runs(conn, 25, kind="crowded", definition_id=crowded, priority=10)
-    others = [add_definition(conn, f"other-{i}") for i in range(4)]
-    for def_id in others:
-        add_runs(conn, 5, kind="other", definition_id=def_id)
-
-    rows = conn.execute("SELECT definition_id FROM jobs.claim(10, 'w')").fetchall()
-    defs = [r[0] for r in rows]
-    assert defs.count(crowded) == 1, defs
-    assert len(defs) == 10, f"claim(10) returned {len(defs)} runs: {defs}"
-
-
-def test_crowded_backlog_far_beyond_the_oversample_does_not_starve_others(conn: Conn) -> None:
-    """A cap-1 definition with 200 higher-priority runs queued ahead of 20 runs of other
-    definitions: a single claim(10) must still return other definitions' runs, not just 1
-    (otherwise the others wait for the whole capped backlog to drain one run at a time)."""
-    crowded = add_definition(conn, "crowded", cap=1)
-    add_runs(conn, 200, kind="crowded", definition_id=crowded, priority=10)
-    others = [add_definition(conn, f"other-{i}", cap=5) for i in range(4)]
+    add_runs(conn, crowd, kind="crowded", definition_id=crowded, priority=10)
+    others = [add_definition(conn, f"other-{i}", cap=others_cap) for i in range(4)]
     for def_id in others:
         add_runs(conn, 5, kind="other", definition_id=def_id)
 

@@ -40,33 +40,20 @@ def _claim_one(worker: Conn, name: str, token: str | None) -> int:
 
 def _touches(worker: Conn, run_id: int, name: str, token: str | None) -> dict[str, Any]:
     """Every worker call on the run, each in a rolled-back transaction: what each answered."""
-    calls = {
-        "heartbeat": (
-            "SELECT count(*) FROM jobs.heartbeat(%s, %s, claim_token => %s)",
-            ([run_id], name, token),
-        ),
-        "complete": (
-            "SELECT jobs.complete(%s, %s, '{\"forged\": true}', claim_token => %s)",
-            (run_id, name, token),
-        ),
-        "complete_many": (
-            "SELECT count(*) FROM jobs.complete_many(%s, %s, claim_token => %s)",
-            ([run_id], name, token),
-        ),
-        "fail": (
-            "SELECT (jobs.fail(%s, %s, '{E}', 'forged', claim_token => %s)).id IS NOT NULL",
-            (run_id, name, token),
-        ),
-        "snooze": ("SELECT jobs.snooze(%s, %s, '1 hour', claim_token => %s)", (run_id, name, token)),
-        "acknowledge_cancel": (
-            "SELECT jobs.acknowledge_cancel(%s, %s, 'forged', claim_token => %s)",
-            (run_id, name, token),
-        ),
+    one, many = run_id, [run_id]
+    # call -> (statement taking the run(s), the worker and the token; which run argument)
+    calls: dict[str, tuple[str, Any]] = {
+        "heartbeat": ("SELECT count(*) FROM jobs.heartbeat(%s, %s, claim_token => %s)", many),
+        "complete": ("SELECT jobs.complete(%s, %s, '{\"forged\": true}', claim_token => %s)", one),
+        "complete_many": ("SELECT count(*) FROM jobs.complete_many(%s, %s, claim_token => %s)", many),
+        "fail": ("SELECT (jobs.fail(%s, %s, '{E}', 'forged', claim_token => %s)).id IS NOT NULL", one),
+        "snooze": ("SELECT jobs.snooze(%s, %s, '1 hour', claim_token => %s)", one),
+        "acknowledge_cancel": ("SELECT jobs.acknowledge_cancel(%s, %s, 'forged', claim_token => %s)", one),
     }
     answers: dict[str, Any] = {}
-    for call, (query, params) in calls.items():
+    for call, (query, runs) in calls.items():
         with worker.transaction(force_rollback=True):
-            answers[call] = scalar(worker, query, params)
+            answers[call] = scalar(worker, query, (runs, name, token))
     return answers
 
 

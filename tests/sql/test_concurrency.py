@@ -21,18 +21,7 @@ from typing import Any
 
 import psycopg
 
-from harness import (
-    NEVER,
-    Conn,
-    Database,
-    Server,
-    add_definition,
-    add_runs,
-    run_in_processes,
-    scalar,
-    start_gate,
-    wait_at_gate,
-)
+from harness import NEVER, Conn, Database, Server, add_definition, add_runs, race_parts, scalar, wait_at_gate
 
 KINDS = [f"k{i}" for i in range(12)]
 QUEUES = [f"q{i}" for i in range(4)]
@@ -76,12 +65,11 @@ def _session(dsn: str) -> Conn:
     return conn
 
 
-def _role(role: str, dsn: str, name: str, seed: int) -> dict[str, Any]:
-    if role == "worker":
-        return _worker(dsn, name, seed)
-    if role == "operator":
-        return _operator(dsn, name, seed)
-    return _reaper(dsn, name)
+def _gated_session(dsn: str) -> Conn:
+    """A role's main session, returned once the start gate has opened."""
+    conn = _session(dsn)
+    wait_at_gate(conn)
+    return conn
 
 
 def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
@@ -115,9 +103,8 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                         cancel_seen.update(r[0] for r in rows or [] if r[1])
                 stop.wait(0.02)
 
-    with _session(dsn) as conn:
+    with _gated_session(dsn) as conn:
         beater = threading.Thread(target=beat, name=f"{worker}-heartbeat", daemon=True)
-        wait_at_gate(conn)
         beater.start()
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
@@ -215,8 +202,7 @@ def _operator(dsn: str, name: str, seed: int) -> dict[str, Any]:
     cancel random live runs, cancel_queued, redefine caps."""
     rng = random.Random(seed)
     rec = Recorder(name)
-    with _session(dsn) as conn:
-        wait_at_gate(conn)
+    with _gated_session(dsn) as conn:
         deadline = time.monotonic() + SECONDS
         n = 0
         while time.monotonic() < deadline:
@@ -339,8 +325,7 @@ def _reaper(dsn: str, name: str) -> dict[str, Any]:
     """Sweep all the time, and prune finished history now and then."""
     rec = Recorder(name)
     reaped: Counter[str] = Counter()
-    with _session(dsn) as conn:
-        wait_at_gate(conn)
+    with _gated_session(dsn) as conn:
         deadline = time.monotonic() + SECONDS
         i = 0
         while time.monotonic() < deadline:
@@ -392,10 +377,9 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
     log = _log_file(pg)
     log_offset = log.stat().st_size if log is not None else 0
 
-    roles: list[tuple[Any, ...]] = [("worker", db.dsn, f"w{i}", i) for i in range(4)]
-    roles += [("operator", db.dsn, "operator", 99), ("reaper", db.dsn, "reaper", 0)]
-    with start_gate(db.dsn, len(roles)):
-        results = run_in_processes(_role, roles, timeout=SECONDS + 120)
+    parts: list[tuple[Any, tuple[Any, ...]]] = [(_worker, (db.dsn, f"w{i}", i)) for i in range(4)]
+    parts += [(_operator, (db.dsn, "operator", 99)), (_reaper, (db.dsn, "reaper"))]
+    results = race_parts(db.dsn, parts, timeout=SECONDS + 120)
 
     errors = [e for r in results for e in r["errors"]]
     stuck = [e for e in errors if e[2] in ("40P01", "55P03")]

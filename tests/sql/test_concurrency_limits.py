@@ -9,36 +9,34 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, timedelta
 from typing import Any
 
 import psycopg
 
 from harness import (
+    LIVE_SQL,
     Conn,
     Database,
+    Tally,
     add_definition,
     add_runs,
-    run_in_processes,
+    gated,
+    probe,
+    race_parts,
     scalar,
-    start_gate,
-    wait_at_gate,
 )
 
 #: Every group above its running limit right now: (scope, name, key, limit, running, run ids, workers).
 OVER_LIMIT_SQL = """
-SELECT 'queue', l.name, CASE WHEN l.per_key THEN r.concurrency_key END, l.max_running, count(*),
+SELECT l.scope, l.name, CASE WHEN l.per_key THEN r.concurrency_key END, l.max_running, count(*),
        array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
-  FROM jobs.runs AS r JOIN jobs.limits AS l ON l.scope = 'queue' AND l.name = r.queue
+  FROM jobs.runs AS r
+  JOIN jobs.limits AS l
+    ON (l.scope = 'queue' AND l.name = r.queue) OR (l.scope = 'kind' AND l.name = r.kind)
  WHERE r.status = 'RUNNING' AND l.max_running IS NOT NULL
- GROUP BY l.name, l.max_running, l.per_key, CASE WHEN l.per_key THEN r.concurrency_key END
-HAVING count(*) > l.max_running
-UNION ALL
-SELECT 'kind', l.name, CASE WHEN l.per_key THEN r.concurrency_key END, l.max_running, count(*),
-       array_agg(r.id ORDER BY r.id), array_agg(r.worker ORDER BY r.id)
-  FROM jobs.runs AS r JOIN jobs.limits AS l ON l.scope = 'kind' AND l.name = r.kind
- WHERE r.status = 'RUNNING' AND l.max_running IS NOT NULL
- GROUP BY l.name, l.max_running, l.per_key, CASE WHEN l.per_key THEN r.concurrency_key END
+ GROUP BY l.scope, l.name, l.max_running, l.per_key, CASE WHEN l.per_key THEN r.concurrency_key END
 HAVING count(*) > l.max_running
 UNION ALL
 SELECT 'definition', d.name, NULL, d.max_concurrent_runs, count(*),
@@ -49,65 +47,56 @@ SELECT 'definition', d.name, NULL, d.max_concurrent_runs, count(*),
 HAVING count(*) > d.max_concurrent_runs
 """
 
-LIVE_SQL = "SELECT count(*) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"
-
 
 def _session(dsn: str) -> psycopg.Connection[Any]:
     """A session that has passed the start gate and then waits at most 5 s for any lock
     (a hang shows up as 55P03, a deadlock as 40P01)."""
-    conn = psycopg.connect(dsn, autocommit=True)
-    wait_at_gate(conn)  # the gate can take long on a loaded machine: before the timeout
+    conn = gated(dsn)  # the gate can take long on a loaded machine: before the timeout
     conn.execute("SET lock_timeout = '5s'")
     return conn
 
 
-def _role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
-    if role == "probe":
-        return _probe(dsn, seconds)
-    return _claimer(dsn, worker, seed, seconds)
-
-
 def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
     rng = random.Random(seed)
-    claimed: list[int] = []
-    violations: list[tuple[Any, ...]] = []
-    errors: list[tuple[str, str | None, str]] = []
+    tally = Tally(worker)
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
         while time.monotonic() < deadline:
             try:
-                rows = conn.execute(
-                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 5), worker)
-                ).fetchall()
+                rows = tally.claim(conn, rng.randint(1, 5))
                 if not rows:
                     if scalar(conn, LIVE_SQL) == 0:
                         break
                     time.sleep(0.003)
                     continue
-                claimed.extend(int(r[0]) for r in rows)
-                for over in conn.execute(OVER_LIMIT_SQL).fetchall():
-                    violations.append(("after claim by " + worker, *over))
+                tally.check(conn, OVER_LIMIT_SQL)
                 time.sleep(rng.uniform(0.001, 0.006))
                 conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", ([r[0] for r in rows], worker))
             except psycopg.Error as exc:
-                errors.append((worker, exc.sqlstate, str(exc).splitlines()[0]))
-                if len(errors) > 20:
+                if tally.failed(exc):
                     break
-    return {"worker": worker, "claimed": claimed, "violations": violations, "errors": errors}
+    return tally.result()
 
 
 def _probe(dsn: str, seconds: float) -> dict[str, Any]:
-    violations: list[tuple[Any, ...]] = []
-    samples = 0
-    deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
-        while time.monotonic() < deadline:
-            for over in conn.execute(OVER_LIMIT_SQL).fetchall():
-                violations.append(("probe", *over))
-            samples += 1
-            if scalar(conn, LIVE_SQL) == 0:
-                break
-    return {"worker": "probe", "claimed": [], "violations": violations, "errors": [], "samples": samples}
+        return probe(conn, seconds, OVER_LIMIT_SQL)
+
+
+def _claim_race(db: Database, claimer: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+    """8 claimers and a probe, all released at once, until the pool drains: no claim fails and
+    no one ever sees a group above its limit."""
+    parts: list[tuple[Any, tuple[Any, ...]]] = [(claimer, (db.dsn, f"w{i}", i, 240.0)) for i in range(8)]
+    parts.append((_probe, (db.dsn, 240.0)))
+    results = race_parts(db.dsn, parts, timeout=400)
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
+    violations = [(*v[:6], v[6][:10], v[7][:10]) for r in results for v in r["violations"]]
+    assert not violations, (
+        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
+        f"{violations[:10]}"
+    )
+    return results
 
 
 def _rate_violations(starts: list[Any], limit: int, period: timedelta) -> list[tuple[Any, ...]]:
@@ -161,19 +150,7 @@ def test_limits_hold_under_concurrent_claimers(db: Database, conn: Conn) -> None
     conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
     rng.random()
 
-    claimers = 8
-    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 240.0) for i in range(claimers)]
-    args.append(("probe", db.dsn, "probe", 0, 240.0))
-    with start_gate(db.dsn, claimers + 1):
-        results = run_in_processes(_role, args, timeout=400)
-
-    errors = [e for r in results for e in r["errors"]]
-    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
-    violations = [v for r in results for v in r["violations"]]
-    assert not violations, (
-        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
-        f"{violations[:10]}"
-    )
+    results = _claim_race(db, _claimer)
     probe = next(r for r in results if r["worker"] == "probe")
     assert probe["samples"] >= 5, f"the probe sampled only {probe['samples']} times"
 
@@ -226,32 +203,20 @@ SELECT coalesce(max(n), 0) FROM (
 """
 
 
-def _roomy_role(role: str, dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
-    if role == "probe":
-        return _probe(dsn, seconds)
-    return _hoarder(dsn, worker, seed, seconds)
-
-
 def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
     """Claim up to 50 at a time and keep up to 150 runs RUNNING, completing the oldest 40
     whenever it holds 120: together the claimers want far more than the limits allow."""
     rng = random.Random(seed)
     held: list[int] = []
-    claimed: list[int] = []
-    violations: list[tuple[Any, ...]] = []
-    errors: list[tuple[str, str | None, str]] = []
+    tally = Tally(worker)
     shared_seen = 0
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
         while time.monotonic() < deadline:
             try:
-                rows = conn.execute(
-                    "SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 50), worker)
-                ).fetchall()
-                claimed.extend(int(r[0]) for r in rows)
+                rows = tally.claim(conn, rng.randint(1, 50))
                 held.extend(int(r[0]) for r in rows)
-                for over in conn.execute(OVER_LIMIT_SQL).fetchall():
-                    violations.append(("after claim by " + worker, *over))
+                tally.check(conn, OVER_LIMIT_SQL)
                 shared_seen = max(shared_seen, int(scalar(conn, SHARED_HOLDERS_SQL)))
                 if len(held) >= 120 or (not rows and held):
                     done, held = held[:40], held[40:]
@@ -261,18 +226,11 @@ def _hoarder(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
                         break
                     time.sleep(0.003)
             except psycopg.Error as exc:
-                errors.append((worker, exc.sqlstate, str(exc).splitlines()[0]))
-                if len(errors) > 20:
+                if tally.failed(exc):
                     break
         if held:
             conn.execute("SELECT * FROM jobs.complete_many(%s, %s)", (held, worker))
-    return {
-        "worker": worker,
-        "claimed": claimed,
-        "violations": violations,
-        "errors": errors,
-        "shared_seen": shared_seen,
-    }
+    return tally.result(shared_seen=shared_seen)
 
 
 def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) -> None:
@@ -292,19 +250,7 @@ def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) 
     expected.update(add_runs(conn, 2500, kind="burst"))
     conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
 
-    claimers = 8
-    args: list[tuple[Any, ...]] = [("claim", db.dsn, f"w{i}", i, 240.0) for i in range(claimers)]
-    args.append(("probe", db.dsn, "probe", 0, 240.0))
-    with start_gate(db.dsn, claimers + 1):
-        results = run_in_processes(_roomy_role, args, timeout=400)
-
-    errors = [e for r in results for e in r["errors"]]
-    assert not errors, f"claims failed (worker, SQLSTATE, message): {errors[:10]}"
-    violations = [v for r in results for v in r["violations"]]
-    assert not violations, (
-        "groups above their limit (who saw it, scope, name, key, limit, running, run ids, workers): "
-        f"{[v[:6] for v in violations[:10]]}"
-    )
+    results = _claim_race(db, _hoarder)
     shared = max(r.get("shared_seen", 0) for r in results)
     assert shared >= 2, f"never saw two claimers holding one shared dispatch lock (max {shared})"
     starts = [r[0] for r in conn.execute("SELECT started_at FROM jobs.runs WHERE kind = 'burst'")]

@@ -6,23 +6,21 @@ real processes and check the final rows."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from typing import Any
 
 import psycopg
 
 from harness import (
+    BlockedCall,
     Conn,
     Database,
     add_definition,
     add_runs,
-    run_in_processes,
+    gated,
+    race,
     run_row,
     scalar,
-    start_gate,
-    wait_at_gate,
-    wait_for,
 )
 
 
@@ -152,27 +150,15 @@ def test_a_dependent_enqueued_while_the_cascade_waits_for_its_dependency_is_canc
     assert _claim(conn) == [a]
     with db.connect(autocommit=False) as enqueuer, db.connect() as failer:
         c = _enqueue(enqueuer, deps=[b])  # b locked FOR SHARE until this commits
-        failer_pid = scalar(failer, "SELECT pg_backend_pid()")
-        outcome: list[Any] = []
-
-        def fail_a() -> None:
-            try:
-                outcome.append(scalar(failer, "SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')::text", (a,)))
-            except psycopg.Error as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=fail_a, daemon=True)
-        thread.start()
-        wait_for(
+        failing = BlockedCall(
+            conn,
+            failer,
+            lambda: scalar(failer, "SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')::text", (a,)),
             "the cascade to wait for b's lock",
-            lambda: scalar(
-                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (failer_pid,)
-            ),
-            timeout=60,
         )
         enqueuer.commit()
-        thread.join(60)
-    assert not thread.is_alive() and len(outcome) == 1, outcome
+        outcome = failing.join(60)
+    assert len(outcome) == 1, outcome
     assert not isinstance(outcome[0], Exception), outcome
     states = {r: _status(conn, r) for r in (a, b, c)}
     assert states[b] == ("CANCELLED", "DependencyFailed"), states
@@ -230,8 +216,7 @@ def test_reaped_then_retried_dependency_keeps_dependents_waiting(conn: Conn) -> 
 
 
 def _complete_one(dsn: str, run_id: int) -> bool:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
+    with gated(dsn) as conn:
         with conn.transaction():
             ok = bool(scalar(conn, "SELECT jobs.complete(%s, 'w')", (run_id,)))
             conn.execute("SELECT pg_sleep(0.05)")  # both completions in flight together
@@ -246,8 +231,7 @@ def test_fan_in_released_when_its_dependencies_complete_at_the_same_time(db: Dat
         a, b = _enqueue(conn), _enqueue(conn)
         join = _enqueue(conn, deps=[a, b])
         assert _claim(conn, 2) == [a, b]
-        with start_gate(db.dsn, 2):
-            done = run_in_processes(_complete_one, [(db.dsn, a), (db.dsn, b)])
+        done = race(db.dsn, _complete_one, [(db.dsn, a), (db.dsn, b)])
         assert done == [True, True]
         row = run_row(conn, join)
         assert row["blocked"] is False, (
@@ -268,27 +252,12 @@ def test_a_dependency_pruned_while_enqueue_locks_it_is_not_found(db: Database, c
     with db.connect(autocommit=False) as pruner, db.connect() as client:
         client.execute("SET statement_timeout = '60s'")  # a spinning enqueue fails the test, not CI
         assert scalar(pruner, "SELECT jobs.prune('0', 1000)") >= 1  # deleted, not committed yet
-        client_pid = scalar(client, "SELECT pg_backend_pid()")
-        outcome: list[Any] = []
-
-        def enqueue_on_a() -> None:
-            try:
-                outcome.append(_enqueue(client, deps=[a]))
-            except psycopg.Error as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=enqueue_on_a, daemon=True)
-        thread.start()
-        wait_for(
-            "the enqueue to wait for the pruner's row lock",
-            lambda: scalar(
-                conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (client_pid,)
-            ),
-            timeout=60,
+        enqueuing = BlockedCall(
+            conn, client, lambda: _enqueue(client, deps=[a]), "the enqueue to wait for the pruner's row lock"
         )
         pruner.commit()
-        thread.join(90)
-    assert not thread.is_alive(), "enqueue still running 90 s after the pruner committed"
+        outcome = enqueuing.join(90)
+    assert outcome, "enqueue still running 90 s after the pruner committed"
     assert len(outcome) == 1 and isinstance(outcome[0], psycopg.Error), f"expected an error, got {outcome}"
     err = outcome[0]
     assert err.sqlstate == "P0002" and str(a) in str(err), (
@@ -302,8 +271,7 @@ def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, A
     rng = random.Random(seed)
     claimed: list[int] = []
     deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
+    with gated(dsn) as conn:
         while time.monotonic() < deadline:
             rows = conn.execute("SELECT id FROM jobs.claim(%s, %s)", (rng.randint(1, 4), worker)).fetchall()
             if not rows:
@@ -336,8 +304,7 @@ def test_no_dependent_starts_before_its_dependencies_complete(db: Database, conn
         deps = rng.sample(ids[-40:], k=min(len(ids[-40:]), rng.choice([0, 0, 1, 1, 2, 3]))) if ids else []
         ids.append(_enqueue(conn, "dag", deps or None))
     workers = 6
-    with start_gate(db.dsn, workers):
-        run_in_processes(_dag_worker, [(db.dsn, f"w{i}", i, 120.0) for i in range(workers)])
+    race(db.dsn, _dag_worker, [(db.dsn, f"w{i}", i, 120.0) for i in range(workers)])
 
     live = conn.execute(
         "SELECT id, status::text FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING')"

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+from harness import Conn, Database, race, run_row, scalar, wait_at_gate
 
 
 def _enqueue_with_key(dsn: str, key: str, hold: float) -> dict[str, Any]:
@@ -54,8 +54,7 @@ def test_concurrent_enqueues_with_one_key_create_one_row(db: Database, conn: Con
     """Invariant: N processes enqueueing with the same idempotency key at the same moment (each
     in a transaction held open briefly) create exactly one row, and every caller gets its id."""
     callers = 6
-    with start_gate(db.dsn, callers):
-        results = run_in_processes(_enqueue_with_key, [(db.dsn, "k-1", 0.2)] * callers)
+    results = race(db.dsn, _enqueue_with_key, [(db.dsn, "k-1", 0.2)] * callers)
     rows = conn.execute("SELECT id, payload FROM jobs.runs WHERE idempotency_key = 'k-1'").fetchall()
     assert len(rows) == 1, f"one key, {len(rows)} rows: {rows}"
     got = {(r["pid"], r["run_id"]) for r in results}

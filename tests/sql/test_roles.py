@@ -100,61 +100,58 @@ def test_reader_reads_but_cannot_claim(db: Database, conn: Conn) -> None:
         expect_error(reader, "UPDATE jobs.runs SET priority = 1", None, "42501")
 
 
-GRANTS = [
-    ("jobs_worker", "jobs.claim(integer, text, text[], boolean, text[], text)", True),
-    ("jobs_worker", "jobs.heartbeat(bigint[], text, text)", True),
-    ("jobs_worker", "jobs.complete(bigint, text, jsonb, text)", True),
-    ("jobs_worker", "jobs.complete_many(bigint[], text, text)", True),
-    ("jobs_worker", "jobs.fail(bigint, text, text[], text, text, text)", True),
-    ("jobs_worker", "jobs.acknowledge_cancel(bigint, text, text, text)", True),
-    ("jobs_worker", "jobs.run_detail(bigint)", False),
-    ("jobs_operator", "jobs.run_detail(bigint)", True),
-    ("jobs_worker", "jobs.reap()", False),
-    ("jobs_worker", "jobs.retry(bigint)", False),
-    ("jobs_worker", "jobs.cancel(bigint)", False),
-    ("jobs_reader", "jobs.claim(integer, text, text[], boolean, text[], text)", False),
+#: function -> role -> whether the role may execute it (EXECUTE privilege).
+GRANTS: dict[str, dict[str, bool]] = {
+    "jobs.claim(integer, text, text[], boolean, text[], text)": {
+        "jobs_worker": True,
+        "jobs_reader": False,
+        "jobs_operator": True,
+    },
+    "jobs.heartbeat(bigint[], text, text)": {"jobs_worker": True},
+    "jobs.complete(bigint, text, jsonb, text)": {"jobs_worker": True},
+    "jobs.complete_many(bigint[], text, text)": {"jobs_worker": True},
+    "jobs.fail(bigint, text, text[], text, text, text)": {"jobs_worker": True},
+    "jobs.acknowledge_cancel(bigint, text, text, text)": {"jobs_worker": True},
+    "jobs.run_detail(bigint)": {"jobs_worker": False, "jobs_operator": True},
+    "jobs.reap()": {"jobs_worker": False, "jobs_operator": True},
+    "jobs.retry(bigint)": {"jobs_worker": False},
+    "jobs.cancel(bigint)": {"jobs_worker": False, "jobs_operator": True},
     (
-        "jobs_operator",
         "jobs.enqueue(text, jsonb, timestamptz, integer, text, integer, interval, interval,"
-        " text, text, text, text, interval, text, bigint[])",
-        True,
-    ),
-    ("jobs_operator", "jobs.reap()", True),
-    ("jobs_operator", "jobs.cancel(bigint)", True),
-    ("jobs_operator", "jobs.claim(integer, text, text[], boolean, text[], text)", True),
-    ("jobs_worker", "jobs.snooze(bigint, text, interval, text)", True),
-    ("jobs_reader", "jobs.snooze(bigint, text, interval, text)", False),
-    ("jobs_worker", "jobs.pause_queue(text)", False),
-    ("jobs_operator", "jobs.pause_queue(text)", True),
-    ("jobs_operator", "jobs.resume_queue(text)", True),
-    ("jobs_worker", "jobs.set_limit(text, text, integer, integer, interval, boolean)", False),
-    ("jobs_operator", "jobs.set_limit(text, text, integer, integer, interval, boolean)", True),
-    ("jobs_operator", "jobs.remove_limit(text, text)", True),
+        " text, text, text, text, interval, text, bigint[])"
+    ): {"jobs_operator": True},
+    "jobs.snooze(bigint, text, interval, text)": {"jobs_worker": True, "jobs_reader": False},
+    "jobs.pause_queue(text)": {"jobs_worker": False, "jobs_operator": True},
+    "jobs.resume_queue(text)": {"jobs_operator": True},
+    "jobs.set_limit(text, text, integer, integer, interval, boolean)": {
+        "jobs_worker": False,
+        "jobs_operator": True,
+    },
+    "jobs.remove_limit(text, text)": {"jobs_operator": True},
     (
-        "jobs_operator",
         "jobs.enqueue_many(text, jsonb, timestamptz, integer, text, text, integer, interval,"
-        " interval, bigint[])",
-        True,
-    ),
-    ("jobs_operator", "jobs._dependency_state(bigint[])", False),
-    ("jobs_operator", "jobs._cascade_dependency_failure(bigint[])", False),
-    ("jobs_operator", "jobs._enqueue_retries(bigint[], text[])", False),
-    ("jobs_operator", "jobs._check_payload(text, jsonb)", False),
-]
+        " interval, bigint[])"
+    ): {"jobs_operator": True},
+    "jobs._dependency_state(bigint[])": {"jobs_operator": False},
+    "jobs._cascade_dependency_failure(bigint[])": {"jobs_operator": False},
+    "jobs._enqueue_retries(bigint[], text[])": {"jobs_operator": False},
+    "jobs._check_payload(text, jsonb)": {"jobs_operator": False},
+}
 
 
 def test_role_grants(conn: Conn) -> None:
     """The operator has the reader's and the worker's rights, the worker not the reader's;
     private helpers are granted to nobody."""
     wrong = []
-    for role, function, allowed in GRANTS:
-        got = scalar(
-            conn,
-            "SELECT has_function_privilege(%s, %s::regprocedure, 'EXECUTE')",
-            (role, function),
-        )
-        if got is not allowed:
-            wrong.append((role, function, f"expected {allowed}, got {got}"))
+    for function, roles in GRANTS.items():
+        for role, allowed in roles.items():
+            got = scalar(
+                conn,
+                "SELECT has_function_privilege(%s, %s::regprocedure, 'EXECUTE')",
+                (role, function),
+            )
+            if got is not allowed:
+                wrong.append((role, function, f"expected {allowed}, got {got}"))
     assert not wrong, wrong
 
 

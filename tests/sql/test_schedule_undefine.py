@@ -14,7 +14,7 @@ from datetime import datetime
 import psycopg
 import pytest
 
-from harness import Conn, Database, run_in_processes, scalar, wait_for
+from harness import Conn, Database, run_in_processes, scalar, wait_for, waits_on_lock
 
 # Orphans: QUEUED runs whose definition no longer exists.
 ORPHANS = (
@@ -83,10 +83,6 @@ def _fail_with_retry(conn: Conn, held: Conn) -> None:
     held.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
 
 
-def _blocked(conn: Conn, pid: int) -> bool:
-    return bool(scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)))
-
-
 class Undefine(threading.Thread):
     """jobs.undefine('d') in its own session; keeps the error, if any."""
 
@@ -122,7 +118,7 @@ def test_undefine_while_runs_are_being_added_leaves_no_queued_run(
         # The undefine either waits for the adding transaction or (unserialized) is already done.
         wait_for(
             "the undefine to wait or finish",
-            lambda: not undefine.is_alive() or _blocked(conn, undefine.pid),
+            lambda: not undefine.is_alive() or waits_on_lock(conn, undefine.pid),
             60,
         )
         held.commit()
@@ -153,7 +149,7 @@ def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Databa
         holder.execute("SELECT FROM jobs.definitions WHERE name = 'd' FOR NO KEY UPDATE")
         undefine = Undefine(db)
         undefine.start()
-        wait_for("the undefine to wait", lambda: _blocked(conn, undefine.pid), 60)
+        wait_for("the undefine to wait", lambda: waits_on_lock(conn, undefine.pid), 60)
         finisher = threading.Thread(target=finish, daemon=True)
         finisher.start()
         wait_for(

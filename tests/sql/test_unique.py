@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
+import pytest
 
-from harness import Conn, Database, run_in_processes, run_row, scalar, start_gate, wait_at_gate
+from harness import Conn, Database, gated, race, run_row, scalar
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
@@ -16,8 +16,7 @@ def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[st
 
 
 def _enqueue_with_key(dsn: str, i: int) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        wait_at_gate(conn)
+    with gated(dsn) as conn:
         with conn.transaction():  # hold the transaction open a moment after the enqueue
             run_id = int(
                 scalar(
@@ -35,8 +34,7 @@ def test_concurrent_enqueues_with_one_unique_key_give_one_run(db: Database, conn
     """Invariant: 8 processes enqueueing the same unique key at once, each in a transaction
     that commits a moment later, all get the same run, and only one row exists."""
     n = 8
-    with start_gate(db.dsn, n):
-        ids = run_in_processes(_enqueue_with_key, [(db.dsn, i) for i in range(n)])
+    ids = race(db.dsn, _enqueue_with_key, [(db.dsn, i) for i in range(n)])
     rows = conn.execute("SELECT id FROM jobs.runs WHERE unique_key = 'account-7'").fetchall()
     assert len(rows) == 1, f"{len(rows)} runs for one unique key: {rows}"
     assert set(ids) == {rows[0][0]}, f"callers got {ids}, the run is {rows[0][0]}"
@@ -51,29 +49,27 @@ def test_ignore_returns_the_existing_run_unchanged(conn: Conn) -> None:
     assert other["id"] != first["id"]
 
 
-def test_replace_updates_payload_and_time_of_a_queued_run(conn: Conn) -> None:
-    first = _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() + interval '1 hour', unique_key => 'u'")
+@pytest.mark.parametrize(
+    ("on_conflict", "first_at", "second_at", "payload"),
+    [
+        pytest.param("replace", "1 hour", "2 hours", {"v": 2}, id="replace-updates-payload-and-time"),
+        pytest.param("debounce", "1 minute", "5 minutes", {"v": 1}, id="debounce-moves-only-the-time"),
+    ],
+)
+def test_a_conflict_with_a_queued_run_moves_its_time(
+    conn: Conn, on_conflict: str, first_at: str, second_at: str, payload: dict[str, int]
+) -> None:
+    """replace takes the new payload and time, debounce only the time; one run either way."""
+    first = _enqueue(conn, f"'k', '{{\"v\": 1}}', run_at => now() + interval '{first_at}', unique_key => 'u'")
     second = _enqueue(
         conn,
-        "'k', '{\"v\": 2}', run_at => now() + interval '2 hours', unique_key => 'u',"
-        " on_conflict => 'replace'",
+        f"'k', '{{\"v\": 2}}', run_at => now() + interval '{second_at}', unique_key => 'u',"
+        f" on_conflict => '{on_conflict}'",
     )
-    assert second["id"] == first["id"]
-    assert second["payload"] == {"v": 2}
-    assert second["scheduled_for"] > first["scheduled_for"]
+    assert second["id"] == first["id"], (first, second)
+    assert second["payload"] == payload, (first, second)
+    assert second["scheduled_for"] > first["scheduled_for"], (first, second)
     assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
-
-
-def test_debounce_moves_only_the_time(conn: Conn) -> None:
-    first = _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() + interval '1 minute', unique_key => 'u'")
-    second = _enqueue(
-        conn,
-        "'k', '{\"v\": 2}', run_at => now() + interval '5 minutes', unique_key => 'u',"
-        " on_conflict => 'debounce'",
-    )
-    assert second["id"] == first["id"]
-    assert second["payload"] == {"v": 1}
-    assert second["scheduled_for"] > first["scheduled_for"]
 
 
 def test_replace_leaves_a_running_run_alone(conn: Conn) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import psycopg
 
-from harness import Database, Server, psql_binary
+from harness import Database, Server, psql_file
 from pgtick import __version__, migrate
 
 
@@ -37,12 +36,7 @@ def test_psql_from_the_checkout_records_no_package_and_the_generated_script_reco
     for source, expected in ((migrate.schema_root() / "sql" / "install.sql", None), (script, __version__)):
         empty = pg.create_empty_database()
         try:
-            result = subprocess.run(
-                [psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty.dsn, "-f", str(source)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            result = psql_file(empty.dsn, source)
             assert result.returncode == 0, result.stderr
             with psycopg.connect(empty.dsn) as conn:
                 row = conn.execute("SELECT schema_version, package_version FROM jobs.version()").fetchone()

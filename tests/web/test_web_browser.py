@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import Dialog, Page, sync_playwright
 from web_seed import HOSTILE_NAME, Seeded, history, seed
 
-from harness import Database, wait_for
+from harness import Database, terminate, wait_for
 
 CHROMIUM = os.environ.get("PGTICK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -86,12 +86,7 @@ def dashboard(db: Database) -> Iterator[tuple[str, Seeded]]:
         )
         yield base, seeded
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+        terminate(proc, 15)
 
 
 @pytest.fixture

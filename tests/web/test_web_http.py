@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
-from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, seed
+from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages, seed
 from web_support import PASSWORD, csrf_of, login, post
 
-from harness import Database, wait_for
+from harness import Database, terminate, wait_for
 from pgtick.web import Secret, create_app
 from pgtick.web.db import Database as WebDatabase
 
@@ -52,32 +52,6 @@ def status_of(conn: Conn, run_id: int) -> str | None:
 
 def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
     return conn.execute("SELECT actor, action, target, detail FROM jobs.audit_log ORDER BY id").fetchall()
-
-
-def pages(s: Seeded) -> list[str]:
-    return [
-        "/",
-        "/definitions",
-        "/definition?name=capped",
-        "/definition?name=berlin-sunday-0230",
-        "/definition?" + urlencode({"name": HOSTILE_NAME}),
-        "/preview",
-        "/preview?" + urlencode({"schedule": "30 2 * 3,10 0", "tz": "Europe/Berlin", "after": "2027-03-01"}),
-        "/runs",
-        "/runs?status=FAILED",
-        "/runs?kind=batch&status=FAILED&since=2000-01-01T00:00Z&until=2100-01-01",
-        "/runs?definition=capped",
-        "/runs?queue=default",
-        f"/runs?before={s.failed_batch[0]}",
-        f"/runs/{s.chain[1]}",
-        f"/runs/{s.hostile_run}",
-        f"/runs/{s.running}",
-        "/running",
-        "/audit",
-        "/login",
-        "/static/app.js",
-        "/static/style.css",
-    ]
 
 
 def test_every_page_answers_200_to_an_anonymous_reader_without_action_forms(
@@ -492,12 +466,7 @@ def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded:
         page = wait_for("the dashboard beside pgtick run", running_page, 90)
         assert f'data-run="{seeded.running}"' in page
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+        terminate(proc, 60)
 
 
 def test_pgtick_run_refuses_a_bad_web_address_with_one_line_and_exit_2(db: Database) -> None:

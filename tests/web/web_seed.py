@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -31,6 +32,33 @@ class Seeded:
     capped_running: int
     capped_waiting: int
     failed_batch: list[int]  # FAILED runs of kind "batch", none retried
+
+
+def pages(s: Seeded) -> list[str]:
+    """Every page of the dashboard, with the seed's definitions and runs in their queries."""
+    return [
+        "/",
+        "/definitions",
+        "/definition?name=capped",
+        "/definition?name=berlin-sunday-0230",
+        "/definition?" + urlencode({"name": HOSTILE_NAME}),
+        "/preview",
+        "/preview?" + urlencode({"schedule": "30 2 * 3,10 0", "tz": "Europe/Berlin", "after": "2027-03-01"}),
+        "/runs",
+        "/runs?status=FAILED",
+        "/runs?kind=batch&status=FAILED&since=2000-01-01T00:00Z&until=2100-01-01",
+        "/runs?definition=capped",
+        "/runs?queue=default",
+        f"/runs?before={s.failed_batch[0]}",
+        f"/runs/{s.chain[1]}",
+        f"/runs/{s.hostile_run}",
+        f"/runs/{s.running}",
+        "/running",
+        "/audit",
+        "/login",
+        "/static/app.js",
+        "/static/style.css",
+    ]
 
 
 def _one(conn: psycopg.Connection[Any], query: str, *args: Any) -> Any:
