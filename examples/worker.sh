@@ -225,12 +225,18 @@ SQL
     status=$?
     if ((status == 3)); then # the result was refused: not JSON, or too large
         fail_run "$1" InvalidResult "the job printed a result that is not a JSON document"
-    elif ((status != 0)); then
-        unreported "$1" "$status"
-    elif [[ $applied == t ]]; then
-        log "run=$1 completed"
     else
-        log "run=$1 complete not applied: no longer RUNNING for this worker (fenced)"
+        reported "$1" "$status" "$applied" complete completed
+    fi
+}
+
+reported() { # reported RUN_ID PSQL_STATUS APPLIED CALL DONE: log what a fenced call did
+    if (($2 != 0)); then
+        unreported "$1" "$2"
+    elif [[ $3 == t ]]; then
+        log "run=$1 $5"
+    else
+        log "run=$1 $4 not applied: no longer RUNNING for this worker (fenced)"
     fi
 }
 
@@ -256,20 +262,13 @@ SQL
 }
 
 acknowledge_cancel() { # acknowledge_cancel RUN_ID
-    local applied status
+    local applied
     applied=$(report -v run_id="$1" -v worker="$WORKER" <<'SQL'
 SELECT jobs.acknowledge_cancel(:'run_id', :'worker', 'cancelled at a checkpoint',
                                current_setting('pgtick.claim_token'))
 SQL
     )
-    status=$?
-    if ((status != 0)); then
-        unreported "$1" "$status"
-    elif [[ $applied == t ]]; then
-        log "run=$1 cancelled"
-    else
-        log "run=$1 cancel not applied: no longer RUNNING for this worker (fenced)"
-    fi
+    reported "$1" $? "$applied" cancel cancelled
 }
 
 # ---------------------------------------------------------------------------------------
