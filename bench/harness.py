@@ -19,6 +19,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -185,6 +186,38 @@ def spawn(target: Callable[..., None], count: int, *args: Any, ready_timeout: fl
 
 def report_ready(control: Control, index: int) -> None:
     control.ready.put({"index": index, "pid": os.getpid()})
+
+
+def claim_loops(
+    control: Control,
+    index: int,
+    dsn: str,
+    threads: int,
+    step: Callable[[int, psycopg.Connection[Any]], int],
+) -> None:
+    """The body of a SQL-only drain worker: ``threads`` threads, each with its own autocommit
+    connection, call ``step(thread, conn)`` (claim a batch and complete it; returns how many)
+    until told to stop, pausing 2 ms when it found nothing; reports the total completed."""
+    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
+    counts = [0] * threads
+
+    def loop(i: int, conn: psycopg.Connection[Any]) -> None:
+        while not control.stop.is_set():
+            done = step(i, conn)
+            if not done:
+                time.sleep(0.002)
+            counts[i] += done
+
+    report_ready(control, index)
+    control.go.wait()
+    ts = [threading.Thread(target=loop, args=(i, c), daemon=True) for i, c in enumerate(conns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for c in conns:
+        c.close()
+    control.out.put({"index": index, "completed": sum(counts)})
 
 
 # -- drains ------------------------------------------------------------------------------

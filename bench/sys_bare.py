@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.harness import Control, Drain, connect, report_ready, worker_process
+from bench.harness import Control, Drain, claim_loops, connect, report_ready, worker_process
 
 SCHEMA = """
 CREATE TABLE bare_jobs (
@@ -55,29 +55,14 @@ def fill(dsn: str, jobs: int) -> None:
 @worker_process
 def sql_worker(control: Control, index: int, dsn: str, batch: int, threads: int) -> None:
     """``threads`` threads, each with its own connection: claim up to ``batch``, complete them."""
-    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
-    counts = [0] * threads
 
-    def loop(i: int, conn: psycopg.Connection[Any]) -> None:
-        worker = f"bare-{os.getpid()}-{i}"
-        while not control.stop.is_set():
-            ids = [r[0] for r in conn.execute(CLAIM_SQL, (worker, batch))]
-            if not ids:
-                time.sleep(0.002)
-                continue
+    def step(i: int, conn: psycopg.Connection[Any]) -> int:
+        ids = [r[0] for r in conn.execute(CLAIM_SQL, (f"bare-{os.getpid()}-{i}", batch))]
+        if ids:
             conn.execute(COMPLETE_SQL, (ids,))
-            counts[i] += len(ids)
+        return len(ids)
 
-    report_ready(control, index)
-    control.go.wait()
-    ts = [threading.Thread(target=loop, args=(i, c), daemon=True) for i, c in enumerate(conns)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for c in conns:
-        c.close()
-    control.out.put({"index": index, "completed": sum(counts)})
+    claim_loops(control, index, dsn, threads, step)
 
 
 # -- latency: LISTEN/NOTIFY wake-up -------------------------------------------------------

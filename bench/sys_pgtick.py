@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.harness import Control, Drain, connect, report_ready, worker_process
+from bench.harness import Control, Drain, claim_loops, connect, report_ready, worker_process
 
 KIND = "noop"
 
@@ -146,32 +145,17 @@ COMPLETE_MANY_SQL = "SELECT count(*) FROM jobs.complete_many(%s, %s)"
 @worker_process
 def sql_worker(control: Control, index: int, dsn: str, batch: int, threads: int) -> None:
     """``threads`` threads, each with its own connection: claim a batch, complete it, repeat."""
-    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
-    counts = [0] * threads
 
-    def loop(i: int, conn: psycopg.Connection[Any]) -> None:
+    def step(i: int, conn: psycopg.Connection[Any]) -> int:
         worker = f"sql-{os.getpid()}-{i}"
-        while not control.stop.is_set():
-            ids = [r[0] for r in conn.execute(CLAIM_SQL, (batch, worker))]
-            if not ids:
-                time.sleep(0.002)
-                continue
-            if len(ids) == 1:
-                conn.execute(COMPLETE_SQL, (ids[0], worker))
-            else:
-                conn.execute(COMPLETE_MANY_SQL, (ids, worker))
-            counts[i] += len(ids)
+        ids = [r[0] for r in conn.execute(CLAIM_SQL, (batch, worker))]
+        if len(ids) == 1:
+            conn.execute(COMPLETE_SQL, (ids[0], worker))
+        elif ids:
+            conn.execute(COMPLETE_MANY_SQL, (ids, worker))
+        return len(ids)
 
-    report_ready(control, index)
-    control.go.wait()
-    ts = [threading.Thread(target=loop, args=(i, c), daemon=True) for i, c in enumerate(conns)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for c in conns:
-        c.close()
-    control.out.put({"index": index, "completed": sum(counts)})
+    claim_loops(control, index, dsn, threads, step)
 
 
 # -- latency ------------------------------------------------------------------------------
