@@ -28,7 +28,9 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import pty
 import re
+import select
 import shutil
 import signal
 import socket
@@ -1105,3 +1107,78 @@ logfile = {self.log_path}
                 os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(10)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# -- a scheduler under a clock the test moves -------------------------------------------
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def define(conn: psycopg.Connection[Any], name: str, schedule: str, **kw: Any) -> int:
+    args = ", ".join(f"{k} => %({k})s" for k in kw)
+    row = conn.execute(
+        f"SELECT id FROM jobs.define(%(name)s, 'k', %(schedule)s{', ' if kw else ''}{args})",
+        {"name": name, "schedule": schedule, **kw},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def refuse_runs_of(conn: psycopg.Connection[Any], definition_id: int, name: str, message: str) -> None:
+    """An operator's BEFORE INSERT trigger on jobs.runs (an audit, a quota) that rejects the
+    runs of one definition with "<name>: <message>"."""
+    conn.execute(
+        f"""
+        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.definition_id = {int(definition_id)} THEN
+                RAISE EXCEPTION '{name}: {message}';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER {name} BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.{name}();
+        """
+    )
+
+
+# -- the CLI on a pseudo-terminal ------------------------------------------------------------
+
+
+def in_pty(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with stdin, stdout and stderr on a pseudo-terminal; return (code, output)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*PGTICK, *argv], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    code = proc.wait(timeout=10)
+    return code, b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def tty_env(**extra: str) -> dict[str, str]:
+    env = env_for(None)
+    env.pop("NO_COLOR", None)
+    env.update(TERM="xterm-256color", COLUMNS="100", LINES="40", PYTHONIOENCODING="utf-8", **extra)
+    env.pop("PGTICK_LOG", None)
+    return env

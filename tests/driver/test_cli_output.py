@@ -21,7 +21,7 @@ import jsonschema
 import psycopg
 import pytest
 
-from harness import ROOT, Database, scalar
+from harness import ROOT, Database, in_pty, scalar, tty_env
 from pgtick import cli
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -401,7 +401,6 @@ def test_a_narrow_terminal_drops_columns_before_cutting_names(
 ) -> None:
     """Under a real pseudo-terminal 72 columns wide: every line fits, and once a column is
     dropped the others get their room back (a name is not left cut beside empty space)."""
-    from driver.test_cli_terminal import in_pty, tty_env
 
     env = tty_env()
     env["COLUMNS"] = "72"

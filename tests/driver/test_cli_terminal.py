@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import select
 import subprocess
 import time
@@ -15,41 +14,9 @@ from typing import Any
 
 import jsonschema
 
-from harness import PGTICK, ROOT, Database, env_for, pgtick, scalar
+from harness import PGTICK, ROOT, Database, env_for, in_pty, pgtick, scalar, tty_env
 
 SCHEMAS = ROOT / "docs" / "schemas"
-
-
-def in_pty(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
-    """Run the CLI with stdin, stdout and stderr on a pseudo-terminal; return (code, output)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([*PGTICK, *argv], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT)
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the other side is closed
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    code = proc.wait(timeout=10)
-    return code, b"".join(chunks).decode("utf-8", errors="replace")
-
-
-def tty_env(**extra: str) -> dict[str, str]:
-    env = env_for(None)
-    env.pop("NO_COLOR", None)
-    env.update(TERM="xterm-256color", COLUMNS="100", LINES="40", PYTHONIOENCODING="utf-8", **extra)
-    env.pop("PGTICK_LOG", None)
-    return env
 
 
 def add_history(conn: Any, finished: int) -> None:

@@ -14,33 +14,16 @@ import psycopg
 import pytest
 
 from harness import (
+    Clock,
     Conn,
     Database,
+    define,
     finish_old,
     one,
+    refuse_runs_of,
     run_in_processes,
 )
 from pgtick.scheduler import Scheduler
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-def define(conn: psycopg.Connection[Any], name: str, schedule: str, **kw: Any) -> int:
-    args = ", ".join(f"{k} => %({k})s" for k in kw)
-    row = conn.execute(
-        f"SELECT id FROM jobs.define(%(name)s, 'k', %(schedule)s{', ' if kw else ''}{args})",
-        {"name": name, "schedule": schedule, **kw},
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def run_times(conn: psycopg.Connection[Any], definition_id: int) -> list[datetime]:
@@ -63,23 +46,6 @@ def revision_of(conn: psycopg.Connection[Any], definition_id: int) -> int:
     row = conn.execute("SELECT revision FROM jobs.definitions WHERE id = %s", (definition_id,)).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def refuse_runs_of(conn: psycopg.Connection[Any], definition_id: int, name: str, message: str) -> None:
-    """An operator's BEFORE INSERT trigger on jobs.runs (an audit, a quota) that rejects the
-    runs of one definition with "<name>: <message>"."""
-    conn.execute(
-        f"""
-        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.definition_id = {int(definition_id)} THEN
-                RAISE EXCEPTION '{name}: {message}';
-            END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER {name} BEFORE INSERT ON jobs.runs FOR EACH ROW EXECUTE FUNCTION public.{name}();
-        """
-    )
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:

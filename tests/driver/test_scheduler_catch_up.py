@@ -16,8 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from driver.test_scheduler import Clock, define, refuse_runs_of
-from harness import Database, claim, enqueue, finish_old, one, scalar
+from harness import Clock, Database, claim, define, enqueue, finish_old, one, refuse_runs_of, scalar
 from pgtick.schedule.rrule import Walked
 from pgtick.scheduler import Scheduler, TickReport
 
