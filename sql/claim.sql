@@ -103,6 +103,9 @@ DECLARE
     v_started timestamptz;
     v_worker text;
     v_token_hash bytea;
+    v_require_token boolean;
+    v_void text;
+    v_sort text;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
@@ -155,9 +158,13 @@ BEGIN
         RAISE EXCEPTION 'jobs.claim was already called in this transaction'
             USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
     END IF;
-    PERFORM set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
-    PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
-    IF claim.worker IS NOT NULL THEN
+    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
+    -- The argument checks are plain expressions (no statement); the helpers, called only
+    -- when one fails, own the messages.
+    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
+        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
+    END IF;
+    IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
     IF claim.queues IS NOT NULL AND (cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
@@ -165,22 +172,27 @@ BEGIN
         RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
             USING ERRCODE = '22023';
     END IF;
-    v_token_hash := jobs._claim_token_hash(claim.claim_token);
-    IF v_token_hash IS NULL AND (SELECT c.require_claim_token FROM jobs.config AS c) THEN
+    IF claim.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(claim.claim_token);
+    END IF;
+    -- One statement reads what the claim needs to know before it looks at the queue: paused
+    -- queues, whether any limit exists, the login's scope, whether a claim token is required
+    -- and (without a worker) this session's default worker id. A pause or scope committed
+    -- before this call starts is seen by it.
+    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
+           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues,
+           (SELECT c.require_claim_token FROM jobs.config AS c),
+           coalesce(claim.worker, (
+               SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+                 FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()))
+      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues, v_require_token, v_worker
+      FROM (SELECT) AS one
+      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+    IF v_token_hash IS NULL AND v_require_token THEN
         RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
             USING ERRCODE = '22023',
                   HINT = 'Pass claim_token => a secret generated once per worker process, and the same token to heartbeat, complete and fail.';
     END IF;
-    v_worker := coalesce(claim.worker, (
-        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()));
-    -- Paused queues, whether any limit exists and the login's scope, read once: a pause or
-    -- scope committed before this call starts is seen by it.
-    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues
-      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues
-      FROM (SELECT) AS one
-      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
     IF v_scope_kinds IS NOT NULL THEN
         v_kinds := CASE WHEN v_kinds IS NULL THEN v_scope_kinds
                         ELSE ARRAY(SELECT k FROM unnest(v_kinds) AS k WHERE k = ANY (v_scope_kinds)) END;
@@ -197,38 +209,68 @@ BEGIN
         v_round := v_round + 1;
         v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
 
-        -- 1. Lock the next slice of the candidate pool, in claim order. This statement is
-        -- planned for its actual values: a generic plan (LIMIT and arrays unknown) can
-        -- sort the whole queue instead of walking runs_claim_idx. The rest use generic plans.
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', TRUE);
-        SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-          INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
-          FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
-                       r.priority, r.scheduled_for
-                  FROM jobs.runs AS r
-                 WHERE r.status = 'QUEUED'
-                   AND r.scheduled_for <= now()
-                   AND NOT r.blocked
-                   AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
-                   AND (v_queues IS NULL OR r.queue = ANY (v_queues))
-                   AND r.queue <> ALL (v_paused)
-                   AND r.id <> ALL (v_pool_ids)
-                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
-                   AND (cardinality(v_full) = 0
-                        OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
-                            AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
-                            AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
-                            AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
-                 ORDER BY r.priority DESC, r.scheduled_for, r.id
-                 LIMIT v_limit
-                   FOR UPDATE SKIP LOCKED) AS c;
+        -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
+        -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
+        -- checks its plan on a long backlog); the second one, with its exclusions, is
+        -- planned for its actual values: its generic plan (LIMIT and arrays unknown) could
+        -- sort the whole queue instead of walking runs_claim_idx.
+        IF v_round = 1 THEN
+            -- Planned (once per session, and again only when jobs.runs changes) with sorts
+            -- disabled: then no plan can sort the queue, and the only ordered path left is
+            -- runs_claim_idx, whatever the statistics say about the backlog.
+            v_sort := current_setting('enable_sort');
+            v_void := set_config('enable_sort', 'off', TRUE);
+            SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+              FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                           r.priority, r.scheduled_for
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'QUEUED'
+                       AND r.scheduled_for <= now()
+                       AND NOT r.blocked
+                       AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                       AND r.queue <> ALL (v_paused)
+                     ORDER BY r.priority DESC, r.scheduled_for, r.id
+                     LIMIT v_limit
+                       FOR UPDATE SKIP LOCKED) AS c;
+            v_void := set_config('enable_sort', v_sort, TRUE);
+        ELSE
+            v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
+            SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+              FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                           r.priority, r.scheduled_for
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'QUEUED'
+                       AND r.scheduled_for <= now()
+                       AND NOT r.blocked
+                       AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                       AND r.queue <> ALL (v_paused)
+                       AND r.id <> ALL (v_pool_ids)
+                       AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
+                       AND (cardinality(v_full) = 0
+                            OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
+                                AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
+                                AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
+                                AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
+                     ORDER BY r.priority DESC, r.scheduled_for, r.id
+                     LIMIT v_limit
+                       FOR UPDATE SKIP LOCKED) AS c;
+            v_void := set_config('plan_cache_mode', 'force_generic_plan', TRUE);
+        END IF;
         v_pool_ids := v_pool_ids || v_new_ids;
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
         -- 2. The capped groups new in this slice, in ascending lock key order; first only
         -- try their dispatch locks: a busy one is someone else's claim in flight.
