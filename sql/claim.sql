@@ -35,8 +35,10 @@
 -- than the oversample cannot fill it. In that second round a group whose lock key
 -- is below one already held is only try-locked (never waited for), which keeps
 -- every wait in ascending order.
--- With no limit rows and no capped definition in the pool there are no groups:
--- steps 2 and 3 do nothing and step 4 takes the pool's first batch_size rows.
+-- With no limit defined and no capped definition in the first slice there are no groups,
+-- and steps 2 to 4 would take that slice as it is: the statement of step 1 then marks it
+-- RUNNING itself (no group, no count, so no later snapshot is needed). An uncapped claim is
+-- that statement and one read of the claim's settings (paused queues, limits, scope).
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -71,8 +73,11 @@
 -- stored, in claim_token_hash, and its later calls on these runs must present the same
 -- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
 -- jobs.config.require_claim_token set, a claim without one is refused.
--- Its statements are planned once per session (generic plans), except the pool query:
--- re-planning them on every call cost about a third of a claim (docs/performance.md).
+-- Its statements are planned once per session (generic plans), except the second slice of
+-- the pool (rarely needed): planning costs more than running most of them. The first slice's
+-- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md).
+-- Argument checks are plain expressions and what the claim reads before the queue is one
+-- statement: in a claim, each statement costs its plan-cache check and executor start.
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
@@ -106,6 +111,8 @@ DECLARE
     v_require_token boolean;
     v_void text;
     v_sort text;
+    v_started_runs jobs.runs[];     -- what step 1 started (nothing capped)
+    v_run jobs.runs;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
@@ -218,28 +225,59 @@ BEGIN
             -- Planned (once per session, and again only when jobs.runs changes) with sorts
             -- disabled: then no plan can sort the queue, and the only ordered path left is
             -- runs_claim_idx, whatever the statistics say about the backlog.
+            -- With no limit defined and no capped definition in the slice (the common
+            -- case) there are no groups, and the same statement starts the whole slice
+            -- (steps 2 to 4 would take it as it is). Otherwise it only locks it.
             v_sort := current_setting('enable_sort');
             v_void := set_config('enable_sort', 'off', TRUE);
-            SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+            WITH c AS (
+                SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                       r.priority, r.scheduled_for
+                  FROM jobs.runs AS r
+                 WHERE r.status = 'QUEUED'
+                   AND r.scheduled_for <= now()
+                   AND NOT r.blocked
+                   AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                   AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                   AND r.queue <> ALL (v_paused)
+                 ORDER BY r.priority DESC, r.scheduled_for, r.id
+                 LIMIT v_limit
+                   FOR UPDATE SKIP LOCKED
+            ),
+            -- The start time is read after this statement's snapshot (see v_started).
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+                   AND NOT v_has_limits
+                   AND NOT EXISTS (SELECT FROM c JOIN jobs.definitions AS d
+                                     ON d.id = c.definition_id AND d.max_concurrent_runs IS NOT NULL)
+                RETURNING r AS run
+            )
+            SELECT (SELECT array_agg(s.run ORDER BY (s.run).priority DESC, (s.run).scheduled_for, (s.run).id)
+                      FROM started AS s),
+                   coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
-              FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
-                           r.priority, r.scheduled_for
-                      FROM jobs.runs AS r
-                     WHERE r.status = 'QUEUED'
-                       AND r.scheduled_for <= now()
-                       AND NOT r.blocked
-                       AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
-                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
-                       AND r.queue <> ALL (v_paused)
-                     ORDER BY r.priority DESC, r.scheduled_for, r.id
-                     LIMIT v_limit
-                       FOR UPDATE SKIP LOCKED) AS c;
+              INTO v_started_runs, v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
+                   v_pool_keys
+              FROM c;
             v_void := set_config('enable_sort', v_sort, TRUE);
+            IF v_started_runs IS NOT NULL THEN
+                FOREACH v_run IN ARRAY v_started_runs LOOP
+                    RETURN NEXT v_run;
+                END LOOP;
+                RETURN;
+            END IF;
+            IF cardinality(v_new_ids) = 0 THEN
+                RETURN;   -- nothing due
+            END IF;
         ELSE
             v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
             SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
