@@ -444,6 +444,15 @@ BEGIN
                                   GROUP BY 1) AS h
                              ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
                 END IF;
+                -- The RUNNING rows are read once for every queue and kind group (rc, read only
+                -- if one of them is counted): each walk of the RUNNING set also steps over the
+                -- index entries that finished runs left behind, many under concurrent claimers.
+                WITH rc AS MATERIALIZED (
+                    SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'RUNNING'
+                     GROUP BY r.queue, r.kind, r.concurrency_key
+                )
                 SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
                                      g.skip, g.shared, g.locked,
@@ -469,14 +478,10 @@ BEGIN
                                    WHEN g.scope = 'definition' THEN
                                        (SELECT count(*) FROM jobs.runs AS r
                                          WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
-                                   WHEN g.scope = 'queue' THEN
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.status = 'RUNNING' AND r.queue = g.name
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
                                    ELSE
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.status = 'RUNNING' AND r.kind = g.name
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                       (SELECT coalesce(sum(rc.n), 0)::bigint FROM rc
+                                         WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                           AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
                               END AS running,
                               CASE WHEN g.rate_limit IS NULL THEN 0
                                    ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
