@@ -257,14 +257,17 @@ BEGIN
                                      ON d.id = c.definition_id AND d.max_concurrent_runs IS NOT NULL)
                 RETURNING r AS run
             )
+            -- The pool's arrays come from one pass over c, which holds its rows in the order
+            -- they were locked (claim order, the LIMIT over the ordered index scan): they
+            -- stay aligned and in claim order with no sort per array.
             SELECT (SELECT array_agg(s.run ORDER BY (s.run).priority DESC, (s.run).scheduled_for, (s.run).id)
                       FROM started AS s),
-                   coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+                   coalesce(array_agg(c.id), '{}'),
+                   coalesce(array_agg(c.definition_id), '{}'),
+                   coalesce(array_agg(c.origin), '{}'),
+                   coalesce(array_agg(c.queue), '{}'),
+                   coalesce(array_agg(c.kind), '{}'),
+                   coalesce(array_agg(c.concurrency_key), '{}')
               INTO v_started_runs, v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
                    v_pool_keys
               FROM c;
