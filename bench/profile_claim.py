@@ -14,7 +14,8 @@ claims of ``--batch`` and their ``jobs.complete_many`` in one session with
 synchronous_commit off, and reads the backend's CPU time from /proc (so the server must run
 on this machine). The two schemas alternate, round after round, so that a burst of load
 elsewhere hits both. Prints per round the CPU and wall time per claim+completion and the
-load average, then per schema the median and the statements of its last round.
+load average, then per schema the median CPU and, per statement, the median over the rounds
+of its planning and execution time per call.
 """
 
 from __future__ import annotations
@@ -114,12 +115,16 @@ def main() -> None:
         args.baseline: database(args.dsn, "pgtick_profile_base", args.baseline),
     }
     cpu: dict[str, list[float]] = {name: [] for name in dsns}
-    last: dict[str, list[tuple]] = {}
+    statements: dict[str, dict[str, list[tuple[int, float, float]]]] = {name: {} for name in dsns}
     for n in range(args.rounds):
         order = list(dsns) if n % 2 == 0 else list(reversed(dsns))
         for name in order:
-            c, w, last[name] = measure(dsns[name], args.case, args.calls, args.batch)
+            c, w, rows = measure(dsns[name], args.case, args.calls, args.batch)
             cpu[name].append(c)
+            for calls, plans, plan_us, exec_us, query in rows:
+                statements[name].setdefault(query, []).append(
+                    (calls // args.calls, float(plan_us) if plans else 0.0, float(exec_us))
+                )
             print(
                 f"round {n + 1} {name}: cpu {c:.0f} us, wall {w:.0f} us per claim+completion,"
                 f" load {os.getloadavg()[0]:.1f}",
@@ -127,9 +132,11 @@ def main() -> None:
             )
     for name in dsns:
         print(f"{name}: median cpu {statistics.median(cpu[name]):.0f} us per claim+completion")
-        print("  calls  plans  plan_us  exec_us  statement (last round)")
-        for calls, plans, plan_us, exec_us, query in last[name]:
-            print(f"  {calls:5}  {plans:5}  {plan_us:7}  {exec_us:7}  {query}")
+        print("  per claim  plan_us  exec_us  statement (medians over the rounds)")
+        for query, seen in statements[name].items():
+            plan_us = statistics.median(x[1] for x in seen)
+            exec_us = statistics.median(x[2] for x in seen)
+            print(f"  {seen[0][0]:9}  {plan_us:7.1f}  {exec_us:7.1f}  {query}")
 
 
 if __name__ == "__main__":
