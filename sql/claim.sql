@@ -174,10 +174,12 @@ BEGIN
     IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
-    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
-            SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200)) THEN
-        RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
-            USING ERRCODE = '22023';
+    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
+        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
+            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+                USING ERRCODE = '22023';
+        END IF;
     END IF;
     IF claim.claim_token IS NOT NULL THEN
         v_token_hash := jobs._claim_token_hash(claim.claim_token);
