@@ -9,7 +9,8 @@
 -- belongs to has room.
 --
 -- The algorithm (DESIGN.md "Claiming"); each step is its own statement, so under
--- READ COMMITTED each one sees a fresh snapshot:
+-- READ COMMITTED each one sees a fresh snapshot (with no group at all, steps 1 and 4 are
+-- one statement: below):
 --   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED,
 --      leaving out paused queues, queues not asked for, and runs whose dependencies
 --      have not completed (blocked);
