@@ -9,7 +9,8 @@
 -- belongs to has room.
 --
 -- The algorithm (DESIGN.md "Claiming"); each step is its own statement, so under
--- READ COMMITTED each one sees a fresh snapshot:
+-- READ COMMITTED each one sees a fresh snapshot (with no group at all, steps 1 and 4 are
+-- one statement: below):
 --   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED,
 --      leaving out paused queues, queues not asked for, and runs whose dependencies
 --      have not completed (blocked);
@@ -35,8 +36,10 @@
 -- than the oversample cannot fill it. In that second round a group whose lock key
 -- is below one already held is only try-locked (never waited for), which keeps
 -- every wait in ascending order.
--- With no limit rows and no capped definition in the pool there are no groups:
--- steps 2 and 3 do nothing and step 4 takes the pool's first batch_size rows.
+-- With no limit defined and no capped definition in the first slice there are no groups,
+-- and steps 2 to 4 would take that slice as it is: the statement of step 1 then marks it
+-- RUNNING itself (no group, no count, so no later snapshot is needed). An uncapped claim is
+-- that statement and one read of the claim's settings (paused queues, limits, scope).
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -71,8 +74,11 @@
 -- stored, in claim_token_hash, and its later calls on these runs must present the same
 -- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
 -- jobs.config.require_claim_token set, a claim without one is refused.
--- Its statements are planned once per session (generic plans), except the pool query:
--- re-planning them on every call cost about a third of a claim (docs/performance.md).
+-- Its statements are planned once per session (generic plans), except the second slice of
+-- the pool (rarely needed): planning costs more than running most of them. The first slice's
+-- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md).
+-- Argument checks are plain expressions and what the claim reads before the queue is one
+-- statement: in a claim, each statement costs its plan-cache check and executor start.
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
@@ -103,6 +109,11 @@ DECLARE
     v_started timestamptz;
     v_worker text;
     v_token_hash bytea;
+    v_require_token boolean;
+    v_void text;
+    v_sort text;
+    v_started_runs jobs.runs[];     -- what step 1 started (nothing capped)
+    v_run jobs.runs;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
@@ -155,32 +166,43 @@ BEGIN
         RAISE EXCEPTION 'jobs.claim was already called in this transaction'
             USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
     END IF;
-    PERFORM set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
-    PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
-    IF claim.worker IS NOT NULL THEN
+    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
+    -- The argument checks are plain expressions (no statement); the helpers, called only
+    -- when one fails, own the messages.
+    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
+        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
+    END IF;
+    IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
-    IF claim.queues IS NOT NULL AND (cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
-            SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200)) THEN
-        RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
-            USING ERRCODE = '22023';
+    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
+        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
+            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+                USING ERRCODE = '22023';
+        END IF;
     END IF;
-    v_token_hash := jobs._claim_token_hash(claim.claim_token);
-    IF v_token_hash IS NULL AND (SELECT c.require_claim_token FROM jobs.config AS c) THEN
+    IF claim.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(claim.claim_token);
+    END IF;
+    -- One statement reads what the claim needs to know before it looks at the queue: paused
+    -- queues, whether any limit exists, the login's scope, whether a claim token is required
+    -- and (without a worker) this session's default worker id. A pause or scope committed
+    -- before this call starts is seen by it.
+    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
+           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues,
+           (SELECT c.require_claim_token FROM jobs.config AS c),
+           coalesce(claim.worker, (
+               SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+                 FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()))
+      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues, v_require_token, v_worker
+      FROM (SELECT) AS one
+      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+    IF v_token_hash IS NULL AND v_require_token THEN
         RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
             USING ERRCODE = '22023',
                   HINT = 'Pass claim_token => a secret generated once per worker process, and the same token to heartbeat, complete and fail.';
     END IF;
-    v_worker := coalesce(claim.worker, (
-        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()));
-    -- Paused queues, whether any limit exists and the login's scope, read once: a pause or
-    -- scope committed before this call starts is seen by it.
-    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues
-      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues
-      FROM (SELECT) AS one
-      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
     IF v_scope_kinds IS NOT NULL THEN
         v_kinds := CASE WHEN v_kinds IS NULL THEN v_scope_kinds
                         ELSE ARRAY(SELECT k FROM unnest(v_kinds) AS k WHERE k = ANY (v_scope_kinds)) END;
@@ -197,18 +219,22 @@ BEGIN
         v_round := v_round + 1;
         v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
 
-        -- 1. Lock the next slice of the candidate pool, in claim order. This statement is
-        -- planned for its actual values: a generic plan (LIMIT and arrays unknown) can
-        -- sort the whole queue instead of walking runs_claim_idx. The rest use generic plans.
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', TRUE);
-        SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-               v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-          INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
-          FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+        -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
+        -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
+        -- checks its plan on a long backlog); the second one, with its exclusions, is
+        -- planned for its actual values: its generic plan (LIMIT and arrays unknown) could
+        -- sort the whole queue instead of walking runs_claim_idx.
+        IF v_round = 1 THEN
+            -- Planned (once per session, and again only when jobs.runs changes) with sorts
+            -- disabled: then no plan can sort the queue, and the only ordered path left is
+            -- runs_claim_idx, whatever the statistics say about the backlog.
+            -- With no limit defined and no capped definition in the slice (the common
+            -- case) there are no groups, and the same statement starts the whole slice
+            -- (steps 2 to 4 would take it as it is). Otherwise it only locks it.
+            v_sort := current_setting('enable_sort');
+            v_void := set_config('enable_sort', 'off', TRUE);
+            WITH c AS (
+                SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
                        r.priority, r.scheduled_for
                   FROM jobs.runs AS r
                  WHERE r.status = 'QUEUED'
@@ -217,18 +243,78 @@ BEGIN
                    AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
                    AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                    AND r.queue <> ALL (v_paused)
-                   AND r.id <> ALL (v_pool_ids)
-                   AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
-                   AND (cardinality(v_full) = 0
-                        OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
-                            AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
-                            AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
-                            AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
                  LIMIT v_limit
-                   FOR UPDATE SKIP LOCKED) AS c;
+                   FOR UPDATE SKIP LOCKED
+            ),
+            -- The start time is read after this statement's snapshot (see v_started).
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+                   AND NOT v_has_limits
+                   AND NOT EXISTS (SELECT FROM c JOIN jobs.definitions AS d
+                                     ON d.id = c.definition_id AND d.max_concurrent_runs IS NOT NULL)
+                RETURNING r AS run
+            )
+            -- The pool's arrays come from one pass over c, which holds its rows in the order
+            -- they were locked (claim order, the LIMIT over the ordered index scan): they
+            -- stay aligned and in claim order with no sort per array.
+            SELECT (SELECT array_agg(s.run ORDER BY (s.run).priority DESC, (s.run).scheduled_for, (s.run).id)
+                      FROM started AS s),
+                   coalesce(array_agg(c.id), '{}'),
+                   coalesce(array_agg(c.definition_id), '{}'),
+                   coalesce(array_agg(c.origin), '{}'),
+                   coalesce(array_agg(c.queue), '{}'),
+                   coalesce(array_agg(c.kind), '{}'),
+                   coalesce(array_agg(c.concurrency_key), '{}')
+              INTO v_started_runs, v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
+                   v_pool_keys
+              FROM c;
+            v_void := set_config('enable_sort', v_sort, TRUE);
+            IF v_started_runs IS NOT NULL THEN
+                FOREACH v_run IN ARRAY v_started_runs LOOP
+                    RETURN NEXT v_run;
+                END LOOP;
+                RETURN;
+            END IF;
+            IF cardinality(v_new_ids) = 0 THEN
+                RETURN;   -- nothing due
+            END IF;
+        ELSE
+            v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
+            SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                   v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+              FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
+                           r.priority, r.scheduled_for
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'QUEUED'
+                       AND r.scheduled_for <= now()
+                       AND NOT r.blocked
+                       AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                       AND r.queue <> ALL (v_paused)
+                       AND r.id <> ALL (v_pool_ids)
+                       AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
+                       AND (cardinality(v_full) = 0
+                            OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
+                                AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
+                                AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
+                                AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
+                     ORDER BY r.priority DESC, r.scheduled_for, r.id
+                     LIMIT v_limit
+                       FOR UPDATE SKIP LOCKED) AS c;
+            v_void := set_config('plan_cache_mode', 'force_generic_plan', TRUE);
+        END IF;
         v_pool_ids := v_pool_ids || v_new_ids;
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', TRUE);
 
         -- 2. The capped groups new in this slice, in ascending lock key order; first only
         -- try their dispatch locks: a busy one is someone else's claim in flight.
@@ -364,6 +450,15 @@ BEGIN
                                   GROUP BY 1) AS h
                              ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
                 END IF;
+                -- The RUNNING rows are read once for every queue and kind group (rc, read only
+                -- if one of them is counted): each walk of the RUNNING set also steps over the
+                -- index entries that finished runs left behind, many under concurrent claimers.
+                WITH rc AS MATERIALIZED (
+                    SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'RUNNING'
+                     GROUP BY r.queue, r.kind, r.concurrency_key
+                )
                 SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
                                      g.definition_id, g.max_running, g.rate_limit, g.rate_period,
                                      g.skip, g.shared, g.locked,
@@ -389,14 +484,10 @@ BEGIN
                                    WHEN g.scope = 'definition' THEN
                                        (SELECT count(*) FROM jobs.runs AS r
                                          WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
-                                   WHEN g.scope = 'queue' THEN
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.status = 'RUNNING' AND r.queue = g.name
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
                                    ELSE
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.status = 'RUNNING' AND r.kind = g.name
-                                           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey))
+                                       (SELECT coalesce(sum(rc.n), 0)::bigint FROM rc
+                                         WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                           AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
                               END AS running,
                               CASE WHEN g.rate_limit IS NULL THEN 0
                                    ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x

@@ -308,3 +308,34 @@ def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> N
     ).fetchone()
     assert plain == (None,)
     assert stamped is not None and stamped[0] == stamped[1]
+
+
+@pytest.mark.parametrize("history", [0, 20000])
+def test_claim_walks_the_claim_index_on_a_long_backlog(db: Database, history: int) -> None:
+    """The pool query's plan is made once per session, for any batch size, kinds and queues,
+    so it cannot lean on their values: on a long backlog (with or without a history beside
+    it) it must walk runs_claim_idx in claim order, never scan and sort jobs.runs, which
+    would cost every claim the whole queue. Read from the transaction's own scan counters,
+    so no timing is involved."""
+    with db.connect() as setup:
+        setup.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
+        setup.execute(
+            "INSERT INTO jobs.runs (kind, status, finished_at)"
+            " SELECT 'k', 'COMPLETED', now() FROM generate_series(1, %s)",
+            (history,),
+        )
+        add_runs(setup, 5000)
+        setup.execute("ANALYZE jobs.runs")
+    with db.connect() as claimer:  # a new session: the plan is made on its first claim
+        for args in ("10, 'w'", "100, 'w', kinds => '{k}', queues => '{default}'", "1, 'w'"):
+            with claimer.transaction():
+                claimed = claimer.execute(f"SELECT count(*) FROM jobs.claim({args})").fetchone()
+                scans = claimer.execute(
+                    "SELECT pg_stat_get_xact_numscans('jobs.runs'::regclass),"
+                    "       pg_stat_get_xact_numscans('jobs.runs_claim_idx'::regclass)"
+                ).fetchone()
+            assert claimed is not None and claimed[0] > 0, f"claim({args}) claimed nothing"
+            assert scans is not None and scans[0] == 0 and scans[1] >= 1, (
+                f"claim({args}): {scans[0] if scans else '?'} sequential scans of jobs.runs and"
+                f" {scans[1] if scans else '?'} of runs_claim_idx; expected none and at least one"
+            )
