@@ -159,8 +159,14 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM jobs._check_run_ids(run_ids, 10000);
-    PERFORM jobs._check_text('worker', worker, 200);
+    -- Every worker call passes here: the conditions are plain expressions, and the helpers
+    -- that own the messages run (each a statement) only when one fails.
+    IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
+        PERFORM jobs._check_run_ids(run_ids, 10000);
+    END IF;
+    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', worker, 200);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
@@ -235,8 +241,13 @@ AS $$
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(claim_token);
 BEGIN
-    PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
-    PERFORM jobs._check_text('worker', worker, 200);
+    -- As in jobs._check_run_batch: plain conditions, the message helpers only on failure.
+    IF run_id IS NULL OR run_id < 1 THEN
+        PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
+    END IF;
+    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', worker, 200);
+    END IF;
     RETURN v_token_hash;
 END
 $$;
