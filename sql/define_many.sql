@@ -260,7 +260,9 @@ BEGIN
         OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
     -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).
-    PERFORM jobs._drop_superseded(array_agg(d.id), array_agg(now() + coalesce(d.jitter, interval '0')))
+    PERFORM jobs._drop_superseded(
+        array_agg(d.id), array_agg(d.cursor_from), array_agg(now() + coalesce(d.jitter, interval '0'))
+    )
        FROM jobs.definitions AS d
        JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
       WHERE d.revision <> o.revision

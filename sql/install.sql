@@ -41,6 +41,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0012_steady \ir ../migrations/apply.sql
 -- 0013: worker scopes: the kinds and queues a worker login may claim.
 \set migration 0013_worker_scopes \ir ../migrations/apply.sql
+-- 0014: the occurrence a scheduled run was made for, before its jitter.
+\set migration 0014_occurrences \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

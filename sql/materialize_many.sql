@@ -59,10 +59,10 @@ AS $$
     inserted AS (
         INSERT INTO jobs.runs (
             definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-            origin, queue, concurrency_key, scheduled_for
+            origin, queue, concurrency_key, scheduled_for, occurrence_at
         )
         SELECT a.id, a.kind, a.payload, a.priority, a.max_attempts, a.timeout, a.heartbeat_timeout,
-               'schedule', a.queue, a.concurrency_key, t.at + jobs.jitter_offset(a.id, t.at, a.jitter)
+               'schedule', a.queue, a.concurrency_key, t.at + jobs.jitter_offset(a.id, t.at, a.jitter), t.at
           FROM advanced AS a
           JOIN unnest(run_definition_ids, run_times) AS t (id, at) ON t.id = a.id
          ORDER BY t.at, a.id

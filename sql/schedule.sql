@@ -54,15 +54,20 @@ COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
 -- Private: after a schedule change, remove the runs the old schedule materialized ahead of time.
--- A run is dropped when its occurrence lies after the change (scheduled_for > boundary, the
--- change instant plus the old jitter: a jittered run may start after the change for an
--- occurrence before it, and such a run stays). Dropped runs never started, so they are
--- deleted, not cancelled: the new schedule's cursor starts at the change (cursor_from), so it
--- re-creates every occurrence the two schedules share, exactly once, and a cancelled row would
--- hold that occurrence's place in runs_occurrence_uniq and lose it. Runs waiting on a dropped
--- run are cancelled (DependencyFailed). Rows a claimer holds are waited for, in id order, and
--- checked again. Returns how many runs were dropped.
-CREATE OR REPLACE FUNCTION jobs._drop_superseded(definition_ids bigint[], boundaries timestamptz[])
+-- A run is dropped when its occurrence is at or after the instant the new schedule takes over
+-- (takeover, the definition's new cursor_from), whatever its jittered start: a jittered run may
+-- start after the change for an occurrence before it, and such a run stays. A run materialized
+-- before runs recorded their occurrence is dropped when it starts after boundary (the change
+-- plus the old jitter). Dropped runs never started, so they are deleted, not cancelled: the new
+-- schedule's cursor starts at takeover, so it re-creates every occurrence the two schedules
+-- share, exactly once, and a cancelled row would hold that occurrence's place in
+-- runs_occurrence_uniq and lose it. Runs waiting on a dropped run are cancelled
+-- (DependencyFailed). Rows a claimer holds are waited for, in id order, and checked again.
+-- Returns how many runs were dropped.
+DROP FUNCTION IF EXISTS jobs._drop_superseded(bigint[], timestamptz[]);
+CREATE OR REPLACE FUNCTION jobs._drop_superseded(
+    definition_ids bigint[], takeovers timestamptz[], boundaries timestamptz[]
+)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -73,9 +78,10 @@ DECLARE
 BEGIN
     SELECT array_agg(x.id ORDER BY x.id) INTO v_ids
       FROM (SELECT r.id FROM jobs.runs AS r
-              JOIN unnest(definition_ids, boundaries) AS b (definition_id, boundary)
+              JOIN unnest(definition_ids, takeovers, boundaries) AS b (definition_id, takeover, boundary)
                 ON b.definition_id = r.definition_id
-             WHERE r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for > b.boundary
+             WHERE r.status = 'QUEUED' AND r.origin = 'schedule'
+               AND coalesce(r.occurrence_at >= b.takeover, r.scheduled_for > b.boundary)
              ORDER BY r.id
                FOR UPDATE OF r) AS x;
     IF v_ids IS NULL THEN
@@ -87,8 +93,8 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[]) IS
-'Private: delete the QUEUED scheduled runs of each definition whose start is after its boundary (a schedule change: the new schedule re-creates the occurrences it shares); runs waiting on them are cancelled. Returns how many were deleted.';
+COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[]) IS
+'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. Runs waiting on them are cancelled. Returns how many were deleted.';
 
 -- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
 -- for its occurrences before its cursor (next_run_at); those after the change are dropped
@@ -285,7 +291,9 @@ BEGIN
         RETURN v_old;  -- nothing changed
     END IF;
     IF v_old.id IS NOT NULL AND v_new.revision <> v_old.revision THEN
-        PERFORM jobs._drop_superseded(ARRAY[v_new.id], ARRAY[now() + coalesce(v_old.jitter, interval '0')]);
+        PERFORM jobs._drop_superseded(
+            ARRAY[v_new.id], ARRAY[v_new.cursor_from], ARRAY[now() + coalesce(v_old.jitter, interval '0')]
+        );
     END IF;
     RETURN v_new;
 END
@@ -510,10 +518,10 @@ BEGIN
     )
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, queue, concurrency_key, scheduled_for, status, finished_at, failure_reason, error
+        origin, queue, concurrency_key, scheduled_for, occurrence_at, status, finished_at, failure_reason, error
     )
     SELECT m.id, m.kind, m.payload, m.priority, m.max_attempts, m.timeout, m.heartbeat_timeout,
-           'schedule', m.queue, m.concurrency_key, m.run_at,
+           'schedule', m.queue, m.concurrency_key, m.run_at, m.run_at,
            CASE WHEN m.skipped THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED'::jobs.run_status END,
            CASE WHEN m.skipped THEN now() END,
            CASE WHEN m.skipped THEN 'Skipped' END,

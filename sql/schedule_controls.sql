@@ -43,11 +43,11 @@ DECLARE
 BEGIN
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, queue, concurrency_key, scheduled_for
+        origin, queue, concurrency_key, scheduled_for, occurrence_at
     )
     SELECT def.id, def.kind, def.payload, def.priority, def.max_attempts, def.timeout,
            def.heartbeat_timeout, 'schedule', def.queue, def.concurrency_key,
-           t + jobs.jitter_offset(def.id, t, def.jitter)
+           t + jobs.jitter_offset(def.id, t, def.jitter), t
       FROM unnest(run_times) AS t
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -182,12 +182,14 @@ def test_a_one_shot_moved_and_moved_back_runs_once_at_its_time(conn: Conn, how: 
     assert runs == [(a, "QUEUED")], f"{how}: run_at {a} -> {b} -> {a} must leave one run at {a}, got {runs}"
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["occurrence-recorded", "materialized-before-it-was"])
 def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubled(
-    db: Database, conn: Conn
+    db: Database, conn: Conn, recorded: bool
 ) -> None:
     """With a jitter, a run may start after the change for an occurrence before it: that run
     belongs to the old schedule's past and stays. The occurrences after the change that the
-    schedules share are re-created once; none has two runs."""
+    schedules share are re-created once; none has two runs. Runs materialized before runs
+    recorded their occurrence (occurrence_at NULL) are judged by their start, as they were."""
     definition_id = int(
         scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => '1 day')")
     )
@@ -209,6 +211,8 @@ def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubl
     first = scalar(conn, "SELECT %s + jobs.jitter_offset(%s, %s, '1 day')", (start, definition_id, start))
     before = _runs(conn, definition_id)
     assert len(before) == 5
+    if not recorded:
+        conn.execute("UPDATE jobs.runs SET occurrence_at = NULL WHERE definition_id = %s", (definition_id,))
 
     conn.execute("SELECT jobs.define('j', 'k', schedule => '*/1 * * * *', jitter => '1 day')")
     changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
@@ -338,3 +342,75 @@ def test_re_declaring_during_materialization_keeps_every_occurrence_exactly_once
         f"{flips} re-declares, {created} runs created: seconds without exactly one live run"
         f" (live, all runs): {sorted(wrong.items())[:10]}"
     )
+
+
+def _jittered_minutes_ahead(conn: Conn, jitter: str, count: int) -> tuple[int, list[datetime]]:
+    """A definition 'j' every minute with this jitter, whose runs for the next `count` minutes
+    (all after now, each delayed by its jitter) are materialized: (its id, those minutes)."""
+    definition_id = int(
+        scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => %s)", (jitter,))
+    )
+    start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '1 minute'")
+    minutes = [start + timedelta(minutes=i) for i in range(count)]
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, start))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
+        (definition_id, start, minutes, start + timedelta(minutes=count)),
+    )
+    return definition_id, minutes
+
+
+def _live_runs_of(conn: Conn, definition_id: int, minute: datetime, jitters: list[str]) -> list[datetime]:
+    """The QUEUED runs of the definition that belong to this occurrence under any of the jitters."""
+    return [
+        r["scheduled_for"]
+        for r in rows(
+            conn,
+            "SELECT DISTINCT r.scheduled_for FROM jobs.runs AS r"
+            " JOIN unnest(%s::interval[]) AS j ON r.scheduled_for = %s + jobs.jitter_offset(%s, %s, j)"
+            " WHERE r.definition_id = %s AND r.status = 'QUEUED'",
+            (jitters, minute, definition_id, minute, definition_id),
+        )
+    ]
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_schedule_and_jitter_change_runs_each_later_occurrence_once(
+    db: Database, conn: Conn, how: str
+) -> None:
+    """The schedule and the jitter change together. The old schedule's runs of the next minutes
+    were materialized ahead, delayed by the old jitter (some start before the change plus that
+    jitter). The new schedule has the same minutes: each must end with exactly one run, the
+    new one, not the old jittered run and a new one beside it."""
+    definition_id, minutes = _jittered_minutes_ahead(conn, "1 hour", 5)
+    if how == "define":
+        conn.execute("SELECT jobs.define('j', 'k', schedule => '*/1 * * * *', jitter => '30 minutes')")
+    else:
+        conn.execute("SELECT jobs.define('j', 'k', schedule => '* * * * *', jitter => '30 minutes')")
+        _redefine(conn, how, "j", "*/1 * * * *")
+    changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, changed_at + timedelta(seconds=5), 600)
+    for minute in minutes:
+        live = _live_runs_of(conn, definition_id, minute, ["1 hour", "30 minutes"])
+        new = scalar(
+            conn, "SELECT %s + jobs.jitter_offset(%s, %s, '30 minutes')", (minute, definition_id, minute)
+        )
+        assert live == [new], (
+            f"{how}: occurrence {minute} after the change must have one run at {new}, got {live}: "
+            f"{_runs(conn, definition_id)}"
+        )
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_jittered_run_of_an_occurrence_the_new_schedule_lacks_is_dropped(
+    db: Database, conn: Conn, how: str
+) -> None:
+    """A run of an occurrence after the change, materialized ahead and delayed by the jitter to
+    start before the change plus the jitter, belongs to the old schedule only: when the new
+    schedule does not have that occurrence, the run is dropped, whatever its delay."""
+    definition_id, minutes = _jittered_minutes_ahead(conn, "1 hour", 5)
+    _redefine(conn, how, "j", "0 0 1 1 *")
+    changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, changed_at + timedelta(seconds=5), 600)
+    kept = {m: _live_runs_of(conn, definition_id, m, ["1 hour"]) for m in minutes}
+    assert not any(kept.values()), f"{how}: runs of occurrences the new schedule lacks survived: {kept}"
