@@ -26,6 +26,8 @@ AS $$
 DECLARE
     v_key text;
     v_text text;
+    v_low integer;
+    v_high integer;
 BEGIN
     IF jsonb_typeof(e) IS DISTINCT FROM 'object' THEN
         RETURN 'must be a JSON object';
@@ -33,7 +35,8 @@ BEGIN
     SELECT k INTO v_key FROM jsonb_object_keys(e) AS k
      WHERE k NOT IN ('name', 'kind', 'schedule', 'timezone', 'run_at', 'payload', 'enabled',
                      'max_concurrent_runs', 'priority', 'max_attempts', 'misfire_policy',
-                     'overlap_policy', 'timeout', 'heartbeat_timeout')
+                     'overlap_policy', 'timeout', 'heartbeat_timeout', 'dst_gap', 'dst_repeat', 'jitter',
+                     'pause_after_failures', 'queue', 'concurrency_key')
      LIMIT 1;
     IF v_key IS NOT NULL THEN
         RETURN format('unknown field %s', v_key);
@@ -44,7 +47,8 @@ BEGIN
             RETURN format('%s must be a string of 1 to 200 characters without control characters', v_key);
         END IF;
     END LOOP;
-    FOREACH v_key IN ARRAY ARRAY['schedule', 'timezone', 'run_at', 'misfire_policy', 'overlap_policy'] LOOP
+    FOREACH v_key IN ARRAY ARRAY['schedule', 'timezone', 'run_at', 'misfire_policy', 'overlap_policy',
+                                 'dst_gap', 'dst_repeat', 'queue', 'concurrency_key'] LOOP
         IF jsonb_typeof(e -> v_key) NOT IN ('string', 'null') THEN
             RETURN format('%s must be a string', v_key);
         END IF;
@@ -80,25 +84,15 @@ BEGIN
     IF jsonb_typeof(e -> 'enabled') NOT IN ('boolean', 'null') THEN
         RETURN 'enabled must be true, false or null';
     END IF;
-    IF jsonb_typeof(e -> 'max_concurrent_runs') = 'number'
-       AND (e ->> 'max_concurrent_runs')::numeric BETWEEN 1 AND 100000
-       AND (e ->> 'max_concurrent_runs')::numeric % 1 = 0 THEN
-        NULL;
-    ELSIF jsonb_typeof(e -> 'max_concurrent_runs') NOT IN ('null') THEN
-        RETURN 'max_concurrent_runs must be an integer from 1 to 100000';
-    END IF;
-    IF jsonb_typeof(e -> 'priority') = 'number'
-       AND (e ->> 'priority')::numeric BETWEEN -1000 AND 1000 AND (e ->> 'priority')::numeric % 1 = 0 THEN
-        NULL;
-    ELSIF jsonb_typeof(e -> 'priority') NOT IN ('null') THEN
-        RETURN 'priority must be an integer from -1000 to 1000';
-    END IF;
-    IF jsonb_typeof(e -> 'max_attempts') = 'number'
-       AND (e ->> 'max_attempts')::numeric BETWEEN 1 AND 1000 AND (e ->> 'max_attempts')::numeric % 1 = 0 THEN
-        NULL;
-    ELSIF jsonb_typeof(e -> 'max_attempts') NOT IN ('null') THEN
-        RETURN 'max_attempts must be an integer from 1 to 1000';
-    END IF;
+    FOREACH v_key IN ARRAY ARRAY['max_concurrent_runs', 'priority', 'max_attempts', 'pause_after_failures'] LOOP
+        CONTINUE WHEN coalesce(jsonb_typeof(e -> v_key), 'null') = 'null';
+        v_low := CASE v_key WHEN 'priority' THEN -1000 ELSE 1 END;
+        v_high := CASE v_key WHEN 'max_concurrent_runs' THEN 100000 ELSE 1000 END;
+        IF jsonb_typeof(e -> v_key) <> 'number' OR (e ->> v_key)::numeric NOT BETWEEN v_low AND v_high
+           OR (e ->> v_key)::numeric % 1 <> 0 THEN
+            RETURN format('%s must be an integer from %s to %s', v_key, v_low, v_high);
+        END IF;
+    END LOOP;
     IF coalesce(e ->> 'misfire_policy', 'coalesce') NOT IN ('coalesce', 'catch_up', 'skip') THEN
         RETURN 'misfire_policy must be coalesce, catch_up or skip';
     END IF;
@@ -122,6 +116,24 @@ BEGIN
             RETURN format('%s must be a number of seconds or an interval', v_key);
         END IF;
     END LOOP;
+    IF jsonb_typeof(e -> 'jitter') NOT IN ('number', 'string', 'null') THEN
+        RETURN 'jitter must be a number of seconds or an interval';
+    END IF;
+    IF NOT e ?| ARRAY['queue', 'concurrency_key', 'dst_gap', 'dst_repeat', 'jitter', 'pause_after_failures'] THEN
+        RETURN NULL;
+    END IF;
+    BEGIN  -- the rules jobs.define checks, with its messages
+        PERFORM jobs._check_flow_args(coalesce(e ->> 'queue', 'default'), e ->> 'concurrency_key');
+        PERFORM jobs._check_schedule_controls(
+            e ->> 'schedule' IS NOT NULL, e ->> 'dst_gap', e ->> 'dst_repeat', jobs._json_interval(e -> 'jitter'),
+            (e ->> 'pause_after_failures')::integer
+        );
+    EXCEPTION
+        WHEN invalid_parameter_value THEN
+            RETURN SQLERRM;
+        WHEN data_exception THEN
+            RETURN format('jitter must be a number of seconds or an interval, got %s', e -> 'jitter');
+    END;
     RETURN NULL;
 END
 $$;
@@ -203,17 +215,25 @@ BEGIN
                coalesce(e ->> 'misfire_policy', 'coalesce') AS misfire_policy,
                coalesce(e ->> 'overlap_policy', 'queue') AS overlap_policy,
                jobs._json_interval(e -> 'timeout') AS timeout,
-               jobs._json_interval(e -> 'heartbeat_timeout') AS heartbeat_timeout
+               jobs._json_interval(e -> 'heartbeat_timeout') AS heartbeat_timeout,
+               e ->> 'dst_gap' AS dst_gap, e ->> 'dst_repeat' AS dst_repeat,
+               nullif(jobs._json_interval(e -> 'jitter'), interval '0') AS jitter,
+               (e ->> 'pause_after_failures')::integer AS pause_after_failures,
+               coalesce(e ->> 'queue', 'default') AS queue, e ->> 'concurrency_key' AS concurrency_key
           FROM jsonb_array_elements(define_many.definitions) AS e
           LEFT JOIN unnest(v_old_names, v_old_enabled) AS o (name, enabled) ON o.name = e ->> 'name'
     )
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
     )
-    SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
-           i.enabled, i.max_concurrent_runs, i.priority, i.max_attempts,
-           i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout
+    SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload, i.enabled,
+           -- As jobs.define: buffer_one and cancel_other are about a running occurrence: one.
+           coalesce(i.max_concurrent_runs,
+                    CASE WHEN i.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
+           i.priority, i.max_attempts, i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout,
+           i.dst_gap, i.dst_repeat, i.jitter, i.pause_after_failures, i.queue, i.concurrency_key
       FROM input AS i
      ORDER BY i.name
     ON CONFLICT (name) DO UPDATE
@@ -230,33 +250,46 @@ BEGIN
            overlap_policy = excluded.overlap_policy,
            timeout = excluded.timeout,
            heartbeat_timeout = excluded.heartbeat_timeout,
+           dst_gap = excluded.dst_gap,
+           dst_repeat = excluded.dst_repeat,
+           jitter = excluded.jitter,
+           pause_after_failures = excluded.pause_after_failures,
+           queue = excluded.queue,
+           concurrency_key = excluded.concurrency_key,
            schedule_error = NULL,
            materialize_error = NULL,
            materialize_failures = 0,
            materialize_retry_at = NULL,
            updated_at = now(),
-           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN 1 ELSE 0 END,
-           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN excluded.run_at ELSE d.next_run_at END,
-           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                            excluded.dst_gap, excluded.dst_repeat)
                           THEN NULL ELSE d.finished_at END,
            -- As jobs.define: a change takes over where the old schedule stopped, a definition
            -- enabled now starts now.
            cursor_from = CASE WHEN excluded.enabled AND NOT d.enabled THEN now()
-                              WHEN (d.schedule, d.timezone, d.run_at)
-                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at)
+                              WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
+                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
+                                                     excluded.dst_gap, excluded.dst_repeat)
                               THEN jobs._takeover(d) ELSE d.cursor_from END
      -- Declaring what is already there (every deploy of an app) changes nothing.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
-            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout)
+            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,
+            d.dst_gap, d.dst_repeat, d.jitter, d.pause_after_failures, d.queue, d.concurrency_key)
            IS DISTINCT FROM
            (excluded.kind, excluded.schedule, excluded.timezone, excluded.run_at, excluded.payload,
             excluded.enabled, excluded.max_concurrent_runs, excluded.priority, excluded.max_attempts,
-            excluded.misfire_policy, excluded.overlap_policy, excluded.timeout, excluded.heartbeat_timeout)
+            excluded.misfire_policy, excluded.overlap_policy, excluded.timeout, excluded.heartbeat_timeout,
+            excluded.dst_gap, excluded.dst_repeat, excluded.jitter, excluded.pause_after_failures,
+            excluded.queue, excluded.concurrency_key)
         OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
     -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).

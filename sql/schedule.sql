@@ -116,6 +116,41 @@ $$;
 COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
 'Private: the instant a changed schedule starts from: the change (now), or the old live schedule''s cursor (or its own unset cursor''s start) when earlier, so no occurrence falls between the two.';
 
+-- Private: raise 22023 naming the field unless a definition's DST policy, jitter and pause
+-- threshold are valid (recurring: it has a schedule, not a run_at). jobs.define and
+-- jobs.define_many both check through it.
+CREATE OR REPLACE FUNCTION jobs._check_schedule_controls(
+    recurring boolean, dst_gap text, dst_repeat text, jitter interval, pause_after_failures integer
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF dst_gap IS NOT NULL AND dst_gap NOT IN ('shift', 'end', 'skip') THEN
+        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(dst_gap)
+            USING ERRCODE = '22023',
+                  HINT = 'shift: the offset before the gap (RFC 5545); end: right after the gap; skip: no run.';
+    END IF;
+    IF dst_repeat IS NOT NULL AND dst_repeat NOT IN ('first', 'second', 'both') THEN
+        RAISE EXCEPTION 'dst_repeat must be first, second or both (NULL = auto), got %',
+            quote_literal(dst_repeat) USING ERRCODE = '22023';
+    END IF;
+    IF (dst_gap IS NOT NULL OR dst_repeat IS NOT NULL) AND NOT recurring THEN
+        RAISE EXCEPTION 'dst_gap and dst_repeat apply to a recurring schedule, not to run_at'
+            USING ERRCODE = '22023';
+    END IF;
+    IF jitter IS NOT NULL AND (jitter < interval '0' OR jitter > interval '1 day') THEN
+        RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
+    END IF;
+    IF pause_after_failures IS NOT NULL THEN
+        PERFORM jobs._check_range('pause_after_failures', pause_after_failures, 1, 1000);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS
+'Private: raises 22023 naming the field unless dst_gap (shift, end, skip), dst_repeat (first, second, both; both only for a recurring schedule), jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
+
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
@@ -189,25 +224,9 @@ BEGIN
     PERFORM jobs._check_duration('timeout', define.timeout);
     PERFORM jobs._check_duration('heartbeat_timeout', define.heartbeat_timeout);
     PERFORM jobs._check_flow_args(define.queue, define.concurrency_key);
-    IF define.dst_gap IS NOT NULL AND define.dst_gap NOT IN ('shift', 'end', 'skip') THEN
-        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(define.dst_gap)
-            USING ERRCODE = '22023',
-                  HINT = 'shift: the offset before the gap (RFC 5545); end: right after the gap; skip: no run.';
-    END IF;
-    IF define.dst_repeat IS NOT NULL AND define.dst_repeat NOT IN ('first', 'second', 'both') THEN
-        RAISE EXCEPTION 'dst_repeat must be first, second or both (NULL = auto), got %',
-            quote_literal(define.dst_repeat) USING ERRCODE = '22023';
-    END IF;
-    IF (define.dst_gap IS NOT NULL OR define.dst_repeat IS NOT NULL) AND define.schedule IS NULL THEN
-        RAISE EXCEPTION 'dst_gap and dst_repeat apply to a recurring schedule, not to run_at'
-            USING ERRCODE = '22023';
-    END IF;
-    IF define.jitter IS NOT NULL AND (define.jitter < interval '0' OR define.jitter > interval '1 day') THEN
-        RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', define.jitter USING ERRCODE = '22023';
-    END IF;
-    IF define.pause_after_failures IS NOT NULL THEN
-        PERFORM jobs._check_range('pause_after_failures', define.pause_after_failures, 1, 1000);
-    END IF;
+    PERFORM jobs._check_schedule_controls(
+        define.schedule IS NOT NULL, define.dst_gap, define.dst_repeat, define.jitter, define.pause_after_failures
+    );
 
     SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
 

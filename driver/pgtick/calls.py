@@ -291,6 +291,12 @@ DEFINE_MANY_FIELDS = frozenset(
         "overlap_policy",
         "timeout",
         "heartbeat_timeout",
+        "dst_gap",
+        "dst_repeat",
+        "jitter",
+        "pause_after_failures",
+        "queue",
+        "concurrency_key",
     }
 )
 

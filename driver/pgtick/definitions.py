@@ -104,13 +104,15 @@ def _json_value(value: Any) -> Any:
 
 
 def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]) -> list[Any]:
-    """jobs.define_many after the driver has parsed every distinct (schedule, zone) once."""
-    checked: set[tuple[str, str]] = set()
+    """jobs.define_many after the driver has checked every distinct schedule once (its text,
+    zone, DST choice and jitter, as ``check_schedule`` checks one definition)."""
+    checked: set[tuple[Any, ...]] = set()
     for d in definitions:
         schedule, zone = d.get("schedule"), d.get("timezone") or "UTC"
-        if isinstance(schedule, str) and (schedule, zone) not in checked:
-            validate_schedule(schedule, zone, str(d.get("name")))
-            checked.add((schedule, zone))
+        key = (schedule, zone, d.get("dst_gap"), d.get("dst_repeat"), repr(d.get("jitter")))
+        if isinstance(schedule, str) and key not in checked:
+            check_schedule(str(d.get("name")), schedule, zone, d)
+            checked.add(key)
     timed = [{**d, "run_at": _run_at(d.get("name"), d)} if "run_at" in d else d for d in definitions]
     clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in timed]
     return calls.define_many(conn, clean)
@@ -137,7 +139,7 @@ def read_json(text: str) -> Any:
     return value
 
 
-_INT_FIELDS = ("max_concurrent_runs", "priority", "max_attempts")
+_INT_FIELDS = ("max_concurrent_runs", "priority", "max_attempts", "pause_after_failures")
 
 
 def read_definitions(path: str) -> list[dict[str, Any]]:
@@ -216,17 +218,6 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
             "timezone": s.timezone,
         }
         item.update(run_at=s.run_at, **s.options)
-        if set(item) <= calls.DEFINE_MANY_FIELDS:
-            bulk.append(item)  # many schedules: one statement
-            continue
-        define(
-            conn,
-            s.name,
-            s.kind,
-            schedule=s.schedule,
-            timezone=s.timezone,
-            run_at=s.run_at,
-            **s.options,
-        )
+        bulk.append(item)
     if bulk:
-        define_many(conn, bulk)
+        define_many(conn, bulk)  # every schedule in one statement

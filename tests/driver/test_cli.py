@@ -9,7 +9,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -507,17 +507,27 @@ def test_define_from_file_jsonl_and_csv_in_one_statement_each(
     assert out.strip() == "definitions=301 created=301 rescheduled=0 saved"
     table = tmp_path / "defs.csv"
     table.write_text(
-        "name,kind,schedule,timezone,priority,payload,timeout\n"
-        'c1,k,0 9 * * 1-5,Europe/Sofia,5,"{""x"": 2}",90\n'
-        "j0,k,*/5 * * * *,,,,\n"
+        "name,kind,schedule,timezone,priority,payload,timeout,jitter,dst_gap,pause_after_failures,queue\n"
+        'c1,k,30 2 * * 1-5,Europe/Sofia,5,"{""x"": 2}",90,5 minutes,skip,3,reports\n'
+        "j0,k,*/5 * * * *,,,,,,,,\n"
     )
     out = _pgtick(capsys, "define", "--from-file", str(table), "--dsn", db.dsn)
     assert out.strip() == "definitions=2 created=1 rescheduled=1 saved"
     with db.connect() as conn:
         row = conn.execute(
-            "SELECT timezone, priority, payload, timeout FROM jobs.definitions WHERE name = 'c1'"
+            "SELECT timezone, priority, payload, jitter, dst_gap, pause_after_failures, queue, timeout"
+            " FROM jobs.definitions WHERE name = 'c1'"
         ).fetchone()
-        assert row is not None and row[:3] == ("Europe/Sofia", 5, {"x": 2}) and row[3].total_seconds() == 90
+        assert row is not None and row[:7] == (
+            "Europe/Sofia",
+            5,
+            {"x": 2},
+            timedelta(minutes=5),
+            "skip",
+            3,
+            "reports",
+        ), row
+        assert row[7].total_seconds() == 90, row
         assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (302,)
         summary = json.loads(_pgtick(capsys, "status", "--json", "--limit", "10", "--dsn", db.dsn))
     assert summary["summary"]["definitions"] == 302 and len(summary["definitions"]) == 10
@@ -528,6 +538,7 @@ def test_define_from_file_jsonl_and_csv_in_one_statement_each(
     [
         ('{"name": "x", "kind": "k", "schedule": "61 * * * *"}\n', ["x"]),
         ('{"name": "x", "kind": "k", "schedule": "* * * * *", "colour": 1}\n', ["colour"]),
+        ('{"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": 120}\n', ["x", "jitter", "longer than"]),
         ("not json\n", ["defs.jsonl:1"]),
     ],
 )

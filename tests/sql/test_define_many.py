@@ -27,35 +27,83 @@ def test_creates_then_updates_idempotently(conn: Conn) -> None:
     assert scalar(conn, "SELECT count(DISTINCT revision) FROM jobs.definitions") == 1
 
 
-def test_matches_what_define_stores(conn: Conn) -> None:
-    params = {
-        "kind": "report",
-        "schedule": "FREQ=DAILY;BYHOUR=8",
-        "timezone": "Europe/Sofia",
-        "payload": {"to": "ops"},
-        "max_concurrent_runs": 2,
-        "priority": 5,
-        "max_attempts": 3,
-        "misfire_policy": "catch_up",
-        "overlap_policy": "skip",
-        "timeout": 90,
-        "heartbeat_timeout": "2 minutes",
-    }
-    _define_many(conn, [{"name": "bulk", **params}])
+DEFINED_BOTH_WAYS = [
+    pytest.param(
+        {
+            "kind": "report",
+            "schedule": "FREQ=DAILY;BYHOUR=8",
+            "timezone": "Europe/Sofia",
+            "payload": {"to": "ops"},
+            "max_concurrent_runs": 2,
+            "priority": 5,
+            "max_attempts": 3,
+            "misfire_policy": "catch_up",
+            "overlap_policy": "skip",
+            "timeout": 90,
+            "heartbeat_timeout": "2 minutes",
+        },
+        " timezone => 'Europe/Sofia', payload => '{\"to\": \"ops\"}', max_concurrent_runs => 2,"
+        " priority => 5, max_attempts => 3, misfire_policy => 'catch_up', overlap_policy => 'skip',"
+        " timeout => '90 s', heartbeat_timeout => '2 minutes'",
+        id="run-options",
+    ),
+    pytest.param(
+        {
+            "kind": "report",
+            "schedule": "FREQ=DAILY;BYHOUR=2;BYMINUTE=30",
+            "timezone": "Europe/Sofia",
+            "dst_gap": "end",
+            "dst_repeat": "second",
+            "jitter": 30,
+            "pause_after_failures": 4,
+            "queue": "reports",
+            "concurrency_key": "tenant-1",
+        },
+        " timezone => 'Europe/Sofia', dst_gap => 'end', dst_repeat => 'second', jitter => '30 s',"
+        " pause_after_failures => 4, queue => 'reports', concurrency_key => 'tenant-1'",
+        id="schedule-controls-and-flow",
+    ),
+    pytest.param(
+        {
+            "kind": "report",
+            "schedule": "*/5 * * * *",
+            "overlap_policy": "cancel_other",
+            "jitter": "2 minutes",
+        },
+        " overlap_policy => 'cancel_other', jitter => '2 minutes'",
+        id="overlap-one-at-a-time",
+    ),
+]
+COLUMNS = (
+    "kind, schedule, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts,"
+    " misfire_policy, overlap_policy, timeout, heartbeat_timeout, revision, next_run_at, dst_gap,"
+    " dst_repeat, jitter, pause_after_failures, queue, concurrency_key"
+)
+
+
+@pytest.mark.parametrize(("fields", "arguments"), DEFINED_BOTH_WAYS)
+def test_matches_what_define_stores(conn: Conn, fields: dict[str, Any], arguments: str) -> None:
+    """Every field jobs.define takes, given to jobs.define_many, is stored as jobs.define stores
+    it; declaring the same again changes nothing."""
+    _define_many(conn, [{"name": "bulk", **fields}])
     conn.execute(
-        "SELECT jobs.define('single', 'report', schedule => 'FREQ=DAILY;BYHOUR=8',"
-        " timezone => 'Europe/Sofia',"
-        ' payload => \'{"to": "ops"}\', max_concurrent_runs => 2, priority => 5, max_attempts => 3,'
-        " misfire_policy => 'catch_up', overlap_policy => 'skip', timeout => '90 s',"
-        " heartbeat_timeout => '2 minutes')"
+        f"SELECT jobs.define('single', %s, schedule => %s, {arguments.lstrip(' ,')})",
+        (fields["kind"], fields["schedule"]),
     )
-    columns = (
-        "kind, schedule, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts,"
-        " misfire_policy, overlap_policy, timeout, heartbeat_timeout, revision, next_run_at"
-    )
-    bulk = one(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'bulk'")
-    single = one(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'single'")
+    bulk = one(conn, f"SELECT {COLUMNS} FROM jobs.definitions WHERE name = 'bulk'")
+    single = one(conn, f"SELECT {COLUMNS} FROM jobs.definitions WHERE name = 'single'")
     assert bulk == single
+    again = _define_many(conn, [{"name": "bulk", **fields}])
+    assert not again[0]["rescheduled"], f"an identical re-declare rescheduled: {again}"
+    assert one(conn, f"SELECT {COLUMNS} FROM jobs.definitions WHERE name = 'bulk'") == bulk
+
+
+def test_a_changed_dst_policy_reschedules(conn: Conn) -> None:
+    """As jobs.define: a new DST policy means new occurrences, so the cursor restarts."""
+    d = {"name": "n", "kind": "k", "schedule": "30 2 * * *", "timezone": "Europe/Sofia"}
+    _define_many(conn, [d])
+    out = _define_many(conn, [{**d, "dst_gap": "skip"}])
+    assert out[0]["rescheduled"], f"a new dst_gap must reschedule: {out}"
 
 
 def test_a_changed_schedule_resets_the_cursor_and_drops_future_runs(conn: Conn) -> None:
@@ -119,6 +167,44 @@ def test_enabled_not_given_keeps_a_pause(conn: Conn) -> None:
         ({"name": "x", "kind": "k", "schedule": "* * * * *", "timeout": "soon"}, ["timeout"]),
         ({"name": "x", "kind": "k", "schedule": "* * * * *", "enabled": "yes"}, ["enabled"]),
         ({"name": "x", "kind": "k", "schedule": "* * * * *", "colour": "red"}, ["unknown field colour"]),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "dst_gap": "later"},
+            ["dst_gap must be shift, end or skip"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "dst_repeat": 2},
+            ["dst_repeat must be a string"],
+        ),
+        (
+            {"name": "x", "kind": "k", "run_at": "2030-01-01T00:00:00Z", "dst_repeat": "both"},
+            ["dst_gap and dst_repeat"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": "2 days"},
+            ["jitter must be between 0 and 1 day"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": -1},
+            ["jitter must be between 0 and 1 day"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": "soon"},
+            ["jitter must be a number of seconds or an interval"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": True},
+            ["jitter must be a number of seconds"],
+        ),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "pause_after_failures": 0},
+            ["pause_after_failures must be an integer from 1 to 1000"],
+        ),
+        ({"name": "x", "kind": "k", "schedule": "* * * * *", "queue": ""}, ["queue must be"]),
+        ({"name": "x", "kind": "k", "schedule": "* * * * *", "queue": ["a"]}, ["queue must be a string"]),
+        (
+            {"name": "x", "kind": "k", "schedule": "* * * * *", "concurrency_key": "k" * 201},
+            ["concurrency_key is 201 characters"],
+        ),
         ("x", ["definitions[1]", "object"]),
     ],
 )

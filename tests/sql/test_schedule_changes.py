@@ -386,8 +386,8 @@ def test_a_schedule_and_jitter_change_runs_each_later_occurrence_once(
     if how == "define":
         conn.execute("SELECT jobs.define('j', 'k', schedule => '*/1 * * * *', jitter => '30 minutes')")
     else:
-        conn.execute("SELECT jobs.define('j', 'k', schedule => '* * * * *', jitter => '30 minutes')")
-        _redefine(conn, how, "j", "*/1 * * * *")
+        new = {"name": "j", "kind": "k", "schedule": "*/1 * * * *", "jitter": "30 minutes"}
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([new]),))
     changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
     _materialize(db, changed_at + timedelta(seconds=5), 600)
     for minute in minutes:
