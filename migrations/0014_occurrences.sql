@@ -8,4 +8,4 @@
 
 ALTER TABLE jobs.runs ADD COLUMN occurrence_at timestamptz;
 COMMENT ON COLUMN jobs.runs.occurrence_at IS
-'For a run materialized from a schedule: the occurrence it is for, before the definition''s jitter (scheduled_for = occurrence_at + jobs.jitter_offset). NULL for other runs.';
+'For a run materialized from a schedule, and its retries: the occurrence it is for, before the definition''s jitter (a first attempt''s scheduled_for = occurrence_at + jobs.jitter_offset). NULL for other runs.';

@@ -61,10 +61,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key, scheduled_for
+        origin, attempt, retry_of, queue, concurrency_key, occurrence_at, scheduled_for
     )
     SELECT r.definition_id, r.kind, r.payload, r.priority, r.max_attempts, r.timeout,
-           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key,
+           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key, r.occurrence_at,
            now() + jobs._backoff(coalesce(p.backoff_initial, c.backoff_initial),
                                  coalesce(p.backoff_factor, 2),
                                  coalesce(p.backoff_max, c.backoff_max),
@@ -174,12 +174,12 @@ BEGIN
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key
+        origin, attempt, retry_of, queue, concurrency_key, occurrence_at
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
-        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key
+        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.occurrence_at
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();

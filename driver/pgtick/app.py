@@ -257,6 +257,8 @@ class Context:
         self.kind: str = run["kind"]
         self.payload: dict[str, Any] = run["payload"]
         self.scheduled_for: datetime = run["scheduled_for"]
+        # The occurrence a scheduled run (or its retry) is for, before the jitter; else None.
+        self.occurrence_at: datetime | None = run.get("occurrence_at")
         self.definition_id: int | None = run["definition_id"]
         self.worker_id = worker_id
         self.timeout = timeout

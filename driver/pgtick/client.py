@@ -118,6 +118,8 @@ class Run(_Record):
     unique_key: str | None = None
     depends_on: list[int] | None = None
     blocked: bool | None = None
+    # the occurrence a scheduled run (or its retry) is for, before the definition's jitter
+    occurrence_at: datetime | None = None
 
     @property
     def finished(self) -> bool:

@@ -538,7 +538,10 @@ def test_define_from_file_jsonl_and_csv_in_one_statement_each(
     [
         ('{"name": "x", "kind": "k", "schedule": "61 * * * *"}\n', ["x"]),
         ('{"name": "x", "kind": "k", "schedule": "* * * * *", "colour": 1}\n', ["colour"]),
-        ('{"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": 120}\n', ["x", "jitter", "longer than"]),
+        (
+            '{"name": "x", "kind": "k", "schedule": "* * * * *", "jitter": 120}\n',
+            ["x", "jitter", "longer than"],
+        ),
         ("not json\n", ["defs.jsonl:1"]),
     ],
 )

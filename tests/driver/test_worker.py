@@ -230,3 +230,33 @@ def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: D
         assert error.startswith("the worker stopped on an internal error: RuntimeError: the heartbeat"), (
             context
         )
+
+
+def test_job_code_sees_the_occurrence_its_run_is_for(db: Database) -> None:
+    """A scheduled run delayed by its definition's jitter starts after its occurrence; the job
+    gets the occurrence itself (ctx.occurrence_at) beside when the run was due; an ad-hoc run
+    has none."""
+    app = App()
+    seen: dict[int, tuple[object, object]] = {}
+
+    @app.job("report")
+    def report(ctx: Context) -> None:
+        seen[ctx.run_id] = (ctx.occurrence_at, ctx.scheduled_for)
+
+    with db.connect() as conn:
+        definition_id = scalar(
+            conn, "SELECT id FROM jobs.define('hourly', 'report', '0 * * * *', jitter => '30 minutes')"
+        )
+        occurrence = scalar(conn, "SELECT date_trunc('hour', now()) - interval '1 hour'")
+        conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, occurrence))
+        conn.execute(
+            "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+            (definition_id, occurrence, occurrence, occurrence + timedelta(hours=1)),
+        )
+        scheduled = scalar(conn, "SELECT id FROM jobs.runs WHERE definition_id = %s", (definition_id,))
+        due = scalar(conn, "SELECT scheduled_for FROM jobs.runs WHERE id = %s", (scheduled,))
+        ad_hoc = scalar(conn, "SELECT id FROM jobs.enqueue('report')")
+    with worker_thread(Worker(app, db.dsn, poll_interval=0.1)), db.connect() as conn:
+        wait_for("both runs to complete", lambda: runs_in(conn, "COMPLETED") == 2, timeout=60)
+    assert seen[scheduled] == (occurrence, due), f"occurrence {occurrence}, due {due}: job saw {seen}"
+    assert seen[ad_hoc][0] is None, seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -318,3 +319,37 @@ def test_retry_is_refused_when_the_policy_already_retried(conn: Conn) -> None:
     auto = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (failed,))
     assert auto is not None, "the policy queued attempt 2"
     expect_error(conn, "SELECT jobs.retry(%s)", (failed,), "22023", "already retried", str(auto))
+
+
+def test_the_retries_of_a_scheduled_run_keep_its_occurrence(conn: Conn) -> None:
+    """A run materialized for an occurrence (delayed by its jitter) records that occurrence;
+    its retry by policy and an operator's retry record the same one, so job code and operators
+    see which occurrence an attempt is for."""
+    definition_id = int(
+        scalar(
+            conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *', jitter => '10 minutes')"
+        )
+    )
+    occurrence = scalar(conn, "SELECT date_trunc('hour', now()) - interval '1 hour'")
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, occurrence))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+        (definition_id, occurrence, occurrence, occurrence + timedelta(hours=1)),
+    )
+    first = one(
+        conn,
+        "SELECT id, scheduled_for, occurrence_at FROM jobs.runs WHERE definition_id = %s",
+        (definition_id,),
+    )
+    assert first["occurrence_at"] == occurrence, first
+    assert first["scheduled_for"] == scalar(
+        conn, "SELECT %s + jobs.jitter_offset(%s, %s, '10 minutes')", (occurrence, definition_id, occurrence)
+    ), first
+    _policy(conn, "k", max_attempts=3, backoff_initial="1 ms")
+    assert claim(conn, "w", kinds=["k"]) == [first["id"]]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'it broke')", (first["id"],))
+    second = one(conn, "SELECT id, occurrence_at, origin FROM jobs.runs WHERE retry_of = %s", (first["id"],))
+    assert (second["origin"], second["occurrence_at"]) == ("retry", occurrence), second
+    conn.execute("SELECT jobs.cancel(%s)", (second["id"],))
+    third = one(conn, "SELECT * FROM jobs.retry(%s)", (second["id"],))
+    assert third["occurrence_at"] == occurrence, third
