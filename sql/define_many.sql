@@ -264,11 +264,14 @@ BEGIN
            revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
+                          OR (excluded.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL)
                           THEN 1 ELSE 0 END,
            next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
-                          THEN excluded.run_at ELSE d.next_run_at END,
+                          THEN excluded.run_at
+                          WHEN excluded.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL THEN NULL
+                          ELSE d.next_run_at END,
            finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)

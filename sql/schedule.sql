@@ -271,15 +271,19 @@ BEGIN
                                        ELSE d.failure_streak_since END,
            schedule_error = NULL,
            updated_at = now(),
-           -- A new schedule, zone, DST policy or one-shot time: new occurrences.
+           -- A new schedule, zone, DST policy or one-shot time: new occurrences. A recurring
+           -- definition enabled again restarts at the enabling, as jobs.resume does.
            revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
+                          OR (define.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL)
                           THEN 1 ELSE 0 END,
            next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
-                          THEN excluded.run_at ELSE d.next_run_at END,
+                          THEN excluded.run_at
+                          WHEN define.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL THEN NULL
+                          ELSE d.next_run_at END,
            finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
                           IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
                                             excluded.dst_gap, excluded.dst_repeat)
@@ -321,7 +325,7 @@ COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause. dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
+'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
@@ -350,7 +354,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
+    v_was_paused boolean;
 BEGIN
+    SELECT NOT d.enabled INTO v_was_paused FROM jobs.definitions AS d WHERE d.name = resume.name FOR UPDATE;
     UPDATE jobs.definitions AS d
        SET enabled = TRUE, updated_at = now(), paused_reason = NULL,
            failure_streak_since = CASE WHEN d.enabled THEN d.failure_streak_since ELSE now() END,
@@ -358,11 +364,18 @@ BEGIN
            next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END,
            cursor_from = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.cursor_from ELSE now() END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
+    IF v_was_paused AND v_def.schedule IS NOT NULL THEN
+        -- The cursor restarts at the resume: it re-creates the occurrences from there on, so the
+        -- runs materialized for them before the pause go (a jitter changed meanwhile moves them).
+        PERFORM jobs._drop_superseded(
+            ARRAY[v_def.id], ARRAY[v_def.cursor_from], ARRAY[now() + coalesce(v_def.jitter, interval '0')]
+        );
+    END IF;
     RETURN jobs._known_definition(v_def, resume.name);
 END
 $$;
 COMMENT ON FUNCTION jobs.resume(text) IS
-'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up. An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
+'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up, and the runs materialized before the pause for occurrences from now on are made again (with the definition''s current jitter). An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
 CREATE OR REPLACE FUNCTION jobs.undefine(name text)

@@ -414,3 +414,58 @@ def test_a_jittered_run_of_an_occurrence_the_new_schedule_lacks_is_dropped(
     _materialize(db, changed_at + timedelta(seconds=5), 600)
     kept = {m: _live_runs_of(conn, definition_id, m, ["1 hour"]) for m in minutes}
     assert not any(kept.values()), f"{how}: runs of occurrences the new schedule lacks survived: {kept}"
+
+
+def test_a_jitter_changed_while_paused_runs_each_occurrence_once_after_the_resume(
+    db: Database, conn: Conn
+) -> None:
+    """Runs materialized ahead, then a pause, a new jitter, and a resume: the resume restarts the
+    cursor at that instant, and each later occurrence must have one run, delayed by the new
+    jitter, not the old jittered run beside a new one."""
+    definition_id, minutes = _jittered_minutes_ahead(conn, "1 hour", 5)
+    conn.execute("SELECT jobs.pause('j')")
+    conn.execute("SELECT jobs.define('j', 'k', schedule => '* * * * *', jitter => '30 minutes')")
+    conn.execute("SELECT jobs.resume('j')")
+    resumed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, resumed_at + timedelta(seconds=5), 600)
+    for minute in minutes:
+        live = _live_runs_of(conn, definition_id, minute, ["1 hour", "30 minutes"])
+        new = scalar(
+            conn, "SELECT %s + jobs.jitter_offset(%s, %s, '30 minutes')", (minute, definition_id, minute)
+        )
+        assert live == [new], f"occurrence {minute}: one run at {new} expected, got {live}"
+
+
+@pytest.mark.parametrize("how", ["resume", "define", "define_many"])
+def test_a_definition_enabled_again_does_not_catch_up_its_paused_time(
+    db: Database, conn: Conn, how: str
+) -> None:
+    """Paused for an hour (its cursor an hour behind), then enabled again by jobs.resume or by
+    a re-declare with enabled true: it starts at the enabling, whatever its misfire policy;
+    the paused hour is not caught up."""
+    sql = "SELECT jobs.define('e', 'k', schedule => '* * * * *', misfire_policy => 'catch_up', enabled => %s)"
+    conn.execute(sql, (None,))
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'e'"))
+    conn.execute("SELECT jobs.pause('e')")
+    conn.execute(
+        "UPDATE jobs.definitions SET next_run_at = date_trunc('minute', now()) - interval '1 hour'"
+        " WHERE id = %s",
+        (definition_id,),
+    )
+    if how == "resume":
+        conn.execute("SELECT jobs.resume('e')")
+    elif how == "define":
+        conn.execute(sql, (True,))
+    else:
+        element = {
+            "name": "e",
+            "kind": "k",
+            "schedule": "* * * * *",
+            "misfire_policy": "catch_up",
+            "enabled": True,
+        }
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([element]),))
+    enabled_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, enabled_at + timedelta(seconds=5), 60)
+    paused = [r for r in _runs(conn, definition_id) if r["scheduled_for"] < enabled_at - timedelta(minutes=1)]
+    assert not paused, f"{how}: enabled at {enabled_at}, the paused hour was caught up: {paused}"
