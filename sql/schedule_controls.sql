@@ -306,7 +306,17 @@ BEGIN
             v_request.window_from, v_request.window_to USING ERRCODE = '22023';
     END IF;
     IF v_error IS NULL THEN
-        v_count := jobs._insert_occurrences(v_def, finish_backfill.run_times);
+        -- An occurrence that has a run already is skipped by the occurrence the run records, not
+        -- by its start (a jitter changed since then moves the start). Starts lie at most a day
+        -- (the longest jitter) after the occurrence: one range of the occurrence index.
+        v_count := jobs._insert_occurrences(v_def, array(
+            SELECT t FROM unnest(finish_backfill.run_times) AS t
+             WHERE t NOT IN (SELECT r.occurrence_at FROM jobs.runs AS r
+                              WHERE r.definition_id = v_def.id AND r.origin = 'schedule'
+                                AND r.scheduled_for BETWEEN v_request.window_from
+                                                        AND v_request.window_to + interval '1 day'
+                                AND r.occurrence_at IS NOT NULL)
+        ));
     END IF;
     UPDATE jobs.backfills AS b
        SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)

@@ -139,15 +139,25 @@ $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS
 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
 
--- When the next QUEUED run of these kinds becomes due, so an idle worker sleeps until then.
+-- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
+-- then: of these kinds, in these queues, within the login's scope (jobs.worker_scopes), not in
+-- a paused queue and not waiting on dependencies, as jobs.claim would hand it. Resuming a queue
+-- and releasing dependents notify, so such runs wake the worker when they become claimable.
 -- Reads the claim index once per distinct priority (a loose index scan); runs already due
 -- are the claim's business and are not reported.
-CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL)
+DROP FUNCTION IF EXISTS jobs.next_due(text[]);
+CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS TABLE (next_at timestamptz, db_now timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH RECURSIVE priorities AS (
+    WITH RECURSIVE seen AS (
+        SELECT s.kinds AS scope_kinds, s.queues AS scope_queues,
+               coalesce((SELECT array_agg(q.name) FROM jobs.paused_queues AS q), '{}') AS paused
+          FROM (SELECT) AS one
+          LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user
+    ),
+    priorities AS (
         (SELECT r.priority FROM jobs.runs AS r WHERE r.status = 'QUEUED'
           ORDER BY r.priority DESC LIMIT 1)
         UNION ALL
@@ -160,10 +170,15 @@ AS $$
     SELECT min((SELECT r.scheduled_for FROM jobs.runs AS r
                  WHERE r.status = 'QUEUED' AND r.priority = p.priority AND r.scheduled_for > now()
                    AND (kinds IS NULL OR r.kind = ANY (kinds))
+                   AND (queues IS NULL OR r.queue = ANY (queues))
+                   AND (w.scope_kinds IS NULL OR r.kind = ANY (w.scope_kinds))
+                   AND (w.scope_queues IS NULL OR r.queue = ANY (w.scope_queues))
+                   AND r.queue <> ALL (w.paused)
+                   AND NOT r.blocked
                  ORDER BY r.priority DESC, r.scheduled_for LIMIT 1)),
            clock_timestamp()
-      FROM priorities AS p
+      FROM priorities AS p, seen AS w
      WHERE p.priority IS NOT NULL
 $$;
-COMMENT ON FUNCTION jobs.next_due(text[]) IS
-'Worker: the earliest scheduled_for after now among QUEUED runs of these kinds (NULL = all; NULL when none), and the server clock, so a worker can sleep until exactly then.';
+COMMENT ON FUNCTION jobs.next_due(text[], text[]) IS
+'Worker: the earliest scheduled_for after now among the QUEUED runs it could claim: of these kinds and in these queues (NULL = any), within its login''s scope, not in a paused queue, not waiting on dependencies (NULL when none), and the server clock, so a worker can sleep until exactly then.';

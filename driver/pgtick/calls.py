@@ -76,8 +76,9 @@ def schema_installed(conn: Conn) -> bool:
 # process, never logged); the database keeps its hash on the runs, and every later call on
 # them (heartbeat, complete, complete_many, fail, acknowledge_cancel) must present it.
 CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s, claim_token => %s)"
-# When the next QUEUED run becomes due (and the server clock): an idle worker sleeps until then.
-NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s)"
+# When the next QUEUED run this worker could claim (its kinds and queues) becomes due, and the
+# server clock: an idle worker sleeps until then.
+NEXT_DUE = "SELECT next_at, db_now FROM jobs.next_due(%s, %s)"
 COMPLETE_MANY = "SELECT run_id FROM jobs.complete_many(%s, %s, claim_token => %s)"
 COMPLETE = "SELECT jobs.complete(%s, %s, %s, claim_token => %s) AS ok"
 ACKNOWLEDGE_CANCEL = "SELECT jobs.acknowledge_cancel(%s, %s, %s, claim_token => %s) AS ok"

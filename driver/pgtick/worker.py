@@ -511,7 +511,7 @@ class Worker:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
         try:
             with conn.pipeline():
-                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds,)) if want > 0 else None
+                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if want > 0 else None
                 claim_cur = (
                     conn.execute(
                         calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)

@@ -330,6 +330,29 @@ def test_a_backfill_of_a_changed_schedule_is_voided(conn: Conn) -> None:
     assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
 
 
+def test_a_backfill_skips_an_occurrence_that_ran_under_another_jitter(conn: Conn) -> None:
+    """The occurrences a backfill finds already run are skipped by the occurrence each run
+    records, not by its start: a jitter changed since then moves the start but not the
+    occurrence, and the backfill must not run it again."""
+    d = define(conn, "hourly", "0 * * * *", jitter="40 minutes")
+    ran = scalar(conn, "SELECT date_trunc('hour', now()) - interval '3 hours'")
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (d["id"], ran))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+        (d["id"], ran, ran, ran + timedelta(hours=1)),
+    )
+    define(conn, "hourly", "0 * * * *", jitter="5 minutes")  # the same schedule, a new jitter
+    conn.execute(
+        "SELECT jobs.backfill('hourly', %s, %s)", (ran - timedelta(minutes=30), ran + timedelta(minutes=90))
+    )
+    assert materialize_backfills(conn) == 1, "only the occurrence after the one that ran is new"
+    per_occurrence = conn.execute(
+        "SELECT occurrence_at, count(*) FROM jobs.runs WHERE definition_id = %s GROUP BY 1 ORDER BY 1",
+        (d["id"],),
+    ).fetchall()
+    assert per_occurrence == [(ran, 1), (ran + timedelta(hours=1), 1)], per_occurrence
+
+
 # --------------------------------------------------------------------------- overlap under real claims
 
 

@@ -187,3 +187,52 @@ def test_only_operators_may_scope(db: Database, conn: Conn, logins: tuple[str, s
     with db.connect(user="pgtick_t_operator") as op:
         assert scalar(op, "SELECT (jobs.scope_worker(%s, '{b}')).kinds", (scoped,)) == ["b"]
         assert scalar(op, "SELECT jobs.unscope_worker(%s)", (scoped,)) is True
+
+
+def test_next_due_reports_only_what_the_worker_could_claim(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """An idle worker sleeps until jobs.next_due's instant. It names the earliest future run the
+    caller could claim: of its kinds and queues, within its login's scope, not in a paused queue,
+    not waiting on a dependency. A run it could never claim must not wake it."""
+    scoped, free = logins
+    at = {
+        name: scalar(conn, "SELECT now() + %s::interval", (offset,))
+        for name, offset in (
+            ("blocked", "1 min"),
+            ("paused", "2 min"),
+            ("b", "3 min"),
+            ("q2", "4 min"),
+            ("a", "5 min"),
+        )
+    }
+    parent = scalar(
+        conn, "SELECT id FROM jobs.enqueue('a', run_at => now() + interval '1 day', queue => 'q1')"
+    )
+    conn.execute(
+        "SELECT jobs.enqueue('a', run_at => %s, queue => 'q1', depends_on => ARRAY[%s]::bigint[])",
+        (at["blocked"], parent),
+    )
+    conn.execute("SELECT jobs.enqueue('a', run_at => %s, queue => 'held')", (at["paused"],))
+    conn.execute("SELECT jobs.pause_queue('held')")
+    conn.execute("SELECT jobs.enqueue('b', run_at => %s, queue => 'q1')", (at["b"],))
+    conn.execute("SELECT jobs.enqueue('a', run_at => %s, queue => 'q2')", (at["q2"],))
+    conn.execute("SELECT jobs.enqueue('a', run_at => %s, queue => 'q1')", (at["a"],))
+    conn.execute("SELECT jobs.scope_worker(%s, '{a}', '{q1}')", (scoped,))
+
+    def next_due(user: str, kinds: list[str] | None = None, queues: list[str] | None = None) -> object:
+        with db.connect(user=user) as w:
+            return scalar(w, "SELECT next_at FROM jobs.next_due(%s, %s)", (kinds, queues))
+
+    cases = [
+        (free, None, None, at["b"]),
+        (free, ["a"], None, at["q2"]),
+        (free, ["a"], ["q1"], at["a"]),
+        (free, None, ["q2"], at["q2"]),
+        (scoped, None, None, at["a"]),
+        (scoped, ["b"], None, None),
+    ]
+    wrong = [(u, k, q, next_due(u, k, q), want) for u, k, q, want in cases if next_due(u, k, q) != want]
+    assert not wrong, f"(login, kinds, queues, got, expected): {wrong}"
+    conn.execute("SELECT jobs.resume_queue('held')")
+    assert next_due(free) == at["paused"], "a resumed queue's run is due again"
