@@ -5,8 +5,9 @@ once), restarts of PostgreSQL itself, and dropped connections — and, alongside
 them, bad values and changes: poison outcomes (results and errors the database
 refuses), hung jobs (no checkpoint, a short timeout), absurd configuration
 values, and schedule changes (equivalent texts, genuinely new schedules,
-one-shots moved back and forth). Then a full accounting from the database
-proves the invariants of DESIGN.md.
+jitters changed with and without them, one-shots moved back and forth). Then a
+full accounting from the database proves the invariants of DESIGN.md; scheduled
+runs are accounted by the occurrence each records, whatever its jittered start.
 
 CI runs a short soak (PGTICK_SOAK_SECONDS, default 40); a long one is
 `PGTICK_SOAK_SECONDS=1800 pytest -m chaos -s`. PGTICK_SOAK_REPORT=path writes
@@ -221,6 +222,8 @@ RRULE_FORMS = (
     " FREQ=SECONDLY ; INTERVAL={p} ",
 )
 CRON_MINUTELY = ("* * * * *", "*/1 * * * *", "0-59 * * * *", "* */1 * * *", "* * * * 0-6")
+#: The jitters a jittered definition moves between (None: none), all under a second.
+JITTERS = (None, timedelta(milliseconds=250), timedelta(milliseconds=500), timedelta(milliseconds=900))
 
 
 def _texts(period: int) -> list[str]:
@@ -322,7 +325,9 @@ def _setup(dsn: str) -> list[Definition]:
             cap = rng.choice([1, 2, 3, None])
             overlap = "skip" if (cap and rng.random() < 0.3) else "queue"
             zone = rng.choice(["UTC", "Europe/Sofia", "America/New_York", "Australia/Lord_Howe"])
-            options = {"max_concurrent_runs": cap, "overlap_policy": overlap}
+            options: dict[str, Any] = {"max_concurrent_runs": cap, "overlap_policy": overlap}
+            if rng.random() < 0.4:  # delayed runs: below the spacing of every period used here
+                options["jitter"] = rng.choice(JITTERS[1:])
             specs.append((f"chaos-{i}", kind, interval, zone, options))
         # Minutely cron (equivalent texts swap during the soak), and a capped definition
         # whose every run hangs past its timeout: only the server's timeout frees the cap.
@@ -670,6 +675,14 @@ def test_chaos_soak(tmp_path: Path) -> None:
                         families["one_shot_moved"] += 1
                     continue
                 d = rng.choice([m for m in mutable if not m.uncertain] or mutable)
+                if "jitter" in d.options and rng.random() < 0.5:
+                    # A new delay for each later occurrence, alone or with the schedule's change.
+                    d.options["jitter"] = rng.choice([j for j in JITTERS if j != d.options["jitter"]])
+                    if rng.random() < 0.5:
+                        redefine(d, d.history[-1][2])
+                        families["jitter_changed_alone"] += 1
+                        continue
+                    families["jitter_changed_with_schedule"] += 1
                 if action == "changed" and d.period != 60:
                     period = rng.choice([p for p in (1, 2, 3, 4, 5) if p != d.period])
                     redefine(d, rng.choice(_texts(period)))
@@ -774,7 +787,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
             Path(os.environ["PGTICK_SOAK_REPORT"]).write_text(json.dumps(report, indent=1, default=str))
         assert sum(faults.values()) >= max(3, SOAK_SECONDS / 6), f"too few faults injected: {faults}"
         expected = {"hung": ["hung"], "absurd": ["absurd_value"], "poison": ["poison:"]}
-        expected["schedules"] = ["schedule_equivalent_text", "one_shot_defined"]
+        expected["schedules"] = ["schedule_equivalent_text", "one_shot_defined", "jitter_changed"]
         for family in sorted(FAMILIES & set(expected)):
             for counter in expected[family]:
                 assert any(k.startswith(counter) for k in families), f"{counter} never injected: {families}"
@@ -895,8 +908,8 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
         if d.uncertain:
             continue
         rows = conn.execute(
-            "SELECT scheduled_for, status::text, failure_reason, created_at, finished_at FROM jobs.runs"
-            " WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
+            "SELECT coalesce(occurrence_at, scheduled_for), status::text, failure_reason, created_at,"
+            " finished_at FROM jobs.runs WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
             (d.id,),
         ).fetchall()
         live = {r[0]: r for r in rows if not _superseded(r[1], r[2])}
@@ -954,8 +967,8 @@ def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) 
         # stalled or stopped scheduler found late (misfire_policy coalesce, the default),
         # or right after a schedule change, before the leader restarted the cursor.
         dupes = q(
-            "SELECT definition_id, scheduled_for, count(*) FROM jobs.runs WHERE origin = 'schedule'"
-            " GROUP BY 1, 2 HAVING count(*) > 1"
+            "SELECT definition_id, coalesce(occurrence_at, scheduled_for), count(*) FROM jobs.runs"
+            " WHERE origin = 'schedule' GROUP BY 1, 2 HAVING count(*) > 1"
         )
         if dupes:
             violations["occurrence_materialized_twice"] = dupes[:20]
