@@ -1,10 +1,14 @@
 """Run the pgtick benchmark suite against one throwaway PostgreSQL.
 
     .venv/bin/python bench/run.py [--quick] [--scenarios drain,caps,latency,growth,heartbeats]
-                                  [--dsn DSN] [--profile] [--history N] [--out results.json]
+                                  [--repeat N] [--dsn DSN] [--profile] [--history N]
+                                  [--out results.json]
 
 stdout: one JSON line per measured configuration, then a summary table of the ratios the
-issue targets. Progress goes to stderr. Without ``--dsn`` an embedded PostgreSQL (the
+performance targets set. With ``--repeat N`` the chosen scenarios run N rounds, one after
+the other (each line carries its round); the last table gives each target's median over the
+rounds, every round's figure with the load average it ran under, and "met" only when the
+target held in every round. Progress goes to stderr. Without ``--dsn`` an embedded PostgreSQL (the
 ``pgserver`` wheel) is started on a temporary directory with durable settings
 (synchronous_commit and fsync on) and removed at the end; every system and scenario gets a
 fresh database on it. ``--profile`` adds per-scenario server profiles (pg_stat_user_functions,
@@ -26,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import Profiler, Server
 from bench.scenarios import SCENARIOS, Bench, log
-from bench.summary import summarize
+from bench.summary import Summary, combine, summarize
 
 
 def source_state() -> dict[str, str]:
@@ -76,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--history", type=int, help="finished runs in the growth scenario (default 1,000,000; 250,000 quick)"
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of the scenarios (the targets: median of 3, met in all)"
+    )
     parser.add_argument("--out", help="also write all records and the summary to this JSON file")
     args = parser.parse_args(argv)
+    if not 1 <= args.repeat <= 20:
+        parser.error("--repeat takes a whole number from 1 to 20")
 
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SCENARIOS]
@@ -97,17 +106,27 @@ def main(argv: list[str] | None = None) -> int:
         }
         log("server: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
         systems = {x.strip() for x in args.systems.split(",")} if args.systems else None
-        bench = Bench(server, args.quick, Profiler(server, args.profile), systems, args.history)
-        for name in chosen:
-            with_time = time.perf_counter()
-            SCENARIOS[name](bench)
-            log(f"scenario {name} took {time.perf_counter() - with_time:.0f}s")
+        rounds: list[Summary] = []
+        for round_ in range(1, args.repeat + 1):
+            bench = Bench(server, args.quick, Profiler(server, args.profile), systems, args.history)
+            bench.round = round_ if args.repeat > 1 else None
+            for name in chosen:
+                with_time = time.perf_counter()
+                SCENARIOS[name](bench)
+                log(f"round {round_}: scenario {name} took {time.perf_counter() - with_time:.0f}s")
+            rounds.append(summarize(bench.records))
     finally:
         server.stop()
     elapsed = time.perf_counter() - started
-    summary = summarize(bench.records)
-    print()
-    print(summary.table())
+    records = [r for s in rounds for r in s.records]
+    for i, summary in enumerate(rounds, start=1):
+        print()
+        if len(rounds) > 1:
+            print(f"round {i}")
+        print(summary.table())
+    if len(rounds) > 1:
+        print()
+        print(combine(rounds))
     m = machine
     print(
         f"\nmeasured: pgtick {m['commit']} (+{m['uncommitted_files']} uncommitted files,"
@@ -123,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": machine,
                     "quick": args.quick,
                     "seconds": round(elapsed, 1),
-                    "records": bench.records,
-                    "ratios": summary.rows,
+                    "records": records,
+                    "ratios": [s.rows for s in rounds] if len(rounds) > 1 else rounds[0].rows,
                 },
                 indent=1,
                 default=str,

@@ -48,6 +48,7 @@ class Bench:
     systems: set[str] | None = None  # --systems: run only these (drain, caps, latency)
     history: int | None = None  # --history: finished runs in the growth scenario
     records: list[dict[str, Any]] = field(default_factory=list)
+    round: int | None = None  # --repeat: which round these records belong to
     _dbs: int = 0
 
     @property
@@ -66,6 +67,8 @@ class Bench:
     def emit(self, record: dict[str, Any], dbname: str | None = None) -> None:
         record = {k: v for k, v in record.items() if v is not None}
         record["loadavg"] = round(os.getloadavg()[0], 2)
+        if self.round is not None:
+            record["round"] = self.round
         if dbname is not None and self.profiler.enabled:
             record["profile"] = self.profiler.collect(dbname)
         self.records.append(record)
@@ -304,16 +307,18 @@ def _enqueuer(system: str, dsn: str) -> Any:
 
 @worker_process
 def open_loop_enqueuer(
-    control: Control, index: int, dsn: str, system: str, per_s: float, seconds: float
+    control: Control, index: int, dsn: str, system: str, per_s: float, seconds: float, procs: int
 ) -> None:
-    """Enqueue at a fixed schedule (job i at t0 + i/rate), never waiting for the worker."""
+    """Enqueue at a fixed schedule (job i at t0 + i/rate), never waiting for the worker: this
+    process sends every procs-th job from job ``index`` on, so procs processes (each one commit
+    at a time) together keep a rate one process's commits could not."""
     enq = _enqueuer(system, dsn)
     report_ready(control, index)
     control.go.wait()
     n = int(per_s * seconds)
     slips: list[float] = []
     t0 = time.perf_counter()
-    for i in range(n):
+    for i in range(index, n, procs):
         target = t0 + i / per_s
         delay = target - time.perf_counter()
         if delay > 0:
@@ -322,7 +327,7 @@ def open_loop_enqueuer(
         enq.enqueue(i)
     sent_seconds = time.perf_counter() - t0
     enq.close()
-    control.out.put({"sent": n, "seconds": sent_seconds, "slip": percentiles(slips)})
+    control.out.put({"sent": len(slips), "seconds": sent_seconds, "slips": slips})
 
 
 @dataclass(frozen=True)
@@ -378,7 +383,12 @@ def latency_systems() -> list[LatencySystem]:
 
 
 def scenario_latency(bench: Bench) -> None:
-    per_s = 100.0
+    """Enqueue→start latency at 100 and at 1,000 enqueues a second (the targets' two rates)."""
+    for per_s in (100.0, 1000.0):
+        _latency_at(bench, per_s)
+
+
+def _latency_at(bench: Bench, per_s: float) -> None:
     seconds = 5.0 if bench.quick else 10.0
     for system in latency_systems():
         if not bench.wants(system.name):
@@ -390,9 +400,11 @@ def scenario_latency(bench: Bench) -> None:
         workers = spawn(system.target, 1, dsn, *system.args)
         workers.control.go.set()
         time.sleep(1.5)  # the worker is up, listening and idle before the first enqueue
-        enq = spawn(open_loop_enqueuer, 1, dsn, system.name, per_s, seconds)
+        senders = max(1, round(per_s / 125))  # one durable commit at a time each
+        enq = spawn(open_loop_enqueuer, senders, dsn, system.name, per_s, seconds, senders)
         enq.control.go.set()
         sent = enq.join(timeout=seconds * 3 + 30)
+        sent_seconds = max((s["seconds"] for s in sent), default=None)
         with connect(dsn) as conn:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -411,11 +423,13 @@ def scenario_latency(bench: Bench) -> None:
             "procs": 1,
             "jobs": len(db),
             "rate_per_s": per_s,
-            "seconds": round(sent[0]["seconds"], 3) if sent else None,
+            "enqueuers": senders,
+            "enqueued_per_s": round(sum(s["sent"] for s in sent) / sent_seconds, 1) if sent_seconds else None,
+            "seconds": round(sent_seconds, 3) if sent_seconds else None,
             **percentiles(db),
             "db_clock": system.db_clock,
             "client": percentiles(client),
-            "enqueue_slip": sent[0]["slip"] if sent else None,
+            "enqueue_slip": percentiles([x for s in sent for x in s["slips"]]) if sent else None,
         }
         expected = int(per_s * seconds)
         if len(db) != expected:

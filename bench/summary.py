@@ -1,7 +1,12 @@
-"""The summary: every result in one table, then the ratios the performance targets set, met or missed."""
+"""The summary: every result in one table, then the ratios the performance targets set, met or missed.
+
+With several rounds (``bench/run.py --repeat N``) each round is summarized on its own, and
+``combine`` puts them side by side: a target's median over the rounds, every round's figure
+and load, and "met" only when it held in every round."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +40,48 @@ class Summary:
                 "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + r["note"]
             )
         return "\n".join(lines)
+
+
+def combine(rounds: list[Summary]) -> str:
+    """The targets of several rounds side by side: the median of each target over the rounds
+    that measured it, each round's figure with its load average, and "met" only when every
+    round met it."""
+    order: list[str] = []
+    by_target: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, summary in enumerate(rounds):
+        for row in summary.rows:
+            if row["target"] not in by_target:
+                order.append(row["target"])
+            by_target.setdefault(row["target"], []).append((i, row))
+    loads = [_load_range(s.records) for s in rounds]
+    lines = [f"targets over {len(rounds)} rounds (median; met only when every round met it)"]
+    widths = (58, 10, 10, 7)
+    head = ("target", "median", "goal", "status")
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + "  rounds (load average)")
+    lines.append("-" * 110)
+    for target in order:
+        measured = [(i, r) for i, r in by_target[target] if r["measured"] is not None]
+        median = statistics.median(r["measured"] for _, r in measured) if measured else None
+        statuses = [r["status"] for _, r in by_target[target]]
+        if len(statuses) < len(rounds) and "n/a" not in statuses:
+            status = "MISSED"  # a round did not measure it
+        elif all(st == "n/a" for st in statuses):
+            status = "n/a"
+        else:
+            status = "met" if all(st == "met" for st in statuses) else "MISSED"
+        cells = (target, "-" if median is None else f"{median:.3g}", by_target[target][0][1]["goal"], status)
+        per_round = ", ".join(
+            f"{'-' if r['measured'] is None else format(r['measured'], 'g')} ({loads[i]})"
+            for i, r in by_target[target]
+        )
+        text = "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))
+        lines.append(text + "  " + per_round)
+    return "\n".join(lines)
+
+
+def _load_range(records: list[dict[str, Any]]) -> str:
+    loads = [float(r["loadavg"]) for r in records if "loadavg" in r]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?"
 
 
 def _results_table(records: list[dict[str, Any]]) -> str:
@@ -144,7 +191,7 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
     caps = [r for r in records if r.get("scenario") == "caps"]
     for system, procs in (("pgtick-driver", 1), ("pgtick-sql", 1), ("pgtick-driver", 2)):
         base = _rate(caps, system=system, procs=procs, case="uncapped")
-        for case, goal in (("100-definitions-cap-2", 0.6), ("hot-key-cap-10", None)):
+        for case, goal in (("100-definitions-cap-2", 0.8), ("hot-key-cap-10", None)):
             found = _find(caps, system=system, procs=procs, case=case)
             if not found or base is None:
                 continue
@@ -165,27 +212,60 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
                     ratio >= goal and correct,
                     note,
                 )
-    lat = {r["system"]: r for r in records if r.get("scenario") == "latency" and "p99_ms" in r}
-    if "pgtick-driver" in lat:
-        p99 = float(lat["pgtick-driver"]["p99_ms"])
-        s.add("latency pgtick-driver enqueue->start p99 (ms, db clock)", p99, "<= 10", p99 <= 10)
+    for per_s, goal in ((100, 5), (1000, 20)):
+        lat = {
+            r["system"]: r
+            for r in records
+            if r.get("scenario") == "latency" and r.get("rate_per_s") == per_s and "p99_ms" in r
+        }
+        if "pgtick-driver" not in lat:
+            continue
+        mine = lat["pgtick-driver"]
+        p99 = float(mine["p99_ms"])
+        label = f"latency pgtick-driver enqueue->start p99 at {per_s}/s (ms, db clock)"
+        sent = mine.get("enqueued_per_s")
+        if sent is not None and sent < 0.9 * per_s:
+            # Durable enqueues that NOTIFY commit one at a time (the notify queue's lock is held
+            # through the commit's flush): the rate the target names was not reached here.
+            s.add(label, p99, f"<= {goal}", None, f"not at {per_s}/s: the enqueuers reached {sent}/s")
+            continue
+        s.add(label, p99, f"<= {goal}", p99 <= goal, f"enqueued at {sent}/s" if sent else "")
         peers = {k: float(v["p99_ms"]) for k, v in lat.items() if k in ("pgqueuer", "procrastinate")}
         if peers:
-            best_peer = min(peers.values())
+            worst = max(p99 / v if v else float("inf") for v in peers.values())
             s.add(
-                "latency pgtick p99 / best peer p99",
-                p99 / best_peer if best_peer else None,
+                f"latency pgtick p99 / each peer's p99 at {per_s}/s (the highest)",
+                worst,
                 "< 1",
-                p99 < best_peer,
+                worst < 1,
                 ", ".join(f"{k} {v:g} ms" for k, v in peers.items()),
             )
         if "bare-sql" in lat:
             s.add(
-                "latency pgtick p99 / bare-sql p99 (info)",
+                f"latency pgtick p99 / bare-sql p99 at {per_s}/s (info)",
                 p99 / float(lat["bare-sql"]["p99_ms"]),
                 "info",
                 None,
             )
+    limits = {r["case"]: r for r in records if r.get("scenario") == "limits" and "jobs_per_s" in r}
+    if "three-limits" in limits and "no-limits" in limits:
+        three, none = float(limits["three-limits"]["jobs_per_s"]), float(limits["no-limits"]["jobs_per_s"])
+        s.add(
+            "limits: three limits / none, pgtick-sql batch 10",
+            three / none,
+            ">= 0.8",
+            three / none >= 0.8,
+            f"{three:.0f} vs {none:.0f} jobs/s",
+        )
+    if "uncapped" in limits and "uncapped-baseline" in limits:
+        now, then = float(limits["uncapped"]["jobs_per_s"]), float(limits["uncapped-baseline"]["jobs_per_s"])
+        s.add(
+            f"limits: uncapped claim / baseline {limits['uncapped-baseline'].get('baseline')}",
+            now / then,
+            ">= 1",
+            now / then >= 1,
+            f"{now:.0f} vs {then:.0f} jobs/s",
+        )
     growth = [r for r in records if r.get("scenario") == "growth-drain"]
     for system in ("pgtick-driver", "pgtick-sql"):
         with_none = [r for r in growth if r["system"] == system and r.get("history") == 0]
@@ -268,10 +348,10 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
                     None,
                     f"thread: {ms['thread']} ms per job",
                 )
-    procs = [r for r in records if r.get("scenario") == "processes"]
+    runners = [r for r in records if r.get("scenario") == "processes"]
     for cpu_ms, goal in ((2, 1.5), (0, None)):
-        one = _rate(procs, procs=1, cpu_ms=cpu_ms)
-        two = _rate(procs, procs=2, cpu_ms=cpu_ms)
+        one = _rate(runners, procs=1, cpu_ms=cpu_ms)
+        two = _rate(runners, procs=2, cpu_ms=cpu_ms)
         ratio = _ratio(two, one)
         if ratio is None:
             continue
