@@ -261,28 +261,10 @@ BEGIN
            materialize_failures = 0,
            materialize_retry_at = NULL,
            updated_at = now(),
-           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          OR (excluded.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL)
-                          THEN 1 ELSE 0 END,
-           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          THEN excluded.run_at
-                          WHEN excluded.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL THEN NULL
-                          ELSE d.next_run_at END,
-           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          THEN NULL ELSE d.finished_at END,
-           -- As jobs.define: a change takes over where the old schedule stopped, a definition
-           -- enabled now starts now.
-           cursor_from = CASE WHEN excluded.enabled AND NOT d.enabled THEN now()
-                              WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                                     excluded.dst_gap, excluded.dst_repeat)
-                              THEN jobs._takeover(d) ELSE d.cursor_from END
+           (revision, next_run_at, finished_at, cursor_from) = (
+               SELECT r.revision, r.next_run_at, r.finished_at, r.cursor_from
+                 FROM jobs._redeclared(d, excluded, excluded.enabled AND NOT d.enabled) AS r
+           )
      -- Declaring what is already there (every deploy of an app) changes nothing.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
             d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,

@@ -116,6 +116,31 @@ $$;
 COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
 'Private: the instant a changed schedule starts from: the change (now), or the old live schedule''s cursor (or its own unset cursor''s start) when earlier, so no occurrence falls between the two.';
 
+-- Private: the cursor of a definition declared again (jobs.define, jobs.define_many): old is
+-- the stored row, new the declared one, enabling whether a disabled definition is enabled.
+-- New occurrences (a new schedule, zone, DST policy or one-shot time) reset the cursor (to the
+-- one-shot time, or unset for a recurring schedule), unfinish it, bump the revision (a stale
+-- materializer's compare-and-set fails) and take over where the old schedule stopped
+-- (jobs._takeover). A recurring definition enabled again restarts at this instant, as
+-- jobs.resume does: the disabled time is not caught up. Otherwise nothing changes.
+CREATE OR REPLACE FUNCTION jobs._redeclared(old jobs.definitions, new jobs.definitions, enabling boolean)
+RETURNS TABLE (revision integer, next_run_at timestamptz, finished_at timestamptz, cursor_from timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT old.revision + CASE WHEN c.changed OR c.restarted THEN 1 ELSE 0 END,
+           CASE WHEN c.changed THEN new.run_at WHEN c.restarted THEN NULL ELSE old.next_run_at END,
+           CASE WHEN c.changed THEN NULL ELSE old.finished_at END,
+           CASE WHEN c.enabled THEN now() WHEN c.changed THEN jobs._takeover(old) ELSE old.cursor_from END
+      FROM (SELECT (old.schedule, old.timezone, old.run_at, old.dst_gap, old.dst_repeat)
+                   IS DISTINCT FROM (new.schedule, new.timezone, new.run_at, new.dst_gap, new.dst_repeat)
+                   AS changed,
+                   coalesce(enabling, FALSE) AS enabled,
+                   coalesce(enabling, FALSE) AND new.schedule IS NOT NULL AS restarted) AS c
+$$;
+COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS
+'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences (schedule, zone, DST policy, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
+
 -- Private: raise 22023 naming the field unless a definition's DST policy, jitter and pause
 -- threshold are valid (recurring: it has a schedule, not a run_at). jobs.define and
 -- jobs.define_many both check through it.
@@ -271,31 +296,10 @@ BEGIN
                                        ELSE d.failure_streak_since END,
            schedule_error = NULL,
            updated_at = now(),
-           -- A new schedule, zone, DST policy or one-shot time: new occurrences. A recurring
-           -- definition enabled again restarts at the enabling, as jobs.resume does.
-           revision = d.revision + CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          OR (define.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL)
-                          THEN 1 ELSE 0 END,
-           next_run_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          THEN excluded.run_at
-                          WHEN define.enabled AND NOT d.enabled AND excluded.schedule IS NOT NULL THEN NULL
-                          ELSE d.next_run_at END,
-           finished_at = CASE WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                          IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                            excluded.dst_gap, excluded.dst_repeat)
-                          THEN NULL ELSE d.finished_at END,
-           -- The new schedule takes over at this instant, or where the old one's cursor stopped
-           -- (jobs._takeover); a definition enabled now starts now (the disabled time is not
-           -- caught up).
-           cursor_from = CASE WHEN define.enabled AND NOT d.enabled THEN now()
-                              WHEN (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat)
-                                   IS DISTINCT FROM (excluded.schedule, excluded.timezone, excluded.run_at,
-                                                     excluded.dst_gap, excluded.dst_repeat)
-                              THEN jobs._takeover(d) ELSE d.cursor_from END
+           (revision, next_run_at, finished_at, cursor_from) = (
+               SELECT r.revision, r.next_run_at, r.finished_at, r.cursor_from
+                 FROM jobs._redeclared(d, excluded, define.enabled AND NOT d.enabled) AS r
+           )
      -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
      WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
             d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,

@@ -404,6 +404,17 @@ def add_runs(
     return sorted(int(r[0]) for r in rows)
 
 
+def materialize_occurrences(conn: Conn, definition_id: int, occurrences: list[Any], cursor: Any) -> None:
+    """The scheduler's two calls for a definition: its cursor set at the first occurrence, then
+    the runs of these occurrences (each delayed by the definition's jitter), the cursor left at
+    ``cursor``."""
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, occurrences[0]))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
+        (definition_id, occurrences[0], occurrences, cursor),
+    )
+
+
 def runs_in(conn: Conn, status: str) -> int:
     """How many runs have ``status``."""
     return int(scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = %s::jobs.run_status", (status,)))

@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness import Database, runs_in, scalar, wait_for, worker_thread
+from harness import Database, materialize_occurrences, runs_in, scalar, wait_for, worker_thread
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -248,11 +248,7 @@ def test_job_code_sees_the_occurrence_its_run_is_for(db: Database) -> None:
             conn, "SELECT id FROM jobs.define('hourly', 'report', '0 * * * *', jitter => '30 minutes')"
         )
         occurrence = scalar(conn, "SELECT date_trunc('hour', now()) - interval '1 hour'")
-        conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, occurrence))
-        conn.execute(
-            "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
-            (definition_id, occurrence, occurrence, occurrence + timedelta(hours=1)),
-        )
+        materialize_occurrences(conn, definition_id, [occurrence], occurrence + timedelta(hours=1))
         scheduled = scalar(conn, "SELECT id FROM jobs.runs WHERE definition_id = %s", (definition_id,))
         due = scalar(conn, "SELECT scheduled_for FROM jobs.runs WHERE id = %s", (scheduled,))
         ad_hoc = scalar(conn, "SELECT id FROM jobs.enqueue('report')")

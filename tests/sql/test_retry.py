@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness import Conn, claim, enqueue, expect_error, one, run_row, scalar
+from harness import Conn, claim, enqueue, expect_error, materialize_occurrences, one, run_row, scalar
 
 CHAIN = ["BudgetExhausted", "RuntimeError", "Exception"]
 
@@ -331,11 +331,7 @@ def test_the_retries_of_a_scheduled_run_keep_its_occurrence(conn: Conn) -> None:
         )
     )
     occurrence = scalar(conn, "SELECT date_trunc('hour', now()) - interval '1 hour'")
-    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, occurrence))
-    conn.execute(
-        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
-        (definition_id, occurrence, occurrence, occurrence + timedelta(hours=1)),
-    )
+    materialize_occurrences(conn, definition_id, [occurrence], occurrence + timedelta(hours=1))
     first = one(
         conn,
         "SELECT id, scheduled_for, occurrence_at FROM jobs.runs WHERE definition_id = %s",

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Conn, Database, rows, run_in_processes, scalar
+from harness import Conn, Database, materialize_occurrences, rows, run_in_processes, scalar
 from pgtick.scheduler import Scheduler
 
 
@@ -203,11 +203,7 @@ def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubl
         (definition_id,),
     )
     times = [start + timedelta(minutes=i) for i in range(5)]
-    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, start))
-    conn.execute(
-        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
-        (definition_id, start, times, start + timedelta(minutes=5)),
-    )
+    materialize_occurrences(conn, definition_id, times, start + timedelta(minutes=5))
     first = scalar(conn, "SELECT %s + jobs.jitter_offset(%s, %s, '1 day')", (start, definition_id, start))
     before = _runs(conn, definition_id)
     assert len(before) == 5
@@ -352,12 +348,16 @@ def _jittered_minutes_ahead(conn: Conn, jitter: str, count: int) -> tuple[int, l
     )
     start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '1 minute'")
     minutes = [start + timedelta(minutes=i) for i in range(count)]
-    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, start))
-    conn.execute(
-        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
-        (definition_id, start, minutes, start + timedelta(minutes=count)),
-    )
+    materialize_occurrences(conn, definition_id, minutes, start + timedelta(minutes=count))
     return definition_id, minutes
+
+
+def _each_runs_once_at(conn: Conn, definition_id: int, minutes: list[datetime], old: str, new: str) -> None:
+    """Each of these occurrences has exactly one QUEUED run, delayed by the new jitter."""
+    for minute in minutes:
+        live = _live_runs_of(conn, definition_id, minute, [old, new])
+        at = scalar(conn, "SELECT %s + jobs.jitter_offset(%s, %s, %s)", (minute, definition_id, minute, new))
+        assert live == [at], f"occurrence {minute}: one run at {at} (jitter {new}) expected, got {live}"
 
 
 def _live_runs_of(conn: Conn, definition_id: int, minute: datetime, jitters: list[str]) -> list[datetime]:
@@ -390,15 +390,7 @@ def test_a_schedule_and_jitter_change_runs_each_later_occurrence_once(
         conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([new]),))
     changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
     _materialize(db, changed_at + timedelta(seconds=5), 600)
-    for minute in minutes:
-        live = _live_runs_of(conn, definition_id, minute, ["1 hour", "30 minutes"])
-        new = scalar(
-            conn, "SELECT %s + jobs.jitter_offset(%s, %s, '30 minutes')", (minute, definition_id, minute)
-        )
-        assert live == [new], (
-            f"{how}: occurrence {minute} after the change must have one run at {new}, got {live}: "
-            f"{_runs(conn, definition_id)}"
-        )
+    _each_runs_once_at(conn, definition_id, minutes, "1 hour", "30 minutes")
 
 
 @pytest.mark.parametrize("how", ["define", "define_many"])
@@ -428,12 +420,7 @@ def test_a_jitter_changed_while_paused_runs_each_occurrence_once_after_the_resum
     conn.execute("SELECT jobs.resume('j')")
     resumed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
     _materialize(db, resumed_at + timedelta(seconds=5), 600)
-    for minute in minutes:
-        live = _live_runs_of(conn, definition_id, minute, ["1 hour", "30 minutes"])
-        new = scalar(
-            conn, "SELECT %s + jobs.jitter_offset(%s, %s, '30 minutes')", (minute, definition_id, minute)
-        )
-        assert live == [new], f"occurrence {minute}: one run at {new} expected, got {live}"
+    _each_runs_once_at(conn, definition_id, minutes, "1 hour", "30 minutes")
 
 
 @pytest.mark.parametrize("how", ["resume", "define", "define_many"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness import Conn, digest, expect_error, scalar
+from harness import Conn, digest, expect_error, materialize_occurrences, scalar
 from pgtick.schedule import anchor_for, parse_schedule
 from pgtick.scheduler import materialize_backfills
 
@@ -336,11 +336,7 @@ def test_a_backfill_skips_an_occurrence_that_ran_under_another_jitter(conn: Conn
     occurrence, and the backfill must not run it again."""
     d = define(conn, "hourly", "0 * * * *", jitter="40 minutes")
     ran = scalar(conn, "SELECT date_trunc('hour', now()) - interval '3 hours'")
-    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (d["id"], ran))
-    conn.execute(
-        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
-        (d["id"], ran, ran, ran + timedelta(hours=1)),
-    )
+    materialize_occurrences(conn, d["id"], [ran], ran + timedelta(hours=1))
     define(conn, "hourly", "0 * * * *", jitter="5 minutes")  # the same schedule, a new jitter
     conn.execute(
         "SELECT jobs.backfill('hourly', %s, %s)", (ran - timedelta(minutes=30), ran + timedelta(minutes=90))
