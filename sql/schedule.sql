@@ -63,10 +63,14 @@ COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
 -- share, exactly once, and a cancelled row would hold that occurrence's place in
 -- runs_occurrence_uniq and lose it. Runs waiting on a dropped run are cancelled
 -- (DependencyFailed). Rows a claimer holds are waited for, in id order, and checked again.
--- Returns how many runs were dropped.
+-- moved_only (a resume: the schedule is the same, only the jitter may have changed) drops only
+-- the runs whose start is not their occurrence delayed by the definition's current jitter; the
+-- others are the runs the cursor would make again, and they stay, with their ids. Returns how
+-- many runs were dropped.
 DROP FUNCTION IF EXISTS jobs._drop_superseded(bigint[], timestamptz[]);
+DROP FUNCTION IF EXISTS jobs._drop_superseded(bigint[], timestamptz[], timestamptz[]);
 CREATE OR REPLACE FUNCTION jobs._drop_superseded(
-    definition_ids bigint[], takeovers timestamptz[], boundaries timestamptz[]
+    definition_ids bigint[], takeovers timestamptz[], boundaries timestamptz[], moved_only boolean DEFAULT FALSE
 )
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -80,8 +84,11 @@ BEGIN
       FROM (SELECT r.id FROM jobs.runs AS r
               JOIN unnest(definition_ids, takeovers, boundaries) AS b (definition_id, takeover, boundary)
                 ON b.definition_id = r.definition_id
+              JOIN jobs.definitions AS d ON d.id = r.definition_id
              WHERE r.status = 'QUEUED' AND r.origin = 'schedule'
                AND coalesce(r.occurrence_at >= b.takeover, r.scheduled_for > b.boundary)
+               AND (NOT moved_only
+                    OR r.scheduled_for <> r.occurrence_at + jobs.jitter_offset(d.id, r.occurrence_at, d.jitter))
              ORDER BY r.id
                FOR UPDATE OF r) AS x;
     IF v_ids IS NULL THEN
@@ -93,8 +100,8 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[]) IS
-'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. Runs waiting on them are cancelled. Returns how many were deleted.';
+COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[], boolean) IS
+'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. moved_only: only those whose start is not their occurrence delayed by the current jitter (a resume). Runs waiting on them are cancelled. Returns how many were deleted.';
 
 -- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
 -- for its occurrences before its cursor (next_run_at); those after the change are dropped
@@ -369,10 +376,11 @@ BEGIN
            cursor_from = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.cursor_from ELSE now() END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
     IF v_was_paused AND v_def.schedule IS NOT NULL THEN
-        -- The cursor restarts at the resume: it re-creates the occurrences from there on, so the
-        -- runs materialized for them before the pause go (a jitter changed meanwhile moves them).
+        -- The cursor restarts at the resume and makes the runs of the occurrences from there on
+        -- again: those materialized before the pause stay, unless a jitter changed meanwhile
+        -- moved their start (the new run would be a second one for the occurrence).
         PERFORM jobs._drop_superseded(
-            ARRAY[v_def.id], ARRAY[v_def.cursor_from], ARRAY[now() + coalesce(v_def.jitter, interval '0')]
+            ARRAY[v_def.id], ARRAY[v_def.cursor_from], ARRAY[now() + coalesce(v_def.jitter, interval '0')], TRUE
         );
     END IF;
     RETURN jobs._known_definition(v_def, resume.name);

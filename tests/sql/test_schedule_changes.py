@@ -456,3 +456,30 @@ def test_a_definition_enabled_again_does_not_catch_up_its_paused_time(
     _materialize(db, enabled_at + timedelta(seconds=5), 60)
     paused = [r for r in _runs(conn, definition_id) if r["scheduled_for"] < enabled_at - timedelta(minutes=1)]
     assert not paused, f"{how}: enabled at {enabled_at}, the paused hour was caught up: {paused}"
+
+
+def test_a_pause_and_resume_keeps_the_runs_materialized_ahead_and_what_waits_on_them(
+    db: Database, conn: Conn
+) -> None:
+    """The jitter unchanged, a resume's cursor would make the same runs again: the runs
+    materialized before the pause stay (their ids too), so a run that waits on one of them
+    still waits instead of being cancelled as if its dependency had gone."""
+    definition_id, minutes = _jittered_minutes_ahead(conn, "1 hour", 3)
+    ahead = scalar(conn, "SELECT max(id) FROM jobs.runs WHERE definition_id = %s", (definition_id,))
+    waiting = scalar(
+        conn, "SELECT id FROM jobs.enqueue('after', depends_on => ARRAY[%s]::bigint[])", (ahead,)
+    )
+    conn.execute("SELECT jobs.pause('j')")
+    conn.execute("SELECT jobs.resume('j')")
+    resumed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, resumed_at + timedelta(seconds=5), 600)
+    _each_runs_once_at(conn, definition_id, minutes, "1 hour", "1 hour")
+    state = rows(
+        conn,
+        "SELECT id, status::text AS status, blocked FROM jobs.runs WHERE id IN (%s, %s)",
+        (ahead, waiting),
+    )
+    assert {r["id"]: (r["status"], r["blocked"]) for r in state} == {
+        ahead: ("QUEUED", False),
+        waiting: ("QUEUED", True),
+    }, f"after a pause and a resume: {state}"
