@@ -4,10 +4,11 @@ threads, heartbeats all its runs in one call, and reports outcomes (fenced).
 Threads, each with its own connection where it talks to PostgreSQL:
 
 * the claim loop (``Worker.run``): reports finished runs, claims as many runs as
-  it has free slots, and learns in the same round trip when the next QUEUED run
-  becomes due (``jobs.next_due``); then sleeps until the first of: that instant
-  (a timer), a NOTIFY on channel ``jobs``, a finished job, the poll interval
-  (the safety net), or stop. A full batch claims again at once;
+  it has free slots, and, unless its last claim came back full, learns in the same
+  round trip when the next QUEUED run becomes due (``jobs.next_due``); then sleeps
+  until the first of: that instant (a timer), a NOTIFY on channel ``jobs``, a
+  finished job, the poll interval (the safety net), or stop. A full batch claims
+  again at once;
 * ``HeartbeatLoop`` (``pgtick.heartbeat``): stamps every run this worker holds
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
