@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness import Database, runs_in, scalar, wait_for, worker_thread
+from harness import Database, WorkerThread, runs_in, scalar, wait_for, worker_thread
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -203,6 +203,51 @@ def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> 
         wait_for("the future run to start on its timer", lambda: started == ["later"], timeout=120)
         late = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
         assert late == (True,), "a run must never start before its time"
+
+
+def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db: Database) -> None:
+    """Stopping while a finished run's completion waits to commit (here on a row lock): the
+    worker stays within its grace period until the database answers, then counts the run
+    completed once and stops."""
+    app = App()
+    finish = threading.Event()
+
+    @app.job("first")
+    def first(ctx: Context) -> None:
+        assert finish.wait(60)
+
+    with db.connect() as conn:
+        held = conn.execute("SELECT id FROM jobs.enqueue('first')").fetchone()
+    assert held is not None
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=30.0)
+    running = WorkerThread(worker)
+    running.thread.start()
+    try:
+        with db.connect() as conn, db.connect(autocommit=False) as locker:
+            wait_for("the run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+            locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", held)
+            try:
+                finish.set()
+                waiting = (
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
+                )
+                wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, 60)
+                running.stop.set()
+                time.sleep(0.5)  # the worker is draining now
+                alive = running.thread.is_alive()
+            finally:
+                locker.rollback()
+            assert alive, "the worker stopped before its completion was answered"
+            running.thread.join(60)
+            assert not running.thread.is_alive(), "the worker did not stop once the completion was answered"
+            status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", held)
+    finally:
+        finish.set()
+        running.finish(60)
+    assert not running.raised, running.raised
+    assert status == "COMPLETED", status
+    assert worker.stats.completed == 1 and worker.stats.fenced == 0, worker.stats
 
 
 def test_a_worker_done_with_a_burst_wakes_for_the_next_future_run(db: Database) -> None:
