@@ -1,13 +1,16 @@
 """Where one worker process spends a no-op drain: per-thread cProfile of ``pgtick.worker.Worker``.
 
     .venv/bin/python bench/profile_worker.py [--jobs 10000] [--batch 10] [--concurrency 10]
-                                             [--no-profile] [--dsn DSN]
+                                             [--no-profile] [--self N] [--dsn DSN]
 
 Queues ``--jobs`` no-op runs in a fresh database (embedded and throwaway unless ``--dsn``),
 runs one Worker in this process until they are all COMPLETED, and prints one line: wall time,
 rate, Python CPU per job (all threads), the number of claims and rows per claim, and the load
 average. With profiling on (the default) it then prints the claim loop's profile by cumulative
-time: the share spent waiting for the claim, for the completer and for finished jobs.
+time: the share spent waiting for the claim, for the completer and for finished jobs. With
+``--self N`` it also prints the N functions with the most self time over every thread of the
+worker (blocking waits such as ``SimpleQueue.get`` and ``lock.acquire`` included: they are
+threads waiting, not CPU).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--self", type=int, default=0, metavar="N", help="also the top N by self time")
     parser.add_argument("--dsn", help="a superuser DSN instead of an embedded server")
     args = parser.parse_args()
 
@@ -98,6 +102,8 @@ def main() -> int:
         if profiles:  # the first thread started is the claim loop
             out = io.StringIO()
             pstats.Stats(profiles[0], stream=out).sort_stats("cumulative").print_stats(20)
+            if args.self:
+                pstats.Stats(*profiles, stream=out).sort_stats("tottime").print_stats(args.self)
             print(out.getvalue())
     finally:
         server.stop()

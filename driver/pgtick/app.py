@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
@@ -82,7 +83,7 @@ class JobSpec:
     compensate: Compensation | None
     isolation: Isolation = "thread"
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
         """An ``async def`` job: it runs on the worker's event loop (``pgtick.aio``)."""
         return inspect.iscoroutinefunction(self.fn)

@@ -7,7 +7,6 @@ the reporter sends to the database (``pgtick.reporter``).
 from __future__ import annotations
 
 import asyncio
-import inspect
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,7 +58,7 @@ def _run(ctx: Context) -> Outcome:
         return execute_in_process(ctx)
     fn = ctx.spec.fn
     try:
-        if inspect.iscoroutinefunction(fn):
+        if ctx.spec.is_async:
             result = asyncio.run(fn(ctx))
         else:
             result = fn(ctx)

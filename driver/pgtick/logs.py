@@ -116,6 +116,9 @@ def log_outcome(
 ) -> None:
     """One line per run outcome: ``run=12 kind=report definition=nightly status=COMPLETED
     attempt=1 duration=0.53s``; the same facts as fields in JSON."""
+    level = logging.WARNING if status in ("FAILED", "FENCED") else logging.INFO
+    if not outcome_log.isEnabledFor(level):
+        return  # nobody reads it: a worker finishing thousands of runs a second builds no line
     fields: dict[str, Any] = {
         "event": "run_outcome",
         "run_id": run_id,
@@ -137,5 +140,4 @@ def log_outcome(
         text += f" retry=run {retry_run_id}"
     if error:
         text += f" error={error.splitlines()[0] if error.splitlines() else error}"
-    level = logging.WARNING if status in ("FAILED", "FENCED") else logging.INFO
     outcome_log.log(level, "%s", text, extra={"fields": fields})

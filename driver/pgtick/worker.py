@@ -4,10 +4,11 @@ threads, heartbeats all its runs in one call, and reports outcomes (fenced).
 Threads, each with its own connection where it talks to PostgreSQL:
 
 * the claim loop (``Worker.run``): reports finished runs, claims as many runs as
-  it has free slots, and learns in the same round trip when the next QUEUED run
-  becomes due (``jobs.next_due``); then sleeps until the first of: that instant
-  (a timer), a NOTIFY on channel ``jobs``, a finished job, the poll interval
-  (the safety net), or stop. A full batch claims again at once;
+  it has free slots, and, unless its last claim came back full, learns in the same
+  round trip when the next QUEUED run becomes due (``jobs.next_due``); then sleeps
+  until the first of: that instant (a timer), a NOTIFY on channel ``jobs``, a
+  finished job, the poll interval (the safety net), or stop. A full batch claims
+  again at once;
 * ``HeartbeatLoop`` (``pgtick.heartbeat``): stamps every run this worker holds
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
@@ -20,7 +21,10 @@ Threads, each with its own connection where it talks to PostgreSQL:
 * the completer: sends each cycle's plain completions (``jobs.complete_many``)
   on a connection of its own while the claim loop's claim runs, so the two
   commits overlap (PostgreSQL flushes them together) instead of queueing one
-  behind the other on one connection;
+  behind the other on one connection. The claim loop does not wait for it: the
+  finished runs' slots are claimed for at once, and the outcomes are settled
+  (logged, counted, let go) when the claim loop next looks, woken for it when
+  it sleeps;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
   claim loop asks to report;
@@ -98,8 +102,13 @@ class Unreadable:
     """A value of a row the driver cannot convert (an interval beyond ``timedelta``, JSON
     nested too deeply to decode): stands in for it, saying why."""
 
+    #: How many were ever made in this process: a claimed batch is searched for them only
+    #: when this has moved since the last search.
+    made = 0
+
     def __init__(self, why: str) -> None:
         self.why = why
+        Unreadable.made += 1
 
     def __repr__(self) -> str:
         return f"Unreadable({self.why!r})"
@@ -190,6 +199,11 @@ class Worker:
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self, claim_token=self.claim_token)
         self._threads: list[threading.Thread] = []
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
+        # Plain completions sent to the completer and not yet settled, in the order sent
+        # (the claim loop's own: only it reads and changes this list).
+        self._completing: list[tuple[list[Outcome], Future[set[int]]]] = []
+        self._claimed_full = False  # the last claim came back full: more is due now
+        self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self._started: set[int] = set()  # held runs whose job code has begun
@@ -297,10 +311,11 @@ class Worker:
                     if conn is not None:
                         conn.close()
                     conn = None
+                    self._claimed_full = False  # ask jobs.next_due again
                     stop.wait(min(0.2 * 2**failures, 5.0))
                     continue
                 if full:
-                    continue  # a full batch: there may be more due right now
+                    continue  # a full batch (there may be more due right now), or a cycle to redo
                 self._sleep(stop)
             conn = self._drain(conn)
             if self._fault is not None:  # while draining
@@ -315,6 +330,10 @@ class Worker:
                 self._tasks.put(None)
             self._completer.submit(self._close_done_conn)
             self._completer.shutdown(wait=True)
+            try:
+                self._settle_completions(wait=True)
+            except Exception as error:
+                log.error("worker=%s completions not settled: %s", self.worker_id, describe(error))
             if conn is not None:
                 try:
                     calls.worker_stopped(conn, self.worker_id)
@@ -340,7 +359,9 @@ class Worker:
                 if self._work_signalled:
                     self._work_signalled = False
                     break
-            # Only the timer was re-armed: sleep again until the (sooner) instant.
+            # Only the timer was re-armed, or completions came back: settle those, and
+            # sleep again until the (sooner) instant.
+            self._settle_completions()
         with self._lock:
             self._due_at = None  # the next cycle learns it again
 
@@ -399,6 +420,10 @@ class Worker:
             conn = self._drain(conn)
         except Exception as error:
             log.error("worker=%s cannot report while stopping: %s", self.worker_id, describe(error))
+        try:
+            self._settle_completions(wait=True)
+        except Exception as error:
+            log.error("worker=%s completions not settled while stopping: %s", self.worker_id, describe(error))
         left = self.held()
         for ctx in left.values():
             ctx.abandon()
@@ -492,48 +517,54 @@ class Worker:
         """Report finished runs and claim for the free slots.
 
         Plain completions (no result) go to the completer, whose ``jobs.complete_many``
-        commits on its own connection while this connection asks jobs.next_due and
-        claims (one pipeline, each its own transaction): the slots they free are claimed
-        at once, and the commits overlap. jobs.next_due is asked just before the claim,
-        so a run that falls due in between is either claimed or reported as due (a cycle
-        at once), never missed. Returns True if the claim came back full (there may be
-        more due). Draining calls it with ``claim=False``.
+        commits on its own connection while this connection claims; the claim does not
+        wait for it (the runs have finished: their slots are free), and the outcomes are
+        settled once it answers. While claims come back full, the cycle only claims;
+        otherwise it asks jobs.next_due just before the claim (one pipeline, each its
+        own transaction), so a run that falls due in between is either claimed or
+        reported as due (a cycle at once), never missed. Returns True to cycle again at
+        once: the claim came back full (there may be more due), or it came back short
+        without jobs.next_due having been asked. Draining calls it with ``claim=False``.
         """
+        self._settle_completions()
         plain = self.reporter.report(conn)
+        completing = sum(len(sent) for sent, _ in self._completing)
         with self._lock:
-            free = self.capacity - len(self._active) + len(plain)
+            free = self.capacity - len(self._active) + len(plain) + completing
         want = min(free, self.batch_size) if claim else 0
-        if not plain and want <= 0:
-            return False
-        began = time.monotonic()
-        done: Future[set[int]] | None = None
         if plain:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
-        try:
-            with conn.pipeline():
-                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if want > 0 else None
-                claim_cur = (
-                    conn.execute(
-                        calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
-                    )
-                    if want > 0
-                    else None
-                )
-            if due_cur is not None:
-                self._learn_next_due(due_cur.fetchone())
-            self._dispatching = []
-            rows = claim_cur.fetchall() if claim_cur is not None else []
-            self._dispatching = [r["id"] for r in rows]
-            self._name_definitions(conn, rows)
-        except BaseException:
-            if done is not None:
-                self._settle_plain(plain, done)
-            raise
-        if done is not None:
-            self._settle_plain(plain, done)
+            self._completing.append((plain, done))
+            done.add_done_callback(self._completion_answered)
         if want <= 0:
             return False
-        return self._dispatch(rows, want, began)
+        began = time.monotonic()
+        ask_due = not self._claimed_full
+        with conn.pipeline():
+            due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
+            claim_cur = conn.execute(
+                calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+            )
+        if due_cur is not None:
+            self._learn_next_due(due_cur.fetchone())
+        self._dispatching = []
+        rows = claim_cur.fetchall()
+        self._dispatching = [r["id"] for r in rows]
+        self._name_definitions(conn, rows)
+        full = self._dispatch(rows, want, began)
+        self._claimed_full = full
+        return full or not ask_due
+
+    def _completion_answered(self, done: Future[set[int]]) -> None:
+        """In the completer thread: wake the claim loop, if it sleeps, to settle the answer."""
+        self._wake.set()
+
+    def _settle_completions(self, *, wait: bool = False) -> None:
+        """Settle the completions the completer has answered (with ``wait``, all of them),
+        in the order they were sent; on a database error they are kept for the next cycle."""
+        while self._completing and (wait or self._completing[0][1].done()):
+            plain, done = self._completing.pop(0)
+            self._settle_plain(plain, done)
 
     def _complete_many(self, run_ids: list[int]) -> set[int]:
         """In the completer thread: complete these runs; the ids that were still ours."""
@@ -597,10 +628,12 @@ class Worker:
                 self._active[ctx.run_id] = ctx
         self._dispatching = []
         unreadable = {}
-        for ctx in contexts:
-            bad = [f"{column}: {v.why}" for column, v in ctx.run.items() if isinstance(v, Unreadable)]
-            if bad:
-                unreadable[ctx.run_id] = f"the driver cannot read this run's {'; '.join(bad)}"
+        if Unreadable.made != self._unreadable_seen:  # the batch was read after it moved
+            self._unreadable_seen = Unreadable.made
+            for ctx in contexts:
+                bad = [f"{column}: {v.why}" for column, v in ctx.run.items() if isinstance(v, Unreadable)]
+                if bad:
+                    unreadable[ctx.run_id] = f"the driver cannot read this run's {'; '.join(bad)}"
         self.events.on_claim([r["kind"] for r in rows], time.monotonic() - began)
         instrumentation.current.claimed(self.worker_id, rows, time.monotonic() - began)
         if not rows:
@@ -696,6 +729,7 @@ class Worker:
                 time.sleep(0.5)
             self._wake.wait(0.05)
             self._wake.clear()
+        self._settle_completions(wait=True)  # sent before the grace ran out: their answers
         left = self.held()
         if left:
             log.warning(

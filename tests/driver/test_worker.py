@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness import Database, materialize_occurrences, runs_in, scalar, wait_for, worker_thread
+from harness import Database, WorkerThread, materialize_occurrences, runs_in, scalar, wait_for, worker_thread
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -139,6 +139,47 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
     assert started == [first[0]], f"job code ran for {started}; only {first[0]} should have started"
 
 
+def test_a_completion_waiting_to_commit_does_not_hold_back_the_next_run(db: Database) -> None:
+    """A finished run's slot is claimed for at once: while the commit of its completion
+    waits (here on a row lock), the next queued run starts on that slot; the completion
+    is reported once the lock goes, exactly once."""
+    app = App()
+    finish = threading.Event()
+    second_ran = threading.Event()
+
+    @app.job("first")
+    def first(ctx: Context) -> None:
+        assert finish.wait(60)
+
+    @app.job("second")
+    def second(ctx: Context) -> None:
+        second_ran.set()
+
+    with db.connect() as conn:
+        held = conn.execute("SELECT id FROM jobs.enqueue('first')").fetchone()
+    assert held is not None
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=30.0)
+    with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
+        wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+        locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", held)
+        try:
+            finish.set()
+            waiting = (
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
+            )
+            wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, timeout=60)
+            conn.execute("SELECT jobs.enqueue('second')")
+            started = second_ran.wait(30)
+            first_status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", held)
+        finally:
+            locker.rollback()
+        assert started, "the next run did not start while the first one's completion waited to commit"
+        assert first_status == "RUNNING", f"the first run was {first_status} while its completion waited"
+        wait_for("both runs to complete", lambda: runs_in(conn, "COMPLETED") == 2, timeout=60)
+    assert worker.stats.completed == 2 and worker.stats.fenced == 0, worker.stats
+
+
 def _idle_worker(db: Database, started: list[str]) -> Worker:
     """A worker whose poll is far longer than any test: only its timer or a NOTIFY starts runs."""
     app = App()
@@ -162,6 +203,74 @@ def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> 
         wait_for("the future run to start on its timer", lambda: started == ["later"], timeout=120)
         late = conn.execute("SELECT started_at >= scheduled_for FROM jobs.runs").fetchone()
         assert late == (True,), "a run must never start before its time"
+
+
+def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db: Database) -> None:
+    """Stopping while a finished run's completion waits to commit (here on a row lock): the
+    worker stays within its grace period until the database answers, then counts the run
+    completed once and stops."""
+    app = App()
+    finish = threading.Event()
+
+    @app.job("first")
+    def first(ctx: Context) -> None:
+        assert finish.wait(60)
+
+    with db.connect() as conn:
+        held = conn.execute("SELECT id FROM jobs.enqueue('first')").fetchone()
+    assert held is not None
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=30.0)
+    running = WorkerThread(worker)
+    running.thread.start()
+    try:
+        with db.connect() as conn, db.connect(autocommit=False) as locker:
+            wait_for("the run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+            locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", held)
+            try:
+                finish.set()
+                waiting = (
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
+                )
+                wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, 60)
+                running.stop.set()
+                time.sleep(0.5)  # the worker is draining now
+                alive = running.thread.is_alive()
+            finally:
+                locker.rollback()
+            assert alive, "the worker stopped before its completion was answered"
+            running.thread.join(60)
+            assert not running.thread.is_alive(), "the worker did not stop once the completion was answered"
+            status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", held)
+    finally:
+        finish.set()
+        running.finish(60)
+    assert not running.raised, running.raised
+    assert status == "COMPLETED", status
+    assert worker.stats.completed == 1 and worker.stats.fenced == 0, worker.stats
+
+
+def test_a_worker_done_with_a_burst_wakes_for_the_next_future_run(db: Database) -> None:
+    """While its claims come back full the worker does not ask when the next run is due;
+    the claim that comes back short asks, so after a burst it still sleeps until the next
+    future run (the poll is ten minutes, notifications are off)."""
+    started: list[str] = []
+    app = App()
+
+    @app.job("timed")
+    def timed(ctx: Context) -> None:
+        started.append(ctx.payload.get("name", ""))
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('timed', '{\"name\": \"now\"}') FROM generate_series(1, 5)")
+        conn.execute("SELECT jobs.enqueue('timed', '{\"name\": \"later\"}', now() + interval '3 seconds')")
+    # One slot: every claim but the last comes back full, and the last one comes back empty.
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=600.0, listen=False)
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("the burst and the future run to start", lambda: len(started) == 6, timeout=120)
+        assert started[-1] == "later", started
+        ok = conn.execute("SELECT bool_and(started_at >= scheduled_for) FROM jobs.runs").fetchone()
+        assert ok == (True,), "a run must never start before its time"
 
 
 def test_a_scheduler_notification_rearms_a_sleeping_worker(db: Database) -> None:
