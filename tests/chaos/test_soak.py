@@ -674,8 +674,15 @@ def test_chaos_soak(tmp_path: Path) -> None:
                         move(shot, shot.times[1] if current == shot.times[0] else shot.times[0])
                         families["one_shot_moved"] += 1
                     continue
-                d = rng.choice([m for m in mutable if not m.uncertain] or mutable)
-                if "jitter" in d.options and rng.random() < 0.5:
+                # The first change of the soak moves a jitter, so a short soak has one too.
+                jittered = [m for m in mutable if "jitter" in m.options and not m.uncertain]
+                first_jitter = bool(jittered) and not any(k.startswith("jitter_changed") for k in families)
+                d = (
+                    rng.choice(jittered)
+                    if first_jitter
+                    else rng.choice([m for m in mutable if not m.uncertain] or mutable)
+                )
+                if "jitter" in d.options and (first_jitter or rng.random() < 0.5):
                     # A new delay for each later occurrence, alone or with the schedule's change.
                     d.options["jitter"] = rng.choice([j for j in JITTERS if j != d.options["jitter"]])
                     if rng.random() < 0.5:
