@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
-from harness import Database, WorkerThread, materialize_occurrences, runs_in, scalar, wait_for, worker_thread
+from harness import (
+    Conn,
+    Database,
+    WorkerThread,
+    materialize_occurrences,
+    runs_in,
+    scalar,
+    wait_for,
+    worker_thread,
+)
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -161,14 +172,8 @@ def test_a_completion_waiting_to_commit_does_not_hold_back_the_next_run(db: Data
     worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=30.0)
     with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
         wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
-        locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", held)
         try:
-            finish.set()
-            waiting = (
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
-            )
-            wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, timeout=60)
+            _hold_its_completion(conn, locker, held, finish)
             conn.execute("SELECT jobs.enqueue('second')")
             started = second_ran.wait(30)
             first_status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", held)
@@ -178,6 +183,18 @@ def test_a_completion_waiting_to_commit_does_not_hold_back_the_next_run(db: Data
         assert first_status == "RUNNING", f"the first run was {first_status} while its completion waited"
         wait_for("both runs to complete", lambda: runs_in(conn, "COMPLETED") == 2, timeout=60)
     assert worker.stats.completed == 2 and worker.stats.fenced == 0, worker.stats
+
+
+def _hold_its_completion(conn: Conn, locker: Conn, run_id: Sequence[Any], finish: threading.Event) -> None:
+    """Lock the run's row in locker's open transaction, let its job return, and wait until the
+    worker's completion of it waits on that lock."""
+    locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", run_id)
+    finish.set()
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
+    )
+    wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, timeout=60)
 
 
 def _idle_worker(db: Database, started: list[str]) -> Worker:
@@ -225,14 +242,8 @@ def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db:
     try:
         with db.connect() as conn, db.connect(autocommit=False) as locker:
             wait_for("the run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
-            locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", held)
             try:
-                finish.set()
-                waiting = (
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
-                )
-                wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, 60)
+                _hold_its_completion(conn, locker, held, finish)
                 running.stop.set()
                 time.sleep(0.5)  # the worker is draining now
                 alive = running.thread.is_alive()
