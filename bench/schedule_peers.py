@@ -13,8 +13,9 @@ Where each peer's start instant comes from (all stamped by the one server's cloc
   (``date_trunc('minute', start_time)``): a run more than a minute late is
   indistinguishable from the next minute's run, so its own minute counts as missed.
 - procrastinate: ``procrastinate_events.at`` of the job's ``started`` event (the fetch
-  transaction's ``now()``); the scheduled instant is ``procrastinate_periodic_defers.
-  defer_timestamp`` of the job, its materialization the ``deferred`` event.
+  transaction's ``now()``); the scheduled instant is the ``timestamp`` argument the periodic
+  deferrer gives each job (``procrastinate_jobs.args``; ``procrastinate_periodic_defers``
+  keeps only the latest defer of a schedule), its materialization the ``deferred`` event.
 - DBOS: ``workflow_status.started_at_epoch_ms``, which the queue claim stamps with the
   database clock when it dequeues the scheduled workflow; the scheduled instant is the
   one DBOS puts in the workflow's id (``sched-<schedule>-<ISO time>``, also the time it
@@ -312,13 +313,15 @@ class ProcrastinateDriver(Driver):
 
         procrastinate_install(self.dsn)
         self.starts_sql = """
-            SELECT d.periodic_id AS key, to_timestamp(d.defer_timestamp) AS scheduled_for,
+            SELECT j.args ->> 'schedule' AS key,
+                   to_timestamp((j.args ->> 'timestamp')::bigint) AS scheduled_for,
                    (SELECT min(e.at) FROM procrastinate_events e
-                     WHERE e.job_id = d.job_id AND e.type = 'started') AS started_at,
+                     WHERE e.job_id = j.id AND e.type = 'started') AS started_at,
                    (SELECT min(e.at) FROM procrastinate_events e
-                     WHERE e.job_id = d.job_id AND e.type = 'deferred') AS created_at
-              FROM procrastinate_periodic_defers d
-             WHERE to_timestamp(d.defer_timestamp) BETWEEN %(from)s AND %(to)s
+                     WHERE e.job_id = j.id AND e.type = 'deferred') AS created_at
+              FROM procrastinate_jobs j
+             WHERE j.task_name = 'tick'
+               AND to_timestamp((j.args ->> 'timestamp')::bigint) BETWEEN %(from)s AND %(to)s
         """
         self.cpu_note = "one process: periodic deferrer and worker"
 
@@ -422,14 +425,19 @@ def run_procrastinate(dsn: str, count: int, cron: str, concurrency: int) -> None
     from procrastinate import App, PsycopgConnector
 
     app = App(connector=PsycopgConnector(conninfo=dsn))
+    if os.environ.get("SCHEDPEERS_DEBUG"):
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
 
     @app.task(name="tick")
-    async def tick(timestamp: int) -> None:
+    async def tick(timestamp: int, schedule: str) -> None:
         """A no-op: the benchmark measures when it starts."""
 
     began = time.monotonic()
     for i in range(count):
-        app.periodic(cron=cron, periodic_id=f"s{i:06}")(tick)
+        name = f"s{i:06}"
+        app.periodic(cron=cron, periodic_id=name, task_kwargs={"schedule": name})(tick)
     setup = time.monotonic() - began
 
     async def main() -> None:
