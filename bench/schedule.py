@@ -46,6 +46,7 @@ scenario (100 ``FREQ=SECONDLY`` definitions, 60 seconds observed) runs pgtick on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -145,8 +146,8 @@ SELECT count(DISTINCT (key, scheduled_for)) FILTER (WHERE started_at IS NOT NULL
 
 def scenario(driver: Driver, name: str, step: timedelta, observe: int) -> dict[str, Any]:
     """Set the driver's schedules up, run it, observe ``observe`` occurrence instants."""
-    driver.setup()
     try:
+        driver.setup()
         driver.start()
         log(f"{name} {driver.system}: {driver.count} schedules created in {driver.setup_seconds:.2f}s")
         with psycopg.connect(driver.dsn, autocommit=True) as conn:
@@ -179,8 +180,12 @@ def scenario(driver: Driver, name: str, step: timedelta, observe: int) -> dict[s
                 time.sleep(1.0)
             window = time.monotonic() - t0
             cpu = {pid: cpu_seconds(pid) - c for pid, c in cpu0.items()}
-    finally:
-        driver.stop()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the first error is the one to report
+            driver.stop()
+            driver.cleanup()
+        raise
+    driver.stop()
     with psycopg.connect(driver.dsn, autocommit=True) as conn:
         stats = conn.execute(STATS_SQL.format(starts=driver.starts_sql), bounds).fetchone()
     driver.cleanup()

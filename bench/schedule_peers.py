@@ -388,7 +388,7 @@ def peer_unavailable(system: str, server_has_pg_cron: bool) -> str | None:
                     f"pg_cron for PostgreSQL 15 not installed ({PG_CRON_SO} missing;"
                     " apt-get install postgresql-15-cron)"
                 )
-            return reason or "the benchmark server does not preload pg_cron"
+            return reason or "the server given (--dsn or --embedded) does not preload pg_cron"
         return None
     module = {"procrastinate": "procrastinate", "dbos": "dbos"}[system]
     try:
@@ -425,10 +425,6 @@ def run_procrastinate(dsn: str, count: int, cron: str, concurrency: int) -> None
     from procrastinate import App, PsycopgConnector
 
     app = App(connector=PsycopgConnector(conninfo=dsn))
-    if os.environ.get("SCHEDPEERS_DEBUG"):
-        import logging
-
-        logging.basicConfig(level=logging.DEBUG)
 
     @app.task(name="tick")
     async def tick(timestamp: int, schedule: str) -> None:
