@@ -1,37 +1,56 @@
 """The schedule benchmark: how late do scheduled occurrences start, and are any missed or
-run twice, with N schedules every minute (and 100 every second)?
+run twice, with N schedules every minute (and 100 every second)? pgtick beside pg_cron,
+procrastinate and DBOS, in one run, on one server.
 
     .venv/bin/python bench/schedule.py [--sizes 100,1000,10000,100000] [--every-second 100]
                                        [--boundaries 3] [--workers 1] [--concurrency 100]
-                                       [--dsn DSN] [--out results.json]
+                                       [--systems pgtick,pg_cron,procrastinate,dbos]
+                                       [--dsn DSN | --embedded] [--out results.json]
 
-stdout: one JSON line per scenario, then a table. Progress goes to stderr. Without ``--dsn``
-an embedded PostgreSQL (durable: synchronous_commit and fsync on) is started on a temporary
-directory; every scenario gets a fresh database on it.
+stdout: one JSON line per system per scenario, then a table. Progress goes to stderr.
 
-Per scenario: N definitions of a no-op job, ``* * * * *`` in UTC, are created with
-``jobs.define_many`` (timed: setup seconds); a leader process (``pgtick run --no-worker``)
-and ``--workers`` worker processes (``pgtick run --no-scheduler``) start; after one warm-up
-minute boundary, ``--boundaries`` boundaries are observed. Lateness is
-``started_at - scheduled_for`` of every occurrence of the observed boundaries (database
-clock); missed = occurrences not started 60 s after their time (counting those never
-inserted); duplicated = more than one run of one definition for one occurrence;
-inserted_after_their_time counts runs materialized late. CPU is the user+system time
-of the leader and the worker processes over the observed window, as a percentage of
-one core. The every-second scenario observes 60 seconds of ``FREQ=SECONDLY`` occurrences
-the same way.
+The server: without ``--dsn``, a throwaway PostgreSQL 15 cluster (Debian's binaries, run
+as the ``postgres`` OS user on a temporary directory, its own port, durable: fsync and
+synchronous_commit on) with pg_cron loaded through ``shared_preload_libraries``
+(``cron.use_background_workers = on``, ``max_worker_processes = 20`` as pg_cron's README
+shows for that mode, ``cron.max_running_jobs = 32``, its default). Every system runs on it,
+one after the other, each in its own database. Without the PostgreSQL 15 binaries (or with
+``--embedded``) the embedded server is used and pg_cron is reported as ``not run: <reason>``.
 
-Peers (pg_cron, procrastinate, DBOS) are not driven by this script yet; they are reported
-as ``not run``.
+Per scenario and system: N schedules of a no-op, ``* * * * *`` in UTC, are created (timed:
+setup seconds), the system's processes start, and after one warm-up minute boundary (at
+least 30 s after the start) ``--boundaries`` boundaries are observed. For every occurrence
+of them, lateness is the start instant minus the scheduled instant, both as the database
+recorded them:
+
+- pgtick: ``jobs.define_many`` creates the definitions; a leader (``pgtick run
+  --no-worker``) and ``--workers`` workers (``pgtick run --no-scheduler``, ``--concurrency``)
+  run; lateness is ``started_at - scheduled_for`` of ``jobs.runs``.
+- pg_cron, procrastinate, DBOS: see ``bench/schedule_peers.py`` (where each start instant
+  comes from; procrastinate runs one worker at ``--concurrency``, DBOS at its defaults).
+
+Missed = occurrences not started within 60 s of their time (counting those never
+materialized); duplicated = more than one run for one schedule and occurrence;
+inserted_after_their_time counts occurrences materialized after their instant (where the
+system records it). After the last observed boundary the benchmark waits until every
+occurrence has started or 60 s have passed, whichever is first, then stops the system's
+processes (also on Ctrl-C or an error). CPU is user+system time of the system's own
+processes from half a step before the first observed instant until the last observed
+occurrence started (or the 60 s ran out), as a percentage of one core: pgtick's leader and
+worker processes; the pg_cron launcher (a server process; its jobs' background workers are
+not counted); procrastinate's and DBOS's one process each (scheduler and worker together).
+Each peer's row carries ``p99 / pgtick p99`` for the same scenario. The every-second
+scenario (100 ``FREQ=SECONDLY`` definitions, 60 seconds observed) runs pgtick only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
-import subprocess
+import signal
 import sys
+import tempfile
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -43,33 +62,25 @@ sys.path.insert(0, str(ROOT))
 import psycopg  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from bench.harness import Server  # noqa: E402
+from bench.harness import Server, db_now  # noqa: E402
+from bench.schedule_peers import (  # noqa: E402
+    PEERS,
+    PG_CRON_SO,
+    Driver,
+    Pg15Cluster,
+    cpu_seconds,
+    log,
+    peer_unavailable,
+    server_preloads_pg_cron,
+    spawn,
+    stop_all,
+)
 from pgtick import migrate  # noqa: E402
 
 PGTICK = str(Path(sys.executable).with_name("pgtick"))
 APP = str(ROOT / "bench" / "schedule_app.py")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PEERS = ("pg_cron", "procrastinate", "DBOS")
-
-
-def log(message: str) -> None:
-    print(f"[schedule-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process (Linux /proc), seconds."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def db_now(conn: psycopg.Connection[Any]) -> datetime:
-    row = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    value: datetime = row[0]
-    return value
+SYSTEMS = ("pgtick", *PEERS)
+GRACE = timedelta(seconds=60)
 
 
 def sleep_until(conn: psycopg.Connection[Any], at: datetime) -> None:
@@ -80,131 +91,134 @@ def sleep_until(conn: psycopg.Connection[Any], at: datetime) -> None:
         time.sleep(min(left, 5.0))
 
 
-def start(dsn: str, *flags: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": dsn}
-    return subprocess.Popen(
-        [PGTICK, "run", APP, "--dsn", dsn, *flags],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+class PgtickDriver(Driver):
+    """pgtick: ``jobs.define_many``, one leader and ``workers`` worker processes."""
+
+    workers: int = 1
+
+    def setup(self) -> None:
+        self.dbname = f"sched_pgtick_{self.count}"
+        self.server.fresh_database(self.dbname)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            migrate.apply(conn)
+            defs = [
+                {"name": f"s{i:06}", "kind": "noop", "schedule": self.schedule} for i in range(self.count)
+            ]
+            began = time.monotonic()
+            conn.execute("SELECT count(*) FROM jobs.define_many(%s)", (Jsonb(defs),))
+            self.setup_seconds = time.monotonic() - began
+        self.starts_sql = """
+            SELECT definition_id::text AS key, scheduled_for, started_at, created_at
+              FROM jobs.runs
+             WHERE origin = 'schedule' AND scheduled_for BETWEEN %(from)s AND %(to)s
+        """
+
+    def start(self) -> None:
+        batch = str(min(self.concurrency, 1000))
+        flags = ["--concurrency", str(self.concurrency), "--batch", batch]
+        run = [PGTICK, "run", APP, "--dsn", self.dsn]
+        env = {"DATABASE_URL": self.dsn}
+        self.procs = [spawn([*run, "--no-worker"], env)]
+        self.procs += [spawn([*run, "--no-scheduler", *flags], env) for _ in range(self.workers)]
+        self.leader_pids = [self.procs[0].pid]
+        self.worker_pids = [p.pid for p in self.procs[1:]]
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()  # our own child, by its handle
+STATS_SQL = """
+WITH r AS ({starts}), s AS (SELECT *, started_at - scheduled_for AS late FROM r)
+SELECT count(DISTINCT (key, scheduled_for)) FILTER (WHERE late <= interval '60 s'),
+       count(*) - count(DISTINCT (key, scheduled_for)),
+       1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY late)),
+       1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY late)),
+       1000 * extract(epoch FROM max(late)),
+       1000 * extract(epoch FROM min(late)),
+       count(*) FILTER (WHERE started_at < scheduled_for),
+       count(*) FILTER (WHERE created_at > scheduled_for),
+       count(created_at),
+       count(*)
+  FROM s
+"""
+
+STARTED_SQL = """
+SELECT count(DISTINCT (key, scheduled_for)) FILTER (WHERE started_at IS NOT NULL) FROM ({starts}) AS r
+"""
+
+
+def scenario(driver: Driver, name: str, step: timedelta, observe: int) -> dict[str, Any]:
+    """Set the driver's schedules up, run it, observe ``observe`` occurrence instants."""
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
-def scenario(
-    server: Server,
-    name: str,
-    count: int,
-    schedule: str,
-    step: timedelta,
-    observe: int,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    """Define ``count`` schedules, run pgtick, observe ``observe`` occurrence instants."""
-    dbname = f"sched_{name.replace('-', '_')}"
-    dsn = server.fresh_database(dbname)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrate.apply(conn)
-        defs = [{"name": f"s{i:06}", "kind": "noop", "schedule": schedule} for i in range(count)]
-        began = time.monotonic()
-        conn.execute("SELECT count(*) FROM jobs.define_many(%s)", (Jsonb(defs),))
-        setup = time.monotonic() - began
-        log(f"{name}: {count} definitions in {setup:.2f}s")
-        flags = ["--concurrency", str(args.concurrency), "--batch", str(min(args.concurrency, 1000))]
-        leader = start(dsn, "--no-worker")
-        workers = [start(dsn, "--no-scheduler", *flags) for _ in range(args.workers)]
-        try:
+        driver.setup()
+        driver.start()
+        log(f"{name} {driver.system}: {driver.count} schedules created in {driver.setup_seconds:.2f}s")
+        with psycopg.connect(driver.dsn, autocommit=True) as conn:
             now = db_now(conn)
-            # Warm-up: cursors set, the horizon learned, one boundary (or 10 s) passed.
+            # Warm-up: one occurrence instant (a minute boundary at least 30 s away, or 10 s
+            # of every-second occurrences) is handled before the observed ones.
             unit = step.total_seconds()
+            lead = timedelta(seconds=min(30.0, unit / 2))
             first = datetime.fromtimestamp((now.timestamp() // unit + 1) * unit, tz=now.tzinfo)
-            warm = first + (step if unit >= 60 else timedelta(seconds=10))
-            while warm - now < timedelta(seconds=min(30.0, unit / 2)):
+            warm = first if unit >= 60 else first + timedelta(seconds=10)
+            while warm - now < lead:
                 warm += step
-            sleep_until(conn, warm)
             observed_from = warm + step
             observed_to = observed_from + step * (observe - 1)
-            cpu0 = {p.pid: cpu_seconds(p.pid) for p in [leader, *workers]}
+            # CPU: from half a step before the first observed instant until the last start.
+            sleep_until(conn, observed_from - lead)
+            pids = [*driver.leader_pids, *driver.worker_pids]
+            cpu0 = {pid: cpu_seconds(pid) for pid in pids}
             t0 = time.monotonic()
-            log(f"{name}: observing {observe} instants from {observed_from:%H:%M:%S}")
+            log(f"{name} {driver.system}: observing {observe} instants from {observed_from:%H:%M:%S}")
             sleep_until(conn, observed_to + timedelta(seconds=1))
-            window = time.monotonic() - t0
-            cpu = {pid: cpu_seconds(pid) - c for pid, c in cpu0.items()}
             # Let late starts happen (they count as late, not missed, within 60 s).
-            deadline = observed_to + timedelta(seconds=60)
-            while db_now(conn) < deadline:
-                row = conn.execute(
-                    "SELECT count(*) FROM jobs.runs WHERE origin = 'schedule' AND started_at IS NULL"
-                    " AND scheduled_for BETWEEN %s AND %s",
-                    (observed_from, observed_to),
-                ).fetchone()
-                inserted = conn.execute(
-                    "SELECT count(*) FROM jobs.runs"
-                    " WHERE origin = 'schedule' AND scheduled_for BETWEEN %s AND %s",
-                    (observed_from, observed_to),
-                ).fetchone()
-                if row == (0,) and inserted == (count * observe,):
+            expected = driver.count * observe
+            waiting = STARTED_SQL.format(starts=driver.starts_sql)
+            bounds = {"from": observed_from, "to": observed_to}
+            while db_now(conn) < observed_to + GRACE:
+                row = conn.execute(waiting, bounds).fetchone()
+                if row is not None and int(row[0]) >= expected:
                     break
                 time.sleep(1.0)
-        finally:
-            for p in [leader, *workers]:
-                stop(p)
-        stats = conn.execute(
-            """
-            WITH r AS (
-                SELECT definition_id, scheduled_for, started_at, created_at,
-                       started_at - scheduled_for AS late
-                  FROM jobs.runs
-                 WHERE origin = 'schedule' AND scheduled_for BETWEEN %s AND %s
-            )
-            SELECT count(*) FILTER (WHERE late <= interval '60 s'),
-                   count(*) - count(DISTINCT (definition_id, scheduled_for)),
-                   1000 * extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY late)),
-                   1000 * extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY late)),
-                   1000 * extract(epoch FROM max(late)),
-                   1000 * extract(epoch FROM min(late)),
-                   count(*) FILTER (WHERE started_at < scheduled_for),
-                   count(*) FILTER (WHERE created_at > scheduled_for),
-                   count(*)
-              FROM r
-            """,
-            (observed_from, observed_to),
-        ).fetchone()
-        assert stats is not None
-        started, duplicated, p50, p99, worst, best, early, inserted_late, inserted = stats
-        expected = count * observe
-    server.drop_database(dbname)
+            window = time.monotonic() - t0
+            cpu = {pid: cpu_seconds(pid) - c for pid, c in cpu0.items()}
+    except BaseException:
+        with contextlib.suppress(Exception):  # the first error is the one to report
+            driver.stop()
+            driver.cleanup()
+        raise
+    driver.stop()
+    with psycopg.connect(driver.dsn, autocommit=True) as conn:
+        stats = conn.execute(STATS_SQL.format(starts=driver.starts_sql), bounds).fetchone()
+    driver.cleanup()
+    assert stats is not None
+    started, duplicated, p50, p99, worst, best, early, inserted_late, known_created, inserted = stats
+
+    def pct(pids: list[int]) -> float | None:
+        return round(100 * sum(cpu[p] for p in pids) / window, 1) if pids and window else None
+
     return {
-        "system": "pgtick",
+        "system": driver.system,
         "scenario": name,
-        "schedules": count,
-        "schedule": schedule,
+        "schedules": driver.count,
+        "schedule": driver.schedule,
         "occurrences": expected,
         "started": int(started),
         "missed": expected - int(started),
         "duplicated": int(duplicated),
         "started_early": int(early),
         "inserted": int(inserted),
-        "inserted_after_their_time": int(inserted_late),
+        "inserted_after_their_time": int(inserted_late) if known_created else None,
         "lateness_ms": {
             "p50": _round(p50),
             "p99": _round(p99),
             "max": _round(worst),
             "min": _round(best),
         },
-        "setup_seconds": round(setup, 2),
-        "leader_cpu_pct": round(100 * cpu[leader.pid] / window, 1),
-        "worker_cpu_pct": round(100 * sum(cpu[w.pid] for w in workers) / window, 1),
-        "workers": args.workers,
-        "concurrency": args.concurrency,
+        "setup_seconds": round(driver.setup_seconds, 2),
+        "leader_cpu_pct": pct(driver.leader_pids),
+        "worker_cpu_pct": pct(driver.worker_pids),
+        "cpu_note": driver.cpu_note or None,
+        "worker_processes": len(driver.worker_pids),
+        "concurrency": driver.concurrency,
         "observed_seconds": round(window, 1),
     }
 
@@ -220,6 +234,39 @@ def loadavg() -> str:
         return "?"
 
 
+def parse_systems(text: str) -> list[str]:
+    """``--systems``: a comma-separated subset of SYSTEMS (case-insensitive), in SYSTEMS order."""
+    asked = {t.strip().lower() for t in text.split(",") if t.strip()}
+    unknown = sorted(asked - set(SYSTEMS))
+    if unknown or not asked:
+        names = ", ".join(unknown) or "(none given)"
+        raise ValueError(f"--systems: unknown {names}; choose from {','.join(SYSTEMS)}")
+    return [name for name in SYSTEMS if name in asked]
+
+
+def ratio(peer_p99: float | None, pgtick_p99: float | None) -> float | None:
+    """Peer p99 / pgtick p99 (the target: at least 10), or None when either is unknown."""
+    if peer_p99 is None or not pgtick_p99:
+        return None
+    return round(peer_p99 / pgtick_p99, 1)
+
+
+def open_server(args: argparse.Namespace, systems: list[str]) -> tuple[Server, Pg15Cluster | None]:
+    """The one server every system runs on (see the module docstring)."""
+    if args.dsn:
+        return Server(args.dsn), None
+    why = Pg15Cluster.unavailable()
+    if args.embedded or why:
+        log(f"embedded server ({'--embedded' if args.embedded else why})")
+        return Server(), None
+    cluster = Pg15Cluster(with_pg_cron="pg_cron" in systems and PG_CRON_SO.exists())
+    try:
+        return Server(cluster.start()), cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,20 +276,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boundaries", type=int, default=3, help="minute boundaries observed per size")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (2 at 100,000 always)")
     parser.add_argument("--concurrency", type=int, default=100, help="worker concurrency (no-op jobs)")
-    parser.add_argument("--dsn", help="use this server (a superuser DSN) instead of an embedded one")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: %(default)s")
+    parser.add_argument("--dsn", help="use this server (a superuser DSN) instead of a throwaway one")
+    parser.add_argument("--embedded", action="store_true", help="use the embedded server, not PostgreSQL 15")
     parser.add_argument("--out", help="also write all records to this JSON file")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-
-    server = Server(args.dsn)
-    records: list[dict[str, Any]] = []
     try:
+        systems = parse_systems(args.systems)
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)  # stop the children and the cluster on the way out
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    records: list[dict[str, Any]] = []
+    server: Server | None = None
+    cluster: Pg15Cluster | None = None
+    workdir = Path(tempfile.mkdtemp(prefix="pgtick-sched-logs-"))
+    try:
+        server, cluster = open_server(args, systems)
         settings = server.settings()
-        log(f"server {settings['server_version']}, synchronous_commit={settings['synchronous_commit']}")
-        scenarios: list[tuple[str, int, str, timedelta, int]] = [
-            (f"every-minute-{n}", n, "* * * * *", timedelta(minutes=1), args.boundaries) for n in sizes
+        log(
+            f"server {settings['server_version']}, synchronous_commit={settings['synchronous_commit']},"
+            f" shared_preload_libraries={settings['shared_preload_libraries'] or '(none)'}; logs in {workdir}"
+        )
+        has_pg_cron = server_preloads_pg_cron(server)
+        skip = {name: peer_unavailable(name, has_pg_cron) for name in systems if name != "pgtick"}
+        for name, why in skip.items():
+            if why:
+                log(f"{name}: not run: {why}")
+        scenarios: list[tuple[str, int, str, timedelta, int, list[str]]] = [
+            (f"every-minute-{n}", n, "* * * * *", timedelta(minutes=1), args.boundaries, systems)
+            for n in sizes
         ]
-        if args.every_second:
+        if args.every_second and "pgtick" in systems:
             scenarios.append(
                 (
                     f"every-second-{args.every_second}",
@@ -250,45 +320,96 @@ def main(argv: list[str] | None = None) -> int:
                     "FREQ=SECONDLY",
                     timedelta(seconds=1),
                     60,
+                    ["pgtick"],
                 )
             )
-        for name, count, schedule, step, observe in scenarios:
-            workers = max(args.workers, 2) if count >= 100_000 else args.workers
-            run_args = argparse.Namespace(**{**vars(args), "workers": workers})
-            load_before = loadavg()
-            record = scenario(server, name, count, schedule, step, observe, run_args)
-            record["load_before"] = load_before
-            record["load_after"] = loadavg()
-            records.append(record)
-            print(json.dumps(record), flush=True)
-        for peer in PEERS:
-            record = {"system": peer, "status": "not run", "why": "not driven by bench/schedule.py yet"}
-            records.append(record)
-            print(json.dumps(record), flush=True)
+        for name, count, schedule, step, observe, which in scenarios:
+            for system in which:
+                record = run_one(server, system, name, count, schedule, step, observe, args, skip, workdir)
+                records.append(record)
+                print(json.dumps(record), flush=True)
     finally:
-        server.stop()
+        stop_all()
+        if server is not None:
+            server.stop()
+        if cluster is not None:
+            cluster.stop()
+    add_ratios(records)
     print_table(records)
     if args.out:
-        Path(args.out).write_text(json.dumps(records, indent=2))
+        Path(args.out).write_text(json.dumps({"settings": settings, "records": records}, indent=2))
     return 0
+
+
+def run_one(
+    server: Server,
+    system: str,
+    name: str,
+    count: int,
+    schedule: str,
+    step: timedelta,
+    observe: int,
+    args: argparse.Namespace,
+    skip: dict[str, str | None],
+    workdir: Path,
+) -> dict[str, Any]:
+    """One system in one scenario: its record, or why it did not run or failed."""
+    if skip.get(system):
+        return {"system": system, "scenario": name, "status": "not run", "why": skip[system]}
+    driver_class = PgtickDriver if system == "pgtick" else PEERS[system]
+    driver = driver_class(system, server, count, schedule, args.concurrency, workdir)
+    if isinstance(driver, PgtickDriver):
+        driver.workers = max(args.workers, 2) if count >= 100_000 else args.workers
+    load_before = loadavg()
+    try:
+        record = scenario(driver, name, step, observe)
+    except Exception as exc:  # a peer that breaks must not stop the others
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        log(f"{name} {system}: error: {why}")
+        stop_all()
+        return {"system": system, "scenario": name, "status": "error", "why": why}
+    record["load_before"] = load_before
+    record["load_after"] = loadavg()
+    return record
+
+
+def add_ratios(records: list[dict[str, Any]]) -> None:
+    """Each peer's record gets ``p99_vs_pgtick``: its p99 / pgtick's p99 in the same scenario."""
+    pgtick = {r["scenario"]: r for r in records if r["system"] == "pgtick" and "lateness_ms" in r}
+    for r in records:
+        base = pgtick.get(r["scenario"])
+        if r["system"] != "pgtick" and "lateness_ms" in r and base is not None:
+            r["p99_vs_pgtick"] = ratio(r["lateness_ms"]["p99"], base["lateness_ms"]["p99"])
 
 
 def print_table(records: list[dict[str, Any]]) -> None:
     print(
-        "\n| scenario | p50 ms | p99 ms | max ms | missed | duplicated | setup s"
-        " | leader CPU % | worker CPU % |"
+        "\n| scenario | system | p50 ms | p99 ms | max ms | missed | duplicated | setup s"
+        " | leader CPU % | worker CPU % | p99 / pgtick p99 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
-        if r.get("status") == "not run":
-            print(f"| {r['system']} | not run | | | | | | | |")
+        if "lateness_ms" not in r:
+            print(f"| {r['scenario']} | {r['system']} | {r['status']}: {r['why']} | | | | | | | | |")
             continue
         lat = r["lateness_ms"]
-        print(
-            f"| {r['scenario']} ({r['workers']} worker proc.) | {lat['p50']} | {lat['p99']} | {lat['max']} |"
-            f" {r['missed']} of {r['occurrences']} | {r['duplicated']} | {r['setup_seconds']} |"
-            f" {r['leader_cpu_pct']} | {r['worker_cpu_pct']} |"
-        )
+        system = r["system"]
+        if system == "pgtick":
+            system += f" ({r['worker_processes']} worker proc.)"
+        cells = [
+            r["scenario"],
+            system,
+            lat["p50"],
+            lat["p99"],
+            lat["max"],
+            f"{r['missed']} of {r['occurrences']}",
+            r["duplicated"],
+            r["setup_seconds"],
+            r["leader_cpu_pct"],
+            r["worker_cpu_pct"],
+            r.get("p99_vs_pgtick"),
+        ]
+        print("| " + " | ".join("—" if c is None else str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":
