@@ -181,7 +181,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS
-'Private: raises 22023 naming the field unless dst_gap (shift, end, skip), dst_repeat (first, second, both; both only for a recurring schedule), jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
+'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
 
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
