@@ -282,13 +282,20 @@ run_one() {
     printf '%s\n' "$run_id" >"$STATE/current"
     kill -USR2 "$HB_PID" 2>/dev/null # first heartbeat right away
     log "run=$run_id kind=$kind attempt=$attempt started"
+    # The main loop decides when a job stops (grace period), so the job ignores SIGTERM and
+    # SIGINT. A forked subshell resets caught signals to their default but keeps ignored
+    # ones: ignoring them here across the fork closes the window in which a SIGTERM to the
+    # process group would kill the job before it could ignore it itself. (A SIGTERM within
+    # the fork itself now reaches neither: the service manager's stop timeout then ends the
+    # worker, and the reaper hands the run on. Before, such a job died and its run failed.)
+    trap '' TERM INT
     (
-        trap '' TERM INT # the main loop decides when a job stops (grace period)
         trap 'echo $? >"$STATE/rc.$PGTICK_RUN_ID"' EXIT
         export PGTICK_RUN_ID=$run_id PGTICK_KIND=$kind PGTICK_ATTEMPT=$attempt PGTICK_PAYLOAD=$payload
         "job_$kind"
     ) >"$STATE/out.$run_id" 2>"$STATE/err.$run_id" &
     JOB=$!
+    trap on_signal TERM INT
     while [[ ! -e $STATE/rc.$run_id ]] && kill -0 "$JOB" 2>/dev/null; do
         if ((!STOP)); then
             wait "$JOB" # returns when the job ends, or at once when a signal arrives
