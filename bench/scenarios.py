@@ -441,12 +441,33 @@ def _latency_at(bench: Bench, per_s: float) -> None:
 # -- growth --------------------------------------------------------------------------------
 
 # Finished runs spread evenly over the ten days before the last hour: a day holds a tenth.
-HISTORY_SQL = """
+# They are loaded where the leader keeps them: the last day (jobs.config.archive_after) in
+# jobs.runs, older ones in jobs.run_history's day partitions, ids in finishing order.
+HISTORY_SQL = [
+    """
+SELECT jobs._history_partitions(array_agg(DISTINCT (s.t AT TIME ZONE 'UTC')::date))
+  FROM (SELECT now() - interval '10 days' + g * ((interval '10 days' - interval '1 hour') / %(n)s) AS t
+          FROM generate_series(1, %(n)s) AS g) AS s
+ WHERE s.t < now() - interval '1 day'
+""",
+    """
+INSERT INTO jobs.run_history (id, kind, origin, status, created_at, scheduled_for, started_at, finished_at,
+                              worker, queue, attempt, payload, priority, cancel_requested, blocked)
+SELECT s.g, %(kind)s, 'manual', 'COMPLETED', s.t, s.t, s.t, s.t + interval '10 ms', 'history', 'default',
+       1, '{}', 0, false, false
+  FROM (SELECT g, now() - interval '10 days' + g * ((interval '10 days' - interval '1 hour') / %(n)s) AS t
+          FROM generate_series(1, %(n)s) AS g) AS s
+ WHERE s.t < now() - interval '1 day'
+""",
+    "SELECT setval(pg_get_serial_sequence('jobs.runs', 'id'), %(n)s)",
+    """
 INSERT INTO jobs.runs (kind, origin, status, created_at, scheduled_for, started_at, finished_at, worker)
 SELECT %(kind)s, 'manual', 'COMPLETED', t, t, t, t + interval '10 ms', 'history'
   FROM (SELECT now() - interval '10 days' + g * ((interval '10 days' - interval '1 hour') / %(n)s) AS t
           FROM generate_series(1, %(n)s) AS g) AS s
-"""
+ WHERE t >= now() - interval '1 day'
+""",
+]
 
 STALE_SQL = """
 INSERT INTO jobs.runs (kind, origin, status, created_at, scheduled_for, started_at, heartbeat_at, worker)
@@ -459,9 +480,16 @@ SELECT %s, 'manual', 'RUNNING', now() - interval '2 hours', now() - interval '2 
 def _table_sizes(conn: Any) -> dict[str, int]:
     row = conn.execute(
         "SELECT pg_relation_size('jobs.runs'), pg_indexes_size('jobs.runs'),"
-        " pg_total_relation_size('jobs.runs')"
+        " pg_total_relation_size('jobs.runs'),"
+        " (SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits AS i"
+        "   WHERE i.inhparent = 'jobs.run_history'::regclass)"
     ).fetchone()
-    return {"heap_bytes": int(row[0]), "index_bytes": int(row[1]), "total_bytes": int(row[2])}
+    return {
+        "heap_bytes": int(row[0]),
+        "index_bytes": int(row[1]),
+        "total_bytes": int(row[2]),
+        "history_total_bytes": int(row[3]),
+    }
 
 
 def scenario_growth(bench: Bench) -> None:
@@ -474,8 +502,10 @@ def scenario_growth(bench: Bench) -> None:
         prep: dict[str, Any] = {"history": hist}
         if hist:
             with connect(dsn) as conn, timed() as took:
-                conn.execute(HISTORY_SQL, {"kind": sys_pgtick.KIND, "n": hist})
+                for statement in HISTORY_SQL:
+                    conn.execute(statement, {"kind": sys_pgtick.KIND, "n": hist})
                 conn.execute("VACUUM ANALYZE jobs.runs")
+                conn.execute("VACUUM ANALYZE jobs.run_history")
             prep["history_load_seconds"] = round(took(), 2)
             with connect(dsn) as conn:
                 prep.update(_table_sizes(conn))
@@ -500,24 +530,58 @@ def scenario_growth(bench: Bench) -> None:
                 dbname,
             )
         _reap(bench, dsn, dbname, hist)
+        _archive(bench, dsn, dbname, hist)
         if hist:
             _retention(bench, dsn, dbname, hist)
         bench.done_with(dbname)
     _materialize(bench)
 
 
-def _retention(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
-    """Retention of the oldest day of history (a tenth of it): jobs.prune in its default
-    batches of 10,000, called until a short batch, as the leader does."""
-    log(f"growth: prune the oldest day of {hist} history rows")
-    deleted = 0
-    with connect(dsn) as conn, timed() as took:
+def _until_short(conn: Any, call: str, batch: int = 10_000) -> tuple[int, float]:
+    """Call ``call`` (a SELECT of one count) until it returns less than ``batch``, as the
+    leader does; returns the total and the seconds it took."""
+    total = 0
+    with timed() as took:
         while True:
-            row = conn.execute("SELECT jobs.prune(interval '9 days')").fetchone()
+            row = conn.execute(call).fetchone()
             assert row is not None
-            deleted += int(row[0])
-            if int(row[0]) < 10_000:
+            total += int(row[0])
+            if int(row[0]) < batch:
                 break
+    return total, took()
+
+
+def _archive(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
+    """The leader's move of finished runs to history: the runs the drains finished, aged past
+    archive_after, moved by jobs.archive in its default batches of 10,000 until a short one."""
+    with connect(dsn) as conn:
+        conn.execute(
+            "UPDATE jobs.runs SET finished_at = finished_at - interval '2 days'"
+            " WHERE finished_at > now() - interval '1 hour'"
+        )
+        moved, seconds = _until_short(conn, "SELECT jobs.archive()")
+    bench.emit(
+        {
+            "scenario": "archive",
+            "system": "pgtick-sql",
+            "batch": 10_000,
+            "procs": 1,
+            "jobs": moved,
+            "history": hist,
+            "seconds": round(seconds, 3),
+            "jobs_per_s": rate(moved, seconds),
+        },
+        dbname,
+    )
+
+
+def _retention(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
+    """Retention of the oldest days of history (its first, partial UTC day and the next whole
+    one): jobs.prune in its default batches of 10,000, called until a short batch, as the
+    leader does. Whole days of history are dropped, the rest deleted row by row."""
+    log(f"growth: prune the oldest days of {hist} history rows")
+    with connect(dsn) as conn:
+        deleted, seconds = _until_short(conn, "SELECT jobs.prune(interval '8 days')")
     bench.emit(
         {
             "scenario": "retention",
@@ -526,7 +590,7 @@ def _retention(bench: Bench, dsn: str, dbname: str, hist: int) -> None:
             "procs": 1,
             "jobs": deleted,
             "history": hist,
-            "seconds": round(took(), 3),
+            "seconds": round(seconds, 3),
         },
         dbname,
     )

@@ -289,7 +289,7 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
             )
         if r.get("scenario") == "retention":
             s.add(
-                f"retention of a day ({r['jobs']:,} runs) of {r['history']:,} history (s)",
+                f"retention of the oldest days ({r['jobs']:,} runs) of {r['history']:,} history (s)",
                 r["seconds"],
                 "<= 1",
                 r["seconds"] <= 1,

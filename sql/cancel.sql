@@ -31,7 +31,7 @@ BEGIN
         END IF;
         RETURN v_status;
     END IF;
-    SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = cancel.run_id;
+    SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = cancel.run_id;
     RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
 END
 $$;

@@ -389,18 +389,20 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM jobs._known_run((SELECT r FROM jobs.runs AS r WHERE r.id = run_detail.run_id), run_detail.run_id);
+    IF NOT EXISTS (SELECT FROM jobs.runs_all AS r WHERE r.id = run_detail.run_id) THEN
+        PERFORM jobs._known_run(NULL, run_detail.run_id);
+    END IF;
     RETURN QUERY
     WITH RECURSIVE back AS (
-        SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = run_detail.run_id
+        SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs_all AS r WHERE r.id = run_detail.run_id
         UNION ALL
-        SELECT p.id, p.retry_of, b.depth + 1 FROM jobs.runs AS p INNER JOIN back AS b ON p.id = b.retry_of
+        SELECT p.id, p.retry_of, b.depth + 1 FROM jobs.runs_all AS p INNER JOIN back AS b ON p.id = b.retry_of
         WHERE b.depth < 1000
     ),
     chain AS (
         SELECT b.id, 0 AS depth FROM back AS b WHERE b.retry_of IS NULL OR b.depth = 1000
         UNION ALL
-        SELECT n.id, c.depth + 1 FROM jobs.runs AS n INNER JOIN chain AS c ON n.retry_of = c.id
+        SELECT n.id, c.depth + 1 FROM jobs.runs_all AS n INNER JOIN chain AS c ON n.retry_of = c.id
         WHERE c.depth < 1000
     )
     SELECT r.id, d.name, coalesce(d.timezone, 'UTC'), r.kind, r.status::text, r.attempt, r.max_attempts,
@@ -411,8 +413,8 @@ BEGIN
                         'started_at', a.started_at, 'finished_at', a.finished_at, 'worker', a.worker,
                         'failure_reason', a.failure_reason,
                         'error', split_part(a.error, E'\n', 1)) ORDER BY a.attempt, a.id), '[]')
-              FROM chain AS c INNER JOIN jobs.runs AS a ON a.id = c.id)
-      FROM jobs.runs AS r
+              FROM chain AS c INNER JOIN jobs.runs_all AS a ON a.id = c.id)
+      FROM jobs.runs_all AS r
       LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
      WHERE r.id = run_detail.run_id;
 END
@@ -439,7 +441,7 @@ BEGIN
     SELECT undefine_detail.name, v_cancelled,
            coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.status = 'RUNNING'), '{}'),
            count(*) FILTER (WHERE r.status <> 'RUNNING')
-      FROM jobs.runs AS r WHERE r.definition_id = v_def.id;
+      FROM jobs.runs_all AS r WHERE r.definition_id = v_def.id;
 END
 $$;
 COMMENT ON FUNCTION jobs.undefine_detail(text) IS
@@ -456,8 +458,11 @@ DECLARE
     v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);  -- as jobs.prune
-    RETURN (SELECT count(*) FROM jobs.runs AS r WHERE r.finished_at < now() - v_age);
+    RETURN (SELECT count(*) FROM jobs.runs AS r WHERE r.finished_at < now() - v_age)
+         + (SELECT count(*) FROM jobs.run_history AS h
+             WHERE h.finished_at < (SELECT coalesce(max(d.day) + 1, '-infinity'::date)::timestamp AT TIME ZONE 'UTC'
+                                      FROM jobs._history_days_before(now() - v_age) AS d));
 END
 $$;
 COMMENT ON FUNCTION jobs.prune_count(interval) IS
-'How many finished runs older than older_than (default jobs.config.retention) jobs.prune would delete now: the dry run of `pgtick prune`.';
+'How many finished runs jobs.prune(older_than) would delete now (default jobs.config.retention): the days of history that ended before the cutoff and the runs of jobs.runs finished before it. The dry run of `pgtick prune`.';

@@ -42,17 +42,22 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_id bigint;
+    v_ids bigint[];
 BEGIN
     PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
     -- retried meanwhile is passed over, not an error, so one click never half-applies.
-    FOR v_id IN
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.id = ANY(retry_many.run_ids) AND r.status = 'FAILED'
-         ORDER BY r.id
-           FOR UPDATE
-    LOOP
-        CONTINUE WHEN EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = v_id);
+    v_ids := array(SELECT r.id FROM jobs.runs AS r
+                    WHERE r.id = ANY(retry_many.run_ids) AND r.status = 'FAILED'
+                    ORDER BY r.id
+                      FOR UPDATE);
+    -- Then the ones in history, in a new statement: it sees runs moved there while this waited.
+    v_ids := v_ids || array(SELECT h.id FROM jobs.run_history AS h
+                             WHERE h.id = ANY(retry_many.run_ids) AND h.status = 'FAILED'
+                             ORDER BY h.id
+                               FOR UPDATE);
+    FOREACH v_id IN ARRAY v_ids LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM jobs.runs_all AS n WHERE n.retry_of = v_id);
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END
@@ -69,6 +74,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_count bigint;
+    v_moved bigint;
 BEGIN
     PERFORM jobs._check_run_ids(discard.run_ids, 100000);
     WITH victims AS (
@@ -79,7 +85,11 @@ BEGIN
     )
     DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+    -- Then the ones in history (a new statement: it sees the runs moved there meanwhile).
+    DELETE FROM jobs.run_history AS h
+     WHERE h.id = ANY(discard.run_ids) AND h.status = 'FAILED';
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    RETURN v_count + v_moved;
 END
 $$;
 COMMENT ON FUNCTION jobs.discard(bigint[]) IS

@@ -48,6 +48,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_run jobs.runs;
+    v_moved jobs.runs;
     v_deps text;
 BEGIN
     PERFORM jobs._check_name('kind', enqueue.kind);
@@ -94,6 +95,15 @@ BEGIN
          ORDER BY r.id DESC
          LIMIT 1
            FOR UPDATE;
+        IF NOT FOUND AND enqueue.unique_while = 'ever' THEN
+            -- A finished run of the key may have moved to history (only finished runs move).
+            SELECT h.* INTO v_run
+              FROM jobs.run_history AS h
+             WHERE h.kind = enqueue.kind AND h.unique_key = enqueue.unique_key
+               AND (enqueue.unique_for IS NULL OR h.created_at > now() - enqueue.unique_for)
+             ORDER BY h.id DESC
+             LIMIT 1;
+        END IF;
         IF FOUND THEN
             IF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'replace' THEN
                 UPDATE jobs.runs AS r
@@ -133,10 +143,24 @@ BEGIN
     RETURNING r.* INTO v_run;
 
     IF NOT FOUND THEN
-        -- The key exists (possibly committed a moment ago by a concurrent caller): return that run.
-        SELECT r.* INTO v_run FROM jobs.runs AS r
-         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key;
+        -- The key exists (possibly committed a moment ago by a concurrent caller): return that
+        -- run, wherever it is by now.
+        SELECT r.* INTO v_run FROM jobs.runs_all AS r
+         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key
+         LIMIT 1;
         RETURN v_run;
+    END IF;
+    IF enqueue.idempotency_key IS NOT NULL THEN
+        -- The key's run may have moved to history. Looked up after the insert, not before: an
+        -- insert that met the run in jobs.runs being moved waited for the move to commit, so
+        -- this later statement sees it in history; then the new row was never seen by anyone.
+        SELECT h.* INTO v_moved FROM jobs.run_history AS h
+         WHERE h.kind = enqueue.kind AND h.idempotency_key = enqueue.idempotency_key
+         LIMIT 1;
+        IF FOUND THEN
+            DELETE FROM jobs.runs AS r WHERE r.id = v_run.id;
+            RETURN v_moved;
+        END IF;
     END IF;
     PERFORM jobs._notify();
     RETURN v_run;

@@ -33,10 +33,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE chain AS (
         SELECT r.id AS root, r.id, r.attempt, r.status
-          FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+          FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
         UNION ALL
         SELECT c.root, r.id, r.attempt, r.status
-          FROM chain AS c JOIN jobs.runs AS r ON r.retry_of = c.id
+          FROM chain AS c JOIN jobs.runs_all AS r ON r.retry_of = c.id
     )
     SELECT chain.root, chain.id, chain.attempt, chain.status FROM chain
 $$;
@@ -50,9 +50,9 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE chain AS (
-        SELECT r.id, r.retry_of FROM jobs.runs AS r WHERE r.id = ANY (run_ids)
+        SELECT r.id, r.retry_of FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
         UNION
-        SELECT r.id, r.retry_of FROM chain AS c JOIN jobs.runs AS r ON r.id = c.retry_of
+        SELECT r.id, r.retry_of FROM chain AS c JOIN jobs.runs_all AS r ON r.id = c.retry_of
     )
     SELECT coalesce(array_agg(chain.id), '{}') FROM chain
 $$;
@@ -90,12 +90,18 @@ BEGIN
          WHERE r.id = ANY (v_chain) AND r.id <> ALL (v_locked)
          ORDER BY r.id
            FOR SHARE;
+        -- Then those in history: a run moved there while this waited is locked there (a new
+        -- statement, a new snapshot); runs only ever move from jobs.runs to history.
+        PERFORM FROM jobs.run_history AS h
+         WHERE h.id = ANY (v_chain) AND h.id <> ALL (v_locked)
+         ORDER BY h.id
+           FOR SHARE;
         v_locked := v_locked || v_chain;
     END LOOP;
     -- Only now, with the chains locked (a prune can no longer delete them), is "exists" final.
     SELECT array_agg(d ORDER BY d) INTO v_missing
       FROM unnest(depends_on) AS d
-     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+     WHERE NOT EXISTS (SELECT FROM jobs.runs_all AS r WHERE r.id = d);
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
             USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
@@ -443,13 +449,13 @@ CROSS JOIN
                 SELECT
                     c.id,
                     c.status
-                FROM jobs.runs AS c
+                FROM jobs.runs_all AS c
                 WHERE c.id = d.dep
                 UNION ALL
                 SELECT
                     n.id,
                     n.status
-                FROM chain INNER JOIN jobs.runs AS n ON chain.id = n.retry_of
+                FROM chain INNER JOIN jobs.runs_all AS n ON chain.id = n.retry_of
             )
 
             SELECT FROM chain

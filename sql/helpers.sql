@@ -355,13 +355,14 @@ AS $$
                    ('backoff_max', '0 seconds', '366 days'),
                    ('unique_for', '1 millisecond', '100 years'),
                    ('retention', '1 second', '100 years'),
+                   ('archive_after', '1 minute', '3660 days'),
                    ('older_than', '0 seconds', '100 years'),
                    ('lookahead', '0 seconds', '100 years'),
                    ('misfire_grace', '0 seconds', '100 years')) AS b (field, low, high)
      WHERE b.field = _duration_bounds.field
 $$;
 COMMENT ON FUNCTION jobs._duration_bounds(text) IS
-'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, older_than, lookahead, misfire_grace).';
+'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, misfire_grace).';
 
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
 CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval)

@@ -43,10 +43,13 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0013_worker_scopes \ir ../migrations/apply.sql
 -- 0014: the occurrence a scheduled run was made for, before its jitter.
 \set migration 0014_occurrences \ir ../migrations/apply.sql
+-- 0015: finished runs move to a history partitioned by day; retention drops whole days.
+\set migration 0015_history \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;
 \ir helpers.sql
+\ir history.sql
 \ir flow.sql
 \ir enqueue.sql
 \ir claim.sql

@@ -15,6 +15,7 @@ BEGIN
     PERFORM jobs._check_duration('jobs.config.heartbeat_timeout', NEW.heartbeat_timeout, 'heartbeat_timeout');
     PERFORM jobs._check_duration('jobs.config.orphan_timeout', NEW.orphan_timeout, 'orphan_timeout');
     PERFORM jobs._check_duration('jobs.config.retention', NEW.retention, 'retention');
+    PERFORM jobs._check_duration('jobs.config.archive_after', NEW.archive_after, 'archive_after');
     PERFORM jobs._check_duration('jobs.config.backoff_initial', NEW.backoff_initial, 'backoff_initial');
     PERFORM jobs._check_duration('jobs.config.backoff_max', NEW.backoff_max, 'backoff_max');
     PERFORM jobs._check_range('jobs.config.max_attempts', NEW.max_attempts, 1, 1000);
@@ -243,27 +244,75 @@ LEFT JOIN LATERAL (
     FROM jobs.runs AS r
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
+-- The last success, failure and outcome: from jobs.runs, and from history only for a
+-- definition that has none since jobs.config.archive_after. The outer LIMIT 1 has no ORDER BY
+-- on purpose: the Append of UNION ALL runs its branches in order and stops at the first row,
+-- so history is not read for a definition with a recent run (an ORDER BY would read both).
 LEFT JOIN LATERAL (
     SELECT
-        r.id,
-        r.finished_at
-    FROM jobs.runs AS r
-    WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
-    ORDER BY r.id DESC LIMIT 1
+        x.id,
+        x.finished_at
+    FROM (
+        (
+            SELECT
+                r.id,
+                r.finished_at
+            FROM jobs.runs AS r
+            WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
+            ORDER BY r.id DESC LIMIT 1
+        )
+        UNION ALL
+        (
+            SELECT
+                h.id,
+                h.finished_at
+            FROM jobs.run_history AS h
+            WHERE h.definition_id = d.id AND h.status = 'COMPLETED'
+            ORDER BY h.id DESC LIMIT 1
+        )
+    ) AS x
+    LIMIT 1  -- noqa: AM09
 ) AS ok ON TRUE
 LEFT JOIN LATERAL (
-    SELECT r.finished_at FROM jobs.runs AS r
-    WHERE r.definition_id = d.id AND r.status = 'FAILED'
-    ORDER BY r.id DESC LIMIT 1
+    SELECT x.finished_at
+    FROM (
+        (
+            SELECT r.finished_at FROM jobs.runs AS r
+            WHERE r.definition_id = d.id AND r.status = 'FAILED'
+            ORDER BY r.id DESC LIMIT 1
+        )
+        UNION ALL
+        (
+            SELECT h.finished_at FROM jobs.run_history AS h
+            WHERE h.definition_id = d.id AND h.status = 'FAILED'
+            ORDER BY h.id DESC LIMIT 1
+        )
+    ) AS x
+    LIMIT 1  -- noqa: AM09
 ) AS bad ON TRUE
 LEFT JOIN LATERAL (
-    SELECT r.status FROM jobs.runs AS r
-    WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
-    ORDER BY r.id DESC LIMIT 1
+    SELECT x.status
+    FROM (
+        (
+            SELECT r.status FROM jobs.runs AS r
+            WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+            ORDER BY r.id DESC LIMIT 1
+        )
+        UNION ALL
+        (
+            SELECT h.status FROM jobs.run_history AS h
+            WHERE h.definition_id = d.id
+            ORDER BY h.id DESC LIMIT 1
+        )
+    ) AS x
+    LIMIT 1  -- noqa: AM09
 ) AS last ON TRUE
 LEFT JOIN LATERAL (
-    SELECT count(*) AS failures FROM jobs.runs AS r
-    WHERE r.definition_id = d.id AND r.status = 'FAILED' AND r.id > coalesce(ok.id, 0)
+    -- A streak only follows a last outcome other than COMPLETED; it may reach into history.
+    SELECT count(*) AS failures FROM jobs.runs_all AS r
+    WHERE
+        r.definition_id = d.id AND r.status = 'FAILED' AND r.id > coalesce(ok.id, 0)
+        AND last.status IS DISTINCT FROM 'COMPLETED'
 ) AS fails ON TRUE
 LEFT JOIN LATERAL (
     SELECT count(*) AS skips FROM jobs.runs AS r
@@ -362,23 +411,30 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_age interval := coalesce(prune.older_than, (SELECT c.retention FROM jobs.config AS c));
-    v_count bigint;
+    v_cutoff timestamptz;
+    v_day record;
+    v_rows bigint;
+    v_count bigint := 0;
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);
     PERFORM jobs._check_range('batch_size', prune.batch_size, 1, 1000000);
-    WITH victims AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.finished_at < now() - v_age
-         ORDER BY r.finished_at
-         LIMIT prune.batch_size
-           FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    v_cutoff := now() - v_age;
+    -- Whole days of history first: a DROP, whatever their size. A day that ends after the
+    -- cutoff stays until it does, so history keeps up to a day more than the retention.
+    FOR v_day IN SELECT h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
+        EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
+        EXECUTE format('DROP TABLE %s', v_day.part);
+        v_count := v_count + v_rows;
+    END LOOP;
+    -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row.
+    DELETE FROM jobs.runs AS r
+     USING jobs._lock_finished_before(v_cutoff, prune.batch_size) AS v
+     WHERE r.id = v.run_id;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
     -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
     DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
-    RETURN v_count;
+    RETURN v_count + v_rows;
 END
 $$;
 COMMENT ON FUNCTION jobs.prune(interval, integer) IS
-'Delete up to batch_size finished runs older than older_than (default jobs.config.retention); returns how many. Call again while it returns batch_size.';
+'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; returns how many. Call again while it returns batch_size or more.';

@@ -163,12 +163,15 @@ BEGIN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
     END IF;
     SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
+    IF NOT FOUND THEN  -- moved to history, perhaps while this waited for its lock
+        SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = retry.run_id FOR UPDATE;
+    END IF;
     v_run := jobs._known_run(v_run, retry.run_id);
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
             USING ERRCODE = '22023';
     END IF;
-    SELECT r.* INTO v_next FROM jobs.runs AS r WHERE r.retry_of = v_run.id;
+    SELECT r.* INTO v_next FROM jobs.runs_all AS r WHERE r.retry_of = v_run.id;
     IF FOUND THEN
         RAISE EXCEPTION 'run % was already retried as run %', v_run.id, v_next.id USING ERRCODE = '22023';
     END IF;

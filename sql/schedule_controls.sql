@@ -191,14 +191,15 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended('pause:' || NEW.definition_id, 0));
         PERFORM set_config('pgtick.pause_locked', 'yes', TRUE);
     END IF;
+    -- The streak may reach back past jobs.config.archive_after: counted in history too.
     SELECT count(*) INTO v_failures
-      FROM jobs.runs AS r
+      FROM jobs.runs_all AS r
       JOIN jobs.definitions AS d ON d.id = r.definition_id
      WHERE r.definition_id = NEW.definition_id AND r.status = 'FAILED'
        AND r.finished_at >= coalesce(d.failure_streak_since, '-infinity')
-       AND r.id > coalesce((SELECT max(ok.id) FROM jobs.runs AS ok
+       AND r.id > coalesce((SELECT max(ok.id) FROM jobs.runs_all AS ok
                              WHERE ok.definition_id = NEW.definition_id AND ok.status = 'COMPLETED'), 0)
-       AND NOT EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = r.id);
+       AND NOT EXISTS (SELECT FROM jobs.runs_all AS x WHERE x.retry_of = r.id);
     UPDATE jobs.definitions AS d
        SET enabled = FALSE, updated_at = now(),
            paused_reason = format('paused after %s consecutive failures (pause_after_failures %s); last: run %s %s',
@@ -311,7 +312,7 @@ BEGIN
         -- (the longest jitter) after the occurrence: one range of the occurrence index.
         v_count := jobs._insert_occurrences(v_def, array(
             SELECT t FROM unnest(finish_backfill.run_times) AS t
-             WHERE t NOT IN (SELECT r.occurrence_at FROM jobs.runs AS r
+             WHERE t NOT IN (SELECT r.occurrence_at FROM jobs.runs_all AS r
                               WHERE r.definition_id = v_def.id AND r.origin = 'schedule'
                                 AND r.scheduled_for BETWEEN v_request.window_from
                                                         AND v_request.window_to + interval '1 day'

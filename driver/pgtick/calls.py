@@ -246,6 +246,11 @@ def prune(conn: Conn, batch: int) -> int:
     return int(_first(row)) if row else 0
 
 
+def archive(conn: Conn, batch: int) -> int:
+    row = conn.execute("SELECT jobs.archive(%s) AS n", (batch,)).fetchone()
+    return int(_first(row)) if row else 0
+
+
 # --- definitions and app sync (definitions.py) ------------------------------
 
 

@@ -602,7 +602,7 @@ def _queue_switch(function: str, name: str) -> _Call[bool]:
     return _jobs_value(function, {"name": name}, bool)
 
 
-_GET_RUN = "SELECT r.* FROM jobs.runs AS r WHERE r.id = %(run_id)s"
+_GET_RUN = "SELECT r.* FROM jobs.runs_all AS r WHERE r.id = %(run_id)s"
 
 
 def _get_run(run_id: int) -> _Call[Run]:

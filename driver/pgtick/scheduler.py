@@ -14,7 +14,9 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
    name; the others are materialized and the leader keeps its lock;
 4. ``jobs.materialize_one_shots()``, then pending ``jobs.backfill()`` windows;
 5. ``jobs.reap()``;
-6. ``jobs.prune()`` now and then (a backlog a few batches per tick).
+6. ``jobs.archive()`` every minute: finished runs older than ``jobs.config.archive_after``
+   move to the day-partitioned history (a backlog a few batches per tick);
+7. ``jobs.prune()`` now and then: whole days of history past the retention are dropped.
 
 Definitions back from downtime (a cursor older than the misfire grace) are planned
 after the on-time ones, within a budget per tick of missed occurrences walked and
@@ -116,6 +118,7 @@ class TickReport:
     stale: int = 0
     one_shots: int = 0
     reaped: list[dict[str, Any]] = field(default_factory=list)
+    archived: int = 0
     pruned: int = 0
     schedule_errors: int = 0
     materialize_errors: int = 0
@@ -221,6 +224,7 @@ class Scheduler:
         prune_every: float = 3600.0,
         prune_batch: int = 10_000,
         prune_batches_per_tick: int = 10,
+        archive_every: float = 60.0,
         clock: Callable[[], datetime] | None = None,
         leadership: str = "auto",
         lease_ttl: float | None = None,
@@ -262,6 +266,9 @@ class Scheduler:
         self.prune_batch = prune_batch
         self.prune_batches_per_tick = prune_batches_per_tick
         self._prune_more = False
+        self.archive_every = archive_every
+        self._archive_more = False
+        self._last_archive = float("-inf")
         self.clock = clock
         self.leading = False
         self._conn: psycopg.Connection[Any] | None = None
@@ -430,6 +437,9 @@ class Scheduler:
         if self._fenced():
             return report
         self._phase("reap", lambda: self._reap(conn, report), report)
+        due = self._archive_more or time.monotonic() - self._last_archive >= self.archive_every
+        if due and not self._fenced():
+            self._phase("archive", lambda: self._archive_now(conn, report), report)
         due = self._prune_more or time.monotonic() - self._last_prune >= self.prune_every
         if due and not self._fenced():
             self._phase("prune", lambda: self._prune_now(conn, report), report)
@@ -452,6 +462,12 @@ class Scheduler:
         report.reaped = sql.reap(conn)
         for r in report.reaped:
             log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
+
+    def _archive_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
+        if not self._archive_more:
+            self._last_archive = time.monotonic()
+        self._archive_more = False
+        report.archived = self.archive(conn, max_batches=self.prune_batches_per_tick)
 
     def _prune_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         if not self._prune_more:
@@ -780,22 +796,45 @@ class Scheduler:
     ) -> int:
         """jobs.prune in batches until a short one, or `max_batches` of them (then the tick
         prunes again on the next tick); returns runs pruned."""
-        conn = conn or self._connection()
-        batch = batch or self.prune_batch
-        total = 0
-        batches = 0
-        while True:
-            n = sql.prune(conn, batch)
-            total += n
-            batches += 1
-            if n < batch:
-                break
-            if max_batches is not None and batches >= max_batches:
-                self._prune_more = True
-                break
+        total, self._prune_more = _in_batches(
+            lambda n: sql.prune(conn or self._connection(), n), batch or self.prune_batch, max_batches
+        )
         if total:
             log.info("pruned %d finished runs%s", total, " (more next tick)" if self._prune_more else "")
         return total
+
+    def archive(
+        self,
+        conn: psycopg.Connection[Any] | None = None,
+        batch: int | None = None,
+        max_batches: int | None = None,
+    ) -> int:
+        """jobs.archive in batches until a short one, or `max_batches` of them (then the tick
+        archives again on the next tick); returns runs moved to history."""
+        total, self._archive_more = _in_batches(
+            lambda n: sql.archive(conn or self._connection(), n), batch or self.prune_batch, max_batches
+        )
+        if total:
+            log.info(
+                "moved %d finished runs to history%s",
+                total,
+                " (more next tick)" if self._archive_more else "",
+            )
+        return total
+
+
+def _in_batches(call: Callable[[int], int], batch: int, max_batches: int | None) -> tuple[int, bool]:
+    """Call ``call(batch)`` until it returns less than ``batch`` or ``max_batches`` calls were
+    made; returns the total and whether a full last batch left more to do."""
+    total = calls = 0
+    while True:
+        n = call(batch)
+        total += n
+        calls += 1
+        if n < batch:
+            return total, False
+        if max_batches is not None and calls >= max_batches:
+            return total, True
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ WORKER = "pgtick-testing"
 #: Every table that holds an application's state (the schema's own config stays).
 STATE_TABLES = (
     "jobs.runs",
+    "jobs.run_history",
     "jobs.definitions",
     "jobs.retry_policies",
     "jobs.leases",
@@ -230,9 +231,15 @@ class JobsTester:
         return conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (failed[0],)).fetchone()
 
     def reset(self) -> None:
-        """Empty the jobs tables (runs, definitions, retry policies, leases)."""
+        """Empty the jobs tables (runs and their history, definitions, retry policies, leases)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {', '.join(STATE_TABLES)} RESTART IDENTITY CASCADE")
+            present = [t for t in STATE_TABLES if _exists(conn, t)]  # a schema older than pgtick
+            conn.execute(f"TRUNCATE {', '.join(present)} RESTART IDENTITY CASCADE")
+
+
+def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    return bool(row and row[0])
 
 
 def _call(fn: Any, ctx: Context) -> Any:

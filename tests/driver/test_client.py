@@ -370,3 +370,15 @@ def test_the_operator_role_is_enough_for_every_client_call(db: Database) -> None
         assert reader.get_run(run.id).id == run.id
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.enqueue("mail")
+
+
+def test_get_run_finds_a_run_moved_to_history(client: Client, db: Database) -> None:
+    run = client.enqueue("report", {"day": "2026-01-01"}, idempotency_key="report-2026-01-01")
+    client.cancel(run.id)
+    with db.connect() as conn:
+        conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '3 days' WHERE id = %s", (run.id,))
+        assert conn.execute("SELECT jobs.archive()").fetchone() == (1,)
+    moved = client.get_run(run.id)
+    assert (moved.id, moved.status, moved.payload) == (run.id, "CANCELLED", {"day": "2026-01-01"})
+    again = client.enqueue("report", {"day": "2026-01-01"}, idempotency_key="report-2026-01-01")
+    assert again.id == run.id, "the key still returns the moved run"

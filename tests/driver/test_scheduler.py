@@ -374,6 +374,24 @@ def test_leader_tick_prunes_with_the_configured_retention(db: Database, conn: Co
     assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept
 
 
+def test_leader_tick_moves_old_finished_runs_to_history(db: Database, conn: Conn) -> None:
+    """The tick calls jobs.archive (in batches, until a short one) on its own cadence, and
+    prune then drops the days of history past the retention."""
+    moved = finish_old(conn, 12, age="2 days")
+    kept = finish_old(conn, 2, age="1 hour")
+    scheduler = Scheduler(db.dsn, owner="archiver", archive_every=0, prune_every=3600)
+    try:
+        assert scheduler.archive(batch=5) == 12, "three batches of at most 5"
+        later = finish_old(conn, 3, age="3 days")
+        report = scheduler.tick()
+        assert report.leading and report.archived == 3
+    finally:
+        scheduler.close()
+    history = sorted(r[0] for r in conn.execute("SELECT id FROM jobs.run_history"))
+    assert history == sorted(moved + later)
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.runs")) == kept
+
+
 # -- one definition never stops the others -----------------------------------------
 
 

@@ -354,10 +354,11 @@ def test_a_catch_up_whose_runs_are_refused_is_recorded_and_backed_off(db: Databa
 
 
 def test_a_backlog_of_finished_runs_is_pruned_over_several_ticks(db: Database) -> None:
-    """Fifty prunable runs, batches of 10, two batches a tick: each tick prunes 20 and goes
-    on materializing; the backlog is gone after three ticks, without waiting for prune_every."""
+    """Fifty prunable runs kept in jobs.runs (archive_after NULL: deleted row by row), batches
+    of 10, two batches a tick: each tick prunes 20 and goes on materializing; the backlog is
+    gone after three ticks, without waiting for prune_every."""
     with db.connect() as conn:
-        conn.execute("UPDATE jobs.config SET retention = '1 day'")
+        conn.execute("UPDATE jobs.config SET retention = '1 day', archive_after = NULL")
         finish_old(conn, 50, age="2 days")
         every_second = define(conn, "every-second", "FREQ=SECONDLY")
     scheduler = Scheduler(db.dsn, owner="pruner", prune_every=3600, prune_batch=10, prune_batches_per_tick=2)

@@ -31,13 +31,19 @@ def test_a_given_database_is_migrated_and_used(pg: Server, monkeypatch: pytest.M
             [outcome] = tester.run_due(app)
             assert (outcome.status, outcome.result) == ("COMPLETED", 42)
 
+            tester.enqueue("double", {"n": 1})
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("CREATE TABLE orders (id int)")
                 conn.execute("INSERT INTO orders VALUES (1)")
+                # One finished run moved to history: reset empties that too.
+                conn.execute(
+                    "UPDATE jobs.runs SET finished_at = now() - interval '3 days' WHERE status = 'COMPLETED'"
+                )
+                assert conn.execute("SELECT jobs.archive()").fetchone() == (1,)
             tester.reset()
             tester.close()
             with psycopg.connect(dsn, autocommit=True) as conn:
-                runs = conn.execute("SELECT count(*) FROM jobs.runs").fetchone()
+                runs = conn.execute("SELECT count(*) FROM jobs.runs_all").fetchone()
                 orders = conn.execute("SELECT count(*) FROM orders").fetchone()
             assert runs is not None and orders is not None
             assert (runs[0], orders[0]) == (0, 1), "reset must empty the jobs tables and nothing else"

@@ -235,13 +235,14 @@ def test_every_jobs_object_is_documented(db: Database) -> None:
         missing = conn.execute(
             """
             SELECT 'table ' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = 'jobs' AND c.relkind IN ('r', 'v')
+             WHERE n.nspname = 'jobs' AND c.relkind IN ('r', 'v', 'p')
                AND obj_description(c.oid, 'pg_class') IS NULL
             UNION ALL
             SELECT 'column ' || c.relname || '.' || a.attname
               FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
               JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = 'jobs' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE n.nspname = 'jobs' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+               AND a.attnum > 0 AND NOT a.attisdropped
                AND col_description(c.oid, a.attnum) IS NULL
             UNION ALL
             SELECT 'function ' || p.oid::regprocedure FROM pg_proc p

@@ -66,6 +66,25 @@ def test_every_page_answers_200_to_an_anonymous_reader_without_action_forms(
             assert 'action="/definitions/' not in response.text, path
 
 
+def test_a_run_moved_to_history_keeps_its_page_and_attempt_chain(
+    db: Database, client: TestClient, seeded: Seeded
+) -> None:
+    first = seeded.chain[0]
+    with db.connect() as conn:
+        conn.execute(
+            "UPDATE jobs.runs SET finished_at = finished_at - interval '3 days' WHERE id = %s", (first,)
+        )
+        assert conn.execute("SELECT jobs.archive()").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM jobs.run_history WHERE id = %s", (first,)).fetchone() == (
+            1,
+        )
+    for run_id in (first, seeded.chain[-1]):
+        page = client.get(f"/runs/{run_id}")
+        assert page.status_code == 200, f"run {run_id}: {page.status_code}"
+        for attempt in seeded.chain:
+            assert f'href="/runs/{attempt}"' in page.text, f"the page of run {run_id} lacks attempt {attempt}"
+
+
 def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) -> None:
     chain = client.get(f"/runs/{seeded.chain[2]}").text
     for run_id in seeded.chain:

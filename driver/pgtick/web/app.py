@@ -335,10 +335,10 @@ class Dashboard:
         run_id = int(request.path_params["run_id"])
         feats = self.db.features
         async with self.db.reading() as conn:
-            row = await queries.run(conn, run_id)
+            row = await queries.run(conn, feats, run_id)
             if row is None:
                 raise HTTPException(404, f"run {run_id} does not exist")
-            chain = await queries.attempt_chain(conn, run_id)
+            chain = await queries.attempt_chain(conn, feats, run_id)
             deps = await queries.dependencies(conn, feats, run_id)
         return self.render(request, "run.html", {"r": row, "chain": chain, "deps": deps})
 

@@ -408,49 +408,55 @@ async def failed_ids(conn: Conn, feats: Features, f: RunFilter, *, unretried: bo
     return [row["id"] for row in await cur.fetchall()]
 
 
-async def run(conn: Conn, run_id: int) -> Row | None:
-    cur = await conn.execute(
+def every_run(feats: Features) -> sql.Composable:
+    """The relation holding every run: live and history (jobs.runs_all), or jobs.runs alone on
+    a schema that keeps no separate history."""
+    return sql.SQL("jobs.runs_all" if feats.has("runs_all") else "jobs.runs")
+
+
+async def run(conn: Conn, feats: Features, run_id: int) -> Row | None:
+    query = sql.SQL(
         """
         SELECT r.*, d.name AS definition, d.max_concurrent_runs,
                r.started_at - r.scheduled_for AS start_delay,
                coalesce(r.finished_at, now()) - r.started_at AS runtime,
                CASE WHEN r.status = 'RUNNING' THEN now() - r.heartbeat_at END AS heartbeat_age,
-               EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id) AS retried
-          FROM jobs.runs AS r
+               EXISTS (SELECT FROM {runs} AS n WHERE n.retry_of = r.id) AS retried
+          FROM {runs} AS r
           LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
          WHERE r.id = %s
-        """,
-        (run_id,),
-    )
+        """
+    ).format(runs=every_run(feats))
+    cur = await conn.execute(query, (run_id,))
     return await cur.fetchone()
 
 
-async def attempt_chain(conn: Conn, run_id: int) -> list[Row]:
+async def attempt_chain(conn: Conn, feats: Features, run_id: int) -> list[Row]:
     """Every attempt of the run's occurrence, first to last, following retry_of both ways."""
-    cur = await conn.execute(
+    query = sql.SQL(
         """
         WITH RECURSIVE earlier AS (
-            SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs AS r WHERE r.id = %(id)s
+            SELECT r.id, r.retry_of, 0 AS depth FROM {runs} AS r WHERE r.id = %(id)s
             UNION ALL
             SELECT p.id, p.retry_of, e.depth + 1
-              FROM jobs.runs AS p JOIN earlier AS e ON p.id = e.retry_of
+              FROM {runs} AS p JOIN earlier AS e ON p.id = e.retry_of
              WHERE e.depth < 1000
         ),
         later AS (
-            SELECT r.id, 0 AS depth FROM jobs.runs AS r WHERE r.id = %(id)s
+            SELECT r.id, 0 AS depth FROM {runs} AS r WHERE r.id = %(id)s
             UNION ALL
             SELECT n.id, l.depth + 1
-              FROM jobs.runs AS n JOIN later AS l ON n.retry_of = l.id
+              FROM {runs} AS n JOIN later AS l ON n.retry_of = l.id
              WHERE l.depth < 1000
         )
         SELECT r.id, r.attempt, r.status, r.origin, r.scheduled_for, r.started_at, r.finished_at,
                r.failure_reason, left(r.error, 300) AS error, r.worker
-          FROM jobs.runs AS r
+          FROM {runs} AS r
          WHERE r.id IN (SELECT id FROM earlier UNION SELECT id FROM later)
          ORDER BY r.attempt, r.id
-        """,
-        {"id": run_id},
-    )
+        """
+    ).format(runs=every_run(feats))
+    cur = await conn.execute(query, {"id": run_id})
     return await cur.fetchall()
 
 
@@ -458,20 +464,20 @@ async def dependencies(conn: Conn, feats: Features, run_id: int) -> tuple[list[R
     """(runs this one waits for, runs waiting for this one), when runs have depends_on."""
     if not feats.has("runs.depends_on"):
         return None
-    upstream = await (
-        await conn.execute(
-            """
-            SELECT u.id, u.kind, u.status FROM jobs.runs AS u
-             WHERE u.id = ANY((SELECT r.depends_on FROM jobs.runs AS r WHERE r.id = %s)::bigint[])
-             ORDER BY u.id
-            """,
-            (run_id,),
-        )
-    ).fetchall()
+    query = sql.SQL(
+        """
+        SELECT u.id, u.kind, u.status FROM {runs} AS u
+         WHERE u.id = ANY((SELECT r.depends_on FROM {runs} AS r WHERE r.id = %s)::bigint[])
+         ORDER BY u.id
+        """
+    ).format(runs=every_run(feats))
+    upstream = await (await conn.execute(query, (run_id,))).fetchall()
     downstream = await (
         await conn.execute(
-            "SELECT w.id, w.kind, w.status FROM jobs.runs AS w"
-            " WHERE %s = ANY(w.depends_on) ORDER BY w.id LIMIT 100",
+            sql.SQL(
+                "SELECT w.id, w.kind, w.status FROM {runs} AS w"
+                " WHERE %s = ANY(w.depends_on) ORDER BY w.id LIMIT 100"
+            ).format(runs=every_run(feats)),
             (run_id,),
         )
     ).fetchall()

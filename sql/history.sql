@@ -1,0 +1,132 @@
+-- ===========================================================================
+-- history.sql: finished runs leave jobs.runs for jobs.run_history, one partition per day.
+--
+-- jobs.runs holds the live runs (QUEUED, RUNNING) and the runs finished within
+-- jobs.config.archive_after (default a day): the queue's indexes stay the size of that,
+-- whatever the retention. The leader moves older finished runs in batches (jobs.archive),
+-- each batch one transaction that deletes them from jobs.runs and inserts them into
+-- jobs.run_history, so every run is in exactly one of the two at every snapshot. Retention
+-- (jobs.prune) then drops whole days of history: no per-row work, whatever their size.
+--
+-- What holds across a run's whole life reads both tables (jobs.runs_all): a run by id
+-- (show, cancel, retry, discard), retry chains and dependencies, idempotency keys and
+-- unique keys kept `ever`, the occurrences a backfill skips, and the failure streak that
+-- pauses a definition. Counts and lists of the console and the dashboard read jobs.runs:
+-- the live runs and the recent history.
+-- ===========================================================================
+
+-- Every run, live or moved to history.
+CREATE OR REPLACE VIEW jobs.runs_all AS
+SELECT * FROM jobs.runs
+UNION ALL
+SELECT * FROM jobs.run_history;
+COMMENT ON VIEW jobs.runs_all IS
+'Every run: jobs.runs (live runs and recent history) and jobs.run_history (finished runs older than jobs.config.archive_after). Each run is in exactly one of them.';
+
+-- The partition of history that holds the runs finished on a UTC day.
+CREATE OR REPLACE FUNCTION jobs._history_partition_name(day date)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'run_history_' || to_char(day, 'YYYYMMDD')
+$$;
+COMMENT ON FUNCTION jobs._history_partition_name(date) IS
+'Private: the name (in schema jobs) of the history partition for runs finished on that UTC day.';
+
+-- Create the history partitions of these UTC days that do not exist yet.
+CREATE OR REPLACE FUNCTION jobs._history_partitions(days date[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_day date;
+    v_name text;
+BEGIN
+    FOREACH v_day IN ARRAY days LOOP
+        v_name := jobs._history_partition_name(v_day);
+        CONTINUE WHEN to_regclass(format('jobs.%I', v_name)) IS NOT NULL;
+        -- Two sessions archiving at once (the leader and an operator) create each day once.
+        PERFORM pg_advisory_xact_lock(hashtextextended('history partition:' || v_day, 0));
+        CONTINUE WHEN to_regclass(format('jobs.%I', v_name)) IS NOT NULL;
+        EXECUTE format('CREATE TABLE jobs.%I PARTITION OF jobs.run_history FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+        EXECUTE format('COMMENT ON TABLE jobs.%I IS %L', v_name,
+                       format('The runs finished on %s (UTC), moved out of jobs.runs. jobs.prune drops it whole.', v_day));
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION jobs._history_partitions(date[]) IS
+'Private: create the partitions of jobs.run_history for these UTC days of finished_at that are missing.';
+
+-- The days of history that lie wholly before a cutoff: what jobs.prune drops.
+CREATE OR REPLACE FUNCTION jobs._history_days_before(cutoff timestamptz)
+RETURNS TABLE (day date, part regclass)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.day, p.part
+      FROM (SELECT to_date(right(c.relname, 8), 'YYYYMMDD') AS day, c.oid::regclass AS part
+              FROM pg_inherits AS i
+              JOIN pg_class AS c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'jobs.run_history'::regclass) AS p
+     WHERE (p.day + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
+     ORDER BY p.day
+$$;
+COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS
+'Private: the partitions of jobs.run_history whose whole UTC day lies before cutoff, oldest first.';
+
+-- Lock up to batch_size runs of jobs.runs that finished before cutoff, oldest first, passing
+-- over runs another transaction holds: the batch jobs.archive moves and jobs.prune deletes.
+CREATE OR REPLACE FUNCTION jobs._lock_finished_before(cutoff timestamptz, batch_size integer)
+RETURNS TABLE (run_id bigint, finished_at timestamptz)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.id, r.finished_at FROM jobs.runs AS r
+     WHERE r.finished_at < cutoff
+     ORDER BY r.finished_at
+     LIMIT batch_size
+       FOR UPDATE SKIP LOCKED
+$$;
+COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer) IS
+'Private: lock (FOR UPDATE SKIP LOCKED) and return up to batch_size runs of jobs.runs finished before cutoff, oldest first.';
+
+-- Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs
+-- to jobs.run_history, oldest first; returns how many. The leader calls it while it returns
+-- batch_size. A run locked by another transaction (a retry or an enqueue naming it) waits for
+-- the next batch.
+CREATE OR REPLACE FUNCTION jobs.archive(batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_after interval := (SELECT c.archive_after FROM jobs.config AS c);
+    v_ids bigint[];
+    v_days date[];
+    v_count bigint;
+BEGIN
+    PERFORM jobs._check_range('batch_size', archive.batch_size, 1, 1000000);
+    IF v_after IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(v.run_id), array_agg(DISTINCT (v.finished_at AT TIME ZONE 'UTC')::date)
+      INTO v_ids, v_days
+      FROM jobs._lock_finished_before(now() - v_after, archive.batch_size) AS v;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM jobs._history_partitions(v_days);
+    WITH moved AS (
+        DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_ids) RETURNING r.*
+    )
+    INSERT INTO jobs.run_history SELECT * FROM moved;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION jobs.archive(integer) IS
+'Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs to jobs.run_history (oldest first, one transaction); returns how many. Call again while it returns batch_size. 0 when archive_after is NULL.';

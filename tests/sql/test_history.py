@@ -1,0 +1,422 @@
+"""History: finished runs move from jobs.runs to jobs.run_history (one partition per UTC day)
+after jobs.config.archive_after; jobs.prune drops whole days. What holds across a run's whole
+life (lookups by id, retry chains, dependencies, idempotency and unique keys, backfills, the
+failure streak) sees the moved runs. Concurrency tests use real processes and commits."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from harness import (
+    Conn,
+    Database,
+    enqueue,
+    expect_error,
+    finish_old,
+    gated,
+    one,
+    race_parts,
+    rows,
+    scalar,
+)
+
+
+def _where(conn: Conn, run_id: int) -> str | None:
+    """'live', 'history', or None for a run in neither; fails if it is in both."""
+    live = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE id = %s", (run_id,))
+    moved = scalar(conn, "SELECT count(*) FROM jobs.run_history WHERE id = %s", (run_id,))
+    assert live + moved <= 1, f"run {run_id} is in jobs.runs and jobs.run_history at once"
+    return "live" if live else "history" if moved else None
+
+
+def _partitions(conn: Conn) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'jobs.run_history'::regclass ORDER BY 1"
+        )
+    ]
+
+
+def _archive_all(conn: Conn) -> int:
+    total = 0
+    while (n := scalar(conn, "SELECT jobs.archive(1000)")) > 0:
+        total += n
+    return int(total)
+
+
+def _set_finished(conn: Conn, run_id: int, at: str) -> None:
+    conn.execute("UPDATE jobs.runs SET finished_at = %s::timestamptz WHERE id = %s", (at, run_id))
+
+
+# -- moving and dropping ---------------------------------------------------------------------
+
+
+def test_archive_moves_only_runs_finished_before_archive_after(conn: Conn) -> None:
+    assert scalar(conn, "SELECT archive_after FROM jobs.config") == timedelta(days=1)
+    old = finish_old(conn, 3, age="2 days") + finish_old(conn, 2, age="3 days", status="FAILED")
+    recent = finish_old(conn, 2, age="20 hours", status="CANCELLED")
+    queued = enqueue(conn, run_at="now() - interval '30 days'")
+
+    assert scalar(conn, "SELECT jobs.archive()") == len(old)
+    assert {r: _where(conn, r) for r in old} == dict.fromkeys(old, "history")
+    assert {r: _where(conn, r) for r in [*recent, queued]} == dict.fromkeys([*recent, queued], "live")
+    assert scalar(conn, "SELECT jobs.archive()") == 0, "nothing older left"
+    # The moved rows are the same rows: every column as it was.
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == len(old) + len(recent) + 1
+    moved = one(
+        conn, "SELECT status::text, worker, failure_reason FROM jobs.runs_all WHERE id = %s", (old[-1],)
+    )
+    assert moved == {"status": "FAILED", "worker": "old-worker", "failure_reason": "Error"}
+
+
+def test_archive_takes_batch_size_oldest_first_and_one_partition_per_utc_day(conn: Conn) -> None:
+    ids = finish_old(conn, 6, age="3 days")
+    days = [
+        "2026-01-01 23:59:59+00",
+        "2026-01-02 00:00:00+00",
+        "2026-01-02 23:00:00-02",
+        "2025-12-31 12:00:00+00",
+    ]
+    for run_id, at in zip(ids, days, strict=False):
+        _set_finished(conn, run_id, at)
+    assert scalar(conn, "SELECT jobs.archive(2)") == 2
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM jobs.run_history")) == sorted(
+        [ids[3], ids[0]]
+    ), "the two that finished first moved first"
+    assert _archive_all(conn) == 4
+    three_days_ago = scalar(
+        conn,
+        "SELECT to_char(finished_at AT TIME ZONE 'UTC', 'YYYYMMDD') FROM jobs.runs_all WHERE id = %s",
+        (ids[5],),
+    )
+    expected = {
+        "20251231",
+        "20260101",
+        "20260102",
+        "20260103",
+        three_days_ago,
+    }  # 23:00 at -02 is the 3rd in UTC
+    assert _partitions(conn) == sorted(f"run_history_{d}" for d in expected)
+    by_part = dict(
+        conn.execute(
+            "SELECT tableoid::regclass::text, count(*) FROM jobs.run_history GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    )
+    assert by_part["jobs.run_history_20260101"] == 1
+    assert by_part["jobs.run_history_20260102"] == 1
+    assert by_part["jobs.run_history_20260103"] == 1
+    assert by_part["jobs.run_history_20251231"] == 1
+
+
+def test_archive_after_null_keeps_every_run_in_jobs_runs(conn: Conn) -> None:
+    conn.execute("UPDATE jobs.config SET archive_after = NULL")
+    ids = finish_old(conn, 3, age="400 days")
+    assert scalar(conn, "SELECT jobs.archive()") == 0
+    assert [_where(conn, r) for r in ids] == ["live"] * 3
+    assert scalar(conn, "SELECT jobs.prune('7 days')") == 3, "prune still deletes them, row by row"
+
+
+def test_archive_and_archive_after_refuse_bad_values(conn: Conn) -> None:
+    finish_old(conn, 1, age="3 days")
+    expect_error(conn, "SELECT jobs.archive(0)", None, "22023", "batch_size")
+    expect_error(conn, "SELECT jobs.archive(NULL)", None, "22023", "batch_size")
+    expect_error(conn, "UPDATE jobs.config SET archive_after = '1 second'", None, "22023", "archive_after")
+    expect_error(conn, "UPDATE jobs.config SET archive_after = '-1 day'", None, "22023", "archive_after")
+    assert scalar(conn, "SELECT archive_after FROM jobs.config") == timedelta(days=1)
+    assert scalar(conn, "SELECT count(*) FROM jobs.run_history") == 0, "nothing moved"
+
+
+def test_prune_drops_whole_days_of_history_and_counts_them(conn: Conn) -> None:
+    old_days = finish_old(conn, 4, age="20 days") + finish_old(conn, 3, age="16 days")
+    kept = finish_old(conn, 2, age="5 days")
+    assert _archive_all(conn) == 9
+    parts_before = _partitions(conn)
+    assert len(parts_before) == 3
+
+    assert scalar(conn, "SELECT jobs.prune_count('14 days')") == 7
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 7
+    assert [_where(conn, r) for r in old_days] == [None] * 7
+    assert [_where(conn, r) for r in kept] == ["history"] * 2
+    assert len(_partitions(conn)) == 1, "the two old days were dropped whole"
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 0
+
+
+def test_prune_keeps_a_day_of_history_until_the_whole_day_is_past_the_cutoff(conn: Conn) -> None:
+    # A run finished 36 hours ago lies in a day that ended 12 to 36 hours ago.
+    run_id = finish_old(conn, 1, age="36 hours")[0]
+    assert _archive_all(conn) == 1
+    day_end = scalar(
+        conn,
+        "SELECT ((finished_at AT TIME ZONE 'UTC')::date + 1)::timestamp AT TIME ZONE 'UTC' - now()"
+        " FROM jobs.run_history WHERE id = %s",
+        (run_id,),
+    )
+    before_end = -day_end + timedelta(minutes=5)  # a cutoff just before the day's end
+    assert scalar(conn, "SELECT jobs.prune(%s)", (before_end,)) == 0, (
+        "its day has not ended before the cutoff"
+    )
+    assert _where(conn, run_id) == "history"
+    after_end = -day_end - timedelta(minutes=5)
+    assert scalar(conn, "SELECT jobs.prune_count(%s)", (after_end,)) == 1
+    assert scalar(conn, "SELECT jobs.prune(%s)", (after_end,)) == 1
+    assert _where(conn, run_id) is None
+
+
+def test_prune_removes_history_and_runs_not_moved_yet_in_one_call(conn: Conn) -> None:
+    finish_old(conn, 3, age="30 days")
+    assert _archive_all(conn) == 3
+    conn.execute("UPDATE jobs.config SET archive_after = '60 days'")
+    finish_old(conn, 2, age="20 days")  # older than the retention, not moved
+    assert scalar(conn, "SELECT jobs.prune_count('14 days')") == 5
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 5
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == 0
+
+
+def test_history_has_the_columns_of_jobs_runs_in_their_order(conn: Conn) -> None:
+    def columns(table: str) -> list[tuple[str, str]]:
+        return [
+            (r[0], r[1])
+            for r in conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                (table,),
+            )
+        ]
+
+    assert columns("jobs.run_history") == columns("jobs.runs"), (
+        "a column added to jobs.runs must be added to jobs.run_history too (jobs.archive moves rows with *)"
+    )
+
+
+# -- what holds across a run's whole life ------------------------------------------------------
+
+
+def test_a_moved_run_is_found_by_id(conn: Conn) -> None:
+    failed = finish_old(conn, 1, age="3 days", status="FAILED")[0]
+    assert _archive_all(conn) == 1
+    detail = one(conn, "SELECT id, status, attempts FROM jobs.run_detail(%s)", (failed,))
+    assert (detail["id"], detail["status"], len(detail["attempts"])) == (failed, "FAILED", 1)
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (failed,)) == "FAILED", "cancel reports its status"
+    expect_error(conn, "SELECT * FROM jobs.run_detail(%s)", (failed + 1000,), "P0002", f"run {failed + 1000}")
+
+
+def test_retrying_a_moved_run_makes_one_new_attempt(conn: Conn) -> None:
+    failed = finish_old(conn, 1, age="3 days", status="FAILED")[0]
+    assert _archive_all(conn) == 1
+    retry = one(conn, "SELECT id, attempt, retry_of, status::text FROM jobs.retry(%s)", (failed,))
+    assert (retry["attempt"], retry["retry_of"], retry["status"]) == (2, failed, "QUEUED")
+    expect_error(conn, "SELECT jobs.retry(%s)", (failed,), "22023", "already retried")
+    chain = scalar(conn, "SELECT attempts FROM jobs.run_detail(%s)", (retry["id"],))
+    assert [a["id"] for a in chain] == [failed, retry["id"]], "the chain spans history and live"
+
+
+def test_retry_many_and_discard_reach_moved_runs(conn: Conn) -> None:
+    a, b = finish_old(conn, 2, age="3 days", status="FAILED")
+    live_failed = finish_old(conn, 1, age="1 hour", status="FAILED")[0]
+    assert _archive_all(conn) == 2
+    retried = [r[0] for r in conn.execute("SELECT retry_of FROM jobs.retry_many(%s)", ([a, live_failed],))]
+    assert sorted(retried) == sorted([a, live_failed])
+    assert scalar(conn, "SELECT count(*) FROM jobs.retry_many(%s)", ([a, live_failed],)) == 0, "retried once"
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([b, live_failed],)) == 2
+    assert _where(conn, b) is None and _where(conn, live_failed) is None
+
+
+def test_an_idempotency_key_holds_after_its_run_moved(conn: Conn) -> None:
+    first = enqueue(conn, idempotency_key="'nightly-2026-01-01'")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now() - interval '3 days',"
+        " finished_at = now() - interval '3 days' WHERE id = %s",
+        (first,),
+    )
+    assert _archive_all(conn) == 1
+    again = enqueue(conn, idempotency_key="'nightly-2026-01-01'")
+    assert again == first, "the key returns the moved run"
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0, "no second run, not even a stray row"
+
+
+def test_a_unique_key_kept_ever_holds_after_its_run_moved(conn: Conn) -> None:
+    def with_key(unique_while: str) -> int:
+        return int(
+            scalar(
+                conn,
+                "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => %s)",
+                (unique_while,),
+            )
+        )
+
+    first = with_key("ever")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now() - interval '3 days',"
+        " finished_at = now() - interval '3 days' WHERE id = %s",
+        (first,),
+    )
+    assert _archive_all(conn) == 1
+    assert with_key("ever") == first, "'ever' still sees the moved run"
+    assert with_key("active") != first, "'active' lets a new run in"
+
+
+def test_a_run_may_depend_on_moved_runs(conn: Conn) -> None:
+    done = finish_old(conn, 1, age="3 days")[0]
+    failed = finish_old(conn, 1, age="3 days", status="FAILED")[0]
+    retried = finish_old(conn, 1, age="3 days", status="FAILED")[0]
+    assert _archive_all(conn) == 3
+    retry = scalar(conn, "SELECT id FROM jobs.retry(%s)", (retried,))
+
+    def dependent(deps: list[int]) -> dict[str, Any]:
+        return one(
+            conn,
+            "SELECT id, status::text, blocked, failure_reason FROM jobs.enqueue('k', depends_on => %s)",
+            (deps,),
+        )
+
+    ready = dependent([done])
+    assert (ready["status"], ready["blocked"]) == ("QUEUED", False), "its dependency completed"
+    cancelled = dependent([failed])
+    assert (cancelled["status"], cancelled["failure_reason"]) == ("CANCELLED", "DependencyFailed")
+    waiting = dependent([done, retried])
+    assert waiting["blocked"], "the moved run's retry has not completed yet"
+    # The retry completes: the dependent is released although its chain starts in history.
+    claimed = sorted(r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'w')"))
+    assert claimed == sorted([retry, ready["id"]]), "not the run still waiting"
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (retry,)) is True
+    assert scalar(conn, "SELECT blocked FROM jobs.runs WHERE id = %s", (waiting["id"],)) is False
+    assert rows(conn, "SELECT id FROM jobs.blocked") == []
+
+
+def test_a_failure_streak_that_reaches_into_history_pauses_the_definition(conn: Conn) -> None:
+    def_id = scalar(
+        conn,
+        "SELECT id FROM jobs.define('daily', 'k', schedule => '0 3 * * *', pause_after_failures => 3)",
+    )
+    finish_old(conn, 2, age="3 days", status="FAILED", definition_id=def_id)
+    assert _archive_all(conn) == 2
+    health = one(
+        conn,
+        "SELECT last_status::text, consecutive_failures FROM jobs.definition_health WHERE id = %s",
+        (def_id,),
+    )
+    assert health == {"last_status": "FAILED", "consecutive_failures": 2}, "health reads the moved runs"
+    run_id = enqueue(conn, "k")
+    conn.execute("UPDATE jobs.runs SET definition_id = %s, max_attempts = 1 WHERE id = %s", (def_id, run_id))
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'w')")] == [run_id]
+    conn.execute("SELECT jobs.fail(%s, 'w', ARRAY['Boom'], 'third failure')", (run_id,))
+    assert scalar(conn, "SELECT enabled FROM jobs.definitions WHERE id = %s", (def_id,)) is False, (
+        "two failures in history and one live make three"
+    )
+
+
+def test_a_backfill_skips_occurrences_whose_runs_moved(conn: Conn) -> None:
+    def_id = scalar(conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *')")
+    occurrence = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=3)
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at, status,"
+        " started_at, finished_at) VALUES (%s, 'k', 'schedule', %s, %s, 'COMPLETED', %s, %s)",
+        (def_id, occurrence, occurrence, occurrence, occurrence + timedelta(seconds=1)),
+    )
+    assert _archive_all(conn) == 1
+    request = scalar(
+        conn,
+        "SELECT id FROM jobs.backfill('hourly', %s, %s)",
+        (occurrence - timedelta(hours=1), occurrence + timedelta(hours=1)),
+    )
+    made = scalar(
+        conn,
+        "SELECT jobs.finish_backfill(%s, %s)",
+        (request, [occurrence - timedelta(hours=1), occurrence, occurrence + timedelta(hours=1)]),
+    )
+    assert made == 2, "the occurrence that ran (its run now in history) is not run again"
+    assert (
+        scalar(
+            conn,
+            "SELECT count(*) FROM jobs.runs_all WHERE definition_id = %s AND occurrence_at = %s",
+            (def_id, occurrence),
+        )
+        == 1
+    )
+
+
+# -- under concurrency ---------------------------------------------------------------------------
+
+KEYS = 60
+
+
+def _archiver(dsn: str, seconds: float) -> int:
+    with gated(dsn) as conn:
+        moved = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            moved += int(scalar(conn, "SELECT jobs.archive(7)"))
+            # Age what was just completed so the next batches keep finding runs to move.
+            conn.execute(
+                "UPDATE jobs.runs SET finished_at = finished_at - interval '2 days'"
+                " WHERE finished_at > now() - interval '1 day'"
+            )
+        return moved
+
+
+def _keyed_enqueuer(dsn: str, seconds: float, offset: int) -> list[tuple[str, int]]:
+    got: list[tuple[str, int]] = []
+    with gated(dsn) as conn:
+        deadline = time.monotonic() + seconds
+        i = offset
+        while time.monotonic() < deadline:
+            key = f"key-{i % KEYS}"
+            run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k', idempotency_key => %s)", (key,)))
+            got.append((key, run_id))
+            # Finish it at once, so it becomes movable while others enqueue the same key.
+            conn.execute(
+                "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now(), finished_at = now()"
+                " WHERE id = %s AND status = 'QUEUED'",
+                (run_id,),
+            )
+            i += 7
+    return got
+
+
+def test_idempotency_keys_hold_while_their_runs_move_to_history(db: Database, conn: Conn) -> None:
+    seconds = 8.0
+    results = race_parts(
+        db.dsn,
+        [
+            (_archiver, (db.dsn, seconds)),
+            (_keyed_enqueuer, (db.dsn, seconds, 0)),
+            (_keyed_enqueuer, (db.dsn, seconds, 3)),
+            (_keyed_enqueuer, (db.dsn, seconds, 5)),
+        ],
+    )
+    moved = results[0]
+    calls = [pair for part in results[1:] for pair in part]
+    assert moved > 0, "the archiver moved runs while keys were enqueued"
+    dupes = rows(
+        conn,
+        "SELECT idempotency_key, array_agg(id ORDER BY id) AS ids FROM jobs.runs_all"
+        " GROUP BY idempotency_key HAVING count(*) > 1",
+    )
+    assert dupes == [], f"a key got more than one run: {dupes}"
+    answer: dict[str, set[int]] = {}
+    for key, run_id in calls:
+        answer.setdefault(key, set()).add(run_id)
+    assert {k: v for k, v in answer.items() if len(v) > 1} == {}, "every call for a key returned the same run"
+    lost = [run_id for _, run_id in calls if _where(conn, run_id) is None]
+    assert lost == [], f"runs returned to callers that exist nowhere: {lost[:10]}"
+
+
+def test_history_is_readable_by_the_reader_role_and_archive_needs_the_operator(db: Database) -> None:
+    with db.connect() as conn:
+        finish_old(conn, 1, age="3 days")
+        _archive_all(conn)
+        conn.execute("SET ROLE jobs_reader")
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == 1
+        assert scalar(conn, "SELECT count(*) FROM jobs.run_history") == 1
+        try:
+            conn.execute("SELECT jobs.archive()")
+        except psycopg.errors.InsufficientPrivilege:
+            pass
+        else:
+            raise AssertionError("a reader could move runs")
