@@ -50,10 +50,13 @@ BEGIN
         -- Two sessions archiving at once (the leader and an operator) create each day once.
         PERFORM pg_advisory_xact_lock(hashtextextended('history partition:' || v_day, 0));
         CONTINUE WHEN to_regclass(format('jobs.%I', v_name)) IS NOT NULL;
-        EXECUTE format('CREATE TABLE jobs.%I PARTITION OF jobs.run_history FOR VALUES FROM (%L) TO (%L)',
-                       v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+        -- Made apart, then attached: CREATE TABLE ... PARTITION OF would lock jobs.run_history
+        -- against every reader, ATTACH takes a lock that readers and writers pass.
+        EXECUTE format('CREATE TABLE jobs.%I (LIKE jobs.run_history INCLUDING ALL)', v_name);
         EXECUTE format('COMMENT ON TABLE jobs.%I IS %L', v_name,
                        format('The runs finished on %s (UTC), moved out of jobs.runs. jobs.prune drops it whole.', v_day));
+        EXECUTE format('ALTER TABLE jobs.run_history ATTACH PARTITION jobs.%I FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
     END LOOP;
 END
 $$;
@@ -67,7 +70,12 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p.day, p.part
-      FROM (SELECT to_date(right(c.relname, 8), 'YYYYMMDD') AS day, c.oid::regclass AS part
+      -- The CASE keeps to_date off other names: the planner may test the day on every
+      -- relation before the join picks the partitions, and a partition attached by hand
+      -- under another name is never dropped.
+      FROM (SELECT CASE WHEN c.relname ~ '^run_history_[0-9]{8}$'
+                        THEN to_date(right(c.relname, 8), 'YYYYMMDD') END AS day,
+                   c.oid::regclass AS part
               FROM pg_inherits AS i
               JOIN pg_class AS c ON c.oid = i.inhrelid
              WHERE i.inhparent = 'jobs.run_history'::regclass) AS p

@@ -412,6 +412,7 @@ AS $$
 DECLARE
     v_age interval := coalesce(prune.older_than, (SELECT c.retention FROM jobs.config AS c));
     v_cutoff timestamptz;
+    v_wait text := current_setting('lock_timeout');
     v_day record;
     v_rows bigint;
     v_count bigint := 0;
@@ -421,9 +422,19 @@ BEGIN
     v_cutoff := now() - v_age;
     -- Whole days of history first: a DROP, whatever their size. A day that ends after the
     -- cutoff stays until it does, so history keeps up to a day more than the retention.
+    -- A DROP locks jobs.run_history against readers while it waits for its lock, and a long
+    -- transaction that read history would hold it up, with every reader queued behind: it
+    -- waits half a second at most, then the day waits for the next prune.
     FOR v_day IN SELECT h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
-        EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
-        EXECUTE format('DROP TABLE %s', v_day.part);
+        BEGIN
+            PERFORM set_config('lock_timeout', '500ms', TRUE);
+            EXECUTE format('LOCK TABLE jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
+            EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
+            EXECUTE format('DROP TABLE %s', v_day.part);
+            PERFORM set_config('lock_timeout', v_wait, TRUE);
+        EXCEPTION WHEN lock_not_available THEN
+            EXIT;  -- the block's rollback restored lock_timeout
+        END;
         v_count := v_count + v_rows;
     END LOOP;
     -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row.

@@ -178,6 +178,47 @@ def test_prune_removes_history_and_runs_not_moved_yet_in_one_call(conn: Conn) ->
     assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == 0
 
 
+def test_a_transaction_reading_history_neither_stops_a_new_day_nor_holds_up_prune(
+    db: Database, conn: Conn
+) -> None:
+    """A new day's partition is attached under a lock readers pass; dropping a day needs
+    every reader gone, and prune waits for that half a second, then leaves the day for the
+    next prune (instead of queueing every reader of history behind its lock)."""
+    finish_old(conn, 3, age="30 days")
+    assert _archive_all(conn) == 3
+    conn.execute("SET statement_timeout = '20s'")  # a call that waits on the reader fails here
+    with db.connect() as reader:
+        reader.execute("BEGIN")
+        assert scalar(reader, "SELECT count(*) FROM jobs.run_history") == 3
+
+        finish_old(conn, 2, age="3 days")  # another day: a new partition, attached meanwhile
+        assert _archive_all(conn) == 2
+        assert scalar(conn, "SELECT jobs.prune('14 days')") == 0, "the reader holds the old day"
+        assert scalar(conn, "SHOW lock_timeout") == "0", "the caller's lock_timeout is as it was"
+        assert len(_partitions(conn)) == 2
+        reader.execute("COMMIT")
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 3
+    assert len(_partitions(conn)) == 1
+
+
+def test_prune_drops_only_the_day_partitions_it_made_whatever_the_plan(conn: Conn) -> None:
+    finish_old(conn, 3, age="30 days")
+    assert _archive_all(conn) == 3
+    conn.execute(
+        "CREATE TABLE jobs.run_history_kept (LIKE jobs.run_history INCLUDING ALL);"
+        " COMMENT ON TABLE jobs.run_history_kept IS 'an operator''s own partition';"
+        " ALTER TABLE jobs.run_history ATTACH PARTITION jobs.run_history_kept"
+        " FOR VALUES FROM ('2001-01-01') TO ('2001-02-01')"
+    )
+    # A plan that tests every relation's name (pg_toast_NNNN among them) before the join
+    # keeps to the partitions: the day is read only from names of the form it gives them.
+    for setting in ("enable_nestloop", "enable_mergejoin", "enable_indexscan", "enable_bitmapscan"):
+        conn.execute(f"SET {setting} = off")
+    assert scalar(conn, "SELECT jobs.prune_count('14 days')") == 3
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 3
+    assert _partitions(conn) == ["run_history_kept"], "a partition of another name is never dropped"
+
+
 def test_history_has_the_columns_of_jobs_runs_in_their_order(conn: Conn) -> None:
     def columns(table: str) -> list[tuple[str, str]]:
         return [
