@@ -289,10 +289,11 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
             )
         if r.get("scenario") == "retention":
             s.add(
-                f"retention of the oldest days ({r['jobs']:,} runs) of {r['history']:,} history (s)",
+                f"retention of the oldest days of {r['history']:,} history (s)",
                 r["seconds"],
                 "<= 1",
                 r["seconds"] <= 1,
+                f"{r['jobs']:,} runs",
             )
         if r.get("scenario") == "materialize":
             total = r["seconds"] + r["cursor_init_seconds"]
