@@ -7,7 +7,7 @@
 
 ALTER TABLE jobs.config
 ADD COLUMN archive_after interval DEFAULT '1 day'
-CONSTRAINT config_archive_after_check CHECK (archive_after BETWEEN '1 minute' AND '3660 days');
+CONSTRAINT config_archive_after_check CHECK (archive_after BETWEEN '1 hour' AND '3660 days');
 COMMENT ON COLUMN jobs.config.archive_after IS
 'How long a finished run stays in jobs.runs before the leader moves it to jobs.run_history (NULL: never moved).';
 

@@ -355,7 +355,7 @@ AS $$
                    ('backoff_max', '0 seconds', '366 days'),
                    ('unique_for', '1 millisecond', '100 years'),
                    ('retention', '1 second', '100 years'),
-                   ('archive_after', '1 minute', '3660 days'),
+                   ('archive_after', '1 hour', '3660 days'),
                    ('older_than', '0 seconds', '100 years'),
                    ('lookahead', '0 seconds', '100 years'),
                    ('misfire_grace', '0 seconds', '100 years')) AS b (field, low, high)

@@ -126,7 +126,9 @@ def test_archive_and_archive_after_refuse_bad_values(conn: Conn) -> None:
     finish_old(conn, 1, age="3 days")
     expect_error(conn, "SELECT jobs.archive(0)", None, "22023", "batch_size")
     expect_error(conn, "SELECT jobs.archive(NULL)", None, "22023", "batch_size")
-    expect_error(conn, "UPDATE jobs.config SET archive_after = '1 second'", None, "22023", "archive_after")
+    expect_error(
+        conn, "UPDATE jobs.config SET archive_after = '59 minutes'", None, "22023", "archive_after", "1 hour"
+    )
     expect_error(conn, "UPDATE jobs.config SET archive_after = '-1 day'", None, "22023", "archive_after")
     assert scalar(conn, "SELECT archive_after FROM jobs.config") == timedelta(days=1)
     assert scalar(conn, "SELECT count(*) FROM jobs.run_history") == 0, "nothing moved"
