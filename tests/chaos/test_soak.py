@@ -61,7 +61,7 @@ POISON = _soak_app_poison()
 SOAK_SECONDS = float(os.environ.get("PGTICK_SOAK_SECONDS", "40"))
 #: The families of bad values and changes injected besides the process and database
 #: faults (all by default; name fewer to see one family's effect alone).
-FAMILIES = set(os.environ.get("PGTICK_SOAK_FAMILIES", "poison,hung,absurd,schedules").split(","))
+FAMILIES = set(os.environ.get("PGTICK_SOAK_FAMILIES", "poison,hung,absurd,schedules,history").split(","))
 TICK = 0.3
 HEARTBEAT_TIMEOUT = 2.0
 HUNG_TIMEOUT = 2.0  # seconds; the hung kind blocks for soak_app.HANG_SECONDS
@@ -719,6 +719,22 @@ def test_chaos_soak(tmp_path: Path) -> None:
                 if outcome == "breaks":
                     absurd_breaks.append((what, detail))
 
+        def move_history() -> None:
+            """Finished ad-hoc runs are aged past archive_after and moved to history while
+            everything else goes on: idempotent enqueues of the same keys, retries of their
+            chains, faults. The accounting reads jobs.runs_all."""
+            rng = random.Random()
+            while not stop.wait(rng.uniform(0.5, 1.5)):
+                _try(
+                    dsn,
+                    "UPDATE jobs.runs SET finished_at = finished_at - interval '2 days'"
+                    " WHERE kind = 'adhoc' AND finished_at BETWEEN now() - interval '1 hour'"
+                    " AND now() - interval '1 second'",
+                )
+                moved = _try(dsn, "SELECT jobs.archive(100)")
+                if moved and moved[0][0]:
+                    families["history_moved"] += int(moved[0][0])
+
         harness_errors: list[str] = []
 
         def guarded(loop: Callable[[], None]) -> Callable[[], None]:
@@ -736,9 +752,10 @@ def test_chaos_soak(tmp_path: Path) -> None:
 
         threads = [
             threading.Thread(target=guarded(f), daemon=True)
-            for f in (enqueue_stream, cap_probe, inject, change_schedules, absurd_values)
+            for f in (enqueue_stream, cap_probe, inject, change_schedules, absurd_values, move_history)
             if (f is not change_schedules or "schedules" in FAMILIES)
             and (f is not absurd_values or "absurd" in FAMILIES)
+            and (f is not move_history or "history" in FAMILIES)
         ]
         for t in threads:
             t.start()
@@ -793,7 +810,12 @@ def test_chaos_soak(tmp_path: Path) -> None:
         if os.environ.get("PGTICK_SOAK_REPORT"):
             Path(os.environ["PGTICK_SOAK_REPORT"]).write_text(json.dumps(report, indent=1, default=str))
         assert sum(faults.values()) >= max(3, SOAK_SECONDS / 6), f"too few faults injected: {faults}"
-        expected = {"hung": ["hung"], "absurd": ["absurd_value"], "poison": ["poison:"]}
+        expected = {
+            "hung": ["hung"],
+            "absurd": ["absurd_value"],
+            "poison": ["poison:"],
+            "history": ["history_moved"],
+        }
         expected["schedules"] = ["schedule_equivalent_text", "one_shot_defined", "jitter_changed"]
         for family in sorted(FAMILIES & set(expected)):
             for counter in expected[family]:
@@ -916,7 +938,7 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
             continue
         rows = conn.execute(
             "SELECT coalesce(occurrence_at, scheduled_for), status::text, failure_reason, created_at,"
-            " finished_at FROM jobs.runs WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
+            " finished_at FROM jobs.runs_all WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
             (d.id,),
         ).fetchall()
         live = {r[0]: r for r in rows if not _superseded(r[1], r[2])}
@@ -974,7 +996,7 @@ def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) 
         # stalled or stopped scheduler found late (misfire_policy coalesce, the default),
         # or right after a schedule change, before the leader restarted the cursor.
         dupes = q(
-            "SELECT definition_id, coalesce(occurrence_at, scheduled_for), count(*) FROM jobs.runs"
+            "SELECT definition_id, coalesce(occurrence_at, scheduled_for), count(*) FROM jobs.runs_all"
             " WHERE origin = 'schedule' GROUP BY 1, 2 HAVING count(*) > 1"
         )
         if dupes:
@@ -990,44 +1012,50 @@ def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) 
         if over:
             violations["cap_exceeded"] = over
         # 4. Nothing lost: every run terminal with a reason, or still queued for later.
-        live = q("SELECT id, status::text, worker FROM jobs.runs WHERE status = 'RUNNING'")
+        live = q("SELECT id, status::text, worker FROM jobs.runs_all WHERE status = 'RUNNING'")
         if live:
             violations["still_running_after_settle"] = live[:20]
-        unreasoned = q("SELECT id FROM jobs.runs WHERE status = 'FAILED' AND failure_reason IS NULL")
+        unreasoned = q("SELECT id FROM jobs.runs_all WHERE status = 'FAILED' AND failure_reason IS NULL")
         if unreasoned:
             violations["failed_without_reason"] = unreasoned[:20]
         exited_not_done = q(
-            "SELECT e.run_id, r.status::text FROM chaos.executions e JOIN jobs.runs r ON r.id = e.run_id"
+            "SELECT e.run_id, r.status::text FROM chaos.executions e JOIN jobs.runs_all r ON r.id = e.run_id"
             " WHERE e.exited IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')"
         )
         if exited_not_done:
             violations["finished_execution_not_recorded"] = exited_not_done[:20]
         completed_unrun = q(
-            "SELECT r.id, r.kind FROM jobs.runs r WHERE r.status = 'COMPLETED' AND NOT EXISTS"
+            "SELECT r.id, r.kind FROM jobs.runs_all r WHERE r.status = 'COMPLETED' AND NOT EXISTS"
             " (SELECT FROM chaos.executions e WHERE e.run_id = r.id AND e.exited IS NOT NULL)"
         )
         if completed_unrun:
             violations["completed_without_execution"] = completed_unrun[:20]
         due_left = q(
-            "SELECT count(*) FROM jobs.runs"
+            "SELECT count(*) FROM jobs.runs_all"
             " WHERE status = 'QUEUED' AND scheduled_for <= now() - interval '5 s'"
         )[0][0]
         if due_left:
             violations["due_runs_never_claimed"] = due_left
+        twice_kept = q("SELECT id FROM jobs.runs INTERSECT SELECT id FROM jobs.run_history")
+        if twice_kept:
+            violations["run_both_live_and_in_history"] = twice_kept[:20]
         # 5. Retries linked: each attempt n+1 points at a FAILED attempt n of the same kind.
         bad_links = q(
-            "SELECT r.id, r.attempt, p.id, p.attempt, p.status::text FROM jobs.runs r"
-            " LEFT JOIN jobs.runs p ON p.id = r.retry_of"
+            "SELECT r.id, r.attempt, p.id, p.attempt, p.status::text FROM jobs.runs_all r"
+            " LEFT JOIN jobs.runs_all p ON p.id = r.retry_of"
             " WHERE r.attempt > 1 AND (p.id IS NULL OR p.attempt <> r.attempt - 1"
             "       OR p.status <> 'FAILED' OR p.kind <> r.kind)"
         )
         if bad_links:
             violations["broken_retry_links"] = bad_links[:20]
-        stats = dict(q("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1"))
+        stats = dict(q("SELECT status::text, count(*) FROM jobs.runs_all GROUP BY 1"))
         reasons = dict(
-            q("SELECT failure_reason, count(*) FROM jobs.runs WHERE failure_reason IS NOT NULL GROUP BY 1")
+            q(
+                "SELECT failure_reason, count(*) FROM jobs.runs_all"
+                " WHERE failure_reason IS NOT NULL GROUP BY 1"
+            )
         )
-        retries = q("SELECT count(*) FROM jobs.runs WHERE attempt > 1")[0][0]
+        retries = q("SELECT count(*) FROM jobs.runs_all WHERE attempt > 1")[0][0]
         executions = q("SELECT count(*) FROM chaos.executions")[0][0]
     # 6. No deadlocks or lock timeouts in the server log.
     log_lines = (server.data_dir / "log").read_text(errors="replace").splitlines()
@@ -1083,7 +1111,7 @@ def _account_new_families(
                 "SELECT id, kind, status::text AS status, failure_reason, error, attempt, max_attempts,"
                 " retry_of, payload->>'variant' AS variant, result, started_at, finished_at,"
                 " scheduled_for, origin, definition_id, idempotency_key,"
-                " extract(epoch FROM timeout) AS timeout FROM jobs.runs"
+                " extract(epoch FROM timeout) AS timeout FROM jobs.runs_all"
             )
         }
         policies = {
