@@ -194,12 +194,17 @@ def claim_loops(
     dsn: str,
     threads: int,
     step: Callable[[int, psycopg.Connection[Any]], int],
+    warm: Callable[[int, psycopg.Connection[Any]], None] | None = None,
 ) -> None:
     """The body of a SQL-only drain worker: ``threads`` threads, each with its own autocommit
     connection, call ``step(thread, conn)`` (claim a batch and complete it; returns how many)
-    until told to stop, pausing 2 ms when it found nothing; reports the total completed."""
+    until told to stop, pausing 2 ms when it found nothing; reports the total completed.
+    ``warm(thread, conn)``, if given, runs on each connection before the start signal."""
     conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
     counts = [0] * threads
+    if warm is not None:
+        for i, c in enumerate(conns):
+            warm(i, c)
 
     def loop(i: int, conn: psycopg.Connection[Any]) -> None:
         while not control.stop.is_set():
