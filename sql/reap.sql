@@ -19,14 +19,9 @@
 -- arithmetic overflow and stop the sweep for everyone. (A month counts 30 days.)
 -- ===========================================================================
 
--- Private: the instant since + allowed, as epoch seconds (NULL when allowed is NULL); never overflows.
-CREATE OR REPLACE FUNCTION jobs._deadline(since timestamptz, allowed interval)
-RETURNS numeric
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT extract(epoch FROM since) + extract(epoch FROM allowed) $$;
-COMMENT ON FUNCTION jobs._deadline(timestamptz, interval) IS
-'Private: since + allowed as epoch seconds (numeric: no overflow, infinity stays infinity); NULL when either is NULL.';
+-- The deadlines below are written out, not a helper function: every function pins its
+-- search_path, and a call of one saves and restores settings, per RUNNING row and reason.
+DROP FUNCTION IF EXISTS jobs._deadline(timestamptz, interval);
 
 -- Fail overdue RUNNING runs (Timeout, HeartbeatLost, Orphaned); returns each with its reason and retry run id.
 CREATE OR REPLACE FUNCTION jobs.reap()
@@ -45,11 +40,13 @@ BEGIN
          CROSS JOIN jobs.config AS c
          CROSS JOIN LATERAL (
                SELECT d.reason FROM (VALUES
-                   ('Timeout', jobs._deadline(s.started_at, s.timeout)),
+                   ('Timeout', extract(epoch FROM s.started_at) + extract(epoch FROM s.timeout)),
                    ('HeartbeatLost',
-                    jobs._deadline(s.heartbeat_at, coalesce(s.heartbeat_timeout, c.heartbeat_timeout))),
+                    extract(epoch FROM s.heartbeat_at)
+                    + extract(epoch FROM coalesce(s.heartbeat_timeout, c.heartbeat_timeout))),
                    ('Orphaned',
-                    CASE WHEN s.heartbeat_at IS NULL THEN jobs._deadline(s.started_at, c.orphan_timeout) END)
+                    CASE WHEN s.heartbeat_at IS NULL
+                         THEN extract(epoch FROM s.started_at) + extract(epoch FROM c.orphan_timeout) END)
                ) AS d (reason, deadline)
                 WHERE d.deadline < v_now
                 ORDER BY d.deadline
