@@ -233,13 +233,14 @@ class JobsTester:
     def reset(self) -> None:
         """Empty the jobs tables (runs and their history, definitions, retry policies, leases)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            present = [t for t in STATE_TABLES if _exists(conn, t)]  # a schema older than pgtick
+            # Those this schema has (one installed by an older pgtick lacks jobs.run_history).
+            row = conn.execute(
+                "SELECT array_agg(t ORDER BY o) FROM unnest(%s::text[]) WITH ORDINALITY AS x (t, o)"
+                " WHERE to_regclass(t) IS NOT NULL",
+                (list(STATE_TABLES),),
+            ).fetchone()
+            present = row[0] if row and row[0] else []
             conn.execute(f"TRUNCATE {', '.join(present)} RESTART IDENTITY CASCADE")
-
-
-def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
-    return bool(row and row[0])
 
 
 def _call(fn: Any, ctx: Context) -> Any:
