@@ -8,7 +8,6 @@
 CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint)
 RETURNS jobs.run_status
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -42,7 +41,6 @@ COMMENT ON FUNCTION jobs.cancel(bigint) IS
 CREATE OR REPLACE FUNCTION jobs.cancel_queued(name text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

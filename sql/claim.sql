@@ -89,7 +89,6 @@ CREATE OR REPLACE FUNCTION jobs.claim(
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column

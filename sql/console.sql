@@ -23,7 +23,6 @@
 CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -52,7 +51,6 @@ COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS
 CREATE OR REPLACE FUNCTION jobs.scope_worker(role name, kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS jobs.worker_scopes
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -93,7 +91,6 @@ COMMENT ON FUNCTION jobs.scope_worker(name, text[], text[]) IS
 CREATE OR REPLACE FUNCTION jobs.unscope_worker(role name)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -123,7 +120,6 @@ COMMENT ON VIEW jobs.worker_scope_list IS
 CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text)
 RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE jobs.worker_registry AS w SET last_seen_at = now(), stopped_at = NULL
      WHERE w.worker = worker_seen.worker
@@ -136,7 +132,6 @@ COMMENT ON FUNCTION jobs.worker_seen(text) IS
 CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text)
 RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE jobs.worker_registry AS w SET stopped_at = now(), last_seen_at = now()
      WHERE w.worker = worker_stopped.worker
@@ -149,7 +144,6 @@ COMMENT ON FUNCTION jobs.worker_stopped(text) IS
 CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
@@ -223,7 +217,6 @@ COMMENT ON VIEW jobs.kinds_without_worker IS
 CREATE OR REPLACE FUNCTION jobs.compact_interval(value interval)
 RETURNS text
 LANGUAGE sql IMMUTABLE STRICT SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN s < 60 THEN s || 's'
@@ -239,7 +232,6 @@ COMMENT ON FUNCTION jobs.compact_interval(interval) IS 'An interval as 45s, 2m30
 CREATE OR REPLACE FUNCTION jobs.describe_catch_up(c jobs.catch_ups)
 RETURNS text
 LANGUAGE sql IMMUTABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'caught up after ' || jobs.compact_interval(c.caught_up_at - c.first_late) || ' of downtime: '
         || c.occurrences || CASE WHEN c.occurrences = 1 THEN ' occurrence' ELSE ' occurrences' END
@@ -267,7 +259,6 @@ CREATE OR REPLACE FUNCTION jobs.record_catch_up(
 )
 RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -385,7 +376,6 @@ RETURNS TABLE (
     attempts jsonb
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -426,7 +416,6 @@ COMMENT ON FUNCTION jobs.run_detail(bigint) IS
 CREATE OR REPLACE FUNCTION jobs.undefine_detail(name text)
 RETURNS TABLE (definition text, cancelled integer, still_running bigint[], history bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -451,7 +440,6 @@ COMMENT ON FUNCTION jobs.undefine_detail(text) IS
 CREATE OR REPLACE FUNCTION jobs.prune_count(older_than interval DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

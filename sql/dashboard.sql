@@ -8,7 +8,6 @@
 CREATE OR REPLACE FUNCTION jobs.audit(actor text, action text, target text DEFAULT NULL, detail jsonb DEFAULT '{}')
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -37,7 +36,6 @@ COMMENT ON FUNCTION jobs.audit(text, text, text, jsonb) IS
 CREATE OR REPLACE FUNCTION jobs.retry_many(run_ids bigint[])
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -69,7 +67,6 @@ COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[])
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -6,7 +6,6 @@
 CREATE OR REPLACE FUNCTION jobs._schedule_shape_ok(schedule text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE STRICT
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT length(schedule) BETWEEN 1 AND 4000 AND (
         schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
@@ -21,7 +20,6 @@ COMMENT ON FUNCTION jobs._schedule_shape_ok(text) IS
 CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_key text;
@@ -144,7 +142,6 @@ COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS
 CREATE OR REPLACE FUNCTION jobs._json_interval(value jsonb)
 RETURNS interval
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE jsonb_typeof(value)
                -- Past 1e12 seconds make_interval would saturate silently: make it raise 22008.
@@ -161,7 +158,6 @@ COMMENT ON FUNCTION jobs._json_interval(jsonb) IS
 CREATE OR REPLACE FUNCTION jobs.define_many(definitions jsonb)
 RETURNS TABLE (id bigint, name text, created boolean, rescheduled boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -266,15 +262,8 @@ BEGIN
                  FROM jobs._redeclared(d, excluded, excluded.enabled AND NOT d.enabled) AS r
            )
      -- Declaring what is already there (every deploy of an app) changes nothing.
-     WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
-            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,
-            d.dst_gap, d.dst_repeat, d.jitter, d.pause_after_failures, d.queue, d.concurrency_key)
-           IS DISTINCT FROM
-           (excluded.kind, excluded.schedule, excluded.timezone, excluded.run_at, excluded.payload,
-            excluded.enabled, excluded.max_concurrent_runs, excluded.priority, excluded.max_attempts,
-            excluded.misfire_policy, excluded.overlap_policy, excluded.timeout, excluded.heartbeat_timeout,
-            excluded.dst_gap, excluded.dst_repeat, excluded.jitter, excluded.pause_after_failures,
-            excluded.queue, excluded.concurrency_key)
+     WHERE jobs._declaration_differs(d, excluded)
+        OR d.enabled IS DISTINCT FROM excluded.enabled
         OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
     -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).

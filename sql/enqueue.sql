@@ -6,7 +6,6 @@
 CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_name('queue', queue);
@@ -43,7 +42,6 @@ CREATE OR REPLACE FUNCTION jobs.enqueue(
 )
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -187,7 +185,6 @@ CREATE OR REPLACE FUNCTION jobs.enqueue_many(
 )
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -249,7 +246,6 @@ COMMENT ON FUNCTION jobs.enqueue_many(
 CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL)
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_def jobs.definitions;

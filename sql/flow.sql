@@ -29,7 +29,6 @@
 CREATE OR REPLACE FUNCTION jobs._chain_forward(run_ids bigint[])
 RETURNS TABLE (root bigint, run_id bigint, attempt integer, status jobs.run_status)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE chain AS (
         SELECT r.id AS root, r.id, r.attempt, r.status
@@ -47,7 +46,6 @@ COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[])
 RETURNS bigint[]
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE chain AS (
         SELECT r.id, r.retry_of FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
@@ -63,7 +61,6 @@ COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[])
 RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_missing bigint[];
@@ -123,7 +120,6 @@ COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_chain bigint[];
@@ -166,7 +162,6 @@ COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
@@ -232,7 +227,6 @@ COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs.pause_queue(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -248,7 +242,6 @@ COMMENT ON FUNCTION jobs.pause_queue(text) IS
 CREATE OR REPLACE FUNCTION jobs.resume_queue(name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -318,7 +311,6 @@ CREATE OR REPLACE FUNCTION jobs.set_limit(
 )
 RETURNS jobs.limits
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -369,7 +361,6 @@ COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boole
 CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -397,7 +388,6 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
 CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

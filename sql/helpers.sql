@@ -1,7 +1,12 @@
 -- ===========================================================================
 -- helpers.sql: private validation and notification helpers used by the API.
--- All functions pin search_path; every reference is schema-qualified.
+-- Every reference is schema-qualified. Every function's search_path is pinned to
+-- pg_catalog, pg_temp once, for all of them, at the end of the install (sql/roles.sql);
+-- the install's transaction uses that path too, so SQL function bodies are checked
+-- against the same names they will run with.
 -- ===========================================================================
+
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- Advisory lock keys: every key pgtick takes, named once.
 --
@@ -31,7 +36,6 @@
 CREATE OR REPLACE FUNCTION jobs._leader_key()
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT 8099570450837490756::bigint $$;
 COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
 
@@ -39,7 +43,6 @@ COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the sch
 CREATE OR REPLACE FUNCTION jobs._dispatch_key(definition_id bigint)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
 COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
 'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
@@ -48,7 +51,6 @@ COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
 CREATE OR REPLACE FUNCTION jobs._limit_key(label text)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
 COMMENT ON FUNCTION jobs._limit_key(text) IS
 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
@@ -57,7 +59,6 @@ COMMENT ON FUNCTION jobs._limit_key(text) IS
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NULL OR length(value) = 0 THEN
@@ -76,7 +77,6 @@ COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS
 CREATE OR REPLACE FUNCTION jobs._refuse(field text, problem text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF problem IS NOT NULL THEN
@@ -94,7 +94,6 @@ COMMENT ON FUNCTION jobs._refuse(text, text) IS
 CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer)
 RETURNS text
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
@@ -113,7 +112,6 @@ COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS
 CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
 RETURNS void
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c
 $$;
@@ -124,7 +122,6 @@ COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS
 CREATE OR REPLACE FUNCTION jobs._check_range(field text, value bigint, low bigint, high bigint)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NULL OR value < low OR value > high THEN
@@ -140,7 +137,6 @@ COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
 CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[], max_length integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF run_ids IS NULL THEN
@@ -156,7 +152,6 @@ COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS
 CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- Every worker call passes here: the conditions are plain expressions, and the helpers
@@ -177,7 +172,6 @@ COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
 CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text)
 RETURNS jobs.definitions
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF definition.id IS NULL THEN
@@ -194,7 +188,6 @@ COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS
 CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint)
 RETURNS jobs.runs
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF run.id IS NULL THEN
@@ -212,7 +205,6 @@ COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS
 CREATE OR REPLACE FUNCTION jobs._claim_token_hash(claim_token text)
 RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF claim_token IS NULL THEN
@@ -236,7 +228,6 @@ COMMENT ON FUNCTION jobs._claim_token_hash(text) IS
 CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text)
 RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(claim_token);
@@ -260,7 +251,6 @@ COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS
 CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz)
 RETURNS text
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN value IS NULL OR NOT isfinite(value)
@@ -276,7 +266,6 @@ COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
 RETURNS void
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
 COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
 'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
@@ -287,7 +276,6 @@ COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_text(field, value, 200);
@@ -305,7 +293,6 @@ COMMENT ON FUNCTION jobs._check_name(text, text) IS
 CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[])
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     i integer;
@@ -326,7 +313,6 @@ COMMENT ON FUNCTION jobs._check_names(text, text[]) IS
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NOT NULL AND value <= interval '0' THEN
@@ -345,7 +331,6 @@ COMMENT ON FUNCTION jobs._check_positive(text, interval) IS
 -- Intervals compare as PostgreSQL orders them: a month counts 30 days.
 CREATE OR REPLACE FUNCTION jobs._duration_bounds(field text, OUT low text, OUT high text)
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT b.low, b.high
       FROM (VALUES ('timeout', '1 second', '366 days'),
@@ -368,7 +353,6 @@ COMMENT ON FUNCTION jobs._duration_bounds(text) IS
 CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval)
 RETURNS text
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT format('must be an interval between %s and %s, got %s', b.low, b.high, value)
       FROM jobs._duration_bounds(field) AS b
@@ -381,7 +365,6 @@ COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS
 CREATE OR REPLACE FUNCTION jobs._check_duration(field text, value interval, bound text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs._duration_bounds(coalesce(bound, field)) AS b WHERE b.low IS NOT NULL) THEN
@@ -397,7 +380,6 @@ COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS
 CREATE OR REPLACE FUNCTION jobs._notify()
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF current_setting('pgtick.notified', TRUE) IS DISTINCT FROM 'yes' THEN
@@ -413,7 +395,6 @@ COMMENT ON FUNCTION jobs._notify() IS
 CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF queued > 0 THEN

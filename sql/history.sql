@@ -27,7 +27,6 @@ COMMENT ON VIEW jobs.runs_all IS
 CREATE OR REPLACE FUNCTION jobs._history_partition_name(day date)
 RETURNS text
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'run_history_' || to_char(day, 'YYYYMMDD')
 $$;
@@ -38,7 +37,6 @@ COMMENT ON FUNCTION jobs._history_partition_name(date) IS
 CREATE OR REPLACE FUNCTION jobs._history_partitions(days date[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_day date;
@@ -67,7 +65,6 @@ COMMENT ON FUNCTION jobs._history_partitions(date[]) IS
 CREATE OR REPLACE FUNCTION jobs._history_days_before(cutoff timestamptz)
 RETURNS TABLE (day date, part regclass)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p.day, p.part
       -- The CASE keeps to_date off other names: the planner may test the day on every
@@ -90,7 +87,6 @@ COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS
 CREATE OR REPLACE FUNCTION jobs._lock_finished_before(cutoff timestamptz, batch_size integer)
 RETURNS TABLE (run_id bigint, finished_at timestamptz)
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT r.id, r.finished_at FROM jobs.runs AS r
      WHERE r.finished_at < cutoff
@@ -108,7 +104,6 @@ COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer) IS
 CREATE OR REPLACE FUNCTION jobs.archive(batch_size integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -14,7 +14,6 @@
 CREATE OR REPLACE FUNCTION jobs._holds_lead()
 RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks AS l
@@ -30,7 +29,6 @@ COMMENT ON FUNCTION jobs._holds_lead() IS 'Private: true if this session holds t
 CREATE OR REPLACE FUNCTION jobs.try_lead(owner text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -54,7 +52,6 @@ COMMENT ON FUNCTION jobs.try_lead(text) IS
 CREATE OR REPLACE FUNCTION jobs.resign()
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT jobs._holds_lead() THEN
@@ -70,7 +67,6 @@ COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session ho
 CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF ttl IS NULL OR ttl <= interval '0' OR ttl > interval '1 year' THEN
@@ -86,7 +82,6 @@ COMMENT ON FUNCTION jobs._check_ttl(interval) IS
 CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -115,7 +110,6 @@ COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS
 CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -132,7 +126,6 @@ COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS
 CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -27,7 +27,6 @@ CREATE OR REPLACE FUNCTION jobs._materialize_set(
 )
 RETURNS TABLE (definition_id bigint, created integer, earliest timestamptz)
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     WITH input AS (
         SELECT i.id, i.expected, i.new_next, i.revision
@@ -81,7 +80,6 @@ COMMENT ON FUNCTION jobs._materialize_set(bigint[], timestamptz[], timestamptz[]
 CREATE OR REPLACE FUNCTION jobs._materialize_failed(definition_id bigint, message text)
 RETURNS void
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE jobs.definitions AS d
        SET materialize_error = left(message, 2000),
@@ -109,7 +107,6 @@ CREATE OR REPLACE FUNCTION jobs.materialize_many(
 )
 RETURNS TABLE (definition_id bigint, created integer, error text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -9,7 +9,6 @@
 CREATE OR REPLACE FUNCTION jobs._check_config()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_duration('jobs.config.heartbeat_timeout', NEW.heartbeat_timeout, 'heartbeat_timeout');
@@ -406,7 +405,6 @@ COMMENT ON VIEW jobs.run_list IS
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

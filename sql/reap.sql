@@ -27,7 +27,6 @@ DROP FUNCTION IF EXISTS jobs._deadline(timestamptz, interval);
 CREATE OR REPLACE FUNCTION jobs.reap()
 RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

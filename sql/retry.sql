@@ -24,7 +24,6 @@ CREATE OR REPLACE FUNCTION jobs._retry_allowed(
 )
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT NOT coalesce(deny && classes, FALSE)
            AND (infrastructure OR allow IS NULL OR allow && classes)
@@ -41,7 +40,6 @@ CREATE OR REPLACE FUNCTION jobs._backoff(
 )
 RETURNS interval
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT make_interval(secs => least(
                extract(epoch FROM initial)::double precision
@@ -57,7 +55,6 @@ COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double p
 CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint[], error_classes text[])
 RETURNS TABLE (retry_of bigint, retry_run_id bigint)
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
@@ -103,7 +100,6 @@ CREATE OR REPLACE FUNCTION jobs.fail(
 )
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -152,7 +148,6 @@ COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint)
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -205,7 +200,6 @@ CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
 )
 RETURNS jobs.retry_policies
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

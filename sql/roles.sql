@@ -16,6 +16,23 @@
 -- ===========================================================================
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
+
+-- search_path pinned on every function, here once for all: a CREATE OR REPLACE in the files
+-- above leaves it unset, so this runs on every install, in the same transaction.
+DO $$
+DECLARE
+    v_function regprocedure;
+BEGIN
+    FOR v_function IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'jobs'::regnamespace
+           AND p.prokind IN ('f', 'p')
+           AND NOT 'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}'))
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', v_function);
+    END LOOP;
+END
+$$;
 REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
 
 -- Schemas installed before workers lost their reader rights: take them back.

@@ -18,7 +18,6 @@ ON CONFLICT DO NOTHING;
 CREATE OR REPLACE FUNCTION jobs._check_zone(zone text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF zone IS NULL OR NOT (
@@ -37,7 +36,6 @@ COMMENT ON FUNCTION jobs._check_zone(text) IS 'Private: raises 22023 unless the 
 CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_text('schedule', schedule, 4000);
@@ -74,7 +72,6 @@ CREATE OR REPLACE FUNCTION jobs._drop_superseded(
 )
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_ids bigint[];
@@ -113,7 +110,6 @@ COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[]
 CREATE OR REPLACE FUNCTION jobs._takeover(old jobs.definitions)
 RETURNS timestamptz
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN old.schedule IS NOT NULL AND old.enabled AND old.finished_at IS NULL
                      AND old.schedule_error IS NULL
@@ -133,7 +129,6 @@ COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
 CREATE OR REPLACE FUNCTION jobs._redeclared(old jobs.definitions, new jobs.definitions, enabling boolean)
 RETURNS TABLE (revision integer, next_run_at timestamptz, finished_at timestamptz, cursor_from timestamptz)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT old.revision + CASE WHEN c.changed OR c.restarted THEN 1 ELSE 0 END,
            CASE WHEN c.changed THEN new.run_at WHEN c.restarted THEN NULL ELSE old.next_run_at END,
@@ -148,6 +143,25 @@ $$;
 COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS
 'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences (schedule, zone, DST policy, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
 
+-- Private: whether a declaration differs from the stored definition in any declared setting
+-- other than enabled (jobs.define keeps enabled when it is not given; the callers compare it).
+CREATE OR REPLACE FUNCTION jobs._declaration_differs(old jobs.definitions, new jobs.definitions)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT (old.kind, old.schedule, old.timezone, old.run_at, old.payload, old.max_concurrent_runs,
+            old.priority, old.max_attempts, old.misfire_policy, old.overlap_policy, old.timeout,
+            old.heartbeat_timeout, old.queue, old.concurrency_key, old.dst_gap, old.dst_repeat,
+            old.jitter, old.pause_after_failures)
+           IS DISTINCT FROM
+           (new.kind, new.schedule, new.timezone, new.run_at, new.payload, new.max_concurrent_runs,
+            new.priority, new.max_attempts, new.misfire_policy, new.overlap_policy, new.timeout,
+            new.heartbeat_timeout, new.queue, new.concurrency_key, new.dst_gap, new.dst_repeat,
+            new.jitter, new.pause_after_failures)
+$$;
+COMMENT ON FUNCTION jobs._declaration_differs(jobs.definitions, jobs.definitions) IS
+'Private: true when a declaration changes any declared setting of a definition except enabled: what makes jobs.define and jobs.define_many write.';
+
 -- Private: raise 22023 naming the field unless a definition's DST policy, jitter and pause
 -- threshold are valid (recurring: it has a schedule, not a run_at). jobs.define and
 -- jobs.define_many both check through it.
@@ -156,7 +170,6 @@ CREATE OR REPLACE FUNCTION jobs._check_schedule_controls(
 )
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF dst_gap IS NOT NULL AND dst_gap NOT IN ('shift', 'end', 'skip') THEN
@@ -217,7 +230,6 @@ CREATE OR REPLACE FUNCTION jobs.define(
 )
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -308,15 +320,8 @@ BEGIN
                  FROM jobs._redeclared(d, excluded, define.enabled AND NOT d.enabled) AS r
            )
      -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
-     WHERE (d.kind, d.schedule, d.timezone, d.run_at, d.payload, d.enabled, d.max_concurrent_runs,
-            d.priority, d.max_attempts, d.misfire_policy, d.overlap_policy, d.timeout, d.heartbeat_timeout,
-            d.queue, d.concurrency_key, d.dst_gap, d.dst_repeat, d.jitter, d.pause_after_failures)
-           IS DISTINCT FROM
-           (excluded.kind, excluded.schedule, excluded.timezone, excluded.run_at, excluded.payload,
-            coalesce(define.enabled, d.enabled), excluded.max_concurrent_runs, excluded.priority,
-            excluded.max_attempts, excluded.misfire_policy, excluded.overlap_policy, excluded.timeout,
-            excluded.heartbeat_timeout, excluded.queue, excluded.concurrency_key, excluded.dst_gap,
-            excluded.dst_repeat, excluded.jitter, excluded.pause_after_failures)
+     WHERE jobs._declaration_differs(d, excluded)
+        OR d.enabled IS DISTINCT FROM coalesce(define.enabled, d.enabled)
         OR d.schedule_error IS NOT NULL
         OR (define.enabled AND d.paused_reason IS NOT NULL)
     RETURNING d.* INTO v_new;
@@ -342,7 +347,6 @@ COMMENT ON FUNCTION jobs.define(
 CREATE OR REPLACE FUNCTION jobs.pause(name text)
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -360,7 +364,6 @@ COMMENT ON FUNCTION jobs.pause(text) IS
 CREATE OR REPLACE FUNCTION jobs.resume(name text)
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -393,7 +396,6 @@ COMMENT ON FUNCTION jobs.resume(text) IS
 CREATE OR REPLACE FUNCTION jobs.undefine(name text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -425,7 +427,6 @@ CREATE OR REPLACE FUNCTION jobs.materialize(
 )
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -495,7 +496,6 @@ COMMENT ON VIEW jobs._live_schedules IS
 CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
 RETURNS SETOF jobs._live_schedules
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_range('max_rows', new_definitions.max_rows, 0, 1000000);
@@ -511,7 +511,6 @@ COMMENT ON FUNCTION jobs.new_definitions(integer) IS
 CREATE OR REPLACE FUNCTION jobs.due_definitions(horizon timestamptz, max_rows integer)
 RETURNS SETOF jobs._live_schedules
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM jobs._check_range('max_rows', due_definitions.max_rows, 0, 1000000);
@@ -532,7 +531,6 @@ CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(
 )
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -583,7 +581,6 @@ COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS
 CREATE OR REPLACE FUNCTION jobs.mark_schedule_error(definition_id bigint, revision integer, message text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN

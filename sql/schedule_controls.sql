@@ -15,7 +15,6 @@
 CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
 RETURNS interval
 LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
@@ -36,7 +35,6 @@ COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS
 CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[])
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_count integer;
@@ -65,7 +63,6 @@ COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS
 CREATE OR REPLACE FUNCTION jobs._dst_auto(schedule text)
 RETURNS text[]
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN schedule IS NULL THEN NULL
@@ -93,7 +90,6 @@ COMMENT ON FUNCTION jobs._dst_auto(text) IS
 CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_defs bigint[];
@@ -168,7 +164,6 @@ COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS
 CREATE OR REPLACE FUNCTION jobs._pause_after_failures()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_limit integer;
@@ -236,7 +231,6 @@ $$;
 CREATE OR REPLACE FUNCTION jobs.backfill(name text, "from" timestamptz, "to" timestamptz)
 RETURNS jobs.backfills
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -277,7 +271,6 @@ COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS
 CREATE OR REPLACE FUNCTION jobs.finish_backfill(backfill_id bigint, run_times timestamptz[], error text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -6,7 +6,6 @@
 CREATE OR REPLACE FUNCTION jobs.version()
 RETURNS TABLE (schema_version text, migration text, package_version text, applied_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY

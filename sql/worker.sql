@@ -18,7 +18,6 @@
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -50,7 +49,6 @@ CREATE OR REPLACE FUNCTION jobs.complete(
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -82,7 +80,6 @@ COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS
 CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -115,7 +112,6 @@ CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -149,7 +145,6 @@ DROP FUNCTION IF EXISTS jobs.next_due(text[]);
 CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS TABLE (next_at timestamptz, db_now timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
     WITH RECURSIVE seen AS (
         SELECT s.kinds AS scope_kinds, s.queues AS scope_queues,
