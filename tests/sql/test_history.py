@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from harness import (
     Conn,
@@ -403,14 +404,21 @@ def _archiver(dsn: str, seconds: float) -> int:
         return moved
 
 
-def _keyed_enqueuer(dsn: str, seconds: float, offset: int) -> list[tuple[str, int]]:
+#: How each keyed race enqueues: an idempotency key, or a unique key kept 'ever'.
+KEYED = {
+    "idempotency_key": "SELECT id FROM jobs.enqueue('k', idempotency_key => %s)",
+    "unique_key": "SELECT id FROM jobs.enqueue('k', unique_key => %s, unique_while => 'ever')",
+}
+
+
+def _keyed_enqueuer(dsn: str, seconds: float, offset: int, column: str) -> list[tuple[str, int]]:
     got: list[tuple[str, int]] = []
     with gated(dsn) as conn:
         deadline = time.monotonic() + seconds
         i = offset
         while time.monotonic() < deadline:
             key = f"key-{i % KEYS}"
-            run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('k', idempotency_key => %s)", (key,)))
+            run_id = int(scalar(conn, KEYED[column], (key,)))
             got.append((key, run_id))
             # Finish it at once, so it becomes movable while others enqueue the same key.
             conn.execute(
@@ -422,15 +430,18 @@ def _keyed_enqueuer(dsn: str, seconds: float, offset: int) -> list[tuple[str, in
     return got
 
 
-def test_idempotency_keys_hold_while_their_runs_move_to_history(db: Database, conn: Conn) -> None:
+@pytest.mark.parametrize("column", sorted(KEYED))
+def test_keys_hold_while_their_runs_move_to_history(db: Database, conn: Conn, column: str) -> None:
+    """An idempotency key, and a unique key kept 'ever', give one run per key while the
+    runs of those keys finish and move to history under concurrent enqueues."""
     seconds = 8.0
     results = race_parts(
         db.dsn,
         [
             (_archiver, (db.dsn, seconds)),
-            (_keyed_enqueuer, (db.dsn, seconds, 0)),
-            (_keyed_enqueuer, (db.dsn, seconds, 3)),
-            (_keyed_enqueuer, (db.dsn, seconds, 5)),
+            (_keyed_enqueuer, (db.dsn, seconds, 0, column)),
+            (_keyed_enqueuer, (db.dsn, seconds, 3, column)),
+            (_keyed_enqueuer, (db.dsn, seconds, 5, column)),
         ],
     )
     moved = results[0]
@@ -438,16 +449,98 @@ def test_idempotency_keys_hold_while_their_runs_move_to_history(db: Database, co
     assert moved > 0, "the archiver moved runs while keys were enqueued"
     dupes = rows(
         conn,
-        "SELECT idempotency_key, array_agg(id ORDER BY id) AS ids FROM jobs.runs_all"
-        " GROUP BY idempotency_key HAVING count(*) > 1",
+        f"SELECT {column} AS key, array_agg(id ORDER BY id) AS ids FROM jobs.runs_all"
+        f" GROUP BY {column} HAVING count(*) > 1",
     )
-    assert dupes == [], f"a key got more than one run: {dupes}"
+    assert dupes == [], f"keys with more than one run ({len(dupes)}), first: {dupes[:3]}"
     answer: dict[str, set[int]] = {}
     for key, run_id in calls:
         answer.setdefault(key, set()).add(run_id)
     assert {k: v for k, v in answer.items() if len(v) > 1} == {}, "every call for a key returned the same run"
     lost = [run_id for _, run_id in calls if _where(conn, run_id) is None]
     assert lost == [], f"runs returned to callers that exist nowhere: {lost[:10]}"
+
+
+def _dependency_maker(dsn: str, seconds: float, seed: int) -> int:
+    """Enqueue a run, enqueue a dependent on it and on an older run (most likely moved by
+    now), finish a run of kind 'dep' (completed or failed for good, alternately), and one
+    more dependent after that; the dependents (kind 'child') are never claimed."""
+    made = 0
+    with gated(dsn) as conn:
+        deadline = time.monotonic() + seconds
+        older: list[int] = []
+        i = seed
+        while time.monotonic() < deadline:
+            dep = int(scalar(conn, "SELECT id FROM jobs.enqueue('dep', max_attempts => 1)"))
+            deps = [dep] + ([older[(i * 7) % len(older)]] if older else [])
+            conn.execute("SELECT jobs.enqueue('child', depends_on => %s)", (deps,))
+            claimed = scalar(conn, "SELECT id FROM jobs.claim(1, %s, ARRAY['dep'])", (f"w{seed}",))
+            if claimed is not None:
+                if i % 3:
+                    conn.execute("SELECT jobs.complete(%s, %s)", (claimed, f"w{seed}"))
+                else:
+                    conn.execute("SELECT jobs.fail(%s, %s, ARRAY['Boom'], 'no')", (claimed, f"w{seed}"))
+            conn.execute("SELECT jobs.enqueue('child', depends_on => %s)", ([dep],))
+            older.append(dep)
+            made += 2
+            i += 1
+    return made
+
+
+def test_dependencies_hold_while_their_runs_move_to_history(db: Database, conn: Conn) -> None:
+    """Dependents enqueued, released and cancelled while the runs they wait on finish and
+    move to history: from the final rows, every dependent is QUEUED and released when every
+    chain it waits on completed, cancelled (DependencyFailed) when one failed, and still
+    blocked otherwise."""
+    seconds = 8.0
+    results = race_parts(
+        db.dsn,
+        [
+            (_archiver, (db.dsn, seconds)),
+            (_dependency_maker, (db.dsn, seconds, 1)),
+            (_dependency_maker, (db.dsn, seconds, 2)),
+            (_dependency_maker, (db.dsn, seconds, 3)),
+        ],
+    )
+    assert results[0] > 0, "the archiver moved runs while dependents were enqueued"
+    assert sum(results[1:]) > 0
+    every = {
+        r["id"]: r
+        for r in rows(
+            conn,
+            "SELECT id, kind, status::text, retry_of, blocked, failure_reason, depends_on FROM jobs.runs_all",
+        )
+    }
+    last: dict[int, str] = {}  # chain root -> status of its last attempt (no retries here: max_attempts 1)
+    for run in every.values():
+        if run["kind"] == "dep":
+            assert run["retry_of"] is None, f"a retry of a run with max_attempts 1: {run}"
+            last[run["id"]] = run["status"]
+    wrong = []
+    for run in every.values():
+        if run["kind"] != "child":
+            continue
+        states = [last[d] for d in run["depends_on"]]
+        expected: tuple[str, bool, str | None]
+        if "FAILED" in states or "CANCELLED" in states:
+            expected = ("CANCELLED", False, "DependencyFailed")
+        elif all(s == "COMPLETED" for s in states):
+            expected = ("QUEUED", False, None)
+        else:
+            expected = ("QUEUED", True, None)
+        got = (run["status"], run["blocked"], run["failure_reason"])
+        if got != expected:
+            wrong.append(
+                {
+                    "run": run["id"],
+                    "depends_on": dict(zip(run["depends_on"], states, strict=True)),
+                    "got": got,
+                }
+            )
+    assert wrong == [], f"dependents in the wrong state ({len(wrong)}): {wrong[:10]}"
+    assert scalar(conn, "SELECT count(*) FROM jobs.run_history WHERE kind = 'dep'") > 0, (
+        "runs that dependents wait on were moved while the race went on"
+    )
 
 
 def test_history_is_readable_by_the_reader_role_and_archive_needs_the_operator(db: Database) -> None:
