@@ -34,6 +34,16 @@ from bench.harness import (
 )
 
 THREADS = 10  # the 10-way concurrency of every drain, per worker process
+#: Most runs one driver process holds in the drains (its concurrency at large batches).
+DRIVER_MOST_HELD = 200
+
+
+def driver_settings(batch: int) -> tuple[int, int]:
+    """The driver's (concurrency, claimers) at a batch size: like the SQL loop's THREADS
+    connections of ``batch`` runs each, THREADS claims of ``batch`` in flight, within
+    DRIVER_MOST_HELD runs held (at batch 100: two claims in flight, 200 runs)."""
+    concurrency = max(THREADS, min(THREADS * batch, DRIVER_MOST_HELD))
+    return concurrency, max(1, min(THREADS, concurrency // batch))
 
 
 def log(message: str) -> None:
@@ -124,9 +134,10 @@ def drain_systems() -> list[DrainSystem]:
             sys_pgtick.fill,
             sys_pgtick.DRAIN,
             sys_pgtick.driver_worker,
-            lambda b: (b, THREADS, True),
+            lambda b: (b, driver_settings(b)[0], True, False, driver_settings(b)[1]),
             (1, 10, 100),
-            settings=f"pgtick.worker.Worker(concurrency={THREADS}, batch_size=b, listen=True, heartbeats on)",
+            settings=f"pgtick.worker.Worker(concurrency=min({THREADS}*b, {DRIVER_MOST_HELD}), batch_size=b, "
+            f"claimers=min({THREADS}, concurrency/b), listen=True, heartbeats on)",
         ),
         DrainSystem(
             "pgqueuer",
@@ -193,7 +204,7 @@ def drain_one(
         "system": system.name,
         "batch": batch,
         "procs": procs,
-        "concurrency": THREADS,
+        "concurrency": driver_settings(batch or 0)[0] if system.name == "pgtick-driver" else THREADS,
         "jobs": jobs,
         "seconds": round(t.seconds, 3),
         "jobs_per_s": rate(jobs, t.seconds),
@@ -257,7 +268,7 @@ def scenario_caps(bench: Bench) -> None:
                 "system": system_name,
                 "batch": 10,
                 "procs": procs,
-                "concurrency": THREADS,
+                "concurrency": driver_settings(10)[0] if system_name == "pgtick-driver" else THREADS,
                 "jobs": bench.jobs,
                 "seconds": round(t.seconds, 3),
                 "jobs_per_s": rate(bench.jobs, t.seconds),

@@ -96,6 +96,7 @@ def driver_worker(
     concurrency: int,
     heartbeats: bool = True,
     record_starts: bool = False,
+    claimers: int = 1,
 ) -> None:
     """One process running ``pgtick.worker.Worker`` with a no-op job until ``stop``."""
     from pgtick.app import App, Context
@@ -116,6 +117,7 @@ def driver_worker(
         concurrency=concurrency,
         batch_size=batch,
         listen=True,
+        claimers=claimers,
     )
     if not heartbeats:  # the counterfactual for the heartbeat cost: no heartbeat calls at all
         worker._heartbeat.beat = lambda: None  # type: ignore[method-assign]

@@ -369,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="claim batch size (default: concurrency); larger claims runs ahead of free slots",
     )
+    p.add_argument(
+        "--claimers",
+        type=integer(1, 16),
+        default=1,
+        help="claims in flight at once while runs are waiting, each for --batch free slots (1)",
+    )
     p.add_argument("--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)")
     p.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
     p.add_argument("--heartbeat", type=parse_duration, default=5.0, help="heartbeat cadence (5s)")
@@ -633,6 +639,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         concurrency=args.concurrency,
         batch_size=args.batch,
+        claimers=args.claimers,
         tick_interval=args.tick,
         poll_interval=args.poll,
         heartbeat_interval=args.heartbeat,

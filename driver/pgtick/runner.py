@@ -60,6 +60,7 @@ def load_app(target: str) -> App:
 class RunOptions:
     concurrency: int = 10
     batch_size: int | None = None
+    claimers: int = 1  # claims in flight at once while there is a backlog
     tick_interval: float = 1.0
     poll_interval: float = 1.0
     heartbeat_interval: float = 5.0
@@ -127,6 +128,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             worker_id=worker_id,
             concurrency=options.concurrency,
             batch_size=options.batch_size,
+            claimers=options.claimers,
             poll_interval=options.poll_interval,
             heartbeat_interval=options.heartbeat_interval,
             shutdown_grace=options.shutdown_grace,

@@ -89,6 +89,8 @@ log = logging.getLogger("pgtick.worker")
 
 #: Longest a sleeping claim loop goes without looking at its stop event (seconds).
 STOP_CHECK = 0.5
+#: Most claim connections one worker keeps (its claim loop's and the extra claimers').
+MAX_CLAIMERS = 16
 #: Past a run's kind timeout, how long the job's own checkpoint (or the kill of its child
 #: process) has to report it before the worker fails the run as Timeout (seconds).
 TIMEOUT_GRACE = 1.0
@@ -163,9 +165,12 @@ class Worker:
         listen: bool = True,
         listener: WorkerListener | None = None,
         queues: list[str] | None = None,
+        claimers: int = 1,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not 1 <= claimers <= MAX_CLAIMERS:
+            raise ValueError(f"claimers must be 1 to {MAX_CLAIMERS}, got {claimers}")
         self.app = app
         self.dsn = dsn
         self.worker_id = worker_id or new_worker_id()
@@ -176,6 +181,10 @@ class Worker:
         # concurrency, up to batch_size - concurrency claimed ahead and waiting for a slot,
         # so that claiming overlaps running (their server-side timeout starts at the claim).
         self.capacity = max(self.concurrency, self.batch_size)
+        # Claims in flight at once while claims come back full: the claim loop's own and
+        # claimers - 1 more, each on its own connection and only for a batch's worth of
+        # free slots, so that their commits overlap instead of following one another.
+        self.claimers = claimers
         self.poll_interval = poll_interval
         self.base_heartbeat_interval = heartbeat_interval
         self.shutdown_grace = shutdown_grace
@@ -207,7 +216,15 @@ class Worker:
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
         self._started: set[int] = set()  # held runs whose job code has begun
-        self._dispatching: list[int] = []  # a claimed batch not yet held
+        self._dispatching: set[int] = set()  # claimed runs not yet held
+        # Slot accounting shared by the claim loop and the extra claimers (under _lock):
+        # slots promised to claims in flight, and held runs whose job code has finished.
+        self._reserved = 0
+        self._done_held: set[int] = set()
+        self._backlog = False  # the last claim came back full: the extra claimers claim too
+        self._room = threading.Condition(self._lock)  # slots freed, or a backlog found
+        self._dispatch_lock = threading.Lock()  # one claimed batch handed out at a time
+        self._claim_threads: list[threading.Thread] = []
         self._fault: BaseException | None = None  # set by another thread: the worker cannot go on
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
 
@@ -317,6 +334,7 @@ class Worker:
                 if full:
                     continue  # a full batch (there may be more due right now), or a cycle to redo
                 self._sleep(stop)
+            self._join_claimers()
             conn = self._drain(conn)
             if self._fault is not None:  # while draining
                 raise self._fault
@@ -324,6 +342,7 @@ class Worker:
             conn = self._give_up(conn, exc, stop)
             raise
         finally:
+            self._join_claimers()
             self._heartbeat.stop()
             self._stop_runners()
             for _ in self._threads:
@@ -451,6 +470,7 @@ class Worker:
             for run_id in run_ids:
                 self._active.pop(run_id, None)
                 self._started.discard(run_id)
+                self._done_held.discard(run_id)
         return conn
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
@@ -474,6 +494,10 @@ class Worker:
             self.event_loop.start()
         if self.listen:
             threading.Thread(target=self._listen, args=(stop,), name="pgtick-listen", daemon=True).start()
+        for i in range(1, self.claimers):
+            t = threading.Thread(target=self._claim_more, args=(stop,), name=f"pgtick-claim-{i}", daemon=True)
+            t.start()
+            self._claim_threads.append(t)
 
     def _listen(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -530,30 +554,112 @@ class Worker:
         plain = self.reporter.report(conn)
         completing = sum(len(sent) for sent, _ in self._completing)
         with self._lock:
-            free = self.capacity - len(self._active) + len(plain) + completing
-        want = min(free, self.batch_size) if claim else 0
+            free = self.capacity - len(self._active) - self._reserved + len(plain) + completing
+            want = min(free, self.batch_size) if claim else 0
+            self._reserved += max(want, 0)
         if plain:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
             self._completing.append((plain, done))
             done.add_done_callback(self._completion_answered)
         if want <= 0:
             return False
-        began = time.monotonic()
-        ask_due = not self._claimed_full
-        with conn.pipeline():
-            due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
-            claim_cur = conn.execute(
-                calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
-            )
-        if due_cur is not None:
-            self._learn_next_due(due_cur.fetchone())
-        self._dispatching = []
-        rows = claim_cur.fetchall()
-        self._dispatching = [r["id"] for r in rows]
-        self._name_definitions(conn, rows)
-        full = self._dispatch(rows, want, began)
+        try:
+            began = time.monotonic()
+            ask_due = not self._claimed_full
+            with conn.pipeline():
+                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
+                claim_cur = conn.execute(
+                    calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+                )
+            if due_cur is not None:
+                self._learn_next_due(due_cur.fetchone())
+            full = self._take(conn, claim_cur.fetchall(), want, began)
+        finally:
+            with self._lock:
+                self._reserved -= want
         self._claimed_full = full
+        self._found_backlog(full)
         return full or not ask_due
+
+    def _take(
+        self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]], want: int, began: float
+    ) -> bool:
+        """Hold and start a claimed batch; True if it came back full."""
+        with self._lock:
+            self._dispatching.update(r["id"] for r in rows)
+        self._name_definitions(conn, rows)
+        with self._dispatch_lock:
+            return self._dispatch(rows, want, began)
+
+    def _found_backlog(self, full: bool) -> None:
+        """A claim came back full (more is due now: the extra claimers claim too) or short."""
+        if self.claimers > 1:
+            with self._room:
+                self._backlog = full
+                if full:
+                    self._room.notify_all()
+
+    def _claim_more(self, stop: threading.Event) -> None:
+        """An extra claimer: while claims come back full, claim a batch whenever a batch's
+        worth of slots is free, on a connection of its own. Idle, it waits: the claim loop
+        alone polls, follows jobs.next_due and reports outcomes."""
+        conn: psycopg.Connection[Any] | None = None
+        failures = 0
+        try:
+            while True:
+                with self._room:
+                    while not (stop.is_set() or self._fault is not None) and not (
+                        self._backlog and self._free_slots() >= self.batch_size
+                    ):
+                        self._room.wait(STOP_CHECK)
+                    if stop.is_set() or self._fault is not None:
+                        return
+                    want = self.batch_size
+                    self._reserved += want
+                full = False
+                try:
+                    if conn is None or conn.closed:
+                        conn = self._connect()
+                    began = time.monotonic()
+                    rows = conn.execute(
+                        calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+                    ).fetchall()
+                    full = self._take(conn, rows, want, began)
+                    failures = 0
+                except DB_ERRORS as exc:
+                    if refused(exc):
+                        self.fault(exc)
+                        return
+                    failures += 1
+                    log.warning("worker=%s extra claim failed (retrying): %s", self.worker_id, exc)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    stop.wait(min(0.2 * 2**failures, 5.0))
+                finally:
+                    with self._lock:
+                        self._reserved -= want
+                if not full:
+                    self._found_backlog(False)
+        except BaseException as exc:
+            self.fault(RuntimeError(f"an extra claimer failed: {describe(exc)}"), exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _free_slots(self) -> int:
+        """Slots neither held by a run whose job code is still going nor promised to a
+        claim in flight (under _lock)."""
+        return self.capacity - len(self._active) + len(self._done_held) - self._reserved
+
+    def _join_claimers(self) -> None:
+        """Wait for the extra claimers to stop (the stop event is set): a claim in flight
+        is let finish, so what it claimed is held and drained like the rest."""
+        for t in self._claim_threads:
+            t.join(timeout=30)
+            if t.is_alive():
+                log.warning("worker=%s %s did not stop", self.worker_id, t.name)
+        self._claim_threads = []
 
     def _completion_answered(self, done: Future[set[int]]) -> None:
         """In the completer thread: wake the claim loop, if it sleeps, to settle the answer."""
@@ -626,7 +732,7 @@ class Worker:
         with self._lock:
             for ctx in contexts:
                 self._active[ctx.run_id] = ctx
-        self._dispatching = []
+            self._dispatching.difference_update(ctx.run_id for ctx in contexts)
         unreadable = {}
         if Unreadable.made != self._unreadable_seen:  # the batch was read after it moved
             self._unreadable_seen = Unreadable.made
@@ -688,6 +794,10 @@ class Worker:
             self._finished(outcome)
 
     def _finished(self, outcome: Outcome) -> None:
+        if self.claimers > 1:
+            with self._room:
+                self._done_held.add(outcome.ctx.run_id)
+                self._room.notify()
         self.reporter.add(outcome)
         self.signal_work()
 
@@ -703,6 +813,7 @@ class Worker:
         with self._lock:
             self._active.pop(ctx.run_id, None)
             self._started.discard(ctx.run_id)
+            self._done_held.discard(ctx.run_id)
 
     def _drain(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """Claim nothing more; report what finishes within the grace period."""

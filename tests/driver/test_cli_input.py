@@ -192,6 +192,8 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("definitions-limit-zero", ["definitions", "--limit", "0"], "--limit:"),
     ("preview-count-huge", ["preview", "0 9 * * *", "--count", "99999999999999999999"], "--count:"),
     ("prune-batch-huge", ["prune", "--batch", "99999999999999999999"], "--batch:"),
+    ("claimers-zero", ["run", "examples/app.py", "--claimers", "0"], "--claimers: must be between 1 and 16"),
+    ("claimers-too-many", ["run", "examples/app.py", "--claimers", "17"], "--claimers:"),
     (
         "timeout-years",
         ["define", "x", "k", "--schedule", "* * * * *", "--timeout", "10000000y"],

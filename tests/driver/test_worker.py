@@ -112,6 +112,111 @@ def test_batch_larger_than_concurrency_claims_ahead_and_runs_one_at_a_time(db: D
     assert worker.stats.completed == 12 and worker.stats.fenced == 0, worker.stats
 
 
+class ClaimThreads:
+    """A worker listener that notes which thread handed out each non-empty claim."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_claim(self, kinds: list[str], seconds: float) -> None:
+        if kinds:
+            self.names.append(threading.current_thread().name)
+
+    def on_outcome(self, kind: str, outcome: Any) -> None:
+        pass
+
+    def on_heartbeat_failure(self) -> None:
+        pass
+
+
+def test_extra_claimers_claim_beside_the_claim_loop_within_concurrency(db: Database) -> None:
+    """With claimers > 1 and a backlog, batches are claimed on several connections, yet the
+    worker never holds more than concurrency claimed runs whose job has not finished
+    (sampled from the database throughout), and every run completes exactly once."""
+    app = App()
+    lock = threading.Lock()
+    seen: list[int] = []
+    finished: set[int] = set()
+
+    @app.job("step")
+    def step(ctx: Context) -> None:
+        with lock:
+            seen.append(ctx.run_id)
+        time.sleep(0.02)
+        with lock:
+            finished.add(ctx.run_id)
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 400)")
+    threads = ClaimThreads()
+    worker = Worker(
+        app, db.dsn, concurrency=16, batch_size=4, claimers=4, poll_interval=0.1, listener=threads
+    )
+    most = 0
+    with worker_thread(worker), db.connect() as conn:
+
+        def drained() -> bool:
+            nonlocal most
+            running = scalar(
+                conn,
+                "SELECT coalesce(array_agg(id), '{}') FROM jobs.runs"
+                " WHERE status = 'RUNNING' AND worker = %s",
+                (worker.worker_id,),
+            )
+            with lock:  # read after the database: a run finished in between only lowers the count
+                unfinished = set(running) - finished
+            most = max(most, len(unfinished))
+            return runs_in(conn, "COMPLETED") == 400
+
+        wait_for("all 400 runs to complete", drained, timeout=120, interval=0.005)
+    assert most <= 16, f"{most} claimed runs waited or ran at once with concurrency 16"
+    assert len(seen) == 400 and len(set(seen)) == 400, "a run executed twice or not at all"
+    assert worker.stats.completed == 400 and worker.stats.fenced == 0, worker.stats
+    extra = {name for name in threads.names if name.startswith("pgtick-claim-")}
+    assert extra, f"only the claim loop claimed: {sorted(set(threads.names))}"
+
+
+def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Database) -> None:
+    """Stopped in the middle of a backlog, a worker with extra claimers finishes what its
+    claims in flight took, completes it, and closes every connection it opened."""
+    app = App()
+    seen: list[int] = []
+
+    @app.job("step")
+    def step(ctx: Context) -> None:
+        seen.append(ctx.run_id)
+        time.sleep(0.01)
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 2000)")
+        worker = Worker(app, db.dsn, concurrency=12, batch_size=3, claimers=3, poll_interval=0.1)
+        with worker_thread(worker):
+            wait_for("some runs to complete", lambda: runs_in(conn, "COMPLETED") >= 100, timeout=120)
+        assert runs_in(conn, "RUNNING") == 0, "runs left RUNNING after the worker stopped"
+        completed = runs_in(conn, "COMPLETED")
+        assert completed < 2000, "the backlog was drained before the stop: nothing was tested"
+        assert len(seen) == len(set(seen)) == completed, "executions and completions differ"
+
+        def closed() -> bool:
+            return not scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (f"pgtick-worker {worker.worker_id}",),
+            )
+
+        wait_for("the worker's connections to close", closed, timeout=60)
+
+
+def test_claimers_out_of_range_are_refused() -> None:
+    for bad in (0, 17):
+        try:
+            Worker(App(), "postgresql://unused", claimers=bad)
+        except ValueError as exc:
+            assert "claimers must be 1 to 16" in str(exc)
+        else:
+            raise AssertionError(f"claimers={bad} was accepted")
+
+
 def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> None:
     """A run claimed ahead whose cancel arrives before a slot frees is acknowledged as
     CANCELLED without its job code running."""
