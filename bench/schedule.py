@@ -4,6 +4,7 @@ procrastinate and DBOS, in one run, on one server.
 
     .venv/bin/python bench/schedule.py [--sizes 100,1000,10000,100000] [--every-second 100]
                                        [--boundaries 3] [--workers 1] [--concurrency 100]
+                                       [--claimers 1]
                                        [--systems pgtick,pg_cron,procrastinate,dbos]
                                        [--dsn DSN | --embedded] [--out results.json]
 
@@ -24,8 +25,9 @@ of them, lateness is the start instant minus the scheduled instant, both as the 
 recorded them:
 
 - pgtick: ``jobs.define_many`` creates the definitions; a leader (``pgtick run
-  --no-worker``) and ``--workers`` workers (``pgtick run --no-scheduler``, ``--concurrency``)
-  run; lateness is ``started_at - scheduled_for`` of ``jobs.runs``.
+  --no-worker``) and ``--workers`` workers (``pgtick run --no-scheduler``, ``--concurrency``,
+  ``--claimers``, each claim for ``concurrency / claimers`` runs) run; lateness is
+  ``started_at - scheduled_for`` of ``jobs.runs``.
 - pg_cron, procrastinate, DBOS: see ``bench/schedule_peers.py`` (where each start instant
   comes from; procrastinate runs one worker at ``--concurrency``, DBOS at its defaults).
 
@@ -95,6 +97,7 @@ class PgtickDriver(Driver):
     """pgtick: ``jobs.define_many``, one leader and ``workers`` worker processes."""
 
     workers: int = 1
+    claimers: int = 1  # claims in flight per worker process, each for concurrency / claimers runs
 
     def setup(self) -> None:
         self.dbname = f"sched_pgtick_{self.count}"
@@ -114,8 +117,8 @@ class PgtickDriver(Driver):
         """
 
     def start(self) -> None:
-        batch = str(min(self.concurrency, 1000))
-        flags = ["--concurrency", str(self.concurrency), "--batch", batch]
+        batch = str(max(1, min(self.concurrency // self.claimers, 1000)))
+        flags = ["--concurrency", str(self.concurrency), "--batch", batch, "--claimers", str(self.claimers)]
         run = [PGTICK, "run", APP, "--dsn", self.dsn]
         env = {"DATABASE_URL": self.dsn}
         self.procs = [spawn([*run, "--no-worker"], env)]
@@ -219,6 +222,7 @@ def scenario(driver: Driver, name: str, step: timedelta, observe: int) -> dict[s
         "cpu_note": driver.cpu_note or None,
         "worker_processes": len(driver.worker_pids),
         "concurrency": driver.concurrency,
+        "claimers": getattr(driver, "claimers", None),
         "observed_seconds": round(window, 1),
     }
 
@@ -276,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--boundaries", type=int, default=3, help="minute boundaries observed per size")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (2 at 100,000 always)")
     parser.add_argument("--concurrency", type=int, default=100, help="worker concurrency (no-op jobs)")
+    parser.add_argument(
+        "--claimers",
+        type=int,
+        default=1,
+        help="pgtick: claims in flight per worker, each of concurrency/claimers",
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: %(default)s")
     parser.add_argument("--dsn", help="use this server (a superuser DSN) instead of a throwaway one")
     parser.add_argument("--embedded", action="store_true", help="use the embedded server, not PostgreSQL 15")
@@ -360,6 +370,7 @@ def run_one(
     driver = driver_class(system, server, count, schedule, args.concurrency, workdir)
     if isinstance(driver, PgtickDriver):
         driver.workers = max(args.workers, 2) if count >= 100_000 else args.workers
+        driver.claimers = args.claimers
     load_before = loadavg()
     try:
         record = scenario(driver, name, step, observe)
