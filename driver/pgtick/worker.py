@@ -429,6 +429,7 @@ class Worker:
         why = storable(f"the worker stopped on an internal error: {describe(exc)}", MAX_REFUSAL)
         log.error("worker=%s %s", self.worker_id, why, exc_info=exc)
         stop.set()
+        self._join_claimers()  # what their claims in flight took is held before it is counted
         with self._lock:
             waiting = [c for c in self._active.values() if c.run_id not in self._started]
             idle = {c.run_id for c in waiting} | set(self._dispatching)

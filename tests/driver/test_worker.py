@@ -481,3 +481,35 @@ def test_job_code_sees_the_occurrence_its_run_is_for(db: Database) -> None:
         wait_for("both runs to complete", lambda: runs_in(conn, "COMPLETED") == 2, timeout=60)
     assert seen[scheduled] == (occurrence, due), f"occurrence {occurrence}, due {due}: job saw {seen}"
     assert seen[ad_hoc][0] is None, seen
+
+
+def test_a_worker_with_extra_claimers_that_cannot_go_on_fails_every_run_it_claimed(db: Database) -> None:
+    """The same stop with three claim connections: every run any of them claimed ends
+    FAILED, none is left RUNNING, and what nobody claimed stays QUEUED."""
+    app = App()
+    release = threading.Event()
+
+    @app.job("hold")
+    def hold(ctx: Context) -> None:
+        release.wait(30)
+
+    worker = Worker(
+        app, db.dsn, concurrency=6, batch_size=2, claimers=3, poll_interval=0.1, shutdown_grace=1.0
+    )
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('hold') FROM generate_series(1, 12)")
+    with worker_thread(worker, may_raise=True) as running, db.connect() as conn:
+        try:
+            wait_for("six runs claimed", lambda: len(worker.held()) == 6, timeout=30)
+
+            def broken() -> float:
+                raise RuntimeError("no cadence")
+
+            worker.heartbeat_interval = broken  # type: ignore[method-assign]
+            worker._heartbeat.now.set()
+            running.thread.join(timeout=60)
+            counts = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+        finally:
+            release.set()
+    assert not running.thread.is_alive() and len(running.raised) == 1, running.raised
+    assert counts == {"FAILED": 6, "QUEUED": 6}, counts
