@@ -411,6 +411,16 @@ def test_a_scheduler_notification_rearms_a_sleeping_worker(db: Database) -> None
         assert ok == (True,)
 
 
+def _break_heartbeats(worker: Worker) -> None:
+    """Make the worker's heartbeat loop die at once (its cadence raises)."""
+
+    def broken() -> float:
+        raise RuntimeError("no cadence")
+
+    worker.heartbeat_interval = broken  # type: ignore[method-assign]
+    worker._heartbeat.now.set()
+
+
 def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: Database) -> None:
     """Without heartbeats the worker cannot go on: it stops, says why, and fails the runs it
     holds (the one waiting for a slot at once, the running one after the grace period)
@@ -431,12 +441,7 @@ def test_heartbeat_loop_that_dies_stops_the_worker_and_fails_what_it_holds(db: D
         try:
             assert started.wait(10), "the first run never started"
             wait_for("both runs claimed", lambda: len(worker.held()) == 2, timeout=10)
-
-            def broken() -> float:
-                raise RuntimeError("no cadence")
-
-            worker.heartbeat_interval = broken  # type: ignore[method-assign]
-            worker._heartbeat.now.set()
+            _break_heartbeats(worker)
             running.thread.join(timeout=30)
             runs = conn.execute(
                 "SELECT id, status::text, failure_reason, error FROM jobs.runs ORDER BY id"
@@ -501,12 +506,7 @@ def test_a_worker_with_extra_claimers_that_cannot_go_on_fails_every_run_it_claim
     with worker_thread(worker, may_raise=True) as running, db.connect() as conn:
         try:
             wait_for("six runs claimed", lambda: len(worker.held()) == 6, timeout=30)
-
-            def broken() -> float:
-                raise RuntimeError("no cadence")
-
-            worker.heartbeat_interval = broken  # type: ignore[method-assign]
-            worker._heartbeat.now.set()
+            _break_heartbeats(worker)
             running.thread.join(timeout=60)
             counts = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
         finally:
