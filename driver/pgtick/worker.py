@@ -212,6 +212,9 @@ class Worker:
         # (the claim loop's own: only it reads and changes this list).
         self._completing: list[tuple[list[Outcome], Future[set[int]]]] = []
         self._claimed_full = False  # the last claim came back full: more is due now
+        # The last claim took nothing: when it was held back by a cap or a limit that this
+        # worker's own runs filled, their completion committing is what makes room.
+        self._claimed_none = False
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
@@ -574,7 +577,9 @@ class Worker:
                 )
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
-            full = self._take(conn, claim_cur.fetchall(), want, began)
+            rows = claim_cur.fetchall()
+            self._claimed_none = not rows
+            full = self._take(conn, rows, want, began)
         finally:
             with self._lock:
                 self._reserved -= want
@@ -593,12 +598,14 @@ class Worker:
             return self._dispatch(rows, want, began)
 
     def _found_backlog(self, full: bool) -> None:
-        """A claim came back full (more is due now: the extra claimers claim too) or short."""
+        """A claim came back full (more is due now) or short. A full one wakes one extra
+        claimer, whose full claim wakes the next: claims in flight grow while they keep
+        coming back full, and a claim held back by a cap or a limit sends no crowd after it."""
         if self.claimers > 1:
             with self._room:
                 self._backlog = full
                 if full:
-                    self._room.notify_all()
+                    self._room.notify()
 
     def _claim_more(self, stop: threading.Event) -> None:
         """An extra claimer: while claims come back full, claim a batch whenever a batch's
@@ -640,8 +647,7 @@ class Worker:
                 finally:
                     with self._lock:
                         self._reserved -= want
-                if not full:
-                    self._found_backlog(False)
+                self._found_backlog(full)
         except BaseException as exc:
             self.fault(RuntimeError(f"an extra claimer failed: {describe(exc)}"), exc)
         finally:
@@ -663,8 +669,14 @@ class Worker:
         self._claim_threads = []
 
     def _completion_answered(self, done: Future[set[int]]) -> None:
-        """In the completer thread: wake the claim loop, if it sleeps, to settle the answer."""
-        self._wake.set()
+        """In the completer thread: wake the claim loop, if it sleeps, to settle the answer;
+        after a claim that took nothing, also to claim again: the runs just completed may be
+        what held the others back (a cap or limit counts a run until its completion commits,
+        and nothing else would wake the worker before its next poll)."""
+        if self._claimed_none:
+            self.signal_work()
+        else:
+            self._wake.set()
 
     def _settle_completions(self, *, wait: bool = False) -> None:
         """Settle the completions the completer has answered (with ``wait``, all of them),

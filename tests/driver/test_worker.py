@@ -513,3 +513,21 @@ def test_a_worker_with_extra_claimers_that_cannot_go_on_fails_every_run_it_claim
             release.set()
     assert not running.thread.is_alive() and len(running.raised) == 1, running.raised
     assert counts == {"FAILED": 6, "QUEUED": 6}, counts
+
+
+def test_a_worker_whose_own_runs_fill_a_limit_claims_again_when_they_complete(db: Database) -> None:
+    """A kind limited to one running run, four due, a poll interval of 30 s: each claim after
+    a run finishes takes nothing (the finished run counts until its completion commits), and
+    the completion committing makes the worker claim again, not the next poll."""
+    app = App()
+
+    @app.job("one-at-a-time")
+    def one_at_a_time(ctx: Context) -> None:
+        pass
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.set_limit('kind', 'one-at-a-time', max_running => 1)")
+        conn.execute("SELECT jobs.enqueue('one-at-a-time') FROM generate_series(1, 4)")
+    worker = Worker(app, db.dsn, concurrency=4, poll_interval=30.0, listen=False)
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("all four runs to complete", lambda: runs_in(conn, "COMPLETED") == 4, timeout=25)
