@@ -221,7 +221,8 @@ class Worker:
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
         # Slot accounting shared by the claim loop and the extra claimers (under _lock):
-        # slots promised to claims in flight, and held runs whose job code has finished.
+        # slots promised to claims in flight, and held runs whose job code has finished
+        # (held until their outcome is reported, but no longer using a slot).
         self._reserved = 0
         self._done_held: set[int] = set()
         self._backlog = False  # the last claim came back full: the extra claimers claim too
@@ -556,10 +557,8 @@ class Worker:
         """
         self._settle_completions()
         plain = self.reporter.report(conn)
-        completing = sum(len(sent) for sent, _ in self._completing)
         with self._lock:
-            free = self.capacity - len(self._active) - self._reserved + len(plain) + completing
-            want = min(free, self.batch_size) if claim else 0
+            want = min(self._free_slots(), self.batch_size) if claim else 0
             self._reserved += max(want, 0)
         if plain:
             done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
@@ -807,10 +806,9 @@ class Worker:
             self._finished(outcome)
 
     def _finished(self, outcome: Outcome) -> None:
-        if self.claimers > 1:
-            with self._room:
-                self._done_held.add(outcome.ctx.run_id)
-                self._room.notify()
+        with self._room:
+            self._done_held.add(outcome.ctx.run_id)  # its slot is free (see _free_slots)
+            self._room.notify()
         self.reporter.add(outcome)
         self.signal_work()
 

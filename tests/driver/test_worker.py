@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from harness import (
     Conn,
     Database,
@@ -207,14 +209,10 @@ def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Databa
         wait_for("the worker's connections to close", closed, timeout=60)
 
 
-def test_claimers_out_of_range_are_refused() -> None:
-    for bad in (0, 17):
-        try:
-            Worker(App(), "postgresql://unused", claimers=bad)
-        except ValueError as exc:
-            assert "claimers must be 1 to 16" in str(exc)
-        else:
-            raise AssertionError(f"claimers={bad} was accepted")
+@pytest.mark.parametrize("bad", [0, 17])
+def test_claimers_out_of_range_are_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match=f"claimers must be 1 to 16, got {bad}"):
+        Worker(App(), "postgresql://unused", claimers=bad)
 
 
 def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> None:
