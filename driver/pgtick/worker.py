@@ -213,8 +213,11 @@ class Worker:
         self._completing: list[tuple[list[Outcome], Future[set[int]]]] = []
         self._claimed_full = False  # the last claim came back full: more is due now
         # The last claim took nothing: when it was held back by a cap or a limit that this
-        # worker's own runs filled, their completion committing is what makes room.
+        # worker's own runs filled, their completion committing is what makes room. With
+        # the count of completions answered (both under _lock), a completion that commits
+        # while an empty claim is in flight is seen whichever answer arrives first.
         self._claimed_none = False
+        self._completions_answered = 0
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
@@ -569,6 +572,8 @@ class Worker:
         try:
             began = time.monotonic()
             ask_due = not self._claimed_full
+            with self._lock:
+                answered_before = self._completions_answered
             with conn.pipeline():
                 due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
                 claim_cur = conn.execute(
@@ -577,14 +582,18 @@ class Worker:
             if due_cur is not None:
                 self._learn_next_due(due_cur.fetchone())
             rows = claim_cur.fetchall()
-            self._claimed_none = not rows
+            with self._lock:
+                self._claimed_none = not rows
+                # A completion answered while this claim was in flight may have committed
+                # after the claim's snapshot: the room it made was not seen. Claim again.
+                missed_room = not rows and self._completions_answered != answered_before
             full = self._take(conn, rows, want, began)
         finally:
             with self._lock:
                 self._reserved -= want
         self._claimed_full = full
         self._found_backlog(full)
-        return full or not ask_due
+        return full or missed_room or not ask_due
 
     def _take(
         self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]], want: int, began: float
@@ -672,7 +681,10 @@ class Worker:
         after a claim that took nothing, also to claim again: the runs just completed may be
         what held the others back (a cap or limit counts a run until its completion commits,
         and nothing else would wake the worker before its next poll)."""
-        if self._claimed_none:
+        with self._lock:
+            self._completions_answered += 1
+            claim_again = self._claimed_none
+        if claim_again:
             self.signal_work()
         else:
             self._wake.set()
