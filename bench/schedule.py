@@ -77,12 +77,23 @@ from bench.schedule_peers import (  # noqa: E402
     spawn,
     stop_all,
 )
+from bench.summary import Summary, combine  # noqa: E402
 from pgtick import migrate  # noqa: E402
 
 PGTICK = str(Path(sys.executable).with_name("pgtick"))
 APP = str(ROOT / "bench" / "schedule_app.py")
 SYSTEMS = ("pgtick", *PEERS)
 GRACE = timedelta(seconds=60)
+# pgtick's lateness p99 targets per scenario, in ms (every-minute-100000 runs 2 workers).
+P99_TARGET_MS = {
+    "every-minute-100": 20,
+    "every-second-100": 50,
+    "every-minute-1000": 250,
+    "every-minute-10000": 2_000,
+    "every-minute-100000": 20_000,
+}
+SETUP_TARGET_S = {"every-minute-100000": 30}  # creating the definitions
+PEER_RATIO_TARGET = 10  # each peer's p99 / pgtick's p99, in the same run
 
 
 def sleep_until(conn: psycopg.Connection[Any], at: datetime) -> None:
@@ -290,7 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this server (a superuser DSN) instead of a throwaway one")
     parser.add_argument("--embedded", action="store_true", help="use the embedded server, not PostgreSQL 15")
     parser.add_argument("--out", help="also write all records to this JSON file")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        metavar="RUN",
+        help="measure nothing: print the targets over runs written by --out, one RUN each"
+        " (a run's files joined by commas)",
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        return report(args.report)
     try:
         systems = parse_systems(args.systems)
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -346,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()
     add_ratios(records)
     print_table(records)
+    print("\n" + target_table(targets(records)))
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": settings, "records": records}, indent=2))
     return 0
@@ -421,6 +442,95 @@ def print_table(records: list[dict[str, Any]]) -> None:
             r.get("p99_vs_pgtick"),
         ]
         print("| " + " | ".join("—" if c is None else str(c) for c in cells) + " |")
+
+
+def targets(records: list[dict[str, Any]]) -> Summary:
+    """This run's targets: pgtick's p99 per scenario, nothing missed or run twice, the time
+    to create 100,000 definitions, and each peer's p99 at least 10x pgtick's."""
+    loads = [{"loadavg": r["load_after"].split()[0]} for r in records if r.get("load_after")]
+    s = Summary(loads)
+    pgtick = {r["scenario"]: r for r in records if r["system"] == "pgtick"}
+    for name, r in pgtick.items():
+        if "lateness_ms" not in r:
+            s.add(f"{name}: pgtick ran", None, "ran", False, f"{r['status']}: {r['why']}")
+            continue
+        p99 = r["lateness_ms"]["p99"]
+        goal = P99_TARGET_MS.get(name)
+        if goal is not None:
+            procs = r["worker_processes"]
+            s.add(
+                f"{name}: pgtick p99 ms ({procs} worker proc.)",
+                p99,
+                f"<= {goal}",
+                p99 is not None and p99 <= goal,
+            )
+        wrong = r["missed"] + r["duplicated"]
+        s.add(
+            f"{name}: pgtick missed + run twice",
+            wrong,
+            "0",
+            wrong == 0,
+            f"{r['missed']} missed, {r['duplicated']} twice of {r['occurrences']}",
+        )
+        if (limit := SETUP_TARGET_S.get(name)) is not None:
+            s.add(
+                f"{name}: creating the definitions, s",
+                r["setup_seconds"],
+                f"<= {limit}",
+                r["setup_seconds"] <= limit,
+            )
+    for r in records:
+        base = pgtick.get(r["scenario"])
+        if r["system"] == "pgtick" or base is None or "lateness_ms" not in base:
+            continue
+        label = f"{r['scenario']}: {r['system']} p99 / pgtick p99"
+        if "lateness_ms" not in r:
+            s.add(label, None, f">= {PEER_RATIO_TARGET}", None, f"{r['status']}: {r['why']}")
+        elif r["started"] == 0:  # nothing of its own to compare: pgtick started them all
+            s.add(
+                label,
+                None,
+                f">= {PEER_RATIO_TARGET}",
+                base["missed"] == 0,
+                f"{r['system']} started none of {r['occurrences']}",
+            )
+        else:
+            value = r.get("p99_vs_pgtick")
+            note = f"{r['system']} missed {r['missed']} of {r['occurrences']}" if r["missed"] else ""
+            s.add(
+                label,
+                value,
+                f">= {PEER_RATIO_TARGET}",
+                value is not None and value >= PEER_RATIO_TARGET,
+                note,
+            )
+    return s
+
+
+def target_table(s: Summary) -> str:
+    """The targets of one run, a line each."""
+    lines = ["| target | measured | goal | status | note |", "|---|---|---|---|---|"]
+    for r in s.rows:
+        measured = "—" if r["measured"] is None else f"{r['measured']:g}"
+        lines.append(f"| {r['target']} | {measured} | {r['goal']} | {r['status']} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def report(runs: list[str]) -> int:
+    """The targets over several runs (each the --out files of one run, comma-joined)."""
+    summaries = []
+    for run in runs:
+        records: list[dict[str, Any]] = []
+        for path in run.split(","):
+            try:
+                records += json.loads(Path(path).read_text())["records"]
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"schedule.py: --report: cannot read {path}: {exc}", file=sys.stderr)
+                return 2
+        add_ratios(records)
+        summaries.append(targets(records))
+    print(combine(summaries))
+    return 0
 
 
 if __name__ == "__main__":

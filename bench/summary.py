@@ -69,7 +69,7 @@ def combine(rounds: list[Summary]) -> str:
             status = "n/a"
         else:
             status = "met" if all(st == "met" for st in statuses) else "MISSED"
-        cells = (target, "-" if median is None else f"{median:.3g}", by_target[target][0][1]["goal"], status)
+        cells = (target, _figure(median), by_target[target][0][1]["goal"], status)
         per_round = ", ".join(
             f"{'-' if r['measured'] is None else format(r['measured'], 'g')} ({loads[i]})"
             for i, r in by_target[target]
@@ -77,6 +77,13 @@ def combine(rounds: list[Summary]) -> str:
         text = "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))
         lines.append(text + "  " + per_round)
     return "\n".join(lines)
+
+
+def _figure(value: float | None) -> str:
+    """A median for the table: three significant digits, never in exponent form."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _load_range(records: list[dict[str, Any]]) -> str:
