@@ -28,6 +28,19 @@ def _flushed_stats(conn: Conn, at_least_updates: int = 0) -> tuple[int, int]:
         time.sleep(0.05)
 
 
+def _others_holding_a_snapshot(conn: Conn) -> int:
+    """Other sessions in this database holding back the pruning horizon (an autovacuum
+    ANALYZE of another table, a test harness connection in a transaction)."""
+    return int(
+        scalar(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)",
+        )
+    )
+
+
 def test_heartbeats_are_hot_updates(conn: Conn) -> None:
     """20 workers claim 10 runs each and heartbeat them 5 times (one call per worker per round,
     each its own transaction, as the driver does): n_tup_hot_upd grows by about as many rows
@@ -36,11 +49,14 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
     Measured caveat (docs/performance.md): one statement that heartbeats hundreds of runs
     packed on the same pages is only ~2/3 HOT, because a page cannot prune the versions that
     the same statement just made dead; per-worker batches of ~10 are ~98% HOT.
+
+    A page cannot prune either while another session in the database holds a snapshot older
+    than its dead versions (an autovacuum ANALYZE holds one for as long as it runs on a loaded
+    machine). That is the database being busy, not the heartbeat's shape, so the measurement
+    is taken up to three times, each after such sessions are gone: a heartbeat that could not
+    be HOT (an indexed column changed) fails every time.
     """
     workers, batch, rounds = 20, 10, 5
-    # An autovacuum ANALYZE of jobs.runs holds a snapshot in this database while it runs (for
-    # long on a loaded machine), and no page can prune versions that snapshot may still see.
-    # That is the database being busy, not the heartbeat's shape: keep it out of the count.
     conn.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = off)")
     add_runs(conn, workers * batch)
     held: dict[str, list[int]] = {}
@@ -49,22 +65,27 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
         held[name] = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(%s, %s)", (batch, name))]
         assert len(held[name]) == batch
 
-    upd0, hot0 = _flushed_stats(conn)
-    beats = 0
-    for _ in range(rounds):
-        for name, ids in held.items():
-            answered = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, %s)", (ids, name))
-            beats += len(answered.fetchall())
-    assert beats == workers * batch * rounds
-    upd1, hot1 = _flushed_stats(conn, upd0 + beats)
-
-    updates, hot = upd1 - upd0, hot1 - hot0
-    assert updates == beats, f"expected {beats} row updates from heartbeats, stats say {updates}"
-    tolerance = max(10, beats // 20)  # 5%: a page now and then has not been pruned yet
-    assert hot >= beats - tolerance, (
-        f"only {hot} of {beats} heartbeat updates were HOT "
-        f"(pages: {scalar(conn, 'SELECT pg_relation_size(%s) / 8192', ('jobs.runs',))})"
-    )
+    attempts: list[str] = []
+    for _ in range(3):
+        quiet_by = time.monotonic() + 30  # measured anyway after that: the attempt may still pass
+        while _others_holding_a_snapshot(conn) and time.monotonic() < quiet_by:
+            time.sleep(0.1)
+        upd0, hot0 = _flushed_stats(conn)
+        beats = 0
+        for _ in range(rounds):
+            for name, ids in held.items():
+                answered = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, %s)", (ids, name))
+                beats += len(answered.fetchall())
+        assert beats == workers * batch * rounds
+        upd1, hot1 = _flushed_stats(conn, upd0 + beats)
+        updates, hot = upd1 - upd0, hot1 - hot0
+        assert updates == beats, f"expected {beats} row updates from heartbeats, stats say {updates}"
+        tolerance = max(10, beats // 20)  # 5%: a page now and then has not been pruned yet
+        if hot >= beats - tolerance:
+            return
+        pages = scalar(conn, "SELECT pg_relation_size(%s) / 8192", ("jobs.runs",))
+        attempts.append(f"{hot} of {beats} HOT (pages: {pages})")
+    raise AssertionError(f"heartbeat updates were not HOT in any attempt: {'; '.join(attempts)}")
 
 
 def test_heartbeat_touches_only_heartbeat_at(conn: Conn) -> None:
