@@ -410,8 +410,15 @@ class Worker:
             self._due_at = at
         self._wake.set()
 
-    def _learn_next_due(self, row: Any) -> None:
-        """Arm the timer from jobs.next_due's answer (its instant and the server clock)."""
+    def _learn_next_due(self, row: Any, sent: float, sent_mono: float) -> None:
+        """Arm the timer from jobs.next_due's answer (its instant and the server clock).
+
+        ``sent`` and ``sent_mono`` are this clock and the monotonic one just before the
+        question was sent. The server read its clock after that and before the answer came
+        back, which may be much later: the claim sent behind the question (and its commit)
+        is answered first. Measured from the sending, the timer fires at most the question's
+        way to the server early, where measured from the answer it fired as late as that
+        claim took; an early claim finds nothing due and learns the instant again."""
         if row is None:
             return
         next_at, db_now = row["next_at"], row["db_now"]
@@ -419,11 +426,11 @@ class Worker:
             return
         if not isinstance(next_at, datetime):
             next_at = None  # unreadable: the poll interval is the safety net
-        self._db_offset = db_now.timestamp() - time.time()
+        self._db_offset = db_now.timestamp() - sent
         with self._lock:
             if next_at is not None:
                 # A millisecond past the instant: the claim's now() must have reached it.
-                learned = time.monotonic() + (next_at - db_now).total_seconds() + 0.001
+                learned = sent_mono + (next_at - db_now).total_seconds() + 0.001
                 # A NOTIFY may have re-armed the timer for a run committed after this answer
                 # was computed: keep the sooner of the two.
                 self._due_at = learned if self._due_at is None else min(self._due_at, learned)
@@ -570,7 +577,7 @@ class Worker:
         if want <= 0:
             return False
         try:
-            began = time.monotonic()
+            began, sent = time.monotonic(), time.time()
             ask_due = not self._claimed_full
             with self._lock:
                 answered_before = self._completions_answered
@@ -580,7 +587,7 @@ class Worker:
                     calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
                 )
             if due_cur is not None:
-                self._learn_next_due(due_cur.fetchone())
+                self._learn_next_due(due_cur.fetchone(), sent, began)
             rows = claim_cur.fetchall()
             with self._lock:
                 self._claimed_none = not rows

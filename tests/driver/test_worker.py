@@ -513,6 +513,58 @@ def test_a_worker_with_extra_claimers_that_cannot_go_on_fails_every_run_it_claim
     assert counts == {"FAILED": 6, "QUEUED": 6}, counts
 
 
+def test_the_timer_for_the_next_due_run_counts_from_the_question_not_the_answer(db: Database) -> None:
+    """jobs.next_due is asked in the round trip of a claim, and answered with it: when that
+    claim takes 2 s (a trigger of the operator's that sleeps), the next run still starts at
+    its time, not 2 s late. The poll interval (30 s) and LISTEN are out of the way."""
+    app = App()
+    release = threading.Event()
+
+    @app.job("slow-to-claim")
+    def slow_to_claim(ctx: Context) -> None:
+        release.wait(60)  # holds its slot: its completion would make the worker ask again
+
+    @app.job("on-time")
+    def on_time(ctx: Context) -> None:
+        pass
+
+    with db.connect() as conn:
+        conn.execute(
+            """
+            CREATE FUNCTION public.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_catalog.pg_sleep(2);
+                RETURN NEW;
+            END
+            $$;
+            CREATE TRIGGER slow_claim BEFORE UPDATE OF status ON jobs.runs FOR EACH ROW
+            WHEN (new.kind = 'slow-to-claim' AND new.status = 'RUNNING')
+            EXECUTE FUNCTION public.slow_claim();
+            """
+        )
+        conn.execute("SELECT jobs.enqueue('slow-to-claim')")
+        conn.execute("SELECT jobs.enqueue('on-time', run_at => now() + interval '10 seconds')")
+    worker = Worker(app, db.dsn, concurrency=4, batch_size=4, poll_interval=30.0, listen=False)
+    with worker_thread(worker), db.connect() as conn:
+        try:
+            wait_for("the on-time run to complete", lambda: runs_in(conn, "COMPLETED") == 1, timeout=40)
+        finally:
+            release.set()  # before the worker stops: it waits for its running jobs
+        row = conn.execute(
+            """
+            SELECT (SELECT started_at FROM jobs.runs WHERE kind = 'slow-to-claim')
+                   + interval '2 seconds' AS claim_ended,
+                   scheduled_for AS due,
+                   extract(epoch FROM started_at - scheduled_for) AS late
+              FROM jobs.runs WHERE kind = 'on-time'
+            """
+        ).fetchone()
+    assert row is not None
+    claim_ended, due, late = row
+    assert claim_ended < due, "the slow claim ran past the next run's time: nothing was measured"
+    assert late < 1.0, f"the on-time run started {late:.3f} s after its time"
+
+
 def test_a_worker_whose_own_runs_fill_a_limit_claims_again_when_they_complete(db: Database) -> None:
     """A kind limited to one running run, four due, a poll interval of 30 s: each claim after
     a run finishes takes nothing (the finished run counts until its completion commits), and
