@@ -562,8 +562,10 @@ class Worker:
         otherwise it asks jobs.next_due just before the claim (one pipeline, each its
         own transaction), so a run that falls due in between is either claimed or
         reported as due (a cycle at once), never missed. Returns True to cycle again at
-        once: the claim came back full (there may be more due), or it came back short
-        without jobs.next_due having been asked. Draining calls it with ``claim=False``.
+        once: the claim came back full (there may be more due), it came back short
+        without jobs.next_due having been asked, or it came back empty while a completion
+        committed (the room it made may not have been seen). Draining calls it with
+        ``claim=False``.
         """
         self._settle_completions()
         plain = self.reporter.report(conn)
