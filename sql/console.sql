@@ -423,8 +423,7 @@ DECLARE
     v_cancelled integer;
 BEGIN
     PERFORM jobs._check_text('name', undefine_detail.name, 200);
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = undefine_detail.name FOR UPDATE;
-    v_def := jobs._known_definition(v_def, undefine_detail.name);
+    v_def := jobs._lock_definition(undefine_detail.name, TRUE);  -- as jobs.undefine locks it
     v_cancelled := jobs.undefine(undefine_detail.name);
     RETURN QUERY
     SELECT undefine_detail.name, v_cancelled,

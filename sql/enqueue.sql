@@ -255,9 +255,8 @@ BEGIN
     IF payload IS NOT NULL THEN
         PERFORM jobs._check_payload('payload', payload);
     END IF;
-    -- Held until commit: jobs.undefine (FOR UPDATE) waits for this run, or this call for its end.
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = run_now.name FOR KEY SHARE;
-    v_def := jobs._known_definition(v_def, run_now.name);
+    -- Held until commit: jobs.undefine waits for this run, or this call for its end.
+    v_def := jobs._lock_definition(run_now.name, FALSE);
     INSERT INTO jobs.runs AS r (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin,
         queue, concurrency_key

@@ -28,6 +28,11 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --   (a limit's stripes)     transaction  jobs.claim (with each       hashtextextended('dispatch:' || label
 --                           (exclusive)  shared limit lock: one of   || '#' || stripe, 0), stripe 0..15;
 --                                        its 16 stripes)             only tried, never waited for
+--   jobs._definition_key    transaction  jobs.run_now, retries       hashtextextended('definition:'
+--   (id)                    (shared)     (jobs._enqueue_retries):    || id % 256, 0): one of 256
+--                                        adding a run of a definition stripes, so a reap that retries
+--                           (exclusive)  jobs.undefine, before it    runs of thousands of definitions
+--                                        locks the row to delete it  takes at most 256 locks
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.
@@ -54,6 +59,53 @@ LANGUAGE sql IMMUTABLE
 AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
 COMMENT ON FUNCTION jobs._limit_key(text) IS
 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
+
+-- Private: the key that serializes adding runs of a definition with deleting it.
+-- A FOR KEY SHARE row lock alone does not: PostgreSQL can lose one taken while a concurrent
+-- UPDATE of the row (the scheduler moving its cursor) has the page unlocked midway, and then
+-- jobs.undefine's FOR UPDATE would not wait for the run being added. Definitions share the
+-- key in 256 stripes: an undefine may also wait for runs of another definition being added.
+CREATE OR REPLACE FUNCTION jobs._definition_key(definition_id bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT hashtextextended('definition:' || definition_id % 256, 0) $$;
+COMMENT ON FUNCTION jobs._definition_key(bigint) IS
+'Private: transaction advisory lock key of a definition''s stripe (id % 256), held shared while a run of it is added (jobs.run_now, retries) and exclusive by jobs.undefine.';
+
+-- Private: look up and lock the named definition to add a run of it (for_delete false: the
+-- key shared, the row FOR KEY SHARE) or to delete it (true: the key exclusive, the row FOR
+-- UPDATE). The key comes first, so an undefine waits for a run being added, or the adder
+-- waits for the delete and then finds no row; the row lock finds a delete committed after
+-- the statement's snapshot. P0002 when no definition has the name.
+CREATE OR REPLACE FUNCTION jobs._lock_definition(name text, for_delete boolean)
+RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_id bigint;
+    v_def jobs.definitions;
+BEGIN
+    LOOP
+        SELECT d.id INTO v_id FROM jobs.definitions AS d WHERE d.name = _lock_definition.name;
+        IF v_id IS NULL THEN
+            RETURN jobs._known_definition(NULL, _lock_definition.name);
+        END IF;
+        IF for_delete THEN
+            PERFORM pg_advisory_xact_lock(jobs._definition_key(v_id));
+            SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_id FOR UPDATE;
+        ELSE
+            PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(v_id));
+            SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_id FOR KEY SHARE;
+        END IF;
+        IF FOUND THEN
+            RETURN v_def;
+        END IF;
+        -- Deleted meanwhile: the name may have been defined again since.
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION jobs._lock_definition(text, boolean) IS
+'Private: the named definition, locked for adding a run (its key shared, the row FOR KEY SHARE) or for deleting it (key exclusive, FOR UPDATE); P0002 when none has the name.';
 
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
 CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)

@@ -56,6 +56,13 @@ CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint[], error_classes
 RETURNS TABLE (retry_of bigint, retry_run_id bigint)
 LANGUAGE sql VOLATILE
 AS $$
+    -- The definitions' keys first, shared (jobs._definition_key): a jobs.undefine under way
+    -- makes this wait, and the row lock below then finds its definition gone; one that comes
+    -- later waits for this commit and cancels the retry.
+    SELECT pg_advisory_xact_lock_shared(k.key)
+      FROM (SELECT DISTINCT jobs._definition_key(r.definition_id) AS key FROM jobs.runs AS r
+             WHERE r.id = ANY (run_ids) AND r.status = 'FAILED' AND r.definition_id IS NOT NULL
+             ORDER BY 1) AS k;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
         origin, attempt, retry_of, queue, concurrency_key, occurrence_at, scheduled_for
@@ -73,8 +80,8 @@ AS $$
      WHERE r.id = ANY (run_ids)
        AND r.status = 'FAILED'
        AND r.attempt < coalesce(r.max_attempts, p.max_attempts, c.max_attempts)
-       -- A deleted definition's run is not retried; the lock (held to commit) makes a concurrent
-       -- jobs.undefine wait for the retry and cancel it.
+       -- A deleted definition's run is not retried: this row lock finds a delete committed
+       -- meanwhile (the key above made it wait for the delete, or the delete waits for us).
        AND (r.definition_id IS NULL
             OR EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id FOR KEY SHARE))
        AND jobs._retry_allowed(p.deny, p.allow,
@@ -118,6 +125,11 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
+    -- The definition's key before the run's row: jobs.undefine holds the key while it waits
+    -- for the rows of the runs it cancels, so asking for the key with a run held (the retry
+    -- below does) could close a cycle.
+    PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(r.definition_id))
+       FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.definition_id IS NOT NULL;
     UPDATE jobs.runs AS r
        SET status = 'FAILED', finished_at = now(), failure_reason = fail.reason,
            error = left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)

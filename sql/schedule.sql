@@ -402,13 +402,12 @@ DECLARE
     v_def jobs.definitions;
     v_cancelled integer;
 BEGIN
-    -- The row lock serializes with everything that adds runs of the definition: materializing
+    -- These locks serialize with everything that adds runs of the definition: materializing
     -- (jobs.materialize, materialize_many, materialize_one_shots, finish_backfill) locks the row
-    -- and re-checks it, jobs.run_now holds a key-share lock until it commits. Taken first, it
-    -- waits for those in flight, so the cancel below sees their runs; after this commit they
-    -- find no definition and add nothing.
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = undefine.name FOR UPDATE;
-    v_def := jobs._known_definition(v_def, undefine.name);
+    -- and re-checks it; jobs.run_now and retries hold the definition's key shared until they
+    -- commit. Taken first, they wait for those in flight, so the cancel below sees their runs;
+    -- after this commit they find no definition and add nothing.
+    v_def := jobs._lock_definition(undefine.name, TRUE);
     v_cancelled := jobs.cancel_queued(undefine.name);
     DELETE FROM jobs.definitions AS d WHERE d.id = v_def.id;
     RETURN v_cancelled;

@@ -6,6 +6,8 @@ undefines; then a loop of real processes racing."""
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -13,12 +15,14 @@ from datetime import datetime
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from harness import Conn, Database, run_in_processes, scalar, wait_for, waits_on_lock
 
-# Orphans: QUEUED runs whose definition no longer exists.
+# Orphans: QUEUED runs whose definition no longer exists, each as "id origin definition_id".
 ORPHANS = (
-    "SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') FROM jobs.runs AS r"
+    "SELECT coalesce(array_agg(concat_ws(' ', r.id, r.origin, r.definition_id) ORDER BY r.id), '{}')"
+    " FROM jobs.runs AS r"
     " WHERE r.status = 'QUEUED' AND r.definition_id IS NOT NULL"
     " AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id)"
 )
@@ -168,12 +172,22 @@ def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Databa
     assert scalar(conn, ORPHANS) == []
 
 
+# A payload stored out of line (TOAST): every update of its definition row releases the
+# page lock midway, the window in which PostgreSQL can lose a FOR KEY SHARE lock taken
+# on the row. Random hex, so it does not compress below the TOAST threshold.
+_LARGE_PAYLOAD = {"blob": secrets.token_hex(2000)}
+
+
 def _undefine_loop(dsn: str, seconds: float) -> int:
     rounds = 0
     deadline = time.monotonic() + seconds
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
-            conn.execute("SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour')")
+            conn.execute(
+                "SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour', max_attempts => 3,"
+                " payload => %s)",
+                (Jsonb(_LARGE_PAYLOAD),),
+            )
             conn.execute("SELECT jobs.undefine('race')")
             rounds += 1
     return rounds
@@ -193,20 +207,36 @@ def _add_loop(dsn: str, seconds: float) -> int:
     return added
 
 
+def _fail_loop(dsn: str, seconds: float) -> int:
+    """Claims runs of the definition and fails them: each failure queues a retry."""
+    retries = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchone()
+            if claimed is None:
+                with contextlib.suppress(psycopg.errors.NoDataFound):  # undefined just now
+                    conn.execute("SELECT jobs.run_now('race')")
+                continue
+            after = conn.execute("SELECT id FROM jobs.fail(%s, 'w', '{}', 'boom')", claimed).fetchone()
+            retries += int(after is not None and after[0] != claimed[0])
+    return retries
+
+
 def _race_member(dsn: str, seconds: float, role: str) -> int:
-    return _undefine_loop(dsn, seconds) if role == "undefine" else _add_loop(dsn, seconds)
+    loops = {"undefine": _undefine_loop, "add": _add_loop, "fail": _fail_loop}
+    return loops[role](dsn, seconds)
 
 
-def test_undefine_racing_run_now_and_materialize_in_processes(db: Database, conn: Conn) -> None:
-    rounds, *added = run_in_processes(
-        _race_member, [(db.dsn, 6.0, role) for role in ("undefine", "add", "add")]
+def test_undefine_racing_run_now_materialize_and_retries_in_processes(db: Database, conn: Conn) -> None:
+    rounds, added, retries = run_in_processes(
+        _race_member, [(db.dsn, 8.0, role) for role in ("undefine", "add", "fail")]
     )
-    assert rounds > 10 and sum(added) > 10, f"the race ran too little: {rounds} undefines, {added} runs added"
+    ran = f"{rounds} undefines, {added} runs added, {retries} retries"
+    assert rounds > 10 and added > 10 and retries > 10, f"the race ran too little: {ran}"
     assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
     orphans = scalar(conn, ORPHANS)
-    assert orphans == [], (
-        f"QUEUED runs {orphans} of undefined definitions remain ({rounds} rounds, {added} added)"
-    )
+    assert orphans == [], f"QUEUED runs {orphans} of undefined definitions remain ({ran})"
 
 
 def test_a_run_of_a_deleted_definition_that_fails_is_not_retried(conn: Conn) -> None:
