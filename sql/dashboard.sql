@@ -56,12 +56,16 @@ BEGIN
                                FOR UPDATE);
     FOREACH v_id IN ARRAY v_ids LOOP
         CONTINUE WHEN EXISTS (SELECT FROM jobs.runs_all AS n WHERE n.retry_of = v_id);
+        -- A run whose definition was deleted is passed over too (jobs.retry refuses it).
+        CONTINUE WHEN EXISTS (SELECT FROM jobs.runs_all AS r
+                               WHERE r.id = v_id AND r.definition_id IS NOT NULL
+                                 AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id));
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS
-'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet (others are passed over); returns the new QUEUED attempts.';
+'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet and whose definition (if any) still exists (others are passed over); returns the new QUEUED attempts.';
 
 -- Delete the FAILED runs among run_ids from the history; returns how many.
 CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[])

@@ -182,6 +182,16 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'run % was already retried as run %', v_run.id, v_next.id USING ERRCODE = '22023';
     END IF;
+    -- As a retry after a failure: the definition's key, then its row (jobs._definition_key);
+    -- a run of a deleted definition is not queued again, so jobs.undefine keeps its promise.
+    IF v_run.definition_id IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(v_run.definition_id));
+        PERFORM FROM jobs.definitions AS d WHERE d.id = v_run.definition_id FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'run %''s definition was deleted (jobs.undefine): its runs are not queued again',
+                v_run.id USING ERRCODE = '22023';
+        END IF;
+    END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
         origin, attempt, retry_of, queue, concurrency_key, occurrence_at
@@ -197,7 +207,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION jobs.retry(bigint) IS
-'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy.';
+'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; 22023 when the run was already retried or its definition was deleted.';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(

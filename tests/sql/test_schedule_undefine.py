@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from harness import Conn, Database, run_in_processes, scalar, wait_for, waits_on_lock
+from harness import Conn, Database, expect_error, run_in_processes, scalar, wait_for, waits_on_lock
 
 # Orphans: QUEUED runs whose definition no longer exists, each as "id origin definition_id".
 ORPHANS = (
@@ -87,6 +87,15 @@ def _fail_with_retry(conn: Conn, held: Conn) -> None:
     held.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
 
 
+def _operator_retry(conn: Conn, held: Conn) -> None:
+    """An operator queues a failed run of the definition again (jobs.retry)."""
+    conn.execute("SELECT jobs.define('d', 'k', schedule => '0 0 1 1 *')")
+    conn.execute("SELECT jobs.run_now('d')")
+    run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
+    held.execute("SELECT jobs.retry(%s)", (run_id,))
+
+
 class Undefine(threading.Thread):
     """jobs.undefine('d') in its own session; keeps the error, if any."""
 
@@ -107,7 +116,15 @@ class Undefine(threading.Thread):
 
 @pytest.mark.parametrize(
     "add",
-    [_materialize, _materialize_many, _materialize_one_shots, _finish_backfill, _run_now, _fail_with_retry],
+    [
+        _materialize,
+        _materialize_many,
+        _materialize_one_shots,
+        _finish_backfill,
+        _run_now,
+        _fail_with_retry,
+        _operator_retry,
+    ],
     ids=lambda f: f.__name__.lstrip("_"),
 )
 def test_undefine_while_runs_are_being_added_leaves_no_queued_run(
@@ -250,4 +267,26 @@ def test_a_run_of_a_deleted_definition_that_fails_is_not_retried(conn: Conn) -> 
         "SELECT id, status::text FROM jobs.fail(%s, 'w', '{}', 'boom')", (run_id,)
     ).fetchone()
     assert failed == (run_id, "FAILED"), f"fail returned {failed}: a retry of the undefined definition"
+    assert scalar(conn, ORPHANS) == []
+
+
+def test_an_operator_cannot_queue_again_a_run_of_a_deleted_definition(conn: Conn) -> None:
+    """jobs.retry refuses (22023, naming the run) a failed run whose definition was undefined;
+    jobs.retry_many passes it over and still retries the others it was given."""
+    conn.execute("SELECT jobs.define('gone', 'k', schedule => '0 0 1 1 *')")
+    conn.execute("SELECT jobs.define('kept', 'k', schedule => '0 0 1 1 *')")
+    failed = {}
+    for name in ("gone", "kept"):
+        conn.execute("SELECT jobs.run_now(%s)", (name,))
+        run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
+        conn.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
+        failed[name] = run_id
+    conn.execute("SELECT jobs.undefine('gone')")
+    expect_error(
+        conn, "SELECT jobs.retry(%s)", (failed["gone"],), "22023", f"run {failed['gone']}", "deleted"
+    )
+    retried = conn.execute(
+        "SELECT retry_of FROM jobs.retry_many(%s)", ([failed["gone"], failed["kept"]],)
+    ).fetchall()
+    assert retried == [(failed["kept"],)], f"retry_many queued {retried}; only the kept definition's run"
     assert scalar(conn, ORPHANS) == []
