@@ -5,10 +5,8 @@
 -- ===========================================================================
 
 -- Cancel a run: QUEUED -> CANCELLED now; RUNNING -> cancel_requested. Returns the status after the call.
-CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint)
-RETURNS jobs.run_status
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint) RETURNS jobs.run_status
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_status jobs.run_status;
@@ -34,14 +32,11 @@ BEGIN
     RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
 END
 $$;
-COMMENT ON FUNCTION jobs.cancel(bigint) IS
-'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';
+COMMENT ON FUNCTION jobs.cancel(bigint) IS 'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';
 
 -- Cancel every QUEUED run of a definition; returns how many.
-CREATE OR REPLACE FUNCTION jobs.cancel_queued(name text)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.cancel_queued(name text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -73,5 +68,4 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs.cancel_queued(text) IS
-'Cancel every QUEUED run of the named definition; returns how many were cancelled.';
+COMMENT ON FUNCTION jobs.cancel_queued(text) IS 'Cancel every QUEUED run of the named definition; returns how many were cancelled.';

@@ -22,8 +22,7 @@
 -- A worker announces itself and the kinds it runs (on start and on every reconnect).
 CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_text('worker', register_worker.worker, 200);
@@ -43,15 +42,13 @@ BEGIN
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
 END
 $$;
-COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS
-'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
 -- for with the scope of session_user (the login; SET ROLE does not change it).
 CREATE OR REPLACE FUNCTION jobs.scope_worker(role name, kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS jobs.worker_scopes
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_row jobs.worker_scopes;
@@ -84,14 +81,11 @@ BEGIN
     RETURN v_row;
 END
 $$;
-COMMENT ON FUNCTION jobs.scope_worker(name, text[], text[]) IS
-'Operator: let the login role claim only runs of these kinds (NULL: any) in these queues (NULL: any); replaces its previous scope. Refuses (22023) a role that does not exist or cannot log in.';
+COMMENT ON FUNCTION jobs.scope_worker(name, text[], text[]) IS 'Operator: let the login role claim only runs of these kinds (NULL: any) in these queues (NULL: any); replaces its previous scope. Refuses (22023) a role that does not exist or cannot log in.';
 
 -- Lift a login's scope; true if it had one.
-CREATE OR REPLACE FUNCTION jobs.unscope_worker(role name)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.unscope_worker(role name) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_name('role', unscope_worker.role::text);
@@ -99,8 +93,7 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION jobs.unscope_worker(name) IS
-'Operator: let the login role claim any run again. Returns false if it had no scope.';
+COMMENT ON FUNCTION jobs.unscope_worker(name) IS 'Operator: let the login role claim any run again. Returns false if it had no scope.';
 
 -- Every scoped login, and whether the role still exists (a dropped role's scope binds a new
 -- role created with its name).
@@ -113,38 +106,29 @@ SELECT
     s.role IN (SELECT r.rolname FROM pg_catalog.pg_roles AS r) AS role_exists
 FROM jobs.worker_scopes AS s
 ORDER BY s.role;
-COMMENT ON VIEW jobs.worker_scope_list IS
-'Each worker login''s scope (the kinds and queues jobs.claim may hand it; NULL: any), and whether the role exists.';
+COMMENT ON VIEW jobs.worker_scope_list IS 'Each worker login''s scope (the kinds and queues jobs.claim may hand it; NULL: any), and whether the role exists.';
 
 -- A worker's sign of life; false when it is not registered.
-CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text)
-RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text) RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
     UPDATE jobs.worker_registry AS w SET last_seen_at = now(), stopped_at = NULL
      WHERE w.worker = worker_seen.worker
     RETURNING TRUE
 $$;
-COMMENT ON FUNCTION jobs.worker_seen(text) IS
-'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered.';
+COMMENT ON FUNCTION jobs.worker_seen(text) IS 'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered.';
 
 -- A worker says it stopped.
-CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text)
-RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text) RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
     UPDATE jobs.worker_registry AS w SET stopped_at = now(), last_seen_at = now()
      WHERE w.worker = worker_stopped.worker
     RETURNING TRUE
 $$;
-COMMENT ON FUNCTION jobs.worker_stopped(text) IS
-'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost.';
+COMMENT ON FUNCTION jobs.worker_stopped(text) IS 'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost.';
 
 -- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
-CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text)
-RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
         RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
@@ -152,8 +136,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS
-'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
+COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
 
 -- Every registered worker: alive (seen within the heartbeat timeout), stopped or lost; what it runs.
 CREATE OR REPLACE VIEW jobs.workers AS
@@ -185,8 +168,7 @@ LEFT JOIN LATERAL (
     FROM jobs.runs AS x
     WHERE x.worker = w.worker AND x.status = 'RUNNING'
 ) AS r ON TRUE;
-COMMENT ON VIEW jobs.workers IS
-'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them.';
+COMMENT ON VIEW jobs.workers IS 'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them.';
 
 -- Kinds with due QUEUED runs that no alive worker runs.
 CREATE OR REPLACE VIEW jobs.kinds_without_worker AS
@@ -206,18 +188,15 @@ WHERE
             AND w.last_seen_at > now() - c.heartbeat_timeout
     )
 GROUP BY r.kind;
-COMMENT ON VIEW jobs.kinds_without_worker IS
-'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
+COMMENT ON VIEW jobs.kinds_without_worker IS 'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
 
 -- ---------------------------------------------------------------------------
 -- Catch-ups after downtime
 -- ---------------------------------------------------------------------------
 
 -- An interval as an operator reads it: 45s, 2m30s, 1h05m, 3d4h.
-CREATE OR REPLACE FUNCTION jobs.compact_interval(value interval)
-RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.compact_interval(value interval) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT SECURITY DEFINER AS $$
     SELECT CASE
         WHEN s < 60 THEN s || 's'
         WHEN s < 3600 THEN (s / 60) || 'm' || CASE WHEN s % 60 > 0 THEN lpad((s % 60)::text, 2, '0') || 's' ELSE '' END
@@ -229,10 +208,8 @@ $$;
 COMMENT ON FUNCTION jobs.compact_interval(interval) IS 'An interval as 45s, 2m30s, 1h05m or 3d4h.';
 
 -- One catch-up as a sentence ("caught up after 2m30s of downtime: 15 occurrences coalesced into 1").
-CREATE OR REPLACE FUNCTION jobs.describe_catch_up(c jobs.catch_ups)
-RETURNS text
-LANGUAGE sql IMMUTABLE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.describe_catch_up(c jobs.catch_ups) RETURNS text
+LANGUAGE sql IMMUTABLE SECURITY DEFINER AS $$
     SELECT 'caught up after ' || jobs.compact_interval(c.caught_up_at - c.first_late) || ' of downtime: '
         || c.occurrences || CASE WHEN c.occurrences = 1 THEN ' occurrence' ELSE ' occurrences' END
         || CASE
@@ -243,8 +220,7 @@ AS $$
                  || ' (past the misfire grace)'
         END
 $$;
-COMMENT ON FUNCTION jobs.describe_catch_up(jobs.catch_ups) IS
-'A catch-up as one sentence, e.g. caught up after 2m30s of downtime: 15 occurrences coalesced into 1.';
+COMMENT ON FUNCTION jobs.describe_catch_up(jobs.catch_ups) IS 'A catch-up as one sentence, e.g. caught up after 2m30s of downtime: 15 occurrences coalesced into 1.';
 
 -- Scheduler: record a catch-up (once per definition and first_late) and supersede the
 -- definition's older QUEUED runs that the policy replaces.
@@ -258,8 +234,7 @@ CREATE OR REPLACE FUNCTION jobs.record_catch_up(
     next_run_at timestamptz
 )
 RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_superseded integer := 0;
@@ -317,8 +292,7 @@ BEGIN
     RETURN CASE WHEN v_row.id IS NOT NULL THEN jobs.describe_catch_up(v_row) END;
 END
 $$;
-COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS
-'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
+COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS 'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
 
 -- ---------------------------------------------------------------------------
 -- Definitions, runs, retention
@@ -347,12 +321,10 @@ SELECT
     d.created_at,
     d.updated_at
 FROM jobs.definitions AS d;
-COMMENT ON VIEW jobs.definition_list IS
-'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
+COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
 
 -- One run in full, with its attempt chain (first attempt to last) and its definition.
-CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint)
-RETURNS TABLE (
+CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint) RETURNS TABLE (
     id bigint,
     definition text,
     timezone text,
@@ -375,8 +347,7 @@ RETURNS TABLE (
     result jsonb,
     attempts jsonb
 )
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs.runs_all AS r WHERE r.id = run_detail.run_id) THEN
@@ -409,14 +380,12 @@ BEGIN
      WHERE r.id = run_detail.run_id;
 END
 $$;
-COMMENT ON FUNCTION jobs.run_detail(bigint) IS
-'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
+COMMENT ON FUNCTION jobs.run_detail(bigint) IS 'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
 
 -- Delete a definition (jobs.undefine) and say what became of its runs.
 CREATE OR REPLACE FUNCTION jobs.undefine_detail(name text)
 RETURNS TABLE (definition text, cancelled integer, still_running bigint[], history bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -432,14 +401,11 @@ BEGIN
       FROM jobs.runs_all AS r WHERE r.definition_id = v_def.id;
 END
 $$;
-COMMENT ON FUNCTION jobs.undefine_detail(text) IS
-'Delete the named definition (jobs.undefine): its QUEUED runs are cancelled, RUNNING runs finish normally, finished runs stay as history. Returns cancelled count, the ids still running and the history kept.';
+COMMENT ON FUNCTION jobs.undefine_detail(text) IS 'Delete the named definition (jobs.undefine): its QUEUED runs are cancelled, RUNNING runs finish normally, finished runs stay as history. Returns cancelled count, the ids still running and the history kept.';
 
 -- How many finished runs jobs.prune(older_than) would delete now.
-CREATE OR REPLACE FUNCTION jobs.prune_count(older_than interval DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.prune_count(older_than interval DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
@@ -451,5 +417,4 @@ BEGIN
                                       FROM jobs._history_days_before(now() - v_age) AS d));
 END
 $$;
-COMMENT ON FUNCTION jobs.prune_count(interval) IS
-'How many finished runs jobs.prune(older_than) would delete now (default jobs.config.retention): the days of history that ended before the cutoff and the runs of jobs.runs finished before it. The dry run of `pgtick prune`.';
+COMMENT ON FUNCTION jobs.prune_count(interval) IS 'How many finished runs jobs.prune(older_than) would delete now (default jobs.config.retention): the days of history that ended before the cutoff and the runs of jobs.runs finished before it. The dry run of `pgtick prune`.';

@@ -7,8 +7,7 @@
 -- Record an operator action in jobs.audit_log; returns the entry id.
 CREATE OR REPLACE FUNCTION jobs.audit(actor text, action text, target text DEFAULT NULL, detail jsonb DEFAULT '{}')
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_id bigint;
@@ -29,14 +28,11 @@ BEGIN
     RETURN v_id;
 END
 $$;
-COMMENT ON FUNCTION jobs.audit(text, text, text, jsonb) IS
-'Record an operator action (who, what, to what, outcome) in jobs.audit_log; returns the entry id.';
+COMMENT ON FUNCTION jobs.audit(text, text, text, jsonb) IS 'Record an operator action (who, what, to what, outcome) in jobs.audit_log; returns the entry id.';
 
 -- Retry each FAILED run among run_ids that has no next attempt yet; returns the new runs.
-CREATE OR REPLACE FUNCTION jobs.retry_many(run_ids bigint[])
-RETURNS SETOF jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.retry_many(run_ids bigint[]) RETURNS SETOF jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_id bigint;
@@ -64,14 +60,11 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS
-'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet and whose definition (if any) still exists (others are passed over); returns the new QUEUED attempts.';
+COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet and whose definition (if any) still exists (others are passed over); returns the new QUEUED attempts.';
 
 -- Delete the FAILED runs among run_ids from the history; returns how many.
-CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[])
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[]) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_count bigint;
@@ -93,5 +86,4 @@ BEGIN
     RETURN v_count + v_moved;
 END
 $$;
-COMMENT ON FUNCTION jobs.discard(bigint[]) IS
-'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone); returns how many. Later attempts of a chain stay.';
+COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone); returns how many. Later attempts of a chain stay.';

@@ -3,24 +3,19 @@
 -- ===========================================================================
 
 -- Private: true when the text has the shape of a cron expression or an RRULE (as _check_schedule_shape).
-CREATE OR REPLACE FUNCTION jobs._schedule_shape_ok(schedule text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE STRICT
-AS $$
+CREATE OR REPLACE FUNCTION jobs._schedule_shape_ok(schedule text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT length(schedule) BETWEEN 1 AND 4000 AND (
         schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
         OR schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$'
         OR schedule ~* '(^|[\s:;])FREQ='
     )
 $$;
-COMMENT ON FUNCTION jobs._schedule_shape_ok(text) IS
-'Private: true when the text looks like cron (5 fields or @macro) or RRULE (has FREQ=), at most 4000 characters.';
+COMMENT ON FUNCTION jobs._schedule_shape_ok(text) IS 'Private: true when the text looks like cron (5 fields or @macro) or RRULE (has FREQ=), at most 4000 characters.';
 
 -- Private: the first thing wrong with one element of jobs.define_many's array, or NULL.
-CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb)
-RETURNS text
-LANGUAGE plpgsql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_key text;
     v_text text;
@@ -135,14 +130,11 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS
-'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid.';
+COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS 'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid.';
 
 -- Private: an interval field of a define_many element (seconds as a number, or interval text).
-CREATE OR REPLACE FUNCTION jobs._json_interval(value jsonb)
-RETURNS interval
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._json_interval(value jsonb) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE jsonb_typeof(value)
                -- Past 1e12 seconds make_interval would saturate silently: make it raise 22008.
                WHEN 'number' THEN make_interval(secs => CASE WHEN abs((value #>> '{}')::numeric) <= 1e12
@@ -151,14 +143,12 @@ AS $$
                WHEN 'string' THEN (value #>> '{}')::interval
            END
 $$;
-COMMENT ON FUNCTION jobs._json_interval(jsonb) IS
-'Private: a JSON number of seconds or an interval string as an interval; NULL otherwise.';
+COMMENT ON FUNCTION jobs._json_interval(jsonb) IS 'Private: a JSON number of seconds or an interval string as an interval; NULL otherwise.';
 
 -- Create or replace many definitions by name in one call, validated like jobs.define.
 CREATE OR REPLACE FUNCTION jobs.define_many(definitions jsonb)
 RETURNS TABLE (id bigint, name text, created boolean, rescheduled boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_problem record;
@@ -283,5 +273,4 @@ BEGIN
      ORDER BY d.name;
 END
 $$;
-COMMENT ON FUNCTION jobs.define_many(jsonb) IS
-'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';
+COMMENT ON FUNCTION jobs.define_many(jsonb) IS 'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';

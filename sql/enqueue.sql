@@ -3,10 +3,8 @@
 -- ===========================================================================
 
 -- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
-CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM jobs._check_name('queue', queue);
     IF concurrency_key IS NOT NULL THEN
@@ -14,8 +12,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS
-'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
+COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS 'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
 -- run. With a unique key, while a run of the same kind and key is in the unique_while states
@@ -41,8 +38,7 @@ CREATE OR REPLACE FUNCTION jobs.enqueue(
     depends_on bigint[] DEFAULT NULL
 )
 RETURNS jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_run jobs.runs;
@@ -184,8 +180,7 @@ CREATE OR REPLACE FUNCTION jobs.enqueue_many(
     depends_on bigint[] DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_deps text;
@@ -243,10 +238,8 @@ COMMENT ON FUNCTION jobs.enqueue_many(
 'Queue one ad-hoc run of kind per element of payloads (a JSON array of objects) in one statement and one NOTIFY; returns them in array order. The other arguments apply to every run.';
 
 -- Queue a run of a definition now (origin manual); it counts against the definition's cap.
-CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL)
-RETURNS jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL) RETURNS jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_def jobs.definitions;
     v_run jobs.runs;
@@ -271,5 +264,4 @@ BEGIN
     RETURN v_run;
 END
 $$;
-COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS
-'Queue a run of the named definition now (origin manual), optionally with another payload; it counts against the definition''s cap.';
+COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS 'Queue a run of the named definition now (origin manual), optionally with another payload; it counts against the definition''s cap.';

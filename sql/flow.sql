@@ -28,8 +28,7 @@
 -- Private: every run of the retry chains starting at the given runs (each run and its retries).
 CREATE OR REPLACE FUNCTION jobs._chain_forward(run_ids bigint[])
 RETURNS TABLE (root bigint, run_id bigint, attempt integer, status jobs.run_status)
-LANGUAGE sql STABLE
-AS $$
+LANGUAGE sql STABLE AS $$
     WITH RECURSIVE chain AS (
         SELECT r.id AS root, r.id, r.attempt, r.status
           FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
@@ -39,14 +38,11 @@ AS $$
     )
     SELECT chain.root, chain.id, chain.attempt, chain.status FROM chain
 $$;
-COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS
-'Private: (root, run_id, attempt, status) of every run in the retry chains that start at run_ids.';
+COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS 'Private: (root, run_id, attempt, status) of every run in the retry chains that start at run_ids.';
 
 -- Private: the given runs and every earlier attempt of theirs (following retry_of back).
-CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[])
-RETURNS bigint[]
-LANGUAGE sql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[]) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
     WITH RECURSIVE chain AS (
         SELECT r.id, r.retry_of FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
         UNION
@@ -54,14 +50,11 @@ AS $$
     )
     SELECT coalesce(array_agg(chain.id), '{}') FROM chain
 $$;
-COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS
-'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
+COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS 'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
 
 -- Private: 'met', 'pending' or 'failed' for a depends_on list, locking the chains FOR SHARE.
-CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[])
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[]) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_missing bigint[];
     v_chain bigint[];
@@ -113,14 +106,11 @@ BEGIN
     RETURN v_state;
 END
 $$;
-COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS
-'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
+COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS 'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
 
 -- Private: unblock the runs waiting on these just-completed runs whose dependencies are all complete.
-CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[])
-RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_chain bigint[];
     v_waiting bigint[];
@@ -153,14 +143,12 @@ BEGIN
     RETURN jobs._notify_queued(v_count);
 END
 $$;
-COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS
-'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
+COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS 'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
 
 -- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
 -- jit off: the per-id probes are estimated at hundreds of rows each, which for a wide level
 -- crosses jit_above_cost, and compiling then costs far more than the probes themselves.
-CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[])
-RETURNS integer
+CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET jit = off
 AS $$
@@ -216,18 +204,15 @@ BEGIN
     RETURN v_total;
 END
 $$;
-COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS
-'Private: after runs failed for good or were cancelled, cancel every run waiting on them (and on those, down the chain) with failure_reason DependencyFailed; returns how many.';
+COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS 'Private: after runs failed for good or were cancelled, cancel every run waiting on them (and on those, down the chain) with failure_reason DependencyFailed; returns how many.';
 
 -- ---------------------------------------------------------------------------
 -- Queues
 -- ---------------------------------------------------------------------------
 
 -- Stop claiming from a queue now (RUNNING runs finish); returns true if it was not paused yet.
-CREATE OR REPLACE FUNCTION jobs.pause_queue(name text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.pause_queue(name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_name('name', pause_queue.name);
@@ -235,14 +220,11 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION jobs.pause_queue(text) IS
-'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
+COMMENT ON FUNCTION jobs.pause_queue(text) IS 'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
 
 -- Resume claiming from a paused queue; returns true if it was paused.
-CREATE OR REPLACE FUNCTION jobs.resume_queue(name text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.resume_queue(name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_text('name', resume_queue.name, 200);
@@ -254,8 +236,7 @@ BEGIN
     RETURN FALSE;
 END
 $$;
-COMMENT ON FUNCTION jobs.resume_queue(text) IS
-'Resume claiming from the named queue (wakes idle workers). Returns false if it was not paused.';
+COMMENT ON FUNCTION jobs.resume_queue(text) IS 'Resume claiming from the named queue (wakes idle workers). Returns false if it was not paused.';
 
 -- Every queue in use (by a live run, a definition, a limit or a pause), with its state and counts.
 CREATE OR REPLACE VIEW jobs.queues AS
@@ -293,8 +274,7 @@ LEFT JOIN LATERAL (
     FROM jobs.runs AS r
     WHERE r.queue = n.name AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE;
-COMMENT ON VIEW jobs.queues IS
-'Every queue in use (live runs, definitions, limits, pauses): paused and since when, QUEUED (claimable or waiting for a time), RUNNING, blocked on dependencies, and its limit.';
+COMMENT ON VIEW jobs.queues IS 'Every queue in use (live runs, definitions, limits, pauses): paused and since when, QUEUED (claimable or waiting for a time), RUNNING, blocked on dependencies, and its limit.';
 
 -- ---------------------------------------------------------------------------
 -- Limits
@@ -310,8 +290,7 @@ CREATE OR REPLACE FUNCTION jobs.set_limit(
     per_key boolean DEFAULT FALSE
 )
 RETURNS jobs.limits
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_limit jobs.limits;
@@ -354,14 +333,11 @@ BEGIN
     RETURN v_limit;
 END
 $$;
-COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS
-'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
-CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF remove_limit.scope IS NULL OR remove_limit.scope NOT IN ('queue', 'kind') THEN
@@ -377,8 +353,7 @@ BEGIN
     RETURN FALSE;
 END
 $$;
-COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
-'Remove the limit of a queue or kind (scope queue | kind); returns false if it had none.';
+COMMENT ON FUNCTION jobs.remove_limit(text, text) IS 'Remove the limit of a queue or kind (scope queue | kind); returns false if it had none.';
 
 -- ---------------------------------------------------------------------------
 -- Snooze
@@ -387,8 +362,7 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS
 -- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
 CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._run_fence(snooze.run_id, snooze.worker, snooze.claim_token);
@@ -412,8 +386,7 @@ BEGIN
     RETURN FALSE;
 END
 $$;
-COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS
-'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
 
 -- ---------------------------------------------------------------------------
 -- What waits on what
@@ -453,5 +426,4 @@ CROSS JOIN
         )
     ) AS w
 WHERE r.blocked AND r.status = 'QUEUED';
-COMMENT ON VIEW jobs.blocked IS
-'QUEUED runs that wait on dependencies: depends_on, and waiting_on, those whose retry chain has not completed yet.';
+COMMENT ON VIEW jobs.blocked IS 'QUEUED runs that wait on dependencies: depends_on, and waiting_on, those whose retry chain has not completed yet.';

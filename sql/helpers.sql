@@ -38,49 +38,36 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 -- out in pg_locks and cannot meet a hash of another application by accident.
 
 -- Private: the scheduler leader lock key.
-CREATE OR REPLACE FUNCTION jobs._leader_key()
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT 8099570450837490756::bigint $$;
+CREATE OR REPLACE FUNCTION jobs._leader_key() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 8099570450837490756::bigint $$;
 COMMENT ON FUNCTION jobs._leader_key() IS 'Private: advisory lock key of the scheduler leader (''pgtickLD'').';
 
 -- Private: the dispatch lock key of one definition (serializes claims of a capped definition).
-CREATE OR REPLACE FUNCTION jobs._dispatch_key(definition_id bigint)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
-COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS
-'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
+CREATE OR REPLACE FUNCTION jobs._dispatch_key(definition_id bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('dispatch:' || definition_id, 0) $$;
+COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS 'Private: transaction advisory lock key that jobs.claim takes per capped definition before counting its RUNNING rows.';
 
 -- Private: the dispatch lock key of one queue or kind limit group (label: see jobs.claim).
-CREATE OR REPLACE FUNCTION jobs._limit_key(label text)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
-COMMENT ON FUNCTION jobs._limit_key(text) IS
-'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
+CREATE OR REPLACE FUNCTION jobs._limit_key(label text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
+COMMENT ON FUNCTION jobs._limit_key(text) IS 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
 
 -- Private: the key that serializes adding runs of a definition with deleting it.
 -- A FOR KEY SHARE row lock alone does not: PostgreSQL can lose one taken while a concurrent
 -- UPDATE of the row (the scheduler moving its cursor) has the page unlocked midway, and then
 -- jobs.undefine's FOR UPDATE would not wait for the run being added. Definitions share the
 -- key in 256 stripes: an undefine may also wait for runs of another definition being added.
-CREATE OR REPLACE FUNCTION jobs._definition_key(definition_id bigint)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT hashtextextended('definition:' || definition_id % 256, 0) $$;
-COMMENT ON FUNCTION jobs._definition_key(bigint) IS
-'Private: transaction advisory lock key of a definition''s stripe (id % 256), held shared while a run of it is added (jobs.run_now, retries) and exclusive by jobs.undefine.';
+CREATE OR REPLACE FUNCTION jobs._definition_key(definition_id bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('definition:' || definition_id % 256, 0) $$;
+COMMENT ON FUNCTION jobs._definition_key(bigint) IS 'Private: transaction advisory lock key of a definition''s stripe (id % 256), held shared while a run of it is added (jobs.run_now, retries) and exclusive by jobs.undefine.';
 
 -- Private: look up and lock the named definition to add a run of it (for_delete false: the
 -- key shared, the row FOR KEY SHARE) or to delete it (true: the key exclusive, the row FOR
 -- UPDATE). The key comes first, so an undefine waits for a run being added, or the adder
 -- waits for the delete and then finds no row; the row lock finds a delete committed after
 -- the statement's snapshot. P0002 when no definition has the name.
-CREATE OR REPLACE FUNCTION jobs._lock_definition(name text, for_delete boolean)
-RETURNS jobs.definitions
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._lock_definition(name text, for_delete boolean) RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_id bigint;
     v_def jobs.definitions;
@@ -104,14 +91,11 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION jobs._lock_definition(text, boolean) IS
-'Private: the named definition, locked for adding a run (its key shared, the row FOR KEY SHARE) or for deleting it (key exclusive, FOR UPDATE); P0002 when none has the name.';
+COMMENT ON FUNCTION jobs._lock_definition(text, boolean) IS 'Private: the named definition, locked for adding a run (its key shared, the row FOR KEY SHARE) or for deleting it (key exclusive, FOR UPDATE); P0002 when none has the name.';
 
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
-CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_text(field text, value text, max_length integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF value IS NULL OR length(value) = 0 THEN
         RAISE EXCEPTION '% must be a non-empty text', field USING ERRCODE = '22023';
@@ -122,31 +106,25 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS
-'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
+COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS 'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
 
 -- Raise 22023 naming the field when a *_problem function found something wrong (NULL: nothing).
-CREATE OR REPLACE FUNCTION jobs._refuse(field text, problem text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._refuse(field text, problem text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION '% %', field, problem USING ERRCODE = '22023';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._refuse(text, text) IS
-'Private: raises 22023 with the message "field problem" unless problem is NULL.';
+COMMENT ON FUNCTION jobs._refuse(text, text) IS 'Private: raises 22023 with the message "field problem" unless problem is NULL.';
 
 -- What is wrong with a payload (NULL when nothing): not a JSON object, larger than max_bytes,
 -- or nested deeper than 100 levels. PostgreSQL stores far deeper JSON, but a driver decodes it
 -- recursively (Python's json gives up near 1000 levels), and a run whose payload cannot be
 -- decoded is lost with the rest of its claimed batch. The depth walk stops at level 100.
-CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
             format('must be a JSON object, got %s', coalesce(jsonb_typeof(payload), 'NULL'))
@@ -157,24 +135,18 @@ AS $$
             'nests deeper than 100 levels of arrays and objects'
     END
 $$;
-COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS
-'Private: why a payload is refused (not a JSON object, larger than max_bytes, nested deeper than 100 levels), or NULL.';
+COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS 'Private: why a payload is refused (not a JSON object, larger than max_bytes, nested deeper than 100 levels), or NULL.';
 
 -- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes and 100 levels deep.
-CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb)
-RETURNS void
-LANGUAGE sql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb) RETURNS void
+LANGUAGE sql STABLE AS $$
     SELECT jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c
 $$;
-COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS
-'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes and nested at most 100 levels deep.';
+COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS 'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes and nested at most 100 levels deep.';
 
 -- Raise 22023 naming the field when a number is NULL or outside [low, high].
-CREATE OR REPLACE FUNCTION jobs._check_range(field text, value bigint, low bigint, high bigint)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_range(field text, value bigint, low bigint, high bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF value IS NULL OR value < low OR value > high THEN
         RAISE EXCEPTION '% must be between % and %, got %', field, low, high, coalesce(value::text, 'NULL')
@@ -182,14 +154,11 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS
-'Private: raises 22023 naming the field if the number is NULL or out of range.';
+COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS 'Private: raises 22023 naming the field if the number is NULL or out of range.';
 
 -- Raise 22023 naming run_ids unless it is an array of at most max_length ids.
-CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[], max_length integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_run_ids(run_ids bigint[], max_length integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF run_ids IS NULL THEN
         RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
@@ -197,14 +166,11 @@ BEGIN
     PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, max_length);
 END
 $$;
-COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS
-'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
+COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS 'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
 
 -- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
-CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     -- Every worker call passes here: the conditions are plain expressions, and the helpers
     -- that own the messages run (each a statement) only when one fails.
@@ -216,15 +182,12 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS
-'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
+COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
 
 -- The definition a caller's lookup by name found, or P0002 naming the name when it found none
 -- (definition.id NULL). Each caller keeps its own query and lock; the rule lives here.
-CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text)
-RETURNS jobs.definitions
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text) RETURNS jobs.definitions
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF definition.id IS NULL THEN
         RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(name, 'NULL'))
@@ -233,14 +196,11 @@ BEGIN
     RETURN definition;
 END
 $$;
-COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS
-'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
+COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
 
 -- The run a caller's lookup by id found, or P0002 naming the id when it found none (run.id NULL).
-CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint)
-RETURNS jobs.runs
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint) RETURNS jobs.runs
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF run.id IS NULL THEN
         RAISE EXCEPTION 'run % does not exist', coalesce(run_id::text, 'NULL') USING ERRCODE = 'P0002';
@@ -248,16 +208,13 @@ BEGIN
     RETURN run;
 END
 $$;
-COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS
-'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
+COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS 'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
 -- could be guessed, and a worker that presents one means to be fenced by it.
-CREATE OR REPLACE FUNCTION jobs._claim_token_hash(claim_token text)
-RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._claim_token_hash(claim_token text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF claim_token IS NULL THEN
         RETURN NULL;
@@ -271,16 +228,13 @@ BEGIN
     RETURN pg_catalog.sha256(pg_catalog.convert_to(claim_token, 'UTF8'));
 END
 $$;
-COMMENT ON FUNCTION jobs._claim_token_hash(text) IS
-'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
+COMMENT ON FUNCTION jobs._claim_token_hash(text) IS 'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
 
 -- The arguments every call on one claimed run shares (jobs.complete, fail, acknowledge_cancel,
 -- snooze), checked in this order: claim_token, run_id, worker. Returns the token's stored form,
 -- which the call's WHERE clause compares with the run's claim_token_hash.
-CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text)
-RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(claim_token);
 BEGIN
@@ -294,16 +248,13 @@ BEGIN
     RETURN v_token_hash;
 END
 $$;
-COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS
-'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
+COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS 'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
 
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
 -- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).
-CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN value IS NULL OR NOT isfinite(value)
           OR value < '0001-01-02 00:00:00+00' OR value >= '9999-12-31 00:00:00+00' THEN
@@ -311,24 +262,18 @@ AS $$
                    coalesce(to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC', 'NULL'))
     END
 $$;
-COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS
-'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';
+COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS 'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';
 
 -- Raise 22023 naming the field unless the timestamp is one every driver can hold.
-CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz)
-RETURNS void
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
-COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS
-'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
+CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz) RETURNS void
+LANGUAGE sql IMMUTABLE AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
+COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS 'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
 
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables).
-CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM jobs._check_text(field, value, 200);
     IF value ~ '[[:cntrl:]]' THEN
@@ -337,15 +282,12 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_name(text, text) IS
-'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
+COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
 -- Raise 22023 naming the field unless the array holds 1 to 1000 names (each as jobs._check_name
 -- takes it; a bad element is named by its position, e.g. kinds[3]).
-CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[])
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     i integer;
 BEGIN
@@ -358,22 +300,18 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_names(text, text[]) IS
-'Private: raises 22023 naming the field (and the element) unless the array holds 1 to 1000 names of 1 to 200 characters without control characters.';
+COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array holds 1 to 1000 names of 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
-CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF value IS NOT NULL AND value <= interval '0' THEN
         RAISE EXCEPTION '% must be a positive interval, got %', field, value USING ERRCODE = '22023';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_positive(text, interval) IS
-'Private: raises 22023 naming the field if the interval is zero or negative.';
+COMMENT ON FUNCTION jobs._check_positive(text, interval) IS 'Private: raises 22023 naming the field if the interval is zero or negative.';
 
 -- The bounds of every duration pgtick stores, by field: the one list that jobs._check_duration,
 -- jobs.define_many and the jobs.config trigger read (the CHECK constraints on the tables, from
@@ -382,8 +320,7 @@ COMMENT ON FUNCTION jobs._check_positive(text, interval) IS
 -- at 999999999 days), and no timeout is so short that a worker cannot keep its run alive.
 -- Intervals compare as PostgreSQL orders them: a month counts 30 days.
 CREATE OR REPLACE FUNCTION jobs._duration_bounds(field text, OUT low text, OUT high text)
-LANGUAGE sql IMMUTABLE
-AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT b.low, b.high
       FROM (VALUES ('timeout', '1 second', '366 days'),
                    ('heartbeat_timeout', '100 milliseconds', '366 days'),
@@ -398,26 +335,20 @@ AS $$
                    ('misfire_grace', '0 seconds', '100 years')) AS b (field, low, high)
      WHERE b.field = _duration_bounds.field
 $$;
-COMMENT ON FUNCTION jobs._duration_bounds(text) IS
-'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, misfire_grace).';
+COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, misfire_grace).';
 
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
-CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
     SELECT format('must be an interval between %s and %s, got %s', b.low, b.high, value)
       FROM jobs._duration_bounds(field) AS b
      WHERE value NOT BETWEEN b.low::interval AND b.high::interval
 $$;
-COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS
-'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL.';
+COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL.';
 
 -- Raise 22023 naming the field when a duration is outside its bounds (NULL passes: "the default").
-CREATE OR REPLACE FUNCTION jobs._check_duration(field text, value interval, bound text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_duration(field text, value interval, bound text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs._duration_bounds(coalesce(bound, field)) AS b WHERE b.low IS NOT NULL) THEN
         RAISE EXCEPTION 'no bounds are known for the duration %', coalesce(bound, field) USING ERRCODE = 'XX000';
@@ -425,14 +356,11 @@ BEGIN
     PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
 END
 $$;
-COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS
-'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
+COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS 'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
 
 -- Wake idle workers: one NOTIFY on channel "jobs" per transaction, however many rows it queues.
-CREATE OR REPLACE FUNCTION jobs._notify()
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._notify() RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF current_setting('pgtick.notified', TRUE) IS DISTINCT FROM 'yes' THEN
         PERFORM pg_notify('jobs', '');
@@ -440,14 +368,11 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._notify() IS
-'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
+COMMENT ON FUNCTION jobs._notify() IS 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
 
 -- What a call that queued a number of runs returns: the number, after waking idle workers if it is not 0.
-CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF queued > 0 THEN
         PERFORM jobs._notify();
@@ -455,5 +380,4 @@ BEGIN
     RETURN queued;
 END
 $$;
-COMMENT ON FUNCTION jobs._notify_queued(integer) IS
-'Private: jobs._notify() when queued > 0 (runs were queued or released); returns queued.';
+COMMENT ON FUNCTION jobs._notify_queued(integer) IS 'Private: jobs._notify() when queued > 0 (runs were queued or released); returns queued.';

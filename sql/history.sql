@@ -20,24 +20,18 @@ CREATE OR REPLACE VIEW jobs.runs_all AS
 SELECT * FROM jobs.runs
 UNION ALL
 SELECT * FROM jobs.run_history;
-COMMENT ON VIEW jobs.runs_all IS
-'Every run: jobs.runs (live runs and recent history) and jobs.run_history (finished runs older than jobs.config.archive_after). Each run is in exactly one of them.';
+COMMENT ON VIEW jobs.runs_all IS 'Every run: jobs.runs (live runs and recent history) and jobs.run_history (finished runs older than jobs.config.archive_after). Each run is in exactly one of them.';
 
 -- The partition of history that holds the runs finished on a UTC day.
-CREATE OR REPLACE FUNCTION jobs._history_partition_name(day date)
-RETURNS text
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._history_partition_name(day date) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
     SELECT 'run_history_' || to_char(day, 'YYYYMMDD')
 $$;
-COMMENT ON FUNCTION jobs._history_partition_name(date) IS
-'Private: the name (in schema jobs) of the history partition for runs finished on that UTC day.';
+COMMENT ON FUNCTION jobs._history_partition_name(date) IS 'Private: the name (in schema jobs) of the history partition for runs finished on that UTC day.';
 
 -- Create the history partitions of these UTC days that do not exist yet.
-CREATE OR REPLACE FUNCTION jobs._history_partitions(days date[])
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._history_partitions(days date[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_day date;
     v_name text;
@@ -58,14 +52,11 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION jobs._history_partitions(date[]) IS
-'Private: create the partitions of jobs.run_history for these UTC days of finished_at that are missing.';
+COMMENT ON FUNCTION jobs._history_partitions(date[]) IS 'Private: create the partitions of jobs.run_history for these UTC days of finished_at that are missing.';
 
 -- The days of history that lie wholly before a cutoff: what jobs.prune drops.
-CREATE OR REPLACE FUNCTION jobs._history_days_before(cutoff timestamptz)
-RETURNS TABLE (day date, part regclass)
-LANGUAGE sql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._history_days_before(cutoff timestamptz) RETURNS TABLE (day date, part regclass)
+LANGUAGE sql STABLE AS $$
     SELECT p.day, p.part
       -- The CASE keeps to_date off other names: the planner may test the day on every
       -- relation before the join picks the partitions, and a partition attached by hand
@@ -79,32 +70,27 @@ AS $$
      WHERE (p.day + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
      ORDER BY p.day
 $$;
-COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS
-'Private: the partitions of jobs.run_history whose whole UTC day lies before cutoff, oldest first.';
+COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS 'Private: the partitions of jobs.run_history whose whole UTC day lies before cutoff, oldest first.';
 
 -- Lock up to batch_size runs of jobs.runs that finished before cutoff, oldest first, passing
 -- over runs another transaction holds: the batch jobs.archive moves and jobs.prune deletes.
 CREATE OR REPLACE FUNCTION jobs._lock_finished_before(cutoff timestamptz, batch_size integer)
 RETURNS TABLE (run_id bigint, finished_at timestamptz)
-LANGUAGE sql VOLATILE
-AS $$
+LANGUAGE sql VOLATILE AS $$
     SELECT r.id, r.finished_at FROM jobs.runs AS r
      WHERE r.finished_at < cutoff
      ORDER BY r.finished_at
      LIMIT batch_size
        FOR UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer) IS
-'Private: lock (FOR UPDATE SKIP LOCKED) and return up to batch_size runs of jobs.runs finished before cutoff, oldest first.';
+COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer) IS 'Private: lock (FOR UPDATE SKIP LOCKED) and return up to batch_size runs of jobs.runs finished before cutoff, oldest first.';
 
 -- Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs
 -- to jobs.run_history, oldest first; returns how many. The leader calls it while it returns
 -- batch_size. A run locked by another transaction (a retry or an enqueue naming it) waits for
 -- the next batch.
-CREATE OR REPLACE FUNCTION jobs.archive(batch_size integer DEFAULT 10000)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.archive(batch_size integer DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_after interval := (SELECT c.archive_after FROM jobs.config AS c);
@@ -131,5 +117,4 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs.archive(integer) IS
-'Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs to jobs.run_history (oldest first, one transaction); returns how many. Call again while it returns batch_size. 0 when archive_after is NULL.';
+COMMENT ON FUNCTION jobs.archive(integer) IS 'Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs to jobs.run_history (oldest first, one transaction); returns how many. Call again while it returns batch_size. 0 when archive_after is NULL.';

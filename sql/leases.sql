@@ -11,10 +11,8 @@
 -- ===========================================================================
 
 -- Private: does this session hold the leader lock?
-CREATE OR REPLACE FUNCTION jobs._holds_lead()
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._holds_lead() RETURNS boolean
+LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
         SELECT FROM pg_catalog.pg_locks AS l
          WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
@@ -26,10 +24,8 @@ $$;
 COMMENT ON FUNCTION jobs._holds_lead() IS 'Private: true if this session holds the leader advisory lock.';
 
 -- Try to become (or stay) the scheduler leader; never waits.
-CREATE OR REPLACE FUNCTION jobs.try_lead(owner text DEFAULT NULL)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.try_lead(owner text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF jobs._holds_lead() THEN
@@ -45,14 +41,11 @@ BEGIN
     RETURN TRUE;
 END
 $$;
-COMMENT ON FUNCTION jobs.try_lead(text) IS
-'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
+COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
 
 -- Give up leadership held by this session.
-CREATE OR REPLACE FUNCTION jobs.resign()
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.resign() RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 BEGIN
     IF NOT jobs._holds_lead() THEN
         RETURN FALSE;
@@ -64,10 +57,8 @@ $$;
 COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
 
 -- Raise 22023 unless a lease's ttl is positive and at most a year.
-CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF ttl IS NULL OR ttl <= interval '0' OR ttl > interval '1 year' THEN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
@@ -75,14 +66,11 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_ttl(interval) IS
-'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
+COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
 
 -- Take a lease if it is free or expired.
-CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_text('name', acquire_lease.name, 200);
@@ -103,14 +91,11 @@ BEGIN
     RETURN FALSE;
 END
 $$;
-COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS
-'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
+COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
 
 -- Extend a lease; only its owner can, and only while it has not expired.
-CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_ttl(renew_lease.ttl);
@@ -119,14 +104,11 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS
-'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
+COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
 
 -- Release a lease; only its owner can.
-CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE jobs.leases AS l SET owner = NULL, expires_at = '-infinity'

@@ -26,8 +26,7 @@ CREATE OR REPLACE FUNCTION jobs._materialize_set(
     run_times timestamptz[]
 )
 RETURNS TABLE (definition_id bigint, created integer, earliest timestamptz)
-LANGUAGE sql VOLATILE
-AS $$
+LANGUAGE sql VOLATILE AS $$
     WITH input AS (
         SELECT i.id, i.expected, i.new_next, i.revision
           FROM unnest(definition_ids, expected_next_run_ats, new_next_run_ats, expected_revisions)
@@ -73,14 +72,11 @@ AS $$
       LEFT JOIN inserted AS n ON n.definition_id = a.id
      GROUP BY a.id
 $$;
-COMMENT ON FUNCTION jobs._materialize_set(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]) IS
-'Private: compare-and-set the cursors and insert the runs of many definitions in one statement; one row per definition advanced (runs created, earliest run).';
+COMMENT ON FUNCTION jobs._materialize_set(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]) IS 'Private: compare-and-set the cursors and insert the runs of many definitions in one statement; one row per definition advanced (runs created, earliest run).';
 
 -- Private: record that a definition's runs could not be inserted, and back it off.
-CREATE OR REPLACE FUNCTION jobs._materialize_failed(definition_id bigint, message text)
-RETURNS void
-LANGUAGE sql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._materialize_failed(definition_id bigint, message text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
     UPDATE jobs.definitions AS d
        SET materialize_error = left(message, 2000),
            materialize_failures = d.materialize_failures + 1,
@@ -93,8 +89,7 @@ AS $$
                SELECT f.id FROM jobs.definitions AS f WHERE f.id = definition_id FOR NO KEY UPDATE SKIP LOCKED
            )
 $$;
-COMMENT ON FUNCTION jobs._materialize_failed(bigint, text) IS
-'Private: store why a definition''s run inserts failed, count the failure and set the backoff (1 s doubling, at most 5 minutes).';
+COMMENT ON FUNCTION jobs._materialize_failed(bigint, text) IS 'Private: store why a definition''s run inserts failed, count the failure and set the backoff (1 s doubling, at most 5 minutes).';
 
 -- Compare-and-set many cursors and insert their runs in one statement; a refused definition is isolated.
 CREATE OR REPLACE FUNCTION jobs.materialize_many(
@@ -106,8 +101,7 @@ CREATE OR REPLACE FUNCTION jobs.materialize_many(
     run_times timestamptz[]
 )
 RETURNS TABLE (definition_id bigint, created integer, error text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_n integer := coalesce(cardinality(materialize_many.definition_ids), 0);
@@ -228,5 +222,4 @@ BEGIN
         SELECT b.id, 0, b.message FROM unnest(v_bad, v_errors) AS b (id, message);
 END
 $$;
-COMMENT ON FUNCTION jobs.materialize_many(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]) IS
-'Leader: for each definition whose cursor still equals its expected_next_run_at (and revision), move the cursor to its new_next_run_at and insert its runs (run_definition_ids/run_times pairs), all in one statement. A definition whose runs the database refuses is isolated: recorded in materialize_error, backed off, cursor unchanged; the rest are materialized. Returns one row per definition advanced (runs created) or refused (error); stale definitions are absent.';
+COMMENT ON FUNCTION jobs.materialize_many(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]) IS 'Leader: for each definition whose cursor still equals its expected_next_run_at (and revision), move the cursor to its new_next_run_at and insert its runs (run_definition_ids/run_times pairs), all in one statement. A definition whose runs the database refuses is isolated: recorded in materialize_error, backed off, cursor unchanged; the rest are materialized. Returns one row per definition advanced (runs created) or refused (error); stale definitions are absent.';

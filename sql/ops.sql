@@ -6,10 +6,8 @@
 -- there with 22023 naming the setting and its range (the table's CHECK constraints say the same
 -- with 23514 should this trigger ever be disabled). A setting the reaper, prune or the retry
 -- backoff computes with can then never make them fail for every run.
-CREATE OR REPLACE FUNCTION jobs._check_config()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_config() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 BEGIN
     PERFORM jobs._check_duration('jobs.config.heartbeat_timeout', NEW.heartbeat_timeout, 'heartbeat_timeout');
     PERFORM jobs._check_duration('jobs.config.orphan_timeout', NEW.orphan_timeout, 'orphan_timeout');
@@ -22,8 +20,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_config() IS
-'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds.';
+COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds.';
 
 DO $$
 BEGIN
@@ -35,8 +32,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON TRIGGER config_bounds ON jobs.config IS
-'Refuse settings out of bounds with 22023 naming the setting (jobs._check_config).';
+COMMENT ON TRIGGER config_bounds ON jobs.config IS 'Refuse settings out of bounds with 22023 naming the setting (jobs._check_config).';
 
 -- Who leads the scheduler, since when.
 -- The leader key (helpers.sql key table: 8099570450837490756, 'pgtickLD') is spelled out here rather than
@@ -63,8 +59,7 @@ WHERE
     AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
     AND l.objid = 1667976260::oid  -- 8099570450837490756 & 4294967295
     AND l.objsubid = 1;
-COMMENT ON VIEW jobs.leader IS
-'The backend holding the scheduler leader lock whose leadership row is committed (no row: nobody leads, or a new leader has not committed yet), with its owner id and since when.';
+COMMENT ON VIEW jobs.leader IS 'The backend holding the scheduler leader lock whose leadership row is committed (no row: nobody leads, or a new leader has not committed yet), with its owner id and since when.';
 
 -- What is running now, with heartbeat age and runtime.
 CREATE OR REPLACE VIEW jobs.running AS
@@ -86,8 +81,7 @@ FROM jobs.runs AS r
 CROSS JOIN jobs.config AS c
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
 WHERE r.status = 'RUNNING';
-COMMENT ON VIEW jobs.running IS
-'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
+COMMENT ON VIEW jobs.running IS 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
 
 -- Queue depth per kind and queue: live counts, recent outcomes, oldest due QUEUED age, and
 -- flow control: paused, blocked on dependencies, held back by a full rate window, limits.
@@ -196,8 +190,7 @@ LEFT JOIN LATERAL (
                 )
         )
 ) AS held ON TRUE;
-COMMENT ON VIEW jobs.queue_stats IS
-'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
+COMMENT ON VIEW jobs.queue_stats IS 'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
 
 -- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
@@ -350,8 +343,7 @@ LEFT JOIN LATERAL (
     WHERE c.definition_id = d.id
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
-COMMENT ON VIEW jobs.definition_health IS
-'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
+COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS
@@ -364,8 +356,7 @@ SELECT
     count(*) FILTER (WHERE d.materialize_error IS NOT NULL) AS materialize_errors,
     min(d.next_run_at) FILTER (WHERE d.enabled AND d.finished_at IS NULL) AS next_run_at
 FROM jobs.definitions AS d;
-COMMENT ON VIEW jobs.definition_summary IS
-'All definitions in one row: total, recurring, paused, finished, with a schedule error, failing to materialize, and the earliest cursor; what `pgtick status` shows before its page of jobs.definition_health.';
+COMMENT ON VIEW jobs.definition_summary IS 'All definitions in one row: total, recurring, paused, finished, with a schedule error, failing to materialize, and the earliest cursor; what `pgtick status` shows before its page of jobs.definition_health.';
 
 -- Per kind: scheduled occurrences that are due but not started, and how late the oldest is.
 CREATE OR REPLACE VIEW jobs.schedule_backlog AS
@@ -376,8 +367,7 @@ SELECT
 FROM jobs.runs AS r
 WHERE r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for <= now()
 GROUP BY r.kind;
-COMMENT ON VIEW jobs.schedule_backlog IS
-'Per kind: schedule occurrences whose time has come that are still QUEUED (due but not started), and the age of the oldest; an alert source (it should stay near zero).';
+COMMENT ON VIEW jobs.schedule_backlog IS 'Per kind: schedule occurrences whose time has come that are still QUEUED (due but not started), and the age of the oldest; an alert source (it should stay near zero).';
 
 -- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
 CREATE OR REPLACE VIEW jobs.run_list AS
@@ -398,14 +388,11 @@ SELECT
     r.origin
 FROM jobs.runs AS r
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
-COMMENT ON VIEW jobs.run_list IS
-'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
+COMMENT ON VIEW jobs.run_list IS 'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
-CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_age interval := coalesce(prune.older_than, (SELECT c.retention FROM jobs.config AS c));
@@ -445,5 +432,4 @@ BEGIN
     RETURN v_count + v_rows;
 END
 $$;
-COMMENT ON FUNCTION jobs.prune(interval, integer) IS
-'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; returns how many. Call again while it returns batch_size or more.';
+COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; returns how many. Call again while it returns batch_size or more.';

@@ -24,10 +24,8 @@
 DROP FUNCTION IF EXISTS jobs._deadline(timestamptz, interval);
 
 -- Fail overdue RUNNING runs (Timeout, HeartbeatLost, Orphaned); returns each with its reason and retry run id.
-CREATE OR REPLACE FUNCTION jobs.reap()
-RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.reap() RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_dead bigint[];
@@ -86,5 +84,4 @@ BEGIN
     PERFORM jobs._notify();
 END
 $$;
-COMMENT ON FUNCTION jobs.reap() IS
-'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned); queue their retries by policy. Returns run_id, reason, retry_run_id.';
+COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned); queue their retries by policy. Returns run_id, reason, retry_run_id.';

@@ -23,13 +23,11 @@ CREATE OR REPLACE FUNCTION jobs._retry_allowed(
     deny text[], allow text[], classes text[], infrastructure boolean
 )
 RETURNS boolean
-LANGUAGE sql IMMUTABLE
-AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT NOT coalesce(deny && classes, FALSE)
            AND (infrastructure OR allow IS NULL OR allow && classes)
 $$;
-COMMENT ON FUNCTION jobs._retry_allowed(text[], text[], text[], boolean) IS
-'Private: deny wins; then infrastructure failures, a NULL allow list, or a listed class allow a retry.';
+COMMENT ON FUNCTION jobs._retry_allowed(text[], text[], text[], boolean) IS 'Private: deny wins; then infrastructure failures, a NULL allow list, or a listed class allow a retry.';
 
 -- Private: delay before attempt (attempt + 1): initial * factor^(attempt-1), capped, +-jitter.
 -- Whatever the policy or jobs.config hold, the delay stays under ~200 years (100 before jitter)
@@ -39,8 +37,7 @@ CREATE OR REPLACE FUNCTION jobs._backoff(
     initial interval, factor double precision, cap interval, jitter double precision, attempt integer
 )
 RETURNS interval
-LANGUAGE sql VOLATILE
-AS $$
+LANGUAGE sql VOLATILE AS $$
     SELECT make_interval(secs => least(
                extract(epoch FROM initial)::double precision
                * power(least(factor, 100), least(attempt - 1, 60)),
@@ -48,14 +45,12 @@ AS $$
                3155760000)  -- 100 years
            * (1 + least(jitter, 1) * (2 * random() - 1)))
 $$;
-COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double precision, integer) IS
-'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap, 100 years), spread by +-jitter.';
+COMMENT ON FUNCTION jobs._backoff(interval, double precision, interval, double precision, integer) IS 'Private: exponential backoff for the retry after attempt: min(initial * factor^(attempt-1), cap, 100 years), spread by +-jitter.';
 
 -- Private: insert the next attempt for each given FAILED run that its policy allows to retry.
 CREATE OR REPLACE FUNCTION jobs._enqueue_retries(run_ids bigint[], error_classes text[])
 RETURNS TABLE (retry_of bigint, retry_run_id bigint)
-LANGUAGE sql VOLATILE
-AS $$
+LANGUAGE sql VOLATILE AS $$
     -- The definitions' keys first, shared (jobs._definition_key): a jobs.undefine under way
     -- makes this wait, and the row lock below then finds its definition gone; one that comes
     -- later waits for this commit and cancels the retry.
@@ -93,8 +88,7 @@ AS $$
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id
 $$;
-COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS
-'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(
@@ -106,8 +100,7 @@ CREATE OR REPLACE FUNCTION jobs.fail(
     claim_token text DEFAULT NULL
 )
 RETURNS jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_failed jobs.runs;
@@ -153,14 +146,11 @@ BEGIN
     RETURN v_retry;
 END
 $$;
-COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS
-'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
+COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
-CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint)
-RETURNS jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_run jobs.runs;
@@ -206,8 +196,7 @@ BEGIN
     RETURN v_next;
 END
 $$;
-COMMENT ON FUNCTION jobs.retry(bigint) IS
-'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; 22023 when the run was already retried or its definition was deleted.';
+COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; 22023 when the run was already retried or its definition was deleted.';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
@@ -221,8 +210,7 @@ CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
     jitter double precision DEFAULT 0.2
 )
 RETURNS jobs.retry_policies
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_policy jobs.retry_policies;
@@ -259,5 +247,4 @@ BEGIN
     RETURN v_policy;
 END
 $$;
-COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS
-'Create or replace the retry policy of a kind.';
+COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS 'Create or replace the retry policy of a kind.';

@@ -15,10 +15,8 @@ SELECT z.name FROM pg_catalog.pg_timezone_names AS z
 ON CONFLICT DO NOTHING;
 
 -- Private: raise 22023 unless zone is an IANA time zone name known to the server.
-CREATE OR REPLACE FUNCTION jobs._check_zone(zone text)
-RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_zone(zone text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF zone IS NULL OR NOT (
         EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = zone)
@@ -33,10 +31,8 @@ COMMENT ON FUNCTION jobs._check_zone(text) IS 'Private: raises 22023 unless the 
 
 -- Private: raise 22023 unless the text has the shape of a cron expression or an RRULE.
 -- The driver parses it fully; this keeps obvious garbage out of the table when defined from psql.
-CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM jobs._check_text('schedule', schedule, 4000);
     IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
@@ -48,8 +44,7 @@ BEGIN
         quote_literal(schedule) USING ERRCODE = '22023';
 END
 $$;
-COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS
-'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
+COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
 -- Private: after a schedule change, remove the runs the old schedule materialized ahead of time.
 -- A run is dropped when its occurrence is at or after the instant the new schedule takes over
@@ -71,8 +66,7 @@ CREATE OR REPLACE FUNCTION jobs._drop_superseded(
     definition_ids bigint[], takeovers timestamptz[], boundaries timestamptz[], moved_only boolean DEFAULT FALSE
 )
 RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_ids bigint[];
     v_count integer;
@@ -97,8 +91,7 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[], boolean) IS
-'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. moved_only: only those whose start is not their occurrence delayed by the current jitter (a resume). Runs waiting on them are cancelled. Returns how many were deleted.';
+COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[], boolean) IS 'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. moved_only: only those whose start is not their occurrence delayed by the current jitter (a resume). Runs waiting on them are cancelled. Returns how many were deleted.';
 
 -- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
 -- for its occurrences before its cursor (next_run_at); those after the change are dropped
@@ -107,17 +100,14 @@ COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[]
 -- behind, or the old schedule's own cursor was not set yet because it had just changed) leaves
 -- no window that neither schedule covers. A definition that was not live (disabled, finished,
 -- a one-shot, a schedule error) starts at the change.
-CREATE OR REPLACE FUNCTION jobs._takeover(old jobs.definitions)
-RETURNS timestamptz
-LANGUAGE sql STABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._takeover(old jobs.definitions) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN old.schedule IS NOT NULL AND old.enabled AND old.finished_at IS NULL
                      AND old.schedule_error IS NULL
                 THEN least(now(), coalesce(old.next_run_at, old.cursor_from))
                 ELSE now() END
 $$;
-COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
-'Private: the instant a changed schedule starts from: the change (now), or the old live schedule''s cursor (or its own unset cursor''s start) when earlier, so no occurrence falls between the two.';
+COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS 'Private: the instant a changed schedule starts from: the change (now), or the old live schedule''s cursor (or its own unset cursor''s start) when earlier, so no occurrence falls between the two.';
 
 -- Private: the cursor of a definition declared again (jobs.define, jobs.define_many): old is
 -- the stored row, new the declared one, enabling whether a disabled definition is enabled.
@@ -128,8 +118,7 @@ COMMENT ON FUNCTION jobs._takeover(jobs.definitions) IS
 -- jobs.resume does: the disabled time is not caught up. Otherwise nothing changes.
 CREATE OR REPLACE FUNCTION jobs._redeclared(old jobs.definitions, new jobs.definitions, enabling boolean)
 RETURNS TABLE (revision integer, next_run_at timestamptz, finished_at timestamptz, cursor_from timestamptz)
-LANGUAGE sql STABLE
-AS $$
+LANGUAGE sql STABLE AS $$
     SELECT old.revision + CASE WHEN c.changed OR c.restarted THEN 1 ELSE 0 END,
            CASE WHEN c.changed THEN new.run_at WHEN c.restarted THEN NULL ELSE old.next_run_at END,
            CASE WHEN c.changed THEN NULL ELSE old.finished_at END,
@@ -140,15 +129,12 @@ AS $$
                    coalesce(enabling, FALSE) AS enabled,
                    coalesce(enabling, FALSE) AND new.schedule IS NOT NULL AS restarted) AS c
 $$;
-COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS
-'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences (schedule, zone, DST policy, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
+COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS 'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences (schedule, zone, DST policy, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
 
 -- Private: whether a declaration differs from the stored definition in any declared setting
 -- other than enabled (jobs.define keeps enabled when it is not given; the callers compare it).
-CREATE OR REPLACE FUNCTION jobs._declaration_differs(old jobs.definitions, new jobs.definitions)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._declaration_differs(old jobs.definitions, new jobs.definitions) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
     SELECT (old.kind, old.schedule, old.timezone, old.run_at, old.payload, old.max_concurrent_runs,
             old.priority, old.max_attempts, old.misfire_policy, old.overlap_policy, old.timeout,
             old.heartbeat_timeout, old.queue, old.concurrency_key, old.dst_gap, old.dst_repeat,
@@ -159,8 +145,7 @@ AS $$
             new.heartbeat_timeout, new.queue, new.concurrency_key, new.dst_gap, new.dst_repeat,
             new.jitter, new.pause_after_failures)
 $$;
-COMMENT ON FUNCTION jobs._declaration_differs(jobs.definitions, jobs.definitions) IS
-'Private: true when a declaration changes any declared setting of a definition except enabled: what makes jobs.define and jobs.define_many write.';
+COMMENT ON FUNCTION jobs._declaration_differs(jobs.definitions, jobs.definitions) IS 'Private: true when a declaration changes any declared setting of a definition except enabled: what makes jobs.define and jobs.define_many write.';
 
 -- Private: raise 22023 naming the field unless a definition's DST policy, jitter and pause
 -- threshold are valid (recurring: it has a schedule, not a run_at). jobs.define and
@@ -169,8 +154,7 @@ CREATE OR REPLACE FUNCTION jobs._check_schedule_controls(
     recurring boolean, dst_gap text, dst_repeat text, jitter interval, pause_after_failures integer
 )
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF dst_gap IS NOT NULL AND dst_gap NOT IN ('shift', 'end', 'skip') THEN
         RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(dst_gap)
@@ -193,8 +177,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS
-'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
+COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS 'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
 
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
@@ -229,8 +212,7 @@ CREATE OR REPLACE FUNCTION jobs.define(
     concurrency_key text DEFAULT NULL
 )
 RETURNS jobs.definitions
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_old jobs.definitions;
@@ -344,10 +326,8 @@ COMMENT ON FUNCTION jobs.define(
 'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
-CREATE OR REPLACE FUNCTION jobs.pause(name text)
-RETURNS jobs.definitions
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.pause(name text) RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -357,14 +337,11 @@ BEGIN
     RETURN jobs._known_definition(v_def, pause.name);
 END
 $$;
-COMMENT ON FUNCTION jobs.pause(text) IS
-'Pause the named definition: no new occurrences are materialized until jobs.resume().';
+COMMENT ON FUNCTION jobs.pause(text) IS 'Pause the named definition: no new occurrences are materialized until jobs.resume().';
 
 -- Resume a paused definition from the next occurrence after now (the paused window is not caught up).
-CREATE OR REPLACE FUNCTION jobs.resume(name text)
-RETURNS jobs.definitions
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.resume(name text) RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -389,14 +366,11 @@ BEGIN
     RETURN jobs._known_definition(v_def, resume.name);
 END
 $$;
-COMMENT ON FUNCTION jobs.resume(text) IS
-'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up, and the runs materialized before the pause for occurrences from now on are made again (with the definition''s current jitter). An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
+COMMENT ON FUNCTION jobs.resume(text) IS 'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up, and the runs materialized before the pause for occurrences from now on are made again (with the definition''s current jitter). An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
-CREATE OR REPLACE FUNCTION jobs.undefine(name text)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.undefine(name text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -413,8 +387,7 @@ BEGIN
     RETURN v_cancelled;
 END
 $$;
-COMMENT ON FUNCTION jobs.undefine(text) IS
-'Delete the named definition and cancel its QUEUED runs; returns how many were cancelled. Run history is kept.';
+COMMENT ON FUNCTION jobs.undefine(text) IS 'Delete the named definition and cancel its QUEUED runs; returns how many were cancelled. Run history is kept.';
 
 -- Compare-and-set the cursor and insert the occurrences' runs, in one commit.
 CREATE OR REPLACE FUNCTION jobs.materialize(
@@ -425,8 +398,7 @@ CREATE OR REPLACE FUNCTION jobs.materialize(
     expected_revision integer DEFAULT NULL
 )
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -463,8 +435,7 @@ BEGIN
     RETURN jobs._notify_queued(v_count);
 END
 $$;
-COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS
-'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
+COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS 'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
 
 -- The scheduler's rule for which recurring definitions need work: live ones
 -- (a schedule, enabled, not finished, no recorded schedule error) whose cursor
@@ -488,14 +459,11 @@ SELECT
     d.cursor_from
 FROM jobs.definitions AS d
 WHERE d.schedule IS NOT NULL AND d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL;
-COMMENT ON VIEW jobs._live_schedules IS
-'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from (cursor_from: where a reset cursor starts).';
+COMMENT ON VIEW jobs._live_schedules IS 'Private: live recurring definitions (a schedule, enabled, not finished, no schedule_error) with the columns the scheduler plans from (cursor_from: where a reset cursor starts).';
 
 -- Recurring definitions whose cursor is not initialized yet, oldest first.
-CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer)
-RETURNS SETOF jobs._live_schedules
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.new_definitions(max_rows integer) RETURNS SETOF jobs._live_schedules
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 BEGIN
     PERFORM jobs._check_range('max_rows', new_definitions.max_rows, 0, 1000000);
     RETURN QUERY
@@ -503,14 +471,12 @@ BEGIN
          WHERE d.next_run_at IS NULL ORDER BY d.id LIMIT new_definitions.max_rows;
 END
 $$;
-COMMENT ON FUNCTION jobs.new_definitions(integer) IS
-'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is not set yet, by id.';
+COMMENT ON FUNCTION jobs.new_definitions(integer) IS 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is not set yet, by id.';
 
 -- Recurring definitions whose cursor is at or before the horizon, earliest first.
 CREATE OR REPLACE FUNCTION jobs.due_definitions(horizon timestamptz, max_rows integer)
 RETURNS SETOF jobs._live_schedules
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 BEGIN
     PERFORM jobs._check_range('max_rows', due_definitions.max_rows, 0, 1000000);
     RETURN QUERY
@@ -521,16 +487,14 @@ BEGIN
          ORDER BY d.next_run_at LIMIT due_definitions.max_rows;
 END
 $$;
-COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS
-'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
+COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
 CREATE OR REPLACE FUNCTION jobs.materialize_one_shots(
     lookahead interval DEFAULT '0', misfire_grace interval DEFAULT '1 minute'
 )
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_count integer;
@@ -573,14 +537,12 @@ BEGIN
     RETURN jobs._notify_queued(v_count);
 END
 $$;
-COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS
-'Leader: turn every enabled one-shot definition due within lookahead into its run (once); returns runs created.';
+COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS 'Leader: turn every enabled one-shot definition due within lookahead into its run (once); returns runs created.';
 
 -- Leader: record that a definition's schedule cannot be read, so operators see it and ticks skip it.
 CREATE OR REPLACE FUNCTION jobs.mark_schedule_error(definition_id bigint, revision integer, message text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE jobs.definitions AS d
@@ -589,5 +551,4 @@ BEGIN
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS
-'Leader: store why the schedule of this definition revision cannot be read; jobs.define() clears it.';
+COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS 'Leader: store why the schedule of this definition revision cannot be read; jobs.define() clears it.';

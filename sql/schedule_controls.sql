@@ -14,8 +14,7 @@
 -- so every leader computes the same start.
 CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
 RETURNS interval
-LANGUAGE sql STABLE SECURITY DEFINER
-AS $$
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT CASE
         WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
         -- 52 bits of the hash as a fraction in [0, 1) of the jitter, in whole seconds
@@ -27,15 +26,12 @@ AS $$
         ) / CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)
     END
 $$;
-COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS
-'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
+COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
 
 -- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
 -- The occurrence index makes an occurrence that already has its run a no-op.
-CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[])
-RETURNS integer
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_count integer;
 BEGIN
@@ -52,18 +48,15 @@ BEGIN
     RETURN v_count;
 END
 $$;
-COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS
-'Private: insert a QUEUED scheduled run per occurrence, delayed by jobs.jitter_offset; occurrences already present are skipped. Returns runs inserted.';
+COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS 'Private: insert a QUEUED scheduled run per occurrence, delayed by jobs.jitter_offset; occurrences already present are skipped. Returns runs inserted.';
 
 -- ===========================================================================
 -- DST policy: what auto picks (the driver's zones.auto_policy says the same).
 -- ===========================================================================
 
 -- Private: {dst_gap, dst_repeat} that auto picks for a schedule text; NULL for a one-shot.
-CREATE OR REPLACE FUNCTION jobs._dst_auto(schedule text)
-RETURNS text[]
-LANGUAGE sql IMMUTABLE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._dst_auto(schedule text) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
         WHEN schedule IS NULL THEN NULL
         -- interval-like cron (minute or hour field starts with *) and sub-daily RRULE: real time
@@ -75,8 +68,7 @@ AS $$
         ELSE ARRAY['shift', 'first']
     END
 $$;
-COMMENT ON FUNCTION jobs._dst_auto(text) IS
-'Private: the DST policy auto picks, {dst_gap, dst_repeat}: interval-like cron and sub-daily RRULE skip/both, other cron end/first, other RRULE shift/first.';
+COMMENT ON FUNCTION jobs._dst_auto(text) IS 'Private: the DST policy auto picks, {dst_gap, dst_repeat}: interval-like cron and sub-daily RRULE skip/both, other cron end/first, other RRULE shift/first.';
 
 -- ===========================================================================
 -- Overlap: buffer_one and cancel_other, applied by jobs.claim under its dispatch locks.
@@ -87,10 +79,8 @@ COMMENT ON FUNCTION jobs._dst_auto(text) IS
 -- occurrence beyond the one that may wait is CANCELLED Skipped; for cancel_other definitions at
 -- their cap, the running runs older than a waiting occurrence are asked to cancel. Rows locked
 -- by someone else are left for the next claim (SKIP LOCKED): it never waits.
-CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[])
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
+CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_defs bigint[];
 BEGIN
@@ -151,8 +141,7 @@ BEGIN
       FROM victims WHERE r.id = victims.id AND r.status = 'RUNNING';
 END
 $$;
-COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS
-'Private (jobs.claim): enforce overlap_policy buffer_one (further waiting occurrences Skipped) and cancel_other (ask the older running run to cancel) for the definitions whose dispatch locks the claim holds.';
+COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS 'Private (jobs.claim): enforce overlap_policy buffer_one (further waiting occurrences Skipped) and cancel_other (ask the older running run to cancel) for the definitions whose dispatch locks the claim holds.';
 
 -- ===========================================================================
 -- pause_after_failures: a deferred trigger sees every final failure, whatever path failed it
@@ -161,10 +150,8 @@ COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS
 
 -- Private trigger function: when a run of a definition with pause_after_failures ends FAILED with
 -- no retry, count the definition's consecutive final failures and pause it at the threshold.
-CREATE OR REPLACE FUNCTION jobs._pause_after_failures()
-RETURNS trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs._pause_after_failures() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_limit integer;
     v_failures integer;
@@ -204,8 +191,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION jobs._pause_after_failures() IS
-'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
+COMMENT ON FUNCTION jobs._pause_after_failures() IS 'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
 
 DO $$
 BEGIN
@@ -228,10 +214,8 @@ $$;
 
 -- Ask for the occurrences of name's schedule in [from, to] (a past window) to be materialized once.
 -- The scheduler (or `pgtick backfill`) computes them and calls jobs.finish_backfill.
-CREATE OR REPLACE FUNCTION jobs.backfill(name text, "from" timestamptz, "to" timestamptz)
-RETURNS jobs.backfills
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+CREATE OR REPLACE FUNCTION jobs.backfill(name text, "from" timestamptz, "to" timestamptz) RETURNS jobs.backfills
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_def jobs.definitions;
@@ -264,14 +248,12 @@ BEGIN
     RETURN v_row;
 END
 $$;
-COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS
-'Request the occurrences of the named definition in the past window [from, to] (at most 366 days) to be materialized once; the scheduler inserts them. Occurrences that already have their run are not inserted again.';
+COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS 'Request the occurrences of the named definition in the past window [from, to] (at most 366 days) to be materialized once; the scheduler inserts them. Occurrences that already have their run are not inserted again.';
 
 -- Leader: insert a pending backfill's occurrences (or void it with error), once.
 CREATE OR REPLACE FUNCTION jobs.finish_backfill(backfill_id bigint, run_times timestamptz[], error text DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_request jobs.backfills;
@@ -318,5 +300,4 @@ BEGIN
     RETURN jobs._notify_queued(v_count);
 END
 $$;
-COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS
-'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';
+COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS 'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';

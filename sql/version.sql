@@ -5,8 +5,7 @@
 -- The installed schema version: the latest applied migration and the package that applied it.
 CREATE OR REPLACE FUNCTION jobs.version()
 RETURNS TABLE (schema_version text, migration text, package_version text, applied_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 BEGIN
     RETURN QUERY
     SELECT m.version, m.name, m.package_version, m.applied_at
@@ -15,5 +14,4 @@ BEGIN
      LIMIT 1;
 END
 $$;
-COMMENT ON FUNCTION jobs.version() IS
-'The installed schema: latest applied migration (number and name), the pgtick version that applied it (NULL: psql from sql/install.sql), and when.';
+COMMENT ON FUNCTION jobs.version() IS 'The installed schema: latest applied migration (number and name), the pgtick version that applied it (NULL: psql from sql/install.sql), and when.';

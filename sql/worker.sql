@@ -17,8 +17,7 @@
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(heartbeat.claim_token);
@@ -40,16 +39,14 @@ BEGIN
     RETURNING r.id, r.cancel_requested;
 END
 $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS
-'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
 CREATE OR REPLACE FUNCTION jobs.complete(
     run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL
 )
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._run_fence(complete.run_id, complete.worker, complete.claim_token);
@@ -73,14 +70,12 @@ BEGIN
     RETURN TRUE;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS
-'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
 CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(complete_many.claim_token);
@@ -103,16 +98,14 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS
-'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';
+COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
 CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
     run_id bigint, worker text, message text DEFAULT NULL, claim_token text DEFAULT NULL
 )
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._run_fence(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token);
@@ -132,8 +125,7 @@ BEGIN
     RETURN TRUE;
 END
 $$;
-COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS
-'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
+COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
 
 -- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
 -- then: of these kinds, in these queues, within the login's scope (jobs.worker_scopes), not in
@@ -144,8 +136,7 @@ COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS
 DROP FUNCTION IF EXISTS jobs.next_due(text[]);
 CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS TABLE (next_at timestamptz, db_now timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER
-AS $$
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
     WITH RECURSIVE seen AS (
         SELECT s.kinds AS scope_kinds, s.queues AS scope_queues,
                coalesce((SELECT array_agg(q.name) FROM jobs.paused_queues AS q), '{}') AS paused
@@ -175,5 +166,4 @@ AS $$
       FROM priorities AS p, seen AS w
      WHERE p.priority IS NOT NULL
 $$;
-COMMENT ON FUNCTION jobs.next_due(text[], text[]) IS
-'Worker: the earliest scheduled_for after now among the QUEUED runs it could claim: of these kinds and in these queues (NULL = any), within its login''s scope, not in a paused queue, not waiting on dependencies (NULL when none), and the server clock, so a worker can sleep until exactly then.';
+COMMENT ON FUNCTION jobs.next_due(text[], text[]) IS 'Worker: the earliest scheduled_for after now among the QUEUED runs it could claim: of these kinds and in these queues (NULL = any), within its login''s scope, not in a paused queue, not waiting on dependencies (NULL when none), and the server clock, so a worker can sleep until exactly then.';
