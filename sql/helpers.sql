@@ -168,22 +168,6 @@ END
 $$;
 COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS 'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
 
--- Raise 22023 unless run_ids is an array of at most 10,000 ids and worker a valid worker id.
-CREATE OR REPLACE FUNCTION jobs._check_run_batch(run_ids bigint[], worker text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    -- Every worker call passes here: the conditions are plain expressions, and the helpers
-    -- that own the messages run (each a statement) only when one fails.
-    IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
-        PERFORM jobs._check_run_ids(run_ids, 10000);
-    END IF;
-    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', worker, 200);
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION jobs._check_run_batch(bigint[], text) IS 'Private: raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids and worker a non-empty text of at most 200 characters.';
-
 -- The definition a caller's lookup by name found, or P0002 naming the name when it found none
 -- (definition.id NULL). Each caller keeps its own query and lock; the rule lives here.
 CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, name text) RETURNS jobs.definitions
@@ -238,7 +222,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(claim_token);
 BEGIN
-    -- As in jobs._check_run_batch: plain conditions, the message helpers only on failure.
+    -- As in jobs._hold_own_runs: plain conditions, the message helpers only on failure.
     IF run_id IS NULL OR run_id < 1 THEN
         PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
     END IF;

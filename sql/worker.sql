@@ -12,6 +12,38 @@
 -- (callers that predate tokens), and a caller presenting a token cannot touch it either.
 -- ===========================================================================
 
+-- The runs among run_ids still RUNNING for worker and its claim token, locked in id order:
+-- a worker's heartbeat and its complete_many run at the same time on two connections, and two
+-- multi-row updates must not lock in crossed order. Raises 22023 naming claim_token, run_ids
+-- (NULL or more than 10,000) or worker. The checks are plain expressions, and the helpers
+-- that own the messages run (each a statement) only when one fails.
+DROP FUNCTION IF EXISTS jobs._check_run_batch(bigint[], text);
+CREATE OR REPLACE FUNCTION jobs._hold_own_runs(run_ids bigint[], worker text, claim_token text) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._claim_token_hash(_hold_own_runs.claim_token);
+    v_ids bigint[];
+BEGIN
+    IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
+        PERFORM jobs._check_run_ids(run_ids, 10000);
+    END IF;
+    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', worker, 200);
+    END IF;
+    SELECT coalesce(array_agg(mine.id), '{}') INTO v_ids
+      FROM (SELECT s.id FROM jobs.runs AS s
+             WHERE s.id = ANY (_hold_own_runs.run_ids)
+               AND s.status = 'RUNNING'
+               AND s.worker = _hold_own_runs.worker
+               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine;
+    RETURN v_ids;
+END
+$$;
+COMMENT ON FUNCTION jobs._hold_own_runs(bigint[], text, text) IS 'Private: locks (FOR NO KEY UPDATE, in id order) and returns the runs among run_ids still RUNNING for worker and its claim_token; raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids, worker a non-empty text of at most 200 characters and claim_token NULL or 16 to 200 characters.';
+
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
@@ -20,22 +52,10 @@ RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(heartbeat.claim_token);
+    v_mine bigint[] := jobs._hold_own_runs(heartbeat.run_ids, heartbeat.worker, heartbeat.claim_token);
 BEGIN
-    PERFORM jobs._check_run_batch(heartbeat.run_ids, heartbeat.worker);
-    -- Lock in id order: the same worker's complete_many runs at the same time on
-    -- another connection, and two multi-row updates must not lock in crossed order.
     RETURN QUERY
-    UPDATE jobs.runs AS r
-       SET heartbeat_at = now()
-      FROM (SELECT s.id FROM jobs.runs AS s
-             WHERE s.id = ANY (heartbeat.run_ids)
-               AND s.status = 'RUNNING'
-               AND s.worker = heartbeat.worker
-               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
-             ORDER BY s.id
-               FOR NO KEY UPDATE) AS mine
-     WHERE r.id = mine.id
+    UPDATE jobs.runs AS r SET heartbeat_at = now() WHERE r.id = ANY (v_mine)
     RETURNING r.id, r.cancel_requested;
 END
 $$;
@@ -78,23 +98,13 @@ RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(complete_many.claim_token);
+    v_mine bigint[] := jobs._hold_own_runs(complete_many.run_ids, complete_many.worker, complete_many.claim_token);
 BEGIN
-    PERFORM jobs._check_run_batch(complete_many.run_ids, complete_many.worker);
-    RETURN QUERY  -- locks in id order, like jobs.heartbeat
-    UPDATE jobs.runs AS r
-       SET status = 'COMPLETED', finished_at = now()
-      FROM (SELECT s.id FROM jobs.runs AS s
-             WHERE s.id = ANY (complete_many.run_ids)
-               AND s.status = 'RUNNING'
-               AND s.worker = complete_many.worker
-               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
-             ORDER BY s.id
-               FOR NO KEY UPDATE) AS mine
-     WHERE r.id = mine.id
+    RETURN QUERY
+    UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now() WHERE r.id = ANY (v_mine)
     RETURNING r.id;
     IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on them (flow.sql)
-        PERFORM jobs._release_dependents(complete_many.run_ids);
+        PERFORM jobs._release_dependents(v_mine);
     END IF;
 END
 $$;
