@@ -77,6 +77,24 @@
 -- Its statements are planned once per session (generic plans), except the second slice of
 -- the pool (rarely needed): planning costs more than running most of them. The first slice's
 -- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md).
+-- The runs a claim may take now, before the caller's kinds, queues and paused queues: QUEUED,
+-- due, and not waiting on dependencies, with the columns the claim's pool needs. Both pool
+-- statements of jobs.claim select from it; a view is expanded into the statement that reads
+-- it, so it costs nothing when the claim runs and the claim's plans stay as they were.
+CREATE OR REPLACE VIEW jobs._claimable AS
+SELECT
+    r.id,
+    r.definition_id,
+    r.origin,
+    r.queue,
+    r.kind,
+    r.concurrency_key,
+    r.priority,
+    r.scheduled_for
+FROM jobs.runs AS r
+WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked;
+COMMENT ON VIEW jobs._claimable IS 'Private: the QUEUED runs that are due and not blocked, with the columns jobs.claim''s pool statements read.';
+
 -- Argument checks are plain expressions and what the claim reads before the queue is one
 -- statement: in a claim, each statement costs its plan-cache check and executor start.
 CREATE OR REPLACE FUNCTION jobs.claim(
@@ -233,13 +251,9 @@ BEGIN
             v_sort := current_setting('enable_sort');
             v_void := set_config('enable_sort', 'off', TRUE);
             WITH c AS (
-                SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
-                       r.priority, r.scheduled_for
-                  FROM jobs.runs AS r
-                 WHERE r.status = 'QUEUED'
-                   AND r.scheduled_for <= now()
-                   AND NOT r.blocked
-                   AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                SELECT r.*
+                  FROM jobs._claimable AS r
+                 WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
                    AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                    AND r.queue <> ALL (v_paused)
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
@@ -292,13 +306,9 @@ BEGIN
                    v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                    v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
               INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
-              FROM (SELECT r.id, r.definition_id, r.origin, r.queue, r.kind, r.concurrency_key,
-                           r.priority, r.scheduled_for
-                      FROM jobs.runs AS r
-                     WHERE r.status = 'QUEUED'
-                       AND r.scheduled_for <= now()
-                       AND NOT r.blocked
-                       AND (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+              FROM (SELECT r.*
+                      FROM jobs._claimable AS r
+                     WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
                        AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                        AND r.queue <> ALL (v_paused)
                        AND r.id <> ALL (v_pool_ids)
