@@ -18,12 +18,8 @@
 -- Rows another transaction holds are skipped (stale for now, planned again next tick),
 -- so two leaders never wait on each other; locks are taken in id order.
 CREATE OR REPLACE FUNCTION jobs._materialize_set(
-    definition_ids bigint[],
-    expected_next_run_ats timestamptz[],
-    new_next_run_ats timestamptz[],
-    expected_revisions integer[],
-    run_definition_ids bigint[],
-    run_times timestamptz[]
+    definition_ids bigint[], expected_next_run_ats timestamptz[], new_next_run_ats timestamptz[],
+    expected_revisions integer[], run_definition_ids bigint[], run_times timestamptz[]
 )
 RETURNS TABLE (definition_id bigint, created integer, earliest timestamptz)
 LANGUAGE sql VOLATILE AS $$
