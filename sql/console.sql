@@ -388,17 +388,17 @@ RETURNS TABLE (definition text, cancelled integer, still_running bigint[], histo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_def jobs.definitions;
+    v_id bigint;
     v_cancelled integer;
 BEGIN
     PERFORM jobs._check_text('name', undefine_detail.name, 200);
-    v_def := jobs._lock_definition(undefine_detail.name, TRUE);  -- as jobs.undefine locks it
+    v_id := (jobs._lock_definition(undefine_detail.name, TRUE)).id;  -- as jobs.undefine locks it
     v_cancelled := jobs.undefine(undefine_detail.name);
     RETURN QUERY
     SELECT undefine_detail.name, v_cancelled,
            coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.status = 'RUNNING'), '{}'),
            count(*) FILTER (WHERE r.status <> 'RUNNING')
-      FROM jobs.runs_all AS r WHERE r.definition_id = v_def.id;
+      FROM jobs.runs_all AS r WHERE r.definition_id = v_id;
 END
 $$;
 COMMENT ON FUNCTION jobs.undefine_detail(text) IS 'Delete the named definition (jobs.undefine): its QUEUED runs are cancelled, RUNNING runs finish normally, finished runs stay as history. Returns cancelled count, the ids still running and the history kept.';

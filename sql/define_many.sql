@@ -152,11 +152,6 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_problem record;
-    v_names text[];
-    v_old_ids bigint[];
-    v_old_names text[];
-    v_old_revisions integer[];
-    v_old_enabled boolean[];
 BEGIN
     IF jsonb_typeof(define_many.definitions) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'definitions must be a JSON array of objects' USING ERRCODE = '22023';
@@ -179,98 +174,26 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    -- Existing rows are locked in name order (as jobs.define locks one), so concurrent calls never deadlock.
-    v_names := array(SELECT e ->> 'name' FROM jsonb_array_elements(define_many.definitions) AS e);
-    SELECT coalesce(array_agg(x.id), '{}'), coalesce(array_agg(x.name), '{}'),
-           coalesce(array_agg(x.revision), '{}'), coalesce(array_agg(x.enabled), '{}')
-      INTO v_old_ids, v_old_names, v_old_revisions, v_old_enabled
-      FROM (SELECT d.id, d.name, d.revision, d.enabled FROM jobs.definitions AS d
-             WHERE d.name = ANY (v_names)
-             ORDER BY d.name
-               FOR UPDATE) AS x;
-
-    WITH input AS (
-        SELECT e ->> 'name' AS name, e ->> 'kind' AS kind, e ->> 'schedule' AS schedule,
-               coalesce(e ->> 'timezone', 'UTC') AS timezone, (e ->> 'run_at')::timestamptz AS run_at,
-               coalesce(e -> 'payload', '{}') AS payload,
-               -- enabled not given keeps the current state (as jobs.define); new ones start enabled.
-               coalesce((e ->> 'enabled')::boolean, o.enabled, TRUE) AS enabled,
-               (e ->> 'max_concurrent_runs')::integer AS max_concurrent_runs,
-               coalesce((e ->> 'priority')::integer, 0) AS priority,
-               (e ->> 'max_attempts')::integer AS max_attempts,
-               coalesce(e ->> 'misfire_policy', 'coalesce') AS misfire_policy,
-               coalesce(e ->> 'overlap_policy', 'queue') AS overlap_policy,
-               jobs._json_interval(e -> 'timeout') AS timeout,
-               jobs._json_interval(e -> 'heartbeat_timeout') AS heartbeat_timeout,
-               e ->> 'dst_gap' AS dst_gap, e ->> 'dst_repeat' AS dst_repeat,
-               nullif(jobs._json_interval(e -> 'jitter'), interval '0') AS jitter,
-               (e ->> 'pause_after_failures')::integer AS pause_after_failures,
-               coalesce(e ->> 'queue', 'default') AS queue, e ->> 'concurrency_key' AS concurrency_key
-          FROM jsonb_array_elements(define_many.definitions) AS e
-          LEFT JOIN unnest(v_old_names, v_old_enabled) AS o (name, enabled) ON o.name = e ->> 'name'
-    )
-    INSERT INTO jobs.definitions AS d (
-        name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
-        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
-    )
-    SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload, i.enabled,
-           -- As jobs.define: buffer_one and cancel_other are about a running occurrence: one.
-           coalesce(i.max_concurrent_runs,
-                    CASE WHEN i.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
-           i.priority, i.max_attempts, i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout,
-           i.dst_gap, i.dst_repeat, i.jitter, i.pause_after_failures, i.queue, i.concurrency_key
-      FROM input AS i
-     ORDER BY i.name
-    ON CONFLICT (name) DO UPDATE
-       SET kind = excluded.kind,
-           schedule = excluded.schedule,
-           timezone = excluded.timezone,
-           run_at = excluded.run_at,
-           payload = excluded.payload,
-           enabled = excluded.enabled,
-           max_concurrent_runs = excluded.max_concurrent_runs,
-           priority = excluded.priority,
-           max_attempts = excluded.max_attempts,
-           misfire_policy = excluded.misfire_policy,
-           overlap_policy = excluded.overlap_policy,
-           timeout = excluded.timeout,
-           heartbeat_timeout = excluded.heartbeat_timeout,
-           dst_gap = excluded.dst_gap,
-           dst_repeat = excluded.dst_repeat,
-           jitter = excluded.jitter,
-           pause_after_failures = excluded.pause_after_failures,
-           queue = excluded.queue,
-           concurrency_key = excluded.concurrency_key,
-           schedule_error = NULL,
-           materialize_error = NULL,
-           materialize_failures = 0,
-           materialize_retry_at = NULL,
-           updated_at = now(),
-           (revision, next_run_at, finished_at, cursor_from) = (
-               SELECT r.revision, r.next_run_at, r.finished_at, r.cursor_from
-                 FROM jobs._redeclared(d, excluded, excluded.enabled AND NOT d.enabled) AS r
-           )
-     -- Declaring what is already there (every deploy of an app) changes nothing.
-     WHERE jobs._declaration_differs(d, excluded)
-        OR d.enabled IS DISTINCT FROM excluded.enabled
-        OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
-
-    -- Occurrences of changed schedules materialized ahead of time are superseded (as jobs.define).
-    PERFORM jobs._drop_superseded(
-        array_agg(d.id), array_agg(d.cursor_from), array_agg(now() + coalesce(d.jitter, interval '0'))
-    )
-       FROM jobs.definitions AS d
-       JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
-      WHERE d.revision <> o.revision
-     HAVING count(*) > 0;
-
     RETURN QUERY
-    SELECT d.id, d.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> d.revision
-      FROM jobs.definitions AS d
-      LEFT JOIN unnest(v_old_ids, v_old_revisions) AS o (id, revision) ON o.id = d.id
-     WHERE d.name = ANY (v_names)
-     ORDER BY d.name;
+    SELECT x.*
+      FROM jobs._declare(array(
+          SELECT jsonb_populate_record(NULL::jobs.definitions, jsonb_build_object(
+                     'name', e ->> 'name', 'kind', e ->> 'kind', 'schedule', e ->> 'schedule',
+                     'timezone', coalesce(e ->> 'timezone', 'UTC'), 'run_at', e -> 'run_at',
+                     'payload', coalesce(e -> 'payload', '{}'), 'enabled', e -> 'enabled',
+                     'max_concurrent_runs', e -> 'max_concurrent_runs', 'priority', coalesce(e -> 'priority', '0'),
+                     'max_attempts', e -> 'max_attempts',
+                     'misfire_policy', coalesce(e ->> 'misfire_policy', 'coalesce'),
+                     'overlap_policy', coalesce(e ->> 'overlap_policy', 'queue'),
+                     'timeout', jobs._json_interval(e -> 'timeout'),
+                     'heartbeat_timeout', jobs._json_interval(e -> 'heartbeat_timeout'),
+                     'dst_gap', e ->> 'dst_gap', 'dst_repeat', e ->> 'dst_repeat',
+                     'jitter', jobs._json_interval(e -> 'jitter'),
+                     'pause_after_failures', e -> 'pause_after_failures',
+                     'queue', coalesce(e ->> 'queue', 'default'), 'concurrency_key', e ->> 'concurrency_key'
+                 ))
+            FROM jsonb_array_elements(define_many.definitions) AS e
+      )) AS x;
 END
 $$;
 COMMENT ON FUNCTION jobs.define_many(jsonb) IS 'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';

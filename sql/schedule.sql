@@ -179,6 +179,100 @@ END
 $$;
 COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS 'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
 
+-- Create or replace definitions by name: what a declaration changes, for jobs.define and
+-- jobs.define_many, which check their arguments first (each names a bad field its own way).
+-- Each element of declared carries the declared settings (name to concurrency_key; the other
+-- columns are ignored); enabled NULL keeps a definition's current state, and a new one starts
+-- enabled. Existing rows are locked in name order, so concurrent declarations never deadlock.
+-- A declaration that matches the stored definition changes nothing, not even updated_at (every
+-- deploy of an app declares its schedules again). Otherwise it clears the schedule and
+-- materialization errors (the leader tries again at once); enabling a disabled definition is
+-- a resume (the automatic pause and the failure streak are cleared); new occurrences reset
+-- the cursor (jobs._redeclared), and the old schedule's runs made ahead for occurrences from
+-- the takeover on are deleted (jobs._drop_superseded). One row per definition, in name order.
+CREATE OR REPLACE FUNCTION jobs._declare(declared jobs.definitions[])
+RETURNS TABLE (id bigint, name text, created boolean, rescheduled boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_names text[] := array(SELECT x.name FROM unnest(_declare.declared) AS x);
+    v_old jobs.definitions[];
+BEGIN
+    v_old := array(SELECT d FROM jobs.definitions AS d WHERE d.name = ANY (v_names) ORDER BY d.name FOR UPDATE);
+
+    INSERT INTO jobs.definitions AS d (
+        name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
+        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
+        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
+    )
+    SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
+           coalesce(i.enabled, o.enabled, TRUE),
+           -- buffer_one and cancel_other are about a running occurrence: without a cap, one.
+           coalesce(i.max_concurrent_runs,
+                    CASE WHEN i.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
+           i.priority, i.max_attempts, i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout,
+           i.dst_gap, i.dst_repeat, nullif(i.jitter, interval '0'), i.pause_after_failures, i.queue,
+           i.concurrency_key
+      FROM unnest(_declare.declared) AS i
+      LEFT JOIN unnest(v_old) AS o ON o.name = i.name
+     ORDER BY i.name
+    ON CONFLICT (name) DO UPDATE
+       SET kind = excluded.kind,
+           schedule = excluded.schedule,
+           timezone = excluded.timezone,
+           run_at = excluded.run_at,
+           payload = excluded.payload,
+           enabled = excluded.enabled,
+           max_concurrent_runs = excluded.max_concurrent_runs,
+           priority = excluded.priority,
+           max_attempts = excluded.max_attempts,
+           misfire_policy = excluded.misfire_policy,
+           overlap_policy = excluded.overlap_policy,
+           timeout = excluded.timeout,
+           heartbeat_timeout = excluded.heartbeat_timeout,
+           dst_gap = excluded.dst_gap,
+           dst_repeat = excluded.dst_repeat,
+           jitter = excluded.jitter,
+           pause_after_failures = excluded.pause_after_failures,
+           queue = excluded.queue,
+           concurrency_key = excluded.concurrency_key,
+           paused_reason = CASE WHEN excluded.enabled THEN NULL ELSE d.paused_reason END,
+           failure_streak_since = CASE WHEN excluded.enabled AND NOT d.enabled THEN now()
+                                       ELSE d.failure_streak_since END,
+           schedule_error = NULL,
+           materialize_error = NULL,
+           materialize_failures = 0,
+           materialize_retry_at = NULL,
+           updated_at = now(),
+           (revision, next_run_at, finished_at, cursor_from) = (
+               SELECT r.revision, r.next_run_at, r.finished_at, r.cursor_from
+                 FROM jobs._redeclared(d, excluded, excluded.enabled AND NOT d.enabled) AS r
+           )
+     WHERE jobs._declaration_differs(d, excluded)
+        OR d.enabled IS DISTINCT FROM excluded.enabled
+        OR (excluded.enabled AND d.paused_reason IS NOT NULL)
+        OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
+
+    -- The old jitter: a run made before runs recorded their occurrence is dropped when it
+    -- starts after the change plus the jitter it was made with.
+    PERFORM jobs._drop_superseded(
+        array_agg(d.id), array_agg(d.cursor_from), array_agg(now() + coalesce(o.jitter, interval '0'))
+    )
+       FROM jobs.definitions AS d
+       JOIN unnest(v_old) AS o ON o.id = d.id
+      WHERE d.revision <> o.revision
+     HAVING count(*) > 0;
+
+    RETURN QUERY
+    SELECT d.id, d.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> d.revision
+      FROM jobs.definitions AS d
+      LEFT JOIN unnest(v_old) AS o ON o.id = d.id
+     WHERE d.name = ANY (v_names)
+     ORDER BY d.name;
+END
+$$;
+COMMENT ON FUNCTION jobs._declare(jobs.definitions[]) IS 'Private: create or replace the declared definitions by name (arguments already checked; enabled NULL keeps the current state): the one rule of what jobs.define and jobs.define_many change. Returns (id, name, created, rescheduled) per definition in name order.';
+
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
 DROP FUNCTION IF EXISTS jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval
@@ -214,9 +308,6 @@ CREATE OR REPLACE FUNCTION jobs.define(
 RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
-DECLARE
-    v_old jobs.definitions;
-    v_new jobs.definitions;
 BEGIN
     PERFORM jobs._check_name('name', define.name);
     PERFORM jobs._check_name('kind', define.kind);
@@ -254,69 +345,17 @@ BEGIN
         define.schedule IS NOT NULL, define.dst_gap, define.dst_repeat, define.jitter, define.pause_after_failures
     );
 
-    SELECT d.* INTO v_old FROM jobs.definitions AS d WHERE d.name = define.name FOR UPDATE;
-
-    INSERT INTO jobs.definitions AS d (
-        name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
-        priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
-        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
-    )
-    VALUES (
-        define.name, define.kind, define.schedule, define.timezone, define.run_at, define.run_at,
-        define.payload, coalesce(define.enabled, TRUE),
-        -- buffer_one and cancel_other are about a running occurrence: without a cap, one.
-        coalesce(define.max_concurrent_runs,
-                 CASE WHEN define.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
-        define.priority, define.max_attempts, define.misfire_policy, define.overlap_policy, define.timeout,
-        define.heartbeat_timeout, define.dst_gap, define.dst_repeat, nullif(define.jitter, interval '0'),
-        define.pause_after_failures, define.queue, define.concurrency_key
-    )
-    ON CONFLICT (name) DO UPDATE
-       SET kind = excluded.kind,
-           schedule = excluded.schedule,
-           timezone = excluded.timezone,
-           run_at = excluded.run_at,
-           payload = excluded.payload,
-           enabled = coalesce(define.enabled, d.enabled),
-           max_concurrent_runs = excluded.max_concurrent_runs,
-           priority = excluded.priority,
-           max_attempts = excluded.max_attempts,
-           misfire_policy = excluded.misfire_policy,
-           overlap_policy = excluded.overlap_policy,
-           timeout = excluded.timeout,
-           heartbeat_timeout = excluded.heartbeat_timeout,
-           queue = excluded.queue,
-           concurrency_key = excluded.concurrency_key,
-           dst_gap = excluded.dst_gap,
-           dst_repeat = excluded.dst_repeat,
-           jitter = excluded.jitter,
-           pause_after_failures = excluded.pause_after_failures,
-           -- Enabling explicitly is a resume: the failure streak starts again.
-           paused_reason = CASE WHEN define.enabled THEN NULL ELSE d.paused_reason END,
-           failure_streak_since = CASE WHEN define.enabled AND NOT d.enabled THEN now()
-                                       ELSE d.failure_streak_since END,
-           schedule_error = NULL,
-           updated_at = now(),
-           (revision, next_run_at, finished_at, cursor_from) = (
-               SELECT r.revision, r.next_run_at, r.finished_at, r.cursor_from
-                 FROM jobs._redeclared(d, excluded, define.enabled AND NOT d.enabled) AS r
-           )
-     -- Declaring what is already there (a rolling deploy) changes nothing, not even updated_at.
-     WHERE jobs._declaration_differs(d, excluded)
-        OR d.enabled IS DISTINCT FROM coalesce(define.enabled, d.enabled)
-        OR d.schedule_error IS NOT NULL
-        OR (define.enabled AND d.paused_reason IS NOT NULL)
-    RETURNING d.* INTO v_new;
-
-    IF v_new.id IS NULL THEN
-        RETURN v_old;  -- nothing changed
-    END IF;
-    IF v_old.id IS NOT NULL AND v_new.revision <> v_old.revision THEN
-        PERFORM jobs._drop_superseded(
-            ARRAY[v_new.id], ARRAY[v_new.cursor_from], ARRAY[now() + coalesce(v_old.jitter, interval '0')]
-        );
-    END IF;
-    RETURN v_new;
+    PERFORM jobs._declare(ARRAY[jsonb_populate_record(NULL::jobs.definitions, jsonb_build_object(
+        'name', define.name, 'kind', define.kind, 'schedule', define.schedule, 'timezone', define.timezone,
+        'run_at', define.run_at, 'payload', define.payload, 'enabled', define.enabled,
+        'max_concurrent_runs', define.max_concurrent_runs, 'priority', define.priority,
+        'max_attempts', define.max_attempts, 'misfire_policy', define.misfire_policy,
+        'overlap_policy', define.overlap_policy, 'timeout', define.timeout,
+        'heartbeat_timeout', define.heartbeat_timeout, 'dst_gap', define.dst_gap, 'dst_repeat', define.dst_repeat,
+        'jitter', define.jitter, 'pause_after_failures', define.pause_after_failures, 'queue', define.queue,
+        'concurrency_key', define.concurrency_key
+    ))]);
+    RETURN (SELECT d FROM jobs.definitions AS d WHERE d.name = define.name);
 END
 $$;
 COMMENT ON FUNCTION jobs.define(
@@ -373,7 +412,6 @@ CREATE OR REPLACE FUNCTION jobs.undefine(name text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_def jobs.definitions;
     v_cancelled integer;
 BEGIN
     -- These locks serialize with everything that adds runs of the definition: materializing
@@ -381,9 +419,9 @@ BEGIN
     -- and re-checks it; jobs.run_now and retries hold the definition's key shared until they
     -- commit. Taken first, they wait for those in flight, so the cancel below sees their runs;
     -- after this commit they find no definition and add nothing.
-    v_def := jobs._lock_definition(undefine.name, TRUE);
+    PERFORM jobs._lock_definition(undefine.name, TRUE);
     v_cancelled := jobs.cancel_queued(undefine.name);
-    DELETE FROM jobs.definitions AS d WHERE d.id = v_def.id;
+    DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
     RETURN v_cancelled;
 END
 $$;

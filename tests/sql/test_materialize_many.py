@@ -142,6 +142,29 @@ def test_a_refused_definition_is_isolated_recorded_and_backed_off(conn: Conn, ca
     assert cleared == [{"materialize_error": None, "materialize_failures": 0}]
 
 
+DECLARE_AGAIN = {
+    "define": "SELECT jobs.define('m-0', 'k', schedule => '* * * * *')",
+    "define_many": 'SELECT jobs.define_many(\'[{"name": "m-0", "kind": "k", "schedule": "* * * * *"}]\')',
+}
+
+
+@pytest.mark.parametrize("call", sorted(DECLARE_AGAIN))
+def test_declaring_a_definition_again_ends_its_materialization_backoff(conn: Conn, call: str) -> None:
+    ids = _defs(conn, 1)
+    conn.execute(f"ALTER TABLE jobs.runs ADD CONSTRAINT no_runs CHECK (definition_id <> {ids[0]})")
+    assert _materialize(conn, ids)[ids[0]][1] is not None
+    conn.execute("ALTER TABLE jobs.runs DROP CONSTRAINT no_runs")
+    # The operator fixed the cause and deploys the same declaration: the leader tries again at once.
+    conn.execute(DECLARE_AGAIN[call])
+    state = rows(
+        conn,
+        "SELECT materialize_error, materialize_failures, materialize_retry_at"
+        " FROM jobs.definitions WHERE id = %s",
+        (ids[0],),
+    )
+    assert state == [{"materialize_error": None, "materialize_failures": 0, "materialize_retry_at": None}]
+
+
 def test_backoff_doubles_with_each_failure(conn: Conn) -> None:
     ids = _defs(conn, 1)
     conn.execute(f"ALTER TABLE jobs.runs ADD CONSTRAINT no_runs CHECK (definition_id <> {ids[0]})")

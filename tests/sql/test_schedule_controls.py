@@ -264,6 +264,31 @@ def test_pause_after_failures_pauses_after_n_final_failures_and_says_why(conn: C
     assert health(conn, "flaky")["paused"] is True
 
 
+ENABLE_AGAIN = {
+    "define": "SELECT jobs.define('flaky', 'k', '0 * * * *', enabled => true,"
+    " pause_after_failures => 2, max_attempts => 1)",
+    "define_many": 'SELECT jobs.define_many(\'[{"name": "flaky", "kind": "k",'
+    ' "schedule": "0 * * * *", "enabled": true, "pause_after_failures": 2,'
+    ' "max_attempts": 1}]\')',
+}
+
+
+@pytest.mark.parametrize("call", sorted(ENABLE_AGAIN))
+def test_declaring_a_paused_definition_enabled_is_a_resume(conn: Conn, call: str) -> None:
+    d = define(conn, "flaky", "0 * * * *", pause_after_failures=2, max_attempts=1)
+    _run_and_fail(conn, d["id"])
+    _run_and_fail(conn, d["id"])
+    assert health(conn, "flaky")["paused_reason"] is not None
+    conn.execute(ENABLE_AGAIN[call])
+    h = health(conn, "flaky")
+    assert (h["paused"], h["paused_reason"]) == (False, None)
+    # The streak starts again: the failures before the declaration do not count.
+    _run_and_fail(conn, d["id"])
+    assert health(conn, "flaky")["paused"] is False
+    _run_and_fail(conn, d["id"])
+    assert health(conn, "flaky")["paused"] is True
+
+
 def test_a_failure_that_is_retried_is_not_final(conn: Conn) -> None:
     d = define(conn, "retried", "0 * * * *", pause_after_failures=1, max_attempts=3)
     _run_and_fail(conn, d["id"])
