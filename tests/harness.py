@@ -271,6 +271,17 @@ def race_parts(
     return race(dsn, _call, [(part,) for part in parts], timeout=timeout)
 
 
+def repeat_for(dsn: str, seconds: float, step: Callable[[Conn], int]) -> int:
+    """Call ``step`` again and again on one autocommit connection to ``dsn`` until ``seconds``
+    have passed; the sum of what it returned (what the calls did, for a race's report)."""
+    done = 0
+    deadline = time.monotonic() + seconds
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            done += step(conn)
+    return done
+
+
 def scalar(conn: Conn, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
     """First column of the first row; None when there is no row (a condition not met yet)."""
     row = conn.execute(sql, params).fetchone()

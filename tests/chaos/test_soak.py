@@ -991,63 +991,67 @@ def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) 
         def q(sql: str) -> list[tuple[Any, ...]]:
             return conn.execute(sql).fetchall()
 
+        def flag(violation: str, sql: str) -> None:
+            """Record the first 20 counter-examples ``sql`` finds as ``violation``, if any."""
+            found = q(sql)
+            if found:
+                violations[violation] = found[:20]
+
         # 1. Every occurrence materialized once, and none lost between first and last:
         # a gap is allowed only where a recorded catch-up coalesced the occurrences a
         # stalled or stopped scheduler found late (misfire_policy coalesce, the default),
         # or right after a schedule change, before the leader restarted the cursor.
-        dupes = q(
+        flag(
+            "occurrence_materialized_twice",
             "SELECT definition_id, coalesce(occurrence_at, scheduled_for), count(*) FROM jobs.runs_all"
-            " WHERE origin = 'schedule' GROUP BY 1, 2 HAVING count(*) > 1"
+            " WHERE origin = 'schedule' GROUP BY 1, 2 HAVING count(*) > 1",
         )
-        if dupes:
-            violations["occurrence_materialized_twice"] = dupes[:20]
         occurrences = _occurrences(conn, definitions)
         violations.update(occurrences["violations"])
         # 2. No run executed twice (each run id is entered by one execution only).
-        twice = q("SELECT run_id, array_agg(pid) FROM chaos.executions GROUP BY 1 HAVING count(*) > 1")
-        if twice:
-            violations["run_executed_twice"] = twice[:20]
+        flag(
+            "run_executed_twice",
+            "SELECT run_id, array_agg(pid) FROM chaos.executions GROUP BY 1 HAVING count(*) > 1",
+        )
         # 3. Caps never exceeded (probe samples during the soak).
-        over = q("SELECT definition_id, running, cap, seen_at FROM chaos.cap_violations LIMIT 20")
-        if over:
-            violations["cap_exceeded"] = over
+        flag("cap_exceeded", "SELECT definition_id, running, cap, seen_at FROM chaos.cap_violations LIMIT 20")
         # 4. Nothing lost: every run terminal with a reason, or still queued for later.
-        live = q("SELECT id, status::text, worker FROM jobs.runs_all WHERE status = 'RUNNING'")
-        if live:
-            violations["still_running_after_settle"] = live[:20]
-        unreasoned = q("SELECT id FROM jobs.runs_all WHERE status = 'FAILED' AND failure_reason IS NULL")
-        if unreasoned:
-            violations["failed_without_reason"] = unreasoned[:20]
-        exited_not_done = q(
+        flag(
+            "still_running_after_settle",
+            "SELECT id, status::text, worker FROM jobs.runs_all WHERE status = 'RUNNING'",
+        )
+        flag(
+            "failed_without_reason",
+            "SELECT id FROM jobs.runs_all WHERE status = 'FAILED' AND failure_reason IS NULL",
+        )
+        flag(
+            "finished_execution_not_recorded",
             "SELECT e.run_id, r.status::text FROM chaos.executions e JOIN jobs.runs_all r ON r.id = e.run_id"
-            " WHERE e.exited IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')"
+            " WHERE e.exited IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')",
         )
-        if exited_not_done:
-            violations["finished_execution_not_recorded"] = exited_not_done[:20]
-        completed_unrun = q(
+        flag(
+            "completed_without_execution",
             "SELECT r.id, r.kind FROM jobs.runs_all r WHERE r.status = 'COMPLETED' AND NOT EXISTS"
-            " (SELECT FROM chaos.executions e WHERE e.run_id = r.id AND e.exited IS NOT NULL)"
+            " (SELECT FROM chaos.executions e WHERE e.run_id = r.id AND e.exited IS NOT NULL)",
         )
-        if completed_unrun:
-            violations["completed_without_execution"] = completed_unrun[:20]
         due_left = q(
             "SELECT count(*) FROM jobs.runs_all"
             " WHERE status = 'QUEUED' AND scheduled_for <= now() - interval '5 s'"
         )[0][0]
         if due_left:
             violations["due_runs_never_claimed"] = due_left
-        twice_kept = q("SELECT id FROM jobs.runs INTERSECT SELECT id FROM jobs.run_history")
-        if twice_kept:
-            violations["run_both_live_and_in_history"] = twice_kept[:20]
+        flag(
+            "run_both_live_and_in_history",
+            "SELECT id FROM jobs.runs INTERSECT SELECT id FROM jobs.run_history",
+        )
         # 5. Retries linked: each attempt n+1 points at a FAILED attempt n of the same kind.
-        bad_links = q(
+        flag(
+            "broken_retry_links",
             "SELECT r.id, r.attempt, p.id, p.attempt, p.status::text FROM jobs.runs_all r"
             " LEFT JOIN jobs.runs_all p ON p.id = r.retry_of"
             " WHERE r.attempt > 1 AND (p.id IS NULL OR p.attempt <> r.attempt - 1"
-            "       OR p.status <> 'FAILED' OR p.kind <> r.kind)"
+            "       OR p.status <> 'FAILED' OR p.kind <> r.kind)",
         )
-        if bad_links:
-            violations["broken_retry_links"] = bad_links[:20]
         stats = dict(q("SELECT status::text, count(*) FROM jobs.runs_all GROUP BY 1"))
         reasons = dict(
             q(

@@ -4,6 +4,7 @@ one-shot moved and moved back), with the scheduler's tick after the change."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -11,21 +12,10 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
-from harness import Conn, Database, materialize_occurrences, rows, run_in_processes, scalar
+from harness import Clock, Conn, Database, materialize_occurrences, repeat_for, rows, run_in_processes, scalar
 from pgtick.scheduler import Scheduler
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def _redefine(conn: Conn, how: str, name: str, schedule: str) -> None:
@@ -292,17 +282,17 @@ def test_a_changed_schedule_enabled_later_starts_when_it_is_enabled(
 
 def _flip_loop(dsn: str, seconds: float) -> int:
     """Re-declare the every-second definition again and again, alternating how it is written."""
-    flips = 0
-    deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            conn.execute(
-                "SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')",
-                (FLIPS[flips % 2],),
-            )
-            flips += 1
-            time.sleep(random.uniform(0, 0.3))
-    return flips
+    flips = itertools.count()
+
+    def flip(conn: Conn) -> int:
+        conn.execute(
+            "SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')",
+            (FLIPS[next(flips) % 2],),
+        )
+        time.sleep(random.uniform(0, 0.3))
+        return 1
+
+    return repeat_for(dsn, seconds, flip)
 
 
 def _materialize_loop(dsn: str, seconds: float) -> int:

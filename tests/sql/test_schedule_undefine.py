@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -17,7 +16,16 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from harness import Conn, Database, expect_error, run_in_processes, scalar, wait_for, waits_on_lock
+from harness import (
+    Conn,
+    Database,
+    expect_error,
+    repeat_for,
+    run_in_processes,
+    scalar,
+    wait_for,
+    waits_on_lock,
+)
 
 # Orphans: QUEUED runs whose definition no longer exists, each as "id origin definition_id".
 ORPHANS = (
@@ -195,54 +203,42 @@ def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Databa
 _LARGE_PAYLOAD = {"blob": secrets.token_hex(2000)}
 
 
-def _undefine_loop(dsn: str, seconds: float) -> int:
-    rounds = 0
-    deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            conn.execute(
-                "SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour', max_attempts => 3,"
-                " payload => %s)",
-                (Jsonb(_LARGE_PAYLOAD),),
-            )
-            conn.execute("SELECT jobs.undefine('race')")
-            rounds += 1
-    return rounds
+def _undefine_once(conn: Conn) -> int:
+    """Define the one-shot with a large payload and undefine it: one round."""
+    conn.execute(
+        "SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour', max_attempts => 3,"
+        " payload => %s)",
+        (Jsonb(_LARGE_PAYLOAD),),
+    )
+    conn.execute("SELECT jobs.undefine('race')")
+    return 1
 
 
-def _add_loop(dsn: str, seconds: float) -> int:
+def _add_once(conn: Conn) -> int:
+    """Add runs of the definition through run_now and materialize_one_shots: how many."""
     added = 0
-    deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            try:
-                conn.execute("SELECT jobs.run_now('race')")
-                added += 1
-            except psycopg.errors.NoDataFound:
-                pass  # undefined just now
-            added += int(scalar(conn, "SELECT jobs.materialize_one_shots(interval '2 hours')"))
-    return added
+    try:
+        conn.execute("SELECT jobs.run_now('race')")
+        added += 1
+    except psycopg.errors.NoDataFound:
+        pass  # undefined just now
+    return added + int(scalar(conn, "SELECT jobs.materialize_one_shots(interval '2 hours')"))
 
 
-def _fail_loop(dsn: str, seconds: float) -> int:
-    """Claims runs of the definition and fails them: each failure queues a retry."""
-    retries = 0
-    deadline = time.monotonic() + seconds
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchone()
-            if claimed is None:
-                with contextlib.suppress(psycopg.errors.NoDataFound):  # undefined just now
-                    conn.execute("SELECT jobs.run_now('race')")
-                continue
-            after = conn.execute("SELECT id FROM jobs.fail(%s, 'w', '{}', 'boom')", claimed).fetchone()
-            retries += int(after is not None and after[0] != claimed[0])
-    return retries
+def _fail_once(conn: Conn) -> int:
+    """Claim a run of the definition and fail it, which queues a retry: 1 when it did."""
+    claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w')").fetchone()
+    if claimed is None:
+        with contextlib.suppress(psycopg.errors.NoDataFound):  # undefined just now
+            conn.execute("SELECT jobs.run_now('race')")
+        return 0
+    after = conn.execute("SELECT id FROM jobs.fail(%s, 'w', '{}', 'boom')", claimed).fetchone()
+    return int(after is not None and after[0] != claimed[0])
 
 
 def _race_member(dsn: str, seconds: float, role: str) -> int:
-    loops = {"undefine": _undefine_loop, "add": _add_loop, "fail": _fail_loop}
-    return loops[role](dsn, seconds)
+    steps = {"undefine": _undefine_once, "add": _add_once, "fail": _fail_once}
+    return repeat_for(dsn, seconds, steps[role])
 
 
 def test_undefine_racing_run_now_materialize_and_retries_in_processes(db: Database, conn: Conn) -> None:
