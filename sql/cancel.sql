@@ -30,8 +30,7 @@ BEGIN
     END IF;
     SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = cancel.run_id;
     RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.cancel(bigint) IS 'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';
 
 -- Cancel every QUEUED run of a definition; returns how many.
@@ -66,6 +65,5 @@ BEGIN
     SELECT count(*), array_agg(c.id) INTO v_count, v_ids FROM cancelled AS c;
     PERFORM jobs._cascade_dependency_failure(v_ids);  -- runs waiting on them
     RETURN v_count;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.cancel_queued(text) IS 'Cancel every QUEUED run of the named definition; returns how many were cancelled.';

@@ -652,6 +652,5 @@ BEGIN
         RETURNING r.*
     )
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS 'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. A login scoped in jobs.worker_scopes gets only runs within its scope. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';

@@ -40,8 +40,7 @@ BEGIN
     SELECT DISTINCT u.kind FROM unnest(register_worker.kinds) AS u (kind)
     ORDER BY u.kind
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
@@ -79,8 +78,7 @@ BEGIN
        SET kinds = excluded.kinds, queues = excluded.queues, updated_at = now()
     RETURNING s.* INTO v_row;
     RETURN v_row;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.scope_worker(name, text[], text[]) IS 'Operator: let the login role claim only runs of these kinds (NULL: any) in these queues (NULL: any); replaces its previous scope. Refuses (22023) a role that does not exist or cannot log in.';
 
 -- Lift a login's scope; true if it had one.
@@ -91,8 +89,7 @@ BEGIN
     PERFORM jobs._check_name('role', unscope_worker.role::text);
     DELETE FROM jobs.worker_scopes AS s WHERE s.role = unscope_worker.role;
     RETURN FOUND;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.unscope_worker(name) IS 'Operator: let the login role claim any run again. Returns false if it had no scope.';
 
 -- Every scoped login, and whether the role still exists (a dropped role's scope binds a new
@@ -134,8 +131,7 @@ BEGIN
         RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
             USING HINT = 'Check the spelling, or start a worker whose app registers this kind.';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
 
 -- Every registered worker: alive (seen within the heartbeat timeout), stopped or lost; what it runs.
@@ -290,8 +286,7 @@ BEGIN
     ON CONFLICT ON CONSTRAINT catch_ups_once DO NOTHING
     RETURNING * INTO v_row;
     RETURN CASE WHEN v_row.id IS NOT NULL THEN jobs.describe_catch_up(v_row) END;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS 'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
 
 -- ---------------------------------------------------------------------------
@@ -378,8 +373,7 @@ BEGIN
       FROM jobs.runs_all AS r
       LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
      WHERE r.id = run_detail.run_id;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.run_detail(bigint) IS 'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
 
 -- Delete a definition (jobs.undefine) and say what became of its runs.
@@ -399,8 +393,7 @@ BEGIN
            coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.status = 'RUNNING'), '{}'),
            count(*) FILTER (WHERE r.status <> 'RUNNING')
       FROM jobs.runs_all AS r WHERE r.definition_id = v_id;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.undefine_detail(text) IS 'Delete the named definition (jobs.undefine): its QUEUED runs are cancelled, RUNNING runs finish normally, finished runs stay as history. Returns cancelled count, the ids still running and the history kept.';
 
 -- How many finished runs jobs.prune(older_than) would delete now.
@@ -415,6 +408,5 @@ BEGIN
          + (SELECT count(*) FROM jobs.run_history AS h
              WHERE h.finished_at < (SELECT coalesce(max(d.day) + 1, '-infinity'::date)::timestamp AT TIME ZONE 'UTC'
                                       FROM jobs._history_days_before(now() - v_age) AS d));
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.prune_count(interval) IS 'How many finished runs jobs.prune(older_than) would delete now (default jobs.config.retention): the days of history that ended before the cutoff and the runs of jobs.runs finished before it. The dry run of `pgtick prune`.';

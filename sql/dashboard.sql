@@ -26,8 +26,7 @@ BEGIN
     VALUES (audit.actor, audit.action, audit.target, audit.detail)
     RETURNING a.id INTO v_id;
     RETURN v_id;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.audit(text, text, text, jsonb) IS 'Record an operator action (who, what, to what, outcome) in jobs.audit_log; returns the entry id.';
 
 -- Retry each FAILED run among run_ids that has no next attempt yet; returns the new runs.
@@ -58,8 +57,7 @@ BEGIN
                                  AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id));
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet and whose definition (if any) still exists (others are passed over); returns the new QUEUED attempts.';
 
 -- Delete the FAILED runs among run_ids from the history; returns how many.
@@ -84,6 +82,5 @@ BEGIN
      WHERE h.id = ANY(discard.run_ids) AND h.status = 'FAILED';
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     RETURN v_count + v_moved;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone); returns how many. Later attempts of a chain stay.';

@@ -128,8 +128,7 @@ BEGIN
             RETURN format('jitter must be a number of seconds or an interval, got %s', e -> 'jitter');
     END;
     RETURN NULL;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS 'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid.';
 
 -- Private: an interval field of a define_many element (seconds as a number, or interval text).
@@ -194,6 +193,5 @@ BEGIN
                  ))
             FROM jsonb_array_elements(define_many.definitions) AS e
       )) AS x;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.define_many(jsonb) IS 'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';

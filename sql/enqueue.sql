@@ -10,8 +10,7 @@ BEGIN
     IF concurrency_key IS NOT NULL THEN
         PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS 'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
@@ -158,8 +157,7 @@ BEGIN
     END IF;
     PERFORM jobs._notify();
     RETURN v_run;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.enqueue(
     text, jsonb, timestamptz, integer, text, integer, interval, interval,
     text, text, text, text, interval, text, bigint[]
@@ -230,8 +228,7 @@ BEGIN
      ORDER BY e.n
     RETURNING r.*;
     PERFORM jobs._notify();
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.enqueue_many(
     text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]
 ) IS
@@ -262,6 +259,5 @@ BEGIN
     RETURNING r.* INTO v_run;
     PERFORM jobs._notify();
     RETURN v_run;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.run_now(text, jsonb) IS 'Queue a run of the named definition now (origin manual), optionally with another payload; it counts against the definition''s cap.';

@@ -104,8 +104,7 @@ BEGIN
               FROM jobs._chain_forward(depends_on) AS c
              ORDER BY c.root, c.attempt DESC) AS l;
     RETURN v_state;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS 'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
 
 -- Private: unblock the runs waiting on these just-completed runs whose dependencies are all complete.
@@ -141,8 +140,7 @@ BEGIN
             WHERE l.status <> 'COMPLETED');
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN jobs._notify_queued(v_count);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS 'Private: after runs COMPLETED, clear blocked on the runs waiting on their chains whose every dependency has completed; returns how many.';
 
 -- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
@@ -202,8 +200,7 @@ BEGIN
         v_level := v_doomed;
     END LOOP;
     RETURN v_total;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._cascade_dependency_failure(bigint[]) IS 'Private: after runs failed for good or were cancelled, cancel every run waiting on them (and on those, down the chain) with failure_reason DependencyFailed; returns how many.';
 
 -- ---------------------------------------------------------------------------
@@ -218,8 +215,7 @@ BEGIN
     PERFORM jobs._check_name('name', pause_queue.name);
     INSERT INTO jobs.paused_queues (name) VALUES (pause_queue.name) ON CONFLICT DO NOTHING;
     RETURN FOUND;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.pause_queue(text) IS 'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
 
 -- Resume claiming from a paused queue; returns true if it was paused.
@@ -229,13 +225,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 BEGIN
     PERFORM jobs._check_text('name', resume_queue.name, 200);
     DELETE FROM jobs.paused_queues AS p WHERE p.name = resume_queue.name;
-    IF FOUND THEN
-        PERFORM jobs._notify();
-        RETURN TRUE;
-    END IF;
-    RETURN FALSE;
-END
-$$;
+    RETURN jobs._notify_if(FOUND);
+END $$;
 COMMENT ON FUNCTION jobs.resume_queue(text) IS 'Resume claiming from the named queue (wakes idle workers). Returns false if it was not paused.';
 
 -- Every queue in use (by a live run, a definition, a limit or a pause), with its state and counts.
@@ -331,8 +322,7 @@ BEGIN
     RETURNING l.* INTO v_limit;
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
@@ -346,13 +336,8 @@ BEGIN
     END IF;
     PERFORM jobs._check_text('name', remove_limit.name, 200);
     DELETE FROM jobs.limits AS l WHERE l.scope = remove_limit.scope AND l.name = remove_limit.name;
-    IF FOUND THEN
-        PERFORM jobs._notify();
-        RETURN TRUE;
-    END IF;
-    RETURN FALSE;
-END
-$$;
+    RETURN jobs._notify_if(FOUND);
+END $$;
 COMMENT ON FUNCTION jobs.remove_limit(text, text) IS 'Remove the limit of a queue or kind (scope queue | kind); returns false if it had none.';
 
 -- ---------------------------------------------------------------------------
@@ -379,13 +364,8 @@ BEGIN
        AND r.worker = snooze.worker
        AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
        AND NOT r.cancel_requested;
-    IF FOUND THEN
-        PERFORM jobs._notify();
-        RETURN TRUE;
-    END IF;
-    RETURN FALSE;
-END
-$$;
+    RETURN jobs._notify_if(FOUND);
+END $$;
 COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
 
 -- ---------------------------------------------------------------------------

@@ -89,8 +89,7 @@ BEGIN
         END IF;
         -- Deleted meanwhile: the name may have been defined again since.
     END LOOP;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._lock_definition(text, boolean) IS 'Private: the named definition, locked for adding a run (its key shared, the row FOR KEY SHARE) or for deleting it (key exclusive, FOR UPDATE); P0002 when none has the name.';
 
 -- Raise 22023 (invalid_parameter_value) naming the field when a text is empty or too long.
@@ -104,8 +103,7 @@ BEGIN
         RAISE EXCEPTION '% is % characters long; the limit is %', field, length(value), max_length
             USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_text(text, text, integer) IS 'Private: raises 22023 naming the field if the text is NULL, empty or longer than max_length.';
 
 -- Raise 22023 naming the field when a *_problem function found something wrong (NULL: nothing).
@@ -115,8 +113,7 @@ BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION '% %', field, problem USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._refuse(text, text) IS 'Private: raises 22023 with the message "field problem" unless problem is NULL.';
 
 -- What is wrong with a payload (NULL when nothing): not a JSON object, larger than max_bytes,
@@ -152,8 +149,7 @@ BEGIN
         RAISE EXCEPTION '% must be between % and %, got %', field, low, high, coalesce(value::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_range(text, bigint, bigint, bigint) IS 'Private: raises 22023 naming the field if the number is NULL or out of range.';
 
 -- Raise 22023 naming run_ids unless it is an array of at most max_length ids.
@@ -164,8 +160,7 @@ BEGIN
         RAISE EXCEPTION 'run_ids must not be NULL' USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_range('number of run_ids', cardinality(run_ids), 0, max_length);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_run_ids(bigint[], integer) IS 'Private: raises 22023 naming run_ids unless it is a non-NULL array of at most max_length ids (10,000 for a worker''s batch, 100,000 for an operator''s).';
 
 -- The definition a caller's lookup by name found, or P0002 naming the name when it found none
@@ -178,8 +173,7 @@ BEGIN
             USING ERRCODE = 'P0002';
     END IF;
     RETURN definition;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
 
 -- The run a caller's lookup by id found, or P0002 naming the id when it found none (run.id NULL).
@@ -190,8 +184,7 @@ BEGIN
         RAISE EXCEPTION 'run % does not exist', coalesce(run_id::text, 'NULL') USING ERRCODE = 'P0002';
     END IF;
     RETURN run;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS 'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
@@ -210,8 +203,7 @@ BEGIN
                   HINT = 'Generate one per worker process, e.g. secrets.token_urlsafe(32) or openssl rand -hex 16.';
     END IF;
     RETURN pg_catalog.sha256(pg_catalog.convert_to(claim_token, 'UTF8'));
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._claim_token_hash(text) IS 'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
 
 -- The arguments every call on one claimed run shares (jobs.complete, fail, acknowledge_cancel,
@@ -230,8 +222,7 @@ BEGIN
         PERFORM jobs._check_text('worker', worker, 200);
     END IF;
     RETURN v_token_hash;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS 'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
 
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
@@ -264,8 +255,7 @@ BEGIN
         RAISE EXCEPTION '% must not contain control characters, got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
 -- Raise 22023 naming the field unless the array holds 1 to 1000 names (each as jobs._check_name
@@ -282,8 +272,7 @@ BEGIN
     FOR i IN 1 .. cardinality(value) LOOP
         PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
     END LOOP;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array holds 1 to 1000 names of 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
@@ -293,8 +282,7 @@ BEGIN
     IF value IS NOT NULL AND value <= interval '0' THEN
         RAISE EXCEPTION '% must be a positive interval, got %', field, value USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_positive(text, interval) IS 'Private: raises 22023 naming the field if the interval is zero or negative.';
 
 -- The bounds of every duration pgtick stores, by field: the one list that jobs._check_duration,
@@ -338,8 +326,7 @@ BEGIN
         RAISE EXCEPTION 'no bounds are known for the duration %', coalesce(bound, field) USING ERRCODE = 'XX000';
     END IF;
     PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS 'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
 
 -- Wake idle workers: one NOTIFY on channel "jobs" per transaction, however many rows it queues.
@@ -350,9 +337,19 @@ BEGIN
         PERFORM pg_notify('jobs', '');
         PERFORM set_config('pgtick.notified', 'yes', TRUE);  -- transaction-local
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._notify() IS 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
+
+-- What a call that may have let runs start returns: whether it did, after waking idle workers if so.
+CREATE OR REPLACE FUNCTION jobs._notify_if(changed boolean) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF changed THEN
+        PERFORM jobs._notify();
+    END IF;
+    RETURN coalesce(changed, FALSE);
+END $$;
+COMMENT ON FUNCTION jobs._notify_if(boolean) IS 'Private: jobs._notify() when changed (a queue resumed, a limit removed, a run snoozed); returns changed (false for NULL).';
 
 -- What a call that queued a number of runs returns: the number, after waking idle workers if it is not 0.
 CREATE OR REPLACE FUNCTION jobs._notify_queued(queued integer) RETURNS integer
@@ -362,6 +359,5 @@ BEGIN
         PERFORM jobs._notify();
     END IF;
     RETURN queued;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._notify_queued(integer) IS 'Private: jobs._notify() when queued > 0 (runs were queued or released); returns queued.';

@@ -50,8 +50,7 @@ BEGIN
         EXECUTE format('ALTER TABLE jobs.run_history ATTACH PARTITION jobs.%I FOR VALUES FROM (%L) TO (%L)',
                        v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
     END LOOP;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._history_partitions(date[]) IS 'Private: create the partitions of jobs.run_history for these UTC days of finished_at that are missing.';
 
 -- The days of history that lie wholly before a cutoff: what jobs.prune drops.
@@ -115,6 +114,5 @@ BEGIN
     INSERT INTO jobs.run_history SELECT * FROM moved;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.archive(integer) IS 'Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs to jobs.run_history (oldest first, one transaction); returns how many. Call again while it returns batch_size. 0 when archive_after is NULL.';

@@ -39,8 +39,7 @@ BEGIN
     ON CONFLICT (singleton) DO UPDATE
        SET pid = excluded.pid, owner = excluded.owner, since = excluded.since;
     RETURN TRUE;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
 
 -- Give up leadership held by this session.
@@ -52,8 +51,7 @@ BEGIN
     END IF;
     DELETE FROM jobs._leadership AS l WHERE l.pid = pg_backend_pid();
     RETURN pg_advisory_unlock(jobs._leader_key());
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
 
 -- Raise 22023 unless a lease's ttl is positive and at most a year.
@@ -64,8 +62,7 @@ BEGIN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
 
 -- Take a lease if it is free or expired.
@@ -89,8 +86,7 @@ BEGIN
        SET consecutive_skips = l.consecutive_skips + 1, last_skipped_at = clock_timestamp()
      WHERE l.name = acquire_lease.name;
     RETURN FALSE;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
 
 -- Extend a lease; only its owner can, and only while it has not expired.
@@ -102,8 +98,7 @@ BEGIN
     UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
 
 -- Release a lease; only its owner can.
@@ -114,6 +109,5 @@ BEGIN
     UPDATE jobs.leases AS l SET owner = NULL, expires_at = '-infinity'
      WHERE l.name = release_lease.name AND l.owner = release_lease.owner;
     RETURN FOUND;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.release_lease(text, text) IS 'Release the lease if owner holds it; true if it did.';

@@ -216,6 +216,5 @@ BEGIN
         SELECT u.id, u.n, NULL::text FROM unnest(v_ids, v_created) AS u (id, n)
         UNION ALL
         SELECT b.id, 0, b.message FROM unnest(v_bad, v_errors) AS b (id, message);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.materialize_many(bigint[], timestamptz[], timestamptz[], integer[], bigint[], timestamptz[]) IS 'Leader: for each definition whose cursor still equals its expected_next_run_at (and revision), move the cursor to its new_next_run_at and insert its runs (run_definition_ids/run_times pairs), all in one statement. A definition whose runs the database refuses is isolated: recorded in materialize_error, backed off, cursor unchanged; the rest are materialized. Returns one row per definition advanced (runs created) or refused (error); stale definitions are absent.';

@@ -18,20 +18,12 @@ BEGIN
     PERFORM jobs._check_range('jobs.config.max_attempts', NEW.max_attempts, 1, 1000);
     PERFORM jobs._check_range('jobs.config.max_payload_bytes', NEW.max_payload_bytes, 2, 268435456);
     RETURN NEW;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds.';
 
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
-                    WHERE t.tgname = 'config_bounds' AND t.tgrelid = 'jobs.config'::regclass) THEN
-        CREATE TRIGGER config_bounds
-        BEFORE INSERT OR UPDATE ON jobs.config
-        FOR EACH ROW EXECUTE FUNCTION jobs._check_config();
-    END IF;
-END
-$$;
+CREATE OR REPLACE TRIGGER config_bounds
+BEFORE INSERT OR UPDATE ON jobs.config
+FOR EACH ROW EXECUTE FUNCTION jobs._check_config();
 COMMENT ON TRIGGER config_bounds ON jobs.config IS 'Refuse settings out of bounds with 22023 naming the setting (jobs._check_config).';
 
 -- Who leads the scheduler, since when.
@@ -430,6 +422,5 @@ BEGIN
     -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
     DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
     RETURN v_count + v_rows;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; returns how many. Call again while it returns batch_size or more.';

@@ -82,6 +82,5 @@ BEGIN
       WHERE r.id = ANY (v_dead)
         AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
     PERFORM jobs._notify();
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned); queue their retries by policy. Returns run_id, reason, retry_run_id.';

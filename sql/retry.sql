@@ -144,8 +144,7 @@ BEGIN
     SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.id = v_retry_id;
     PERFORM jobs._notify();
     RETURN v_retry;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
@@ -194,8 +193,7 @@ BEGIN
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();
     RETURN v_next;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; 22023 when the run was already retried or its definition was deleted.';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
@@ -245,6 +243,5 @@ BEGIN
            backoff_max = excluded.backoff_max, jitter = excluded.jitter, updated_at = now()
     RETURNING p.* INTO v_policy;
     RETURN v_policy;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS 'Create or replace the retry policy of a kind.';

@@ -31,8 +31,7 @@ BEGIN
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', v_function);
     END LOOP;
-END
-$$;
+END $$;
 REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
 
 -- Schemas installed before workers lost their reader rights: take them back.
@@ -42,8 +41,7 @@ BEGIN
                 WHERE m.roleid = 'jobs_reader'::regrole AND m.member = 'jobs_worker'::regrole) THEN
         REVOKE jobs_reader FROM jobs_worker;
     END IF;
-END
-$$;
+END $$;
 GRANT jobs_reader TO jobs_operator;
 GRANT jobs_worker TO jobs_operator;
 

@@ -25,8 +25,7 @@ BEGIN
         RAISE EXCEPTION 'timezone % is not a known IANA time zone name', quote_literal(coalesce(zone, 'NULL'))
             USING ERRCODE = '22023', HINT = 'Use a name such as Europe/Sofia or UTC (see pg_timezone_names).';
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_zone(text) IS 'Private: raises 22023 unless the text names a known IANA time zone.';
 
 -- Private: raise 22023 unless the text has the shape of a cron expression or an RRULE.
@@ -42,8 +41,7 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'schedule % is neither a 5-field cron expression nor an RRULE (FREQ=...)',
         quote_literal(schedule) USING ERRCODE = '22023';
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
 
 -- Private: after a schedule change, remove the runs the old schedule materialized ahead of time.
@@ -89,8 +87,7 @@ BEGIN
     DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_ids) AND r.status = 'QUEUED';
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[], boolean) IS 'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. moved_only: only those whose start is not their occurrence delayed by the current jitter (a resume). Runs waiting on them are cancelled. Returns how many were deleted.';
 
 -- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
@@ -175,8 +172,7 @@ BEGIN
     IF pause_after_failures IS NOT NULL THEN
         PERFORM jobs._check_range('pause_after_failures', pause_after_failures, 1, 1000);
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS 'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
 
 -- Create or replace definitions by name: what a declaration changes, for jobs.define and
@@ -269,8 +265,7 @@ BEGIN
       LEFT JOIN unnest(v_old) AS o ON o.id = d.id
      WHERE d.name = ANY (v_names)
      ORDER BY d.name;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._declare(jobs.definitions[]) IS 'Private: create or replace the declared definitions by name (arguments already checked; enabled NULL keeps the current state): the one rule of what jobs.define and jobs.define_many change. Returns (id, name, created, rescheduled) per definition in name order.';
 
 -- The signature before the DST and schedule-control parameters: replaced, not overloaded.
@@ -356,8 +351,7 @@ BEGIN
         'concurrency_key', define.concurrency_key
     ))]);
     RETURN (SELECT d FROM jobs.definitions AS d WHERE d.name = define.name);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
@@ -374,8 +368,7 @@ BEGIN
     UPDATE jobs.definitions AS d SET enabled = FALSE, updated_at = now()
      WHERE d.name = pause.name RETURNING d.* INTO v_def;
     RETURN jobs._known_definition(v_def, pause.name);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.pause(text) IS 'Pause the named definition: no new occurrences are materialized until jobs.resume().';
 
 -- Resume a paused definition from the next occurrence after now (the paused window is not caught up).
@@ -403,8 +396,7 @@ BEGIN
         );
     END IF;
     RETURN jobs._known_definition(v_def, resume.name);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.resume(text) IS 'Resume the named definition. A recurring one restarts from its first occurrence at or after now (cursor_from): the paused window is not caught up, and the runs materialized before the pause for occurrences from now on are made again (with the definition''s current jitter). An automatic pause (pause_after_failures) is cleared and the failure streak starts again.';
 
 -- Delete a definition and cancel its queued runs; its run history stays.
@@ -423,8 +415,7 @@ BEGIN
     v_cancelled := jobs.cancel_queued(undefine.name);
     DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
     RETURN v_cancelled;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.undefine(text) IS 'Delete the named definition and cancel its QUEUED runs; returns how many were cancelled. Run history is kept.';
 
 -- Compare-and-set the cursor and insert the occurrences' runs, in one commit.
@@ -471,8 +462,7 @@ BEGIN
 
     v_count := jobs._insert_occurrences(v_def, materialize.run_times);
     RETURN jobs._notify_queued(v_count);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.materialize(bigint, timestamptz, timestamptz[], timestamptz, integer) IS 'Leader: if the cursor still equals expected_next_run_at (and the revision matches), move it to new_next_run_at (NULL = schedule finished) and insert a run per run_times, in one commit. Returns runs inserted; 0 when stale.';
 
 -- The scheduler's rule for which recurring definitions need work: live ones
@@ -507,8 +497,7 @@ BEGIN
     RETURN QUERY
         SELECT * FROM jobs._live_schedules AS d
          WHERE d.next_run_at IS NULL ORDER BY d.id LIMIT new_definitions.max_rows;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.new_definitions(integer) IS 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is not set yet, by id.';
 
 -- Recurring definitions whose cursor is at or before the horizon, earliest first.
@@ -523,8 +512,7 @@ BEGIN
            AND NOT EXISTS (SELECT FROM jobs.definitions AS b  -- backing off after refused inserts
                             WHERE b.id = d.id AND b.materialize_retry_at > now())
          ORDER BY d.next_run_at LIMIT due_definitions.max_rows;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.due_definitions(timestamptz, integer) IS 'Scheduler: up to max_rows live recurring definitions whose cursor (next_run_at) is at or before horizon, earliest first, except those backing off after failed run inserts (materialize_retry_at). Served by definitions_live_due_idx.';
 
 -- Materialize due one-shot definitions, in pure SQL; returns runs created.
@@ -573,8 +561,7 @@ BEGIN
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN jobs._notify_queued(v_count);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS 'Leader: turn every enabled one-shot definition due within lookahead into its run (once); returns runs created.';
 
 -- Leader: record that a definition's schedule cannot be read, so operators see it and ticks skip it.
@@ -587,6 +574,5 @@ BEGIN
        SET schedule_error = left(coalesce(mark_schedule_error.message, 'invalid schedule'), 2000)
      WHERE d.id = mark_schedule_error.definition_id AND d.revision = mark_schedule_error.revision;
     RETURN FOUND;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.mark_schedule_error(bigint, integer, text) IS 'Leader: store why the schedule of this definition revision cannot be read; jobs.define() clears it.';

@@ -46,8 +46,7 @@ BEGIN
     ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._insert_occurrences(jobs.definitions, timestamptz[]) IS 'Private: insert a QUEUED scheduled run per occurrence, delayed by jobs.jitter_offset; occurrences already present are skipped. Returns runs inserted.';
 
 -- ===========================================================================
@@ -139,8 +138,7 @@ BEGIN
     )
     UPDATE jobs.runs AS r SET cancel_requested = TRUE
       FROM victims WHERE r.id = victims.id AND r.status = 'RUNNING';
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._apply_overlap(bigint[], integer[], bigint[]) IS 'Private (jobs.claim): enforce overlap_policy buffer_one (further waiting occurrences Skipped) and cancel_other (ask the older running run to cancel) for the definitions whose dispatch locks the claim holds.';
 
 -- ===========================================================================
@@ -189,8 +187,7 @@ BEGIN
                                   left(coalesce(NEW.failure_reason || ': ', '') || coalesce(NEW.error, ''), 500))
      WHERE d.id = NEW.definition_id AND d.enabled AND v_failures >= d.pause_after_failures;
     RETURN NULL;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._pause_after_failures() IS 'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
 
 DO $$
@@ -205,8 +202,7 @@ BEGIN
         WHEN (new.status = 'FAILED' AND old.status <> 'FAILED' AND new.definition_id IS NOT NULL)
         EXECUTE FUNCTION jobs._pause_after_failures();
     END IF;
-END
-$$;
+END $$;
 
 -- ===========================================================================
 -- Backfill: the occurrences of a past window, once.
@@ -246,8 +242,7 @@ BEGIN
     RETURNING b.* INTO v_row;
     PERFORM jobs._notify();
     RETURN v_row;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.backfill(text, timestamptz, timestamptz) IS 'Request the occurrences of the named definition in the past window [from, to] (at most 366 days) to be materialized once; the scheduler inserts them. Occurrences that already have their run are not inserted again.';
 
 -- Leader: insert a pending backfill's occurrences (or void it with error), once.
@@ -298,6 +293,5 @@ BEGIN
        SET done_at = now(), runs_created = v_count, error = left(v_error, 2000)
      WHERE b.id = v_request.id;
     RETURN jobs._notify_queued(v_count);
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS 'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';

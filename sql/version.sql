@@ -12,6 +12,5 @@ BEGIN
       FROM jobs.schema_migrations AS m
      ORDER BY m.version DESC
      LIMIT 1;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.version() IS 'The installed schema: latest applied migration (number and name), the pgtick version that applied it (NULL: psql from sql/install.sql), and when.';

@@ -40,8 +40,7 @@ BEGIN
              ORDER BY s.id
                FOR NO KEY UPDATE) AS mine;
     RETURN v_ids;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs._hold_own_runs(bigint[], text, text) IS 'Private: locks (FOR NO KEY UPDATE, in id order) and returns the runs among run_ids still RUNNING for worker and its claim_token; raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids, worker a non-empty text of at most 200 characters and claim_token NULL or 16 to 200 characters.';
 
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
@@ -57,8 +56,7 @@ BEGIN
     RETURN QUERY
     UPDATE jobs.runs AS r SET heartbeat_at = now() WHERE r.id = ANY (v_mine)
     RETURNING r.id, r.cancel_requested;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
@@ -88,8 +86,7 @@ BEGIN
         PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
     END IF;
     RETURN TRUE;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
@@ -106,8 +103,7 @@ BEGIN
     IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on them (flow.sql)
         PERFORM jobs._release_dependents(v_mine);
     END IF;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
@@ -133,8 +129,7 @@ BEGIN
     END IF;
     PERFORM jobs._cascade_dependency_failure(ARRAY[acknowledge_cancel.run_id]);
     RETURN TRUE;
-END
-$$;
+END $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
 
 -- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
