@@ -365,15 +365,21 @@ def _each_runs_once_at(conn: Conn, definition_id: int, minutes: list[datetime], 
 
 
 def _live_runs_of(conn: Conn, definition_id: int, minute: datetime, jitters: list[str]) -> list[datetime]:
-    """The QUEUED runs of the definition that belong to this occurrence under any of the jitters."""
+    """The start times of the definition's QUEUED runs of this occurrence: those that recorded
+    it, and any that recorded none but start at it delayed by one of the jitters. (By start time
+    alone a run of the next minute can be taken for this one: the offsets are hashes.)"""
     return [
         r["scheduled_for"]
         for r in rows(
             conn,
-            "SELECT DISTINCT r.scheduled_for FROM jobs.runs AS r"
-            " JOIN unnest(%s::interval[]) AS j ON r.scheduled_for = %s + jobs.jitter_offset(%s, %s, j)"
-            " WHERE r.definition_id = %s AND r.status = 'QUEUED'",
-            (jitters, minute, definition_id, minute, definition_id),
+            "SELECT r.scheduled_for FROM jobs.runs AS r"
+            " WHERE r.definition_id = %(d)s AND r.status = 'QUEUED'"
+            "   AND (r.occurrence_at = %(m)s"
+            "        OR (r.occurrence_at IS NULL AND r.scheduled_for IN ("
+            "            SELECT %(m)s + jobs.jitter_offset(%(d)s, %(m)s, j)"
+            "              FROM unnest(%(j)s::interval[]) AS j)))"
+            " ORDER BY r.scheduled_for",
+            {"d": definition_id, "m": minute, "j": jitters},
         )
     ]
 
