@@ -36,6 +36,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_id bigint;
     v_ids bigint[];
+    v_definition_id bigint;
 BEGIN
     PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
@@ -51,10 +52,11 @@ BEGIN
                                FOR UPDATE);
     FOREACH v_id IN ARRAY v_ids LOOP
         CONTINUE WHEN EXISTS (SELECT FROM jobs.runs_all AS n WHERE n.retry_of = v_id);
-        -- A run whose definition was deleted is passed over too (jobs.retry refuses it).
-        CONTINUE WHEN EXISTS (SELECT FROM jobs.runs_all AS r
-                               WHERE r.id = v_id AND r.definition_id IS NOT NULL
-                                 AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id));
+        -- A run whose definition was deleted is passed over too (jobs.retry refuses it): checked
+        -- under the definition's lock, which jobs.retry then takes again, so an undefine that
+        -- commits meanwhile cannot turn the pass-over into an error.
+        v_definition_id := (SELECT r.definition_id FROM jobs.runs_all AS r WHERE r.id = v_id);
+        CONTINUE WHEN v_definition_id IS NOT NULL AND (jobs._hold_definition(v_definition_id, FALSE)).id IS NULL;
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END $$;

@@ -61,11 +61,29 @@ CREATE OR REPLACE FUNCTION jobs._definition_key(definition_id bigint) RETURNS bi
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('definition:' || definition_id % 256, 0) $$;
 COMMENT ON FUNCTION jobs._definition_key(bigint) IS 'Private: transaction advisory lock key of a definition''s stripe (id % 256), held shared while a run of it is added (jobs.run_now, retries) and exclusive by jobs.undefine.';
 
--- Private: look up and lock the named definition to add a run of it (for_delete false: the
--- key shared, the row FOR KEY SHARE) or to delete it (true: the key exclusive, the row FOR
--- UPDATE). The key comes first, so an undefine waits for a run being added, or the adder
--- waits for the delete and then finds no row; the row lock finds a delete committed after
--- the statement's snapshot. P0002 when no definition has the name.
+-- Private: lock a definition by id to add a run of it (for_delete false: the key shared, the
+-- row FOR KEY SHARE) or to delete it (true: the key exclusive, the row FOR UPDATE). The key
+-- comes first, so an undefine waits for a run being added, or the adder waits for the delete
+-- and then finds no row; the row lock finds a delete committed after the statement's
+-- snapshot. Returns the row, or a row of NULLs when the definition is gone.
+CREATE OR REPLACE FUNCTION jobs._hold_definition(definition_id bigint, for_delete boolean) RETURNS jobs.definitions
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_def jobs.definitions;
+BEGIN
+    IF for_delete THEN
+        PERFORM pg_advisory_xact_lock(jobs._definition_key(_hold_definition.definition_id));
+        SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = _hold_definition.definition_id FOR UPDATE;
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(_hold_definition.definition_id));
+        SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = _hold_definition.definition_id FOR KEY SHARE;
+    END IF;
+    RETURN v_def;
+END $$;
+COMMENT ON FUNCTION jobs._hold_definition(bigint, boolean) IS 'Private: the definition with this id, locked for adding a run (its key shared, the row FOR KEY SHARE) or for deleting it (key exclusive, FOR UPDATE); all NULLs when it no longer exists.';
+
+-- Private: look up the named definition and lock it (jobs._hold_definition); P0002 when no
+-- definition has the name.
 CREATE OR REPLACE FUNCTION jobs._lock_definition(name text, for_delete boolean) RETURNS jobs.definitions
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -77,14 +95,8 @@ BEGIN
         IF v_id IS NULL THEN
             RETURN jobs._known_definition(NULL, _lock_definition.name);
         END IF;
-        IF for_delete THEN
-            PERFORM pg_advisory_xact_lock(jobs._definition_key(v_id));
-            SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_id FOR UPDATE;
-        ELSE
-            PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(v_id));
-            SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.id = v_id FOR KEY SHARE;
-        END IF;
-        IF FOUND THEN
+        v_def := jobs._hold_definition(v_id, for_delete);
+        IF v_def.id IS NOT NULL THEN
             RETURN v_def;
         END IF;
         -- Deleted meanwhile: the name may have been defined again since.

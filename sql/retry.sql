@@ -171,15 +171,11 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'run % was already retried as run %', v_run.id, v_next.id USING ERRCODE = '22023';
     END IF;
-    -- As a retry after a failure: the definition's key, then its row (jobs._definition_key);
+    -- As a retry after a failure: the definition's key, then its row (jobs._hold_definition);
     -- a run of a deleted definition is not queued again, so jobs.undefine keeps its promise.
-    IF v_run.definition_id IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(v_run.definition_id));
-        PERFORM FROM jobs.definitions AS d WHERE d.id = v_run.definition_id FOR KEY SHARE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'run %''s definition was deleted (jobs.undefine): its runs are not queued again',
-                v_run.id USING ERRCODE = '22023';
-        END IF;
+    IF v_run.definition_id IS NOT NULL AND (jobs._hold_definition(v_run.definition_id, FALSE)).id IS NULL THEN
+        RAISE EXCEPTION 'run %''s definition was deleted (jobs.undefine): its runs are not queued again',
+            v_run.id USING ERRCODE = '22023';
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,

@@ -17,6 +17,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from harness import (
+    BlockedCall,
     Conn,
     Database,
     expect_error,
@@ -266,17 +267,22 @@ def test_a_run_of_a_deleted_definition_that_fails_is_not_retried(conn: Conn) -> 
     assert scalar(conn, ORPHANS) == []
 
 
-def test_an_operator_cannot_queue_again_a_run_of_a_deleted_definition(conn: Conn) -> None:
-    """jobs.retry refuses (22023, naming the run) a failed run whose definition was undefined;
-    jobs.retry_many passes it over and still retries the others it was given."""
-    conn.execute("SELECT jobs.define('gone', 'k', schedule => '0 0 1 1 *')")
-    conn.execute("SELECT jobs.define('kept', 'k', schedule => '0 0 1 1 *')")
+def _failed_runs(conn: Conn, *names: str) -> dict[str, int]:
+    """A definition per name and one FAILED run of each (no retry left): name -> run id."""
     failed = {}
-    for name in ("gone", "kept"):
+    for name in names:
+        conn.execute("SELECT jobs.define(%s, 'k', schedule => '0 0 1 1 *')", (name,))
         conn.execute("SELECT jobs.run_now(%s)", (name,))
         run_id = scalar(conn, "SELECT id FROM jobs.claim(1, 'w')")
         conn.execute("SELECT jobs.fail(%s, 'w', '{}', 'boom')", (run_id,))
-        failed[name] = run_id
+        failed[name] = int(run_id)
+    return failed
+
+
+def test_an_operator_cannot_queue_again_a_run_of_a_deleted_definition(conn: Conn) -> None:
+    """jobs.retry refuses (22023, naming the run) a failed run whose definition was undefined;
+    jobs.retry_many passes it over and still retries the others it was given."""
+    failed = _failed_runs(conn, "gone", "kept")
     conn.execute("SELECT jobs.undefine('gone')")
     expect_error(
         conn, "SELECT jobs.retry(%s)", (failed["gone"],), "22023", f"run {failed['gone']}", "deleted"
@@ -285,4 +291,25 @@ def test_an_operator_cannot_queue_again_a_run_of_a_deleted_definition(conn: Conn
         "SELECT retry_of FROM jobs.retry_many(%s)", ([failed["gone"], failed["kept"]],)
     ).fetchall()
     assert retried == [(failed["kept"],)], f"retry_many queued {retried}; only the kept definition's run"
+    assert scalar(conn, ORPHANS) == []
+
+
+def test_a_bulk_retry_waiting_on_an_undefine_passes_its_run_over(db: Database, conn: Conn) -> None:
+    """jobs.retry_many checks a run's definition under the definition's lock: a bulk retry that
+    waits for an undefine in flight passes that run over once it commits, rather than fail the
+    whole click, and still retries the others."""
+    failed = _failed_runs(conn, "gone", "kept")
+    with db.connect(autocommit=False) as undefiner, db.connect() as operator:
+        undefiner.execute("SELECT jobs.undefine('gone')")  # its key held until this commits
+        retrying = BlockedCall(
+            conn,
+            operator,
+            lambda: operator.execute(
+                "SELECT retry_of FROM jobs.retry_many(%s)", ([failed["gone"], failed["kept"]],)
+            ).fetchall(),
+            "the bulk retry to wait for the undefine",
+        )
+        undefiner.commit()
+        outcome = retrying.join(60)
+    assert outcome == [[(failed["kept"],)]], f"retry_many gave {outcome}; only the kept definition's run"
     assert scalar(conn, ORPHANS) == []
