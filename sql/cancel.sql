@@ -4,46 +4,17 @@
 -- acknowledges (jobs.acknowledge_cancel) at a checkpoint.
 -- ===========================================================================
 
--- Cancel a run: QUEUED -> CANCELLED now; RUNNING -> cancel_requested. Returns the status after the call.
-CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint) RETURNS jobs.run_status
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
-#variable_conflict use_column
-DECLARE
-    v_status jobs.run_status;
-    v_run jobs.runs;
-BEGIN
-    IF cancel.run_id IS NULL THEN
-        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    UPDATE jobs.runs AS r
-       SET status = CASE WHEN r.status = 'QUEUED' THEN 'CANCELLED'::jobs.run_status ELSE r.status END,
-           finished_at = CASE WHEN r.status = 'QUEUED' THEN now() ELSE r.finished_at END,
-           error = CASE WHEN r.status = 'QUEUED' THEN 'cancelled before it started' ELSE r.error END,
-           cancel_requested = TRUE
-     WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
-    RETURNING r.status INTO v_status;
-    IF FOUND THEN
-        IF v_status = 'CANCELLED' THEN
-            PERFORM jobs._cascade_dependency_failure(ARRAY[cancel.run_id]);
-        END IF;
-        RETURN v_status;
-    END IF;
-    SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = cancel.run_id;
-    RETURN (jobs._known_run(v_run, cancel.run_id)).status;  -- already finished: nothing to do
-END $$;
-COMMENT ON FUNCTION jobs.cancel(bigint) IS 'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';
-
 -- Cancel every QUEUED run of a definition; returns how many.
 CREATE OR REPLACE FUNCTION jobs.cancel_queued(name text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_def jobs.definitions;
+    v_def jobs.definitions := jobs._known_definition(
+        (SELECT d FROM jobs.definitions AS d WHERE d.name = cancel_queued.name), cancel_queued.name
+    );
     v_count integer;
     v_ids bigint[];
 BEGIN
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = cancel_queued.name;
-    v_def := jobs._known_definition(v_def, cancel_queued.name);
     -- Wait for rows a claimer holds (never long: claim does not wait on rows) rather than skip
     -- them: a claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
     -- would leave runs behind, even of a definition jobs.undefine() is deleting. After the wait
@@ -67,3 +38,26 @@ BEGIN
     RETURN v_count;
 END $$;
 COMMENT ON FUNCTION jobs.cancel_queued(text) IS 'Cancel every QUEUED run of the named definition; returns how many were cancelled.';
+
+-- Cancel a run: QUEUED -> CANCELLED now; RUNNING -> cancel_requested. Returns the status after the call.
+CREATE OR REPLACE FUNCTION jobs.cancel(run_id bigint) RETURNS jobs.run_status
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+DECLARE
+    v_status jobs.run_status;
+BEGIN
+    UPDATE jobs.runs AS r
+       SET status = CASE WHEN r.status = 'QUEUED' THEN 'CANCELLED'::jobs.run_status ELSE r.status END,
+           finished_at = CASE WHEN r.status = 'QUEUED' THEN now() ELSE r.finished_at END,
+           error = CASE WHEN r.status = 'QUEUED' THEN 'cancelled before it started' ELSE r.error END,
+           cancel_requested = TRUE
+     WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
+    RETURNING r.status INTO v_status;
+    IF FOUND THEN
+        IF v_status = 'CANCELLED' THEN
+            PERFORM jobs._cascade_dependency_failure(ARRAY[cancel.run_id]);
+        END IF;
+        RETURN v_status;
+    END IF;
+    RETURN (jobs._known_run(cancel.run_id, FALSE)).status;  -- already finished (or no such run)
+END $$;
+COMMENT ON FUNCTION jobs.cancel(bigint) IS 'QUEUED -> CANCELLED at once; RUNNING -> cancel_requested (delivered through heartbeats). Returns the run''s status after the call.';

@@ -66,12 +66,8 @@ BEGIN
         RAISE EXCEPTION 'kinds and queues must not both be NULL (to lift a scope, call jobs.unscope_worker)'
             USING ERRCODE = '22023';
     END IF;
-    IF scope_worker.kinds IS NOT NULL THEN
-        PERFORM jobs._check_names('kinds', scope_worker.kinds);
-    END IF;
-    IF scope_worker.queues IS NOT NULL THEN
-        PERFORM jobs._check_names('queues', scope_worker.queues);
-    END IF;
+    PERFORM jobs._check_names('kinds', scope_worker.kinds);
+    PERFORM jobs._check_names('queues', scope_worker.queues);
     INSERT INTO jobs.worker_scopes AS s (role, kinds, queues)
     VALUES (scope_worker.role, scope_worker.kinds, scope_worker.queues)
     ON CONFLICT (role) DO UPDATE
@@ -105,34 +101,23 @@ FROM jobs.worker_scopes AS s
 ORDER BY s.role;
 COMMENT ON VIEW jobs.worker_scope_list IS 'Each worker login''s scope (the kinds and queues jobs.claim may hand it; NULL: any), and whether the role exists.';
 
--- A worker's sign of life; false when it is not registered.
-CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
-    UPDATE jobs.worker_registry AS w SET last_seen_at = now(), stopped_at = NULL
-     WHERE w.worker = worker_seen.worker
+-- A worker's sign of life, or its clean stop: NULL when it is not registered.
+CREATE OR REPLACE FUNCTION jobs._stamp_worker(worker text, stopping boolean) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    UPDATE jobs.worker_registry AS w
+       SET last_seen_at = now(), stopped_at = CASE WHEN _stamp_worker.stopping THEN now() END
+     WHERE w.worker = _stamp_worker.worker
     RETURNING TRUE
 $$;
+COMMENT ON FUNCTION jobs._stamp_worker(text, boolean) IS 'Private: stamp a registered worker seen now, and stopped now when stopping (else no longer stopped); NULL when the worker is not registered.';
+
+CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text) RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $$ SELECT jobs._stamp_worker(worker_seen.worker, FALSE) $$;
 COMMENT ON FUNCTION jobs.worker_seen(text) IS 'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered.';
 
--- A worker says it stopped.
 CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
-    UPDATE jobs.worker_registry AS w SET stopped_at = now(), last_seen_at = now()
-     WHERE w.worker = worker_stopped.worker
-    RETURNING TRUE
-$$;
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $$ SELECT jobs._stamp_worker(worker_stopped.worker, TRUE) $$;
 COMMENT ON FUNCTION jobs.worker_stopped(text) IS 'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost.';
-
--- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
-CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
-        RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
-            USING HINT = 'Check the spelling, or start a worker whose app registers this kind.';
-    END IF;
-END $$;
-COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
 
 -- Every registered worker: alive (seen within the heartbeat timeout), stopped or lost; what it runs.
 CREATE OR REPLACE VIEW jobs.workers AS
@@ -296,26 +281,26 @@ COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz,
 -- Every definition with its settings: what `pgtick definitions` lists.
 CREATE OR REPLACE VIEW jobs.definition_list AS
 SELECT
-    d.id,
-    d.name,
-    d.kind,
-    d.schedule,
-    d.timezone,
-    d.run_at,
-    NOT d.enabled AS paused,
-    d.finished_at IS NOT NULL AS finished,
-    d.next_run_at,
-    d.misfire_policy,
-    d.overlap_policy,
-    d.max_concurrent_runs,
-    d.priority,
-    d.max_attempts,
-    d.timeout,
-    d.payload,
-    d.schedule_error,
-    d.created_at,
-    d.updated_at
-FROM jobs.definitions AS d;
+    id,
+    name,
+    kind,
+    schedule,
+    timezone,
+    run_at,
+    NOT enabled AS paused,
+    finished_at IS NOT NULL AS finished,
+    next_run_at,
+    misfire_policy,
+    overlap_policy,
+    max_concurrent_runs,
+    priority,
+    max_attempts,
+    timeout,
+    payload,
+    schedule_error,
+    created_at,
+    updated_at
+FROM jobs.definitions;
 COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
 
 -- One run in full, with its attempt chain (first attempt to last) and its definition.
@@ -345,9 +330,7 @@ CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint) RETURNS TABLE (
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
-    IF NOT EXISTS (SELECT FROM jobs.runs_all AS r WHERE r.id = run_detail.run_id) THEN
-        PERFORM jobs._known_run(NULL, run_detail.run_id);
-    END IF;
+    PERFORM jobs._known_run(run_detail.run_id, FALSE);
     RETURN QUERY
     WITH RECURSIVE back AS (
         SELECT r.id, r.retry_of, 0 AS depth FROM jobs.runs_all AS r WHERE r.id = run_detail.run_id
@@ -375,6 +358,27 @@ BEGIN
      WHERE r.id = run_detail.run_id;
 END $$;
 COMMENT ON FUNCTION jobs.run_detail(bigint) IS 'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
+
+-- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
+CREATE OR REPLACE VIEW jobs.run_list AS
+SELECT
+    r.id,
+    d.name AS definition,
+    r.kind,
+    r.status::text AS status,
+    r.attempt,
+    r.scheduled_for,
+    r.started_at,
+    r.finished_at,
+    r.worker,
+    r.failure_reason,
+    left(r.error, 60) AS error,
+    coalesce(d.timezone, 'UTC') AS timezone,
+    coalesce(r.finished_at, CASE WHEN r.status = 'RUNNING' THEN now() END) - r.started_at AS duration,
+    r.origin
+FROM jobs.runs AS r
+LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
+COMMENT ON VIEW jobs.run_list IS 'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
 
 -- Delete a definition (jobs.undefine) and say what became of its runs.
 CREATE OR REPLACE FUNCTION jobs.undefine_detail(name text)

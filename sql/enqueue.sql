@@ -2,6 +2,17 @@
 -- enqueue.sql: ad-hoc runs (jobs.enqueue) and runs of a definition on demand (jobs.run_now).
 -- ===========================================================================
 
+-- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
+CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
+        RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
+            USING HINT = 'Check the spelling, or start a worker whose app registers this kind.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
+
 -- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
 CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$

@@ -349,21 +349,18 @@ CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interva
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
-DECLARE
-    v_token_hash bytea := jobs._run_fence(snooze.run_id, snooze.worker, snooze.claim_token);
 BEGIN
     IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN
         RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    IF NOT jobs._hold_own_run(snooze.run_id, snooze.worker, snooze.claim_token) THEN
+        RETURN FALSE;
+    END IF;
     UPDATE jobs.runs AS r
        SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
            started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
-     WHERE r.id = snooze.run_id
-       AND r.status = 'RUNNING'
-       AND r.worker = snooze.worker
-       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
-       AND NOT r.cancel_requested;
+     WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
     RETURN jobs._notify_if(FOUND);
 END $$;
 COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';

@@ -188,16 +188,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
 
--- The run a caller's lookup by id found, or P0002 naming the id when it found none (run.id NULL).
-CREATE OR REPLACE FUNCTION jobs._known_run(run jobs.runs, run_id bigint) RETURNS jobs.runs
-LANGUAGE plpgsql IMMUTABLE AS $$
+-- A run by id, live or in history, for an operator's call on it: 22023 naming run_id when it
+-- is NULL, P0002 naming the id when there is no such run. With for_update the row is
+-- locked; a run moved to history while the caller waited for its lock is found there.
+DROP FUNCTION IF EXISTS jobs._known_run(jobs.runs, bigint);
+CREATE OR REPLACE FUNCTION jobs._known_run(run_id bigint, for_update boolean) RETURNS jobs.runs
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_run jobs.runs;
 BEGIN
-    IF run.id IS NULL THEN
-        RAISE EXCEPTION 'run % does not exist', coalesce(run_id::text, 'NULL') USING ERRCODE = 'P0002';
+    IF run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
     END IF;
-    RETURN run;
+    IF for_update THEN
+        SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = _known_run.run_id FOR UPDATE;
+        IF NOT FOUND THEN
+            SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = _known_run.run_id FOR UPDATE;
+        END IF;
+    ELSE
+        SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = _known_run.run_id;
+    END IF;
+    IF v_run.id IS NULL THEN
+        RAISE EXCEPTION 'run % does not exist', run_id USING ERRCODE = 'P0002';
+    END IF;
+    RETURN v_run;
 END $$;
-COMMENT ON FUNCTION jobs._known_run(jobs.runs, bigint) IS 'Private: returns the run row a lookup by id found; raises P0002 "run N does not exist" when it found none (id NULL).';
+COMMENT ON FUNCTION jobs._known_run(bigint, boolean) IS 'Private: the run with this id, live or in history (locked FOR UPDATE when for_update); raises 22023 naming run_id when it is NULL, and P0002 "run N does not exist" when there is none.';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token
@@ -218,24 +234,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._claim_token_hash(text) IS 'Private: sha256 of a claim token (NULL for NULL), the only form in which it is stored; raises 22023 naming claim_token unless it is 16 to 200 characters.';
 
--- The arguments every call on one claimed run shares (jobs.complete, fail, acknowledge_cancel,
--- snooze), checked in this order: claim_token, run_id, worker. Returns the token's stored form,
--- which the call's WHERE clause compares with the run's claim_token_hash.
-CREATE OR REPLACE FUNCTION jobs._run_fence(run_id bigint, worker text, claim_token text) RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(claim_token);
-BEGIN
-    -- As in jobs._hold_own_runs: plain conditions, the message helpers only on failure.
-    IF run_id IS NULL OR run_id < 1 THEN
-        PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
-    END IF;
-    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', worker, 200);
-    END IF;
-    RETURN v_token_hash;
-END $$;
-COMMENT ON FUNCTION jobs._run_fence(bigint, text, text) IS 'Private: raises 22023 naming the field unless claim_token (NULL or 16 to 200 characters), run_id (positive) and worker (1 to 200 characters) are valid; returns sha256 of claim_token (NULL for NULL) for the fence.';
+DROP FUNCTION IF EXISTS jobs._run_fence(bigint, text, text);  -- one run is fenced by jobs._hold_own_run
 
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
@@ -270,22 +269,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
--- Raise 22023 naming the field unless the array holds 1 to 1000 names (each as jobs._check_name
+-- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names (each as jobs._check_name
 -- takes it; a bad element is named by its position, e.g. kinds[3]).
 CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[]) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     i integer;
 BEGIN
-    IF value IS NULL OR cardinality(value) NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION '% must hold 1 to 1000 names, got %', field, coalesce(cardinality(value)::text, 'NULL')
-            USING ERRCODE = '22023';
+    IF value IS NULL THEN
+        RETURN;  -- no list: any name
+    END IF;
+    IF cardinality(value) NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION '% must hold 1 to 1000 names, got %', field, cardinality(value) USING ERRCODE = '22023';
     END IF;
     FOR i IN 1 .. cardinality(value) LOOP
         PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
     END LOOP;
 END $$;
-COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array holds 1 to 1000 names of 1 to 200 characters without control characters.';
+COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array is NULL (no list: any name) or holds 1 to 1000 names of 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval) RETURNS void

@@ -229,9 +229,10 @@ LEFT JOIN LATERAL (
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
 -- The last success, failure and outcome: from jobs.runs, and from history only for a
--- definition that has none since jobs.config.archive_after. The outer LIMIT 1 has no ORDER BY
--- on purpose: the Append of UNION ALL runs its branches in order and stops at the first row,
--- so history is not read for a definition with a recent run (an ORDER BY would read both).
+-- definition that has none since jobs.config.archive_after. For the success (two columns) the
+-- outer LIMIT 1 has no ORDER BY on purpose: the Append of UNION ALL runs its branches in order
+-- and stops at the first row, so history is not read for a definition with a recent run (an
+-- ORDER BY would read both); for one column, coalesce does the same.
 LEFT JOIN LATERAL (
     SELECT
         x.id,
@@ -258,38 +259,32 @@ LEFT JOIN LATERAL (
     LIMIT 1  -- noqa: AM09
 ) AS ok ON TRUE
 LEFT JOIN LATERAL (
-    SELECT x.finished_at
-    FROM (
+    SELECT coalesce(
         (
             SELECT r.finished_at FROM jobs.runs AS r
             WHERE r.definition_id = d.id AND r.status = 'FAILED'
             ORDER BY r.id DESC LIMIT 1
-        )
-        UNION ALL
+        ),
         (
             SELECT h.finished_at FROM jobs.run_history AS h
             WHERE h.definition_id = d.id AND h.status = 'FAILED'
             ORDER BY h.id DESC LIMIT 1
         )
-    ) AS x
-    LIMIT 1  -- noqa: AM09
+    ) AS finished_at
 ) AS bad ON TRUE
 LEFT JOIN LATERAL (
-    SELECT x.status
-    FROM (
+    SELECT coalesce(
         (
             SELECT r.status FROM jobs.runs AS r
             WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
             ORDER BY r.id DESC LIMIT 1
-        )
-        UNION ALL
+        ),
         (
             SELECT h.status FROM jobs.run_history AS h
             WHERE h.definition_id = d.id
             ORDER BY h.id DESC LIMIT 1
         )
-    ) AS x
-    LIMIT 1  -- noqa: AM09
+    ) AS status
 ) AS last ON TRUE
 LEFT JOIN LATERAL (
     -- A streak only follows a last outcome other than COMPLETED; it may reach into history.
@@ -360,27 +355,6 @@ FROM jobs.runs AS r
 WHERE r.status = 'QUEUED' AND r.origin = 'schedule' AND r.scheduled_for <= now()
 GROUP BY r.kind;
 COMMENT ON VIEW jobs.schedule_backlog IS 'Per kind: schedule occurrences whose time has come that are still QUEUED (due but not started), and the age of the oldest; an alert source (it should stay near zero).';
-
--- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
-CREATE OR REPLACE VIEW jobs.run_list AS
-SELECT
-    r.id,
-    d.name AS definition,
-    r.kind,
-    r.status::text AS status,
-    r.attempt,
-    r.scheduled_for,
-    r.started_at,
-    r.finished_at,
-    r.worker,
-    r.failure_reason,
-    left(r.error, 60) AS error,
-    coalesce(d.timezone, 'UTC') AS timezone,
-    coalesce(r.finished_at, CASE WHEN r.status = 'RUNNING' THEN now() END) - r.started_at AS duration,
-    r.origin
-FROM jobs.runs AS r
-LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
-COMMENT ON VIEW jobs.run_list IS 'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
 
 -- Delete finished runs older than older_than (default jobs.config.retention), at most batch_size per call.
 CREATE OR REPLACE FUNCTION jobs.prune(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000) RETURNS bigint

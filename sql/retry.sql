@@ -106,7 +106,6 @@ DECLARE
     v_failed jobs.runs;
     v_retry jobs.runs;
     v_retry_id bigint;
-    v_token_hash bytea := jobs._run_fence(fail.run_id, fail.worker, fail.claim_token);
 BEGIN
     IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
         RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
@@ -123,17 +122,14 @@ BEGIN
     -- below does) could close a cycle.
     PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(r.definition_id))
        FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.definition_id IS NOT NULL;
+    IF NOT jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token) THEN
+        RETURN NULL;  -- fenced: not RUNNING for this worker (reaped, cancelled, or never ours)
+    END IF;
     UPDATE jobs.runs AS r
        SET status = 'FAILED', finished_at = now(), failure_reason = fail.reason,
            error = left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)
      WHERE r.id = fail.run_id
-       AND r.status = 'RUNNING'
-       AND r.worker = fail.worker
-       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
     RETURNING r.* INTO v_failed;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- fenced: not RUNNING for this worker (reaped, cancelled, or never ours)
-    END IF;
 
     SELECT x.retry_run_id INTO v_retry_id
       FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
@@ -152,17 +148,9 @@ CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_run jobs.runs;
+    v_run jobs.runs := jobs._known_run(retry.run_id, TRUE);
     v_next jobs.runs;
 BEGIN
-    IF retry.run_id IS NULL THEN
-        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = retry.run_id FOR UPDATE;
-    IF NOT FOUND THEN  -- moved to history, perhaps while this waited for its lock
-        SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = retry.run_id FOR UPDATE;
-    END IF;
-    v_run := jobs._known_run(v_run, retry.run_id);
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
             USING ERRCODE = '22023';

@@ -404,16 +404,15 @@ CREATE OR REPLACE FUNCTION jobs.undefine(name text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_cancelled integer;
-BEGIN
     -- These locks serialize with everything that adds runs of the definition: materializing
     -- (jobs.materialize, materialize_many, materialize_one_shots, finish_backfill) locks the row
     -- and re-checks it; jobs.run_now and retries hold the definition's key shared until they
-    -- commit. Taken first, they wait for those in flight, so the cancel below sees their runs;
-    -- after this commit they find no definition and add nothing.
-    PERFORM jobs._lock_definition(undefine.name, TRUE);
-    v_cancelled := jobs.cancel_queued(undefine.name);
-    DELETE FROM jobs.definitions AS d WHERE d.name = undefine.name;
+    -- commit. Taken first, they wait for those in flight, so the cancel that follows sees their
+    -- runs; after this commit they find no definition and add nothing.
+    v_def jobs.definitions := jobs._lock_definition(undefine.name, TRUE);
+    v_cancelled integer := jobs.cancel_queued(v_def.name);
+BEGIN
+    DELETE FROM jobs.definitions AS d WHERE d.id = v_def.id;
     RETURN v_cancelled;
 END $$;
 COMMENT ON FUNCTION jobs.undefine(text) IS 'Delete the named definition and cancel its QUEUED runs; returns how many were cancelled. Run history is kept.';

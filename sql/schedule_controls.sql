@@ -231,8 +231,7 @@ BEGIN
         RAISE EXCEPTION 'backfill window from % to % is longer than 366 days', backfill."from", backfill."to"
             USING ERRCODE = '22023', HINT = 'Backfill a long history in windows of at most a year.';
     END IF;
-    SELECT d.* INTO v_def FROM jobs.definitions AS d WHERE d.name = backfill.name;
-    v_def := jobs._known_definition(v_def, backfill.name);
+    v_def := jobs._known_definition((SELECT d FROM jobs.definitions AS d WHERE d.name = backfill.name), backfill.name);
     IF v_def.schedule IS NULL THEN
         RAISE EXCEPTION 'definition % is a one-shot: only a recurring schedule can be backfilled',
             quote_literal(backfill.name) USING ERRCODE = '22023';

@@ -1,8 +1,9 @@
 -- ===========================================================================
 -- worker.sql: what a worker calls while it holds runs: heartbeat, complete,
--- acknowledge a cancellation. Every transition is fenced in its WHERE clause by
--- status = 'RUNNING', the claiming worker's id and its claim token, and says whether
--- it happened: a worker that was reaped (or never owned the run) changes nothing.
+-- acknowledge a cancellation. Every transition is fenced: it first holds its runs through
+-- jobs._hold_own_runs (or _hold_own_run), the one place that asks for status = 'RUNNING',
+-- the claiming worker's id and its claim token, and it says whether it happened: a worker
+-- that was reaped (or never owned the run) changes nothing.
 --
 -- Claim tokens: a worker id is no secret (jobs.running and jobs.workers show it), so a
 -- worker that claims with claim_token => a secret of its own gets runs that only a caller
@@ -43,13 +44,25 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._hold_own_runs(bigint[], text, text) IS 'Private: locks (FOR NO KEY UPDATE, in id order) and returns the runs among run_ids still RUNNING for worker and its claim_token; raises 22023 naming the field unless run_ids is a non-NULL array of at most 10,000 ids, worker a non-empty text of at most 200 characters and claim_token NULL or 16 to 200 characters.';
 
+-- One run of a worker's, held as jobs._hold_own_runs holds a batch: the fence of the calls on
+-- one claimed run (jobs.complete, fail, acknowledge_cancel, snooze), which then change it by id.
+-- Raises 22023 naming run_id (NULL or not positive), claim_token or worker.
+CREATE OR REPLACE FUNCTION jobs._hold_own_run(run_id bigint, worker text, claim_token text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF run_id IS NULL OR run_id < 1 THEN
+        PERFORM jobs._check_range('run_id', run_id, 1, 9223372036854775807);
+    END IF;
+    RETURN cardinality(jobs._hold_own_runs(ARRAY[run_id], worker, claim_token)) = 1;
+END $$;
+COMMENT ON FUNCTION jobs._hold_own_run(bigint, text, text) IS 'Private: locks (FOR NO KEY UPDATE) the run if it is still RUNNING for worker and its claim_token and says whether it is; raises 22023 naming the field unless run_id is positive, worker a non-empty text of at most 200 characters and claim_token NULL or 16 to 200 characters.';
+
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
-#variable_conflict use_column
 DECLARE
     v_mine bigint[] := jobs._hold_own_runs(heartbeat.run_ids, heartbeat.worker, heartbeat.claim_token);
 BEGIN
@@ -60,28 +73,21 @@ END $$;
 COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
-CREATE OR REPLACE FUNCTION jobs.complete(
-    run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL
-)
+CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
-DECLARE
-    v_token_hash bytea := jobs._run_fence(complete.run_id, complete.worker, complete.claim_token);
 BEGIN
     IF complete.result IS NOT NULL AND octet_length(complete.result::text) >
             (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
         RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
     END IF;
-    UPDATE jobs.runs AS r
-       SET status = 'COMPLETED', finished_at = now(), result = complete.result
-     WHERE r.id = complete.run_id
-       AND r.status = 'RUNNING'
-       AND r.worker = complete.worker
-       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash;
-    IF NOT FOUND THEN
+    IF NOT jobs._hold_own_run(complete.run_id, complete.worker, complete.claim_token) THEN
         RETURN FALSE;
     END IF;
+    UPDATE jobs.runs AS r
+       SET status = 'COMPLETED', finished_at = now(), result = complete.result
+     WHERE r.id = complete.run_id;
     IF EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on it (flow.sql)
         PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
     END IF;
@@ -113,17 +119,14 @@ CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
-DECLARE
-    v_token_hash bytea := jobs._run_fence(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token);
 BEGIN
+    IF NOT jobs._hold_own_run(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token) THEN
+        RETURN FALSE;
+    END IF;
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(),
            error = left(coalesce(acknowledge_cancel.message, 'cancelled at a checkpoint'), 10000)
-     WHERE r.id = acknowledge_cancel.run_id
-       AND r.status = 'RUNNING'
-       AND r.worker = acknowledge_cancel.worker
-       AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
-       AND r.cancel_requested;
+     WHERE r.id = acknowledge_cancel.run_id AND r.cancel_requested;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;

@@ -91,48 +91,24 @@ async def features(conn: Conn) -> Features:
 async def kind_stats(conn: Conn) -> list[Row]:
     """Per kind: due and future QUEUED, RUNNING, last hour's outcomes, oldest due age.
 
-    The columns of jobs.queue_stats, counted from the QUEUED and RUNNING partial indexes
-    and the finished_at index, so the cost follows the live set and the last hour, not
-    the history.
+    jobs.queue_stats summed over each kind's queues: the counts are the view's, so the
+    overview and ``pgtick status`` agree.
     """
     cur = await conn.execute(
         """
-        WITH live AS (
-            SELECT r.kind,
-                   count(*) FILTER (WHERE r.scheduled_for <= now()) AS queued,
-                   count(*) FILTER (WHERE r.scheduled_for > now()) AS scheduled,
-                   0 AS running,
-                   min(r.scheduled_for) FILTER (WHERE r.scheduled_for <= now()) AS oldest_due
-              FROM jobs.runs AS r WHERE r.status = 'QUEUED' GROUP BY r.kind
-            UNION ALL
-            SELECT r.kind, 0, 0, count(*), NULL
-              FROM jobs.runs AS r WHERE r.status = 'RUNNING' GROUP BY r.kind
-        ),
-        recent AS (
-            SELECT r.kind,
-                   count(*) FILTER (WHERE r.status = 'COMPLETED') AS completed_1h,
-                   count(*) FILTER (WHERE r.status = 'FAILED') AS failed_1h,
-                   count(*) FILTER (WHERE r.status = 'CANCELLED') AS cancelled_1h,
-                   count(*) FILTER (WHERE r.failure_reason = 'Skipped') AS skipped_1h,
-                   count(*) FILTER (WHERE r.failure_reason IN ('HeartbeatLost', 'Orphaned')) AS lost_1h
-              FROM jobs.runs AS r
-             WHERE r.finished_at > now() - interval '1 hour'
-             GROUP BY r.kind
-        ),
-        kinds AS (SELECT kind FROM live UNION SELECT kind FROM recent)
-        SELECT k.kind,
-               coalesce((SELECT sum(l.queued) FROM live AS l WHERE l.kind = k.kind), 0) AS queued,
-               coalesce((SELECT sum(l.scheduled) FROM live AS l WHERE l.kind = k.kind), 0) AS scheduled,
-               coalesce((SELECT sum(l.running) FROM live AS l WHERE l.kind = k.kind), 0) AS running,
-               coalesce(rc.completed_1h, 0) AS completed_1h,
-               coalesce(rc.failed_1h, 0) AS failed_1h,
-               coalesce(rc.cancelled_1h, 0) AS cancelled_1h,
-               now() - (SELECT min(l.oldest_due) FROM live AS l WHERE l.kind = k.kind) AS oldest_queued_age,
-               coalesce(rc.skipped_1h, 0) AS skipped_1h,
-               coalesce(rc.lost_1h, 0) AS lost_1h
-          FROM kinds AS k
-          LEFT JOIN recent AS rc ON rc.kind = k.kind
-         ORDER BY k.kind
+        SELECT s.kind,
+               sum(s.queued) AS queued,
+               sum(s.scheduled) AS scheduled,
+               sum(s.running) AS running,
+               sum(s.completed_1h) AS completed_1h,
+               sum(s.failed_1h) AS failed_1h,
+               sum(s.cancelled_1h) AS cancelled_1h,
+               max(s.oldest_queued_age) AS oldest_queued_age,
+               sum(s.skipped_1h) AS skipped_1h,
+               sum(s.lost_1h) AS lost_1h
+          FROM jobs.queue_stats AS s
+         GROUP BY s.kind
+         ORDER BY s.kind
         """
     )
     return await cur.fetchall()
