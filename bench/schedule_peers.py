@@ -24,6 +24,7 @@ Where each peer's start instant comes from (all stamped by the one server's cloc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -90,14 +91,14 @@ def spawn(
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """Terminate one child by its handle; kill it if it does not exit within ``grace``."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    """Stop a child and what it started (its own session, see ``spawn``): SIGTERM to its
+    process group, SIGKILL if the child has not exited within ``grace``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, sig)  # the child leads its group while it is alive
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
     if proc.stdout is not None:
         proc.stdout.close()
     if proc in CHILDREN:
