@@ -18,7 +18,8 @@
 --      in ONE ascending order of lock keys across all groups (so claimers never
 --      wait in a cycle): first only tried; if nothing in the pool can be picked
 --      without a busy one, waited for, but only for keys above every lock already
---      held;
+--      held, and by polling (for at most a second), never in the lock manager: the
+--      claim holds row locks by then, which the group's holder may need;
 --   3. only then count, per group, the live RUNNING rows and (rate limits) the
 --      starts within the trailing rate_period;
 --   4. pick rows in pool order while every group a row belongs to has room and mark
@@ -120,6 +121,10 @@ DECLARE
     -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
     -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
     c_stripes CONSTANT integer := 16;
+    -- How long a claim that found nothing pickable polls its busy groups before it returns
+    -- what it has (nothing): the caller claims again.
+    c_wait CONSTANT interval := interval '1 second';
+    v_wait_until timestamptz;
     v_exact boolean;
     v_striped boolean[] := '{}';    -- per group: holds one of its stripes
     v_holders integer[];
@@ -554,7 +559,14 @@ BEGIN
             END IF;
 
             -- Nothing claimable without waiting: wait for the busy groups, but only for keys
-            -- above every lock held (try the others), so every wait is in ascending order.
+            -- above every lock held (try the others), in ascending order. A wait is polling
+            -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
+            -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
+            -- follows a row's update chain and locks a newer version it then leaves out), and
+            -- a claimer holding the group's lock can itself wait for such a row, since SKIP
+            -- LOCKED does not skip every row lock on that chain. A lock-manager wait here
+            -- would close that cycle (seen as "deadlock detected" between two claims under
+            -- contended caps); a poll only delays the other claimer until it ends.
             EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
             v_busy := FALSE;
             FOREACH v_g IN ARRAY v_groups LOOP
@@ -562,17 +574,20 @@ BEGIN
             END LOOP;
             EXIT WHEN NOT v_busy;
             v_waited := TRUE;
+            v_wait_until := clock_timestamp() + c_wait;
             FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
                       WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
                 v_g := v_groups[i];
                 IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
-                    IF v_g.shared THEN
-                        PERFORM pg_advisory_xact_lock_shared(v_g.lock_key);
-                    ELSE
-                        PERFORM pg_advisory_xact_lock(v_g.lock_key);
+                    LOOP
+                        v_g.locked := CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
+                                           ELSE pg_try_advisory_xact_lock(v_g.lock_key) END;
+                        EXIT WHEN v_g.locked OR clock_timestamp() >= v_wait_until;
+                        PERFORM pg_sleep(0.001);
+                    END LOOP;
+                    IF v_g.locked THEN
+                        v_max_key := v_g.lock_key;
                     END IF;
-                    v_max_key := v_g.lock_key;
-                    v_g.locked := TRUE;
                 ELSIF v_g.shared THEN   -- (held already when only its stripes were busy)
                     v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
                 ELSE

@@ -7,6 +7,7 @@ commits; each states the invariant it checks and fails with the counter-example.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -27,6 +28,7 @@ from harness import (
     race_parts,
     run_row,
     scalar,
+    wait_for,
 )
 
 # ---------------------------------------------------------------------------
@@ -214,6 +216,53 @@ def test_cap_counts_runs_already_running(conn: Conn) -> None:
     assert scalar(conn, "SELECT jobs.complete(%s, 'a')", (ids[0],)) is True
     third = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(10, 'c')")]
     assert third == ids[2:3]
+
+
+def test_a_claim_waiting_for_a_busy_group_gives_way_to_its_holder(db: Database, conn: Conn) -> None:
+    """A claim that finds its only group busy waits for it while it holds its pool's rows. When
+    the group's holder then needs one of those rows, the claim must give way (poll, return
+    nothing, commit), not wait in the lock manager: that wait and the holder's would be a
+    deadlock, and one of the two would fail."""
+    def_id = add_definition(conn, "contended", cap=5)
+    (run_id,) = add_runs(conn, 1, kind="contended", definition_id=def_id)
+    outcome: dict[str, Any] = {}
+    with db.connect(autocommit=False) as holder, db.connect() as claimer:
+        claimer_pid = scalar(claimer, "SELECT pg_backend_pid()")
+        holder.execute("SELECT pg_advisory_xact_lock(jobs._dispatch_key(%s))", (def_id,))
+
+        def claim() -> None:
+            started = time.monotonic()
+            try:
+                outcome["ids"] = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(1, 'w')")]
+            except psycopg.Error as error:
+                outcome["error"] = f"{error.sqlstate}: {error}"
+            outcome["seconds"] = time.monotonic() - started
+
+        thread = threading.Thread(target=claim)
+        thread.start()
+        try:
+            wait_for(
+                "the claim to wait for the busy definition's group",
+                lambda: scalar(
+                    conn,
+                    "SELECT wait_event IN ('PgSleep', 'advisory') FROM pg_stat_activity WHERE pid = %s",
+                    (claimer_pid,),
+                ),
+                60,
+            )
+            holder.execute("SET LOCAL lock_timeout = '60s'")
+            try:
+                holder.execute("UPDATE jobs.runs SET priority = priority WHERE id = %s", (run_id,))
+                holder.commit()
+            except psycopg.Error as error:
+                outcome["holder_error"] = f"{error.sqlstate}: {error}"
+                holder.rollback()
+        finally:
+            thread.join(120)
+    assert "error" not in outcome and "holder_error" not in outcome, outcome
+    assert outcome["ids"] == [], f"the group was busy throughout, yet the claim returned {outcome}"
+    claimed = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w')")]
+    assert claimed == [run_id], "with the group free, the run is claimed"
 
 
 # ---------------------------------------------------------------------------
