@@ -198,7 +198,16 @@ SELECT
     d.max_concurrent_runs,
     coalesce(live.running, 0) AS running,
     coalesce(live.queued, 0) AS queued,
-    ok.finished_at AS last_success_at,
+    coalesce(
+        (
+            SELECT r.finished_at FROM jobs.runs AS r
+            WHERE r.id = ok.id
+        ),
+        (
+            SELECT h.finished_at FROM jobs.run_history AS h
+            WHERE h.id = ok.id
+        )
+    ) AS last_success_at,
     bad.finished_at AS last_failure_at,
     last.status AS last_status,
     fails.failures AS consecutive_failures,
@@ -229,34 +238,20 @@ LEFT JOIN LATERAL (
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
 -- The last success, failure and outcome: from jobs.runs, and from history only for a
--- definition that has none since jobs.config.archive_after. For the success (two columns) the
--- outer LIMIT 1 has no ORDER BY on purpose: the Append of UNION ALL runs its branches in order
--- and stops at the first row, so history is not read for a definition with a recent run (an
--- ORDER BY would read both); for one column, coalesce does the same.
+-- definition that has none since jobs.config.archive_after (coalesce evaluates its second
+-- argument only when the first is NULL; a UNION ALL ordered by id would read both). max(id)
+-- is read as the newest entry of the definition's index, backwards.
 LEFT JOIN LATERAL (
-    SELECT
-        x.id,
-        x.finished_at
-    FROM (
+    SELECT coalesce(
         (
-            SELECT
-                r.id,
-                r.finished_at
-            FROM jobs.runs AS r
+            SELECT max(r.id) FROM jobs.runs AS r
             WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
-            ORDER BY r.id DESC LIMIT 1
-        )
-        UNION ALL
+        ),
         (
-            SELECT
-                h.id,
-                h.finished_at
-            FROM jobs.run_history AS h
+            SELECT max(h.id) FROM jobs.run_history AS h
             WHERE h.definition_id = d.id AND h.status = 'COMPLETED'
-            ORDER BY h.id DESC LIMIT 1
         )
-    ) AS x
-    LIMIT 1  -- noqa: AM09
+    ) AS id
 ) AS ok ON TRUE
 LEFT JOIN LATERAL (
     SELECT coalesce(

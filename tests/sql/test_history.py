@@ -333,6 +333,35 @@ def test_a_run_may_depend_on_moved_runs(conn: Conn) -> None:
     assert rows(conn, "SELECT id FROM jobs.blocked") == []
 
 
+def test_health_reads_the_last_success_and_failure_from_history_until_a_live_one_comes(
+    conn: Conn,
+) -> None:
+    def_id = scalar(conn, "SELECT id FROM jobs.define('nightly', 'k', schedule => '0 2 * * *')")
+    (success,) = finish_old(conn, 1, age="3 days", status="COMPLETED", definition_id=def_id)
+    (failure,) = finish_old(conn, 1, age="2 days", status="FAILED", definition_id=def_id)
+    finished = {
+        r["id"]: r["finished_at"]
+        for r in rows(conn, "SELECT id, finished_at FROM jobs.runs WHERE id IN (%s, %s)", (success, failure))
+    }
+    assert _archive_all(conn) == 2
+    query = """SELECT last_success_at, last_failure_at, last_status::text, consecutive_failures
+                 FROM jobs.definition_health WHERE id = %s"""
+    assert one(conn, query, (def_id,)) == {
+        "last_success_at": finished[success],
+        "last_failure_at": finished[failure],
+        "last_status": "FAILED",
+        "consecutive_failures": 1,
+    }, "all of it from history"
+    (live,) = finish_old(conn, 1, age="1 hour", status="COMPLETED", definition_id=def_id)
+    live_at = scalar(conn, "SELECT finished_at FROM jobs.runs WHERE id = %s", (live,))
+    assert one(conn, query, (def_id,)) == {
+        "last_success_at": live_at,
+        "last_failure_at": finished[failure],
+        "last_status": "COMPLETED",
+        "consecutive_failures": 0,
+    }, "the live success is newer than history's"
+
+
 def test_a_failure_streak_that_reaches_into_history_pauses_the_definition(conn: Conn) -> None:
     def_id = scalar(
         conn,
