@@ -79,22 +79,19 @@ COMMENT ON VIEW jobs.running IS 'RUNNING runs with runtime and heartbeat age (NU
 -- flow control: paused, blocked on dependencies, held back by a full rate window, limits.
 -- (Columns after lost_1h were added later, at the end, so existing readers keep working.)
 CREATE OR REPLACE VIEW jobs.queue_stats AS
-WITH live AS (
+-- The QUEUED and the RUNNING rows are read apart, each through its partial index
+-- (runs_claim_idx, runs_running_idx): status IN (...) matches neither index's predicate and
+-- would read the whole table, the finished runs of the last archive_after included.
+WITH waiting AS (
     SELECT
         r.kind,
         r.queue,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked) AS queued,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.scheduled_for > now() AND NOT r.blocked) AS scheduled,
-        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.blocked) AS blocked,
-        now() - min(r.scheduled_for) FILTER (
-            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
-        ) AS oldest_queued_age,
-        min(r.scheduled_for) FILTER (
-            WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked
-        ) AS oldest_queued_at
+        count(*) FILTER (WHERE r.scheduled_for <= now() AND NOT r.blocked) AS queued,
+        count(*) FILTER (WHERE r.scheduled_for > now() AND NOT r.blocked) AS scheduled,
+        count(*) FILTER (WHERE r.blocked) AS blocked,
+        min(r.scheduled_for) FILTER (WHERE r.scheduled_for <= now() AND NOT r.blocked) AS oldest_queued_at
     FROM jobs.runs AS r
-    WHERE r.status IN ('QUEUED', 'RUNNING')
+    WHERE r.status = 'QUEUED'
     GROUP BY r.kind, r.queue
 ),
 
@@ -112,23 +109,35 @@ recent AS (
     GROUP BY r.kind, r.queue
 ),
 
+running AS (
+    SELECT
+        r.kind,
+        r.queue,
+        count(*) AS n
+    FROM jobs.runs AS r
+    WHERE r.status = 'RUNNING'
+    GROUP BY r.kind, r.queue
+),
+
 stats AS (
     SELECT
-        coalesce(live.kind, recent.kind) AS kind,
-        coalesce(live.queue, recent.queue) AS queue,
-        coalesce(live.queued, 0) AS queued,
-        coalesce(live.scheduled, 0) AS scheduled,
-        coalesce(live.running, 0) AS running,
+        coalesce(w.kind, x.kind, recent.kind) AS kind,
+        coalesce(w.queue, x.queue, recent.queue) AS queue,
+        coalesce(w.queued, 0) AS queued,
+        coalesce(w.scheduled, 0) AS scheduled,
+        coalesce(x.n, 0) AS running,
         coalesce(recent.completed_1h, 0) AS completed_1h,
         coalesce(recent.failed_1h, 0) AS failed_1h,
         coalesce(recent.cancelled_1h, 0) AS cancelled_1h,
-        live.oldest_queued_age,
+        now() - w.oldest_queued_at AS oldest_queued_age,
         coalesce(recent.skipped_1h, 0) AS skipped_1h,
         coalesce(recent.lost_1h, 0) AS lost_1h,
-        coalesce(live.blocked, 0) AS blocked,
-        live.oldest_queued_at
-    FROM live
-    FULL OUTER JOIN recent ON live.kind = recent.kind AND live.queue = recent.queue
+        coalesce(w.blocked, 0) AS blocked,
+        w.oldest_queued_at
+    FROM waiting AS w
+    FULL OUTER JOIN running AS x ON w.kind = x.kind AND w.queue = x.queue
+    FULL OUTER JOIN recent
+        ON coalesce(w.kind, x.kind) = recent.kind AND coalesce(w.queue, x.queue) = recent.queue
 )
 
 SELECT

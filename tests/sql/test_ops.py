@@ -182,6 +182,25 @@ def test_queue_stats_is_empty_without_runs(conn: Conn) -> None:
     assert rows(conn, "SELECT * FROM jobs.queue_stats") == [], "only older history: nothing to show"
 
 
+def test_queue_stats_reads_the_live_runs_through_their_indexes_not_the_finished_ones(conn: Conn) -> None:
+    """jobs.runs keeps the finished runs of the last archive_after (a day by default): the live
+    counts read the QUEUED and RUNNING partial indexes, and the last hour's outcomes the
+    finished_at index, never every row."""
+    finish_old(conn, 5000, age="3 hours")
+    enqueue(conn, "only-running")
+    assert len(claim(conn, "w", batch=1, kinds=["only-running"])) == 1
+    enqueue(conn, "only-queued")
+    conn.execute("ANALYZE jobs.runs")
+    with conn.transaction():
+        stats = {
+            r["kind"]: (r["queued"], r["running"])
+            for r in rows(conn, "SELECT kind, queued, running FROM jobs.queue_stats")
+        }
+        seq_scans = scalar(conn, "SELECT pg_stat_get_xact_numscans('jobs.runs'::regclass)")
+    assert stats == {"only-running": (0, 1), "only-queued": (1, 0)}
+    assert seq_scans == 0, f"jobs.queue_stats read jobs.runs sequentially {seq_scans} time(s)"
+
+
 # -- jobs.definition_health ----------------------------------------------------------------
 
 
