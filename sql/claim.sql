@@ -565,8 +565,8 @@ BEGIN
             -- follows a row's update chain and locks a newer version it then leaves out), and
             -- a claimer holding the group's lock can itself wait for such a row, since SKIP
             -- LOCKED does not skip every row lock on that chain. A lock-manager wait here
-            -- would close that cycle (seen as "deadlock detected" between two claims under
-            -- contended caps); a poll only delays the other claimer until it ends.
+            -- would close that cycle, and PostgreSQL would end one of the two claims with a
+            -- deadlock error; a poll only delays the other claimer until it ends.
             EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
             v_busy := FALSE;
             FOREACH v_g IN ARRAY v_groups LOOP
