@@ -19,7 +19,8 @@
 --      wait in a cycle): first only tried; if nothing in the pool can be picked
 --      without a busy one, waited for, but only for keys above every lock already
 --      held, and by polling (for at most a second), never in the lock manager: the
---      claim holds row locks by then, which the group's holder may need;
+--      claim holds row locks by then, and a holder of the group's lock that needed one
+--      of them would close a deadlock cycle;
 --   3. only then count, per group, the live RUNNING rows and (rate limits) the
 --      starts within the trailing rate_period;
 --   4. pick rows in pool order while every group a row belongs to has room and mark
@@ -562,11 +563,10 @@ BEGIN
             -- above every lock held (try the others), in ascending order. A wait is polling
             -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
             -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
-            -- follows a row's update chain and locks a newer version it then leaves out), and
-            -- a claimer holding the group's lock can itself wait for such a row, since SKIP
-            -- LOCKED does not skip every row lock on that chain. A lock-manager wait here
-            -- would close that cycle, and PostgreSQL would end one of the two claims with a
-            -- deadlock error; a poll only delays the other claimer until it ends.
+            -- follows a row's update chain and keeps its lock on a newer version it then
+            -- leaves out). A lock-manager wait here is one edge of a cycle that any holder
+            -- of the group's lock needing one of those rows would close, and PostgreSQL would
+            -- end one of the two with a deadlock error; a poll only delays that holder.
             EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
             v_busy := FALSE;
             FOREACH v_g IN ARRAY v_groups LOOP

@@ -269,8 +269,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
 
--- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names (each as jobs._check_name
--- takes it; a bad element is named by its position, e.g. kinds[3]).
+-- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names
+-- (each as jobs._check_name takes it; a bad element is named by its position, e.g. kinds[3]).
 CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[]) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
