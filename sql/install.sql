@@ -45,6 +45,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0014_occurrences \ir ../migrations/apply.sql
 -- 0015: finished runs move to a history partitioned by day; retention drops whole days.
 \set migration 0015_history \ir ../migrations/apply.sql
+-- 0016: the bounds of a run's own fields as domains, checked only where a value is written.
+\set migration 0016_run_domains \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

@@ -71,7 +71,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    SELECT r.id, r.failure_reason, n.retry_run_id
+    SELECT r.id, r.failure_reason::text, n.retry_run_id
       FROM jobs.runs AS r
       LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
      WHERE r.id = ANY (v_dead)

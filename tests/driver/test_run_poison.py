@@ -124,13 +124,19 @@ def test_a_payload_too_deep_for_the_driver_fails_its_run_alone(procs: Processes,
 
 
 def _drop_interval_checks(conn: Conn) -> None:
-    """Values written before any range check existed: drop the checks that would refuse them."""
-    names = conn.execute(
-        "SELECT conname FROM pg_constraint WHERE conrelid = 'jobs.runs'::regclass AND contype = 'c'"
-        " AND pg_get_constraintdef(oid) ~ 'timeout'"
+    """Values written before any range check existed: drop the checks that would refuse them,
+    the table's and those of the columns' domains."""
+    drops = conn.execute(
+        "SELECT format('ALTER TABLE jobs.runs DROP CONSTRAINT %I', c.conname) FROM pg_constraint AS c"
+        " WHERE c.conrelid = 'jobs.runs'::regclass AND c.contype = 'c'"
+        "   AND pg_get_constraintdef(c.oid) ~ 'timeout'"
+        " UNION ALL"
+        " SELECT format('ALTER DOMAIN %s DROP CONSTRAINT %I', c.contypid::regtype, c.conname)"
+        "   FROM pg_constraint AS c JOIN pg_attribute AS a ON a.atttypid = c.contypid"
+        "  WHERE a.attrelid = 'jobs.runs'::regclass AND a.attname ~ 'timeout'"
     ).fetchall()
-    for (name,) in names:
-        conn.execute(f'ALTER TABLE jobs.runs DROP CONSTRAINT "{name}"')
+    for (drop,) in drops:
+        conn.execute(drop)
 
 
 @pytest.mark.parametrize("column", ["timeout", "heartbeat_timeout"])

@@ -208,6 +208,21 @@ WRITERS: list[Case] = [
     ),
     checked(f"UPDATE jobs.retry_policies SET backoff_max = '{HUGE}'", "retry_policies_backoff_max_check"),
     checked(f"INSERT INTO jobs.runs (kind, timeout) VALUES ('k', '{HUGE}')", "runs_timeout_check"),
+    # A run's own fields: their domains, under the names of the table constraints they replaced
+    checked("UPDATE jobs.runs SET kind = ''", "jobs.run_kind", "runs_kind_check"),
+    checked("INSERT INTO jobs.runs (kind) VALUES (repeat('k', 201))", "runs_kind_check"),
+    checked("UPDATE jobs.runs SET payload = '[]'", "jobs.run_payload", "runs_payload_check"),
+    checked("UPDATE jobs.runs SET attempt = 0", "runs_attempt_check"),
+    checked("UPDATE jobs.runs SET max_attempts = 1001", "runs_max_attempts_check"),
+    checked("UPDATE jobs.runs SET priority = -1001", "runs_priority_check"),
+    checked("UPDATE jobs.runs SET origin = 'cron'", "runs_origin_check"),
+    checked("UPDATE jobs.runs SET failure_reason = 'Oops'", "runs_failure_reason_check"),
+    checked("UPDATE jobs.runs SET idempotency_key = ''", "runs_idempotency_key_check"),
+    checked("UPDATE jobs.runs SET timeout = '500 milliseconds'", "runs_timeout_check"),
+    checked("UPDATE jobs.runs SET queue = ''", "runs_queue_check"),
+    checked("UPDATE jobs.runs SET concurrency_key = repeat('t', 201)", "runs_concurrency_key_check"),
+    checked("UPDATE jobs.runs SET unique_key = ''", "runs_unique_key_check"),
+    checked("INSERT INTO jobs.runs (kind, queue) VALUES ('k', '')", "runs_queue_check"),
 ]
 
 

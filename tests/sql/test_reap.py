@@ -239,8 +239,8 @@ def test_reap_survives_absurd_rows_written_around_the_constraints(conn: Conn) ->
     assert len(conn.execute("SELECT id FROM jobs.claim(4, 'w1', heartbeat => true)").fetchall()) == 4
     with conn.transaction():
         conn.execute(
-            "ALTER TABLE jobs.runs DROP CONSTRAINT runs_timeout_check,"
-            " DROP CONSTRAINT runs_heartbeat_timeout_check;"
+            "ALTER DOMAIN jobs.run_timeout DROP CONSTRAINT runs_timeout_check;"
+            "ALTER DOMAIN jobs.run_heartbeat_timeout DROP CONSTRAINT runs_heartbeat_timeout_check;"
             "ALTER TABLE jobs.config DISABLE TRIGGER config_bounds,"
             " DROP CONSTRAINT config_heartbeat_timeout_check, DROP CONSTRAINT config_orphan_timeout_check"
         )
