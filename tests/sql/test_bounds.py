@@ -250,6 +250,29 @@ def test_out_of_range_value_is_refused_by_name_and_range_and_changes_nothing(
     assert digest(conn) == before, f"{sql}: changed the database"
 
 
+def test_the_bounds_of_a_runs_own_fields_are_domains_not_table_constraints(conn: Conn) -> None:
+    """Every UPDATE of jobs.runs (each claim, completion and heartbeat) reads and prepares all
+    of the table's CHECK constraints again, whatever it changes; a domain is checked only where
+    its column is written. So the table keeps only the rules that tie columns together, and
+    the size of depends_on (an array under a GIN index, left a plain bigint[])."""
+    single = conn.execute(
+        "SELECT c.conname FROM pg_constraint AS c"
+        " WHERE c.conrelid = 'jobs.runs'::regclass AND c.contype = 'c' AND cardinality(c.conkey) = 1"
+        " ORDER BY 1"
+    ).fetchall()
+    assert [r[0] for r in single] == ["runs_depends_on_check"], (
+        f"single-column CHECK constraints on jobs.runs (make them domains): {single}"
+    )
+    bounded = conn.execute(
+        "SELECT a.attname, t.typname FROM pg_attribute AS a JOIN pg_type AS t ON t.oid = a.atttypid"
+        " WHERE a.attrelid = 'jobs.runs'::regclass AND t.typtype = 'd'"
+        "   AND EXISTS (SELECT FROM pg_constraint AS c"
+        "                WHERE c.contypid = t.oid AND c.conname = 'runs_' || a.attname || '_check')"
+        " ORDER BY a.attnum"
+    ).fetchall()
+    assert len(bounded) == 13, f"columns of jobs.runs bounded by a domain of their own: {bounded}"
+
+
 def test_config_check_constraints_hold_without_the_trigger(conn: Conn) -> None:
     """The trigger gives the readable 22023; the CHECK constraints hold even if it is disabled."""
     conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER config_bounds")
