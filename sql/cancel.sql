@@ -16,7 +16,8 @@ DECLARE
     v_ids bigint[];
 BEGIN
     -- Wait for rows a claimer holds (never long: a claim is one short transaction, and one
-    -- that waits for a busy group polls for at most a second) rather than skip them: a claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
+    -- that waits for a busy group polls for at most a second) rather than skip them: a
+    -- claimer also locks rows it leaves QUEUED (definition at cap), and skipping those
     -- would leave runs behind, even of a definition jobs.undefine() is deleting. After the wait
     -- the status is checked again, so a row the claimer did start stays RUNNING. Locked in
     -- ascending id order.

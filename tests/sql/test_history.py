@@ -224,7 +224,8 @@ def test_prune_drops_only_the_day_partitions_it_made_whatever_the_plan(conn: Con
 
 def test_history_has_the_columns_of_jobs_runs_in_their_order(conn: Conn) -> None:
     """Compared by base type: a jobs.runs column whose bounds are a domain (checked where a
-    value is written) is stored in history as the domain's type, the value already checked."""
+    value is written) is stored in history as that domain's base type, the value already
+    checked."""
 
     def columns(table: str) -> list[tuple[str, str]]:
         return [
