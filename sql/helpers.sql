@@ -132,9 +132,12 @@ COMMENT ON FUNCTION jobs._refuse(text, text) IS 'Private: raises 22023 with the 
 -- or nested deeper than 100 levels. PostgreSQL stores far deeper JSON, but a driver decodes it
 -- recursively (Python's json gives up near 1000 levels), and a run whose payload cannot be
 -- decoded is lost with the rest of its claimed batch. The depth walk stops at level 100.
+-- In PL/pgSQL, whose expressions are planned once per session: a SQL function is not inlined
+-- here (every function pins search_path, roles.sql), so it would be planned at every call.
 CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN CASE
         WHEN payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
             format('must be a JSON object, got %s', coalesce(jsonb_typeof(payload), 'NULL'))
         WHEN octet_length(payload::text) > max_bytes THEN
@@ -142,15 +145,16 @@ LANGUAGE sql IMMUTABLE AS $$
                    octet_length(payload::text), max_bytes)
         WHEN jsonb_path_exists(payload, 'strict $.**{100}') THEN
             'nests deeper than 100 levels of arrays and objects'
-    END
-$$;
+    END;
+END $$;
 COMMENT ON FUNCTION jobs._payload_problem(jsonb, integer) IS 'Private: why a payload is refused (not a JSON object, larger than max_bytes, nested deeper than 100 levels), or NULL.';
 
 -- Raise 22023 unless the payload is a JSON object within jobs.config.max_payload_bytes and 100 levels deep.
 CREATE OR REPLACE FUNCTION jobs._check_payload(field text, payload jsonb) RETURNS void
-LANGUAGE sql STABLE AS $$
-    SELECT jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM jobs._refuse(field, jobs._payload_problem(payload, c.max_payload_bytes)) FROM jobs.config AS c;
+END $$;
 COMMENT ON FUNCTION jobs._check_payload(text, jsonb) IS 'Private: raises 22023 unless the value is a JSON object no larger than jobs.config.max_payload_bytes and nested at most 100 levels deep.';
 
 -- Raise 22023 naming the field when a number is NULL or outside [low, high].
@@ -239,20 +243,25 @@ DROP FUNCTION IF EXISTS jobs._run_fence(bigint, text, text);  -- one run is fenc
 -- What is wrong with a time a run may be given (NULL when nothing): NULL, infinite, or outside
 -- the years 1 to 9999 with a day to spare, which every driver can hold in any time zone
 -- (Python's datetime ends there: a claimed run it cannot read is lost with its batch).
+-- (In PL/pgSQL, so that it is planned once per session: see jobs._payload_problem.)
 CREATE OR REPLACE FUNCTION jobs._instant_problem(value timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN CASE
         WHEN value IS NULL OR NOT isfinite(value)
           OR value < '0001-01-02 00:00:00+00' OR value >= '9999-12-31 00:00:00+00' THEN
             format('must be a finite timestamp from 0001-01-02 to 9999-12-30 UTC, got %s',
                    coalesce(to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC', 'NULL'))
-    END
-$$;
+    END;
+END $$;
 COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS 'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';
 
 -- Raise 22023 naming the field unless the timestamp is one every driver can hold.
 CREATE OR REPLACE FUNCTION jobs._check_instant(field text, value timestamptz) RETURNS void
-LANGUAGE sql IMMUTABLE AS $$ SELECT jobs._refuse(field, jobs._instant_problem(value)) $$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM jobs._refuse(field, jobs._instant_problem(value));
+END $$;
 COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS 'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
 
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
@@ -304,9 +313,11 @@ COMMENT ON FUNCTION jobs._check_positive(text, interval) IS 'Private: raises 220
 -- any value stays far inside timestamptz's range, a driver can hold it (Python's timedelta ends
 -- at 999999999 days), and no timeout is so short that a worker cannot keep its run alive.
 -- Intervals compare as PostgreSQL orders them: a month counts 30 days.
+-- (In PL/pgSQL, so that its query is planned once per session: see jobs._payload_problem.)
 CREATE OR REPLACE FUNCTION jobs._duration_bounds(field text, OUT low text, OUT high text)
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT b.low, b.high
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    SELECT b.low, b.high INTO _duration_bounds.low, _duration_bounds.high
       FROM (VALUES ('timeout', '1 second', '366 days'),
                    ('heartbeat_timeout', '100 milliseconds', '366 days'),
                    ('orphan_timeout', '100 milliseconds', '366 days'),
@@ -318,27 +329,39 @@ LANGUAGE sql IMMUTABLE AS $$
                    ('older_than', '0 seconds', '100 years'),
                    ('lookahead', '0 seconds', '100 years'),
                    ('misfire_grace', '0 seconds', '100 years')) AS b (field, low, high)
-     WHERE b.field = _duration_bounds.field
-$$;
+     WHERE b.field = _duration_bounds.field;
+END $$;
 COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, misfire_grace).';
 
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
+-- A field with no bounds is a mistake in pgtick's own code: XX000.
 CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('must be an interval between %s and %s, got %s', b.low, b.high, value)
-      FROM jobs._duration_bounds(field) AS b
-     WHERE value NOT BETWEEN b.low::interval AND b.high::interval
-$$;
-COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL.';
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    b record;
+BEGIN
+    IF value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    b := jobs._duration_bounds(field);
+    IF b.low IS NULL THEN
+        RAISE EXCEPTION 'no bounds are known for the duration %', field USING ERRCODE = 'XX000';
+    END IF;
+    IF value NOT BETWEEN b.low::interval AND b.high::interval THEN
+        RETURN format('must be an interval between %s and %s, got %s', b.low, b.high, value);
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL; XX000 for a field with no bounds.';
 
 -- Raise 22023 naming the field when a duration is outside its bounds (NULL passes: "the default").
+-- Every check here is a plain expression: the common call, with NULL, costs no statement.
 CREATE OR REPLACE FUNCTION jobs._check_duration(field text, value interval, bound text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM jobs._duration_bounds(coalesce(bound, field)) AS b WHERE b.low IS NOT NULL) THEN
-        RAISE EXCEPTION 'no bounds are known for the duration %', coalesce(bound, field) USING ERRCODE = 'XX000';
+    IF value IS NOT NULL THEN
+        PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
     END IF;
-    PERFORM jobs._refuse(field, jobs._duration_problem(coalesce(bound, field), value));
 END $$;
 COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS 'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
 

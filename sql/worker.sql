@@ -62,7 +62,8 @@ COMMENT ON FUNCTION jobs._hold_own_run(bigint, text, text) IS 'Private: locks (F
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_mine bigint[] := jobs._hold_own_runs(heartbeat.run_ids, heartbeat.worker, heartbeat.claim_token);
 BEGIN
@@ -78,9 +79,10 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
-    IF complete.result IS NOT NULL AND octet_length(complete.result::text) >
-            (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
-        RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
+    IF complete.result IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
+        IF octet_length(complete.result::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
+            RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
+        END IF;
     END IF;
     IF NOT jobs._hold_own_run(complete.run_id, complete.worker, complete.claim_token) THEN
         RETURN FALSE;
@@ -98,7 +100,8 @@ COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMP
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
 CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_mine bigint[] := jobs._hold_own_runs(complete_many.run_ids, complete_many.worker, complete_many.claim_token);
@@ -144,7 +147,11 @@ COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The ow
 DROP FUNCTION IF EXISTS jobs.next_due(text[]);
 CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS TABLE (next_at timestamptz, db_now timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE seen AS (
         SELECT s.kinds AS scope_kinds, s.queues AS scope_queues,
                coalesce((SELECT array_agg(q.name) FROM jobs.paused_queues AS q), '{}') AS paused
@@ -163,8 +170,8 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
     )
     SELECT min((SELECT r.scheduled_for FROM jobs.runs AS r
                  WHERE r.status = 'QUEUED' AND r.priority = p.priority AND r.scheduled_for > now()
-                   AND (kinds IS NULL OR r.kind = ANY (kinds))
-                   AND (queues IS NULL OR r.queue = ANY (queues))
+                   AND (next_due.kinds IS NULL OR r.kind = ANY (next_due.kinds))
+                   AND (next_due.queues IS NULL OR r.queue = ANY (next_due.queues))
                    AND (w.scope_kinds IS NULL OR r.kind = ANY (w.scope_kinds))
                    AND (w.scope_queues IS NULL OR r.queue = ANY (w.scope_queues))
                    AND r.queue <> ALL (w.paused)
@@ -172,6 +179,6 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
                  ORDER BY r.priority DESC, r.scheduled_for LIMIT 1)),
            clock_timestamp()
       FROM priorities AS p, seen AS w
-     WHERE p.priority IS NOT NULL
-$$;
+     WHERE p.priority IS NOT NULL;
+END $$;
 COMMENT ON FUNCTION jobs.next_due(text[], text[]) IS 'Worker: the earliest scheduled_for after now among the QUEUED runs it could claim: of these kinds and in these queues (NULL = any), within its login''s scope, not in a paused queue, not waiting on dependencies (NULL when none), and the server clock, so a worker can sleep until exactly then.';
