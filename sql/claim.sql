@@ -9,8 +9,8 @@
 -- belongs to has room.
 --
 -- The algorithm (DESIGN.md "Claiming"); each step is its own statement, so under
--- READ COMMITTED each one sees a fresh snapshot (with no group at all, steps 1 and 4 are
--- one statement: below):
+-- READ COMMITTED each one sees a fresh snapshot (with nothing capped anywhere, steps 1 and 4
+-- are one statement: below):
 --   1. lock a pool of due QUEUED runs in claim order with FOR UPDATE SKIP LOCKED,
 --      leaving out paused queues, queues not asked for, and runs whose dependencies
 --      have not completed (blocked);
@@ -38,10 +38,12 @@
 -- than the oversample cannot fill it. In that second round a group whose lock key
 -- is below one already held is only try-locked (never waited for), which keeps
 -- every wait in ascending order.
--- With no limit defined and no capped definition in the first slice there are no groups,
--- and steps 2 to 4 would take that slice as it is: the statement of step 1 then marks it
--- RUNNING itself (no group, no count, so no later snapshot is needed). An uncapped claim is
--- that statement and one read of the claim's settings (paused queues, limits, scope).
+-- With no limit and no capped definition defined at all (the common case) there can be no
+-- group, and steps 2 to 4 would take the first slice as it is: one statement then locks it,
+-- starts it and returns it (no count, so no later snapshot is needed). An uncapped claim is
+-- that statement and one read of the claim's settings (paused queues, whether any limit or
+-- capped definition exists, scope). Where something is capped but nothing in the pool
+-- turns out to be, step 4 starts the pool as it is.
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -77,7 +79,9 @@
 -- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
 -- jobs.config.require_claim_token set, a claim without one is refused.
 -- Its statements are planned once per session (generic plans), except the second slice of
--- the pool (rarely needed): planning costs more than running most of them. The first slice's
+-- the pool (rarely needed): planning costs more than running most of them. None is worth
+-- compiling with JIT, and a plan made with sorts disabled would look expensive enough to be
+-- (jit = off). The first slice's
 -- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md).
 -- The runs a claim may take now, before the caller's kinds, queues and paused queues: QUEUED,
 -- due, and not waiting on dependencies, with the columns the claim's pool needs. Both pool
@@ -110,6 +114,7 @@ CREATE OR REPLACE FUNCTION jobs.claim(
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -135,8 +140,6 @@ DECLARE
     v_require_token boolean;
     v_void text;
     v_sort text;
-    v_started_runs jobs.runs[];     -- what step 1 started (nothing capped)
-    v_run jobs.runs;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
@@ -145,6 +148,7 @@ DECLARE
     v_scope_kinds text[];
     v_scope_queues text[];
     v_has_limits boolean;
+    v_has_capped boolean;
     v_capped_defs boolean := FALSE; -- some group is a capped definition
     v_new_ids bigint[];
     v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
@@ -209,16 +213,18 @@ BEGIN
         v_token_hash := jobs._claim_token_hash(claim.claim_token);
     END IF;
     -- One statement reads what the claim needs to know before it looks at the queue: paused
-    -- queues, whether any limit exists, the login's scope, whether a claim token is required
+    -- queues, whether any limit or capped definition exists, the login's scope, whether a claim token is required
     -- and (without a worker) this session's default worker id. A pause or scope committed
     -- before this call starts is seen by it.
     SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           EXISTS (SELECT FROM jobs.limits), s.kinds, s.queues,
+           EXISTS (SELECT FROM jobs.limits),
+           EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
+           s.kinds, s.queues,
            (SELECT c.require_claim_token FROM jobs.config AS c),
            coalesce(claim.worker, (
                SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
                  FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()))
-      INTO v_paused, v_has_limits, v_scope_kinds, v_scope_queues, v_require_token, v_worker
+      INTO v_paused, v_has_limits, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token, v_worker
       FROM (SELECT) AS one
       LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
     IF v_token_hash IS NULL AND v_require_token THEN
@@ -238,6 +244,38 @@ BEGIN
         RETURN;   -- nothing asked for is in the scope
     END IF;
 
+    -- Nothing is capped anywhere: one statement locks the first batch_size due runs in claim
+    -- order, starts them and returns them. Planned with sorts disabled, as the first slice
+    -- below is (its only sort is of the rows it returns; the claim never JIT-compiles).
+    IF NOT v_has_limits AND NOT v_has_capped THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        RETURN QUERY
+        WITH c AS (
+            SELECT r.id
+              FROM jobs._claimable AS r
+             WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+               AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+               AND r.queue <> ALL (v_paused)
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        -- The start time is the clock after the rows are locked, as in step 4 (v_started).
+        t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+        started AS (
+            UPDATE jobs.runs AS r
+               SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                   claim_token_hash = v_token_hash,
+                   heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+             WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+            RETURNING r.*
+        )
+        SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        RETURN;
+    END IF;
+
     LOOP
         v_round := v_round + 1;
         v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
@@ -251,9 +289,6 @@ BEGIN
             -- Planned (once per session, and again only when jobs.runs changes) with sorts
             -- disabled: then no plan can sort the queue, and the only ordered path left is
             -- runs_claim_idx, whatever the statistics say about the backlog.
-            -- With no limit defined and no capped definition in the slice (the common
-            -- case) there are no groups, and the same statement starts the whole slice
-            -- (steps 2 to 4 would take it as it is). Otherwise it only locks it.
             v_sort := current_setting('enable_sort');
             v_void := set_config('enable_sort', 'off', TRUE);
             WITH c AS (
@@ -265,41 +300,20 @@ BEGIN
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
                  LIMIT v_limit
                    FOR UPDATE SKIP LOCKED
-            ),
-            -- The start time is read after this statement's snapshot (see v_started).
-            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-            started AS (
-                UPDATE jobs.runs AS r
-                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-                       claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-                 WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
-                   AND NOT v_has_limits
-                   AND NOT EXISTS (SELECT FROM c JOIN jobs.definitions AS d
-                                     ON d.id = c.definition_id AND d.max_concurrent_runs IS NOT NULL)
-                RETURNING r AS run
             )
             -- The pool's arrays come from one pass over c, which holds its rows in the order
             -- they were locked (claim order, the LIMIT over the ordered index scan): they
             -- stay aligned and in claim order with no sort per array.
-            SELECT (SELECT array_agg(s.run ORDER BY (s.run).priority DESC, (s.run).scheduled_for, (s.run).id)
-                      FROM started AS s),
-                   coalesce(array_agg(c.id), '{}'),
+            SELECT coalesce(array_agg(c.id), '{}'),
                    coalesce(array_agg(c.definition_id), '{}'),
                    coalesce(array_agg(c.origin), '{}'),
                    coalesce(array_agg(c.queue), '{}'),
                    coalesce(array_agg(c.kind), '{}'),
                    coalesce(array_agg(c.concurrency_key), '{}')
-              INTO v_started_runs, v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
+              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
                    v_pool_keys
               FROM c;
             v_void := set_config('enable_sort', v_sort, TRUE);
-            IF v_started_runs IS NOT NULL THEN
-                FOREACH v_run IN ARRAY v_started_runs LOOP
-                    RETURN NEXT v_run;
-                END LOOP;
-                RETURN;
-            END IF;
             IF cardinality(v_new_ids) = 0 THEN
                 RETURN;   -- nothing due
             END IF;

@@ -365,14 +365,20 @@ def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> N
     assert stamped is not None and stamped[0] == stamped[1]
 
 
-@pytest.mark.parametrize("history", [0, 20000])
-def test_claim_walks_the_claim_index_on_a_long_backlog(db: Database, history: int) -> None:
+@pytest.mark.parametrize(("history", "capped"), [(0, False), (20000, False), (20000, True)])
+def test_claim_walks_the_claim_index_on_a_long_backlog(db: Database, history: int, capped: bool) -> None:
     """The pool query's plan is made once per session, for any batch size, kinds and queues,
     so it cannot lean on their values: on a long backlog (with or without a history beside
     it) it must walk runs_claim_idx in claim order, never scan and sort jobs.runs, which
-    would cost every claim the whole queue. Read from the transaction's own scan counters,
-    so no timing is involved."""
+    would cost every claim the whole queue. With nothing capped that is the statement that
+    also starts the batch; with a capped definition defined, the one that only locks the
+    pool. Read from the transaction's own scan counters, so no timing is involved."""
     with db.connect() as setup:
+        if capped:  # defined, never materialized: the queue holds none of its runs
+            setup.execute(
+                "SELECT jobs.define(name => 'capped', kind => 'k', schedule => '@yearly',"
+                " max_concurrent_runs => 1)"
+            )
         setup.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
         setup.execute(
             "INSERT INTO jobs.runs (kind, status, finished_at)"
