@@ -213,20 +213,24 @@ BEGIN
         v_token_hash := jobs._claim_token_hash(claim.claim_token);
     END IF;
     -- One statement reads what the claim needs to know before it looks at the queue: paused
-    -- queues, whether any limit or capped definition exists, the login's scope, whether a claim token is required
-    -- and (without a worker) this session's default worker id. A pause or scope committed
-    -- before this call starts is seen by it.
+    -- queues, whether any limit or capped definition exists, the login's scope and whether a
+    -- claim token is required. A pause or scope committed before this call starts is seen by
+    -- it. (Without a worker, this session's default worker id is a statement of its own: a
+    -- statement's executor start builds every subquery it holds, used or not.)
     SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
            EXISTS (SELECT FROM jobs.limits),
            EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
            s.kinds, s.queues,
-           (SELECT c.require_claim_token FROM jobs.config AS c),
-           coalesce(claim.worker, (
-               SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-                 FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid()))
-      INTO v_paused, v_has_limits, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token, v_worker
+           (SELECT c.require_claim_token FROM jobs.config AS c)
+      INTO v_paused, v_has_limits, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
       FROM (SELECT) AS one
       LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+    v_worker := claim.worker;
+    IF v_worker IS NULL THEN
+        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+          INTO v_worker
+          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
+    END IF;
     IF v_token_hash IS NULL AND v_require_token THEN
         RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
             USING ERRCODE = '22023',
