@@ -20,7 +20,8 @@
 -- that own the messages run (each a statement) only when one fails.
 DROP FUNCTION IF EXISTS jobs._check_run_batch(bigint[], text);
 CREATE OR REPLACE FUNCTION jobs._hold_own_runs(run_ids bigint[], worker text, claim_token text) RETURNS bigint[]
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._claim_token_hash(_hold_own_runs.claim_token);
@@ -32,12 +33,17 @@ BEGIN
     IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('worker', worker, 200);
     END IF;
-    SELECT coalesce(array_agg(mine.id), '{}') INTO v_ids
-      FROM (SELECT s.id FROM jobs.runs AS s
+    -- The rows are found by id alone and the fence is applied to what the locks return (the
+    -- latest version of each row): a status test inside would let the planner walk every
+    -- RUNNING run through runs_running_idx whenever the statistics saw few of them.
+    SELECT coalesce(array_agg(mine.id) FILTER (
+               WHERE mine.status = 'RUNNING'
+                 AND mine.worker = _hold_own_runs.worker
+                 AND mine.claim_token_hash IS NOT DISTINCT FROM v_token_hash), '{}')
+      INTO v_ids
+      FROM (SELECT s.id, s.status, s.worker, s.claim_token_hash
+              FROM jobs.runs AS s
              WHERE s.id = ANY (_hold_own_runs.run_ids)
-               AND s.status = 'RUNNING'
-               AND s.worker = _hold_own_runs.worker
-               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
              ORDER BY s.id
                FOR NO KEY UPDATE) AS mine;
     RETURN v_ids;

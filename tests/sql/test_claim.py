@@ -400,3 +400,42 @@ def test_claim_walks_the_claim_index_on_a_long_backlog(db: Database, history: in
                 f"claim({args}): {scans[0] if scans else '?'} sequential scans of jobs.runs and"
                 f" {scans[1] if scans else '?'} of runs_claim_idx; expected none and at least one"
             )
+
+
+def test_a_workers_calls_find_their_runs_by_id_not_by_walking_the_running_set(db: Database) -> None:
+    """heartbeat, complete_many, complete and fail fence a worker's runs by id; their plans are
+    made once per session, from statistics that may have seen nothing RUNNING (taken while the
+    queue was filling). With 3,000 runs RUNNING for another worker, a call about one run must
+    read runs_pkey and never walk runs_running_idx, which would cost every heartbeat the
+    whole RUNNING set. Read from the transaction's own scan counters, so no timing is involved."""
+    with db.connect() as setup:
+        setup.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
+        add_runs(setup, 3004)
+        setup.execute("ANALYZE jobs.runs")  # statistics with nothing RUNNING
+        for _ in range(3):
+            setup.execute("SELECT count(*) FROM jobs.claim(1000, 'other')")
+        mine = [int(r[0]) for r in setup.execute("SELECT id FROM jobs.claim(4, 'w')")]
+    assert len(mine) == 4
+    calls = [
+        ("SELECT count(*) FROM jobs.heartbeat(%s, 'w')", [mine[0]]),
+        ("SELECT count(*) FROM jobs.complete_many(%s, 'w')", [mine[1]]),
+        ("SELECT jobs.complete(%s, 'w')::int", mine[2]),
+        ("SELECT count((jobs.fail(%s, 'w', message => 'boom')).id)", mine[3]),
+    ]
+    with db.connect() as worker:  # a new session: each plan is made on its first call
+        for sql, arg in calls:
+            with worker.transaction():
+                done = worker.execute(sql, (arg,)).fetchone()
+                scans = worker.execute(
+                    "SELECT pg_stat_get_xact_numscans('jobs.runs_running_idx'::regclass),"
+                    "       pg_stat_get_xact_numscans('jobs.runs_pkey'::regclass)"
+                ).fetchone()
+            assert done == (1,), f"{sql}: {done}"
+            assert scans is not None and scans[0] == 0 and scans[1] >= 1, (
+                f"{sql}: {scans[0] if scans else '?'} scans of runs_running_idx and"
+                f" {scans[1] if scans else '?'} of runs_pkey; expected none and at least one"
+            )
+        statuses = worker.execute(
+            "SELECT status::text FROM jobs.runs WHERE id = ANY (%s) ORDER BY id", (mine,)
+        ).fetchall()
+    assert [s for (s,) in statuses] == ["RUNNING", "COMPLETED", "COMPLETED", "FAILED"]
