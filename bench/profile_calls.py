@@ -33,7 +33,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from bench.harness import connect
-from bench.profile_claim import backend_cpu, database
+from bench.profile_claim import alternating, backend_cpu, schemas
 
 KIND = "noop"
 WARM = 50
@@ -100,21 +100,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--baseline", default="main", help="commit to compare with (git archive)")
     args = parser.parse_args()
-    dsns = {
-        "this": database(args.dsn, "pgtick_calls_this", None),
-        args.baseline: database(args.dsn, "pgtick_calls_base", args.baseline),
-    }
+    dsns = schemas(args.dsn, "pgtick_calls", args.baseline)
     seen: dict[str, dict[str, list[float]]] = {name: {} for name in dsns}
     loads: list[float] = []
-    for n in range(args.rounds):
-        for name in list(dsns) if n % 2 == 0 else list(reversed(dsns)):
-            try:
-                for call, us in measure(dsns[name], args.calls).items():
-                    seen[name].setdefault(call, []).append(us)
-            except psycopg.Error as exc:
-                raise SystemExit(f"{name}: {exc}") from None
-            loads.append(os.getloadavg()[0])
-            print(f"round {n + 1} {name} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
+    for n, name in alternating(list(dsns), args.rounds):
+        try:
+            for call, us in measure(dsns[name], args.calls).items():
+                seen[name].setdefault(call, []).append(us)
+        except psycopg.Error as exc:
+            raise SystemExit(f"{name}: {exc}") from None
+        loads.append(os.getloadavg()[0])
+        print(f"round {n + 1} {name} done, load {loads[-1]:.1f}", file=sys.stderr, flush=True)
     for call in seen["this"]:
         this, base = seen["this"][call], seen[args.baseline][call]
         print(

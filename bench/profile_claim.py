@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,6 +62,22 @@ def database(admin_dsn: str, name: str, baseline: str | None) -> str:
     with connect(dsn) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     return dsn
+
+
+def schemas(admin_dsn: str, prefix: str, baseline: str) -> dict[str, str]:
+    """Two fresh databases, ``this`` (this checkout's schema) and ``baseline``, by name."""
+    return {
+        "this": database(admin_dsn, f"{prefix}_this", None),
+        baseline: database(admin_dsn, f"{prefix}_base", baseline),
+    }
+
+
+def alternating(names: list[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, name) for every name in every round, the order reversed every other round, so
+    that a burst of load elsewhere hits both schemas alike."""
+    for n in range(rounds):
+        for name in names if n % 2 == 0 else list(reversed(names)):
+            yield n, name
 
 
 def backend_cpu(pid: int) -> float:
@@ -110,26 +127,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--baseline", default="main", help="commit to compare with (git archive)")
     args = parser.parse_args()
-    dsns = {
-        "this": database(args.dsn, "pgtick_profile_this", None),
-        args.baseline: database(args.dsn, "pgtick_profile_base", args.baseline),
-    }
+    dsns = schemas(args.dsn, "pgtick_profile", args.baseline)
     cpu: dict[str, list[float]] = {name: [] for name in dsns}
     statements: dict[str, dict[str, list[tuple[int, float, float]]]] = {name: {} for name in dsns}
-    for n in range(args.rounds):
-        order = list(dsns) if n % 2 == 0 else list(reversed(dsns))
-        for name in order:
-            c, w, rows = measure(dsns[name], args.case, args.calls, args.batch)
-            cpu[name].append(c)
-            for calls, plans, plan_us, exec_us, query in rows:
-                statements[name].setdefault(query, []).append(
-                    (calls // args.calls, float(plan_us) if plans else 0.0, float(exec_us))
-                )
-            print(
-                f"round {n + 1} {name}: cpu {c:.0f} us, wall {w:.0f} us per claim+completion,"
-                f" load {os.getloadavg()[0]:.1f}",
-                flush=True,
+    for n, name in alternating(list(dsns), args.rounds):
+        c, w, rows = measure(dsns[name], args.case, args.calls, args.batch)
+        cpu[name].append(c)
+        for calls, plans, plan_us, exec_us, query in rows:
+            statements[name].setdefault(query, []).append(
+                (calls // args.calls, float(plan_us) if plans else 0.0, float(exec_us))
             )
+        print(
+            f"round {n + 1} {name}: cpu {c:.0f} us, wall {w:.0f} us per claim+completion,"
+            f" load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     for name in dsns:
         print(f"{name}: median cpu {statistics.median(cpu[name]):.0f} us per claim+completion")
         print("  per claim  plan_us  exec_us  statement (medians over the rounds)")

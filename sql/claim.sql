@@ -79,10 +79,9 @@
 -- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
 -- jobs.config.require_claim_token set, a claim without one is refused.
 -- Its statements are planned once per session (generic plans), except the second slice of
--- the pool (rarely needed): planning costs more than running most of them. None is worth
--- compiling with JIT, and a plan made with sorts disabled would look expensive enough to be
--- (jit = off). The first slice's
--- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md).
+-- the pool (rarely needed): planning costs more than running most of them. The first slice's
+-- plan is made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md);
+-- such a plan looks expensive enough to be JIT-compiled, and none is worth it (jit = off).
 -- The runs a claim may take now, before the caller's kinds, queues and paused queues: QUEUED,
 -- due, and not waiting on dependencies, with the columns the claim's pool needs. Both pool
 -- statements of jobs.claim select from it; a view is expanded into the statement that reads
