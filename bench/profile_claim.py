@@ -1,21 +1,22 @@
 """Where one jobs.claim spends its time: per-statement plan and execution times and the
 backend's CPU per claim and completion, this schema against a baseline commit, alternated.
 
-    .venv/bin/python bench/profile_claim.py --dsn DSN [--case uncapped|three-limits]
+    .venv/bin/python bench/profile_claim.py --dsn DSN [--case uncapped|three-limits|capped]
                                             [--rounds 4] [--calls 400] [--batch 10]
                                             [--baseline REV]
 
 DSN: a superuser DSN of a server that preloads pg_stat_statements (track = all shows the
-statements inside the claim). Two databases are created on it, one with this checkout's
-sql/ and one with the baseline's (default: main), installed by its own sql/install.sql from
-``git archive``. Each round refills both with the limits benchmark's pool (bench/sys_limits.py;
-``three-limits`` adds its three roomy limits), warms a session up, then times ``--calls``
-claims of ``--batch`` and their ``jobs.complete_many`` in one session with
-synchronous_commit off, and reads the backend's CPU time from /proc (so the server must run
-on this machine). The two schemas alternate, round after round, so that a burst of load
-elsewhere hits both. Prints per round the CPU and wall time per claim+completion and the
-load average, then per schema the median CPU and, per statement, the median over the rounds
-of its planning and execution time per call.
+statements inside the claim). Two databases are created on it, one with this checkout's sql/
+and one with the baseline's (default: main), installed by its own sql/install.sql from ``git
+archive``. Each round refills both with the limits benchmark's pool (bench/sys_limits.py;
+``three-limits`` adds its three roomy limits; ``capped`` queues the runs of the caps
+benchmark instead: 100 definitions capped at 2, each run drawn from one of them), warms a
+session up, then times ``--calls`` claims of ``--batch`` and their ``jobs.complete_many`` in
+one session with synchronous_commit off, and reads the backend's CPU time from /proc (so the
+server must run on this machine). The two schemas alternate, round after round, so that a
+burst of load elsewhere hits both. Prints per round the CPU and wall time per
+claim+completion and the load average, then per schema the median CPU and, per statement,
+the median over the rounds of its planning and execution time per call.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import sys_limits
+from bench import sys_limits, sys_pgtick
 from bench.harness import connect
 
 STATEMENTS = """
@@ -91,8 +92,12 @@ def measure(dsn: str, case: str, calls: int, batch: int) -> tuple[float, float, 
     with connect(dsn) as conn:
         conn.execute("TRUNCATE jobs.runs CASCADE")
         conn.execute("DELETE FROM jobs.limits")
+        conn.execute("DELETE FROM jobs.definitions")
     warm = 20
-    sys_limits.fill_two_kinds(dsn, (calls + warm) * batch)
+    if case == "capped":
+        sys_pgtick.fill(dsn, (calls + warm) * batch, sys_pgtick.define_capped(dsn, 100, 2))
+    else:
+        sys_limits.fill_two_kinds(dsn, (calls + warm) * batch)
     if case == "three-limits":
         sys_limits.set_three_limits(dsn)
     with connect(dsn) as conn:
@@ -121,7 +126,7 @@ def measure(dsn: str, case: str, calls: int, batch: int) -> tuple[float, float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", required=True, help="superuser DSN; pg_stat_statements preloaded")
-    parser.add_argument("--case", choices=["uncapped", "three-limits"], default="uncapped")
+    parser.add_argument("--case", choices=["uncapped", "three-limits", "capped"], default="uncapped")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--batch", type=int, default=10)

@@ -148,7 +148,8 @@ DECLARE
     v_scope_queues text[];
     v_has_limits boolean;
     v_has_capped boolean;
-    v_capped_defs boolean := FALSE; -- some group is a capped definition
+    v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
+    v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
     v_new_ids bigint[];
     v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
     v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
@@ -371,13 +372,14 @@ BEGIN
                        'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
                        FALSE AS per_key, d.id AS definition_id,
                        d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
-                       NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip
+                       NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip,
+                       d.overlap_policy IN ('buffer_one', 'cancel_other') AS overlap
                   FROM p JOIN jobs.definitions AS d
                     ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
                 UNION ALL
                 SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),   -- jobs._limit_key
                        l.scope, l.name, l.ckey, l.per_key, NULL,
-                       l.max_running, l.rate_limit, l.rate_period, FALSE
+                       l.max_running, l.rate_limit, l.rate_period, FALSE, FALSE
                   FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
                                CASE WHEN m.per_key THEN p.ckey END AS ckey,
                                CASE WHEN m.per_key
@@ -410,8 +412,10 @@ BEGIN
                                      ORDER BY p.ord, s.slot)
                       FROM p CROSS JOIN generate_series(1, 3) AS s (slot)
                       LEFT JOIN x ON x.ord = p.ord AND x.slot = s.slot
-                      LEFT JOIN n ON n.label = x.label)
-              INTO v_new, v_new_slots;
+                      LEFT JOIN n ON n.label = x.label),
+                   (SELECT coalesce(bool_or(x.overlap), FALSE) FROM x)
+              INTO v_new, v_new_slots, v_new_overlap;
+            v_overlap := v_overlap OR v_new_overlap;
         END IF;
         v_row_groups := v_row_groups || v_new_slots;
 
@@ -422,7 +426,6 @@ BEGIN
                 v_max_key := greatest(v_max_key, v_g.lock_key);
             END IF;
             v_groups := v_groups || v_g;
-            v_capped_defs := v_capped_defs OR v_g.scope = 'definition';
             v_labels := v_labels || v_g.label;
         END LOOP;
         v_waited := FALSE;
@@ -627,8 +630,9 @@ BEGIN
          WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
     END LOOP;
 
-    -- buffer_one and cancel_other act on the definitions whose dispatch locks are held.
-    IF v_capped_defs THEN
+    -- buffer_one and cancel_other act on the definitions whose dispatch locks are held (only
+    -- where the pool met such a definition: the call and its read of them cost a claim).
+    IF v_overlap THEN
         SELECT array_agg(g.definition_id), array_agg(g.free)
           INTO v_room_defs, v_room_free
           FROM unnest(v_groups) AS g
