@@ -44,6 +44,10 @@
 -- that statement and one read of the claim's settings (paused queues, whether any limit or
 -- capped definition exists, scope). Where something is capped but nothing in the pool
 -- turns out to be, step 4 starts the pool as it is.
+-- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
+-- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
+-- the next counts RUNNING under those locks and starts the whole pool if every group has a
+-- shared holder's room for its rows there; otherwise the steps run in full.
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -147,6 +151,14 @@ DECLARE
     v_scope_kinds text[];
     v_scope_queues text[];
     v_has_limits boolean;
+    v_has_tight boolean;            -- some limit is not roomy (below c_shared_min, or a rate)
+    v_roomy_ok boolean;             -- the roomy pool's groups are all locked shared, with a stripe
+    v_lim_scope text[];             -- the roomy pool's groups: scope, name, per_key, key,
+    v_lim_name text[];
+    v_lim_per_key boolean[];
+    v_lim_ckey text[];
+    v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
+    v_lim_demand integer[];
     v_has_capped boolean;
     v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
     v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
@@ -219,10 +231,12 @@ BEGIN
     -- statement's executor start builds every subquery it holds, used or not.)
     SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
            EXISTS (SELECT FROM jobs.limits),
+           EXISTS (SELECT FROM jobs.limits AS l
+                    WHERE l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min),
            EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
            s.kinds, s.queues,
            (SELECT c.require_claim_token FROM jobs.config AS c)
-      INTO v_paused, v_has_limits, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
+      INTO v_paused, v_has_limits, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
       FROM (SELECT) AS one
       LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
     v_worker := claim.worker;
@@ -278,6 +292,97 @@ BEGIN
         SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
         v_void := set_config('enable_sort', v_sort, TRUE);
         RETURN;
+    END IF;
+
+    -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
+    -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
+    -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
+    -- group is near its limit. Two statements do the same, the first locking the pool and its
+    -- groups, the second counting RUNNING under those locks and starting the whole pool only
+    -- if every group has room for its rows in the pool as a shared holder (limit - running -
+    -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
+    -- nothing is started and the steps below run from the start: they lock the same rows and
+    -- groups again (locks held already are granted at once) and count exactly.
+    IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND claim.batch_size <= c_shared_batch THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        WITH c AS (
+            SELECT r.id, r.queue, r.kind, r.concurrency_key
+              FROM jobs._claimable AS r
+             WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+               AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+               AND r.queue <> ALL (v_paused)
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
+            SELECT m.scope, m.name, m.per_key, CASE WHEN m.per_key THEN c.concurrency_key END AS ckey,
+                   m.max_running, count(*)::integer AS demand,
+                   coalesce(m.max_running, 0) >= c_shared_min AND m.rate_limit IS NULL AS roomy
+              FROM c JOIN jobs.limits AS m
+                ON (m.scope = 'queue' AND m.name = c.queue) OR (m.scope = 'kind' AND m.name = c.kind)
+             GROUP BY m.scope, m.name, m.per_key, 4, m.max_running, m.rate_limit
+        ),
+        k AS (
+            SELECT g.*, CASE WHEN g.per_key THEN jsonb_build_array(g.scope, g.name, g.ckey)::text
+                             ELSE jsonb_build_array(g.scope, g.name)::text END AS label
+              FROM g
+        ),
+        l AS (   -- try each group's lock shared, then one of its stripes (keys as in step 2)
+            SELECT k.*,
+                   CASE WHEN NOT k.roomy THEN FALSE
+                        WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended('dispatch:' || k.label, 0))
+                            THEN FALSE
+                        ELSE EXISTS (SELECT FROM generate_series(0, c_stripes - 1) AS j
+                                      WHERE pg_try_advisory_xact_lock(hashtextextended(
+                                            'dispatch:' || k.label || '#' || (pg_backend_pid() + j) % c_stripes, 0)))
+                   END AS locked
+              FROM k
+        )
+        SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
+               coalesce(bool_and(l.locked), TRUE),
+               array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
+               array_agg(l.max_running), array_agg(l.demand)
+          INTO v_new_ids, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
+               v_lim_demand
+          FROM l;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        IF cardinality(v_new_ids) = 0 THEN
+            RETURN;   -- nothing due
+        END IF;
+        IF v_roomy_ok THEN
+            RETURN QUERY
+            WITH rc AS MATERIALIZED (
+                SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
+                  FROM jobs.runs AS r
+                 WHERE r.status = 'RUNNING'
+                 GROUP BY r.queue, r.kind, r.concurrency_key
+            ),
+            room AS (
+                SELECT coalesce(bool_and(
+                           g.max_running
+                           - (SELECT coalesce(sum(rc.n), 0) FROM rc
+                               WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                 AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
+                           - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
+                  FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
+                       AS g (scope, name, per_key, ckey, max_running, demand)
+            ),
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
+                RETURNING r.*
+            )
+            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
     END IF;
 
     LOOP

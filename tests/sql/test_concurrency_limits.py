@@ -261,3 +261,25 @@ def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) 
     assert set(claimed) == expected
     states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
     assert states == {"COMPLETED": len(expected)}, states
+
+
+def test_roomy_running_limits_hold_where_claims_start_their_pool_whole(db: Database, conn: Conn) -> None:
+    """Invariant: with only roomy running limits (a queue limit of 500, and a kind limit of 500
+    per tenant), a claim of up to 20 starts its whole pool under shared locks when every group
+    has room for it with 16 claimers at once, and counts exactly nearer the limit. 8 hoarders
+    claiming 1 to 50 at a time (so both ways) never push a group above its limit, and
+    everything completes once."""
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 500)")
+    conn.execute("SELECT jobs.set_limit('kind', 'tenanted', max_running => 500, per_key => true)")
+    big = add_runs(conn, 2500, kind="a")
+    conn.execute("UPDATE jobs.runs SET queue = 'big' WHERE id = ANY (%s)", (big,))
+    tenanted = add_runs(conn, 2500, kind="tenanted")
+    conn.execute("UPDATE jobs.runs SET concurrency_key = 't' || id %% 2 WHERE id = ANY (%s)", (tenanted,))
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+
+    results = _claim_race(db, _hoarder)
+    claimed = [run_id for r in results for run_id in r["claimed"]]
+    assert len(claimed) == len(set(claimed)), "a run was claimed twice"
+    assert set(claimed) == set(big) | set(tenanted)
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(big) + len(tenanted)}, states

@@ -192,3 +192,36 @@ def test_roomy_limit_with_every_stripe_held_starts_none_of_its_runs(db: Database
         holder.rollback()
     got = _claim(conn)
     assert got == big, f"claimed {got} after the stripes were released; expected {big}"
+
+
+def test_a_claim_near_a_roomy_limit_starts_only_up_to_it(conn: Conn) -> None:
+    """A roomy limit (500 RUNNING) lets a claim start its whole pool while the group has room
+    for it with 16 claimers at once; nearer the limit the claim counts exactly and stops at
+    the limit, then starts again as runs finish."""
+    ids = _runs(conn, 520, queue="big")
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 500)")
+    started: list[int] = []
+    for _ in range(33):
+        started += _claim(conn, 15, "a")
+    assert started == ids[:495], f"started {len(started)} runs, expected the first 495"
+    assert _claim(conn, 10, "b") == ids[495:500]
+    assert _claim(conn, 10, "b") == []
+    conn.execute("SELECT jobs.complete_many(%s, 'a')", (ids[:3],))
+    assert _claim(conn, 10, "b") == ids[500:503]
+
+
+def test_a_roomy_limit_keeps_the_claims_filters_and_pauses(conn: Conn) -> None:
+    """With only roomy limits defined, a claim still takes only the queues and kinds asked
+    for, and nothing from a paused queue."""
+    big = _runs(conn, 3, queue="big", kind="x")
+    other = _runs(conn, 3, queue="other", kind="y")
+    conn.execute("SELECT jobs.set_limit('queue', 'big', max_running => 1000)")
+    conn.execute("SELECT jobs.set_limit('kind', 'y', max_running => 1000, per_key => true)")
+    conn.execute("SELECT jobs.pause_queue('big')")
+    assert _claim(conn) == other
+    conn.execute("SELECT jobs.resume_queue('big')")
+    more = _runs(conn, 2, queue="other", kind="y")
+    got = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(10, 'w', kinds => ARRAY['x'])")]
+    assert got == big
+    got = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(10, 'w', queues => ARRAY['other'])")]
+    assert got == more
