@@ -223,7 +223,7 @@ def test_runs_materialized_before_runs_recorded_their_occurrence_are_judged_by_t
     runs of occurrences the new schedule lacks do not survive an upgrade."""
     _redefine(conn, how, "old", "* * * * *")
     definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'old'"))
-    start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '1 minute'")
+    start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '2 minutes'")
     minutes = [start + timedelta(minutes=i) for i in range(3)]
     materialize_occurrences(conn, definition_id, minutes, start + timedelta(minutes=3))
     conn.execute("UPDATE jobs.runs SET occurrence_at = NULL WHERE definition_id = %s", (definition_id,))
@@ -345,12 +345,14 @@ def test_re_declaring_during_materialization_keeps_every_occurrence_exactly_once
 
 
 def _jittered_minutes_ahead(conn: Conn, jitter: str, count: int) -> tuple[int, list[datetime]]:
-    """A definition 'j' every minute with this jitter, whose runs for the next `count` minutes
-    (all after now, each delayed by its jitter) are materialized: (its id, those minutes)."""
+    """A definition 'j' every minute with this jitter, whose runs for `count` minutes from the
+    one after next (each delayed by its jitter) are materialized: (its id, those minutes). The
+    first is at least a minute away, so a minute that turns while the test runs cannot put it
+    before the change the test makes."""
     definition_id = int(
         scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => %s)", (jitter,))
     )
-    start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '1 minute'")
+    start = scalar(conn, "SELECT date_trunc('minute', now()) + interval '2 minutes'")
     minutes = [start + timedelta(minutes=i) for i in range(count)]
     materialize_occurrences(conn, definition_id, minutes, start + timedelta(minutes=count))
     return definition_id, minutes
