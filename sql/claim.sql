@@ -230,15 +230,15 @@ BEGIN
     -- it. (Without a worker, this session's default worker id is a statement of its own: a
     -- statement's executor start builds every subquery it holds, used or not.)
     SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           EXISTS (SELECT FROM jobs.limits),
-           EXISTS (SELECT FROM jobs.limits AS l
-                    WHERE l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min),
+           (SELECT bool_or(l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min)
+              FROM jobs.limits AS l),   -- NULL: no limit at all
            EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
            s.kinds, s.queues,
            (SELECT c.require_claim_token FROM jobs.config AS c)
-      INTO v_paused, v_has_limits, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
+      INTO v_paused, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
       FROM (SELECT) AS one
       LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+    v_has_limits := v_has_tight IS NOT NULL;
     v_worker := claim.worker;
     IF v_worker IS NULL THEN
         SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
