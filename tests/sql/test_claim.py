@@ -365,20 +365,28 @@ def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> N
     assert stamped is not None and stamped[0] == stamped[1]
 
 
-@pytest.mark.parametrize(("history", "capped"), [(0, False), (20000, False), (20000, True)])
-def test_claim_walks_the_claim_index_on_a_long_backlog(db: Database, history: int, capped: bool) -> None:
+@pytest.mark.parametrize(
+    ("history", "defined"), [(0, None), (20000, None), (20000, "capped"), (20000, "roomy-limit")]
+)
+def test_claim_walks_the_claim_index_on_a_long_backlog(
+    db: Database, history: int, defined: str | None
+) -> None:
     """The pool query's plan is made once per session, for any batch size, kinds and queues,
     so it cannot lean on their values: on a long backlog (with or without a history beside
     it) it must walk runs_claim_idx in claim order, never scan and sort jobs.runs, which
     would cost every claim the whole queue. With nothing capped that is the statement that
     also starts the batch; with a capped definition defined, the one that only locks the
-    pool. Read from the transaction's own scan counters, so no timing is involved."""
+    pool; with a roomy limit on the queue, the one that also locks its groups (batches of up
+    to 20) or the full steps' (the batch of 100), whose RUNNING count must not scan the table
+    either. Read from the transaction's own scan counters, so no timing is involved."""
     with db.connect() as setup:
-        if capped:  # defined, never materialized: the queue holds none of its runs
+        if defined == "capped":  # defined, never materialized: the queue holds none of its runs
             setup.execute(
                 "SELECT jobs.define(name => 'capped', kind => 'k', schedule => '@yearly',"
                 " max_concurrent_runs => 1)"
             )
+        elif defined == "roomy-limit":
+            setup.execute("SELECT jobs.set_limit('queue', 'default', max_running => 10000)")
         setup.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
         setup.execute(
             "INSERT INTO jobs.runs (kind, status, finished_at)"
