@@ -18,7 +18,9 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
 
 -- search_path pinned on every function, here once for all: a CREATE OR REPLACE in the files
--- above leaves it unset, so this runs on every install, in the same transaction.
+-- above leaves it unset, so this runs on every install, in the same transaction. A function
+-- with a SQL-standard body (jobs._owned) is left as it is: its body was parsed when it was
+-- created, so no search_path reaches it, and pinning one would stop the planner inlining it.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -27,6 +29,7 @@ BEGIN
         SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'jobs'::regnamespace
            AND p.prokind IN ('f', 'p')
+           AND p.prosqlbody IS NULL
            AND NOT 'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}'))
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', v_function);

@@ -1,9 +1,11 @@
 -- ===========================================================================
 -- worker.sql: what a worker calls while it holds runs: heartbeat, complete,
--- acknowledge a cancellation. Every transition is fenced: it first holds its runs through
--- jobs._hold_own_runs (or _hold_own_run), the one place that asks for status = 'RUNNING',
--- the claiming worker's id and its claim token, and it says whether it happened: a worker
--- that was reaped (or never owned the run) changes nothing.
+-- acknowledge a cancellation. Every transition is fenced by jobs._owned, the one place that
+-- asks for status = 'RUNNING', the claiming worker's id and its claim token, and it says
+-- whether it happened: a worker that was reaped (or never owned the run) changes nothing.
+-- A completion tests the fence in the UPDATE that completes (its recheck of a row changed
+-- since its snapshot tests the latest version); the other calls first hold their runs
+-- through jobs._hold_own_runs (or _hold_own_run), then change them by id.
 --
 -- Claim tokens: a worker id is no secret (jobs.running and jobs.workers show it), so a
 -- worker that claims with claim_token => a secret of its own gets runs that only a caller
@@ -12,6 +14,22 @@
 -- sha256(its claim_token). A run claimed without a token is fenced by the worker id alone
 -- (callers that predate tokens), and a caller presenting a token cannot touch it either.
 -- ===========================================================================
+
+-- Whether a run (its status, worker and claim_token_hash) is still held by worker with this
+-- token hash (NULL: claimed without a token). The planner inlines it into the statement that
+-- calls it: its body is SQL-standard, parsed here, so it depends on no search_path and is the
+-- one function whose search_path is not pinned (a pinned one is never inlined, roles.sql).
+-- The status test is IS NOT DISTINCT FROM on purpose: no partial index predicate (status =
+-- 'RUNNING') can be proven from it, so a call finds its runs by id and never walks the
+-- RUNNING set through runs_running_idx, which a plan made from statistics that saw few
+-- RUNNING runs would otherwise do.
+CREATE OR REPLACE FUNCTION jobs._owned(
+    status jobs.run_status, run_worker text, run_token_hash bytea, worker text, token_hash bytea
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN status IS NOT DISTINCT FROM 'RUNNING'::jobs.run_status AND run_worker = worker
+AND run_token_hash IS NOT DISTINCT FROM token_hash;
+COMMENT ON FUNCTION jobs._owned(jobs.run_status, text, bytea, text, bytea) IS 'Private: the fence: a run with this status, worker and claim_token_hash is still RUNNING for worker and the token whose hash is token_hash (NULL: none).';
 
 -- The runs among run_ids still RUNNING for worker and its claim token, locked in id order:
 -- a worker's heartbeat and its complete_many run at the same time on two connections, and two
@@ -37,9 +55,8 @@ BEGIN
     -- latest version of each row): a status test inside would let the planner walk every
     -- RUNNING run through runs_running_idx whenever the statistics saw few of them.
     SELECT coalesce(array_agg(mine.id) FILTER (
-               WHERE mine.status = 'RUNNING'
-                 AND mine.worker = _hold_own_runs.worker
-                 AND mine.claim_token_hash IS NOT DISTINCT FROM v_token_hash), '{}')
+               WHERE jobs._owned(mine.status, mine.worker, mine.claim_token_hash,
+                                 _hold_own_runs.worker, v_token_hash)), '{}')
       INTO v_ids
       FROM (SELECT s.id, s.status, s.worker, s.claim_token_hash
               FROM jobs.runs AS s
@@ -79,23 +96,36 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
--- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced).
+-- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced). One row
+-- found by id: its lock is the update's own.
 CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
+DECLARE
+    v_token_hash bytea;
 BEGIN
+    IF complete.run_id IS NULL OR complete.run_id < 1 THEN
+        PERFORM jobs._check_range('run_id', complete.run_id, 1, 9223372036854775807);
+    END IF;
+    IF complete.worker IS NULL OR length(complete.worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', complete.worker, 200);
+    END IF;
+    IF complete.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(complete.claim_token);
+    END IF;
     IF complete.result IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
         IF octet_length(complete.result::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
             RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
         END IF;
     END IF;
-    IF NOT jobs._hold_own_run(complete.run_id, complete.worker, complete.claim_token) THEN
-        RETURN FALSE;
-    END IF;
     UPDATE jobs.runs AS r
        SET status = 'COMPLETED', finished_at = now(), result = complete.result
-     WHERE r.id = complete.run_id;
+     WHERE r.id = complete.run_id
+       AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete.worker, v_token_hash);
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
     IF EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on it (flow.sql)
         PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
     END IF;
@@ -104,19 +134,37 @@ END $$;
 COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed.
+-- The UPDATE locks its rows in id order, as jobs._hold_own_runs does for a heartbeat on
+-- another connection: it can only read runs_pkey (sequential and bitmap scans are off, and
+-- every other index of jobs.runs is partial with a predicate the fence does not imply), and
+-- an index scan for id = ANY (...) visits the ids in ascending order.
 CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_mine bigint[] := jobs._hold_own_runs(complete_many.run_ids, complete_many.worker, complete_many.claim_token);
+    v_token_hash bytea;
 BEGIN
+    IF complete_many.run_ids IS NULL OR cardinality(complete_many.run_ids) > 10000 THEN
+        PERFORM jobs._check_run_ids(complete_many.run_ids, 10000);
+    END IF;
+    IF complete_many.worker IS NULL OR length(complete_many.worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', complete_many.worker, 200);
+    END IF;
+    IF complete_many.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(complete_many.claim_token);
+    END IF;
     RETURN QUERY
-    UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now() WHERE r.id = ANY (v_mine)
+    UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()
+     WHERE r.id = ANY (complete_many.run_ids)
+       AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete_many.worker, v_token_hash)
     RETURNING r.id;
-    IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on them (flow.sql)
-        PERFORM jobs._release_dependents(v_mine);
+    -- Runs waiting on them (flow.sql); it releases only runs whose dependencies all COMPLETED.
+    IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+        PERFORM jobs._release_dependents(complete_many.run_ids);
     END IF;
 END $$;
 COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';

@@ -277,7 +277,9 @@ def test_hostile_search_path_cannot_hijack_functions(db: Database) -> None:
 def test_no_function_is_public_and_every_one_pins_search_path(conn: Conn) -> None:
     """Every function in schema jobs: not executable by PUBLIC (neither via a NULL acl, which
     means the default grant to PUBLIC, nor an explicit entry), search_path pinned to
-    ``pg_catalog, pg_temp``; every public (not underscored) one is SECURITY DEFINER."""
+    ``pg_catalog, pg_temp`` unless its body is SQL-standard (parsed at creation, so no
+    search_path reaches it; pinning would stop its inlining), and then it is private and
+    IMMUTABLE; every public (not underscored) one is SECURITY DEFINER."""
     found = conn.execute(
         """
         SELECT p.oid::regprocedure::text,
@@ -285,7 +287,9 @@ def test_no_function_is_public_and_every_one_pins_search_path(conn: Conn) -> Non
                OR p.proacl IS NULL
                OR EXISTS (SELECT FROM aclexplode(p.proacl) AS a
                            WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
-               'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}')),
+               'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}'))
+               OR (p.prosqlbody IS NOT NULL AND p.provolatile = 'i' AND p.proname LIKE '\\_%%'
+                   AND NOT p.prosecdef AND p.proconfig IS NULL),
                p.prosecdef,
                p.proname LIKE '\\_%%'
           FROM pg_proc AS p
