@@ -154,6 +154,9 @@ DECLARE
     v_limit integer;
     v_failures integer;
 BEGIN
+    IF OLD.status = 'FAILED' OR NEW.definition_id IS NULL THEN
+        RETURN NULL;  -- not a new failure, or an ad-hoc run: no definition to pause
+    END IF;
     SELECT d.pause_after_failures INTO v_limit FROM jobs.definitions AS d
      WHERE d.id = NEW.definition_id AND d.enabled;
     IF v_limit IS NULL OR EXISTS (SELECT FROM jobs.runs AS x WHERE x.retry_of = NEW.id) THEN
@@ -190,6 +193,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._pause_after_failures() IS 'Private trigger: pause a definition (enabled = false, paused_reason set) once pause_after_failures consecutive final failures are reached.';
 
+-- The WHEN is as short as it can be: every UPDATE of jobs.runs reads it back from its stored
+-- text and prepares it again (a claim, a completion, a heartbeat); the function tests the rest.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
@@ -199,7 +204,7 @@ BEGIN
         AFTER UPDATE OF status ON jobs.runs
         DEFERRABLE INITIALLY DEFERRED
         FOR EACH ROW
-        WHEN (new.status = 'FAILED' AND old.status <> 'FAILED' AND new.definition_id IS NOT NULL)
+        WHEN (new.status = 'FAILED')
         EXECUTE FUNCTION jobs._pause_after_failures();
     END IF;
 END $$;

@@ -253,16 +253,13 @@ def test_out_of_range_value_is_refused_by_name_and_range_and_changes_nothing(
 def test_the_bounds_of_a_runs_own_fields_are_domains_not_table_constraints(conn: Conn) -> None:
     """Every UPDATE of jobs.runs (each claim, completion and heartbeat) reads and prepares all
     of the table's CHECK constraints again, whatever it changes; a domain is checked only where
-    its column is written. So the table keeps only the rules that tie columns together, and
-    the size of depends_on (an array under a GIN index, left a plain bigint[])."""
+    its column is written. So the table keeps only the rules that tie columns together."""
     single = conn.execute(
         "SELECT c.conname FROM pg_constraint AS c"
         " WHERE c.conrelid = 'jobs.runs'::regclass AND c.contype = 'c' AND cardinality(c.conkey) = 1"
         " ORDER BY 1"
     ).fetchall()
-    assert [r[0] for r in single] == ["runs_depends_on_check"], (
-        f"single-column CHECK constraints on jobs.runs (make them domains): {single}"
-    )
+    assert single == [], f"single-column CHECK constraints on jobs.runs (make them domains): {single}"
     bounded = conn.execute(
         "SELECT a.attname, t.typname FROM pg_attribute AS a JOIN pg_type AS t ON t.oid = a.atttypid"
         " WHERE a.attrelid = 'jobs.runs'::regclass AND t.typtype = 'd'"
@@ -270,7 +267,22 @@ def test_the_bounds_of_a_runs_own_fields_are_domains_not_table_constraints(conn:
         "                WHERE c.contypid = t.oid AND c.conname = 'runs_' || a.attname || '_check')"
         " ORDER BY a.attnum"
     ).fetchall()
-    assert len(bounded) == 13, f"columns of jobs.runs bounded by a domain of their own: {bounded}"
+    assert len(bounded) == 14, f"columns of jobs.runs bounded by a domain of their own: {bounded}"
+
+
+def test_the_final_statuses_are_the_ones_that_sort_after_running(conn: Conn) -> None:
+    """runs_finished_have_time says "finished_at is set exactly when the status sorts after
+    RUNNING" (short, so each UPDATE reads little back): a status added to jobs.run_status must
+    keep that true, the final ones last."""
+    after = conn.execute(
+        "SELECT array_agg(s::text ORDER BY s) FROM unnest(enum_range(NULL::jobs.run_status)) AS s"
+        " WHERE s > 'RUNNING'"
+    ).fetchone()
+    assert after == (["COMPLETED", "FAILED", "CANCELLED"],), f"statuses after RUNNING: {after}"
+    with pytest.raises(psycopg.errors.CheckViolation, match="runs_finished_have_time"):
+        with conn.transaction():
+            (run,) = add_runs(conn, 1)
+            conn.execute("UPDATE jobs.runs SET finished_at = now() WHERE id = %s", (run,))
 
 
 def test_config_check_constraints_hold_without_the_trigger(conn: Conn) -> None:
