@@ -31,25 +31,38 @@ RETURN status IS NOT DISTINCT FROM 'RUNNING'::jobs.run_status AND run_worker = w
 AND run_token_hash IS NOT DISTINCT FROM token_hash;
 COMMENT ON FUNCTION jobs._owned(jobs.run_status, text, bytea, text, bytea) IS 'Private: the fence: a run with this status, worker and claim_token_hash is still RUNNING for worker and the token whose hash is token_hash (NULL: none).';
 
+-- The claim-token hash a worker's call fences with (NULL: no token), once worker is checked:
+-- raises 22023 naming worker (NULL, empty or over 200 characters) or claim_token (not 16 to
+-- 200 characters). The checks are plain expressions; the helpers that own the messages run
+-- only when one fails.
+CREATE OR REPLACE FUNCTION jobs._fence_hash(worker text, claim_token text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', worker, 200);
+    END IF;
+    IF claim_token IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN jobs._claim_token_hash(claim_token);
+END $$;
+COMMENT ON FUNCTION jobs._fence_hash(text, text) IS 'Private: the claim_token_hash a worker''s call fences with (NULL for no token); raises 22023 naming worker unless it is a non-empty text of at most 200 characters, or claim_token unless it is NULL or 16 to 200 characters.';
+
 -- The runs among run_ids still RUNNING for worker and its claim token, locked in id order:
 -- a worker's heartbeat and its complete_many run at the same time on two connections, and two
--- multi-row updates must not lock in crossed order. Raises 22023 naming claim_token, run_ids
--- (NULL or more than 10,000) or worker. The checks are plain expressions, and the helpers
--- that own the messages run (each a statement) only when one fails.
+-- multi-row updates must not lock in crossed order. Raises 22023 naming worker, claim_token
+-- (jobs._fence_hash) or run_ids (NULL or more than 10,000).
 DROP FUNCTION IF EXISTS jobs._check_run_batch(bigint[], text);
 CREATE OR REPLACE FUNCTION jobs._hold_own_runs(run_ids bigint[], worker text, claim_token text) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea := jobs._claim_token_hash(_hold_own_runs.claim_token);
+    v_token_hash bytea := jobs._fence_hash(_hold_own_runs.worker, _hold_own_runs.claim_token);
     v_ids bigint[];
 BEGIN
     IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(run_ids, 10000);
-    END IF;
-    IF worker IS NULL OR length(worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', worker, 200);
     END IF;
     -- The rows are found by id alone and the fence is applied to what the locks return (the
     -- latest version of each row): a status test inside would let the planner walk every
@@ -103,16 +116,10 @@ RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea;
+    v_token_hash bytea := jobs._fence_hash(complete.worker, complete.claim_token);
 BEGIN
     IF complete.run_id IS NULL OR complete.run_id < 1 THEN
         PERFORM jobs._check_range('run_id', complete.run_id, 1, 9223372036854775807);
-    END IF;
-    IF complete.worker IS NULL OR length(complete.worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', complete.worker, 200);
-    END IF;
-    IF complete.claim_token IS NOT NULL THEN
-        v_token_hash := jobs._claim_token_hash(complete.claim_token);
     END IF;
     IF complete.result IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
         IF octet_length(complete.result::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
@@ -146,16 +153,10 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_token_hash bytea;
+    v_token_hash bytea := jobs._fence_hash(complete_many.worker, complete_many.claim_token);
 BEGIN
     IF complete_many.run_ids IS NULL OR cardinality(complete_many.run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(complete_many.run_ids, 10000);
-    END IF;
-    IF complete_many.worker IS NULL OR length(complete_many.worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', complete_many.worker, 200);
-    END IF;
-    IF complete_many.claim_token IS NOT NULL THEN
-        v_token_hash := jobs._claim_token_hash(complete_many.claim_token);
     END IF;
     RETURN QUERY
     UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()

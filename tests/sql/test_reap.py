@@ -8,11 +8,12 @@ test's clock), except where a short real wait checks a real due time.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 
-from harness import Conn, add_runs, digest, run_row, scalar
+from harness import Conn, Database, add_runs, digest, gated, race_parts, run_row, scalar
 
 
 def _enqueue(conn: Conn, kind: str, **kw: object) -> int:
@@ -259,3 +260,123 @@ def test_reap_survives_absurd_rows_written_around_the_constraints(conn: Conn) ->
     still = conn.execute("SELECT id FROM jobs.runs WHERE status = 'RUNNING' ORDER BY id").fetchall()
     assert [r[0] for r in still] == [huge, beyond], still
     assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == [], "a second pass finds nothing new"
+
+
+# -- a completion racing the reaper, in two processes ------------------------------------
+
+LEAD = 731_006  # advisory key: the first side of the race holds its rows under it
+REAPED_MARK = "CREATE TABLE IF NOT EXISTS public.race_reaped (at timestamptz)"
+
+
+def _poll(conn: Conn, ready: Callable[[Conn], bool], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not ready(conn):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def _lead_held(conn: Conn) -> bool:
+    return bool(
+        scalar(
+            conn,
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted)",
+            (LEAD,),
+        )
+    )
+
+
+def _complete(conn: Conn, many: list[int], one: list[int], worker: str) -> list[int]:
+    done = [int(r[0]) for r in conn.execute("SELECT run_id FROM jobs.complete_many(%s, %s)", (many, worker))]
+    done += [r for r in one if scalar(conn, "SELECT jobs.complete(%s, %s)", (r, worker))]
+    return sorted(done)
+
+
+def _reap(conn: Conn) -> list[int]:
+    return sorted(int(r[0]) for r in conn.execute("SELECT run_id FROM jobs.reap()"))
+
+
+def _reaper_leading(dsn: str) -> list[int]:
+    """Reap, and keep the reaped rows locked until a completion waits on them."""
+    with gated(dsn) as conn, conn.transaction():
+        reaped = _reap(conn)
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (LEAD,))
+        _poll(
+            conn,
+            lambda c: bool(
+                scalar(
+                    c, "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')"
+                )
+            ),
+            "a completion waiting on the reaped rows",
+        )
+    return reaped
+
+
+def _completing_after(dsn: str, many: list[int], one: list[int], worker: str) -> list[int]:
+    with gated(dsn) as conn:
+        _poll(conn, _lead_held, "the reaper to hold its rows")
+        return _complete(conn, many, one, worker)
+
+
+def _completing_leading(dsn: str, many: list[int], one: list[int], worker: str) -> list[int]:
+    """Complete, and keep the completed rows locked until a reaper has swept past them."""
+    with gated(dsn) as conn, conn.transaction():
+        done = _complete(conn, many, one, worker)
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (LEAD,))
+        _poll(
+            conn,
+            lambda c: bool(scalar(c, "SELECT EXISTS (SELECT FROM public.race_reaped)")),
+            "the reaper's sweep",
+        )
+    return done
+
+
+def _reaping_after(dsn: str) -> list[int]:
+    with gated(dsn) as conn:
+        _poll(conn, _lead_held, "the completion to hold its rows")
+        reaped = _reap(conn)
+        conn.execute("INSERT INTO public.race_reaped VALUES (now())")
+    return reaped
+
+
+@pytest.mark.parametrize("first", ["reaper", "completion"])
+def test_a_completion_racing_the_reaper_ends_each_run_one_way_and_says_which(
+    db: Database, conn: Conn, first: str
+) -> None:
+    """A worker completes its 40 runs (complete_many for half, complete for the rest) while
+    the reaper, in another process, sweeps them with half of them silent past their heartbeat
+    timeout. Whichever side locks first holds its rows until the other has met them: a
+    completion that waited on reaped rows must leave them FAILED and not report them; a
+    sweep that met completed rows still uncommitted must leave them alone. Every run ends
+    exactly one way, and each side reports exactly the runs it ended."""
+    conn.execute(REAPED_MARK)
+    ids = add_runs(conn, 40)
+    claimed = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(40, 'w', heartbeat => true)")]
+    assert sorted(claimed) == sorted(ids)
+    silent = ids[::2]
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '1 day' WHERE id = ANY (%s)", (silent,)
+    )
+    many, one = ids[:20], ids[20:]
+    if first == "reaper":
+        reaped, completed = race_parts(
+            db.dsn, [(_reaper_leading, (db.dsn,)), (_completing_after, (db.dsn, many, one, "w"))]
+        )
+        assert reaped == sorted(silent), f"the sweep reaped {reaped}, not the silent runs {sorted(silent)}"
+    else:
+        completed, reaped = race_parts(
+            db.dsn, [(_completing_leading, (db.dsn, many, one, "w")), (_reaping_after, (db.dsn,))]
+        )
+        assert completed == sorted(ids), f"the completion ended {completed} of {sorted(ids)}"
+    assert not set(reaped) & set(completed), f"ended both ways: {sorted(set(reaped) & set(completed))}"
+    assert sorted(reaped + completed) == sorted(ids), "some run ended neither way"
+    states = dict(
+        conn.execute(
+            "SELECT id, status::text || coalesce(':' || failure_reason::text, '')"
+            "  FROM jobs.runs WHERE id = ANY (%s)",
+            (ids,),
+        ).fetchall()
+    )
+    wrong = {i: states[i] for i in completed if states[i] != "COMPLETED"}
+    wrong |= {i: states[i] for i in reaped if states[i] != "FAILED:HeartbeatLost"}
+    assert not wrong, f"runs whose stored end is not what their side reported: {wrong}"
