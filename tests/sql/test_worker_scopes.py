@@ -87,6 +87,46 @@ def test_a_scope_of_kinds_alone_leaves_every_queue(db: Database, conn: Conn, log
     assert got == {("c", "q1"), ("c", "q2")}, f"scoped to kind c (any queue), got {got}"
 
 
+# The claim's paths: its one statement when nothing is capped, and its steps under a roomy
+# limit, a tight limit and a capped definition (defined, with no run of its own queued).
+PATHS = {
+    "nothing-capped": None,
+    "roomy-limit": "SELECT jobs.set_limit('queue', 'q1', max_running => 10000)",
+    "tight-limit": "SELECT jobs.set_limit('queue', 'q2', max_running => 50)",
+    "capped-definition": (
+        "SELECT jobs.define(name => 'capped', kind => 'z', schedule => '@yearly', max_concurrent_runs => 1)"
+    ),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_scope_and_paused_queues_hold_on_every_claim_path(
+    db: Database, conn: Conn, logins: tuple[str, str], path: str
+) -> None:
+    """Whichever way the claim goes, a scoped login gets only its scope and nobody gets a run of
+    a paused queue. The scope here was written to the table directly with a NULL among its kinds
+    (jobs.scope_worker refuses one): a NULL names no kind, so it opens nothing."""
+    scoped, free = logins
+    setup = PATHS[path]
+    if setup:
+        conn.execute(setup)
+    _fill(conn)
+    conn.execute(
+        "INSERT INTO jobs.worker_scopes (role, kinds, queues) VALUES (%s, '{a,NULL}', NULL)", (scoped,)
+    )
+    conn.execute("SELECT jobs.pause_queue('q2')")
+    with db.connect(user=scoped) as w:
+        got = _claim(w)
+    assert got == {("a", "q1")}, f"{path}: scoped to kinds {{a,NULL}} with q2 paused, got {got}"
+    with db.connect(user=free) as w:
+        got = _claim(w)
+    assert got == {("b", "q1"), ("c", "q1")}, f"{path}: unscoped with q2 paused, got {got}"
+    conn.execute("SELECT jobs.resume_queue('q2')")
+    with db.connect(user=free) as w:
+        got = _claim(w)
+    assert got == {(k, "q2") for k in KINDS}, f"{path}: once q2 resumed, got {got}"
+
+
 def test_set_role_does_not_widen_a_scope(db: Database, conn: Conn, logins: tuple[str, str]) -> None:
     """The scoped login may SET ROLE to an unscoped role it is a member of (another worker
     login, jobs_worker): the scope follows the login, not the current role."""
