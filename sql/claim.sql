@@ -44,7 +44,7 @@
 -- whole of an uncapped claim that finds work: it reads the claim's settings (whether any limit
 -- or capped definition exists, the paused queues, the login's scope, the claim-token rule) in
 -- one-time filters of its own. Only when it starts nothing does the claim read them on their
--- own and take the steps (jobs._claim_steps). Where something is capped but nothing in the
+-- own and take the steps. Where something is capped but nothing in the
 -- pool turns out to be, step 4 starts the pool as it is.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
@@ -106,20 +106,18 @@ FROM jobs.runs AS r
 WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked;
 COMMENT ON VIEW jobs._claimable IS 'Private: the QUEUED runs that are due and not blocked, with the columns jobs.claim''s pool statements read.';
 
--- The claim's steps past its one-statement common case (jobs.claim, below, calls this when
--- that statement started nothing): the settings read, then the paths for roomy limits and for
--- capped groups. The arguments are jobs.claim's, checked there; worker is set and the claim
--- token is given as its hash.
-CREATE OR REPLACE FUNCTION jobs._claim_steps(
-    batch_size integer,
-    worker text,
-    kinds text[],
-    heartbeat boolean,
-    queues text[],
-    token_hash bytea
+-- Argument checks are plain expressions and the common case is one statement: in a claim,
+-- each statement costs its plan-cache check and executor start.
+CREATE OR REPLACE FUNCTION jobs.claim(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    kinds text[] DEFAULT NULL,
+    heartbeat boolean DEFAULT FALSE,
+    queues text[] DEFAULT NULL,
+    claim_token text DEFAULT NULL
 )
 RETURNS SETOF jobs.runs
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -145,13 +143,14 @@ DECLARE
     v_worker text;
     v_token_hash bytea;
     v_require_token boolean;
+    v_steps boolean;                -- skip the common case's statement (pgtick.claim_steps)
     v_void text;
     v_sort text;
     v_round integer := 0;
     v_limit integer;
     v_paused text[];
-    v_kinds text[] := _claim_steps.kinds;     -- what is asked, narrowed to the login's scope
-    v_queues text[] := _claim_steps.queues;
+    v_kinds text[] := claim.kinds;     -- what is asked, narrowed to the login's scope
+    v_queues text[] := claim.queues;
     v_scope_kinds text[];
     v_scope_queues text[];
     v_has_limits boolean;
@@ -197,22 +196,121 @@ DECLARE
     v_full text[] := '{}';
     i integer;
 BEGIN
-    v_worker := _claim_steps.worker;
-    v_token_hash := _claim_steps.token_hash;
-    -- What the claim needs to know before it looks at the queue, in one statement: paused
-    -- queues, whether any limit or capped definition exists, the login's scope and whether a
-    -- claim token is required. A pause or scope committed before this statement starts is
-    -- seen by it.
-    SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
-           (SELECT bool_or(l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min)
-              FROM jobs.limits AS l),   -- NULL: no limit at all
-           EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
-           s.kinds, s.queues,
-           (SELECT c.require_claim_token FROM jobs.config AS c)
-      INTO v_paused, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
-      FROM (SELECT) AS one
-      LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
-    v_has_limits := v_has_tight IS NOT NULL;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '25000',
+                  HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+    END IF;
+    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
+        -- The dispatch locks of the first call are still held: a second call could
+        -- wait on a lower lock key and break the ascending lock order.
+        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
+            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
+    END IF;
+    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
+    -- The argument checks are plain expressions (no statement); the helpers, called only
+    -- when one fails, own the messages.
+    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
+        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
+    END IF;
+    IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_text('worker', claim.worker, 200);
+    END IF;
+    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
+        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
+            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF claim.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(claim.claim_token);
+    END IF;
+    v_worker := claim.worker;
+    IF v_worker IS NULL THEN
+        -- (A statement of its own: a statement's executor start builds every subquery it
+        -- holds, used or not.)
+        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+          INTO v_worker
+          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
+    END IF;
+
+    -- The common case first, in one statement: no limit and no capped definition defined, and
+    -- no claim token missing where one is required. Then there is no group to count under a
+    -- lock, so the statement locks the first batch_size due runs in claim order (within the
+    -- login's scope, outside paused queues), starts them and returns them; its one-time
+    -- filters read those settings in the same snapshot. Planned with sorts disabled, as the
+    -- first slice below is (its only sort is of the rows it returns; the claim never
+    -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
+    -- rules this path out), the settings are read on their own and the claim goes on from there.
+    -- A session whose last such read found something capped skips that statement (the
+    -- session setting pgtick.claim_steps, a hint only); a read that finds the hint stale
+    -- clears it and starts over with the statement.
+    v_steps := current_setting('pgtick.claim_steps', TRUE) = 'on';
+    LOOP
+        IF v_steps IS NOT TRUE THEN
+            v_sort := current_setting('enable_sort');
+            v_void := set_config('enable_sort', 'off', TRUE);
+            RETURN QUERY
+            WITH c AS (
+                SELECT r.id
+                  FROM jobs._claimable AS r
+                 WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
+                   AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
+                   AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
+                   AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+                   AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+                   -- The login's scope (jobs.worker_scopes) and the paused queues, each read once: no
+                   -- scope row, a NULL array or no paused queue makes the test NULL (open) at once.
+                   -- (A NULL element of a scope array matches nothing, as in the steps.)
+                   AND coalesce(r.kind = ANY ((SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
+                                                WHERE s.role = session_user)::text[]), TRUE)
+                   AND coalesce(r.queue = ANY ((SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
+                                                 WHERE s.role = session_user)::text[]), TRUE)
+                   AND coalesce(r.queue <> ALL ((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE)
+                 ORDER BY r.priority DESC, r.scheduled_for, r.id
+                 LIMIT claim.batch_size
+                   FOR UPDATE SKIP LOCKED
+            ),
+            -- The start time is the clock after the rows are locked, as in step 4 (v_started).
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+                RETURNING r.*
+            )
+            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+            v_void := set_config('enable_sort', v_sort, TRUE);
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
+
+        -- What the claim needs to know before it looks at the queue, in one statement: paused
+        -- queues, whether any limit or capped definition exists, the login's scope and whether a
+        -- claim token is required. A pause or scope committed before this statement starts is
+        -- seen by it.
+        SELECT coalesce((SELECT array_agg(p.name) FROM jobs.paused_queues AS p), '{}'),
+               (SELECT bool_or(l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min)
+                  FROM jobs.limits AS l),   -- NULL: no limit at all
+               EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
+               s.kinds, s.queues,
+               (SELECT c.require_claim_token FROM jobs.config AS c)
+          INTO v_paused, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
+          FROM (SELECT) AS one
+          LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
+        v_has_limits := v_has_tight IS NOT NULL;
+        EXIT WHEN v_has_limits OR v_has_capped OR v_steps IS NOT TRUE;
+        v_steps := FALSE;   -- nothing is capped any more: the common case after all
+        v_void := set_config('pgtick.claim_steps', 'off', FALSE);
+    END LOOP;
+    IF (v_has_limits OR v_has_capped) AND v_steps IS NOT TRUE THEN
+        v_void := set_config('pgtick.claim_steps', 'on', FALSE);   -- for this session
+    END IF;
     IF v_token_hash IS NULL AND v_require_token THEN
         RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
             USING ERRCODE = '22023',
@@ -230,7 +328,7 @@ BEGIN
         RETURN;   -- nothing asked for is in the scope
     END IF;
 
-    -- Nothing is capped anywhere: jobs.claim's one statement started what there was.
+    -- Nothing is capped anywhere: the common case's statement started what there was.
     IF NOT v_has_limits AND NOT v_has_capped THEN
         RETURN;   -- nothing due
     END IF;
@@ -244,7 +342,7 @@ BEGIN
     -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
     -- nothing is started and the steps below run from the start: they lock the same rows and
     -- groups again (locks held already are granted at once) and count exactly.
-    IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND _claim_steps.batch_size <= c_shared_batch THEN
+    IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND claim.batch_size <= c_shared_batch THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
         WITH c AS (
@@ -254,7 +352,7 @@ BEGIN
                AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                AND r.queue <> ALL (v_paused)
              ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT _claim_steps.batch_size
+             LIMIT claim.batch_size
                FOR UPDATE SKIP LOCKED
         ),
         g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
@@ -315,7 +413,7 @@ BEGIN
                 UPDATE jobs.runs AS r
                    SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
                        claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN _claim_steps.heartbeat THEN (SELECT t.at FROM t) END
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
                  WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
                 RETURNING r.*
             )
@@ -328,7 +426,7 @@ BEGIN
 
     LOOP
         v_round := v_round + 1;
-        v_limit := CASE WHEN v_round = 1 THEN _claim_steps.batch_size ELSE 3 * _claim_steps.batch_size END;
+        v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
 
         -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
         -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
@@ -587,7 +685,7 @@ BEGIN
             v_pick := '{}';
             v_skip := '{}';
             IF cardinality(v_groups) = 0 THEN
-                v_pick := v_pool_ids[1:_claim_steps.batch_size];   -- nothing capped: the fast path
+                v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
             ELSE
                 -- Greedy, in pool order, over each row's three group slots (v_row_groups).
                 v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
@@ -607,7 +705,7 @@ BEGIN
                         END IF;
                     END LOOP;
                     IF v_ok THEN
-                        IF cardinality(v_pick) < _claim_steps.batch_size THEN
+                        IF cardinality(v_pick) < claim.batch_size THEN
                             v_pick := v_pick || v_pool_ids[i];
                             FOR j IN 3 * i - 2 .. 3 * i LOOP
                                 v_gi := v_row_groups[j];
@@ -665,7 +763,7 @@ BEGIN
 
         EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
                OR cardinality(v_new_ids) < v_limit              -- queue exhausted
-               OR cardinality(v_pick) >= _claim_steps.batch_size;      -- batch full
+               OR cardinality(v_pick) >= claim.batch_size;      -- batch full
 
         -- Going round again: the next slice skips groups whose room the pool already
         -- fills, or a capped backlog longer than the oversample would fill it all again.
@@ -729,125 +827,10 @@ BEGIN
         UPDATE jobs.runs AS r
            SET status = 'RUNNING', started_at = v_started, worker = v_worker,
                claim_token_hash = v_token_hash,
-               heartbeat_at = CASE WHEN _claim_steps.heartbeat THEN v_started END
+               heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
          WHERE r.id = ANY (v_pick)
         RETURNING r.*
     )
     SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-END $$;
-COMMENT ON FUNCTION jobs._claim_steps(integer, text, text[], boolean, text[], bytea) IS 'Private: jobs.claim''s steps past its one-statement common case (settings read, roomy limits, capped groups); arguments checked by jobs.claim.';
-
--- Argument checks are plain expressions (no statement), and the common case is one statement:
--- in a claim, each statement costs its plan-cache check and executor start, and each variable
--- of a PL/pgSQL function its set-up at every call (the steps past it are a function of their
--- own for that reason).
-CREATE OR REPLACE FUNCTION jobs.claim(
-    batch_size integer DEFAULT 1,
-    worker text DEFAULT NULL,
-    kinds text[] DEFAULT NULL,
-    heartbeat boolean DEFAULT FALSE,
-    queues text[] DEFAULT NULL,
-    claim_token text DEFAULT NULL
-)
-RETURNS SETOF jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_void text;
-    v_sort text;
-    v_worker text;
-    v_token_hash bytea;
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = '25000',
-                  HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
-    END IF;
-    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
-        -- The dispatch locks of the first call are still held: a second call could
-        -- wait on a lower lock key and break the ascending lock order.
-        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
-            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
-    END IF;
-    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
-    -- The argument checks are plain expressions (no statement); the helpers, called only
-    -- when one fails, own the messages.
-    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
-        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
-    END IF;
-    IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', claim.worker, 200);
-    END IF;
-    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
-        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
-                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
-            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
-                USING ERRCODE = '22023';
-        END IF;
-    END IF;
-    IF claim.claim_token IS NOT NULL THEN
-        v_token_hash := jobs._claim_token_hash(claim.claim_token);
-    END IF;
-    v_worker := claim.worker;
-    IF v_worker IS NULL THEN
-        -- (A statement of its own: a statement's executor start builds every subquery it
-        -- holds, used or not.)
-        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-          INTO v_worker
-          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
-    END IF;
-
-    -- The common case first, in one statement: no limit and no capped definition defined, and
-    -- no claim token missing where one is required. Then there is no group to count under a
-    -- lock, so the statement locks the first batch_size due runs in claim order (within the
-    -- login's scope, outside paused queues), starts them and returns them; its one-time
-    -- filters read those settings in the same snapshot. Planned with sorts disabled, as the
-    -- first slice of the steps is (its only sort is of the rows it returns; the claim never
-    -- JIT-compiles).
-    -- When it starts nothing (the queue is empty for this caller, or a setting rules this
-    -- path out), jobs._claim_steps reads the settings and goes on from there.
-    v_sort := current_setting('enable_sort');
-    v_void := set_config('enable_sort', 'off', TRUE);
-    RETURN QUERY
-    WITH c AS (
-        SELECT r.id
-          FROM jobs._claimable AS r
-         WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
-           AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
-           AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
-           AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-           AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
-           -- The login's scope (jobs.worker_scopes) and the paused queues, each read once: no
-           -- scope row, a NULL array or no paused queue makes the test NULL (open) at once.
-           -- (A NULL element of a scope array matches nothing, as in the steps.)
-           AND coalesce(r.kind = ANY ((SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
-                                        WHERE s.role = session_user)::text[]), TRUE)
-           AND coalesce(r.queue = ANY ((SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
-                                         WHERE s.role = session_user)::text[]), TRUE)
-           AND coalesce(r.queue <> ALL ((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE)
-         ORDER BY r.priority DESC, r.scheduled_for, r.id
-         LIMIT claim.batch_size
-           FOR UPDATE SKIP LOCKED
-    ),
-    -- The start time is the clock after the rows are locked, as in step 4 (v_started).
-    t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-    started AS (
-        UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-               claim_token_hash = v_token_hash,
-               heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-         WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
-        RETURNING r.*
-    )
-    SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-    v_void := set_config('enable_sort', v_sort, TRUE);
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT * FROM jobs._claim_steps(claim.batch_size, v_worker, claim.kinds,
-                                                    claim.heartbeat, claim.queues, v_token_hash);
-    END IF;
 END $$;
 COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS 'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. A login scoped in jobs.worker_scopes gets only runs within its scope. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';

@@ -447,3 +447,29 @@ def test_a_workers_calls_find_their_runs_by_id_not_by_walking_the_running_set(db
             "SELECT status::text FROM jobs.runs WHERE id = ANY (%s) ORDER BY id", (mine,)
         ).fetchall()
     assert [s for (s,) in statuses] == ["RUNNING", "COMPLETED", "COMPLETED", "FAILED"]
+
+
+def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database, conn: Conn) -> None:
+    """A session whose claim found a limit defined goes straight to the capped steps next time
+    (a session hint). The hint must follow the settings both ways: once the limit is gone the
+    same session claims the whole batch again, and once one is set again it is kept from the
+    first claim after."""
+    add_runs(conn, 30)
+    conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 2)")
+    with db.connect() as claimer:
+
+        def claim(n: int) -> list[int]:
+            return [int(r[0]) for r in claimer.execute("SELECT id FROM jobs.claim(%s, 'w')", (n,))]
+
+        def hint() -> Any:
+            return scalar(claimer, "SELECT current_setting('pgtick.claim_steps', true)")
+
+        assert len(claim(10)) == 2, "a claim under a limit of 2 started more than 2"
+        assert hint() == "on", f"a claim that met a limit left the hint {hint()!r}"
+        assert claim(10) == [], "a claim at the limit started more"
+        conn.execute("SELECT jobs.remove_limit('queue', 'default')")
+        assert len(claim(10)) == 10, "with the limit removed, the hinted session did not claim a full batch"
+        assert hint() == "off", f"a claim that found nothing capped left the hint {hint()!r}"
+        conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 13)")
+        assert len(claim(10)) == 1, "with 12 RUNNING under a new limit of 13, a claim started other than 1"
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'") == 13
