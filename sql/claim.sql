@@ -107,7 +107,8 @@ WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked;
 COMMENT ON VIEW jobs._claimable IS 'Private: the QUEUED runs that are due and not blocked, with the columns jobs.claim''s pool statements read.';
 
 -- Argument checks are plain expressions and the common case is one statement: in a claim,
--- each statement costs its plan-cache check and executor start.
+-- each statement costs its plan-cache check and executor start, and each variable with a
+-- default its set-up (the steps' variables are set up only when the steps run).
 CREATE OR REPLACE FUNCTION jobs.claim(
     batch_size integer DEFAULT 1,
     worker text DEFAULT NULL,
@@ -123,78 +124,11 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
-    -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
-    -- counts the others as if they all did (see step 3).
-    c_shared_min CONSTANT integer := 500;
-    c_shared_batch CONSTANT integer := 20;
-    -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
-    -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
-    -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
-    c_stripes CONSTANT integer := 16;
-    -- How long a claim that found nothing pickable polls its busy groups before it returns
-    -- what it has (nothing): the caller claims again.
-    c_wait CONSTANT interval := interval '1 second';
-    v_wait_until timestamptz;
-    v_exact boolean;
-    v_striped boolean[] := '{}';    -- per group: holds one of its stripes
-    v_holders integer[];
-    v_started timestamptz;
-    v_worker text;
-    v_token_hash bytea;
-    v_require_token boolean;
-    v_steps boolean;                -- skip the common case's statement (pgtick.claim_steps)
     v_void text;
     v_sort text;
-    v_round integer := 0;
-    v_limit integer;
-    v_paused text[];
-    v_kinds text[] := claim.kinds;     -- what is asked, narrowed to the login's scope
-    v_queues text[] := claim.queues;
-    v_scope_kinds text[];
-    v_scope_queues text[];
-    v_has_limits boolean;
-    v_has_tight boolean;            -- some limit is not roomy (below c_shared_min, or a rate)
-    v_roomy_ok boolean;             -- the roomy pool's groups are all locked shared, with a stripe
-    v_lim_scope text[];             -- the roomy pool's groups: scope, name, per_key, key,
-    v_lim_name text[];
-    v_lim_per_key boolean[];
-    v_lim_ckey text[];
-    v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
-    v_lim_demand integer[];
-    v_has_capped boolean;
-    v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
-    v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
-    v_new_ids bigint[];
-    v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
-    v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
-    v_pool_origin text[] := '{}';   --   origin
-    v_pool_queues text[] := '{}';   --   queue
-    v_pool_kinds text[] := '{}';    --   kind
-    v_pool_keys text[] := '{}';     --   concurrency_key
-    v_groups jobs._claim_group[] := '{}';   -- every capped group met so far
-    v_labels text[] := '{}';        -- their labels, for lookups
-    v_new jobs._claim_group[];
-    v_g jobs._claim_group;
-    v_max_key bigint := NULL;       -- highest dispatch lock key held
-    v_busy boolean;                 -- some group could not be locked yet
-    v_todo boolean;
-    v_shared_todo boolean;
-    v_waited boolean;
-    v_room integer[];
-    v_demand integer[];
-    v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
-    v_new_slots integer[];
-    j integer;
-    v_gi integer;
-    v_ok boolean;
-    v_pick bigint[];
-    v_room_defs bigint[];           -- capped definitions counted under their locks, and
-    v_room_free integer[];          --   their free slots (for the overlap policies)
-    v_skip bigint[];
-    v_full_defs bigint[] := '{}';   -- groups with no room for another pool row
-    v_full text[] := '{}';
-    i integer;
+    v_worker text;
+    v_token_hash bytea;
+    v_steps boolean;   -- skip the common case's statement (the session hint pgtick.claim_steps)
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -246,50 +180,119 @@ BEGIN
     -- rules this path out), the settings are read on their own and the claim goes on from there.
     -- A session whose last such read found something capped skips that statement (the
     -- session setting pgtick.claim_steps, a hint only); a read that finds the hint stale
-    -- clears it and starts over with the statement.
-    v_steps := current_setting('pgtick.claim_steps', TRUE) = 'on';
-    LOOP
-        IF v_steps IS NOT TRUE THEN
-            v_sort := current_setting('enable_sort');
-            v_void := set_config('enable_sort', 'off', TRUE);
-            RETURN QUERY
-            WITH c AS (
-                SELECT r.id
-                  FROM jobs._claimable AS r
-                 WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
-                   AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
-                   AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
-                   AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-                   AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
-                   -- The login's scope (jobs.worker_scopes) and the paused queues, each read once: no
-                   -- scope row, a NULL array or no paused queue makes the test NULL (open) at once.
-                   -- (A NULL element of a scope array matches nothing, as in the steps.)
-                   AND coalesce(r.kind = ANY ((SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
-                                                WHERE s.role = session_user)::text[]), TRUE)
-                   AND coalesce(r.queue = ANY ((SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
-                                                 WHERE s.role = session_user)::text[]), TRUE)
-                   AND coalesce(r.queue <> ALL ((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE)
-                 ORDER BY r.priority DESC, r.scheduled_for, r.id
-                 LIMIT claim.batch_size
-                   FOR UPDATE SKIP LOCKED
-            ),
-            -- The start time is the clock after the rows are locked, as in step 4 (v_started).
-            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-            started AS (
-                UPDATE jobs.runs AS r
-                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-                       claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-                 WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
-                RETURNING r.*
-            )
-            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-            v_void := set_config('enable_sort', v_sort, TRUE);
-            IF FOUND THEN
-                RETURN;
-            END IF;
+    -- clears it, and the steps take that one claim.
+    v_steps := coalesce(current_setting('pgtick.claim_steps', TRUE) = 'on', FALSE);
+    IF NOT v_steps THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        RETURN QUERY
+        WITH c AS (
+            SELECT r.id
+              FROM jobs._claimable AS r
+             WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
+               AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
+               AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
+               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+               -- The login's scope (jobs.worker_scopes) and the paused queues, each read once: no
+               -- scope row, a NULL array or no paused queue makes the test NULL (open) at once.
+               -- (A NULL element of a scope array matches nothing, as in the steps.)
+               AND coalesce(r.kind = ANY ((SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
+                                            WHERE s.role = session_user)::text[]), TRUE)
+               AND coalesce(r.queue = ANY ((SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
+                                             WHERE s.role = session_user)::text[]), TRUE)
+               AND coalesce(r.queue <> ALL ((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE)
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        -- The start time is the clock after the rows are locked, as in step 4 (v_started).
+        t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+        started AS (
+            UPDATE jobs.runs AS r
+               SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                   claim_token_hash = v_token_hash,
+                   heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+             WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+            RETURNING r.*
+        )
+        SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        IF FOUND THEN
+            RETURN;
         END IF;
+    END IF;
 
+    -- The steps: their variables are a block of their own, set up only when they run.
+    DECLARE
+        -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
+        -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
+        -- counts the others as if they all did (see step 3).
+        c_shared_min CONSTANT integer := 500;
+        c_shared_batch CONSTANT integer := 20;
+        -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
+        -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
+        -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
+        c_stripes CONSTANT integer := 16;
+        -- How long a claim that found nothing pickable polls its busy groups before it returns
+        -- what it has (nothing): the caller claims again.
+        c_wait CONSTANT interval := interval '1 second';
+        v_wait_until timestamptz;
+        v_exact boolean;
+        v_striped boolean[] := '{}';    -- per group: holds one of its stripes
+        v_holders integer[];
+        v_started timestamptz;
+        v_require_token boolean;
+        v_round integer := 0;
+        v_limit integer;
+        v_paused text[];
+        v_kinds text[] := claim.kinds;     -- what is asked, narrowed to the login's scope
+        v_queues text[] := claim.queues;
+        v_scope_kinds text[];
+        v_scope_queues text[];
+        v_has_limits boolean;
+        v_has_tight boolean;            -- some limit is not roomy (below c_shared_min, or a rate)
+        v_roomy_ok boolean;             -- the roomy pool's groups are all locked shared, with a stripe
+        v_lim_scope text[];             -- the roomy pool's groups: scope, name, per_key, key,
+        v_lim_name text[];
+        v_lim_per_key boolean[];
+        v_lim_ckey text[];
+        v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
+        v_lim_demand integer[];
+        v_has_capped boolean;
+        v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
+        v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
+        v_new_ids bigint[];
+        v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
+        v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
+        v_pool_origin text[] := '{}';   --   origin
+        v_pool_queues text[] := '{}';   --   queue
+        v_pool_kinds text[] := '{}';    --   kind
+        v_pool_keys text[] := '{}';     --   concurrency_key
+        v_groups jobs._claim_group[] := '{}';   -- every capped group met so far
+        v_labels text[] := '{}';        -- their labels, for lookups
+        v_new jobs._claim_group[];
+        v_g jobs._claim_group;
+        v_max_key bigint := NULL;       -- highest dispatch lock key held
+        v_busy boolean;                 -- some group could not be locked yet
+        v_todo boolean;
+        v_shared_todo boolean;
+        v_waited boolean;
+        v_room integer[];
+        v_demand integer[];
+        v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
+        v_new_slots integer[];
+        j integer;
+        v_gi integer;
+        v_ok boolean;
+        v_pick bigint[];
+        v_room_defs bigint[];           -- capped definitions counted under their locks, and
+        v_room_free integer[];          --   their free slots (for the overlap policies)
+        v_skip bigint[];
+        v_full_defs bigint[] := '{}';   -- groups with no room for another pool row
+        v_full text[] := '{}';
+        i integer;
+    BEGIN
         -- What the claim needs to know before it looks at the queue, in one statement: paused
         -- queues, whether any limit or capped definition exists, the login's scope and whether a
         -- claim token is required. A pause or scope committed before this statement starts is
@@ -304,533 +307,531 @@ BEGIN
           FROM (SELECT) AS one
           LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
         v_has_limits := v_has_tight IS NOT NULL;
-        EXIT WHEN v_has_limits OR v_has_capped OR v_steps IS NOT TRUE;
-        v_steps := FALSE;   -- nothing is capped any more: the common case after all
-        v_void := set_config('pgtick.claim_steps', 'off', FALSE);
-    END LOOP;
-    IF (v_has_limits OR v_has_capped) AND v_steps IS NOT TRUE THEN
-        v_void := set_config('pgtick.claim_steps', 'on', FALSE);   -- for this session
-    END IF;
-    IF v_token_hash IS NULL AND v_require_token THEN
-        RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
-            USING ERRCODE = '22023',
-                  HINT = 'Pass claim_token => a secret generated once per worker process, and the same token to heartbeat, complete and fail.';
-    END IF;
-    IF v_scope_kinds IS NOT NULL THEN
-        v_kinds := CASE WHEN v_kinds IS NULL THEN v_scope_kinds
-                        ELSE ARRAY(SELECT k FROM unnest(v_kinds) AS k WHERE k = ANY (v_scope_kinds)) END;
-    END IF;
-    IF v_scope_queues IS NOT NULL THEN
-        v_queues := CASE WHEN v_queues IS NULL THEN v_scope_queues
-                         ELSE ARRAY(SELECT q FROM unnest(v_queues) AS q WHERE q = ANY (v_scope_queues)) END;
-    END IF;
-    IF cardinality(v_kinds) = 0 OR cardinality(v_queues) = 0 THEN
-        RETURN;   -- nothing asked for is in the scope
-    END IF;
+        IF (v_has_limits OR v_has_capped) <> v_steps THEN   -- the hint follows the settings
+            v_void := set_config('pgtick.claim_steps', CASE WHEN v_steps THEN 'off' ELSE 'on' END, FALSE);
+        END IF;
+        IF v_token_hash IS NULL AND v_require_token THEN
+            RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
+                USING ERRCODE = '22023',
+                      HINT = 'Pass claim_token => a secret generated once per worker process, and the same token to heartbeat, complete and fail.';
+        END IF;
+        IF v_scope_kinds IS NOT NULL THEN
+            v_kinds := CASE WHEN v_kinds IS NULL THEN v_scope_kinds
+                            ELSE ARRAY(SELECT k FROM unnest(v_kinds) AS k WHERE k = ANY (v_scope_kinds)) END;
+        END IF;
+        IF v_scope_queues IS NOT NULL THEN
+            v_queues := CASE WHEN v_queues IS NULL THEN v_scope_queues
+                             ELSE ARRAY(SELECT q FROM unnest(v_queues) AS q WHERE q = ANY (v_scope_queues)) END;
+        END IF;
+        IF cardinality(v_kinds) = 0 OR cardinality(v_queues) = 0 THEN
+            RETURN;   -- nothing asked for is in the scope
+        END IF;
 
-    -- Nothing is capped anywhere: the common case's statement started what there was.
-    IF NOT v_has_limits AND NOT v_has_capped THEN
-        RETURN;   -- nothing due
-    END IF;
-
-    -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
-    -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
-    -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
-    -- group is near its limit. Two statements do the same, the first locking the pool and its
-    -- groups, the second counting RUNNING under those locks and starting the whole pool only
-    -- if every group has room for its rows in the pool as a shared holder (limit - running -
-    -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
-    -- nothing is started and the steps below run from the start: they lock the same rows and
-    -- groups again (locks held already are granted at once) and count exactly.
-    IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND claim.batch_size <= c_shared_batch THEN
-        v_sort := current_setting('enable_sort');
-        v_void := set_config('enable_sort', 'off', TRUE);
-        WITH c AS (
-            SELECT r.id, r.queue, r.kind, r.concurrency_key
-              FROM jobs._claimable AS r
-             WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
-               AND (v_queues IS NULL OR r.queue = ANY (v_queues))
-               AND r.queue <> ALL (v_paused)
-             ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT claim.batch_size
-               FOR UPDATE SKIP LOCKED
-        ),
-        g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
-            SELECT m.scope, m.name, m.per_key, CASE WHEN m.per_key THEN c.concurrency_key END AS ckey,
-                   m.max_running, count(*)::integer AS demand,
-                   coalesce(m.max_running, 0) >= c_shared_min AND m.rate_limit IS NULL AS roomy
-              FROM c JOIN jobs.limits AS m
-                ON (m.scope = 'queue' AND m.name = c.queue) OR (m.scope = 'kind' AND m.name = c.kind)
-             GROUP BY m.scope, m.name, m.per_key, 4, m.max_running, m.rate_limit
-        ),
-        k AS (
-            SELECT g.*, CASE WHEN g.per_key THEN jsonb_build_array(g.scope, g.name, g.ckey)::text
-                             ELSE jsonb_build_array(g.scope, g.name)::text END AS label
-              FROM g
-        ),
-        l AS (   -- try each group's lock shared, then one of its stripes (keys as in step 2)
-            SELECT k.*,
-                   CASE WHEN NOT k.roomy THEN FALSE
-                        WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended('dispatch:' || k.label, 0))
-                            THEN FALSE
-                        ELSE EXISTS (SELECT FROM generate_series(0, c_stripes - 1) AS j
-                                      WHERE pg_try_advisory_xact_lock(hashtextextended(
-                                            'dispatch:' || k.label || '#' || (pg_backend_pid() + j) % c_stripes, 0)))
-                   END AS locked
-              FROM k
-        )
-        SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
-               coalesce(bool_and(l.locked), TRUE),
-               array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
-               array_agg(l.max_running), array_agg(l.demand)
-          INTO v_new_ids, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
-               v_lim_demand
-          FROM l;
-        v_void := set_config('enable_sort', v_sort, TRUE);
-        IF cardinality(v_new_ids) = 0 THEN
+        -- Nothing is capped anywhere: the common case's statement started what there was (if
+        -- the hint skipped it, the steps below take the batch; none of its groups is capped).
+        IF NOT v_has_limits AND NOT v_has_capped AND NOT v_steps THEN
             RETURN;   -- nothing due
         END IF;
-        IF v_roomy_ok THEN
-            RETURN QUERY
-            WITH rc AS MATERIALIZED (
-                SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
-                  FROM jobs.runs AS r
-                 WHERE r.status = 'RUNNING'
-                 GROUP BY r.queue, r.kind, r.concurrency_key
-            ),
-            room AS (
-                SELECT coalesce(bool_and(
-                           g.max_running
-                           - (SELECT coalesce(sum(rc.n), 0) FROM rc
-                               WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
-                                 AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
-                           - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
-                  FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
-                       AS g (scope, name, per_key, ckey, max_running, demand)
-            ),
-            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-            started AS (
-                UPDATE jobs.runs AS r
-                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-                       claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-                 WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
-                RETURNING r.*
-            )
-            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-            IF FOUND THEN
-                RETURN;
-            END IF;
-        END IF;
-    END IF;
 
-    LOOP
-        v_round := v_round + 1;
-        v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
-
-        -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
-        -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
-        -- checks its plan on a long backlog); the second one, with its exclusions, is
-        -- planned for its actual values: its generic plan (LIMIT and arrays unknown) could
-        -- sort the whole queue instead of walking runs_claim_idx.
-        IF v_round = 1 THEN
-            -- Planned (once per session, and again only when jobs.runs changes) with sorts
-            -- disabled: then no plan can sort the queue, and the only ordered path left is
-            -- runs_claim_idx, whatever the statistics say about the backlog.
+        -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
+        -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
+        -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
+        -- group is near its limit. Two statements do the same, the first locking the pool and its
+        -- groups, the second counting RUNNING under those locks and starting the whole pool only
+        -- if every group has room for its rows in the pool as a shared holder (limit - running -
+        -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
+        -- nothing is started and the steps below run from the start: they lock the same rows and
+        -- groups again (locks held already are granted at once) and count exactly.
+        IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND claim.batch_size <= c_shared_batch THEN
             v_sort := current_setting('enable_sort');
             v_void := set_config('enable_sort', 'off', TRUE);
             WITH c AS (
-                SELECT r.*
+                SELECT r.id, r.queue, r.kind, r.concurrency_key
                   FROM jobs._claimable AS r
                  WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
                    AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                    AND r.queue <> ALL (v_paused)
                  ORDER BY r.priority DESC, r.scheduled_for, r.id
-                 LIMIT v_limit
+                 LIMIT claim.batch_size
                    FOR UPDATE SKIP LOCKED
+            ),
+            g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
+                SELECT m.scope, m.name, m.per_key, CASE WHEN m.per_key THEN c.concurrency_key END AS ckey,
+                       m.max_running, count(*)::integer AS demand,
+                       coalesce(m.max_running, 0) >= c_shared_min AND m.rate_limit IS NULL AS roomy
+                  FROM c JOIN jobs.limits AS m
+                    ON (m.scope = 'queue' AND m.name = c.queue) OR (m.scope = 'kind' AND m.name = c.kind)
+                 GROUP BY m.scope, m.name, m.per_key, 4, m.max_running, m.rate_limit
+            ),
+            k AS (
+                SELECT g.*, CASE WHEN g.per_key THEN jsonb_build_array(g.scope, g.name, g.ckey)::text
+                                 ELSE jsonb_build_array(g.scope, g.name)::text END AS label
+                  FROM g
+            ),
+            l AS (   -- try each group's lock shared, then one of its stripes (keys as in step 2)
+                SELECT k.*,
+                       CASE WHEN NOT k.roomy THEN FALSE
+                            WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended('dispatch:' || k.label, 0))
+                                THEN FALSE
+                            ELSE EXISTS (SELECT FROM generate_series(0, c_stripes - 1) AS j
+                                          WHERE pg_try_advisory_xact_lock(hashtextextended(
+                                                'dispatch:' || k.label || '#' || (pg_backend_pid() + j) % c_stripes, 0)))
+                       END AS locked
+                  FROM k
             )
-            -- The pool's arrays come from one pass over c, which holds its rows in the order
-            -- they were locked (claim order, the LIMIT over the ordered index scan): they
-            -- stay aligned and in claim order with no sort per array.
-            SELECT coalesce(array_agg(c.id), '{}'),
-                   coalesce(array_agg(c.definition_id), '{}'),
-                   coalesce(array_agg(c.origin), '{}'),
-                   coalesce(array_agg(c.queue), '{}'),
-                   coalesce(array_agg(c.kind), '{}'),
-                   coalesce(array_agg(c.concurrency_key), '{}')
-              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
-                   v_pool_keys
-              FROM c;
+            SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
+                   coalesce(bool_and(l.locked), TRUE),
+                   array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
+                   array_agg(l.max_running), array_agg(l.demand)
+              INTO v_new_ids, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
+                   v_lim_demand
+              FROM l;
             v_void := set_config('enable_sort', v_sort, TRUE);
             IF cardinality(v_new_ids) = 0 THEN
                 RETURN;   -- nothing due
             END IF;
-        ELSE
-            v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
-            SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
-                   v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
-              INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
-              FROM (SELECT r.*
-                      FROM jobs._claimable AS r
-                     WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
-                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
-                       AND r.queue <> ALL (v_paused)
-                       AND r.id <> ALL (v_pool_ids)
-                       AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
-                       AND (cardinality(v_full) = 0
-                            OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
-                                AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
-                                AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
-                                AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
-                     ORDER BY r.priority DESC, r.scheduled_for, r.id
-                     LIMIT v_limit
-                       FOR UPDATE SKIP LOCKED) AS c;
-            v_void := set_config('plan_cache_mode', 'force_generic_plan', TRUE);
-        END IF;
-        v_pool_ids := v_pool_ids || v_new_ids;
-
-        -- 2. The capped groups new in this slice, in ascending lock key order; first only
-        -- try their dispatch locks: a busy one is someone else's claim in flight.
-        -- The same statement places each new pool row in its groups: three slots per row
-        -- (definition, queue limit, kind limit) holding the group's position in v_groups
-        -- (0: none), new groups numbered after the known ones in the order they are added.
-        -- (An ad-hoc slice with no limit defined has none: skip the query.)
-        v_new := '{}';
-        v_new_slots := array_fill(0, ARRAY[3 * cardinality(v_new_ids)]);
-        IF v_has_limits OR cardinality(array_remove(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:], NULL)) > 0 THEN
-            WITH p AS (
-                SELECT *
-                  FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
-                              v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
-                       WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
-            ),
-            x AS (
-                SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
-                       hashtextextended('dispatch:' || d.id, 0) AS lock_key,   -- jobs._dispatch_key, inline
-                       'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
-                       FALSE AS per_key, d.id AS definition_id,
-                       d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
-                       NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip,
-                       d.overlap_policy IN ('buffer_one', 'cancel_other') AS overlap
-                  FROM p JOIN jobs.definitions AS d
-                    ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
-                UNION ALL
-                SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),   -- jobs._limit_key
-                       l.scope, l.name, l.ckey, l.per_key, NULL,
-                       l.max_running, l.rate_limit, l.rate_period, FALSE, FALSE
-                  FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
-                               CASE WHEN m.per_key THEN p.ckey END AS ckey,
-                               CASE WHEN m.per_key
-                                    THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
-                                    ELSE jsonb_build_array(m.scope, m.name)::text END AS label
-                          FROM p JOIN jobs.limits AS m
-                            ON v_has_limits
-                           AND ((m.scope = 'queue' AND m.name = p.queue)
-                                OR (m.scope = 'kind' AND m.name = p.kind))) AS l
-            ),
-            g AS (
-                SELECT DISTINCT x.label, x.lock_key, x.scope, x.name, x.ckey, x.per_key, x.definition_id,
-                       x.max_running, x.rate_limit, x.rate_period, x.skip
-                  FROM x WHERE x.label <> ALL (v_labels)
-            ),
-            n AS (
-                SELECT g.*, cardinality(v_labels) + row_number() OVER (ORDER BY g.lock_key, g.label) AS pos
-                  FROM g
-            )
-            SELECT (SELECT coalesce(array_agg(ROW(n.label, n.lock_key, n.scope, n.name, n.ckey, n.per_key,
-                                                  n.definition_id, n.max_running, n.rate_limit, n.rate_period,
-                                                  n.skip,
-                                                  n.scope <> 'definition'
-                                                  AND coalesce(n.max_running, 2147483647) >= c_shared_min
-                                                  AND coalesce(n.rate_limit, 2147483647) >= c_shared_min,
-                                                  FALSE, NULL)::jobs._claim_group
-                                              ORDER BY n.pos), '{}')
-                      FROM n),
-                   (SELECT array_agg(coalesce(n.pos, array_position(v_labels, x.label), 0)::integer
-                                     ORDER BY p.ord, s.slot)
-                      FROM p CROSS JOIN generate_series(1, 3) AS s (slot)
-                      LEFT JOIN x ON x.ord = p.ord AND x.slot = s.slot
-                      LEFT JOIN n ON n.label = x.label),
-                   (SELECT coalesce(bool_or(x.overlap), FALSE) FROM x)
-              INTO v_new, v_new_slots, v_new_overlap;
-            v_overlap := v_overlap OR v_new_overlap;
-        END IF;
-        v_row_groups := v_row_groups || v_new_slots;
-
-        FOREACH v_g IN ARRAY v_new LOOP
-            IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
-                     ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
-                v_g.locked := TRUE;
-                v_max_key := greatest(v_max_key, v_g.lock_key);
-            END IF;
-            v_groups := v_groups || v_g;
-            v_labels := v_labels || v_g.label;
-        END LOOP;
-        v_waited := FALSE;
-
-        LOOP
-            -- A shared group is locked only with one of its stripes too: tried from one
-            -- derived from this backend's pid, never waited for (so stripes take no part in
-            -- the lock order); with all of them held, the group is busy.
-            FOR i IN 1 .. cardinality(v_groups) LOOP
-                IF (v_groups[i]).shared AND (v_groups[i]).locked AND v_striped[i] IS NOT TRUE THEN
-                    v_striped[i] := FALSE;
-                    FOR j IN 0 .. c_stripes - 1 LOOP
-                        IF pg_try_advisory_xact_lock(hashtextextended(   -- key: helpers.sql
-                               'dispatch:' || (v_groups[i]).label || '#' || (pg_backend_pid() + j) % c_stripes, 0)) THEN
-                            v_striped[i] := TRUE;
-                            EXIT;
-                        END IF;
-                    END LOOP;
-                    IF NOT v_striped[i] THEN
-                        v_g := v_groups[i];
-                        v_g.locked := FALSE;
-                        v_groups[i] := v_g;
-                    END IF;
-                END IF;
-            END LOOP;
-
-            -- 3. Only now, under those locks, count per newly locked group what is RUNNING
-            -- and, for a rate limit, what started within its trailing window.
-            -- (Flags from plain loops, not queries: every statement costs a claim.)
-            -- A shared group is first counted against the bound of c_stripes holders; only
-            -- where that leaves less than c_shared_batch (near the limit) is it counted again
-            -- against the holders read from pg_locks (v_exact).
-            v_exact := FALSE;
-            LOOP
-                v_todo := FALSE;
-                v_shared_todo := FALSE;
-                FOREACH v_g IN ARRAY v_groups LOOP
-                    IF v_g.locked AND v_g.free IS NULL THEN
-                        v_todo := TRUE;
-                        v_shared_todo := v_shared_todo OR v_g.shared;
-                    END IF;
-                END LOOP;
-                EXIT WHEN NOT v_todo;
-                -- Exact holders: first (its own statement, so that the counts below see
-                -- every holder that committed after this read) how many claimers hold it.
-                v_holders := '{}';
-                IF v_shared_todo AND v_exact THEN
-                    SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
-                      INTO v_holders
-                      FROM unnest(v_groups) WITH ORDINALITY AS g
-                      LEFT JOIN (SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key, count(*) AS n
-                                   FROM pg_locks AS l
-                                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                                    AND l.mode = 'ShareLock'
-                                    AND l.database = (SELECT d.oid FROM pg_database AS d
-                                                       WHERE d.datname = current_database())
-                                  GROUP BY 1) AS h
-                             ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
-                END IF;
-                -- The RUNNING rows are read once for every queue and kind group (rc, read only
-                -- if one of them is counted): each walk of the RUNNING set also steps over the
-                -- index entries that finished runs left behind, many under concurrent claimers.
+            IF v_roomy_ok THEN
+                RETURN QUERY
                 WITH rc AS MATERIALIZED (
                     SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
                       FROM jobs.runs AS r
                      WHERE r.status = 'RUNNING'
                      GROUP BY r.queue, r.kind, r.concurrency_key
+                ),
+                room AS (
+                    SELECT coalesce(bool_and(
+                               g.max_running
+                               - (SELECT coalesce(sum(rc.n), 0) FROM rc
+                                   WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                     AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
+                               - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
+                      FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
+                           AS g (scope, name, per_key, ckey, max_running, demand)
+                ),
+                t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+                started AS (
+                    UPDATE jobs.runs AS r
+                       SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                           claim_token_hash = v_token_hash,
+                           heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                     WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
+                    RETURNING r.*
                 )
-                SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
-                                     g.definition_id, g.max_running, g.rate_limit, g.rate_period,
-                                     g.skip, g.shared, g.locked,
-                                     CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
-                                          WHEN g.shared AND NOT v_exact THEN   -- full room, or count again
-                                              CASE WHEN coalesce(g.max_running - c.running - c.others, 2147483647)
-                                                        >= c_shared_batch
-                                                    AND coalesce(g.rate_limit - c.starts - c.others, 2147483647)
-                                                        >= c_shared_batch
-                                                   THEN c_shared_batch END
-                                          WHEN g.shared THEN   -- each holder adds at most c_shared_batch
-                                              greatest(least(c_shared_batch,
-                                                  coalesce(g.max_running - c.running - c.others, 2147483647),
-                                                  coalesce(g.rate_limit - c.starts - c.others, 2147483647)), 0)
-                                          ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
-                                                              coalesce(g.rate_limit - c.starts, 2147483647)), 0)
-                                     END
-                                 )::jobs._claim_group ORDER BY g.ordinality)
-                  INTO v_groups
-                  FROM unnest(v_groups) WITH ORDINALITY AS g
-                  LEFT JOIN LATERAL (
-                       SELECT CASE WHEN g.max_running IS NULL THEN 0
-                                   WHEN g.scope = 'definition' THEN
-                                       (SELECT count(*) FROM jobs.runs AS r
-                                         WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
-                                   ELSE
-                                       (SELECT coalesce(sum(rc.n), 0)::bigint FROM rc
-                                         WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
-                                           AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
-                              END AS running,
-                              CASE WHEN g.rate_limit IS NULL THEN 0
-                                   ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
-                                          WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
-                              END AS starts,
-                              (CASE WHEN v_exact THEN coalesce(v_holders[g.ordinality], 1) ELSE c_stripes END - 1)
-                              * c_shared_batch AS others
-                        WHERE g.locked AND g.free IS NULL
-                  ) AS c ON TRUE;
-                EXIT WHEN v_exact OR NOT v_shared_todo;
-                v_exact := TRUE;
-            END LOOP;
+                SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+            END IF;
+        END IF;
 
-            -- 4. Pick in pool order while every group of the row has room (a busy group has
-            -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
-            v_pick := '{}';
-            v_skip := '{}';
-            IF cardinality(v_groups) = 0 THEN
-                v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
+        LOOP
+            v_round := v_round + 1;
+            v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
+
+            -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
+            -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
+            -- checks its plan on a long backlog); the second one, with its exclusions, is
+            -- planned for its actual values: its generic plan (LIMIT and arrays unknown) could
+            -- sort the whole queue instead of walking runs_claim_idx.
+            IF v_round = 1 THEN
+                -- Planned (once per session, and again only when jobs.runs changes) with sorts
+                -- disabled: then no plan can sort the queue, and the only ordered path left is
+                -- runs_claim_idx, whatever the statistics say about the backlog.
+                v_sort := current_setting('enable_sort');
+                v_void := set_config('enable_sort', 'off', TRUE);
+                WITH c AS (
+                    SELECT r.*
+                      FROM jobs._claimable AS r
+                     WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                       AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                       AND r.queue <> ALL (v_paused)
+                     ORDER BY r.priority DESC, r.scheduled_for, r.id
+                     LIMIT v_limit
+                       FOR UPDATE SKIP LOCKED
+                )
+                -- The pool's arrays come from one pass over c, which holds its rows in the order
+                -- they were locked (claim order, the LIMIT over the ordered index scan): they
+                -- stay aligned and in claim order with no sort per array.
+                SELECT coalesce(array_agg(c.id), '{}'),
+                       coalesce(array_agg(c.definition_id), '{}'),
+                       coalesce(array_agg(c.origin), '{}'),
+                       coalesce(array_agg(c.queue), '{}'),
+                       coalesce(array_agg(c.kind), '{}'),
+                       coalesce(array_agg(c.concurrency_key), '{}')
+                  INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds,
+                       v_pool_keys
+                  FROM c;
+                v_void := set_config('enable_sort', v_sort, TRUE);
+                IF cardinality(v_new_ids) = 0 THEN
+                    RETURN;   -- nothing due
+                END IF;
             ELSE
-                -- Greedy, in pool order, over each row's three group slots (v_row_groups).
-                v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
-                v_demand := v_room;
-                FOR j IN 1 .. cardinality(v_groups) LOOP
-                    v_room[j] := coalesce((v_groups[j]).free, 0);
+                v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
+                SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                       v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                       v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                       v_pool_queues || coalesce(array_agg(c.queue ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                       v_pool_kinds || coalesce(array_agg(c.kind ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
+                       v_pool_keys || coalesce(array_agg(c.concurrency_key ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}')
+                  INTO v_new_ids, v_pool_defs, v_pool_origin, v_pool_queues, v_pool_kinds, v_pool_keys
+                  FROM (SELECT r.*
+                          FROM jobs._claimable AS r
+                         WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
+                           AND (v_queues IS NULL OR r.queue = ANY (v_queues))
+                           AND r.queue <> ALL (v_paused)
+                           AND r.id <> ALL (v_pool_ids)
+                           AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
+                           AND (cardinality(v_full) = 0
+                                OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
+                                    AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
+                                    AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
+                                    AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
+                         ORDER BY r.priority DESC, r.scheduled_for, r.id
+                         LIMIT v_limit
+                           FOR UPDATE SKIP LOCKED) AS c;
+                v_void := set_config('plan_cache_mode', 'force_generic_plan', TRUE);
+            END IF;
+            v_pool_ids := v_pool_ids || v_new_ids;
+
+            -- 2. The capped groups new in this slice, in ascending lock key order; first only
+            -- try their dispatch locks: a busy one is someone else's claim in flight.
+            -- The same statement places each new pool row in its groups: three slots per row
+            -- (definition, queue limit, kind limit) holding the group's position in v_groups
+            -- (0: none), new groups numbered after the known ones in the order they are added.
+            -- (An ad-hoc slice with no limit defined has none: skip the query.)
+            v_new := '{}';
+            v_new_slots := array_fill(0, ARRAY[3 * cardinality(v_new_ids)]);
+            IF v_has_limits OR cardinality(array_remove(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:], NULL)) > 0 THEN
+                WITH p AS (
+                    SELECT *
+                      FROM unnest(v_pool_defs[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_queues[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_kinds[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:],
+                                  v_pool_keys[cardinality(v_pool_ids) - cardinality(v_new_ids) + 1:])
+                           WITH ORDINALITY AS p (definition_id, queue, kind, ckey, ord)
+                ),
+                x AS (
+                    SELECT p.ord, 1 AS slot, 'd' || d.id AS label,
+                           hashtextextended('dispatch:' || d.id, 0) AS lock_key,   -- jobs._dispatch_key, inline
+                           'definition' AS scope, NULL::text AS name, NULL::text AS ckey,
+                           FALSE AS per_key, d.id AS definition_id,
+                           d.max_concurrent_runs AS max_running, NULL::integer AS rate_limit,
+                           NULL::interval AS rate_period, d.overlap_policy = 'skip' AS skip,
+                           d.overlap_policy IN ('buffer_one', 'cancel_other') AS overlap
+                      FROM p JOIN jobs.definitions AS d
+                        ON d.id = p.definition_id AND d.max_concurrent_runs IS NOT NULL
+                    UNION ALL
+                    SELECT l.ord, l.slot, l.label, hashtextextended('dispatch:' || l.label, 0),   -- jobs._limit_key
+                           l.scope, l.name, l.ckey, l.per_key, NULL,
+                           l.max_running, l.rate_limit, l.rate_period, FALSE, FALSE
+                      FROM (SELECT p.ord, CASE m.scope WHEN 'queue' THEN 2 ELSE 3 END AS slot, m.*,
+                                   CASE WHEN m.per_key THEN p.ckey END AS ckey,
+                                   CASE WHEN m.per_key
+                                        THEN jsonb_build_array(m.scope, m.name, p.ckey)::text
+                                        ELSE jsonb_build_array(m.scope, m.name)::text END AS label
+                              FROM p JOIN jobs.limits AS m
+                                ON v_has_limits
+                               AND ((m.scope = 'queue' AND m.name = p.queue)
+                                    OR (m.scope = 'kind' AND m.name = p.kind))) AS l
+                ),
+                g AS (
+                    SELECT DISTINCT x.label, x.lock_key, x.scope, x.name, x.ckey, x.per_key, x.definition_id,
+                           x.max_running, x.rate_limit, x.rate_period, x.skip
+                      FROM x WHERE x.label <> ALL (v_labels)
+                ),
+                n AS (
+                    SELECT g.*, cardinality(v_labels) + row_number() OVER (ORDER BY g.lock_key, g.label) AS pos
+                      FROM g
+                )
+                SELECT (SELECT coalesce(array_agg(ROW(n.label, n.lock_key, n.scope, n.name, n.ckey, n.per_key,
+                                                      n.definition_id, n.max_running, n.rate_limit, n.rate_period,
+                                                      n.skip,
+                                                      n.scope <> 'definition'
+                                                      AND coalesce(n.max_running, 2147483647) >= c_shared_min
+                                                      AND coalesce(n.rate_limit, 2147483647) >= c_shared_min,
+                                                      FALSE, NULL)::jobs._claim_group
+                                                  ORDER BY n.pos), '{}')
+                          FROM n),
+                       (SELECT array_agg(coalesce(n.pos, array_position(v_labels, x.label), 0)::integer
+                                         ORDER BY p.ord, s.slot)
+                          FROM p CROSS JOIN generate_series(1, 3) AS s (slot)
+                          LEFT JOIN x ON x.ord = p.ord AND x.slot = s.slot
+                          LEFT JOIN n ON n.label = x.label),
+                       (SELECT coalesce(bool_or(x.overlap), FALSE) FROM x)
+                  INTO v_new, v_new_slots, v_new_overlap;
+                v_overlap := v_overlap OR v_new_overlap;
+            END IF;
+            v_row_groups := v_row_groups || v_new_slots;
+
+            FOREACH v_g IN ARRAY v_new LOOP
+                IF (CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
+                         ELSE pg_try_advisory_xact_lock(v_g.lock_key) END) THEN
+                    v_g.locked := TRUE;
+                    v_max_key := greatest(v_max_key, v_g.lock_key);
+                END IF;
+                v_groups := v_groups || v_g;
+                v_labels := v_labels || v_g.label;
+            END LOOP;
+            v_waited := FALSE;
+
+            LOOP
+                -- A shared group is locked only with one of its stripes too: tried from one
+                -- derived from this backend's pid, never waited for (so stripes take no part in
+                -- the lock order); with all of them held, the group is busy.
+                FOR i IN 1 .. cardinality(v_groups) LOOP
+                    IF (v_groups[i]).shared AND (v_groups[i]).locked AND v_striped[i] IS NOT TRUE THEN
+                        v_striped[i] := FALSE;
+                        FOR j IN 0 .. c_stripes - 1 LOOP
+                            IF pg_try_advisory_xact_lock(hashtextextended(   -- key: helpers.sql
+                                   'dispatch:' || (v_groups[i]).label || '#' || (pg_backend_pid() + j) % c_stripes, 0)) THEN
+                                v_striped[i] := TRUE;
+                                EXIT;
+                            END IF;
+                        END LOOP;
+                        IF NOT v_striped[i] THEN
+                            v_g := v_groups[i];
+                            v_g.locked := FALSE;
+                            v_groups[i] := v_g;
+                        END IF;
+                    END IF;
                 END LOOP;
-                FOR i IN 1 .. cardinality(v_pool_ids) LOOP
-                    v_ok := TRUE;
-                    FOR j IN 3 * i - 2 .. 3 * i LOOP
-                        v_gi := v_row_groups[j];
-                        IF v_gi > 0 THEN
-                            v_demand[v_gi] := v_demand[v_gi] + 1;
-                            IF v_room[v_gi] <= 0 THEN
-                                v_ok := FALSE;
+
+                -- 3. Only now, under those locks, count per newly locked group what is RUNNING
+                -- and, for a rate limit, what started within its trailing window.
+                -- (Flags from plain loops, not queries: every statement costs a claim.)
+                -- A shared group is first counted against the bound of c_stripes holders; only
+                -- where that leaves less than c_shared_batch (near the limit) is it counted again
+                -- against the holders read from pg_locks (v_exact).
+                v_exact := FALSE;
+                LOOP
+                    v_todo := FALSE;
+                    v_shared_todo := FALSE;
+                    FOREACH v_g IN ARRAY v_groups LOOP
+                        IF v_g.locked AND v_g.free IS NULL THEN
+                            v_todo := TRUE;
+                            v_shared_todo := v_shared_todo OR v_g.shared;
+                        END IF;
+                    END LOOP;
+                    EXIT WHEN NOT v_todo;
+                    -- Exact holders: first (its own statement, so that the counts below see
+                    -- every holder that committed after this read) how many claimers hold it.
+                    v_holders := '{}';
+                    IF v_shared_todo AND v_exact THEN
+                        SELECT array_agg(coalesce(h.n, 0)::integer ORDER BY g.ordinality)
+                          INTO v_holders
+                          FROM unnest(v_groups) WITH ORDINALITY AS g
+                          LEFT JOIN (SELECT (l.classid::bigint << 32) | l.objid::bigint AS lock_key, count(*) AS n
+                                       FROM pg_locks AS l
+                                      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                                        AND l.mode = 'ShareLock'
+                                        AND l.database = (SELECT d.oid FROM pg_database AS d
+                                                           WHERE d.datname = current_database())
+                                      GROUP BY 1) AS h
+                                 ON h.lock_key = g.lock_key AND g.shared AND g.locked AND g.free IS NULL;
+                    END IF;
+                    -- The RUNNING rows are read once for every queue and kind group (rc, read only
+                    -- if one of them is counted): each walk of the RUNNING set also steps over the
+                    -- index entries that finished runs left behind, many under concurrent claimers.
+                    WITH rc AS MATERIALIZED (
+                        SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
+                          FROM jobs.runs AS r
+                         WHERE r.status = 'RUNNING'
+                         GROUP BY r.queue, r.kind, r.concurrency_key
+                    )
+                    SELECT array_agg(ROW(g.label, g.lock_key, g.scope, g.name, g.ckey, g.per_key,
+                                         g.definition_id, g.max_running, g.rate_limit, g.rate_period,
+                                         g.skip, g.shared, g.locked,
+                                         CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                              WHEN g.shared AND NOT v_exact THEN   -- full room, or count again
+                                                  CASE WHEN coalesce(g.max_running - c.running - c.others, 2147483647)
+                                                            >= c_shared_batch
+                                                        AND coalesce(g.rate_limit - c.starts - c.others, 2147483647)
+                                                            >= c_shared_batch
+                                                       THEN c_shared_batch END
+                                              WHEN g.shared THEN   -- each holder adds at most c_shared_batch
+                                                  greatest(least(c_shared_batch,
+                                                      coalesce(g.max_running - c.running - c.others, 2147483647),
+                                                      coalesce(g.rate_limit - c.starts - c.others, 2147483647)), 0)
+                                              ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
+                                                                  coalesce(g.rate_limit - c.starts, 2147483647)), 0)
+                                         END
+                                     )::jobs._claim_group ORDER BY g.ordinality)
+                      INTO v_groups
+                      FROM unnest(v_groups) WITH ORDINALITY AS g
+                      LEFT JOIN LATERAL (
+                           SELECT CASE WHEN g.max_running IS NULL THEN 0
+                                       WHEN g.scope = 'definition' THEN
+                                           (SELECT count(*) FROM jobs.runs AS r
+                                             WHERE r.status = 'RUNNING' AND r.definition_id = g.definition_id)
+                                       ELSE
+                                           (SELECT coalesce(sum(rc.n), 0)::bigint FROM rc
+                                             WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                               AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
+                                  END AS running,
+                                  CASE WHEN g.rate_limit IS NULL THEN 0
+                                       ELSE (SELECT coalesce(sum(x.starts), 0) FROM jobs._rate_starts AS x
+                                              WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
+                                  END AS starts,
+                                  (CASE WHEN v_exact THEN coalesce(v_holders[g.ordinality], 1) ELSE c_stripes END - 1)
+                                  * c_shared_batch AS others
+                            WHERE g.locked AND g.free IS NULL
+                      ) AS c ON TRUE;
+                    EXIT WHEN v_exact OR NOT v_shared_todo;
+                    v_exact := TRUE;
+                END LOOP;
+
+                -- 4. Pick in pool order while every group of the row has room (a busy group has
+                -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
+                v_pick := '{}';
+                v_skip := '{}';
+                IF cardinality(v_groups) = 0 THEN
+                    v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
+                ELSE
+                    -- Greedy, in pool order, over each row's three group slots (v_row_groups).
+                    v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
+                    v_demand := v_room;
+                    FOR j IN 1 .. cardinality(v_groups) LOOP
+                        v_room[j] := coalesce((v_groups[j]).free, 0);
+                    END LOOP;
+                    FOR i IN 1 .. cardinality(v_pool_ids) LOOP
+                        v_ok := TRUE;
+                        FOR j IN 3 * i - 2 .. 3 * i LOOP
+                            v_gi := v_row_groups[j];
+                            IF v_gi > 0 THEN
+                                v_demand[v_gi] := v_demand[v_gi] + 1;
+                                IF v_room[v_gi] <= 0 THEN
+                                    v_ok := FALSE;
+                                END IF;
+                            END IF;
+                        END LOOP;
+                        IF v_ok THEN
+                            IF cardinality(v_pick) < claim.batch_size THEN
+                                v_pick := v_pick || v_pool_ids[i];
+                                FOR j IN 3 * i - 2 .. 3 * i LOOP
+                                    v_gi := v_row_groups[j];
+                                    IF v_gi > 0 THEN
+                                        v_room[v_gi] := v_room[v_gi] - 1;
+                                    END IF;
+                                END LOOP;
+                            END IF;
+                        ELSIF v_pool_origin[i] = 'schedule' AND v_row_groups[3 * i - 2] > 0 THEN
+                            v_gi := v_row_groups[3 * i - 2];
+                            IF (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
+                                v_skip := v_skip || v_pool_ids[i];
                             END IF;
                         END IF;
                     END LOOP;
-                    IF v_ok THEN
-                        IF cardinality(v_pick) < claim.batch_size THEN
-                            v_pick := v_pick || v_pool_ids[i];
-                            FOR j IN 3 * i - 2 .. 3 * i LOOP
-                                v_gi := v_row_groups[j];
-                                IF v_gi > 0 THEN
-                                    v_room[v_gi] := v_room[v_gi] - 1;
-                                END IF;
-                            END LOOP;
-                        END IF;
-                    ELSIF v_pool_origin[i] = 'schedule' AND v_row_groups[3 * i - 2] > 0 THEN
-                        v_gi := v_row_groups[3 * i - 2];
-                        IF (v_groups[v_gi]).skip AND (v_groups[v_gi]).free = 0 THEN
-                            v_skip := v_skip || v_pool_ids[i];
-                        END IF;
-                    END IF;
-                END LOOP;
-            END IF;
-
-            -- Nothing claimable without waiting: wait for the busy groups, but only for keys
-            -- above every lock held (try the others), in ascending order. A wait is polling
-            -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
-            -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
-            -- follows a row's update chain and keeps its lock on a newer version it then
-            -- leaves out). A lock-manager wait here is one edge of a cycle that any holder
-            -- of the group's lock needing one of those rows would close, and PostgreSQL would
-            -- end one of the two with a deadlock error; a poll only delays that holder.
-            EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
-            v_busy := FALSE;
-            FOREACH v_g IN ARRAY v_groups LOOP
-                v_busy := v_busy OR NOT v_g.locked;
-            END LOOP;
-            EXIT WHEN NOT v_busy;
-            v_waited := TRUE;
-            v_wait_until := clock_timestamp() + c_wait;
-            FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
-                      WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
-                v_g := v_groups[i];
-                IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
-                    LOOP
-                        v_g.locked := CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
-                                           ELSE pg_try_advisory_xact_lock(v_g.lock_key) END;
-                        EXIT WHEN v_g.locked OR clock_timestamp() >= v_wait_until;
-                        PERFORM pg_sleep(0.001);
-                    END LOOP;
-                    IF v_g.locked THEN
-                        v_max_key := v_g.lock_key;
-                    END IF;
-                ELSIF v_g.shared THEN   -- (held already when only its stripes were busy)
-                    v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
-                ELSE
-                    v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
                 END IF;
-                v_groups[i] := v_g;
+
+                -- Nothing claimable without waiting: wait for the busy groups, but only for keys
+                -- above every lock held (try the others), in ascending order. A wait is polling
+                -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
+                -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
+                -- follows a row's update chain and keeps its lock on a newer version it then
+                -- leaves out). A lock-manager wait here is one edge of a cycle that any holder
+                -- of the group's lock needing one of those rows would close, and PostgreSQL would
+                -- end one of the two with a deadlock error; a poll only delays that holder.
+                EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
+                v_busy := FALSE;
+                FOREACH v_g IN ARRAY v_groups LOOP
+                    v_busy := v_busy OR NOT v_g.locked;
+                END LOOP;
+                EXIT WHEN NOT v_busy;
+                v_waited := TRUE;
+                v_wait_until := clock_timestamp() + c_wait;
+                FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
+                          WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
+                    v_g := v_groups[i];
+                    IF v_max_key IS NULL OR v_g.lock_key > v_max_key THEN
+                        LOOP
+                            v_g.locked := CASE WHEN v_g.shared THEN pg_try_advisory_xact_lock_shared(v_g.lock_key)
+                                               ELSE pg_try_advisory_xact_lock(v_g.lock_key) END;
+                            EXIT WHEN v_g.locked OR clock_timestamp() >= v_wait_until;
+                            PERFORM pg_sleep(0.001);
+                        END LOOP;
+                        IF v_g.locked THEN
+                            v_max_key := v_g.lock_key;
+                        END IF;
+                    ELSIF v_g.shared THEN   -- (held already when only its stripes were busy)
+                        v_g.locked := pg_try_advisory_xact_lock_shared(v_g.lock_key);
+                    ELSE
+                        v_g.locked := pg_try_advisory_xact_lock(v_g.lock_key);
+                    END IF;
+                    v_groups[i] := v_g;
+                END LOOP;
             END LOOP;
+
+            EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
+                   OR cardinality(v_new_ids) < v_limit              -- queue exhausted
+                   OR cardinality(v_pick) >= claim.batch_size;      -- batch full
+
+            -- Going round again: the next slice skips groups whose room the pool already
+            -- fills, or a capped backlog longer than the oversample would fill it all again.
+            SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
+                   coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
+              INTO v_full_defs, v_full
+              FROM unnest(v_groups) WITH ORDINALITY AS g
+             WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
         END LOOP;
 
-        EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
-               OR cardinality(v_new_ids) < v_limit              -- queue exhausted
-               OR cardinality(v_pick) >= claim.batch_size;      -- batch full
-
-        -- Going round again: the next slice skips groups whose room the pool already
-        -- fills, or a capped backlog longer than the oversample would fill it all again.
-        SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
-               coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
-          INTO v_full_defs, v_full
-          FROM unnest(v_groups) WITH ORDINALITY AS g
-         WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
-    END LOOP;
-
-    -- buffer_one and cancel_other act on the definitions whose dispatch locks are held (only
-    -- where the pool met such a definition: the call and its read of them cost a claim).
-    IF v_overlap THEN
-        SELECT array_agg(g.definition_id), array_agg(g.free)
-          INTO v_room_defs, v_room_free
-          FROM unnest(v_groups) AS g
-         WHERE g.scope = 'definition' AND g.locked AND g.free IS NOT NULL;
-        IF v_room_defs IS NOT NULL THEN
-            PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+        -- buffer_one and cancel_other act on the definitions whose dispatch locks are held (only
+        -- where the pool met such a definition: the call and its read of them cost a claim).
+        IF v_overlap THEN
+            SELECT array_agg(g.definition_id), array_agg(g.free)
+              INTO v_room_defs, v_room_free
+              FROM unnest(v_groups) AS g
+             WHERE g.scope = 'definition' AND g.locked AND g.free IS NOT NULL;
+            IF v_room_defs IS NOT NULL THEN
+                PERFORM jobs._apply_overlap(v_room_defs, v_room_free, v_pick);
+            END IF;
         END IF;
-    END IF;
 
-    IF cardinality(v_skip) > 0 THEN
-        UPDATE jobs.runs AS r
-           SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
-               error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
-         WHERE r.id = ANY (v_skip);
-        PERFORM jobs._cascade_dependency_failure(v_skip);
-    END IF;
+        IF cardinality(v_skip) > 0 THEN
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+                   error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
+             WHERE r.id = ANY (v_skip);
+            PERFORM jobs._cascade_dependency_failure(v_skip);
+        END IF;
 
-    -- started_at is the clock now, not the transaction start: a claim that waited for a
-    -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
-    -- another claimer's starts), and the recorded times keep that order.
-    v_started := clock_timestamp();
-    -- Rate-limited groups: record how many of their runs start now (their windows' counts),
-    -- and drop what no window reaches any more (rows another claimer is dropping: skipped).
-    v_todo := FALSE;
-    IF v_has_limits AND cardinality(v_pick) > 0 THEN
-        FOREACH v_g IN ARRAY v_groups LOOP
-            v_todo := v_todo OR v_g.rate_limit IS NOT NULL;
-        END LOOP;
-    END IF;
-    IF v_todo THEN
-        INSERT INTO jobs._rate_starts (label, started_at, starts)
-        SELECT g.label, v_started, count(*)
-          FROM unnest(v_groups) AS g
-          JOIN unnest(v_pick) AS p (id) ON TRUE
-          JOIN jobs.runs AS r ON r.id = p.id
-         WHERE g.rate_limit IS NOT NULL
-           AND CASE g.scope WHEN 'queue' THEN r.queue = g.name ELSE r.kind = g.name END
-           AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey)
-         GROUP BY g.label;
-        DELETE FROM jobs._rate_starts AS x
-         WHERE x.ctid IN (SELECT o.ctid FROM jobs._rate_starts AS o
-                            JOIN unnest(v_groups) AS g ON g.label = o.label AND g.rate_limit IS NOT NULL
-                           WHERE o.started_at <= v_started - g.rate_period
-                             FOR UPDATE OF o SKIP LOCKED);
-    END IF;
-    RETURN QUERY
-    WITH started AS (
-        UPDATE jobs.runs AS r
-           SET status = 'RUNNING', started_at = v_started, worker = v_worker,
-               claim_token_hash = v_token_hash,
-               heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
-         WHERE r.id = ANY (v_pick)
-        RETURNING r.*
-    )
-    SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+        -- started_at is the clock now, not the transaction start: a claim that waited for a
+        -- lock starts its runs after whatever committed meanwhile (a dependency's completion,
+        -- another claimer's starts), and the recorded times keep that order.
+        v_started := clock_timestamp();
+        -- Rate-limited groups: record how many of their runs start now (their windows' counts),
+        -- and drop what no window reaches any more (rows another claimer is dropping: skipped).
+        v_todo := FALSE;
+        IF v_has_limits AND cardinality(v_pick) > 0 THEN
+            FOREACH v_g IN ARRAY v_groups LOOP
+                v_todo := v_todo OR v_g.rate_limit IS NOT NULL;
+            END LOOP;
+        END IF;
+        IF v_todo THEN
+            INSERT INTO jobs._rate_starts (label, started_at, starts)
+            SELECT g.label, v_started, count(*)
+              FROM unnest(v_groups) AS g
+              JOIN unnest(v_pick) AS p (id) ON TRUE
+              JOIN jobs.runs AS r ON r.id = p.id
+             WHERE g.rate_limit IS NOT NULL
+               AND CASE g.scope WHEN 'queue' THEN r.queue = g.name ELSE r.kind = g.name END
+               AND (NOT g.per_key OR r.concurrency_key IS NOT DISTINCT FROM g.ckey)
+             GROUP BY g.label;
+            DELETE FROM jobs._rate_starts AS x
+             WHERE x.ctid IN (SELECT o.ctid FROM jobs._rate_starts AS o
+                                JOIN unnest(v_groups) AS g ON g.label = o.label AND g.rate_limit IS NOT NULL
+                               WHERE o.started_at <= v_started - g.rate_period
+                                 FOR UPDATE OF o SKIP LOCKED);
+        END IF;
+        RETURN QUERY
+        WITH started AS (
+            UPDATE jobs.runs AS r
+               SET status = 'RUNNING', started_at = v_started, worker = v_worker,
+                   claim_token_hash = v_token_hash,
+                   heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
+             WHERE r.id = ANY (v_pick)
+            RETURNING r.*
+        )
+        SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+    END;
 END $$;
 COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS 'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. A login scoped in jobs.worker_scopes gets only runs within its scope. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';
