@@ -179,7 +179,8 @@ BEGIN
     -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
     -- rules this path out), the settings are read on their own and the claim goes on from there.
     -- A session whose last such read found something capped skips that statement (the
-    -- session setting pgtick.claim_steps, a hint only); a read that finds the hint stale
+    -- session setting pgtick.claim_steps, a hint only: behind a transaction pooler it may
+    -- reach another client's claim, and RESET ALL drops it); a read that finds the hint stale
     -- clears it, and the steps take that one claim.
     v_steps := coalesce(current_setting('pgtick.claim_steps', TRUE) = 'on', FALSE);
     IF NOT v_steps THEN
