@@ -44,8 +44,8 @@
 -- whole of an uncapped claim that finds work: it reads the claim's settings (whether any limit
 -- or capped definition exists, the paused queues, the login's scope, the claim-token rule) in
 -- one-time filters of its own. Only when it starts nothing does the claim read them on their
--- own and take the steps. Where something is capped but nothing in the
--- pool turns out to be, step 4 starts the pool as it is.
+-- own and take the steps. Where something is capped but nothing in the pool turns out to be,
+-- step 4 starts the pool as it is.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
 -- the next counts RUNNING under those locks and starts the whole pool if every group has a
@@ -86,12 +86,13 @@
 -- jobs.config.require_claim_token set, a claim without one is refused.
 -- Its statements are planned once per session (generic plans), except the second slice of
 -- the pool (rarely needed): planning costs more than running most of them. The uncapped
--- statement's and the first slice's plans are made with sorts disabled, so it can only walk runs_claim_idx (docs/performance.md);
--- such a plan looks expensive enough to be JIT-compiled, and none is worth it (jit = off).
+-- statement's and the first slice's plans are made with sorts disabled, so they can only walk
+-- runs_claim_idx (docs/performance.md); such a plan looks expensive enough to be JIT-compiled,
+-- and none is worth it (jit = off).
 -- The runs a claim may take now, before the caller's kinds, queues and paused queues: QUEUED,
 -- due, and not waiting on dependencies, with the columns the claim's pool needs. The claim's
--- pool statements select from it; a view is expanded into the statement that reads
--- it, so it costs nothing when the claim runs and the claim's plans stay as they were.
+-- pool statements select from it; a view is expanded into the statement that reads it, so it
+-- costs nothing when the claim runs and the claim's plans stay as they were.
 CREATE OR REPLACE VIEW jobs._claimable AS
 SELECT
     r.id,
