@@ -8,12 +8,11 @@ test's clock), except where a short real wait checks a real due time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 
-from harness import Conn, Database, add_runs, digest, gated, race_parts, run_row, scalar
+from harness import Conn, Database, add_runs, digest, gated, race_parts, run_row, scalar, wait_for
 
 
 def _enqueue(conn: Conn, kind: str, **kw: object) -> int:
@@ -268,13 +267,6 @@ LEAD = 731_006  # advisory key: the first side of the race holds its rows under 
 REAPED_MARK = "CREATE TABLE IF NOT EXISTS public.race_reaped (at timestamptz)"
 
 
-def _poll(conn: Conn, ready: Callable[[Conn], bool], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not ready(conn):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def _lead_held(conn: Conn) -> bool:
     return bool(
         scalar(
@@ -300,21 +292,20 @@ def _reaper_leading(dsn: str) -> list[int]:
     with gated(dsn) as conn, conn.transaction():
         reaped = _reap(conn)
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (LEAD,))
-        _poll(
-            conn,
-            lambda c: bool(
-                scalar(
-                    c, "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')"
-                )
-            ),
+        wait_for(
             "a completion waiting on the reaped rows",
+            lambda: scalar(
+                conn, "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')"
+            ),
+            timeout=120,
+            interval=0.02,
         )
     return reaped
 
 
 def _completing_after(dsn: str, many: list[int], one: list[int], worker: str) -> list[int]:
     with gated(dsn) as conn:
-        _poll(conn, _lead_held, "the reaper to hold its rows")
+        wait_for("the reaper to hold its rows", lambda: _lead_held(conn), timeout=120, interval=0.02)
         return _complete(conn, many, one, worker)
 
 
@@ -323,17 +314,18 @@ def _completing_leading(dsn: str, many: list[int], one: list[int], worker: str) 
     with gated(dsn) as conn, conn.transaction():
         done = _complete(conn, many, one, worker)
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (LEAD,))
-        _poll(
-            conn,
-            lambda c: bool(scalar(c, "SELECT EXISTS (SELECT FROM public.race_reaped)")),
+        wait_for(
             "the reaper's sweep",
+            lambda: scalar(conn, "SELECT EXISTS (SELECT FROM public.race_reaped)"),
+            timeout=120,
+            interval=0.02,
         )
     return done
 
 
 def _reaping_after(dsn: str) -> list[int]:
     with gated(dsn) as conn:
-        _poll(conn, _lead_held, "the completion to hold its rows")
+        wait_for("the completion to hold its rows", lambda: _lead_held(conn), timeout=120, interval=0.02)
         reaped = _reap(conn)
         conn.execute("INSERT INTO public.race_reaped VALUES (now())")
     return reaped
