@@ -48,8 +48,9 @@
 -- step 4 starts the pool as it is.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
--- the next counts RUNNING under those locks and starts the whole pool if every group has a
--- shared holder's room for its rows there; otherwise the steps run in full.
+-- reading the settings itself as the common case's does, the next counts RUNNING under those
+-- locks and starts the whole pool if every group has a shared holder's room for its rows
+-- there; otherwise the steps run in full.
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -107,6 +108,25 @@ FROM jobs.runs AS r
 WHERE r.status = 'QUEUED' AND r.scheduled_for <= now() AND NOT r.blocked;
 COMMENT ON VIEW jobs._claimable IS 'Private: the QUEUED runs that are due and not blocked, with the columns jobs.claim''s pool statements read.';
 
+-- The same runs within the login's scope (jobs.worker_scopes) and outside paused queues, for
+-- the statements that read those settings themselves. Each is read once per statement: no
+-- scope row, a NULL array or no paused queue makes its test NULL (open) at once. A NULL
+-- element of a scope array matches nothing, as in the steps.
+CREATE OR REPLACE VIEW jobs._claimable_here AS
+SELECT r.*
+FROM jobs._claimable AS r
+WHERE
+    coalesce(r.kind = any((
+        SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
+        WHERE s.role = session_user
+    )::text[]), TRUE)
+    AND coalesce(r.queue = any((
+        SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
+        WHERE s.role = session_user
+    )::text[]), TRUE)
+    AND coalesce(r.queue <> all((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE);
+COMMENT ON VIEW jobs._claimable_here IS 'Private: jobs._claimable within the session login''s worker scope and outside paused queues.';
+
 -- Argument checks are plain expressions and the common case is one statement: in a claim,
 -- each statement costs its plan-cache check and executor start, and each variable with a
 -- default its set-up (the steps' variables are set up only when the steps run).
@@ -129,7 +149,27 @@ DECLARE
     v_sort text;
     v_worker text;
     v_token_hash bytea;
-    v_steps boolean;   -- skip the common case's statement (the session hint pgtick.claim_steps)
+    -- The path the session's last settings read chose (the session hint pgtick.claim_steps):
+    -- 'off' nothing capped, 'roomy' only roomy limits, 'on' the steps.
+    v_hint text;
+    -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
+    -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
+    -- counts the others as if they all did (see step 3).
+    c_shared_min CONSTANT integer := 500;
+    c_shared_batch CONSTANT integer := 20;
+    -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
+    -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
+    -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
+    c_stripes CONSTANT integer := 16;
+    v_new_ids bigint[];
+    v_any_limit boolean;
+    v_roomy_ok boolean;             -- the roomy pool's groups are all locked shared, with a stripe
+    v_lim_scope text[];             -- the roomy pool's groups: scope, name, per_key, key,
+    v_lim_name text[];
+    v_lim_per_key boolean[];
+    v_lim_ckey text[];
+    v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
+    v_lim_demand integer[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -179,31 +219,25 @@ BEGIN
     -- first slice below is (its only sort is of the rows it returns; the claim never
     -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
     -- rules this path out), the settings are read on their own and the claim goes on from there.
-    -- A session whose last such read found something capped skips that statement (the
-    -- session setting pgtick.claim_steps, a hint only: behind a transaction pooler it may
-    -- reach another client's claim, and RESET ALL drops it); a read that finds the hint stale
-    -- clears it, and the steps take that one claim.
-    v_steps := coalesce(current_setting('pgtick.claim_steps', TRUE) = 'on', FALSE);
-    IF NOT v_steps THEN
+    -- A session whose last such read found something capped skips that statement: it goes to
+    -- the roomy limits' statements below if that was all it found, else to the steps (the
+    -- session setting pgtick.claim_steps: 'roomy' or 'on'; a hint only: behind a transaction
+    -- pooler it may reach another client's claim, and RESET ALL drops it). A read that finds
+    -- the hint stale sets it right, and the steps take that one claim.
+    v_hint := CASE current_setting('pgtick.claim_steps', TRUE) WHEN 'on' THEN 'on' WHEN 'roomy' THEN 'roomy'
+                                                                ELSE 'off' END;
+    IF v_hint = 'off' THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
         RETURN QUERY
         WITH c AS (
             SELECT r.id
-              FROM jobs._claimable AS r
+              FROM jobs._claimable_here AS r
              WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
                AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
                AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
                AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
                AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
-               -- The login's scope (jobs.worker_scopes) and the paused queues, each read once: no
-               -- scope row, a NULL array or no paused queue makes the test NULL (open) at once.
-               -- (A NULL element of a scope array matches nothing, as in the steps.)
-               AND coalesce(r.kind = ANY ((SELECT array_remove(s.kinds, NULL) FROM jobs.worker_scopes AS s
-                                            WHERE s.role = session_user)::text[]), TRUE)
-               AND coalesce(r.queue = ANY ((SELECT array_remove(s.queues, NULL) FROM jobs.worker_scopes AS s
-                                             WHERE s.role = session_user)::text[]), TRUE)
-               AND coalesce(r.queue <> ALL ((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE)
              ORDER BY r.priority DESC, r.scheduled_for, r.id
              LIMIT claim.batch_size
                FOR UPDATE SKIP LOCKED
@@ -223,19 +257,106 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
+    -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
+    -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
+    -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
+    -- group is near its limit. Two statements do the same, the first locking the pool and its
+    -- groups, the second counting RUNNING under those locks and starting the whole pool only
+    -- if every group has room for its rows in the pool as a shared holder (limit - running -
+    -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
+    -- nothing is started and the steps below run from the start: they lock the same rows and
+    -- groups again (locks held already are granted at once) and count exactly.
+    -- The first statement reads the settings in one-time filters, as the common case's does: a
+    -- capped definition or a missing claim token locks nothing, and the steps take the claim,
+    -- as they do when a group of the pool is not roomy. A session takes this path when its last
+    -- settings read found only roomy limits (the hint), so the first claim after that read
+    -- takes the steps.
+    ELSIF v_hint = 'roomy' AND claim.batch_size <= c_shared_batch THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        WITH c AS (
+            SELECT r.id, r.queue, r.kind, r.concurrency_key
+              FROM jobs._claimable_here AS r
+             WHERE NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
+               AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
+               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
+            SELECT m.scope, m.name, m.per_key, CASE WHEN m.per_key THEN c.concurrency_key END AS ckey,
+                   m.max_running, count(*)::integer AS demand,
+                   coalesce(m.max_running, 0) >= c_shared_min AND m.rate_limit IS NULL AS roomy
+              FROM c JOIN jobs.limits AS m
+                ON (m.scope = 'queue' AND m.name = c.queue) OR (m.scope = 'kind' AND m.name = c.kind)
+             GROUP BY m.scope, m.name, m.per_key, 4, m.max_running, m.rate_limit
+        ),
+        k AS (
+            SELECT g.*, CASE WHEN g.per_key THEN jsonb_build_array(g.scope, g.name, g.ckey)::text
+                             ELSE jsonb_build_array(g.scope, g.name)::text END AS label
+              FROM g
+        ),
+        l AS (   -- try each group's lock shared, then one of its stripes (keys as in step 2)
+            SELECT k.*,
+                   CASE WHEN NOT k.roomy THEN FALSE
+                        WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended('dispatch:' || k.label, 0))
+                            THEN FALSE
+                        ELSE EXISTS (SELECT FROM generate_series(0, c_stripes - 1) AS j
+                                      WHERE pg_try_advisory_xact_lock(hashtextextended(
+                                            'dispatch:' || k.label || '#' || (pg_backend_pid() + j) % c_stripes, 0)))
+                   END AS locked
+              FROM k
+        )
+        SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
+               EXISTS (SELECT FROM jobs.limits),
+               coalesce(bool_and(l.locked), TRUE),
+               array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
+               array_agg(l.max_running), array_agg(l.demand)
+          INTO v_new_ids, v_any_limit, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
+               v_lim_demand
+          FROM l;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        IF NOT v_any_limit THEN   -- the hint is stale: the statement's groups were none
+            v_void := set_config('pgtick.claim_steps', 'off', FALSE);
+        END IF;
+        IF v_roomy_ok AND cardinality(v_new_ids) > 0 THEN
+            RETURN QUERY
+            WITH rc AS MATERIALIZED (
+                SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
+                  FROM jobs.runs AS r
+                 WHERE r.status = 'RUNNING'
+                 GROUP BY r.queue, r.kind, r.concurrency_key
+            ),
+            room AS (
+                SELECT coalesce(bool_and(
+                           g.max_running
+                           - (SELECT coalesce(sum(rc.n), 0) FROM rc
+                               WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                 AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
+                           - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
+                  FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
+                       AS g (scope, name, per_key, ckey, max_running, demand)
+            ),
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
+                RETURNING r.*
+            )
+            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
     END IF;
 
     -- The steps: their variables are a block of their own, set up only when they run.
     DECLARE
-        -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
-        -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
-        -- counts the others as if they all did (see step 3).
-        c_shared_min CONSTANT integer := 500;
-        c_shared_batch CONSTANT integer := 20;
-        -- Each shared holder also holds one of c_stripes stripe locks of the group exclusively,
-        -- so at most c_stripes claimers start its runs at once: a bound on them that needs no
-        -- read of pg_locks (which takes every lock partition's lock) while the limit is far.
-        c_stripes CONSTANT integer := 16;
         -- How long a claim that found nothing pickable polls its busy groups before it returns
         -- what it has (nothing): the caller claims again.
         c_wait CONSTANT interval := interval '1 second';
@@ -254,17 +375,10 @@ BEGIN
         v_scope_queues text[];
         v_has_limits boolean;
         v_has_tight boolean;            -- some limit is not roomy (below c_shared_min, or a rate)
-        v_roomy_ok boolean;             -- the roomy pool's groups are all locked shared, with a stripe
-        v_lim_scope text[];             -- the roomy pool's groups: scope, name, per_key, key,
-        v_lim_name text[];
-        v_lim_per_key boolean[];
-        v_lim_ckey text[];
-        v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
-        v_lim_demand integer[];
         v_has_capped boolean;
+        v_path text;                    -- what the hint should say (v_hint)
         v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
         v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
-        v_new_ids bigint[];
         v_pool_ids bigint[] := '{}';    -- pool in claim order, and per row:
         v_pool_defs bigint[] := '{}';   --   definition (NULL: ad-hoc)
         v_pool_origin text[] := '{}';   --   origin
@@ -309,8 +423,9 @@ BEGIN
           FROM (SELECT) AS one
           LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
         v_has_limits := v_has_tight IS NOT NULL;
-        IF (v_has_limits OR v_has_capped) <> v_steps THEN   -- the hint follows the settings
-            v_void := set_config('pgtick.claim_steps', CASE WHEN v_steps THEN 'off' ELSE 'on' END, FALSE);
+        v_path := CASE WHEN v_has_tight OR v_has_capped THEN 'on' WHEN v_has_limits THEN 'roomy' ELSE 'off' END;
+        IF v_path <> v_hint THEN   -- the hint follows the settings
+            v_void := set_config('pgtick.claim_steps', v_path, FALSE);
         END IF;
         IF v_token_hash IS NULL AND v_require_token THEN
             RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'
@@ -331,99 +446,8 @@ BEGIN
 
         -- Nothing is capped anywhere: the common case's statement started what there was (if
         -- the hint skipped it, the steps below take the batch; none of its groups is capped).
-        IF NOT v_has_limits AND NOT v_has_capped AND NOT v_steps THEN
+        IF v_path = 'off' AND v_hint = 'off' THEN
             RETURN;   -- nothing due
-        END IF;
-
-        -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
-        -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
-        -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
-        -- group is near its limit. Two statements do the same, the first locking the pool and its
-        -- groups, the second counting RUNNING under those locks and starting the whole pool only
-        -- if every group has room for its rows in the pool as a shared holder (limit - running -
-        -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
-        -- nothing is started and the steps below run from the start: they lock the same rows and
-        -- groups again (locks held already are granted at once) and count exactly.
-        IF v_has_limits AND NOT v_has_tight AND NOT v_has_capped AND claim.batch_size <= c_shared_batch THEN
-            v_sort := current_setting('enable_sort');
-            v_void := set_config('enable_sort', 'off', TRUE);
-            WITH c AS (
-                SELECT r.id, r.queue, r.kind, r.concurrency_key
-                  FROM jobs._claimable AS r
-                 WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
-                   AND (v_queues IS NULL OR r.queue = ANY (v_queues))
-                   AND r.queue <> ALL (v_paused)
-                 ORDER BY r.priority DESC, r.scheduled_for, r.id
-                 LIMIT claim.batch_size
-                   FOR UPDATE SKIP LOCKED
-            ),
-            g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
-                SELECT m.scope, m.name, m.per_key, CASE WHEN m.per_key THEN c.concurrency_key END AS ckey,
-                       m.max_running, count(*)::integer AS demand,
-                       coalesce(m.max_running, 0) >= c_shared_min AND m.rate_limit IS NULL AS roomy
-                  FROM c JOIN jobs.limits AS m
-                    ON (m.scope = 'queue' AND m.name = c.queue) OR (m.scope = 'kind' AND m.name = c.kind)
-                 GROUP BY m.scope, m.name, m.per_key, 4, m.max_running, m.rate_limit
-            ),
-            k AS (
-                SELECT g.*, CASE WHEN g.per_key THEN jsonb_build_array(g.scope, g.name, g.ckey)::text
-                                 ELSE jsonb_build_array(g.scope, g.name)::text END AS label
-                  FROM g
-            ),
-            l AS (   -- try each group's lock shared, then one of its stripes (keys as in step 2)
-                SELECT k.*,
-                       CASE WHEN NOT k.roomy THEN FALSE
-                            WHEN NOT pg_try_advisory_xact_lock_shared(hashtextextended('dispatch:' || k.label, 0))
-                                THEN FALSE
-                            ELSE EXISTS (SELECT FROM generate_series(0, c_stripes - 1) AS j
-                                          WHERE pg_try_advisory_xact_lock(hashtextextended(
-                                                'dispatch:' || k.label || '#' || (pg_backend_pid() + j) % c_stripes, 0)))
-                       END AS locked
-                  FROM k
-            )
-            SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
-                   coalesce(bool_and(l.locked), TRUE),
-                   array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
-                   array_agg(l.max_running), array_agg(l.demand)
-              INTO v_new_ids, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
-                   v_lim_demand
-              FROM l;
-            v_void := set_config('enable_sort', v_sort, TRUE);
-            IF cardinality(v_new_ids) = 0 THEN
-                RETURN;   -- nothing due
-            END IF;
-            IF v_roomy_ok THEN
-                RETURN QUERY
-                WITH rc AS MATERIALIZED (
-                    SELECT r.queue, r.kind, r.concurrency_key AS ckey, count(*) AS n
-                      FROM jobs.runs AS r
-                     WHERE r.status = 'RUNNING'
-                     GROUP BY r.queue, r.kind, r.concurrency_key
-                ),
-                room AS (
-                    SELECT coalesce(bool_and(
-                               g.max_running
-                               - (SELECT coalesce(sum(rc.n), 0) FROM rc
-                                   WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
-                                     AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
-                               - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
-                      FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
-                           AS g (scope, name, per_key, ckey, max_running, demand)
-                ),
-                t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-                started AS (
-                    UPDATE jobs.runs AS r
-                       SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-                           claim_token_hash = v_token_hash,
-                           heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-                     WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
-                    RETURNING r.*
-                )
-                SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-                IF FOUND THEN
-                    RETURN;
-                END IF;
-            END IF;
         END IF;
 
         LOOP

@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -449,6 +450,15 @@ def test_a_workers_calls_find_their_runs_by_id_not_by_walking_the_running_set(db
     assert [s for (s,) in statuses] == ["RUNNING", "COMPLETED", "COMPLETED", "FAILED"]
 
 
+def _claim_ids(claimer: Conn, n: int) -> list[int]:
+    return [int(r[0]) for r in claimer.execute("SELECT id FROM jobs.claim(%s, 'w')", (n,))]
+
+
+def _hint(claimer: Conn) -> Any:
+    """The session's claim hint (pgtick.claim_steps); never set reads as 'off'."""
+    return scalar(claimer, "SELECT coalesce(nullif(current_setting('pgtick.claim_steps', true), ''), 'off')")
+
+
 def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database, conn: Conn) -> None:
     """A session whose claim found a limit defined goes straight to the capped steps next time
     (a session hint). The hint must follow the settings both ways: once the limit is gone the
@@ -457,12 +467,7 @@ def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database
     add_runs(conn, 30)
     conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 2)")
     with db.connect() as claimer:
-
-        def claim(n: int) -> list[int]:
-            return [int(r[0]) for r in claimer.execute("SELECT id FROM jobs.claim(%s, 'w')", (n,))]
-
-        def hint() -> Any:
-            return scalar(claimer, "SELECT current_setting('pgtick.claim_steps', true)")
+        claim, hint = partial(_claim_ids, claimer), partial(_hint, claimer)
 
         assert len(claim(10)) == 2, "a claim under a limit of 2 started more than 2"
         assert hint() == "on", f"a claim that met a limit left the hint {hint()!r}"
@@ -473,3 +478,49 @@ def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database
         conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 13)")
         assert len(claim(10)) == 1, "with 12 RUNNING under a new limit of 13, a claim started other than 1"
         assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'") == 13
+
+
+def test_a_sessions_hint_of_roomy_limits_gives_way_to_whatever_is_set_next(db: Database, conn: Conn) -> None:
+    """A session whose claim found only roomy limits goes straight to their two statements next
+    time (the hint 'roomy'), and those read the settings themselves: a tight limit, a capped
+    definition or the claim-token rule set since then is kept from the next claim on, and the
+    hint follows the settings back to the roomy limits and to nothing capped."""
+    add_runs(conn, 200)
+    conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 10000)")
+    with db.connect() as claimer:
+        claim, hint = partial(_claim_ids, claimer), partial(_hint, claimer)
+
+        def running() -> Any:
+            return scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'")
+
+        assert len(claim(10)) == 10
+        assert hint() == "roomy", f"a claim that met only a roomy limit left the hint {hint()!r}"
+        assert len(claim(10)) == 10 and running() == 20
+
+        conn.execute("SELECT jobs.set_limit('kind', 'k', max_running => 22)")
+        assert len(claim(10)) == 2, "a session hinted 'roomy' passed a tight limit (22, with 20 RUNNING)"
+        assert hint() == "on", f"a claim that met a tight limit left the hint {hint()!r}"
+        conn.execute("SELECT jobs.remove_limit('kind', 'k')")
+        assert len(claim(10)) == 10
+        assert hint() == "roomy", f"with the tight limit gone the hint is {hint()!r}"
+
+        conn.execute(
+            "SELECT jobs.define(name => 'capped', kind => 'z', schedule => '@yearly',"
+            " max_concurrent_runs => 1)"
+        )
+        assert len(claim(10)) == 10
+        assert hint() == "on", f"a session hinted 'roomy' missed a capped definition: hint {hint()!r}"
+        conn.execute("SELECT jobs.undefine('capped')")
+        assert len(claim(10)) == 10
+        assert hint() == "roomy", f"with the capped definition gone the hint is {hint()!r}"
+
+        conn.execute("UPDATE jobs.config SET require_claim_token = true")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="claim_token is required"):
+            claim(10)
+        conn.execute("UPDATE jobs.config SET require_claim_token = false")
+        assert running() == 52, "a claim refused for want of a claim token started runs"
+
+        conn.execute("SELECT jobs.remove_limit('queue', 'default')")
+        assert len(claim(10)) == 10
+        assert hint() == "off", f"with no limit left, a session hinted 'roomy' kept the hint {hint()!r}"
+        assert running() == 62

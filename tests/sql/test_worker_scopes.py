@@ -87,16 +87,31 @@ def test_a_scope_of_kinds_alone_leaves_every_queue(db: Database, conn: Conn, log
     assert got == {("c", "q1"), ("c", "q2")}, f"scoped to kind c (any queue), got {got}"
 
 
-# The claim's paths: its one statement when nothing is capped, and its steps under a roomy
-# limit, a tight limit and a capped definition (defined, with no run of its own queued).
+# The claim's paths: its one statement when nothing is capped, its two statements under only
+# roomy limits, and its steps under a tight limit and a capped definition (defined, with no
+# run of its own queued); each with the session hint its settings read leaves.
 PATHS = {
-    "nothing-capped": None,
-    "roomy-limit": "SELECT jobs.set_limit('queue', 'q1', max_running => 10000)",
-    "tight-limit": "SELECT jobs.set_limit('queue', 'q2', max_running => 50)",
+    "nothing-capped": (None, "off"),
+    "roomy-limit": ("SELECT jobs.set_limit('queue', 'q1', max_running => 10000)", "roomy"),
+    "tight-limit": ("SELECT jobs.set_limit('queue', 'q2', max_running => 50)", "on"),
     "capped-definition": (
-        "SELECT jobs.define(name => 'capped', kind => 'z', schedule => '@yearly', max_concurrent_runs => 1)"
+        "SELECT jobs.define(name => 'capped', kind => 'z', schedule => '@yearly', max_concurrent_runs => 1)",
+        "on",
     ),
 }
+
+
+def _claim_on_path(worker: Conn, hint: str) -> set[tuple[str, str]]:
+    """Claim everything in batches of 10 (the roomy path takes batches of up to 20) as a session
+    that has claimed before: the first claim, of a kind nobody queued, reads the settings and
+    leaves the hint that the later ones follow."""
+    worker.execute("SELECT jobs.claim(10, 'w', kinds => '{none}')").fetchall()
+    left = scalar(worker, "SELECT coalesce(nullif(current_setting('pgtick.claim_steps', true), ''), 'off')")
+    assert left == hint, f"the settings read left the hint {left!r}, expected {hint!r}"
+    got: set[tuple[str, str]] = set()
+    while batch := worker.execute("SELECT kind, queue FROM jobs.claim(10, 'w')").fetchall():
+        got |= {(k, q) for k, q in batch}
+    return got
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -107,23 +122,23 @@ def test_scope_and_paused_queues_hold_on_every_claim_path(
     a paused queue. The scope here was written to the table directly with a NULL among its kinds
     (jobs.scope_worker refuses one): a NULL names no kind, so it opens nothing."""
     scoped, free = logins
-    setup = PATHS[path]
+    setup, hint = PATHS[path]
     if setup:
         conn.execute(setup)
-    _fill(conn)
+    _fill(conn, per_pair=12)
     conn.execute(
         "INSERT INTO jobs.worker_scopes (role, kinds, queues) VALUES (%s, '{a,NULL}', NULL)", (scoped,)
     )
     conn.execute("SELECT jobs.pause_queue('q2')")
     with db.connect(user=scoped) as w:
-        got = _claim(w)
+        got = _claim_on_path(w, hint)
     assert got == {("a", "q1")}, f"{path}: scoped to kinds {{a,NULL}} with q2 paused, got {got}"
     with db.connect(user=free) as w:
-        got = _claim(w)
+        got = _claim_on_path(w, hint)
     assert got == {("b", "q1"), ("c", "q1")}, f"{path}: unscoped with q2 paused, got {got}"
     conn.execute("SELECT jobs.resume_queue('q2')")
     with db.connect(user=free) as w:
-        got = _claim(w)
+        got = _claim_on_path(w, hint)
     assert got == {(k, "q2") for k in KINDS}, f"{path}: once q2 resumed, got {got}"
 
 
