@@ -51,6 +51,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0017_capped_index \ir ../migrations/apply.sql
 -- 0018: a run's depends_on bound as a domain, shorter row rules: less to read at each UPDATE.
 \set migration 0018_lean_updates \ir ../migrations/apply.sql
+-- 0019: a scheduled run unique per occurrence, not per start (two jittered to one second).
+\set migration 0019_occurrence_key \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

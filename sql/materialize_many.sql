@@ -60,7 +60,7 @@ LANGUAGE sql VOLATILE AS $$
           FROM advanced AS a
           JOIN unnest(run_definition_ids, run_times) AS t (id, at) ON t.id = a.id
          ORDER BY t.at, a.id
-        ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING
+        ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING
         RETURNING jobs.runs.definition_id, jobs.runs.scheduled_for
     )
     SELECT a.id, count(n.definition_id)::integer, min(n.scheduled_for)

@@ -307,13 +307,15 @@ LEFT JOIN LATERAL (
         ), 0)
 ) AS skipped ON TRUE
 LEFT JOIN LATERAL (
-    -- Start lateness of the last hour's occurrences (served by runs_occurrence_uniq).
+    -- Start lateness of the runs due in the last hour (one range of runs_occurrence_uniq: a
+    -- run is due at most its definition's jitter after its occurrence).
     SELECT
         percentile_cont(0.5) WITHIN GROUP (ORDER BY r.started_at - r.scheduled_for) AS p50,
         percentile_cont(0.99) WITHIN GROUP (ORDER BY r.started_at - r.scheduled_for) AS p99
     FROM jobs.runs AS r
     WHERE
         r.definition_id = d.id AND r.origin = 'schedule'
+        AND coalesce(r.occurrence_at, r.scheduled_for) > now() - interval '1 hour' - coalesce(d.jitter, interval '0')
         AND r.scheduled_for > now() - interval '1 hour' AND r.started_at IS NOT NULL
 ) AS late ON TRUE
 LEFT JOIN LATERAL (

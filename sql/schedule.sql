@@ -557,7 +557,7 @@ BEGIN
            CASE WHEN m.skipped THEN 'Skipped' END,
            CASE WHEN m.skipped THEN 'skipped: run_at passed while no scheduler ran (misfire_policy skip)' END
       FROM missed AS m
-    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN jobs._notify_queued(v_count);
 END $$;

@@ -43,7 +43,7 @@ BEGIN
            def.heartbeat_timeout, 'schedule', def.queue, def.concurrency_key,
            t + jobs.jitter_offset(def.id, t, def.jitter), t
       FROM unnest(run_times) AS t
-    ON CONFLICT (definition_id, scheduled_for) WHERE origin = 'schedule' DO NOTHING;
+    ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END $$;
@@ -282,14 +282,14 @@ BEGIN
     END IF;
     IF v_error IS NULL THEN
         -- An occurrence that has a run already is skipped by the occurrence the run records, not
-        -- by its start (a jitter changed since then moves the start). Starts lie at most a day
-        -- (the longest jitter) after the occurrence: one range of the occurrence index.
+        -- by its start (a jitter changed since then moves the start): in jobs.runs one range of
+        -- the occurrence index (runs_occurrence_uniq), in history the definition's runs.
         v_count := jobs._insert_occurrences(v_def, array(
             SELECT t FROM unnest(finish_backfill.run_times) AS t
              WHERE t NOT IN (SELECT r.occurrence_at FROM jobs.runs_all AS r
                               WHERE r.definition_id = v_def.id AND r.origin = 'schedule'
-                                AND r.scheduled_for BETWEEN v_request.window_from
-                                                        AND v_request.window_to + interval '1 day'
+                                AND coalesce(r.occurrence_at, r.scheduled_for) BETWEEN v_request.window_from
+                                                                                   AND v_request.window_to
                                 AND r.occurrence_at IS NOT NULL)
         ));
     END IF;

@@ -207,6 +207,51 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
             pg.drop_database(database)
 
 
+def _state_before(migration: str) -> str:
+    """The git revision just before `migration` was added (HEAD while it is not committed)."""
+    added = subprocess.run(
+        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration}"],
+        cwd=migrate.schema_root(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return f"{added[-1]}^" if added else "HEAD"
+
+
+def test_the_occurrence_key_migration_refuses_an_occurrence_with_two_scheduled_runs(
+    pg: Server, tmp_path: Path
+) -> None:
+    """Keyed by start, jobs.runs allowed two scheduled first attempts of one occurrence at two
+    starts. Keying it by occurrence then cannot build its unique index: the migration says which
+    occurrence (SQLSTATE 23505) and changes nothing; once one of the two is gone it applies."""
+    script = _checkout_schema(_state_before("0019_occurrence_key.sql"), tmp_path / "before")
+    database = pg.create_empty_database()
+    try:
+        installed = psql_file(database.dsn, script)
+        assert installed.returncode == 0, f"installing the schema before the migration: {installed.stderr}"
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')").fetchone()
+            assert row is not None
+            conn.execute(
+                "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at)"
+                " VALUES (%(d)s, 'k', 'schedule', '2030-01-01 00:10Z', '2030-01-01 00:00Z'),"
+                "        (%(d)s, 'k', 'schedule', '2030-01-01 00:20Z', '2030-01-01 00:00Z')",
+                {"d": row[0]},
+            )
+            named = f"definition {row[0]}, occurrence 2030-01-01"
+            with pytest.raises(psycopg.errors.UniqueViolation, match=named):
+                migrate.apply(conn)
+            assert "0019" not in migrate.applied_versions(conn)
+            index = conn.execute("SELECT pg_get_indexdef('jobs.runs_occurrence_uniq'::regclass)").fetchone()
+            assert index is not None and "coalesce" not in index[0], f"the index changed anyway: {index}"
+            conn.execute("DELETE FROM jobs.runs WHERE scheduled_for = '2030-01-01 00:20Z'")
+            migrate.apply(conn)
+            assert "0019" in migrate.applied_versions(conn)
+    finally:
+        pg.drop_database(database)
+
+
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")

@@ -495,3 +495,51 @@ def test_a_pause_and_resume_keeps_the_runs_materialized_ahead_and_what_waits_on_
         ahead: ("QUEUED", False),
         waiting: ("QUEUED", True),
     }, f"after a pause and a resume: {state}"
+
+
+def _occurrences_jittered_together(conn: Conn, definition_id: int, jitter: str) -> tuple[datetime, datetime]:
+    """Two minutes of the coming day (from the one after next) that the definition's jitter
+    delays to the same start: with a jitter of many minutes, a day holds dozens of such pairs."""
+    pair = conn.execute(
+        """
+        SELECT min(m), max(m) FROM (
+            SELECT m, m + jobs.jitter_offset(%(d)s, m, %(j)s::interval) AS starts
+              FROM generate_series(date_trunc('minute', now()) + interval '2 minutes',
+                                   date_trunc('minute', now()) + interval '1 day', interval '1 minute') AS m
+        ) AS s
+         GROUP BY starts HAVING count(*) > 1
+         ORDER BY min(m) LIMIT 1
+        """,
+        {"d": definition_id, "j": jitter},
+    ).fetchone()
+    assert pair is not None and pair[0] is not None, "no two minutes of the day share a jittered start"
+    return pair[0], pair[1]
+
+
+@pytest.mark.parametrize("path", ["materialize", "scheduler"])
+def test_two_occurrences_jittered_to_the_same_start_each_get_their_run(
+    db: Database, conn: Conn, path: str
+) -> None:
+    """A jitter longer than the schedule's step can delay two occurrences to the same second
+    (12:39 by 19:36 and 12:40 by 18:36). Each is an occurrence of its own: both get their run,
+    through jobs.materialize (any language) and through the scheduler (jobs.materialize_many)."""
+    definition_id = int(
+        scalar(conn, "SELECT id FROM jobs.define('j', 'k', schedule => '* * * * *', jitter => '30 minutes')")
+    )
+    first, second = _occurrences_jittered_together(conn, definition_id, "30 minutes")
+    if path == "materialize":
+        materialize_occurrences(conn, definition_id, [first, second], second + timedelta(minutes=1))
+    else:
+        now = scalar(conn, "SELECT now()")
+        _materialize(db, now, (second - now).total_seconds() + 60)
+    got = rows(
+        conn,
+        "SELECT occurrence_at, scheduled_for, status::text AS status FROM jobs.runs"
+        " WHERE definition_id = %s AND occurrence_at IN (%s, %s) ORDER BY occurrence_at",
+        (definition_id, first, second),
+    )
+    assert [(r["occurrence_at"], r["status"]) for r in got] == [(first, "QUEUED"), (second, "QUEUED")], (
+        f"{path}: occurrences {first} and {second}, both due at {got[0]['scheduled_for'] if got else '?'},"
+        f" have these runs: {got}"
+    )
+    assert got[0]["scheduled_for"] == got[1]["scheduled_for"]
