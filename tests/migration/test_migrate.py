@@ -141,29 +141,26 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
+def _commits_adding(migration: str) -> list[str]:
+    """The commits (newest first) that added migrations/`migration`: none while uncommitted."""
+    repo = migrate.schema_root()
+    added = subprocess.run(
+        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    if added.returncode != 0:
+        pytest.fail(f"the upgrade tests need the git history of {repo}: {added.stderr.strip()}")
+    return added.stdout.split()
+
+
 def _earlier_states() -> list[str]:
     """Git revisions of every earlier schema: the commit just before each migration after the
     first was added (what a user who installed then has in their database)."""
-    repo = migrate.schema_root()
     refs: list[str] = []
     for migration in migrate.migrations()[1:]:
-        added = subprocess.run(
-            [
-                "git",
-                "log",
-                "--first-parent",
-                "--diff-filter=A",
-                "--format=%H",
-                "--",
-                f"migrations/{migration.path.name}",
-            ],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        )
-        if added.returncode != 0:
-            pytest.fail(f"the upgrade test needs the git history of {repo}: {added.stderr.strip()}")
-        for commit in added.stdout.split():
+        for commit in _commits_adding(migration.path.name):
             if f"{commit}^" not in refs:
                 refs.append(f"{commit}^")
     return refs
@@ -209,13 +206,7 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
 
 def _state_before(migration: str) -> str:
     """The git revision just before `migration` was added (HEAD while it is not committed)."""
-    added = subprocess.run(
-        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration}"],
-        cwd=migrate.schema_root(),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    added = _commits_adding(migration)
     return f"{added[-1]}^" if added else "HEAD"
 
 
