@@ -159,18 +159,23 @@ class Server:
         return int(row[0]) // 10000
 
     def build_template(self) -> None:
-        with self.admin() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{self.template}"')
-        with psycopg.connect(dsn_for(self.admin_dsn, self.template), autocommit=True) as conn:
-            migrate.apply(conn)
-        with self.admin() as conn:
-            for role, member_of in TEST_ROLES.items():
-                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-                if not exists:
-                    conn.execute(f"CREATE ROLE {role} LOGIN")
-                if member_of:
-                    conn.execute(f"GRANT {member_of} TO {role}")
+        # Roles are cluster-wide: test sessions sharing one server (pytest -n with
+        # PGTICK_TEST_DSN) build their templates one at a time, under a lock in the admin
+        # database they all connect to, held until this connection closes.
+        with self.admin() as lock:
+            lock.execute("SELECT pg_advisory_lock(hashtextextended('pgtick tests: template', 0))")
+            with self.admin() as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{self.template}"')
+            with psycopg.connect(dsn_for(self.admin_dsn, self.template), autocommit=True) as conn:
+                migrate.apply(conn)
+            with self.admin() as conn:
+                for role, member_of in TEST_ROLES.items():
+                    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                    if not exists:
+                        conn.execute(f"CREATE ROLE {role} LOGIN")
+                    if member_of:
+                        conn.execute(f"GRANT {member_of} TO {role}")
 
     def create_database(self, template: str | None = None) -> Database:
         name = f"pgtick_t_{os.getpid()}_{next(_counter)}"

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from harness import Database, Server, psql_file, psql_script_args, run_in_processes
+from harness import Database, Server, dsn_for, psql_file, psql_script_args, run_in_processes, wait_for
 from pgtick import migrate
+from pgtick.embedded import EmbeddedPostgres
 
 # Everything a user or another language can observe about the jobs schema, by name (the
 # position of a column added by a later migration depends on when a database got it).
@@ -120,6 +122,50 @@ def test_concurrent_migrators_leave_one_schema(empty: Database, empty2: Database
     assert sorted(applied) == [m.version for m in migrate.migrations()], results
     migrate_dsn(empty2.dsn)
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
+
+
+def test_a_role_another_databases_migrator_creates_meanwhile_does_not_fail_the_migration() -> None:
+    """The roles are cluster-wide, the migration lock is per database: a migrator of a fresh
+    server's second database that finds a role missing, while the first database's migrator
+    is creating it, waits for that creation and then must not fail on the role's name.
+    A fresh server of the test's own, since the shared one has the roles already; the other
+    migrator is a transaction here that creates jobs_reader and commits only once the
+    migrator (a `pgtick migrate` process) waits for it."""
+    server = EmbeddedPostgres(ephemeral=True, fast=True)
+    admin_dsn = server.start()
+    try:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute("CREATE DATABASE app")
+            with psycopg.connect(admin_dsn) as other:
+                other.execute("CREATE ROLE jobs_reader NOLOGIN")
+                migrator = subprocess.Popen(
+                    [sys.executable, "-m", "pgtick.cli", "migrate", "--dsn", dsn_for(admin_dsn, "app")],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                wait_for(
+                    "the migrator to wait for the other transaction's role",
+                    lambda: (
+                        admin.execute(
+                            "SELECT 1 FROM pg_stat_activity"
+                            " WHERE datname = 'app' AND wait_event_type = 'Lock'"
+                        ).fetchone()
+                        or migrator.poll() is not None
+                    ),
+                    timeout=180,
+                )
+                other.commit()
+            out, err = migrator.communicate(timeout=300)
+            assert migrator.returncode == 0, (out, err)
+            with psycopg.connect(dsn_for(admin_dsn, "app"), autocommit=True) as conn:
+                assert migrate.applied_versions(conn) == {m.version for m in migrate.migrations()}
+            roles = admin.execute(
+                "SELECT array_agg(rolname ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'jobs%'"
+            ).fetchone()
+            assert roles == (["jobs_operator", "jobs_reader", "jobs_worker"],)
+    finally:
+        server.stop()
 
 
 def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Database) -> None:
