@@ -201,7 +201,7 @@ def apply(
         pending = [m for m in plan.migrations if m.version not in already]
         total = len(pending) + 1
         for migration in pending:
-            _transaction(conn, partial(_run_migration, conn, migration))
+            _in_transaction_retrying_taken_roles(conn, partial(_run_migration, conn, migration))
             done.append(migration.version)
             if progress is not None:
                 progress(f"{migration.version}_{migration.name}", len(done), total)
@@ -222,10 +222,10 @@ def _run_migration(conn: psycopg.Connection[Any], migration: Migration) -> None:
     calls.record_migration(conn, migration.version, migration.name)
 
 
-_ROLE_NAMES = "pg_authid_rolname_index"  # the unique index of role names
+_ROLE_NAME_INDEX = "pg_authid_rolname_index"  # the unique index of role names
 
 
-def _transaction(conn: psycopg.Connection[Any], work: Callable[[], None]) -> None:
+def _in_transaction_retrying_taken_roles(conn: psycopg.Connection[Any], work: Callable[[], None]) -> None:
     """Run ``work`` in one transaction, and once more if a role it creates was created by
     someone else meanwhile.
 
@@ -239,7 +239,7 @@ def _transaction(conn: psycopg.Connection[Any], work: Callable[[], None]) -> Non
         with conn.transaction():
             work()
     except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject) as exc:
-        if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name != _ROLE_NAMES:
+        if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name != _ROLE_NAME_INDEX:
             raise
         with conn.transaction():
             work()
@@ -266,5 +266,5 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
         if done:
             calls.record_package_version(conn, _package_version(), done)
 
-    _transaction(conn, work)
+    _in_transaction_retrying_taken_roles(conn, work)
     return done
