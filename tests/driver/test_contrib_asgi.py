@@ -60,7 +60,9 @@ async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_r
         # The listener thread notices the stop within its one-second wait for notifications.
         def gone() -> bool:
             left = rows(
-                conn, "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'pgtick%'"
+                conn,
+                "SELECT application_name FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE 'pgtick%'",
             )
             return not left
 

@@ -44,6 +44,12 @@ from pgtick.scheduler import Scheduler
 
 TTL = 2.0
 
+# This database's advisory locks (other tests may share the server).
+ADVISORY_HERE = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
 
 @pytest.fixture
 def pooled(db: Database, pgbouncer: PgBouncer) -> str:
@@ -90,7 +96,7 @@ def test_cli_migrates_and_reports_through_the_pooler(pg: Server, pgbouncer: PgBo
         with empty.connect() as conn:
             assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
             assert scalar(conn, "SELECT schema_version FROM jobs.version()") is not None
-            locks = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            locks = scalar(conn, ADVISORY_HERE)
         assert locks == 0, "a migrator left a session advisory lock on a pooled server connection"
     finally:
         pg.drop_database(empty)
@@ -105,7 +111,7 @@ def test_a_scheduler_behind_the_pooler_leads_by_lease_and_releases_it(db: Databa
         assert first.tick().leading, "the leader renews its own lease"
         with db.connect() as conn:
             assert lease_owners(conn) == ["first"]
-            held = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            held = scalar(conn, ADVISORY_HERE)
             assert held == 0, "a lease leader holds no session lock"
         first.close()
         assert second.tick().leading, "a released lease is free at once"
@@ -159,7 +165,7 @@ def test_replicas_through_the_pooler_fail_over_within_the_lease_ttl(
     codes = procs.stop_all()
     runs = occurrences(conn)
     coalesced = catch_up_windows(conn)
-    advisory = scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+    advisory = scalar(conn, ADVISORY_HERE)
     logs = procs.tails()
 
     print(f"\nfailover through PgBouncer after kill -9 of the lease leader: {failover:.3f}s (ttl {TTL}s)")
@@ -183,7 +189,9 @@ def test_no_listen_polls_on_a_direct_connection(procs: Processes, conn: Conn) ->
         20,
     )
     listening = scalar(
-        conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtick-listen%'"
+        conn,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'pgtick-listen%'",
     )
     procs.stop_all()
     assert listening == 0, "--no-listen still opened a listener connection"

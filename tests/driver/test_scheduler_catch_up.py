@@ -43,7 +43,8 @@ def idle_sessions_ended(db: Database, after: float) -> Iterator[list[int]]:
             while not stop.wait(0.1):
                 rows = conn.execute(
                     "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name LIKE 'pgtick-leader%%' AND state = 'idle'"
+                    " WHERE datname = current_database()"
+                    " AND application_name LIKE 'pgtick-leader%%' AND state = 'idle'"
                     " AND state_change < clock_timestamp() - make_interval(secs => %s)",
                     (after,),
                 ).fetchall()

@@ -295,7 +295,8 @@ def _hold_its_completion(conn: Conn, locker: Conn, run_id: Sequence[Any], finish
     finish.set()
     waiting = (
         "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
+        " WHERE datname = current_database()"
+        " AND application_name LIKE 'pgtick-complete %%' AND wait_event_type = 'Lock'"
     )
     wait_for("the completion to wait on the lock", lambda: scalar(conn, waiting) == 1, timeout=60)
 

@@ -271,7 +271,8 @@ def _lead_held(conn: Conn) -> bool:
     return bool(
         scalar(
             conn,
-            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted)",
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
             (LEAD,),
         )
     )
@@ -295,7 +296,9 @@ def _reaper_leading(dsn: str) -> list[int]:
         wait_for(
             "a completion waiting on the reaped rows",
             lambda: scalar(
-                conn, "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND locktype = 'transactionid')"
+                conn,
+                "SELECT EXISTS (SELECT FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+                " WHERE NOT l.granted AND l.locktype = 'transactionid' AND a.datname = current_database())",
             ),
             timeout=120,
             interval=0.02,

@@ -187,7 +187,7 @@ def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Databa
             lambda: scalar(
                 conn,
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%%finish_backfill%%'",
+                " AND datname = current_database() AND query LIKE '%%finish_backfill%%'",
             ),
             60,
         )
