@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +200,9 @@ def apply(
         pending = [m for m in plan.migrations if m.version not in already]
         total = len(pending) + 1
         for migration in pending:
-            _in_transaction_retrying_taken_roles(conn, partial(_run_migration, conn, migration))
+            with conn.transaction():
+                conn.execute(migration.sql().encode())
+                calls.record_migration(conn, migration.version, migration.name)
             done.append(migration.version)
             if progress is not None:
                 progress(f"{migration.version}_{migration.name}", len(done), total)
@@ -217,54 +218,24 @@ def apply(
     return done
 
 
-def _run_migration(conn: psycopg.Connection[Any], migration: Migration) -> None:
-    conn.execute(migration.sql().encode())
-    calls.record_migration(conn, migration.version, migration.name)
-
-
-_ROLE_NAME_INDEX = "pg_authid_rolname_index"  # the unique index of role names
-
-
-def _in_transaction_retrying_taken_roles(conn: psycopg.Connection[Any], work: Callable[[], None]) -> None:
-    """Run ``work`` in one transaction, and once more if a role it creates was created by
-    someone else meanwhile.
-
-    The roles are cluster-wide and the migration lock is per database: a migrator of
-    another database on the same server may create a role between this one's check and
-    its ``CREATE ROLE``, which then fails on ``pg_authid``'s unique index once the other
-    commits (or with 42710 if it committed just before). The failed transaction was rolled
-    back whole; run again, it finds the role and goes past it. Any other error, or the same
-    one twice, is raised."""
-    try:
-        with conn.transaction():
-            work()
-    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject) as exc:
-        if isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name != _ROLE_NAME_INDEX:
-            raise
-        with conn.transaction():
-            work()
-
-
 def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) -> list[str]:
     """``apply`` through a transaction-mode pooler: one transaction under the transaction
     form of the migration lock, since a session lock (and a session SET) would stay on a
     server connection that other clients share."""
     done: list[str] = []
-
-    def work() -> None:
-        done.clear()
+    with conn.transaction():
         conn.execute("SET LOCAL client_min_messages = warning")
         calls.advisory_xact_lock(conn, plan.lock_key)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
         for migration in plan.migrations:
-            if migration.version not in already:
-                _run_migration(conn, migration)
-                done.append(migration.version)
+            if migration.version in already:
+                continue
+            conn.execute(migration.sql().encode())
+            calls.record_migration(conn, migration.version, migration.name)
+            done.append(migration.version)
         for path in plan.function_files:
             conn.execute(path.read_bytes())
         if done:
             calls.record_package_version(conn, _package_version(), done)
-
-    _in_transaction_retrying_taken_roles(conn, work)
     return done

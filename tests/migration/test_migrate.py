@@ -124,13 +124,14 @@ def test_concurrent_migrators_leave_one_schema(empty: Database, empty2: Database
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
-def test_a_role_another_databases_migrator_creates_meanwhile_does_not_fail_the_migration() -> None:
+@pytest.mark.parametrize("path", ["pgtick migrate", "psql"])
+def test_a_role_another_databases_migrator_creates_meanwhile_does_not_fail_the_migration(path: str) -> None:
     """The roles are cluster-wide, the migration lock is per database: a migrator of a fresh
     server's second database that finds a role missing, while the first database's migrator
     is creating it, waits for that creation and then must not fail on the role's name.
     A fresh server of the test's own, since the shared one has the roles already; the other
     migrator is a transaction here that creates jobs_reader and commits only once the
-    migrator (a `pgtick migrate` process) waits for it."""
+    migrator (a `pgtick migrate` or psql process) waits for it."""
     server = EmbeddedPostgres(ephemeral=True, fast=True)
     admin_dsn = server.start()
     try:
@@ -138,8 +139,11 @@ def test_a_role_another_databases_migrator_creates_meanwhile_does_not_fail_the_m
             admin.execute("CREATE DATABASE app")
             with psycopg.connect(admin_dsn) as other:
                 other.execute("CREATE ROLE jobs_reader NOLOGIN")
+                app_dsn = dsn_for(admin_dsn, "app")
                 migrator = subprocess.Popen(
-                    [sys.executable, "-m", "pgtick.cli", "migrate", "--dsn", dsn_for(admin_dsn, "app")],
+                    [sys.executable, "-m", "pgtick.cli", "migrate", "--dsn", app_dsn]
+                    if path == "pgtick migrate"
+                    else psql_script_args(app_dsn, migrate.schema_root() / "sql" / "install.sql"),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
