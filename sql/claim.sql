@@ -35,8 +35,10 @@
 -- grows by 3 x batch_size (to the ~4x oversample) only when limits held rows back,
 -- so one crowded group cannot starve the batch. The second slice leaves out the
 -- groups already known to have no room left, so even a capped backlog far longer
--- than the oversample cannot fill it. In that second round a group whose lock key
--- is below one already held is only try-locked (never waited for), which keeps
+-- than the oversample cannot fill it. Where the first slice met more than one group
+-- and none of its rows could start, the second slice is taken before any wait (its
+-- rows may belong to groups nobody holds). In that second round a group whose lock
+-- key is below one already held is only try-locked (never waited for), which keeps
 -- every wait in ascending order.
 -- With no limit and no capped definition defined at all (the common case) there can be no
 -- group, and steps 2 to 4 would take the first slice as it is: one statement then locks it,
@@ -46,6 +48,12 @@
 -- one-time filters of its own. Only when it starts nothing does the claim read them on their
 -- own and take the steps. Where something is capped but nothing in the pool turns out to be,
 -- step 4 starts the pool as it is.
+-- With capped definitions and no limit defined, a run belongs to at most one group, its
+-- definition, and a claim is two statements: one locks the pool and tries each of its capped
+-- definitions' locks, the next counts RUNNING under those locks and starts, in pool order, as
+-- many rows of each as it has room for, and every row of nothing capped; only where that is
+-- the whole pool or at least half the batch, and no definition of the pool has an overlap
+-- policy other than 'queue'; otherwise the steps run in full.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
 -- reading the settings itself as the common case's does, the next counts RUNNING under those
@@ -85,11 +93,10 @@
 -- stored, in claim_token_hash, and its later calls on these runs must present the same
 -- token (worker.sql). Without one, the runs are fenced by the worker id alone; with
 -- jobs.config.require_claim_token set, a claim without one is refused.
--- Its statements are planned once per session (generic plans), except the second slice of
--- the pool (rarely needed): planning costs more than running most of them. The uncapped
--- statement's and the first slice's plans are made with sorts disabled, so they can only walk
--- runs_claim_idx (docs/performance.md); such a plan looks expensive enough to be JIT-compiled,
--- and none is worth it (jit = off).
+-- Its statements are planned once per session (generic plans): planning costs more than
+-- running most of them. The plans of the statements that lock runs from the queue are made
+-- with sorts disabled, so they can only walk runs_claim_idx (docs/performance.md); such a plan
+-- looks expensive enough to be JIT-compiled, and none is worth it (jit = off).
 -- The runs a claim may take now, before the caller's kinds, queues and paused queues: QUEUED,
 -- due, and not waiting on dependencies, with the columns the claim's pool needs. The claim's
 -- pool statements select from it; a view is expanded into the statement that reads it, so it
@@ -170,6 +177,14 @@ DECLARE
     v_lim_ckey text[];
     v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
     v_lim_demand integer[];
+    v_defs_pool bigint[];           -- the capped definitions' pool: each row's definition,
+    v_defs_ids bigint[];            --   its capped definitions, their max_concurrent_runs
+    v_defs_caps integer[];
+    v_defs_locked boolean[];        --   and whether their locks were taken,
+    v_defs_overlap boolean;         --   whether one has an overlap policy other than 'queue',
+    v_defs_open integer;            --   and how many rows are not of a definition found busy
+    v_any_capped boolean;
+    v_held_key bigint;              -- the highest dispatch lock key held before the steps
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -220,12 +235,13 @@ BEGIN
     -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
     -- rules this path out), the settings are read on their own and the claim goes on from there.
     -- A session whose last such read found something capped skips that statement: it goes to
-    -- the roomy limits' statements below if that was all it found, else to the steps (the
-    -- session setting pgtick.claim_steps: 'roomy' or 'on'; a hint only: behind a transaction
-    -- pooler it may reach another client's claim, and RESET ALL drops it). A read that finds
-    -- the hint stale sets it right, and the steps take that one claim.
+    -- the roomy limits' statements below if that was all it found, to the capped definitions'
+    -- statements if those were all it found, else to the steps (the session setting
+    -- pgtick.claim_steps: 'roomy', 'defs' or 'on'; a hint only: behind a transaction pooler it
+    -- may reach another client's claim, and RESET ALL drops it). A read that finds the hint
+    -- stale sets it right, and the steps take that one claim.
     v_hint := CASE current_setting('pgtick.claim_steps', TRUE) WHEN 'on' THEN 'on' WHEN 'roomy' THEN 'roomy'
-                                                                ELSE 'off' END;
+                                                                WHEN 'defs' THEN 'defs' ELSE 'off' END;
     IF v_hint = 'off' THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
@@ -353,6 +369,95 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
+    -- Capped definitions but no limit: a run belongs to at most one capped group, its
+    -- definition, so the steps' greedy pick is a rank per definition. Two statements do what the
+    -- steps' first round does: the first locks the pool (reading the settings itself, as the
+    -- common case's does: a limit or a missing claim token locks nothing) and tries the dispatch
+    -- lock of each capped definition among it (tried only, never waited for, so in any order);
+    -- the second counts RUNNING under those locks and starts, in pool order, the rows of
+    -- uncapped definitions and ad-hoc runs, and of each locked capped definition as many as it
+    -- has room for. It starts them only if that is the whole pool or at least half the batch:
+    -- otherwise (a crowded or busy definition held most of the pool back), and where a capped
+    -- definition of the pool has an overlap policy other than 'queue', nothing is started here
+    -- and the steps take the claim from the start, which grow the pool past the held-back rows,
+    -- wait for busy definitions and apply the overlap policies. The locks taken here stay held;
+    -- the steps count them as held (v_held_key), so their waits keep the ascending order.
+    ELSIF v_hint = 'defs' THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        WITH c AS (
+            SELECT r.id, r.definition_id
+              FROM jobs._claimable_here AS r
+             WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
+               AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
+               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        d AS MATERIALIZED (   -- the pool's capped definitions, each one's lock tried (key: helpers.sql)
+            SELECT d.id, d.max_concurrent_runs, d.overlap_policy,
+                   hashtextextended('dispatch:' || d.id, 0) AS lock_key,
+                   pg_try_advisory_xact_lock(hashtextextended('dispatch:' || d.id, 0)) AS locked
+              FROM jobs.definitions AS d
+             WHERE d.id IN (SELECT c.definition_id FROM c) AND d.max_concurrent_runs IS NOT NULL
+        )
+        SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
+               (SELECT coalesce(array_agg(c.definition_id), '{}') FROM c),
+               coalesce(array_agg(d.id), '{}'),
+               coalesce(array_agg(d.max_concurrent_runs), '{}'),
+               coalesce(array_agg(d.locked), '{}'),
+               coalesce(bool_or(d.overlap_policy <> 'queue'), FALSE),
+               max(d.lock_key) FILTER (WHERE d.locked),
+               EXISTS (SELECT FROM jobs.definitions AS x WHERE x.max_concurrent_runs IS NOT NULL),
+               (SELECT count(*) FROM c WHERE c.definition_id IS NULL
+                                          OR c.definition_id NOT IN (SELECT d.id FROM d WHERE NOT d.locked))
+          INTO v_new_ids, v_defs_pool, v_defs_ids, v_defs_caps, v_defs_locked, v_defs_overlap, v_held_key,
+               v_any_capped, v_defs_open
+          FROM d;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        IF NOT v_any_capped THEN   -- the hint is stale: nothing is capped any more
+            v_void := set_config('pgtick.claim_steps', 'off', FALSE);
+        END IF;
+        -- (Rows of a definition whose lock is busy cannot start: where too few others are left
+        -- to start, the steps take the claim at once.)
+        IF cardinality(v_new_ids) > 0 AND NOT v_defs_overlap
+           AND v_defs_open >= least(cardinality(v_new_ids), (claim.batch_size + 1) / 2) THEN
+            RETURN QUERY
+            WITH g AS (   -- each capped definition's room: none where its lock is busy
+                SELECT u.id,
+                       CASE WHEN u.locked
+                            THEN greatest(u.cap - (SELECT count(*) FROM jobs.runs AS r
+                                                    WHERE r.status = 'RUNNING' AND r.definition_id = u.id), 0)
+                            ELSE 0 END AS free
+                  FROM unnest(v_defs_ids, v_defs_caps, v_defs_locked) AS u (id, cap, locked)
+            ),
+            p AS (
+                SELECT u.id, u.def, row_number() OVER (PARTITION BY u.def ORDER BY u.ord) AS nth
+                  FROM unnest(v_new_ids, v_defs_pool) WITH ORDINALITY AS u (id, def, ord)
+            ),
+            pick AS (
+                SELECT array_agg(p.id) AS ids
+                  FROM p LEFT JOIN g ON g.id = p.def
+                 WHERE g.id IS NULL OR p.nth <= g.free
+            ),
+            t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+            started AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                       claim_token_hash = v_token_hash,
+                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                 WHERE r.id = ANY ((SELECT pick.ids FROM pick)::bigint[])
+                   AND (SELECT cardinality(pick.ids) FROM pick)
+                       >= least(cardinality(v_new_ids), (claim.batch_size + 1) / 2)
+                RETURNING r.*
+            )
+            SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
     END IF;
 
     -- The steps: their variables are a block of their own, set up only when they run.
@@ -389,7 +494,7 @@ BEGIN
         v_labels text[] := '{}';        -- their labels, for lookups
         v_new jobs._claim_group[];
         v_g jobs._claim_group;
-        v_max_key bigint := NULL;       -- highest dispatch lock key held
+        v_max_key bigint := v_held_key; -- highest dispatch lock key held
         v_busy boolean;                 -- some group could not be locked yet
         v_todo boolean;
         v_shared_todo boolean;
@@ -423,7 +528,8 @@ BEGIN
           FROM (SELECT) AS one
           LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
         v_has_limits := v_has_tight IS NOT NULL;
-        v_path := CASE WHEN v_has_tight OR v_has_capped THEN 'on' WHEN v_has_limits THEN 'roomy' ELSE 'off' END;
+        v_path := CASE WHEN v_has_tight OR (v_has_capped AND v_has_limits) THEN 'on'
+                       WHEN v_has_capped THEN 'defs' WHEN v_has_limits THEN 'roomy' ELSE 'off' END;
         IF v_path <> v_hint THEN   -- the hint follows the settings
             v_void := set_config('pgtick.claim_steps', v_path, FALSE);
         END IF;
@@ -454,17 +560,16 @@ BEGIN
             v_round := v_round + 1;
             v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
 
-            -- 1. Lock the next slice of the candidate pool, in claim order. The first slice's
-            -- statement has a generic plan that walks runs_claim_idx (tests/sql/test_claim.py
-            -- checks its plan on a long backlog); the second one, with its exclusions, is
-            -- planned for its actual values: its generic plan (LIMIT and arrays unknown) could
-            -- sort the whole queue instead of walking runs_claim_idx.
+            -- 1. Lock the next slice of the candidate pool, in claim order. Both slices'
+            -- statements are planned once per session (and again only when jobs.runs changes)
+            -- with sorts disabled: then no plan can sort the queue, and the only ordered path
+            -- left is runs_claim_idx, whatever the statistics say about the backlog and
+            -- whatever the LIMIT and the exclusions (tests/sql/test_claim.py checks both plans
+            -- on a long backlog). A plan made for each second slice's values would cost more to
+            -- make than the statement costs to run.
+            v_sort := current_setting('enable_sort');
+            v_void := set_config('enable_sort', 'off', TRUE);
             IF v_round = 1 THEN
-                -- Planned (once per session, and again only when jobs.runs changes) with sorts
-                -- disabled: then no plan can sort the queue, and the only ordered path left is
-                -- runs_claim_idx, whatever the statistics say about the backlog.
-                v_sort := current_setting('enable_sort');
-                v_void := set_config('enable_sort', 'off', TRUE);
                 WITH c AS (
                     SELECT r.*
                       FROM jobs._claimable AS r
@@ -492,7 +597,6 @@ BEGIN
                     RETURN;   -- nothing due
                 END IF;
             ELSE
-                v_void := set_config('plan_cache_mode', 'force_custom_plan', TRUE);
                 SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                        v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                        v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
@@ -515,7 +619,7 @@ BEGIN
                          ORDER BY r.priority DESC, r.scheduled_for, r.id
                          LIMIT v_limit
                            FOR UPDATE SKIP LOCKED) AS c;
-                v_void := set_config('plan_cache_mode', 'force_generic_plan', TRUE);
+                v_void := set_config('enable_sort', v_sort, TRUE);
             END IF;
             v_pool_ids := v_pool_ids || v_new_ids;
 
@@ -749,15 +853,19 @@ BEGIN
                     END LOOP;
                 END IF;
 
-                -- Nothing claimable without waiting: wait for the busy groups, but only for keys
-                -- above every lock held (try the others), in ascending order. A wait is polling
+                -- Nothing claimable without waiting: where the pool met more than one group, first
+                -- the next slice of the pool, if there can be one (its rows may belong to groups
+                -- nobody holds; one busy group's pool would most likely bring more of its own);
+                -- then wait for the busy groups, but only for keys above every lock held (try the
+                -- others), in ascending order. A wait is polling
                 -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
                 -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
                 -- follows a row's update chain and keeps its lock on a newer version it then
                 -- leaves out). A lock-manager wait here is one edge of a cycle that any holder
                 -- of the group's lock needing one of those rows would close, and PostgreSQL would
                 -- end one of the two with a deadlock error; a poll only delays that holder.
-                EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0;
+                EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0
+                       OR (v_round = 1 AND cardinality(v_new_ids) = v_limit AND cardinality(v_groups) > 1);
                 v_busy := FALSE;
                 FOREACH v_g IN ARRAY v_groups LOOP
                     v_busy := v_busy OR NOT v_g.locked;

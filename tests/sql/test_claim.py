@@ -367,7 +367,8 @@ def test_claim_can_stamp_the_first_heartbeat(conn: psycopg.Connection[Any]) -> N
 
 
 @pytest.mark.parametrize(
-    ("history", "defined"), [(0, None), (20000, None), (20000, "capped"), (20000, "roomy-limit")]
+    ("history", "defined"),
+    [(0, None), (20000, None), (20000, "capped"), (20000, "capped-head"), (20000, "roomy-limit")],
 )
 def test_claim_walks_the_claim_index_on_a_long_backlog(
     db: Database, history: int, defined: str | None
@@ -376,16 +377,24 @@ def test_claim_walks_the_claim_index_on_a_long_backlog(
     so it cannot lean on their values: on a long backlog (with or without a history beside
     it) it must walk runs_claim_idx in claim order, never scan and sort jobs.runs, which
     would cost every claim the whole queue. With nothing capped that is the statement that
-    also starts the batch; with a capped definition defined, the one that only locks the
-    pool; with a roomy limit on the queue, the one that also locks its groups (batches of up
-    to 20) or the full steps' (the batch of 100), whose RUNNING count must not scan the table
-    either. Read from the transaction's own scan counters, so no timing is involved."""
+    also starts the batch; with a capped definition defined, the capped definitions' first
+    statement and the steps' first slice; with that definition's runs at the head of the
+    queue and at its cap, also the steps' second slice, which looks past them; with a roomy
+    limit on the queue, the one that also locks its groups (batches of up to 20) or the full
+    steps' (the batch of 100), whose RUNNING count must not scan the table either. Read from
+    the transaction's own scan counters, so no timing is involved."""
     with db.connect() as setup:
-        if defined == "capped":  # defined, never materialized: the queue holds none of its runs
+        if defined in ("capped", "capped-head"):  # "capped": defined, none of its runs queued
             setup.execute(
                 "SELECT jobs.define(name => 'capped', kind => 'k', schedule => '@yearly',"
                 " max_concurrent_runs => 1)"
             )
+            if defined == "capped-head":
+                capped = scalar(setup, "SELECT id FROM jobs.definitions WHERE name = 'capped'")
+                head = add_runs(setup, 200, definition_id=capped, priority=5)
+                setup.execute(
+                    "UPDATE jobs.runs SET status = 'RUNNING', started_at = now() WHERE id = %s", (head[0],)
+                )
         elif defined == "roomy-limit":
             setup.execute("SELECT jobs.set_limit('queue', 'default', max_running => 10000)")
         setup.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
@@ -405,6 +414,9 @@ def test_claim_walks_the_claim_index_on_a_long_backlog(
                     "       pg_stat_get_xact_numscans('jobs.runs_claim_idx'::regclass)"
                 ).fetchone()
             assert claimed is not None and claimed[0] > 0, f"claim({args}) claimed nothing"
+            if defined == "capped-head":  # all from behind the capped runs: the second slice
+                batch = int(args.split(",")[0])
+                assert claimed[0] == batch, f"claim({args}) started {claimed[0]}, expected {batch}"
             assert scans is not None and scans[0] == 0 and scans[1] >= 1, (
                 f"claim({args}): {scans[0] if scans else '?'} sequential scans of jobs.runs and"
                 f" {scans[1] if scans else '?'} of runs_claim_idx; expected none and at least one"

@@ -56,14 +56,21 @@ def _session(dsn: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+def _claimer(
+    dsn: str, worker: str, seed: int, seconds: float, most: int = 5, hint: str | None = None
+) -> dict[str, Any]:
+    """Claim 1 to ``most`` at a time, keep them a moment, complete them; with ``hint``, count
+    the claims after which the session's claim hint (pgtick.claim_steps) read so."""
     rng = random.Random(seed)
     tally = Tally(worker)
+    hinted = 0
     deadline = time.monotonic() + seconds
     with _session(dsn) as conn:
         while time.monotonic() < deadline:
             try:
-                rows = tally.claim(conn, rng.randint(1, 5))
+                rows = tally.claim(conn, rng.randint(1, most))
+                if hint is not None:
+                    hinted += scalar(conn, "SELECT current_setting('pgtick.claim_steps', true)") == hint
                 if not rows:
                     if scalar(conn, LIVE_SQL) == 0:
                         break
@@ -75,7 +82,7 @@ def _claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]
             except psycopg.Error as exc:
                 if tally.failed(exc):
                     break
-    return tally.result()
+    return tally.result(hinted=hinted)
 
 
 def _probe(dsn: str, seconds: float) -> dict[str, Any]:
@@ -283,3 +290,45 @@ def test_roomy_running_limits_hold_where_claims_start_their_pool_whole(db: Datab
     assert set(claimed) == set(big) | set(tenanted)
     states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
     assert states == {"COMPLETED": len(big) + len(tenanted)}, states
+
+
+# ---------------------------------------------------------------------------
+# Capped definitions and no limit: the definitions' own two statements
+# ---------------------------------------------------------------------------
+
+
+def _definitions_claimer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim 1 to 12 at a time, noting whether the session took the capped definitions'
+    statements (its hint says 'defs' after its first claim)."""
+    return _claimer(dsn, worker, seed, seconds, most=12, hint="defs")
+
+
+def test_definition_caps_hold_where_no_limit_is_defined(db: Database, conn: Conn) -> None:
+    """Invariant: with capped definitions and no limit defined, claims take the definitions'
+    own two statements (try each definition's lock, count, start up to its room), falling back
+    to the steps where the pool is mostly held back or a definition has another overlap
+    policy. 8 claimers of 1 to 12 runs, interleaved over capped definitions (caps 1 to 3, one
+    with overlap_policy 'skip'), an uncapped definition and ad-hoc runs, never push a
+    definition above its cap, claim every run once, and complete everything."""
+    expected: set[int] = set()
+    for d, cap in enumerate([1, 2, 3, 2, 1, 3]):
+        def_id = add_definition(conn, f"capped-{d}", kind="capped", cap=cap)
+        expected.update(add_runs(conn, 60, kind="capped", definition_id=def_id))
+    skip_id = add_definition(conn, "capped-skip", kind="capped", cap=2, overlap="skip")
+    expected.update(add_runs(conn, 40, kind="capped", definition_id=skip_id))
+    free_id = add_definition(conn, "uncapped", kind="free")
+    expected.update(add_runs(conn, 80, kind="free", definition_id=free_id))
+    expected.update(add_runs(conn, 80, kind="adhoc"))
+    # Mix the claim order so that every pool meets several definitions at once.
+    conn.execute("UPDATE jobs.runs SET priority = (random() * 10)::int")
+
+    results = _claim_race(db, _definitions_claimer)
+    assert sum(r.get("hinted", 0) for r in results) > 0, "no claim took the capped definitions' statements"
+    claimed = [run_id for r in results for run_id in r["claimed"]]
+    doubles = sorted({run_id for run_id in claimed if claimed.count(run_id) > 1})
+    assert not doubles, f"claimed twice: {doubles[:20]}"
+    assert set(claimed) == expected, f"never claimed: {sorted(expected - set(claimed))[:20]}"
+    states = dict(conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall())
+    assert states == {"COMPLETED": len(expected)}, states
+    busy = [r["worker"] for r in results if r["claimed"]]
+    assert len(busy) >= 2, f"only {busy} claimed anything: the race did not happen"

@@ -88,15 +88,16 @@ def test_a_scope_of_kinds_alone_leaves_every_queue(db: Database, conn: Conn, log
 
 
 # The claim's paths: its one statement when nothing is capped, its two statements under only
-# roomy limits, and its steps under a tight limit and a capped definition (defined, with no
-# run of its own queued); each with the session hint its settings read leaves.
+# roomy limits, its two statements under only capped definitions (one defined, with no run of
+# its own queued), and its steps under a tight limit; each with the session hint its settings
+# read leaves.
 PATHS = {
     "nothing-capped": (None, "off"),
     "roomy-limit": ("SELECT jobs.set_limit('queue', 'q1', max_running => 10000)", "roomy"),
     "tight-limit": ("SELECT jobs.set_limit('queue', 'q2', max_running => 50)", "on"),
     "capped-definition": (
         "SELECT jobs.define(name => 'capped', kind => 'z', schedule => '@yearly', max_concurrent_runs => 1)",
-        "on",
+        "defs",
     ),
 }
 
