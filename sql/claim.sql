@@ -49,11 +49,12 @@
 -- own and take the steps. Where something is capped but nothing in the pool turns out to be,
 -- step 4 starts the pool as it is.
 -- With capped definitions and no limit defined, a run belongs to at most one group, its
--- definition, and a claim is two statements: one locks the pool and tries each of its capped
--- definitions' locks, the next counts RUNNING under those locks and starts, in pool order, as
--- many rows of each as it has room for, and every row of nothing capped; only where that is
--- the whole pool or at least half the batch, and no definition of the pool has an overlap
--- policy other than 'queue'; otherwise the steps run in full.
+-- definition, and a claim is two statements: one locks a pool of twice the batch and tries
+-- each of its capped definitions' locks, the next counts RUNNING under those locks and starts
+-- the first batch_size rows in pool order that can start (as many rows of each definition as
+-- it has room for, and every row of nothing capped), the rows the steps would start; only
+-- where they fill the batch (or the pool holds the whole queue), and no definition of the
+-- pool has an overlap policy other than 'queue'; otherwise the steps run in full.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
 -- reading the settings itself as the common case's does, the next counts RUNNING under those
@@ -372,12 +373,14 @@ BEGIN
     -- Capped definitions but no limit: a run belongs to at most one capped group, its
     -- definition, so the steps' greedy pick is a rank per definition. Two statements do what the
     -- steps' first round does: the first locks the pool (reading the settings itself, as the
-    -- common case's does: a limit or a missing claim token locks nothing) and tries the dispatch
-    -- lock of each capped definition among it (tried only, never waited for, so in any order);
-    -- the second counts RUNNING under those locks and starts, in pool order, the rows of
-    -- uncapped definitions and ad-hoc runs, and of each locked capped definition as many as it
-    -- has room for. It starts them only if that is the whole pool or at least half the batch:
-    -- otherwise (a crowded or busy definition held most of the pool back), and where a capped
+    -- common case's does: a limit or a missing claim token locks nothing), twice the batch, and
+    -- tries the dispatch lock of each capped definition among it (tried only, never waited for,
+    -- so in any order); the second counts RUNNING under those locks and starts the first
+    -- batch_size rows in pool order that can start: rows of uncapped definitions and ad-hoc
+    -- runs, and of each locked capped definition as many as it has room for. Those are the rows
+    -- the steps would start, as the steps' pick is greedy in the same order. It starts them only
+    -- if they fill the batch or the pool holds the whole queue (shorter than twice the batch):
+    -- otherwise (crowded or busy definitions held too much of the pool back), and where a capped
     -- definition of the pool has an overlap policy other than 'queue', nothing is started here
     -- and the steps take the claim from the start, which grow the pool past the held-back rows,
     -- wait for busy definitions and apply the overlap policies. The locks taken here stay held;
@@ -393,7 +396,7 @@ BEGIN
                AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
                AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
              ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT claim.batch_size
+             LIMIT 2 * claim.batch_size
                FOR UPDATE SKIP LOCKED
         ),
         d AS MATERIALIZED (   -- the pool's capped definitions, each one's lock tried (key: helpers.sql)
@@ -421,9 +424,10 @@ BEGIN
             v_void := set_config('pgtick.claim_steps', 'off', FALSE);
         END IF;
         -- (Rows of a definition whose lock is busy cannot start: where too few others are left
-        -- to start, the steps take the claim at once.)
+        -- to fill the batch, the steps take the claim at once.)
         IF cardinality(v_new_ids) > 0 AND NOT v_defs_overlap
-           AND v_defs_open >= least(cardinality(v_new_ids), (claim.batch_size + 1) / 2) THEN
+           AND v_defs_open >= (CASE WHEN cardinality(v_new_ids) < 2 * claim.batch_size THEN 1
+                                    ELSE claim.batch_size END) THEN
             RETURN QUERY
             WITH g AS (   -- each capped definition's room: none where its lock is busy
                 SELECT u.id,
@@ -434,13 +438,16 @@ BEGIN
                   FROM unnest(v_defs_ids, v_defs_caps, v_defs_locked) AS u (id, cap, locked)
             ),
             p AS (
-                SELECT u.id, u.def, row_number() OVER (PARTITION BY u.def ORDER BY u.ord) AS nth
+                SELECT u.id, u.ord, u.def, row_number() OVER (PARTITION BY u.def ORDER BY u.ord) AS nth
                   FROM unnest(v_new_ids, v_defs_pool) WITH ORDINALITY AS u (id, def, ord)
             ),
-            pick AS (
-                SELECT array_agg(p.id) AS ids
+            can AS (   -- the rows that can start, numbered in pool order
+                SELECT p.id, row_number() OVER (ORDER BY p.ord) AS k
                   FROM p LEFT JOIN g ON g.id = p.def
                  WHERE g.id IS NULL OR p.nth <= g.free
+            ),
+            pick AS (
+                SELECT array_agg(can.id) AS ids FROM can WHERE can.k <= claim.batch_size
             ),
             t AS MATERIALIZED (SELECT clock_timestamp() AS at),
             started AS (
@@ -449,8 +456,8 @@ BEGIN
                        claim_token_hash = v_token_hash,
                        heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
                  WHERE r.id = ANY ((SELECT pick.ids FROM pick)::bigint[])
-                   AND (SELECT cardinality(pick.ids) FROM pick)
-                       >= least(cardinality(v_new_ids), (claim.batch_size + 1) / 2)
+                   AND ((SELECT cardinality(pick.ids) FROM pick) = claim.batch_size
+                        OR cardinality(v_new_ids) < 2 * claim.batch_size)
                 RETURNING r.*
             )
             SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
