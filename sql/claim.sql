@@ -370,21 +370,14 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
-    -- Capped definitions but no limit: a run belongs to at most one capped group, its
-    -- definition, so the steps' greedy pick is a rank per definition. Two statements do what the
-    -- steps' first round does: the first locks the pool (reading the settings itself, as the
-    -- common case's does: a limit or a missing claim token locks nothing), twice the batch, and
-    -- tries the dispatch lock of each capped definition among it (tried only, never waited for,
-    -- so in any order); the second counts RUNNING under those locks and starts the first
-    -- batch_size rows in pool order that can start: rows of uncapped definitions and ad-hoc
-    -- runs, and of each locked capped definition as many as it has room for. Those are the rows
-    -- the steps would start, as the steps' pick is greedy in the same order. It starts them only
-    -- if they fill the batch or the pool holds the whole queue (shorter than twice the batch):
-    -- otherwise (crowded or busy definitions held too much of the pool back), and where a capped
-    -- definition of the pool has an overlap policy other than 'queue', nothing is started here
-    -- and the steps take the claim from the start, which grow the pool past the held-back rows,
-    -- wait for busy definitions and apply the overlap policies. The locks taken here stay held;
-    -- the steps count them as held (v_held_key), so their waits keep the ascending order.
+    -- Capped definitions but no limit (the header says what the two statements do). The
+    -- definitions' locks are only tried, never waited for, so in any order. The rows started are
+    -- those the steps would start, as the steps' pick is greedy in the same order; where they do
+    -- not fill the batch, or a definition of the pool has an overlap policy other than 'queue',
+    -- nothing is started here and the steps take the claim from the start (they grow the pool
+    -- past the held-back rows, wait for busy definitions and apply the overlap policies). The
+    -- locks taken here stay held; the steps count them as held (v_held_key), so their waits
+    -- keep the ascending order.
     ELSIF v_hint = 'defs' THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
@@ -507,7 +500,6 @@ BEGIN
         v_shared_todo boolean;
         v_waited boolean;
         v_room integer[];
-        v_demand integer[];
         v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
         v_new_slots integer[];
         j integer;
@@ -826,7 +818,6 @@ BEGIN
                 ELSE
                     -- Greedy, in pool order, over each row's three group slots (v_row_groups).
                     v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
-                    v_demand := v_room;
                     FOR j IN 1 .. cardinality(v_groups) LOOP
                         v_room[j] := coalesce((v_groups[j]).free, 0);
                     END LOOP;
@@ -834,11 +825,8 @@ BEGIN
                         v_ok := TRUE;
                         FOR j IN 3 * i - 2 .. 3 * i LOOP
                             v_gi := v_row_groups[j];
-                            IF v_gi > 0 THEN
-                                v_demand[v_gi] := v_demand[v_gi] + 1;
-                                IF v_room[v_gi] <= 0 THEN
-                                    v_ok := FALSE;
-                                END IF;
+                            IF v_gi > 0 AND v_room[v_gi] <= 0 THEN
+                                v_ok := FALSE;
                             END IF;
                         END LOOP;
                         IF v_ok THEN
@@ -864,9 +852,8 @@ BEGIN
                 -- the next slice of the pool, if there can be one (its rows may belong to groups
                 -- nobody holds; one busy group's pool would most likely bring more of its own);
                 -- then wait for the busy groups, but only for keys above every lock held (try the
-                -- others), in ascending order. A wait is polling
-                -- (a try every millisecond, for at most c_wait in all), never a wait in the lock
-                -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
+                -- others), in ascending order. A wait is polling (a try every millisecond, for at
+                -- most c_wait in all), never a wait in the lock manager: this claim holds row locks, and not only on its pool (FOR UPDATE
                 -- follows a row's update chain and keeps its lock on a newer version it then
                 -- leaves out). A lock-manager wait here is one edge of a cycle that any holder
                 -- of the group's lock needing one of those rows would close, and PostgreSQL would
@@ -906,13 +893,15 @@ BEGIN
                    OR cardinality(v_new_ids) < v_limit              -- queue exhausted
                    OR cardinality(v_pick) >= claim.batch_size;      -- batch full
 
-            -- Going round again: the next slice skips groups whose room the pool already
-            -- fills, or a capped backlog longer than the oversample would fill it all again.
+            -- Going round again: the next slice skips groups with no room left after the picks,
+            -- or a capped backlog longer than the oversample would fill it all again. (Not
+            -- groups whose rows in the pool merely outnumber their room: those rows may have been
+            -- held back by another of their groups, and the group's room would go unused.)
             SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
                    coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
               INTO v_full_defs, v_full
               FROM unnest(v_groups) WITH ORDINALITY AS g
-             WHERE g.locked AND g.free <= coalesce(v_demand[g.ordinality], 0);
+             WHERE g.locked AND v_room[g.ordinality] <= 0;
         END LOOP;
 
         -- buffer_one and cancel_other act on the definitions whose dispatch locks are held (only

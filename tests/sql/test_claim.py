@@ -492,6 +492,43 @@ def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database
         assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING'") == 13
 
 
+def test_a_sessions_hint_of_capped_definitions_gives_way_to_whatever_is_set_next(
+    db: Database, conn: Conn
+) -> None:
+    """A session whose claim found only capped definitions claims through their two statements
+    next time (the hint 'defs'), and those read the limits themselves: a limit set since then
+    is kept from the next claim on, and the hint follows the settings back to the capped
+    definitions and, once none is left, to nothing capped."""
+    capped = add_definition(conn, "capped", kind="k", cap=2)
+    add_runs(conn, 20, definition_id=capped)
+    add_runs(conn, 200)
+    with db.connect() as claimer:
+        claim, hint = partial(_claim_ids, claimer), partial(_hint, claimer)
+
+        def running(sql: str = "TRUE") -> Any:
+            return scalar(conn, f"SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING' AND {sql}")
+
+        assert len(claim(10)) == 10
+        assert hint() == "defs", f"a claim that met only a capped definition left the hint {hint()!r}"
+        assert len(claim(10)) == 10, "the capped definitions' statements did not fill the batch"
+        assert running(f"definition_id = {capped}") == 2, "the capped definition runs other than its cap"
+
+        conn.execute("SELECT jobs.set_limit('kind', 'k', max_running => 23)")
+        got = len(claim(10))
+        assert got == 3, f"a session hinted 'defs', under a new limit of 23 with 20 RUNNING, started {got}"
+        assert hint() == "on", f"a claim that met a limit left the hint {hint()!r}"
+        conn.execute("SELECT jobs.remove_limit('kind', 'k')")
+        assert len(claim(10)) == 10
+        assert hint() == "defs", f"with the limit gone the hint is {hint()!r}"
+
+        conn.execute("DELETE FROM jobs.runs WHERE definition_id = %s AND status = 'QUEUED'", (capped,))
+        conn.execute("UPDATE jobs.definitions SET max_concurrent_runs = NULL WHERE id = %s", (capped,))
+        assert len(claim(10)) == 10
+        assert hint() == "off", f"with nothing capped any more the hint is {hint()!r}"
+        assert len(claim(10)) == 10
+        assert running() == 53
+
+
 def test_a_sessions_hint_of_roomy_limits_gives_way_to_whatever_is_set_next(db: Database, conn: Conn) -> None:
     """A session whose claim found only roomy limits goes straight to their two statements next
     time (the hint 'roomy'), and those read the settings themselves: a tight limit, a capped
