@@ -49,10 +49,15 @@
 -- own and take the steps. Where something is capped but nothing in the pool turns out to be,
 -- step 4 starts the pool as it is.
 -- With capped definitions and no limit defined, a run belongs to at most one group, its
--- definition, and a claim is two statements: one locks a pool of twice the batch and tries
--- each of its capped definitions' locks, the next counts RUNNING under those locks and starts
--- the first batch_size rows in pool order that can start (as many rows of each definition as
--- it has room for, and every row of nothing capped), the rows the steps would start; only
+-- definition, and a claim is two statements. The first locks a pool of 4 x batch_size (the
+-- steps' oversample) and tries the locks of its capped definitions one at a time, in the
+-- order of their first row in the pool, only until the rows they may start (by the RUNNING
+-- count it reads, not yet under the lock) and the pool's uncapped rows would fill the batch
+-- with a small margin; a definition that read as full is not tried. Every lock held blocks
+-- the other claimers whose pools meet that definition until this claim commits, so a claim
+-- holds no more of them than it is likely to use. The next statement counts RUNNING under
+-- those locks and starts the first batch_size rows in pool order that can start (as many
+-- rows of each locked definition as it has room for, and every row of nothing capped); only
 -- where they fill the batch (or the pool holds the whole queue), and no definition of the
 -- pool has an overlap policy other than 'queue'; otherwise the steps run in full.
 -- With only roomy limits defined (below: no rate limit) and no capped definition, a batch of
@@ -183,7 +188,8 @@ DECLARE
     v_defs_caps integer[];
     v_defs_locked boolean[];        --   and whether their locks were taken,
     v_defs_overlap boolean;         --   whether one has an overlap policy other than 'queue',
-    v_defs_open integer;            --   and how many rows are not of a definition found busy
+    v_defs_open integer;            --   how many rows are not of a definition found busy,
+    v_defs_cover bigint;            --   and how many of them the RUNNING counts it read leave room for
     v_any_capped boolean;
     v_held_key bigint;              -- the highest dispatch lock key held before the steps
 BEGIN
@@ -372,8 +378,9 @@ BEGIN
         END IF;
     -- Capped definitions but no limit (the header says what the two statements do). The
     -- definitions' locks are only tried, never waited for, so in any order. The rows started are
-    -- those the steps would start, as the steps' pick is greedy in the same order; where they do
-    -- not fill the batch, or a definition of the pool has an overlap policy other than 'queue',
+    -- picked greedily in pool order, as the steps pick, except that a definition this claim did
+    -- not try counts as busy (its rows are the next claim's); where they do not fill the batch,
+    -- or a definition of the pool has an overlap policy other than 'queue',
     -- nothing is started here and the steps take the claim from the start (they grow the pool
     -- past the held-back rows, wait for busy definitions and apply the overlap policies). The
     -- locks taken here stay held; the steps count them as held (v_held_key), so their waits
@@ -381,7 +388,7 @@ BEGIN
     ELSIF v_hint = 'defs' THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
-        WITH c AS (
+        WITH RECURSIVE c AS (
             SELECT r.id, r.definition_id
               FROM jobs._claimable_here AS r
              WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
@@ -389,15 +396,45 @@ BEGIN
                AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
                AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
              ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT 2 * claim.batch_size
+             LIMIT 4 * claim.batch_size
                FOR UPDATE SKIP LOCKED
         ),
-        d AS MATERIALIZED (   -- the pool's capped definitions, each one's lock tried (key: helpers.sql)
+        p AS MATERIALIZED (   -- the pool, numbered in claim order (c's rows come in the order locked)
+            SELECT c.id, c.definition_id, row_number() OVER () AS ord FROM c
+        ),
+        f AS MATERIALIZED (   -- its capped definitions, numbered by their first row (key: helpers.sql)
             SELECT d.id, d.max_concurrent_runs, d.overlap_policy,
-                   hashtextextended('dispatch:' || d.id, 0) AS lock_key,
-                   pg_try_advisory_xact_lock(hashtextextended('dispatch:' || d.id, 0)) AS locked
-              FROM jobs.definitions AS d
-             WHERE d.id IN (SELECT c.definition_id FROM c) AND d.max_concurrent_runs IS NOT NULL
+                   hashtextextended('dispatch:' || d.id, 0) AS lock_key, x.n,
+                   row_number() OVER (ORDER BY x.first) AS k
+              FROM (SELECT p.definition_id, count(*) AS n, min(p.ord) AS first
+                      FROM p WHERE p.definition_id IS NOT NULL
+                     GROUP BY p.definition_id) AS x
+              JOIN jobs.definitions AS d ON d.id = x.definition_id AND d.max_concurrent_runs IS NOT NULL
+        ),
+        -- The walk: one definition per step, in order, while the rows it may start (covered:
+        -- the uncapped rows, then each locked definition's rows up to the room it read) fall
+        -- short of the batch and its margin. A recursive query runs its steps one after another,
+        -- so the locks past that point are never tried.
+        w (k, covered, id, locked) AS (
+            SELECT 0::bigint, (SELECT count(*) FROM p) - (SELECT coalesce(sum(f.n), 0) FROM f), NULL::bigint, FALSE
+            UNION ALL
+            SELECT e.k, w.covered + CASE WHEN e.locked THEN e.room ELSE 0 END, e.id, e.locked
+              FROM w CROSS JOIN LATERAL (
+                   SELECT q.k, q.id, q.room,
+                          CASE WHEN q.room > 0 THEN pg_try_advisory_xact_lock(q.lock_key) ELSE FALSE END AS locked
+                     FROM (SELECT f.k, f.id, f.lock_key,
+                                  greatest(least(f.n, f.max_concurrent_runs
+                                                      - (SELECT count(*) FROM jobs.runs AS r
+                                                          WHERE r.status = 'RUNNING' AND r.definition_id = f.id)),
+                                           0) AS room
+                             FROM f
+                            WHERE f.k = w.k + 1 AND w.covered < claim.batch_size + 1 + claim.batch_size / 5
+                           OFFSET 0) AS q
+                   ) AS e
+        ),
+        d AS MATERIALIZED (   -- every capped definition of the pool; those not tried count as busy
+            SELECT f.id, f.max_concurrent_runs, f.overlap_policy, f.lock_key, coalesce(w.locked, FALSE) AS locked
+              FROM f LEFT JOIN w ON w.id = f.id
         )
         SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
                (SELECT coalesce(array_agg(c.definition_id), '{}') FROM c),
@@ -408,19 +445,21 @@ BEGIN
                max(d.lock_key) FILTER (WHERE d.locked),
                EXISTS (SELECT FROM jobs.definitions AS x WHERE x.max_concurrent_runs IS NOT NULL),
                (SELECT count(*) FROM c WHERE c.definition_id IS NULL
-                                          OR c.definition_id NOT IN (SELECT d.id FROM d WHERE NOT d.locked))
+                                          OR c.definition_id NOT IN (SELECT d.id FROM d WHERE NOT d.locked)),
+               (SELECT max(w.covered) FROM w)
           INTO v_new_ids, v_defs_pool, v_defs_ids, v_defs_caps, v_defs_locked, v_defs_overlap, v_held_key,
-               v_any_capped, v_defs_open
+               v_any_capped, v_defs_open, v_defs_cover
           FROM d;
         v_void := set_config('enable_sort', v_sort, TRUE);
         IF NOT v_any_capped THEN   -- the hint is stale: nothing is capped any more
             v_void := set_config('pgtick.claim_steps', 'off', FALSE);
         END IF;
-        -- (Rows of a definition whose lock is busy cannot start: where too few others are left
-        -- to fill the batch, the steps take the claim at once.)
+        -- (Rows of a definition whose lock is busy, or was not tried, cannot start: where the
+        -- room the first statement read cannot fill the batch from a full pool, or nothing can
+        -- start from a pool that holds the whole queue, the steps take the claim at once.)
         IF cardinality(v_new_ids) > 0 AND NOT v_defs_overlap
-           AND v_defs_open >= (CASE WHEN cardinality(v_new_ids) < 2 * claim.batch_size THEN 1
-                                    ELSE claim.batch_size END) THEN
+           AND (CASE WHEN cardinality(v_new_ids) < 4 * claim.batch_size THEN v_defs_open >= 1
+                     ELSE v_defs_cover >= claim.batch_size END) THEN
             RETURN QUERY
             WITH g AS (   -- each capped definition's room: none where its lock is busy
                 SELECT u.id,
@@ -450,7 +489,7 @@ BEGIN
                        heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
                  WHERE r.id = ANY ((SELECT pick.ids FROM pick)::bigint[])
                    AND ((SELECT cardinality(pick.ids) FROM pick) = claim.batch_size
-                        OR cardinality(v_new_ids) < 2 * claim.batch_size)
+                        OR cardinality(v_new_ids) < 4 * claim.batch_size)
                 RETURNING r.*
             )
             SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;

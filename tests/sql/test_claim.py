@@ -529,6 +529,64 @@ def test_a_sessions_hint_of_capped_definitions_gives_way_to_whatever_is_set_next
         assert running() == 53
 
 
+#: The capped definitions whose dispatch lock the session ``pid`` holds (key: sql/helpers.sql).
+HELD_DEFINITIONS_SQL = """
+SELECT coalesce(array_agg(d.name ORDER BY d.name), '{}')
+  FROM jobs.definitions AS d
+  JOIN pg_locks AS l
+    ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = %s
+   AND (l.classid::bigint << 32) | l.objid::bigint = hashtextextended('dispatch:' || d.id, 0)
+"""
+
+
+def test_a_capped_claim_locks_only_the_definitions_it_is_likely_to_start(db: Database, conn: Conn) -> None:
+    """A claim through the capped definitions' statements holds each definition's dispatch lock
+    until it commits, and every claimer whose pool meets that definition meanwhile finds it
+    busy. So it tries the locks in pool order only until the room it reads covers the batch,
+    and never tries a definition already at its cap: a second claimer, while the first has not
+    committed, starts runs of the definitions the first left alone."""
+    ids = {name: add_definition(conn, name, kind="k", cap=2) for name in ("d1", "d2", "d3", "d4", "d5", "d6")}
+    full = add_runs(conn, 2, definition_id=ids["d2"], start="2 hours")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'RUNNING', started_at = now(), worker = 'x' WHERE id = ANY (%s)",
+        (full,),
+    )
+    # 24 runs, the six definitions in turn: d1, d2, ..., d6, d1, d2, ...
+    conn.execute(
+        """
+        INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for)
+        SELECT (%s::bigint[])[1 + (g - 1) %% 6], 'k', 'manual',
+               now() - interval '1 hour' + g * interval '1 ms'
+          FROM generate_series(1, 24) AS g
+        """,
+        ([ids[n] for n in ("d1", "d2", "d3", "d4", "d5", "d6")],),
+    )
+    name_of = {v: k for k, v in ids.items()}
+    with db.connect(autocommit=False) as first, db.connect(autocommit=False) as second:
+        for session in (first, second):
+            session.execute("SET pgtick.claim_steps = 'defs'")
+            session.commit()
+        got = first.execute("SELECT definition_id FROM jobs.claim(2, 'first')").fetchall()
+        assert sorted(name_of[d] for (d,) in got) == ["d1", "d3"], got
+        pid = scalar(first, "SELECT pg_backend_pid()")
+        held = scalar(conn, HELD_DEFINITIONS_SQL, (pid,))
+        assert held == ["d1", "d3"], f"a claim of 2 (d1 has room for 2, d2 is full) holds the locks of {held}"
+
+        started = time.monotonic()
+        got = second.execute("SELECT definition_id FROM jobs.claim(2, 'second')").fetchall()
+        took = time.monotonic() - started
+        assert sorted(name_of[d] for (d,) in got) == ["d4", "d5"], got
+        assert took < 0.9, f"the second claim waited {took:.2f} s for locks the first need not hold"
+        first.commit()
+        second.commit()
+    running = dict(
+        conn.execute(
+            "SELECT definition_id, count(*) FROM jobs.runs WHERE status = 'RUNNING' GROUP BY 1"
+        ).fetchall()
+    )
+    assert {name_of[d]: n for d, n in running.items()} == {"d1": 1, "d2": 2, "d3": 1, "d4": 1, "d5": 1}
+
+
 def test_a_sessions_hint_of_roomy_limits_gives_way_to_whatever_is_set_next(db: Database, conn: Conn) -> None:
     """A session whose claim found only roomy limits goes straight to their two statements next
     time (the hint 'roomy'), and those read the settings themselves: a tight limit, a capped
