@@ -122,27 +122,30 @@ class Reporter:
         with self._lock:
             self._outcomes[:0] = outcomes
 
-    def report(self, conn: psycopg.Connection[Any]) -> list[Outcome]:
-        """Report the outcomes that need a call of their own and return the plain
-        completions, for the caller to send with its next claim. On a database
-        error the unreported ones are kept."""
+    def take_plain(self) -> list[Outcome]:
+        """The plain completions waiting (no result to store), taken for one
+        ``jobs.complete_many`` call; the caller settles them or requeues them."""
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
-        if not outcomes:
-            return []
-        plain = [o for o in outcomes if o.plain]
-        pending = [o for o in outcomes if not o.plain]
+            plain = [o for o in self._outcomes if o.plain]
+            if plain:
+                self._outcomes = [o for o in self._outcomes if not o.plain]
+        return plain
+
+    def report(self, conn: psycopg.Connection[Any]) -> None:
+        """Report the outcomes that need a call of their own (the plain completions stay,
+        for ``take_plain``). On a database error the unreported ones are kept."""
+        with self._lock:
+            pending = [o for o in self._outcomes if not o.plain]
+            if not pending:
+                return
+            self._outcomes = [o for o in self._outcomes if o.plain]
         try:
             for o in list(pending):
                 self._report_one(conn, o)
                 pending.remove(o)
-        except BaseException:
-            pending += plain
-            raise
         finally:
             if pending:
                 self.requeue(pending)
-        return plain
 
     def _report_one(self, conn: psycopg.Connection[Any], o: Outcome) -> None:
         """Report one outcome. One whose values are refused is reported instead as the

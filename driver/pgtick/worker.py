@@ -18,16 +18,18 @@ Threads, each with its own connection where it talks to PostgreSQL:
   A notification whose payload is a time (epoch seconds, sent by the scheduler for the
   earliest run it inserted) only re-arms the timer when it is sooner than the one set;
   an empty payload (a run due now) wakes the claim loop;
-* the completer: sends each cycle's plain completions (``jobs.complete_many``)
-  on a connection of its own while the claim loop's claim runs, so the two
-  commits overlap (PostgreSQL flushes them together) instead of queueing one
-  behind the other on one connection. The claim loop does not wait for it: the
-  finished runs' slots are claimed for at once, and the outcomes are settled
-  (logged, counted, let go) when the claim loop next looks, woken for it when
-  it sleeps;
+* the completer: sends the plain completions (``jobs.complete_many``) on a
+  connection of its own as the runs finish, one call in flight at a time (the
+  runs that finish meanwhile go in the next call, sent as it answers), so its
+  commits overlap the claims' (PostgreSQL flushes them together) and a finished
+  run stops counting against its caps and limits without waiting for the claim
+  loop's claim. The claim loop does not wait for it either: the finished runs'
+  slots are claimed for at once, and the outcomes are settled (logged, counted,
+  let go) when the claim loop next looks, woken for it when it sleeps;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
-  and handing the outcome to the ``Reporter`` (``pgtick.reporter``), which the
-  claim loop asks to report;
+  and handing the outcome to the ``Reporter`` (``pgtick.reporter``); the claim
+  loop reports the outcomes that need a call of their own (a result, a failure,
+  a cancellation), the completer the plain ones;
 * when the app has ``async def`` kinds, one event loop thread (``pgtick.aio``)
   running those jobs as tasks, their outcomes reported the same way. Thread and
   async jobs share the ``concurrency`` slots.
@@ -209,8 +211,12 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
         # Plain completions sent to the completer and not yet settled, in the order sent
-        # (the claim loop's own: only it reads and changes this list).
+        # (under _lock: whichever thread sends appends; the claim loop settles), whether
+        # one call is in flight (the finished runs wait for its answer, then go in one
+        # call), and whether sending is over (the worker stops).
         self._completing: list[tuple[list[Outcome], Future[set[int]]]] = []
+        self._sending = False
+        self._sending_closed = False
         self._claimed_full = False  # the last claim came back full: more is due now
         # The last claim took nothing: when it was held back by a cap or a limit that this
         # worker's own runs filled, their completion committing is what makes room. With
@@ -354,6 +360,8 @@ class Worker:
             self._stop_runners()
             for _ in self._threads:
                 self._tasks.put(None)
+            with self._lock:
+                self._sending_closed = True
             self._completer.submit(self._close_done_conn)
             self._completer.shutdown(wait=True)
             try:
@@ -555,10 +563,9 @@ class Worker:
     def _cycle(self, conn: psycopg.Connection[Any], *, claim: bool = True) -> bool:
         """Report finished runs and claim for the free slots.
 
-        Plain completions (no result) go to the completer, whose ``jobs.complete_many``
-        commits on its own connection while this connection claims; the claim does not
-        wait for it (the runs have finished: their slots are free), and the outcomes are
-        settled once it answers. While claims come back full, the cycle only claims;
+        Plain completions (no result) go to the completer as the runs finish (see
+        ``_send_completions``); the cycle settles the answered ones and sends any left
+        behind. While claims come back full, the cycle only claims;
         otherwise it asks jobs.next_due just before the claim (one pipeline, each its
         own transaction), so a run that falls due in between is either claimed or
         reported as due (a cycle at once), never missed. Returns True to cycle again at
@@ -568,14 +575,11 @@ class Worker:
         ``claim=False``.
         """
         self._settle_completions()
-        plain = self.reporter.report(conn)
+        self.reporter.report(conn)
+        self._send_completions()
         with self._lock:
             want = min(self._free_slots(), self.batch_size) if claim else 0
             self._reserved += max(want, 0)
-        if plain:
-            done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
-            self._completing.append((plain, done))
-            done.add_done_callback(self._completion_answered)
         if want <= 0:
             return False
         try:
@@ -685,14 +689,35 @@ class Worker:
                 log.warning("worker=%s %s did not stop", self.worker_id, t.name)
         self._claim_threads = []
 
-    def _completion_answered(self, done: Future[set[int]]) -> None:
-        """In the completer thread: wake the claim loop, if it sleeps, to settle the answer;
-        after a claim that took nothing, also to claim again: the runs just completed may be
-        what held the others back (a cap or limit counts a run until its completion commits,
-        and nothing else would wake the worker before its next poll)."""
+    def _send_completions(self) -> None:
+        """Send the plain completions waiting to the completer in one ``jobs.complete_many``
+        call, unless a call is in flight: its answer sends those that finished meanwhile. A
+        run counts against its caps and limits until its completion commits, so they go as
+        the runs finish, not with the claim loop's next cycle (which waits for its claim)."""
         with self._lock:
+            if self._sending or self._sending_closed:
+                return
+            plain = self.reporter.take_plain()
+            if not plain:
+                return
+            self._sending = True
+            done = self._completer.submit(self._complete_many, [o.ctx.run_id for o in plain])
+            self._completing.append((plain, done))
+        done.add_done_callback(self._completion_answered)
+
+    def _completion_answered(self, done: Future[set[int]]) -> None:
+        """In the completer thread: send the completions that finished meanwhile (after a
+        failed call, the claim loop's cycle does, once it has settled it), and wake the
+        claim loop, if it sleeps, to settle the answer; after a claim that took nothing,
+        also to claim again: the runs just completed may be what held the others back (a
+        cap or limit counts a run until its completion commits, and nothing else would
+        wake the worker before its next poll)."""
+        with self._lock:
+            self._sending = False
             self._completions_answered += 1
             claim_again = self._claimed_none
+        if not done.cancelled() and done.exception() is None:
+            self._send_completions()
         if claim_again:
             self.signal_work()
         else:
@@ -701,8 +726,11 @@ class Worker:
     def _settle_completions(self, *, wait: bool = False) -> None:
         """Settle the completions the completer has answered (with ``wait``, all of them),
         in the order they were sent; on a database error they are kept for the next cycle."""
-        while self._completing and (wait or self._completing[0][1].done()):
-            plain, done = self._completing.pop(0)
+        while True:
+            with self._lock:
+                if not self._completing or not (wait or self._completing[0][1].done()):
+                    return
+                plain, done = self._completing.pop(0)
             self._settle_plain(plain, done)
 
     def _complete_many(self, run_ids: list[int]) -> set[int]:
@@ -831,6 +859,8 @@ class Worker:
             self._done_held.add(outcome.ctx.run_id)  # its slot is free (see _free_slots)
             self._room.notify()
         self.reporter.add(outcome)
+        if outcome.plain:
+            self._send_completions()
         self.signal_work()
 
     def _stop_runners(self) -> None:

@@ -288,6 +288,49 @@ def test_a_completion_waiting_to_commit_does_not_hold_back_the_next_run(db: Data
     assert worker.stats.completed == 2 and worker.stats.fenced == 0, worker.stats
 
 
+def _one_waiting_run(db: Database) -> tuple[App, threading.Event, Sequence[Any]]:
+    """An app whose one kind waits for ``finish``, and one run of it enqueued (its id row)."""
+    app = App()
+    finish = threading.Event()
+
+    @app.job("first")
+    def first(ctx: Context) -> None:
+        assert finish.wait(60)
+
+    with db.connect() as conn:
+        held = conn.execute("SELECT id FROM jobs.enqueue('first')").fetchone()
+    assert held is not None
+    return app, finish, held
+
+
+def test_a_finished_runs_completion_commits_while_the_claim_loop_waits_on_its_claim(db: Database) -> None:
+    """A run counts against its caps and limits until its completion commits, so the
+    completion goes as the run finishes, not with the claim loop's next cycle: here the claim
+    loop's claim waits on a lock (the limits table locked by an open transaction), and the run
+    that finished meanwhile is COMPLETED while that claim still waits."""
+    app, finish, held = _one_waiting_run(db)
+    claim_waits = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database()"
+        " AND application_name LIKE 'pgtick-worker %%' AND wait_event_type = 'Lock'"
+    )
+    worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1, heartbeat_interval=30.0)
+    with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
+        wait_for("the run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+        try:
+            locker.execute("LOCK TABLE jobs.limits IN ACCESS EXCLUSIVE MODE")
+            # A slot is free and the poll is short: the claim loop's next claim waits.
+            wait_for("the claim loop's claim to wait on the lock", lambda: scalar(conn, claim_waits) == 1, 60)
+            finish.set()
+            status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+            wait_for("the finished run to complete", lambda: scalar(conn, status, held) == "COMPLETED", 60)
+            still_waiting = scalar(conn, claim_waits)
+        finally:
+            locker.rollback()
+        assert still_waiting == 1, "the claim stopped waiting before the completion was seen (no proof)"
+    assert worker.stats.completed == 1 and worker.stats.fenced == 0, worker.stats
+
+
 def _hold_its_completion(conn: Conn, locker: Conn, run_id: Sequence[Any], finish: threading.Event) -> None:
     """Lock the run's row in locker's open transaction, let its job return, and wait until the
     worker's completion of it waits on that lock."""
@@ -330,16 +373,7 @@ def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db:
     """Stopping while a finished run's completion waits to commit (here on a row lock): the
     worker stays within its grace period until the database answers, then counts the run
     completed once and stops."""
-    app = App()
-    finish = threading.Event()
-
-    @app.job("first")
-    def first(ctx: Context) -> None:
-        assert finish.wait(60)
-
-    with db.connect() as conn:
-        held = conn.execute("SELECT id FROM jobs.enqueue('first')").fetchone()
-    assert held is not None
+    app, finish, held = _one_waiting_run(db)
     worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=30.0)
     running = WorkerThread(worker)
     running.thread.start()
