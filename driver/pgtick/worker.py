@@ -902,6 +902,8 @@ class Worker:
                 time.sleep(0.5)
             self._wake.wait(0.05)
             self._wake.clear()
+        with self._lock:
+            self._sending_closed = True  # nothing more goes out: what is held now stays held
         self._settle_completions(wait=True)  # sent before the grace ran out: their answers
         left = self.held()
         if left:
