@@ -530,8 +530,11 @@ def test_two_occurrences_jittered_to_the_same_start_each_get_their_run(
     if path == "materialize":
         materialize_occurrences(conn, definition_id, [first, second], second + timedelta(minutes=1))
     else:
-        now = scalar(conn, "SELECT now()")
-        _materialize(db, now, (second - now).total_seconds() + 60)
+        # The scheduler's clock a minute before the pair, which can be most of a day away: a
+        # call plans at most max_catch_up runs per definition, so from the real clock the
+        # horizon would end before the pair whenever it lies more than 100 minutes ahead.
+        at = first - timedelta(minutes=1)
+        _materialize(db, at, (second - at).total_seconds() + 60)
     got = rows(
         conn,
         "SELECT occurrence_at, scheduled_for, status::text AS status FROM jobs.runs"
