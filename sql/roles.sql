@@ -66,10 +66,11 @@ jobs.worker_seen(text),
 jobs.worker_stopped(text)
 TO jobs_worker;
 
--- What the Python worker reads besides its calls: the default heartbeat timeout, and
--- definition names for its log lines.
+-- What the Python worker reads besides its calls: the default heartbeat timeout, and of
+-- definitions their names (for its log lines) and whether they are capped (to bound its
+-- claims in flight).
 GRANT SELECT (heartbeat_timeout) ON jobs.config TO jobs_worker;
-GRANT SELECT (id, name) ON jobs.definitions TO jobs_worker;
+GRANT SELECT (id, name, max_concurrent_runs) ON jobs.definitions TO jobs_worker;
 
 -- The console's read-only calls (sql/console.sql).
 GRANT EXECUTE ON FUNCTION

@@ -622,9 +622,17 @@ def prune_batch(conn: Conn, older_than: timedelta | None, batch: int) -> int:
     return int(_first(row)) if row else 0
 
 
-def definition_names(conn: Conn, ids: list[int]) -> dict[int, str]:
-    rows = conn.execute("SELECT id, name FROM jobs.definitions WHERE id = ANY(%s)", (ids,)).fetchall()
-    return {int(_first(r)): str(r["name"] if isinstance(r, dict) else r[1]) for r in rows}
+def definition_facts(conn: Conn, ids: list[int]) -> dict[int, tuple[str, bool]]:
+    """Each definition's name and whether it caps its concurrent runs (max_concurrent_runs)."""
+    rows = conn.execute(
+        "SELECT id, name, max_concurrent_runs IS NOT NULL AS capped FROM jobs.definitions WHERE id = ANY(%s)",
+        (ids,),
+    ).fetchall()
+    facts = {}
+    for r in rows:
+        name, capped = (r["name"], r["capped"]) if isinstance(r, dict) else (r[1], r[2])
+        facts[int(_first(r))] = (str(name), bool(capped))
+    return facts
 
 
 # --- backfill and preview of a stored definition (cli.py) --------------------

@@ -93,6 +93,12 @@ log = logging.getLogger("pgtick.worker")
 STOP_CHECK = 0.5
 #: Most claim connections one worker keeps (its claim loop's and the extra claimers').
 MAX_CLAIMERS = 16
+#: Most claims in flight while the claimed batches hold runs of capped definitions: such a
+#: claim holds those definitions' dispatch locks until it commits, and each other claim
+#: whose pool meets them finds them busy and takes the longer way (docs/performance.md).
+CAPPED_CLAIMERS = 3
+#: How long what the worker learnt about a definition (its name, whether it is capped) is kept.
+DEFINITION_FACTS_TTL = 60.0
 #: Past a run's kind timeout, how long the job's own checkpoint (or the kill of its child
 #: process) has to report it before the worker fails the run as Timeout (seconds).
 TIMEOUT_GRACE = 1.0
@@ -226,7 +232,11 @@ class Worker:
         self._completions_answered = 0
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
-        self._names: dict[int, str] = {}  # definition id -> name, for the outcome log
+        # What the claimed runs' definitions are: a name for the outcome log, and which are
+        # capped; read when first met and again after DEFINITION_FACTS_TTL.
+        self._names: dict[int, str] = {}
+        self._capped: set[int] = set()
+        self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
         # Slot accounting shared by the claim loop and the extra claimers (under _lock):
@@ -236,6 +246,10 @@ class Worker:
         self._done_held: set[int] = set()
         self._backlog = False  # the last claim came back full: the extra claimers claim too
         self._room = threading.Condition(self._lock)  # slots freed, or a backlog found
+        # The last batch claimed held runs of a capped definition: the extra claimers past
+        # CAPPED_CLAIMERS wait (on _caps_lifted) until a batch without one is claimed.
+        self._under_caps = False
+        self._caps_lifted = threading.Condition(self._lock)
         self._dispatch_lock = threading.Lock()  # one claimed batch handed out at a time
         self._claim_threads: list[threading.Thread] = []
         self._fault: BaseException | None = None  # set by another thread: the worker cannot go on
@@ -518,7 +532,8 @@ class Worker:
         if self.listen:
             threading.Thread(target=self._listen, args=(stop,), name="pgtick-listen", daemon=True).start()
         for i in range(1, self.claimers):
-            t = threading.Thread(target=self._claim_more, args=(stop,), name=f"pgtick-claim-{i}", daemon=True)
+            name = f"pgtick-claim-{i}"
+            t = threading.Thread(target=self._claim_more, args=(stop, i), name=name, daemon=True)
             t.start()
             self._claim_threads.append(t)
 
@@ -614,7 +629,13 @@ class Worker:
         """Hold and start a claimed batch; True if it came back full."""
         with self._lock:
             self._dispatching.update(r["id"] for r in rows)
-        self._name_definitions(conn, rows)
+        capped = self._name_definitions(conn, rows)
+        if rows:
+            with self._lock:
+                lifted = self._under_caps and not capped
+                self._under_caps = capped
+                if lifted:
+                    self._caps_lifted.notify_all()
         with self._dispatch_lock:
             return self._dispatch(rows, want, began)
 
@@ -628,19 +649,23 @@ class Worker:
                 if full:
                     self._room.notify()
 
-    def _claim_more(self, stop: threading.Event) -> None:
+    def _claim_more(self, stop: threading.Event, index: int) -> None:
         """An extra claimer: while claims come back full, claim a batch whenever a batch's
         worth of slots is free, on a connection of its own. Idle, it waits: the claim loop
-        alone polls, follows jobs.next_due and reports outcomes."""
+        alone polls, follows jobs.next_due and reports outcomes. While the batches claimed
+        hold runs of capped definitions, only the first CAPPED_CLAIMERS - 1 claim."""
         conn: psycopg.Connection[Any] | None = None
         failures = 0
         try:
             while True:
                 with self._room:
-                    while not (stop.is_set() or self._fault is not None) and not (
-                        self._backlog and self._free_slots() >= self.batch_size
-                    ):
-                        self._room.wait(STOP_CHECK)
+                    while not (stop.is_set() or self._fault is not None):
+                        if self._under_caps and index >= CAPPED_CLAIMERS:
+                            self._caps_lifted.wait(STOP_CHECK)
+                        elif self._backlog and self._free_slots() >= self.batch_size:
+                            break
+                        else:
+                            self._room.wait(STOP_CHECK)
                     if stop.is_set() or self._fault is not None:
                         return
                     want = self.batch_size
@@ -770,17 +795,27 @@ class Worker:
         for o in plain:
             self.reporter.settle(o, o.ctx.run_id in applied)
 
-    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> None:
+    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> bool:
         """Put each claimed run's definition name in its row (for the outcome log line);
-        names are looked up once per definition and kept."""
-        unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(self._names))
+        True if a run is of a capped definition. What a definition is gets looked up when
+        first met, and again once DEFINITION_FACTS_TTL has passed (a cap may have changed)."""
+        if time.monotonic() - self._facts_read > DEFINITION_FACTS_TTL:
+            self._names, self._capped, self._facts_read = {}, set(), time.monotonic()
+        names, capped = self._names, self._capped
+        unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(names))
         if unknown:
             try:
-                self._names.update(calls.definition_names(conn, unknown))
+                facts = calls.definition_facts(conn, unknown)
             except DB_ERRORS as exc:  # the claim has committed: run the batch without the names
-                log.warning("worker=%s definition names not read: %s", self.worker_id, exc)
+                log.warning("worker=%s definitions not read: %s", self.worker_id, exc)
+                facts = {}
+            for definition_id, (name, is_capped) in facts.items():
+                names[definition_id] = name
+                if is_capped:
+                    capped.add(definition_id)
         for r in rows:
-            r["definition"] = self._names.get(r["definition_id"]) if r["definition_id"] else None
+            r["definition"] = names.get(r["definition_id"]) if r["definition_id"] else None
+        return any(r["definition_id"] in capped for r in rows)
 
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full. A run with a value the

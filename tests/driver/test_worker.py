@@ -15,6 +15,8 @@ from harness import (
     Conn,
     Database,
     WorkerThread,
+    add_definition,
+    add_runs,
     materialize_occurrences,
     runs_in,
     scalar,
@@ -22,7 +24,7 @@ from harness import (
     worker_thread,
 )
 from pgtick.app import App, Context
-from pgtick.worker import Worker
+from pgtick.worker import CAPPED_CLAIMERS, Worker
 
 
 def test_short_per_run_heartbeat_timeout_is_honoured(db: Database) -> None:
@@ -176,6 +178,43 @@ def test_extra_claimers_claim_beside_the_claim_loop_within_concurrency(db: Datab
     assert worker.stats.completed == 400 and worker.stats.fenced == 0, worker.stats
     extra = {name for name in threads.names if name.startswith("pgtick-claim-")}
     assert extra, f"only the claim loop claimed: {sorted(set(threads.names))}"
+
+
+def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_flight(db: Database) -> None:
+    """A claim holds the dispatch locks of the capped definitions it starts runs of until it
+    commits, so while the claimed batches hold such runs only the claim loop and the first
+    CAPPED_CLAIMERS - 1 extra claimers claim; a backlog of uncapped runs brings the rest back."""
+    app = App()
+
+    @app.job("step")
+    def step(ctx: Context) -> None:
+        time.sleep(0.002)
+
+    with db.connect() as conn:
+        capped = add_definition(conn, "roomy-cap", kind="step", cap=100_000)
+        add_runs(conn, 600, kind="step", definition_id=capped)
+    threads = ClaimThreads()
+    worker = Worker(
+        app, db.dsn, concurrency=40, batch_size=4, claimers=8, poll_interval=0.1, listener=threads
+    )
+
+    def claimed_by_extra(names: list[str]) -> set[int]:
+        return {int(n.rsplit("-", 1)[1]) for n in names if n.startswith("pgtick-claim-")}
+
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("the capped runs to complete", lambda: runs_in(conn, "COMPLETED") == 600, timeout=120)
+        under_caps = claimed_by_extra(threads.names)
+        seen = len(threads.names)
+        conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 3000)")
+        wait_for("the uncapped runs to complete", lambda: runs_in(conn, "COMPLETED") == 3600, timeout=180)
+        uncapped = claimed_by_extra(threads.names[seen:])
+    assert under_caps and max(under_caps) < CAPPED_CLAIMERS, (
+        f"under caps, extra claimers {sorted(under_caps)} claimed (at most {CAPPED_CLAIMERS - 1} may)"
+    )
+    assert max(uncapped, default=0) >= CAPPED_CLAIMERS, (
+        f"without caps only extra claimers {sorted(uncapped)} claimed: the bound was never lifted"
+    )
+    assert worker.stats.completed == 3600 and worker.stats.fenced == 0, worker.stats
 
 
 def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Database) -> None:

@@ -169,7 +169,7 @@ MATRIX = [
     ("SELECT count(*) FROM jobs.queue_stats", READERS),
     ("SELECT count(*) FROM jobs.leader", READERS),
     ("SELECT heartbeat_timeout FROM jobs.config", (*READERS, "pgtick_t_worker")),
-    ("SELECT id, name FROM jobs.definitions", (*READERS, "pgtick_t_worker")),
+    ("SELECT id, name, max_concurrent_runs FROM jobs.definitions", (*READERS, "pgtick_t_worker")),
     ("SELECT payload FROM jobs.definitions", READERS),
     ("SELECT count(*) FROM jobs.running", READERS),
     ("SELECT count(*) FROM jobs.claim(1, 'w')", WORKERS),
