@@ -894,9 +894,10 @@ BEGIN
                 -- others), in ascending order. A wait is polling (a try every millisecond, for at
                 -- most c_wait in all), never a wait in the lock manager: this claim holds row
                 -- locks, and not only on its pool (FOR UPDATE follows a row's update chain and
-                -- keeps its lock on a newer version it then leaves out). A lock-manager wait here is one edge of a cycle that any holder
-                -- of the group's lock needing one of those rows would close, and PostgreSQL would
-                -- end one of the two with a deadlock error; a poll only delays that holder.
+                -- keeps its lock on a newer version it then leaves out). A lock-manager wait
+                -- here is one edge of a cycle that any holder of the group's lock needing one
+                -- of those rows would close, and PostgreSQL would end one of the two with a
+                -- deadlock error; a poll only delays that holder.
                 EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0
                        OR (v_round = 1 AND cardinality(v_new_ids) = v_limit AND cardinality(v_groups) > 1);
                 v_busy := FALSE;
