@@ -7,7 +7,7 @@
 -- member of both jobs_reader and jobs_worker; jobs_worker is not a reader.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
 --   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze,
---                   next_due and its registry calls; it reads no table, except the two
+--                   next_due and its registry calls; it reads no table, except the
 --                   column grants below (no payload, no result: what its calls return
 --                   about the runs it claimed is all it sees of them)
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
@@ -66,11 +66,12 @@ jobs.worker_seen(text),
 jobs.worker_stopped(text)
 TO jobs_worker;
 
--- What the Python worker reads besides its calls: the default heartbeat timeout, and of
--- definitions their names (for its log lines) and whether they are capped (to bound its
--- claims in flight).
+-- What the Python worker reads besides its calls: the default heartbeat timeout, of
+-- definitions their names (for its log lines) and whether they are capped, and which limits
+-- are tight (the last two to bound its claims in flight).
 GRANT SELECT (heartbeat_timeout) ON jobs.config TO jobs_worker;
 GRANT SELECT (id, name, max_concurrent_runs) ON jobs.definitions TO jobs_worker;
+GRANT SELECT (scope, name, max_running, rate_limit) ON jobs.limits TO jobs_worker;
 
 -- The console's read-only calls (sql/console.sql).
 GRANT EXECUTE ON FUNCTION

@@ -93,11 +93,13 @@ log = logging.getLogger("pgtick.worker")
 STOP_CHECK = 0.5
 #: Most claim connections one worker keeps (its claim loop's and the extra claimers').
 MAX_CLAIMERS = 16
-#: Most claims in flight while the claimed batches hold runs of capped definitions: such a
-#: claim holds those definitions' dispatch locks until it commits, and each other claim
-#: whose pool meets them finds them busy and takes the longer way (docs/performance.md).
+#: Most claims in flight while the claimed batches hold runs of capped definitions or runs
+#: under tight limits (below calls.ROOMY_LIMIT running, or with a rate limit): such a claim
+#: holds those groups' dispatch locks until it commits, and each other claim whose pool meets
+#: them finds them busy and takes the longer way (docs/performance.md).
 CAPPED_CLAIMERS = 3
-#: How long what the worker learnt about a definition (its name, whether it is capped) is kept.
+#: How long what the worker learnt about definitions (names, which are capped) and limits
+#: (which are tight) is kept.
 DEFINITION_FACTS_TTL = 60.0
 #: Past a run's kind timeout, how long the job's own checkpoint (or the kill of its child
 #: process) has to report it before the worker fails the run as Timeout (seconds).
@@ -233,9 +235,11 @@ class Worker:
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         # What the claimed runs' definitions are: a name for the outcome log, and which are
-        # capped; read when first met and again after DEFINITION_FACTS_TTL.
+        # capped; read when first met and again after DEFINITION_FACTS_TTL. The tight limits'
+        # (scope, name), read at the first batch and again after DEFINITION_FACTS_TTL.
         self._names: dict[int, str] = {}
         self._capped: set[int] = set()
+        self._tight: set[tuple[str, str]] | None = None
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
@@ -246,8 +250,9 @@ class Worker:
         self._done_held: set[int] = set()
         self._backlog = False  # the last claim came back full: the extra claimers claim too
         self._room = threading.Condition(self._lock)  # slots freed, or a backlog found
-        # The last batch claimed held runs of a capped definition: the extra claimers past
-        # CAPPED_CLAIMERS wait (on _caps_lifted) until a batch without one is claimed.
+        # The last batch claimed held runs of a capped definition or under a tight limit: the
+        # extra claimers past CAPPED_CLAIMERS wait (on _caps_lifted) until a batch without one
+        # is claimed.
         self._under_caps = False
         self._caps_lifted = threading.Condition(self._lock)
         self._dispatch_lock = threading.Lock()  # one claimed batch handed out at a time
@@ -653,7 +658,8 @@ class Worker:
         """An extra claimer: while claims come back full, claim a batch whenever a batch's
         worth of slots is free, on a connection of its own. Idle, it waits: the claim loop
         alone polls, follows jobs.next_due and reports outcomes. While the batches claimed
-        hold runs of capped definitions, only the first CAPPED_CLAIMERS - 1 claim."""
+        hold runs of capped definitions or under tight limits, only the first
+        CAPPED_CLAIMERS - 1 claim."""
         conn: psycopg.Connection[Any] | None = None
         failures = 0
         try:
@@ -797,10 +803,19 @@ class Worker:
 
     def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> bool:
         """Put each claimed run's definition name in its row (for the outcome log line);
-        True if a run is of a capped definition. What a definition is gets looked up when
-        first met, and again once DEFINITION_FACTS_TTL has passed (a cap may have changed)."""
+        True if a run is of a capped definition or under a tight limit. What a definition is
+        gets looked up when first met, which limits are tight at the first batch, and both
+        again once DEFINITION_FACTS_TTL has passed (a cap or a limit may have changed)."""
         if time.monotonic() - self._facts_read > DEFINITION_FACTS_TTL:
-            self._names, self._capped, self._facts_read = {}, set(), time.monotonic()
+            self._names, self._capped, self._tight = {}, set(), None
+            self._facts_read = time.monotonic()
+        if self._tight is None and rows:
+            try:
+                self._tight = calls.tight_limits(conn)
+            except DB_ERRORS as exc:  # read again after DEFINITION_FACTS_TTL
+                log.warning("worker=%s limits not read: %s", self.worker_id, exc)
+                self._tight = set()
+        tight = self._tight or set()
         names, capped = self._names, self._capped
         unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(names))
         if unknown:
@@ -815,7 +830,10 @@ class Worker:
                     capped.add(definition_id)
         for r in rows:
             r["definition"] = names.get(r["definition_id"]) if r["definition_id"] else None
-        return any(r["definition_id"] in capped for r in rows)
+        return any(
+            r["definition_id"] in capped or ("queue", r["queue"]) in tight or ("kind", r["kind"]) in tight
+            for r in rows
+        )
 
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full. A run with a value the

@@ -3,6 +3,7 @@ even when the loop was idling on the default cadence when the run arrived."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from harness import (
     wait_for,
     worker_thread,
 )
+from pgtick import calls
 from pgtick.app import App, Context
 from pgtick.worker import CAPPED_CLAIMERS, Worker
 
@@ -180,6 +182,35 @@ def test_extra_claimers_claim_beside_the_claim_loop_within_concurrency(db: Datab
     assert extra, f"only the claim loop claimed: {sorted(set(threads.names))}"
 
 
+def check_claimers_bounded_then_lifted(db: Database, app: App, more: str, bound: str, free: str) -> None:
+    """Run a worker with 8 claimers over the 600 runs queued (``bound``: what holds them),
+    then over the 3,000 that the statement ``more`` queues (``free``: what holds those): in
+    the first phase only the extra claimers below CAPPED_CLAIMERS may claim, in the second
+    one past them must."""
+    threads = ClaimThreads()
+    worker = Worker(
+        app, db.dsn, concurrency=40, batch_size=4, claimers=8, poll_interval=0.1, listener=threads
+    )
+
+    def claimed_by_extra(names: list[str]) -> set[int]:
+        return {int(n.rsplit("-", 1)[1]) for n in names if n.startswith("pgtick-claim-")}
+
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("the first 600 runs to complete", lambda: runs_in(conn, "COMPLETED") == 600, timeout=120)
+        first = claimed_by_extra(threads.names)
+        seen = len(threads.names)
+        conn.execute(more)
+        wait_for("the next 3,000 runs to complete", lambda: runs_in(conn, "COMPLETED") == 3600, timeout=180)
+        after = claimed_by_extra(threads.names[seen:])
+    assert worker.stats.completed == 3600 and worker.stats.fenced == 0, worker.stats
+    assert first and max(first) < CAPPED_CLAIMERS, (
+        f"{bound}: extra claimers {sorted(first)} claimed (at most {CAPPED_CLAIMERS - 1} may)"
+    )
+    assert max(after, default=0) >= CAPPED_CLAIMERS, (
+        f"{free}: only extra claimers {sorted(after)} claimed, the bound was never lifted"
+    )
+
+
 def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_flight(db: Database) -> None:
     """A claim holds the dispatch locks of the capped definitions it starts runs of until it
     commits, so while the claimed batches hold such runs only the claim loop and the first
@@ -193,28 +224,73 @@ def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_fl
     with db.connect() as conn:
         capped = add_definition(conn, "roomy-cap", kind="step", cap=100_000)
         add_runs(conn, 600, kind="step", definition_id=capped)
-    threads = ClaimThreads()
-    worker = Worker(
-        app, db.dsn, concurrency=40, batch_size=4, claimers=8, poll_interval=0.1, listener=threads
+    check_claimers_bounded_then_lifted(
+        db, app, "SELECT jobs.enqueue('step') FROM generate_series(1, 3000)", "under caps", "without caps"
     )
 
-    def claimed_by_extra(names: list[str]) -> set[int]:
-        return {int(n.rsplit("-", 1)[1]) for n in names if n.startswith("pgtick-claim-")}
 
-    with worker_thread(worker), db.connect() as conn:
-        wait_for("the capped runs to complete", lambda: runs_in(conn, "COMPLETED") == 600, timeout=120)
-        under_caps = claimed_by_extra(threads.names)
-        seen = len(threads.names)
-        conn.execute("SELECT jobs.enqueue('step') FROM generate_series(1, 3000)")
-        wait_for("the uncapped runs to complete", lambda: runs_in(conn, "COMPLETED") == 3600, timeout=180)
-        uncapped = claimed_by_extra(threads.names[seen:])
-    assert under_caps and max(under_caps) < CAPPED_CLAIMERS, (
-        f"under caps, extra claimers {sorted(under_caps)} claimed (at most {CAPPED_CLAIMERS - 1} may)"
+@pytest.mark.parametrize(
+    "limit",
+    [
+        "jobs.set_limit('queue', 'tight', max_running => 499)",
+        "jobs.set_limit('kind', 'held', rate_limit => 1000000, rate_period => '1 second')",
+        "jobs.set_limit('kind', 'held', max_running => 400, per_key => true)",
+    ],
+    ids=["queue-below-roomy", "kind-rate", "per-key"],
+)
+def test_batches_under_tight_limits_keep_at_most_capped_claimers_claims_in_flight(
+    db: Database, limit: str
+) -> None:
+    """A tight limit's dispatch lock (below 500 running, or any rate limit) is held by one claim
+    at a time until it commits, as a capped definition's is: while the claimed batches hold
+    runs under one, only the claim loop and the first CAPPED_CLAIMERS - 1 extra claimers
+    claim. A roomy limit's lock is shared, so a backlog under one brings the rest back."""
+    app = App()
+
+    def step(ctx: Context) -> None:
+        time.sleep(0.002)
+
+    app.job("held")(step)
+    app.job("free")(step)
+    with db.connect() as conn:
+        conn.execute(f"SELECT {limit}")
+        conn.execute("SELECT jobs.set_limit('queue', 'roomy', max_running => 500)")
+        conn.execute(
+            "SELECT jobs.enqueue('held', queue => 'tight', concurrency_key => 'tenant-' || g % 7)"
+            " FROM generate_series(1, 600) AS g"
+        )
+    check_claimers_bounded_then_lifted(
+        db,
+        app,
+        "SELECT jobs.enqueue('free', queue => 'roomy') FROM generate_series(1, 3000)",
+        f"under {limit}",
+        "under a roomy limit",
     )
-    assert max(uncapped, default=0) >= CAPPED_CLAIMERS, (
-        f"without caps only extra claimers {sorted(uncapped)} claimed: the bound was never lifted"
+
+
+def test_the_worker_calls_roomy_the_limits_the_claim_locks_shared(db: Database) -> None:
+    """What the worker counts as a tight limit is what jobs.claim locks exclusively: below
+    its c_shared_min running, or with a rate limit."""
+    with db.connect() as conn:
+        source = scalar(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'jobs.claim'::regproc")
+        for scope, name, running, rate in [
+            ("queue", "below", calls.ROOMY_LIMIT - 1, None),
+            ("queue", "roomy", calls.ROOMY_LIMIT, None),
+            ("kind", "rated", calls.ROOMY_LIMIT * 2, 10),
+            ("kind", "rate-only", None, 10),
+        ]:
+            conn.execute(
+                "SELECT jobs.set_limit(%s, %s, max_running => %s, rate_limit => %s,"
+                " rate_period => CASE WHEN %s::int IS NOT NULL THEN interval '1 second' END)",
+                (scope, name, running, rate, rate),
+            )
+        tight = calls.tight_limits(conn)
+    match = re.search(r"c_shared_min CONSTANT integer := (\d+);", str(source))
+    assert match and int(match.group(1)) == calls.ROOMY_LIMIT, (
+        f"jobs.claim's c_shared_min is {match and match.group(1)}, "
+        f"the worker's ROOMY_LIMIT {calls.ROOMY_LIMIT}"
     )
-    assert worker.stats.completed == 3600 and worker.stats.fenced == 0, worker.stats
+    assert tight == {("queue", "below"), ("kind", "rated"), ("kind", "rate-only")}, tight
 
 
 def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Database) -> None:

@@ -171,6 +171,8 @@ MATRIX = [
     ("SELECT heartbeat_timeout FROM jobs.config", (*READERS, "pgtick_t_worker")),
     ("SELECT id, name, max_concurrent_runs FROM jobs.definitions", (*READERS, "pgtick_t_worker")),
     ("SELECT payload FROM jobs.definitions", READERS),
+    ("SELECT scope, name, max_running, rate_limit FROM jobs.limits", (*READERS, "pgtick_t_worker")),
+    ("SELECT rate_period FROM jobs.limits", READERS),
     ("SELECT count(*) FROM jobs.running", READERS),
     ("SELECT count(*) FROM jobs.claim(1, 'w')", WORKERS),
     ("SELECT count(*) FROM jobs.heartbeat('{1}', 'w')", WORKERS),
