@@ -558,6 +558,8 @@ class Worker:
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             self._notified(note.payload)
             except DB_ERRORS as exc:
+                if stop.is_set():  # the worker is stopping: its server may be stopping with it
+                    return
                 log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
                 stop.wait(1.0)
             except Exception as exc:

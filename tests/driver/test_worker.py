@@ -3,6 +3,7 @@ even when the loop was idling on the default cadence when the run arrived."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -322,6 +323,47 @@ def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Databa
             )
 
         wait_for("the worker's connections to close", closed, timeout=60)
+
+
+def test_a_stopping_worker_does_not_call_its_listener_lost_when_the_server_stops_too(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`pgtick run` on the embedded server stops the server as soon as the worker has drained:
+    the listener's connection then breaks while the worker is stopping, which is no outage to
+    warn about."""
+    app = App()
+    app.job("idle")(lambda ctx: None)
+    worker = Worker(app, db.dsn, listen=True, poll_interval=0.1)
+    listener = f"pgtick-listen {worker.worker_id}"
+    running = WorkerThread(worker)
+    with caplog.at_level(logging.WARNING, logger="pgtick"), db.connect() as conn:
+        running.thread.start()
+        try:
+            wait_for(
+                "the listener to listen",
+                lambda: scalar(
+                    conn,
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = %s AND query ILIKE 'LISTEN%%'",
+                    (listener,),
+                ),
+                timeout=60,
+            )
+        finally:
+            running.stop.set()
+        terminated = scalar(
+            conn,
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = %s",
+            (listener,),
+        )
+        running.thread.join(30)
+        for t in threading.enumerate():
+            if t.name == "pgtick-listen":
+                t.join(30)
+    assert terminated == 1, "the listener's connection was not there to break"
+    assert not running.raised, running.raised
+    assert "listener lost" not in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize("bad", [0, 17])
