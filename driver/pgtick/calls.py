@@ -635,18 +635,10 @@ def definition_facts(conn: Conn, ids: list[int]) -> dict[int, tuple[str, bool]]:
     return facts
 
 
-#: jobs.claim's c_shared_min (sql/claim.sql): a limit of at least this many RUNNING and no rate
-#: limit is roomy, its dispatch lock taken in shared mode; any other limit's lock is exclusive.
-ROOMY_LIMIT = 500
-
-
 def tight_limits(conn: Conn) -> set[tuple[str, str]]:
-    """The (scope, name) of every limit whose dispatch lock a claim takes exclusively: below
-    ROOMY_LIMIT running, or with a rate limit."""
-    rows = conn.execute(
-        "SELECT scope, name FROM jobs.limits WHERE coalesce(max_running, 0) < %s OR rate_limit IS NOT NULL",
-        (ROOMY_LIMIT,),
-    ).fetchall()
+    """The (scope, name) of every limit whose dispatch lock a claim takes exclusively
+    (jobs.tight_limits: below 500 running, or with a rate limit)."""
+    rows = conn.execute("SELECT scope, name FROM jobs.tight_limits").fetchall()
     return {
         (str(r["scope"]), str(r["name"])) if isinstance(r, dict) else (str(r[0]), str(r[1])) for r in rows
     }

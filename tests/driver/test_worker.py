@@ -4,11 +4,11 @@ even when the loop was idling on the default cadence when the run arrived."""
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -25,7 +25,6 @@ from harness import (
     wait_for,
     worker_thread,
 )
-from pgtick import calls
 from pgtick.app import App, Context
 from pgtick.worker import CAPPED_CLAIMERS, Worker
 
@@ -269,31 +268,6 @@ def test_batches_under_tight_limits_keep_at_most_capped_claimers_claims_in_fligh
     )
 
 
-def test_the_worker_calls_roomy_the_limits_the_claim_locks_shared(db: Database) -> None:
-    """What the worker counts as a tight limit is what jobs.claim locks exclusively: below
-    its c_shared_min running, or with a rate limit."""
-    with db.connect() as conn:
-        source = scalar(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'jobs.claim'::regproc")
-        for scope, name, running, rate in [
-            ("queue", "below", calls.ROOMY_LIMIT - 1, None),
-            ("queue", "roomy", calls.ROOMY_LIMIT, None),
-            ("kind", "rated", calls.ROOMY_LIMIT * 2, 10),
-            ("kind", "rate-only", None, 10),
-        ]:
-            conn.execute(
-                "SELECT jobs.set_limit(%s, %s, max_running => %s, rate_limit => %s,"
-                " rate_period => CASE WHEN %s::int IS NOT NULL THEN interval '1 second' END)",
-                (scope, name, running, rate, rate),
-            )
-        tight = calls.tight_limits(conn)
-    match = re.search(r"c_shared_min CONSTANT integer := (\d+);", str(source))
-    assert match and int(match.group(1)) == calls.ROOMY_LIMIT, (
-        f"jobs.claim's c_shared_min is {match and match.group(1)}, "
-        f"the worker's ROOMY_LIMIT {calls.ROOMY_LIMIT}"
-    )
-    assert tight == {("queue", "below"), ("kind", "rated"), ("kind", "rate-only")}, tight
-
-
 def test_a_worker_with_extra_claimers_stops_with_nothing_left_running(db: Database) -> None:
     """Stopped in the middle of a backlog, a worker with extra claimers finishes what its
     claims in flight took, completes it, and closes every connection it opened."""
@@ -330,39 +304,45 @@ def test_a_stopping_worker_does_not_call_its_listener_lost_when_the_server_stops
 ) -> None:
     """`pgtick run` on the embedded server stops the server as soon as the worker has drained:
     the listener's connection then breaks while the worker is stopping, which is no outage to
-    warn about."""
+    warn about. (The listener looks at the stop every second; a stop it saw before its
+    connection broke proves nothing, so that case is tried again, up to three times.)"""
     app = App()
     app.job("idle")(lambda ctx: None)
-    worker = Worker(app, db.dsn, listen=True, poll_interval=0.1)
-    listener = f"pgtick-listen {worker.worker_id}"
-    running = WorkerThread(worker)
+    broken = 0
     with caplog.at_level(logging.WARNING, logger="pgtick"), db.connect() as conn:
-        running.thread.start()
-        try:
-            wait_for(
-                "the listener to listen",
-                lambda: scalar(
-                    conn,
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE application_name = %s AND query ILIKE 'LISTEN%%'",
-                    (listener,),
-                ),
-                timeout=60,
+        for _ in range(3):
+            worker = Worker(app, db.dsn, listen=True, poll_interval=0.1)
+            listener = f"pgtick-listen {worker.worker_id}"
+            running = WorkerThread(worker)
+            running.thread.start()
+            try:
+                wait_for(
+                    "the listener to listen",
+                    partial(
+                        scalar,
+                        conn,
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = %s AND query ILIKE 'LISTEN%%'",
+                        (listener,),
+                    ),
+                    timeout=60,
+                )
+            finally:
+                running.stop.set()
+            broken += scalar(
+                conn,
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (listener,),
             )
-        finally:
-            running.stop.set()
-        terminated = scalar(
-            conn,
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE application_name = %s",
-            (listener,),
-        )
-        running.thread.join(30)
-        for t in threading.enumerate():
-            if t.name == "pgtick-listen":
-                t.join(30)
-    assert terminated == 1, "the listener's connection was not there to break"
-    assert not running.raised, running.raised
+            running.thread.join(30)
+            for t in threading.enumerate():
+                if t.name == "pgtick-listen":
+                    t.join(30)
+            assert not running.raised, running.raised
+            if broken:
+                break
+    assert broken, "in three tries the listener's connection was never there to break"
     assert "listener lost" not in caplog.text, caplog.text
 
 

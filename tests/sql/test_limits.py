@@ -5,6 +5,8 @@ invariants are in test_sql_flow_concurrency.py."""
 
 from __future__ import annotations
 
+import re
+
 from harness import Conn, Database, add_definition, add_runs, scalar
 
 
@@ -225,3 +227,25 @@ def test_a_roomy_limit_keeps_the_claims_filters_and_pauses(conn: Conn) -> None:
     assert got == big
     got = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(10, 'w', queues => ARRAY['other'])")]
     assert got == more
+
+
+def test_tight_limits_are_the_limits_the_claim_locks_exclusively(conn: Conn) -> None:
+    """jobs.tight_limits lists the limits below jobs.claim's c_shared_min running or with a rate
+    limit (locked exclusively), and leaves out the roomy ones (locked shared)."""
+    source = str(scalar(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'jobs.claim'::regproc"))
+    match = re.search(r"c_shared_min CONSTANT integer := (\d+);", source)
+    assert match, "jobs.claim no longer declares c_shared_min"
+    roomy = int(match.group(1))
+    for scope, name, running, rate in [
+        ("queue", "below", roomy - 1, None),
+        ("queue", "roomy", roomy, None),
+        ("kind", "rated", roomy * 2, 10),
+        ("kind", "rate-only", None, 10),
+    ]:
+        conn.execute(
+            "SELECT jobs.set_limit(%s, %s, max_running => %s, rate_limit => %s,"
+            " rate_period => CASE WHEN %s::int IS NOT NULL THEN interval '1 second' END)",
+            (scope, name, running, rate, rate),
+        )
+    tight = {tuple(r) for r in conn.execute("SELECT scope, name FROM jobs.tight_limits").fetchall()}
+    assert tight == {("queue", "below"), ("kind", "rated"), ("kind", "rate-only")}, tight
