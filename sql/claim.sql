@@ -140,8 +140,8 @@ WHERE
     AND coalesce(r.queue <> all((SELECT array_agg(p.name) FROM jobs.paused_queues AS p)::text[]), TRUE);
 COMMENT ON VIEW jobs._claimable_here IS 'Private: jobs._claimable within the session login''s worker scope and outside paused queues.';
 
--- The limits whose dispatch lock jobs.claim takes exclusively: below 500 RUNNING (the claim's
--- c_shared_min) or with a rate limit; the others it locks shared. Claims of runs under such a
+-- The limits whose dispatch lock jobs.claim takes exclusively: below 500 RUNNING or 500 starts
+-- per period (the claim's c_shared_min); the others it locks shared. Claims of runs under such a
 -- limit follow one another, commit after commit, so a worker that keeps several claims in
 -- flight gains by keeping few while its batches hold such runs (the Python worker: at most 3).
 -- Readable by jobs_worker.
@@ -150,8 +150,8 @@ SELECT
     l.scope,
     l.name
 FROM jobs.limits AS l
-WHERE coalesce(l.max_running, 0) < 500 OR l.rate_limit IS NOT NULL;
-COMMENT ON VIEW jobs.tight_limits IS 'The limits whose dispatch lock jobs.claim takes exclusively (below 500 running, or a rate limit): claims of their runs follow one another commit by commit.';
+WHERE l.max_running < 500 OR l.rate_limit < 500;
+COMMENT ON VIEW jobs.tight_limits IS 'The limits whose dispatch lock jobs.claim takes exclusively (below 500 running or 500 starts per period): claims of their runs follow one another commit by commit.';
 
 -- Argument checks are plain expressions and the common case is one statement: in a claim,
 -- each statement costs its plan-cache check and executor start, and each variable with a

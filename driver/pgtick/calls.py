@@ -637,7 +637,7 @@ def definition_facts(conn: Conn, ids: list[int]) -> dict[int, tuple[str, bool]]:
 
 def tight_limits(conn: Conn) -> set[tuple[str, str]]:
     """The (scope, name) of every limit whose dispatch lock a claim takes exclusively
-    (jobs.tight_limits: below 500 running, or with a rate limit)."""
+    (jobs.tight_limits: below 500 running or 500 starts per period)."""
     rows = conn.execute("SELECT scope, name FROM jobs.tight_limits").fetchall()
     return {
         (str(r["scope"]), str(r["name"])) if isinstance(r, dict) else (str(r[0]), str(r[1])) for r in rows

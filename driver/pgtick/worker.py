@@ -94,7 +94,7 @@ STOP_CHECK = 0.5
 #: Most claim connections one worker keeps (its claim loop's and the extra claimers').
 MAX_CLAIMERS = 16
 #: Most claims in flight while the claimed batches hold runs of capped definitions or runs
-#: under tight limits (jobs.tight_limits: below 500 running, or a rate limit): such a claim
+#: under tight limits (jobs.tight_limits: below 500 running or 500 starts per period): such a claim
 #: holds those groups' dispatch locks until it commits, and each other claim whose pool meets
 #: them finds them busy and takes the longer way (docs/performance.md).
 CAPPED_CLAIMERS = 3

@@ -233,7 +233,8 @@ def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_fl
     "limit",
     [
         "jobs.set_limit('queue', 'tight', max_running => 499)",
-        "jobs.set_limit('kind', 'held', rate_limit => 1000000, rate_period => '1 second')",
+        # below 500 starts per period, so locked exclusively, and over a period too short to bind
+        "jobs.set_limit('kind', 'held', rate_limit => 499, rate_period => '1 millisecond')",
         "jobs.set_limit('kind', 'held', max_running => 400, per_key => true)",
     ],
     ids=["queue-below-roomy", "kind-rate", "per-key"],
@@ -241,7 +242,7 @@ def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_fl
 def test_batches_under_tight_limits_keep_at_most_capped_claimers_claims_in_flight(
     db: Database, limit: str
 ) -> None:
-    """A tight limit's dispatch lock (below 500 running, or any rate limit) is held by one claim
+    """A tight limit's dispatch lock (below 500 running or 500 starts per period) is held by one claim
     at a time until it commits, as a capped definition's is: while the claimed batches hold
     runs under one, only the claim loop and the first CAPPED_CLAIMERS - 1 extra claimers
     claim. A roomy limit's lock is shared, so a backlog under one brings the rest back."""

@@ -5,8 +5,6 @@ invariants are in test_sql_flow_concurrency.py."""
 
 from __future__ import annotations
 
-import re
-
 from harness import Conn, Database, add_definition, add_runs, scalar
 
 
@@ -229,23 +227,47 @@ def test_a_roomy_limit_keeps_the_claims_filters_and_pauses(conn: Conn) -> None:
     assert got == more
 
 
-def test_tight_limits_are_the_limits_the_claim_locks_exclusively(conn: Conn) -> None:
-    """jobs.tight_limits lists the limits below jobs.claim's c_shared_min running or with a rate
-    limit (locked exclusively), and leaves out the roomy ones (locked shared)."""
-    source = str(scalar(conn, "SELECT prosrc FROM pg_proc WHERE oid = 'jobs.claim'::regproc"))
-    match = re.search(r"c_shared_min CONSTANT integer := (\d+);", source)
-    assert match, "jobs.claim no longer declares c_shared_min"
-    roomy = int(match.group(1))
-    for scope, name, running, rate in [
-        ("queue", "below", roomy - 1, None),
-        ("queue", "roomy", roomy, None),
-        ("kind", "rated", roomy * 2, 10),
-        ("kind", "rate-only", None, 10),
-    ]:
-        conn.execute(
-            "SELECT jobs.set_limit(%s, %s, max_running => %s, rate_limit => %s,"
-            " rate_period => CASE WHEN %s::int IS NOT NULL THEN interval '1 second' END)",
-            (scope, name, running, rate, rate),
+def test_tight_limits_are_the_limits_the_claim_locks_exclusively(db: Database) -> None:
+    """jobs.tight_limits lists a limit exactly when jobs.claim, starting a run under it, takes
+    its dispatch lock exclusively (pg_locks shows no shared advisory lock then); a roomy limit
+    (500 or more running, and a rate of 500 or more if any) it locks shared."""
+    shapes = {
+        "running-499": (499, None),
+        "running-500": (500, None),
+        "rate-499": (None, 499),
+        "rate-500": (None, 500),
+        "running-1000-rate-499": (1000, 499),
+        "running-1000-rate-600": (1000, 600),
+        "running-499-rate-600": (499, 600),
+    }
+    locked_shared = {}
+    for name, (running, rate) in shapes.items():
+        with db.connect() as conn:
+            conn.execute("DELETE FROM jobs.limits")
+            conn.execute(
+                "SELECT jobs.set_limit('queue', %s, max_running => %s, rate_limit => %s,"
+                " rate_period => CASE WHEN %s::int IS NOT NULL THEN interval '1 hour' END)",
+                (name, running, rate, rate),
+            )
+            run = _runs(conn, 1, queue=name)
+            tight = [tuple(r) for r in conn.execute("SELECT scope, name FROM jobs.tight_limits")]
+            with conn.transaction():
+                assert _claim(conn, 1) == run, f"{name}: the claim did not start its run"
+                locked_shared[name] = scalar(
+                    conn,
+                    "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid()"
+                    " AND locktype = 'advisory' AND mode = 'ShareLock' AND granted)",
+                )
+        assert tight == ([] if locked_shared[name] else [("queue", name)]), (
+            f"{name}: the claim locked the limit {'shared' if locked_shared[name] else 'exclusively'},"
+            f" jobs.tight_limits lists {tight}"
         )
-    tight = {tuple(r) for r in conn.execute("SELECT scope, name FROM jobs.tight_limits").fetchall()}
-    assert tight == {("queue", "below"), ("kind", "rated"), ("kind", "rate-only")}, tight
+    assert locked_shared == {
+        "running-499": False,
+        "running-500": True,
+        "rate-499": False,
+        "rate-500": True,
+        "running-1000-rate-499": False,
+        "running-1000-rate-600": True,
+        "running-499-rate-600": False,
+    }, locked_shared
