@@ -13,7 +13,7 @@ a child process instead, and the executor thread that waits for it kills the chi
 
 What travels (pickled over a pipe): to the child, the job's spec (its function and
 ``compensate`` by reference, so both must be importable module-level functions) and
-the run's row; back, the result (its ``repr`` when it cannot be pickled) or the
+the run's row; back, the result or the
 exception's class chain (for the retry policy), its message and its traceback text
 (appended to the run's ``error``). In the child, ``ctx.checkpoint()`` still enforces
 the timeout; cancellation is the parent's kill, so ``ctx.on_cancel`` hooks registered
@@ -31,6 +31,7 @@ costs are in the README ("Running jobs: threads, async, processes").
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -46,7 +47,8 @@ from typing import Any
 
 from pgtick.app import Context, JobSpec, error_classes
 from pgtick.errors import JobTimeout
-from pgtick.execution import Outcome, outcome_of
+from pgtick.execution import Outcome, failure, outcome_of
+from pgtick.reporter import MAX_REFUSAL, refusal_text, result_json, storable
 
 log = logging.getLogger("pgtick.worker")
 
@@ -176,6 +178,10 @@ def _cancelled(ctx: Context) -> Outcome:
 def _outcome(ctx: Context, message: tuple[Any, ...]) -> Outcome:
     if message[0] == "ok":
         return Outcome(ctx, "complete", result=message[1])
+    if message[0] == "unstorable":
+        why = f"the result could not be stored: {message[1]}"
+        log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, why)
+        return failure(ctx, storable(why, MAX_REFUSAL))
     _, classes, text, trace, timed_out = message
     if timed_out:
         return Outcome(ctx, "fail", classes=classes, message=text, reason="Timeout")
@@ -305,5 +311,10 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
     try:
         pickle.dumps(result)
     except Exception:
-        result = {"repr": repr(result)}
+        # What cannot be pickled is not JSON either: the run fails as a thread job's does.
+        try:
+            result_json(result)
+        except Exception as exc:
+            return ("unstorable", refusal_text(exc))
+        result = json.loads(json.dumps(result))  # JSON that pickle refused (a dict subclass)
     return ("ok", result)

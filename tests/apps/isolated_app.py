@@ -45,3 +45,16 @@ def isolated_fails(ctx: Context) -> None:
 def isolated_returns(ctx: Context) -> dict[str, Any]:
     ctx.checkpoint()
     return {"pid": os.getpid(), "echo": ctx.payload.get("echo")}
+
+
+@app.job("isolated-returns-unpicklable", isolation="process")
+def isolated_returns_unpicklable(ctx: Context) -> Any:
+    """A result pickle refuses: a function (not JSON either), or a dict of a class local to
+    this call (JSON all the same)."""
+
+    class Local(dict[str, Any]):
+        pass
+
+    if ctx.payload.get("what") == "function":
+        return lambda: None
+    return Local(pid=os.getpid())

@@ -5,7 +5,9 @@
 * A cancel from psql kills the job's process; the kind's compensation runs in the
   worker process, and commits before the run is stamped CANCELLED.
 * An exception's class chain reaches the retry policy, its traceback the run's error.
-* Results come back; consecutive jobs reuse the pool's child process.
+* Results come back; consecutive jobs reuse the pool's child process. A result that
+  cannot be pickled is stored if it is JSON, and otherwise fails the run as a thread
+  job's result that is not JSON does.
 """
 
 from __future__ import annotations
@@ -115,6 +117,26 @@ def test_process_jobs_return_results_and_reuse_their_child_process(procs: Proces
     pids = {r["pid"] for r in results}
     assert replica.pid not in pids, f"a job ran in the worker process: {context}"
     assert len(pids) == 1, f"each job started a process of its own: {context}"
+
+
+def test_a_result_pickle_refuses_is_stored_when_it_is_json_and_fails_the_run_when_not(
+    procs: Processes, conn: Conn
+) -> None:
+    replica = procs.replica("isolated_app.py", "replica")
+    kind = "isolated-returns-unpicklable"
+    function = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, '{"what": "function"}'))
+    mapping = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
+    statuses = [wait_finished(conn, function), wait_finished(conn, mapping)]
+    runs = conn.execute(
+        "SELECT id, status, failure_reason, error, result FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    log = replica.log()
+
+    context = f"runs {runs}\n{log}"
+    assert statuses == ["FAILED", "COMPLETED"], context
+    expected = "the result could not be stored: TypeError: Object of type function is not JSON serializable"
+    assert runs[0][2:4] == ("Error", expected), context
+    assert runs[1][4] is not None and set(runs[1][4]) == {"pid"} and runs[1][4]["pid"] != replica.pid, context
 
 
 def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
