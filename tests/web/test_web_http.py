@@ -124,6 +124,8 @@ def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None
         ("/runs?since=2026-01-02&until=2026-01-01", "until must be later than since"),
         ("/runs?before=abc", "before must be an integer"),
         ("/runs?kind=" + "k" * 201, "kind is 201 characters long; the limit is 200"),
+        ("/runs?queue=a%00b", "queue must not contain a NUL character"),
+        ("/definition?name=%00", "name must not contain a NUL character"),
         ("/preview?schedule=0+9+*+*+*&count=0", "count must be between 1 and 1000, got 0"),
         ("/preview?schedule=0+9+*+*+*&tz=Mars/Base", "timezone &#39;Mars/Base&#39; is not a known IANA"),
         ("/preview?schedule=FREQ%3DSOMETIMES", "FREQ"),

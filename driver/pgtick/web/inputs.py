@@ -26,6 +26,8 @@ def text(
         return None
     if len(value) > max_length:
         raise BadInput(f"{field} is {len(value)} characters long; the limit is {max_length}")
+    if "\x00" in value:
+        raise BadInput(f"{field} must not contain a NUL character")
     return value
 
 
