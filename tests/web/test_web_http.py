@@ -309,6 +309,7 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
         (f"/runs/{seeded.completed}/retry", {}, 400, "only FAILED or CANCELLED runs can be retried"),
         (f"/runs/{seeded.chain[0]}/retry", {}, 400, f"was already retried as run {seeded.chain[1]}"),
         ("/runs/999999/cancel", {}, 404, "run 999999 does not exist"),
+        (f"/runs/{2**63}/cancel", {}, 404, f"run {2**63} does not exist"),
         ("/runs/1/explode", {}, 404, "no such action"),
         ("/definitions/pause", {"name": ""}, 400, "name must be a non-empty text"),
         ("/definitions/pause", {"name": "ghost"}, 404, "definition &#39;ghost&#39; does not exist"),

@@ -332,7 +332,7 @@ class Dashboard:
         )
 
     async def run(self, request: Request) -> Response:
-        run_id = int(request.path_params["run_id"])
+        run_id = _run_id(request)
         feats = self.db.features
         async with self.db.reading() as conn:
             row = await queries.run(conn, feats, run_id)
@@ -436,7 +436,7 @@ class Dashboard:
         return self._back(request, form, default_back)
 
     async def run_action(self, request: Request) -> Response:
-        run_id = int(request.path_params["run_id"])
+        run_id = _run_id(request)
         action = request.path_params["action"]
         if action not in ("cancel", "retry"):
             raise HTTPException(404, f"no such action on a run: {action[:40]!r}")
@@ -518,6 +518,14 @@ class Dashboard:
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
+
+
+def _run_id(request: Request) -> int:
+    """The run id of the path; one beyond bigint names no run."""
+    run_id = int(request.path_params["run_id"])
+    if not 1 <= run_id < 2**63:
+        raise HTTPException(404, f"run {run_id} does not exist")
+    return run_id
 
 
 def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int = 10) -> Starlette:
