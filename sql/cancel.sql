@@ -29,7 +29,7 @@ BEGIN
     ),
     cancelled AS (
         UPDATE jobs.runs AS r
-           SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE,
+           SET status = 'CANCELLED', finished_at = now(), cancel_requested = TRUE, blocked = FALSE,
                error = 'cancelled before it started'
           FROM victims WHERE r.id = victims.id
         RETURNING r.id
@@ -50,6 +50,7 @@ BEGIN
        SET status = CASE WHEN r.status = 'QUEUED' THEN 'CANCELLED'::jobs.run_status ELSE r.status END,
            finished_at = CASE WHEN r.status = 'QUEUED' THEN now() ELSE r.finished_at END,
            error = CASE WHEN r.status = 'QUEUED' THEN 'cancelled before it started' ELSE r.error END,
+           blocked = r.blocked AND r.status <> 'QUEUED',   -- it waits on nothing any more
            cancel_requested = TRUE
      WHERE r.id = cancel.run_id AND r.status IN ('QUEUED', 'RUNNING')
     RETURNING r.status INTO v_status;

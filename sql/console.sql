@@ -406,11 +406,20 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
+    v_kept bigint[];
+    v_day record;
+    v_rows bigint;
+    v_held boolean;
+    v_count bigint;
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);  -- as jobs.prune
-    RETURN (SELECT count(*) FROM jobs.runs AS r WHERE r.finished_at < now() - v_age)
-         + (SELECT count(*) FROM jobs.run_history AS h
-             WHERE h.finished_at < (SELECT coalesce(max(d.day) + 1, '-infinity'::date)::timestamp AT TIME ZONE 'UTC'
-                                      FROM jobs._history_days_before(now() - v_age) AS d));
+    v_kept := jobs._waited_on();  -- kept by jobs.prune, with their days
+    SELECT count(*) INTO v_count FROM jobs.runs AS r WHERE r.finished_at < now() - v_age AND r.id <> ALL (v_kept);
+    FOR v_day IN SELECT d.part FROM jobs._history_days_before(now() - v_age) AS d LOOP
+        EXECUTE format('SELECT count(*), coalesce(bool_or(h.id = ANY ($1)), FALSE) FROM %s AS h', v_day.part)
+           INTO v_rows, v_held USING v_kept;
+        v_count := v_count + CASE WHEN v_held THEN 0 ELSE v_rows END;
+    END LOOP;
+    RETURN v_count;
 END $$;
 COMMENT ON FUNCTION jobs.prune_count(interval) IS 'How many finished runs jobs.prune(older_than) would delete now (default jobs.config.retention): the days of history that ended before the cutoff and the runs of jobs.runs finished before it. The dry run of `pgtick prune`.';

@@ -67,22 +67,33 @@ CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[]) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
+    v_live bigint[];
+    v_moved bigint[];
+    v_kept bigint[];
     v_count bigint;
-    v_moved bigint;
+    v_history bigint;
 BEGIN
     PERFORM jobs._check_run_ids(discard.run_ids, 100000);
-    WITH victims AS (
-        SELECT r.id FROM jobs.runs AS r
-         WHERE r.id = ANY(discard.run_ids) AND r.status = 'FAILED'
-         ORDER BY r.id
-           FOR UPDATE
-    )
-    DELETE FROM jobs.runs AS r USING victims WHERE r.id = victims.id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    SELECT array_agg(x.id) INTO v_live
+      FROM (SELECT r.id FROM jobs.runs AS r
+             WHERE r.id = ANY(discard.run_ids) AND r.status = 'FAILED'
+             ORDER BY r.id
+               FOR UPDATE) AS x;
     -- Then the ones in history (a new statement: it sees the runs moved there meanwhile).
-    DELETE FROM jobs.run_history AS h
-     WHERE h.id = ANY(discard.run_ids) AND h.status = 'FAILED';
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    RETURN v_count + v_moved;
+    SELECT array_agg(x.id) INTO v_moved
+      FROM (SELECT h.id FROM jobs.run_history AS h
+             WHERE h.id = ANY(discard.run_ids) AND h.status = 'FAILED'
+             ORDER BY h.id
+               FOR UPDATE) AS x;
+    -- A failed attempt whose retry chain a blocked run still waits on stays (flow.sql): the
+    -- waiting run is released or cancelled by following the chain from the id it names. Read
+    -- with the victims locked, so an enqueue naming one of them has committed (it held the run
+    -- while it decided) or waits, and then finds it gone.
+    v_kept := jobs._waited_on();
+    DELETE FROM jobs.runs AS r WHERE r.id = ANY(v_live) AND r.id <> ALL (v_kept);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    DELETE FROM jobs.run_history AS h WHERE h.id = ANY(v_moved) AND h.id <> ALL (v_kept);
+    GET DIAGNOSTICS v_history = ROW_COUNT;
+    RETURN v_count + v_history;
 END $$;
-COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone); returns how many. Later attempts of a chain stay.';
+COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone, and so are the runs of a retry chain that a blocked run waits on); returns how many. Later attempts of a chain stay.';

@@ -85,6 +85,7 @@ BEGIN
     END IF;
 
     IF enqueue.unique_key IS NOT NULL THEN
+        PERFORM jobs._require_read_committed('an enqueue with a unique_key');
         PERFORM pg_advisory_xact_lock(
             hashtextextended('unique:' || jsonb_build_array(enqueue.kind, enqueue.unique_key)::text, 0));
         -- Under the lock, a fresh snapshot: any earlier enqueue of this key has committed.
@@ -120,6 +121,7 @@ BEGIN
                    SET scheduled_for = enqueue.run_at
                  WHERE r.id = v_run.id AND r.status = 'QUEUED'
                 RETURNING r.* INTO v_run;
+                PERFORM jobs._notify();   -- moved earlier, it may be due before a worker wakes
             END IF;
             RETURN v_run;
         END IF;

@@ -52,6 +52,35 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS 'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
 
+-- Private: every run of the retry chains that a blocked run waits on. jobs.prune and
+-- jobs.discard keep these: releasing or cancelling the waiting run follows each chain from the
+-- id it names, so a chain with a deleted link would leave it waiting for good.
+CREATE OR REPLACE FUNCTION jobs._waited_on() RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT c.run_id), '{}')
+      FROM jobs._chain_forward(ARRAY(
+               SELECT DISTINCT d.id
+                 FROM jobs.runs AS b CROSS JOIN LATERAL unnest(b.depends_on) AS d (id)
+                WHERE b.blocked AND b.status = 'QUEUED')) AS c
+$$;
+COMMENT ON FUNCTION jobs._waited_on() IS 'Private: the ids of every run in the retry chains that blocked runs depend on (kept by prune and discard).';
+
+-- Private: refuse REPEATABLE READ and SERIALIZABLE where a decision reads rows after waiting
+-- for a lock (a run's completion, failure or cancellation deciding for the runs waiting on it;
+-- an enqueue's unique key). A snapshot older than the statement misses what committed since
+-- the transaction began (an enqueue naming the run, another dependency completing, a run of the
+-- key), and SERIALIZABLE detects that only against other SERIALIZABLE transactions.
+CREATE OR REPLACE FUNCTION jobs._require_read_committed(what text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% needs READ COMMITTED, not %', what, upper(current_setting('transaction_isolation'))
+            USING ERRCODE = '25000',
+                  HINT = 'It must see what committed after the transaction began: call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._require_read_committed(text) IS 'Private: raise 25000 unless the transaction is READ COMMITTED (what: the call named in the message).';
+
 -- Private: 'met', 'pending' or 'failed' for a depends_on list, locking the chains FOR SHARE.
 CREATE OR REPLACE FUNCTION jobs._dependency_state(depends_on bigint[]) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
@@ -115,6 +144,7 @@ DECLARE
     v_waiting bigint[];
     v_count integer;
 BEGIN
+    PERFORM jobs._require_read_committed('releasing the runs waiting on a completed run');
     IF NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;  -- nothing waits on anything (runs_blocked_idx): the common case
     END IF;
@@ -156,6 +186,7 @@ DECLARE
     v_count integer;
     v_total integer := 0;
 BEGIN
+    PERFORM jobs._require_read_committed('failing or cancelling a run');  -- before any shortcut
     IF run_ids IS NULL OR cardinality(run_ids) = 0
        OR NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         RETURN 0;

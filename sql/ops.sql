@@ -371,6 +371,9 @@ DECLARE
     v_cutoff timestamptz;
     v_wait text := current_setting('lock_timeout');
     v_day record;
+    v_held boolean;
+    v_batch bigint[];
+    v_kept bigint[];
     v_rows bigint;
     v_count bigint := 0;
 BEGIN
@@ -382,25 +385,33 @@ BEGIN
     -- A DROP locks jobs.run_history against readers while it waits for its lock, and a long
     -- transaction that read history would hold it up, with every reader queued behind: it
     -- waits half a second at most, then the day waits for the next prune.
+    -- A day holding a run of a retry chain that a blocked run waits on stays until it waits no
+    -- more (flow.sql: the waiting run is released or cancelled by following the chain from the
+    -- id it names). Read under the day's lock, which an enqueue naming one of its runs holds
+    -- until it commits.
     FOR v_day IN SELECT h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
         BEGIN
             PERFORM set_config('lock_timeout', '500ms', TRUE);
             EXECUTE format('LOCK TABLE jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
-            EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
-            EXECUTE format('DROP TABLE %s', v_day.part);
             PERFORM set_config('lock_timeout', v_wait, TRUE);
         EXCEPTION WHEN lock_not_available THEN
             EXIT;  -- the block's rollback restored lock_timeout
         END;
+        EXECUTE format('SELECT EXISTS (SELECT FROM %s AS h WHERE h.id = ANY ($1))', v_day.part)
+           INTO v_held USING jobs._waited_on();
+        CONTINUE WHEN v_held;
+        EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
+        EXECUTE format('DROP TABLE %s', v_day.part);
         v_count := v_count + v_rows;
     END LOOP;
-    -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row.
-    DELETE FROM jobs.runs AS r
-     USING jobs._lock_finished_before(v_cutoff, prune.batch_size) AS v
-     WHERE r.id = v.run_id;
+    -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row,
+    -- but for those a blocked run waits on, read with the batch locked (as above).
+    SELECT array_agg(v.run_id) INTO v_batch FROM jobs._lock_finished_before(v_cutoff, prune.batch_size) AS v;
+    v_kept := jobs._waited_on();
+    DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_batch) AND r.id <> ALL (v_kept);
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
     DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
     RETURN v_count + v_rows;
 END $$;
-COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; returns how many. Call again while it returns batch_size or more.';
+COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; the runs of retry chains that blocked runs wait on stay, with their days. Returns how many. Call again while it returns batch_size or more.';

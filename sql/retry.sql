@@ -69,10 +69,11 @@ BEGIN
     RETURN QUERY
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key, occurrence_at, scheduled_for
+        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at, scheduled_for
     )
     SELECT r.definition_id, r.kind, r.payload, r.priority, r.max_attempts, r.timeout,
-           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key, r.occurrence_at,
+           r.heartbeat_timeout, 'retry', r.attempt + 1, r.id, r.queue, r.concurrency_key, r.unique_key,
+           r.occurrence_at,
            now() + jobs._backoff(coalesce(p.backoff_initial, c.backoff_initial),
                                  coalesce(p.backoff_factor, 2),
                                  coalesce(p.backoff_max, c.backoff_max),
@@ -83,6 +84,7 @@ BEGIN
       LEFT JOIN jobs.retry_policies AS p ON p.kind = r.kind
      WHERE r.id = ANY (_enqueue_retries.run_ids)
        AND r.status = 'FAILED'
+       AND NOT r.cancel_requested   -- a run asked to stop is not started again
        AND r.attempt < coalesce(r.max_attempts, p.max_attempts, c.max_attempts)
        -- A deleted definition's run is not retried: this row lock finds a delete committed
        -- meanwhile (the key above made it wait for the delete, or the delete waits for us).
@@ -97,7 +99,7 @@ BEGIN
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id;
 END $$;
-COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
 CREATE OR REPLACE FUNCTION jobs.fail(
@@ -176,12 +178,13 @@ BEGIN
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key, occurrence_at
+        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
-        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.occurrence_at
+        'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.unique_key,
+        v_run.occurrence_at
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();

@@ -460,7 +460,7 @@ def digest(conn: Conn) -> dict[str, Any]:
 def expect_error(
     conn: Conn,
     sql: str,
-    params: Sequence[Any] | None,
+    params: Sequence[Any] | dict[str, Any] | None,
     sqlstate: str,
     *mentions: str,
 ) -> psycopg.Error:

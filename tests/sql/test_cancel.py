@@ -29,6 +29,17 @@ def test_cancel_queued_run_is_cancelled_at_once(conn: Conn) -> None:
     assert conn.execute("SELECT * FROM jobs.claim(10, 'w')").fetchall() == [], "never claimed"
 
 
+def test_a_cancelled_run_waits_on_nothing(conn: Conn) -> None:
+    """A blocked run cancelled before its dependency ends is no longer counted as waiting
+    (completions skip the dependency work when nothing is blocked)."""
+    dependency = int(scalar(conn, "SELECT id FROM jobs.enqueue('k')"))
+    waiting = int(scalar(conn, "SELECT id FROM jobs.enqueue('w', depends_on => %s)", ([dependency],)))
+    assert run_row(conn, waiting)["blocked"] is True
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (waiting,)) == "CANCELLED"
+    assert run_row(conn, waiting)["blocked"] is False
+    assert scalar(conn, "SELECT count(*) FROM jobs.blocked") == 0
+
+
 def test_cancel_running_run_is_cooperative(conn: Conn) -> None:
     """RUNNING -> cancel_requested, delivered in the heartbeat answer; the owner acknowledges at
     a checkpoint and the run becomes CANCELLED. Only the owner can acknowledge."""

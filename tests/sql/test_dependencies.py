@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
 from harness import (
     BlockedCall,
@@ -17,6 +18,7 @@ from harness import (
     Database,
     add_definition,
     add_runs,
+    expect_error,
     gated,
     race,
     run_row,
@@ -210,6 +212,77 @@ def test_reaped_then_retried_dependency_keeps_dependents_waiting(conn: Conn) -> 
     assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
 
 
+def _open_chain(conn: Conn) -> tuple[int, int, int, int]:
+    """A run that waits on a chain two attempts into its retries: (first, second, third
+    attempt, the waiting run). The first two FAILED, the third is QUEUED."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3, backoff_initial => '0', jitter => 0)")
+    first = _enqueue(conn)
+    waiting = _enqueue(conn, "w", deps=[first])
+    assert _claim(conn) == [first]
+    second = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'one')", (first,)))
+    assert _claim(conn) == [second]
+    third = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'two')", (second,)))
+    return first, second, third, waiting
+
+
+def test_discard_and_prune_keep_the_failed_attempts_of_a_chain_a_run_waits_on(conn: Conn) -> None:
+    """Releasing a waiting run follows its dependency's retry chain from the id it names:
+    deleting an earlier attempt would leave it blocked for good."""
+    first, second, third, waiting = _open_chain(conn)
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([first, second],)) == 0
+    assert scalar(conn, "SELECT jobs.prune_count('0 s')") == 0
+    assert scalar(conn, "SELECT jobs.prune('0 s')") == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s)", ([first, second],)) == 2
+
+    assert _claim(conn) == [third]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (third,))
+    assert run_row(conn, waiting)["blocked"] is False, "the chain completed: the waiting run is free"
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([first],)) == 1, "waited on no more: discarded"
+    assert scalar(conn, "SELECT jobs.prune_count('0 s')") == 2
+    assert scalar(conn, "SELECT jobs.prune('0 s')") == 2  # the second attempt and the third
+
+
+def test_a_discarded_chain_that_fails_for_good_still_cancels_the_run_waiting_on_it(conn: Conn) -> None:
+    first, second, third, waiting = _open_chain(conn)
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([first, second],)) == 0
+    assert _claim(conn) == [third]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'three')", (third,))
+    assert _status(conn, waiting) == ("CANCELLED", "DependencyFailed")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT jobs.complete(%(run)s, 'w')",
+        "SELECT * FROM jobs.complete_many(ARRAY[%(run)s]::bigint[], 'w')",
+        "SELECT jobs.fail(%(run)s, 'w', '{E}', 'for good')",
+        "SELECT jobs.cancel(%(queued)s)",
+        "SELECT jobs.cancel_queued('d')",
+    ],
+)
+def test_ending_a_run_needs_read_committed(conn: Conn, call: str) -> None:
+    """The decision for the runs waiting on this one reads them after waiting for their locks:
+    a snapshot older than the statement would miss what committed since the transaction began
+    (an enqueue naming it, another dependency completing), and SERIALIZABLE catches that only
+    against other SERIALIZABLE transactions. Refused, with nothing changed; READ COMMITTED runs."""
+    add_definition(conn, name="d")
+    run = _enqueue(conn)
+    _claim(conn)
+    queued = int(scalar(conn, "SELECT id FROM jobs.run_now('d')"))
+    waiting = _enqueue(conn, "w", deps=[run, queued])
+    params = {"run": run, "queued": queued}
+    before = conn.execute("SELECT id, status, blocked FROM jobs.runs ORDER BY id").fetchall()
+    for level in ("REPEATABLE READ", "SERIALIZABLE"):
+        conn.execute(f"BEGIN ISOLATION LEVEL {level}")
+        expect_error(conn, call, params, "25000", "needs READ COMMITTED", level)
+        conn.execute("ROLLBACK")
+    assert conn.execute("SELECT id, status, blocked FROM jobs.runs ORDER BY id").fetchall() == before
+    conn.execute(call, params)
+    after = conn.execute("SELECT id, status FROM jobs.runs ORDER BY id").fetchall()
+    assert after != [(r[0], r[1]) for r in before], f"{call} changed nothing: {after}"
+    assert _status(conn, waiting)[0] in ("QUEUED", "CANCELLED")
+
+
 # ---------------------------------------------------------------------------
 # Concurrency: real processes, final rows
 # ---------------------------------------------------------------------------
@@ -264,6 +337,31 @@ def test_a_dependency_pruned_while_enqueue_locks_it_is_not_found(db: Database, c
         f"expected P0002 naming run {a}, got {err.sqlstate}: {err}"
     )
     assert scalar(conn, "SELECT count(*) FROM jobs.runs") == before - 1, "a run was inserted or kept"
+
+
+def test_a_discard_that_waits_for_an_enqueue_naming_the_run_keeps_it(db: Database, conn: Conn) -> None:
+    """jobs.discard of a failed attempt while an enqueue that names it (its chain still open)
+    holds it: the discard waits, then sees the new waiting run and keeps the attempt, so the
+    run is released when the chain completes."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+    first = _enqueue(conn)
+    assert _claim(conn) == [first]
+    retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'once')", (first,)))
+    with db.connect(autocommit=False) as enqueuer, db.connect() as operator:
+        operator.execute("SET statement_timeout = '60s'")
+        late = _enqueue(enqueuer, "w", deps=[first])  # holds the chain, not committed yet
+        discarding = BlockedCall(
+            conn,
+            operator,
+            lambda: scalar(operator, "SELECT jobs.discard(%s)", ([first],)),
+            "the discard to wait for the enqueue's lock",
+        )
+        enqueuer.commit()
+        outcome = discarding.join(90)
+    assert outcome == [0], f"the discard deleted the run a committed enqueue waits on: {outcome}"
+    assert _claim(conn) == [retry]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (retry,))
+    assert run_row(conn, late)["blocked"] is False
 
 
 def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:

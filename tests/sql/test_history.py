@@ -171,6 +171,29 @@ def test_prune_keeps_a_day_of_history_until_the_whole_day_is_past_the_cutoff(con
     assert _where(conn, run_id) is None
 
 
+def test_prune_keeps_a_day_holding_a_failed_attempt_that_a_run_still_waits_on(conn: Conn) -> None:
+    """A blocked run is released by following its dependency's retry chain from the id it
+    names: the day holding that id stays until the run waits no more."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+    first = enqueue(conn, "k")
+    waiting = int(scalar(conn, "SELECT id FROM jobs.enqueue('w', depends_on => %s)", ([first],)))
+    assert [r["id"] for r in rows(conn, "SELECT id FROM jobs.claim(1, 'w', '{k}')")] == [first]
+    retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'once')", (first,)))
+    _set_finished(conn, first, "2026-01-01T12:00:00Z")
+    other_day = finish_old(conn, 1, age="400 days")
+    assert _archive_all(conn) == 2
+    assert len(_partitions(conn)) == 2
+
+    assert scalar(conn, "SELECT jobs.prune_count('14 days')") == 1
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 1, "only the day nothing waits on"
+    assert _where(conn, first) == "history" and _where(conn, other_day[0]) is None
+    assert [r["id"] for r in rows(conn, "SELECT id FROM jobs.claim(1, 'w', '{k}')")] == [retry]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (retry,)) is True
+    assert scalar(conn, "SELECT blocked FROM jobs.runs WHERE id = %s", (waiting,)) is False
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 1
+    assert _where(conn, first) is None
+
+
 def test_prune_removes_history_and_runs_not_moved_yet_in_one_call(conn: Conn) -> None:
     finish_old(conn, 3, age="30 days")
     assert _archive_all(conn) == 3

@@ -349,3 +349,43 @@ def test_the_retries_of_a_scheduled_run_keep_its_occurrence(conn: Conn) -> None:
     conn.execute("SELECT jobs.cancel(%s)", (second["id"],))
     third = one(conn, "SELECT * FROM jobs.retry(%s)", (second["id"],))
     assert third["occurrence_at"] == occurrence, third
+
+
+@pytest.mark.parametrize("end", ["fail", "reap"])
+def test_a_run_asked_to_cancel_is_not_retried_when_it_fails_or_is_reaped(conn: Conn, end: str) -> None:
+    """A cancel reaches a RUNNING run as a request; if the attempt then fails (or its worker
+    dies), the run ends there: it fails for good, and what waits on it is cancelled."""
+    _policy(conn, "k", max_attempts=3, backoff_initial=timedelta(0), jitter=0)
+    run_id = _start(conn, "k")
+    waiting = int(scalar(conn, "SELECT id FROM jobs.enqueue('w', depends_on => %s)", ([run_id],)))
+    assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "RUNNING"
+    if end == "fail":
+        failed = _fail(conn, run_id, ["E"], "stopped badly")
+        assert failed is not None and (failed["id"], failed["status"]) == (run_id, "FAILED"), failed
+    else:
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 day' WHERE id = %s", (run_id,))
+        reaped = conn.execute("SELECT run_id, retry_run_id FROM jobs.reap()").fetchall()
+        assert reaped == [(run_id, None)], reaped
+    assert _retries_of(conn, run_id) == 0
+    row = run_row(conn, waiting)
+    assert (row["status"], row["failure_reason"]) == ("CANCELLED", "DependencyFailed"), row
+
+
+def test_retries_keep_the_unique_key_so_the_key_stays_taken(conn: Conn) -> None:
+    """A run's retries are the same job: an enqueue of its unique key while one is QUEUED or
+    RUNNING gets that attempt, whether a failure, the reaper or an operator queued it."""
+    _policy(conn, "k", max_attempts=3, backoff_initial=timedelta(0), jitter=0)
+    first = _start(conn, "k", unique_key="u")
+    by_fail = _fail(conn, first, ["E"])
+    assert by_fail is not None and by_fail["unique_key"] == "u", by_fail
+    assert scalar(conn, "SELECT id FROM jobs.enqueue('k', unique_key => 'u')") == by_fail["id"]
+    assert claim(conn, "w1", kinds=["k"]) == [by_fail["id"]]
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '1 day' WHERE id = %s", (by_fail["id"],)
+    )
+    by_reap = scalar(conn, "SELECT retry_run_id FROM jobs.reap()")
+    assert scalar(conn, "SELECT id FROM jobs.enqueue('k', unique_key => 'u')") == by_reap
+    conn.execute("SELECT jobs.cancel(%s)", (by_reap,))
+    by_operator = one(conn, "SELECT id, unique_key FROM jobs.retry(%s)", (by_reap,))
+    assert by_operator["unique_key"] == "u", by_operator
+    assert scalar(conn, "SELECT id FROM jobs.enqueue('k', unique_key => 'u')") == by_operator["id"]

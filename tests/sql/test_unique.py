@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 
-from harness import Conn, Database, gated, race, run_row, scalar
+from harness import Conn, Database, expect_error, gated, race, run_row, scalar
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
@@ -40,6 +41,26 @@ def test_concurrent_enqueues_with_one_unique_key_give_one_run(db: Database, conn
     assert set(ids) == {rows[0][0]}, f"callers got {ids}, the run is {rows[0][0]}"
 
 
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_unique_enqueue_needs_read_committed(db: Database, conn: Conn, level: str) -> None:
+    """Its check for an existing run reads after waiting for the key's lock; a snapshot taken
+    before another enqueue of the key committed would miss that run and add a second (and
+    SERIALIZABLE does not see the conflict with a READ COMMITTED enqueue)."""
+    with psycopg.connect(db.dsn, autocommit=True) as other:
+        other.execute(f"BEGIN ISOLATION LEVEL {level}")
+        other.execute("SELECT count(*) FROM jobs.runs")  # the snapshot is taken
+        first = _enqueue(conn, "'sync', unique_key => 'account-7'")
+        sql = "SELECT jobs.enqueue('sync', unique_key => 'account-7')"
+        expect_error(other, sql, None, "25000", "unique_key", "needs READ COMMITTED", level)
+        other.execute("ROLLBACK")
+        other.execute(f"BEGIN ISOLATION LEVEL {level}")
+        plain = int(scalar(other, "SELECT id FROM jobs.enqueue('sync')"))  # no key: nothing to miss
+        other.execute("COMMIT")
+    keyed = conn.execute("SELECT id FROM jobs.runs WHERE unique_key = 'account-7'").fetchall()
+    assert keyed == [(first["id"],)], f"one run for the key: {keyed}"
+    assert run_row(conn, plain)["status"] == "QUEUED"
+
+
 def test_ignore_returns_the_existing_run_unchanged(conn: Conn) -> None:
     first = _enqueue(conn, "'k', '{\"v\": 1}', unique_key => 'u'")
     second = _enqueue(conn, "'k', '{\"v\": 2}', unique_key => 'u'")
@@ -70,6 +91,18 @@ def test_a_conflict_with_a_queued_run_moves_its_time(
     assert second["payload"] == payload, (first, second)
     assert second["scheduled_for"] > first["scheduled_for"], (first, second)
     assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
+
+
+@pytest.mark.parametrize("on_conflict", ["replace", "debounce"])
+def test_a_conflict_that_moves_a_run_earlier_wakes_the_workers(
+    db: Database, conn: Conn, on_conflict: str
+) -> None:
+    _enqueue(conn, "'k', run_at => now() + interval '1 hour', unique_key => 'u'")
+    with db.connect() as listener:
+        listener.execute("LISTEN jobs")
+        _enqueue(conn, f"'k', unique_key => 'u', on_conflict => '{on_conflict}'")
+        notes = list(listener.notifies(timeout=10.0, stop_after=1))
+    assert len(notes) == 1, f"{on_conflict}: a worker sleeping until the old time was not woken"
 
 
 def test_replace_leaves_a_running_run_alone(conn: Conn) -> None:
