@@ -164,15 +164,17 @@ def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
 parse_duration = duration()
 
 
-def one_line_text(longest: int) -> Callable[[str], str]:
-    """An argparse type: 1 to ``longest`` characters, none of them a control character."""
+def one_line_text(longest: int, *, line_breaks: bool = False) -> Callable[[str], str]:
+    """An argparse type: 1 to ``longest`` characters, none of them a control character (but
+    line breaks, with ``line_breaks``)."""
+    allowed = "\n\r" if line_breaks else ""
 
     def parse(text: str) -> str:
         if not text.strip():
             raise argparse.ArgumentTypeError("must not be empty")
         if len(text) > longest:
             raise argparse.ArgumentTypeError(f"must be at most {longest} characters (got {len(text)})")
-        if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+        if any(unicodedata.category(c) in ("Cc", "Cs") and c not in allowed for c in text):
             raise argparse.ArgumentTypeError(f"must not contain control characters (got {_shown(text)})")
         return text
 
@@ -181,8 +183,16 @@ def one_line_text(longest: int) -> Callable[[str], str]:
 
 #: Names, kinds, queues and keys, as the SQL API stores a name.
 name_text = one_line_text(200)
-#: Schedule text (RRULE or cron), as jobs.define takes it.
-schedule_text = one_line_text(4000)
+_rrule_lines = one_line_text(4000, line_breaks=True)
+_cron_line = one_line_text(4000)
+
+
+def schedule_text(text: str) -> str:
+    """An argparse type: schedule text (RRULE or cron), as jobs.define takes it. RRULE text may
+    hold DTSTART, RDATE and EXDATE lines beside its RRULE line; cron is one line."""
+    from pgtick.schedule.occurrences import looks_like_cron
+
+    return _cron_line(text) if looks_like_cron(text) else _rrule_lines(text)
 
 
 def name_list(what: str) -> Callable[[str], list[str]]:

@@ -233,6 +233,23 @@ def test_preview_keeps_local_time_across_the_dst_change() -> None:
     assert result.stderr == "", result.stderr
 
 
+def test_preview_takes_rrule_text_of_several_lines_and_a_utc_dtstart_is_that_instant() -> None:
+    """DTSTART, RDATE and EXDATE are lines of their own beside the RRULE line; a UTC DTSTART in
+    the repeated hour of the fall-back day is the reading it names (the second here), not the
+    one dst_repeat picks for a local time."""
+    text = "DTSTART:20271107T063000Z\nRRULE:FREQ=DAILY;COUNT=2"
+    result = pgtick("preview", text, *("--tz", "America/New_York", "--after", "2027-11-01"))
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()
+    assert lines[1] == "  anchor: none (the rule's DTSTART starts it)", result.stdout
+    runs = [line.split() for line in lines[3:]]
+    assert [(r[0], r[1], r[3], r[5]) for r in runs] == [
+        ("2027-11-07", "01:30", "EST", "2027-11-07T06:30:00Z"),
+        ("2027-11-08", "01:30", "EST", "2027-11-08T06:30:00Z"),
+    ], result.stdout
+    assert "second of two" in lines[3], result.stdout
+
+
 def _pgtick(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     code = cli.main(list(args))
     out, err = capsys.readouterr()

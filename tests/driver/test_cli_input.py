@@ -225,6 +225,7 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("kind-empty", ["enqueue", ""], "must not be empty"),
     ("name-blank", ["pause", "   "], "must not be empty"),
     ("schedule-newline", ["define", "x", "k", "--schedule", "* * * * *\n"], "--schedule: must not contain"),
+    ("rrule-tab", ["preview", "DTSTART:20260101T000000\tRRULE:FREQ=DAILY"], "must not contain control"),
     ("schedule-too-long", ["preview", "* " * 2001], "must be at most 4000 characters"),
     ("queue-empty", ["enqueue", "k", "--queue", ""], "--queue: must not be empty"),
     ("key-too-long", ["enqueue", "k", "--key", "x" * 201], "--key: must be at most 200"),

@@ -475,6 +475,58 @@ def test_exdate_and_rdate_in_other_notations() -> None:
     assert schedule.next_after(utc(2026, 3, 10, 10)) is None
 
 
+@pytest.mark.parametrize(
+    ("text", "options", "expected"),
+    [
+        # DTSTART in UTC names one reading of 01:30 on the fall-back day: the first run is it.
+        (
+            "DTSTART:20271107T063000Z\nRRULE:FREQ=DAILY;COUNT=2",
+            {},
+            [utc(2027, 11, 7, 6, 30), utc(2027, 11, 8, 6, 30)],
+        ),
+        (
+            "DTSTART:20271107T053000Z\nRRULE:FREQ=DAILY;COUNT=2",
+            {"dst_repeat": "second"},
+            [utc(2027, 11, 7, 5, 30), utc(2027, 11, 8, 6, 30)],
+        ),
+        # With both readings wanted, a later reading of DTSTART's wall time still runs.
+        (
+            "DTSTART:20271107T053000Z\nRRULE:FREQ=DAILY;COUNT=2",
+            {"dst_repeat": "both"},
+            [utc(2027, 11, 7, 5, 30), utc(2027, 11, 7, 6, 30), utc(2027, 11, 8, 6, 30)],
+        ),
+        (
+            "DTSTART:20271107T063000Z\nRRULE:FREQ=DAILY;COUNT=2",
+            {"dst_repeat": "both"},
+            [utc(2027, 11, 7, 6, 30), utc(2027, 11, 8, 6, 30)],
+        ),
+        # RDATEs that are instants: each is its own run, whichever reading it is.
+        ("RDATE:20261101T063000Z", {}, [utc(2026, 11, 1, 6, 30)]),
+        ("RDATE:20261101T053000Z,20261101T063000Z", {}, [utc(2026, 11, 1, 5, 30), utc(2026, 11, 1, 6, 30)]),
+        ("RDATE;TZID=Europe/London:20261101T063000", {}, [utc(2026, 11, 1, 6, 30)]),
+        # Hourly (dst_repeat both): an EXDATE instant removes that run only, a local wall time
+        # both readings.
+        (
+            "DTSTART:20261101T003000\nRRULE:FREQ=HOURLY;COUNT=3\nEXDATE:20261101T063000Z",
+            {},
+            [utc(2026, 11, 1, 4, 30), utc(2026, 11, 1, 5, 30), utc(2026, 11, 1, 7, 30)],
+        ),
+        (
+            "DTSTART:20261101T003000\nRRULE:FREQ=HOURLY;COUNT=3\nEXDATE:20261101T013000",
+            {},
+            [utc(2026, 11, 1, 4, 30), utc(2026, 11, 1, 7, 30)],
+        ),
+    ],
+)
+def test_values_that_name_instants_are_those_instants_in_a_repeated_hour(
+    text: str, options: dict[str, str], expected: list[datetime]
+) -> None:
+    """RFC 5545: a UTC value (or another zone's time) is an instant; only a local wall time
+    that the clock shows twice is read by the dst_repeat policy."""
+    schedule = parse_schedule(text, "America/New_York", dst_repeat=options.get("dst_repeat"))
+    assert schedule.between(utc(2026, 1, 1), utc(2028, 1, 1), limit=100) == expected
+
+
 # --------------------------------------------------------------------------- rebasing
 
 FREQUENCIES = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from itertools import count
@@ -20,13 +20,15 @@ from zoneinfo import ZoneInfo
 from dateutil.rrule import rruleset
 
 from pgtick.schedule.cron import parse_cron
-from pgtick.schedule.rrule import Rule, _walked, follows_real_time, parse_rrule_text
+from pgtick.schedule.rrule import DateValue, Rule, _walked, follows_real_time, parse_rrule_text
 from pgtick.schedule.zones import (
     MAX_TRANSITION,
     DstMark,
     DstPolicy,
     ScheduleError,
+    WallTimeRuns,
     load_zone,
+    reading_of,
     require_aware,
     resolve_policy,
     runs_of_wall_time,
@@ -68,6 +70,11 @@ class Schedule:
     _rules: tuple[Rule, ...] = field(repr=False)
     _rdates: tuple[datetime, ...] = field(repr=False, default=())
     _exdates: tuple[datetime, ...] = field(repr=False, default=())
+    # RDATE, EXDATE and DTSTART values that name instants (UTC, or another zone's time): an
+    # instant is that instant, whichever reading of a repeated wall time it is.
+    _rdate_instants: tuple[datetime, ...] = field(repr=False, default=())
+    _exdate_instants: frozenset[datetime] = field(repr=False, default=frozenset())
+    _start: DateValue | None = field(repr=False, default=None)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -157,11 +164,11 @@ class Schedule:
         # A UTC UNTIL bounds instants: a second reading can run after it.  (With several
         # rules or RDATEs the latest UNTIL bounds them all.)
         bound = None
-        if not self._rdates and all(rule.until_utc for rule in self._rules):
+        if not self._rdates and not self._rdate_instants and all(rule.until_utc for rule in self._rules):
             bound = max(rule.until_utc for rule in self._rules if rule.until_utc)
 
         def wanted(moment: datetime) -> bool:
-            if bound is not None and moment > bound:
+            if (bound is not None and moment > bound) or moment in self._exdate_instants:
                 return False
             return instant is None or moment > instant or (inclusive and moment == instant)
 
@@ -170,6 +177,9 @@ class Schedule:
         # never decreases, so what sorts below that is final.
         pending: list[tuple[datetime, int, Occurrence]] = []
         order = count()
+        for at in self._rdate_instants:
+            occurrence = Occurrence(wall_time(at, self._zone), at, reading_of(at, self._zone))
+            heapq.heappush(pending, (at, next(order), occurrence))
         previous: datetime | None = None
         reached = not_before or datetime.min
         try:
@@ -178,6 +188,8 @@ class Schedule:
                 mapped = runs_of_wall_time(wall, self._zone, self.policy)
                 if mapped is None:
                     break
+                if self._start is not None and wall == self._start.wall:
+                    mapped = self._started(mapped)
                 while pending and pending[0][0] <= mapped.earliest:
                     key, _, occurrence = heapq.heappop(pending)
                     if occurrence.at is None:
@@ -202,6 +214,16 @@ class Schedule:
             elif occurrence.at != previous and wanted(occurrence.at):
                 previous = occurrence.at
                 yield occurrence
+
+    def _started(self, mapped: WallTimeRuns) -> WallTimeRuns:
+        """The runs of DTSTART's wall time when DTSTART names an instant: that instant first,
+        then (``dst_repeat=both``) a later reading of the same wall time."""
+        assert self._start is not None and self._start.instant is not None
+        at = self._start.instant
+        runs: list[tuple[datetime, DstMark | None]] = [(at, reading_of(at, self._zone))]
+        if self.policy.repeat == "both":
+            runs += [(later, mark) for later, mark in mapped.runs if later > at]
+        return replace(mapped, runs=tuple(runs))
 
 
 @lru_cache(maxsize=4096)
@@ -250,9 +272,24 @@ def parse_schedule(
             policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=real_time, kind="cron")
             return Schedule(text, timezone, "cron", policy, anchor, zone, rules)
         anchor_wall_time = wall_time(anchor, zone).replace(microsecond=0)
-        rules, rdates, exdates = parse_rrule_text(stripped, zone, anchor_wall_time)
-        policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=follows_real_time(rules), kind="rrule")
-        schedule = Schedule(text, timezone, "rrule", policy, anchor, zone, rules, rdates, exdates)
+        parts = parse_rrule_text(stripped, zone, anchor_wall_time)
+        policy = resolve_policy(
+            dst_gap, dst_repeat, follows_real_time=follows_real_time(parts.rules), kind="rrule"
+        )
+        schedule = Schedule(
+            text,
+            timezone,
+            "rrule",
+            policy,
+            anchor,
+            zone,
+            parts.rules,
+            parts.rdates,
+            parts.exdates,
+            parts.rdate_instants,
+            frozenset(parts.exdate_instants),
+            parts.start,
+        )
         if next(schedule.occurrences(None, include_skipped=True), None) is None:
             raise ScheduleError("RRULE: rule has no occurrences")
         return schedule

@@ -6,6 +6,7 @@ the anchor and the effective DST policy, so a preview can be checked against a r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -46,10 +47,16 @@ def _stamp(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S %a" if moment.second else "%Y-%m-%d %H:%M %a")
 
 
+#: A DTSTART line in RRULE text: the rule starts there, not at the anchor.
+_STARTED = re.compile(r"^\s*DTSTART\b", re.IGNORECASE | re.MULTILINE)
+
+
 def header(schedule: Schedule, *, anchor_note: str) -> list[str]:
     """Lines that say how the preview was computed: anchor (for RRULE) and DST policy."""
     lines = []
-    if schedule.kind == "rrule":
+    if schedule.kind == "rrule" and _STARTED.search(schedule.text):
+        lines.append("anchor: none (the rule's DTSTART starts it)")
+    elif schedule.kind == "rrule":
         lines.append(f"anchor: {schedule.anchor.isoformat()} ({anchor_note})")
     lines.append(f"dst: {schedule.policy.describe()}")
     return lines

@@ -429,8 +429,32 @@ def _make_defaults_explicit(options: dict[str, Any], frequency: int, start: date
             options["byweekday"] = (start.weekday(),)
 
 
-def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[datetime]:
-    """DTSTART / RDATE / EXDATE values as naive wall times of the schedule's zone."""
+@dataclass(frozen=True)
+class DateValue:
+    """A DTSTART / RDATE / EXDATE value: its naive wall time in the schedule's zone, and the
+    instant it names when it is one (UTC, or another zone's time), else None. A wall time the
+    clock shows twice reads by the DST policy; an instant is that instant."""
+
+    wall: datetime
+    instant: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RRuleParts:
+    """What RRULE text holds: its rules, and the RDATE and EXDATE values (wall times, and
+    instants), and DTSTART when it names an instant."""
+
+    rules: tuple[Rule, ...]
+    rdates: tuple[datetime, ...]
+    exdates: tuple[datetime, ...]
+    rdate_instants: tuple[datetime, ...] = ()
+    exdate_instants: tuple[datetime, ...] = ()
+    start: DateValue | None = None
+
+
+def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[DateValue]:
+    """DTSTART / RDATE / EXDATE values: wall times of the schedule's zone, with the instant of
+    a value given in UTC or in another zone."""
     value_zone: ZoneInfo | None = None
     for param in params:
         name, _, param_value = param.partition("=")
@@ -439,7 +463,7 @@ def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -
             value_zone = load_zone(param_value.strip().strip('"'))
         elif name != "VALUE" or param_value.strip().upper() not in ("DATE-TIME", "DATE"):
             raise ScheduleError(f"{prop}: unsupported parameter {param!r}")
-    wall_times = []
+    wall_times: list[DateValue] = []
     for item in value.split(","):
         parsed = _parse_date_time(item, prop)
         if parsed.is_utc and value_zone is not None:
@@ -451,23 +475,22 @@ def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -
         elif value_zone is not None and value_zone.key != zone.key:
             source_zone = value_zone
         else:
-            wall_times.append(parsed.value)  # already wall time in the schedule's zone
+            wall_times.append(DateValue(parsed.value))  # already wall time in the schedule's zone
             continue
         try:
-            wall_times.append(wall_time(parsed.value.replace(tzinfo=source_zone), zone))
+            instant = parsed.value.replace(tzinfo=source_zone).astimezone(UTC)
+            wall_times.append(DateValue(wall_time(instant, zone), instant))
         except OverflowError:
             raise ScheduleError(f"{prop}: {item!r} is out of range") from None
     return wall_times
 
 
-def _parse_rrule_text(
-    text: str, zone: ZoneInfo, anchor: datetime
-) -> tuple[tuple[Rule, ...], tuple[datetime, ...], tuple[datetime, ...]]:
-    """RRULE text -> (rules, RDATE wall times, EXDATE wall times)."""
-    start: datetime | None = None
+def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts:
+    """RRULE text -> its rules, RDATEs and EXDATEs."""
+    start: DateValue | None = None
     rule_texts: list[str] = []
-    rdates: list[datetime] = []
-    exdates: list[datetime] = []
+    rdates: list[DateValue] = []
+    exdates: list[DateValue] = []
     for line in (line.strip() for line in text.splitlines()):
         if not line:
             continue
@@ -496,14 +519,21 @@ def _parse_rrule_text(
             raise ScheduleError(f"unsupported property {prop!r} (use {_PROPERTIES})")
     if not rule_texts and not rdates:
         raise ScheduleError("RRULE: no RRULE or RDATE line")
-    rules = tuple(_parse_rule(rule_text, start or anchor, zone) for rule_text in rule_texts)
+    rules = tuple(_parse_rule(rule_text, start.wall if start else anchor, zone) for rule_text in rule_texts)
     for number, rule in enumerate(rules, start=1):
         # Checked one by one: a rule that never matches would make every query walk
         # dateutil's expansion up to the year 9999, even next to rules that do match.
         if not _has_occurrence(rule.template):
             which = "rule" if len(rules) == 1 else f"rule {number}"
             raise ScheduleError(f"RRULE: {which} has no occurrences")
-    return rules, tuple(rdates), tuple(exdates)
+    return RRuleParts(
+        rules,
+        tuple(d.wall for d in rdates if d.instant is None),
+        tuple(d.wall for d in exdates if d.instant is None),
+        tuple(d.instant for d in rdates if d.instant is not None),
+        tuple(d.instant for d in exdates if d.instant is not None),
+        start if start is not None and start.instant is not None else None,
+    )
 
 
 def _has_occurrence(rule: rrule) -> bool:
@@ -513,10 +543,9 @@ def _has_occurrence(rule: rrule) -> bool:
         return False
 
 
-def parse_rrule_text(
-    text: str, zone: ZoneInfo, anchor: datetime
-) -> tuple[tuple[Rule, ...], tuple[datetime, ...], tuple[datetime, ...]]:
-    """RRULE text -> (rules, RDATE wall times, EXDATE wall times); `anchor` is naive wall time."""
+def parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts:
+    """RRULE text -> its rules, RDATEs and EXDATEs; `anchor` (naive wall time) starts the rules
+    when there is no DTSTART."""
     return _parse_rrule_text(text, zone, anchor)
 
 

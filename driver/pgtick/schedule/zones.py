@@ -171,6 +171,15 @@ def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> Wall
         return None
 
 
+def reading_of(instant: datetime, zone: ZoneInfo) -> DstMark | None:
+    """Which reading of its wall time an instant is, when the clock shows that time twice."""
+    local = instant.astimezone(zone)
+    other = local.replace(fold=1 - local.fold)
+    if other.utcoffset() == local.utcoffset():
+        return None
+    return "second of two" if local.fold else "first of two"
+
+
 def earliest_run(wall: datetime, zone: ZoneInfo) -> datetime | None:
     """The gap-end / first-reading instant of a wall time: later wall times never map earlier."""
     try:
