@@ -3,11 +3,18 @@
 Acquire the lease (skip with one line and exit 75 if someone holds it), run
 CMD as a child, renew the lease from a background thread every ttl/3 and stop
 CMD if renewal fails (another holder could take over), release in ``finally``
-(also on SIGTERM and when CMD fails), and exit with CMD's status.
+(also on SIGTERM, SIGINT, SIGHUP or SIGQUIT, and when CMD fails), and exit with
+CMD's status.
+
+Those signals are passed on to CMD, and pgtick waits for it to end: dying first would
+leave CMD running with nobody renewing its lease. SIGINT, SIGQUIT and SIGHUP that a
+terminal sends reach its whole foreground process group, CMD included, so while pgtick
+is in the foreground of its terminal they are not passed on a second time.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +30,20 @@ from pgtick.db import connect
 from pgtick.identity import new_worker_id
 
 SKIP_WARN_AFTER = 3
+#: Signals passed on to CMD.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: Those a terminal sends to its whole foreground process group.
+FROM_TERMINAL = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _in_terminal_foreground() -> bool:
+    """Whether this process is in its terminal's foreground process group."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError, AttributeError):  # not a terminal, or closed
+            continue
+    return False
 
 
 def _renew(dsn: str, name: str, owner: str, ttl: timedelta) -> bool:
@@ -68,18 +89,18 @@ def run_locked(
                 return
             deadline = time.monotonic() + ttl
 
-    early: list[int] = []  # SIGTERM/SIGINT that came before CMD was started
+    early: list[int] = []  # signals that came before CMD was started
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if child is None:
             early.append(signum)
-        elif child.poll() is None:
+        elif child.poll() is None and not (signum in FROM_TERMINAL and _in_terminal_foreground()):
             child.send_signal(signum)
 
     # The handlers are in place before the lease is taken: a signal that comes just after
     # the lease commits is kept (and the lease released), never the default death that
     # would leave the lease held until its ttl runs out.
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
     renewer = threading.Thread(target=renew, name="pgtick-lease", daemon=True)
     acquired = False
     try:

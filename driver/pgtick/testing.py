@@ -54,7 +54,9 @@ __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
 
 DSN_VARIABLE = "PGTICK_TESTING_DSN"
 WORKER = "pgtick-testing"
-#: Every table that holds an application's state (the schema's own config stays).
+#: Every table that holds an application's state. The schema's own stay: jobs.config, the
+#: migration ledger, the zone names it knows, and who leads.
+KEPT_TABLES = ("jobs.config", "jobs.schema_migrations", "jobs._zones", "jobs._leadership")
 STATE_TABLES = (
     "jobs.runs",
     "jobs.run_history",
@@ -64,6 +66,12 @@ STATE_TABLES = (
     "jobs.catch_ups",
     "jobs.worker_registry",
     "jobs.known_kinds",
+    "jobs.paused_queues",
+    "jobs.limits",
+    "jobs._rate_starts",
+    "jobs.worker_scopes",
+    "jobs.backfills",
+    "jobs.audit_log",
 )
 
 
@@ -231,7 +239,8 @@ class JobsTester:
         return conn.execute("SELECT * FROM jobs.runs WHERE id = %s", (failed[0],)).fetchone()
 
     def reset(self) -> None:
-        """Empty the jobs tables (runs and their history, definitions, retry policies, leases)."""
+        """Empty the jobs tables that hold an application's state (``STATE_TABLES``: runs and
+        their history, definitions, retry policies, leases, paused queues, limits, ...)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             # Those this schema has (one installed by an older pgtick lacks jobs.run_history).
             row = conn.execute(

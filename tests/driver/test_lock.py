@@ -5,20 +5,29 @@
 * a holder killed with -9 keeps the lease until its TTL runs out, then the next
   invocation takes it;
 * CMD's exit status passes through, and the lease is released when CMD ends
-  (normally, failing, or stopped by SIGTERM).
+  (normally, failing, or stopped by SIGTERM or SIGHUP, passed on to CMD);
+* Ctrl-C on the terminal reaches CMD once: the terminal signals its whole foreground
+  process group, so pgtick does not pass it on again.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import re
 import signal
+import subprocess
+import sys
+import termios
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
-from harness import Conn, Database, Processes, pgtick, pid_of_owner, scalar, wait_for
+from harness import PGTICK, ROOT, Conn, Database, Processes, env_for, pgtick, pid_of_owner, scalar, wait_for
 
 TTL = 2.0
 
@@ -100,15 +109,20 @@ def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, 
     assert failed.stderr == ok.stderr == "", (failed.stderr, ok.stderr)
 
 
-def test_sigterm_stops_the_command_and_releases_the_lease(db: Database, procs: Processes, conn: Conn) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_is_passed_on_and_the_lease_released_when_the_command_ends(
+    db: Database, procs: Processes, conn: Conn, signum: signal.Signals
+) -> None:
+    """SIGTERM, or a hangup (the terminal closed, a `kill -HUP`, which used to kill pgtick
+    alone and leave the command running with nobody renewing its lease)."""
     holder = procs.start("holder", lock(db.dsn, "backup", "sleep", "60", ttl=600))
     wait_for("the holder to take the lease", lambda: (lease(conn, "backup") or (None,))[0], 60)
-    holder.send(signal.SIGTERM)
-    code = holder.wait(10)
+    holder.send(signum)
+    code = holder.wait(30)
     after = lease(conn, "backup")
 
-    assert code == 128 + signal.SIGTERM, f"exit {code}:\n{holder.tail()}"
-    assert after == (None, False), f"lease not released on SIGTERM: {after}"
+    assert code == 128 + signum, f"exit {code}:\n{holder.tail()}"
+    assert after == (None, False), f"lease not released on {signum.name}: {after}"
 
 
 def test_sigterm_the_moment_the_lease_is_taken_still_releases_it(
@@ -127,3 +141,48 @@ def test_sigterm_the_moment_the_lease_is_taken_still_releases_it(
         after = lease(conn, "edge")
         assert code == 128 + signal.SIGTERM, f"attempt {attempt}: exit {code}:\n{holder.tail()}"
         assert after in (None, (None, False)), f"attempt {attempt}: lease left held: {after}"
+
+
+#: A command that counts the SIGINTs it gets while it cleans up after the first one.
+COUNTER = """
+import signal, sys, time
+seen = []
+signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+open(sys.argv[1], "w").write("ready")
+while not seen:
+    time.sleep(0.05)
+time.sleep(1.5)  # cleaning up: a second SIGINT would come now
+open(sys.argv[1], "w").write(str(len(seen)))
+sys.exit(4)
+"""
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_command_once(db: Database, conn: Conn, tmp_path: Path) -> None:
+    script, marks = tmp_path / "counter.py", tmp_path / "marks"
+    script.write_text(COUNTER)
+    master, slave = pty.openpty()
+    args = lock(db.dsn, "tty", sys.executable, str(script), str(marks), ttl=600)
+    proc = subprocess.Popen(
+        [*PGTICK, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env_for(None),
+        cwd=ROOT,
+        start_new_session=True,  # a session of its own, whose controlling terminal is the pty
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
+    os.close(slave)
+    try:
+        wait_for(
+            "the command to start", lambda: (marks.exists() and marks.read_text() == "ready") or None, 60
+        )
+        os.write(master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert marks.read_text() == "1", f"the command got {marks.read_text()} SIGINTs for one Ctrl-C"
+    assert code == 4, f"exit {code}"
+    assert lease(conn, "tty") == (None, False)

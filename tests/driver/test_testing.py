@@ -89,6 +89,38 @@ def test_each_test_starts_with_empty_jobs_tables(pgtick_jobs: JobsTester) -> Non
     assert pgtick_jobs.run_due(app) == []
 
 
+def test_reset_empties_every_table_of_application_state(pgtick_jobs: JobsTester) -> None:
+    """A paused queue, a limit and its recorded starts, a worker scope, a backfill and audit
+    entries left by one test would change what the next one claims or sees."""
+    import psycopg
+
+    from pgtick.testing import KEPT_TABLES, STATE_TABLES
+
+    with psycopg.connect(pgtick_jobs.dsn, autocommit=True) as conn:
+        tables = {
+            f"jobs.{r[0]}"
+            for r in conn.execute(
+                "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = 'jobs' AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
+            )
+        }
+        assert tables == set(STATE_TABLES) | set(KEPT_TABLES), "a table is neither state nor kept"
+        conn.execute("SELECT jobs.pause_queue('mail')")
+        conn.execute("SELECT jobs.set_limit('kind', 'send-receipt', rate_limit => 1, rate_period => '1 day')")
+        conn.execute("SELECT jobs.audit('tester', 'probe', NULL, '{}')")
+    pgtick_jobs.enqueue("send-receipt", {"order": 1})
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED", "COMPLETED"]
+    pgtick_jobs.enqueue("send-receipt", {"order": 2})
+    assert pgtick_jobs.run_due(app) == [], "the rate limit holds within the test"
+
+    pgtick_jobs.reset()
+    with psycopg.connect(pgtick_jobs.dsn, autocommit=True) as conn:
+        left = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone() for t in STATE_TABLES}
+    assert {t: n for t, n in left.items() if n != (0,)} == {}
+    pgtick_jobs.enqueue("send-receipt", {"order": 3}, queue="mail")
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED", "COMPLETED"]
+
+
 def test_the_readme_shows_the_first_test_of_this_file() -> None:
     from pathlib import Path
 
