@@ -41,6 +41,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
@@ -340,6 +341,7 @@ def _wall_time_in(
 
 
 _DURATIONS = ("timeout", "heartbeat_timeout", "unique_for", "jitter")
+_FLAGS = ("enabled",)
 
 
 def holds_nul(value: Any) -> bool:
@@ -377,7 +379,8 @@ def _jsonb(name: str, value: Any) -> Jsonb:
 
 def _sql_value(name: str, value: Any) -> Any:
     """An argument as sent, checked first: numbers in their documented range, durations
-    finite and in range, text without NUL (PostgreSQL text cannot hold it)."""
+    finite and in range, flags true or false, the rest text without NUL (PostgreSQL text
+    cannot hold it). ``run_at`` comes read already (``read_time``)."""
     if name in ("payload", "payloads", "result"):
         return _jsonb(name, value)
     if name == "depends_on":
@@ -386,7 +389,15 @@ def _sql_value(name: str, value: Any) -> Any:
         return check_int(name, value)
     if name in _DURATIONS:
         return check_duration(name, value)
-    if isinstance(value, str) and "\x00" in value:
+    if name == "run_at":
+        return value
+    if name in _FLAGS:
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {type(value).__name__}", field=name)
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be text, got {type(value).__name__}", field=name)
+    if "\x00" in value:
         raise InvalidArgument(f"{name} must not contain NUL characters, got {value[:60]!r}", field=name)
     return value
 
@@ -574,6 +585,13 @@ def _enqueue(kind: str, payload: Mapping[str, Any] | None, options: EnqueueOptio
 def _enqueue_many(
     kind: str, payloads: Sequence[Mapping[str, Any]], options: EnqueueManyOptions
 ) -> _Call[list[Run]]:
+    if isinstance(payloads, Mapping | str | bytes):
+        raise InvalidArgument("payloads must be a list of JSON objects (mappings)", field="payloads")
+    for i, p in enumerate(payloads):
+        if not isinstance(p, Mapping):
+            raise InvalidArgument(
+                f"payloads[{i}] must be a JSON object (a mapping), got {type(p).__name__}", field="payloads"
+            )
     args = {"kind": kind, "payloads": [dict(p) for p in payloads], **_timed(options)}
     return _jobs_call("enqueue_many", args, _runs)
 
@@ -678,8 +696,11 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
 
     @contextmanager
     def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
-        if conn is not None:
-            yield conn  # the caller's transaction: no commit here
+        if conn is not None:  # the caller's transaction, the call in a savepoint of it
+            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+            with conn.transaction():
+                yield conn
         elif self._pool is not None:
             with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
@@ -816,8 +837,11 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def _connection(
         self, conn: psycopg.AsyncConnection[Any] | None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if conn is not None:
-            yield conn
+        if conn is not None:  # the caller's transaction, the call in a savepoint of it
+            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+            async with conn.transaction():
+                yield conn
         elif self._pool is not None:
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled

@@ -5,6 +5,7 @@ function with the arguments given, and bad input arrives as InvalidArgument / No
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -86,6 +87,45 @@ def test_an_exception_in_a_transaction_block_takes_the_enqueue_with_it(client: C
         client.enqueue("receipt", conn=conn)
         raise RuntimeError("the order could not be saved")
     assert count_runs(db, "receipt") == 0
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_a_refused_call_with_conn_leaves_the_callers_transaction_usable(
+    client: Client, db: Database, autocommit: bool
+) -> None:
+    """The call runs in a savepoint of the caller's transaction: a NotFound or InvalidArgument
+    it catches rolls back the call only, and what it did before and after commits."""
+    with db.connect(autocommit=autocommit) as conn:
+        with conn.transaction() if autocommit else nullcontext():
+            client.enqueue("receipt", {"order": 3}, conn=conn)
+            with pytest.raises(NotFound):
+                client.cancel(424242, conn=conn)
+            with pytest.raises(InvalidArgument):
+                client.enqueue("receipt", queue="", conn=conn)
+            client.enqueue("receipt", {"order": 4}, conn=conn)
+            assert count_runs(db, "receipt") == 0, "committed before the caller did"
+        if not autocommit:
+            conn.commit()
+    assert count_runs(db, "receipt") == 2
+
+
+def test_arguments_of_the_wrong_type_are_invalid_arguments_naming_them(client: Client) -> None:
+    """Not a schema mismatch (which the server's 'function does not exist' would suggest)."""
+    loose: Any = client  # called as an untyped caller may
+    cases: list[tuple[Any, str]] = [
+        (lambda: loose.run_now(5), "name must be text, got int"),
+        (lambda: loose.enqueue("k", queue=5), "queue must be text, got int"),
+        (lambda: loose.enqueue("k", idempotency_key=42), "idempotency_key must be text"),
+        (lambda: loose.pause_queue(7), "name must be text"),
+        (lambda: loose.define("n", "k", "* * * * *", enabled=1), "enabled must be True or False"),
+        (lambda: loose.define("n", "k", "* * * * *", enabled="no"), "enabled must be True or False"),
+        (lambda: loose.enqueue_many("k", [1]), "payloads[0] must be a JSON object"),
+        (lambda: loose.enqueue_many("k", {"a": 1}), "payloads must be a list"),
+    ]
+    for attempt, message in cases:
+        with pytest.raises(InvalidArgument) as caught:
+            attempt()
+        assert message in str(caught.value)
 
 
 def test_without_conn_each_call_is_its_own_transaction(any_client: Client, db: Database) -> None:

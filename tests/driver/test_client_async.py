@@ -53,6 +53,19 @@ async def test_an_async_enqueue_with_conn_rolls_back_with_the_callers_transactio
     assert await count_runs(db, "receipt") == 0, f"run {run.id} survived the caller's rollback"
 
 
+async def test_a_refused_async_call_with_conn_leaves_the_callers_transaction_usable(
+    client: AsyncClient, db: Database
+) -> None:
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        await client.enqueue("receipt", {"order": 3}, conn=conn)
+        with pytest.raises(NotFound):
+            await client.cancel(424242, conn=conn)
+        await client.enqueue("receipt", {"order": 4}, conn=conn)
+        assert await count_runs(db, "receipt") == 0, "committed before the caller did"
+        await conn.commit()
+    assert await count_runs(db, "receipt") == 2
+
+
 async def test_an_async_enqueue_with_conn_commits_with_the_callers_transaction(
     client: AsyncClient, db: Database
 ) -> None:
