@@ -148,9 +148,14 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
     (``.csv``; empty cells are not given, payload is JSON text, enabled true/false,
     timeouts seconds or interval text). ``-`` reads standard input as JSON lines."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})"
+        ) from None
+    text = text.removeprefix("\ufeff")  # a byte order mark, as spreadsheets write (standard input)
     if path.lower().endswith(".csv"):
         return _read_csv(text, path)
     out = []

@@ -83,7 +83,12 @@ class NotFound(SqlApiError):
 
 class SchemaMismatch(PgtickError):
     """The database's jobs schema lacks a function or parameter this driver called
-    (SQLSTATE 42883): the schema is older than the driver; run ``pgtick migrate``."""
+    (SQLSTATE 42883), or a table, column or the schema itself that it reads: the schema is
+    older than the driver, or missing; run ``pgtick migrate``."""
+
+
+#: undefined table, undefined column, invalid schema name.
+_SCHEMA_MISSING = ("42P01", "42703", "3F000")
 
 
 def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
@@ -95,6 +100,11 @@ def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
     if sqlstate == "42883":
         return SchemaMismatch(
             f"{message} (this database's jobs schema is older than pgtick {_version()}: run pgtick migrate)"
+        )
+    if sqlstate in _SCHEMA_MISSING:  # a table, column or the schema the driver reads is not there
+        return SchemaMismatch(
+            f"{message} (this database has no jobs schema, or one older than pgtick {_version()}:"
+            " run pgtick migrate)"
         )
     if sqlstate == NotFound.default_sqlstate:
         cls: type[SqlApiError] = NotFound
@@ -115,7 +125,8 @@ def _version() -> str:
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Re-raise the SQL API's errors (class 22/23, P0002, 42883) as driver exceptions,
+    """Re-raise the SQL API's errors (class 22/23, P0002, 42883, and a missing table, column or
+    schema) as driver exceptions,
     chained to the psycopg error; every other exception passes through unchanged."""
     try:
         yield

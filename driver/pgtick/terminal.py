@@ -29,6 +29,8 @@ from decimal import Decimal
 from typing import Any, TextIO
 from zoneinfo import ZoneInfo
 
+from pgtick.errors import UsageError
+
 # ---------------------------------------------------------------------------- style
 
 
@@ -101,7 +103,12 @@ def display_now() -> datetime:
     """Now, for display only: ``PGTICK_NOW`` (ISO 8601) when set, else the clock."""
     fixed = os.environ.get("PGTICK_NOW")
     if fixed:
-        value = datetime.fromisoformat(fixed)
+        try:
+            value = datetime.fromisoformat(fixed)
+        except ValueError:
+            raise UsageError(
+                f"PGTICK_NOW must be an ISO 8601 time such as 2026-11-30T12:00:00Z, got {fixed[:40]!r}"
+            ) from None
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.now(UTC)
 

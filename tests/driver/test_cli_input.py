@@ -374,3 +374,45 @@ def test_a_definitions_file_with_json_jsonb_refuses_is_one_line(
     assert_refused(exe("define", "--from-file", str(path), "--dsn", seeded.dsn), needle)
     with seeded.connect() as conn:
         assert digest(conn) == before
+
+
+def test_a_definitions_file_that_is_not_utf8_is_one_line(seeded: Database, tmp_path: Path) -> None:
+    path = tmp_path / "defs.jsonl"
+    path.write_bytes(b'\xff\xfe{"name": "n"}\n')
+    assert_refused(exe("define", "--from-file", str(path), "--dsn", seeded.dsn), "is not UTF-8 text")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_definitions_file_with_a_byte_order_mark_is_read(db: Database, tmp_path: Path, suffix: str) -> None:
+    """As a spreadsheet saves it: UTF-8 with a byte order mark before the first field name."""
+    path = tmp_path / f"defs{suffix}"
+    body = (
+        "name,kind,schedule\nbom-def,k,* * * * *\n"
+        if suffix == ".csv"
+        else '{"name": "bom-def", "kind": "k", "schedule": "* * * * *"}\n'
+    )
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    result = exe("define", "--from-file", str(path), "--dsn", db.dsn)
+    assert result.returncode == 0, result
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM jobs.definitions WHERE name = 'bom-def'").fetchone() == (1,)
+
+
+def test_a_bad_pgtick_now_is_one_line(seeded: Database) -> None:
+    env = {**env_for(None), "PGTICK_NOW": "garbage"}
+    result = subprocess.run(
+        [PGTICK_EXE, "status", "--dsn", seeded.dsn], capture_output=True, text=True, env=env
+    )
+    assert_refused(result, "PGTICK_NOW must be an ISO 8601 time")
+
+
+def test_a_database_without_the_schema_says_to_migrate(pg: Server) -> None:
+    empty = pg.create_empty_database()
+    try:
+        for argv in (["status"], ["runs"], ["enqueue", "k"], ["show", "1"]):
+            result = exe(*argv, "--dsn", empty.dsn)
+            shown = f"{argv}: exit {result.returncode} {result.stderr!r}"
+            assert result.returncode == 1 and "Traceback" not in result.stderr, shown
+            assert len(result.stderr.splitlines()) == 1 and "run pgtick migrate" in result.stderr, shown
+    finally:
+        pg.drop_database(empty)

@@ -46,9 +46,14 @@ def test_42883_says_the_schema_is_older_than_the_driver(conn: psycopg.Connection
         conn.execute("SELECT jobs.enqueue('k', no_such_parameter => 1)")
 
 
+def test_a_missing_table_or_column_of_the_schema_says_to_migrate(conn: psycopg.Connection[Any]) -> None:
+    for sql in ("SELECT * FROM jobs.no_such_table", "SELECT no_such_column FROM jobs.runs"):
+        with pytest.raises(SchemaMismatch, match="run pgtick migrate") as caught, translate_errors():
+            conn.execute(sql)
+        assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn)
+
+
 def test_other_errors_stay_psycopg_errors(conn: psycopg.Connection[Any]) -> None:
-    with pytest.raises(psycopg.errors.UndefinedTable), translate_errors():
-        conn.execute("SELECT * FROM jobs.no_such_table")
     with pytest.raises(psycopg.errors.QueryCanceled), translate_errors():
         conn.execute("SET statement_timeout = '10ms'")
         conn.execute("SELECT pg_sleep(5)")

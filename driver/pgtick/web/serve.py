@@ -48,9 +48,11 @@ def operator_secret(password_file: str | None) -> Secret | None:
     plain: str | None = None
     if password_file:
         try:
-            lines = Path(password_file).read_text().splitlines()
+            lines = Path(password_file).read_text(encoding="utf-8-sig").splitlines()
         except OSError as exc:
             raise UsageError(f"cannot read --password-file {password_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--password-file {password_file} is not UTF-8 text") from None
         plain = lines[0].strip() if lines else ""
     else:
         plain = os.environ.pop(PASSWORD_ENV, None)
