@@ -50,7 +50,8 @@ def test_a_missing_table_or_column_of_the_schema_says_to_migrate(conn: psycopg.C
     for sql in ("SELECT * FROM jobs.no_such_table", "SELECT no_such_column FROM jobs.runs"):
         with pytest.raises(SchemaMismatch, match="run pgtick migrate") as caught, translate_errors():
             conn.execute(sql)
-        assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn)
+        missing = psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
+        assert isinstance(caught.value.__cause__, missing)
 
 
 def test_other_errors_stay_psycopg_errors(conn: psycopg.Connection[Any]) -> None:
