@@ -227,6 +227,11 @@ BEGIN
     IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('worker', claim.worker, 200);
     END IF;
+    IF claim.kinds IS NOT NULL
+       AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
+        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs (or be NULL for all), got %', claim.kinds
+            USING ERRCODE = '22023';
+    END IF;
     IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
         IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
                 SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN

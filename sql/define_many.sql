@@ -180,7 +180,7 @@ BEGIN
                      'name', e ->> 'name', 'kind', e ->> 'kind', 'schedule', e ->> 'schedule',
                      'timezone', coalesce(e ->> 'timezone', 'UTC'), 'run_at', e -> 'run_at',
                      'payload', coalesce(e -> 'payload', '{}'), 'enabled', e -> 'enabled',
-                     'max_concurrent_runs', e -> 'max_concurrent_runs', 'priority', coalesce(e -> 'priority', '0'),
+                     'max_concurrent_runs', e -> 'max_concurrent_runs', 'priority', coalesce(nullif(e -> 'priority', 'null'), '0'),
                      'max_attempts', e -> 'max_attempts',
                      'misfire_policy', coalesce(e ->> 'misfire_policy', 'coalesce'),
                      'overlap_policy', coalesce(e ->> 'overlap_policy', 'queue'),

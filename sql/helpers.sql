@@ -185,8 +185,8 @@ CREATE OR REPLACE FUNCTION jobs._known_definition(definition jobs.definitions, n
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF definition.id IS NULL THEN
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(coalesce(name, 'NULL'))
-            USING ERRCODE = 'P0002';
+        PERFORM jobs._check_name('name', name);  -- NULL or '' is no name at all: 22023
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(name) USING ERRCODE = 'P0002';
     END IF;
     RETURN definition;
 END $$;
@@ -251,7 +251,9 @@ BEGIN
         WHEN value IS NULL OR NOT isfinite(value)
           OR value < '0001-01-02 00:00:00+00' OR value >= '9999-12-31 00:00:00+00' THEN
             format('must be a finite timestamp from 0001-01-02 to 9999-12-30 UTC, got %s',
-                   coalesce(to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC', 'NULL'))
+                   CASE WHEN value IS NULL THEN 'NULL'
+                        WHEN NOT isfinite(value) THEN value::text
+                        ELSE to_char(value AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS BC') || ' UTC' END)
     END;
 END $$;
 COMMENT ON FUNCTION jobs._instant_problem(timestamptz) IS 'Private: why a timestamp is refused (NULL, infinite, outside 0001-01-02 .. 9999-12-30 UTC), or NULL.';

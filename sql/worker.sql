@@ -126,6 +126,10 @@ BEGIN
         IF octet_length(complete.result::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c) THEN
             RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
         END IF;
+        -- As deep as a payload may be: a driver reading the run back decodes it recursively.
+        IF jsonb_path_exists(complete.result, 'strict $.**{100}') THEN
+            RAISE EXCEPTION 'result nests deeper than 100 levels of arrays and objects' USING ERRCODE = '22023';
+        END IF;
     END IF;
     UPDATE jobs.runs AS r
        SET status = 'COMPLETED', finished_at = now(), result = complete.result

@@ -194,4 +194,4 @@ def test_cancel_queued_cancels_only_the_definitions_queued_runs(conn: Conn) -> N
 
 def test_cancel_queued_unknown_definition_is_not_found(conn: Conn) -> None:
     expect_error(conn, "SELECT jobs.cancel_queued('nope')", None, "P0002", "nope")
-    expect_error(conn, "SELECT jobs.cancel_queued(NULL)", None, "P0002")
+    expect_error(conn, "SELECT jobs.cancel_queued(NULL)", None, "22023", "name must be a non-empty text")

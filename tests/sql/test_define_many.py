@@ -98,6 +98,17 @@ def test_matches_what_define_stores(conn: Conn, fields: dict[str, Any], argument
     assert one(conn, f"SELECT {COLUMNS} FROM jobs.definitions WHERE name = 'bulk'") == bulk
 
 
+def test_a_json_null_field_means_not_given(conn: Conn) -> None:
+    """null is the field's default, as a missing field is: priority 0, misfire coalesce, UTC."""
+    nulls = {"priority": None, "misfire_policy": None, "timezone": None, "max_attempts": None}
+    _define_many(conn, [{"name": "nulls", "kind": "k", "schedule": "* * * * *", **nulls}])
+    _define_many(conn, [{"name": "absent", "kind": "k", "schedule": "* * * * *"}])
+    columns = "priority, misfire_policy, timezone, max_attempts"
+    assert one(conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'nulls'") == one(
+        conn, f"SELECT {columns} FROM jobs.definitions WHERE name = 'absent'"
+    )
+
+
 def test_a_changed_dst_policy_reschedules(conn: Conn) -> None:
     """As jobs.define: a new DST policy means new occurrences, so the cursor restarts."""
     d = {"name": "n", "kind": "k", "schedule": "30 2 * * *", "timezone": "Europe/Sofia"}
