@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Unpack
+from zoneinfo import ZoneInfo
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -35,13 +36,26 @@ def validate_schedule(
     schedule.
 
     Anchored as the scheduler will anchor a definition created now.  A jitter longer than
-    the spacing of the next runs is refused: delayed runs could overtake or coincide."""
+    the spacing of the next runs, or of the runs around the zone's DST changes of the next
+    two years (where a repeated hour can put two runs an hour apart), is refused: delayed
+    runs could overtake or coincide."""
     now = datetime.now(UTC)
     try:
         parsed = parse_schedule(schedule, timezone, anchor=anchor_for(now, timezone), definition=name, **dst)
         if jitter:
-            runs = parsed.between(now, now + timedelta(days=3660), limit=50)
-            spacing = min((b - a for a, b in itertools.pairwise(runs)), default=None)
+            windows = [(now, now + timedelta(days=3660), 50)]
+            windows += [
+                (day - timedelta(days=1), day + timedelta(days=2), 500)
+                for day in _offset_changes(parsed.zone, now)
+            ]
+            spacing = min(
+                (
+                    b - a
+                    for start, end, limit in windows
+                    for a, b in itertools.pairwise(parsed.between(start, end, limit=limit))
+                ),
+                default=None,
+            )
             if spacing is not None and jitter > spacing:
                 raise InvalidArgument(
                     f"definition={name} jitter {jitter} is longer than the {spacing} between runs "
@@ -51,6 +65,20 @@ def validate_schedule(
     except ScheduleError as exc:
         field = next((f for f in ("dst_gap", "dst_repeat") if exc.detail.startswith(f)), "schedule")
         raise InvalidArgument(str(exc), field=field) from None
+
+
+def _offset_changes(zone: ZoneInfo, start: datetime, days: int = 731) -> list[datetime]:
+    """The UTC midnights of the days, in the next two years, in whose first hours or the day
+    before the zone's UTC offset changed (its DST changes)."""
+    changes = []
+    previous = start.astimezone(zone).utcoffset()
+    for n in range(1, days + 1):
+        day = (start + timedelta(days=n)).replace(hour=0, minute=0, second=0, microsecond=0)
+        offset = day.astimezone(zone).utcoffset()
+        if offset != previous:
+            changes.append(day - timedelta(days=1))
+        previous = offset
+    return changes
 
 
 def check_schedule(name: str, schedule: str, timezone: str | None, options: Mapping[str, Any]) -> None:

@@ -52,6 +52,13 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("jitter-nan", lambda c: c.define("x", "k", "* * * * *", jitter=float("nan")), "jitter"),
     # a schedule is checked as pgtick define and an app's schedules check it
     ("jitter-over-spacing", lambda c: c.define("x", "k", "*/5 * * * *", jitter=600), "jitter"),
+    (  # both readings of 01:30 on a fall-back day run an hour apart: 3 h would let them swap
+        "jitter-over-the-spacing-of-a-repeated-hour",
+        lambda c: c.define(
+            "x", "k", "30 1 * * *", timezone="America/New_York", dst_repeat="both", jitter=3 * 3600
+        ),
+        "jitter",
+    ),
     ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
     ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
     (
