@@ -1044,6 +1044,46 @@ def scenario_scaling(bench: Bench) -> None:
                 drain_one(bench, systems[name], batch, procs, bench.jobs, scenario="scaling")
 
 
+# -- dependencies -------------------------------------------------------------------------
+
+
+def scenario_dependencies(bench: Bench) -> None:
+    """Completing the runs a fan-in waits on (one run depending on all of them), one
+    jobs.complete each, against completing as many runs nothing waits on: the ratio is what a
+    waiting run costs each completion (it is released by the last)."""
+    count = 500 if bench.quick else 1000  # depends_on holds up to 1000 runs
+    for case in ("none", "fan-in"):
+        log(f"dependencies {case} {count}")
+        dbname, dsn = bench.database(f"deps_{case}")
+        sys_pgtick.install(dsn)
+        with connect(dsn) as conn:
+            enqueue = (
+                "SELECT (jobs.enqueue('k', run_at => now() - interval '1 s')).id FROM generate_series(1, %s)"
+            )
+            ids = [r[0] for r in conn.execute(enqueue, (count,))]
+            if case == "fan-in":
+                conn.execute("SELECT jobs.enqueue('join', depends_on => %s)", (ids,))
+            while conn.execute("SELECT count(*) FROM jobs.claim(1000, 'w', '{k}')").fetchone() != (0,):
+                pass
+            started = time.perf_counter()
+            for run_id in ids:
+                conn.execute("SELECT jobs.complete(%s, 'w')", (run_id,))
+            seconds = time.perf_counter() - started
+            waiting = conn.execute("SELECT count(*) FROM jobs.runs WHERE blocked").fetchone()
+        bench.emit(
+            {
+                "scenario": "dependencies",
+                "case": case,
+                "completions": count,
+                "seconds": round(seconds, 3),
+                "ms_per_completion": round(seconds / count * 1000, 3),
+                "still_blocked": waiting[0] if waiting else None,
+            },
+            dbname,
+        )
+        bench.done_with(dbname)
+
+
 SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "drain": scenario_drain,
     "caps": scenario_caps,
@@ -1054,4 +1094,5 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "workers": scenario_workers,
     "processes": scenario_processes,
     "scaling": scenario_scaling,
+    "dependencies": scenario_dependencies,
 }
