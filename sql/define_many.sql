@@ -2,16 +2,7 @@
 -- define_many.sql: creating or replacing many definitions in one call.
 -- ===========================================================================
 
--- Private: true when the text has the shape of a cron expression or an RRULE (as _check_schedule_shape).
-CREATE OR REPLACE FUNCTION jobs._schedule_shape_ok(schedule text) RETURNS boolean
-LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT length(schedule) BETWEEN 1 AND 4000 AND (
-        schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
-        OR schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$'
-        OR schedule ~* '(^|[\s:;])FREQ='
-    )
-$$;
-COMMENT ON FUNCTION jobs._schedule_shape_ok(text) IS 'Private: true when the text looks like cron (5 fields or @macro) or RRULE (has FREQ=), at most 4000 characters.';
+DROP FUNCTION IF EXISTS jobs._schedule_shape_ok(text);  -- jobs._schedule_problem (schedule.sql) says what is wrong
 
 -- Private: the first thing wrong with one element of jobs.define_many's array, or NULL.
 CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb) RETURNS text
@@ -49,9 +40,14 @@ BEGIN
     IF (e ->> 'schedule' IS NULL) = (e ->> 'run_at' IS NULL) THEN
         RETURN 'give exactly one of schedule (recurring) or run_at (one-shot)';
     END IF;
-    IF e ->> 'schedule' IS NOT NULL AND NOT jobs._schedule_shape_ok(e ->> 'schedule') THEN
-        RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=...)',
-                      quote_literal(e ->> 'schedule'));
+    IF e ->> 'schedule' IS NOT NULL AND length(e ->> 'schedule') NOT BETWEEN 1 AND 4000 THEN
+        RETURN 'schedule must be 1 to 4000 characters';
+    END IF;
+    IF e ->> 'schedule' IS NOT NULL THEN
+        v_text := jobs._schedule_problem(e ->> 'schedule');
+        IF v_text IS NOT NULL THEN
+            RETURN v_text;
+        END IF;
     END IF;
     v_text := coalesce(e ->> 'timezone', 'UTC');
     IF NOT (EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = v_text)

@@ -28,21 +28,152 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_zone(text) IS 'Private: raises 22023 unless the text names a known IANA time zone.';
 
--- Private: raise 22023 unless the text has the shape of a cron expression or an RRULE.
--- The driver parses it fully; this keeps obvious garbage out of the table when defined from psql.
-CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void
+-- Private: a cron field's value: a number (its range checked by the caller), or one of the
+-- field's names (the first of them is worth base); NULL when it is neither.
+CREATE OR REPLACE FUNCTION jobs._cron_number(value text, names text[], base integer) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM jobs._check_text('schedule', schedule, 4000);
-    IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$'
-       OR schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$'
-       OR schedule ~* '(^|[\s:;])FREQ=' THEN
-        RETURN;
+    IF value ~ '^[0-9]{1,9}$' THEN
+        RETURN value::integer;
     END IF;
-    RAISE EXCEPTION 'schedule % is neither a 5-field cron expression nor an RRULE (FREQ=...)',
-        quote_literal(schedule) USING ERRCODE = '22023';
+    RETURN base + array_position(names, upper(value)) - 1;
 END $$;
-COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS 'Private: raises 22023 unless the text looks like cron (5 fields or @macro) or RRULE (has FREQ=).';
+COMMENT ON FUNCTION jobs._cron_number(text, text[], integer) IS 'Private: a cron field value as a number (digits, or a month or weekday name); NULL when it is neither.';
+
+-- Private: what is wrong with schedule text, or NULL. The driver parses a schedule fully
+-- before it saves one (pgtick.schedule); this is what SQL alone can tell, in the driver's
+-- words, for a definition written from psql: the shape (5 cron fields or a macro, or an RRULE
+-- with FREQ=), each cron field's values, ranges and steps as cronie reads them, and an RRULE's
+-- FREQ and its BYMONTH, BYHOUR, BYMINUTE and BYSECOND values. (Whether a rule has any
+-- occurrence at all is the driver's to say: the scheduler records it in schedule_error.)
+CREATE OR REPLACE FUNCTION jobs._schedule_problem(schedule text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c_fields CONSTANT text[] := ARRAY['minute', 'hour', 'day-of-month', 'month', 'day-of-week'];
+    c_low CONSTANT integer[] := ARRAY[0, 0, 1, 1, 0];
+    c_high CONSTANT integer[] := ARRAY[59, 23, 31, 12, 7];
+    c_restarts CONSTANT text[] := ARRAY['hour', 'day', 'month', 'year', 'week'];
+    c_units CONSTANT text[] := ARRAY['minutes', 'hours', 'days', 'months', 'days'];
+    c_freqs CONSTANT text[] := ARRAY['MINUTELY', 'HOURLY', 'DAILY', 'MONTHLY', 'DAILY'];
+    c_months CONSTANT text[] := ARRAY['JAN', 'FEB', 'MAR', 'APR', 'MAY', 'JUN', 'JUL', 'AUG', 'SEP', 'OCT', 'NOV', 'DEC'];
+    c_days CONSTANT text[] := ARRAY['SUN', 'MON', 'TUE', 'WED', 'THU', 'FRI', 'SAT'];
+    v_fields text[];
+    v_names text[];
+    v_base integer;
+    v_where text;
+    v_item text;
+    v_span text;
+    v_step text;
+    v_size integer;
+    v_ends integer[];
+    v_end text;
+    v_line text;
+    v_part text;
+    v_key text;
+    v_value text;
+    v_range int4range;
+    i integer;
+BEGIN
+    IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$' THEN
+        RETURN NULL;
+    END IF;
+    IF schedule ~ '^\s*[0-9A-Za-z*/,-]+(\s+[0-9A-Za-z*/,-]+){4}\s*$' THEN
+        v_fields := regexp_split_to_array(btrim(schedule, E' \t\n\r'), '\s+');
+        FOR i IN 1 .. 5 LOOP
+            v_where := format('schedule: cron field %L', c_fields[i]);
+            v_names := CASE i WHEN 4 THEN c_months WHEN 5 THEN c_days ELSE '{}' END;
+            v_base := CASE i WHEN 4 THEN 1 ELSE 0 END;
+            v_size := c_high[i] - c_low[i] + 1;
+            FOREACH v_item IN ARRAY string_to_array(v_fields[i], ',') LOOP
+                IF v_item = '' THEN
+                    RETURN format('%s has an empty list item', v_where);
+                END IF;
+                v_span := split_part(v_item, '/', 1);
+                v_step := CASE WHEN strpos(v_item, '/') > 0 THEN substr(v_item, strpos(v_item, '/') + 1) END;
+                IF v_span <> '*' THEN
+                    IF v_step IS NOT NULL AND strpos(v_span, '-') = 0 THEN
+                        RETURN format('%s step %L needs ''*'' or a range before ''/''', v_where, v_item);
+                    END IF;
+                    v_ends := '{}';
+                    FOREACH v_end IN ARRAY CASE WHEN strpos(v_span, '-') > 0
+                                                THEN ARRAY[split_part(v_span, '-', 1), substr(v_span, strpos(v_span, '-') + 1)]
+                                                ELSE ARRAY[v_span] END LOOP
+                        v_ends := v_ends || jobs._cron_number(v_end, v_names, v_base);
+                        IF v_ends[cardinality(v_ends)] IS NULL THEN
+                            RETURN format('%s %s %L', v_where,
+                                          CASE WHEN cardinality(v_names) > 0 AND v_end ~ '^[A-Za-z]+$'
+                                               THEN 'unknown name' ELSE 'invalid value' END, v_end);
+                        END IF;
+                        IF v_ends[cardinality(v_ends)] NOT BETWEEN c_low[i] AND c_high[i] THEN
+                            RETURN format('%s value %s out of range %s-%s', v_where, v_ends[cardinality(v_ends)],
+                                          c_low[i], c_high[i]);
+                        END IF;
+                    END LOOP;
+                    IF cardinality(v_ends) = 2 AND v_ends[1] > v_ends[2]
+                       AND NOT (i = 5 AND v_ends[2] = 0) THEN  -- cronie: fri-sun, 5-0 end at 7
+                        RETURN format('%s range %L runs backwards', v_where, v_span);
+                    END IF;
+                END IF;
+                IF v_step IS NOT NULL AND (v_step !~ '^[0-9]{1,9}$' OR v_step::integer < 1) THEN
+                    RETURN format('%s step %L in %L must be 1-%s', v_where, v_step, v_item, v_size);
+                END IF;
+                IF v_step IS NOT NULL AND v_step::integer > v_size THEN
+                    RETURN format('%s step %L in %L must be 1-%s: cron steps restart every %s; for every %s %s '
+                                  'write an RRULE such as FREQ=%s;INTERVAL=%s', v_where, v_step, v_item, v_size,
+                                  c_restarts[i], v_step, c_units[i], c_freqs[i], v_step);
+                END IF;
+            END LOOP;
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    IF schedule !~* '(^|[\s:;])FREQ=' THEN
+        RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=...)',
+                      quote_literal(schedule));
+    END IF;
+    -- The rules: RRULE:... lines, and lines without a property name (FREQ=...;...).
+    FOREACH v_line IN ARRAY regexp_split_to_array(schedule, '\r?\n') LOOP
+        v_line := btrim(v_line);
+        CONTINUE WHEN v_line = '' OR (strpos(v_line, ':') > 0 AND v_line !~* '^RRULE\s*:');
+        FOREACH v_part IN ARRAY string_to_array(regexp_replace(v_line, '^RRULE\s*:', '', 'i'), ';') LOOP
+            v_key := upper(btrim(split_part(v_part, '=', 1)));
+            v_value := upper(btrim(substr(v_part, strpos(v_part, '=') + 1)));
+            IF v_key = 'FREQ'
+               AND v_value NOT IN ('YEARLY', 'MONTHLY', 'WEEKLY', 'DAILY', 'HOURLY', 'MINUTELY', 'SECONDLY') THEN
+                RETURN format('schedule: RRULE: unknown FREQ %L', v_value);
+            END IF;
+            v_range := CASE v_key WHEN 'BYMONTH' THEN int4range(1, 12, '[]')
+                                  WHEN 'BYHOUR' THEN int4range(0, 23, '[]')
+                                  WHEN 'BYMINUTE' THEN int4range(0, 59, '[]')
+                                  WHEN 'BYSECOND' THEN int4range(0, 59, '[]') END;
+            CONTINUE WHEN v_range IS NULL;
+            FOREACH v_end IN ARRAY string_to_array(v_value, ',') LOOP
+                IF v_end !~ '^[0-9]{1,9}$' THEN
+                    RETURN format('schedule: RRULE: invalid %s value %L', v_key, v_end);
+                END IF;
+                IF NOT v_range @> v_end::integer THEN
+                    RETURN format('schedule: RRULE: %s value %s out of range %s-%s', v_key, v_end,
+                                  lower(v_range), upper(v_range) - 1);
+                END IF;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (shape, cron field values, ranges and steps, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
+
+-- Private: raise 22023 with what jobs._schedule_problem finds wrong with the schedule text.
+CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_problem text;
+BEGIN
+    PERFORM jobs._check_text('schedule', schedule, 4000);
+    v_problem := jobs._schedule_problem(schedule);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem USING ERRCODE = '22023';
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_schedule_shape(text) IS 'Private: raises 22023 with what jobs._schedule_problem finds wrong with the schedule text.';
 
 -- Private: after a schedule change, remove the runs the old schedule materialized ahead of time.
 -- A run is dropped when its occurrence is at or after the instant the new schedule takes over

@@ -1,0 +1,108 @@
+"""What SQL alone checks of schedule text (jobs.define from psql, jobs.define_many) agrees with
+the driver's full parse: SQL never refuses a schedule the driver takes, and where it refuses
+one it says what the driver says. The driver may refuse more (a rule with no occurrence)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgtick.definitions import validate_schedule
+from pgtick.errors import InvalidArgument
+
+#: Cron field values the field takes (names, the ends of its range), per field, and values
+#: none takes or only some do; steps right, too large, zero or not numbers.
+GOOD = [
+    ["0", "5", "30", "59"],
+    ["0", "9", "17", "23"],
+    ["1", "15", "29", "31"],
+    ["1", "2", "12", "jan", "dec"],
+    ["0", "5", "7", "sun", "fri", "sat"],
+]
+BAD = ["60", "24", "32", "13", "8", "99", "foo", "x", "", "-"]
+STEPS = ["", "", "/1", "/2", "/15", "/0", "/24", "/61", "/x"]
+
+#: RRULE texts the shape check passes: good and bad FREQ and BY values, with other lines.
+RRULES = [
+    "FREQ=DAILY", "FREQ=daily;byhour=5", "FREQ=BOGUS", "FREQ=DAILY;BYHOUR=99", "FREQ=DAILY;BYHOUR=-1",
+    "FREQ=DAILY;BYHOUR=23;BYMINUTE=59;BYSECOND=59", "FREQ=DAILY;BYSECOND=60", "FREQ=YEARLY;BYMONTH=13",
+    "FREQ=YEARLY;BYMONTH=12;BYMONTHDAY=25", "FREQ=HOURLY;INTERVAL=5", "FREQ=WEEKLY;BYDAY=MO,FR;BYHOUR=8,17",
+    "DTSTART:20260101T090000\nRRULE:FREQ=DAILY;COUNT=3", "FREQ=MONTHLY;BYHOUR=a",
+    "DTSTART:20260101T090000Z\nRRULE:FREQ=DAILY;BYMINUTE=61",
+    "RRULE:FREQ=MINUTELY;INTERVAL=90\nEXDATE:20260101T000000",
+]  # fmt: skip
+
+
+def _value(rng: random.Random, field: int) -> str:
+    return rng.choice(GOOD[field]) if rng.random() < 0.93 else rng.choice(BAD)
+
+
+def _item(rng: random.Random, field: int) -> str:
+    roll = rng.random()
+    if roll < 0.25:
+        return "*" + (rng.choice(STEPS) if rng.random() < 0.3 else "")
+    span = _value(rng, field) if roll < 0.75 else f"{_value(rng, field)}-{_value(rng, field)}"
+    return span + (rng.choice(STEPS) if rng.random() < 0.2 else "")
+
+
+def _cron(rng: random.Random) -> str:
+    return " ".join(",".join(_item(rng, f) for _ in range(rng.choice((1, 1, 2)))) for f in range(5))
+
+
+def _driver_problem(text: str) -> str | None:
+    try:
+        validate_schedule(text, "UTC", "x")
+    except InvalidArgument as exc:
+        return str(exc).removeprefix("definition=x ")
+    return None
+
+
+def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
+    conn: psycopg.Connection[Any],
+) -> None:
+    rng = random.Random(20261204)
+    texts = [*RRULES, "0 0 30 2 *", "@hourly", "0 0 * * fri-sun", "0 0 * * 5-0"]
+    texts += [_cron(rng) for _ in range(1500)]
+    sql = conn.execute(
+        "SELECT t, jobs._schedule_problem(t) FROM unnest(%s::text[]) WITH ORDINALITY AS x (t, o) ORDER BY o",
+        (texts,),
+    ).fetchall()
+    refused_by_sql = 0
+    for text, problem in sql:
+        driver = _driver_problem(text)
+        if problem is None:
+            continue
+        refused_by_sql += 1
+        if problem.startswith("schedule '"):  # the shape: a cron field the driver reads as garbage
+            assert driver is not None, f"{text!r}: SQL refused what the driver takes: {problem}"
+            continue
+        assert driver == problem, f"{text!r}: SQL says {problem!r}, the driver {driver!r}"
+    assert refused_by_sql > 300, f"the cases barely reach SQL's checks ({refused_by_sql} refused)"
+    accepted = sum(1 for _, problem in sql if problem is None)
+    assert accepted > 150, f"the cases barely reach accepted schedules ({accepted})"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("99 99 99 99 99", "schedule: cron field 'minute' value 99 out of range 0-59"),
+        ("*/90 * * * *", "write an RRULE such as FREQ=MINUTELY;INTERVAL=90"),
+        ("FREQ=BOGUS", "schedule: RRULE: unknown FREQ 'BOGUS'"),
+        ("FREQ=DAILY;BYHOUR=99", "schedule: RRULE: BYHOUR value 99 out of range 0-23"),
+    ],
+)
+def test_jobs_define_and_define_many_refuse_a_bad_schedule_from_psql(
+    conn: psycopg.Connection[Any], schedule: str, message: str
+) -> None:
+    for sql, params in (
+        ("SELECT jobs.define('d', 'k', schedule => %s)", (schedule,)),
+        ("SELECT * FROM jobs.define_many(jsonb_build_array(jsonb_build_object("
+         "'name', 'd', 'kind', 'k', 'schedule', %s::text)))", (schedule,)),
+    ):  # fmt: skip
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute(sql, params)
+        assert message in str(caught.value), f"{sql}: {caught.value}"
+    assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (0,)
