@@ -962,6 +962,16 @@ BEGIN
              WHERE g.locked AND v_room[g.ordinality] <= 0;
         END LOOP;
 
+        -- A claim that waited for a busy group (up to c_wait) reads the paused queues again: a
+        -- queue paused while it waited starts nothing. (A claim that did not wait read them a
+        -- few statements ago, before the pause committed: it is a claim from before the pause.)
+        IF v_waited AND cardinality(v_pick) > 0 THEN
+            SELECT coalesce(array_agg(p.id), '{}') INTO v_pick
+              FROM unnest(v_pick) AS p (id)
+              JOIN jobs.runs AS r ON r.id = p.id
+             WHERE NOT EXISTS (SELECT FROM jobs.paused_queues AS q WHERE q.name = r.queue);
+        END IF;
+
         -- buffer_one and cancel_other act on the definitions whose dispatch locks are held (only
         -- where the pool met such a definition: the call and its read of them cost a claim).
         IF v_overlap THEN

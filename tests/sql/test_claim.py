@@ -266,6 +266,47 @@ def test_a_claim_waiting_for_a_busy_group_gives_way_to_its_holder(db: Database, 
     assert claimed == [run_id], "with the group free, the run is claimed"
 
 
+def test_a_queue_paused_while_a_claim_waits_for_a_busy_group_starts_nothing(db: Database, conn: Conn) -> None:
+    """Invariant: a paused queue starts nothing. A claim polling a capped definition's busy
+    group when the queue is paused, and which gets the group once its holder commits, starts
+    none of that queue's runs. (A try in which the claim gave up before the holder committed
+    proves nothing: it is tried again.)"""
+    def_id = add_definition(conn, "paused-meanwhile", cap=5)
+    run_ids = add_runs(conn, 3, kind="paused-meanwhile", definition_id=def_id)
+    conn.execute("UPDATE jobs.runs SET queue = 'p' WHERE id = ANY(%s)", (run_ids,))
+    tries: list[dict[str, Any]] = []
+    for _ in range(5):
+        conn.execute("SELECT jobs.resume_queue('p')")
+        outcome: dict[str, Any] = {}
+        with db.connect(autocommit=False) as holder, db.connect() as claimer:
+            claimer_pid = scalar(claimer, "SELECT pg_backend_pid()")
+            holder.execute("SELECT pg_advisory_xact_lock(jobs._dispatch_key(%s))", (def_id,))
+
+            def claim(claimer: Conn = claimer, outcome: dict[str, Any] = outcome) -> None:
+                started = time.monotonic()
+                outcome["ids"] = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(5, 'w')")]
+                outcome["seconds"] = time.monotonic() - started
+
+            thread = threading.Thread(target=claim)
+            thread.start()
+            try:
+                polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
+                wait_for(
+                    "the claim to poll the busy group", partial(scalar, conn, polling, (claimer_pid,)), 60
+                )
+                conn.execute("SELECT jobs.pause_queue('p')")
+                holder.commit()
+            finally:
+                thread.join(120)
+        tries.append(outcome)
+        if outcome.get("seconds", 1.0) < 0.9:  # it got the group before giving up: a real try
+            break
+    assert tries[-1].get("seconds", 1.0) < 0.9, f"the claim never got the group in time: {tries}"
+    assert tries[-1]["ids"] == [], f"a claim started runs of a queue paused while it waited: {tries}"
+    statuses = conn.execute("SELECT DISTINCT status::text FROM jobs.runs WHERE id = ANY(%s)", (run_ids,))
+    assert statuses.fetchall() == [("QUEUED",)]
+
+
 # ---------------------------------------------------------------------------
 # Claim order, due time, kinds, worker id
 # ---------------------------------------------------------------------------
