@@ -83,6 +83,11 @@ BEGIN
     IF enqueue.unique_key IS NOT NULL AND enqueue.idempotency_key IS NOT NULL THEN
         RAISE EXCEPTION 'give unique_key or idempotency_key, not both' USING ERRCODE = '22023';
     END IF;
+    IF enqueue.unique_key IS NULL
+       AND (enqueue.unique_for IS NOT NULL OR enqueue.unique_while <> 'active' OR enqueue.on_conflict <> 'ignore') THEN
+        RAISE EXCEPTION 'unique_while, unique_for and on_conflict need a unique_key' USING ERRCODE = '22023',
+            HINT = 'Without a unique_key every enqueue adds a run: say which runs are one job.';
+    END IF;
 
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('an enqueue with a unique_key');

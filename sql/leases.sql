@@ -70,7 +70,7 @@ CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interva
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM jobs._check_text('name', acquire_lease.name, 200);
+    PERFORM jobs._check_name('name', acquire_lease.name);
     PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
     PERFORM jobs._check_ttl(acquire_lease.ttl);
     INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)

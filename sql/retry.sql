@@ -210,6 +210,12 @@ DECLARE
     v_policy jobs.retry_policies;
 BEGIN
     PERFORM jobs._check_name('kind', set_retry_policy.kind);
+    IF cardinality(set_retry_policy.allow) > 0 THEN   -- NULL: every class; '{}': none
+        PERFORM jobs._check_names('allow', set_retry_policy.allow);
+    END IF;
+    IF cardinality(set_retry_policy.deny) > 0 THEN
+        PERFORM jobs._check_names('deny', set_retry_policy.deny);
+    END IF;
     PERFORM jobs._check_range('max_attempts', set_retry_policy.max_attempts, 1, 1000);
     IF set_retry_policy.backoff_initial IS NULL OR set_retry_policy.backoff_max IS NULL THEN
         RAISE EXCEPTION 'backoff_initial and backoff_max must be intervals, got NULL' USING ERRCODE = '22023';

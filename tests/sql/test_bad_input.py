@@ -55,6 +55,13 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue('k', timeout => '-1 second')", "timeout"),
     bad("SELECT jobs.enqueue('k', timeout => '0')", "timeout"),
     bad("SELECT jobs.enqueue('k', heartbeat_timeout => '-5 minutes')", "heartbeat_timeout"),
+    bad("SELECT jobs.enqueue('k', unique_for => '1 hour')", "need a unique_key"),
+    bad("SELECT jobs.enqueue('k', on_conflict => 'replace')", "need a unique_key"),
+    bad("SELECT jobs.enqueue('k', unique_while => 'ever')", "need a unique_key"),
+    bad("SELECT jobs.set_retry_policy('k', allow => '{NULL}')", "allow[1]"),
+    bad("SELECT jobs.set_retry_policy('k', deny => ARRAY['E', ''])", "deny[2]"),
+    bad("SELECT jobs.set_retry_policy('k', deny => ARRAY[repeat('E', 201)])", "deny[1]"),
+    bad("SELECT jobs.acquire_lease(E'nightly\\n', 'o', '1 minute')", "control characters"),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
     bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),
