@@ -1,17 +1,20 @@
 -- bootstrap.sql: the jobs schema and the migration ledger, created when missing.
 -- Loaded by sql/install.sql under the migration lock, before any migration; safe to re-run.
-CREATE SCHEMA IF NOT EXISTS jobs;
-COMMENT ON SCHEMA jobs IS 'pgtick: a job scheduler inside PostgreSQL.';
-CREATE TABLE IF NOT EXISTS jobs.schema_migrations (
-    version text PRIMARY KEY,
-    name text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-COMMENT ON TABLE jobs.schema_migrations IS 'Applied pgtick migrations, one row each.';
-COMMENT ON COLUMN jobs.schema_migrations.version IS 'Migration number, e.g. 0001.';
-COMMENT ON COLUMN jobs.schema_migrations.name IS 'Migration file name without number and suffix.';
-COMMENT ON COLUMN jobs.schema_migrations.applied_at IS 'When it was applied.';
-
+-- A jobs schema that holds objects but no migration ledger is someone else's: installing over
+-- it would take its objects over (pin their search_path, revoke and grant on them). Refused;
+-- an empty one (made by a DBA for the install) is used.
+DO $foreign$
+BEGIN
+    IF to_regnamespace('jobs') IS NOT NULL AND to_regclass('jobs.schema_migrations') IS NULL
+       AND (EXISTS (SELECT FROM pg_catalog.pg_class AS c WHERE c.relnamespace = to_regnamespace('jobs'))
+            OR EXISTS (SELECT FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = to_regnamespace('jobs'))
+            OR EXISTS (SELECT FROM pg_catalog.pg_type AS t WHERE t.typnamespace = to_regnamespace('jobs'))) THEN
+        RAISE EXCEPTION 'schema jobs already holds objects that are not pgtick''s: nothing was installed'
+            USING ERRCODE = '42P06',
+                  HINT = 'pgtick owns the schema jobs: install it in a database without one, or rename that schema first.';
+    END IF;
+END
+$foreign$;
 -- The roles the schema grants to, created when missing. They belong to the server while the
 -- migration lock is per database: the migrator of another database may be creating one at
 -- this moment, and then this CREATE ROLE waits for it and fails on the role's name (or finds
@@ -32,3 +35,20 @@ BEGIN
     END LOOP;
 END
 $roles$;
+-- The role grants the install ends with (sql/roles.sql), made first: an installer that may not
+-- make them (PostgreSQL 16: ADMIN OPTION on the roles, which their creator has; 15: CREATEROLE)
+-- stops here, before the schema or any migration is applied.
+GRANT jobs_reader TO jobs_operator;
+GRANT jobs_worker TO jobs_operator;
+
+CREATE SCHEMA IF NOT EXISTS jobs;
+COMMENT ON SCHEMA jobs IS 'pgtick: a job scheduler inside PostgreSQL.';
+CREATE TABLE IF NOT EXISTS jobs.schema_migrations (
+    version text PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE jobs.schema_migrations IS 'Applied pgtick migrations, one row each.';
+COMMENT ON COLUMN jobs.schema_migrations.version IS 'Migration number, e.g. 0001.';
+COMMENT ON COLUMN jobs.schema_migrations.name IS 'Migration file name without number and suffix.';
+COMMENT ON COLUMN jobs.schema_migrations.applied_at IS 'When it was applied.';

@@ -8,6 +8,11 @@
 -- after the last one. Adding an area: one `\ir <area>.sql` line before roles.sql.
 \set ON_ERROR_STOP on
 SET client_min_messages = warning;
+-- Only the system catalog on the search path while installing: a function another role put in
+-- a schema of the caller's search path (public, say) cannot stand in for a built-in that a
+-- migration calls unqualified and run with the installer's rights. Restored at the end.
+SELECT current_setting('search_path') AS pgtick_search_path \gset
+SET search_path = pg_catalog, pg_temp;
 
 -- Migrators run one at a time: session advisory lock 'pgtickMG' (key table: sql/helpers.sql).
 \set pgtick_migration_lock 8099570450837491015
@@ -78,3 +83,4 @@ BEGIN;
 COMMIT;
 
 SELECT pg_advisory_unlock(:pgtick_migration_lock) AS pgtick_unlocked \gset
+SELECT set_config('search_path', :'pgtick_search_path', false) AS pgtick_search_path \gset

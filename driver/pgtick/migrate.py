@@ -116,6 +116,13 @@ def _record(migration: Migration) -> str:
     )
 
 
+#: The search path while installing: only the system catalog (and the session's temporary
+#: schema last), so that no function another role created in a schema of the caller's path
+#: can stand in for a built-in a migration calls unqualified and run with the installer's
+#: rights. Every pgtick object is named with its schema.
+INSTALL_SEARCH_PATH = "pg_catalog, pg_temp"
+
+
 def install_script(root: Path | None = None) -> str:
     """``sql/install.sql`` with every include inlined: one psql script, same order."""
     plan = install_plan(root)
@@ -125,6 +132,8 @@ def install_script(root: Path | None = None) -> str:
         "-- Safe to re-run: applied migrations are skipped; functions and views are replaced.\n",
         "\\set ON_ERROR_STOP on\n",
         "SET client_min_messages = warning;\n",
+        "SELECT current_setting('search_path') AS pgtick_search_path \\gset\n",
+        f"SET search_path = {INSTALL_SEARCH_PATH};\n",
         f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
@@ -153,7 +162,11 @@ def install_script(root: Path | None = None) -> str:
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
-    out += ["COMMIT;\n", f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n"]
+    out += [
+        "COMMIT;\n",
+        f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n",
+        "SELECT set_config('search_path', :'pgtick_search_path', false) AS pgtick_search_path \\gset\n",
+    ]
     return "".join(out)
 
 
@@ -193,6 +206,8 @@ def apply(
         return _apply_in_one_transaction(conn, plan)
     done: list[str] = []
     conn.execute("SET client_min_messages = warning")
+    caller_path = conn.execute("SELECT current_setting('search_path')").fetchone()
+    conn.execute(f"SET search_path = {INSTALL_SEARCH_PATH}")
     calls.advisory_lock(conn, plan.lock_key)
     try:
         conn.execute(plan.bootstrap.read_bytes())
@@ -215,6 +230,8 @@ def apply(
             progress("functions and views", total, total)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
+        if caller_path is not None and not conn.closed and not conn.broken:
+            conn.execute("SELECT set_config('search_path', %s, false)", (caller_path[0],))
     return done
 
 
@@ -225,6 +242,7 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
     done: list[str] = []
     with conn.transaction():
         conn.execute("SET LOCAL client_min_messages = warning")
+        conn.execute(f"SET LOCAL search_path = {INSTALL_SEARCH_PATH}")
         calls.advisory_xact_lock(conn, plan.lock_key)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -337,3 +338,96 @@ def test_every_jobs_object_is_documented(db: Database) -> None:
             """
         ).fetchall()
     assert missing == [], f"undocumented objects: {missing}"
+
+
+#: Functions another role puts in public that a migration calling format() unqualified would
+#: pick over pg_catalog.format(text, VARIADIC "any") (an exact match wins): each marks the
+#: session it runs in.
+SHADOWS = """
+CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN PERFORM set_config('pgtick_test.hijacked', 'yes', false); RETURN pg_catalog.format($1, $2); END $$;
+CREATE FUNCTION public.format(text, text, text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN PERFORM set_config('pgtick_test.hijacked', 'yes', false); RETURN pg_catalog.format($1, $2, $3); END $$;
+CREATE FUNCTION public.format(text, regclass) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN PERFORM set_config('pgtick_test.hijacked', 'yes', false); RETURN pg_catalog.format($1, $2); END $$;
+"""
+
+
+@pytest.mark.parametrize("path", ["driver", "psql"])
+def test_installing_runs_no_function_of_the_callers_search_path(
+    empty: Database, tmp_path: Path, path: str
+) -> None:
+    """A migration calls built-ins unqualified; with the caller's search path (public first for
+    an unqualified name that matches exactly), a function another role created in public would
+    run with the installer's rights. The install searches only pg_catalog, and gives the
+    caller's search path back."""
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        conn.execute(SHADOWS)
+        conn.execute("SET search_path = public, pg_catalog")
+        if path == "driver":
+            migrate.apply(conn)
+        else:
+            script = tmp_path / "install.sql"
+            script.write_text(
+                "SET search_path = public, pg_catalog;\n"
+                + migrate.install_script()
+                + "SELECT 'hijacked=' || coalesce(current_setting('pgtick_test.hijacked', true), '');\n"
+                + "SELECT 'search_path=' || current_setting('search_path');\n"
+            )
+            done = subprocess.run(
+                [*psql_script_args(empty.dsn, script), "-A", "-t"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, done.stderr
+            assert "hijacked=\n" in done.stdout + "\n", done.stdout[-500:]
+            assert "search_path=public, pg_catalog" in done.stdout, done.stdout[-500:]
+            return
+        marked = conn.execute("SELECT current_setting('pgtick_test.hijacked', true)").fetchone()
+        restored = conn.execute("SHOW search_path").fetchone()
+    assert marked in ((None,), ("",)), (
+        f"a function of the caller's search path ran during the install: {marked}"
+    )
+    assert restored == ("public, pg_catalog",)
+
+
+def test_a_jobs_schema_that_is_not_pgticks_is_left_alone(empty: Database) -> None:
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA jobs")
+        conn.execute("CREATE FUNCTION jobs.count_orders() RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+        conn.execute("GRANT EXECUTE ON FUNCTION jobs.count_orders() TO PUBLIC")
+        with pytest.raises(psycopg.errors.DuplicateSchema, match="not pgtick's"):
+            migrate.apply(conn)
+        row = conn.execute(
+            "SELECT p.proconfig, has_function_privilege('public', p.oid, 'EXECUTE')"
+            " FROM pg_proc AS p WHERE p.proname = 'count_orders'"
+        ).fetchone()
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = 'jobs'::regnamespace"
+        ).fetchone()
+    assert row == (None, True), f"the user's function was changed: {row}"
+    assert tables == (0,)
+
+
+def test_an_installer_that_may_not_grant_the_roles_stops_before_anything_is_installed(
+    pg: Server, empty: Database
+) -> None:
+    """A database owner without the right to grant jobs_reader and jobs_worker (PostgreSQL 16:
+    ADMIN OPTION on them; 15: CREATEROLE) is refused in the bootstrap: no schema, no table,
+    so nothing is left half installed for the next attempt to trip on."""
+    owner = f"pgtick_owner_{os.getpid()}"
+    with pg.admin() as admin:
+        admin.execute(f'DROP ROLE IF EXISTS "{owner}"')
+        admin.execute(f'CREATE ROLE "{owner}" LOGIN')
+        admin.execute(f'ALTER DATABASE "{empty.name}" OWNER TO "{owner}"')
+    try:
+        with psycopg.connect(dsn_for(pg.admin_dsn, empty.name, user=owner), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                migrate.apply(conn)
+        with psycopg.connect(empty.dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT to_regnamespace('jobs')").fetchone() == (None,)
+    finally:
+        with pg.admin() as admin:
+            admin.execute(f'ALTER DATABASE "{empty.name}" OWNER TO CURRENT_USER')
+            admin.execute(f'DROP ROLE IF EXISTS "{owner}"')
