@@ -50,8 +50,21 @@ WHERE
     l.locktype = 'advisory' AND l.granted
     AND l.classid = 1885828201::oid  -- 8099570450837490756 >> 32
     AND l.objid = 1667976260::oid  -- 8099570450837490756 & 4294967295
-    AND l.objsubid = 1;
-COMMENT ON VIEW jobs.leader IS 'The backend holding the scheduler leader lock whose leadership row is committed (no row: nobody leads, or a new leader has not committed yet), with its owner id and since when.';
+    AND l.objsubid = 1
+UNION ALL
+-- A scheduler behind a transaction-mode pooler leads by the lease pgtick:leader instead (no
+-- session holds anything: no pid, no backend).
+SELECT
+    NULL::integer,
+    e.owner,
+    e.acquired_at,
+    now() - e.acquired_at,
+    NULL::text,
+    NULL::inet,
+    NULL::timestamptz
+FROM jobs.leases AS e
+WHERE e.name = 'pgtick:leader' AND e.owner IS NOT NULL AND e.expires_at > clock_timestamp();
+COMMENT ON VIEW jobs.leader IS 'Who leads the scheduler, since when: the backend holding the leader lock whose leadership row is committed, or (pid NULL) the holder of the unexpired lease pgtick:leader, as a scheduler behind a pooler leads. No row: nobody leads, or a new leader has not committed yet.';
 
 -- What is running now, with heartbeat age and runtime.
 CREATE OR REPLACE VIEW jobs.running AS

@@ -113,7 +113,11 @@ def test_a_scheduler_behind_the_pooler_leads_by_lease_and_releases_it(db: Databa
             assert lease_owners(conn) == ["first"]
             held = scalar(conn, ADVISORY_HERE)
             assert held == 0, "a lease leader holds no session lock"
+            # jobs.leader (the view the metrics, alerts and dashboard read) shows it, pid NULL.
+            assert conn.execute("SELECT pid, owner FROM jobs.leader").fetchall() == [(None, "first")]
         first.close()
+        with db.connect() as conn:
+            assert conn.execute("SELECT * FROM jobs.leader").fetchall() == [], "released: nobody leads"
         assert second.tick().leading, "a released lease is free at once"
     finally:
         first.close()
