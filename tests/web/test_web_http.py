@@ -19,9 +19,9 @@ import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages, seed
-from web_support import PASSWORD, csrf_of, login, post
+from web_support import PASSWORD, bulk_form, csrf_of, login, post
 
-from harness import Database, terminate, wait_for
+from harness import Database, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app
 from pgtick.web.db import Database as WebDatabase
 
@@ -83,6 +83,41 @@ def test_a_run_moved_to_history_keeps_its_page_and_attempt_chain(
         assert page.status_code == 200, f"run {run_id}: {page.status_code}"
         for attempt in seeded.chain:
             assert f'href="/runs/{attempt}"' in page.text, f"the page of run {run_id} lacks attempt {attempt}"
+
+
+def test_failed_runs_moved_to_history_are_listed_counted_and_reached_by_bulk_actions(
+    db: Database, client: TestClient, seeded: Seeded
+) -> None:
+    """The leader moves runs finished more than a day ago to history: Monday's on-call must
+    still find the weekend's failures, with the definition's last outcome and streak."""
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('weekend', 'wk', schedule => '0 3 * * *', timezone => 'Europe/Berlin')"
+        )
+        moved = []
+        for _ in range(2):
+            run_id = int(scalar(conn, "SELECT id FROM jobs.run_now('weekend')"))
+            conn.execute("SELECT jobs.claim(1, 'w', ARRAY['wk'])")
+            conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'disk full')", (run_id,))
+            moved.append(run_id)
+        conn.execute(
+            "UPDATE jobs.runs SET finished_at = finished_at - interval '3 days' WHERE id = ANY(%s)", (moved,)
+        )
+        assert scalar(conn, "SELECT jobs.archive()") == 2
+    listed = client.get("/runs?status=FAILED&kind=wk").text
+    for run_id in moved:
+        assert f'href="/runs/{run_id}"' in listed, f"run {run_id}, moved to history, is not listed"
+    assert "2 failed run(s) match this filter" in listed
+    row = next(r for r in client.get("/definitions").text.split("<tr") if ">weekend<" in r)
+    assert "FAILED" in row, f"the last outcome from history is missing: {row}"
+    assert '<span class="bad">2</span>' in row, f"the failure streak from history is missing: {row}"
+
+    csrf = login(client)
+    shown = bulk_form(client, "/runs?status=FAILED&kind=wk", "discard")
+    assert (shown["expected"], shown["upto"]) == ("2", str(max(moved)))
+    assert post(client, "/runs/bulk/discard", csrf, **shown).status_code == 303
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs_all WHERE id = ANY(%s)", (moved,)) == 0
 
 
 def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) -> None:
@@ -271,7 +306,8 @@ def test_bulk_retry_and_discard_touch_only_the_failed_runs_matching_the_filter(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:
     csrf = login(client)
-    response = post(client, "/runs/bulk/retry", csrf, kind="batch", status="COMPLETED")
+    shown = bulk_form(client, "/runs?status=FAILED&kind=batch", "retry")
+    response = post(client, "/runs/bulk/retry", csrf, **{**shown, "status": "COMPLETED"})
     assert response.status_code == 303
     retried = conn.execute(
         "SELECT retry_of, status::text, attempt FROM jobs.runs WHERE retry_of = ANY(%s) ORDER BY retry_of",
@@ -282,12 +318,15 @@ def test_bulk_retry_and_discard_touch_only_the_failed_runs_matching_the_filter(
         "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (seeded.hostile_run,)
     ).fetchone() == (0,)
     # A second bulk retry finds nothing left to retry: each run has one next attempt at most.
-    assert post(client, "/runs/bulk/retry", csrf, kind="batch").status_code == 303
+    again = bulk_form(client, "/runs?status=FAILED&kind=batch", "retry")
+    assert again["expected"] == "0"
+    assert post(client, "/runs/bulk/retry", csrf, **again).status_code == 303
     assert conn.execute(
         "SELECT count(*) FROM jobs.runs WHERE retry_of = ANY(%s)", (seeded.failed_batch,)
     ).fetchone() == (3,)
 
-    assert post(client, "/runs/bulk/discard", csrf, kind="batch").status_code == 303
+    discard = bulk_form(client, "/runs?status=FAILED&kind=batch", "discard")
+    assert post(client, "/runs/bulk/discard", csrf, **discard).status_code == 303
     assert conn.execute(
         "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s)", (seeded.failed_batch,)
     ).fetchone() == (0,)
@@ -295,10 +334,42 @@ def test_bulk_retry_and_discard_touch_only_the_failed_runs_matching_the_filter(
     assert status_of(conn, seeded.chain[0]) == "FAILED"
     details = [(r[1], r[3]) for r in audit_rows(conn)][1:]
     assert details == [
-        ("bulk_retry", {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 3}),
-        ("bulk_retry", {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 0}),
-        ("bulk_discard", {"filter": {"status": "FAILED", "kind": "batch"}, "discarded": 3}),
+        (
+            "bulk_retry",
+            {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 3, "runs": seeded.failed_batch},
+        ),
+        ("bulk_retry", {"filter": {"status": "FAILED", "kind": "batch"}, "retried": 0, "runs": []}),
+        (
+            "bulk_discard",
+            {"filter": {"status": "FAILED", "kind": "batch"}, "discarded": 3, "runs": seeded.failed_batch},
+        ),
     ]
+
+
+def test_a_bulk_action_does_what_the_page_showed_or_nothing(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """The page offers to act on N runs; runs that failed after it was shown are not touched,
+    and when fewer or more of the shown ones match by the time the operator confirms, nothing
+    is done and the answer says so."""
+    csrf = login(client)
+    shown = bulk_form(client, "/runs?status=FAILED&kind=batch", "retry")
+    assert shown["expected"] == "3"
+    late = int(scalar(conn, "SELECT id FROM jobs.enqueue('batch')"))
+    conn.execute("SELECT jobs.claim(1, 'w', ARRAY['batch'])")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'failed after the page was shown')", (late,))
+    assert post(client, "/runs/bulk/retry", csrf, **shown).status_code == 303
+    assert conn.execute("SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (late,)).fetchone() == (0,)
+
+    discard = bulk_form(client, "/runs?status=FAILED&kind=batch", "discard")
+    conn.execute("SELECT jobs.retry(%s)", (late,))  # one of those shown changes meanwhile...
+    conn.execute("DELETE FROM jobs.runs WHERE id = %s", (seeded.failed_batch[0],))
+    response = post(client, "/runs/bulk/discard", csrf, **discard)
+    assert response.status_code == 409, response.status_code
+    assert "nothing was done" in response.text
+    assert conn.execute(
+        "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s)", (seeded.failed_batch[1:],)
+    ).fetchone() == (2,)
 
 
 def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(

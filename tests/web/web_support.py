@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import unescape as html_unescape
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -28,3 +29,14 @@ def login(client: TestClient, name: str = "alice") -> str:
 
 def post(client: TestClient, path: str, csrf: str, **fields: Any) -> Any:
     return client.post(path, data={"csrf": csrf, **fields}, follow_redirects=False)
+
+
+def bulk_form(client: TestClient, page: str, action: str) -> dict[str, str]:
+    """The hidden fields of a bulk action's form on ``page``, as the browser would send them
+    (the filter, and the count and last run the page showed), without the CSRF token."""
+    html = client.get(page).text
+    start = html.index(f'action="/runs/bulk/{action}"')
+    form = html[start : html.index("</form>", start)]
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+    fields.pop("csrf", None)
+    return {k: html_unescape(v) for k, v in fields.items()}

@@ -218,7 +218,7 @@ class Dashboard:
 
     async def definitions(self, request: Request) -> Response:
         async with self.db.reading() as conn:
-            rows = await queries.definitions(conn)
+            rows = await queries.definitions(conn, self.db.features)
         now = datetime.now(UTC)
         budget = time.monotonic() + COMPUTE_NEXT_SECONDS
         for row in rows:
@@ -314,6 +314,7 @@ class Dashboard:
                 bulk = {
                     "unretried": await queries.failed_count(conn, feats, flt, unretried=True),
                     "failed": await queries.failed_count(conn, feats, flt, unretried=False),
+                    "upto": await queries.failed_top(conn, feats, flt),
                     "limit": queries.BULK_LIMIT,
                 }
         more = len(rows) > queries.PAGE_SIZE
@@ -502,19 +503,33 @@ class Dashboard:
         if action not in ("retry", "discard"):
             raise HTTPException(404, f"no such bulk action: {action[:40]!r}")
         form = await self._form(request)
-        flt = inputs.run_filter({k: v for k, v in form.items() if isinstance(v, str)})
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        flt = inputs.run_filter(fields)
         flt = queries.RunFilter(**{**flt.__dict__, "status": "FAILED"})
+        # What the page showed and the operator confirmed: how many, and up to which run.
+        expected = inputs.integer(fields, "expected", 0, queries.BULK_LIMIT)
+        upto = inputs.integer(fields, "upto", 0, 2**63 - 1)
+        if expected is None or upto is None:
+            raise inputs.BadInput(
+                "expected and upto must be given: the count and the last run the page showed"
+            )
         target = "failed runs " + (urlencode(flt.params()) or "(all)")
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             feats = self.db.features
+            ids = await queries.failed_ids(conn, feats, flt, unretried=action == "retry", upto=upto)
+            if len(ids) != expected:
+                raise HTTPException(
+                    409,
+                    f"the filter now matches {len(ids)} run(s) to {action}, not the {expected} the page "
+                    "showed: nothing was done; look at the list again",
+                )
             if action == "retry":
-                ids = await queries.failed_ids(conn, feats, flt, unretried=True)
                 done = await queries.retry_many(conn, ids)
-                return f"retried {done} failed run(s)", {"filter": flt.params(), "retried": done}
-            ids = await queries.failed_ids(conn, feats, flt, unretried=False)
+                return f"retried {done} failed run(s)", {"filter": flt.params(), "retried": done, "runs": ids}
             discarded = await queries.discard(conn, ids)
-            return f"discarded {discarded} failed run(s)", {"filter": flt.params(), "discarded": discarded}
+            detail = {"filter": flt.params(), "discarded": discarded, "runs": ids}
+            return f"discarded {discarded} failed run(s)", detail
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)

@@ -194,15 +194,18 @@ async def last_hour(conn: Conn) -> tuple[datetime, list[Row]]:
 # -- definitions ------------------------------------------------------------------------
 
 
-async def definitions(conn: Conn) -> list[Row]:
+async def definitions(conn: Conn, feats: Features) -> list[Row]:
     """Every definition with what jobs.definition_health shows, computed so that the cost
     follows the number of definitions and the live set, not the history: live counts from
     the QUEUED and RUNNING partial indexes, failures from the FAILED-by-definition index.
     Also the earliest materialized QUEUED occurrence (the cursor, next_run_at, runs ahead
     of it when occurrences are materialized early), and the DST policy: stored (None is
     auto, what the schedule is parsed with) and effective (dst_gap, dst_repeat: the
-    columns of jobs.definition_health, auto resolved by jobs._dst_auto as the view does)."""
-    cur = await conn.execute(
+    columns of jobs.definition_health, auto resolved by jobs._dst_auto as the view does).
+    The last outcome and the failure streak reach into history as the view's do: history is
+    read only for a definition with no such run since jobs.config.archive_after."""
+    history = feats.has("runs_all")
+    query = sql.SQL(
         """
         WITH live AS (
             SELECT r.definition_id, 0 AS running, count(*) AS queued,
@@ -224,9 +227,10 @@ async def definitions(conn: Conn) -> list[Row]:
                d.max_concurrent_runs, coalesce(l.running, 0) AS running,
                coalesce(l.queued, 0) AS queued, l.next_queued,
                last.status AS last_status, last.finished_at AS last_finished_at,
-               (SELECT count(*) FROM jobs.runs AS f
+               (SELECT count(*) FROM {runs} AS f
                  WHERE f.definition_id = d.id AND f.status = 'FAILED'
-                   AND f.id > coalesce(ok.id, 0)) AS consecutive_failures,
+                   AND f.id > coalesce(ok.id, 0)
+                   AND last.status IS DISTINCT FROM 'COMPLETED') AS consecutive_failures,
                (SELECT count(*) FROM jobs.runs AS s
                  WHERE s.definition_id = d.id AND s.failure_reason = 'Skipped'
                    AND s.id > coalesce(started.id, 0)) AS consecutive_skips,
@@ -238,14 +242,19 @@ async def definitions(conn: Conn) -> list[Row]:
           FROM jobs.definitions AS d
           LEFT JOIN live_by_definition AS l ON l.definition_id = d.id
           LEFT JOIN LATERAL (
-              SELECT r.status, r.finished_at FROM jobs.runs AS r
-               WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
-               ORDER BY r.id DESC LIMIT 1
+              SELECT coalesce(
+                  (SELECT max(r.id) FROM jobs.runs AS r
+                    WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL),
+                  {last_moved}) AS id
+          ) AS last_id ON TRUE
+          LEFT JOIN LATERAL (
+              SELECT a.status, a.finished_at FROM {runs} AS a WHERE a.id = last_id.id
           ) AS last ON TRUE
           LEFT JOIN LATERAL (
-              SELECT r.id FROM jobs.runs AS r
-               WHERE r.definition_id = d.id AND r.status = 'COMPLETED'
-               ORDER BY r.id DESC LIMIT 1
+              SELECT coalesce(
+                  (SELECT max(r.id) FROM jobs.runs AS r
+                    WHERE r.definition_id = d.id AND r.status = 'COMPLETED'),
+                  {ok_moved}) AS id
           ) AS ok ON TRUE
           LEFT JOIN LATERAL (
               SELECT r.id FROM jobs.runs AS r
@@ -254,7 +263,21 @@ async def definitions(conn: Conn) -> list[Row]:
           ) AS started ON TRUE
          ORDER BY d.name
         """
+    ).format(
+        runs=every_run(feats),
+        last_moved=sql.SQL(
+            "(SELECT max(h.id) FROM jobs.run_history AS h WHERE h.definition_id = d.id)"
+            if history
+            else "NULL"
+        ),
+        ok_moved=sql.SQL(
+            "(SELECT max(h.id) FROM jobs.run_history AS h"
+            " WHERE h.definition_id = d.id AND h.status = 'COMPLETED')"
+            if history
+            else "NULL"
+        ),
     )
+    cur = await conn.execute(query)
     return await cur.fetchall()
 
 
@@ -346,42 +369,61 @@ async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) ->
         SELECT r.id, r.kind, r.status, r.attempt, r.retry_of, r.origin, r.definition_id,
                d.name AS definition, r.scheduled_for, r.started_at, r.finished_at,
                r.failure_reason, left(r.error, 300) AS error, r.worker, r.cancel_requested,
-               EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id) AS retried
-          FROM jobs.runs AS r
+               EXISTS (SELECT FROM {runs} AS n WHERE n.retry_of = r.id) AS retried
+          FROM {runs} AS r
           LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
-         WHERE {}
+         WHERE {where}
          ORDER BY r.id DESC
          LIMIT %s
         """
-    ).format(where)
+    ).format(where=where, runs=every_run(feats))
     cur = await conn.execute(query, [*args, PAGE_SIZE + 1])
     return await cur.fetchall()
 
 
 async def failed_count(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> int:
     """How many FAILED runs match the filter (counted up to BULK_LIMIT)."""
-    where, args = _where(f, feats, status="FAILED")
-    if unretried:
-        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id)").format(
-            where
-        )
-    query = sql.SQL("SELECT count(*) AS n FROM (SELECT FROM jobs.runs AS r WHERE {} LIMIT %s) AS m").format(
-        where
+    where, args = _failed_where(f, feats, unretried)
+    query = sql.SQL("SELECT count(*) AS n FROM (SELECT FROM {} AS r WHERE {} LIMIT %s) AS m").format(
+        every_run(feats), where
     )
     row = await (await conn.execute(query, [*args, BULK_LIMIT])).fetchone()
     return int(row["n"]) if row else 0
 
 
-async def failed_ids(conn: Conn, feats: Features, f: RunFilter, *, unretried: bool) -> list[int]:
-    """Ids of the FAILED runs matching the filter (at most BULK_LIMIT), for bulk actions."""
+async def failed_ids(
+    conn: Conn, feats: Features, f: RunFilter, *, unretried: bool, upto: int = 2**63 - 1
+) -> list[int]:
+    """Ids up to ``upto`` of the FAILED runs matching the filter (at most BULK_LIMIT), for
+    bulk actions."""
+    where, args = _failed_where(f, feats, unretried)
+    query = sql.SQL("SELECT r.id FROM {} AS r WHERE {} AND r.id <= %s ORDER BY r.id LIMIT %s").format(
+        every_run(feats), where
+    )
+    cur = await conn.execute(query, [*args, upto, BULK_LIMIT])
+    return [row["id"] for row in await cur.fetchall()]
+
+
+async def failed_top(conn: Conn, feats: Features, f: RunFilter) -> int:
+    """The highest id of a FAILED run matching the filter (0: none): a bulk action confirmed on
+    the page acts on no run that failed after it was shown."""
+    where, args = _failed_where(f, feats, False)
+    query = sql.SQL("SELECT coalesce(max(r.id), 0) AS top FROM {} AS r WHERE {}").format(
+        every_run(feats), where
+    )
+    row = await (await conn.execute(query, args)).fetchone()
+    return int(row["top"]) if row else 0
+
+
+def _failed_where(f: RunFilter, feats: Features, unretried: bool) -> tuple[sql.Composable, list[Any]]:
+    """The FAILED runs matching the filter, live or moved to history (with ``unretried``,
+    those with no next attempt yet)."""
     where, args = _where(f, feats, status="FAILED")
     if unretried:
-        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id)").format(
-            where
+        where = sql.SQL("{} AND NOT EXISTS (SELECT FROM {} AS n WHERE n.retry_of = r.id)").format(
+            where, every_run(feats)
         )
-    query = sql.SQL("SELECT r.id FROM jobs.runs AS r WHERE {} ORDER BY r.id LIMIT %s").format(where)
-    cur = await conn.execute(query, [*args, BULK_LIMIT])
-    return [row["id"] for row in await cur.fetchall()]
+    return where, args
 
 
 def every_run(feats: Features) -> sql.Composable:
