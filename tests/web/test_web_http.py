@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -231,6 +233,51 @@ def test_a_wrong_password_is_refused(client: TestClient, conn: Conn) -> None:
     assert audit_rows(conn) == []
 
 
+def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db: Database) -> None:
+    """A page elsewhere that makes its own name resolve to 127.0.0.1 (DNS rebinding) would
+    otherwise read the dashboard from the operator's browser."""
+    from pgtick.web.serve import LOOPBACK_NAMES
+
+    def dashboard() -> Any:
+        return create_app(db.dsn_as("pgtick_t_reader"), None, allowed_hosts=LOOPBACK_NAMES)
+
+    with TestClient(dashboard(), base_url="http://attacker.example:8080") as foreign:
+        assert foreign.get("/runs").status_code == 400
+    for base in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"):
+        with TestClient(dashboard(), base_url=base) as local:
+            assert local.get("/runs").status_code == 200, base
+
+
+def test_wrong_passwords_sent_at_once_are_answered_one_after_another(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guessing in parallel gains nothing: each refused login holds the gate for the delay."""
+    monkeypatch.setattr("pgtick.web.app.LOGIN_FAILURE_DELAY", 0.3)
+    token = csrf_of(client)
+
+    def guess(i: int) -> int:
+        data = {"csrf": token, "name": "mallory", "password": f"guess-{i}"}
+        return int(client.post("/login", data=data).status_code)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(guess, range(4)))
+    assert codes == [401] * 4
+    assert time.monotonic() - started >= 4 * 0.3, "refused logins overlapped"
+
+
+def test_requests_without_a_cookie_do_not_end_an_operators_session(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pgtick.web.auth.MAX_SESSIONS", 20)
+    login(client, "alice")
+    stranger = TestClient(client.app, base_url="http://127.0.0.1:8080")  # the same dashboard, no cookie
+    for _ in range(50):  # a health check or a flood: a new anonymous session each time
+        stranger.cookies.clear()
+        assert stranger.get("/login").status_code == 200
+    assert "operator: alice" in client.get("/").text
+
+
 def test_login_is_audited_and_logout_ends_the_operator_session(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:
@@ -427,6 +474,7 @@ def test_a_login_without_the_operator_role_gets_a_read_only_dashboard(
         response = reader.post("/login", data={"csrf": csrf_of(reader), "name": "bob", "password": PASSWORD})
         assert response.status_code == 403
         assert "not a member of jobs_operator" in response.text
+        assert "operator: bob" not in reader.get("/").text, "a login that could not be audited took effect"
     assert status_of(conn, seeded.queued) == "QUEUED"
 
 

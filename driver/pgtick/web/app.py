@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -135,6 +136,7 @@ class Dashboard:
         self.db = Database(dsn)
         self.secret = secret
         self.sessions = Sessions()
+        self._login_gate = asyncio.Lock()  # logins one at a time (see login)
         self.templates = make_templates()
         self.refresh_seconds = refresh_seconds
 
@@ -398,16 +400,21 @@ class Dashboard:
         password = fields.get("password", "")
         if self.secret is None:
             raise HTTPException(403, "read-only dashboard: it was started without an operator password")
-        ok = await asyncio.to_thread(self.secret.matches, password)
+        # One login at a time, and a refused one holds the gate for the delay: guesses come at
+        # most about one a second however many are sent at once (scrypt's cost aside).
+        async with self._login_gate:
+            ok = await asyncio.to_thread(self.secret.matches, password)
+            if not ok:
+                log.warning("dashboard login refused name=%r client=%s", name, request.client)
+                await asyncio.sleep(LOGIN_FAILURE_DELAY)
         if not ok:
-            log.warning("dashboard login refused name=%r client=%s", name, request.client)
-            await asyncio.sleep(LOGIN_FAILURE_DELAY)  # slows guessing beyond scrypt's own cost
             return self.render(request, "login.html", {"problem": "wrong password", "name": name or ""}, 401)
+        client = request.client.host if request.client else "?"
+        async with self.db.acting() as conn:  # audited first: a login that cannot be is refused
+            await queries.record_audit(conn, f"{name} ({client})"[:200], "login", None, "{}")
         session = self.sessions.rotate(self.session(request))
         session.operator = name
         request.scope["pgtick.session"] = session
-        async with self.db.acting() as conn:
-            await queries.record_audit(conn, self._actor(request), "login", None, "{}")
         session.flash("ok", f"logged in as {name}")
         return self._back(request, form, "/")
 
@@ -543,7 +550,13 @@ def _run_id(request: Request) -> int:
     return run_id
 
 
-def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int = 10) -> Starlette:
+def create_app(
+    dsn: str,
+    secret: Secret | None = None,
+    *,
+    refresh_seconds: int = 10,
+    allowed_hosts: Sequence[str] | None = None,
+) -> Starlette:
     """The dashboard for the database at `dsn`; actions need `secret` (None: read-only)."""
     dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds)
 
@@ -604,7 +617,11 @@ def create_app(dsn: str, secret: Secret | None = None, *, refresh_seconds: int =
         Route("/logout", dash.logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+    # Bound to the loopback only, the dashboard answers only requests addressed to it there: a
+    # page elsewhere that makes its own host name resolve to 127.0.0.1 (DNS rebinding) gets 400.
     middleware: list[Middleware] = []
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -83,9 +83,19 @@ class Sessions:
     def new(self) -> Session:
         session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
         self._by_id[session.id] = session
-        while len(self._by_id) > MAX_SESSIONS:
-            self._by_id.popitem(last=False)
+        if len(self._by_id) > MAX_SESSIONS:
+            self._evict()
         return session
+
+    def _evict(self) -> None:
+        """Make room: the least recently used anonymous session goes first, so that requests
+        without a cookie (a health check, a flood) never end an operator's session while an
+        anonymous one is left; an operator's only when every session is an operator's."""
+        anonymous = next((key for key, s in self._by_id.items() if s.operator is None), None)
+        if anonymous is not None:
+            del self._by_id[anonymous]
+        else:
+            self._by_id.popitem(last=False)
 
     def rotate(self, session: Session) -> Session:
         """A fresh id and CSRF token for a session whose privilege changes (login, logout)."""

@@ -64,6 +64,10 @@ def operator_secret(password_file: str | None) -> Secret | None:
         raise UsageError(str(exc)) from None
 
 
+#: The names a browser on this machine reaches a loopback-bound dashboard by.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
 def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") -> object:
     import uvicorn
 
@@ -82,7 +86,7 @@ def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") 
         file=sys.stderr,
     )
     return uvicorn.Config(
-        create_app(dsn, secret),
+        create_app(dsn, secret, allowed_hosts=LOOPBACK_NAMES if _is_loopback(host) else None),
         host=host,
         port=port,
         log_level="warning",
