@@ -435,9 +435,11 @@ def lease_holder(conn: Conn, name: str) -> Any:
 
 
 def queue_metrics(conn: Conn) -> list[Any]:
+    """One row per kind (jobs.queue_stats has one per kind and queue: the gauges are by kind,
+    and a kind in several queues would give each series several samples)."""
     return conn.execute(
-        "SELECT kind, queued, running, extract(epoch FROM oldest_queued_age),"
-        " skipped_1h, lost_1h FROM jobs.queue_stats"
+        "SELECT kind, sum(queued), sum(running), extract(epoch FROM max(oldest_queued_age)),"
+        " sum(skipped_1h), sum(lost_1h) FROM jobs.queue_stats GROUP BY kind"
     ).fetchall()
 
 

@@ -23,7 +23,9 @@ def scrape(port: int) -> Samples:
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in samples, f"series {key} appears twice (Prometheus keeps one at random)"
+            samples[key] = s.value
     return samples
 
 
@@ -35,9 +37,10 @@ def test_metrics_endpoint_reports_runs_queue_and_leader(db: Database, conn: Conn
     for _ in range(3):
         enqueue(conn, "ops-ok")
     enqueue(conn, "ops-fail")
-    # Nobody in this process runs "ops-nobody": its runs stay queued, two minutes old.
-    for _ in range(2):
-        enqueue(conn, "ops-nobody", run_at="now() - interval '2 minutes'")
+    # Nobody in this process runs "ops-nobody": its runs stay queued, two minutes old, one of
+    # them in another queue (the gauges are by kind: one series, the sum).
+    enqueue(conn, "ops-nobody", run_at="now() - interval '2 minutes'")
+    enqueue(conn, "ops-nobody", run_at="now() - interval '2 minutes'", queue="'other'")
 
     port = free_port()
     log = tmp_path / "pgtick-run.log"
