@@ -35,6 +35,10 @@ def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Con
     return conn
 
 
+#: Overrides the detection of a transaction-mode pooler: 1 (yes) or 0 (no).
+POOLER_VARIABLE = "PGTICK_POOLER"
+
+
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     """True when something sits between this client and PostgreSQL (PgBouncer, a proxy):
     the port this connection reached is not the port the server listens on.
@@ -44,7 +48,14 @@ def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     prepared statements) reaches other clients: the driver then leads by a lease,
     polls instead of listening and prepares nothing. A port-mapping proxy in front of
     a direct connection is taken for a pooler too, which only costs those shortcuts.
+    A pooler on the server's own port number (on another host) looks direct: say so with
+    ``PGTICK_POOLER=1`` (``0`` says there is none).
     """
+    told = os.environ.get(POOLER_VARIABLE, "").strip().lower()
+    if told in ("1", "yes", "true", "transaction"):
+        return True
+    if told in ("0", "no", "false", "none"):
+        return False
     server_port = calls.server_port(conn)
     return server_port is not None and conn.info.port != server_port
 

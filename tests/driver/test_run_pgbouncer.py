@@ -72,6 +72,21 @@ def test_the_driver_tells_a_pooled_connection_from_a_direct_one(db: Database, po
         assert through.prepare_threshold is None, "statements must not be prepared behind a pooler"
 
 
+def test_pgtick_pooler_overrides_what_the_ports_say(
+    db: Database, pooled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooler on the server's own port number (on another host) looks direct: the user says
+    so, and the driver then prepares nothing, leads by lease and polls."""
+    monkeypatch.setenv("PGTICK_POOLER", "1")
+    with db.connect() as direct:
+        assert behind_pooler(direct)
+    with connect(db.dsn) as told:
+        assert told.prepare_threshold is None, "a connection through a pooler must prepare nothing"
+    monkeypatch.setenv("PGTICK_POOLER", "0")
+    with connect(pooled) as through:
+        assert not behind_pooler(through)
+
+
 def test_client_enqueues_through_the_pooler_in_the_callers_transaction(db: Database, pooled: str) -> None:
     with Client(pooled) as client:
         ids = [client.enqueue("k", {"i": i}).id for i in range(12)]  # past psycopg's prepare threshold
