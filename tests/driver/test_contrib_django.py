@@ -90,6 +90,14 @@ def test_the_example_project_migrates_checks_enqueues_in_its_transaction_and_run
     )
     again = manage(empty, "pgtick_migrate")
     assert again.returncode == 0 and "up to date" in again.stdout, again.stdout + again.stderr
+    # An upgraded pgtick brings schema changes no Django migration records: every migrate
+    # applies them (here: a function of the schema that went missing comes back).
+    with empty.connect() as conn:
+        conn.execute("DROP FUNCTION jobs.version()")
+    upgraded = manage(empty, "migrate", "--no-input")
+    assert upgraded.returncode == 0, upgraded.stderr
+    with empty.connect() as conn:
+        assert scalar(conn, "SELECT to_regprocedure('jobs.version()') IS NOT NULL"), upgraded.stdout
     after = manage(empty, "check", "--database", "default", "--fail-level", "WARNING")
     assert after.returncode == 0, after.stderr
 

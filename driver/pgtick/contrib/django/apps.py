@@ -1,6 +1,9 @@
-"""The Django app config: registers pgtick's system checks."""
+"""The Django app config: registers pgtick's system checks, and brings the jobs schema up to
+the installed pgtick after every ``manage.py migrate``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.apps import AppConfig
 
@@ -12,4 +15,20 @@ class PgtickConfig(AppConfig):
     default = True
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from pgtick.contrib.django import checks  # noqa: F401  (registers the checks)
+
+        post_migrate.connect(upgrade_jobs_schema, sender=self, dispatch_uid="pgtick.upgrade_jobs_schema")
+
+
+def upgrade_jobs_schema(sender: AppConfig, using: str, **kwargs: Any) -> None:
+    """After ``manage.py migrate`` of pgtick's database: apply the schema migrations this
+    pgtick has and the database lacks (a no-op when it is up to date). The Django migration
+    0001 installs the schema once; an upgraded pgtick brings new schema migrations of its own,
+    which no Django migration records."""
+    from pgtick.contrib.django import database_alias
+    from pgtick.contrib.django.management.commands.pgtick_migrate import apply_schema
+
+    if using == database_alias():
+        apply_schema(using)

@@ -1,8 +1,9 @@
 """Install or upgrade pgtick's ``jobs`` schema in pgtick's database (``PGTICK["DATABASE"]``).
 
 The schema has its own versioned migrations (recorded in ``jobs.schema_migrations``);
-this Django migration runs them, so ``manage.py migrate`` keeps both in step. Later
-pgtick releases add a Django migration that runs them again.
+this Django migration runs them once, and every later ``manage.py migrate`` runs them again
+(``apps.upgrade_jobs_schema``, on ``post_migrate``), so an upgraded pgtick's new schema
+migrations are applied with the project's own.
 """
 
 from __future__ import annotations
