@@ -55,13 +55,13 @@ UNION ALL
 -- A scheduler behind a transaction-mode pooler leads by the lease pgtick:leader instead (no
 -- session holds anything: no pid, no backend).
 SELECT
-    NULL::integer,
+    NULL::integer AS pid,
     e.owner,
-    e.acquired_at,
-    now() - e.acquired_at,
-    NULL::text,
-    NULL::inet,
-    NULL::timestamptz
+    e.acquired_at AS since,
+    now() - e.acquired_at AS leading_for,
+    NULL::text AS application_name,
+    NULL::inet AS client_addr,
+    NULL::timestamptz AS backend_start
 FROM jobs.leases AS e
 WHERE e.name = 'pgtick:leader' AND e.owner IS NOT NULL AND e.expires_at > clock_timestamp();
 COMMENT ON VIEW jobs.leader IS 'Who leads the scheduler, since when: the backend holding the leader lock whose leadership row is committed, or (pid NULL) the holder of the unexpired lease pgtick:leader, as a scheduler behind a pooler leads. No row: nobody leads, or a new leader has not committed yet.';

@@ -110,6 +110,15 @@ def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb, claim_token
     return bool(row and _first(row))
 
 
+SNOOZE = "SELECT jobs.snooze(%s, %s, %s, %s)"
+
+
+def snooze(conn: Conn, run_id: int, worker_id: str, delay: timedelta, claim_token: str | None = None) -> bool:
+    """RUNNING -> QUEUED at now() + delay, same attempt; False when fenced or asked to cancel."""
+    row = conn.execute(SNOOZE, (run_id, worker_id, delay, claim_token)).fetchone()
+    return bool(row and _first(row))
+
+
 def acknowledge_cancel(
     conn: Conn, run_id: int, worker_id: str, message: str | None, claim_token: str | None = None
 ) -> bool:

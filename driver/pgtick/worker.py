@@ -298,10 +298,11 @@ class Worker:
         or sooner when a run only this worker can time out reaches its deadline."""
         with self._lock:
             held = list(self._active.values())
+            begun = [c for c in held if c.run_id in self._started]
         timeouts = [_seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout for c in held]
         shortest = min(timeouts, default=self.default_heartbeat_timeout)
         now = time.monotonic()
-        until_deadline = [deadline - now for c in held if (deadline := self._deadline(c)) is not None]
+        until_deadline = [deadline - now for c in begun if (deadline := self._deadline(c)) is not None]
         return max(0.05, min(self.base_heartbeat_interval, shortest / 3, *until_deadline))
 
     @staticmethod
@@ -314,9 +315,11 @@ class Worker:
         return ctx.started + ctx.timeout + TIMEOUT_GRACE
 
     def overdue(self) -> list[Context]:
+        """The runs past their kind's timeout, counted from when their job began (a run still
+        waiting for a free slot has not begun)."""
         now = time.monotonic()
         with self._lock:
-            held = list(self._active.values())
+            held = [c for c in self._active.values() if c.run_id in self._started]
         return [
             c
             for c in held
@@ -471,11 +474,11 @@ class Worker:
         log.error("worker=%s %s", self.worker_id, why, exc_info=exc)
         stop.set()
         self._join_claimers()  # what their claims in flight took is held before it is counted
-        with self._lock:
+        with self._lock:  # the lock an executor takes to begin a run: none begins after this
             waiting = [c for c in self._active.values() if c.run_id not in self._started]
             idle = {c.run_id for c in waiting} | set(self._dispatching)
-        for ctx in waiting:
-            ctx.abandon()  # an executor that takes it now only reports it abandoned
+            for ctx in waiting:
+                ctx.abandon()  # an executor that takes it now only reports it abandoned
         conn = self._fail_runs(conn, idle, why)
         try:
             conn = self._drain(conn)
@@ -489,6 +492,40 @@ class Worker:
         for ctx in left.values():
             ctx.abandon()
         return self._fail_runs(conn, set(left), why)
+
+    def _hand_back(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
+        """A stopping worker puts the runs it holds but has not begun (claimed ahead, waiting
+        for a slot) back in the queue, same attempt, at once (``jobs.snooze`` with no delay):
+        no attempt is spent and no cap held for work that never started. Each is marked
+        abandoned first, under the lock the executors take to begin a run, so none begins
+        after it was handed back. One the server refuses stays with the reaper."""
+        with self._lock:
+            waiting = [
+                c
+                for c in self._active.values()
+                if c.run_id not in self._started and not c.cancel_requested and not c.abandoned
+            ]
+            for ctx in waiting:
+                ctx.abandon()
+        if not waiting:
+            return conn
+        handed: list[int] = []
+        try:
+            if conn is None or conn.closed:
+                conn = self._connect()
+            for ctx in waiting:
+                if calls.snooze(conn, ctx.run_id, self.worker_id, timedelta(0), self.claim_token):
+                    handed.append(ctx.run_id)
+        except DB_ERRORS as exc:
+            log.warning("worker=%s cannot hand back runs that did not begin (the reaper will): %s",
+                        self.worker_id, exc)  # fmt: skip
+        with self._lock:
+            for run_id in handed:
+                self._active.pop(run_id, None)
+        if handed:
+            log.info("worker=%s stopping: handed back runs=%s (not begun)", self.worker_id,
+                     ",".join(map(str, handed)))  # fmt: skip
+        return conn
 
     def _fail_runs(
         self, conn: psycopg.Connection[Any] | None, run_ids: set[int], why: str
@@ -897,11 +934,17 @@ class Worker:
             ctx = self._tasks.get()
             if ctx is None:
                 return
-            if ctx.abandoned or ctx.cancel_requested:  # while it waited for a slot
+            with self._lock:  # decided under the lock a stopping worker takes to hand runs back
+                handed_back = ctx.run_id not in self._active
+                waited_out = ctx.abandoned or ctx.cancel_requested  # while it waited for a slot
+                if not waited_out:
+                    self._started.add(ctx.run_id)
+                    ctx.started = time.monotonic()  # its timeout counts from here, not the claim
+            if handed_back and ctx.abandoned:
+                continue  # a stopping worker put it back in the queue (_hand_back)
+            if waited_out:
                 self._finished(Outcome(ctx, "abandon") if ctx.abandoned else Outcome(ctx, "cancel"))
                 continue
-            with self._lock:
-                self._started.add(ctx.run_id)
             try:
                 outcome = execute(ctx)
             except BaseException as exc:  # around the job code (a hook): the run fails, the thread goes on
@@ -933,7 +976,9 @@ class Worker:
             self._done_held.discard(ctx.run_id)
 
     def _drain(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
-        """Claim nothing more; report what finishes within the grace period."""
+        """Claim nothing more; hand back the runs whose job has not begun; report what
+        finishes within the grace period."""
+        conn = self._hand_back(conn)
         deadline = time.monotonic() + self.shutdown_grace
         log.info(
             "worker=%s stopping: %d runs in flight, grace %.0fs",

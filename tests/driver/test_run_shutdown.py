@@ -2,7 +2,9 @@
 
 A run in flight that finishes within the grace is COMPLETED and reported; one that
 does not is left RUNNING, stops heartbeating, and the reaper fails it HeartbeatLost
-after its heartbeat timeout (DESIGN invariant 4: a stop at any point is repaired).
+after its heartbeat timeout (DESIGN invariant 4: a stop at any point is repaired). Runs
+claimed ahead (``--batch`` above ``--concurrency``) that had not begun go back to the queue
+at once, same attempt. A kind's timeout counts from when its job began, not from the claim.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import signal
 import time
 from datetime import timedelta
 
-from harness import Conn, Proc, Processes, enqueue, executions, wait_for, wait_started
+from harness import Conn, Proc, Processes, enqueue, executions, scalar, wait_for, wait_started
 
 
 def signal_and_wait_for_drain(replica: Proc) -> float:
@@ -82,3 +84,71 @@ def test_sigterm_with_a_job_longer_than_the_grace_leaves_it_to_the_reaper(
     assert run is not None and run[:2] == ("FAILED", "HeartbeatLost"), context
     assert run[2] >= timedelta(seconds=2), f"reaped before its heartbeat timeout: {context}"
     assert executed == [(run_id, False, None)], f"the job should have died mid-run: {context}"
+
+
+def test_sigterm_hands_back_at_once_the_runs_claimed_ahead_that_had_not_begun(
+    procs: Processes, conn: Conn
+) -> None:
+    replica = procs.replica("work_app.py", "replica", "--concurrency", "1", "--batch", "4", grace="10s")
+    assert replica.worker_id  # started: its tables exist
+    # One statement: the four commit together, so the worker's first claim takes them all.
+    runs = [
+        r[0]
+        for r in conn.execute(
+            "SELECT (jobs.enqueue('sleepy', '{\"seconds\": 2}')).id FROM generate_series(1, 4) ORDER BY 1"
+        ).fetchall()
+    ]
+    first = wait_started(conn, runs[0])
+    assert first
+    replica.send(signal.SIGTERM)
+    code = replica.wait(30)
+    states = conn.execute(
+        "SELECT id, status::text, attempt, worker FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", (runs,)
+    ).fetchall()
+    executed = [r[0] for r in executions(conn)]
+    log = replica.log()
+
+    context = f"runs {states}; executed {executed}\n{log}"
+    assert code == 0, context
+    begun = set(executed)
+    assert begun and begun <= set(runs), context
+    for run_id, status, attempt, worker in states:
+        if run_id in begun:
+            assert status == "COMPLETED", context
+        else:  # claimed ahead, never begun: back in the queue, no attempt spent, no owner
+            assert (status, attempt, worker) == ("QUEUED", 1, None), context
+    assert len(begun) < len(runs), f"every run began before the stop: nothing was tested\n{context}"
+    assert "handed back runs=" in log and "grace over" not in log, context
+
+
+def test_a_kinds_timeout_counts_from_when_its_job_began_not_from_the_claim(
+    procs: Processes, conn: Conn
+) -> None:
+    """Three runs of a kind with a 1 s timeout, claimed together by a worker that runs one at
+    a time, each working 0.6 s: each is within its timeout, though the last begins 1.2 s after
+    the claim."""
+    assert procs.replica("work_app.py", "replica", "--concurrency", "1", "--batch", "3").worker_id
+    runs = [  # committed together: claimed in one batch
+        r[0]
+        for r in conn.execute(
+            "SELECT (jobs.enqueue('timeboxed', '{\"seconds\": 0.6}')).id"
+            " FROM generate_series(1, 3) ORDER BY 1"
+        ).fetchall()
+    ]
+    finished = wait_for(
+        "the three runs to finish",
+        lambda: (
+            conn.execute(
+                "SELECT id, status::text, failure_reason FROM jobs.runs WHERE id = ANY(%s)"
+                " AND status <> 'RUNNING' AND status <> 'QUEUED' ORDER BY id",
+                (runs,),
+            ).fetchall()
+            if scalar(
+                conn, "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s) AND finished_at IS NOT NULL", (runs,)
+            )
+            == 3
+            else None
+        ),
+        timeout=60,
+    )
+    assert finished == [(r, "COMPLETED", None) for r in runs], finished
