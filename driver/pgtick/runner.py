@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +52,28 @@ def load_app(target: str) -> App:
             module = importlib.import_module(module_part)
     except ModuleNotFoundError as exc:
         raise UsageError(f"cannot import app module {module_part!r}: {exc}") from exc
+    except SyntaxError as exc:
+        raise UsageError(f"{exc.filename}:{exc.lineno}: syntax error in the app: {exc.msg}") from exc
+    except Exception as exc:  # the app's own code failed while it was imported
+        raise UsageError(
+            f"{_where_raised(exc)}: the app raised {describe(exc)} while it was imported"
+        ) from exc
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise UsageError(f"{target}: no pgtick.App named {attr!r} in {module_part}")
     return app
+
+
+def _where_raised(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of the traceback outside Python's own library and
+    installed packages (the app's code), else of the innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "site-packages" not in f.filename and not f.filename.startswith(_STDLIB)]
+    chosen = ours or frames
+    return f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else "the app"
+
+
+_STDLIB = str(Path(os.__file__).parent)
 
 
 @dataclass

@@ -160,6 +160,27 @@ def test_bad_input_exits_with_one_line_and_no_traceback(
             assert digest(conn) == before, f"bad input changed the database:\n{shown}"
 
 
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("from pgtick import App\napp = App('x')\ndef f(:\n", "app.py:3: syntax error in the app"),
+        ("from os import nonexistent_name\n", "app.py:1: the app raised ImportError: cannot import name"),
+        ("from pgtick import App\napp = App('x')\nraise RuntimeError('no config')\n",
+         "app.py:3: the app raised RuntimeError: no config while it was imported"),
+    ],
+    ids=["syntax-error", "import-error", "raises"],
+)  # fmt: skip
+def test_an_app_that_fails_to_import_is_one_line_naming_where(
+    shared_db: Database, tmp_path: Path, source: str, needle: str
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(source)
+    result = pgtick("run", str(app), "--dsn", shared_db.dsn)
+    shown = f"exit {result.returncode}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, shown
+    assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, shown
+
+
 COMMANDS = [
     "run",
     "migrate",
