@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ import psycopg
 from pgtick import calls
 from pgtick.app import Context
 from pgtick.db import DB_ERRORS, connect
+from pgtick.logs import log_outcome
 
 log = logging.getLogger("pgtick.worker")
 
@@ -142,4 +144,15 @@ class HeartbeatLoop:
                 return
             if failed is not None:
                 log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, message)
+                log_outcome(  # one line per run outcome, as the reporter writes for the others
+                    run_id=ctx.run_id,
+                    kind=ctx.kind,
+                    definition=ctx.run.get("definition"),
+                    status="FAILED",
+                    attempt=ctx.attempt,
+                    duration=time.monotonic() - ctx.started,
+                    worker=self.worker_id,
+                    error=f"Timeout: {message}",
+                    retry_run_id=failed[0] if failed[1] == "QUEUED" else None,
+                )
             self.owner.lost(ctx)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -148,3 +149,6 @@ def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
     assert "exceeded its timeout of 2s" in error, context
     assert timedelta(seconds=2) <= lasted < timedelta(seconds=hang), f"not ended by its worker: {context}"
     assert after == failed, f"the hung attempt's late return changed its run: {after} != {failed}\n{log}"
+    outcome = rf"run={run_id} kind=hangs-past-its-kind-timeout definition=- status=FAILED attempt=1 "
+    outcome += r".*error=Timeout:"
+    assert re.search(outcome, log), f"no outcome line for the run its worker failed: {context}"
