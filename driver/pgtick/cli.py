@@ -641,6 +641,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.processes < 1:
         raise UsageError(f"--processes must be at least 1, got {args.processes}")
+    if args.no_scheduler and args.no_worker:
+        raise UsageError("--no-scheduler and --no-worker together leave nothing to run")
     app = load_app(args.app)
     dsn = _dsn(args)
     if args.migrate and supervisor.child_index() is None:

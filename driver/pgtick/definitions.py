@@ -10,6 +10,7 @@ import csv
 import io
 import itertools
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,8 @@ from pgtick.client import check_duration, holds_nul, read_time
 from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 from pgtick.schedule.zones import DstChoice
+
+log = logging.getLogger("pgtick.definitions")
 
 
 def validate_schedule(
@@ -244,6 +247,13 @@ def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
         )
     bulk: list[dict[str, Any]] = []
     for s in app.schedules.values():
+        if s.kind not in app.jobs:
+            log.warning(
+                "schedule %r runs kind %r, which this app does not register: its runs wait for a"
+                " worker whose app does",
+                s.name,
+                s.kind,
+            )
         item: dict[str, Any] = {
             "name": s.name,
             "kind": s.kind,

@@ -96,6 +96,12 @@ BAD_INPUT = [
         "nope",
     ),
     ("run-missing-app", ["run", "tests/apps/missing.py", "--dsn", "{dsn}"], 2, "not found"),
+    (
+        "run-nothing",
+        ["run", EXAMPLE, "--no-scheduler", "--no-worker", "--dsn", "{dsn}"],
+        2,
+        "leave nothing to run",
+    ),
     ("run-not-an-app", ["run", f"{EXAMPLE}:nothing", "--dsn", "{dsn}"], 2, "no pgtick.App named 'nothing'"),
     ("six-field-cron", ["define", "--dsn", "{dsn}", "x", "k", "--schedule", "* * * * * *"], 2, "error"),
     (

@@ -159,3 +159,21 @@ def test_backfill_cli_inserts_a_past_window_once(db: Database) -> None:
         (now - timedelta(hours=1)).isoformat(),
     )
     assert result.returncode == 2 and "is after to" in result.stderr, result
+
+
+def test_a_schedule_of_a_kind_the_app_does_not_register_is_warned_about(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its runs would wait, QUEUED, for a worker whose app registers the kind: say so."""
+    app = App("shop")
+
+    @app.job("report")
+    def report(ctx: Any) -> None:
+        pass
+
+    app.schedule("nightly-report", "report", "0 3 * * *")
+    app.schedule("nightly-export", "export", "0 4 * * *")
+    with db.connect() as conn, caplog.at_level("WARNING", logger="pgtick.definitions"):
+        sync_app(app, conn)
+    warned = [r.getMessage() for r in caplog.records if r.name == "pgtick.definitions"]
+    assert len(warned) == 1 and "'nightly-export'" in warned[0] and "'export'" in warned[0], warned
