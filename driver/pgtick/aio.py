@@ -31,7 +31,7 @@ from typing import Any
 from pgtick import instrumentation
 from pgtick.app import Context
 from pgtick.errors import JobTimeout
-from pgtick.execution import Outcome, failure, outcome_of
+from pgtick.execution import Outcome, describe, failure, outcome_of
 
 log = logging.getLogger("pgtick.worker")
 
@@ -54,7 +54,16 @@ class EventLoop:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_forever()
+            while True:
+                try:
+                    self.loop.run_forever()
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    # Raised in a task a job spawned (the job's own task reports its exit as
+                    # a failure): asyncio lets it out of the loop, which would stop every async
+                    # job of the worker. The loop goes on.
+                    log.error("an async task raised %s: the worker's event loop goes on", describe(exc))
+                    continue
+                break  # stopped (``stop``)
         finally:
             try:
                 pending = asyncio.all_tasks(self.loop)

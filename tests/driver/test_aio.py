@@ -172,3 +172,60 @@ def test_a_hook_failing_around_an_async_job_fails_that_run_and_the_loop_goes_on(
         ("fail", "the worker could not run the job: RuntimeError: the execution hook is broken", None),
         ("complete", None, 42),
     ], summary
+
+
+#: Run in a process of its own: a SystemExit let out of a thread's event loop leaves this
+#: CPython's parser state askew for the rest of the process (the next ast.parse fails).
+SYSTEM_EXIT_SCRIPT = """
+import asyncio, queue, sys
+from datetime import UTC, datetime
+from pgtick.aio import EventLoop
+from pgtick.app import App, Context
+
+app = App()
+
+@app.job("spawns")
+async def spawns(ctx):
+    async def stray():
+        raise SystemExit(9)
+    asyncio.get_running_loop().create_task(stray())
+    await asyncio.sleep(0.2)
+    return "spawned"
+
+@app.job("later")
+async def later(ctx):
+    await asyncio.sleep(0.01)
+    return ctx.run_id
+
+def context(kind, run_id):
+    run = {"id": run_id, "attempt": 1, "kind": kind, "payload": {}, "scheduled_for": datetime.now(UTC),
+           "definition_id": None}
+    return Context(run, app.jobs[kind], "test-worker", None)
+
+loop = EventLoop()
+loop.start()
+done = queue.SimpleQueue()
+loop.submit(context("spawns", 1), done.put)
+first = done.get(timeout=30)
+loop.submit(context("later", 2), done.put)
+try:
+    second = done.get(timeout=10)
+except queue.Empty:
+    second = None
+alive = loop.thread.is_alive()
+loop.stop()
+print(first.action, first.result, second and second.action, second and second.result, alive)
+"""
+
+
+def test_a_system_exit_in_a_task_a_job_spawned_does_not_stop_the_loop() -> None:
+    """asyncio lets SystemExit out of the loop: without care one job's stray task would stop
+    every async job of the worker."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SYSTEM_EXIT_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["complete", "spawned", "complete", "2", "True"], done.stdout + done.stderr
