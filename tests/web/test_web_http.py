@@ -248,6 +248,21 @@ def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db
             assert local.get("/runs").status_code == 200, base
 
 
+def test_pages_answer_after_the_server_dropped_the_dashboards_connections(
+    client: TestClient, conn: Conn, db: Database
+) -> None:
+    """A restart (or an idle timeout) drops the pooled connections: each is checked before a
+    page gets it, so no page fails for a connection the server already closed."""
+    assert client.get("/").status_code == 200
+    dropped = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE application_name = 'pgtick-web' AND datname = current_database()"
+    ).fetchone()
+    assert dropped is not None and dropped[0] >= 1
+    codes = [client.get(path).status_code for path in ("/", "/runs", "/definitions", "/running")]
+    assert codes == [200, 200, 200, 200], codes
+
+
 def test_wrong_passwords_sent_at_once_are_answered_one_after_another(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,6 +42,9 @@ class Database:
             open=False,
             kwargs={"autocommit": True, "row_factory": dict_row, "application_name": "pgtick-web"},
             timeout=15,
+            # A pooled connection the server dropped (a restart) is found out before a page
+            # gets it, not one failed page per connection after.
+            check=AsyncConnectionPool.check_connection,
         )
         self.access = Access("?", False, False)
         self.features = Features(frozenset(), frozenset())

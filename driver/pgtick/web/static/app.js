@@ -42,12 +42,17 @@ function autoRefresh() {
     }
     fetch(window.location.href, { credentials: "same-origin", headers: { "X-Refresh": "1" } })
       .then(function (response) {
-        return response.ok ? response.text() : null;
+        if (!response.ok) {
+          stale("the dashboard answered " + response.status + (response.status === 503 ? " (database unavailable)" : ""));
+          return null;
+        }
+        return response.text();
       })
       .then(function (html) {
         if (!html) {
           return;
         }
+        stale(null);
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("main");
         if (!fresh) {
           return;
@@ -63,8 +68,29 @@ function autoRefresh() {
         }
         wire(main);
       })
-      .catch(function () { /* the next tick tries again */ });
+      .catch(function () { stale("the dashboard did not answer"); });
   }, seconds * 1000);
+}
+
+// A refresh that failed leaves the page as it was: say so above it, with since when, so
+// nobody reads stale numbers as current; the next refresh that works takes the note away.
+var staleSince = null;
+function stale(why) {
+  var note = document.getElementById("stale");
+  if (!why) {
+    staleSince = null;
+    if (note) { note.remove(); }
+    return;
+  }
+  staleSince = staleSince || new Date();
+  if (!note) {
+    note = document.createElement("p");
+    note.id = "stale";
+    note.className = "flash error";
+    var main = document.getElementById("main");
+    main.parentNode.insertBefore(note, main);
+  }
+  note.textContent = "Not refreshed since " + staleSince.toISOString().slice(11, 19) + "Z: " + why + ". What follows may be out of date.";
 }
 
 document.addEventListener("DOMContentLoaded", function () {
