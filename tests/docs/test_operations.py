@@ -35,7 +35,7 @@ def seed(conn: Conn) -> int:
         "SELECT jobs.define('every-minute', 'tick', schedule => '* * * * *', max_concurrent_runs => 1,"
         " overlap_policy => 'skip')"
     )
-    conn.execute("SELECT jobs.define('broken', 'tick', schedule => 'FREQ=DAILY;BYHOUR=99')")
+    conn.execute("SELECT jobs.define('broken', 'tick', schedule => '0 0 30 2 *')")  # never occurs
     conn.execute("SELECT jobs.define('launch', 'announce', run_at => now() - interval '1 hour')")
     conn.execute("SELECT jobs.materialize_one_shots()")
     conn.execute(
