@@ -73,16 +73,19 @@ COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS 'Private: the part
 
 -- Lock up to batch_size runs of jobs.runs that finished before cutoff, oldest first, passing
 -- over runs another transaction holds: the batch jobs.archive moves and jobs.prune deletes.
-CREATE OR REPLACE FUNCTION jobs._lock_finished_before(cutoff timestamptz, batch_size integer)
+DROP FUNCTION IF EXISTS jobs._lock_finished_before(timestamptz, integer);
+CREATE OR REPLACE FUNCTION jobs._lock_finished_before(
+    cutoff timestamptz, batch_size integer, passing_over bigint[] DEFAULT '{}'
+)
 RETURNS TABLE (run_id bigint, finished_at timestamptz)
 LANGUAGE sql VOLATILE AS $$
     SELECT r.id, r.finished_at FROM jobs.runs AS r
-     WHERE r.finished_at < cutoff
+     WHERE r.finished_at < cutoff AND r.id <> ALL (passing_over)
      ORDER BY r.finished_at
      LIMIT batch_size
        FOR UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer) IS 'Private: lock (FOR UPDATE SKIP LOCKED) and return up to batch_size runs of jobs.runs finished before cutoff, oldest first.';
+COMMENT ON FUNCTION jobs._lock_finished_before(timestamptz, integer, bigint[]) IS 'Private: lock (FOR UPDATE SKIP LOCKED) and return up to batch_size runs of jobs.runs finished before cutoff, oldest first, but for those in passing_over.';
 
 -- Move up to batch_size runs finished more than jobs.config.archive_after ago from jobs.runs
 -- to jobs.run_history, oldest first; returns how many. The leader calls it while it returns

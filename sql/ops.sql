@@ -418,8 +418,10 @@ BEGIN
         v_count := v_count + v_rows;
     END LOOP;
     -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row,
-    -- but for those a blocked run waits on, read with the batch locked (as above).
-    SELECT array_agg(v.run_id) INTO v_batch FROM jobs._lock_finished_before(v_cutoff, prune.batch_size) AS v;
+    -- but for those a blocked run waits on: passed over in the batch (so a long list of them
+    -- cannot fill every batch), and read again with the batch locked (as above).
+    SELECT array_agg(v.run_id) INTO v_batch
+      FROM jobs._lock_finished_before(v_cutoff, prune.batch_size, jobs._waited_on()) AS v;
     v_kept := jobs._waited_on();
     DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_batch) AND r.id <> ALL (v_kept);
     GET DIAGNOSTICS v_rows = ROW_COUNT;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ import psycopg
 from pgtick import calls
 from pgtick.app import Context
 from pgtick.db import DB_ERRORS, connect
-from pgtick.logs import log_outcome
+from pgtick.reporter import log_run_outcome
 
 log = logging.getLogger("pgtick.worker")
 
@@ -144,15 +143,6 @@ class HeartbeatLoop:
                 return
             if failed is not None:
                 log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, message)
-                log_outcome(  # one line per run outcome, as the reporter writes for the others
-                    run_id=ctx.run_id,
-                    kind=ctx.kind,
-                    definition=ctx.run.get("definition"),
-                    status="FAILED",
-                    attempt=ctx.attempt,
-                    duration=time.monotonic() - ctx.started,
-                    worker=self.worker_id,
-                    error=f"Timeout: {message}",
-                    retry_run_id=failed[0] if failed[1] == "QUEUED" else None,
-                )
+                retry = failed[0] if failed[1] == "QUEUED" else None
+                log_run_outcome(ctx, self.worker_id, "FAILED", f"Timeout: {message}", retry)
             self.owner.lost(ctx)

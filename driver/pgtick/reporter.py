@@ -87,6 +87,25 @@ def refusal_text(exc: BaseException) -> str:
     return describe(exc)
 
 
+def log_run_outcome(
+    ctx: Context, worker_id: str, status: str, error: str | None = None, retry_run_id: int | None = None
+) -> None:
+    """The one line a run's outcome gets (``pgtick.logs.log_outcome``), its duration counted
+    from when its job began; the reporter writes it, and the heartbeat loop for a run it fails
+    past its kind's timeout."""
+    log_outcome(
+        run_id=ctx.run_id,
+        kind=ctx.kind,
+        definition=ctx.run.get("definition"),
+        status=status,
+        attempt=ctx.attempt,
+        duration=time.monotonic() - ctx.started,
+        worker=worker_id,
+        error=error,
+        retry_run_id=retry_run_id,
+    )
+
+
 class Reporter:
     """Holds outcomes until reported and settles each: events, logs, and ``release`` of the run."""
 
@@ -207,17 +226,7 @@ class Reporter:
         elif o.action == "fail":
             message = None if o.message is None else storable(o.message)
             error = f"{o.reason}: {message}" if o.reason != "Error" else message
-        log_outcome(
-            run_id=ctx.run_id,
-            kind=ctx.kind,
-            definition=ctx.run.get("definition"),
-            status=status,
-            attempt=ctx.attempt,
-            duration=time.monotonic() - ctx.started,
-            worker=self.worker_id,
-            error=error,
-            retry_run_id=retry_run_id,
-        )
+        log_run_outcome(ctx, self.worker_id, status, error, retry_run_id)
         self._forget(ctx)
 
     def _forget(self, ctx: Context) -> None:

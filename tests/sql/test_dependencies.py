@@ -242,6 +242,22 @@ def test_discard_and_prune_keep_the_failed_attempts_of_a_chain_a_run_waits_on(co
     assert scalar(conn, "SELECT jobs.prune('0 s')") == 2  # the second attempt and the third
 
 
+def test_prune_passes_over_the_kept_attempts_to_the_runs_behind_them(conn: Conn) -> None:
+    """The kept attempts are the oldest finished runs here, and the batch holds one run: prune
+    still deletes the run behind them rather than picking the kept ones every time."""
+    first, second, _, _ = _open_chain(conn)
+    conn.execute(
+        "UPDATE jobs.runs SET finished_at = now() - interval '2 days' WHERE id = ANY(%s)", ([first, second],)
+    )
+    done = _enqueue(conn, "plain")
+    assert scalar(conn, "SELECT id FROM jobs.claim(1, 'w2', ARRAY['plain'])") == done
+    conn.execute("SELECT jobs.complete(%s, 'w2')", (done,))
+    conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '1 day' WHERE id = %s", (done,))
+    assert scalar(conn, "SELECT jobs.prune('12 hours', 1)") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE id = %s", (done,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s)", ([first, second],)) == 2
+
+
 def test_a_discarded_chain_that_fails_for_good_still_cancels_the_run_waiting_on_it(conn: Conn) -> None:
     first, second, third, waiting = _open_chain(conn)
     assert scalar(conn, "SELECT jobs.discard(%s)", ([first, second],)) == 0
