@@ -374,9 +374,9 @@ def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> No
         try:
             wait_for("both runs to be claimed", lambda: runs_in(conn, "RUNNING") == 2, timeout=60)
             conn.execute("SELECT jobs.cancel(%s)", second)
-            wait_for(
-                "the waiting run to see its cancel",
-                lambda: worker.held()[second[0]].cancel_requested,
+            wait_for(  # (the claim commits before the worker holds what it returned)
+                "the waiting run to be held and see its cancel",
+                lambda: (held := worker.held().get(second[0])) is not None and held.cancel_requested,
                 timeout=60,
             )
             release.set()
