@@ -29,6 +29,8 @@ from decimal import Decimal
 from typing import Any, TextIO
 from zoneinfo import ZoneInfo
 
+from rich.cells import cell_len
+
 from pgtick.errors import UsageError
 
 # ---------------------------------------------------------------------------- style
@@ -207,7 +209,9 @@ class Table:
     def render(self, style: Style, *, wide: bool = False) -> str:
         cols = [c for c in self.columns if wide or not c.wide_only]
         cells = [[_one_line(c.cell(r)) for c in cols] for r in self.rows]
-        widths = [max([len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
+        widths = [
+            max([visible_len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)
+        ]
         keep = list(range(len(cols)))
         if not wide:
             keep, widths = _fit(cols, widths, style.width)
@@ -230,8 +234,33 @@ _ESCAPES = re.compile(r"\033\[[0-9;]*m")
 
 
 def visible_len(text: str) -> int:
-    """Columns the text takes on screen (colour codes take none)."""
-    return len(_ESCAPES.sub("", text))
+    """Columns the text takes on screen: a wide character (CJK, most emoji) takes two, a
+    combining mark none, and colour codes none."""
+    return cell_len(_ESCAPES.sub("", text))
+
+
+def _clusters(text: str) -> list[str]:
+    """``text`` as the units a cut must keep whole: a character with the combining marks
+    (and other zero-width characters) after it, and emoji joined by a zero-width joiner."""
+    out: list[str] = []
+    for ch in text:
+        if out and (cell_len(ch) == 0 or out[-1].endswith("\u200d")):
+            out[-1] += ch
+        else:
+            out.append(ch)
+    return out
+
+
+def _head(parts: Sequence[str], width: int) -> list[str]:
+    """The leading clusters of ``parts`` that fit ``width`` columns."""
+    taken: list[str] = []
+    used = 0
+    for part in parts:
+        used += cell_len(part)
+        if used > width:
+            break
+        taken.append(part)
+    return taken
 
 
 def _one_line(text: str) -> str:
@@ -251,12 +280,15 @@ def clip(text: str, width: int) -> str:
 def _cut(text: str, width: int, *, middle: bool = False) -> str:
     if visible_len(text) <= width:
         return text
-    plain = _ESCAPES.sub("", text)  # a cut cell loses its colour rather than its reset code
+    # A cut cell loses its colour rather than its reset code; it is cut by columns, never
+    # inside a wide character or between a letter and its accent (the padding makes up a
+    # column a wide character could not fill).
+    parts = _clusters(_ESCAPES.sub("", text))
     keep = max(width - 1, 0)
     if middle and keep >= 5:
         tail = keep // 2
-        return plain[: keep - tail] + "…" + plain[len(plain) - tail :]
-    return plain[:keep] + "…"
+        return "".join(_head(parts, keep - tail)) + "…" + "".join(_head(parts[::-1], tail)[::-1])
+    return "".join(_head(parts, keep)) + "…"
 
 
 #: Columns of this priority or higher are dropped before any text is cut.

@@ -443,3 +443,81 @@ def test_runs_of_a_definition_that_does_not_exist_warns_on_stderr(
     out, err = capsys.readouterr()
     assert (out, err) == ("no runs\n", "pgtick runs: warning: no definition is named 'nightly-reprot'\n")
     assert run_cli(capsys, "runs", "--definition", "sync-crm", "--dsn", fixed.dsn) == "no runs\n"
+
+
+#: Names a terminal shows wider or narrower than their length: Chinese (two columns a
+#: character), emoji (two), an accent written as a combining mark (none), Arabic.
+UNICODE_NAMES = """
+SELECT jobs.define('每日报表生成任务-亚太区域-销售', '报表生成', schedule => '0 3 * * *',
+                   timezone => 'Asia/Shanghai');
+SELECT jobs.define('🚀-launch-🎉-party', 'émoji-kind-🎯', schedule => '*/5 * * * *');
+SELECT jobs.define(E'cafe\\u0301-nightly-re\\u0301sume\\u0301', 'report', schedule => '0 4 * * *');
+SELECT jobs.define('تقرير-يومي-للمبيعات', 'report', schedule => '0 5 * * *', timezone => 'Asia/Riyadh');
+INSERT INTO jobs.runs (definition_id, kind, status, scheduled_for, started_at, finished_at,
+                       failure_reason, error)
+SELECT id, kind, 'FAILED', '2026-11-30 11:00Z', '2026-11-30 11:00Z', '2026-11-30 11:01Z', 'Error',
+       '错误 数据库连接失败 请检查网络设置以及防火墙配置 然后再试一次 🔥🔥🔥'
+  FROM jobs.definitions WHERE name NOT IN ('launch', 'sync-crm');
+"""
+
+
+def columns(text: str) -> int:
+    """Columns ``text`` takes on a terminal (measured without the code under test)."""
+    import unicodedata
+
+    return sum(
+        0
+        if unicodedata.combining(c) or c in "\u200d\ufe0f"
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
+        for c in text
+    )
+
+
+@pytest.mark.parametrize(
+    "argv", [["runs"], ["definitions"], ["status"]], ids=["runs", "definitions", "status"]
+)
+@pytest.mark.parametrize("width", [100, 60])
+def test_wide_and_combining_characters_fit_and_line_up(
+    fixed: Database, capsys: pytest.CaptureFixture[str], argv: list[str], width: int
+) -> None:
+    """Names and errors in Chinese, with emoji or with combining accents: a table is measured
+    in terminal columns, not characters, so it still fits (into a pipe and under a real
+    pseudo-terminal) and its columns line up; a name is not cut because of its accents."""
+    with fixed.connect() as conn:
+        conn.execute(UNICODE_NAMES)
+    if width == 100:
+        out = text_of(run_cli(capsys, *argv, "--dsn", fixed.dsn))
+    else:
+        env = tty_env(NO_COLOR="1")
+        env["COLUMNS"] = str(width)
+        code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
+        assert code == 0, raw
+        out = text_of(raw.replace("\r\n", "\n"))
+    lines = out.splitlines()
+    too_wide = [line for line in lines if columns(line) > width]
+    assert not too_wide, f"lines wider than {width} columns in `pgtick {argv[0]}`:\n" + "\n".join(too_wide)
+    header = next(line for line in lines if line.startswith(("ID ", "NAME ", "DEFINITION ")))
+    table = lines[lines.index(header) + 1 :]
+    rows = table[: table.index("")] if "" in table else table
+    assert len(rows) >= 8, out
+    if width == 100 and argv != ["runs"]:  # (runs cuts names to make room for the errors)
+        assert any("café-nightly-résumé " in line.replace("e\u0301", "é") for line in rows), (
+            f"a name with combining accents cut though it fits:\n{out}"
+        )
+    # The column after the name starts at the same screen column on every row as in the header.
+    after = {"runs": "TRY", "definitions": "SCHEDULE", "status": "NEXT"}[argv[0]]
+    if f" {after} " in header or header.endswith(f" {after}"):
+        start = columns(header[: header.index(f" {after}") + 1])
+        for row in rows:
+            cell = row[len(row) - len(row.lstrip()) :]
+            prefix = ""
+            for ch in row:  # the row up to the screen column where the header's column starts
+                if columns(prefix + ch) > start:
+                    break
+                prefix += ch
+            assert columns(prefix) == start and prefix.endswith("  "), (
+                f"{after} does not line up in:\n{header}\n{row}\n(all:\n{out})"
+            )
+            assert cell
