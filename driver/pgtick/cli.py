@@ -46,6 +46,7 @@ from pgtick.terminal import (
     mark,
     outcome_of,
     paint,
+    printable,
     relative,
     seconds,
     status_word,
@@ -1169,7 +1170,7 @@ def cmd_runs(args: argparse.Namespace) -> Result:
 
 
 def _first_line(r: dict[str, Any]) -> str:
-    lines = (r["error"] or "").splitlines()
+    lines = printable(r["error"] or "").splitlines()
     return lines[0] if lines else ""
 
 
@@ -1222,7 +1223,7 @@ def cmd_show(args: argparse.Namespace) -> Result:
             for a in r["attempts"]:  # one line each: the error in full is below, as stored
                 here = "  <- this run" if a["id"] == r["id"] else ""
                 head = f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}"
-                reason = f"  {a['failure_reason']}: {a['error']}" if a["error"] else ""
+                reason = f"  {a['failure_reason']}: {printable(a['error'])}" if a["error"] else ""
                 if reason and not wide:
                     reason = clip(reason, max(style.width - visible_len(head) - len(here), 16))
                 lines.append(head + reason + here)
@@ -1233,7 +1234,7 @@ def cmd_show(args: argparse.Namespace) -> Result:
             lines.append(_indent(json.dumps(r["result"], indent=2, ensure_ascii=False)))
         if r["error"]:
             lines.append("error")
-            lines.append(_indent(r["error"]))
+            lines.append(_indent(printable(r["error"])))
         return "\n".join(lines)
 
     return Result(data, text)

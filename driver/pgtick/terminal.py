@@ -264,7 +264,26 @@ def _head(parts: Sequence[str], width: int) -> list[str]:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(str(text).split()) if "\n" in str(text) else str(text)
+    """A cell on one line: line breaks and tabs become single spaces."""
+    text = str(text)
+    return " ".join(text.split()) if any(c.isspace() and c != " " for c in text) else text
+
+
+#: Control characters but tab and line feed (C0, DEL and C1).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _shown_control(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"^{chr(code ^ 0x40)}" if code < 0x80 else f"\\x{code:02x}"
+
+
+def printable(text: str) -> str:
+    """Stored text (a job's error) as a terminal should show it: a control character is
+    written as ``^[`` (C0, DEL: caret notation) or ``\\x9b`` (C1), so an escape sequence in
+    it can neither recolour, clear nor retitle the screen nor move the cursor; tabs and line
+    breaks stay."""
+    return _CONTROL.sub(_shown_control, text)
 
 
 def _pad(text: str, width: int, right: bool) -> str:
