@@ -7,10 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from pgtick import calls
-from pgtick.errors import PgtickError
+from pgtick.errors import PgtickError, UsageError
 
 Connection = psycopg.Connection[Any]
 
@@ -86,9 +87,15 @@ def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
     """--dsn, else $DATABASE_URL, else the embedded PostgreSQL."""
     if explicit:
         return explicit
-    env = os.environ.get("DATABASE_URL") or os.environ.get("PGTICK_DSN")
-    if env:
-        return env
+    for variable in ("DATABASE_URL", "PGTICK_DSN"):
+        env = os.environ.get(variable)
+        if env:
+            try:
+                conninfo_to_dict(env)
+            except psycopg.ProgrammingError as exc:  # a typo in the environment is a usage error
+                why = " ".join(str(exc).split())
+                raise UsageError(f"${variable}: not a connection string or URL: {why}") from None
+            return env
     return start_embedded()
 
 

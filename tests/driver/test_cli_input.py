@@ -416,3 +416,17 @@ def test_a_database_without_the_schema_says_to_migrate(pg: Server) -> None:
             assert len(result.stderr.splitlines()) == 1 and "run pgtick migrate" in result.stderr, shown
     finally:
         pg.drop_database(empty)
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "PGTICK_DSN"])
+@pytest.mark.parametrize("argv", [["status"], ["runs", "--json"], ["run", "examples/app.py"]])
+def test_a_bad_dsn_in_the_environment_is_a_usage_error_naming_the_variable(
+    variable: str, argv: list[str]
+) -> None:
+    """A connection string with a typo in $DATABASE_URL is the same mistake as in --dsn:
+    exit 2 and one line that says where the bad text came from."""
+    env = {**env_for(None), variable: "postgresql://[::1"}
+    result = subprocess.run(
+        [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert_refused(result, f"${variable}: not a connection string or URL")
