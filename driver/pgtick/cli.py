@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import textwrap
 import time
@@ -40,6 +41,7 @@ from pgtick.terminal import (
     clip,
     compact_duration,
     display_now,
+    fit_screen,
     full_time,
     iso,
     local_time,
@@ -1090,17 +1092,25 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
         if not args.watch:
             snap = status_snapshot(conn, args.recent, args.limit, args.offset)
             return Result(snap, lambda style, wide: render_status(snap, style, wide))
-        while True:
-            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
-            if args.json:
-                print(json.dumps(snap))
-            elif sys.stdout.isatty():
-                print("\033[2J\033[H", end="")  # clear the screen, then draw
-                print(render_status(snap, Style.detect(sys.stdout), args.wide))
-            else:  # a pipe or a file: one snapshot after another
-                print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
-            sys.stdout.flush()
-            time.sleep(args.watch)
+        screen_drawn = False
+        try:
+            while True:
+                snap = status_snapshot(conn, args.recent, args.limit, args.offset)
+                if args.json:
+                    print(json.dumps(snap))
+                elif sys.stdout.isatty():  # clear the screen, then draw what fits on it
+                    screen = shutil.get_terminal_size()
+                    frame = render_status(snap, Style.detect(sys.stdout), args.wide)
+                    more = "a taller terminal, or fewer definitions with --limit"
+                    print("\033[2J\033[H" + fit_screen(frame, screen.lines, screen.columns, more), end="")
+                    screen_drawn = True
+                else:  # a pipe or a file: one snapshot after another
+                    print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
+                sys.stdout.flush()
+                time.sleep(args.watch)
+        finally:
+            if screen_drawn:  # the screen's last line has no line break: the prompt or an error starts below
+                print(flush=True)
 
 
 def _lease_leader(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:

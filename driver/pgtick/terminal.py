@@ -291,6 +291,30 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
+def fit_screen(text: str, rows: int, columns: int, more: str) -> str:
+    """``text`` cut to the lines that fill a screen of ``rows`` by ``columns`` (a line
+    wider than the screen takes the rows it wraps onto), with a last line saying how many
+    were left out (``more`` says what to do about it). No line break at the end, so that
+    writing it does not scroll the screen."""
+    lines = text.split("\n")
+
+    def height(line: str) -> int:
+        return max(1, -(-visible_len(line) // max(columns, 1)))
+
+    if sum(height(line) for line in lines) <= rows:
+        return text
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        if used + height(line) > max(rows - 1, 0):
+            break
+        kept.append(line)
+        used += height(line)
+    left = len(lines) - len(kept)
+    kept.append(clip(f"… {left} more line{'s' if left != 1 else ''}: {more}", columns))
+    return "\n".join(kept)
+
+
 def clip(text: str, width: int) -> str:
     """``text`` cut with an ellipsis to ``width`` columns (for a line that is not a table)."""
     return _cut(_one_line(text), max(width, 1))

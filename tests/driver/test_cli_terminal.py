@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import re
 import select
+import signal
+import struct
 import subprocess
+import termios
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -225,3 +231,61 @@ def test_completion_offers_the_commands(tmp_path: Path) -> None:
     }
     subprocess.run([*PGTICK], env=env, cwd=ROOT, timeout=60, check=False, capture_output=True)
     assert set(out.read_text().split()) == {"status"}, out.read_text()
+
+
+def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line(db: Database) -> None:
+    """`pgtick status --watch` on a terminal shorter than the status: each redraw fills the
+    screen from the top (the leader and the table's header stay in sight) and says how many
+    lines it left out, instead of scrolling them away and filling the scrollback with a copy
+    per refresh; Ctrl-C leaves the last screen there and the prompt on a line of its own."""
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('definition-' || i, 'k', schedule => '0 3 * * *')"
+            " FROM generate_series(1, 40) AS i"
+        )
+    rows, columns = 12, 60
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    env = tty_env()
+    env.pop("COLUMNS")
+    env.pop("LINES")
+    proc = subprocess.Popen(
+        [*PGTICK, "status", "--watch", "0.2", "--dsn", db.dsn],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=ROOT,
+    )
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while out.count(b"\033[2J\033[H") < 3 and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                out += os.read(master, 65536)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        while select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = re.sub(r"\033\[[0-9;]*m", "", out.decode())
+    frames = text.split("\033[2J\033[H")[1:]
+    assert len(frames) >= 3, f"three redraws within 60 s:\n{text!r}"
+    for frame in frames[:-1]:
+        lines = frame.split("\r\n")
+        screen_rows = sum(max(1, -(-len(line) // columns)) for line in lines)
+        assert screen_rows <= rows, f"a redraw {screen_rows} rows high on a {rows}-row screen:\n{frame}"
+        assert lines[0].startswith("leader") and any(line.startswith("DEFINITION") for line in lines), frame
+        assert re.fullmatch(r"… \d+ more lines: .*", lines[-1]), frame
+    assert text.endswith("\r\n"), f"the prompt starts on a line of its own:\n{text[-200:]!r}"
