@@ -1197,6 +1197,10 @@ def cmd_show(args: argparse.Namespace) -> Result:
     assert row is not None
     data = _jsonable(dict(row))
     assert data is not None
+    # The chain comes as JSON built in SQL, its times written in the session's TimeZone.
+    data["attempts"] = [
+        {**a, **{k: iso(_when(a.get(k))) for k in ("started_at", "finished_at")}} for a in row["attempts"]
+    ]
     data["duration"] = (
         seconds(row["finished_at"] - row["started_at"]) if row["finished_at"] and row["started_at"] else None
     )

@@ -547,3 +547,18 @@ def test_control_characters_in_an_error_reach_the_terminal_as_text(
     assert "^[]0;owned^G^[[2J\\x9b2K^?" in show, show
     data = json.loads(run_cli(capsys, "show", "5", "--json", "--dsn", fixed.dsn))
     assert data["error"] == error
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata", "America/St_Johns"])
+def test_show_json_gives_the_attempt_times_in_utc_whatever_the_session_zone(
+    fixed: Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, zone: str
+) -> None:
+    """The attempt chain of `pgtick show --json` is built as JSON in SQL; its times are UTC
+    with a Z like every other time in the output, not written in the session's TimeZone (a
+    server's `timezone` setting, the role's, or PGTZ)."""
+    monkeypatch.setenv("PGTZ", zone)
+    data = json.loads(run_cli(capsys, "show", "5", "--json", "--dsn", fixed.dsn))
+    validate("show", data)
+    (first, this) = data["attempts"]
+    assert (this["started_at"], this["finished_at"]) == (data["started_at"], data["finished_at"])
+    assert (first["started_at"], first["finished_at"]) == ("2026-11-29T01:00:01Z", "2026-11-29T01:00:04Z")
