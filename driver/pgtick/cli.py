@@ -49,6 +49,7 @@ from pgtick.terminal import (
     outcome_of,
     paint,
     printable,
+    redraws,
     relative,
     seconds,
     status_word,
@@ -632,7 +633,7 @@ def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _progress_enabled() -> bool:
-    return sys.stderr.isatty()
+    return redraws(sys.stderr)
 
 
 # -- commands -------------------------------------------------------------------------
@@ -1098,13 +1099,13 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
                 snap = status_snapshot(conn, args.recent, args.limit, args.offset)
                 if args.json:
                     print(json.dumps(snap))
-                elif sys.stdout.isatty():  # clear the screen, then draw what fits on it
+                elif redraws(sys.stdout):  # clear the screen, then draw what fits on it
                     screen = shutil.get_terminal_size()
                     frame = render_status(snap, Style.detect(sys.stdout), args.wide)
                     more = "a taller terminal, or fewer definitions with --limit"
                     print("\033[2J\033[H" + fit_screen(frame, screen.lines, screen.columns, more), end="")
                     screen_drawn = True
-                else:  # a pipe or a file: one snapshot after another
+                else:  # a pipe, a file or a dumb terminal: one snapshot after another
                     print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)

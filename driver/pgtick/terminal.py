@@ -60,6 +60,13 @@ class Style:
         )
 
 
+def redraws(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal that can move its cursor and clear its screen
+    (a progress bar, a redrawn screen): not a pipe or a file, and not ``TERM=dumb`` (an
+    Emacs shell buffer, for one), which would print the control codes as text."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and os.environ.get("TERM") != "dumb"
+
+
 # Status -> (mark, plain letter, colour). SKIPPED is a CANCELLED run with failure_reason Skipped.
 MARKS: dict[str, tuple[str, str, str]] = {
     "COMPLETED": ("✓", "C", "green"),

@@ -233,35 +233,19 @@ def test_completion_offers_the_commands(tmp_path: Path) -> None:
     assert set(out.read_text().split()) == {"status"}, out.read_text()
 
 
-def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line(db: Database) -> None:
-    """`pgtick status --watch` on a terminal shorter than the status: each redraw fills the
-    screen from the top (the leader and the table's header stay in sight) and says how many
-    lines it left out, instead of scrolling them away and filling the scrollback with a copy
-    per refresh; Ctrl-C leaves the last screen there and the prompt on a line of its own."""
-    with db.connect() as conn:
-        conn.execute(
-            "SELECT jobs.define('definition-' || i, 'k', schedule => '0 3 * * *')"
-            " FROM generate_series(1, 40) AS i"
-        )
-    rows, columns = 12, 60
+def watch_in_pty(argv: list[str], env: dict[str, str], rows: int, columns: int, until: bytes) -> str:
+    """Run a command that never ends by itself (``status --watch``) on a pseudo-terminal of
+    ``rows`` x ``columns`` until its output holds ``until`` three times (or 60 s), then
+    interrupt it as Ctrl-C does: exit 130. Returns all it wrote."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    env = tty_env()
-    env.pop("COLUMNS")
-    env.pop("LINES")
-    proc = subprocess.Popen(
-        [*PGTICK, "status", "--watch", "0.2", "--dsn", db.dsn],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        cwd=ROOT,
-    )
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen([*PGTICK, *argv], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT)
     os.close(slave)
     out = b""
     try:
         deadline = time.monotonic() + 60
-        while out.count(b"\033[2J\033[H") < 3 and time.monotonic() < deadline:
+        while out.count(until) < 3 and time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 0.5)
             if ready:
                 out += os.read(master, 65536)
@@ -279,7 +263,28 @@ def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line
         if proc.poll() is None:
             proc.kill()
         os.close(master)
-    text = re.sub(r"\033\[[0-9;]*m", "", out.decode())
+    return out.decode()
+
+
+def define_forty(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('definition-' || i, 'k', schedule => '0 3 * * *')"
+            " FROM generate_series(1, 40) AS i"
+        )
+
+
+def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line(db: Database) -> None:
+    """`pgtick status --watch` on a terminal shorter than the status: each redraw fills the
+    screen from the top (the leader and the table's header stay in sight) and says how many
+    lines it left out, instead of scrolling them away and filling the scrollback with a copy
+    per refresh; Ctrl-C leaves the last screen there and the prompt on a line of its own."""
+    define_forty(db)
+    rows, columns = 12, 60
+    out = watch_in_pty(
+        ["status", "--watch", "0.2", "--dsn", db.dsn], tty_env(), rows, columns, until=b"\033[2J\033[H"
+    )
+    text = re.sub(r"\033\[[0-9;]*m", "", out)
     frames = text.split("\033[2J\033[H")[1:]
     assert len(frames) >= 3, f"three redraws within 60 s:\n{text!r}"
     for frame in frames[:-1]:
@@ -289,3 +294,21 @@ def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line
         assert lines[0].startswith("leader") and any(line.startswith("DEFINITION") for line in lines), frame
         assert re.fullmatch(r"… \d+ more lines: .*", lines[-1]), frame
     assert text.endswith("\r\n"), f"the prompt starts on a line of its own:\n{text[-200:]!r}"
+
+
+def test_a_dumb_terminal_gets_no_control_codes(db: Database) -> None:
+    """TERM=dumb (an Emacs shell buffer) is a terminal that cannot clear its screen or draw
+    a bar: `status --watch` prints one snapshot after another as into a pipe, and migrate
+    prints its summary alone, with no control codes shown as text."""
+    define_forty(db)
+    out = watch_in_pty(
+        ["status", "--watch", "0.2", "--dsn", db.dsn],
+        {**tty_env(), "TERM": "dumb"},
+        24,
+        80,
+        until=b"DEFINITION",
+    )
+    assert "\033" not in out, f"control codes on a dumb terminal:\n{out[:400]!r}"
+    assert out.count("leader  none") >= 3, out[:400]
+    code, out = in_pty(["migrate", "--dsn", db.dsn], {**tty_env(), "TERM": "dumb"})
+    assert (code, out) == (0, "schema up to date\r\n")
