@@ -1032,11 +1032,12 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     out.append(table.render(style, wide=wide) if snap["definitions"] else "no definitions")
     summary = snap.get("summary")
     if summary and summary["definitions"] > len(snap["definitions"]):
-        out.append(
+        shown = (
             f"({len(snap['definitions'])} of {summary['definitions']} definitions shown: --limit, --offset;"
             f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
             f" {summary['materialize_errors']} failing to materialize)"
         )
+        out.extend(textwrap.wrap(shown, style.width, subsequent_indent=" ", break_on_hyphens=False))
     notes: list[tuple[str, str | None]] = []  # (text, colour)
     for d in snap["definitions"]:
         if d["schedule_error"]:

@@ -562,3 +562,18 @@ def test_show_json_gives_the_attempt_times_in_utc_whatever_the_session_zone(
     (first, this) = data["attempts"]
     assert (this["started_at"], this["finished_at"]) == (data["started_at"], data["finished_at"])
     assert (first["started_at"], first["finished_at"]) == ("2026-11-29T01:00:01Z", "2026-11-29T01:00:04Z")
+
+
+def test_status_of_more_definitions_than_a_page_fits_the_width(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """More definitions than --limit shows: the line that says how many are left out (and
+    how many are paused or failing) wraps within the width like the notes do."""
+    with fixed.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('bulk-' || i, 'k', schedule => '0 3 * * *') FROM generate_series(1, 60) AS i"
+        )
+    out = run_cli(capsys, "status", "--limit", "5", "--dsn", fixed.dsn)
+    too_wide = [line for line in out.splitlines() if len(line) > 100]
+    assert not too_wide, f"lines wider than 100 columns:\n{too_wide}"
+    assert "(5 of 64 definitions shown: --limit, --offset; 1 paused," in out, out
