@@ -32,7 +32,7 @@ import psycopg
 
 from pgtick import __version__, calls, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
-from pgtick.db import connect, connect_dicts, resolve_dsn
+from pgtick.db import connect, connect_dicts, resolve_dsn, without_password
 from pgtick.errors import InvalidArgument, PgtickError, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
@@ -254,7 +254,9 @@ def parse_dsn(text: str) -> str:
     try:
         conninfo_to_dict(text)
     except psycopg.ProgrammingError as exc:
-        raise argparse.ArgumentTypeError(f"not a connection string or URL: {exc}") from None
+        raise argparse.ArgumentTypeError(
+            f"not a connection string or URL: {without_password(str(exc))}"
+        ) from None
     return text
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,15 @@ def connect_dicts(dsn: str, *, application_name: str = "pgtick") -> psycopg.Conn
     return conn
 
 
+_URI_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s\"]*:)[^\s\"]*@", re.IGNORECASE)
+
+
+def without_password(message: str) -> str:
+    """libpq's message about a connection URL it cannot parse, which quotes the URL, with the
+    URL's password masked: the message goes to a terminal and to CI logs."""
+    return _URI_PASSWORD.sub(r"\1***@", message)
+
+
 def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
     """--dsn, else $DATABASE_URL, else the embedded PostgreSQL."""
     if explicit:
@@ -93,7 +103,7 @@ def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
             try:
                 conninfo_to_dict(env)
             except psycopg.ProgrammingError as exc:  # a typo in the environment is a usage error
-                why = " ".join(str(exc).split())
+                why = without_password(" ".join(str(exc).split()))
                 raise UsageError(f"${variable}: not a connection string or URL: {why}") from None
             return env
     return start_embedded()

@@ -430,3 +430,22 @@ def test_a_bad_dsn_in_the_environment_is_a_usage_error_naming_the_variable(
         [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
     assert_refused(result, f"${variable}: not a connection string or URL")
+
+
+@pytest.mark.parametrize("where", ["--dsn", "DATABASE_URL"])
+def test_a_url_that_cannot_be_read_is_quoted_without_its_password(where: str) -> None:
+    """libpq quotes a URL it cannot parse in its message; the error line masks the password
+    (it goes to a terminal and to CI logs)."""
+    url = "postgresql://app:s3cr3t-Pa55@[::1/app"
+    env = env_for(None)
+    argv = ["status"]
+    if where == "--dsn":
+        argv += ["--dsn", url]
+    else:
+        env["DATABASE_URL"] = url
+    result = subprocess.run(
+        [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert_refused(result, "not a connection string or URL")
+    assert "s3cr" not in result.stderr and "Pa55" not in result.stderr, result.stderr
+    assert '"postgresql://app:***@[::1/app"' in result.stderr, result.stderr
