@@ -23,7 +23,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from pgtick.terminal import compact_duration
+from pgtick.terminal import compact_duration, printable
 
 #: Loggers ``pgtick run`` shows at INFO even without -v: these lines are its output.
 RUN_LOGGERS = ("pgtick.outcome", "pgtick.job", "pgtick.run", "pgtick.embedded")
@@ -138,6 +138,7 @@ def log_outcome(
     )
     if retry_run_id is not None:
         text += f" retry=run {retry_run_id}"
-    if error:
-        text += f" error={error.splitlines()[0] if error.splitlines() else error}"
+    if error:  # its control characters written out: a terminal would obey them, journald hides the line
+        lines = printable(error).splitlines()
+        text += f" error={lines[0] if lines else ''}"
     outcome_log.log(level, "%s", text, extra={"fields": fields})

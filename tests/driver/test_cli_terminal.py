@@ -312,3 +312,28 @@ def test_a_dumb_terminal_gets_no_control_codes(db: Database) -> None:
     assert out.count("leader  none") >= 3, out[:400]
     code, out = in_pty(["migrate", "--dsn", db.dsn], {**tty_env(), "TERM": "dumb"})
     assert (code, out) == (0, "schema up to date\r\n")
+
+
+def test_a_run_outcome_line_writes_the_errors_control_characters_out(caplog: Any) -> None:
+    """The human outcome line of `pgtick run` shows the first line of a failed run's error
+    with its control characters written out (``^[``): on a terminal an escape sequence in it
+    would recolour the log, and journald shows a line holding one as "[blob data]". The
+    JSON field keeps the error as it was."""
+    from pgtick.logs import log_outcome
+
+    error = "CalledProcessError: \033[31mFAILED\033[0m\x07 tests\nTraceback (most recent call last):"
+    with caplog.at_level("INFO", logger="pgtick.outcome"):
+        log_outcome(
+            run_id=7,
+            kind="k",
+            definition=None,
+            status="FAILED",
+            attempt=1,
+            duration=0.5,
+            worker="w",
+            error=error,
+        )
+    (record,) = [r for r in caplog.records if r.name == "pgtick.outcome"]
+    line = record.getMessage()
+    assert line.endswith(" error=CalledProcessError: ^[[31mFAILED^[[0m^G tests"), line
+    assert record.fields["error"] == error
