@@ -14,6 +14,7 @@ docs/cli.md) and how to show it to a person. Tables and marks live in
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ from pgtick.terminal import (
     status_word,
     to_csv,
     to_json,
+    utf8,
     visible_len,
 )
 
@@ -321,7 +323,7 @@ class Result:
 def _emit(args: argparse.Namespace, result: Result) -> int:
     fmt = getattr(args, "format", None) or ("json" if getattr(args, "json", False) else "table")
     if fmt == "json":
-        print(to_json(result.data))
+        print(to_json(result.data, ascii_only=not utf8(sys.stdout)))
     elif fmt == "csv":
         assert result.csv_fields is not None
         print(to_csv(result.data, result.csv_fields))
@@ -1562,6 +1564,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     except ImportError:  # completion is a convenience; the CLI works without it
         pass
+    if not utf8(sys.stdout) and isinstance(sys.stdout, io.TextIOWrapper):
+        # An output that is not UTF-8 (a legacy locale): a name it cannot encode is shown as
+        # "?" rather than ending the command in a traceback; JSON escapes it instead.
+        sys.stdout.reconfigure(errors="replace")
     argv = list(sys.argv[1:] if argv is None else argv)
     undecodable = _argv_is_text(argv)
     if undecodable is not None:

@@ -48,16 +48,20 @@ class Style:
     def detect(cls, stream: TextIO | None = None) -> Style:
         stream = stream or sys.stdout
         no_color = "NO_COLOR" in os.environ
-        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
         tty = bool(getattr(stream, "isatty", lambda: False)())
         width = 100
         if tty:
             width = min(100, shutil.get_terminal_size((100, 40)).columns)
         return cls(
-            unicode=encoding == "utf8" and not no_color,
+            unicode=utf8(stream) and not no_color,
             colour=tty and not no_color and os.environ.get("TERM") != "dumb",
             width=max(40, width),
         )
+
+
+def utf8(stream: TextIO) -> bool:
+    """True when ``stream`` writes UTF-8 (what it cannot encode it would refuse)."""
+    return (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "") == "utf8"
 
 
 def redraws(stream: TextIO) -> bool:
@@ -379,8 +383,10 @@ def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int],
 # ---------------------------------------------------------------------------- machine formats
 
 
-def to_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=_json_default)
+def to_json(value: Any, *, ascii_only: bool = False) -> str:
+    """``value`` as indented JSON; ``ascii_only`` escapes what is not ASCII (``\\u62a5``),
+    for an output that is not UTF-8: the same document, nothing lost."""
+    return json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
 from harness import PGTICK, ROOT, Database, env_for, in_pty, pgtick, scalar, tty_env
 
@@ -337,3 +338,33 @@ def test_a_run_outcome_line_writes_the_errors_control_characters_out(caplog: Any
     line = record.getMessage()
     assert line.endswith(" error=CalledProcessError: ^[[31mFAILED^[[0m^G tests"), line
     assert record.fields["error"] == error
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_an_output_that_is_not_utf8_gets_no_traceback(db: Database, encoding: str) -> None:
+    """A legacy locale's output cannot encode a Chinese or accented name: the table shows
+    "?" for what it cannot write (and letters for marks), JSON escapes it and loses nothing;
+    neither ends in a UnicodeEncodeError traceback."""
+    name = "每日报表-café-🚀"
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define(%s, 'k', schedule => '0 3 * * *')", (name,))
+        conn.execute(
+            "INSERT INTO jobs.runs (definition_id, kind, status, started_at, finished_at, failure_reason,"
+            " error) SELECT id, kind, 'FAILED', now(), now(), 'Error', '错误 …' FROM jobs.definitions"
+        )
+    env = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"} | {"PYTHONIOENCODING": encoding}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [*PGTICK, *argv, "--dsn", db.dsn], capture_output=True, env=env, cwd=ROOT, timeout=60
+        )
+
+    for argv in (["definitions"], ["runs"], ["status"], ["show", "1"], ["runs", "--format", "csv"]):
+        result = run(*argv)
+        assert (result.returncode, result.stderr) == (0, b""), (argv, result.stderr.decode(errors="replace"))
+        assert b"?" in result.stdout, (argv, result.stdout)
+    for argv in (["definitions", "--json"], ["show", "1", "--json"]):
+        result = run(*argv)
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout.decode("ascii"))
+        assert (data[0]["name"] if isinstance(data, list) else data["definition"]) == name
