@@ -20,11 +20,14 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
+import threading
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -634,6 +637,27 @@ def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
         else:
             out[k] = v
     return out
+
+
+@contextmanager
+def _interrupt_between() -> Iterator[Callable[[], bool]]:
+    """Within: a first Ctrl-C (SIGINT) is only noted, for the caller to stop between two
+    steps (``asked()`` says whether it came); a second one interrupts at once."""
+    noted: list[bool] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if noted:
+            raise KeyboardInterrupt
+        noted.append(True)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: bool(noted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _progress_enabled() -> bool:
@@ -1400,13 +1424,22 @@ def cmd_prune(args: argparse.Namespace) -> Result:
         from pgtick.progress import Bar
 
         deleted = 0
-        with Bar("prune", total, enabled=_progress_enabled()) as bar:
-            while True:
-                n = calls.prune_batch(conn, older, args.batch)
-                deleted += n
-                bar.advance(n)
-                if n < args.batch:
-                    break
+        try:
+            # Each batch commits: Ctrl-C stops after the batch in flight (a second one at
+            # once), so the count said below is what was deleted.
+            with Bar("prune", total, enabled=_progress_enabled()) as bar, _interrupt_between() as asked:
+                while True:
+                    n = calls.prune_batch(conn, older, args.batch)
+                    deleted += n
+                    bar.advance(n)
+                    if n < args.batch:
+                        break
+                    if asked():
+                        raise KeyboardInterrupt
+        except (KeyboardInterrupt, psycopg.Error, PgtickError) as exc:
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by the error below"
+            _warn("prune", f"{why} after deleting {deleted} of {total} finished runs")
+            raise
     return Result(
         {"dry_run": False, "rows": total, "deleted": deleted},
         lambda s, w: f"deleted {deleted} finished run{'s' if deleted != 1 else ''}",

@@ -368,3 +368,20 @@ def test_an_output_that_is_not_utf8_gets_no_traceback(db: Database, encoding: st
         assert result.returncode == 0, result.stderr
         data = json.loads(result.stdout.decode("ascii"))
         assert (data[0]["name"] if isinstance(data, list) else data["definition"]) == name
+
+
+def test_an_interrupted_prune_says_how_far_it_got(db: Database) -> None:
+    """Ctrl-C in the middle of `pgtick prune`: the batches done are committed, so it says on
+    stderr how many runs it deleted of how many before exiting 130; the bar is gone and the
+    cursor shown again."""
+    with db.connect() as conn:
+        add_history(conn, 100000)
+    out = watch_in_pty(
+        ["prune", "--older-than", "1d", "--batch", "20", "--dsn", db.dsn], tty_env(), 24, 100, until=b"prune"
+    )
+    found = re.search(r"pgtick prune: warning: interrupted after deleting (\d+) of 100000 finished runs", out)
+    assert found, f"no word of how far it got:\n{out[-600:]!r}"
+    with db.connect() as conn:
+        left = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE finished_at < now() - interval '1 day'")
+    assert left == 100000 - int(found.group(1)) and left > 0, left
+    assert out.rfind("\033[?25h") > out.rfind("\033[?25l"), "the cursor is shown again"
