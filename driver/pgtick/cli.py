@@ -22,7 +22,6 @@ import re
 import shutil
 import signal
 import sys
-import textwrap
 import threading
 import time
 import unicodedata
@@ -61,6 +60,7 @@ from pgtick.terminal import (
     to_json,
     utf8,
     visible_len,
+    wrap,
 )
 
 log = logging.getLogger("pgtick.cli")
@@ -1011,9 +1011,11 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     leader = snap["leader"]
     if leader:
         by = f"pid {leader['pid']}" if leader.get("pid") is not None else "by lease"
-        out.append(f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}")
+        line = f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}"
+        out.extend(wrap(line, style.width, indent="    "))
     else:
-        out.append(paint("leader  none: no scheduler is running, nothing new is materialized", "red", style))
+        line = "leader  none: no scheduler is running, nothing new is materialized"
+        out.extend(paint(part, "red", style) for part in wrap(line, style.width, indent="    "))
     if wide or snap.get("schema") is None:  # the schema version: on --wide, or when unknown
         out.append(_schema_line(snap.get("schema")))
 
@@ -1065,7 +1067,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
             f" {summary['materialize_errors']} failing to materialize)"
         )
-        out.extend(textwrap.wrap(shown, style.width, subsequent_indent=" ", break_on_hyphens=False))
+        out.extend(wrap(shown, style.width, indent=" "))
     notes: list[tuple[str, str | None]] = []  # (text, colour)
     for d in snap["definitions"]:
         if d["schedule_error"]:
@@ -1081,7 +1083,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     if notes:
         out.append("")
         for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
-            wrapped = textwrap.wrap(text, style.width, subsequent_indent="    ", break_on_hyphens=False)
+            wrapped = wrap(text, style.width, indent="    ")
             out.extend(paint(line, colour, style) for line in wrapped)
     queues = Table(
         [

@@ -302,6 +302,31 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
+def wrap(text: str, width: int, indent: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` terminal columns, broken at spaces (a wide
+    character counts two), the lines after the first indented by ``indent``; a word too long
+    for any line is cut with an ellipsis where it starts. Text that fits is left as it is."""
+    if visible_len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    line, fresh = "", True  # fresh: nothing on the line yet but its indent
+    for word in text.split(" "):
+        if fresh and not word:
+            continue  # no spaces at the start of a line
+        candidate = line + word if fresh else f"{line} {word}"
+        if visible_len(candidate) <= width:
+            line, fresh = candidate, False
+        elif visible_len(indent + word) > width:  # fits no line: cut it here
+            lines.append(_cut(candidate, width))
+            line, fresh = indent, True
+        else:
+            lines.append(line.rstrip())
+            line, fresh = indent + word, False
+    if not fresh:
+        lines.append(line)
+    return lines
+
+
 def fit_screen(text: str, rows: int, columns: int, more: str) -> str:
     """``text`` cut to the lines that fill a screen of ``rows`` by ``columns`` (a line
     wider than the screen takes the rows it wraps onto), with a last line saying how many

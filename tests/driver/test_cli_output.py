@@ -577,3 +577,20 @@ def test_status_of_more_definitions_than_a_page_fits_the_width(
     too_wide = [line for line in out.splitlines() if len(line) > 100]
     assert not too_wide, f"lines wider than 100 columns:\n{too_wide}"
     assert "(5 of 64 definitions shown: --limit, --offset; 1 paused," in out, out
+
+
+def test_status_notes_on_a_narrow_terminal_wrap_by_terminal_columns(db: Database) -> None:
+    """On a terminal 40 columns wide, the lines of `pgtick status` that are not a table (the
+    leader, the note on a kind no worker runs, here with a Chinese name) wrap within the
+    width as the terminal counts it, instead of running past the edge."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('生成每日销售报表并发送邮件给管理团队')")
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = "40"
+    code, raw = in_pty(["status", "--dsn", db.dsn], env)
+    assert code == 0, raw
+    lines = raw.replace("\r\n", "\n").splitlines()
+    too_wide = [line for line in lines if columns(line) > 40]
+    assert not too_wide, "lines wider than 40 columns:\n" + "\n".join(too_wide)
+    assert lines[0] == "leader  none: no scheduler is running,", lines
+    assert any(line.startswith("kind 生成每日") for line in lines), lines
