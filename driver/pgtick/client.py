@@ -32,6 +32,7 @@ import inspect
 import json
 import math
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
@@ -819,7 +820,17 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     _accepts = (psycopg.AsyncConnection, AsyncConnectionPool)
     _new_lock = asyncio.Lock
     _lock: asyncio.Lock
+    _lock_loop: weakref.ReferenceType[asyncio.AbstractEventLoop] | None = None
     _other = "Client for sync connections and pools", (psycopg.Connection, ConnectionPool)
+
+    def _loop_lock(self) -> asyncio.Lock:
+        """The lock of the running event loop. An asyncio.Lock belongs to the loop it first
+        waited in, and one client may serve one loop after another (a module-level client
+        under ``asyncio.run`` per call, or a test loop per test): each loop gets a new one."""
+        loop = asyncio.get_running_loop()
+        if self._lock_loop is None or self._lock_loop() is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), weakref.ref(loop)
+        return self._lock
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -828,7 +839,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         await self.close()
 
     async def close(self) -> None:
-        async with self._lock:
+        async with self._loop_lock():
             if self._own is not None:
                 await self._own.close()
                 self._own = None
@@ -846,10 +857,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            async with self._lock, self._conn.transaction():  # one call at a time on a shared connection
+            async with self._loop_lock(), self._conn.transaction():  # one call at a time on a connection
                 yield self._conn
         else:
-            async with self._lock:
+            async with self._loop_lock():
                 if self._own is None or self._own.closed or self._own.broken:
                     assert self._conninfo is not None
                     self._own = await psycopg.AsyncConnection.connect(

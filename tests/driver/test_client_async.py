@@ -108,3 +108,17 @@ async def test_concurrent_async_enqueues_share_one_client(client: AsyncClient, d
     runs = await asyncio.gather(*(client.enqueue("fan", {"i": i}) for i in range(20)))
     assert len({r.id for r in runs}) == 20
     assert await count_runs(db, "fan") == 20
+
+
+async def test_one_client_serves_one_event_loop_after_another(client: AsyncClient, db: Database) -> None:
+    """A client kept across event loops (a module-level client under asyncio.run per call, a
+    test loop per test) still takes concurrent calls in each loop."""
+
+    async def three(loop_number: int) -> list[Run]:
+        return list(await asyncio.gather(*(client.enqueue("loops", {"loop": loop_number}) for _ in range(3))))
+
+    assert len(await three(0)) == 3
+    for loop_number in (1, 2):  # each a new event loop, in a thread while this one waits
+        runs = await asyncio.to_thread(asyncio.run, three(loop_number))
+        assert [r.payload for r in runs] == [{"loop": loop_number}] * 3
+    assert await count_runs(db, "loops") == 9
