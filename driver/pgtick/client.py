@@ -33,7 +33,7 @@ import json
 import math
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -291,6 +291,11 @@ def read_time(
     (default) or second. ``skip`` and ``both`` cannot name one instant and are refused."""
     if value is None:
         return None
+    if not isinstance(value, str | datetime):  # a date has no time of day, a number no unit
+        raise InvalidArgument(
+            f"{field_name} must be a datetime or ISO 8601 text, got {type(value).__name__} {value!r}",
+            field=field_name,
+        )
     when = parse_time(value, field_name) if isinstance(value, str) else value
     if when.tzinfo is not None and when.utcoffset() is not None:
         try:
@@ -385,6 +390,10 @@ def _sql_value(name: str, value: Any) -> Any:
     if name in ("payload", "payloads", "result"):
         return _jsonb(name, value)
     if name == "depends_on":
+        if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+            raise InvalidArgument(
+                f"depends_on must be a list of run ids, got {type(value).__name__} {value!r}", field=name
+            )
         return [Int8(check_int(name, v)) for v in value]
     if name in RANGES:
         return check_int(name, value)
@@ -584,10 +593,11 @@ def _enqueue(kind: str, payload: Mapping[str, Any] | None, options: EnqueueOptio
 
 
 def _enqueue_many(
-    kind: str, payloads: Sequence[Mapping[str, Any]], options: EnqueueManyOptions
+    kind: str, payloads: Iterable[Mapping[str, Any]], options: EnqueueManyOptions
 ) -> _Call[list[Run]]:
-    if isinstance(payloads, Mapping | str | bytes):
+    if isinstance(payloads, Mapping | str | bytes) or not isinstance(payloads, Iterable):
         raise InvalidArgument("payloads must be a list of JSON objects (mappings)", field="payloads")
+    payloads = list(payloads)  # read once: an iterator is checked and sent, not used up by the check
     for i, p in enumerate(payloads):
         if not isinstance(p, Mapping):
             raise InvalidArgument(
@@ -751,7 +761,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     def enqueue_many(
         self,
         kind: str,
-        payloads: Sequence[Mapping[str, Any]],
+        payloads: Iterable[Mapping[str, Any]],
         *,
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
@@ -899,7 +909,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def enqueue_many(
         self,
         kind: str,
-        payloads: Sequence[Mapping[str, Any]],
+        payloads: Iterable[Mapping[str, Any]],
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],

@@ -185,6 +185,12 @@ def test_a_naive_run_at_without_tz_is_refused_before_anything_is_written(
     assert count_runs(db, "mail") == 0
 
 
+def test_enqueue_many_takes_its_payloads_from_any_iterable(client: Client, db: Database) -> None:
+    runs = client.enqueue_many("gen", ({"i": i} for i in range(3)))
+    assert [r.payload for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert count_runs(db, "gen") == 3
+
+
 def test_define_run_now_and_cancel(client: Client) -> None:
     definition = client.define(
         "nightly",

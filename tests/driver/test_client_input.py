@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -33,12 +33,23 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("timeout-huge", lambda c: c.enqueue("k", timeout=1e300), "timeout"),
     ("heartbeat-timeout-max", lambda c: c.enqueue("k", heartbeat_timeout=timedelta.max), "heartbeat_timeout"),
     ("depends-on-past-bigint", lambda c: c.enqueue("k", depends_on=[1, 2**63]), "depends_on"),
+    # one id where the function takes a list: an int is not iterable, text iterates its digits
+    ("depends-on-one-id", lambda c: c.enqueue("k", depends_on=5), "depends_on"),  # type: ignore[arg-type]
+    ("depends-on-text", lambda c: c.enqueue("k", depends_on="12"), "depends_on"),  # type: ignore[arg-type]
     ("kind-with-nul", lambda c: c.enqueue("a\x00b"), "kind"),
     ("payload-nan", lambda c: c.enqueue("k", {"a": float("nan")}), "payload"),
     ("payload-nul-key", lambda c: c.enqueue("k", {"a\x00": 1}), "payload"),
     ("payload-nested", lambda c: c.enqueue("k", {"a": _nested(100_000)}), "payload"),
     ("payloads-infinite", lambda c: c.enqueue_many("k", [{}, {"a": float("-inf")}]), "payloads"),
+    ("payloads-not-a-list", lambda c: c.enqueue_many("k", 5), "payloads"),  # type: ignore[arg-type]
     ("naive-run-at", lambda c: c.enqueue("k", run_at=datetime(2031, 1, 1)), "run_at"),
+    ("run-at-a-date", lambda c: c.enqueue("k", run_at=date(2031, 1, 1), tz="UTC"), "run_at"),  # type: ignore[arg-type]
+    ("run-at-epoch-seconds", lambda c: c.enqueue("k", run_at=1_900_000_000), "run_at"),  # type: ignore[arg-type]
+    (
+        "define-run-at-a-date",
+        lambda c: c.define("x", "k", run_at=date(2031, 1, 1), timezone="UTC"),  # type: ignore[arg-type]
+        "run_at",
+    ),
     (
         "run-at-past-year-9999",
         lambda c: c.enqueue("k", run_at=datetime(9999, 12, 31, 23), tz="America/New_York"),
