@@ -682,6 +682,19 @@ class _Source(Generic[_Conn, _Pool]):
                 + (f" (use {other})" if isinstance(source, its_sources) else "")
             )
 
+    def _callers(self, conn: Any) -> _Conn:
+        """``conn=`` as given, if it is a connection of the client's kind; else a TypeError
+        saying what it takes (an AsyncConnection to a Client, a pool or a conninfo string)."""
+        connection = self._accepts[0]
+        if not isinstance(conn, connection):
+            other, its_sources = self._other
+            raise TypeError(
+                f"{type(self).__name__}: conn= takes a psycopg.{connection.__name__} (one in your "
+                f"transaction), got {type(conn).__name__}"
+                + (f" (use {other})" if isinstance(conn, its_sources[0]) else "")
+            )
+        return conn
+
 
 class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     """Enqueue and manage runs from application code (see the module docstring for how
@@ -708,6 +721,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     @contextmanager
     def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
+            conn = self._callers(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                 conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
             with conn.transaction():
@@ -859,6 +873,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         self, conn: psycopg.AsyncConnection[Any] | None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
+            conn = self._callers(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                 await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
             async with conn.transaction():

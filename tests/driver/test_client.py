@@ -300,6 +300,30 @@ def test_a_client_refuses_what_it_cannot_connect_with() -> None:
         Client(42)  # type: ignore[arg-type]
 
 
+def test_conn_of_the_other_kind_is_a_type_error_saying_which_client_takes_it(db: Database) -> None:
+    import asyncio
+
+    from pgtick import AsyncClient
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn) as async_conn:
+            with (
+                Client(db.dsn) as client,
+                pytest.raises(TypeError, match=r"takes a psycopg\.Connection .*\(use AsyncClient"),
+            ):
+                client.enqueue("mixed", conn=async_conn)  # type: ignore[arg-type]
+        with db.connect() as sync_conn:
+            async with AsyncClient(db.dsn) as async_client:
+                with pytest.raises(TypeError, match=r"takes a psycopg\.AsyncConnection .*\(use Client"):
+                    await async_client.enqueue("mixed", conn=sync_conn)  # type: ignore[arg-type]
+            assert sync_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE, "nothing was sent"
+        with Client(db.dsn) as client, pytest.raises(TypeError, match=r"conn= takes .* got str"):
+            client.cancel(1, conn=db.dsn)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert count_runs(db, "mixed") == 0
+
+
 def test_threads_share_one_client(any_client: Client, db: Database) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
