@@ -104,6 +104,10 @@ BEGIN
     IF v_after IS NULL THEN
         RETURN 0;
     END IF;
+    -- First the lock the INSERT below takes anyway: a prune dropping a day holds ACCESS
+    -- EXCLUSIVE on jobs.run_history until it commits, so this waits for it, and the partitions
+    -- found next are those left after it (a day it dropped is made again), not a dropped one.
+    LOCK TABLE ONLY jobs.run_history IN ROW EXCLUSIVE MODE;
     SELECT array_agg(v.run_id), array_agg(DISTINCT (v.finished_at AT TIME ZONE 'UTC')::date)
       INTO v_ids, v_days
       FROM jobs._lock_finished_before(now() - v_after, archive.batch_size) AS v;

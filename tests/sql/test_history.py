@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from harness import (
+    BlockedCall,
     Conn,
     Database,
     enqueue,
@@ -225,6 +226,36 @@ def test_a_transaction_reading_history_neither_stops_a_new_day_nor_holds_up_prun
         reader.execute("COMMIT")
     assert scalar(conn, "SELECT jobs.prune('14 days')") == 3
     assert len(_partitions(conn)) == 1
+
+
+def test_an_archive_that_meets_a_prune_dropping_its_day_moves_its_runs_once_the_prune_commits(
+    db: Database, conn: Conn
+) -> None:
+    """A backlog being moved (an upgrade's history, a retention shorter than archive_after)
+    holds runs of days a prune drops. An archive that found its day's partition while the
+    prune dropping it had not committed waits for the prune, then makes the day again."""
+    day = "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '3 days 12 hours'"
+    first = finish_old(conn, 1, age="5 days")
+    conn.execute(f"UPDATE jobs.runs SET finished_at = {day} WHERE id = %s", (first[0],))
+    assert _archive_all(conn) == 1  # the day's partition exists
+    backlog = finish_old(conn, 2, age="5 days")  # then the same day, not moved yet
+    conn.execute(
+        f"UPDATE jobs.runs SET finished_at = {day} + id * interval '1 second' WHERE id = ANY(%s)", (backlog,)
+    )
+    with db.connect(autocommit=False) as pruner, db.connect() as archiver:
+        archiver.execute("SET statement_timeout = '60s'")
+        # Drops the day and deletes the older run of the backlog; not committed yet.
+        assert scalar(pruner, "SELECT jobs.prune('2 days', 1)") == 2
+        archiving = BlockedCall(
+            conn,
+            archiver,
+            lambda: scalar(archiver, "SELECT jobs.archive(1000)"),
+            "the archive to wait for the prune",
+        )
+        pruner.commit()
+        outcome = archiving.join(90)
+    assert outcome == [1], f"the archive failed or moved nothing: {outcome}"
+    assert [_where(conn, r) for r in [*first, *backlog]] == [None, None, "history"]
 
 
 def test_prune_drops_only_the_day_partitions_it_made_whatever_the_plan(conn: Conn) -> None:
