@@ -39,9 +39,15 @@ BEGIN
     FOREACH v_day IN ARRAY days LOOP
         v_name := jobs._history_partition_name(v_day);
         CONTINUE WHEN to_regclass(format('jobs.%I', v_name)) IS NOT NULL;
-        -- Two sessions archiving at once (the leader and an operator) create each day once.
-        PERFORM pg_advisory_xact_lock(hashtextextended('history partition:' || v_day, 0));
-        CONTINUE WHEN to_regclass(format('jobs.%I', v_name)) IS NOT NULL;
+        -- Two sessions archiving at once (the leader and an operator) create each day once, and
+        -- one session at a time: the ATTACH below holds its lock on jobs.run_history to commit,
+        -- so with a lock per day two sessions could each make a day and wait for the other's.
+        PERFORM pg_advisory_xact_lock(hashtextextended('history partitions', 0));
+        -- A statement (an expression would read the catalog as it was before the wait): it
+        -- sees a day another session made and committed while this one waited.
+        PERFORM FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'jobs'::regnamespace AND c.relname = v_name;
+        CONTINUE WHEN FOUND;
         -- Made apart, then attached: CREATE TABLE ... PARTITION OF would lock jobs.run_history
         -- against every reader, ATTACH takes a lock that readers and writers pass.
         EXECUTE format('CREATE TABLE jobs.%I (LIKE jobs.run_history INCLUDING ALL)', v_name);

@@ -494,6 +494,41 @@ def _archiver(dsn: str, seconds: float) -> int:
         return moved
 
 
+def _backlog_archiver(dsn: str) -> tuple[int, list[str]]:
+    """jobs.archive(5) until it finds nothing; what it moved and the errors it met."""
+    moved, errors = 0, []
+    with gated(dsn) as conn:
+        while True:
+            try:
+                n = int(scalar(conn, "SELECT jobs.archive(5)"))
+            except psycopg.Error as exc:
+                errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+                continue
+            if n == 0:
+                return moved, errors
+            moved += n
+
+
+def test_archives_at_once_move_a_backlog_of_many_days_without_errors(db: Database, conn: Conn) -> None:
+    """The leader and an operator (operations.md: jobs.archive by hand) move a backlog at once:
+    each new day is made once, whichever session needs it first, and neither fails (a day
+    made meanwhile, or two sessions each making a day and waiting for the other's)."""
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, scheduled_for, created_at, started_at, finished_at, worker)"
+        " SELECT 'k', 'COMPLETED', t - interval '1 minute', t - interval '1 minute', t, t, 'w'"
+        "   FROM (SELECT now() - interval '2 days' - g * interval '7 hours' AS t"
+        "           FROM generate_series(1, 600) AS g) AS s"
+    )
+    results = race_parts(db.dsn, [(_backlog_archiver, (db.dsn,)) for _ in range(3)])
+    errors = [e for _, part in results for e in part]
+    assert errors == [], f"{len(errors)} archive calls failed, first: {errors[:3]}"
+    assert sum(moved for moved, _ in results) == 600
+    assert scalar(conn, "SELECT count(*) FROM jobs.run_history") == 600
+    assert len(_partitions(conn)) == scalar(
+        conn, "SELECT count(DISTINCT (finished_at AT TIME ZONE 'UTC')::date) FROM jobs.run_history"
+    )
+
+
 #: How each keyed race enqueues: an idempotency key, or a unique key kept 'ever'.
 KEYED = {
     "idempotency_key": "SELECT id FROM jobs.enqueue('k', idempotency_key => %s)",
