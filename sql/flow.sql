@@ -41,15 +41,39 @@ $$;
 COMMENT ON FUNCTION jobs._chain_forward(bigint[]) IS 'Private: (root, run_id, attempt, status) of every run in the retry chains that start at run_ids.';
 
 -- Private: the given runs and every earlier attempt of theirs (following retry_of back).
+-- Every completion and final failure asks this while any run is blocked, so it reads history
+-- only for the ids jobs.runs does not hold: a read of jobs.run_history (jobs.runs_all) locks
+-- every day of it, and a year of days is thousands of locks a transaction, enough for a few
+-- workers completing at once to use up the server's lock table. STABLE: every statement reads
+-- the caller's snapshot, so a run moved meanwhile is seen in exactly one of the two.
 CREATE OR REPLACE FUNCTION jobs._chain_back(run_ids bigint[]) RETURNS bigint[]
-LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE chain AS (
-        SELECT r.id, r.retry_of FROM jobs.runs_all AS r WHERE r.id = ANY (run_ids)
-        UNION
-        SELECT r.id, r.retry_of FROM chain AS c JOIN jobs.runs_all AS r ON r.id = c.retry_of
-    )
-    SELECT coalesce(array_agg(chain.id), '{}') FROM chain
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_chain bigint[] := '{}';
+    v_level bigint[] := ARRAY(SELECT DISTINCT i FROM unnest(run_ids) AS i WHERE i IS NOT NULL);
+    v_found bigint[];
+    v_back bigint[];
+    v_moved_found bigint[];
+    v_moved_back bigint[];
+BEGIN
+    WHILE cardinality(v_level) > 0 LOOP
+        SELECT coalesce(array_agg(r.id), '{}'),
+               coalesce(array_agg(r.retry_of) FILTER (WHERE r.retry_of IS NOT NULL), '{}')
+          INTO v_found, v_back
+          FROM jobs.runs AS r WHERE r.id = ANY (v_level);
+        IF cardinality(v_found) < cardinality(v_level) THEN  -- moved to history, or no such run
+            SELECT coalesce(array_agg(h.id), '{}'),
+                   coalesce(array_agg(h.retry_of) FILTER (WHERE h.retry_of IS NOT NULL), '{}')
+              INTO v_moved_found, v_moved_back
+              FROM jobs.run_history AS h WHERE h.id = ANY (v_level) AND h.id <> ALL (v_found);
+            v_found := v_found || v_moved_found;
+            v_back := v_back || v_moved_back;
+        END IF;
+        v_chain := v_chain || v_found;
+        v_level := ARRAY(SELECT DISTINCT b FROM unnest(v_back) AS b WHERE b <> ALL (v_chain));
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT c FROM unnest(v_chain) AS c);
+END $$;
 COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS 'Private: run_ids plus all their earlier attempts (the ids a dependent may name for these chains).';
 
 -- Private: every run of the retry chains that a blocked run waits on. jobs.prune and

@@ -366,6 +366,76 @@ def test_a_unique_key_kept_ever_holds_after_its_run_moved(conn: Conn) -> None:
     assert with_key("active") != first, "'active' lets a new run in"
 
 
+def _history_days_locked(conn: Conn) -> int:
+    """How many day partitions of history this session's transaction holds a lock on."""
+    return int(
+        scalar(
+            conn,
+            "SELECT count(*) FROM pg_locks AS l JOIN pg_inherits AS i ON i.inhrelid = l.relation"
+            " WHERE l.pid = pg_backend_pid() AND i.inhparent = 'jobs.run_history'::regclass",
+        )
+    )
+
+
+def test_completing_and_failing_while_runs_are_blocked_read_history_only_for_moved_attempts(
+    db: Database,
+) -> None:
+    """While a run is blocked, every completion and final failure follows its retry chain back
+    to find what waits on it. A read of history locks each of its days (a year of them is
+    thousands of locks a transaction: a few workers at once use up the lock table), so a chain
+    that is all in jobs.runs is followed there; one that reaches into history still finds its
+    moved attempts, and what waits on it is released or cancelled."""
+    with db.connect(autocommit=False) as conn:
+        finish_old(conn, 5, age="10 days")
+        conn.execute("UPDATE jobs.runs SET finished_at = finished_at - (id || ' days')::interval")
+        conn.execute("UPDATE jobs.runs SET started_at = finished_at")
+        conn.execute(
+            "SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)"
+        )
+        moved_failure = finish_old(conn, 1, age="3 days", status="FAILED")[0]
+        conn.commit()
+        while scalar(conn, "SELECT jobs.archive(1000)"):
+            conn.commit()
+        assert len(_partitions(conn)) == 6, "six days of history"
+        first, second = enqueue(conn, "k"), enqueue(conn, "k")
+        late_retry = int(scalar(conn, "SELECT id FROM jobs.retry(%s)", (moved_failure,)))
+        waiting = [
+            int(scalar(conn, "SELECT id FROM jobs.enqueue('w', depends_on => %s)", ([r],)))
+            for r in (first, second, moved_failure)
+        ]
+        done, failing = enqueue(conn, "n"), enqueue(conn, "n")  # nothing waits on these
+        conn.commit()
+        assert len(rows(conn, "SELECT id FROM jobs.claim(10, 'w', '{k,n}')")) == 5
+        conn.commit()
+
+        assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (done,)) is True
+        assert _history_days_locked(conn) == 0, "a completion read history"
+        conn.commit()
+        assert (
+            scalar(conn, "SELECT status FROM jobs.fail(%s, 'w', '{E}', 'no retry')", (failing,)) == "FAILED"
+        )
+        assert _history_days_locked(conn) == 0, "a final failure read history"
+        conn.commit()
+
+        assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (first,)) is True
+        retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'once')", (second,)))
+        conn.commit()
+        assert [r["id"] for r in rows(conn, "SELECT id FROM jobs.claim(1, 'w', '{k}')")] == [retry]
+        assert scalar(conn, "SELECT status FROM jobs.fail(%s, 'w', '{E}', 'for good')", (retry,)) == "FAILED"
+        # The late retry's chain starts in history: followed there, its waiting run is released.
+        assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (late_retry,)) is True
+        conn.commit()
+        state = {
+            r["id"]: (r["status"], r["blocked"])
+            for r in rows(conn, "SELECT id, status, blocked FROM jobs.runs WHERE id = ANY(%s)", (waiting,))
+        }
+    assert state == {
+        waiting[0]: ("QUEUED", False),
+        waiting[1]: ("CANCELLED", False),
+        waiting[2]: ("QUEUED", False),
+    }
+
+
 def test_a_run_may_depend_on_moved_runs(conn: Conn) -> None:
     done = finish_old(conn, 1, age="3 days")[0]
     failed = finish_old(conn, 1, age="3 days", status="FAILED")[0]
