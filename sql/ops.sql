@@ -389,6 +389,9 @@ DECLARE
     v_kept bigint[];
     v_rows bigint;
     v_count bigint := 0;
+    v_days integer := 0;
+    v_more boolean := FALSE;
+    c_days_per_call CONSTANT integer := 50;
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);
     PERFORM jobs._check_range('batch_size', prune.batch_size, 1, 1000000);
@@ -402,7 +405,15 @@ BEGIN
     -- more (flow.sql: the waiting run is released or cancelled by following the chain from the
     -- id it names). Read under the day's lock, which an enqueue naming one of its runs holds
     -- until it commits.
+    -- Every dropped day holds about sixteen locks (the partition, its indexes, its types) until
+    -- the caller commits: a call drops at most c_days_per_call of them, and stops dropping
+    -- once it has dropped batch_size runs, so that a retention cut by years is pruned over
+    -- many calls rather than by one transaction that fills the server's lock table and fails.
     FOR v_day IN SELECT h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
+        IF v_days >= c_days_per_call OR v_count >= prune.batch_size THEN
+            v_more := TRUE;
+            EXIT;
+        END IF;
         BEGIN
             PERFORM set_config('lock_timeout', '500ms', TRUE);
             EXECUTE format('LOCK TABLE jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
@@ -416,7 +427,11 @@ BEGIN
         EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
         EXECUTE format('DROP TABLE %s', v_day.part);
         v_count := v_count + v_rows;
+        v_days := v_days + 1;
     END LOOP;
+    IF v_more THEN  -- days are left: the caller calls again (it does while this returns batch_size)
+        RETURN greatest(v_count, prune.batch_size);
+    END IF;
     -- Then runs not moved yet (archive_after longer than the retention, or NULL), row by row,
     -- but for those a blocked run waits on: passed over in the batch (so a long list of them
     -- cannot fill every batch), and read again with the batch locked (as above).
@@ -429,4 +444,4 @@ BEGIN
     DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
     RETURN v_count + v_rows;
 END $$;
-COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; the runs of retry chains that blocked runs wait on stay, with their days. Returns how many. Call again while it returns batch_size or more.';
+COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; the runs of retry chains that blocked runs wait on stay, with their days. A call drops at most 50 days, and no more days once it has dropped batch_size runs (each dropped day holds its locks until commit): one that stopped with days left returns at least batch_size. Returns how many. Call again while it returns batch_size or more.';

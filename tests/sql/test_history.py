@@ -151,6 +151,35 @@ def test_prune_drops_whole_days_of_history_and_counts_them(conn: Conn) -> None:
     assert scalar(conn, "SELECT jobs.prune('14 days')") == 0
 
 
+def test_prune_drops_a_bounded_number_of_days_per_call_and_says_when_more_are_left(conn: Conn) -> None:
+    # A retention cut by months: each dropped day holds its locks until commit, so one call
+    # dropping them all would fill the server's lock table. A call stops at 50 days, or once it
+    # has dropped batch_size runs, and then returns at least batch_size (call again).
+    for day in range(3, 123):
+        finish_old(conn, 1, age=f"{day} days")
+    assert _archive_all(conn) == 120
+    assert len(_partitions(conn)) == 120
+
+    conn.execute("BEGIN")
+    assert scalar(conn, "SELECT jobs.prune('1 day', 10000)") == 10000, "stopped with days left"
+    held = scalar(conn, "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()")
+    conn.execute("COMMIT")
+    assert len(_partitions(conn)) == 70, "50 days dropped"
+    assert held < 1500, f"one call held {held} locks"
+
+    assert scalar(conn, "SELECT jobs.prune('1 day', 3)") == 3, "three runs: three days, then stop"
+    assert len(_partitions(conn)) == 67
+
+    calls, total = 0, 0
+    while True:
+        n = scalar(conn, "SELECT jobs.prune('1 day', 10000)")
+        total, calls = total + n, calls + 1
+        if n < 10000:
+            break
+    assert (calls, total, _partitions(conn)) == (2, 10000 + 17, []), "the rest in two calls, nothing left"
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == 0
+
+
 def test_prune_keeps_a_day_of_history_until_the_whole_day_is_past_the_cutoff(conn: Conn) -> None:
     # A run finished 36 hours ago lies in a day that ended 12 to 36 hours ago.
     run_id = finish_old(conn, 1, age="36 hours")[0]
