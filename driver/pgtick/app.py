@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ Isolation = Literal["thread", "process"]
 ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
 
 log = logging.getLogger("pgtick.job")
+
+#: How often a checkpoint that waits for its run's ownership to be confirmed looks again (s).
+CONFIRM_POLL = 0.25
 
 
 def error_classes(exc: BaseException) -> list[str]:
@@ -272,6 +276,13 @@ class Context:
         self._interrupt: Callable[[], None] | None = None  # set by pgtick.aio for async jobs
         self._compensations: list[Compensation] = []
         self._compensated = False
+        # Until when (monotonic) the run is surely still this worker's: the last claim or
+        # heartbeat the database answered for it, sent at that instant, plus the run's
+        # heartbeat timeout (no reaper can fail it sooner). None: not tracked (run inline).
+        self._owned_until: float | None = None
+        self._heartbeat_timeout = 0.0
+        self._news = threading.Event()  # set on a confirmation, a cancel or an abandon
+        self._doubt_logged = False
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -298,7 +309,27 @@ class Context:
         self._abandoned = True
         self._interrupted()
 
+    def owned(self, sent: float, heartbeat_timeout: float | None = None) -> None:
+        """The database answered that the run is this worker's to a claim or heartbeat sent at
+        ``sent`` (monotonic), which stamped its heartbeat: no reaper fails it before ``sent +
+        heartbeat_timeout``. Past that instant without a newer answer (the database out of
+        reach) the run may have been reaped and retried elsewhere: ``checkpoint()`` waits.
+        ``heartbeat_timeout`` (seconds) is given with the claim; a heartbeat keeps it."""
+        if heartbeat_timeout is not None:
+            self._heartbeat_timeout = heartbeat_timeout
+        until = sent + self._heartbeat_timeout
+        if self._owned_until is None or until > self._owned_until:
+            self._owned_until = until
+        self._news.set()
+
+    def _in_doubt(self) -> bool:
+        """Whether the run may have been reaped: its ownership not confirmed within its
+        heartbeat timeout."""
+        until = self._owned_until
+        return until is not None and time.monotonic() > until
+
     def _interrupted(self) -> None:
+        self._news.set()
         interrupt = self._interrupt
         if interrupt is not None:
             interrupt()
@@ -313,9 +344,49 @@ class Context:
         """Stop here if the run was cancelled, timed out, or is no longer ours.
 
         The checks happen when it is called; in an ``async def`` job, ``await
-        ctx.checkpoint()`` also yields to the event loop once, so other jobs run."""
+        ctx.checkpoint()`` also yields to the event loop once, so other jobs run.
+
+        When no heartbeat of the run has reached the database for longer than its heartbeat
+        timeout (the database or the network is down), the run may have been reaped and
+        retried elsewhere: the checkpoint waits (``await`` it in an ``async def`` job) until a
+        heartbeat gets through, then goes on if the run is still this worker's and raises
+        ``Abandoned`` if not, so job code never goes on beside its own retry."""
         self._check()
+        if self._in_doubt():
+            if self.spec.is_async:
+                return _Confirmation(self)
+            self._wait_owned()
         return _YIELD
+
+    def _wait_owned(self) -> None:
+        self._log_doubt()
+        while True:
+            self._news.clear()
+            if not self._in_doubt():
+                break
+            self._check()
+            self._news.wait(CONFIRM_POLL)
+        self._check()
+
+    async def _await_owned(self) -> None:
+        self._log_doubt()
+        while self._in_doubt():
+            self._check()
+            await asyncio.sleep(CONFIRM_POLL / 5)
+        self._check()
+        await asyncio.sleep(0)
+
+    def _log_doubt(self) -> None:
+        if self._doubt_logged:  # once per run: a heartbeat timeout near the round trip recurs
+            return
+        self._doubt_logged = True
+        self.logger.warning(
+            "run=%s waits at a checkpoint: no heartbeat has reached the database within its"
+            " heartbeat timeout of %gs, so it may have been reaped; it goes on once a heartbeat"
+            " confirms it is still this worker's",
+            self.run_id,
+            self._heartbeat_timeout,
+        )
 
     def _check(self) -> None:
         if self._abandoned:
@@ -346,3 +417,14 @@ class _Yield:
 
 
 _YIELD = _Yield()
+
+
+class _Confirmation:
+    """What ``checkpoint()`` returns to an ``async def`` job whose run's ownership is in doubt:
+    awaited, it waits for a heartbeat to confirm it (or raises ``Abandoned``)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._ctx._await_owned().__await__()

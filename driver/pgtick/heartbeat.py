@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -100,6 +101,7 @@ class HeartbeatLoop:
             calls.worker_seen(self._conn, self.worker_id)  # the worker's own sign of life
             if not held:
                 return
+            sent = time.monotonic()  # the database stamps the runs after this instant
             alive = calls.heartbeat(self._conn, list(held), self.worker_id, self.claim_token)
         except DB_ERRORS as exc:
             self.owner.heartbeat_failed(exc)
@@ -114,7 +116,9 @@ class HeartbeatLoop:
                 continue
             if run_id not in alive:
                 self.owner.lost(ctx)
-            elif alive[run_id] and not ctx.cancel_requested:
+                continue
+            ctx.owned(sent)
+            if alive[run_id] and not ctx.cancel_requested:
                 log.info("run=%s kind=%s cancel requested", run_id, ctx.kind)
                 ctx.request_cancel()
 

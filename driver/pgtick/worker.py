@@ -881,7 +881,10 @@ class Worker:
         for run in rows:
             spec = self.app.jobs[run["kind"]]
             timeout = _seconds(run["timeout"]) or spec.timeout
-            contexts.append(Context(run, spec, self.worker_id, timeout))
+            ctx = Context(run, spec, self.worker_id, timeout)
+            # The claim stamped its heartbeat after ``began``: ours at least that long.
+            ctx.owned(began, _seconds(run.get("heartbeat_timeout")) or self.default_heartbeat_timeout)
+            contexts.append(ctx)
         with self._lock:
             for ctx in contexts:
                 self._active[ctx.run_id] = ctx

@@ -7,6 +7,7 @@ from ``PGTICK_APP_DSN`` (harness.Processes sets it for every replica).
     executions(id, run_id, definition_id, scheduled_for, attempt, kind, worker, pid,
                entered, exited, outcome)   -- outcome: 'returned' or the exception class
     compensations(run_id, worker, pid, at) -- one row per compensation hook call
+    steps(run_id, at)                      -- one row per checkpoint a `steps` job passed
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS public.executions (
     entered timestamptz NOT NULL DEFAULT clock_timestamp(),
     exited timestamptz,
     outcome text
+);
+CREATE TABLE IF NOT EXISTS public.steps (
+    run_id bigint NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS public.compensations (
     run_id bigint NOT NULL,
@@ -134,6 +139,10 @@ def busy(ctx: Context, seconds: float, step: float = 0.05) -> float:
         time.sleep(step)
     ctx.checkpoint()
     return seconds
+
+
+def record_step(ctx: Context) -> None:
+    _connection().execute("INSERT INTO public.steps (run_id) VALUES (%s)", (ctx.run_id,))
 
 
 def arecorded(fn: Callable[[Context], Awaitable[Any]]) -> Callable[[Context], Awaitable[Any]]:

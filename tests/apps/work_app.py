@@ -6,9 +6,10 @@ tests enqueue runs. Every job records its entry and exit (recording.py); the pay
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
-from recording import busy, create_tables, record_compensation, recorded
+from recording import busy, create_tables, record_compensation, record_step, recorded
 
 from pgtick.app import App, Context
 
@@ -28,6 +29,19 @@ def sleepy(ctx: Context) -> dict[str, Any]:
     """Retried once on any failure (HeartbeatLost included); a retry works ``retry_seconds``."""
     key = "seconds" if ctx.attempt == 1 else "retry_seconds"
     return {"slept": busy(ctx, float(ctx.payload.get(key, 0.1))), "attempt": ctx.attempt}
+
+
+@app.job("steps", never_retry=[], max_attempts=2, backoff=0.2, jitter=0.0)
+@recorded
+def steps(ctx: Context) -> None:
+    """Work in steps of 0.1 s for ``seconds`` (a retry: ``retry_seconds``), recording each
+    checkpoint passed (public.steps) as the work done after it."""
+    key = "seconds" if ctx.attempt == 1 else "retry_seconds"
+    deadline = time.monotonic() + float(ctx.payload.get(key, 1))
+    while time.monotonic() < deadline:
+        ctx.checkpoint()
+        record_step(ctx)
+        time.sleep(0.1)
 
 
 @app.job("mutating", mutating=True, compensate=record_compensation)

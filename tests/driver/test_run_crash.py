@@ -1,6 +1,7 @@
-"""kill -9 of a worker in the middle of a job: the run is reaped and retried elsewhere.
+"""A worker killed (kill -9) or cut off from the database in the middle of a job: the run
+is reaped and retried elsewhere.
 
-Invariants (DESIGN 1 and 4): the dead worker's run ends FAILED with reason
+Invariants (DESIGN 1 and 4): the lost worker's run ends FAILED with reason
 HeartbeatLost once its heartbeat is older than the run's heartbeat timeout; the
 leader among the survivors reaps it and queues attempt 2 (retry_of), which
 another worker runs to COMPLETED; nothing is executed twice at the same time.
@@ -10,16 +11,25 @@ from __future__ import annotations
 
 import signal
 from datetime import timedelta
+from typing import Any
+
+from psycopg.sql import SQL, Identifier
 
 from harness import (
+    APPS,
+    FAST,
     SHORT_HEARTBEAT,
     Conn,
+    Database,
     Processes,
+    enqueue,
     pid_of_owner,
     scalar,
     start_sleepy_run,
+    wait_finished,
     wait_for,
     wait_retry_completed,
+    wait_started,
 )
 
 
@@ -66,3 +76,86 @@ def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Pr
         (run_id, 1, victim.pid, workers[victim.pid], False, None),
         (retry_id, 2, survivor.pid, workers[survivor.pid], True, "returned"),
     ], context
+
+
+def test_a_worker_cut_off_from_the_database_passes_no_checkpoint_beside_its_retry(
+    db: Database, procs: Processes, conn: Conn
+) -> None:
+    """The victim's login is refused and its sessions ended mid-job (a network partition: the
+    process lives on, its heartbeats fail). Past the run's heartbeat timeout the survivor's
+    leader reaps the run and runs its retry; the cut-off job must pass no checkpoint while the
+    retry runs. Once the victim reaches the database again, its job learns it lost the run
+    (Abandoned), nothing of it is reported, and the victim goes on working."""
+    with db.worker_login("cutoff") as login:
+        victim = procs.start(
+            "victim", ["run", str(APPS / "work_app.py"), "--dsn", db.dsn_as(login), "--no-scheduler", *FAST]
+        )
+        victim_worker = victim.worker_id
+        payload = '{"seconds": 120, "retry_seconds": 1}'
+        short = f"make_interval(secs => {SHORT_HEARTBEAT})"
+        run_id = enqueue(conn, "steps", payload, heartbeat_timeout=short)
+        wait_started(conn, run_id)
+        wait_for(
+            f"run {run_id} to heartbeat",
+            lambda: scalar(conn, "SELECT heartbeat_at > started_at FROM jobs.runs WHERE id = %s", (run_id,)),
+            timeout=60,
+        )
+        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
+        wait_for(
+            f"every session of {login} to end",
+            lambda: (
+                not scalar(
+                    conn,
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE usename = %s",
+                    (login,),
+                )
+            ),
+            timeout=30,
+        )
+        survivor = procs.replica("work_app.py", "survivor")
+        retry_id, retry_started, retry_finished = wait_retry_completed(
+            conn, run_id, "id, started_at, finished_at", timeout=90
+        )
+        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(Identifier(login)))
+        exited: tuple[str, Any] = wait_for(
+            f"the job of run {run_id} to stop",
+            lambda: conn.execute(
+                "SELECT outcome, exited FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
+                (run_id,),
+            ).fetchone(),
+            timeout=90,
+        )
+        victim.wait_log(rf"run={run_id} kind=steps worker=\S+ abandoned")
+        survivor.send(signal.SIGTERM)
+        survivor.wait(30)
+        quick = enqueue(conn, "quick")
+        wait_finished(conn, quick)
+        alive = victim.popen.poll() is None
+        quick_worker = scalar(conn, "SELECT worker FROM jobs.runs WHERE id = %s", (quick,))
+        first = conn.execute(
+            "SELECT status::text, failure_reason, worker FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+        lineage = conn.execute(
+            "SELECT id, status::text FROM jobs.runs WHERE id = %s OR retry_of = %s ORDER BY id",
+            (run_id, run_id),
+        ).fetchall()
+        late_steps = conn.execute(
+            "SELECT count(*), max(at) FROM public.steps WHERE run_id = %s AND at >= %s",
+            (run_id, retry_started),
+        ).fetchone()
+        context = (
+            f"run {run_id}: {first}; retry {retry_id} ran {retry_started} .. {retry_finished};"
+            f" lineage {lineage}; first attempt exited {exited}\n{procs.tails()}"
+        )
+    assert late_steps is not None
+    count, last = late_steps
+    assert count == 0, f"the cut-off job passed {count} checkpoints beside its retry (last {last}): {context}"
+    assert exited[0] == "Abandoned", context
+    assert first == ("FAILED", "HeartbeatLost", victim_worker), context
+    assert lineage == [(run_id, "FAILED"), (retry_id, "COMPLETED")], context
+    assert f"run={run_id} reaped reason=HeartbeatLost" in survivor.log(), context
+    assert victim.log().count(f"run={run_id} waits at a checkpoint") == 1, context
+    assert "Traceback" not in victim.log(), context
+    assert alive, f"the victim exited after reaching the database again: {context}"
+    assert quick_worker == victim_worker, f"run {quick} ran on {quick_worker}, not the victim: {context}"

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +81,51 @@ def test_execute_names_how_each_run_ended() -> None:
     late = _context(app, "checkpoint", timeout=1e-9)
     got = execute(late)
     assert (got.action, got.reason) == ("fail", "Timeout")
+
+
+@pytest.mark.parametrize("kind", ["thread", "async"])
+@pytest.mark.parametrize("news", ["still ours", "lost"])
+def test_a_checkpoint_past_the_heartbeat_timeout_waits_for_a_heartbeat_to_say_whose_run_it_is(
+    kind: str, news: str
+) -> None:
+    """The last heartbeat the database answered is older than the run's heartbeat timeout:
+    the run may have been reaped and retried elsewhere, so the job stops at its checkpoint
+    until a heartbeat answers: it goes on if the run is still ours, raises Abandoned if not."""
+    app = App()
+    passed = threading.Event()
+
+    @app.job("thread")
+    def thread_job(ctx: Context) -> None:
+        ctx.checkpoint()
+        passed.set()
+
+    @app.job("async")
+    async def async_job(ctx: Context) -> None:
+        await ctx.checkpoint()
+        passed.set()
+
+    fresh = _context(app, kind)
+    fresh.owned(time.monotonic(), 60.0)
+    assert execute(fresh).action == "complete", "a run heartbeated within its timeout goes on"
+    assert passed.is_set()
+    passed.clear()
+    assert execute(_context(app, kind)).action == "complete", "a run not tracked (run inline) goes on"
+    passed.clear()
+
+    ctx = _context(app, kind)
+    ctx.owned(time.monotonic() - 10.0, 1.0)  # answered 10 s ago; reapable after 1 s
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(execute, ctx)
+        assert not passed.wait(1.0), "the job went past its checkpoint on a run that may have been reaped"
+        if news == "still ours":
+            ctx.owned(time.monotonic())
+        else:
+            ctx.abandon()
+        outcome = running.result(timeout=30)
+    if news == "still ours":
+        assert (outcome.action, passed.is_set()) == ("complete", True)
+    else:
+        assert (outcome.action, passed.is_set()) == ("abandon", False)
 
 
 def test_stats_count_what_the_listeners_hear() -> None:
