@@ -2,7 +2,8 @@
 
 Acquire the lease (skip with one line and exit 75 if someone holds it), run
 CMD as a child, renew the lease from a background thread every ttl/3 and stop
-CMD if renewal fails (another holder could take over), release in ``finally``
+CMD if renewal fails, or if no renewal has answered by the time the lease could
+expire (another holder could take over), release in ``finally``
 (also on SIGTERM, SIGINT, SIGHUP or SIGQUIT, and when CMD fails), and exit with
 CMD's status.
 
@@ -70,24 +71,32 @@ def run_locked(
     child: subprocess.Popen[bytes] | None = None
     lost = threading.Event()
     done = threading.Event()
+    # Until when (monotonic) the lease is surely ours: the last acquire or renewal that
+    # answered, as sent (the database counts its ttl from a later instant), plus the ttl.
+    held_until = [time.monotonic() + ttl]
+
+    def stop_command(why: str) -> None:
+        if lost.is_set():
+            return
+        print(f"pgtick lock: lease {name} {why}; stopping the command", file=sys.stderr)
+        lost.set()
+        if child is not None:
+            child.terminate()
 
     def renew() -> None:
-        deadline = time.monotonic() + ttl
         while not done.wait(ttl / 3):
+            sent = time.monotonic()
             try:
                 ok = _renew(dsn, name, owner, ttl_interval)
             except (psycopg.Error, Exception) as exc:
                 print(f"pgtick lock: renewing lease {name} failed: {exc}", file=sys.stderr)
-                if time.monotonic() < deadline - ttl / 6:
+                if time.monotonic() < held_until[0] - ttl / 6:
                     continue
                 ok = False
             if not ok:
-                print(f"pgtick lock: lease {name} lost; stopping the command", file=sys.stderr)
-                lost.set()
-                if child is not None:
-                    child.terminate()
+                stop_command("lost")
                 return
-            deadline = time.monotonic() + ttl
+            held_until[0] = sent + ttl
 
     early: list[int] = []  # signals that came before CMD was started
 
@@ -105,7 +114,9 @@ def run_locked(
     acquired = False
     try:
         with connect(dsn, application_name="pgtick-lock") as conn:
+            sent = time.monotonic()
             acquired = calls.acquire_lease(conn, name, owner, ttl_interval)
+            held_until[0] = sent + ttl
             if not acquired:
                 held = calls.lease_holder(conn, name)
                 holder, until, skips = held if held else ("?", None, 0)
@@ -126,7 +137,16 @@ def run_locked(
         for signum in early:  # came while Popen ran, before `child` was set
             child.send_signal(signum)
         renewer.start()
-        code = child.wait()
+        while True:
+            try:
+                code = child.wait(timeout=min(ttl / 6, 1.0))
+                break
+            except subprocess.TimeoutExpired:
+                # A renewal that does not answer (a partition, a lock wait) cannot stop the
+                # command from its thread: it stops here, a sixth of the ttl before the lease
+                # may expire and another holder start (as when renewals fail).
+                if time.monotonic() > held_until[0] - ttl / 6:
+                    stop_command("not renewed within its ttl (the database did not answer)")
         if lost.is_set() and code == 0:
             code = 1
         return 128 - code if code < 0 else code

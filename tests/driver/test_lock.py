@@ -94,6 +94,36 @@ def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
     print(f"\nlease taken over {attempts[-1][0]:.2f}s after kill -9 of its holder (ttl {TTL}s)")
 
 
+def test_a_renewal_that_does_not_answer_stops_the_command_before_the_lease_expires(
+    db: Database, procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """Every renewal waits on a row lock this test holds, as a renewal sent into a network
+    partition or to a stuck server waits for an answer: the command must stop before the
+    lease's last expiry (when another invocation may take it), not when the renewal returns."""
+    ticks, pidfile = tmp_path / "ticks", tmp_path / "pid"
+    script = f"echo $$ > {pidfile}; while :; do date +%s.%N >> {ticks}; sleep 0.05; done"
+    holder = procs.start("holder", lock(db.dsn, "stuck", "sh", "-c", script))
+    wait_for("the holder to take the lease", lambda: (lease(conn, "stuck") or (None,))[0], 60)
+    started = wait_for("the command to start", lambda: pidfile.exists() and pidfile.read_text().strip(), 60)
+    command = int(str(started))
+    with db.connect(autocommit=False) as blocker:
+        expires_at = scalar(blocker, "SELECT expires_at FROM jobs.leases WHERE name = 'stuck' FOR UPDATE")
+        wait_for(f"the command (pid {command}) to stop", lambda: not Path(f"/proc/{command}").exists(), 60)
+        blocker.rollback()
+    code = holder.wait(30)
+    last_tick = max(float(t) for t in ticks.read_text().split())
+    log = holder.log()
+
+    late = last_tick - expires_at.timestamp()
+    assert late < 0, f"the command ran {late:.2f}s past the lease's expiry at {expires_at}:\n{log}"
+    assert code == 128 + signal.SIGTERM, f"exit {code}:\n{log}"
+    assert log.splitlines() == [
+        "pgtick lock: lease stuck not renewed within its ttl (the database did not answer);"
+        " stopping the command"
+    ], log
+    assert lease(conn, "stuck") == (None, False), "the lease was not released once the database answered"
+
+
 def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:
     with db.connect() as conn:
         failed = pgtick(*lock(db.dsn, "report", "sh", "-c", "echo out; exit 3", ttl=600))
