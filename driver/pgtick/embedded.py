@@ -128,16 +128,36 @@ class EmbeddedPostgres:
         )
 
     def stop(self) -> None:
-        """Stop the server; an ephemeral one also loses its data directory."""
+        """Stop the server, unless another live process still uses it (a second ``pgtick run``
+        or ``pgtick web`` on the same data directory: the last one out stops it); an
+        ephemeral one is always stopped and loses its data directory."""
         if self._server is not None:
-            try:
-                self._pg_ctl(["-w", "-m", "fast", "stop"])
-            except Exception as exc:  # already stopped: nothing to do
-                log.debug("pg_ctl stop: %s", exc)
+            others = [] if self._tmp is not None else self._other_users()
+            if others:
+                log.info(
+                    "embedded PostgreSQL left running: still used by pid %s",
+                    ", ".join(map(str, others)),
+                )
+            else:
+                try:
+                    self._pg_ctl(["-w", "-m", "fast", "stop"])
+                except Exception as exc:  # already stopped: nothing to do
+                    log.debug("pg_ctl stop: %s", exc)
             self._server = None
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+    def _other_users(self) -> list[int]:
+        """Take this process off the server's list of users (pgserver keeps one in the data
+        directory, under its machine-wide lock); the other processes on it that still live
+        (one killed with -9 never took itself off)."""
+        from pgserver.postgres_server import PostgresServer
+
+        me = os.getpid()
+        with PostgresServer._lock:
+            users = self._server.global_process_id_list.get_and_remove(me)
+        return [pid for pid in users if pid != me and _alive(pid)]
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
@@ -150,3 +170,13 @@ class EmbeddedPostgres:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True

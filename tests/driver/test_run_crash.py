@@ -9,15 +9,25 @@ another worker runs to COMPLETED; nothing is executed twice at the same time.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
+import pytest
 from psycopg.sql import SQL, Identifier
 
 from harness import (
     APPS,
     FAST,
+    PGTICK,
+    ROOT,
     SHORT_HEARTBEAT,
     Conn,
     Database,
@@ -31,6 +41,7 @@ from harness import (
     wait_retry_completed,
     wait_started,
 )
+from pgtick.embedded import EmbeddedPostgres
 
 
 def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Processes, conn: Conn) -> None:
@@ -159,3 +170,89 @@ def test_a_worker_cut_off_from_the_database_passes_no_checkpoint_beside_its_retr
     assert "Traceback" not in victim.log(), context
     assert alive, f"the victim exited after reaching the database again: {context}"
     assert quick_worker == victim_worker, f"run {quick} ran on {quick_worker}, not the victim: {context}"
+
+
+@pytest.fixture
+def data_home() -> Iterator[Path]:
+    """XDG_DATA_HOME for an embedded server, outside pytest's base directory (as root the
+    server runs as its own user, which pytest's private directories would lock out)."""
+    path = Path(tempfile.mkdtemp(prefix="pgtick-crash-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+EMBEDDED_APP = """
+from pgtick.app import App
+
+app = App("embedded")
+
+
+@app.job("quick")
+def quick(ctx):
+    return None
+"""
+
+
+@pytest.mark.timeout(420)
+def test_a_second_pgtick_run_on_the_embedded_server_leaves_it_running_for_the_first(
+    tmp_path: Path, data_home: Path
+) -> None:
+    """Two `pgtick run` on the embedded PostgreSQL of one data directory (a scheduler beside
+    a worker, or `pgtick web` beside `pgtick run`): stopping one must not stop the server
+    under the other, which would be left without a database until restarted by hand. The
+    last one out stops it."""
+    app = tmp_path / "embedded_app.py"
+    app.write_text(EMBEDDED_APP)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN", "PGTICK_HOME")}
+    env.update(XDG_DATA_HOME=str(data_home), PGTICK_LOG="INFO", PYTHONUNBUFFERED="1")
+    pidfile = data_home / "pgtick" / "pgdata" / "postmaster.pid"
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(label: str, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+        log = tmp_path / f"{label}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [*PGTICK, "run", str(app), "--tick", "0.5s", "--poll", "0.2s", *extra],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        started.append((proc, log))
+        return proc, log
+
+    def logged(proc: subprocess.Popen[bytes], log: Path, text: str) -> bool:
+        assert proc.poll() is None, f"exited early:\n{log.read_text(errors='replace')[-3000:]}"
+        return text in log.read_text(errors="replace")
+
+    try:
+        first, first_log = start("first")
+        wait_for("the first to start its worker", lambda: logged(first, first_log, " started kinds="), 180)
+        second, second_log = start("second", "--no-worker")
+        wait_for("the second to attach", lambda: logged(second, second_log, "scheduler owner="), 120)
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(60) == 0, second_log.read_text(errors="replace")[-3000:]
+        dsn = f"postgresql://postgres:@/postgres?host={data_home / 'pgtick' / 'pgdata'}"
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                run_id = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+                status = wait_finished(conn, run_id)
+        except psycopg.OperationalError as exc:
+            raise AssertionError(
+                f"the embedded server stopped with the second pgtick run: {exc}\n"
+                f"{first_log.read_text(errors='replace')[-3000:]}"
+            ) from None
+        assert status == "COMPLETED"
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0, first_log.read_text(errors="replace")[-3000:]
+        wait_for("the last one out to stop the server", lambda: not pidfile.exists(), 60, interval=0.2)
+    finally:
+        for proc, _ in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        if pidfile.exists():  # the test failed with the server up: stop it
+            leftover = EmbeddedPostgres(pidfile.parent)
+            leftover.start()
+            leftover.stop()
