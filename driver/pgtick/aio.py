@@ -149,6 +149,8 @@ async def _run_job(ctx: Context) -> Outcome:
     if ctx.cancel_requested or ctx.abandoned:
         interrupt()
     try:
+        if ctx._in_doubt():  # reaped while it waited for a slot? (see execution._run)
+            await ctx._await_owned()
         result: Any = await ctx.spec.fn(ctx)
     except asyncio.CancelledError as exc:
         if not why:

@@ -358,6 +358,12 @@ class Context:
             self._wait_owned()
         return _YIELD
 
+    def await_ownership(self) -> None:
+        """Return at once while the run is surely this worker's; else wait as a checkpoint
+        does for a heartbeat to confirm it (raising ``Abandoned`` if it is lost)."""
+        if self._in_doubt():
+            self._wait_owned()
+
     def _wait_owned(self) -> None:
         self._log_doubt()
         while True:

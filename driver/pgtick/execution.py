@@ -52,6 +52,12 @@ def execute(ctx: Context) -> Outcome:
 
 
 def _run(ctx: Context) -> Outcome:
+    try:
+        # A run claimed ahead of a free slot may have been reaped while it waited (its worker
+        # cut off from the database): its job does not begin until a heartbeat says it is ours.
+        ctx.await_ownership()
+    except BaseException as exc:
+        return outcome_of(ctx, exc)
     if ctx.spec.isolation == "process":
         from pgtick.isolation import execute_in_process
 

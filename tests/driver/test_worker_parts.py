@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.events import Listeners, WorkerStats
-from pgtick.execution import execute
+from pgtick.execution import Outcome, execute
 from pgtick.reporter import storable
 
 
@@ -83,7 +84,7 @@ def test_execute_names_how_each_run_ended() -> None:
     assert (got.action, got.reason) == ("fail", "Timeout")
 
 
-@pytest.mark.parametrize("kind", ["thread", "async"])
+@pytest.mark.parametrize("kind", ["thread", "async", "checkpoint-free"])
 @pytest.mark.parametrize("news", ["still ours", "lost"])
 def test_a_checkpoint_past_the_heartbeat_timeout_waits_for_a_heartbeat_to_say_whose_run_it_is(
     kind: str, news: str
@@ -104,6 +105,10 @@ def test_a_checkpoint_past_the_heartbeat_timeout_waits_for_a_heartbeat_to_say_wh
         await ctx.checkpoint()
         passed.set()
 
+    @app.job("checkpoint-free")
+    def checkpoint_free(ctx: Context) -> None:
+        passed.set()
+
     fresh = _context(app, kind)
     fresh.owned(time.monotonic(), 60.0)
     assert execute(fresh).action == "complete", "a run heartbeated within its timeout goes on"
@@ -116,6 +121,7 @@ def test_a_checkpoint_past_the_heartbeat_timeout_waits_for_a_heartbeat_to_say_wh
     ctx.owned(time.monotonic() - 10.0, 1.0)  # answered 10 s ago; reapable after 1 s
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(execute, ctx)
+        # A job that has not begun (claimed ahead, waiting for a slot) does not begin either.
         assert not passed.wait(1.0), "the job went past its checkpoint on a run that may have been reaped"
         if news == "still ours":
             ctx.owned(time.monotonic())
@@ -126,6 +132,42 @@ def test_a_checkpoint_past_the_heartbeat_timeout_waits_for_a_heartbeat_to_say_wh
         assert (outcome.action, passed.is_set()) == ("complete", True)
     else:
         assert (outcome.action, passed.is_set()) == ("abandon", False)
+
+
+@pytest.mark.parametrize("news", ["still ours", "lost"])
+def test_an_async_job_on_the_workers_loop_does_not_begin_on_a_run_that_may_have_been_reaped(
+    news: str,
+) -> None:
+    app = App()
+    began = threading.Event()
+
+    @app.job("async")
+    async def async_job(ctx: Context) -> None:
+        began.set()
+
+    ctx = _context(app, "async")
+    ctx.owned(time.monotonic() - 10.0, 1.0)
+    outcomes: list[Outcome] = []
+    ended = threading.Event()
+
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        ended.set()
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        loop.submit(ctx, done)
+        assert not began.wait(1.0), "the job began on a run that may have been reaped"
+        if news == "still ours":
+            ctx.owned(time.monotonic())
+        else:
+            ctx.abandon()
+        assert ended.wait(30)
+    finally:
+        loop.stop()
+    expected = ("complete", True) if news == "still ours" else ("abandon", False)
+    assert (outcomes[0].action, began.is_set()) == expected
 
 
 def test_stats_count_what_the_listeners_hear() -> None:
