@@ -126,9 +126,9 @@ job_greet() {
     printf '{"greeting": %s}\n' "$(json_string "hello $name")"
 }
 
-# flaky {"fail_times": 2}: fails with Unavailable on the first fail_times attempts, then
+# shaky {"fail_times": 2}: fails with Unavailable on the first fail_times attempts, then
 # succeeds. Whether a failure is retried, how often and when is the kind's retry policy.
-job_flaky() {
+job_shaky() {
     local fail_times
     fail_times=$(payload fail_times) || raise PayloadError "cannot read the payload"
     if ((PGTICK_ATTEMPT <= ${fail_times:-0})); then

@@ -89,7 +89,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
             )
         worker = ShellWorker(proc, log)
         started.append(worker)
-        worker.wait_log("started kinds=flaky greet nap")
+        worker.wait_log("started kinds=greet nap shaky")
         return worker
 
     try:
@@ -138,7 +138,7 @@ def attempts(conn: Conn, first: int) -> list[dict[str, Any]]:
 def test_worker_sh_processes_runs_with_results_and_retries(conn: Conn, start_worker: Any) -> None:
     # Retry policies live in the database, per kind; the worker only names the error class.
     conn.execute(
-        "SELECT jobs.set_retry_policy('flaky', allow => '{Unavailable}', max_attempts => 3,"
+        "SELECT jobs.set_retry_policy('shaky', allow => '{Unavailable}', max_attempts => 3,"
         " backoff_initial => '0.1 seconds', jitter => 0)"
     )
     conn.execute(
@@ -147,13 +147,13 @@ def test_worker_sh_processes_runs_with_results_and_retries(conn: Conn, start_wor
     )
     name = 'Ada "Countess"\tof Lovelace \\ o/'
     greet = enqueue(conn, "greet", payload=json.dumps({"name": name}))
-    recovers = enqueue(conn, "flaky", payload='{"fail_times": 1}')
-    gives_up = enqueue(conn, "flaky", payload='{"fail_times": 5}')
+    recovers = enqueue(conn, "shaky", payload='{"fail_times": 1}')
+    gives_up = enqueue(conn, "shaky", payload='{"fail_times": 5}')
     bad_input = enqueue(conn, "greet", payload="{}")
     foreign = enqueue(conn, "python-only")
 
     worker = start_worker()
-    wait_terminal(conn, worker, ["greet", "flaky"])
+    wait_terminal(conn, worker, ["greet", "shaky"])
 
     done = run_row(conn, greet)
     assert (done["status"], done["result"]) == ("COMPLETED", {"greeting": f"hello {name}"})
@@ -310,3 +310,19 @@ def test_other_languages_sql_snippets_run(db: Database, conn: Conn, tmp_path: Pa
     }
     retry = one(conn, "SELECT attempt, status::text AS status FROM jobs.runs WHERE retry_of = %s", (run_id,))
     assert retry == {"attempt": 2, "status": "QUEUED"}, "IOException is allowed: a retry was queued"
+
+
+def test_the_walkthrough_kinds_are_not_the_example_apps() -> None:
+    """The walkthrough runs worker.sh on the database `pgtick dsn` names, where the quickstart's
+    example app may be running: a kind both serve would go to either worker, and the
+    walkthrough's retry policy for it would replace the app's."""
+    from pgtick.runner import load_app
+
+    shell_kinds = set(re.findall(r"^job_([\w-]+)\(\)", WORKER_SH.read_text(), flags=re.MULTILINE))
+    app_kinds = set(load_app(str(ROOT / "examples" / "app.py")).jobs)
+    assert shell_kinds and app_kinds
+    assert not shell_kinds & app_kinds, f"kinds served by both examples: {sorted(shell_kinds & app_kinds)}"
+    walkthrough = (ROOT / "docs" / "other-languages.md").read_text()
+    for kind in re.findall(r"jobs\.(?:enqueue|set_retry_policy)\('([\w-]+)'", walkthrough):
+        assert kind not in app_kinds, f"docs/other-languages.md uses the example app's kind {kind!r}"
+    assert f"started kinds={' '.join(sorted(shell_kinds))}" in walkthrough
