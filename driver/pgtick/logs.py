@@ -4,8 +4,9 @@
   sets a level explicitly).
 * ``pgtick run`` also logs its own facts at INFO: one line per run outcome
   (logger ``pgtick.outcome``), what job code logs through ``ctx.logger`` (``pgtick.job``),
-  start and stop (``pgtick.run``), the embedded
-  server (``pgtick.embedded``).
+  start and stop, leadership, moves to history and catch-up progress (``pgtick.run``,
+  ``pgtick.worker``, ``pgtick.scheduler``, ``pgtick.supervisor``), the embedded server
+  (``pgtick.embedded``).
 * the human format is ``time level logger message``, and on a terminal shorter:
   ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up);
 * ``--log-format json`` (or ``PGTICK_LOG_FORMAT=json``) writes one JSON object per
@@ -26,7 +27,15 @@ from typing import Any
 from pgtick.terminal import compact_duration, printable
 
 #: Loggers ``pgtick run`` shows at INFO even without -v: these lines are its output.
-RUN_LOGGERS = ("pgtick.outcome", "pgtick.job", "pgtick.run", "pgtick.embedded")
+RUN_LOGGERS = (
+    "pgtick.outcome",
+    "pgtick.job",
+    "pgtick.run",
+    "pgtick.worker",
+    "pgtick.scheduler",
+    "pgtick.supervisor",
+    "pgtick.embedded",
+)
 
 outcome_log = logging.getLogger("pgtick.outcome")
 

@@ -217,6 +217,11 @@ def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> Non
     assert {"attempt", "duration_s", "worker"} <= set(outcomes[ok_run])
     (said,) = [line for line in lines if line["message"] == "hello from the job"]
     assert (said["logger"], said["run_id"], said["kind"]) == ("pgtick.job", ok_run, "ok")
+    # Start and stop, at the default level: the worker id an operator watches a drain by.
+    worker = outcomes[ok_run]["worker"]
+    said = [line["message"] for line in lines if line["logger"] == "pgtick.worker"]
+    assert any(m.startswith(f"worker={worker} started kinds=bad,ok") for m in said), said
+    assert f"worker={worker} stopped" in said, said
 
 
 def test_completion_offers_the_commands(tmp_path: Path) -> None:
