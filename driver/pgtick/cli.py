@@ -110,6 +110,8 @@ EXAMPLES = {
     "web": "PGTICK_WEB_PASSWORD='long secret' pgtick web --bind 127.0.0.1:8080",
 }
 
+PRIORITY_HELP = "higher is claimed first (-1000..1000, default 0)"
+
 STATUSES = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
 
 # -- typed arguments -------------------------------------------------------------------
@@ -383,18 +385,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "run", "run the scheduler and a worker for an app", cmd_run, output=None)
     p.add_argument("app", help="module:attr or path/to/app.py (attr defaults to app)")
-    p.add_argument("--concurrency", type=integer(1, 1000), default=10, help="jobs at once (default 10)")
+    p.add_argument(
+        "--concurrency", type=integer(1, 1000), default=10, help="jobs at once (1..1000, default 10)"
+    )
     p.add_argument(
         "--batch",
         type=integer(1, 1000),
         default=None,
-        help="claim batch size (default: concurrency); larger claims runs ahead of free slots",
+        help="claim batch size (1..1000, default: concurrency); larger claims runs ahead of free slots",
     )
     p.add_argument(
         "--claimers",
         type=integer(1, 16),
         default=1,
-        help="claims in flight at once while runs are waiting, each for --batch free slots (1)",
+        help="claims in flight while runs are waiting, each for --batch free slots (1..16, default 1)",
     )
     p.add_argument("--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)")
     p.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
@@ -402,7 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
     p.add_argument("--no-scheduler", action="store_true", help="only work, never lead")
     p.add_argument("--no-worker", action="store_true", help="only schedule")
-    p.add_argument("--metrics-port", type=integer(0, 65535), default=None, help="serve Prometheus metrics")
+    p.add_argument(
+        "--metrics-port",
+        type=integer(0, 65535),
+        default=None,
+        help="serve Prometheus metrics on this port (0..65535)",
+    )
     p.add_argument(
         "--metrics-per-definition",
         action="store_true",
@@ -432,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="claim only from these queues (a,b; default all)",
     )
     p.add_argument(
-        "--processes", type=integer(1, 256), default=1, help="worker processes under one supervisor (1)"
+        "--processes",
+        type=integer(1, 256),
+        default=1,
+        help="worker processes under one supervisor (1..256, default 1)",
     )
     p.add_argument("--web", metavar="ADDR", default=None, help="also serve the dashboard on HOST:PORT")
 
@@ -455,9 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tz", type=parse_zone, default="UTC", help="IANA time zone (default UTC)")
     p.add_argument("--payload", type=parse_json_object, default=None)
-    p.add_argument("--cap", type=sql_integer("max_concurrent_runs"), default=None, help="max concurrent runs")
-    p.add_argument("--priority", type=sql_integer("priority"), default=0)
-    p.add_argument("--max-attempts", type=sql_integer("max_attempts"), default=None)
+    p.add_argument(
+        "--cap", type=sql_integer("max_concurrent_runs"), default=None, help="max concurrent runs (1..100000)"
+    )
+    p.add_argument("--priority", type=sql_integer("priority"), default=0, help=PRIORITY_HELP)
+    p.add_argument("--max-attempts", type=sql_integer("max_attempts"), default=None,
+                   help="attempts, the first included (1..1000; default: the retry policy)")  # fmt: skip
     p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
     p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
     p.add_argument("--timeout", type=parse_duration, default=None)
@@ -468,7 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--jitter", type=duration(timedelta(days=1)), default=None, help="delay each run by up to this"
     )
     p.add_argument(
-        "--pause-after-failures", type=sql_integer("pause_after_failures"), default=None, metavar="N"
+        "--pause-after-failures",
+        type=sql_integer("pause_after_failures"),
+        default=None,
+        metavar="N",
+        help="pause the definition after N final failures in a row (1..1000)",
     )
 
     p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
@@ -483,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", type=parse_json_object, default=None)
     p.add_argument("--run-at", type=parse_instant, default=None, help="ISO time (without an offset: in --tz)")
     p.add_argument("--tz", type=parse_zone, default="UTC", help="zone of a --run-at without offset (UTC)")
-    p.add_argument("--priority", type=sql_integer("priority"), default=0)
+    p.add_argument("--priority", type=sql_integer("priority"), default=0, help=PRIORITY_HELP)
     p.add_argument("--key", type=name_text, default=None, help="idempotency key")
     p.add_argument("--queue", type=name_text, default="default", help="queue (default 'default')")
     p.add_argument("--concurrency-key", type=name_text, default=None,
@@ -521,9 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
     p.add_argument("--limit", type=integer(1, 10000), default=50,
-                   help="definitions shown (a page by name, default 50)")  # fmt: skip
+                   help="definitions shown, a page by name (1..10000, default 50)")  # fmt: skip
     p.add_argument("--offset", type=integer(0, BIGINT_MAX), default=0,
-                   help="definitions skipped before the page")  # fmt: skip
+                   help="definitions skipped before the page (0 or more, default 0)")  # fmt: skip
     p.add_argument(
         "--recent", type=integer(1, 20), default=10, help="outcomes in the strip (1..20, default 10)"
     )
@@ -532,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", choices=STATUSES)
     p.add_argument("--kind", type=name_text)
     p.add_argument("--definition", type=name_text)
-    p.add_argument("--limit", type=integer(1, 10000), default=20)
+    p.add_argument("--limit", type=integer(1, 10000), default=20, help="runs shown (1..10000, default 20)")
 
     p = _command(sub, "show", "one run in full: timings, attempts, payload, result, error", cmd_show)
     p.add_argument("run_id", type=RUN_ID, metavar="RUN")
@@ -553,7 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=parse_duration, default=None,
                    help="age of finished runs to delete (default: jobs.config.retention)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
-    p.add_argument("--batch", type=integer(1, 1000000), default=10000, help="rows per transaction (10000)")
+    p.add_argument(
+        "--batch",
+        type=integer(1, 1000000),
+        default=10000,
+        help="rows per transaction (1..1000000, default 10000)",
+    )
 
     p = _command(sub, "definitions", "list definitions, filterable", cmd_definitions, output="list")
     p.add_argument("--kind", type=name_text)
@@ -562,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("active", "paused", "finished"):
         state.add_argument(f"--{flag}", dest="state", action="store_const", const=flag,
                            help=f"only {flag} definitions")  # fmt: skip
-    p.add_argument("--limit", type=integer(1, 100000), default=1000)
+    p.add_argument(
+        "--limit", type=integer(1, 100000), default=1000, help="definitions shown (1..100000, default 1000)"
+    )
 
     p = _command(sub, "preview", "show the next occurrences of a schedule", cmd_preview)
     p.add_argument("schedule", nargs="?", type=schedule_text,
@@ -572,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tz", type=parse_zone, default=None, help="IANA time zone (default UTC)")
     p.add_argument("--after", type=parse_instant, default=None,
                    help="ISO time (default now; without an offset: in the schedule's zone)")  # fmt: skip
-    p.add_argument("--count", type=integer(1, 1000), default=10)
+    p.add_argument(
+        "--count", type=integer(1, 1000), default=10, help="occurrences shown (1..1000, default 10)"
+    )
     p.add_argument(
         "--anchor",
         type=parse_instant,
@@ -586,7 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", type=name_text)
     p.add_argument("--ttl", type=duration(timedelta(days=365)), required=True, help="lease time to live")
     p.add_argument("--owner", type=name_text, default=None, help="owner id (default host-pid-random)")
-    p.add_argument("--skipped-exit", type=integer(0, 255), default=75, help="exit code when held (75)")
+    p.add_argument(
+        "--skipped-exit", type=integer(0, 255), default=75, help="exit code when held (0..255, default 75)"
+    )
     # Filled from whatever follows the first `--` (see main): a REMAINDER positional
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")

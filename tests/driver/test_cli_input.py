@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -353,6 +354,30 @@ def test_every_numeric_option_has_a_range() -> None:
         if action.type in (int, float)
     ]
     assert not bare, f"options parsed as a bare int or float, without a range: {bare}"
+
+
+def test_every_numeric_option_says_its_range_in_its_help() -> None:
+    """A value out of range says "see pgtick CMD --help": the help says what the range is."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    unsaid = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.type is None:
+                continue
+            try:
+                action.type("9" * 25)  # past every range: the refusal names the range
+            except argparse.ArgumentTypeError as exc:
+                found = re.search(r"between (-?\d+) and (\d+)", str(exc))
+            else:
+                continue
+            if found is None:  # not a whole-number option
+                continue
+            low, high = found.groups()
+            said = f"{low}..{high}" if int(high) < 2**63 - 1 else f"{low} or more"
+            if said not in (action.help or ""):
+                unsaid.append(f"pgtick {name} {action.option_strings[0]}: {action.help!r} lacks {said!r}")
+    assert not unsaid, "\n".join(unsaid)
 
 
 @pytest.mark.parametrize(
