@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -110,3 +111,20 @@ def test_example_app_runs_on_embedded_postgres(tmp_path: Path, data_home: Path) 
     while pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not pidfile.exists(), f"{pidfile} still there 60 s after pgtick run exited: {text[-3000:]}"
+
+
+def test_every_test_and_file_the_docs_name_exists() -> None:
+    """The docs cite the tests behind each claim and the files that hold each part: a renamed
+    test or a moved file leaves a citation a reader cannot follow."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    sources = {p: p.read_text() for p in (ROOT / "tests").rglob("*.py")}
+    missing = []
+    for doc in docs:
+        text = doc.read_text()
+        for path in re.findall(r"`((?:tests|driver|sql|migrations|examples|bench|docs)/[\w./-]+)`", text):
+            if "NNNN" not in path and not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+        for name in set(re.findall(r"\b(test_\w+)\b", text)):
+            if not any(f"def {name}(" in src or f"{name}.py" == p.name for p, src in sources.items()):
+                missing.append(f"{doc.name}: {name}")
+    assert not missing, "the docs name what does not exist:\n" + "\n".join(missing)
