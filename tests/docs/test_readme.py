@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -128,3 +129,44 @@ def test_every_test_and_file_the_docs_name_exists() -> None:
             if not any(f"def {name}(" in src or f"{name}.py" == p.name for p, src in sources.items()):
                 missing.append(f"{doc.name}: {name}")
     assert not missing, "the docs name what does not exist:\n" + "\n".join(missing)
+
+
+def _shown_sessions(command: str) -> list[tuple[str, str, str]]:
+    """Every `$ pgtick COMMAND ...` line in a fenced block of the docs, with the output shown
+    under it (up to the next `$` line or the end of the block)."""
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks: list[str] = []
+        block: list[str] = []
+        fenced = False
+        for text in doc.read_text().splitlines(keepends=True):
+            if text.startswith("```"):
+                if fenced:
+                    blocks.append("".join(block))
+                block, fenced = [], not fenced
+            elif fenced:
+                block.append(text)
+        for block_text in blocks:
+            for session in re.split(r"^(?=\$ )", block_text, flags=re.MULTILINE):
+                line, _, shown = session.partition("\n")
+                if line.startswith(f"$ pgtick {command} "):
+                    found.append((doc.name, line[2:], shown))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("doc", "line", "shown"), _shown_sessions("preview"), ids=lambda v: v if v.startswith("pgtick") else ""
+)
+def test_the_preview_output_the_docs_show_is_what_preview_prints(doc: str, line: str, shown: str) -> None:
+    """Schedule text and a fixed --after: what preview prints depends on nothing else."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    result = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", *shlex.split(line)[1:]],
+        cwd=ROOT,
+        env=env | {"COLUMNS": "100", "NO_COLOR": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout == shown, f"{doc}: {line}\nprinted:\n{result.stdout}\nshown:\n{shown}"
