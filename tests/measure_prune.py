@@ -14,7 +14,7 @@ RECENT finished runs inside it and QUEUED live runs, then:
    are inserted again: freed space is reused, the table does not grow.
 
 Prints one JSON object per step and a summary. Timing is a measurement, not a test: the
-test suite (test_ops_prune_measure.py) runs this with small numbers and checks only counts.
+test suite (tests/sql/test_ops.py) runs this with small numbers and checks only counts.
 """
 
 from __future__ import annotations

@@ -50,6 +50,8 @@ def load_app(target: str) -> App:
         else:
             sys.path.insert(0, str(Path.cwd()))
             module = importlib.import_module(module_part)
+    except UsageError:  # the app file is not there: nothing of the app ran
+        raise
     except ModuleNotFoundError as exc:
         raise UsageError(f"cannot import app module {module_part!r}: {exc}") from exc
     except SyntaxError as exc:

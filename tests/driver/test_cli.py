@@ -187,6 +187,23 @@ def test_an_app_that_fails_to_import_is_one_line_naming_where(
     assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, shown
 
 
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        ("examples/no-such-app.py", "pgtick run: error: app file not found: examples/no-such-app.py\n"),
+        ("examples/app.py:nope",
+         "pgtick run: error: examples/app.py:nope: no pgtick.App named 'nope' in examples/app.py\n"),
+        ("no_such_module:app",
+         "pgtick run: error: cannot import app module 'no_such_module': No module named 'no_such_module'\n"),
+    ],
+    ids=["no-file", "no-attr", "no-module"],
+)  # fmt: skip
+def test_an_app_that_is_not_there_is_one_line_saying_so(shared_db: Database, target: str, said: str) -> None:
+    """A mistyped app is the user's mistake, not an error the app raised while it was imported."""
+    result = pgtick("run", target, "--dsn", shared_db.dsn)
+    assert (result.returncode, result.stderr) == (2, said), f"exit {result.returncode}: {result.stderr!r}"
+
+
 COMMANDS = [
     "run",
     "migrate",
