@@ -906,6 +906,8 @@ def materialize_backfills(
                 if progress is not None and len(times) % 1000 == 0:
                     walked = (occurrence.at - start).total_seconds() / span
                     progress(f"{b['name']}: {len(times)} occurrences", walked)
+            if not times and error is None and schedule.kind == "rrule":
+                error = _before_first_occurrence(schedule, end)
         except (ScheduleError, ValueError, LookupError) as exc:
             error = str(exc)
         if progress is not None:
@@ -917,6 +919,22 @@ def materialize_backfills(
         suffix = f" error={error}" if error else ""
         log.info("definition=%s backfill=%s runs=%d%s", b["name"], b["backfill_id"], n, suffix)
     return created
+
+
+def _before_first_occurrence(schedule: Schedule, end: datetime) -> str | None:
+    """Why a backfill window ending at ``end`` holds no occurrence of an RRULE, when the rule
+    starts after it: without DTSTART, on the day its definition was created."""
+    first = schedule.next_after(datetime(1, 1, 2, tzinfo=UTC), inclusive=True)
+    if first is None or first <= end:
+        return None
+    local = first.astimezone(schedule.zone).strftime("%Y-%m-%d %H:%M %Z")
+    why = (
+        ""
+        if "DTSTART" in schedule.text.upper()
+        else ": an RRULE without DTSTART starts on the day its definition was created;"
+        " give it a DTSTART line to backfill before that"
+    )
+    return f"the window ends before the schedule's first occurrence, {local}{why}"
 
 
 @dataclass(frozen=True)

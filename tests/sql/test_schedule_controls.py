@@ -346,6 +346,28 @@ def test_backfill_materializes_a_past_window_once(conn: Conn) -> None:
     assert scalar(conn, "SELECT count(*) FROM jobs.backfills WHERE done_at IS NULL") == 0
 
 
+def test_a_backfill_before_an_rrules_first_occurrence_says_so(conn: Conn) -> None:
+    """An RRULE without DTSTART starts on the day it was defined: a window before that holds
+    none of its occurrences, and the backfill says why instead of finishing with 0 runs, as
+    if the weekdays of the window had no 09:00."""
+    weekdays = "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0"
+    window = "SELECT jobs.backfill(%s, now() - interval '30 days', now() - interval '20 days')"
+    define(conn, "weekday-report", weekdays, timezone="Europe/Sofia")
+    conn.execute(window, ("weekday-report",))
+    assert materialize_backfills(conn) == 0
+    error = scalar(conn, "SELECT error FROM jobs.backfills")
+    assert error is not None and "before the schedule's first occurrence" in error, error
+    assert "DTSTART" in error, error
+    # With a DTSTART before the window, the same window is backfilled.
+    define(conn, "weekday-report", f"DTSTART:20200101T000000\nRRULE:{weekdays}", timezone="Europe/Sofia")
+    conn.execute(window, ("weekday-report",))
+    assert materialize_backfills(conn) in (6, 7, 8)
+    # A cron schedule has no first occurrence: its window is walked as it is.
+    define(conn, "nightly", "0 2 * * *")
+    conn.execute(window, ("nightly",))
+    assert materialize_backfills(conn) == 10
+
+
 def test_a_backfill_of_a_changed_schedule_is_voided(conn: Conn) -> None:
     define(conn, "hourly", "0 * * * *")
     conn.execute("SELECT jobs.backfill('hourly', now() - interval '3 hours', now())")
