@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ from pgtick.scheduler import Scheduler
 from pgtick.worker import Worker
 
 log = logging.getLogger("pgtick.run")
+
+#: Seconds the worker of `pgtick run` waits, at most, for the scheduler's first tick.
+FIRST_TICK_WAIT = 10.0
 
 
 def load_app(target: str) -> App:
@@ -143,6 +147,16 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         listener, _ = serve_metrics(
             options.metrics_port, dsn, worker_id, per_definition=options.metrics_per_definition
         )
+    scheduler: Scheduler | None = None
+    if options.scheduler:
+        scheduler = Scheduler(
+            dsn,
+            owner=worker_id,
+            tick_interval=options.tick_interval,
+            leadership=options.leadership,
+            lease_ttl=options.lease_ttl,
+        )
+        threads.append(_thread(scheduler.run, stop, "pgtick-scheduler", failures))
     if options.worker:
         worker = Worker(
             app,
@@ -159,17 +173,16 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             queues=options.queues,
         )
         threads.append(_thread(worker.run, stop, "pgtick-worker", failures))
-    if options.scheduler:
-        scheduler = Scheduler(
-            dsn,
-            owner=worker_id,
-            tick_interval=options.tick_interval,
-            leadership=options.leadership,
-            lease_ttl=options.lease_ttl,
-        )
-        threads.append(_thread(scheduler.run, stop, "pgtick-scheduler", failures))
     for t in threads:
         t.start()
+        if scheduler is not None and t.name == "pgtick-scheduler" and options.worker:
+            # The scheduler's first tick settles a catch-up after downtime (it supersedes the
+            # runs made ahead before the downtime) before this process's worker can claim
+            # them; bounded, so a slow first tick delays the worker by FIRST_TICK_WAIT at most.
+            deadline = time.monotonic() + FIRST_TICK_WAIT
+            while not scheduler.first_tick_done.wait(0.1) and not stop.is_set():
+                if time.monotonic() > deadline:
+                    break
     try:
         while any(t.is_alive() for t in threads):
             for t in threads:

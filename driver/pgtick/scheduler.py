@@ -250,6 +250,10 @@ class Scheduler:
             catch_up_seconds if catch_up_seconds is not None else min(2.0, max(0.1, tick_interval / 2))
         )
         self._catching_up: dict[int, Progress] = {}
+        #: Set once the first tick has run (or the loop ended): a worker in the same process
+        #: waits for it, so a catch-up supersedes the runs made ahead before a downtime before
+        #: that worker can claim them.
+        self.first_tick_done = threading.Event()
         self.batch = batch
         self.batches_per_tick = batches_per_tick
         # The horizon adapts unless it is given (or time is the caller's: a test clock).
@@ -295,8 +299,10 @@ class Scheduler:
                     log.warning("scheduler tick failed (will retry): %s", _one_line(exc))
                     if not self._session_healthy():
                         self._drop_connection()
+                self.first_tick_done.set()
                 stop.wait(max(0.0, self.tick_interval - (time.monotonic() - started)))
         finally:
+            self.first_tick_done.set()
             self.close()
 
     def close(self) -> None:

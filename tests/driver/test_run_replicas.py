@@ -12,14 +12,16 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
 import psycopg
 
 from harness import (
+    Clock,
     Conn,
+    Database,
     Processes,
     assert_each_occurrence_once,
     catch_up_windows,
@@ -31,6 +33,7 @@ from harness import (
     settle_occurrences,
     wait_for,
 )
+from pgtick.scheduler import Scheduler
 
 TICK = 0.2
 APP = "ticker_app.py"
@@ -122,3 +125,43 @@ def test_killed_leader_is_replaced_within_two_ticks(procs: Processes, conn: Conn
     # Occurrences across the failover: still one run each, no gap, each executed once.
     # A run the victim had claimed stays RUNNING for the reaper (heartbeat timeout 1 min).
     assert_each_occurrence_once(runs, settled_before, dead_worker=workers[victim.pid], coalesced=coalesced)
+
+
+def test_a_restart_after_downtime_coalesces_the_runs_made_ahead_before_it(
+    procs: Processes, conn: Conn, db: Database
+) -> None:
+    """Runs a leader materialized ahead and that never started before everything went down are
+    late occurrences too: with coalesce, the restarted process's leader supersedes them before
+    its own worker claims them, and the downtime ends in one run, not one per stale row."""
+    conn.execute("SELECT jobs.define('every-second', 'tick', 'FREQ=SECONDLY;INTERVAL=1', timezone => 'UTC')")
+    before_downtime = Scheduler(
+        db.dsn, owner="gone", clock=Clock(datetime.now(UTC) - timedelta(minutes=2)), lookahead=20
+    )
+    try:
+        before_downtime.materialize_due()  # the cursor
+        before_downtime.materialize_due()  # and 20 s of runs ahead of it
+    finally:
+        before_downtime.close()
+    stale = [
+        r[0] for r in conn.execute("SELECT id FROM jobs.runs WHERE status = 'QUEUED' ORDER BY id").fetchall()
+    ]
+    assert len(stale) >= 10, stale
+    replica = procs.replica(APP, "restarted")
+    wait_for(
+        "the catch-up after the downtime",
+        lambda: (
+            scalar(conn, "SELECT count(*) FROM jobs.catch_ups")
+            and scalar(
+                conn, "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s) AND status = 'QUEUED'", (stale,)
+            )
+            == 0
+        ),
+        timeout=60,
+    )
+    ended = conn.execute(
+        "SELECT status::text, error, count(*) FROM jobs.runs WHERE id = ANY(%s) GROUP BY 1, 2 ORDER BY 1, 2",
+        (stale,),
+    ).fetchall()
+    assert ended == [
+        ("CANCELLED", "skipped: superseded by coalescing (a later occurrence runs instead)", len(stale))
+    ], f"{ended}\n{replica.tail()}"
