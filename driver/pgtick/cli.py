@@ -1531,10 +1531,21 @@ def cmd_preview(args: argparse.Namespace) -> Result:
         runs = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
     except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
-    out = [f"next {args.count} runs of {args.schedule!r} in {tz} (local, then UTC):"]
+    out = [_preview_title(args.count, len(runs), f"{args.schedule!r} in {tz}", "(local, then UTC)")]
     out += [f"  {line}" for line in header(schedule, anchor_note=note)]
     out += [f"  {line}" for line in lines]
     return Result(_preview_data(args.schedule, tz, runs), lambda st, w: "\n".join(out))
+
+
+def _preview_title(asked: int, found: int, what: str, shown: str = "") -> str:
+    """``next N runs of WHAT SHOWN:``, saying so when the schedule ends before N."""
+    if found >= asked:
+        return f"next {asked} runs of {what}" + (f" {shown}" if shown else "") + ":"
+    ends = "the schedule has no more"
+    if found == 0:
+        return f"no more runs of {what}: {ends}"
+    notes = f"{shown[1:-1]}; {ends}" if shown else ends
+    return f"next {found} run{'s' if found != 1 else ''} of {what} ({notes}):"
 
 
 def _preview_definition(args: argparse.Namespace) -> Result:
@@ -1565,7 +1576,8 @@ def _preview_definition(args: argparse.Namespace) -> Result:
             runs = [t + j for t, j in zip(plain, jitter(plain), strict=True)] if plain else []
         except ScheduleError as exc:
             raise UsageError(str(exc)) from exc
-    out = [f"next {args.count} runs of definition {d['name']!r} ({d['schedule']!r} in {d['timezone']}):"]
+    what = f"definition {d['name']!r} ({d['schedule']!r} in {d['timezone']})"
+    out = [_preview_title(args.count, len(runs), what)]
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
     out += [f"  {line}" for line in lines]
     data = _preview_data(d["schedule"], d["timezone"], runs, definition=d["name"])

@@ -294,6 +294,23 @@ def test_preview_takes_rrule_text_of_several_lines_and_a_utc_dtstart_is_that_ins
     assert "second of two" in lines[3], result.stdout
 
 
+def test_preview_of_a_rule_that_ends_says_how_many_runs_are_left() -> None:
+    """A COUNT rule with fewer runs left than --count asks for: the title counts the runs shown
+    and says the schedule has no more, rather than "next 10 runs" over two or none."""
+    text = "DTSTART:20270301T090000\nRRULE:FREQ=DAILY;COUNT=2"
+    result = pgtick("preview", text, "--tz", "Europe/Sofia", "--after", "2027-01-01")
+    assert result.returncode == 0, result
+    title, *_, last = result.stdout.splitlines()
+    assert title.startswith("next 2 runs of "), result.stdout
+    assert title.endswith("(local, then UTC; the schedule has no more):"), result.stdout
+    assert last.startswith("  2027-03-02 09:00"), result.stdout
+    result = pgtick("preview", text, "--tz", "Europe/Sofia", "--after", "2027-06-01")
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines()[0].startswith("no more runs of "), result.stdout
+    result = pgtick("preview", text, "--tz", "Europe/Sofia", "--after", "2027-01-01", "--count", "2")
+    assert result.stdout.splitlines()[0].endswith("(local, then UTC):"), result.stdout
+
+
 def _pgtick(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     code = cli.main(list(args))
     out, err = capsys.readouterr()
