@@ -26,7 +26,7 @@ from pgtick.app import App
 from pgtick.client import check_duration, holds_nul, read_time
 from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
-from pgtick.schedule.zones import DstChoice
+from pgtick.schedule.zones import DstChoice, load_zone
 
 log = logging.getLogger("pgtick.definitions")
 
@@ -43,6 +43,12 @@ def validate_schedule(
     two years (where a repeated hour can put two runs an hour apart), is refused: delayed
     runs could overtake or coincide."""
     now = datetime.now(UTC)
+    try:
+        load_zone(timezone)
+    except ScheduleError:  # the definition's zone, not a TZID in the schedule text
+        raise InvalidArgument(
+            f"definition={name} timezone {timezone!r} is not a known IANA time zone name", field="timezone"
+        ) from None
     try:
         parsed = parse_schedule(schedule, timezone, anchor=anchor_for(now, timezone), definition=name, **dst)
         if jitter:

@@ -72,6 +72,7 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ),
     ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
     ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
+    ("timezone-unknown", lambda c: c.define("x", "k", "0 9 * * *", timezone="Mars/Base"), "timezone"),
     (
         "pause-after-huge",
         lambda c: c.define("x", "k", "* * * * *", pause_after_failures=10**20),
