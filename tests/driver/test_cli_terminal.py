@@ -256,7 +256,21 @@ def watch_in_pty(argv: list[str], env: dict[str, str], rows: int, columns: int, 
             if ready:
                 out += os.read(master, 65536)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        # Read on while it stops: a redraw it writes meanwhile would fill the terminal's buffer
+        # and block it in the write, never to exit.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    chunk = b""
+                out += chunk
+                if chunk:
+                    continue
+            if proc.poll() is not None:
+                break
+        assert proc.wait(timeout=5) == 130
         while select.select([master], [], [], 0.5)[0]:
             try:
                 chunk = os.read(master, 65536)
