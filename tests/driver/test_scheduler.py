@@ -593,3 +593,39 @@ def test_every_10s_job_after_150s_of_downtime_keeps_its_misfire_promise(
         assert [o for o in outcomes if o[0] != stale and o[1] != "COMPLETED"] == [], outcomes
         assert len([o for o in outcomes if o[1] == "COMPLETED"]) == runs + (policy == "catch_up"), outcomes
     scheduler.close()
+
+
+@pytest.mark.parametrize("policy", ["coalesce", "skip"])
+def test_a_backfilled_window_still_waiting_runs_after_a_scheduler_restart(db: Database, policy: str) -> None:
+    """An operator backfills the last half hour of an every-minute job; its runs wait for a
+    worker (a cap of 1 drains them one by one) when the scheduler restarts after three
+    minutes down. The catch-up coalesces or skips the occurrences of the downtime only: every
+    backfilled occurrence still runs, and the catch-up counts only the late ones."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    clock = Clock(now)
+    scheduler = Scheduler(db.dsn, owner="t", misfire_grace=60, lookahead=2, clock=clock)
+    with db.connect() as conn:
+        definition_id = define(conn, "minutely", "* * * * *", misfire_policy=policy, max_concurrent_runs=1)
+        scheduler.materialize_due()  # cursor: the next minute
+        first_late = cursor_of(conn, definition_id)
+        assert first_late is not None
+        start = now.replace(second=0) - timedelta(minutes=30)
+        conn.execute("SELECT jobs.backfill('minutely', %s, %s)", (start, start + timedelta(minutes=9)))
+        scheduler.materialize_due()  # the backfill's ten runs, due at once
+        backfilled = [start + timedelta(minutes=m) for m in range(10)]
+        assert run_times(conn, definition_id) == backfilled
+
+        clock.now = first_late + timedelta(minutes=3, seconds=30)  # down for three minutes
+        scheduler.materialize_due()
+        states = conn.execute(
+            "SELECT scheduled_for, status::text FROM jobs.runs WHERE definition_id = %s"
+            " AND scheduled_for < %s ORDER BY 1",
+            (definition_id, first_late),
+        ).fetchall()
+        assert states == [(t, "QUEUED") for t in backfilled], states
+        caught = conn.execute(
+            "SELECT first_late, occurrences, superseded FROM jobs.catch_ups WHERE definition_id = %s",
+            (definition_id,),
+        ).fetchall()
+        assert caught == [(first_late, 4, 0)], caught
+    scheduler.close()
