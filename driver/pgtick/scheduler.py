@@ -899,7 +899,9 @@ def materialize_backfills(
         start, end = b["window_from"], b["window_to"]
         span = max((end - start).total_seconds(), 1e-6)
         try:
-            schedule = definition_schedule(b)
+            # A window before the definition was created has the occurrences the schedule
+            # would have had then (an RRULE without DTSTART otherwise starts at its creation).
+            schedule = definition_schedule(b).reaching_back(start)
             for occurrence in schedule.occurrences(start, inclusive=True):
                 assert occurrence.at is not None
                 if occurrence.at > end:
@@ -929,7 +931,8 @@ def materialize_backfills(
 
 def _before_first_occurrence(schedule: Schedule, end: datetime) -> str | None:
     """Why a backfill window ending at ``end`` holds no occurrence of an RRULE, when the rule
-    starts after it: without DTSTART, on the day its definition was created."""
+    starts after it: a DTSTART after the window, or a COUNT rule without DTSTART (counted from
+    the day its definition was created; other rules reach back for a backfill)."""
     first = schedule.next_after(datetime(1, 1, 2, tzinfo=UTC), inclusive=True)
     if first is None or first <= end:
         return None
@@ -937,7 +940,7 @@ def _before_first_occurrence(schedule: Schedule, end: datetime) -> str | None:
     why = (
         ""
         if "DTSTART" in schedule.text.upper()
-        else ": an RRULE without DTSTART starts on the day its definition was created;"
+        else ": a COUNT rule without DTSTART counts from the day its definition was created;"
         " give it a DTSTART line to backfill before that"
     )
     return f"the window ends before the schedule's first occurrence, {local}{why}"

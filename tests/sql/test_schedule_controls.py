@@ -5,8 +5,9 @@ input for each of them."""
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -346,13 +347,13 @@ def test_backfill_materializes_a_past_window_once(conn: Conn) -> None:
     assert scalar(conn, "SELECT count(*) FROM jobs.backfills WHERE done_at IS NULL") == 0
 
 
-def test_a_backfill_before_an_rrules_first_occurrence_says_so(conn: Conn) -> None:
-    """An RRULE without DTSTART starts on the day it was defined: a window before that holds
-    none of its occurrences, and the backfill says why instead of finishing with 0 runs, as
-    if the weekdays of the window had no 09:00."""
+def test_a_backfill_before_a_count_rules_first_occurrence_says_so(conn: Conn) -> None:
+    """A COUNT rule without DTSTART counts from the day it was defined: a window before that
+    holds none of its occurrences, and the backfill says why instead of finishing with 0 runs,
+    as if the weekdays of the window had no 09:00."""
     weekdays = "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0"
     window = "SELECT jobs.backfill(%s, now() - interval '30 days', now() - interval '20 days')"
-    define(conn, "weekday-report", weekdays, timezone="Europe/Sofia")
+    define(conn, "weekday-report", weekdays + ";COUNT=5", timezone="Europe/Sofia")
     conn.execute(window, ("weekday-report",))
     assert materialize_backfills(conn) == 0
     error = scalar(conn, "SELECT error FROM jobs.backfills")
@@ -366,6 +367,50 @@ def test_a_backfill_before_an_rrules_first_occurrence_says_so(conn: Conn) -> Non
     define(conn, "nightly", "0 2 * * *")
     conn.execute(window, ("nightly",))
     assert materialize_backfills(conn) == 10
+
+
+def test_a_backfill_before_an_rrule_definition_was_created_has_its_occurrences(conn: Conn) -> None:
+    """A weekday report defined today with an RRULE (no DTSTART: it starts today) backfills
+    the last two weeks as cron would: every weekday at 09:00 Sofia, and a rule every other
+    day keeps its phase (the days an even number of days before today). A COUNT rule counts
+    from the day it was defined, so nothing before that day is one of its occurrences."""
+    zone = ZoneInfo("Europe/Sofia")
+    rules = {
+        "weekdays": "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=0",
+        "every-other-day": "FREQ=DAILY;INTERVAL=2;BYHOUR=9;BYMINUTE=0",
+        "three-times": "FREQ=DAILY;COUNT=3;BYHOUR=9;BYMINUTE=0",
+    }
+    created = {name: define(conn, name, rule, timezone="Europe/Sofia") for name, rule in rules.items()}
+    now = scalar(conn, "SELECT now()")
+    window = (now - timedelta(days=14), now - timedelta(minutes=1))
+    for name in rules:
+        conn.execute("SELECT jobs.backfill(%s, %s, %s)", (name, *window))
+    materialize_backfills(conn)
+
+    today = now.astimezone(zone).date()
+    days = [today - timedelta(days=n) for n in range(15)]
+    at_nine = [datetime.combine(day, time(9), tzinfo=zone).astimezone(UTC) for day in days]
+    in_window = [t for t in at_nine if window[0] <= t <= window[1]]
+    expected = {
+        "weekdays": sorted(t for t in in_window if t.astimezone(zone).weekday() < 5),
+        "every-other-day": sorted(t for t in in_window if (today - t.astimezone(zone).date()).days % 2 == 0),
+        "three-times": sorted(t for t in in_window if t.astimezone(zone).date() == today),
+    }
+    for name, d in created.items():
+        runs = [
+            r[0]
+            for r in conn.execute(
+                "SELECT scheduled_for FROM jobs.runs WHERE definition_id = %s ORDER BY 1", (d["id"],)
+            ).fetchall()
+        ]
+        assert runs == expected[name], name
+    # From the day it was defined on, the rule is the one the scheduler walks.
+    for rule in rules.values():
+        schedule = parse_schedule(rule, "Europe/Sofia", anchor=anchor_for(now, "Europe/Sofia"))
+        start = schedule.anchor
+        assert schedule.reaching_back(window[0]).between(start, start + timedelta(days=60), limit=100) == (
+            schedule.between(start, start + timedelta(days=60), limit=100)
+        )
 
 
 def test_a_backfill_of_a_changed_schedule_is_voided(conn: Conn) -> None:

@@ -75,6 +75,8 @@ class Schedule:
     _rdate_instants: tuple[datetime, ...] = field(repr=False, default=())
     _exdate_instants: frozenset[datetime] = field(repr=False, default=frozenset())
     _start: DateValue | None = field(repr=False, default=None)
+    # The rules start at the anchor (an RRULE without DTSTART), not at a DTSTART of their own.
+    _anchored: bool = field(repr=False, default=False)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -89,6 +91,21 @@ class Schedule:
         times dropped in a DST gap are yielded too (``at`` None), where the gap ends.
         """
         return self._occurrences(after, inclusive=inclusive, include_skipped=include_skipped)
+
+    def reaching_back(self, instant: datetime) -> Schedule:
+        """This schedule as if it had started before `instant`: an RRULE without DTSTART
+        (which starts at its anchor, the definition's creation day) keeps its phase and
+        has the occurrences it would have had before the anchor, for a backfill of a
+        window before the definition was created. From the anchor on nothing changes;
+        cron, a rule's own DTSTART and COUNT (counted from the anchor) stay as they are."""
+        require_aware(instant, "instant")
+        if not self._anchored:
+            return self
+        try:
+            target = wall_time(instant, self._zone).replace(microsecond=0) - MAX_TRANSITION
+        except OverflowError:
+            return self
+        return replace(self, _rules=tuple(rule.started_before(target) for rule in self._rules))
 
     def next_after(self, instant: datetime, *, inclusive: bool = False) -> datetime | None:
         """The first run after `instant` (or at it, if inclusive); None if exhausted."""
@@ -289,6 +306,7 @@ def parse_schedule(
             parts.rdate_instants,
             frozenset(parts.exdate_instants),
             parts.start,
+            parts.anchored,
         )
         if next(schedule.occurrences(None, include_skipped=True), None) is None:
             raise ScheduleError("RRULE: rule has no occurrences")

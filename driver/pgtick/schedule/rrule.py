@@ -204,6 +204,38 @@ class Rule:
             return start
         return first + periods * period
 
+    def started_before(self, target: datetime) -> Rule:
+        """This rule with its DTSTART moved back to a period start at or before `target`, a
+        whole multiple of INTERVAL periods before its own (see `rebased_start`): from its
+        own DTSTART on it expands exactly as before, and before it as if it had started
+        earlier. A COUNT rule, which counts from its DTSTART, is returned unchanged, and so
+        is a rule that starts at or before `target` already."""
+        if self.start is None or self.count is not None or target >= self.start:
+            return self
+        try:
+            first = _period_start(self.start, self.frequency, self.week_start)
+            if self.frequency in (YEARLY, MONTHLY):
+                months_per_period = (12 if self.frequency == YEARLY else 1) * self.interval
+                months = (first.year - target.year) * 12 + first.month - target.month
+                periods = -(-months // months_per_period)
+                month_index = first.year * 12 + first.month - 1 - periods * months_per_period
+                start = datetime(month_index // 12, month_index % 12 + 1, 1)
+            else:
+                period = timedelta(seconds=_PERIOD_SECONDS[self.frequency] * self.interval)
+                start = first - -(-(first - target) // period) * period
+        except (OverflowError, ValueError):  # before the year 1
+            return self
+        return Rule(
+            self.template.replace(dtstart=start),
+            self.frequency,
+            self.interval,
+            self.week_start,
+            start,
+            None,
+            self.until_utc,
+            self.one_per_period,
+        )
+
 
 def some_day_matches(
     months: Collection[int] = (),
@@ -450,6 +482,7 @@ class RRuleParts:
     rdate_instants: tuple[datetime, ...] = ()
     exdate_instants: tuple[datetime, ...] = ()
     start: DateValue | None = None
+    anchored: bool = False  # no DTSTART: the rules start at the anchor
 
 
 def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[DateValue]:
@@ -533,6 +566,7 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
         tuple(d.instant for d in rdates if d.instant is not None),
         tuple(d.instant for d in exdates if d.instant is not None),
         start if start is not None and start.instant is not None else None,
+        anchored=start is None,
     )
 
 
