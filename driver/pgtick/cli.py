@@ -1533,6 +1533,8 @@ def cmd_preview(args: argparse.Namespace) -> Result:
         raise UsageError(str(exc)) from exc
     out = [_preview_title(args.count, len(runs), f"{args.schedule!r} in {tz}", "(local, then UTC)")]
     out += [f"  {line}" for line in header(schedule, anchor_note=note)]
+    if not runs and args.count:
+        out.append("  no further occurrences: the schedule has ended")
     out += [f"  {line}" for line in lines]
     return Result(_preview_data(args.schedule, tz, runs), lambda st, w: "\n".join(out))
 
@@ -1579,9 +1581,24 @@ def _preview_definition(args: argparse.Namespace) -> Result:
     what = f"definition {d['name']!r} ({d['schedule']!r} in {d['timezone']})"
     out = [_preview_title(args.count, len(runs), what)]
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
+    out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0)]
     out += [f"  {line}" for line in lines]
     data = _preview_data(d["schedule"], d["timezone"], runs, definition=d["name"])
     return Result(data, lambda st, w: "\n".join(out))
+
+
+def _not_run_notes(d: dict[str, Any], has_runs: bool) -> list[str]:
+    """Why the scheduler will not run the occurrences a definition's preview lists: it is
+    paused, its schedule is in error, or the schedule has ended."""
+    notes = []
+    if not d["enabled"]:
+        reason = f" ({d['paused_reason']})" if d.get("paused_reason") else ""
+        notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
+    if d.get("schedule_error"):
+        notes.append(f"not scheduled until defined again: {d['schedule_error']}")
+    if not has_runs:
+        notes.append("no further occurrences: the schedule has ended")
+    return notes
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

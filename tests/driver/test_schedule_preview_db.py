@@ -177,3 +177,31 @@ def test_a_schedule_of_a_kind_the_app_does_not_register_is_warned_about(
         sync_app(app, conn)
     warned = [r.getMessage() for r in caplog.records if r.name == "pgtick.definitions"]
     assert len(warned) == 1 and "'nightly-export'" in warned[0] and "'export'" in warned[0], warned
+
+
+def test_preview_of_a_definition_says_when_the_scheduler_will_not_run_what_it_lists(db: Database) -> None:
+    """A paused definition's occurrences are listed, but the scheduler materializes none of
+    them: the preview says so (with the reason of an automatic pause), and says when the
+    schedule has ended rather than print an empty list."""
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute("SELECT jobs.define('nightly', 'k', '0 3 * * *', 'Europe/Sofia')")
+        conn.execute(
+            "SELECT jobs.define('twice', 'k', %s)", ("DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY;COUNT=2",)
+        )
+    before = ok("preview", "--definition", "nightly", "--count", "2", "--dsn", db.dsn)
+    assert "paused" not in before and len(_UTC_COLUMN.findall(before)) == 2, before
+    ok("pause", "nightly", "--dsn", db.dsn)
+    paused = ok("preview", "--definition", "nightly", "--count", "2", "--dsn", db.dsn)
+    assert "paused: none of these runs until `pgtick resume nightly`" in paused, paused
+    assert len(_UTC_COLUMN.findall(paused)) == 2, paused
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobs.definitions SET paused_reason = 'paused after 3 consecutive failures'"
+            " WHERE name = 'nightly'"
+        )
+    reason = ok("preview", "--definition", "nightly", "--count", "2", "--dsn", db.dsn)
+    assert "paused (paused after 3 consecutive failures): none of these runs" in reason, reason
+    ended = ok("preview", "--definition", "twice", "--count", "2", "--dsn", db.dsn)
+    assert "no further occurrences: the schedule has ended" in ended, ended
+    text = ok("preview", "DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY;COUNT=2", "--count", "2")
+    assert "no further occurrences: the schedule has ended" in text, text
