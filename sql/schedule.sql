@@ -390,6 +390,15 @@ BEGIN
       WHERE d.revision <> o.revision
      HAVING count(*) > 0;
 
+    -- A restart that keeps the schedule (enabling it again) keeps its pending backfills valid.
+    UPDATE jobs.backfills AS b SET revision = d.revision
+      FROM jobs.definitions AS d
+      JOIN unnest(v_old) AS o ON o.id = d.id
+     WHERE b.definition_id = d.id AND b.done_at IS NULL AND b.revision = o.revision
+       AND d.revision <> o.revision
+       AND (d.schedule, d.timezone, d.dst_gap, d.dst_repeat)
+           IS NOT DISTINCT FROM (o.schedule, o.timezone, o.dst_gap, o.dst_repeat);
+
     RETURN QUERY
     SELECT d.id, d.name, o.id IS NULL, o.id IS NOT NULL AND o.revision <> d.revision
       FROM jobs.definitions AS d
@@ -518,6 +527,11 @@ BEGIN
            next_run_at = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.next_run_at END,
            cursor_from = CASE WHEN d.enabled OR d.schedule IS NULL THEN d.cursor_from ELSE now() END
      WHERE d.name = resume.name RETURNING d.* INTO v_def;
+    IF v_was_paused THEN
+        -- The schedule is the one the pending backfills were requested for: they stay valid.
+        UPDATE jobs.backfills AS b SET revision = v_def.revision
+         WHERE b.definition_id = v_def.id AND b.done_at IS NULL AND b.revision = v_def.revision - 1;
+    END IF;
     IF v_was_paused AND v_def.schedule IS NOT NULL THEN
         -- The cursor restarts at the resume and makes the runs of the occurrences from there on
         -- again: those materialized before the pause stay, unless a jitter changed meanwhile

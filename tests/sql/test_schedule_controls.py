@@ -413,6 +413,37 @@ def test_a_backfill_before_an_rrule_definition_was_created_has_its_occurrences(c
         )
 
 
+@pytest.mark.parametrize("how", ["resume", "define enabled", "define_many enabled"])
+def test_a_backfill_of_a_paused_window_survives_the_resume(conn: Conn, how: str) -> None:
+    """Pause, backfill the paused window, resume, before the scheduler's next tick (or while
+    it is down): the resume restarts the cursor but keeps the schedule, so the backfill is
+    still the schedule's and inserts its runs. A resume that changes the schedule voids it."""
+    d = define(conn, "hourly", "0 * * * *", enabled=False)
+    hour = scalar(conn, "SELECT date_trunc('hour', now())")
+    window = (hour - timedelta(hours=6), hour - timedelta(minutes=1))  # six occurrences
+    conn.execute("SELECT jobs.backfill('hourly', %s, %s)", window)
+    if how == "resume":
+        conn.execute("SELECT jobs.resume('hourly')")
+    elif how == "define enabled":
+        define(conn, "hourly", "0 * * * *", enabled=True)
+    else:
+        conn.execute(
+            "SELECT * FROM jobs.define_many(%s::jsonb)",
+            ('[{"name": "hourly", "kind": "k", "schedule": "0 * * * *", "enabled": true}]',),
+        )
+    assert materialize_backfills(conn) == 6
+    assert conn.execute("SELECT runs_created, error FROM jobs.backfills").fetchall() == [(6, None)]
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE definition_id = %s", (d["id"],)) == 6
+
+    define(conn, "hourly", "0 * * * *", enabled=False)
+    conn.execute("SELECT jobs.backfill('hourly', %s, %s)", window)
+    define(conn, "hourly", "30 * * * *", enabled=True)
+    assert materialize_backfills(conn) == 0
+    assert scalar(conn, "SELECT error FROM jobs.backfills ORDER BY id DESC LIMIT 1") == (
+        "the definition's schedule changed after the backfill was requested"
+    )
+
+
 def test_a_backfill_of_a_changed_schedule_is_voided(conn: Conn) -> None:
     define(conn, "hourly", "0 * * * *")
     conn.execute("SELECT jobs.backfill('hourly', now() - interval '3 hours', now())")
