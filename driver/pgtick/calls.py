@@ -205,6 +205,16 @@ def backend_pid(conn: Conn) -> int:
     return int(_first(row)) if row else 0
 
 
+def server_local_times(conn: Conn, zone: str, instants: list[datetime]) -> list[datetime]:
+    """Each instant's wall time in `zone` as the server's time zone database reads it."""
+    rows = conn.execute(
+        "SELECT u.t AT TIME ZONE %s AS local FROM unnest(%s::timestamptz[]) WITH ORDINALITY AS u (t, n)"
+        " ORDER BY u.n",
+        (zone, instants),
+    ).fetchall()
+    return [_first(row) for row in rows]
+
+
 def clock_timestamp(conn: Conn) -> datetime:
     row = conn.execute("SELECT clock_timestamp() AS now").fetchone()
     assert row is not None

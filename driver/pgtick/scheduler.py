@@ -86,6 +86,7 @@ from pgtick.schedule import (
     plan_materialization,
 )
 from pgtick.schedule.rrule import keeping_alive
+from pgtick.schedule.zones import load_zone
 from pgtick.terminal import compact_duration
 
 log = logging.getLogger("pgtick.scheduler")
@@ -280,6 +281,7 @@ class Scheduler:
         self._idle_seconds = 0.0  # the leader session's idle_session_timeout (0: none)
         self._last_prune = float("-inf")  # prune on the first tick as leader
         self._parsed = ScheduleCache()
+        self._zones_checked: set[str] = set()  # compared with the server's time zone database
 
     @property
     def lookahead(self) -> timedelta:
@@ -528,6 +530,17 @@ class Scheduler:
             self._unusable(conn, d, f"schedule: cannot be read: {_one_line(exc)}", report)
             return None
         self._parsed.put(key, parsed)
+        if d["timezone"] not in self._zones_checked:
+            self._zones_checked.add(d["timezone"])
+            try:
+                disagreement = zone_disagreement(conn, d["timezone"], self._now(conn))
+            except Exception as exc:  # a diagnostic: it never stops the tick
+                if conn.broken:
+                    raise
+                log.debug("time zone %s not compared with the server's: %s", d["timezone"], _one_line(exc))
+            else:
+                if disagreement:
+                    log.warning("%s", disagreement)
         return parsed
 
     def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
@@ -853,6 +866,28 @@ class Call:
     run_times: list[datetime]
     new_next: datetime | None
     revision: int
+
+
+def zone_disagreement(conn: psycopg.Connection[Any], zone: str, now: datetime) -> str | None:
+    """Whether the server's time zone database reads `zone` as the driver's does over the
+    next two years (a sample every week); the first difference as a sentence, else None.
+
+    Runs are computed by the driver; what SQL shows in local time (jobs.definition_health's
+    next_run_local, the dashboard) is the server's reading, so one of the two databases is
+    out of date when they differ (a zone that changed its rules: Paraguay in 2024)."""
+    instants = [now + timedelta(days=7 * week) for week in range(105)]
+    ours = load_zone(zone)
+    for instant, theirs in zip(instants, sql.server_local_times(conn, zone, instants), strict=True):
+        local = instant.astimezone(ours).replace(tzinfo=None)
+        if local != theirs:
+            return (
+                f"time zone {zone}: the server's time zone database reads {instant:%Y-%m-%d %H:%M}Z as "
+                f"{theirs:%Y-%m-%d %H:%M} local, the driver's as {local:%Y-%m-%d %H:%M}: runs follow the "
+                "driver's, while jobs.definition_health.next_run_local and the dashboard show the "
+                "server's; bring the older one up to date (PostgreSQL's, or the system's tz database "
+                "or the tzdata package)"
+            )
+    return None
 
 
 def _schedule_key(d: dict[str, Any]) -> tuple[str, str, datetime, str | None, str | None]:

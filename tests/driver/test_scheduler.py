@@ -629,3 +629,35 @@ def test_a_backfilled_window_still_waiting_runs_after_a_scheduler_restart(db: Da
         ).fetchall()
         assert caught == [(first_late, 4, 0)], caught
     scheduler.close()
+
+
+def test_a_zone_the_server_reads_otherwise_than_the_driver_is_warned_about_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs follow the driver's time zone database; SQL's local times (next_run_local, the
+    dashboard) follow the server's. When the two read a zone differently (one of them
+    predates a change of its rules), the leader says so once per zone, naming the zone and
+    the first instant they disagree on; zones they agree on are not mentioned."""
+    import pgtick.scheduler as scheduler_module
+
+    real = scheduler_module.load_zone
+    # The driver's database, as if Sofia had given up DST at +03:00 (Istanbul's rules).
+    istanbul = {"Europe/Sofia": "Europe/Istanbul"}
+    monkeypatch.setattr(scheduler_module, "load_zone", lambda name: real(istanbul.get(name, name)))
+    clock = Clock(utc(2027, 1, 10, 12))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock)
+    with db.connect() as conn:
+        define(conn, "sofia-a", "0 9 * * *", timezone="Europe/Sofia")
+        define(conn, "sofia-b", "0 10 * * *", timezone="Europe/Sofia")
+        define(conn, "tokyo", "0 9 * * *", timezone="Asia/Tokyo")
+    with caplog.at_level("WARNING", logger="pgtick.scheduler"):
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+    scheduler.close()
+    warned = [r.getMessage() for r in caplog.records if "time zone database" in r.getMessage()]
+    assert warned == [
+        "time zone Europe/Sofia: the server's time zone database reads 2027-01-10 12:00Z as "
+        "2027-01-10 14:00 local, the driver's as 2027-01-10 15:00: runs follow the driver's, while "
+        "jobs.definition_health.next_run_local and the dashboard show the server's; bring the older "
+        "one up to date (PostgreSQL's, or the system's tz database or the tzdata package)"
+    ], warned
