@@ -638,12 +638,15 @@ def test_a_zone_the_server_reads_otherwise_than_the_driver_is_warned_about_once(
     dashboard) follow the server's. When the two read a zone differently (one of them
     predates a change of its rules), the leader says so once per zone, naming the zone and
     the first instant they disagree on; zones they agree on are not mentioned."""
-    import pgtick.scheduler as scheduler_module
+    from pgtick.schedule.zones import load_zone
 
-    real = scheduler_module.load_zone
     # The driver's database, as if Sofia had given up DST at +03:00 (Istanbul's rules).
     istanbul = {"Europe/Sofia": "Europe/Istanbul"}
-    monkeypatch.setattr(scheduler_module, "load_zone", lambda name: real(istanbul.get(name, name)))
+
+    def drivers_reading(name: str) -> Any:
+        return load_zone(istanbul.get(name, name))
+
+    monkeypatch.setattr("pgtick.scheduler.load_zone", drivers_reading)
     clock = Clock(utc(2027, 1, 10, 12))
     scheduler = Scheduler(db.dsn, owner="t", clock=clock)
     with db.connect() as conn:
