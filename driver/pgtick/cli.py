@@ -915,7 +915,7 @@ def cmd_cancel(args: argparse.Namespace) -> Result:
             n = calls.cancel_queued(conn, args.definition)
             return Result(
                 {"definition": args.definition, "cancelled": n},
-                lambda s, w: f"definition={args.definition} cancelled {n} queued runs",
+                lambda s, w: f"definition={args.definition} cancelled {n} queued run{'s' if n != 1 else ''}",
             )
         status = calls.cancel(conn, args.run_id)
     note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""

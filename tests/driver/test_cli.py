@@ -550,7 +550,7 @@ def test_cli_round_trip(db: Database) -> None:
 
         # cancel every queued run of a definition
         out = ok("cancel", "--definition", "weekday-report", *dsn)
-        assert out == "definition=weekday-report cancelled 1 queued runs\n", out
+        assert out == "definition=weekday-report cancelled 1 queued run\n", out
         assert one(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (manual,)) == ("CANCELLED",)
 
         # status --json and runs --json parse and show what we did
