@@ -167,6 +167,10 @@ def _steer(base: str, seeded: Seeded, page: Page, db: Database) -> None:
         assert one(conn, "SELECT enabled FROM jobs.definitions WHERE name = 'berlin-sunday-0230'") is False
         assert page.locator("tr[data-name='capped'] .badge", has_text="at cap").count() == 1
         shot(page, "definitions")
+        page.goto(base + "/definition?" + urlencode({"name": "berlin-sunday-0230"}))
+        assert page.locator("#upcoming-paused").is_visible(), "a paused definition's next runs look due"
+        shot(page, "definition-paused")
+        page.goto(base + "/definitions")
         page.locator("tr[data-name='berlin-sunday-0230']").locator("button", has_text="resume").click()
         page.wait_for_selector("text=definition berlin-sunday-0230 resumed")
         assert one(conn, "SELECT enabled FROM jobs.definitions WHERE name = 'berlin-sunday-0230'") is True

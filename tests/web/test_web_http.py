@@ -347,11 +347,16 @@ def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded,
     enabled = "SELECT enabled FROM jobs.definitions WHERE name = 'berlin-sunday-0230'"
     assert post(client, "/definitions/pause", csrf, name="berlin-sunday-0230").status_code == 303
     assert conn.execute(enabled).fetchone() == (False,)
-    assert "paused" in client.get("/definition?name=berlin-sunday-0230").text
+    page = client.get("/definition?name=berlin-sunday-0230").text
+    assert "paused" in page
+    # Its next runs are listed as what a resume would run, not as runs to come.
+    assert "Next runs once resumed" in page and 'id="upcoming-paused"' in page, page
     listing = client.get("/definitions")
     assert listing.status_code == 200 and "resume" in listing.text
     assert post(client, "/definitions/resume", csrf, name="berlin-sunday-0230").status_code == 303
     assert conn.execute(enabled).fetchone() == (True,)
+    page = client.get("/definition?name=berlin-sunday-0230").text
+    assert "<h2>Next runs</h2>" in page and 'id="upcoming-paused"' not in page
     before = conn.execute("SELECT count(*) FROM jobs.runs WHERE origin = 'manual'").fetchone()
     assert post(client, "/definitions/run-now", csrf, name="berlin-sunday-0230").status_code == 303
     after = conn.execute("SELECT count(*) FROM jobs.runs WHERE origin = 'manual'").fetchone()
