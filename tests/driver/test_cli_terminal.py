@@ -246,7 +246,17 @@ def watch_in_pty(argv: list[str], env: dict[str, str], rows: int, columns: int, 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.Popen([*PGTICK, *argv], stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [*PGTICK, *argv],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=ROOT,
+        # As a shell starts a foreground command: Ctrl-C interrupts it, even where this test
+        # runs with SIGINT ignored (a background job of a script), which a child inherits.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(slave)
     out = b""
     try:
