@@ -281,7 +281,9 @@ class Context:
         # heartbeat timeout (no reaper can fail it sooner). None: not tracked (run inline).
         self._owned_until: float | None = None
         self._heartbeat_timeout = 0.0
-        self._news = threading.Event()  # set on a confirmation, a cancel or an abandon
+        # Set on a confirmation, a cancel or an abandon; made only when a checkpoint waits
+        # (rare), since making and setting one for every run costs a drain a few percent.
+        self._news: threading.Event | None = None
         self._doubt_logged = False
 
     @property
@@ -320,7 +322,7 @@ class Context:
         until = sent + self._heartbeat_timeout
         if self._owned_until is None or until > self._owned_until:
             self._owned_until = until
-        self._news.set()
+        self._wake()
 
     def _in_doubt(self) -> bool:
         """Whether the run may have been reaped: its ownership not confirmed within its
@@ -328,8 +330,13 @@ class Context:
         until = self._owned_until
         return until is not None and time.monotonic() > until
 
+    def _wake(self) -> None:
+        news = self._news
+        if news is not None:
+            news.set()
+
     def _interrupted(self) -> None:
-        self._news.set()
+        self._wake()
         interrupt = self._interrupt
         if interrupt is not None:
             interrupt()
@@ -366,12 +373,15 @@ class Context:
 
     def _wait_owned(self) -> None:
         self._log_doubt()
+        if self._news is None:
+            self._news = threading.Event()
+        news = self._news
         while True:
-            self._news.clear()
+            news.clear()
             if not self._in_doubt():
                 break
             self._check()
-            self._news.wait(CONFIRM_POLL)
+            news.wait(CONFIRM_POLL)  # (a wake missed before the Event existed: one poll late)
         self._check()
 
     async def _await_owned(self) -> None:
