@@ -47,7 +47,7 @@ class Style:
     @classmethod
     def detect(cls, stream: TextIO | None = None) -> Style:
         stream = stream or sys.stdout
-        no_color = "NO_COLOR" in os.environ
+        no_color = bool(os.environ.get("NO_COLOR"))  # set and not empty (no-color.org)
         tty = bool(getattr(stream, "isatty", lambda: False)())
         width = 100
         if tty:

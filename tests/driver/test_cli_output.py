@@ -233,6 +233,15 @@ def test_no_color_means_letters(
     assert "CCCFF" in report and "✓" not in out, report
 
 
+def test_an_empty_no_color_is_as_if_unset(
+    fixed: Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NO_COLOR", "")
+    out = run_cli(capsys, "status", "--dsn", fixed.dsn)
+    report = next(line for line in out.splitlines() if line.startswith("nightly-report"))
+    assert "✓" in report and "CCCFF" not in report, report
+
+
 def test_show_has_the_attempt_chain_and_the_error_as_stored(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
