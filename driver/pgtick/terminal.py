@@ -54,7 +54,7 @@ class Style:
             width = min(100, shutil.get_terminal_size((100, 40)).columns)
         return cls(
             unicode=utf8(stream) and not no_color,
-            colour=tty and not no_color and os.environ.get("TERM") != "dumb",
+            colour=redraws(stream) and not no_color,
             width=max(40, width),
         )
 

@@ -299,11 +299,15 @@ class Worker:
         with self._lock:
             held = list(self._active.values())
             begun = [c for c in held if c.run_id in self._started]
-        timeouts = [_seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout for c in held]
+        timeouts = [self._heartbeat_timeout_of(c.run) for c in held]
         shortest = min(timeouts, default=self.default_heartbeat_timeout)
         now = time.monotonic()
         until_deadline = [deadline - now for c in begun if (deadline := self._deadline(c)) is not None]
         return max(0.05, min(self.base_heartbeat_interval, shortest / 3, *until_deadline))
+
+    def _heartbeat_timeout_of(self, run: Mapping[str, Any]) -> float:
+        """Seconds the reaper gives a run without a heartbeat: its own, else the server's."""
+        return _seconds(run.get("heartbeat_timeout")) or self.default_heartbeat_timeout
 
     @staticmethod
     def _deadline(ctx: Context) -> float | None:
@@ -883,7 +887,7 @@ class Worker:
             timeout = _seconds(run["timeout"]) or spec.timeout
             ctx = Context(run, spec, self.worker_id, timeout)
             # The claim stamped its heartbeat after ``began``: ours at least that long.
-            ctx.owned(began, _seconds(run.get("heartbeat_timeout")) or self.default_heartbeat_timeout)
+            ctx.owned(began, self._heartbeat_timeout_of(run))
             contexts.append(ctx)
         with self._lock:
             for ctx in contexts:
@@ -914,9 +918,7 @@ class Worker:
                 return len(rows) == want
         # The claim stamped heartbeat_at; only a run whose heartbeat timeout is shorter than
         # the wait in progress (timeouts/3) needs the heartbeat loop woken to re-plan.
-        shortest = min(
-            _seconds(c.run.get("heartbeat_timeout")) or self.default_heartbeat_timeout for c in contexts
-        )
+        shortest = min(self._heartbeat_timeout_of(c.run) for c in contexts)
         if shortest / 3 < self._heartbeat.waiting:
             self._heartbeat.now.set()
         tasks = []
