@@ -330,7 +330,7 @@ BEGIN
     INSERT INTO jobs.definitions AS d (
         name, kind, schedule, timezone, run_at, next_run_at, payload, enabled, max_concurrent_runs,
         priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout,
-        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key
+        dst_gap, dst_repeat, jitter, pause_after_failures, queue, concurrency_key, cursor_from
     )
     SELECT i.name, i.kind, i.schedule, i.timezone, i.run_at, i.run_at, i.payload,
            coalesce(i.enabled, o.enabled, TRUE),
@@ -339,7 +339,10 @@ BEGIN
                     CASE WHEN i.overlap_policy IN ('buffer_one', 'cancel_other') THEN 1 END),
            i.priority, i.max_attempts, i.misfire_policy, i.overlap_policy, i.timeout, i.heartbeat_timeout,
            i.dst_gap, i.dst_repeat, nullif(i.jitter, interval '0'), i.pause_after_failures, i.queue,
-           i.concurrency_key
+           i.concurrency_key,
+           -- A new recurring schedule starts at its creation, not at the scheduler's next tick:
+           -- an occurrence in between is run (or caught up by misfire_policy), not lost.
+           CASE WHEN i.schedule IS NOT NULL THEN now() END
       FROM unnest(_declare.declared) AS i
       LEFT JOIN unnest(v_old) AS o ON o.name = i.name
      ORDER BY i.name
@@ -496,7 +499,7 @@ COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
+'Create or replace the definition called name (exactly one of schedule or run_at). A new recurring definition starts at its creation: the scheduler runs its occurrences from that instant on (an occurrence before the scheduler''s next tick is run late, or caught up by misfire_policy). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text) RETURNS jobs.definitions

@@ -3,7 +3,8 @@
 Every ``tick_interval`` seconds, on one dedicated session connection:
 
 1. ``jobs.try_lead()`` — a session advisory lock; only the leader goes on;
-2. initialize the cursors of new recurring definitions (first occurrence >= now);
+2. initialize the cursors of new recurring definitions (first occurrence >= their creation,
+   or the change or resume that reset them);
 3. materialize recurring definitions due within the lookahead: compute the
    occurrences here (RRULE/cron in the definition's time zone, misfire policy)
    and hand a batch of them to ``jobs.materialize_many``, a compare-and-set on

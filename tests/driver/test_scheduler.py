@@ -162,6 +162,9 @@ def test_daily_0800_sofia_across_both_changes(db: Database) -> None:
             timezone="Europe/Sofia",
             misfire_policy="catch_up",
         )
+        # Created at the clock's instant, not at the database's (months before it): a new
+        # definition's occurrences start at its creation.
+        conn.execute("UPDATE jobs.definitions SET cursor_from = %s WHERE id = %s", (clock.now, definition_id))
         scheduler.materialize_due()
         for moment in (utc(2027, 3, 30, 0), utc(2027, 10, 29, 0), utc(2027, 11, 2, 0)):
             clock.now = moment
@@ -195,6 +198,31 @@ def test_definition_from_psql_gets_a_cursor_within_one_tick(db: Database) -> Non
     assert row[0].minute % 5 == 0 and row[0].second == 0
     assert row[0] > datetime.now(UTC) - timedelta(seconds=5)
     scheduler.close()
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_an_occurrence_between_a_definitions_creation_and_the_next_tick_runs(db: Database, how: str) -> None:
+    """Created a moment before a minute T, with the scheduler's next tick after T: the run of T
+    is made (late), not lost because the new cursor started at the tick."""
+    with db.connect() as conn:
+        if how == "define":
+            conn.execute("SELECT jobs.define('new', 'k', schedule => '* * * * *')")
+        else:
+            conn.execute(
+                'SELECT * FROM jobs.define_many(\'[{"name": "new", "kind": "k", "schedule": "* * * * *"}]\')'
+            )
+        row = conn.execute("SELECT id, created_at FROM jobs.definitions WHERE name = 'new'").fetchone()
+        assert row is not None
+        definition_id, created = int(row[0]), row[1]
+        minute = created.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        scheduler = Scheduler(db.dsn, owner="t", clock=Clock(minute + timedelta(seconds=5)), lookahead=30)
+        try:
+            scheduler.materialize_due()
+            scheduler.materialize_due()
+        finally:
+            scheduler.close()
+        times = run_times(conn, definition_id)
+    assert times[:1] == [minute], f"{how}: created {created}, first tick at {minute} + 5 s, runs {times}"
 
 
 def test_exhausted_count_finishes_cleanly(db: Database) -> None:
