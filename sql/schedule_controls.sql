@@ -260,6 +260,11 @@ DECLARE
     v_count integer := 0;
     v_error text := finish_backfill.error;
 BEGIN
+    IF finish_backfill.run_times IS NULL AND v_error IS NULL THEN
+        -- Done with no runs would drop the request: the leader says so with '{}'.
+        RAISE EXCEPTION 'run_times must be an array of the window''s occurrences (''{}'' for none), or error given, not NULL'
+            USING ERRCODE = '22004';
+    END IF;
     PERFORM jobs._check_range('run_times length', cardinality(coalesce(finish_backfill.run_times, '{}')), 0, 100000);
     -- The definition first, then the request, as jobs.undefine locks them (its delete cascades to
     -- the request): after an undefine neither is there, and nothing is inserted.
@@ -298,4 +303,4 @@ BEGIN
      WHERE b.id = v_request.id;
     RETURN jobs._notify_queued(v_count);
 END $$;
-COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS 'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. Returns runs inserted; 0 when it was done already.';
+COMMENT ON FUNCTION jobs.finish_backfill(bigint, timestamptz[], text) IS 'Leader: insert the occurrences of a pending backfill (those already present are skipped) and mark it done, or void it with error. run_times NULL without an error raises 22004 (''{}'' is a window without occurrences). Returns runs inserted; 0 when it was done already.';

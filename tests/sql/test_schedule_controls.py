@@ -444,6 +444,14 @@ def test_a_backfill_of_a_paused_window_survives_the_resume(conn: Conn, how: str)
     )
 
 
+def test_finishing_a_backfill_with_null_run_times_is_refused_and_keeps_it_pending(conn: Conn) -> None:
+    define(conn, "hourly", "0 * * * *")
+    request = scalar(conn, "SELECT id FROM jobs.backfill('hourly', now() - interval '3 hours', now())")
+    expect_error(conn, "SELECT jobs.finish_backfill(%s, NULL)", (request,), "22004", "run_times")
+    assert scalar(conn, "SELECT done_at IS NULL FROM jobs.backfills WHERE id = %s", (request,))
+    assert materialize_backfills(conn) == 3  # still pending: the leader materializes it
+
+
 def test_a_backfill_of_a_changed_schedule_is_voided(conn: Conn) -> None:
     define(conn, "hourly", "0 * * * *")
     conn.execute("SELECT jobs.backfill('hourly', now() - interval '3 hours', now())")
