@@ -119,6 +119,7 @@ class App:
         self.schedules: dict[str, ScheduleSpec] = {}
         self.dsn = dsn
         self._client = client
+        self._own_client: Client | None = None  # the one made from the DSN: this app closes it
 
     @property
     def client(self) -> Client:
@@ -132,7 +133,7 @@ class App:
                     f"app {self.name!r} does not know its database: give App(dsn=...) or "
                     "App(client=...), call app.use(...), or set $DATABASE_URL"
                 )
-            self._client = Client(dsn)
+            self._client = self._own_client = Client(dsn)
         return self._client
 
     @property
@@ -141,9 +142,14 @@ class App:
         return self.dsn is not None or self._client is not None
 
     def use(self, target: str | Client) -> None:
-        """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests)."""
+        """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests). The client
+        the app made itself from its former DSN is closed (its server session ends now); a
+        client that was given to it is the giver's to close."""
         from pgtick.client import Client
 
+        own = self._own_client
+        if own is not None and own is not target:
+            own.close()
         if isinstance(target, Client):
             self._client, self.dsn = target, None
         else:

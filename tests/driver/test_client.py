@@ -4,6 +4,8 @@ function with the arguments given, and bad input arrives as InvalidArgument / No
 
 from __future__ import annotations
 
+import gc
+import warnings
 from collections.abc import Iterator
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
@@ -14,7 +16,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from harness import Database
+from harness import Database, wait_for
 from pgtick import Client, Run
 from pgtick.client import Definition
 from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch
@@ -413,6 +415,46 @@ def test_app_enqueue_goes_through_the_apps_client(db: Database, monkeypatch: pyt
     with Client(db.dsn) as client:
         app.use(client)
         assert app.client is client
+    assert count_runs(db, "receipt") == 2
+
+
+def client_sessions(db: Database) -> int:
+    """The server sessions a ``pgtick.Client`` holds on this test's database."""
+    with db.connect() as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = 'pgtick-client'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("target", ["dsn", "client"])
+def test_app_use_closes_the_connection_the_app_opened(db: Database, target: str) -> None:
+    """``app.use(...)`` after ``app.enqueue`` over the app's own DSN: the connection the app
+    opened for it is closed then and there (its server session ends), not left to the garbage
+    collector with a ResourceWarning; a client handed to the app stays open, its giver's."""
+    from pgtick import App
+
+    gc.collect()
+    gc.disable()  # what is closed must be closed by app.use(), not by a collection meanwhile
+    try:
+        with warnings.catch_warnings(record=True) as caught, Client(db.dsn) as given:
+            warnings.simplefilter("always", ResourceWarning)
+            app = App("shop", dsn=db.dsn)
+            app.enqueue("receipt")
+            wait_for("the app's session", lambda: client_sessions(db) == 1, 30)
+            app.use(db.dsn if target == "dsn" else given)
+            wait_for("the app's session to end", lambda: client_sessions(db) == 0, 30)
+            app.enqueue("receipt")  # through what it now uses
+            app.use(db.dsn)
+            assert client_sessions(db) == (1 if target == "client" else 0), "a given client stays open"
+            app.client.close()
+            del app
+        leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert not leaked, leaked
+    finally:
+        gc.enable()
     assert count_runs(db, "receipt") == 2
 
 
