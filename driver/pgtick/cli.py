@@ -493,9 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
     p.add_argument("name", type=name_text)
     p.add_argument("--from", dest="window_from", type=parse_instant, required=True,
-                   help="ISO time (without an offset: in the definition's zone)")  # fmt: skip
+                   help="ISO time (without an offset: in the definition's zone, where it must"
+                   " name one instant, not one a DST change skips or repeats)")  # fmt: skip
     p.add_argument("--to", dest="window_to", type=parse_instant, required=True,
-                   help="ISO time (without an offset: in the definition's zone)")  # fmt: skip
+                   help="ISO time (as --from)")  # fmt: skip
 
     p = _command(sub, "enqueue", "queue an ad-hoc run", cmd_enqueue)
     p.add_argument("kind", type=name_text)
@@ -835,7 +836,7 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         found = calls.definition(conn, args.name)
         zone = found["timezone"] if found is not None else "UTC"  # unknown: jobs.backfill says so
         window = [
-            read_time(value, zone, field_name=option, zone_name="the definition's timezone")
+            _window_bound(value, zone, option)
             for value, option in ((args.window_from, "--from"), (args.window_to, "--to"))
         ]
         row = calls.backfill(conn, args.name, *window)
@@ -854,6 +855,56 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
     return Result(
         {"definition": args.name, "backfill_id": row["id"], "runs": runs, "occurrences": occurrences},
         lambda st, w: f"definition={args.name} backfill={row['id']} runs={runs} ({note})",
+    )
+
+
+def _window_bound(value: datetime, zone: str, option: str) -> datetime:
+    """A bound of a backfill's window: a time with a UTC offset as given, a wall time in the
+    definition's zone. A wall time the zone skips (spring forward) or shows twice (fall back)
+    is refused, naming both instants it could mean: which one it is decides whether the
+    occurrences of a whole hour fall in the window, so it is the operator's to say (with an
+    offset), not a default's."""
+    if value.tzinfo is None:
+        readings = _dst_readings(value, zone)
+        if readings is not None:
+            earlier, later, skipped = readings
+            wall = value.isoformat()
+            why = "does not exist in {} (skipped" if skipped else "happens twice in {} (repeated"
+            raise UsageError(
+                f"{option}: {wall} {why.format(zone)} at a DST change): give a UTC offset, "
+                f"{_reading(value, earlier, zone)} or {_reading(value, later, zone)}"
+            )
+    return read_time(value, zone, field_name=option, zone_name="the definition's timezone")
+
+
+def _dst_readings(wall: datetime, zone: str) -> tuple[datetime, datetime, bool] | None:
+    """The two instants a wall time of ``zone`` can mean when a DST change makes it ambiguous
+    (earlier first), and whether the change skipped it; None when it names one instant."""
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo(zone)
+    first, second = wall.replace(tzinfo=tz, fold=0), wall.replace(tzinfo=tz, fold=1)
+    before, after = first.utcoffset(), second.utcoffset()
+    if before is None or after is None or before == after:
+        return None
+    try:
+        instants = sorted([(wall - before).replace(tzinfo=UTC), (wall - after).replace(tzinfo=UTC)])
+    except OverflowError:  # at the ends of the calendar: read_time says it is out of range
+        return None
+    return instants[0], instants[1], before < after
+
+
+def _reading(wall: datetime, instant: datetime, zone: str) -> str:
+    """``wall`` written with the UTC offset that makes it ``instant``, and what that is in UTC
+    and on the zone's clock: ``2026-03-08T02:30:00-05:00 (07:30:00Z, 03:30 EDT)``."""
+    from datetime import timezone
+    from zoneinfo import ZoneInfo
+
+    offset = wall.replace(tzinfo=UTC) - instant
+    local = instant.astimezone(ZoneInfo(zone))
+    return (
+        f"{wall.replace(tzinfo=timezone(offset)).isoformat()}"
+        f" ({iso(instant)}, {local.strftime('%H:%M')} {local.tzname()})"
     )
 
 

@@ -165,6 +165,56 @@ def test_a_run_at_that_names_no_single_instant_is_refused(db: Database) -> None:
         assert digest(conn) == before
 
 
+@pytest.mark.parametrize(
+    ("bound", "needle", "readings"),
+    [
+        # 2031-03-30 03:30 does not exist in Sofia (03:00 EET -> 04:00 EEST)
+        (
+            ["--from", "2031-03-30T03:30", "--to", "2031-03-31T00:00"],
+            "--from: 2031-03-30T03:30:00 does not exist in Europe/Sofia",
+            ["2031-03-30T03:30:00+03:00 (2031-03-30T00:30:00Z, 02:30 EET)",
+             "2031-03-30T03:30:00+02:00 (2031-03-30T01:30:00Z, 04:30 EEST)"],
+        ),
+        # 2031-10-26 03:30 happens twice in Sofia (04:00 EEST -> 03:00 EET)
+        (
+            ["--from", "2031-10-25T00:00", "--to", "2031-10-26T03:30"],
+            "--to: 2031-10-26T03:30:00 happens twice in Europe/Sofia",
+            ["2031-10-26T03:30:00+03:00 (2031-10-26T00:30:00Z, 03:30 EEST)",
+             "2031-10-26T03:30:00+02:00 (2031-10-26T01:30:00Z, 03:30 EET)"],
+        ),
+    ],
+    ids=["gap", "repeat"],
+)  # fmt: skip
+def test_a_backfill_bound_the_zone_skips_or_repeats_is_refused_naming_both_instants(
+    db: Database, bound: list[str], needle: str, readings: list[str]
+) -> None:
+    """Which reading of an ambiguous bound is meant decides whether a whole hour of
+    occurrences falls in the window: `pgtick backfill` asks for a UTC offset instead of
+    picking one, and writes nothing."""
+    dsn = ["--dsn", db.dsn]
+    ok("define", "hourly", "k", "--schedule", "0 * * * *", "--tz", "Europe/Sofia", *dsn)
+    with db.connect() as conn:
+        before = digest(conn)
+    result = exe("backfill", "hourly", *bound, *dsn)
+    assert_refused(result, needle)
+    for reading in readings:
+        assert reading in result.stderr, f"the error should name {reading}:\n{result.stderr}"
+    with db.connect() as conn:
+        assert digest(conn) == before, "a refused backfill changed the database"
+
+
+def test_a_backfill_bound_with_an_offset_reads_either_instant_of_a_repeat(db: Database) -> None:
+    """Each of the two readings of a repeated wall time, given with its offset, is taken as
+    written: the hourly job's window from the first 03:30 holds one run more."""
+    dsn = ["--dsn", db.dsn]
+    for name in ("first", "second"):
+        ok("define", name, "k", "--schedule", "0 * * * *", "--tz", "Europe/Sofia", *dsn)
+    window = ["--to", "2025-10-26T05:00", "--json", *dsn]  # 03:30 happens twice in Sofia that day
+    first = json.loads(ok("backfill", "first", "--from", "2025-10-26T03:30:00+03:00", *window))
+    second = json.loads(ok("backfill", "second", "--from", "2025-10-26T03:30:00+02:00", *window))
+    assert (first["runs"], second["runs"]) == (3, 2), (first, second)
+
+
 # -- bad input: one line, exit 2, nothing changed --------------------------------------------
 
 NESTED = "[" * 60_000 + "]" * 60_000  # within the 128 KiB a single argument may have
@@ -245,6 +295,16 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ),
     ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
     ("backfill-from-year-0", ["backfill", "x", "--from", "0000-01-01", "--to", "2031-01-01"], "--from:"),
+    (
+        "backfill-from-in-a-dst-gap",
+        ["backfill", "x", "--from", "2031-03-30T03:30", "--to", "2031-04-01"],
+        "--from: 2031-03-30T03:30:00 does not exist in Europe/Sofia",
+    ),
+    (
+        "backfill-to-in-a-dst-repeat",
+        ["backfill", "x", "--from", "2031-10-25", "--to", "2031-10-26T03:30"],
+        "--to: 2031-10-26T03:30:00 happens twice in Europe/Sofia",
+    ),
 ]
 
 
