@@ -1201,29 +1201,130 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> Result | int:
+    if args.watch:
+        return _watch_status(args, _dsn(args))
     with connect_dicts(_dsn(args)) as conn:
-        if not args.watch:
-            snap = status_snapshot(conn, args.recent, args.limit, args.offset)
-            return Result(snap, lambda style, wide: render_status(snap, style, wide))
-        screen_drawn = False
-        try:
-            while True:
+        snap = status_snapshot(conn, args.recent, args.limit, args.offset)
+    return Result(snap, lambda style, wide: render_status(snap, style, wide))
+
+
+#: How long `status --watch` waits before its first try to reach a lost server, and at most
+#: between two tries (s): the pause doubles from the first to the most.
+WATCH_RETRY_FIRST = 0.5
+WATCH_RETRY_MAX = 5.0
+#: libpq's keepalives for `status --watch`, so that a cut network ends a query in seconds
+#: rather than at the kernel's TCP timeout (a DSN that sets its own keeps them).
+WATCH_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+
+def _watch_connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import dict_row
+
+    wanted: dict[str, Any] = dict(WATCH_KEEPALIVES)
+    if psycopg.pq.version() >= 120000:  # and a query whose packets go unacknowledged
+        wanted["tcp_user_timeout"] = 15000
+    given = conninfo_to_dict(dsn)
+    extra = {k: v for k, v in wanted.items() if k not in given}
+    conn: psycopg.Connection[dict[str, Any]] = connect(dsn, row_factory=dict_row, **extra)
+    return conn
+
+
+def _watch_status(args: argparse.Namespace, dsn: str) -> int:
+    """`pgtick status --watch N`: a snapshot every N seconds until Ctrl-C. The first connection
+    must succeed (a wrong DSN is an error); after that, a lost connection (a restart, a
+    failover, a cut network) does not end the watch: the last screen stays, headed by a line
+    that says since when the connection is lost, while it retries with a growing pause
+    (WATCH_RETRY_FIRST to WATCH_RETRY_MAX s); it redraws as soon as the server answers."""
+    conn: psycopg.Connection[dict[str, Any]] | None = _watch_connect(dsn)
+    draws = redraws(sys.stdout) and not args.json  # JSON lines never clear a screen
+    screen_drawn = False
+    frame: str | None = None  # the last status drawn on the screen
+    lost: tuple[datetime, float, str] | None = None  # since (UTC), since (monotonic), why
+    pause = args.watch
+
+    def draw(text: str) -> None:
+        nonlocal screen_drawn
+        screen = shutil.get_terminal_size()
+        more = "a taller terminal, or fewer definitions with --limit"
+        print("\033[2J\033[H" + fit_screen(text, screen.lines, screen.columns, more), end="", flush=True)
+        screen_drawn = True
+
+    try:
+        while True:
+            try:
+                if conn is None:
+                    conn = _watch_connect(dsn)
                 snap = status_snapshot(conn, args.recent, args.limit, args.offset)
-                if args.json:
-                    print(json.dumps(snap))
-                elif redraws(sys.stdout):  # clear the screen, then draw what fits on it
-                    screen = shutil.get_terminal_size()
-                    frame = render_status(snap, Style.detect(sys.stdout), args.wide)
-                    more = "a taller terminal, or fewer definitions with --limit"
-                    print("\033[2J\033[H" + fit_screen(frame, screen.lines, screen.columns, more), end="")
-                    screen_drawn = True
-                else:  # a pipe, a file or a dumb terminal: one snapshot after another
-                    print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
-                sys.stdout.flush()
-                time.sleep(args.watch)
-        finally:
-            if screen_drawn:  # the screen's last line has no line break: the prompt or an error starts below
-                print(flush=True)
+            except (psycopg.Error, PgtickError) as exc:
+                if not _connection_lost(exc, conn):
+                    raise
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                why = _why_lost(exc)
+                if lost is None:  # retry soon, then less often: not on the watch's own cadence
+                    lost = (datetime.now(UTC).replace(microsecond=0), time.monotonic(), why)
+                    pause = min(args.watch, WATCH_RETRY_FIRST)
+                    if not draws:  # a pipe, a file: one line on stderr, the snapshots go on after
+                        _warn("status", f"connection lost at {iso(lost[0])}: {why}; retrying")
+                else:
+                    lost, pause = (lost[0], lost[1], why), min(pause * 2, WATCH_RETRY_MAX)
+                retry_at = time.monotonic() + pause
+                while True:  # on a terminal: the last screen under the lost line, redrawn each second
+                    left = retry_at - time.monotonic()
+                    if draws:
+                        line = _lost_line(lost, left, Style.detect(sys.stdout))
+                        draw(line if frame is None else line + "\n" + frame)
+                    if left <= 0:
+                        break
+                    time.sleep(min(left, 1.0))
+                continue
+            if lost is not None and not draws:
+                _warn("status", f"connection back after {compact_duration(time.monotonic() - lost[1])}")
+            lost = None
+            if args.json:
+                print(json.dumps(snap))
+            elif draws:  # clear the screen, then draw what fits on it
+                frame = render_status(snap, Style.detect(sys.stdout), args.wide)
+                draw(frame)
+            else:  # a pipe, a file or a dumb terminal: one snapshot after another
+                print(render_status(snap, Style.detect(sys.stdout), args.wide) + "\n")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    finally:
+        if conn is not None:
+            conn.close()
+        if screen_drawn:  # the screen's last line has no line break: the prompt or an error starts below
+            print(flush=True)
+
+
+def _connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether ``exc`` says the server is out of reach (not that a query is wrong): a failed
+    connection attempt (``conn`` None), or an operational error or a broken connection."""
+    if conn is None:
+        return not isinstance(exc, UsageError)
+    return isinstance(exc, psycopg.OperationalError) or conn.closed or conn.broken
+
+
+def _why_lost(exc: BaseException) -> str:
+    """What went wrong, short enough for one line: libpq's reason for a failed connection
+    attempt (``Connection refused``) without the socket or host it names first."""
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, PgtickError) and "failed: " in why:
+        return "cannot connect: " + why.rsplit("failed: ", 1)[1]
+    return why
+
+
+def _lost_line(lost: tuple[datetime, float, str], next_try: float, style: Style) -> str:
+    """``connection lost at 14:05:09 UTC, 1m20s ago: <why>; next try in 4s``."""
+    since, started, why = lost
+    line = (
+        f"connection lost at {local_time(since, 'UTC', datetime.now(UTC))},"
+        f" {compact_duration(max(1, round(time.monotonic() - started)))} ago: {printable(why)};"
+        f" next try in {compact_duration(max(0, round(next_try)))}"
+    )
+    return paint(clip(line, shutil.get_terminal_size().columns), "red", style)
 
 
 def _lease_leader(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:

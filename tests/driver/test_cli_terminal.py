@@ -13,15 +13,20 @@ import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import psycopg
 import pytest
 
-from harness import PGTICK, ROOT, Database, env_for, in_pty, pgtick, scalar, tty_env
+from harness import PGTICK, ROOT, Database, env_for, in_pty, pgtick, scalar, tty_env, wait_for
+from pgtick import migrate
+from pgtick.embedded import EmbeddedPostgres
 
 SCHEMAS = ROOT / "docs" / "schemas"
 
@@ -239,61 +244,89 @@ def test_completion_offers_the_commands(tmp_path: Path) -> None:
     assert set(out.read_text().split()) == {"status"}, out.read_text()
 
 
-def watch_in_pty(argv: list[str], env: dict[str, str], rows: int, columns: int, until: bytes) -> str:
-    """Run a command that never ends by itself (``status --watch``) on a pseudo-terminal of
-    ``rows`` x ``columns`` until its output holds ``until`` three times (or 60 s), then
-    interrupt it as Ctrl-C does: exit 130. Returns all it wrote."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.Popen(
-        [*PGTICK, *argv],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        cwd=ROOT,
-        # As a shell starts a foreground command: Ctrl-C interrupts it, even where this test
-        # runs with SIGINT ignored (a background job of a script), which a child inherits.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    os.close(slave)
-    out = b""
-    try:
-        deadline = time.monotonic() + 60
-        while out.count(until) < 3 and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                out += os.read(master, 65536)
-        proc.send_signal(signal.SIGINT)
+class OnPty:
+    """A command that never ends by itself (``status --watch``) on a pseudo-terminal of
+    ``rows`` x ``columns``: read what it writes until a condition holds, then interrupt it as
+    Ctrl-C does."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], rows: int, columns: int) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+        self.master = master
+        self.out = b""
+        self.proc = subprocess.Popen(
+            [*PGTICK, *argv],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=ROOT,
+            # As a shell starts a foreground command: Ctrl-C interrupts it, even where this test
+            # runs with SIGINT ignored (a background job of a script), which a child inherits.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        os.close(slave)
+
+    def read_until(self, done: Any, timeout: float = 60) -> bool:
+        """Read until ``done(all output so far)`` holds (True) or ``timeout`` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while not done(self.out):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return bool(done(self.out))
+            if select.select([self.master], [], [], 0.5)[0]:
+                try:
+                    self.out += os.read(self.master, 65536)
+                except OSError:  # EIO: the command is gone
+                    return bool(done(self.out))
+        return True
+
+    def interrupt(self) -> int:
+        """Ctrl-C; the exit code, once all it wrote is read."""
+        self.proc.send_signal(signal.SIGINT)
         # Read on while it stops: a redraw it writes meanwhile would fill the terminal's buffer
         # and block it in the write, never to exit.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.2)[0]:
+            if select.select([self.master], [], [], 0.2)[0]:
                 try:
-                    chunk = os.read(master, 65536)
+                    chunk = os.read(self.master, 65536)
                 except OSError:
                     chunk = b""
-                out += chunk
+                self.out += chunk
                 if chunk:
                     continue
-            if proc.poll() is not None:
+            if self.proc.poll() is not None:
                 break
-        assert proc.wait(timeout=5) == 130
-        while select.select([master], [], [], 0.5)[0]:
+        code = self.proc.wait(timeout=5)
+        while select.select([self.master], [], [], 0.5)[0]:
             try:
-                chunk = os.read(master, 65536)
+                chunk = os.read(self.master, 65536)
             except OSError:
                 break
             if not chunk:
                 break
-            out += chunk
+            self.out += chunk
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        os.close(self.master)
+
+
+def watch_in_pty(argv: list[str], env: dict[str, str], rows: int, columns: int, until: bytes) -> str:
+    """Run a command that never ends by itself on a pseudo-terminal until its output holds
+    ``until`` three times (or 60 s), then interrupt it as Ctrl-C does: exit 130. Returns all
+    it wrote."""
+    command = OnPty(argv, env, rows, columns)
+    try:
+        command.read_until(lambda out: out.count(until) >= 3)
+        assert command.interrupt() == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    return out.decode()
+        command.close()
+    return command.out.decode()
 
 
 def define_forty(db: Database) -> None:
@@ -324,6 +357,122 @@ def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line
         assert lines[0].startswith("leader") and any(line.startswith("DEFINITION") for line in lines), frame
         assert re.fullmatch(r"… \d+ more lines: .*", lines[-1]), frame
     assert text.endswith("\r\n"), f"the prompt starts on a line of its own:\n{text[-200:]!r}"
+
+
+@pytest.fixture
+def own_server() -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """A server of this test's own, since it is stopped and started."""
+    server = EmbeddedPostgres(ephemeral=True, fast=True)
+    dsn = server.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.apply(conn)
+            conn.execute("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *')")
+        yield server, dsn
+    finally:
+        server.stop()
+
+
+CLEAR = b"\033[2J\033[H"
+LOST = re.compile(r"connection lost at \d\d:\d\d:\d\d UTC, \w+ ago: .+; next try in ")
+
+
+def frames(out: bytes) -> list[str]:
+    """The screens drawn so far, colour codes removed."""
+    return re.sub(r"\033\[[0-9;]*m", "", out.decode(errors="replace")).split(CLEAR.decode())[1:]
+
+
+@pytest.mark.parametrize("interrupted", ["while-lost", "once-back"])
+def test_status_watch_keeps_its_screen_through_a_server_restart(own_server: Any, interrupted: str) -> None:
+    """The server goes away under `pgtick status --watch` (a restart, a failover): the watch
+    does not end; the last screen stays, headed by one line saying since when the connection
+    is lost; when the server is back the status is drawn again. Ctrl-C ends it, during the
+    outage as after it, leaving the prompt on a line of its own."""
+    server, dsn = own_server
+    rows, columns = 30, 100
+    watch = OnPty(["status", "--watch", "0.2", "--dsn", dsn], tty_env(), rows, columns)
+    try:
+        assert watch.read_until(lambda out: len(frames(out)) >= 2), f"no status drawn:\n{watch.out!r}"
+        server.halt()
+        lost_at = len(frames(watch.out))
+
+        def lost_screens(out: bytes) -> list[str]:
+            return [f for f in frames(out)[lost_at:] if LOST.match(f)]
+
+        assert watch.read_until(lambda out: len(lost_screens(out)) >= 3), f"{watch.out[-2000:]!r}"
+        assert watch.proc.poll() is None, f"the watch ended with the connection:\n{watch.out[-2000:]!r}"
+        for screen in lost_screens(watch.out):
+            lines = screen.split("\r\n")
+            assert len(lines[0]) <= columns, lines[0]
+            assert lines[1].startswith("leader") and "nightly" in screen, f"last screen kept:\n{screen}"
+        if interrupted == "while-lost":
+            assert watch.interrupt() == 130
+            assert LOST.match(frames(watch.out)[-1]), "the last screen says the connection is lost"
+            assert watch.out.endswith(b"\r\n"), "the prompt starts on a line of its own"
+            return
+        server.start()
+        back = len(frames(watch.out))
+        assert watch.read_until(
+            lambda out: any(f.startswith("leader") for f in frames(out)[back:]), timeout=90
+        ), f"no status drawn once the server is back:\n{watch.out[-2000:]!r}"
+        assert watch.interrupt() == 130
+    finally:
+        watch.close()
+    assert watch.out.endswith(b"\r\n"), "the prompt starts on a line of its own"
+
+
+def lines_of(stream: Any) -> list[bytes]:
+    """The lines a pipe delivers, appended as they come by a thread of their own."""
+    lines: list[bytes] = []
+
+    def read() -> None:
+        for line in iter(stream.readline, b""):
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_status_watch_into_a_pipe_says_on_stderr_when_the_connection_is_lost_and_back(
+    own_server: Any,
+) -> None:
+    """Into a pipe the snapshots go on after an outage; stderr gets one line when the
+    connection is lost and one when it is back."""
+    server, dsn = own_server
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "status", "--watch", "0.2", "--dsn", dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=quiet,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
+    )
+    try:
+        out, err = lines_of(proc.stdout), lines_of(proc.stderr)
+
+        def snapshots() -> int:
+            return sum(1 for line in list(out) if line.startswith(b"leader"))
+
+        wait_for("a snapshot", lambda: snapshots() >= 1, 60)
+        server.halt()
+        wait_for("a line on stderr", lambda: err, 60)
+        lost = err[0].decode()
+        assert re.fullmatch(r"pgtick status: warning: connection lost at \S+Z: .+; retrying\n", lost), lost
+        assert proc.poll() is None, "the watch ended with the connection"
+        server.start()
+        wait_for("a second line on stderr", lambda: len(err) >= 2, 90)
+        back = err[1].decode()
+        assert re.fullmatch(r"pgtick status: warning: connection back after \S+\n", back), back
+        before = snapshots()
+        wait_for("a snapshot once the server is back", lambda: snapshots() > before, 60)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+        assert len(err) == 2, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_a_dumb_terminal_gets_no_control_codes(db: Database) -> None:
