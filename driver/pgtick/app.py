@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from pgtick.errors import Abandoned, Cancelled, JobTimeout, UsageError
+from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, UsageError
 
 if TYPE_CHECKING:
     from pgtick.client import Client, EnqueueWithConnOptions, Run
@@ -144,9 +144,18 @@ class App:
     def use(self, target: str | Client) -> None:
         """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests). The client
         the app made itself from its former DSN is closed (its server session ends now); a
-        client that was given to it is the giver's to close."""
-        from pgtick.client import Client
+        client that was given to it is the giver's to close. Anything else is refused before
+        the app changes: an ``AsyncClient`` (``app.enqueue`` is synchronous), an empty DSN."""
+        from pgtick.client import AsyncClient, Client
 
+        if not isinstance(target, str | Client):
+            sync = " (app.enqueue is synchronous: give it a pgtick.Client)"
+            raise TypeError(
+                f"app.use() takes a conninfo string or a pgtick.Client, got {type(target).__name__}"
+                + (sync if isinstance(target, AsyncClient) else "")
+            )
+        if isinstance(target, str) and not target.strip():
+            raise InvalidArgument("app.use(): the DSN must not be empty", field="target")
         own = self._own_client
         if own is not None and own is not target:
             own.close()

@@ -458,6 +458,26 @@ def test_app_use_closes_the_connection_the_app_opened(db: Database, target: str)
     assert count_runs(db, "receipt") == 2
 
 
+def test_app_use_refuses_what_app_enqueue_cannot_write_through_and_changes_nothing(db: Database) -> None:
+    """``app.use()`` of an AsyncClient (``app.enqueue`` is synchronous), of something else or
+    of an empty DSN is refused at the call, naming what it takes; the app keeps its database
+    and its connection."""
+    from pgtick import App, AsyncClient
+
+    app = App("shop", dsn=db.dsn)
+    app.enqueue("receipt")
+    with pytest.raises(TypeError, match=r"app.use\(\) takes .* got AsyncClient \(app.enqueue is synchronous"):
+        app.use(AsyncClient(db.dsn))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got int"):
+        app.use(5432)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="must not be empty"):
+        app.use(" ")
+    assert app.dsn == db.dsn and client_sessions(db) == 1, "a refused app.use() changed the app"
+    app.enqueue("receipt")
+    app.client.close()
+    assert count_runs(db, "receipt") == 2
+
+
 def test_a_client_over_a_connection_in_a_transaction_joins_it(db: Database) -> None:
     """Documented: on a connection with a transaction open, a call without conn= is a
     savepoint in it; on an idle one, a transaction of its own."""
