@@ -120,21 +120,26 @@ class App:
         self.dsn = dsn
         self._client = client
         self._own_client: Client | None = None  # the one made from the DSN: this app closes it
+        self._client_lock = threading.Lock()  # jobs on many threads app.enqueue at once: one client
 
     @property
     def client(self) -> Client:
         """The ``pgtick.Client`` behind ``app.enqueue``: the one given, else one over the DSN."""
-        if self._client is None:
-            from pgtick.client import Client
+        client = self._client
+        if client is not None:
+            return client
+        from pgtick.client import Client
 
-            dsn = self.dsn or os.environ.get("DATABASE_URL") or os.environ.get("PGTICK_DSN")
-            if not dsn:
-                raise UsageError(
-                    f"app {self.name!r} does not know its database: give App(dsn=...) or "
-                    "App(client=...), call app.use(...), or set $DATABASE_URL"
-                )
-            self._client = self._own_client = Client(dsn)
-        return self._client
+        with self._client_lock:  # made once: a second one would open a connection no one closes
+            if self._client is None:
+                dsn = self.dsn or os.environ.get("DATABASE_URL") or os.environ.get("PGTICK_DSN")
+                if not dsn:
+                    raise UsageError(
+                        f"app {self.name!r} does not know its database: give App(dsn=...) or "
+                        "App(client=...), call app.use(...), or set $DATABASE_URL"
+                    )
+                self._client = self._own_client = Client(dsn)
+            return self._client
 
     @property
     def has_database(self) -> bool:
@@ -156,13 +161,14 @@ class App:
             )
         if isinstance(target, str) and not target.strip():
             raise InvalidArgument("app.use(): the DSN must not be empty", field="target")
-        own = self._own_client
-        if own is not None and own is not target:
-            own.close()
-        if isinstance(target, Client):
-            self._client, self.dsn = target, None
-        else:
-            self._client, self.dsn = None, target
+        with self._client_lock:
+            own = self._own_client
+            if own is not None and own is not target:
+                own.close()
+            if isinstance(target, Client):
+                self._client, self.dsn = target, None
+            else:
+                self._client, self.dsn = None, target
 
     def enqueue(
         self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]

@@ -5,6 +5,8 @@ function with the arguments given, and bad input arrives as InvalidArgument / No
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -456,6 +458,49 @@ def test_app_use_closes_the_connection_the_app_opened(db: Database, target: str)
     finally:
         gc.enable()
     assert count_runs(db, "receipt") == 2
+
+
+def test_jobs_that_app_enqueue_at_once_share_one_client(db: Database, monkeypatch: Any) -> None:
+    """Job code on several worker threads calls ``app.enqueue`` for the first time at once
+    (``pgtick run`` gives the app its DSN, the client is made on first use): one client, one
+    connection, none left to the garbage collector. Making a client is slowed so that the
+    threads are all inside the first use together."""
+    import pgtick.client
+    from pgtick import App
+
+    made = pgtick.client.Client.__init__
+
+    def slowly(self: Client, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(pgtick.client.Client, "__init__", slowly)
+    app = App("shop", dsn=db.dsn)
+    start = threading.Barrier(4)
+
+    def job() -> None:
+        start.wait(30)
+        app.enqueue("receipt")
+
+    gc.collect()
+    gc.disable()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            threads = [threading.Thread(target=job) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert client_sessions(db) == 1
+            app.client.close()
+            threads.clear()  # the threads' frames: what they made is unreferenced now
+            gc.collect()
+        leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert not leaked, leaked
+    finally:
+        gc.enable()
+    assert count_runs(db, "receipt") == 4
 
 
 def test_app_use_refuses_what_app_enqueue_cannot_write_through_and_changes_nothing(db: Database) -> None:
