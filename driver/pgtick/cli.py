@@ -902,10 +902,8 @@ def _reading(wall: datetime, instant: datetime, zone: str) -> str:
 
     offset = wall.replace(tzinfo=UTC) - instant
     local = instant.astimezone(ZoneInfo(zone))
-    return (
-        f"{wall.replace(tzinfo=timezone(offset)).isoformat()}"
-        f" ({iso(instant)}, {local.strftime('%H:%M')} {local.tzname()})"
-    )
+    clock = local.strftime("%H:%M" if local.date() == wall.date() else "%Y-%m-%d %H:%M")
+    return f"{wall.replace(tzinfo=timezone(offset)).isoformat()} ({iso(instant)}, {clock} {local.tzname()})"
 
 
 def _backfill_note(runs: int, held: int | None) -> str:

@@ -166,10 +166,11 @@ def test_a_run_at_that_names_no_single_instant_is_refused(db: Database) -> None:
 
 
 @pytest.mark.parametrize(
-    ("bound", "needle", "readings"),
+    ("zone", "bound", "needle", "readings"),
     [
         # 2031-03-30 03:30 does not exist in Sofia (03:00 EET -> 04:00 EEST)
         (
+            "Europe/Sofia",
             ["--from", "2031-03-30T03:30", "--to", "2031-03-31T00:00"],
             "--from: 2031-03-30T03:30:00 does not exist in Europe/Sofia",
             ["2031-03-30T03:30:00+03:00 (2031-03-30T00:30:00Z, 02:30 EET)",
@@ -177,22 +178,32 @@ def test_a_run_at_that_names_no_single_instant_is_refused(db: Database) -> None:
         ),
         # 2031-10-26 03:30 happens twice in Sofia (04:00 EEST -> 03:00 EET)
         (
+            "Europe/Sofia",
             ["--from", "2031-10-25T00:00", "--to", "2031-10-26T03:30"],
             "--to: 2031-10-26T03:30:00 happens twice in Europe/Sofia",
             ["2031-10-26T03:30:00+03:00 (2031-10-26T00:30:00Z, 03:30 EEST)",
              "2031-10-26T03:30:00+02:00 (2031-10-26T01:30:00Z, 03:30 EET)"],
         ),
+        # a date: midnight of 2025-09-07 does not exist in Santiago (00:00 -04 -> 01:00 -03);
+        # one reading is on the day before, and says so
+        (
+            "America/Santiago",
+            ["--from", "2025-09-07", "--to", "2025-09-10"],
+            "--from: 2025-09-07T00:00:00 does not exist in America/Santiago",
+            ["2025-09-07T00:00:00-03:00 (2025-09-07T03:00:00Z, 2025-09-06 23:00 -04)",
+             "2025-09-07T00:00:00-04:00 (2025-09-07T04:00:00Z, 01:00 -03)"],
+        ),
     ],
-    ids=["gap", "repeat"],
+    ids=["gap", "repeat", "gap-at-midnight"],
 )  # fmt: skip
 def test_a_backfill_bound_the_zone_skips_or_repeats_is_refused_naming_both_instants(
-    db: Database, bound: list[str], needle: str, readings: list[str]
+    db: Database, zone: str, bound: list[str], needle: str, readings: list[str]
 ) -> None:
     """Which reading of an ambiguous bound is meant decides whether a whole hour of
     occurrences falls in the window: `pgtick backfill` asks for a UTC offset instead of
     picking one, and writes nothing."""
     dsn = ["--dsn", db.dsn]
-    ok("define", "hourly", "k", "--schedule", "0 * * * *", "--tz", "Europe/Sofia", *dsn)
+    ok("define", "hourly", "k", "--schedule", "0 * * * *", "--tz", zone, *dsn)
     with db.connect() as conn:
         before = digest(conn)
     result = exe("backfill", "hourly", *bound, *dsn)
