@@ -351,6 +351,12 @@ class Context:
         until = self._owned_until
         return until is not None and time.monotonic() > until
 
+    def _owned_for(self) -> float | None:
+        """Seconds until the run's ownership falls in doubt unless a heartbeat confirms it
+        (negative once it has); None when it is not tracked."""
+        until = self._owned_until
+        return None if until is None else until - time.monotonic()
+
     def _wake(self) -> None:
         news = self._news
         if news is not None:

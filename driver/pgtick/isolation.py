@@ -9,7 +9,11 @@ a child process instead, and the executor thread that waits for it kills the chi
 * a cancel reaches the worker (through its heartbeat): the kind's ``compensate``
   function then runs in the worker process, in the executor thread that waited, and
   the run ends CANCELLED;
-* the run is no longer this worker's (reaped or fenced): nothing is reported.
+* the run is no longer this worker's (reaped or fenced): nothing is reported;
+* no heartbeat has confirmed the run within its heartbeat timeout (the worker cut off
+  from the database): a reaper may have failed it and its retry may be running, so the
+  child is killed at that instant (where a thread job's checkpoint would wait), and
+  nothing is reported: the reaper ends the run.
 
 What travels (pickled over a pipe): to the child, the job's spec (its function and
 ``compensate`` by reference, so both must be importable module-level functions) and
@@ -117,7 +121,25 @@ class JobProcess:
                     f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s; its process was killed"
                 )
                 return outcome_of(ctx, error), False
-            wait = None if deadline is None else deadline - now
+            owned_for = ctx._owned_for()
+            if owned_for is not None and owned_for < 0:
+                # No heartbeat has confirmed the run within its heartbeat timeout: a reaper may
+                # have failed it and its retry may be running. A checkpoint would wait here for
+                # a heartbeat; the child would not, so it is stopped, and nothing is reported.
+                self.kill()
+                log.warning(
+                    "run=%s kind=%s worker=%s job process pid %s killed: no heartbeat has reached"
+                    " the database within its heartbeat timeout of %gs, so it may have been reaped"
+                    " and retried elsewhere; nothing is reported (the reaper ends the run)",
+                    ctx.run_id,
+                    ctx.kind,
+                    ctx.worker_id,
+                    self.pid,
+                    ctx._heartbeat_timeout,
+                )
+                return Outcome(ctx, "abandon"), False
+            waits = [t for t in (None if deadline is None else deadline - now, owned_for) if t is not None]
+            wait = min(waits) if waits else None
             ready = multiprocessing.connection.wait(
                 [self.conn, self.process.sentinel, self._wake_r], timeout=wait
             )

@@ -58,3 +58,17 @@ def isolated_returns_unpicklable(ctx: Context) -> Any:
     if ctx.payload.get("what") == "function":
         return lambda: None
     return Local(pid=os.getpid())
+
+
+@app.job("appends", isolation="process", never_retry=[], max_attempts=2, backoff=0.2, jitter=0.0)
+@recorded
+def appends(ctx: Context) -> None:
+    """Code without checkpoints: appends "attempt epoch-seconds" to the file at ``path`` every
+    50 ms for ``seconds`` (a retry: ``retry_seconds``)."""
+    key = "seconds" if ctx.attempt == 1 else "retry_seconds"
+    deadline = time.monotonic() + float(ctx.payload.get(key, 1))
+    with open(ctx.payload["path"], "a") as out:
+        while time.monotonic() < deadline:
+            out.write(f"{ctx.attempt} {time.time()}\n")
+            out.flush()
+            time.sleep(0.05)
