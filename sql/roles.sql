@@ -6,7 +6,7 @@
 -- a hostile search_path in the caller's session changes nothing. jobs_operator is a
 -- member of both jobs_reader and jobs_worker; jobs_worker is not a reader.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
---   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze,
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze, unclaim,
 --                   next_due and its registry calls; it reads no table, except the
 --                   column grants below (no payload, no result: what its calls return
 --                   about the runs it claimed is all it sees of them)
@@ -61,6 +61,7 @@ jobs.fail(bigint, text, text[], text, text, text),
 jobs.acknowledge_cancel(bigint, text, text, text),
 jobs.next_due(text[], text[]),
 jobs.snooze(bigint, text, interval, text),
+jobs.unclaim(bigint[], text, text),
 jobs.register_worker(text, text[], text, integer),
 jobs.worker_seen(text),
 jobs.worker_stopped(text)

@@ -1,6 +1,6 @@
 -- ===========================================================================
 -- worker.sql: what a worker calls while it holds runs: heartbeat, complete,
--- acknowledge a cancellation. Every transition is fenced by jobs._owned, the one place that
+-- acknowledge a cancellation, give back runs it never began. Every transition is fenced by jobs._owned, the one place that
 -- asks for status = 'RUNNING', the claiming worker's id and its claim token, and it says
 -- whether it happened: a worker that was reaped (or never owned the run) changes nothing.
 -- A completion tests the fence in the UPDATE that completes (its recheck of a row changed
@@ -202,6 +202,29 @@ BEGIN
     RETURN TRUE;
 END $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
+
+-- A worker gives back runs it claimed but whose job never began (claimed ahead of a free slot,
+-- then the worker stopped): RUNNING -> QUEUED as the claim found them. The same attempt, and the
+-- same scheduled_for, so the run keeps its place in the claim order and its lateness counts from
+-- when it was due, not from the give-back (jobs.snooze, which requeues at now() + delay, is for
+-- a job that began and asks to run later). Fenced as snooze is; a run whose cancellation was
+-- requested stays with the worker. Returns the ids put back.
+CREATE OR REPLACE FUNCTION jobs.unclaim(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
+RETURNS TABLE (run_id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    v_mine bigint[] := jobs._hold_own_runs(unclaim.run_ids, unclaim.worker, unclaim.claim_token);
+BEGIN
+    RETURN QUERY
+    UPDATE jobs.runs AS r
+       SET status = 'QUEUED', started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
+     WHERE r.id = ANY (v_mine) AND NOT r.cancel_requested
+    RETURNING r.id;
+    PERFORM jobs._notify_if(FOUND);
+END $$;
+COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claimed but never begun: RUNNING -> QUEUED with the same attempt and scheduled_for, no owner, for the runs among run_ids still RUNNING for worker (and its claim_token, if they were claimed with one) and not asked to cancel; returns their ids. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
 
 -- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
 -- then: of these kinds, in these queues, within the login's scope (jobs.worker_scopes), not in

@@ -74,7 +74,7 @@ def schema_installed(conn: Conn) -> bool:
 # trip is needed right after it, and a crash just after claiming is reaped by timeout.
 # queues => NULL claims from every queue. claim_token: the worker's secret (one per worker
 # process, never logged); the database keeps its hash on the runs, and every later call on
-# them (heartbeat, complete, complete_many, fail, acknowledge_cancel) must present it.
+# them (heartbeat, complete, complete_many, fail, acknowledge_cancel, unclaim) must present it.
 CLAIM = "SELECT * FROM jobs.claim(%s, %s, %s, true, %s, claim_token => %s)"
 # When the next QUEUED run this worker could claim (its kinds and queues) becomes due, and the
 # server clock: an idle worker sleeps until then.
@@ -117,6 +117,15 @@ def snooze(conn: Conn, run_id: int, worker_id: str, delay: timedelta, claim_toke
     """RUNNING -> QUEUED at now() + delay, same attempt; False when fenced or asked to cancel."""
     row = conn.execute(SNOOZE, (run_id, worker_id, delay, claim_token)).fetchone()
     return bool(row and _first(row))
+
+
+UNCLAIM = "SELECT run_id FROM jobs.unclaim(%s, %s, claim_token => %s)"
+
+
+def unclaim(conn: Conn, run_ids: list[int], worker_id: str, claim_token: str | None = None) -> list[int]:
+    """RUNNING -> QUEUED as claimed (same attempt and scheduled_for) for runs whose job never
+    began; the ids given back (not those fenced or asked to cancel)."""
+    return [int(_first(row)) for row in conn.execute(UNCLAIM, (run_ids, worker_id, claim_token)).fetchall()]
 
 
 def acknowledge_cancel(

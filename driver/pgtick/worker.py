@@ -499,10 +499,11 @@ class Worker:
 
     def _hand_back(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """A stopping worker puts the runs it holds but has not begun (claimed ahead, waiting
-        for a slot) back in the queue, same attempt, at once (``jobs.snooze`` with no delay):
-        no attempt is spent and no cap held for work that never started. Each is marked
-        abandoned first, under the lock the executors take to begin a run, so none begins
-        after it was handed back. One the server refuses stays with the reaper."""
+        for a slot) back in the queue at once, as the claim found them (``jobs.unclaim``: same
+        attempt, same ``scheduled_for``, so each keeps its place in the claim order and its
+        lateness): no attempt is spent and no cap held for work that never started. Each is
+        marked abandoned first, under the lock the executors take to begin a run, so none
+        begins after it was handed back. One the server refuses stays with the reaper."""
         with self._lock:
             waiting = [
                 c
@@ -517,9 +518,7 @@ class Worker:
         try:
             if conn is None or conn.closed:
                 conn = self._connect()
-            for ctx in waiting:
-                if calls.snooze(conn, ctx.run_id, self.worker_id, timedelta(0), self.claim_token):
-                    handed.append(ctx.run_id)
+            handed = calls.unclaim(conn, sorted(c.run_id for c in waiting), self.worker_id, self.claim_token)
         except DB_ERRORS as exc:
             log.warning("worker=%s cannot hand back runs that did not begin (the reaper will): %s",
                         self.worker_id, exc)  # fmt: skip

@@ -4,7 +4,8 @@ A run in flight that finishes within the grace is COMPLETED and reported; one th
 does not is left RUNNING, stops heartbeating, and the reaper fails it HeartbeatLost
 after its heartbeat timeout (DESIGN invariant 4: a stop at any point is repaired). Runs
 claimed ahead (``--batch`` above ``--concurrency``) that had not begun go back to the queue
-at once, same attempt. A kind's timeout counts from when its job began, not from the claim.
+at once, as they were: same attempt, same ``scheduled_for``. A kind's timeout counts from
+when its job began, not from the claim.
 """
 
 from __future__ import annotations
@@ -91,19 +92,23 @@ def test_sigterm_hands_back_at_once_the_runs_claimed_ahead_that_had_not_begun(
 ) -> None:
     replica = procs.replica("work_app.py", "replica", "--concurrency", "1", "--batch", "4", grace="10s")
     assert replica.worker_id  # started: its tables exist
-    # One statement: the four commit together, so the worker's first claim takes them all.
-    runs = [
-        r[0]
-        for r in conn.execute(
-            "SELECT (jobs.enqueue('sleepy', '{\"seconds\": 2}')).id FROM generate_series(1, 4) ORDER BY 1"
+    # One statement: the four commit together, so the worker's first claim takes them all. Due
+    # an hour ago: a run given back keeps that, its lateness and its place in the claim order.
+    due = dict(
+        conn.execute(
+            "SELECT (r).id, (r).scheduled_for FROM (SELECT jobs.enqueue('sleepy', '{\"seconds\": 2}',"
+            " run_at => now() - interval '1 hour') AS r FROM generate_series(1, 4)) AS e ORDER BY 1"
         ).fetchall()
-    ]
+    )
+    runs = sorted(due)
     first = wait_started(conn, runs[0])
     assert first
     replica.send(signal.SIGTERM)
     code = replica.wait(30)
     states = conn.execute(
-        "SELECT id, status::text, attempt, worker FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", (runs,)
+        "SELECT id, status::text, attempt, worker, scheduled_for FROM jobs.runs"
+        " WHERE id = ANY(%s) ORDER BY id",
+        (runs,),
     ).fetchall()
     executed = [r[0] for r in executions(conn)]
     log = replica.log()
@@ -112,11 +117,11 @@ def test_sigterm_hands_back_at_once_the_runs_claimed_ahead_that_had_not_begun(
     assert code == 0, context
     begun = set(executed)
     assert begun and begun <= set(runs), context
-    for run_id, status, attempt, worker in states:
+    for run_id, status, attempt, worker, scheduled_for in states:
         if run_id in begun:
             assert status == "COMPLETED", context
-        else:  # claimed ahead, never begun: back in the queue, no attempt spent, no owner
-            assert (status, attempt, worker) == ("QUEUED", 1, None), context
+        else:  # claimed ahead, never begun: back in the queue as it was, no attempt spent, no owner
+            assert (status, attempt, worker, scheduled_for) == ("QUEUED", 1, None, due[run_id]), context
     assert len(begun) < len(runs), f"every run began before the stop: nothing was tested\n{context}"
     assert "handed back runs=" in log and "grace over" not in log, context
 

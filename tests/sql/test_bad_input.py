@@ -1,5 +1,5 @@
 """Bad input: every public call, the flow-control API (queues, limits, unique jobs,
-enqueue_many, snooze, dependencies) included, refuses it with a SQLSTATE (class 22, 23 or P0)
+enqueue_many, snooze, unclaim, dependencies) included, refuses it with a SQLSTATE (class 22, 23 or P0)
 and a message naming the field, and never half-applies (the database is byte-for-byte the same
 afterwards: runs, definitions, policies, config, leases, limits and paused queues)."""
 
@@ -236,6 +236,12 @@ CASES: list[Case] = [
     bad("SELECT jobs.snooze(%s, 'w1', NULL)", "delay", params=("RUNNING",)),
     bad("SELECT jobs.snooze(%s, 'w1', '-1 minute')", "delay", params=("RUNNING",)),
     bad("SELECT jobs.snooze(%s, 'w1', '400 days')", "delay", params=("RUNNING",)),
+    # jobs.unclaim
+    bad("SELECT * FROM jobs.unclaim(NULL, 'w1')", "run_ids"),
+    bad("SELECT * FROM jobs.unclaim(array(SELECT generate_series(1, 10001)::bigint), 'w1')", "run_ids"),
+    bad("SELECT * FROM jobs.unclaim(%s, NULL)", "worker", params=("RUNNING[]",)),
+    bad("SELECT * FROM jobs.unclaim(%s, '')", "worker", params=("RUNNING[]",)),
+    bad("SELECT * FROM jobs.unclaim(%s, 'w1', claim_token => 'short')", "claim_token", params=("RUNNING[]",)),
     # jobs.define: queue, concurrency_key
     bad("SELECT jobs.define('d', 'k', run_at => now(), queue => '')", "queue"),
     bad("SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => '')", "concurrency_key"),

@@ -2,7 +2,7 @@
 
 Each test logs in as real LOGIN roles created for it and granted only jobs_worker. A worker
 that claims with ``claim_token => T`` holds runs that only a caller presenting T can
-heartbeat, complete, fail, snooze or acknowledge; the database keeps sha256(T), never T.
+heartbeat, complete, fail, snooze, unclaim or acknowledge; the database keeps sha256(T), never T.
 A run claimed without a token keeps worker-id fencing (callers that predate tokens).
 """
 
@@ -48,6 +48,7 @@ def _touches(worker: Conn, run_id: int, name: str, token: str | None) -> dict[st
         "complete_many": ("SELECT count(*) FROM jobs.complete_many(%s, %s, claim_token => %s)", many),
         "fail": ("SELECT (jobs.fail(%s, %s, '{E}', 'forged', claim_token => %s)).id IS NOT NULL", one),
         "snooze": ("SELECT jobs.snooze(%s, %s, '1 hour', claim_token => %s)", one),
+        "unclaim": ("SELECT count(*) FROM jobs.unclaim(%s, %s, claim_token => %s)", many),
         "acknowledge_cancel": ("SELECT jobs.acknowledge_cancel(%s, %s, 'forged', claim_token => %s)", one),
     }
     answers: dict[str, Any] = {}
@@ -63,6 +64,7 @@ NOTHING = {
     "complete_many": 0,
     "fail": False,
     "snooze": False,
+    "unclaim": 0,
     "acknowledge_cancel": False,
 }
 EVERYTHING = {
@@ -71,6 +73,7 @@ EVERYTHING = {
     "complete_many": 1,
     "fail": True,
     "snooze": False,  # refused while a cancellation is requested (as it is here)
+    "unclaim": 0,  # likewise
     "acknowledge_cancel": True,
 }
 

@@ -121,6 +121,7 @@ GRANTS: dict[str, dict[str, bool]] = {
         " text, text, text, text, interval, text, bigint[])"
     ): {"jobs_operator": True},
     "jobs.snooze(bigint, text, interval, text)": {"jobs_worker": True, "jobs_reader": False},
+    "jobs.unclaim(bigint[], text, text)": {"jobs_worker": True, "jobs_reader": False},
     "jobs.pause_queue(text)": {"jobs_worker": False, "jobs_operator": True},
     "jobs.resume_queue(text)": {"jobs_operator": True},
     "jobs.set_limit(text, text, integer, integer, interval, boolean)": {

@@ -3,13 +3,16 @@
 heartbeat_at is in no index and no index predicate, and jobs.runs has fillfactor
 80, so the new row version fits on the same page once the page's dead versions
 are pruned. Measured here with the cumulative statistics of jobs.runs.
+
+A run a worker claimed and never began goes back with jobs.unclaim exactly as the claim
+found it: same attempt, scheduled_for, occurrence and place in the claim order.
 """
 
 from __future__ import annotations
 
 import time
 
-from harness import Conn, add_runs, scalar
+from harness import Conn, add_definition, add_runs, scalar
 
 STATS = """
 SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'jobs.runs'::regclass
@@ -99,3 +102,41 @@ def test_heartbeat_touches_only_heartbeat_at(conn: Conn) -> None:
     ).fetchone()
     assert after is not None and before is not None
     assert after[0] == before[0] and after[1] is True
+
+
+TOKEN = "a-worker-secret-token"
+ROW = "SELECT to_jsonb(r) FROM jobs.runs AS r WHERE r.id = %s"
+
+
+def test_unclaim_puts_a_run_back_exactly_as_the_claim_found_it(conn: Conn) -> None:
+    """A scheduled run an hour late is claimed and given back: its row is the same as before
+    the claim (attempt, scheduled_for, occurrence_at, no owner, no start), so the next claim
+    takes it before a newer run of its priority, and its lateness still counts from when it
+    was due. Another worker, a wrong token, a run no longer RUNNING and a run asked to cancel
+    are refused, changing nothing."""
+    definition = add_definition(conn, "nightly", kind="k")
+    late, newer = add_runs(conn, 2, definition_id=definition, origin="schedule")
+    conn.execute("UPDATE jobs.runs SET occurrence_at = scheduled_for - interval '5 s' WHERE id = %s", (late,))
+    before = scalar(conn, ROW, (late,))
+    claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w1', claim_token => %s)", (TOKEN,)).fetchall()
+    assert claimed == [(late,)], f"expected run {late} claimed first, got {claimed}"
+    held = scalar(conn, ROW, (late,))
+    for worker, token in (("w2", TOKEN), ("w1", None), ("w1", "another-secret-token")):
+        refused = conn.execute("SELECT * FROM jobs.unclaim(%s, %s, %s)", ([late], worker, token)).fetchall()
+        assert refused == [], f"unclaim by {worker} with token {token!r} gave back {refused}"
+    assert scalar(conn, ROW, (late,)) == held, "a refused unclaim changed the run"
+
+    given = conn.execute("SELECT * FROM jobs.unclaim(%s, 'w1', %s)", ([late, newer], TOKEN)).fetchall()
+    after = scalar(conn, ROW, (late,))
+    assert given == [(late,)], f"expected only run {late} given back (run {newer} is QUEUED), got {given}"
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    assert not changed, f"run {late} is not as the claim found it: (before, after) {changed}"
+    again = conn.execute("SELECT * FROM jobs.unclaim(%s, 'w1', %s)", ([late], TOKEN)).fetchall()
+    assert again == [], f"a QUEUED run was given back again: {again}"
+
+    reclaimed = conn.execute("SELECT id, attempt FROM jobs.claim(1, 'w2')").fetchall()
+    assert reclaimed == [(late, 1)], f"the given-back run lost its place in the claim order: {reclaimed}"
+    conn.execute("SELECT jobs.cancel(%s)", (late,))
+    kept = conn.execute("SELECT * FROM jobs.unclaim(%s, 'w2')", ([late],)).fetchall()
+    status = scalar(conn, "SELECT status::text || ' ' || worker FROM jobs.runs WHERE id = %s", (late,))
+    assert (kept, status) == ([], "RUNNING w2"), "a run asked to cancel must stay with its worker"
