@@ -203,12 +203,48 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
 
+-- The starts a claim counted against rate limits for runs that are going back to the queue
+-- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of
+-- jobs._rate_starts, which are labelled as jobs.claim labels its groups, so that they do not
+-- hold the window full for its period. Call it before clearing the runs' started_at. One
+-- statement: each row is either lowered or, when all its starts are given back, deleted.
+CREATE OR REPLACE FUNCTION jobs._give_back_starts(run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF cardinality(run_ids) > 0 AND EXISTS (SELECT FROM jobs.limits AS m WHERE m.rate_limit IS NOT NULL) THEN
+        WITH given AS (
+            SELECT CASE WHEN m.per_key THEN jsonb_build_array(m.scope, m.name, r.concurrency_key)::text
+                        ELSE jsonb_build_array(m.scope, m.name)::text END AS label,
+                   r.started_at, count(*)::integer AS n
+              FROM jobs.runs AS r
+              JOIN jobs.limits AS m
+                ON m.rate_limit IS NOT NULL
+               AND ((m.scope = 'queue' AND m.name = r.queue) OR (m.scope = 'kind' AND m.name = r.kind))
+             WHERE r.id = ANY (_give_back_starts.run_ids) AND r.status = 'RUNNING'
+             GROUP BY 1, 2
+        ),
+        lowered AS (
+            UPDATE jobs._rate_starts AS x SET starts = x.starts - g.n
+              FROM given AS g
+             WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts > g.n
+            RETURNING x.label
+        )
+        DELETE FROM jobs._rate_starts AS x
+         USING given AS g
+         WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts <= g.n;
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the starts jobs.claim counted against rate limits for these RUNNING runs (going back to the queue unstarted) out of jobs._rate_starts; call it before their started_at is cleared.';
+
 -- A worker gives back runs it claimed but whose job never began (claimed ahead of a free slot,
 -- then the worker stopped): RUNNING -> QUEUED as the claim found them. The same attempt, and the
 -- same scheduled_for, so the run keeps its place in the claim order and its lateness counts from
 -- when it was due, not from the give-back (jobs.snooze, which requeues at now() + delay, is for
--- a job that began and asks to run later). Fenced as snooze is; a run whose cancellation was
--- requested stays with the worker. Returns the ids put back.
+-- a job that began and asks to run later). The starts the claim counted for them in rate
+-- limits' windows (jobs._rate_starts, one row per claim and group, at their started_at) are
+-- taken back: they never started, and would otherwise hold the window full for its period.
+-- Fenced as snooze is; a run whose cancellation was requested stays with the worker. Returns
+-- the ids put back.
 CREATE OR REPLACE FUNCTION jobs.unclaim(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -217,6 +253,8 @@ SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_mine bigint[] := jobs._hold_own_runs(unclaim.run_ids, unclaim.worker, unclaim.claim_token);
 BEGIN
+    PERFORM jobs._give_back_starts(array(SELECT r.id FROM jobs.runs AS r
+                                          WHERE r.id = ANY (v_mine) AND NOT r.cancel_requested));
     RETURN QUERY
     UPDATE jobs.runs AS r
        SET status = 'QUEUED', started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
@@ -224,7 +262,7 @@ BEGIN
     RETURNING r.id;
     PERFORM jobs._notify_if(FOUND);
 END $$;
-COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claimed but never begun: RUNNING -> QUEUED with the same attempt and scheduled_for, no owner, for the runs among run_ids still RUNNING for worker (and its claim_token, if they were claimed with one) and not asked to cancel; returns their ids. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
+COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claimed but never begun: RUNNING -> QUEUED with the same attempt and scheduled_for, no owner, for the runs among run_ids still RUNNING for worker (and its claim_token, if they were claimed with one) and not asked to cancel, and take back the starts their claim counted against rate limits; returns their ids. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
 
 -- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
 -- then: of these kinds, in these queues, within the login's scope (jobs.worker_scopes), not in

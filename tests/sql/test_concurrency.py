@@ -1,6 +1,6 @@
 """Invariant 5: no deadlock between claim, heartbeat, complete, complete_many, fail, reap,
 cancel, enqueue, run_now, define and prune, and the flow-control calls (claim from queues,
-snooze, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue, enqueue with
+snooze, unclaim, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue, enqueue with
 dependencies, enqueue_many), run concurrently from real processes.
 
 Every session sets lock_timeout = 30s, so a hang shows up as SQLSTATE 55P03 instead
@@ -152,6 +152,16 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
                 if back:
                     snoozed_ok.append(run_id)  # queued again: a later claim of it is legitimate
             rest = [i for i in rest if i not in snoozed]
+            handed = [i for i in rest if rng.random() < 0.05]
+            if handed:  # given back as never begun, in one call
+                back = rec.call(
+                    "unclaim",
+                    lambda h=handed: conn.execute(  # type: ignore[misc]  # default-bound lambda
+                        "SELECT run_id FROM jobs.unclaim(%s, %s)", (h, worker)
+                    ).fetchall(),
+                )
+                snoozed_ok.extend(r[0] for r in back or [])  # queued again, as snoozed ones are
+            rest = [i for i in rest if i not in handed]
             batch, rest = rest[: len(rest) // 2], rest[len(rest) // 2 :]
             if batch:
                 rec.call(
@@ -352,7 +362,7 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
     """Invariant: for ~10 s, 4 workers (each with a heartbeat thread on its own connection),
     an operator and a reaper run claim / heartbeat / complete / complete_many / fail /
     acknowledge_cancel / reap / prune / cancel / cancel_queued / enqueue / run_now / define
-    and the flow-control calls (claim from queues, snooze, set_limit, remove_limit,
+    and the flow-control calls (claim from queues, snooze, unclaim, set_limit, remove_limit,
     pause_queue, resume_queue, unique and dependent enqueues, enqueue_many) over overlapping
     definition, queue, kind and concurrency-key sets. No call fails with 40P01 (deadlock) or 55P03 (lock
     timeout, i.e. a wait of 30 s), no call fails at all, the server logs no deadlock, and no run
@@ -405,6 +415,7 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
         "cancel",
         "define",
         "snooze",
+        "unclaim",
         "set_limit",
         "remove_limit",
         "pause_queue",

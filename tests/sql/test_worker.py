@@ -140,3 +140,20 @@ def test_unclaim_puts_a_run_back_exactly_as_the_claim_found_it(conn: Conn) -> No
     kept = conn.execute("SELECT * FROM jobs.unclaim(%s, 'w2')", ([late],)).fetchall()
     status = scalar(conn, "SELECT status::text || ' ' || worker FROM jobs.runs WHERE id = %s", (late,))
     assert (kept, status) == ([], "RUNNING w2"), "a run asked to cancel must stay with its worker"
+
+
+def test_unclaim_gives_back_the_starts_a_rate_limit_counted_for_its_runs(conn: Conn) -> None:
+    """A kind may start 2 runs an hour. A worker claims 2 and gives both back before they
+    began: they never started, so another worker may still start 2 this hour, not none (the
+    window would otherwise stay full until the hour is over). A run given back from a claim of
+    two leaves the other's start counted."""
+    conn.execute("SELECT jobs.set_limit('kind', 'k', rate_limit => 2, rate_period => '1 hour')")
+    runs = add_runs(conn, 3)
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(2, 'w1')")] == runs[:2]
+    given = conn.execute("SELECT * FROM jobs.unclaim(%s, 'w1')", (runs[:2],)).fetchall()
+    assert given == [(runs[0],), (runs[1],)], f"not given back: {given}"
+    again = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w2')")]
+    assert again == runs[:2], f"the rate window still counts the runs given back: claimed {again}"
+    assert scalar(conn, "SELECT count(*) FROM jobs.unclaim(%s, 'w2')", ([runs[1]],)) == 1
+    last = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w3')")]
+    assert last == [runs[1]], f"expected only run {runs[1]} to start again within the limit, got {last}"
