@@ -1210,3 +1210,94 @@ def tty_env(**extra: str) -> dict[str, str]:
     env.update(TERM="xterm-256color", COLUMNS="100", LINES="40", PYTHONIOENCODING="utf-8", **extra)
     env.pop("PGTICK_LOG", None)
     return env
+
+
+# --- A worker cut off from the database while a job that never checkpoints runs ---------
+
+
+@dataclass
+class CutOff:
+    """What became of an ``appends`` job (tests/apps) whose worker was cut off mid-run."""
+
+    run_id: int
+    pid: int  # where its job code ran
+    victim: Proc
+    victim_worker: str
+    first: tuple[Any, ...]  # the run's status, failure_reason, worker
+    retry_finished: datetime
+    appended: list[tuple[int, datetime]]  # the (attempt, time) lines the jobs appended
+    after_worker: str | None  # who ran the run enqueued once the victim could connect again
+    alive: bool  # whether the victim was still running then
+    context: str
+
+
+def cut_off_mid_job(
+    db: Database,
+    procs: Processes,
+    conn: Conn,
+    path: Path,
+    app: str,
+    kind: str,
+    after_kind: str,
+    stopped: Callable[[int, int], bool],
+) -> CutOff:
+    """A victim worker of ``app`` (its own login, no scheduler) runs a ``kind`` job that appends
+    to ``path`` every 50 ms without a checkpoint, with the SHORT_HEARTBEAT timeout. Its login is
+    refused and its sessions ended; a survivor replica reaps the run and completes its retry.
+    Still cut off, the victim must stop the job by itself: ``stopped(run_id, pid)`` is waited for.
+    Then the victim may connect again, the survivor stops, and an ``after_kind`` run is enqueued."""
+    with db.worker_login("cutoff") as login:
+        victim = procs.start(
+            "victim", ["run", str(APPS / app), "--dsn", db.dsn_as(login), "--no-scheduler", *FAST]
+        )
+        victim_worker = victim.worker_id
+        payload = f'{{"seconds": 600, "retry_seconds": 1, "path": "{path}"}}'
+        run_id = enqueue(conn, kind, payload, heartbeat_timeout=f"make_interval(secs => {SHORT_HEARTBEAT})")
+        pid = wait_started(conn, run_id)
+        wait_for(
+            f"run {run_id} to heartbeat",
+            lambda: scalar(conn, "SELECT heartbeat_at > started_at FROM jobs.runs WHERE id = %s", (run_id,)),
+            timeout=60,
+        )
+        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
+        wait_for(
+            f"every session of {login} to end",
+            lambda: (
+                not scalar(
+                    conn,
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE usename = %s",
+                    (login,),
+                )
+            ),
+            timeout=30,
+        )
+        survivor = procs.replica(app, "survivor")
+        retry_id, retry_started, retry_finished = wait_retry_completed(
+            conn, run_id, "id, started_at, finished_at", timeout=90
+        )
+        wait_for(f"the job of run {run_id} to stop", lambda: stopped(run_id, pid) or None, timeout=60)
+        first = conn.execute(
+            "SELECT status::text, failure_reason, worker FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+        lines = [line.split() for line in path.read_text().splitlines()]
+        appended = [
+            (int(a), datetime.fromtimestamp(float(t)).astimezone())
+            for a, t in (x for x in lines if len(x) == 2)
+        ]
+        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(Identifier(login)))
+        survivor.send(signal.SIGTERM)
+        survivor.wait(30)
+        after = enqueue(conn, after_kind)
+        wait_finished(conn, after, timeout=90)
+        after_worker = scalar(conn, "SELECT worker FROM jobs.runs WHERE id = %s", (after,))
+        alive = victim.popen.poll() is None
+        last = max((t for a, t in appended if a == 1), default=None)
+        context = (
+            f"run {run_id}: {first}; job pid {pid}; retry {retry_id} ran {retry_started} .."
+            f" {retry_finished}; the first attempt's last line {last}\n{procs.tails()}"
+        )
+    assert first is not None, context
+    return CutOff(
+        run_id, pid, victim, victim_worker, first, retry_finished, appended, after_worker, alive, context
+    )

@@ -15,8 +15,13 @@ Stopping an async job:
 * besides, cancellation (from the heartbeat), lost ownership and the timeout cancel the
   job's task, so an ``await`` anywhere in the job raises ``asyncio.CancelledError``;
   the run then ends CANCELLED (after compensation, run on a thread so the loop goes on),
-  abandoned, or failed with reason ``Timeout``. Code that blocks the loop without
-  awaiting cannot be interrupted this way: use a thread job or ``isolation="process"``.
+  abandoned, or failed with reason ``Timeout``. So does ownership in doubt: once no
+  heartbeat has confirmed the run within its heartbeat timeout (the worker cut off from
+  the database), a reaper may have failed it and its retry may be running; a job that
+  reaches a checkpoint within ``CHECKPOINT_GRACE`` waits there (and goes on if a heartbeat
+  confirms the run), any other has its task cancelled, and nothing is reported. Code that
+  blocks the loop without awaiting cannot be interrupted this way: use a thread job or
+  ``isolation="process"``.
 """
 
 from __future__ import annotations
@@ -29,11 +34,16 @@ from collections.abc import Callable
 from typing import Any
 
 from pgtick import instrumentation
-from pgtick.app import Context
+from pgtick.app import CONFIRM_POLL, Context
 from pgtick.errors import JobTimeout
 from pgtick.execution import Outcome, describe, failure, outcome_of
 
 log = logging.getLogger("pgtick.worker")
+
+#: How long past the instant its run's ownership falls in doubt an async job has to reach a
+#: checkpoint (which waits there for a heartbeat to confirm the run) before its task is
+#: cancelled (seconds).
+CHECKPOINT_GRACE = 0.25
 
 
 class EventLoop:
@@ -141,10 +151,45 @@ async def _run_job(ctx: Context) -> Outcome:
         reason = "abandoned" if ctx.abandoned else "cancel"
         loop.call_soon_threadsafe(interrupt_here, reason)
 
+    def watch_ownership() -> None:
+        """Past the instant the run stops being surely this worker's (no heartbeat confirmed it
+        within its heartbeat timeout), a reaper may have failed it and its retry may be running:
+        a job that does not reach a checkpoint (where it waits for a confirmation) within
+        CHECKPOINT_GRACE of that instant has its task cancelled."""
+        owned_for = ctx._owned_for()
+        if owned_for is None or task.done():
+            return
+        if owned_for >= 0 or ctx._confirming:
+            grace[0] = None
+            # (a millisecond past the instant: surely past it)
+            watch[0] = loop.call_later(owned_for + 0.001 if owned_for >= 0 else CONFIRM_POLL, watch_ownership)
+            return
+        now = time.monotonic()
+        until = grace[0]
+        if until is None:
+            until = grace[0] = now + CHECKPOINT_GRACE
+        if now < until:
+            watch[0] = loop.call_later(until - now, watch_ownership)
+            return
+        log.warning(
+            "run=%s kind=%s worker=%s job cancelled: no heartbeat has reached the database within"
+            " its heartbeat timeout of %gs, so it may have been reaped and retried elsewhere;"
+            " nothing is reported (the reaper ends the run)",
+            ctx.run_id,
+            ctx.kind,
+            ctx.worker_id,
+            ctx._heartbeat_timeout,
+        )
+        interrupt_here("abandoned")
+
+    grace: list[float | None] = [None]  # in doubt and not at a checkpoint: cancelled at this instant
     timer: asyncio.TimerHandle | None = None
     if ctx.timeout is not None:
         left = ctx.timeout - (time.monotonic() - ctx.started)
         timer = loop.call_later(max(left, 0.0), interrupt_here, "timeout")
+    owned_for = ctx._owned_for()
+    # Called once the task runs (a run in doubt already waits in the checkpoint below by then).
+    watch = [None if owned_for is None else loop.call_later(max(owned_for, 0.0), watch_ownership)]
     ctx._interrupt = interrupt
     if ctx.cancel_requested or ctx.abandoned:
         interrupt()
@@ -163,6 +208,8 @@ async def _run_job(ctx: Context) -> Outcome:
         ctx._interrupt = None
         if timer is not None:
             timer.cancel()
+        if watch[0] is not None:
+            watch[0].cancel()
     return Outcome(ctx, "complete", result=result)
 
 

@@ -306,6 +306,9 @@ class Context:
         # (rare), since making and setting one for every run costs a drain a few percent.
         self._news: threading.Event | None = None
         self._doubt_logged = False
+        # An async job waits at a checkpoint for a heartbeat to confirm the run (its task is
+        # parked there, running no job code: pgtick.aio lets it wait rather than cancel it).
+        self._confirming = False
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -413,9 +416,13 @@ class Context:
 
     async def _await_owned(self) -> None:
         self._log_doubt()
-        while self._in_doubt():
-            self._check()
-            await asyncio.sleep(CONFIRM_POLL / 5)
+        self._confirming = True
+        try:
+            while self._in_doubt():
+                self._check()
+                await asyncio.sleep(CONFIRM_POLL / 5)
+        finally:
+            self._confirming = False
         self._check()
         await asyncio.sleep(0)
 

@@ -66,6 +66,20 @@ async def async_sleeps(ctx: Context) -> None:
     await asyncio.sleep(3600)
 
 
+@app.job("async-appends", never_retry=[], max_attempts=2, backoff=0.2, jitter=0.0)
+@arecorded
+async def async_appends(ctx: Context) -> None:
+    """Never reaches a checkpoint: appends "attempt epoch-seconds" to the file at ``path`` every
+    50 ms for ``seconds`` (a retry: ``retry_seconds``), awaiting between lines."""
+    key = "seconds" if ctx.attempt == 1 else "retry_seconds"
+    deadline = time.monotonic() + float(ctx.payload.get(key, 1))
+    with open(ctx.payload["path"], "a") as out:
+        while time.monotonic() < deadline:
+            out.write(f"{ctx.attempt} {time.time()}\n")
+            out.flush()
+            await asyncio.sleep(0.05)
+
+
 @app.job("plain")
 @recorded
 def plain(ctx: Context) -> dict[str, Any]:

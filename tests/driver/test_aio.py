@@ -229,3 +229,45 @@ def test_a_system_exit_in_a_task_a_job_spawned_does_not_stop_the_loop() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["complete", "spawned", "complete", "2", "True"], done.stdout + done.stderr
+
+
+def test_a_run_in_doubt_cancels_an_async_job_that_awaits_elsewhere_and_lets_a_checkpoint_wait() -> None:
+    """Both runs were last confirmed (claim or heartbeat) now, with a heartbeat timeout of
+    0.3 s, and no heartbeat follows. Past that instant the job awaiting a one-hour sleep is
+    cancelled and abandoned (nothing reported); the job that checkpoints every 10 ms waits at
+    its checkpoint instead, and goes on once a heartbeat confirms its run."""
+    app = App()
+    release = threading.Event()
+
+    @app.job("sleeps")
+    async def sleeps(ctx: Context) -> None:
+        await asyncio.sleep(3600)
+
+    @app.job("checkpoints")
+    async def checkpoints(ctx: Context) -> str:
+        while not release.is_set():
+            await ctx.checkpoint()
+            await asyncio.sleep(0.01)
+        return "done"
+
+    loop = EventLoop()
+    loop.start()
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    stuck, waiting = _context(app, "sleeps", 1), _context(app, "checkpoints", 2)
+    confirmed = time.monotonic()
+    for ctx in (stuck, waiting):
+        ctx.owned(confirmed, 0.3)
+        loop.submit(ctx, done.put)
+    try:
+        first = done.get(timeout=30)
+        cancelled_after = time.monotonic() - confirmed
+        parked = waiting._confirming and waiting._in_doubt()
+        waiting.owned(time.monotonic())  # a heartbeat gets through: the run is still ours
+        release.set()
+        second = done.get(timeout=30)
+    finally:
+        loop.stop()
+    assert (first.ctx.run_id, first.action) == (1, "abandon"), first
+    assert cancelled_after >= 0.3, f"cancelled {cancelled_after:.3f}s after the last confirmation"
+    assert parked, "the checkpointing job was not waiting at its checkpoint for a confirmation"
+    assert (second.ctx.run_id, second.action, second.result) == (2, "complete", "done"), second

@@ -6,17 +6,22 @@
   compensation commits its row before the run is stamped CANCELLED.
 * An async job past its timeout is interrupted at whatever it awaits (here a one-hour
   ``asyncio.sleep``) and fails with reason 'Timeout'.
+* A worker cut off from the database cancels an async job that awaits without a checkpoint
+  once no heartbeat has confirmed its run within its heartbeat timeout, and reports nothing:
+  the job does not run on beside the retry another worker starts after reaping the run.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from harness import (
     Conn,
     Database,
     Processes,
     cancel_a_running_job,
+    cut_off_mid_job,
     executions,
     scalar,
     wait_finished,
@@ -86,3 +91,38 @@ def test_an_async_job_past_its_timeout_is_interrupted_at_its_await(procs: Proces
     assert status == "FAILED" and run[0] == "Timeout", context
     assert run[2] >= timedelta(seconds=1), f"stopped before its 1 s timeout: {context}"
     assert executed == [(run_id, "CancelledError")], context
+
+
+def test_an_async_job_of_a_worker_cut_off_from_the_database_is_cancelled_before_its_retry_completes(
+    db: Database, procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """The victim's login is refused and its sessions ended while its async job appends to a
+    file every 50 ms, awaiting between lines but never checkpointing. Once no heartbeat has
+    confirmed the run within its heartbeat timeout, the victim cancels the job's task and
+    reports nothing; the survivor's leader reaps the run (HeartbeatLost) and runs its retry. The
+    first attempt's lines end before the retry completes; the victim runs the next job."""
+
+    def stopped(run_id: int, pid: int) -> bool:
+        return bool(
+            scalar(
+                conn,
+                "SELECT count(*) FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
+                (run_id,),
+            )
+        )
+
+    cut = cut_off_mid_job(
+        db, procs, conn, tmp_path / "appended", "async_app.py", "async-appends", "plain", stopped
+    )
+    context, log = cut.context, cut.victim.log()
+    firsts = [t for a, t in cut.appended if a == 1]
+    exits = executions(conn, "run_id, attempt, outcome")
+    assert firsts, f"the first attempt appended nothing: {context}"
+    assert max(firsts) < cut.retry_finished, f"the cut-off job ran on past its retry: {context}"
+    assert (cut.run_id, 1, "CancelledError") in exits, f"executions {exits}: {context}"
+    assert cut.first == ("FAILED", "HeartbeatLost", cut.victim_worker), f"not left to the reaper: {context}"
+    cancelled = f"run={cut.run_id} kind=async-appends worker={cut.victim_worker} job cancelled"
+    assert log.count(cancelled) == 1, context
+    assert "Traceback" not in log, context
+    assert cut.alive, f"the victim exited: {context}"
+    assert cut.after_worker == cut.victim_worker, f"the next run ran on {cut.after_worker}: {context}"

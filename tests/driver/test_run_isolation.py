@@ -17,25 +17,19 @@ from __future__ import annotations
 
 import os
 import signal
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
-from psycopg.sql import SQL, Identifier
-
 from harness import (
-    APPS,
-    FAST,
-    SHORT_HEARTBEAT,
     Conn,
     Database,
     Processes,
     cancel_a_running_job,
-    enqueue,
+    cut_off_mid_job,
     executions,
     scalar,
     wait_finished,
     wait_for,
-    wait_retry_completed,
     wait_started,
 )
 
@@ -173,14 +167,6 @@ def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
     assert alive is None, f"the worker died with its job process: {context}"
 
 
-def _appended(path: Path) -> list[tuple[int, datetime]]:
-    """The (attempt, time) lines an ``appends`` job wrote (a line cut by a kill is left out)."""
-    lines = [line.split() for line in path.read_text().splitlines()]
-    return [
-        (int(a), datetime.fromtimestamp(float(t)).astimezone()) for a, t in (x for x in lines if len(x) == 2)
-    ]
-
-
 def test_a_process_job_of_a_worker_cut_off_from_the_database_is_killed_before_its_retry_completes(
     db: Database, procs: Processes, conn: Conn, tmp_path: Path
 ) -> None:
@@ -189,65 +175,18 @@ def test_a_process_job_of_a_worker_cut_off_from_the_database_is_killed_before_it
     heartbeat timeout, the victim kills the child and reports nothing; the survivor's leader
     reaps the run (HeartbeatLost) and runs its retry. The first attempt's lines end before the
     retry completes; the victim lives on and runs the next job once it reaches the database."""
-    path = tmp_path / "appended"
-    with db.worker_login("cutoff") as login:
-        victim = procs.start(
-            "victim",
-            ["run", str(APPS / "isolated_app.py"), "--dsn", db.dsn_as(login), "--no-scheduler", *FAST],
-        )
-        victim_worker = victim.worker_id
-        payload = f'{{"seconds": 600, "retry_seconds": 1, "path": "{path}"}}'
-        short = f"make_interval(secs => {SHORT_HEARTBEAT})"
-        run_id = enqueue(conn, "appends", payload, heartbeat_timeout=short)
-        child = wait_started(conn, run_id)
-        wait_for(
-            f"run {run_id} to heartbeat",
-            lambda: scalar(conn, "SELECT heartbeat_at > started_at FROM jobs.runs WHERE id = %s", (run_id,)),
-            timeout=60,
-        )
-        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
-        wait_for(
-            f"every session of {login} to end",
-            lambda: (
-                not scalar(
-                    conn,
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE usename = %s",
-                    (login,),
-                )
-            ),
-            timeout=30,
-        )
-        survivor = procs.replica("isolated_app.py", "survivor")
-        retry_id, retry_started, retry_finished = wait_retry_completed(
-            conn, run_id, "id, started_at, finished_at", timeout=90
-        )
-        # Still cut off: only the victim's own rule can stop the child now.
-        gone = wait_for(f"job process {child} to be gone", lambda: not _alive(child) or None, timeout=60)
-        first = conn.execute(
-            "SELECT status::text, failure_reason, worker FROM jobs.runs WHERE id = %s", (run_id,)
-        ).fetchone()
-        appended = _appended(path)
-        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(Identifier(login)))
-        survivor.send(signal.SIGTERM)
-        survivor.wait(30)
-        after = scalar(conn, "SELECT id FROM jobs.enqueue('isolated-returns')")
-        wait_finished(conn, after, timeout=90)
-        after_worker = scalar(conn, "SELECT worker FROM jobs.runs WHERE id = %s", (after,))
-        alive = victim.popen.poll() is None
-        log = victim.log()
-        firsts = [t for a, t in appended if a == 1]
-        context = (
-            f"run {run_id}: {first}; job pid {child}; retry {retry_id} ran {retry_started} .."
-            f" {retry_finished}; first attempt's last line {max(firsts, default=None)}\n{procs.tails()}"
-        )
-    assert gone
+    cut = cut_off_mid_job(
+        db, procs, conn, tmp_path / "appended", "isolated_app.py", "appends", "isolated-returns",
+        stopped=lambda run_id, pid: not _alive(pid),
+    )  # fmt: skip
+    context, log = cut.context, cut.victim.log()
+    firsts = [t for a, t in cut.appended if a == 1]
+    assert cut.pid != cut.victim.pid, f"the job ran in the worker process: {context}"
     assert firsts, f"the first attempt appended nothing: {context}"
-    assert max(firsts) < retry_finished, f"the cut-off job ran on past its retry: {context}"
-    assert first == ("FAILED", "HeartbeatLost", victim_worker), f"not left to the reaper: {context}"
-    assert (
-        log.count(f"run={run_id} kind=appends worker={victim_worker} job process pid {child} killed") == 1
-    ), context
+    assert max(firsts) < cut.retry_finished, f"the cut-off job ran on past its retry: {context}"
+    assert cut.first == ("FAILED", "HeartbeatLost", cut.victim_worker), f"not left to the reaper: {context}"
+    killed = f"run={cut.run_id} kind=appends worker={cut.victim_worker} job process pid {cut.pid} killed"
+    assert log.count(killed) == 1, context
     assert "Traceback" not in log, context
-    assert alive, f"the victim exited: {context}"
-    assert after_worker == victim_worker, f"run {after} ran on {after_worker}, not the victim: {context}"
+    assert cut.alive, f"the victim exited: {context}"
+    assert cut.after_worker == cut.victim_worker, f"the next run ran on {cut.after_worker}: {context}"
