@@ -377,8 +377,30 @@ log "started kinds=${KINDS% }${QUEUE:+ queue=$QUEUE}"
 # The claim's answer goes to a file, not through $(...): a command substitution runs in a
 # subshell that a SIGTERM to the process group would kill while psql (which ignores it)
 # commits the claim, and the claimed run would be lost to this worker.
+#
+# A claim that failed may have committed all the same (the connection broke after the commit:
+# a network cut, a server restart): its run is then RUNNING for this worker, which never
+# learnt of it, and only the reaper would end it, spending an attempt. So, before the next
+# claim, the worker hands back every run RUNNING for its id and token (it holds none between
+# runs): QUEUED as it was, same attempt (docs/other-languages.md).
+LOST_CLAIM=0
+hand_back_lost_claim() {
+    sql -v worker="$WORKER" >"$STATE/handed" <<'SQL' || return 1
+SELECT run_id, status FROM jobs.hand_back_unheld('{}', :'worker', claim_token => current_setting('pgtick.claim_token'))
+SQL
+    LOST_CLAIM=0
+    if [[ -s $STATE/handed ]]; then
+        log "handed back runs of the failed claim: $(tr '\t\n' '= ' <"$STATE/handed")"
+    fi
+}
+
 while ((!STOP)); do
     line=""
+    if ((LOST_CLAIM)) && ! hand_back_lost_claim; then
+        log "cannot hand back what the failed claim may have taken yet; retrying in ${POLL}s"
+        pause "$POLL"
+        continue
+    fi
     if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v queue="$QUEUE" >"$STATE/claim" <<'SQL'
 SELECT id, kind, attempt, payload::text
   FROM jobs.claim(1, :'worker', string_to_array(:'kinds', ' '),
@@ -387,6 +409,7 @@ SELECT id, kind, attempt, payload::text
 SQL
     then
         log "claim failed (database unavailable?); retrying in ${POLL}s"
+        LOST_CLAIM=1
         pause "$POLL"
         continue
     fi
@@ -397,4 +420,5 @@ SQL
         run_one "$line" # a run claimed while a signal arrived is still run (within the grace)
     fi
 done
+((LOST_CLAIM)) && hand_back_lost_claim
 exit 0

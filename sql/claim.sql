@@ -250,6 +250,10 @@ BEGIN
           INTO v_worker
           FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
     END IF;
+    -- The worker's claim lock, shared (the key is jobs._claim_key's, inline), before any row:
+    -- held until this claim commits or rolls back, so a jobs.hand_back_unheld of this worker
+    -- (exclusive) waits for it and sees what it claimed, even when its client is gone.
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0));
 
     -- The common case first, in one statement: no limit and no capped definition defined, and
     -- no claim token missing where one is required. Then there is no group to count under a

@@ -33,6 +33,10 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                                        adding a run of a definition stripes, so a reap that retries
 --                           (exclusive)  jobs.undefine, before it    runs of thousands of definitions
 --                                        locks the row to delete it  takes at most 256 locks
+--   jobs._claim_key(worker) transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker,
+--                           (shared)     thing it locks)             0): one per worker id; a recovery
+--                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
+--                                                                    flight to commit or roll back
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.
@@ -51,6 +55,13 @@ COMMENT ON FUNCTION jobs._dispatch_key(bigint) IS 'Private: transaction advisory
 CREATE OR REPLACE FUNCTION jobs._limit_key(label text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
 COMMENT ON FUNCTION jobs._limit_key(text) IS 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
+
+-- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
+-- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
+-- that worker begun before it (a claim whose client is gone may still be running).
+CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
+COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';
 
 -- Private: the key that serializes adding runs of a definition with deleting it.
 -- A FOR KEY SHARE row lock alone does not: PostgreSQL can lose one taken while a concurrent

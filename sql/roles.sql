@@ -6,8 +6,8 @@
 -- a hostile search_path in the caller's session changes nothing. jobs_operator is a
 -- member of both jobs_reader and jobs_worker; jobs_worker is not a reader.
 --   jobs_reader   : SELECT on the tables and views (the psql console)
---   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze, unclaim,
---                   next_due and its registry calls; it reads no table, except the
+--   jobs_worker   : claim, heartbeat, complete, complete_many, fail, acknowledge_cancel, snooze,
+--                   unclaim, hand_back_unheld, next_due and its registry calls; it reads no table, except the
 --                   column grants below (no payload, no result: what its calls return
 --                   about the runs it claimed is all it sees of them)
 --   jobs_operator : also enqueue, run_now, cancel, retry, define, pause, resume, ...,
@@ -55,6 +55,7 @@ GRANT USAGE ON TYPE jobs.run_status TO jobs_reader;
 GRANT EXECUTE ON FUNCTION
 jobs.claim(integer, text, text[], boolean, text[], text),
 jobs.heartbeat(bigint[], text, text),
+jobs.hand_back_unheld(bigint[], text, text),
 jobs.complete(bigint, text, jsonb, text),
 jobs.complete_many(bigint[], text, text),
 jobs.fail(bigint, text, text[], text, text, text),

@@ -109,6 +109,80 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
+-- A worker that does not know what its last claim did (the connection broke after the claim
+-- was sent: a network cut, a server restart, a proxy timeout) gives back the runs that claim
+-- may have taken: every run still RUNNING for worker and its claim token that is not among held
+-- (the runs the worker knows it holds) goes back to QUEUED as it was before the claim (same
+-- attempt, scheduled_for and priority; no started_at, worker or heartbeat), and one whose
+-- cancellation was requested meanwhile is CANCELLED (it never started). Without this they
+-- would wait RUNNING for the reaper and be failed as HeartbeatLost or Orphaned, an attempt
+-- spent on work that never ran.
+-- It first takes the worker's claim lock (jobs._claim_key) exclusive: a claim of this worker
+-- still in progress on a connection its client has lost holds it shared until it commits or
+-- rolls back, so what such a claim took is seen here, not left behind. The wait is bounded
+-- (lock_timeout): past it the call raises 55P03 and changes nothing; call it again later.
+-- Locks the runs in id order, as jobs._hold_own_runs does. Raises 22023 naming worker,
+-- claim_token (jobs._fence_hash) or held (NULL or more than 10,000 ids).
+CREATE OR REPLACE FUNCTION jobs.hand_back_unheld(held bigint[], worker text, claim_token text DEFAULT NULL)
+RETURNS TABLE (run_id bigint, status jobs.run_status)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET lock_timeout = '5s' AS $$
+#variable_conflict use_column
+DECLARE
+    v_token_hash bytea := jobs._fence_hash(hand_back_unheld.worker, hand_back_unheld.claim_token);
+    v_ids bigint[];
+    v_cancelled bigint[];
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobs.hand_back_unheld needs READ COMMITTED isolation, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '25000',
+                  HINT = 'It must see the claims that commit while it waits; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+    END IF;
+    IF held IS NULL THEN
+        RAISE EXCEPTION 'held must not be NULL (an empty array when the worker holds no run)'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM jobs._check_range('number of held run ids', cardinality(held), 0, 10000);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(jobs._claim_key(hand_back_unheld.worker));
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'a claim of worker % is still in progress', hand_back_unheld.worker
+            USING ERRCODE = '55P03',
+                  HINT = 'Nothing was handed back; call jobs.hand_back_unheld again once that claim has ended.';
+    END;
+    -- This statement's snapshot is taken after the lock: every claim of this worker begun
+    -- before it has committed or rolled back.
+    SELECT coalesce(array_agg(mine.id ORDER BY mine.id), '{}')
+      INTO v_ids
+      FROM (SELECT s.id
+              FROM jobs.runs AS s
+             WHERE s.status = 'RUNNING' AND s.worker = hand_back_unheld.worker
+               AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
+               AND s.id <> ALL (hand_back_unheld.held)
+             ORDER BY s.id
+               FOR NO KEY UPDATE) AS mine;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE jobs.runs AS r
+       SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED' END,
+           finished_at = CASE WHEN r.cancel_requested THEN now() END,
+           error = CASE WHEN r.cancel_requested THEN 'cancelled before it started' ELSE r.error END,
+           started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
+     WHERE r.id = ANY (v_ids)
+       AND jobs._owned(r.status, r.worker, r.claim_token_hash, hand_back_unheld.worker, v_token_hash)
+    RETURNING r.id, r.status;
+    SELECT array_agg(r.id) INTO v_cancelled
+      FROM jobs.runs AS r WHERE r.id = ANY (v_ids) AND r.status = 'CANCELLED';
+    IF v_cancelled IS NOT NULL THEN
+        PERFORM jobs._cascade_dependency_failure(v_cancelled);  -- runs waiting on them
+    END IF;
+    PERFORM jobs._notify();  -- the runs handed back are claimable now
+END $$;
+COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker that lost the answer of a claim: every run still RUNNING for worker (and its claim_token, if claimed with one) other than the held ones goes back to QUEUED unchanged (same attempt, scheduled_for), or to CANCELLED if its cancellation was requested; waits for the worker''s claims in progress (55P03 after 5 s, nothing changed). Returns (run_id, status).';
+
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced). One row
 -- found by id: its lock is the update's own.
 CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)

@@ -111,6 +111,19 @@ def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb, claim_token
 
 
 SNOOZE = "SELECT jobs.snooze(%s, %s, %s, %s)"
+HAND_BACK_UNHELD = (
+    "SELECT run_id, status::text AS status FROM jobs.hand_back_unheld(%s, %s, claim_token => %s)"
+)
+
+
+def hand_back_unheld(
+    conn: Conn, held: list[int], worker_id: str, claim_token: str | None = None
+) -> dict[int, str]:
+    """Give back the runs RUNNING for this worker (and claim token) that it does not hold
+    (``held``), claimed by a claim whose answer was lost: QUEUED unchanged, or CANCELLED when
+    their cancellation was requested. Their ids and new statuses."""
+    rows = conn.execute(HAND_BACK_UNHELD, (held, worker_id, claim_token)).fetchall()
+    return {int(_first(row)): str(row["status"] if isinstance(row, dict) else row[1]) for row in rows}
 
 
 def snooze(conn: Conn, run_id: int, worker_id: str, delay: timedelta, claim_token: str | None = None) -> bool:

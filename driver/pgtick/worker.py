@@ -42,6 +42,13 @@ grace period, reports them, then stops heartbeating whatever is left so the
 reaper hands it on. Outcomes that cannot be reported (database down) are kept
 and retried until the database answers: the fenced SQL makes a repeat harmless.
 
+A claim that fails without an answer may have committed all the same (the connection
+broke after the commit): its runs are then RUNNING for this worker, which does not know
+them. The claim loop's next cycle, with no other claim of the worker in flight (the extra
+claimers wait for it), hands back every run RUNNING for its id and claim token that it does
+not hold (``jobs.hand_back_unheld``, which waits for a claim still in progress on the
+server): QUEUED as before, same attempt, so no attempt is spent on work that never ran.
+
 What goes wrong with one run stays with that run: a claimed row the driver
 cannot read (a payload nested too deeply to decode, an interval beyond Python's
 ``timedelta``) fails that run with a message naming the column, and the rest of
@@ -243,6 +250,10 @@ class Worker:
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
+        # A claim failed without an answer (under _lock): it may have committed, leaving runs
+        # RUNNING for this worker that it does not know of. Until the claim loop has handed
+        # them back (_hand_back_unheld), the extra claimers start no claim.
+        self._claim_unsure = False
         # Slot accounting shared by the claim loop and the extra claimers (under _lock):
         # slots promised to claims in flight, and held runs whose job code has finished
         # (held until their outcome is reported, but no longer using a slot).
@@ -497,6 +508,42 @@ class Worker:
             ctx.abandon()
         return self._fail_runs(conn, set(left), why)
 
+    def _claim_lost(self) -> None:
+        """A claim failed without an answer: it may have committed all the same (the
+        connection broke after the commit), and its runs are then RUNNING for this worker,
+        which does not know them. The claim loop hands them back on its next cycle."""
+        with self._lock:
+            self._claim_unsure = True
+
+    def _hand_back_unheld(self, conn: psycopg.Connection[Any]) -> None:
+        """After a claim that failed without an answer, put back in the queue (same attempt,
+        same scheduled_for, at once) the runs RUNNING for this worker and its claim token that
+        it does not hold (``jobs.hand_back_unheld``): what that claim took, if it committed.
+        Only while no other claim of this worker is in flight (the extra claimers start none
+        meanwhile), so every run a claim returned is held by then; the server waits for a
+        claim still in progress on the lost connection. Until it has succeeded, it is tried
+        again each cycle; the runs are fenced to this worker meanwhile."""
+        with self._lock:
+            if not self._claim_unsure or self._reserved:
+                return
+            held = sorted(self._active.keys() | self._dispatching)
+        try:
+            back = calls.hand_back_unheld(conn, held, self.worker_id, self.claim_token)
+        except psycopg.errors.LockNotAvailable as exc:  # the lost claim is still in progress
+            log.warning("worker=%s runs of a lost claim not handed back yet (trying again): %s",
+                        self.worker_id, describe(exc))  # fmt: skip
+            return
+        with self._room:
+            self._claim_unsure = False
+            self._room.notify_all()
+        if back:
+            log.warning(
+                "worker=%s handed back runs=%s: claimed by a claim whose answer was lost, never started",
+                self.worker_id,
+                ",".join(f"{run_id}" if status == "QUEUED" else f"{run_id}({status})"
+                         for run_id, status in sorted(back.items())),
+            )  # fmt: skip
+
     def _hand_back(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """A stopping worker puts the runs it holds but has not begun (claimed ahead, waiting
         for a slot) back in the queue at once, as the claim found them (``jobs.unclaim``: same
@@ -639,6 +686,7 @@ class Worker:
         self._settle_completions()
         self.reporter.report(conn)
         self._send_completions()
+        self._hand_back_unheld(conn)
         with self._lock:
             want = min(self._free_slots(), self.batch_size) if claim else 0
             self._reserved += max(want, 0)
@@ -649,14 +697,18 @@ class Worker:
             ask_due = not self._claimed_full
             with self._lock:
                 answered_before = self._completions_answered
-            with conn.pipeline():
-                due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
-                claim_cur = conn.execute(
-                    calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
-                )
-            if due_cur is not None:
-                self._learn_next_due(due_cur.fetchone(), sent, began)
-            rows = claim_cur.fetchall()
+            try:
+                with conn.pipeline():
+                    due_cur = conn.execute(calls.NEXT_DUE, (self.kinds, self.queues)) if ask_due else None
+                    claim_cur = conn.execute(
+                        calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+                    )
+                if due_cur is not None:
+                    self._learn_next_due(due_cur.fetchone(), sent, began)
+                rows = claim_cur.fetchall()
+            except DB_ERRORS:
+                self._claim_lost()
+                raise
             with self._lock:
                 self._claimed_none = not rows
                 # A completion answered while this claim was in flight may have committed
@@ -710,7 +762,11 @@ class Worker:
                     while not (stop.is_set() or self._fault is not None):
                         if self._under_caps and index >= CAPPED_CLAIMERS:
                             self._caps_lifted.wait(STOP_CHECK)
-                        elif self._backlog and self._free_slots() >= self.batch_size:
+                        elif (
+                            self._backlog
+                            and self._free_slots() >= self.batch_size
+                            and not self._claim_unsure  # the claim loop hands back a lost claim's runs first
+                        ):
                             break
                         else:
                             self._room.wait(STOP_CHECK)
@@ -723,9 +779,13 @@ class Worker:
                     if conn is None or conn.closed:
                         conn = self._connect()
                     began = time.monotonic()
-                    rows = conn.execute(
-                        calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
-                    ).fetchall()
+                    try:
+                        rows = conn.execute(
+                            calls.CLAIM, (want, self.worker_id, self.kinds, self.queues, self.claim_token)
+                        ).fetchall()
+                    except DB_ERRORS:
+                        self._claim_lost()
+                        raise
                     full = self._take(conn, rows, want, began)
                     failures = 0
                 except DB_ERRORS as exc:
@@ -982,6 +1042,14 @@ class Worker:
     def _drain(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """Claim nothing more; hand back the runs whose job has not begun; report what
         finishes within the grace period."""
+        try:
+            if self._claim_unsure:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                self._hand_back_unheld(conn)
+        except DB_ERRORS as exc:
+            log.warning("worker=%s cannot hand back what a lost claim took (the reaper will): %s",
+                        self.worker_id, exc)  # fmt: skip
         conn = self._hand_back(conn)
         deadline = time.monotonic() + self.shutdown_grace
         log.info(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fixtures.processes import LossyProxy
 from harness import ROOT, Conn, Database, enqueue, one, psql_binary, rows, run_row, scalar, wait_for
 
 WORKER_SH = ROOT / "examples" / "worker.sh"
@@ -326,3 +327,27 @@ def test_the_walkthrough_kinds_are_not_the_example_apps() -> None:
     for kind in re.findall(r"jobs\.(?:enqueue|set_retry_policy)\('([\w-]+)'", walkthrough):
         assert kind not in app_kinds, f"docs/other-languages.md uses the example app's kind {kind!r}"
     assert f"started kinds={' '.join(sorted(shell_kinds))}" in walkthrough
+
+
+def test_worker_sh_hands_back_the_run_of_a_claim_whose_answer_was_lost(
+    conn: Conn, start_worker: Any, lossy_proxy: LossyProxy
+) -> None:
+    """The claim commits and its answer never reaches psql (the proxy cuts the connection
+    after the commit): the worker hands the run back before it claims again, and then runs
+    it once, no attempt spent, long before the reaper could take it (its heartbeat timeout
+    is two minutes)."""
+    run_id = enqueue(
+        conn,
+        "greet",
+        payload='{"name": "lost"}',
+        max_attempts="1",
+        heartbeat_timeout="interval '120 seconds'",
+    )
+    worker = start_worker(dsn=lossy_proxy.dsn)
+    assert lossy_proxy.lost().startswith("lost claim answer:"), worker.log()
+    worker.wait_until("the run to complete", lambda: run_row(conn, run_id)["status"] == "COMPLETED", 60)
+    assert f"handed back runs of the failed claim: {run_id}=QUEUED" in worker.log(), worker.log()
+    chain = attempts(conn, run_id)
+    assert [(r["id"], r["attempt"], r["status"]) for r in chain] == [(run_id, 1, "COMPLETED")], chain
+    assert chain[0]["result"] == {"greeting": "hello lost"}
+    assert worker.terminate_and_wait() == 0, worker.log()

@@ -1,7 +1,7 @@
 """Invariant 5: no deadlock between claim, heartbeat, complete, complete_many, fail, reap,
-cancel, enqueue, run_now, define and prune, and the flow-control calls (claim from queues,
-snooze, unclaim, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue, enqueue with
-dependencies, enqueue_many), run concurrently from real processes.
+cancel, enqueue, run_now, define and prune, hand_back_unheld, and the flow-control calls (claim
+from queues, snooze, unclaim, set_limit, remove_limit, pause_queue, resume_queue, unique enqueue,
+enqueue with dependencies, enqueue_many), run concurrently from real processes.
 
 Every session sets lock_timeout = 30s, so a hang shows up as SQLSTATE 55P03 instead
 of a stuck test; a deadlock shows up as 40P01 (deadlock_timeout is 1s) and as
@@ -75,7 +75,8 @@ def _gated_session(dsn: str) -> Conn:
 def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
     """Claim over a random half of the kinds; a heartbeat thread on its own connection beats
     for every held run; the main thread completes, completes in batches, fails, acknowledges
-    cancellations, and abandons a few runs (no more heartbeats) so the reaper takes them."""
+    cancellations, and abandons a few runs (no more heartbeats) so the reaper takes them, or,
+    now and then, hands them back as after a claim whose answer was lost (hand_back_unheld)."""
     rng = random.Random(seed)
     rec = Recorder(worker)
     held: dict[int, float] = {}  # run id -> when to finish it
@@ -108,6 +109,19 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
         beater.start()
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
+            if rng.random() < 0.03:  # what the worker does not hold goes back to the queue
+                with guard:  # (the abandoned runs of even id are left to the reaper)
+                    holding = sorted({*held, *(i for i in abandoned if i % 2 == 0)})
+                back = rec.call(
+                    "hand_back_unheld",
+                    lambda h=holding: conn.execute(  # type: ignore[misc]  # default-bound lambda
+                        "SELECT run_id FROM jobs.hand_back_unheld(%s, %s)", (h, worker)
+                    ).fetchall(),
+                )
+                with guard:
+                    for (run_id,) in back or []:
+                        abandoned.pop(run_id, None)
+                        snoozed_ok.append(run_id)  # queued again: a later claim of it is legitimate
             kinds = rng.sample(KINDS, 6)
             queues = rng.sample(QUEUES, 2) if rng.random() < 0.3 else None
             rows = rec.call(
@@ -361,8 +375,8 @@ def _log_file(pg: Server) -> Path | None:
 def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, conn: Conn) -> None:
     """Invariant: for ~10 s, 4 workers (each with a heartbeat thread on its own connection),
     an operator and a reaper run claim / heartbeat / complete / complete_many / fail /
-    acknowledge_cancel / reap / prune / cancel / cancel_queued / enqueue / run_now / define
-    and the flow-control calls (claim from queues, snooze, unclaim, set_limit, remove_limit,
+    acknowledge_cancel / hand_back_unheld / reap / prune / cancel / cancel_queued / enqueue / run_now
+    / define and the flow-control calls (claim from queues, snooze, unclaim, set_limit, remove_limit,
     pause_queue, resume_queue, unique and dependent enqueues, enqueue_many) over overlapping
     definition, queue, kind and concurrency-key sets. No call fails with 40P01 (deadlock) or 55P03 (lock
     timeout, i.e. a wait of 30 s), no call fails at all, the server logs no deadlock, and no run
@@ -416,6 +430,7 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
         "define",
         "snooze",
         "unclaim",
+        "hand_back_unheld",
         "set_limit",
         "remove_limit",
         "pause_queue",

@@ -1,0 +1,57 @@
+"""A claim that committed but whose answer never reached its worker (the connection broke
+after the commit: a network cut, a server restart, a proxy timeout).
+
+The runs it took are RUNNING for the worker, which does not know them. The worker hands
+them back on its next connection (``jobs.hand_back_unheld``): same attempt, same
+``scheduled_for``, at once; they then run exactly once, long before the reaper could fail
+them as HeartbeatLost, and no attempt is spent on them (with ``max_attempts = 1`` a lost
+claim would otherwise end them FAILED without ever running).
+"""
+
+from __future__ import annotations
+
+from fixtures.processes import LossyProxy
+from harness import APPS, FAST, Conn, Processes, enqueue, executions, wait_for
+
+
+def test_runs_of_a_claim_whose_answer_was_lost_run_once_with_no_attempt_spent(
+    procs: Processes, conn: Conn, lossy_proxy: LossyProxy
+) -> None:
+    # Queued before the worker starts: its first claim takes them all, and its answer is lost.
+    ids = [
+        enqueue(conn, "quick", max_attempts="1", heartbeat_timeout="interval '120 seconds'") for _ in range(5)
+    ]
+    before = conn.execute("SELECT id, attempt, scheduled_for, priority FROM jobs.runs ORDER BY id").fetchall()
+    replica = procs.start(
+        "replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST, "--grace", "5s"]
+    )
+    lost = lossy_proxy.lost()
+    assert lost.startswith("lost claim answer:"), f"{lost!r}\n{replica.tail()}"
+
+    def all_completed() -> bool:
+        done = conn.execute(
+            "SELECT count(*) FROM jobs.runs WHERE id = ANY (%s) AND status = 'COMPLETED'", (ids,)
+        ).fetchone()
+        return done == (len(ids),)
+
+    # Long before the runs' heartbeat timeout (120 s): not the reaper's doing.
+    try:
+        wait_for("the runs of the lost claim to complete", all_completed, 60)
+    except AssertionError as exc:
+        state = conn.execute(
+            "SELECT id, status::text, attempt, worker, failure_reason FROM jobs.runs ORDER BY id"
+        ).fetchall()
+        raise AssertionError(f"{exc}\nruns: {state}\n{replica.tail()}") from None
+    replica.wait_log(r"handed back runs=\S+: claimed by a claim whose answer was lost")
+
+    runs = conn.execute(
+        "SELECT id, attempt, scheduled_for, priority, status::text, failure_reason, retry_of"
+        " FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    context = f"runs {runs}\n{replica.tail()}"
+    # No attempt spent, no retry row, nothing failed; each run kept its place in the queue.
+    assert [r[:4] for r in runs] == [tuple(b) for b in before], context
+    assert [r[4:] for r in runs] == [("COMPLETED", None, None)] * len(ids), context
+    # Each run's job code ran exactly once.
+    ran = executions(conn, "run_id, attempt, outcome")
+    assert sorted(ran) == [(run_id, 1, "returned") for run_id in ids], f"executions {ran}\n{context}"
