@@ -511,9 +511,12 @@ class Worker:
     def _claim_lost(self) -> None:
         """A claim failed without an answer: it may have committed all the same (the
         connection broke after the commit), and its runs are then RUNNING for this worker,
-        which does not know them. The claim loop hands them back on its next cycle."""
+        which does not know them. The claim loop hands them back on its next cycle (woken
+        for it, when an extra claimer's claim failed)."""
         with self._lock:
             self._claim_unsure = True
+            self._work_signalled = True
+        self._wake.set()
 
     def _hand_back_unheld(self, conn: psycopg.Connection[Any]) -> None:
         """After a claim that failed without an answer, put back in the queue (same attempt,

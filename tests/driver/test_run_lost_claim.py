@@ -10,6 +10,8 @@ claim would otherwise end them FAILED without ever running).
 
 from __future__ import annotations
 
+import pytest
+
 from fixtures.processes import LossyProxy
 from harness import APPS, FAST, Conn, Processes, enqueue, executions, wait_for
 
@@ -55,3 +57,43 @@ def test_runs_of_a_claim_whose_answer_was_lost_run_once_with_no_attempt_spent(
     # Each run's job code ran exactly once.
     ran = executions(conn, "run_id, attempt, outcome")
     assert sorted(ran) == [(run_id, 1, "returned") for run_id in ids], f"executions {ran}\n{context}"
+
+
+@pytest.mark.parametrize("lossy_proxy", [3], indirect=True)
+def test_with_claims_in_flight_on_several_connections_a_lost_claim_runs_every_run_once(
+    procs: Processes, conn: Conn, lossy_proxy: LossyProxy
+) -> None:
+    """Extra claimers keep claims in flight on their own connections while claims come back
+    full; the fourth claim that takes runs loses its answer. What the worker hands back is
+    only what no claim of its own returned: every run runs exactly once, attempt 1."""
+    payloads = "(SELECT jsonb_agg('{}'::jsonb) FROM generate_series(1, 200))"
+    ids = [
+        int(r[0])
+        for r in conn.execute(
+            f"SELECT id FROM jobs.enqueue_many('quick', {payloads},"
+            " max_attempts => 1, heartbeat_timeout => interval '120 seconds')"
+        ).fetchall()
+    ]
+    args = ["--concurrency", "10", "--batch", "5", "--claimers", "4", "--grace", "5s"]
+    replica = procs.start(
+        "replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST, *args]
+    )
+    lost = lossy_proxy.lost()
+    assert lost.startswith("lost claim answer:"), f"{lost!r}\n{replica.tail()}"
+
+    def all_completed() -> bool:
+        return conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'").fetchone() == (
+            len(ids),
+        )
+
+    try:
+        wait_for("every run to complete", all_completed, 90)
+    except AssertionError as exc:
+        state = conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall()
+        raise AssertionError(f"{exc}\nruns: {state}\n{replica.tail()}") from None
+    replica.wait_log(r"handed back runs=\S+: claimed by a claim whose answer was lost")
+    runs = conn.execute("SELECT count(*), max(attempt), count(retry_of) FROM jobs.runs").fetchone()
+    assert runs == (len(ids), 1, 0), f"runs {runs}\n{replica.tail()}"
+    ran = executions(conn, "run_id, attempt")
+    twice = sorted({r for r in ran if ran.count(r) > 1})
+    assert not twice and sorted(ran) == [(run_id, 1) for run_id in ids], f"executed twice: {twice}"
