@@ -184,7 +184,9 @@ END $$;
 COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker that lost the answer of a claim: every run still RUNNING for worker (and its claim_token, if claimed with one) other than the held ones goes back to QUEUED unchanged (same attempt, scheduled_for), or to CANCELLED if its cancellation was requested; waits for the worker''s claims in progress (55P03 after 5 s, nothing changed). Returns (run_id, status).';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced). One row
--- found by id: its lock is the update's own.
+-- found by id: its lock is the update's own. A repeat of this worker's own completion (sent
+-- again because its answer was lost with the connection) is true too, and changes nothing: a
+-- run is COMPLETED for a worker and claim token only by that worker's completion.
 CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
@@ -212,16 +214,19 @@ BEGIN
      WHERE r.id = complete.run_id
        AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete.worker, v_token_hash);
     IF NOT FOUND THEN
-        RETURN FALSE;
+        RETURN EXISTS (SELECT FROM jobs.runs AS r
+                        WHERE r.id = complete.run_id AND r.status = 'COMPLETED' AND r.worker = complete.worker
+                          AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash);
     END IF;
     IF EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN  -- runs waiting on it (flow.sql)
         PERFORM jobs._release_dependents(ARRAY[complete.run_id]);
     END IF;
     RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMPLETED if the run is still owned by worker (and its claim_token, if it was claimed with one); true also for a run this worker already completed (a repeat whose first answer was lost), changing nothing; returns false (and changes nothing) otherwise.';
 
--- Complete many runs of one worker in one statement; returns the ids that were completed.
+-- Complete many runs of one worker in one statement; returns the ids that were completed, and
+-- those this worker had completed already (a repeat whose answer was lost, as jobs.complete).
 -- The UPDATE locks its rows in id order, as jobs._hold_own_runs does for a heartbeat on
 -- another connection: it can only read runs_pkey (sequential and bitmap scans are off, and
 -- every other index of jobs.runs is partial with a predicate the fence does not imply), and
@@ -235,6 +240,7 @@ SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(complete_many.worker, complete_many.claim_token);
+    v_done bigint[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN  -- (an expression: no statement)
         PERFORM jobs._require_read_committed('jobs.complete_many');  -- the runs waiting on them
@@ -242,17 +248,28 @@ BEGIN
     IF complete_many.run_ids IS NULL OR cardinality(complete_many.run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(complete_many.run_ids, 10000);
     END IF;
-    RETURN QUERY
-    UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()
-     WHERE r.id = ANY (complete_many.run_ids)
-       AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete_many.worker, v_token_hash)
-    RETURNING r.id;
+    WITH done AS (
+        UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()
+         WHERE r.id = ANY (complete_many.run_ids)
+           AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete_many.worker, v_token_hash)
+        RETURNING r.id
+    )
+    SELECT coalesce(array_agg(done.id), '{}') INTO v_done FROM done;
+    RETURN QUERY SELECT unnest(v_done);
+    -- The others: those this worker had completed already count (a repeat whose answer was lost).
+    IF cardinality(v_done) < cardinality(complete_many.run_ids) THEN
+        RETURN QUERY
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.id = ANY (complete_many.run_ids) AND r.id <> ALL (v_done)
+           AND r.status = 'COMPLETED' AND r.worker = complete_many.worker
+           AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash;
+    END IF;
     -- Runs waiting on them (flow.sql); it releases only runs whose dependencies all COMPLETED.
-    IF FOUND AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+    IF cardinality(v_done) > 0 AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         PERFORM jobs._release_dependents(complete_many.run_ids);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids.';
+COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids and those of the runs this worker had completed already (a repeat whose answer was lost).';
 
 -- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
 CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(

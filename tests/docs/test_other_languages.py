@@ -344,7 +344,7 @@ def test_worker_sh_hands_back_the_run_of_a_claim_whose_answer_was_lost(
         heartbeat_timeout="interval '120 seconds'",
     )
     worker = start_worker(dsn=lossy_proxy.dsn)
-    assert lossy_proxy.lost().startswith("lost claim answer:"), worker.log()
+    assert lossy_proxy.lost().startswith("lost jobs.claim answer:"), worker.log()
     worker.wait_until("the run to complete", lambda: run_row(conn, run_id)["status"] == "COMPLETED", 60)
     assert f"handed back runs of the failed claim: {run_id}=QUEUED" in worker.log(), worker.log()
     chain = attempts(conn, run_id)

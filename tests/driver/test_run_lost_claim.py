@@ -6,6 +6,9 @@ them back on its next connection (``jobs.hand_back_unheld``): same attempt, same
 ``scheduled_for``, at once; they then run exactly once, long before the reaper could fail
 them as HeartbeatLost, and no attempt is spent on them (with ``max_attempts = 1`` a lost
 claim would otherwise end them FAILED without ever running).
+
+A completion whose answer is lost the same way is sent again, and the worker reports the
+run COMPLETED, not fenced.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def test_runs_of_a_claim_whose_answer_was_lost_run_once_with_no_attempt_spent(
         "replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST, "--grace", "5s"]
     )
     lost = lossy_proxy.lost()
-    assert lost.startswith("lost claim answer:"), f"{lost!r}\n{replica.tail()}"
+    assert lost.startswith("lost jobs.claim answer:"), f"{lost!r}\n{replica.tail()}"
 
     def all_completed() -> bool:
         done = conn.execute(
@@ -79,7 +82,7 @@ def test_with_claims_in_flight_on_several_connections_a_lost_claim_runs_every_ru
         "replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST, *args]
     )
     lost = lossy_proxy.lost()
-    assert lost.startswith("lost claim answer:"), f"{lost!r}\n{replica.tail()}"
+    assert lost.startswith("lost jobs.claim answer:"), f"{lost!r}\n{replica.tail()}"
 
     def all_completed() -> bool:
         return conn.execute("SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'").fetchone() == (
@@ -97,3 +100,21 @@ def test_with_claims_in_flight_on_several_connections_a_lost_claim_runs_every_ru
     ran = executions(conn, "run_id, attempt")
     twice = sorted({r for r in ran if ran.count(r) > 1})
     assert not twice and sorted(ran) == [(run_id, 1) for run_id in ids], f"executed twice: {twice}"
+
+
+@pytest.mark.parametrize("lossy_proxy", [(0, "jobs.complete_many")], indirect=True)
+def test_a_completion_whose_answer_was_lost_is_reported_completed_not_fenced(
+    procs: Processes, conn: Conn, lossy_proxy: LossyProxy
+) -> None:
+    """The completion commits and its answer is lost; the worker sends it again on its next
+    connection. The run was completed by this worker: the outcome is COMPLETED, once, not a
+    fenced report (which says the run was reaped or taken by another worker)."""
+    run_id = enqueue(conn, "quick")
+    replica = procs.start("replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST])
+    lost = lossy_proxy.lost()
+    assert lost.startswith("lost jobs.complete_many answer:"), f"{lost!r}\n{replica.tail()}"
+    line = replica.wait_log(rf"run={run_id} kind=quick \S+ status=(\S+)")
+    assert line.group(1) == "COMPLETED", replica.tail()
+    assert conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)).fetchone() == (
+        "COMPLETED",
+    )

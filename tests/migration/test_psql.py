@@ -19,7 +19,10 @@ def test_psql_worker_enqueue_claim_heartbeat_complete(db: Database) -> None:
     assert db.psql(f"SELECT jobs.complete({run_id}, 'sh-1', '{{\"rows\": 3}}')") == "t"
     status = db.psql(f"SELECT status, worker, result->>'rows' FROM jobs.runs WHERE id = {run_id}")
     assert status == "COMPLETED|sh-1|3"
-    assert db.psql(f"SELECT jobs.complete({run_id}, 'sh-1')") == "f", "completing twice is fenced"
+    # Sent again (its answer lost): acknowledged, and nothing changes; another worker is fenced.
+    assert db.psql(f"SELECT jobs.complete({run_id}, 'sh-1', '{{\"rows\": 4}}')") == "t"
+    assert db.psql(f"SELECT jobs.complete({run_id}, 'sh-2')") == "f", "another worker is fenced"
+    assert db.psql(f"SELECT status, worker, result->>'rows' FROM jobs.runs WHERE id = {run_id}") == status
 
 
 def test_psql_worker_enqueue_claim_fail(db: Database) -> None:

@@ -108,6 +108,34 @@ def test_a_run_claimed_with_a_token_is_fenced_against_anyone_without_it(
     assert row == ("COMPLETED", {"ok": 1}), f"run {run_id} ended {row}"
 
 
+def test_a_completion_sent_again_is_true_for_its_worker_alone_and_changes_nothing(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """A completion whose answer was lost with its connection is sent again: the worker that
+    completed the run (its id and token) is told it is completed, and nothing changes; anyone
+    else, even with the same worker id, is still fenced."""
+    first, second = add_runs(conn, 2)
+    mine, other = logins
+    with _as(db, mine) as a:
+        assert sorted([_claim_one(a, "w-a", TOKEN), _claim_one(a, "w-a", TOKEN)]) == [first, second]
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-a', '{\"n\": 1}', claim_token => %s)", (first, TOKEN))
+        done = a.execute("SELECT * FROM jobs.complete_many(%s, 'w-a', claim_token => %s)", ([second], TOKEN))
+        assert done.fetchall() == [(second,)]
+        before = digest(conn)
+        stamps = conn.execute("SELECT id, finished_at, result FROM jobs.runs ORDER BY id").fetchall()
+        again = "SELECT jobs.complete(%s, 'w-a', '{\"n\": 2}', claim_token => %s)"
+        assert scalar(a, again, (first, TOKEN)) is True
+        assert scalar(a, again, (second, TOKEN)) is True
+        many = "SELECT run_id FROM jobs.complete_many(%s, 'w-a', claim_token => %s) ORDER BY 1"
+        assert a.execute(many, ([first, second, 987654321], TOKEN)).fetchall() == [(first,), (second,)]
+    with _as(db, other) as b:
+        for token in (None, FORGED):
+            assert scalar(b, again, (first, token)) is False
+            assert b.execute(many, ([first, second], token)).fetchall() == []
+    assert digest(conn) == before, "a repeated completion changed something"
+    assert conn.execute("SELECT id, finished_at, result FROM jobs.runs ORDER BY id").fetchall() == stamps
+
+
 def test_a_token_holder_snoozes_its_run_and_the_requeued_run_forgets_the_hash(
     db: Database, conn: Conn, logins: tuple[str, str]
 ) -> None:
