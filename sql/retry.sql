@@ -101,7 +101,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
 
--- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced.
+-- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced
+-- (a repeat of the worker's own failure: the same answer again).
 CREATE OR REPLACE FUNCTION jobs.fail(
     run_id bigint,
     worker text,
@@ -134,7 +135,23 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(r.definition_id))
        FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.definition_id IS NOT NULL;
     IF NOT jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token) THEN
-        RETURN NULL;  -- fenced: not RUNNING for this worker (reaped, cancelled, or never ours)
+        -- Not RUNNING for this worker. A repeat of its own failure (sent again because the
+        -- answer was lost with the connection) gets that failure's answer again, changing
+        -- nothing: the run FAILED for this worker and token with this reason and message
+        -- (the reaper's failures have reasons and messages of their own). Else: fenced.
+        SELECT r.* INTO v_failed FROM jobs.runs AS r
+         WHERE r.id = fail.run_id AND r.status = 'FAILED' AND r.worker = fail.worker
+           AND r.claim_token_hash IS NOT DISTINCT FROM jobs._fence_hash(fail.worker, fail.claim_token)
+           AND r.failure_reason = fail.reason
+           AND r.error IS NOT DISTINCT FROM left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000);
+        IF NOT FOUND THEN
+            RETURN NULL;  -- fenced: reaped, cancelled, or never ours
+        END IF;
+        SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.retry_of = fail.run_id;
+        IF v_retry.id IS NOT NULL THEN
+            RETURN v_retry;
+        END IF;
+        RETURN v_failed;
     END IF;
     UPDATE jobs.runs AS r
        SET status = 'FAILED', finished_at = now(), failure_reason = fail.reason,
@@ -152,7 +169,7 @@ BEGIN
     PERFORM jobs._notify();
     RETURN v_retry;
 END $$;
-COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced.';
+COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced; the same call sent again by the worker whose failure it recorded (its answer lost) gets the same rows again, changing nothing.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs

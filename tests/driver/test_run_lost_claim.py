@@ -7,8 +7,8 @@ them back on its next connection (``jobs.hand_back_unheld``): same attempt, same
 them as HeartbeatLost, and no attempt is spent on them (with ``max_attempts = 1`` a lost
 claim would otherwise end them FAILED without ever running).
 
-A completion whose answer is lost the same way is sent again, and the worker reports the
-run COMPLETED, not fenced.
+A completion or a failure whose answer is lost the same way is sent again, and the worker
+reports the run COMPLETED or FAILED, not fenced.
 """
 
 from __future__ import annotations
@@ -118,3 +118,19 @@ def test_a_completion_whose_answer_was_lost_is_reported_completed_not_fenced(
     assert conn.execute("SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)).fetchone() == (
         "COMPLETED",
     )
+
+
+@pytest.mark.parametrize("lossy_proxy", [(0, "jobs.fail")], indirect=True)
+def test_a_failure_whose_answer_was_lost_is_reported_failed_not_fenced(
+    procs: Processes, conn: Conn, lossy_proxy: LossyProxy
+) -> None:
+    """The same for a failure: sent again, it is reported FAILED once, with no second
+    failure recorded and no retry beyond the policy's."""
+    run_id = enqueue(conn, "exits", '{"code": 3}', max_attempts="1")
+    replica = procs.start("replica", ["run", str(APPS / "work_app.py"), "--dsn", lossy_proxy.dsn, *FAST])
+    lost = lossy_proxy.lost()
+    assert lost.startswith("lost jobs.fail answer:"), f"{lost!r}\n{replica.tail()}"
+    line = replica.wait_log(rf"run={run_id} kind=exits \S+ status=(\S+)")
+    assert line.group(1) == "FAILED", replica.tail()
+    runs = conn.execute("SELECT id, status::text, failure_reason FROM jobs.runs").fetchall()
+    assert runs == [(run_id, "FAILED", "Error")], runs

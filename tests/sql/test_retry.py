@@ -186,17 +186,42 @@ def test_zero_jitter_is_exact(conn: Conn) -> None:
 
 def test_fail_return_values_and_fencing(conn: Conn) -> None:
     """fail returns the retry row (QUEUED) / the FAILED row when no retry / NULL when fenced
-    (not RUNNING, or another worker's run), and a fenced fail changes nothing."""
+    (not RUNNING, or another worker's run), and a fenced fail changes nothing. The same call
+    sent again by its worker (its answer lost) gets the same answer and changes nothing; a
+    different failure of the same run is fenced."""
     _policy(conn, "r", max_attempts=2, backoff_initial="0")
     run_id = _start(conn, "r")
     assert _fail(conn, run_id, ["E"], worker="intruder") is None
     assert run_row(conn, run_id)["status"] == "RUNNING"
-    retry = _fail(conn, run_id, ["E"])
+    retry = _fail(conn, run_id, ["E"], "boom")
     assert retry is not None and retry["status"] == "QUEUED"
-    assert _fail(conn, run_id, ["E"]) is None, "failing twice is fenced"
-    assert _retries_of(conn, run_id) == 1
+    failed = run_row(conn, run_id)
+    assert _fail(conn, run_id, ["E"], "boom") == retry, "the same failure sent again: the same answer"
+    assert _fail(conn, run_id, ["E"], "another message") is None, "a different failure is fenced"
+    assert _fail(conn, run_id, ["E"], "boom", reason="Timeout") is None
+    assert _fail(conn, run_id, ["E"], "boom", worker="intruder") is None
+    assert _retries_of(conn, run_id) == 1 and run_row(conn, run_id) == failed
     queued = _fail(conn, retry["id"], ["E"])
     assert queued is None, "a QUEUED run cannot be failed"
+    # No retry follows: the FAILED row, again for the repeat.
+    last = _fail(conn, int(claim(conn, "w1", kinds=["r"])[0]), ["E"], "boom again")
+    assert last is not None and last["status"] == "FAILED"
+    assert _fail(conn, last["id"], ["E"], "boom again") == last
+
+
+def test_a_reaped_run_is_fenced_for_its_worker_whatever_it_reports(conn: Conn) -> None:
+    """A run the reaper failed (here as Timeout) keeps its worker id; that worker's late fail,
+    even with the reaper's own reason, is fenced: only a repeat of its own failure is not."""
+    _policy(conn, "x", max_attempts=1)
+    run_id = _start(conn, "x", timeout="1 second")
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = started_at - interval '1 minute' WHERE id = %s", (run_id,)
+    )
+    assert [r[1] for r in conn.execute("SELECT * FROM jobs.reap()").fetchall()] == ["Timeout"]
+    reaped = run_row(conn, run_id)
+    assert _fail(conn, run_id, ["TimeoutError"], "took too long", reason="Timeout") is None
+    assert _fail(conn, run_id, ["E"], reaped["error"], reason="Error") is None
+    assert run_row(conn, run_id) == reaped
 
 
 def test_timeout_reason_is_recorded_and_matchable(conn: Conn) -> None:
