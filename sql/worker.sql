@@ -271,7 +271,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.complete_many(bigint[], text, text) IS 'Batch form of jobs.complete (no results): completes the runs still RUNNING for worker (and its claim_token, if they were claimed with one), returns their ids and those of the runs this worker had completed already (a repeat whose answer was lost).';
 
--- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED.
+-- A worker saw cancel_requested and stopped: RUNNING -> CANCELLED. A repeat of this worker's own
+-- acknowledgement (its answer lost with the connection) is true too, changing nothing: a run is
+-- CANCELLED for a worker and claim token only by that worker's acknowledgement.
 CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
     run_id bigint, worker text, message text DEFAULT NULL, claim_token text DEFAULT NULL
 )
@@ -280,7 +282,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF NOT jobs._hold_own_run(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token) THEN
-        RETURN FALSE;
+        RETURN EXISTS (SELECT FROM jobs.runs AS r
+                        WHERE r.id = acknowledge_cancel.run_id AND r.status = 'CANCELLED'
+                          AND r.worker = acknowledge_cancel.worker
+                          AND r.claim_token_hash IS NOT DISTINCT FROM
+                              jobs._fence_hash(acknowledge_cancel.worker, acknowledge_cancel.claim_token));
     END IF;
     UPDATE jobs.runs AS r
        SET status = 'CANCELLED', finished_at = now(),
@@ -292,7 +298,7 @@ BEGIN
     PERFORM jobs._cascade_dependency_failure(ARRAY[acknowledge_cancel.run_id]);
     RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. False if fenced or not requested.';
+COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. True also for a run this worker already cancelled (a repeat whose answer was lost), changing nothing. False if fenced or not requested.';
 
 -- The starts a claim counted against rate limits for runs that are going back to the queue
 -- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of

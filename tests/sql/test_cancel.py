@@ -61,6 +61,10 @@ def test_cancel_running_run_is_cooperative(conn: Conn) -> None:
     row = run_row(conn, run_id)
     assert (row["status"], row["error"]) == ("CANCELLED", "stopped")
     assert row["finished_at"] is not None
+    # Sent again (its answer lost with the connection): acknowledged, nothing changes.
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, 'w1', 'again')", (run_id,)) is True
+    assert scalar(conn, "SELECT jobs.acknowledge_cancel(%s, 'w2')", (run_id,)) is False
+    assert run_row(conn, run_id) == row
     assert scalar(conn, "SELECT jobs.complete(%s, 'w1')", (run_id,)) is False, "now fenced"
     assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "CANCELLED"
 
