@@ -420,5 +420,7 @@ SQL
         run_one "$line" # a run claimed while a signal arrived is still run (within the grace)
     fi
 done
-((LOST_CLAIM)) && hand_back_lost_claim
+if ((LOST_CLAIM)) && ! hand_back_lost_claim; then
+    log "cannot hand back what the failed claim may have taken (the reaper will)"
+fi
 exit 0
