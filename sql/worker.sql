@@ -109,6 +109,39 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
 
+-- The starts a claim counted against rate limits for runs that are going back to the queue
+-- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of
+-- jobs._rate_starts, which are labelled as jobs.claim labels its groups, so that they do not
+-- hold the window full for its period. Call it before clearing the runs' started_at. One
+-- statement: each row is either lowered or, when all its starts are given back, deleted.
+CREATE OR REPLACE FUNCTION jobs._give_back_starts(run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF cardinality(run_ids) > 0 AND EXISTS (SELECT FROM jobs.limits AS m WHERE m.rate_limit IS NOT NULL) THEN
+        WITH given AS (
+            SELECT CASE WHEN m.per_key THEN jsonb_build_array(m.scope, m.name, r.concurrency_key)::text
+                        ELSE jsonb_build_array(m.scope, m.name)::text END AS label,
+                   r.started_at, count(*)::integer AS n
+              FROM jobs.runs AS r
+              JOIN jobs.limits AS m
+                ON m.rate_limit IS NOT NULL
+               AND ((m.scope = 'queue' AND m.name = r.queue) OR (m.scope = 'kind' AND m.name = r.kind))
+             WHERE r.id = ANY (_give_back_starts.run_ids) AND r.status = 'RUNNING'
+             GROUP BY 1, 2
+        ),
+        lowered AS (
+            UPDATE jobs._rate_starts AS x SET starts = x.starts - g.n
+              FROM given AS g
+             WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts > g.n
+            RETURNING x.label
+        )
+        DELETE FROM jobs._rate_starts AS x
+         USING given AS g
+         WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts <= g.n;
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the starts jobs.claim counted against rate limits for these RUNNING runs (going back to the queue unstarted) out of jobs._rate_starts; call it before their started_at is cleared.';
+
 -- A worker that does not know what its last claim did (the connection broke after the claim
 -- was sent: a network cut, a server restart, a proxy timeout) gives back the runs that claim
 -- may have taken: every run still RUNNING for worker and its claim token that is not among held
@@ -165,6 +198,8 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    -- None of them started: the starts their claim counted against rate limits go back too.
+    PERFORM jobs._give_back_starts(v_ids);
     RETURN QUERY
     UPDATE jobs.runs AS r
        SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED' END,
@@ -240,7 +275,7 @@ SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(complete_many.worker, complete_many.claim_token);
-    v_done bigint[];
+    v_done bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN  -- (an expression: no statement)
         PERFORM jobs._require_read_committed('jobs.complete_many');  -- the runs waiting on them
@@ -248,24 +283,23 @@ BEGIN
     IF complete_many.run_ids IS NULL OR cardinality(complete_many.run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(complete_many.run_ids, 10000);
     END IF;
-    WITH done AS (
-        UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()
-         WHERE r.id = ANY (complete_many.run_ids)
-           AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete_many.worker, v_token_hash)
-        RETURNING r.id
-    )
-    SELECT coalesce(array_agg(done.id), '{}') INTO v_done FROM done;
-    RETURN QUERY SELECT unnest(v_done);
-    -- The others: those this worker had completed already count (a repeat whose answer was lost).
-    IF cardinality(v_done) < cardinality(complete_many.run_ids) THEN
+    RETURN QUERY
+    UPDATE jobs.runs AS r SET status = 'COMPLETED', finished_at = now()
+     WHERE r.id = ANY (complete_many.run_ids)
+       AND jobs._owned(r.status, r.worker, r.claim_token_hash, complete_many.worker, v_token_hash)
+    RETURNING r.id;
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    -- The others: those this worker completed in an earlier transaction count too (a repeat whose
+    -- answer was lost). Finished before this transaction began: not the ones just completed.
+    IF v_done < cardinality(complete_many.run_ids) THEN
         RETURN QUERY
         SELECT r.id FROM jobs.runs AS r
-         WHERE r.id = ANY (complete_many.run_ids) AND r.id <> ALL (v_done)
+         WHERE r.id = ANY (complete_many.run_ids)
            AND r.status = 'COMPLETED' AND r.worker = complete_many.worker
-           AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash;
+           AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash AND r.finished_at < now();
     END IF;
     -- Runs waiting on them (flow.sql); it releases only runs whose dependencies all COMPLETED.
-    IF cardinality(v_done) > 0 AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
+    IF v_done > 0 AND EXISTS (SELECT FROM jobs.runs AS r WHERE r.blocked) THEN
         PERFORM jobs._release_dependents(complete_many.run_ids);
     END IF;
 END $$;
@@ -299,39 +333,6 @@ BEGIN
     RETURN TRUE;
 END $$;
 COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The owning worker (with its claim_token, if the run was claimed with one) stopped a run whose cancellation was requested: RUNNING -> CANCELLED. True also for a run this worker already cancelled (a repeat whose answer was lost), changing nothing. False if fenced or not requested.';
-
--- The starts a claim counted against rate limits for runs that are going back to the queue
--- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of
--- jobs._rate_starts, which are labelled as jobs.claim labels its groups, so that they do not
--- hold the window full for its period. Call it before clearing the runs' started_at. One
--- statement: each row is either lowered or, when all its starts are given back, deleted.
-CREATE OR REPLACE FUNCTION jobs._give_back_starts(run_ids bigint[]) RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    IF cardinality(run_ids) > 0 AND EXISTS (SELECT FROM jobs.limits AS m WHERE m.rate_limit IS NOT NULL) THEN
-        WITH given AS (
-            SELECT CASE WHEN m.per_key THEN jsonb_build_array(m.scope, m.name, r.concurrency_key)::text
-                        ELSE jsonb_build_array(m.scope, m.name)::text END AS label,
-                   r.started_at, count(*)::integer AS n
-              FROM jobs.runs AS r
-              JOIN jobs.limits AS m
-                ON m.rate_limit IS NOT NULL
-               AND ((m.scope = 'queue' AND m.name = r.queue) OR (m.scope = 'kind' AND m.name = r.kind))
-             WHERE r.id = ANY (_give_back_starts.run_ids) AND r.status = 'RUNNING'
-             GROUP BY 1, 2
-        ),
-        lowered AS (
-            UPDATE jobs._rate_starts AS x SET starts = x.starts - g.n
-              FROM given AS g
-             WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts > g.n
-            RETURNING x.label
-        )
-        DELETE FROM jobs._rate_starts AS x
-         USING given AS g
-         WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts <= g.n;
-    END IF;
-END $$;
-COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the starts jobs.claim counted against rate limits for these RUNNING runs (going back to the queue unstarted) out of jobs._rate_starts; call it before their started_at is cleared.';
 
 -- A worker gives back runs it claimed but whose job never began (claimed ahead of a free slot,
 -- then the worker stopped): RUNNING -> QUEUED as the claim found them. The same attempt, and the

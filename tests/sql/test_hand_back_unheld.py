@@ -118,3 +118,14 @@ def test_a_worker_login_may_call_it(db: Database, conn: Conn) -> None:
     with db.worker_login("handback") as login, psycopg.connect(db.dsn_as(login), autocommit=True) as worker:
         assert [r[0] for r in worker.execute(CLAIM, (1, "w", TOKEN)).fetchall()] == [run_id]
         assert worker.execute(HAND_BACK, ([], "w", TOKEN)).fetchall() == [(run_id, "QUEUED")]
+
+
+def test_the_runs_handed_back_no_longer_count_as_starts_against_a_rate_limit(conn: Conn) -> None:
+    """A kind may start 2 runs an hour. A claim of 2 whose answer was lost is handed back: the
+    runs never started, so a claim may start both again this hour."""
+    conn.execute("SELECT jobs.set_limit('kind', 'k', rate_limit => 2, rate_period => '1 hour')")
+    runs = [enqueue(conn, "k") for _ in range(3)]
+    assert [r[0] for r in conn.execute(CLAIM, (2, "w", TOKEN)).fetchall()] == runs[:2]
+    assert [r[0] for r in conn.execute(HAND_BACK, ([], "w", TOKEN)).fetchall()] == runs[:2]
+    again = [r[0] for r in conn.execute(CLAIM, (3, "w", TOKEN)).fetchall()]
+    assert again == runs[:2], f"the rate window still counts the runs handed back: claimed {again}"

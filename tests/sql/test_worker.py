@@ -157,3 +157,24 @@ def test_unclaim_gives_back_the_starts_a_rate_limit_counted_for_its_runs(conn: C
     assert scalar(conn, "SELECT count(*) FROM jobs.unclaim(%s, 'w2')", ([runs[1]],)) == 1
     last = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w3')")]
     assert last == [runs[1]], f"expected only run {runs[1]} to start again within the limit, got {last}"
+
+
+def test_complete_many_sent_again_answers_the_runs_it_completed_once_each(conn: Conn) -> None:
+    """Its answer lost, a worker sends complete_many again: the runs it completed come back as
+    completed (once each, however often listed), nothing changes, and another worker is
+    fenced. In one call, a run completed now is listed once, not again as a repeat."""
+    runs = add_runs(conn, 3)
+    claimed = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w')")]
+    assert claimed == runs
+    first = [r[0] for r in conn.execute("SELECT run_id FROM jobs.complete_many(%s, 'w')", (runs[:2] * 2,))]
+    assert sorted(first) == runs[:2], first
+    finished = conn.execute(
+        "SELECT id, finished_at FROM jobs.runs WHERE id = ANY (%s) ORDER BY id", (runs,)
+    ).fetchall()
+    again = [r[0] for r in conn.execute("SELECT run_id FROM jobs.complete_many(%s, 'w')", (runs * 2,))]
+    assert sorted(again) == runs, f"completed now: {runs[2]}; completed before: {runs[:2]}; got {again}"
+    after = conn.execute(
+        "SELECT id, finished_at FROM jobs.runs WHERE id = ANY (%s) ORDER BY id", (runs,)
+    ).fetchall()
+    assert after[:2] == finished[:2], "a repeat changes nothing"
+    assert conn.execute("SELECT run_id FROM jobs.complete_many(%s, 'other')", (runs,)).fetchall() == []
