@@ -4,7 +4,8 @@ Every ``tick_interval`` seconds, on one dedicated session connection:
 
 1. ``jobs.try_lead()`` — a session advisory lock; only the leader goes on;
 2. initialize the cursors of new recurring definitions (first occurrence >= their creation,
-   or the change or resume that reset them);
+   or the change or resume that reset them); one that appeared since this leader's previous
+   tick gets a run for each of its occurrences already past, whatever its misfire policy;
 3. materialize recurring definitions due within the lookahead: compute the
    occurrences here (RRULE/cron in the definition's time zone, misfire policy)
    and hand a batch of them to ``jobs.materialize_many``, a compare-and-set on
@@ -283,6 +284,9 @@ class Scheduler:
         self._last_prune = float("-inf")  # prune on the first tick as leader
         self._parsed = ScheduleCache()
         self._zones_checked: set[str] = set()  # compared with the server's time zone database
+        #: The instant of this leader's previous materialization, while it leads without a
+        #: break (None: it has just started leading, or its last tick is too long ago).
+        self._planned_at: datetime | None = None
 
     @property
     def lookahead(self) -> timedelta:
@@ -341,6 +345,7 @@ class Scheduler:
         if self.leading:
             log.warning("scheduler owner=%s lost leadership (connection gone)", self.owner)
         self.leading = False
+        self._planned_at = None
         if self._conn is not None:
             self._conn.close()
         self._conn = None
@@ -404,6 +409,7 @@ class Scheduler:
         self.leading = report.leading = leading
         if not leading:
             self._catching_up.clear()  # another leader moves the cursors meanwhile
+            self._planned_at = None
             return report
         return self._lead(conn, report)
 
@@ -423,6 +429,7 @@ class Scheduler:
             log.info("scheduler owner=%s %s (lease)", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
+            self._planned_at = None
             return report
         return self._lead(conn, report)
 
@@ -431,6 +438,7 @@ class Scheduler:
         if self.mode == "lease" and time.monotonic() >= self._lease_until:
             log.warning("scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner)
             self.leading = False
+            self._planned_at = None
             return True
         return False
 
@@ -494,11 +502,20 @@ class Scheduler:
         report = report or TickReport()
         conn = self._connection()
         now = self._now(conn)
+        # Led without a break since a recent tick: a definition that starts after that tick
+        # (less a grace for its transaction) has occurrences late by this tick, not by downtime.
+        previous, self._planned_at = self._planned_at, now
+        steady = max(self.misfire_grace, timedelta(seconds=2 * self.tick_interval))
+        on_time_from = None
+        if previous is not None and previous <= now <= previous + steady:
+            on_time_from = previous - self.misfire_grace
         # A schedule walk that takes long (a COUNT rule counted from its start) pings the
         # session well within its idle_session_timeout, so it is not ended mid-tick.
         every = self._idle_seconds / 3 if self._idle_seconds > 0 else 60.0
         with keeping_alive(lambda: sql.ping(conn), every):
-            self._phase("cursor initialization", lambda: self._init_cursors(conn, now, report), report)
+            self._phase(
+                "cursor initialization", lambda: self._init_cursors(conn, now, on_time_from, report), report
+            )
             self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
         self._phase("one-shots", lambda: self._one_shots(conn, report), report)
         self._phase("backfills", lambda: self._backfills(conn, report), report)
@@ -547,7 +564,13 @@ class Scheduler:
     def _parsed_schedule(self, d: dict[str, Any]) -> Schedule | None:
         return self._parsed.get(_schedule_key(d))
 
-    def _init_cursors(self, conn: psycopg.Connection[Any], now: datetime, report: TickReport) -> None:
+    def _init_cursors(
+        self, conn: psycopg.Connection[Any], now: datetime, on_time_from: datetime | None, report: TickReport
+    ) -> None:
+        """Set the cursors of new (or reset) recurring definitions. One that starts at or after
+        ``on_time_from`` appeared while this leader ticked: the occurrences between its start
+        and now are late only by the tick, and each is materialized here, whatever its misfire
+        policy (which is for a downtime; a long tick may exceed the grace of a short period)."""
         # per shared schedule object and start: same answer
         firsts: dict[tuple[int, datetime], datetime | None] = {}
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
@@ -567,7 +590,25 @@ class Scheduler:
                     except Exception as exc:  # one definition never stops the others
                         self._unplannable(conn, d, exc, report)
                         continue
-                batch.append(Call(d["id"], d["name"], None, [], firsts[id(schedule), start], d["revision"]))
+                first = firsts[id(schedule), start]
+                if first is not None and first <= now and on_time_from is not None and start >= on_time_from:
+                    try:
+                        plan = plan_materialization(
+                            schedule,
+                            first,
+                            now,
+                            misfire_policy=d["misfire_policy"],
+                            lookahead=self.lookahead,
+                            misfire_grace=now - first,
+                            max_runs=self.max_catch_up,
+                        )
+                    except Exception as exc:  # one definition never stops the others
+                        self._unplannable(conn, d, exc, report)
+                        continue
+                    runs, first = plan.run_times, plan.next_cursor
+                else:
+                    runs = []
+                batch.append(Call(d["id"], d["name"], None, runs, first, d["revision"]))
             if batch:
                 self._materialize(conn, batch, report)
                 report.initialized += len(batch)

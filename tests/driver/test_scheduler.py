@@ -225,6 +225,42 @@ def test_an_occurrence_between_a_definitions_creation_and_the_next_tick_runs(db:
     assert times[:1] == [minute], f"{how}: created {created}, first tick at {minute} + 5 s, runs {times}"
 
 
+@pytest.mark.parametrize("policy", ["skip", "coalesce"])
+def test_a_definition_created_between_two_ticks_runs_each_occurrence_in_between(
+    db: Database, policy: str
+) -> None:
+    """A scheduler that ticks every 10 s leads on; an every-3-seconds definition created just
+    after a tick has three or four occurrences before the next one. They are late only by the
+    tick, not missed in a downtime: each runs, whatever the misfire policy, and no catch-up is
+    recorded (one past its period's grace was skipped or coalesced, with a "downtime")."""
+    with db.connect() as conn:
+        now_row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert now_row is not None
+        clock = Clock(now_row[0])
+        scheduler = Scheduler(db.dsn, owner="t", clock=clock, tick_interval=10, lookahead=0)
+        try:
+            scheduler.materialize_due()  # the tick before the definition exists
+            row = conn.execute(
+                "SELECT id, created_at FROM jobs.define('new', 'k', schedule => 'FREQ=SECONDLY;INTERVAL=3',"
+                " misfire_policy => %s)",
+                (policy,),
+            ).fetchone()
+            assert row is not None
+            definition_id, created = int(row[0]), row[1]
+            clock.now = created + timedelta(seconds=10)  # the next tick
+            scheduler.materialize_due()
+        finally:
+            scheduler.close()
+        times = run_times(conn, definition_id)
+        catch_ups = conn.execute(
+            "SELECT count(*) FROM jobs.catch_ups WHERE definition_id = %s", (definition_id,)
+        ).fetchone()
+    floor = created.replace(microsecond=0) - timedelta(seconds=created.second % 3)
+    every = [floor + timedelta(seconds=3 * n) for n in range(6)]
+    assert times == [t for t in every if created <= t <= clock.now], f"created {created}, tick at {clock.now}"
+    assert catch_ups == (0,)
+
+
 def test_exhausted_count_finishes_cleanly(db: Database) -> None:
     clock = Clock(utc(2026, 1, 1, 0, 0, 0))
     scheduler = Scheduler(db.dsn, owner="t", clock=clock)
