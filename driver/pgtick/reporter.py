@@ -116,11 +116,15 @@ class Reporter:
         release: Callable[[Context], None],
         *,
         claim_token: str | None = None,
+        left: Callable[[Context], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.claim_token = claim_token  # what the runs were claimed with (a secret)
         self.events = events
         self.release = release  # the run is no longer this worker's to hold
+        # Called for a run let go with no outcome recorded: it may still be RUNNING for this
+        # worker until the reaper ends it.
+        self.left = left
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
         self._pending: set[int] = set()
@@ -174,7 +178,7 @@ class Reporter:
         if o.action == "abandon" or ctx.abandoned:
             self.events.on_outcome(ctx.kind, "abandon")
             log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
-            self._forget(ctx)
+            self._forget(ctx, left=True)
             return
         what = {"complete": "result", "cancel": "cancellation"}.get(o.action, "error")
         why = f"the {what} could not be stored"
@@ -196,7 +200,7 @@ class Reporter:
             self.settle(outcome, applied, retry_run_id=retry)
             return
         log.error("run=%s kind=%s no outcome could be stored: left to the reaper", ctx.run_id, ctx.kind)
-        self._forget(ctx)
+        self._forget(ctx, left=True)
 
     def _send(self, conn: psycopg.Connection[Any], o: Outcome) -> tuple[bool, int | None]:
         """The fenced call for ``o``: (applied, the retry's run id if one was queued)."""
@@ -229,7 +233,9 @@ class Reporter:
         log_run_outcome(ctx, self.worker_id, status, error, retry_run_id)
         self._forget(ctx)
 
-    def _forget(self, ctx: Context) -> None:
+    def _forget(self, ctx: Context, *, left: bool = False) -> None:
+        if left and self.left is not None:
+            self.left(ctx)
         self.release(ctx)
         with self._lock:
             self._pending.discard(ctx.run_id)

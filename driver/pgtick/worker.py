@@ -96,6 +96,9 @@ __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
 log = logging.getLogger("pgtick.worker")
 
+#: Most runs let go with no outcome recorded that the worker keeps out of a hand back after a
+#: lost claim (the most recent ones; jobs.hand_back_unheld takes up to 10,000 held ids).
+MAX_LEFT = 5000
 #: Longest a sleeping claim loop goes without looking at its stop event (seconds).
 STOP_CHECK = 0.5
 #: Most claim connections one worker keeps (its claim loop's and the extra claimers').
@@ -221,7 +224,13 @@ class Worker:
         self._work_signalled = False
         self._db_offset = 0.0  # server clock minus this clock, seconds
         self._tasks: queue.SimpleQueue[Context | None] = queue.SimpleQueue()
-        self.reporter = Reporter(self.worker_id, self.events, self._release, claim_token=self.claim_token)
+        self.reporter = Reporter(
+            self.worker_id,
+            self.events,
+            self._release,
+            claim_token=self.claim_token,
+            left=self._left_to_reaper,
+        )
         self._heartbeat = HeartbeatLoop(dsn, self.worker_id, self, claim_token=self.claim_token)
         self._threads: list[threading.Thread] = []
         self._completer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgtick-complete")
@@ -250,6 +259,11 @@ class Worker:
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
+        # Runs let go with no outcome recorded (abandoned while their ownership was in doubt,
+        # or no outcome could be stored), most recent last (under _lock): they may still be
+        # RUNNING for this worker until the reaper ends them, and their job began, so a hand
+        # back after a lost claim must not queue them again as if they never had.
+        self._left: dict[int, None] = {}
         # A claim failed without an answer (under _lock): it may have committed, leaving runs
         # RUNNING for this worker that it does not know of. Until the claim loop has handed
         # them back (_hand_back_unheld), the extra claimers start no claim.
@@ -529,7 +543,7 @@ class Worker:
         with self._lock:
             if not self._claim_unsure or self._reserved:
                 return
-            held = sorted(self._active.keys() | self._dispatching)
+            held = sorted(self._active.keys() | self._dispatching | self._left.keys())
         try:
             back = calls.hand_back_unheld(conn, held, self.worker_id, self.claim_token)
         except psycopg.errors.LockNotAvailable as exc:  # the lost claim is still in progress
@@ -1035,6 +1049,12 @@ class Worker:
         from pgtick.isolation import close_idle_processes
 
         close_idle_processes()
+
+    def _left_to_reaper(self, ctx: Context) -> None:
+        with self._lock:
+            self._left[ctx.run_id] = None
+            while len(self._left) > MAX_LEFT:
+                del self._left[next(iter(self._left))]
 
     def _release(self, ctx: Context) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ fenced and the retry carries on: never counted twice.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -121,3 +122,70 @@ def test_database_gone_for_30s_mid_job(private_server: Any) -> None:
     print(f"hasty run path: {'reaped, report fenced, retry completed' if reaped else 'late report landed'}")
     assert worker.stats.heartbeat_failures >= 1
     assert worker.stats.completed == 2, worker.stats  # patient + the hasty lineage, once
+
+
+def test_a_run_let_go_in_doubt_is_not_handed_back_with_a_claim_lost_in_the_same_outage(
+    private_server: Any,
+) -> None:
+    """The database goes away while an async job runs without reaching a checkpoint: past its
+    heartbeat timeout the job is cancelled and the run let go, left to the reaper; the claim
+    loop's claim fails in the same outage, without an answer. When the database returns, the
+    worker hands back what that claim may have taken, but not the run it let go: that run
+    began, so it is not queued again as if it never had (same attempt, beyond its retry
+    policy); the reaper fails it as HeartbeatLost."""
+    server, dsn = private_server
+    began: list[int] = []
+    cancelled: list[int] = []
+    app = App()
+
+    @app.job("endless", max_attempts=1)
+    async def endless(ctx: Context) -> None:
+        began.append(ctx.run_id)
+        try:
+            await asyncio.sleep(300)  # no checkpoint
+        except asyncio.CancelledError:
+            cancelled.append(ctx.run_id)
+            raise
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT id FROM jobs.enqueue('endless', max_attempts => 1, heartbeat_timeout => '2 seconds')"
+        ).fetchone()
+        assert row is not None
+        run_id = row[0]
+
+    worker = Worker(app, dsn, poll_interval=0.1, heartbeat_interval=0.3)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for("the job to begin", lambda: began == [run_id], 60)
+        server.halt()
+        # The claim loop's claim fails on the lost connection, and the job is cancelled once
+        # its heartbeat timeout has passed without a heartbeat answered: the run is let go.
+        wait_for("the job to be cancelled", lambda: cancelled == [run_id], 60)
+        wait_for("a claim to fail without an answer", lambda: worker._claim_unsure, 60)
+        server.start()
+
+        def settled() -> bool:
+            return not worker._claim_unsure
+
+        wait_for("the worker to settle what the lost claim took", settled, 60)
+        time.sleep(1.0)  # a run handed back would be claimed again by now
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            state = conn.execute(
+                "SELECT status::text, attempt, worker FROM jobs.runs WHERE id = %s", (run_id,)
+            ).fetchone()
+            assert state == ("RUNNING", 1, worker.worker_id), f"run {state}; job began {began}"
+            assert began == [run_id], f"the job began again: {began}"
+            # Its heartbeat timeout after the last heartbeat, the reaper ends it, once.
+            reaped = wait_for(
+                "the reaper to end the run",
+                lambda: conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall(),
+                60,
+            )
+            assert reaped == [(run_id, "HeartbeatLost")]
+            assert began == [run_id], f"the job began again: {began}"
+    finally:
+        stop.set()
+        thread.join(timeout=30)
