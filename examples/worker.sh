@@ -249,6 +249,17 @@ SELECT (f).id, (f).status
 SQL
     )
     status=$?
+    if ((status == 3)); then # the class or message was refused: not UTF-8, or too long
+        set -- "$1" ShellError "the job's error class or message could not be stored (not UTF-8, or too long)"
+        log "run=$1 $3"
+        answer=$(report -v run_id="$1" -v worker="$WORKER" -v message="$3" <<'SQL'
+SELECT (f).id, (f).status
+  FROM jobs.fail(:'run_id', :'worker', ARRAY['ShellError'], :'message',
+                 claim_token => current_setting('pgtick.claim_token')) AS f
+SQL
+        )
+        status=$?
+    fi
     IFS=$'\t' read -r id next <<<"$answer"
     if ((status != 0)); then
         unreported "$1" "$status"

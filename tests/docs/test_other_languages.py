@@ -69,7 +69,9 @@ class ShellWorker:
 def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
     started: list[ShellWorker] = []
 
-    def start(grace: float = 10, label: str = "worker", dsn: str | None = None) -> ShellWorker:
+    def start(
+        grace: float = 10, label: str = "worker", dsn: str | None = None, script: Path = WORKER_SH
+    ) -> ShellWorker:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
         env.update(
             PGTICK_DSN=dsn or db.dsn,
@@ -81,7 +83,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
         log = tmp_path / f"{label}.log"
         with log.open("wb") as stderr:
             proc = subprocess.Popen(
-                ["bash", str(WORKER_SH)],
+                ["bash", str(script)],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 env=env,
@@ -90,7 +92,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
             )
         worker = ShellWorker(proc, log)
         started.append(worker)
-        worker.wait_log("started kinds=greet nap shaky")
+        worker.wait_log("started kinds=" if script != WORKER_SH else "started kinds=greet nap shaky")
         return worker
 
     try:
@@ -350,4 +352,27 @@ def test_worker_sh_hands_back_the_run_of_a_claim_whose_answer_was_lost(
     chain = attempts(conn, run_id)
     assert [(r["id"], r["attempt"], r["status"]) for r in chain] == [(run_id, 1, "COMPLETED")], chain
     assert chain[0]["result"] == {"greeting": "hello lost"}
+    assert worker.terminate_and_wait() == 0, worker.log()
+
+
+def test_worker_sh_records_a_failure_whose_error_text_is_not_utf8(
+    conn: Conn, start_worker: Any, tmp_path: Path
+) -> None:
+    """A job of one's own whose last line on stderr is not UTF-8 (a tool printing bytes of
+    another encoding): the database refuses that text, and the failure is recorded all the
+    same, saying why, once, by policy; not left RUNNING for the reaper to call it lost."""
+    script = tmp_path / "worker.sh"
+    kind = "job_garbled() { printf 'output in Latin-1: caf\\xe9\\n' >&2; exit 1; }\n"
+    text = WORKER_SH.read_text()
+    mark = "# greet {"
+    script.write_text(text.replace(mark, kind + mark, 1))
+    conn.execute("SELECT jobs.set_retry_policy('garbled', max_attempts => 1)")
+    run_id = enqueue(conn, "garbled", max_attempts="1")
+    worker = start_worker(script=script)
+    worker.wait_until("the run to fail", lambda: run_row(conn, run_id)["status"] == "FAILED", 30)
+    row = run_row(conn, run_id)
+    assert row["failure_reason"] == "Error", row
+    assert "could not be stored" in row["error"], row
+    assert [(r["id"], r["status"]) for r in attempts(conn, run_id)] == [(run_id, "FAILED")]
+    assert f"run={run_id} failed class=ShellError" in worker.log(), worker.log()
     assert worker.terminate_and_wait() == 0, worker.log()
