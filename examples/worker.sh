@@ -214,6 +214,9 @@ report() { # report SQL-ARGS...: run the statement on stdin, retrying while the 
 
 unreported() { # unreported RUN_ID STATUS: say why a report did not happen
     log "run=$1 outcome not reported (psql exit $2): the reaper will hand the run on"
+    # Still RUNNING for this worker until the reaper ends it, and its job ran: a hand back
+    # after a failed claim must not queue it again as if it never had (hand_back_lost_claim).
+    printf '%s\n' "$1" >>"$STATE/left"
 }
 
 complete_run() { # complete_run RUN_ID RESULT
@@ -393,11 +396,14 @@ log "started kinds=${KINDS% }${QUEUE:+ queue=$QUEUE}"
 # a network cut, a server restart): its run is then RUNNING for this worker, which never
 # learnt of it, and only the reaper would end it, spending an attempt. So, before the next
 # claim, the worker hands back every run RUNNING for its id and token (it holds none between
-# runs): QUEUED as it was, same attempt (docs/other-languages.md).
+# runs) but those whose outcome it could not report ($STATE/left: their job ran): QUEUED as
+# it was, same attempt (docs/other-languages.md).
 LOST_CLAIM=0
 hand_back_lost_claim() {
-    sql -v worker="$WORKER" >"$STATE/handed" <<'SQL' || return 1
-SELECT run_id, status FROM jobs.hand_back_unheld('{}', :'worker', claim_token => current_setting('pgtick.claim_token'))
+    local left
+    left=$(tail -n 5000 "$STATE/left" 2>/dev/null | paste -sd, -)
+    sql -v worker="$WORKER" -v left="{$left}" >"$STATE/handed" <<'SQL' || return 1
+SELECT run_id, status FROM jobs.hand_back_unheld(:'left', :'worker', claim_token => current_setting('pgtick.claim_token'))
 SQL
     LOST_CLAIM=0
     if [[ -s $STATE/handed ]]; then

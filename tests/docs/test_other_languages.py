@@ -7,7 +7,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fixtures.processes import LossyProxy
 from harness import ROOT, Conn, Database, enqueue, one, psql_binary, rows, run_row, scalar, wait_for
@@ -376,3 +379,99 @@ def test_worker_sh_records_a_failure_whose_error_text_is_not_utf8(
     assert [(r["id"], r["status"]) for r in attempts(conn, run_id)] == [(run_id, "FAILED")]
     assert f"run={run_id} failed class=ShellError" in worker.log(), worker.log()
     assert worker.terminate_and_wait() == 0, worker.log()
+
+
+class _Cable:
+    """A TCP forwarder to the test's database that can be unplugged: then every connection
+    through it is cut and new ones are refused, as in a network outage."""
+
+    def __init__(self, dsn: str) -> None:
+        params = conninfo_to_dict(dsn)
+        self.host = str(params.get("host") or "localhost")
+        self.port = int(params.get("port") or 5432)
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.dsn = make_conninfo(
+            dsn, host="127.0.0.1", port=str(self.listener.getsockname()[1]), sslmode="disable",
+            gssencmode="disable",
+        )  # fmt: skip
+        self.plugged = True
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _upstream(self) -> socket.socket:
+        if self.host.startswith("/"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(os.path.join(self.host, f".s.PGSQL.{self.port}"))
+            return sock
+        return socket.create_connection((self.host, self.port))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.plugged:
+                client.close()
+                continue
+            server = self._upstream()
+            self.socks += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for sock in (a, b):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def unplug(self) -> None:
+        self.plugged = False
+        for sock in self.socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.socks = []
+
+    def close(self) -> None:
+        self.unplug()
+        self.listener.close()
+
+
+def test_worker_sh_does_not_hand_back_a_run_whose_outcome_it_could_not_report(
+    db: Database, conn: Conn, start_worker: Any
+) -> None:
+    """The database is out of reach from the moment a job ends until after the worker has
+    given up reporting it (a minute of retries) and a claim has failed. When it is back, the
+    worker hands back what that claim may have taken, but not the run it could not report:
+    its job ran, so queued again it would run twice; it is left to the reaper."""
+    cable = _Cable(db.dsn)
+    try:
+        run_id = enqueue(conn, "nap", payload='{"steps": 10}', heartbeat_timeout="interval '10 minutes'")
+        worker = start_worker(dsn=cable.dsn)
+        worker.wait_log(f"run={run_id} kind=nap attempt=1 started")
+        cable.unplug()
+        worker.wait_log(f"run={run_id} outcome not reported", timeout=150)
+        worker.wait_log("claim failed", timeout=30)
+        cable.plugged = True
+        # The worker settles the failed claim before it claims again: a run queued now is run
+        # after that, and after a run handed back (which was queued earlier).
+        later = enqueue(conn, "greet", payload='{"name": "later"}')
+        done = lambda: run_row(conn, later)["status"] == "COMPLETED"  # noqa: E731
+        worker.wait_until("the later run to complete", done, 60)
+        assert worker.log().count(f"run={run_id} kind=nap attempt=1 started") == 1, worker.log()
+        row = run_row(conn, run_id)
+        assert (row["status"], row["attempt"]) == ("RUNNING", 1), row
+        assert worker.terminate_and_wait() == 0, worker.log()
+    finally:
+        cable.close()
