@@ -147,7 +147,10 @@ BEGIN
         IF NOT FOUND THEN
             RETURN NULL;  -- fenced: reaped, cancelled, or never ours
         END IF;
-        SELECT r.* INTO v_retry FROM jobs.runs AS r WHERE r.retry_of = fail.run_id;
+        -- The retry its failure queued, inserted in that transaction; not one an operator
+        -- queued later (jobs.retry), which the first answer did not name.
+        SELECT r.* INTO v_retry FROM jobs.runs AS r
+         WHERE r.retry_of = fail.run_id AND r.created_at = v_failed.finished_at;
         IF v_retry.id IS NOT NULL THEN
             RETURN v_retry;
         END IF;

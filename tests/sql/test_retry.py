@@ -209,6 +209,19 @@ def test_fail_return_values_and_fencing(conn: Conn) -> None:
     assert _fail(conn, last["id"], ["E"], "boom again") == last
 
 
+def test_a_failure_sent_again_after_an_operator_retry_is_answered_without_that_retry(conn: Conn) -> None:
+    """A failure with no retry to follow is answered with the FAILED row; an operator then
+    queues the run again (jobs.retry). The same failure sent again (its answer lost) gets the
+    FAILED row again: the operator's retry is not the one its failure queued."""
+    _policy(conn, "o", max_attempts=1)
+    run_id = _start(conn, "o")
+    failed = _fail(conn, run_id, ["E"], "boom")
+    assert failed is not None and failed["status"] == "FAILED"
+    retried = conn.execute("SELECT (jobs.retry(%s)).id", (run_id,)).fetchone()
+    assert retried is not None
+    assert _fail(conn, run_id, ["E"], "boom") == failed
+
+
 def test_a_reaped_run_is_fenced_for_its_worker_whatever_it_reports(conn: Conn) -> None:
     """A run the reaper failed (here as Timeout) keeps its worker id; that worker's late fail,
     even with the reaper's own reason, is fenced: only a repeat of its own failure is not."""
