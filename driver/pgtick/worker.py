@@ -72,7 +72,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -600,18 +600,21 @@ class Worker:
         """Fail these runs of this worker (fenced) and let them go."""
         if not run_ids:
             return conn
+        failed: set[int] = set()
         try:
             if conn is None or conn.closed:
                 conn = self._connect()
             for run_id in sorted(run_ids):
                 calls.fail(conn, run_id, self.worker_id, None, why, "Error", self.claim_token)
+                failed.add(run_id)
         except DB_ERRORS as exc:
             log.warning(
                 "worker=%s cannot fail runs=%s (the reaper will): %s",
                 self.worker_id,
-                ",".join(map(str, sorted(run_ids))),
+                ",".join(map(str, sorted(run_ids - failed))),
                 exc,
             )
+        self._leave(run_ids - failed)  # may still be RUNNING for this worker: never handed back
         with self._lock:
             for run_id in run_ids:
                 self._active.pop(run_id, None)
@@ -1051,8 +1054,14 @@ class Worker:
         close_idle_processes()
 
     def _left_to_reaper(self, ctx: Context) -> None:
+        self._leave([ctx.run_id])
+
+    def _leave(self, run_ids: Iterable[int]) -> None:
+        """Remember runs let go with no outcome recorded (the most recent MAX_LEFT): their job
+        began and they may still be RUNNING for this worker, so no hand back may queue them."""
         with self._lock:
-            self._left[ctx.run_id] = None
+            for run_id in run_ids:
+                self._left[run_id] = None
             while len(self._left) > MAX_LEFT:
                 del self._left[next(iter(self._left))]
 

@@ -221,3 +221,15 @@ def test_storable_text_keeps_what_postgresql_takes_and_escapes_the_rest(text: st
 def test_storable_text_is_cut_to_its_limit_with_a_note() -> None:
     cut = storable("x" * 50_000, limit=1000)
     assert len(cut) <= 1000 and cut.endswith("… (49040 more characters)"), cut[-60:]
+
+
+def test_runs_a_worker_could_not_fail_are_never_handed_back_after_a_lost_claim() -> None:
+    """A worker that stops on an error fails the runs it holds; those whose failure does not
+    get through (the database out of reach) began and may still be RUNNING for it, so they
+    join the runs a hand back after a lost claim keeps out (the reaper ends them)."""
+    from pgtick.worker import Worker
+
+    app = App()
+    worker = Worker(app, "host=/nonexistent-pgtick-socket-dir dbname=none connect_timeout=2")
+    worker._fail_runs(None, {41, 42}, "stopping")
+    assert set(worker._left) == {41, 42}
