@@ -1231,6 +1231,24 @@ class CutOff:
     context: str
 
 
+def refuse_login(conn: Conn, login: str) -> None:
+    """Cut a worker login off the database, as a network partition would: refuse new sessions
+    (CONNECTION LIMIT 0) and end every session it has, waiting until none is left."""
+    conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
+    wait_for(
+        f"every session of {login} to end",
+        lambda: (
+            not scalar(
+                conn,
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE usename = %s",
+                (login,),
+            )
+        ),
+        timeout=30,
+    )
+
+
 def cut_off_mid_job(
     db: Database,
     procs: Processes,
@@ -1259,19 +1277,7 @@ def cut_off_mid_job(
             lambda: scalar(conn, "SELECT heartbeat_at > started_at FROM jobs.runs WHERE id = %s", (run_id,)),
             timeout=60,
         )
-        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
-        wait_for(
-            f"every session of {login} to end",
-            lambda: (
-                not scalar(
-                    conn,
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE usename = %s",
-                    (login,),
-                )
-            ),
-            timeout=30,
-        )
+        refuse_login(conn, login)
         survivor = procs.replica(app, "survivor")
         retry_id, retry_started, retry_finished = wait_retry_completed(
             conn, run_id, "id, started_at, finished_at", timeout=90

@@ -34,6 +34,7 @@ from harness import (
     Processes,
     enqueue,
     pid_of_owner,
+    refuse_login,
     scalar,
     start_sleepy_run,
     wait_finished,
@@ -111,19 +112,7 @@ def test_a_worker_cut_off_from_the_database_passes_no_checkpoint_beside_its_retr
             lambda: scalar(conn, "SELECT heartbeat_at > started_at FROM jobs.runs WHERE id = %s", (run_id,)),
             timeout=60,
         )
-        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT 0").format(Identifier(login)))
-        wait_for(
-            f"every session of {login} to end",
-            lambda: (
-                not scalar(
-                    conn,
-                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE usename = %s",
-                    (login,),
-                )
-            ),
-            timeout=30,
-        )
+        refuse_login(conn, login)
         survivor = procs.replica("work_app.py", "survivor")
         retry_id, retry_started, retry_finished = wait_retry_completed(
             conn, run_id, "id, started_at, finished_at", timeout=90
