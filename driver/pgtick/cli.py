@@ -1210,22 +1210,11 @@ def cmd_status(args: argparse.Namespace) -> Result | int:
 #: between two tries (s): the pause doubles from the first to the most.
 WATCH_RETRY_FIRST = 0.5
 WATCH_RETRY_MAX = 5.0
-#: libpq's keepalives for `status --watch`, so that a cut network ends a query in seconds
-#: rather than at the kernel's TCP timeout (a DSN that sets its own keeps them).
-WATCH_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
 
 
 def _watch_connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
-    from psycopg.conninfo import conninfo_to_dict
-    from psycopg.rows import dict_row
-
-    wanted: dict[str, Any] = dict(WATCH_KEEPALIVES)
-    if psycopg.pq.version() >= 120000:  # and a query whose packets go unacknowledged
-        wanted["tcp_user_timeout"] = 15000
-    given = conninfo_to_dict(dsn)
-    extra = {k: v for k, v in wanted.items() if k not in given}
-    conn: psycopg.Connection[dict[str, Any]] = connect(dsn, row_factory=dict_row, **extra)
-    return conn
+    # (with TCP keepalives, as every connection: a cut network ends a query in seconds)
+    return connect_dicts(dsn, application_name="pgtick status --watch")
 
 
 def _watch_status(args: argparse.Namespace, dsn: str) -> int:

@@ -20,15 +20,43 @@ Connection = psycopg.Connection[Any]
 DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, PgtickError)
 
 
+#: libpq's TCP keepalives for every connection the driver opens, and a limit on how long sent
+#: data may go unacknowledged (libpq 12 and later): a network that drops packets silently ends
+#: a call in seconds rather than at the kernel's TCP timeout (many minutes), so a worker's
+#: heartbeat and claims reconnect, and its runs' ownership is settled, once the network is
+#: back. A DSN that sets one of them keeps its own; a Unix socket ignores them.
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+TCP_USER_TIMEOUT_MS = 15000
+
+
+def _keepalives(dsn: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The keepalive settings neither ``dsn`` nor ``given`` sets."""
+    wanted: dict[str, Any] = dict(KEEPALIVES)
+    if psycopg.pq.version() >= 120000:
+        wanted["tcp_user_timeout"] = TCP_USER_TIMEOUT_MS
+    try:
+        in_dsn = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:  # not a DSN: psycopg.connect says so
+        return {}
+    return {k: v for k, v in wanted.items() if k not in in_dsn and k not in given}
+
+
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
-    """An autocommit connection (each function call is its own transaction); behind a
-    pooler it never prepares statements (see ``prepare_for_pooler``)."""
+    """An autocommit connection (each function call is its own transaction), with TCP
+    keepalives (``KEEPALIVES``); behind a pooler it never prepares statements (see
+    ``prepare_for_pooler``)."""
     try:
         conn = psycopg.connect(
             dsn,
             autocommit=True,
             application_name=application_name,
             connect_timeout=10,
+            **_keepalives(dsn, kwargs),
             **kwargs,
         )
     except psycopg.OperationalError as exc:
