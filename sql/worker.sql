@@ -166,11 +166,8 @@ DECLARE
     v_ids bigint[];
     v_cancelled bigint[];
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'jobs.hand_back_unheld needs READ COMMITTED isolation, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = '25000',
-                  HINT = 'It must see the claims that commit while it waits; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+    IF current_setting('transaction_isolation') <> 'read committed' THEN  -- the claims that commit while it waits
+        PERFORM jobs._require_read_committed('jobs.hand_back_unheld');
     END IF;
     IF held IS NULL THEN
         RAISE EXCEPTION 'held must not be NULL (an empty array when the worker holds no run)'

@@ -351,8 +351,8 @@ class Context:
     def _in_doubt(self) -> bool:
         """Whether the run may have been reaped: its ownership not confirmed within its
         heartbeat timeout."""
-        until = self._owned_until
-        return until is not None and time.monotonic() > until
+        left = self._owned_for()
+        return left is not None and left < 0
 
     def _owned_for(self) -> float | None:
         """Seconds until the run's ownership falls in doubt unless a heartbeat confirms it

@@ -160,6 +160,8 @@ def test_a_run_let_go_in_doubt_is_not_handed_back_with_a_claim_lost_in_the_same_
     thread.start()
     try:
         wait_for("the job to begin", lambda: began == [run_id], 60)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            claimed = conn.execute("SELECT started_at FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
         server.halt()
         # The claim loop's claim fails on the lost connection, and the job is cancelled once
         # its heartbeat timeout has passed without a heartbeat answered: the run is let go.
@@ -171,12 +173,15 @@ def test_a_run_let_go_in_doubt_is_not_handed_back_with_a_claim_lost_in_the_same_
             return not worker._claim_unsure
 
         wait_for("the worker to settle what the lost claim took", settled, 60)
-        time.sleep(1.0)  # a run handed back would be claimed again by now
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # Settled means the hand back has committed: a run handed back is QUEUED, or claimed
+            # again with another started_at, by now.
             state = conn.execute(
-                "SELECT status::text, attempt, worker FROM jobs.runs WHERE id = %s", (run_id,)
+                "SELECT status::text, attempt, worker, started_at FROM jobs.runs WHERE id = %s", (run_id,)
             ).fetchone()
-            assert state == ("RUNNING", 1, worker.worker_id), f"run {state}; job began {began}"
+            assert claimed is not None and state == ("RUNNING", 1, worker.worker_id, claimed[0]), (
+                f"run {state}, claimed at {claimed}; job began {began}"
+            )
             assert began == [run_id], f"the job began again: {began}"
             # Its heartbeat timeout after the last heartbeat, the reaper ends it, once.
             reaped = wait_for(
