@@ -882,10 +882,10 @@ def _dst_readings(wall: datetime, zone: str) -> tuple[datetime, datetime, bool] 
     (earlier first), and whether the change skipped it; None when it names one instant."""
     from zoneinfo import ZoneInfo
 
-    tz = ZoneInfo(zone)
-    first, second = wall.replace(tzinfo=tz, fold=0), wall.replace(tzinfo=tz, fold=1)
-    before, after = first.utcoffset(), second.utcoffset()
-    if before is None or after is None or before == after:
+    from pgtick.schedule.zones import fold_offsets
+
+    before, after = fold_offsets(wall, ZoneInfo(zone))
+    if before == after:
         return None
     try:
         instants = sorted([(wall - before).replace(tzinfo=UTC), (wall - after).replace(tzinfo=UTC)])

@@ -128,6 +128,15 @@ def wall_time(instant: datetime, zone: ZoneInfo) -> datetime:
     return instant.astimezone(zone).replace(tzinfo=None, fold=0)
 
 
+def fold_offsets(wall: datetime, zone: ZoneInfo) -> tuple[timedelta, timedelta]:
+    """The UTC offsets of a naive wall time's two readings (PEP 495 fold 0, then 1): equal
+    when it names one instant, the first larger when the clock shows it twice, smaller when
+    a gap skips it."""
+    before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
+    assert before is not None and after is not None
+    return before, after
+
+
 @dataclass(frozen=True)
 class WallTimeRuns:
     """The instants one wall time runs at under a policy, each with its DST mark."""
@@ -146,8 +155,7 @@ def runs_of_wall_time(wall: datetime, zone: ZoneInfo, policy: DstPolicy) -> Wall
     clock went back); smaller, it fell in a gap (the clock jumped forward).
     """
     try:
-        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
-        assert before is not None and after is not None
+        before, after = fold_offsets(wall, zone)
         first = (wall - before).replace(tzinfo=UTC)
         if before == after:
             return WallTimeRuns(wall, ((first, None),), first)
@@ -183,8 +191,7 @@ def reading_of(instant: datetime, zone: ZoneInfo) -> DstMark | None:
 def earliest_run(wall: datetime, zone: ZoneInfo) -> datetime | None:
     """The gap-end / first-reading instant of a wall time: later wall times never map earlier."""
     try:
-        before, after = zone.utcoffset(wall), zone.utcoffset(wall.replace(fold=1))
-        assert before is not None and after is not None
+        before, after = fold_offsets(wall, zone)
         if before >= after:
             return (wall - before).replace(tzinfo=UTC)
         return gap_end(wall, zone)
