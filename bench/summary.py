@@ -266,13 +266,13 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
         )
     if "uncapped" in limits and "uncapped-baseline" in limits:
         now, then = float(limits["uncapped"]["jobs_per_s"]), float(limits["uncapped-baseline"]["jobs_per_s"])
-        s.add(
-            f"limits: uncapped claim / baseline {limits['uncapped-baseline'].get('baseline')}",
-            now / then,
-            ">= 1",
-            now / then >= 1,
-            f"{now:.0f} vs {then:.0f} jobs/s",
-        )
+        label = f"limits: uncapped claim / baseline {limits['uncapped-baseline'].get('baseline')}"
+        if limits["uncapped-baseline"].get("baseline_same_sql"):
+            # Two drains of the same claim: how far they differ is the noise, not a target.
+            note = f"{now:.0f} vs {then:.0f} jobs/s; the same SQL on both sides"
+            s.add(label, now / then, "info", None, note)
+        else:
+            s.add(label, now / then, ">= 1", now / then >= 1, f"{now:.0f} vs {then:.0f} jobs/s")
     growth = [r for r in records if r.get("scenario") == "growth-drain"]
     for system in ("pgtick-driver", "pgtick-sql"):
         with_none = [r for r in growth if r["system"] == system and r.get("history") == 0]
