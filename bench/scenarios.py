@@ -740,9 +740,18 @@ def _table_stats(dsn: str) -> dict[str, int]:
     return dict(zip(TABLE_STATS_KEYS, (int(v) for v in row), strict=True))
 
 
+# The heartbeats scenario's runs: jobs that sleep, so that a beat finds runs held (a no-op job
+# executes for microseconds and no beat ever finds it), and beats often enough that a drain of
+# a few seconds writes about one heartbeat per run.
+HEARTBEAT_JOB_SECONDS = 0.05
+HEARTBEAT_INTERVAL = 0.05
+HEARTBEAT_CONCURRENCY = 100
+
+
 def scenario_heartbeats(bench: Bench) -> None:
-    """Drains with the driver (batch 10): fillfactor 80 vs 100 with heartbeats, and 80 without."""
-    jobs = bench.jobs
+    """Drains with the driver (batch 10, jobs of 50 ms, 100 at once, a beat every 50 ms):
+    fillfactor 80 vs 100 with heartbeats, and 80 without."""
+    jobs = bench.jobs // 2
     for fillfactor, heartbeats in ((80, True), (100, True), (80, False)):
         log(f"heartbeats: fillfactor={fillfactor} heartbeats={'on' if heartbeats else 'off'}")
         dbname, dsn = bench.database(f"hot_ff{fillfactor}_{'hb' if heartbeats else 'nohb'}")
@@ -752,7 +761,20 @@ def scenario_heartbeats(bench: Bench) -> None:
         sys_pgtick.fill(dsn, jobs)
         before = _table_stats(dsn)
         bench.profiler.reset()
-        t = run_drain(dsn, jobs, sys_pgtick.DRAIN, sys_pgtick.driver_worker, 1, 10, THREADS, heartbeats)
+        t = run_drain(
+            dsn,
+            jobs,
+            sys_pgtick.DRAIN,
+            sys_pgtick.driver_worker,
+            1,
+            10,
+            HEARTBEAT_CONCURRENCY,
+            heartbeats,
+            False,
+            10,  # claimers: enough claims in flight to keep the hundred slots full
+            HEARTBEAT_JOB_SECONDS,
+            HEARTBEAT_INTERVAL,
+        )
         after = _table_stats(dsn)
         upd = after["n_tup_upd"] - before["n_tup_upd"]
         hot = after["n_tup_hot_upd"] - before["n_tup_hot_upd"]
@@ -763,6 +785,9 @@ def scenario_heartbeats(bench: Bench) -> None:
                 "batch": 10,
                 "procs": 1,
                 "jobs": jobs,
+                "concurrency": HEARTBEAT_CONCURRENCY,
+                "job_ms": HEARTBEAT_JOB_SECONDS * 1000,
+                "heartbeat_interval_s": HEARTBEAT_INTERVAL,
                 "fillfactor": fillfactor,
                 "heartbeats": heartbeats,
                 "seconds": round(t.seconds, 3),

@@ -313,12 +313,14 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
                 f"{r['cursor_init_calls']} calls; both {total:.2f}s",
             )
         if r.get("scenario") == "heartbeats":
+            beats = r.get("heartbeat_row_updates") or 0
             s.add(
-                f"heartbeats ff{r['fillfactor']} hb={'on' if r['heartbeats'] else 'off'}: HOT share of upd.",
-                r.get("hot_ratio"),
+                f"heartbeats ff{r['fillfactor']} hb={'on' if r['heartbeats'] else 'off'}: HOT / heartbeats",
+                round(r["hot_updates"] / beats, 3) if beats > 0 else None,
                 "info",
                 None,
-                f"{r['jobs_per_s']:.0f} jobs/s; {r['updates']} upd, {r['hot_updates']} HOT, "
+                f"{r['jobs_per_s']:.0f} jobs/s; {r['updates']} upd ({beats} heartbeats), "
+                f"{r['hot_updates']} HOT, "
                 f"{r['newpage_updates']} to another page, "
                 f"heap {r['heap_bytes_before'] // 1024}->{r['heap_bytes_after'] // 1024} KiB, "
                 f"idx {r['index_bytes_before'] // 1024}->{r['index_bytes_after'] // 1024} KiB",

@@ -97,8 +97,11 @@ def driver_worker(
     heartbeats: bool = True,
     record_starts: bool = False,
     claimers: int = 1,
+    job_seconds: float = 0.0,
+    heartbeat_interval: float = 5.0,
 ) -> None:
-    """One process running ``pgtick.worker.Worker`` with a no-op job until ``stop``."""
+    """One process running ``pgtick.worker.Worker`` with a no-op job until ``stop`` (a job
+    that sleeps ``job_seconds``, where the heartbeats' cost is measured)."""
     from pgtick.app import App, Context
     from pgtick.worker import Worker
 
@@ -109,6 +112,8 @@ def driver_worker(
     def noop(ctx: Context) -> None:
         if record_starts:
             starts.append((int(ctx.payload.get("i", -1)), float(ctx.payload.get("t", 0.0)), time.time()))
+        if job_seconds:
+            time.sleep(job_seconds)
 
     worker = Worker(
         app,
@@ -118,6 +123,7 @@ def driver_worker(
         batch_size=batch,
         listen=True,
         claimers=claimers,
+        heartbeat_interval=heartbeat_interval,
     )
     if not heartbeats:  # the counterfactual for the heartbeat cost: no heartbeat calls at all
         worker._heartbeat.beat = lambda: None  # type: ignore[method-assign]
