@@ -239,9 +239,6 @@ def scenario_drain(bench: Bench) -> None:
 def scenario_caps(bench: Bench) -> None:
     systems = {s.name: s for s in drain_systems()}
     cases = [("uncapped", 0, 0), ("100-definitions-cap-2", 100, 2), ("hot-key-cap-10", 1, 10)]
-    # The hot key starts ten runs per commit whatever the queue holds: a quarter of the drain
-    # gives the same rate in a quarter of the time (the record's jobs says how many).
-    hot_jobs = max(bench.jobs // 4, 1000)
     plan = [("pgtick-driver", 1), ("pgtick-sql", 1)]
     if not bench.quick:
         plan.append(("pgtick-driver", 2))
@@ -251,15 +248,14 @@ def scenario_caps(bench: Bench) -> None:
         system = systems[system_name]
         for case, count, cap in cases:
             log(f"caps {system_name} {case} procs={procs}")
-            jobs = hot_jobs if count == 1 else bench.jobs
             dbname, dsn = bench.database(f"caps_{system_name}_{case}_{procs}")
             system.install(dsn)
             defs = sys_pgtick.define_capped(dsn, count, cap) if count else None
-            sys_pgtick.fill(dsn, jobs, defs)
+            sys_pgtick.fill(dsn, bench.jobs, defs)
             bench.profiler.reset()
             t = run_drain(
                 dsn,
-                jobs,
+                bench.jobs,
                 system.drain,
                 system.target,
                 procs,
@@ -273,9 +269,9 @@ def scenario_caps(bench: Bench) -> None:
                 "batch": 10,
                 "procs": procs,
                 "concurrency": driver_settings(10)[0] if system_name == "pgtick-driver" else THREADS,
-                "jobs": jobs,
+                "jobs": bench.jobs,
                 "seconds": round(t.seconds, 3),
-                "jobs_per_s": rate(jobs, t.seconds),
+                "jobs_per_s": rate(bench.jobs, t.seconds),
                 "completed": t.completed,
             }
             if count:
@@ -287,8 +283,8 @@ def scenario_caps(bench: Bench) -> None:
                     max_running_per_definition=worst,
                     cap_respected=worst <= cap,
                 )
-            if t.completed != jobs:
-                record["error"] = f"{t.completed} of {jobs} completed"
+            if t.completed != bench.jobs:
+                record["error"] = f"{t.completed} of {bench.jobs} completed"
             bench.emit(record, dbname)
             bench.done_with(dbname)
 
