@@ -261,6 +261,9 @@ class Definition:
     history: list[tuple[datetime, int, str]]
     cap: Any = None
     uncertain: bool = False  # a re-define whose outcome could not be read back
+    # For each change, keyed by its updated_at (its transaction's start): the database clock
+    # when it was read back committed, an upper bound on its commit.
+    committed_by: dict[datetime, datetime] = field(default_factory=dict)
 
     @property
     def period(self) -> int:
@@ -287,13 +290,18 @@ def _define(dsn: str, name: str, kind: str, zone: str, schedule: str | None, **o
     return rows is not None
 
 
-def _read_back(dsn: str, name: str) -> tuple[str | None, datetime | None, datetime] | None:
-    """The definition as stored (schedule, run_at, updated_at), waiting out an outage."""
+def _read_back(dsn: str, name: str) -> tuple[str | None, datetime | None, datetime, datetime] | None:
+    """The definition as stored (schedule, run_at, updated_at) and the database clock when it
+    was read, by which its last change had committed; waiting out an outage."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        rows = _try(dsn, "SELECT schedule, run_at, updated_at FROM jobs.definitions WHERE name = %s", (name,))
+        rows = _try(
+            dsn,
+            "SELECT schedule, run_at, updated_at, clock_timestamp() FROM jobs.definitions WHERE name = %s",
+            (name,),
+        )
         if rows:
-            return rows[0][0], rows[0][1], rows[0][2]
+            return rows[0][0], rows[0][1], rows[0][2], rows[0][3]
         time.sleep(0.5)
     return None
 
@@ -631,13 +639,14 @@ def test_chaos_soak(tmp_path: Path) -> None:
             if stored is None or stored[0] is None:
                 d.uncertain = True
                 return
-            stored_text, _, updated_at = stored
+            stored_text, _, updated_at, read_at = stored
             if updated_at != d.history[-1][0]:
                 period = next((p for p in (1, 2, 3, 4, 5, 60) if stored_text in _texts(p)), None)
                 if period is None or stored_text is None:
                     d.uncertain = True
                     return
                 d.history.append((updated_at, period, stored_text))
+                d.committed_by[updated_at] = read_at
 
         def move(shot: OneShot, run_at: datetime) -> None:
             _define(dsn, shot.name, "quick", "UTC", None, run_at=run_at)
@@ -645,7 +654,7 @@ def test_chaos_soak(tmp_path: Path) -> None:
             if stored is None:
                 shot.uncertain = True
                 return
-            _, stored_run_at, updated_at = stored
+            _, stored_run_at, updated_at, _ = stored
             if stored_run_at is None:
                 shot.uncertain = True
             elif not shot.history or updated_at != shot.history[-1][0]:
@@ -933,12 +942,14 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
     """Every occurrence of each definition's schedules exactly once, none dropped by a change."""
     violations: dict[str, list[Any]] = collections.defaultdict(list)
     restarted: collections.Counter[str] = collections.Counter()
+    kept_while_changing = 0
     for d in definitions:
         if d.uncertain:
             continue
         rows = conn.execute(
             "SELECT coalesce(occurrence_at, scheduled_for), status::text, failure_reason, created_at,"
-            " finished_at FROM jobs.runs_all WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
+            " finished_at, started_at FROM jobs.runs_all"
+            " WHERE definition_id = %s AND origin = 'schedule' ORDER BY 1",
             (d.id,),
         ).fetchall()
         live = {r[0]: r for r in rows if not _superseded(r[1], r[2])}
@@ -950,7 +961,7 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
         }
         changes = [h[0] for h in d.history]
         # A run the old and the new schedule share is never cancelled by the change.
-        for t, _, _, _, finished_at in (r for r in rows if _superseded(r[1], r[2])):
+        for t, _, _, _, finished_at, _ in (r for r in rows if _superseded(r[1], r[2])):
             j = max((i for i, at in enumerate(changes) if at <= finished_at), default=0)
             if j > 0 and _on(d, t, d.history[j][1]) and t not in live:
                 before = d.history[j - 1][2]
@@ -966,8 +977,19 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
             if k and restart is None:
                 continue  # nothing materialized from the new cursor: only kept runs, checked above
             for t in times:
-                if not _on(d, t, period):
-                    violations["occurrence_of_replaced_schedule_kept"].append((d.name, t, text))
+                if _on(d, t, period):
+                    continue
+                # A run of the replaced schedule that a worker claimed before the change
+                # committed is not the change's to cancel: the change only began at ``since``.
+                committed_by = d.committed_by.get(since, since)
+                if any(
+                    r[0] == t and r[3] < since and r[5] is not None and r[5] <= committed_by for r in rows
+                ):
+                    kept_while_changing += 1
+                    continue
+                violations["occurrence_of_replaced_schedule_kept"].append(
+                    (d.name, t, text, [(r[1], r[3], r[5]) for r in rows if r[0] == t], since, committed_by)
+                )
             grid = [t for t in times if _on(d, t, period)]
             for a, b in itertools.pairwise(grid):
                 if (b - a).total_seconds() == period or (a + timedelta(seconds=period), b) in coalesced:
@@ -981,7 +1003,11 @@ def _occurrences(conn: psycopg.Connection[Any], definitions: list[Definition]) -
                 ) - len(owed)
                 if owed:
                     violations["occurrence_gaps"].append((d.name, a, b, text))
-    return {"violations": {k: v[:20] for k, v in violations.items()}, "skipped_by_restart": dict(restarted)}
+    return {
+        "violations": {k: v[:20] for k, v in violations.items()},
+        "skipped_by_restart": dict(restarted),
+        "claimed_while_changing": kept_while_changing,
+    }
 
 
 def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) -> dict[str, Any]:
@@ -1078,6 +1104,7 @@ def _account(dsn: str, server: EmbeddedPostgres, definitions: list[Definition]) 
         "retries": retries,
         "executions": executions,
         "instants_skipped_by_cursor_restart": occurrences["skipped_by_restart"],
+        "replaced_runs_claimed_while_changing": occurrences["claimed_while_changing"],
     }
 
 
