@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -54,18 +55,46 @@ def error_classes(exc: BaseException) -> list[str]:
     return [k.__name__ for k in type(exc).__mro__ if k not in (BaseException, object)]
 
 
-def _class_names(classes: Iterable[type[BaseException] | str] | None) -> list[str] | None:
+def _class_names(
+    kind: str,
+    field_name: str,
+    classes: Iterable[type[BaseException] | str] | type[BaseException] | str | None,
+) -> list[str] | None:
+    """The error class names a retry policy lists: one class or name, or a list of them."""
     if classes is None:
         return None
-    return [c if isinstance(c, str) else c.__name__ for c in classes]
+    if isinstance(classes, str | type):
+        classes = [classes]
+    if not isinstance(classes, Iterable):
+        raise UsageError(f"job {kind}: {field_name} must list exception classes or names, got {classes!r}")
+    names = []
+    for c in classes:
+        if isinstance(c, type) and issubclass(c, BaseException):
+            names.append(c.__name__)
+        elif isinstance(c, str) and c.strip():
+            names.append(c)
+        else:
+            raise UsageError(f"job {kind}: {field_name} must list exception classes or names, got {c!r}")
+    return names
+
+
+def _number(kind: str, field_name: str, value: Any, low: float, high: float) -> float:
+    """A finite number of the policy within [low, high], else a UsageError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise UsageError(
+            f"job {kind}: {field_name} must be a number between {low:.0f} and {high:.0f}, got {value!r}"
+        )
+    return float(value)
 
 
 def _seconds(value: float | timedelta | None) -> float | None:
     if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
+        raise UsageError(f"timeout must be seconds or a timedelta, got {value!r}")
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds <= 0:
-        raise UsageError(f"timeout must be positive, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"timeout must be positive and finite, got {value!r}")
     return seconds
 
 
@@ -181,8 +210,8 @@ class App:
         self,
         kind: str,
         *,
-        retry_on: Sequence[type[BaseException] | str] | None = None,
-        never_retry: Sequence[type[BaseException] | str] = (),
+        retry_on: Sequence[type[BaseException] | str] | type[BaseException] | str | None = None,
+        never_retry: Sequence[type[BaseException] | str] | type[BaseException] | str = (),
         max_attempts: int | None = None,
         backoff: float = 10.0,
         backoff_factor: float = 2.0,
@@ -195,8 +224,8 @@ class App:
     ) -> Callable[[JobFunction], JobFunction]:
         """Register ``fn`` as the code of ``kind``.
 
-        retry_on: error classes (or names) that may be retried; None retries any
-        class not in never_retry. never_retry always wins. max_attempts defaults
+        retry_on: error classes (or names) that may be retried, one or a list; None
+        retries any class not in never_retry. never_retry always wins. max_attempts defaults
         to 3 when retry_on or never_retry is given, else 1 (no retries).
         timeout (seconds) is enforced at ``ctx.checkpoint()``; a job that never
         reaches one has its run failed as Timeout by its worker soon after (the
@@ -210,14 +239,26 @@ class App:
         cancel, for code that never reaches a checkpoint (``pgtick.isolation``); its
         function and ``compensate`` must be importable (module-level) functions.
         """
-        if not kind or len(kind) > 200:
+        if not isinstance(kind, str) or not kind.strip() or len(kind) > 200:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
         if kind in self.jobs:
             raise UsageError(f"job kind {kind!r} is registered twice")
+        allow = _class_names(kind, "retry_on", retry_on)
+        deny = _class_names(kind, "never_retry", never_retry) or []
         if max_attempts is None:
-            max_attempts = 3 if (retry_on is not None or never_retry) else 1
-        if not 1 <= max_attempts <= 1000:
-            raise UsageError(f"job {kind}: max_attempts must be 1..1000, got {max_attempts}")
+            max_attempts = 3 if (allow is not None or deny) else 1
+        if (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= 1000
+        ):
+            raise UsageError(f"job {kind}: max_attempts must be an integer 1..1000, got {max_attempts!r}")
+        longest = 100 * 366 * 86400.0  # a hundred years, as the SQL API's durations
+        backoff = _number(kind, "backoff", backoff, 0, longest)
+        backoff_max = _number(kind, "backoff_max", backoff_max, 0, longest)
+        backoff_factor = _number(kind, "backoff_factor", backoff_factor, 1, 100)
+        jitter = _number(kind, "jitter", jitter, 0, 1)
+        seconds = _seconds(timeout)
         if compensate is not None and not mutating:
             raise UsageError(f"job {kind}: compensate= needs mutating=True")
         if isolation not in ISOLATIONS:
@@ -229,14 +270,14 @@ class App:
             self.jobs[kind] = JobSpec(
                 kind=kind,
                 fn=fn,
-                retry_on=_class_names(retry_on),
-                never_retry=_class_names(never_retry) or [],
+                retry_on=allow,
+                never_retry=deny,
                 max_attempts=max_attempts,
                 backoff_initial=backoff,
                 backoff_factor=backoff_factor,
                 backoff_max=backoff_max,
                 jitter=jitter,
-                timeout=_seconds(timeout),
+                timeout=seconds,
                 mutating=mutating,
                 compensate=compensate,
                 isolation=isolation,

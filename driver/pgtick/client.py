@@ -175,6 +175,10 @@ def _run(row: Row | None) -> Run:
 def _zone(tz: str | tzinfo, what: str) -> tzinfo:
     if isinstance(tz, tzinfo):
         return tz
+    if not isinstance(tz, str):
+        raise InvalidArgument(
+            f"{what} must be an IANA time zone name or a tzinfo, got {type(tz).__name__} {tz!r}", field=what
+        )
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
@@ -288,7 +292,8 @@ def read_time(
     A wall time the zone skips (a spring-forward gap) or repeats (a fall-back overlap) is
     read as a DAILY schedule reads it (``pgtick.schedule.zones``): ``dst_gap`` shift (default:
     the offset before the gap) or end (the first instant after it); ``dst_repeat`` first
-    (default) or second. ``skip`` and ``both`` cannot name one instant and are refused."""
+    (default) or second; a naive datetime with ``fold=1`` means the second unless
+    ``dst_repeat`` says otherwise. ``skip`` and ``both`` cannot name one instant and are refused."""
     if value is None:
         return None
     if not isinstance(value, str | datetime):  # a date has no time of day, a number no unit
@@ -318,6 +323,8 @@ def _wall_time_in(
 ) -> datetime:
     from pgtick.schedule.zones import ScheduleError, resolve_policy, runs_of_wall_time
 
+    if dst_repeat is None and wall.fold == 1:  # Python's own mark of a repeated time's second pass
+        dst_repeat = "second"
     try:
         policy = resolve_policy(dst_gap, dst_repeat, follows_real_time=False, kind="rrule")
     except ScheduleError as exc:
@@ -371,6 +378,8 @@ def _jsonb(name: str, value: Any) -> Jsonb:
     infinities, NUL, nesting deeper than Python serializes) is refused by name before
     anything is sent. Objects the standard encoder has no form for are left to the JSON
     dumps the application configured in psycopg."""
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        value = dict(value)  # a read-only or custom mapping is a JSON object all the same
     try:
         text = json.dumps(value, allow_nan=False)
     except TypeError:
@@ -412,8 +421,28 @@ def _sql_value(name: str, value: Any) -> Any:
     return value
 
 
+#: The arguments each SQL function has no default for: None there is a mistake, not "the default".
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "enqueue": ("kind",),
+    "enqueue_many": ("kind", "payloads"),
+    "run_now": ("name",),
+    "define": ("name", "kind"),
+    "cancel": ("run_id",),
+    "pause_queue": ("name",),
+    "resume_queue": ("name",),
+}
+
+
+def check_required(function: str, args: Mapping[str, Any]) -> None:
+    for name in REQUIRED.get(function, ()):
+        if args.get(name) is None:
+            raise InvalidArgument(f"{name} must be given, got None", field=name)
+
+
 def call(function: str, args: Mapping[str, Any], *, returns_row: bool = True) -> tuple[sql.Composed, Row]:
-    """``SELECT * FROM jobs.<function>(a => %(a)s, ...)`` for the arguments that are not None."""
+    """``SELECT * FROM jobs.<function>(a => %(a)s, ...)`` for the arguments that are not None
+    (the SQL API's defaults apply to the others; a required one is refused by name)."""
+    check_required(function, args)
     given = {k: _sql_value(k, v) for k, v in args.items() if v is not None}
     named = sql.SQL(", ").join(
         sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given
@@ -549,6 +578,19 @@ class _Call(Generic[_R]):
     args: Mapping[str, Any] = field(default_factory=dict)
 
     @contextmanager
+    def adapting(self) -> Iterator[None]:
+        """A JSON argument that the JSON dumps configured in psycopg cannot serialize either
+        (a set, a Decimal...) is refused by name: psycopg raises a bare TypeError while it
+        adapts the arguments, before anything is sent."""
+        try:
+            yield
+        except TypeError as exc:
+            named = next((k for k, v in self.params.items() if isinstance(v, Jsonb)), None)
+            if named is None:
+                raise
+            raise InvalidArgument(f"{named} must be JSON-serializable: {exc}", field=named) from exc
+
+    @contextmanager
     def trace_context(self) -> Iterator[str | None]:
         """The trace context an enqueuing call stores with its runs (see instrumentation), or None."""
         if self.function not in instrumentation.ENQUEUING:
@@ -612,7 +654,15 @@ def _run_now(name: str, payload: Mapping[str, Any] | None) -> _Call[Run]:
 
 
 def _define(name: str, kind: str, schedule: str | None, options: DefineOptions) -> _Call[Definition]:
+    check_required("define", {"name": name, "kind": kind})
     timezone = options.get("timezone")
+    if schedule is not None and not isinstance(schedule, str):
+        raise InvalidArgument(f"schedule must be text, got {type(schedule).__name__}", field="schedule")
+    if timezone is not None and not isinstance(timezone, str):
+        raise InvalidArgument(
+            f"timezone must be an IANA time zone name, got {type(timezone).__name__} {timezone!r}",
+            field="timezone",
+        )
     if schedule is not None:
         from pgtick.definitions import check_schedule  # every part parsed here; SQL checks the shape
 
@@ -751,7 +801,8 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 with c.transaction() if trace_context and c.autocommit else nullcontext():
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                    cur.execute(call.query, call.params)
+                    with call.adapting():
+                        cur.execute(call.query, call.params)
                     rows = cur.fetchall()
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
@@ -902,7 +953,8 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                        await cur.execute(call.query, call.params)
+                        with call.adapting():
+                            await cur.execute(call.query, call.params)
                         rows = await cur.fetchall()
                         if trace_context:
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))

@@ -81,6 +81,13 @@ class NotFound(SqlApiError):
     default_sqlstate = "P0002"
 
 
+class WrongTransaction(SqlApiError):
+    """The call cannot run in the caller's transaction (SQLSTATE 25000): one that reads what
+    other sessions commit needs READ COMMITTED, not REPEATABLE READ or SERIALIZABLE."""
+
+    default_sqlstate = "25000"
+
+
 class SchemaMismatch(PgtickError):
     """The database's jobs schema lacks a function or parameter this driver called
     (SQLSTATE 42883), or a table, column or the schema itself that it reads: the schema is
@@ -108,6 +115,8 @@ def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
         )
     if sqlstate == NotFound.default_sqlstate:
         cls: type[SqlApiError] = NotFound
+    elif sqlstate == WrongTransaction.default_sqlstate:
+        cls = WrongTransaction
     elif sqlstate[:2] in ("22", "23"):
         cls = InvalidArgument
     else:
@@ -125,9 +134,9 @@ def _version() -> str:
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Re-raise the SQL API's errors (class 22/23, P0002, 42883, and a missing table, column or
-    schema) as driver exceptions,
-    chained to the psycopg error; every other exception passes through unchanged."""
+    """Re-raise the SQL API's errors (class 22/23, P0002, 25000, 42883, and a missing table,
+    column or schema) as driver exceptions, chained to the psycopg error; every other
+    exception passes through unchanged."""
     try:
         yield
     except psycopg.Error as exc:

@@ -6,8 +6,11 @@ time with a zone is wall time there, whatever the session's TimeZone."""
 from __future__ import annotations
 
 import asyncio
+from collections import UserDict
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from types import MappingProxyType
 from typing import Any
 
 import psycopg
@@ -16,7 +19,7 @@ import pytest
 from harness import Database, scalar
 from pgtick import App, AsyncClient, Client
 from pgtick.definitions import sync_app
-from pgtick.errors import InvalidArgument
+from pgtick.errors import InvalidArgument, PgtickError, UsageError, WrongTransaction
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens: a call that sent SQL would fail to connect
 
@@ -73,6 +76,16 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
     ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
     ("timezone-unknown", lambda c: c.define("x", "k", "0 9 * * *", timezone="Mars/Base"), "timezone"),
+    # None where the SQL API has no default: refused by name, not sent without it
+    ("kind-none", lambda c: c.enqueue(None), "kind"),  # type: ignore[arg-type]
+    ("run-now-none", lambda c: c.run_now(None), "name"),  # type: ignore[arg-type]
+    ("define-name-none", lambda c: c.define(None, "k", "* * * * *"), "name"),  # type: ignore[arg-type]
+    ("define-kind-none", lambda c: c.define("x", None, "* * * * *"), "kind"),  # type: ignore[arg-type]
+    ("cancel-none", lambda c: c.cancel(None), "run_id"),  # type: ignore[arg-type]
+    ("pause-queue-none", lambda c: c.pause_queue(None), "name"),  # type: ignore[arg-type]
+    ("schedule-a-number", lambda c: c.define("x", "k", 5), "schedule"),  # type: ignore[arg-type]
+    ("tz-a-number", lambda c: c.enqueue("k", run_at=datetime(2031, 1, 1), tz=5), "tz"),  # type: ignore[arg-type]
+    ("timezone-a-number", lambda c: c.define("x", "k", "0 9 * * *", timezone=5), "timezone"),  # type: ignore[arg-type]
     (
         "pause-after-huge",
         lambda c: c.define("x", "k", "* * * * *", pause_after_failures=10**20),
@@ -180,3 +193,83 @@ def test_app_schedule_reads_a_naive_run_at_in_its_zone_not_the_sessions(db: Data
     assert found == expected, f"run_at read in the session's zone (Pacific/Auckland)? {found}"
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+
+
+def test_a_payload_json_cannot_hold_is_refused_by_name_and_nothing_is_queued(db: Database) -> None:
+    """Values neither the standard encoder nor psycopg's configured dumps can serialize."""
+    with Client(db.dsn) as client:
+        with pytest.raises(InvalidArgument) as one:
+            client.enqueue("k", {"tags": {"a", "b"}})
+        with pytest.raises(InvalidArgument) as many:
+            client.enqueue_many("k", [{"n": 1}, {"amount": Decimal("1.5")}])
+        with pytest.raises(InvalidArgument) as define:
+            client.define("x", "k", "0 9 * * *", payload={"at": datetime(2031, 1, 1)})
+    assert (one.value.field, many.value.field, define.value.field) == ("payload", "payloads", "payload")
+    assert "JSON-serializable" in str(one.value) and "set" in str(one.value), one.value
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+
+
+def test_any_mapping_is_a_json_object_payload(db: Database) -> None:
+    with Client(db.dsn) as client:
+        proxied = client.enqueue("k", MappingProxyType({"a": 1}))
+        user = client.run_now(client.define("x", "k", "0 9 * * *").name, UserDict({"b": 2}))
+    assert (proxied.payload, user.payload) == ({"a": 1}, {"b": 2})
+
+
+def test_a_naive_time_marked_as_a_repeated_hours_second_pass_is_read_so(db: Database) -> None:
+    """Python's ``fold=1`` names the second 03:30 of a fall-back night; ``dst_repeat`` would
+    override it, but enqueue's default reads the first."""
+    with Client(db.dsn) as client:
+        first = client.enqueue("k", run_at=datetime(2031, 10, 26, 3, 30), tz="Europe/Sofia")
+        second = client.enqueue("k", run_at=datetime(2031, 10, 26, 3, 30, fold=1), tz="Europe/Sofia")
+        shot = client.define("x", "k", run_at=datetime(2031, 10, 26, 3, 30, fold=1), timezone="Europe/Sofia")
+    assert first.scheduled_for == datetime(2031, 10, 26, 0, 30, tzinfo=UTC)
+    assert second.scheduled_for == datetime(2031, 10, 26, 1, 30, tzinfo=UTC)
+    assert shot.run_at == datetime(2031, 10, 26, 1, 30, tzinfo=UTC)
+
+
+def test_a_call_in_a_repeatable_read_transaction_is_refused_as_a_pgtick_error(db: Database) -> None:
+    with db.connect() as other:
+        other.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with Client(db.dsn) as client, pytest.raises(WrongTransaction) as caught:
+            client.enqueue("k", unique_key="u", conn=other)
+        other.rollback()
+    assert caught.value.sqlstate == "25000" and "READ COMMITTED" in str(caught.value), caught.value
+    assert isinstance(caught.value, PgtickError)
+
+
+JOB_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("retry-on-a-number", {"retry_on": [1]}, "retry_on"),
+    ("never-retry-a-blank-name", {"never_retry": [" "]}, "never_retry"),
+    ("max-attempts-float", {"max_attempts": 2.5}, "max_attempts"),
+    ("max-attempts-zero", {"max_attempts": 0}, "max_attempts"),
+    ("backoff-negative", {"backoff": -1}, "backoff"),
+    ("backoff-factor-zero", {"backoff_factor": 0}, "backoff_factor"),
+    ("backoff-max-nan", {"backoff_max": float("nan")}, "backoff_max"),
+    ("jitter-over-one", {"jitter": 5}, "jitter"),
+    ("timeout-nan", {"timeout": float("nan")}, "timeout"),
+    ("timeout-text", {"timeout": "30"}, "timeout"),
+]
+
+
+@pytest.mark.parametrize(("options", "field"), [c[1:] for c in JOB_OPTIONS], ids=[c[0] for c in JOB_OPTIONS])
+def test_a_job_declared_with_a_bad_option_is_refused_at_declaration(
+    options: dict[str, Any], field: str
+) -> None:
+    app = App("t")
+    with pytest.raises(UsageError, match=field):
+        app.job("k", **options)(lambda ctx: None)
+    assert "k" not in app.jobs
+
+
+def test_retry_on_takes_one_class_or_name_as_a_list_of_one() -> None:
+    app = App("t")
+    app.job("by-name", retry_on="ValueError")(lambda ctx: None)
+    app.job("by-class", retry_on=TimeoutError, never_retry=KeyError)(lambda ctx: None)
+    assert app.jobs["by-name"].retry_on == ["ValueError"], "a name is not split into its letters"
+    assert (app.jobs["by-class"].retry_on, app.jobs["by-class"].never_retry) == (
+        ["TimeoutError"],
+        ["KeyError"],
+    )

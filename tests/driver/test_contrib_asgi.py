@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -67,3 +68,32 @@ async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_r
             return not left
 
         wait_for("the lifespan's pgtick connections to close after shutdown", gone, timeout=60)
+
+
+@pytest.mark.asyncio
+async def test_an_app_started_again_runs_jobs_again_and_leaves_no_threads(db: Database) -> None:
+    """One app object through two lifespans, as a test suite with a client per test does:
+    each start gets a worker of its own (a worker's threads start once)."""
+    api = _example().create_app(db.dsn)
+    for round_ in (1, 2):
+        async with LifespanManager(api) as manager:
+            transport = httpx.ASGITransport(app=manager.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+                ok = await http.post("/orders", json={"item": f"book {round_}"})
+                assert ok.status_code == 200, ok.text
+            run = ok.json()["run"]
+            with db.connect() as conn:
+
+                def done(run: int = run) -> bool:
+                    return bool(
+                        scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run,))
+                        == "COMPLETED"
+                    )
+
+                wait_for(f"start {round_}'s worker to run its job", done, timeout=60)
+        # The listener notices the stop within its one-second wait for notifications.
+        wait_for(
+            f"pgtick's threads to end after shutdown {round_}",
+            lambda: not [t.name for t in threading.enumerate() if t.name.startswith("pgtick")],
+            timeout=60,
+        )

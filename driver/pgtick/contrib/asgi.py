@@ -73,30 +73,39 @@ class Pgtick:
     ) -> None:
         self.app = app
         self.dsn = dsn
-        self.worker_id = new_worker_id()
         self.shutdown_grace = shutdown_grace
         self.pool_size = pool_size
-        self.worker = (
-            Worker(
-                app,
-                dsn,
-                worker_id=self.worker_id,
-                concurrency=concurrency,
-                poll_interval=poll_interval,
-                heartbeat_interval=heartbeat_interval,
-                shutdown_grace=shutdown_grace,
+        self._worker_settings: dict[str, Any] | None = (
+            {
+                "concurrency": concurrency,
+                "poll_interval": poll_interval,
+                "heartbeat_interval": heartbeat_interval,
+                "shutdown_grace": shutdown_grace,
                 **dict(worker_options or {}),
-            )
+            }
             if worker
             else None
         )
-        self.scheduler = (
-            Scheduler(dsn, owner=self.worker_id, tick_interval=tick_interval) if scheduler else None
-        )
+        self._tick_interval = tick_interval if scheduler else None
+        self._started = False
+        self._build()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._client: AsyncClient | None = None
+
+    def _build(self) -> None:
+        """A new worker id, and the worker and scheduler that run under it."""
+        self.worker_id = new_worker_id()
+        settings = self._worker_settings
+        self.worker = (
+            None if settings is None else Worker(self.app, self.dsn, worker_id=self.worker_id, **settings)
+        )
+        self.scheduler = (
+            None
+            if self._tick_interval is None
+            else Scheduler(self.dsn, owner=self.worker_id, tick_interval=self._tick_interval)
+        )
 
     # -- background threads ------------------------------------------------------
     def start(self) -> None:
@@ -107,6 +116,9 @@ class Pgtick:
             sync_app(self.app, conn)
         if not self.app.has_database:
             self.app.use(self.dsn)  # app.enqueue in job code writes where this process works
+        if self._started:  # a worker and a scheduler run once: an app started again gets new ones
+            self._build()
+        self._started = True
         self._stop.clear()
         for name, target in (("pgtick-worker", self.worker), ("pgtick-scheduler", self.scheduler)):
             if target is not None:
