@@ -220,6 +220,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_superseded integer := 0;
     v_earliest timestamptz;
+    v_skipped bigint[];
     v_row jobs.catch_ups;
 BEGIN
     IF record_catch_up.first_late IS NULL OR record_catch_up.last_late IS NULL
@@ -264,9 +265,14 @@ BEGIN
                        ELSE 'skipped: past the misfire grace (misfire_policy skip)'
                    END
               FROM stale WHERE r.id = stale.id
-            RETURNING r.scheduled_for
+            RETURNING r.id, r.scheduled_for
         )
-        SELECT count(*), min(superseded.scheduled_for) INTO v_superseded, v_earliest FROM superseded;
+        SELECT count(*), min(superseded.scheduled_for), array_agg(superseded.id)
+          INTO v_superseded, v_earliest, v_skipped
+          FROM superseded;
+        IF v_skipped IS NOT NULL THEN
+            PERFORM jobs._cascade_dependency_failure(v_skipped);  -- runs waiting on them
+        END IF;
     END IF;
     INSERT INTO jobs.catch_ups (
         definition_id, misfire_policy, resumed_from, first_late, last_late, occurrences, runs, superseded

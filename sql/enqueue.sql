@@ -91,8 +91,7 @@ BEGIN
 
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('an enqueue with a unique_key');
-        PERFORM pg_advisory_xact_lock(
-            hashtextextended('unique:' || jsonb_build_array(enqueue.kind, enqueue.unique_key)::text, 0));
+        PERFORM pg_advisory_xact_lock(jobs._unique_key(enqueue.kind, enqueue.unique_key));
         -- Under the lock, a fresh snapshot: any earlier enqueue of this key has committed.
         SELECT r.* INTO v_run
           FROM jobs.runs AS r

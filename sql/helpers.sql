@@ -33,6 +33,14 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                                        adding a run of a definition stripes, so a reap that retries
 --                           (exclusive)  jobs.undefine, before it    runs of thousands of definitions
 --                                        locks the row to delete it  takes at most 256 locks
+--   jobs._unique_key        transaction  jobs.enqueue with a         hashtextextended('unique:' ||
+--   (kind, unique_key)                   unique_key (before it reads  jsonb_build_array(kind, key)::text,
+--                                        the key's runs); jobs.fail   0); taken before any run's row, so
+--                                        and jobs.reap, before they   an enqueue that waited for a holder
+--                                        fail a holder and queue its  to fail sees the retry queued with
+--                                        retry (jobs.reap only tries  the failure
+--                                        it, and leaves the run for
+--                                        the next pass when busy)
 --   jobs._claim_key(worker) transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker,
 --                           (shared)     thing it locks)             0): one per worker id; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
@@ -59,6 +67,12 @@ COMMENT ON FUNCTION jobs._limit_key(text) IS 'Private: transaction advisory lock
 -- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
 -- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
 -- that worker begun before it (a claim whose client is gone may still be running).
+-- Private: the key that serializes the enqueues of one unique key with the failures (and
+-- their retries) of its runs.
+CREATE OR REPLACE FUNCTION jobs._unique_key(kind text, unique_key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unique:' || jsonb_build_array(kind, unique_key)::text, 0) $$;
+COMMENT ON FUNCTION jobs._unique_key(text, text) IS 'Private: transaction advisory lock key of a kind and unique key, held by jobs.enqueue while it reads the key''s runs and inserts, and by jobs.fail and jobs.reap when they fail a run of the key and queue its retry.';
+
 CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
 COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';

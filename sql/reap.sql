@@ -63,6 +63,9 @@ BEGIN
                END
           FROM overdue AS o
          WHERE r.id = o.id AND r.status = 'RUNNING'
+           -- A run of a unique key is failed with the key held (see jobs.fail), only tried: an
+           -- enqueue holding it may be waiting for this row, so the run waits for the next pass.
+           AND (r.unique_key IS NULL OR pg_try_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key)))
         RETURNING r.id
     )
     SELECT array_agg(f.id) INTO v_dead FROM failed AS f;

@@ -134,6 +134,11 @@ BEGIN
     -- below does) could close a cycle.
     PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(r.definition_id))
        FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.definition_id IS NOT NULL;
+    -- Then the unique key's (a run's kind and key never change), before the row too: an enqueue
+    -- of the key holds it while it waits for this run's row, and must see the retry queued
+    -- with this failure once it has the key, not only the run it waited for, FAILED.
+    PERFORM pg_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key))
+       FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.unique_key IS NOT NULL;
     IF NOT jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token) THEN
         -- Not RUNNING for this worker. A repeat of its own failure (sent again because the
         -- answer was lost with the connection) gets that failure's answer again, changing
@@ -181,6 +186,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_run jobs.runs := jobs._known_run(retry.run_id, TRUE);
     v_next jobs.runs;
+    v_deps text := 'met';
 BEGIN
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
@@ -196,21 +202,33 @@ BEGIN
         RAISE EXCEPTION 'run %''s definition was deleted (jobs.undefine): its runs are not queued again',
             v_run.id USING ERRCODE = '22023';
     END IF;
+    -- A run that never started waited on its dependencies (or was cancelled while it waited):
+    -- its next attempt waits on them too, and is refused while one of them has failed for good.
+    -- A run that started had them all completed.
+    IF v_run.depends_on IS NOT NULL AND v_run.started_at IS NULL THEN
+        v_deps := jobs._dependency_state(v_run.depends_on);
+        IF v_deps = 'failed' THEN
+            RAISE EXCEPTION 'run % depends on a run that failed or was cancelled (depends_on %): retry that one first',
+                v_run.id, v_run.depends_on
+                USING ERRCODE = '22023',
+                      HINT = 'Its next attempt waits on the retries of the runs it depends on.';
+        END IF;
+    END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at
+        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at, depends_on, blocked
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
         'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.unique_key,
-        v_run.occurrence_at
+        v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending'
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();
     RETURN v_next;
 END $$;
-COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; 22023 when the run was already retried or its definition was deleted.';
+COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, or a run it depends on failed for good or was cancelled (retry that one first).';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(

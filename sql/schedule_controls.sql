@@ -82,6 +82,7 @@ CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free int
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_defs bigint[];
+    v_skipped bigint[];
 BEGIN
     SELECT array_agg(d.id) INTO v_defs
       FROM jobs.definitions AS d
@@ -114,11 +115,18 @@ BEGIN
          WHERE w.rn > room.free + 1 AND q.origin = 'schedule' AND q.status = 'QUEUED'
          ORDER BY q.id
            FOR UPDATE OF q SKIP LOCKED
+    ),
+    skipped AS (
+        UPDATE jobs.runs AS r
+           SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+               error = 'skipped: an earlier occurrence already waits (overlap_policy buffer_one)'
+          FROM victims WHERE r.id = victims.id
+        RETURNING r.id
     )
-    UPDATE jobs.runs AS r
-       SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
-           error = 'skipped: an earlier occurrence already waits (overlap_policy buffer_one)'
-      FROM victims WHERE r.id = victims.id;
+    SELECT array_agg(skipped.id) INTO v_skipped FROM skipped;
+    IF v_skipped IS NOT NULL THEN
+        PERFORM jobs._cascade_dependency_failure(v_skipped);  -- runs waiting on them
+    END IF;
 
     WITH waiting AS (  -- per cancel_other definition at its cap: its newest due occurrence
         SELECT q.definition_id, max(q.scheduled_for) AS newest

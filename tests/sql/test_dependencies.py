@@ -465,3 +465,102 @@ def test_no_dependent_starts_before_its_dependencies_complete(db: Database, conn
     assert started > 20 and cascaded > 0, (
         f"the DAG should both run and cascade: started {started}, cascaded {cascaded}"
     )
+
+
+def _cursor_back(conn: Conn, definition_id: int, by: str) -> None:
+    conn.execute(
+        "UPDATE jobs.definitions SET next_run_at = now() - %s::interval WHERE id = %s", (by, definition_id)
+    )
+
+
+def _materialize(conn: Conn, definition_id: int, occurrences: list[str]) -> list[int]:
+    """Materialize these occurrences (offsets from the definition's cursor) as the leader does,
+    moving the cursor past them; the new runs' ids, oldest first."""
+    cursor = scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s,"
+        " array(SELECT %s::timestamptz + o::interval FROM unnest(%s::text[]) AS o),"
+        " %s::timestamptz + %s::interval + interval '1 minute')",
+        (definition_id, cursor, cursor, occurrences, cursor, occurrences[-1]),
+    )
+    return [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM jobs.runs WHERE definition_id = %s AND scheduled_for >= %s"
+            " ORDER BY scheduled_for",
+            (definition_id, cursor),
+        )
+    ]
+
+
+def test_an_occurrence_skipped_by_buffer_one_cancels_the_runs_waiting_on_it(conn: Conn) -> None:
+    """A dependency the scheduler cancels (Skipped) has failed for its dependents as any
+    cancelled run has: they end DependencyFailed, not blocked for ever."""
+    definition = int(
+        scalar(
+            conn,
+            "SELECT id FROM jobs.define('bo', 'kb', schedule => '* * * * *', max_concurrent_runs => 1,"
+            " overlap_policy => 'buffer_one')",
+        )
+    )
+    _cursor_back(conn, definition, "10 minutes")
+    runs = _materialize(conn, definition, ["0 minutes", "1 minute", "2 minutes"])
+    waiting = _enqueue(conn, "dep", [runs[2]])
+    assert [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(1, 'w', '{kb}')")] == [runs[0]]
+    assert run_row(conn, runs[2])["failure_reason"] == "Skipped", "buffer_one keeps one waiting occurrence"
+    assert _status(conn, waiting) == ("CANCELLED", "DependencyFailed")
+
+
+def test_a_run_a_catch_up_coalesces_away_cancels_the_runs_waiting_on_it(conn: Conn) -> None:
+    definition = int(scalar(conn, "SELECT id FROM jobs.define('cu', 'kc', schedule => '* * * * *')"))
+    _cursor_back(conn, definition, "30 minutes")
+    [stale] = _materialize(conn, definition, ["0 minutes"])
+    waiting = _enqueue(conn, "dep", [stale])
+    # The scheduler comes back: it materializes the latest late occurrence and records the
+    # catch-up, which coalesces the older run that never started.
+    first_late = scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (definition,))
+    last_late = scalar(conn, "SELECT date_trunc('minute', now())")
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, array[%s::timestamptz], %s::timestamptz + interval '1 minute')",
+        (definition, first_late, last_late, last_late),
+    )
+    cursor = scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (definition,))
+    recorded = scalar(
+        conn,
+        "SELECT jobs.record_catch_up(%s, 'coalesce', %s, %s, 29, 1, %s)",
+        (definition, first_late, last_late, cursor),
+    )
+    assert recorded is not None
+    assert run_row(conn, stale)["failure_reason"] == "Skipped"
+    assert _status(conn, waiting) == ("CANCELLED", "DependencyFailed")
+
+
+def test_an_operator_retry_of_a_run_that_never_started_waits_on_its_dependencies_again(conn: Conn) -> None:
+    """Invariant: a run never starts before every run it depends on has completed, retried by
+    hand or not. Its dependency failed for good, so a retry of it alone is refused; once the
+    dependency is retried, its own retry waits for that one to complete."""
+    a = _enqueue(conn, "a")
+    b = _enqueue(conn, "b", [a])
+    assert _claim(conn) == [a]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')", (a,))
+    assert _status(conn, b) == ("CANCELLED", "DependencyFailed")
+
+    expect_error(conn, "SELECT jobs.retry(%s)", (b,), "22023", f"run {b} depends on", "retry that one first")
+    a2 = int(scalar(conn, "SELECT (jobs.retry(%s)).id", (a,)))
+    b2 = run_row(conn, int(scalar(conn, "SELECT (jobs.retry(%s)).id", (b,))))
+    assert (b2["depends_on"], b2["blocked"], b2["status"]) == ([a], True, "QUEUED"), b2
+    assert _claim(conn) == [a2], "the dependent's retry waits for the dependency's"
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (a2,)) is True
+    assert _claim(conn) == [b2["id"]]
+
+
+def test_an_operator_retry_of_a_run_that_ran_does_not_wait_again(conn: Conn) -> None:
+    a = _enqueue(conn, "a")
+    b = _enqueue(conn, "b", [a])
+    assert _claim(conn) == [a]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (a,)) is True
+    assert _claim(conn) == [b]
+    conn.execute("SELECT jobs.fail(%s, 'w', '{Boom}', 'boom')", (b,))
+    b2 = run_row(conn, int(scalar(conn, "SELECT (jobs.retry(%s)).id", (b,))))
+    assert (b2["blocked"], b2["status"]) == (False, "QUEUED"), b2
+    assert _claim(conn) == [b2["id"]]

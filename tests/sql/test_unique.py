@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Conn, Database, expect_error, gated, race, run_row, scalar
+from harness import BlockedCall, Conn, Database, expect_error, gated, race, run_row, scalar
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
@@ -179,3 +179,64 @@ def test_snooze_requeues_the_same_attempt_later_and_is_fenced(conn: Conn) -> Non
     conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (run["id"],))
     assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w2')")] == [run["id"]]
     assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (run["id"],)) is True
+
+
+_OVERDUE = "UPDATE jobs.runs SET started_at = now() - interval '1 minute' WHERE id = %s"
+
+
+@pytest.mark.parametrize("failure", ["fail", "reap"])
+def test_an_enqueue_that_waits_for_a_holder_to_fail_gets_its_retry_not_a_second_run(
+    db: Database, conn: Conn, failure: str
+) -> None:
+    """Invariant: while a run of the key is active, an enqueue adds nothing. A holder failing
+    (its worker's jobs.fail, or the reaper's Timeout) queues its retry in the same
+    transaction; an enqueue of the key that came in meanwhile waits, then returns that retry.
+    Both sessions commit for real, from two connections."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('sync', max_attempts => 3, backoff_initial => '0', jitter => 0)"
+    )
+    holder = _enqueue(conn, "'sync', unique_key => 'account-7', timeout => '1 second'")["id"]
+    conn.execute("SELECT id FROM jobs.claim(1, 'w', '{sync}')")
+    with (
+        psycopg.connect(db.dsn, autocommit=True) as failing,
+        psycopg.connect(db.dsn, autocommit=True) as other,
+    ):
+        failing.execute("BEGIN")
+        if failure == "fail":
+            failing.execute("SELECT jobs.fail(%s, 'w', '{E}', 'boom')", (holder,))
+        else:
+            conn.execute(
+                "UPDATE jobs.runs SET started_at = now() - interval '1 minute' WHERE id = %s", (holder,)
+            )
+            reaped = failing.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
+            assert reaped == [(holder, "Timeout")], reaped
+        enqueue = BlockedCall(
+            conn,
+            other,
+            lambda: scalar(other, "SELECT id FROM jobs.enqueue('sync', unique_key => 'account-7')"),
+            "the enqueue to wait for the failing transaction",
+        )
+        failing.execute("COMMIT")
+        outcome = enqueue.join(timeout=60)
+    active = conn.execute(
+        "SELECT id, attempt, origin::text FROM jobs.runs"
+        " WHERE unique_key = 'account-7' AND status IN ('QUEUED', 'RUNNING') ORDER BY id"
+    ).fetchall()
+    assert len(active) == 1 and active[0][1:] == (2, "retry"), f"active runs of the key: {active}"
+    assert outcome == [active[0][0]], f"the enqueue returned {outcome}, the retry is {active[0][0]}"
+
+
+def test_the_reaper_leaves_a_holder_an_enqueue_of_its_key_holds_for_the_next_pass(
+    db: Database, conn: Conn
+) -> None:
+    """The reaper only tries the key (an enqueue holding it may wait for the run's row): a run
+    whose key is held is failed by a later pass, never waited for."""
+    holder = _enqueue(conn, "'sync', unique_key => 'account-7', timeout => '1 second'")["id"]
+    conn.execute("SELECT id FROM jobs.claim(1, 'w', '{sync}')")
+    conn.execute(_OVERDUE, (holder,))
+    with psycopg.connect(db.dsn, autocommit=True) as other:
+        other.execute("BEGIN")
+        assert scalar(other, "SELECT id FROM jobs.enqueue('sync', unique_key => 'account-7')") == holder
+        assert conn.execute("SELECT run_id FROM jobs.reap()").fetchall() == [], "reaped with the key held"
+        other.execute("COMMIT")
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(holder, "Timeout")]
