@@ -67,6 +67,7 @@ HEARTBEAT_TIMEOUT = 2.0
 HUNG_TIMEOUT = 2.0  # seconds; the hung kind blocks for soak_app.HANG_SECONDS
 SETTLE_RUNS = 72  # the work every replica is offered at the end (1 s each)
 SETTLE_DEADLINE = 120.0  # seconds to work the backlog off once the faults stop
+SETTLE_MOST = 900.0  # and at most this long while runs go on finishing
 HUGE = "100000000 years"  # a valid PostgreSQL interval, beyond Python's timedelta and any timestamp
 INFINITE = float("inf")
 
@@ -861,6 +862,22 @@ _DRAINED = (
     " AND NOT EXISTS (SELECT FROM jobs.definitions WHERE schedule IS NULL AND enabled"
     "                  AND finished_at IS NULL AND run_at <= now())"
 )
+_FINISHED = "SELECT count(*) FROM jobs.runs_all WHERE finished_at IS NOT NULL"
+
+
+def _wait_drained(dsn: str) -> bool:
+    """Until the due work is done: SETTLE_DEADLINE seconds, and longer while runs go on
+    finishing (a backlog that a busy machine left large drains slowly, but drains), up to
+    SETTLE_MOST. False when no run finished for SETTLE_DEADLINE seconds and work is left."""
+    start = time.monotonic()
+    last_progress, finished = start, -1
+    while time.monotonic() < min(last_progress + SETTLE_DEADLINE, start + SETTLE_MOST):
+        if _wait(dsn, _DRAINED, time.monotonic() + 5):
+            return True
+        rows = _try(dsn, _FINISHED)
+        if rows and int(rows[0][0]) > finished:
+            finished, last_progress = int(rows[0][0]), time.monotonic()
+    return False
 
 
 def _settle(dsn: str, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
@@ -882,7 +899,7 @@ def _settle(dsn: str, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
         rows = _try(dsn, "SELECT pid FROM jobs.worker_registry WHERE stopped_at IS NULL") or []
         live = {r[0] for r in rows}
         violations["replica_without_a_live_worker"] = {p: _tail(fleet.log_of[p]) for p in pids - live}
-    drained = _wait(dsn, _DRAINED, time.monotonic() + SETTLE_DEADLINE)
+    drained = _wait_drained(dsn)
     for variant in POISON if "poison" in FAMILIES else []:
         ledger.enqueue("poison", {"variant": variant}, priority=100)
     for _ in range(2 if "hung" in FAMILIES else 0):
@@ -896,7 +913,7 @@ def _settle(dsn: str, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
     offered = _db_now(dsn)
     for _ in range(SETTLE_RUNS):
         ledger.enqueue("settle", priority=100)
-    drained = _wait(dsn, _DRAINED, time.monotonic() + SETTLE_DEADLINE) and drained
+    drained = _wait_drained(dsn) and drained
     stuck = _try(
         dsn,
         "SELECT id, kind, payload->>'variant', worker, started_at, heartbeat_at, timeout FROM jobs.runs"
