@@ -677,6 +677,78 @@ def test_a_count_rule_far_into_its_life_runs_as_walked_from_dtstart(
         assert walked <= 10, f"{text}: {walked} wall times walked to count the occurrences before {query}"
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    frequency=st.sampled_from(["HOURLY", "MINUTELY", "SECONDLY"]),
+    interval=st.integers(1, 7),
+    days=st.sampled_from(
+        [
+            "BYMONTH=3",
+            "BYMONTHDAY=13",
+            "BYMONTH=2;BYMONTHDAY=29",
+            "BYDAY=SU",
+            "BYYEARDAY=-1",
+            "BYMONTH=7;BYDAY=MO",
+        ]
+    ),
+    times=st.sampled_from(["", ";BYHOUR=23", ";BYHOUR=5;BYMINUTE=30"]),
+    offset=st.integers(0, 400 * 86400),
+    zone_name=st.sampled_from(["UTC", "Europe/Sofia", "America/New_York"]),
+)
+def test_a_sub_daily_rule_that_leaves_days_out_runs_as_walked_from_dtstart(
+    frequency: str, interval: int, days: str, times: str, offset: int, zone_name: str
+) -> None:
+    """A rule of hours, minutes or seconds with day parts starts its expansion at the next day
+    they let through: what runs is what a walk from DTSTART over every left-out day gives."""
+    # The walk from DTSTART passes every occurrence and, in seconds, every minute of a day
+    # left out before the query: keep it short.
+    offset %= {"HOURLY": 400, "MINUTELY": 60, "SECONDLY": 1}[frequency] * 86400
+    if frequency == "SECONDLY" and days not in ("BYDAY=SU", "BYMONTHDAY=13"):
+        days = "BYMONTHDAY=13"
+    start = datetime(2027, 1, 11, 5, 30, 17)
+    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:FREQ={frequency};INTERVAL={interval};{days}{times}"
+    try:
+        schedule = parse_schedule(text, zone_name)
+    except ScheduleError:  # no occurrence at all (an hour the interval never reaches)
+        assume(False)
+        raise
+    query = (start + timedelta(seconds=offset)).replace(tzinfo=ZoneInfo(zone_name))
+    rebased = list(islice(schedule._run_instants(query, inclusive=True), 3))
+    from_dtstart = list(islice(schedule._run_instants(query, inclusive=True, rebase=False), 3))
+    assert rebased == from_dtstart, (text, query)
+    if zone_name == "UTC":
+        oracle = rrulestr(text).xafter(query.replace(tzinfo=None), inc=True)
+        assert [run.replace(tzinfo=None) for run in rebased] == list(islice(oracle, 3)), text
+
+
+@pytest.mark.timeout(60)  # a walk minute by minute over 28 years takes minutes: a hang, not a speed
+def test_a_rule_of_seconds_on_one_day_in_28_years_is_expanded_day_by_day() -> None:
+    """Every 29 February that is a Monday, each second of 23:00-23:59: dateutil would walk
+    the 28 years between, minute by minute; the expansion goes from day to day instead."""
+    schedule = parse_with_anchor(
+        "FREQ=SECONDLY;BYHOUR=23;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO", "UTC", anchor=utc(2026, 12, 5)
+    )
+    [rule] = schedule._rules
+    restarted = rule.expansion_from(datetime(2026, 12, 5, 2, 0), rebase=True)
+    assert restarted is not None
+    assert list(islice(restarted, 2)) == [datetime(2044, 2, 29, 23, 0, 0), datetime(2044, 2, 29, 23, 0, 1)]
+    assert schedule.next_after(utc(2026, 12, 5, 2, 0)) == utc(2044, 2, 29, 23, 0)
+    # With an UNTIL before the next such day there is none, found by the daily rule: after
+    # 2044 the next is in 2072; and a rule with none at all is refused as it is read.
+    until = parse_with_anchor(
+        "FREQ=SECONDLY;BYHOUR=23;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO;UNTIL=20600101T000000Z",
+        "UTC",
+        anchor=utc(2026, 12, 5),
+    )
+    assert until.next_after(utc(2044, 3, 1)) is None
+    with pytest.raises(ScheduleError, match="no occurrences"):
+        parse_with_anchor(
+            "FREQ=SECONDLY;BYHOUR=23;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO;UNTIL=20400101T000000Z",
+            "UTC",
+            anchor=utc(2026, 12, 5),
+        )
+
+
 def test_next_after_far_from_the_anchor_is_fast_and_in_phase() -> None:
     query = utc(2026, 5, 17, 13, 33, 7)
     schedule = parse_schedule("FREQ=MINUTELY;INTERVAL=7", "UTC")

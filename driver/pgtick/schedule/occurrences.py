@@ -138,8 +138,8 @@ class Schedule:
         expansion = rruleset()
         for rule in self._rules:
             restarted = rule.expansion_from(not_before, rebase=rebase)
-            if restarted is not None:
-                expansion.rrule(restarted)
+            if restarted is not None:  # an rrule, or wall times in order (dateutil iterates either)
+                expansion.rrule(restarted)  # type: ignore[arg-type]
         for rdate in self._rdates:
             expansion.rdate(rdate)
         for exdate in self._exdates:

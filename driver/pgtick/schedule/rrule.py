@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
@@ -39,6 +39,10 @@ Frequency = Literal[0, 1, 2, 3, 4, 5, 6]  # dateutil's YEARLY .. SECONDLY
 _NUMBER = re.compile(r"[0-9]+")
 
 _PERIOD_SECONDS = {WEEKLY: 7 * 86400, DAILY: 86400, HOURLY: 3600, MINUTELY: 60, SECONDLY: 1}
+#: The parts of a rule (dateutil's keywords) that leave whole days out.
+_DAY_PARTS = ("bymonth", "bymonthday", "byyearday", "byweekno", "byweekday", "byeaster")
+_NO_DAY_PARTS: dict[str, Any] = dict.fromkeys(_DAY_PARTS)
+_ONE_MICROSECOND = timedelta(microseconds=1)
 
 
 def _period_start(moment: datetime, frequency: int, week_start: int) -> datetime:
@@ -118,15 +122,22 @@ class Rule:
     # COUNT rules: (rebased start, occurrences before it), ascending; learned as walked.
     _counts: list[tuple[datetime, int]] = field(default_factory=list, compare=False, repr=False)
 
-    def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> rrule | None:
-        """The rule, restarted as close before `not_before` as its phase allows (None: a
-        COUNT rule that is used up before it)."""
+    def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> Iterable[datetime] | None:
+        """The rule's wall times, restarted as close before `not_before` as its phase allows
+        (None: a COUNT rule that is used up before it); a rule of hours, minutes or seconds
+        with day parts is expanded day by day (see `days_apart`)."""
         if not_before is None:
-            return self.template
-        if self.start is None:
+            if not rebase or self.start is None:
+                return self.template
+            not_before = self.start
+        if self.start is None:  # cron: no phase to keep
+            if rebase and self.days_apart():
+                return _DayByDay(self, not_before)
             return self.template.replace(dtstart=not_before)
         if not rebase:
             return self.template
+        if self.days_apart():
+            return _DayByDay(self, not_before)
         start = self.rebased_start(self.start, not_before)
         if start == self.start:
             return self.template
@@ -134,6 +145,28 @@ class Rule:
             return self.template.replace(dtstart=start)
         left = self.count - self.counted_before(start, self.count)
         return self.template.replace(dtstart=start, count=left) if left > 0 else None
+
+    def days_apart(self) -> dict[str, Any] | None:
+        """The day parts (BYMONTH, BYMONTHDAY, BYYEARDAY, with BYDAY) of a rule of hours,
+        minutes or seconds that has some, as dateutil's keywords; None for any other rule,
+        for one whose only day part is BYDAY, and for one with COUNT (counted from
+        DTSTART) or BYSETPOS (of each period).
+
+        dateutil walks a day those parts leave out period by period when the rule also has
+        time parts: a rule of the seconds of one hour on one day a year took seconds to reach
+        its next occurrence, and one on a day in 28 years (29 February on a Monday) minutes,
+        in the scheduler's tick and in every preview. Such a rule is expanded a day at a
+        time: the days the parts let through, from a daily rule of the same parts, and the
+        rule's wall times on each of them."""
+        if self.frequency in (YEARLY, MONTHLY, WEEKLY, DAILY) or self.count is not None:
+            return None
+        given: dict[str, Any] = getattr(self.template, "_original_rule", {})  # the parts as given
+        if "bysetpos" in given:
+            return None
+        parts = {k: v for k, v in given.items() if k in _DAY_PARTS}
+        if set(parts) <= {"byweekday"}:  # days of the week alone leave at most six days out
+            return None
+        return parts
 
     def counted_before(self, start: datetime, limit: int) -> int:
         """How many occurrences the rule has before the rebased start `start` (at most
@@ -235,6 +268,50 @@ class Rule:
             self.until_utc,
             self.one_per_period,
         )
+
+
+class _DayByDay:
+    """A rule of hours, minutes or seconds with day parts (`Rule.days_apart`), from a wall time
+    on: on each day the parts let through, the rule's wall times that day, restarted there
+    in its phase. The calendar repeats every 400 years, weekdays included: days stop after
+    401 years with none let through (a rule whose parts never meet has no occurrence)."""
+
+    def __init__(self, rule: Rule, not_before: datetime) -> None:
+        self.rule = rule
+        self.not_before = not_before
+
+    def __iter__(self) -> Iterator[datetime]:
+        rule, template = self.rule, self.rule.template
+        until: datetime | None = getattr(template, "_until", None)
+        try:
+            for day in self._days(until):
+                lowest = max(day, self.not_before)
+                last = day + timedelta(days=1) - _ONE_MICROSECOND
+                if until is not None:
+                    last = min(last, until)
+                start = lowest if rule.start is None else rule.rebased_start(rule.start, lowest)
+                # Without its day parts (this day has them all): dateutil tests UNTIL only on
+                # a wall time it found, and with them it would look for the next one for years.
+                for wall in template.replace(dtstart=start, until=last, **_NO_DAY_PARTS):
+                    if wall >= lowest:
+                        yield wall
+        except (ValueError, OverflowError):  # past the year 9999
+            return
+
+    def _days(self, until: datetime | None) -> Iterator[datetime]:
+        """The days the rule's day parts let through, from `not_before`'s on, until UNTIL."""
+        parts = self.rule.days_apart()
+        assert parts is not None
+        day = self.not_before.replace(hour=0, minute=0, second=0, microsecond=0)
+        while True:
+            cycle = day.replace(year=day.year + 401, month=1, day=1) if day.year + 401 <= 9999 else None
+            bound = until if cycle is None or (until is not None and until <= cycle) else cycle
+            found = None
+            for found in rrule(DAILY, dtstart=day, wkst=self.rule.week_start, until=bound, **parts):
+                yield found
+            if found is None or bound is until:  # none in 401 years; or UNTIL or 9999 reached
+                return
+            day = found + timedelta(days=1)
 
 
 def some_day_matches(
@@ -556,7 +633,7 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
     for number, rule in enumerate(rules, start=1):
         # Checked one by one: a rule that never matches would make every query walk
         # dateutil's expansion up to the year 9999, even next to rules that do match.
-        if not _has_occurrence(rule.template):
+        if not _has_occurrence(rule):
             which = "rule" if len(rules) == 1 else f"rule {number}"
             raise ScheduleError(f"RRULE: {which} has no occurrences")
     return RRuleParts(
@@ -570,9 +647,10 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
     )
 
 
-def _has_occurrence(rule: rrule) -> bool:
+def _has_occurrence(rule: Rule) -> bool:
     try:
-        return next(iter(rule), None) is not None
+        expansion = rule.expansion_from(None, rebase=True)  # day by day where that is faster
+        return expansion is not None and next(iter(expansion), None) is not None
     except ValueError:  # dateutil: an empty BYxxx combination, or past the year 9999
         return False
 
