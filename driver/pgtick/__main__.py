@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from pgtick.cli import main
+from pgtick.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -116,8 +116,10 @@ class EventLoop:
 
         task.add_done_callback(finished)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop (tasks still running are cancelled) and wait for its thread."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the loop (tasks still running are cancelled) and wait for its thread, a
+        moment only: the worker's grace is over, and a job that blocks the loop would hold
+        the process past what its supervisor allows (the thread is a daemon)."""
         if self.loop.is_closed():
             return
         if self._thread.is_alive():

@@ -1837,5 +1837,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> NoReturn:
+    """The ``pgtick`` command: ``main()``, then exit with its code even when job code left
+    threads of its own running (Python would wait for them at exit, for ever)."""
+    code = main()
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if left:
+        log.warning("exiting with threads job code started still running: %s", ", ".join(left))
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed, or the reader left
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

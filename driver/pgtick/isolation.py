@@ -51,7 +51,7 @@ from typing import Any
 
 from pgtick.app import Context, JobSpec, error_classes
 from pgtick.errors import JobTimeout
-from pgtick.execution import Outcome, failure, outcome_of
+from pgtick.execution import Outcome, describe, failure, message_of, outcome_of
 from pgtick.reporter import MAX_REFUSAL, refusal_text, result_json, storable
 
 log = logging.getLogger("pgtick.worker")
@@ -327,7 +327,7 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
     try:
         result = spec.fn(ctx)
     except BaseException as exc:
-        text = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+        text = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)  # even if __str__ raises
         trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
         return ("error", error_classes(exc), text, trace, isinstance(exc, JobTimeout))
     try:

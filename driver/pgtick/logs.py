@@ -81,10 +81,19 @@ class TerminalFormatter(logging.Formatter):
         return text
 
 
+class _Quiet(logging.StreamHandler):  # type: ignore[type-arg]
+    """A line that cannot be written is dropped: job code that closed or replaced stderr must
+    not make every later log call raise in the worker's threads (logging's own report of
+    the failure goes to that same stderr, and raises again)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> None:
     """Configure the root logger once for this process (see the module doc)."""
     fmt = log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Quiet(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     elif sys.stderr.isatty():

@@ -207,9 +207,9 @@ def _thread(
         try:
             target(stop)
         except BaseException as exc:
-            log.error("%s failed: %s", name, describe(exc), exc_info=exc)
             failures.append(name)
             stop.set()
+            log.error("%s failed: %s", name, describe(exc), exc_info=exc)
 
     return threading.Thread(target=run, name=name)
 
@@ -222,8 +222,8 @@ def _install_signal_handlers(stop: threading.Event) -> None:
         if stop.is_set():
             log.warning("second signal: exiting now")
             raise SystemExit(1)
-        log.info("signal %s: stopping (claiming nothing more, draining)", signal.Signals(signum).name)
         stop.set()
+        log.info("signal %s: stopping (claiming nothing more, draining)", signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)

@@ -72,3 +72,16 @@ def appends(ctx: Context) -> None:
             out.write(f"{ctx.attempt} {time.time()}\n")
             out.flush()
             time.sleep(0.05)
+
+
+class Unprintable(RuntimeError):
+    """An error whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+@app.job("isolated-unprintable", isolation="process", never_retry=[Unprintable], max_attempts=3, backoff=0.2)
+@recorded
+def isolated_unprintable(ctx: Context) -> None:
+    raise Unprintable()

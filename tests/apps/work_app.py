@@ -6,6 +6,7 @@ tests enqueue runs. Every job records its entry and exit (recording.py); the pay
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -61,3 +62,18 @@ def timeboxed(ctx: Context) -> float:
 def exits(ctx: Context) -> None:
     """Job code that calls sys.exit(): a BaseException, not an Exception."""
     sys.exit(int(ctx.payload.get("code", 3)))
+
+
+@app.job("closes-stderr")
+@recorded
+def closes_stderr(ctx: Context) -> None:
+    """Job code that closes the process's stderr, where the worker logs."""
+    sys.stderr.close()
+
+
+@app.job("leaves-a-thread")
+@recorded
+def leaves_a_thread(ctx: Context) -> None:
+    """Job code that starts a thread of its own, not a daemon (a thread inherits that from
+    the one that starts it: say so), and returns without it."""
+    threading.Thread(target=time.sleep, args=(600,), name="job-sleeper", daemon=False).start()

@@ -190,3 +190,23 @@ def test_a_process_job_of_a_worker_cut_off_from_the_database_is_killed_before_it
     assert "Traceback" not in log, context
     assert cut.alive, f"the victim exited: {context}"
     assert cut.after_worker == cut.victim_worker, f"the next run ran on {cut.after_worker}: {context}"
+
+
+def test_a_process_job_error_whose_message_cannot_be_read_fails_by_its_class_and_policy(
+    procs: Processes, conn: Conn
+) -> None:
+    """Its ``__str__`` raises in the job process: the run still fails with its class, and the
+    policy that says never to retry that class holds."""
+    replica = procs.replica("isolated_app.py", "replica")
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('isolated-unprintable')")
+    wait_for(
+        f"run {run_id} to fail",
+        lambda: (
+            scalar(conn, "SELECT status::text = 'FAILED' FROM jobs.runs WHERE id = %s", (run_id,)) or None
+        ),
+        timeout=60,
+    )
+    runs = conn.execute("SELECT id, attempt, error FROM jobs.runs ORDER BY id").fetchall()
+    context = f"runs {runs}\n{replica.log()}"
+    assert len(runs) == 1, f"retried though never_retry names its class: {context}"
+    assert runs[0][2].startswith("Unprintable: (the error message could not be read: ValueError"), context

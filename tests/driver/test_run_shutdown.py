@@ -14,7 +14,7 @@ import signal
 import time
 from datetime import timedelta
 
-from harness import Conn, Proc, Processes, enqueue, executions, scalar, wait_for, wait_started
+from harness import Conn, Proc, Processes, enqueue, executions, scalar, wait_finished, wait_for, wait_started
 
 
 def signal_and_wait_for_drain(replica: Proc) -> float:
@@ -157,3 +157,33 @@ def test_a_kinds_timeout_counts_from_when_its_job_began_not_from_the_claim(
         timeout=60,
     )
     assert finished == [(r, "COMPLETED", None) for r in runs], finished
+
+
+def test_a_job_that_closes_stderr_stops_neither_the_worker_nor_its_shutdown(
+    procs: Processes, conn: Conn
+) -> None:
+    """The worker logs to stderr: once job code closed it, a log line is dropped, not raised
+    in the worker's threads, which go on claiming and exit 0 on SIGTERM."""
+    replica = procs.replica("work_app.py", "replica", grace="5s")
+    closer = enqueue(conn, "closes-stderr", "{}")
+    assert wait_finished(conn, closer) == "COMPLETED"
+    later = [enqueue(conn, "quick", "{}") for _ in range(3)]
+    assert [wait_finished(conn, run_id) for run_id in later] == ["COMPLETED"] * 3
+    replica.send(signal.SIGTERM)
+    code = replica.wait(60)
+    statuses = conn.execute("SELECT id, status::text FROM jobs.runs ORDER BY id").fetchall()
+    assert code == 0, f"exit {code}; runs {statuses}\n{replica.log()}"
+    assert {s for _, s in statuses} == {"COMPLETED"}, statuses
+
+
+def test_a_job_that_leaves_a_thread_running_does_not_keep_the_process_after_sigterm(
+    procs: Processes, conn: Conn
+) -> None:
+    replica = procs.replica("work_app.py", "replica", grace="2s")
+    run_id = enqueue(conn, "leaves-a-thread", "{}")
+    assert wait_finished(conn, run_id) == "COMPLETED"
+    replica.send(signal.SIGTERM)
+    code = replica.wait(60)  # the thread sleeps 600 s
+    log = replica.log()
+    assert code == 0, f"exit {code}\n{log}"
+    assert "threads job code started still running: job-sleeper" in log, log

@@ -582,9 +582,14 @@ def test_queues_limits_and_dependencies_are_shown_and_queues_paused(
         assert conn.execute("SELECT name FROM jobs.paused_queues").fetchall() == [("default",)]
         assert post(flow, "/queues/resume", csrf, name="default").status_code == 303
         assert conn.execute("SELECT count(*) FROM jobs.paused_queues").fetchone() == (0,)
-    assert [(r[1], r[2]) for r in audit_rows(conn)][1:] == [
-        ("pause_queue", "queue default"),
-        ("resume_queue", "queue default"),
+        # Resumed again: nothing changes, and the page and the audit log say so.
+        again = post(flow, "/queues/resume", csrf, name="default")
+        assert again.status_code == 303
+        assert "queue default was not paused" in flow.get(again.headers["location"]).text
+    assert [(r[1], r[2], r[3]) for r in audit_rows(conn)][1:] == [
+        ("pause_queue", "queue default", {"changed": True}),
+        ("resume_queue", "queue default", {"changed": True}),
+        ("resume_queue", "queue default", {"changed": False}),
     ]
 
 

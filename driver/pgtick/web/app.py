@@ -498,10 +498,14 @@ class Dashboard:
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "pause":
-                await queries.pause_queue(conn, name)
+                changed = await queries.pause_queue(conn, name)
+                message = f"queue {name} paused" if changed else f"queue {name} was paused already"
             else:
-                await queries.resume_queue(conn, name)
-            return f"queue {name} {'paused' if action == 'pause' else 'resumed'}", {}
+                changed = await queries.resume_queue(conn, name)
+                message = (
+                    f"queue {name} resumed" if changed else f"queue {name} was not paused: nothing to resume"
+                )
+            return message, {"changed": changed}
 
         return await self._act(request, form, f"{action}_queue", f"queue {name}", call, "/")
 

@@ -561,12 +561,16 @@ async def resume_definition(conn: Conn, name: str) -> None:
     await conn.execute("SELECT 1 FROM jobs.resume(%s)", (name,))
 
 
-async def pause_queue(conn: Conn, name: str | None) -> None:
-    await conn.execute("SELECT jobs.pause_queue(%s)", (name,))
+async def pause_queue(conn: Conn, name: str | None) -> bool:
+    """jobs.pause_queue: whether the queue was running (False: it was paused already)."""
+    row = await (await conn.execute("SELECT jobs.pause_queue(%s) AS changed", (name,))).fetchone()
+    return bool(row and row["changed"])
 
 
-async def resume_queue(conn: Conn, name: str | None) -> None:
-    await conn.execute("SELECT jobs.resume_queue(%s)", (name,))
+async def resume_queue(conn: Conn, name: str | None) -> bool:
+    """jobs.resume_queue: whether the queue was paused (False: it was not)."""
+    row = await (await conn.execute("SELECT jobs.resume_queue(%s) AS changed", (name,))).fetchone()
+    return bool(row and row["changed"])
 
 
 async def retry_many(conn: Conn, run_ids: list[int]) -> int:
