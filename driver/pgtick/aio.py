@@ -53,6 +53,7 @@ class EventLoop:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._tasks: set[asyncio.Task[Outcome]] = set()
+        self._stopping = threading.Event()  # set by ``stop``: any other stop of the loop is a job's
 
     @property
     def thread(self) -> threading.Thread:
@@ -73,7 +74,10 @@ class EventLoop:
                     # job of the worker. The loop goes on.
                     log.error("an async task raised %s: the worker's event loop goes on", describe(exc))
                     continue
-                break  # stopped (``stop``)
+                if self._stopping.is_set():
+                    break  # stopped (``stop``)
+                # A job called loop.stop(): it stops its own await, not every async job.
+                log.error("an async job stopped the worker's event loop: it goes on")
         finally:
             try:
                 pending = asyncio.all_tasks(self.loop)
@@ -104,8 +108,13 @@ class EventLoop:
 
         def finished(t: asyncio.Task[Outcome]) -> None:
             self._tasks.discard(t)
-            if t.cancelled():  # only when the loop itself shuts down
-                done(outcome_of(ctx, asyncio.CancelledError("the worker's event loop stopped")))
+            if t.cancelled():  # the loop shuts down, or job code cancelled its own task
+                why = (
+                    "the worker's event loop stopped"
+                    if self._stopping.is_set()
+                    else "the job's task was cancelled by job code (CancelledError)"
+                )
+                done(outcome_of(ctx, asyncio.CancelledError(why)))
                 return
             error = t.exception()
             if error is None:
@@ -122,6 +131,7 @@ class EventLoop:
         the process past what its supervisor allows (the thread is a daemon)."""
         if self.loop.is_closed():
             return
+        self._stopping.set()
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)

@@ -271,3 +271,50 @@ def test_a_run_in_doubt_cancels_an_async_job_that_awaits_elsewhere_and_lets_a_ch
     assert cancelled_after >= 0.3, f"cancelled {cancelled_after:.3f}s after the last confirmation"
     assert parked, "the checkpointing job was not waiting at its checkpoint for a confirmation"
     assert (second.ctx.run_id, second.action, second.result) == (2, "complete", "done"), second
+
+
+def test_a_job_that_stops_the_loop_stops_neither_the_loop_nor_the_other_jobs() -> None:
+    """``loop.stop()`` from job code ends the loop's run_forever; only ``EventLoop.stop``
+    ends the loop: the other async jobs go on, and so does the job that called it."""
+    app = App()
+
+    @app.job("stops")
+    async def stops(ctx: Context) -> str:
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.05)
+        return "after stop"
+
+    @app.job("waits")
+    async def waits(ctx: Context) -> int:
+        await asyncio.sleep(0.3)
+        return ctx.run_id
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        outcomes = _outcomes(loop, [_context(app, "waits", 1), _context(app, "stops", 2)])
+        later = _outcomes(loop, [_context(app, "waits", 3)])
+    finally:
+        loop.stop()
+    assert [(o.action, o.result) for o in outcomes + later] == [
+        ("complete", 1),
+        ("complete", "after stop"),
+        ("complete", 3),
+    ]
+    assert not loop.thread.is_alive()
+
+
+def test_a_job_that_raises_cancelled_error_fails_saying_so() -> None:
+    app = App()
+
+    @app.job("cancels-itself")
+    async def cancels_itself(ctx: Context) -> None:
+        raise asyncio.CancelledError()
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        [outcome] = _outcomes(loop, [_context(app, "cancels-itself", 1)])
+    finally:
+        loop.stop()
+    assert outcome.action == "fail" and "cancelled by job code" in (outcome.message or ""), outcome
