@@ -247,13 +247,13 @@ class App:
         deny = _class_names(kind, "never_retry", never_retry) or []
         if max_attempts is None:
             max_attempts = 3 if (allow is not None or deny) else 1
-        if (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= 1000
-        ):
-            raise UsageError(f"job {kind}: max_attempts must be an integer 1..1000, got {max_attempts!r}")
-        longest = 100 * 366 * 86400.0  # a hundred years, as the SQL API's durations
+        from pgtick.client import MAX_DURATION, check_int  # the SQL API's bounds, as the client checks them
+
+        try:
+            max_attempts = check_int("max_attempts", max_attempts)
+        except InvalidArgument as exc:
+            raise UsageError(f"job {kind}: {exc}") from None
+        longest = MAX_DURATION.total_seconds()
         backoff = _number(kind, "backoff", backoff, 0, longest)
         backoff_max = _number(kind, "backoff_max", backoff_max, 0, longest)
         backoff_factor = _number(kind, "backoff_factor", backoff_factor, 1, 100)

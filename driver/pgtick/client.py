@@ -433,16 +433,12 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_required(function: str, args: Mapping[str, Any]) -> None:
-    for name in REQUIRED.get(function, ()):
-        if args.get(name) is None:
-            raise InvalidArgument(f"{name} must be given, got None", field=name)
-
-
 def call(function: str, args: Mapping[str, Any], *, returns_row: bool = True) -> tuple[sql.Composed, Row]:
     """``SELECT * FROM jobs.<function>(a => %(a)s, ...)`` for the arguments that are not None
     (the SQL API's defaults apply to the others; a required one is refused by name)."""
-    check_required(function, args)
+    for name in REQUIRED.get(function, ()):
+        if args.get(name) is None:
+            raise InvalidArgument(f"{name} must be given, got None", field=name)
     given = {k: _sql_value(k, v) for k, v in args.items() if v is not None}
     named = sql.SQL(", ").join(
         sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder(k)) for k in given
@@ -654,22 +650,15 @@ def _run_now(name: str, payload: Mapping[str, Any] | None) -> _Call[Run]:
 
 
 def _define(name: str, kind: str, schedule: str | None, options: DefineOptions) -> _Call[Definition]:
-    check_required("define", {"name": name, "kind": kind})
     timezone = options.get("timezone")
-    if schedule is not None and not isinstance(schedule, str):
-        raise InvalidArgument(f"schedule must be text, got {type(schedule).__name__}", field="schedule")
-    if timezone is not None and not isinstance(timezone, str):
-        raise InvalidArgument(
-            f"timezone must be an IANA time zone name, got {type(timezone).__name__} {timezone!r}",
-            field="timezone",
-        )
+    run_at = read_time(options.get("run_at"), timezone, zone_name="timezone")
+    args = {"name": name, "kind": kind, "schedule": schedule, **options, "run_at": run_at}
+    define = _jobs_call("define", args, _definition)  # the arguments checked, the schedule next
     if schedule is not None:
         from pgtick.definitions import check_schedule  # every part parsed here; SQL checks the shape
 
         check_schedule(name, schedule, timezone, options)
-    run_at = read_time(options.get("run_at"), timezone, zone_name="timezone")
-    args = {"name": name, "kind": kind, "schedule": schedule, **options, "run_at": run_at}
-    return _jobs_call("define", args, _definition)
+    return define
 
 
 def _cancel(run_id: int) -> _Call[str]:

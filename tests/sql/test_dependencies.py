@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -20,6 +21,7 @@ from harness import (
     add_runs,
     expect_error,
     gated,
+    materialize_occurrences,
     race,
     run_row,
     scalar,
@@ -467,28 +469,16 @@ def test_no_dependent_starts_before_its_dependencies_complete(db: Database, conn
     )
 
 
-def _cursor_back(conn: Conn, definition_id: int, by: str) -> None:
-    conn.execute(
-        "UPDATE jobs.definitions SET next_run_at = now() - %s::interval WHERE id = %s", (by, definition_id)
-    )
-
-
-def _materialize(conn: Conn, definition_id: int, occurrences: list[str]) -> list[int]:
-    """Materialize these occurrences (offsets from the definition's cursor) as the leader does,
-    moving the cursor past them; the new runs' ids, oldest first."""
-    cursor = scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (definition_id,))
-    conn.execute(
-        "SELECT jobs.materialize(%s, %s,"
-        " array(SELECT %s::timestamptz + o::interval FROM unnest(%s::text[]) AS o),"
-        " %s::timestamptz + %s::interval + interval '1 minute')",
-        (definition_id, cursor, cursor, occurrences, cursor, occurrences[-1]),
-    )
+def _late_runs(conn: Conn, definition_id: int, minutes: int, ago: str) -> list[int]:
+    """Runs of the definition's first `minutes` minutely occurrences from `ago` before now, as
+    the leader materializes them (its cursor left a minute past the last); their ids."""
+    first = scalar(conn, "SELECT date_trunc('minute', now()) - %s::interval", (ago,))
+    times = [first + timedelta(minutes=m) for m in range(minutes)]
+    materialize_occurrences(conn, definition_id, times, times[-1] + timedelta(minutes=1))
     return [
         int(r[0])
         for r in conn.execute(
-            "SELECT id FROM jobs.runs WHERE definition_id = %s AND scheduled_for >= %s"
-            " ORDER BY scheduled_for",
-            (definition_id, cursor),
+            "SELECT id FROM jobs.runs WHERE definition_id = %s ORDER BY scheduled_for", (definition_id,)
         )
     ]
 
@@ -503,8 +493,7 @@ def test_an_occurrence_skipped_by_buffer_one_cancels_the_runs_waiting_on_it(conn
             " overlap_policy => 'buffer_one')",
         )
     )
-    _cursor_back(conn, definition, "10 minutes")
-    runs = _materialize(conn, definition, ["0 minutes", "1 minute", "2 minutes"])
+    runs = _late_runs(conn, definition, 3, "10 minutes")
     waiting = _enqueue(conn, "dep", [runs[2]])
     assert [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(1, 'w', '{kb}')")] == [runs[0]]
     assert run_row(conn, runs[2])["failure_reason"] == "Skipped", "buffer_one keeps one waiting occurrence"
@@ -513,8 +502,7 @@ def test_an_occurrence_skipped_by_buffer_one_cancels_the_runs_waiting_on_it(conn
 
 def test_a_run_a_catch_up_coalesces_away_cancels_the_runs_waiting_on_it(conn: Conn) -> None:
     definition = int(scalar(conn, "SELECT id FROM jobs.define('cu', 'kc', schedule => '* * * * *')"))
-    _cursor_back(conn, definition, "30 minutes")
-    [stale] = _materialize(conn, definition, ["0 minutes"])
+    [stale] = _late_runs(conn, definition, 1, "30 minutes")
     waiting = _enqueue(conn, "dep", [stale])
     # The scheduler comes back: it materializes the latest late occurrence and records the
     # catch-up, which coalesces the older run that never started.

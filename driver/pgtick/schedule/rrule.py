@@ -15,7 +15,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
@@ -40,7 +40,7 @@ _NUMBER = re.compile(r"[0-9]+")
 
 _PERIOD_SECONDS = {WEEKLY: 7 * 86400, DAILY: 86400, HOURLY: 3600, MINUTELY: 60, SECONDLY: 1}
 #: The parts of a rule (dateutil's keywords) that leave whole days out.
-_DAY_PARTS = ("bymonth", "bymonthday", "byyearday", "byweekno", "byweekday", "byeaster")
+_DAY_PARTS = ("bymonth", "bymonthday", "byyearday", "byweekno", "byweekday")
 _NO_DAY_PARTS: dict[str, Any] = dict.fromkeys(_DAY_PARTS)
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
@@ -119,24 +119,27 @@ class Rule:
     # Exactly one occurrence in every INTERVAL-th period (only DTSTART's own parts): counted
     # by arithmetic, never walked.
     one_per_period: bool = False
+    # A rule of hours, minutes or seconds with BYMONTH, BYMONTHDAY or BYYEARDAY (and its
+    # BYDAY), no COUNT and no BYSETPOS: those day parts as dateutil keywords, and its UNTIL
+    # as a wall time; it is expanded day by day (`_DayByDay`). Empty for any other rule.
+    day_parts: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    until_wall: datetime | None = None
     # COUNT rules: (rebased start, occurrences before it), ascending; learned as walked.
     _counts: list[tuple[datetime, int]] = field(default_factory=list, compare=False, repr=False)
 
     def expansion_from(self, not_before: datetime | None, *, rebase: bool) -> Iterable[datetime] | None:
         """The rule's wall times, restarted as close before `not_before` as its phase allows
-        (None: a COUNT rule that is used up before it); a rule of hours, minutes or seconds
-        with day parts is expanded day by day (see `days_apart`)."""
+        (None: a COUNT rule that is used up before it); a rule with `day_parts` is expanded
+        day by day."""
         if not_before is None:
-            if not rebase or self.start is None:
+            if not rebase or not self.day_parts or self.start is None:
                 return self.template
             not_before = self.start
         if self.start is None:  # cron: no phase to keep
-            if rebase and self.days_apart():
-                return _DayByDay(self, not_before)
             return self.template.replace(dtstart=not_before)
         if not rebase:
             return self.template
-        if self.days_apart():
+        if self.day_parts:
             return _DayByDay(self, not_before)
         start = self.rebased_start(self.start, not_before)
         if start == self.start:
@@ -145,28 +148,6 @@ class Rule:
             return self.template.replace(dtstart=start)
         left = self.count - self.counted_before(start, self.count)
         return self.template.replace(dtstart=start, count=left) if left > 0 else None
-
-    def days_apart(self) -> dict[str, Any] | None:
-        """The day parts (BYMONTH, BYMONTHDAY, BYYEARDAY, with BYDAY) of a rule of hours,
-        minutes or seconds that has some, as dateutil's keywords; None for any other rule,
-        for one whose only day part is BYDAY, and for one with COUNT (counted from
-        DTSTART) or BYSETPOS (of each period).
-
-        dateutil walks a day those parts leave out period by period when the rule also has
-        time parts: a rule of the seconds of one hour on one day a year took seconds to reach
-        its next occurrence, and one on a day in 28 years (29 February on a Monday) minutes,
-        in the scheduler's tick and in every preview. Such a rule is expanded a day at a
-        time: the days the parts let through, from a daily rule of the same parts, and the
-        rule's wall times on each of them."""
-        if self.frequency in (YEARLY, MONTHLY, WEEKLY, DAILY) or self.count is not None:
-            return None
-        given: dict[str, Any] = getattr(self.template, "_original_rule", {})  # the parts as given
-        if "bysetpos" in given:
-            return None
-        parts = {k: v for k, v in given.items() if k in _DAY_PARTS}
-        if set(parts) <= {"byweekday"}:  # days of the week alone leave at most six days out
-            return None
-        return parts
 
     def counted_before(self, start: datetime, limit: int) -> int:
         """How many occurrences the rule has before the rebased start `start` (at most
@@ -258,38 +239,35 @@ class Rule:
                 start = first - -(-(first - target) // period) * period
         except (OverflowError, ValueError):  # before the year 1
             return self
-        return Rule(
-            self.template.replace(dtstart=start),
-            self.frequency,
-            self.interval,
-            self.week_start,
-            start,
-            None,
-            self.until_utc,
-            self.one_per_period,
-        )
+        return replace(self, template=self.template.replace(dtstart=start), start=start, _counts=[])
 
 
 class _DayByDay:
-    """A rule of hours, minutes or seconds with day parts (`Rule.days_apart`), from a wall time
-    on: on each day the parts let through, the rule's wall times that day, restarted there
-    in its phase. The calendar repeats every 400 years, weekdays included: days stop after
-    401 years with none let through (a rule whose parts never meet has no occurrence)."""
+    """A rule with `day_parts`, from a wall time on: on each day they let through, the rule's
+    wall times that day, restarted there in its phase.
+
+    dateutil walks a day those parts leave out period by period when the rule also has time
+    parts: a rule of the seconds of one hour on one day a year took seconds to reach its next
+    occurrence, and one on a day in 28 years (29 February on a Monday) minutes, in the
+    scheduler's tick and in every preview. The days come from a daily rule of the same parts.
+    The calendar repeats every 400 years, weekdays included: days stop after 401 years with
+    none let through (a rule whose parts never meet has no occurrence)."""
 
     def __init__(self, rule: Rule, not_before: datetime) -> None:
+        assert rule.start is not None and rule.day_parts
         self.rule = rule
+        self.start = rule.start
         self.not_before = not_before
 
     def __iter__(self) -> Iterator[datetime]:
-        rule, template = self.rule, self.rule.template
-        until: datetime | None = getattr(template, "_until", None)
+        rule, template, until = self.rule, self.rule.template, self.rule.until_wall
         try:
             for day in self._days(until):
                 lowest = max(day, self.not_before)
                 last = day + timedelta(days=1) - _ONE_MICROSECOND
                 if until is not None:
                     last = min(last, until)
-                start = lowest if rule.start is None else rule.rebased_start(rule.start, lowest)
+                start = rule.rebased_start(self.start, lowest)
                 # Without its day parts (this day has them all): dateutil tests UNTIL only on
                 # a wall time it found, and with them it would look for the next one for years.
                 for wall in template.replace(dtstart=start, until=last, **_NO_DAY_PARTS):
@@ -300,8 +278,7 @@ class _DayByDay:
 
     def _days(self, until: datetime | None) -> Iterator[datetime]:
         """The days the rule's day parts let through, from `not_before`'s on, until UNTIL."""
-        parts = self.rule.days_apart()
-        assert parts is not None
+        parts: dict[str, Any] = dict(self.rule.day_parts)
         day = self.not_before.replace(hour=0, minute=0, second=0, microsecond=0)
         while True:
             cycle = day.replace(year=day.year + 401, month=1, day=1) if day.year + 401 <= 9999 else None
@@ -500,6 +477,13 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         template = rrule(frequency, dtstart=start, **options)
     except ValueError as error:
         raise ScheduleError(f"RRULE: rule has no occurrences ({error})") from None
+    # Days of the week alone leave at most six days out: expanded as they are.
+    day_by_day = (
+        frequency in (HOURLY, MINUTELY, SECONDLY)
+        and "count" not in options
+        and "bysetpos" not in options
+        and bool(given & {"bymonth", "bymonthday", "byyearday"})
+    )
     return Rule(
         template,
         frequency,
@@ -509,6 +493,8 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         count=options.get("count"),
         until_utc=until_utc,
         one_per_period=one_per_period,
+        day_parts=tuple((k, tuple(options[k])) for k in _DAY_PARTS if k in options) if day_by_day else (),
+        until_wall=options.get("until"),
     )
 
 
