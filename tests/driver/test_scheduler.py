@@ -22,6 +22,7 @@ from harness import (
     one,
     refuse_runs_of,
     run_in_processes,
+    wait_for,
 )
 from pgtick.scheduler import Scheduler
 
@@ -665,9 +666,17 @@ def test_a_backfilled_window_still_waiting_runs_after_a_scheduler_restart(db: Da
     worker (a cap of 1 drains them one by one) when the scheduler restarts after three
     minutes down. The catch-up coalesces or skips the occurrences of the downtime only: every
     backfilled occurrence still runs, and the catch-up counts only the late ones."""
-    # Not in a minute's last seconds: the lookahead (2 s) would reach the next occurrence.
+    # Which definitions are due is read on the database's clock: started in a minute's last
+    # seconds, its lookahead (2 s) reaches the next occurrence before the test's own steps
+    # are done, and started on the minute, that minute's occurrence is the new definition's
+    # first. Start a few seconds into a minute (the steps take well under 20 s, even loaded).
+    wait_for(
+        "the early part of a minute",
+        lambda: 5 <= datetime.now(UTC).second < 40 or None,
+        timeout=60,
+        interval=0.2,
+    )
     now = datetime.now(UTC).replace(microsecond=0)
-    now = now.replace(second=min(now.second, 50))
     clock = Clock(now)
     scheduler = Scheduler(db.dsn, owner="t", misfire_grace=60, lookahead=2, clock=clock)
     with db.connect() as conn:
