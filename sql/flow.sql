@@ -332,7 +332,38 @@ COMMENT ON VIEW jobs.queues IS 'Every queue in use (live runs, definitions, limi
 -- Limits
 -- ---------------------------------------------------------------------------
 
+-- Private: recount a rate limit's window from the runs' own start times, labelled as jobs.claim
+-- labels the group (per concurrency key or not). jobs.claim records a row per claim and group
+-- in jobs._rate_starts and drops what the period no longer reaches, so the rows it holds answer
+-- for the labelling and period they were written under: after per_key flips they would be
+-- counted under labels no claim reads (a fresh window for every key, or for the whole group),
+-- and after the period grows the older part is gone. A start is a run's started_at (a run
+-- handed back unstarted has none), in jobs.runs or in history.
+CREATE OR REPLACE FUNCTION jobs._recount_rate_window(scope text, name text, per_key boolean, period interval)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    DELETE FROM jobs._rate_starts AS x
+     WHERE (x.label::jsonb) ->> 0 = _recount_rate_window.scope
+       AND (x.label::jsonb) ->> 1 = _recount_rate_window.name;
+    INSERT INTO jobs._rate_starts (label, started_at, starts)
+    SELECT CASE WHEN _recount_rate_window.per_key
+                THEN jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name, r.concurrency_key)::text
+                ELSE jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name)::text END,
+           r.started_at, count(*)
+      FROM jobs.runs_all AS r
+     WHERE r.started_at > now() - _recount_rate_window.period
+       AND (r.finished_at IS NULL OR r.finished_at > now() - _recount_rate_window.period)
+       AND CASE _recount_rate_window.scope WHEN 'queue' THEN r.queue ELSE r.kind END = _recount_rate_window.name
+     GROUP BY 1, 2;
+END $$;
+COMMENT ON FUNCTION jobs._recount_rate_window(text, text, boolean, interval) IS 'Private: replace the rows of jobs._rate_starts of a queue''s or kind''s rate limit by counts of its runs'' starts within period, per concurrency key when per_key.';
+
 -- Create or replace the limit of a queue or kind (running and/or rate, optionally per concurrency key).
+-- A rate limit counts the starts of its whole trailing period, also those from before it was set
+-- or changed: a new rate limit, a longer period or a per_key that flips recounts the window from
+-- the runs (jobs._recount_rate_window); a new rate or a shorter period keeps the recorded starts.
 CREATE OR REPLACE FUNCTION jobs.set_limit(
     scope text,
     name text,
@@ -346,6 +377,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_limit jobs.limits;
+    v_was jobs.limits;
 BEGIN
     IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
         RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
@@ -374,6 +406,8 @@ BEGIN
     IF set_limit.per_key IS NULL THEN
         RAISE EXCEPTION 'per_key must be true or false, got NULL' USING ERRCODE = '22023';
     END IF;
+    SELECT l.* INTO v_was FROM jobs.limits AS l
+     WHERE l.scope = set_limit.scope AND l.name = set_limit.name FOR UPDATE;
     INSERT INTO jobs.limits AS l (scope, name, max_running, rate_limit, rate_period, per_key)
     VALUES (set_limit.scope, set_limit.name, set_limit.max_running, set_limit.rate_limit,
             set_limit.rate_period, set_limit.per_key)
@@ -381,6 +415,11 @@ BEGIN
        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
            rate_period = excluded.rate_period, per_key = excluded.per_key, updated_at = now()
     RETURNING l.* INTO v_limit;
+    IF v_limit.rate_limit IS NOT NULL
+       AND (v_was.rate_period IS NULL OR v_was.rate_period < v_limit.rate_period
+            OR v_was.per_key <> v_limit.per_key) THEN
+        PERFORM jobs._recount_rate_window(v_limit.scope, v_limit.name, v_limit.per_key, v_limit.rate_period);
+    END IF;
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
 END $$;

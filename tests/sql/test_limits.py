@@ -116,6 +116,89 @@ def test_rate_limit_per_key(conn: Conn) -> None:
     assert per_key == {"acme": 2, "globex": 2}, per_key
 
 
+def _running_per_key(conn: Conn) -> dict[str, int]:
+    return dict(
+        conn.execute(
+            "SELECT coalesce(concurrency_key, '<none>'), count(*) FROM jobs.runs"
+            " WHERE started_at IS NOT NULL GROUP BY 1"
+        ).fetchall()
+    )
+
+
+def test_rate_limit_turned_per_key_counts_each_keys_past_starts(conn: Conn) -> None:
+    """2 an hour for the kind, then per key: the key that took the kind's two starts has no
+    room left in its own window, and the other key gets its own two."""
+    _runs(conn, 4, kind="api", key="acme")
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour')")
+    assert len(_claim(conn)) == 2
+    _runs(conn, 4, kind="api", key="globex")
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour', per_key => true)"
+    )
+    _claim(conn)
+    _claim(conn)
+    assert _running_per_key(conn) == {"acme": 2, "globex": 2}
+
+
+def test_rate_limit_turned_global_counts_every_keys_past_starts(conn: Conn) -> None:
+    """2 an hour per key, four started over two keys, then 3 an hour for the whole kind: the
+    kind's window already holds four starts, so nothing more starts."""
+    _runs(conn, 4, kind="api", key="acme")
+    _runs(conn, 4, kind="api", key="globex")
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour', per_key => true)"
+    )
+    assert len(_claim(conn)) == 4
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 3, rate_period => '1 hour')")
+    assert _claim(conn) == []
+    assert _running_per_key(conn) == {"acme": 2, "globex": 2}
+    assert scalar(conn, 'SELECT sum(starts) FROM jobs._rate_starts WHERE label = \'["kind", "api"]\'') == 4
+
+
+def test_rate_limit_with_a_longer_period_counts_the_older_starts(conn: Conn) -> None:
+    """2 a minute: two start, then (their starts aged five minutes) two more. Widened to 2 an
+    hour, the window holds all four, including the two whose rows the minute had dropped."""
+    ids = _runs(conn, 6, queue="r")
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 2, rate_period => '1 minute')")
+    assert _claim(conn) == ids[:2]
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = started_at - interval '5 minutes' WHERE started_at IS NOT NULL"
+    )
+    conn.execute("UPDATE jobs._rate_starts SET started_at = started_at - interval '5 minutes'")
+    assert _claim(conn) == ids[2:4]
+    assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 2, "the minute dropped the older rows"
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 2, rate_period => '1 hour')")
+    assert _claim(conn) == []
+    # A new rate within the same period keeps the recorded starts.
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 5, rate_period => '1 hour')")
+    assert _claim(conn) == ids[4:5]
+
+
+def test_new_rate_limit_counts_the_starts_before_it(conn: Conn) -> None:
+    """Three runs started three hours ago with no limit, completed and archived to history: a
+    rate limit of 3 a day set afterwards has no room, and one of 4 a day has room for one."""
+    ids = _runs(conn, 5, queue="r")
+    started = _claim(conn, 3)
+    conn.execute("SELECT jobs.complete_many(%s, 'w')", (started,))
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = now() - interval '3 hours',"
+        " finished_at = now() - interval '2 hours' WHERE id = ANY (%s)",
+        (started,),
+    )
+    conn.execute("UPDATE jobs.config SET archive_after = interval '1 hour'")
+    conn.execute("SELECT jobs.archive()")
+    assert scalar(conn, "SELECT count(*) FROM jobs.run_history") == 3
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 3, rate_period => '1 day')")
+    assert _claim(conn) == []
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 4, rate_period => '1 day')")
+    assert _claim(conn) == ids[3:4]
+    # An hour's window does not reach them.
+    conn.execute(
+        "SELECT jobs.set_limit('queue', 'r', rate_limit => 1, rate_period => '1 hour', per_key => true)"
+    )
+    assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 1
+
+
 def test_no_limits_means_no_cap(conn: Conn) -> None:
     _runs(conn, 12, queue="free")
     assert len(_claim(conn, 12)) == 12
