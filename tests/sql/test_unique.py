@@ -124,10 +124,22 @@ def test_active_lets_a_new_run_in_after_completion_and_ever_does_not(conn: Conn)
 
 
 def test_queued_lets_a_new_run_in_while_one_is_running(conn: Conn) -> None:
-    q = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'")
+    q = _enqueue(
+        conn,
+        "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued',"
+        " max_attempts => 3",
+    )
     assert _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")["id"] == q["id"]
     conn.execute("SELECT jobs.claim(1, 'w')")
-    assert _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")["id"] != q["id"]
+    newer = _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")
+    assert newer["id"] != q["id"]
+    # The running one fails: its retry keeps the key beside the newer run (a retry is not an
+    # enqueue).
+    retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{RuntimeError}')", (q["id"],)))
+    queued = conn.execute(
+        "SELECT id FROM jobs.runs WHERE unique_key = 'q' AND status = 'QUEUED' ORDER BY id"
+    ).fetchall()
+    assert [r[0] for r in queued] == [newer["id"], retry], queued
 
 
 def test_unique_for_limits_the_window(conn: Conn) -> None:
