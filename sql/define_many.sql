@@ -27,8 +27,9 @@ BEGIN
     END IF;
     FOREACH v_key IN ARRAY ARRAY['name', 'kind'] LOOP
         IF jsonb_typeof(e -> v_key) IS DISTINCT FROM 'string'
-           OR length(e ->> v_key) NOT BETWEEN 1 AND 200 OR (e ->> v_key) ~ '[[:cntrl:]]' THEN
-            RETURN format('%s must be a string of 1 to 200 characters without control characters', v_key);
+           OR length(e ->> v_key) NOT BETWEEN 1 AND 200 OR (e ->> v_key) ~ '[[:cntrl:]]'
+           OR jobs._blank(e ->> v_key) THEN
+            RETURN format('%s must be a string of 1 to 200 characters, not blank, without control characters', v_key);
         END IF;
     END LOOP;
     FOREACH v_key IN ARRAY ARRAY['schedule', 'timezone', 'run_at', 'misfire_policy', 'overlap_policy',

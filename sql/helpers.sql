@@ -294,6 +294,15 @@ COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS 'Private: raises 2
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables).
+-- Private: is the text only spaces, of any script (the characters Unicode counts as white
+-- space, but for the control characters that a name may not hold anyway)?
+CREATE OR REPLACE FUNCTION jobs._blank(value text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN btrim(value, U&' \00A0\1680\2000\2001\2002\2003\2004\2005\2006\2007\2008\2009\200A\2028\2029\202F\205F\3000') = '';
+END $$;
+COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
+
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -302,8 +311,12 @@ BEGIN
         RAISE EXCEPTION '% must not contain control characters, got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
+    IF jobs._blank(value) THEN
+        RAISE EXCEPTION '% must not be blank (only spaces), got %', field, to_json(value)
+            USING ERRCODE = '22023';
+    END IF;
 END $$;
-COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters.';
+COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters and not only spaces.';
 
 -- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names
 -- (each as jobs._check_name takes it; a bad element is named by its position, e.g. kinds[3]).
