@@ -140,6 +140,7 @@ class App:
     ``dsn`` or ``client`` tell ``app.enqueue`` where to write; with neither, it uses
     $DATABASE_URL (or $PGTICK_DSN) on first use. ``pgtick run`` does not need them, and
     gives an app without them its own DSN, so job code can ``app.enqueue`` follow-ups.
+    ``close()`` (or a ``with`` block) closes the connection the app opened for them.
     """
 
     def __init__(self, name: str = "pgtick", *, dsn: str | None = None, client: Client | None = None) -> None:
@@ -149,26 +150,61 @@ class App:
         self.dsn = dsn
         self._client = client
         self._own_client: Client | None = None  # the one made from the DSN: this app closes it
+        self._closed = False  # app.close() was called, and no app.use() since
         self._client_lock = threading.Lock()  # jobs on many threads app.enqueue at once: one client
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client the app made from its DSN (its server session ends now); a
+        client given to the app stays open, the giver's to close. ``app.enqueue`` then
+        raises ``UsageError`` until ``app.use(...)`` points the app at a database again; the
+        registered jobs and schedules stay. Idempotent."""
+        with self._client_lock:
+            self._closed = True
+            if self._own_client is not None:
+                self._own_client.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (and no ``use()`` since)."""
+        return self._closed
+
+    def _usable(self, client: Client) -> bool:
+        """Whether ``app.enqueue`` writes through ``client`` as it is: not when the app is
+        closed, nor when it is the client the app made and closed (``use()`` closes it, and
+        may be undone by restoring it): the app then makes a new one over its DSN. A client
+        that was given stays the giver's, open or closed."""
+        return not self._closed and not (client is self._own_client and client.closed)
 
     @property
     def client(self) -> Client:
         """The ``pgtick.Client`` behind ``app.enqueue``: the one given, else one over the DSN."""
         client = self._client
-        if client is not None:
+        if client is not None and self._usable(client):
             return client
         from pgtick.client import Client
 
         with self._client_lock:  # made once: a second one would open a connection no one closes
-            if self._client is None:
+            if self._closed:
+                raise UsageError(
+                    f"app {self.name!r} is closed (app.close() was called): "
+                    "app.use(...) points it at a database again"
+                )
+            client = self._client
+            if client is None or not self._usable(client):
                 dsn = self.dsn or os.environ.get("DATABASE_URL") or os.environ.get("PGTICK_DSN")
                 if not dsn:
                     raise UsageError(
                         f"app {self.name!r} does not know its database: give App(dsn=...) or "
                         "App(client=...), call app.use(...), or set $DATABASE_URL"
                     )
-                self._client = self._own_client = Client(dsn)
-            return self._client
+                client = self._client = self._own_client = Client(dsn)
+            return client
 
     @property
     def has_database(self) -> bool:
@@ -176,10 +212,11 @@ class App:
         return self.dsn is not None or self._client is not None
 
     def use(self, target: str | Client) -> None:
-        """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests). The client
-        the app made itself from its former DSN is closed (its server session ends now); a
-        client that was given to it is the giver's to close. Anything else is refused before
-        the app changes: an ``AsyncClient`` (``app.enqueue`` is synchronous), an empty DSN."""
+        """Point ``app.enqueue`` at a DSN or a ``pgtick.Client`` (e.g. in tests); a closed app
+        is open again. The client the app made itself from its former DSN is closed (its
+        server session ends now); a client that was given to it is the giver's to close.
+        Anything else is refused before the app changes: an ``AsyncClient`` (``app.enqueue``
+        is synchronous), an empty DSN."""
         from pgtick.client import AsyncClient, Client
 
         if not isinstance(target, str | Client):
@@ -198,6 +235,7 @@ class App:
                 self._client, self.dsn = target, None
             else:
                 self._client, self.dsn = None, target
+            self._closed = False
 
     def enqueue(
         self, kind: str, payload: Mapping[str, Any] | None = None, **options: Unpack[EnqueueWithConnOptions]

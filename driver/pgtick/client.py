@@ -50,7 +50,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
-from pgtick.errors import InvalidArgument, NotFound, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, UsageError, translate_errors
 
 __all__ = [
     "AsyncClient",
@@ -418,6 +418,10 @@ def _sql_value(name: str, value: Any) -> Any:
         raise InvalidArgument(f"{name} must be text, got {type(value).__name__}", field=name)
     if "\x00" in value:
         raise InvalidArgument(f"{name} must not contain NUL characters, got {value[:60]!r}", field=name)
+    if name == "kind" and not value.strip():  # a kind no one can read in a log, a table or app.job
+        raise InvalidArgument(
+            f"kind must be a non-empty text, not only whitespace, got {value!r}", field=name
+        )
     return value
 
 
@@ -693,7 +697,8 @@ _Pool = TypeVar("_Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
 
 class _Source(Generic[_Conn, _Pool]):
     """What a client is built over, for both clients: a conninfo string (a connection of its
-    own, opened on first use), a connection or a pool of the client's kind (sync or async)."""
+    own, opened on first use), a connection or a pool of the client's kind (sync or async);
+    and whether it is closed (a closed client refuses every call, ``conn=`` or not)."""
 
     _accepts: tuple[type[_Conn], type[_Pool]]
     _other: tuple[str, tuple[type, type]]  # what the other client takes, for the error
@@ -704,6 +709,7 @@ class _Source(Generic[_Conn, _Pool]):
         self._conn: _Conn | None = None
         self._pool: _Pool | None = None
         self._own: _Conn | None = None
+        self._closed = False
         self._lock = self._new_lock()
         self.application_name = application_name
         connection, pool = self._accepts
@@ -720,6 +726,17 @@ class _Source(Generic[_Conn, _Pool]):
                 f"psycopg_pool.{pool.__name__}, got {type(source).__name__}"
                 + (f" (use {other})" if isinstance(source, its_sources) else "")
             )
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called: the client then refuses every call."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        """A UsageError if the client was closed: it never opens a connection again."""
+        if self._closed:
+            name = type(self).__name__
+            raise UsageError(f"this {name} is closed (close() was called on it): make a new {name}")
 
     def _callers(self, conn: Any) -> _Conn:
         """``conn=`` as given, if it is a connection of the client's kind; else a TypeError
@@ -738,7 +755,7 @@ class _Source(Generic[_Conn, _Pool]):
 class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     """Enqueue and manage runs from application code (see the module docstring for how
     calls relate to transactions). Usable as a context manager; ``close()`` closes only
-    what the client opened itself."""
+    what the client opened itself, and a closed client refuses every call after it."""
 
     _accepts = (psycopg.Connection, ConnectionPool)
     _new_lock = threading.Lock
@@ -752,13 +769,17 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         self.close()
 
     def close(self) -> None:
-        with self._lock:
+        """Close the connection the client opened itself (a connection or pool it was given
+        stays open: it is the giver's); every later call raises ``UsageError``. Idempotent."""
+        with self._lock:  # after a call in progress on the client's connection
+            self._closed = True
             if self._own is not None:
                 self._own.close()
                 self._own = None
 
     @contextmanager
     def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
@@ -773,6 +794,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 yield self._conn
         else:
             with self._lock:
+                self._check_open()  # again under the lock: a close() on another thread came first
                 if self._own is None or self._own.closed or self._own.broken:
                     assert self._conninfo is not None
                     self._own = psycopg.connect(
@@ -903,7 +925,9 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         await self.close()
 
     async def close(self) -> None:
-        async with self._loop_lock():
+        """See ``Client.close``."""
+        async with self._loop_lock():  # after a call in progress on the client's connection
+            self._closed = True
             if self._own is not None:
                 await self._own.close()
                 self._own = None
@@ -912,6 +936,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def _connection(
         self, conn: psycopg.AsyncConnection[Any] | None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
@@ -926,6 +951,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                 yield self._conn
         else:
             async with self._loop_lock():
+                self._check_open()  # again under the lock: a close() in another task came first
                 if self._own is None or self._own.closed or self._own.broken:
                     assert self._conninfo is not None
                     self._own = await psycopg.AsyncConnection.connect(

@@ -8,7 +8,7 @@ import gc
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool
 from harness import Database, wait_for
 from pgtick import Client, Run
 from pgtick.client import Definition
-from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch
+from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
 
 
 def count_runs(db: Database, kind: str) -> int:
@@ -521,6 +521,154 @@ def test_app_use_refuses_what_app_enqueue_cannot_write_through_and_changes_nothi
     app.enqueue("receipt")
     app.client.close()
     assert count_runs(db, "receipt") == 2
+
+
+@pytest.mark.parametrize("source", ["conninfo", "connection", "pool"])
+def test_a_closed_client_refuses_every_call_and_opens_no_connection(db: Database, source: str) -> None:
+    """After ``close()`` every method raises UsageError saying the client is closed, with
+    ``conn=`` or without, and nothing is sent: a client over a conninfo does not open a new
+    session. What the client was given (a connection, a pool) stays open, the giver's."""
+    with db.connect(autocommit=True) as given_conn, ConnectionPool(db.dsn, min_size=1, open=True) as pool:
+        sources: dict[str, str | psycopg.Connection[Any] | ConnectionPool[Any]] = {
+            "conninfo": db.dsn,
+            "connection": given_conn,
+            "pool": pool,
+        }
+        client = Client(sources[source])
+        run = client.enqueue("closing")
+        client.close()
+        client.close()  # idempotent
+        assert client.closed
+        wait_for("the client's own session to end", lambda: client_sessions(db) == 0, 30)
+        calls: dict[str, Callable[[], object]] = {
+            "enqueue": lambda: client.enqueue("closing"),
+            "enqueue_many": lambda: client.enqueue_many("closing", [{}]),
+            "run_now": lambda: client.run_now("nightly"),
+            "cancel": lambda: client.cancel(run.id),
+            "define": lambda: client.define("nightly", "closing", "0 3 * * *"),
+            "pause_queue": lambda: client.pause_queue("default"),
+            "resume_queue": lambda: client.resume_queue("default"),
+            "get_run": lambda: client.get_run(run.id),
+        }
+        for method, refused in calls.items():
+            with pytest.raises(UsageError, match=r"this Client is closed \(close\(\) was called on it\)"):
+                refused()
+            assert client_sessions(db) == 0, f"{method} after close() opened a connection"
+        with db.connect(autocommit=False) as callers, pytest.raises(UsageError, match="Client is closed"):
+            client.enqueue("closing", conn=callers)
+        with client, pytest.raises(UsageError, match="Client is closed"):  # a with block after close()
+            client.enqueue("closing")
+        assert not given_conn.closed, "close() closed a connection the client was given"
+        with pool.connection() as pooled:
+            assert pooled.execute("SELECT 1").fetchone() == (1,), "close() closed the pool it was given"
+    assert count_runs(db, "closing") == 1
+    assert client_sessions(db) == 0
+
+
+def test_close_waits_for_a_call_in_progress_and_the_calls_after_it_are_refused(db: Database) -> None:
+    """A close() on another thread while a call holds the client's own connection: that call
+    finishes (its run is queued), the connection is closed after it, and the next call is
+    refused rather than served by a new connection."""
+    client = Client(db.dsn)
+    client.enqueue("closing")  # the client's connection is open
+    with db.connect(autocommit=False) as locker:
+        locker.execute("LOCK TABLE jobs.runs IN EXCLUSIVE MODE")  # the next enqueue waits for it
+        started = threading.Thread(target=lambda: client.enqueue("closing", {"during": True}))
+        started.start()
+        wait_for(
+            "the enqueue to wait for the lock",
+            lambda: locker.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'pgtick-client' AND wait_event_type = 'Lock'"
+            ).fetchone(),
+            30,
+        )
+        closer = threading.Thread(target=client.close)
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive(), "close() did not wait for the call in progress"
+        locker.rollback()
+    started.join(30)
+    closer.join(30)
+    assert client.closed and count_runs(db, "closing") == 2
+    with pytest.raises(UsageError, match="Client is closed"):
+        client.enqueue("closing")
+    assert client_sessions(db) == 0
+
+
+def test_app_close_closes_the_connection_the_app_opened_and_app_enqueue_then_refuses(db: Database) -> None:
+    """``app.close()`` ends the server session of the client the app made from its DSN; after
+    it ``app.enqueue`` raises UsageError naming the app (it opens no new connection) until
+    ``app.use(...)`` points the app at a database again. ``close()`` twice is harmless, and
+    an app used as a context manager is closed at the end of the block."""
+    from pgtick import App
+
+    app = App("shop", dsn=db.dsn)
+    app.close()  # nothing opened yet
+    app.use(db.dsn)
+    app.enqueue("receipt")
+    wait_for("the app's session", lambda: client_sessions(db) == 1, 30)
+    app.close()
+    app.close()
+    assert app.closed
+    wait_for("the app's session to end", lambda: client_sessions(db) == 0, 30)
+    with pytest.raises(UsageError, match=r"app 'shop' is closed \(app.close\(\) was called\)"):
+        app.enqueue("receipt")
+    with pytest.raises(UsageError, match="app 'shop' is closed"):
+        app.client  # noqa: B018 (the property is what refuses)
+    assert client_sessions(db) == 0, "app.enqueue after app.close() opened a connection"
+
+    app.use(db.dsn)
+    assert not app.closed
+    app.enqueue("receipt")
+    with app:
+        app.enqueue("receipt")
+        assert client_sessions(db) == 1
+    assert app.closed
+    wait_for("the app's session to end", lambda: client_sessions(db) == 0, 30)
+    assert count_runs(db, "receipt") == 3
+
+
+def test_app_close_leaves_a_client_it_was_given_open(db: Database) -> None:
+    """A client handed to the app is the giver's: ``app.close()`` does not close it, and the
+    closed app refuses ``app.enqueue`` all the same."""
+    from pgtick import App
+
+    with Client(db.dsn) as given:
+        app = App("shop", client=given)
+        app.enqueue("receipt")
+        app.close()
+        with pytest.raises(UsageError, match="app 'shop' is closed"):
+            app.enqueue("receipt")
+        assert not given.closed
+        given.enqueue("receipt")
+        assert client_sessions(db) == 1, "app.close() closed the client it was given"
+    assert count_runs(db, "receipt") == 2
+
+
+def test_app_enqueue_after_run_due_writes_through_a_new_connection_of_the_app(db: Database) -> None:
+    """``pgtick.testing``'s run_due points the app at the test client and back: the app's own
+    client, closed on the way, is not used closed; the app opens a new one over its DSN."""
+    from pgtick import App, Context
+    from pgtick.testing import JobsTester
+
+    app = App("shop", dsn=db.dsn)
+
+    @app.job("receipt")
+    def receipt(ctx: Context) -> None:
+        app.enqueue("log-receipt")
+
+    app.enqueue("receipt")
+    tester = JobsTester(db.dsn)
+    try:
+        [outcome] = tester.run_due(app)
+        assert outcome.status == "COMPLETED", outcome.error
+        app.enqueue("receipt")
+        assert client_sessions(db) == 1, "the app's former client is open, or none was opened"
+    finally:
+        tester.close()
+        app.close()
+    assert (count_runs(db, "receipt"), count_runs(db, "log-receipt")) == (2, 1)
 
 
 def test_a_client_over_a_connection_in_a_transaction_joins_it(db: Database) -> None:

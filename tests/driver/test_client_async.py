@@ -5,8 +5,9 @@ AsyncConnectionPool, and the same errors."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from harness import Database
 from pgtick import AsyncClient, Run
-from pgtick.errors import InvalidArgument, NotFound
+from pgtick.errors import InvalidArgument, NotFound, UsageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -122,3 +123,65 @@ async def test_one_client_serves_one_event_loop_after_another(client: AsyncClien
         runs = await asyncio.to_thread(asyncio.run, three(loop_number))
         assert [r.payload for r in runs] == [{"loop": loop_number}] * 3
     assert await count_runs(db, "loops") == 9
+
+
+async def client_sessions(db: Database) -> int:
+    """The server sessions a ``pgtick.AsyncClient`` holds on this test's database."""
+    async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = 'pgtick-client'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("source", ["conninfo", "connection", "pool"])
+async def test_a_closed_async_client_refuses_every_call_and_opens_no_connection(
+    db: Database, source: str
+) -> None:
+    """As ``Client``: after ``await close()`` every method raises UsageError saying the
+    client is closed, with ``conn=`` or without, and nothing is sent; what it was given stays
+    open, the giver's."""
+    async with (
+        await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as given_conn,
+        AsyncConnectionPool(db.dsn, min_size=1, open=False) as pool,
+    ):
+        sources: dict[str, str | psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any]] = {
+            "conninfo": db.dsn,
+            "connection": given_conn,
+            "pool": pool,
+        }
+        client = AsyncClient(sources[source])
+        run = await client.enqueue("closing")
+        await client.close()
+        await client.close()  # idempotent
+        assert client.closed
+        for _ in range(600):  # the server ends the session a moment after the client closed it
+            if await client_sessions(db) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await client_sessions(db) == 0, "close() left the client's own session open"
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "enqueue": lambda: client.enqueue("closing"),
+            "enqueue_many": lambda: client.enqueue_many("closing", [{}]),
+            "run_now": lambda: client.run_now("nightly"),
+            "cancel": lambda: client.cancel(run.id),
+            "define": lambda: client.define("nightly", "closing", "0 3 * * *"),
+            "pause_queue": lambda: client.pause_queue("default"),
+            "resume_queue": lambda: client.resume_queue("default"),
+            "get_run": lambda: client.get_run(run.id),
+        }
+        for method, refused in calls.items():
+            with pytest.raises(UsageError, match=r"this AsyncClient is closed \(close\(\) was called on it"):
+                await refused()
+            assert await client_sessions(db) == 0, f"{method} after close() opened a connection"
+        async with await psycopg.AsyncConnection.connect(db.dsn) as callers:
+            with pytest.raises(UsageError, match="AsyncClient is closed"):
+                await client.enqueue("closing", conn=callers)
+        assert not given_conn.closed, "close() closed a connection the client was given"
+        async with pool.connection() as pooled:
+            cur = await pooled.execute("SELECT 1")
+            assert await cur.fetchone() == (1,), "close() closed the pool it was given"
+    assert await count_runs(db, "closing") == 1

@@ -40,6 +40,13 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("depends-on-one-id", lambda c: c.enqueue("k", depends_on=5), "depends_on"),  # type: ignore[arg-type]
     ("depends-on-text", lambda c: c.enqueue("k", depends_on="12"), "depends_on"),  # type: ignore[arg-type]
     ("kind-with-nul", lambda c: c.enqueue("a\x00b"), "kind"),
+    # a kind of only whitespace: no one can tell it in a log line or a table (app.job refuses it)
+    ("kind-spaces", lambda c: c.enqueue("   "), "kind"),
+    ("kind-tab", lambda c: c.enqueue("\t"), "kind"),
+    ("kind-empty", lambda c: c.enqueue(""), "kind"),
+    ("enqueue-many-kind-spaces", lambda c: c.enqueue_many(" ", [{}]), "kind"),
+    ("define-kind-spaces", lambda c: c.define("x", "  ", "* * * * *"), "kind"),
+    ("define-kind-unicode-spaces", lambda c: c.define("x", "\u00a0\u3000", "* * * * *"), "kind"),
     ("payload-nan", lambda c: c.enqueue("k", {"a": float("nan")}), "payload"),
     ("payload-nul-key", lambda c: c.enqueue("k", {"a\x00": 1}), "payload"),
     ("payload-nested", lambda c: c.enqueue("k", {"a": _nested(100_000)}), "payload"),
@@ -119,6 +126,13 @@ def test_the_async_client_refuses_the_same_before_any_sql() -> None:
                 await client.cancel(2**63)
             with pytest.raises(InvalidArgument, match="timeout"):
                 await client.enqueue("k", timeout=float("inf"))
+            blank = "kind must be a non-empty text, not only whitespace"
+            with pytest.raises(InvalidArgument, match=blank):
+                await client.enqueue("   ")
+            with pytest.raises(InvalidArgument, match=blank):
+                await client.enqueue_many("\t", [{}])
+            with pytest.raises(InvalidArgument, match=blank):
+                await client.define("x", " \n ", "* * * * *")
 
     asyncio.run(main())
 
