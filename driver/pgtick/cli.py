@@ -625,6 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "web", "serve the web dashboard", cmd_web, output=None)
     p.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
     p.add_argument("--password-file", default=None, help="operator password (else $PGTICK_WEB_PASSWORD)")
+    p.add_argument(
+        "--db-timeout",
+        metavar="DURATION",
+        type=duration(timedelta(hours=1)),
+        default=10.0,
+        help="longest a request waits for the database before it answers 504 (default 10s)",
+    )
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
 
@@ -1759,7 +1766,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     parse_bind(args.bind)
     secret = operator_secret(args.password_file)
     try:
-        return serve(_dsn(args), args.bind, secret)
+        return serve(_dsn(args), args.bind, secret, args.db_timeout)
     finally:
         if _embedded is not None:
             _embedded.stop()

@@ -537,6 +537,8 @@ def test_pages_read_as_jobs_reader_in_a_read_only_transaction_and_act_as_jobs_op
         (["--bind", "127.0.0.1:70000"], {}, "--bind port must be between 0 and 65535"),
         ([], {"PGTICK_WEB_PASSWORD": "short"}, "at least 8 characters"),
         (["--password-file", "/nonexistent/pgtick-password"], {}, "cannot read --password-file"),
+        (["--db-timeout", "0"], {}, "--db-timeout: duration must be positive"),
+        (["--db-timeout", "2h"], {}, "--db-timeout: must be at most 1h"),
     ],
 )
 def test_pgtick_web_refuses_bad_options_with_one_line_and_exit_2(

@@ -35,7 +35,7 @@ from starlette.templating import Jinja2Templates
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
-from pgtick.web.db import ActionsUnavailable, Database
+from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseTimeout
 
 log = logging.getLogger("pgtick.web")
 HERE = Path(__file__).resolve().parent
@@ -132,8 +132,15 @@ OVERVIEW_TOTALS = ("queued", "scheduled", "running", "completed_1h", "failed_1h"
 class Dashboard:
     """Shared state of one dashboard process: database, sessions, operator secret."""
 
-    def __init__(self, dsn: str, secret: Secret | None, *, refresh_seconds: int = 10) -> None:
-        self.db = Database(dsn)
+    def __init__(
+        self,
+        dsn: str,
+        secret: Secret | None,
+        *,
+        refresh_seconds: int = 10,
+        db_timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.db = Database(dsn, timeout=db_timeout)
         self.secret = secret
         self.sessions = Sessions()
         self._login_gate = asyncio.Lock()  # logins one at a time (see login)
@@ -560,9 +567,13 @@ def create_app(
     *,
     refresh_seconds: int = 10,
     allowed_hosts: Sequence[str] | None = None,
+    db_timeout: float = DEFAULT_TIMEOUT,
 ) -> Starlette:
-    """The dashboard for the database at `dsn`; actions need `secret` (None: read-only)."""
-    dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds)
+    """The dashboard for the database at `dsn`; actions need `secret` (None: read-only).
+
+    Every request's database work ends within `db_timeout` seconds: past it the request
+    answers 504 and its connection is replaced (see ``pgtick.web.db``)."""
+    dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds, db_timeout=db_timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -599,7 +610,11 @@ def create_app(
         return dash.error(request, 500, f"database error: {message}")
 
     async def pool_timeout(request: Request, exc: Exception) -> Response:
-        return dash.error(request, 503, "database unavailable: no connection within 15 s")
+        return dash.error(request, 503, f"database unavailable: no connection within {dash.db.timeout:g} s")
+
+    async def database_timeout(request: Request, exc: Exception) -> Response:
+        log.error("dashboard database timeout on %s %s: %s", request.method, request.url.path, exc)
+        return dash.error(request, 504, str(exc))
 
     from psycopg_pool import PoolTimeout
 
@@ -636,6 +651,7 @@ def create_app(
             ActionsUnavailable: unavailable,
             psycopg.Error: database_error,
             PoolTimeout: pool_timeout,
+            DatabaseTimeout: database_timeout,
         },
     )
     app.state.dashboard = dash

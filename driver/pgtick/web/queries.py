@@ -52,18 +52,27 @@ async def access(conn: Conn) -> Row:
     return row
 
 
-async def begin_reading(conn: Conn, *, as_reader: bool) -> None:
-    """Settings of a page's transaction: read only, a 15 s limit, the reader role."""
+async def begin_reading(conn: Conn, *, as_reader: bool, timeout: float) -> None:
+    """Settings of a page's transaction: read only, the dashboard's limit (seconds) on each
+    statement, the reader role."""
     await conn.execute("SET TRANSACTION READ ONLY")
-    await conn.execute("SET LOCAL statement_timeout = '15s'")
+    await _limit_statements(conn, timeout)
     if as_reader:
         await conn.execute("SET LOCAL ROLE jobs_reader")
 
 
-async def begin_acting(conn: Conn) -> None:
-    """Settings of an action's transaction: a 60 s limit, the operator role."""
-    await conn.execute("SET LOCAL statement_timeout = '60s'")
+async def begin_acting(conn: Conn, *, timeout: float) -> None:
+    """Settings of an action's transaction: the dashboard's limit (seconds) on each
+    statement, the operator role."""
+    await _limit_statements(conn, timeout)
     await conn.execute("SET LOCAL ROLE jobs_operator")
+
+
+async def _limit_statements(conn: Conn, timeout: float) -> None:
+    """``SET LOCAL statement_timeout`` to `timeout` seconds (in whole milliseconds, from 1 to
+    the setting's maximum)."""
+    milliseconds = min(2**31 - 1, max(1, round(timeout * 1000)))
+    await conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)", (str(milliseconds),))
 
 
 async def features(conn: Conn) -> Features:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pgtick.errors import UsageError
 from pgtick.web.auth import Secret
+from pgtick.web.db import DEFAULT_TIMEOUT
 
 log = logging.getLogger("pgtick.web")
 
@@ -68,7 +69,7 @@ def operator_secret(password_file: str | None) -> Secret | None:
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") -> object:
+def _config(dsn: str, bind: str, secret: Secret | None, option: str, db_timeout: float) -> object:
     import uvicorn
 
     from pgtick.web.app import create_app
@@ -86,7 +87,12 @@ def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") 
         file=sys.stderr,
     )
     return uvicorn.Config(
-        create_app(dsn, secret, allowed_hosts=LOOPBACK_NAMES if _is_loopback(host) else None),
+        create_app(
+            dsn,
+            secret,
+            allowed_hosts=LOOPBACK_NAMES if _is_loopback(host) else None,
+            db_timeout=db_timeout,
+        ),
         host=host,
         port=port,
         log_level="warning",
@@ -96,22 +102,25 @@ def _config(dsn: str, bind: str, secret: Secret | None, option: str = "--bind") 
     )
 
 
-def serve(dsn: str, bind: str, secret: Secret | None) -> int:
-    """Serve in the foreground until interrupted."""
+def serve(dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Serve in the foreground until interrupted; a request waits at most `db_timeout`
+    seconds for the database."""
     import uvicorn
 
-    config = _config(dsn, bind, secret)
+    config = _config(dsn, bind, secret, "--bind", db_timeout)
     assert isinstance(config, uvicorn.Config)
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1
 
 
-def serve_in_thread(dsn: str, bind: str, secret: Secret | None) -> threading.Thread:
+def serve_in_thread(
+    dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAULT_TIMEOUT
+) -> threading.Thread:
     """Serve from a daemon thread (beside ``pgtick run``); it ends with the process."""
     import uvicorn
 
-    config = _config(dsn, bind, secret, "--web")
+    config = _config(dsn, bind, secret, "--web", db_timeout)
     assert isinstance(config, uvicorn.Config)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="pgtick-web", daemon=True)

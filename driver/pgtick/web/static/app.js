@@ -43,7 +43,9 @@ function autoRefresh() {
     fetch(window.location.href, { credentials: "same-origin", headers: { "X-Refresh": "1" } })
       .then(function (response) {
         if (!response.ok) {
-          stale("the dashboard answered " + response.status + (response.status === 503 ? " (database unavailable)" : ""));
+          stale("the dashboard answered " + response.status + (
+            response.status === 503 ? " (database unavailable)"
+              : response.status === 504 ? " (the database did not answer in time)" : ""));
           return null;
         }
         return response.text();
