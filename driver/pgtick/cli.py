@@ -756,6 +756,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> Result | int:
     if args.sql:
+        if args.json:
+            raise UsageError(
+                "--sql prints the install script for psql, not JSON: give one of --sql or --json"
+            )
         sys.stdout.write(migrate.install_script())
         return 0
     from pgtick.progress import Steps
@@ -1677,6 +1681,8 @@ def cmd_preview(args: argparse.Namespace) -> Result:
         runs = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
     except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
+    except OverflowError as exc:  # a local time before the year 1 or after 9999
+        raise UsageError(f"the schedule's times in {tz} fall outside the years 1 to 9999 ({exc})") from exc
     out = [_preview_title(args.count, len(runs), f"{args.schedule!r} in {tz}", "(local, then UTC)")]
     out += [f"  {line}" for line in header(schedule, anchor_note=note)]
     if not runs and args.count:
@@ -1724,6 +1730,11 @@ def _preview_definition(args: argparse.Namespace) -> Result:
             runs = [t + j for t, j in zip(plain, jitter(plain), strict=True)] if plain else []
         except ScheduleError as exc:
             raise UsageError(str(exc)) from exc
+        except OverflowError as exc:  # created_at or --after near the ends of the calendar
+            raise UsageError(
+                f"definition {d['name']!r}: its times in {d['timezone']} fall outside"
+                f" the years 1 to 9999 ({exc})"
+            ) from exc
     what = f"definition {d['name']!r} ({d['schedule']!r} in {d['timezone']})"
     out = [_preview_title(args.count, len(runs), what)]
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from pgtick import calls
 from pgtick.db import connect
+from pgtick.errors import PgtickError
 
 log = logging.getLogger("pgtick.metrics")
 
@@ -160,6 +161,9 @@ def serve_metrics(
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, per_definition=per_definition)
     registry.register(DatabaseCollector(dsn, owner))
-    server, thread = start_http_server(port, registry=registry)
+    try:
+        server, thread = start_http_server(port, registry=registry)
+    except OSError as exc:  # the port is taken, or not ours to listen on
+        raise PgtickError(f"metrics port {port}: cannot listen: {exc.strerror or exc}") from None
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
     return metrics, (server, thread)

@@ -305,6 +305,22 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
         "out of range",
     ),
     ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
+    ("migrate-sql-as-json", ["migrate", "--sql", "--json"], "give one of --sql or --json"),
+    (
+        "after-year-1-local-before-it",
+        ["preview", "FREQ=DAILY", "--after", "0001-01-01T00:00:00Z", "--tz", "America/New_York"],
+        "outside the years 1 to 9999",
+    ),
+    (
+        "after-year-9999-local-past-it",
+        ["preview", "FREQ=DAILY", "--after", "9999-12-31T20:00:00Z", "--tz", "Pacific/Kiritimati"],
+        "outside the years 1 to 9999",
+    ),
+    (
+        "anchor-year-1-local-before-it",
+        ["preview", "FREQ=DAILY", "--anchor", "0001-01-01T00:00:00Z", "--tz", "America/New_York"],
+        "outside the years 1 to 9999",
+    ),
     ("backfill-from-year-0", ["backfill", "x", "--from", "0000-01-01", "--to", "2031-01-01"], "--from:"),
     (
         "backfill-from-in-a-dst-gap",
@@ -327,6 +343,22 @@ def assert_refused(result: subprocess.CompletedProcess[str], needle: str) -> Non
     assert result.stderr.startswith("pgtick"), shown
     assert needle in result.stderr, f"the error should say {needle!r}:\n{shown}"
     assert result.stdout == "", shown
+
+
+@pytest.mark.parametrize(
+    ("created_at", "zone"),
+    [("0001-01-01 00:00+00", "America/New_York"), ("9999-12-31 20:00+00", "Pacific/Kiritimati")],
+)
+def test_preview_of_a_definition_created_at_the_ends_of_the_calendar_is_one_line(
+    db: Database, created_at: str, zone: str
+) -> None:
+    """A creation time whose local day falls outside the years 1 to 9999 (the scheduler
+    records it as the definition's schedule error) is one line from preview, exit 2."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('edge', 'k', schedule => 'FREQ=DAILY', timezone => %s)", (zone,))
+        conn.execute("UPDATE jobs.definitions SET created_at = %s WHERE name = 'edge'", (created_at,))
+    result = exe("preview", "--definition", "edge", "--dsn", db.dsn)
+    assert_refused(result, "outside the years 1 to 9999")
 
 
 @pytest.fixture(scope="module")

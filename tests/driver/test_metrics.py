@@ -152,3 +152,28 @@ def test_lateness_histogram_due_occurrences_and_failing_definitions(db: Database
     oldest = value(samples, "pgtick_oldest_due_occurrence_seconds", kind="tick")
     assert oldest is not None and 90 <= oldest < 600
     assert value(samples, "pgtick_definitions_materialize_failing") == 1
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_1(db: Database) -> None:
+    """Another process holds the port: `pgtick run` says so in one line and exits 1."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+        result = subprocess.run(
+            [*PGTICK, "run", str(APPS / "metrics_app.py"), "--dsn", db.dsn, "--metrics-port", str(port)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=120,
+        )
+    shown = f"exit {result.returncode}\nstderr: {result.stderr[-2000:]}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr, shown
+    assert result.stderr.splitlines() == [
+        f"pgtick run: error: metrics port {port}: cannot listen: Address already in use"
+    ], shown
