@@ -9,6 +9,7 @@ which writes through the ORM; `pgtick_scheduler` leads and materializes the sche
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -147,3 +148,73 @@ def test_the_example_project_migrates_checks_enqueues_in_its_transaction_and_run
     finally:
         code = stop(scheduler, log)
     assert code == 0, log.read_text()
+
+
+def test_the_schema_check_reports_an_unreachable_database_as_its_error(tmp_path: Path) -> None:
+    """`check --database default` is the deploy gate: a database it cannot reach is the check's
+    own error (pgtick.E003), not a traceback."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
+    }
+    env["DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=5"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--database", "default"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    shown = f"exit {result.returncode}\nstdout: {result.stdout[-2000:]}\nstderr: {result.stderr[-2000:]}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr, shown
+    assert "pgtick.E003" in result.stderr and "cannot read the pgtick schema" in result.stderr, shown
+
+
+def test_the_worker_dsn_keeps_every_libpq_option_of_the_django_database() -> None:
+    """What Django would pass to libpq (channel binding, CRLs, keepalives, ...) reaches the
+    worker's and the scheduler's connections too; Django's own options do not."""
+    script = """
+import json
+
+import django
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+settings.configure(
+    INSTALLED_APPS=["pgtick.contrib.django"],
+    DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": "shop", "USER": "app", "HOST": "db.internal",
+        "OPTIONS": {"sslmode": "verify-full", "channel_binding": "require", "sslcrl": "/etc/crl.pem",
+                    "gssencmode": "disable", "keepalives_idle": 30, "tcp_user_timeout": 10000,
+                    "server_side_binding": True},
+    }},
+)
+django.setup()
+from pgtick.contrib.django import dsn
+print(json.dumps(conninfo_to_dict(dsn())))
+"""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    for key, value in {
+        "dbname": "shop",
+        "user": "app",
+        "host": "db.internal",
+        "sslmode": "verify-full",
+        "channel_binding": "require",
+        "sslcrl": "/etc/crl.pem",
+        "gssencmode": "disable",
+        "keepalives_idle": "30",
+        "tcp_user_timeout": "10000",
+    }.items():
+        assert got.get(key) == value, (key, got)
+    assert "server_side_binding" not in got, got

@@ -33,24 +33,12 @@ from pgtick.client import Client, EnqueueOptions, Run
 
 __all__ = ["client", "database_alias", "dsn", "enqueue", "jobs_app"]
 
-#: libpq parameters carried from Django's connection settings into the worker's DSN.
-_LIBPQ_KEYS = {
-    "dbname",
-    "user",
-    "password",
-    "host",
-    "port",
-    "passfile",
-    "service",
-    "options",
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "sslpassword",
-    "connect_timeout",
-    "target_session_attrs",
-}
+
+def _libpq_keywords() -> frozenset[str]:
+    """Every connection parameter the installed libpq knows (ssl*, channel_binding,
+    keepalives*, gssencmode, ...): what is carried from Django's connection settings into
+    the worker's DSN. Django's own options (``pool``, ``server_side_binding``, ...) are not."""
+    return frozenset(o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults())
 
 
 def _settings() -> Mapping[str, Any]:
@@ -70,7 +58,8 @@ def dsn(using: str | None = None) -> str:
     from django.db import connections
 
     params = connections[using or database_alias()].get_connection_params()
-    return make_conninfo(**{k: str(v) for k, v in params.items() if k in _LIBPQ_KEYS and v not in (None, "")})
+    keywords = _libpq_keywords()
+    return make_conninfo(**{k: str(v) for k, v in params.items() if k in keywords and v not in (None, "")})
 
 
 def raw_connection(using: str | None = None) -> psycopg.Connection[Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 from django.core import checks
+from django.db import Error as DjangoDatabaseError
 
 from pgtick import migrate
 from pgtick.contrib.django import database_alias, raw_connection
@@ -27,7 +28,7 @@ def schema_migrated(
     try:
         conn = raw_connection(alias)
         applied = migrate.applied_versions(conn)
-    except psycopg.Error as exc:
+    except (psycopg.Error, DjangoDatabaseError, RuntimeError) as exc:  # Django wraps connection errors
         return [checks.Error(f"cannot read the pgtick schema in database {alias!r}: {exc}", id="pgtick.E003")]
     if not applied:
         return [
