@@ -22,7 +22,7 @@ BEGIN
         EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = zone)
         OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = zone)
     ) THEN
-        RAISE EXCEPTION 'timezone % is not a known IANA time zone name', quote_literal(coalesce(zone, 'NULL'))
+        RAISE EXCEPTION 'timezone % is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL')
             USING ERRCODE = '22023', HINT = 'Use a name such as Europe/Sofia or UTC (see pg_timezone_names).';
     END IF;
 END $$;

@@ -71,6 +71,11 @@ CASES: list[Case] = [
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY['E', ''])", "deny[2]"),
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY[repeat('E', 201)])", "deny[1]"),
     bad("SELECT jobs.acquire_lease(E'nightly\\n', 'o', '1 minute')", "control characters"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => NULL)", "timezone NULL is not"),
+    bad(
+        "SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'Mars/Olympus')",
+        "timezone 'Mars/Olympus' is not",
+    ),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
     bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),
