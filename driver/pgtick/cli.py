@@ -1777,7 +1777,11 @@ def cmd_web(args: argparse.Namespace) -> int:
     parse_bind(args.bind)
     secret = operator_secret(args.password_file)
     try:
-        return serve(_dsn(args), args.bind, secret, args.db_timeout)
+        dsn = _dsn(args)
+        with connect(dsn) as conn:  # a server it cannot reach or a database without pgtick: say so now
+            if not calls.schema_installed(conn):
+                raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+        return serve(dsn, args.bind, secret, args.db_timeout)
     finally:
         if _embedded is not None:
             _embedded.stop()

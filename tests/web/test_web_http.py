@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, login, post
 
-from harness import Database, scalar, terminate, wait_for
+from harness import Database, Server, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app
 from pgtick.web.db import Database as WebDatabase
 
@@ -554,6 +554,36 @@ def test_pgtick_web_refuses_bad_options_with_one_line_and_exit_2(
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def _web(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", "web", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_pgtick_web_that_cannot_start_says_why_in_one_line_and_exits_1(pg: Server, db: Database) -> None:
+    """A server it cannot reach, a database without the jobs schema, an address that is taken
+    or does not resolve: one line at once, exit 1, before anything is announced as served."""
+    empty = pg.create_empty_database()
+    try:
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            taken = f"127.0.0.1:{held.getsockname()[1]}"
+            cases = [
+                (["--dsn", "postgresql://nobody@127.0.0.1:1/none"], "cannot connect to PostgreSQL"),
+                (["--dsn", empty.dsn, "--bind", "127.0.0.1:0"], "the jobs schema is not installed"),
+                (["--dsn", db.dsn, "--bind", taken], f"--bind {taken}: cannot listen: "),
+                (["--dsn", db.dsn, "--bind", "256.1.1.1:8080"], "--bind 256.1.1.1:8080: cannot listen: "),
+            ]
+            for args, message in cases:
+                proc = _web(*args)
+                assert proc.returncode == 1, (args, proc.stderr)
+                lines = proc.stderr.strip().splitlines()
+                assert len(lines) == 1 and message in lines[0], (args, proc.stderr)
+    finally:
+        pg.drop_database(empty)
 
 
 # Queues, limits and dependencies as the flow-control schema names them (jobs.queues,

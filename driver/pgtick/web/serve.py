@@ -5,11 +5,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
 
-from pgtick.errors import UsageError
+from pgtick.errors import PgtickError, UsageError
 from pgtick.web.auth import Secret
 from pgtick.web.db import DEFAULT_TIMEOUT
 
@@ -69,12 +70,25 @@ def operator_secret(password_file: str | None) -> Secret | None:
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def _config(dsn: str, bind: str, secret: Secret | None, option: str, db_timeout: float) -> object:
+def listen(bind: str, option: str = "--bind") -> socket.socket:
+    """The dashboard's listening socket, bound before anything is announced: an address
+    that cannot be had (taken, not this machine's, a name that does not resolve) is one
+    line naming the option."""
+    host, port = parse_bind(bind, option)
+    try:  # (IPv6 when the host is an IPv6 address, as uvicorn binds)
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:  # (without the address create_server appends: the line names it)
+        reason = str(exc.strerror or exc).split(" (while attempting to bind")[0]
+        raise PgtickError(f"{option} {bind}: cannot listen: {reason}") from None
+
+
+def _config(dsn: str, bind: str, sock: socket.socket, secret: Secret | None, db_timeout: float) -> object:
     import uvicorn
 
     from pgtick.web.app import create_app
 
-    host, port = parse_bind(bind, option)
+    host, _ = parse_bind(bind)
+    port = sock.getsockname()[1]  # the one the system chose, for port 0
     if not _is_loopback(host):
         log.warning(
             "dashboard bound to %s, reachable from other machines: put it behind TLS%s",
@@ -107,22 +121,26 @@ def serve(dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAUL
     seconds for the database."""
     import uvicorn
 
-    config = _config(dsn, bind, secret, "--bind", db_timeout)
+    sock = listen(bind)
+    config = _config(dsn, bind, sock, secret, db_timeout)
     assert isinstance(config, uvicorn.Config)
     server = uvicorn.Server(config)
-    server.run()
+    with sock:
+        server.run(sockets=[sock])
     return 0 if server.started else 1
 
 
 def serve_in_thread(
     dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAULT_TIMEOUT
 ) -> threading.Thread:
-    """Serve from a daemon thread (beside ``pgtick run``); it ends with the process."""
+    """Serve from a daemon thread (beside ``pgtick run``); it ends with the process. The
+    address is bound before the thread starts, so one that cannot be had is the caller's error."""
     import uvicorn
 
-    config = _config(dsn, bind, secret, "--web", db_timeout)
+    sock = listen(bind, "--web")
+    config = _config(dsn, bind, sock, secret, db_timeout)
     assert isinstance(config, uvicorn.Config)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="pgtick-web", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="pgtick-web", daemon=True)
     thread.start()
     return thread
