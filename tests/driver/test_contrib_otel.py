@@ -189,3 +189,22 @@ def test_an_async_job_on_the_workers_loop_continues_the_trace(db: Database, tele
     assert process.context.trace_id == request.get_span_context().trace_id
     assert process.parent is not None and process.parent.span_id == send.context.span_id
     assert attrs(process)["pgtick.run.outcome"] == "complete"
+
+
+def test_without_opentelemetry_installed_the_import_names_the_extra() -> None:
+    """Where OpenTelemetry is not installed (a blocked import stands in for it), importing the
+    integration says which extra brings it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None\n"  # import opentelemetry now raises ImportError
+        "try:\n"
+        "    import pgtick.contrib.otel\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'pgtick[otel]'" in result.stdout, result.stdout

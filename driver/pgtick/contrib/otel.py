@@ -36,9 +36,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import metrics, trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError as exc:  # the optional dependency: say which extra brings it
+    raise ImportError(f"pgtick.contrib.otel needs OpenTelemetry: pip install 'pgtick[otel]' ({exc})") from exc
 
 from pgtick import __version__, instrumentation
 from pgtick.app import Context
