@@ -307,6 +307,11 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
     ("migrate-sql-as-json", ["migrate", "--sql", "--json"], "give one of --sql or --json"),
     (
+        "define-interval-past-the-calendar",
+        ["define", "y", "k", "--schedule", "FREQ=DAILY;INTERVAL=99999999999999999999", "--jitter", "5m"],
+        "INTERVAL must be at most 365,000",
+    ),
+    (
         "after-year-1-local-before-it",
         ["preview", "FREQ=DAILY", "--after", "0001-01-01T00:00:00Z", "--tz", "America/New_York"],
         "outside the years 1 to 9999",

@@ -166,6 +166,7 @@ def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None
         ("/preview?schedule=0+9+*+*+*&count=0", "count must be between 1 and 1000, got 0"),
         ("/preview?schedule=0+9+*+*+*&tz=Mars/Base", "timezone &#39;Mars/Base&#39; is not a known IANA"),
         ("/preview?schedule=FREQ%3DSOMETIMES", "FREQ"),
+        ("/preview?schedule=FREQ%3DDAILY%3BINTERVAL%3D99999999999999999999", "INTERVAL must be at most"),
         ("/definition", "name must be a non-empty text"),
         ("/audit?before=0", "before must be between 1 and"),
     ],

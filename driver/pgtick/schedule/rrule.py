@@ -39,6 +39,13 @@ Frequency = Literal[0, 1, 2, 3, 4, 5, 6]  # dateutil's YEARLY .. SECONDLY
 _NUMBER = re.compile(r"[0-9]+")
 
 _PERIOD_SECONDS = {WEEKLY: 7 * 86400, DAILY: 86400, HOURLY: 3600, MINUTELY: 60, SECONDLY: 1}
+#: The longest INTERVAL of each frequency: a thousand years (a longer step leaves the calendar
+#: a datetime can hold after one occurrence, and its arithmetic overflows).
+_MAX_INTERVAL = {
+    YEARLY: 1000,
+    MONTHLY: 12 * 1000,
+    **{f: 1000 * 365 * 86400 // seconds for f, seconds in _PERIOD_SECONDS.items()},
+}
 #: The parts of a rule (dateutil's keywords) that leave whole days out.
 _DAY_PARTS = ("bymonth", "bymonthday", "byyearday", "byweekno", "byweekday")
 _NO_DAY_PARTS: dict[str, Any] = dict.fromkeys(_DAY_PARTS)
@@ -380,10 +387,12 @@ def _number_list(text: str, part: str, low: int, high: int, signed: bool) -> tup
     return tuple(numbers)
 
 
-def _positive_integer(text: str, part: str, *, allow_zero: bool = False) -> int:
+def _positive_integer(text: str, part: str, *, most: int | None = None, allow_zero: bool = False) -> int:
     if not _NUMBER.fullmatch(text) or (int(text) == 0 and not allow_zero):
         kind = "non-negative" if allow_zero else "positive"
         raise ScheduleError(f"RRULE: {part} must be a {kind} integer, got {text!r}")
+    if most is not None and int(text) > most:
+        raise ScheduleError(f"RRULE: {part} must be at most {most:,}, got {text}")
     return int(text)
 
 
@@ -443,7 +452,7 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
             keyword, low, high, signed = _NUMBER_LIST_PARTS[name]
             options[keyword] = _number_list(value, name, low, high, signed)
         elif name == "INTERVAL":
-            options["interval"] = _positive_integer(value, name)
+            options["interval"] = _positive_integer(value, name, most=_MAX_INTERVAL[frequency])
         elif name == "COUNT":
             options["count"] = _positive_integer(value, name, allow_zero=True)
         elif name == "UNTIL":

@@ -228,6 +228,13 @@ class Dashboard:
     async def definitions(self, request: Request) -> Response:
         async with self.db.reading() as conn:
             rows = await queries.definitions(conn, self.db.features)
+        await asyncio.to_thread(self._next_runs, rows)
+        return self.render(request, "definitions.html", {"definitions": rows})
+
+    @staticmethod
+    def _next_runs(rows: list[dict[str, Any]]) -> None:
+        """Each definition's next run, read from the database where it is known, else from
+        its schedule while the page's budget lasts (on a thread: off the event loop)."""
         now = datetime.now(UTC)
         budget = time.monotonic() + COMPUTE_NEXT_SECONDS
         for row in rows:
@@ -244,7 +251,6 @@ class Dashboard:
                 row["next"] = timeview.next_occurrence(
                     row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
                 )
-        return self.render(request, "definitions.html", {"definitions": rows})
 
     async def definition(self, request: Request) -> Response:
         name = inputs.text(request.query_params, "name", required=True)
@@ -259,7 +265,8 @@ class Dashboard:
         schedule_error = row["schedule_error"]
         if row["schedule"] and not row["finished"]:
             try:
-                upcoming = timeview.occurrences(
+                upcoming = await asyncio.to_thread(
+                    timeview.occurrences,
                     row["schedule"],
                     row["timezone"],
                     after=datetime.now(UTC),
@@ -267,7 +274,7 @@ class Dashboard:
                     created_at=row["created_at"],
                     policy=_policy(row),
                 )
-            except (timeview.ScheduleError, ValueError) as exc:
+            except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 schedule_error = schedule_error or str(exc)
         return self.render(
             request,
@@ -293,8 +300,9 @@ class Dashboard:
         problem = None
         if schedule:
             try:
-                result = timeview.occurrences(schedule, tz, after=after, count=count)
-            except (timeview.ScheduleError, ValueError) as exc:
+                # (On a thread: a schedule that takes long to expand holds this request only.)
+                result = await asyncio.to_thread(timeview.occurrences, schedule, tz, after=after, count=count)
+            except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 problem = str(exc)
         status = 400 if problem else 200
         return self.render(

@@ -116,7 +116,7 @@ def next_occurrence(
         found = occurrences(
             schedule_text, timezone, after=after, count=2, created_at=created_at, policy=policy
         )
-    except (ScheduleError, ValueError, LookupError):
+    except (ScheduleError, ValueError, LookupError, OverflowError):
         return None
     runs = [o for o in found if o.utc is not None]
     if not runs:
