@@ -50,10 +50,9 @@ BEGIN
             RETURN v_text;
         END IF;
     END IF;
-    v_text := coalesce(e ->> 'timezone', 'UTC');
-    IF NOT (EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = v_text)
-            OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = v_text)) THEN
-        RETURN format('timezone %s is not a known IANA time zone name', quote_literal(v_text));
+    v_text := jobs._zone_problem(coalesce(e ->> 'timezone', 'UTC'));
+    IF v_text IS NOT NULL THEN
+        RETURN v_text;
     END IF;
     IF e ->> 'run_at' IS NOT NULL THEN
         BEGIN

@@ -14,15 +14,52 @@ INSERT INTO jobs._zones (name)
 SELECT z.name FROM pg_catalog.pg_timezone_names AS z
 ON CONFLICT DO NOTHING;
 
--- Private: raise 22023 unless zone is an IANA time zone name known to the server.
-CREATE OR REPLACE FUNCTION jobs._check_zone(zone text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+-- Private: what is wrong with a zone name (NULL: nothing). Beside an unknown name, a name
+-- that is also a time zone abbreviation of another offset in some season (CET, EET, MET,
+-- WET: zones with summer time, abbreviations of their winter offset) is refused, since
+-- PostgreSQL reads `AT TIME ZONE 'CET'` as the abbreviation: the local times it would show
+-- (jobs.definition_health, the dashboard) would be an hour off all summer.
+CREATE OR REPLACE FUNCTION jobs._zone_problem(zone text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_session text;
+    v_differs boolean;
 BEGIN
     IF zone IS NULL OR NOT (
         EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = zone)
         OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = zone)
     ) THEN
-        RAISE EXCEPTION 'timezone % is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL')
+        RETURN format('timezone %s is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL'));
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(zone)) THEN
+        -- The zone's own offsets, read as the session's zone (which takes names, not
+        -- abbreviations), in January and July of this year.
+        v_session := current_setting('TimeZone');
+        PERFORM set_config('TimeZone', zone, TRUE);
+        SELECT bool_or(make_interval(secs => extract(timezone FROM t.at)) <> a.utc_offset)
+          INTO v_differs
+          FROM pg_catalog.pg_timezone_abbrevs AS a,
+               (VALUES (date_trunc('year', now())), (date_trunc('year', now()) + interval '6 months')) AS t (at)
+         WHERE a.abbrev = upper(zone);
+        PERFORM set_config('TimeZone', v_session, TRUE);
+        IF v_differs THEN
+            RETURN format('timezone %s is also the abbreviation of a fixed offset, which PostgreSQL reads '
+                          'it as: give the region''s zone instead, such as Europe/Paris or Europe/Athens',
+                          quote_literal(zone));
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION jobs._zone_problem(text) IS 'Private: NULL for a known IANA time zone name that PostgreSQL does not read as a fixed-offset abbreviation, else what is wrong with it.';
+
+-- Private: raise 22023 unless zone is an IANA time zone name known to the server.
+CREATE OR REPLACE FUNCTION jobs._check_zone(zone text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_problem text := jobs._zone_problem(zone);
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem
             USING ERRCODE = '22023', HINT = 'Use a name such as Europe/Sofia or UTC (see pg_timezone_names).';
     END IF;
 END $$;

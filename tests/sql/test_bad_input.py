@@ -76,6 +76,16 @@ CASES: list[Case] = [
         "SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'Mars/Olympus')",
         "timezone 'Mars/Olympus' is not",
     ),
+    bad(
+        "SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'CET')",
+        "also the abbreviation of a fixed offset",
+    ),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'WET')", "such as Europe/Paris"),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "timezone": "EET"}]\')',
+        "also the abbreviation of a fixed offset",
+    ),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
     bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),

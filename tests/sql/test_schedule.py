@@ -160,3 +160,12 @@ def test_run_list_names_the_definition_and_readers_may_select_it(db: Database, c
             "SELECT id, definition, status, error FROM jobs.run_list ORDER BY id"
         ).fetchall()
     assert rows == [(scheduled, "nightly", "QUEUED", None), (adhoc, None, "QUEUED", "x" * 60)]
+
+
+def test_zones_that_share_their_name_with_an_abbreviation_of_the_same_offset_are_taken(conn: Conn) -> None:
+    """UTC, GMT, EST, MST and HST read the same as a zone and as an abbreviation (a fixed
+    offset either way), so a definition may name them; the session's zone is left as it was."""
+    before = scalar(conn, "SELECT current_setting('TimeZone')")
+    for zone in ("UTC", "GMT", "EST", "MST", "HST", "Europe/Paris"):
+        conn.execute("SELECT jobs.define(%s, 'k', '0 9 * * *', timezone => %s)", (f"d-{zone}", zone))
+    assert scalar(conn, "SELECT current_setting('TimeZone')") == before
