@@ -163,8 +163,9 @@ BEGIN
         END LOOP;
         RETURN NULL;
     END IF;
-    IF schedule !~* '(^|[\s:;])FREQ=' THEN
-        RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=...)',
+    -- (An RFC 5545 recurrence set may also be dates alone: RDATE lines without a rule.)
+    IF schedule !~* '(^|[\s:;])FREQ=' AND schedule !~* '(^|\n)\s*RDATE\s*[;:]' THEN
+        RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=... or RDATE:...)',
                       quote_literal(schedule));
     END IF;
     -- The rules: RRULE:... lines, and lines without a property name (FREQ=...;...).

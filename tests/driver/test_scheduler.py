@@ -22,6 +22,7 @@ from harness import (
     one,
     refuse_runs_of,
     run_in_processes,
+    scalar,
     wait_for,
 )
 from pgtick.scheduler import Scheduler
@@ -180,6 +181,25 @@ def test_daily_0800_sofia_across_both_changes(db: Database) -> None:
     assert by_day[date(2027, 10, 31)] == utc(2027, 10, 31, 6)  # back to EET at 04:00
     assert sorted(by_day) == [date(2027, 3, 26) + timedelta(days=n) for n in range(len(by_day))]
     assert all(t.astimezone(sofia).hour == 8 and t.astimezone(sofia).minute == 0 for t in times)
+    scheduler.close()
+
+
+def test_a_schedule_of_dates_alone_runs_each_date_once_then_finishes(db: Database) -> None:
+    """RDATE lines without a rule (an RFC 5545 recurrence set of dates), defined from SQL:
+    each date runs once, at its wall time in the zone, and then the schedule is finished."""
+    clock = Clock(utc(2027, 1, 1, 0))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock)
+    with db.connect() as conn:
+        definition_id = define(
+            conn, "dates", "RDATE:20270102T090000,20270705T090000", timezone="Europe/Sofia"
+        )
+        conn.execute("UPDATE jobs.definitions SET cursor_from = %s WHERE id = %s", (clock.now, definition_id))
+        for moment in (utc(2027, 1, 1, 0), utc(2027, 1, 2, 7, 1), utc(2027, 7, 5, 6, 1), utc(2027, 8, 1)):
+            clock.now = moment
+            scheduler.materialize_due()
+        assert run_times(conn, definition_id) == [utc(2027, 1, 2, 7), utc(2027, 7, 5, 6)]
+        finished = scalar(conn, "SELECT finished FROM jobs.definition_health WHERE name = 'dates'")
+    assert finished is True
     scheduler.close()
 
 
