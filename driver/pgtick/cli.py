@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
@@ -62,6 +62,9 @@ from pgtick.terminal import (
     visible_len,
     wrap,
 )
+
+if TYPE_CHECKING:
+    from pgtick.schedule import Occurrence, Schedule
 
 log = logging.getLogger("pgtick.cli")
 
@@ -1632,23 +1635,49 @@ def cmd_prune(args: argparse.Namespace) -> Result:
 
 
 def _preview_data(
-    text: str | None, zone: str, runs: Sequence[datetime], definition: str | None = None
+    schedule: Schedule,
+    occurrences: Sequence[Occurrence],
+    runs: Sequence[datetime],
+    definition: str | None = None,
 ) -> dict[str, Any]:
-    """What `pgtick preview --json` prints (schema: docs/schemas/preview.json)."""
-    tz = _zone(zone)
-    return {
-        "schedule": text,
-        "timezone": zone,
-        "definition": definition,
-        "runs": [
+    """What `pgtick preview --json` prints (schema: docs/schemas/preview.json): the effective
+    DST policy, each run (`runs`: the occurrences' instants, jittered for a definition) with
+    its offset and what DST did to it, and the wall times a gap skipped."""
+    tz = _zone(schedule.timezone)
+    instants = iter(runs)
+    shown: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for occurrence in occurrences:
+        if occurrence.at is None:
+            skipped.append({"local": occurrence.wall.replace(tzinfo=None).isoformat(), "dst": occurrence.dst})
+            continue
+        local = next(instants).astimezone(tz)
+        shown.append(
             {
-                "local": t.astimezone(tz).replace(tzinfo=None).isoformat(),
-                "abbreviation": t.astimezone(tz).tzname(),
-                "utc": iso(t),
+                "local": local.replace(tzinfo=None).isoformat(),
+                "abbreviation": local.tzname(),
+                "offset": _offset_text(local.utcoffset()),
+                "utc": iso(local),
+                "dst": occurrence.dst,
             }
-            for t in runs
-        ],
+        )
+    return {
+        "schedule": schedule.text,
+        "timezone": schedule.timezone,
+        "definition": definition,
+        "dst_gap": schedule.policy.gap,
+        "dst_repeat": schedule.policy.repeat,
+        "runs": shown,
+        "skipped": skipped,
     }
+
+
+def _offset_text(offset: timedelta | None) -> str:
+    """``+02:00``, ``-03:30``, ``+00:19:32`` (an offset of seconds, before 1900)."""
+    seconds = int(offset.total_seconds()) if offset is not None else 0
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, rest = divmod(rest, 60)
+    return f"{'-' if seconds < 0 else '+'}{hours:02d}:{minutes:02d}" + (f":{rest:02d}" if rest else "")
 
 
 def cmd_preview(args: argparse.Namespace) -> Result:
@@ -1678,7 +1707,8 @@ def cmd_preview(args: argparse.Namespace) -> Result:
             args.schedule, tz, anchor=anchor, dst_gap=args.dst_gap, dst_repeat=args.dst_repeat
         )
         lines = format_preview(schedule, after, args.count)
-        runs = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
+        occurrences = preview(schedule, after, args.count)
+        runs = [o.at for o in occurrences if o.at is not None]
     except (ScheduleError, LookupError) as exc:
         raise UsageError(str(exc)) from exc
     except OverflowError as exc:  # a local time before the year 1 or after 9999
@@ -1688,7 +1718,7 @@ def cmd_preview(args: argparse.Namespace) -> Result:
     if not runs and args.count:
         out.append("  no further occurrences: the schedule has ended")
     out += [f"  {line}" for line in lines]
-    return Result(_preview_data(args.schedule, tz, runs), lambda st, w: "\n".join(out))
+    return Result(_preview_data(schedule, occurrences, runs), lambda st, w: "\n".join(out))
 
 
 def _preview_title(asked: int, found: int, what: str, shown: str = "") -> str:
@@ -1726,7 +1756,8 @@ def _preview_definition(args: argparse.Namespace) -> Result:
         try:
             schedule = definition_schedule(d)
             lines = format_preview(schedule, after, args.count, delay=jitter)
-            plain = [o.at for o in preview(schedule, after, args.count) if o.at is not None]
+            occurrences = preview(schedule, after, args.count)
+            plain = [o.at for o in occurrences if o.at is not None]
             runs = [t + j for t, j in zip(plain, jitter(plain), strict=True)] if plain else []
         except ScheduleError as exc:
             raise UsageError(str(exc)) from exc
@@ -1740,7 +1771,7 @@ def _preview_definition(args: argparse.Namespace) -> Result:
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
     out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0)]
     out += [f"  {line}" for line in lines]
-    data = _preview_data(d["schedule"], d["timezone"], runs, definition=d["name"])
+    data = _preview_data(schedule, occurrences, runs, definition=d["name"])
     return Result(data, lambda st, w: "\n".join(out))
 
 

@@ -286,6 +286,28 @@ def test_every_other_command_prints_json_valid_against_its_schema(
     validate("backfill", json.loads(run_cli(capsys, *backfill, "--json", *dsn)))
 
 
+def test_preview_json_says_what_dst_did_and_which_policy_chose_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The JSON carries what the text shows: the effective policy, each run's offset and DST
+    mark, and the wall times a gap skipped."""
+
+    def previewed(*argv: str) -> dict[str, Any]:
+        data = json.loads(run_cli(capsys, "preview", *argv, "--tz", "America/New_York", "--json"))
+        validate("preview", data)
+        return dict(data)
+
+    fall = previewed("30 1 * * *", "--after", "2026-10-31T12:00", "--count", "2", "--dst-repeat", "both")
+    assert (fall["dst_gap"], fall["dst_repeat"]) == ("end", "both")
+    assert [(r["utc"], r["offset"], r["dst"]) for r in fall["runs"]] == [
+        ("2026-11-01T05:30:00Z", "-04:00", "doubled"),
+        ("2026-11-01T06:30:00Z", "-05:00", "doubled"),
+    ]
+    spring = previewed("30 2 * * *", "--after", "2026-03-07T12:00", "--count", "1", "--dst-gap", "skip")
+    assert spring["skipped"] == [{"local": "2026-03-08T02:30:00", "dst": "skipped"}]
+    assert [(r["local"], r["dst"]) for r in spring["runs"]] == [("2026-03-09T02:30:00", None)]
+    moved = previewed("30 2 * * *", "--after", "2026-03-07T12:00", "--count", "1")
+    assert [(r["local"], r["dst"]) for r in moved["runs"]] == [("2026-03-08T03:00:00", "moved")]
+
+
 def test_undefine_says_what_happens_to_the_runs(fixed: Database, capsys: pytest.CaptureFixture[str]) -> None:
     out = run_cli(capsys, "undefine", "every-10s", "--dsn", fixed.dsn)
     check_golden("undefine.txt", out)
