@@ -250,3 +250,18 @@ def test_runs_are_strictly_increasing_and_resume_where_they_stopped(
     for index, run in enumerate(runs[:-1]):
         assert schedule.next_after(run, inclusive=True) == run
         assert schedule.next_after(run) == runs[index + 1], (run, runs)
+
+
+def test_a_day_skipped_across_the_date_line_keeps_its_shifted_occurrence() -> None:
+    """Pacific/Apia went from -10:00 to +14:00 at the end of 2011-12-29 (local): Friday the
+    30th never happened there. A weekly Friday 09:00 rule shifts that run out of the gap (to
+    the next wall time that exists, Saturday 09:00 = 19:00Z on the 30th), and it is found
+    from any instant before it, not only from one less than a few hours before."""
+    apia = ZoneInfo("Pacific/Apia")
+    schedule = parse_schedule(
+        "FREQ=WEEKLY;BYDAY=FR;BYHOUR=9", "Pacific/Apia", anchor=datetime(2011, 12, 1, tzinfo=apia)
+    )
+    shifted = datetime(2011, 12, 30, 19, tzinfo=UTC)
+    for after in (datetime(2011, 12, 29, 20, tzinfo=UTC), datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC)):
+        assert schedule.next_after(after) == shifted, after
+    assert schedule.between(datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC), shifted, limit=5) == [shifted]

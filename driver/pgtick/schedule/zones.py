@@ -42,8 +42,10 @@ DST_REPEATS: tuple[DstRepeat, ...] = ("first", "second", "both")
 #: the two readings of a repeated wall time (``doubled`` when both run).
 DstMark = Literal["moved", "skipped", "doubled", "first of two", "second of two"]
 
-# The largest UTC offset change any zone has made at once is two hours; four leaves room.
-MAX_TRANSITION = timedelta(hours=4)
+# The largest UTC offset change any zone has made at once: a day, when Pacific/Apia (2011),
+# Pacific/Fakaofo (2011) and Pacific/Kwajalein (1993) moved across the date line, with a
+# margin. Summer time moves an hour or two, and a search backs up this far only near one.
+MAX_TRANSITION = timedelta(hours=26)
 _ONE_SECOND = timedelta(seconds=1)
 _LAST_WALL_TIME = datetime.max.replace(microsecond=0)
 
