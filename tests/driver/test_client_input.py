@@ -80,6 +80,16 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
         ),
         "jitter",
     ),
+    (  # a yearly rule half an hour off a daily one: the two meet once a year, past the 50th run
+        "jitter-over-the-spacing-of-two-rules",
+        lambda c: c.define(
+            "x",
+            "k",
+            "RRULE:FREQ=DAILY;BYHOUR=0;BYMINUTE=30\nRRULE:FREQ=YEARLY;BYMONTH=6;BYMONTHDAY=1;BYHOUR=0;BYMINUTE=0",
+            jitter=2 * 3600,
+        ),
+        "jitter",
+    ),
     ("dst-gap-unknown", lambda c: c.define("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
     ("schedule-bad", lambda c: c.define("x", "k", "0 25 * * *"), "schedule"),
     ("timezone-unknown", lambda c: c.define("x", "k", "0 9 * * *", timezone="Mars/Base"), "timezone"),
