@@ -265,3 +265,16 @@ def test_a_day_skipped_across_the_date_line_keeps_its_shifted_occurrence() -> No
     for after in (datetime(2011, 12, 29, 20, tzinfo=UTC), datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC)):
         assert schedule.next_after(after) == shifted, after
     assert schedule.between(datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC), shifted, limit=5) == [shifted]
+
+
+@pytest.mark.parametrize("text", ["0 8 * * *", "FREQ=DAILY;BYHOUR=8"])
+def test_the_first_runs_of_the_calendar_are_found_from_its_first_second(text: str) -> None:
+    """From the first seconds of the year 1 a search cannot back up a second: it starts at the
+    calendar's first wall time and loses nothing (a cron schedule once began at 2000)."""
+    schedule = parse_schedule(text, "UTC", anchor=datetime(1, 1, 1, tzinfo=UTC))
+    first = datetime(1, 1, 1, 8, tzinfo=UTC)
+    assert schedule.next_after(datetime(1, 1, 1, tzinfo=UTC)) == first
+    assert schedule.between(datetime(1, 1, 1, tzinfo=UTC), first + timedelta(days=1), limit=5) == [
+        first,
+        first + timedelta(days=1),
+    ]

@@ -149,7 +149,8 @@ class Schedule:
         return _walked(expansion.xafter(not_before, inc=True))
 
     def _start_wall_time(self, instant: datetime) -> datetime | None:
-        """The earliest wall time that can run at or after `instant` (None: past 9999).
+        """The earliest wall time that can run at or after `instant` (None: past 9999; the
+        calendar's first near the year 1).
 
         Away from DST changes that is the wall time of `instant`; near one, a wall time
         shifted out of a gap or read a second time can run up to a transition later.
@@ -160,8 +161,8 @@ class Schedule:
             )
             back = MAX_TRANSITION if near else _ONE_SECOND
             return wall_time(instant - back, self._zone).replace(microsecond=0)
-        except OverflowError:
-            return None
+        except OverflowError:  # backed up past the year 1: from the calendar's first wall time
+            return datetime.min if instant.year == 1 else None
 
     def _occurrences(
         self,
