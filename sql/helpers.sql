@@ -291,9 +291,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_instant(text, timestamptz) IS 'Private: raises 22023 naming the field if the timestamp is NULL, infinite or outside 0001-01-02 .. 9999-12-30 UTC.';
 
--- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
--- control character (a newline or escape in a kind, queue or definition name would forge lines
--- in logs and break the CLI's tables).
 -- Private: is the text only spaces, of any script (the characters Unicode counts as white
 -- space, but for the control characters that a name may not hold anyway)?
 CREATE OR REPLACE FUNCTION jobs._blank(value text) RETURNS boolean
@@ -303,6 +300,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
 
+-- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
+-- control character (a newline or escape in a kind, queue or definition name would forge lines
+-- in logs and break the CLI's tables), nor only spaces.
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import pytest
@@ -54,6 +54,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.sql import SQL, Identifier
 
 from pgtick import migrate
+
+if TYPE_CHECKING:
+    from pgtick.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The job modules `pgtick run` loads in the process tests.
@@ -224,6 +227,24 @@ def server() -> Iterator[Server]:
         yield srv
     finally:
         srv.close()
+
+
+@contextmanager
+def migrated_server(*setup: str) -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """A migrated embedded server of the caller's own, for a test that stops, freezes or
+    restarts it, and its DSN; `setup` statements run once after migrating."""
+    from pgtick.embedded import EmbeddedPostgres
+
+    embedded = EmbeddedPostgres(ephemeral=True, fast=True)
+    dsn = embedded.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.apply(conn)
+            for statement in setup:
+                conn.execute(statement.encode())
+        yield embedded, dsn
+    finally:
+        embedded.stop()
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:

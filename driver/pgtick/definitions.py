@@ -58,9 +58,7 @@ def validate_schedule(
         if jitter:
             # Several rules or dates together can come close anywhere (a yearly rule an hour off
             # a daily one): such a set is sampled over its next 2,000 runs, one rule over 50.
-            combined = (
-                len(re.findall(r"^\s*(?:RRULE|RDATE)\s*[:;]", schedule, re.IGNORECASE | re.MULTILINE)) > 1
-            )
+            combined = len(_RULE_LINE.findall(schedule)) > 1
             windows = [(now, now + timedelta(days=3660), 2000 if combined else 50)]
             windows += [
                 (day - timedelta(days=1), day + timedelta(days=2), 500)

@@ -21,11 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import psycopg
 import pytest
 
-from harness import PGTICK, ROOT, Database, env_for, in_pty, pgtick, scalar, tty_env, wait_for
-from pgtick import migrate
+from harness import (
+    PGTICK,
+    ROOT,
+    Database,
+    env_for,
+    in_pty,
+    migrated_server,
+    pgtick,
+    scalar,
+    tty_env,
+    wait_for,
+)
 from pgtick.embedded import EmbeddedPostgres
 
 SCHEMAS = ROOT / "docs" / "schemas"
@@ -362,15 +371,8 @@ def test_status_watch_on_a_short_terminal_draws_what_fits_and_ends_on_a_new_line
 @pytest.fixture
 def own_server() -> Iterator[tuple[EmbeddedPostgres, str]]:
     """A server of this test's own, since it is stopped and started."""
-    server = EmbeddedPostgres(ephemeral=True, fast=True)
-    dsn = server.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate.apply(conn)
-            conn.execute("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *')")
-        yield server, dsn
-    finally:
-        server.stop()
+    with migrated_server("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *')") as own:
+        yield own
 
 
 CLEAR = b"\033[2J\033[H"

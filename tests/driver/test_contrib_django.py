@@ -34,13 +34,17 @@ def empty(pg: Server) -> Iterator[Database]:
         pg.drop_database(database)
 
 
-def _env(db: Database) -> dict[str, str]:
+def _env(dsn: str | None = None) -> dict[str, str]:
+    """This process's environment without its database and Django settings; ``dsn`` as the
+    example project's DATABASE_URL."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
     }
-    env.update(DATABASE_URL=db.dsn, PYTHONUNBUFFERED="1", PGTICK_LOG="INFO")
+    env.update(PYTHONUNBUFFERED="1", PGTICK_LOG="INFO")
+    if dsn is not None:
+        env["DATABASE_URL"] = dsn
     return env
 
 
@@ -48,7 +52,7 @@ def manage(db: Database, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=PROJECT,
-        env=_env(db),
+        env=_env(db.dsn),
         capture_output=True,
         text=True,
         timeout=120,
@@ -60,7 +64,7 @@ def start(db: Database, log: Path, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "manage.py", *args],
             cwd=PROJECT,
-            env=_env(db),
+            env=_env(db.dsn),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -150,19 +154,13 @@ def test_the_example_project_migrates_checks_enqueues_in_its_transaction_and_run
     assert code == 0, log.read_text()
 
 
-def test_the_schema_check_reports_an_unreachable_database_as_its_error(tmp_path: Path) -> None:
+def test_the_schema_check_reports_an_unreachable_database_as_its_error() -> None:
     """`check --database default` is the deploy gate: a database it cannot reach is the check's
     own error (pgtick.E003), not a traceback."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
-    }
-    env["DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=5"
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--database", "default"],
         cwd=PROJECT,
-        env=env,
+        env=_env("postgresql://nobody@127.0.0.1:1/none?connect_timeout=5"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -195,13 +193,8 @@ django.setup()
 from pgtick.contrib.django import dsn
 print(json.dumps(conninfo_to_dict(dsn())))
 """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "PGTICK_DSN", "DJANGO_SETTINGS_MODULE")
-    }
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout)

@@ -17,10 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import wait_for
-from pgtick import migrate
+from harness import migrated_server, wait_for
 from pgtick.app import App, Context
-from pgtick.embedded import EmbeddedPostgres
 from pgtick.worker import Worker
 
 OUTAGE_SECONDS = float(os.environ.get("PGTICK_OUTAGE_SECONDS", "30"))
@@ -29,12 +27,8 @@ OUTAGE_SECONDS = float(os.environ.get("PGTICK_OUTAGE_SECONDS", "30"))
 @pytest.fixture
 def private_server() -> Any:
     """A server of this test's own, since it is stopped and started."""
-    server = EmbeddedPostgres(ephemeral=True, fast=True)
-    dsn = server.start()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrate.apply(conn)
-    yield server, dsn
-    server.stop()
+    with migrated_server() as own:
+        yield own
 
 
 def test_database_gone_for_30s_mid_job(private_server: Any) -> None:

@@ -31,8 +31,7 @@ import pytest
 from starlette.testclient import TestClient
 from web_support import PASSWORD, login, post
 
-from harness import PGTICK, free_port, scalar, terminate, wait_for
-from pgtick import migrate
+from harness import PGTICK, free_port, migrated_server, scalar, terminate, wait_for
 from pgtick.embedded import EmbeddedPostgres
 from pgtick.web import Secret, create_app
 from pgtick.web.db import Database as WebDatabase
@@ -50,14 +49,8 @@ _MESSAGE = re.compile(r'id="error-message">([^<]*)</p>')
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[tuple[EmbeddedPostgres, str]]:
     """A migrated server of this module's own, since it is stopped and continued."""
-    server = EmbeddedPostgres(ephemeral=True, fast=True)
-    dsn = server.start()
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate.apply(conn)
-        yield server, dsn
-    finally:
-        server.stop()
+    with migrated_server() as own:
+        yield own
 
 
 def _server_processes(server: EmbeddedPostgres) -> list[int]:
