@@ -1643,6 +1643,8 @@ def _preview_data(
     """What `pgtick preview --json` prints (schema: docs/schemas/preview.json): the effective
     DST policy, each run (`runs`: the occurrences' instants, jittered for a definition) with
     its offset and what DST did to it, and the wall times a gap skipped."""
+    from pgtick.schedule.preview import format_offset
+
     tz = _zone(schedule.timezone)
     instants = iter(runs)
     shown: list[dict[str, Any]] = []
@@ -1656,7 +1658,7 @@ def _preview_data(
             {
                 "local": local.replace(tzinfo=None).isoformat(),
                 "abbreviation": local.tzname(),
-                "offset": _offset_text(local.utcoffset()),
+                "offset": format_offset(local.utcoffset()),
                 "utc": iso(local),
                 "dst": occurrence.dst,
             }
@@ -1670,14 +1672,6 @@ def _preview_data(
         "runs": shown,
         "skipped": skipped,
     }
-
-
-def _offset_text(offset: timedelta | None) -> str:
-    """``+02:00``, ``-03:30``, ``+00:19:32`` (an offset of seconds, before 1900)."""
-    seconds = int(offset.total_seconds()) if offset is not None else 0
-    hours, rest = divmod(abs(seconds), 3600)
-    minutes, rest = divmod(rest, 60)
-    return f"{'-' if seconds < 0 else '+'}{hours:02d}:{minutes:02d}" + (f":{rest:02d}" if rest else "")
 
 
 def cmd_preview(args: argparse.Namespace) -> Result:

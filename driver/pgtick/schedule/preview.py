@@ -35,7 +35,8 @@ def preview(schedule: Schedule, after: datetime, count: int) -> list[Occurrence]
     return found
 
 
-def _format_offset(offset: timedelta | None) -> str:
+def format_offset(offset: timedelta | None) -> str:
+    """``+02:00``, ``-03:30``, ``-04:56:02`` (an offset of seconds: local mean time)."""
     seconds = int(offset.total_seconds()) if offset is not None else 0
     sign = "-" if seconds < 0 else "+"
     hours, rest = divmod(abs(seconds), 3600)
@@ -89,7 +90,7 @@ def format_preview(
             continue
         start = occurrence.at + by_run[occurrence.at]
         local = start.astimezone(schedule.zone)
-        stamp = f"{_stamp(local)} {local.tzname()} ({_format_offset(local.utcoffset())})"
+        stamp = f"{_stamp(local)} {local.tzname()} ({format_offset(local.utcoffset())})"
         extra = [mark] if mark else []
         if by_run[occurrence.at]:
             extra.append(f"jitter +{int(by_run[occurrence.at].total_seconds())}s")
