@@ -13,8 +13,8 @@
 -- ===========================================================================
 
 -- Private: the set-based compare-and-set plus inserts for the given definitions
--- (each run in its definition's queue, with its concurrency key, delayed by its jitter,
--- as jobs._insert_occurrences does).
+-- (each run in its definition's queue, with its concurrency key, delayed by its jitter, and
+-- none for an occurrence whose run is in history, as jobs._insert_occurrences does).
 -- Rows another transaction holds are skipped (stale for now, planned again next tick),
 -- so two leaders never wait on each other; locks are taken in id order.
 CREATE OR REPLACE FUNCTION jobs._materialize_set(
@@ -59,6 +59,7 @@ LANGUAGE sql VOLATILE AS $$
                'schedule', a.queue, a.concurrency_key, t.at + jobs.jitter_offset(a.id, t.at, a.jitter), t.at
           FROM advanced AS a
           JOIN unnest(run_definition_ids, run_times) AS t (id, at) ON t.id = a.id
+         WHERE NOT jobs._archived_occurrence(a.id, t.at)
          ORDER BY t.at, a.id
         ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING
         RETURNING jobs.runs.definition_id, jobs.runs.scheduled_for

@@ -28,8 +28,32 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
 $$;
 COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
 
+-- Private: whether the run of a definition's past occurrence has moved to history. jobs.runs
+-- keeps each occurrence single by its occurrence index; history, which that index does not
+-- cover, is looked up here: a window backfilled ahead of a cursor that stayed behind (the
+-- scheduler was down), run and archived before the scheduler came back, is not made again.
+-- Only past occurrences are looked up (a run archives at least an hour after it finished, and
+-- an occurrence is materialized at most the lookahead ahead), and only the days of history
+-- from the day before the occurrence on (a run finishes after its occurrence, or within the
+-- lookahead before it when cancelled while it waited), so the lookup is one probe of
+-- run_history_occurrence_idx per such day and the scheduler's usual runs, materialized ahead
+-- of their occurrence, make none.
+CREATE OR REPLACE FUNCTION jobs._archived_occurrence(definition_id bigint, occurrence timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT occurrence < now() AND EXISTS (
+        SELECT FROM jobs.run_history AS h
+         WHERE h.definition_id = _archived_occurrence.definition_id
+           AND h.origin = 'schedule'
+           AND coalesce(h.occurrence_at, h.scheduled_for) = _archived_occurrence.occurrence
+           AND h.finished_at >= _archived_occurrence.occurrence - interval '1 day'
+    )
+$$;
+COMMENT ON FUNCTION jobs._archived_occurrence(bigint, timestamptz) IS 'Private: whether a past occurrence of the definition has its scheduled run in jobs.run_history (materialized once: not again).';
+
 -- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
--- The occurrence index makes an occurrence that already has its run a no-op.
+-- The occurrence index makes an occurrence that already has its run a no-op, and one whose run
+-- has moved to history is left out.
 CREATE OR REPLACE FUNCTION jobs._insert_occurrences(def jobs.definitions, run_times timestamptz[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -43,6 +67,7 @@ BEGIN
            def.heartbeat_timeout, 'schedule', def.queue, def.concurrency_key,
            t + jobs.jitter_offset(def.id, t, def.jitter), t
       FROM unnest(run_times) AS t
+     WHERE NOT jobs._archived_occurrence(def.id, t)
     ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;

@@ -574,6 +574,82 @@ def test_a_backfill_skips_occurrences_whose_runs_moved(conn: Conn) -> None:
     )
 
 
+def _archived_occurrence(
+    conn: Conn, def_id: int, occurrence: datetime, *, cancelled_early: bool = False
+) -> None:
+    """A scheduled run of ``occurrence`` that finished (or, cancelled while it waited, ended
+    a minute before its occurrence) and moved to history."""
+    finished = occurrence - timedelta(minutes=1) if cancelled_early else occurrence + timedelta(seconds=1)
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at, status,"
+        " started_at, finished_at) VALUES (%s, 'k', 'schedule', %s, %s, %s, %s, %s)",
+        (
+            def_id,
+            occurrence,
+            occurrence,
+            "CANCELLED" if cancelled_early else "COMPLETED",
+            None if cancelled_early else occurrence,
+            finished,
+        ),
+    )
+    assert _archive_all(conn) == 1
+
+
+@pytest.mark.parametrize("call", ["materialize_many", "materialize"])
+def test_the_scheduler_does_not_make_again_an_occurrence_whose_run_moved(conn: Conn, call: str) -> None:
+    """A window backfilled ahead of a cursor left behind by a downtime, run and archived before
+    the scheduler came back: its catch-up walks those occurrences again, and both of the
+    scheduler's statements leave out the ones whose runs are in history."""
+    def_id = scalar(conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *')")
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=3)
+    ran, early = base + timedelta(hours=1), base + timedelta(hours=2)
+    _archived_occurrence(conn, def_id, ran)
+    _archived_occurrence(conn, def_id, early, cancelled_early=True)
+    conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s", (base, def_id))
+    times = [base + timedelta(hours=h) for h in range(4)]
+    cursor = base + timedelta(hours=4)
+    if call == "materialize_many":
+        made = scalar(
+            conn,
+            "SELECT created FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
+            ([def_id], [base], [cursor], [None], [def_id] * 4, times),
+        )
+    else:
+        made = scalar(conn, "SELECT jobs.materialize(%s, %s, %s, %s)", (def_id, base, times, cursor))
+    assert made == 2, "the two occurrences whose runs are in history are not made again"
+    counts = rows(
+        conn,
+        "SELECT occurrence_at, count(*) AS n FROM jobs.runs_all WHERE definition_id = %s"
+        " GROUP BY 1 ORDER BY 1",
+        (def_id,),
+    )
+    assert [(r["occurrence_at"], r["n"]) for r in counts] == [(t, 1) for t in times], counts
+    assert scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (def_id,)) == cursor
+
+
+def test_only_a_past_occurrence_is_looked_up_in_history(conn: Conn) -> None:
+    """The scheduler's usual runs are materialized ahead of their occurrence: those inserts read
+    nothing of history. A past occurrence reads it (scans counted in this transaction)."""
+    def_id = scalar(conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *')")
+    archived = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=3)
+    _archived_occurrence(conn, def_id, archived)
+
+    def history_scans(occurrence: datetime) -> tuple[bool, int]:
+        with conn.transaction():
+            count = (
+                "SELECT coalesce(sum(coalesce(s.seq_scan, 0) + coalesce(s.idx_scan, 0)), 0) AS n"
+                " FROM pg_stat_xact_user_tables AS s JOIN pg_inherits AS i ON i.inhrelid = s.relid"
+                " WHERE i.inhparent = 'jobs.run_history'::regclass"
+            )
+            before = scalar(conn, count)
+            found = scalar(conn, "SELECT jobs._archived_occurrence(%s, %s)", (def_id, occurrence))
+            return bool(found), int(scalar(conn, count) - before)
+
+    assert history_scans(datetime.now(UTC) + timedelta(minutes=1)) == (False, 0)
+    found, scans = history_scans(archived)
+    assert found and scans > 0, (found, scans)
+
+
 # -- under concurrency ---------------------------------------------------------------------------
 
 KEYS = 60
