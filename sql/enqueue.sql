@@ -24,12 +24,50 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS 'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
 
+-- Private: raise 22023 or P0002 naming depends_on unless it is NULL or 1 to 1000 ids of runs
+-- that exist (called by jobs.enqueue before it looks for a run of its unique key). It takes no
+-- lock: where a run is inserted, jobs._dependency_state locks the chains and checks again.
+-- STABLE: both reads share one snapshot, so a run moved to history meanwhile is in one of them.
+CREATE OR REPLACE FUNCTION jobs._check_depends_on(depends_on bigint[]) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_missing bigint[];
+BEGIN
+    IF depends_on IS NULL THEN
+        RETURN;
+    END IF;
+    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000
+       OR EXISTS (SELECT FROM unnest(depends_on) AS d WHERE d IS NULL) THEN
+        RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
+            USING ERRCODE = '22023';
+    END IF;
+    -- jobs.runs first; history only for the ids it does not hold (a read of history locks
+    -- every day partition of it).
+    SELECT array_agg(d ORDER BY d) INTO v_missing
+      FROM unnest(depends_on) AS d
+     WHERE NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.id = d);
+    IF v_missing IS NOT NULL THEN
+        SELECT array_agg(d ORDER BY d) INTO v_missing
+          FROM unnest(v_missing) AS d
+         WHERE NOT EXISTS (SELECT FROM jobs.run_history AS h WHERE h.id = d);
+    END IF;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on names runs that do not exist: %', v_missing
+            USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_depends_on(bigint[]) IS 'Private: raises 22023 unless depends_on is NULL or 1 to 1000 run ids without NULLs, P0002 when one names no run (in jobs.runs or history); takes no lock.';
+
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
 -- run. With a unique key, while a run of the same kind and key is in the unique_while states
 -- (and was created within unique_for), no run is added: on_conflict says what happens to the
 -- existing one. Concurrent enqueues of one unique key are serialized by an advisory xact lock
 -- on (kind, unique_key), then the check and the insert run under it.
--- With depends_on, the run is not claimable until every run listed has completed.
+-- With depends_on, the run is not claimable until every run listed has completed. Every
+-- argument, depends_on included, is checked before the key is looked up, so a bad call fails
+-- alike whether or not a run of the key exists, and changes nothing. A replace keeps what the
+-- queued run waits on, so on_conflict replace refuses depends_on: the new payload would
+-- otherwise run without waiting for the runs the caller named.
 CREATE OR REPLACE FUNCTION jobs.enqueue(
     kind text,
     payload jsonb DEFAULT '{}',
@@ -88,6 +126,12 @@ BEGIN
         RAISE EXCEPTION 'unique_while, unique_for and on_conflict need a unique_key' USING ERRCODE = '22023',
             HINT = 'Without a unique_key every enqueue adds a run: say which runs are one job.';
     END IF;
+    PERFORM jobs._check_depends_on(enqueue.depends_on);
+    IF enqueue.depends_on IS NOT NULL AND enqueue.on_conflict = 'replace' THEN
+        RAISE EXCEPTION 'depends_on cannot be given with on_conflict replace: a replace keeps what the queued run waits on'
+            USING ERRCODE = '22023',
+                  HINT = 'Give depends_on with on_conflict ignore or debounce (a run of the key keeps its own), or cancel the queued run and enqueue again.';
+    END IF;
 
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('an enqueue with a unique_key');
@@ -131,6 +175,7 @@ BEGIN
         END IF;
     END IF;
 
+    -- Locks the dependency chains until commit (and checks them again, now final).
     v_deps := jobs._dependency_state(enqueue.depends_on);
     PERFORM jobs._warn_unknown_kind(enqueue.kind);
 
@@ -179,7 +224,7 @@ COMMENT ON FUNCTION jobs.enqueue(
     text, jsonb, timestamptz, integer, text, integer, interval, interval,
     text, text, text, text, interval, text, bigint[]
 ) IS
-'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run. unique_key: while a run of the kind with that key is queued | active | ever (unique_while), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled.';
+'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run. unique_key: while a run of the kind with that key is queued | active | ever (unique_while), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled; refused with on_conflict replace (a replace keeps what the queued run waits on); ignore and debounce leave a run of the key its own. Every argument is checked before the key is looked up: a bad call fails alike whatever the key''s state and changes nothing.';
 
 -- Queue many ad-hoc runs of one kind in one statement (one per element of the JSON array payloads).
 CREATE OR REPLACE FUNCTION jobs.enqueue_many(

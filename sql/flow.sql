@@ -117,11 +117,7 @@ BEGIN
     IF depends_on IS NULL THEN
         RETURN 'met';
     END IF;
-    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000
-       OR EXISTS (SELECT FROM unnest(depends_on) AS d WHERE d IS NULL) THEN
-        RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM jobs._check_depends_on(depends_on);   -- the list's shape and that its runs exist
     -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
     -- chain, so look again until the locked set covers it. A run pruned meanwhile drops out
     -- of the chain (the lock skips a row deleted while it waited), so the set is never NULL.

@@ -89,6 +89,34 @@ def test_already_completed_dependency_is_met_at_enqueue(conn: Conn) -> None:
     assert _claim(conn) == [b]
 
 
+def test_a_unique_enqueue_that_meets_a_queued_run_leaves_it_waiting_on_its_own_dependencies(
+    conn: Conn,
+) -> None:
+    """A replace (without depends_on: it refuses one) gives the run a new payload and keeps
+    what it waits on; ignore and debounce check a depends_on they are given but leave the run's
+    own. The run starts once its own dependency completes, with the replaced payload."""
+    prep = _enqueue(conn, "prep")
+    later = _enqueue(conn, "prep")
+    waiting = _enqueue(conn, "k", deps=[prep], unique_key="u")
+    _claim(conn)  # prep and later start; the run of the key waits on prep
+    for on_conflict in ["ignore", "debounce"]:
+        again = _enqueue(conn, "k", deps=[later], unique_key="u", on_conflict=on_conflict)
+        assert again == waiting, f"{on_conflict}: a second run {again} of the key"
+    replaced = int(
+        scalar(
+            conn,
+            "SELECT id FROM jobs.enqueue('k', '{\"v\": 2}', run_at => now() - interval '1 s',"
+            " unique_key => 'u', on_conflict => 'replace')",
+        )
+    )
+    row = run_row(conn, waiting)
+    after = (replaced, row["payload"], row["depends_on"], row["blocked"])
+    assert after == (waiting, {"v": 2}, [prep], True), row
+    assert _claim(conn) == [], "the run of the key started before the run it depends on completed"
+    conn.execute("SELECT jobs.complete(%s, 'w')", (prep,))
+    assert _claim(conn) == [waiting], "the run of the key did not start once its dependency completed"
+
+
 def test_failure_for_good_cascades_down_the_chain(conn: Conn) -> None:
     a = _enqueue(conn)
     b = _enqueue(conn, deps=[a])

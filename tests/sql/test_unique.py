@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import BlockedCall, Conn, Database, expect_error, gated, race, run_row, scalar
+from harness import BlockedCall, Conn, Database, digest, expect_error, gated, race, run_row, scalar
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
@@ -110,6 +110,78 @@ def test_replace_leaves_a_running_run_alone(conn: Conn) -> None:
     conn.execute("SELECT jobs.claim(1, 'w')")
     second = _enqueue(conn, "'k', '{\"v\": 2}', unique_key => 'u', on_conflict => 'replace'")
     assert second["id"] == first["id"] and second["payload"] == {"v": 1} and second["status"] == "RUNNING"
+
+
+@pytest.mark.parametrize("key_state", ["no-run-of-the-key", "a-queued-run-of-the-key"])
+def test_replace_refuses_depends_on_whatever_the_keys_state(conn: Conn, key_state: str) -> None:
+    """Invariant: a payload never runs before the runs its enqueue named complete. A replace
+    keeps what the queued run waits on, so it refuses depends_on, with or without a run of the
+    key, and changes nothing: neither the new payload nor anything else becomes claimable."""
+    prep = _enqueue(conn, "'prep', run_at => now() + interval '1 hour'")["id"]
+    if key_state == "a-queued-run-of-the-key":
+        _enqueue(conn, "'k', '{\"v\": \"old\"}', run_at => now() - interval '1 s', unique_key => 'u'")
+    before = digest(conn)
+    expect_error(
+        conn,
+        "SELECT jobs.enqueue('k', '{\"v\": \"after prep\"}', run_at => now() - interval '1 s',"
+        " unique_key => 'u', on_conflict => 'replace', depends_on => ARRAY[%s]::bigint[])",
+        (prep,),
+        "22023",
+        "depends_on",
+        "replace",
+    )
+    assert digest(conn) == before, f"{key_state}: a refused replace changed rows"
+    claimed = conn.execute("SELECT id, payload FROM jobs.claim(10, 'w', kinds => '{k}')").fetchall()
+    started = [row for row in claimed if row[1] == {"v": "after prep"}]
+    assert started == [], f"{key_state}: started {started} while run {prep} it depends on is QUEUED"
+
+
+_BAD_DEPENDS_ON = [
+    pytest.param("ARRAY[987654321]::bigint[]", "P0002", id="a-run-that-does-not-exist"),
+    pytest.param("ARRAY[NULL]::bigint[]", "22023", id="a-NULL-id"),
+    pytest.param("'{}'::bigint[]", "22023", id="an-empty-list"),
+]
+
+
+@pytest.mark.parametrize("on_conflict", ["ignore", "replace", "debounce"])
+@pytest.mark.parametrize(("depends_on", "sqlstate"), _BAD_DEPENDS_ON)
+def test_a_bad_depends_on_fails_alike_whatever_the_keys_state(
+    conn: Conn, depends_on: str, sqlstate: str, on_conflict: str
+) -> None:
+    """Invariant: arguments are checked before the key is looked up, so a bad depends_on is
+    refused with the same SQLSTATE whether the key has no run, a QUEUED one or a RUNNING one,
+    and the call changes nothing (no payload replaced, no time moved)."""
+    _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() - interval '1 s', unique_key => 'running'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    _enqueue(conn, "'k', '{\"v\": 1}', run_at => now() + interval '1 hour', unique_key => 'queued'")
+    before = digest(conn)
+    for key in ["fresh", "queued", "running"]:
+        expect_error(
+            conn,
+            f"SELECT jobs.enqueue('k', '{{\"v\": 2}}', unique_key => '{key}',"
+            f" on_conflict => '{on_conflict}', depends_on => {depends_on})",
+            None,
+            sqlstate,
+            "depends_on",
+        )
+        assert digest(conn) == before, f"key {key!r}, {on_conflict}: the refused call changed rows"
+
+
+@pytest.mark.parametrize(("depends_on", "sqlstate"), _BAD_DEPENDS_ON)
+def test_a_bad_depends_on_fails_alike_whatever_the_idempotency_keys_state(
+    conn: Conn, depends_on: str, sqlstate: str
+) -> None:
+    _enqueue(conn, "'k', idempotency_key => 'taken'")
+    before = digest(conn)
+    for key in ["fresh", "taken"]:
+        expect_error(
+            conn,
+            f"SELECT jobs.enqueue('k', idempotency_key => '{key}', depends_on => {depends_on})",
+            None,
+            sqlstate,
+            "depends_on",
+        )
+        assert digest(conn) == before, f"idempotency key {key!r}: the refused call changed rows"
 
 
 def test_active_lets_a_new_run_in_after_completion_and_ever_does_not(conn: Conn) -> None:
