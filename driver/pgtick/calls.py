@@ -179,21 +179,38 @@ MATERIALIZE_MANY = (
     "%s::bigint[], %s::timestamptz[], %s::timestamptz[], %s::integer[], %s::bigint[], %s::timestamptz[])"
 )
 
-# After downtime: materialize and record the catch-up (jobs.record_catch_up, which also
-# supersedes older never-started runs) in one statement, so one commit.
-MATERIALIZE_CATCH_UP = (
-    "WITH m AS MATERIALIZED (SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s, %s) AS n)"
-    " SELECT m.n, jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded FROM m"
-)
+# After downtime: materialize many definitions and record each one's catch-up
+# (jobs.record_catch_up, which also supersedes older never-started runs) in one statement,
+# so one commit. A definition the database refuses is isolated by jobs.materialize_many
+# (its error row), and its catch-up is not recorded.
+MATERIALIZE_CATCH_UPS = """
+    WITH m AS MATERIALIZED (
+        SELECT * FROM jobs.materialize_many(%s::bigint[], %s::timestamptz[], %s::timestamptz[],
+                                            %s::integer[], %s::bigint[], %s::timestamptz[])
+    )
+    SELECT m.definition_id, m.created, m.error,
+           CASE WHEN m.error IS NULL
+                THEN jobs.record_catch_up(c.id, c.policy, c.first_late, c.last_late, c.occurrences,
+                                          c.runs, c.next_run_at)
+           END AS recorded
+      FROM m
+      JOIN unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::timestamptz[], %s::integer[],
+                  %s::integer[], %s::timestamptz[])
+           AS c (id, policy, first_late, last_late, occurrences, runs, next_run_at) ON c.id = m.definition_id
+"""
 
 
-RECORD_CATCH_UP = "SELECT jobs.record_catch_up(%s, %s, %s, %s, %s, %s, %s) AS recorded"
-
-
-def record_catch_up(conn: Conn, record: tuple[Any, ...], next_run_at: datetime | None) -> str | None:
-    """jobs.record_catch_up alone (after runs materialized by jobs.materialize_many)."""
-    row = conn.execute(RECORD_CATCH_UP, (*record, next_run_at)).fetchone()
-    return str(_first(row)) if row and _first(row) else None
+def materialize_catch_ups(
+    conn: Conn,
+    materialize: tuple[list[Any], ...],
+    records: list[tuple[int, str, datetime, datetime, int, int]],
+) -> list[Any]:
+    """jobs.materialize_many (the arguments of ``materialize_many``, in order) plus
+    jobs.record_catch_up for each definition advanced (definition, policy, first and last late
+    occurrence, occurrences, runs; at the cursor materialize_many moved it to): one row per
+    definition advanced or refused, with the catch-up's sentence (``recorded``) or NULL."""
+    columns = [list(c) for c in zip(*records, strict=True)] if records else [[] for _ in range(6)]
+    return conn.execute(MATERIALIZE_CATCH_UPS, (*materialize, *columns, materialize[2])).fetchall()
 
 
 def try_lead(conn: Conn, owner: str) -> bool:

@@ -287,6 +287,11 @@ class Scheduler:
         #: The instant of this leader's previous materialization, while it leads without a
         #: break (None: it has just started leading, or its last tick is too long ago).
         self._planned_at: datetime | None = None
+        #: How long that materialization took (a slow tick is not a break in the leading).
+        self._planning_took = timedelta(0)
+        #: The instant this leader began leading without a break: an occurrence from then on
+        #: that it finds late is late by its own ticks, not by a downtime.
+        self._leading_from: datetime | None = None
 
     @property
     def lookahead(self) -> timedelta:
@@ -434,9 +439,14 @@ class Scheduler:
         return self._lead(conn, report)
 
     def _fenced(self) -> bool:
-        """Lease mode: the lease renewed at the start of this tick may have expired by now."""
+        """Lease mode: the lease renewed at the start of this tick may have expired by now.
+        Asked before each phase and each statement of the materialization that writes, so a
+        deposed leader stops writing within one statement."""
         if self.mode == "lease" and time.monotonic() >= self._lease_until:
-            log.warning("scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner)
+            if self.leading:
+                log.warning(
+                    "scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner
+                )
             self.leading = False
             self._planned_at = None
             return True
@@ -501,14 +511,18 @@ class Scheduler:
         """
         report = report or TickReport()
         conn = self._connection()
+        began = time.monotonic()
         now = self._now(conn)
-        # Led without a break since a recent tick: a definition that starts after that tick
-        # (less a grace for its transaction) has occurrences late by this tick, not by downtime.
+        # Led without a break since a recent tick (however long that tick took): a definition
+        # that starts after that tick (less a grace for its transaction) has occurrences late
+        # by this tick, not by downtime.
         previous, self._planned_at = self._planned_at, now
-        steady = max(self.misfire_grace, timedelta(seconds=2 * self.tick_interval))
+        steady = max(self.misfire_grace, timedelta(seconds=2 * self.tick_interval)) + self._planning_took
         on_time_from = None
         if previous is not None and previous <= now <= previous + steady:
             on_time_from = previous - self.misfire_grace
+        else:
+            self._leading_from = now
         # A schedule walk that takes long (a COUNT rule counted from its start) pings the
         # session well within its idle_session_timeout, so it is not ended mid-tick.
         every = self._idle_seconds / 3 if self._idle_seconds > 0 else 60.0
@@ -516,9 +530,13 @@ class Scheduler:
             self._phase(
                 "cursor initialization", lambda: self._init_cursors(conn, now, on_time_from, report), report
             )
-            self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
-        self._phase("one-shots", lambda: self._one_shots(conn, report), report)
-        self._phase("backfills", lambda: self._backfills(conn, report), report)
+            if not self._fenced():
+                self._phase("materialization", lambda: self._materialize_recurring(conn, now, report), report)
+        if not self._fenced():
+            self._phase("one-shots", lambda: self._one_shots(conn, report), report)
+        if not self._fenced():
+            self._phase("backfills", lambda: self._backfills(conn, report), report)
+        self._planning_took = timedelta(seconds=time.monotonic() - began)
         return report
 
     def _one_shots(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
@@ -574,6 +592,8 @@ class Scheduler:
         # per shared schedule object and start: same answer
         firsts: dict[tuple[int, datetime], datetime | None] = {}
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
+            if self._fenced():
+                return
             began = time.monotonic()
             rows = sql.new_definitions(conn, self.batch)
             batch: list[Call] = []
@@ -622,10 +642,12 @@ class Scheduler:
         lookahead = self.lookahead
         horizon = now + lookahead
         # shared schedule, same cursor: same plan
-        plans: dict[tuple[int, datetime, str], tuple[Plan, CatchUp | None]] = {}
+        plans: dict[tuple[int, datetime, str, bool], tuple[Plan, CatchUp | None]] = {}
         budget = Budget(self.catch_up_budget, self.catch_up_seconds)
         walks: dict[tuple[int, datetime, str, timedelta], Plan] = {}  # the catch-up's plans
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
+            if self._fenced():
+                return
             began = time.monotonic()
             rows = sql.due_definitions(conn, horizon, self.batch)
             batch: list[Call] = []
@@ -642,11 +664,12 @@ class Scheduler:
                 if self._behind(d, now):
                     behind.append((d, schedule))  # after the on-time ones, within the budget
                     continue
-                memo = (id(schedule), d["next_run_at"], d["misfire_policy"])
+                led = self._led(d)
+                memo = (id(schedule), d["next_run_at"], d["misfire_policy"], led)
                 planned = plans.get(memo)
                 if planned is None:
                     try:
-                        planned = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"])
+                        planned = self._plan(schedule, d["next_run_at"], now, d["misfire_policy"], led)
                     except Exception as exc:  # one definition never stops the others
                         self._unplannable(conn, d, exc, report)
                         continue
@@ -661,11 +684,10 @@ class Scheduler:
                     late.append((call, catch_up))
             if batch:
                 self._materialize(conn, batch, report)
-            self._catch_up(conn, behind, now, budget, walks, late, report)
-            for call, catch_up in late:
-                sentence = self._materialize_catch_up(conn, call, catch_up, report)
-                if sentence:
-                    log.warning("definition=%s %s", call.name, sentence)
+            if behind and not self._fenced():
+                self._catch_up(conn, behind, now, budget, walks, late, report)
+            if late and not self._fenced():
+                self._materialize_late(conn, late, report)
             self.horizon.observe_batch(len(rows), time.monotonic() - began)
             if len(rows) < self.batch:
                 return
@@ -676,7 +698,19 @@ class Scheduler:
         cursor younger than a minute has at most 60 occurrences to walk.)"""
         if d["id"] in self._catching_up:
             return True
-        return bool(d["next_run_at"] < now - min(self.misfire_grace, _BEHIND))
+        return not self._led(d) and bool(d["next_run_at"] < now - min(self.misfire_grace, _BEHIND))
+
+    def _led(self, d: dict[str, Any]) -> bool:
+        """Whether the definition's cursor came due while this leader led without a break: its
+        occurrences are late only by this leader's own ticks (a tick slower than the grace, a
+        definition row another transaction held), never misfires, so each is materialized,
+        late, whatever the misfire policy (which is for a downtime), up to max_catch_up runs a
+        tick. A definition in the middle of a catch-up from a downtime finishes that first."""
+        return (
+            d["id"] not in self._catching_up
+            and self._leading_from is not None
+            and d["next_run_at"] >= self._leading_from
+        )
 
     def _catch_up(
         self,
@@ -698,13 +732,20 @@ class Scheduler:
         `late`; chunks are materialized here, in one statement."""
         chunks: list[Call] = []
         going_on: dict[int, Progress] = {}
+        graces: dict[tuple[int, datetime], timedelta] = {}
         for d, schedule in behind:
             cursor, policy = d["next_run_at"], d["misfire_policy"]
             before = self._catching_up.get(d["id"])
             if before is not None and not before.continues(d):
                 before = None  # redefined, paused, or moved by another leader meanwhile
             try:
-                grace = before.grace if before else misfire_grace_for(schedule, cursor, self.misfire_grace)
+                if before:
+                    grace = before.grace
+                else:  # definitions that share a schedule and cursor: one expansion
+                    shared = (id(schedule), cursor)
+                    if shared not in graces:
+                        graces[shared] = misfire_grace_for(schedule, cursor, self.misfire_grace)
+                    grace = graces[shared]
                 memo = (id(schedule), cursor, policy, grace)
                 plan = walks.get(memo)  # definitions that share a schedule and cursor: free
                 if plan is None:
@@ -755,10 +796,13 @@ class Scheduler:
         sql.mark_schedule_error(conn, d["id"], d["revision"], detail)
 
     def _plan(
-        self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str
+        self, schedule: Schedule, cursor: datetime, now: datetime, misfire_policy: str, led: bool
     ) -> tuple[Plan, CatchUp | None]:
-        """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``)."""
+        """The plan for one cursor, with late occurrences settled honestly (see ``settle_late``);
+        ``led``: late only by this leader, so none is a misfire (see ``_led``)."""
         grace = misfire_grace_for(schedule, cursor, self.misfire_grace)
+        if led:
+            grace = max(grace, now - cursor)
         return settle_late(self._walk(schedule, cursor, now, misfire_policy, grace), now, misfire_policy)
 
     def _walk(
@@ -785,14 +829,20 @@ class Scheduler:
             budget.end_walk(plan.missed)
         return plan
 
-    def _materialize(self, conn: psycopg.Connection[Any], batch: list[Call], report: TickReport) -> set[int]:
+    def _materialize(
+        self,
+        conn: psycopg.Connection[Any],
+        batch: list[Call],
+        report: TickReport,
+        catch_ups: list[CatchUp] | None = None,
+    ) -> set[int]:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
-        logged by name (the database recorded them and backs them off). Returns the
-        definitions whose cursor moved."""
+        logged by name (the database recorded them and backs them off). With ``catch_ups``
+        (one per call), each advanced definition's catch-up is recorded in the same statement.
+        Returns the definitions whose cursor moved."""
         run_ids = [c.definition_id for c in batch for _ in c.run_times]
         run_times = [t for c in batch for t in c.run_times]
-        rows = sql.materialize_many(
-            conn,
+        materialize: tuple[list[Any], ...] = (
             [c.definition_id for c in batch],
             [c.expected for c in batch],
             [c.new_next for c in batch],
@@ -800,6 +850,14 @@ class Scheduler:
             run_ids,
             run_times,
         )
+        if catch_ups is None:
+            rows = sql.materialize_many(conn, *materialize)
+        else:
+            records = [
+                (c.definition_id, u.misfire_policy, u.first_late, u.last_late, u.occurrences, u.runs)
+                for c, u in zip(batch, catch_ups, strict=True)
+            ]
+            rows = sql.materialize_catch_ups(conn, materialize, records)
         self.horizon.observe_cursors([c.new_next for c in batch])
         answered = {}
         for row in rows:
@@ -819,35 +877,16 @@ class Scheduler:
             report.runs_created += int(row["created"])
             if int(row["created"]) == 0 and c.run_times:
                 report.stale += 1
+            if row.get("recorded"):
+                log.warning("definition=%s %s", c.name, row["recorded"])
         return advanced
 
-    def _materialize_catch_up(
-        self, conn: psycopg.Connection[Any], call: Call, c: CatchUp, report: TickReport
-    ) -> str | None:
-        """A definition back from downtime: its runs and the record of its catch-up in one
-        statement (one commit, before workers hear of the new run); returns the sentence."""
-        record = (call.definition_id, c.misfire_policy, c.first_late, c.last_late, c.occurrences, c.runs)
-        params = (call.definition_id, call.expected, call.run_times, call.new_next, call.revision)
-        try:
-            row = conn.execute(sql.MATERIALIZE_CATCH_UP, (*params, *record, call.new_next)).fetchone()
-        except psycopg.DatabaseError as exc:
-            if conn.broken:
-                raise
-            # Again through jobs.materialize_many, which isolates the definition: runs the
-            # database refuses are recorded as its materialize_error (health, status) and
-            # retried with backoff, like those of an on-time definition.
-            log.warning(
-                "definition=%s catch-up not materialized, trying alone: %s", call.name, _one_line(exc)
-            )
-            if call.definition_id not in self._materialize(conn, [call], report):
-                return None
-            return sql.record_catch_up(conn, record, call.new_next)
-        self.horizon.observe_cursors([call.new_next])
-        created = int(row["n"]) if row else 0
-        report.runs_created += created
-        if created == 0 and call.run_times:
-            report.stale += 1
-        return str(row["recorded"]) if row and row.get("recorded") else None
+    def _materialize_late(
+        self, conn: psycopg.Connection[Any], late: list[tuple[Call, CatchUp]], report: TickReport
+    ) -> None:
+        """Definitions back from downtime: their runs and the records of their catch-ups in one
+        statement (one commit, before workers hear of the new runs), however many there are."""
+        self._materialize(conn, [call for call, _ in late], report, [catch_up for _, catch_up in late])
 
     def prune(
         self,

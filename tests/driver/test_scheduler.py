@@ -128,6 +128,63 @@ def test_scheduler_down_three_hours_over_hourly_job(
     scheduler.close()
 
 
+def test_occurrences_late_while_the_leader_led_all_run_whatever_the_misfire_policy(db: Database) -> None:
+    """A leader that ticks without a break but cannot move one definition (another
+    transaction holds its row, so the leader passes over it) has not been down: when the row
+    is free again, every occurrence it fell behind on runs, late, instead of coalescing into
+    one as after a downtime. The definition beside it, never held, keeps its own times."""
+    clock = Clock(utc(2026, 5, 4, 10, 0, 30))
+    scheduler = Scheduler(db.dsn, owner="t", tick_interval=1.0, misfire_grace=60, clock=clock)
+    with db.connect() as conn, db.connect() as holder:
+        held = define(conn, "held", "* * * * *", misfire_policy="coalesce")
+        free = define(conn, "free", "* * * * *", misfire_policy="coalesce")
+        scheduler.materialize_due()  # cursors at 10:01
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM jobs.definitions WHERE id = %s FOR UPDATE", (held,))
+            for _ in range(10):  # five minutes of ticks, 30 s apart
+                clock.now += timedelta(seconds=30)
+                scheduler.materialize_due()
+            assert run_times(conn, held) == []
+        scheduler.materialize_due()
+        expected = [utc(2026, 5, 4, 10, m) for m in range(1, 6)]
+        assert run_times(conn, held) == expected, "each late occurrence runs, none coalesced"
+        assert run_times(conn, free) == expected
+        assert scalar(conn, "SELECT count(*) FROM jobs.catch_ups") == 0, "no downtime is recorded"
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'CANCELLED'") == 0
+    scheduler.close()
+
+
+def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(db: Database) -> None:
+    """Lease leadership: a tick that outlasts the lease (here each cursor's statement takes
+    0.3 s, for twenty new definitions one at a time) stops at the first statement after the
+    lease may have expired, so a leader that took over meanwhile is the only one writing."""
+    ttl = 1.0
+    with db.connect() as conn:
+        for i in range(20):
+            define(conn, f"slow-{i:02}", "0 0 1 1 *")
+        conn.execute(
+            "CREATE FUNCTION public.slow_cursor() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER slow_cursor BEFORE UPDATE OF next_run_at ON jobs.definitions"
+            " FOR EACH ROW EXECUTE FUNCTION public.slow_cursor()"
+        )
+    scheduler = Scheduler(
+        db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=ttl, batch=1
+    )
+    try:
+        report = scheduler.tick()
+        assert report.leading
+        with db.connect() as conn:
+            moved = scalar(conn, "SELECT count(*) FROM jobs.definitions WHERE next_run_at IS NOT NULL")
+        # The lease allows ttl / 0.3 statements and the one under way: 4 at most, on any machine.
+        assert 1 <= moved <= int(ttl / 0.3) + 1, moved
+        assert not scheduler.leading
+    finally:
+        scheduler.close()
+
+
 def test_catch_up_is_bounded_per_tick(db: Database) -> None:
     clock = Clock(utc(2026, 5, 4, 0, 0, 30))
     scheduler = Scheduler(db.dsn, owner="t", clock=clock, max_catch_up=5)
