@@ -33,13 +33,21 @@
 --
 -- The pool starts at batch_size rows, which is all an uncapped queue needs, and
 -- grows by 3 x batch_size (to the ~4x oversample) only when limits held rows back,
--- so one crowded group cannot starve the batch. The second slice leaves out the
--- groups already known to have no room left, so even a capped backlog far longer
--- than the oversample cannot fill it. Where the first slice met more than one group
--- and none of its rows could start, the second slice is taken before any wait (its
--- rows may belong to groups nobody holds). In that second round a group whose lock
--- key is below one already held is only try-locked (never waited for), which keeps
--- every wait in ascending order.
+-- so one crowded group cannot starve the batch. Each further slice leaves out every
+-- group with no room left: those the claim found full under their locks, and those
+-- whose RUNNING count (or starts in the rate window) reads as at the limit when the
+-- slice is taken. So a capped backlog far longer than the oversample cannot fill it,
+-- and a run whose groups all have room is reached however many full groups precede
+-- it. Where a slice still found another group with no room left (one that filled up
+-- in the meantime), the batch is short and the queue has more, the pool grows by a
+-- further 3 x batch_size, up to c_pool_rows (500) rows or 4 x batch_size where that
+-- is more. A slice that found no new full group held its rows back for busy groups
+-- only, whose next rows the following slice would most likely bring: the pool stops
+-- growing there. Where a slice met more than one group and none of the pool's rows
+-- could start, the next slice is taken before any wait (its rows may belong to groups
+-- nobody holds). In the later rounds a group whose lock key is below one already held
+-- is only try-locked (never waited for), which keeps every wait in ascending order;
+-- all of a claim's waits end a second after its first began.
 -- With no limit and no capped definition defined at all (the common case) there can be no
 -- group, and steps 2 to 4 would take the first slice as it is: one statement then locks it,
 -- starts it and returns it (no count, so no later snapshot is needed). That statement is the
@@ -526,7 +534,11 @@ BEGIN
         -- How long a claim that found nothing pickable polls its busy groups before it returns
         -- what it has (nothing): the caller claims again.
         c_wait CONSTANT interval := interval '1 second';
-        v_wait_until timestamptz;
+        v_wait_until timestamptz;       -- set by the first wait: every wait of the claim ends by then
+        -- The pool grows past the ~4x oversample only while the groups it meets keep turning out
+        -- full, and stops at c_pool_rows rows (4 x batch_size where that is more).
+        c_pool_rows CONSTANT integer := 500;
+        v_pool_max integer := greatest(4 * claim.batch_size, c_pool_rows);
         v_exact boolean;
         v_striped boolean[] := '{}';    -- per group: holds one of its stripes
         v_holders integer[];
@@ -559,7 +571,11 @@ BEGIN
         v_busy boolean;                 -- some group could not be locked yet
         v_todo boolean;
         v_shared_todo boolean;
-        v_waited boolean;
+        v_waited boolean;               -- this round waited for a busy group
+        v_waited_any boolean := FALSE;  -- some round did: the paused queues are read again
+        v_nfull integer := 0;           -- how many groups are known to have no room left,
+        v_nfull_before integer;         --   and how many were before this round's slice
+        v_more boolean;                 -- the batch is short and a further slice may fill it
         v_room integer[];
         v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
         v_new_slots integer[];
@@ -618,7 +634,9 @@ BEGIN
 
         LOOP
             v_round := v_round + 1;
-            v_limit := CASE WHEN v_round = 1 THEN claim.batch_size ELSE 3 * claim.batch_size END;
+            v_limit := CASE WHEN v_round = 1 THEN claim.batch_size
+                            ELSE least(3 * claim.batch_size, v_pool_max - cardinality(v_pool_ids)) END;
+            v_nfull_before := v_nfull;
 
             -- 1. Lock the next slice of the candidate pool, in claim order. Both slices'
             -- statements are planned once per session (and again only when jobs.runs changes)
@@ -657,6 +675,52 @@ BEGIN
                     RETURN;   -- nothing due
                 END IF;
             ELSE
+                -- A further slice leaves out the groups with no room: those the claim found full
+                -- under their locks, and those whose RUNNING runs (or starts within the rate
+                -- window) read as at their limit now. The latter are read without their locks,
+                -- so a group read as full may have room by the time the claim counts: then the
+                -- claim is as one that read a moment earlier, and it never starts more than a
+                -- limit allows (starts are counted under the locks). Definitions with an overlap
+                -- policy other than 'queue' are left out only when found full. The lookups are
+                -- hashed (NOT IN over a subquery), so a slice reads its rows at one cost each
+                -- however many groups are full.
+                WITH rc AS MATERIALIZED (   -- the RUNNING runs per queue, kind, key and definition
+                    SELECT r.queue, r.kind, r.concurrency_key AS ckey, r.definition_id, count(*) AS n
+                      FROM jobs.runs AS r
+                     WHERE r.status = 'RUNNING'
+                     GROUP BY r.queue, r.kind, r.concurrency_key, r.definition_id
+                ),
+                fd AS MATERIALIZED (
+                    SELECT unnest(v_full_defs) AS id
+                    UNION
+                    SELECT d.id
+                      FROM (SELECT rc.definition_id, sum(rc.n) AS n FROM rc
+                             WHERE rc.definition_id IS NOT NULL GROUP BY rc.definition_id) AS x
+                      JOIN jobs.definitions AS d ON d.id = x.definition_id
+                     WHERE d.overlap_policy = 'queue' AND x.n >= d.max_concurrent_runs
+                ),
+                fl AS MATERIALIZED (   -- labels as in step 2
+                    SELECT unnest(v_full) AS label
+                    UNION
+                    SELECT g.label
+                      FROM (SELECT CASE WHEN m.per_key THEN jsonb_build_array(m.scope, m.name, rc.ckey)::text
+                                        ELSE jsonb_build_array(m.scope, m.name)::text END AS label,
+                                   m.max_running, rc.n
+                              FROM jobs.limits AS m
+                              JOIN rc ON CASE m.scope WHEN 'queue' THEN rc.queue = m.name ELSE rc.kind = m.name END
+                             WHERE v_has_limits AND m.max_running IS NOT NULL) AS g
+                     GROUP BY g.label, g.max_running
+                    HAVING sum(g.n) >= g.max_running
+                    UNION
+                    SELECT x.label
+                      FROM jobs._rate_starts AS x
+                      JOIN jobs.limits AS m
+                        ON m.scope = (x.label::jsonb) ->> 0 AND m.name = (x.label::jsonb) ->> 1
+                       AND jsonb_array_length(x.label::jsonb) = CASE WHEN m.per_key THEN 3 ELSE 2 END
+                     WHERE v_has_limits AND m.rate_limit IS NOT NULL AND x.started_at > now() - m.rate_period
+                     GROUP BY x.label, m.rate_limit
+                    HAVING sum(x.starts) >= m.rate_limit
+                )
                 SELECT coalesce(array_agg(c.id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                        v_pool_defs || coalesce(array_agg(c.definition_id ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
                        v_pool_origin || coalesce(array_agg(c.origin ORDER BY c.priority DESC, c.scheduled_for, c.id), '{}'),
@@ -669,13 +733,15 @@ BEGIN
                          WHERE (v_kinds IS NULL OR r.kind = ANY (v_kinds))
                            AND (v_queues IS NULL OR r.queue = ANY (v_queues))
                            AND r.queue <> ALL (v_paused)
-                           AND r.id <> ALL (v_pool_ids)
-                           AND (r.definition_id IS NULL OR r.definition_id <> ALL (v_full_defs))
-                           AND (cardinality(v_full) = 0
-                                OR (jsonb_build_array('queue', r.queue)::text <> ALL (v_full)
-                                    AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text <> ALL (v_full)
-                                    AND jsonb_build_array('kind', r.kind)::text <> ALL (v_full)
-                                    AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text <> ALL (v_full)))
+                           AND r.id NOT IN (SELECT unnest(v_pool_ids))
+                           AND (r.definition_id IS NULL OR r.definition_id NOT IN (SELECT fd.id FROM fd))
+                           AND (NOT EXISTS (SELECT FROM fl)
+                                OR (jsonb_build_array('queue', r.queue)::text NOT IN (SELECT fl.label FROM fl)
+                                    AND jsonb_build_array('queue', r.queue, r.concurrency_key)::text
+                                        NOT IN (SELECT fl.label FROM fl)
+                                    AND jsonb_build_array('kind', r.kind)::text NOT IN (SELECT fl.label FROM fl)
+                                    AND jsonb_build_array('kind', r.kind, r.concurrency_key)::text
+                                        NOT IN (SELECT fl.label FROM fl)))
                          ORDER BY r.priority DESC, r.scheduled_for, r.id
                          LIMIT v_limit
                            FOR UPDATE SKIP LOCKED) AS c;
@@ -907,28 +973,41 @@ BEGIN
                             END IF;
                         END IF;
                     END LOOP;
+                    v_nfull := 0;
+                    FOR j IN 1 .. cardinality(v_groups) LOOP
+                        IF (v_groups[j]).locked AND v_room[j] <= 0 THEN
+                            v_nfull := v_nfull + 1;
+                        END IF;
+                    END LOOP;
                 END IF;
+                -- A further slice may fill the batch where this one was full (the queue has more)
+                -- and, after the first, where this one found a group with no room left that the
+                -- next leaves out. Where it found none, the rows it held back wait for busy groups,
+                -- and the next slice would most likely bring more of theirs.
+                v_more := cardinality(v_pick) < claim.batch_size AND cardinality(v_new_ids) = v_limit
+                          AND cardinality(v_pool_ids) < v_pool_max AND (v_round = 1 OR v_nfull > v_nfull_before);
 
                 -- Nothing claimable without waiting: where the pool met more than one group, first
                 -- the next slice of the pool, if there can be one (its rows may belong to groups
                 -- nobody holds; one busy group's pool would most likely bring more of its own);
                 -- then wait for the busy groups, but only for keys above every lock held (try the
                 -- others), in ascending order. A wait is polling (a try every millisecond, for at
-                -- most c_wait in all), never a wait in the lock manager: this claim holds row
-                -- locks, and not only on its pool (FOR UPDATE follows a row's update chain and
-                -- keeps its lock on a newer version it then leaves out). A lock-manager wait
-                -- here is one edge of a cycle that any holder of the group's lock needing one
-                -- of those rows would close, and PostgreSQL would end one of the two with a
-                -- deadlock error; a poll only delays that holder.
+                -- most c_wait in all, over all the claim's rounds), never a wait in the lock
+                -- manager: this claim holds row locks, and not only on its pool (FOR UPDATE
+                -- follows a row's update chain and keeps its lock on a newer version it then
+                -- leaves out). A lock-manager wait here is one edge of a cycle that any holder of
+                -- the group's lock needing one of those rows would close, and PostgreSQL would end
+                -- one of the two with a deadlock error; a poll only delays that holder.
                 EXIT WHEN cardinality(v_pick) > 0 OR v_waited OR cardinality(v_groups) = 0
-                       OR (v_round = 1 AND cardinality(v_new_ids) = v_limit AND cardinality(v_groups) > 1);
+                       OR (v_more AND (v_round > 1 OR cardinality(v_groups) > 1));
                 v_busy := FALSE;
                 FOREACH v_g IN ARRAY v_groups LOOP
                     v_busy := v_busy OR NOT v_g.locked;
                 END LOOP;
                 EXIT WHEN NOT v_busy;
                 v_waited := TRUE;
-                v_wait_until := clock_timestamp() + c_wait;
+                v_waited_any := TRUE;
+                v_wait_until := coalesce(v_wait_until, clock_timestamp() + c_wait);
                 FOR i IN SELECT g.ordinality FROM unnest(v_groups) WITH ORDINALITY AS g
                           WHERE NOT g.locked ORDER BY g.lock_key, g.label LOOP
                     v_g := v_groups[i];
@@ -951,14 +1030,13 @@ BEGIN
                 END LOOP;
             END LOOP;
 
-            EXIT WHEN v_round = 2                                   -- pool is at ~4x: done
-                   OR cardinality(v_new_ids) < v_limit              -- queue exhausted
-                   OR cardinality(v_pick) >= claim.batch_size;      -- batch full
+            EXIT WHEN NOT v_more;   -- batch full, queue exhausted, pool at its bound, or no progress
 
-            -- Going round again: the next slice skips groups with no room left after the picks,
-            -- or a capped backlog longer than the oversample would fill it all again. (Not
-            -- groups whose rows in the pool merely outnumber their room: those rows may have been
-            -- held back by another of their groups, and the group's room would go unused.)
+            -- Going round again: the next slice skips every group known to have no room left
+            -- after the picks, or a capped backlog longer than the oversample would fill it all
+            -- again. (Not groups whose rows in the pool merely outnumber their room: those rows
+            -- may have been held back by another of their groups, and the group's room would go
+            -- unused.)
             SELECT coalesce(array_agg(g.definition_id) FILTER (WHERE g.scope = 'definition'), '{}'),
                    coalesce(array_agg(g.label) FILTER (WHERE g.scope <> 'definition'), '{}')
               INTO v_full_defs, v_full
@@ -966,10 +1044,11 @@ BEGIN
              WHERE g.locked AND v_room[g.ordinality] <= 0;
         END LOOP;
 
-        -- A claim that waited for a busy group (up to c_wait) reads the paused queues again: a
-        -- queue paused while it waited starts nothing. (A claim that did not wait read them a
-        -- few statements ago, before the pause committed: it is a claim from before the pause.)
-        IF v_waited AND cardinality(v_pick) > 0 THEN
+        -- A claim that waited for a busy group (up to c_wait), in any of its rounds, reads the
+        -- paused queues again: a queue paused while it waited starts nothing. (A claim that did
+        -- not wait read them a few statements ago, before the pause committed: it is a claim
+        -- from before the pause.)
+        IF v_waited_any AND cardinality(v_pick) > 0 THEN
             SELECT coalesce(array_agg(p.id), '{}') INTO v_pick
               FROM unnest(v_pick) AS p (id)
               JOIN jobs.runs AS r ON r.id = p.id

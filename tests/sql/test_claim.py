@@ -204,6 +204,29 @@ def test_a_crowded_capped_definition_does_not_starve_the_others(
     assert conn.execute("SELECT * FROM jobs.claim(10, 'w2', ARRAY['crowded'])").fetchall() == []
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+def test_runs_with_room_start_behind_two_crowded_capped_definitions(conn: Conn, batch: int) -> None:
+    """Two cap-1 definitions, each with 100 runs queued ahead of 5 runs of no definition:
+    claims of ``batch`` start one run of each definition and then every other run, none
+    coming back empty while one of those is QUEUED. (However many full groups sit ahead of
+    a run whose groups all have room, a claim reaches it.)"""
+    first = add_definition(conn, "crowded-1", cap=1)
+    second = add_definition(conn, "crowded-2", cap=1)
+    ahead = [
+        add_runs(conn, 100, kind="crowded-1", definition_id=first, priority=3)[0],
+        add_runs(conn, 100, kind="crowded-2", definition_id=second, priority=2)[0],
+    ]
+    free = add_runs(conn, 5, kind="free", priority=1)
+    claims: list[list[int]] = []
+    while not set(free) <= {i for c in claims for i in c} and len(claims) < 10:
+        claims.append([int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(%s, 'w')", (batch,))])
+        if not claims[-1]:
+            break
+    started = sorted(i for c in claims for i in c)
+    assert started == sorted(ahead + free), f"claims of {batch}: {claims}; behind the crowds: {free}"
+    assert conn.execute("SELECT * FROM jobs.claim(%s, 'w')", (batch,)).fetchall() == []
+
+
 def test_cap_counts_runs_already_running(conn: Conn) -> None:
     """Runs RUNNING before the claim count against the cap; at cap the rows stay QUEUED."""
     def_id = add_definition(conn, "busy", cap=2)
@@ -305,6 +328,64 @@ def test_a_queue_paused_while_a_claim_waits_for_a_busy_group_starts_nothing(db: 
     assert tries[-1]["ids"] == [], f"a claim started runs of a queue paused while it waited: {tries}"
     statuses = conn.execute("SELECT DISTINCT status::text FROM jobs.runs WHERE id = ANY(%s)", (run_ids,))
     assert statuses.fetchall() == [("QUEUED",)]
+
+
+def test_a_queue_paused_while_a_claim_waits_then_looks_further_starts_nothing(
+    db: Database, conn: Conn
+) -> None:
+    """Invariant: a paused queue starts nothing, also where the claim goes on past its wait.
+    Queue p at max_running 2 with one run RUNNING and three QUEUED; claim(2) finds the queue's
+    group busy and polls for it; meanwhile p is paused (committed) and the holder commits. The
+    claim then has room for one run, takes a further slice of the queue for the rest of its
+    batch, and must start nothing. (A try in which the claim gave up before the holder
+    committed proves nothing: it is tried again.)"""
+    conn.execute("SELECT jobs.set_limit('queue', 'p', max_running => 2)")
+    tries: list[dict[str, Any]] = []
+    for _ in range(5):
+        conn.execute("SELECT jobs.resume_queue('p')")
+        conn.execute("UPDATE jobs.runs SET status = 'CANCELLED', finished_at = now() WHERE queue = 'p'")
+        run_ids = [
+            int(
+                scalar(
+                    conn, "SELECT id FROM jobs.enqueue('k', queue => 'p', run_at => now() - interval '1 s')"
+                )
+            )
+            for _ in range(4)
+        ]
+        assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'first')")] == run_ids[:1]
+        outcome: dict[str, Any] = {}
+        with db.connect(autocommit=False) as holder, db.connect() as claimer:
+            claimer_pid = scalar(claimer, "SELECT pg_backend_pid()")
+            holder.execute('SELECT pg_advisory_xact_lock(jobs._limit_key(\'["queue", "p"]\'))')
+
+            def claim(claimer: Conn = claimer, outcome: dict[str, Any] = outcome) -> None:
+                started = time.monotonic()
+                outcome["ids"] = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(2, 'w')")]
+                outcome["seconds"] = time.monotonic() - started
+
+            thread = threading.Thread(target=claim)
+            thread.start()
+            try:
+                polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
+                wait_for(
+                    "the claim to poll the busy group",
+                    partial(scalar, conn, polling, (claimer_pid,)),
+                    60,
+                    interval=0.005,
+                )
+                conn.execute("SELECT jobs.pause_queue('p')")
+                holder.commit()
+            finally:
+                thread.join(120)
+        tries.append(outcome)
+        if outcome.get("seconds", 1.0) < 0.9:  # it got the group before giving up: a real try
+            break
+    assert tries[-1].get("seconds", 1.0) < 0.9, f"the claim never got the group in time: {tries}"
+    assert tries[-1]["ids"] == [], f"a claim started runs of a queue paused while it waited: {tries}"
+    statuses = conn.execute(
+        "SELECT status::text, count(*) FROM jobs.runs WHERE id = ANY(%s) GROUP BY 1", (run_ids,)
+    )
+    assert dict(statuses.fetchall()) == {"RUNNING": 1, "QUEUED": 3}
 
 
 # ---------------------------------------------------------------------------

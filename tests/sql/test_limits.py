@@ -5,6 +5,8 @@ invariants are in test_sql_flow_concurrency.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from harness import Conn, Database, add_definition, add_runs, scalar
 
 
@@ -66,6 +68,106 @@ def test_per_key_limit_holds_for_each_key(conn: Conn) -> None:
         ).fetchall()
     )
     assert per_key == {"big": 1, "a": 1, "b": 1, "c": 1, "<none>": 1}, per_key
+
+
+def _start_one_run_per_key(conn: Conn, kind: str) -> None:
+    """Mark the first QUEUED run of each of the kind's concurrency keys RUNNING: every key at a
+    max_running 1 limit, whatever the claim would have done to get there."""
+    conn.execute(
+        """
+        UPDATE jobs.runs SET status = 'RUNNING', started_at = now(), worker = 'busy'
+         WHERE id IN (SELECT min(id) FROM jobs.runs WHERE kind = %s AND status = 'QUEUED'
+                       GROUP BY concurrency_key)
+        """,
+        (kind,),
+    )
+
+
+def _interleaved(conn: Conn, kind: str, keys: list[str], per_key: int) -> None:
+    """``per_key`` runs of each key, the keys taking turns in claim order (due times rising)."""
+    conn.execute(
+        """
+        INSERT INTO jobs.runs (kind, concurrency_key, scheduled_for)
+        SELECT %s, (%s::text[])[1 + (g - 1) %% %s], now() - interval '1 hour' + g * interval '1 ms'
+          FROM generate_series(1, %s) AS g ORDER BY g
+        """,
+        (kind, keys, len(keys), len(keys) * per_key),
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_runs_with_room_start_behind_a_full_queue_and_a_full_definition(conn: Conn, batch: int) -> None:
+    """A run starts once every group it belongs to has room, however many full groups sit
+    ahead of it: a queue at max_running 1 with 200 runs waiting and a definition at
+    max_concurrent_runs 1 with 60 waiting, both ahead in claim order, must not keep 5 runs
+    of an unlimited queue behind them from starting. Claims of ``batch`` start one run of the
+    queue, one of the definition and then every unlimited run, none coming back empty while
+    one of those is QUEUED."""
+    crowded = _runs(conn, 200, queue="qa", priority=3)
+    conn.execute("SELECT jobs.set_limit('queue', 'qa', max_running => 1)")
+    def_id = add_definition(conn, "capped", cap=1)
+    capped = add_runs(conn, 60, kind="capped", definition_id=def_id, priority=2)
+    free = _runs(conn, 5, queue="free", priority=1)
+    started: list[int] = []
+    claims: list[list[int]] = []
+    while not set(free) <= set(started) and len(claims) < 10:
+        got = _claim(conn, batch)
+        claims.append(got)
+        started.extend(got)
+        if not got:
+            break
+    assert set(free) <= set(started), (
+        f"claims of {batch} ({claims}) left unlimited runs {sorted(set(free) - set(started))}"
+        " QUEUED behind the full queue and definition"
+    )
+    assert sorted(started) == sorted([crowded[0], capped[0], *free]), claims
+    assert _claim(conn, batch) == [], "the queue and the definition are still at their limits"
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+def test_a_tenant_with_room_starts_behind_tenants_taking_turns_at_their_limit(conn: Conn, batch: int) -> None:
+    """per_key max_running 1: tenants A and B take turns in a backlog of 100 runs, each with a
+    run RUNNING already; tenant C's 5 runs wait behind them. A claim of ``batch`` must start
+    one of C's runs (C has room), and then nothing more."""
+    _interleaved(conn, "il", ["A", "B"], 50)
+    _start_one_run_per_key(conn, "il")
+    c_runs = _runs(conn, 5, kind="il", key="C")
+    conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = ANY (%s)", (c_runs,))
+    conn.execute("SELECT jobs.set_limit('kind', 'il', max_running => 1, per_key => true)")
+    got = _claim(conn, batch)
+    assert got == c_runs[:1], f"claim({batch}) started {got}; tenant C's first run is {c_runs[0]}"
+    assert _claim(conn, batch) == []
+
+
+def test_a_tenant_with_room_starts_behind_many_tenants_at_their_limit(conn: Conn) -> None:
+    """per_key max_running 1, 40 tenants taking turns in a backlog of 800 runs, each tenant
+    with a run RUNNING: claim(1) must reach the 41st tenant's run behind them all."""
+    tenants = [f"t{i:02}" for i in range(40)]
+    _interleaved(conn, "many", tenants, 20)
+    _start_one_run_per_key(conn, "many")
+    last = _runs(conn, 2, kind="many", key="last")
+    conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = ANY (%s)", (last,))
+    conn.execute("SELECT jobs.set_limit('kind', 'many', max_running => 1, per_key => true)")
+    assert _claim(conn, 1) == last[:1]
+    assert _claim(conn, 1) == []
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_tenant_with_room_starts_behind_two_tenants_backlogs(conn: Conn, batch: int) -> None:
+    """per_key max_running 2: tenant A's 500 runs, then B's 100, then C's 10, in claim order.
+    Claims of ``batch`` start two runs of each tenant, C's included, and then nothing."""
+    for key, n in (("A", 500), ("B", 100), ("C", 10)):
+        conn.execute(
+            """
+            INSERT INTO jobs.runs (kind, concurrency_key, scheduled_for)
+            SELECT 'pk', %s, clock_timestamp() - interval '1 hour' FROM generate_series(1, %s)
+            """,
+            (key, n),
+        )
+    conn.execute("SELECT jobs.set_limit('kind', 'pk', max_running => 2, per_key => true)")
+    claims = [_claim(conn, batch) for _ in range(6)]
+    assert _running_per_key(conn) == {"A": 2, "B": 2, "C": 2}, claims
+    assert _claim(conn, batch) == []
 
 
 def test_definition_cap_combines_with_queue_limit(conn: Conn) -> None:
