@@ -328,38 +328,137 @@ COMMENT ON VIEW jobs.queues IS 'Every queue in use (live runs, definitions, limi
 -- Limits
 -- ---------------------------------------------------------------------------
 
--- Private: recount a rate limit's window from the runs' own start times, labelled as jobs.claim
--- labels the group (per concurrency key or not). jobs.claim records a row per claim and group
--- in jobs._rate_starts and drops what the period no longer reaches, so the rows it holds answer
--- for the labelling and period they were written under: after per_key flips they would be
--- counted under labels no claim reads (a fresh window for every key, or for the whole group),
--- and after the period grows the older part is gone. A start is a run's started_at (a run
--- handed back unstarted has none), in jobs.runs or in history.
+-- A change of a limit and the claims it concerns follow one another. jobs.set_limit
+--   1. holds the limit's row (FOR UPDATE; for a new limit, the row it inserts), so changes of
+--      one limit follow one another;
+--   2. takes EXCLUSIVE, in ascending key order, the dispatch lock (jobs._limit_key) of every
+--      group of the limit under its old settings and its new ones: the whole queue or kind
+--      ([scope, name]), and per concurrency key ([scope, name, key]) for every key among the
+--      QUEUED and RUNNING runs where either settings are per key. A claim that has started
+--      runs under the old settings holds one of them (exclusive, or shared for a roomy limit)
+--      until it commits, so the change waits for it; claims never wait for these locks in the
+--      lock manager (they poll), so this wait closes no cycle;
+--   3. then takes the limit's window lock (jobs._window_key) EXCLUSIVE: jobs._give_back_starts
+--      holds it SHARED while it takes starts out of the window's rows, so a recount and a
+--      give-back never change the same rows at once;
+--   4. only then, in statements that see every such claim committed, writes the new settings
+--      and recounts the rate window where it needs to (jobs._recount_rate_window).
+-- The change does not wait for a claim that holds none of these locks: one that started runs
+-- of a queue or kind with no limit yet, or of a concurrency key no run had when the change
+-- read them; nor does it stop a claim that read the old settings before it and takes a group's
+-- lock after it (that claim counts under the old settings).
+
+-- Private: the key of a limit's rate-window lock (a transaction lock: exclusive for
+-- jobs.set_limit, which rewrites the window's rows of jobs._rate_starts; shared for
+-- jobs._give_back_starts, which lowers some of them).
+CREATE OR REPLACE FUNCTION jobs._window_key(scope text, name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('window:' || jsonb_build_array(scope, name)::text, 0) $$;
+COMMENT ON FUNCTION jobs._window_key(text, text) IS 'Private: transaction advisory lock key of a queue''s or kind''s rate window: exclusive in jobs.set_limit while it rewrites the window''s rows of jobs._rate_starts, shared in jobs._give_back_starts while it lowers them.';
+
+-- Private: rewrite a rate limit's window under the labelling jobs.claim uses (per concurrency key
+-- or not) and over the whole trailing period: called when per_key flips, the period grows or a
+-- rate is new. Two records of the starts are merged, per group and instant:
+--   * the rows of jobs._rate_starts (one per claim and group, at the claim's start time): they
+--     count every start that was not given back, also of a run snoozed since (jobs.snooze clears
+--     started_at), but only under the labelling they were written with, and only as far back as
+--     the old period reached (claims drop older ones);
+--   * the runs' own started_at, in jobs.runs and in history: any labelling, any age, but not a
+--     run snoozed since its start.
+-- Each instant keeps the larger of the two counts. Rows written for the whole group feed a per-key
+-- window only as far as runs account for them: what no run's started_at accounts for any more
+-- (runs snoozed since) is counted for each key with as many runs that may be them (a run of the
+-- group created by then, whose start is cleared or later and which was put back to wait until
+-- after that instant, as a snooze does), at most the count not accounted for: never less than a
+-- key took, and a key none of whose runs can be them is not held back.
 CREATE OR REPLACE FUNCTION jobs._recount_rate_window(scope text, name text, per_key boolean, period interval)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
+DECLARE
+    v_since timestamptz := now() - _recount_rate_window.period;
+    v_labels jsonb[];
+    v_at timestamptz[];
+    v_starts integer[];
 BEGIN
-    DELETE FROM jobs._rate_starts AS x
-     WHERE (x.label::jsonb) ->> 0 = _recount_rate_window.scope
-       AND (x.label::jsonb) ->> 1 = _recount_rate_window.name;
+    -- The rows recorded so far, taken out (those within the period kept in hand): they are
+    -- written back below, merged with the runs, under the labelling claims now read.
+    WITH gone AS (
+        DELETE FROM jobs._rate_starts AS x
+         WHERE (x.label::jsonb) ->> 0 = _recount_rate_window.scope
+           AND (x.label::jsonb) ->> 1 = _recount_rate_window.name
+        RETURNING x.label::jsonb AS label, x.started_at, x.starts
+    )
+    SELECT coalesce(array_agg(g.label), '{}'), coalesce(array_agg(g.started_at), '{}'),
+           coalesce(array_agg(g.starts), '{}')
+      INTO v_labels, v_at, v_starts
+      FROM gone AS g
+     WHERE g.started_at > v_since;
+    IF NOT _recount_rate_window.per_key THEN
+        -- One window for the whole group: every row counts for it, whatever its key.
+        INSERT INTO jobs._rate_starts (label, started_at, starts)
+        SELECT jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name)::text, s.at, max(s.n)
+          FROM (SELECT o.at, sum(o.n) AS n
+                  FROM unnest(v_at, v_starts) AS o (at, n)
+                 GROUP BY o.at
+                UNION ALL
+                SELECT r.started_at, count(*)
+                  FROM jobs.runs_all AS r
+                 WHERE r.started_at > v_since
+                   AND (r.finished_at IS NULL OR r.finished_at > v_since)
+                   AND CASE _recount_rate_window.scope WHEN 'queue' THEN r.queue ELSE r.kind END
+                       = _recount_rate_window.name
+                 GROUP BY r.started_at) AS s
+         GROUP BY s.at;
+        RETURN;
+    END IF;
+    -- A window per key (a key as JSON: null for runs without one).
     INSERT INTO jobs._rate_starts (label, started_at, starts)
-    SELECT CASE WHEN _recount_rate_window.per_key
-                THEN jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name, r.concurrency_key)::text
-                ELSE jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name)::text END,
-           r.started_at, count(*)
-      FROM jobs.runs_all AS r
-     WHERE r.started_at > now() - _recount_rate_window.period
-       AND (r.finished_at IS NULL OR r.finished_at > now() - _recount_rate_window.period)
-       AND CASE _recount_rate_window.scope WHEN 'queue' THEN r.queue ELSE r.kind END = _recount_rate_window.name
-     GROUP BY 1, 2;
+    WITH recorded AS (   -- per instant and key; ckey NULL: recorded for the whole group
+        SELECT o.at, o.label -> 2 AS ckey, sum(o.n) AS n
+          FROM unnest(v_labels, v_at, v_starts) AS o (label, at, n)
+         GROUP BY o.at, o.label -> 2
+    ),
+    ran AS (
+        SELECT r.started_at AS at, coalesce(to_jsonb(r.concurrency_key), 'null'::jsonb) AS ckey, count(*) AS n
+          FROM jobs.runs_all AS r
+         WHERE r.started_at > v_since
+           AND (r.finished_at IS NULL OR r.finished_at > v_since)
+           AND CASE _recount_rate_window.scope WHEN 'queue' THEN r.queue ELSE r.kind END = _recount_rate_window.name
+         GROUP BY r.started_at, r.concurrency_key
+    ),
+    unplaced AS (   -- starts recorded for the whole group that no run's started_at accounts for now
+        SELECT w.at, w.n - coalesce((SELECT sum(a.n) FROM ran AS a WHERE a.at = w.at), 0) AS n
+          FROM recorded AS w
+         WHERE w.ckey IS NULL
+    ),
+    share AS (   -- of those, per key: at most as many as the key has runs that may be them
+        SELECT u.at, coalesce(to_jsonb(r.concurrency_key), 'null'::jsonb) AS ckey, least(u.n, count(*)) AS n
+          FROM unplaced AS u
+          JOIN jobs.runs_all AS r
+            ON r.created_at <= u.at
+           AND (r.started_at IS NULL OR r.started_at > u.at)
+           AND r.scheduled_for > u.at
+           AND (r.finished_at IS NULL OR r.finished_at > u.at)
+           AND CASE _recount_rate_window.scope WHEN 'queue' THEN r.queue ELSE r.kind END = _recount_rate_window.name
+         WHERE u.n > 0
+         GROUP BY u.at, u.n, r.concurrency_key
+    )
+    SELECT jsonb_build_array(_recount_rate_window.scope, _recount_rate_window.name, k.ckey)::text, k.at, max(k.n)
+      FROM (SELECT w.at, w.ckey, w.n FROM recorded AS w WHERE w.ckey IS NOT NULL
+            UNION ALL
+            SELECT coalesce(a.at, s.at), coalesce(a.ckey, s.ckey), coalesce(a.n, 0) + coalesce(s.n, 0)
+              FROM ran AS a
+              FULL JOIN share AS s ON s.at = a.at AND s.ckey = a.ckey) AS k
+     GROUP BY k.ckey, k.at;
 END $$;
-COMMENT ON FUNCTION jobs._recount_rate_window(text, text, boolean, interval) IS 'Private: replace the rows of jobs._rate_starts of a queue''s or kind''s rate limit by counts of its runs'' starts within period, per concurrency key when per_key.';
+COMMENT ON FUNCTION jobs._recount_rate_window(text, text, boolean, interval) IS 'Private: rewrite the rows of jobs._rate_starts of a queue''s or kind''s rate limit for the labelling per_key gives and the trailing period: per group and instant the larger of the starts recorded (also of runs snoozed since) and the runs'' own start times; starts recorded for the whole group that no run accounts for count, in a per-key window, for each key with runs that may be them.';
 
 -- Create or replace the limit of a queue or kind (running and/or rate, optionally per concurrency key).
+-- It waits for the claims that started runs under the limit's old settings to commit (the locks
+-- above), so the new settings count every start and every RUNNING run those claims made.
 -- A rate limit counts the starts of its whole trailing period, also those from before it was set
--- or changed: a new rate limit, a longer period or a per_key that flips recounts the window from
--- the runs (jobs._recount_rate_window); a new rate or a shorter period keeps the recorded starts.
+-- or changed: a new rate limit, a longer period or a per_key that flips recounts the window
+-- (jobs._recount_rate_window); a new rate or a shorter period keeps the recorded starts.
 CREATE OR REPLACE FUNCTION jobs.set_limit(
     scope text,
     name text,
@@ -374,6 +473,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_limit jobs.limits;
     v_was jobs.limits;
+    v_key bigint;
 BEGIN
     IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
         RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
@@ -402,15 +502,52 @@ BEGIN
     IF set_limit.per_key IS NULL THEN
         RAISE EXCEPTION 'per_key must be true or false, got NULL' USING ERRCODE = '22023';
     END IF;
-    SELECT l.* INTO v_was FROM jobs.limits AS l
-     WHERE l.scope = set_limit.scope AND l.name = set_limit.name FOR UPDATE;
-    INSERT INTO jobs.limits AS l (scope, name, max_running, rate_limit, rate_period, per_key)
-    VALUES (set_limit.scope, set_limit.name, set_limit.max_running, set_limit.rate_limit,
-            set_limit.rate_period, set_limit.per_key)
-    ON CONFLICT (scope, name) DO UPDATE
-       SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-           rate_period = excluded.rate_period, per_key = excluded.per_key, updated_at = now()
-    RETURNING l.* INTO v_limit;
+    -- Its statements after the waits must see what the claims waited for committed.
+    PERFORM jobs._require_read_committed('jobs.set_limit');
+
+    -- 1. The limit's row: the old settings, held; a new limit's row is inserted now (a change
+    -- committed meanwhile by another call is read on the next round).
+    LOOP
+        SELECT l.* INTO v_was FROM jobs.limits AS l
+         WHERE l.scope = set_limit.scope AND l.name = set_limit.name
+           FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO jobs.limits AS l (scope, name, max_running, rate_limit, rate_period, per_key)
+        VALUES (set_limit.scope, set_limit.name, set_limit.max_running, set_limit.rate_limit,
+                set_limit.rate_period, set_limit.per_key)
+        ON CONFLICT (scope, name) DO NOTHING
+        RETURNING l.* INTO v_limit;
+        EXIT WHEN FOUND;
+    END LOOP;
+
+    -- 2. The dispatch locks of its groups under the old settings and the new, ascending (keys
+    -- as jobs.claim computes them: jobs._limit_key of the label).
+    FOR v_key IN
+        SELECT DISTINCT hashtextextended('dispatch:' || g.label, 0)
+          FROM (SELECT jsonb_build_array(set_limit.scope, set_limit.name)::text AS label
+                UNION ALL
+                SELECT jsonb_build_array(set_limit.scope, set_limit.name, k.ckey)::text
+                  FROM (SELECT DISTINCT r.concurrency_key AS ckey
+                          FROM jobs.runs AS r
+                         WHERE r.status IN ('QUEUED', 'RUNNING')
+                           AND CASE set_limit.scope WHEN 'queue' THEN r.queue ELSE r.kind END = set_limit.name) AS k
+                 WHERE set_limit.per_key OR v_was.per_key) AS g
+         ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(v_key);
+    END LOOP;
+
+    -- 3. The rate window's rows, against a give-back lowering them meanwhile.
+    PERFORM pg_advisory_xact_lock(jobs._window_key(set_limit.scope, set_limit.name));
+
+    -- 4. The new settings, and the window they count.
+    IF v_limit.scope IS NULL THEN
+        UPDATE jobs.limits AS l
+           SET max_running = set_limit.max_running, rate_limit = set_limit.rate_limit,
+               rate_period = set_limit.rate_period, per_key = set_limit.per_key, updated_at = now()
+         WHERE l.scope = set_limit.scope AND l.name = set_limit.name
+        RETURNING l.* INTO v_limit;
+    END IF;
     IF v_limit.rate_limit IS NOT NULL
        AND (v_was.rate_period IS NULL OR v_was.rate_period < v_limit.rate_period
             OR v_was.per_key <> v_limit.per_key) THEN
@@ -419,7 +556,7 @@ BEGIN
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
 END $$;
-COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately.';
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings; READ COMMITTED only (25000).';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
 CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text) RETURNS boolean

@@ -45,6 +45,10 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                           (shared)     thing it locks)             0): one per worker id; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
 --                                                                    flight to commit or roll back
+--   jobs._window_key        transaction  jobs.set_limit (after the   hashtextextended('window:' ||
+--   (scope, name)           (exclusive)  limit's dispatch locks),    jsonb_build_array(scope, name)::text,
+--                           (shared)     jobs._give_back_starts      0): a recount and a give-back of a
+--                                        (unclaim, hand_back_unheld) rate window never cross row locks
 --
 -- The 'pgtick..' keys are the ASCII bytes as a big-endian bigint, so they stand
 -- out in pg_locks and cannot meet a hash of another application by accident.

@@ -112,12 +112,29 @@ COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at 
 -- The starts a claim counted against rate limits for runs that are going back to the queue
 -- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of
 -- jobs._rate_starts, which are labelled as jobs.claim labels its groups, so that they do not
--- hold the window full for its period. Call it before clearing the runs' started_at. One
--- statement: each row is either lowered or, when all its starts are given back, deleted.
+-- hold the window full for its period. Call it before clearing the runs' started_at.
+-- It first takes the window lock (jobs._window_key) of each of their rate limits SHARED, in
+-- ascending key order: jobs.set_limit holds it exclusive while it rewrites a window's rows, so
+-- the two never lock the same rows at once (and never in crossed order), and the rows read here
+-- are those the change left. Then one statement: each row is either lowered or, when all its
+-- starts are given back, deleted.
 CREATE OR REPLACE FUNCTION jobs._give_back_starts(run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_key bigint;
 BEGIN
     IF cardinality(run_ids) > 0 AND EXISTS (SELECT FROM jobs.limits AS m WHERE m.rate_limit IS NOT NULL) THEN
+        FOR v_key IN
+            SELECT DISTINCT jobs._window_key(m.scope, m.name)
+              FROM jobs.runs AS r
+              JOIN jobs.limits AS m
+                ON m.rate_limit IS NOT NULL
+               AND ((m.scope = 'queue' AND m.name = r.queue) OR (m.scope = 'kind' AND m.name = r.kind))
+             WHERE r.id = ANY (_give_back_starts.run_ids)
+             ORDER BY 1
+        LOOP
+            PERFORM pg_advisory_xact_lock_shared(v_key);
+        END LOOP;
         WITH given AS (
             SELECT CASE WHEN m.per_key THEN jsonb_build_array(m.scope, m.name, r.concurrency_key)::text
                         ELSE jsonb_build_array(m.scope, m.name)::text END AS label,
@@ -140,7 +157,7 @@ BEGIN
          WHERE x.label = g.label AND x.started_at = g.started_at AND x.starts <= g.n;
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the starts jobs.claim counted against rate limits for these RUNNING runs (going back to the queue unstarted) out of jobs._rate_starts; call it before their started_at is cleared.';
+COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the starts jobs.claim counted against rate limits for these RUNNING runs (going back to the queue unstarted) out of jobs._rate_starts, holding each rate limit''s window lock (jobs._window_key) shared meanwhile; call it before their started_at is cleared.';
 
 -- A worker that does not know what its last claim did (the connection broke after the claim
 -- was sent: a network cut, a server restart, a proxy timeout) gives back the runs that claim

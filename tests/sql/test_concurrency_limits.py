@@ -332,3 +332,83 @@ def test_definition_caps_hold_where_no_limit_is_defined(db: Database, conn: Conn
     assert states == {"COMPLETED": len(expected)}, states
     busy = [r["worker"] for r in results if r["claimed"]]
     assert len(busy) >= 2, f"only {busy} claimed anything: the race did not happen"
+
+
+# ---------------------------------------------------------------------------
+# Rate limits changed while workers give runs back
+# ---------------------------------------------------------------------------
+
+
+def _giver(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Claim 1 or 2 runs four times, then give all of them back at once, in a shuffled order:
+    by jobs.unclaim, or by jobs.hand_back_unheld holding none (every other round)."""
+    rng = random.Random(seed)
+    tally = Tally(worker)
+    rounds = 0
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        while time.monotonic() < deadline:
+            try:
+                held = [int(r[0]) for _ in range(4) for r in tally.claim(conn, rng.randint(1, 2))]
+                rng.shuffle(held)
+                if rounds % 2:
+                    conn.execute("SELECT * FROM jobs.hand_back_unheld('{}', %s)", (worker,))
+                else:
+                    conn.execute("SELECT * FROM jobs.unclaim(%s, %s)", (held, worker))
+                rounds += 1
+            except psycopg.Error as exc:
+                if tally.failed(exc):
+                    break
+    return tally.result(rounds=rounds)
+
+
+def _limit_changer(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
+    """Change the rate limits of kind 'rc' and queue 'rcq' again and again: per_key flips, the
+    period grows and shrinks (each flip and growth rewrites the window's rows)."""
+    rng = random.Random(seed)
+    tally = Tally(worker)
+    changes = 0
+    deadline = time.monotonic() + seconds
+    with _session(dsn) as conn:
+        while time.monotonic() < deadline:
+            scope, name = rng.choice([("kind", "rc"), ("queue", "rcq")])
+            try:
+                conn.execute(
+                    "SELECT jobs.set_limit(%s, %s, rate_limit => 100000, rate_period => %s, per_key => %s)",
+                    (scope, name, rng.choice(["1 minute", "2 minutes", "30 seconds"]), rng.random() < 0.5),
+                )
+                changes += 1
+            except psycopg.Error as exc:
+                if tally.failed(exc):
+                    break
+            time.sleep(rng.uniform(0, 0.01))
+    return tally.result(changes=changes)
+
+
+def test_rate_limit_changes_and_give_backs_never_deadlock(db: Database, conn: Conn) -> None:
+    """Invariant 5 for limit changes: 3 workers claim a few runs at a time from several claims
+    and give them all back at once (jobs.unclaim, jobs.hand_back_unheld), each give-back
+    lowering the rows of the rate windows of a kind and a per-key queue limit, while 2 sessions
+    change those limits (per_key flips, periods that grow) and so rewrite the same rows. No call
+    fails: no deadlock, no lock timeout."""
+    conn.execute("SELECT jobs.set_limit('kind', 'rc', rate_limit => 100000, rate_period => '1 minute')")
+    conn.execute(
+        "SELECT jobs.set_limit('queue', 'rcq', rate_limit => 100000, rate_period => '1 minute',"
+        " per_key => true)"
+    )
+    for key in ("a", "b", "c"):
+        ids = add_runs(conn, 100, kind="rc")
+        conn.execute(
+            "UPDATE jobs.runs SET queue = 'rcq', concurrency_key = %s WHERE id = ANY (%s)", (key, ids)
+        )
+    seconds = 8.0
+    parts: list[tuple[Any, tuple[Any, ...]]] = [(_giver, (db.dsn, f"g{i}", i, seconds)) for i in range(3)]
+    parts += [(_limit_changer, (db.dsn, f"c{i}", 100 + i, seconds)) for i in range(2)]
+    results = race_parts(db.dsn, parts, timeout=120)
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, f"calls failed (worker, SQLSTATE, message): {errors[:10]}"
+    rounds = sum(r.get("rounds", 0) for r in results)
+    changes = sum(r.get("changes", 0) for r in results)
+    assert rounds >= 20 and changes >= 20, f"{rounds} give-backs, {changes} changes: the race did not happen"
+    left = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status <> 'QUEUED'")
+    assert left == 0, f"{left} runs were not given back"

@@ -1,13 +1,15 @@
 """Limits per queue and kind (jobs.set_limit): max_running and rate limits, per
 concurrency key with per_key, on ad-hoc runs as on scheduled ones, combined with a
-definition's max_concurrent_runs. Single-session behaviour here; the concurrent
-invariants are in test_sql_flow_concurrency.py."""
+definition's max_concurrent_runs. Single-session behaviour here, and changes of a limit
+while a claim or a give-back is in progress in a second session; the invariants under many
+concurrent claimers are in test_concurrency_limits.py."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-from harness import Conn, Database, add_definition, add_runs, scalar
+from harness import BlockedCall, Conn, Database, add_definition, add_runs, scalar
 
 
 def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
@@ -458,3 +460,158 @@ def test_tight_limits_are_the_limits_the_claim_locks_exclusively(db: Database) -
         "running-1000-rate-600": True,
         "running-499-rate-600": False,
     }, locked_shared
+
+
+# ---------------------------------------------------------------------------
+# Changing a rate limit's window: the starts it counts
+# ---------------------------------------------------------------------------
+
+
+def _snooze_running(conn: Conn, worker: str = "w") -> None:
+    conn.execute(
+        "SELECT jobs.snooze(id, %s, interval '0 seconds')"
+        "  FROM jobs.runs WHERE status = 'RUNNING' ORDER BY id",
+        (worker,),
+    )
+
+
+def test_a_longer_period_still_counts_the_starts_of_runs_snoozed_since(conn: Conn) -> None:
+    """2 starts per 10 minutes: two runs start, then snooze (which clears their started_at).
+    The window is full, and stays full when the period grows to 20 minutes: the recount keeps
+    the starts recorded, whatever happened to the runs since."""
+    _runs(conn, 4, kind="api")
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '10 minutes')")
+    assert len(_claim(conn)) == 2
+    _snooze_running(conn)
+    assert _claim(conn) == [], "the window holds two starts"
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '20 minutes')")
+    got = _claim(conn)
+    assert got == [], f"claimed {got}: the longer window forgot the starts of the runs snoozed since"
+
+
+def test_a_rate_limit_turned_per_key_counts_snoozed_starts_for_their_key_only(conn: Conn) -> None:
+    """2 starts per 10 minutes for the kind; both go to key a, and both runs snooze. Turned per
+    key, key a's window holds its two starts (no run's started_at says so any more) and key b,
+    whose runs never started, still gets its two."""
+    a = _runs(conn, 2, kind="api", key="a")
+    b = _runs(conn, 2, kind="api", key="b")
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '10 minutes')")
+    assert _claim(conn) == a
+    _snooze_running(conn)
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '10 minutes', per_key => true)"
+    )
+    got = _claim(conn)
+    assert got == b, f"claimed {got}; expected only key b's runs {b} (key a's window is full)"
+
+
+def test_a_rate_limit_turned_global_counts_the_snoozed_starts_of_every_key(conn: Conn) -> None:
+    """2 starts per 10 minutes per key; key a starts two, which snooze. Turned into 3 per 10
+    minutes for the whole kind, the window holds those two: one more run starts."""
+    _runs(conn, 2, kind="api", key="a")
+    _runs(conn, 2, kind="api", key="b")
+    conn.execute(
+        "SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '10 minutes', per_key => true)"
+    )
+    assert len(_claim(conn, 2)) == 2
+    _snooze_running(conn)
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 3, rate_period => '10 minutes')")
+    got = _claim(conn)
+    assert len(got) == 1, f"claimed {got}: the kind's window holds 2 starts of 3"
+
+
+# ---------------------------------------------------------------------------
+# Changing a limit while claims are in progress (two sessions)
+# ---------------------------------------------------------------------------
+
+
+def _change_during_claim(
+    db: Database, conn: Conn, before: str, after: str, *, batch: int, key: str | None = "t1"
+) -> tuple[list[int], list[int]]:
+    """Limit ``before`` on kind 'api' (10 runs of ``key``); a claim of ``batch`` in another
+    session, not committed yet; then set_limit(``after``), which must wait for that claim to
+    commit; then a claim after the change. Returns (runs of the first claim, of the second)."""
+    conn.execute(f"SELECT jobs.set_limit('kind', 'api', {before})")
+    _runs(conn, 10, kind="api", key=key)
+    with db.connect(autocommit=False) as first, db.connect() as changer:
+        held = _claim(first, batch, "wa")
+        change = BlockedCall(
+            conn,
+            changer,
+            lambda: changer.execute(f"SELECT jobs.set_limit('kind', 'api', {after})").fetchall(),
+            "set_limit to wait for the claim in progress",
+        )
+        first.commit()
+        outcome = change.join(30)
+        assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
+    return held, _claim(conn, 10, "wb")
+
+
+def test_turning_a_running_limit_per_key_waits_for_the_claim_in_progress(db: Database, conn: Conn) -> None:
+    """2 RUNNING for the kind; a claim in progress starts 2 runs of key t1; the limit turns per
+    key (2 per key). The change waits for that claim, so the next claim sees key t1 full."""
+    held, after = _change_during_claim(
+        db, conn, "max_running => 2", "max_running => 2, per_key => true", batch=5
+    )
+    assert len(held) == 2
+    running = scalar(
+        conn, "SELECT count(*) FROM jobs.runs WHERE status = 'RUNNING' AND concurrency_key = 't1'"
+    )
+    assert after == [] and running == 2, f"claimed {after} after the change: t1 has {running} RUNNING (of 2)"
+
+
+def _starts_within(conn: Conn, period: str) -> int:
+    return int(
+        scalar(conn, "SELECT count(*) FROM jobs.runs WHERE started_at > now() - %s::interval", (period,))
+    )
+
+
+def test_a_rate_limit_change_waits_for_the_claim_in_progress(db: Database, conn: Conn) -> None:
+    """3 starts per 10 minutes; a claim in progress starts 3; meanwhile per_key flips (either
+    way) or a rate is added to a running limit, tight or roomy. Each change waits for that claim
+    and counts its starts: the next claim starts nothing."""
+    rate = "rate_limit => 3, rate_period => '10 minutes'"
+    changes = {
+        "per_key turned on": (rate, f"{rate}, per_key => true"),
+        "per_key turned off": (f"{rate}, per_key => true", rate),
+        "a rate added to a running limit": ("max_running => 100", f"max_running => 100, {rate}"),
+        "a rate added to a roomy running limit": ("max_running => 500", f"max_running => 500, {rate}"),
+    }
+    for what, (before, after) in changes.items():
+        conn.execute("DELETE FROM jobs.runs")
+        conn.execute("DELETE FROM jobs._rate_starts")
+        conn.execute("DELETE FROM jobs.limits")
+        held, later = _change_during_claim(db, conn, before, after, batch=3)
+        assert len(held) == 3, f"{what}: the first claim started {held}"
+        starts = _starts_within(conn, "10 minutes")
+        assert later == [], f"{what}: claimed {later} after it; {starts} starts in 10 minutes (limit 3)"
+
+
+def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Database, conn: Conn) -> None:
+    """A worker gives back two runs from two claims in one transaction (jobs.unclaim twice, each
+    lowering its claim's row of the window) while set_limit rewrites that window: the change
+    waits for the give-back to commit, and neither fails."""
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 100, rate_period => '1 minute')")
+    runs = _runs(conn, 4, kind="api")
+    first, second = _claim(conn, 1, "wd"), _claim(conn, 1, "wd")
+    assert first + second == runs[:2]
+    with db.connect(autocommit=False) as giver, db.connect() as changer:
+        giver.execute("SELECT * FROM jobs.unclaim(%s, 'wd')", (second,))
+        change = BlockedCall(
+            conn,
+            changer,
+            lambda: changer.execute(
+                "SELECT jobs.set_limit('kind', 'api', rate_limit => 100, rate_period => '1 minute',"
+                " per_key => true)"
+            ).fetchall(),
+            "set_limit to wait for the give-back in progress",
+        )
+        try:
+            giver.execute("SELECT * FROM jobs.unclaim(%s, 'wd')", (first,))
+            giver.commit()
+        except psycopg.Error as exc:
+            raise AssertionError(f"the give-back failed: {exc.sqlstate} {exc}") from exc
+        outcome = change.join(30)
+        assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
+    assert scalar(conn, "SELECT coalesce(sum(starts), 0) FROM jobs._rate_starts") == 0
+    assert _claim(conn) == runs, "the runs given back start again"
