@@ -159,14 +159,15 @@ beat() {
     run_id=$(cat "$STATE/current" 2>/dev/null) || return 0
     [[ -n $run_id ]] || return 0
     if ! answer=$(sql -v run_id="$run_id" -v worker="$WORKER" <<'SQL'
-SELECT cancel_requested
+SELECT coalesce(cancel_requested::text, 'held')
   FROM jobs.heartbeat(ARRAY[:'run_id']::bigint[], :'worker', current_setting('pgtick.claim_token'))
 SQL
     ); then
         log "run=$run_id heartbeat failed (the job keeps going)"
         return 0
     fi
-    if [[ $answer == t && ! -e $STATE/cancel.$run_id ]]; then
+    # 'held': still ours, but another transaction held the row, so it was not stamped this time.
+    if [[ $answer == true && ! -e $STATE/cancel.$run_id ]]; then
         log "run=$run_id cancel requested"
         : >"$STATE/cancel.$run_id"
     elif [[ -z $answer && ! -e $STATE/lost.$run_id && $(cat "$STATE/current" 2>/dev/null) == "$run_id" ]]; then

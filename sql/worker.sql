@@ -49,8 +49,9 @@ END $$;
 COMMENT ON FUNCTION jobs._fence_hash(text, text) IS 'Private: the claim_token_hash a worker''s call fences with (NULL for no token); raises 22023 naming worker unless it is a non-empty text of at most 200 characters, or claim_token unless it is NULL or 16 to 200 characters.';
 
 -- The runs among run_ids still RUNNING for worker and its claim token, locked in id order:
--- a worker's heartbeat and its complete_many run at the same time on two connections, and two
--- multi-row updates must not lock in crossed order. Raises 22023 naming worker, claim_token
+-- a worker's calls on its runs (jobs.unclaim, a single run's fence) and its complete_many run at
+-- the same time on two connections, and two multi-row updates must not lock in crossed order.
+-- It waits for a run another transaction holds; jobs.heartbeat, which must not, skips it. Raises 22023 naming worker, claim_token
 -- (jobs._fence_hash) or run_ids (NULL or more than 10,000).
 DROP FUNCTION IF EXISTS jobs._check_run_batch(bigint[], text);
 CREATE OR REPLACE FUNCTION jobs._hold_own_runs(run_ids bigint[], worker text, claim_token text) RETURNS bigint[]
@@ -96,18 +97,48 @@ COMMENT ON FUNCTION jobs._hold_own_run(bigint, text, text) IS 'Private: locks (F
 -- Stamp heartbeat_at on all of a worker's runs in one statement.
 -- heartbeat_at is in no index and no index predicate, so on a page with free
 -- space (jobs.runs has fillfactor 80) this is a HOT update: no index writes.
+-- The runs are locked as jobs._hold_own_runs locks them, but SKIP LOCKED: a run whose row
+-- another transaction holds (an application's jobs.cancel not yet committed, an operator's
+-- UPDATE, the worker's own completion on its other connection) is not waited for, so one
+-- locked run never holds up the heartbeat of the worker's others. Such a run is not stamped
+-- this time; it is answered with cancel_requested NULL while its last committed version is
+-- still RUNNING for this worker (not stamped, not lost), and left out of the answer otherwise.
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_mine bigint[] := jobs._hold_own_runs(heartbeat.run_ids, heartbeat.worker, heartbeat.claim_token);
+    v_token_hash bytea := jobs._fence_hash(heartbeat.worker, heartbeat.claim_token);
+    v_locked bigint[];
+    v_mine bigint[];
 BEGIN
+    IF heartbeat.run_ids IS NULL OR cardinality(heartbeat.run_ids) > 10000 THEN
+        PERFORM jobs._check_run_ids(heartbeat.run_ids, 10000);
+    END IF;
+    -- Found by id alone, the fence applied to what the locks return (jobs._hold_own_runs).
+    SELECT coalesce(array_agg(mine.id), '{}'),
+           coalesce(array_agg(mine.id) FILTER (
+               WHERE jobs._owned(mine.status, mine.worker, mine.claim_token_hash,
+                                 heartbeat.worker, v_token_hash)), '{}')
+      INTO v_locked, v_mine
+      FROM (SELECT s.id, s.status, s.worker, s.claim_token_hash
+              FROM jobs.runs AS s
+             WHERE s.id = ANY (heartbeat.run_ids)
+             ORDER BY s.id
+               FOR NO KEY UPDATE SKIP LOCKED) AS mine;
     RETURN QUERY
     UPDATE jobs.runs AS r SET heartbeat_at = now() WHERE r.id = ANY (v_mine)
     RETURNING r.id, r.cancel_requested;
+    IF cardinality(v_locked) < cardinality(heartbeat.run_ids) THEN
+        -- The ones skipped: still this worker's as last committed (a fresh snapshot)?
+        RETURN QUERY
+        SELECT s.id, NULL::boolean
+          FROM jobs.runs AS s
+         WHERE s.id = ANY (heartbeat.run_ids) AND s.id <> ALL (v_locked)
+           AND jobs._owned(s.status, s.worker, s.claim_token_hash, heartbeat.worker, v_token_hash);
+    END IF;
 END $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run missing from the answer is no longer this worker''s.';
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run whose row another transaction holds locked is not waited for: not stamped, and answered with cancel_requested NULL while it is still this worker''s. A run missing from the answer is no longer this worker''s. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
 
 -- The starts a claim counted against rate limits for runs that are going back to the queue
 -- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of
@@ -276,8 +307,8 @@ COMMENT ON FUNCTION jobs.complete(bigint, text, jsonb, text) IS 'RUNNING -> COMP
 
 -- Complete many runs of one worker in one statement; returns the ids that were completed, and
 -- those this worker had completed already (a repeat whose answer was lost, as jobs.complete).
--- The UPDATE locks its rows in id order, as jobs._hold_own_runs does for a heartbeat on
--- another connection: it can only read runs_pkey (sequential and bitmap scans are off, and
+-- The UPDATE locks its rows in id order, as jobs._hold_own_runs does (a heartbeat on another
+-- connection skips the rows it holds instead of waiting): it can only read runs_pkey (sequential and bitmap scans are off, and
 -- every other index of jobs.runs is partial with a predicate the fence does not imply), and
 -- an index scan for id = ANY (...) visits the ids in ascending order.
 CREATE OR REPLACE FUNCTION jobs.complete_many(run_ids bigint[], worker text, claim_token text DEFAULT NULL)

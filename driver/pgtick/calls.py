@@ -97,14 +97,6 @@ def listen(conn: Conn) -> None:
     conn.execute(LISTEN)
 
 
-def heartbeat(
-    conn: Conn, run_ids: list[int], worker_id: str, claim_token: str | None = None
-) -> dict[int, bool]:
-    """Stamp the runs still ours; returns run id -> cancel requested for each of them."""
-    rows = conn.execute(HEARTBEAT, (run_ids, worker_id, claim_token)).fetchall()
-    return {int(run_id): bool(cancel) for run_id, cancel in rows}
-
-
 def complete(conn: Conn, run_id: int, worker_id: str, result: Jsonb, claim_token: str | None = None) -> bool:
     row = conn.execute(COMPLETE, (run_id, worker_id, result, claim_token)).fetchone()
     return bool(row and _first(row))

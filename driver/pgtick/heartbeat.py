@@ -1,11 +1,13 @@
-"""The worker's heartbeat: one ``jobs.heartbeat`` call for all its runs, on a cadence.
+"""The worker's heartbeat: one ``jobs.heartbeat`` call for all its runs (up to
+MAX_CALL_IDS a call), on a cadence.
 
 The loop knows nothing of the worker beyond ``HeartbeatOwner``: which runs to
 stamp and how often, what to do with a run that is no longer ours, and where a
 failed call is reported. A run flagged cancel_requested is asked to stop at its
-next checkpoint. A failed call (the database) is logged and tried again on the
-next beat, never fatal to the jobs; any other error ends the loop and is handed
-to the owner (``heartbeat_died``), which cannot go on without it.
+next checkpoint. A run whose row another transaction holds locked is skipped by the
+database, not waited for, and answered as still ours but not stamped. A failed call
+(the database) is logged and tried again on the next beat, never fatal to the jobs;
+any other error ends the loop and is handed to the owner (``heartbeat_died``), which cannot go on without it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -24,6 +26,18 @@ from pgtick.db import DB_ERRORS, connect
 from pgtick.reporter import log_run_outcome
 
 log = logging.getLogger("pgtick.worker")
+
+#: Most run ids one call on a worker's runs takes (jobs.heartbeat, complete_many, unclaim):
+#: more go in several calls, each its own transaction.
+MAX_CALL_IDS = 10000
+
+T = TypeVar("T")
+
+
+def chunks(items: Sequence[T], size: int = MAX_CALL_IDS) -> Iterator[list[T]]:
+    """``items`` in consecutive lists of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
 
 
 class HeartbeatOwner(Protocol):
@@ -102,7 +116,7 @@ class HeartbeatLoop:
             if not held:
                 return
             sent = time.monotonic()  # the database stamps the runs after this instant
-            alive = calls.heartbeat(self._conn, list(held), self.worker_id, self.claim_token)
+            alive = self._stamp(self._conn, list(held))
         except DB_ERRORS as exc:
             self.owner.heartbeat_failed(exc)
             if self._conn is not None:
@@ -117,10 +131,22 @@ class HeartbeatLoop:
             if run_id not in alive:
                 self.owner.lost(ctx)
                 continue
+            if alive[run_id] is None:
+                continue  # another transaction holds its row: still ours, not stamped this time
             ctx.owned(sent)
             if alive[run_id] and not ctx.cancel_requested:
                 log.info("run=%s kind=%s cancel requested", run_id, ctx.kind)
                 ctx.request_cancel()
+
+    def _stamp(self, conn: psycopg.Connection[Any], run_ids: list[int]) -> dict[int, bool | None]:
+        """``jobs.heartbeat`` for these runs, in calls of at most MAX_CALL_IDS: run id -> cancel
+        requested for each run still ours, None for one not stamped because another transaction
+        holds its row (it stays ours; the next beat stamps it)."""
+        alive: dict[int, bool | None] = {}
+        for part in chunks(sorted(run_ids)):
+            rows = conn.execute(calls.HEARTBEAT, (part, self.worker_id, self.claim_token)).fetchall()
+            alive.update({int(run_id): None if cancel is None else bool(cancel) for run_id, cancel in rows})
+        return alive
 
     def _expire(self, overdue: list[Context]) -> None:
         """Fail runs past their kind's timeout (fenced, retried by policy) and let them go: a job

@@ -4,16 +4,18 @@ Executor threads hand finished runs' outcomes to the ``Reporter``; the claim
 loop asks it to report them. Failures, cancellations and completions with a
 result each get their own fenced call here; plain completions (no result) are
 handed back so the worker sends them in one ``jobs.complete_many`` alongside
-its next claim (on the completer's own connection). An outcome that cannot be
-reported (database down) is kept and retried: the fenced SQL makes a repeat
-harmless.
+its next claim (on the completer's own connection); those of a batch the database
+refused are reported one at a time here, so a refusal fails only its run. An
+outcome that cannot be reported (database down) is kept and retried: the fenced
+SQL makes a repeat harmless.
 
 An outcome whose values are refused is not an outage, and is never retried as
-it is: a result that is not JSON (NaN, an object), or that the database refuses
-(a NUL character, a lone surrogate, over ``jobs.config.max_payload_bytes``), is
-recorded as a failure saying the result could not be stored and why. Error
-texts are made storable before they are sent (``storable``): NUL and text that
-is not valid UTF-8 become escapes, and they are cut to a bounded length.
+it is: a result that is not JSON (NaN, an object, whatever its encoding raises),
+or that the database refuses (a NUL character, a lone surrogate, over
+``jobs.config.max_payload_bytes``, an operator's trigger), is recorded as a
+failure saying the result could not be stored and why. Error texts are made
+storable before they are sent (``storable``): NUL and text that is not valid
+UTF-8 become escapes, and they are cut to a bounded length.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from psycopg.types.json import Jsonb
 from pgtick import calls
 from pgtick.app import Context
 from pgtick.events import WorkerListener
-from pgtick.execution import Outcome, describe, failure
+from pgtick.execution import Outcome, describe, failure, message_of
 from pgtick.logs import log_outcome
 
 log = logging.getLogger("pgtick.worker")
@@ -60,13 +62,25 @@ def storable(text: str, limit: int = MAX_MESSAGE) -> str:
     return f"{clean[:keep]}… ({len(clean) - keep} more characters)"
 
 
+class NotJSON(ValueError):
+    """A result that cannot be encoded as JSON; the message says why (the encoder's error)."""
+
+
 def result_json(value: Any) -> Jsonb:
-    """The result as jsonb, or ValueError/TypeError/RecursionError saying why it is not JSON."""
+    """The result as jsonb, or a ValueError saying why it is not JSON: NaN or Infinity, or
+    ``NotJSON`` carrying whatever else the encoding raised (an object JSON has no form for, a
+    mapping whose ``items()`` raises, MemoryError): it is about this one result."""
     try:
         text = json.dumps(value, allow_nan=False)
-    except ValueError:
-        json.dumps(value)  # raises again if the problem is not a float
-        raise ValueError("it holds a float JSON cannot represent (NaN or Infinity)") from None
+    except Exception as exc:
+        if isinstance(exc, ValueError):
+            try:
+                json.dumps(value)
+            except Exception:
+                pass  # the problem is not (only) a float
+            else:
+                raise ValueError("it holds a float JSON cannot represent (NaN or Infinity)") from None
+        raise NotJSON(describe(exc)) from exc
     return Jsonb(value, dumps=lambda _: text)
 
 
@@ -81,6 +95,8 @@ def refused(exc: BaseException) -> bool:
 
 def refusal_text(exc: BaseException) -> str:
     """The refusal in one line: the database's message and detail, or the Python error."""
+    if isinstance(exc, NotJSON):
+        return message_of(exc)
     if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
         detail = exc.diag.message_detail
         return exc.diag.message_primary + (f" ({detail})" if detail else "")
@@ -128,6 +144,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
         self._pending: set[int] = set()
+        # Plain completions whose batch the database refused: each is reported alone, so
+        # the refusal stays with the run it is about.
+        self._alone: set[int] = set()
 
     def add(self, outcome: Outcome) -> None:
         """An executor finished a run: keep its outcome until reported."""
@@ -145,23 +164,33 @@ class Reporter:
         with self._lock:
             self._outcomes[:0] = outcomes
 
+    def requeue_alone(self, outcomes: list[Outcome]) -> None:
+        """The database refused the batch these plain completions went in: report each with a
+        call of its own (``report``), so a refusal fails only the run it is about."""
+        with self._lock:
+            self._alone.update(o.ctx.run_id for o in outcomes)
+            self._outcomes[:0] = outcomes
+
+    def _batched(self, o: Outcome) -> bool:
+        return o.plain and o.ctx.run_id not in self._alone
+
     def take_plain(self) -> list[Outcome]:
         """The plain completions waiting (no result to store), taken for one
         ``jobs.complete_many`` call; the caller settles them or requeues them."""
         with self._lock:
-            plain = [o for o in self._outcomes if o.plain]
+            plain = [o for o in self._outcomes if self._batched(o)]
             if plain:
-                self._outcomes = [o for o in self._outcomes if not o.plain]
+                self._outcomes = [o for o in self._outcomes if not self._batched(o)]
         return plain
 
     def report(self, conn: psycopg.Connection[Any]) -> None:
         """Report the outcomes that need a call of their own (the plain completions stay,
         for ``take_plain``). On a database error the unreported ones are kept."""
         with self._lock:
-            pending = [o for o in self._outcomes if not o.plain]
+            pending = [o for o in self._outcomes if not self._batched(o)]
             if not pending:
                 return
-            self._outcomes = [o for o in self._outcomes if o.plain]
+            self._outcomes = [o for o in self._outcomes if self._batched(o)]
         try:
             for o in list(pending):
                 self._report_one(conn, o)
@@ -180,8 +209,8 @@ class Reporter:
             log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
             self._forget(ctx, left=True)
             return
-        what = {"complete": "result", "cancel": "cancellation"}.get(o.action, "error")
-        why = f"the {what} could not be stored"
+        what = {"complete": "completion" if o.plain else "result", "cancel": "cancellation"}
+        why = f"the {what.get(o.action, 'error')} could not be stored"
         attempts = [o]
         while attempts:
             outcome = attempts.pop(0)
@@ -205,6 +234,9 @@ class Reporter:
     def _send(self, conn: psycopg.Connection[Any], o: Outcome) -> tuple[bool, int | None]:
         """The fenced call for ``o``: (applied, the retry's run id if one was queued)."""
         ctx = o.ctx
+        if o.plain:  # a completion whose batch was refused, sent alone
+            done = self._complete_alone(conn, ctx.run_id)
+            return done, None
         if o.action == "complete":
             return calls.complete(
                 conn, ctx.run_id, self.worker_id, result_json(o.result), self.claim_token
@@ -233,9 +265,15 @@ class Reporter:
         log_run_outcome(ctx, self.worker_id, status, error, retry_run_id)
         self._forget(ctx)
 
+    def _complete_alone(self, conn: psycopg.Connection[Any], run_id: int) -> bool:
+        """``jobs.complete_many`` for one run: whether it was completed (or had been)."""
+        rows = conn.execute(calls.COMPLETE_MANY, ([run_id], self.worker_id, self.claim_token)).fetchall()
+        return bool(rows)
+
     def _forget(self, ctx: Context, *, left: bool = False) -> None:
         if left and self.left is not None:
             self.left(ctx)
         self.release(ctx)
         with self._lock:
             self._pending.discard(ctx.run_id)
+            self._alone.discard(ctx.run_id)

@@ -24,8 +24,11 @@ Threads, each with its own connection where it talks to PostgreSQL:
   commits overlap the claims' (PostgreSQL flushes them together) and a finished
   run stops counting against its caps and limits without waiting for the claim
   loop's claim. The claim loop does not wait for it either: the finished runs'
-  slots are claimed for at once, and the outcomes are settled (logged, counted,
-  let go) when the claim loop next looks, woken for it when it sleeps;
+  slots are claimed for at once, up to ``concurrency`` finished runs waiting to be
+  reported (past that a slot frees when its outcome is settled, so a completion that
+  cannot commit stops the claims rather than letting the worker take the whole
+  queue), and the outcomes are settled (logged, counted, let go) when the claim
+  loop next looks, woken for it when it sleeps. Run ids go at most MAX_CALL_IDS a call;
 * ``concurrency`` executor threads, each calling ``pgtick.execution.execute``
   and handing the outcome to the ``Reporter`` (``pgtick.reporter``); the claim
   loop reports the outcomes that need a call of their own (a result, a failure,
@@ -36,6 +39,10 @@ Threads, each with its own connection where it talks to PostgreSQL:
 
 Events (claims, outcomes, heartbeat failures) go to the listeners: the
 worker's own ``WorkerStats`` and, when given, one more (the metrics endpoint).
+
+A job let go (failed past its kind's timeout, or reaped) that never returns keeps its
+thread: when every thread is so held, the runs claimed ahead of a slot go back to the
+queue (``jobs.unclaim``) and the worker claims nothing until a thread returns.
 
 On stop the worker claims nothing more, lets running jobs finish within the
 grace period, reports them, then stops heartbeating whatever is left so the
@@ -53,7 +60,8 @@ What goes wrong with one run stays with that run: a claimed row the driver
 cannot read (a payload nested too deeply to decode, an interval beyond Python's
 ``timedelta``) fails that run with a message naming the column, and the rest of
 its batch runs; an outcome the database refuses is recorded as a failure saying
-why (``pgtick.reporter``); an error around the job code (an instrumentation
+why (``pgtick.reporter``), and a batch of plain completions the database refuses is
+sent again one run at a time, so only the refused run fails; an error around the job code (an instrumentation
 hook) fails that run and its executor thread goes on. What goes wrong with the
 worker itself (an unexpected error in the claim loop, the heartbeat loop ending,
 the database refusing the worker's own arguments such as its queues) stops it:
@@ -88,9 +96,9 @@ from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, describe, execute, failure
-from pgtick.heartbeat import HeartbeatLoop
+from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
 from pgtick.identity import new_claim_token, new_worker_id
-from pgtick.reporter import MAX_REFUSAL, Reporter, refused, storable
+from pgtick.reporter import MAX_REFUSAL, Reporter, refusal_text, refused, storable
 
 __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
@@ -300,7 +308,8 @@ class Worker:
                 ctx.kind,
                 self.worker_id,
             )
-        ctx.abandon()
+            ctx.abandon()
+            self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
     def heartbeat_failed(self, exc: Exception) -> None:
         self.events.on_heartbeat_failure()
@@ -543,7 +552,18 @@ class Worker:
         with self._lock:
             if not self._claim_unsure or self._reserved:
                 return
-            held = sorted(self._active.keys() | self._dispatching | self._left.keys())
+            holding = self._active.keys() | self._dispatching
+            # The most recent runs let go, as many as one call takes beside those held.
+            room = max(MAX_CALL_IDS - len(holding), 0)
+            left = [run_id for run_id in self._left if run_id not in holding]
+            held = sorted(holding | set(left[len(left) - room :] if room else []))
+        if len(held) > MAX_CALL_IDS:  # more than one call can name: the reaper ends what it took
+            log.warning("worker=%s holds %d runs: what a lost claim took is left to the reaper",
+                        self.worker_id, len(held))  # fmt: skip
+            with self._room:
+                self._claim_unsure = False
+                self._room.notify_all()
+            return
         try:
             back = calls.hand_back_unheld(conn, held, self.worker_id, self.claim_token)
         except psycopg.errors.LockNotAvailable as exc:  # the lost claim is still in progress
@@ -568,6 +588,46 @@ class Worker:
         lateness): no attempt is spent and no cap held for work that never started. Each is
         marked abandoned first, under the lock the executors take to begin a run, so none
         begins after it was handed back. One the server refuses stays with the reaper."""
+        conn, _, handed = self._unclaim_waiting(conn)
+        if handed:
+            log.info("worker=%s stopping: handed back runs=%s (not begun)", self.worker_id,
+                     ",".join(map(str, handed)))  # fmt: skip
+        return conn
+
+    def _hand_back_stranded(self, conn: psycopg.Connection[Any]) -> None:
+        """While every job thread is taken by a job already let go that does not return (see
+        ``_threads_hung``), the runs claimed ahead and waiting for a thread go back to the
+        queue as ``_hand_back`` puts them, for another worker to run; this one claims nothing
+        until a thread comes back (``_free_slots``)."""
+        with self._lock:
+            if not self._threads_hung():
+                return
+        _, waiting, handed = self._unclaim_waiting(conn)
+        if not waiting:
+            return
+        log.warning(
+            "worker=%s all %d job threads are held by jobs let go that have not returned:"
+            " handed back runs=%s (not begun); claiming nothing until a thread returns",
+            self.worker_id,
+            self.concurrency,
+            ",".join(map(str, handed)) or "-",
+        )
+        kept = sorted(set(waiting) - set(handed))
+        if kept:  # asked to cancel, fenced, or the call failed: no thread will take them
+            log.warning("worker=%s runs=%s not begun left to the reaper", self.worker_id,
+                        ",".join(map(str, kept)))  # fmt: skip
+            self._leave(kept)
+            with self._lock:
+                for run_id in kept:
+                    self._active.pop(run_id, None)
+
+    def _unclaim_waiting(
+        self, conn: psycopg.Connection[Any] | None
+    ) -> tuple[psycopg.Connection[Any] | None, list[int], list[int]]:
+        """Put the held runs that have not begun back in the queue (``jobs.unclaim``), each
+        marked abandoned first under the lock the executors take to begin a run (an executor
+        that takes one later lets it be); the ids tried and those handed back. One the server
+        refuses (fenced) or that the call could not reach stays held."""
         with self._lock:
             waiting = [
                 c
@@ -577,22 +637,20 @@ class Worker:
             for ctx in waiting:
                 ctx.abandon()
         if not waiting:
-            return conn
+            return conn, [], []
         handed: list[int] = []
         try:
             if conn is None or conn.closed:
                 conn = self._connect()
-            handed = calls.unclaim(conn, sorted(c.run_id for c in waiting), self.worker_id, self.claim_token)
+            for part in chunks(sorted(c.run_id for c in waiting)):
+                handed += calls.unclaim(conn, part, self.worker_id, self.claim_token)
         except DB_ERRORS as exc:
             log.warning("worker=%s cannot hand back runs that did not begin (the reaper will): %s",
                         self.worker_id, exc)  # fmt: skip
         with self._lock:
             for run_id in handed:
                 self._active.pop(run_id, None)
-        if handed:
-            log.info("worker=%s stopping: handed back runs=%s (not begun)", self.worker_id,
-                     ",".join(map(str, handed)))  # fmt: skip
-        return conn
+        return conn, [c.run_id for c in waiting], handed
 
     def _fail_runs(
         self, conn: psycopg.Connection[Any] | None, run_ids: set[int], why: str
@@ -707,6 +765,8 @@ class Worker:
         self.reporter.report(conn)
         self._send_completions()
         self._hand_back_unheld(conn)
+        if claim:
+            self._hand_back_stranded(conn)
         with self._lock:
             want = min(self._free_slots(), self.batch_size) if claim else 0
             self._reserved += max(want, 0)
@@ -830,8 +890,33 @@ class Worker:
 
     def _free_slots(self) -> int:
         """Slots neither held by a run whose job code is still going nor promised to a
-        claim in flight (under _lock)."""
-        return self.capacity - len(self._active) + len(self._done_held) - self._reserved
+        claim in flight (under _lock). A finished run frees its slot while its outcome waits
+        to be reported, but only up to ``concurrency`` such runs: past that, each frees its
+        slot once reported, so a worker whose reports cannot get through (a completion waiting
+        on a lock, a slow trigger) stops claiming instead of taking the whole queue. It holds
+        at most ``capacity + concurrency`` runs."""
+        if self._threads_hung():
+            return 0  # what it claimed would wait for a thread that may never come back
+        finished = min(len(self._done_held), self.concurrency)
+        return self.capacity - len(self._active) + finished - self._reserved
+
+    def _threads_hung(self) -> bool:
+        """Every job thread is taken by a run already let go (failed past its kind's timeout,
+        or reaped) whose job code has not returned: a job stuck where no checkpoint is reached.
+        Runs waiting for a thread would wait until one does (under _lock)."""
+        if len(self._started) - len(self._done_held) < self.concurrency:
+            return False
+        hung = 0
+        for run_id in self._started:
+            ctx = self._active.get(run_id)
+            if (
+                ctx is not None
+                and ctx.abandoned
+                and run_id not in self._done_held
+                and not (ctx.spec.is_async and self.event_loop is not None)
+            ):
+                hung += 1
+        return hung >= self.concurrency
 
     def _join_claimers(self) -> None:
         """Wait for the extra claimers to stop (the stop event is set): a claim in flight
@@ -868,7 +953,9 @@ class Worker:
         with self._lock:
             self._sending = False
             self._completions_answered += 1
-            claim_again = self._claimed_none
+            # Or the finished runs waiting to be reported were what kept the claim loop from
+            # claiming (_free_slots): settled, their slots are free.
+            claim_again = self._claimed_none or len(self._done_held) >= self.concurrency
         if not done.cancelled() and done.exception() is None:
             self._send_completions()
         if claim_again:
@@ -887,19 +974,23 @@ class Worker:
             self._settle_plain(plain, done)
 
     def _complete_many(self, run_ids: list[int]) -> set[int]:
-        """In the completer thread: complete these runs; the ids that were still ours."""
+        """In the completer thread: complete these runs (MAX_CALL_IDS a call); the ids that were
+        still ours. Should one call fail, all are sent again: a repeat is answered as done."""
+        done: set[int] = set()
         try:
             if self._done_conn is None or self._done_conn.closed:
                 self._done_conn = connect_dicts(
                     self.dsn, application_name=f"pgtick-complete {self.worker_id}"
                 )
-            rows = self._done_conn.execute(
-                calls.COMPLETE_MANY, (run_ids, self.worker_id, self.claim_token)
-            ).fetchall()
+            for part in chunks(run_ids):
+                rows = self._done_conn.execute(
+                    calls.COMPLETE_MANY, (part, self.worker_id, self.claim_token)
+                ).fetchall()
+                done.update(row["run_id"] for row in rows)
         except BaseException:
             self._close_done_conn()
             raise
-        return {row["run_id"] for row in rows}
+        return done
 
     def _close_done_conn(self) -> None:
         if self._done_conn is not None:
@@ -911,9 +1002,13 @@ class Worker:
         try:
             applied = done.result()
         except DB_ERRORS as exc:
-            if refused(exc):
-                self.reporter.requeue(plain)
-                raise
+            if refused(exc):  # by one of the runs (an operator's trigger, a constraint)
+                log.warning("worker=%s completing runs=%s refused (each is reported alone): %s",
+                            self.worker_id, ",".join(str(o.ctx.run_id) for o in plain),
+                            refusal_text(exc))  # fmt: skip
+                self.reporter.requeue_alone(plain)
+                self.signal_work()
+                return
             log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, exc)
             self.reporter.requeue(plain)
             return
@@ -1066,10 +1161,11 @@ class Worker:
                 del self._left[next(iter(self._left))]
 
     def _release(self, ctx: Context) -> None:
-        with self._lock:
+        with self._room:
             self._active.pop(ctx.run_id, None)
             self._started.discard(ctx.run_id)
             self._done_held.discard(ctx.run_id)
+            self._room.notify_all()  # a slot may be free now (see _free_slots)
 
     def _drain(self, conn: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
         """Claim nothing more; hand back the runs whose job has not begun; report what

@@ -7,7 +7,14 @@ with live heartbeats (which the reaper would never take; DESIGN invariant 4).
 
 from __future__ import annotations
 
-from harness import Conn, Processes, scalar, wait_for
+import threading
+from typing import Any
+
+import pytest
+
+from harness import Conn, Database, Processes, runs_in, scalar, wait_for, worker_thread
+from pgtick.app import App, Context
+from pgtick.worker import Worker
 
 
 def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(procs: Processes, conn: Conn) -> None:
@@ -36,3 +43,55 @@ def test_sys_exit_in_job_code_fails_the_run_and_frees_its_slot(procs: Processes,
         (after, "COMPLETED", None, None, worker),  # the one slot was given back
     ], context
     assert alive, f"the worker process died with its job: {context}"
+
+
+class _LazyMapping(dict[str, int]):
+    """A mapping whose items come from somewhere that fails (a lazy loader)."""
+
+    def items(self) -> Any:
+        raise KeyError("lazy field not loaded")
+
+
+class _Huge(dict[str, int]):
+    """A mapping too large to encode."""
+
+    def items(self) -> Any:
+        raise MemoryError
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (_LazyMapping(a=1), "the result could not be stored: KeyError: 'lazy field not loaded'"),
+        (_Huge(a=1), "the result could not be stored: MemoryError: "),
+    ],
+)
+def test_a_result_whose_encoding_raises_fails_only_its_run(db: Database, result: Any, error: str) -> None:
+    """Whatever encoding a job's result as JSON raises is about that result: its run fails
+    saying why, a neighbour running beside it completes, and the worker goes on claiming."""
+    app = App()
+    release = threading.Event()
+
+    @app.job("poison")
+    def poison(ctx: Context) -> Any:
+        return result
+
+    @app.job("neighbour")
+    def neighbour(ctx: Context) -> Any:
+        assert release.wait(60)
+        return {"ok": True}
+
+    worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1)
+    with worker_thread(worker), db.connect() as conn:
+        beside = scalar(conn, "SELECT id FROM jobs.enqueue('neighbour')")
+        wait_for("the neighbour to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+        bad = scalar(conn, "SELECT id FROM jobs.enqueue('poison')")
+        status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+        wait_for(f"run {bad} to fail", lambda: scalar(conn, status, (bad,)) == "FAILED", timeout=60)
+        release.set()
+        after = scalar(conn, "SELECT id FROM jobs.enqueue('neighbour')")
+        wait_for("the later run to complete", lambda: scalar(conn, status, (after,)) == "COMPLETED", 60)
+        runs = conn.execute(
+            "SELECT id, status::text, error FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", ([beside, bad],)
+        ).fetchall()
+    assert runs == [(beside, "COMPLETED", None), (bad, "FAILED", error)], runs

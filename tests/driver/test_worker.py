@@ -754,3 +754,191 @@ def test_a_worker_whose_own_runs_fill_a_limit_claims_again_when_they_complete(db
     worker = Worker(app, db.dsn, concurrency=4, poll_interval=30.0, listen=False)
     with worker_thread(worker), db.connect() as conn:
         wait_for("all four runs to complete", lambda: runs_in(conn, "COMPLETED") == 4, timeout=25)
+
+
+def test_a_worker_whose_completion_waits_to_commit_stops_claiming_at_its_bound(db: Database) -> None:
+    """Finished runs waiting for their completion to be sent free their slots only up to
+    ``concurrency`` of them: while one completion waits to commit (here on a row lock), a
+    worker holds at most capacity + concurrency runs and leaves the rest of the queue QUEUED
+    for others, instead of claiming it all. Once the lock goes, every run completes once."""
+    app, finish, held = _one_waiting_run(db)
+    ran: list[int] = []
+
+    @app.job("quick")
+    def quick(ctx: Context) -> None:
+        ran.append(ctx.run_id)
+
+    worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1, heartbeat_interval=30.0)
+    bound = worker.capacity + worker.concurrency
+    most = 0
+    with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
+        wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+        try:
+            _hold_its_completion(conn, locker, held, finish)
+            conn.execute("SELECT jobs.enqueue('quick') FROM generate_series(1, 50)")
+            wait_for(f"{bound - 1} quick runs to run", lambda: len(ran) >= bound - 1, timeout=60)
+            # Past the bound the worker claims nothing more: watch it for a while (many polls).
+            watch_until = time.monotonic() + 2.0
+            while time.monotonic() < watch_until:
+                most = max(most, len(worker.held()), runs_in(conn, "RUNNING"))
+                time.sleep(0.05)
+            queued = runs_in(conn, "QUEUED")
+        finally:
+            locker.rollback()
+        assert most <= bound, f"{most} runs held at once by a worker bounded at {bound}"
+        assert queued == 50 - (bound - 1), f"{queued} runs left QUEUED, ran {sorted(ran)}"
+        wait_for("all 51 runs to complete", lambda: runs_in(conn, "COMPLETED") == 51, timeout=120)
+    assert sorted(ran) == sorted(set(ran)) and len(ran) == 50, ran
+    assert worker.stats.completed == 51 and worker.stats.fenced == 0, worker.stats
+
+
+def test_a_locked_run_does_not_hold_up_the_heartbeat_of_the_workers_other_runs(db: Database) -> None:
+    """An application's transaction that cancelled one of a worker's runs and stays open holds
+    that run's row: the worker's heartbeats go on stamping its other run meanwhile (the locked
+    one is skipped, not waited for), the locked run is not taken for lost, and once the
+    transaction commits it is cancelled at its checkpoint while the other completes."""
+    app = App()
+    finish = threading.Event()
+    abandoned: list[int] = []
+
+    @app.job("long")
+    def long(ctx: Context) -> None:
+        while not finish.is_set():
+            if ctx.abandoned:
+                abandoned.append(ctx.run_id)
+                return
+            ctx.checkpoint()
+            time.sleep(0.05)
+
+    with db.connect() as conn:
+        enqueue = "SELECT id FROM jobs.enqueue('long', heartbeat_timeout => '1 hour')"
+        locked, other = (scalar(conn, enqueue) for _ in range(2))
+    worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1, heartbeat_interval=0.2)
+    beat = "SELECT heartbeat_at FROM jobs.runs WHERE id = %s"
+    with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as app_tx:
+        wait_for("both runs to start", lambda: runs_in(conn, "RUNNING") == 2, timeout=60)
+        try:
+            app_tx.execute("SELECT jobs.cancel(%s)", (locked,))
+            since = scalar(conn, "SELECT now()")
+            for n in (1, 2):  # two heartbeats after the lock was taken
+                wait_for(
+                    f"heartbeat {n} of run {other} while run {locked} is locked",
+                    partial(lambda after: scalar(conn, beat, (other,)) > after, since),
+                    timeout=60,
+                )
+                since = scalar(conn, beat, (other,))
+            locked_beat = scalar(conn, beat, (locked,))
+            assert locked_beat < since, f"run {locked} stamped through another transaction's lock"
+        finally:
+            app_tx.commit()
+        status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+        wait_for(f"run {locked} to be cancelled", lambda: scalar(conn, status, (locked,)) == "CANCELLED", 60)
+        finish.set()
+        wait_for(f"run {other} to complete", lambda: scalar(conn, status, (other,)) == "COMPLETED", 60)
+    assert abandoned == [], f"runs taken for lost while only locked: {abandoned}"
+    assert worker.stats.fenced == 0, worker.stats
+
+
+def test_a_completion_refused_by_the_database_fails_only_its_run(db: Database) -> None:
+    """jobs.complete_many is all or nothing: when an operator's trigger refuses one run's
+    completion, the batch is sent again one run at a time, so only that run fails (saying
+    why) while its batch neighbour completes, and the worker goes on claiming."""
+    app, finish, held = _one_waiting_run(db)
+    ran: list[str] = []
+
+    @app.job("picky")
+    def picky(ctx: Context) -> None:
+        ran.append("picky")
+
+    @app.job("fine")
+    def fine(ctx: Context) -> None:
+        ran.append("fine")
+
+    with db.connect() as conn:
+        conn.execute("""
+            CREATE FUNCTION public.no_picky() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.status = 'COMPLETED' AND NEW.kind = 'picky' THEN
+                    RAISE EXCEPTION 'picky runs may not complete' USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER no_picky BEFORE UPDATE ON jobs.runs
+               FOR EACH ROW EXECUTE FUNCTION public.no_picky();
+        """)
+    worker = Worker(app, db.dsn, concurrency=3, poll_interval=0.1, heartbeat_interval=30.0)
+    with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
+        wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
+        try:  # the two finish while a completion is in flight: they go in one batch
+            _hold_its_completion(conn, locker, held, finish)
+            ids = [scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,)) for kind in ("picky", "fine")]
+            wait_for("both jobs to run", lambda: len(ran) == 2, timeout=60)
+        finally:
+            locker.rollback()
+        wait_for("all three runs to end", lambda: runs_in(conn, "RUNNING") + runs_in(conn, "QUEUED") == 0, 60)
+        after = scalar(conn, "SELECT id FROM jobs.enqueue('fine')")
+        wait_for("a later run to complete", lambda: runs_in(conn, "COMPLETED") == 3, timeout=60)
+        runs = conn.execute(
+            "SELECT id, status::text, error FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", ([*ids, after],)
+        ).fetchall()
+    assert runs == [
+        (ids[0], "FAILED", "the completion could not be stored: picky runs may not complete"),
+        (ids[1], "COMPLETED", None),
+        (after, "COMPLETED", None),
+    ], runs
+
+
+def test_runs_claimed_ahead_go_back_to_the_queue_when_every_thread_is_held_by_a_hung_job(
+    db: Database,
+) -> None:
+    """A job past its kind's timeout that never reaches a checkpoint is failed by its worker,
+    but keeps its thread: with every thread so held, the runs claimed ahead of a slot go back
+    to the queue (same attempt) and another worker runs them; the stuck worker claims nothing
+    until its thread returns, then works again."""
+    app = App()
+    release = threading.Event()
+    ran: dict[int, str] = {}
+
+    @app.job("hang", timeout=1)
+    def hang(ctx: Context) -> None:
+        release.wait(120)  # no checkpoint
+
+    @app.job("quick")
+    def quick(ctx: Context) -> None:
+        ran[ctx.run_id] = ctx.worker_id
+
+    with db.connect() as conn:
+        hung = scalar(conn, "SELECT id FROM jobs.enqueue('hang', priority => 10)")
+        ahead = [scalar(conn, "SELECT id FROM jobs.enqueue('quick')") for _ in range(2)]
+    stuck = Worker(app, db.dsn, concurrency=1, batch_size=3, poll_interval=0.1, heartbeat_interval=0.5)
+    other = Worker(app, db.dsn, concurrency=1, poll_interval=0.1)
+    status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+    try:
+        with worker_thread(stuck), db.connect() as conn:
+            wait_for("all three runs claimed", lambda: len(stuck.held()) == 3, timeout=60)
+            wait_for(f"run {hung} to time out", lambda: scalar(conn, status, (hung,)) == "FAILED", timeout=60)
+            with worker_thread(other):
+                wait_for(
+                    f"runs {ahead} to be run by the other worker",
+                    lambda: sorted(r for r, w in ran.items() if w == other.worker_id) == ahead,
+                    timeout=60,
+                )
+            assert sorted(stuck.held()) == [hung], stuck.held()
+            release.set()
+            wait_for("the stuck worker to let its run go", lambda: not stuck.held(), timeout=60)
+            later = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+            wait_for(f"run {later} to run on the worker that was stuck", lambda: later in ran, timeout=60)
+            runs = conn.execute(
+                "SELECT id, status::text, failure_reason, attempt FROM jobs.runs"
+                " WHERE id = ANY(%s) ORDER BY id",
+                ([hung, *ahead, later],),
+            ).fetchall()
+    finally:
+        release.set()
+    assert runs == [
+        (hung, "FAILED", "Timeout", 1),
+        (ahead[0], "COMPLETED", None, 1),
+        (ahead[1], "COMPLETED", None, 1),
+        (later, "COMPLETED", None, 1),
+    ], runs
+    assert ran[later] == stuck.worker_id, ran

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from harness import Database
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.events import Listeners, WorkerStats
@@ -233,3 +234,19 @@ def test_runs_a_worker_could_not_fail_are_never_handed_back_after_a_lost_claim()
     worker = Worker(app, "host=/nonexistent-pgtick-socket-dir dbname=none connect_timeout=2")
     worker._fail_runs(None, {41, 42}, "stopping")
     assert set(worker._left) == {41, 42}
+
+
+def test_a_worker_sends_more_run_ids_than_one_call_takes_in_several_calls(db: Database) -> None:
+    """jobs.heartbeat and jobs.complete_many take at most 10,000 run ids a call: a worker
+    holding more splits them, instead of having every heartbeat and completion refused."""
+    from pgtick.heartbeat import MAX_CALL_IDS
+    from pgtick.worker import Worker
+
+    many = list(range(1, MAX_CALL_IDS + 2))  # none of them ours: each call answers none
+    worker = Worker(App(), db.dsn)
+    try:
+        assert worker._complete_many(many) == set()
+    finally:
+        worker._close_done_conn()
+    with db.connect() as conn:
+        assert worker._heartbeat._stamp(conn, many) == {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from harness import Conn, add_definition, add_runs, scalar
+from harness import Conn, Database, add_definition, add_runs, scalar
 
 STATS = """
 SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'jobs.runs'::regclass
@@ -178,3 +178,34 @@ def test_complete_many_sent_again_answers_the_runs_it_completed_once_each(conn: 
     ).fetchall()
     assert after[:2] == finished[:2], "a repeat changes nothing"
     assert conn.execute("SELECT run_id FROM jobs.complete_many(%s, 'other')", (runs,)).fetchall() == []
+
+
+def test_a_heartbeat_skips_a_run_another_transaction_holds_and_answers_it_still_ours(
+    conn: Conn, db: Database
+) -> None:
+    """A run whose row another session holds (an application's jobs.cancel not yet committed)
+    does not hold up the heartbeat of the worker's other runs: they are stamped at once, the
+    locked one is not stamped and is answered with cancel_requested NULL (still this worker's,
+    not lost), and a locked run that is another worker's is not in the answer. Once the other
+    transaction commits, the next heartbeat stamps it and reports the cancellation."""
+    add_runs(conn, 3)
+    mine = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(2, 'w1', heartbeat => true) ORDER BY id")]
+    theirs = scalar(conn, "SELECT id FROM jobs.claim(1, 'w2', heartbeat => true)")
+    beat = "SELECT heartbeat_at FROM jobs.runs WHERE id = %s"
+    stamped = {run_id: scalar(conn, beat, (run_id,)) for run_id in mine}
+    heartbeat = "SELECT run_id, cancel_requested FROM jobs.heartbeat(%s, 'w1')"
+    conn.execute("SET lock_timeout = '20s'")  # fails instead of hanging should it wait
+    with db.connect(autocommit=False) as app_tx:
+        app_tx.execute("SELECT jobs.cancel(%s)", (mine[0],))
+        app_tx.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", (theirs,))
+        answer = dict(conn.execute(heartbeat, ([*mine, theirs],)).fetchall())
+        after = {run_id: scalar(conn, beat, (run_id,)) for run_id in mine}
+        app_tx.commit()
+    assert answer == {mine[0]: None, mine[1]: False}, (
+        f"heartbeat answered {answer} while run {mine[0]} was locked"
+    )
+    assert after[mine[0]] == stamped[mine[0]], f"locked run {mine[0]} was stamped"
+    assert after[mine[1]] > stamped[mine[1]], f"run {mine[1]} was not stamped beside a locked run"
+    answer = dict(conn.execute(heartbeat, ([*mine, theirs],)).fetchall())
+    assert answer == {mine[0]: True, mine[1]: False}, f"after the commit the heartbeat answered {answer}"
+    assert scalar(conn, beat, (mine[0],)) > stamped[mine[0]]
