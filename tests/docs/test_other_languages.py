@@ -372,7 +372,7 @@ def test_worker_sh_records_a_failure_whose_error_text_is_not_utf8(
     conn.execute("SELECT jobs.set_retry_policy('garbled', max_attempts => 1)")
     run_id = enqueue(conn, "garbled", max_attempts="1")
     worker = start_worker(script=script)
-    worker.wait_until("the run to fail", lambda: run_row(conn, run_id)["status"] == "FAILED", 30)
+    worker.wait_until("the run to fail", lambda: run_row(conn, run_id)["status"] == "FAILED", 120)
     row = run_row(conn, run_id)
     assert row["failure_reason"] == "Error", row
     assert "could not be stored" in row["error"], row
