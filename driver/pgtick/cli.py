@@ -52,6 +52,7 @@ from pgtick.terminal import (
     outcome_of,
     paint,
     printable,
+    printable_line,
     redraws,
     relative,
     seconds,
@@ -662,7 +663,13 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _warn(command: str, message: str) -> None:
-    print(f"pgtick {command}: warning: {message}", file=sys.stderr)
+    print(f"pgtick {command}: warning: {printable_line(message)}", file=sys.stderr)
+
+
+def _error(command: str, message: str) -> None:
+    """The one line a failed command writes: the message may quote stored or given text (a
+    name, a payload), so its control characters are shown, not sent to the terminal."""
+    print(f"pgtick {command}: error: {printable_line(message)}", file=sys.stderr)
 
 
 def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -1457,10 +1464,10 @@ def cmd_show(args: argparse.Namespace) -> Result:
                     reason = clip(reason, max(style.width - visible_len(head) - len(here), 16))
                 lines.append(head + reason + here)
         lines.append("payload")
-        lines.append(_indent(json.dumps(r["payload"], indent=2, ensure_ascii=False)))
+        lines.append(_indent(to_json(r["payload"])))
         if r["result"] is not None:
             lines.append("result")
-            lines.append(_indent(json.dumps(r["result"], indent=2, ensure_ascii=False)))
+            lines.append(_indent(to_json(r["result"])))
         if r["error"]:
             lines.append("error")
             lines.append(_indent(printable(r["error"])))
@@ -1862,26 +1869,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if sys.stdout is None and args.command not in _SILENT_COMMANDS:
+        _error(args.command, "standard output is closed: nothing done, as nothing could be shown")
+        return 1
     try:
         with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
             result = args.fn(args)
-        return _emit(args, result) if isinstance(result, Result) else int(result)
+        code = _emit(args, result) if isinstance(result, Result) else int(result)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full disk fails here, as an error line, not in the flush at exit
+        return code
     except UsageError as exc:
-        print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
+        _error(args.command, str(exc))
         return 2
     except PgtickError as exc:
-        print(f"pgtick {args.command}: error: {exc}", file=sys.stderr)
+        _error(args.command, str(exc))
         return 1
     except psycopg.Error as exc:
-        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"pgtick {args.command}: error: {message}", file=sys.stderr)
+        _error(args.command, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        _discard_stdout()
         return 1
+    except OSError as exc:  # mostly the output cannot be written: a full disk, a closed descriptor
+        _discard_stdout()
+        what = exc.filename if exc.filename is not None else "cannot write the output"
+        _error(args.command, f"{what}: {exc.strerror or exc}")
+        return 1
+
+
+#: Commands whose work is not their standard output (a worker, a locked command's own).
+_SILENT_COMMANDS = frozenset({"run", "lock"})
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that the flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no descriptor to replace
+        pass
+    finally:
+        os.close(devnull)
 
 
 def entry() -> NoReturn:

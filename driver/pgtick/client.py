@@ -31,6 +31,7 @@ import functools
 import inspect
 import json
 import math
+import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -357,20 +358,36 @@ _DURATIONS = ("timeout", "heartbeat_timeout", "unique_for", "jitter")
 _FLAGS = ("enabled",)
 
 
-def holds_nul(value: Any) -> bool:
-    """Whether a NUL character is in any key or string of a JSON value (jsonb refuses it)."""
+#: What no PostgreSQL text holds: NUL, and a lone UTF-16 surrogate (not a character at all).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_text(text: str) -> str | None:
+    """Why PostgreSQL cannot store ``text`` ("NUL characters (\\u0000)", "a lone surrogate
+    (\\ud800)"), or None when it can."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "NUL characters (\\u0000)"
+    return f"a lone surrogate (\\u{ord(found.group()):04x}), which is not a character"
+
+
+def unstorable_json(value: Any) -> str | None:
+    """Why jsonb cannot store a JSON value's keys and strings (``unstorable_text``), or None."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
-                return True
+            why = unstorable_text(item)
+            if why is not None:
+                return why
         elif isinstance(item, Mapping):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
-    return False
+    return None
 
 
 def _jsonb(name: str, value: Any) -> Jsonb:
@@ -387,8 +404,9 @@ def _jsonb(name: str, value: Any) -> Jsonb:
     except (ValueError, RecursionError) as exc:  # NaN, infinities, a circular reference
         why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidArgument(f"{name} must be JSON that PostgreSQL can store: {why}", field=name) from None
-    if holds_nul(value):  # after dumps: no cycles
-        raise InvalidArgument(f"{name} must not contain NUL characters (\\u0000)", field=name)
+    unstorable = unstorable_json(value)  # after dumps: no cycles
+    if unstorable is not None:
+        raise InvalidArgument(f"{name} must not contain {unstorable}", field=name)
     return Jsonb(value, dumps=lambda _: text)
 
 
@@ -416,8 +434,9 @@ def _sql_value(name: str, value: Any) -> Any:
         return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be text, got {type(value).__name__}", field=name)
-    if "\x00" in value:
-        raise InvalidArgument(f"{name} must not contain NUL characters, got {value[:60]!r}", field=name)
+    why = unstorable_text(value)
+    if why is not None:
+        raise InvalidArgument(f"{name} must not contain {why}, got {value[:60]!r}", field=name)
     if name == "kind" and not value.strip():  # a kind no one can read in a log, a table or app.job
         raise InvalidArgument(
             f"kind must be a non-empty text, not only whitespace, got {value!r}", field=name

@@ -11,6 +11,7 @@ import io
 import itertools
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import App
-from pgtick.client import check_duration, holds_nul, read_time
+from pgtick.client import check_duration, read_time, unstorable_json, unstorable_text
 from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 from pgtick.schedule.zones import DstChoice, load_zone
@@ -163,14 +164,21 @@ def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]
 
 
 def read_json(text: str) -> Any:
-    """JSON text as PostgreSQL's jsonb takes it: no NaN or Infinity, no NUL character in a
-    key or string. ValueError says what is wrong ("is not valid JSON: ...")."""
+    """JSON text as PostgreSQL's jsonb takes it: no NaN or Infinity, no number past a
+    double's range (Python would read it as infinity), no NUL character or lone surrogate in
+    a key or string. ValueError says what is wrong ("is not valid JSON: ...")."""
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"is not valid JSON: {constant} is not a JSON number")
 
+    def finite(number: str) -> float:
+        value = float(number)
+        if math.isinf(value):
+            raise ValueError(f"is not usable JSON: the number {number[:40]} is out of range")
+        return value
+
     try:
-        value = json.loads(text, parse_constant=refuse)
+        value = json.loads(text, parse_constant=refuse, parse_float=finite)
     except json.JSONDecodeError as exc:
         raise ValueError(f"is not valid JSON: {exc}") from None
     except RecursionError:
@@ -178,8 +186,9 @@ def read_json(text: str) -> Any:
     except ValueError as exc:  # NaN, or an integer of more digits than Python converts
         message = str(exc)
         raise ValueError(message if message.startswith("is ") else f"is not usable JSON: {message}") from None
-    if holds_nul(value):
-        raise ValueError("must not contain NUL characters (\\u0000)")
+    why = unstorable_json(value)
+    if why is not None:
+        raise ValueError(f"must not contain {why}")
     return value
 
 
@@ -191,6 +200,8 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
     line, the fields of jobs.define_many) or CSV with a header row of those field names
     (``.csv``; empty cells are not given, payload is JSON text, enabled true/false,
     timeouts seconds or interval text). ``-`` reads standard input as JSON lines."""
+    if path == "-" and sys.stdin is None:
+        raise UsageError("cannot read -: standard input is closed")
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
@@ -203,7 +214,10 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
     if path.lower().endswith(".csv"):
         return _read_csv(text, path)
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at \n (or \r\n) only: str.splitlines() would also break a valid line at a
+    # U+2028, U+2029 or U+0085 inside a JSON string.
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
@@ -218,15 +232,22 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
 
 def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
-    unknown = sorted(set(reader.fieldnames or []) - calls.DEFINE_MANY_FIELDS)
+    columns = reader.fieldnames or []
+    unknown = sorted(set(columns) - calls.DEFINE_MANY_FIELDS)
     if unknown:
         raise UsageError(f"{path}: unknown column {unknown[0]!r}")
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise UsageError(f"{path}: column {twice[0]!r} is in the header more than once")
     out = []
     for number, row in enumerate(reader, start=2):
         item: dict[str, Any] = {}
         for key, cell in row.items():
             if cell is None or cell == "":
                 continue
+            why = unstorable_text(cell) if isinstance(cell, str) else None
+            if why is not None:
+                raise UsageError(f"{path}:{number}: {key} must not contain {why}")
             try:
                 if key in _INT_FIELDS:
                     item[key] = int(cell)

@@ -297,6 +297,16 @@ def printable(text: str) -> str:
     return _CONTROL.sub(_shown_control, text)
 
 
+#: Every control character, tab and line feed included.
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable_line(text: str) -> str:
+    """``printable`` for a message that must stay one line (an error line): tabs and line
+    breaks are shown too (``^I``, ``^J``), as every other control character."""
+    return _ANY_CONTROL.sub(_shown_control, text.strip())
+
+
 def _pad(text: str, width: int, right: bool) -> str:
     fill = " " * max(width - visible_len(text), 0)
     return fill + text if right else text + fill
@@ -408,10 +418,18 @@ def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int],
 # ---------------------------------------------------------------------------- machine formats
 
 
+#: What JSON leaves unescaped that a terminal acts on: DEL and the C1 controls (U+009B is
+#: CSI, the start of an escape sequence). JSON escapes C0 itself.
+_JSON_CONTROL = re.compile(r"[\x7f-\x9f]")
+
+
 def to_json(value: Any, *, ascii_only: bool = False) -> str:
     """``value`` as indented JSON; ``ascii_only`` escapes what is not ASCII (``\\u62a5``),
-    for an output that is not UTF-8: the same document, nothing lost."""
-    return json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    for an output that is not UTF-8: the same document, nothing lost. DEL and C1 controls
+    are escaped always (``\\u009b``): still the same document, and no escape sequence in a
+    stored value reaches the terminal."""
+    text = json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _json_default(value: Any) -> Any:

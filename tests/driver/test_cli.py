@@ -5,10 +5,11 @@ exactly one readable line on stderr, never a traceback; `--help` everywhere has 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, pgtick, scalar
+from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, env_for, pgtick, scalar
 from pgtick import cli, migrate
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens on port 1
@@ -54,6 +55,18 @@ BAD_INPUT = [
     ("cancel-nothing", ["cancel", "--dsn", "{dsn}"], 2, "RUN_ID"),
     ("bad-payload-json", ["enqueue", "k", "--payload", "{oops", "--dsn", "{dsn}"], 2, "not valid JSON"),
     ("payload-not-object", ["enqueue", "k", "--payload", "[1, 2]", "--dsn", "{dsn}"], 2, "JSON object"),
+    (  # not a character: PostgreSQL's jsonb refuses the escape
+        "payload-lone-surrogate",
+        ["enqueue", "k", "--payload", '{"a": "\\ud800"}', "--dsn", "{dsn}"],
+        2,
+        "payload must not contain a lone surrogate",
+    ),
+    (  # Python reads it as infinity, which JSON cannot write
+        "payload-number-past-a-double",
+        ["enqueue", "k", "--payload", '{"a": -1e999}', "--dsn", "{dsn}"],
+        2,
+        "payload is not usable JSON: the number -1e999 is out of range",
+    ),
     ("bad-duration", ["lock", "x", "--ttl", "soon", "--dsn", "{dsn}", "--", "true"], 2, "not a duration"),
     ("lock-no-command", ["lock", "x", "--ttl", "5s", "--dsn", "{dsn}"], 2, "command"),
     (
@@ -621,6 +634,15 @@ def test_define_from_file_jsonl_and_csv_in_one_statement_each(
             ["x", "jitter", "longer than"],
         ),
         ("not json\n", ["defs.jsonl:1"]),
+        (
+            '{"name": "x", "kind": "k", "schedule": "* * * * *"}\n'
+            '{"name": "y", "kind": "k", "schedule": "* * * * *", "payload": {"n": 1e999}}\n',
+            ["defs.jsonl:2", "the number 1e999 is out of range"],
+        ),
+        (
+            '{"name": "x", "kind": "k", "schedule": "* * * * *", "payload": {"\\udc80": 1}}\n',
+            ["defs.jsonl:1", "lone surrogate (\\udc80)"],
+        ),
     ],
 )
 def test_define_from_file_refuses_bad_lines_in_one_readable_line(
@@ -635,3 +657,99 @@ def test_define_from_file_refuses_bad_lines_in_one_readable_line(
         assert word in result.stderr, result.stderr
     with db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (0,)
+
+
+def _without_stream(fd: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that closes ``fd`` in the child, as ``<&-`` or ``>&-`` does."""
+    return lambda: os.close(fd)
+
+
+def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> None:
+    """A full disk under standard output, a closed standard output or input: one error line,
+    never a traceback; with no output to show it on, a command does nothing."""
+    dsn = ["--dsn", db.dsn]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [*PGTICK, "runs", *dsn],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_for(None),
+            timeout=60,
+        )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == "pgtick runs: error: cannot write the output: No space left on device\n", (
+        result.stderr
+    )
+    closed_out = subprocess.run(
+        [*PGTICK, "enqueue", "never-shown", "--json", *dsn],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_for(None),
+        timeout=60,
+        preexec_fn=_without_stream(1),
+    )
+    assert closed_out.returncode == 1, closed_out.stderr
+    assert closed_out.stderr.count("\n") == 1 and "standard output is closed" in closed_out.stderr, (
+        closed_out.stderr
+    )
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0, "a run was enqueued and never shown"
+    closed_in = subprocess.run(
+        [*PGTICK, "define", "--from-file", "-", *dsn],
+        capture_output=True,
+        text=True,
+        env=env_for(None),
+        timeout=60,
+        preexec_fn=_without_stream(0),
+    )
+    assert closed_in.returncode == 2, closed_in.stderr
+    assert closed_in.stderr == "pgtick define: error: cannot read -: standard input is closed\n", (
+        closed_in.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (
+            b"name,kind,schedule\na\x00b,k,@daily\n",
+            "defs.csv:2: name must not contain NUL characters (\\u0000)",
+        ),
+        (
+            b"name,kind,schedule,name\na,k,@daily,b\n",
+            "defs.csv: column 'name' is in the header more than once",
+        ),
+    ],
+    ids=["nul-in-a-cell", "a-column-twice"],
+)
+def test_a_definitions_csv_the_database_cannot_take_is_one_line_before_any_change(
+    db: Database, tmp_path: Path, content: bytes, said: str
+) -> None:
+    path = tmp_path / "defs.csv"
+    path.write_bytes(content)
+    result = pgtick("define", "--from-file", str(path), "--dsn", db.dsn)
+    assert result.returncode == 2, result
+    assert result.stderr == f"pgtick define: error: {path.parent}/{said}\n", result.stderr
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+
+
+def test_a_json_line_holding_unicode_line_separators_is_one_line(db: Database, tmp_path: Path) -> None:
+    """JSON lines end at \\n (or \\r\\n): U+2028, U+2029 and U+0085 are valid inside a JSON
+    string and stay there."""
+    note = "a\u2028b\u2029c\x85d"
+    path = tmp_path / "defs.jsonl"
+    path.write_bytes(
+        (
+            json.dumps(
+                {"name": "sep", "kind": "k", "schedule": "@daily", "payload": {"note": note}},
+                ensure_ascii=False,
+            )
+            + "\r\n"
+        ).encode()
+    )
+    result = pgtick("define", "--from-file", str(path), "--dsn", db.dsn)
+    assert result.returncode == 0, result.stderr
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT payload->>'note' FROM jobs.definitions WHERE name = 'sep'") == note

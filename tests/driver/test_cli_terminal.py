@@ -565,3 +565,54 @@ def test_an_interrupted_prune_says_how_far_it_got(db: Database) -> None:
         left = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE finished_at < now() - interval '1 day'")
     assert left == 100000 - int(found.group(1)) and left > 0, left
     assert out.rfind("\033[?25h") > out.rfind("\033[?25l"), "the cursor is shown again"
+
+
+def _controls(text: str) -> list[str]:
+    """The control characters in ``text`` a terminal would act on (all but line feed)."""
+    return [c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) <= 0x9F]
+
+
+def test_an_error_line_that_quotes_the_input_writes_its_control_characters_out(
+    db: Database, tmp_path: Path
+) -> None:
+    """A refused name is quoted in the error line: its escape sequences (ESC, BEL, CSI as
+    U+009B) and line breaks are written out as text, on the one line, so a crafted file
+    can neither retitle nor clear the operator's terminal."""
+    jsonl = tmp_path / "escapes.jsonl"
+    jsonl.write_text(
+        json.dumps({"name": "x\033]0;PWNED\007\033[2J\x9b2K", "kind": "k", "schedule": "@daily"}) + "\n"
+    )
+    csv = tmp_path / "escapes.csv"
+    csv.write_bytes(b'name,kind,schedule\n"x\x1b[31mred\nsecond line",k,@daily\n')
+    for path, shown in ((jsonl, "x^[]0;PWNED^G^[[2J\\x9b2K"), (csv, "x^[[31mred^Jsecond line")):
+        result = pgtick("define", "--from-file", str(path), "--dsn", db.dsn)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and not _controls(result.stderr), repr(result.stderr)
+        assert shown in result.stderr, result.stderr
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+
+
+def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) -> None:
+    """JSON escapes C0 controls but not DEL or C1 (U+009B is CSI, an escape sequence's
+    start): `show` and --json write those as ``\\u009b``, the same JSON value."""
+    payload = {"a": "x\x9b2Jy\x7f", "b": "\x1b[31m"}
+    result = {"out": "\x9b31mred\x85"}
+    with db.connect() as conn:
+        run = scalar(conn, "SELECT id FROM jobs.enqueue('k', payload => %s::jsonb)", (json.dumps(payload),))
+        conn.execute(
+            "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now(), finished_at = now(),"
+            " result = %s::jsonb WHERE id = %s",
+            (json.dumps(result), run),
+        )
+    text = pgtick("show", str(run), "--dsn", db.dsn)
+    assert text.returncode == 0, text.stderr
+    assert not _controls(text.stdout), repr(text.stdout)
+    assert '"a": "x\\u009b2Jy\\u007f"' in text.stdout and '"out": "\\u009b31mred\\u0085"' in text.stdout, (
+        text.stdout
+    )
+    as_json = pgtick("show", str(run), "--json", "--dsn", db.dsn)
+    assert as_json.returncode == 0, as_json.stderr
+    assert not _controls(as_json.stdout.replace("\t", "")), repr(as_json.stdout)
+    data = json.loads(as_json.stdout)
+    assert (data["payload"], data["result"]) == (payload, result)

@@ -49,6 +49,11 @@ CASES: list[tuple[str, Callable[[Client], Any], str]] = [
     ("define-kind-unicode-spaces", lambda c: c.define("x", "\u00a0\u3000", "* * * * *"), "kind"),
     ("payload-nan", lambda c: c.enqueue("k", {"a": float("nan")}), "payload"),
     ("payload-nul-key", lambda c: c.enqueue("k", {"a\x00": 1}), "payload"),
+    # half of a UTF-16 pair is not a character: no PostgreSQL text or jsonb holds it
+    ("payload-lone-surrogate", lambda c: c.enqueue("k", {"a": "x\ud800"}), "payload"),
+    ("payload-lone-surrogate-key", lambda c: c.enqueue("k", {"\udfff": 1}), "payload"),
+    ("payloads-lone-surrogate", lambda c: c.enqueue_many("k", [{}, {"a": ["\udc80"]}]), "payloads"),
+    ("kind-lone-surrogate", lambda c: c.enqueue("k\udc80"), "kind"),
     ("payload-nested", lambda c: c.enqueue("k", {"a": _nested(100_000)}), "payload"),
     ("payloads-infinite", lambda c: c.enqueue_many("k", [{}, {"a": float("-inf")}]), "payloads"),
     ("payloads-not-a-list", lambda c: c.enqueue_many("k", 5), "payloads"),  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Any
 
@@ -97,3 +98,51 @@ async def test_an_app_started_again_runs_jobs_again_and_leaves_no_threads(db: Da
             lambda: not [t.name for t in threading.enumerate() if t.name.startswith("pgtick")],
             timeout=60,
         )
+
+
+def _pgtick_threads(before: set[threading.Thread]) -> list[str]:
+    """The pgtick threads alive now that were not in ``before``."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("pgtick") and t.is_alive() and t not in before
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("failure", ["bad-pool-size", "after-the-threads-started"])
+async def test_a_failed_startup_leaves_no_worker_claiming_runs(
+    db: Database, failure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever step of the lifespan startup fails, the app never started: no pgtick thread
+    is left running, and a run enqueued afterwards stays QUEUED for a real worker."""
+    import pgtick
+    from pgtick.contrib import asgi
+
+    jobs = pgtick.App("failed-startup")
+
+    @jobs.job("after-failed-startup")
+    def work(ctx: pgtick.Context) -> dict[str, str]:
+        return {"ran": "in a worker whose app failed to start"}
+
+    pool_size = 10
+    if failure == "bad-pool-size":
+        pool_size = 0
+    else:
+
+        def refuse(pool: object) -> None:
+            raise RuntimeError("the client could not be made")
+
+        monkeypatch.setattr(asgi, "AsyncClient", refuse)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, db.dsn, scheduler=True, poll_interval=0.1, pool_size=pool_size)
+    with pytest.raises((ValueError, RuntimeError)):
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+    left = _pgtick_threads(before)
+    assert left == [], f"threads left running after a failed startup: {left}"
+    with db.connect() as conn:
+        run = scalar(conn, "SELECT id FROM jobs.enqueue('after-failed-startup')")
+        time.sleep(1.0)  # ten poll intervals of the worker that must not be running
+        status = rows(conn, "SELECT status::text AS status, worker FROM jobs.runs WHERE id = %s", (run,))
+    assert status == [{"status": "QUEUED", "worker": None}], f"run {run} was claimed: {status}"

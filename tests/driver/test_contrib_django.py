@@ -17,8 +17,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from harness import ROOT, Database, Server, rows, scalar, wait_for
 
@@ -211,3 +213,103 @@ print(json.dumps(conninfo_to_dict(dsn())))
     }.items():
         assert got.get(key) == value, (key, got)
     assert "server_side_binding" not in got, got
+
+
+#: A Django project configured in ``-c``: ``DATABASES`` and ``PGTICK`` from argv[1] (JSON),
+#: then ``manage.py`` with the remaining arguments.
+CONFIGURED_PROJECT = """
+import json, sys
+
+import django
+from django.conf import settings
+from django.core.management import execute_from_command_line
+
+config = json.loads(sys.argv[1])
+settings.configure(
+    INSTALLED_APPS=["pgtick.contrib.django", "shop"], USE_TZ=True, DATABASES=config["DATABASES"],
+    PGTICK=config["PGTICK"], DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+)
+django.setup()
+execute_from_command_line(["manage.py", *sys.argv[2:]])
+"""
+
+
+def configured(
+    databases: dict[str, Any], pgtick: dict[str, str], *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` of a project with these ``DATABASES`` and ``PGTICK`` settings."""
+    config = json.dumps({"DATABASES": databases, "PGTICK": pgtick})
+    return subprocess.run(
+        [sys.executable, "-c", CONFIGURED_PROJECT, config, *args],
+        cwd=PROJECT,
+        env={**_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _postgresql_settings(dsn: str) -> dict[str, str]:
+    params = conninfo_to_dict(dsn)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": str(params.get("dbname", "")),
+        "USER": str(params.get("user", "")),
+        "PASSWORD": str(params.get("password", "")),
+        "HOST": str(params.get("host", "")),
+        "PORT": str(params.get("port", "")),
+    }
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    shown = f"exit {result.returncode}\nstdout: {result.stdout[-2000:]}\nstderr: {result.stderr[-2000:]}"
+    assert result.returncode != 0, shown
+    assert "Traceback" not in result.stderr, shown
+    assert expected in result.stderr, shown
+
+
+def test_a_database_alias_that_is_not_postgresql_is_refused_not_left_to_libpq_defaults(
+    empty: Database, tmp_path: Path
+) -> None:
+    """With pgtick's alias on SQLite, the DSN would be empty and libpq would connect wherever
+    its PG* environment points: the commands refuse the alias instead, and `check` says why."""
+    params = conninfo_to_dict(empty.dsn)
+    elsewhere = {
+        "PGHOST": str(params.get("host", "")),
+        "PGPORT": str(params.get("port", "")),
+        "PGDATABASE": empty.name,
+        "PGUSER": str(params.get("user", "")),
+        "PGPASSWORD": str(params.get("password", "")),
+    }
+    sqlite = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "db.sqlite3")}}
+    settings = {"APP": "shop.jobs:app"}
+    for command in (["pgtick_migrate"], ["pgtick_worker", "--grace", "1s"], ["pgtick_scheduler"]):
+        result = configured(sqlite, settings, *command, "--skip-checks", env=elsewhere)
+        _one_error_line(result, "'default' is not PostgreSQL")
+    with empty.connect() as conn:
+        assert scalar(conn, "SELECT to_regnamespace('jobs') IS NULL"), (
+            "the jobs schema was installed in the database libpq's environment points at"
+        )
+    check = configured(sqlite, settings, "check")
+    _one_error_line(check, "pgtick.E001")
+
+
+def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_the_check(
+    tmp_path: Path,
+) -> None:
+    unreachable = {"default": _postgresql_settings("postgresql://nobody@127.0.0.1:1/none")}
+    settings = {"APP": "shop.jobs:app"}
+    for command in (["pgtick_migrate"], ["pgtick_worker", "--grace", "1s"]):
+        result = configured(unreachable, settings, *command)
+        _one_error_line(result, "cannot connect to PostgreSQL")
+        assert result.stderr.strip().count("\n") == 0, result.stderr
+
+    missing = {**settings, "DATABASE": "reports"}
+    for command in (["pgtick_migrate", "--skip-checks"], ["pgtick_worker", "--skip-checks"]):
+        result = configured(unreachable, missing, *command)
+        _one_error_line(result, "'reports'")
+        assert result.stderr.strip().count("\n") == 0, result.stderr
+    for command in (["check"], ["check", "--database", "default"], ["migrate", "--no-input"]):
+        result = configured(unreachable, missing, *command)
+        _one_error_line(result, "pgtick.E001")
+        assert "'reports'" in result.stderr, result.stderr

@@ -148,8 +148,8 @@ class Pgtick:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Pgtick]:
-        """Start the threads and open the pool; stop and close on exit."""
-        await asyncio.to_thread(self.start)
+        """Open the pool and start the threads; stop and close on exit. A startup that fails
+        at any step (a bad ``pool_size``, no schema, no database) leaves no thread running."""
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.dsn,
             min_size=1,
@@ -157,9 +157,10 @@ class Pgtick:
             kwargs={"autocommit": True, "application_name": "pgtick-asgi"},
             configure=_configure,
             open=False,
-        )
+        )  # checks the sizes before anything starts
         try:
             await pool.open(wait=True)
+            await asyncio.to_thread(self.start)
             self._pool, self._client = pool, AsyncClient(pool)
             yield self
         finally:

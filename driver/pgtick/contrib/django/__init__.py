@@ -11,7 +11,8 @@ Settings (all optional but ``APP``)::
   migration runs ``pgtick migrate``); ``manage.py pgtick_migrate`` does it alone.
 * ``manage.py check --database default`` warns when the schema is missing
   (``pgtick.W001``) or pgtick migrations are pending (``pgtick.W002``); add
-  ``--fail-level WARNING`` to fail on them.
+  ``--fail-level WARNING`` to fail on them. Every ``check`` fails (``pgtick.E001``) when
+  ``PGTICK["DATABASE"]`` is not in ``DATABASES`` or not PostgreSQL.
 * ``manage.py pgtick_worker`` / ``pgtick_scheduler`` run a worker / the scheduler for
   ``PGTICK["APP"]``, like ``pgtick run --no-scheduler`` / ``--no-worker``. Job code may
   use the ORM: each job closes stale Django connections before and after it runs.
@@ -23,13 +24,16 @@ Settings (all optional but ``APP``)::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 from pgtick.app import App
 from pgtick.client import Client, EnqueueOptions, Run
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["client", "database_alias", "dsn", "enqueue", "jobs_app"]
 
@@ -53,20 +57,40 @@ def database_alias() -> str:
     return str(_settings().get("DATABASE", "default"))
 
 
-def dsn(using: str | None = None) -> str:
-    """A libpq DSN for the Django database ``using`` (default: pgtick's alias)."""
+def _postgresql(using: str | None) -> BaseDatabaseWrapper:
+    """Django's connection for ``using`` (default: pgtick's alias); ``ImproperlyConfigured``
+    when ``DATABASES`` has no such alias or its engine is not PostgreSQL."""
+    from django.core.exceptions import ImproperlyConfigured
     from django.db import connections
+    from django.utils.connection import ConnectionDoesNotExist
 
-    params = connections[using or database_alias()].get_connection_params()
+    alias = using or database_alias()
+    try:
+        wrapper = connections[alias]
+    except ConnectionDoesNotExist:
+        raise ImproperlyConfigured(
+            f"database {alias!r} (PGTICK['DATABASE'] or --database) is not in DATABASES"
+        ) from None
+    if wrapper.vendor != "postgresql":
+        raise ImproperlyConfigured(
+            f"database {alias!r} is not PostgreSQL (ENGINE {wrapper.settings_dict.get('ENGINE')!r}):"
+            " pgtick needs PostgreSQL"
+        )
+    return wrapper
+
+
+def dsn(using: str | None = None) -> str:
+    """A libpq DSN for the Django database ``using`` (default: pgtick's alias).
+    ``ImproperlyConfigured`` when that database is missing or not PostgreSQL: an empty DSN
+    would send libpq to its defaults, some other server."""
+    params = _postgresql(using).get_connection_params()
     keywords = _libpq_keywords()
     return make_conninfo(**{k: str(v) for k, v in params.items() if k in keywords and v not in (None, "")})
 
 
 def raw_connection(using: str | None = None) -> psycopg.Connection[Any]:
     """Django's own psycopg connection for ``using`` (opened if needed)."""
-    from django.db import connections
-
-    wrapper = connections[using or database_alias()]
+    wrapper = _postgresql(using)
     wrapper.ensure_connection()
     conn = wrapper.connection
     if not isinstance(conn, psycopg.Connection):

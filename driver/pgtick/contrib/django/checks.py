@@ -1,9 +1,11 @@
-"""System checks (database-tagged: ``manage.py check --database ALIAS`` runs them, and
-``manage.py migrate`` before migrating): is the jobs schema installed and up to date?
+"""System checks. ``pgtick.E001``: pgtick's database alias is missing from ``DATABASES`` or
+not PostgreSQL (every ``manage.py`` command runs it). Database-tagged (``manage.py check
+--database ALIAS`` runs them, and ``manage.py migrate`` before migrating): is the jobs schema
+installed and up to date?
 
-Warnings, not errors: ``migrate`` runs these checks first and would refuse to install
-the schema on an error. ``check --database default --fail-level WARNING`` makes them
-fail a deploy step."""
+The schema checks warn rather than fail: ``migrate`` runs these checks first and would
+refuse to install the schema on an error. ``check --database default --fail-level WARNING``
+makes them fail a deploy step."""
 
 from __future__ import annotations
 
@@ -12,10 +14,28 @@ from typing import Any
 
 import psycopg
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DjangoDatabaseError
 
 from pgtick import migrate
-from pgtick.contrib.django import database_alias, raw_connection
+from pgtick.contrib.django import _postgresql, database_alias, raw_connection
+
+
+@checks.register()
+def database_configured(app_configs: Sequence[Any] | None = None, **_: Any) -> list[checks.CheckMessage]:
+    """PGTICK["DATABASE"] names a database in DATABASES, and it is PostgreSQL (an error: no
+    pgtick command can work without one; this check needs no connection)."""
+    try:
+        _postgresql(None)
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="set PGTICK['DATABASE'] to the alias of a PostgreSQL database",
+                id="pgtick.E001",
+            )
+        ]
+    return []
 
 
 @checks.register(checks.Tags.database)
@@ -24,6 +44,10 @@ def schema_migrated(
 ) -> list[checks.CheckMessage]:
     alias = database_alias()
     if databases is None or alias not in databases:
+        return []
+    try:
+        _postgresql(alias)
+    except ImproperlyConfigured:  # pgtick.E001 says why
         return []
     try:
         conn = raw_connection(alias)

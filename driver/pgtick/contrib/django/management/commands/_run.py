@@ -7,12 +7,16 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from pgtick.app import App, Context
 from pgtick.cli import parse_duration
 from pgtick.contrib.django import database_alias, dsn, jobs_app
+from pgtick.contrib.django.management.commands.pgtick_migrate import one_line
+from pgtick.errors import PgtickError
 from pgtick.runner import RunOptions, run_app
 
 
@@ -55,6 +59,14 @@ class RunCommand(BaseCommand):
         parser.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            code = self._run(options)
+        except (PgtickError, ImproperlyConfigured, psycopg.Error) as exc:
+            raise CommandError(one_line(exc)) from exc
+        if code:  # the worker or the scheduler failed (logged): exit for the supervisor to restart
+            raise SystemExit(code)
+
+    def _run(self, options: dict[str, Any]) -> int:
         app = orm_friendly(jobs_app())
         run_options = RunOptions(
             concurrency=options.get("concurrency", 10),
@@ -65,4 +77,4 @@ class RunCommand(BaseCommand):
             worker=self.worker,
             listen=not options.get("no_listen", False),
         )
-        run_app(app, dsn(options["database"] or database_alias()), run_options)
+        return run_app(app, dsn(options["database"] or database_alias()), run_options)

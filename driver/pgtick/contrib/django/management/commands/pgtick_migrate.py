@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+import psycopg
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pgtick import migrate
 from pgtick.contrib.django import database_alias, dsn
 from pgtick.db import connect
+from pgtick.errors import PgtickError
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message, as a management command's error line."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def apply_schema(alias: str) -> list[str]:
@@ -26,5 +34,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = options["database"] or database_alias()
-        done = apply_schema(alias)
+        try:
+            done = apply_schema(alias)
+        except (PgtickError, ImproperlyConfigured, psycopg.Error) as exc:
+            raise CommandError(one_line(exc)) from exc
         self.stdout.write(f"pgtick: applied {', '.join(done)}" if done else "pgtick: schema up to date")
