@@ -1328,3 +1328,29 @@ def cut_off_mid_job(
     return CutOff(
         run_id, pid, victim, victim_worker, first, retry_finished, appended, after_worker, alive, context
     )
+
+
+def task_factory_breaking_app() -> Any:
+    """An app of two async kinds: ``breaks-the-next-task`` installs a task factory on the
+    worker's loop that raises once (so the next task cannot be made), ``answer`` returns its
+    run id."""
+    import asyncio
+
+    from pgtick import App, Context
+
+    app = App()
+
+    @app.job("breaks-the-next-task")
+    async def breaks_the_next_task(ctx: Context) -> None:
+        def refuse(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            loop.set_task_factory(None)
+            raise RuntimeError("no task today")
+
+        asyncio.get_running_loop().set_task_factory(refuse)
+
+    @app.job("answer")
+    async def answer(ctx: Context) -> int:
+        await asyncio.sleep(0)
+        return ctx.run_id
+
+    return app

@@ -103,7 +103,16 @@ class EventLoop:
             self._create(ctx, done)
 
     def _create(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
-        task = self.loop.create_task(run_job(ctx), name=f"pgtick-run-{ctx.run_id}")
+        """Make ``ctx``'s run a task; if that fails (a task factory a job installed raises), the
+        run fails with the error and the rest of its batch goes on."""
+        job = run_job(ctx)
+        try:
+            task = self.loop.create_task(job, name=f"pgtick-run-{ctx.run_id}")
+        except BaseException as exc:
+            job.close()  # never awaited
+            log.error("run=%s kind=%s could not be started as a task", ctx.run_id, ctx.kind, exc_info=exc)
+            done(failure(ctx, "the worker could not start the job's task", exc))
+            return
         self._tasks.add(task)
 
         def finished(t: asyncio.Task[Outcome]) -> None:

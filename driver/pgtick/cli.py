@@ -718,12 +718,15 @@ def _progress_enabled() -> bool:
 def cmd_run(args: argparse.Namespace) -> int:
     from pgtick import supervisor
     from pgtick.runner import RunOptions, check_login, load_app, run_app
+    from pgtick.worker import claimable_kinds
 
     if args.processes < 1:
         raise UsageError(f"--processes must be at least 1, got {args.processes}")
     if args.no_scheduler and args.no_worker:
         raise UsageError("--no-scheduler and --no-worker together leave nothing to run")
     app = load_app(args.app)
+    if not args.no_worker:
+        claimable_kinds(app)  # an app its workers cannot claim for: said once, before anything starts
     dsn = _dsn(args)
     if args.migrate and supervisor.child_index() is None:
         with connect(dsn) as conn:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pgtick import instrumentation
 from pgtick.app import Context, error_classes
 from pgtick.errors import Abandoned, Cancelled, JobTimeout
+
+if TYPE_CHECKING:
+    from pgtick.isolation import ProcessPool
 
 #: How a run ended in this process.
 Action = Literal["complete", "fail", "cancel", "abandon"]
@@ -39,19 +42,20 @@ class Outcome:
         return self.action == "complete" and self.result is None and not self.ctx.abandoned
 
 
-def execute(ctx: Context) -> Outcome:
+def execute(ctx: Context, processes: ProcessPool | None = None) -> Outcome:
     """Run the job's function for ``ctx`` and say how it ended.
 
     The worker sends ``async def`` jobs to its event loop (``pgtick.aio``) and
-    process-isolated ones to a child process (``pgtick.isolation``); called here
-    directly, an ``async def`` job gets a loop of its own."""
+    process-isolated ones to a child process of its pool ``processes``
+    (``pgtick.isolation``); called here directly, an ``async def`` job gets a loop of
+    its own, and a process-isolated one a child of the module's pool."""
     with instrumentation.current.execute(ctx) as ended:
-        outcome = _run(ctx)
+        outcome = _run(ctx, processes)
         ended(outcome)
     return outcome
 
 
-def _run(ctx: Context) -> Outcome:
+def _run(ctx: Context, processes: ProcessPool | None) -> Outcome:
     try:
         # A run claimed ahead of a free slot may have been reaped while it waited (its worker
         # cut off from the database): its job does not begin until a heartbeat says it is ours.
@@ -59,9 +63,11 @@ def _run(ctx: Context) -> Outcome:
     except BaseException as exc:
         return outcome_of(ctx, exc)
     if ctx.spec.isolation == "process":
-        from pgtick.isolation import execute_in_process
+        if processes is None:
+            from pgtick import isolation
 
-        return execute_in_process(ctx)
+            processes = isolation.POOL
+        return processes.execute(ctx)
     fn = ctx.spec.fn
     try:
         if ctx.spec.is_async:
@@ -77,10 +83,16 @@ def _run(ctx: Context) -> Outcome:
 
 
 def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
-    """The outcome of a run whose job code raised ``exc``."""
-    if isinstance(exc, Cancelled):
+    """The outcome of a run whose job code raised ``exc``.
+
+    ``Cancelled`` ends the run CANCELLED, and ``Abandoned`` lets it go unreported, only when
+    the worker has seen the run's cancel requested or lost (so a checkpoint raised it): job
+    code that raises either on its own fails its run like any other error, retried by policy
+    (cancelled, it would be refused, the database having no cancel requested; abandoned, it
+    would stay RUNNING until the reaper failed it as HeartbeatLost)."""
+    if isinstance(exc, Cancelled) and ctx.cancel_requested:
         return Outcome(ctx, "cancel", message=message_of(exc))
-    if isinstance(exc, Abandoned):
+    if isinstance(exc, Abandoned) and ctx.abandoned:
         return Outcome(ctx, "abandon")
     if isinstance(exc, JobTimeout):
         return Outcome(ctx, "fail", classes=error_classes(exc), message=message_of(exc), reason="Timeout")

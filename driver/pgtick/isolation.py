@@ -23,14 +23,15 @@ exception's class chain (for the retry policy), its message and its traceback te
 the timeout; cancellation is the parent's kill, so ``ctx.on_cancel`` hooks registered
 in the child never run (use the kind's ``compensate=``).
 
-The children form a small pool, one per isolated job running at once (so at most the
-worker's concurrency): a child runs one job after another and is killed and replaced
-only when a job is stopped or kills it. Children ignore SIGINT/SIGTERM (the worker
-decides when they stop) and exit when the worker process dies. Job code in a child
-shares module-level state with the jobs that ran before it in that child, as it does
-in a thread. A worker inside a daemonic ``multiprocessing`` process cannot start job
-processes (Python forbids it): such runs fail with the reason in their error. Measured
-costs are in the README ("Running jobs: threads, async, processes").
+The children form a small pool of the worker's own, one per isolated job running at once
+(so at most the worker's concurrency): a child runs one job after another and is killed
+and replaced only when a job is stopped or kills it. Several workers in one Python process
+(one per queue, say) each have their pool: stopping one stops its children only. Children
+ignore SIGINT/SIGTERM (the worker decides when they stop) and exit when the worker process
+dies. Job code in a child shares module-level state with the jobs that ran before it in
+that child, as it does in a thread. A worker inside a daemonic ``multiprocessing`` process
+cannot start job processes (Python forbids it): such runs fail with the reason in their
+error. Measured costs are in the README ("Running jobs: threads, async, processes").
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def _outcome(ctx: Context, message: tuple[Any, ...]) -> Outcome:
 
 
 class ProcessPool:
-    """Job processes of one worker process: idle ones are kept for the next job.
+    """The job processes of one worker: idle ones are kept for the next job.
 
     ``reuse=False`` starts a fresh process for every job (one spawn per job: the
     slower alternative the README measures)."""
@@ -269,17 +270,14 @@ class ProcessPool:
                 proc.close()
 
 
-#: The job processes of this worker process.
+#: The job processes of runs executed outside a worker (``pgtick.execution.execute`` called
+#: without a pool). A ``Worker`` has a pool of its own, which keeps its children for the
+#: next job when this one does (``POOL.reuse``: the setting for the whole Python process).
 POOL = ProcessPool()
 
 
-def execute_in_process(ctx: Context) -> Outcome:
-    """Run ``ctx``'s job in a child process from ``POOL``."""
-    return POOL.execute(ctx)
-
-
 def close_idle_processes() -> None:
-    """The worker stops: no job process outlives it."""
+    """Stop the children of ``POOL`` (a worker's own are stopped with the worker)."""
     POOL.close()
 
 

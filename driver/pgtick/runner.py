@@ -27,7 +27,7 @@ from pgtick.errors import PgtickError, UsageError
 from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
-from pgtick.worker import Worker
+from pgtick.worker import Worker, claimable_kinds
 
 log = logging.getLogger("pgtick.run")
 
@@ -125,6 +125,8 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     stopped too: a process that cannot do its whole job exits for its supervisor to
     restart it, rather than living on half idle)."""
     stop = stop or threading.Event()
+    if options.worker:
+        claimable_kinds(app)  # an app its worker cannot claim for: said before anything starts
     _install_signal_handlers(stop)
     with connect(dsn, application_name="pgtick-sync") as conn:
         if not calls.schema_installed(conn):

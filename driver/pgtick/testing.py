@@ -194,16 +194,16 @@ class JobsTester:
         retry: dict[str, Any] | None = None
         try:
             result = _call(spec.fn, ctx)
-        except Abandoned as exc:
+        except (Exception, SystemExit, Abandoned, Cancelled) as exc:
             exception = exc
-        except Cancelled as exc:
-            exception = exc
-            calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(str(exc)), self._token)
-        except (Exception, SystemExit) as exc:
-            exception = exc
-            reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
-            message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
-            retry = self._fail(conn, ctx, error_classes(exc), storable(message), reason)
+            # As the worker reads them: a cancel only when one was asked for, a run let go only
+            # when it was lost; raised by job code on its own, either is a failure.
+            if isinstance(exc, Cancelled) and ctx.cancel_requested:
+                calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(str(exc)), self._token)
+            elif not (isinstance(exc, Abandoned) and ctx.abandoned):
+                reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
+                message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+                retry = self._fail(conn, ctx, error_classes(exc), storable(message), reason)
         else:
             # As the worker reports it: a result that is not JSON, or that the database
             # refuses, fails the run saying why (the test sees what production would).

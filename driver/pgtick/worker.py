@@ -90,10 +90,11 @@ from psycopg import abc
 from psycopg.adapt import Buffer, Loader
 from psycopg.pq import Format
 
-from pgtick import calls, instrumentation
+from pgtick import calls, instrumentation, isolation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
+from pgtick.errors import UsageError
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, describe, execute, failure
 from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
@@ -111,6 +112,8 @@ MAX_LEFT = 5000
 STOP_CHECK = 0.5
 #: Most claim connections one worker keeps (its claim loop's and the extra claimers').
 MAX_CLAIMERS = 16
+#: Most job kinds one worker claims (jobs.claim takes at most 1000 kind names).
+MAX_KINDS = 1000
 #: Most claims in flight while the claimed batches hold runs of capped definitions or runs
 #: under tight limits (jobs.tight_limits: below 500 running or 500 starts per period): such a claim
 #: holds those groups' dispatch locks until it commits, and each other claim whose pool meets
@@ -126,6 +129,23 @@ TIMEOUT_GRACE = 1.0
 
 def _seconds(value: object) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else None
+
+
+def claimable_kinds(app: App) -> list[str]:
+    """The kinds a worker of ``app`` claims, sorted; ``UsageError`` when there are none (it
+    would have nothing to claim) or more than MAX_KINDS (more than one claim can name)."""
+    kinds = sorted(app.jobs)
+    if not kinds:
+        raise UsageError(
+            f"app {app.name!r} registers no job kinds: a worker would have nothing to claim"
+            " (register one with @app.job; `pgtick run --no-worker` runs the scheduler alone)"
+        )
+    if len(kinds) > MAX_KINDS:
+        raise UsageError(
+            f"app {app.name!r} registers {len(kinds)} job kinds: a worker claims at most {MAX_KINDS}"
+            " (jobs.claim's kinds); register them in several apps and run a worker for each"
+        )
+    return kinds
 
 
 class Unreadable:
@@ -199,6 +219,7 @@ class Worker:
             raise ValueError("concurrency must be at least 1")
         if not 1 <= claimers <= MAX_CLAIMERS:
             raise ValueError(f"claimers must be 1 to {MAX_CLAIMERS}, got {claimers}")
+        self.kinds = claimable_kinds(app)
         self.app = app
         self.dsn = dsn
         self.worker_id = worker_id or new_worker_id()
@@ -218,7 +239,6 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.listen = listen
         self.listener = listener
-        self.kinds = sorted(app.jobs)
         self.queues = sorted(set(queues)) if queues else None  # None: every queue
         self.stats = WorkerStats()
         self.events = Listeners([self.stats, listener])
@@ -292,6 +312,9 @@ class Worker:
         self._claim_threads: list[threading.Thread] = []
         self._fault: BaseException | None = None  # set by another thread: the worker cannot go on
         self.event_loop = EventLoop() if any(s.is_async for s in app.jobs.values()) else None
+        # This worker's job processes (isolation="process"), started as its jobs need them:
+        # other workers in the same Python process have theirs, which its stop leaves alone.
+        self.processes = isolation.ProcessPool(reuse=isolation.POOL.reuse)
 
     # -- what the heartbeat loop asks (pgtick.heartbeat.HeartbeatOwner) ----------
     def held(self) -> Mapping[int, Context]:
@@ -372,8 +395,6 @@ class Worker:
 
         On an error it cannot go on from, set ``stop``, hand back what it holds (failed
         at once when not started, after the grace period when running) and raise it."""
-        if not self.kinds:
-            log.warning("worker=%s has no job kinds registered: nothing to claim", self.worker_id)
         self._start_threads(stop)
         log.info(
             "worker=%s started kinds=%s concurrency=%d batch=%d",
@@ -1125,7 +1146,7 @@ class Worker:
                 self._finished(Outcome(ctx, "abandon") if ctx.abandoned else Outcome(ctx, "cancel"))
                 continue
             try:
-                outcome = execute(ctx)
+                outcome = execute(ctx, self.processes)
             except BaseException as exc:  # around the job code (a hook): the run fails, the thread goes on
                 log.error("run=%s kind=%s could not be run", ctx.run_id, ctx.kind, exc_info=exc)
                 outcome = failure(ctx, "the worker could not run the job", exc)
@@ -1141,12 +1162,10 @@ class Worker:
         self.signal_work()
 
     def _stop_runners(self) -> None:
-        """Stop the event loop and the idle job processes (runs left go to the reaper)."""
+        """Stop the event loop and this worker's job processes (runs left go to the reaper)."""
         if self.event_loop is not None:
             self.event_loop.stop()
-        from pgtick.isolation import close_idle_processes
-
-        close_idle_processes()
+        self.processes.close()
 
     def _left_to_reaper(self, ctx: Context) -> None:
         self._leave([ctx.run_id])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness import task_factory_breaking_app
 from pgtick import instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
@@ -318,3 +319,26 @@ def test_a_job_that_raises_cancelled_error_fails_saying_so() -> None:
     finally:
         loop.stop()
     assert outcome.action == "fail" and "cancelled by job code" in (outcome.message or ""), outcome
+
+
+def test_a_run_whose_task_cannot_be_made_fails_and_the_rest_of_its_batch_runs() -> None:
+    """A job installed a task factory that raises (once): the next run of the batch the claim
+    hands over fails with that error; the runs after it in the same batch run."""
+    app = task_factory_breaking_app()
+
+    loop = EventLoop()
+    loop.start()
+    try:
+        [broke] = _outcomes(loop, [_context(app, "breaks-the-next-task", 1)])
+        done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        loop.submit_many([_context(app, "answer", i) for i in (2, 3, 4)], done.put)
+        outcomes = sorted((done.get(timeout=30) for _ in range(3)), key=lambda o: o.ctx.run_id)
+    finally:
+        loop.stop()
+    assert broke.action == "complete", broke
+    summary = [(o.ctx.run_id, o.action, o.message, o.result) for o in outcomes]
+    assert summary == [
+        (2, "fail", "the worker could not start the job's task: RuntimeError: no task today", None),
+        (3, "complete", None, 3),
+        (4, "complete", None, 4),
+    ], summary

@@ -9,6 +9,8 @@
 * A worker cut off from the database cancels an async job that awaits without a checkpoint
   once no heartbeat has confirmed its run within its heartbeat timeout, and reports nothing:
   the job does not run on beside the retry another worker starts after reaping the run.
+* A run whose task cannot be made (a job installed a task factory that raises) fails with
+  the error; the other runs of its batch run, and the worker goes on claiming.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from harness import (
     cut_off_mid_job,
     executions,
     scalar,
+    task_factory_breaking_app,
     wait_finished,
     wait_for,
+    worker_thread,
 )
+from pgtick.worker import Worker
 
 
 def test_many_async_jobs_run_at_once_on_one_event_loop_next_to_a_thread_job(
@@ -126,3 +131,29 @@ def test_an_async_job_of_a_worker_cut_off_from_the_database_is_cancelled_before_
     assert "Traceback" not in log, context
     assert cut.alive, f"the victim exited: {context}"
     assert cut.after_worker == cut.victim_worker, f"the next run ran on {cut.after_worker}: {context}"
+
+
+def test_a_run_whose_task_cannot_be_made_fails_and_the_worker_goes_on(db: Database, conn: Conn) -> None:
+    """One job installs a task factory that raises once; the next async run handed to the
+    loop fails with that error. Every other run (of that batch, and of the batch claimed
+    after) completes: none is left RUNNING with live heartbeats, and the worker still claims."""
+    app = task_factory_breaking_app()
+
+    def ended(ids: list[int]) -> bool:
+        sql = "SELECT count(*) FROM jobs.runs WHERE id = ANY(%s) AND finished_at IS NOT NULL"
+        return bool(scalar(conn, sql, (ids,)) == len(ids))
+
+    worker = Worker(app, db.dsn, concurrency=5, poll_interval=0.1)
+    with worker_thread(worker):
+        breaks = scalar(conn, "SELECT id FROM jobs.enqueue('breaks-the-next-task')")
+        wait_for(f"run {breaks} to end", lambda: ended([breaks]) or None, timeout=60)
+        batch = [r[0] for r in conn.execute("SELECT id FROM jobs.enqueue_many('answer', '[{}, {}, {}, {}]')")]
+        wait_for(f"runs {batch} to end", lambda: ended(batch) or None, timeout=60)
+        after = scalar(conn, "SELECT id FROM jobs.enqueue('answer')")
+        wait_for(f"run {after} to end", lambda: ended([after]) or None, timeout=60)
+    runs = conn.execute("SELECT id, status::text, error, result FROM jobs.runs ORDER BY id").fetchall()
+    failed = [r for r in runs if r[1] == "FAILED"]
+    assert runs[0][:2] == (breaks, "COMPLETED"), runs
+    assert len(failed) == 1 and failed[0][0] in batch, f"not one run of the batch failed: {runs}"
+    assert failed[0][2] == "the worker could not start the job's task: RuntimeError: no task today", runs
+    assert all(r[1] == "COMPLETED" and r[3] == r[0] for r in runs[1:] if r is not failed[0]), runs

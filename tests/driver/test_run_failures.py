@@ -14,6 +14,8 @@ import pytest
 
 from harness import Conn, Database, Processes, runs_in, scalar, wait_for, worker_thread
 from pgtick.app import App, Context
+from pgtick.definitions import sync_app
+from pgtick.errors import Abandoned, Cancelled, JobStopped
 from pgtick.worker import Worker
 
 
@@ -95,3 +97,36 @@ def test_a_result_whose_encoding_raises_fails_only_its_run(db: Database, result:
             "SELECT id, status::text, error FROM jobs.runs WHERE id = ANY(%s) ORDER BY id", ([beside, bad],)
         ).fetchall()
     assert runs == [(beside, "COMPLETED", None), (bad, "FAILED", error)], runs
+
+
+@pytest.mark.parametrize("stopped", [Cancelled, Abandoned])
+def test_job_code_raising_cancelled_or_abandoned_on_its_own_fails_its_run_by_policy(
+    db: Database, stopped: type[JobStopped]
+) -> None:
+    """pgtick's own Cancelled and Abandoned end a run CANCELLED, or let it go unreported, only
+    when the worker has seen its cancel requested or lost it. Raised by job code on its own,
+    either is an error like any other: the run fails with it and is retried by its policy,
+    not left RUNNING (refused as a cancellation; or let go, for the reaper to fail it as
+    HeartbeatLost a heartbeat timeout later)."""
+    app = App()
+
+    @app.job("stops-itself", retry_on=[stopped], max_attempts=2, backoff=0, jitter=0)
+    def stops_itself(ctx: Context) -> None:
+        raise stopped(f"raised by run {ctx.run_id} itself")
+
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1)
+    with db.connect() as conn:
+        sync_app(app, conn)
+        first = scalar(conn, "SELECT id FROM jobs.enqueue('stops-itself')")
+        ended = "SELECT count(*) FROM jobs.runs WHERE status NOT IN ('QUEUED', 'RUNNING')"
+        with worker_thread(worker):
+            wait_for("the run and its retry to end", lambda: scalar(conn, ended) == 2 or None, timeout=60)
+        runs = conn.execute(
+            "SELECT id, attempt, retry_of, status::text, failure_reason, error FROM jobs.runs ORDER BY id"
+        ).fetchall()
+    name = stopped.__name__
+    assert [r[1:5] for r in runs] == [
+        (1, None, "FAILED", "Error"),
+        (2, first, "FAILED", "Error"),
+    ], runs
+    assert [r[5] for r in runs] == [f"{name}: raised by run {r[0]} itself" for r in runs], runs

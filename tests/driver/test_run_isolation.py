@@ -11,12 +11,16 @@
 * A worker cut off from the database kills a job process once no heartbeat has confirmed
   the run within its heartbeat timeout, and reports nothing: the job does not run on
   beside the retry another worker starts after reaping the run.
+* Several workers in one Python process each own their job processes: stopping one leaves
+  the jobs of the others running in their children.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,7 +35,10 @@ from harness import (
     wait_finished,
     wait_for,
     wait_started,
+    worker_thread,
 )
+from pgtick.app import App, Context
+from pgtick.worker import Worker
 
 #: A stopped job ends long before this; a job left to its time.sleep(3600) would not.
 SLACK = timedelta(seconds=15)
@@ -43,6 +50,59 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def held_until_released(ctx: Context) -> dict[str, int]:
+    """Writes its process id to the payload's ``started`` file, then waits (no checkpoint) for
+    the payload's ``release`` file to exist, five minutes at most."""
+    Path(ctx.payload["started"]).write_text(str(os.getpid()))
+    release = Path(ctx.payload["release"])
+    give_up = time.monotonic() + 300
+    while not release.exists() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return {"pid": os.getpid()}
+
+
+def test_stopping_one_worker_leaves_another_workers_process_jobs_running(
+    db: Database, tmp_path: Path
+) -> None:
+    """Two workers in one Python process, one per queue, both with a job process: stopping A
+    stops A's child only. B's job, mid-run in its child when A stops, runs on and completes."""
+    app = App("two-workers")
+    app.job("held", isolation="process")(held_until_released)
+
+    def held(conn: Conn, queue: str, name: str) -> tuple[int, Path, Path]:
+        started, release = tmp_path / f"{name}.started", tmp_path / f"{name}.release"
+        payload = json.dumps({"started": str(started), "release": str(release)})
+        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('held', %s, queue => %s)", (payload, queue))
+        return run_id, started, release
+
+    def status(conn: Conn, run_id: int) -> str:
+        return str(scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,)))
+
+    a = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, queues=["a"])
+    b = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, queues=["b"])
+    with db.connect() as conn, worker_thread(b):
+        with worker_thread(a):
+            a_run, a_started, a_release = held(conn, "a", "a")
+            a_release.touch()  # A's job returns at once: its child stays, idle, for A's next job
+            wait_for(f"A's run {a_run} to complete", lambda: status(conn, a_run) == "COMPLETED" or None, 60)
+            a_child = int(a_started.read_text())
+            b_run, b_started, b_release = held(conn, "b", "b")
+            wait_for(f"B's run {b_run} to start in its child", lambda: b_started.exists() or None, timeout=60)
+            b_child = int(b_started.read_text())
+        # A has stopped (worker_thread joined it).
+        a_gone = wait_for(f"A's child {a_child} to be gone", lambda: not _alive(a_child) or None, timeout=60)
+        b_alive, b_status = _alive(b_child), status(conn, b_run)
+        b_release.touch()
+        wait_for(f"B's run {b_run} to end", lambda: status(conn, b_run) != "RUNNING" or None, timeout=60)
+        end = "SELECT status::text, error, result FROM jobs.runs WHERE id = %s"
+        b_end = conn.execute(end, (b_run,)).fetchone()
+
+    context = f"A's child {a_child}, B's child {b_child}; B's run {b_run} ended {b_end}"
+    assert a_gone, context
+    assert b_alive and b_status == "RUNNING", f"stopping A stopped B's job ({b_status}): {context}"
+    assert b_end == ("COMPLETED", None, {"pid": b_child}), context
 
 
 def test_a_process_job_stuck_in_sleep_is_killed_at_its_timeout(procs: Processes, conn: Conn) -> None:

@@ -70,6 +70,24 @@ def test_a_result_that_is_not_json_fails_the_run_as_a_worker_would(pgtick_jobs: 
     assert "NaN" in str(got[0][1]) and "object" in str(got[1][1]), got
 
 
+@app.job("stops-itself")
+def stops_itself(ctx: Context) -> None:
+    from pgtick.errors import Abandoned, Cancelled
+
+    raise (Cancelled if ctx.payload["raise"] == "Cancelled" else Abandoned)("job code raised it")
+
+
+def test_job_code_raising_cancelled_or_abandoned_itself_fails_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """No cancel was asked for and the run was not lost: the worker fails such a run like any
+    other error, and so does the tester."""
+    for name in ["Cancelled", "Abandoned"]:
+        pgtick_jobs.enqueue("stops-itself", {"raise": name})
+        [outcome] = pgtick_jobs.run_due(app)
+        assert (outcome.status, outcome.error) == ("FAILED", f"{name}: job code raised it"), name
+
+
 def test_the_tester_works_where_workers_must_present_a_claim_token(pgtick_jobs: JobsTester) -> None:
     import psycopg
 

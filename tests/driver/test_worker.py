@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,12 +21,14 @@ from harness import (
     add_definition,
     add_runs,
     materialize_occurrences,
+    pgtick,
     runs_in,
     scalar,
     wait_for,
     worker_thread,
 )
 from pgtick.app import App, Context
+from pgtick.errors import UsageError
 from pgtick.worker import CAPPED_CLAIMERS, Worker
 
 
@@ -351,6 +354,36 @@ def test_a_stopping_worker_does_not_call_its_listener_lost_when_the_server_stops
 def test_claimers_out_of_range_are_refused(bad: int) -> None:
     with pytest.raises(ValueError, match=f"claimers must be 1 to 16, got {bad}"):
         Worker(App(), "postgresql://unused", claimers=bad)
+
+
+@pytest.mark.parametrize(
+    ("count", "said"),
+    [
+        (0, "app 'kinds' registers no job kinds: a worker would have nothing to claim"),
+        (1001, "app 'kinds' registers 1001 job kinds: a worker claims at most 1000 (jobs.claim's kinds)"),
+    ],
+)
+def test_a_worker_for_no_kinds_or_more_than_a_claim_names_is_refused_up_front(count: int, said: str) -> None:
+    """jobs.claim takes 1 to 1000 kind names: a worker that could only have its first claim
+    refused (and stop on it) is refused when it is made, saying why."""
+    app = App("kinds")
+    for i in range(count):
+        app.job(f"k{i}")(lambda ctx: None)
+    with pytest.raises(UsageError) as refused:
+        Worker(app, "postgresql://unused")
+    assert str(refused.value).startswith(said), refused.value
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_pgtick_run_of_an_app_without_kinds_is_one_line(db: Database, tmp_path: Path, processes: str) -> None:
+    """Its worker would have nothing to claim: one line and exit 2, before anything starts
+    (with several processes too: not a line per child, restarted by the supervisor)."""
+    app = tmp_path / "empty_app.py"
+    app.write_text("from pgtick import App\n\napp = App('empty')\n")
+    result = pgtick("run", str(app), "--dsn", db.dsn, "--processes", processes, timeout=120)
+    shown = f"exit {result.returncode}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, shown
+    assert "app 'empty' registers no job kinds" in result.stderr and "--no-worker" in result.stderr, shown
 
 
 def test_run_cancelled_while_waiting_for_a_slot_never_starts(db: Database) -> None:

@@ -231,6 +231,7 @@ def test_runs_a_worker_could_not_fail_are_never_handed_back_after_a_lost_claim()
     from pgtick.worker import Worker
 
     app = App()
+    app.job("k")(lambda ctx: None)
     worker = Worker(app, "host=/nonexistent-pgtick-socket-dir dbname=none connect_timeout=2")
     worker._fail_runs(None, {41, 42}, "stopping")
     assert set(worker._left) == {41, 42}
@@ -243,7 +244,9 @@ def test_a_worker_sends_more_run_ids_than_one_call_takes_in_several_calls(db: Da
     from pgtick.worker import Worker
 
     many = list(range(1, MAX_CALL_IDS + 2))  # none of them ours: each call answers none
-    worker = Worker(App(), db.dsn)
+    app = App()
+    app.job("k")(lambda ctx: None)
+    worker = Worker(app, db.dsn)
     try:
         assert worker._complete_many(many) == set()
     finally:
