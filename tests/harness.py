@@ -1354,3 +1354,17 @@ def task_factory_breaking_app() -> Any:
         return ctx.run_id
 
     return app
+
+
+def checkout_schema(ref: str, into: Path) -> Path:
+    """sql/ and migrations/ as they were at git revision ``ref``, extracted into ``into``;
+    returns that install.sql (for psql: the schema a user who installed then has)."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref, "sql", "migrations"],
+        cwd=migrate.schema_root(),
+        capture_output=True,
+    )
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "sql" / "install.sql"

@@ -68,6 +68,48 @@ def schema_installed(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+# The migrations recorded, when this login may read the ledger (readers and operators may;
+# a worker-only login may not, and is answered None).
+READABLE_MIGRATIONS = (
+    "SELECT coalesce(has_table_privilege(to_regclass('jobs.schema_migrations'), 'SELECT'), false)"
+)
+
+
+def readable_migrations(conn: Conn) -> set[str] | None:
+    """The versions in ``jobs.schema_migrations``; None when this login may not read it."""
+    row = conn.execute(READABLE_MIGRATIONS).fetchone()
+    if not (row and row[0]):
+        return None
+    return applied_migrations(conn)
+
+
+#: The functions a worker calls, with the argument types of this driver's calls: what a
+#: worker-only login, which may not read the migration ledger, checks for at start.
+WORKER_FUNCTIONS = (
+    "jobs.claim(integer, text, text[], boolean, text[], text)",
+    "jobs.heartbeat(bigint[], text, text)",
+    "jobs.hand_back_unheld(bigint[], text, text)",
+    "jobs.complete(bigint, text, jsonb, text)",
+    "jobs.complete_many(bigint[], text, text)",
+    "jobs.fail(bigint, text, text[], text, text, text)",
+    "jobs.acknowledge_cancel(bigint, text, text, text)",
+    "jobs.next_due(text[], text[])",
+    "jobs.snooze(bigint, text, interval, text)",
+    "jobs.unclaim(bigint[], text, text)",
+    "jobs.register_worker(text, text[], text, integer)",
+    "jobs.worker_seen(text)",
+    "jobs.worker_stopped(text)",
+)
+MISSING_FUNCTIONS = (
+    "SELECT s FROM unnest(%s::text[]) WITH ORDINALITY AS f(s, n) WHERE to_regprocedure(s) IS NULL ORDER BY n"
+)
+
+
+def missing_functions(conn: Conn, signatures: tuple[str, ...] = WORKER_FUNCTIONS) -> list[str]:
+    """Which of ``signatures`` (``jobs.name(type, ...)``) the database does not have."""
+    return [str(row[0]) for row in conn.execute(MISSING_FUNCTIONS, (list(signatures),))]
+
+
 # --- worker (worker.py, heartbeat) ------------------------------------------
 
 # heartbeat => true: the claim itself stamps heartbeat_at, so no extra heartbeat round

@@ -298,14 +298,26 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:40] + "...")
 
 
-def _argv_is_text(argv: Sequence[str]) -> str | None:
-    """The first argument that is not valid UTF-8 (the shell passed bytes), if any."""
+def _argv_as_text(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """The arguments as text, and the first one that is not valid UTF-8 (the shell passed
+    bytes), if any. In a locale whose encoding is not UTF-8 (``LC_ALL=C``) Python keeps the
+    bytes it could not decode as surrogates: an argument whose bytes are UTF-8 is read as
+    UTF-8, the encoding of everything pgtick stores."""
+    text: list[str] = []
     for arg in argv:
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:
-            return arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return None
+            try:
+                raw = arg.encode(sys.getfilesystemencoding(), "surrogateescape")
+            except UnicodeError:  # not bytes of the command line (a lone surrogate given to main)
+                raw = arg.encode("utf-8", "replace")
+            try:
+                arg = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return text, raw.decode("utf-8", "replace")
+        text.append(arg)
+    return text, None
 
 
 class Parser(argparse.ArgumentParser):
@@ -717,7 +729,7 @@ def _progress_enabled() -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pgtick import supervisor
-    from pgtick.runner import RunOptions, check_login, load_app, run_app
+    from pgtick.runner import RunOptions, check_login, check_schema, load_app, run_app
     from pgtick.worker import claimable_kinds
 
     if args.processes < 1:
@@ -757,7 +769,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--web needs the web extra: pip install 'pgtick[web]' ({exc})") from None
             serve_in_thread(dsn, args.web, operator_secret(None))
         if args.processes > 1:
-            with connect(dsn) as conn:  # a login that cannot run as asked: say so once, start nothing
+            # A schema or login that cannot run as asked: say so once, start nothing.
+            with connect(dsn) as conn:
+                check_schema(conn)
                 check_login(conn, options)
             return supervisor.run_supervised(app, dsn, options, args.processes)
         stop = supervisor.stop_when_supervisor_says() if supervisor.child_index() is not None else None
@@ -1459,13 +1473,8 @@ def cmd_show(args: argparse.Namespace) -> Result:
             lines.append(f"  took        {compact_duration(took)}" + ("" if r["finished_at"] else " so far"))
         if len(r["attempts"]) > 1:
             lines.append("attempts")
-            for a in r["attempts"]:  # one line each: the error in full is below, as stored
-                here = "  <- this run" if a["id"] == r["id"] else ""
-                head = f"  {a['attempt']:>3}  run {a['id']:<8} {status_word(a['status'], style)}"
-                reason = f"  {a['failure_reason']}: {printable(a['error'])}" if a["error"] else ""
-                if reason and not wide:
-                    reason = clip(reason, max(style.width - visible_len(head) - len(here), 16))
-                lines.append(head + reason + here)
+            for a in r["attempts"]:
+                lines += _attempt_lines(a, a["id"] == r["id"], style, wide)
         lines.append("payload")
         lines.append(_indent(to_json(r["payload"])))
         if r["result"] is not None:
@@ -1477,6 +1486,35 @@ def cmd_show(args: argparse.Namespace) -> Result:
         return "\n".join(lines)
 
     return Result(data, text)
+
+
+#: Columns an attempt's error needs beside its status to say something; with less room it
+#: goes on a line of its own.
+_ATTEMPT_ERROR_ROOM = 16
+#: Where an attempt's error starts when it has a line of its own: under ``run``.
+_ATTEMPT_ERROR_INDENT = " " * 7
+
+
+def _attempt_lines(attempt: dict[str, Any], this: bool, style: Style, wide: bool) -> list[str]:
+    """An attempt of the chain in ``pgtick show``: its status and reason on one line cut to
+    the width (the error in full follows for the run shown), or, where that leaves the
+    error too little room, the error cut on the next line."""
+    head = f"  {attempt['attempt']:>3}  run {attempt['id']:<8} {status_word(attempt['status'], style)}"
+    error = style.shown(printable(attempt["error"])) if attempt["error"] else ""
+    reason = f"{attempt['failure_reason']}: {error}" if error and attempt["failure_reason"] else error
+    here = "  <- this run" if this else ""
+    if wide:
+        return [head + (f"  {reason}" if reason else "") + here]
+    if here and visible_len(head + here) > style.width:
+        here = "  <-"
+    room = style.width - visible_len(head) - visible_len(here) - 2
+    if reason and room >= _ATTEMPT_ERROR_ROOM:
+        return [f"{head}  {clip(reason, room, style.ellipsis)}{here}"]
+    lines = [clip(head + here, style.width, style.ellipsis)]
+    if reason:
+        room = style.width - len(_ATTEMPT_ERROR_INDENT)
+        lines.append(_ATTEMPT_ERROR_INDENT + clip(reason, room, style.ellipsis))
+    return lines
 
 
 def _indent(text: str) -> str:
@@ -1859,7 +1897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "?" rather than ending the command in a traceback; JSON escapes it instead.
         sys.stdout.reconfigure(errors="replace")
     argv = list(sys.argv[1:] if argv is None else argv)
-    undecodable = _argv_is_text(argv)
+    argv, undecodable = _argv_as_text(argv)
     if undecodable is not None:
         print(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ import psycopg
 
 from pgtick import calls
 from pgtick.db import behind_pooler
+from pgtick.errors import SchemaMismatch
 
 _LOCK_LINE = re.compile(r"^\\set\s+pgtick_migration_lock\s+(\d+)\s*$")
 _MIGRATION_LINE = re.compile(
@@ -184,6 +185,60 @@ def applied_versions(conn: psycopg.Connection[Any]) -> set[str]:
     if not calls.migration_ledger_exists(conn):
         return set()
     return calls.applied_migrations(conn)
+
+
+def check_schema(conn: psycopg.Connection[Any], root: Path | None = None) -> str | None:
+    """Whether this database's jobs schema is the one this driver needs, for a process that
+    is about to work on it (``pgtick run``, the ASGI integration).
+
+    Raises ``SchemaMismatch`` (one line, saying to run ``pgtick migrate``) when the schema is
+    not installed or lacks a migration this driver's ``sql/install.sql`` lists. Returns a
+    warning when the database records migrations this driver does not know (a newer pgtick
+    migrated it): the driver still starts, since during a rolling upgrade the schema is
+    migrated before every process runs the new release, and migrations only add. A login
+    that may not read the ledger (a worker-only login) is checked for the functions a worker
+    calls instead."""
+    if not calls.schema_installed(conn):
+        raise SchemaMismatch("the jobs schema is not installed: run `pgtick migrate` first")
+    try:
+        plan = install_plan(root)
+    except SchemaFilesMissing:  # nothing to compare with: the calls themselves will tell
+        return None
+    applied = calls.readable_migrations(conn)
+    if applied is None:
+        missing_calls = calls.missing_functions(conn)
+        if missing_calls:
+            raise SchemaMismatch(
+                f"the jobs schema is older than pgtick {_package_version()}: it has no"
+                f" {_some(missing_calls)}; run `pgtick migrate` (as a login that may install)"
+            )
+        return None
+    missing = [f"{m.version}_{m.name}" for m in plan.migrations if m.version not in applied]
+    if missing:
+        lacks = (
+            f"migration {missing[0]}"
+            if len(missing) == 1
+            else f"{len(missing)} migrations ({_some(missing)})"
+        )
+        raise SchemaMismatch(
+            f"the jobs schema is older than pgtick {_package_version()}: it lacks {lacks};"
+            " run `pgtick migrate`"
+        )
+    known = {m.version for m in plan.migrations}
+    unknown = sorted(applied - known)
+    if unknown:
+        return (
+            f"the jobs schema has migrations pgtick {_package_version()} does not know"
+            f" ({_some(unknown)}): a newer pgtick migrated it; upgrade this one"
+        )
+    return None
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """``a, b, c`` or, for a longer list, ``a, b, … z`` (the first ones and the last)."""
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])}, … {names[-1]}"
 
 
 def apply(

@@ -19,11 +19,11 @@ from typing import Any
 
 import psycopg
 
-from pgtick import calls
+from pgtick import calls, migrate
 from pgtick.app import App
 from pgtick.db import connect
 from pgtick.definitions import sync_app
-from pgtick.errors import PgtickError, UsageError
+from pgtick.errors import UsageError
 from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
@@ -114,6 +114,14 @@ def check_login(conn: psycopg.Connection[Any], options: RunOptions) -> bool:
     return False
 
 
+def check_schema(conn: psycopg.Connection[Any]) -> None:
+    """Start only on a jobs schema this driver can work with: ``SchemaMismatch`` (run
+    ``pgtick migrate``) when it is missing or older; a warning when it is newer."""
+    newer = migrate.check_schema(conn)
+    if newer is not None:
+        log.warning("%s", newer)
+
+
 #: Exit code of ``pgtick run`` when the worker or the scheduler stopped on an error it
 #: could not go on from (after handing back what it held).
 EXIT_FAILED = 1
@@ -129,8 +137,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         claimable_kinds(app)  # an app its worker cannot claim for: said before anything starts
     _install_signal_handlers(stop)
     with connect(dsn, application_name="pgtick-sync") as conn:
-        if not calls.schema_installed(conn):
-            raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+        check_schema(conn)
         if check_login(conn, options):
             sync_app(app, conn)
         else:

@@ -43,6 +43,23 @@ class Style:
     unicode: bool
     colour: bool
     width: int
+    encoding: str | None = None  # the output's encoding, when it is not UTF-8
+
+    def shown(self, text: str) -> str:
+        """``text`` as the output will write it: a character its encoding lacks is ``?``
+        (what the stream substitutes), so that it is measured as it will be printed: a wide
+        character then takes one column and a combining accent one of its own."""
+        if self.encoding is None:
+            return text
+        try:
+            return text.encode(self.encoding, "replace").decode(self.encoding, "replace")
+        except LookupError:  # an encoding Python does not know: it could not be written either
+            return text
+
+    @property
+    def ellipsis(self) -> str:
+        """The mark of cut text: ``…``, or ``~`` where the output cannot write it."""
+        return "…" if self.shown("…") == "…" else "~"
 
     @classmethod
     def detect(cls, stream: TextIO | None = None) -> Style:
@@ -56,6 +73,7 @@ class Style:
             unicode=utf8(stream) and not no_color,
             colour=redraws(stream) and not no_color,
             width=max(40, width),
+            encoding=None if utf8(stream) else getattr(stream, "encoding", None),
         )
 
 
@@ -219,7 +237,7 @@ class Table:
 
     def render(self, style: Style, *, wide: bool = False) -> str:
         cols = [c for c in self.columns if wide or not c.wide_only]
-        cells = [[_one_line(c.cell(r)) for c in cols] for r in self.rows]
+        cells = [[style.shown(_one_line(c.cell(r))) for c in cols] for r in self.rows]
         widths = [
             max([visible_len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)
         ]
@@ -232,7 +250,7 @@ class Table:
         for r, row in zip(self.rows, cells, strict=True):
             parts = []
             for i in keep:
-                text = _cut(row[i], widths[i], middle=cols[i].middle)
+                text = _cut(row[i], widths[i], middle=cols[i].middle, marker=style.ellipsis)
                 padded = _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
@@ -361,12 +379,13 @@ def fit_screen(text: str, rows: int, columns: int, more: str) -> str:
     return "\n".join(kept)
 
 
-def clip(text: str, width: int) -> str:
-    """``text`` cut with an ellipsis to ``width`` columns (for a line that is not a table)."""
-    return _cut(_one_line(text), max(width, 1))
+def clip(text: str, width: int, marker: str = "…") -> str:
+    """``text`` cut with an ellipsis (``marker``) to ``width`` columns (for a line that is
+    not a table)."""
+    return _cut(_one_line(text), max(width, 1), marker=marker)
 
 
-def _cut(text: str, width: int, *, middle: bool = False) -> str:
+def _cut(text: str, width: int, *, middle: bool = False, marker: str = "…") -> str:
     if visible_len(text) <= width:
         return text
     # A cut cell loses its colour rather than its reset code; it is cut by columns, never
@@ -376,8 +395,8 @@ def _cut(text: str, width: int, *, middle: bool = False) -> str:
     keep = max(width - 1, 0)
     if middle and keep >= 5:
         tail = keep // 2
-        return "".join(_head(parts, keep - tail)) + "…" + "".join(_head(parts[::-1], tail)[::-1])
-    return "".join(_head(parts, keep)) + "…"
+        return "".join(_head(parts, keep - tail)) + marker + "".join(_head(parts[::-1], tail)[::-1])
+    return "".join(_head(parts, keep)) + marker
 
 
 #: Columns of this priority or higher are dropped before any text is cut.

@@ -461,6 +461,35 @@ def test_show_keeps_each_attempt_to_one_line_that_fits(
     assert long.strip() in out, "the error in full, as stored"
 
 
+def test_show_fits_the_attempt_chain_to_a_narrow_terminal(fixed: Database) -> None:
+    """At 40 columns (the narrowest a table is drawn for) every line of the attempt chain
+    fits: an error with no room beside its status is cut on a line of its own, and an
+    attempt cancelled with no failure reason shows its error alone (not ``None: …``)."""
+    long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update"
+    with fixed.connect() as conn:
+        conn.execute("UPDATE jobs.runs SET error = %s WHERE id IN (4, 5)", (long,))
+        conn.execute(
+            "INSERT INTO jobs.runs (definition_id, kind, status, attempt, retry_of, origin, scheduled_for,"
+            " created_at, finished_at, error)"
+            " SELECT definition_id, kind, 'CANCELLED', 3, id, 'retry', '2026-11-29 01:00:30Z',"
+            " '2026-11-29 01:00:18Z', '2026-11-29 01:00:20Z', 'cancelled before it started'"
+            " FROM jobs.runs WHERE id = 5"
+        )
+    for columns in (40, 100):
+        env = tty_env()
+        env["COLUMNS"] = str(columns)
+        code, out = in_pty(["show", "5", "--dsn", fixed.dsn], env)
+        assert code == 0, out
+        lines = re.sub(r"\033\[[0-9;?]*[a-zA-Z]", "", out).replace("\r\n", "\n").splitlines()
+        chain = lines[lines.index("attempts") + 1 : lines.index("payload")]
+        too_wide = [line for line in chain if len(line) > columns]
+        assert not too_wide, f"attempt lines wider than {columns} columns: {too_wide}\n{out}"
+        assert not any("None" in line for line in chain), chain
+        assert any("cancelled before it started" in line for line in chain), chain
+        assert any("<-" in line for line in chain), f"this run is not marked: {chain}"
+        assert any("Error: psycopg.errors" in line for line in chain), f"the errors were left out: {chain}"
+
+
 def test_runs_of_a_definition_that_does_not_exist_warns_on_stderr(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -550,6 +550,60 @@ def test_an_output_that_is_not_utf8_gets_no_traceback(db: Database, encoding: st
         assert (data[0]["name"] if isinstance(data, list) else data["definition"]) == name
 
 
+def ascii_locale_env(columns: int) -> dict[str, str]:
+    """A terminal whose locale's encoding is ASCII (no UTF-8 mode, no locale coercion)."""
+    env = tty_env(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    env["COLUMNS"] = str(columns)
+    for name in ("PYTHONIOENCODING", "LANG", "LC_CTYPE"):
+        env.pop(name, None)
+    return env
+
+
+def test_tables_in_an_ascii_locale_fit_and_stay_aligned(db: Database) -> None:
+    """What the output cannot write is a "?" there, and it is measured as one: a Chinese
+    character or an emoji then takes one column, an accent one of its own. Every row fits
+    the terminal, every column starts where its header does, and a cut is marked with "~"
+    (not a "?" that reads as part of the name)."""
+    names = [
+        "报表-每日-汇总-报表-每日-汇总",
+        "cafe\u0301-cafe\u0301-cafe\u0301-cafe\u0301-cafe\u0301-x",
+        "party-🎉🎉🎉-launch-🎉🎉🎉-long-name",
+        "plain",
+    ]
+    with db.connect() as conn:
+        for name in names:
+            conn.execute("SELECT jobs.define(%s, 'k-报表', schedule => '0 3 * * *')", (name,))
+    code, out = in_pty(["definitions", "--dsn", db.dsn], ascii_locale_env(60))
+    assert code == 0, out
+    lines = re.sub(r"\033\[[0-9;?]*[a-zA-Z]", "", out).replace("\r\n", "\n").splitlines()
+    assert all(line.isascii() for line in lines), lines
+    too_wide = [line for line in lines if len(line) > 60]
+    assert not too_wide, f"rows wider than 60 columns: {too_wide}"
+    header, rows = lines[0], lines[1:]
+    assert len(rows) == len(names), lines
+    kind_at = header.index("KIND")
+    drifted = [row for row in rows if row[kind_at:].split()[0] != "k-??"]
+    assert not drifted, f"KIND does not start at column {kind_at} in:\n{out}"
+    assert any("~" in row for row in rows), f"no name was cut with '~':\n{out}"
+
+
+def test_a_non_ascii_argument_in_an_ascii_locale_is_read_as_utf8(db: Database) -> None:
+    """Under LC_ALL=C Python keeps the bytes of "é" undecoded; they are UTF-8, so the
+    argument is accepted as the text it is. Bytes that are not UTF-8 are still refused."""
+    env = {k: v for k, v in ascii_locale_env(100).items() if k != "PGTICK_LOG"}
+    accepted = subprocess.run(
+        [*PGTICK, "enqueue", "café-报表", "--dsn", db.dsn], capture_output=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert accepted.returncode == 0, accepted.stderr.decode(errors="replace")
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT kind FROM jobs.runs") == "café-报表"
+    refused = subprocess.run(
+        [*PGTICK, "enqueue", b"k\xff", "--dsn", db.dsn], capture_output=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert b"not valid UTF-8" in refused.stderr and len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
 def test_an_interrupted_prune_says_how_far_it_got(db: Database) -> None:
     """Ctrl-C in the middle of `pgtick prune`: the batches done are committed, so it says on
     stderr how many runs it deleted of how many before exiting 130; the bar is gone and the

@@ -146,3 +146,29 @@ async def test_a_failed_startup_leaves_no_worker_claiming_runs(
         time.sleep(1.0)  # ten poll intervals of the worker that must not be running
         status = rows(conn, "SELECT status::text AS status, worker FROM jobs.runs WHERE id = %s", (run,))
     assert status == [{"status": "QUEUED", "worker": None}], f"run {run} was claimed: {status}"
+
+
+@pytest.mark.asyncio
+async def test_startup_on_an_older_schema_fails_saying_to_migrate(db: Database) -> None:
+    """A schema that lacks a migration this driver needs (here: the latest one is not
+    recorded) fails the lifespan startup with the line that says to run `pgtick migrate`,
+    and leaves no thread running, rather than a worker retrying calls the schema lacks."""
+    import pgtick
+    from pgtick import migrate
+    from pgtick.contrib import asgi
+    from pgtick.errors import SchemaMismatch
+
+    latest = migrate.migrations()[-1]
+    with db.connect() as conn:
+        conn.execute("DELETE FROM jobs.schema_migrations WHERE version = %s", (latest.version,))
+    before = set(threading.enumerate())
+    app = pgtick.App("older-schema")
+    app.job("k")(lambda ctx: None)
+    tick = asgi.Pgtick(app, db.dsn, scheduler=True, poll_interval=0.1)
+    with pytest.raises(
+        SchemaMismatch, match=rf"lacks migration {latest.version}_{latest.name}; run `pgtick migrate`"
+    ):
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+    left = _pgtick_threads(before)
+    assert left == [], f"threads left running after a failed startup: {left}"

@@ -12,7 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Database, Server, dsn_for, psql_file, psql_script_args, run_in_processes, wait_for
+from harness import (
+    Database,
+    Server,
+    checkout_schema,
+    dsn_for,
+    psql_file,
+    psql_script_args,
+    run_in_processes,
+    wait_for,
+)
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
 
@@ -217,19 +226,6 @@ def _earlier_states() -> list[str]:
     return refs
 
 
-def _checkout_schema(ref: str, into: Path) -> Path:
-    """sql/ and migrations/ as they were at `ref`, extracted into `into`."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", ref, "sql", "migrations"],
-        cwd=migrate.schema_root(),
-        capture_output=True,
-    )
-    assert archive.returncode == 0, archive.stderr.decode()
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into / "sql" / "install.sql"
-
-
 def test_upgrade_from_every_earlier_schema_equals_fresh_install(
     pg: Server, empty2: Database, tmp_path: Path
 ) -> None:
@@ -241,7 +237,7 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
     refs = _earlier_states()
     assert refs or len(migrate.migrations()) == 1
     for number, ref in enumerate(refs):
-        script = _checkout_schema(ref, tmp_path / f"state{number}")
+        script = checkout_schema(ref, tmp_path / f"state{number}")
         database = pg.create_empty_database()
         try:
             installed = psql_file(database.dsn, script)
@@ -267,7 +263,7 @@ def test_the_occurrence_key_migration_refuses_an_occurrence_with_two_scheduled_r
     """Keyed by start, jobs.runs allowed two scheduled first attempts of one occurrence at two
     starts. Keying it by occurrence then cannot build its unique index: the migration says which
     occurrence (SQLSTATE 23505) and changes nothing; once one of the two is gone it applies."""
-    script = _checkout_schema(_state_before("0019_occurrence_key.sql"), tmp_path / "before")
+    script = checkout_schema(_state_before("0019_occurrence_key.sql"), tmp_path / "before")
     database = pg.create_empty_database()
     try:
         installed = psql_file(database.dsn, script)

@@ -33,13 +33,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pgtick import calls
 from pgtick.app import App
 from pgtick.client import AsyncClient
 from pgtick.db import connect, prepare_for_pooler_async
 from pgtick.definitions import sync_app
-from pgtick.errors import PgtickError
 from pgtick.identity import new_worker_id
+from pgtick.runner import check_schema
 from pgtick.scheduler import Scheduler
 from pgtick.worker import Worker
 
@@ -111,8 +110,7 @@ class Pgtick:
     def start(self) -> None:
         """Sync the app's schedules and policies, then start the worker and scheduler threads."""
         with connect(self.dsn, application_name="pgtick-sync") as conn:
-            if not calls.schema_installed(conn):
-                raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+            check_schema(conn)
             sync_app(self.app, conn)
         if not self.app.has_database:
             self.app.use(self.dsn)  # app.enqueue in job code writes where this process works

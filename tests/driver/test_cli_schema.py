@@ -1,0 +1,116 @@
+"""`pgtick run` on a database whose jobs schema is not the driver's: older (a migration is
+missing) is exit 1 with one line saying to run `pgtick migrate`, before any worker or
+scheduler starts; newer (migrated by a later release) is a warning, and it runs."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT, Database, Server, checkout_schema, pgtick, psql_file
+from pgtick import migrate
+from pgtick.errors import SchemaMismatch
+
+EXAMPLE = str(ROOT / "examples" / "app.py")
+
+
+def schema_before(migration: migrate.Migration, into: Path) -> Path:
+    """sql/ and migrations/ as they were just before ``migration`` was added (the checkout
+    itself while that migration is not committed), extracted into ``into``."""
+    added = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration.path.name}"],
+        cwd=migrate.schema_root(),
+        capture_output=True,
+        text=True,
+    )
+    if added.returncode != 0:
+        pytest.fail(f"this test needs the git history of the checkout: {added.stderr.strip()}")
+    ref = f"{added.stdout.split()[-1]}^" if added.stdout.split() else "HEAD"
+    return checkout_schema(ref, into)
+
+
+@contextmanager
+def installed_before(pg: Server, migration: migrate.Migration, into: Path) -> Iterator[Database]:
+    """A database installed with psql from the schema as it was before ``migration``."""
+    script = schema_before(migration, into)
+    database = pg.create_empty_database()
+    try:
+        installed = psql_file(database.dsn, script)
+        assert installed.returncode == 0, (
+            f"installing the schema before {migration.path.name}: {installed.stderr}"
+        )
+        yield database
+    finally:
+        pg.drop_database(database)
+
+
+@pytest.fixture(scope="module")
+def older(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One migration older than the driver's schema."""
+    with installed_before(pg, migrate.migrations()[-1], tmp_path_factory.mktemp("older")) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def oldest(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """The first release's schema: its first migration only."""
+    with installed_before(pg, migrate.migrations()[1], tmp_path_factory.mktemp("oldest")) as database:
+        yield database
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+
+
+@pytest.mark.parametrize("part", ["--no-scheduler", "--no-worker", "--processes=2"])
+def test_run_on_an_older_schema_exits_1_saying_to_migrate(older: Database, part: str) -> None:
+    """The worker would call functions the schema lacks and retry them forever; the
+    scheduler would warn on every tick. Neither starts: exit 1, one line naming what is
+    missing and the command that installs it."""
+    latest = migrate.migrations()[-1]
+    result = pgtick("run", EXAMPLE, "--dsn", older.dsn, part, timeout=60)
+    shown = f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr and "retrying" not in result.stderr, shown
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1, shown
+    assert "run `pgtick migrate`" in errors[0], shown
+    assert f"{latest.version}_{latest.name}" in errors[0], shown
+    assert "worker=" not in result.stderr, f"a worker started: {shown}"
+
+
+def test_run_on_the_first_schema_exits_1_saying_to_migrate(oldest: Database) -> None:
+    result = pgtick("run", EXAMPLE, "--dsn", oldest.dsn, "--no-scheduler", timeout=60)
+    shown = f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert result.returncode == 1 and len(error_lines(result.stderr)) == 1, shown
+    assert "migrations" in result.stderr and "run `pgtick migrate`" in result.stderr, shown
+
+
+def test_a_worker_only_login_on_an_older_schema_is_refused_by_the_functions_it_lacks(
+    oldest: Database,
+) -> None:
+    """A worker login may not read the migration ledger: the functions a worker calls are
+    what it checks, and the first schema lacks them with this driver's arguments."""
+    with oldest.worker_login("oldschema") as login, oldest.connect(user=login) as conn:
+        with pytest.raises(SchemaMismatch, match=r"run `pgtick migrate`"):
+            migrate.check_schema(conn)
+
+
+def test_the_current_schema_passes_for_every_login(db: Database) -> None:
+    with db.connect() as conn:
+        assert migrate.check_schema(conn) is None
+    with db.worker_login("current") as login, db.connect(user=login) as conn:
+        assert migrate.check_schema(conn) is None
+
+
+def test_a_schema_newer_than_the_driver_is_a_warning_not_a_refusal(db: Database) -> None:
+    """A newer release migrated the database (a rolling upgrade: migrate, then restart the
+    processes): this one still runs, and says which migrations it does not know."""
+    with db.connect() as conn:
+        conn.execute("INSERT INTO jobs.schema_migrations (version, name) VALUES ('9999', 'from_the_future')")
+        warning = migrate.check_schema(conn)
+    assert warning is not None and "9999" in warning and "upgrade" in warning, warning
