@@ -309,3 +309,22 @@ def test_no_function_is_public_and_every_one_pins_search_path(conn: Conn) -> Non
     assert not unpinned, f"functions without search_path pinned to pg_catalog, pg_temp: {unpinned}"
     invoker = [name for name, _, _, definer, private in found if not (definer or private)]
     assert not invoker, f"public functions that are not SECURITY DEFINER: {invoker}"
+
+
+def test_the_drivers_worker_functions_are_the_worker_roles_grants(conn: Conn) -> None:
+    """``pgtick run`` checks a worker login's schema by the functions the worker role may call
+    (calls.WORKER_FUNCTIONS): that list and sql/roles.sql's grants to jobs_worker are one set."""
+    from pgtick.calls import WORKER_FUNCTIONS
+
+    granted = {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+            " WHERE p.pronamespace = 'jobs'::regnamespace AND p.proname NOT LIKE '\\_%'"
+            " AND has_function_privilege('jobs_worker', p.oid, 'EXECUTE')"
+        )
+    }
+    listed = {signature.replace(" ", "") for signature in WORKER_FUNCTIONS}
+    assert listed == granted, (
+        f"listed only: {sorted(listed - granted)}; granted only: {sorted(granted - listed)}"
+    )
