@@ -47,8 +47,9 @@ MAX_MESSAGE = 10000
 #: Longest account of why an outcome could not be stored.
 MAX_REFUSAL = 2000
 #: SQLSTATE classes of a refused value: data exception, integrity constraint
-#: violation, program limit exceeded (too large, nested too deep).
-_REFUSED_CLASSES = ("22", "23", "54")
+#: violation, program limit exceeded (too large, nested too deep), and a PL/pgSQL RAISE
+#: (P0001 is what an operator's trigger raises unless it names another code).
+_REFUSED_CLASSES = ("22", "23", "54", "P0")
 
 
 def storable(text: str, limit: int = MAX_MESSAGE) -> str:

@@ -872,10 +872,19 @@ def test_a_locked_run_does_not_hold_up_the_heartbeat_of_the_workers_other_runs(d
     assert worker.stats.fenced == 0, worker.stats
 
 
-def test_a_completion_refused_by_the_database_fails_only_its_run(db: Database) -> None:
+_PICKY_TRIGGERS = {
+    code: "CREATE TRIGGER no_picky BEFORE UPDATE ON jobs.runs"
+    f" FOR EACH ROW EXECUTE FUNCTION public.no_picky('{code}')"
+    for code in ("check_violation", "raise_exception")
+}
+
+
+@pytest.mark.parametrize("errcode", sorted(_PICKY_TRIGGERS))
+def test_a_completion_refused_by_the_database_fails_only_its_run(db: Database, errcode: str) -> None:
     """jobs.complete_many is all or nothing: when an operator's trigger refuses one run's
-    completion, the batch is sent again one run at a time, so only that run fails (saying
-    why) while its batch neighbour completes, and the worker goes on claiming."""
+    completion (with a constraint's SQLSTATE, or a plain RAISE EXCEPTION: P0001), the batch
+    is sent again one run at a time, so only that run fails (saying why) while its batch
+    neighbour completes, and the worker goes on claiming."""
     app, finish, held = _one_waiting_run(db)
     ran: list[str] = []
 
@@ -892,13 +901,12 @@ def test_a_completion_refused_by_the_database_fails_only_its_run(db: Database) -
             CREATE FUNCTION public.no_picky() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
                 IF NEW.status = 'COMPLETED' AND NEW.kind = 'picky' THEN
-                    RAISE EXCEPTION 'picky runs may not complete' USING ERRCODE = 'check_violation';
+                    RAISE EXCEPTION 'picky runs may not complete' USING ERRCODE = TG_ARGV[0];
                 END IF;
                 RETURN NEW;
             END $$;
-            CREATE TRIGGER no_picky BEFORE UPDATE ON jobs.runs
-               FOR EACH ROW EXECUTE FUNCTION public.no_picky();
         """)
+        conn.execute(_PICKY_TRIGGERS[errcode])
     worker = Worker(app, db.dsn, concurrency=3, poll_interval=0.1, heartbeat_interval=30.0)
     with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
         wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
