@@ -474,6 +474,8 @@ DECLARE
     v_limit jobs.limits;
     v_was jobs.limits;
     v_key bigint;
+    c_key_locks CONSTANT integer := 1000;   -- at most this many per-key locks (step 2)
+    v_keys text[] := '{}';
 BEGIN
     IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
         RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
@@ -521,17 +523,29 @@ BEGIN
     END LOOP;
 
     -- 2. The dispatch locks of its groups under the old settings and the new, ascending (keys
-    -- as jobs.claim computes them: jobs._limit_key of the label).
+    -- as jobs.claim computes them: jobs._limit_key of the label). Every lock is held to commit
+    -- in the server's shared lock table, so a per-key limit's keys are locked only while there
+    -- are at most c_key_locks of them: past that, a claim in flight on one key may still start
+    -- under the old settings (one batch at most), and the table keeps room for every other
+    -- session's locks.
+    IF set_limit.per_key OR v_was.per_key THEN
+        v_keys := ARRAY(
+            SELECT DISTINCT r.concurrency_key
+              FROM jobs.runs AS r
+             WHERE r.status IN ('QUEUED', 'RUNNING')
+               AND CASE set_limit.scope WHEN 'queue' THEN r.queue ELSE r.kind END = set_limit.name
+             LIMIT c_key_locks + 1
+        );
+        IF cardinality(v_keys) > c_key_locks THEN
+            v_keys := '{}';
+        END IF;
+    END IF;
     FOR v_key IN
         SELECT DISTINCT hashtextextended('dispatch:' || g.label, 0)
           FROM (SELECT jsonb_build_array(set_limit.scope, set_limit.name)::text AS label
                 UNION ALL
                 SELECT jsonb_build_array(set_limit.scope, set_limit.name, k.ckey)::text
-                  FROM (SELECT DISTINCT r.concurrency_key AS ckey
-                          FROM jobs.runs AS r
-                         WHERE r.status IN ('QUEUED', 'RUNNING')
-                           AND CASE set_limit.scope WHEN 'queue' THEN r.queue ELSE r.kind END = set_limit.name) AS k
-                 WHERE set_limit.per_key OR v_was.per_key) AS g
+                  FROM unnest(v_keys) AS k (ckey)) AS g
          ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(v_key);

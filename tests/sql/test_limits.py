@@ -615,3 +615,23 @@ def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Datab
         assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
     assert scalar(conn, "SELECT coalesce(sum(starts), 0) FROM jobs._rate_starts") == 0
     assert _claim(conn) == runs, "the runs given back start again"
+
+
+@pytest.mark.parametrize(("keys", "locks"), [(3, 3 + 1 + 1), (5000, 1 + 1)])
+def test_a_per_key_change_locks_each_key_only_while_keys_are_few(conn: Conn, keys: int, locks: int) -> None:
+    """set_limit waits for the claims of every key of a per-key limit by taking each key's
+    lock; those locks live in the server's shared lock table until commit, so with thousands
+    of tenants it takes only the group's (and the window's) rather than fill that table and
+    make every other session's locks fail."""
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, queue, concurrency_key) SELECT 'k', 't', 'tenant-' || g"
+        " FROM generate_series(1, %s) AS g",
+        (keys,),
+    )
+    with conn.transaction():
+        conn.execute("SELECT jobs.set_limit('queue', 't', max_running => 1, per_key => true)")
+        held = scalar(
+            conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+    assert held == locks, held
+    assert _claim(conn, 20) != [], "the runs start under the new limit"
