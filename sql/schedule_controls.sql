@@ -37,7 +37,10 @@ COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How mu
 -- from the day before the occurrence on (a run finishes after its occurrence, or within the
 -- lookahead before it when cancelled while it waited), so the lookup is one probe of
 -- run_history_occurrence_idx per such day and the scheduler's usual runs, materialized ahead
--- of their occurrence, make none.
+-- of their occurrence, make none. The lookup reads the statement's snapshot: an archive
+-- committing between it and the insert is not seen, which the leader never meets (it archives
+-- in its own session, between materializations); an operator's jobs.archive run at that very
+-- moment on a backfilled occurrence the cursor still lies behind could let it through.
 CREATE OR REPLACE FUNCTION jobs._archived_occurrence(definition_id bigint, occurrence timestamptz)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
