@@ -968,7 +968,11 @@ def test_runs_claimed_ahead_go_back_to_the_queue_when_every_thread_is_held_by_a_
             release.set()
             wait_for("the stuck worker to let its run go", lambda: not stuck.held(), timeout=60)
             later = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
-            wait_for(f"run {later} to run on the worker that was stuck", lambda: later in ran, timeout=60)
+            wait_for(
+                f"run {later} to run on the worker that was stuck and complete",
+                lambda: later in ran and scalar(conn, status, (later,)) == "COMPLETED",
+                timeout=60,
+            )
             runs = conn.execute(
                 "SELECT id, status::text, failure_reason, attempt FROM jobs.runs"
                 " WHERE id = ANY(%s) ORDER BY id",
