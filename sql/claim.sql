@@ -22,7 +22,12 @@
 --      claim holds row locks by then, and a holder of the group's lock that needed one
 --      of them would close a deadlock cycle;
 --   3. only then count, per group, the live RUNNING rows and (rate limits) the
---      starts within the trailing rate_period;
+--      starts within the trailing rate_period. The same statement (a snapshot taken after
+--      the locks) reads the limits again: a limit group whose row no longer holds the
+--      settings the claim read it with (changed or removed since, so its lock may not be
+--      the one its claimers now take) gets no room, and a pool row whose queue or kind has a
+--      limit the claim did not read for it (created since) does not start; the caller
+--      claims again;
 --   4. pick rows in pool order while every group a row belongs to has room and mark
 --      them RUNNING. Rows of a group at its limit stay QUEUED (backpressure),
 --      except scheduled occurrences of overlap_policy = 'skip' definitions that
@@ -72,7 +77,8 @@
 -- up to 20 is two statements: one locks the pool, its groups (shared) and a stripe of each,
 -- reading the settings itself as the common case's does, the next counts RUNNING under those
 -- locks and starts the whole pool if every group has a shared holder's room for its rows
--- there; otherwise the steps run in full.
+-- there, and the limits of the pool's queues and kinds are still those the first statement
+-- read (step 3); otherwise the steps run in full.
 --
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
@@ -204,6 +210,8 @@ DECLARE
     v_lim_ckey text[];
     v_lim_max integer[];            --   max_running, and how many of the pool's rows are theirs
     v_lim_demand integer[];
+    v_lim_queues text[];            -- the roomy pool's rows' queues and kinds
+    v_lim_kinds text[];
     v_defs_pool bigint[];           -- the capped definitions' pool: each row's definition,
     v_defs_ids bigint[];            --   its capped definitions, their max_concurrent_runs
     v_defs_caps integer[];
@@ -317,8 +325,10 @@ BEGIN
     -- groups, the second counting RUNNING under those locks and starting the whole pool only
     -- if every group has room for its rows in the pool as a shared holder (limit - running -
     -- (c_stripes - 1) x c_shared_batch, step 3's bound). Where a lock or that room is missing,
-    -- nothing is started and the steps below run from the start: they lock the same rows and
-    -- groups again (locks held already are granted at once) and count exactly.
+    -- or a limit of the pool's queues and kinds is not as the first statement read it (changed,
+    -- removed or created since: step 3), nothing is started and the steps below run from the
+    -- start: they lock the same rows and groups again (locks held already are granted at once)
+    -- and count exactly.
     -- The first statement reads the settings in one-time filters, as the common case's does: a
     -- capped definition or a missing claim token locks nothing, and the steps take the claim,
     -- as they do when a group of the pool is not roomy. A session takes this path when its last
@@ -363,12 +373,13 @@ BEGIN
               FROM k
         )
         SELECT (SELECT coalesce(array_agg(c.id), '{}') FROM c),
+               (SELECT array_agg(c.queue) FROM c), (SELECT array_agg(c.kind) FROM c),
                EXISTS (SELECT FROM jobs.limits),
                coalesce(bool_and(l.locked), TRUE),
                array_agg(l.scope), array_agg(l.name), array_agg(l.per_key), array_agg(l.ckey),
                array_agg(l.max_running), array_agg(l.demand)
-          INTO v_new_ids, v_any_limit, v_roomy_ok, v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max,
-               v_lim_demand
+          INTO v_new_ids, v_lim_queues, v_lim_kinds, v_any_limit, v_roomy_ok, v_lim_scope, v_lim_name,
+               v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand
           FROM l;
         v_void := set_config('enable_sort', v_sort, TRUE);
         IF NOT v_any_limit THEN   -- the hint is stale: the statement's groups were none
@@ -382,15 +393,27 @@ BEGIN
                  WHERE r.status = 'RUNNING'
                  GROUP BY r.queue, r.kind, r.concurrency_key
             ),
+            -- Room only where every limit of the pool still holds the settings the first
+            -- statement read (a limit changed or removed since then was locked by its old
+            -- grouping) and none was created since for a queue or kind of the pool.
             room AS (
                 SELECT coalesce(bool_and(
-                           g.max_running
-                           - (SELECT coalesce(sum(rc.n), 0) FROM rc
-                               WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
-                                 AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
-                           - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE) AS ok
+                           m.max_running IS NOT DISTINCT FROM g.max_running AND m.per_key = g.per_key
+                           AND m.rate_limit IS NULL AND m.rate_period IS NULL
+                           AND g.max_running
+                               - (SELECT coalesce(sum(rc.n), 0) FROM rc
+                                   WHERE CASE g.scope WHEN 'queue' THEN rc.queue = g.name ELSE rc.kind = g.name END
+                                     AND (NOT g.per_key OR rc.ckey IS NOT DISTINCT FROM g.ckey))
+                               - (c_stripes - 1) * c_shared_batch >= g.demand), TRUE)
+                       AND NOT EXISTS (
+                           SELECT FROM jobs.limits AS n
+                            WHERE ((n.scope = 'queue' AND n.name = ANY (v_lim_queues))
+                                   OR (n.scope = 'kind' AND n.name = ANY (v_lim_kinds)))
+                              AND NOT EXISTS (SELECT FROM unnest(v_lim_scope, v_lim_name) AS u (scope, name)
+                                               WHERE u.scope = n.scope AND u.name = n.name)) AS ok
                   FROM unnest(v_lim_scope, v_lim_name, v_lim_per_key, v_lim_ckey, v_lim_max, v_lim_demand)
                        AS g (scope, name, per_key, ckey, max_running, demand)
+                  LEFT JOIN jobs.limits AS m ON m.scope = g.scope AND m.name = g.name
             ),
             t AS MATERIALIZED (SELECT clock_timestamp() AS at),
             started AS (
@@ -578,6 +601,7 @@ BEGIN
         v_more boolean;                 -- the batch is short and a further slice may fill it
         v_room integer[];
         v_row_groups integer[] := '{}'; -- per pool row, 3 slots: its definition, queue, kind group
+        v_unread boolean[] := '{}';     -- per pool row: a limit of its queue or kind was created since
         v_new_slots integer[];
         j integer;
         v_gi integer;
@@ -898,6 +922,7 @@ BEGIN
                                          g.definition_id, g.max_running, g.rate_limit, g.rate_period,
                                          g.skip, g.shared, g.locked,
                                          CASE WHEN NOT (g.locked AND g.free IS NULL) THEN g.free
+                                              WHEN c.changed THEN 0
                                               WHEN g.shared AND NOT v_exact THEN   -- full room, or count again
                                                   CASE WHEN coalesce(g.max_running - c.running - c.others, 2147483647)
                                                             >= c_shared_batch
@@ -911,8 +936,18 @@ BEGIN
                                               ELSE greatest(least(coalesce(g.max_running - c.running, 2147483647),
                                                                   coalesce(g.rate_limit - c.starts, 2147483647)), 0)
                                          END
-                                     )::jobs._claim_group ORDER BY g.ordinality)
-                      INTO v_groups
+                                     )::jobs._claim_group ORDER BY g.ordinality),
+                           -- Per pool row: its queue or kind has a limit now that this claim did
+                           -- not read for it (created since): not started (no lock, no count).
+                           (SELECT array_agg((v_row_groups[3 * p.ord - 1] = 0
+                                              AND p.queue IN (SELECT m.name FROM jobs.limits AS m
+                                                               WHERE m.scope = 'queue'))
+                                             OR (v_row_groups[3 * p.ord] = 0
+                                                 AND p.kind IN (SELECT m.name FROM jobs.limits AS m
+                                                                 WHERE m.scope = 'kind'))
+                                             ORDER BY p.ord)
+                              FROM unnest(v_pool_queues, v_pool_kinds) WITH ORDINALITY AS p (queue, kind, ord))
+                      INTO v_groups, v_unread
                       FROM unnest(v_groups) WITH ORDINALITY AS g
                       LEFT JOIN LATERAL (
                            SELECT CASE WHEN g.max_running IS NULL THEN 0
@@ -929,7 +964,16 @@ BEGIN
                                               WHERE x.label = g.label AND x.started_at > now() - g.rate_period)
                                   END AS starts,
                                   (CASE WHEN v_exact THEN coalesce(v_holders[g.ordinality], 1) ELSE c_stripes END - 1)
-                                  * c_shared_batch AS others
+                                  * c_shared_batch AS others,
+                                  -- A limit whose row is gone or no longer holds the settings the
+                                  -- group was read with (its lock, grouping or bounds are others
+                                  -- now): no room in this claim.
+                                  g.scope <> 'definition' AND NOT EXISTS (
+                                      SELECT FROM jobs.limits AS m
+                                       WHERE m.scope = g.scope AND m.name = g.name AND m.per_key = g.per_key
+                                         AND m.max_running IS NOT DISTINCT FROM g.max_running
+                                         AND m.rate_limit IS NOT DISTINCT FROM g.rate_limit
+                                         AND m.rate_period IS NOT DISTINCT FROM g.rate_period) AS changed
                             WHERE g.locked AND g.free IS NULL
                       ) AS c ON TRUE;
                     EXIT WHEN v_exact OR NOT v_shared_todo;
@@ -949,7 +993,7 @@ BEGIN
                         v_room[j] := coalesce((v_groups[j]).free, 0);
                     END LOOP;
                     FOR i IN 1 .. cardinality(v_pool_ids) LOOP
-                        v_ok := TRUE;
+                        v_ok := v_unread[i] IS NOT TRUE;
                         FOR j IN 3 * i - 2 .. 3 * i LOOP
                             v_gi := v_row_groups[j];
                             IF v_gi > 0 AND v_room[v_gi] <= 0 THEN
