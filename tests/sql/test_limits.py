@@ -624,7 +624,7 @@ def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Datab
 
 
 def _claim_after_a_wait(
-    db: Database, conn: Conn, holder: Conn, meanwhile: Callable[[], None]
+    db: Database, conn: Conn, holder: Conn, meanwhile: Callable[[], object]
 ) -> tuple[list[int], float, list[int]]:
     """A claim of 1 in a transaction of its own, while ``holder`` (a transaction) holds a
     dispatch lock of the claim's pool: once the claim polls for it, ``meanwhile()`` runs and
