@@ -591,6 +591,7 @@ class Scheduler:
         policy (which is for a downtime; a long tick may exceed the grace of a short period)."""
         # per shared schedule object and start: same answer
         firsts: dict[tuple[int, datetime], datetime | None] = {}
+        plans: dict[tuple[int, datetime, str], Plan] = {}
         for _ in range(self.batches_per_tick):  # bounded: the next tick continues
             if self._fenced():
                 return
@@ -612,16 +613,19 @@ class Scheduler:
                         continue
                 first = firsts[id(schedule), start]
                 if first is not None and first <= now and on_time_from is not None and start >= on_time_from:
+                    shared = (id(schedule), first, d["misfire_policy"])  # same schedule and first: same plan
                     try:
-                        plan = plan_materialization(
-                            schedule,
-                            first,
-                            now,
-                            misfire_policy=d["misfire_policy"],
-                            lookahead=self.lookahead,
-                            misfire_grace=now - first,
-                            max_runs=self.max_catch_up,
-                        )
+                        if shared not in plans:
+                            plans[shared] = plan_materialization(
+                                schedule,
+                                first,
+                                now,
+                                misfire_policy=d["misfire_policy"],
+                                lookahead=self.lookahead,
+                                misfire_grace=now - first,
+                                max_runs=self.max_catch_up,
+                            )
+                        plan = plans[shared]
                     except Exception as exc:  # one definition never stops the others
                         self._unplannable(conn, d, exc, report)
                         continue
