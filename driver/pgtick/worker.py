@@ -230,6 +230,10 @@ class Worker:
         # concurrency, up to batch_size - concurrency claimed ahead and waiting for a slot,
         # so that claiming overlaps running (their server-side timeout starts at the claim).
         self.capacity = max(self.concurrency, self.batch_size)
+        # Finished runs whose outcome waits to be reported free their slots up to this many
+        # (reports go one call at a time, and a busy worker finishes several batches while a
+        # call is out); past it, a slot frees once its run is reported (``_free_slots``).
+        self.max_unreported = 4 * self.capacity
         # Claims in flight at once while claims come back full: the claim loop's own and
         # claimers - 1 more, each on its own connection and only for a batch's worth of
         # free slots, so that their commits overlap instead of following one another.
@@ -912,13 +916,13 @@ class Worker:
     def _free_slots(self) -> int:
         """Slots neither held by a run whose job code is still going nor promised to a
         claim in flight (under _lock). A finished run frees its slot while its outcome waits
-        to be reported, but only up to ``concurrency`` such runs: past that, each frees its
+        to be reported, but only up to ``max_unreported`` such runs: past that, each frees its
         slot once reported, so a worker whose reports cannot get through (a completion waiting
         on a lock, a slow trigger) stops claiming instead of taking the whole queue. It holds
-        at most ``capacity + concurrency`` runs."""
+        at most ``capacity + max_unreported`` runs."""
         if self._threads_hung():
             return 0  # what it claimed would wait for a thread that may never come back
-        finished = min(len(self._done_held), self.concurrency)
+        finished = min(len(self._done_held), self.max_unreported)
         return self.capacity - len(self._active) + finished - self._reserved
 
     def _threads_hung(self) -> bool:

@@ -791,8 +791,8 @@ def test_a_worker_whose_own_runs_fill_a_limit_claims_again_when_they_complete(db
 
 def test_a_worker_whose_completion_waits_to_commit_stops_claiming_at_its_bound(db: Database) -> None:
     """Finished runs waiting for their completion to be sent free their slots only up to
-    ``concurrency`` of them: while one completion waits to commit (here on a row lock), a
-    worker holds at most capacity + concurrency runs and leaves the rest of the queue QUEUED
+    ``max_unreported`` of them: while one completion waits to commit (here on a row lock), a
+    worker holds at most capacity + max_unreported runs and leaves the rest of the queue QUEUED
     for others, instead of claiming it all. Once the lock goes, every run completes once."""
     app, finish, held = _one_waiting_run(db)
     ran: list[int] = []
@@ -802,7 +802,7 @@ def test_a_worker_whose_completion_waits_to_commit_stops_claiming_at_its_bound(d
         ran.append(ctx.run_id)
 
     worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1, heartbeat_interval=30.0)
-    bound = worker.capacity + worker.concurrency
+    bound = worker.capacity + worker.max_unreported
     most = 0
     with worker_thread(worker), db.connect() as conn, db.connect(autocommit=False) as locker:
         wait_for("the first run to start", lambda: runs_in(conn, "RUNNING") == 1, timeout=60)
