@@ -25,6 +25,7 @@ job code in tests/apps can record itself.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import os
@@ -576,6 +577,80 @@ class BlockedCall:
         """Wait for the call to end; its outcome (empty when it is still running)."""
         self.thread.join(timeout)
         return self.outcome
+
+
+@dataclass
+class WaitedClaim:
+    """One claim that polled a busy group: what it started, how long it took, and what the
+    ``later`` call returned while the claim was not committed yet."""
+
+    runs: list[int]
+    seconds: float
+    later: Any = None
+
+
+def claim_after_a_wait(
+    db: Database,
+    observer: Conn,
+    *,
+    hold: Callable[[Conn], object],
+    claim: Callable[[Conn], list[int]],
+    meanwhile: Callable[[], object] = lambda: None,
+    later: Callable[[Conn], object] | None = None,
+    setup: Callable[[], object] = lambda: None,
+    tries: int = 5,
+) -> WaitedClaim:
+    """A claim that waits for a group a holder has, and what happens while it waits.
+
+    ``hold(holder)`` takes a group's lock in a transaction; ``claim(claimer)`` runs on a thread
+    in a transaction of its own; once ``observer`` sees it poll (``PgSleep``), ``meanwhile()``
+    runs and the holder commits, so the claim gets the group. Then, the claim's transaction
+    still open, ``later`` runs on a third session; then the claim commits. A claim gives up a
+    second after its first wait, and a try in which it gave up before the holder committed
+    proves nothing, so ``setup()`` runs before each of up to ``tries`` tries and the first try
+    that got the group in time is returned."""
+    attempts: list[WaitedClaim | BaseException] = []
+    for _ in range(tries):
+        setup()
+        outcome: list[WaitedClaim | BaseException] = []
+        with (
+            db.connect(autocommit=False) as holder,
+            db.connect(autocommit=False) as claimer,
+            db.connect() as third,
+        ):
+            hold(holder)
+
+            def run(claimer: Conn = claimer, outcome: list[WaitedClaim | BaseException] = outcome) -> None:
+                started = time.monotonic()
+                try:
+                    runs = claim(claimer)
+                except BaseException as exc:  # reported by the caller's thread below
+                    outcome.append(exc)
+                else:
+                    outcome.append(WaitedClaim(runs, time.monotonic() - started))
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            try:
+                polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
+                polls = functools.partial(scalar, observer, polling, (claimer.info.backend_pid,))
+                wait_for("the claim to poll the busy group", polls, 60, 0.005)
+                meanwhile()
+                holder.commit()
+            finally:
+                thread.join(120)
+            if not outcome:
+                raise AssertionError("the claim did not return within two minutes")
+            result = outcome[0]
+            if isinstance(result, BaseException):
+                raise AssertionError(f"the claim failed: {result}") from result
+            if later is not None:
+                result.later = later(third)
+            claimer.commit()
+        attempts.append(result)
+        if result.seconds < 0.9:
+            return result
+    raise AssertionError(f"the claim never got the group before giving up, in {tries} tries: {attempts}")
 
 
 #: Runs not finished yet: a claim race is over when there are none.

@@ -23,6 +23,7 @@ from harness import (
     Tally,
     add_definition,
     add_runs,
+    claim_after_a_wait,
     gated,
     probe,
     race,
@@ -292,40 +293,19 @@ def test_a_claim_waiting_for_a_busy_group_gives_way_to_its_holder(db: Database, 
 def test_a_queue_paused_while_a_claim_waits_for_a_busy_group_starts_nothing(db: Database, conn: Conn) -> None:
     """Invariant: a paused queue starts nothing. A claim polling a capped definition's busy
     group when the queue is paused, and which gets the group once its holder commits, starts
-    none of that queue's runs. (A try in which the claim gave up before the holder committed
-    proves nothing: it is tried again.)"""
+    none of that queue's runs."""
     def_id = add_definition(conn, "paused-meanwhile", cap=5)
     run_ids = add_runs(conn, 3, kind="paused-meanwhile", definition_id=def_id)
     conn.execute("UPDATE jobs.runs SET queue = 'p' WHERE id = ANY(%s)", (run_ids,))
-    tries: list[dict[str, Any]] = []
-    for _ in range(5):
-        conn.execute("SELECT jobs.resume_queue('p')")
-        outcome: dict[str, Any] = {}
-        with db.connect(autocommit=False) as holder, db.connect() as claimer:
-            claimer_pid = scalar(claimer, "SELECT pg_backend_pid()")
-            holder.execute("SELECT pg_advisory_xact_lock(jobs._dispatch_key(%s))", (def_id,))
-
-            def claim(claimer: Conn = claimer, outcome: dict[str, Any] = outcome) -> None:
-                started = time.monotonic()
-                outcome["ids"] = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(5, 'w')")]
-                outcome["seconds"] = time.monotonic() - started
-
-            thread = threading.Thread(target=claim)
-            thread.start()
-            try:
-                polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
-                wait_for(
-                    "the claim to poll the busy group", partial(scalar, conn, polling, (claimer_pid,)), 60
-                )
-                conn.execute("SELECT jobs.pause_queue('p')")
-                holder.commit()
-            finally:
-                thread.join(120)
-        tries.append(outcome)
-        if outcome.get("seconds", 1.0) < 0.9:  # it got the group before giving up: a real try
-            break
-    assert tries[-1].get("seconds", 1.0) < 0.9, f"the claim never got the group in time: {tries}"
-    assert tries[-1]["ids"] == [], f"a claim started runs of a queue paused while it waited: {tries}"
+    waited = claim_after_a_wait(
+        db,
+        conn,
+        setup=lambda: conn.execute("SELECT jobs.resume_queue('p')"),
+        hold=lambda holder: holder.execute("SELECT pg_advisory_xact_lock(jobs._dispatch_key(%s))", (def_id,)),
+        claim=lambda claimer: [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(5, 'w')")],
+        meanwhile=lambda: conn.execute("SELECT jobs.pause_queue('p')"),
+    )
+    assert waited.runs == [], f"a claim started runs of a queue paused while it waited: {waited}"
     statuses = conn.execute("SELECT DISTINCT status::text FROM jobs.runs WHERE id = ANY(%s)", (run_ids,))
     assert statuses.fetchall() == [("QUEUED",)]
 
@@ -337,14 +317,14 @@ def test_a_queue_paused_while_a_claim_waits_then_looks_further_starts_nothing(
     Queue p at max_running 2 with one run RUNNING and three QUEUED; claim(2) finds the queue's
     group busy and polls for it; meanwhile p is paused (committed) and the holder commits. The
     claim then has room for one run, takes a further slice of the queue for the rest of its
-    batch, and must start nothing. (A try in which the claim gave up before the holder
-    committed proves nothing: it is tried again.)"""
+    batch, and must start nothing."""
     conn.execute("SELECT jobs.set_limit('queue', 'p', max_running => 2)")
-    tries: list[dict[str, Any]] = []
-    for _ in range(5):
+    run_ids: list[int] = []
+
+    def setup() -> None:
         conn.execute("SELECT jobs.resume_queue('p')")
         conn.execute("UPDATE jobs.runs SET status = 'CANCELLED', finished_at = now() WHERE queue = 'p'")
-        run_ids = [
+        run_ids[:] = [
             int(
                 scalar(
                     conn, "SELECT id FROM jobs.enqueue('k', queue => 'p', run_at => now() - interval '1 s')"
@@ -353,35 +333,18 @@ def test_a_queue_paused_while_a_claim_waits_then_looks_further_starts_nothing(
             for _ in range(4)
         ]
         assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'first')")] == run_ids[:1]
-        outcome: dict[str, Any] = {}
-        with db.connect(autocommit=False) as holder, db.connect() as claimer:
-            claimer_pid = scalar(claimer, "SELECT pg_backend_pid()")
-            holder.execute('SELECT pg_advisory_xact_lock(jobs._limit_key(\'["queue", "p"]\'))')
 
-            def claim(claimer: Conn = claimer, outcome: dict[str, Any] = outcome) -> None:
-                started = time.monotonic()
-                outcome["ids"] = [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(2, 'w')")]
-                outcome["seconds"] = time.monotonic() - started
-
-            thread = threading.Thread(target=claim)
-            thread.start()
-            try:
-                polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
-                wait_for(
-                    "the claim to poll the busy group",
-                    partial(scalar, conn, polling, (claimer_pid,)),
-                    60,
-                    interval=0.005,
-                )
-                conn.execute("SELECT jobs.pause_queue('p')")
-                holder.commit()
-            finally:
-                thread.join(120)
-        tries.append(outcome)
-        if outcome.get("seconds", 1.0) < 0.9:  # it got the group before giving up: a real try
-            break
-    assert tries[-1].get("seconds", 1.0) < 0.9, f"the claim never got the group in time: {tries}"
-    assert tries[-1]["ids"] == [], f"a claim started runs of a queue paused while it waited: {tries}"
+    waited = claim_after_a_wait(
+        db,
+        conn,
+        setup=setup,
+        hold=lambda holder: holder.execute(
+            'SELECT pg_advisory_xact_lock(jobs._limit_key(\'["queue", "p"]\'))'
+        ),
+        claim=lambda claimer: [r[0] for r in claimer.execute("SELECT id FROM jobs.claim(2, 'w')")],
+        meanwhile=lambda: conn.execute("SELECT jobs.pause_queue('p')"),
+    )
+    assert waited.runs == [], f"a claim started runs of a queue paused while it waited: {waited}"
     statuses = conn.execute(
         "SELECT status::text, count(*) FROM jobs.runs WHERE id = ANY(%s) GROUP BY 1", (run_ids,)
     )

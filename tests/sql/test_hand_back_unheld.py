@@ -129,34 +129,3 @@ def test_the_runs_handed_back_no_longer_count_as_starts_against_a_rate_limit(con
     assert [r[0] for r in conn.execute(HAND_BACK, ([], "w", TOKEN)).fetchall()] == runs[:2]
     again = [r[0] for r in conn.execute(CLAIM, (3, "w", TOKEN)).fetchall()]
     assert again == runs[:2], f"the rate window still counts the runs handed back: claimed {again}"
-
-
-def test_a_change_of_a_rate_limit_waits_for_a_hand_back_in_progress(db: Database, conn: Conn) -> None:
-    """Two claims of one worker are handed back in one transaction, one call each (each lowering
-    its claim's row of the rate window), while set_limit rewrites that window: the change waits
-    for the hand-back to commit, and neither fails."""
-    conn.execute("SELECT jobs.set_limit('kind', 'k', rate_limit => 100, rate_period => '1 minute')")
-    runs = [enqueue(conn, "k") for _ in range(3)]
-    first = [r[0] for r in conn.execute(CLAIM, (1, "w", TOKEN)).fetchall()]
-    second = [r[0] for r in conn.execute(CLAIM, (1, "w", TOKEN)).fetchall()]
-    assert first + second == runs[:2]
-    with db.connect(autocommit=False) as worker, db.connect() as changer:
-        assert worker.execute(HAND_BACK, (first, "w", TOKEN)).fetchall() == [(second[0], "QUEUED")]
-        change = BlockedCall(
-            conn,
-            changer,
-            lambda: changer.execute(
-                "SELECT jobs.set_limit('kind', 'k', rate_limit => 100, rate_period => '1 minute',"
-                " per_key => true)"
-            ).fetchall(),
-            "set_limit to wait for the hand-back in progress",
-        )
-        try:
-            assert worker.execute(HAND_BACK, ([], "w", TOKEN)).fetchall() == [(first[0], "QUEUED")]
-            worker.commit()
-        except psycopg.Error as exc:
-            raise AssertionError(f"the hand-back failed: {exc.sqlstate} {exc}") from exc
-        outcome = change.join(30)
-        assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
-    assert scalar(conn, "SELECT coalesce(sum(starts), 0) FROM jobs._rate_starts") == 0
-    assert [r[0] for r in conn.execute(CLAIM, (3, "w", TOKEN)).fetchall()] == runs

@@ -6,16 +6,10 @@ concurrent claimers are in test_concurrency_limits.py."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
-from functools import partial
-from typing import Any
-
 import psycopg
 import pytest
 
-from harness import BlockedCall, Conn, Database, add_definition, add_runs, scalar, wait_for
+from harness import BlockedCall, Conn, Database, add_definition, add_runs, claim_after_a_wait, scalar
 
 
 def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
@@ -593,16 +587,35 @@ def test_a_rate_limit_change_waits_for_the_claim_in_progress(db: Database, conn:
         assert later == [], f"{what}: claimed {later} after it; {starts} starts in 10 minutes (limit 3)"
 
 
-def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Database, conn: Conn) -> None:
-    """A worker gives back two runs from two claims in one transaction (jobs.unclaim twice, each
-    lowering its claim's row of the window) while set_limit rewrites that window: the change
-    waits for the give-back to commit, and neither fails."""
+TOKEN = "giver-0123456789abcdef-secret"
+
+#: Two ways a worker gives back runs it claimed, each lowering its claim's row of the rate
+#: window.
+GIVE_BACKS = ("unclaim", "hand_back_unheld")
+
+
+def _give_back(way: str, runs: list[int], held: list[int]) -> tuple[str, tuple[list[int], str]]:
+    """The call that gives back ``runs`` of worker wd: by name, or as every run but ``held``."""
+    if way == "unclaim":
+        return "SELECT run_id FROM jobs.unclaim(%s, 'wd', %s)", (runs, TOKEN)
+    return "SELECT run_id FROM jobs.hand_back_unheld(%s, 'wd', claim_token => %s)", (held, TOKEN)
+
+
+@pytest.mark.parametrize("give_back", GIVE_BACKS)
+def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(
+    db: Database, conn: Conn, give_back: str
+) -> None:
+    """A worker gives back two runs from two claims in one transaction, one call each, while
+    set_limit rewrites that rate window: the change waits for the give-back to commit, and
+    neither fails."""
+    claim = "SELECT id FROM jobs.claim(1, 'wd', claim_token => %s)"
     conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 100, rate_period => '1 minute')")
     runs = _runs(conn, 4, kind="api")
-    first, second = _claim(conn, 1, "wd"), _claim(conn, 1, "wd")
+    first = [r[0] for r in conn.execute(claim, (TOKEN,))]
+    second = [r[0] for r in conn.execute(claim, (TOKEN,))]
     assert first + second == runs[:2]
     with db.connect(autocommit=False) as giver, db.connect() as changer:
-        giver.execute("SELECT * FROM jobs.unclaim(%s, 'wd')", (second,))
+        assert [r[0] for r in giver.execute(*_give_back(give_back, second, first))] == second
         change = BlockedCall(
             conn,
             changer,
@@ -613,7 +626,7 @@ def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Datab
             "set_limit to wait for the give-back in progress",
         )
         try:
-            giver.execute("SELECT * FROM jobs.unclaim(%s, 'wd')", (first,))
+            assert [r[0] for r in giver.execute(*_give_back(give_back, first, []))] == first
             giver.commit()
         except psycopg.Error as exc:
             raise AssertionError(f"the give-back failed: {exc.sqlstate} {exc}") from exc
@@ -621,37 +634,6 @@ def test_a_change_of_a_rate_window_waits_for_a_give_back_of_its_starts(db: Datab
         assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
     assert scalar(conn, "SELECT coalesce(sum(starts), 0) FROM jobs._rate_starts") == 0
     assert _claim(conn) == runs, "the runs given back start again"
-
-
-def _claim_after_a_wait(
-    db: Database, conn: Conn, holder: Conn, meanwhile: Callable[[], object]
-) -> tuple[list[int], float, list[int]]:
-    """A claim of 1 in a transaction of its own, while ``holder`` (a transaction) holds a
-    dispatch lock of the claim's pool: once the claim polls for it, ``meanwhile()`` runs and
-    ``holder`` commits, so the claim gets the group (or gives up after its second of polling).
-    Then, with that claim not committed yet, a claim of 1 in another session. Returns (the
-    first claim's runs, how long it took, the second claim's runs)."""
-    outcome: dict[str, Any] = {}
-    with db.connect(autocommit=False) as first, db.connect() as second:
-        pid = first.info.backend_pid
-
-        def claim() -> None:
-            started = time.monotonic()
-            outcome["ids"] = _claim(first, 1, "wa")
-            outcome["seconds"] = time.monotonic() - started
-
-        thread = threading.Thread(target=claim)
-        thread.start()
-        try:
-            polling = "SELECT wait_event = 'PgSleep' FROM pg_stat_activity WHERE pid = %s"
-            wait_for("the claim to poll the busy group", partial(scalar, conn, polling, (pid,)), 60, 0.005)
-            meanwhile()
-            holder.commit()
-        finally:
-            thread.join(120)
-        later = _claim(second, 1, "wb")
-        first.commit()
-    return outcome.get("ids", []), outcome.get("seconds", 1.0), later
 
 
 def test_a_claim_that_read_a_limit_before_it_turned_per_key_starts_nothing_by_it(
@@ -662,29 +644,31 @@ def test_a_claim_that_read_a_limit_before_it_turned_per_key_starts_nothing_by_it
     is in progress, holding the queue's group; a claim reads the limit as it was (per_key off),
     polls for that group and gets it once the change commits; a second claim reads per_key on
     and takes key a's group, which the first does not hold. Where the first counted by the
-    grouping it read, both would start a run of key a. (A try in which the first claim gave up
-    before the change committed proves nothing: it is tried again.)"""
+    grouping it read, both would start a run of key a."""
     _runs(conn, 3, queue="fq", key="a")
-    tries: list[tuple[list[int], float, list[int]]] = []
-    for _ in range(5):
+
+    def setup() -> None:
         conn.execute("UPDATE jobs.runs SET status = 'QUEUED', started_at = NULL, worker = NULL")
         conn.execute("SELECT jobs.set_limit('queue', 'fq', max_running => 1)")
-        with db.connect(autocommit=False) as changer:
-            changer.execute("SELECT jobs.set_limit('queue', 'fq', max_running => 1, per_key => true)")
-            tries.append(_claim_after_a_wait(db, conn, changer, lambda: None))
-        if tries[-1][1] < 0.9:  # it got the group before giving up: a real try
-            break
-    first, seconds, later = tries[-1]
-    assert seconds < 0.9, f"the first claim never got the group in time: {tries}"
+
+    waited = claim_after_a_wait(
+        db,
+        conn,
+        setup=setup,
+        hold=lambda changer: changer.execute(
+            "SELECT jobs.set_limit('queue', 'fq', max_running => 1, per_key => true)"
+        ),
+        claim=lambda claimer: _claim(claimer, 1, "wa"),
+        later=lambda other: _claim(other, 1, "wb"),
+    )
     running = conn.execute(
         "SELECT array_agg(id ORDER BY id), array_agg(worker ORDER BY id) FROM jobs.runs"
         " WHERE status = 'RUNNING' AND concurrency_key = 'a'"
     ).fetchone()
     assert running is not None and len(running[0] or []) <= 1, (
-        f"key a has RUNNING {running} (limit 1 before and after the change):"
-        f" first claim {first}, second {later}"
+        f"key a has RUNNING {running} (limit 1 before and after the change): {waited}"
     )
-    assert later != [], "the claim after the change starts a run of key a"
+    assert waited.later != [], "the claim after the change starts a run of key a"
 
 
 def test_a_claim_that_read_no_limit_for_a_queue_starts_none_of_its_runs_once_one_exists(
@@ -696,35 +680,30 @@ def test_a_claim_that_read_no_limit_for_a_queue_starts_none_of_its_runs_once_one
     k1's group. Meanwhile queue q gets max_running 1 and the holder commits: the claim gets
     k1's group. A second claim, with the first not committed, reads q's limit, takes q's
     group (free) and run r2 (kind k2, queue q). Where the first started r1 by the limits it
-    read, q would have 2 RUNNING. (A try in which the first claim gave up before the holder
-    committed proves nothing: it is tried again.)"""
+    read, q would have 2 RUNNING."""
     conn.execute("SELECT jobs.set_limit('kind', 'k1', max_running => 5)")
     r1 = _runs(conn, 1, kind="k1", queue="q", priority=1)
     r2 = _runs(conn, 1, kind="k2", queue="q")
-    tries: list[tuple[list[int], float, list[int]]] = []
-    for _ in range(5):
+
+    def setup() -> None:
         conn.execute("UPDATE jobs.runs SET status = 'QUEUED', started_at = NULL, worker = NULL")
         conn.execute("SELECT jobs.remove_limit('queue', 'q')")
-        with db.connect(autocommit=False) as holder:
-            holder.execute('SELECT pg_advisory_xact_lock(jobs._limit_key(\'["kind", "k1"]\'))')
-            tries.append(
-                _claim_after_a_wait(
-                    db,
-                    conn,
-                    holder,
-                    lambda: conn.execute("SELECT jobs.set_limit('queue', 'q', max_running => 1)").fetchall(),
-                )
-            )
-        if tries[-1][1] < 0.9:  # it got the group before giving up: a real try
-            break
-    first, seconds, later = tries[-1]
-    assert seconds < 0.9, f"the first claim never got the group in time: {tries}"
+
+    waited = claim_after_a_wait(
+        db,
+        conn,
+        setup=setup,
+        hold=lambda holder: holder.execute(
+            'SELECT pg_advisory_xact_lock(jobs._limit_key(\'["kind", "k1"]\'))'
+        ),
+        claim=lambda claimer: _claim(claimer, 1, "wa"),
+        meanwhile=lambda: conn.execute("SELECT jobs.set_limit('queue', 'q', max_running => 1)").fetchall(),
+        later=lambda other: _claim(other, 1, "wb"),
+    )
     running = scalar(
         conn, "SELECT array_agg(id ORDER BY id) FROM jobs.runs WHERE status = 'RUNNING' AND queue = 'q'"
     )
-    assert len(running or []) == 1, (
-        f"queue q has RUNNING {running} (limit 1): first claim {first} (r1 {r1}), second {later} (r2 {r2})"
-    )
+    assert len(running or []) == 1, f"queue q has RUNNING {running} (limit 1): {waited} (r1 {r1}, r2 {r2})"
     assert _claim(conn) == [], "queue q is at its limit"
 
 
