@@ -4,8 +4,11 @@
 
 DROP FUNCTION IF EXISTS jobs._schedule_shape_ok(text);  -- jobs._schedule_problem (schedule.sql) says what is wrong
 
--- Private: the first thing wrong with one element of jobs.define_many's array, or NULL.
-CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb) RETURNS text
+DROP FUNCTION IF EXISTS jobs._definition_problem(jsonb);  -- now told which zones are known good
+
+-- Private: the first thing wrong with one element of jobs.define_many's array, or NULL. The
+-- caller checks each distinct zone once and passes those without a problem as good_zones.
+CREATE OR REPLACE FUNCTION jobs._definition_problem(e jsonb, good_zones text[] DEFAULT '{}') RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_key text;
@@ -50,7 +53,9 @@ BEGIN
             RETURN v_text;
         END IF;
     END IF;
-    v_text := jobs._zone_problem(coalesce(e ->> 'timezone', 'UTC'));
+    IF NOT coalesce(e ->> 'timezone', 'UTC') = ANY (good_zones) THEN
+        v_text := jobs._zone_problem(coalesce(e ->> 'timezone', 'UTC'));
+    END IF;
     IF v_text IS NOT NULL THEN
         RETURN v_text;
     END IF;
@@ -125,7 +130,7 @@ BEGIN
     END;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION jobs._definition_problem(jsonb) IS 'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid.';
+COMMENT ON FUNCTION jobs._definition_problem(jsonb, text[]) IS 'Private: the first problem with one jobs.define_many element (a field named), or NULL when it is valid; zones in good_zones are not checked again.';
 
 -- Private: an interval field of a define_many element (seconds as a number, or interval text).
 CREATE OR REPLACE FUNCTION jobs._json_interval(value jsonb) RETURNS interval
@@ -147,13 +152,20 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_problem record;
+    v_good_zones text[];
 BEGIN
     IF jsonb_typeof(define_many.definitions) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'definitions must be a JSON array of objects' USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_range('definitions length', jsonb_array_length(define_many.definitions), 0, 1000000);
+    -- Each zone is checked once, not once per definition (a definition without a zone is UTC).
+    SELECT array_agg(z.zone) INTO v_good_zones
+      FROM (SELECT DISTINCT coalesce(e ->> 'timezone', 'UTC') AS zone
+              FROM jsonb_array_elements(define_many.definitions) AS e
+             WHERE jsonb_typeof(e) = 'object') AS z
+     WHERE jobs._zone_problem(z.zone) IS NULL;
     SELECT x.n, x.e ->> 'name' AS name, x.problem INTO v_problem
-      FROM (SELECT o.n, o.e, jobs._definition_problem(o.e) AS problem
+      FROM (SELECT o.n, o.e, jobs._definition_problem(o.e, coalesce(v_good_zones, '{}')) AS problem
               FROM jsonb_array_elements(define_many.definitions) WITH ORDINALITY AS o (e, n)) AS x
      WHERE x.problem IS NOT NULL
      ORDER BY x.n LIMIT 1;

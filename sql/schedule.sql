@@ -31,7 +31,8 @@ BEGIN
     ) THEN
         RETURN format('timezone %s is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL'));
     END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(zone)) THEN
+    -- An abbreviation is one word: a name with a slash (nearly every region's) is none.
+    IF strpos(zone, '/') = 0 AND EXISTS (SELECT FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(zone)) THEN
         -- The zone's own offsets, read as the session's zone (which takes names, not
         -- abbreviations), in January and July of this year.
         v_session := current_setting('TimeZone');

@@ -227,6 +227,30 @@ def test_bad_input_names_the_element_and_field_and_applies_nothing(
     assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
 
 
+@pytest.mark.parametrize(
+    ("zone", "mentions"),
+    [
+        ("CET", ["definitions[3]", "'CET' is also the abbreviation"]),
+        ("Mars/Base", ["definitions[3]", "'Mars/Base' is not a known"]),
+        (5, ["definitions[3]", "timezone must be a string"]),
+    ],
+)
+def test_a_bad_zone_is_named_in_a_batch_of_many_sharing_good_ones(
+    conn: Conn, zone: Any, mentions: list[str]
+) -> None:
+    """Zones are checked once per batch, not once per element: an element with a bad zone
+    among many with good ones (and one without, which is UTC) is still the one named."""
+    defs = [
+        {"name": f"d{i}", "kind": "k", "schedule": "* * * * *", "timezone": "Europe/Sofia"} for i in range(3)
+    ]
+    defs += [{"name": "bad", "kind": "k", "schedule": "* * * * *", "timezone": zone}]
+    defs += [{"name": "utc", "kind": "k", "schedule": "* * * * *"}, {**defs[0], "name": "d9"}]
+    expect_error(conn, "SELECT * FROM jobs.define_many(%s)", (Jsonb(defs),), "22023", *mentions)
+    assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+    del defs[3]
+    assert len(_define_many(conn, defs)) == 5
+
+
 def test_duplicate_names_and_non_arrays_are_refused(conn: Conn) -> None:
     d = {"name": "x", "kind": "k", "schedule": "* * * * *"}
     expect_error(conn, "SELECT * FROM jobs.define_many(%s)", (Jsonb([d, d]),), "22023", "more than once")
