@@ -26,8 +26,9 @@
 --      the locks) reads the limits again: a limit group whose row no longer holds the
 --      settings the claim read it with (changed or removed since, so its lock may not be
 --      the one its claimers now take) gets no room, and a pool row whose queue or kind has a
---      limit the claim did not read for it (created since) does not start; the caller
---      claims again;
+--      limit the claim did not read for it (created since: jobs.set_limit waits for the
+--      claims in progress, but a row written into jobs.limits by hand does not) does not
+--      start; the caller claims again;
 --   4. pick rows in pool order while every group a row belongs to has room and mark
 --      them RUNNING. Rows of a group at its limit stay QUEUED (backpressure),
 --      except scheduled occurrences of overlap_policy = 'skip' definitions that
@@ -268,8 +269,11 @@ BEGIN
     END IF;
     -- The worker's claim lock, shared (the key is jobs._claim_key's, inline), before any row:
     -- held until this claim commits or rolls back, so a jobs.hand_back_unheld of this worker
-    -- (exclusive) waits for it and sees what it claimed, even when its client is gone.
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0));
+    -- (exclusive) waits for it and sees what it claimed, even when its client is gone. With it,
+    -- the claiming lock (jobs._claiming_key, inline), shared: a change that caps runs this claim
+    -- may read as uncapped (a new limit, a definition's first cap) waits for it to commit.
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0)),
+            pg_advisory_xact_lock_shared(8099570450837488460);
 
     -- The common case first, in one statement: no limit and no capped definition defined, and
     -- no claim token missing where one is required. Then there is no group to count under a

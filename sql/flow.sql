@@ -455,7 +455,9 @@ COMMENT ON FUNCTION jobs._recount_rate_window(text, text, boolean, interval) IS 
 
 -- Create or replace the limit of a queue or kind (running and/or rate, optionally per concurrency key).
 -- It waits for the claims that started runs under the limit's old settings to commit (the locks
--- above), so the new settings count every start and every RUNNING run those claims made.
+-- above), so the new settings count every start and every RUNNING run those claims made; a new
+-- limit waits for every claim in progress (jobs._wait_for_claims), which may have read its runs
+-- as uncapped.
 -- A rate limit counts the starts of its whole trailing period, also those from before it was set
 -- or changed: a new rate limit, a longer period or a per_key that flips recounts the window
 -- (jobs._recount_rate_window); a new rate or a shorter period keeps the recorded starts.
@@ -522,6 +524,12 @@ BEGIN
         EXIT WHEN FOUND;
     END LOOP;
 
+    -- A new limit caps runs that claims in progress read as uncapped and may be starting
+    -- unseen: wait for them (and hold off the next claims until this one commits).
+    IF v_was.scope IS NULL THEN
+        PERFORM jobs._wait_for_claims('jobs.set_limit of a new limit');
+    END IF;
+
     -- 2. The dispatch locks of its groups under the old settings and the new, ascending (keys
     -- as jobs.claim computes them: jobs._limit_key of the label). Every lock is held to commit
     -- in the server's shared lock table, so a per-key limit's keys are locked only while there
@@ -570,7 +578,7 @@ BEGIN
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
 END $$;
-COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings; READ COMMITTED only (25000).';
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings (a new limit: for every claim in progress, at most 5 s, then 55P03 and nothing changed); READ COMMITTED only (25000).';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
 CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text) RETURNS boolean

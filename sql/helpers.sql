@@ -45,6 +45,12 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                           (shared)     thing it locks)             0): one per worker id; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
 --                                                                    flight to commit or roll back
+--   jobs._claiming_key()    transaction  jobs.claim (shared, with    8099570450837488460 ('pgtickCL')
+--                           (shared)     its claim lock)
+--                           (exclusive)  jobs.set_limit of a new
+--                                        limit, jobs.define giving a
+--                                        definition its first cap
+--                                        (jobs._wait_for_claims)
 --   jobs._window_key        transaction  jobs.set_limit (after the   hashtextextended('window:' ||
 --   (scope, name)           (exclusive)  limit's dispatch locks),    jsonb_build_array(scope, name)::text,
 --                           (shared)     jobs._give_back_starts      0): a recount and a give-back of a
@@ -68,18 +74,50 @@ CREATE OR REPLACE FUNCTION jobs._limit_key(label text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('dispatch:' || label, 0) $$;
 COMMENT ON FUNCTION jobs._limit_key(text) IS 'Private: transaction advisory lock key that jobs.claim takes per queue or kind limit group before counting it.';
 
--- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
--- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
--- that worker begun before it (a claim whose client is gone may still be running).
 -- Private: the key that serializes the enqueues of one unique key with the failures (and
 -- their retries) of its runs.
 CREATE OR REPLACE FUNCTION jobs._unique_key(kind text, unique_key text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unique:' || jsonb_build_array(kind, unique_key)::text, 0) $$;
 COMMENT ON FUNCTION jobs._unique_key(text, text) IS 'Private: transaction advisory lock key of a kind and unique key, held by jobs.enqueue while it reads the key''s runs and inserts, and by jobs.fail and jobs.reap when they fail a run of the key and queue its retry.';
 
+-- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
+-- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
+-- that worker begun before it (a claim whose client is gone may still be running).
 CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
 COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';
+
+-- Private: the key every jobs.claim holds shared until it commits, whatever it claims. A
+-- change that makes runs capped which were not (a new limit, a definition's first
+-- max_concurrent_runs) takes it exclusive (jobs._wait_for_claims): a claim in progress may
+-- have read them as uncapped and started them without any group lock, and its starts are
+-- not visible until it commits, so the change waits for it to commit before it counts or
+-- commits itself, and the claims after it wait for the change.
+CREATE OR REPLACE FUNCTION jobs._claiming_key() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 8099570450837488460::bigint $$;
+COMMENT ON FUNCTION jobs._claiming_key() IS 'Private: advisory lock key (''pgtickCL'') held shared by every jobs.claim and exclusive by a change that caps runs which were not capped.';
+
+-- Private: wait (at most 5 s, or the session's shorter lock_timeout) until no claim is in
+-- progress, and hold off new claims until this transaction ends; 55P03 naming what when
+-- the claims in progress do not finish in time (the caller's transaction is then rolled
+-- back: nothing changed).
+CREATE OR REPLACE FUNCTION jobs._wait_for_claims(what text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_was text := current_setting('lock_timeout');
+BEGIN
+    IF v_was::interval = interval '0' OR v_was::interval > interval '5 s' THEN
+        PERFORM set_config('lock_timeout', '5s', TRUE);
+    END IF;
+    PERFORM pg_advisory_xact_lock(jobs._claiming_key());
+    PERFORM set_config('lock_timeout', v_was, TRUE);
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION '% waits for the claims in progress, and they did not finish within %: nothing changed',
+        what, CASE WHEN v_was::interval = interval '0' OR v_was::interval > interval '5 s' THEN '5s' ELSE v_was END
+        USING ERRCODE = '55P03',
+              HINT = 'A transaction that called jobs.claim and is still open holds them up; try again once it ends.';
+END $$;
+COMMENT ON FUNCTION jobs._wait_for_claims(text) IS 'Private: take jobs._claiming_key() exclusive, waiting at most 5 s (or a shorter session lock_timeout) for the claims in progress; 55P03 naming what otherwise.';
 
 -- Private: the key that serializes adding runs of a definition with deleting it.
 -- A FOR KEY SHARE row lock alone does not: PostgreSQL can lose one taken while a concurrent

@@ -422,6 +422,13 @@ BEGIN
         OR (excluded.enabled AND d.paused_reason IS NOT NULL)
         OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
+    -- A definition capped for the first time caps runs that claims in progress read as
+    -- uncapped and may be starting unseen: wait for them (and hold off the next claims).
+    IF EXISTS (SELECT FROM jobs.definitions AS d JOIN unnest(v_old) AS o ON o.id = d.id
+                WHERE o.max_concurrent_runs IS NULL AND d.max_concurrent_runs IS NOT NULL) THEN
+        PERFORM jobs._wait_for_claims('giving a definition its first max_concurrent_runs');
+    END IF;
+
     -- The old jitter: a run made before runs recorded their occurrence is dropped when it
     -- starts after the change plus the jitter it was made with.
     PERFORM jobs._drop_superseded(

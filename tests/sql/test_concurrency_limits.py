@@ -206,6 +206,7 @@ SELECT coalesce(max(n), 0) FROM (
     SELECT count(*) AS n FROM pg_locks
      WHERE locktype = 'advisory' AND mode = 'ShareLock' AND granted
        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND ((classid::bigint << 32) | objid::bigint) <> jobs._claiming_key()   -- every claim holds it
      GROUP BY classid, objid) AS held
 """
 

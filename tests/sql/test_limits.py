@@ -6,10 +6,25 @@ concurrent claimers are in test_concurrency_limits.py."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import psycopg
 import pytest
 
-from harness import BlockedCall, Conn, Database, add_definition, add_runs, claim_after_a_wait, scalar
+from harness import (
+    BlockedCall,
+    Conn,
+    Database,
+    add_definition,
+    add_runs,
+    claim_after_a_wait,
+    expect_error,
+    scalar,
+    wait_for,
+    waits_on_lock,
+)
 
 
 def _claim(conn: Conn, n: int = 10, worker: str = "w") -> list[int]:
@@ -444,8 +459,9 @@ def test_tight_limits_are_the_limits_the_claim_locks_exclusively(db: Database) -
                     conn,
                     "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid()"
                     " AND locktype = 'advisory' AND mode = 'ShareLock' AND granted"
-                    # not the worker's own claim lock, which every claim holds shared
-                    " AND ((classid::bigint << 32) | objid::bigint) <> jobs._claim_key('w'))",
+                    # not the worker's own claim lock nor the claiming lock: every claim holds those shared
+                    " AND ((classid::bigint << 32) | objid::bigint)"
+                    " NOT IN (jobs._claim_key('w'), jobs._claiming_key()))",
                 )
         assert tight == ([] if locked_shared[name] else [("queue", name)]), (
             f"{name}: the claim locked the limit {'shared' if locked_shared[name] else 'exclusively'},"
@@ -674,40 +690,69 @@ def test_a_claim_that_read_a_limit_before_it_turned_per_key_starts_nothing_by_it
 def test_a_claim_that_read_no_limit_for_a_queue_starts_none_of_its_runs_once_one_exists(
     db: Database, conn: Conn
 ) -> None:
-    """Invariant: a queue never has more RUNNING than its limit, also a limit created while a
+    """Invariant: a queue never has more RUNNING than its limit, also a limit made while a
     claim is in progress. Kind k1 at max_running 5, its group held by another transaction; a
     claim reads the limits (queue q has none), takes run r1 (kind k1, queue q) and polls for
-    k1's group. Meanwhile queue q gets max_running 1 and the holder commits: the claim gets
-    k1's group. A second claim, with the first not committed, reads q's limit, takes q's
-    group (free) and run r2 (kind k2, queue q). Where the first started r1 by the limits it
-    read, q would have 2 RUNNING."""
+    k1's group. Meanwhile set_limit gives queue q max_running 1, and the holder commits: the
+    claim gets k1's group and starts r1 by the limits it read. set_limit waited for that claim,
+    so the limit counts r1, and a claim after it starts none of q's other run r2.
+
+    The same where the limit is written into jobs.limits by hand, which waits for nothing: the
+    claim reads the limits again under its locks and starts nothing of q, and with the claim
+    after it one run of q is RUNNING in all."""
     conn.execute("SELECT jobs.set_limit('kind', 'k1', max_running => 5)")
     r1 = _runs(conn, 1, kind="k1", queue="q", priority=1)
     r2 = _runs(conn, 1, kind="k2", queue="q")
+    running_sql = "SELECT array_agg(id ORDER BY id) FROM jobs.runs WHERE status = 'RUNNING' AND queue = 'q'"
+    hold_k1 = 'SELECT pg_advisory_xact_lock(jobs._limit_key(\'["kind", "k1"]\'))'
+    with db.connect() as changer:
+        changes: list[tuple[threading.Thread, list[Any]]] = []
 
-    def setup() -> None:
-        conn.execute("UPDATE jobs.runs SET status = 'QUEUED', started_at = NULL, worker = NULL")
-        conn.execute("SELECT jobs.remove_limit('queue', 'q')")
+        def setup() -> None:
+            for thread, _ in changes:
+                thread.join(60)
+            conn.execute("UPDATE jobs.runs SET status = 'QUEUED', started_at = NULL, worker = NULL")
+            conn.execute("SELECT jobs.remove_limit('queue', 'q')")
 
-    waited = claim_after_a_wait(
+        def set_limit() -> None:
+            call = lambda: changer.execute("SELECT jobs.set_limit('queue', 'q', max_running => 1)").fetchall()  # noqa: E731
+            changes.append(_call_meanwhile(conn, changer, call))
+
+        waited = claim_after_a_wait(
+            db,
+            conn,
+            setup=setup,
+            hold=lambda holder: holder.execute(hold_k1),
+            claim=lambda claimer: _claim(claimer, 1, "wa"),
+            meanwhile=set_limit,
+        )
+        thread, outcome = changes[-1]
+        thread.join(60)
+    assert outcome and not isinstance(outcome[0], psycopg.Error), f"set_limit: {outcome}"
+    assert waited.runs == r1, f"the claim in progress started {waited} (r1 {r1})"
+    later = _claim(conn, 1, "wb")
+    running = scalar(conn, running_sql)
+    assert later == [] and running == r1, f"queue q has RUNNING {running} (limit 1): later {later} (r2 {r2})"
+
+    conn.execute("UPDATE jobs.runs SET status = 'QUEUED', started_at = NULL, worker = NULL")
+    conn.execute("SELECT jobs.remove_limit('queue', 'q')")
+    by_hand = claim_after_a_wait(
         db,
         conn,
-        setup=setup,
-        hold=lambda holder: holder.execute(
-            'SELECT pg_advisory_xact_lock(jobs._limit_key(\'["kind", "k1"]\'))'
-        ),
+        hold=lambda holder: holder.execute(hold_k1),
         claim=lambda claimer: _claim(claimer, 1, "wa"),
-        meanwhile=lambda: conn.execute("SELECT jobs.set_limit('queue', 'q', max_running => 1)").fetchall(),
+        meanwhile=lambda: conn.execute(
+            "INSERT INTO jobs.limits (scope, name, max_running) VALUES ('queue', 'q', 1)"
+        ),
         later=lambda other: _claim(other, 1, "wb"),
     )
-    running = scalar(
-        conn, "SELECT array_agg(id ORDER BY id) FROM jobs.runs WHERE status = 'RUNNING' AND queue = 'q'"
-    )
-    assert len(running or []) == 1, f"queue q has RUNNING {running} (limit 1): {waited} (r1 {r1}, r2 {r2})"
+    running = scalar(conn, running_sql)
+    assert len(running or []) == 1, f"queue q has RUNNING {running} (limit 1): {by_hand} (r1 {r1}, r2 {r2})"
     assert _claim(conn) == [], "queue q is at its limit"
 
 
-@pytest.mark.parametrize(("keys", "locks"), [(3, 3 + 1 + 1), (5000, 1 + 1)])
+# a new limit: each key's lock (while few), the group's, the window's, and the claiming lock
+@pytest.mark.parametrize(("keys", "locks"), [(3, 3 + 1 + 1 + 1), (5000, 1 + 1 + 1)])
 def test_a_per_key_change_locks_each_key_only_while_keys_are_few(conn: Conn, keys: int, locks: int) -> None:
     """set_limit waits for the claims of every key of a per-key limit by taking each key's
     lock; those locks live in the server's shared lock table until commit, so with thousands
@@ -725,3 +770,102 @@ def test_a_per_key_change_locks_each_key_only_while_keys_are_few(conn: Conn, key
         )
     assert held == locks, held
     assert _claim(conn, 20) != [], "the runs start under the new limit"
+
+
+# ---------------------------------------------------------------------------
+# Capping runs that claims in progress read as uncapped
+# ---------------------------------------------------------------------------
+
+
+def _call_meanwhile(
+    observer: Conn, session: Conn, call: Callable[[], Any]
+) -> tuple[threading.Thread, list[Any]]:
+    """``call()`` on a thread using ``session``; returns once it has ended or waits for a lock."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except psycopg.Error as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    pid = session.info.backend_pid
+    wait_for(
+        "the call to end or wait for a lock",
+        lambda: not thread.is_alive() or waits_on_lock(observer, pid),
+        60,
+    )
+    return thread, outcome
+
+
+CAPPING_CHANGES = {
+    "a new queue limit": "SELECT jobs.set_limit('queue', 'q', max_running => 1)",
+    "a new rate limit": "SELECT jobs.set_limit('queue', 'q', rate_limit => 1, rate_period => '1 hour')",
+    "a definition's first cap": (
+        "SELECT jobs.define('later-capped', 'later-capped', run_at => (SELECT d.run_at FROM jobs.definitions"
+        " AS d WHERE d.name = 'later-capped'), enabled => false, max_concurrent_runs => 1)"
+    ),
+}
+
+
+@pytest.mark.parametrize("change", CAPPING_CHANGES)
+def test_capping_runs_waits_for_the_claims_that_read_them_uncapped(
+    db: Database, conn: Conn, change: str
+) -> None:
+    """Invariant: a group never has more RUNNING (or starts in its window) than its bound, also
+    one capped while a claim is in progress. Nothing is capped; a claim in progress (not
+    committed) takes the uncapped path and starts 3 runs of queue q and definition
+    later-capped. Then the change caps them at 1, and another claim asks for more. The change
+    waits for the claim in progress; the claim after it counts that claim's 3 runs and starts
+    none. Where the change did not wait, the second claim would count none of them (they were
+    not committed) and start one: 4 where the bound is 1."""
+    def_id = add_definition(conn, "later-capped")
+    conn.execute("UPDATE jobs.definitions SET max_concurrent_runs = NULL WHERE id = %s", (def_id,))
+    runs = add_runs(conn, 5, kind="later-capped", definition_id=def_id)
+    conn.execute("UPDATE jobs.runs SET queue = 'q' WHERE id = ANY(%s)", (runs,))
+    with (
+        db.connect(autocommit=False) as first,
+        db.connect() as changer,
+        db.connect() as second,
+    ):
+        held = _claim(first, 3, "wa")
+        assert held == runs[:3]
+        changing, changed = _call_meanwhile(
+            conn, changer, lambda: changer.execute(CAPPING_CHANGES[change]).fetchall()
+        )
+        claiming, claimed = _call_meanwhile(conn, second, lambda: _claim(second, 5, "wb"))
+        first.commit()
+        changing.join(60)
+        claiming.join(60)
+    assert changed and not isinstance(changed[0], psycopg.Error), f"the change: {changed}"
+    running = scalar(conn, "SELECT array_agg(id ORDER BY id) FROM jobs.runs WHERE status = 'RUNNING'")
+    assert claimed == [[]], (
+        f"{change}: the claim after it started {claimed}; RUNNING {running} (bound 1; the first held {held})"
+    )
+
+
+def test_a_new_limit_waits_for_an_open_claim_at_most_its_time_and_changes_nothing(
+    db: Database, conn: Conn
+) -> None:
+    """A claim whose transaction stays open holds a new limit back: set_limit gives up after
+    the session's lock_timeout (5 s at most) with 55P03 naming what waited, and no limit is
+    made. A change of an existing limit does not wait for claims of other groups."""
+    conn.execute("SELECT jobs.set_limit('queue', 'other', max_running => 5)")
+    _runs(conn, 2)
+    with db.connect(autocommit=False) as first, db.connect() as changer:
+        assert len(_claim(first, 1, "wa")) == 1
+        changer.execute("SET lock_timeout = '300ms'")
+        expect_error(
+            changer,
+            "SELECT jobs.set_limit('queue', 'q', max_running => 1)",
+            None,
+            "55P03",
+            "jobs.set_limit of a new limit waits for the claims in progress",
+            "within 300ms",
+        )
+        assert scalar(conn, "SELECT count(*) FROM jobs.limits WHERE name = 'q'") == 0
+        changer.execute("SELECT jobs.set_limit('queue', 'other', max_running => 6)")
+        first.commit()
+    assert scalar(conn, "SELECT max_running FROM jobs.limits WHERE name = 'other'") == 6
