@@ -79,14 +79,23 @@ COMMENT ON FUNCTION jobs._chain_back(bigint[]) IS 'Private: run_ids plus all the
 -- Private: every run of the retry chains that a blocked run waits on. jobs.prune and
 -- jobs.discard keep these: releasing or cancelling the waiting run follows each chain from the
 -- id it names, so a chain with a deleted link would leave it waiting for good.
+-- With nothing blocked (runs_blocked_idx answers that) the chains are not read at all: a read
+-- of every run plans over every day of history, locking each partition and its indexes.
 CREATE OR REPLACE FUNCTION jobs._waited_on() RETURNS bigint[]
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(DISTINCT c.run_id), '{}')
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    IF NOT EXISTS (SELECT FROM jobs.runs AS b WHERE b.blocked) THEN
+        RETURN '{}';
+    END IF;
+    SELECT coalesce(array_agg(DISTINCT c.run_id), '{}') INTO v_ids
       FROM jobs._chain_forward(ARRAY(
                SELECT DISTINCT d.id
                  FROM jobs.runs AS b CROSS JOIN LATERAL unnest(b.depends_on) AS d (id)
-                WHERE b.blocked AND b.status = 'QUEUED')) AS c
-$$;
+                WHERE b.blocked AND b.status = 'QUEUED')) AS c;
+    RETURN v_ids;
+END $$;
 COMMENT ON FUNCTION jobs._waited_on() IS 'Private: the ids of every run in the retry chains that blocked runs depend on (kept by prune and discard).';
 
 -- Private: refuse REPEATABLE READ and SERIALIZABLE where a decision reads rows after waiting
@@ -220,7 +229,7 @@ BEGIN
     v_level := jobs._chain_back(run_ids);
     LOOP
         -- Down the chain one level per statement, each id of the level one probe of
-        -- runs_blocked_deps_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
+        -- runs_depends_on_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
         -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
         -- minutes for thousands). Ids only grow along depends_on: it ends.
         v_doomed := '{}';

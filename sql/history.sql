@@ -15,11 +15,23 @@
 -- the live runs and the recent history.
 -- ===========================================================================
 
--- Every run, live or moved to history.
-CREATE OR REPLACE VIEW jobs.runs_all AS
-SELECT * FROM jobs.runs
-UNION ALL
-SELECT * FROM jobs.run_history;
+-- Every run, live or moved to history. The columns of jobs.runs whose bounds are domains
+-- (jobs.run_kind...) are read as their base types, which jobs.run_history has: where the two
+-- sides of a UNION ALL differ in type, PostgreSQL cannot plan it as one append of the two
+-- tables, and every query of the view (a run by id, the newest runs) would read and sort both
+-- whole tables instead of probing their indexes. The list is built from the catalog, so it
+-- follows the columns that migrations add.
+DO $$
+BEGIN
+    EXECUTE format(
+        'CREATE OR REPLACE VIEW jobs.runs_all AS SELECT %s FROM jobs.runs UNION ALL SELECT * FROM jobs.run_history',
+        (SELECT string_agg(CASE WHEN t.typtype = 'd'
+                                THEN format('%1$I::%2$s AS %1$I', a.attname, format_type(t.typbasetype, t.typtypmod))
+                                ELSE quote_ident(a.attname) END, ', ' ORDER BY a.attnum)
+           FROM pg_catalog.pg_attribute AS a
+           JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid
+          WHERE a.attrelid = 'jobs.runs'::regclass AND a.attnum > 0 AND NOT a.attisdropped));
+END $$;
 COMMENT ON VIEW jobs.runs_all IS 'Every run: jobs.runs (live runs and recent history) and jobs.run_history (finished runs older than jobs.config.archive_after). Each run is in exactly one of them.';
 
 -- The partition of history that holds the runs finished on a UTC day.

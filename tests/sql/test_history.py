@@ -328,6 +328,55 @@ def test_history_has_the_columns_of_jobs_runs_in_their_order(conn: Conn) -> None
     )
 
 
+def _plan_nodes(conn: Conn, query: str, *settings: str) -> list[str]:
+    """Every node type (with its relation, if any) of the plan of query under settings."""
+    with conn.transaction():
+        for setting in settings:
+            conn.execute(f"SET LOCAL {setting}")
+        plan = scalar(conn, "EXPLAIN (FORMAT JSON) " + query)
+    nodes: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        nodes.append(f"{node['Node Type']} {node.get('Relation Name', '')}".strip())
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return nodes
+
+
+def test_every_run_is_read_through_the_indexes_of_both_tables(conn: Conn) -> None:
+    """jobs.runs_all is one append of jobs.runs and the history partitions, so the newest runs
+    come from the id indexes (no sort of every run), a run joined by id is an index probe on
+    each side (no scan), and so are the runs that named a run in depends_on. A UNION ALL whose
+    two sides differ in a column's type (the domains of jobs.runs against history's base
+    types) is planned as a subquery that reads and sorts both whole tables."""
+    finish_old(conn, 40, age="3 days")
+    assert _archive_all(conn) == 40
+    finish_old(conn, 10, age="1 hour")
+    conn.execute("ANALYZE jobs.runs")
+    conn.execute("ANALYZE jobs.run_history")
+    newest = _plan_nodes(conn, "SELECT id FROM jobs.runs_all ORDER BY id DESC LIMIT 5", "enable_sort = off")
+    assert "Sort" not in newest and "Merge Append" in newest, f"the newest runs: {newest}"
+    joined = _plan_nodes(
+        conn,
+        "SELECT a.kind, a.queue FROM generate_series(1, 3) AS g (id) JOIN jobs.runs_all AS a ON a.id = g.id",
+        "enable_seqscan = off",
+        "enable_hashjoin = off",
+        "enable_mergejoin = off",
+        "enable_bitmapscan = off",
+    )
+    scans = [n for n in joined if "Scan" in n and "Function" not in n]
+    assert scans and all(n.startswith(("Index Scan", "Index Only Scan")) for n in scans), (
+        f"a run joined by id: {joined}"
+    )
+    # What waited on a run, released or moved since: the depends_on indexes of both tables.
+    waited = _plan_nodes(
+        conn, "SELECT id FROM jobs.runs_all WHERE depends_on @> ARRAY[1]::bigint[]", "enable_seqscan = off"
+    )
+    assert not any(n.startswith("Seq Scan") for n in waited), f"the runs that waited on run 1: {waited}"
+
+
 # -- what holds across a run's whole life ------------------------------------------------------
 
 
