@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -19,6 +21,7 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 from markupsafe import escape
+from psycopg import sql
 from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, login, post
@@ -370,6 +373,32 @@ def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded,
     ]
 
 
+def test_names_are_taken_as_sent_so_a_trailing_space_names_another_definition_or_queue(
+    client: TestClient, conn: Conn
+) -> None:
+    """ "nightly" and "nightly " are two definitions (and "q" and "q " two queues, "k" and "k "
+    two kinds): the pages, filters and actions reach the one named, never its neighbour."""
+    for name in ("nightly", "nightly "):
+        conn.execute("SELECT jobs.define(%s, 'k', schedule => '0 3 * * *')", (name,))
+    conn.execute("SELECT jobs.enqueue('k', queue => 'q')")
+    spaced = scalar(conn, "SELECT id FROM jobs.enqueue('k ', queue => 'q ')")
+    csrf = login(client)
+    assert post(client, "/definitions/pause", csrf, name="nightly ").status_code == 303
+    enabled = dict(
+        conn.execute("SELECT name, enabled FROM jobs.definitions WHERE name LIKE 'nightly%'").fetchall()
+    )
+    assert enabled == {"nightly": True, "nightly ": False}, enabled
+    assert post(client, "/queues/pause", csrf, name="q ").status_code == 303
+    assert conn.execute("SELECT name FROM jobs.paused_queues").fetchall() == [("q ",)]
+    page = client.get("/definition?" + urlencode({"name": "nightly "})).text
+    assert "paused" in page, "the definition page of 'nightly ' shows that one"
+    for field, value in (("kind", "k "), ("queue", "q ")):
+        listed = client.get("/runs?" + urlencode({field: value})).text
+        shown = sorted(int(i) for i in re.findall(r'data-run="(\d+)"', listed))
+        assert shown == [spaced], f"/runs?{field}={value!r} listed {shown}, not only run {spaced}"
+    assert post(client, "/definitions/pause", csrf, name="   ").status_code == 400
+
+
 def test_bulk_retry_and_discard_touch_only_the_failed_runs_matching_the_filter(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:
@@ -624,6 +653,37 @@ def test_queues_limits_and_dependencies_are_shown_and_queues_paused(
         ("resume_queue", "queue default", {"changed": True}),
         ("resume_queue", "queue default", {"changed": False}),
     ]
+
+
+def test_the_charts_are_in_utc_and_a_per_key_limit_is_not_at_limit_by_its_total(
+    db: Database, conn: Conn
+) -> None:
+    """The charts say UTC and are in UTC whatever zone the database gives its sessions; a
+    queue whose limit holds per key is not "at limit" because its keys together reach it."""
+    conn.execute(sql.SQL("ALTER DATABASE {} SET timezone = 'Asia/Kolkata'").format(sql.Identifier(db.name)))
+    conn.execute("SELECT jobs.set_limit('queue', 'mail', max_running => 2, per_key => true)")
+    for key in ("a", "b", "a"):
+        conn.execute("SELECT jobs.enqueue('send', queue => 'mail', concurrency_key => %s)", (key,))
+    claimed = conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall()
+    assert len(claimed) == 3, "two runs of key a and one of b start: key a has room for two"
+    with _client(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)) as client:
+        before = datetime.now(UTC)
+        overview = client.get("/").text
+        after = datetime.now(UTC)
+    chart = re.search(r'<svg class="chart".*?</svg>', overview, re.S)
+    assert chart is not None and "(UTC)" in chart.group(0)
+    first = re.findall(r'class="axis">(\d\d:\d\d)</text>', chart.group(0))[0]
+    starts = {
+        (t.replace(second=0, microsecond=0) - timedelta(minutes=59)).strftime("%H:%M")
+        for t in (before, after)
+    }
+    assert first in starts, f"the chart's first minute is {first}; in UTC the last hour began at {starts}"
+    queues = re.search(r'<section id="queues">.*?</section>', overview, re.S)
+    assert queues is not None, "the overview lists the queues"
+    (mail_row,) = [row for row in queues.group(0).split("<tr>") if "<td>mail</td>" in row]
+    assert "at limit" not in mail_row, "3 RUNNING under a limit of 2 per key, no key at its limit"
+    conn.execute("SELECT jobs.enqueue('send', queue => 'mail', concurrency_key => 'a')")
+    assert conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall() == [], "key a is at its limit"
 
 
 def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded: Seeded) -> None:

@@ -253,7 +253,7 @@ class Dashboard:
                 )
 
     async def definition(self, request: Request) -> Response:
-        name = inputs.text(request.query_params, "name", required=True)
+        name = inputs.text(request.query_params, "name", required=True, exact=True)
         assert name is not None
         feats = self.db.features
         async with self.db.reading() as conn:
@@ -485,7 +485,9 @@ class Dashboard:
         if action not in ("pause", "resume", "run-now"):
             raise HTTPException(404, f"no such action on a definition: {action[:40]!r}")
         form = await self._form(request)
-        name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
+        name = inputs.text(
+            {k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True, exact=True
+        )
         assert name is not None
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
@@ -509,7 +511,9 @@ class Dashboard:
         if action not in ("pause", "resume"):
             raise HTTPException(404, f"no such action on a queue: {action[:40]!r}")
         form = await self._form(request)
-        name = inputs.text({k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True)
+        name = inputs.text(
+            {k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True, exact=True
+        )
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "pause":

@@ -17,10 +17,18 @@ class BadInput(InvalidArgument):
 
 
 def text(
-    params: Mapping[str, str], field: str, *, max_length: int = 200, required: bool = False
+    params: Mapping[str, str],
+    field: str,
+    *,
+    max_length: int = 200,
+    required: bool = False,
+    exact: bool = False,
 ) -> str | None:
-    value = (params.get(field) or "").strip()
-    if not value:
+    """A text field, stripped of surrounding spaces; ``exact`` for a name, taken as sent:
+    "nightly" and "nightly " are two definitions. Blank is None (or refused when required)."""
+    raw = params.get(field) or ""
+    value = raw if exact else raw.strip()
+    if not value.strip():
         if required:
             raise BadInput(f"{field} must be a non-empty text")
         return None
@@ -88,9 +96,9 @@ def run_filter(params: Mapping[str, str]) -> RunFilter:
         raise BadInput("until must be later than since")
     return RunFilter(
         status=status,
-        kind=text(params, "kind"),
-        queue=text(params, "queue"),
-        definition=text(params, "definition"),
+        kind=text(params, "kind", exact=True),
+        queue=text(params, "queue", exact=True),
+        definition=text(params, "definition", exact=True),
         since=since,
         until=until,
     )

@@ -54,25 +54,31 @@ async def access(conn: Conn) -> Row:
 
 async def begin_reading(conn: Conn, *, as_reader: bool, timeout: float) -> None:
     """Settings of a page's transaction: read only, the dashboard's limit (seconds) on each
-    statement, the reader role."""
+    statement, times in UTC, the reader role."""
     await conn.execute("SET TRANSACTION READ ONLY")
-    await _limit_statements(conn, timeout)
+    await _transaction_settings(conn, timeout)
     if as_reader:
         await conn.execute("SET LOCAL ROLE jobs_reader")
 
 
 async def begin_acting(conn: Conn, *, timeout: float) -> None:
     """Settings of an action's transaction: the dashboard's limit (seconds) on each
-    statement, the operator role."""
-    await _limit_statements(conn, timeout)
+    statement, times in UTC, the operator role."""
+    await _transaction_settings(conn, timeout)
     await conn.execute("SET LOCAL ROLE jobs_operator")
 
 
-async def _limit_statements(conn: Conn, timeout: float) -> None:
+async def _transaction_settings(conn: Conn, timeout: float) -> None:
     """``SET LOCAL statement_timeout`` to `timeout` seconds (in whole milliseconds, from 1 to
-    the setting's maximum)."""
+    the setting's maximum), and ``TimeZone`` to UTC: the pages show times in UTC, and what the
+    server computes per minute or per day (the charts' buckets) follows the session's zone,
+    which the database or the login may set to another."""
     milliseconds = min(2**31 - 1, max(1, round(timeout * 1000)))
-    await conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)", (str(milliseconds),))
+    await conn.execute(
+        "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
+        " pg_catalog.set_config('TimeZone', 'UTC', true)",
+        (str(milliseconds),),
+    )
 
 
 async def features(conn: Conn) -> Features:
@@ -503,7 +509,7 @@ async def dependencies(conn: Conn, feats: Features, run_id: int) -> tuple[list[R
         await conn.execute(
             sql.SQL(
                 "SELECT w.id, w.kind, w.status FROM {runs} AS w"
-                " WHERE %s = ANY(w.depends_on) ORDER BY w.id LIMIT 100"
+                " WHERE w.depends_on @> ARRAY[%s]::bigint[] ORDER BY w.id LIMIT 100"
             ).format(runs=every_run(feats)),
             (run_id,),
         )
