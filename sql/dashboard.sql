@@ -37,8 +37,20 @@ DECLARE
     v_id bigint;
     v_ids bigint[];
     v_definition_id bigint;
+    v_key bigint;
+    v_run jobs.runs;
 BEGIN
     PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
+    -- The unique keys' locks first, ascending, before any run's row (jobs.retry's order).
+    FOR v_key IN
+        SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key)
+          FROM jobs.runs_all AS r
+         WHERE r.id = ANY(retry_many.run_ids) AND r.status = 'FAILED' AND r.unique_key IS NOT NULL
+         ORDER BY 1
+    LOOP
+        PERFORM jobs._require_read_committed('retrying runs with a unique_key');
+        PERFORM pg_advisory_xact_lock(v_key);
+    END LOOP;
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
     -- retried meanwhile is passed over, not an error, so one click never half-applies.
     v_ids := array(SELECT r.id FROM jobs.runs AS r
@@ -57,10 +69,16 @@ BEGIN
         -- commits meanwhile cannot turn the pass-over into an error.
         v_definition_id := (SELECT r.definition_id FROM jobs.runs_all AS r WHERE r.id = v_id);
         CONTINUE WHEN v_definition_id IS NOT NULL AND (jobs._hold_definition(v_definition_id, FALSE)).id IS NULL;
+        -- So is a run whose unique key has a run queued or running (one retried just before in
+        -- this call, or enqueued since): that run does the job.
+        SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = v_id;
+        CONTINUE WHEN v_run.unique_key IS NOT NULL AND EXISTS (
+            SELECT FROM jobs.runs AS r
+             WHERE r.kind = v_run.kind AND r.unique_key = v_run.unique_key AND r.status IN ('QUEUED', 'RUNNING'));
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END $$;
-COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet and whose definition (if any) still exists (others are passed over); returns the new QUEUED attempts.';
+COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet, whose definition (if any) still exists and whose unique_key (if any) has no run queued or running (others are passed over); returns the new QUEUED attempts.';
 
 -- Delete the FAILED runs among run_ids from the history; returns how many.
 CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[]) RETURNS bigint

@@ -133,6 +133,11 @@ BEGIN
                   HINT = 'Give depends_on with on_conflict ignore or debounce (a run of the key keeps its own), or cancel the queued run and enqueue again.';
     END IF;
 
+    IF enqueue.idempotency_key IS NOT NULL THEN
+        -- Its run may move to history meanwhile (jobs.archive): an older snapshot would find it
+        -- in neither table and add a second run of the key.
+        PERFORM jobs._require_read_committed('an enqueue with an idempotency_key');
+    END IF;
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('an enqueue with a unique_key');
         PERFORM pg_advisory_xact_lock(jobs._unique_key(enqueue.kind, enqueue.unique_key));

@@ -184,10 +184,19 @@ CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
-    v_run jobs.runs := jobs._known_run(retry.run_id, TRUE);
+    v_run jobs.runs;
     v_next jobs.runs;
     v_deps text := 'met';
+    v_key record;
 BEGIN
+    -- A run of a unique key: the key's lock before the run's row, in the order jobs.enqueue and
+    -- jobs.fail take them (kind and unique_key never change, so they are read unlocked first).
+    SELECT r.kind, r.unique_key INTO v_key FROM jobs.runs_all AS r WHERE r.id = retry.run_id;
+    IF v_key.unique_key IS NOT NULL THEN
+        PERFORM jobs._require_read_committed('retrying a run with a unique_key');
+        PERFORM pg_advisory_xact_lock(jobs._unique_key(v_key.kind, v_key.unique_key));
+    END IF;
+    v_run := jobs._known_run(retry.run_id, TRUE);
     IF v_run.status NOT IN ('FAILED', 'CANCELLED') THEN
         RAISE EXCEPTION 'run % is %, only FAILED or CANCELLED runs can be retried', v_run.id, v_run.status
             USING ERRCODE = '22023';
@@ -201,6 +210,19 @@ BEGIN
     IF v_run.definition_id IS NOT NULL AND (jobs._hold_definition(v_run.definition_id, FALSE)).id IS NULL THEN
         RAISE EXCEPTION 'run %''s definition was deleted (jobs.undefine): its runs are not queued again',
             v_run.id USING ERRCODE = '22023';
+    END IF;
+    -- While a run of its unique key is queued or running (an enqueue of the key since), that
+    -- run does the job: a retry would do it twice.
+    IF v_run.unique_key IS NOT NULL THEN
+        SELECT r.* INTO v_next FROM jobs.runs AS r
+         WHERE r.kind = v_run.kind AND r.unique_key = v_run.unique_key AND r.status IN ('QUEUED', 'RUNNING')
+         ORDER BY r.id LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'run % has unique_key %, and run % of that key is %: a retry would do the job twice',
+                v_run.id, quote_literal(v_run.unique_key), v_next.id, v_next.status
+                USING ERRCODE = '22023',
+                      HINT = 'Wait for that run to finish, or cancel it, then retry this one.';
+        END IF;
     END IF;
     -- A run that never started waited on its dependencies (or was cancelled while it waited):
     -- its next attempt waits on them too, and is refused while one of them has failed for good.
@@ -228,7 +250,7 @@ BEGIN
     PERFORM jobs._notify();
     RETURN v_next;
 END $$;
-COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, or a run it depends on failed for good or was cancelled (retry that one first).';
+COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, or a run it depends on failed for good or was cancelled (retry that one first).';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(

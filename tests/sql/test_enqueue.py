@@ -6,8 +6,9 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
-from harness import Conn, Database, race, run_row, scalar, wait_at_gate
+from harness import Conn, Database, expect_error, race, run_row, scalar, wait_at_gate
 
 
 def _enqueue_with_key(dsn: str, key: str, hold: float) -> dict[str, Any]:
@@ -48,6 +49,37 @@ def test_same_key_returns_the_run_even_after_it_finished(conn: Conn) -> None:
         "SELECT id, status::text FROM jobs.enqueue('k', idempotency_key => 'done')"
     ).fetchone()
     assert again == (run_id, "COMPLETED")
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_an_idempotent_enqueue_needs_read_committed(db: Database, conn: Conn, level: str) -> None:
+    """The key's run may move to history (jobs.archive) after the caller's snapshot was taken:
+    that snapshot sees it in neither table, so the enqueue would add a second run of the key.
+    It is refused (25000), and nothing is added."""
+    first = scalar(conn, "SELECT id FROM jobs.enqueue('charge', idempotency_key => 'order-1')")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now() - interval '3 days',"
+        " finished_at = now() - interval '3 days' WHERE id = %s",
+        (first,),
+    )
+    with psycopg.connect(db.dsn, autocommit=True) as caller:
+        caller.execute(f"BEGIN ISOLATION LEVEL {level}")
+        caller.execute("SELECT count(*) FROM jobs.runs")  # the snapshot is taken
+        assert scalar(conn, "SELECT jobs.archive()") == 1, "the leader moves the run meanwhile"
+        expect_error(
+            caller,
+            "SELECT jobs.enqueue('charge', idempotency_key => 'order-1')",
+            None,
+            "25000",
+            "idempotency_key",
+            "needs READ COMMITTED",
+        )
+        caller.execute("ROLLBACK")
+    assert scalar(conn, "SELECT array_agg(id) FROM jobs.runs_all WHERE idempotency_key = 'order-1'") == [
+        first
+    ]
+    again = scalar(conn, "SELECT id FROM jobs.enqueue('charge', idempotency_key => 'order-1')")
+    assert again == first, "under READ COMMITTED the moved run is returned"
 
 
 def test_concurrent_enqueues_with_one_key_create_one_row(db: Database, conn: Conn) -> None:

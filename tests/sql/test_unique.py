@@ -230,6 +230,39 @@ def test_idempotency_key_is_per_kind(conn: Conn) -> None:
     assert b["id"] != a["id"]
 
 
+def test_an_operator_retry_never_makes_a_second_active_run_of_a_key(conn: Conn) -> None:
+    """Run A of key sync:42 failed for good; an enqueue of the key then queued run B. Retrying
+    A (jobs.retry) while B is queued or running would do the job twice: refused, naming B.
+    jobs.retry_many passes such a run over, and of two failed runs of one key queues one
+    retry. Once B finished, A can be retried."""
+    a = _enqueue(conn, "'sync', unique_key => '42'")["id"]
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'FAILED', finished_at = now(), failure_reason = 'Error' WHERE id = %s",
+        (a,),
+    )
+    b = _enqueue(conn, "'sync', unique_key => '42'")["id"]
+    assert b != a, "A failed for good: the key is free"
+    expect_error(conn, "SELECT jobs.retry(%s)", (a,), "22023", f"run {a} has unique_key '42'", f"run {b}")
+    assert conn.execute("SELECT id FROM jobs.retry_many(ARRAY[%s]::bigint[])", (a,)).fetchall() == []
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'FAILED', finished_at = now(), failure_reason = 'Error' WHERE id = %s",
+        (b,),
+    )
+    retried = [r[0] for r in conn.execute("SELECT id FROM jobs.retry_many(ARRAY[%s, %s]::bigint[])", (a, b))]
+    active = scalar(
+        conn,
+        "SELECT array_agg(id) FROM jobs.runs WHERE unique_key = '42' AND status IN ('QUEUED', 'RUNNING')",
+    )
+    assert len(retried) == 1 and active == retried, (
+        f"retry_many queued {retried}; active runs of the key {active}"
+    )
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', finished_at = now() WHERE id = %s", (retried[0],)
+    )
+    other = b if retried == [scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (a,))] else a
+    assert scalar(conn, "SELECT retry_of FROM jobs.retry(%s)", (other,)) == other
+
+
 def test_enqueue_many_inserts_in_order_with_one_notify(db: Database, conn: Conn) -> None:
     with db.connect() as listener:
         listener.execute("LISTEN jobs")
