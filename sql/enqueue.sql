@@ -119,11 +119,11 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF enqueue.unique_key IS NOT NULL AND enqueue.idempotency_key IS NOT NULL THEN
-        RAISE EXCEPTION 'give unique_key or idempotency_key, not both' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'give unique_key or idempotency_key, not both' USING ERRCODE = '22023', COLUMN = 'idempotency_key';
     END IF;
     IF enqueue.unique_key IS NULL
        AND (enqueue.unique_for IS NOT NULL OR enqueue.unique_while <> 'active' OR enqueue.on_conflict <> 'ignore') THEN
-        RAISE EXCEPTION 'unique_while, unique_for and on_conflict need a unique_key' USING ERRCODE = '22023',
+        RAISE EXCEPTION 'unique_while, unique_for and on_conflict need a unique_key' USING ERRCODE = '22023', COLUMN = 'unique_key',
             HINT = 'Without a unique_key every enqueue adds a run: say which runs are one job.';
     END IF;
     PERFORM jobs._check_depends_on(enqueue.depends_on);

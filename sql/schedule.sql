@@ -497,7 +497,7 @@ BEGIN
     PERFORM jobs._check_name('kind', define.kind);
     IF (define.schedule IS NULL) = (define.run_at IS NULL) THEN
         RAISE EXCEPTION 'definition %: give exactly one of schedule (recurring) or run_at (one-shot)',
-            quote_literal(define.name) USING ERRCODE = '22023';
+            quote_literal(define.name) USING ERRCODE = '22023', COLUMN = 'schedule';
     END IF;
     IF define.schedule IS NOT NULL THEN
         PERFORM jobs._check_schedule_shape(define.schedule);

@@ -25,6 +25,7 @@ import math
 import os
 import threading
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -279,6 +280,8 @@ class App:
         """
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 200:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
+        if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):  # as jobs._check_name refuses
+            raise UsageError(f"job kind must not contain control characters, got {kind!r}")
         if kind in self.jobs:
             raise UsageError(f"job kind {kind!r} is registered twice")
         allow = _class_names(kind, "retry_on", retry_on)

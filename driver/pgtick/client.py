@@ -37,7 +37,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -174,7 +174,26 @@ def _run(row: Row | None) -> Run:
 
 
 def _zone(tz: str | tzinfo, what: str) -> tzinfo:
+    """The zone a wall time is read in. A tzinfo that names an IANA zone (pytz's ``.zone``)
+    is read as that ZoneInfo, so its gaps and repeated hours follow pgtick's rules: a pytz
+    zone put on a datetime with ``replace(tzinfo=...)`` gives that zone's oldest offset
+    (Sofia's local mean time, +01:33), not the offset of the day. A pytz zone without a name
+    is refused; other tzinfos (fixed offsets, dateutil's) are used as they are."""
+    if isinstance(tz, ZoneInfo | timezone):
+        return tz
     if isinstance(tz, tzinfo):
+        name = getattr(tz, "zone", None)
+        if isinstance(name, str):
+            try:
+                return ZoneInfo(name)
+            except (ZoneInfoNotFoundError, ValueError):
+                pass
+        if hasattr(tz, "localize") and tz.utcoffset(None) is None:  # a pytz zone with DST
+            raise InvalidArgument(
+                f"{what} {tz!r} is a pytz zone pgtick cannot name: give the zone's IANA name,"
+                " such as 'Europe/Sofia', or a zoneinfo.ZoneInfo",
+                field=what,
+            )
         return tz
     if not isinstance(tz, str):
         raise InvalidArgument(
@@ -332,7 +351,7 @@ def _wall_time_in(
         raise InvalidArgument(
             exc.detail, field="dst_gap" if "dst_gap" in exc.detail else "dst_repeat"
         ) from None
-    if not isinstance(zone, ZoneInfo):  # a fixed-offset tzinfo: no gaps, no repeats
+    if not isinstance(zone, ZoneInfo):  # a fixed offset, or a tzinfo that reads its own gaps
         try:
             return wall.replace(tzinfo=zone).astimezone(UTC)
         except OverflowError:
@@ -928,14 +947,34 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     _lock_loop: weakref.ReferenceType[asyncio.AbstractEventLoop] | None = None
     _other = "Client for sync connections and pools", (psycopg.Connection, ConnectionPool)
 
-    def _loop_lock(self) -> asyncio.Lock:
-        """The lock of the running event loop. An asyncio.Lock belongs to the loop it first
-        waited in, and one client may serve one loop after another (a module-level client
-        under ``asyncio.run`` per call, or a test loop per test): each loop gets a new one."""
+    _users = 0  # calls in progress on the client's connection, all from the loop of _lock_loop
+    _users_lock = threading.Lock()
+
+    @asynccontextmanager
+    async def _loop_lock(self) -> AsyncIterator[None]:
+        """One call at a time on the client's connection. An asyncio.Lock belongs to the loop
+        it first waited in, and one client may serve one loop after another (a module-level
+        client under ``asyncio.run`` per call, or a test loop per test): each loop gets a new
+        one. Two loops at once (two threads) would drive one connection together: the second
+        is refused with ``UsageError`` rather than left to hang."""
         loop = asyncio.get_running_loop()
-        if self._lock_loop is None or self._lock_loop() is not loop:
-            self._lock, self._lock_loop = asyncio.Lock(), weakref.ref(loop)
-        return self._lock
+        with AsyncClient._users_lock:
+            owner = self._lock_loop() if self._lock_loop is not None else None
+            if self._users and owner is not loop:
+                raise UsageError(
+                    "this AsyncClient's connection is in use by another event loop (another thread):"
+                    " give each loop its own AsyncClient, or a pool per loop"
+                )
+            if owner is not loop:
+                self._lock, self._lock_loop = asyncio.Lock(), weakref.ref(loop)
+            self._users += 1
+            lock = self._lock
+        try:
+            async with lock:
+                yield
+        finally:
+            with AsyncClient._users_lock:
+                self._users -= 1
 
     async def __aenter__(self) -> AsyncClient:
         return self

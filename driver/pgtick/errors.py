@@ -39,8 +39,13 @@ class JobTimeout(Exception):
 # The client, the CLI and the testing helpers all go through ``translate_errors``.
 
 #: The leading field of a SQL API message: "priority must be between ...",
-#: "timezone 'Mars/Olympus' is not a known IANA time zone name".
-_FIELD = re.compile(r"^([a-z][a-z0-9_]*)(?: '[^']*')? (?:must|is)\b")
+#: "timezone 'Mars/Olympus' is not a known IANA time zone name", "payloads[1] is 2000009 bytes",
+#: "payloads length must be ...", "depends_on names runs that do not exist", "payload nests
+#: deeper ...", "depends_on cannot be given with ...". (A rule of two fields names one of them
+#: as the error's column.)
+_FIELD = re.compile(
+    r"^([a-z][a-z0-9_]*)(?:\[\d+\])?(?: length)?(?: '[^']*')? (?:must|is|names|nests|cannot)\b"
+)
 
 
 class SqlApiError(UsageError):

@@ -125,6 +125,38 @@ async def test_one_client_serves_one_event_loop_after_another(client: AsyncClien
     assert await count_runs(db, "loops") == 9
 
 
+@pytest.mark.parametrize("source", ["conninfo", "connection"])
+async def test_a_second_event_loop_is_refused_while_another_has_a_call_in_progress(
+    db: Database, source: str
+) -> None:
+    """One connection serves one call at a time: a call from another loop (another thread)
+    while one is in progress is refused with UsageError at once, never left to hang or to
+    drive the connection with the first; once the first ends, that loop may call."""
+    async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as given:
+        client = AsyncClient(db.dsn) if source == "conninfo" else AsyncClient(given)
+        async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT pg_advisory_xact_lock(jobs._unique_key('held', 'k'))")
+                first = asyncio.create_task(client.enqueue("held", unique_key="k"))
+                waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                while (await (await holder.execute(waiting)).fetchone()) != (1,):  # the first call waits
+                    await asyncio.sleep(0.01)
+
+                def other_loop() -> BaseException | None:
+                    try:
+                        asyncio.run(client.enqueue("other"))
+                    except BaseException as exc:  # handed back to the test
+                        return exc
+                    return None
+
+                refused = await asyncio.wait_for(asyncio.to_thread(other_loop), 60)
+            assert isinstance(refused, UsageError) and "another event loop" in str(refused), refused
+            assert (await asyncio.wait_for(first, 60)).kind == "held"
+        assert (await asyncio.to_thread(asyncio.run, client.enqueue("other"))).kind == "other"
+        await client.close()
+    assert await count_runs(db, "other") == 1
+
+
 async def client_sessions(db: Database) -> int:
     """The server sessions a ``pgtick.AsyncClient`` holds on this test's database."""
     async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as c:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 from collections import UserDict
 from collections.abc import Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+import pytz
 
 from harness import Database, scalar
 from pgtick import App, AsyncClient, Client
@@ -134,6 +136,33 @@ def test_a_bad_argument_is_refused_by_name_before_any_sql(call: Callable[[Client
     assert caught.value.__cause__ is None, f"the refusal came from the database: {caught.value.__cause__!r}"
 
 
+DATABASE_CASES = [
+    ("payload-too-deep", lambda c: c.enqueue("k", {"a": _nested(150)}), "payload"),
+    ("payloads-empty", lambda c: c.enqueue_many("k", []), "payloads"),
+    ("payloads-too-big", lambda c: c.enqueue_many("k", [{}, {"x": "a" * 1_100_000}]), "payloads"),
+    ("depends-on-unknown", lambda c: c.enqueue("k", depends_on=[10**15]), "depends_on"),
+    (
+        "unique-and-idempotent",
+        lambda c: c.enqueue("k", unique_key="u", idempotency_key="i"),
+        "idempotency_key",
+    ),
+    ("on-conflict-without-key", lambda c: c.enqueue("k", on_conflict="replace"), "unique_key"),
+    ("define-neither", lambda c: c.define("x", "k"), "schedule"),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "field"), [c[1:] for c in DATABASE_CASES], ids=[c[0] for c in DATABASE_CASES]
+)
+def test_a_refusal_by_the_database_names_the_argument(
+    db: Database, call: Callable[[Client], Any], field: str
+) -> None:
+    with Client(db.dsn) as client, pytest.raises(PgtickError) as caught:
+        call(client)
+    assert getattr(caught.value, "field", None) == field, f"refused naming {caught.value!r}"
+    assert caught.value.__cause__ is not None, "the database refused it"
+
+
 def test_the_async_client_refuses_the_same_before_any_sql() -> None:
     async def main() -> None:
         async with AsyncClient(NOWHERE) as client:
@@ -189,6 +218,36 @@ def test_an_unknown_keyword_is_a_type_error_naming_it_before_any_sql(
 
 def _in_auckland(db: Database) -> str:
     return f"{db.dsn} options='-c TimeZone=Pacific/Auckland'"
+
+
+@pytest.mark.parametrize("kind", ["send\x00receipt", "send\treceipt", "send\ud800receipt", "send\x85receipt"])
+def test_a_job_kind_the_sql_api_refuses_is_refused_when_registered(kind: str) -> None:
+    """A kind with a control character (NUL, a tab, C1) or a lone surrogate is refused by
+    @app.job itself, naming the rule, not later by the database with a bare driver error."""
+    app = App()
+    with pytest.raises(UsageError, match="control characters"):
+        app.job(kind)(lambda ctx: None)
+    assert kind not in app.jobs
+    app.job("send-réceipt ✉")(lambda ctx: None)
+
+
+def test_a_time_zone_given_as_a_tzinfo_is_read_as_the_zone_it_names(db: Database) -> None:
+    """tz may be a tzinfo: a ZoneInfo, a fixed offset, or a pytz zone (read as the IANA zone it
+    names: pytz's own zones put on a naive datetime give the zone's local mean time, +01:33 for
+    Sofia); a pytz zone that names no zone is refused, naming tz."""
+    eve = datetime(2031, 12, 24, 18, 0)
+    expected = datetime(2031, 12, 24, 16, 0, tzinfo=UTC)
+    with Client(_in_auckland(db)) as client:
+        for tz in (ZoneInfo("Europe/Sofia"), pytz.timezone("Europe/Sofia"), timezone(timedelta(hours=2))):
+            run = client.enqueue("k", run_at=eve, tz=tz)
+            assert run.scheduled_for == expected, f"{tz!r}: {run.scheduled_for}"
+        summer = client.enqueue("k", run_at=datetime(2031, 7, 1, 9, 0), tz=pytz.timezone("Europe/Sofia"))
+        assert summer.scheduled_for == datetime(2031, 7, 1, 6, 0, tzinfo=UTC), "summer time: UTC+3"
+        nameless = pytz.timezone("Europe/Sofia")
+        nameless.zone = None  # as a hand-built pytz zone may be
+        with pytest.raises(InvalidArgument, match="pytz zone") as refused:
+            client.enqueue("k", run_at=eve, tz=nameless)
+        assert refused.value.field == "tz"
 
 
 def test_a_naive_time_in_a_dst_gap_or_repeat_is_read_as_a_daily_schedule_reads_it(db: Database) -> None:
