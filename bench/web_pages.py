@@ -6,8 +6,9 @@ Seeds a fresh database (embedded throwaway PostgreSQL, or $PGTICK_BENCH_DSN) wit
 `--runs` finished runs over two weeks spread across 300 definitions (plus the test
 seed: every status, a retry chain, a definition at its cap, DST schedules), then
 times each page in-process, server side (request in, HTML out), and prints one JSON
-line per page. Then it grows the history to `--explain-runs`, times the pages again
-and prints EXPLAIN (ANALYZE, BUFFERS) of each query each page sent, on stderr.
+line per page. Then it grows the history to `--explain-runs`, moves the runs finished over a
+day ago to jobs.run_history as the leader does (jobs.archive), times the pages again and
+prints EXPLAIN (ANALYZE, BUFFERS) of each query each page sent, on stderr.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _record_queries(into: Recorded) -> None:
 
     async def execute(self: psycopg.AsyncConnection[Any], query: Any, params: Any = None, **kw: Any) -> Any:
         text = query if isinstance(query, str) else query.as_string(self)
-        if not text.lstrip().upper().startswith(("SET", "SHOW")):
+        if text.strip() and not text.lstrip().upper().startswith(("SET", "SHOW")):  # not the pool's check
             into.append((text, params))
         return await original(self, query, params, **kw)
 
@@ -126,7 +127,11 @@ def main() -> int:
             if args.explain_runs > args.runs:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     history(conn, args.explain_runs - args.runs, span="14 days")
+                    # As the leader keeps them: runs finished over a day ago in jobs.run_history.
+                    while conn.execute("SELECT jobs.archive(100000)").fetchone() != (0,):
+                        pass
                     conn.execute("VACUUM ANALYZE jobs.runs")
+                    conn.execute("ANALYZE jobs.run_history")
                 time_pages(client, bench_pages(seeded), args.explain_runs + 3000, args.repeat)
             explain(dsn, client, bench_pages(seeded), recorded)
     finally:

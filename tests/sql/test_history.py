@@ -337,7 +337,9 @@ def _plan_nodes(conn: Conn, query: str, *settings: str) -> list[str]:
     nodes: list[str] = []
 
     def walk(node: dict[str, Any]) -> None:
-        nodes.append(f"{node['Node Type']} {node.get('Relation Name', '')}".strip())
+        nodes.append(
+            " ".join(filter(None, (node["Node Type"], node.get("Relation Name"), node.get("Index Name"))))
+        )
         for child in node.get("Plans", []):
             walk(child)
 
@@ -375,6 +377,25 @@ def test_every_run_is_read_through_the_indexes_of_both_tables(conn: Conn) -> Non
         conn, "SELECT id FROM jobs.runs_all WHERE depends_on @> ARRAY[1]::bigint[]", "enable_seqscan = off"
     )
     assert not any(n.startswith("Seq Scan") for n in waited), f"the runs that waited on run 1: {waited}"
+    # The failures of one kind, newest first: the FAILED indexes of both tables.
+    failed = _plan_nodes(
+        conn,
+        "SELECT id FROM jobs.runs_all WHERE status = 'FAILED' AND kind = 'k' ORDER BY id DESC LIMIT 5",
+        "enable_seqscan = off",
+    )
+    history_indexes = [n.split()[-1] for n in failed if " run_history_" in n]
+    parents = [
+        scalar(
+            conn,
+            "SELECT p.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " JOIN pg_class AS p ON p.oid = i.inhparent WHERE c.relname = %s",
+            (name,),
+        )
+        for name in history_indexes
+    ]
+    assert parents and set(parents) <= {"run_history_failed_idx", "run_history_failed_kind_idx"}, (
+        f"the failures of kind k: {failed} (history through {parents})"
+    )
 
 
 # -- what holds across a run's whole life ------------------------------------------------------

@@ -465,7 +465,9 @@ async def run(conn: Conn, feats: Features, run_id: int) -> Row | None:
 
 
 async def attempt_chain(conn: Conn, feats: Features, run_id: int) -> list[Row]:
-    """Every attempt of the run's occurrence, first to last, following retry_of both ways."""
+    """Every attempt of the run's occurrence, first to last, following retry_of both ways. The
+    attempts are read by an array of ids: the planner cannot tell how few rows a recursive
+    query gives, and joined with it, it read every run."""
     query = sql.SQL(
         """
         WITH RECURSIVE earlier AS (
@@ -485,7 +487,7 @@ async def attempt_chain(conn: Conn, feats: Features, run_id: int) -> list[Row]:
         SELECT r.id, r.attempt, r.status, r.origin, r.scheduled_for, r.started_at, r.finished_at,
                r.failure_reason, left(r.error, 300) AS error, r.worker
           FROM {runs} AS r
-         WHERE r.id IN (SELECT id FROM earlier UNION SELECT id FROM later)
+         WHERE r.id = ANY (ARRAY(SELECT id FROM earlier UNION SELECT id FROM later))
          ORDER BY r.attempt, r.id
         """
     ).format(runs=every_run(feats))
