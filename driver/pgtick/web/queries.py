@@ -341,8 +341,10 @@ def _where(f: RunFilter, feats: Features, *, status: str | None) -> tuple[sql.Co
     clauses: list[sql.Composable] = []
     args: list[Any] = []
     if status:
-        clauses.append(sql.SQL("r.status = %s::jobs.run_status"))
-        args.append(status)
+        # A literal, not a parameter: the partial indexes of the FAILED runs are chosen only
+        # where the plan knows the status, and a prepared statement's generic plan does not.
+        assert status in STATUSES, status
+        clauses.append(sql.SQL("r.status = {}::jobs.run_status").format(sql.Literal(status)))
     if f.kind:
         clauses.append(sql.SQL("r.kind = %s"))
         args.append(f.kind)
