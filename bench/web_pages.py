@@ -135,8 +135,10 @@ def main() -> int:
                 time_pages(client, bench_pages(seeded), args.explain_runs + 3000, args.repeat)
             explain(dsn, client, bench_pages(seeded), recorded)
     finally:
-        server.drop_database("pgtick_bench_web")
-        server.stop()
+        try:
+            server.drop_database("pgtick_bench_web")
+        finally:
+            server.stop()  # also when the drop failed: no server left running
     return 0
 
 
