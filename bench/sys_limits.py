@@ -4,6 +4,8 @@ the uncapped claim against."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -50,6 +52,7 @@ def baseline_root(rev: str) -> Path:
         check=True,
     ).stdout
     root = Path(tempfile.mkdtemp(prefix="pgtick-baseline-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # removed when the run ends
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     return root
