@@ -72,9 +72,8 @@ BEGIN
         -- So is a run whose unique key has a run queued or running (one retried just before in
         -- this call, or enqueued since): that run does the job.
         SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = v_id;
-        CONTINUE WHEN v_run.unique_key IS NOT NULL AND EXISTS (
-            SELECT FROM jobs.runs AS r
-             WHERE r.kind = v_run.kind AND r.unique_key = v_run.unique_key AND r.status IN ('QUEUED', 'RUNNING'));
+        CONTINUE WHEN v_run.unique_key IS NOT NULL
+                  AND (jobs._active_run_of_key(v_run.kind, v_run.unique_key)).id IS NOT NULL;
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END $$;

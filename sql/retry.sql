@@ -179,6 +179,17 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.fail(bigint, text, text[], text, text, text) IS 'RUNNING -> FAILED (reason Error or Timeout) if owned by worker (and its claim_token, if it was claimed with one); inserts the retry row if the kind''s policy allows. Returns the retry row (QUEUED), the failed row when no retry follows, or NULL when fenced; the same call sent again by the worker whose failure it recorded (its answer lost) gets the same rows again, changing nothing.';
 
+-- Private: the oldest QUEUED or RUNNING run of a kind and unique key (a row of NULLs if none):
+-- while there is one, that run does the key's job, and a retry would do it twice.
+CREATE OR REPLACE FUNCTION jobs._active_run_of_key(kind text, unique_key text) RETURNS jobs.runs
+LANGUAGE sql STABLE AS $$
+    SELECT r.* FROM jobs.runs AS r
+     WHERE r.kind = _active_run_of_key.kind AND r.unique_key = _active_run_of_key.unique_key
+       AND r.status IN ('QUEUED', 'RUNNING')
+     ORDER BY r.id LIMIT 1
+$$;
+COMMENT ON FUNCTION jobs._active_run_of_key(text, text) IS 'Private: the oldest QUEUED or RUNNING run of a kind and unique key, or a row of NULLs; jobs.retry refuses and jobs.retry_many passes over a run of a key that has one.';
+
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
@@ -214,10 +225,8 @@ BEGIN
     -- While a run of its unique key is queued or running (an enqueue of the key since), that
     -- run does the job: a retry would do it twice.
     IF v_run.unique_key IS NOT NULL THEN
-        SELECT r.* INTO v_next FROM jobs.runs AS r
-         WHERE r.kind = v_run.kind AND r.unique_key = v_run.unique_key AND r.status IN ('QUEUED', 'RUNNING')
-         ORDER BY r.id LIMIT 1;
-        IF FOUND THEN
+        v_next := jobs._active_run_of_key(v_run.kind, v_run.unique_key);
+        IF v_next.id IS NOT NULL THEN
             RAISE EXCEPTION 'run % has unique_key %, and run % of that key is %: a retry would do the job twice',
                 v_run.id, quote_literal(v_run.unique_key), v_next.id, v_next.status
                 USING ERRCODE = '22023',

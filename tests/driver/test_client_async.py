@@ -138,8 +138,13 @@ async def test_a_second_event_loop_is_refused_while_another_has_a_call_in_progre
             async with holder.transaction():
                 await holder.execute("SELECT pg_advisory_xact_lock(jobs._unique_key('held', 'k'))")
                 first = asyncio.create_task(client.enqueue("held", unique_key="k"))
-                waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                waiting = (  # in this test's database: other tests share the server
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+                deadline = asyncio.get_running_loop().time() + 60
                 while (await (await holder.execute(waiting)).fetchone()) != (1,):  # the first call waits
+                    assert asyncio.get_running_loop().time() < deadline, "the first call never waited"
                     await asyncio.sleep(0.01)
 
                 def other_loop() -> BaseException | None:
