@@ -81,6 +81,14 @@
 -- there, and the limits of the pool's queues and kinds are still those the first statement
 -- read (step 3); otherwise the steps run in full.
 --
+-- A claim of capped runs (through the capped definitions' statements, or the steps when a
+-- capped definition or a limit that is not roomy exists) first takes one of three claim slots
+-- (jobs._claim_slot, helpers.sql), held until it commits: at most three such claims are in
+-- progress at once, whatever the number of worker processes. Each holds its groups' dispatch
+-- locks until its commit, so claims beyond a few only find one another's groups busy, lock
+-- runs they cannot start and hold up the completions that would make room. A claim that finds
+-- no slot free within 0.1 s goes on without one.
+--
 -- Roomy limits (max_running and rate_limit both at least 500, or absent) do not make
 -- every claimer wait for the one before it to commit: their lock is taken in SHARED mode,
 -- by many claimers at once, and each of them starts at most 20 runs of the group. A shared
@@ -222,6 +230,7 @@ DECLARE
     v_defs_cover bigint;            --   and how many of them the RUNNING counts it read leave room for
     v_any_capped boolean;
     v_held_key bigint;              -- the highest dispatch lock key held before the steps
+    v_slot boolean;                 -- a claim slot was taken (jobs._claim_slot); NULL: not tried
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
@@ -443,6 +452,7 @@ BEGIN
     -- locks taken here stay held; the steps count them as held (v_held_key), so their waits
     -- keep the ascending order.
     ELSIF v_hint = 'defs' THEN
+        v_slot := jobs._claim_slot();
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
         WITH RECURSIVE c AS (
@@ -636,6 +646,9 @@ BEGIN
                        WHEN v_has_capped THEN 'defs' WHEN v_has_limits THEN 'roomy' ELSE 'off' END;
         IF v_path <> v_hint THEN   -- the hint follows the settings
             v_void := set_config('pgtick.claim_steps', v_path, FALSE);
+        END IF;
+        IF v_path IN ('on', 'defs') AND v_slot IS NULL THEN
+            v_slot := jobs._claim_slot();
         END IF;
         IF v_token_hash IS NULL AND v_require_token THEN
             RAISE EXCEPTION 'claim_token is required (jobs.config.require_claim_token) and none was given'

@@ -51,6 +51,9 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                                        limit, jobs.define giving a
 --                                        definition its first cap
 --                                        (jobs._wait_for_claims)
+--   jobs._claim_slot()      transaction  jobs.claim of capped runs   8099570450837492528 + n, n = 0..2
+--   (takes one of 3 slots)  (exclusive)  (capped definitions, or     ('pgtickS0', 'pgtickS1', 'pgtickS2'):
+--                                        limits not all roomy)       only tried, for at most 0.1 s
 --   jobs._window_key        transaction  jobs.set_limit (after the   hashtextextended('window:' ||
 --   (scope, name)           (exclusive)  limit's dispatch locks),    jsonb_build_array(scope, name)::text,
 --                           (shared)     jobs._give_back_starts      0): a recount and a give-back of a
@@ -96,6 +99,35 @@ COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock
 CREATE OR REPLACE FUNCTION jobs._claiming_key() RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT 8099570450837488460::bigint $$;
 COMMENT ON FUNCTION jobs._claiming_key() IS 'Private: advisory lock key (''pgtickCL'') held shared by every jobs.claim and exclusive by a change that caps runs which were not capped.';
+
+-- Private: take one of the three claim slots (key table above) for this transaction; FALSE
+-- when none came free within 0.1 s. Every claim of capped runs (a capped definition, or a
+-- limit that is not roomy) takes one before it locks anything, so at most three such claims
+-- are in progress at once across every worker process. A capped claim holds the dispatch
+-- locks of its definitions and groups until it commits, and every other claim whose pool
+-- meets one of them passes over its runs: with more claims at once they mostly find each
+-- other's groups busy, and go on to lock runs further down the queue that they cannot start
+-- either. The slots are only tried, a try every half millisecond (a claim may already hold row
+-- locks, so it never waits in the lock manager), and a claim that finds none within 0.1 s goes
+-- on without one: a transaction left open after its claim cannot hold up the others for longer.
+CREATE OR REPLACE FUNCTION jobs._claim_slot() RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_until timestamptz := clock_timestamp() + interval '100 ms';
+BEGIN
+    LOOP
+        FOR n IN 0 .. 2 LOOP
+            IF pg_try_advisory_xact_lock(8099570450837492528 + n) THEN
+                RETURN TRUE;
+            END IF;
+        END LOOP;
+        IF clock_timestamp() >= v_until THEN
+            RETURN FALSE;
+        END IF;
+        PERFORM pg_sleep(0.0005);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION jobs._claim_slot() IS 'Private: try for at most 0.1 s to take one of the three claim slots (''pgtickS0''..''pgtickS2''), held until the transaction ends, that bound the claims of capped runs in progress at once; TRUE if one was taken.';
 
 -- Private: wait (at most 5 s, or the session's shorter lock_timeout) until no claim is in
 -- progress, and hold off new claims until this transaction ends; 55P03 naming what when

@@ -714,3 +714,94 @@ def test_a_sessions_hint_of_roomy_limits_gives_way_to_whatever_is_set_next(db: D
         assert len(claim(10)) == 10
         assert hint() == "off", f"with no limit left, a session hinted 'roomy' kept the hint {hint()!r}"
         assert running() == 62
+
+
+#: The sessions holding a claim slot in this database (keys 'pgtickS0'..'pgtickS2': sql/helpers.sql).
+SLOT_HOLDERS_SQL = """
+SELECT coalesce(array_agg(l.pid ORDER BY l.pid), '{}')
+  FROM pg_locks AS l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+   AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+   AND (l.classid::bigint << 32) | l.objid::bigint BETWEEN 8099570450837492528 AND 8099570450837492530
+"""
+
+
+@pytest.mark.parametrize("hint", ["unset", "defs"])
+def test_at_most_three_claims_of_capped_runs_are_in_progress_at_once(
+    db: Database, conn: Conn, hint: str
+) -> None:
+    """A claim of capped runs holds the dispatch locks of its groups until it commits, and claims
+    beyond a few at once mostly find one another's groups busy. So each takes one of three claim
+    slots before it locks anything, until its commit. A fourth while three are open tries for a
+    tenth of a second, then claims without one: a transaction left open after its claim holds
+    the others up no longer than that. The first claim of a session reads the settings in the
+    steps; a session hinted 'defs' claims through the capped definitions' statements."""
+    kinds = [f"k{i}" for i in range(4)]
+    for k in kinds:  # a definition per session, so that no claim finds another's group busy
+        add_runs(conn, 10, kind=k, definition_id=add_definition(conn, f"capped-{k}", kind=k, cap=100))
+    sessions = [db.connect(autocommit=False) for _ in kinds]
+    try:
+        for s in sessions:
+            if hint != "unset":
+                s.execute("SELECT set_config('pgtick.claim_steps', %s, false)", (hint,))
+            s.commit()
+
+        def claim(i: int) -> int:
+            sql = "SELECT id FROM jobs.claim(2, %s, %s)"
+            return len(sessions[i].execute(sql, (f"w{i}", [kinds[i]])).fetchall())
+
+        pids = [scalar(s, "SELECT pg_backend_pid()") for s in sessions]
+        for s in sessions:
+            s.commit()
+        for i in range(3):
+            assert claim(i) == 2
+        holders = scalar(conn, SLOT_HOLDERS_SQL)
+        first_three = sorted(pids[:3])
+        assert holders == first_three, f"three open claims: {holders} hold the slots, not {first_three}"
+
+        began = time.monotonic()
+        assert claim(3) == 2, "a fourth claim while three hold the slots did not claim"
+        waited = time.monotonic() - began
+        assert waited >= 0.1, f"the fourth claim found no slot free but gave up trying after {waited:.3f} s"
+        holders = scalar(conn, SLOT_HOLDERS_SQL)
+        assert holders == sorted(pids[:3]), f"the slots are held by {holders} after the fourth claim"
+
+        sessions[0].commit()
+        sessions[3].commit()
+        assert claim(3) == 2
+        holders = scalar(conn, SLOT_HOLDERS_SQL)
+        assert holders == sorted(pids[1:]), f"with a slot free, a claim left the slots to {holders}"
+        for s in sessions:
+            s.rollback()
+        holders = scalar(conn, SLOT_HOLDERS_SQL)
+        assert holders == [], f"claims that ended left the slots held by {holders}"
+    finally:
+        for s in sessions:
+            s.close()
+
+
+@pytest.mark.parametrize(
+    ("setup", "takes_slot"),
+    [
+        ("SELECT 1", False),
+        ("SELECT jobs.set_limit('kind', 'k', max_running => 1000)", False),
+        ("SELECT jobs.set_limit('kind', 'k', max_running => 100)", True),
+        ("SELECT jobs.set_limit('queue', 'default', rate_limit => 1000, rate_period => '1 minute')", True),
+    ],
+    ids=["nothing-capped", "roomy-limit", "tight-limit", "rate-limit"],
+)
+def test_only_claims_of_capped_runs_take_a_claim_slot(
+    db: Database, conn: Conn, setup: str, takes_slot: bool
+) -> None:
+    """Claims of runs under no cap, or only under roomy limits (locked shared, many claims at
+    once), take no claim slot: only those that lock groups exclusively do."""
+    conn.execute(setup)
+    add_runs(conn, 20)
+    with db.connect(autocommit=False) as claimer:
+        pid = scalar(claimer, "SELECT pg_backend_pid()")
+        claimer.commit()
+        for _ in range(2):  # the session's first claim, then one with its hint set
+            assert len(claimer.execute("SELECT id FROM jobs.claim(5, 'w')").fetchall()) == 5
+            holders = scalar(conn, SLOT_HOLDERS_SQL)
+            assert holders == ([pid] if takes_slot else []), f"{setup}: the slots are held by {holders}"
+            claimer.commit()
