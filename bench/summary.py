@@ -201,16 +201,18 @@ def summarize(records: list[dict[str, Any]]) -> Summary:
         base = _rate(caps, system=system, procs=procs, case="uncapped")
         # Four processes are reported beside the targets, which name one and two.
         spread = 0.8 if procs < 4 else None
-        for case, goal in (("100-definitions-cap-2", spread), ("hot-key-cap-10", None)):
+        cases = (("100-definitions-cap-2", spread), ("hot-key-cap-10", None), ("100-keys-limit-2", None))
+        for case, goal in cases:
             found = _find(caps, system=system, procs=procs, case=case)
             if not found or base is None:
                 continue
             r = found[0]
             ratio = float(r["jobs_per_s"]) / base
             correct = bool(r.get("cap_respected"))
+            group = "key" if r.get("keys") else "definition"
             note = (
-                f"{r['jobs_per_s']:.0f} vs {base:.0f} jobs/s; max RUNNING/definition "
-                f"{r.get('max_running_per_definition')} (cap {r.get('cap')}, {r.get('samples')} samples)"
+                f"{r['jobs_per_s']:.0f} vs {base:.0f} jobs/s; max RUNNING/{group} "
+                f"{r.get('max_running_per_group')} (cap {r.get('cap')}, {r.get('samples')} samples)"
             )
             if goal is None:
                 s.add(f"caps {case} / uncapped, {system} {procs} proc", ratio, "reported", correct, note)

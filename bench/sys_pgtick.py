@@ -70,6 +70,30 @@ def define_capped(dsn: str, count: int, cap: int) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def limit_per_key(dsn: str, keys: int, limit: int, seed: float = 0.3) -> None:
+    """Give each queued run one of ``keys`` concurrency keys at random (fixed seed), and the
+    kind a per-key limit of ``limit`` running: ``keys`` tenants, each limited like a capped
+    definition, under a limit tight enough that its lock is exclusive."""
+    with connect(dsn) as conn:
+        conn.execute("SELECT setseed(%s)", (seed,))
+        conn.execute("UPDATE jobs.runs SET concurrency_key = 'tenant-' || floor(random() * %s)::int", (keys,))
+        conn.execute("SELECT jobs.set_limit('kind', %s, max_running => %s, per_key => true)", (KIND, limit))
+        conn.execute("VACUUM ANALYZE jobs.runs")
+
+
+def running_per_key(conn: psycopg.Connection[Any]) -> int:
+    """Sampler: the largest RUNNING count of any one concurrency key, in one snapshot."""
+    row = conn.execute(
+        """
+        SELECT coalesce(max(n), 0) FROM (
+            SELECT count(*) AS n FROM jobs.runs
+             WHERE status = 'RUNNING' AND concurrency_key IS NOT NULL
+             GROUP BY concurrency_key) AS c
+        """
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def running_per_definition(conn: psycopg.Connection[Any]) -> int:
     """Sampler for the caps scenario: the largest RUNNING count of any one definition, read in
     one snapshot (a violation of a cap would show here)."""
