@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg.sql import SQL, Identifier
 from psycopg.types.json import Jsonb
 
 from bench.harness import Control, Drain, claim_loops, connect, report_ready, worker_process
@@ -81,31 +82,29 @@ def limit_per_key(dsn: str, keys: int, limit: int, seed: float = 0.3) -> None:
         conn.execute("VACUUM ANALYZE jobs.runs")
 
 
-def running_per_key(conn: psycopg.Connection[Any]) -> int:
-    """Sampler: the largest RUNNING count of any one concurrency key, in one snapshot."""
-    row = conn.execute(
+def _largest_group(conn: psycopg.Connection[Any], column: str) -> int:
+    """The largest RUNNING count of any one value of ``column``, read in one snapshot (a
+    violation of a cap or a per-key limit would show here)."""
+    query = SQL(
         """
         SELECT coalesce(max(n), 0) FROM (
             SELECT count(*) AS n FROM jobs.runs
-             WHERE status = 'RUNNING' AND concurrency_key IS NOT NULL
-             GROUP BY concurrency_key) AS c
+             WHERE status = 'RUNNING' AND {column} IS NOT NULL
+             GROUP BY {column}) AS c
         """
-    ).fetchone()
+    ).format(column=Identifier(column))
+    row = conn.execute(query).fetchone()
     return int(row[0]) if row else 0
+
+
+def running_per_key(conn: psycopg.Connection[Any]) -> int:
+    """Sampler for the per-key limit: the largest RUNNING count of any one concurrency key."""
+    return _largest_group(conn, "concurrency_key")
 
 
 def running_per_definition(conn: psycopg.Connection[Any]) -> int:
-    """Sampler for the caps scenario: the largest RUNNING count of any one definition, read in
-    one snapshot (a violation of a cap would show here)."""
-    row = conn.execute(
-        """
-        SELECT coalesce(max(n), 0) FROM (
-            SELECT count(*) AS n FROM jobs.runs
-             WHERE status = 'RUNNING' AND definition_id IS NOT NULL
-             GROUP BY definition_id) AS c
-        """
-    ).fetchone()
-    return int(row[0]) if row else 0
+    """Sampler for the caps scenario: the largest RUNNING count of any one definition."""
+    return _largest_group(conn, "definition_id")
 
 
 # -- the driver ---------------------------------------------------------------------------
