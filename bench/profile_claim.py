@@ -1,7 +1,7 @@
 """Where one jobs.claim spends its time: per-statement plan and execution times and the
 backend's CPU per claim and completion, this schema against a baseline commit, alternated.
 
-    .venv/bin/python bench/profile_claim.py --dsn DSN [--case uncapped|three-limits|capped]
+    .venv/bin/python bench/profile_claim.py --dsn DSN [--case uncapped|three-limits|capped|keyed]
                                             [--rounds 4] [--calls 400] [--batch 10]
                                             [--baseline REV]
 
@@ -10,7 +10,8 @@ statements inside the claim). Two databases are created on it, one with this che
 and one with the baseline's (default: main), installed by its own sql/install.sql from ``git
 archive``. Each round refills both with the limits benchmark's pool (bench/sys_limits.py;
 ``three-limits`` adds its three roomy limits; ``capped`` queues the runs of the caps
-benchmark instead: 100 definitions capped at 2, each run drawn from one of them), warms a
+benchmark instead: 100 definitions capped at 2, each run drawn from one of them; ``keyed`` its
+runs of 100 tenant keys under a per-key limit of 2), warms a
 session up, then times ``--calls`` claims of ``--batch`` and their ``jobs.complete_many`` in
 one session with synchronous_commit off, and reads the backend's CPU time from /proc (so the
 server must run on this machine). The two schemas alternate, round after round, so that a
@@ -96,6 +97,9 @@ def measure(dsn: str, case: str, calls: int, batch: int) -> tuple[float, float, 
     warm = 20
     if case == "capped":
         sys_pgtick.fill(dsn, (calls + warm) * batch, sys_pgtick.define_capped(dsn, 100, 2))
+    elif case == "keyed":
+        sys_pgtick.fill(dsn, (calls + warm) * batch)
+        sys_pgtick.limit_per_key(dsn, 100, 2)
     else:
         sys_limits.fill_two_kinds(dsn, (calls + warm) * batch)
     if case == "three-limits":
@@ -126,7 +130,7 @@ def measure(dsn: str, case: str, calls: int, batch: int) -> tuple[float, float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", required=True, help="superuser DSN; pg_stat_statements preloaded")
-    parser.add_argument("--case", choices=["uncapped", "three-limits", "capped"], default="uncapped")
+    parser.add_argument("--case", choices=["uncapped", "three-limits", "capped", "keyed"], default="uncapped")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--batch", type=int, default=10)
