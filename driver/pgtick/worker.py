@@ -117,7 +117,9 @@ MAX_KINDS = 1000
 #: Most claims in flight while the claimed batches hold runs of capped definitions or runs
 #: under tight limits (jobs.tight_limits: below 500 running or 500 starts per period): such a claim
 #: holds those groups' dispatch locks until it commits, and each other claim whose pool meets
-#: them finds them busy and takes the longer way (docs/performance.md).
+#: them finds them busy and takes the longer way (docs/performance.md). The database lets at most
+#: as many such claims be in progress at once across every worker (jobs._claim_slot); the others
+#: would wait there for a slot, each holding a connection.
 CAPPED_CLAIMERS = 3
 #: How long what the worker learnt about definitions (names, which are capped) and limits
 #: (which are tight) is kept.
