@@ -591,6 +591,7 @@ BEGIN
         v_has_limits boolean;
         v_has_tight boolean;            -- some limit is not roomy (below c_shared_min, or a rate)
         v_has_capped boolean;
+        v_has_exclusive boolean;        -- some limit is locked exclusively (jobs.tight_limits)
         v_path text;                    -- what the hint should say (v_hint)
         v_overlap boolean := FALSE;     -- some group is a definition with overlap_policy
         v_new_overlap boolean;          --   buffer_one or cancel_other (this slice's)
@@ -636,9 +637,11 @@ BEGIN
                (SELECT bool_or(l.rate_limit IS NOT NULL OR coalesce(l.max_running, 0) < c_shared_min)
                   FROM jobs.limits AS l),   -- NULL: no limit at all
                EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL),  -- definitions_capped_idx
+               EXISTS (SELECT FROM jobs.tight_limits),
                s.kinds, s.queues,
                (SELECT c.require_claim_token FROM jobs.config AS c)
-          INTO v_paused, v_has_tight, v_has_capped, v_scope_kinds, v_scope_queues, v_require_token
+          INTO v_paused, v_has_tight, v_has_capped, v_has_exclusive, v_scope_kinds, v_scope_queues,
+               v_require_token
           FROM (SELECT) AS one
           LEFT JOIN jobs.worker_scopes AS s ON s.role = session_user;
         v_has_limits := v_has_tight IS NOT NULL;
@@ -647,7 +650,9 @@ BEGIN
         IF v_path <> v_hint THEN   -- the hint follows the settings
             v_void := set_config('pgtick.claim_steps', v_path, FALSE);
         END IF;
-        IF v_path IN ('on', 'defs') AND v_slot IS NULL THEN
+        -- A claim slot where a group may be locked exclusively (a capped definition, a limit that
+        -- is not roomy); roomy limits alone are locked shared, by many claims at once.
+        IF (v_has_capped OR v_has_exclusive) AND v_slot IS NULL THEN
             v_slot := jobs._claim_slot();
         END IF;
         IF v_token_hash IS NULL AND v_require_token THEN

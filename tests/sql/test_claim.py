@@ -786,15 +786,17 @@ def test_at_most_three_claims_of_capped_runs_are_in_progress_at_once(
         ("SELECT 1", False),
         ("SELECT jobs.set_limit('kind', 'k', max_running => 1000)", False),
         ("SELECT jobs.set_limit('kind', 'k', max_running => 100)", True),
-        ("SELECT jobs.set_limit('queue', 'default', rate_limit => 1000, rate_period => '1 minute')", True),
+        ("SELECT jobs.set_limit('queue', 'default', rate_limit => 1000, rate_period => '1 minute')", False),
+        ("SELECT jobs.set_limit('queue', 'default', rate_limit => 100, rate_period => '1 minute')", True),
     ],
-    ids=["nothing-capped", "roomy-limit", "tight-limit", "rate-limit"],
+    ids=["nothing-capped", "roomy-limit", "tight-limit", "roomy-rate-limit", "tight-rate-limit"],
 )
 def test_only_claims_of_capped_runs_take_a_claim_slot(
     db: Database, conn: Conn, setup: str, takes_slot: bool
 ) -> None:
-    """Claims of runs under no cap, or only under roomy limits (locked shared, many claims at
-    once), take no claim slot: only those that lock groups exclusively do."""
+    """Claims of runs under no cap, or only under roomy limits (500 or more running and starts
+    per period: locked shared, many claims at once), take no claim slot: only those that may
+    lock a group exclusively do."""
     conn.execute(setup)
     add_runs(conn, 20)
     with db.connect(autocommit=False) as claimer:
