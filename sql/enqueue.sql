@@ -4,14 +4,17 @@
 
 -- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
 CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM jobs.known_kinds AS k WHERE k.kind = _warn_unknown_kind.kind) THEN
         RAISE NOTICE 'no worker has ever registered kind %: the run waits until one does', quote_literal(kind)
             USING HINT = 'Check the spelling, or start a worker whose app registers this kind.';
+    ELSE
+        -- A kind once registered stays known: the session's next enqueue of it skips the look.
+        PERFORM set_config('pgtick.known_kind', kind, FALSE);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it.';
+COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it unless the session found the kind known already (the session setting pgtick.known_kind).';
 
 -- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
 CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text) RETURNS void
@@ -93,27 +96,51 @@ DECLARE
     v_moved jobs.runs;
     v_deps text;
 BEGIN
-    PERFORM jobs._check_name('kind', enqueue.kind);
-    PERFORM jobs._check_payload('payload', enqueue.payload);
-    PERFORM jobs._check_instant('run_at', enqueue.run_at);
-    PERFORM jobs._check_range('priority', enqueue.priority, -1000, 1000);
-    IF enqueue.idempotency_key IS NOT NULL THEN
+    -- Each check is first a plain expression (no statement) that a valid argument passes; where
+    -- it does not, the helper that owns the message decides, in the same order as ever, so a bad
+    -- call fails as it always did. The payload's needs the size limit (one read of jobs.config);
+    -- below 200 bytes of text a payload cannot nest 100 levels, so its depth is walked only above.
+    IF NOT coalesce(jobs._plain_name(enqueue.kind), FALSE) THEN
+        PERFORM jobs._check_name('kind', enqueue.kind);
+    END IF;
+    IF jsonb_typeof(enqueue.payload) IS DISTINCT FROM 'object'
+       OR octet_length(enqueue.payload::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c)
+       OR (octet_length(enqueue.payload::text) >= 200 AND jsonb_path_exists(enqueue.payload, 'strict $.**{100}')) THEN
+        PERFORM jobs._check_payload('payload', enqueue.payload);
+    END IF;
+    IF NOT coalesce(isfinite(enqueue.run_at) AND enqueue.run_at >= '0001-01-02 00:00:00+00'
+                    AND enqueue.run_at < '9999-12-31 00:00:00+00', FALSE) THEN
+        PERFORM jobs._check_instant('run_at', enqueue.run_at);
+    END IF;
+    IF enqueue.priority IS NULL OR enqueue.priority NOT BETWEEN -1000 AND 1000 THEN
+        PERFORM jobs._check_range('priority', enqueue.priority, -1000, 1000);
+    END IF;
+    IF enqueue.idempotency_key IS NOT NULL AND length(enqueue.idempotency_key) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('idempotency_key', enqueue.idempotency_key, 200);
     END IF;
-    IF enqueue.max_attempts IS NOT NULL THEN
+    IF enqueue.max_attempts IS NOT NULL AND enqueue.max_attempts NOT BETWEEN 1 AND 1000 THEN
         PERFORM jobs._check_range('max_attempts', enqueue.max_attempts, 1, 1000);
     END IF;
-    PERFORM jobs._check_duration('timeout', enqueue.timeout);
-    PERFORM jobs._check_duration('heartbeat_timeout', enqueue.heartbeat_timeout);
-    PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
-    IF enqueue.unique_key IS NOT NULL THEN
+    IF enqueue.timeout IS NOT NULL THEN
+        PERFORM jobs._check_duration('timeout', enqueue.timeout);
+    END IF;
+    IF enqueue.heartbeat_timeout IS NOT NULL THEN
+        PERFORM jobs._check_duration('heartbeat_timeout', enqueue.heartbeat_timeout);
+    END IF;
+    IF NOT coalesce(jobs._plain_name(enqueue.queue), FALSE)
+       OR length(enqueue.concurrency_key) NOT BETWEEN 1 AND 200 THEN
+        PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
+    END IF;
+    IF enqueue.unique_key IS NOT NULL AND length(enqueue.unique_key) NOT BETWEEN 1 AND 200 THEN
         PERFORM jobs._check_text('unique_key', enqueue.unique_key, 200);
     END IF;
     IF enqueue.unique_while IS NULL OR enqueue.unique_while NOT IN ('queued', 'active', 'ever') THEN
         RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    PERFORM jobs._check_duration('unique_for', enqueue.unique_for);
+    IF enqueue.unique_for IS NOT NULL THEN
+        PERFORM jobs._check_duration('unique_for', enqueue.unique_for);
+    END IF;
     IF enqueue.on_conflict IS NULL OR enqueue.on_conflict NOT IN ('ignore', 'replace', 'debounce') THEN
         RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', coalesce(enqueue.on_conflict, 'NULL')
             USING ERRCODE = '22023';
@@ -126,7 +153,9 @@ BEGIN
         RAISE EXCEPTION 'unique_while, unique_for and on_conflict need a unique_key' USING ERRCODE = '22023', COLUMN = 'unique_key',
             HINT = 'Without a unique_key every enqueue adds a run: say which runs are one job.';
     END IF;
-    PERFORM jobs._check_depends_on(enqueue.depends_on);
+    IF enqueue.depends_on IS NOT NULL THEN
+        PERFORM jobs._check_depends_on(enqueue.depends_on);
+    END IF;
     IF enqueue.depends_on IS NOT NULL AND enqueue.on_conflict = 'replace' THEN
         RAISE EXCEPTION 'depends_on cannot be given with on_conflict replace: a replace keeps what the queued run waits on'
             USING ERRCODE = '22023',
@@ -181,8 +210,10 @@ BEGIN
     END IF;
 
     -- Locks the dependency chains until commit (and checks them again, now final).
-    v_deps := jobs._dependency_state(enqueue.depends_on);
-    PERFORM jobs._warn_unknown_kind(enqueue.kind);
+    v_deps := CASE WHEN enqueue.depends_on IS NULL THEN 'met' ELSE jobs._dependency_state(enqueue.depends_on) END;
+    IF current_setting('pgtick.known_kind', TRUE) IS DISTINCT FROM enqueue.kind THEN
+        PERFORM jobs._warn_unknown_kind(enqueue.kind);
+    END IF;
 
     INSERT INTO jobs.runs AS r (
         kind, payload, scheduled_for, priority, idempotency_key, max_attempts,

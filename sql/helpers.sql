@@ -374,6 +374,16 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
 
+-- A text that is certainly a name as jobs._check_name takes it: 1 to 200 characters, no control
+-- character, and at least one printable ASCII character other than a space (so not only spaces,
+-- whatever the locale calls a space). Where it is false, jobs._check_name decides. A SQL-standard
+-- body, inlined into the expression that calls it (roles.sql leaves its search_path unpinned):
+-- a hot call's check of its name costs no function call.
+CREATE OR REPLACE FUNCTION jobs._plain_name(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN length(value) BETWEEN 1 AND 200 AND value ~ '[!-~]' AND value !~ '[[:cntrl:]]';
+COMMENT ON FUNCTION jobs._plain_name(text) IS 'Private: true when the text is certainly a name (1 to 200 characters, no control character, a printable ASCII character other than a space); where false, jobs._check_name decides.';
+
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables), nor only spaces.

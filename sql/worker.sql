@@ -17,8 +17,8 @@
 
 -- Whether a run (its status, worker and claim_token_hash) is still held by worker with this
 -- token hash (NULL: claimed without a token). The planner inlines it into the statement that
--- calls it: its body is SQL-standard, parsed here, so it depends on no search_path and is the
--- one function whose search_path is not pinned (a pinned one is never inlined, roles.sql).
+-- calls it: its body is SQL-standard, parsed here, so it depends on no search_path, and its
+-- search_path is left unpinned as every such body's is (a pinned one is never inlined, roles.sql).
 -- The status test is IS NOT DISTINCT FROM on purpose: no partial index predicate (status =
 -- 'RUNNING') can be proven from it, so a call finds its runs by id and never walks the
 -- RUNNING set through runs_running_idx, which a plan made from statistics that saw few

@@ -35,6 +35,9 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue(U&'\\00A0\\3000')", "kind must not be blank"),
     bad("SELECT jobs.enqueue_many(' ', '[{}]')", "kind must not be blank"),
     bad("SELECT jobs.enqueue('k', queue => '  ')", "queue must not be blank"),
+    bad("SELECT jobs.enqueue(E'k\\n')", "kind must not contain control characters"),
+    bad("SELECT jobs.enqueue(E'\\t')", "kind must not contain control characters"),
+    bad("SELECT jobs.enqueue('k', queue => E'q\\u001b')", "queue must not contain control characters"),
     bad("SELECT jobs.define('  ', 'k', run_at => now())", "name must not be blank"),
     bad(
         'SELECT jobs.define_many(\'[{"name": " ", "kind": "k", "run_at": "2030-01-01T00:00:00Z"}]\')',
@@ -49,6 +52,10 @@ CASES: list[Case] = [
         "SELECT jobs.enqueue('k', jsonb_build_object('x', repeat('a', %s)))",
         "max_payload_bytes",
         params=(BIG,),
+    ),
+    bad(
+        "SELECT jobs.enqueue('k', ('{\"a\": ' || repeat('[', 150) || repeat(']', 150) || '}')::jsonb)",
+        "payload nests deeper than 100 levels",
     ),
     bad("SELECT jobs.enqueue('k', run_at => 'infinity')", "got infinity"),
     bad("SELECT jobs.enqueue('k', run_at => '-infinity')", "got -infinity"),

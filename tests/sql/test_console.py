@@ -28,6 +28,11 @@ def test_enqueue_of_a_kind_no_worker_ever_registered_raises_a_notice_and_still_q
     notices.clear()
     conn.execute("SELECT jobs.enqueue('repotr')")
     assert notices == [], "a registered kind: no notice"
+    conn.execute("SELECT jobs.enqueue('reprot')")  # the session knows 'repotr': another kind is looked up
+    assert notices == ["no worker has ever registered kind 'reprot': the run waits until one does"]
+    notices.clear()
+    conn.execute("SELECT jobs.enqueue('repotr')")
+    assert notices == []
 
 
 def test_workers_view_says_alive_stopped_or_lost_and_what_each_runs(conn: Conn) -> None:
