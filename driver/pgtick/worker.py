@@ -282,6 +282,11 @@ class Worker:
         # while an empty claim is in flight is seen whichever answer arrives first.
         self._claimed_none = False
         self._completions_answered = 0
+        # Work signals counted (a NOTIFY, a run due now, an outcome to report...), and the count
+        # when the last claim that came back short was sent (both under _lock): a slot a finished
+        # run frees is claimed for at once only while more may be due (_slot_wanted).
+        self._signals = 0
+        self._signals_looked = 0
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         # What the claimed runs' definitions are: a name for the outcome log, and which are
@@ -490,6 +495,7 @@ class Worker:
         """Wake the claim loop now (a finished job to report, or a run due now)."""
         with self._lock:
             self._work_signalled = True
+            self._signals += 1
         self._wake.set()
 
     def rearm(self, epoch: float) -> None:
@@ -797,6 +803,7 @@ class Worker:
         with self._lock:
             want = min(self._free_slots(), self.batch_size) if claim else 0
             self._reserved += max(want, 0)
+            signals = self._signals
         if want <= 0:
             return False
         try:
@@ -826,6 +833,9 @@ class Worker:
             with self._lock:
                 self._reserved -= want
         self._claimed_full = full
+        if not full:  # every run signalled before it was sent was due for it to see
+            with self._lock:
+                self._signals_looked = max(self._signals_looked, signals)
         self._found_backlog(full)
         return full or missed_room or not ask_due
 
@@ -1165,7 +1175,19 @@ class Worker:
         self.reporter.add(outcome)
         if outcome.plain:
             self._send_completions()
+            if not self._slot_wanted():
+                return  # the completer reports it; its answer wakes the claim loop to settle it
         self.signal_work()
+
+    def _slot_wanted(self) -> bool:
+        """Whether the slot a finished run frees is worth a claim now: the last claim came back
+        full (more is due), a signal came after the last claim that came back short was sent (a
+        run queued while no slot was free, say), or the batches hold runs of capped definitions
+        or under tight limits (the completions make their room). Otherwise that claim found
+        every run there was to start, and a run queued since signals on its own: a worker
+        whose runs trickle in claims once per run, not again for each slot that frees."""
+        with self._lock:
+            return self._claimed_full or self._signals != self._signals_looked or self._under_caps
 
     def _stop_runners(self) -> None:
         """Stop the event loop and this worker's job processes (runs left go to the reaper)."""

@@ -540,6 +540,74 @@ def test_an_idle_worker_wakes_for_a_future_run_without_polling(db: Database) -> 
         assert late == (True,), "a run must never start before its time"
 
 
+class _ClaimCounter:
+    """A worker listener that counts the claims sent (one that took nothing too)."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    def on_claim(self, kinds: list[str], seconds: float) -> None:
+        self.claims += 1
+
+    def on_started(self, kind: str, definition_id: int | None, lateness: float) -> None: ...
+
+    def on_outcome(self, kind: str, outcome: Any) -> None: ...
+
+    def on_heartbeat_failure(self) -> None: ...
+
+
+def _completed_at_least(conn: Conn, n: int) -> bool:
+    return runs_in(conn, "COMPLETED") >= n
+
+
+def test_runs_that_trickle_in_are_claimed_once_each(db: Database) -> None:
+    """Runs queued one at a time, each after the last completed, to an idle worker with free
+    slots: each NOTIFY brings one claim. A finished run's slot is not claimed for again (that
+    claim found every run there was, and a new run signals), nor is the completion's answer."""
+    app = App()
+
+    @app.job("trickle")
+    def trickle(ctx: Context) -> None:
+        pass
+
+    counter = _ClaimCounter()
+    worker = Worker(app, db.dsn, concurrency=10, poll_interval=600.0, listener=counter)
+    with worker_thread(worker) as running, db.connect() as conn:
+        wait_for("the first claim", lambda: counter.claims >= 1 and running.thread.is_alive(), 60)
+        before = counter.claims
+        for n in range(1, 21):
+            conn.execute("SELECT jobs.enqueue('trickle')")
+            wait_for(f"run {n} to complete", partial(_completed_at_least, conn, n), timeout=60)
+        wait_for("the last completion to be settled", lambda: worker.stats.completed == 20, timeout=60)
+        claims = counter.claims - before
+    # One claim per run; a few more where a NOTIFY came while a claim was in flight. Waking for
+    # each finished run's slot and again for its completion's answer made it three per run.
+    assert claims <= 25, f"{claims} claims for 20 runs that came one at a time"
+
+
+def test_a_run_queued_while_no_slot_is_free_starts_when_one_frees(db: Database) -> None:
+    """Its NOTIFY finds no free slot; the slot that frees is claimed for at once, not at the
+    next poll (ten minutes here)."""
+    app = App()
+    release = threading.Event()
+    started: list[str] = []
+
+    @app.job("hold")
+    def hold(ctx: Context) -> None:
+        started.append(ctx.payload["name"])
+        if ctx.payload["name"] == "first":
+            assert release.wait(120)
+
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=600.0)
+    with worker_thread(worker), db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('hold', '{\"name\": \"first\"}')")
+        wait_for("the first run to start", lambda: started == ["first"], timeout=60)
+        conn.execute("SELECT jobs.enqueue('hold', '{\"name\": \"second\"}')")
+        time.sleep(0.5)  # its NOTIFY came while the only slot was taken
+        release.set()
+        wait_for("the second run to start", lambda: started == ["first", "second"], timeout=60)
+
+
 def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db: Database) -> None:
     """Stopping while a finished run's completion waits to commit (here on a row lock): the
     worker stays within its grace period until the database answers, then counts the run
