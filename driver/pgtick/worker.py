@@ -7,8 +7,8 @@ Threads, each with its own connection where it talks to PostgreSQL:
   it has free slots, and, unless its last claim came back full, learns in the same
   round trip when the next QUEUED run becomes due (``jobs.next_due``); then sleeps
   until the first of: that instant (a timer), a NOTIFY on channel ``jobs``, a
-  finished job, the poll interval (the safety net), or stop. A full batch claims
-  again at once;
+  finished job while more may be due (``_slot_wanted``), the poll interval (the safety
+  net), or stop. A full batch claims again at once;
 * ``HeartbeatLoop`` (``pgtick.heartbeat``): stamps every run this worker holds
   on a fixed cadence; a run missing from the answer is no longer ours
   (abandoned: its result is not reported), a run flagged cancel_requested is
