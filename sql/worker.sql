@@ -412,12 +412,18 @@ COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claime
 -- a paused queue and not waiting on dependencies, as jobs.claim would hand it. Resuming a queue
 -- and releasing dependents notify, so such runs wake the worker when they become claimable.
 -- Reads the claim index once per distinct priority (a loose index scan); runs already due
--- are the claim's business and are not reported.
+-- are the claim's business and are not reported. Its plan is generic (made once per session),
+-- and with sorts disabled: otherwise, for a priority's first future run, the planner picks a
+-- bitmap scan of every future run of that priority and a sort, which costs each idle cycle of
+-- every worker the whole scheduled backlog; in index order the first row that passes ends it.
+-- Nothing in it has to sort, so nothing is priced as a disabled sort (jit off all the same).
 DROP FUNCTION IF EXISTS jobs.next_due(text[]);
 CREATE OR REPLACE FUNCTION jobs.next_due(kinds text[] DEFAULT NULL, queues text[] DEFAULT NULL)
 RETURNS TABLE (next_at timestamptz, db_now timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY

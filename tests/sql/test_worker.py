@@ -209,3 +209,27 @@ def test_a_heartbeat_skips_a_run_another_transaction_holds_and_answers_it_still_
     answer = dict(conn.execute(heartbeat, ([*mine, theirs],)).fetchall())
     assert answer == {mine[0]: True, mine[1]: False}, f"after the commit the heartbeat answered {answer}"
     assert scalar(conn, beat, (mine[0],)) > stamped[mine[0]]
+
+
+def test_next_due_reads_the_first_future_run_not_the_whole_scheduled_backlog(db: Database) -> None:
+    """An idle worker asks jobs.next_due at each cycle; its plan is made once per session. With
+    5,000 runs scheduled ahead (and 1,000 due now), a call must read the claim index in order and
+    stop at the first future run of each priority, not fetch every future run and sort them.
+    Read from the transaction's own counters of runs_claim_idx, so no timing is involved."""
+    with db.connect() as setup:
+        add_runs(setup, 1000)
+        setup.execute(
+            "INSERT INTO jobs.runs (kind, origin, scheduled_for, priority)"
+            " SELECT 'k', 'manual', now() + g * interval '1 second', g % 2 FROM generate_series(1, 5000) AS g"
+        )
+        setup.execute("ANALYZE jobs.runs")
+        first = scalar(setup, "SELECT min(scheduled_for) FROM jobs.runs WHERE scheduled_for > now()")
+    with db.connect() as worker:  # a new session: the plan is made on its first call
+        for _ in range(3):
+            with worker.transaction():
+                due = scalar(worker, "SELECT next_at FROM jobs.next_due()")
+                read = scalar(
+                    worker, "SELECT pg_stat_get_xact_tuples_returned('jobs.runs_claim_idx'::regclass)"
+                )
+            assert due == first
+            assert read <= 100, f"jobs.next_due read {read} entries of runs_claim_idx for 5,000 future runs"
