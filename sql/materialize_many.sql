@@ -14,7 +14,8 @@
 
 -- Private: the set-based compare-and-set plus inserts for the given definitions
 -- (each run in its definition's queue, with its concurrency key, delayed by its jitter, and
--- none for an occurrence whose run is in history, as jobs._insert_occurrences does).
+-- none for an occurrence whose run is in history, as jobs._insert_occurrences does; the
+-- caller first takes jobs._hold_history_moves).
 -- Rows another transaction holds are skipped (stale for now, planned again next tick),
 -- so two leaders never wait on each other; locks are taken in id order.
 CREATE OR REPLACE FUNCTION jobs._materialize_set(
@@ -152,6 +153,7 @@ BEGIN
         v_errors := v_errors || v_message;
     END LOOP;
 
+    PERFORM jobs._hold_history_moves(materialize_many.run_times);
     -- Common path: the whole batch in one statement (one savepoint).
     BEGIN
         SELECT array_agg(s.definition_id), array_agg(s.created), min(s.earliest)

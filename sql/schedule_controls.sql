@@ -37,10 +37,9 @@ COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How mu
 -- from the day before the occurrence on (a run finishes after its occurrence, or within the
 -- lookahead before it when cancelled while it waited), so the lookup is one probe of
 -- run_history_occurrence_idx per such day and the scheduler's usual runs, materialized ahead
--- of their occurrence, make none. The lookup reads the statement's snapshot: an archive
--- committing between it and the insert is not seen, which the leader never meets (it archives
--- in its own session, between materializations); an operator's jobs.archive run at that very
--- moment on a backfilled occurrence the cursor still lies behind could let it through.
+-- of their occurrence, make none. The lookup reads the statement's snapshot, so an insert of
+-- past occurrences first takes jobs._hold_history_moves (below): no move can commit between
+-- that snapshot and the insert.
 CREATE OR REPLACE FUNCTION jobs._archived_occurrence(definition_id bigint, occurrence timestamptz)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
@@ -54,6 +53,24 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._archived_occurrence(bigint, timestamptz) IS 'Private: whether a past occurrence of the definition has its scheduled run in jobs.run_history (materialized once: not again).';
 
+-- Private, called before a statement that inserts runs of these occurrences, where one of them is
+-- past (the only ones jobs._archived_occurrence looks up): wait for every move of runs to history
+-- in progress (jobs.archive holds ROW EXCLUSIVE on jobs.run_history until it commits) and keep
+-- new ones off until this transaction commits. Without it, a move committing after the insert's
+-- snapshot was taken and before its conflict check would slip between the two: the occurrence
+-- index no longer holds the moved run, and the lookup does not see it in history yet. The
+-- insert must take its snapshot after this (READ COMMITTED: its own statement), as the
+-- scheduler's do. Moves wait for the insert's commit; inserts of occurrences still ahead, the
+-- scheduler's usual ones, take no lock.
+CREATE OR REPLACE FUNCTION jobs._hold_history_moves(occurrences timestamptz[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF EXISTS (SELECT FROM unnest(occurrences) AS t (at) WHERE t.at < now()) THEN
+        LOCK TABLE ONLY jobs.run_history IN SHARE MODE;
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._hold_history_moves(timestamptz[]) IS 'Private: where one of these occurrences is past, wait for the moves of runs to history in progress and hold new ones off until commit (SHARE lock on jobs.run_history), so an insert of them after this sees every run that moved.';
+
 -- Private: insert one scheduled run per occurrence (delayed by the definition's jitter); returns how many.
 -- The occurrence index makes an occurrence that already has its run a no-op, and one whose run
 -- has moved to history is left out.
@@ -62,6 +79,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_count integer;
 BEGIN
+    PERFORM jobs._hold_history_moves(run_times);
     INSERT INTO jobs.runs (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
         origin, queue, concurrency_key, scheduled_for, occurrence_at

@@ -665,6 +665,17 @@ def _archived_occurrence(
     assert _archive_all(conn) == 1
 
 
+def _assert_one_run_each(conn: Conn, def_id: int, times: list[datetime]) -> None:
+    """The definition has exactly one run (live or moved) of each of these occurrences."""
+    counts = rows(
+        conn,
+        "SELECT occurrence_at, count(*) AS n FROM jobs.runs_all WHERE definition_id = %s"
+        " GROUP BY 1 ORDER BY 1",
+        (def_id,),
+    )
+    assert [(r["occurrence_at"], r["n"]) for r in counts] == [(t, 1) for t in times], counts
+
+
 @pytest.mark.parametrize("call", ["materialize_many", "materialize"])
 def test_the_scheduler_does_not_make_again_an_occurrence_whose_run_moved(conn: Conn, call: str) -> None:
     """A window backfilled ahead of a cursor left behind by a downtime, run and archived before
@@ -687,14 +698,43 @@ def test_the_scheduler_does_not_make_again_an_occurrence_whose_run_moved(conn: C
     else:
         made = scalar(conn, "SELECT jobs.materialize(%s, %s, %s, %s)", (def_id, base, times, cursor))
     assert made == 2, "the two occurrences whose runs are in history are not made again"
-    counts = rows(
-        conn,
-        "SELECT occurrence_at, count(*) AS n FROM jobs.runs_all WHERE definition_id = %s"
-        " GROUP BY 1 ORDER BY 1",
-        (def_id,),
-    )
-    assert [(r["occurrence_at"], r["n"]) for r in counts] == [(t, 1) for t in times], counts
+    _assert_one_run_each(conn, def_id, times)
     assert scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (def_id,)) == cursor
+
+
+@pytest.mark.parametrize("call", ["materialize_many", "materialize"])
+def test_an_occurrence_whose_run_moves_while_the_scheduler_catches_up_is_made_once(
+    db: Database, conn: Conn, call: str
+) -> None:
+    """An operator's jobs.archive moves the run of a backfilled occurrence while the
+    scheduler's catch-up walks that occurrence again: the catch-up waits for the move to
+    commit, then finds the run in history and leaves the occurrence out."""
+    def_id = scalar(conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *')")
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=3)
+    ran = base + timedelta(hours=1)
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at, status,"
+        " started_at, finished_at) VALUES (%s, 'k', 'schedule', %s, %s, 'COMPLETED', %s, %s)",
+        (def_id, ran, ran, ran, ran + timedelta(seconds=1)),
+    )
+    conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s", (base, def_id))
+    times = [base + timedelta(hours=h) for h in range(3)]
+    cursor = base + timedelta(hours=3)
+    with db.connect(autocommit=False) as archiver, db.connect() as scheduler:
+        assert scalar(archiver, "SELECT jobs.archive(1000)") == 1
+        if call == "materialize_many":
+            statement = "SELECT created FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)"
+            args: tuple[Any, ...] = ([def_id], [base], [cursor], [None], [def_id] * 3, times)
+        else:
+            statement = "SELECT jobs.materialize(%s, %s, %s, %s)"
+            args = (def_id, base, times, cursor)
+        catch_up = BlockedCall(
+            conn, scheduler, lambda: scalar(scheduler, statement, args), "the catch-up waits for the move"
+        )
+        archiver.commit()
+        outcome = catch_up.join(timeout=60)
+    assert outcome == [2], f"two occurrences made, the moved one left out: {outcome}"
+    _assert_one_run_each(conn, def_id, times)
 
 
 def test_only_a_past_occurrence_is_looked_up_in_history(conn: Conn) -> None:
