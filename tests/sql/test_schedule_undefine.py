@@ -7,6 +7,7 @@ undefines; then a loop of real processes racing."""
 from __future__ import annotations
 
 import contextlib
+import random
 import secrets
 import threading
 import time
@@ -204,13 +205,23 @@ def test_undefine_queued_before_a_backfill_finishes_does_not_deadlock(db: Databa
 _LARGE_PAYLOAD = {"blob": secrets.token_hex(2000)}
 
 
-def _undefine_once(conn: Conn) -> int:
-    """Define the one-shot with a large payload and undefine it: one round."""
+#: The longest the definition lives in one round of the race, in seconds. A retry needs a
+#: run_now, a claim and a failure (three round trips of the failing side) to fall between a
+#: define and its undefine; back to back, the two leave that room only when the machine's
+#: scheduling happens to give it. Each round keeps the definition for a random part of this
+#: (a seeded draw), so the undefine lands at every point of the others' calls, whatever the
+#: machine's speed.
+_RACE_WINDOW = 0.02
+
+
+def _undefine_once(conn: Conn, draw: random.Random) -> int:
+    """Define the one-shot with a large payload, keep it a random while, undefine it: one round."""
     conn.execute(
         "SELECT jobs.define('race', 'k', run_at => now() + interval '1 hour', max_attempts => 3,"
         " payload => %s)",
         (Jsonb(_LARGE_PAYLOAD),),
     )
+    time.sleep(draw.uniform(0, _RACE_WINDOW))
     conn.execute("SELECT jobs.undefine('race')")
     return 1
 
@@ -238,8 +249,7 @@ def _fail_once(conn: Conn) -> int:
 
 
 #: Retries the race must have queued before it ends (after its minimum length, within its
-#: longest): a retry needs a claim and a failure to fall between a define and an undefine,
-#: which a loaded machine makes rare.
+#: longest): each needs a claim and a failure to fall within a round's window.
 _RACE_RETRIES = 20
 
 
@@ -247,7 +257,12 @@ def _race_member(dsn: str, seconds: float, role: str) -> int:
     """One side of the race, for at least ``seconds``, then until the failing side has queued
     _RACE_RETRIES retries (it says so with a marker table), for at most 120 s in all: what it
     did."""
-    steps = {"undefine": _undefine_once, "add": _add_once, "fail": _fail_once}
+    draw = random.Random(role)
+    steps: dict[str, Callable[[Conn], int]] = {
+        "undefine": lambda conn: _undefine_once(conn, draw),
+        "add": _add_once,
+        "fail": _fail_once,
+    }
     done = 0
     started = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
