@@ -70,10 +70,12 @@ TO jobs_worker;
 
 -- What the Python worker reads besides its calls: the default heartbeat timeout, of
 -- definitions their names (for its log lines) and whether they are capped, and the tight
--- limits (the last two to bound its claims in flight).
+-- limits (the last two to bound its claims in flight); which queues and kinds have a limit at
+-- all (while it holds runs under one, a finished run's slot is claimed for at once).
 GRANT SELECT (heartbeat_timeout) ON jobs.config TO jobs_worker;
 GRANT SELECT (id, name, max_concurrent_runs) ON jobs.definitions TO jobs_worker;
 GRANT SELECT ON jobs.tight_limits TO jobs_worker;
+GRANT SELECT (scope, name) ON jobs.limits TO jobs_worker;
 
 -- The console's read-only calls (sql/console.sql).
 GRANT EXECUTE ON FUNCTION

@@ -729,12 +729,18 @@ def definition_facts(conn: Conn, ids: list[int]) -> dict[int, tuple[str, bool]]:
     return facts
 
 
-def tight_limits(conn: Conn) -> set[tuple[str, str]]:
-    """The (scope, name) of every limit whose dispatch lock a claim takes exclusively
-    (jobs.tight_limits: below 500 running or 500 starts per period)."""
-    rows = conn.execute("SELECT scope, name FROM jobs.tight_limits").fetchall()
+def limits(conn: Conn) -> dict[tuple[str, str], bool]:
+    """The (scope, name) of every limit, and whether a claim takes its dispatch lock
+    exclusively (jobs.tight_limits: below 500 running or 500 starts per period)."""
+    rows = conn.execute(
+        "SELECT l.scope, l.name, t.name IS NOT NULL AS tight FROM jobs.limits AS l"
+        " LEFT JOIN jobs.tight_limits AS t ON t.scope = l.scope AND t.name = l.name"
+    ).fetchall()
     return {
-        (str(r["scope"]), str(r["name"])) if isinstance(r, dict) else (str(r[0]), str(r[1])) for r in rows
+        (str(r["scope"]), str(r["name"])) if isinstance(r, dict) else (str(r[0]), str(r[1])): bool(
+            r["tight"] if isinstance(r, dict) else r[2]
+        )
+        for r in rows
     }
 
 

@@ -290,11 +290,12 @@ class Worker:
         self._unreadable_seen = Unreadable.made
         self._done_conn: psycopg.Connection[Any] | None = None  # used by the completer thread only
         # What the claimed runs' definitions are: a name for the outcome log, and which are
-        # capped; read when first met and again after DEFINITION_FACTS_TTL. The tight limits'
-        # (scope, name), read at the first batch and again after DEFINITION_FACTS_TTL.
+        # capped; read when first met and again after DEFINITION_FACTS_TTL. The limits'
+        # (scope, name) and whether each is tight, read at the first batch and again after
+        # DEFINITION_FACTS_TTL.
         self._names: dict[int, str] = {}
         self._capped: set[int] = set()
-        self._tight: set[tuple[str, str]] | None = None
+        self._limits: dict[tuple[str, str], bool] | None = None
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
         self._dispatching: set[int] = set()  # claimed runs not yet held
@@ -319,6 +320,10 @@ class Worker:
         # is claimed.
         self._under_caps = False
         self._caps_lifted = threading.Condition(self._lock)
+        # The last batch claimed held runs under a limit, roomy ones included (under _lock): a
+        # claim that came back short may have been held back by it, and a finished run's slot is
+        # then claimed for at once (_slot_wanted), since its completion makes room under it.
+        self._under_limits = False
         self._dispatch_lock = threading.Lock()  # one claimed batch handed out at a time
         self._claim_threads: list[threading.Thread] = []
         self._fault: BaseException | None = None  # set by another thread: the worker cannot go on
@@ -845,11 +850,12 @@ class Worker:
         """Hold and start a claimed batch; True if it came back full."""
         with self._lock:
             self._dispatching.update(r["id"] for r in rows)
-        capped = self._name_definitions(conn, rows)
+        capped, limited = self._name_definitions(conn, rows)
         if rows:
             with self._lock:
                 lifted = self._under_caps and not capped
                 self._under_caps = capped
+                self._under_limits = limited
                 if lifted:
                     self._caps_lifted.notify_all()
         with self._dispatch_lock:
@@ -1055,21 +1061,24 @@ class Worker:
         for o in plain:
             self.reporter.settle(o, o.ctx.run_id in applied)
 
-    def _name_definitions(self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]) -> bool:
-        """Put each claimed run's definition name in its row (for the outcome log line);
-        True if a run is of a capped definition or under a tight limit. What a definition is
-        gets looked up when first met, which limits are tight at the first batch, and both
-        again once DEFINITION_FACTS_TTL has passed (a cap or a limit may have changed)."""
+    def _name_definitions(
+        self, conn: psycopg.Connection[Any], rows: list[dict[str, Any]]
+    ) -> tuple[bool, bool]:
+        """Put each claimed run's definition name in its row (for the outcome log line).
+        Returns whether a run is of a capped definition or under a tight limit, and whether
+        one is of a capped definition or under any limit. What a definition is gets looked up
+        when first met, the limits at the first batch, and both again once
+        DEFINITION_FACTS_TTL has passed (a cap or a limit may have changed)."""
         if time.monotonic() - self._facts_read > DEFINITION_FACTS_TTL:
-            self._names, self._capped, self._tight = {}, set(), None
+            self._names, self._capped, self._limits = {}, set(), None
             self._facts_read = time.monotonic()
-        if self._tight is None and rows:
+        if self._limits is None and rows:
             try:
-                self._tight = calls.tight_limits(conn)
+                self._limits = calls.limits(conn)
             except DB_ERRORS as exc:  # read again after DEFINITION_FACTS_TTL
                 log.warning("worker=%s limits not read: %s", self.worker_id, exc)
-                self._tight = set()
-        tight = self._tight or set()
+                self._limits = {}
+        limits = self._limits or {}
         names, capped = self._names, self._capped
         unknown = sorted({r["definition_id"] for r in rows if r["definition_id"]} - set(names))
         if unknown:
@@ -1082,12 +1091,14 @@ class Worker:
                 names[definition_id] = name
                 if is_capped:
                     capped.add(definition_id)
+        tight = limited = False
         for r in rows:
             r["definition"] = names.get(r["definition_id"]) if r["definition_id"] else None
-        return any(
-            r["definition_id"] in capped or ("queue", r["queue"]) in tight or ("kind", r["kind"]) in tight
-            for r in rows
-        )
+            in_capped = r["definition_id"] in capped
+            queue, kind = limits.get(("queue", r["queue"])), limits.get(("kind", r["kind"]))
+            tight = tight or in_capped or bool(queue) or bool(kind)
+            limited = limited or in_capped or queue is not None or kind is not None
+        return tight, limited
 
     def _dispatch(self, rows: list[dict[str, Any]], want: int, began: float) -> bool:
         """Start the claimed runs; True if the batch came back full. A run with a value the
@@ -1182,12 +1193,18 @@ class Worker:
     def _slot_wanted(self) -> bool:
         """Whether the slot a finished run frees is worth a claim now: the last claim came back
         full (more is due), a signal came after the last claim that came back short was sent (a
-        run queued while no slot was free, say), or the batches hold runs of capped definitions
-        or under tight limits (the completions make their room). Otherwise that claim found
-        every run there was to start, and a run queued since signals on its own: a worker
-        whose runs trickle in claims once per run, not again for each slot that frees."""
+        run queued while no slot was free, say), or the last batch held runs of capped
+        definitions or under limits, roomy ones included (a short claim may have been held back
+        by one, and the completion makes room under it). Otherwise that claim found every run
+        there was to start, and a run queued since signals on its own: a worker whose runs
+        trickle in claims once per run, not again for each slot that frees."""
         with self._lock:
-            return self._claimed_full or self._signals != self._signals_looked or self._under_caps
+            return (
+                self._claimed_full
+                or self._signals != self._signals_looked
+                or self._under_caps
+                or self._under_limits
+            )
 
     def _stop_runners(self) -> None:
         """Stop the event loop and this worker's job processes (runs left go to the reaper)."""

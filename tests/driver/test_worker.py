@@ -608,6 +608,35 @@ def test_a_run_queued_while_no_slot_is_free_starts_when_one_frees(db: Database) 
         wait_for("the second run to start", lambda: started == ["first", "second"], timeout=60)
 
 
+def _no_op_app(kind: str) -> App:
+    """An app with one job of ``kind`` that does nothing."""
+    app = App()
+    app.job(kind)(lambda ctx: None)
+    return app
+
+
+def test_runs_a_roomy_limit_holds_back_start_as_completions_make_room(db: Database) -> None:
+    """A kind limit of 500 running (roomy: claimers lock it shared) with 499 of its runs RUNNING
+    on another worker: each claim starts one run and comes back short, and each completion
+    makes room for the next run, which is claimed for at once, not at the next poll (ten
+    minutes here)."""
+    app = _no_op_app("roomy")
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.set_limit('kind', 'roomy', max_running => 500)")
+        conn.execute("INSERT INTO jobs.runs (kind) SELECT 'roomy' FROM generate_series(1, 499)")
+        while runs_in(conn, "RUNNING") < 499:  # a roomy limit's claimer starts at most 20 of its runs
+            conn.execute("SELECT count(*) FROM jobs.claim(20, 'elsewhere')")
+        conn.execute("SELECT jobs.enqueue('roomy') FROM generate_series(1, 10)")
+        worker = Worker(app, db.dsn, concurrency=5, poll_interval=600.0)
+        with worker_thread(worker):
+            wait_for("the ten runs to complete", partial(_completed_at_least, conn, 10), timeout=60)
+        most = scalar(
+            conn, "SELECT count(*) FROM jobs.runs WHERE kind = 'roomy' AND status IN ('RUNNING', 'COMPLETED')"
+        )
+    assert most == 509, f"{most} runs of the kind started, past its limit or short of the ten"
+    assert worker.stats.completed == 10, worker.stats
+
+
 def test_a_worker_stopped_while_a_completion_waits_to_commit_reports_it_once(db: Database) -> None:
     """Stopping while a finished run's completion waits to commit (here on a row lock): the
     worker stays within its grace period until the database answers, then counts the run
@@ -843,12 +872,7 @@ def test_a_worker_whose_own_runs_fill_a_limit_claims_again_when_they_complete(db
     """A kind limited to one running run, four due, a poll interval of 30 s: each claim after
     a run finishes takes nothing (the finished run counts until its completion commits), and
     the completion committing makes the worker claim again, not the next poll."""
-    app = App()
-
-    @app.job("one-at-a-time")
-    def one_at_a_time(ctx: Context) -> None:
-        pass
-
+    app = _no_op_app("one-at-a-time")
     with db.connect() as conn:
         conn.execute("SELECT jobs.set_limit('kind', 'one-at-a-time', max_running => 1)")
         conn.execute("SELECT jobs.enqueue('one-at-a-time') FROM generate_series(1, 4)")

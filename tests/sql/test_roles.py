@@ -174,6 +174,7 @@ MATRIX = [
     ("SELECT id, name, max_concurrent_runs FROM jobs.definitions", (*READERS, "pgtick_t_worker")),
     ("SELECT payload FROM jobs.definitions", READERS),
     ("SELECT scope, name FROM jobs.tight_limits", (*READERS, "pgtick_t_worker")),
+    ("SELECT scope, name FROM jobs.limits", (*READERS, "pgtick_t_worker")),
     ("SELECT max_running FROM jobs.limits", READERS),
     ("SELECT count(*) FROM jobs.running", READERS),
     ("SELECT count(*) FROM jobs.claim(1, 'w')", WORKERS),
