@@ -111,6 +111,7 @@ BEGIN
     GET DIAGNOSTICS v_count = ROW_COUNT;
     DELETE FROM jobs.run_history AS h WHERE h.id = ANY(v_moved) AND h.id <> ALL (v_kept);
     GET DIAGNOSTICS v_history = ROW_COUNT;
+    DELETE FROM jobs.run_history_keys AS k WHERE k.run_id = ANY(v_moved) AND k.run_id <> ALL (v_kept);
     RETURN v_count + v_history;
 END $$;
 COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone, and so are the runs of a retry chain that a blocked run waits on); returns how many. Later attempts of a chain stay.';

@@ -95,6 +95,8 @@ DECLARE
     v_run jobs.runs;
     v_moved jobs.runs;
     v_deps text;
+    v_moved_id bigint;
+    v_moved_at timestamptz;
 BEGIN
     -- Each check is first a plain expression (no statement) that a valid argument passes; where
     -- it does not, the helper that owns the message decides, in the same order as ever, so a bad
@@ -183,15 +185,19 @@ BEGIN
          LIMIT 1
            FOR UPDATE;
         IF NOT FOUND AND enqueue.unique_while = 'ever' THEN
-            -- A finished run of the key may have moved to history (only finished runs move).
-            SELECT h.* INTO v_run
-              FROM jobs.run_history AS h
-             WHERE h.kind = enqueue.kind AND h.unique_key = enqueue.unique_key
-               AND (enqueue.unique_for IS NULL OR h.created_at > now() - enqueue.unique_for)
-             ORDER BY h.id DESC
+            -- A finished run of the key may have moved to history (only finished runs move):
+            -- its key is in jobs.run_history_keys, and the run is read from its day alone.
+            SELECT k.run_id, k.finished_at INTO v_moved_id, v_moved_at
+              FROM jobs.run_history_keys AS k
+             WHERE k.kind = enqueue.kind AND k.unique_key = enqueue.unique_key
+               AND (enqueue.unique_for IS NULL OR k.created_at > now() - enqueue.unique_for)
+             ORDER BY k.run_id DESC
              LIMIT 1;
+            IF v_moved_id IS NOT NULL THEN
+                v_run := jobs._moved_run(v_moved_id, v_moved_at);
+            END IF;
         END IF;
-        IF FOUND THEN
+        IF v_run.id IS NOT NULL THEN
             IF v_run.status = 'QUEUED' AND enqueue.on_conflict = 'replace' THEN
                 UPDATE jobs.runs AS r
                    SET payload = enqueue.payload, scheduled_for = enqueue.run_at
@@ -235,20 +241,21 @@ BEGIN
 
     IF NOT FOUND THEN
         -- The key exists (possibly committed a moment ago by a concurrent caller): return that
-        -- run, wherever it is by now.
-        SELECT r.* INTO v_run FROM jobs.runs_all AS r
-         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key
-         LIMIT 1;
+        -- run, wherever it is by now (moved to history in the meantime, its key moved with it).
+        SELECT r.* INTO v_run FROM jobs.runs AS r
+         WHERE r.kind = enqueue.kind AND r.idempotency_key = enqueue.idempotency_key;
+        IF NOT FOUND THEN
+            v_run := jobs._moved_run_of_key(enqueue.kind, enqueue.idempotency_key);
+        END IF;
         RETURN v_run;
     END IF;
     IF enqueue.idempotency_key IS NOT NULL THEN
         -- The key's run may have moved to history. Looked up after the insert, not before: an
         -- insert that met the run in jobs.runs being moved waited for the move to commit, so
-        -- this later statement sees it in history; then the new row was never seen by anyone.
-        SELECT h.* INTO v_moved FROM jobs.run_history AS h
-         WHERE h.kind = enqueue.kind AND h.idempotency_key = enqueue.idempotency_key
-         LIMIT 1;
-        IF FOUND THEN
+        -- this later statement sees its key (jobs.run_history_keys, written by the same move);
+        -- then the new row was never seen by anyone.
+        v_moved := jobs._moved_run_of_key(enqueue.kind, enqueue.idempotency_key);
+        IF v_moved.id IS NOT NULL THEN
             DELETE FROM jobs.runs AS r WHERE r.id = v_run.id;
             RETURN v_moved;
         END IF;

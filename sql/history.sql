@@ -89,6 +89,40 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._history_days_before(timestamptz) IS 'Private: the partitions of jobs.run_history whose whole UTC day lies before cutoff, oldest first.';
 
+-- A run in history, read from its own day (finished_at is its partition key): the statement is
+-- planned for the values given, so only that day and its indexes are opened and locked, not
+-- every day of history. NULL fields when it is not there.
+CREATE OR REPLACE FUNCTION jobs._moved_run(run_id bigint, finished_at timestamptz) RETURNS jobs.runs
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_run jobs.runs;
+BEGIN
+    EXECUTE 'SELECT h.* FROM jobs.run_history AS h WHERE h.id = $1 AND h.finished_at = $2'
+       INTO v_run USING _moved_run.run_id, _moved_run.finished_at;
+    RETURN v_run;
+END $$;
+COMMENT ON FUNCTION jobs._moved_run(bigint, timestamptz) IS 'Private: the run with this id in jobs.run_history, read from the day of finished_at alone (all NULL when it is not there).';
+
+-- The run of an idempotency key in history, found by its key (jobs.run_history_keys) and read
+-- from its day alone; NULL fields when the key has no run there.
+CREATE OR REPLACE FUNCTION jobs._moved_run_of_key(kind text, idempotency_key text) RETURNS jobs.runs
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_id bigint;
+    v_at timestamptz;
+    v_run jobs.runs;
+BEGIN
+    SELECT k.run_id, k.finished_at INTO v_id, v_at
+      FROM jobs.run_history_keys AS k
+     WHERE k.kind = _moved_run_of_key.kind AND k.idempotency_key = _moved_run_of_key.idempotency_key
+     LIMIT 1;
+    IF v_id IS NOT NULL THEN
+        v_run := jobs._moved_run(v_id, v_at);
+    END IF;
+    RETURN v_run;
+END $$;
+COMMENT ON FUNCTION jobs._moved_run_of_key(text, text) IS 'Private: the run in jobs.run_history with this kind and idempotency key, read from its day alone (all NULL when there is none).';
+
 -- Lock up to batch_size runs of jobs.runs that finished before cutoff, oldest first, passing
 -- over runs another transaction holds: the batch jobs.archive moves and jobs.prune deletes.
 DROP FUNCTION IF EXISTS jobs._lock_finished_before(timestamptz, integer);
@@ -135,6 +169,12 @@ BEGIN
     PERFORM jobs._history_partitions(v_days);
     WITH moved AS (
         DELETE FROM jobs.runs AS r WHERE r.id = ANY (v_ids) RETURNING r.*
+    ),
+    keys AS (   -- the keys of those that have one (jobs.run_history_keys), in the same move
+        INSERT INTO jobs.run_history_keys (run_id, kind, idempotency_key, unique_key, created_at, finished_at)
+        SELECT m.id, m.kind, m.idempotency_key, m.unique_key, m.created_at, m.finished_at
+          FROM moved AS m
+         WHERE m.idempotency_key IS NOT NULL OR m.unique_key IS NOT NULL
     )
     INSERT INTO jobs.run_history SELECT * FROM moved;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -66,6 +66,7 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0022_dependents \ir ../migrations/apply.sql
 -- 0023: the failures in history indexed by id and by kind, as jobs.runs indexes its own.
 \set migration 0023_history_failures \ir ../migrations/apply.sql
+\set migration 0024_history_keys \ir ../migrations/apply.sql
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

@@ -409,7 +409,7 @@ BEGIN
     -- the caller commits: a call drops at most c_days_per_call of them, and stops dropping
     -- once it has dropped batch_size runs, so that a retention cut by years is pruned over
     -- many calls rather than by one transaction that fills the server's lock table and fails.
-    FOR v_day IN SELECT h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
+    FOR v_day IN SELECT h.day, h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
         IF v_days >= c_days_per_call OR v_count >= prune.batch_size THEN
             v_more := TRUE;
             EXIT;
@@ -426,6 +426,9 @@ BEGIN
         CONTINUE WHEN v_held;
         EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
         EXECUTE format('DROP TABLE %s', v_day.part);
+        DELETE FROM jobs.run_history_keys AS k   -- the keys of its runs (the day by finished_at)
+         WHERE k.finished_at >= v_day.day::timestamp AT TIME ZONE 'UTC'
+           AND k.finished_at < (v_day.day + 1)::timestamp AT TIME ZONE 'UTC';
         v_count := v_count + v_rows;
         v_days := v_days + 1;
     END LOOP;

@@ -476,6 +476,68 @@ def _history_days_locked(conn: Conn) -> int:
     )
 
 
+def test_the_keys_of_moved_runs_come_and_go_with_their_runs(conn: Conn) -> None:
+    """jobs.run_history_keys holds the keys of exactly the keyed runs in history: an archive
+    adds them, a prune that drops their day and a discard take them out; a key whose run is
+    gone lets a new run in."""
+
+    def keyed(age: str, key: str, status: str = "COMPLETED") -> int:
+        return int(
+            scalar(
+                conn,
+                "INSERT INTO jobs.runs (kind, status, started_at, finished_at, failure_reason,"
+                " idempotency_key) VALUES ('k', %s, now() - %s::interval, now() - %s::interval,"
+                " CASE WHEN %s = 'FAILED' THEN 'Error' END, %s) RETURNING id",
+                (status, age, age, status, key),
+            )
+        )
+
+    def keys() -> list[int]:
+        return [r[0] for r in conn.execute("SELECT run_id FROM jobs.run_history_keys ORDER BY run_id")]
+
+    old, recent = keyed("20 days", "old"), keyed("5 days", "recent")
+    failed = keyed("3 days", "failed", status="FAILED")
+    finish_old(conn, 2, age="20 days")  # runs without keys have none there
+    assert _archive_all(conn) == 5
+    assert keys() == [old, recent, failed]
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 3
+    assert keys() == [recent, failed], "the dropped day's key went with it"
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([failed],)) == 1
+    assert keys() == [recent]
+    for key, gone in (("old", old), ("failed", failed)):
+        again = scalar(conn, "SELECT id FROM jobs.enqueue('k', idempotency_key => %s)", (key,))
+        assert again != gone and _where(conn, again) == "live", f"{key}: {again}"
+    assert scalar(conn, "SELECT id FROM jobs.enqueue('k', idempotency_key => 'recent')") == recent
+
+
+def test_enqueues_with_keys_read_at_most_the_one_day_of_history_their_run_lies_in(conn: Conn) -> None:
+    """An enqueue with an idempotency key, or a unique key kept 'ever', finds a moved run of its
+    key through jobs.run_history_keys and reads that run's day alone: in a history twenty days
+    long it locks at most one day, and none for a key that never moved, in the caller's
+    transaction (a lookup across history locked every day with its indexes)."""
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, started_at, finished_at, idempotency_key, unique_key)"
+        " SELECT 'k', 'COMPLETED', now() - g * interval '1 day', now() - g * interval '1 day',"
+        "        'key-' || g, 'u-' || g FROM generate_series(2, 21) AS g"
+    )
+    moved = {r["idempotency_key"]: r["id"] for r in rows(conn, "SELECT id, idempotency_key FROM jobs.runs")}
+    assert _archive_all(conn) == 20
+    assert len(_partitions(conn)) >= 20
+    cases = [
+        ("SELECT id FROM jobs.enqueue('k', idempotency_key => 'key-5')", moved["key-5"], 1),
+        ("SELECT id FROM jobs.enqueue('k', unique_key => 'u-7', unique_while => 'ever')", moved["key-7"], 1),
+        ("SELECT id FROM jobs.enqueue('k', idempotency_key => 'new')", None, 0),
+        ("SELECT id FROM jobs.enqueue('k', unique_key => 'u-new', unique_while => 'ever')", None, 0),
+    ]
+    for statement, found, days in cases:
+        with conn.transaction(force_rollback=True):
+            got = scalar(conn, statement)
+            locked = _history_days_locked(conn)
+        assert found is None or got == found, f"{statement}: run {got}, the moved run is {found}"
+        assert found is not None or got not in moved.values(), f"{statement}: returned moved run {got}"
+        assert locked <= days, f"{statement}: {locked} days of history locked, at most {days} needed"
+
+
 def test_completing_and_failing_while_runs_are_blocked_read_history_only_for_moved_attempts(
     db: Database,
 ) -> None:
