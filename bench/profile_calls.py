@@ -8,8 +8,9 @@ DSN: a superuser DSN of a server on this machine (the backend's CPU time is read
 Two databases are created on it, one with this checkout's sql/ and one with the baseline's
 (default: main), installed by its own sql/install.sql from ``git archive``. Each round
 times, in one session with synchronous_commit off and after a warm-up that makes every plan
-the session keeps: ``jobs.enqueue`` of a small payload, ``jobs.next_due()`` over a queue of
-future runs, ``jobs.heartbeat`` of one run, ``jobs.complete`` of one run, and ``jobs.fail``
+the session keeps: ``jobs.enqueue`` of a small payload, the same with an idempotency key
+never used before (over a history of 30 days, each with 100 keyed runs), ``jobs.next_due()``
+over a queue of future runs, ``jobs.heartbeat`` of one run, ``jobs.complete`` of one run, and ``jobs.fail``
 of one run whose kind's policy allows a retry (so the retry row is inserted). The two schemas
 alternate, round after round, so that a burst of load elsewhere hits both. Prints one JSON
 line per call: the median microseconds of backend CPU per call for each schema over the
@@ -56,8 +57,20 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
             " SELECT %s, 'manual', now() + g * interval '1 minute' FROM generate_series(1, 1000) AS g",
             (KIND,),
         )
+        history = "SELECT FROM pg_inherits WHERE inhparent = 'jobs.run_history'::regclass"
+        if not conn.execute(history).fetchone():
+            conn.execute(
+                "INSERT INTO jobs.runs (kind, status, started_at, finished_at, idempotency_key)"
+                " SELECT %s, 'COMPLETED', now() - d * interval '1 day', now() - d * interval '1 day',"
+                "        'moved-' || d || '-' || g"
+                "   FROM generate_series(2, 31) AS d, generate_series(1, 100) AS g",
+                (KIND,),
+            )
+            while conn.execute("SELECT jobs.archive(10000)").fetchone() != (0,):
+                pass
         conn.execute("ANALYZE jobs.runs")
     per_call: dict[str, float] = {}
+    fresh = os.urandom(4).hex()
     with connect(dsn) as conn:
         conn.execute("SET synchronous_commit = off")
         conn.execute("SET client_min_messages = warning")  # enqueue's notice about an unknown kind
@@ -74,6 +87,10 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
 
         steps: dict[str, Callable[[int], Any]] = {
             "enqueue": lambda i: conn.execute("SELECT (jobs.enqueue(%s, %s)).id", (KIND, Jsonb({"i": i}))),
+            "enqueue_keyed": lambda i: conn.execute(
+                "SELECT (jobs.enqueue(%s, %s, idempotency_key => %s)).id",
+                (KIND, Jsonb({"i": i}), f"{fresh}-{i}"),
+            ),
             "next_due": lambda i: conn.execute("SELECT next_at FROM jobs.next_due()"),
             "heartbeat": lambda i: conn.execute(
                 "SELECT count(*) FROM jobs.heartbeat(%s, 'w')", ([next(beat)],)
