@@ -17,6 +17,13 @@ CREATE TABLE jobs.run_history_keys (
 COMMENT ON TABLE jobs.run_history_keys IS
 'Private: the idempotency and unique keys of the runs in jobs.run_history that have one, with when each run was created and finished (its day of history). jobs.archive adds them, jobs.prune and jobs.discard remove them with their runs.';
 
+COMMENT ON COLUMN jobs.run_history_keys.run_id IS 'The moved run (jobs.run_history.id).';
+COMMENT ON COLUMN jobs.run_history_keys.kind IS 'Its kind: keys are per kind.';
+COMMENT ON COLUMN jobs.run_history_keys.idempotency_key IS 'Its idempotency key, if any.';
+COMMENT ON COLUMN jobs.run_history_keys.unique_key IS 'Its unique key, if any.';
+COMMENT ON COLUMN jobs.run_history_keys.created_at IS 'When it was created (unique_for counts from it).';
+COMMENT ON COLUMN jobs.run_history_keys.finished_at IS 'When it finished: the partition key of jobs.run_history, so the one day to read it from.';
+
 CREATE INDEX run_history_keys_idempotency_idx ON jobs.run_history_keys (kind, idempotency_key)
 WHERE idempotency_key IS NOT NULL;
 COMMENT ON INDEX jobs.run_history_keys_idempotency_idx IS

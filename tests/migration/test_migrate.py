@@ -290,6 +290,41 @@ def test_the_occurrence_key_migration_refuses_an_occurrence_with_two_scheduled_r
         pg.drop_database(database)
 
 
+def test_the_history_keys_migration_keeps_the_keys_of_runs_moved_before_it(
+    pg: Server, tmp_path: Path
+) -> None:
+    """Runs with an idempotency key and a unique key kept 'ever', moved to history before the
+    keys had a table of their own: after the upgrade, enqueuing those keys again still returns
+    the moved runs."""
+    script = checkout_schema(_state_before("0024_history_keys.sql"), tmp_path / "before")
+    database = pg.create_empty_database()
+    try:
+        installed = psql_file(database.dsn, script)
+        assert installed.returncode == 0, f"installing the schema before the migration: {installed.stderr}"
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            moved = [
+                int(r[0])
+                for r in conn.execute(
+                    "INSERT INTO jobs.runs (kind, status, started_at, finished_at, idempotency_key,"
+                    " unique_key) SELECT 'k', 'COMPLETED', now() - d * interval '1 day',"
+                    " now() - d * interval '1 day', i, u"
+                    " FROM (VALUES (3, 'i', NULL), (4, NULL, 'u')) AS v (d, i, u) RETURNING id"
+                )
+            ]
+            assert conn.execute("SELECT jobs.archive()").fetchone() == (2,)
+            migrate.apply(conn)
+            again = [
+                conn.execute("SELECT id FROM jobs.enqueue('k', idempotency_key => 'i')").fetchone(),
+                conn.execute(
+                    "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => 'ever')"
+                ).fetchone(),
+            ]
+            assert again == [(moved[0],), (moved[1],)], f"enqueued again: {again}, the moved runs: {moved}"
+            assert conn.execute("SELECT count(*) FROM jobs.runs").fetchone() == (0,), "no new run"
+    finally:
+        pg.drop_database(database)
+
+
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")
