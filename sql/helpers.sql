@@ -291,6 +291,27 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
 
+-- A run by id, live or moved to history; no row when there is none. jobs.runs first (the live
+-- runs and the last archive_after of finished ones): history is read only when the run is not
+-- there, so a lookup of a recent run opens and locks none of its days (reading jobs.runs_all
+-- plans every day of history, two to ten locks a day, whatever it finds).
+CREATE OR REPLACE FUNCTION jobs.get_run(run_id bigint) RETURNS SETOF jobs.runs
+LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
+DECLARE
+    v_run jobs.runs;
+BEGIN
+    RETURN QUERY SELECT r.* FROM jobs.runs AS r WHERE r.id = get_run.run_id;
+    IF NOT FOUND THEN
+        -- A new statement: a run moved since the one above is seen here. (Read into a row of
+        -- jobs.runs: history's columns have the base types of its domains.)
+        SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = get_run.run_id;
+        IF FOUND THEN
+            RETURN NEXT v_run;
+        END IF;
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs.get_run(bigint) IS 'The run with this id, live or moved to jobs.run_history (no row when there is none); reads history only for a run jobs.runs no longer holds. What Client.get_run calls.';
+
 -- A run by id, live or in history, for an operator's call on it: 22023 naming run_id when it
 -- is NULL, P0002 naming the id when there is no such run. With for_update the row is
 -- locked; a run moved to history while the caller waited for its lock is found there.
@@ -309,7 +330,7 @@ BEGIN
             SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = _known_run.run_id FOR UPDATE;
         END IF;
     ELSE
-        SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = _known_run.run_id;
+        SELECT g.* INTO v_run FROM jobs.get_run(_known_run.run_id) AS g;
     END IF;
     IF v_run.id IS NULL THEN
         RAISE EXCEPTION 'run % does not exist', run_id USING ERRCODE = 'P0002';

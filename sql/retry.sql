@@ -202,7 +202,7 @@ DECLARE
 BEGIN
     -- A run of a unique key: the key's lock before the run's row, in the order jobs.enqueue and
     -- jobs.fail take them (kind and unique_key never change, so they are read unlocked first).
-    SELECT r.kind, r.unique_key INTO v_key FROM jobs.runs_all AS r WHERE r.id = retry.run_id;
+    SELECT r.kind, r.unique_key INTO v_key FROM jobs.get_run(retry.run_id) AS r;
     IF v_key.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('retrying a run with a unique_key');
         PERFORM pg_advisory_xact_lock(jobs._unique_key(v_key.kind, v_key.unique_key));

@@ -79,6 +79,7 @@ GRANT SELECT (scope, name) ON jobs.limits TO jobs_worker;
 
 -- The console's read-only calls (sql/console.sql).
 GRANT EXECUTE ON FUNCTION
+jobs.get_run(bigint),
 jobs.run_detail(bigint),
 jobs.prune_count(interval),
 jobs.compact_interval(interval),

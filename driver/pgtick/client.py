@@ -712,7 +712,7 @@ def _queue_switch(function: str, name: str) -> _Call[bool]:
     return _jobs_value(function, {"name": name}, bool)
 
 
-_GET_RUN = "SELECT r.* FROM jobs.runs_all AS r WHERE r.id = %(run_id)s"
+_GET_RUN = "SELECT r.* FROM jobs.get_run(%(run_id)s) AS r"
 
 
 def _get_run(run_id: int) -> _Call[Run]:

@@ -538,6 +538,24 @@ def test_enqueues_with_keys_read_at_most_the_one_day_of_history_their_run_lies_i
         assert locked <= days, f"{statement}: {locked} days of history locked, at most {days} needed"
 
 
+def test_a_run_by_id_is_read_from_history_only_when_it_moved(conn: Conn) -> None:
+    """jobs.get_run (what Client.get_run calls) finds a live or recent run in jobs.runs
+    without opening a day of history, a moved run in history, and nothing for an unknown id."""
+    moved = finish_old(conn, 1, age="3 days")[0]
+    finish_old(conn, 1, age="5 days")
+    assert _archive_all(conn) == 2
+    live = enqueue(conn)
+    with conn.transaction(force_rollback=True):
+        assert scalar(conn, "SELECT id FROM jobs.get_run(%s)", (live,)) == live
+        locked = _history_days_locked(conn)
+    assert locked == 0, f"a live run's lookup locked {locked} days of history"
+    found = one(
+        conn, "SELECT id, status::text, finished_at IS NOT NULL AS done FROM jobs.get_run(%s)", (moved,)
+    )
+    assert found == {"id": moved, "status": "COMPLETED", "done": True}, found
+    assert rows(conn, "SELECT * FROM jobs.get_run(0)") == []
+
+
 def test_completing_and_failing_while_runs_are_blocked_read_history_only_for_moved_attempts(
     db: Database,
 ) -> None:

@@ -177,6 +177,7 @@ MATRIX = [
     ("SELECT scope, name FROM jobs.limits", (*READERS, "pgtick_t_worker")),
     ("SELECT max_running FROM jobs.limits", READERS),
     ("SELECT count(*) FROM jobs.running", READERS),
+    ("SELECT count(*) FROM jobs.get_run(1)", READERS),
     ("SELECT count(*) FROM jobs.claim(1, 'w')", WORKERS),
     ("SELECT count(*) FROM jobs.heartbeat('{1}', 'w')", WORKERS),
     ("SELECT count(*) FROM jobs.hand_back_unheld('{}', 'w')", WORKERS),
