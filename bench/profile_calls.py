@@ -9,9 +9,11 @@ Two databases are created on it, one with this checkout's sql/ and one with the 
 (default: main), installed by its own sql/install.sql from ``git archive``. Each round
 times, in one session with synchronous_commit off and after a warm-up that makes every plan
 the session keeps: ``jobs.enqueue`` of a small payload, the same with an idempotency key
-never used before (over a history of 30 days, each with 100 keyed runs), ``jobs.next_due()``
-over a queue of future runs, ``jobs.heartbeat`` of one run, ``jobs.complete`` of one run, and ``jobs.fail``
-of one run whose kind's policy allows a retry (so the retry row is inserted). The two schemas
+never used before (over a history of 30 days, each with 100 keyed runs), what
+``Client.get_run`` sends for a live run (``jobs.get_run`` where the schema has it, else a read
+of ``jobs.runs_all``), ``jobs.next_due()`` over a queue of future runs, ``jobs.heartbeat``
+of one run, ``jobs.complete`` of one run, and ``jobs.fail`` of one run whose kind's policy
+allows a retry (so the retry row is inserted). The two schemas
 alternate, round after round, so that a burst of load elsewhere hits both. Prints one JSON
 line per call: the median microseconds of backend CPU per call for each schema over the
 rounds, every round's figure, their ratio and the load average.
@@ -84,6 +86,12 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
                 raise SystemExit(f"claimed {len(runs)} runs, expected {3 * (calls + WARM)}")
             runs += more
         beat, done, failed = (iter(runs[i::3]) for i in range(3))
+        has_get_run = conn.execute("SELECT to_regprocedure('jobs.get_run(bigint)') IS NOT NULL").fetchone()
+        get_run = (
+            "SELECT r.* FROM jobs.get_run(%s) AS r"
+            if has_get_run == (True,)
+            else "SELECT r.* FROM jobs.runs_all AS r WHERE r.id = %s"
+        )
 
         steps: dict[str, Callable[[int], Any]] = {
             "enqueue": lambda i: conn.execute("SELECT (jobs.enqueue(%s, %s)).id", (KIND, Jsonb({"i": i}))),
@@ -91,6 +99,7 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
                 "SELECT (jobs.enqueue(%s, %s, idempotency_key => %s)).id",
                 (KIND, Jsonb({"i": i}), f"{fresh}-{i}"),
             ),
+            "get_run": lambda i: conn.execute(get_run, (runs[0],)).fetchone(),
             "next_due": lambda i: conn.execute("SELECT next_at FROM jobs.next_due()"),
             "heartbeat": lambda i: conn.execute(
                 "SELECT count(*) FROM jobs.heartbeat(%s, 'w')", ([next(beat)],)
