@@ -145,7 +145,10 @@ def main() -> None:
                     "call": call,
                     "this_cpu_us": round(statistics.median(this), 1),
                     "baseline_cpu_us": round(statistics.median(base), 1),
-                    "ratio": round(statistics.median(this) / statistics.median(base), 3),
+                    # (None where the baseline's median is under one tick of CPU accounting)
+                    "ratio": round(statistics.median(this) / statistics.median(base), 3)
+                    if statistics.median(base) > 0
+                    else None,
                     "baseline": args.baseline,
                     "rounds_this": [round(x, 1) for x in this],
                     "rounds_baseline": [round(x, 1) for x in base],
