@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -80,7 +81,12 @@ from bench.schedule_peers import (  # noqa: E402
 from bench.summary import Summary, combine  # noqa: E402
 from pgtick import migrate  # noqa: E402
 
-PGTICK = str(Path(sys.executable).with_name("pgtick"))
+# The pgtick CLI of this checkout (its driver/ first on the path), not whichever pgtick the
+# environment installed: the processes the benchmark starts run the code it reports.
+PGTICK = [sys.executable, "-m", "pgtick"]
+PGTICK_PATH = os.pathsep.join(
+    [str(ROOT / "driver"), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+)
 APP = str(ROOT / "bench" / "schedule_app.py")
 SYSTEMS = ("pgtick", *PEERS)
 GRACE = timedelta(seconds=60)
@@ -130,10 +136,14 @@ class PgtickDriver(Driver):
     def start(self) -> None:
         batch = str(max(1, min(self.concurrency // self.claimers, 1000)))
         flags = ["--concurrency", str(self.concurrency), "--batch", batch, "--claimers", str(self.claimers)]
-        run = [PGTICK, "run", APP, "--dsn", self.dsn]
-        env = {"DATABASE_URL": self.dsn}
-        self.procs = [spawn([*run, "--no-worker"], env)]
-        self.procs += [spawn([*run, "--no-scheduler", *flags], env) for _ in range(self.workers)]
+        run = [*PGTICK, "run", APP, "--dsn", self.dsn]
+        env = {"DATABASE_URL": self.dsn, "PYTHONPATH": PGTICK_PATH}
+        log_of = self.workdir / f"pgtick-{self.count}"
+        self.procs = [spawn([*run, "--no-worker"], env, Path(f"{log_of}-leader.log"))]
+        self.procs += [
+            spawn([*run, "--no-scheduler", *flags], env, Path(f"{log_of}-worker{i}.log"))
+            for i in range(self.workers)
+        ]
         self.leader_pids = [self.procs[0].pid]
         self.worker_pids = [p.pid for p in self.procs[1:]]
 
@@ -194,6 +204,11 @@ def scenario(driver: Driver, name: str, step: timedelta, observe: int) -> dict[s
                 time.sleep(1.0)
             window = time.monotonic() - t0
             cpu = {pid: cpu_seconds(pid) - c for pid, c in cpu0.items()}
+            # A pgtick process that exited (a refused schema, a crash) measured nothing: an
+            # error, not a scenario of missed occurrences.
+            gone = [f"pid {p.pid} exited with {p.returncode}" for p in driver.procs if p.poll() is not None]
+            if gone and isinstance(driver, PgtickDriver):
+                raise RuntimeError(f"{', '.join(gone)} during the window (logs in {driver.workdir})")
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to report
             driver.stop()
