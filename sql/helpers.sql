@@ -302,8 +302,9 @@ DECLARE
 BEGIN
     RETURN QUERY SELECT r.* FROM jobs.runs AS r WHERE r.id = get_run.run_id;
     IF NOT FOUND THEN
-        -- A new statement: a run moved since the one above is seen here. (Read into a row of
-        -- jobs.runs: history's columns have the base types of its domains.)
+        -- The same snapshot as the read above (a STABLE function reads its caller's), in which
+        -- the run is in exactly one of the two tables. (Read into a row of jobs.runs: history's
+        -- columns have the base types of its domains.)
         SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = get_run.run_id;
         IF FOUND THEN
             RETURN NEXT v_run;
