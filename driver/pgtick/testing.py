@@ -60,6 +60,7 @@ KEPT_TABLES = ("jobs.config", "jobs.schema_migrations", "jobs._zones", "jobs._le
 STATE_TABLES = (
     "jobs.runs",
     "jobs.run_history",
+    "jobs.run_history_keys",
     "jobs.definitions",
     "jobs.retry_policies",
     "jobs.leases",
