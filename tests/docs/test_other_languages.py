@@ -377,7 +377,8 @@ def test_worker_sh_records_a_failure_whose_error_text_is_not_utf8(
     assert row["failure_reason"] == "Error", row
     assert "could not be stored" in row["error"], row
     assert [(r["id"], r["status"]) for r in attempts(conn, run_id)] == [(run_id, "FAILED")]
-    assert f"run={run_id} failed class=ShellError" in worker.log(), worker.log()
+    # The worker logs the failure once jobs.fail has answered, after its commit made it visible.
+    worker.wait_log(f"run={run_id} failed class=ShellError", 60)
     assert worker.terminate_and_wait() == 0, worker.log()
 
 
