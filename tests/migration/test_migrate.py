@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -257,37 +259,45 @@ def _state_before(migration: str) -> str:
     return f"{added[-1]}^" if added else "HEAD"
 
 
+@contextmanager
+def _installed_before(pg: Server, migration: str, tmp_path: Path) -> Iterator[psycopg.Connection[Any]]:
+    """A database with the schema as it was just before ``migration`` (installed with psql, as
+    that release documented), an autocommit connection to it; dropped afterwards."""
+    script = checkout_schema(_state_before(migration), tmp_path / "before")
+    database = pg.create_empty_database()
+    try:
+        installed = psql_file(database.dsn, script)
+        assert installed.returncode == 0, f"installing the schema before {migration}: {installed.stderr}"
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            yield conn
+    finally:
+        pg.drop_database(database)
+
+
 def test_the_occurrence_key_migration_refuses_an_occurrence_with_two_scheduled_runs(
     pg: Server, tmp_path: Path
 ) -> None:
     """Keyed by start, jobs.runs allowed two scheduled first attempts of one occurrence at two
     starts. Keying it by occurrence then cannot build its unique index: the migration says which
     occurrence (SQLSTATE 23505) and changes nothing; once one of the two is gone it applies."""
-    script = checkout_schema(_state_before("0019_occurrence_key.sql"), tmp_path / "before")
-    database = pg.create_empty_database()
-    try:
-        installed = psql_file(database.dsn, script)
-        assert installed.returncode == 0, f"installing the schema before the migration: {installed.stderr}"
-        with psycopg.connect(database.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')").fetchone()
-            assert row is not None
-            conn.execute(
-                "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at)"
-                " VALUES (%(d)s, 'k', 'schedule', '2030-01-01 00:10Z', '2030-01-01 00:00Z'),"
-                "        (%(d)s, 'k', 'schedule', '2030-01-01 00:20Z', '2030-01-01 00:00Z')",
-                {"d": row[0]},
-            )
-            named = f"definition {row[0]}, occurrence 2030-01-01"
-            with pytest.raises(psycopg.errors.UniqueViolation, match=named):
-                migrate.apply(conn)
-            assert "0019" not in migrate.applied_versions(conn)
-            index = conn.execute("SELECT pg_get_indexdef('jobs.runs_occurrence_uniq'::regclass)").fetchone()
-            assert index is not None and "coalesce" not in index[0], f"the index changed anyway: {index}"
-            conn.execute("DELETE FROM jobs.runs WHERE scheduled_for = '2030-01-01 00:20Z'")
+    with _installed_before(pg, "0019_occurrence_key.sql", tmp_path) as conn:
+        row = conn.execute("SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')").fetchone()
+        assert row is not None
+        conn.execute(
+            "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at)"
+            " VALUES (%(d)s, 'k', 'schedule', '2030-01-01 00:10Z', '2030-01-01 00:00Z'),"
+            "        (%(d)s, 'k', 'schedule', '2030-01-01 00:20Z', '2030-01-01 00:00Z')",
+            {"d": row[0]},
+        )
+        named = f"definition {row[0]}, occurrence 2030-01-01"
+        with pytest.raises(psycopg.errors.UniqueViolation, match=named):
             migrate.apply(conn)
-            assert "0019" in migrate.applied_versions(conn)
-    finally:
-        pg.drop_database(database)
+        assert "0019" not in migrate.applied_versions(conn)
+        index = conn.execute("SELECT pg_get_indexdef('jobs.runs_occurrence_uniq'::regclass)").fetchone()
+        assert index is not None and "coalesce" not in index[0], f"the index changed anyway: {index}"
+        conn.execute("DELETE FROM jobs.runs WHERE scheduled_for = '2030-01-01 00:20Z'")
+        migrate.apply(conn)
+        assert "0019" in migrate.applied_versions(conn)
 
 
 def test_the_history_keys_migration_keeps_the_keys_of_runs_moved_before_it(
@@ -296,33 +306,26 @@ def test_the_history_keys_migration_keeps_the_keys_of_runs_moved_before_it(
     """Runs with an idempotency key and a unique key kept 'ever', moved to history before the
     keys had a table of their own: after the upgrade, enqueuing those keys again still returns
     the moved runs."""
-    script = checkout_schema(_state_before("0024_history_keys.sql"), tmp_path / "before")
-    database = pg.create_empty_database()
-    try:
-        installed = psql_file(database.dsn, script)
-        assert installed.returncode == 0, f"installing the schema before the migration: {installed.stderr}"
-        with psycopg.connect(database.dsn, autocommit=True) as conn:
-            moved = [
-                int(r[0])
-                for r in conn.execute(
-                    "INSERT INTO jobs.runs (kind, status, started_at, finished_at, idempotency_key,"
-                    " unique_key) SELECT 'k', 'COMPLETED', now() - d * interval '1 day',"
-                    " now() - d * interval '1 day', i, u"
-                    " FROM (VALUES (3, 'i', NULL), (4, NULL, 'u')) AS v (d, i, u) RETURNING id"
-                )
-            ]
-            assert conn.execute("SELECT jobs.archive()").fetchone() == (2,)
-            migrate.apply(conn)
-            again = [
-                conn.execute("SELECT id FROM jobs.enqueue('k', idempotency_key => 'i')").fetchone(),
-                conn.execute(
-                    "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => 'ever')"
-                ).fetchone(),
-            ]
-            assert again == [(moved[0],), (moved[1],)], f"enqueued again: {again}, the moved runs: {moved}"
-            assert conn.execute("SELECT count(*) FROM jobs.runs").fetchone() == (0,), "no new run"
-    finally:
-        pg.drop_database(database)
+    with _installed_before(pg, "0024_history_keys.sql", tmp_path) as conn:
+        moved = [
+            int(r[0])
+            for r in conn.execute(
+                "INSERT INTO jobs.runs (kind, status, started_at, finished_at, idempotency_key,"
+                " unique_key) SELECT 'k', 'COMPLETED', now() - d * interval '1 day',"
+                " now() - d * interval '1 day', i, u"
+                " FROM (VALUES (3, 'i', NULL), (4, NULL, 'u')) AS v (d, i, u) RETURNING id"
+            )
+        ]
+        assert conn.execute("SELECT jobs.archive()").fetchone() == (2,)
+        migrate.apply(conn)
+        again = [
+            conn.execute("SELECT id FROM jobs.enqueue('k', idempotency_key => 'i')").fetchone(),
+            conn.execute(
+                "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => 'ever')"
+            ).fetchone(),
+        ]
+        assert again == [(moved[0],), (moved[1],)], f"enqueued again: {again}, the moved runs: {moved}"
+        assert conn.execute("SELECT count(*) FROM jobs.runs").fetchone() == (0,), "no new run"
 
 
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
