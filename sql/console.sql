@@ -26,10 +26,11 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_text('worker', register_worker.worker, 200);
-    IF register_worker.kinds IS NULL OR EXISTS (
+    IF register_worker.kinds IS NULL OR cardinality(register_worker.kinds) > 1000 OR EXISTS (
         SELECT FROM unnest(register_worker.kinds) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200
-    ) THEN
-        RAISE EXCEPTION 'kinds must be an array of names of 1 to 200 characters' USING ERRCODE = '22023';
+    ) THEN   -- (at most what jobs.claim takes as its kinds)
+        RAISE EXCEPTION 'kinds must be an array of at most 1000 names of 1 to 200 characters'
+            USING ERRCODE = '22023';
     END IF;
     INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds)
     VALUES (register_worker.worker, left(register_worker.host, 255), register_worker.pid, register_worker.kinds)

@@ -22,6 +22,10 @@ BEGIN
         RAISE EXCEPTION 'detail must be a JSON object, got %', coalesce(jsonb_typeof(audit.detail), 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    IF octet_length(audit.detail::text) > 1048576 THEN   -- an entry of the log, not a document
+        RAISE EXCEPTION 'detail is % bytes; the limit is 1048576', octet_length(audit.detail::text)
+            USING ERRCODE = '22023';
+    END IF;
     INSERT INTO jobs.audit_log AS a (actor, action, target, detail)
     VALUES (audit.actor, audit.action, audit.target, audit.detail)
     RETURNING a.id INTO v_id;

@@ -120,7 +120,7 @@ BEGIN
         PERFORM jobs._check_flow_args(coalesce(e ->> 'queue', 'default'), e ->> 'concurrency_key');
         PERFORM jobs._check_schedule_controls(
             e ->> 'schedule' IS NOT NULL, e ->> 'dst_gap', e ->> 'dst_repeat', jobs._json_interval(e -> 'jitter'),
-            (e ->> 'pause_after_failures')::integer
+            (e ->> 'pause_after_failures')::numeric::integer   -- (a whole number, checked above)
         );
     EXCEPTION
         WHEN invalid_parameter_value THEN
@@ -188,15 +188,17 @@ BEGIN
                      'name', e ->> 'name', 'kind', e ->> 'kind', 'schedule', e ->> 'schedule',
                      'timezone', coalesce(e ->> 'timezone', 'UTC'), 'run_at', e -> 'run_at',
                      'payload', coalesce(e -> 'payload', '{}'), 'enabled', e -> 'enabled',
-                     'max_concurrent_runs', e -> 'max_concurrent_runs', 'priority', coalesce(nullif(e -> 'priority', 'null'), '0'),
-                     'max_attempts', e -> 'max_attempts',
+                     -- Whole numbers as integers: JSON may write them 10.0 or 1e3 (checked above).
+                     'max_concurrent_runs', (e ->> 'max_concurrent_runs')::numeric::integer,
+                     'priority', coalesce((e ->> 'priority')::numeric::integer, 0),
+                     'max_attempts', (e ->> 'max_attempts')::numeric::integer,
                      'misfire_policy', coalesce(e ->> 'misfire_policy', 'coalesce'),
                      'overlap_policy', coalesce(e ->> 'overlap_policy', 'queue'),
                      'timeout', jobs._json_interval(e -> 'timeout'),
                      'heartbeat_timeout', jobs._json_interval(e -> 'heartbeat_timeout'),
                      'dst_gap', e ->> 'dst_gap', 'dst_repeat', e ->> 'dst_repeat',
                      'jitter', jobs._json_interval(e -> 'jitter'),
-                     'pause_after_failures', e -> 'pause_after_failures',
+                     'pause_after_failures', (e ->> 'pause_after_failures')::numeric::integer,
                      'queue', coalesce(e ->> 'queue', 'default'), 'concurrency_key', e ->> 'concurrency_key'
                  ))
             FROM jsonb_array_elements(define_many.definitions) AS e

@@ -39,9 +39,9 @@ BEGIN
     IF depends_on IS NULL THEN
         RETURN;
     END IF;
-    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000
+    IF cardinality(depends_on) NOT BETWEEN 1 AND 1000 OR array_ndims(depends_on) <> 1 OR array_lower(depends_on, 1) <> 1
        OR EXISTS (SELECT FROM unnest(depends_on) AS d WHERE d IS NULL) THEN
-        RAISE EXCEPTION 'depends_on must hold 1 to 1000 run ids without NULLs (or be NULL)'
+        RAISE EXCEPTION 'depends_on must be a list of 1 to 1000 run ids without NULLs (or be NULL)'
             USING ERRCODE = '22023';
     END IF;
     -- jobs.runs first; history only for the ids it does not hold (a read of history locks
@@ -59,7 +59,7 @@ BEGIN
             USING ERRCODE = 'P0002', HINT = 'A run can only depend on runs that already exist.';
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._check_depends_on(bigint[]) IS 'Private: raises 22023 unless depends_on is NULL or 1 to 1000 run ids without NULLs, P0002 when one names no run (in jobs.runs or history); takes no lock.';
+COMMENT ON FUNCTION jobs._check_depends_on(bigint[]) IS 'Private: raises 22023 unless depends_on is NULL or a one-dimensional array of 1 to 1000 run ids without NULLs, P0002 when one names no run (in jobs.runs or history); takes no lock.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
 -- run. With a unique key, while a run of the same kind and key is in the unique_while states

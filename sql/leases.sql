@@ -94,6 +94,8 @@ CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM jobs._check_name('name', renew_lease.name);
+    PERFORM jobs._check_text('owner', renew_lease.owner, 200);
     PERFORM jobs._check_ttl(renew_lease.ttl);
     UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
@@ -106,6 +108,8 @@ CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text) RETURNS boo
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM jobs._check_name('name', release_lease.name);
+    PERFORM jobs._check_text('owner', release_lease.owner, 200);
     UPDATE jobs.leases AS l SET owner = NULL, expires_at = '-infinity'
      WHERE l.name = release_lease.name AND l.owner = release_lease.owner;
     RETURN FOUND;

@@ -31,6 +31,15 @@ BEGIN
     ) THEN
         RETURN format('timezone %s is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL'));
     END IF;
+    -- Names of the time zone files that are no place: the host's own zone (localtime, whose
+    -- rules the scheduler would read from its own host), the placeholder Factory, and the
+    -- copies of every zone under posix/ and right/ (right/ counts leap seconds).
+    IF zone IN ('localtime', 'posixrules', 'Factory') OR zone ~ '^(posix|right)/' THEN
+        RETURN format('timezone %s is not a place''s IANA time zone: give one such as %s',
+                      quote_literal(zone),
+                      CASE WHEN zone ~ '^(posix|right)/' THEN regexp_replace(zone, '^(posix|right)/', '')
+                           ELSE 'Europe/Paris or America/New_York' END);
+    END IF;
     -- An abbreviation is one word: a name with a slash (nearly every region's) is none.
     IF strpos(zone, '/') = 0 AND EXISTS (SELECT FROM pg_catalog.pg_timezone_abbrevs AS a WHERE a.abbrev = upper(zone)) THEN
         -- The zone's own offsets, read as the session's zone (which takes names, not
@@ -51,7 +60,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION jobs._zone_problem(text) IS 'Private: NULL for a known IANA time zone name that PostgreSQL does not read as a fixed-offset abbreviation, else what is wrong with it.';
+COMMENT ON FUNCTION jobs._zone_problem(text) IS 'Private: NULL for a known IANA time zone name of a place (not localtime, Factory or a posix/ or right/ copy) that PostgreSQL does not read as a fixed-offset abbreviation, else what is wrong with it.';
 
 -- Private: raise 22023 unless zone is an IANA time zone name known to the server.
 CREATE OR REPLACE FUNCTION jobs._check_zone(zone text) RETURNS void
@@ -339,11 +348,15 @@ BEGIN
     IF jitter IS NOT NULL AND (jitter < interval '0' OR jitter > interval '1 day') THEN
         RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
     END IF;
+    IF jitter > interval '0' AND NOT recurring THEN   -- a one-shot runs at its run_at
+        RAISE EXCEPTION 'jitter applies to a recurring schedule, not to run_at'
+            USING ERRCODE = '22023', HINT = 'Put the delay into run_at itself.';
+    END IF;
     IF pause_after_failures IS NOT NULL THEN
         PERFORM jobs._check_range('pause_after_failures', pause_after_failures, 1, 1000);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS 'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day) and pause_after_failures (1 to 1000) are valid or NULL.';
+COMMENT ON FUNCTION jobs._check_schedule_controls(boolean, text, text, interval, integer) IS 'Private: raises 22023 naming the field unless dst_gap (shift, end, skip) and dst_repeat (first, second, both), given only for a recurring schedule, jitter (0 to 1 day, more than 0 only for a recurring schedule) and pause_after_failures (1 to 1000) are valid or NULL.';
 
 -- Create or replace definitions by name: what a declaration changes, for jobs.define and
 -- jobs.define_many, which check their arguments first (each names a bad field its own way).

@@ -222,6 +222,10 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_range('number of held run ids', cardinality(held), 0, 10000);
+    -- A NULL among them would make every run compare unknown against the list: none handed back.
+    IF EXISTS (SELECT FROM unnest(held) AS h WHERE h IS NULL) THEN
+        RAISE EXCEPTION 'held must not contain NULL run ids' USING ERRCODE = '22023';
+    END IF;
     BEGIN
         PERFORM pg_advisory_xact_lock(jobs._claim_key(hand_back_unheld.worker));
     EXCEPTION WHEN lock_not_available THEN
@@ -426,6 +430,9 @@ SET enable_sort = off
 SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
+    IF next_due.kinds IS NOT NULL OR next_due.queues IS NOT NULL THEN   -- as jobs.claim takes them
+        PERFORM jobs._check_names('kinds', next_due.kinds), jobs._check_names('queues', next_due.queues);
+    END IF;
     RETURN QUERY
     WITH RECURSIVE seen AS (
         SELECT s.kinds AS scope_kinds, s.queues AS scope_queues,

@@ -194,6 +194,34 @@ CASES: list[Case] = [
         "SELECT jobs.renew_lease('l', 'o', '2 years')",
         "ttl must be a positive interval of at most a year, got 2 years",
     ),
+    # jobs.renew_lease / jobs.release_lease: the name and owner as jobs.acquire_lease takes them
+    bad("SELECT jobs.renew_lease(NULL, 'o', '1 minute')", "name"),
+    bad("SELECT jobs.renew_lease('l', '', '1 minute')", "owner"),
+    bad("SELECT jobs.release_lease(NULL, 'o')", "name"),
+    bad("SELECT jobs.release_lease('l', NULL)", "owner"),
+    # time zones that name no place: the host's own, the placeholder, the posix/ and right/ copies
+    # (a server built with its own time zone files may not know them at all)
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'localtime')", "timezone 'localtime'"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'Factory')", "timezone 'Factory'"),
+    bad(
+        "SELECT jobs.define('d', 'k', '0 9 * * *', timezone => 'posix/Europe/Sofia')",
+        "timezone 'posix/Europe/Sofia'",
+    ),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "timezone": "posixrules"}]\')',
+        "definitions[0] (d): timezone 'posixrules'",
+    ),
+    # jitter delays the occurrences of a schedule; a one-shot runs at its run_at
+    bad(
+        "SELECT jobs.define('d', 'k', run_at => now() + interval '1 day', jitter => '1 minute')",
+        "jitter applies to a recurring schedule",
+    ),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "run_at": "2030-01-01T00:00:00Z",'
+        ' "jitter": 60}]\')',
+        "definitions[0] (d): jitter applies to a recurring schedule",
+    ),
     # jobs.prune
     bad("SELECT jobs.prune('-1 day')", "older_than"),
     bad("SELECT jobs.prune('1 day', 0)", "batch_size"),
@@ -218,6 +246,17 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue('k', unique_key => 'u', idempotency_key => 'i')", "unique_key"),
     bad("SELECT jobs.enqueue('k', depends_on => '{}')", "depends_on"),
     bad("SELECT jobs.enqueue('k', depends_on => ARRAY[NULL]::bigint[])", "depends_on"),
+    bad("SELECT jobs.enqueue('k', depends_on => %s::bigint[])", "depends_on", params=("RUNNING[][]",)),
+    bad(
+        "SELECT jobs.enqueue('k', depends_on => ('[5:5]={' || %s || '}')::bigint[])",
+        "depends_on",
+        params=("RUNNING",),
+    ),
+    bad(
+        "SELECT jobs.enqueue_many('k', '[{}]', depends_on => %s::bigint[])",
+        "depends_on",
+        params=("RUNNING[][]",),
+    ),
     bad("SELECT jobs.enqueue('k', depends_on => ARRAY[987654321]::bigint[])", "depends_on", NOT_FOUND),
     bad("SELECT jobs.enqueue('k', depends_on => %s)", "987654321", NOT_FOUND, params=("QUEUED+missing",)),
     # jobs.enqueue_many
@@ -273,6 +312,23 @@ CASES: list[Case] = [
     bad("SELECT * FROM jobs.unclaim(%s, NULL)", "worker", params=("RUNNING[]",)),
     bad("SELECT * FROM jobs.unclaim(%s, '')", "worker", params=("RUNNING[]",)),
     bad("SELECT * FROM jobs.unclaim(%s, 'w1', claim_token => 'short')", "claim_token", params=("RUNNING[]",)),
+    # jobs.hand_back_unheld: a NULL among the held ids would match no run, and hand back none
+    bad("SELECT * FROM jobs.hand_back_unheld(ARRAY[NULL]::bigint[], 'w1')", "held must not contain NULL"),
+    bad("SELECT * FROM jobs.hand_back_unheld(ARRAY[1, NULL], 'w1')", "held must not contain NULL"),
+    # jobs.next_due: kinds and queues as jobs.claim takes them
+    bad("SELECT * FROM jobs.next_due(ARRAY[NULL]::text[])", "kinds[1]"),
+    bad("SELECT * FROM jobs.next_due(queues => '{}')", "queues"),
+    # jobs.register_worker: no more kinds than jobs.claim takes
+    bad(
+        "SELECT jobs.register_worker('w', array(SELECT 'k' || g FROM generate_series(1, 1001) AS g))",
+        "kinds must be an array of at most 1000 names",
+    ),
+    # jobs.audit: an entry of the log, not a document
+    bad(
+        "SELECT jobs.audit('me', 'act', NULL, jsonb_build_object('x', repeat('a', %s)))",
+        "detail",
+        params=(BIG,),
+    ),
     # jobs.define: queue, concurrency_key
     bad("SELECT jobs.define('d', 'k', run_at => now(), queue => '')", "queue"),
     bad("SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => '')", "concurrency_key"),
@@ -299,6 +355,7 @@ def _seed(conn: Conn) -> dict[str, Any]:
         "QUEUED": queued,
         "RUNNING": running,
         "RUNNING[]": [running],
+        "RUNNING[][]": [[running], [running]],
         "QUEUED+missing": [queued, 987654321],
     }
 

@@ -109,6 +109,20 @@ def test_a_json_null_field_means_not_given(conn: Conn) -> None:
     )
 
 
+def test_whole_numbers_written_as_decimals_are_taken_as_integers(conn: Conn) -> None:
+    """JSON writes a number as it likes: 2.0, 10.00 and 1e1 are whole numbers, stored as
+    integers, whatever serialized them (a YAML 2.0, a float in another language)."""
+    numbers = json.loads(
+        '{"max_concurrent_runs": 2.0, "priority": -0.0, "max_attempts": 1e1, "pause_after_failures": 3.000}'
+    )
+    _define_many(conn, [{"name": "decimals", "kind": "k", "schedule": "* * * * *", **numbers}])
+    assert one(
+        conn,
+        "SELECT max_concurrent_runs, priority, max_attempts, pause_after_failures"
+        " FROM jobs.definitions WHERE name = 'decimals'",
+    ) == {"max_concurrent_runs": 2, "priority": 0, "max_attempts": 10, "pause_after_failures": 3}
+
+
 def test_a_changed_dst_policy_reschedules(conn: Conn) -> None:
     """As jobs.define: a new DST policy means new occurrences, so the cursor restarts."""
     d = {"name": "n", "kind": "k", "schedule": "30 2 * * *", "timezone": "Europe/Sofia"}
