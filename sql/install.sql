@@ -66,7 +66,20 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0022_dependents \ir ../migrations/apply.sql
 -- 0023: the failures in history indexed by id and by kind, as jobs.runs indexes its own.
 \set migration 0023_history_failures \ir ../migrations/apply.sql
+-- 0024: the keys of the runs in history, in a table of their own.
 \set migration 0024_history_keys \ir ../migrations/apply.sql
+
+-- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
+-- keeps that pgtick's functions: these older ones are not put back over them.
+SELECT EXISTS (
+    SELECT FROM jobs.schema_migrations WHERE version > left(:'migration', 4)
+) AS pgtick_newer \gset
+\if :pgtick_newer
+DO $newer$ BEGIN
+    RAISE EXCEPTION 'the jobs schema has migrations this install does not know: a newer pgtick migrated it; nothing was applied'
+        USING ERRCODE = '55000', HINT = 'Install with that pgtick (or a later one).';
+END $newer$;
+\endif
 
 -- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
 BEGIN;

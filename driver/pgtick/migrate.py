@@ -160,6 +160,19 @@ def install_script(root: Path | None = None) -> str:
                 f"UPDATE jobs.schema_migrations SET package_version = '{_package_version()}' "
                 f"WHERE version = '{migration.version}';\n\\endif\n"
             )
+    if plan.migrations:
+        out += [
+            "\n-- a schema a newer pgtick migrated keeps its functions\n",
+            "SELECT EXISTS (SELECT FROM jobs.schema_migrations WHERE version > "
+            f"'{plan.migrations[-1].version}') AS pgtick_newer \\gset\n",
+            "\\if :pgtick_newer\n",
+            "DO $newer$ BEGIN\n"
+            "    RAISE EXCEPTION 'the jobs schema has migrations this install does not know: a newer pgtick"
+            " migrated it; nothing was applied'\n"
+            "        USING ERRCODE = '55000', HINT = 'Install with that pgtick (or a later one).';\n"
+            "END $newer$;\n",
+            "\\endif\n",
+        ]
     out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
@@ -224,14 +237,30 @@ def check_schema(conn: psycopg.Connection[Any], root: Path | None = None) -> str
             f"the jobs schema is older than pgtick {_package_version()}: it lacks {lacks};"
             " run `pgtick migrate`"
         )
-    known = {m.version for m in plan.migrations}
-    unknown = sorted(applied - known)
+    unknown = _unknown(applied, plan)
     if unknown:
         return (
             f"the jobs schema has migrations pgtick {_package_version()} does not know"
             f" ({_some(unknown)}): a newer pgtick migrated it; upgrade this one"
         )
     return None
+
+
+def _unknown(applied: set[str], plan: InstallPlan) -> list[str]:
+    """The recorded migrations this driver's plan does not list (a newer pgtick's)."""
+    return sorted(applied - {m.version for m in plan.migrations})
+
+
+def _refuse_newer(applied: set[str], plan: InstallPlan) -> None:
+    """Raise SchemaMismatch when a newer pgtick migrated the schema: its functions stay,
+    rather than this driver's older ones put back over them."""
+    unknown = _unknown(applied, plan)
+    if unknown:
+        raise SchemaMismatch(
+            f"the jobs schema has migrations pgtick {_package_version()} does not know"
+            f" ({_some(unknown)}): a newer pgtick migrated it; nothing was applied:"
+            " migrate with that one (or a later one)"
+        )
 
 
 def _some(names: list[str], shown: int = 3) -> str:
@@ -267,9 +296,13 @@ def apply(
     try:
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
+        _refuse_newer(already, plan)
         pending = [m for m in plan.migrations if m.version not in already]
         total = len(pending) + 1
-        for migration in pending:
+        # The last pending migration commits with the functions: a migrator stopped between
+        # them (Ctrl-C, a lost connection) leaves a ledger that still lacks a migration, so
+        # `pgtick run` says to migrate, rather than a complete ledger over missing functions.
+        for migration in pending[:-1]:
             with conn.transaction():
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
@@ -277,11 +310,18 @@ def apply(
             if progress is not None:
                 progress(f"{migration.version}_{migration.name}", len(done), total)
         with conn.transaction():
+            for migration in pending[-1:]:
+                conn.execute(migration.sql().encode())
+                calls.record_migration(conn, migration.version, migration.name)
+                done.append(migration.version)
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
             if done:
                 calls.record_package_version(conn, _package_version(), done)
         if progress is not None:
+            if pending:
+                last = pending[-1]
+                progress(f"{last.version}_{last.name}", len(done), total)
             progress("functions and views", total, total)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
@@ -301,6 +341,7 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
         calls.advisory_xact_lock(conn, plan.lock_key)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
+        _refuse_newer(already, plan)
         for migration in plan.migrations:
             if migration.version in already:
                 continue

@@ -26,6 +26,7 @@ from harness import (
 )
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
+from pgtick.errors import SchemaMismatch
 
 # Everything a user or another language can observe about the jobs schema, by name (the
 # position of a column added by a later migration depends on when a database got it).
@@ -348,6 +349,52 @@ def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path:
         versions = migrate.applied_versions(conn)
     assert "9999" not in versions
     assert versions == {m.version for m in migrate.migrations()}
+
+
+def test_a_migrator_stopped_before_the_functions_leaves_a_ledger_that_says_to_migrate(
+    empty: Database, tmp_path: Path
+) -> None:
+    """The last migration commits with the functions: a migrator that stops between them
+    (here a function file that fails, as an interrupt or a lost connection would stop it)
+    leaves a migration unrecorded, which `pgtick run` refuses to start on, rather than a
+    complete ledger over a schema without its functions."""
+    root = tmp_path / "root"
+    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
+    shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
+    roles = root / "sql" / "roles.sql"
+    roles.write_text(roles.read_text() + "\nSELECT no_such_function();\n")
+    last = migrate.migrations()[-1]
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            migrate.apply(conn, root)
+        assert last.version not in migrate.applied_versions(conn)
+        assert conn.execute(
+            "SELECT to_regprocedure('jobs.claim(integer, text, text[], boolean, text[], text)')"
+        ).fetchone() == (None,)
+        with pytest.raises(SchemaMismatch, match=f"lacks migration {last.version}_{last.name}"):
+            migrate.check_schema(conn)
+        assert migrate.apply(conn) == [last.version]
+        assert migrate.check_schema(conn) is None
+
+
+def test_a_schema_a_newer_pgtick_migrated_keeps_its_functions(db: Database, tmp_path: Path) -> None:
+    """An older pgtick's migrate (driver, generated script, psql) refuses a schema whose
+    ledger holds a migration it does not know, and leaves that pgtick's functions as they are."""
+    marker = "COMMENT ON FUNCTION jobs.next_due(text[], text[]) IS 'as a newer pgtick wrote it'"
+    read = "SELECT obj_description('jobs.next_due(text[], text[])'::regprocedure)"
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO jobs.schema_migrations (version, name) VALUES ('9999', 'from_the_future')")
+        conn.execute(marker)
+        with pytest.raises(SchemaMismatch, match=r"does not know \(9999\).*nothing was applied"):
+            migrate.apply(conn)
+        assert conn.execute(read).fetchone() == ("as a newer pgtick wrote it",)
+    script = tmp_path / "install.sql"
+    script.write_text(migrate.install_script())
+    for path in (script, migrate.schema_root() / "sql" / "install.sql"):
+        result = psql_file(db.dsn, path)
+        assert result.returncode != 0 and "a newer pgtick migrated it" in result.stderr, result.stderr
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            assert conn.execute(read).fetchone() == ("as a newer pgtick wrote it",), path
 
 
 def test_every_jobs_object_is_documented(db: Database) -> None:
