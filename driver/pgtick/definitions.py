@@ -266,7 +266,13 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
 
 
 def sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
-    """Write the app's retry policies and declared schedules (validated here first)."""
+    """Write the app's retry policies and declared schedules (validated here first), in one
+    transaction: a schedule refused leaves the policies as they were too."""
+    with conn.transaction():
+        _sync_app(app, conn)
+
+
+def _sync_app(app: App, conn: psycopg.Connection[Any]) -> None:
     for spec in app.jobs.values():
         calls.set_retry_policy(
             conn,
