@@ -308,6 +308,7 @@ class Worker:
         # RUNNING for this worker that it does not know of. Until the claim loop has handed
         # them back (_hand_back_unheld), the extra claimers start no claim.
         self._claim_unsure = False
+        self._hung_said = False  # the claim loop has logged that every job thread is held
         # Slot accounting shared by the claim loop and the extra claimers (under _lock):
         # slots promised to claims in flight, and held runs whose job code has finished
         # (held until their outcome is reported, but no longer using a slot).
@@ -638,16 +639,27 @@ class Worker:
         queue as ``_hand_back`` puts them, for another worker to run; this one claims nothing
         until a thread comes back (``_free_slots``)."""
         with self._lock:
-            if not self._threads_hung():
-                return
+            hung = self._threads_hung()
+        if hung != self._hung_said:  # said once when it starts and once when it ends
+            self._hung_said = hung
+            if hung:
+                log.warning(
+                    "worker=%s all %d job threads are held by jobs let go (past their timeout, or"
+                    " reaped) whose code has not returned: claiming nothing until one returns"
+                    ' (isolation="process" stops such code)',
+                    self.worker_id,
+                    self.concurrency,
+                )
+            else:
+                log.info("worker=%s a job thread has returned: claiming again", self.worker_id)
+        if not hung:
+            return
         _, waiting, handed = self._unclaim_waiting(conn)
         if not waiting:
             return
         log.warning(
-            "worker=%s all %d job threads are held by jobs let go that have not returned:"
-            " handed back runs=%s (not begun); claiming nothing until a thread returns",
+            "worker=%s handed back runs=%s (not begun): no job thread is free to run them",
             self.worker_id,
-            self.concurrency,
             ",".join(map(str, handed)) or "-",
         )
         kept = sorted(set(waiting) - set(handed))

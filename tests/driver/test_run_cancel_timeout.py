@@ -152,3 +152,26 @@ def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
     outcome = rf"run={run_id} kind=hangs-past-its-kind-timeout definition=- status=FAILED attempt=1 "
     outcome += r".*error=Timeout:"
     assert re.search(outcome, log), f"no outcome line for the run its worker failed: {context}"
+
+
+def test_a_worker_whose_every_thread_is_held_by_a_hung_job_says_so_and_claims_again_when_it_returns(
+    procs: Processes, conn: Conn
+) -> None:
+    """With one job thread, held by a job past its kind's timeout that has not returned, the
+    worker claims nothing (the retry waits in the queue for another worker) and says so once;
+    when the code returns, it says it claims again, and runs the retry."""
+    hang = 12.0
+    replica = procs.replica("hang_app.py", "worker", "--no-scheduler", "--concurrency", "1")
+    run_id = scalar(
+        conn,
+        "SELECT id FROM jobs.enqueue('hangs-past-its-kind-timeout',"
+        " jsonb_build_object('seconds', %s::float8))",
+        (hang,),
+    )
+    replica.wait_log(r"all 1 job threads are held by jobs let go .* claiming nothing until one returns", 60)
+    retry = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    assert retry is not None, replica.log()
+    replica.wait_log(r"a job thread has returned: claiming again", hang + 60)
+    wait_retry_completed(conn, run_id, timeout=60)
+    log = replica.log()
+    assert log.count("job threads are held") == 1, f"said more than once:\n{log}"
