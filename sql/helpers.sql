@@ -396,19 +396,18 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
 
--- A text that is certainly a name as jobs._check_name takes it: 1 to 200 characters, no control
--- character, and at least one printable ASCII character other than a space (so not only spaces,
--- whatever the locale calls a space). Where it is false, jobs._check_name decides. A SQL-standard
--- body, inlined into the expression that calls it (roles.sql leaves its search_path unpinned):
--- a hot call's check of its name costs no function call.
+-- A text that is certainly a name as jobs._check_name takes it: 1 to 200 printable ASCII
+-- characters, at least one of them not a space. Where it is false, jobs._check_name decides.
+-- A SQL-standard body, inlined into the expression that calls it (roles.sql leaves its
+-- search_path unpinned): a hot call's check of its name costs no function call.
 CREATE OR REPLACE FUNCTION jobs._plain_name(value text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN length(value) BETWEEN 1 AND 200 AND value ~ '[!-~]' AND value !~ '[[:cntrl:]]';
-COMMENT ON FUNCTION jobs._plain_name(text) IS 'Private: true when the text is certainly a name (1 to 200 characters, no control character, a printable ASCII character other than a space); where false, jobs._check_name decides.';
+RETURN value ~ '^[ -~]{1,200}$' AND value ~ '[!-~]';
+COMMENT ON FUNCTION jobs._plain_name(text) IS 'Private: true when the text is certainly a name (1 to 200 printable ASCII characters, not only spaces); where false, jobs._check_name decides.';
 
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
--- in logs and break the CLI's tables), nor only spaces.
+-- in logs and break the CLI's tables) or one that hides or turns text around, nor only spaces.
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -421,8 +420,17 @@ BEGIN
         RAISE EXCEPTION '% must not be blank (only spaces), got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
+    -- Characters that turn the text after them around or hide in it (bidirectional overrides and
+    -- isolates, line and paragraph separators, zero-width space, word joiner, byte order mark):
+    -- a name shown in a terminal, a log line or the dashboard would read as another.
+    IF value ~ U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]' THEN
+        RAISE EXCEPTION '% must not contain invisible or text-direction characters, got U+% at character %',
+            field, upper(to_hex(ascii(substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]')))),
+            strpos(value, substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]'))
+            USING ERRCODE = '22023';
+    END IF;
 END $$;
-COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters and not only spaces.';
+COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters, invisible or text-direction characters (U+202E and the like), and not only spaces.';
 
 -- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names
 -- (each as jobs._check_name takes it; a bad element is named by its position, e.g. kinds[3]).

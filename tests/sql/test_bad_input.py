@@ -38,6 +38,16 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue(E'k\\n')", "kind must not contain control characters"),
     bad("SELECT jobs.enqueue(E'\\t')", "kind must not contain control characters"),
     bad("SELECT jobs.enqueue('k', queue => E'q\\u001b')", "queue must not contain control characters"),
+    bad(
+        "SELECT jobs.enqueue(U&'pay\\202Eyal')",
+        "kind must not contain invisible or text-direction characters, got U+202E",
+    ),
+    bad(
+        "SELECT jobs.enqueue('k', queue => U&'a\\2028b')",
+        "queue must not contain invisible or text-direction",
+    ),
+    bad("SELECT jobs.define(U&'\\FEFFnightly', 'k', run_at => now())", "name must not contain invisible"),
+    bad("SELECT jobs.set_limit('queue', U&'q\\2066x', max_running => 1)", "name must not contain invisible"),
     bad("SELECT jobs.define('  ', 'k', run_at => now())", "name must not be blank"),
     bad(
         'SELECT jobs.define_many(\'[{"name": " ", "kind": "k", "run_at": "2030-01-01T00:00:00Z"}]\')',
@@ -444,3 +454,14 @@ def test_extreme_but_valid_timestamps(conn: psycopg.Connection[Any]) -> None:
     past = conn.execute("SELECT id FROM jobs.enqueue('k', run_at => '0001-01-02 00:00+00')").fetchone()
     claimed = conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall()
     assert past is not None and [r[0] for r in claimed] == [past[0]]
+
+
+def test_names_in_any_script_are_taken(conn: Conn) -> None:
+    """Only characters that hide or turn text around are refused in names: accents, other
+    scripts, the zero-width non-joiner Persian writes with, emoji joined by U+200D are names."""
+    names = ["été", "отчёт", "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627", "日報", "👩\u200d💻-build"]
+    for name in names:
+        conn.execute("SELECT jobs.enqueue(%s, queue => %s)", (name, name))
+        conn.execute("SELECT jobs.define(%s, %s, run_at => now() + interval '1 day')", (name, name))
+    assert sorted(r[0] for r in conn.execute("SELECT kind FROM jobs.runs").fetchall()) == sorted(names)
+    assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == len(names)
