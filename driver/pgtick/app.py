@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, UsageError
 
 if TYPE_CHECKING:
-    from pgtick.client import Client, EnqueueWithConnOptions, Run
+    from pgtick.client import Client, DefinitionOptions, EnqueueWithConnOptions, Run
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
@@ -99,6 +99,24 @@ def _seconds(value: float | timedelta | None) -> float | None:
     return seconds
 
 
+def _check_database(call: str, target: object, *, conninfo: bool) -> None:
+    """A TypeError unless ``target`` is something ``app.enqueue`` writes through: a
+    ``pgtick.Client``, or with ``conninfo`` a conninfo string; it says why an ``AsyncClient``
+    is not (``app.enqueue`` is synchronous)."""
+    from pgtick.client import AsyncClient, Client
+
+    if isinstance(target, Client) or (conninfo and isinstance(target, str)):
+        return
+    if isinstance(target, AsyncClient):
+        why = " (app.enqueue is synchronous: give it a pgtick.Client)"
+    elif isinstance(target, str):
+        why = " (give a conninfo string as dsn=)"
+    else:
+        why = ""
+    takes = "a conninfo string or a pgtick.Client" if conninfo else "a pgtick.Client"
+    raise TypeError(f"{call} takes {takes}, got {type(target).__name__}{why}")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One registered kind: its code and the rules the database applies to it."""
@@ -142,9 +160,12 @@ class App:
     $DATABASE_URL (or $PGTICK_DSN) on first use. ``pgtick run`` does not need them, and
     gives an app without them its own DSN, so job code can ``app.enqueue`` follow-ups.
     ``close()`` (or a ``with`` block) closes the connection the app opened for them.
+    ``client`` must be a ``pgtick.Client`` (``app.enqueue`` is synchronous), else TypeError.
     """
 
     def __init__(self, name: str = "pgtick", *, dsn: str | None = None, client: Client | None = None) -> None:
+        if client is not None:
+            _check_database("App(client=...)", client, conninfo=False)
         self.name = name
         self.jobs: dict[str, JobSpec] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
@@ -218,14 +239,9 @@ class App:
         server session ends now); a client that was given to it is the giver's to close.
         Anything else is refused before the app changes: an ``AsyncClient`` (``app.enqueue``
         is synchronous), an empty DSN."""
-        from pgtick.client import AsyncClient, Client
+        from pgtick.client import Client
 
-        if not isinstance(target, str | Client):
-            sync = " (app.enqueue is synchronous: give it a pgtick.Client)"
-            raise TypeError(
-                f"app.use() takes a conninfo string or a pgtick.Client, got {type(target).__name__}"
-                + (sync if isinstance(target, AsyncClient) else "")
-            )
+        _check_database("app.use()", target, conninfo=True)
         if isinstance(target, str) and not target.strip():
             raise InvalidArgument("app.use(): the DSN must not be empty", field="target")
         with self._client_lock:
@@ -335,7 +351,7 @@ class App:
         *,
         tz: str = "UTC",
         run_at: datetime | None = None,
-        **options: Any,
+        **options: Unpack[DefinitionOptions],
     ) -> None:
         """Declare a definition (recurring with ``schedule``, or one-shot with ``run_at``).
 
@@ -343,9 +359,31 @@ class App:
         priority, max_attempts, misfire_policy, overlap_policy (queue, skip, buffer_one,
         cancel_other), timeout, heartbeat_timeout, dst_gap (shift, end, skip) and
         dst_repeat (first, second, both; None = auto), jitter (a timedelta),
-        pause_after_failures.
+        pause_after_failures, enabled, queue, concurrency_key.
+
+        Checked here as ``Client.define`` checks its arguments before it sends anything, so
+        a mistake is refused at the declaration, not when ``pgtick run`` writes it: a keyword
+        not listed above is a TypeError; a bad value an ``InvalidArgument`` naming it (``tz``
+        that is not an IANA zone name such as 'Europe/Sofia', a payload JSON cannot hold,
+        schedule text that does not parse, neither or both of ``schedule`` and ``run_at``);
+        a name declared twice a ``UsageError``.
         """
-        self.schedules[name] = ScheduleSpec(name, kind, schedule, tz, run_at, dict(options))
+        from pgtick.client import DefineOptions, DefinitionOptions, check_definition, check_keywords
+
+        check_keywords("App.schedule", DefinitionOptions.__annotations__, options)
+        define = DefineOptions(**options, timezone=tz, run_at=run_at)
+        check_definition(name, kind, schedule, define, zone_name="tz")
+        if (schedule is None) == (run_at is None):
+            raise InvalidArgument(
+                f"definition {name!r}: give exactly one of schedule (recurring) or run_at (one-shot)",
+                field="schedule",
+            )
+        if name in self.schedules:
+            raise UsageError(f"schedule {name!r} is declared twice")
+        declared: dict[str, Any] = dict(options)
+        if isinstance(declared.get("payload"), Mapping):  # any mapping, written as a JSON object
+            declared["payload"] = dict(declared["payload"])
+        self.schedules[name] = ScheduleSpec(name, kind, schedule, tz, run_at, declared)
 
 
 class Context:

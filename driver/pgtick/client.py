@@ -22,6 +22,9 @@ caller. Without ``conn=`` the client uses what it was built over:
 * a psycopg connection: ``conn.transaction()`` on it, which is a transaction of its
   own when the connection is idle, and a savepoint of the transaction in progress
   (so it commits with it) when one is open.
+
+A connection whose transaction has failed (a statement in it raised an error and it was
+not rolled back) is refused with ``pgtick.errors.WrongTransaction``: roll it back first.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -51,13 +55,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
-from pgtick.errors import InvalidArgument, NotFound, UsageError, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
 
 __all__ = [
     "AsyncClient",
     "Client",
     "DefineOptions",
     "Definition",
+    "DefinitionOptions",
     "EnqueueManyOptions",
     "EnqueueOptions",
     "EnqueueWithConnOptions",
@@ -532,11 +537,10 @@ class EnqueueWithConnOptions(EnqueueOptions, total=False):
     conn: psycopg.Connection[Any] | None
 
 
-class DefineOptions(PerRunOptions, total=False):
-    """The keyword options of ``define``."""
+class DefinitionOptions(PerRunOptions, total=False):
+    """The keyword options of ``App.schedule``: those of ``define`` but the zone and the
+    one-shot time, which ``App.schedule`` takes as ``tz`` and ``run_at``."""
 
-    timezone: str | None
-    run_at: datetime | None
     payload: Mapping[str, Any] | None
     enabled: bool | None
     max_concurrent_runs: int | None
@@ -546,6 +550,22 @@ class DefineOptions(PerRunOptions, total=False):
     dst_repeat: str | None
     jitter: float | timedelta | None
     pause_after_failures: int | None
+
+
+class DefineOptions(DefinitionOptions, total=False):
+    """The keyword options of ``define``."""
+
+    timezone: str | None
+    run_at: datetime | None
+
+
+def check_keywords(function: str, known: Iterable[str], given: Iterable[str]) -> None:
+    """A TypeError for the first keyword in ``given`` that ``known`` does not name, worded as
+    Python words it (``function`` is the qualified name it shows, e.g. ``Client.define``)."""
+    names = frozenset(known)
+    for name in given:
+        if name not in names:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -573,9 +593,7 @@ def _takes(options: Any) -> Callable[[_Method], _Method]:
         known = frozenset(shown.parameters)
 
         def check(kwargs: Mapping[str, Any]) -> None:
-            for name in kwargs:
-                if name not in known:
-                    raise TypeError(f"{method.__qualname__}() got an unexpected keyword argument {name!r}")
+            check_keywords(method.__qualname__, known, kwargs)
 
         if inspect.iscoroutinefunction(method):
 
@@ -627,6 +645,16 @@ class _Call(Generic[_R]):
             if named is None:
                 raise
             raise InvalidArgument(f"{named} must be JSON-serializable: {exc}", field=named) from exc
+
+    def adapt(self) -> None:
+        """Serialize the JSON arguments now, with the JSON dumps configured in psycopg for
+        every connection (those a new connection starts with), and refuse what ``adapting``
+        refuses: for a call checked here and sent later, on a connection not made yet."""
+        dumps = Transformer()
+        with self.adapting():
+            for value in self.params.values():
+                if isinstance(value, Jsonb):
+                    dumps.get_dumper(value, PyFormat.AUTO).dump(value)
 
     @contextmanager
     def trace_context(self) -> Iterator[str | None]:
@@ -703,6 +731,27 @@ def _define(name: str, kind: str, schedule: str | None, options: DefineOptions) 
     return define
 
 
+def check_definition(
+    name: str, kind: str, schedule: str | None, options: DefineOptions, *, zone_name: str = "timezone"
+) -> None:
+    """What ``define`` checks before it sends anything, for a definition written later
+    (``App.schedule``, which ``pgtick run`` writes): every argument's type and range, the
+    schedule parsed in its zone, the payload serialized. The zone must be an IANA name
+    (``zone_name``: what the caller calls it). What only the database knows is left to it."""
+    timezone = options.get("timezone")
+    if timezone is not None:
+        if not isinstance(timezone, str):
+            known = isinstance(timezone, ZoneInfo) and timezone.key
+            name_it = f" (give its name, {timezone.key!r})" if known else ""
+            raise InvalidArgument(
+                f"{zone_name} must be an IANA time zone name such as 'Europe/Sofia', got "
+                f"{type(timezone).__name__} {timezone!r}{name_it}",
+                field=zone_name,
+            )
+        _zone(timezone, zone_name)
+    _define(name, kind, schedule, options).adapt()
+
+
 def _cancel(run_id: int) -> _Call[str]:
     return _jobs_value("cancel", {"run_id": run_id}, str)
 
@@ -731,6 +780,16 @@ def _get_run(run_id: int) -> _Call[Run]:
 
 _Conn = TypeVar("_Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
 _Pool = TypeVar("_Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
+
+
+def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """A WrongTransaction when the connection's transaction has failed (a statement in it
+    raised an error and it was not rolled back): no call, nor its savepoint, can run in it."""
+    if conn.info.transaction_status == TransactionStatus.INERROR:
+        raise WrongTransaction(
+            "the connection's transaction has failed (a statement in it raised an error): roll it back first",
+            sqlstate="25P02",
+        )
 
 
 class _Source(Generic[_Conn, _Pool]):
@@ -820,6 +879,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
+            _check_transaction(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                 conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
             with conn.transaction():
@@ -828,8 +888,10 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
             with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            with self._lock, self._conn.transaction():  # one call at a time on a shared connection
-                yield self._conn
+            with self._lock:  # one call at a time on a shared connection
+                _check_transaction(self._conn)
+                with self._conn.transaction():
+                    yield self._conn
         else:
             with self._lock:
                 self._check_open()  # again under the lock: a close() on another thread came first
@@ -997,6 +1059,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
+            _check_transaction(conn)
             if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                 await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
             async with conn.transaction():
@@ -1005,8 +1068,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            async with self._loop_lock(), self._conn.transaction():  # one call at a time on a connection
-                yield self._conn
+            async with self._loop_lock():  # one call at a time on a connection
+                _check_transaction(self._conn)
+                async with self._conn.transaction():
+                    yield self._conn
         else:
             async with self._loop_lock():
                 self._check_open()  # again under the lock: a close() in another task came first

@@ -6,8 +6,9 @@ time with a zone is wall time there, whatever the session's TimeZone."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import UserDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from types import MappingProxyType
@@ -19,7 +20,7 @@ import pytest
 import pytz
 
 from harness import Database, scalar
-from pgtick import App, AsyncClient, Client
+from pgtick import App, AsyncClient, Client, Run
 from pgtick.definitions import sync_app
 from pgtick.errors import InvalidArgument, PgtickError, UsageError, WrongTransaction
 
@@ -361,3 +362,159 @@ def test_retry_on_takes_one_class_or_name_as_a_list_of_one() -> None:
         ["TimeoutError"],
         ["KeyError"],
     )
+
+
+def test_a_call_in_a_failed_transaction_is_refused_until_it_is_rolled_back(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A statement of the caller's transaction raised an error and was not rolled back: no
+    call (nor its savepoint) can run in it. The call says so as a ``WrongTransaction``, not
+    as psycopg's InFailedSqlTransaction and a logged failed rollback of a savepoint; after
+    a rollback the same connection works. The same through ``conn=`` and ``Client(conn)``,
+    and for the AsyncClient."""
+
+    def fail(conn: psycopg.Connection[Any]) -> None:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+
+    refused: list[WrongTransaction] = []
+    with db.connect(autocommit=False) as conn, Client(db.dsn) as client, Client(conn) as over_conn:
+        calls: list[Callable[[], Run]] = [
+            lambda: client.enqueue("k", conn=conn),
+            lambda: over_conn.enqueue("k"),
+        ]
+        for call in calls:
+            fail(conn)
+            with pytest.raises(WrongTransaction) as caught:
+                call()
+            refused.append(caught.value)
+            conn.rollback()
+            assert call().kind == "k", "the rolled-back connection is usable again"
+            conn.commit()
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(db.dsn) as aconn:
+            async with AsyncClient(db.dsn) as client, AsyncClient(aconn) as over_conn:
+                calls: list[Callable[[], Awaitable[Run]]] = [
+                    lambda: client.enqueue("k", conn=aconn),
+                    lambda: over_conn.enqueue("k"),
+                ]
+                for call in calls:
+                    with pytest.raises(psycopg.errors.DivisionByZero):
+                        await aconn.execute("SELECT 1/0")
+                    with pytest.raises(WrongTransaction) as caught:
+                        await call()
+                    refused.append(caught.value)
+                    await aconn.rollback()
+                    assert (await call()).kind == "k"
+                    await aconn.commit()
+
+    asyncio.run(main())
+    for error in refused:
+        assert error.sqlstate == "25P02" and "roll it back first" in str(error), error
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not logged, f"a failed rollback was logged: {logged}"
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 4, "only the calls after the rollbacks"
+
+
+SCHEDULE_MISTAKES: list[tuple[str, Callable[[App], Any], str]] = [
+    ("tz-a-zoneinfo", lambda a: a.schedule("x", "k", "0 9 * * *", tz=ZoneInfo("Europe/Sofia")), "tz"),  # type: ignore[arg-type]
+    ("tz-a-number", lambda a: a.schedule("x", "k", "0 9 * * *", tz=2), "tz"),  # type: ignore[arg-type]
+    ("tz-unknown", lambda a: a.schedule("x", "k", "0 9 * * *", tz="Mars/Base"), "tz"),
+    (
+        "payload-decimal",
+        lambda a: a.schedule("x", "k", "0 9 * * *", payload={"a": Decimal("1.5")}),
+        "payload",
+    ),
+    ("payload-nan", lambda a: a.schedule("x", "k", "0 9 * * *", payload={"a": float("nan")}), "payload"),
+    ("payload-nul", lambda a: a.schedule("x", "k", "0 9 * * *", payload={"a": "\x00"}), "payload"),
+    ("schedule-bad-cron", lambda a: a.schedule("x", "k", "0 25 * * *"), "schedule"),
+    ("schedule-a-number", lambda a: a.schedule("x", "k", 5), "schedule"),  # type: ignore[arg-type]
+    ("name-a-number", lambda a: a.schedule(5, "k", "0 9 * * *"), "name"),  # type: ignore[arg-type]
+    ("kind-blank", lambda a: a.schedule("x", " ", "0 9 * * *"), "kind"),
+    ("neither-schedule-nor-run-at", lambda a: a.schedule("x", "k"), "schedule"),
+    (
+        "both-schedule-and-run-at",
+        lambda a: a.schedule("x", "k", "0 9 * * *", run_at=datetime(2031, 1, 1, tzinfo=UTC)),
+        "schedule",
+    ),
+    ("run-at-a-date", lambda a: a.schedule("x", "k", run_at=date(2031, 1, 1)), "run_at"),  # type: ignore[arg-type]
+    ("cap-zero", lambda a: a.schedule("x", "k", "0 9 * * *", max_concurrent_runs=0), "max_concurrent_runs"),
+    ("timeout-nan", lambda a: a.schedule("x", "k", "0 9 * * *", timeout=float("nan")), "timeout"),
+    ("dst-gap-unknown", lambda a: a.schedule("x", "k", "0 9 * * *", dst_gap="later"), "dst_gap"),
+    ("jitter-over-spacing", lambda a: a.schedule("x", "k", "*/5 * * * *", jitter=600), "jitter"),
+]
+
+
+@pytest.mark.parametrize(
+    ("declare", "field"), [c[1:] for c in SCHEDULE_MISTAKES], ids=[c[0] for c in SCHEDULE_MISTAKES]
+)
+def test_a_schedule_declared_with_a_mistake_is_refused_at_declaration_naming_the_field(
+    declare: Callable[[App], Any], field: str
+) -> None:
+    """``app.schedule`` checks what ``Client.define`` checks before it sends anything, when it
+    is declared (the app has no database): not later, when ``pgtick run`` writes it."""
+    app = App("t", dsn=NOWHERE)
+    with pytest.raises(InvalidArgument) as caught:
+        declare(app)
+    assert caught.value.field == field, (
+        f"refused naming {caught.value.field!r}, not {field!r}: {caught.value}"
+    )
+    assert not isinstance(caught.value.__cause__, psycopg.Error), "the refusal came from a database"
+    assert app.schedules == {}, "a refused schedule was declared"
+
+
+def test_a_schedule_declared_with_an_unknown_keyword_is_a_type_error_naming_it() -> None:
+    app = App("t")
+    with pytest.raises(
+        TypeError, match=r"^App\.schedule\(\) got an unexpected keyword argument 'max_concurent_runs'"
+    ):
+        app.schedule("x", "k", "0 9 * * *", max_concurent_runs=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'timezone'"):  # app.schedule takes the zone as tz=
+        app.schedule("x", "k", "0 9 * * *", timezone="Europe/Sofia")  # type: ignore[call-arg]
+    assert app.schedules == {}
+
+
+def test_a_schedule_name_declared_twice_is_refused_and_the_first_declaration_stays() -> None:
+    app = App("t")
+    app.schedule("nightly", "report", "0 3 * * *")
+    with pytest.raises(UsageError, match="schedule 'nightly' is declared twice"):
+        app.schedule("nightly", "export", "0 4 * * *")
+    assert app.schedules["nightly"].kind == "report"
+
+
+def test_a_schedule_declared_right_is_written_by_sync_as_declared(db: Database) -> None:
+    """What the checks let through is what ``pgtick run`` writes: any mapping as the payload,
+    a zone by name, a one-shot's naive time read in it."""
+    app = App("t")
+    app.schedule(
+        "weekday", "report", "0 9 * * 1-5", tz="Europe/Sofia", payload=MappingProxyType({"team": "sofia"})
+    )
+    app.schedule("eve", "report", run_at=datetime(2031, 12, 24, 18, 0), tz="Europe/Sofia", priority=5)
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        sync_app(app, conn)
+        rows = conn.execute(
+            "SELECT name, timezone, payload, priority FROM jobs.definitions ORDER BY name"
+        ).fetchall()
+    assert rows == [
+        ("eve", "Europe/Sofia", {}, 5),
+        ("weekday", "Europe/Sofia", {"team": "sofia"}, 0),
+    ], rows
+
+
+def test_app_takes_only_a_sync_client_and_says_why() -> None:
+    """``App(client=...)`` refuses what ``app.use()`` refuses, before the app exists: an
+    AsyncClient (``app.enqueue`` is synchronous: it would return a coroutine no one awaits)
+    and a conninfo string (that is ``dsn=``)."""
+    with pytest.raises(
+        TypeError,
+        match=r"App\(client=\.\.\.\) takes a pgtick.Client, got AsyncClient \(app.enqueue is synchronous",
+    ):
+        App(client=AsyncClient(NOWHERE))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got str \(give a conninfo string as dsn=\)"):
+        App(client=NOWHERE)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got int"):
+        App(client=5432)  # type: ignore[arg-type]
+    with Client(NOWHERE) as client:
+        assert App(client=client).client is client
