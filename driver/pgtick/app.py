@@ -37,6 +37,13 @@ from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, Usa
 if TYPE_CHECKING:
     from pgtick.client import Client, DefinitionOptions, EnqueueWithConnOptions, Run
 
+#: Characters a name must not hold, as jobs._check_name refuses them: they hide in the text or
+#: turn the text after them around (bidirectional overrides and isolates, line and paragraph
+#: separators, zero-width space, word joiner, byte order mark), so a name would read as another.
+HIDDEN_CHARACTERS = frozenset(
+    "\u200b\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff"
+)
+
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]
 #: Where a job's code runs: a thread of the worker (default; ``async def`` jobs on the
@@ -298,6 +305,11 @@ class App:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
         if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):  # as jobs._check_name refuses
             raise UsageError(f"job kind must not contain control characters, got {kind!r}")
+        hidden = next((c for c in kind if c in HIDDEN_CHARACTERS), None)
+        if hidden is not None:
+            raise UsageError(
+                f"job kind must not contain invisible or text-direction characters, got U+{ord(hidden):04X}"
+            )
         if kind in self.jobs:
             raise UsageError(f"job kind {kind!r} is registered twice")
         allow = _class_names(kind, "retry_on", retry_on)

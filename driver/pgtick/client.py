@@ -56,6 +56,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgtick import instrumentation
 from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
 from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
+from pgtick.schedule.zones import not_a_place
 
 __all__ = [
     "AsyncClient",
@@ -204,6 +205,9 @@ def _zone(tz: str | tzinfo, what: str) -> tzinfo:
         raise InvalidArgument(
             f"{what} must be an IANA time zone name or a tzinfo, got {type(tz).__name__} {tz!r}", field=what
         )
+    why = not_a_place(tz)
+    if why is not None:  # localtime would read the time in this host's zone
+        raise InvalidArgument(f"{what} {why}", field=what)
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):

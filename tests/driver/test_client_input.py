@@ -221,12 +221,23 @@ def _in_auckland(db: Database) -> str:
     return f"{db.dsn} options='-c TimeZone=Pacific/Auckland'"
 
 
-@pytest.mark.parametrize("kind", ["send\x00receipt", "send\treceipt", "send\ud800receipt", "send\x85receipt"])
-def test_a_job_kind_the_sql_api_refuses_is_refused_when_registered(kind: str) -> None:
-    """A kind with a control character (NUL, a tab, C1) or a lone surrogate is refused by
-    @app.job itself, naming the rule, not later by the database with a bare driver error."""
+@pytest.mark.parametrize(
+    ("kind", "rule"),
+    [
+        ("send\x00receipt", "control characters"),
+        ("send\treceipt", "control characters"),
+        ("send\ud800receipt", "control characters"),
+        ("send\x85receipt", "control characters"),
+        ("send\u202ereceipt", "invisible or text-direction characters, got U\\+202E"),
+        ("\ufeffsend", "invisible or text-direction characters, got U\\+FEFF"),
+    ],
+)
+def test_a_job_kind_the_sql_api_refuses_is_refused_when_registered(kind: str, rule: str) -> None:
+    """A kind with a control character (NUL, a tab, C1), a lone surrogate or a character that
+    hides or turns text around is refused by @app.job itself, naming the rule, not later by
+    the database with a bare driver error."""
     app = App()
-    with pytest.raises(UsageError, match="control characters"):
+    with pytest.raises(UsageError, match=rule):
         app.job(kind)(lambda ctx: None)
     assert kind not in app.jobs
     app.job("send-réceipt ✉")(lambda ctx: None)
@@ -518,3 +529,20 @@ def test_app_takes_only_a_sync_client_and_says_why() -> None:
         App(client=5432)  # type: ignore[arg-type]
     with Client(NOWHERE) as client:
         assert App(client=client).client is client
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "posix/Europe/Sofia", "right/UTC"])
+def test_a_time_zone_name_of_no_place_is_refused_before_any_sql(db: Database, zone: str) -> None:
+    """localtime reads a naive time in this host's zone, which the database and the scheduler
+    on other hosts do not share; Factory, posixrules and the posix/ and right/ copies name no
+    place. Refused naming the argument, for an enqueue's tz as for a definition's zone."""
+    with Client(db.dsn) as client:
+        with pytest.raises(InvalidArgument) as enqueue:
+            client.enqueue("k", run_at=datetime(2031, 1, 1, 9, 0), tz=zone)
+        with pytest.raises(InvalidArgument) as define:
+            client.define("d", "k", "0 9 * * *", timezone=zone)
+    assert (enqueue.value.field, define.value.field) == ("tz", "timezone")
+    assert "place" in str(enqueue.value) or "not a known" in str(enqueue.value), enqueue.value
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0

@@ -28,7 +28,9 @@ __all__ = [
     "ScheduleError",
     "WallTimeRuns",
     "auto_policy",
+    "load_place_zone",
     "load_zone",
+    "not_a_place",
     "resolve_policy",
     "runs_of_wall_time",
 ]
@@ -118,6 +120,32 @@ def load_zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ScheduleError(f"unknown time zone {name!r}") from None
+
+
+#: Names in the time zone database that are no place: the host's own zone (each host reads
+#: its own), the placeholder, and the rules file.
+_NOT_PLACES = frozenset({"localtime", "Factory", "posixrules"})
+
+
+def not_a_place(name: str) -> str | None:
+    """Why a zone name that may load names no place (the host's ``localtime``, ``Factory``,
+    the ``posix/`` and ``right/`` copies of every zone: ``right/`` counts leap seconds),
+    with the name to give instead; None for a place's zone. The database refuses the same
+    names for a definition (``jobs._zone_problem``)."""
+    if name in _NOT_PLACES:
+        return f"{name!r} is not a place's IANA time zone: give one such as Europe/Paris or America/New_York"
+    prefix, _, rest = name.partition("/")
+    if prefix in ("posix", "right") and rest:
+        return f"{name!r} is not a place's IANA time zone: give one such as {rest}"
+    return None
+
+
+def load_place_zone(name: str) -> ZoneInfo:
+    """``load_zone`` for a name a caller gives: ScheduleError also for a name of no place."""
+    why = not_a_place(name)
+    if why is not None:
+        raise ScheduleError(why)
+    return load_zone(name)
 
 
 def require_aware(value: datetime, name: str) -> None:
