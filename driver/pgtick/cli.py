@@ -244,9 +244,12 @@ def parse_role(text: str) -> str:
 
 def parse_zone(text: str) -> str:
     """An argparse type: an IANA time zone name the driver and the database both know."""
-    from pgtick.schedule.zones import ScheduleError, load_zone
+    from pgtick.schedule.zones import ScheduleError, load_zone, not_a_place
 
     name_text(text)
+    why = not_a_place(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
     try:
         load_zone(text)
     except ScheduleError:
@@ -298,24 +301,33 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:40] + "...")
 
 
+def _as_utf8(text: str) -> tuple[str, str | None]:
+    """An argument or environment variable as UTF-8 text, and None; or, when its bytes are not
+    UTF-8 (the shell passed bytes), as given, and those bytes shown with replacement characters.
+    In a locale whose encoding is not UTF-8 (``LC_ALL=C``) Python keeps the bytes it could not
+    decode as surrogates: text whose bytes are UTF-8 is read as UTF-8, the encoding of
+    everything pgtick stores."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode(sys.getfilesystemencoding(), "surrogateescape")
+        except UnicodeError:  # not bytes of the command line (a lone surrogate given to main)
+            raw = text.encode("utf-8", "replace")
+        try:
+            return raw.decode("utf-8"), None
+        except UnicodeDecodeError:
+            return text, raw.decode("utf-8", "replace")
+    return text, None
+
+
 def _argv_as_text(argv: Sequence[str]) -> tuple[list[str], str | None]:
-    """The arguments as text, and the first one that is not valid UTF-8 (the shell passed
-    bytes), if any. In a locale whose encoding is not UTF-8 (``LC_ALL=C``) Python keeps the
-    bytes it could not decode as surrogates: an argument whose bytes are UTF-8 is read as
-    UTF-8, the encoding of everything pgtick stores."""
+    """The arguments as text (``_as_utf8``), and the first one that is not valid UTF-8, if any."""
     text: list[str] = []
     for arg in argv:
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            try:
-                raw = arg.encode(sys.getfilesystemencoding(), "surrogateescape")
-            except UnicodeError:  # not bytes of the command line (a lone surrogate given to main)
-                raw = arg.encode("utf-8", "replace")
-            try:
-                arg = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return text, raw.decode("utf-8", "replace")
+        arg, undecodable = _as_utf8(arg)
+        if undecodable is not None:
+            return text, undecodable
         text.append(arg)
     return text, None
 
@@ -344,15 +356,25 @@ class Result:
 def _emit(args: argparse.Namespace, result: Result) -> int:
     fmt = getattr(args, "format", None) or ("json" if getattr(args, "json", False) else "table")
     if fmt == "json":
-        print(to_json(result.data, ascii_only=not utf8(sys.stdout)))
+        _write_out(to_json(result.data, ascii_only=not utf8(sys.stdout)) + "\n")
     elif fmt == "csv":
         assert result.csv_fields is not None
-        print(to_csv(result.data, result.csv_fields))
+        _write_out(to_csv(result.data, result.csv_fields) + "\n")
     elif result.text is not None:
         text = result.text(Style.detect(sys.stdout), bool(getattr(args, "wide", False)))
         if text:
-            print(text)
+            _write_out(text + "\n")
     return result.code
+
+
+def _write_out(text: str) -> None:
+    """Write ``text`` to standard output in pieces that fit its buffer. One larger write goes
+    to the pipe at once, and when the reader leaves in the middle of it (``| head``) the
+    kernel takes part of it and Python drops the rest without an error; a piece through the
+    buffer raises BrokenPipeError instead, which ``main`` turns into exit 1."""
+    piece = io.DEFAULT_BUFFER_SIZE // 4  # characters: at most 4 bytes each in UTF-8
+    for start in range(0, len(text), piece):
+        sys.stdout.write(text[start : start + piece])
 
 
 # -- parser ---------------------------------------------------------------------------
@@ -395,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  pgtick run examples/app.py\n  pgtick status",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"pgtick {__version__}")
+    parser.add_argument("--version", action="store_true", help="show the version and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="diagnostics down to DEBUG")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -476,35 +498,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="create or replace every definition in FILE in one statement: JSON lines "
         "(one object per line with the fields of jobs.define_many) or .csv with a header row",
     )
-    when = p.add_mutually_exclusive_group()
-    when.add_argument("--schedule", type=schedule_text, help="RRULE (FREQ=...) or 5-field cron")
-    when.add_argument(
-        "--run-at", type=parse_instant, help="one-shot time, ISO 8601 (without an offset: in --tz)"
-    )
-    p.add_argument("--tz", type=parse_zone, default="UTC", help="IANA time zone (default UTC)")
-    p.add_argument("--payload", type=parse_json_object, default=None)
-    p.add_argument(
-        "--cap", type=sql_integer("max_concurrent_runs"), default=None, help="max concurrent runs (1..100000)"
-    )
-    p.add_argument("--priority", type=sql_integer("priority"), default=0, help=PRIORITY_HELP)
-    p.add_argument("--max-attempts", type=sql_integer("max_attempts"), default=None,
-                   help="attempts, the first included (1..1000; default: the retry policy)")  # fmt: skip
-    p.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], default="coalesce")
-    p.add_argument("--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], default="queue")
-    p.add_argument("--timeout", type=parse_duration, default=None)
-    p.add_argument("--paused", action="store_true", help="define it paused")
-    p.add_argument("--dst-gap", choices=["shift", "end", "skip"], default=None, help="default: auto")
-    p.add_argument("--dst-repeat", choices=["first", "second", "both"], default=None, help="default: auto")
-    p.add_argument(
-        "--jitter", type=duration(timedelta(days=1)), default=None, help="delay each run by up to this"
-    )
-    p.add_argument(
-        "--pause-after-failures",
-        type=sql_integer("pause_after_failures"),
-        default=None,
-        metavar="N",
-        help="pause the definition after N final failures in a row (1..1000)",
-    )
+    # The fields of one definition: --from-file takes every field from its file and refuses
+    # these, so each defaults to None (False) here and to DEFINE_DEFAULTS in cmd_define.
+    group = p.add_argument_group("definition fields", "(with --from-file, the file gives every field)")
+    when = group.add_mutually_exclusive_group()
+    fields = [
+        when.add_argument("--schedule", type=schedule_text, help="RRULE (FREQ=...) or 5-field cron"),
+        when.add_argument(
+            "--run-at", type=parse_instant, help="one-shot time, ISO 8601 (without an offset: in --tz)"
+        ),
+        group.add_argument("--tz", type=parse_zone, help="IANA time zone (default UTC)"),
+        group.add_argument("--payload", type=parse_json_object),
+        group.add_argument(
+            "--cap", type=sql_integer("max_concurrent_runs"), help="max concurrent runs (1..100000)"
+        ),
+        group.add_argument("--priority", type=sql_integer("priority"), help=PRIORITY_HELP),
+        group.add_argument(
+            "--max-attempts",
+            type=sql_integer("max_attempts"),
+            help="attempts, the first included (1..1000; default: the retry policy)",
+        ),
+        group.add_argument("--misfire", choices=["coalesce", "catch_up", "skip"], help="default coalesce"),
+        group.add_argument(
+            "--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], help="default queue"
+        ),
+        group.add_argument("--timeout", type=parse_duration),
+        group.add_argument("--paused", action="store_true", help="define it paused"),
+        group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
+        group.add_argument("--dst-repeat", choices=["first", "second", "both"], help="default: auto"),
+        group.add_argument("--jitter", type=duration(timedelta(days=1)), help="delay each run by up to this"),
+        group.add_argument(
+            "--pause-after-failures",
+            type=sql_integer("pause_after_failures"),
+            metavar="N",
+            help="pause the definition after N final failures in a row (1..1000)",
+        ),
+    ]
+    p.set_defaults(field_options=fields)
 
     p = _command(sub, "backfill", "materialize a past window's occurrences once", cmd_backfill)
     p.add_argument("name", type=name_text)
@@ -671,7 +701,21 @@ def _start_embedded() -> str:
 
 
 def _dsn(args: argparse.Namespace) -> str:
-    return resolve_dsn(getattr(args, "dsn", None), _start_embedded)
+    """--dsn, else $DATABASE_URL (or $PGTICK_DSN), else the embedded PostgreSQL. The variable
+    is read as UTF-8 as an argument is; bytes that are not UTF-8 are a usage error naming it."""
+    explicit = getattr(args, "dsn", None)
+    variable = next((v for v in ("DATABASE_URL", "PGTICK_DSN") if os.environ.get(v)), None)
+    if not explicit and variable is not None:
+        value = os.environ[variable]
+        text, undecodable = _as_utf8(value)
+        if undecodable is not None:
+            raise UsageError(f"${variable}: not valid UTF-8: {without_password(repr(undecodable))}")
+        if text != value:  # UTF-8 bytes in a locale whose encoding is not UTF-8
+            try:
+                explicit = parse_dsn(text)
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"${variable}: {exc}") from None
+    return resolve_dsn(explicit, _start_embedded)
 
 
 def _warn(command: str, message: str) -> None:
@@ -787,7 +831,7 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
             raise UsageError(
                 "--sql prints the install script for psql, not JSON: give one of --sql or --json"
             )
-        sys.stdout.write(migrate.install_script())
+        _write_out(migrate.install_script())
         return 0
     from pgtick.progress import Steps
 
@@ -800,12 +844,23 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
     )
 
 
+#: What ``pgtick define NAME KIND`` sends for a field not given.
+DEFINE_DEFAULTS = {"tz": "UTC", "priority": 0, "misfire": "coalesce", "overlap": "queue"}
+
+
 def cmd_define(args: argparse.Namespace) -> Result:
     from pgtick.definitions import define, define_many, read_definitions, validate_schedule
 
     if args.from_file is not None:
-        if args.name or args.kind or args.schedule or args.run_at:
-            raise UsageError("--from-file takes its definitions from the file: give no NAME, KIND or times")
+        if args.name or args.kind:
+            raise UsageError("--from-file takes its definitions from the file: give no NAME or KIND")
+        given = [a.option_strings[0] for a in args.field_options if getattr(args, a.dest) != a.default]
+        if given:
+            them = "it" if len(given) == 1 else "them"
+            raise UsageError(
+                f"with --from-file the file gives every field of each definition: {', '.join(given)}"
+                f" cannot be given here (set {them} in the file)"
+            )
         definitions = read_definitions(args.from_file)
         with connect_dicts(_dsn(args)) as conn, conn.transaction():
             rows = define_many(conn, definitions)
@@ -818,6 +873,9 @@ def cmd_define(args: argparse.Namespace) -> Result:
         )
     if not args.name or not args.kind or (args.schedule is None) == (args.run_at is None):
         raise UsageError("give NAME KIND and one of --schedule or --run-at (or --from-file FILE)")
+    for dest, value in DEFINE_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
 
     if args.schedule is not None:  # before any connection: a typo fails fast
         validate_schedule(
@@ -1883,6 +1941,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (``sys.argv[1:]`` unless given); returns the exit code. A Ctrl-C at
+    any point of it, from building the parser to the command's last line, is exit 130 and
+    nothing on stderr."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from pgtick.logs import setup_logging
 
     parser = build_parser()
@@ -1902,13 +1970,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}", file=sys.stderr)
         return 2
     args = _parse(parser, argv)
+    if args.version:
+        if args.command is not None:
+            parser.error(f"--version takes no command (got {args.command})")
+        print(f"pgtick {__version__}")
+        return 0
     setup_logging(
         verbose=args.verbose,
         log_format=getattr(args, "log_format", None),
         outcomes=args.command == "run",
     )
-    if args.command is None:
-        parser.print_help()
+    if args.command is None:  # the help, as the usage of a usage error: on stderr, exit 2
+        parser.print_help(sys.stderr)
         return 2
     if sys.stdout is None and args.command not in _SILENT_COMMANDS:
         _error(args.command, "standard output is closed: nothing done, as nothing could be shown")
@@ -1929,8 +2002,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg.Error as exc:
         _error(args.command, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
         _discard_stdout()
         return 1

@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Unpack
@@ -28,7 +28,7 @@ from pgtick.app import App
 from pgtick.client import check_duration, read_time, unstorable_json, unstorable_text
 from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
-from pgtick.schedule.zones import DstChoice, load_zone
+from pgtick.schedule.zones import DstChoice, load_zone, not_a_place
 
 log = logging.getLogger("pgtick.definitions")
 
@@ -48,6 +48,9 @@ def validate_schedule(
     two years (where a repeated hour can put two runs an hour apart), is refused: delayed
     runs could overtake or coincide."""
     now = datetime.now(UTC)
+    why = not_a_place(timezone)
+    if why is not None:  # the scheduler on another host would read localtime as its own zone
+        raise InvalidArgument(f"definition={name} timezone {why}", field="timezone")
     try:
         load_zone(timezone)
     except ScheduleError:  # the definition's zone, not a TZID in the schedule text
@@ -231,8 +234,28 @@ def read_definitions(path: str) -> list[dict[str, Any]]:
 
 
 def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
-    reader = csv.DictReader(io.StringIO(text))
-    columns = reader.fieldnames or []
+    # strict: a quote left open at the end of the file, or text after a closing quote, is an
+    # error, not text read into the cell. A record the csv module cannot read is named by the
+    # line it starts on (a quoted cell may hold line breaks, an RRULE of several lines).
+    reader = csv.reader(io.StringIO(text), strict=True)
+
+    def records() -> Iterator[tuple[int, list[str]]]:
+        while True:
+            first = reader.line_num + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                why = str(exc)
+                if why == "unexpected end of data":
+                    why = "a quoted cell is not closed before the end of the file"
+                raise UsageError(f"{path}:{first}: not readable as CSV: {why}") from None
+            if record:  # a blank line
+                yield first, record
+
+    rows = records()
+    columns = next(rows, (0, []))[1]
     unknown = sorted(set(columns) - calls.DEFINE_MANY_FIELDS)
     if unknown:
         raise UsageError(f"{path}: unknown column {unknown[0]!r}")
@@ -240,12 +263,16 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
     if twice:
         raise UsageError(f"{path}: column {twice[0]!r} is in the header more than once")
     out = []
-    for number, row in enumerate(reader, start=2):
+    for number, record in rows:
+        if len(record) > len(columns):
+            raise UsageError(
+                f"{path}:{number}: {len(record)} cells, but the header names {len(columns)} columns"
+            )
         item: dict[str, Any] = {}
-        for key, cell in row.items():
-            if cell is None or cell == "":
+        for key, cell in zip(columns, record, strict=False):
+            if cell == "":
                 continue
-            why = unstorable_text(cell) if isinstance(cell, str) else None
+            why = unstorable_text(cell)
             if why is not None:
                 raise UsageError(f"{path}:{number}: {key} must not contain {why}")
             try:

@@ -78,6 +78,13 @@ BAD_INPUT = [
     ("preview-garbage", ["preview", "garbage"], 2, "cron"),
     ("preview-bad-rrule", ["preview", "FREQ=DAILY;BYHOUR=25"], 2, "BYHOUR"),
     ("preview-unknown-zone", ["preview", "0 9 * * *", "--tz", "Nowhere/Land"], 2, "Nowhere/Land"),
+    ("preview-host-zone", ["preview", "0 9 * * *", "--tz", "localtime"], 2, "'localtime' is not a place's"),
+    (
+        "define-posix-copy-of-a-zone",
+        ["define", "x", "k", "--schedule", "0 9 * * *", "--tz", "posix/Europe/Sofia", "--dsn", "{dsn}"],
+        2,
+        "give one such as Europe/Sofia",
+    ),
     ("preview-bad-after", ["preview", "0 9 * * *", "--after", "yesterday"], 2, "ISO 8601"),
     ("preview-bad-count", ["preview", "0 9 * * *", "--count", "0"], 2, "--count"),
     ("define-bad-dst-gap", ["define", "x", "k", "--schedule", "0 * * * *", "--dst-gap", "later"], 2, "later"),
@@ -145,6 +152,8 @@ BAD_INPUT = [
     ("negative-run-id", ["cancel", "--dsn", "{dsn}", "-5"], 2, "error"),
     ("unknown-run-retry-large", ["retry", "--dsn", "{dsn}", "123456789"], 2, "error"),
     ("runs-limit-zero", ["runs", "--dsn", "{dsn}", "--limit", "0"], 2, "error"),
+    ("version-and-more", ["--version", "extra"], 2, "invalid choice: 'extra'"),
+    ("version-and-a-command", ["--version", "status", "--dsn", "{dsn}"], 2, "--version takes no command"),
 ]
 
 
@@ -258,6 +267,19 @@ def test_help_has_an_example(command: str | None) -> None:
     assert result.returncode == 0, result
     assert "example" in result.stdout, result.stdout
     assert result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["-v"]], ids=["bare", "verbose"])
+def test_no_command_is_a_usage_error_with_the_help_on_stderr(argv: list[str]) -> None:
+    """`pgtick` alone is a usage mistake: exit 2, the help (which lists the commands) on
+    stderr, nothing on stdout, as argparse reports one. `--version` alone is not."""
+    result = pgtick(*argv)
+    shown = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr[:300]!r}"
+    assert result.returncode == 2 and result.stdout == "", shown
+    assert result.stderr.startswith("usage: pgtick") and "backfill" in result.stderr, shown
+    version = pgtick(*argv, "--version")
+    assert (version.returncode, version.stderr) == (0, ""), version
+    assert re.fullmatch(r"pgtick \S+\n", version.stdout), version.stdout
 
 
 def test_preview_keeps_local_time_across_the_dst_change() -> None:
@@ -720,8 +742,37 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
             b"name,kind,schedule,name\na,k,@daily,b\n",
             "defs.csv: column 'name' is in the header more than once",
         ),
+        (
+            b"name,kind,schedule\nff1,k," + b"x" * 200_000 + b"\n",
+            "defs.csv:2: not readable as CSV: field larger than field limit (131072)",
+        ),
+        (  # not read as a schedule holding the line break and what follows
+            b'name,kind,schedule\na,k,@daily\nb,k,"* * * * *\n',
+            "defs.csv:3: not readable as CSV: a quoted cell is not closed before the end of the file",
+        ),
+        (  # not read as "@dailyx"
+            b'name,kind,schedule\na,k,"@daily"x\n',
+            "defs.csv:2: not readable as CSV: ',' expected after '\"'",
+        ),
+        (
+            b"name,kind,schedule\na,k,@daily,extra\n",
+            "defs.csv:2: 4 cells, but the header names 3 columns",
+        ),
+        (  # a quoted cell of two lines: the next record starts on line 4
+            b'name,kind,schedule,priority\na,k,"DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY",1\n'
+            b"b,k,@daily,high\n",
+            "defs.csv:4: bad priority 'high'",
+        ),
     ],
-    ids=["nul-in-a-cell", "a-column-twice"],
+    ids=[
+        "nul-in-a-cell",
+        "a-column-twice",
+        "a-cell-past-the-field-limit",
+        "a-quote-left-open",
+        "text-after-a-closing-quote",
+        "a-cell-past-the-header",
+        "a-record-after-a-cell-of-two-lines",
+    ],
 )
 def test_a_definitions_csv_the_database_cannot_take_is_one_line_before_any_change(
     db: Database, tmp_path: Path, content: bytes, said: str
@@ -731,6 +782,37 @@ def test_a_definitions_csv_the_database_cannot_take_is_one_line_before_any_chang
     result = pgtick("define", "--from-file", str(path), "--dsn", db.dsn)
     assert result.returncode == 2, result
     assert result.stderr == f"pgtick define: error: {path.parent}/{said}\n", result.stderr
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--paused"],
+        ["--cap", "7"],
+        ["--priority", "0"],  # the default value, given: still refused
+        ["--tz", "Europe/Sofia"],
+        ["--misfire", "skip"],
+        ["--payload", "{}"],
+        ["--schedule", "@daily"],
+        ["--pause-after-failures", "3"],
+    ],
+    ids=lambda option: option[0],
+)
+def test_define_from_file_refuses_the_options_of_one_definition(
+    db: Database, tmp_path: Path, option: list[str]
+) -> None:
+    """With --from-file every field comes from the file: an option that sets one too would be
+    ignored for some definitions or all of them, so it is refused, named, before any change."""
+    path = tmp_path / "defs.jsonl"
+    path.write_text('{"name": "x", "kind": "k", "schedule": "@daily"}\n')
+    result = pgtick("define", "--from-file", str(path), *option, "--dsn", db.dsn)
+    assert result.returncode == 2, result
+    assert result.stderr == (
+        "pgtick define: error: with --from-file the file gives every field of each definition:"
+        f" {option[0]} cannot be given here (set it in the file)\n"
+    ), result.stderr
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.conninfo import make_conninfo
 
 from harness import ROOT, Database, Server, digest, env_for, scalar
 from pgtick import cli
@@ -563,6 +564,39 @@ def test_a_bad_dsn_in_the_environment_is_a_usage_error_naming_the_variable(
         [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
     assert_refused(result, f"${variable}: not a connection string or URL")
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "PGTICK_DSN"])
+@pytest.mark.parametrize("argv", [["status"], ["define", "x", "k", "--schedule", "@daily"]])
+def test_a_dsn_in_the_environment_that_is_not_utf8_is_a_usage_error_naming_the_variable(
+    variable: str, argv: list[str]
+) -> None:
+    """Bytes that are not UTF-8 in $DATABASE_URL are refused as they are in --dsn: exit 2 and
+    one line naming the variable, its password masked."""
+    env: dict[str, str | bytes] = {**env_for(None), variable: b"postgresql://app:s3cr3t@127.0.0.1:1/x\xff"}
+    result = subprocess.run(
+        [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, errors="replace"
+    )
+    assert_refused(result, f"${variable}: not valid UTF-8: 'postgresql://app:***@127.0.0.1:1/x\ufffd'")
+    assert "s3cr3t" not in result.stderr, result.stderr
+
+
+def test_a_utf8_dsn_in_the_environment_of_an_ascii_locale_is_read_as_utf8(seeded: Database) -> None:
+    """Under LC_ALL=C without UTF-8 mode Python keeps the bytes of "é" in $DATABASE_URL
+    undecoded; they are UTF-8, so the variable is read as the text it is, as an argument is."""
+    env = {**env_for(None), "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    for name in ("PYTHONIOENCODING", "LANG", "LC_CTYPE", "PGTICK_LOG"):
+        env.pop(name, None)
+    env["DATABASE_URL"] = make_conninfo(seeded.dsn, application_name="café")
+    shown = subprocess.run(
+        [PGTICK_EXE, "dsn", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "application_name=café" in json.loads(shown.stdout)["dsn"], shown.stdout
+    used = subprocess.run(
+        [PGTICK_EXE, "runs", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert (used.returncode, used.stderr) == (0, ""), used.stderr
 
 
 @pytest.mark.parametrize("where", ["--dsn", "DATABASE_URL"])

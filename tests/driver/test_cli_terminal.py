@@ -12,6 +12,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -156,6 +157,87 @@ def test_a_reader_that_leaves_early_gets_no_traceback(db: Database) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1, err
     assert err == "", f"nothing on stderr when the reader left:\n{err}"
+
+
+def test_a_reader_that_leaves_in_the_middle_of_the_install_script_gets_exit_1() -> None:
+    """`pgtick migrate --sql | head -c 10`: the script is larger than a pipe holds, so the
+    reader leaves while it is being written; the command says so by its exit code, 1, as a
+    list does, with nothing on stderr."""
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "migrate", "--sql"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=quiet, cwd=ROOT
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b"-- pgtick ", "the script starts with its comment"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, err
+    assert err == "", f"nothing on stderr when the reader left:\n{err}"
+
+
+def _interrupted(code: str, *args: str, env: dict[str, str] | None = None) -> tuple[bytes, int, bytes, bytes]:
+    """Run ``python -c code args``, send it SIGINT once it has written its first line on
+    stderr; its first line, exit code, stdout and the rest of its stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return first, proc.returncode, out, err
+
+
+def test_ctrl_c_while_the_command_line_is_read_ends_quietly(db: Database) -> None:
+    """Ctrl-C while the parser is built and the arguments are read, before the command runs,
+    is exit 130 and nothing on stderr, as it is later. The process says when it starts to
+    build the parser and gets SIGINT right then (a loaded machine may let the command finish
+    first: exit 0)."""
+    code = (
+        "import sys; from pgtick import cli; build = cli.build_parser\n"
+        "def announced():\n"
+        "    print('parsing', file=sys.stderr, flush=True)\n"
+        "    return build()\n"
+        "cli.build_parser = announced; cli.entry()"
+    )
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    for _ in range(3):
+        first, code_, _, err = _interrupted(code, "runs", "--dsn", db.dsn, env=quiet)
+        shown = f"exit {code_}\nstderr: {(first + err).decode(errors='replace')}"
+        assert first == b"parsing\n", shown
+        assert code_ in (130, 0) and err == b"", shown
+
+
+def test_ctrl_c_while_the_command_loads_its_modules_ends_quietly() -> None:
+    """The ``pgtick`` command (and ``python -m pgtick``) loads psycopg and the driver before it
+    reads its arguments: a Ctrl-C then is exit 130 and nothing on stderr. The import of psycopg
+    is held until the signal comes, so the signal lands inside it."""
+    code = (
+        "import sys, time, importlib.abc\n"
+        "class Hold(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'psycopg':\n"
+        "            print('loading', file=sys.stderr, flush=True)\n"
+        "            time.sleep(60)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hold())\n"
+        "from pgtick.__main__ import main\n"
+        "main()"
+    )
+    first, code_, out, err = _interrupted(code, "--version")
+    shown = f"exit {code_}\nstderr: {(first + err).decode(errors='replace')}"
+    assert first == b"loading\n", shown
+    assert (code_, out, err) == (130, b"", b""), shown
 
 
 def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Database) -> None:
