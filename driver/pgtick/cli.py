@@ -400,11 +400,12 @@ def _command(
     p.set_defaults(fn=fn)
     p.add_argument("--dsn", type=parse_dsn, help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
     if output is not None:
-        p.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
+        formats = p.add_mutually_exclusive_group()  # --json is --format json: one of them
+        formats.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")
     if output in ("table", "list"):
         p.add_argument("--wide", action="store_true", help="every column, nothing cut")
     if output == "list":
-        p.add_argument(
+        formats.add_argument(
             "--format", choices=["table", "csv", "json"], default=None, help="output format (table)"
         )
     return p
@@ -522,7 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_argument(
             "--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], help="default queue"
         ),
-        group.add_argument("--timeout", type=parse_duration),
+        group.add_argument(
+            "--timeout", type=duration(timedelta(days=366)), help="a run's time limit (up to 366d)"
+        ),
         group.add_argument("--paused", action="store_true", help="define it paused"),
         group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
         group.add_argument("--dst-repeat", choices=["first", "second", "both"], help="default: auto"),
@@ -1728,8 +1731,12 @@ def cmd_prune(args: argparse.Namespace) -> Result:
                     if asked():
                         raise KeyboardInterrupt
         except (KeyboardInterrupt, psycopg.Error, PgtickError) as exc:
-            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by the error below"
-            _warn("prune", f"{why} after deleting {deleted} of {total} finished runs")
+            if isinstance(exc, KeyboardInterrupt):
+                _warn("prune", f"interrupted after deleting {deleted} of {total} finished runs")
+            elif deleted:  # else the error line alone says it all: nothing was deleted
+                _warn(
+                    "prune", f"stopped by the error below after deleting {deleted} of {total} finished runs"
+                )
             raise
     return Result(
         {"dry_run": False, "rows": total, "deleted": deleted},
@@ -1986,9 +1993,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if sys.stdout is None and args.command not in _SILENT_COMMANDS:
         _error(args.command, "standard output is closed: nothing done, as nothing could be shown")
         return 1
+    ran = False  # the command's work is done (committed): only its output is left to write
     try:
         with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
             result = args.fn(args)
+        ran = True
         code = _emit(args, result) if isinstance(result, Result) else int(result)
         if sys.stdout is not None:
             sys.stdout.flush()  # a full disk fails here, as an error line, not in the flush at exit
@@ -2008,12 +2017,22 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:  # mostly the output cannot be written: a full disk, a closed descriptor
         _discard_stdout()
         what = exc.filename if exc.filename is not None else "cannot write the output"
+        if ran and exc.filename is None and args.command in _CHANGING_COMMANDS:
+            what += " (the change itself was made)"  # run again, an enqueue would queue a second run
         _error(args.command, f"{what}: {exc.strerror or exc}")
         return 1
 
 
 #: Commands whose work is not their standard output (a worker, a locked command's own).
 _SILENT_COMMANDS = frozenset({"run", "lock"})
+
+#: Commands that change what the database holds: their output comes after their commit.
+_CHANGING_COMMANDS = frozenset(
+    {
+        "migrate", "define", "backfill", "enqueue", "run-now", "cancel", "pause", "resume",
+        "pause-queue", "resume-queue", "scope-worker", "unscope-worker", "retry", "undefine", "prune",
+    }
+)  # fmt: skip
 
 
 def _discard_stdout() -> None:

@@ -78,6 +78,13 @@ BAD_INPUT = [
     ("preview-garbage", ["preview", "garbage"], 2, "cron"),
     ("preview-bad-rrule", ["preview", "FREQ=DAILY;BYHOUR=25"], 2, "BYHOUR"),
     ("preview-unknown-zone", ["preview", "0 9 * * *", "--tz", "Nowhere/Land"], 2, "Nowhere/Land"),
+    ("runs-json-and-format", ["runs", "--json", "--format", "csv"], 2, "not allowed with argument --json"),
+    (
+        "define-timeout-past-366-days",
+        ["define", "x", "k", "--schedule", "* * * * *", "--timeout", "400d"],
+        2,
+        "366d",
+    ),
     ("preview-host-zone", ["preview", "0 9 * * *", "--tz", "localtime"], 2, "'localtime' is not a place's"),
     (
         "define-posix-copy-of-a-zone",
@@ -703,6 +710,22 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
     assert result.stderr == "pgtick runs: error: cannot write the output: No space left on device\n", (
         result.stderr
     )
+    # A command that changed something says so: run again, it would enqueue a second run.
+    with open("/dev/full", "w") as full:
+        enqueued = subprocess.run(
+            [*PGTICK, "enqueue", "shown-nowhere", *dsn],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_for(None),
+            timeout=60,
+        )
+    assert enqueued.returncode == 1, enqueued.stderr
+    assert enqueued.stderr.splitlines()[-1] == (
+        "pgtick enqueue: error: cannot write the output (the change itself was made): No space left on device"
+    ), enqueued.stderr
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE kind = 'shown-nowhere'") == 1
     closed_out = subprocess.run(
         [*PGTICK, "enqueue", "never-shown", "--json", *dsn],
         stderr=subprocess.PIPE,
@@ -716,7 +739,9 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
         closed_out.stderr
     )
     with db.connect() as conn:
-        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0, "a run was enqueued and never shown"
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE kind = 'never-shown'") == 0, (
+            "a run was enqueued and never shown"
+        )
     closed_in = subprocess.run(
         [*PGTICK, "define", "--from-file", "-", *dsn],
         capture_output=True,
