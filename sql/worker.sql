@@ -430,7 +430,13 @@ SET enable_sort = off
 SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
-    IF next_due.kinds IS NOT NULL OR next_due.queues IS NOT NULL THEN   -- as jobs.claim takes them
+    -- Kinds and queues as jobs.claim takes them, tested by expressions (an idle worker asks
+    -- before each claim); the helper says what is wrong.
+    IF (next_due.kinds IS NOT NULL
+        AND (cardinality(next_due.kinds) NOT BETWEEN 1 AND 1000 OR array_position(next_due.kinds, NULL) IS NOT NULL))
+       OR (next_due.queues IS NOT NULL
+           AND (cardinality(next_due.queues) NOT BETWEEN 1 AND 1000 OR array_position(next_due.queues, NULL) IS NOT NULL))
+    THEN
         PERFORM jobs._check_names('kinds', next_due.kinds), jobs._check_names('queues', next_due.queues);
     END IF;
     RETURN QUERY
