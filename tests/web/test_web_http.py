@@ -770,6 +770,22 @@ def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
     assert all("DST gap: moved" not in row for row in rows), rows
 
 
+def test_a_definition_without_a_next_run_has_its_page(client: TestClient, conn: Conn) -> None:
+    """A one-shot, a schedule that has ended and one paused show their page: no next run
+    where there is none, never an error."""
+    conn.execute("SELECT jobs.define('once', 'report', run_at => now() + interval '2 days')")
+    conn.execute(
+        "SELECT jobs.define('ended', 'report',"
+        " schedule => 'DTSTART:20200101T000000Z\nRRULE:FREQ=DAILY;COUNT=2')"
+    )
+    conn.execute("UPDATE jobs.definitions SET finished_at = now() WHERE name = 'ended'")
+    for name in ("once", "ended"):
+        page = client.get(f"/definition?name={name}")
+        assert page.status_code == 200, (name, page.status_code, page.text[:300])
+        assert "next run</dt>" not in page.text, name
+    assert "runs at</dt>" in client.get("/definition?name=once").text
+
+
 def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None:
     from datetime import UTC, datetime
 

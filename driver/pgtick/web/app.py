@@ -282,6 +282,8 @@ class Dashboard:
             {
                 "d": row,
                 "upcoming": upcoming,
+                # (none for a one-shot, a finished schedule or a schedule that will not compute)
+                "next_run": next((o for o in upcoming if o.utc), None),
                 "schedule_error": schedule_error,
                 "recent": recent[: queries.PAGE_SIZE],
                 "at_cap": row["max_concurrent_runs"] is not None
