@@ -311,13 +311,15 @@ LEFT JOIN LATERAL (
         AND last.status IS DISTINCT FROM 'COMPLETED'
 ) AS fails ON TRUE
 LEFT JOIN LATERAL (
+    -- The bound as a row comparison, which only the (definition_id, id) index answers: as
+    -- r.id > ..., the plan could walk the primary key over every run for each definition.
     SELECT count(*) AS skips FROM jobs.runs AS r
     WHERE
         r.definition_id = d.id AND r.failure_reason = 'Skipped'
-        AND r.id > coalesce((
+        AND (r.definition_id, r.id) > (d.id, coalesce((
             SELECT max(s.id) FROM jobs.runs AS s
             WHERE s.definition_id = d.id AND s.started_at IS NOT NULL
-        ), 0)
+        ), 0))
 ) AS skipped ON TRUE
 LEFT JOIN LATERAL (
     -- Start lateness of the runs due in the last hour (one range of runs_occurrence_uniq: a

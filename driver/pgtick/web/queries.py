@@ -246,9 +246,11 @@ async def definitions(conn: Conn, feats: Features) -> list[Row]:
                  WHERE f.definition_id = d.id AND f.status = 'FAILED'
                    AND f.id > coalesce(ok.id, 0)
                    AND last.status IS DISTINCT FROM 'COMPLETED') AS consecutive_failures,
+               -- (the bound as a row comparison, which only the (definition_id, id) index
+               -- answers: as s.id > ..., the plan could walk the primary key over every run)
                (SELECT count(*) FROM jobs.runs AS s
                  WHERE s.definition_id = d.id AND s.failure_reason = 'Skipped'
-                   AND s.id > coalesce(started.id, 0)) AS consecutive_skips,
+                   AND (s.definition_id, s.id) > (d.id, coalesce(started.id, 0))) AS consecutive_skips,
                d.finished_at IS NOT NULL AS finished, d.schedule_error,
                d.misfire_policy, d.overlap_policy, d.priority, d.created_at, d.run_at,
                d.dst_gap AS stored_dst_gap, d.dst_repeat AS stored_dst_repeat,
