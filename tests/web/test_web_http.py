@@ -786,6 +786,20 @@ def test_a_definition_without_a_next_run_has_its_page(client: TestClient, conn: 
     assert "runs at</dt>" in client.get("/definition?name=once").text
 
 
+def test_a_preview_of_a_schedule_slow_to_expand_shows_what_it_found_in_its_time(client: TestClient) -> None:
+    """A second of each leap day, stepped 7 seconds at a time, is seconds of work between two
+    occurrences: the page answers after its budget with the occurrences found and says why
+    there are not more."""
+    rule = "FREQ=SECONDLY;INTERVAL=7;BYMONTH=2;BYMONTHDAY=29;BYHOUR=23;BYMINUTE=59;BYSECOND=59"
+    started = time.monotonic()
+    page = client.get("/preview", params={"schedule": rule, "count": "1000"})
+    took = time.monotonic() - started
+    assert page.status_code == 200, page.text[:300]
+    assert 'id="preview-note"' in page.text and "took more than 2 s to expand" in page.text, page.text[-800:]
+    assert page.text.count("<tr") - 1 < 1000
+    assert took < 60, f"{took:.1f} s"
+
+
 def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None:
     from datetime import UTC, datetime
 

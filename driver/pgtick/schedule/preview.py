@@ -7,6 +7,7 @@ the anchor and the effective DST policy, so a preview can be checked against a r
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -21,8 +22,12 @@ _MARKS = {
 }
 
 
-def preview(schedule: Schedule, after: datetime, count: int) -> list[Occurrence]:
-    """The next `count` occurrences after `after`, with the ones DST skipped in between."""
+def preview(
+    schedule: Schedule, after: datetime, count: int, deadline: float | None = None
+) -> list[Occurrence]:
+    """The next `count` occurrences after `after`, with the ones DST skipped in between; fewer
+    when the `deadline` (a ``time.monotonic()`` instant) passes first (a sparse rule can take
+    seconds between two occurrences)."""
     if count < 0:
         raise ValueError(f"count must not be negative, got {count}")
     found: list[Occurrence] = []
@@ -32,6 +37,8 @@ def preview(schedule: Schedule, after: datetime, count: int) -> list[Occurrence]
             break
         found.append(occurrence)
         runs += occurrence.at is not None
+        if deadline is not None and time.monotonic() >= deadline:
+            break
     return found
 
 

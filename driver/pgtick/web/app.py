@@ -44,6 +44,10 @@ HERE = Path(__file__).resolve().parent
 #: no scheduler has materialized yet (the rest come from the database).
 COMPUTE_NEXT_SECONDS = 0.1
 
+#: Time the preview page may spend expanding a schedule: a sparse rule (a second of one day a
+#: year) can take seconds between two occurrences; the page shows those found by then.
+PREVIEW_SECONDS = 2.0
+
 #: Seconds a refused login waits before it answers.
 LOGIN_FAILURE_DELAY = 1.0
 
@@ -299,13 +303,22 @@ class Dashboard:
         assert count is not None
         after = inputs.instant(params, "after", tz) or datetime.now(UTC)
         result: list[timeview.Occurrence] = []
-        problem = None
+        problem = note = None
         if schedule:
+            deadline = time.monotonic() + PREVIEW_SECONDS
             try:
                 # (On a thread: a schedule that takes long to expand holds this request only.)
-                result = await asyncio.to_thread(timeview.occurrences, schedule, tz, after=after, count=count)
+                result = await asyncio.to_thread(
+                    timeview.occurrences, schedule, tz, after=after, count=count, deadline=deadline
+                )
             except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 problem = str(exc)
+            shown = sum(1 for o in result if o.utc is not None)
+            if shown < count and time.monotonic() >= deadline:
+                note = (
+                    f"stopped after {shown} occurrence(s): the schedule took more than"
+                    f" {PREVIEW_SECONDS:g} s to expand (its occurrences are far apart or rare)"
+                )
         status = 400 if problem else 200
         return self.render(
             request,
@@ -317,6 +330,7 @@ class Dashboard:
                 "after": params.get("after", ""),
                 "result": result,
                 "problem": problem,
+                "note": note,
             },
             status,
         )

@@ -72,8 +72,10 @@ def occurrences(
     count: int,
     created_at: datetime | None = None,
     policy: Policy = (None, None),
+    deadline: float | None = None,
 ) -> list[Occurrence]:
     """The next `count` occurrences after `after`, labelled; raises ScheduleError on a bad rule.
+    Fewer when the `deadline` (``time.monotonic()``) passes first.
 
     With `created_at` (a stored definition) the anchor is the scheduler's; without it,
     a DTSTART-less RRULE starts at local midnight of `after`'s day. `policy` is the
@@ -84,7 +86,7 @@ def occurrences(
     zone = schedule.zone
     out: list[Occurrence] = []
     previous: datetime | None = None
-    for item in preview(schedule, after, count):
+    for item in preview(schedule, after, count, deadline):
         mark = _MARKS[item.dst].format(gap=schedule.policy.gap) if item.dst else None
         if item.at is None:
             out.append(Occurrence(item.wall.replace(tzinfo=zone), None, (mark or _MARKS["skipped"],)))
