@@ -27,7 +27,7 @@ from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages
 from web_support import PASSWORD, bulk_form, csrf_of, login, post
 
 from harness import Database, Server, scalar, terminate, wait_for
-from pgtick.web import Secret, create_app
+from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
 
 Conn = psycopg.Connection[Any]
@@ -168,6 +168,8 @@ def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None
         ("/definition?name=%00", "name must not contain a NUL character"),
         ("/preview?schedule=0+9+*+*+*&count=0", "count must be between 1 and 1000, got 0"),
         ("/preview?schedule=0+9+*+*+*&tz=Mars/Base", "timezone &#39;Mars/Base&#39; is not a known IANA"),
+        ("/preview?schedule=0+9+*+*+*&tz=localtime", "timezone &#39;localtime&#39; is not a place&#39;s"),
+        ("/runs?since=2026-01-02T00:00:00." + "1" * 10000, "since must be an ISO 8601 time"),
         ("/preview?schedule=FREQ%3DSOMETIMES", "FREQ"),
         ("/preview?schedule=FREQ%3DDAILY%3BINTERVAL%3D99999999999999999999", "INTERVAL must be at most"),
         ("/definition", "name must be a non-empty text"),
@@ -309,6 +311,18 @@ def test_login_is_audited_and_logout_ends_the_operator_session(
     assert post(client, f"/runs/{seeded.queued}/cancel", csrf).status_code == 403
     assert status_of(conn, seeded.queued) == "QUEUED"
     assert [(r[0], r[1]) for r in audit_rows(conn)] == [("alice (testclient)", "login")]
+
+
+@pytest.mark.parametrize("name", ["a\nb", "a\x01b", "ops\u202eteam"])
+def test_an_operator_name_that_would_forge_a_log_line_or_read_as_another_is_refused(
+    client: TestClient, conn: Conn, name: str
+) -> None:
+    response = client.post(
+        "/login", data={"csrf": csrf_of(client), "name": name, "password": PASSWORD}, follow_redirects=False
+    )
+    assert response.status_code == 400, response.text
+    assert "name must not contain control, invisible or text-direction characters" in response.text
+    assert audit_rows(conn) == [], "no login was recorded"
 
 
 def test_cancel_and_retry_change_the_run_and_are_audited(
@@ -798,6 +812,25 @@ def test_a_preview_of_a_schedule_slow_to_expand_shows_what_it_found_in_its_time(
     assert 'id="preview-note"' in page.text and "took more than 2 s to expand" in page.text, page.text[-800:]
     assert page.text.count("<tr") - 1 < 1000
     assert took < 60, f"{took:.1f} s"
+
+
+def test_a_fault_of_the_dashboard_is_its_error_page_with_its_headers(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception the dashboard does not expect answers 500 with the error page and the
+    headers every page carries (the server's bare text has none); static files are nosniff."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a fault")
+
+    monkeypatch.setattr(timeview, "occurrences", broken)
+    app = create_app(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD))
+    with TestClient(app, base_url="http://127.0.0.1:8080", raise_server_exceptions=False) as client:
+        page = client.get("/preview?schedule=0+9+*+*+*")
+        assert page.status_code == 500, page.text[:300]
+        assert "internal error of the dashboard" in page.text
+        assert page.headers["content-security-policy"] and page.headers["cache-control"] == "no-store"
+        assert client.get("/static/style.css").headers["x-content-type-options"] == "nosniff"
 
 
 def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None:

@@ -31,6 +31,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import Scope
 
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
 from pgtick.web import charts, inputs, queries, timeview
@@ -427,7 +428,7 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         form = await self._form(request, need_operator=False)
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
-        name = inputs.text(fields, "name", max_length=100, required=True)
+        name = inputs.name(fields, "name", max_length=100)
         password = fields.get("password", "")
         if self.secret is None:
             raise HTTPException(403, "read-only dashboard: it was started without an operator password")
@@ -589,6 +590,15 @@ def _run_id(request: Request) -> int:
     return run_id
 
 
+class _Static(StaticFiles):
+    """The dashboard's style sheet and script, marked nosniff as its pages are."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
 def create_app(
     dsn: str,
     secret: Secret | None = None,
@@ -644,6 +654,12 @@ def create_app(
         log.error("dashboard database timeout on %s %s: %s", request.method, request.url.path, exc)
         return dash.error(request, 504, str(exc))
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # A fault of the dashboard itself (the server logs its traceback): answered with the
+        # error page and its headers rather than the server's bare text.
+        log.error("dashboard error on %s %s: %r", request.method, request.url.path, exc)
+        return dash.error(request, 500, "internal error of the dashboard (its log says more)")
+
     from psycopg_pool import PoolTimeout
 
     routes = [
@@ -662,7 +678,7 @@ def create_app(
         Route("/login", dash.login_page),
         Route("/login", dash.login, methods=["POST"]),
         Route("/logout", dash.logout, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Mount("/static", _Static(directory=HERE / "static"), name="static"),
     ]
     # Bound to the loopback only, the dashboard answers only requests addressed to it there: a
     # page elsewhere that makes its own host name resolve to 127.0.0.1 (DNS rebinding) gets 400.
@@ -680,6 +696,7 @@ def create_app(
             psycopg.Error: database_error,
             PoolTimeout: pool_timeout,
             DatabaseTimeout: database_timeout,
+            Exception: server_error,
         },
     )
     app.state.dashboard = dash

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from pgtick.app import HIDDEN_CHARACTERS
 from pgtick.client import read_time
 from pgtick.errors import InvalidArgument
+from pgtick.schedule.zones import not_a_place
 from pgtick.web.queries import STATUSES, RunFilter
 
 
@@ -39,6 +42,19 @@ def text(
     return value
 
 
+def name(params: Mapping[str, str], field: str, *, max_length: int = 200) -> str:
+    """A required name shown in logs and pages (an operator's): a text without control
+    characters or characters that hide or turn text around, as the SQL API takes names."""
+    value = text(params, field, max_length=max_length, required=True)
+    assert value is not None
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs") or c in HIDDEN_CHARACTERS), None)
+    if bad is not None:
+        raise BadInput(
+            f"{field} must not contain control, invisible or text-direction characters (U+{ord(bad):04X})"
+        )
+    return value
+
+
 def integer(
     params: Mapping[str, str], field: str, low: int, high: int, *, default: int | None = None
 ) -> int | None:
@@ -60,6 +76,8 @@ def instant(params: Mapping[str, str], field: str, zone: str = "UTC") -> datetim
     raw = (params.get(field) or "").strip()
     if not raw:
         return None
+    if len(raw) > 64:  # ISO 8601 with nanoseconds and an offset is shorter; fromisoformat takes any digits
+        raise BadInput(f"{field} must be an ISO 8601 time such as 2026-03-29T09:00, got {raw[:40]!r}...")
     try:
         parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
     except ValueError:
@@ -77,6 +95,9 @@ def instant(params: Mapping[str, str], field: str, zone: str = "UTC") -> datetim
 
 def zone(params: Mapping[str, str], field: str) -> str:
     name = text(params, field, max_length=100) or "UTC"
+    why = not_a_place(name)
+    if why is not None:  # as a definition refuses it
+        raise BadInput(f"timezone {why}")
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
