@@ -387,6 +387,25 @@ def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded,
     ]
 
 
+def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
+    """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
+    that nothing changed, as the queue actions do, rather than that they did it."""
+    csrf = login(client)
+    name = "berlin-sunday-0230"
+    for action, said in (
+        ("pause", "paused"),
+        ("pause", "was paused already: nothing changed"),
+        ("resume", "resumed"),
+        ("resume", "was not paused: nothing changed"),
+    ):
+        assert post(client, f"/definitions/{action}", csrf, name=name).status_code == 303
+        assert f"definition {name} {said}" in client.get("/definition?name=" + name).text, (action, said)
+    for said in ("cancelled", "was cancelled already: nothing to cancel"):
+        assert post(client, f"/runs/{seeded.queued}/cancel", csrf).status_code == 303
+        assert f"run {seeded.queued} {said}" in client.get(f"/runs/{seeded.queued}").text, said
+    assert status_of(conn, seeded.queued) == "CANCELLED"
+
+
 def test_names_are_taken_as_sent_so_a_trailing_space_names_another_definition_or_queue(
     client: TestClient, conn: Conn
 ) -> None:

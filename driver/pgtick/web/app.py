@@ -484,7 +484,10 @@ class Dashboard:
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "cancel":
+                before = await queries.run_status(conn, run_id)
                 status = await queries.cancel(conn, run_id)
+                if before == "CANCELLED":
+                    return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
                 if status == "CANCELLED":
                     return f"run {run_id} cancelled", {"status": status}
                 if status == "RUNNING":
@@ -512,10 +515,14 @@ class Dashboard:
                 new_run = await queries.run_now(conn, name)
                 return f"definition {name}: run {new_run} queued now", {"new_run": new_run}
             if action == "pause":
-                await queries.pause_definition(conn, name)
+                changed = await queries.pause_definition(conn, name)
+                done, already = "paused", "was paused already"
             else:
-                await queries.resume_definition(conn, name)
-            return f"definition {name} {'paused' if action == 'pause' else 'resumed'}", {}
+                changed = await queries.resume_definition(conn, name)
+                done, already = "resumed", "was not paused"
+            if not changed:
+                return f"definition {name} {already}: nothing changed", {"changed": False}
+            return f"definition {name} {done}", {}
 
         back = "/definition?" + urlencode({"name": name})
         return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)

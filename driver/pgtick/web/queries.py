@@ -574,12 +574,28 @@ async def run_now(conn: Conn, name: str) -> int:
     return int(row["id"])
 
 
-async def pause_definition(conn: Conn, name: str) -> None:
-    await conn.execute("SELECT 1 FROM jobs.pause(%s)", (name,))
+async def run_status(conn: Conn, run_id: int) -> str | None:
+    """The run's status (jobs.get_run: live or moved), None when there is no such run."""
+    row = await (await conn.execute("SELECT status::text FROM jobs.get_run(%s)", (run_id,))).fetchone()
+    return None if row is None else row["status"]
 
 
-async def resume_definition(conn: Conn, name: str) -> None:
-    await conn.execute("SELECT 1 FROM jobs.resume(%s)", (name,))
+async def pause_definition(conn: Conn, name: str) -> bool:
+    """jobs.pause: whether the definition was running (False: it was paused already)."""
+    return await _set_enabled(conn, name, "pause")
+
+
+async def resume_definition(conn: Conn, name: str) -> bool:
+    """jobs.resume: whether the definition was paused (False: it was not)."""
+    return await _set_enabled(conn, name, "resume")
+
+
+async def _set_enabled(conn: Conn, name: str, call: str) -> bool:
+    before = await (
+        await conn.execute("SELECT d.enabled FROM jobs.definitions AS d WHERE d.name = %s", (name,))
+    ).fetchone()
+    await conn.execute(sql.SQL("SELECT 1 FROM jobs.{}(%s)").format(sql.Identifier(call)), (name,))
+    return before is not None and bool(before["enabled"]) == (call == "pause")
 
 
 async def pause_queue(conn: Conn, name: str | None) -> bool:
