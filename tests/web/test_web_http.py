@@ -387,6 +387,28 @@ def test_definition_pause_resume_and_run_now(client: TestClient, seeded: Seeded,
     ]
 
 
+def test_a_bulk_retry_sent_many_times_at_once_retries_each_run_once_and_says_so_once(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """Six identical bulk retries at once (a double click, a resent form): one retries the
+    runs and is audited; every other answers 409 and does nothing, whether it found the count
+    changed or found the runs taken while it retried them."""
+    csrf = login(client)
+    shown = bulk_form(client, "/runs?status=FAILED&kind=batch", "retry")
+    with ThreadPoolExecutor(6) as pool:
+        codes = sorted(
+            r.status_code
+            for r in pool.map(lambda _: post(client, "/runs/bulk/retry", csrf, **shown), range(6))
+        )
+    assert codes == [303] + [409] * 5, codes
+    retried = conn.execute(
+        "SELECT retry_of, count(*) FROM jobs.runs WHERE retry_of = ANY(%s) GROUP BY retry_of",
+        (seeded.failed_batch,),
+    ).fetchall()
+    assert sorted(retried) == sorted((run_id, 1) for run_id in seeded.failed_batch), retried
+    assert [r[1] for r in audit_rows(conn)].count("bulk_retry") == 1
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""

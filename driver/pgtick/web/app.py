@@ -580,10 +580,16 @@ class Dashboard:
                 )
             if action == "retry":
                 done = await queries.retry_many(conn, ids)
-                return f"retried {done} failed run(s)", {"filter": flt.params(), "retried": done, "runs": ids}
-            discarded = await queries.discard(conn, ids)
-            detail = {"filter": flt.params(), "discarded": discarded, "runs": ids}
-            return f"discarded {discarded} failed run(s)", detail
+            else:
+                done = await queries.discard(conn, ids)
+            if done != len(ids):  # the same action, sent twice at once, took the others first
+                raise HTTPException(
+                    409,
+                    f"{len(ids) - done} of the {len(ids)} run(s) were taken by another action meanwhile:"
+                    " nothing was done; look at the list again",
+                )  # (raised in the action's transaction: what this one did is rolled back)
+            past = "retried" if action == "retry" else "discarded"
+            return f"{past} {done} failed run(s)", {"filter": flt.params(), past: done, "runs": ids}
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
