@@ -443,9 +443,15 @@ BEGIN
     END IF;
 
     -- The old jitter: a run made before runs recorded their occurrence is dropped when it
-    -- starts after the change plus the jitter it was made with.
+    -- starts after the change plus the jitter it was made with. A one-shot moved (or made a
+    -- schedule) drops the never-started run of its old time even when that time has passed:
+    -- the definition runs at its new time, not at both.
     PERFORM jobs._drop_superseded(
-        array_agg(d.id), array_agg(d.cursor_from), array_agg(now() + coalesce(o.jitter, interval '0'))
+        array_agg(d.id),
+        array_agg(CASE WHEN o.schedule IS NULL AND o.run_at IS DISTINCT FROM d.run_at
+                       THEN '-infinity'::timestamptz ELSE d.cursor_from END),
+        array_agg(CASE WHEN o.schedule IS NULL AND o.run_at IS DISTINCT FROM d.run_at
+                       THEN '-infinity'::timestamptz ELSE now() + coalesce(o.jitter, interval '0') END)
     )
        FROM jobs.definitions AS d
        JOIN unnest(v_old) AS o ON o.id = d.id

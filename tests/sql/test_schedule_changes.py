@@ -172,6 +172,36 @@ def test_a_one_shot_moved_and_moved_back_runs_once_at_its_time(conn: Conn, how: 
     assert runs == [(a, "QUEUED")], f"{how}: run_at {a} -> {b} -> {a} must leave one run at {a}, got {runs}"
 
 
+@pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_one_shot_moved_after_its_time_passed_runs_at_its_new_time_only(conn: Conn, how: str) -> None:
+    """Its run for the old time is due and not started (no worker yet, or held by its cap):
+    moved, to a later time or made a schedule, the definition runs at its new time, not also
+    at the old one."""
+    past = scalar(conn, "SELECT date_trunc('second', now()) - interval '10 seconds'")
+    later = past + timedelta(hours=1)
+
+    def declare(**fields: Any) -> None:
+        if how == "define":
+            names = ", ".join(f"{k} => %s" for k in fields)
+            conn.execute(f"SELECT jobs.define('once', 'k', {names})", tuple(fields.values()))
+        else:
+            element = {"name": "once", "kind": "k"}
+            element.update({k: v.isoformat() if isinstance(v, datetime) else v for k, v in fields.items()})
+            conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([element]),))
+        conn.execute("SELECT jobs.materialize_one_shots(interval '2 hours')")
+
+    declare(run_at=past)
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'once'"))
+    assert [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)] == [(past, "QUEUED")]
+    declare(run_at=later)
+    runs = [(r["scheduled_for"], r["status"]) for r in _runs(conn, definition_id)]
+    assert runs == [(later, "QUEUED")], f"{how}: moved from {past} to {later}, got {runs}"
+    declare(schedule="0 3 * * *")
+    assert [r for r in _runs(conn, definition_id) if r["scheduled_for"] == later] == [], (
+        "the old one-shot stays"
+    )
+
+
 def test_a_jittered_run_of_an_occurrence_before_the_change_is_kept_and_not_doubled(
     db: Database, conn: Conn
 ) -> None:
