@@ -299,13 +299,16 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN c.changed THEN new.run_at WHEN c.restarted THEN NULL ELSE old.next_run_at END,
            CASE WHEN c.changed THEN NULL ELSE old.finished_at END,
            CASE WHEN c.enabled THEN now() WHEN c.changed THEN jobs._takeover(old) ELSE old.cursor_from END
-      FROM (SELECT (old.schedule, old.timezone, old.run_at, old.dst_gap, old.dst_repeat)
-                   IS DISTINCT FROM (new.schedule, new.timezone, new.run_at, new.dst_gap, new.dst_repeat)
+      -- A new jitter moves the starts of the occurrences ahead: their runs are made again.
+      FROM (SELECT (old.schedule, old.timezone, old.run_at, old.dst_gap, old.dst_repeat,
+                    CASE WHEN new.schedule IS NOT NULL THEN old.jitter END)
+                   IS DISTINCT FROM (new.schedule, new.timezone, new.run_at, new.dst_gap, new.dst_repeat,
+                                     CASE WHEN new.schedule IS NOT NULL THEN new.jitter END)
                    AS changed,
                    coalesce(enabling, FALSE) AS enabled,
                    coalesce(enabling, FALSE) AND new.schedule IS NOT NULL AS restarted) AS c
 $$;
-COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS 'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences (schedule, zone, DST policy, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
+COMMENT ON FUNCTION jobs._redeclared(jobs.definitions, jobs.definitions, boolean) IS 'Private: revision, next_run_at, finished_at and cursor_from of a definition declared again: reset for new occurrences or new starts of them (schedule, zone, DST policy, a recurring schedule''s jitter, one-shot time; taking over at jobs._takeover), restarted now when a recurring one is enabled again, else unchanged.';
 
 -- Private: whether a declaration differs from the stored definition in any declared setting
 -- other than enabled (jobs.define keeps enabled when it is not given; the callers compare it).

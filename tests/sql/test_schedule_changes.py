@@ -417,6 +417,21 @@ def _live_runs_of(conn: Conn, definition_id: int, minute: datetime, jitters: lis
 
 
 @pytest.mark.parametrize("how", ["define", "define_many"])
+def test_a_jitter_changed_alone_moves_the_runs_materialized_ahead(db: Database, conn: Conn, how: str) -> None:
+    """Only the jitter changes: the runs of the next minutes, materialized ahead with the old
+    jitter, start as the new one delays them, once each, as preview and the leaders compute."""
+    definition_id, minutes = _jittered_minutes_ahead(conn, "1 hour", 5)
+    if how == "define":
+        conn.execute("SELECT jobs.define('j', 'k', schedule => '* * * * *', jitter => '30 minutes')")
+    else:
+        new = {"name": "j", "kind": "k", "schedule": "* * * * *", "jitter": "30 minutes"}
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([new]),))
+    changed_at = scalar(conn, "SELECT updated_at FROM jobs.definitions WHERE id = %s", (definition_id,))
+    _materialize(db, changed_at + timedelta(seconds=5), 600)
+    _each_runs_once_at(conn, definition_id, minutes, "1 hour", "30 minutes")
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
 def test_a_schedule_and_jitter_change_runs_each_later_occurrence_once(
     db: Database, conn: Conn, how: str
 ) -> None:
