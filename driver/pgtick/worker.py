@@ -769,6 +769,9 @@ class Worker:
                         )
                         return
                     calls.listen(conn)
+                    # A run queued before the LISTEN took (the worker's start, a reconnect)
+                    # notified no one here: claim once more now, not at the next poll.
+                    self.signal_work()
                     while not stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             self._notified(note.payload)

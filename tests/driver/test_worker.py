@@ -27,6 +27,7 @@ from harness import (
     wait_for,
     worker_thread,
 )
+from pgtick import calls
 from pgtick.app import App, Context
 from pgtick.errors import UsageError
 from pgtick.worker import CAPPED_CLAIMERS, Worker
@@ -606,6 +607,27 @@ def test_a_run_queued_while_no_slot_is_free_starts_when_one_frees(db: Database) 
         time.sleep(0.5)  # its NOTIFY came while the only slot was taken
         release.set()
         wait_for("the second run to start", lambda: started == ["first", "second"], timeout=60)
+
+
+def test_a_run_queued_before_the_listener_listens_starts_without_waiting_for_the_poll(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener connects beside the claim loop: a run queued after the first claim came back
+    empty and before the LISTEN took notified no one here. Once listening, the worker claims
+    again at once, not at the next poll (ten minutes here)."""
+    app = _no_op_app("early")
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=600.0)
+    listen = calls.listen
+
+    def late(conn: Any) -> None:
+        wait_for("the first claim to come back empty", lambda: worker._claimed_none, timeout=60)
+        with db.connect() as other:
+            other.execute("SELECT jobs.enqueue('early')")  # its NOTIFY: nobody listens yet
+        listen(conn)
+
+    monkeypatch.setattr(calls, "listen", late)
+    with worker_thread(worker), db.connect() as conn:
+        wait_for("the run to complete", partial(_completed_at_least, conn, 1), timeout=60)
 
 
 def _no_op_app(kind: str) -> App:
