@@ -90,6 +90,16 @@ class _Quiet(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+#: The levels PGTICK_LOG names.
+_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+
+
 def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> None:
     """Configure the root logger once for this process (see the module doc)."""
     fmt = log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human"
@@ -106,15 +116,15 @@ def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> N
         root.removeHandler(_handler)
     _handler = handler
     root.addHandler(handler)
-    explicit = os.environ.get("PGTICK_LOG")
-    level = (
-        logging.DEBUG
-        if verbose
-        else getattr(logging, explicit.upper(), logging.WARNING)
-        if explicit
-        else logging.WARNING
-    )
+    explicit = (os.environ.get("PGTICK_LOG") or "").strip().upper()
+    level = logging.DEBUG if verbose else _LEVELS.get(explicit, logging.WARNING)
     root.setLevel(level)
+    said = logging.getLogger("pgtick.logs")
+    if explicit and explicit not in _LEVELS:
+        names = ", ".join(_LEVELS)
+        said.warning("PGTICK_LOG=%s is not a level (%s): logging WARNING and up", explicit, names)
+    if fmt not in ("human", "json"):
+        said.warning("PGTICK_LOG_FORMAT=%s is not a log format (human, json): logging for humans", fmt)
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(min(level, logging.INFO) if outcomes else logging.NOTSET)
     logging.getLogger("pgserver").setLevel(logging.WARNING)

@@ -540,6 +540,28 @@ def test_a_bad_pgtick_now_is_one_line(seeded: Database) -> None:
     assert_refused(result, "PGTICK_NOW must be an ISO 8601 time")
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("PGTICK_LOG", "basic_format", "PGTICK_LOG=BASIC_FORMAT is not a level"),
+        ("PGTICK_LOG", "loud", "PGTICK_LOG=LOUD is not a level"),
+        ("PGTICK_LOG_FORMAT", "xml", "PGTICK_LOG_FORMAT=xml is not a log format"),
+    ],
+)
+def test_a_log_setting_that_is_no_setting_is_one_warning_and_the_command_runs(
+    seeded: Database, variable: str, value: str, said: str
+) -> None:
+    """A name of the logging module that is no level (BASIC_FORMAT is its format string) ended
+    every command in a traceback; an unknown one was ignored without a word."""
+    env = {**env_for(None), variable: value}
+    result = subprocess.run(
+        [PGTICK_EXE, "runs", "--dsn", seeded.dsn], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and said in lines[0], result.stderr
+
+
 def test_a_database_without_the_schema_says_to_migrate(pg: Server) -> None:
     empty = pg.create_empty_database()
     try:
