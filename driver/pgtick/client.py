@@ -411,11 +411,25 @@ def unstorable_json(value: Any) -> str | None:
             if why is not None:
                 return why
         elif isinstance(item, Mapping):
+            if not all(isinstance(key, str) for key in item) and _keys_collide(item):
+                return "two keys that JSON writes alike (True and 'true', 1 and '1'): one would be lost"
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
     return None
+
+
+def _keys_collide(mapping: Mapping[Any, Any]) -> bool:
+    """Whether two keys of a mapping become one key in JSON, which writes every key as text:
+    ``True`` as "true", ``1`` as "1", ``None`` as "null" (the object would keep only one)."""
+    try:
+        written: list[str] = json.loads(
+            json.dumps(dict.fromkeys(mapping, 0)), object_pairs_hook=lambda pairs: [k for k, _ in pairs]
+        )
+    except (TypeError, ValueError):  # a key JSON has no form for: the encoder says so
+        return False
+    return len(set(written)) < len(written)
 
 
 def _jsonb(name: str, value: Any) -> Jsonb:

@@ -546,3 +546,20 @@ def test_a_time_zone_name_of_no_place_is_refused_before_any_sql(db: Database, zo
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
         assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == 0
+
+
+@pytest.mark.parametrize(
+    "payload", [{True: 1, "true": 2}, {1: "a", "1": "b"}, {"outer": [{None: 1, "null": 2}]}]
+)
+def test_a_payload_two_of_whose_keys_json_writes_alike_is_refused(db: Database, payload: Any) -> None:
+    """JSON writes every key as text: True and "true" would become one key, and one value
+    would be lost without a word. Refused naming the payload; distinct keys of other types
+    are taken as JSON writes them."""
+    with Client(db.dsn) as client:
+        with pytest.raises(InvalidArgument, match="two keys that JSON writes alike") as refused:
+            client.enqueue("k", payload)
+        assert refused.value.field == "payload"
+        run = client.enqueue("k", {1: "a", 2: "b", None: "c"})
+    assert run.payload == {"1": "a", "2": "b", "null": "c"}
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
