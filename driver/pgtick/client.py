@@ -411,8 +411,8 @@ def unstorable_json(value: Any) -> str | None:
             if why is not None:
                 return why
         elif isinstance(item, Mapping):
-            if not all(isinstance(key, str) for key in item) and _keys_collide(item):
-                return "two keys that JSON writes alike (True and 'true', 1 and '1'): one would be lost"
+            if _keys_collide(item):
+                return MERGED_KEYS
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
@@ -420,9 +420,29 @@ def unstorable_json(value: Any) -> str | None:
     return None
 
 
+#: Why a value two of whose keys JSON writes alike is refused.
+MERGED_KEYS = "two keys that JSON writes alike (True and 'true', 1 and '1'): one would be lost"
+
+
+def merged_keys(value: Any) -> bool:
+    """Whether a mapping in ``value`` (a JSON-encodable value) has two keys JSON writes alike."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if _keys_collide(item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 def _keys_collide(mapping: Mapping[Any, Any]) -> bool:
     """Whether two keys of a mapping become one key in JSON, which writes every key as text:
     ``True`` as "true", ``1`` as "1", ``None`` as "null" (the object would keep only one)."""
+    if all(isinstance(key, str) for key in mapping):
+        return False
     try:
         written: list[str] = json.loads(
             json.dumps(dict.fromkeys(mapping, 0)), object_pairs_hook=lambda pairs: [k for k, _ in pairs]

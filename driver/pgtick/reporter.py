@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from pgtick import calls
 from pgtick.app import Context
+from pgtick.client import MERGED_KEYS, merged_keys
 from pgtick.events import WorkerListener
 from pgtick.execution import Outcome, describe, failure, message_of
 from pgtick.logs import log_outcome
@@ -82,6 +83,8 @@ def result_json(value: Any) -> Jsonb:
             else:
                 raise ValueError("it holds a float JSON cannot represent (NaN or Infinity)") from None
         raise NotJSON(describe(exc)) from exc
+    if merged_keys(value):
+        raise ValueError(MERGED_KEYS)
     return Jsonb(value, dumps=lambda _: text)
 
 

@@ -559,7 +559,8 @@ def test_a_payload_two_of_whose_keys_json_writes_alike_is_refused(db: Database, 
         with pytest.raises(InvalidArgument, match="two keys that JSON writes alike") as refused:
             client.enqueue("k", payload)
         assert refused.value.field == "payload"
-        run = client.enqueue("k", {1: "a", 2: "b", None: "c"})
+        distinct: Any = {1: "a", 2: "b", None: "c"}  # keys of other types than text, on purpose
+        run = client.enqueue("k", distinct)
     assert run.payload == {"1": "a", "2": "b", "null": "c"}
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1

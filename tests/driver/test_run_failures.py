@@ -66,6 +66,11 @@ class _Huge(dict[str, int]):
     [
         (_LazyMapping(a=1), "the result could not be stored: KeyError: 'lazy field not loaded'"),
         (_Huge(a=1), "the result could not be stored: MemoryError: "),
+        (
+            {True: 1, "true": 2},
+            "the result could not be stored: ValueError: two keys that JSON writes alike"
+            " (True and 'true', 1 and '1'): one would be lost",
+        ),
     ],
 )
 def test_a_result_whose_encoding_raises_fails_only_its_run(db: Database, result: Any, error: str) -> None:
