@@ -1102,6 +1102,11 @@ def cmd_scope_worker(args: argparse.Namespace) -> Result:
     if args.command == "unscope-worker":
         with connect(_dsn(args)) as conn:
             changed = calls.unscope_worker(conn, args.role)
+            if (
+                not changed
+                and conn.execute("SELECT FROM pg_roles WHERE rolname = %s", (args.role,)).fetchone() is None
+            ):
+                raise UsageError(f"role {args.role!r} does not exist")  # a typo, as scope-worker says
         text = f"role={args.role} unscoped" if changed else f"role={args.role} had no scope"
         data = {"role": args.role, "kinds": None, "queues": None, "scoped": False, "changed": changed}
         return Result(data, lambda st, w: text)

@@ -82,7 +82,10 @@ def test_scope_and_unscope_a_worker_login_from_the_cli(db: Database) -> None:
             }, out.stdout
             assert pgtick("unscope-worker", role, *dsn).stdout == f"role={role} unscoped\n"
             assert scalar(conn, "SELECT count(*) FROM jobs.worker_scopes") == 0
-        assert pgtick("unscope-worker", role, *dsn).stdout == f"role={role} had no scope\n"
+            assert pgtick("unscope-worker", role, *dsn).stdout == f"role={role} had no scope\n"
+    gone = pgtick("unscope-worker", role, *dsn)  # the login is dropped: a typo looks the same
+    assert (gone.returncode, gone.stdout) == (2, ""), gone
+    assert gone.stderr == f"pgtick unscope-worker: error: role {role!r} does not exist\n", gone.stderr
 
 
 def test_bad_scope_worker_arguments_exit_2_with_one_line(db: Database) -> None:
