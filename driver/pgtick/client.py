@@ -411,8 +411,6 @@ def unstorable_json(value: Any) -> str | None:
             if why is not None:
                 return why
         elif isinstance(item, Mapping):
-            if _keys_collide(item):
-                return MERGED_KEYS
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
@@ -466,7 +464,7 @@ def _jsonb(name: str, value: Any) -> Jsonb:
     except (ValueError, RecursionError) as exc:  # NaN, infinities, a circular reference
         why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidArgument(f"{name} must be JSON that PostgreSQL can store: {why}", field=name) from None
-    unstorable = unstorable_json(value)  # after dumps: no cycles
+    unstorable = MERGED_KEYS if merged_keys(value) else unstorable_json(value)  # after dumps: no cycles
     if unstorable is not None:
         raise InvalidArgument(f"{name} must not contain {unstorable}", field=name)
     return Jsonb(value, dumps=lambda _: text)

@@ -697,29 +697,25 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
     """A full disk under standard output, a closed standard output or input: one error line,
     never a traceback; with no output to show it on, a command does nothing."""
     dsn = ["--dsn", db.dsn]
-    with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [*PGTICK, "runs", *dsn],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env_for(None),
-            timeout=60,
-        )
+
+    def into_a_full_disk(*args: str) -> subprocess.CompletedProcess[str]:
+        with open("/dev/full", "w") as full:
+            return subprocess.run(
+                [*PGTICK, *args, *dsn],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env_for(None),
+                timeout=60,
+            )
+
+    result = into_a_full_disk("runs")
     assert result.returncode == 1, result.stderr
     assert result.stderr == "pgtick runs: error: cannot write the output: No space left on device\n", (
         result.stderr
     )
     # A command that changed something says so: run again, it would enqueue a second run.
-    with open("/dev/full", "w") as full:
-        enqueued = subprocess.run(
-            [*PGTICK, "enqueue", "shown-nowhere", *dsn],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env_for(None),
-            timeout=60,
-        )
+    enqueued = into_a_full_disk("enqueue", "shown-nowhere")
     assert enqueued.returncode == 1, enqueued.stderr
     assert enqueued.stderr.splitlines()[-1] == (
         "pgtick enqueue: error: cannot write the output (the change itself was made): No space left on device"
