@@ -691,10 +691,13 @@ def test_every_10s_job_after_150s_of_downtime_keeps_its_misfire_promise(
     clock = Clock(base - timedelta(seconds=1))
     scheduler = Scheduler(db.dsn, owner="t", misfire_grace=60, clock=clock)
     with db.connect() as conn:
+        # Anchored an hour back: without DTSTART a rule starts at midnight of its creation day,
+        # which a run in the first minutes after midnight UTC would put after base.
+        anchor = base - timedelta(hours=1)
         definition_id = define(
             conn,
             "every-10s",
-            "FREQ=SECONDLY;INTERVAL=10",
+            f"DTSTART:{anchor:%Y%m%dT%H%M%SZ}\nRRULE:FREQ=SECONDLY;INTERVAL=10",
             misfire_policy=policy,
             overlap_policy="skip",
             max_concurrent_runs=1,
