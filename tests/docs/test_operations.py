@@ -137,6 +137,27 @@ def _label(i: int, snippet: str) -> str:
     return f"{i:02d}-{found.group(1) if found else 'sql'}"
 
 
+def _run_snippet(db: Database, snippet: str, run_id: int, tmp_path: Path, *options: str) -> str:
+    """Run a snippet through psql as the runbook says (its variables set); returns stdout."""
+    script = tmp_path / "snippet.sql"
+    script.write_text(snippet)
+    proc = subprocess.run(
+        [
+            psql_binary(),
+            *("-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn, *options),
+            *("-v", f"run_id={run_id}", "-v", f"name={NAME}", "-v", f"worker={WORKER}"),
+            *("-f", str(script)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, (
+        f"runbook snippet failed (exit {proc.returncode}):\n{snippet}\n--- stderr:\n{proc.stderr}"
+    )
+    return proc.stdout
+
+
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[_label(i, s) for i, s in enumerate(SNIPPETS)])
 def test_runbook_snippet_runs(seeded: tuple[Server, Database, int], snippet: str, tmp_path: Path) -> None:
     pg, template, run_id = seeded
@@ -144,21 +165,43 @@ def test_runbook_snippet_runs(seeded: tuple[Server, Database, int], snippet: str
     try:
         with db.connect() as leader:
             assert scalar(leader, "SELECT jobs.try_lead('runbook-leader')") is True
-            script = tmp_path / "snippet.sql"
-            script.write_text(snippet)
-            proc = subprocess.run(
-                [
-                    psql_binary(),
-                    *("-X", "-v", "ON_ERROR_STOP=1", "-d", db.dsn),
-                    *("-v", f"run_id={run_id}", "-v", f"name={NAME}", "-v", f"worker={WORKER}"),
-                    *("-f", str(script)),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
+            _run_snippet(db, snippet, run_id, tmp_path)
+    finally:
+        pg.drop_database(db)
+
+
+def _snippet_with(text: str) -> str:
+    found = [s for s in SNIPPETS if text in s]
+    assert len(found) == 1, f"{len(found)} snippets of the runbook hold {text!r}"
+    return str(found[0])
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "WITH RECURSIVE back",  # one run and the chain of its attempts
+        "left(r.error, 80)",  # the latest failures
+        "(jobs.retry(r.id)).id",  # retry every failure of a definition from the last day
+    ],
+)
+def test_runbook_snippets_about_a_past_run_find_it_after_it_moved_to_history(
+    seeded: tuple[Server, Database, int], marker: str, tmp_path: Path
+) -> None:
+    """With archive_after at its shortest (an hour), the failed :run_id of three hours ago is
+    in jobs.run_history: a snippet that lists it, follows its chain or retries it must still
+    see it."""
+    pg, template, run_id = seeded
+    db = pg.create_database(template=template.name)
+    try:
+        with db.connect() as conn:
+            conn.execute("UPDATE jobs.config SET archive_after = '1 hour'")
+            conn.execute(
+                "UPDATE jobs.runs SET finished_at = now() - interval '3 hours' WHERE id = %s", (run_id,)
             )
-        assert proc.returncode == 0 and "ERROR" not in proc.stderr, (
-            f"runbook snippet failed (exit {proc.returncode}):\n{snippet}\n--- stderr:\n{proc.stderr}"
-        )
+            assert scalar(conn, "SELECT jobs.archive()") > 0
+            assert scalar(conn, "SELECT count(*) FROM jobs.run_history WHERE id = %s", (run_id,)) == 1
+        out = _run_snippet(db, _snippet_with(marker), run_id, tmp_path, "-A", "-t")
+        first_columns = [line.split("|")[0] for line in out.splitlines()]
+        assert str(run_id) in first_columns, f"run {run_id} (moved to history) is not in the answer:\n{out}"
     finally:
         pg.drop_database(db)
