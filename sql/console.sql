@@ -352,8 +352,10 @@ BEGIN
         SELECT p.id, p.retry_of, b.depth + 1 FROM jobs.runs_all AS p INNER JOIN back AS b ON p.id = b.retry_of
         WHERE b.depth < 1000
     ),
+    -- From the earliest attempt there is: the first, or the earliest one left when earlier
+    -- attempts were discarded or pruned (its retry_of names a run that is gone).
     chain AS (
-        SELECT b.id, 0 AS depth FROM back AS b WHERE b.retry_of IS NULL OR b.depth = 1000
+        SELECT b.id, 0 AS depth FROM back AS b WHERE b.depth = (SELECT max(x.depth) FROM back AS x)
         UNION ALL
         SELECT n.id, c.depth + 1 FROM jobs.runs_all AS n INNER JOIN chain AS c ON n.retry_of = c.id
         WHERE c.depth < 1000

@@ -103,6 +103,23 @@ def test_run_detail_gives_the_attempt_chain_from_any_attempt(conn: Conn) -> None
     expect_error(conn, "SELECT * FROM jobs.run_detail(424242)", None, "P0002", "424242")
 
 
+def test_run_detail_gives_the_attempts_left_when_the_first_ones_are_gone(conn: Conn) -> None:
+    """A failed first attempt discarded, or pruned with its day of history, while its retries
+    stay: the chain starts at the earliest attempt left, not nowhere."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3, backoff_initial => '0', jitter => 0)")
+    ids = [enqueue(conn, "k")]
+    for _ in range(2):
+        assert claim(conn, "w") == [ids[-1]]
+        ids.append(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'boom')", (ids[-1],)))
+    conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '3 days' WHERE id = %s", (ids[0],))
+    assert scalar(conn, "SELECT jobs.archive()") == 1, "the first attempt moved to history"
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([ids[0]],)) == 1
+    for run in ids[1:]:
+        detail = one(conn, "SELECT * FROM jobs.run_detail(%s)", (run,))
+        chain = [(a["id"], a["attempt"]) for a in detail["attempts"]]
+        assert chain == [(ids[1], 2), (ids[2], 3)], f"from run {run}: {chain}"
+
+
 def test_undefine_detail_cancels_queued_lets_running_finish_and_keeps_history(conn: Conn) -> None:
     conn.execute("SELECT jobs.define('d', 'k', schedule => '* * * * *')")
     done = scalar(conn, "SELECT id FROM jobs.run_now('d')")
