@@ -64,9 +64,14 @@ BEGIN
         -- against every reader, ATTACH takes a lock that readers and writers pass.
         EXECUTE format('CREATE TABLE jobs.%I (LIKE jobs.run_history INCLUDING ALL)', v_name);
         EXECUTE format('COMMENT ON TABLE jobs.%I IS %L', v_name,
-                       format('The runs finished on %s (UTC), moved out of jobs.runs. jobs.prune drops it whole.', v_day));
+                       format('The runs finished on %s (UTC), moved out of jobs.runs. jobs.prune drops it whole.',
+                              to_char(v_day, 'YYYY-MM-DD')));
+        -- The bounds as ISO 8601 text in UTC, whatever the session's DateStyle and TimeZone: a
+        -- timestamptz written as text in the session's style may carry a zone abbreviation that
+        -- reads back as another zone (IST, CST), and the day would be attached at other bounds.
         EXECUTE format('ALTER TABLE jobs.run_history ATTACH PARTITION jobs.%I FOR VALUES FROM (%L) TO (%L)',
-                       v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+                       v_name, to_char(v_day, 'YYYY-MM-DD') || ' 00:00:00+00',
+                       to_char(v_day + 1, 'YYYY-MM-DD') || ' 00:00:00+00');
     END LOOP;
 END $$;
 COMMENT ON FUNCTION jobs._history_partitions(date[]) IS 'Private: create the partitions of jobs.run_history for these UTC days of finished_at that are missing.';

@@ -116,6 +116,34 @@ def test_archive_takes_batch_size_oldest_first_and_one_partition_per_utc_day(con
     assert by_part["jobs.run_history_20251231"] == 1
 
 
+def test_a_day_is_attached_at_its_utc_bounds_whatever_the_sessions_datestyle_and_zone(conn: Conn) -> None:
+    """A session that writes times as 'SQL, DMY' in Asia/Kolkata writes them with the zone
+    abbreviation IST, which PostgreSQL reads back as Israel time: the archive still makes
+    each day from midnight to midnight UTC."""
+    conn.execute("SET timezone = 'Asia/Kolkata'")
+    conn.execute("SET datestyle = 'SQL, DMY'")
+    ids = finish_old(conn, 3, age="3 days")
+    for run_id, at in zip(
+        ids,
+        ["2026-01-01 23:59:59.999999+00", "2026-01-02 00:00:00+00", "2026-01-02 03:00:00+00"],
+        strict=True,
+    ):
+        _set_finished(conn, run_id, at)
+    assert _archive_all(conn) == 3
+    conn.execute("SET timezone = 'UTC'")
+    conn.execute("SET datestyle = 'ISO'")
+    bounds = dict(
+        conn.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits AS i"
+            " JOIN pg_class AS c ON c.oid = i.inhrelid WHERE i.inhparent = 'jobs.run_history'::regclass"
+        ).fetchall()
+    )
+    assert bounds == {
+        "run_history_20260101": "FOR VALUES FROM ('2026-01-01 00:00:00+00') TO ('2026-01-02 00:00:00+00')",
+        "run_history_20260102": "FOR VALUES FROM ('2026-01-02 00:00:00+00') TO ('2026-01-03 00:00:00+00')",
+    }
+
+
 def test_archive_after_null_keeps_every_run_in_jobs_runs(conn: Conn) -> None:
     conn.execute("UPDATE jobs.config SET archive_after = NULL")
     ids = finish_old(conn, 3, age="400 days")
