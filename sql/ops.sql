@@ -418,7 +418,8 @@ BEGIN
         END IF;
         BEGIN
             PERFORM set_config('lock_timeout', '500ms', TRUE);
-            EXECUTE format('LOCK TABLE jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
+            -- ONLY: the parent alone (the DROP locks it), not every day of history with it.
+            EXECUTE format('LOCK TABLE ONLY jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
             PERFORM set_config('lock_timeout', v_wait, TRUE);
         EXCEPTION WHEN lock_not_available THEN
             EXIT;  -- the block's rollback restored lock_timeout

@@ -208,6 +208,25 @@ def test_prune_drops_a_bounded_number_of_days_per_call_and_says_when_more_are_le
     assert scalar(conn, "SELECT count(*) FROM jobs.runs_all") == 0
 
 
+def test_a_prune_that_drops_one_day_locks_that_day_not_every_day_of_history(conn: Conn) -> None:
+    """Locks are held to commit and the server's lock table is shared: a prune that drops a
+    day locks it and the table, whatever the number of days history holds (a long retention)."""
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, scheduled_for, started_at, finished_at, worker)"
+        " SELECT 'k', 'COMPLETED', now(), now(), now() - g * interval '1 day', 'w'"
+        " FROM generate_series(2, 301) AS g"
+    )
+    assert _archive_all(conn) == 300
+    conn.execute("BEGIN")
+    assert scalar(conn, "SELECT jobs.prune('299 days 12 hours')") == 1, "the oldest day"
+    held = scalar(
+        conn, "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'"
+    )
+    conn.execute("COMMIT")
+    assert len(_partitions(conn)) == 299
+    assert held < 100, f"dropping one day of 300 held {held} locks"
+
+
 def test_prune_keeps_a_day_of_history_until_the_whole_day_is_past_the_cutoff(conn: Conn) -> None:
     # A run finished 36 hours ago lies in a day that ended 12 to 36 hours ago.
     run_id = finish_old(conn, 1, age="36 hours")[0]
