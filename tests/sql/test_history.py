@@ -144,6 +144,19 @@ def test_a_day_is_attached_at_its_utc_bounds_whatever_the_sessions_datestyle_and
     }
 
 
+def test_a_run_finished_at_minus_infinity_neither_stops_the_archive_nor_outlives_the_prune(
+    conn: Conn,
+) -> None:
+    odd, *others = finish_old(conn, 3, age="2 days")
+    _set_finished(conn, odd, "-infinity")
+    assert scalar(conn, "SELECT jobs.archive()") == len(others), "the runs behind it move"
+    assert {r: _where(conn, r) for r in others} == dict.fromkeys(others, "history")
+    assert _where(conn, odd) == "live", "it has no day of history to go to"
+    assert scalar(conn, "SELECT jobs.archive()") == 0
+    conn.execute("SELECT jobs.prune(interval '8 days')")
+    assert _where(conn, odd) is None, "the prune deletes it as older than any retention"
+
+
 def test_archive_after_null_keeps_every_run_in_jobs_runs(conn: Conn) -> None:
     conn.execute("UPDATE jobs.config SET archive_after = NULL")
     ids = finish_old(conn, 3, age="400 days")
