@@ -206,7 +206,7 @@ async def _run_job(ctx: Context) -> Outcome:
     grace: list[float | None] = [None]  # in doubt and not at a checkpoint: cancelled at this instant
     timer: asyncio.TimerHandle | None = None
     if ctx.timeout is not None:
-        left = ctx.timeout - (time.monotonic() - ctx.started)
+        left = ctx.timeout - (time.monotonic() - ctx.timeout_from)
         timer = loop.call_later(max(left, 0.0), interrupt_here, "timeout")
     owned_for = ctx._owned_for()
     # Called once the task runs (a run in doubt already waits in the checkpoint below by then).

@@ -421,6 +421,11 @@ class Context:
         self.worker_id = worker_id
         self.timeout = timeout
         self.started = time.monotonic()
+        # When ``timeout`` counts from (monotonic): the job's start for a kind's timeout; for a
+        # run's own timeout, which the server counts from the claim (started_at), the worker
+        # sets the instant its claim was sent, so no checkpoint passes after the reaper may
+        # have failed the run as Timeout and queued its retry.
+        self.timeout_from = self.started
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
         # Set once by another thread and only read after: a plain attribute is enough (no Event
         # per run; nothing waits on them).
@@ -576,7 +581,7 @@ class Context:
         if self._cancel:
             self._compensate()
             raise Cancelled(f"run {self.run_id} cancelled")
-        if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+        if self.timeout is not None and time.monotonic() - self.timeout_from > self.timeout:
             raise JobTimeout(f"run {self.run_id} exceeded its timeout of {self.timeout:g}s")
 
     def _compensate(self) -> None:

@@ -93,7 +93,7 @@ class JobProcess:
     def run(self, ctx: Context) -> tuple[Outcome, bool]:
         """Run ``ctx``'s job in this process; returns its outcome and whether the
         process can run another job."""
-        timeout = None if ctx.timeout is None else ctx.timeout - (time.monotonic() - ctx.started)
+        timeout = None if ctx.timeout is None else ctx.timeout - (time.monotonic() - ctx.timeout_from)
         spec = replace(ctx.spec, compensate=None)  # compensation runs here, not in the child
         try:
             self.conn.send((spec, ctx.run, ctx.worker_id, timeout))
@@ -107,7 +107,7 @@ class JobProcess:
             ctx._interrupt = None
 
     def _wait(self, ctx: Context) -> tuple[Outcome, bool]:
-        deadline = None if ctx.timeout is None else ctx.started + ctx.timeout
+        deadline = None if ctx.timeout is None else ctx.timeout_from + ctx.timeout
         while True:
             if ctx.abandoned:
                 self.kill()

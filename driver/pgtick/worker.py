@@ -1125,6 +1125,8 @@ class Worker:
             ctx = Context(run, spec, self.worker_id, timeout)
             # The claim stamped its heartbeat after ``began``: ours at least that long.
             ctx.owned(began, self._heartbeat_timeout_of(run))
+            if run["timeout"] is not None:  # the server's: from started_at, which is after ``began``
+                ctx.timeout_from = began
             contexts.append(ctx)
         with self._lock:
             for ctx in contexts:
@@ -1181,7 +1183,9 @@ class Worker:
                 waited_out = ctx.abandoned or ctx.cancel_requested  # while it waited for a slot
                 if not waited_out:
                     self._started.add(ctx.run_id)
-                    ctx.started = time.monotonic()  # its timeout counts from here, not the claim
+                    ctx.started = time.monotonic()
+                    if ctx.run.get("timeout") is None:  # a kind's timeout counts from here
+                        ctx.timeout_from = ctx.started
             if handed_back and ctx.abandoned:
                 continue  # a stopping worker put it back in the queue (_hand_back)
             if waited_out:

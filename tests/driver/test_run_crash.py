@@ -161,6 +161,65 @@ def test_a_worker_cut_off_from_the_database_passes_no_checkpoint_beside_its_retr
     assert quick_worker == victim_worker, f"run {quick} ran on {quick_worker}, not the victim: {context}"
 
 
+def test_a_run_claimed_ahead_passes_no_checkpoint_past_its_server_timeout_when_cut_off(
+    db: Database, procs: Processes, conn: Conn
+) -> None:
+    """The server counts a run's own timeout from its claim (started_at), and a run claimed
+    ahead of a free slot begins later. Its worker cut off from the database, the survivor's
+    leader fails the run as Timeout at started_at + timeout and runs its retry: the cut-off
+    job must pass no checkpoint from then on, however long it waited for its slot (its
+    heartbeat timeout, far longer, does not make it the worker's)."""
+    with db.worker_login("ahead") as login:
+        heartbeat = "make_interval(secs => 30)"
+        ahead = enqueue(conn, "steps", '{"seconds": 3}', heartbeat_timeout=heartbeat)
+        run_id = enqueue(
+            conn,
+            "steps",
+            '{"seconds": 120, "retry_seconds": 1}',
+            heartbeat_timeout=heartbeat,
+            timeout="make_interval(secs => 8)",
+        )
+        args = ["--dsn", db.dsn_as(login), *FAST, "--no-scheduler", "--concurrency", "1", "--batch", "2"]
+        victim = procs.start("victim", ["run", str(APPS / "work_app.py"), *args])
+        victim.wait_log(r"worker=\S+ started")  # the app has made its tables
+        wait_for(
+            f"run {run_id} to pass a checkpoint after run {ahead}",
+            lambda: scalar(conn, "SELECT EXISTS (SELECT FROM public.steps WHERE run_id = %s)", (run_id,)),
+            timeout=60,
+        )
+        refuse_login(conn, login)
+        survivor = procs.replica("work_app.py", "survivor")
+        retry_id, retry_started = wait_retry_completed(conn, run_id, "id, started_at", timeout=90)
+        exited = wait_for(
+            f"the job of run {run_id} to stop",
+            lambda: conn.execute(
+                "SELECT outcome, exited FROM public.executions WHERE run_id = %s AND exited IS NOT NULL",
+                (run_id,),
+            ).fetchone(),
+            timeout=90,
+        )
+        first = conn.execute(
+            "SELECT status::text, failure_reason, started_at, finished_at FROM jobs.runs WHERE id = %s",
+            (run_id,),
+        ).fetchone()
+        late = conn.execute(
+            "SELECT count(*), max(at) FROM public.steps WHERE run_id = %s AND at >= %s",
+            (run_id, retry_started),
+        ).fetchone()
+        context = (
+            f"run {run_id}: {first}; retry {retry_id} started {retry_started}; first attempt"
+            f" exited {exited}\n{procs.tails()}"
+        )
+        conn.execute(SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(Identifier(login)))
+        survivor.send(signal.SIGTERM)
+        survivor.wait(30)
+    assert first is not None and first[:2] == ("FAILED", "Timeout"), context
+    assert late is not None
+    count, last = late
+    assert count == 0, f"the cut-off job passed {count} checkpoints beside its retry (last {last}): {context}"
+    assert exited[0] == "JobTimeout", context
+
+
 @pytest.fixture
 def data_home() -> Iterator[Path]:
     """XDG_DATA_HOME for an embedded server, outside pytest's base directory (as root the
