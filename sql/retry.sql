@@ -191,6 +191,9 @@ $$;
 COMMENT ON FUNCTION jobs._active_run_of_key(text, text) IS 'Private: the oldest QUEUED or RUNNING run of a kind and unique key, or a row of NULLs; jobs.retry refuses and jobs.retry_many passes over a run of a key that has one.';
 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
+-- The new attempt's own failures follow the policy again while attempts remain: a run that
+-- inherits max_attempts (NULL) keeps inheriting it, and one past its budget gets max_attempts
+-- = its attempt, so it is not retried by policy.
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
@@ -251,7 +254,14 @@ BEGIN
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
-        greatest(v_run.max_attempts, v_run.attempt + 1), v_run.timeout, v_run.heartbeat_timeout,
+        -- The run's own budget, unless this attempt is past it (NULL: the policy's or
+        -- jobs.config's, as for the run, so a retry after it still follows the policy).
+        CASE WHEN v_run.attempt + 1 > coalesce(
+                      v_run.max_attempts,
+                      (SELECT p.max_attempts FROM jobs.retry_policies AS p WHERE p.kind = v_run.kind),
+                      (SELECT c.max_attempts FROM jobs.config AS c))
+             THEN v_run.attempt + 1 ELSE v_run.max_attempts END,
+        v_run.timeout, v_run.heartbeat_timeout,
         'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.unique_key,
         v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending'
     )
@@ -259,7 +269,7 @@ BEGIN
     PERFORM jobs._notify();
     RETURN v_next;
 END $$;
-COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy; a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, or a run it depends on failed for good or was cancelled (retry that one first).';
+COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy (its own failures are then retried by policy while attempts remain; an attempt past them ends the chain); a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, or a run it depends on failed for good or was cancelled (retry that one first).';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(

@@ -257,6 +257,41 @@ def test_operator_retry_ignores_policy_once(conn: Conn) -> None:
     assert conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall() == [(again[0],)]
 
 
+@pytest.mark.parametrize("own", [None, 5], ids=["inherited", "own"])
+def test_an_operator_retry_is_retried_by_policy_while_attempts_remain(conn: Conn, own: int | None) -> None:
+    """A failure its policy does not retry (a denied class) is queued again by an operator at
+    attempt 2 of 5; that attempt's own failure is retried by policy as any attempt 2 of 5 is,
+    whether the 5 is the run's own max_attempts or inherited from its kind's policy."""
+    _policy(conn, "op", deny=["Fatal"], max_attempts=5, backoff_initial="0")
+    run_id = _start(conn, "op", max_attempts=own)
+    failed = _fail(conn, run_id, ["Fatal"], "bad configuration")
+    assert failed is not None and failed["status"] == "FAILED"
+    again = one(conn, "SELECT * FROM jobs.retry(%s)", (run_id,))
+    assert claim(conn, "w1", kinds=["op"]) == [again["id"]]
+    retry = _fail(conn, again["id"], ["Transient"], "network blip")
+    assert retry is not None and (retry["status"], retry["attempt"]) == ("QUEUED", 3), (
+        f"attempt 2 of 5 (run {again['id']}, max_attempts {again['max_attempts']}) was not retried: {retry}"
+    )
+
+
+def test_an_operator_retry_past_the_budget_is_not_retried_by_policy(conn: Conn) -> None:
+    """Attempt 3 of 3 queued again by an operator is attempt 4 past the budget: it runs once."""
+    _policy(conn, "op", max_attempts=3, backoff_initial="0")
+    run_id = _start(conn, "op")
+    for _ in range(2):
+        retry = _fail(conn, run_id, ["E"])
+        assert retry is not None and retry["status"] == "QUEUED"
+        run_id = retry["id"]
+        assert claim(conn, "w1", kinds=["op"]) == [run_id]
+    failed = _fail(conn, run_id, ["E"])
+    assert failed is not None and (failed["status"], failed["attempt"]) == ("FAILED", 3)
+    again = one(conn, "SELECT * FROM jobs.retry(%s)", (run_id,))
+    assert (again["attempt"], again["max_attempts"]) == (4, 4)
+    assert claim(conn, "w1", kinds=["op"]) == [again["id"]]
+    last = _fail(conn, again["id"], ["E"])
+    assert last is not None and last["status"] == "FAILED", f"attempt 4 of 3 was retried: {last}"
+
+
 def test_absurd_backoff_is_refused_where_written_and_the_largest_keeps_fail_and_reap_working(
     conn: Conn,
 ) -> None:
