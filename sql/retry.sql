@@ -13,7 +13,8 @@
 -- The caller passes the error's class and its base classes, and the failure
 -- reason is appended, so 'Error' or 'Timeout' can be allowed or denied too.
 -- The reaper passes none: a run it failed for Timeout counts as the class
--- JobTimeout (what the Python driver reports for a timeout seen at a checkpoint),
+-- JobTimeout and its base Exception (what the Python driver reports for a timeout seen at a
+-- checkpoint),
 -- so one policy entry decides both; a hung job is the job's failure, not the
 -- infrastructure's, so unlike HeartbeatLost it needs the policy's allow.
 -- ===========================================================================
@@ -92,14 +93,14 @@ BEGIN
             OR EXISTS (SELECT FROM jobs.definitions AS d WHERE d.id = r.definition_id FOR KEY SHARE))
        AND jobs._retry_allowed(p.deny, p.allow,
                                coalesce(_enqueue_retries.error_classes,
-                                        CASE WHEN r.failure_reason = 'Timeout' THEN '{JobTimeout}'::text[]
+                                        CASE WHEN r.failure_reason = 'Timeout' THEN '{JobTimeout,Exception}'::text[]
                                              ELSE '{}'::text[] END)
                                || r.failure_reason,
                                r.failure_reason IN ('HeartbeatLost', 'Orphaned'))
     ON CONFLICT (retry_of) WHERE retry_of IS NOT NULL DO NOTHING
     RETURNING n.retry_of, n.id;
 END $$;
-COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout for a Timeout, none otherwise; the failure reason is always appended.';
+COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout and Exception for a Timeout (as the Python driver reports a timeout), none otherwise; the failure reason is always appended.';
 
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced
 -- (a repeat of the worker's own failure: the same answer again).

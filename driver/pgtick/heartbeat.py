@@ -21,8 +21,9 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from pgtick import calls
-from pgtick.app import Context
+from pgtick.app import Context, error_classes
 from pgtick.db import DB_ERRORS, connect
+from pgtick.errors import JobTimeout
 from pgtick.reporter import log_run_outcome
 
 log = logging.getLogger("pgtick.worker")
@@ -163,7 +164,7 @@ class HeartbeatLoop:
                     self._conn,
                     ctx.run_id,
                     self.worker_id,
-                    ["JobTimeout"],
+                    error_classes(JobTimeout(message)),  # as a checkpoint reports it
                     message,
                     "Timeout",
                     self.claim_token,

@@ -190,6 +190,8 @@ def test_run_past_its_timeout_is_reaped_as_timeout_while_it_still_heartbeats(con
     [
         (None, [], True),  # every class allowed
         (["JobTimeout"], [], True),  # the class the Python driver reports for a timeout
+        (["Exception"], [], True),  # and its base class, as the driver reports it
+        (None, ["Exception"], False),
         (["Timeout"], [], True),  # the failure reason counts as a class
         (["ConnectionError"], [], False),  # a hung job is not an infrastructure failure
         (None, ["Timeout"], False),  # deny wins
