@@ -11,6 +11,15 @@ Those signals are passed on to CMD, and pgtick waits for it to end: dying first 
 leave CMD running with nobody renewing its lease. SIGINT, SIGQUIT and SIGHUP that a
 terminal sends reach its whole foreground process group, CMD included, so while pgtick
 is in the foreground of its terminal they are not passed on a second time.
+
+Outside a terminal's foreground (cron, systemd, a script) CMD runs in a process group of its
+own, and what pgtick sends goes to the whole group: a shell command line's own children
+stop with it. When the lease is lost, CMD (its group) gets SIGTERM and, if it is still there
+after a grace of a sixth of the ttl (at most 5 s), SIGKILL; and whatever of its group
+outlives CMD is stopped the same way before the lease is released, so nothing of it runs
+beside the next holder. In a terminal's foreground CMD stays in pgtick's group, so that it
+keeps the terminal; there the loss of the lease still ends CMD itself with SIGKILL after
+the grace.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from pgtick.db import connect
 from pgtick.identity import new_worker_id
 
 SKIP_WARN_AFTER = 3
+#: The longest grace between SIGTERM and SIGKILL when the lease is lost (else ttl / 6).
+KILL_GRACE_MAX = 5.0
 #: Signals passed on to CMD.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 #: Those a terminal sends to its whole foreground process group.
@@ -45,6 +56,40 @@ def _in_terminal_foreground() -> bool:
         except (OSError, ValueError, AttributeError):  # not a terminal, or closed
             continue
     return False
+
+
+def _gone(pgid: int) -> bool:
+    """Whether no process of the group ``pgid`` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a member changed its user: it is there
+        return False
+    return False
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(pgid: int, grace: float) -> None:
+    """SIGTERM to what is left of the group, then SIGKILL after ``grace`` seconds."""
+    if _gone(pgid):
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    until = time.monotonic() + grace
+    while time.monotonic() < until:
+        if _gone(pgid):
+            return
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    until = time.monotonic() + 5.0
+    while time.monotonic() < until and not _gone(pgid):
+        time.sleep(0.05)
 
 
 def _renew(dsn: str, name: str, owner: str, ttl: timedelta) -> bool:
@@ -74,14 +119,26 @@ def run_locked(
     # Until when (monotonic) the lease is surely ours: the last acquire or renewal that
     # answered, as sent (the database counts its ttl from a later instant), plus the ttl.
     held_until = [time.monotonic() + ttl]
+    grace = min(ttl / 6, KILL_GRACE_MAX)
+    # CMD's own process group, unless pgtick is in its terminal's foreground (see above).
+    own_group = not _in_terminal_foreground()
+    kill_at: list[float] = []  # when a lost lease's SIGTERM turns into SIGKILL
+
+    def send(signum: int) -> None:
+        if child is None or child.poll() is not None:
+            return
+        if own_group:
+            _signal_group(child.pid, signum)
+        else:
+            child.send_signal(signum)
 
     def stop_command(why: str) -> None:
         if lost.is_set():
             return
         print(f"pgtick lock: lease {name} {why}; stopping the command", file=sys.stderr)
+        kill_at.append(time.monotonic() + grace)
         lost.set()
-        if child is not None:
-            child.terminate()
+        send(signal.SIGTERM)
 
     def renew() -> None:
         while not done.wait(ttl / 3):
@@ -103,8 +160,8 @@ def run_locked(
     def forward(signum: int, frame: FrameType | None) -> None:
         if child is None:
             early.append(signum)
-        elif child.poll() is None and not (signum in FROM_TERMINAL and _in_terminal_foreground()):
-            child.send_signal(signum)
+        elif own_group or not (signum in FROM_TERMINAL and _in_terminal_foreground()):
+            send(signum)
 
     # The handlers are in place before the lease is taken: a signal that comes just after
     # the lease commits is kept (and the lease released), never the default death that
@@ -130,16 +187,16 @@ def run_locked(
         if early:  # stopped before CMD started: do not start it
             return 128 + early[0]
         try:
-            child = subprocess.Popen(cmd)
+            child = subprocess.Popen(cmd, process_group=0 if own_group else None)
         except OSError as exc:
             print(f"pgtick lock: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
             return 127
         for signum in early:  # came while Popen ran, before `child` was set
-            child.send_signal(signum)
+            send(signum)
         renewer.start()
         while True:
             try:
-                code = child.wait(timeout=min(ttl / 6, 1.0))
+                code = child.wait(timeout=min(grace, 1.0))
                 break
             except subprocess.TimeoutExpired:
                 # A renewal that does not answer (a partition, a lock wait) cannot stop the
@@ -147,11 +204,16 @@ def run_locked(
                 # may expire and another holder start (as when renewals fail).
                 if time.monotonic() > held_until[0] - ttl / 6:
                     stop_command("not renewed within its ttl (the database did not answer)")
+                if kill_at and time.monotonic() > kill_at[0]:
+                    send(signal.SIGKILL)
         if lost.is_set() and code == 0:
             code = 1
         return 128 - code if code < 0 else code
     finally:
         done.set()
+        if child is not None and own_group:
+            # What CMD started in its group and left running stops before the lease goes.
+            _stop_group(child.pid, grace if lost.is_set() else KILL_GRACE_MAX)
         for s, handler in previous.items():
             signal.signal(s, handler)
         if acquired:

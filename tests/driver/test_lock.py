@@ -124,6 +124,56 @@ def test_a_renewal_that_does_not_answer_stops_the_command_before_the_lease_expir
     assert lease(conn, "stuck") == (None, False), "the lease was not released once the database answered"
 
 
+#: A process that ignores SIGTERM, says its pid and sleeps: started by a shell command line,
+#: it is a grandchild of pgtick.
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_lost_lease_stops_the_whole_command_even_a_grandchild_that_ignores_sigterm(
+    db: Database, procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """The lease expires under the holder (as after a pause longer than its ttl): its renewal
+    fails, and the command, a shell line whose child ignores SIGTERM, must end whole: the
+    shell alone dying would leave the child running beside the next holder."""
+    script, pidfile = tmp_path / "stubborn.py", tmp_path / "pid"
+    script.write_text(STUBBORN)
+    line = f"{sys.executable} {script} {pidfile}; true"
+    holder = procs.start("holder", lock(db.dsn, "nightly", "sh", "-c", line))
+    said = wait_for("the command to start", lambda: pidfile.read_text() if pidfile.exists() else None, 60)
+    grandchild = int(said)
+    conn.execute("UPDATE jobs.leases SET expires_at = clock_timestamp() - interval '1 second'")
+
+    wait_for(f"the grandchild (pid {grandchild}) to end", lambda: not _alive(grandchild) or None, 60)
+    code = holder.wait(30)
+    log = holder.log()
+    assert code != 0, f"a command stopped for a lost lease must not exit 0:\n{log}"
+    assert "pgtick lock: lease nightly lost; stopping the command" in log, log
+
+
+def test_what_the_command_leaves_running_ends_before_the_lease_is_released(
+    db: Database, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    result = pgtick(*lock(db.dsn, "report", "sh", "-c", f"sleep 120 & echo $! > {pidfile}", ttl=600))
+    left = int(pidfile.read_text())
+    assert result.returncode == 0, result
+    assert not _alive(left), f"the command's background process (pid {left}) outlived the lease"
+
+
 def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:
     with db.connect() as conn:
         failed = pgtick(*lock(db.dsn, "report", "sh", "-c", "echo out; exit 3", ttl=600))
