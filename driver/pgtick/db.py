@@ -81,13 +81,21 @@ def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     A pooler on the server's own port number (on another host) looks direct: say so with
     ``PGTICK_POOLER=1`` (``0`` says there is none).
     """
+    told = _told_pooler()
+    if told is not None:
+        return told
+    server_port = calls.server_port(conn)
+    return server_port is not None and conn.info.port != server_port
+
+
+def _told_pooler() -> bool | None:
+    """What ``PGTICK_POOLER`` says: True (a pooler), False (none), None (not set: ask the ports)."""
     told = os.environ.get(POOLER_VARIABLE, "").strip().lower()
     if told in ("1", "yes", "true", "transaction"):
         return True
     if told in ("0", "no", "false", "none"):
         return False
-    server_port = calls.server_port(conn)
-    return server_port is not None and conn.info.port != server_port
+    return None
 
 
 def prepare_for_pooler(conn: psycopg.Connection[Any]) -> bool:
@@ -138,10 +146,14 @@ def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
 
 
 async def prepare_for_pooler_async(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """``prepare_for_pooler`` for an async connection."""
-    cur = await conn.execute(calls.SERVER_PORT)
-    row = await cur.fetchone()
-    if row is not None and conn.info.port != int(row[0] if isinstance(row, tuple) else row["port"]):
+    """``prepare_for_pooler`` for an async connection (``PGTICK_POOLER`` decides first, as in
+    ``behind_pooler``)."""
+    pooled = _told_pooler()
+    if pooled is None:
+        cur = await conn.execute(calls.SERVER_PORT)
+        row = await cur.fetchone()
+        pooled = row is not None and conn.info.port != int(row[0] if isinstance(row, tuple) else row["port"])
+    if pooled:
         conn.prepare_threshold = None
         return True
     return False

@@ -9,6 +9,7 @@ over a direct connection.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import time
@@ -38,7 +39,7 @@ from harness import (
     settle_after_failover,
     wait_for,
 )
-from pgtick import Client, calls
+from pgtick import AsyncClient, Client, calls
 from pgtick.db import behind_pooler, connect
 from pgtick.scheduler import Scheduler
 
@@ -85,6 +86,29 @@ def test_pgtick_pooler_overrides_what_the_ports_say(
     monkeypatch.setenv("PGTICK_POOLER", "0")
     with connect(pooled) as through:
         assert not behind_pooler(through)
+
+
+def test_pgtick_pooler_keeps_the_clients_of_both_kinds_from_preparing_statements(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection a Client or an AsyncClient opens from a conninfo (and each of the ASGI
+    integration's pool) prepares nothing once PGTICK_POOLER says a pooler sits in front, as
+    the driver's own connections do: a pooler on the server's port number looks direct."""
+    monkeypatch.setenv("PGTICK_POOLER", "1")
+
+    async def async_threshold() -> int | None:
+        async with AsyncClient(db.dsn) as client:
+            await client.enqueue("k")
+            assert client._own is not None
+            return client._own.prepare_threshold
+
+    with Client(db.dsn) as client:
+        client.enqueue("k")
+        assert client._own is not None
+        sync_threshold = client._own.prepare_threshold
+    assert (sync_threshold, asyncio.run(async_threshold())) == (None, None), (
+        "(Client, AsyncClient) prepare_threshold with PGTICK_POOLER=1: statements would be prepared"
+    )
 
 
 def test_client_enqueues_through_the_pooler_in_the_callers_transaction(db: Database, pooled: str) -> None:
