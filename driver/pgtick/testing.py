@@ -15,6 +15,8 @@ The database: ``$PGTICK_TESTING_DSN`` when set (a database the tests may empty: 
 ``jobs`` tables are truncated around every test), else an embedded PostgreSQL (the
 ``pgserver`` wheel) started once per test session in a temporary directory. Either
 way it is migrated first. Override the session fixture ``pgtick_dsn`` to use your own.
+The database may sit behind a transaction pooler (PgBouncer in transaction mode): the
+tester's connections then prepare no statements, as the driver's do (``pgtick.db``).
 
 ``run_due(app)`` executes the due runs of the app's kinds inline, one after the other
 in the test's thread: it claims them through ``jobs.claim``, calls the job function with
@@ -42,11 +44,11 @@ from typing import Any, Unpack
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from pgtick import calls, migrate
 from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, EnqueueWithConnOptions, Run
+from pgtick.db import connect, connect_dicts
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
 from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
@@ -54,6 +56,7 @@ __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
 
 DSN_VARIABLE = "PGTICK_TESTING_DSN"
 WORKER = "pgtick-testing"
+APPLICATION = "pgtick-testing"
 #: Every table that holds an application's state. The schema's own stay: jobs.config, the
 #: migration ledger, the zone names it knows, and who leads.
 KEPT_TABLES = ("jobs.config", "jobs.schema_migrations", "jobs._zones", "jobs._leadership")
@@ -125,7 +128,7 @@ class JobsTester:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self.client = Client(dsn, application_name="pgtick-testing")
+        self.client = Client(dsn, application_name=APPLICATION)
         self._token = secrets.token_urlsafe(24)  # claims are fenced by it, as a worker's are
 
     def close(self) -> None:
@@ -139,7 +142,7 @@ class JobsTester:
 
     def runs(self, kind: str | None = None) -> list[Run]:
         """Every run (of ``kind``), oldest first."""
-        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
+        with connect_dicts(self.dsn, application_name=APPLICATION) as conn:
             rows = conn.execute(
                 "SELECT * FROM jobs.runs WHERE %(kind)s::text IS NULL OR kind = %(kind)s ORDER BY id",
                 {"kind": kind},
@@ -168,7 +171,7 @@ class JobsTester:
     ) -> None:
         from pgtick.definitions import sync_app
 
-        with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn, translate_errors():
+        with connect_dicts(self.dsn, application_name=APPLICATION) as conn, translate_errors():
             sync_app(app, conn)
             while len(outcomes) < limit:
                 if include_future:
@@ -242,7 +245,7 @@ class JobsTester:
     def reset(self) -> None:
         """Empty the jobs tables that hold an application's state (``STATE_TABLES``: runs and
         their history, definitions, retry policies, leases, paused queues, limits, ...)."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with connect(self.dsn, application_name=APPLICATION) as conn:
             # Those this schema has (one installed by an older pgtick lacks jobs.run_history).
             row = conn.execute(
                 "SELECT array_agg(t ORDER BY o) FROM unnest(%s::text[]) WITH ORDINALITY AS x (t, o)"

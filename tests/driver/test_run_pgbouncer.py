@@ -39,7 +39,7 @@ from harness import (
     settle_after_failover,
     wait_for,
 )
-from pgtick import AsyncClient, Client, calls
+from pgtick import App, AsyncClient, Client, Context, calls
 from pgtick.db import behind_pooler, connect
 from pgtick.scheduler import Scheduler
 
@@ -123,6 +123,37 @@ def test_client_enqueues_through_the_pooler_in_the_callers_transaction(db: Datab
     with db.connect() as direct:
         found = {r[0] for r in direct.execute("SELECT id FROM jobs.runs").fetchall()}
     assert found == {*ids, kept.id}, f"rolled back run {dropped.id} exists, or a committed one is missing"
+
+
+def test_the_testing_helpers_run_due_jobs_through_the_pooler(db: Database, pooled: str) -> None:
+    """pgtick.testing's tester claims and reports many runs on one connection through the
+    pooler. Each job holds a transaction of another client open, so the server session the
+    tester used last is busy and its next statement runs on another one: a statement it had
+    prepared would not exist there."""
+    # Imported here: tests/driver/test_testing.py loads it as a pytest plugin, and a module
+    # imported before that could not have its asserts rewritten.
+    from pgtick.testing import JobsTester
+
+    app = App("through-the-pooler")
+    held: list[psycopg.Connection[Any]] = []
+
+    @app.job("holds-a-session")
+    def holds_a_session(ctx: Context) -> int:
+        other = psycopg.connect(pooled, prepare_threshold=None)
+        held.append(other)
+        other.execute("SELECT 1")  # its transaction stays open: its server session is taken
+        return int(ctx.payload["i"])
+
+    tester = JobsTester(pooled)
+    try:
+        for i in range(12):  # past psycopg's prepare threshold (5)
+            tester.enqueue("holds-a-session", {"i": i})
+        outcomes = tester.run_due(app)
+    finally:
+        for other in held:
+            other.close()
+        tester.close()
+    assert [(o.status, o.result) for o in outcomes] == [("COMPLETED", i) for i in range(12)], outcomes
 
 
 def test_cli_migrates_and_reports_through_the_pooler(pg: Server, pgbouncer: PgBouncer) -> None:
