@@ -198,7 +198,8 @@ class JobsTester:
         retry: dict[str, Any] | None = None
         try:
             result = _call(spec.fn, ctx)
-        except (Exception, SystemExit, Abandoned, Cancelled) as exc:
+        except (Exception, SystemExit, asyncio.CancelledError, Abandoned, Cancelled) as exc:
+            # What a worker fails the run for (KeyboardInterrupt, Ctrl-C in the test, stops it).
             exception = exc
             # As the worker reads them: a cancel only when one was asked for, a run let go only
             # when it was lost; raised by job code on its own, either is a failure.

@@ -88,6 +88,25 @@ def test_job_code_raising_cancelled_or_abandoned_itself_fails_as_a_worker_would(
         assert (outcome.status, outcome.error) == ("FAILED", f"{name}: job code raised it"), name
 
 
+@app.job("cancels-its-own-task")
+async def cancels_its_own_task(ctx: Context) -> None:
+    import asyncio
+
+    raise asyncio.CancelledError("job code cancelled its task")
+
+
+def test_an_async_job_that_raises_cancelled_error_itself_fails_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """No cancel was asked for: the worker fails the run (CancelledError is a BaseException,
+    not an Exception), and the tester reports the same outcome rather than letting it out of
+    run_due with the run left RUNNING."""
+    run = pgtick_jobs.enqueue("cancels-its-own-task")
+    outcomes = pgtick_jobs.run_due(app)
+    got = [(o.run.id, o.status, o.error) for o in outcomes]
+    assert got == [(run.id, "FAILED", "CancelledError: job code cancelled its task")], got
+
+
 def test_the_tester_works_where_workers_must_present_a_claim_token(pgtick_jobs: JobsTester) -> None:
     import psycopg
 
