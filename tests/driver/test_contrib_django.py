@@ -313,3 +313,67 @@ def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_
         result = configured(unreachable, missing, *command)
         _one_error_line(result, "pgtick.E001")
         assert "'reports'" in result.stderr, result.stderr
+
+
+#: A Django project configured in ``-c`` on the database argv[1] (a DSN), whose code keeps a
+#: client from ``pgtick.contrib.django.client()`` as an application keeps one at module level.
+KEPT_CLIENT = """
+import sys
+
+import django
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+
+params = conninfo_to_dict(sys.argv[1])
+settings.configure(
+    INSTALLED_APPS=["pgtick.contrib.django"], USE_TZ=True,
+    DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": params.get("dbname", ""),
+        "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", ""), "PORT": params.get("port", ""),
+    }},
+)
+django.setup()
+from django.db import connection, transaction
+
+import pgtick.contrib.django as pgtick
+
+jobs = pgtick.client()
+
+
+class Undo(Exception):
+    pass
+
+
+try:
+    with transaction.atomic():
+        jobs.enqueue("rolled-back")  # the block's first statement
+        raise Undo
+except Undo:
+    pass
+connection.close()  # as Django does at the end of a request
+with transaction.atomic():
+    jobs.enqueue("committed")
+jobs.enqueue("autocommitted")
+"""
+
+
+def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_connection(
+    db: Database,
+) -> None:
+    """Django begins no transaction when an atomic block begins (it turns autocommit off): an
+    enqueue that is the block's first statement must still roll back with the block. And
+    Django closes its connection after each request: a client kept from one request to the
+    next works on the connection Django has now."""
+    result = subprocess.run(
+        [sys.executable, "-c", KEPT_CLIENT, db.dsn],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with db.connect() as conn:
+        kinds = [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
+    assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"

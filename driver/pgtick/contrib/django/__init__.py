@@ -18,12 +18,15 @@ Settings (all optional but ``APP``)::
   use the ORM: each job closes stale Django connections before and after it runs.
 * ``pgtick.contrib.django.enqueue(kind, payload, ...)`` enqueues on Django's own
   connection (psycopg 3, Django >= 4.2), so inside ``transaction.atomic()`` the run
-  commits or rolls back with everything else in the block.
+  commits or rolls back with everything else in the block. ``client()`` is a ``Client``
+  that does the same for every method, and may be kept (it takes Django's connection of
+  the moment at each call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Unpack
 
 import psycopg
@@ -35,7 +38,7 @@ from pgtick.client import Client, EnqueueOptions, Run
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["client", "database_alias", "dsn", "enqueue", "jobs_app"]
+__all__ = ["DjangoClient", "client", "database_alias", "dsn", "enqueue", "jobs_app"]
 
 
 def _libpq_keywords() -> frozenset[str]:
@@ -100,10 +103,31 @@ def raw_connection(using: str | None = None) -> psycopg.Connection[Any]:
     return conn
 
 
+class DjangoClient(Client):
+    """A ``Client`` over Django's connection for ``using``, taken at every call: Django's
+    connections belong to a thread and are closed and reopened between requests, so a
+    client kept for later (at module level, say) calls on the connection of the thread and
+    the moment it is used. Each call joins the transaction in progress inside
+    ``transaction.atomic()``, as its first statement too, or autocommits outside it, like
+    the ORM; ``conn=`` names another connection."""
+
+    def __init__(self, using: str | None = None) -> None:
+        super().__init__(raw_connection(using))
+        self.using = using
+
+    @contextmanager
+    def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        # As the caller's connection: Django leaves autocommit off and sends no BEGIN when a
+        # block begins, and the client's own transaction there would commit on its own.
+        with super()._connection(raw_connection(self.using) if conn is None else conn) as joined:
+            yield joined
+
+
 def client(using: str | None = None) -> Client:
-    """A ``Client`` over Django's connection: each call joins the transaction in progress
-    (inside ``transaction.atomic()``) or autocommits (outside), like the ORM."""
-    return Client(raw_connection(using))
+    """A ``DjangoClient``: a ``Client`` over Django's connection for ``using``, at every
+    call. Each call joins the transaction in progress (inside ``transaction.atomic()``) or
+    autocommits (outside), like the ORM."""
+    return DjangoClient(using)
 
 
 def enqueue(
