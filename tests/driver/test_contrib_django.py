@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -377,3 +378,88 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
     with db.connect() as conn:
         kinds = [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
     assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"
+
+
+#: Jobs added to a copy of the example project: process-isolated, one of them using the ORM.
+ISOLATED_JOBS = """
+
+
+@app.job("count-orders", isolation="process", timeout=60)
+def count_orders(ctx: Context) -> dict[str, int]:
+    import os
+
+    from shop.models import Order
+
+    return {"orders": Order.objects.count(), "pid": os.getpid()}
+
+
+@app.job("plain-isolated", isolation="process", timeout=60)
+def plain_isolated(ctx: Context) -> int:
+    return 7
+"""
+
+
+def test_process_isolated_jobs_run_under_the_django_worker_with_the_orm(
+    empty: Database, tmp_path: Path
+) -> None:
+    """manage.py pgtick_worker wraps each sync job to close Django's stale connections around
+    it; the wrapped job must still travel to its child process (by reference, as any isolated
+    job does), and there the ORM needs Django set up before the job's module is imported."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+    with (project / "shop" / "jobs.py").open("a") as jobs:
+        jobs.write(ISOLATED_JOBS)
+
+    def in_project(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=project,
+            env=_env(empty.dsn),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    migrated = in_project("migrate", "--no-input")
+    assert migrated.returncode == 0, migrated.stderr
+    placed = in_project("place_order", "book")
+    assert placed.returncode == 0, placed.stderr
+    with empty.connect() as conn:
+        counted = scalar(conn, "SELECT id FROM jobs.enqueue('count-orders')")
+        plain = scalar(conn, "SELECT id FROM jobs.enqueue('plain-isolated')")
+
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "manage.py", "pgtick_worker", "--poll", "0.2s", "--grace", "5s"],
+            cwd=project,
+            env=_env(empty.dsn),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        with empty.connect() as conn:
+
+            def finished() -> list[dict[str, Any]] | None:
+                found = rows(
+                    conn,
+                    "SELECT id, status::text AS status, result, error FROM jobs.runs"
+                    " WHERE id = ANY(%s) AND status IN ('COMPLETED', 'FAILED') ORDER BY id",
+                    ([counted, plain],),
+                )
+                return found if len(found) == 2 else None
+
+            try:
+                ended = wait_for("the worker to run the isolated jobs", finished, timeout=90)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{log.read_text()}") from None
+    finally:
+        code = stop(worker, log)
+    assert code == 0, log.read_text()
+    shown = f"{ended}\n{log.read_text()}"
+    by_id = {r["id"]: r for r in ended}
+    assert (by_id[plain]["status"], by_id[plain]["result"]) == ("COMPLETED", 7), shown
+    assert by_id[counted]["status"] == "COMPLETED", shown
+    assert by_id[counted]["result"]["orders"] == 1, shown
+    assert by_id[counted]["result"]["pid"] != worker.pid, f"the job did not run in a child process: {shown}"

@@ -15,7 +15,9 @@ Settings (all optional but ``APP``)::
   ``PGTICK["DATABASE"]`` is not in ``DATABASES`` or not PostgreSQL.
 * ``manage.py pgtick_worker`` / ``pgtick_scheduler`` run a worker / the scheduler for
   ``PGTICK["APP"]``, like ``pgtick run --no-scheduler`` / ``--no-worker``. Job code may
-  use the ORM: each job closes stale Django connections before and after it runs.
+  use the ORM: each job closes stale Django connections before and after it runs, and a
+  job of ``isolation="process"`` sets Django up in its child process first (from the
+  ``DJANGO_SETTINGS_MODULE`` that ``manage.py`` sets).
 * ``pgtick.contrib.django.enqueue(kind, payload, ...)`` enqueues on Django's own
   connection (psycopg 3, Django >= 4.2), so inside ``transaction.atomic()`` the run
   commits or rolls back with everything else in the block. ``client()`` is a ``Client``

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import functools
+import importlib
 import inspect
+import pickle
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -20,21 +22,68 @@ from pgtick.errors import PgtickError
 from pgtick.runner import RunOptions, run_app
 
 
+class OrmJob:
+    """A sync job function run as Django runs a view: the stale Django connections of the
+    thread are closed before and after it.
+
+    A job of ``isolation="process"`` travels to its child process pickled: an ``OrmJob``
+    goes as its function's module and name (the function must be importable as itself, as
+    for any isolated job), and in the child, a fresh interpreter, it sets Django up
+    (``DJANGO_SETTINGS_MODULE``, inherited from ``manage.py``) before it imports the job's
+    module, whose models need the app registry."""
+
+    def __init__(self, fn: Callable[[Context], Any] | None, module: str = "", name: str = "") -> None:
+        self._fn = fn
+        self._module = fn.__module__ if fn is not None else module
+        self._name = fn.__qualname__ if fn is not None else name
+        self.__name__ = self._name.rpartition(".")[2]
+        self.__qualname__ = self._name
+        self.__module__ = self._module
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, ctx: Context) -> Any:
+        if self._fn is None:  # in a job's child process: Django first, then the job's module
+            self._fn = _job_function(self._module, self._name, setup=True)
+        close_old_connections()
+        try:
+            return self._fn(ctx)
+        finally:
+            close_old_connections()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            importable = _job_function(self._module, self._name, setup=False) is self._fn
+        except Exception:
+            importable = False
+        if not importable:
+            raise pickle.PicklingError(
+                f"Can't pickle {self._fn!r}: it is not importable as {self._module}.{self._name}"
+            )
+        return (OrmJob, (None, self._module, self._name))
+
+
+def _job_function(module: str, name: str, *, setup: bool) -> Any:
+    """The object ``module``.``name`` names; with ``setup``, Django is set up first."""
+    if setup:
+        import django
+        from django.apps import apps
+
+        if not apps.ready:
+            django.setup()
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def orm_friendly(app: App) -> App:
     """Each sync job closes the executor thread's stale Django connections before and after
-    it runs (as Django does around a request), so the ORM in job code behaves as in a view."""
+    it runs (as Django does around a request), so the ORM in job code behaves as in a view;
+    in a job process (``isolation="process"``) too (see ``OrmJob``)."""
     for kind, spec in list(app.jobs.items()):
-        if inspect.iscoroutinefunction(spec.fn):
+        if inspect.iscoroutinefunction(spec.fn) or isinstance(spec.fn, OrmJob):
             continue
-
-        def wrapped(ctx: Context, _fn: Any = spec.fn) -> Any:
-            close_old_connections()
-            try:
-                return _fn(ctx)
-            finally:
-                close_old_connections()
-
-        app.jobs[kind] = replace(spec, fn=functools.wraps(spec.fn)(wrapped))
+        app.jobs[kind] = replace(spec, fn=OrmJob(spec.fn))
     return app
 
 
