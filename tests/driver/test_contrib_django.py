@@ -399,67 +399,115 @@ def plain_isolated(ctx: Context) -> int:
 """
 
 
+def _project_with(tmp_path: Path, jobs: str, db: Database) -> Path:
+    """A copy of the example project with ``jobs`` appended to shop/jobs.py, migrated into
+    ``db`` with one order placed."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+    with (project / "shop" / "jobs.py").open("a") as out:
+        out.write(jobs)
+    for args in (["migrate", "--no-input"], ["place_order", "book"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=project,
+            env=_env(db.dsn),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    return project
+
+
+def _start_worker(project: Path, db: Database, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "pgtick_worker", "--poll", "0.2s", "--grace", "5s"],
+            cwd=project,
+            env=_env(db.dsn),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _wait_finished(conn: Any, run_ids: list[int], log: Path) -> dict[int, dict[str, Any]]:
+    """The runs, once every one of them is COMPLETED or FAILED."""
+
+    def finished() -> list[dict[str, Any]] | None:
+        found = rows(
+            conn,
+            "SELECT id, status::text AS status, result, error FROM jobs.runs"
+            " WHERE id = ANY(%s) AND status IN ('COMPLETED', 'FAILED') ORDER BY id",
+            (run_ids,),
+        )
+        return found if len(found) == len(run_ids) else None
+
+    try:
+        ended = wait_for(f"runs {run_ids} to finish", finished, timeout=90)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{log.read_text()}") from None
+    return {r["id"]: r for r in ended}
+
+
 def test_process_isolated_jobs_run_under_the_django_worker_with_the_orm(
     empty: Database, tmp_path: Path
 ) -> None:
     """manage.py pgtick_worker wraps each sync job to close Django's stale connections around
     it; the wrapped job must still travel to its child process (by reference, as any isolated
     job does), and there the ORM needs Django set up before the job's module is imported."""
-    project = tmp_path / "project"
-    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
-    with (project / "shop" / "jobs.py").open("a") as jobs:
-        jobs.write(ISOLATED_JOBS)
-
-    def in_project(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=project,
-            env=_env(empty.dsn),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    migrated = in_project("migrate", "--no-input")
-    assert migrated.returncode == 0, migrated.stderr
-    placed = in_project("place_order", "book")
-    assert placed.returncode == 0, placed.stderr
+    project = _project_with(tmp_path, ISOLATED_JOBS, empty)
+    log = tmp_path / "worker.log"
     with empty.connect() as conn:
         counted = scalar(conn, "SELECT id FROM jobs.enqueue('count-orders')")
         plain = scalar(conn, "SELECT id FROM jobs.enqueue('plain-isolated')")
-
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "manage.py", "pgtick_worker", "--poll", "0.2s", "--grace", "5s"],
-            cwd=project,
-            env=_env(empty.dsn),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        with empty.connect() as conn:
-
-            def finished() -> list[dict[str, Any]] | None:
-                found = rows(
-                    conn,
-                    "SELECT id, status::text AS status, result, error FROM jobs.runs"
-                    " WHERE id = ANY(%s) AND status IN ('COMPLETED', 'FAILED') ORDER BY id",
-                    ([counted, plain],),
-                )
-                return found if len(found) == 2 else None
-
-            try:
-                ended = wait_for("the worker to run the isolated jobs", finished, timeout=90)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}\n{log.read_text()}") from None
-    finally:
-        code = stop(worker, log)
+        worker = _start_worker(project, empty, log)
+        try:
+            by_id = _wait_finished(conn, [counted, plain], log)
+        finally:
+            code = stop(worker, log)
     assert code == 0, log.read_text()
-    shown = f"{ended}\n{log.read_text()}"
-    by_id = {r["id"]: r for r in ended}
+    shown = f"{by_id}\n{log.read_text()}"
     assert (by_id[plain]["status"], by_id[plain]["result"]) == ("COMPLETED", 7), shown
     assert by_id[counted]["status"] == "COMPLETED", shown
     assert by_id[counted]["result"]["orders"] == 1, shown
     assert by_id[counted]["result"]["pid"] != worker.pid, f"the job did not run in a child process: {shown}"
+
+
+#: An ``async def`` job using Django's async ORM, added to a copy of the example project.
+ASYNC_ORM_JOB = """
+
+
+@app.job("count-orders-async")
+async def count_orders_async(ctx: Context) -> int:
+    from shop.models import Order
+
+    return await Order.objects.acount()
+"""
+
+
+def test_an_async_orm_job_recovers_after_the_server_ends_its_connection(
+    empty: Database, tmp_path: Path
+) -> None:
+    """Django's async ORM queries on a thread of its own: the worker closes the stale
+    connections there around each async job, as it does for a sync job's thread, so a
+    connection the server ended (a restart, a failover) fails no later run."""
+    project = _project_with(tmp_path, ASYNC_ORM_JOB, empty)
+    log = tmp_path / "worker.log"
+    with empty.connect() as conn:
+        worker = _start_worker(project, empty, log)
+        try:
+            first = scalar(conn, "SELECT id FROM jobs.enqueue('count-orders-async')")
+            _wait_finished(conn, [first], log)
+            conn.execute(  # every session of the worker's but pgtick's own (they reconnect)
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                " AND application_name NOT LIKE 'pgtick%'"
+            )
+            later = [scalar(conn, "SELECT id FROM jobs.enqueue('count-orders-async')") for _ in range(2)]
+            by_id = _wait_finished(conn, [first, *later], log)
+        finally:
+            code = stop(worker, log)
+    assert code == 0, log.read_text()
+    got = [(i, by_id[i]["status"], by_id[i]["result"], by_id[i]["error"]) for i in [first, *later]]
+    assert got == [(i, "COMPLETED", 1, None) for i in [first, *later]], f"{got}\n{log.read_text()}"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pickle
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -76,14 +77,38 @@ def _job_function(module: str, name: str, *, setup: bool) -> Any:
     return found
 
 
+def _async_orm_job(fn: Callable[[Context], Awaitable[Any]]) -> Callable[[Context], Awaitable[Any]]:
+    """An ``async def`` job run as Django runs an async view: Django's async ORM queries on
+    the thread ``sync_to_async`` keeps for thread-sensitive code, whose stale connections
+    (one the server ended, say) are closed there before and after the job."""
+    from asgiref.sync import sync_to_async
+
+    close_there = sync_to_async(close_old_connections)
+
+    @functools.wraps(fn)
+    async def wrapped(ctx: Context) -> Any:
+        await close_there()
+        try:
+            return await fn(ctx)
+        finally:
+            await close_there()
+
+    wrapped._pgtick_orm = True  # type: ignore[attr-defined]
+    return wrapped
+
+
 def orm_friendly(app: App) -> App:
-    """Each sync job closes the executor thread's stale Django connections before and after
-    it runs (as Django does around a request), so the ORM in job code behaves as in a view;
-    in a job process (``isolation="process"``) too (see ``OrmJob``)."""
+    """Each job closes stale Django connections before and after it runs (as Django does
+    around a request), so the ORM in job code behaves as in a view: a sync job those of its
+    executor thread, in a job process (``isolation="process"``) too (see ``OrmJob``); an
+    ``async def`` job those its async ORM queries use."""
     for kind, spec in list(app.jobs.items()):
-        if inspect.iscoroutinefunction(spec.fn) or isinstance(spec.fn, OrmJob):
+        if isinstance(spec.fn, OrmJob) or getattr(spec.fn, "_pgtick_orm", False):
             continue
-        app.jobs[kind] = replace(spec, fn=OrmJob(spec.fn))
+        if inspect.iscoroutinefunction(spec.fn):
+            app.jobs[kind] = replace(spec, fn=_async_orm_job(spec.fn))
+        else:
+            app.jobs[kind] = replace(spec, fn=OrmJob(spec.fn))
     return app
 
 
