@@ -176,3 +176,24 @@ async def test_startup_on_an_older_schema_fails_saying_to_migrate(db: Database) 
             pytest.fail("the lifespan started")
     left = _pgtick_threads(before)
     assert left == [], f"threads left running after a failed startup: {left}"
+
+
+def test_the_readmes_fastapi_snippet_defines_its_app_as_written(db: Database) -> None:
+    """The README's FastAPI example, given only what its comment says it needs (``jobs``, an
+    App, and ``dsn``): its imports are all there, and FastAPI accepts its dependencies."""
+    import re
+
+    import pgtick
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### FastAPI") :]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, "no python block in the README's FastAPI section"
+    jobs = pgtick.App("readme")
+    jobs.job("send-receipt")(lambda ctx: None)
+    scope: dict[str, Any] = {"jobs": jobs, "dsn": db.dsn, "__name__": "readme_fastapi"}
+    exec(
+        compile(match.group(1), "README.md (FastAPI)", "exec", dont_inherit=True), scope
+    )  # as a file runs it
+    routes = [getattr(route, "path", None) for route in scope["api"].routes]
+    assert "/orders" in routes, routes
