@@ -54,7 +54,7 @@ from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
-from pgtick.db import prepare_for_pooler, prepare_for_pooler_async
+from pgtick.db import prepare, prepare_async
 from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
 from pgtick.schedule.zones import not_a_place
 
@@ -936,7 +936,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    prepare_for_pooler(self._own)
+                    prepare(self._own)
                 with self._own.transaction():
                     yield self._own
 
@@ -1116,7 +1116,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    await prepare_for_pooler_async(self._own)
+                    await prepare_async(self._own)
                 async with self._own.transaction():
                     yield self._own
 

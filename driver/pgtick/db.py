@@ -48,8 +48,8 @@ def _keepalives(dsn: str, given: dict[str, Any]) -> dict[str, Any]:
 
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
     """An autocommit connection (each function call is its own transaction), with TCP
-    keepalives (``KEEPALIVES``); behind a pooler it never prepares statements (see
-    ``prepare_for_pooler``)."""
+    keepalives (``KEEPALIVES``), dates in ISO 8601 and, behind a pooler, no prepared
+    statements (see ``prepare``)."""
     try:
         conn = psycopg.connect(
             dsn,
@@ -61,8 +61,30 @@ def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Con
         )
     except psycopg.OperationalError as exc:
         raise PgtickError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from exc
-    prepare_for_pooler(conn)
+    prepare(conn)
     return conn
+
+
+def _datestyle_is_iso(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the session writes dates as ISO 8601, the only style psycopg reads back."""
+    return (conn.info.parameter_status("DateStyle") or "ISO").startswith("ISO")
+
+
+def prepare(conn: psycopg.Connection[Any]) -> bool:
+    """Make a connection the driver opened fit for it: dates written as ISO 8601 whatever the
+    server's or database's default DateStyle (psycopg reads no other style: a database set to
+    ``SQL, DMY`` would fail every read of a time), and ``prepare_for_pooler``, whose answer it
+    returns."""
+    if not _datestyle_is_iso(conn):
+        conn.execute("SET DateStyle TO ISO")  # the field order stays; PgBouncer keeps it per client
+    return prepare_for_pooler(conn)
+
+
+async def prepare_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """``prepare`` for an async connection."""
+    if not _datestyle_is_iso(conn):
+        await conn.execute("SET DateStyle TO ISO")
+    return await prepare_for_pooler_async(conn)
 
 
 #: Overrides the detection of a transaction-mode pooler: 1 (yes) or 0 (no).

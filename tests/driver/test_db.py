@@ -1,12 +1,19 @@
 """The connections the driver opens: TCP keepalives and a bound on unacknowledged data, so a
-network that drops packets silently ends a call in seconds; a DSN's own settings win."""
+network that drops packets silently ends a call in seconds; a DSN's own settings win; dates
+read in ISO 8601 whatever the database's default DateStyle."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import datetime
+
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
-from harness import Database
+from harness import Database, pgtick
+from pgtick.client import AsyncClient, Client
 from pgtick.db import KEEPALIVES, TCP_USER_TIMEOUT_MS, connect
 
 
@@ -35,3 +42,29 @@ def test_a_keepalive_setting_given_is_kept(db: Database, where: str) -> None:
     with conn:
         got = _settings(conn)
     assert got["keepalives_idle"] == "42" and got["keepalives_count"] == str(KEEPALIVES["keepalives_count"])
+
+
+def test_a_database_whose_dates_are_not_iso_is_read_by_every_connection_the_driver_opens(
+    db: Database,
+) -> None:
+    """psycopg reads times only in the ISO DateStyle: with a database default of 'SQL, DMY', the
+    driver's own connections (the CLI's, the clients', the dashboard's) set ISO for themselves."""
+    name = conninfo_to_dict(db.dsn)["dbname"]
+    with db.connect() as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET DateStyle = 'SQL, DMY'").format(sql.Identifier(name)))
+        with db.connect() as plain:
+            assert plain.info.parameter_status("DateStyle") == "SQL, DMY", "the setting took"
+
+    with connect(db.dsn) as conn:
+        assert conn.execute("SELECT now()::text").fetchone()[0][:4].isdigit()  # type: ignore[index]
+    with Client(db.dsn) as client:
+        run_id = client.enqueue("report", {"day": 1}).id
+        assert client.get_run(run_id).created_at.tzinfo is not None
+
+    async def read_async() -> datetime:
+        async with AsyncClient(db.dsn) as aclient:
+            return (await aclient.get_run(run_id)).created_at
+
+    assert asyncio.run(read_async()).tzinfo is not None
+    shown = pgtick("show", str(run_id), "--dsn", db.dsn)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown

@@ -35,7 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgtick.app import App
 from pgtick.client import AsyncClient
-from pgtick.db import connect, prepare_for_pooler_async
+from pgtick.db import connect, prepare_async
 from pgtick.definitions import sync_app
 from pgtick.identity import new_worker_id
 from pgtick.runner import check_schema
@@ -174,7 +174,7 @@ class Pgtick:
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    await prepare_for_pooler_async(conn)
+    await prepare_async(conn)
 
 
 # -- request dependencies (FastAPI ``Depends``; or call them with the request) ----------

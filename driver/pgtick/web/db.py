@@ -33,6 +33,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from pgtick.db import prepare_async
 from pgtick.web import queries
 from pgtick.web.queries import Conn, Features, features
 
@@ -111,6 +112,7 @@ class Database:
                 **_connect_timeout(dsn, timeout),
             },
             timeout=timeout,
+            configure=prepare_async,
             # A pooled connection the server dropped (a restart) is found out before a page
             # gets it, not one failed page per connection after; the check keeps the
             # request's deadline like its statements.
