@@ -17,12 +17,15 @@
 --     and the runs waiting on those, down the chain, with failure_reason
 --     'DependencyFailed' (called by jobs.fail, jobs.reap, jobs.cancel,
 --     jobs.cancel_queued, jobs.acknowledge_cancel and claim's overlap skip).
--- Both lock the waiting runs in ascending id order. A dependent always has a
--- higher id than its dependencies (they must exist first), so every path locks
--- its own run before the dependents: no cycle. jobs.enqueue takes FOR SHARE
--- locks on the dependency chains while it decides whether the new run is
--- blocked, so a completion or failure cannot slip between that decision and
--- the commit that makes the new run visible.
+-- Both lock the waiting runs in ascending id order, after the run that ended: every path
+-- that ends a run holds it (and any other run it ends) before it waits for a blocked one.
+-- jobs.enqueue takes FOR SHARE locks on the dependency chains while it decides whether the
+-- new run is blocked, so a completion or failure cannot slip between that decision and the
+-- commit that makes the new run visible. It locks the runs that are not blocked first and
+-- the blocked ones after them (each set in ascending id order), as the paths that end a run
+-- do: ids alone would not keep that order, since a retry gets a higher id than the runs
+-- enqueued on its chain before it, and an enqueue naming both the retry's chain and such a
+-- run would hold that run while it waits for the retry's completion, which waits for it.
 -- ===========================================================================
 
 -- Private: every run of the retry chains starting at the given runs (each run and its retries).
@@ -127,16 +130,17 @@ BEGIN
         RETURN 'met';
     END IF;
     PERFORM jobs._check_depends_on(depends_on);   -- the list's shape and that its runs exist
-    -- Lock every run of the chains (ascending ids); a retry inserted meanwhile extends a
-    -- chain, so look again until the locked set covers it. A run pruned meanwhile drops out
-    -- of the chain (the lock skips a row deleted while it waited), so the set is never NULL.
+    -- Lock every run of the chains: those not blocked first, then the blocked ones (each in
+    -- ascending ids; the header says why); a retry inserted meanwhile extends a chain, so look
+    -- again until the locked set covers it. A run pruned meanwhile drops out of the chain (the
+    -- lock skips a row deleted while it waited), so the set is never NULL.
     LOOP
         SELECT coalesce(array_agg(DISTINCT c.run_id ORDER BY c.run_id), '{}') INTO v_chain
           FROM jobs._chain_forward(depends_on) AS c;
         EXIT WHEN v_chain <@ v_locked;
         PERFORM FROM jobs.runs AS r
          WHERE r.id = ANY (v_chain) AND r.id <> ALL (v_locked)
-         ORDER BY r.id
+         ORDER BY r.blocked, r.id
            FOR SHARE;
         -- Then those in history: a run moved there while this waited is locked there (a new
         -- statement, a new snapshot); runs only ever move from jobs.runs to history.

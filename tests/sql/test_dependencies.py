@@ -410,6 +410,42 @@ def test_a_discard_that_waits_for_an_enqueue_naming_the_run_keeps_it(db: Databas
     assert run_row(conn, late)["blocked"] is False
 
 
+def test_an_enqueue_naming_a_retried_chain_and_a_run_waiting_on_it_does_not_deadlock_its_completion(
+    db: Database, conn: Conn
+) -> None:
+    """x failed once; b and c were enqueued on x before its retry x2, so x2 has the higher id.
+    x2 completes while an enqueue names both c and x: the completion holds x2 and then locks
+    the runs waiting on x (b, then c), the enqueue locks the chains it names. Both must end
+    (the enqueue's run waiting on c), neither with a deadlock error. A third session holds b
+    for a moment so that the enqueue reaches its locks between the two steps of the completion."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+    x = _enqueue(conn)
+    b = _enqueue(conn, deps=[x])
+    c = _enqueue(conn, deps=[x])
+    assert _claim(conn) == [x]
+    x2 = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'once')", (x,)))
+    assert x2 > c
+    assert _claim(conn) == [x2]
+    with db.connect(autocommit=False) as holder, db.connect() as completer, db.connect() as enqueuer:
+        _enqueue(holder, deps=[b])  # b locked FOR SHARE until the holder commits
+        completing = BlockedCall(
+            conn,
+            completer,
+            lambda: scalar(completer, "SELECT jobs.complete(%s, 'w')", (x2,)),
+            "the completion of x2 to wait for b's lock",
+        )
+        enqueuing = BlockedCall(
+            conn, enqueuer, lambda: _enqueue(enqueuer, deps=[c, x]), "the enqueue to wait for a lock"
+        )
+        holder.commit()
+        completed = completing.join(60)
+        enqueued = enqueuing.join(60)
+    assert completed == [True], f"the completion of x2: {completed}"
+    assert len(enqueued) == 1 and not isinstance(enqueued[0], Exception), f"the enqueue: {enqueued}"
+    assert run_row(conn, c)["blocked"] is False
+    assert run_row(conn, int(enqueued[0]))["blocked"] is True  # it waits for c
+
+
 def _dag_worker(dsn: str, worker: str, seed: int, seconds: float) -> dict[str, Any]:
     """Claim, hold briefly, then complete (mostly) or fail; loop until nothing is live."""
     rng = random.Random(seed)
