@@ -439,10 +439,11 @@ BEGIN
         OR d.schedule_error IS NOT NULL OR d.materialize_error IS NOT NULL;
 
     -- A definition capped for the first time caps runs that claims in progress read as
-    -- uncapped and may be starting unseen: wait for them (and hold off the next claims).
+    -- uncapped and may be starting unseen; a lower cap, runs they may be starting by the cap
+    -- they read: wait for them (and hold off the next claims, which count by the new cap).
     IF EXISTS (SELECT FROM jobs.definitions AS d JOIN unnest(v_old) AS o ON o.id = d.id
-                WHERE o.max_concurrent_runs IS NULL AND d.max_concurrent_runs IS NOT NULL) THEN
-        PERFORM jobs._wait_for_claims('giving a definition its first max_concurrent_runs');
+                WHERE d.max_concurrent_runs < coalesce(o.max_concurrent_runs, 2147483647)) THEN
+        PERFORM jobs._wait_for_claims('giving a definition a first or lower max_concurrent_runs');
     END IF;
 
     -- The old jitter: a run made before runs recorded their occurrence is dropped when it

@@ -846,6 +846,34 @@ def test_capping_runs_waits_for_the_claims_that_read_them_uncapped(
     )
 
 
+def test_lowering_a_definitions_cap_waits_for_the_claims_that_started_runs_by_the_old_one(
+    db: Database, conn: Conn
+) -> None:
+    """A claim in progress (not committed) started 3 runs of a definition capped at 5; then its
+    cap is lowered to 1. The change waits for that claim to commit, so the 3 runs started
+    before the change and every claim after it counts them. Where the change did not wait, it
+    committed first and the claim after it: an observer saw 0 RUNNING under the cap of 1, then
+    3."""
+    def_id = add_definition(conn, "lowered", cap=5)
+    runs = add_runs(conn, 5, kind="lowered", definition_id=def_id)
+    lower = (
+        "SELECT jobs.define('lowered', 'lowered', run_at => (SELECT d.run_at FROM jobs.definitions AS d"
+        " WHERE d.name = 'lowered'), enabled => false, max_concurrent_runs => 1)"
+    )
+    with db.connect(autocommit=False) as first, db.connect() as changer:
+        assert _claim(first, 3, "wa") == runs[:3]
+        changing, changed = _call_meanwhile(conn, changer, lambda: changer.execute(lower).fetchall())
+        waited = changing.is_alive()
+        first.commit()
+        changing.join(60)
+    assert changed and not isinstance(changed[0], psycopg.Error), f"the change: {changed}"
+    assert waited, (
+        "the cap was lowered from 5 to 1 while a claim that started 3 runs by the old cap was in progress,"
+        " without waiting for it: once it committed, 3 RUNNING under the cap of 1"
+    )
+    assert _claim(conn, 5, "wb") == [], "a claim after the change starts a run past the cap of 1"
+
+
 def test_a_new_limit_waits_for_an_open_claim_at_most_its_time_and_changes_nothing(
     db: Database, conn: Conn
 ) -> None:
