@@ -49,7 +49,7 @@ def test_a_database_whose_dates_are_not_iso_is_read_by_every_connection_the_driv
 ) -> None:
     """psycopg reads times only in the ISO DateStyle: with a database default of 'SQL, DMY', the
     driver's own connections (the CLI's, the clients', the dashboard's) set ISO for themselves."""
-    name = conninfo_to_dict(db.dsn)["dbname"]
+    name = str(conninfo_to_dict(db.dsn)["dbname"])
     with db.connect() as admin:
         admin.execute(sql.SQL("ALTER DATABASE {} SET DateStyle = 'SQL, DMY'").format(sql.Identifier(name)))
         with db.connect() as plain:
@@ -59,12 +59,13 @@ def test_a_database_whose_dates_are_not_iso_is_read_by_every_connection_the_driv
         assert conn.execute("SELECT now()::text").fetchone()[0][:4].isdigit()  # type: ignore[index]
     with Client(db.dsn) as client:
         run_id = client.enqueue("report", {"day": 1}).id
-        assert client.get_run(run_id).created_at.tzinfo is not None
+        created = client.get_run(run_id).created_at
+        assert created is not None and created.tzinfo is not None
 
-    async def read_async() -> datetime:
+    async def read_async() -> datetime | None:
         async with AsyncClient(db.dsn) as aclient:
             return (await aclient.get_run(run_id)).created_at
 
-    assert asyncio.run(read_async()).tzinfo is not None
+    assert asyncio.run(read_async()) == created
     shown = pgtick("show", str(run_id), "--dsn", db.dsn)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown

@@ -94,6 +94,11 @@ def _connect_timeout(dsn: str, timeout: float) -> dict[str, Any]:
     return {"connect_timeout": max(2, math.ceil(timeout))}
 
 
+async def _prepare(conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
+    """A new pooled connection: dates in ISO 8601, no prepared statements behind a pooler."""
+    await prepare_async(conn)
+
+
 class Database:
     def __init__(self, dsn: str, *, max_size: int = 4, timeout: float = DEFAULT_TIMEOUT) -> None:
         if not 0 < timeout < math.inf:
@@ -112,7 +117,7 @@ class Database:
                 **_connect_timeout(dsn, timeout),
             },
             timeout=timeout,
-            configure=prepare_async,
+            configure=_prepare,
             # A pooled connection the server dropped (a restart) is found out before a page
             # gets it, not one failed page per connection after; the check keeps the
             # request's deadline like its statements.
