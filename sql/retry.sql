@@ -251,7 +251,8 @@ BEGIN
     END IF;
     INSERT INTO jobs.runs AS n (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout,
-        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at, depends_on, blocked
+        origin, attempt, retry_of, queue, concurrency_key, unique_key, occurrence_at, depends_on, blocked,
+        trace_context
     )
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
@@ -264,7 +265,10 @@ BEGIN
              THEN v_run.attempt + 1 ELSE v_run.max_attempts END,
         v_run.timeout, v_run.heartbeat_timeout,
         'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.unique_key,
-        v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending'
+        v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending',
+        -- The caller's trace (the column's default), else the run's: read here, since the run
+        -- may be in history, where the insert trigger that copies it does not look.
+        coalesce(nullif(current_setting('pgtick.trace_context', TRUE), '')::jsonb, v_run.trace_context)
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();

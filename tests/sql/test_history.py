@@ -480,6 +480,18 @@ def test_retrying_a_moved_run_makes_one_new_attempt(conn: Conn) -> None:
     assert [a["id"] for a in chain] == [failed, retry["id"]], "the chain spans history and live"
 
 
+def test_a_retry_of_a_moved_run_carries_its_trace_context(conn: Conn) -> None:
+    (run_id,) = finish_old(conn, 1, age="2 days", status="FAILED")
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    conn.execute(
+        "UPDATE jobs.runs SET trace_context = %s WHERE id = %s", (psycopg.types.json.Jsonb(trace), run_id)
+    )
+    _archive_all(conn)
+    assert _where(conn, run_id) == "history"
+    retry = one(conn, "SELECT id, trace_context FROM jobs.retry(%s)", (run_id,))
+    assert retry["trace_context"] == trace, f"the retry lost its run's trace: {retry}"
+
+
 def test_retry_many_and_discard_reach_moved_runs(conn: Conn) -> None:
     a, b = finish_old(conn, 2, age="3 days", status="FAILED")
     live_failed = finish_old(conn, 1, age="1 hour", status="FAILED")[0]
