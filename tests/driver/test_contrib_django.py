@@ -380,6 +380,67 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
     assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"
 
 
+#: A persistent connection (CONN_MAX_AGE) that the server ends between two requests: the
+#: request that meets it fails, and the next one must get a new connection.
+DEAD_CONNECTION = """
+import sys
+
+import django
+import psycopg
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+
+params = conninfo_to_dict(sys.argv[1])
+settings.configure(
+    INSTALLED_APPS=["pgtick.contrib.django"], USE_TZ=True,
+    DATABASES={"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": params.get("dbname", ""),
+        "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", ""), "PORT": params.get("port", ""), "CONN_MAX_AGE": 600,
+    }},
+)
+django.setup()
+from django.db import close_old_connections, connection
+
+import pgtick.contrib.django as pgtick
+
+jobs = pgtick.client()
+for request, enqueue in enumerate([jobs.enqueue, pgtick.enqueue]):
+    close_old_connections()  # a request begins
+    enqueue(f"first-{request}")
+    close_old_connections()  # it ends: the connection is kept
+    with psycopg.connect(sys.argv[1], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (connection.connection.info.backend_pid,))
+    close_old_connections()
+    try:
+        enqueue(f"lost-{request}")
+    except Exception:
+        pass
+    else:
+        sys.exit("an enqueue on a connection the server ended succeeded")
+    close_old_connections()  # that request ends
+    close_old_connections()
+    enqueue(f"after-{request}")  # the next request
+"""
+
+
+def test_a_persistent_connection_the_server_ended_is_replaced_after_the_request_that_met_it(
+    db: Database,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", DEAD_CONNECTION, db.dsn],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with db.connect() as conn:
+        kinds = [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
+    assert kinds == ["first-0", "after-0", "first-1", "after-1"], f"runs: {kinds}"
+
+
 #: Jobs added to a copy of the example project: process-isolated, one of them using the ORM.
 ISOLATED_JOBS = """
 

@@ -121,8 +121,17 @@ class DjangoClient(Client):
     def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
         # As the caller's connection: Django leaves autocommit off and sends no BEGIN when a
         # block begins, and the client's own transaction there would commit on its own.
-        with super()._connection(raw_connection(self.using) if conn is None else conn) as joined:
-            yield joined
+        ours = conn is None
+        try:
+            with super()._connection(raw_connection(self.using) if ours else conn) as joined:
+                yield joined
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            # Told to Django as its own cursors tell it: at the end of the request it then
+            # checks the connection and closes it if it is dead (a persistent connection,
+            # CONN_MAX_AGE, would otherwise fail every call until its age ran out).
+            if ours:
+                _postgresql(self.using).errors_occurred = True
+            raise
 
 
 def client(using: str | None = None) -> Client:
@@ -141,8 +150,7 @@ def enqueue(
 ) -> Run:
     """``Client.enqueue`` on Django's connection: inside ``transaction.atomic()`` the run
     commits or rolls back with the block."""
-    conn = raw_connection(using)
-    return Client(conn).enqueue(kind, payload, conn=conn, **options)
+    return DjangoClient(using).enqueue(kind, payload, **options)
 
 
 def jobs_app() -> App:
