@@ -654,6 +654,17 @@ class Worker:
                 log.info("worker=%s a job thread has returned: claiming again", self.worker_id)
         if not hung:
             return
+        # Those asked to cancel while they waited are cancelled here, as a thread taking them
+        # would: no thread will (marked as begun, so one that comes back passes them over).
+        with self._lock:
+            cancelled = [
+                c
+                for c in self._active.values()
+                if c.run_id not in self._started and c.cancel_requested and not c.abandoned
+            ]
+            self._started.update(c.run_id for c in cancelled)
+        for ctx in cancelled:
+            self._finished(Outcome(ctx, "cancel"))
         _, waiting, handed = self._unclaim_waiting(conn)
         if not waiting:
             return
@@ -1180,14 +1191,15 @@ class Worker:
                 return
             with self._lock:  # decided under the lock a stopping worker takes to hand runs back
                 handed_back = ctx.run_id not in self._active
+                taken = ctx.run_id in self._started  # cancelled while every thread hung
                 waited_out = ctx.abandoned or ctx.cancel_requested  # while it waited for a slot
                 if not waited_out:
                     self._started.add(ctx.run_id)
                     ctx.started = time.monotonic()
                     if ctx.run.get("timeout") is None:  # a kind's timeout counts from here
                         ctx.timeout_from = ctx.started
-            if handed_back and ctx.abandoned:
-                continue  # a stopping worker put it back in the queue (_hand_back)
+            if taken or (handed_back and waited_out):
+                continue  # handed back (_hand_back), or its cancellation sent (_hand_back_stranded)
             if waited_out:
                 self._finished(Outcome(ctx, "abandon") if ctx.abandoned else Outcome(ctx, "cancel"))
                 continue

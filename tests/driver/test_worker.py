@@ -1043,6 +1043,52 @@ def test_a_completion_refused_by_the_database_fails_only_its_run(db: Database, e
     ], runs
 
 
+def test_a_run_claimed_ahead_and_asked_to_cancel_is_cancelled_while_every_thread_is_held_by_a_hung_job(
+    db: Database,
+) -> None:
+    """A run waiting for a slot that is asked to cancel would be cancelled by the thread that
+    takes it; while every thread is held by a hung job none will, so the worker cancels it
+    itself rather than keep it RUNNING, heartbeated, until a thread comes back."""
+    app = App()
+    release = threading.Event()
+    ran: list[int] = []
+
+    @app.job("hang", timeout=8)
+    def hang(ctx: Context) -> None:
+        release.wait(120)  # no checkpoint
+
+    @app.job("quick")
+    def quick(ctx: Context) -> None:
+        ran.append(ctx.run_id)
+
+    with db.connect() as conn:
+        hung = scalar(conn, "SELECT id FROM jobs.enqueue('hang', priority => 10)")
+        waiting = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+    stuck = Worker(app, db.dsn, concurrency=1, batch_size=2, poll_interval=0.1, heartbeat_interval=0.5)
+    status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+    try:
+        with worker_thread(stuck), db.connect() as conn:
+            wait_for("both runs claimed", lambda: len(stuck.held()) == 2, timeout=60)
+            conn.execute("SELECT jobs.cancel(%s)", (waiting,))
+            wait_for(
+                "the worker to see the cancel request",
+                lambda: (ctx := stuck.held().get(waiting)) is not None and ctx.cancel_requested,
+                timeout=60,
+            )
+            assert scalar(conn, status, (hung,)) == "RUNNING", "the hang timed out before the test began"
+            wait_for(
+                f"run {waiting} to be cancelled", lambda: scalar(conn, status, (waiting,)) == "CANCELLED", 60
+            )
+            wait_for(f"run {hung} to have timed out", lambda: scalar(conn, status, (hung,)) == "FAILED", 60)
+            release.set()
+            wait_for("the worker to let its runs go", lambda: not stuck.held(), timeout=60)
+            later = scalar(conn, "SELECT id FROM jobs.enqueue('quick')")
+            wait_for(f"run {later} to complete", lambda: scalar(conn, status, (later,)) == "COMPLETED", 60)
+    finally:
+        release.set()
+    assert ran == [later], f"the cancelled run ran: {ran}"
+
+
 def test_runs_claimed_ahead_go_back_to_the_queue_when_every_thread_is_held_by_a_hung_job(
     db: Database,
 ) -> None:
