@@ -65,9 +65,12 @@ BEGIN
     IF run_ids IS NULL OR cardinality(run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(run_ids, 10000);
     END IF;
-    -- The rows are found by id alone and the fence is applied to what the locks return (the
-    -- latest version of each row): a status test inside would let the planner walk every
-    -- RUNNING run through runs_running_idx whenever the statistics saw few of them.
+    -- The rows are found by id and locked only if they are this worker's and token's: a row
+    -- of another worker, or a QUEUED one, is never locked, so a fenced call holds up nobody's
+    -- completion or claim (a worker has no lock on jobs.runs of its own to take). The fence is
+    -- applied in full to what the locks return (the latest version of each row): a status
+    -- test inside would let the planner walk every RUNNING run through runs_running_idx
+    -- whenever the statistics saw few of them (no index has worker or claim_token_hash).
     SELECT coalesce(array_agg(mine.id) FILTER (
                WHERE jobs._owned(mine.status, mine.worker, mine.claim_token_hash,
                                  _hold_own_runs.worker, v_token_hash)), '{}')
@@ -75,6 +78,7 @@ BEGIN
       FROM (SELECT s.id, s.status, s.worker, s.claim_token_hash
               FROM jobs.runs AS s
              WHERE s.id = ANY (_hold_own_runs.run_ids)
+               AND s.worker = _hold_own_runs.worker AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
              ORDER BY s.id
                FOR NO KEY UPDATE) AS mine;
     RETURN v_ids;
@@ -115,7 +119,8 @@ BEGIN
     IF heartbeat.run_ids IS NULL OR cardinality(heartbeat.run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(heartbeat.run_ids, 10000);
     END IF;
-    -- Found by id alone, the fence applied to what the locks return (jobs._hold_own_runs).
+    -- Found by id, only this worker's and token's rows locked, the fence applied to what the
+    -- locks return (jobs._hold_own_runs).
     SELECT coalesce(array_agg(mine.id), '{}'),
            coalesce(array_agg(mine.id) FILTER (
                WHERE jobs._owned(mine.status, mine.worker, mine.claim_token_hash,
@@ -124,6 +129,7 @@ BEGIN
       FROM (SELECT s.id, s.status, s.worker, s.claim_token_hash
               FROM jobs.runs AS s
              WHERE s.id = ANY (heartbeat.run_ids)
+               AND s.worker = heartbeat.worker AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
              ORDER BY s.id
                FOR NO KEY UPDATE SKIP LOCKED) AS mine;
     RETURN QUERY

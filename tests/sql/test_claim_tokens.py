@@ -246,3 +246,42 @@ def test_a_worker_login_reads_no_payload_or_result(db: Database, conn: Conn, log
         assert a.execute("SELECT id, name FROM jobs.definitions").fetchall() == []
         claimed = a.execute("SELECT payload FROM jobs.claim(1, 'w', claim_token => %s)", (TOKEN,)).fetchall()
         assert claimed == [({"secret": "payload"},)], f"its own claim returned {claimed}"
+
+
+def test_a_worker_call_naming_runs_it_does_not_hold_locks_none_of_them(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B names A's run (A's worker id, without A's token) and a QUEUED run in each
+    worker call, and keeps its transaction open: neither row is locked meanwhile, so A can
+    still complete its run and a claim still gets the queued one. A fenced call must not hand
+    a worker the row locks it could never take itself (it has no UPDATE on jobs.runs)."""
+    held, queued = add_runs(conn, 2)
+    mine, other = logins
+    with _as(db, mine) as a:
+        assert _claim_one(a, "w-a", TOKEN) == held
+    calls = {
+        "heartbeat": "SELECT count(*) FROM jobs.heartbeat(%(many)s, 'w-a', claim_token => %(token)s)",
+        "complete": "SELECT jobs.complete(%(one)s, 'w-a', claim_token => %(token)s)",
+        "complete_many": "SELECT count(*) FROM jobs.complete_many(%(many)s, 'w-a', claim_token => %(token)s)",
+        "fail": "SELECT (jobs.fail(%(one)s, 'w-a', '{E}', 'x', claim_token => %(token)s)).id IS NULL",
+        "snooze": "SELECT jobs.snooze(%(one)s, 'w-a', '1 hour', claim_token => %(token)s)",
+        "unclaim": "SELECT count(*) FROM jobs.unclaim(%(many)s, 'w-a', claim_token => %(token)s)",
+        "acknowledge_cancel": "SELECT jobs.acknowledge_cancel(%(one)s, 'w-a', claim_token => %(token)s)",
+    }
+    locked = []
+    with _as(db, other) as b:
+        for call, query in calls.items():
+            for token in (None, FORGED):
+                for one in (held, queued):
+                    with b.transaction(force_rollback=True):
+                        b.execute(query, {"one": one, "many": [held, queued], "token": token})
+                        # B's transaction is still open: whatever its call locked is held now.
+                        with conn.transaction(force_rollback=True):
+                            got = conn.execute(
+                                "SELECT id FROM jobs.runs WHERE id = ANY(%s) ORDER BY id"
+                                " FOR NO KEY UPDATE SKIP LOCKED",
+                                ([held, queued],),
+                            ).fetchall()
+                        if got != [(held,), (queued,)]:
+                            locked.append((call, token, one, got))
+    assert locked == [], f"fenced calls left runs locked (call, token, run named, rows free): {locked}"
