@@ -15,7 +15,14 @@
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
 
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public;
+-- The grants below are the whole of what pgtick's roles hold in the schema: what an earlier
+-- release granted and this one does not (a column a worker no longer reads, a call that is no
+-- longer theirs) is taken back here, in the install's transaction, before granting again.
+-- (A table's REVOKE takes its columns' grants with it.) Grant your own roles what you need
+-- beyond these: grants to jobs_reader, jobs_worker and jobs_operator do not survive a migration.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA jobs FROM public, jobs_reader, jobs_worker, jobs_operator;
+REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM jobs_reader, jobs_worker, jobs_operator;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA jobs FROM public, jobs_reader, jobs_worker, jobs_operator;
 
 -- search_path pinned on every function, here once for all: a CREATE OR REPLACE in the files
 -- above leaves it unset, so this runs on every install, in the same transaction. A function

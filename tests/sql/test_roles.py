@@ -330,3 +330,44 @@ def test_the_drivers_worker_functions_are_the_worker_roles_grants(conn: Conn) ->
     assert listed == granted, (
         f"listed only: {sorted(listed - granted)}; granted only: {sorted(granted - listed)}"
     )
+
+
+def test_migrating_takes_back_from_pgticks_roles_what_the_release_does_not_grant(conn: Conn) -> None:
+    """An earlier release granted jobs_worker columns of jobs.limits it no longer reads (its
+    max_running and rate_limit): migrating leaves pgtick's three roles exactly the grants of
+    sql/roles.sql, whatever grants a database kept, on columns, tables and functions alike."""
+    from pgtick import migrate
+
+    conn.execute("GRANT SELECT (max_running, rate_limit) ON jobs.limits TO jobs_worker")
+    conn.execute("GRANT SELECT ON jobs.audit_log TO jobs_worker")
+    conn.execute("GRANT INSERT ON jobs.audit_log TO jobs_reader")
+    conn.execute("GRANT EXECUTE ON FUNCTION jobs.reap() TO jobs_worker")
+    conn.execute("GRANT EXECUTE ON FUNCTION jobs._notify() TO jobs_operator")
+    migrate.apply(conn)
+    claim = "jobs.claim(integer, text, text[], boolean, text[], text)"
+    # (role, privilege, object, column or None) -> whether roles.sql grants it
+    expected = {
+        ("jobs_worker", "SELECT", "jobs.limits", "max_running"): False,
+        ("jobs_worker", "SELECT", "jobs.limits", "rate_limit"): False,
+        ("jobs_worker", "SELECT", "jobs.audit_log", None): False,
+        ("jobs_reader", "INSERT", "jobs.audit_log", None): False,
+        ("jobs_worker", "EXECUTE", "jobs.reap()", None): False,
+        ("jobs_operator", "EXECUTE", "jobs._notify()", None): False,
+        ("jobs_worker", "SELECT", "jobs.limits", "name"): True,
+        ("jobs_worker", "EXECUTE", claim, None): True,
+        ("jobs_reader", "SELECT", "jobs.audit_log", None): True,
+        ("jobs_operator", "UPDATE", "jobs.config", None): True,
+    }
+    wrong = []
+    for (role, privilege, target, column), granted in expected.items():
+        if privilege == "EXECUTE":
+            got = scalar(conn, "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, target))
+        elif column is not None:
+            got = scalar(
+                conn, "SELECT has_column_privilege(%s, %s, %s, %s)", (role, target, column, privilege)
+            )
+        else:
+            got = scalar(conn, "SELECT has_table_privilege(%s, %s, %s)", (role, target, privilege))
+        if got is not granted:
+            wrong.append((role, privilege, target, column, "held" if got else "missing"))
+    assert wrong == [], f"after a migration, grants other than roles.sql's: {wrong}"
