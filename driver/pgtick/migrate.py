@@ -326,8 +326,17 @@ def apply(
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
         if caller_path is not None and not conn.closed and not conn.broken:
-            conn.execute("SELECT set_config('search_path', %s, false)", (caller_path[0],))
+            _give_back(conn, "search_path", caller_path[0])
     return done
+
+
+def _give_back(conn: psycopg.Connection[Any], name: str, value: str | bytes) -> None:
+    """Set ``name`` back to the caller's ``value`` as ``current_setting`` read it: bytes in a
+    SQL_ASCII database, whose text psycopg does not decode (and would send back as bytea)."""
+    if isinstance(value, bytes):
+        conn.execute("SELECT set_config(%s, convert_from(%s, 'SQL_ASCII'), false)", (name, value))
+    else:
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
 
 def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) -> list[str]:

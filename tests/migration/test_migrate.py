@@ -97,6 +97,22 @@ def empty2(pg: Server) -> Any:
     pg.drop_database(database)
 
 
+@contextmanager
+def _encoded_database(pg: Server, encoding: str) -> Iterator[Database]:
+    """An empty database in ``encoding`` (C locale, which every encoding takes), dropped after."""
+    name = f"pgtick_enc_{os.getpid()}_{encoding.lower()}"
+    with pg.admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    database = Database(name, dsn_for(pg.admin_dsn, name))
+    try:
+        yield database
+    finally:
+        pg.drop_database(database)
+
+
 def test_generated_script_equals_the_includes(empty: Database, empty2: Database, tmp_path: Path) -> None:
     """`pgtick migrate --sql` (includes inlined) installs the same schema as sql/install.sql."""
     script = tmp_path / "install.sql"
@@ -512,3 +528,18 @@ def test_an_installer_that_may_not_grant_the_roles_stops_before_anything_is_inst
         with pg.admin() as admin:
             admin.execute(f'ALTER DATABASE "{empty.name}" OWNER TO CURRENT_USER')
             admin.execute(f'DROP ROLE IF EXISTS "{owner}"')
+
+
+def test_an_install_that_fails_in_a_sql_ascii_database_raises_its_own_error_and_gives_the_search_path_back(
+    pg: Server,
+) -> None:
+    """psycopg reads a SQL_ASCII database's text as bytes: the caller's search path, read so at
+    the start, must still be set back at the end, and not fail there in place of the install's
+    own error."""
+    with _encoded_database(pg, "SQL_ASCII") as database:
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            conn.execute("SET search_path = public, pg_catalog")
+            with pytest.raises(psycopg.Error) as raised:
+                migrate.apply(conn)
+            assert "set_config" not in str(raised.value), f"the install's error was lost: {raised.value}"
+            assert conn.execute("SHOW search_path").fetchone() == (b"public, pg_catalog",)
