@@ -10,9 +10,15 @@
 SET client_min_messages = warning;
 -- Only the system catalog on the search path while installing: a function another role put in
 -- a schema of the caller's search path (public, say) cannot stand in for a built-in that a
--- migration calls unqualified and run with the installer's rights. Restored at the end.
+-- migration calls unqualified and run with the installer's rights. String literals read as the
+-- files write them, whatever the database's default (off reads '\m' as 'm' and refuses U&''),
+-- and identifiers read back from the catalog unquoted. All three given back at the end.
 SELECT current_setting('search_path') AS pgtick_search_path \gset
+SELECT current_setting('standard_conforming_strings') AS pgtick_standard_conforming_strings \gset
+SELECT current_setting('quote_all_identifiers') AS pgtick_quote_all_identifiers \gset
 SET search_path = pg_catalog, pg_temp;
+SET standard_conforming_strings = on;
+SET quote_all_identifiers = off;
 
 -- Migrators run one at a time: session advisory lock 'pgtickMG' (key table: sql/helpers.sql).
 \set pgtick_migration_lock 8099570450837491015
@@ -106,3 +112,7 @@ COMMIT;
 
 SELECT pg_advisory_unlock(:pgtick_migration_lock) AS pgtick_unlocked \gset
 SELECT set_config('search_path', :'pgtick_search_path', false) AS pgtick_search_path \gset
+SELECT set_config('standard_conforming_strings', :'pgtick_standard_conforming_strings', false)
+    AS pgtick_standard_conforming_strings \gset
+SELECT set_config('quote_all_identifiers', :'pgtick_quote_all_identifiers', false)
+    AS pgtick_quote_all_identifiers \gset

@@ -123,6 +123,16 @@ def _record(migration: Migration) -> str:
 #: rights. Every pgtick object is named with its schema.
 INSTALL_SEARCH_PATH = "pg_catalog, pg_temp"
 
+#: The settings the install runs under, whatever the caller's session or database sets, each
+#: given back at the end: the search path (above); string literals read as the schema files
+#: write them (standard_conforming_strings off reads '\m' as 'm' and refuses U&'' literals);
+#: identifiers that a migration reads back from the catalog unquoted (pg_get_constraintdef).
+INSTALL_SETTINGS = {
+    "search_path": INSTALL_SEARCH_PATH,
+    "standard_conforming_strings": "on",
+    "quote_all_identifiers": "off",
+}
+
 
 def install_script(root: Path | None = None) -> str:
     """``sql/install.sql`` with every include inlined: one psql script, same order."""
@@ -133,8 +143,8 @@ def install_script(root: Path | None = None) -> str:
         "-- Safe to re-run: applied migrations are skipped; functions and views are replaced.\n",
         "\\set ON_ERROR_STOP on\n",
         "SET client_min_messages = warning;\n",
-        "SELECT current_setting('search_path') AS pgtick_search_path \\gset\n",
-        f"SET search_path = {INSTALL_SEARCH_PATH};\n",
+        *(f"SELECT current_setting('{name}') AS pgtick_{name} \\gset\n" for name in INSTALL_SETTINGS),
+        *(f"SET {name} = {value};\n" for name, value in INSTALL_SETTINGS.items()),
         f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
@@ -179,7 +189,10 @@ def install_script(root: Path | None = None) -> str:
     out += [
         "COMMIT;\n",
         f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n",
-        "SELECT set_config('search_path', :'pgtick_search_path', false) AS pgtick_search_path \\gset\n",
+        *(
+            f"SELECT set_config('{name}', :'pgtick_{name}', false) AS pgtick_{name} \\gset\n"
+            for name in INSTALL_SETTINGS
+        ),
     ]
     return "".join(out)
 
@@ -290,8 +303,9 @@ def apply(
         return _apply_in_one_transaction(conn, plan)
     done: list[str] = []
     conn.execute("SET client_min_messages = warning")
-    caller_path = conn.execute("SELECT current_setting('search_path')").fetchone()
-    conn.execute(f"SET search_path = {INSTALL_SEARCH_PATH}")
+    caller = {name: _setting(conn, name) for name in INSTALL_SETTINGS}
+    for name, value in INSTALL_SETTINGS.items():
+        conn.execute(f"SET {name} = {value}")  # our names and values, not input
     calls.advisory_lock(conn, plan.lock_key)
     try:
         conn.execute(plan.bootstrap.read_bytes())
@@ -325,9 +339,17 @@ def apply(
             progress("functions and views", total, total)
     finally:
         calls.advisory_unlock(conn, plan.lock_key)
-        if caller_path is not None and not conn.closed and not conn.broken:
-            _give_back(conn, "search_path", caller_path[0])
+        if not conn.closed and not conn.broken:
+            for name, theirs in caller.items():
+                _give_back(conn, name, theirs)
     return done
+
+
+def _setting(conn: psycopg.Connection[Any], name: str) -> str | bytes:
+    row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+    assert row is not None
+    value: str | bytes = row[0]
+    return value
 
 
 def _give_back(conn: psycopg.Connection[Any], name: str, value: str | bytes) -> None:
@@ -346,7 +368,8 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
     done: list[str] = []
     with conn.transaction():
         conn.execute("SET LOCAL client_min_messages = warning")
-        conn.execute(f"SET LOCAL search_path = {INSTALL_SEARCH_PATH}")
+        for name, value in INSTALL_SETTINGS.items():
+            conn.execute(f"SET LOCAL {name} = {value}")
         calls.advisory_xact_lock(conn, plan.lock_key)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)

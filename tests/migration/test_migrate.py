@@ -74,7 +74,9 @@ ORDER BY 1, 2
 
 
 def snapshot(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # Definitions printed alike whatever the database's default (quote_all_identifiers on
+    # quotes every name).
+    with psycopg.connect(dsn, autocommit=True, options="-c quote_all_identifiers=off") as conn:
         return [tuple(row) for row in conn.execute(CATALOG_SNAPSHOT).fetchall()]
 
 
@@ -543,3 +545,43 @@ def test_an_install_that_fails_in_a_sql_ascii_database_raises_its_own_error_and_
                 migrate.apply(conn)
             assert "set_config" not in str(raised.value), f"the install's error was lost: {raised.value}"
             assert conn.execute("SHOW search_path").fetchone() == (b"public, pg_catalog",)
+
+
+@pytest.mark.parametrize("path", ["driver", "psql", "generated script"])
+def test_a_database_whose_defaults_change_how_sql_is_read_gets_the_same_schema(
+    pg: Server, empty2: Database, tmp_path: Path, path: str
+) -> None:
+    """A database whose default is standard_conforming_strings off (a migration's '\\m' read as
+    'm', U&'' literals refused) and quote_all_identifiers on (a migration reads constraint
+    definitions back from the catalog): the install runs under settings of its own, installs
+    what a database with the defaults gets, and gives the session its settings back."""
+    database = pg.create_empty_database()
+    try:
+        with pg.admin() as admin:
+            admin.execute(f'ALTER DATABASE "{database.name}" SET standard_conforming_strings = off')
+            admin.execute(f'ALTER DATABASE "{database.name}" SET quote_all_identifiers = on')
+        shown = (
+            "SELECT current_setting('standard_conforming_strings'), current_setting('quote_all_identifiers')"
+        )
+        if path == "driver":
+            with psycopg.connect(database.dsn, autocommit=True) as conn:
+                migrate.apply(conn)
+                after = "|".join(conn.execute(shown).fetchone() or ())
+        else:
+            script = migrate.schema_root() / "sql" / "install.sql"
+            if path == "generated script":
+                script = tmp_path / "install.sql"
+                script.write_text(migrate.install_script())
+            done = subprocess.run(
+                [*psql_script_args(database.dsn, script), "-A", "-t", "-c", shown],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, done.stderr
+            after = done.stdout.strip().splitlines()[-1]
+        migrate_dsn(empty2.dsn)
+        assert snapshot(database.dsn) == snapshot(empty2.dsn)
+        assert after == "off|on", "the session's own settings were not given back"
+    finally:
+        pg.drop_database(database)
