@@ -1,5 +1,19 @@
 -- bootstrap.sql: the jobs schema and the migration ledger, created when missing.
 -- Loaded by sql/install.sql under the migration lock, before any migration; safe to re-run.
+-- A database in another encoding than UTF8 is refused before anything is done: the functions
+-- spell characters that most encodings lack (the spaces and invisible characters a name may
+-- not hold), so their install would fail after the migrations had been applied; and in
+-- SQL_ASCII, names and payloads would be bytes that no one checks or converts.
+DO $encoding$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() <> 'UTF8' THEN
+        RAISE EXCEPTION 'the database encoding is %: pgtick needs a UTF8 database; nothing was installed',
+            pg_catalog.getdatabaseencoding()
+            USING ERRCODE = '55000',
+                  HINT = 'Install into a database created with ENCODING ''UTF8'' (TEMPLATE template0).';
+    END IF;
+END
+$encoding$;
 -- A jobs schema that holds objects but no migration ledger is someone else's: installing over
 -- it would take its objects over (pin their search_path, revoke and grant on them). Refused;
 -- an empty one (made by a DBA for the install) is used.

@@ -585,3 +585,26 @@ def test_a_database_whose_defaults_change_how_sql_is_read_gets_the_same_schema(
         assert after == "off|on", "the session's own settings were not given back"
     finally:
         pg.drop_database(database)
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII"])
+@pytest.mark.parametrize("path", ["driver", "psql"])
+def test_a_database_not_in_utf8_is_refused_before_anything_is_installed(
+    pg: Server, encoding: str, path: str
+) -> None:
+    """The functions spell characters LATIN1 lacks, and SQL_ASCII neither checks nor converts
+    text: the install says the database must be UTF8 and leaves nothing behind, where it had
+    applied every migration but the last before failing on a function."""
+    with _encoded_database(pg, encoding) as database:
+        if path == "driver":
+            with psycopg.connect(database.dsn, autocommit=True) as conn:
+                with pytest.raises(psycopg.Error) as raised:
+                    migrate.apply(conn)
+            error = str(raised.value)
+        else:
+            result = psql_file(database.dsn, migrate.schema_root() / "sql" / "install.sql")
+            assert result.returncode != 0, result.stdout
+            error = result.stderr
+        assert f"the database encoding is {encoding}: pgtick needs a UTF8 database" in error, error
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT to_regnamespace('jobs') IS NULL").fetchone() == (True,)
