@@ -15,8 +15,9 @@ BEGIN
 END
 $encoding$;
 -- A jobs schema that holds objects but no migration ledger is someone else's: installing over
--- it would take its objects over (pin their search_path, revoke and grant on them). Refused;
--- an empty one (made by a DBA for the install) is used.
+-- it would take its objects over (pin their search_path, revoke and grant on them). So is one
+-- whose schema_migrations is another tool's ledger (no text columns version and name).
+-- Refused; an empty one (made by a DBA for the install) is used.
 DO $foreign$
 BEGIN
     IF to_regnamespace('jobs') IS NOT NULL AND to_regclass('jobs.schema_migrations') IS NULL
@@ -24,6 +25,14 @@ BEGIN
             OR EXISTS (SELECT FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = to_regnamespace('jobs'))
             OR EXISTS (SELECT FROM pg_catalog.pg_type AS t WHERE t.typnamespace = to_regnamespace('jobs'))) THEN
         RAISE EXCEPTION 'schema jobs already holds objects that are not pgtick''s: nothing was installed'
+            USING ERRCODE = '42P06',
+                  HINT = 'pgtick owns the schema jobs: install it in a database without one, or rename that schema first.';
+    END IF;
+    IF to_regclass('jobs.schema_migrations') IS NOT NULL
+       AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
+             WHERE a.attrelid = to_regclass('jobs.schema_migrations') AND NOT a.attisdropped
+               AND a.attname IN ('version', 'name') AND a.atttypid = 'pg_catalog.text'::pg_catalog.regtype) <> 2 THEN
+        RAISE EXCEPTION 'schema jobs already holds a table schema_migrations that is not pgtick''s ledger: nothing was installed'
             USING ERRCODE = '42P06',
                   HINT = 'pgtick owns the schema jobs: install it in a database without one, or rename that schema first.';
     END IF;

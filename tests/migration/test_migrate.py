@@ -608,3 +608,39 @@ def test_a_database_not_in_utf8_is_refused_before_anything_is_installed(
         assert f"the database encoding is {encoding}: pgtick needs a UTF8 database" in error, error
         with psycopg.connect(database.dsn, autocommit=True) as conn:
             assert conn.execute("SELECT to_regnamespace('jobs') IS NULL").fetchone() == (True,)
+
+
+@pytest.mark.parametrize(
+    ("ledger", "row"),
+    [
+        ("version bigint PRIMARY KEY, dirty boolean NOT NULL", "(20240101120000, false)"),  # golang-migrate
+        ("version varchar PRIMARY KEY", "('20240101120000')"),  # Rails
+    ],
+)
+@pytest.mark.parametrize("path", ["driver", "psql"])
+def test_a_jobs_schema_with_another_tools_migration_ledger_is_left_alone(
+    empty: Database, ledger: str, row: str, path: str
+) -> None:
+    """A jobs schema another application migrates with a tool that keeps its ledger in
+    jobs.schema_migrations: it is not pgtick's, and the install says so before it comments on
+    the schema and the table as its own (or fails on a column the table lacks)."""
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA jobs")
+        conn.execute("COMMENT ON SCHEMA jobs IS 'the orders service'")
+        conn.execute(f"CREATE TABLE jobs.schema_migrations ({ledger})")
+        conn.execute(f"INSERT INTO jobs.schema_migrations VALUES {row}")
+        if path == "driver":
+            with pytest.raises(psycopg.errors.DuplicateSchema) as raised:
+                migrate.apply(conn)
+            error = str(raised.value)
+        else:
+            result = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+            assert result.returncode != 0, result.stdout
+            error = result.stderr
+        assert "schema_migrations that is not pgtick's ledger" in error, error
+        left = conn.execute(
+            "SELECT obj_description('jobs'::regnamespace, 'pg_namespace'),"
+            " obj_description('jobs.schema_migrations'::regclass, 'pg_class'),"
+            " (SELECT count(*) FROM pg_class WHERE relnamespace = 'jobs'::regnamespace)"
+        ).fetchone()
+    assert left == ("the orders service", None, 2), f"the schema was changed: {left}"
