@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 import time
 import warnings
@@ -19,7 +21,13 @@ from typing import Any
 
 import psycopg
 
+from pgtick.errors import PgtickError
+
 log = logging.getLogger("pgtick.embedded")
+
+
+class EmbeddedServerError(PgtickError):
+    """The embedded PostgreSQL cannot run on its data directory (one line, for the CLI)."""
 
 
 def default_data_dir() -> Path:
@@ -73,9 +81,15 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
+        self._refuse_another_major()
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
-        self._server = get_server(self.data_dir, cleanup_mode=None)
+        try:
+            self._server = get_server(self.data_dir, cleanup_mode=None)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL did not start on {self.data_dir}: {_why(self.data_dir / 'log')}"
+            ) from exc
         if self._settings_differ():
             # Two pgtick commands started at once on a fresh directory must not both
             # restart the server: pgserver's machine-wide lock lets one configure it.
@@ -84,6 +98,22 @@ class EmbeddedPostgres:
                     self._configure()
         log.info('embedded PostgreSQL, data in %s; watch it with: psql "%s"', self.data_dir, self.dsn)
         return self.dsn
+
+    def _refuse_another_major(self) -> None:
+        """Raise EmbeddedServerError when the data directory is of another PostgreSQL major
+        version than the pgserver wheel's (made by another pgserver release, or by hand):
+        its server cannot open it, and pgtick does not upgrade it."""
+        try:
+            theirs = (self.data_dir / "PG_VERSION").read_text().strip()
+        except FileNotFoundError:  # a new directory: initdb makes it
+            return
+        ours = _bundled_major()
+        if ours is not None and theirs != ours:
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL data in {self.data_dir} is of PostgreSQL {theirs}, and"
+                f" the installed pgserver runs PostgreSQL {ours}: upgrade the data with pg_upgrade,"
+                " or move the directory aside (or set $PGTICK_HOME) to start anew"
+            )
 
     def _wanted(self) -> dict[str, str]:
         wanted = {"max_connections": str(self.max_connections)}
@@ -180,3 +210,38 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def _bundled_major() -> str | None:
+    """The major version of the pgserver wheel's PostgreSQL ("16"), or None if it cannot say."""
+    with warnings.catch_warnings():  # pgserver warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+    try:
+        out = subprocess.run(
+            [str(POSTGRES_BIN_PATH / "postgres"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\(PostgreSQL\) (\d+)", out)
+    return match.group(1) if match else None
+
+
+def _why(server_log: Path) -> str:
+    """The server log's last FATAL line (and its DETAIL), else its last line, else where to
+    read the log."""
+    try:
+        lines = [line for line in server_log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    for at in range(len(lines) - 1, -1, -1):
+        if "FATAL:" in lines[at]:
+            why = lines[at].split("FATAL:", 1)[1].strip()
+            if at + 1 < len(lines) and "DETAIL:" in lines[at + 1]:
+                why += f" ({lines[at + 1].split('DETAIL:', 1)[1].strip()})"
+            return why
+    return lines[-1].strip() if lines else f"see its log, {server_log}"
