@@ -82,6 +82,8 @@ class EmbeddedPostgres:
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
         self._refuse_another_major()
+        with PostgresServer._lock:
+            _forget_stale_postmaster(self.data_dir)
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
         try:
@@ -229,6 +231,40 @@ def _bundled_major() -> str | None:
         return None
     match = re.search(r"\(PostgreSQL\) (\d+)", out)
     return match.group(1) if match else None
+
+
+def _forget_stale_postmaster(data_dir: Path) -> None:
+    """Remove the lock files of a server that no longer runs but whose pid another process now
+    has (a server killed with -9, then a restart of the machine or container reuses its pid):
+    pgserver would take that process for the server and hand out a socket nothing listens on,
+    and PostgreSQL would refuse to start beside it. A pid that is gone is PostgreSQL's to see
+    stale; one that is a postgres of this data directory is the server, left alone. Called
+    under pgserver's machine-wide lock, so no other pgtick is starting the server meanwhile."""
+    import psutil
+
+    pidfile = data_dir / "postmaster.pid"
+    try:
+        lines = pidfile.read_text().splitlines()
+        pid = int(lines[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return
+    try:
+        process = psutil.Process(pid)
+        if process.status() != psutil.STATUS_ZOMBIE and str(data_dir) in process.cmdline():
+            return  # the server itself
+    except psutil.NoSuchProcess:
+        return
+    except psutil.AccessDenied:  # another user's process: perhaps the server, left alone
+        return
+    log.warning("embedded PostgreSQL: removing the stale postmaster.pid of pid %s (not the server)", pid)
+    if len(lines) > 4 and lines[3].strip() and lines[4].strip():  # the port and socket directory
+        socket_lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
+        try:
+            if socket_lock.read_text().splitlines()[:1] == [str(pid)]:
+                socket_lock.unlink()
+        except (OSError, UnicodeDecodeError):  # none left, or not readable: PostgreSQL will say
+            pass
+    pidfile.unlink(missing_ok=True)
 
 
 def _why(server_log: Path) -> str:

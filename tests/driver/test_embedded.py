@@ -1,18 +1,21 @@
-"""The embedded PostgreSQL on a data directory it cannot open."""
+"""The embedded PostgreSQL on a data directory it did not leave cleanly, or cannot open."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+import psycopg
 import pytest
 
-from harness import PGTICK, ROOT
-from pgtick.embedded import _bundled_major
+from harness import PGTICK, ROOT, wait_for
+from pgtick.embedded import EmbeddedPostgres, _bundled_major
 
 
 @pytest.fixture
@@ -52,3 +55,44 @@ def test_a_data_directory_the_server_cannot_start_on_is_said_in_one_line(home: P
     assert "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"pgtick dsn: error: the embedded PostgreSQL did not start on {home}"), last
+
+
+def test_a_stale_postmaster_pid_that_another_process_now_has_does_not_keep_the_server_down(
+    home: Path,
+) -> None:
+    """The server killed with -9, then its pid reused by another process (a restart of the
+    machine or container): the next start must see that process is not the server, rather
+    than hand out a socket nothing listens on (every command then failed after a minute)."""
+    data = home / "pgdata"
+    first = EmbeddedPostgres(data)
+    first.start()
+    stranger: subprocess.Popen[bytes] | None = None
+    second: EmbeddedPostgres | None = None
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+        postmaster = psutil.Process(int(lines[0]))
+        processes = [postmaster, *postmaster.children()]
+        postmaster.send_signal(signal.SIGKILL)
+        wait_for(
+            "the killed server's processes to be gone",
+            lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in processes),
+            timeout=120,
+        )
+        stranger = subprocess.Popen(["sleep", "600"])
+        lines[0] = str(stranger.pid)
+        (data / "postmaster.pid").write_text("\n".join(lines) + "\n")
+        socket_lock = Path(lines[4]) / f".s.PGSQL.{lines[3]}.lock"
+        if socket_lock.exists():
+            held = socket_lock.read_text().splitlines()
+            socket_lock.write_text("\n".join([str(stranger.pid), *held[1:]]) + "\n")
+        second = EmbeddedPostgres(data)
+        with psycopg.connect(second.start(), connect_timeout=30) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert stranger.poll() is None, "the process that had the stale pid was touched"
+    finally:
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait(30)
+        for server in (second, first):
+            if server is not None:
+                server.stop()
