@@ -48,8 +48,8 @@ def _keepalives(dsn: str, given: dict[str, Any]) -> dict[str, Any]:
 
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
     """An autocommit connection (each function call is its own transaction), with TCP
-    keepalives (``KEEPALIVES``), dates in ISO 8601 and, behind a pooler, no prepared
-    statements (see ``prepare``)."""
+    keepalives (``KEEPALIVES``), dates in ISO 8601, text in UTF-8 and, behind a pooler, no
+    prepared statements (see ``prepare``)."""
     try:
         conn = psycopg.connect(
             dsn,
@@ -65,25 +65,34 @@ def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Con
     return conn
 
 
-def _datestyle_is_iso(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the session writes dates as ISO 8601, the only style psycopg reads back."""
-    return (conn.info.parameter_status("DateStyle") or "ISO").startswith("ISO")
+def _session_settings(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> list[str]:
+    """The SETs that make the session write what psycopg reads (none when it does): dates as
+    ISO 8601 (psycopg reads no other style: a database set to ``SQL, DMY`` would fail every
+    read of a time; the field order stays) and text as UTF-8 (psycopg reads JSON as UTF-8
+    whatever the encoding: a ``PGCLIENTENCODING=LATIN1`` would fail every read of a payload
+    with a non-ASCII character; a database not in UTF-8 is pgtick's install's to refuse).
+    PgBouncer keeps both per client."""
+    status = conn.info.parameter_status
+    sets = []
+    if not (status("DateStyle") or "ISO").startswith("ISO"):
+        sets.append("SET DateStyle TO ISO")
+    if status("server_encoding") == "UTF8" and (status("client_encoding") or "UTF8") != "UTF8":
+        sets.append("SET client_encoding TO 'UTF8'")
+    return sets
 
 
 def prepare(conn: psycopg.Connection[Any]) -> bool:
-    """Make a connection the driver opened fit for it: dates written as ISO 8601 whatever the
-    server's or database's default DateStyle (psycopg reads no other style: a database set to
-    ``SQL, DMY`` would fail every read of a time), and ``prepare_for_pooler``, whose answer it
-    returns."""
-    if not _datestyle_is_iso(conn):
-        conn.execute("SET DateStyle TO ISO")  # the field order stays; PgBouncer keeps it per client
+    """Make a connection the driver opened fit for it: the session settings psycopg reads by
+    (``_session_settings``), and ``prepare_for_pooler``, whose answer it returns."""
+    for statement in _session_settings(conn):
+        conn.execute(statement)
     return prepare_for_pooler(conn)
 
 
 async def prepare_async(conn: psycopg.AsyncConnection[Any]) -> bool:
     """``prepare`` for an async connection."""
-    if not _datestyle_is_iso(conn):
-        await conn.execute("SET DateStyle TO ISO")
+    for statement in _session_settings(conn):
+        await conn.execute(statement)
     return await prepare_for_pooler_async(conn)
 
 

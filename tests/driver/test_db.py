@@ -5,6 +5,7 @@ read in ISO 8601 whatever the database's default DateStyle."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from datetime import datetime
 
 import psycopg
@@ -12,9 +13,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from harness import Database, pgtick
+from harness import PGTICK, ROOT, Database, env_for, pgtick
 from pgtick.client import AsyncClient, Client
-from pgtick.db import KEEPALIVES, TCP_USER_TIMEOUT_MS, connect
+from pgtick.db import KEEPALIVES, TCP_USER_TIMEOUT_MS, connect, prepare
 
 
 def _settings(conn: psycopg.Connection[object]) -> dict[str, str]:
@@ -69,3 +70,20 @@ def test_a_database_whose_dates_are_not_iso_is_read_by_every_connection_the_driv
     assert asyncio.run(read_async()) == created
     shown = pgtick("show", str(run_id), "--dsn", db.dsn)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown
+
+
+def test_a_client_encoding_other_than_utf8_is_read_by_every_connection_the_driver_opens(
+    db: Database,
+) -> None:
+    """psycopg reads JSON as UTF-8 whatever the connection's encoding: with PGCLIENTENCODING
+    set to LATIN1, a payload with a non-ASCII character would fail every read of it, and the
+    CLI's enqueue would commit its run and then end in a traceback."""
+    env = {**env_for(None), "PGCLIENTENCODING": "LATIN1"}
+    enqueued = subprocess.run(
+        [*PGTICK, "enqueue", "report", "--payload", '{"city": "Zürich"}', "--dsn", db.dsn],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert enqueued.returncode == 0 and "Traceback" not in enqueued.stderr, enqueued
+    with psycopg.connect(db.dsn, client_encoding="LATIN1") as conn:
+        prepare(conn)
+        assert conn.execute("SELECT payload FROM jobs.runs").fetchone() == ({"city": "Zürich"},)
