@@ -25,9 +25,12 @@ REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM jobs_reader, jobs_worker, jobs_oper
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA jobs FROM public, jobs_reader, jobs_worker, jobs_operator;
 
 -- search_path pinned on every function, here once for all: a CREATE OR REPLACE in the files
--- above leaves it unset, so this runs on every install, in the same transaction. A function
--- with a SQL-standard body (jobs._owned) is left as it is: its body was parsed when it was
--- created, so no search_path reaches it, and pinning one would stop the planner inlining it.
+-- above leaves it unset, so this runs on every install, in the same transaction. So is
+-- standard_conforming_strings: a PL/pgSQL body is parsed when a session first calls it, and
+-- with the caller's off (a database default, say) its '\s' would read as 's' and its U&''
+-- literals be refused. A function with a SQL-standard body (jobs._owned) is left as it is: its
+-- body was parsed when it was created, so no setting reaches it, and pinning one would stop
+-- the planner inlining it.
 DO $$
 DECLARE
     v_function regprocedure;
@@ -37,9 +40,11 @@ BEGIN
          WHERE p.pronamespace = 'jobs'::regnamespace
            AND p.prokind IN ('f', 'p')
            AND p.prosqlbody IS NULL
-           AND NOT 'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}'))
+           AND NOT (coalesce(p.proconfig, '{}')
+                    @> '{"search_path=pg_catalog, pg_temp", standard_conforming_strings=on}')
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', v_function);
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on',
+                       v_function);
     END LOOP;
 END $$;
 REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;

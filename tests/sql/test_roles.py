@@ -313,6 +313,26 @@ def test_no_function_is_public_and_every_one_pins_search_path(conn: Conn) -> Non
     assert not invoker, f"public functions that are not SECURITY DEFINER: {invoker}"
 
 
+def test_functions_read_their_literals_alike_whatever_the_callers_standard_conforming_strings(
+    db: Database,
+) -> None:
+    """A PL/pgSQL body is parsed in the session that first calls it: with the caller's
+    standard_conforming_strings off (a database or role default), '\\s' would read as 's' and a
+    U&'' literal be refused, unless the function pins the setting."""
+    with db.connect() as conn:
+        conn.execute("SET standard_conforming_strings = off")
+        conn.execute("SELECT jobs.define('nightly', 'report', schedule => '0  3 * * *')")
+        assert scalar(conn, "SELECT schedule FROM jobs.definitions WHERE name = 'nightly'") == "0  3 * * *"
+        expect_error(
+            conn,
+            "SELECT jobs.enqueue(%s)",
+            ("re\u200bport",),
+            "22023",
+            "U+200B",
+        )
+        assert scalar(conn, "SHOW standard_conforming_strings") == "off", "the caller's setting is its own"
+
+
 def test_the_drivers_worker_functions_are_the_worker_roles_grants(conn: Conn) -> None:
     """``pgtick run`` checks a worker login's schema by the functions the worker role may call
     (calls.WORKER_FUNCTIONS): that list and sql/roles.sql's grants to jobs_worker are one set."""
