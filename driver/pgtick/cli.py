@@ -840,7 +840,17 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
 
     steps: Steps
     with connect(_dsn(args)) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
-        done = migrate.apply(conn, progress=steps.step)
+        try:
+            done = migrate.apply(conn, progress=steps.step)
+        except psycopg.Error as exc:
+            if exc.sqlstate is None:  # the connection: said as any command says it
+                raise
+            # What the database holds stopped a migration (its message says what, its hint what
+            # to do): a failure (exit 1), not a usage error, and never "run pgtick migrate".
+            diag = exc.diag
+            message = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            hint = f" ({diag.message_hint})" if diag.message_hint else ""
+            raise PgtickError(f"migrating stopped: {message}{hint}") from exc
     return Result(
         {"applied": done},
         lambda style, wide: f"applied migrations: {', '.join(done)}" if done else "schema up to date",

@@ -19,6 +19,7 @@ from harness import (
     Server,
     checkout_schema,
     dsn_for,
+    pgtick,
     psql_file,
     psql_script_args,
     run_in_processes,
@@ -311,6 +312,11 @@ def test_the_occurrence_key_migration_refuses_an_occurrence_with_two_scheduled_r
         named = f"definition {row[0]}, occurrence 2030-01-01"
         with pytest.raises(psycopg.errors.UniqueViolation, match=named):
             migrate.apply(conn)
+        said = pgtick("migrate", "--dsn", conn.info.dsn)
+        assert said.returncode == 1, f"a failed migration is a failure, not a usage error: {said}"
+        lines = said.stderr.splitlines()
+        assert len(lines) == 1 and named in lines[0] and "Delete the one" in lines[0], said
+        assert "run pgtick migrate" not in said.stderr, said
         assert "0019" not in migrate.applied_versions(conn)
         index = conn.execute("SELECT pg_get_indexdef('jobs.runs_occurrence_uniq'::regclass)").fetchone()
         assert index is not None and "coalesce" not in index[0], f"the index changed anyway: {index}"
