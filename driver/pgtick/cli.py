@@ -454,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-per-definition",
         action="store_true",
-        help="also label start lateness by definition id (one series per definition)",
+        help="also serve start lateness per definition id"
+        " (pgtick_definition_start_lateness_seconds, one series per definition)",
     )
     p.add_argument("--migrate", action="store_true", help="migrate first (always when embedded)")
     p.add_argument("--no-listen", action="store_true", help="poll only (automatic behind a pooler)")
