@@ -170,3 +170,16 @@ def test_the_preview_output_the_docs_show_is_what_preview_prints(doc: str, line:
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout == shown, f"{doc}: {line}\nprinted:\n{result.stdout}\nshown:\n{shown}"
+
+
+def test_the_schema_version_the_readme_shows_is_the_latest_migration() -> None:
+    """`SELECT * FROM jobs.version()` in the README answers for the schema this checkout
+    installs: its last migration."""
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"^--\s+(\d{4})\s+\|\s+(\w+)\s+\|", readme, flags=re.MULTILINE)
+    assert shown, "the README no longer shows a row of jobs.version()"
+    latest = max(p.stem for p in (ROOT / "migrations").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    assert f"{shown.group(1)}_{shown.group(2)}" == latest, (
+        f"the README shows jobs.version() at {shown.group(1)} {shown.group(2)};"
+        f" this checkout installs {latest}"
+    )
