@@ -27,6 +27,7 @@ from pgtick.errors import UsageError
 from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
+from pgtick.supervisor import group_scheduler
 from pgtick.worker import Worker, claimable_kinds
 
 log = logging.getLogger("pgtick.run")
@@ -99,6 +100,7 @@ class RunOptions:
     leadership: str = "auto"
     lease_ttl: float | None = None
     queues: list[str] | None = None  # claim only from these queues (None: all)
+    owner: str | None = None  # the scheduler's and worker's id (None: a new one)
 
 
 def check_login(conn: psycopg.Connection[Any], options: RunOptions) -> bool:
@@ -146,15 +148,18 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             )
     if not app.has_database:
         app.use(dsn)  # app.enqueue in job code writes where this process works
-    worker_id = new_worker_id()
+    worker_id = options.owner or new_worker_id()
     threads: list[threading.Thread] = []
     failures: list[str] = []
     listener = None
     if options.metrics_port is not None:
         from pgtick.metrics import serve_metrics
 
+        # pgtick_leader says whether this process leads; the first child of a supervisor
+        # that schedules says it for the supervisor, which serves no metrics of its own.
+        leader = group_scheduler() or worker_id
         listener, _ = serve_metrics(
-            options.metrics_port, dsn, worker_id, per_definition=options.metrics_per_definition
+            options.metrics_port, dsn, leader, per_definition=options.metrics_per_definition
         )
     scheduler: Scheduler | None = None
     if options.scheduler:

@@ -4,7 +4,8 @@ The supervisor process syncs the app and runs the scheduler (the only scheduler
 candidate of the group, unless ``--no-scheduler``); each child is ``pgtick run`` again,
 with the same arguments plus ``--dsn`` (the supervisor's), ``--no-scheduler`` and
 ``--processes 1``, and runs a worker. A child with ``--metrics-port P`` serves on
-``P + its index``.
+``P + its index``; child 0's ``pgtick_leader`` is the supervisor's scheduler's (the
+supervisor serves no metrics), so the group reports its leader once.
 
 * A child that exits while the supervisor is not stopping is logged with its exit code
   and started again (after a pause that doubles, up to 30 s, while children keep dying
@@ -36,11 +37,14 @@ from types import FrameType
 
 from pgtick.app import App
 from pgtick.errors import UsageError
+from pgtick.identity import new_worker_id
 
 log = logging.getLogger("pgtick.supervisor")
 
 #: Set in a child's environment to its index (0..N-1).
 CHILD_VARIABLE = "PGTICK_SUPERVISED"
+#: Set in child 0's environment to the owner id the supervisor's scheduler leads as.
+SCHEDULER_VARIABLE = "PGTICK_SUPERVISOR_SCHEDULER"
 
 QUICK_DEATH = 10.0  # a child that dies sooner than this is restarted after a growing pause
 MAX_PAUSE = 30.0
@@ -50,6 +54,13 @@ def child_index() -> int | None:
     """This process's index under a supervisor, or None when it is not a supervised child."""
     value = os.environ.get(CHILD_VARIABLE)
     return int(value) if value is not None and value.isdigit() else None
+
+
+def group_scheduler() -> str | None:
+    """In child 0 of a supervisor that schedules: the owner id its scheduler leads as."""
+    if child_index() != 0:
+        return None
+    return os.environ.get(SCHEDULER_VARIABLE) or None
 
 
 def stop_when_supervisor_says() -> threading.Event:
@@ -81,14 +92,20 @@ class Child:
 class Supervisor:
     """Starts ``processes`` children running ``command`` and keeps them running until stop."""
 
-    def __init__(self, command: list[str], processes: int, grace: float) -> None:
+    def __init__(
+        self, command: list[str], processes: int, grace: float, scheduler: str | None = None
+    ) -> None:
         self.command = command
         self.processes = processes
         self.grace = grace
+        self.scheduler = scheduler  # the owner id the supervisor's scheduler leads as
         self.children: list[Child] = []
 
     def _start(self, index: int, extra: list[str], pause: float = 0.0) -> Child:
-        env = dict(os.environ, **{CHILD_VARIABLE: str(index)})
+        env = {k: v for k, v in os.environ.items() if k != SCHEDULER_VARIABLE}
+        env[CHILD_VARIABLE] = str(index)
+        if index == 0 and self.scheduler is not None:
+            env[SCHEDULER_VARIABLE] = self.scheduler
         popen = subprocess.Popen([*self.command, *extra], stdin=subprocess.PIPE, env=env)
         log.info("worker process %d started pid=%d", index, popen.pid)
         return Child(index, popen, time.monotonic(), pause)
@@ -171,13 +188,14 @@ def run_supervised(app: App, dsn: str, options: object, processes: int) -> int:
         if options.metrics_port is not None:
             args += ["--metrics-port", str(options.metrics_port + i)]
         extra.append(args)
-    supervisor = Supervisor(command, processes, options.shutdown_grace)
+    owner = new_worker_id() if options.scheduler else None
+    supervisor = Supervisor(command, processes, options.shutdown_grace, scheduler=owner)
     stop = threading.Event()
     _install_signal_handlers(stop, supervisor)
     scheduler = None
     scheduled: list[int] = []  # the scheduler's exit code, once it returns
     if options.scheduler:
-        scheduling = replace(options, worker=False, metrics_port=None)
+        scheduling = replace(options, worker=False, metrics_port=None, owner=owner)
 
         def schedule() -> None:
             try:

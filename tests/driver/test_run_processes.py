@@ -5,6 +5,8 @@
   completes in a live child.
 * SIGTERM to the supervisor: both children drain (their running jobs complete), every
   process exits, the supervisor with code 0.
+* `--metrics-port P`: the children serve on P and P + 1, and the group's leader (the
+  supervisor's scheduler) shows as pgtick_leader 1 on exactly one of them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import urllib.request
 
 from harness import (
     APPS,
@@ -92,3 +96,53 @@ def test_processes_below_one_is_refused_with_exit_code_2(db: Database) -> None:
         done.stderr.strip()
         == "pgtick run: error: --processes: must be between 1 and 256 (got 0) (see pgtick run --help)"
     ), done.stderr
+
+
+def _two_free_ports() -> int:
+    """A port P such that P and P + 1 are both free now."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("0.0.0.0", 0))
+            port = int(first.getsockname()[1])
+            try:
+                second.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def _leader_gauge(port: int) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^pgtick_leader (\S+)$", text, flags=re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def test_the_supervisors_leadership_shows_in_one_childs_leader_gauge(procs: Processes, conn: Conn) -> None:
+    """The supervisor leads and serves no metrics: were pgtick_leader only each child's own
+    leadership, max(pgtick_leader) over the group would be 0 while a leader ticks, and the
+    runbook's "nobody leads" alert would fire for good."""
+    port = _two_free_ports()
+    sup = procs.replica("work_app.py", "supervisor", "--processes", "2", "--metrics-port", str(port))
+    _workers(sup, 2)
+    leader = wait_for(
+        "the supervisor to lead", lambda: scalar(conn, "SELECT owner FROM jobs.leader"), timeout=60
+    )
+    assert pid_of_owner(leader) == sup.pid, f"{leader} leads, not the supervisor (pid {sup.pid})"
+
+    def gauges() -> list[float | None] | None:
+        seen = [_leader_gauge(port), _leader_gauge(port + 1)]
+        return seen if None not in seen and 1.0 in seen else None
+
+    try:
+        seen = wait_for("a child to report the group's leader", gauges, timeout=30)
+    except AssertionError:
+        raise AssertionError(
+            f"leader {leader}: pgtick_leader on {port}, {port + 1}:"
+            f" {[_leader_gauge(port), _leader_gauge(port + 1)]}\n{sup.tail()}"
+        ) from None
+    assert sorted(g or 0.0 for g in seen) == [0.0, 1.0], f"pgtick_leader on {port}, {port + 1}: {seen}"
