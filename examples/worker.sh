@@ -7,6 +7,9 @@
 # (jobs.heartbeat) and reports how it ended: jobs.complete, jobs.fail (the database
 # decides about a retry from the kind's policy), or jobs.acknowledge_cancel when a
 # cancellation it learned about from a heartbeat stopped the job at a checkpoint.
+# It registers itself and its kinds (jobs.register_worker; jobs.worker_seen on the
+# heartbeat cadence, jobs.worker_stopped when it stops), as the Python worker does, so
+# `pgtick workers` shows it and `pgtick status` does not report its kinds as unserved.
 # The job kinds are the shell functions named job_<kind> below.
 #
 # SIGTERM / SIGINT: claim nothing more, give the running job PGTICK_GRACE seconds to
@@ -176,6 +179,25 @@ SQL
     fi
 }
 
+# The worker registry (jobs.workers, `pgtick workers`): who runs which kinds, seen when.
+register() {
+    if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v host="$(hostname)" -v pid="$MAIN" >/dev/null <<'SQL'
+SELECT jobs.register_worker(:'worker', string_to_array(:'kinds', ' '), :'host', :'pid')
+SQL
+    then
+        log "cannot register the worker yet (database unavailable?); trying again on the next beat"
+    fi
+}
+
+SEEN=-1
+seen() { # stamp this worker alive, at most once a second; NULL: not registered (register again)
+    local answer
+    ((SECONDS != SEEN)) || return 0
+    SEEN=$SECONDS
+    answer=$(sql -v worker="$WORKER" <<<"SELECT jobs.worker_seen(:'worker')") || return 0
+    [[ -n $answer ]] || register
+}
+
 heartbeat_loop() {
     # A SIGTERM to the whole process group (systemd does that) must not stop heartbeats
     # while the job drains: only the main loop stops this loop (USR1), or its own death.
@@ -188,6 +210,7 @@ heartbeat_loop() {
         wait "$NAP"
         kill "$NAP" 2>/dev/null
         beat
+        seen
     done
 }
 
@@ -378,11 +401,13 @@ on_signal() {
 shutdown() {
     kill -USR1 "$HB_PID" 2>/dev/null
     wait "$HB_PID" 2>/dev/null
+    sql -v worker="$WORKER" >/dev/null <<<"SELECT jobs.worker_stopped(:'worker')" # stopped, not lost
     rm -rf "$STATE"
     log "stopped"
 }
 
 KINDS=$(compgen -A function job_ | sed 's/^job_//' | tr '\n' ' ')
+register
 heartbeat_loop &
 HB_PID=$!
 trap on_signal TERM INT

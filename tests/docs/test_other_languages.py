@@ -248,6 +248,33 @@ def test_worker_sh_as_a_worker_login_holds_runs_that_its_worker_id_alone_cannot_
     assert "permission denied" not in worker.log(), worker.log()
 
 
+def test_worker_sh_registers_itself_and_its_kinds_and_stops_as_stopped(
+    db: Database, conn: Conn, start_worker: Any
+) -> None:
+    """Logged in with jobs_worker only, the bash worker is in jobs.workers (`pgtick workers`),
+    alive, with its kinds, which join jobs.known_kinds (so `pgtick status` does not report them
+    as kinds no worker ever registered); it stays alive by its beats, and a clean stop shows
+    as stopped, not lost."""
+    with db.worker_login("bash") as login:
+        worker = start_worker(dsn=db.dsn_as(login))
+        row = one(conn, "SELECT worker, state, kinds, pid, last_seen_at FROM jobs.workers")
+        assert (row["state"], row["kinds"], row["pid"]) == (
+            "alive",
+            ["greet", "nap", "shaky"],
+            worker.proc.pid,
+        ), row
+        assert row["worker"].startswith("bash-"), row
+        known = {r["kind"] for r in rows(conn, "SELECT kind FROM jobs.known_kinds")}
+        assert {"greet", "nap", "shaky"} <= known, known
+        worker.wait_until(
+            "the worker to be seen again on its heartbeat cadence",
+            lambda: scalar(conn, "SELECT last_seen_at FROM jobs.workers") > row["last_seen_at"],
+        )
+        assert worker.terminate_and_wait() == 0, worker.log()
+    assert scalar(conn, "SELECT state FROM jobs.workers") == "stopped", worker.log()
+    assert "cannot register" not in worker.log(), worker.log()
+
+
 def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: Any) -> None:
     worker = start_worker(grace=20)
     draining = enqueue(conn, "nap", payload='{"steps": 15}')  # 1.5 s of work
