@@ -183,3 +183,18 @@ def test_the_schema_version_the_readme_shows_is_the_latest_migration() -> None:
         f"the README shows jobs.version() at {shown.group(1)} {shown.group(2)};"
         f" this checkout installs {latest}"
     )
+
+
+def test_the_readme_names_every_package_the_test_suite_installs() -> None:
+    """CI installs system packages before the README's test command; a newcomer running that
+    command reads in the README which ones the suite needs."""
+    ci = ROOT / ".ci" / "run"
+    if not ci.exists():
+        pytest.skip("no .ci/run here (an sdist): the checkout's test holds the README to it")
+    needed = sorted(set(re.findall(r"apt-get install -y -qq (\S+)", ci.read_text())))
+    assert needed, ".ci/run installs no Debian package any more: update this test"
+    readme = (ROOT / "README.md").read_text()
+    tests = " ".join(readme[readme.index("Run the tests") : readme.index("While the example runs")].split())
+    assert f"apt-get install {' '.join(needed)}" in tests, (
+        f"the README's test section does not say to install {needed}, which .ci/run installs"
+    )
