@@ -198,6 +198,24 @@ def _long_run_heartbeating(conn: Conn, worker: Any, timeout: float) -> int:
     return long_run
 
 
+def _job_under_way(conn: Conn, worker: Any, run_id: int) -> None:
+    """Wait until the run's job is under way: beaten twice. worker.sh sends the first beat as it
+    starts the job and ignores SIGTERM while it forks it (so that the job inherits the ignore);
+    a beat later its main loop waits on the job and a signal reaches it. A signal sent as soon
+    as the run is RUNNING can fall in that fork and be lost."""
+    worker.wait_until(
+        "the run's first heartbeat",
+        lambda: scalar(conn, "SELECT heartbeat_at IS NOT NULL FROM jobs.runs WHERE id = %s", (run_id,)),
+        timeout=60,
+    )
+    first = scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,))
+    worker.wait_until(
+        "the run's next heartbeat",
+        lambda: scalar(conn, "SELECT heartbeat_at > %s FROM jobs.runs WHERE id = %s", (first, run_id)),
+        timeout=60,
+    )
+
+
 def _cancel_at_a_checkpoint(conn: Conn, worker: Any, run_id: int, timeout: float) -> None:
     """jobs.cancel the RUNNING run; the worker hears it in a heartbeat answer and stops the job."""
     assert scalar(conn, "SELECT jobs.cancel(%s)::text", (run_id,)) == "RUNNING"
@@ -277,12 +295,8 @@ def test_worker_sh_registers_itself_and_its_kinds_and_stops_as_stopped(
 
 def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: Any) -> None:
     worker = start_worker(grace=20)
-    draining = enqueue(conn, "nap", payload='{"steps": 15}')  # 1.5 s of work
-    worker.wait_until(
-        "the run to start",
-        lambda: run_row(conn, draining)["status"] == "RUNNING",
-        timeout=60,
-    )
+    draining = enqueue(conn, "nap", payload='{"steps": 30}')  # 3 s of work
+    _job_under_way(conn, worker, draining)
     began = time.monotonic()
     # As systemd stops a service: SIGTERM to every process of the group, the job's included.
     os.killpg(worker.proc.pid, signal.SIGTERM)
@@ -291,7 +305,7 @@ def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: A
     assert worker.proc.wait(15) == 0, worker.log()
     assert time.monotonic() - began < 10
     row = run_row(conn, draining)
-    assert (row["status"], row["result"]) == ("COMPLETED", {"steps": 15}), "finished within the grace"
+    assert (row["status"], row["result"]) == ("COMPLETED", {"steps": 30}), "finished within the grace"
     assert run_row(conn, late)["status"] == "QUEUED", "nothing is claimed after SIGTERM"
     wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=60)
 
@@ -299,11 +313,7 @@ def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: A
 def test_worker_sh_leaves_a_job_past_its_grace_to_the_reaper(conn: Conn, start_worker: Any) -> None:
     worker = start_worker(grace=1)
     stuck = enqueue(conn, "nap", payload='{"steps": 600}')
-    worker.wait_until(
-        "the run to start",
-        lambda: run_row(conn, stuck)["status"] == "RUNNING",
-        timeout=60,
-    )
+    _job_under_way(conn, worker, stuck)
     assert worker.terminate_and_wait(timeout=10) == 0, worker.log()
     assert "grace over; leaving run=" in worker.log()
     wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=60)
