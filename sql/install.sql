@@ -74,6 +74,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0023_history_failures \ir ../migrations/apply.sql
 -- 0024: the keys of the runs in history, in a table of their own.
 \set migration 0024_history_keys \ir ../migrations/apply.sql
+-- 0025: a trace context that is not a JSON object refused naming its setting.
+\set migration 0025_trace_context_check \ir ../migrations/apply.sql
 
 -- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
 -- keeps that pgtick's functions: these older ones are not put back over them.

@@ -268,7 +268,7 @@ BEGIN
         v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending',
         -- The caller's trace (the column's default), else the run's: read here, since the run
         -- may be in history, where the insert trigger that copies it does not look.
-        coalesce(nullif(current_setting('pgtick.trace_context', TRUE), '')::jsonb, v_run.trace_context)
+        coalesce(jobs._trace_context(), v_run.trace_context)
     )
     RETURNING n.* INTO v_next;
     PERFORM jobs._notify();

@@ -122,3 +122,30 @@ def test_one_notify_per_transaction(db: Database, conn: Conn) -> None:
         assert len(_drain(listener, 1)) == 1
         conn.execute("SELECT jobs.enqueue('k', idempotency_key => 'x')")
         assert _drain(listener, 0) == []
+
+
+@pytest.mark.parametrize("value", ["not json", '"a string"', "[1, 2]", '{"traceparent": '])
+def test_a_trace_context_that_is_not_a_json_object_is_refused_naming_its_setting(
+    conn: Conn, value: str
+) -> None:
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgtick.trace_context', %s, true)", (value,))
+        expect_error(conn, "SELECT jobs.enqueue('k')", None, "22023", "pgtick.trace_context")
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+
+
+def test_a_trace_context_is_stored_with_the_run_and_an_empty_one_is_none(conn: Conn) -> None:
+    trace = '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgtick.trace_context', %s, true)", (trace,))
+        traced = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+    with conn.transaction():
+        conn.execute("SELECT set_config('pgtick.trace_context', '', true)")
+        plain = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+    untraced = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+    stored = dict(conn.execute("SELECT id, trace_context FROM jobs.runs").fetchall())
+    assert stored == {
+        traced: {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        plain: None,
+        untraced: None,
+    }, stored
