@@ -554,7 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-at", type=parse_instant, default=None, help="ISO time (without an offset: in --tz)")
     p.add_argument("--tz", type=parse_zone, default="UTC", help="zone of a --run-at without offset (UTC)")
     p.add_argument("--priority", type=sql_integer("priority"), default=0, help=PRIORITY_HELP)
-    p.add_argument("--key", type=name_text, default=None, help="idempotency key")
+    p.add_argument(
+        "--key",
+        type=name_text,
+        default=None,
+        help="idempotency key: enqueued again, the kind and key print the run they made and queue nothing",
+    )
     p.add_argument("--queue", type=name_text, default="default", help="queue (default 'default')")
     p.add_argument("--concurrency-key", type=name_text, default=None,
                    help="tenant/customer key for per-key limits")  # fmt: skip
@@ -1031,7 +1036,7 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
 
     run_at = read_time(args.run_at, args.tz, field_name="--run-at", zone_name="--tz")
     notices: list[str] = []
-    with connect_dicts(_dsn(args)) as conn:
+    with connect_dicts(_dsn(args)) as conn, conn.transaction():
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         row = calls.enqueue(
             conn,
@@ -1043,7 +1048,10 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
             queue=args.queue,
             concurrency_key=args.concurrency_key,
         )
-    assert row is not None
+        assert row is not None
+        # A run this transaction made was created at its start; one of --key made before, not.
+        began = conn.execute("SELECT now() AS began").fetchone()
+        existing = began is not None and row["created_at"] != began["began"]
     for notice in notices:
         _warn("enqueue", notice)
     now = display_now()
@@ -1052,6 +1060,7 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
         lambda s, w: (
             f"run={row['id']} kind={row['kind']} status={row['status']}"
             f" scheduled_for={iso(row['scheduled_for'])} ({relative(row['scheduled_for'], now)})"
+            + (f" (the run of key {args.key!r}, enqueued before: nothing new queued)" if existing else "")
         ),
     )
 

@@ -340,6 +340,22 @@ def test_enqueue_of_a_kind_no_worker_registered_warns_on_one_stderr_line(
     assert err == "", "a registered kind: no warning"
 
 
+def test_enqueue_of_a_key_enqueued_before_says_it_queued_nothing_new(
+    fixed: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["enqueue", "report", "--key", "invoice-7", "--dsn", fixed.dsn]) == 0
+    first, _ = capsys.readouterr()
+    assert cli.main(["enqueue", "report", "--key", "invoice-7", "--dsn", fixed.dsn]) == 0
+    again, _ = capsys.readouterr()
+    run = first.split()[0]
+    assert "enqueued before" not in first, first
+    assert again.startswith(f"{run} ") and again.rstrip().endswith(
+        "(the run of key 'invoice-7', enqueued before: nothing new queued)"
+    ), again
+    with fixed.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE idempotency_key = 'invoice-7'") == 1
+
+
 LONG_NAMES = """
 SELECT jobs.define('customer-invoice-reconciliation-eu-west-nightly', 'billing.reconcile_invoices_for_region',
                    schedule => 'FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9,13,17;BYMINUTE=0,30',
