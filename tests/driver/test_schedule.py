@@ -749,6 +749,43 @@ def test_a_rule_of_seconds_on_one_day_in_28_years_is_expanded_day_by_day() -> No
         )
 
 
+@pytest.mark.timeout(60)  # dateutil looks for such a period up to the year 9999: hours for MINUTELY
+@pytest.mark.parametrize(
+    ("text", "most"),
+    [
+        ("FREQ=MINUTELY;BYSETPOS=2", 1),
+        ("FREQ=HOURLY;BYSETPOS=-2", 1),
+        ("FREQ=SECONDLY;BYSETPOS=2;BYMONTH=2", 1),
+        ("FREQ=HOURLY;BYMINUTE=0,30;BYSETPOS=3,-3", 2),
+        ("FREQ=DAILY;BYHOUR=9,17;BYSETPOS=3", 2),
+        ("FREQ=WEEKLY;BYDAY=MO,TU;BYHOUR=8;BYSETPOS=3", 2),
+    ],
+)
+def test_a_bysetpos_past_what_one_period_holds_is_refused_as_it_is_read(text: str, most: int) -> None:
+    """BYSETPOS picks among the occurrences of one FREQ period; one past the most a period of
+    the rule can hold never picks any. Refused at once, as a rule whose days never exist is,
+    not after a walk to the year 9999 that would hold up a define or the scheduler's tick."""
+    began = time.perf_counter()
+    with pytest.raises(ScheduleError, match=f"has no occurrences .*BYSETPOS.* holds at most {most} "):
+        parse_schedule(text, "Europe/Sofia")
+    assert time.perf_counter() - began < 0.5, text
+
+
+@pytest.mark.parametrize(
+    ("text", "first"),
+    [
+        ("FREQ=HOURLY;BYMINUTE=0,30;BYSETPOS=2", utc(2026, 12, 5, 0, 30)),
+        ("FREQ=MINUTELY;BYSECOND=0,30;BYSETPOS=-1", utc(2026, 12, 5, 0, 0, 30)),
+        ("FREQ=DAILY;BYHOUR=9,17;BYSETPOS=-2,5", utc(2026, 12, 5, 9)),
+        ("FREQ=WEEKLY;BYDAY=MO,FR;BYSETPOS=2", utc(2026, 12, 11)),
+        ("FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1", utc(2026, 12, 31)),
+    ],
+)
+def test_a_bysetpos_a_period_can_hold_still_runs(text: str, first: datetime) -> None:
+    schedule = parse_with_anchor(text, "UTC", anchor=utc(2026, 12, 5))
+    assert schedule.next_after(utc(2026, 12, 5), inclusive=True) == first
+
+
 def test_next_after_far_from_the_anchor_is_fast_and_in_phase() -> None:
     query = utc(2026, 5, 17, 13, 33, 7)
     schedule = parse_schedule("FREQ=MINUTELY;INTERVAL=7", "UTC")

@@ -377,6 +377,26 @@ def test_broken_schedule_never_crashes_the_tick(db: Database) -> None:
     scheduler.close()
 
 
+@pytest.mark.timeout(120)  # the walk to the year 9999 it once made took hours: a hang, not a speed
+def test_a_rule_no_period_can_satisfy_is_recorded_within_one_tick(db: Database) -> None:
+    """BYSETPOS=2 of a rule whose minutes hold one occurrence never picks any: from psql it
+    is taken, and the leader's tick records it at once while the other definition gets its
+    cursor, instead of looking for such a minute until the year 9999."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('never', 'k', 'FREQ=MINUTELY;BYSETPOS=2')")
+        conn.execute("SELECT jobs.define('fine', 'k', '* * * * *')")
+    scheduler = Scheduler(db.dsn, owner="t")
+    try:
+        report = scheduler.materialize_due()
+    finally:
+        scheduler.close()
+    assert report.schedule_errors == 1 and report.initialized == 1, report
+    with db.connect() as conn:
+        found = conn.execute("SELECT name, coalesce(schedule_error, '') FROM jobs.definitions").fetchall()
+    rows = dict(found)
+    assert "BYSETPOS" in rows["never"] and rows["fine"] == "", rows
+
+
 # -- define ---------------------------------------------------------------------------
 
 

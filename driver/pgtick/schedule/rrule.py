@@ -482,6 +482,14 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
     ):
         filters = "BYMONTH/BYMONTHDAY/BYYEARDAY"
         raise ScheduleError(f"RRULE: rule has no occurrences (no day passes {filters})")
+    if "bysetpos" in options:
+        most = _largest_set(frequency, options)
+        if all(abs(position) > most for position in options["bysetpos"]):
+            held = f"{most} occurrence{'' if most == 1 else 's'}"
+            raise ScheduleError(
+                f"RRULE: rule has no occurrences (BYSETPOS counts the occurrences within one "
+                f"FREQ={frequency_name} period, which holds at most {held} here)"
+            )
     try:
         template = rrule(frequency, dtstart=start, **options)
     except ValueError as error:
@@ -505,6 +513,25 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         day_parts=tuple((k, tuple(options[k])) for k in _DAY_PARTS if k in options) if day_by_day else (),
         until_wall=options.get("until"),
     )
+
+
+def _largest_set(frequency: int, options: dict[str, Any]) -> int:
+    """The most occurrences one FREQ period can hold, which BYSETPOS picks among: its days (a
+    day for DAILY and shorter periods) times the times of day each of them has (the parts
+    finer than FREQ, all explicit by now).
+
+    A BYSETPOS past it never selects anything, and dateutil would look for a period that has
+    it up to the year 9999, period by period: hours for FREQ=MINUTELY.
+    """
+    if frequency == WEEKLY:
+        days = len({getattr(day, "weekday", day) for day in options["byweekday"]})
+    else:
+        days = {YEARLY: 366, MONTHLY: 31}.get(frequency, 1)
+    times = 1
+    for keyword, finer_than in (("byhour", HOURLY), ("byminute", MINUTELY), ("bysecond", SECONDLY)):
+        if frequency < finer_than:
+            times *= len(set(options[keyword]))
+    return days * times
 
 
 def _until_wall_time(until: _DateTimeValue, zone: ZoneInfo) -> datetime | None:
