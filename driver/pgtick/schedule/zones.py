@@ -125,15 +125,24 @@ def load_zone(name: str) -> ZoneInfo:
 #: Names in the time zone database that are no place: the host's own zone (each host reads
 #: its own), the placeholder, and the rules file.
 _NOT_PLACES = frozenset({"localtime", "Factory", "posixrules"})
+#: Zones with daylight saving time whose names PostgreSQL also reads as the abbreviation of a
+#: fixed offset (its default timezone_abbreviations): in SQL, 'CET' is +01 all year round.
+_FIXED_OFFSET_NAMES = frozenset({"CET", "EET", "MET", "WET"})
 
 
 def not_a_place(name: str) -> str | None:
     """Why a zone name that may load names no place (the host's ``localtime``, ``Factory``,
-    the ``posix/`` and ``right/`` copies of every zone: ``right/`` counts leap seconds),
+    the ``posix/`` and ``right/`` copies of every zone: ``right/`` counts leap seconds) or
+    is read by PostgreSQL as a fixed offset (``CET``),
     with the name to give instead; None for a place's zone. The database refuses the same
     names for a definition (``jobs._zone_problem``)."""
     if name in _NOT_PLACES:
         return f"{name!r} is not a place's IANA time zone: give one such as Europe/Paris or America/New_York"
+    if name in _FIXED_OFFSET_NAMES:
+        return (
+            f"{name!r} is also the abbreviation of a fixed offset, which PostgreSQL reads it as:"
+            " give the region's zone instead, such as Europe/Paris or Europe/Athens"
+        )
     prefix, _, rest = name.partition("/")
     if prefix in ("posix", "right") and rest:
         return f"{name!r} is not a place's IANA time zone: give one such as {rest}"
