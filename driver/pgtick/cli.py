@@ -399,6 +399,9 @@ def _command(
     )
     p.set_defaults(fn=fn)
     p.add_argument("--dsn", type=parse_dsn, help="PostgreSQL URL (default: $DATABASE_URL, else embedded)")
+    # Also after the command (pgtick status -v); unset here unless given, so that a -v given
+    # before the command is not overwritten by this one's default.
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as pgtick -v")
     if output is not None:
         formats = p.add_mutually_exclusive_group()  # --json is --format json: one of them
         formats.add_argument("--json", action="store_true", help="print JSON (schema: docs/cli.md)")

@@ -289,6 +289,14 @@ def test_no_command_is_a_usage_error_with_the_help_on_stderr(argv: list[str]) ->
     assert re.fullmatch(r"pgtick \S+\n", version.stdout), version.stdout
 
 
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [(["status"], False), (["-v", "status"], True), (["status", "-v"], True), (["runs", "--verbose"], True)],
+)
+def test_verbose_is_taken_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    assert cli.build_parser().parse_args(argv).verbose is verbose
+
+
 def test_preview_keeps_local_time_across_the_dst_change() -> None:
     result = pgtick(
         "preview",
