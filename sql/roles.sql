@@ -26,25 +26,38 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA jobs FROM public, jobs_reader, jobs_worker
 
 -- search_path pinned on every function, here once for all: a CREATE OR REPLACE in the files
 -- above leaves it unset, so this runs on every install, in the same transaction. So is
--- standard_conforming_strings: a PL/pgSQL body is parsed when a session first calls it, and
--- with the caller's off (a database default, say) its '\s' would read as 's' and its U&''
--- literals be refused. A function with a SQL-standard body (jobs._owned) is left as it is: its
--- body was parsed when it was created, so no setting reaches it, and pinning one would stop
--- the planner inlining it.
+-- standard_conforming_strings, on every function whose text holds a backslash or a U&''
+-- literal: a PL/pgSQL body is parsed when a session first calls it, and with the caller's
+-- setting off (a database default, say) its '\s' would read as 's' and its U&'' literals be
+-- refused (the other functions read alike either way, and a setting pinned costs each call
+-- its save and restore, so theirs is reset). A function with a SQL-standard body
+-- (jobs._owned) is left as it is: its body was parsed when it was created, so no setting
+-- reaches it, and pinning one would stop the planner inlining it.
 DO $$
 DECLARE
     v_function regprocedure;
+    v_literals boolean;
+    v_pinned boolean;
+    v_strings boolean;
 BEGIN
-    FOR v_function IN
-        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+    FOR v_function, v_literals, v_pinned, v_strings IN
+        SELECT p.oid::regprocedure,
+               strpos(p.prosrc, chr(92)) > 0 OR strpos(p.prosrc, 'U&''') > 0,
+               'search_path=pg_catalog, pg_temp' = ANY (coalesce(p.proconfig, '{}')),
+               'standard_conforming_strings=on' = ANY (coalesce(p.proconfig, '{}'))
+          FROM pg_catalog.pg_proc AS p
          WHERE p.pronamespace = 'jobs'::regnamespace
            AND p.prokind IN ('f', 'p')
            AND p.prosqlbody IS NULL
-           AND NOT (coalesce(p.proconfig, '{}')
-                    @> '{"search_path=pg_catalog, pg_temp", standard_conforming_strings=on}')
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on',
-                       v_function);
+        IF NOT v_pinned THEN
+            EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', v_function);
+        END IF;
+        IF v_literals AND NOT v_strings THEN
+            EXECUTE format('ALTER FUNCTION %s SET standard_conforming_strings = on', v_function);
+        ELSIF v_strings AND NOT v_literals THEN
+            EXECUTE format('ALTER FUNCTION %s RESET standard_conforming_strings', v_function);
+        END IF;
     END LOOP;
 END $$;
 REVOKE ALL ON ALL TABLES IN SCHEMA jobs FROM public;
