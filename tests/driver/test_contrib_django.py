@@ -316,12 +316,13 @@ def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_
         assert "'reports'" in result.stderr, result.stderr
 
 
-#: A Django project configured in ``-c`` on the database argv[1] (a DSN), whose code keeps a
-#: client from ``pgtick.contrib.django.client()`` as an application keeps one at module level.
-KEPT_CLIENT = """
+#: The start of a script run with ``-c``: Django configured on the database argv[1] (a DSN),
+#: with the database settings ``EXTRA`` (a dict display) added.
+DJANGO_ON_ARGV = """
 import sys
 
 import django
+import psycopg
 from django.conf import settings
 from psycopg.conninfo import conninfo_to_dict
 
@@ -331,10 +332,17 @@ settings.configure(
     DATABASES={"default": {
         "ENGINE": "django.db.backends.postgresql", "NAME": params.get("dbname", ""),
         "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
-        "HOST": params.get("host", ""), "PORT": params.get("port", ""),
+        "HOST": params.get("host", ""), "PORT": params.get("port", ""), **EXTRA,
     }},
 )
 django.setup()
+"""
+
+#: Its code keeps a client from ``pgtick.contrib.django.client()`` as an application keeps
+#: one at module level.
+KEPT_CLIENT = (
+    DJANGO_ON_ARGV.replace("EXTRA", "{}")
+    + """
 from django.db import connection, transaction
 
 import pgtick.contrib.django as pgtick
@@ -357,6 +365,7 @@ with transaction.atomic():
     jobs.enqueue("committed")
 jobs.enqueue("autocommitted")
 """
+)
 
 
 def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_connection(
@@ -382,24 +391,9 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
 
 #: A persistent connection (CONN_MAX_AGE) that the server ends between two requests: the
 #: request that meets it fails, and the next one must get a new connection.
-DEAD_CONNECTION = """
-import sys
-
-import django
-import psycopg
-from django.conf import settings
-from psycopg.conninfo import conninfo_to_dict
-
-params = conninfo_to_dict(sys.argv[1])
-settings.configure(
-    INSTALLED_APPS=["pgtick.contrib.django"], USE_TZ=True,
-    DATABASES={"default": {
-        "ENGINE": "django.db.backends.postgresql", "NAME": params.get("dbname", ""),
-        "USER": params.get("user", ""), "PASSWORD": params.get("password", ""),
-        "HOST": params.get("host", ""), "PORT": params.get("port", ""), "CONN_MAX_AGE": 600,
-    }},
-)
-django.setup()
+DEAD_CONNECTION = (
+    DJANGO_ON_ARGV.replace("EXTRA", '{"CONN_MAX_AGE": 600}')
+    + """
 from django.db import close_old_connections, connection
 
 import pgtick.contrib.django as pgtick
@@ -422,6 +416,7 @@ for request, enqueue in enumerate([jobs.enqueue, pgtick.enqueue]):
     close_old_connections()
     enqueue(f"after-{request}")  # the next request
 """
+)
 
 
 def test_a_persistent_connection_the_server_ended_is_replaced_after_the_request_that_met_it(
