@@ -329,7 +329,9 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
         trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
         return ("error", error_classes(exc), text, trace, isinstance(exc, JobTimeout))
     try:
-        pickle.dumps(result)
+        # Unpickled here too: what pickles but cannot be unpickled (an exception whose
+        # __init__ takes other arguments than its args) would fail in the worker's recv.
+        pickle.loads(pickle.dumps(result))
     except Exception:
         # What cannot be pickled is not JSON either: the run fails as a thread job's does.
         try:

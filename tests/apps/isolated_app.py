@@ -47,16 +47,27 @@ def isolated_returns(ctx: Context) -> dict[str, Any]:
     return {"pid": os.getpid(), "echo": ctx.payload.get("echo")}
 
 
+class TwoPartError(Exception):
+    """An error that pickles but cannot be unpickled: pickle rebuilds it from ``args``, which
+    holds one of the two arguments its ``__init__`` requires."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(what)
+        self.detail = detail
+
+
 @app.job("isolated-returns-unpicklable", isolation="process")
 def isolated_returns_unpicklable(ctx: Context) -> Any:
     """A result pickle refuses: a function (not JSON either), or a dict of a class local to
-    this call (JSON all the same)."""
+    this call (JSON all the same); or one that pickles but cannot be unpickled (not JSON)."""
 
     class Local(dict[str, Any]):
         pass
 
     if ctx.payload.get("what") == "function":
         return lambda: None
+    if ctx.payload.get("what") == "unloadable":
+        return {"error": TwoPartError("ledger locked", "by run 7")}
     return Local(pid=os.getpid())
 
 

@@ -6,8 +6,8 @@
   worker process, and commits before the run is stamped CANCELLED.
 * An exception's class chain reaches the retry policy, its traceback the run's error.
 * Results come back; consecutive jobs reuse the pool's child process. A result that
-  cannot be pickled is stored if it is JSON, and otherwise fails the run as a thread
-  job's result that is not JSON does.
+  cannot be pickled (or unpickled) is stored if it is JSON, and otherwise fails the run as
+  a thread job's result that is not JSON does.
 * A worker cut off from the database kills a job process once no heartbeat has confirmed
   the run within its heartbeat timeout, and reports nothing: the job does not run on
   beside the retry another worker starts after reaping the run.
@@ -202,6 +202,29 @@ def test_a_result_pickle_refuses_is_stored_when_it_is_json_and_fails_the_run_whe
     expected = "the result could not be stored: TypeError: Object of type function is not JSON serializable"
     assert runs[0][2:4] == ("Error", expected), context
     assert runs[1][4] is not None and set(runs[1][4]) == {"pid"} and runs[1][4]["pid"] != replica.pid, context
+
+
+def test_a_result_that_pickles_but_cannot_be_unpickled_fails_the_run_as_not_json_and_the_child_goes_on(
+    procs: Processes, conn: Conn
+) -> None:
+    replica = procs.replica("isolated_app.py", "replica", "--concurrency", "1")
+    kind = "isolated-returns-unpicklable"
+    unloadable = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, '{"what": "unloadable"}'))
+    after = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
+    statuses = [wait_finished(conn, unloadable), wait_finished(conn, after)]
+    runs = conn.execute(
+        "SELECT id, status, failure_reason, error, result FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    log = replica.log()
+
+    context = f"runs {runs}\n{log}"
+    assert statuses == ["FAILED", "COMPLETED"], context
+    expected = (
+        "the result could not be stored: TypeError: Object of type TwoPartError is not JSON serializable"
+    )
+    assert runs[0][2:4] == ("Error", expected), context
+    assert "Traceback" not in log, f"a job's result is not a worker error: {context}"
+    assert runs[1][4] is not None and runs[1][4]["pid"] != replica.pid, context
 
 
 def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
