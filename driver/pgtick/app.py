@@ -330,6 +330,8 @@ class App:
         seconds = _seconds(timeout)
         if compensate is not None and not mutating:
             raise UsageError(f"job {kind}: compensate= needs mutating=True")
+        if inspect.iscoroutinefunction(compensate):  # called plainly: its coroutine would never run
+            raise UsageError(f"job {kind}: compensate= takes a plain function, not async def")
         if isolation not in ISOLATIONS:
             raise UsageError(f"job {kind}: isolation must be 'thread' or 'process', got {isolation!r}")
 
@@ -512,6 +514,8 @@ class Context:
         """Register compensation for a mutating kind; hooks run last-registered first."""
         if not self.spec.mutating:
             raise UsageError(f"job {self.kind}: on_cancel needs a kind registered with mutating=True")
+        if inspect.iscoroutinefunction(hook):  # called plainly: its coroutine would never run
+            raise UsageError(f"job {self.kind}: on_cancel takes a plain function, not async def")
         self._compensations.append(hook)
 
     def checkpoint(self) -> Awaitable[None]:

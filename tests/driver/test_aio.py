@@ -21,6 +21,7 @@ from harness import task_factory_breaking_app
 from pgtick import instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
+from pgtick.errors import Cancelled, UsageError
 from pgtick.execution import Outcome
 
 
@@ -342,3 +343,28 @@ def test_a_run_whose_task_cannot_be_made_fails_and_the_rest_of_its_batch_runs() 
         (3, "complete", None, 3),
         (4, "complete", None, 4),
     ], summary
+
+
+def test_an_async_def_compensation_is_refused_where_it_is_registered_not_skipped_at_a_cancel() -> None:
+    """Compensation is called as a plain function (in a thread, or at a checkpoint): an
+    ``async def`` one would return a coroutine nobody awaits, and the run would end CANCELLED
+    with nothing compensated."""
+    app = App()
+
+    async def refund(ctx: Context) -> None:
+        pass
+
+    with pytest.raises(UsageError, match=r"job pays: compensate= takes a plain function, not async def"):
+        app.job("pays", mutating=True, compensate=refund)  # type: ignore[arg-type]
+    assert "pays" not in app.jobs
+
+    @app.job("books", mutating=True)
+    async def books(ctx: Context) -> None:
+        pass
+
+    ctx = _context(app, "books", 1)
+    with pytest.raises(UsageError, match=r"job books: on_cancel takes a plain function, not async def"):
+        ctx.on_cancel(refund)  # type: ignore[arg-type]
+    ctx.request_cancel()
+    with pytest.raises(Cancelled):
+        ctx._check()  # compensates: nothing registered, nothing awaited
