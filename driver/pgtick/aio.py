@@ -27,6 +27,7 @@ Stopping an async job:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -241,8 +242,41 @@ async def _interrupted(ctx: Context, reason: str, exc: asyncio.CancelledError) -
         timeout = ctx.timeout or 0.0
         return outcome_of(ctx, JobTimeout(f"run {ctx.run_id} exceeded its timeout of {timeout:g}s"))
     try:
-        await asyncio.to_thread(ctx._compensate)
+        if ctx.spec.mutating:  # (nothing else to compensate: no thread needed)
+            await _in_a_thread_of_its_own(ctx._compensate)
     except BaseException as error:
         log.warning("run=%s kind=%s compensation failed: %s", ctx.run_id, ctx.kind, error)
         return outcome_of(ctx, error)
     return Outcome(ctx, "cancel", message=f"run {ctx.run_id} cancelled")
+
+
+async def _in_a_thread_of_its_own(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on a new thread, so the loop goes on: not on the loop's default executor,
+    which job code may have filled with blocking calls (``asyncio.to_thread``) that a cancel
+    does not stop, and which would hold the compensation, and so the cancel, until one
+    returns."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    context = contextvars.copy_context()  # as asyncio.to_thread does
+
+    def settle(error: BaseException | None) -> None:
+        if ended.done():
+            return  # the task was cancelled meanwhile (the loop stops)
+        if error is None:
+            ended.set_result(None)
+        else:
+            ended.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        try:
+            context.run(fn)
+        except BaseException as exc:
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, error)
+        except RuntimeError:
+            pass  # the loop is closed: the worker has stopped
+
+    threading.Thread(target=target, name="pgtick-compensation", daemon=True).start()
+    await ended

@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -368,3 +369,52 @@ def test_an_async_def_compensation_is_refused_where_it_is_registered_not_skipped
     ctx.request_cancel()
     with pytest.raises(Cancelled):
         ctx._check()  # compensates: nothing registered, nothing awaited
+
+
+def test_a_cancel_ends_async_jobs_while_job_code_holds_every_thread_of_the_loops_executor() -> None:
+    """Job code may fill the loop's default executor with blocking calls (asyncio.to_thread),
+    which a cancel does not stop: the cancelled runs, mutating (compensated) or not, end
+    CANCELLED all the same, without waiting for a thread of that executor."""
+    app = App()
+    release = threading.Event()
+    holding = threading.Event()
+    compensated: list[int] = []
+
+    @app.job("holds")
+    async def holds(ctx: Context) -> None:
+        holding.set()
+        await asyncio.to_thread(release.wait, 60)
+
+    @app.job("books", mutating=True, compensate=lambda ctx: compensated.append(ctx.run_id))
+    async def books(ctx: Context) -> None:
+        await asyncio.sleep(3600)
+
+    @app.job("reads")
+    async def reads(ctx: Context) -> None:
+        await asyncio.sleep(3600)
+
+    loop = EventLoop()
+    loop.loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    loop.start()
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    try:
+        contexts = [_context(app, "holds", 1), _context(app, "books", 2), _context(app, "reads", 3)]
+        for ctx in contexts:
+            loop.submit(ctx, done.put)
+        assert holding.wait(30)
+        for ctx in contexts:
+            ctx.request_cancel()  # what the heartbeat thread does
+        ended: list[tuple[int, str]] = []
+        try:
+            while len(ended) < len(contexts):
+                outcome = done.get(timeout=20)
+                ended.append((outcome.ctx.run_id, outcome.action))
+        except queue.Empty:
+            pass
+    finally:
+        release.set()
+        loop.stop()
+    assert sorted(ended) == [(1, "cancel"), (2, "cancel"), (3, "cancel")], (
+        f"cancelled runs that ended while the executor was held: {ended}"
+    )
+    assert compensated == [2], compensated
