@@ -260,6 +260,25 @@ def test_a_schedule_of_dates_alone_runs_each_date_once_then_finishes(db: Databas
     scheduler.close()
 
 
+def test_dtstart_with_dates_alone_is_the_first_run(db: Database) -> None:
+    """RFC 5545: DTSTART is the first instance of a recurrence set, also when only RDATE lines
+    follow it; the schedule runs it, then each date, then is finished."""
+    clock = Clock(utc(2030, 1, 1, 0, 0, 0))
+    scheduler = Scheduler(db.dsn, owner="t", clock=clock)
+    with db.connect() as conn:
+        definition_id = define(
+            conn, "start-and-dates", "DTSTART:20300101T000010Z\nRDATE:20300101T000011Z,20300101T000012Z"
+        )
+        for second in (0, 10, 11, 12, 13):
+            clock.now = utc(2030, 1, 1, 0, 0, second)
+            scheduler.materialize_due()
+        times = run_times(conn, definition_id)
+        finished = scalar(conn, "SELECT finished FROM jobs.definition_health WHERE name = 'start-and-dates'")
+    assert times == [utc(2030, 1, 1, 0, 0, 10), utc(2030, 1, 1, 0, 0, 11), utc(2030, 1, 1, 0, 0, 12)]
+    assert finished is True
+    scheduler.close()
+
+
 # -- cursors, finished schedules, broken schedules ------------------------------------
 
 

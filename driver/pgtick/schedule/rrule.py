@@ -651,6 +651,10 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
             raise ScheduleError(f"unsupported property {prop!r} (use {_PROPERTIES})")
     if not rule_texts and not rdates:
         raise ScheduleError("RRULE: no RRULE or RDATE line")
+    if not rule_texts and start is not None:
+        # RFC 5545: DTSTART is the first instance of the recurrence set (a rule's expansion
+        # starts with it; dates alone do not name it again).
+        rdates.insert(0, start)
     rules = tuple(_parse_rule(rule_text, start.wall if start else anchor, zone) for rule_text in rule_texts)
     for number, rule in enumerate(rules, start=1):
         # Checked one by one: a rule that never matches would make every query walk
