@@ -746,6 +746,12 @@ BEGIN
     END IF;
     PERFORM jobs._check_duration('lookahead', materialize_one_shots.lookahead);
     PERFORM jobs._check_duration('misfire_grace', materialize_one_shots.misfire_grace);
+    -- A one-shot moved back to a time it already ran at: its run may have moved to history.
+    PERFORM jobs._hold_history_moves(array(
+        SELECT o.run_at FROM jobs.definitions AS o
+         WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
+           AND o.next_run_at <= now() + materialize_one_shots.lookahead
+    ));
     WITH due AS (
         UPDATE jobs.definitions AS d
            SET next_run_at = NULL, finished_at = now()
@@ -774,11 +780,12 @@ BEGIN
            CASE WHEN m.skipped THEN 'Skipped' END,
            CASE WHEN m.skipped THEN 'skipped: run_at passed while no scheduler ran (misfire_policy skip)' END
       FROM missed AS m
+     WHERE NOT jobs._archived_occurrence(m.id, m.run_at)
     ON CONFLICT (definition_id, (coalesce(occurrence_at, scheduled_for))) WHERE origin = 'schedule' DO NOTHING;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN jobs._notify_queued(v_count);
 END $$;
-COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS 'Leader: turn every enabled one-shot definition due within lookahead into its run (once); returns runs created.';
+COMMENT ON FUNCTION jobs.materialize_one_shots(interval, interval) IS 'Leader: turn every enabled one-shot definition due within lookahead into its run (once: not again when its time already has a run, in jobs.runs or in history); returns runs created.';
 
 -- Leader: record that a definition's schedule cannot be read, so operators see it and ticks skip it.
 CREATE OR REPLACE FUNCTION jobs.mark_schedule_error(definition_id bigint, revision integer, message text)

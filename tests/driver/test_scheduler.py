@@ -531,6 +531,29 @@ def test_one_shot_runs_once_even_with_concurrent_leaders(db: Database) -> None:
     assert rows == [("QUEUED", True)]
 
 
+def test_a_one_shot_moved_back_to_a_time_whose_run_is_in_history_runs_no_second_time(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Its run at that time has finished and moved to history: as when it is still in
+    jobs.runs, the occurrence has its run, and jobs.runs_all keeps one per occurrence."""
+    conn.execute("UPDATE jobs.config SET archive_after = '1 hour'")
+    at = scalar(conn, "SELECT date_trunc('second', now()) - interval '3 hours'")
+    conn.execute("SELECT jobs.define('once', 'k', run_at => %s)", (at,))
+    assert scalar(conn, "SELECT jobs.materialize_one_shots()") == 1
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', attempt = 1, worker = 'w',"
+        " started_at = now() - interval '170 minutes', finished_at = now() - interval '2 hours'"
+    )
+    assert scalar(conn, "SELECT jobs.archive()") == 1
+    conn.execute("SELECT jobs.define('once', 'k', run_at => now() + interval '1 hour')")
+    conn.execute("SELECT jobs.define('once', 'k', run_at => %s)", (at,))
+    conn.execute("SELECT jobs.materialize_one_shots()")
+    runs = conn.execute(
+        "SELECT occurrence_at, status::text FROM jobs.runs_all WHERE origin = 'schedule' ORDER BY id"
+    ).fetchall()
+    assert runs == [(at, "COMPLETED")], f"moved away from {at} and back, got {runs}"
+
+
 def test_one_shot_missed_with_skip_policy_is_recorded_as_skipped(conn: psycopg.Connection[Any]) -> None:
     conn.execute(
         "SELECT jobs.define('late', 'k', run_at => now() - interval '1 hour', misfire_policy => 'skip')"
