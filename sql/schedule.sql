@@ -460,6 +460,19 @@ BEGIN
        FROM jobs.definitions AS d
        JOIN unnest(v_old) AS o ON o.id = d.id
       WHERE d.revision <> o.revision
+        AND (o.schedule, o.timezone, o.run_at, o.dst_gap, o.dst_repeat, o.jitter)
+            IS DISTINCT FROM (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat, d.jitter)
+     HAVING count(*) > 0;
+    -- Enabled again with the same occurrences: a resume (jobs.resume), whose runs made before
+    -- the pause stay, unless their start is not the one the current jitter gives.
+    PERFORM jobs._drop_superseded(
+        array_agg(d.id), array_agg(d.cursor_from), array_agg(now() + coalesce(d.jitter, interval '0')), TRUE
+    )
+       FROM jobs.definitions AS d
+       JOIN unnest(v_old) AS o ON o.id = d.id
+      WHERE d.revision <> o.revision
+        AND (o.schedule, o.timezone, o.run_at, o.dst_gap, o.dst_repeat, o.jitter)
+            IS NOT DISTINCT FROM (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat, d.jitter)
      HAVING count(*) > 0;
 
     -- A restart that keeps the schedule (enabling it again) keeps its pending backfills valid.

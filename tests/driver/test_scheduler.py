@@ -518,6 +518,37 @@ def test_pause_and_resume(db: Database) -> None:
     scheduler.close()
 
 
+@pytest.mark.parametrize("how", ["resume", "define", "define_many"])
+def test_enabling_again_keeps_the_runs_made_before_the_pause_and_what_waits_on_them(
+    conn: psycopg.Connection[Any], how: str
+) -> None:
+    """Enabled again by jobs.define or jobs.define_many, a definition resumes as jobs.resume
+    resumes it: its occurrences are the same, so the run made ahead for tomorrow stays, and
+    a run that depends on it still waits."""
+    definition_id = define(conn, "nightly", "0 3 * * *")
+    tomorrow = scalar(conn, "SELECT date_trunc('day', now()) + interval '1 day 3 hours'")
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition_id, tomorrow))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, ARRAY[%s]::timestamptz[], %s)",
+        (definition_id, tomorrow, tomorrow, tomorrow + timedelta(days=1)),
+    )
+    scheduled = scalar(conn, "SELECT id FROM jobs.runs WHERE definition_id = %s", (definition_id,))
+    conn.execute("SELECT jobs.enqueue('after', depends_on => ARRAY[%s]::bigint[])", (scheduled,))
+    conn.execute("SELECT jobs.pause('nightly')")
+    if how == "resume":
+        conn.execute("SELECT jobs.resume('nightly')")
+    elif how == "define":
+        define(conn, "nightly", "0 3 * * *", enabled=True)
+    else:
+        conn.execute(
+            "SELECT * FROM jobs.define_many(%s::jsonb)",
+            ('[{"name": "nightly", "kind": "k", "schedule": "0 3 * * *", "enabled": true}]',),
+        )
+    runs = conn.execute("SELECT id, kind, status::text FROM jobs.runs ORDER BY id").fetchall()
+    assert [(r[1], r[2]) for r in runs] == [("k", "QUEUED"), ("after", "QUEUED")], f"{how}: {runs}"
+    assert runs[0][0] == scheduled, f"{how}: the run for {tomorrow} was made again"
+
+
 def test_one_shot_runs_once_even_with_concurrent_leaders(db: Database) -> None:
     with db.connect() as conn:
         conn.execute("SELECT jobs.define('once', 'k', run_at => now() - interval '1 second')")
