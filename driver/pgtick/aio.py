@@ -46,6 +46,10 @@ log = logging.getLogger("pgtick.worker")
 #: cancelled (seconds).
 CHECKPOINT_GRACE = 0.25
 
+#: How long a job whose task was cancelled (its cancel, timeout or loss) may go on before the
+#: worker says that it ignored the cancellation and still holds a slot (seconds).
+IGNORED_CANCEL_AFTER = 5.0
+
 
 class EventLoop:
     """An asyncio loop running forever on its own thread, until ``stop``."""
@@ -163,11 +167,25 @@ async def _run_job(ctx: Context) -> Outcome:
     task = asyncio.current_task()
     assert task is not None
     why: list[str] = []  # the first reason the task was interrupted
+    heeded: list[bool] = []  # the job let the cancellation end it
 
     def interrupt_here(reason: str) -> None:
         if not why and not task.done():
             why.append(reason)
             task.cancel()
+            loop.call_later(IGNORED_CANCEL_AFTER, say_if_ignored)
+
+    def say_if_ignored() -> None:
+        """A job that catches CancelledError and goes on keeps one of the worker's slots (its
+        run already ended as cancelled, timed out or let go): said once, as for a thread job
+        past its timeout."""
+        if not heeded and not task.done():
+            log.warning(
+                "run=%s kind=%s worker=%s job ignored its cancellation (%s) for %gs and still runs:"
+                " it holds one of the worker's slots until it returns (let asyncio.CancelledError"
+                " end the job)",
+                ctx.run_id, ctx.kind, ctx.worker_id, why[0], IGNORED_CANCEL_AFTER,
+            )  # fmt: skip
 
     def interrupt() -> None:  # from the heartbeat thread
         reason = "abandoned" if ctx.abandoned else "cancel"
@@ -222,6 +240,7 @@ async def _run_job(ctx: Context) -> Outcome:
     except asyncio.CancelledError as exc:
         if not why:
             raise  # not ours: the loop is shutting down
+        heeded.append(True)
         task.uncancel()
         return await _interrupted(ctx, why[0], exc)
     except BaseException as exc:

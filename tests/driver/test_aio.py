@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from harness import task_factory_breaking_app
-from pgtick import instrumentation
+from pgtick import aio, instrumentation
 from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.errors import Cancelled, UsageError
@@ -418,3 +418,48 @@ def test_a_cancel_ends_async_jobs_while_job_code_holds_every_thread_of_the_loops
         f"cancelled runs that ended while the executor was held: {ended}"
     )
     assert compensated == [2], compensated
+
+
+def test_a_job_that_ignores_its_cancellation_is_said_to_hold_its_slot(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that catches CancelledError and goes on cannot be stopped: its run ends by its
+    timeout, and the worker says once that the job still runs and holds a slot; a job that
+    lets the cancellation end it is not named."""
+    monkeypatch.setattr(aio, "IGNORED_CANCEL_AFTER", 0.3)
+    app = App()
+    release = threading.Event()
+
+    @app.job("deaf")
+    async def deaf(ctx: Context) -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
+
+    @app.job("heeds")
+    async def heeds(ctx: Context) -> None:
+        await asyncio.sleep(3600)
+
+    loop = EventLoop()
+    loop.start()
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    try:
+        with caplog.at_level("WARNING", logger="pgtick.worker"):
+            loop.submit(_context(app, "deaf", 1, timeout=0.2), done.put)
+            loop.submit(_context(app, "heeds", 2, timeout=0.2), done.put)
+            heeded = done.get(timeout=30)
+            deadline = time.monotonic() + 30
+            while "ignored its cancellation" not in caplog.text:
+                assert time.monotonic() < deadline, f"no warning: {caplog.text}"
+                time.sleep(0.05)
+            release.set()
+            ignored = done.get(timeout=30)
+    finally:
+        release.set()
+        loop.stop()
+    assert (heeded.ctx.run_id, heeded.reason) == (2, "Timeout"), heeded
+    assert (ignored.ctx.run_id, ignored.action) == (1, "complete"), ignored
+    warned = [r.getMessage() for r in caplog.records if "ignored its cancellation" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("run=1 kind=deaf"), warned
