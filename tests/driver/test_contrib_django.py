@@ -338,6 +338,22 @@ settings.configure(
 django.setup()
 """
 
+
+def _kinds_left_by(script: str, db: Database) -> list[str]:
+    """Run ``script`` (a ``DJANGO_ON_ARGV`` script) on ``db``; the kinds of the runs it left."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, db.dsn],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with db.connect() as conn:
+        return [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
+
+
 #: Its code keeps a client from ``pgtick.contrib.django.client()`` as an application keeps
 #: one at module level.
 KEPT_CLIENT = (
@@ -375,17 +391,7 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
     enqueue that is the block's first statement must still roll back with the block. And
     Django closes its connection after each request: a client kept from one request to the
     next works on the connection Django has now."""
-    result = subprocess.run(
-        [sys.executable, "-c", KEPT_CLIENT, db.dsn],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    with db.connect() as conn:
-        kinds = [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
+    kinds = _kinds_left_by(KEPT_CLIENT, db)
     assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"
 
 
@@ -422,17 +428,7 @@ for request, enqueue in enumerate([jobs.enqueue, pgtick.enqueue]):
 def test_a_persistent_connection_the_server_ended_is_replaced_after_the_request_that_met_it(
     db: Database,
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", DEAD_CONNECTION, db.dsn],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    with db.connect() as conn:
-        kinds = [r["kind"] for r in rows(conn, "SELECT kind FROM jobs.runs ORDER BY id")]
+    kinds = _kinds_left_by(DEAD_CONNECTION, db)
     assert kinds == ["first-0", "after-0", "first-1", "after-1"], f"runs: {kinds}"
 
 
