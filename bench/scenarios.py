@@ -220,12 +220,17 @@ def drain_one(
 
 
 def scenario_drain(bench: Bench) -> None:
+    """Every system's drains, the configurations a target compares back to back: for each
+    process count and batch, each system in turn. A drain takes seconds and the machine's
+    load drifts over minutes, so both sides of a ratio meet nearly the same load."""
     procs_list = (1,) if bench.quick else (1, 2)
-    for system in drain_systems():
-        if not bench.wants(system.name):
-            continue
-        for batch in system.batches:
-            for procs in procs_list:
+    systems = [system for system in drain_systems() if bench.wants(system.name)]
+    batches = sorted({batch for system in systems for batch in system.batches}, key=lambda b: b or 0)
+    for procs in procs_list:
+        for batch in batches:
+            for system in systems:
+                if batch not in system.batches:
+                    continue
                 divisor = system.jobs_divisor
                 if system.name == "pgtick-driver" and batch == 1:
                     divisor = 4  # commit-latency bound (see docs/performance.md): fewer jobs, same rate
