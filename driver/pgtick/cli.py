@@ -2023,6 +2023,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     ran = False  # the command's work is done (committed): only its output is left to write
     try:
+        if args.command not in _UNDISPLAYED_COMMANDS:
+            # PGTICK_NOW, read like an argument before anything is done: a command that
+            # changes something shows its result with it only after its commit.
+            display_now()
         with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
             result = args.fn(args)
         ran = True
@@ -2053,6 +2057,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 #: Commands whose work is not their standard output (a worker, a locked command's own).
 _SILENT_COMMANDS = frozenset({"run", "lock"})
+
+#: Commands that show nothing with the display clock (PGTICK_NOW).
+_UNDISPLAYED_COMMANDS = _SILENT_COMMANDS | {"web"}
 
 #: Commands that change what the database holds: their output comes after their commit.
 _CHANGING_COMMANDS = frozenset(

@@ -752,3 +752,18 @@ def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) ->
     assert not _controls(as_json.stdout.replace("\t", "")), repr(as_json.stdout)
     data = json.loads(as_json.stdout)
     assert (data["payload"], data["result"]) == (payload, result)
+
+
+def test_a_bad_pgtick_now_refuses_a_change_before_making_it(db: Database) -> None:
+    """PGTICK_NOW is read before the command does anything: a value that is no time is exit 2
+    and nothing written, not an enqueue committed and then an error that says it was refused
+    (run again, it would queue a second run)."""
+    env = {**env_for(None), "PGTICK_NOW": "yesterday"}
+    result = subprocess.run(
+        [*PGTICK, "enqueue", "report", "--dsn", db.dsn], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("pgtick enqueue: error: PGTICK_NOW must be"), result.stderr
+    assert result.stdout == "", result.stdout
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
