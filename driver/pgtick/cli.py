@@ -1211,6 +1211,16 @@ def _streak(d: dict[str, Any]) -> str:
     return ""
 
 
+def _last_outcome(d: dict[str, Any]) -> str | None:
+    """A definition's last outcome as its strip of marks shows it: SKIPPED for a run the
+    overlap policy skipped (``last_status`` is the run's status, CANCELLED). The strip's last
+    mark is that same run: both are its newest finished run in jobs.runs."""
+    recent = d["recent_outcomes"]
+    if d["last_status"] == "CANCELLED" and recent and recent[-1] == "SKIPPED":
+        return "SKIPPED"
+    return d["last_status"]
+
+
 def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     now = datetime.fromisoformat(snap["now"])
     out: list[str] = []
@@ -1247,7 +1257,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
                 "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
             ),
             Column(
-                "LAST", lambda d: status_word(d["last_status"], style) if d["last_status"] else "", priority=2
+                "LAST", lambda d: status_word(_last_outcome(d), style) if d["last_status"] else "", priority=2
             ),
             Column("PASSED", lambda d: relative(last_at(d), now), priority=3),
             Column("RECENT", strip, priority=2),
@@ -1588,7 +1598,8 @@ def _attempt_lines(attempt: dict[str, Any], this: bool, style: Style, wide: bool
     """An attempt of the chain in ``pgtick show``: its status and reason on one line cut to
     the width (the error in full follows for the run shown), or, where that leaves the
     error too little room, the error cut on the next line."""
-    head = f"  {attempt['attempt']:>3}  run {attempt['id']:<8} {status_word(attempt['status'], style)}"
+    outcome = outcome_of(attempt["status"], attempt["failure_reason"])
+    head = f"  {attempt['attempt']:>3}  run {attempt['id']:<8} {status_word(outcome, style)}"
     error = style.shown(printable(attempt["error"])) if attempt["error"] else ""
     reason = f"{attempt['failure_reason']}: {error}" if error and attempt["failure_reason"] else error
     here = "  <- this run" if this else ""

@@ -767,3 +767,27 @@ def test_a_bad_pgtick_now_refuses_a_change_before_making_it(db: Database) -> Non
     assert result.stdout == "", result.stdout
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+
+
+def test_a_run_the_overlap_policy_skipped_is_skipped_wherever_it_is_shown(db: Database) -> None:
+    """The last outcome in `status` and an attempt in `show`'s chain say ↷ SKIPPED for a run
+    the overlap policy skipped, as the strip of marks, `runs` and `show`'s first line do, not
+    ⊘ CANCELLED beside a ↷ for the same run."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('busy', 'k', schedule => '* * * * *')")
+        skipped = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, finished_at, failure_reason, error)"
+            " SELECT id, 'k', 'CANCELLED', now(), 'Skipped',"
+            " 'skipped: definition at max_concurrent_runs (overlap_policy skip)'"
+            " FROM jobs.definitions WHERE name = 'busy' RETURNING id",
+        )
+        retry = scalar(conn, "SELECT id FROM jobs.retry(%s)", (skipped,))
+    status = pgtick("status", "--dsn", db.dsn)
+    assert status.returncode == 0, status.stderr
+    row = next(line for line in status.stdout.splitlines() if line.startswith("busy"))
+    assert "↷ SKIPPED" in row and "CANCELLED" not in row, status.stdout
+    show = pgtick("show", str(retry), "--dsn", db.dsn)
+    assert show.returncode == 0, show.stderr
+    first = next(line for line in show.stdout.splitlines() if f"run {skipped} " in line)
+    assert "↷ SKIPPED" in first and "CANCELLED" not in first, show.stdout
