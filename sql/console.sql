@@ -318,7 +318,9 @@ FROM jobs.definitions;
 COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
 
 -- One run in full, with its attempt chain (first attempt to last) and its definition.
-CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint) RETURNS TABLE (
+-- (Dropped first: its columns grew definition_id, which a replace cannot add.)
+DROP FUNCTION IF EXISTS jobs.run_detail(bigint);
+CREATE FUNCTION jobs.run_detail(run_id bigint) RETURNS TABLE (
     id bigint,
     definition text,
     timezone text,
@@ -339,7 +341,8 @@ CREATE OR REPLACE FUNCTION jobs.run_detail(run_id bigint) RETURNS TABLE (
     error text,
     payload jsonb,
     result jsonb,
-    attempts jsonb
+    attempts jsonb,
+    definition_id bigint
 )
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
@@ -368,12 +371,13 @@ BEGIN
                         'started_at', a.started_at, 'finished_at', a.finished_at, 'worker', a.worker,
                         'failure_reason', a.failure_reason,
                         'error', split_part(a.error, E'\n', 1)) ORDER BY a.attempt, a.id), '[]')
-              FROM chain AS c INNER JOIN jobs.runs_all AS a ON a.id = c.id)
+              FROM chain AS c INNER JOIN jobs.runs_all AS a ON a.id = c.id),
+           r.definition_id
       FROM jobs.runs_all AS r
       LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
      WHERE r.id = run_detail.run_id;
 END $$;
-COMMENT ON FUNCTION jobs.run_detail(bigint) IS 'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first; P0002 when the run does not exist.';
+COMMENT ON FUNCTION jobs.run_detail(bigint) IS 'One run in full (timings, worker, payload, result, error as stored) with its definition and its attempt chain as a JSON array, first attempt first, then its definition_id (kept when the definition is deleted: definition is NULL then, as for an ad-hoc run, whose definition_id is NULL too); P0002 when the run does not exist.';
 
 -- Runs with their definition's name, newest first by id: what `pgtick runs` lists.
 CREATE OR REPLACE VIEW jobs.run_list AS
@@ -391,10 +395,11 @@ SELECT
     left(r.error, 60) AS error,
     coalesce(d.timezone, 'UTC') AS timezone,
     coalesce(r.finished_at, CASE WHEN r.status = 'RUNNING' THEN now() END) - r.started_at AS duration,
-    r.origin
+    r.origin,
+    r.definition_id
 FROM jobs.runs AS r
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id;
-COMMENT ON VIEW jobs.run_list IS 'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin; what `pgtick runs` lists, newest first.';
+COMMENT ON VIEW jobs.run_list IS 'Runs with their definition name (NULL for ad-hoc runs), status as text, the first 60 characters of the error, the zone to show times in (the definition''s, else UTC), the duration (so far, while RUNNING) and the origin, then the definition_id (kept when the definition is deleted, where definition is NULL); what `pgtick runs` lists, newest first.';
 
 -- Delete a definition (jobs.undefine) and say what became of its runs.
 CREATE OR REPLACE FUNCTION jobs.undefine_detail(name text)

@@ -1218,7 +1218,8 @@ def _last_outcome(d: dict[str, Any]) -> str | None:
     recent = d["recent_outcomes"]
     if d["last_status"] == "CANCELLED" and recent and recent[-1] == "SKIPPED":
         return "SKIPPED"
-    return d["last_status"]
+    last: str | None = d["last_status"]
+    return last
 
 
 def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
@@ -1469,7 +1470,7 @@ def _schema_line(schema: dict[str, Any] | None) -> str:
 
 RUN_FIELDS = [
     "id", "definition", "kind", "status", "attempt", "scheduled_for", "started_at", "finished_at",
-    "duration", "worker", "failure_reason", "error", "origin", "timezone",
+    "duration", "worker", "failure_reason", "error", "origin", "timezone", "definition_id",
 ]  # fmt: skip
 
 
@@ -1486,7 +1487,7 @@ def cmd_runs(args: argparse.Namespace) -> Result:
             return "no runs"
 
         def what(r: dict[str, Any]) -> str:
-            return r["definition"] or f"({r['kind']})"
+            return _definition_of(r) or f"({r['kind']})"
 
         table = Table(
             [
@@ -1515,6 +1516,15 @@ def cmd_runs(args: argparse.Namespace) -> Result:
         return table.render(style, wide=wide)
 
     return Result(data, text, RUN_FIELDS)
+
+
+def _definition_of(r: dict[str, Any]) -> str | None:
+    """The definition a run came from: its name, ``#7 (deleted)`` once it was deleted (the
+    run keeps its id), None for an ad-hoc run."""
+    if r["definition"] is None and r["definition_id"] is not None:
+        return f"#{r['definition_id']} (deleted)"
+    name: str | None = r["definition"]
+    return name
 
 
 def _first_line(r: dict[str, Any]) -> str:
@@ -1551,7 +1561,7 @@ def cmd_show(args: argparse.Namespace) -> Result:
             f"run {r['id']}  {status_word(outcome_of(r['status'], r['failure_reason']), style)}"
             + (f"  ({r['failure_reason']})" if r["failure_reason"] else "")
             + ("  cancel requested" if r["cancel_requested"] and r["status"] == "RUNNING" else ""),
-            f"  definition  {r['definition'] or '(ad-hoc)'}",
+            f"  definition  {_definition_of(r) or '(ad-hoc)'}",
             f"  kind        {r['kind']}",
             f"  attempt     {r['attempt']}"
             + (f" of {r['max_attempts']}" if r["max_attempts"] else "")

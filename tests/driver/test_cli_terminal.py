@@ -791,3 +791,33 @@ def test_a_run_the_overlap_policy_skipped_is_skipped_wherever_it_is_shown(db: Da
     assert show.returncode == 0, show.stderr
     first = next(line for line in show.stdout.splitlines() if f"run {skipped} " in line)
     assert "↷ SKIPPED" in first and "CANCELLED" not in first, show.stdout
+
+
+def test_a_run_of_a_deleted_definition_is_not_shown_as_ad_hoc(db: Database) -> None:
+    """After `pgtick undefine`, the runs it kept as history still came from a definition:
+    `runs` and `show` say it was deleted (and its id), not "(ad-hoc)" / "(kind)" as for a
+    run that never had one."""
+    with db.connect() as conn:
+        define_id = scalar(conn, "SELECT id FROM jobs.define('gone', 'k', schedule => '* * * * *')")
+        run = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, started_at, finished_at, origin)"
+            " VALUES (%s, 'k', 'COMPLETED', now(), now(), 'schedule') RETURNING id",
+            (define_id,),
+        )
+        adhoc = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+    assert pgtick("undefine", "gone", "--dsn", db.dsn).returncode == 0
+    runs = pgtick("runs", "--dsn", db.dsn)
+    assert runs.returncode == 0, runs.stderr
+    lines = {int(line.split()[0]): line for line in runs.stdout.splitlines()[1:]}
+    assert f"#{define_id} (deleted)" in lines[run] and "(k)" not in lines[run], runs.stdout
+    assert "(k)" in lines[adhoc], runs.stdout
+    show = pgtick("show", str(run), "--dsn", db.dsn)
+    assert show.returncode == 0, show.stderr
+    assert f"  definition  #{define_id} (deleted)\n" in show.stdout, show.stdout
+    shown = json.loads(pgtick("show", str(run), "--json", "--dsn", db.dsn).stdout)
+    assert (shown["definition"], shown["definition_id"]) == (None, define_id), shown
+    jsonschema.validate(shown, json.loads((SCHEMAS / "show.json").read_text()))
+    listed = json.loads(pgtick("runs", "--json", "--dsn", db.dsn).stdout)
+    jsonschema.validate(listed, json.loads((SCHEMAS / "runs.json").read_text()))
+    assert [(r["id"], r["definition_id"]) for r in listed] == [(adhoc, None), (run, define_id)], listed
