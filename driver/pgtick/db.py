@@ -48,8 +48,8 @@ def _keepalives(dsn: str, given: dict[str, Any]) -> dict[str, Any]:
 
 def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Connection:
     """An autocommit connection (each function call is its own transaction), with TCP
-    keepalives (``KEEPALIVES``), dates in ISO 8601, text in UTF-8 and, behind a pooler, no
-    prepared statements (see ``prepare``)."""
+    keepalives (``KEEPALIVES``), dates in ISO 8601, intervals in the postgres style, text in
+    UTF-8 and, behind a pooler, no prepared statements (see ``prepare``)."""
     try:
         conn = psycopg.connect(
             dsn,
@@ -68,14 +68,19 @@ def connect(dsn: str, *, application_name: str = "pgtick", **kwargs: Any) -> Con
 def _session_settings(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> list[str]:
     """The SETs that make the session write what psycopg reads (none when it does): dates as
     ISO 8601 (psycopg reads no other style: a database set to ``SQL, DMY`` would fail every
-    read of a time; the field order stays) and text as UTF-8 (psycopg reads JSON as UTF-8
-    whatever the encoding: a ``PGCLIENTENCODING=LATIN1`` would fail every read of a payload
-    with a non-ASCII character; a database not in UTF-8 is pgtick's install's to refuse).
-    PgBouncer keeps both per client."""
+    read of a time; the field order stays), intervals in the ``postgres`` style (psycopg
+    reads no other: ``sql_standard``, ``iso_8601`` or ``postgres_verbose`` would fail every
+    read of a duration, a claimed run's timeout included) and text as UTF-8 (psycopg reads
+    JSON as UTF-8 whatever the encoding: a ``PGCLIENTENCODING=LATIN1`` would fail every read
+    of a payload with a non-ASCII character; a database not in UTF-8 is pgtick's install's to
+    refuse). PgBouncer keeps DateStyle and client_encoding per client, and IntervalStyle
+    where its ``track_extra_parameters`` lists it (the default from 1.20)."""
     status = conn.info.parameter_status
     sets = []
     if not (status("DateStyle") or "ISO").startswith("ISO"):
         sets.append("SET DateStyle TO ISO")
+    if (status("IntervalStyle") or "postgres") != "postgres":
+        sets.append("SET IntervalStyle TO postgres")
     if status("server_encoding") == "UTF8" and (status("client_encoding") or "UTF8") != "UTF8":
         sets.append("SET client_encoding TO 'UTF8'")
     return sets

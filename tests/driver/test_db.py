@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -87,3 +87,41 @@ def test_a_client_encoding_other_than_utf8_is_read_by_every_connection_the_drive
     with psycopg.connect(db.dsn, client_encoding="LATIN1") as conn:
         prepare(conn)
         assert conn.execute("SELECT payload FROM jobs.runs").fetchone() == ({"city": "Zürich"},)
+
+
+@pytest.mark.parametrize("style", ["sql_standard", "iso_8601", "postgres_verbose"])
+def test_a_database_whose_intervals_are_not_postgres_style_is_read_by_every_connection_the_driver_opens(
+    db: Database, style: str
+) -> None:
+    """psycopg reads intervals only in the 'postgres' IntervalStyle: with a database default of
+    another style, every read of a duration (a definition's or a run's timeout, a claim's
+    answer) raised NotImplementedError, and `pgtick define` committed its definition, then
+    ended in a traceback. The driver's own connections set the style for themselves."""
+    name = str(conninfo_to_dict(db.dsn)["dbname"])
+    with db.connect() as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} SET IntervalStyle = {}").format(
+                sql.Identifier(name), sql.Literal(style)
+            )
+        )
+        with db.connect() as plain:
+            assert plain.info.parameter_status("IntervalStyle") == style, "the setting took"
+
+    defined = pgtick(
+        "define", "nightly", "report", "--schedule", "0 2 * * *", "--timeout", "90", "--dsn", db.dsn
+    )  # fmt: skip
+    assert defined.returncode == 0 and "Traceback" not in defined.stderr, defined
+    listed = pgtick("definitions", "--json", "--dsn", db.dsn)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
+    with connect(db.dsn) as conn:
+        read = conn.execute("SELECT interval '1 day 02:03:04'").fetchone()
+        assert read == (timedelta(days=1, seconds=7384),)
+    with Client(db.dsn) as client:
+        run_id = client.enqueue("report", {"day": 1}, timeout=timedelta(minutes=5)).id
+        assert client.get_run(run_id).timeout == timedelta(minutes=5)
+
+    async def read_async() -> timedelta | None:
+        async with AsyncClient(db.dsn) as aclient:
+            return (await aclient.get_run(run_id)).timeout
+
+    assert asyncio.run(read_async()) == timedelta(minutes=5)
