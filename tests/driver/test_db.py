@@ -125,3 +125,37 @@ def test_a_database_whose_intervals_are_not_postgres_style_is_read_by_every_conn
             return (await aclient.get_run(run_id)).timeout
 
     assert asyncio.run(read_async()) == timedelta(minutes=5)
+
+
+def test_a_database_whose_default_isolation_is_not_read_committed_is_claimed_from_by_the_driver(
+    db: Database,
+) -> None:
+    """jobs.claim, jobs.complete and an enqueue with a key need READ COMMITTED: with a database
+    default of SERIALIZABLE every claim of the Python worker raised 25000 (a worker that never
+    ran anything) and `pgtick enqueue --key` failed. The driver's own direct connections set
+    READ COMMITTED for themselves; a session the caller opened is left as it is."""
+    name = str(conninfo_to_dict(db.dsn)["dbname"])
+    with db.connect() as admin:
+        admin.execute(
+            sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
+                sql.Identifier(name)
+            )
+        )
+        with db.connect() as plain:
+            got = plain.execute("SHOW default_transaction_isolation").fetchone()
+            assert got == ("serializable",), "the setting took"
+
+    enqueued = pgtick("enqueue", "report", "--key", "order-42", "--dsn", db.dsn)
+    assert enqueued.returncode == 0 and "Traceback" not in enqueued.stderr, enqueued
+    with connect(db.dsn) as conn:
+        claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w-1', ARRAY['report'])").fetchall()
+        assert len(claimed) == 1
+        assert conn.execute("SELECT jobs.complete(%s, 'w-1')", claimed[0]).fetchone() == (True,)
+    with Client(db.dsn) as client:
+        assert client.enqueue("report", {"day": 2}, idempotency_key="day-2").status == "QUEUED"
+
+    async def enqueue_async() -> str:
+        async with AsyncClient(db.dsn) as aclient:
+            return (await aclient.enqueue("report", {"day": 3}, idempotency_key="day-3")).status
+
+    assert asyncio.run(enqueue_async()) == "QUEUED"
