@@ -208,6 +208,24 @@ def test_actions_from_another_origin_are_refused(client: TestClient, seeded: See
     assert status_of(conn, seeded.queued) == "QUEUED"
 
 
+@pytest.mark.parametrize("origin", ["http://[", "http://[::1", "http://127.0.0.1:99999999", "http://a b"])
+def test_an_action_with_a_malformed_origin_is_refused_as_cross_site(
+    client: TestClient, seeded: Seeded, conn: Conn, origin: str
+) -> None:
+    """An Origin header that is not a URL (what no browser sends, but anything may) is
+    refused like another site's, not answered with an internal error."""
+    csrf = login(client)
+    response = client.post(
+        f"/runs/{seeded.queued}/cancel",
+        data={"csrf": csrf},
+        headers={"Origin": origin},
+        follow_redirects=False,
+    )
+    assert response.status_code == 403, f"{origin!r}: {response.status_code} {response.text[-300:]}"
+    assert "cross-site request refused" in response.text
+    assert status_of(conn, seeded.queued) == "QUEUED"
+
+
 def test_actions_need_an_operator_login(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     csrf = csrf_of(client)  # a valid token of an anonymous session
     attempts = [

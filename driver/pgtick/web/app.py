@@ -400,7 +400,7 @@ class Dashboard:
     async def _form(self, request: Request, *, need_operator: bool = True) -> FormData:
         """The posted form, after the CSRF and login checks every POST passes."""
         origin = request.headers.get("origin")
-        if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+        if origin and origin != "null" and _origin_host(origin) != request.headers.get("host"):
             raise HTTPException(403, "cross-site request refused (Origin does not match this site)")
         form = await request.form(max_files=0, max_fields=50)
         session = self.sessions.get(request.cookies.get(COOKIE))
@@ -593,6 +593,14 @@ class Dashboard:
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
+
+
+def _origin_host(origin: str) -> str | None:
+    """The host and port an Origin header names; None when it is not a URL (no site then)."""
+    try:
+        return urlsplit(origin).netloc
+    except ValueError:  # ("http://[", an unclosed IPv6 address)
+        return None
 
 
 def _run_id(request: Request) -> int:
