@@ -255,3 +255,90 @@ def _steer(base: str, seeded: Seeded, page: Page, db: Database) -> None:
         page.goto(base + "/")
         page.wait_for_selector("svg.chart rect.ok")
         shot(page, "overview-operator")
+
+
+#: Names as long as the schema takes them (200 characters), without a space to break at: a
+#: dotted module path, a generated worker id.
+LONG_NAME = "billing.invoices." + "monthly_reconciliation_of_" * 6 + "ledger"
+LONG_KIND = "com.example.jobs." + "ExportCustomerStatementsToArchive" * 5
+LONG_QUEUE = "tenant-" + "0123456789abcdef" * 12
+LONG_WORKER = "worker-" + "a1b2c3d4e5" * 19
+LONG_OPERATOR = "oncall." + "x" * 93
+
+
+def _widths(page: Page) -> dict[str, Any]:
+    """What sticks out sideways: the page and #main beyond their width, the text elements
+    wider than the viewport, and the buttons (of the page, of its heading) beyond it."""
+    return dict(
+        page.evaluate(
+            """() => {
+            const width = document.documentElement.clientWidth;
+            const main = document.getElementById("main");
+            const describe = (e) => e.tagName + ":" + e.textContent.trim().slice(0, 40);
+            const wide = Array.from(document.querySelectorAll("h1, td, th, dd, .flash, p, .badge"))
+                .filter((e) => e.getBoundingClientRect().width > width).map(describe);
+            return {
+                width: width,
+                page: document.documentElement.scrollWidth,
+                main: main.scrollWidth - main.clientWidth,
+                wide: wide,
+                buttons: Array.from(document.querySelectorAll("main button"))
+                    .filter((b) => b.getBoundingClientRect().right > width).map(describe),
+                heading: Array.from(document.querySelectorAll("main .heading button"))
+                    .filter((b) => b.getBoundingClientRect().right > width).map(describe),
+            };
+        }"""
+        )
+    )
+
+
+def test_long_names_wrap_and_leave_every_button_on_screen(
+    dashboard: tuple[str, Seeded], page: Page, db: Database
+) -> None:
+    """Names, kinds, queues and workers as long as the schema allows, without a space: at a
+    desktop width every page still fits its window with every button on it; at a phone's
+    width (375 px) no heading, cell or message is wider than the screen and the buttons of a
+    definition's heading are on it."""
+    base, _ = dashboard
+    claim = "SELECT id FROM jobs.claim(1, %s, ARRAY[%s], true)"
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define(name => %s, kind => %s, schedule => '0 3 * * *', queue => %s)",
+            (LONG_NAME, LONG_KIND, LONG_QUEUE),
+        )
+        running = one(conn, "SELECT id FROM jobs.run_now(%s)", LONG_NAME)
+        assert one(conn, claim, LONG_WORKER, LONG_KIND) == running
+        failed = one(conn, "SELECT id FROM jobs.run_now(%s)", LONG_NAME)
+        assert one(conn, claim, LONG_WORKER, LONG_KIND) == failed
+        conn.execute("SELECT jobs.fail(%s, %s, ARRAY['E'], %s)", (failed, LONG_WORKER, "E" * 500))
+    page.goto(base + "/login")
+    page.fill("input[name=name]", LONG_OPERATOR)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button:has-text('Log in')")
+    page.wait_for_selector("text=logged in as")
+    named = "/definition?" + urlencode({"name": LONG_NAME})
+    page.goto(base + named)
+    page.click("button:has-text('pause')")  # an audit entry and a message naming it
+    page.wait_for_selector("text=paused")
+    paths = [
+        "/",
+        "/definitions",
+        named,
+        "/runs?" + urlencode({"kind": LONG_KIND}),
+        f"/runs/{failed}",
+        "/running",
+        "/audit",
+        "/definition?" + urlencode({"name": LONG_NAME + "x"}),  # the 404 page names it
+    ]
+    problems = []
+    for width in (1360, 375):
+        page.set_viewport_size({"width": width, "height": 900})
+        for path in paths:
+            page.goto(base + path)
+            found = _widths(page)
+            shot(page, f"long-names-{width}-{paths.index(path)}")
+            # (At a phone's width a table of many columns scrolls sideways within the page.)
+            fits = width < 1000 or (found["main"] <= 0 and not found["buttons"])
+            if found["page"] > width or found["wide"] or found["heading"] or not fits:
+                problems.append(f"{width} px {path}: {found}")
+    assert problems == [], "\n".join(problems)
