@@ -23,7 +23,7 @@ import pytest
 from markupsafe import escape
 from psycopg import sql
 from starlette.testclient import TestClient
-from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, pages, seed
+from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, login, post
 
 from harness import Database, Server, scalar, terminate, wait_for
@@ -906,3 +906,46 @@ def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None
     )
     assert [o.utc for o in skipped if o.local.day == 14 and o.local.month == 3] == [None], skipped
     assert len([o for o in skipped if o.utc is not None]) == 20
+
+
+def _scans(conn: Conn, query: str, params: Any) -> list[str]:
+    """The scans of a statement's plan, as "Seq Scan runs" or "Index Scan runs runs_pkey"."""
+    plan = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()
+    assert plan is not None
+    found: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if "Scan" in node["Node Type"]:
+            found.append(
+                " ".join(filter(None, (node["Node Type"], node.get("Relation Name"), node.get("Index Name"))))
+            )
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0][0]["Plan"])
+    return found
+
+
+def test_a_page_of_runs_reads_as_many_runs_as_it_shows(
+    db: Database, client: TestClient, seeded: Seeded, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of 50 runs says of each whether it was retried: 50 probes of the retry_of
+    index, not a read of every run (which a plan hashing the retried runs does, and which
+    grows with the history)."""
+    history(conn, 20_000)
+    conn.execute("ANALYZE jobs.runs")
+    sent: list[tuple[str, Any]] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def record(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append((query if isinstance(query, str) else query.as_string(self), params))
+        return await execute(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", record)
+    for path in ["/runs", "/runs?status=FAILED", "/runs?kind=report", f"/runs?before={seeded.queued}"]:
+        sent.clear()
+        assert client.get(path).status_code == 200, path
+        listing = [(q, p) for q, p in sent if "ORDER BY r.id DESC" in q]
+        assert len(listing) == 1, f"{path}: {[q for q, _ in sent]}"
+        scans = _scans(conn, *listing[0])
+        assert not [s for s in scans if s.startswith("Seq Scan runs")], f"{path}: {scans}"

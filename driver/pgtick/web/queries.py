@@ -378,7 +378,11 @@ def _queue_clause(queue: str, feats: Features) -> tuple[sql.Composable, list[Any
 
 
 async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) -> list[Row]:
-    """One page of runs matching the filter, newest first (keyset on id)."""
+    """One page of runs matching the filter, newest first (keyset on id).
+
+    Whether each was retried is a probe of the retry_of indexes per run shown (a LATERAL
+    with LIMIT, which the planner cannot turn into a hash of every retried run: as an
+    EXISTS in the select list, planned before the LIMIT, it read every run per page)."""
     where, args = _where(f, feats, status=f.status)
     if before is not None:
         where = sql.SQL("{} AND r.id < %s").format(where)
@@ -388,9 +392,10 @@ async def runs(conn: Conn, feats: Features, f: RunFilter, before: int | None) ->
         SELECT r.id, r.kind, r.status, r.attempt, r.retry_of, r.origin, r.definition_id,
                d.name AS definition, r.scheduled_for, r.started_at, r.finished_at,
                r.failure_reason, left(r.error, 300) AS error, r.worker, r.cancel_requested,
-               EXISTS (SELECT FROM {runs} AS n WHERE n.retry_of = r.id) AS retried
+               n.id IS NOT NULL AS retried
           FROM {runs} AS r
           LEFT JOIN jobs.definitions AS d ON d.id = r.definition_id
+          LEFT JOIN LATERAL (SELECT a.id FROM {runs} AS a WHERE a.retry_of = r.id LIMIT 1) AS n ON TRUE
          WHERE {where}
          ORDER BY r.id DESC
          LIMIT %s
