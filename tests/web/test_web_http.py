@@ -949,3 +949,29 @@ def test_a_page_of_runs_reads_as_many_runs_as_it_shows(
         assert len(listing) == 1, f"{path}: {[q for q, _ in sent]}"
         scans = _scans(conn, *listing[0])
         assert not [s for s in scans if s.startswith("Seq Scan runs")], f"{path}: {scans}"
+
+
+def test_pages_and_actions_run_without_jit_compilation(db: Database, seeded: Seeded, conn: Conn) -> None:
+    """The dashboard's statements are short, but the planner's estimates for some (every
+    definition with its streaks, over a large history) pass jit_above_cost: compiling them
+    took over half a second of each /definitions page on a server with JIT, for a statement
+    that runs in milliseconds. The dashboard's transactions turn JIT off, whatever the
+    server, database or login sets."""
+    conn.execute(sql.SQL("ALTER DATABASE {} SET jit = on").format(sql.Identifier(db.name)))
+
+    async def check() -> None:
+        web_db = WebDatabase(db.dsn_as("pgtick_t_operator"))
+        await web_db.open()
+        try:
+            async with web_db.reading() as page:
+                assert await (await page.execute("SHOW jit")).fetchone() == {"jit": "off"}
+            async with web_db.acting() as action:
+                assert await (await action.execute("SHOW jit")).fetchone() == {"jit": "off"}
+            async with web_db.reading() as page:  # (and only for its own transactions)
+                await page.execute("SELECT 1")
+            async with web_db.pool.connection() as idle:
+                assert await (await idle.execute("SHOW jit")).fetchone() == {"jit": "on"}
+        finally:
+            await web_db.close()
+
+    asyncio.run(check())

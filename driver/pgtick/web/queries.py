@@ -70,13 +70,17 @@ async def begin_acting(conn: Conn, *, timeout: float) -> None:
 
 async def _transaction_settings(conn: Conn, timeout: float) -> None:
     """``SET LOCAL statement_timeout`` to `timeout` seconds (in whole milliseconds, from 1 to
-    the setting's maximum), and ``TimeZone`` to UTC: the pages show times in UTC, and what the
+    the setting's maximum), ``TimeZone`` to UTC: the pages show times in UTC, and what the
     server computes per minute or per day (the charts' buckets) follows the session's zone,
-    which the database or the login may set to another."""
+    which the database or the login may set to another; and ``jit`` off: the statements run
+    in milliseconds, but the estimates of some (every definition with its streaks, over a
+    large history) pass ``jit_above_cost``, and compiling them took longer than running them
+    (over half a second of each /definitions page)."""
     milliseconds = min(2**31 - 1, max(1, round(timeout * 1000)))
     await conn.execute(
         "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
-        " pg_catalog.set_config('TimeZone', 'UTC', true)",
+        " pg_catalog.set_config('TimeZone', 'UTC', true),"
+        " pg_catalog.set_config('jit', 'off', true)",
         (str(milliseconds),),
     )
 
