@@ -174,7 +174,8 @@ BEGIN
         RETURN NULL;
     END IF;
     -- (An RFC 5545 recurrence set may also be dates alone: RDATE lines without a rule.)
-    IF schedule !~* '(^|[\s:;])FREQ=' AND schedule !~* '(^|\n)\s*RDATE\s*[;:]' THEN
+    -- (The driver reads a part's name and value without the spaces around them: FREQ = DAILY.)
+    IF schedule !~* '(^|[\s:;])FREQ\s*=' AND schedule !~* '(^|\n)\s*RDATE\s*[;:]' THEN
         RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=... or RDATE:...)',
                       quote_literal(schedule));
     END IF;

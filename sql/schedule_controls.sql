@@ -109,7 +109,7 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN schedule ~* '^\s*@' THEN ARRAY['end', 'first']
         WHEN schedule !~ '[=:]' AND schedule ~ '^\s*(\*|\S+\s+\*)' THEN ARRAY['skip', 'both']
         WHEN schedule !~ '[=:]' THEN ARRAY['end', 'first']
-        WHEN schedule ~* '(^|[\s:;])FREQ=(HOURLY|MINUTELY|SECONDLY)' THEN ARRAY['skip', 'both']
+        WHEN schedule ~* '(^|[\s:;])FREQ\s*=\s*(HOURLY|MINUTELY|SECONDLY)' THEN ARRAY['skip', 'both']
         ELSE ARRAY['shift', 'first']
     END
 $$;
