@@ -522,15 +522,22 @@ END $$;
 COMMENT ON FUNCTION jobs._check_duration(text, interval, text) IS 'Private: raises 22023 naming the field if the interval is outside the bounds that jobs._duration_bounds gives for bound (default: the field).';
 
 -- Wake idle workers: one NOTIFY on channel "jobs" per transaction, however many rows it queues.
+-- Not when the transaction set pgtick.defer_wake to on: its caller notifies once it has
+-- committed. PostgreSQL holds the notify queue's lock from a notifying commit's start to its
+-- end, the WAL flush included, so durable transactions that notify commit one at a time
+-- whatever the number of sessions; deferred, they share their flushes, and the caller's NOTIFY
+-- in a transaction of its own with synchronous_commit off (SELECT set_config(
+-- 'synchronous_commit', 'off', true), pg_notify('jobs', '')) holds the lock for moments.
 CREATE OR REPLACE FUNCTION jobs._notify() RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF current_setting('pgtick.notified', TRUE) IS DISTINCT FROM 'yes' THEN
+    IF current_setting('pgtick.notified', TRUE) IS DISTINCT FROM 'yes'
+       AND current_setting('pgtick.defer_wake', TRUE) IS DISTINCT FROM 'on' THEN
         PERFORM pg_notify('jobs', '');
         PERFORM set_config('pgtick.notified', 'yes', TRUE);  -- transaction-local
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._notify() IS 'Private: NOTIFY jobs once per transaction so idle workers wake at once.';
+COMMENT ON FUNCTION jobs._notify() IS 'Private: NOTIFY jobs once per transaction so idle workers wake at once; not when the transaction set pgtick.defer_wake to on (its caller notifies after its commit).';
 
 -- What a call that may have let runs start returns: whether it did, after waking idle workers if so.
 CREATE OR REPLACE FUNCTION jobs._notify_if(changed boolean) RETURNS boolean
