@@ -61,7 +61,7 @@ BEGIN
     END IF;
     IF e ->> 'run_at' IS NOT NULL THEN
         BEGIN
-            v_text := jobs._instant_problem((e ->> 'run_at')::timestamptz);
+            v_text := jobs._instant_problem(jobs._json_run_at(e ->> 'run_at', coalesce(e ->> 'timezone', 'UTC')));
             IF v_text IS NOT NULL THEN
                 RETURN 'run_at ' || v_text;
             END IF;
@@ -145,6 +145,45 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._json_interval(jsonb) IS 'Private: a JSON number of seconds or an interval string as an interval; NULL otherwise.';
 
+-- Private: a define_many element's run_at text as an instant. Text that names its instant (a UTC
+-- offset, Z, a zone, 'now') is that instant; text without one is wall time in zone (the element's
+-- timezone), never in the calling session's TimeZone, read as the driver reads it
+-- (pgtick.client.read_time): a wall time the clocks skip with the offset before the gap (as
+-- PostgreSQL reads it), one they repeat at its first pass. Bad text raises 22007/22008.
+CREATE OR REPLACE FUNCTION jobs._json_run_at(value text, zone text) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_session text := current_setting('TimeZone');
+    v_utc timestamptz;
+    v_east timestamptz;
+    v_wall timestamp;
+    v_at timestamptz;
+    v_first timestamptz;
+BEGIN
+    IF value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- Read under two session zones 14 hours apart: text that names its instant reads alike.
+    PERFORM set_config('TimeZone', 'UTC', TRUE);
+    v_utc := value::timestamptz;
+    PERFORM set_config('TimeZone', 'Etc/GMT-14', TRUE);
+    v_east := value::timestamptz;
+    PERFORM set_config('TimeZone', zone, TRUE);
+    v_wall := value::timestamp;  -- ('today' is today in zone)
+    PERFORM set_config('TimeZone', v_session, TRUE);
+    IF v_utc = v_east OR NOT isfinite(v_utc) THEN
+        RETURN v_utc;
+    END IF;
+    v_at := v_wall AT TIME ZONE zone;
+    -- A repeated wall time has two readings, one per UTC offset around it: keep the earlier.
+    SELECT min(c.at) INTO v_first
+      FROM (SELECT (v_wall - ((t.at AT TIME ZONE zone) - (t.at AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC' AS at
+              FROM unnest(ARRAY[v_at - interval '1 day', v_at, v_at + interval '1 day']) AS t (at)) AS c
+     WHERE c.at AT TIME ZONE zone = v_wall;
+    RETURN coalesce(v_first, v_at);
+END $$;
+COMMENT ON FUNCTION jobs._json_run_at(text, text) IS 'Private: a define_many element''s run_at text as an instant: with a UTC offset (or zone) that instant; without one, wall time in zone (not the session''s TimeZone), a skipped wall time read with the offset before the gap, a repeated one at its first pass, as the driver reads it.';
+
 -- Create or replace many definitions by name in one call, validated like jobs.define.
 CREATE OR REPLACE FUNCTION jobs.define_many(definitions jsonb)
 RETURNS TABLE (id bigint, name text, created boolean, rescheduled boolean)
@@ -186,7 +225,8 @@ BEGIN
       FROM jobs._declare(array(
           SELECT jsonb_populate_record(NULL::jobs.definitions, jsonb_build_object(
                      'name', e ->> 'name', 'kind', e ->> 'kind', 'schedule', e ->> 'schedule',
-                     'timezone', coalesce(e ->> 'timezone', 'UTC'), 'run_at', e -> 'run_at',
+                     'timezone', coalesce(e ->> 'timezone', 'UTC'),
+                     'run_at', jobs._json_run_at(e ->> 'run_at', coalesce(e ->> 'timezone', 'UTC')),
                      'payload', coalesce(e -> 'payload', '{}'), 'enabled', e -> 'enabled',
                      -- Whole numbers as integers: JSON may write them 10.0 or 1e3 (checked above).
                      'max_concurrent_runs', (e ->> 'max_concurrent_runs')::numeric::integer,
@@ -204,4 +244,4 @@ BEGIN
             FROM jsonb_array_elements(define_many.definitions) AS e
       )) AS x;
 END $$;
-COMMENT ON FUNCTION jobs.define_many(jsonb) IS 'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone, DST policy, jitter or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences, and a moved one-shot''s, are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';
+COMMENT ON FUNCTION jobs.define_many(jsonb) IS 'Create or replace many definitions by name in one call: a JSON array of objects with the parameters of jobs.define (name, kind, schedule or run_at, timezone, payload, enabled, max_concurrent_runs, priority, max_attempts, misfire_policy, overlap_policy, timeout, heartbeat_timeout; intervals as seconds or interval text; a run_at without a UTC offset is wall time in the element''s timezone, not the session''s). All are validated first: a bad element raises 22023 naming its index and field, and nothing is applied. Returns one row per definition: created (new name), rescheduled (schedule, timezone, DST policy, jitter or run_at changed: the cursor restarts at this instant and the old schedule''s never-started runs for later occurrences, and a moved one-shot''s, are deleted; the new schedule re-creates those the two share, once). An element that matches its stored definition changes nothing.';
