@@ -22,10 +22,10 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM jobs._check_name('queue', queue);
     IF concurrency_key IS NOT NULL THEN
-        PERFORM jobs._check_text('concurrency_key', concurrency_key, 200);
+        PERFORM jobs._check_key('concurrency_key', concurrency_key);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS 'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or 1 to 200 characters.';
+COMMENT ON FUNCTION jobs._check_flow_args(text, text) IS 'Private: raises 22023 naming the field unless queue is a name (1 to 200 characters, no control characters) and concurrency_key NULL or a key (1 to 200 characters, not blank).';
 
 -- Private: raise 22023 or P0002 naming depends_on unless it is NULL or 1 to 1000 ids of runs
 -- that exist (called by jobs.enqueue before it looks for a run of its unique key). It takes no
@@ -117,8 +117,10 @@ BEGIN
     IF enqueue.priority IS NULL OR enqueue.priority NOT BETWEEN -1000 AND 1000 THEN
         PERFORM jobs._check_range('priority', enqueue.priority, -1000, 1000);
     END IF;
-    IF enqueue.idempotency_key IS NOT NULL AND length(enqueue.idempotency_key) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('idempotency_key', enqueue.idempotency_key, 200);
+    -- (A key with a printable ASCII character that is not a space is not blank: no call.)
+    IF enqueue.idempotency_key IS NOT NULL
+       AND (length(enqueue.idempotency_key) NOT BETWEEN 1 AND 200 OR enqueue.idempotency_key !~ '[!-~]') THEN
+        PERFORM jobs._check_key('idempotency_key', enqueue.idempotency_key);
     END IF;
     IF enqueue.max_attempts IS NOT NULL AND enqueue.max_attempts NOT BETWEEN 1 AND 1000 THEN
         PERFORM jobs._check_range('max_attempts', enqueue.max_attempts, 1, 1000);
@@ -130,11 +132,12 @@ BEGIN
         PERFORM jobs._check_duration('heartbeat_timeout', enqueue.heartbeat_timeout);
     END IF;
     IF NOT coalesce(jobs._plain_name(enqueue.queue), FALSE)
-       OR length(enqueue.concurrency_key) NOT BETWEEN 1 AND 200 THEN
+       OR length(enqueue.concurrency_key) NOT BETWEEN 1 AND 200 OR enqueue.concurrency_key !~ '[!-~]' THEN
         PERFORM jobs._check_flow_args(enqueue.queue, enqueue.concurrency_key);
     END IF;
-    IF enqueue.unique_key IS NOT NULL AND length(enqueue.unique_key) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('unique_key', enqueue.unique_key, 200);
+    IF enqueue.unique_key IS NOT NULL
+       AND (length(enqueue.unique_key) NOT BETWEEN 1 AND 200 OR enqueue.unique_key !~ '[!-~]') THEN
+        PERFORM jobs._check_key('unique_key', enqueue.unique_key);
     END IF;
     IF enqueue.unique_while IS NULL OR enqueue.unique_while NOT IN ('queued', 'active', 'ever') THEN
         RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')

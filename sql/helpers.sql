@@ -434,6 +434,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._check_name(text, text) IS 'Private: raises 22023 naming the field unless the text is 1 to 200 characters without control characters, invisible or text-direction characters (U+202E and the like), and not only spaces.';
 
+-- Raise 22023 naming the field unless the text is a key (idempotency, unique or concurrency):
+-- 1 to 200 characters, not only spaces (or tabs and line breaks). A key is opaque data, so other
+-- characters are the caller's; but a blank key is no key, as an empty one: every enqueue that
+-- sends it (a form field of spaces, a padded column) would be one job, or one tenant.
+CREATE OR REPLACE FUNCTION jobs._check_key(field text, value text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM jobs._check_text(field, value, 200);
+    IF jobs._blank(regexp_replace(value, '[[:cntrl:]]', '', 'g')) THEN
+        RAISE EXCEPTION '% must not be blank (only spaces), got %', field, to_json(value)
+            USING ERRCODE = '22023';
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_key(text, text) IS 'Private: raises 22023 naming the field unless the text is a key: 1 to 200 characters, not only white space and control characters.';
+
 -- Raise 22023 naming the field unless the array is NULL (no list) or holds 1 to 1000 names
 -- (each as jobs._check_name takes it; a bad element is named by its position, e.g. kinds[3]).
 CREATE OR REPLACE FUNCTION jobs._check_names(field text, value text[]) RETURNS void

@@ -149,6 +149,9 @@ DATABASE_CASES = [
     ),
     ("on-conflict-without-key", lambda c: c.enqueue("k", on_conflict="replace"), "unique_key"),
     ("define-neither", lambda c: c.define("x", "k"), "schedule"),
+    ("idempotency-key-blank", lambda c: c.enqueue("k", idempotency_key="  "), "idempotency_key"),
+    ("unique-key-blank", lambda c: c.enqueue("k", unique_key="\u00a0"), "unique_key"),
+    ("concurrency-key-blank", lambda c: c.enqueue_many("k", [{}], concurrency_key=" "), "concurrency_key"),
 ]
 
 

@@ -342,6 +342,20 @@ CASES: list[Case] = [
     # jobs.define: queue, concurrency_key
     bad("SELECT jobs.define('d', 'k', run_at => now(), queue => '')", "queue"),
     bad("SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => '')", "concurrency_key"),
+    # a key of only spaces is no key, as an empty one: every enqueue with it would be one job
+    bad("SELECT jobs.enqueue('k', idempotency_key => '  ')", "idempotency_key must not be blank"),
+    bad("SELECT jobs.enqueue('k', unique_key => U&'\\00A0\\3000')", "unique_key must not be blank"),
+    bad("SELECT jobs.enqueue('k', concurrency_key => ' ')", "concurrency_key must not be blank"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', concurrency_key => '   ')", "concurrency_key must not be"),
+    bad(
+        "SELECT jobs.define('d', 'k', run_at => now(), concurrency_key => ' ')",
+        "concurrency_key must not be blank",
+    ),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "run_at": "2030-01-01T00:00:00Z",'
+        ' "concurrency_key": " "}]\')',
+        "definitions[0] (d): concurrency_key must not be blank",
+    ),
 ]
 
 
