@@ -404,6 +404,14 @@ def define_many(conn: Conn, definitions: list[dict[str, Any]]) -> list[Any]:
     return conn.execute("SELECT * FROM jobs.define_many(%s)", (Jsonb(definitions),)).fetchall()
 
 
+def interval(conn: Conn, text: str) -> timedelta | None:
+    """Interval text as PostgreSQL reads it (as jobs.define_many reads an interval written as
+    text); raises psycopg.DataError when it is none."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("SELECT %s::text::interval", (text,)).fetchone()
+    return row[0] if row is not None and isinstance(row[0], timedelta) else None
+
+
 # --- operator commands (cli.py) ---------------------------------------------
 
 

@@ -151,15 +151,33 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def _interval(conn: psycopg.Connection[Any], text: str) -> timedelta | str:
+    """Interval text ("10 minutes", "00:10:00", "600") as PostgreSQL reads it, as jobs.define_many
+    reads a jitter written so; the text itself when it is no interval (the SQL API refuses it
+    by name)."""
+    try:
+        with conn.transaction():  # a savepoint when the caller's transaction is open
+            value = calls.interval(conn, text)
+    except psycopg.DataError:
+        return text
+    return text if value is None else value
+
+
 def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]) -> list[Any]:
     """jobs.define_many after the driver has checked every distinct schedule once (its text,
-    zone, DST choice and jitter, as ``check_schedule`` checks one definition)."""
+    zone, DST choice and jitter, as ``check_schedule`` checks one definition; a jitter written
+    as interval text is read by the server first, as jobs.define_many reads it)."""
     checked: set[tuple[Any, ...]] = set()
+    intervals: dict[str, timedelta | str] = {}
     for d in definitions:
-        schedule, zone = d.get("schedule"), d.get("timezone") or "UTC"
-        key = (schedule, zone, d.get("dst_gap"), d.get("dst_repeat"), repr(d.get("jitter")))
+        schedule, zone, jitter = d.get("schedule"), d.get("timezone") or "UTC", d.get("jitter")
+        if isinstance(schedule, str) and isinstance(jitter, str):
+            if jitter not in intervals:
+                intervals[jitter] = _interval(conn, jitter)
+            jitter = intervals[jitter]
+        key = (schedule, zone, d.get("dst_gap"), d.get("dst_repeat"), repr(jitter))
         if isinstance(schedule, str) and key not in checked:
-            check_schedule(str(d.get("name")), schedule, zone, d)
+            check_schedule(str(d.get("name")), schedule, zone, {**d, "jitter": jitter})
             checked.add(key)
     timed = [{**d, "run_at": _run_at(d.get("name"), d)} if "run_at" in d else d for d in definitions]
     clean = [{k: _json_value(v) for k, v in d.items() if v is not None} for d in timed]

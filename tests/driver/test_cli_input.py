@@ -510,6 +510,44 @@ def test_a_definitions_file_with_json_jsonb_refuses_is_one_line(
         assert digest(conn) == before
 
 
+@pytest.mark.parametrize(
+    ("suffix", "body"),
+    [
+        (".jsonl", '{"name": "x", "kind": "k", "schedule": "*/5 * * * *", "jitter": "10 minutes"}'),
+        (".jsonl", '{"name": "x", "kind": "k", "schedule": "*/5 * * * *", "jitter": "00:10:00"}'),
+        (".jsonl", '{"name": "x", "kind": "k", "schedule": "*/5 * * * *", "jitter": "600"}'),
+        (".csv", "name,kind,schedule,jitter\nx,k,*/5 * * * *,10 minutes"),
+    ],
+    ids=["words", "clock", "seconds-text", "csv"],
+)
+def test_a_jitter_written_as_interval_text_in_a_definitions_file_is_held_to_the_spacing_of_runs(
+    seeded: Database, tmp_path: Path, suffix: str, body: str
+) -> None:
+    """A definitions file may write jitter as interval text, as jobs.define_many takes it: it is
+    checked against the schedule's spacing as a jitter in seconds is (and --jitter 10m)."""
+    path = tmp_path / f"defs{suffix}"
+    path.write_text(body + "\n")
+    with seeded.connect() as conn:
+        before = digest(conn)
+    assert_refused(
+        exe("define", "--from-file", str(path), "--dsn", seeded.dsn),
+        "definition=x jitter 0:10:00 is longer than the 0:05:00 between runs",
+    )
+    with seeded.connect() as conn:
+        assert digest(conn) == before
+
+
+def test_a_jitter_in_a_definitions_file_that_is_no_interval_is_refused_by_the_sql_api(
+    seeded: Database, tmp_path: Path
+) -> None:
+    path = tmp_path / "defs.jsonl"
+    path.write_text('{"name": "x", "kind": "k", "schedule": "*/5 * * * *", "jitter": "soon"}\n')
+    assert_refused(
+        exe("define", "--from-file", str(path), "--dsn", seeded.dsn),
+        "definitions[0] (x): jitter must be a number of seconds or an interval",
+    )
+
+
 def test_a_definitions_file_that_is_not_utf8_is_one_line(seeded: Database, tmp_path: Path) -> None:
     path = tmp_path / "defs.jsonl"
     path.write_bytes(b'\xff\xfe{"name": "n"}\n')
