@@ -53,9 +53,13 @@ def load_app(target: str) -> App:
             sys.modules[path.stem] = module
             spec.loader.exec_module(module)
         else:
+            if not all(part.isidentifier() for part in module_part.split(".")):
+                raise UsageError(
+                    f"{module_part!r} is not a module name: give module[:attr] or path/to/file.py[:attr]"
+                )
             sys.path.insert(0, str(Path.cwd()))
             module = importlib.import_module(module_part)
-    except UsageError:  # the app file is not there: nothing of the app ran
+    except UsageError:  # no app file or module name: nothing of the app ran
         raise
     except ModuleNotFoundError as exc:
         raise UsageError(f"cannot import app module {module_part!r}: {exc}") from exc

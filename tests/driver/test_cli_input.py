@@ -548,6 +548,18 @@ def test_a_jitter_in_a_definitions_file_that_is_no_interval_is_refused_by_the_sq
     )
 
 
+@pytest.mark.parametrize("target", [":app", ".app", "", "a..b:app", "my-app"])
+def test_an_app_that_is_no_module_name_is_one_line_saying_what_app_takes(
+    seeded: Database, target: str
+) -> None:
+    """A mistyped APP is the user's mistake, not an error that the app raised while imported."""
+    module = target.partition(":")[0]
+    assert_refused(
+        exe("run", target, "--dsn", seeded.dsn),
+        f"pgtick run: error: {module!r} is not a module name: give module[:attr] or path/to/file.py[:attr]",
+    )
+
+
 def test_a_definitions_file_that_is_not_utf8_is_one_line(seeded: Database, tmp_path: Path) -> None:
     path = tmp_path / "defs.jsonl"
     path.write_bytes(b'\xff\xfe{"name": "n"}\n')
