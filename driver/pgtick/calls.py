@@ -597,6 +597,14 @@ def schema_version(conn: Conn) -> dict[str, Any] | None:
 
 SERVER_PORT = "SELECT current_setting('port')::integer AS port"
 
+#: Every jobs.* call that reads what others commit needs READ COMMITTED (jobs.claim, an
+#: idempotent enqueue...): a session of the driver's own reads so whatever
+#: default_transaction_isolation the database, role or DSN set for the application.
+READ_COMMITTED_SESSION = (
+    "SELECT set_config('default_transaction_isolation', 'read committed', false)"
+    " WHERE current_setting('default_transaction_isolation') <> 'read committed'"
+)
+
 #: The lease a scheduler leads by when its connection goes through a pooler.
 LEADER_LEASE = "pgtick:leader"
 

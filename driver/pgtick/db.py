@@ -86,24 +86,18 @@ def _session_settings(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     return sets
 
 
-#: Every statement of the driver's own connections in READ COMMITTED, whatever the database's
-#: or role's default: jobs.claim, jobs.complete, an enqueue with a key and whatever ends a run
-#: refuse REPEATABLE READ and SERIALIZABLE (25000), so with a default of SERIALIZABLE a worker
-#: would claim nothing, ever. Set on direct connections only: behind a transaction-mode pooler
-#: a SET stays on the server session and reaches other clients (set it on the worker's login
-#: there: ALTER ROLE ... SET default_transaction_isolation = 'read committed').
-READ_COMMITTED = "SELECT set_config('default_transaction_isolation', 'read committed', false)"
-
-
 def prepare(conn: psycopg.Connection[Any]) -> bool:
     """Make a connection the driver opened fit for it: the session settings psycopg reads by
-    (``_session_settings``), ``prepare_for_pooler``, whose answer it returns, and, on a direct
-    connection, READ COMMITTED (``READ_COMMITTED``)."""
+    (``_session_settings``), ``prepare_for_pooler``, whose answer it returns, and, without a
+    pooler, READ COMMITTED as the session's default isolation (``calls.READ_COMMITTED_SESSION``:
+    a database set to SERIALIZABLE for its application would refuse every claim). Behind a
+    transaction-mode pooler a SET would reach other clients' sessions: none is sent (set it on
+    the worker's login there: ALTER ROLE ... SET default_transaction_isolation = 'read committed')."""
     for statement in _session_settings(conn):
         conn.execute(statement)
     pooled = prepare_for_pooler(conn)
     if not pooled:
-        conn.execute(READ_COMMITTED)
+        conn.execute(calls.READ_COMMITTED_SESSION)
     return pooled
 
 
@@ -113,7 +107,7 @@ async def prepare_async(conn: psycopg.AsyncConnection[Any]) -> bool:
         await conn.execute(statement)
     pooled = await prepare_for_pooler_async(conn)
     if not pooled:
-        await conn.execute(READ_COMMITTED)
+        await conn.execute(calls.READ_COMMITTED_SESSION)
     return pooled
 
 

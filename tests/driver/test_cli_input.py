@@ -560,6 +560,20 @@ def test_an_app_that_is_no_module_name_is_one_line_saying_what_app_takes(
     )
 
 
+@pytest.mark.parametrize("level", ["serializable", "repeatable read"])
+def test_a_database_whose_default_isolation_is_not_read_committed_takes_the_commands(
+    db: Database, level: str
+) -> None:
+    """A database (or role, or DSN) set to default_transaction_isolation serializable is the
+    application's choice; pgtick's own connections still run its calls, which need READ
+    COMMITTED, as pgtick run's claims do."""
+    dsn = make_conninfo(db.dsn, options="-c default_transaction_isolation=" + level.replace(" ", "\\ "))
+    ok("enqueue", "k", "--key", "order-42", "--dsn", dsn)
+    ok("enqueue", "k", "--key", "order-42", "--dsn", dsn)
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE idempotency_key = 'order-42'") == 1
+
+
 def test_a_definitions_file_that_is_not_utf8_is_one_line(seeded: Database, tmp_path: Path) -> None:
     path = tmp_path / "defs.jsonl"
     path.write_bytes(b'\xff\xfe{"name": "n"}\n')

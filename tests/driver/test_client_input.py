@@ -167,6 +167,23 @@ def test_a_refusal_by_the_database_names_the_argument(
     assert caught.value.__cause__ is not None, "the database refused it"
 
 
+def test_a_client_of_a_database_whose_default_isolation_is_serializable_enqueues(db: Database) -> None:
+    """The connection the client opens from a conninfo runs pgtick's calls, which need READ
+    COMMITTED, whatever default_transaction_isolation the database, role or DSN set."""
+    from psycopg.conninfo import make_conninfo
+
+    dsn = make_conninfo(db.dsn, options="-c default_transaction_isolation=serializable")
+    with Client(dsn) as client:
+        first = client.enqueue("k", idempotency_key="order-42")
+        assert client.enqueue("k", idempotency_key="order-42").id == first.id
+
+    async def main() -> int:
+        async with AsyncClient(dsn) as client:
+            return (await client.enqueue("k", unique_key="order-43")).id
+
+    assert asyncio.run(main()) > first.id
+
+
 def test_the_async_client_refuses_the_same_before_any_sql() -> None:
     async def main() -> None:
         async with AsyncClient(NOWHERE) as client:
