@@ -33,6 +33,7 @@ import asyncio
 import functools
 import inspect
 import json
+import logging
 import math
 import re
 import threading
@@ -70,6 +71,20 @@ __all__ = [
     "PerRunOptions",
     "Run",
 ]
+
+log = logging.getLogger("pgtick.client")
+
+#: On the client's own connection (not behind a transaction-mode pooler), an enqueuing call's
+#: NOTIFY waits for its commit: its transaction defers it (pgtick.defer_wake) and the client
+#: sends it once the transaction committed, in a transaction of its own that does not wait for
+#: a WAL flush (WAKE). PostgreSQL holds the notify queue's lock through a notifying commit's
+#: flush, so durable enqueues that notify commit one at a time, however many sessions send them;
+#: deferred, they share their flushes. The statements go pipelined, in as many round trips as
+#: the call alone. Inside a caller's transaction, or on a connection or pool the client was
+#: given, the NOTIFY goes with the transaction's commit.
+DEFER_WAKE = "SELECT set_config('pgtick.defer_wake', 'on', true)"
+WAKE = "SELECT set_config('synchronous_commit', 'off', true), pg_notify('jobs', '')"
+_UNWOKEN = "could not wake the workers after an enqueue (they find its runs at their next poll): %s"
 
 Row = dict[str, Any]
 T = TypeVar("T", bound="_Record")
@@ -818,6 +833,48 @@ _Conn = TypeVar("_Conn", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
 _Pool = TypeVar("_Pool", ConnectionPool[Any], AsyncConnectionPool[Any])
 
 
+@contextmanager
+def _committed(conn: psycopg.Connection[Any], wake: bool) -> Iterator[None]:
+    """The client's transaction for one call on its own connection; with ``wake``, the call's
+    NOTIFY deferred to after the commit (``DEFER_WAKE``), all pipelined: the BEGIN, the
+    deferral and the call go in the call's round trip, the COMMIT in its own (its failure is
+    the call's), the NOTIFY in a third. A failed NOTIFY is logged, not raised: the runs are
+    committed, and a caller told otherwise would queue them again."""
+    if not wake:
+        with conn.transaction():
+            yield
+        return
+    with conn.pipeline() as pipeline:
+        with conn.transaction():
+            conn.execute(DEFER_WAKE)
+            yield
+        pipeline.sync()
+        try:
+            conn.execute(WAKE)
+            pipeline.sync()
+        except psycopg.Error as exc:
+            log.warning(_UNWOKEN, exc)
+
+
+@asynccontextmanager
+async def _committed_async(conn: psycopg.AsyncConnection[Any], wake: bool) -> AsyncIterator[None]:
+    """``_committed`` for an async connection."""
+    if not wake:
+        async with conn.transaction():
+            yield
+        return
+    async with conn.pipeline() as pipeline:
+        async with conn.transaction():
+            await conn.execute(DEFER_WAKE)
+            yield
+        await pipeline.sync()
+        try:
+            await conn.execute(WAKE)
+            await pipeline.sync()
+        except psycopg.Error as exc:
+            log.warning(_UNWOKEN, exc)
+
+
 def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """A WrongTransaction when the connection's transaction has failed (a statement in it
     raised an error and it was not rolled back): no call, nor its savepoint, can run in it."""
@@ -842,6 +899,7 @@ class _Source(Generic[_Conn, _Pool]):
         self._conn: _Conn | None = None
         self._pool: _Pool | None = None
         self._own: _Conn | None = None
+        self._own_pooled = False  # the own connection is behind a transaction-mode pooler
         self._closed = False
         self._lock = self._new_lock()
         self.application_name = application_name
@@ -911,7 +969,11 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 self._own = None
 
     @contextmanager
-    def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(
+        self, conn: psycopg.Connection[Any] | None, wake: bool = False
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in a transaction for one call. ``wake``: the call may queue runs, and
+        on the client's own connection their NOTIFY is sent after the commit (``DEFER_WAKE``)."""
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
@@ -936,12 +998,13 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    prepare(self._own)
-                with self._own.transaction():
+                    self._own_pooled = prepare(self._own)
+                with _committed(self._own, wake and not self._own_pooled):
                     yield self._own
 
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
-        with translate_errors(), self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+        wake = call.function in instrumentation.ENQUEUING
+        with translate_errors(), self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
             with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
                 # caller's when one is open (a non-autocommit connection always has one).
@@ -1090,7 +1153,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
 
     @asynccontextmanager
     async def _connection(
-        self, conn: psycopg.AsyncConnection[Any] | None
+        self, conn: psycopg.AsyncConnection[Any] | None, wake: bool = False
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
@@ -1116,13 +1179,14 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    await prepare_async(self._own)
-                async with self._own.transaction():
+                    self._own_pooled = await prepare_async(self._own)
+                async with _committed_async(self._own, wake and not self._own_pooled):
                     yield self._own
 
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
+        wake = call.function in instrumentation.ENQUEUING
         with translate_errors():
-            async with self._connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+            async with self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
                 with call.trace_context() as trace_context:
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send

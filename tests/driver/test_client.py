@@ -113,6 +113,101 @@ def test_a_refused_call_with_conn_leaves_the_callers_transaction_usable(
     assert count_runs(db, "receipt") == 2
 
 
+def _jobs_notifications(db: Database, act: Callable[[], object]) -> list[str]:
+    """The payloads NOTIFY jobs sent while ``act`` ran, up to a sentinel sent after it (in
+    commit order, so nothing of ``act`` comes later)."""
+    with db.connect() as listener:
+        listener.execute("LISTEN jobs")
+        act()
+        with db.connect() as c:
+            c.execute("SELECT pg_notify('jobs', 'sentinel')")
+        got: list[str] = []
+        for n in listener.notifies(timeout=30.0):
+            if n.payload == "sentinel":
+                return got
+            got.append(n.payload)
+    raise AssertionError(f"the sentinel never arrived; got {got}")
+
+
+#: The client's NOTIFY after the commit, told apart here by its payload.
+MARKED_WAKE = "SELECT set_config('synchronous_commit', 'off', true), pg_notify('jobs', 'after')"
+
+
+def test_an_enqueue_on_the_clients_own_connection_notifies_once_after_its_commit(
+    client: Client, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's own transaction defers the NOTIFY and the client sends it after the
+    commit, in a transaction of its own (so concurrent enqueuers share their WAL flushes): the
+    workers are woken once, by that later NOTIFY, and the run is committed when they are."""
+    monkeypatch.setattr("pgtick.client.WAKE", MARKED_WAKE)
+    client.define("nightly", "k", "0 3 * * *", timezone="UTC")
+    runs: list[Run] = []
+    assert _jobs_notifications(db, lambda: runs.append(client.enqueue("k"))) == ["after"]
+    assert _jobs_notifications(db, lambda: runs.extend(client.enqueue_many("k", [{}, {}]))) == ["after"]
+    assert _jobs_notifications(db, lambda: runs.append(client.run_now("nightly"))) == ["after"]
+    assert count_runs(db, "k") == len(runs) == 4
+    # A call that queues nothing sends no NOTIFY; an idempotent repeat wakes nobody for nothing.
+    assert _jobs_notifications(db, lambda: client.get_run(runs[0].id)) == []
+    first = client.enqueue("k", idempotency_key="once")
+    assert _jobs_notifications(db, lambda: client.enqueue("k", idempotency_key="once")) in ([], ["after"])
+    assert client.enqueue("k", idempotency_key="once").id == first.id
+
+
+@pytest.mark.parametrize("source", ["connection", "pool"])
+def test_an_enqueue_on_a_given_connection_or_pool_notifies_with_its_commit(
+    source: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection or pool the application hands in may sit behind a pooler the client cannot
+    see: its transactions notify as any transaction does, with their commit."""
+    monkeypatch.setattr("pgtick.client.WAKE", MARKED_WAKE)
+    with (
+        db.connect(autocommit=True) as conn,
+        ConnectionPool(db.dsn, min_size=1, max_size=2, open=True) as pool,
+    ):
+        c = Client(conn) if source == "connection" else Client(pool)
+        assert _jobs_notifications(db, lambda: c.enqueue("k")) == [""]
+    assert count_runs(db, "k") == 1
+
+
+def test_an_enqueue_in_the_callers_transaction_notifies_with_its_commit(client: Client, db: Database) -> None:
+    with db.connect(autocommit=False) as caller:
+
+        def enqueue_uncommitted() -> None:
+            client.enqueue("k", conn=caller)
+
+        assert _jobs_notifications(db, enqueue_uncommitted) == [], "woken before the caller's commit"
+        assert _jobs_notifications(db, caller.commit) == [""]
+    assert count_runs(db, "k") == 1
+
+
+def test_a_refused_enqueue_on_the_clients_own_connection_changes_nothing_and_wakes_nobody(
+    client: Client, db: Database
+) -> None:
+    """Refused by the database, in the pipelined transaction: the error is the call's, the
+    transaction rolled back, no NOTIFY, and the connection goes on."""
+
+    def refused() -> None:
+        with pytest.raises(NotFound, match="depends_on"):
+            client.enqueue("k", depends_on=[987654321])
+
+    assert _jobs_notifications(db, refused) == []
+    assert count_runs(db, "k") == 0
+    assert client.enqueue("k").status == "QUEUED"
+
+
+def test_a_wake_that_fails_after_the_commit_returns_the_run_and_says_so(
+    client: Client, db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run is committed when the NOTIFY is sent: a failure then is logged, not raised (a
+    caller told the enqueue failed would queue the run again)."""
+    monkeypatch.setattr("pgtick.client.WAKE", "SELECT pg_notify('', '')")  # refused: empty channel
+    with caplog.at_level("WARNING", logger="pgtick.client"):
+        run = client.enqueue("k")
+    assert count_runs(db, "k") == 1 and run.status == "QUEUED"
+    assert any("could not wake the workers" in r.getMessage() for r in caplog.records), caplog.text
+    assert client.enqueue("k").id > run.id  # the connection is still usable
+
+
 def test_arguments_of_the_wrong_type_are_invalid_arguments_naming_them(client: Client) -> None:
     """Not a schema mismatch (which the server's 'function does not exist' would suggest)."""
     loose: Any = client  # called as an untyped caller may

@@ -222,3 +222,26 @@ async def test_a_closed_async_client_refuses_every_call_and_opens_no_connection(
             cur = await pooled.execute("SELECT 1")
             assert await cur.fetchone() == (1,), "close() closed the pool it was given"
     assert await count_runs(db, "closing") == 1
+
+
+async def test_an_async_enqueue_on_the_clients_own_connection_notifies_after_its_commit(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the sync client: the NOTIFY deferred past the commit and sent on its own (told apart
+    here by its payload); a refusal by the database wakes nobody and the connection goes on."""
+    monkeypatch.setattr("pgtick.client.WAKE", "SELECT pg_notify('jobs', 'after')")
+    async with await psycopg.AsyncConnection.connect(db.dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN jobs")
+        async with AsyncClient(db.dsn) as client:
+            await client.enqueue("k")
+            with pytest.raises(NotFound, match="depends_on"):
+                await client.enqueue("k", depends_on=[987654321])
+            await client.enqueue_many("k", [{}, {}])
+        await listener.execute("SELECT pg_notify('jobs', 'sentinel')")
+        got: list[str] = []
+        async for n in listener.notifies(timeout=30.0):
+            if n.payload == "sentinel":
+                break
+            got.append(n.payload)
+    assert got == ["after", "after"]
+    assert await count_runs(db, "k") == 3

@@ -118,9 +118,12 @@ class DjangoClient(Client):
         self.using = using
 
     @contextmanager
-    def _connection(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+    def _connection(
+        self, conn: psycopg.Connection[Any] | None, wake: bool = False
+    ) -> Iterator[psycopg.Connection[Any]]:
         # As the caller's connection: Django leaves autocommit off and sends no BEGIN when a
-        # block begins, and the client's own transaction there would commit on its own.
+        # block begins, and the client's own transaction there would commit on its own (an
+        # enqueue's NOTIFY goes with the commit of the block or of Django's autocommit).
         ours = conn is None
         try:
             with super()._connection(raw_connection(self.using) if ours else conn) as joined:
