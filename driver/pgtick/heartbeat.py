@@ -60,6 +60,10 @@ class HeartbeatOwner(Protocol):
         """The heartbeat call failed (the runs keep going)."""
         ...
 
+    def timed_out(self, ctx: Context) -> None:
+        """A held run this loop has failed as Timeout: settled (a failure), and let go."""
+        ...
+
     def heartbeat_died(self, exc: BaseException) -> None:
         """The loop ended on an error that is not the database's: nothing heartbeats any more."""
         ...
@@ -172,8 +176,10 @@ class HeartbeatLoop:
             except DB_ERRORS as exc:
                 self.owner.heartbeat_failed(exc)
                 return
-            if failed is not None:
-                log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, message)
-                retry = failed[0] if failed[1] == "QUEUED" else None
-                log_run_outcome(ctx, self.worker_id, "FAILED", f"Timeout: {message}", retry)
-            self.owner.lost(ctx)
+            if failed is None:
+                self.owner.lost(ctx)
+                continue
+            log.warning("run=%s kind=%s worker=%s %s", ctx.run_id, ctx.kind, self.worker_id, message)
+            retry = failed[0] if failed[1] == "QUEUED" else None
+            log_run_outcome(ctx, self.worker_id, "FAILED", f"Timeout: {message}", retry)
+            self.owner.timed_out(ctx)

@@ -148,6 +148,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._outcomes: list[Outcome] = []
         self._pending: set[int] = set()
+        # Runs their worker failed as Timeout while their job ran on (under _lock): settled,
+        # so their late return is neither reported nor counted again.
+        self._timed_out: set[int] = set()
         # Plain completions whose batch the database refused: each is reported alone, so
         # the refusal stays with the run it is about.
         self._alone: set[int] = set()
@@ -208,9 +211,26 @@ class Reporter:
         failure that says why; if even that is refused, as a failure with a fixed text;
         if that too is refused, the run is let go (the reaper fails it)."""
         ctx = o.ctx
+        with self._lock:
+            timed_out = ctx.run_id in self._timed_out
+            self._timed_out.discard(ctx.run_id)
+        if timed_out:
+            log.info(
+                "run=%s kind=%s worker=%s returned after its timeout: result not reported",
+                ctx.run_id,
+                ctx.kind,
+                self.worker_id,
+            )
+            self._forget(ctx)
+            return
         if o.action == "abandon" or ctx.abandoned:
             self.events.on_outcome(ctx.kind, "abandon")
-            log.info("run=%s kind=%s abandoned: result not reported", ctx.run_id, ctx.kind)
+            log.info(
+                "run=%s kind=%s worker=%s abandoned: result not reported",
+                ctx.run_id,
+                ctx.kind,
+                self.worker_id,
+            )
             self._forget(ctx, left=True)
             return
         what = {"complete": "completion" if o.plain else "result", "cancel": "cancellation"}
@@ -255,6 +275,13 @@ class Reporter:
         retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
         return failed is not None, retry
 
+    def timed_out(self, ctx: Context) -> None:
+        """Its worker failed the run as Timeout (the heartbeat loop wrote its outcome line):
+        counted as a failure now; whatever its job returns later is dropped."""
+        with self._lock:
+            self._timed_out.add(ctx.run_id)
+        self.events.on_outcome(ctx.kind, "fail")
+
     def settle(self, o: Outcome, applied: bool, retry_run_id: int | None = None) -> None:
         """The database answered for this outcome: applied, or fenced. Logs one line."""
         ctx = o.ctx
@@ -281,3 +308,4 @@ class Reporter:
         with self._lock:
             self._pending.discard(ctx.run_id)
             self._alone.discard(ctx.run_id)
+            self._timed_out.discard(ctx.run_id)

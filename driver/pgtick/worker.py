@@ -351,6 +351,13 @@ class Worker:
             ctx.abandon()
             self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
+    def timed_out(self, ctx: Context) -> None:
+        # Counted now, as the failure it is: its job may never return, and when it does its
+        # result is not reported (the reporter counts it no more).
+        self.reporter.timed_out(ctx)
+        ctx.abandon()
+        self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
+
     def heartbeat_failed(self, exc: Exception) -> None:
         self.events.on_heartbeat_failure()
         log.warning("worker=%s heartbeat failed (runs keep going): %s", self.worker_id, exc)

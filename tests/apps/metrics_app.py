@@ -1,6 +1,9 @@
-"""Test app for the metrics endpoint: one kind that succeeds, one that fails (never retried)."""
+"""Test app for the metrics endpoint: one kind that succeeds, one that fails (never retried),
+one that blocks past its kind's timeout where no checkpoint can reach it."""
 
 from __future__ import annotations
+
+import time
 
 from pgtick.app import App, Context
 
@@ -15,3 +18,9 @@ def ok(ctx: Context) -> dict[str, int]:
 @app.job("ops-fail")
 def fail(ctx: Context) -> None:
     raise ValueError(f"run {ctx.run_id} fails on purpose")
+
+
+@app.job("ops-hang", timeout=1)
+def hang(ctx: Context) -> None:
+    """Sleeps the payload's ``seconds`` without a checkpoint: its worker fails it as Timeout."""
+    time.sleep(float(ctx.payload.get("seconds", 3)))

@@ -114,6 +114,75 @@ def test_metrics_endpoint_reports_runs_queue_and_leader(db: Database, conn: Conn
         _kill_group(proc)
 
 
+def _start(db: Database, port: int, log: Path) -> subprocess.Popen[Any]:
+    """`pgtick run` of the metrics app with the endpoint on ``port``, its stderr in ``log``."""
+    args = [
+        *PGTICK,
+        *("run", str(APPS / "metrics_app.py"), "--dsn", db.dsn, "--metrics-port", str(port)),
+        *("--tick", "0.2s", "--poll", "0.2s", "--heartbeat", "0.3s", "--grace", "5s"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_LOG"] = "INFO"
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT, env=env, start_new_session=True
+        )
+
+
+def test_a_run_its_worker_fails_past_its_timeout_counts_as_failed(
+    db: Database, conn: Conn, tmp_path: Path
+) -> None:
+    """A job that blocks past its kind's timeout with no checkpoint is failed as Timeout by its
+    worker: pgtick_runs_finished_total counts it once, as `fail` (when the worker fails it,
+    not when the job returns, which may be never), and the log says FAILED, not that the run
+    was lost to the reaper or another worker."""
+    hung = enqueue(conn, "ops-hang", '{"seconds": 4}')
+    never = enqueue(conn, "ops-hang", '{"seconds": 3600}')
+    port = free_port()
+    log = tmp_path / "pgtick-run.log"
+    proc = _start(db, port, log)
+    try:
+
+        def failed_and_counted() -> Samples | None:
+            assert proc.poll() is None, f"pgtick run exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            if (
+                scalar(
+                    conn,
+                    "SELECT count(*) FROM jobs.runs WHERE kind = 'ops-hang' AND failure_reason = 'Timeout'",
+                )
+                < 2
+            ):
+                return None
+            try:
+                samples = scrape(port)
+            except OSError:
+                return None
+            return (
+                samples
+                if value(samples, "pgtick_runs_finished_total", kind="ops-hang", outcome="fail")
+                else None
+            )
+
+        samples = wait_for("both runs failed as Timeout and counted", failed_and_counted, timeout=60)
+        assert value(samples, "pgtick_runs_finished_total", kind="ops-hang", outcome="fail") == 2, samples
+
+        def returned() -> bool:
+            return f"run={hung} " in log.read_text() and "result not reported" in log.read_text()
+
+        wait_for("the job that returns late to return", returned, timeout=30)
+        samples = scrape(port)
+        assert value(samples, "pgtick_runs_finished_total", kind="ops-hang", outcome="fail") == 2, samples
+        assert value(samples, "pgtick_runs_finished_total", kind="ops-hang", outcome="abandon") is None, (
+            samples
+        )
+        text = log.read_text()
+        for run in (hung, never):
+            assert f"run={run} kind=ops-hang definition=- status=FAILED" in text, text
+        assert "no longer ours" not in text, text
+    finally:
+        _kill_group(proc)
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -94,7 +94,7 @@ def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_ret
     failed = conn.execute(facts, (run_id,)).fetchone()
     retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
     returned = _hung_attempt_returned(conn, run_id, hang + 30)
-    replica.wait_log(rf"run={run_id} kind=hangs abandoned: result not reported", timeout=15)
+    replica.wait_log(rf"run={run_id} kind=hangs worker=\S+ abandoned: result not reported", timeout=15)
     after = conn.execute(facts, (run_id,)).fetchone()
     log = replica.log()
 
@@ -136,7 +136,9 @@ def test_a_job_hung_past_its_kinds_timeout_is_failed_by_its_worker_and_retried(
     failed = conn.execute(facts, (run_id,)).fetchone()
     _hung_attempt_returned(conn, run_id, hang + 30)
     replica.wait_log(
-        rf"run={run_id} kind=hangs-past-its-kind-timeout abandoned: result not reported", timeout=15
+        rf"run={run_id} kind=hangs-past-its-kind-timeout worker=\S+ returned after its timeout:"
+        " result not reported",
+        timeout=15,
     )
     after = conn.execute(facts, (run_id,)).fetchone()
     log = replica.log()
