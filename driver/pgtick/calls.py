@@ -296,7 +296,20 @@ def clock_timestamp(conn: Conn) -> datetime:
 
 
 def reap(conn: Conn) -> list[Any]:
-    return conn.execute("SELECT * FROM jobs.reap()").fetchall()
+    """jobs.reap, each run with its kind and the worker it was taken from (for the log line)."""
+    rows = conn.execute("SELECT * FROM jobs.reap()").fetchall()
+    if not rows:
+        return rows
+    ids = [r["run_id"] for r in rows]
+    held = {r["id"]: r for r in conn.execute(REAPED_FROM, (ids,)).fetchall()}
+    for r in rows:
+        row = held.get(r["run_id"])
+        r["kind"] = row["kind"] if row is not None else None
+        r["worker"] = row["worker"] if row is not None else None
+    return rows
+
+
+REAPED_FROM = "SELECT id, kind, worker FROM jobs.runs WHERE id = ANY(%s)"
 
 
 def new_definitions(conn: Conn, max_rows: int) -> list[Any]:

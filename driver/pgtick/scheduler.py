@@ -488,7 +488,14 @@ class Scheduler:
     def _reap(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         report.reaped = sql.reap(conn)
         for r in report.reaped:
-            log.warning("run=%s reaped reason=%s retry=%s", r["run_id"], r["reason"], r["retry_run_id"])
+            log.warning(
+                "run=%s kind=%s worker=%s reaped reason=%s retry=%s",
+                r["run_id"],
+                r["kind"] or "-",
+                r["worker"] or "-",
+                r["reason"],
+                r["retry_run_id"],
+            )
 
     def _archive_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         if not self._archive_more:

@@ -81,9 +81,8 @@ def test_worker_killed_mid_job_is_reaped_and_retried_on_another_worker(procs: Pr
     retry_id, attempt, _, retry_worker, origin = retry
     assert (attempt, origin) == (2, "retry"), context
     assert pid_of_owner(retry_worker) == survivor.pid, f"retry not on the survivor {survivor.pid}: {context}"
-    assert f"run={run_id} reaped reason=HeartbeatLost retry={retry_id}" in survivor_log, (
-        f"the survivor's leader did not reap run {run_id}: {context}"
-    )
+    reaped = f"run={run_id} kind=sleepy worker={worker} reaped reason=HeartbeatLost retry={retry_id}"
+    assert reaped in survivor_log, f"the survivor's leader did not reap run {run_id}: {context}"
     assert executions == [
         (run_id, 1, victim.pid, workers[victim.pid], False, None),
         (retry_id, 2, survivor.pid, workers[survivor.pid], True, "returned"),
@@ -154,7 +153,9 @@ def test_a_worker_cut_off_from_the_database_passes_no_checkpoint_beside_its_retr
     assert exited[0] == "Abandoned", context
     assert first == ("FAILED", "HeartbeatLost", victim_worker), context
     assert lineage == [(run_id, "FAILED"), (retry_id, "COMPLETED")], context
-    assert f"run={run_id} reaped reason=HeartbeatLost" in survivor.log(), context
+    assert f"run={run_id} kind=steps worker={victim_worker} reaped reason=HeartbeatLost" in survivor.log(), (
+        context
+    )
     assert victim.log().count(f"run={run_id} waits at a checkpoint") == 1, context
     assert "Traceback" not in victim.log(), context
     assert alive, f"the victim exited after reaching the database again: {context}"

@@ -17,7 +17,9 @@ from harness import (
     Clock,
     Conn,
     Database,
+    claim,
     define,
+    enqueue,
     finish_old,
     one,
     refuse_runs_of,
@@ -912,3 +914,27 @@ def test_a_zone_the_server_reads_otherwise_than_the_driver_is_warned_about_once(
         "jobs.definition_health.next_run_local and the dashboard show the server's; bring the older "
         "one up to date (PostgreSQL's, or the system's tz database or the tzdata package)"
     ], warned
+
+
+def test_the_reap_line_names_the_kind_and_the_worker_the_run_was_taken_from(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leader's line for a reaped run says which kind it was and which worker went silent,
+    so an operator reading the log knows which host to look at without querying jobs.runs."""
+    with db.connect() as conn:
+        run_id = enqueue(conn, "thumbnail")
+        assert claim(conn, worker="web-7-4242-dead") == [run_id]
+        conn.execute(
+            "UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour', heartbeat_timeout = '1 second'"
+            " WHERE id = %s",
+            (run_id,),
+        )
+    scheduler = Scheduler(db.dsn, owner="t")
+    with caplog.at_level("WARNING", logger="pgtick.scheduler"):
+        report = scheduler.tick()
+    scheduler.close()
+    assert [r["run_id"] for r in report.reaped] == [run_id], report
+    lines = [r.getMessage() for r in caplog.records if "reaped" in r.getMessage()]
+    assert lines == [
+        f"run={run_id} kind=thumbnail worker=web-7-4242-dead reaped reason=HeartbeatLost retry=None"
+    ], lines
