@@ -13,6 +13,7 @@ one query each.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,13 +123,30 @@ DATABASE_GAUGES: tuple[tuple[str, str, str, list[str]], ...] = (
 
 class DatabaseCollector(Collector):
     """Queue depth, oldest queued age, skipped and lost runs, skips and the leader flag,
-    read at scrape time."""
+    read at scrape time.
 
-    def __init__(self, dsn: str, owner: str | None) -> None:
+    One scrape at a time reads the database, on a connection of its own: a scrape that finds
+    another reading waits for it up to ``wait`` seconds, then is served without these gauges.
+    So scrapes of a database that does not answer (a lock held by a migration, a stalled
+    server) hold one connection per process, however often they come, not one each until
+    max_connections locks the workers out."""
+
+    def __init__(self, dsn: str, owner: str | None, *, wait: float = 5.0) -> None:
         self.dsn = dsn
         self.owner = owner
+        self.wait = wait
+        self._reading = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
+        if not self._reading.acquire(timeout=self.wait):
+            log.warning("metrics: the database did not answer the previous scrape yet: its gauges left out")
+            return
+        try:
+            yield from self._read()
+        finally:
+            self._reading.release()
+
+    def _read(self) -> Iterator[Any]:
         gauge = {
             key: GaugeMetricFamily(name, documentation, labels=labels)
             for key, name, documentation, labels in DATABASE_GAUGES

@@ -183,6 +183,49 @@ def test_a_run_its_worker_fails_past_its_timeout_counts_as_failed(
         _kill_group(proc)
 
 
+def test_scrapes_of_a_stalled_database_hold_one_connection(db: Database, conn: Conn) -> None:
+    """While the database does not answer (here: jobs.runs locked by a migration), scrapes that
+    keep coming (a short scrape interval, two Prometheus servers) do not each open a connection
+    that waits on the lock: they would pile up to max_connections and lock the workers out. One
+    scrape reads the database; the others return within the collector's wait, without the
+    database's gauges, and the process's own series are still served."""
+    import threading
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgtick.metrics import DatabaseCollector, WorkerMetrics
+
+    registry = CollectorRegistry()
+    WorkerMetrics(registry)
+    collector = DatabaseCollector(db.dsn, "nobody", wait=0.5)
+    registry.register(collector)
+    scraped: list[str] = []
+
+    def scrape_once() -> None:
+        scraped.append(generate_latest(registry).decode())
+
+    def reading() -> int:
+        return int(
+            scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtick-metrics'")
+        )
+
+    threads = [threading.Thread(target=scrape_once, daemon=True) for _ in range(8)]
+    with db.connect(autocommit=False) as locker:
+        locker.execute("LOCK TABLE jobs.runs IN ACCESS EXCLUSIVE MODE")
+        for t in threads:
+            t.start()
+        wait_for("all but one scrape to return while the database is stalled", lambda: len(scraped) >= 7, 60)
+        assert reading() == 1, "each stalled scrape holds a connection of its own"
+        assert all("pgtick_claim_seconds_count" in text for text in scraped), scraped[0]
+        assert not any("pgtick_queue_depth" in text for text in scraped[:7]), scraped[0]
+        locker.rollback()
+    for t in threads:
+        t.join(60)
+    assert len(scraped) == 8
+    assert "pgtick_leader 0.0" in scraped[-1], scraped[-1]
+    wait_for("the metrics connection to be closed", lambda: reading() == 0, 30)
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
