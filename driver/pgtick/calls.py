@@ -564,6 +564,14 @@ def definition_skips(conn: Conn) -> list[Any]:
     ).fetchall()
 
 
+def lease_skips(conn: Conn) -> list[Any]:
+    # The leases of `pgtick lock` wrappers; not the scheduler's own, whose standbys (lease
+    # mode) count a refused acquire every tick.
+    return conn.execute(
+        "SELECT name, consecutive_skips FROM jobs.leases WHERE name <> %s", (LEADER_LEASE,)
+    ).fetchall()
+
+
 def schedule_backlog(conn: Conn) -> list[Any]:
     return conn.execute(
         "SELECT kind, due_not_started, extract(epoch FROM oldest_due_age) FROM jobs.schedule_backlog"

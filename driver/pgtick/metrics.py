@@ -5,9 +5,9 @@ per kind; per definition id too with ``per_definition``) come from this
 process's worker; queue depth, oldest queued age, skipped and lost runs of the
 last hour (jobs.queue_stats), scheduled occurrences due but not started
 (jobs.schedule_backlog, an alert source), definitions whose runs cannot be
-inserted (jobs.definition_summary), consecutive skips (jobs.definition_health)
-and the leader flag (jobs.leader) are read from the database at scrape time,
-one query each.
+inserted (jobs.definition_summary), consecutive skips (jobs.definition_health, and
+of the leases of ``pgtick lock``, jobs.leases) and the leader flag (jobs.leader) are
+read from the database at scrape time, one query each.
 """
 
 from __future__ import annotations
@@ -100,6 +100,12 @@ DATABASE_GAUGES: tuple[tuple[str, str, str, list[str]], ...] = (
     ),
     ("skips", "pgtick_consecutive_skips", "Occurrences skipped in a row", ["definition"]),
     (
+        "lease_skips",
+        "pgtick_lease_consecutive_skips",
+        "Acquire attempts of a pgtick lock lease refused in a row",
+        ["lease"],
+    ),
+    (
         "due",
         "pgtick_occurrences_due_not_started",
         "Schedule occurrences whose time has come that are still QUEUED",
@@ -161,6 +167,8 @@ class DatabaseCollector(Collector):
                     gauge["lost"].add_metric([kind], lost_1h)
                 for name, count in calls.definition_skips(conn):
                     gauge["skips"].add_metric([name], count)
+                for name, count in calls.lease_skips(conn):
+                    gauge["lease_skips"].add_metric([name], count)
                 for kind, count, age in calls.schedule_backlog(conn):
                     gauge["due"].add_metric([kind], count)
                     gauge["due_age"].add_metric([kind], float(age or 0))

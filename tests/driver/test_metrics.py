@@ -226,6 +226,42 @@ def test_scrapes_of_a_stalled_database_hold_one_connection(db: Database, conn: C
     wait_for("the metrics connection to be closed", lambda: reading() == 0, 30)
 
 
+def test_lease_skips_are_served_and_a_standby_scheduler_raises_no_skip_alert(
+    db: Database, conn: Conn
+) -> None:
+    """docs/operations.md's consecutive-skips alert covers `pgtick lock` wrappers that keep
+    finding their lease held, in SQL and in Prometheus. The scheduler's own lease (lease mode,
+    behind PgBouncer) is not such a wrapper: a standby counts a refused acquire every tick, and
+    neither the series nor the runbook's query may page for a healthy standby."""
+    import re
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgtick.metrics import DatabaseCollector
+
+    conn.execute("SELECT jobs.acquire_lease('pgtick:leader', 'replica-a', '1 minute')")
+    conn.execute("SELECT jobs.acquire_lease('nightly-backup', 'host-1', '1 hour')")
+    for _ in range(4):
+        conn.execute("SELECT jobs.acquire_lease('pgtick:leader', 'replica-b', '1 minute')")
+        conn.execute("SELECT jobs.acquire_lease('nightly-backup', 'host-2', '1 hour')")
+    registry = CollectorRegistry()
+    registry.register(DatabaseCollector(db.dsn, "replica-a"))
+    samples: Samples = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "pgtick_lease_consecutive_skips", lease="nightly-backup") == 4, samples
+    assert value(samples, "pgtick_lease_consecutive_skips", lease="pgtick:leader") is None, samples
+
+    runbook = (ROOT / "docs" / "operations.md").read_text()
+    section = runbook[runbook.index("**Consecutive skips**") :]
+    assert "pgtick_lease_consecutive_skips >= 3" in section.split("```")[0], section[:600]
+    query = section.split("```sql")[1].split("```")[0]
+    rows = conn.execute(query).fetchall()
+    assert [tuple(r)[:2] for r in rows] == [("lease", "nightly-backup")], rows
+    assert not re.search(r"pgtick:leader", str(rows))
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
