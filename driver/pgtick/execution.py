@@ -104,6 +104,12 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message_of(exc)}"
 
 
+def one_line(exc: BaseException) -> str:
+    """``message_of(exc)`` on one line (libpq's messages take two or three), for a log line: a
+    line of its own would read as an event of its own, with no time, level or worker."""
+    return " ".join(message_of(exc).split())
+
+
 def message_of(exc: BaseException) -> str:
     """``str(exc)``, or a note saying why it could not be had: an error's own text must
     not take down the thread that reports it."""

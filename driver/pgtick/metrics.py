@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from pgtick import calls
 from pgtick.db import connect
 from pgtick.errors import PgtickError
+from pgtick.execution import one_line
 
 log = logging.getLogger("pgtick.metrics")
 
@@ -175,7 +176,7 @@ class DatabaseCollector(Collector):
                 gauge["failing"].add_metric([], calls.materialize_failing(conn))
                 gauge["leader"].add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
         except Exception as exc:
-            log.warning("metrics: database unavailable: %s", exc)
+            log.warning("metrics: database unavailable: %s", one_line(exc))
             return
         yield from gauge.values()
 

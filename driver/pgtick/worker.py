@@ -96,7 +96,7 @@ from pgtick.app import App, Context
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
 from pgtick.errors import UsageError
 from pgtick.events import Listeners, WorkerListener, WorkerStats
-from pgtick.execution import Outcome, describe, execute, failure
+from pgtick.execution import Outcome, describe, execute, failure, one_line
 from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
 from pgtick.identity import new_claim_token, new_worker_id
 from pgtick.reporter import MAX_REFUSAL, Reporter, refusal_text, refused, storable
@@ -360,7 +360,7 @@ class Worker:
 
     def heartbeat_failed(self, exc: Exception) -> None:
         self.events.on_heartbeat_failure()
-        log.warning("worker=%s heartbeat failed (runs keep going): %s", self.worker_id, exc)
+        log.warning("worker=%s heartbeat failed (runs keep going): %s", self.worker_id, one_line(exc))
 
     def heartbeat_died(self, exc: BaseException) -> None:
         self.fault(RuntimeError(f"the heartbeat loop ended: {describe(exc)}"), exc)
@@ -442,7 +442,7 @@ class Worker:
                     if refused(exc):  # its own arguments (queues, worker id): retrying cannot help
                         raise
                     failures += 1
-                    log.warning("worker=%s database error (retrying): %s", self.worker_id, exc)
+                    log.warning("worker=%s database error (retrying): %s", self.worker_id, one_line(exc))
                     if conn is not None:
                         conn.close()
                     conn = None
@@ -796,7 +796,7 @@ class Worker:
             except DB_ERRORS as exc:
                 if stop.is_set():  # the worker is stopping: its server may be stopping with it
                     return
-                log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, exc)
+                log.warning("worker=%s listener lost (polling meanwhile): %s", self.worker_id, one_line(exc))
                 stop.wait(1.0)
             except Exception as exc:
                 log.error(
@@ -949,7 +949,7 @@ class Worker:
                         self.fault(exc)
                         return
                     failures += 1
-                    log.warning("worker=%s extra claim failed (retrying): %s", self.worker_id, exc)
+                    log.warning("worker=%s extra claim failed (retrying): %s", self.worker_id, one_line(exc))
                     if conn is not None:
                         conn.close()
                     conn = None
@@ -1085,7 +1085,7 @@ class Worker:
                 self.reporter.requeue_alone(plain)
                 self.signal_work()
                 return
-            log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, exc)
+            log.warning("worker=%s completing runs failed (retrying): %s", self.worker_id, one_line(exc))
             self.reporter.requeue(plain)
             return
         except BaseException:
@@ -1109,7 +1109,7 @@ class Worker:
             try:
                 self._limits = calls.limits(conn)
             except DB_ERRORS as exc:  # read again after DEFINITION_FACTS_TTL
-                log.warning("worker=%s limits not read: %s", self.worker_id, exc)
+                log.warning("worker=%s limits not read: %s", self.worker_id, one_line(exc))
                 self._limits = {}
         limits = self._limits or {}
         names, capped = self._names, self._capped
@@ -1118,7 +1118,7 @@ class Worker:
             try:
                 facts = calls.definition_facts(conn, unknown)
             except DB_ERRORS as exc:  # the claim has committed: run the batch without the names
-                log.warning("worker=%s definitions not read: %s", self.worker_id, exc)
+                log.warning("worker=%s definitions not read: %s", self.worker_id, one_line(exc))
                 facts = {}
             for definition_id, (name, is_capped) in facts.items():
                 names[definition_id] = name
@@ -1297,7 +1297,7 @@ class Worker:
                     conn = self._connect()
                 self._cycle(conn, claim=False)
             except DB_ERRORS as exc:
-                log.warning("worker=%s database error while draining: %s", self.worker_id, exc)
+                log.warning("worker=%s database error while draining: %s", self.worker_id, one_line(exc))
                 if conn is not None:
                     conn.close()
                 conn = None

@@ -262,6 +262,58 @@ def test_lease_skips_are_served_and_a_standby_scheduler_raises_no_skip_alert(
     assert not re.search(r"pgtick:leader", str(rows))
 
 
+def test_connections_cut_under_a_worker_log_one_line_each_and_counters_keep_counting(
+    db: Database, conn: Conn, tmp_path: Path
+) -> None:
+    """The server ends every connection of a running `pgtick run` (a failover, an operator's
+    pg_terminate_backend): each warning the process logs about it is one line that starts with
+    its time and level (libpq's two-line 'server closed the connection unexpectedly' would
+    otherwise leave a line a log shipper takes for an event of its own), and the counters of
+    the metrics endpoint go on from where they were."""
+    import functools
+    import re
+
+    port = free_port()
+    log = tmp_path / "pgtick-run.log"
+    proc = _start(db, port, log)
+    try:
+        for _ in range(3):
+            enqueue(conn, "ops-ok")
+
+        def counted(n: int) -> Samples | None:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                samples = scrape(port)
+            except OSError:
+                return None
+            done = value(samples, "pgtick_runs_finished_total", kind="ops-ok", outcome="complete")
+            return samples if done == n else None
+
+        wait_for("three runs counted", lambda: counted(3), timeout=60)
+        for cut in range(3):
+
+            def cut_all() -> bool:
+                return bool(
+                    scalar(
+                        conn,
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND application_name LIKE 'pgtick-%%'"
+                        " AND application_name <> 'pgtick-metrics'",
+                    )
+                )
+
+            wait_for("the process's connections (back after the last cut)", cut_all, timeout=60)
+            enqueue(conn, "ops-ok")
+            wait_for(f"run {4 + cut} counted after the cut", functools.partial(counted, 4 + cut), timeout=90)
+        text = log.read_text()
+        assert "WARNING" in text, text
+        stamped = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+ ")
+        loose = [line for line in text.splitlines() if not stamped.match(line)]
+        assert not loose, f"lines that are no event of their own: {loose}\n{text}"
+    finally:
+        _kill_group(proc)
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
