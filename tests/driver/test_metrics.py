@@ -314,6 +314,27 @@ def test_connections_cut_under_a_worker_log_one_line_each_and_counters_keep_coun
         _kill_group(proc)
 
 
+def test_the_no_leader_alert_fires_when_no_process_reports_a_leader_flag(tmp_path: Path) -> None:
+    """pgtick_leader is read from the database at scrape time: while the database cannot be
+    reached a scrape has no such series, and when every pgtick process is down there is none
+    to scrape. Nobody leads then either, so the runbook's Prometheus rule for "Nobody leads"
+    must fire on the series' absence, not only on max(pgtick_leader) == 0 (an empty result)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgtick.metrics import DatabaseCollector, WorkerMetrics
+
+    registry = CollectorRegistry()
+    WorkerMetrics(registry)
+    unreachable = f"postgresql://nobody@127.0.0.1:{free_port()}/none?connect_timeout=5"
+    registry.register(DatabaseCollector(unreachable, "nobody"))
+    text = generate_latest(registry).decode()
+    assert "pgtick_claim_seconds_count" in text and "pgtick_leader" not in text, text
+
+    runbook = (ROOT / "docs" / "operations.md").read_text()
+    section = runbook[runbook.index("**Nobody leads**") :].split("```")[0]
+    assert "max(pgtick_leader) == 0" in section and "absent(pgtick_leader)" in section, section
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
