@@ -819,6 +819,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.web and supervisor.child_index() is None:
             # One dashboard per `pgtick run`: the supervisor serves it, its worker children do not.
+            with connect(dsn) as conn:  # a schema it cannot serve: one line, before it starts
+                migrate.check_schema(conn)
             try:
                 from pgtick.web.serve import operator_secret, serve_in_thread
             except ImportError as exc:
@@ -1965,9 +1967,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     secret = operator_secret(args.password_file)
     try:
         dsn = _dsn(args)
-        with connect(dsn) as conn:  # a server it cannot reach or a database without pgtick: say so now
-            if not calls.schema_installed(conn):
-                raise PgtickError("the jobs schema is not installed: run `pgtick migrate` first")
+        with connect(dsn) as conn:  # a server it cannot reach, no schema or an older one: say so now
+            migrate.check_schema(conn)  # (a newer one is the dashboard's warning as it starts)
         return serve(dsn, args.bind, secret, args.db_timeout)
     finally:
         if _embedded is not None:

@@ -114,3 +114,61 @@ def test_a_schema_newer_than_the_driver_is_a_warning_not_a_refusal(db: Database)
         conn.execute("INSERT INTO jobs.schema_migrations (version, name) VALUES ('9999', 'from_the_future')")
         warning = migrate.check_schema(conn)
     assert warning is not None and "9999" in warning and "upgrade" in warning, warning
+
+
+@pytest.fixture(scope="module")
+def before_history(pg: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """The schema before finished runs moved to jobs.run_history (no jobs.get_run): the
+    dashboard's cancel on it answered 500 ``function jobs.get_run(smallint) does not exist``."""
+    history = next(m for m in migrate.migrations() if m.name == "history")
+    with installed_before(pg, history, tmp_path_factory.mktemp("history")) as database:
+        yield database
+
+
+@pytest.mark.parametrize("schema", ["older", "before_history"])
+def test_web_on_an_older_schema_exits_1_saying_to_migrate(
+    schema: str, request: pytest.FixtureRequest
+) -> None:
+    """The dashboard works through the same functions as the driver: on a schema that lacks
+    some, its pages and actions would fail one by one (500s). `pgtick web` refuses to start
+    as `pgtick run` does: exit 1, one line naming the migration and `pgtick migrate`."""
+    database: Database = request.getfixturevalue(schema)
+    result = pgtick("web", "--dsn", database.dsn, "--bind", "127.0.0.1:0", timeout=60)
+    shown = f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr and "dashboard on" not in result.stderr, shown
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1, shown
+    assert errors[0].startswith("pgtick web: error: the jobs schema is older than pgtick"), shown
+    assert "run `pgtick migrate`" in errors[0], shown
+
+
+def test_run_with_the_dashboard_on_an_older_schema_exits_1_with_one_line(older: Database) -> None:
+    """`pgtick run --web` says it once, before its dashboard starts, not a dashboard startup
+    traceback beside the run's own error line."""
+    result = pgtick("run", EXAMPLE, "--dsn", older.dsn, "--web", "127.0.0.1:0", timeout=60)
+    shown = f"exit {result.returncode}, stderr:\n{result.stderr}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr and "dashboard on" not in result.stderr, shown
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "run `pgtick migrate`" in errors[0], shown
+
+
+@pytest.mark.asyncio
+async def test_the_dashboards_app_factory_refuses_an_older_schema(older: Database) -> None:
+    """``create_app`` served by another ASGI server fails its startup with the same line."""
+    from pgtick.web import create_app
+
+    app = create_app(older.dsn)
+    with pytest.raises(SchemaMismatch, match=r"is older than pgtick .*run `pgtick migrate`"):
+        async with app.router.lifespan_context(app):
+            pytest.fail("the dashboard started")
+
+
+@pytest.mark.asyncio
+async def test_the_dashboards_app_factory_starts_on_the_current_schema(db: Database) -> None:
+    from pgtick.web import create_app
+
+    app = create_app(db.dsn)
+    async with app.router.lifespan_context(app):
+        pass

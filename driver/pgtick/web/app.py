@@ -620,6 +620,20 @@ class _Static(StaticFiles):
         return response
 
 
+def check_schema(dsn: str) -> None:
+    """Serve only a jobs schema this driver's dashboard can work with, as ``pgtick run``
+    starts only on one: ``SchemaMismatch`` (run ``pgtick migrate``) when it is missing or
+    older, whose pages and actions would otherwise fail one by one on the functions it
+    lacks; a warning when a newer pgtick migrated it."""
+    from pgtick import migrate
+    from pgtick.db import connect
+
+    with connect(dsn, application_name="pgtick-web") as conn:
+        newer = migrate.check_schema(conn)
+    if newer is not None:
+        log.warning("%s", newer)
+
+
 def create_app(
     dsn: str,
     secret: Secret | None = None,
@@ -629,6 +643,7 @@ def create_app(
     db_timeout: float = DEFAULT_TIMEOUT,
 ) -> Starlette:
     """The dashboard for the database at `dsn`; actions need `secret` (None: read-only).
+    Its startup fails (``SchemaMismatch``) on a jobs schema older than this driver's.
 
     Every request's database work ends within `db_timeout` seconds: past it the request
     answers 504 and its connection is replaced (see ``pgtick.web.db``)."""
@@ -636,6 +651,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(check_schema, dsn)
         await dash.db.open()
         try:
             yield
