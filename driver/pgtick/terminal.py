@@ -3,7 +3,8 @@
 Everything here is presentation: the facts come from SQL views and functions
 (``sql/console.sql``, ``sql/ops.sql``). Rules:
 
-* a table fits ``width`` columns (100 unless the terminal is narrower): columns
+* a table fits ``width`` columns (100 unless the terminal is narrower, down to
+  ``MIN_WIDTH``): columns
   are dropped lowest priority first, long text is cut with an ellipsis; ``wide``
   shows every column at full length;
 * times are shown in the definition's zone with its abbreviation, next to a
@@ -34,6 +35,11 @@ from rich.cells import cell_len
 from pgtick.errors import UsageError
 
 # ---------------------------------------------------------------------------- style
+
+
+#: The narrowest width output is laid out for: a terminal narrower still gets this many
+#: columns (and wraps them), as a table cannot usefully be cut further.
+MIN_WIDTH = 20
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Style:
         return cls(
             unicode=utf8(stream) and not no_color,
             colour=redraws(stream) and not no_color,
-            width=max(40, width),
+            width=max(MIN_WIDTH, width),
             encoding=None if utf8(stream) else getattr(stream, "encoding", None),
         )
 

@@ -460,6 +460,27 @@ def test_a_narrow_terminal_drops_columns_before_cutting_names(
     )
 
 
+@pytest.mark.parametrize("width", [30, 24])
+@pytest.mark.parametrize(
+    "argv", [["runs"], ["status"], ["definitions"], ["workers", "--all"]], ids=lambda a: a[0]
+)
+def test_tables_fit_a_terminal_narrower_than_forty_columns(
+    fixed: Database, argv: list[str], width: int
+) -> None:
+    """Under a real pseudo-terminal 30 or 24 columns wide every line fits, as the docs say
+    (a table laid out for 40 columns wrapped each of its rows there), and each row still
+    starts with what it is about."""
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = str(width)
+    code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
+    assert code == 0, raw
+    text = text_of(raw.replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if columns(line) > width]
+    assert not too_wide, f"lines wider than {width} columns in `pgtick {' '.join(argv)}`:\n{text}"
+    first = {"runs": "11 ", "status": "every-10s", "definitions": "every-10s", "workers": "host-a-101-f00d"}
+    assert any(line.startswith(first[argv[0]]) for line in text.splitlines()), text
+
+
 def test_show_keeps_each_attempt_to_one_line_that_fits(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -478,7 +499,7 @@ def test_show_keeps_each_attempt_to_one_line_that_fits(
 
 
 def test_show_fits_the_attempt_chain_to_a_narrow_terminal(fixed: Database) -> None:
-    """At 40 columns (the narrowest a table is drawn for) every line of the attempt chain
+    """At 40 columns every line of the attempt chain
     fits: an error with no room beside its status is cut on a line of its own, and an
     attempt cancelled with no failure reason shows its error alone (not ``None: …``)."""
     long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update"
