@@ -253,10 +253,18 @@ class Table:
         lines = []
         header = "  ".join(_pad(cols[i].header, widths[i], cols[i].right) for i in keep)
         lines.append(paint(header.rstrip(), "bold", style))
-        for r, row in zip(self.rows, cells, strict=True):
+        shown = [list(row) for row in cells]
+        for i in keep:
+            column = [row[i] for row in cells]
+            cut = [_cut(text, widths[i], middle=cols[i].middle, marker=style.ellipsis) for text in column]
+            if cols[i].middle:
+                cut = _kept_apart(column, cut, widths[i], style.ellipsis)
+            for row, text in zip(shown, cut, strict=True):
+                row[i] = text
+        for r, row in zip(self.rows, shown, strict=True):
             parts = []
             for i in keep:
-                text = _cut(row[i], widths[i], middle=cols[i].middle, marker=style.ellipsis)
+                text = row[i]
                 padded = _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
@@ -403,6 +411,55 @@ def _cut(text: str, width: int, *, middle: bool = False, marker: str = "…") ->
         tail = keep // 2
         return "".join(_head(parts, keep - tail)) + marker + "".join(_head(parts[::-1], tail)[::-1])
     return "".join(_head(parts, keep)) + marker
+
+
+def _kept_apart(texts: list[str], cut: list[str], width: int, marker: str) -> list[str]:
+    """``cut`` (``texts`` cut in the middle to ``width``), where two different texts came out
+    the same (names that share a long prefix and a long suffix), cut again around where each
+    differs from the others: ``cust…eu-west…unts`` beside ``cust…us-east…unts``."""
+    same: dict[str, set[str]] = {}
+    for text, short in zip(texts, cut, strict=True):
+        if short != text:
+            same.setdefault(short, set()).add(text)
+    again: dict[str, str] = {}
+    for group in same.values():
+        if len(group) > 1:
+            for text in group:
+                again[text] = _cut_at_difference(text, [t for t in group if t != text], width, marker)
+    if not again:
+        return cut
+    return [again.get(text, short) for text, short in zip(texts, cut, strict=True)]
+
+
+def _cut_at_difference(text: str, others: list[str], width: int, marker: str) -> str:
+    """``text`` cut to ``width`` columns keeping its start, its end, and, between two
+    markers, the part from where it first differs from the closest of ``others``."""
+    parts = _clusters(_ESCAPES.sub("", text))
+    if width < 7:
+        return _cut(text, width, middle=True, marker=marker)
+    differs = max(_common_prefix(parts, _clusters(_ESCAPES.sub("", other))) for other in others)
+    room = width - 2 * cell_len(marker)
+    end = max(1, room // 4)
+    head = _head(parts, end)
+    tail = _head(parts[::-1], end)[::-1]
+    start = max(differs, len(head))
+    stop = len(parts) - len(tail)
+    window = _head(parts[start:stop], room - cell_len("".join(head)) - cell_len("".join(tail)))
+    if start + len(window) >= stop:  # the window reaches the end: one marker, a longer end
+        kept = _head(parts[start:][::-1], width - cell_len("".join(head)) - cell_len(marker))[::-1]
+        return "".join(head) + marker + "".join(kept)
+    if start == len(head):  # the difference right after the start: one marker, before the end
+        return "".join(head) + "".join(window) + marker + "".join(tail)
+    return "".join(head) + marker + "".join(window) + marker + "".join(tail)
+
+
+def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 #: Columns of this priority or higher are dropped before any text is cut.

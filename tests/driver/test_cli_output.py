@@ -481,6 +481,48 @@ def test_tables_fit_a_terminal_narrower_than_forty_columns(
     assert any(line.startswith(first[argv[0]]) for line in text.splitlines()), text
 
 
+@pytest.mark.parametrize("width", [80, 60, 100])
+def test_names_sharing_a_prefix_and_a_suffix_are_cut_apart(fixed: Database, width: int) -> None:
+    """Two names that differ only in their middle, too long for the column: cut in the
+    middle alone both read ``custom…ounts``; each is cut so that where they differ shows,
+    and every line still fits."""
+    names = [f"customer-invoices-reconciliation-{region}-nightly-counts" for region in ("eu-west", "us-east")]
+    with fixed.connect() as conn:
+        for name in names:
+            conn.execute("SELECT jobs.define(%s, 'report', schedule => '0 3 * * *')", (name,))
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = str(width)
+    code, raw = in_pty(["definitions", "--dsn", fixed.dsn], env)
+    assert code == 0, raw
+    text = text_of(raw.replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if columns(line) > width]
+    assert not too_wide, f"lines wider than {width} columns:\n{text}"
+    cells = [line.split("  ")[0] for line in text.splitlines() if line.startswith("cu")]
+    assert len(cells) == 2 and cells[0] != cells[1], f"the two names look the same:\n{text}"
+    assert "eu" in cells[0] and "us" in cells[1], text
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["每日报表生成任务-亚太区域-销售-汇总", "每日报表生成任务-欧洲区域-销售-汇总"],
+        ["a" * 30 + "X" + "b" * 30, "a" * 30 + "Y" + "b" * 30, "a" * 10 + "Z" + "a" * 19 + "X" + "b" * 30],
+        ["x" * 20 + "1" + "y" * 5, "x" * 20 + "2" + "y" * 5, "short"],
+    ],
+    ids=["chinese", "three", "near-the-end"],
+)
+def test_a_table_cut_keeps_different_names_different_at_every_width(names: list[str]) -> None:
+    from pgtick.terminal import Column, Style, Table
+
+    for width in range(7, 40):
+        table = Table([Column("NAME", lambda r: r["name"], shrink=True, min_width=1, middle=True)])
+        table.rows = [{"name": name} for name in names]
+        lines = table.render(Style(unicode=True, colour=False, width=width)).splitlines()[1:]
+        cells = [line.rstrip() for line in lines]
+        assert all(columns(line) <= width for line in lines), (width, lines)
+        assert len(set(cells)) == len(names), f"at {width} columns: {cells}"
+
+
 def test_show_keeps_each_attempt_to_one_line_that_fits(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
