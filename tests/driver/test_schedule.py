@@ -893,9 +893,34 @@ def test_preview_and_format_preview() -> None:
     assert [o.wall for o in found] == [datetime(2026, 3, 23, 9), datetime(2026, 3, 30, 9)]
     assert all(o.dst is None for o in found)
     assert format_preview(schedule, utc(2026, 3, 21), 2) == [
-        "2026-03-23 09:00 Mon EET (+02:00)  2026-03-23T07:00:00Z",
+        "2026-03-23 09:00 Mon EET  (+02:00)  2026-03-23T07:00:00Z",
         "2026-03-30 09:00 Mon EEST (+03:00)  2026-03-30T06:00:00Z",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "after", "dst_gap"),
+    [
+        ("30 3 * * *", utc(2027, 3, 26), "skip"),  # EET, a skipped wall time, EEST
+        ("30 3 * * *", utc(2027, 3, 26), "shift"),  # EET, moved, EEST
+        ("FREQ=MINUTELY;BYSECOND=0,30", utc(2027, 3, 28, 0, 58), None),  # seconds and whole minutes
+    ],
+)
+def test_format_preview_keeps_its_columns_in_place_across_a_dst_change(
+    text: str, after: datetime, dst_gap: str | None
+) -> None:
+    """Where the zone's abbreviation changes length (EET to EEST), beside a wall time a gap
+    skipped, and where one time has seconds and the next none, the offset, the UTC time and
+    the DST note start at the same column on every line."""
+    schedule = parse_schedule(text, "Europe/Sofia", dst_gap=dst_gap)
+    lines = format_preview(schedule, after, 5)
+    utc_at = {line.index("Z") - 19 for line in lines if "Z" in line}
+    assert len(utc_at) == 1, "\n".join(lines)
+    offsets = {line.index("(+") for line in lines if "(+" in line}
+    assert len(offsets) == 1, "\n".join(lines)
+    if any("DST" in line for line in lines):
+        notes = {line.index("DST") for line in lines if "DST" in line}
+        assert notes == {max(utc_at) + 22}, "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -51,8 +51,9 @@ def format_offset(offset: timedelta | None) -> str:
     return f"{sign}{hours:02d}:{minutes:02d}" + (f":{seconds:02d}" if seconds else "")
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%S %a" if moment.second else "%Y-%m-%d %H:%M %a")
+def _stamp(moment: datetime, seconds: bool = False) -> str:
+    """``2026-03-08 03:30 Sun``; with the seconds when ``seconds`` or the moment has some."""
+    return moment.strftime("%Y-%m-%d %H:%M:%S %a" if seconds or moment.second else "%Y-%m-%d %H:%M %a")
 
 
 #: A DTSTART line in RRULE text: the rule starts there, not at the anchor.
@@ -88,18 +89,25 @@ def format_preview(
     runs = [o.at for o in occurrences if o.at is not None]
     delays = list(delay(runs)) if delay is not None and runs else [timedelta(0)] * len(runs)
     by_run = dict(zip(runs, delays, strict=True))
-    lines = []
+    starts = {at: (at + by_run[at]).astimezone(schedule.zone) for at in runs}
+    walls = [o.wall for o in occurrences if o.at is None]
+    # One layout for every line, so that a column does not move where the zone's
+    # abbreviation changes length (EET, EEST) or one time has seconds and another not.
+    seconds = any(moment.second for moment in [*starts.values(), *walls])
+    abbreviation = max((len(local.tzname() or "") for local in starts.values()), default=0)
+    rows: list[tuple[str, str, str]] = []
     for occurrence in occurrences:
         mark = _MARKS[occurrence.dst].format(gap=schedule.policy.gap) if occurrence.dst else ""
         if occurrence.at is None:
-            wall = f"{_stamp(occurrence.wall)} (wall time)"
-            lines.append(f"{wall:<31}  {'-':<20}  {mark}".rstrip())
+            rows.append((f"{_stamp(occurrence.wall, seconds)} (wall time)", "-", mark))
             continue
-        start = occurrence.at + by_run[occurrence.at]
-        local = start.astimezone(schedule.zone)
-        stamp = f"{_stamp(local)} {local.tzname()} ({format_offset(local.utcoffset())})"
+        local = starts[occurrence.at]
+        zone = f"{local.tzname() or '':<{abbreviation}}"
+        stamp = f"{_stamp(local, seconds)} {zone} ({format_offset(local.utcoffset())})"
         extra = [mark] if mark else []
         if by_run[occurrence.at]:
             extra.append(f"jitter +{int(by_run[occurrence.at].total_seconds())}s")
-        lines.append(f"{stamp:<31}  {start:%Y-%m-%dT%H:%M:%SZ}  {'; '.join(extra)}".rstrip())
-    return lines
+        utc = f"{occurrence.at + by_run[occurrence.at]:%Y-%m-%dT%H:%M:%SZ}"
+        rows.append((stamp, utc, "; ".join(extra)))
+    first = max((len(row[0]) for row in rows), default=0)
+    return [f"{stamp:<{first}}  {utc:<20}  {extra}".rstrip() for stamp, utc, extra in rows]
