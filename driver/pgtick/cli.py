@@ -1712,14 +1712,34 @@ def cmd_undefine(args: argparse.Namespace) -> Result:
         lines = [
             f"definition={args.name} deleted",
             f"  {data['cancelled']} queued run{'s' if data['cancelled'] != 1 else ''} cancelled",
-            f"  {len(running)} running run{'s' if len(running) != 1 else ''} will finish"
-            + (f": {', '.join(map(str, running))}" if running else ""),
+            _first_ids(
+                f"  {len(running)} running run{'s' if len(running) != 1 else ''} will finish",
+                running,
+                style,
+            ),
             f"  {data['history']} finished run{'s' if data['history'] != 1 else ''} kept as history"
             " (pgtick prune removes them with age)",
         ]
         return "\n".join(lines)
 
     return Result(data, text)
+
+
+def _first_ids(line: str, ids: Sequence[int], style: Style) -> str:
+    """``line: 1, 2, 3`` with as many of ``ids`` as fit the width, and how many more there
+    are (``--json`` lists every one): ``line: 1, 2 … and 298 more``."""
+    if not ids:
+        return line
+    whole = f"{line}: {', '.join(map(str, ids))}"
+    if visible_len(whole) <= style.width:
+        return whole
+    shown, count = f"{line}: {ids[0]}", 1  # one at least, however narrow the terminal
+    for run_id in ids[1:]:
+        longer = f"{shown}, {run_id}"
+        if visible_len(f"{longer} {style.ellipsis} and {len(ids) - count - 1} more") > style.width:
+            break
+        shown, count = longer, count + 1
+    return f"{shown} {style.ellipsis} and {len(ids) - count} more"
 
 
 WORKER_FIELDS = [

@@ -523,6 +523,32 @@ def test_a_table_cut_keeps_different_names_different_at_every_width(names: list[
         assert len(set(cells)) == len(names), f"at {width} columns: {cells}"
 
 
+@pytest.mark.parametrize("width", [100, 72])
+def test_undefine_with_many_running_runs_names_a_few_on_a_line_that_fits(fixed: Database, width: int) -> None:
+    """Hundreds of runs still running: the line lists the first ids that fit and how many
+    more there are, not every id on one unbounded line; --json keeps them all."""
+    with fixed.connect() as conn:
+        conn.execute(
+            "INSERT INTO jobs.runs"
+            " (definition_id, kind, status, scheduled_for, started_at, heartbeat_at, worker)"
+            " SELECT id, kind, 'RUNNING', now(), now(), now(), 'host-a-101-f00d'"
+            " FROM jobs.definitions, generate_series(1, 300) WHERE name = 'every-10s'"
+        )
+        running = [
+            row[0] for row in conn.execute("SELECT id FROM jobs.runs WHERE status = 'RUNNING' ORDER BY id")
+        ]
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = str(width)
+    code, raw = in_pty(["undefine", "every-10s", "--dsn", fixed.dsn], env)
+    assert code == 0, raw
+    lines = raw.replace("\r\n", "\n").splitlines()
+    line = next(line for line in lines if "will finish" in line)
+    assert columns(line) <= width, f"wider than {width} columns:\n{raw}"
+    assert line.startswith(f"  301 running runs will finish: {running[0]}, "), line
+    shown = re.findall(r"\d+", line.split(":", 1)[1].split("…")[0])
+    assert f"and {len(running) - len(shown)} more" in line, line
+
+
 def test_show_keeps_each_attempt_to_one_line_that_fits(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
