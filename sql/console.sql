@@ -295,27 +295,38 @@ COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz,
 -- Every definition with its settings: what `pgtick definitions` lists.
 CREATE OR REPLACE VIEW jobs.definition_list AS
 SELECT
-    id,
-    name,
-    kind,
-    schedule,
-    timezone,
-    run_at,
-    NOT enabled AS paused,
-    finished_at IS NOT NULL AS finished,
-    next_run_at,
-    misfire_policy,
-    overlap_policy,
-    max_concurrent_runs,
-    priority,
-    max_attempts,
-    timeout,
-    payload,
-    schedule_error,
-    created_at,
-    updated_at
-FROM jobs.definitions;
-COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor and policies: what `pgtick definitions` lists.';
+    d.id,
+    d.name,
+    d.kind,
+    d.schedule,
+    d.timezone,
+    d.run_at,
+    NOT d.enabled AS paused,
+    d.finished_at IS NOT NULL AS finished,
+    d.next_run_at,
+    d.misfire_policy,
+    d.overlap_policy,
+    d.max_concurrent_runs,
+    d.priority,
+    d.max_attempts,
+    d.timeout,
+    d.payload,
+    d.schedule_error,
+    d.created_at,
+    d.updated_at,
+    -- The next start as jobs.definition_health.next_start_at reads it: the first QUEUED run
+    -- not waiting on dependencies, else the cursor while the scheduler advances it.
+    CASE
+        WHEN d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL
+            THEN least(queued.first_queued, d.next_run_at)
+        ELSE queued.first_queued
+    END AS next_start_at
+FROM jobs.definitions AS d
+LEFT JOIN LATERAL (
+    SELECT min(r.scheduled_for) AS first_queued FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.status = 'QUEUED' AND NOT r.blocked
+) AS queued ON TRUE;
+COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor (next_run_at: how far its occurrences are materialized) and policies: what `pgtick definitions` lists. next_start_at: when its next run starts, the first QUEUED run not waiting on dependencies or else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs it queued still start).';
 
 -- One run in full, with its attempt chain (first attempt to last) and its definition.
 -- (Dropped first: its columns grew definition_id, which a replace cannot add.)

@@ -206,7 +206,7 @@ LEFT JOIN LATERAL (
 ) AS held ON TRUE;
 COMMENT ON VIEW jobs.queue_stats IS 'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
 
--- One row per definition: next run in UTC and local time, last outcomes, failure and skip streaks.
+-- One row per definition: cursor and next start in UTC and local time, last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
 SELECT
     d.id,
@@ -250,15 +250,29 @@ SELECT
     d.materialize_failures,
     d.materialize_retry_at,
     late.p50 AS lateness_p50,
-    late.p99 AS lateness_p99
+    late.p99 AS lateness_p99,
+    next_start.at AS next_start_at,
+    next_start.at AT TIME ZONE d.timezone AS next_start_local
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
         count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
-        count(*) FILTER (WHERE r.status = 'QUEUED') AS queued
+        count(*) FILTER (WHERE r.status = 'QUEUED') AS queued,
+        min(r.scheduled_for) FILTER (WHERE r.status = 'QUEUED' AND NOT r.blocked) AS first_queued
     FROM jobs.runs AS r
     WHERE r.definition_id = d.id AND r.status IN ('QUEUED', 'RUNNING')
 ) AS live ON TRUE
+LEFT JOIN LATERAL (
+    -- The next start: the first QUEUED run (materialized ahead of the cursor, queued by hand,
+    -- a retry), else the cursor. A paused or finished definition, or one whose schedule
+    -- cannot be read, materializes nothing more, but the runs it has queued still start. A
+    -- run waiting on dependencies starts when they complete, not at its time.
+    SELECT CASE
+        WHEN d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL
+            THEN least(live.first_queued, d.next_run_at)
+        ELSE live.first_queued
+    END AS at
+) AS next_start ON TRUE
 -- The last success, failure and outcome: from jobs.runs, and from history only for a
 -- definition that has none since jobs.config.archive_after (coalesce evaluates its second
 -- argument only when the first is NULL; a UNION ALL ordered by id would read both). max(id)
@@ -351,7 +365,7 @@ LEFT JOIN LATERAL (
     WHERE c.definition_id = d.id
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
-COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, next run (UTC and local), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all.';
+COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start).';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS

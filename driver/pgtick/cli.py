@@ -1170,11 +1170,8 @@ def status_snapshot(
         row = _jsonable(dict(d))
         assert row is not None
         row["recent_outcomes"] = list(d["recent_outcomes"] or [])[-recent:]
-        row["next_run_local"] = (
-            d["next_run_at"].astimezone(_zone(d["timezone"])).replace(tzinfo=None).isoformat()
-            if d["next_run_at"]
-            else None
-        )
+        row["next_run_local"] = _local(d["next_run_at"], d["timezone"])
+        row["next_start_local"] = _local(d["next_start_at"], d["timezone"])
         definitions.append(row)
     return {
         "now": iso(display_now()),
@@ -1191,6 +1188,11 @@ def _zone(name: str) -> Any:
     from zoneinfo import ZoneInfo
 
     return ZoneInfo(name)
+
+
+def _local(at: datetime | None, zone: str) -> str | None:
+    """``at`` as a wall time in ``zone``, without an offset (as the views' *_local columns)."""
+    return at.astimezone(_zone(zone)).replace(tzinfo=None).isoformat() if at else None
 
 
 def _when(value: str | datetime | None) -> datetime | None:
@@ -1242,11 +1244,13 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         return "".join(mark(o, style) for o in d["recent_outcomes"])
 
     def next_cell(d: dict[str, Any]) -> str:
+        # The next start (a run already queued, else the cursor); a paused definition says so,
+        # and LEFT still counts down to a run it queued before the pause.
         if d["paused"]:
             return "paused"
-        if d["finished"]:
+        if d["finished"] and not d["next_start_at"]:
             return "finished"
-        return local_time(_when(d["next_run_at"]), d["timezone"], now)
+        return local_time(_when(d["next_start_at"]), d["timezone"], now)
 
     def last_at(d: dict[str, Any]) -> datetime | None:
         times = [t for t in (_when(d["last_success_at"]), _when(d["last_failure_at"])) if t]
@@ -1256,9 +1260,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         [
             Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16, middle=True),
             Column("NEXT", next_cell, priority=1),
-            Column(
-                "LEFT", lambda d: "" if d["paused"] else relative(_when(d["next_run_at"]), now), priority=1
-            ),
+            Column("LEFT", lambda d: relative(_when(d["next_start_at"]), now), priority=1),
             Column(
                 "LAST", lambda d: status_word(_last_outcome(d), style) if d["last_status"] else "", priority=2
             ),
@@ -1271,7 +1273,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             Column("KIND", lambda d: d["kind"], priority=6, shrink=True, middle=True),
             Column("SCHEDULE", lambda d: d["schedule"] or "one-shot", wide_only=True),
             Column("ZONE", lambda d: d["timezone"], wide_only=True),
-            Column("NEXT (UTC)", lambda d: d["next_run_at"] or "", wide_only=True),
+            Column("NEXT (UTC)", lambda d: d["next_start_at"] or "", wide_only=True),
             Column("CAP", lambda d: str(d["max_concurrent_runs"] or ""), wide_only=True),
             Column("CATCH-UP", lambda d: d["last_catch_up"] or "", wide_only=True),
         ],
@@ -1638,7 +1640,7 @@ def _indent(text: str) -> str:
 DEFINITION_FIELDS = [
     "id", "name", "kind", "schedule", "timezone", "run_at", "paused", "finished", "next_run_at",
     "misfire_policy", "overlap_policy", "max_concurrent_runs", "priority", "max_attempts", "timeout",
-    "payload", "schedule_error", "created_at", "updated_at",
+    "payload", "schedule_error", "created_at", "updated_at", "next_start_at",
 ]  # fmt: skip
 
 
@@ -1676,12 +1678,9 @@ def cmd_definitions(args: argparse.Namespace) -> Result:
                     priority=0,
                     colour=lambda d: "red" if d["schedule_error"] else "yellow" if d["paused"] else None,
                 ),
-                Column(
-                    "NEXT",
-                    lambda d: "" if d["paused"] else local_time(d["next_run_at"], d["timezone"], now),
-                    priority=2,
-                ),
-                Column("LEFT", lambda d: "" if d["paused"] else relative(d["next_run_at"], now), priority=3),
+                # The next start: a run already queued (a paused definition's too), else the cursor.
+                Column("NEXT", lambda d: local_time(d["next_start_at"], d["timezone"], now), priority=2),
+                Column("LEFT", lambda d: relative(d["next_start_at"], now), priority=3),
                 Column("POLICIES", lambda d: f"{d['misfire_policy']}/{d['overlap_policy']}", priority=5),
                 Column("CAP", lambda d: str(d["max_concurrent_runs"] or ""), priority=6, right=True),
                 Column("PRIORITY", lambda d: str(d["priority"]), wide_only=True, right=True),

@@ -17,8 +17,22 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import PGTICK, ROOT, Conn, Database, Server, claim, digest, enqueue, env_for, pgtick, scalar
+from harness import (
+    PGTICK,
+    ROOT,
+    Clock,
+    Conn,
+    Database,
+    Server,
+    claim,
+    digest,
+    enqueue,
+    env_for,
+    pgtick,
+    scalar,
+)
 from pgtick import cli, migrate
+from pgtick.scheduler import Scheduler
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 EXAMPLE = str(ROOT / "examples" / "app.py")  # imports without a database
@@ -465,6 +479,46 @@ def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFix
         "queues": [],
         "kinds_without_worker": [],
     }
+
+
+def test_status_and_definitions_show_the_next_start_not_the_cursor(
+    db: Database, conn: Conn, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler materializes occurrences ahead (lookahead): at 03:57:30 the runs of 03:58,
+    04:00 and 04:02 wait and the cursor is at 04:04. NEXT and LEFT name the run that starts
+    next, in the table, --json and --format csv; next_run_at stays the cursor."""
+    at = datetime(2026, 6, 1, 3, 57, 30, tzinfo=UTC)  # before the definition was made
+    conn.execute("SELECT jobs.define('every-2m', 'k', schedule => '*/2 * * * *')")
+    scheduler = Scheduler(db.dsn, owner="t", clock=Clock(at), lookahead=300)
+    try:
+        scheduler.materialize_due()  # sets the new definition's cursor
+        scheduler.materialize_due()  # materializes up to 5 minutes ahead
+    finally:
+        scheduler.close()
+    queued = [r[0] for r in conn.execute("SELECT scheduled_for FROM jobs.runs ORDER BY scheduled_for")]
+    first = datetime(2026, 6, 1, 3, 58, tzinfo=UTC)
+    cursor = datetime(2026, 6, 1, 4, 4, tzinfo=UTC)
+    assert queued == [first + timedelta(minutes=m) for m in (0, 2, 4)]
+    assert scalar(conn, "SELECT next_run_at FROM jobs.definitions") == cursor
+    monkeypatch.setenv("PGTICK_NOW", at.isoformat())
+
+    for command in ("status", "definitions"):
+        out = _pgtick(capsys, command, "--dsn", db.dsn)
+        row = next(line for line in out.splitlines() if line.startswith("every-2m"))
+        assert "03:58:00 UTC" in row and "in 30s" in row, f"{command}: {row}"
+        assert "04:04" not in row, f"{command} shows the cursor: {row}"
+    wide = _pgtick(capsys, "status", "--wide", "--dsn", db.dsn)
+    assert "2026-06-01T03:58:00" in wide and "04:04" not in wide, wide
+
+    (health,) = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))["definitions"]
+    assert datetime.fromisoformat(health["next_start_at"]) == first
+    assert health["next_start_local"] == "2026-06-01T03:58:00"
+    assert datetime.fromisoformat(health["next_run_at"]) == cursor, "next_run_at is the cursor"
+    (listed,) = json.loads(_pgtick(capsys, "definitions", "--json", "--dsn", db.dsn))
+    assert datetime.fromisoformat(listed["next_start_at"]) == first
+    assert datetime.fromisoformat(listed["next_run_at"]) == cursor
+    csv = _pgtick(capsys, "definitions", "--format", "csv", "--dsn", db.dsn).splitlines()
+    assert "next_start_at" in csv[0].split(",") and "2026-06-01T03:58:00" in csv[1], csv
 
 
 def test_runs_json_with_filters(

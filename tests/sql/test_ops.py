@@ -342,6 +342,124 @@ def test_definition_health_paused_finished_and_schedule_error(conn: Conn) -> Non
     assert scalar(conn, "SELECT schedule_error FROM jobs.definition_health WHERE id = %s", (rec,)) is None
 
 
+def test_definition_health_next_start_is_the_first_waiting_run_not_the_cursor(conn: Conn) -> None:
+    """Occurrences are materialized ahead (the scheduler's lookahead): the cursor, next_run_at,
+    is then past runs already waiting, and next_start_at is the one an operator asks for:
+    the first QUEUED run of the definition, else the cursor."""
+    def_id = int(
+        scalar(
+            conn,
+            "SELECT id FROM jobs.define('every-2m', 'k', schedule => '*/2 * * * *',"
+            " timezone => 'Europe/Sofia')",
+        )
+    )
+    query = "SELECT next_run_at, next_start_at, next_start_local FROM jobs.definition_health WHERE id = %s"
+    assert one(conn, query, (def_id,)) == {
+        "next_run_at": None,
+        "next_start_at": None,
+        "next_start_local": None,
+    }
+    start = scalar(conn, "SELECT date_trunc('hour', now()) + interval '1 day'")
+    assert scalar(conn, "SELECT jobs.materialize(%s, NULL, '{}', %s)", (def_id, start)) == 0
+    health = one(conn, query, (def_id,))
+    assert health["next_start_at"] == health["next_run_at"] == start, "nothing queued: the cursor"
+    times = [start + timedelta(minutes=m) for m in (0, 2, 4)]
+    cursor = start + timedelta(minutes=6)
+    assert (
+        scalar(conn, "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)", (def_id, start, times, cursor))
+        == 3
+    )
+    run_ids = {
+        r["scheduled_for"]: r["id"]
+        for r in rows(conn, "SELECT id, scheduled_for FROM jobs.runs WHERE definition_id = %s", (def_id,))
+    }
+    health = one(conn, query, (def_id,))
+    assert health["next_run_at"] == cursor, "next_run_at stays the cursor"
+    assert health["next_start_at"] == times[0], "the first waiting run, not the cursor"
+    sofia = scalar(conn, "SELECT %s::timestamptz AT TIME ZONE 'Europe/Sofia'", (times[0],))
+    assert health["next_start_local"] == sofia
+
+    conn.execute("SELECT jobs.cancel(%s)", (run_ids[times[0]],))
+    assert one(conn, query, (def_id,))["next_start_at"] == times[1], "a cancelled run starts nothing"
+    conn.execute("UPDATE jobs.runs SET blocked = TRUE WHERE id = %s", (run_ids[times[1]],))
+    assert one(conn, query, (def_id,))["next_start_at"] == times[2], (
+        "a run waiting on others starts when they complete, not at its time"
+    )
+    now_run = int(scalar(conn, "SELECT id FROM jobs.run_now('every-2m')"))
+    now_at = scalar(conn, "SELECT scheduled_for FROM jobs.runs WHERE id = %s", (now_run,))
+    assert one(conn, query, (def_id,))["next_start_at"] == now_at, "a run queued by hand starts first"
+    conn.execute("SELECT jobs.cancel(%s)", (now_run,))
+
+    conn.execute("SELECT jobs.pause('every-2m')")
+    health = one(conn, query, (def_id,))
+    assert (health["next_run_at"], health["next_start_at"]) == (cursor, times[2]), (
+        "the runs queued before a pause still start"
+    )
+    conn.execute("SELECT jobs.cancel(%s)", (run_ids[times[2]],))
+    conn.execute("UPDATE jobs.runs SET blocked = FALSE WHERE id = %s", (run_ids[times[1]],))
+    conn.execute("SELECT jobs.cancel(%s)", (run_ids[times[1]],))
+    health = one(conn, query, (def_id,))
+    assert (health["next_run_at"], health["next_start_at"]) == (cursor, None), (
+        "paused with nothing queued: nothing starts, whatever the cursor says"
+    )
+
+    once = int(scalar(conn, "SELECT id FROM jobs.define('once', 'k', run_at => now() + interval '1 minute')"))
+    run_at = scalar(conn, "SELECT run_at FROM jobs.definitions WHERE id = %s", (once,))
+    assert one(conn, query, (once,))["next_start_at"] == run_at, "a one-shot not materialized yet"
+    assert scalar(conn, "SELECT jobs.materialize_one_shots(interval '5 minutes')") == 1
+    health = one(conn, query, (once,))
+    assert (health["next_run_at"], health["next_start_at"]) == (None, run_at), (
+        "a one-shot materialized ahead is finished but its run has not started"
+    )
+
+
+def test_the_next_start_is_read_per_definition_through_its_runs_index(conn: Conn) -> None:
+    """A page of jobs.definition_health and of jobs.definition_list reads each listed
+    definition's runs through the (definition_id, id) index for its first queued run: never
+    every run, which grows with the history and the backlog of other definitions."""
+    conn.execute(
+        """
+        INSERT INTO jobs.definitions (name, kind, schedule, next_run_at)
+        SELECT 'd' || g, 'k', '*/2 * * * *', now() + interval '10 minutes' FROM generate_series(1, 2000) AS g;
+        INSERT INTO jobs.runs (definition_id, kind, status, origin, scheduled_for, occurrence_at,
+                               started_at, finished_at)
+        SELECT d.id, 'k', s.status::jobs.run_status, 'schedule', s.at, s.at,
+               CASE WHEN s.status = 'COMPLETED' THEN s.at END, CASE WHEN s.status = 'COMPLETED' THEN s.at END
+          FROM jobs.definitions AS d,
+               LATERAL (SELECT CASE WHEN g > 8 THEN 'QUEUED' ELSE 'COMPLETED' END AS status,
+                               now() + (g - 8) * interval '2 minutes' AS at
+                          FROM generate_series(1, 10) AS g) AS s;
+        ANALYZE jobs.definitions;
+        ANALYZE jobs.runs;
+        """
+    )
+
+    def scans_of_runs(query: str) -> list[str]:
+        plan = scalar(conn, "EXPLAIN (FORMAT JSON) " + query)
+        found: list[str] = []
+
+        def walk(node: dict[str, Any]) -> None:
+            if node.get("Relation Name") == "runs":
+                found.append(" ".join(filter(None, (node["Node Type"], node.get("Index Name")))))
+            for child in node.get("Plans", []):
+                walk(child)
+
+        walk(plan[0]["Plan"])
+        return found
+
+    for query in (
+        "SELECT name, next_start_at FROM jobs.definition_health ORDER BY name LIMIT 50",
+        "SELECT * FROM jobs.definition_health ORDER BY name LIMIT 50",
+        "SELECT * FROM jobs.definition_list WHERE NOT paused AND NOT finished ORDER BY name LIMIT 1000",
+    ):
+        scans = scans_of_runs(query)
+        assert scans and not [s for s in scans if s.startswith("Seq Scan")], f"{query}: {scans}"
+    first = scalar(conn, "SELECT min(scheduled_for) FROM jobs.runs WHERE status = 'QUEUED'")
+    assert (
+        scalar(conn, "SELECT count(*) FROM jobs.definition_list WHERE next_start_at = %s", (first,)) == 2000
+    )
+
+
 def _statuses(conn: Conn) -> dict[str, int]:
     got = conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall()
     return {status: int(n) for status, n in got}
