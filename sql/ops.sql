@@ -252,7 +252,8 @@ SELECT
     late.p50 AS lateness_p50,
     late.p99 AS lateness_p99,
     next_start.at AS next_start_at,
-    next_start.at AT TIME ZONE d.timezone AS next_start_local
+    next_start.at AT TIME ZONE d.timezone AS next_start_local,
+    last.finished_at AS last_finished_at
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -304,18 +305,32 @@ LEFT JOIN LATERAL (
     ) AS finished_at
 ) AS bad ON TRUE
 LEFT JOIN LATERAL (
-    SELECT coalesce(
-        (
-            SELECT r.status FROM jobs.runs AS r
-            WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
-            ORDER BY r.id DESC LIMIT 1
-        ),
-        (
-            SELECT h.status FROM jobs.run_history AS h
-            WHERE h.definition_id = d.id
-            ORDER BY h.id DESC LIMIT 1
-        )
-    ) AS status
+    -- Status and finish of the same run: both read the newest finished run in one snapshot.
+    SELECT
+        coalesce(
+            (
+                SELECT r.status FROM jobs.runs AS r
+                WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+                ORDER BY r.id DESC LIMIT 1
+            ),
+            (
+                SELECT h.status FROM jobs.run_history AS h
+                WHERE h.definition_id = d.id
+                ORDER BY h.id DESC LIMIT 1
+            )
+        ) AS status,
+        coalesce(
+            (
+                SELECT r.finished_at FROM jobs.runs AS r
+                WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+                ORDER BY r.id DESC LIMIT 1
+            ),
+            (
+                SELECT h.finished_at FROM jobs.run_history AS h
+                WHERE h.definition_id = d.id
+                ORDER BY h.id DESC LIMIT 1
+            )
+        ) AS finished_at
 ) AS last ON TRUE
 LEFT JOIN LATERAL (
     -- A streak only follows a last outcome other than COMPLETED; it may reach into history.
@@ -365,7 +380,7 @@ LEFT JOIN LATERAL (
     WHERE c.definition_id = d.id
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
-COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start).';
+COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start); and last_finished_at, when the last outcome (last_status) finished.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS

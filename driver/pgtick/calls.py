@@ -700,7 +700,7 @@ def status_definitions(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any
         "SELECT name, kind, schedule, timezone, paused, finished, next_run_at, running, queued,"
         " max_concurrent_runs, last_status, last_success_at, last_failure_at, consecutive_failures,"
         " consecutive_skips, recent_outcomes, schedule_error, last_catch_up, last_catch_up_at,"
-        " materialize_error, lateness_p50, lateness_p99, next_start_at"
+        " materialize_error, lateness_p50, lateness_p99, next_start_at, last_finished_at"
         " FROM jobs.definition_health ORDER BY name LIMIT %s OFFSET %s",
         (limit, offset),
     ).fetchall()

@@ -1252,10 +1252,6 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             return "finished"
         return local_time(_when(d["next_start_at"]), d["timezone"], now)
 
-    def last_at(d: dict[str, Any]) -> datetime | None:
-        times = [t for t in (_when(d["last_success_at"]), _when(d["last_failure_at"])) if t]
-        return max(times) if times else None
-
     table = Table(
         [
             Column("DEFINITION", lambda d: d["name"], priority=0, shrink=True, min_width=16, middle=True),
@@ -1264,7 +1260,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             Column(
                 "LAST", lambda d: status_word(_last_outcome(d), style) if d["last_status"] else "", priority=2
             ),
-            Column("PASSED", lambda d: relative(last_at(d), now), priority=3),
+            # When the outcome LAST names finished (a skip or a cancel too).
+            Column("PASSED", lambda d: relative(_when(d["last_finished_at"]), now), priority=3),
             Column("RECENT", strip, priority=2),
             Column(
                 "STREAK", _streak, priority=2, colour=lambda d: "red" if d["consecutive_failures"] else None

@@ -521,6 +521,42 @@ def test_status_and_definitions_show_the_next_start_not_the_cursor(
     assert "next_start_at" in csv[0].split(",") and "2026-06-01T03:58:00" in csv[1], csv
 
 
+def test_passed_is_when_the_last_outcome_finished(
+    db: Database, conn: Conn, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A success a day ago, then an overlap skip a minute ago: LAST says SKIPPED and PASSED
+    says when that skip was, not when the older success was."""
+    monkeypatch.setenv("PGTICK_NOW", "2031-07-01T12:00:00Z")
+    conn.execute(
+        "SELECT jobs.define('ticks', 'k', schedule => '* * * * *', max_concurrent_runs => 1,"
+        " overlap_policy => 'skip')"
+    )
+    conn.execute(
+        """
+        INSERT INTO jobs.runs (definition_id, kind, status, origin, scheduled_for, started_at, finished_at,
+                               failure_reason, error)
+        SELECT d.id, 'k', v.status::jobs.run_status, 'schedule', v.at, v.started_at, v.finished_at,
+               v.reason, v.error
+          FROM jobs.definitions AS d, (VALUES
+            ('COMPLETED', '2031-06-30 12:00Z'::timestamptz, '2031-06-30 12:00:01Z'::timestamptz,
+             '2031-06-30 12:00:05Z'::timestamptz, NULL, NULL),
+            ('CANCELLED', '2031-07-01 11:59Z', NULL, '2031-07-01 11:59:00Z', 'Skipped',
+             'skipped: definition at max_concurrent_runs (overlap_policy skip)')
+          ) AS v (status, at, started_at, finished_at, reason, error)
+         ORDER BY v.at
+        """
+    )
+    out = _pgtick(capsys, "status", "--dsn", db.dsn)
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("DEFINITION"))
+    row = next(line for line in lines if line.startswith("ticks"))
+    assert "SKIPPED" in row, row
+    passed = row[header.index("PASSED") :].split("  ")[0].strip()
+    assert passed == "1m ago", f"PASSED beside a skip a minute ago: {passed!r} in {row!r}"
+    (health,) = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))["definitions"]
+    assert datetime.fromisoformat(health["last_finished_at"]) == datetime(2031, 7, 1, 11, 59, tzinfo=UTC)
+
+
 def test_runs_json_with_filters(
     db: Database, busy: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

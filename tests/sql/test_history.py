@@ -726,12 +726,14 @@ def test_health_reads_the_last_success_and_failure_from_history_until_a_live_one
         for r in rows(conn, "SELECT id, finished_at FROM jobs.runs WHERE id IN (%s, %s)", (success, failure))
     }
     assert _archive_all(conn) == 2
-    query = """SELECT last_success_at, last_failure_at, last_status::text, consecutive_failures
+    query = """SELECT last_success_at, last_failure_at, last_status::text, last_finished_at,
+                      consecutive_failures
                  FROM jobs.definition_health WHERE id = %s"""
     assert one(conn, query, (def_id,)) == {
         "last_success_at": finished[success],
         "last_failure_at": finished[failure],
         "last_status": "FAILED",
+        "last_finished_at": finished[failure],
         "consecutive_failures": 1,
     }, "all of it from history"
     (live,) = finish_old(conn, 1, age="1 hour", status="COMPLETED", definition_id=def_id)
@@ -740,6 +742,7 @@ def test_health_reads_the_last_success_and_failure_from_history_until_a_live_one
         "last_success_at": live_at,
         "last_failure_at": finished[failure],
         "last_status": "COMPLETED",
+        "last_finished_at": live_at,
         "consecutive_failures": 0,
     }, "the live success is newer than history's"
 

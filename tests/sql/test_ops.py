@@ -460,6 +460,40 @@ def test_the_next_start_is_read_per_definition_through_its_runs_index(conn: Conn
     )
 
 
+def test_definition_health_last_finished_at_is_the_last_outcomes_finish(conn: Conn) -> None:
+    """An overlap skip after a success: last_status is the skip's (CANCELLED), and
+    last_finished_at is when it was skipped, not the older success."""
+    def_id = _recurring(conn, "skippy", max_concurrent_runs="1", overlap_policy="'skip'")
+    (first,) = _occurrences(conn, def_id, 1)
+    assert claim(conn, "w") == [first]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (first,))
+    ids = _occurrences(conn, def_id, 3)
+    assert claim(conn, "w", batch=3) == [ids[0]]
+    assert claim(conn, "w", batch=3) == [], "at its cap: the next claim skips the others"
+    finished = {
+        r["id"]: r["finished_at"]
+        for r in rows(
+            conn,
+            "SELECT id, finished_at FROM jobs.runs WHERE definition_id = %s AND finished_at IS NOT NULL",
+            (def_id,),
+        )
+    }
+    skip = max(finished)  # the newest finished run: an overlap skip
+    assert run_row(conn, skip)["failure_reason"] == "Skipped"
+    health = one(
+        conn,
+        "SELECT last_status::text, last_success_at, last_finished_at"
+        " FROM jobs.definition_health WHERE id = %s",
+        (def_id,),
+    )
+    assert health == {
+        "last_status": "CANCELLED",
+        "last_success_at": finished[first],
+        "last_finished_at": finished[skip],
+    }
+    assert skip in ids and finished[skip] > finished[first]
+
+
 def _statuses(conn: Conn) -> dict[str, int]:
     got = conn.execute("SELECT status::text, count(*) FROM jobs.runs GROUP BY 1").fetchall()
     return {status: int(n) for status, n in got}
