@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness import ROOT, wait_for
+from harness import PGTICK, ROOT, Database, env_for, psql_file, scalar, terminate, wait_for
 
 
 @pytest.fixture
@@ -112,6 +112,85 @@ def test_example_app_runs_on_embedded_postgres(tmp_path: Path, data_home: Path) 
     while pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not pidfile.exists(), f"{pidfile} still there 60 s after pgtick run exited: {text[-3000:]}"
+
+
+ALIVE_LONG_IMPORT_WORKERS = (
+    "SELECT count(*) FROM jobs.workers WHERE state = 'alive' AND kinds @> '{long-import}'"
+)
+
+
+def _block_after(readme: str, heading: str, lang: str) -> str:
+    """The first fenced ``lang`` block of the README after the text ``heading``."""
+    found = re.search(rf"^```{lang}\n(.*?)^```", readme[readme.index(heading) :], re.DOTALL | re.MULTILINE)
+    assert found, f"no ```{lang} block after {heading!r} in the README"
+    return found.group(1)
+
+
+@pytest.mark.timeout(300)
+def test_the_psql_lines_beside_the_running_example_work_as_written(db: Database, tmp_path: Path) -> None:
+    """The README's psql lines for watching the example app run as a newcomer types them, in
+    order, stopping at the first error; the long-import they enqueue is running when the last
+    line cancels it, and it stops at a checkpoint: compensated, then CANCELLED."""
+    block = _block_after((ROOT / "README.md").read_text(), "While the example runs", "sql")
+    lines = [line for line in block.splitlines() if line.strip()]
+    cancels = [line for line in lines if "jobs.cancel(" in line]
+    assert cancels and lines[-len(cancels) :] == cancels, "the block ends with its cancel"
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*PGTICK, "run", "examples/app.py", "--dsn", db.dsn, "--tick", "0.5s"],
+            cwd=ROOT,
+            env=env_for(None),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        with db.connect() as conn:
+            wait_for(
+                "the example's worker to register long-import",
+                lambda: proc.poll() is not None or scalar(conn, ALIVE_LONG_IMPORT_WORKERS),
+                timeout=120,
+                interval=0.2,
+            )
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+
+            def psql(text: str) -> str:
+                script = tmp_path / "lines.sql"
+                script.write_text(text + "\n")
+                result = psql_file(db.dsn, script)
+                assert result.returncode == 0, f"{text}\n{result.stderr}"
+                return result.stdout
+
+            psql("\n".join(lines[: -len(cancels)]))
+            run_id = wait_for(
+                "the enqueued long-import to start",
+                lambda: scalar(
+                    conn, "SELECT id FROM jobs.runs WHERE kind = 'long-import' AND status = 'RUNNING'"
+                ),
+                timeout=120,
+                interval=0.2,
+            )
+            psql("\n".join(cancels))
+            wait_for(
+                "the long-import to stop at a checkpoint",
+                lambda: scalar(conn, "SELECT status = 'CANCELLED' FROM jobs.runs WHERE id = %s", (run_id,)),
+                timeout=60,
+                interval=0.2,
+            )
+        wait_for(
+            "the run's outcome in the example's log",
+            lambda: (
+                f"run={run_id} kind=long-import definition=- status=CANCELLED"
+                in log.read_text(errors="replace")
+            ),
+            timeout=30,
+            interval=0.2,
+        )
+    finally:
+        terminate(proc, grace=60)
+    text = log.read_text(errors="replace")
+    assert "compensating: rolling back the rows imported so far" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
 
 
 def test_every_test_and_file_the_docs_name_exists() -> None:
