@@ -193,6 +193,27 @@ def test_the_psql_lines_beside_the_running_example_work_as_written(db: Database,
     assert "Traceback" not in text, text[-3000:]
 
 
+def test_the_readme_says_where_pgtick_is_before_it_runs_pgtick_bare() -> None:
+    """The quickstart installs pgtick into .venv without activating it: a command the README
+    shows as plain `pgtick ...` is "command not found" for a newcomer until the README has
+    said how to put .venv/bin on the PATH."""
+    readme = (ROOT / "README.md").read_text()
+    bare, fence, offset = None, None, 0
+    for line in readme.splitlines(keepends=True):
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence in ("", "sh") and re.match(r"(\$ )?pgtick ", line):
+            bare = offset
+            break
+        offset += len(line)
+    assert bare is not None, "the README runs no plain `pgtick` command any more: drop this test"
+    activate = readme.find(". .venv/bin/activate")
+    assert 0 <= activate < bare, (
+        "the README runs a plain `pgtick` command before saying `. .venv/bin/activate`:"
+        f" {readme[bare : readme.index(chr(10), bare)]!r}"
+    )
+
+
 def test_every_test_and_file_the_docs_name_exists() -> None:
     """The docs cite the tests behind each claim and the files that hold each part: a renamed
     test or a moved file leaves a citation a reader cannot follow."""
