@@ -488,13 +488,14 @@ class Scheduler:
     def _reap(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         report.reaped = sql.reap(conn)
         for r in report.reaped:
+            retry = "" if r["retry_run_id"] is None else f" retry={r['retry_run_id']}"
             log.warning(
-                "run=%s kind=%s worker=%s reaped reason=%s retry=%s",
+                "run=%s kind=%s worker=%s reaped reason=%s%s",
                 r["run_id"],
                 r["kind"] or "-",
                 r["worker"] or "-",
                 r["reason"],
-                r["retry_run_id"],
+                retry,
             )
 
     def _archive_now(self, conn: psycopg.Connection[Any], report: TickReport) -> None:

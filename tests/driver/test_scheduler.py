@@ -935,6 +935,29 @@ def test_the_reap_line_names_the_kind_and_the_worker_the_run_was_taken_from(
     scheduler.close()
     assert [r["run_id"] for r in report.reaped] == [run_id], report
     lines = [r.getMessage() for r in caplog.records if "reaped" in r.getMessage()]
-    assert lines == [
-        f"run={run_id} kind=thumbnail worker=web-7-4242-dead reaped reason=HeartbeatLost retry=None"
-    ], lines
+    assert lines == [f"run={run_id} kind=thumbnail worker=web-7-4242-dead reaped reason=HeartbeatLost"], lines
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_the_reap_warning_names_a_retry_only_when_one_was_queued(
+    db: Database, caplog: pytest.LogCaptureFixture, max_attempts: int
+) -> None:
+    """A run whose worker went silent is reaped with a warning; it says which run retries it,
+    and says nothing of a retry when none was queued (no Python None in a log line)."""
+    with db.connect() as conn:
+        run_id = enqueue(conn, "k", max_attempts=str(max_attempts))
+        assert claim(conn, "gone-worker", kinds=["k"]) == [run_id]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+    scheduler = Scheduler(db.dsn, owner="reaper", tick_interval=0.2)
+    try:
+        with caplog.at_level("WARNING", logger="pgtick.scheduler"):
+            assert scheduler.tick().leading
+    finally:
+        scheduler.close()
+    with db.connect() as conn:
+        retry = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    reaped = [r.getMessage() for r in caplog.records if "reaped" in r.getMessage()]
+    reaped_from = f"run={run_id} kind=k worker=gone-worker reaped reason=HeartbeatLost"
+    expected = reaped_from + ("" if retry is None else f" retry={retry}")
+    assert (retry is None) == (max_attempts == 1), retry
+    assert reaped == [expected], reaped
