@@ -14,7 +14,7 @@ import psutil
 import psycopg
 import pytest
 
-from harness import PGTICK, ROOT, wait_for
+from harness import PGTICK, ROOT, free_port, wait_for
 from pgtick.embedded import EmbeddedPostgres, _bundled_major
 
 
@@ -96,3 +96,35 @@ def test_a_stale_postmaster_pid_that_another_process_now_has_does_not_keep_the_s
         for server in (second, first):
             if server is not None:
                 server.stop()
+
+
+@pytest.mark.timeout(400)
+def test_a_server_a_command_started_stays_up_for_psql_and_the_next_web_stops_it(home: Path) -> None:
+    """`psql "$(pgtick dsn)"` connects after `pgtick dsn` has exited: a command other than
+    `run` and `web` leaves the server it started running, and the next `run` or `web` on the
+    same data stops it when it exits (docs/cli.md)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_HOME"] = str(home)
+    done = subprocess.run([*PGTICK, "dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done
+    pidfile = home / "pgdata" / "postmaster.pid"
+    with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs.definitions").fetchone() == (0,)
+    assert pidfile.exists()
+    port = free_port()
+    web = subprocess.Popen(
+        [*PGTICK, "web", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert web.stdout is not None
+        first = web.stdout.readline()
+        assert "dashboard on" in first, first + web.stdout.read()
+    finally:
+        web.send_signal(signal.SIGINT)
+        assert web.wait(120) in (0, 130)  # 130: stopped by Ctrl-C
+    wait_for("the embedded server to stop", lambda: not pidfile.exists(), timeout=60, interval=0.2)
