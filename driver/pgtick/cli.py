@@ -1752,7 +1752,9 @@ def cmd_workers(args: argparse.Namespace) -> Result:
 
     def text(style: Style, wide: bool) -> str:
         if not rows:
-            return "no live workers" + ("" if args.all else " (pgtick workers --all shows stopped ones)")
+            if args.all:
+                return "no workers"
+            return "no live workers (pgtick workers --all shows stopped and lost ones)"
         state_colour = {"alive": "green", "lost": "red", "stopped": "dim"}
         table = Table(
             [

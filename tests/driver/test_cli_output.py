@@ -755,3 +755,23 @@ def test_status_notes_on_a_narrow_terminal_wrap_by_terminal_columns(db: Database
     assert not too_wide, "lines wider than 40 columns:\n" + "\n".join(too_wide)
     assert lines[0] == "leader  none: no scheduler is running,", lines
     assert any(line.startswith("kind 生成每日") for line in lines), lines
+
+
+def test_workers_with_none_alive_points_at_the_lost_ones_too(
+    db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker killed with -9 is lost, not stopped: when no worker is alive, the line that
+    says so points at --all for the lost ones as well, which are what an operator is after;
+    --all on a database no worker ever reached says there are none, not that none is live."""
+    assert cli.main(["workers", "--all", "--dsn", db.dsn]) == 0
+    assert capsys.readouterr().out == "no workers\n"
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.register_worker('killed-worker', ARRAY['report'])")
+        conn.execute("UPDATE jobs.worker_registry SET last_seen_at = now() - interval '1 hour'")
+        assert scalar(conn, "SELECT state FROM jobs.workers") == "lost"
+    assert cli.main(["workers", "--dsn", db.dsn]) == 0
+    out, _ = capsys.readouterr()
+    assert out == "no live workers (pgtick workers --all shows stopped and lost ones)\n"
+    assert cli.main(["workers", "--all", "--dsn", db.dsn]) == 0
+    out, _ = capsys.readouterr()
+    assert "killed-worker" in out and "lost" in out
