@@ -248,6 +248,18 @@ def migrated_server(*setup: str) -> Iterator[tuple[EmbeddedPostgres, str]]:
         embedded.stop()
 
 
+def notifications_until_sentinel(listener: psycopg.Connection[Any]) -> list[str]:
+    """The payloads of the notifications a listener of channel jobs gets up to a NOTIFY whose
+    payload is 'sentinel', sent after what is being watched (notifications arrive in commit
+    order: what arrives before the sentinel was committed before it)."""
+    got: list[str] = []
+    for n in listener.notifies(timeout=30.0):
+        if n.payload == "sentinel":
+            return got
+        got.append(n.payload)
+    raise AssertionError(f"the sentinel never arrived; got {got}")
+
+
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
     """Poll ``fn`` until it returns something truthy; fail naming ``what`` and the last value."""
     deadline = time.monotonic() + timeout

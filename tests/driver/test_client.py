@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from harness import Database, wait_for
+from harness import Database, notifications_until_sentinel, wait_for
 from pgtick import Client, Run
 from pgtick.client import Definition
 from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
@@ -121,12 +121,7 @@ def _jobs_notifications(db: Database, act: Callable[[], object]) -> list[str]:
         act()
         with db.connect() as c:
             c.execute("SELECT pg_notify('jobs', 'sentinel')")
-        got: list[str] = []
-        for n in listener.notifies(timeout=30.0):
-            if n.payload == "sentinel":
-                return got
-            got.append(n.payload)
-    raise AssertionError(f"the sentinel never arrived; got {got}")
+        return notifications_until_sentinel(listener)
 
 
 #: The client's NOTIFY after the commit, told apart here by its payload.

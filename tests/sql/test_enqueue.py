@@ -8,7 +8,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Conn, Database, expect_error, race, run_row, scalar, wait_at_gate
+from harness import (
+    Conn,
+    Database,
+    expect_error,
+    notifications_until_sentinel,
+    race,
+    run_row,
+    scalar,
+    wait_at_gate,
+)
 
 
 def _enqueue_with_key(dsn: str, key: str, hold: float) -> dict[str, Any]:
@@ -124,17 +133,6 @@ def test_one_notify_per_transaction(db: Database, conn: Conn) -> None:
         assert _drain(listener, 0) == []
 
 
-def _until_sentinel(listener: psycopg.Connection[Any]) -> list[str]:
-    """The payloads of the notifications on jobs up to the sentinel sent after them (in commit
-    order: what arrives before it was committed before it)."""
-    got: list[str] = []
-    for n in listener.notifies(timeout=30.0):
-        if n.payload == "sentinel":
-            return got
-        got.append(n.payload)
-    raise AssertionError(f"the sentinel never arrived; got {got}")
-
-
 def test_a_transaction_that_defers_its_wake_queues_without_a_notify(db: Database, conn: Conn) -> None:
     """With pgtick.defer_wake on, every function that queues runs leaves the NOTIFY to its
     caller, who sends it after the commit; without it, the transaction notifies itself."""
@@ -145,13 +143,13 @@ def test_a_transaction_that_defers_its_wake_queues_without_a_notify(db: Database
             conn.execute("SELECT jobs.enqueue('k')")
             conn.execute("SELECT jobs.enqueue_many('k', '[{}, {}]')")
         conn.execute("SELECT pg_notify('jobs', 'sentinel')")
-        assert _until_sentinel(listener) == [], "a deferred enqueue notified"
+        assert notifications_until_sentinel(listener) == [], "a deferred enqueue notified"
         assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'QUEUED'") == 3
 
         conn.execute("SELECT set_config('synchronous_commit', 'off', true), pg_notify('jobs', '')")
         conn.execute("SELECT jobs.enqueue('k')")  # the setting was the transaction's alone
         conn.execute("SELECT pg_notify('jobs', 'sentinel')")
-        assert _until_sentinel(listener) == ["", ""]
+        assert notifications_until_sentinel(listener) == ["", ""]
 
 
 @pytest.mark.parametrize("value", ["not json", '"a string"', "[1, 2]", '{"traceparent": '])
