@@ -651,7 +651,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await asyncio.to_thread(check_schema, dsn)
+        # On the loop's own thread: nothing is served yet, so blocking it holds up no request,
+        # and the loop is never left waiting for a worker thread's wake-up alone (a Ctrl-C while
+        # the check ran in one left `pgtick web` waiting for ever, the check done).
+        check_schema(dsn)
         await dash.db.open()
         try:
             yield
