@@ -353,6 +353,45 @@ def test_the_history_keys_migration_keeps_the_keys_of_runs_moved_before_it(
         assert conn.execute("SELECT count(*) FROM jobs.runs").fetchone() == (0,), "no new run"
 
 
+def test_the_blank_keys_migration_keeps_blank_keys_written_before_it(pg: Server, tmp_path: Path) -> None:
+    """Blank keys written directly before the columns refused them (a queued run with all three,
+    a definition's concurrency key) do not fail the upgrade and stay as they were. Such a run is
+    still claimed and failed, and its retry by policy keeps its keys (copied, not written
+    anew); the definition can still be changed (a table CHECK would refuse every UPDATE of its
+    row); a new blank key is refused (23514 naming the constraint)."""
+    with _installed_before(pg, "0026_blank_keys.sql", tmp_path) as conn:
+        conn.execute("SELECT jobs.define('d', 'k', run_at => now() + interval '1 day')")
+        conn.execute("UPDATE jobs.definitions SET concurrency_key = ' ' WHERE name = 'd'")
+        conn.execute(
+            "SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)"
+        )
+        row = conn.execute(
+            "INSERT INTO jobs.runs (kind, idempotency_key, unique_key, concurrency_key)"
+            " VALUES ('k', '  ', chr(9), U&'\\3000') RETURNING id"
+        ).fetchone()
+        assert row is not None
+        migrate.apply(conn)
+        assert "0026" in migrate.applied_versions(conn)
+        kept = conn.execute(
+            "SELECT r.idempotency_key, r.unique_key, r.concurrency_key, d.concurrency_key"
+            " FROM jobs.runs AS r, jobs.definitions AS d WHERE r.id = %s AND d.name = 'd'",
+            (row[0],),
+        ).fetchone()
+        assert kept == ("  ", "\t", "\u3000", " "), f"the blank keys changed: {kept!r}"
+        claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w1')").fetchall()
+        assert claimed == [(row[0],)], f"claimed {claimed}, expected the run {row[0]}"
+        retry = conn.execute(
+            "SELECT status::text, unique_key, concurrency_key FROM jobs.fail(%s, 'w1', '{E}', 'once')",
+            (row[0],),
+        ).fetchone()
+        assert retry == ("QUEUED", "\t", "\u3000"), f"failing the run with blank keys: {retry!r}"
+        conn.execute("UPDATE jobs.definitions SET enabled = FALSE WHERE name = 'd'")
+        with pytest.raises(psycopg.errors.CheckViolation, match="runs_idempotency_key_not_blank"):
+            conn.execute("INSERT INTO jobs.runs (kind, idempotency_key) VALUES ('k', '  ')")
+        with pytest.raises(psycopg.errors.CheckViolation, match="definitions_concurrency_key_not_blank"):
+            conn.execute("UPDATE jobs.definitions SET concurrency_key = '  ' WHERE name = 'd'")
+
+
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")

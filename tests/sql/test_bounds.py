@@ -223,6 +223,31 @@ WRITERS: list[Case] = [
     checked("UPDATE jobs.runs SET concurrency_key = repeat('t', 201)", "runs_concurrency_key_check"),
     checked("UPDATE jobs.runs SET unique_key = ''", "runs_unique_key_check"),
     checked("INSERT INTO jobs.runs (kind, queue) VALUES ('k', '')", "runs_queue_check"),
+    # Keys: not blank (only white space and control characters), as jobs._check_key says
+    checked(
+        "UPDATE jobs.runs SET idempotency_key = '   '",
+        "jobs.run_idempotency_key",
+        "runs_idempotency_key_not_blank",
+    ),
+    checked(
+        "INSERT INTO jobs.runs (kind, idempotency_key) VALUES ('k', ' ' || chr(9) || chr(10))",
+        "runs_idempotency_key_not_blank",
+    ),
+    checked(
+        "UPDATE jobs.runs SET unique_key = U&'\\00A0\\3000'",
+        "jobs.run_unique_key",
+        "runs_unique_key_not_blank",
+    ),
+    checked("INSERT INTO jobs.runs (kind, unique_key) VALUES ('k', ' ')", "runs_unique_key_not_blank"),
+    checked(
+        "UPDATE jobs.runs SET concurrency_key = chr(10)",
+        "jobs.run_concurrency_key",
+        "runs_concurrency_key_not_blank",
+    ),
+    checked(
+        "INSERT INTO jobs.runs (kind, concurrency_key) VALUES ('k', '  ')", "runs_concurrency_key_not_blank"
+    ),
+    checked("UPDATE jobs.definitions SET concurrency_key = ' '", "definitions_concurrency_key_not_blank"),
 ]
 
 
