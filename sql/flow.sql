@@ -476,7 +476,7 @@ COMMENT ON FUNCTION jobs._recount_rate_window(text, text, boolean, interval) IS 
 -- It waits for the claims that started runs under the limit's old settings to commit (the locks
 -- above), so the new settings count every start and every RUNNING run those claims made; a new
 -- limit waits for every claim in progress (jobs._wait_for_claims), which may have read its runs
--- as uncapped.
+-- as uncapped, and so does a per-key limit over more than 1,000 keys (step 2).
 -- A rate limit counts the starts of its whole trailing period, also those from before it was set
 -- or changed: a new rate limit, a longer period or a per_key that flips recounts the window
 -- (jobs._recount_rate_window); a new rate or a shorter period keeps the recorded starts.
@@ -552,9 +552,11 @@ BEGIN
     -- 2. The dispatch locks of its groups under the old settings and the new, ascending (keys
     -- as jobs.claim computes them: jobs._limit_key of the label). Every lock is held to commit
     -- in the server's shared lock table, so a per-key limit's keys are locked only while there
-    -- are at most c_key_locks of them: past that, a claim in flight on one key may still start
-    -- under the old settings (one batch at most), and the table keeps room for every other
-    -- session's locks.
+    -- are at most c_key_locks of them. Past that, the change waits for every claim in progress
+    -- instead, as a new limit does (and holds off the next claims until it commits): a claim in
+    -- flight on one key holds only that key's lock, and a limit turned from per key to the whole
+    -- queue or kind has no other lock in common with it; not waiting for it, the claims after
+    -- the change would not count the runs it starts, and start more than the new limit allows.
     IF set_limit.per_key OR v_was.per_key THEN
         v_keys := ARRAY(
             SELECT DISTINCT r.concurrency_key
@@ -565,6 +567,9 @@ BEGIN
         );
         IF cardinality(v_keys) > c_key_locks THEN
             v_keys := '{}';
+            PERFORM jobs._wait_for_claims(
+                format('jobs.set_limit of a per-key limit over more than %s keys', c_key_locks)
+            );
         END IF;
     END IF;
     FOR v_key IN
@@ -597,7 +602,7 @@ BEGIN
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
 END $$;
-COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings (a new limit: for every claim in progress, at most 5 s, then 55P03 and nothing changed); READ COMMITTED only (25000).';
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings (a new limit, or a per-key one whose queue or kind has runs of more than 1,000 keys: for every claim in progress, at most 5 s, then 55P03 and nothing changed); READ COMMITTED only (25000).';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
 CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text) RETURNS boolean

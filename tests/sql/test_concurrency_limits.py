@@ -271,6 +271,36 @@ def test_roomy_limits_hold_with_shared_dispatch_locks(db: Database, conn: Conn) 
     assert states == {"COMPLETED": len(expected)}, states
 
 
+def test_a_per_key_limit_holds_for_each_of_many_keys_and_every_key_runs(db: Database, conn: Conn) -> None:
+    """Invariant: a kind limit of 1 per key over 1,500 keys (more than jobs.set_limit locks one
+    by one), two runs each, a key's runs next to each other in claim order: under 8 claimers
+    no key ever has two RUNNING (probe and claimers, each check one snapshot), every run of
+    every key is claimed once and completes, and no claim fails. The claim itself has no bound
+    on keys: a later slice of its pool leaves out every key found full, however many."""
+    keys = 1500
+    conn.execute("SELECT jobs.set_limit('kind', 'tenanted', max_running => 1, per_key => true)")
+    expected = {
+        int(r[0])
+        for r in conn.execute(
+            "INSERT INTO jobs.runs (kind, concurrency_key, scheduled_for)"
+            " SELECT 'tenanted', 'tenant-' || g, now() - interval '1 hour' + g * interval '1 ms'"
+            " FROM generate_series(1, %s) AS g, generate_series(1, 2) AS n RETURNING id",
+            (keys,),
+        )
+    }
+
+    results = _claim_race(db, _claimer)
+    claimed = [run_id for r in results for run_id in r["claimed"]]
+    assert len(claimed) == len(set(claimed)), "a run was claimed twice"
+    assert set(claimed) == expected, f"never claimed: {sorted(expected - set(claimed))[:20]}"
+    left = conn.execute(
+        "SELECT count(DISTINCT concurrency_key) FROM jobs.runs WHERE status <> 'COMPLETED'"
+    ).fetchone()
+    assert left == (0,), f"keys with a run not completed: {left}"
+    busy = [r["worker"] for r in results if r["claimed"]]
+    assert len(busy) >= 2, f"only {busy} claimed anything: the race did not happen"
+
+
 def test_roomy_running_limits_hold_where_claims_start_their_pool_whole(db: Database, conn: Conn) -> None:
     """Invariant: with only roomy running limits (a queue limit of 500, and a kind limit of 500
     per tenant), a claim of up to 20 starts its whole pool under shared locks when every group

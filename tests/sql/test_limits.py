@@ -772,6 +772,48 @@ def test_a_per_key_change_locks_each_key_only_while_keys_are_few(conn: Conn, key
     assert _claim(conn, 20) != [], "the runs start under the new limit"
 
 
+@pytest.mark.parametrize("keys", [3, 1500])
+def test_turning_a_per_key_limit_off_waits_for_the_claim_in_progress_however_many_keys(
+    db: Database, conn: Conn, keys: int
+) -> None:
+    """Invariant: a kind limit of 1 per key turned into 1 for the whole kind never has 2
+    RUNNING, however many keys its runs have. A claim in progress (not committed) started a
+    run of one key by the old settings; the change waits for it, so the claim after the change
+    counts that run and starts none. Past 1,000 keys the change does not lock each key (the
+    locks would crowd the server's lock table) but waits for every claim in progress, as a new
+    limit does; where it waited for neither, the claim after it counted nothing (the run was
+    not committed) and started a second run under the limit of 1."""
+    conn.execute("SELECT jobs.set_limit('kind', 'api', max_running => 1, per_key => true)")
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, concurrency_key, scheduled_for)"
+        " SELECT 'api', 'tenant-' || g, now() - interval '1 hour' + g * interval '1 ms'"
+        " FROM generate_series(1, %s) AS g, generate_series(1, 2) AS n",
+        (keys,),
+    )
+    with (
+        db.connect(autocommit=False) as first,
+        db.connect() as changer,
+        db.connect() as second,
+    ):
+        held = _claim(first, 1, "wa")
+        assert len(held) == 1, held
+        changing, changed = _call_meanwhile(
+            conn,
+            changer,
+            lambda: changer.execute("SELECT jobs.set_limit('kind', 'api', max_running => 1)").fetchall(),
+        )
+        claiming, claimed = _call_meanwhile(conn, second, lambda: _claim(second, 5, "wb"))
+        first.commit()
+        changing.join(60)
+        claiming.join(60)
+    assert changed and not isinstance(changed[0], psycopg.Error), f"the change: {changed}"
+    running = scalar(conn, "SELECT array_agg(id ORDER BY id) FROM jobs.runs WHERE status = 'RUNNING'")
+    assert claimed == [[]], (
+        f"{keys} keys: the claim after the change started {claimed}; RUNNING {running} (limit 1 for the"
+        f" kind; the claim in progress held {held})"
+    )
+
+
 # ---------------------------------------------------------------------------
 # Capping runs that claims in progress read as uncapped
 # ---------------------------------------------------------------------------
