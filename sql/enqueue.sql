@@ -62,7 +62,7 @@ END $$;
 COMMENT ON FUNCTION jobs._check_depends_on(bigint[]) IS 'Private: raises 22023 unless depends_on is NULL or a one-dimensional array of 1 to 1000 run ids without NULLs, P0002 when one names no run (in jobs.runs or history); takes no lock.';
 
 -- Queue one ad-hoc run. With an idempotency key (per kind), a repeat returns the existing
--- run. With a unique key, while a run of the same kind and key is in the unique_while states
+-- run for as long as it is kept (retention lets the key go with its run). With a unique key, while a run of the same kind and key is in the unique_while states
 -- (and was created within unique_for), no run is added: on_conflict says what happens to the
 -- existing one. Concurrent enqueues of one unique key are serialized by an advisory xact lock
 -- on (kind, unique_key), then the check and the insert run under it.
@@ -270,7 +270,7 @@ COMMENT ON FUNCTION jobs.enqueue(
     text, jsonb, timestamptz, integer, text, integer, interval, interval,
     text, text, text, text, interval, text, bigint[]
 ) IS
-'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run. unique_key: while a run of the kind with that key is queued | active | ever (unique_while), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled; refused with on_conflict replace (a replace keeps what the queued run waits on); ignore and debounce leave a run of the key its own. Every argument is checked before the key is looked up: a bad call fails alike whatever the key''s state and changes nothing.';
+'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run, while it is kept (a key whose run retention pruned adds a new run). unique_key: while a run of the kind with that key is queued | active | ever (unique_while; ever = until pruned), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled; refused with on_conflict replace (a replace keeps what the queued run waits on); ignore and debounce leave a run of the key its own. Every argument is checked before the key is looked up: a bad call fails alike whatever the key''s state and changes nothing.';
 
 -- Queue many ad-hoc runs of one kind in one statement (one per element of the JSON array payloads).
 CREATE OR REPLACE FUNCTION jobs.enqueue_many(

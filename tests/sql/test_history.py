@@ -582,6 +582,69 @@ def test_the_keys_of_moved_runs_come_and_go_with_their_runs(conn: Conn) -> None:
     assert scalar(conn, "SELECT id FROM jobs.enqueue('k', idempotency_key => 'recent')") == recent
 
 
+def test_a_key_holds_exactly_as_long_as_the_run_it_was_given_to_is_kept(conn: Conn) -> None:
+    """What docs/operations.md promises of idempotency keys and unique keys kept 'ever': a key
+    returns its run for as long as that run is kept, and once retention (or a shorter
+    jobs.prune) deletes the run, the key adds a new run. A live run is never pruned, so its key
+    never lapses; a run not moved to history is pruned row by row, and its key goes with it;
+    a retry does not carry the idempotency key, so the key lapses with the attempt it was
+    given to, also while a later attempt of its chain is kept."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+
+    def keyed(key: str, age: str | None, status: str = "COMPLETED") -> int:
+        """A run of kind k with the idempotency key, finished ``age`` ago (None: still QUEUED)."""
+        run_id = enqueue(conn, idempotency_key=f"'{key}'")
+        if age is None:
+            conn.execute(
+                "UPDATE jobs.runs SET created_at = now() - interval '400 days' WHERE id = %s", (run_id,)
+            )
+        else:
+            conn.execute(
+                "UPDATE jobs.runs SET status = %s, started_at = now() - %s::interval,"
+                " finished_at = now() - %s::interval,"
+                " failure_reason = CASE WHEN %s = 'FAILED' THEN 'Error' END WHERE id = %s",
+                (status, age, age, status, run_id),
+            )
+        return run_id
+
+    def again(key: str) -> int:
+        return enqueue(conn, idempotency_key=f"'{key}'")
+
+    kept = keyed("kept", "12 days")  # within the retention of 14 days (and its day with it)
+    lapsed = keyed("lapsed", "20 days")
+    live = keyed("live", None)  # QUEUED, made 400 days ago
+    ever = int(scalar(conn, "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => 'ever')"))
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now() - interval '20 days',"
+        " finished_at = now() - interval '20 days' WHERE id = %s",
+        (ever,),
+    )
+    # A keyed first attempt that failed 20 days ago; its retry (without the key) completed today.
+    chained = keyed("chained", "20 days", status="FAILED")
+    retry = int(
+        scalar(
+            conn,
+            "INSERT INTO jobs.runs (kind, status, attempt, retry_of, origin, started_at, finished_at)"
+            " VALUES ('k', 'COMPLETED', 2, %s, 'retry', now(), now()) RETURNING id",
+            (chained,),
+        )
+    )
+    assert _archive_all(conn) == 4
+    conn.execute("UPDATE jobs.config SET archive_after = NULL")  # the next one stays in jobs.runs
+    unmoved = keyed("unmoved", "20 days")
+
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 4
+    assert [again(k) for k in ("kept", "live")] == [kept, live], "a kept run's key and a live run's key hold"
+    for key, gone in (("lapsed", lapsed), ("unmoved", unmoved), ("chained", chained)):
+        new = again(key)
+        assert new != gone and _where(conn, new) == "live", f"{key}: the key of pruned run {gone} gave {new}"
+    assert _where(conn, retry) == "live", "the retry that completed today is kept"
+    new_ever = int(
+        scalar(conn, "SELECT id FROM jobs.enqueue('k', unique_key => 'u', unique_while => 'ever')")
+    )
+    assert new_ever != ever, "a unique key kept 'ever' holds until its run is pruned, not after"
+
+
 def test_enqueues_with_keys_read_at_most_the_one_day_of_history_their_run_lies_in(conn: Conn) -> None:
     """An enqueue with an idempotency key, or a unique key kept 'ever', finds a moved run of its
     key through jobs.run_history_keys and reads that run's day alone: in a history twenty days
