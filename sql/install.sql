@@ -76,6 +76,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0024_history_keys \ir ../migrations/apply.sql
 -- 0025: a trace context that is not a JSON object refused naming its setting.
 \set migration 0025_trace_context_check \ir ../migrations/apply.sql
+-- 0027: the login that registered each worker, shown in jobs.workers.
+\set migration 0027_worker_logins \ir ../migrations/apply.sql
 
 -- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
 -- keeps that pgtick's functions: these older ones are not put back over them.
