@@ -38,6 +38,68 @@ BEGIN
     END IF;
 END
 $foreign$;
+-- The roles the schema grants to, when they exist already. They are the server's, so another
+-- database's pgtick may have made them, or someone else may have, before this install: every
+-- login granted one gets what pgtick grants it, and whatever else the role carries. A role
+-- with an attribute that no pgtick role may have (SUPERUSER, CREATEROLE, CREATEDB,
+-- REPLICATION, BYPASSRLS) is refused here, before anything is changed, on every migrate: a
+-- worker login would hold it too. A role that pgtick did not make (its comment does not start
+-- with 'pgtick:') and that this database has not been installed with yet is used, with a
+-- WARNING that names it and says whether it can log in, what it is a member of and who its
+-- members are; then it is commented as pgtick's (below), so the warning is given once.
+DO $existing$
+DECLARE
+    v_role record;
+    v_attribute text;
+    v_said text[];
+    v_names text;
+BEGIN
+    FOR v_role IN
+        SELECT r.oid, r.rolname, r.rolcanlogin,
+               CASE WHEN r.rolsuper THEN 'SUPERUSER' WHEN r.rolcreaterole THEN 'CREATEROLE'
+                    WHEN r.rolcreatedb THEN 'CREATEDB' WHEN r.rolreplication THEN 'REPLICATION'
+                    WHEN r.rolbypassrls THEN 'BYPASSRLS' END AS attribute,
+               coalesce(pg_catalog.shobj_description(r.oid, 'pg_authid'), '') LIKE 'pgtick:%' AS ours
+          FROM pg_catalog.pg_roles AS r
+         WHERE r.rolname IN ('jobs_reader', 'jobs_worker', 'jobs_operator')
+         ORDER BY r.rolname
+    LOOP
+        v_attribute := v_role.attribute;
+        IF v_attribute IS NOT NULL THEN
+            RAISE EXCEPTION 'role % already exists with %: pgtick will not grant to it; nothing was installed',
+                v_role.rolname, v_attribute
+                USING ERRCODE = '55000',
+                      HINT = format('Every login granted %s would hold %s too. Remove it (ALTER ROLE %s NO%s), '
+                                    'or drop that role, then migrate again.',
+                                    v_role.rolname, v_attribute, v_role.rolname, v_attribute);
+        END IF;
+        CONTINUE WHEN v_role.ours OR to_regclass('jobs.schema_migrations') IS NOT NULL;
+        v_said := '{}';
+        IF v_role.rolcanlogin THEN
+            v_said := v_said || 'it can log in'::text;
+        END IF;
+        SELECT string_agg(g.rolname, ', ' ORDER BY g.rolname) INTO v_names
+          FROM pg_catalog.pg_auth_members AS m JOIN pg_catalog.pg_roles AS g ON g.oid = m.roleid
+         WHERE m.member = v_role.oid
+           AND NOT (v_role.rolname = 'jobs_operator' AND g.rolname IN ('jobs_reader', 'jobs_worker'));
+        IF v_names IS NOT NULL THEN
+            v_said := v_said || ('it is a member of ' || v_names);
+        END IF;
+        SELECT string_agg(u.rolname, ', ' ORDER BY u.rolname) INTO v_names
+          FROM pg_catalog.pg_auth_members AS m JOIN pg_catalog.pg_roles AS u ON u.oid = m.member
+         WHERE m.roleid = v_role.oid
+           AND NOT (u.rolname = 'jobs_operator' AND v_role.rolname IN ('jobs_reader', 'jobs_worker'));
+        IF v_names IS NOT NULL THEN
+            v_said := v_said || ('its members: ' || v_names);
+        END IF;
+        RAISE WARNING 'role % already existed and pgtick did not create it: using it%',
+            v_role.rolname,
+            CASE WHEN cardinality(v_said) > 0 THEN ' (' || array_to_string(v_said, '; ') || ')' ELSE '' END
+            USING HINT = format('Every login granted %s gets pgtick''s %s rights: check who holds it (\du %s).',
+                                v_role.rolname, substr(v_role.rolname, 6), v_role.rolname);
+    END LOOP;
+END
+$existing$;
 -- The roles the schema grants to, created when missing. They belong to the server while the
 -- migration lock is per database: the migrator of another database may be creating one at
 -- this moment, and then this CREATE ROLE waits for it and fails on the role's name (or finds
@@ -58,6 +120,33 @@ BEGIN
     END LOOP;
 END
 $roles$;
+-- Each role commented as pgtick's, once: the mark that tells the next install (of this or
+-- another database) that pgtick made it or has already said it uses it. An installer that may
+-- not comment on a role (PostgreSQL 15: CREATEROLE; 16: ADMIN OPTION on it) leaves it unmarked.
+DO $marks$
+DECLARE
+    v_role record;
+BEGIN
+    FOR v_role IN
+        SELECT r.rolname,
+               CASE r.rolname
+                   WHEN 'jobs_reader' THEN 'pgtick: reads the jobs schema (the console, the dashboard).'
+                   WHEN 'jobs_worker' THEN 'pgtick: a worker''s calls (claim, heartbeat, complete, fail); reads no run.'
+                   ELSE 'pgtick: operates the scheduler (enqueue, define, cancel); holds the other two.'
+               END AS description
+          FROM pg_catalog.pg_roles AS r
+         WHERE r.rolname IN ('jobs_reader', 'jobs_worker', 'jobs_operator')
+           AND coalesce(pg_catalog.shobj_description(r.oid, 'pg_authid'), '') NOT LIKE 'pgtick:%'
+         ORDER BY r.rolname
+    LOOP
+        BEGIN
+            EXECUTE format('COMMENT ON ROLE %I IS %L', v_role.rolname, v_role.description);
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$marks$;
 -- The role grants the install ends with (sql/roles.sql), made first: an installer that may not
 -- make them (PostgreSQL 16: ADMIN OPTION on the roles, which their creator has; 15: CREATEROLE)
 -- stops here, before the schema or any migration is applied.

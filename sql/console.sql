@@ -32,17 +32,19 @@ BEGIN
         RAISE EXCEPTION 'kinds must be an array of at most 1000 names of 1 to 200 characters'
             USING ERRCODE = '22023';
     END IF;
-    INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds)
-    VALUES (register_worker.worker, left(register_worker.host, 255), register_worker.pid, register_worker.kinds)
+    -- The login is recorded: a worker id another login registers changes hands in plain sight.
+    INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds, login)
+    VALUES (register_worker.worker, left(register_worker.host, 255), register_worker.pid, register_worker.kinds,
+            session_user)
     ON CONFLICT (worker) DO UPDATE
        SET kinds = excluded.kinds, host = excluded.host, pid = excluded.pid,
-           last_seen_at = now(), stopped_at = NULL;
+           last_seen_at = now(), stopped_at = NULL, login = excluded.login;
     INSERT INTO jobs.known_kinds AS k (kind)
     SELECT DISTINCT u.kind FROM unnest(register_worker.kinds) AS u (kind)
     ORDER BY u.kind
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
 END $$;
-COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker and the kinds it runs; the kinds join jobs.known_kinds.';
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
 -- for with the scope of session_user (the login; SET ROLE does not change it).
@@ -102,23 +104,27 @@ FROM jobs.worker_scopes AS s
 ORDER BY s.role;
 COMMENT ON VIEW jobs.worker_scope_list IS 'Each worker login''s scope (the kinds and queues jobs.claim may hand it; NULL: any), and whether the role exists.';
 
--- A worker's sign of life, or its clean stop: NULL when it is not registered.
+-- A worker's sign of life, or its clean stop: NULL when it is not registered by this login
+-- (session_user), so another login that knows the worker id cannot keep a dead worker alive
+-- or show a live one stopped. A row registered before the login was recorded is taken by the
+-- first login that stamps it (its own worker, on its next heartbeat).
 CREATE OR REPLACE FUNCTION jobs._stamp_worker(worker text, stopping boolean) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
     UPDATE jobs.worker_registry AS w
-       SET last_seen_at = now(), stopped_at = CASE WHEN _stamp_worker.stopping THEN now() END
-     WHERE w.worker = _stamp_worker.worker
+       SET last_seen_at = now(), stopped_at = CASE WHEN _stamp_worker.stopping THEN now() END,
+           login = session_user
+     WHERE w.worker = _stamp_worker.worker AND (w.login IS NULL OR w.login = session_user)
     RETURNING TRUE
 $$;
-COMMENT ON FUNCTION jobs._stamp_worker(text, boolean) IS 'Private: stamp a registered worker seen now, and stopped now when stopping (else no longer stopped); NULL when the worker is not registered.';
+COMMENT ON FUNCTION jobs._stamp_worker(text, boolean) IS 'Private: stamp a worker this login registered seen now, and stopped now when stopping (else no longer stopped); NULL when no such worker is registered by this login.';
 
 CREATE OR REPLACE FUNCTION jobs.worker_seen(worker text) RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER AS $$ SELECT jobs._stamp_worker(worker_seen.worker, FALSE) $$;
-COMMENT ON FUNCTION jobs.worker_seen(text) IS 'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered.';
+COMMENT ON FUNCTION jobs.worker_seen(text) IS 'Worker: stamp last_seen_at (called on the heartbeat cadence); NULL when the worker is not registered by this login (session_user).';
 
 CREATE OR REPLACE FUNCTION jobs.worker_stopped(worker text) RETURNS boolean
 LANGUAGE sql VOLATILE SECURITY DEFINER AS $$ SELECT jobs._stamp_worker(worker_stopped.worker, TRUE) $$;
-COMMENT ON FUNCTION jobs.worker_stopped(text) IS 'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost.';
+COMMENT ON FUNCTION jobs.worker_stopped(text) IS 'Worker: record a clean stop; jobs.workers shows it as stopped rather than lost. NULL (nothing changed) when the worker is not registered by this login (session_user).';
 
 -- Every registered worker: alive (seen within the heartbeat timeout), stopped or lost; what it runs.
 CREATE OR REPLACE VIEW jobs.workers AS
@@ -138,7 +144,8 @@ SELECT
     coalesce(r.running, 0) AS running,
     coalesce(r.run_ids, '{}') AS run_ids,
     r.oldest_heartbeat_age,
-    r.oldest_heartbeat_at
+    r.oldest_heartbeat_at,
+    w.login
 FROM jobs.worker_registry AS w
 CROSS JOIN jobs.config AS c
 LEFT JOIN LATERAL (
@@ -150,7 +157,7 @@ LEFT JOIN LATERAL (
     FROM jobs.runs AS x
     WHERE x.worker = w.worker AND x.status = 'RUNNING'
 ) AS r ON TRUE;
-COMMENT ON VIEW jobs.workers IS 'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them.';
+COMMENT ON VIEW jobs.workers IS 'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them, and the login that registered it. Each line is what a worker login said of itself: see docs/operations.md on what it can be trusted for.';
 
 -- Kinds with due QUEUED runs that no alive worker runs.
 CREATE OR REPLACE VIEW jobs.kinds_without_worker AS

@@ -78,6 +78,8 @@ SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
 \set migration 0025_trace_context_check \ir ../migrations/apply.sql
 -- 0026: a blank idempotency, unique or concurrency key refused wherever it is written.
 \set migration 0026_blank_keys \ir ../migrations/apply.sql
+-- 0027: the login that registered each worker, shown in jobs.workers.
+\set migration 0027_worker_logins \ir ../migrations/apply.sql
 
 -- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
 -- keeps that pgtick's functions: these older ones are not put back over them.

@@ -1740,7 +1740,7 @@ def _first_ids(line: str, ids: Sequence[int], style: Style) -> str:
 
 WORKER_FIELDS = [
     "worker", "state", "host", "pid", "kinds", "started_at", "last_seen_at", "seen_age", "running",
-    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at",
+    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at", "login",
 ]  # fmt: skip
 
 
@@ -1767,6 +1767,7 @@ def cmd_workers(args: argparse.Namespace) -> Result:
                 Column("HEARTBEAT", lambda w: _age(w["oldest_heartbeat_at"], now), priority=2, right=True),
                 Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=16),
                 Column("HOST", lambda w: f"{w['host']}:{w['pid']}", wide_only=True),
+                Column("LOGIN", lambda w: w["login"] or "", wide_only=True),
             ],
             [dict(r) for r in rows],
         )

@@ -19,6 +19,7 @@ every time, in one transaction.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import psycopg
 from pgtick import calls
 from pgtick.db import behind_pooler
 from pgtick.errors import SchemaMismatch
+
+log = logging.getLogger("pgtick.migrate")
 
 _LOCK_LINE = re.compile(r"^\\set\s+pgtick_migration_lock\s+(\d+)\s*$")
 _MIGRATION_LINE = re.compile(
@@ -283,6 +286,15 @@ def _some(names: list[str], shown: int = 3) -> str:
     return f"{', '.join(names[:shown])}, … {names[-1]}"
 
 
+def _say_warning(diag: psycopg.errors.Diagnostic) -> None:
+    """A WARNING the install raised (a role it found existing and uses), logged as one line
+    with its hint: the install runs with client_min_messages = warning, so nothing less
+    arrives."""
+    if diag.severity_nonlocalized == "WARNING":
+        hint = f" ({diag.message_hint})" if diag.message_hint else ""
+        log.warning("%s%s", diag.message_primary, hint)
+
+
 def apply(
     conn: psycopg.Connection[Any],
     root: Path | None = None,
@@ -291,11 +303,25 @@ def apply(
     """Apply pending migrations and re-apply functions; returns the versions applied now.
 
     ``progress(step, done, total)`` is called after each migration and once for the
-    functions (the CLI draws a progress bar with it).
+    functions (the CLI draws a progress bar with it). A WARNING the install raises (a
+    pgtick role that existed already and that pgtick did not create) is logged to
+    ``pgtick.migrate``.
 
     ``conn`` must be in autocommit mode: each migration is its own transaction,
     and the advisory lock is held by the session across all of them.
     """
+    conn.add_notice_handler(_say_warning)
+    try:
+        return _apply(conn, root, progress)
+    finally:
+        conn.remove_notice_handler(_say_warning)
+
+
+def _apply(
+    conn: psycopg.Connection[Any],
+    root: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[str]:
     if not conn.autocommit:
         raise ValueError("migrate needs an autocommit connection")
     plan = install_plan(root)

@@ -153,6 +153,33 @@ def test_a_token_holder_snoozes_its_run_and_the_requeued_run_forgets_the_hash(
         assert scalar(b, "SELECT jobs.complete(%s, 'w-b')", (run_id,)) is True
 
 
+def test_another_login_claiming_or_handing_back_under_a_workers_id_never_touches_its_runs(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Login B uses login A's worker id: its jobs.hand_back_unheld, with no token or its own,
+    hands back none of A's runs (nothing changes); a run B claims under A's id with its own
+    token stays B's: A's hand_back_unheld and A's calls leave it alone, and B completes it."""
+    first, second = add_runs(conn, 2)
+    mine, other = logins
+    with _as(db, mine) as a, _as(db, other) as b:
+        assert _claim_one(a, "w-a", TOKEN) == first
+        before = digest(conn)
+        for token in (None, FORGED):
+            handed = b.execute(
+                "SELECT run_id FROM jobs.hand_back_unheld('{}', 'w-a', %s)", (token,)
+            ).fetchall()
+            assert handed == [], f"a hand-back with token {token!r} under A's id handed back {handed}"
+        assert digest(conn) == before, "a fenced hand-back changed something"
+        assert _claim_one(b, "w-a", FORGED) == second
+        handed = a.execute(
+            "SELECT run_id FROM jobs.hand_back_unheld(%s, 'w-a', %s)", ([first], TOKEN)
+        ).fetchall()
+        assert handed == [], f"A's hand-back took back run {second}, which B claimed under A's id: {handed}"
+        assert _touches(a, second, "w-a", TOKEN) == NOTHING
+        assert scalar(b, "SELECT jobs.complete(%s, 'w-a', claim_token => %s)", (second, FORGED)) is True
+        assert scalar(a, "SELECT jobs.complete(%s, 'w-a', claim_token => %s)", (first, TOKEN)) is True
+
+
 def test_runs_claimed_without_a_token_keep_worker_id_fencing(
     db: Database, conn: Conn, logins: tuple[str, str]
 ) -> None:

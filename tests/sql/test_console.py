@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import claim, enqueue, expect_error, one, rows, scalar
+from harness import Database, claim, enqueue, expect_error, one, rows, scalar
 
 Conn = psycopg.Connection[Any]
 
@@ -57,6 +57,34 @@ def test_workers_view_says_alive_stopped_or_lost_and_what_each_runs(conn: Conn) 
     assert scalar(conn, "SELECT jobs.worker_seen('w-lost')") is True
     assert scalar(conn, "SELECT state FROM jobs.workers WHERE worker = 'w-lost'") == "alive"
     assert scalar(conn, "SELECT jobs.worker_seen('nobody')") is None
+
+
+def test_a_worker_login_cannot_stamp_another_logins_worker_and_a_takeover_shows_its_login(
+    db: Database, conn: Conn
+) -> None:
+    """Login B knows the worker id login A's worker registered: B's worker_seen cannot keep it
+    alive once lost, nor B's worker_stopped show it stopped (both NULL, nothing changed); A's
+    own calls still work. B registering that id takes the line over in plain sight: jobs.workers
+    names B as its login."""
+    with db.worker_login("reg_a") as a, db.worker_login("reg_b") as b:
+        with psycopg.connect(db.dsn_as(a), autocommit=True) as as_a:
+            as_a.execute("SELECT jobs.register_worker('w-a', '{k}', 'host-a', 1)")
+        line = "SELECT state, login FROM jobs.workers WHERE worker = 'w-a'"
+        assert one(conn, line) == {"state": "alive", "login": a}
+        conn.execute(
+            "UPDATE jobs.worker_registry SET last_seen_at = now() - interval '2 hours' WHERE worker = 'w-a'"
+        )
+        with psycopg.connect(db.dsn_as(b), autocommit=True) as as_b:
+            assert scalar(as_b, "SELECT jobs.worker_seen('w-a')") is None
+            assert one(conn, line) == {"state": "lost", "login": a}, "another login kept A's worker alive"
+            assert scalar(as_b, "SELECT jobs.worker_stopped('w-a')") is None
+            assert one(conn, line) == {"state": "lost", "login": a}, "another login marked A's worker stopped"
+        with psycopg.connect(db.dsn_as(a), autocommit=True) as as_a:
+            assert scalar(as_a, "SELECT jobs.worker_seen('w-a')") is True
+            assert one(conn, line) == {"state": "alive", "login": a}
+        with psycopg.connect(db.dsn_as(b), autocommit=True) as as_b:
+            as_b.execute("SELECT jobs.register_worker('w-a', '{k}', 'host-b', 2)")
+        assert one(conn, line) == {"state": "alive", "login": b}
 
 
 def test_kinds_without_worker_lists_due_runs_no_live_worker_takes(conn: Conn) -> None:
