@@ -141,8 +141,8 @@ BEGIN
     LOOP
         BEGIN
             EXECUTE format('COMMENT ON ROLE %I IS %L', v_role.rolname, v_role.description);
-        EXCEPTION WHEN insufficient_privilege THEN
-            NULL;
+        EXCEPTION WHEN insufficient_privilege OR unique_violation THEN
+            NULL;   -- not allowed to, or commented meanwhile by the migrator of another database
         END;
     END LOOP;
 END
