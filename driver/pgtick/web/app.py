@@ -127,6 +127,20 @@ def _policy(row: dict[str, Any]) -> timeview.Policy:
     return row["stored_dst_gap"], row["stored_dst_repeat"]
 
 
+def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> timeview.Occurrence | None:
+    """A recurring definition's next start as the CLI shows it (next_start_at: the first
+    QUEUED run not waiting on dependencies, a paused definition's too, else the cursor);
+    for one no scheduler has materialized yet, its next occurrence. None for a one-shot
+    (its page says when it runs), a finished schedule or one that will not compute."""
+    if not row["schedule"]:
+        return None
+    if row.get("next_start_at") is not None:
+        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC))
+    if row["paused"] or row["finished"] or row["next_run_at"] is not None:
+        return None
+    return next((o for o in upcoming if o.utc), None)
+
+
 # -- the app ----------------------------------------------------------------------------------
 
 
@@ -238,20 +252,22 @@ class Dashboard:
 
     @staticmethod
     def _next_runs(rows: list[dict[str, Any]]) -> None:
-        """Each definition's next run, read from the database where it is known, else from
-        its schedule while the page's budget lasts (on a thread: off the event loop)."""
+        """Each definition's next start as the CLI shows it (next_start_at: the first QUEUED
+        run not waiting on dependencies, a paused definition's too, else the cursor), else,
+        for a schedule no scheduler has materialized yet, its next occurrence while the
+        page's budget lasts (on a thread: off the event loop)."""
         now = datetime.now(UTC)
         budget = time.monotonic() + COMPUTE_NEXT_SECONDS
         for row in rows:
             cap = row["max_concurrent_runs"]
             row["at_cap"] = cap is not None and row["running"] >= cap
             row["next"] = None
-            if not row["schedule"] or row["paused"] or row["finished"]:
+            if row["next_start_at"] is not None:
+                row["next"] = timeview.labelled(row["next_start_at"], row["timezone"], now)
                 continue
-            known = [t for t in (row["next_queued"], row["next_run_at"]) if t is not None]
-            if known:
-                row["next"] = timeview.labelled(min(known), row["timezone"], now)
-            elif time.monotonic() < budget:
+            if not row["schedule"] or row["paused"] or row["finished"] or row["schedule_error"]:
+                continue
+            if row["next_run_at"] is None and time.monotonic() < budget:
                 # Not materialized yet (no scheduler has started it): ask the schedule.
                 row["next"] = timeview.next_occurrence(
                     row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
@@ -287,8 +303,7 @@ class Dashboard:
             {
                 "d": row,
                 "upcoming": upcoming,
-                # (none for a one-shot, a finished schedule or a schedule that will not compute)
-                "next_run": next((o for o in upcoming if o.utc), None),
+                "next_run": _next_start(row, upcoming),
                 "schedule_error": schedule_error,
                 "recent": recent[: queries.PAGE_SIZE],
                 "at_cap": row["max_concurrent_runs"] is not None
