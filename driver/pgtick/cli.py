@@ -43,6 +43,7 @@ from pgtick.terminal import (
     Table,
     clip,
     compact_duration,
+    counted,
     display_now,
     fit_screen,
     full_time,
@@ -1033,7 +1034,7 @@ def _backfill_note(runs: int, held: int | None) -> str:
     if held == 0:
         return "no occurrence of its schedule falls in the window"
     kept = held - runs
-    return f"of {held} occurrence{'' if held == 1 else 's'}" + (f", {kept} already had a run" if kept else "")
+    return f"of {counted(held, 'occurrence')}" + (f", {kept} already had a run" if kept else "")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> Result:
@@ -1088,7 +1089,7 @@ def cmd_cancel(args: argparse.Namespace) -> Result:
             n = calls.cancel_queued(conn, args.definition)
             return Result(
                 {"definition": args.definition, "cancelled": n},
-                lambda s, w: f"definition={args.definition} cancelled {n} queued run{'s' if n != 1 else ''}",
+                lambda s, w: f"definition={args.definition} cancelled {counted(n, 'queued run')}",
             )
         status = calls.cancel(conn, args.run_id)
     note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
@@ -1281,7 +1282,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     summary = snap.get("summary")
     if summary and summary["definitions"] > len(snap["definitions"]):
         shown = (
-            f"({len(snap['definitions'])} of {summary['definitions']} definitions shown: --limit, --offset;"
+            f"({len(snap['definitions'])} of {counted(summary['definitions'], 'definition')} shown:"
+            " --limit, --offset;"
             f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
             f" {summary['materialize_errors']} failing to materialize)"
         )
@@ -1707,13 +1709,13 @@ def cmd_undefine(args: argparse.Namespace) -> Result:
         running = data["still_running"]
         lines = [
             f"definition={args.name} deleted",
-            f"  {data['cancelled']} queued run{'s' if data['cancelled'] != 1 else ''} cancelled",
+            f"  {counted(data['cancelled'], 'queued run')} cancelled",
             _first_ids(
-                f"  {len(running)} running run{'s' if len(running) != 1 else ''} will finish",
+                f"  {counted(len(running), 'running run')} will finish",
                 running,
                 style,
             ),
-            f"  {data['history']} finished run{'s' if data['history'] != 1 else ''} kept as history"
+            f"  {counted(data['history'], 'finished run')} kept as history"
             " (pgtick prune removes them with age)",
         ]
         return "\n".join(lines)
@@ -1782,7 +1784,7 @@ def cmd_prune(args: argparse.Namespace) -> Result:
         if args.dry_run:
             return Result(
                 {"dry_run": True, "rows": total, "deleted": 0},
-                lambda s, w: f"would delete {total} finished run{'s' if total != 1 else ''} (dry run)",
+                lambda s, w: f"would delete {counted(total, 'finished run')} (dry run)",
             )
         from pgtick.progress import Bar
 
@@ -1801,15 +1803,17 @@ def cmd_prune(args: argparse.Namespace) -> Result:
                         raise KeyboardInterrupt
         except (KeyboardInterrupt, psycopg.Error, PgtickError) as exc:
             if isinstance(exc, KeyboardInterrupt):
-                _warn("prune", f"interrupted after deleting {deleted} of {total} finished runs")
+                _warn("prune", f"interrupted after deleting {deleted} of {counted(total, 'finished run')}")
             elif deleted:  # else the error line alone says it all: nothing was deleted
                 _warn(
-                    "prune", f"stopped by the error below after deleting {deleted} of {total} finished runs"
+                    "prune",
+                    f"stopped by the error below after deleting {deleted}"
+                    f" of {counted(total, 'finished run')}",
                 )
             raise
     return Result(
         {"dry_run": False, "rows": total, "deleted": deleted},
-        lambda s, w: f"deleted {deleted} finished run{'s' if deleted != 1 else ''}",
+        lambda s, w: f"deleted {counted(deleted, 'finished run')}",
     )
 
 
@@ -1900,12 +1904,12 @@ def cmd_preview(args: argparse.Namespace) -> Result:
 def _preview_title(asked: int, found: int, what: str, shown: str = "") -> str:
     """``next N runs of WHAT SHOWN:``, saying so when the schedule ends before N."""
     if found >= asked:
-        return f"next {asked} runs of {what}" + (f" {shown}" if shown else "") + ":"
+        return f"next {counted(asked, 'run')} of {what}" + (f" {shown}" if shown else "") + ":"
     ends = "the schedule has no more"
     if found == 0:
         return f"no more runs of {what}: {ends}"
     notes = f"{shown[1:-1]}; {ends}" if shown else ends
-    return f"next {found} run{'s' if found != 1 else ''} of {what} ({notes}):"
+    return f"next {counted(found, 'run')} of {what} ({notes}):"
 
 
 def _preview_definition(args: argparse.Namespace) -> Result:

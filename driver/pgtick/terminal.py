@@ -150,6 +150,12 @@ def display_now() -> datetime:
     return datetime.now(UTC)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun in the number the count takes: ``1 run``, ``0 runs``, ``2 runs``
+    (``plural`` where an added s is wrong: ``counted(2, "worker process", "worker processes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def compact_duration(value: timedelta | float | None) -> str:
     """45s, 2m30s, 1h05m, 3d4h; below ten seconds with one decimal (1.3s), below one in ms."""
     if value is None:
@@ -389,7 +395,7 @@ def fit_screen(text: str, rows: int, columns: int, more: str) -> str:
         kept.append(line)
         used += height(line)
     left = len(lines) - len(kept)
-    kept.append(clip(f"… {left} more line{'s' if left != 1 else ''}: {more}", columns))
+    kept.append(clip(f"… {counted(left, 'more line')}: {more}", columns))
     return "\n".join(kept)
 
 

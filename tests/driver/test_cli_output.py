@@ -775,3 +775,11 @@ def test_workers_with_none_alive_points_at_the_lost_ones_too(
     assert cli.main(["workers", "--all", "--dsn", db.dsn]) == 0
     out, _ = capsys.readouterr()
     assert "killed-worker" in out and "lost" in out
+
+
+def test_a_count_of_one_takes_the_singular() -> None:
+    from pgtick.terminal import counted
+
+    assert [counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+    assert counted(1, "worker process", "worker processes") == "1 worker process"
+    assert counted(3, "worker process", "worker processes") == "3 worker processes"

@@ -113,7 +113,7 @@ def test_failed_runs_moved_to_history_are_listed_counted_and_reached_by_bulk_act
     listed = client.get("/runs?status=FAILED&kind=wk").text
     for run_id in moved:
         assert f'href="/runs/{run_id}"' in listed, f"run {run_id}, moved to history, is not listed"
-    assert "2 failed run(s) match this filter" in listed
+    assert "2 failed runs match this filter" in listed
     row = next(r for r in client.get("/definitions").text.split("<tr") if ">weekend<" in r)
     assert "FAILED" in row, f"the last outcome from history is missing: {row}"
     assert '<span class="bad">2</span>' in row, f"the failure streak from history is missing: {row}"
@@ -148,7 +148,7 @@ def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) 
     for run_id in seeded.failed_batch:
         assert f'data-run="{run_id}"' in only_batch
     assert f'data-run="{seeded.hostile_run}"' not in only_batch
-    assert "3 failed run(s) match this filter" in only_batch
+    assert "3 failed runs match this filter" in only_batch
 
 
 def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None:
@@ -1042,3 +1042,14 @@ def _cli(*args: str) -> str:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def test_one_failed_run_is_counted_in_the_singular(client: TestClient, conn: Conn) -> None:
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('lonely', '{}')")
+    conn.execute("SELECT jobs.claim(1, 'w', ARRAY['lonely'])")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'gone')", (run_id,))
+    listed = client.get("/runs?status=FAILED&kind=lonely").text
+    assert "1 failed run matches this filter" in listed, listed[listed.find('id="bulk"') :][:400]
+    login(client)
+    form = client.get("/runs?status=FAILED&kind=lonely").text
+    assert "Retry 1 failed run?" in form and "Delete 1 failed run from the history?" in form

@@ -34,6 +34,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
+from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
 from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseTimeout
@@ -117,7 +118,7 @@ def make_templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json)
+    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json, counted=counted)
     env.globals.update(pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode)
     return Jinja2Templates(env=env)
 
@@ -332,7 +333,7 @@ class Dashboard:
             shown = sum(1 for o in result if o.utc is not None)
             if shown < count and time.monotonic() >= deadline:
                 note = (
-                    f"stopped after {shown} occurrence(s): the schedule took more than"
+                    f"stopped after {counted(shown, 'occurrence')}: the schedule took more than"
                     f" {PREVIEW_SECONDS:g} s to expand (its occurrences are far apart or rare)"
                 )
         status = 400 if problem else 200
@@ -590,8 +591,8 @@ class Dashboard:
             if len(ids) != expected:
                 raise HTTPException(
                     409,
-                    f"the filter now matches {len(ids)} run(s) to {action}, not the {expected} the page "
-                    "showed: nothing was done; look at the list again",
+                    f"the filter now matches {counted(len(ids), 'run')} to {action}, not the"
+                    f" {expected} the page showed: nothing was done; look at the list again",
                 )
             if action == "retry":
                 done = await queries.retry_many(conn, ids)
@@ -600,11 +601,11 @@ class Dashboard:
             if done != len(ids):  # the same action, sent twice at once, took the others first
                 raise HTTPException(
                     409,
-                    f"{len(ids) - done} of the {len(ids)} run(s) were taken by another action meanwhile:"
+                    f"{len(ids) - done} of the {counted(len(ids), 'run')} taken by another action meanwhile:"
                     " nothing was done; look at the list again",
                 )  # (raised in the action's transaction: what this one did is rolled back)
             past = "retried" if action == "retry" else "discarded"
-            return f"{past} {done} failed run(s)", {"filter": flt.params(), past: done, "runs": ids}
+            return f"{past} {counted(done, 'failed run')}", {"filter": flt.params(), past: done, "runs": ids}
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
