@@ -305,32 +305,30 @@ LEFT JOIN LATERAL (
     ) AS finished_at
 ) AS bad ON TRUE
 LEFT JOIN LATERAL (
-    -- Status and finish of the same run: both read the newest finished run in one snapshot.
+    -- The last outcome: status and finish of one run, the newest finished in jobs.runs.
     SELECT
-        coalesce(
-            (
-                SELECT r.status FROM jobs.runs AS r
-                WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
-                ORDER BY r.id DESC LIMIT 1
-            ),
-            (
-                SELECT h.status FROM jobs.run_history AS h
-                WHERE h.definition_id = d.id
-                ORDER BY h.id DESC LIMIT 1
-            )
-        ) AS status,
-        coalesce(
-            (
-                SELECT r.finished_at FROM jobs.runs AS r
-                WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
-                ORDER BY r.id DESC LIMIT 1
-            ),
-            (
-                SELECT h.finished_at FROM jobs.run_history AS h
-                WHERE h.definition_id = d.id
-                ORDER BY h.id DESC LIMIT 1
-            )
-        ) AS finished_at
+        r.status,
+        r.finished_at
+    FROM jobs.runs AS r
+    WHERE r.definition_id = d.id AND r.finished_at IS NOT NULL
+    ORDER BY r.id DESC LIMIT 1
+) AS live_last ON TRUE
+LEFT JOIN LATERAL (
+    -- Else the newest in history: read only when jobs.runs has no finished run of the
+    -- definition (the condition on live_last is checked once, before the history's index).
+    SELECT
+        live_last.status,
+        live_last.finished_at
+    WHERE live_last.status IS NOT NULL
+    UNION ALL
+    (
+        SELECT
+            h.status,
+            h.finished_at
+        FROM jobs.run_history AS h
+        WHERE live_last.status IS NULL AND h.definition_id = d.id
+        ORDER BY h.id DESC LIMIT 1
+    )
 ) AS last ON TRUE
 LEFT JOIN LATERAL (
     -- A streak only follows a last outcome other than COMPLETED; it may reach into history.

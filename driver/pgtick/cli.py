@@ -43,6 +43,7 @@ from pgtick.terminal import (
     Table,
     clip,
     compact_duration,
+    counted,
     display_now,
     fit_screen,
     full_time,
@@ -1033,7 +1034,7 @@ def _backfill_note(runs: int, held: int | None) -> str:
     if held == 0:
         return "no occurrence of its schedule falls in the window"
     kept = held - runs
-    return f"of {held} occurrence{'' if held == 1 else 's'}" + (f", {kept} already had a run" if kept else "")
+    return f"of {counted(held, 'occurrence')}" + (f", {kept} already had a run" if kept else "")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> Result:
@@ -1088,7 +1089,7 @@ def cmd_cancel(args: argparse.Namespace) -> Result:
             n = calls.cancel_queued(conn, args.definition)
             return Result(
                 {"definition": args.definition, "cancelled": n},
-                lambda s, w: f"definition={args.definition} cancelled {n} queued run{'s' if n != 1 else ''}",
+                lambda s, w: f"definition={args.definition} cancelled {counted(n, 'queued run')}",
             )
         status = calls.cancel(conn, args.run_id)
     note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
@@ -1281,7 +1282,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     summary = snap.get("summary")
     if summary and summary["definitions"] > len(snap["definitions"]):
         shown = (
-            f"({len(snap['definitions'])} of {summary['definitions']} definitions shown: --limit, --offset;"
+            f"({len(snap['definitions'])} of {counted(summary['definitions'], 'definition')} shown:"
+            " --limit, --offset;"
             f" {summary['paused']} paused, {summary['schedule_errors']} with schedule errors,"
             f" {summary['materialize_errors']} failing to materialize)"
         )
@@ -1558,18 +1560,26 @@ def cmd_show(args: argparse.Namespace) -> Result:
 
     def text(style: Style, wide: bool) -> str:
         r = row
-        lines = [
+        head = (
             f"run {r['id']}  {status_word(outcome_of(r['status'], r['failure_reason']), style)}"
             + (f"  ({r['failure_reason']})" if r["failure_reason"] else "")
-            + ("  cancel requested" if r["cancel_requested"] and r["status"] == "RUNNING" else ""),
-            f"  definition  {_definition_of(r) or '(ad-hoc)'}",
-            f"  kind        {r['kind']}",
-            f"  attempt     {r['attempt']}"
+            + ("  cancel requested" if r["cancel_requested"] and r["status"] == "RUNNING" else "")
+        )
+        lines = [head] if wide else wrap(head, style.width, indent="  ")
+
+        def field(label: str, value: str) -> None:
+            lines.extend(_field_lines(label, value, style, wide))
+
+        field("definition", _definition_of(r) or "(ad-hoc)")
+        field("kind", r["kind"])
+        field(
+            "attempt",
+            f"{r['attempt']}"
             + (f" of {r['max_attempts']}" if r["max_attempts"] else "")
             + f"  (origin {r['origin']})",
-        ]
+        )
         if r["worker"]:
-            lines.append(f"  worker      {r['worker']}")
+            field("worker", r["worker"])
         for label, key in (
             ("scheduled", "scheduled_for"),
             ("started", "started_at"),
@@ -1577,22 +1587,22 @@ def cmd_show(args: argparse.Namespace) -> Result:
             ("finished", "finished_at"),
         ):
             if r[key] is not None:
-                lines.append(f"  {label:<11} {full_time(r[key], zone)}  ({relative(r[key], now)})")
+                field(label, f"{full_time(r[key], zone)}  ({relative(r[key], now)})")
         if r["started_at"] is not None:
             took = (r["finished_at"] or now) - r["started_at"]
-            lines.append(f"  took        {compact_duration(took)}" + ("" if r["finished_at"] else " so far"))
+            field("took", compact_duration(took) + ("" if r["finished_at"] else " so far"))
         if len(r["attempts"]) > 1:
             lines.append("attempts")
             for a in r["attempts"]:
                 lines += _attempt_lines(a, a["id"] == r["id"], style, wide)
         lines.append("payload")
-        lines.append(_indent(to_json(r["payload"])))
+        lines.extend(_block_lines(to_json(r["payload"]), style, wide))
         if r["result"] is not None:
             lines.append("result")
-            lines.append(_indent(to_json(r["result"])))
+            lines.extend(_block_lines(to_json(r["result"]), style, wide))
         if r["error"]:
             lines.append("error")
-            lines.append(_indent(printable(r["error"])))
+            lines.extend(_block_lines(printable(r["error"]), style, wide))
         return "\n".join(lines)
 
     return Result(data, text)
@@ -1630,6 +1640,37 @@ def _attempt_lines(attempt: dict[str, Any], this: bool, style: Style, wide: bool
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+#: Where a field's value starts in ``pgtick show``: after ``  definition  ``.
+_FIELD_INDENT = " " * 14
+#: Columns a field's value needs beside its label; with less room it goes under the label.
+_FIELD_ROOM = 12
+
+
+def _field_lines(label: str, value: str, style: Style, wide: bool) -> list[str]:
+    """``  label       value`` in ``pgtick show``, fitted to the width: the value wrapped
+    under itself, or under the label where the terminal leaves it too little room beside it
+    (a word too long for a line is cut, as a table cuts a cell)."""
+    line = f"  {label:<11} {value}"
+    if wide or visible_len(line) <= style.width:
+        return [line]
+    if style.width - len(_FIELD_INDENT) >= _FIELD_ROOM:
+        return wrap(line, style.width, indent=_FIELD_INDENT)
+    return [f"  {label}", *wrap(f"    {value}", style.width, indent="    ")]
+
+
+def _block_lines(text: str, style: Style, wide: bool) -> list[str]:
+    """A payload, result or error under its heading, indented: as stored when piped (to
+    copy or grep), wrapped to the terminal's width on one, without losing a character."""
+    lines = ["  " + line for line in text.splitlines()]
+    if wide or not style.terminal:
+        return lines
+    out: list[str] = []
+    for line in lines:
+        lead = len(line) - len(line.lstrip(" "))
+        out.extend(wrap(line, style.width, indent=" " * min(lead + 2, style.width // 2), whole=True))
+    return out
 
 
 # -- definitions, undefine, workers, prune ----------------------------------------------
@@ -1706,36 +1747,43 @@ def cmd_undefine(args: argparse.Namespace) -> Result:
     def text(style: Style, wide: bool) -> str:
         running = data["still_running"]
         lines = [
-            f"definition={args.name} deleted",
-            f"  {data['cancelled']} queued run{'s' if data['cancelled'] != 1 else ''} cancelled",
-            _first_ids(
-                f"  {len(running)} running run{'s' if len(running) != 1 else ''} will finish",
-                running,
-                style,
+            *wrap(f"definition={args.name} deleted", style.width, indent="  "),
+            *wrap(f"  {counted(data['cancelled'], 'queued run')} cancelled", style.width, indent="    "),
+            *_first_ids(f"  {counted(len(running), 'running run')} will finish", running, style),
+            *wrap(
+                f"  {counted(data['history'], 'finished run')} kept as history"
+                " (pgtick prune removes them with age)",
+                style.width,
+                indent="    ",
             ),
-            f"  {data['history']} finished run{'s' if data['history'] != 1 else ''} kept as history"
-            " (pgtick prune removes them with age)",
         ]
         return "\n".join(lines)
 
     return Result(data, text)
 
 
-def _first_ids(line: str, ids: Sequence[int], style: Style) -> str:
+def _first_ids(line: str, ids: Sequence[int], style: Style) -> list[str]:
     """``line: 1, 2, 3`` with as many of ``ids`` as fit the width, and how many more there
-    are (``--json`` lists every one): ``line: 1, 2 … and 298 more``."""
+    are (``--json`` lists every one): ``line: 1, 2 … and 298 more``. Where ``line`` leaves
+    no room for the first id, it is wrapped and the ids follow on a line of their own."""
     if not ids:
-        return line
-    whole = f"{line}: {', '.join(map(str, ids))}"
-    if visible_len(whole) <= style.width:
-        return whole
-    shown, count = f"{line}: {ids[0]}", 1  # one at least, however narrow the terminal
+        return wrap(line, style.width, indent="    ")
+    one = _ids_that_fit(f"{line}: ", ids, style)
+    if visible_len(one) <= style.width:
+        return [one]
+    return [*wrap(f"{line}:", style.width, indent="    "), _ids_that_fit("    ", ids, style)]
+
+
+def _ids_that_fit(prefix: str, ids: Sequence[int], style: Style) -> str:
+    """``prefix`` then the first of ``ids`` that fit the width (one at least), and how many more."""
+    shown, count = f"{prefix}{ids[0]}", 1
     for run_id in ids[1:]:
         longer = f"{shown}, {run_id}"
-        if visible_len(f"{longer} {style.ellipsis} and {len(ids) - count - 1} more") > style.width:
+        rest = len(ids) - count - 1
+        if visible_len(longer + (f" {style.ellipsis} and {rest} more" if rest else "")) > style.width:
             break
         shown, count = longer, count + 1
-    return f"{shown} {style.ellipsis} and {len(ids) - count} more"
+    return shown if count == len(ids) else f"{shown} {style.ellipsis} and {len(ids) - count} more"
 
 
 WORKER_FIELDS = [
@@ -1783,7 +1831,7 @@ def cmd_prune(args: argparse.Namespace) -> Result:
         if args.dry_run:
             return Result(
                 {"dry_run": True, "rows": total, "deleted": 0},
-                lambda s, w: f"would delete {total} finished run{'s' if total != 1 else ''} (dry run)",
+                lambda s, w: f"would delete {counted(total, 'finished run')} (dry run)",
             )
         from pgtick.progress import Bar
 
@@ -1802,15 +1850,17 @@ def cmd_prune(args: argparse.Namespace) -> Result:
                         raise KeyboardInterrupt
         except (KeyboardInterrupt, psycopg.Error, PgtickError) as exc:
             if isinstance(exc, KeyboardInterrupt):
-                _warn("prune", f"interrupted after deleting {deleted} of {total} finished runs")
+                _warn("prune", f"interrupted after deleting {deleted} of {counted(total, 'finished run')}")
             elif deleted:  # else the error line alone says it all: nothing was deleted
                 _warn(
-                    "prune", f"stopped by the error below after deleting {deleted} of {total} finished runs"
+                    "prune",
+                    f"stopped by the error below after deleting {deleted}"
+                    f" of {counted(total, 'finished run')}",
                 )
             raise
     return Result(
         {"dry_run": False, "rows": total, "deleted": deleted},
-        lambda s, w: f"deleted {deleted} finished run{'s' if deleted != 1 else ''}",
+        lambda s, w: f"deleted {counted(deleted, 'finished run')}",
     )
 
 
@@ -1901,12 +1951,12 @@ def cmd_preview(args: argparse.Namespace) -> Result:
 def _preview_title(asked: int, found: int, what: str, shown: str = "") -> str:
     """``next N runs of WHAT SHOWN:``, saying so when the schedule ends before N."""
     if found >= asked:
-        return f"next {asked} runs of {what}" + (f" {shown}" if shown else "") + ":"
+        return f"next {counted(asked, 'run')} of {what}" + (f" {shown}" if shown else "") + ":"
     ends = "the schedule has no more"
     if found == 0:
         return f"no more runs of {what}: {ends}"
     notes = f"{shown[1:-1]}; {ends}" if shown else ends
-    return f"next {found} run{'s' if found != 1 else ''} of {what} ({notes}):"
+    return f"next {counted(found, 'run')} of {what} ({notes}):"
 
 
 def _preview_definition(args: argparse.Namespace) -> Result:

@@ -29,6 +29,7 @@ from pgtick.client import check_duration, read_time, unstorable_json, unstorable
 from pgtick.errors import InvalidArgument, UsageError
 from pgtick.schedule import ScheduleError, anchor_for, parse_schedule
 from pgtick.schedule.zones import DstChoice, load_zone, not_a_place
+from pgtick.terminal import counted
 
 log = logging.getLogger("pgtick.definitions")
 
@@ -284,7 +285,8 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
     for number, record in rows:
         if len(record) > len(columns):
             raise UsageError(
-                f"{path}:{number}: {len(record)} cells, but the header names {len(columns)} columns"
+                f"{path}:{number}: {len(record)} cells,"
+                f" but the header names {counted(len(columns), 'column')}"
             )
         item: dict[str, Any] = {}
         for key, cell in zip(columns, record, strict=False):

@@ -89,7 +89,7 @@ from pgtick.schedule import (
 )
 from pgtick.schedule.rrule import keeping_alive
 from pgtick.schedule.zones import load_zone
-from pgtick.terminal import compact_duration
+from pgtick.terminal import compact_duration, counted
 
 log = logging.getLogger("pgtick.scheduler")
 
@@ -471,7 +471,11 @@ class Scheduler:
         if due and not self._fenced():
             self._phase("prune", lambda: self._prune_now(conn, report), report)
         if report.runs_created or report.one_shots:
-            log.debug("tick: %d runs materialized, %d one-shots", report.runs_created, report.one_shots)
+            log.debug(
+                "tick: %s materialized, %s",
+                counted(report.runs_created, "run"),
+                counted(report.one_shots, "one-shot"),
+            )
         return report
 
     def _phase(self, name: str, work: Callable[[], object], report: TickReport) -> None:
@@ -912,7 +916,9 @@ class Scheduler:
             lambda n: sql.prune(conn or self._connection(), n), batch or self.prune_batch, max_batches
         )
         if total:
-            log.info("pruned %d finished runs%s", total, " (more next tick)" if self._prune_more else "")
+            log.info(
+                "pruned %s%s", counted(total, "finished run"), " (more next tick)" if self._prune_more else ""
+            )
         return total
 
     def archive(
@@ -928,8 +934,8 @@ class Scheduler:
         )
         if total:
             log.info(
-                "moved %d finished runs to history%s",
-                total,
+                "moved %s to history%s",
+                counted(total, "finished run"),
                 " (more next tick)" if self._archive_more else "",
             )
         return total
@@ -1047,7 +1053,7 @@ def materialize_backfills(
         except (ScheduleError, ValueError, LookupError) as exc:
             error = str(exc)
         if progress is not None:
-            progress(f"{b['name']}: inserting {len(times)} runs", 1.0)
+            progress(f"{b['name']}: inserting {counted(len(times), 'run')}", 1.0)
         if occurrences is not None:
             occurrences[b["backfill_id"]] = len(times)
         n = sql.finish_backfill(conn, b["backfill_id"], times, error)
@@ -1161,8 +1167,8 @@ class Progress:
         """Where a catch-up stands, as one log line between its ticks."""
         behind = f", {compact_duration(now - self.cursor)} behind" if self.cursor is not None else ""
         return (
-            f"catching up ({self.misfire_policy}): {self.occurrences} late occurrences walked, "
-            f"{self.runs} run{'' if self.runs == 1 else 's'} so far{behind}"
+            f"catching up ({self.misfire_policy}): {counted(self.occurrences, 'late occurrence')} walked, "
+            f"{counted(self.runs, 'run')} so far{behind}"
         )
 
     def continues(self, d: dict[str, Any]) -> bool:

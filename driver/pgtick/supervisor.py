@@ -38,6 +38,7 @@ from types import FrameType
 from pgtick.app import App
 from pgtick.errors import UsageError
 from pgtick.identity import new_worker_id
+from pgtick.terminal import counted
 
 log = logging.getLogger("pgtick.supervisor")
 
@@ -141,7 +142,9 @@ class Supervisor:
 
     def _stop(self) -> int:
         alive = [c for c in self.children if c.popen.poll() is None]
-        log.info("stopping %d worker processes (grace %.0fs)", len(alive), self.grace)
+        log.info(
+            "stopping %s (grace %.0fs)", counted(len(alive), "worker process", "worker processes"), self.grace
+        )
         for child in alive:
             self._close_stdin(child)
         deadline = time.monotonic() + self.grace + 15.0
@@ -207,7 +210,7 @@ def run_supervised(app: App, dsn: str, options: object, processes: int) -> int:
 
         scheduler = threading.Thread(target=schedule, name="pgtick-scheduling", daemon=True)
         scheduler.start()
-    log.info("supervisor pid=%d: %d worker processes", os.getpid(), processes)
+    log.info("supervisor pid=%d: %s", os.getpid(), counted(processes, "worker process", "worker processes"))
     try:
         code = supervisor.run(stop, extra)
     finally:

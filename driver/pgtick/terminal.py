@@ -44,12 +44,14 @@ MIN_WIDTH = 20
 
 @dataclass(frozen=True)
 class Style:
-    """What the output stream can show: marks (UTF-8), colour (a terminal), its width."""
+    """What the output stream can show: marks (UTF-8), colour (a terminal), its width, and
+    whether it is a terminal (text kept as stored when piped is wrapped to fit one)."""
 
     unicode: bool
     colour: bool
     width: int
     encoding: str | None = None  # the output's encoding, when it is not UTF-8
+    terminal: bool = False
 
     def shown(self, text: str) -> str:
         """``text`` as the output will write it: a character its encoding lacks is ``?``
@@ -80,6 +82,7 @@ class Style:
             colour=redraws(stream) and not no_color,
             width=max(MIN_WIDTH, width),
             encoding=None if utf8(stream) else getattr(stream, "encoding", None),
+            terminal=tty,
         )
 
 
@@ -148,6 +151,12 @@ def display_now() -> datetime:
             ) from None
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.now(UTC)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun in the number the count takes: ``1 run``, ``0 runs``, ``2 runs``
+    (``plural`` where an added s is wrong: ``counted(2, "worker process", "worker processes")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def compact_duration(value: timedelta | float | None) -> str:
@@ -344,20 +353,36 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
-def wrap(text: str, width: int, indent: str = "") -> list[str]:
+def wrap(text: str, width: int, indent: str = "", *, whole: bool = False) -> list[str]:
     """``text`` in lines of at most ``width`` terminal columns, broken at spaces (a wide
-    character counts two), the lines after the first indented by ``indent``; a word too long
-    for any line is cut with an ellipsis where it starts. Text that fits is left as it is."""
+    character counts two), the first line keeping the text's leading spaces and the lines
+    after it indented by ``indent``; a word too long for any line is cut with an ellipsis
+    where it starts, or with ``whole`` (text that must be read in full) broken across lines.
+    Text that fits is left as it is."""
     if visible_len(text) <= width:
         return [text]
     lines: list[str] = []
-    line, fresh = "", True  # fresh: nothing on the line yet but its indent
+    # fresh: nothing on the line yet but its indent (on the first line, the text's own)
+    line, fresh = text[: len(text) - len(text.lstrip(" "))], True
     for word in text.split(" "):
         if fresh and not word:
-            continue  # no spaces at the start of a line
+            continue  # no more spaces at the start of a line
         candidate = line + word if fresh else f"{line} {word}"
         if visible_len(candidate) <= width:
             line, fresh = candidate, False
+        elif visible_len(indent + word) > width and whole:  # fits no line: break it
+            if not fresh:
+                lines.append(line.rstrip())
+                line = indent
+            parts = _clusters(word)
+            while parts:
+                piece = _head(parts, max(width - visible_len(line), 1)) or parts[:1]
+                parts = parts[len(piece) :]
+                if parts:
+                    lines.append(line + "".join(piece))
+                    line = indent
+                else:
+                    line, fresh = line + "".join(piece), False
         elif visible_len(indent + word) > width:  # fits no line: cut it here
             lines.append(_cut(candidate, width))
             line, fresh = indent, True
@@ -389,7 +414,7 @@ def fit_screen(text: str, rows: int, columns: int, more: str) -> str:
         kept.append(line)
         used += height(line)
     left = len(lines) - len(kept)
-    kept.append(clip(f"… {left} more line{'s' if left != 1 else ''}: {more}", columns))
+    kept.append(clip(f"… {counted(left, 'more line')}: {more}", columns))
     return "\n".join(kept)
 
 

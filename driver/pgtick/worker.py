@@ -100,6 +100,7 @@ from pgtick.execution import Outcome, describe, execute, failure, one_line
 from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
 from pgtick.identity import new_claim_token, new_worker_id
 from pgtick.reporter import MAX_REFUSAL, Reporter, refusal_text, refused, storable
+from pgtick.terminal import counted
 
 __all__ = ["Outcome", "Worker", "WorkerListener", "WorkerStats"]
 
@@ -651,7 +652,7 @@ class Worker:
             self._hung_said = hung
             if hung:
                 log.warning(
-                    "worker=%s all %d job threads are held by jobs let go (past their timeout, or"
+                    "worker=%s every job thread (%d) is held by jobs let go (past their timeout, or"
                     " reaped) whose code has not returned: claiming nothing until one returns"
                     ' (isolation="process" stops such code)',
                     self.worker_id,
@@ -1283,9 +1284,9 @@ class Worker:
         conn = self._hand_back(conn)
         deadline = time.monotonic() + self.shutdown_grace
         log.info(
-            "worker=%s stopping: %d runs in flight, grace %.0fs",
+            "worker=%s stopping: %s in flight, grace %.0fs",
             self.worker_id,
-            len(self.held()),
+            counted(len(self.held()), "run"),
             self.shutdown_grace,
         )
         while time.monotonic() < deadline:

@@ -775,3 +775,40 @@ def test_workers_with_none_alive_points_at_the_lost_ones_too(
     assert cli.main(["workers", "--all", "--dsn", db.dsn]) == 0
     out, _ = capsys.readouterr()
     assert "killed-worker" in out and "lost" in out
+
+
+def test_a_count_of_one_takes_the_singular() -> None:
+    from pgtick.terminal import counted
+
+    assert [counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+    assert counted(1, "worker process", "worker processes") == "1 worker process"
+    assert counted(3, "worker process", "worker processes") == "3 worker processes"
+
+
+@pytest.mark.parametrize("width", [24, 80])
+@pytest.mark.parametrize("argv", [["show", "5"], ["undefine", "every-10s"]], ids=lambda a: a[0])
+def test_show_and_undefine_fit_a_narrow_terminal(fixed: Database, argv: list[str], width: int) -> None:
+    """Under a real pseudo-terminal 24 or 80 columns wide every line of `pgtick show` and
+    `pgtick undefine` fits, as the tables of the other commands do: a long field wraps
+    under its label, a long value is cut, and what each line is about still leads it."""
+    long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update"
+    with fixed.connect() as conn:
+        conn.execute("UPDATE jobs.runs SET error = %s WHERE id IN (4, 5)", (long,))
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = str(width)
+    code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
+    assert code == 0, raw
+    text = text_of(raw.replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if columns(line) > width]
+    assert not too_wide, f"lines wider than {width} columns in `pgtick {' '.join(argv)}`:\n{text}"
+    lines = text.splitlines()
+    if argv[0] == "show":
+        assert lines[0].startswith("run 5"), text
+        assert any(line.startswith("attempts") for line in lines), text
+        error = lines[lines.index("error") + 1 :]
+        assert "".join(error).replace(" ", "") == long.replace(" ", ""), f"the error is not in full:\n{text}"
+    else:
+        assert lines[0].startswith("definition=every-10s"), text
+        finish = next(n for n, line in enumerate(lines) if "running run will" in line)
+        assert "10" in " ".join(lines[finish : finish + 3]), f"the running run is not named:\n{text}"
+        assert "and 0 more" not in text, text

@@ -170,10 +170,12 @@ def test_a_worker_whose_every_thread_is_held_by_a_hung_job_says_so_and_claims_ag
         " jsonb_build_object('seconds', %s::float8))",
         (hang,),
     )
-    replica.wait_log(r"all 1 job threads are held by jobs let go .* claiming nothing until one returns", 60)
+    replica.wait_log(
+        r"every job thread \(1\) is held by jobs let go .* claiming nothing until one returns", 60
+    )
     retry = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (run_id,))
     assert retry is not None, replica.log()
     replica.wait_log(r"a job thread has returned: claiming again", hang + 60)
     wait_retry_completed(conn, run_id, timeout=60)
     log = replica.log()
-    assert log.count("job threads are held") == 1, f"said more than once:\n{log}"
+    assert log.count("is held by jobs let go") == 1, f"said more than once:\n{log}"

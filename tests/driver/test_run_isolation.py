@@ -24,6 +24,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from harness import (
     Conn,
     Database,
@@ -184,34 +186,26 @@ def test_process_jobs_return_results_and_reuse_their_child_process(procs: Proces
     assert len(pids) == 1, f"each job started a process of its own: {context}"
 
 
-def test_a_result_pickle_refuses_is_stored_when_it_is_json_and_fails_the_run_when_not(
-    procs: Processes, conn: Conn
+@pytest.mark.parametrize(
+    ("what", "args", "type_name"),
+    [
+        # A result pickle refuses: a function (not JSON either); a dict of a local class is JSON.
+        pytest.param("function", (), "function", id="pickle-refuses"),
+        # One that pickles but cannot be unpickled, and then the same child runs the next job.
+        pytest.param("unloadable", ("--concurrency", "1"), "TwoPartError", id="cannot-be-unpickled"),
+    ],
+)
+def test_a_result_that_does_not_come_back_from_the_job_process_is_stored_when_json_and_else_fails_the_run(
+    procs: Processes, conn: Conn, what: str, args: tuple[str, ...], type_name: str
 ) -> None:
-    replica = procs.replica("isolated_app.py", "replica")
+    """A result the job's process cannot send back (pickle refuses it, or the worker cannot
+    unpickle it) is stored when it is JSON; otherwise the run fails as a thread job's result
+    that is not JSON does, with no worker traceback, and the next job runs."""
+    replica = procs.replica("isolated_app.py", "replica", *args)
     kind = "isolated-returns-unpicklable"
-    function = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, '{"what": "function"}'))
-    mapping = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
-    statuses = [wait_finished(conn, function), wait_finished(conn, mapping)]
-    runs = conn.execute(
-        "SELECT id, status, failure_reason, error, result FROM jobs.runs ORDER BY id"
-    ).fetchall()
-    log = replica.log()
-
-    context = f"runs {runs}\n{log}"
-    assert statuses == ["FAILED", "COMPLETED"], context
-    expected = "the result could not be stored: TypeError: Object of type function is not JSON serializable"
-    assert runs[0][2:4] == ("Error", expected), context
-    assert runs[1][4] is not None and set(runs[1][4]) == {"pid"} and runs[1][4]["pid"] != replica.pid, context
-
-
-def test_a_result_that_pickles_but_cannot_be_unpickled_fails_the_run_as_not_json_and_the_child_goes_on(
-    procs: Processes, conn: Conn
-) -> None:
-    replica = procs.replica("isolated_app.py", "replica", "--concurrency", "1")
-    kind = "isolated-returns-unpicklable"
-    unloadable = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, '{"what": "unloadable"}'))
-    after = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
-    statuses = [wait_finished(conn, unloadable), wait_finished(conn, after)]
+    refused = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, json.dumps({"what": what})))
+    json_result = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
+    statuses = [wait_finished(conn, refused), wait_finished(conn, json_result)]
     runs = conn.execute(
         "SELECT id, status, failure_reason, error, result FROM jobs.runs ORDER BY id"
     ).fetchall()
@@ -220,11 +214,11 @@ def test_a_result_that_pickles_but_cannot_be_unpickled_fails_the_run_as_not_json
     context = f"runs {runs}\n{log}"
     assert statuses == ["FAILED", "COMPLETED"], context
     expected = (
-        "the result could not be stored: TypeError: Object of type TwoPartError is not JSON serializable"
+        f"the result could not be stored: TypeError: Object of type {type_name} is not JSON serializable"
     )
     assert runs[0][2:4] == ("Error", expected), context
     assert "Traceback" not in log, f"a job's result is not a worker error: {context}"
-    assert runs[1][4] is not None and runs[1][4]["pid"] != replica.pid, context
+    assert runs[1][4] is not None and set(runs[1][4]) == {"pid"} and runs[1][4]["pid"] != replica.pid, context
 
 
 def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(

@@ -21,7 +21,7 @@ def signal_and_wait_for_drain(replica: Proc) -> float:
     replica.send(signal.SIGTERM)
     signalled = time.monotonic()
     # Once the worker logs this its claim loop is over: anything queued from now on stays queued.
-    replica.wait_log(r"worker=\S+ stopping: 1 runs in flight", timeout=60)
+    replica.wait_log(r"worker=\S+ stopping: 1 run in flight", timeout=60)
     return signalled
 
 

@@ -810,6 +810,26 @@ def test_health_reads_the_last_success_and_failure_from_history_until_a_live_one
     }, "the live success is newer than history's"
 
 
+def test_health_reads_the_last_outcome_of_one_run_from_history_past_unfinished_live_runs(
+    conn: Conn,
+) -> None:
+    """Runs still queued or running in jobs.runs are no outcome: last_status and
+    last_finished_at are then both the newest moved run's, never a mix of two runs."""
+    def_id = scalar(conn, "SELECT id FROM jobs.define('hourly', 'k', schedule => '0 * * * *')")
+    finish_old(conn, 1, age="3 days", status="FAILED", definition_id=def_id)
+    (newest,) = finish_old(conn, 1, age="2 days", status="COMPLETED", definition_id=def_id)
+    newest_at = scalar(conn, "SELECT finished_at FROM jobs.runs WHERE id = %s", (newest,))
+    assert _archive_all(conn) == 2
+    queued = enqueue(conn, "k")
+    running = enqueue(conn, "k")
+    conn.execute("UPDATE jobs.runs SET definition_id = %s WHERE id IN (%s, %s)", (def_id, queued, running))
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'RUNNING', started_at = now(), worker = 'w' WHERE id = %s", (running,)
+    )
+    query = "SELECT last_status::text, last_finished_at FROM jobs.definition_health WHERE id = %s"
+    assert one(conn, query, (def_id,)) == {"last_status": "COMPLETED", "last_finished_at": newest_at}
+
+
 def test_a_failure_streak_that_reaches_into_history_pauses_the_definition(conn: Conn) -> None:
     def_id = scalar(
         conn,

@@ -214,7 +214,7 @@ def _steer(base: str, seeded: Seeded, page: Page, db: Database) -> None:
         assert page.locator("table.runs tbody tr").count() == 3
         shot(page, "runs-failed-filter")
         page.click("#bulk button:has-text('Retry 3 failed')")
-        page.wait_for_selector("text=retried 3 failed run(s)")
+        page.wait_for_selector("text=retried 3 failed runs")
         retried = one(
             conn,
             "SELECT count(*) FROM jobs.runs WHERE retry_of = ANY(%s) AND status = 'QUEUED'",

@@ -4,6 +4,7 @@ login and CSRF guards, escaping of hostile text, validation, and the audit log."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import socket
@@ -112,7 +113,7 @@ def test_failed_runs_moved_to_history_are_listed_counted_and_reached_by_bulk_act
     listed = client.get("/runs?status=FAILED&kind=wk").text
     for run_id in moved:
         assert f'href="/runs/{run_id}"' in listed, f"run {run_id}, moved to history, is not listed"
-    assert "2 failed run(s) match this filter" in listed
+    assert "2 failed runs match this filter" in listed
     row = next(r for r in client.get("/definitions").text.split("<tr") if ">weekend<" in r)
     assert "FAILED" in row, f"the last outcome from history is missing: {row}"
     assert '<span class="bad">2</span>' in row, f"the failure streak from history is missing: {row}"
@@ -147,7 +148,7 @@ def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) 
     for run_id in seeded.failed_batch:
         assert f'data-run="{run_id}"' in only_batch
     assert f'data-run="{seeded.hostile_run}"' not in only_batch
-    assert "3 failed run(s) match this filter" in only_batch
+    assert "3 failed runs match this filter" in only_batch
 
 
 def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None:
@@ -975,3 +976,80 @@ def test_pages_and_actions_run_without_jit_compilation(db: Database, seeded: See
             await web_db.close()
 
     asyncio.run(check())
+
+
+def _definitions_row(client: TestClient, name: str) -> str:
+    listing = client.get("/definitions").text
+    return listing[listing.index(f'data-name="{name}"') :].split("</tr>")[0]
+
+
+def test_the_next_run_on_the_definitions_page_is_the_next_start_the_cli_shows(
+    db: Database, client: TestClient, conn: Conn
+) -> None:
+    """The dashboard and `pgtick definitions` / `pgtick status` show one next start per
+    definition: a run waiting on dependencies does not start at its time, a run queued by
+    hand starts before the next occurrence, and a paused definition's queued run still
+    starts (with nothing queued, a paused definition starts nothing)."""
+    start = scalar(conn, "SELECT date_trunc('hour', now()) + interval '1 day'")
+    at = [start + timedelta(minutes=m) for m in (0, 10, 20)]
+
+    def define(name: str, times: list[datetime]) -> list[int]:
+        def_id = scalar(conn, "SELECT id FROM jobs.define(%s, 'report', schedule => '*/10 * * * *')", (name,))
+        conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (def_id, start))
+        conn.execute("SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)", (def_id, start, times, at[-1]))
+        return [
+            r[0]
+            for r in conn.execute("SELECT id FROM jobs.runs WHERE definition_id = %s ORDER BY id", (def_id,))
+        ]
+
+    blocked = define("next-blocked", at[:2])
+    conn.execute("UPDATE jobs.runs SET blocked = TRUE WHERE id = %s", (blocked[0],))
+    define("next-by-hand", at[:1])
+    by_hand = scalar(conn, "SELECT scheduled_for FROM jobs.run_now('next-by-hand')")
+    define("next-paused", at[1:2])
+    conn.execute("SELECT jobs.pause('next-paused')")
+    define("next-paused-empty", [])
+    conn.execute("SELECT jobs.pause('next-paused-empty')")
+    expected = {
+        "next-blocked": at[1],
+        "next-by-hand": by_hand,
+        "next-paused": at[1],
+        "next-paused-empty": None,
+    }
+
+    listed = {d["name"]: d for d in json.loads(_cli("definitions", "--json", "--dsn", db.dsn))}
+    health = {d["name"]: d for d in json.loads(_cli("status", "--json", "--dsn", db.dsn))["definitions"]}
+    for name, when in expected.items():
+        for source, rows in (("pgtick definitions", listed), ("pgtick status", health)):
+            shown = rows[name]["next_start_at"]
+            assert (shown and datetime.fromisoformat(shown)) == when, f"{source} {name}: {shown}, not {when}"
+        row = _definitions_row(client, name)
+        if when is None:
+            assert '<td class="muted">paused</td>' in row, f"{name}: {row}"
+        else:
+            utc = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+            assert f'<td class="t">{utc}</td>' in row, f"{name} shows another next run than {utc}: {row}"
+        page = client.get("/definition", params={"name": name}).text
+        if when is None:
+            assert "next run</dt>" not in page, name
+        else:
+            assert f"{utc}</dd>" in page.split("next run</dt>")[1].split("</dd>")[0] + "</dd>", name
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtick.cli", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_one_failed_run_is_counted_in_the_singular(client: TestClient, conn: Conn) -> None:
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('lonely', '{}')")
+    conn.execute("SELECT jobs.claim(1, 'w', ARRAY['lonely'])")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'gone')", (run_id,))
+    listed = client.get("/runs?status=FAILED&kind=lonely").text
+    assert "1 failed run matches this filter" in listed, listed[listed.find('id="bulk"') :][:400]
+    login(client)
+    form = client.get("/runs?status=FAILED&kind=lonely").text
+    assert "Retry 1 failed run?" in form and "Delete 1 failed run from the history?" in form

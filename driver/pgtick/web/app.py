@@ -34,6 +34,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
+from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
 from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseTimeout
@@ -117,7 +118,7 @@ def make_templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json)
+    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json, counted=counted)
     env.globals.update(pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode)
     return Jinja2Templates(env=env)
 
@@ -125,6 +126,20 @@ def make_templates() -> Jinja2Templates:
 def _policy(row: dict[str, Any]) -> timeview.Policy:
     """A definition's stored DST policy (None is auto), which its schedule is parsed with."""
     return row["stored_dst_gap"], row["stored_dst_repeat"]
+
+
+def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> timeview.Occurrence | None:
+    """A recurring definition's next start as the CLI shows it (next_start_at: the first
+    QUEUED run not waiting on dependencies, a paused definition's too, else the cursor);
+    for one no scheduler has materialized yet, its next occurrence. None for a one-shot
+    (its page says when it runs), a finished schedule or one that will not compute."""
+    if not row["schedule"]:
+        return None
+    if row.get("next_start_at") is not None:
+        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC))
+    if row["paused"] or row["finished"] or row["next_run_at"] is not None:
+        return None
+    return next((o for o in upcoming if o.utc), None)
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -238,20 +253,22 @@ class Dashboard:
 
     @staticmethod
     def _next_runs(rows: list[dict[str, Any]]) -> None:
-        """Each definition's next run, read from the database where it is known, else from
-        its schedule while the page's budget lasts (on a thread: off the event loop)."""
+        """Each definition's next start as the CLI shows it (next_start_at: the first QUEUED
+        run not waiting on dependencies, a paused definition's too, else the cursor), else,
+        for a schedule no scheduler has materialized yet, its next occurrence while the
+        page's budget lasts (on a thread: off the event loop)."""
         now = datetime.now(UTC)
         budget = time.monotonic() + COMPUTE_NEXT_SECONDS
         for row in rows:
             cap = row["max_concurrent_runs"]
             row["at_cap"] = cap is not None and row["running"] >= cap
             row["next"] = None
-            if not row["schedule"] or row["paused"] or row["finished"]:
+            if row["next_start_at"] is not None:
+                row["next"] = timeview.labelled(row["next_start_at"], row["timezone"], now)
                 continue
-            known = [t for t in (row["next_queued"], row["next_run_at"]) if t is not None]
-            if known:
-                row["next"] = timeview.labelled(min(known), row["timezone"], now)
-            elif time.monotonic() < budget:
+            if not row["schedule"] or row["paused"] or row["finished"] or row["schedule_error"]:
+                continue
+            if row["next_run_at"] is None and time.monotonic() < budget:
                 # Not materialized yet (no scheduler has started it): ask the schedule.
                 row["next"] = timeview.next_occurrence(
                     row["schedule"], row["timezone"], row["created_at"], now, _policy(row)
@@ -287,8 +304,7 @@ class Dashboard:
             {
                 "d": row,
                 "upcoming": upcoming,
-                # (none for a one-shot, a finished schedule or a schedule that will not compute)
-                "next_run": next((o for o in upcoming if o.utc), None),
+                "next_run": _next_start(row, upcoming),
                 "schedule_error": schedule_error,
                 "recent": recent[: queries.PAGE_SIZE],
                 "at_cap": row["max_concurrent_runs"] is not None
@@ -317,7 +333,7 @@ class Dashboard:
             shown = sum(1 for o in result if o.utc is not None)
             if shown < count and time.monotonic() >= deadline:
                 note = (
-                    f"stopped after {shown} occurrence(s): the schedule took more than"
+                    f"stopped after {counted(shown, 'occurrence')}: the schedule took more than"
                     f" {PREVIEW_SECONDS:g} s to expand (its occurrences are far apart or rare)"
                 )
         status = 400 if problem else 200
@@ -575,8 +591,8 @@ class Dashboard:
             if len(ids) != expected:
                 raise HTTPException(
                     409,
-                    f"the filter now matches {len(ids)} run(s) to {action}, not the {expected} the page "
-                    "showed: nothing was done; look at the list again",
+                    f"the filter now matches {counted(len(ids), 'run')} to {action}, not the"
+                    f" {expected} the page showed: nothing was done; look at the list again",
                 )
             if action == "retry":
                 done = await queries.retry_many(conn, ids)
@@ -585,11 +601,11 @@ class Dashboard:
             if done != len(ids):  # the same action, sent twice at once, took the others first
                 raise HTTPException(
                     409,
-                    f"{len(ids) - done} of the {len(ids)} run(s) were taken by another action meanwhile:"
+                    f"{len(ids) - done} of the {counted(len(ids), 'run')} taken by another action meanwhile:"
                     " nothing was done; look at the list again",
                 )  # (raised in the action's transaction: what this one did is rolled back)
             past = "retried" if action == "retry" else "discarded"
-            return f"{past} {done} failed run(s)", {"filter": flt.params(), past: done, "runs": ids}
+            return f"{past} {counted(done, 'failed run')}", {"filter": flt.params(), past: done, "runs": ids}
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)

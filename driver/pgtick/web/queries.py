@@ -217,34 +217,35 @@ async def definitions(conn: Conn, feats: Features) -> list[Row]:
     """Every definition with what jobs.definition_health shows, computed so that the cost
     follows the number of definitions and the live set, not the history: live counts from
     the QUEUED and RUNNING partial indexes, failures from the FAILED-by-definition index.
-    Also the earliest materialized QUEUED occurrence (the cursor, next_run_at, runs ahead
-    of it when occurrences are materialized early), and the DST policy: stored (None is
-    auto, what the schedule is parsed with) and effective (dst_gap, dst_repeat: the
-    columns of jobs.definition_health, auto resolved by jobs._dst_auto as the view does).
+    Also the next start as ``pgtick definitions`` and ``pgtick status`` show it
+    (jobs.definition_list.next_start_at: the first QUEUED run not waiting on dependencies,
+    however it was queued, else the cursor while the definition is enabled), and the DST
+    policy: stored (None is auto, what the schedule is parsed with) and effective (dst_gap,
+    dst_repeat: the columns of jobs.definition_health, auto resolved by jobs._dst_auto as
+    the view does).
     The last outcome and the failure streak reach into history as the view's do: history is
     read only for a definition with no such run since jobs.config.archive_after."""
     history = feats.has("runs_all")
+    next_start = feats.has("definition_list.next_start_at")
     query = sql.SQL(
         """
         WITH live AS (
-            SELECT r.definition_id, 0 AS running, count(*) AS queued,
-                   min(r.scheduled_for) FILTER (WHERE r.origin = 'schedule') AS next_queued
+            SELECT r.definition_id, 0 AS running, count(*) AS queued
               FROM jobs.runs AS r WHERE r.status = 'QUEUED' AND r.definition_id IS NOT NULL
              GROUP BY r.definition_id
             UNION ALL
-            SELECT r.definition_id, count(*), 0, NULL
+            SELECT r.definition_id, count(*), 0
               FROM jobs.runs AS r WHERE r.status = 'RUNNING' AND r.definition_id IS NOT NULL
              GROUP BY r.definition_id
         ),
         live_by_definition AS (
-            SELECT l.definition_id, sum(l.running) AS running, sum(l.queued) AS queued,
-                   min(l.next_queued) AS next_queued
+            SELECT l.definition_id, sum(l.running) AS running, sum(l.queued) AS queued
               FROM live AS l GROUP BY l.definition_id
         )
         SELECT d.id, d.name, d.kind, d.schedule, d.timezone, NOT d.enabled AS paused,
                d.next_run_at, d.next_run_at AT TIME ZONE d.timezone AS next_run_local,
                d.max_concurrent_runs, coalesce(l.running, 0) AS running,
-               coalesce(l.queued, 0) AS queued, l.next_queued,
+               coalesce(l.queued, 0) AS queued, {next_start} AS next_start_at,
                last.status AS last_status, last.finished_at AS last_finished_at,
                (SELECT count(*) FROM {runs} AS f
                  WHERE f.definition_id = d.id AND f.status = 'FAILED'
@@ -262,6 +263,7 @@ async def definitions(conn: Conn, feats: Features) -> list[Row]:
                coalesce(d.dst_repeat, (jobs._dst_auto(d.schedule))[2]) AS dst_repeat
           FROM jobs.definitions AS d
           LEFT JOIN live_by_definition AS l ON l.definition_id = d.id
+          {next_start_join}
           LEFT JOIN LATERAL (
               SELECT coalesce(
                   (SELECT max(r.id) FROM jobs.runs AS r
@@ -286,6 +288,9 @@ async def definitions(conn: Conn, feats: Features) -> list[Row]:
         """
     ).format(
         runs=every_run(feats),
+        # (A schema older than next_start_at: the cursor alone, while the definition is enabled.)
+        next_start=sql.SQL("n.next_start_at" if next_start else "CASE WHEN d.enabled THEN d.next_run_at END"),
+        next_start_join=sql.SQL("LEFT JOIN jobs.definition_list AS n ON n.id = d.id" if next_start else ""),
         last_moved=sql.SQL(
             "(SELECT max(h.id) FROM jobs.run_history AS h WHERE h.definition_id = d.id)"
             if history
