@@ -191,10 +191,12 @@ SQL
 
 SEEN=-1
 seen() { # stamp this worker alive, at most once a second; NULL: not registered (register again)
+    # Waits at most a second for a lock on the registry (a migration holding it): the next
+    # heartbeat of the run must not wait for it.
     local answer
     ((SECONDS != SEEN)) || return 0
     SEEN=$SECONDS
-    answer=$(sql -v worker="$WORKER" <<<"SELECT jobs.worker_seen(:'worker')") || return 0
+    answer=$(sql -v worker="$WORKER" <<<"SET lock_timeout = '1s'; SELECT jobs.worker_seen(:'worker')") || return 0
     [[ -n $answer ]] || register
 }
 

@@ -45,6 +45,13 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                           (shared)     thing it locks)             0): one per worker id; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
 --                                                                    flight to commit or roll back
+--   jobs._heartbeat_key     transaction  jobs.heartbeat (shared,     hashtextextended('heartbeat:' ||
+--   (worker)                (shared)     only tried, first thing:    worker, 0): a heartbeat in flight,
+--                                        before it waits for any     even one waiting behind a table
+--                                        lock on jobs.runs)          lock, keeps the reaper off its
+--                           (exclusive)  jobs.reap (only tried,      worker's runs until it commits
+--                                        before it locks a run that
+--                                        is overdue but for Timeout)
 --   jobs._claiming_key()    transaction  jobs.claim (shared, with    8099570450837488460 ('pgtickCL')
 --                           (shared)     its claim lock)
 --                           (exclusive)  jobs.set_limit of a new
@@ -89,6 +96,14 @@ COMMENT ON FUNCTION jobs._unique_key(text, text) IS 'Private: transaction adviso
 CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
 COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';
+
+-- Private: the heartbeat key of one worker id: every jobs.heartbeat of that worker tries it
+-- shared before it touches jobs.runs, so a heartbeat that waits behind a table lock (an ALTER
+-- TABLE, a LOCK TABLE, a migration) holds it all the while; jobs.reap tries it exclusive before
+-- it takes a run for a missing heartbeat, and leaves the worker's runs alone while it is held.
+CREATE OR REPLACE FUNCTION jobs._heartbeat_key(worker text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('heartbeat:' || worker, 0) $$;
+COMMENT ON FUNCTION jobs._heartbeat_key(text) IS 'Private: transaction advisory lock key of a worker id, tried shared by each jobs.heartbeat of that worker before it touches jobs.runs, and tried exclusive by jobs.reap before it fails one of the worker''s runs as HeartbeatLost or Orphaned.';
 
 -- Private: the key every jobs.claim holds shared until it commits, whatever it claims. A
 -- change that makes runs capped which were not (a new limit, a definition's first

@@ -14,6 +14,23 @@
 -- the sweep cannot deadlock with workers. The old owner is fenced by the status
 -- change: its complete/fail/heartbeat no longer match.
 --
+-- A stall is not a lost heartbeat. While a table lock holds jobs.runs (a LOCK TABLE, an ALTER
+-- TABLE, a CREATE INDEX, a migration), heartbeats and reaps wait behind it alike; once it is
+-- released they go on at the same moment, and the last stamp a reap sees may be older than the
+-- heartbeat timeout only because of the wait. So:
+--   * a heartbeat stamps the time it writes, after its wait (jobs.heartbeat), and a reap judges
+--     against its own start, now(), taken before any wait of its own: a stall a reap waited
+--     through ages nothing;
+--   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key) shared from
+--     before it touches jobs.runs until it commits, and a reap fails a run for a missing
+--     heartbeat (HeartbeatLost, Orphaned) only when it gets that key exclusive (only tried,
+--     before it locks the row): a run whose worker's heartbeat is in flight, waiting behind the
+--     lock or about to commit, is left to the next pass, which sees the new stamp. A heartbeat
+--     that commits after the reap's snapshot but before the reap locks the row is seen too: the
+--     row is re-read when it is locked, and its deadline checked again.
+-- A worker that is really gone has no heartbeat in flight, so it is reaped as before. Timeout
+-- does not depend on heartbeats and is not held back.
+--
 -- Deadlines are compared as epoch seconds (numeric), never as timestamptz +
 -- interval: no row, however absurd its timestamps or intervals, can make the
 -- arithmetic overflow and stop the sweep for everyone. (A month counts 30 days.)
@@ -49,6 +66,9 @@ BEGIN
                 ORDER BY d.deadline
                 LIMIT 1) AS first
          WHERE s.status = 'RUNNING'
+           -- Not while a heartbeat of its worker is in flight (see the head of this file).
+           AND (first.reason = 'Timeout' OR s.worker IS NULL
+                OR pg_try_advisory_xact_lock(jobs._heartbeat_key(s.worker)))
          ORDER BY s.id
            FOR UPDATE OF s SKIP LOCKED
     ),
@@ -86,4 +106,4 @@ BEGIN
         AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
     PERFORM jobs._notify();
 END $$;
-COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned); queue their retries by policy. Returns run_id, reason, retry_run_id.';
+COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned), the last two only while no heartbeat of the run''s worker is in flight (a heartbeat waiting behind a table lock ages nothing); queue their retries by policy. Returns run_id, reason, retry_run_id.';

@@ -107,6 +107,12 @@ COMMENT ON FUNCTION jobs._hold_own_run(bigint, text, text) IS 'Private: locks (F
 -- locked run never holds up the heartbeat of the worker's others. Such a run is not stamped
 -- this time; it is answered with cancel_requested NULL while its last committed version is
 -- still RUNNING for this worker (not stamped, not lost), and left out of the answer otherwise.
+-- A database that stalls (a LOCK TABLE, an ALTER TABLE, a migration holding jobs.runs) must not
+-- cost a live worker its runs: the heartbeat first tries its worker's heartbeat key shared
+-- (jobs._heartbeat_key), which it holds while it waits behind the table lock and until it
+-- commits, and jobs.reap leaves the worker's runs alone meanwhile; and it stamps the time it
+-- writes (clock_timestamp(), after the wait), not its transaction's start, which a stall would
+-- leave older than the heartbeat timeout.
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -119,6 +125,9 @@ BEGIN
     IF heartbeat.run_ids IS NULL OR cardinality(heartbeat.run_ids) > 10000 THEN
         PERFORM jobs._check_run_ids(heartbeat.run_ids, 10000);
     END IF;
+    -- Only tried: held by a reap that is failing one of this worker's runs, it is not needed
+    -- (the runs that reap locks are skipped here, the others it leaves alone).
+    PERFORM pg_try_advisory_xact_lock_shared(jobs._heartbeat_key(heartbeat.worker));
     -- Found by id, only this worker's and token's rows locked, the fence applied to what the
     -- locks return (jobs._hold_own_runs).
     SELECT coalesce(array_agg(mine.id), '{}'),
@@ -133,7 +142,7 @@ BEGIN
              ORDER BY s.id
                FOR NO KEY UPDATE SKIP LOCKED) AS mine;
     RETURN QUERY
-    UPDATE jobs.runs AS r SET heartbeat_at = now() WHERE r.id = ANY (v_mine)
+    UPDATE jobs.runs AS r SET heartbeat_at = clock_timestamp() WHERE r.id = ANY (v_mine)
     RETURNING r.id, r.cancel_requested;
     IF cardinality(v_locked) < cardinality(heartbeat.run_ids) THEN
         -- The ones skipped: still this worker's as last committed (a fresh snapshot)?
@@ -144,7 +153,7 @@ BEGIN
            AND jobs._owned(s.status, s.worker, s.claim_token_hash, heartbeat.worker, v_token_hash);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). A run whose row another transaction holds locked is not waited for: not stamped, and answered with cancel_requested NULL while it is still this worker''s. A run missing from the answer is no longer this worker''s. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
+COMMENT ON FUNCTION jobs.heartbeat(bigint[], text, text) IS 'Stamp heartbeat_at, with the time it writes (after any wait for a table lock), on the given runs still RUNNING for worker (and its claim_token, if they were claimed with one); returns (run_id, cancel_requested). While it is in flight, jobs.reap leaves the worker''s runs alone. A run whose row another transaction holds locked is not waited for: not stamped, and answered with cancel_requested NULL while it is still this worker''s. A run missing from the answer is no longer this worker''s. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
 
 -- The starts a claim counted against rate limits for runs that are going back to the queue
 -- unstarted (still RUNNING, started_at as the claim set it): taken out of the claim's rows of

@@ -686,6 +686,14 @@ def worker_seen(conn: Conn, worker_id: str) -> None:
     conn.execute(WORKER_SEEN, (worker_id,))
 
 
+def local_lock_timeout(conn: Conn, seconds: float) -> None:
+    """Bound the lock waits of the rest of this transaction (``SET LOCAL lock_timeout``)."""
+    conn.execute(LOCAL_LOCK_TIMEOUT, (f"{max(1, round(seconds * 1000))}ms",))
+
+
+LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+
+
 def worker_stopped(conn: Conn, worker_id: str) -> None:
     conn.execute(WORKER_STOPPED, (worker_id,))
 

@@ -32,6 +32,10 @@ log = logging.getLogger("pgtick.worker")
 #: more go in several calls, each its own transaction.
 MAX_CALL_IDS = 10000
 
+#: Longest wait (seconds) of jobs.worker_seen for a lock on the worker registry; at most half
+#: the heartbeat interval, so the runs' next heartbeat is never held up by it.
+SEEN_LOCK_WAIT = 1.0
+
 T = TypeVar("T")
 
 
@@ -88,6 +92,7 @@ class HeartbeatLoop:
         self.waiting = float("inf")  # the wait in progress, seconds
         self.stopped = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._seen_blocked = False  # the last jobs.worker_seen gave up waiting for a lock
         self._thread = threading.Thread(target=self._loop, name="pgtick-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -117,17 +122,30 @@ class HeartbeatLoop:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.dsn, application_name=f"pgtick-heartbeat {self.worker_id}")
-            calls.worker_seen(self._conn, self.worker_id)  # the worker's own sign of life
-            if not held:
-                return
+            # The runs first: only their heartbeat keeps them from the reaper, and one that waits
+            # behind a table lock keeps them from it all the while (jobs.heartbeat).
             sent = time.monotonic()  # the database stamps the runs after this instant
-            alive = self._stamp(self._conn, list(held))
+            alive = self._stamp(self._conn, list(held)) if held else {}
         except DB_ERRORS as exc:
-            self.owner.heartbeat_failed(exc)
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            self._failed(exc)
             return
+        if held:
+            self._settle(held, alive, sent)
+        try:
+            if self._conn is not None and not self._conn.closed:
+                self._seen(self._conn)
+        except DB_ERRORS as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A call failed: reported, and the next beat connects again."""
+        self.owner.heartbeat_failed(exc)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _settle(self, held: Mapping[int, Context], alive: Mapping[int, bool | None], sent: float) -> None:
+        """Act on the answer of a heartbeat sent at ``sent`` (monotonic) for ``held``."""
         self._expire(self.owner.overdue())
         still_held = self.owner.held()  # runs reported meanwhile are gone from the answer too
         for run_id, ctx in held.items():
@@ -142,6 +160,26 @@ class HeartbeatLoop:
             if alive[run_id] and not ctx.cancel_requested:
                 log.info("run=%s kind=%s cancel requested", run_id, ctx.kind)
                 ctx.request_cancel()
+
+    def _seen(self, conn: psycopg.Connection[Any]) -> None:
+        """``jobs.worker_seen``, the worker's own sign of life, waiting at most half a beat for a
+        lock on the worker registry: a registry held locked (a migration, an operator's LOCK
+        TABLE) must not hold up the next heartbeat of the runs. Not seen this time is harmless:
+        ``jobs.workers`` may show the worker lost until the lock is released."""
+        try:
+            with conn.transaction():
+                calls.local_lock_timeout(conn, min(SEEN_LOCK_WAIT, self.owner.heartbeat_interval() / 2))
+                calls.worker_seen(conn, self.worker_id)
+        except psycopg.errors.LockNotAvailable:
+            if not self._seen_blocked:
+                log.warning(
+                    "worker=%s not stamped seen: jobs.worker_registry is locked (the heartbeats of"
+                    " its runs go on)",
+                    self.worker_id,
+                )
+            self._seen_blocked = True
+            return
+        self._seen_blocked = False
 
     def _stamp(self, conn: psycopg.Connection[Any], run_ids: list[int]) -> dict[int, bool | None]:
         """``jobs.heartbeat`` for these runs, in calls of at most MAX_CALL_IDS: run id -> cancel

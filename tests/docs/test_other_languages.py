@@ -243,6 +243,30 @@ def test_worker_sh_heartbeats_and_is_cancelled_through_the_heartbeat_answer(
     assert worker.terminate_and_wait() == 0
 
 
+def test_worker_sh_heartbeats_its_run_while_the_worker_registry_is_locked(
+    conn: Conn, db: Database, start_worker: Any
+) -> None:
+    """A lock on jobs.worker_registry (a migration) does not hold up the heartbeats of the run:
+    jobs.worker_seen waits for it at most a second, and the next beat comes on time."""
+    worker = start_worker()
+    long_run = _long_run_heartbeating(conn, worker, timeout=60)
+    with db.connect(autocommit=False) as locker:
+        locker.execute("LOCK TABLE jobs.worker_registry IN ACCESS EXCLUSIVE MODE")
+        locked = scalar(locker, "SELECT clock_timestamp()")
+        worker.wait_until(
+            "a heartbeat of the run well after the registry was locked",
+            lambda: scalar(
+                conn,
+                "SELECT heartbeat_at > %s + interval '3 seconds' FROM jobs.runs WHERE id = %s",
+                (locked, long_run),
+            ),
+            timeout=60,
+        )
+        locker.commit()
+    _cancel_at_a_checkpoint(conn, worker, long_run, timeout=60)
+    assert worker.terminate_and_wait() == 0
+
+
 def test_worker_sh_as_a_worker_login_holds_runs_that_its_worker_id_alone_cannot_touch(
     db: Database, conn: Conn, start_worker: Any
 ) -> None:

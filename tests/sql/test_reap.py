@@ -12,7 +12,18 @@ from datetime import timedelta
 
 import pytest
 
-from harness import Conn, Database, add_runs, digest, gated, race_parts, run_row, scalar, wait_for
+from harness import (
+    BlockedCall,
+    Conn,
+    Database,
+    add_runs,
+    digest,
+    gated,
+    race_parts,
+    run_row,
+    scalar,
+    wait_for,
+)
 
 
 def _enqueue(conn: Conn, kind: str, **kw: object) -> int:
@@ -377,3 +388,82 @@ def test_a_completion_racing_the_reaper_ends_each_run_one_way_and_says_which(
     wrong = {i: states[i] for i in completed if states[i] != "COMPLETED"}
     wrong |= {i: states[i] for i in reaped if states[i] != "FAILED:HeartbeatLost"}
     assert not wrong, f"runs whose stored end is not what their side reported: {wrong}"
+
+
+#: The heartbeat key of worker w1: jobs._heartbeat_key('w1') (the key table in sql/helpers.sql).
+HEARTBEAT_KEY_W1 = "hashtextextended('heartbeat:w1', 0)"
+
+
+def test_a_stall_longer_than_the_heartbeat_timeout_takes_no_run_from_a_worker_that_heartbeats(
+    db: Database, conn: Conn
+) -> None:
+    """Invariant: a table lock on jobs.runs held for longer than a run's heartbeat timeout (a
+    LOCK TABLE, an ALTER TABLE, a migration) ages no heartbeat. w1's heartbeat and a reap that
+    began once the timeout had passed wait behind the lock together; the waiting heartbeat holds
+    its worker's heartbeat key all the while. Once the lock is released, whichever goes first,
+    the reap takes nothing and the heartbeat stamps the time it wrote, after the release."""
+    run_id = _enqueue(conn, "stalled", heartbeat_timeout="1 second")
+    assert _claim_one(conn, "w1", "stalled") == run_id
+    beat = "SELECT run_id, cancel_requested FROM jobs.heartbeat(ARRAY[%s]::bigint[], 'w1')"
+    assert conn.execute(beat, (run_id,)).fetchall() == [(run_id, False)]
+    last = scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,))
+    # The locker is left first, so a failure releases the lock the other two wait for.
+    with db.connect() as worker, db.connect() as reaper, db.connect(autocommit=False) as locker:
+        locker.execute("LOCK TABLE jobs.runs IN ACCESS EXCLUSIVE MODE")
+        heartbeat = BlockedCall(
+            conn, worker, lambda: worker.execute(beat, (run_id,)).fetchall(), "the heartbeat to wait"
+        )
+        held = scalar(
+            conn,
+            "SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND granted"
+            " AND mode = 'ShareLock' AND (classid::bigint << 32 | objid::bigint) = " + HEARTBEAT_KEY_W1,
+            (worker.info.backend_pid,),
+        )
+        wait_for(
+            "the heartbeat timeout to pass in the stall",
+            lambda: scalar(conn, "SELECT clock_timestamp() > %s + interval '1.5 seconds'", (last,)),
+            timeout=60,
+        )
+        reap = BlockedCall(
+            conn,
+            reaper,
+            lambda: reaper.execute("SELECT run_id, reason FROM jobs.reap()").fetchall(),
+            "the reap to wait",
+        )
+        released = scalar(locker, "SELECT clock_timestamp()")
+        locker.commit()
+        assert heartbeat.join(60) == [[(run_id, False)]], "the heartbeat that waited lost its run"
+        assert reap.join(60) == [[]], f"a reap that waited through the stall took run {run_id}"
+    stamped = scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (run_id,))
+    assert stamped > released, (
+        f"the heartbeat that waited stamped {stamped}, before the release at {released}"
+    )
+    assert conn.execute("SELECT * FROM jobs.reap()").fetchall() == []
+    assert run_row(conn, run_id)["status"] == "RUNNING"
+    assert held == 1, "a heartbeat waiting behind a table lock must hold its worker's heartbeat key"
+
+
+def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
+    db: Database, conn: Conn
+) -> None:
+    """While a heartbeat of w1 is in flight (its heartbeat key held), a reap leaves w1's runs
+    whose heartbeat is stale to the next pass; it still fails w1's run past its timeout, and the
+    stale run of w2, a worker with no heartbeat in flight. The next pass after the heartbeat
+    commits takes w1's stale run if it is still stale."""
+    stale = _enqueue(conn, "silent")
+    overdue = _enqueue(conn, "silent", timeout="1 minute")
+    other = _enqueue(conn, "silent")
+    assert _claim_one(conn, "w1", "silent") == stale
+    assert _claim_one(conn, "w1", "silent") == overdue
+    assert _claim_one(conn, "w2", "silent") == other
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours',"
+        " started_at = now() - interval '2 hours' WHERE id = ANY (%s)",
+        ([stale, overdue, other],),
+    )
+    with db.connect(autocommit=False) as in_flight:
+        in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
+        reaped = conn.execute("SELECT run_id, reason FROM jobs.reap() ORDER BY 1").fetchall()
+        assert reaped == sorted([(overdue, "Timeout"), (other, "HeartbeatLost")]), reaped
+        in_flight.commit()
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
