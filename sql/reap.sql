@@ -27,7 +27,8 @@
 --     before it locks the row): a run whose worker's heartbeat is in flight, waiting behind the
 --     lock or about to commit, is left to the next pass, which sees the new stamp. A heartbeat
 --     that commits after the reap's snapshot but before the reap locks the row is seen too: the
---     row is re-read when it is locked, and its deadline checked again.
+--     UPDATE reads a row changed since its snapshot again and checks the deadline on it (the
+--     lateral that found the reason keeps what it read from the older row).
 -- A worker that is really gone has no heartbeat in flight, so it is reaped as before. Timeout
 -- does not depend on heartbeats and is not held back.
 --
@@ -82,7 +83,19 @@ BEGIN
                    ELSE format('worker %s never heartbeated since it started at %s', r.worker, r.started_at)
                END
           FROM overdue AS o
+         CROSS JOIN jobs.config AS c
          WHERE r.id = o.id AND r.status = 'RUNNING'
+           -- The deadline once more, on the row as this UPDATE finds it: a heartbeat that
+           -- committed after this statement's snapshot, before its lock on the row, is seen here
+           -- (the row is read again when it was changed since the snapshot), where the lateral of
+           -- overdue kept the reason it worked out from the older row.
+           AND CASE o.reason
+                   WHEN 'HeartbeatLost'
+                       THEN extract(epoch FROM r.heartbeat_at)
+                            + extract(epoch FROM coalesce(r.heartbeat_timeout, c.heartbeat_timeout)) < v_now
+                   WHEN 'Orphaned' THEN r.heartbeat_at IS NULL
+                   ELSE TRUE
+               END
            -- A run of a unique key is failed with the key held (see jobs.fail), only tried: an
            -- enqueue holding it may be waiting for this row, so the run waits for the next pass.
            AND (r.unique_key IS NULL OR pg_try_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key)))

@@ -7,8 +7,10 @@ test's clock), except where a short real wait checks a real due time.
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -467,3 +469,69 @@ def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
         assert reaped == sorted([(overdue, "Timeout"), (other, "HeartbeatLost")]), reaped
         in_flight.commit()
     assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
+
+
+def test_a_heartbeat_that_commits_while_a_reap_reads_the_runs_keeps_its_run(db: Database, conn: Conn) -> None:
+    """A heartbeat and a reap that a table lock held back go on at the same moment. When the
+    heartbeat commits after the reap's snapshot but before the reap locks the run (the reap
+    reads 3,000 other runs first, so the heartbeat lands in between), the reap must see the new
+    stamp: a run whose heartbeat was answered as stamped is never failed by a reap that ran
+    alongside it. The heartbeat also stamps 2,000 other runs of its worker, so it is likely
+    to commit after the reap took its snapshot, and the reap reads 20,000 runs of another
+    worker before it reaches the stale one. A run both stamped and reaped is a counter-example."""
+    conn.execute(
+        "INSERT INTO jobs.runs (kind, status, worker, started_at, heartbeat_at)"
+        " SELECT 'busy', 'RUNNING', CASE WHEN g <= 2000 THEN 'w1' ELSE 'w2' END, now(),"
+        " now() + interval '1 hour' FROM generate_series(1, 22000) AS g"
+    )
+    held = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.runs WHERE worker = 'w1' ORDER BY id")]
+    both: list[int] = []
+    for _ in range(10):
+        run_id = _enqueue(conn, "silent", heartbeat_timeout="1 second")
+        assert _claim_one(conn, "w1", "silent") == run_id
+        conn.execute(
+            "UPDATE jobs.runs SET heartbeat_at = now() - interval '5 seconds' WHERE id = %s", (run_id,)
+        )
+        answers: dict[str, list[Any]] = {}
+
+        def call(name: str, sql: str, args: tuple[Any, ...], answers: dict[str, list[Any]] = answers) -> None:
+            with db.connect(autocommit=True) as own:
+                answers[name] = own.execute(sql, args).fetchall()
+
+        with db.connect(autocommit=False) as locker:
+            locker.execute("LOCK TABLE jobs.runs IN ACCESS EXCLUSIVE MODE")
+            calls = [
+                threading.Thread(
+                    target=call,
+                    args=("beat", "SELECT run_id FROM jobs.heartbeat(%s, 'w1')", ([*held, run_id],)),
+                ),
+                threading.Thread(target=call, args=("reap", "SELECT run_id FROM jobs.reap()", ())),
+            ]
+            for thread in calls:
+                thread.start()
+            wait_for(
+                "the heartbeat and the reap to wait for the lock",
+                lambda: (
+                    scalar(
+                        conn,
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock' AND query ~ 'jobs\\.(heartbeat|reap)'",
+                    )
+                    == 2
+                ),
+                60,
+            )
+            locker.commit()
+        for thread in calls:
+            thread.join(60)
+        stamped = (run_id,) in answers["beat"]
+        reaped = (run_id,) in answers["reap"]
+        assert stamped or reaped, f"run {run_id}: neither stamped nor reaped: {answers}"
+        if stamped and reaped:
+            both.append(run_id)
+        conn.execute(
+            "UPDATE jobs.runs SET status = 'COMPLETED', finished_at = now()"
+            " WHERE id = %s AND status = 'RUNNING'",
+            (run_id,),
+        )
+    assert not both, f"runs answered as stamped to their worker and failed by the reap beside it: {both}"
