@@ -411,6 +411,22 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
 
+-- Private: is the key blank as jobs._check_key and the keys' constraints (migration 0026) take
+-- it: only white space once the control characters are taken out? NULL for NULL.
+CREATE OR REPLACE FUNCTION jobs._blank_key(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT jobs._blank(regexp_replace(value, '[[:cntrl:]]', '', 'g')) $$;
+COMMENT ON FUNCTION jobs._blank_key(text) IS 'Private: true when the key is only white space and control characters (jobs._check_key refuses it); NULL for NULL.';
+
+-- Private: why a definition holding a blank concurrency key (written before such keys were
+-- refused) can have no run: the runs' key refuses it.
+CREATE OR REPLACE FUNCTION jobs._blank_key_problem(name text, concurrency_key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('definition %s: concurrency_key must not be blank (only spaces), got %s; declare it '
+                  'again with a key, or none (docs/operations.md, Blank keys)',
+                  quote_literal(name), to_json(concurrency_key))
+$$;
+COMMENT ON FUNCTION jobs._blank_key_problem(text, text) IS 'Private: the error recorded for a definition whose blank concurrency key (from before it was refused) keeps it from having runs.';
+
 -- A text that is certainly a name as jobs._check_name takes it: 1 to 200 printable ASCII
 -- characters, at least one of them not a space. Where it is false, jobs._check_name decides.
 -- A SQL-standard body, inlined into the expression that calls it (roles.sql leaves its
