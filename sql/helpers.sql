@@ -49,9 +49,11 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --   (worker)                (shared)     only tried, first thing:    worker, 0): a heartbeat in flight,
 --                                        before it waits for any     even one waiting behind a table
 --                                        lock on jobs.runs)          lock, keeps the reaper off its
---                           (exclusive)  jobs.reap (only tried,      worker's runs until it commits
---                                        before it locks a run that
---                                        is overdue but for Timeout)
+--                           (exclusive)  jobs.reap (session level,   worker's runs until it commits
+--                           (session)    only tried and released at
+--                                        once, before it locks a run
+--                                        overdue but for Timeout:
+--                                        jobs._heartbeat_in_flight)
 --   jobs._claiming_key()    transaction  jobs.claim (shared, with    8099570450837488460 ('pgtickCL')
 --                           (shared)     its claim lock)
 --                           (exclusive)  jobs.set_limit of a new
@@ -104,6 +106,25 @@ COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock
 CREATE OR REPLACE FUNCTION jobs._heartbeat_key(worker text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('heartbeat:' || worker, 0) $$;
 COMMENT ON FUNCTION jobs._heartbeat_key(text) IS 'Private: transaction advisory lock key of a worker id, tried shared by each jobs.heartbeat of that worker before it touches jobs.runs, and tried exclusive by jobs.reap before it fails one of the worker''s runs as HeartbeatLost or Orphaned.';
+
+-- Private: is a heartbeat of this worker in flight (its heartbeat key held shared)? Tried
+-- exclusive and released at once rather than held to the end of the reap: a reap fails the
+-- runs of many workers, and a lock held per worker took as many slots of the server's shared
+-- lock table, which a few thousand dead workers filled (every reap then failed, out of shared
+-- memory). Held or not, the key changes nothing for a heartbeat that comes after the try (it
+-- only tries it, and skips the rows the reap has locked).
+CREATE OR REPLACE FUNCTION jobs._heartbeat_in_flight(worker text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_key bigint := jobs._heartbeat_key(worker);
+BEGIN
+    IF pg_try_advisory_lock(v_key) THEN
+        PERFORM pg_advisory_unlock(v_key);
+        RETURN FALSE;
+    END IF;
+    RETURN TRUE;
+END $$;
+COMMENT ON FUNCTION jobs._heartbeat_in_flight(text) IS 'Private: true while a jobs.heartbeat of this worker holds its heartbeat key; tries the key exclusive at session level and releases it at once (no lock is left held).';
 
 -- Private: the key every jobs.claim holds shared until it commits, whatever it claims. A
 -- change that makes runs capped which were not (a new limit, a definition's first

@@ -467,3 +467,30 @@ def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
         assert reaped == sorted([(overdue, "Timeout"), (other, "HeartbeatLost")]), reaped
         in_flight.commit()
     assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
+
+
+def test_a_reap_of_many_workers_runs_holds_no_lock_per_worker(db: Database, conn: Conn) -> None:
+    """A reap that fails the runs of 500 dead workers holds none of their heartbeat keys until it
+    commits: each takes a slot of the server's shared lock table, which a few thousand workers
+    (a crash-looping fleet while no scheduler reaped) fill, and then every reap fails with 53200
+    (out of shared memory) and nothing is reaped any more. Every run is still reaped, and the
+    heartbeat of a worker still in flight keeps its runs."""
+    ids = add_runs(conn, 501, kind="many")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'RUNNING', attempt = 1, started_at = now() - interval '2 hours',"
+        " heartbeat_at = now() - interval '2 hours', worker = 'dead-' || id WHERE id = ANY (%s)",
+        (ids[:-1],),
+    )
+    assert _claim_one(conn, "w1", "many") == ids[-1]
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours' WHERE id = %s", (ids[-1],))
+    with db.connect(autocommit=False) as reaper, db.connect(autocommit=False) as in_flight:
+        in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
+        reaped = reaper.execute("SELECT run_id, reason FROM jobs.reap() ORDER BY 1").fetchall()
+        held = scalar(
+            reaper, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        assert held == 0, f"the reap holds {held} advisory locks until it commits"
+        reaper.commit()
+        in_flight.commit()
+    assert reaped == [(i, "HeartbeatLost") for i in ids[:-1]], f"{len(reaped)} reaped of {len(ids) - 1}"
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(ids[-1], "HeartbeatLost")]
