@@ -331,6 +331,33 @@ COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: 
 -- runs and the last archive_after of finished ones): history is read only when the run is not
 -- there, so a lookup of a recent run opens and locks none of its days (reading jobs.runs_all
 -- plans every day of history, two to ten locks a day, whatever it finds).
+-- A run in history is read back as a row of jobs.runs, whose keys refuse a blank one; history
+-- itself is not checked, so a run that held one before such keys were refused (migration 0026)
+-- is still there. Raise 22023 naming the key, the run and the fix, rather than the domain's
+-- bare constraint, before such a run is read.
+CREATE OR REPLACE FUNCTION jobs._check_history_keys(run_id bigint, finished_at timestamptz DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_field text;
+BEGIN
+    -- Planned for its values, so that a finished_at given reads its day alone (jobs._moved_run).
+    EXECUTE 'SELECT f.field FROM jobs.run_history AS h'
+            ' CROSS JOIN LATERAL (VALUES (''idempotency_key'', h.idempotency_key), (''unique_key'', h.unique_key),'
+            '                            (''concurrency_key'', h.concurrency_key)) AS f (field, value)'
+            ' WHERE h.id = $1 AND ($2::timestamptz IS NULL OR h.finished_at = $2) AND jobs._blank_key(f.value)'
+            ' LIMIT 1'
+       INTO v_field USING _check_history_keys.run_id, _check_history_keys.finished_at;
+    IF v_field IS NOT NULL THEN
+        RAISE EXCEPTION 'run % (in history) holds a blank %, stored before blank keys were refused: it cannot be read as a run',
+            run_id, v_field
+            USING ERRCODE = '22023',
+                  HINT = format('Clear it: UPDATE jobs.run_history SET %I = NULL WHERE id = %s '
+                                '(docs/operations.md, Blank keys).', v_field, run_id);
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_history_keys(bigint, timestamptz) IS 'Private: raises 22023 naming the key when the run with this id in jobs.run_history (finished at finished_at, when given) holds a blank idempotency, unique or concurrency key, which a row of jobs.runs refuses.';
+
 CREATE OR REPLACE FUNCTION jobs.get_run(run_id bigint) RETURNS SETOF jobs.runs
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -341,6 +368,7 @@ BEGIN
         -- The same snapshot as the read above (a STABLE function reads its caller's), in which
         -- the run is in exactly one of the two tables. (Read into a row of jobs.runs: history's
         -- columns have the base types of its domains.)
+        PERFORM jobs._check_history_keys(get_run.run_id);
         SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = get_run.run_id;
         IF FOUND THEN
             RETURN NEXT v_run;
@@ -364,6 +392,7 @@ BEGIN
     IF for_update THEN
         SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = _known_run.run_id FOR UPDATE;
         IF NOT FOUND THEN
+            PERFORM jobs._check_history_keys(_known_run.run_id);
             SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = _known_run.run_id FOR UPDATE;
         END IF;
     ELSE
