@@ -398,7 +398,8 @@ def test_a_definition_with_a_blank_key_from_before_stops_no_other_definitions_ru
     """A definition whose concurrency key was blank before the upgrade cannot have runs (the
     runs' key refuses it), but that stays with it: the one-shots due with it are still
     materialized, it records why (materialize_error naming concurrency_key), and a backfill of
-    it is voided with that reason while the next backfill goes on."""
+    it is voided with that reason while the next backfill goes on; jobs.run_now of it is
+    refused naming concurrency_key (22023), not by the runs' bare constraint."""
     with _installed_before(pg, "0026_blank_keys.sql", tmp_path) as conn:
         conn.execute("SELECT jobs.define('blank', 'k', run_at => now() + interval '1 day')")
         conn.execute("SELECT jobs.define('fine', 'k', run_at => now() + interval '1 day')")
@@ -435,6 +436,10 @@ def test_a_definition_with_a_blank_key_from_before_stops_no_other_definitions_ru
             " JOIN jobs.definitions AS d ON d.id = b.definition_id WHERE d.name = 'every_blank'"
         ).fetchone()
         assert voided is not None and voided[0] and "concurrency_key" in (voided[1] or ""), voided
+        with pytest.raises(
+            psycopg.errors.InvalidParameterValue, match="'every_blank': concurrency_key must not"
+        ):
+            conn.execute("SELECT jobs.run_now('every_blank')")
 
 
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
