@@ -399,7 +399,8 @@ def test_a_definition_with_a_blank_key_from_before_stops_no_other_definitions_ru
     runs' key refuses it), but that stays with it: the one-shots due with it are still
     materialized, it records why (materialize_error naming concurrency_key), and a backfill of
     it is voided with that reason while the next backfill goes on; jobs.run_now of it is
-    refused naming concurrency_key (22023), not by the runs' bare constraint."""
+    refused naming concurrency_key (22023), not by the runs' bare constraint; and the recurring
+    one is recorded by jobs.materialize_many, naming it, while the other is materialized."""
     with _installed_before(pg, "0026_blank_keys.sql", tmp_path) as conn:
         conn.execute("SELECT jobs.define('blank', 'k', run_at => now() + interval '1 day')")
         conn.execute("SELECT jobs.define('fine', 'k', run_at => now() + interval '1 day')")
@@ -440,6 +441,21 @@ def test_a_definition_with_a_blank_key_from_before_stops_no_other_definitions_ru
             psycopg.errors.InvalidParameterValue, match="'every_blank': concurrency_key must not"
         ):
             conn.execute("SELECT jobs.run_now('every_blank')")
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = date_trunc('minute', now()) + interval '1 minute'"
+            " WHERE schedule IS NOT NULL"
+        )
+        made = conn.execute(
+            "WITH d AS (SELECT array_agg(id ORDER BY id) AS ids, array_agg(next_run_at ORDER BY id) AS at,"
+            "                  array_agg(revision ORDER BY id) AS revisions"
+            "             FROM jobs.definitions WHERE schedule IS NOT NULL)"
+            " SELECT f.name, m.created, m.error FROM d, jobs.materialize_many(d.ids, d.at,"
+            "        array(SELECT a + interval '1 minute' FROM unnest(d.at) AS a),"
+            "        d.revisions, d.ids, d.at) AS m"
+            " JOIN jobs.definitions AS f ON f.id = m.definition_id ORDER BY f.name"
+        ).fetchall()
+        assert [(name, created) for name, created, _ in made] == [("every", 1), ("every_blank", 0)], made
+        assert "concurrency_key must not be blank" in (made[1][2] or ""), made
 
 
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
