@@ -43,7 +43,9 @@ $foreign$;
 -- login granted one gets what pgtick grants it, and whatever else the role carries. A role
 -- with an attribute that no pgtick role may have (SUPERUSER, CREATEROLE, CREATEDB,
 -- REPLICATION, BYPASSRLS) is refused here, before anything is changed, on every migrate: a
--- worker login would hold it too. A role that pgtick did not make (its comment does not start
+-- worker login would hold it too. So is a member of a role with one (or of
+-- pg_execute_server_program, pg_read_server_files, pg_write_server_files): a worker login could
+-- SET ROLE to it. A role that pgtick did not make (its comment does not start
 -- with 'pgtick:') and that this database has not been installed with yet is used, with a
 -- WARNING that names it and says whether it can log in, what it is a member of and who its
 -- members are; then it is commented as pgtick's (below), so the warning is given once.
@@ -53,6 +55,7 @@ DECLARE
     v_attribute text;
     v_said text[];
     v_names text;
+    v_via text;
 BEGIN
     FOR v_role IN
         SELECT r.oid, r.rolname, r.rolcanlogin,
@@ -72,6 +75,39 @@ BEGIN
                       HINT = format('Every login granted %s would hold %s too. Remove it (ALTER ROLE %s NO%s), '
                                     'or drop that role, then migrate again.',
                                     v_role.rolname, v_attribute, v_role.rolname, v_attribute);
+        END IF;
+        -- A member of a role that has such an attribute, or of a role that reads and writes the
+        -- server's files or runs its programs, hands it on just as well: every login granted
+        -- the pgtick role may SET ROLE to it.
+        WITH RECURSIVE up (oid, via) AS (
+            SELECT m.roleid, m.roleid FROM pg_catalog.pg_auth_members AS m
+             WHERE m.member = v_role.oid
+            UNION
+            SELECT m.roleid, up.via FROM pg_catalog.pg_auth_members AS m JOIN up ON m.member = up.oid
+        )
+        SELECT g.rolname, v.rolname,
+               CASE WHEN g.rolsuper THEN 'SUPERUSER' WHEN g.rolcreaterole THEN 'CREATEROLE'
+                    WHEN g.rolcreatedb THEN 'CREATEDB' WHEN g.rolreplication THEN 'REPLICATION'
+                    WHEN g.rolbypassrls THEN 'BYPASSRLS' ELSE 'the rights of ' || g.rolname END
+          INTO v_names, v_via, v_attribute
+          FROM up
+          JOIN pg_catalog.pg_roles AS g ON g.oid = up.oid
+          JOIN pg_catalog.pg_roles AS v ON v.oid = up.via
+         -- Through another pgtick role it is that role's to report (checked in its turn).
+         WHERE v.rolname NOT IN ('jobs_reader', 'jobs_worker', 'jobs_operator')
+           AND (g.rolsuper OR g.rolcreaterole OR g.rolcreatedb OR g.rolreplication OR g.rolbypassrls
+                OR g.rolname IN ('pg_execute_server_program', 'pg_read_server_files', 'pg_write_server_files'))
+         ORDER BY g.rolname, v.rolname
+         LIMIT 1;
+        IF v_names IS NOT NULL THEN
+            RAISE EXCEPTION 'role % already exists as a member of %, which has %: pgtick will not grant to it; nothing was installed',
+                v_role.rolname,
+                v_names || CASE WHEN v_via <> v_names THEN format(' (through %s)', v_via) ELSE '' END,
+                v_attribute
+                USING ERRCODE = '55000',
+                      HINT = format('Every login granted %s could SET ROLE %s. Revoke it (REVOKE %s FROM %s), '
+                                    'or drop that role, then migrate again.',
+                                    v_role.rolname, v_names, v_via, v_role.rolname);
         END IF;
         CONTINUE WHEN v_role.ours OR to_regclass('jobs.schema_migrations') IS NOT NULL;
         v_said := '{}';

@@ -75,6 +75,7 @@ BEGIN
         CONTINUE WHEN v_definition_id IS NOT NULL AND (jobs._hold_definition(v_definition_id, FALSE)).id IS NULL;
         -- So is a run whose unique key has a run queued or running (one retried just before in
         -- this call, or enqueued since): that run does the job.
+        PERFORM jobs._check_history_keys(v_id);
         SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = v_id;
         CONTINUE WHEN v_run.unique_key IS NOT NULL
                   AND (jobs._active_run_of_key(v_run.kind, v_run.unique_key)).id IS NOT NULL;

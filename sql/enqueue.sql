@@ -355,6 +355,10 @@ BEGIN
     END IF;
     -- Held until commit: jobs.undefine waits for this run, or this call for its end.
     v_def := jobs._lock_definition(run_now.name, FALSE);
+    -- A blank concurrency key from before such keys were refused: the runs' key refuses it.
+    IF jobs._blank_key(v_def.concurrency_key) THEN
+        RAISE EXCEPTION '%', jobs._blank_key_problem(v_def.name, v_def.concurrency_key) USING ERRCODE = '22023';
+    END IF;
     INSERT INTO jobs.runs AS r (
         definition_id, kind, payload, priority, max_attempts, timeout, heartbeat_timeout, origin,
         queue, concurrency_key

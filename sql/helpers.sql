@@ -49,9 +49,11 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --   (worker)                (shared)     only tried, first thing:    worker, 0): a heartbeat in flight,
 --                                        before it waits for any     even one waiting behind a table
 --                                        lock on jobs.runs)          lock, keeps the reaper off its
---                           (exclusive)  jobs.reap (only tried,      worker's runs until it commits
---                                        before it locks a run that
---                                        is overdue but for Timeout)
+--                           (exclusive)  jobs.reap (session level,   worker's runs until it commits
+--                           (session)    only tried and released at
+--                                        once, before it locks a run
+--                                        overdue but for Timeout:
+--                                        jobs._heartbeat_in_flight)
 --   jobs._claiming_key()    transaction  jobs.claim (shared, with    8099570450837488460 ('pgtickCL')
 --                           (shared)     its claim lock)
 --                           (exclusive)  jobs.set_limit of a new
@@ -104,6 +106,25 @@ COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock
 CREATE OR REPLACE FUNCTION jobs._heartbeat_key(worker text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('heartbeat:' || worker, 0) $$;
 COMMENT ON FUNCTION jobs._heartbeat_key(text) IS 'Private: transaction advisory lock key of a worker id, tried shared by each jobs.heartbeat of that worker before it touches jobs.runs, and tried exclusive by jobs.reap before it fails one of the worker''s runs as HeartbeatLost or Orphaned.';
+
+-- Private: is a heartbeat of this worker in flight (its heartbeat key held shared)? Tried
+-- exclusive and released at once rather than held to the end of the reap: a reap fails the
+-- runs of many workers, and a lock held per worker took as many slots of the server's shared
+-- lock table, which a few thousand dead workers filled (every reap then failed, out of shared
+-- memory). Held or not, the key changes nothing for a heartbeat that comes after the try (it
+-- only tries it, and skips the rows the reap has locked).
+CREATE OR REPLACE FUNCTION jobs._heartbeat_in_flight(worker text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_key bigint := jobs._heartbeat_key(worker);
+BEGIN
+    IF pg_try_advisory_lock(v_key) THEN
+        PERFORM pg_advisory_unlock(v_key);
+        RETURN FALSE;
+    END IF;
+    RETURN TRUE;
+END $$;
+COMMENT ON FUNCTION jobs._heartbeat_in_flight(text) IS 'Private: true while a jobs.heartbeat of this worker holds its heartbeat key; tries the key exclusive at session level and releases it at once (no lock is left held).';
 
 -- Private: the key every jobs.claim holds shared until it commits, whatever it claims. A
 -- change that makes runs capped which were not (a new limit, a definition's first
@@ -310,6 +331,33 @@ COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: 
 -- runs and the last archive_after of finished ones): history is read only when the run is not
 -- there, so a lookup of a recent run opens and locks none of its days (reading jobs.runs_all
 -- plans every day of history, two to ten locks a day, whatever it finds).
+-- A run in history is read back as a row of jobs.runs, whose keys refuse a blank one; history
+-- itself is not checked, so a run that held one before such keys were refused (migration 0026)
+-- is still there. Raise 22023 naming the key, the run and the fix, rather than the domain's
+-- bare constraint, before such a run is read.
+CREATE OR REPLACE FUNCTION jobs._check_history_keys(run_id bigint, finished_at timestamptz DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_field text;
+BEGIN
+    -- Planned for its values, so that a finished_at given reads its day alone (jobs._moved_run).
+    EXECUTE 'SELECT f.field FROM jobs.run_history AS h'
+            ' CROSS JOIN LATERAL (VALUES (''idempotency_key'', h.idempotency_key), (''unique_key'', h.unique_key),'
+            '                            (''concurrency_key'', h.concurrency_key)) AS f (field, value)'
+            ' WHERE h.id = $1 AND ($2::timestamptz IS NULL OR h.finished_at = $2) AND jobs._blank_key(f.value)'
+            ' LIMIT 1'
+       INTO v_field USING _check_history_keys.run_id, _check_history_keys.finished_at;
+    IF v_field IS NOT NULL THEN
+        RAISE EXCEPTION 'run % (in history) holds a blank %, stored before blank keys were refused: it cannot be read as a run',
+            run_id, v_field
+            USING ERRCODE = '22023',
+                  HINT = format('Clear it: UPDATE jobs.run_history SET %I = NULL WHERE id = %s '
+                                '(docs/operations.md, Blank keys).', v_field, run_id);
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_history_keys(bigint, timestamptz) IS 'Private: raises 22023 naming the key when the run with this id in jobs.run_history (finished at finished_at, when given) holds a blank idempotency, unique or concurrency key, which a row of jobs.runs refuses.';
+
 CREATE OR REPLACE FUNCTION jobs.get_run(run_id bigint) RETURNS SETOF jobs.runs
 LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 DECLARE
@@ -320,6 +368,7 @@ BEGIN
         -- The same snapshot as the read above (a STABLE function reads its caller's), in which
         -- the run is in exactly one of the two tables. (Read into a row of jobs.runs: history's
         -- columns have the base types of its domains.)
+        PERFORM jobs._check_history_keys(get_run.run_id);
         SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = get_run.run_id;
         IF FOUND THEN
             RETURN NEXT v_run;
@@ -343,6 +392,7 @@ BEGIN
     IF for_update THEN
         SELECT r.* INTO v_run FROM jobs.runs AS r WHERE r.id = _known_run.run_id FOR UPDATE;
         IF NOT FOUND THEN
+            PERFORM jobs._check_history_keys(_known_run.run_id);
             SELECT h.* INTO v_run FROM jobs.run_history AS h WHERE h.id = _known_run.run_id FOR UPDATE;
         END IF;
     ELSE
@@ -410,6 +460,22 @@ BEGIN
     RETURN btrim(value, U&' \00A0\1680\2000\2001\2002\2003\2004\2005\2006\2007\2008\2009\200A\2028\2029\202F\205F\3000') = '';
 END $$;
 COMMENT ON FUNCTION jobs._blank(text) IS 'Private: true when the text is made only of (non-control) white space.';
+
+-- Private: is the key blank as jobs._check_key and the keys' constraints (migration 0026) take
+-- it: only white space once the control characters are taken out? NULL for NULL.
+CREATE OR REPLACE FUNCTION jobs._blank_key(value text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$ SELECT jobs._blank(regexp_replace(value, '[[:cntrl:]]', '', 'g')) $$;
+COMMENT ON FUNCTION jobs._blank_key(text) IS 'Private: true when the key is only white space and control characters (jobs._check_key refuses it); NULL for NULL.';
+
+-- Private: why a definition holding a blank concurrency key (written before such keys were
+-- refused) can have no run: the runs' key refuses it.
+CREATE OR REPLACE FUNCTION jobs._blank_key_problem(name text, concurrency_key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('definition %s: concurrency_key must not be blank (only spaces), got %s; declare it '
+                  'again with a key, or none (docs/operations.md, Blank keys)',
+                  quote_literal(name), to_json(concurrency_key))
+$$;
+COMMENT ON FUNCTION jobs._blank_key_problem(text, text) IS 'Private: the error recorded for a definition whose blank concurrency key (from before it was refused) keeps it from having runs.';
 
 -- A text that is certainly a name as jobs._check_name takes it: 1 to 200 printable ASCII
 -- characters, at least one of them not a space. Where it is false, jobs._check_name decides.

@@ -102,6 +102,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_run jobs.runs;
 BEGIN
+    PERFORM jobs._check_history_keys(_moved_run.run_id, _moved_run.finished_at);
     EXECUTE 'SELECT h.* FROM jobs.run_history AS h WHERE h.id = $1 AND h.finished_at = $2'
        INTO v_run USING _moved_run.run_id, _moved_run.finished_at;
     RETURN v_run;

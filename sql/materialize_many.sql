@@ -152,6 +152,20 @@ BEGIN
         PERFORM jobs._materialize_failed(v_id, v_message);
         v_errors := v_errors || v_message;
     END LOOP;
+    -- A definition holding a blank concurrency key from before such keys were refused can have
+    -- no run (the runs' key refuses it): recorded as failing, saying which key, before the batch
+    -- (which would otherwise take the slow path below for it, every time it is retried).
+    FOR v_id, v_message IN
+        SELECT d.id, jobs._blank_key_problem(d.name, d.concurrency_key) || ' (SQLSTATE 22023)'
+          FROM jobs.definitions AS d
+         WHERE d.id = ANY (materialize_many.definition_ids) AND d.id <> ALL (v_bad)
+           AND jobs._blank_key(d.concurrency_key)
+         ORDER BY d.id
+    LOOP
+        PERFORM jobs._materialize_failed(v_id, v_message);
+        v_bad := v_bad || v_id;
+        v_errors := v_errors || v_message;
+    END LOOP;
 
     PERFORM jobs._hold_history_moves(materialize_many.run_times);
     -- Common path: the whole batch in one statement (one savepoint).

@@ -24,7 +24,8 @@
 --   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key) shared from
 --     before it touches jobs.runs until it commits, and a reap fails a run for a missing
 --     heartbeat (HeartbeatLost, Orphaned) only when it gets that key exclusive (only tried,
---     before it locks the row): a run whose worker's heartbeat is in flight, waiting behind the
+--     before it locks the row, and released at once: jobs._heartbeat_in_flight, no lock per
+--     worker held to the end): a run whose worker's heartbeat is in flight, waiting behind the
 --     lock or about to commit, is left to the next pass, which sees the new stamp. A heartbeat
 --     that commits after the reap's snapshot but before the reap locks the row is seen too: the
 --     UPDATE reads a row changed since its snapshot again and checks the deadline on it (the
@@ -69,7 +70,7 @@ BEGIN
          WHERE s.status = 'RUNNING'
            -- Not while a heartbeat of its worker is in flight (see the head of this file).
            AND (first.reason = 'Timeout' OR s.worker IS NULL
-                OR pg_try_advisory_xact_lock(jobs._heartbeat_key(s.worker)))
+                OR NOT jobs._heartbeat_in_flight(s.worker))
          ORDER BY s.id
            FOR UPDATE OF s SKIP LOCKED
     ),

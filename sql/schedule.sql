@@ -766,6 +766,15 @@ BEGIN
          WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
            AND o.next_run_at <= now() + materialize_one_shots.lookahead
     ));
+    -- A definition that holds a blank concurrency key, written before such keys were refused,
+    -- can have no run (the runs' key refuses it): it is recorded and backed off, as
+    -- jobs.materialize_many does, and left out, so the other one-shots are materialized.
+    PERFORM jobs._materialize_failed(o.id, jobs._blank_key_problem(o.name, o.concurrency_key))
+       FROM jobs.definitions AS o
+      WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
+        AND o.next_run_at <= now() + materialize_one_shots.lookahead
+        AND jobs._blank_key(o.concurrency_key)
+        AND (o.materialize_retry_at IS NULL OR o.materialize_retry_at <= now());
     WITH due AS (
         UPDATE jobs.definitions AS d
            SET next_run_at = NULL, finished_at = now()
@@ -774,6 +783,7 @@ BEGIN
                    SELECT o.id FROM jobs.definitions AS o
                     WHERE o.schedule IS NULL AND o.enabled AND o.finished_at IS NULL
                       AND o.next_run_at <= now() + materialize_one_shots.lookahead
+                      AND NOT coalesce(jobs._blank_key(o.concurrency_key), FALSE)
                     ORDER BY o.id
                       FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING d.*

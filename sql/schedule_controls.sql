@@ -334,6 +334,11 @@ BEGIN
     IF v_error IS NULL AND v_def.revision <> v_request.revision THEN
         v_error := 'the definition''s schedule changed after the backfill was requested';
     END IF;
+    IF v_error IS NULL AND jobs._blank_key(v_def.concurrency_key) THEN
+        -- A blank key from before such keys were refused: the runs' key refuses it. The request
+        -- is voided saying so, rather than failing every tick and holding up the next ones.
+        v_error := jobs._blank_key_problem(v_def.name, v_def.concurrency_key);
+    END IF;
     IF v_error IS NULL AND EXISTS (SELECT FROM unnest(finish_backfill.run_times) AS t
                                     WHERE t IS NULL OR t < v_request.window_from OR t > v_request.window_to) THEN
         RAISE EXCEPTION 'run_times must lie within the backfill window [%, %]',

@@ -1565,7 +1565,7 @@ def cmd_show(args: argparse.Namespace) -> Result:
             + (f"  ({r['failure_reason']})" if r["failure_reason"] else "")
             + ("  cancel requested" if r["cancel_requested"] and r["status"] == "RUNNING" else "")
         )
-        lines = [head] if wide else wrap(head, style.width, indent="  ")
+        lines = [head] if wide or not style.terminal else wrap(head, style.width, indent="  ")
 
         def field(label: str, value: str) -> None:
             lines.extend(_field_lines(label, value, style, wide))
@@ -1649,12 +1649,12 @@ _FIELD_ROOM = 12
 
 
 def _field_lines(label: str, value: str, style: Style, wide: bool) -> list[str]:
-    """``  label       value`` in ``pgtick show``, fitted to the width: the value wrapped
+    """``  label       value`` in ``pgtick show``, fitted to a terminal's width: the value wrapped
     under itself, or under the label where the terminal leaves it too little room beside it
     (a word too long for a line is cut, as a table cuts a cell)."""
     line = f"  {label:<11} {value}"
-    if wide or visible_len(line) <= style.width:
-        return [line]
+    if wide or not style.terminal or visible_len(line) <= style.width:
+        return [line]  # piped: as stored, however long (to copy or grep)
     if style.width - len(_FIELD_INDENT) >= _FIELD_ROOM:
         return wrap(line, style.width, indent=_FIELD_INDENT)
     return [f"  {label}", *wrap(f"    {value}", style.width, indent="    ")]
@@ -1746,15 +1746,19 @@ def cmd_undefine(args: argparse.Namespace) -> Result:
 
     def text(style: Style, wide: bool) -> str:
         running = data["still_running"]
+
+        def fit(line: str, indent: str) -> list[str]:
+            # Piped: each line as it is, the name whole (to copy or grep).
+            return wrap(line, style.width, indent=indent) if style.terminal else [line]
+
         lines = [
-            *wrap(f"definition={args.name} deleted", style.width, indent="  "),
-            *wrap(f"  {counted(data['cancelled'], 'queued run')} cancelled", style.width, indent="    "),
+            *fit(f"definition={args.name} deleted", "  "),
+            *fit(f"  {counted(data['cancelled'], 'queued run')} cancelled", "    "),
             *_first_ids(f"  {counted(len(running), 'running run')} will finish", running, style),
-            *wrap(
+            *fit(
                 f"  {counted(data['history'], 'finished run')} kept as history"
                 " (pgtick prune removes them with age)",
-                style.width,
-                indent="    ",
+                "    ",
             ),
         ]
         return "\n".join(lines)

@@ -812,3 +812,26 @@ def test_show_and_undefine_fit_a_narrow_terminal(fixed: Database, argv: list[str
         finish = next(n for n, line in enumerate(lines) if "running run will" in line)
         assert "10" in " ".join(lines[finish : finish + 3]), f"the running run is not named:\n{text}"
         assert "and 0 more" not in text, text
+
+
+def test_show_and_undefine_piped_keep_long_values_whole(
+    db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped (to a file, grep, a script), `pgtick show` and `pgtick undefine` write each value
+    as stored, however long, as they did before they fitted a terminal: a kind, a worker id or
+    a definition name of 150 characters is not cut at 100 columns."""
+    kind, worker, name = "k" * 150, "w" * 150, "d" * 150
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define(%s, %s, run_at => now() + interval '1 day')", (name, kind))
+        run_id = scalar(
+            conn,
+            "INSERT INTO jobs.runs (kind, status, attempt, started_at, worker)"
+            " VALUES (%s, 'RUNNING', 1, now(), %s) RETURNING id",
+            (kind, worker),
+        )
+    assert cli.main(["show", str(run_id), "--dsn", db.dsn]) == 0
+    shown, _ = capsys.readouterr()
+    assert f"  kind        {kind}\n" in shown and f"  worker      {worker}\n" in shown, shown
+    assert cli.main(["undefine", name, "--dsn", db.dsn]) == 0
+    said, _ = capsys.readouterr()
+    assert said.startswith(f"definition={name} deleted\n"), said

@@ -122,3 +122,46 @@ def test_a_role_with_an_attribute_no_pgtick_role_may_have_is_refused_before_anyt
     done = pgtick("migrate", "--dsn", fresh, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _installed(fresh)
+
+
+@pytest.mark.parametrize(
+    ("granted", "named"),
+    [
+        ("app_admin", "which has SUPERUSER"),
+        ("pg_execute_server_program", "the rights of pg_execute_server_program"),
+    ],
+)
+def test_a_role_that_may_set_role_to_a_powerful_one_is_refused_before_anything_changes(
+    cluster: str, granted: str, named: str
+) -> None:
+    """jobs_worker a member, through a role of the application's, of a SUPERUSER role or of
+    pg_execute_server_program: every worker login granted it could SET ROLE to that role, as
+    good as holding the attribute. Migrating stops naming the role and the membership, by
+    `pgtick migrate` and by psql, and installs nothing; once revoked, the install goes through."""
+    fresh = _fresh_database(cluster, f"member_{granted}")
+    with _admin(cluster) as admin:
+        if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = 'jobs_worker'").fetchone() is None:
+            admin.execute("CREATE ROLE jobs_worker NOLOGIN")
+        if granted == "app_admin":
+            admin.execute("CREATE ROLE app_admin SUPERUSER NOLOGIN")
+        admin.execute("CREATE ROLE app_ops NOLOGIN")
+        admin.execute(f"GRANT {granted} TO app_ops")
+        admin.execute("GRANT app_ops TO jobs_worker")
+    try:
+        said = f"role jobs_worker already exists as a member of {granted} (through app_ops), which has"
+        by_cli = pgtick("migrate", "--dsn", fresh, timeout=300)
+        assert by_cli.returncode == 1, (by_cli.stdout, by_cli.stderr)
+        assert "Traceback" not in by_cli.stderr, by_cli.stderr
+        assert said in by_cli.stderr and named in by_cli.stderr, by_cli.stderr
+        assert "REVOKE app_ops FROM jobs_worker" in by_cli.stderr, by_cli.stderr
+        by_psql = psql_file(fresh, migrate.schema_root() / "sql" / "install.sql")
+        assert by_psql.returncode != 0 and said in by_psql.stderr, by_psql.stderr
+        assert not _installed(fresh), "a refused install left a jobs schema behind"
+    finally:
+        with _admin(cluster) as admin:
+            admin.execute("DROP ROLE app_ops")
+            if granted == "app_admin":
+                admin.execute("DROP ROLE app_admin")
+    done = pgtick("migrate", "--dsn", fresh, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _installed(fresh)

@@ -392,6 +392,72 @@ def test_the_blank_keys_migration_keeps_blank_keys_written_before_it(pg: Server,
             conn.execute("UPDATE jobs.definitions SET concurrency_key = '  ' WHERE name = 'd'")
 
 
+def test_a_definition_with_a_blank_key_from_before_stops_no_other_definitions_runs(
+    pg: Server, tmp_path: Path
+) -> None:
+    """A definition whose concurrency key was blank before the upgrade cannot have runs (the
+    runs' key refuses it), but that stays with it: the one-shots due with it are still
+    materialized, it records why (materialize_error naming concurrency_key), and a backfill of
+    it is voided with that reason while the next backfill goes on; jobs.run_now of it is
+    refused naming concurrency_key (22023), not by the runs' bare constraint; and the recurring
+    one is recorded by jobs.materialize_many, naming it, while the other is materialized."""
+    with _installed_before(pg, "0026_blank_keys.sql", tmp_path) as conn:
+        conn.execute("SELECT jobs.define('blank', 'k', run_at => now() + interval '1 day')")
+        conn.execute("SELECT jobs.define('fine', 'k', run_at => now() + interval '1 day')")
+        conn.execute("SELECT jobs.define('every', 'k', schedule => '0 * * * *')")
+        conn.execute("SELECT jobs.define('every_blank', 'k', schedule => '0 * * * *')")
+        conn.execute(
+            "UPDATE jobs.definitions SET concurrency_key = '  ' WHERE name IN ('blank', 'every_blank')"
+        )
+        migrate.apply(conn)
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = now() - interval '1 second' WHERE schedule IS NULL"
+        )
+        made = conn.execute("SELECT jobs.materialize_one_shots()").fetchone()
+        assert made == (1,), f"the one-shot with a real key was not materialized: {made}"
+        runs = conn.execute(
+            "SELECT d.name FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        ).fetchall()
+        assert runs == [("fine",)], runs
+        error = conn.execute(
+            "SELECT materialize_error, materialize_failures, finished_at IS NULL"
+            " FROM jobs.definitions WHERE name = 'blank'"
+        ).fetchone()
+        assert error is not None and "concurrency_key" in (error[0] or "") and error[1:] == (1, True), error
+        window = "now() - interval '3 hours', now() - interval '1 hour'"
+        conn.execute(f"SELECT jobs.backfill('every_blank', {window})")
+        conn.execute(f"SELECT jobs.backfill('every', {window})")
+        done = conn.execute(
+            "SELECT d.name, jobs.finish_backfill(b.id, ARRAY[date_trunc('hour', now()) - interval '2 hours'])"
+            " FROM jobs.backfills AS b JOIN jobs.definitions AS d ON d.id = b.definition_id ORDER BY b.id"
+        ).fetchall()
+        assert done == [("every_blank", 0), ("every", 1)], f"runs inserted by the two backfills: {done}"
+        voided = conn.execute(
+            "SELECT b.done_at IS NOT NULL, b.error FROM jobs.backfills AS b"
+            " JOIN jobs.definitions AS d ON d.id = b.definition_id WHERE d.name = 'every_blank'"
+        ).fetchone()
+        assert voided is not None and voided[0] and "concurrency_key" in (voided[1] or ""), voided
+        with pytest.raises(
+            psycopg.errors.InvalidParameterValue, match="'every_blank': concurrency_key must not"
+        ):
+            conn.execute("SELECT jobs.run_now('every_blank')")
+        conn.execute(
+            "UPDATE jobs.definitions SET next_run_at = date_trunc('minute', now()) + interval '1 minute'"
+            " WHERE schedule IS NOT NULL"
+        )
+        made = conn.execute(
+            "WITH d AS (SELECT array_agg(id ORDER BY id) AS ids, array_agg(next_run_at ORDER BY id) AS at,"
+            "                  array_agg(revision ORDER BY id) AS revisions"
+            "             FROM jobs.definitions WHERE schedule IS NOT NULL)"
+            " SELECT f.name, m.created, m.error FROM d, jobs.materialize_many(d.ids, d.at,"
+            "        array(SELECT a + interval '1 minute' FROM unnest(d.at) AS a),"
+            "        d.revisions, d.ids, d.at) AS m"
+            " JOIN jobs.definitions AS f ON f.id = m.definition_id ORDER BY f.name"
+        ).fetchall()
+        assert [(name, created) for name, created, _ in made] == [("every", 1), ("every_blank", 0)], made
+        assert "concurrency_key must not be blank" in (made[1][2] or ""), made
+
+
 def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")

@@ -1204,3 +1204,28 @@ def test_history_is_readable_by_the_reader_role_and_archive_needs_the_operator(d
             pass
         else:
             raise AssertionError("a reader could move runs")
+
+
+def test_a_moved_run_holding_a_blank_key_from_before_is_refused_naming_the_key(conn: Conn) -> None:
+    """History is not checked for blank keys (the upgrade left those written before as they
+    were), but a run read back from it is a row of jobs.runs, whose keys refuse them: reading,
+    cancelling or retrying such a run says which key of which run is blank and how to clear it
+    (22023), not the domain's bare constraint; once cleared, it is read and retried."""
+    (run_id,) = finish_old(conn, 1, age="3 days", status="FAILED")
+    conn.execute("UPDATE jobs.runs SET idempotency_key = 'order-1' WHERE id = %s", (run_id,))
+    kind = scalar(conn, "SELECT kind FROM jobs.runs WHERE id = %s", (run_id,))
+    assert _archive_all(conn) == 1
+    conn.execute("UPDATE jobs.run_history SET concurrency_key = '  ' WHERE id = %s", (run_id,))
+    said = f"run {run_id} (in history) holds a blank concurrency_key"
+    for call in (
+        "SELECT * FROM jobs.get_run(%s)",
+        "SELECT * FROM jobs.run_detail(%s)",
+        "SELECT jobs.retry(%s)",
+        "SELECT jobs.cancel(%s)",
+        "SELECT * FROM jobs.retry_many(ARRAY[%s])",
+    ):
+        expect_error(conn, call, (run_id,), "22023", said)
+    expect_error(conn, "SELECT jobs.enqueue(%s, idempotency_key => 'order-1')", (kind,), "22023", said)
+    conn.execute("UPDATE jobs.run_history SET concurrency_key = NULL WHERE id = %s", (run_id,))
+    assert scalar(conn, "SELECT id FROM jobs.get_run(%s)", (run_id,)) == run_id
+    assert scalar(conn, "SELECT retry_of FROM jobs.retry(%s)", (run_id,)) == run_id

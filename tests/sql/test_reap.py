@@ -473,12 +473,12 @@ def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
 
 def test_a_heartbeat_that_commits_while_a_reap_reads_the_runs_keeps_its_run(db: Database, conn: Conn) -> None:
     """A heartbeat and a reap that a table lock held back go on at the same moment. When the
-    heartbeat commits after the reap's snapshot but before the reap locks the run (the reap
-    reads 3,000 other runs first, so the heartbeat lands in between), the reap must see the new
-    stamp: a run whose heartbeat was answered as stamped is never failed by a reap that ran
-    alongside it. The heartbeat also stamps 2,000 other runs of its worker, so it is likely
-    to commit after the reap took its snapshot, and the reap reads 20,000 runs of another
-    worker before it reaches the stale one. A run both stamped and reaped is a counter-example."""
+    heartbeat commits after the reap's snapshot but before the reap locks the run, the reap
+    must see the new stamp: a run whose heartbeat was answered as stamped is never failed by a
+    reap that ran alongside it. The heartbeat also stamps 2,000 other runs of its worker, so it
+    is likely to commit after the reap took its snapshot, and the reap reads 20,000 runs of
+    another worker before it reaches the stale one, so the commit lands in between. A run both
+    stamped and reaped is a counter-example."""
     conn.execute(
         "INSERT INTO jobs.runs (kind, status, worker, started_at, heartbeat_at)"
         " SELECT 'busy', 'RUNNING', CASE WHEN g <= 2000 THEN 'w1' ELSE 'w2' END, now(),"
@@ -535,3 +535,30 @@ def test_a_heartbeat_that_commits_while_a_reap_reads_the_runs_keeps_its_run(db: 
             (run_id,),
         )
     assert not both, f"runs answered as stamped to their worker and failed by the reap beside it: {both}"
+
+
+def test_a_reap_of_many_workers_runs_holds_no_lock_per_worker(db: Database, conn: Conn) -> None:
+    """A reap that fails the runs of 500 dead workers holds none of their heartbeat keys until it
+    commits: each takes a slot of the server's shared lock table, which a few thousand workers
+    (a crash-looping fleet while no scheduler reaped) fill, and then every reap fails with 53200
+    (out of shared memory) and nothing is reaped any more. Every run is still reaped, and the
+    heartbeat of a worker still in flight keeps its runs."""
+    ids = add_runs(conn, 501, kind="many")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'RUNNING', attempt = 1, started_at = now() - interval '2 hours',"
+        " heartbeat_at = now() - interval '2 hours', worker = 'dead-' || id WHERE id = ANY (%s)",
+        (ids[:-1],),
+    )
+    assert _claim_one(conn, "w1", "many") == ids[-1]
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours' WHERE id = %s", (ids[-1],))
+    with db.connect(autocommit=False) as reaper, db.connect(autocommit=False) as in_flight:
+        in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
+        reaped = reaper.execute("SELECT run_id, reason FROM jobs.reap() ORDER BY 1").fetchall()
+        held = scalar(
+            reaper, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        assert held == 0, f"the reap holds {held} advisory locks until it commits"
+        reaper.commit()
+        in_flight.commit()
+    assert reaped == [(i, "HeartbeatLost") for i in ids[:-1]], f"{len(reaped)} reaped of {len(ids) - 1}"
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(ids[-1], "HeartbeatLost")]
