@@ -451,11 +451,17 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
     form of the migration lock, since a session lock (and a session SET) would stay on a
     server connection that other clients share."""
     done: list[str] = []
-    with conn.transaction():
+
+    def apply_all() -> None:
+        done.clear()
         conn.execute("SET LOCAL client_min_messages = warning")
         for name, value in INSTALL_SETTINGS.items():
             conn.execute(f"SET LOCAL {name} = {value}")
+        # Another migrator's turn is waited for as long as it takes; only the table locks
+        # after it are bounded (_retrying_on_locks).
+        conn.execute("SET LOCAL lock_timeout = 0")
         calls.advisory_xact_lock(conn, plan.lock_key)
+        calls.local_lock_timeout(conn, LOCK_WAIT)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
         _refuse_newer(already, plan)
@@ -469,4 +475,6 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
             conn.execute(path.read_bytes())
         if done:
             calls.record_package_version(conn, _package_version(), done)
+
+    _retrying_on_locks(conn, "the install (one transaction, through a pooler)", apply_all)
     return done

@@ -39,11 +39,13 @@ from harness import (
     SHORT_HEARTBEAT,
     Conn,
     Database,
+    PgBouncer,
     Proc,
     Processes,
     Server,
     checkout_schema,
     env_for,
+    pgtick,
     processes,
     psql_file,
     scalar,
@@ -461,3 +463,67 @@ def test_a_migration_held_up_longer_than_the_heartbeat_timeout_takes_no_run_from
     assert len(attempts) == 1, f"a retry of a live worker's run was queued: {detail}"
     assert [(e[0], e[2]) for e in executions] == [(run_id, pid)], detail
     _no_errors_logged(d.procs)
+
+
+def test_a_migration_through_a_pooler_held_up_by_a_lock_holds_no_worker_up_behind_it(
+    pg: Server, pgbouncer: PgBouncer, tmp_path: Path
+) -> None:
+    """Through a transaction-mode pooler `pgtick migrate` installs in one transaction; held up
+    by an operator's transaction that read the workers' view, it must not keep a worker's
+    write to the worker registry (what a previous release's heartbeat waits for) waiting
+    behind it for longer than its bounded lock wait, and it commits once the operator ends."""
+    script, _ = _previous_release(tmp_path / "previous")
+    database = pg.create_empty_database()
+    try:
+        installed = psql_file(database.dsn, script)
+        assert installed.returncode == 0, f"installing the previous release: {installed.stderr}"
+        with (
+            psycopg.connect(database.dsn, autocommit=True) as conn,
+            database.connect(autocommit=False) as operator,
+        ):
+            operator.execute("SELECT * FROM jobs.workers").fetchall()
+            results: list[subprocess.CompletedProcess[str]] = []
+            migrator = threading.Thread(
+                target=lambda: results.append(
+                    pgtick("migrate", "--dsn", pgbouncer.dsn(database), timeout=240)
+                ),
+                daemon=True,
+            )
+            migrator.start()
+            wait_for(
+                "the migration to wait for the operator",
+                lambda: (
+                    results
+                    or scalar(
+                        conn,
+                        "SELECT count(*) > 0 FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                ),
+                90,
+            )
+            assert not results, f"the migration did not wait for the operator's transaction: {results}"
+            held = time.monotonic()
+            longest = 0.0
+            # Bounded, so that a write stuck behind the migration cannot hold the test up too.
+            conn.execute(f"SET lock_timeout = '{STALL_SECONDS / 2}s'")
+            while time.monotonic() < held + STALL_SECONDS:
+                sent = time.monotonic()
+                try:
+                    conn.execute("UPDATE jobs.worker_registry SET last_seen_at = last_seen_at WHERE false")
+                except psycopg.errors.LockNotAvailable:
+                    pass
+                longest = max(longest, time.monotonic() - sent)
+                time.sleep(0.1)
+            assert not results, f"the migration did not wait for the operator's transaction: {results}"
+            operator.rollback()
+        migrator.join(240)
+        assert longest < STALL_SECONDS / 2, (
+            f"a write to the worker registry waited {longest:.1f}s behind the held-up migration"
+        )
+        assert results and results[0].returncode == 0, f"pgtick migrate failed: {results}"
+        assert "waits for a lock" in results[0].stderr, f"the migration did not say it waited: {results}"
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            assert migrate.applied_versions(conn) == {m.version for m in migrate.migrations()}
+    finally:
+        pg.drop_database(database)
