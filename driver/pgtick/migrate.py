@@ -20,7 +20,9 @@ every time, in one transaction.
 from __future__ import annotations
 
 import logging
+import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,7 +310,9 @@ def apply(
     ``pgtick.migrate``.
 
     ``conn`` must be in autocommit mode: each migration is its own transaction,
-    and the advisory lock is held by the session across all of them.
+    and the advisory lock is held by the session across all of them. Each transaction waits
+    at most LOCK_WAIT for a table lock, and is rolled back and tried again when it would wait
+    longer (a warning on ``pgtick.migrate``), so that no worker queues behind it meanwhile.
     """
     conn.add_notice_handler(_say_warning)
     try:
@@ -342,22 +346,33 @@ def _apply(
         # The last pending migration commits with the functions: a migrator stopped between
         # them (Ctrl-C, a lost connection) leaves a ledger that still lacks a migration, so
         # `pgtick run` says to migrate, rather than a complete ledger over missing functions.
+        # Each transaction bounds its lock waits and is tried again when it gives up
+        # (_retrying_on_locks): a migration held up by another session's lock must not hold
+        # up, behind it, every worker that touches the same table.
         for migration in pending[:-1]:
-            with conn.transaction():
+
+            def apply_one(migration: Migration = migration) -> None:
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
+
+            _retrying_on_locks(conn, f"migration {migration.version}_{migration.name}", apply_one)
             done.append(migration.version)
             if progress is not None:
                 progress(f"{migration.version}_{migration.name}", len(done), total)
-        with conn.transaction():
+        last_version = [m.version for m in pending[-1:]]
+
+        def apply_last_and_functions() -> None:
             for migration in pending[-1:]:
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
-                done.append(migration.version)
             for path in plan.function_files:
                 conn.execute(path.read_bytes())
-            if done:
-                calls.record_package_version(conn, _package_version(), done)
+            if done or last_version:
+                calls.record_package_version(conn, _package_version(), done + last_version)
+
+        step = f"migration {pending[-1].version}_{pending[-1].name} with" if pending else "re-applying"
+        _retrying_on_locks(conn, f"{step} the functions and views", apply_last_and_functions)
+        done += last_version
         if progress is not None:
             if pending:
                 last = pending[-1]
@@ -369,6 +384,50 @@ def _apply(
             for name, theirs in caller.items():
                 _give_back(conn, name, theirs)
     return done
+
+
+#: Longest wait (seconds) of a migration's statement for a table lock before the migration's
+#: transaction gives up, rolls back and is tried again. A migration waiting in a table's lock
+#: queue, or holding a table while it waits for another, stops every session that touches that
+#: table: the heartbeats of a worker of the previous release (it stamps itself seen in the
+#: worker registry before it stamps its runs, and waits for the registry as long as it takes)
+#: would stop for as long as an operator's transaction holds the migration up, and the reaper
+#: of that release, which goes on meanwhile, would take the worker's runs. Rolled back, the
+#: migration lets them through; tried again, it commits once nobody holds what it needs.
+LOCK_WAIT = 0.5
+
+#: How long (seconds, the upper bound of a random pause) a migration that gave up waiting for a
+#: lock lets the sessions that queued behind it run before it tries again.
+LOCK_RETRY_PAUSE = 0.5
+
+#: How often (seconds) a migration that keeps finding a lock held says so again.
+LOCK_RETRY_LOG_EVERY = 10.0
+
+
+def _retrying_on_locks(conn: psycopg.Connection[Any], step: str, work: Callable[[], None]) -> None:
+    """``work`` in one transaction whose lock waits are bounded by LOCK_WAIT; a transaction
+    that gave up waiting is rolled back (nothing of it applied) and tried again after a short
+    pause, logged once and then every LOCK_RETRY_LOG_EVERY seconds while it goes on."""
+    since = time.monotonic()
+    logged = 0.0
+    while True:
+        try:
+            with conn.transaction():
+                calls.local_lock_timeout(conn, LOCK_WAIT)
+                work()
+            return
+        except psycopg.errors.LockNotAvailable as exc:
+            waited = time.monotonic() - since
+            if not logged or waited - logged >= LOCK_RETRY_LOG_EVERY:
+                logged = max(waited, 1e-9)
+                log.warning(
+                    "%s waits for a lock another session holds (%s); rolled back, trying again"
+                    " (waiting %.0fs so far)",
+                    step,
+                    exc.diag.message_primary,
+                    waited,
+                )
+            time.sleep(random.uniform(LOCK_RETRY_PAUSE / 2, LOCK_RETRY_PAUSE))
 
 
 def _setting(conn: psycopg.Connection[Any], name: str) -> str | bytes:
@@ -392,11 +451,17 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
     form of the migration lock, since a session lock (and a session SET) would stay on a
     server connection that other clients share."""
     done: list[str] = []
-    with conn.transaction():
+
+    def apply_all() -> None:
+        done.clear()
         conn.execute("SET LOCAL client_min_messages = warning")
         for name, value in INSTALL_SETTINGS.items():
             conn.execute(f"SET LOCAL {name} = {value}")
+        # Another migrator's turn is waited for as long as it takes; only the table locks
+        # after it are bounded (_retrying_on_locks).
+        conn.execute("SET LOCAL lock_timeout = 0")
         calls.advisory_xact_lock(conn, plan.lock_key)
+        calls.local_lock_timeout(conn, LOCK_WAIT)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
         _refuse_newer(already, plan)
@@ -410,4 +475,6 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
             conn.execute(path.read_bytes())
         if done:
             calls.record_package_version(conn, _package_version(), done)
+
+    _retrying_on_locks(conn, "the install (one transaction, through a pooler)", apply_all)
     return done
