@@ -335,11 +335,7 @@ def _check_runs(
 def _no_errors_logged(procs: Processes) -> None:
     for proc in procs.started:
         text = proc.log()
-        bad = [
-            line
-            for line in text.splitlines()
-            if re.search(r"Traceback|CRITICAL| ERROR ", line)
-        ]
+        bad = [line for line in text.splitlines() if re.search(r"Traceback|CRITICAL| ERROR ", line)]
         assert not bad, f"{proc.label} logged errors or tracebacks:\n" + "\n".join(bad[:20])
 
 
