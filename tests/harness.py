@@ -941,6 +941,15 @@ def compensations(conn: Conn, run_id: int) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
+def attempts(conn: Conn, run_id: int) -> list[tuple[Any, ...]]:
+    """The run and its retries, oldest first: (id, attempt, status, failure_reason, worker)."""
+    return conn.execute(
+        "SELECT id, attempt, status::text, failure_reason, worker FROM jobs.runs"
+        " WHERE id = %s OR retry_of = %s ORDER BY id",
+        (run_id, run_id),
+    ).fetchall()
+
+
 def executions(conn: Conn, columns: str = "run_id, outcome") -> list[tuple[Any, ...]]:
     """``columns`` of every recorded execution, in the order they started."""
     return conn.execute(f"SELECT {columns} FROM public.executions ORDER BY id").fetchall()

@@ -21,6 +21,8 @@ from harness import (
     Conn,
     Database,
     Processes,
+    attempts,
+    executions,
     scalar,
     start_sleepy_run,
     wait_finished,
@@ -91,16 +93,10 @@ def test_a_table_lock_longer_than_the_heartbeat_timeout_takes_no_run_from_a_live
     while time.monotonic() < deadline:
         reaped.extend(conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall())
     status = wait_finished(conn, run_id, timeout=90)
-    attempts = conn.execute(
-        "SELECT id, attempt, status::text, failure_reason, worker FROM jobs.runs"
-        " WHERE id = %s OR retry_of = %s ORDER BY id",
-        (run_id, run_id),
-    ).fetchall()
-    executions = conn.execute(
-        "SELECT run_id, attempt, pid, outcome FROM public.executions ORDER BY id"
-    ).fetchall()
-    detail = f"attempts={attempts} executions={executions} reaped by psql={reaped}\n{procs.tails()}"
+    tries = attempts(conn, run_id)
+    ran = executions(conn, "run_id, attempt, pid, outcome")
+    detail = f"attempts={tries} executions={ran} reaped by psql={reaped}\n{procs.tails()}"
     assert not reaped, f"a live worker's run was reaped after a stall: {detail}"
     assert status == "COMPLETED", detail
-    assert len(attempts) == 1, f"a retry of a live worker's run was queued: {detail}"
-    assert [(e[0], e[2]) for e in executions] == [(run_id, pid)], detail
+    assert len(tries) == 1, f"a retry of a live worker's run was queued: {detail}"
+    assert [(e[0], e[2]) for e in ran] == [(run_id, pid)], detail

@@ -43,6 +43,7 @@ from harness import (
     Proc,
     Processes,
     Server,
+    attempts,
     checkout_schema,
     env_for,
     pgtick,
@@ -454,17 +455,13 @@ def test_a_migration_held_up_longer_than_the_heartbeat_timeout_takes_no_run_from
         assert results and results[0].returncode == 0, f"pgtick migrate failed: {results}"
         assert "waits for a lock" in results[0].stderr, f"the migration did not say it waited: {results}"
         status = wait_finished(conn, run_id, timeout=90)
-        attempts = conn.execute(
-            "SELECT id, attempt, status::text, failure_reason, worker FROM jobs.runs"
-            " WHERE id = %s OR retry_of = %s ORDER BY id",
-            (run_id, run_id),
-        ).fetchall()
+        tries = attempts(conn, run_id)
         executions = conn.execute(
             "SELECT run_id, attempt, pid, outcome FROM public.executions WHERE kind = 'sleepy' ORDER BY id"
         ).fetchall()
-    detail = f"attempts={attempts} executions={executions}\n{d.procs.tails()}"
+    detail = f"attempts={tries} executions={executions}\n{d.procs.tails()}"
     assert status == "COMPLETED", f"a live worker's run was reaped during the migration: {detail}"
-    assert len(attempts) == 1, f"a retry of a live worker's run was queued: {detail}"
+    assert len(tries) == 1, f"a retry of a live worker's run was queued: {detail}"
     assert [(e[0], e[2]) for e in executions] == [(run_id, pid)], detail
     _no_errors_logged(d.procs)
 
