@@ -406,8 +406,10 @@ LOCK_RETRY_LOG_EVERY = 10.0
 
 def _retrying_on_locks(conn: psycopg.Connection[Any], step: str, work: Callable[[], None]) -> None:
     """``work`` in one transaction whose lock waits are bounded by LOCK_WAIT; a transaction
-    that gave up waiting is rolled back (nothing of it applied) and tried again after a short
-    pause, logged once and then every LOCK_RETRY_LOG_EVERY seconds while it goes on."""
+    that gave up waiting, or that the server chose to end a deadlock with (re-creating a view
+    a claim in progress reads, say), is rolled back (nothing of it applied) and tried again
+    after a short pause, logged once and then every LOCK_RETRY_LOG_EVERY seconds while it
+    goes on."""
     since = time.monotonic()
     logged = 0.0
     while True:
@@ -416,7 +418,7 @@ def _retrying_on_locks(conn: psycopg.Connection[Any], step: str, work: Callable[
                 calls.local_lock_timeout(conn, LOCK_WAIT)
                 work()
             return
-        except psycopg.errors.LockNotAvailable as exc:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             waited = time.monotonic() - since
             if not logged or waited - logged >= LOCK_RETRY_LOG_EVERY:
                 logged = max(waited, 1e-9)

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from harness import (
     psql_file,
     psql_script_args,
     run_in_processes,
+    scalar,
     wait_for,
 )
 from pgtick import migrate
@@ -755,3 +757,58 @@ def test_a_jobs_schema_with_another_tools_migration_ledger_is_left_alone(
             " (SELECT count(*) FROM pg_class WHERE relnamespace = 'jobs'::regnamespace)"
         ).fetchone()
     assert left == ("the orders service", None, 2), f"the schema was changed: {left}"
+
+
+def test_a_migration_step_chosen_to_end_a_deadlock_is_rolled_back_and_tried_again(empty: Database) -> None:
+    """A step of the migration that the server ends to break a deadlock (a claim in progress
+    reading a view the step re-creates, on a server whose deadlock_timeout is below the
+    migration's lock wait) is rolled back whole and tried again, as a step that gave up waiting
+    for a lock is: the migration does not stop half done on it. Here the step takes table a,
+    then waits for b, which another session holds while it waits for a."""
+    with psycopg.connect(empty.dsn, autocommit=True) as setup:
+        setup.execute("CREATE TABLE a (x int); CREATE TABLE b (x int)")
+    tries: list[str] = []
+    other_has_b = threading.Event()
+    other_done = threading.Event()
+
+    def other() -> None:
+        with psycopg.connect(empty.dsn, application_name="other") as own:
+            own.execute("SET deadlock_timeout = '60s'")  # the step is the one to find the cycle
+            own.execute("LOCK TABLE b")
+            other_has_b.set()
+            wait_for("the step to hold a", lambda: len(tries) >= 1, 60)
+            own.execute("LOCK TABLE a")  # a cycle: the step, which holds a, waits for b
+            own.commit()
+        other_done.set()
+
+    def step() -> None:
+        conn.execute("SET LOCAL deadlock_timeout = '50ms'")
+        conn.execute("SET LOCAL lock_timeout = '30s'")  # the deadlock, not the wait, ends it
+        conn.execute("LOCK TABLE a")
+        tries.append("a")
+        if len(tries) == 1:
+            with psycopg.connect(empty.dsn, autocommit=True) as watch:
+                wait_for(
+                    "the other session to wait for a",
+                    lambda: (
+                        scalar(
+                            watch,
+                            "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE application_name = 'other' AND wait_event_type = 'Lock'",
+                        )
+                        == 1
+                    ),
+                    60,
+                )
+        conn.execute("LOCK TABLE b")
+        conn.execute("INSERT INTO b VALUES (1)")
+
+    thread = threading.Thread(target=other, daemon=True)
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        thread.start()
+        assert other_has_b.wait(60)
+        migrate._retrying_on_locks(conn, "a step", step)
+        thread.join(60)
+        assert other_done.is_set(), "the other session did not finish"
+        assert len(tries) == 2, f"expected one deadlock and one retry, the step ran {len(tries)} times"
+        assert scalar(conn, "SELECT count(*) FROM b") == 1
