@@ -5,10 +5,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from pgtick.errors import PgtickError, UsageError
 from pgtick.web.auth import Secret
@@ -116,18 +121,52 @@ def _config(dsn: str, bind: str, sock: socket.socket, secret: Secret | None, db_
     )
 
 
+class _Stop:
+    """The stop signals (Ctrl-C, SIGTERM) of a dashboard served in the foreground, caught
+    from before it announces itself until it has stopped. One that arrives while it starts
+    is recorded and stops the server at its next check (uvicorn's ``should_exit``), never
+    raised as KeyboardInterrupt into whatever code was running then: code that catches
+    everything (or asyncio's own Ctrl-C handler, cancelling a task that absorbs it) let such
+    a Ctrl-C pass, and the dashboard served on for ever. uvicorn handles the signals itself
+    while it runs and gives back those it caught when it returns."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.server: Any = None
+
+    def _caught(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if self.server is not None:
+            self.server.should_exit = True
+
+    @contextmanager
+    def caught(self) -> Iterator[_Stop]:
+        previous = {sig: signal.signal(sig, self._caught) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAULT_TIMEOUT) -> int:
     """Serve in the foreground until interrupted; a request waits at most `db_timeout`
-    seconds for the database."""
+    seconds for the database. A Ctrl-C at any moment, however early, ends it as a Ctrl-C
+    (KeyboardInterrupt, once the server has stopped); a SIGTERM ends it with 0."""
     import uvicorn
 
     sock = listen(bind)
-    config = _config(dsn, bind, sock, secret, db_timeout)
-    assert isinstance(config, uvicorn.Config)
-    server = uvicorn.Server(config)
-    with sock:
-        server.run(sockets=[sock])
-    return 0 if server.started else 1
+    stop = _Stop()
+    with stop.caught(), sock:
+        config = _config(dsn, bind, sock, secret, db_timeout)
+        assert isinstance(config, uvicorn.Config)
+        server = uvicorn.Server(config)
+        stop.server = server
+        if not stop.signals:
+            server.run(sockets=[sock])
+    if signal.SIGINT in stop.signals:
+        raise KeyboardInterrupt
+    return 0 if server.started or stop.signals else 1
 
 
 def serve_in_thread(
