@@ -460,6 +460,19 @@ def test_a_narrow_terminal_drops_columns_before_cutting_names(
     )
 
 
+def _fitted(argv: list[str], fixed: Database, width: int) -> str:
+    """`pgtick ARGV` in a real pseudo-terminal `width` columns wide: its text, once every line
+    is checked to fit."""
+    env = tty_env(NO_COLOR="1")
+    env["COLUMNS"] = str(width)
+    code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
+    assert code == 0, raw
+    text = text_of(raw.replace("\r\n", "\n"))
+    too_wide = [line for line in text.splitlines() if columns(line) > width]
+    assert not too_wide, f"lines wider than {width} columns in `pgtick {' '.join(argv)}`:\n{text}"
+    return text
+
+
 @pytest.mark.parametrize("width", [30, 24])
 @pytest.mark.parametrize(
     "argv", [["runs"], ["status"], ["definitions"], ["workers", "--all"]], ids=lambda a: a[0]
@@ -470,13 +483,7 @@ def test_tables_fit_a_terminal_narrower_than_forty_columns(
     """Under a real pseudo-terminal 30 or 24 columns wide every line fits, as the docs say
     (a table laid out for 40 columns wrapped each of its rows there), and each row still
     starts with what it is about."""
-    env = tty_env(NO_COLOR="1")
-    env["COLUMNS"] = str(width)
-    code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
-    assert code == 0, raw
-    text = text_of(raw.replace("\r\n", "\n"))
-    too_wide = [line for line in text.splitlines() if columns(line) > width]
-    assert not too_wide, f"lines wider than {width} columns in `pgtick {' '.join(argv)}`:\n{text}"
+    text = _fitted(argv, fixed, width)
     first = {"runs": "11 ", "status": "every-10s", "definitions": "every-10s", "workers": "host-a-101-f00d"}
     assert any(line.startswith(first[argv[0]]) for line in text.splitlines()), text
 
@@ -794,13 +801,7 @@ def test_show_and_undefine_fit_a_narrow_terminal(fixed: Database, argv: list[str
     long = "psycopg.errors.SerializationFailure: could not serialize access due to concurrent update"
     with fixed.connect() as conn:
         conn.execute("UPDATE jobs.runs SET error = %s WHERE id IN (4, 5)", (long,))
-    env = tty_env(NO_COLOR="1")
-    env["COLUMNS"] = str(width)
-    code, raw = in_pty([*argv, "--dsn", fixed.dsn], env)
-    assert code == 0, raw
-    text = text_of(raw.replace("\r\n", "\n"))
-    too_wide = [line for line in text.splitlines() if columns(line) > width]
-    assert not too_wide, f"lines wider than {width} columns in `pgtick {' '.join(argv)}`:\n{text}"
+    text = _fitted(argv, fixed, width)
     lines = text.splitlines()
     if argv[0] == "show":
         assert lines[0].startswith("run 5"), text
