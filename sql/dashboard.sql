@@ -92,6 +92,9 @@ DECLARE
     v_live bigint[];
     v_moved bigint[];
     v_kept bigint[];
+    v_between bigint[];
+    v_before bigint[];
+    v_spared bigint[];
     v_count bigint;
     v_history bigint;
 BEGIN
@@ -112,6 +115,29 @@ BEGIN
     -- with the victims locked, so an enqueue naming one of them has committed (it held the run
     -- while it decided) or waits, and then finds it gone.
     v_kept := jobs._waited_on();
+    -- Nor does an attempt between two that stay: a chain is followed by retry_of, so without
+    -- it the attempts before it would read as the chain's end (a run naming the first would be
+    -- cancelled as DependencyFailed while the last may still complete, and jobs.retry of the
+    -- first would queue the job a second time). The first attempts of a chain may go, and its last.
+    SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.retry_of), '{}') INTO v_between, v_before
+      FROM (SELECT r.id, r.retry_of FROM jobs.runs AS r WHERE r.id = ANY(v_live)
+            UNION ALL
+            SELECT h.id, h.retry_of FROM jobs.run_history AS h WHERE h.id = ANY(v_moved)) AS c
+     WHERE c.retry_of IS NOT NULL
+       AND (EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = c.id)
+            OR EXISTS (SELECT FROM jobs.run_history AS n WHERE n.retry_of = c.id))
+       AND (EXISTS (SELECT FROM jobs.runs AS p WHERE p.id = c.retry_of)
+            OR EXISTS (SELECT FROM jobs.run_history AS p WHERE p.id = c.retry_of));
+    LOOP   -- an attempt kept keeps the one after it in the list (each round: one link further)
+        v_spared := ARRAY(
+            SELECT b.id FROM unnest(v_between, v_before) AS b (id, before)
+             WHERE b.id <> ALL (v_kept)
+               AND (b.before = ANY (v_kept)
+                    OR b.before <> ALL (coalesce(v_live, '{}') || coalesce(v_moved, '{}')))
+        );
+        EXIT WHEN cardinality(v_spared) = 0;
+        v_kept := v_kept || v_spared;
+    END LOOP;
     DELETE FROM jobs.runs AS r WHERE r.id = ANY(v_live) AND r.id <> ALL (v_kept);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     DELETE FROM jobs.run_history AS h WHERE h.id = ANY(v_moved) AND h.id <> ALL (v_kept);
@@ -119,4 +145,4 @@ BEGIN
     DELETE FROM jobs.run_history_keys AS k WHERE k.run_id = ANY(v_moved) AND k.run_id <> ALL (v_kept);
     RETURN v_count + v_history;
 END $$;
-COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone, and so are the runs of a retry chain that a blocked run waits on); returns how many. Later attempts of a chain stay.';
+COMMENT ON FUNCTION jobs.discard(bigint[]) IS 'Operator: delete the FAILED runs among run_ids from the history (other statuses are left alone, and so are the runs of a retry chain that a blocked run waits on, and an attempt whose earlier and later attempts both stay, which would cut its chain in two); returns how many. Later attempts of a chain stay.';

@@ -296,6 +296,32 @@ def test_a_discarded_chain_that_fails_for_good_still_cancels_the_run_waiting_on_
     assert _status(conn, waiting) == ("CANCELLED", "DependencyFailed")
 
 
+def test_a_discard_never_cuts_a_retry_chain_between_attempts_that_stay(conn: Conn) -> None:
+    """A chain is followed by retry_of: with a middle attempt deleted, the first would read as
+    the chain's end, so a run naming it would be cancelled while the last attempt may still
+    complete, and jobs.retry of the first would queue the job a second time. The middle
+    attempts stay; the first attempts may go (together), and so may the last."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 4, backoff_initial => '0', jitter => 0)")
+    first = _enqueue(conn)
+    attempts = [first]
+    for message in ("one", "two", "three"):
+        assert _claim(conn) == [attempts[-1]]
+        failed = scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{E}', %s)", (attempts[-1], message))
+        attempts.append(int(failed))
+    second, third, fourth = attempts[1:]
+    assert _status(conn, fourth) == ("QUEUED", None)
+    for cut in ([second], [third], [second, third]):
+        assert scalar(conn, "SELECT jobs.discard(%s)", (cut,)) == 0, f"discard({cut}) cut the chain"
+    expect_error(conn, "SELECT jobs.retry(%s)", (first,), "22023", "already retried")
+
+    waiting = _enqueue(conn, "w", deps=[first])
+    assert _status(conn, waiting) == ("QUEUED", None), "the chain's last attempt is still queued"
+    assert _claim(conn) == [fourth]
+    conn.execute("SELECT jobs.complete(%s, 'w')", (fourth,))
+    assert run_row(conn, waiting)["blocked"] is False, "the chain completed: the waiting run is free"
+    assert scalar(conn, "SELECT jobs.discard(%s)", ([first, second],)) == 2, "the first attempts may go"
+
+
 @pytest.mark.parametrize(
     "call",
     [
