@@ -103,9 +103,10 @@ COMMENT ON FUNCTION jobs._waited_on() IS 'Private: the ids of every run in the r
 
 -- Private: refuse REPEATABLE READ and SERIALIZABLE where a decision reads rows after waiting
 -- for a lock (a run's completion, failure or cancellation deciding for the runs waiting on it;
--- an enqueue's unique key). A snapshot older than the statement misses what committed since
--- the transaction began (an enqueue naming the run, another dependency completing, a run of the
--- key), and SERIALIZABLE detects that only against other SERIALIZABLE transactions.
+-- an enqueue's unique key; whether a new run with depends_on waits, starts free or is
+-- cancelled). A snapshot older than the statement misses what committed since the transaction
+-- began (an enqueue naming the run, another dependency completing, a run of the key, a retry of
+-- a dependency), and SERIALIZABLE detects that only against other SERIALIZABLE transactions.
 CREATE OR REPLACE FUNCTION jobs._require_read_committed(what text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -130,6 +131,10 @@ BEGIN
         RETURN 'met';
     END IF;
     PERFORM jobs._check_depends_on(depends_on);   -- the list's shape and that its runs exist
+    -- It decides from the chains it reads after locking them: a snapshot older than the statement
+    -- misses a retry queued since the transaction began (jobs.retry only locks the attempt it
+    -- follows), and would cancel the new run as DependencyFailed while that retry may complete.
+    PERFORM jobs._require_read_committed('enqueueing or retrying a run with depends_on');
     -- Lock every run of the chains: those not blocked first, then the blocked ones (each in
     -- ascending ids; the header says why); a retry inserted meanwhile extends a chain, so look
     -- again until the locked set covers it. A run pruned meanwhile drops out of the chain (the
@@ -167,7 +172,7 @@ BEGIN
              ORDER BY c.root, c.attempt DESC) AS l;
     RETURN v_state;
 END $$;
-COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS 'Private: validates depends_on (22023, P0002), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
+COMMENT ON FUNCTION jobs._dependency_state(bigint[]) IS 'Private: validates depends_on (22023, P0002), refuses REPEATABLE READ and SERIALIZABLE (25000), locks the dependency chains FOR SHARE and says met, pending or failed by each chain''s last run.';
 
 -- Private: unblock the runs waiting on these just-completed runs whose dependencies are all complete.
 CREATE OR REPLACE FUNCTION jobs._release_dependents(run_ids bigint[]) RETURNS integer

@@ -355,6 +355,39 @@ def test_ending_a_run_needs_read_committed(conn: Conn, call: str) -> None:
     assert _status(conn, waiting)[0] in ("QUEUED", "CANCELLED")
 
 
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_an_enqueue_with_depends_on_needs_read_committed(db: Database, conn: Conn, level: str) -> None:
+    """Whether the new run waits is decided from the dependency chains read after locking them:
+    a snapshot taken before an operator's jobs.retry of a cancelled dependency committed misses
+    the retry, and the new run would be cancelled as DependencyFailed while the retry may still
+    complete. Refused (enqueue, enqueue_many and jobs.retry of a run that waits), nothing changed."""
+    dependency = _enqueue(conn)
+    conn.execute("SELECT jobs.cancel(%s)", (dependency,))
+    cancelled = _enqueue(conn, "w", deps=[dependency])
+    assert _status(conn, cancelled) == ("CANCELLED", "DependencyFailed")
+    calls = [
+        "SELECT jobs.enqueue('w', depends_on => %(deps)s)",
+        "SELECT count(*) FROM jobs.enqueue_many('w', '[{}]', depends_on => %(deps)s)",
+    ]
+    refused = ("depends_on", "needs READ COMMITTED")
+    with psycopg.connect(db.dsn, autocommit=True) as other:
+        other.execute(f"BEGIN ISOLATION LEVEL {level}")
+        other.execute("SELECT count(*) FROM jobs.runs")  # the snapshot is taken
+        retry = int(scalar(conn, "SELECT id FROM jobs.retry(%s)", (dependency,)))
+        before = conn.execute("SELECT id, status FROM jobs.runs ORDER BY id").fetchall()
+        for call in calls:
+            expect_error(other, call, {"deps": [dependency]}, "25000", *refused, level)
+            other.execute("ROLLBACK")
+            other.execute(f"BEGIN ISOLATION LEVEL {level}")
+        expect_error(other, "SELECT jobs.retry(%s)", (cancelled,), "25000", *refused, level)
+        other.execute("ROLLBACK")
+        assert conn.execute("SELECT id, status FROM jobs.runs ORDER BY id").fetchall() == before
+        waiting = int(scalar(other, "SELECT id FROM jobs.enqueue('w', depends_on => %s)", ([dependency],)))
+    assert _status(conn, waiting) == ("QUEUED", None), "the chain goes on in its retry"
+    assert run_row(conn, waiting)["blocked"] is True
+    assert _claim(conn) == [retry]
+
+
 # ---------------------------------------------------------------------------
 # Concurrency: real processes, final rows
 # ---------------------------------------------------------------------------
