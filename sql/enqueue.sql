@@ -2,7 +2,7 @@
 -- enqueue.sql: ad-hoc runs (jobs.enqueue) and runs of a definition on demand (jobs.run_now).
 -- ===========================================================================
 
--- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue).
+-- Private: a NOTICE when no worker has ever registered kind (called by jobs.enqueue and enqueue_many).
 CREATE OR REPLACE FUNCTION jobs._warn_unknown_kind(kind text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -14,7 +14,7 @@ BEGIN
         PERFORM set_config('pgtick.known_kind', kind, FALSE);
     END IF;
 END $$;
-COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue calls it unless the session found the kind known already (the session setting pgtick.known_kind).';
+COMMENT ON FUNCTION jobs._warn_unknown_kind(text) IS 'Private: raise a NOTICE (not an error) when no worker ever registered the kind; jobs.enqueue and jobs.enqueue_many call it unless the session found the kind known already (the session setting pgtick.known_kind).';
 
 -- Private: raise 22023 naming the field unless a queue / concurrency key text is valid.
 CREATE OR REPLACE FUNCTION jobs._check_flow_args(queue text, concurrency_key text) RETURNS void
@@ -318,6 +318,9 @@ BEGIN
     PERFORM jobs._check_duration('timeout', enqueue_many.timeout);
     PERFORM jobs._check_duration('heartbeat_timeout', enqueue_many.heartbeat_timeout);
     v_deps := jobs._dependency_state(enqueue_many.depends_on);
+    IF current_setting('pgtick.known_kind', TRUE) IS DISTINCT FROM enqueue_many.kind THEN
+        PERFORM jobs._warn_unknown_kind(enqueue_many.kind);   -- as jobs.enqueue: a typo waits for ever
+    END IF;
 
     RETURN QUERY
     INSERT INTO jobs.runs AS r (
@@ -340,7 +343,7 @@ END $$;
 COMMENT ON FUNCTION jobs.enqueue_many(
     text, jsonb, timestamptz, integer, text, text, integer, interval, interval, bigint[]
 ) IS
-'Queue one ad-hoc run of kind per element of payloads (a JSON array of objects) in one statement and one NOTIFY; returns them in array order. The other arguments apply to every run.';
+'Queue one ad-hoc run of kind per element of payloads (a JSON array of objects) in one statement and one NOTIFY; returns them in array order. The other arguments apply to every run. A NOTICE, as jobs.enqueue raises, when no worker ever registered the kind.';
 
 -- Queue a run of a definition now (origin manual); it counts against the definition's cap.
 CREATE OR REPLACE FUNCTION jobs.run_now(name text, payload jsonb DEFAULT NULL) RETURNS jobs.runs

@@ -35,6 +35,17 @@ def test_enqueue_of_a_kind_no_worker_ever_registered_raises_a_notice_and_still_q
     assert notices == []
 
 
+def test_enqueue_many_of_a_kind_no_worker_ever_registered_raises_the_notice_enqueue_does(conn: Conn) -> None:
+    notices = notices_of(conn)
+    queued = rows(conn, "SELECT status::text AS status FROM jobs.enqueue_many('repotr', '[{}, {}]')")
+    assert [r["status"] for r in queued] == ["QUEUED", "QUEUED"]
+    assert notices == ["no worker has ever registered kind 'repotr': the run waits until one does"], notices
+    conn.execute("SELECT jobs.register_worker('w1', '{repotr}', 'host', 1)")
+    notices.clear()
+    conn.execute("SELECT jobs.enqueue_many('repotr', '[{}]')")
+    assert notices == [], "a registered kind: no notice"
+
+
 def test_workers_view_says_alive_stopped_or_lost_and_what_each_runs(conn: Conn) -> None:
     conn.execute("SELECT jobs.register_worker('w-alive', '{k}', 'host-a', 11)")
     conn.execute("SELECT jobs.register_worker('w-stopped', '{k}', 'host-b', 12)")
