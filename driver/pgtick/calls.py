@@ -665,7 +665,7 @@ def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
         return list(cur.execute(PENDING_BACKFILLS, (limit,)).fetchall())
 
 
-def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
+def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime] | None, error: str | None) -> int:
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
     return int(row[0]) if row else 0

@@ -953,7 +953,8 @@ def cmd_define(args: argparse.Namespace) -> Result:
 def cmd_backfill(args: argparse.Namespace) -> Result:
     from pgtick.scheduler import materialize_backfills
 
-    with connect_dicts(_dsn(args)) as conn:
+    dsn = _dsn(args)
+    with connect_dicts(dsn) as conn:
         found = calls.definition(conn, args.name)
         zone = found["timezone"] if found is not None else "UTC"  # unknown: jobs.backfill says so
         window = [
@@ -964,8 +965,12 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         from pgtick.progress import Bar
 
         held: dict[int, int] = {}
-        with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
-            materialize_backfills(conn, progress=bar.reached, occurrences=held)
+        try:
+            with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
+                materialize_backfills(conn, progress=bar.reached, occurrences=held)
+        except KeyboardInterrupt:
+            _withdraw_backfill(dsn, row["id"])
+            raise
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:
@@ -977,6 +982,38 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         {"definition": args.name, "backfill_id": row["id"], "runs": runs, "occurrences": occurrences},
         lambda st, w: f"definition={args.name} backfill={row['id']} runs={runs} ({note})",
     )
+
+
+#: Why a backfill request was withdrawn (jobs.backfills.error).
+BACKFILL_INTERRUPTED = "interrupted by the operator (Ctrl-C) before its runs were inserted"
+
+
+def _withdraw_backfill(dsn: str, backfill_id: int) -> None:
+    """Ctrl-C stopped ``pgtick backfill`` before its runs were inserted (an interrupted insert
+    is rolled back): the request it recorded is withdrawn, so that no scheduler inserts them
+    later behind the operator's back. One line says what became of it; on a connection of
+    its own, since the interrupted one may still be ending its statement."""
+    try:
+        with connect_dicts(dsn) as conn:
+            calls.finish_backfill(conn, backfill_id, None, BACKFILL_INTERRUPTED)  # fenced: once
+            request = calls.backfill_request(conn, backfill_id)
+    except (psycopg.Error, PgtickError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _warn(
+            "backfill",
+            f"interrupted: backfill {backfill_id} could not be withdrawn ({why}):"
+            " a running scheduler may still insert its runs",
+        )
+        return
+    if request is None:  # its definition was deleted meanwhile, and the request with it
+        _warn("backfill", f"interrupted: backfill {backfill_id} is gone with its definition")
+    elif request["error"] == BACKFILL_INTERRUPTED:
+        _warn("backfill", f"interrupted: backfill {backfill_id} withdrawn, no run inserted")
+    elif request["error"]:
+        _warn("backfill", f"interrupted: backfill {backfill_id} was refused: {request['error']}")
+    else:  # the insert had committed, or a scheduler had done it
+        inserted = counted(request["runs_created"] or 0, "run")
+        _warn("backfill", f"interrupted after backfill {backfill_id} was done: {inserted} inserted")
 
 
 def _window_bound(value: datetime, zone: str, option: str) -> datetime:
