@@ -1128,23 +1128,32 @@ def cmd_cancel(args: argparse.Namespace) -> Result:
                 {"definition": args.definition, "cancelled": n},
                 lambda s, w: f"definition={args.definition} cancelled {counted(n, 'queued run')}",
             )
-        status = calls.cancel(conn, args.run_id)
-    note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
-    return Result(
-        {"run_id": args.run_id, "status": status, "cancel_requested": status == "RUNNING"},
-        lambda s, w: f"run={args.run_id} status={status}{note}",
-    )
+        with conn.transaction():  # what it found, and what it made of it
+            before = calls.run_state(conn, args.run_id)  # None: jobs.cancel says it does not exist
+            status = calls.cancel(conn, args.run_id)
+    was, requested = before if before is not None else (status, False)
+    changed = was == "QUEUED" or (was == "RUNNING" and not requested)
+    if status == "RUNNING":
+        note = " (cancel requested; stops at its next checkpoint)"
+    elif changed:
+        note = ""
+    elif status == "CANCELLED":
+        note = " (cancelled already: nothing changed)"
+    else:
+        note = " (finished already: nothing to cancel)"
+    data = {"run_id": args.run_id, "status": status, "cancel_requested": status == "RUNNING"}
+    return Result({**data, "changed": changed}, lambda s, w: f"run={args.run_id} status={status}{note}")
 
 
 def cmd_pause_resume(args: argparse.Namespace) -> Result:
-    call = calls.pause if args.command == "pause" else calls.resume
-    with connect(_dsn(args)) as conn:
-        call(conn, args.name)
     paused = args.command == "pause"
-    return Result(
-        {"definition": args.name, "paused": paused},
-        lambda s, w: f"definition={args.name} {'paused' if paused else 'resumed'}",
-    )
+    with connect(_dsn(args)) as conn:
+        changed = calls.pause(conn, args.name) if paused else calls.resume(conn, args.name)
+    if changed:
+        text = f"definition={args.name} {'paused' if paused else 'resumed'}"
+    else:
+        text = f"definition={args.name} {'already paused' if paused else 'not paused'}: nothing changed"
+    return Result({"definition": args.name, "paused": paused, "changed": changed}, lambda s, w: text)
 
 
 def cmd_queue_pause(args: argparse.Namespace) -> Result:

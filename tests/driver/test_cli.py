@@ -712,6 +712,44 @@ def test_cli_round_trip(db: Database) -> None:
         assert str(retry_id) in ok("runs", *dsn)  # the table form
 
 
+def test_a_pause_resume_or_cancel_that_changes_nothing_says_so(db: Database) -> None:
+    """Pausing a paused definition, resuming one that runs, cancelling a run that was cancelled
+    or finished: exit 0 (each is idempotent) with a line that says nothing changed, and
+    ``changed`` false in --json, where the first, changing, call says what it did."""
+    dsn = ["--dsn", db.dsn]
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *')")
+        queued = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+        done = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+        conn.execute(
+            "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now(), finished_at = now()"
+            " WHERE id = %s",
+            (done,),
+        )
+    assert ok("pause", "nightly", *dsn) == "definition=nightly paused\n"
+    assert ok("pause", "nightly", *dsn) == "definition=nightly already paused: nothing changed\n"
+    assert json.loads(ok("pause", "nightly", "--json", *dsn)) == {
+        "definition": "nightly",
+        "paused": True,
+        "changed": False,
+    }
+    assert ok("resume", "nightly", *dsn) == "definition=nightly resumed\n"
+    assert ok("resume", "nightly", *dsn) == "definition=nightly not paused: nothing changed\n"
+    assert json.loads(ok("resume", "nightly", "--json", *dsn))["changed"] is False
+    assert ok("cancel", str(queued), *dsn) == f"run={queued} status=CANCELLED\n"
+    again = ok("cancel", str(queued), *dsn)
+    assert again == f"run={queued} status=CANCELLED (cancelled already: nothing changed)\n", again
+    assert json.loads(ok("cancel", str(queued), "--json", *dsn))["changed"] is False
+    finished = ok("cancel", str(done), *dsn)
+    assert finished == f"run={done} status=COMPLETED (finished already: nothing to cancel)\n", finished
+    assert json.loads(ok("cancel", str(done), "--json", *dsn)) == {
+        "run_id": done,
+        "status": "COMPLETED",
+        "cancel_requested": False,
+        "changed": False,
+    }
+
+
 def test_define_from_file_jsonl_and_csv_in_one_statement_each(
     db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
