@@ -851,9 +851,20 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
     from pgtick.progress import Steps
 
     steps: Steps
-    with connect(_dsn(args)) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
+    dsn = _dsn(args)
+    committed: list[str] = []  # the versions this run has applied so far
+
+    def progress(step: str, done: int, total: int) -> None:
+        version = step.partition("_")[0]
+        committed.append(version if version.isdigit() else "functions")
+        steps.step(step, done, total)
+
+    with connect(dsn) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
         try:
-            done = migrate.apply(conn, progress=steps.step)
+            done = migrate.apply(conn, progress=progress)
+        except KeyboardInterrupt:
+            _say_where_migrate_stopped(dsn, committed)
+            raise
         except psycopg.Error as exc:
             if exc.sqlstate is None:  # the connection: said as any command says it
                 raise
@@ -867,6 +878,41 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
         {"applied": done},
         lambda style, wide: f"applied migrations: {', '.join(done)}" if done else "schema up to date",
     )
+
+
+def _say_where_migrate_stopped(dsn: str, committed: list[str]) -> None:
+    """Ctrl-C stopped ``pgtick migrate``: the steps ``committed`` stay (each migration is its
+    own transaction; the last commits with the functions, reported as "functions"), the one
+    in flight was rolled back. One line says what this run applied and what is still
+    missing, read on a connection of its own (the interrupted one may still be ending its
+    statement); none when nothing is left to do."""
+    try:
+        with connect(dsn) as reader:
+            stored = migrate.applied_versions(reader)
+    except (psycopg.Error, PgtickError):
+        return  # the line would be a guess: `pgtick migrate` again says where it stands
+    missing = [m.version for m in migrate.migrations() if m.version not in stored]
+    versions = [v for v in committed if v != "functions"]
+    what = f" after applying {_span(versions)}" if versions else ""
+    if not missing:
+        if "functions" not in committed:  # the functions and views may be the ones from before
+            _warn(
+                "migrate",
+                f"interrupted{what}: the schema has every migration;"
+                " run pgtick migrate again to re-apply the functions and views",
+            )
+        return
+    what = what or " before applying a migration"
+    _warn(
+        "migrate",
+        f"interrupted{what}: {_span(missing)} still to apply; run pgtick migrate again"
+        " (pgtick run refuses to start until then)",
+    )
+
+
+def _span(versions: list[str]) -> str:
+    """Migration versions in order, written short: ``0003``, ``0003 to 0009``."""
+    return versions[0] if len(versions) == 1 else f"{versions[0]} to {versions[-1]}"
 
 
 #: What ``pgtick define NAME KIND`` sends for a field not given.
