@@ -2228,7 +2228,9 @@ def _main(argv: Sequence[str] | None) -> int:
         _error(args.command, str(exc))
         return 1
     except psycopg.Error as exc:
-        _error(args.command, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        role = _role_needed(args) if isinstance(exc, psycopg.errors.InsufficientPrivilege) else None
+        _error(args.command, f"{line} (pgtick {args.command} needs a login granted {role})" if role else line)
         return 1
     except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
         _discard_stdout()
@@ -2240,6 +2242,21 @@ def _main(argv: Sequence[str] | None) -> int:
             what += " (the change itself was made)"  # run again, an enqueue would queue a second run
         _error(args.command, f"{what}: {exc.strerror or exc}")
         return 1
+
+
+#: Commands that only read: the console role jobs_reader runs them (docs/cli.md).
+_READING_COMMANDS = frozenset({"status", "runs", "show", "definitions", "workers", "preview"})
+
+
+def _role_needed(args: argparse.Namespace) -> str | None:
+    """The role a login needs to run this command (docs/cli.md), to name when the database
+    refused it a privilege; None where it depends on more than the command (run, migrate,
+    web)."""
+    if args.command in _READING_COMMANDS or (args.command == "prune" and args.dry_run):
+        return "jobs_reader"
+    if args.command in ("run", "migrate", "web", "dsn"):
+        return None
+    return "jobs_operator"
 
 
 #: Commands whose work is not their standard output (a worker, a locked command's own).
