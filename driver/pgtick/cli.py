@@ -157,9 +157,11 @@ def sql_integer(field: str) -> Callable[[str], int]:
 RUN_ID = sql_integer("run_id")
 
 
-def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
-    """An argparse type: '90', '90s', '5m', '1.5h', '2d' -> seconds, positive, at most ``maximum``."""
+def duration(maximum: timedelta = MAX_DURATION, minimum: timedelta | None = None) -> Callable[[str], float]:
+    """An argparse type: '90', '90s', '5m', '1.5h', '2d' -> seconds, positive, at most
+    ``maximum`` and, given, at least ``minimum``."""
     longest = maximum.total_seconds()
+    shortest = minimum.total_seconds() if minimum is not None else 0.0
 
     def parse(text: str) -> float:
         match = _DURATION.match(text)
@@ -168,6 +170,10 @@ def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
         value = float(match.group(1)) * _UNITS[match.group(2)]
         if not value > 0:
             raise argparse.ArgumentTypeError(f"duration must be positive (got {_shown(text)})")
+        if minimum is not None and value < shortest:
+            raise argparse.ArgumentTypeError(
+                f"must be at least {compact_duration(minimum)} (got {_shown(text)})"
+            )
         if not value <= longest:  # also an overflow to infinity
             raise argparse.ArgumentTypeError(
                 f"must be at most {compact_duration(maximum)} (got {_shown(text)})"
@@ -598,7 +604,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub, "status", "what is due, what failed, the leader, kinds nobody runs", cmd_status, output="table"
     )
-    p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
+    p.add_argument(
+        "--watch",
+        type=duration(minimum=timedelta(milliseconds=100)),
+        default=None,
+        help="refresh every N seconds (at least 100ms)",
+    )
     p.add_argument("--limit", type=integer(1, 10000), default=50,
                    help="definitions shown, a page by name (1..10000, default 50)")  # fmt: skip
     p.add_argument("--offset", type=integer(0, BIGINT_MAX), default=0,
@@ -672,7 +683,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock, output=None)
     p.add_argument("name", type=name_text)
-    p.add_argument("--ttl", type=duration(timedelta(days=365)), required=True, help="lease time to live")
+    # At least a second: a lease shorter than a round trip to the database is lost before the
+    # command gets going (started, then stopped as if the database did not answer).
+    p.add_argument(
+        "--ttl",
+        type=duration(timedelta(days=365), minimum=timedelta(seconds=1)),
+        required=True,
+        help="lease time to live (1s to 365d)",
+    )
     p.add_argument("--owner", type=name_text, default=None, help="owner id (default host-pid-random)")
     p.add_argument(
         "--skipped-exit", type=integer(0, 255), default=75, help="exit code when held (0..255, default 75)"
