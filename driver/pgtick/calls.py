@@ -9,7 +9,7 @@ Hot-path calls that travel in a pipeline expose their SQL text as constants.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -477,12 +477,32 @@ def cancel(conn: Conn, run_id: int) -> str:
     return str(_first(row)) if row else "?"
 
 
-def pause(conn: Conn, name: str) -> None:
-    conn.execute("SELECT jobs.pause(%s)", (name,))
+def run_state(conn: Conn, run_id: int) -> tuple[str, bool] | None:
+    """A run's status and whether its cancel was requested (jobs.get_run: live or moved);
+    None when there is no such run."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("SELECT status::text, cancel_requested FROM jobs.get_run(%s)", (run_id,)).fetchone()
+    return None if row is None else (str(row[0]), bool(row[1]))
 
 
-def resume(conn: Conn, name: str) -> None:
-    conn.execute("SELECT jobs.resume(%s)", (name,))
+def pause(conn: Conn, name: str) -> bool:
+    """jobs.pause; whether it changed anything (False: the definition was paused already)."""
+    return _set_enabled(conn, name, "SELECT jobs.pause(%s)", enabled=False)
+
+
+def resume(conn: Conn, name: str) -> bool:
+    """jobs.resume; whether it changed anything (False: the definition was not paused)."""
+    return _set_enabled(conn, name, "SELECT jobs.resume(%s)", enabled=True)
+
+
+def _set_enabled(conn: Conn, name: str, call: LiteralString, *, enabled: bool) -> bool:
+    """``call`` (jobs.pause or jobs.resume of definition ``name``, which raises for an unknown
+    name) in one transaction with a read of the state it finds: whether it was not
+    ``enabled`` already."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        before = cur.execute("SELECT enabled FROM jobs.definitions WHERE name = %s", (name,)).fetchone()
+        cur.execute(call, (name,))
+    return before is not None and bool(before[0]) != enabled
 
 
 def retry(conn: Conn, run_id: int) -> Any:
@@ -665,7 +685,7 @@ def pending_backfills(conn: Conn, limit: int) -> list[dict[str, Any]]:
         return list(cur.execute(PENDING_BACKFILLS, (limit,)).fetchall())
 
 
-def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime], error: str | None) -> int:
+def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime] | None, error: str | None) -> int:
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(FINISH_BACKFILL, (backfill_id, times, error)).fetchone()
     return int(row[0]) if row else 0

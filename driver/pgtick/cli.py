@@ -157,9 +157,11 @@ def sql_integer(field: str) -> Callable[[str], int]:
 RUN_ID = sql_integer("run_id")
 
 
-def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
-    """An argparse type: '90', '90s', '5m', '1.5h', '2d' -> seconds, positive, at most ``maximum``."""
+def duration(maximum: timedelta = MAX_DURATION, minimum: timedelta | None = None) -> Callable[[str], float]:
+    """An argparse type: '90', '90s', '5m', '1.5h', '2d' -> seconds, positive, at most
+    ``maximum`` and, given, at least ``minimum``."""
     longest = maximum.total_seconds()
+    shortest = minimum.total_seconds() if minimum is not None else 0.0
 
     def parse(text: str) -> float:
         match = _DURATION.match(text)
@@ -168,6 +170,10 @@ def duration(maximum: timedelta = MAX_DURATION) -> Callable[[str], float]:
         value = float(match.group(1)) * _UNITS[match.group(2)]
         if not value > 0:
             raise argparse.ArgumentTypeError(f"duration must be positive (got {_shown(text)})")
+        if minimum is not None and value < shortest:
+            raise argparse.ArgumentTypeError(
+                f"must be at least {compact_duration(minimum)} (got {_shown(text)})"
+            )
         if not value <= longest:  # also an overflow to infinity
             raise argparse.ArgumentTypeError(
                 f"must be at most {compact_duration(maximum)} (got {_shown(text)})"
@@ -598,7 +604,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub, "status", "what is due, what failed, the leader, kinds nobody runs", cmd_status, output="table"
     )
-    p.add_argument("--watch", type=parse_duration, default=None, help="refresh every N seconds")
+    p.add_argument(
+        "--watch",
+        type=duration(minimum=timedelta(milliseconds=100)),
+        default=None,
+        help="refresh every N seconds (at least 100ms)",
+    )
     p.add_argument("--limit", type=integer(1, 10000), default=50,
                    help="definitions shown, a page by name (1..10000, default 50)")  # fmt: skip
     p.add_argument("--offset", type=integer(0, BIGINT_MAX), default=0,
@@ -672,7 +683,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "lock", "run a command under a lease; skip if it is held", cmd_lock, output=None)
     p.add_argument("name", type=name_text)
-    p.add_argument("--ttl", type=duration(timedelta(days=365)), required=True, help="lease time to live")
+    # At least a second: a lease shorter than a round trip to the database is lost before the
+    # command gets going (started, then stopped as if the database did not answer).
+    p.add_argument(
+        "--ttl",
+        type=duration(timedelta(days=365), minimum=timedelta(seconds=1)),
+        required=True,
+        help="lease time to live (1s to 365d)",
+    )
     p.add_argument("--owner", type=name_text, default=None, help="owner id (default host-pid-random)")
     p.add_argument(
         "--skipped-exit", type=integer(0, 255), default=75, help="exit code when held (0..255, default 75)"
@@ -851,9 +869,20 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
     from pgtick.progress import Steps
 
     steps: Steps
-    with connect(_dsn(args)) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
+    dsn = _dsn(args)
+    committed: list[str] = []  # the versions this run has applied so far
+
+    def progress(step: str, done: int, total: int) -> None:
+        version = step.partition("_")[0]
+        committed.append(version if version.isdigit() else "functions")
+        steps.step(step, done, total)
+
+    with connect(dsn) as conn, Steps("migrate", enabled=_progress_enabled()) as steps:
         try:
-            done = migrate.apply(conn, progress=steps.step)
+            done = migrate.apply(conn, progress=progress)
+        except KeyboardInterrupt:
+            _say_where_migrate_stopped(dsn, committed)
+            raise
         except psycopg.Error as exc:
             if exc.sqlstate is None:  # the connection: said as any command says it
                 raise
@@ -867,6 +896,41 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
         {"applied": done},
         lambda style, wide: f"applied migrations: {', '.join(done)}" if done else "schema up to date",
     )
+
+
+def _say_where_migrate_stopped(dsn: str, committed: list[str]) -> None:
+    """Ctrl-C stopped ``pgtick migrate``: the steps ``committed`` stay (each migration is its
+    own transaction; the last commits with the functions, reported as "functions"), the one
+    in flight was rolled back. One line says what this run applied and what is still
+    missing, read on a connection of its own (the interrupted one may still be ending its
+    statement); none when nothing is left to do."""
+    try:
+        with connect(dsn) as reader:
+            stored = migrate.applied_versions(reader)
+    except (psycopg.Error, PgtickError):
+        return  # the line would be a guess: `pgtick migrate` again says where it stands
+    missing = [m.version for m in migrate.migrations() if m.version not in stored]
+    versions = [v for v in committed if v != "functions"]
+    what = f" after applying {_span(versions)}" if versions else ""
+    if not missing:
+        if "functions" not in committed:  # the functions and views may be the ones from before
+            _warn(
+                "migrate",
+                f"interrupted{what}: the schema has every migration;"
+                " run pgtick migrate again to re-apply the functions and views",
+            )
+        return
+    what = what or " before applying a migration"
+    _warn(
+        "migrate",
+        f"interrupted{what}: {_span(missing)} still to apply; run pgtick migrate again"
+        " (pgtick run refuses to start until then)",
+    )
+
+
+def _span(versions: list[str]) -> str:
+    """Migration versions in order, written short: ``0003``, ``0003 to 0009``."""
+    return versions[0] if len(versions) == 1 else f"{versions[0]} to {versions[-1]}"
 
 
 #: What ``pgtick define NAME KIND`` sends for a field not given.
@@ -953,7 +1017,8 @@ def cmd_define(args: argparse.Namespace) -> Result:
 def cmd_backfill(args: argparse.Namespace) -> Result:
     from pgtick.scheduler import materialize_backfills
 
-    with connect_dicts(_dsn(args)) as conn:
+    dsn = _dsn(args)
+    with connect_dicts(dsn) as conn:
         found = calls.definition(conn, args.name)
         zone = found["timezone"] if found is not None else "UTC"  # unknown: jobs.backfill says so
         window = [
@@ -964,8 +1029,12 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         from pgtick.progress import Bar
 
         held: dict[int, int] = {}
-        with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
-            materialize_backfills(conn, progress=bar.reached, occurrences=held)
+        try:
+            with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
+                materialize_backfills(conn, progress=bar.reached, occurrences=held)
+        except KeyboardInterrupt:
+            _withdraw_backfill(dsn, row["id"])
+            raise
         done = calls.backfill_request(conn, row["id"])
     assert done is not None
     if done["error"]:
@@ -977,6 +1046,38 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
         {"definition": args.name, "backfill_id": row["id"], "runs": runs, "occurrences": occurrences},
         lambda st, w: f"definition={args.name} backfill={row['id']} runs={runs} ({note})",
     )
+
+
+#: Why a backfill request was withdrawn (jobs.backfills.error).
+BACKFILL_INTERRUPTED = "interrupted by the operator (Ctrl-C) before its runs were inserted"
+
+
+def _withdraw_backfill(dsn: str, backfill_id: int) -> None:
+    """Ctrl-C stopped ``pgtick backfill`` before its runs were inserted (an interrupted insert
+    is rolled back): the request it recorded is withdrawn, so that no scheduler inserts them
+    later behind the operator's back. One line says what became of it; on a connection of
+    its own, since the interrupted one may still be ending its statement."""
+    try:
+        with connect_dicts(dsn) as conn:
+            calls.finish_backfill(conn, backfill_id, None, BACKFILL_INTERRUPTED)  # fenced: once
+            request = calls.backfill_request(conn, backfill_id)
+    except (psycopg.Error, PgtickError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _warn(
+            "backfill",
+            f"interrupted: backfill {backfill_id} could not be withdrawn ({why}):"
+            " a running scheduler may still insert its runs",
+        )
+        return
+    if request is None:  # its definition was deleted meanwhile, and the request with it
+        _warn("backfill", f"interrupted: backfill {backfill_id} is gone with its definition")
+    elif request["error"] == BACKFILL_INTERRUPTED:
+        _warn("backfill", f"interrupted: backfill {backfill_id} withdrawn, no run inserted")
+    elif request["error"]:
+        _warn("backfill", f"interrupted: backfill {backfill_id} was refused: {request['error']}")
+    else:  # the insert had committed, or a scheduler had done it
+        inserted = counted(request["runs_created"] or 0, "run")
+        _warn("backfill", f"interrupted after backfill {backfill_id} was done: {inserted} inserted")
 
 
 def _window_bound(value: datetime, zone: str, option: str) -> datetime:
@@ -1091,23 +1192,32 @@ def cmd_cancel(args: argparse.Namespace) -> Result:
                 {"definition": args.definition, "cancelled": n},
                 lambda s, w: f"definition={args.definition} cancelled {counted(n, 'queued run')}",
             )
-        status = calls.cancel(conn, args.run_id)
-    note = " (cancel requested; stops at its next checkpoint)" if status == "RUNNING" else ""
-    return Result(
-        {"run_id": args.run_id, "status": status, "cancel_requested": status == "RUNNING"},
-        lambda s, w: f"run={args.run_id} status={status}{note}",
-    )
+        with conn.transaction():  # what it found, and what it made of it
+            before = calls.run_state(conn, args.run_id)  # None: jobs.cancel says it does not exist
+            status = calls.cancel(conn, args.run_id)
+    was, requested = before if before is not None else (status, False)
+    changed = was == "QUEUED" or (was == "RUNNING" and not requested)
+    if status == "RUNNING":
+        note = " (cancel requested; stops at its next checkpoint)"
+    elif changed:
+        note = ""
+    elif status == "CANCELLED":
+        note = " (cancelled already: nothing changed)"
+    else:
+        note = " (finished already: nothing to cancel)"
+    data = {"run_id": args.run_id, "status": status, "cancel_requested": status == "RUNNING"}
+    return Result({**data, "changed": changed}, lambda s, w: f"run={args.run_id} status={status}{note}")
 
 
 def cmd_pause_resume(args: argparse.Namespace) -> Result:
-    call = calls.pause if args.command == "pause" else calls.resume
-    with connect(_dsn(args)) as conn:
-        call(conn, args.name)
     paused = args.command == "pause"
-    return Result(
-        {"definition": args.name, "paused": paused},
-        lambda s, w: f"definition={args.name} {'paused' if paused else 'resumed'}",
-    )
+    with connect(_dsn(args)) as conn:
+        changed = calls.pause(conn, args.name) if paused else calls.resume(conn, args.name)
+    if changed:
+        text = f"definition={args.name} {'paused' if paused else 'resumed'}"
+    else:
+        text = f"definition={args.name} {'already paused' if paused else 'not paused'}: nothing changed"
+    return Result({"definition": args.name, "paused": paused, "changed": changed}, lambda s, w: text)
 
 
 def cmd_queue_pause(args: argparse.Namespace) -> Result:
@@ -2136,7 +2246,9 @@ def _main(argv: Sequence[str] | None) -> int:
         _error(args.command, str(exc))
         return 1
     except psycopg.Error as exc:
-        _error(args.command, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        role = _role_needed(args) if isinstance(exc, psycopg.errors.InsufficientPrivilege) else None
+        _error(args.command, f"{line} (pgtick {args.command} needs a login granted {role})" if role else line)
         return 1
     except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
         _discard_stdout()
@@ -2148,6 +2260,21 @@ def _main(argv: Sequence[str] | None) -> int:
             what += " (the change itself was made)"  # run again, an enqueue would queue a second run
         _error(args.command, f"{what}: {exc.strerror or exc}")
         return 1
+
+
+#: Commands that only read: the console role jobs_reader runs them (docs/cli.md).
+_READING_COMMANDS = frozenset({"status", "runs", "show", "definitions", "workers", "preview"})
+
+
+def _role_needed(args: argparse.Namespace) -> str | None:
+    """The role a login needs to run this command (docs/cli.md), to name when the database
+    refused it a privilege; None where it depends on more than the command (run, migrate,
+    web)."""
+    if args.command in _READING_COMMANDS or (args.command == "prune" and args.dry_run):
+        return "jobs_reader"
+    if args.command in ("run", "migrate", "web", "dsn"):
+        return None
+    return "jobs_operator"
 
 
 #: Commands whose work is not their standard output (a worker, a locked command's own).

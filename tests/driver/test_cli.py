@@ -607,6 +607,40 @@ def test_status_works_for_the_read_only_role(
     assert [d["name"] for d in snap["definitions"]] == ["sofia-report"]
 
 
+@pytest.mark.parametrize(
+    ("login", "args", "role"),
+    [
+        ("pgtick_t_reader", ["pause", "sofia-report"], "jobs_operator"),
+        ("pgtick_t_reader", ["cancel", "1"], "jobs_operator"),
+        ("pgtick_t_reader", ["enqueue", "k"], "jobs_operator"),
+        ("pgtick_t_reader", ["prune"], "jobs_operator"),
+        ("pgtick_t_reader", ["lock", "nightly", "--ttl", "1m", "--", "true"], "jobs_operator"),
+        ("worker", ["status"], "jobs_reader"),
+        ("worker", ["show", "1"], "jobs_reader"),
+        ("worker", ["prune", "--dry-run"], "jobs_reader"),
+        ("worker", ["backfill", "sofia-report", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T00:00Z"],
+         "jobs_operator"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "-".join(value[:2]),
+)  # fmt: skip
+def test_a_login_refused_a_privilege_is_told_which_role_the_command_needs(
+    db: Database, busy: dict[str, Any], login: str, args: list[str], role: str
+) -> None:
+    """A login without the privilege a command needs: one line, exit 1, saying which of the
+    documented roles (docs/cli.md) to grant, and nothing changed."""
+    with db.worker_login("refused") as worker:
+        dsn = db.dsn_as(worker if login == "worker" else login)
+        with db.connect() as conn:
+            before = digest(conn)
+        result = pgtick(args[0], "--dsn", dsn, *args[1:])  # before a `--` that lock takes
+        with db.connect() as conn:
+            assert digest(conn) == before, "a refused command changed something"
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "permission denied" in lines[0], result.stderr
+    assert lines[0].endswith(f"(pgtick {args[0]} needs a login granted {role})"), lines[0]
+
+
 def ok(*args: str) -> str:
     result: subprocess.CompletedProcess[str] = pgtick(*args)
     assert result.returncode == 0, f"pgtick {' '.join(args)} -> {result.returncode}\n{result.stderr}"
@@ -710,6 +744,44 @@ def test_cli_round_trip(db: Database) -> None:
         queued_only = json.loads(ok("runs", "--json", "--status", "QUEUED", "--kind", "send-email", *dsn))
         assert [r["id"] for r in queued_only] == [retry_id], queued_only
         assert str(retry_id) in ok("runs", *dsn)  # the table form
+
+
+def test_a_pause_resume_or_cancel_that_changes_nothing_says_so(db: Database) -> None:
+    """Pausing a paused definition, resuming one that runs, cancelling a run that was cancelled
+    or finished: exit 0 (each is idempotent) with a line that says nothing changed, and
+    ``changed`` false in --json, where the first, changing, call says what it did."""
+    dsn = ["--dsn", db.dsn]
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('nightly', 'k', schedule => '0 3 * * *')")
+        queued = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+        done = scalar(conn, "SELECT id FROM jobs.enqueue('k')")
+        conn.execute(
+            "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now(), finished_at = now()"
+            " WHERE id = %s",
+            (done,),
+        )
+    assert ok("pause", "nightly", *dsn) == "definition=nightly paused\n"
+    assert ok("pause", "nightly", *dsn) == "definition=nightly already paused: nothing changed\n"
+    assert json.loads(ok("pause", "nightly", "--json", *dsn)) == {
+        "definition": "nightly",
+        "paused": True,
+        "changed": False,
+    }
+    assert ok("resume", "nightly", *dsn) == "definition=nightly resumed\n"
+    assert ok("resume", "nightly", *dsn) == "definition=nightly not paused: nothing changed\n"
+    assert json.loads(ok("resume", "nightly", "--json", *dsn))["changed"] is False
+    assert ok("cancel", str(queued), *dsn) == f"run={queued} status=CANCELLED\n"
+    again = ok("cancel", str(queued), *dsn)
+    assert again == f"run={queued} status=CANCELLED (cancelled already: nothing changed)\n", again
+    assert json.loads(ok("cancel", str(queued), "--json", *dsn))["changed"] is False
+    finished = ok("cancel", str(done), *dsn)
+    assert finished == f"run={done} status=COMPLETED (finished already: nothing to cancel)\n", finished
+    assert json.loads(ok("cancel", str(done), "--json", *dsn)) == {
+        "run_id": done,
+        "status": "COMPLETED",
+        "cancel_requested": False,
+        "changed": False,
+    }
 
 
 def test_define_from_file_jsonl_and_csv_in_one_statement_each(

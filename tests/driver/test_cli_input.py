@@ -271,6 +271,14 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("jitter-over-a-day", ["define", "x", "k", "--schedule", "0 0 1 1 *", "--jitter", "2d"], "--jitter:"),
     ("prune-older-than-huge", ["prune", "--older-than", "99999999999d"], "--older-than:"),
     ("lock-ttl-huge", ["lock", "x", "--ttl", "100000000d", "--", "true"], "--ttl:"),
+    # A lease shorter than a round trip is lost before the command runs: it was started, then
+    # stopped, blamed on the database.
+    (
+        "lock-ttl-sub-second",
+        ["lock", "x", "--ttl", "1ms", "--", "true"],
+        "--ttl: must be at least 1s (got '1ms')",
+    ),
+    ("status-watch-1ms", ["status", "--watch", "1ms"], "--watch: must be at least 100ms (got '1ms')"),
     ("payload-invalid", ["enqueue", "k", "--payload", "{'a': 1}"], "not valid JSON"),
     ("payload-not-object", ["enqueue", "k", "--payload", '"text"'], "JSON object"),
     ("payload-nan", ["enqueue", "k", "--payload", '{"a": NaN}'], "NaN is not a JSON number"),

@@ -4,6 +4,7 @@ scheduler starts; newer (migrated by a later release) is a warning, and it runs.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from harness import ROOT, Database, Server, checkout_schema, pgtick, psql_file
+from harness import (
+    PGTICK,
+    ROOT,
+    Database,
+    Server,
+    checkout_schema,
+    env_for,
+    pgtick,
+    psql_file,
+    scalar,
+    wait_for,
+)
 from pgtick import migrate
 from pgtick.errors import SchemaMismatch
 
@@ -172,3 +184,50 @@ async def test_the_dashboards_app_factory_starts_on_the_current_schema(db: Datab
     app = create_app(db.dsn)
     async with app.router.lifespan_context(app):
         pass
+
+
+def test_a_migrate_stopped_by_ctrl_c_says_where_the_schema_stands(pg: Server, tmp_path: Path) -> None:
+    """Ctrl-C in the middle of an upgrade: the migrations committed stay (each is its own
+    transaction), the one in flight is rolled back, and one line on stderr says what was
+    applied and what is still missing and to run `pgtick migrate` again, exit 130, rather than
+    nothing at all over a schema between two releases."""
+    versions = [m.version for m in migrate.migrations()]
+    blocked = next(m for m in migrate.migrations() if m.name == "bounds")
+    with installed_before(pg, migrate.migrations()[1], tmp_path) as database:
+        with database.connect(autocommit=False) as holder, database.connect() as observer:
+            # The first release's jobs.retry_policies, altered again only by `blocked`: the
+            # upgrade applies the migrations before it, then waits for this lock.
+            holder.execute("LOCK TABLE jobs.retry_policies IN ACCESS SHARE MODE")
+            proc = subprocess.Popen(
+                [*PGTICK, "migrate", "--dsn", database.dsn],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"},
+                cwd=ROOT,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
+            )
+            try:
+                applied = "SELECT count(*) FROM jobs.schema_migrations WHERE version < %s"
+                wait_for(
+                    f"the migrations before {blocked.version} to commit",
+                    lambda: scalar(observer, applied, (blocked.version,)) == versions.index(blocked.version),
+                    timeout=120,
+                )
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        with database.connect() as conn:
+            stored = {r[0] for r in conn.execute("SELECT version FROM jobs.schema_migrations")}
+    before, after = versions[: versions.index(blocked.version)], versions[versions.index(blocked.version) :]
+    assert stored == set(before), f"applied {sorted(stored)}, expected {before}"
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    expected = (
+        f"pgtick migrate: warning: interrupted after applying {before[1]} to {before[-1]}:"
+        f" {after[0]} to {after[-1]} still to apply; run pgtick migrate again"
+        " (pgtick run refuses to start until then)\n"
+    )
+    assert err == expected, err

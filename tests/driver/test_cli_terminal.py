@@ -37,6 +37,7 @@ from harness import (
     wait_for,
 )
 from pgtick.embedded import EmbeddedPostgres
+from pgtick.scheduler import materialize_backfills
 
 SCHEMAS = ROOT / "docs" / "schemas"
 
@@ -701,6 +702,54 @@ def test_an_interrupted_prune_says_how_far_it_got(db: Database) -> None:
         left = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE finished_at < now() - interval '1 day'")
     assert left == 100000 - int(found.group(1)) and left > 0, left
     assert out.rfind("\033[?25h") > out.rfind("\033[?25l"), "the cursor is shown again"
+
+
+def test_ctrl_c_during_a_backfill_withdraws_its_request_and_says_so(db: Database) -> None:
+    """Ctrl-C while `pgtick backfill` inserts its window: the insert is rolled back and the
+    request withdrawn (done, with the reason, no runs), so that no scheduler inserts the
+    runs later behind the operator's back; one line on stderr says so, exit 130."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('minutely', 'k', schedule => '* * * * *')")
+    end = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
+    window = ["--from", (end - timedelta(hours=1)).isoformat(), "--to", end.isoformat()]
+    with db.connect(autocommit=False) as holder, db.connect() as observer:
+        holder.execute("LOCK TABLE jobs.runs IN SHARE MODE")  # the backfill's insert waits for it
+        proc = subprocess.Popen(
+            [*PGTICK, "backfill", "minutely", *window, "--dsn", db.dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"},
+            cwd=ROOT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
+        )
+        try:
+            wait_for(
+                "the backfill's insert to wait for the lock",
+                lambda: scalar(
+                    observer,
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%%finish_backfill%%'",
+                ),
+                timeout=60,
+            )
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)  # the lock still held: withdrawing needs none
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert err == "pgtick backfill: warning: interrupted: backfill 1 withdrawn, no run inserted\n", err
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
+        request = conn.execute(
+            "SELECT done_at IS NOT NULL, runs_created, error FROM jobs.backfills"
+        ).fetchall()
+        assert len(request) == 1 and request[0][:2] == (True, 0), request
+        assert "interrupted" in request[0][2], request
+        assert materialize_backfills(conn) == 0, "a scheduler found the withdrawn window pending"
+        assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 0
 
 
 def _controls(text: str) -> list[str]:

@@ -428,6 +428,40 @@ def test_a_bulk_retry_sent_many_times_at_once_retries_each_run_once_and_says_so_
     assert [r[1] for r in audit_rows(conn)].count("bulk_retry") == 1
 
 
+def test_a_run_now_form_sent_twice_queues_one_run_and_says_so(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """ "Run now" is the one action that is not idempotent: the same form sent again (a double
+    click, at once or one after another; the back button and resend) queues one run, and the
+    repeat says it queued nothing more. The form the page shows after it queues the next."""
+    csrf = login(client)
+    name = "berlin-sunday-0230"
+    manual = "SELECT count(*) FROM jobs.runs WHERE origin = 'manual'"
+    before = scalar(conn, manual)
+
+    def run_now_form() -> dict[str, str]:
+        html = client.get("/definition?" + urlencode({"name": name})).text
+        start = html.index('action="/definitions/run-now"')
+        form = html[start : html.index("</form>", start)]
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+        fields.pop("csrf")
+        return fields
+
+    shown = run_now_form()
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(
+            pool.map(lambda _: post(client, "/definitions/run-now", csrf, **shown).status_code, range(4))
+        )
+    assert codes == [303] * 4, codes
+    assert post(client, "/definitions/run-now", csrf, **shown).status_code == 303
+    assert scalar(conn, manual) == before + 1, "one form queued more than one run"
+    page = client.get("/definition?" + urlencode({"name": name})).text
+    assert f"definition {name}: this run-now form was sent already" in page, page
+    assert [r[1] for r in audit_rows(conn)].count("run_now") == 1
+    assert post(client, "/definitions/run-now", csrf, **run_now_form()).status_code == 303
+    assert scalar(conn, manual) == before + 2, "a form shown after the first did not queue a run"
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""

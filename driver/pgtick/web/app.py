@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -119,7 +120,9 @@ def make_templates() -> Jinja2Templates:
         lstrip_blocks=True,
     )
     env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json, counted=counted)
-    env.globals.update(pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode)
+    env.globals.update(
+        pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode, form_id=lambda: secrets.token_urlsafe(16)
+    )
     return Jinja2Templates(env=env)
 
 
@@ -521,14 +524,27 @@ class Dashboard:
         if action not in ("pause", "resume", "run-now"):
             raise HTTPException(404, f"no such action on a definition: {action[:40]!r}")
         form = await self._form(request)
-        name = inputs.text(
-            {k: v for k, v in form.items() if isinstance(v, str)}, "name", required=True, exact=True
-        )
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        name = inputs.text(fields, "name", required=True, exact=True)
         assert name is not None
+        back = "/definition?" + urlencode({"name": name})
+        # "Run now" is not idempotent: the same form sent again (a double click, a resend)
+        # queues nothing more. Its form carries a random id; a client without one acts each time.
+        once = inputs.text(fields, "once", max_length=100) if action == "run-now" else None
+        session = self.session(request)
+        if once is not None and not session.first_send(once):
+            earlier = session.sent.get(once)
+            then = f" (run {earlier} was queued then)" if earlier is not None else ""
+            session.flash(
+                "ok", f"definition {name}: this run-now form was sent already{then}: nothing more queued"
+            )
+            return self._back(request, form, back)
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
             if action == "run-now":
                 new_run = await queries.run_now(conn, name)
+                if once is not None:
+                    session.sent[once] = new_run
                 return f"definition {name}: run {new_run} queued now", {"new_run": new_run}
             if action == "pause":
                 changed = await queries.pause_definition(conn, name)
@@ -540,8 +556,14 @@ class Dashboard:
                 return f"definition {name} {already}: nothing changed", {"changed": False}
             return f"definition {name} {done}", {}
 
-        back = "/definition?" + urlencode({"name": name})
-        return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)
+        try:
+            return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)
+        except DatabaseTimeout:
+            raise  # a commit cut on its way may have queued the run: the form stays sent
+        except BaseException:
+            if once is not None:  # nothing was done (the action's transaction rolled back)
+                session.sent.pop(once, None)
+            raise
 
     async def queue_action(self, request: Request) -> Response:
         """Pause or resume a queue (jobs.pause_queue / jobs.resume_queue), when the schema has queues."""

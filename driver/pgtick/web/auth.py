@@ -22,6 +22,9 @@ IDLE_SECONDS = 12 * 3600
 #: At most this many sessions are kept; the least recently used goes first.
 MAX_SESSIONS = 10_000
 
+#: How many forms sent once (``Session.first_send``) a session remembers, the newest.
+MAX_SENT_FORMS = 1000
+
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 
 
@@ -51,6 +54,19 @@ class Session:
     operator: str | None = None
     flashes: list[tuple[str, str]] = field(default_factory=list)
     seen: float = field(default_factory=time.monotonic)
+    #: The forms of an action that is not idempotent sent so far, by the random id each was
+    #: rendered with, and what each did (None while it is being done).
+    sent: OrderedDict[str, int | None] = field(default_factory=OrderedDict)
+
+    def first_send(self, form_id: str) -> bool:
+        """Whether the form ``form_id`` comes for the first time; it is marked sent. (No await
+        between the check and the mark: two copies sent at once cannot both pass.)"""
+        if form_id in self.sent:
+            return False
+        self.sent[form_id] = None
+        if len(self.sent) > MAX_SENT_FORMS:
+            self.sent.popitem(last=False)
+        return True
 
     def flash(self, level: str, message: str) -> None:
         self.flashes.append((level, message))
