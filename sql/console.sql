@@ -26,11 +26,17 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM jobs._check_text('worker', register_worker.worker, 200);
-    IF register_worker.kinds IS NULL OR cardinality(register_worker.kinds) > 1000 OR EXISTS (
-        SELECT FROM unnest(register_worker.kinds) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200
-    ) THEN   -- (at most what jobs.claim takes as its kinds)
+    IF register_worker.kinds IS NULL OR cardinality(register_worker.kinds) > 1000 THEN
+        -- (at most what jobs.claim takes as its kinds)
         RAISE EXCEPTION 'kinds must be an array of at most 1000 names of 1 to 200 characters'
             USING ERRCODE = '22023';
+    END IF;
+    -- Each a kind name as jobs.enqueue takes it (jobs._check_name): the registry is shown in
+    -- jobs.workers, `pgtick workers` and the dashboard, where a kind with a line break or a
+    -- text-direction character would read as another line or another kind, and a blank one
+    -- would enter jobs.known_kinds as served. An empty list stays allowed (a worker of no kind).
+    IF cardinality(register_worker.kinds) > 0 THEN
+        PERFORM jobs._check_names('kinds', register_worker.kinds);
     END IF;
     -- The login is recorded: a worker id another login registers changes hands in plain sight.
     INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds, login)

@@ -121,3 +121,63 @@ BEGIN
     PERFORM jobs._notify();
 END $$;
 COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned), the last two only while no heartbeat of the run''s worker is in flight (a heartbeat waiting behind a table lock ages nothing); queue their retries by policy. Returns run_id, reason, retry_run_id.';
+
+-- An operator's reap of one worker known to be gone (a machine that died for good): every run
+-- RUNNING under that worker id fails now as HeartbeatLost, as the reaper would fail it once the
+-- heartbeat timeout passed, whatever claim token it was claimed with (the operator has none to
+-- present), and its retry is queued by policy. The old worker is fenced by the status change.
+CREATE OR REPLACE FUNCTION jobs.reap_worker(worker text, message text DEFAULT NULL)
+RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+#variable_conflict use_column
+DECLARE
+    v_dead bigint[];
+BEGIN
+    PERFORM jobs._check_text('worker', reap_worker.worker, 200);
+    IF length(reap_worker.message) > 10000 THEN
+        RAISE EXCEPTION 'message must be at most 10000 characters, got %', length(reap_worker.message)
+            USING ERRCODE = '22023';
+    END IF;
+    -- jobs.fail's order: the definitions' keys shared, then the unique keys, then the rows (by id).
+    PERFORM pg_advisory_xact_lock_shared(k.key)
+       FROM (SELECT DISTINCT jobs._definition_key(r.definition_id) AS key FROM jobs.runs AS r
+              WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING' AND r.definition_id IS NOT NULL
+              ORDER BY 1) AS k;
+    PERFORM pg_advisory_xact_lock(k.key)
+       FROM (SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key) AS key FROM jobs.runs AS r
+              WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING' AND r.unique_key IS NOT NULL
+              ORDER BY 1) AS k;
+    WITH held AS (
+        SELECT r.id FROM jobs.runs AS r
+         WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING'
+         ORDER BY r.id
+           FOR NO KEY UPDATE  -- as the worker's own calls lock its runs
+    ),
+    failed AS (
+        UPDATE jobs.runs AS r
+           SET status = 'FAILED', finished_at = now(), failure_reason = 'HeartbeatLost',
+               error = left(coalesce(reap_worker.message,
+                                     format('worker %s declared gone by an operator (%s)', r.worker, session_user)),
+                            10000)
+          FROM held AS h
+         WHERE r.id = h.id AND r.status = 'RUNNING' AND r.worker = reap_worker.worker
+        RETURNING r.id
+    )
+    SELECT array_agg(f.id) INTO v_dead FROM failed AS f;
+
+    IF v_dead IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT r.id, r.failure_reason::text, n.retry_run_id
+      FROM jobs.runs AS r
+      LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
+     WHERE r.id = ANY (v_dead)
+     ORDER BY r.id;
+    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
+       FROM jobs.runs AS r
+      WHERE r.id = ANY (v_dead)
+        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
+    PERFORM jobs._notify();
+END $$;
+COMMENT ON FUNCTION jobs.reap_worker(text, text) IS 'Operator: fail now, as HeartbeatLost, every run RUNNING under this worker id (one known to be gone), whatever claim token it was claimed with, and queue their retries by policy, as jobs.reap does once the heartbeat timeout passed; the worker is fenced. message: the runs'' error (default: who declared the worker gone). Returns run_id, reason, retry_run_id.';

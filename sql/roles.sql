@@ -145,6 +145,7 @@ jobs.materialize_many(bigint[], timestamptz[], timestamptz[], integer[], bigint[
 jobs.define_many(jsonb),
 jobs.mark_schedule_error(bigint, integer, text),
 jobs.reap(),
+jobs.reap_worker(text, text),
 jobs.prune(interval, integer),
 jobs.archive(integer),
 jobs.try_lead(text),

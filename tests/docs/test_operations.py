@@ -121,7 +121,7 @@ def test_the_runbook_has_its_snippets() -> None:
         "jobs.cancel_queued(",
         "jobs.retry(",
         "jobs.prune(",
-        "jobs.fail(",
+        "jobs.reap_worker(",
         "reloptions",
         "pg_stat_user_tables",
         "consecutive_skips",
@@ -203,5 +203,63 @@ def test_runbook_snippets_about_a_past_run_find_it_after_it_moved_to_history(
         out = _run_snippet(db, _snippet_with(marker), run_id, tmp_path, "-A", "-t")
         first_columns = [line.split("|")[0] for line in out.splitlines()]
         assert str(run_id) in first_columns, f"run {run_id} (moved to history) is not in the answer:\n{out}"
+    finally:
+        pg.drop_database(db)
+
+
+def test_runbook_hands_on_the_runs_of_a_dead_worker_that_claimed_with_a_token(
+    seeded: tuple[Server, Database, int], tmp_path: Path
+) -> None:
+    """A worker that claimed with a claim token (every Python worker, every worker that follows
+    docs/other-languages.md) dies: the runbook's snippet for a machine that died for good must
+    fail each of its runs, fence it and queue the retries, without the token the operator lacks."""
+    pg, template, _ = seeded
+    db = pg.create_database(template=template.name)
+    token = "d" * 32
+    try:
+        with db.connect() as conn:
+            conn.execute("SELECT jobs.set_retry_policy('resize', max_attempts => 2)")
+            runs = [enqueue(conn, "resize") for _ in range(2)]
+            got = conn.execute(
+                "SELECT id FROM jobs.claim(2, 'dead-1', ARRAY['resize'], claim_token => %s)", (token,)
+            ).fetchall()
+            assert sorted(r[0] for r in got) == sorted(runs), got
+        script = tmp_path / "snippet.sql"
+        script.write_text(_snippet_with("jobs.reap_worker("))
+        proc = subprocess.run(
+            [
+                psql_binary(),
+                "-X",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                db.dsn,
+                "-A",
+                "-t",
+                "-v",
+                "worker=dead-1",
+                "-f",
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        with db.connect() as conn:
+            for run in runs:
+                row = conn.execute(
+                    "SELECT status::text, failure_reason,"
+                    " (SELECT n.status::text FROM jobs.runs AS n WHERE n.retry_of = r.id)"
+                    " FROM jobs.runs AS r WHERE r.id = %s",
+                    (run,),
+                ).fetchone()
+                assert row == ("FAILED", "HeartbeatLost", "QUEUED"), (
+                    f"run {run} of the dead worker after the runbook's snippet: {row}\n{proc.stdout}"
+                )
+                assert (
+                    scalar(conn, "SELECT jobs.complete(%s, 'dead-1', claim_token => %s)", (run, token))
+                    is False
+                ), f"run {run}: the dead worker, back, could still complete it"
     finally:
         pg.drop_database(db)

@@ -333,6 +333,11 @@ CASES: list[Case] = [
         "SELECT jobs.register_worker('w', array(SELECT 'k' || g FROM generate_series(1, 1001) AS g))",
         "kinds must be an array of at most 1000 names",
     ),
+    # ... and each kind a name jobs.enqueue would take: jobs.workers shows them
+    bad("SELECT jobs.register_worker('w', ARRAY['ok', NULL])", "kinds[2]"),
+    bad("SELECT jobs.register_worker('w', ARRAY['  '])", "kinds[1] must not be blank"),
+    bad("SELECT jobs.register_worker('w', ARRAY[E'mail\\nreport'])", "kinds[1] must not contain control"),
+    bad("SELECT jobs.register_worker('w', ARRAY[U&'mail\\202Etroper'])", "kinds[1] must not contain invis"),
     # jobs.audit: an entry of the log, not a document
     bad(
         "SELECT jobs.audit('me', 'act', NULL, jsonb_build_object('x', repeat('a', %s)))",

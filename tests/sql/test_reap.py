@@ -20,6 +20,7 @@ from harness import (
     Database,
     add_runs,
     digest,
+    expect_error,
     gated,
     race_parts,
     run_row,
@@ -562,3 +563,34 @@ def test_a_reap_of_many_workers_runs_holds_no_lock_per_worker(db: Database, conn
         in_flight.commit()
     assert reaped == [(i, "HeartbeatLost") for i in ids[:-1]], f"{len(reaped)} reaped of {len(ids) - 1}"
     assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(ids[-1], "HeartbeatLost")]
+
+
+def test_reap_worker_fails_only_that_workers_runs_whatever_their_token(conn: Conn) -> None:
+    """An operator hands on the runs of a worker known to be gone: each of its RUNNING runs,
+    claimed with a claim token or without, fails now as HeartbeatLost with its retry queued by
+    policy; another worker's run is untouched; bad input is refused with 22023 naming the field,
+    changing nothing."""
+    conn.execute("SELECT jobs.set_retry_policy('report', max_attempts => 2)")
+    with_token = _enqueue(conn, "report")
+    assert conn.execute(
+        "SELECT id FROM jobs.claim(1, 'gone', ARRAY['report'], claim_token => %s)", ("t" * 20,)
+    ).fetchall() == [(with_token,)]
+    without = _enqueue(conn, "report")
+    assert _claim_one(conn, "gone", "report") == without
+    other = _enqueue(conn, "report")
+    assert _claim_one(conn, "alive", "report") == other
+
+    before = digest(conn)
+    for args, field in (((None, None), "worker"), (("", None), "worker"), (("gone", "x" * 10001), "message")):
+        expect_error(conn, "SELECT * FROM jobs.reap_worker(%s, %s)", args, "22023", field)
+    assert digest(conn) == before, "a refused jobs.reap_worker changed the database"
+
+    got = conn.execute(
+        "SELECT run_id, reason, retry_run_id IS NOT NULL FROM jobs.reap_worker('gone')"
+    ).fetchall()
+    assert got == [(with_token, "HeartbeatLost", True), (without, "HeartbeatLost", True)], got
+    assert run_row(conn, other)["status"] == "RUNNING", "another worker's run was reaped"
+    _assert_fenced(conn, without, "gone")
+    assert conn.execute("SELECT * FROM jobs.reap_worker('gone')").fetchall() == [], (
+        "a second call reaps again"
+    )
