@@ -23,6 +23,7 @@ caller. Without ``conn=`` the client uses what it was built over:
   own when the connection is idle, and a savepoint of the transaction in progress
   (so it commits with it) when one is open.
 
+Calls on one connection go one at a time, whichever client, thread or task makes them.
 A connection whose transaction has failed (a statement in it raised an error and it was
 not rolled back) is refused with ``pgtick.errors.WrongTransaction``: roll it back first.
 """
@@ -875,6 +876,35 @@ async def _committed_async(conn: psycopg.AsyncConnection[Any], wake: bool) -> As
             log.warning(_UNWOKEN, exc)
 
 
+#: One call at a time on a connection, whichever client makes it and whoever shares the
+#: connection (threads, or the tasks of an ``asyncio.gather``): each call runs in a savepoint
+#: (or a transaction) of its own, and two calls interleaved on one connection would end each
+#: other's savepoints out of order, so both raise while their runs stay in the transaction.
+_calls_lock = threading.Lock()
+_calls_sync: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = weakref.WeakKeyDictionary()
+_calls_async: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _one_call_on(conn: psycopg.Connection[Any]) -> threading.RLock:
+    """The lock a call holds on ``conn`` from its savepoint's start to its end (``_calls_sync``)."""
+    with _calls_lock:
+        lock = _calls_sync.get(conn)
+        if lock is None:
+            lock = _calls_sync[conn] = threading.RLock()
+        return lock
+
+
+def _one_call_on_async(conn: psycopg.AsyncConnection[Any]) -> asyncio.Lock:
+    """``_one_call_on`` for an async connection (which serves one event loop)."""
+    with _calls_lock:
+        lock = _calls_async.get(conn)
+        if lock is None:
+            lock = _calls_async[conn] = asyncio.Lock()
+        return lock
+
+
 def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """A WrongTransaction when the connection's transaction has failed (a statement in it
     raised an error and it was not rolled back): no call, nor its savepoint, can run in it."""
@@ -977,16 +1007,17 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
-            _check_transaction(conn)
-            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-                conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
-            with conn.transaction():
-                yield conn
+            with _one_call_on(conn):
+                _check_transaction(conn)
+                if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+                with conn.transaction():
+                    yield conn
         elif self._pool is not None:
             with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            with self._lock:  # one call at a time on a shared connection
+            with self._lock, _one_call_on(self._conn):  # one call at a time on a shared connection
                 _check_transaction(self._conn)
                 with self._conn.transaction():
                     yield self._conn
@@ -1158,16 +1189,17 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
-            _check_transaction(conn)
-            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-                await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
-            async with conn.transaction():
-                yield conn
+            async with _one_call_on_async(conn):
+                _check_transaction(conn)
+                if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+                async with conn.transaction():
+                    yield conn
         elif self._pool is not None:
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            async with self._loop_lock():  # one call at a time on a connection
+            async with self._loop_lock(), _one_call_on_async(self._conn):  # one call at a time
                 _check_transaction(self._conn)
                 async with self._conn.transaction():
                     yield self._conn

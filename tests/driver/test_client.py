@@ -427,6 +427,26 @@ def test_threads_share_one_client(any_client: Client, db: Database) -> None:
     assert count_runs(db, "fan") == 40
 
 
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_threads_enqueueing_in_one_callers_transaction_each_succeed_and_share_its_outcome(
+    any_client: Client, db: Database, outcome: str
+) -> None:
+    """Calls from many threads on one caller's connection go one at a time: interleaved, each
+    one's savepoint ended another's out of order, and every call raised while its run stayed in
+    the transaction (committed with it, though the caller was told it failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with db.connect(autocommit=False) as conn:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            calls = [pool.submit(any_client.enqueue, "shared", {"i": i}, conn=conn) for i in range(80)]
+        failed = [(i, call.exception()) for i, call in enumerate(calls) if call.exception() is not None]
+        assert failed == [], f"{len(failed)} of 80 calls raised, the first: {failed[:1]}"
+        assert len({call.result().id for call in calls}) == 80
+        assert count_runs(db, "shared") == 0, "committed before the caller did"
+        conn.commit() if outcome == "commit" else conn.rollback()
+    assert count_runs(db, "shared") == (80 if outcome == "commit" else 0)
+
+
 SQL_FUNCTIONS = {
     "enqueue": "enqueue",
     "enqueue_many": "enqueue_many",

@@ -111,6 +111,24 @@ async def test_concurrent_async_enqueues_share_one_client(client: AsyncClient, d
     assert await count_runs(db, "fan") == 20
 
 
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+async def test_gathered_enqueues_in_one_callers_transaction_each_succeed_and_share_its_outcome(
+    client: AsyncClient, db: Database, outcome: str
+) -> None:
+    """The tasks of an asyncio.gather on one caller's connection go one at a time: interleaved,
+    each one's savepoint ended another's out of order, and every call raised while its run
+    stayed in the transaction (committed with it, though the caller was told it failed)."""
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        calls = [client.enqueue("shared", {"i": i}, conn=conn) for i in range(20)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        assert failed == [], f"{len(failed)} of 20 calls raised, the first: {failed[:1]}"
+        assert len({r.id for r in results if isinstance(r, Run)}) == 20
+        assert await count_runs(db, "shared") == 0, "committed before the caller did"
+        await (conn.commit() if outcome == "commit" else conn.rollback())
+    assert await count_runs(db, "shared") == (20 if outcome == "commit" else 0)
+
+
 async def test_one_client_serves_one_event_loop_after_another(client: AsyncClient, db: Database) -> None:
     """A client kept across event loops (a module-level client under asyncio.run per call, a
     test loop per test) still takes concurrent calls in each loop."""
