@@ -36,6 +36,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import re
 import threading
 import weakref
@@ -915,6 +916,23 @@ def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
         )
 
 
+#: Every client made in this process, for ``_after_fork_in_child``.
+_clients: weakref.WeakSet[_Source[Any, Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a process forked while another thread of its parent was in a call: the locks that
+    thread held would be held for ever (no thread of the child releases them), so every
+    client's locks, and those of the connections calls are made on, are made anew."""
+    global _calls_lock
+    _calls_lock = threading.Lock()
+    _calls_sync.clear()
+    _calls_async.clear()
+    AsyncClient._users_lock = threading.Lock()
+    for client in list(_clients):
+        client._forked()
+
+
 class _Source(Generic[_Conn, _Pool]):
     """What a client is built over, for both clients: a conninfo string (a connection of its
     own, opened on first use), a connection or a pool of the client's kind (sync or async);
@@ -929,10 +947,12 @@ class _Source(Generic[_Conn, _Pool]):
         self._conn: _Conn | None = None
         self._pool: _Pool | None = None
         self._own: _Conn | None = None
+        self._own_pid = 0  # the process that opened the own connection
         self._own_pooled = False  # the own connection is behind a transaction-mode pooler
         self._closed = False
         self._lock = self._new_lock()
         self.application_name = application_name
+        _clients.add(self)
         connection, pool = self._accepts
         if isinstance(source, str):
             self._conninfo = source
@@ -958,6 +978,24 @@ class _Source(Generic[_Conn, _Pool]):
         if self._closed:
             name = type(self).__name__
             raise UsageError(f"this {name} is closed (close() was called on it): make a new {name}")
+
+    def _own_ready(self) -> bool:
+        """Whether the client's own connection can take a call: open, not broken, and opened
+        by this process. A process forked after it was opened (a web server's workers forked
+        from a parent that enqueued, ``multiprocessing``) shares its socket with the parent and
+        its siblings: their calls would read each other's answers. Such a process opens its
+        own; the inherited one is left to the parent, never closed here (closing it would end
+        the parent's session, and psycopg does not close it on collection in another process)."""
+        own = self._own
+        return own is not None and not own.closed and not own.broken and self._own_pid == os.getpid()
+
+    def _forked(self) -> None:
+        """In a forked child (``_after_fork_in_child``): no call is in progress here."""
+        self._lock = self._new_lock()
+
+    def _inherited_own(self) -> bool:
+        """Whether the own connection was opened by another process (see ``_own_ready``)."""
+        return self._own is not None and self._own_pid != os.getpid()
 
     def _callers(self, conn: Any) -> _Conn:
         """``conn=`` as given, if it is a connection of the client's kind; else a TypeError
@@ -994,9 +1032,9 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         stays open: it is the giver's); every later call raises ``UsageError``. Idempotent."""
         with self._lock:  # after a call in progress on the client's connection
             self._closed = True
-            if self._own is not None:
+            if self._own is not None and not self._inherited_own():  # a parent's is the parent's
                 self._own.close()
-                self._own = None
+            self._own = None
 
     @contextmanager
     def _connection(
@@ -1024,14 +1062,17 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         else:
             with self._lock:
                 self._check_open()  # again under the lock: a close() on another thread came first
-                if self._own is None or self._own.closed or self._own.broken:
+                if not self._own_ready():
                     assert self._conninfo is not None
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    self._own_pid = os.getpid()
                     self._own_pooled = prepare(self._own)
-                with _committed(self._own, wake and not self._own_pooled):
-                    yield self._own
+                own = self._own
+                assert own is not None
+                with _committed(own, wake and not self._own_pooled):
+                    yield own
 
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
@@ -1168,6 +1209,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
             with AsyncClient._users_lock:
                 self._users -= 1
 
+    def _forked(self) -> None:
+        super()._forked()
+        self._users, self._lock_loop = 0, None
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -1178,9 +1223,9 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         """See ``Client.close``."""
         async with self._loop_lock():  # after a call in progress on the client's connection
             self._closed = True
-            if self._own is not None:
+            if self._own is not None and not self._inherited_own():  # a parent's is the parent's
                 await self._own.close()
-                self._own = None
+            self._own = None
 
     @asynccontextmanager
     async def _connection(
@@ -1206,14 +1251,17 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         else:
             async with self._loop_lock():
                 self._check_open()  # again under the lock: a close() in another task came first
-                if self._own is None or self._own.closed or self._own.broken:
+                if not self._own_ready():
                     assert self._conninfo is not None
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    self._own_pid = os.getpid()
                     self._own_pooled = await prepare_async(self._own)
-                async with _committed_async(self._own, wake and not self._own_pooled):
-                    yield self._own
+                own = self._own
+                assert own is not None
+                async with _committed_async(own, wake and not self._own_pooled):
+                    yield own
 
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
@@ -1292,3 +1340,6 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """See ``Client.get_run``."""
         return await self._send(_get_run(run_id), conn)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

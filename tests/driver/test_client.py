@@ -5,8 +5,11 @@ function with the arguments given, and bad input arrives as InvalidArgument / No
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -445,6 +448,91 @@ def test_threads_enqueueing_in_one_callers_transaction_each_succeed_and_share_it
         assert count_runs(db, "shared") == 0, "committed before the caller did"
         conn.commit() if outcome == "commit" else conn.rollback()
     assert count_runs(db, "shared") == (80 if outcome == "commit" else 0)
+
+
+def forked(work: Callable[[], None]) -> int:
+    """Run ``work`` in a child forked from this process; the child's pid. It exits 0 if
+    ``work`` returned, 1 if it raised (the traceback on its stderr), and never returns here."""
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 1
+        try:
+            work()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def exit_codes(pids: list[int], timeout: float = 120) -> dict[int, int | str]:
+    """Each child's exit code, or "hung" for one still running at the deadline (then killed)."""
+    codes: dict[int, int | str] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            for pid in set(pids) - set(codes):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                codes[pid] = "hung"
+        time.sleep(0.05)
+    return codes
+
+
+def test_processes_forked_from_a_client_in_use_each_call_on_a_connection_of_their_own(db: Database) -> None:
+    """A client whose connection was opened before a fork (a web server forking its workers
+    from a parent that enqueued) opens a connection in each child: sharing the parent's
+    socket, the children read each other's answers (or hang), and a child's close() would
+    end the parent's session."""
+    client = Client(db.dsn)
+    client.enqueue("parent")
+
+    def child(n: int) -> Callable[[], None]:
+        def work() -> None:
+            for i in range(30):
+                run = client.enqueue(f"child-{n}", {"i": i})
+                assert (run.kind, run.payload) == (f"child-{n}", {"i": i}), f"child {n} got {run}"
+            client.close()
+
+        return work
+
+    codes = exit_codes([forked(child(n)) for n in range(3)])
+    assert set(codes.values()) == {0}, f"children failed (exit code or hung): {codes}"
+    assert [count_runs(db, f"child-{n}") for n in range(3)] == [30, 30, 30]
+    client.enqueue("parent")  # on its session of before: a child's close() would have ended it
+    assert count_runs(db, "parent") == 2
+    client.close()
+
+
+def test_a_process_forked_while_another_thread_is_in_a_call_can_call(db: Database) -> None:
+    """A fork while a thread of the parent waits in a call (here for a unique key another
+    transaction holds): the child, which has no such thread, is not held by its lock."""
+    client = Client(db.dsn)
+    with db.connect(autocommit=False) as holder:
+        holder.execute("SELECT jobs.enqueue('held', unique_key => 'k')")
+        waiting = threading.Thread(target=lambda: client.enqueue("held", unique_key="k"))
+        waiting.start()
+        with db.connect() as watch:
+            wait_for(
+                "the parent's call to wait for the unique key",
+                lambda: watch.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'pgtick-client'"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchone(),
+                timeout=60,
+            )
+        codes = exit_codes([forked(lambda: print(client.enqueue("child").id))], timeout=60)
+        holder.rollback()
+    waiting.join(60)
+    assert list(codes.values()) == [0], f"the child failed (exit code or hung): {codes}"
+    assert count_runs(db, "child") == 1
+    client.close()
 
 
 SQL_FUNCTIONS = {
