@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import re
+import select
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -916,6 +917,23 @@ def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
         )
 
 
+def _ended_while_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server ended an idle connection (a restart, ``pg_terminate_backend``,
+    ``idle_session_timeout``): asked nothing, its socket has something to read, the server's
+    last error or the end of the stream. Nothing was sent on it since, so a call can go on
+    another connection without doubt about what this one did."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):  # no socket any more
+        return True
+    return bool(readable)
+
+
+def _discard(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Let go of a connection the server ended: its socket is closed, nothing is sent."""
+    conn.pgconn.finish()
+
+
 #: Every client made in this process, for ``_after_fork_in_child``.
 _clients: weakref.WeakSet[_Source[Any, Any]] = weakref.WeakSet()
 
@@ -985,9 +1003,17 @@ class _Source(Generic[_Conn, _Pool]):
         from a parent that enqueued, ``multiprocessing``) shares its socket with the parent and
         its siblings: their calls would read each other's answers. Such a process opens its
         own; the inherited one is left to the parent, never closed here (closing it would end
-        the parent's session, and psycopg does not close it on collection in another process)."""
+        the parent's session, and psycopg does not close it on collection in another process).
+        One the server ended while it was idle (``_ended_while_idle``) is closed: the call
+        goes on a new one rather than failing on it."""
         own = self._own
-        return own is not None and not own.closed and not own.broken and self._own_pid == os.getpid()
+        if own is None or own.closed or own.broken or self._own_pid != os.getpid():
+            return False
+        if _ended_while_idle(own):
+            log.info("the client's connection was ended by the server while idle: opening another")
+            _discard(own)
+            return False
+        return True
 
     def _forked(self) -> None:
         """In a forked child (``_after_fork_in_child``): no call is in progress here."""

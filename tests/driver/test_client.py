@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from harness import Database, notifications_until_sentinel, wait_for
+from harness import Database, end_client_sessions, notifications_until_sentinel, wait_for
 from pgtick import Client, Run
 from pgtick.client import Definition
 from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
@@ -533,6 +533,19 @@ def test_a_process_forked_while_another_thread_is_in_a_call_can_call(db: Databas
     assert list(codes.values()) == [0], f"the child failed (exit code or hung): {codes}"
     assert count_runs(db, "child") == 1
     client.close()
+
+
+def test_a_call_after_the_server_ended_the_idle_connection_goes_on_a_new_one(
+    client: Client, db: Database
+) -> None:
+    """The server ended the client's connection while it was idle (a restart, a terminated
+    session): nothing was sent on it since, so the next call goes on a new connection rather
+    than failing with the lost one."""
+    client.enqueue("before")
+    end_client_sessions(db)
+    run = client.enqueue("after")
+    assert client.get_run(run.id).kind == "after"
+    assert count_runs(db, "after") == 1
 
 
 SQL_FUNCTIONS = {

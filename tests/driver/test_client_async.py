@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
-from harness import Database
+from harness import Database, end_client_sessions
 from pgtick import AsyncClient, Run
 from pgtick.errors import InvalidArgument, NotFound, UsageError
 
@@ -127,6 +127,18 @@ async def test_gathered_enqueues_in_one_callers_transaction_each_succeed_and_sha
         assert await count_runs(db, "shared") == 0, "committed before the caller did"
         await (conn.commit() if outcome == "commit" else conn.rollback())
     assert await count_runs(db, "shared") == (20 if outcome == "commit" else 0)
+
+
+async def test_an_async_call_after_the_server_ended_the_idle_connection_goes_on_a_new_one(
+    db: Database,
+) -> None:
+    """As Client: the next call after the server ended the idle connection does not fail."""
+    async with AsyncClient(db.dsn) as client:
+        await client.enqueue("before")
+        await asyncio.to_thread(end_client_sessions, db)
+        run = await client.enqueue("after")
+        assert (await client.get_run(run.id)).kind == "after"
+    assert await count_runs(db, "after") == 1
 
 
 async def test_one_client_serves_one_event_loop_after_another(client: AsyncClient, db: Database) -> None:
