@@ -382,14 +382,16 @@ def test_invalid_arguments_name_the_field_and_keep_the_sql_message(client: Clien
     assert caught.value.hint is not None and "Europe/Sofia" in caught.value.hint
 
 
-def test_unknown_names_and_ids_raise_not_found(client: Client) -> None:
+def test_unknown_names_and_ids_raise_not_found_naming_the_argument(client: Client) -> None:
     with pytest.raises(NotFound, match="'nope'") as caught:
         client.run_now("nope")
-    assert caught.value.sqlstate == "P0002"
-    with pytest.raises(NotFound, match="424242"):
+    assert (caught.value.sqlstate, caught.value.field) == ("P0002", "name")
+    with pytest.raises(NotFound, match="424242") as caught:
         client.cancel(424242)
-    with pytest.raises(NotFound, match="424242"):
+    assert caught.value.field == "run_id"
+    with pytest.raises(NotFound, match="424242") as caught:
         client.get_run(424242)
+    assert caught.value.field == "run_id"
 
 
 def test_a_client_refuses_what_it_cannot_connect_with() -> None:
