@@ -51,6 +51,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import psycopg
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -58,7 +59,7 @@ from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
-from pgtick.db import prepare, prepare_async
+from pgtick.db import prepare, prepare_async, without_password
 from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
 from pgtick.schedule.zones import not_a_place
 
@@ -934,6 +935,21 @@ def _discard(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> No
     conn.pgconn.finish()
 
 
+def _checked_conninfo(client: str, conninfo: str) -> str:
+    """``conninfo`` if libpq can read it; else InvalidArgument naming it, now rather than at the
+    first call, with libpq's reason and any password in it masked (libpq quotes the URL)."""
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        why = without_password(" ".join(str(exc).split()))
+    else:
+        return conninfo
+    # raised outside the except block: libpq's message, password and all, is not its context
+    raise InvalidArgument(
+        f"{client}: the conninfo is not a connection string or URL: {why}", field="conninfo"
+    )
+
+
 #: Every client made in this process, for ``_after_fork_in_child``.
 _clients: weakref.WeakSet[_Source[Any, Any]] = weakref.WeakSet()
 
@@ -973,7 +989,7 @@ class _Source(Generic[_Conn, _Pool]):
         _clients.add(self)
         connection, pool = self._accepts
         if isinstance(source, str):
-            self._conninfo = source
+            self._conninfo = _checked_conninfo(type(self).__name__, source)
         elif isinstance(source, connection):
             self._conn = source
         elif isinstance(source, pool):

@@ -22,7 +22,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from harness import Database, end_client_sessions, notifications_until_sentinel, wait_for
-from pgtick import Client, Run
+from pgtick import AsyncClient, Client, Run
 from pgtick.client import Definition
 from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
 
@@ -397,6 +397,28 @@ def test_unknown_names_and_ids_raise_not_found_naming_the_argument(client: Clien
 def test_a_client_refuses_what_it_cannot_connect_with() -> None:
     with pytest.raises(TypeError, match="conninfo string"):
         Client(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("client_class", [Client, AsyncClient])
+@pytest.mark.parametrize(
+    ("conninfo", "why"),
+    [
+        ("postgresql://shop:s3cret@[::1/shop", "IPv6 host address"),
+        ("postgresql://shop:s3cret@db.internal/shop?sslmod=require", 'invalid URI query parameter: "sslmod"'),
+        ("shop database", 'missing "="'),
+    ],
+)
+def test_a_conninfo_libpq_cannot_read_is_refused_when_the_client_is_made_with_no_password_in_it(
+    client_class: type[Client] | type[AsyncClient], conninfo: str, why: str
+) -> None:
+    """At the client's making, not at its first call, and without the password libpq's
+    message quotes with the URL (an application's logs and error reports keep it)."""
+    with pytest.raises(InvalidArgument, match="not a connection string or URL") as caught:
+        client_class(conninfo)
+    assert caught.value.field == "conninfo"
+    assert why in str(caught.value)
+    chain = [caught.value, caught.value.__cause__, caught.value.__context__]
+    assert not any("s3cret" in str(e) for e in chain if e is not None), f"the password is in {chain}"
 
 
 def test_conn_of_the_other_kind_is_a_type_error_saying_which_client_takes_it(db: Database) -> None:
