@@ -530,6 +530,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "run_now": ("name",),
     "define": ("name", "kind"),
     "cancel": ("run_id",),
+    "retry": ("run_id",),
     "pause_queue": ("name",),
     "resume_queue": ("name",),
 }
@@ -809,6 +810,10 @@ def check_definition(
 
 def _cancel(run_id: int) -> _Call[str]:
     return _jobs_value("cancel", {"run_id": run_id}, str)
+
+
+def _retry(run_id: int) -> _Call[Run]:
+    return _jobs_call("retry", {"run_id": run_id}, _first_run)
 
 
 def _queue_switch(function: str, name: str) -> _Call[bool]:
@@ -1174,6 +1179,12 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         Returns the run's status after the call."""
         return self._send(_cancel(run_id), conn)
 
+    def retry(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
+        """Queue a FAILED or CANCELLED run again now as its next attempt, whatever its retry
+        policy says (jobs.retry). Returns the new run; ``InvalidArgument`` when the run cannot
+        be retried (it is not finished, or was retried already), ``NotFound`` if there is none."""
+        return self._send(_retry(run_id), conn)
+
     @_takes(DefineOptions)
     def define(
         self,
@@ -1357,6 +1368,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def cancel(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> str:
         """See ``Client.cancel``."""
         return await self._send(_cancel(run_id), conn)
+
+    async def retry(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
+        """See ``Client.retry``."""
+        return await self._send(_retry(run_id), conn)
 
     @_takes(DefineOptions)
     async def define(

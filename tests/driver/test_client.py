@@ -577,10 +577,36 @@ SQL_FUNCTIONS = {
     "enqueue_many": "enqueue_many",
     "run_now": "run_now",
     "cancel": "cancel",
+    "retry": "retry",
     "define": "define",
     "pause_queue": "pause_queue",
     "resume_queue": "resume_queue",
 }
+
+
+def test_retry_queues_a_finished_run_again_in_the_callers_transaction(
+    any_client: Client, db: Database
+) -> None:
+    """Client.retry is jobs.retry: the next attempt of a CANCELLED (or FAILED) run, now; with
+    conn= it commits or rolls back with the caller; what cannot be retried is refused by name."""
+    run = any_client.enqueue("charge", {"order": 7})
+    with pytest.raises(InvalidArgument) as refused:
+        any_client.retry(run.id)  # still QUEUED
+    assert refused.value.sqlstate == "22023"
+    any_client.cancel(run.id)
+    with db.connect(autocommit=False) as conn:
+        any_client.retry(run.id, conn=conn)
+        conn.rollback()
+    assert count_runs(db, "charge") == 1, "a retry survived the caller's rollback"
+    again = any_client.retry(run.id)
+    assert (again.status, again.attempt, again.retry_of, again.payload) == ("QUEUED", 2, run.id, {"order": 7})
+    assert any_client.get_run(again.id) == again
+    with pytest.raises(NotFound) as missing:
+        any_client.retry(424242)
+    assert missing.value.field == "run_id"
+    with pytest.raises(InvalidArgument) as bad:
+        any_client.retry(0)
+    assert bad.value.field == "run_id"
 
 
 @pytest.mark.parametrize("method", sorted(SQL_FUNCTIONS))

@@ -91,6 +91,8 @@ async def test_every_async_method_calls_its_sql_function(client: AsyncClient, db
     assert queued.definition_id == definition.id
     assert await client.cancel(queued.id) == "CANCELLED"
     assert (await client.get_run(queued.id)).status == "CANCELLED"
+    again = await client.retry(queued.id)
+    assert (again.status, again.attempt, again.retry_of) == ("QUEUED", 2, queued.id)
 
 
 async def test_async_errors_are_mapped(client: AsyncClient) -> None:
