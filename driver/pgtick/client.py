@@ -16,8 +16,9 @@ Transactions. With ``conn=`` a call runs on that connection inside whatever
 transaction it has open and never commits: it commits or rolls back with the
 caller. Without ``conn=`` the client uses what it was built over:
 
-* a conninfo string: one connection of its own (opened on first use, autocommit),
-  each call its own transaction;
+* a conninfo string: one connection of its own (opened on first use, autocommit; opened
+  again in a forked child process, and when the server ended it while it was idle), each
+  call its own transaction;
 * a ``psycopg_pool`` pool: a connection from the pool per call, its own transaction;
 * a psycopg connection: ``conn.transaction()`` on it, which is a transaction of its
   own when the connection is idle, and a savepoint of the transaction in progress
