@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, HTTPException
 from pydantic import BaseModel
 
 from pgtick import App, AsyncClient, Context
-from pgtick.contrib.asgi import Pgtick, client, transaction
+from pgtick.contrib.asgi import Pgtick, Transaction, client
 
 ORDERS = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -52,7 +52,7 @@ def create_app(dsn: str) -> FastAPI:
     @api.post("/orders")
     async def create_order(
         order: Order,
-        conn: Annotated[psycopg.AsyncConnection[Any], Depends(transaction)],
+        conn: Transaction,  # commits before the response is sent
         pgtick: Annotated[AsyncClient, Depends(client)],
     ) -> dict[str, Any]:
         cur = await conn.execute("INSERT INTO orders (item) VALUES (%s) RETURNING id", (order.item,))

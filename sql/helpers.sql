@@ -321,11 +321,12 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF definition.id IS NULL THEN
         PERFORM jobs._check_name('name', name);  -- NULL or '' is no name at all: 22023
-        RAISE EXCEPTION 'definition % does not exist', quote_literal(name) USING ERRCODE = 'P0002';
+        RAISE EXCEPTION 'definition % does not exist', quote_literal(name)
+            USING ERRCODE = 'P0002', COLUMN = 'name';
     END IF;
     RETURN definition;
 END $$;
-COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" when it found none (id NULL).';
+COMMENT ON FUNCTION jobs._known_definition(jobs.definitions, text) IS 'Private: returns the definition row a lookup by name found; raises P0002 "definition ''name'' does not exist" (column name) when it found none (id NULL).';
 
 -- A run by id, live or moved to history; no row when there is none. jobs.runs first (the live
 -- runs and the last archive_after of finished ones): history is read only when the run is not
@@ -399,11 +400,11 @@ BEGIN
         SELECT g.* INTO v_run FROM jobs.get_run(_known_run.run_id) AS g;
     END IF;
     IF v_run.id IS NULL THEN
-        RAISE EXCEPTION 'run % does not exist', run_id USING ERRCODE = 'P0002';
+        RAISE EXCEPTION 'run % does not exist', run_id USING ERRCODE = 'P0002', COLUMN = 'run_id';
     END IF;
     RETURN v_run;
 END $$;
-COMMENT ON FUNCTION jobs._known_run(bigint, boolean) IS 'Private: the run with this id, live or in history (locked FOR UPDATE when for_update); raises 22023 naming run_id when it is NULL, and P0002 "run N does not exist" when there is none.';
+COMMENT ON FUNCTION jobs._known_run(bigint, boolean) IS 'Private: the run with this id, live or in history (locked FOR UPDATE when for_update); raises 22023 naming run_id when it is NULL, and P0002 "run N does not exist" (column run_id) when there is none.';
 
 -- The stored form of a worker's claim token: its sha256 (NULL for no token).
 -- Raises 22023 naming claim_token unless it is 16 to 200 characters: a short token

@@ -1464,3 +1464,13 @@ def checkout_schema(ref: str, into: Path) -> Path:
     assert archive.returncode == 0, archive.stderr.decode()
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into / "sql" / "install.sql"
+
+
+def end_client_sessions(db: Database) -> None:
+    """End the server sessions of this database's clients (pg_terminate_backend, as a restart
+    or idle_session_timeout would) and wait until they are gone."""
+    query = "FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgtick-client'"
+    with db.connect() as conn:
+        ended = conn.execute(f"SELECT count(pg_terminate_backend(pid)) {query}").fetchone()
+        assert ended is not None and ended[0] >= 1, "no client session to end"
+        wait_for("the ended sessions to go", lambda: scalar(conn, f"SELECT count(*) = 0 {query}"), 60)

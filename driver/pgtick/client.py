@@ -16,13 +16,15 @@ Transactions. With ``conn=`` a call runs on that connection inside whatever
 transaction it has open and never commits: it commits or rolls back with the
 caller. Without ``conn=`` the client uses what it was built over:
 
-* a conninfo string: one connection of its own (opened on first use, autocommit),
-  each call its own transaction;
+* a conninfo string: one connection of its own (opened on first use, autocommit; opened
+  again in a forked child process, and when the server ended it while it was idle), each
+  call its own transaction;
 * a ``psycopg_pool`` pool: a connection from the pool per call, its own transaction;
 * a psycopg connection: ``conn.transaction()`` on it, which is a transaction of its
   own when the connection is idle, and a savepoint of the transaction in progress
   (so it commits with it) when one is open.
 
+Calls on one connection go one at a time, whichever client, thread or task makes them.
 A connection whose transaction has failed (a statement in it raised an error and it was
 not rolled back) is refused with ``pgtick.errors.WrongTransaction``: roll it back first.
 """
@@ -35,7 +37,9 @@ import inspect
 import json
 import logging
 import math
+import os
 import re
+import select
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -48,6 +52,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import psycopg
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -55,7 +60,7 @@ from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
-from pgtick.db import prepare, prepare_async
+from pgtick.db import prepare, prepare_async, without_password
 from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
 from pgtick.schedule.zones import not_a_place
 
@@ -526,6 +531,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "run_now": ("name",),
     "define": ("name", "kind"),
     "cancel": ("run_id",),
+    "retry": ("run_id",),
     "pause_queue": ("name",),
     "resume_queue": ("name",),
 }
@@ -807,6 +813,10 @@ def _cancel(run_id: int) -> _Call[str]:
     return _jobs_value("cancel", {"run_id": run_id}, str)
 
 
+def _retry(run_id: int) -> _Call[Run]:
+    return _jobs_call("retry", {"run_id": run_id}, _first_run)
+
+
 def _queue_switch(function: str, name: str) -> _Call[bool]:
     """jobs.pause_queue or jobs.resume_queue: whether the queue's state changed."""
     return _jobs_value(function, {"name": name}, bool)
@@ -875,6 +885,35 @@ async def _committed_async(conn: psycopg.AsyncConnection[Any], wake: bool) -> As
             log.warning(_UNWOKEN, exc)
 
 
+#: One call at a time on a connection, whichever client makes it and whoever shares the
+#: connection (threads, or the tasks of an ``asyncio.gather``): each call runs in a savepoint
+#: (or a transaction) of its own, and two calls interleaved on one connection would end each
+#: other's savepoints out of order, so both raise while their runs stay in the transaction.
+_calls_lock = threading.Lock()
+_calls_sync: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = weakref.WeakKeyDictionary()
+_calls_async: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _one_call_on(conn: psycopg.Connection[Any]) -> threading.RLock:
+    """The lock a call holds on ``conn`` from its savepoint's start to its end (``_calls_sync``)."""
+    with _calls_lock:
+        lock = _calls_sync.get(conn)
+        if lock is None:
+            lock = _calls_sync[conn] = threading.RLock()
+        return lock
+
+
+def _one_call_on_async(conn: psycopg.AsyncConnection[Any]) -> asyncio.Lock:
+    """``_one_call_on`` for an async connection (which serves one event loop)."""
+    with _calls_lock:
+        lock = _calls_async.get(conn)
+        if lock is None:
+            lock = _calls_async[conn] = asyncio.Lock()
+        return lock
+
+
 def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """A WrongTransaction when the connection's transaction has failed (a statement in it
     raised an error and it was not rolled back): no call, nor its savepoint, can run in it."""
@@ -883,6 +922,55 @@ def _check_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
             "the connection's transaction has failed (a statement in it raised an error): roll it back first",
             sqlstate="25P02",
         )
+
+
+def _ended_while_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server ended an idle connection (a restart, ``pg_terminate_backend``,
+    ``idle_session_timeout``): asked nothing, its socket has something to read, the server's
+    last error or the end of the stream. Nothing was sent on it since, so a call can go on
+    another connection without doubt about what this one did."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):  # no socket any more
+        return True
+    return bool(readable)
+
+
+def _discard(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Let go of a connection the server ended: its socket is closed, nothing is sent."""
+    conn.pgconn.finish()
+
+
+def _checked_conninfo(client: str, conninfo: str) -> str:
+    """``conninfo`` if libpq can read it; else InvalidArgument naming it, now rather than at the
+    first call, with libpq's reason and any password in it masked (libpq quotes the URL)."""
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        why = without_password(" ".join(str(exc).split()))
+    else:
+        return conninfo
+    # raised outside the except block: libpq's message, password and all, is not its context
+    raise InvalidArgument(
+        f"{client}: the conninfo is not a connection string or URL: {why}", field="conninfo"
+    )
+
+
+#: Every client made in this process, for ``_after_fork_in_child``.
+_clients: weakref.WeakSet[_Source[Any, Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a process forked while another thread of its parent was in a call: the locks that
+    thread held would be held for ever (no thread of the child releases them), so every
+    client's locks, and those of the connections calls are made on, are made anew."""
+    global _calls_lock
+    _calls_lock = threading.Lock()
+    _calls_sync.clear()
+    _calls_async.clear()
+    AsyncClient._users_lock = threading.Lock()
+    for client in list(_clients):
+        client._forked()
 
 
 class _Source(Generic[_Conn, _Pool]):
@@ -899,13 +987,15 @@ class _Source(Generic[_Conn, _Pool]):
         self._conn: _Conn | None = None
         self._pool: _Pool | None = None
         self._own: _Conn | None = None
+        self._own_pid = 0  # the process that opened the own connection
         self._own_pooled = False  # the own connection is behind a transaction-mode pooler
         self._closed = False
         self._lock = self._new_lock()
         self.application_name = application_name
+        _clients.add(self)
         connection, pool = self._accepts
         if isinstance(source, str):
-            self._conninfo = source
+            self._conninfo = _checked_conninfo(type(self).__name__, source)
         elif isinstance(source, connection):
             self._conn = source
         elif isinstance(source, pool):
@@ -928,6 +1018,32 @@ class _Source(Generic[_Conn, _Pool]):
         if self._closed:
             name = type(self).__name__
             raise UsageError(f"this {name} is closed (close() was called on it): make a new {name}")
+
+    def _own_ready(self) -> bool:
+        """Whether the client's own connection can take a call: open, not broken, and opened
+        by this process. A process forked after it was opened (a web server's workers forked
+        from a parent that enqueued, ``multiprocessing``) shares its socket with the parent and
+        its siblings: their calls would read each other's answers. Such a process opens its
+        own; the inherited one is left to the parent, never closed here (closing it would end
+        the parent's session, and psycopg does not close it on collection in another process).
+        One the server ended while it was idle (``_ended_while_idle``) is closed: the call
+        goes on a new one rather than failing on it."""
+        own = self._own
+        if own is None or own.closed or own.broken or self._own_pid != os.getpid():
+            return False
+        if _ended_while_idle(own):
+            log.info("the client's connection was ended by the server while idle: opening another")
+            _discard(own)
+            return False
+        return True
+
+    def _forked(self) -> None:
+        """In a forked child (``_after_fork_in_child``): no call is in progress here."""
+        self._lock = self._new_lock()
+
+    def _inherited_own(self) -> bool:
+        """Whether the own connection was opened by another process (see ``_own_ready``)."""
+        return self._own is not None and self._own_pid != os.getpid()
 
     def _callers(self, conn: Any) -> _Conn:
         """``conn=`` as given, if it is a connection of the client's kind; else a TypeError
@@ -964,9 +1080,9 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         stays open: it is the giver's); every later call raises ``UsageError``. Idempotent."""
         with self._lock:  # after a call in progress on the client's connection
             self._closed = True
-            if self._own is not None:
+            if self._own is not None and not self._inherited_own():  # a parent's is the parent's
                 self._own.close()
-                self._own = None
+            self._own = None
 
     @contextmanager
     def _connection(
@@ -977,30 +1093,34 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
-            _check_transaction(conn)
-            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-                conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
-            with conn.transaction():
-                yield conn
+            with _one_call_on(conn):
+                _check_transaction(conn)
+                if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+                with conn.transaction():
+                    yield conn
         elif self._pool is not None:
             with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            with self._lock:  # one call at a time on a shared connection
+            with self._lock, _one_call_on(self._conn):  # one call at a time on a shared connection
                 _check_transaction(self._conn)
                 with self._conn.transaction():
                     yield self._conn
         else:
             with self._lock:
                 self._check_open()  # again under the lock: a close() on another thread came first
-                if self._own is None or self._own.closed or self._own.broken:
+                if not self._own_ready():
                     assert self._conninfo is not None
                     self._own = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    self._own_pid = os.getpid()
                     self._own_pooled = prepare(self._own)
-                with _committed(self._own, wake and not self._own_pooled):
-                    yield self._own
+                own = self._own
+                assert own is not None
+                with _committed(own, wake and not self._own_pooled):
+                    yield own
 
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
@@ -1059,6 +1179,12 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
         """Cancel a run (jobs.cancel): QUEUED -> CANCELLED at once, RUNNING -> cancel requested.
         Returns the run's status after the call."""
         return self._send(_cancel(run_id), conn)
+
+    def retry(self, run_id: int, *, conn: psycopg.Connection[Any] | None = None) -> Run:
+        """Queue a FAILED or CANCELLED run again now as its next attempt, whatever its retry
+        policy says (jobs.retry). Returns the new run; ``InvalidArgument`` when the run cannot
+        be retried (it is not finished, or was retried already), ``NotFound`` if there is none."""
+        return self._send(_retry(run_id), conn)
 
     @_takes(DefineOptions)
     def define(
@@ -1137,6 +1263,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
             with AsyncClient._users_lock:
                 self._users -= 1
 
+    def _forked(self) -> None:
+        super()._forked()
+        self._users, self._lock_loop = 0, None
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -1147,9 +1277,9 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         """See ``Client.close``."""
         async with self._loop_lock():  # after a call in progress on the client's connection
             self._closed = True
-            if self._own is not None:
+            if self._own is not None and not self._inherited_own():  # a parent's is the parent's
                 await self._own.close()
-                self._own = None
+            self._own = None
 
     @asynccontextmanager
     async def _connection(
@@ -1158,30 +1288,34 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         self._check_open()
         if conn is not None:  # the caller's transaction, the call in a savepoint of it
             conn = self._callers(conn)
-            _check_transaction(conn)
-            if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
-                await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
-            async with conn.transaction():
-                yield conn
+            async with _one_call_on_async(conn):
+                _check_transaction(conn)
+                if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    await conn.execute("SELECT")  # begins the caller's transaction: the savepoint is inside
+                async with conn.transaction():
+                    yield conn
         elif self._pool is not None:
             async with self._pool.connection() as pooled, pooled.transaction():
                 yield pooled
         elif self._conn is not None:
-            async with self._loop_lock():  # one call at a time on a connection
+            async with self._loop_lock(), _one_call_on_async(self._conn):  # one call at a time
                 _check_transaction(self._conn)
                 async with self._conn.transaction():
                     yield self._conn
         else:
             async with self._loop_lock():
                 self._check_open()  # again under the lock: a close() in another task came first
-                if self._own is None or self._own.closed or self._own.broken:
+                if not self._own_ready():
                     assert self._conninfo is not None
                     self._own = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
+                    self._own_pid = os.getpid()
                     self._own_pooled = await prepare_async(self._own)
-                async with _committed_async(self._own, wake and not self._own_pooled):
-                    yield self._own
+                own = self._own
+                assert own is not None
+                async with _committed_async(own, wake and not self._own_pooled):
+                    yield own
 
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
@@ -1236,6 +1370,10 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
         """See ``Client.cancel``."""
         return await self._send(_cancel(run_id), conn)
 
+    async def retry(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
+        """See ``Client.retry``."""
+        return await self._send(_retry(run_id), conn)
+
     @_takes(DefineOptions)
     async def define(
         self,
@@ -1260,3 +1398,6 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def get_run(self, run_id: int, *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run:
         """See ``Client.get_run``."""
         return await self._send(_get_run(run_id), conn)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -5,8 +5,11 @@ function with the arguments given, and bad input arrives as InvalidArgument / No
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -18,8 +21,8 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from harness import Database, notifications_until_sentinel, wait_for
-from pgtick import Client, Run
+from harness import Database, end_client_sessions, notifications_until_sentinel, wait_for
+from pgtick import AsyncClient, Client, Run
 from pgtick.client import Definition
 from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
 
@@ -379,19 +382,43 @@ def test_invalid_arguments_name_the_field_and_keep_the_sql_message(client: Clien
     assert caught.value.hint is not None and "Europe/Sofia" in caught.value.hint
 
 
-def test_unknown_names_and_ids_raise_not_found(client: Client) -> None:
+def test_unknown_names_and_ids_raise_not_found_naming_the_argument(client: Client) -> None:
     with pytest.raises(NotFound, match="'nope'") as caught:
         client.run_now("nope")
-    assert caught.value.sqlstate == "P0002"
-    with pytest.raises(NotFound, match="424242"):
+    assert (caught.value.sqlstate, caught.value.field) == ("P0002", "name")
+    with pytest.raises(NotFound, match="424242") as caught:
         client.cancel(424242)
-    with pytest.raises(NotFound, match="424242"):
+    assert caught.value.field == "run_id"
+    with pytest.raises(NotFound, match="424242") as caught:
         client.get_run(424242)
+    assert caught.value.field == "run_id"
 
 
 def test_a_client_refuses_what_it_cannot_connect_with() -> None:
     with pytest.raises(TypeError, match="conninfo string"):
         Client(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("client_class", [Client, AsyncClient])
+@pytest.mark.parametrize(
+    ("conninfo", "why"),
+    [
+        ("postgresql://shop:s3cret@[::1/shop", "IPv6 host address"),
+        ("postgresql://shop:s3cret@db.internal/shop?sslmod=require", 'invalid URI query parameter: "sslmod"'),
+        ("shop database", 'missing "="'),
+    ],
+)
+def test_a_conninfo_libpq_cannot_read_is_refused_when_the_client_is_made_with_no_password_in_it(
+    client_class: type[Client] | type[AsyncClient], conninfo: str, why: str
+) -> None:
+    """At the client's making, not at its first call, and without the password libpq's
+    message quotes with the URL (an application's logs and error reports keep it)."""
+    with pytest.raises(InvalidArgument, match="not a connection string or URL") as caught:
+        client_class(conninfo)
+    assert caught.value.field == "conninfo"
+    assert why in str(caught.value)
+    chain = [caught.value, caught.value.__cause__, caught.value.__context__]
+    assert not any("s3cret" in str(e) for e in chain if e is not None), f"the password is in {chain}"
 
 
 def test_conn_of_the_other_kind_is_a_type_error_saying_which_client_takes_it(db: Database) -> None:
@@ -427,15 +454,159 @@ def test_threads_share_one_client(any_client: Client, db: Database) -> None:
     assert count_runs(db, "fan") == 40
 
 
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_threads_enqueueing_in_one_callers_transaction_each_succeed_and_share_its_outcome(
+    any_client: Client, db: Database, outcome: str
+) -> None:
+    """Calls from many threads on one caller's connection go one at a time: interleaved, each
+    one's savepoint ended another's out of order, and every call raised while its run stayed in
+    the transaction (committed with it, though the caller was told it failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with db.connect(autocommit=False) as conn:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            calls = [pool.submit(any_client.enqueue, "shared", {"i": i}, conn=conn) for i in range(80)]
+        failed = [(i, call.exception()) for i, call in enumerate(calls) if call.exception() is not None]
+        assert failed == [], f"{len(failed)} of 80 calls raised, the first: {failed[:1]}"
+        assert len({call.result().id for call in calls}) == 80
+        assert count_runs(db, "shared") == 0, "committed before the caller did"
+        conn.commit() if outcome == "commit" else conn.rollback()
+    assert count_runs(db, "shared") == (80 if outcome == "commit" else 0)
+
+
+def forked(work: Callable[[], None]) -> int:
+    """Run ``work`` in a child forked from this process; the child's pid. It exits 0 if
+    ``work`` returned, 1 if it raised (the traceback on its stderr), and never returns here."""
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 1
+        try:
+            work()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def exit_codes(pids: list[int], timeout: float = 120) -> dict[int, int | str]:
+    """Each child's exit code, or "hung" for one still running at the deadline (then killed)."""
+    codes: dict[int, int | str] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            for pid in set(pids) - set(codes):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                codes[pid] = "hung"
+        time.sleep(0.05)
+    return codes
+
+
+def test_processes_forked_from_a_client_in_use_each_call_on_a_connection_of_their_own(db: Database) -> None:
+    """A client whose connection was opened before a fork (a web server forking its workers
+    from a parent that enqueued) opens a connection in each child: sharing the parent's
+    socket, the children read each other's answers (or hang), and a child's close() would
+    end the parent's session."""
+    client = Client(db.dsn)
+    client.enqueue("parent")
+
+    def child(n: int) -> Callable[[], None]:
+        def work() -> None:
+            for i in range(30):
+                run = client.enqueue(f"child-{n}", {"i": i})
+                assert (run.kind, run.payload) == (f"child-{n}", {"i": i}), f"child {n} got {run}"
+            client.close()
+
+        return work
+
+    codes = exit_codes([forked(child(n)) for n in range(3)])
+    assert set(codes.values()) == {0}, f"children failed (exit code or hung): {codes}"
+    assert [count_runs(db, f"child-{n}") for n in range(3)] == [30, 30, 30]
+    client.enqueue("parent")  # on its session of before: a child's close() would have ended it
+    assert count_runs(db, "parent") == 2
+    client.close()
+
+
+def test_a_process_forked_while_another_thread_is_in_a_call_can_call(db: Database) -> None:
+    """A fork while a thread of the parent waits in a call (here for a unique key another
+    transaction holds): the child, which has no such thread, is not held by its lock."""
+    client = Client(db.dsn)
+    with db.connect(autocommit=False) as holder:
+        holder.execute("SELECT jobs.enqueue('held', unique_key => 'k')")
+        waiting = threading.Thread(target=lambda: client.enqueue("held", unique_key="k"))
+        waiting.start()
+        with db.connect() as watch:
+            wait_for(
+                "the parent's call to wait for the unique key",
+                lambda: watch.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'pgtick-client'"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchone(),
+                timeout=60,
+            )
+        codes = exit_codes([forked(lambda: print(client.enqueue("child").id))], timeout=60)
+        holder.rollback()
+    waiting.join(60)
+    assert list(codes.values()) == [0], f"the child failed (exit code or hung): {codes}"
+    assert count_runs(db, "child") == 1
+    client.close()
+
+
+def test_a_call_after_the_server_ended_the_idle_connection_goes_on_a_new_one(
+    client: Client, db: Database
+) -> None:
+    """The server ended the client's connection while it was idle (a restart, a terminated
+    session): nothing was sent on it since, so the next call goes on a new connection rather
+    than failing with the lost one."""
+    client.enqueue("before")
+    end_client_sessions(db)
+    run = client.enqueue("after")
+    assert client.get_run(run.id).kind == "after"
+    assert count_runs(db, "after") == 1
+
+
 SQL_FUNCTIONS = {
     "enqueue": "enqueue",
     "enqueue_many": "enqueue_many",
     "run_now": "run_now",
     "cancel": "cancel",
+    "retry": "retry",
     "define": "define",
     "pause_queue": "pause_queue",
     "resume_queue": "resume_queue",
 }
+
+
+def test_retry_queues_a_finished_run_again_in_the_callers_transaction(
+    any_client: Client, db: Database
+) -> None:
+    """Client.retry is jobs.retry: the next attempt of a CANCELLED (or FAILED) run, now; with
+    conn= it commits or rolls back with the caller; what cannot be retried is refused by name."""
+    run = any_client.enqueue("charge", {"order": 7})
+    with pytest.raises(InvalidArgument) as refused:
+        any_client.retry(run.id)  # still QUEUED
+    assert refused.value.sqlstate == "22023"
+    any_client.cancel(run.id)
+    with db.connect(autocommit=False) as conn:
+        any_client.retry(run.id, conn=conn)
+        conn.rollback()
+    assert count_runs(db, "charge") == 1, "a retry survived the caller's rollback"
+    again = any_client.retry(run.id)
+    assert (again.status, again.attempt, again.retry_of, again.payload) == ("QUEUED", 2, run.id, {"order": 7})
+    assert any_client.get_run(again.id) == again
+    with pytest.raises(NotFound) as missing:
+        any_client.retry(424242)
+    assert missing.value.field == "run_id"
+    with pytest.raises(InvalidArgument) as bad:
+        any_client.retry(0)
+    assert bad.value.field == "run_id"
 
 
 @pytest.mark.parametrize("method", sorted(SQL_FUNCTIONS))

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
-from harness import Database
+from harness import Database, end_client_sessions
 from pgtick import AsyncClient, Run
 from pgtick.errors import InvalidArgument, NotFound, UsageError
 
@@ -91,6 +91,8 @@ async def test_every_async_method_calls_its_sql_function(client: AsyncClient, db
     assert queued.definition_id == definition.id
     assert await client.cancel(queued.id) == "CANCELLED"
     assert (await client.get_run(queued.id)).status == "CANCELLED"
+    again = await client.retry(queued.id)
+    assert (again.status, again.attempt, again.retry_of) == ("QUEUED", 2, queued.id)
 
 
 async def test_async_errors_are_mapped(client: AsyncClient) -> None:
@@ -109,6 +111,36 @@ async def test_concurrent_async_enqueues_share_one_client(client: AsyncClient, d
     runs = await asyncio.gather(*(client.enqueue("fan", {"i": i}) for i in range(20)))
     assert len({r.id for r in runs}) == 20
     assert await count_runs(db, "fan") == 20
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+async def test_gathered_enqueues_in_one_callers_transaction_each_succeed_and_share_its_outcome(
+    client: AsyncClient, db: Database, outcome: str
+) -> None:
+    """The tasks of an asyncio.gather on one caller's connection go one at a time: interleaved,
+    each one's savepoint ended another's out of order, and every call raised while its run
+    stayed in the transaction (committed with it, though the caller was told it failed)."""
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        calls = [client.enqueue("shared", {"i": i}, conn=conn) for i in range(20)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        assert failed == [], f"{len(failed)} of 20 calls raised, the first: {failed[:1]}"
+        assert len({r.id for r in results if isinstance(r, Run)}) == 20
+        assert await count_runs(db, "shared") == 0, "committed before the caller did"
+        await (conn.commit() if outcome == "commit" else conn.rollback())
+    assert await count_runs(db, "shared") == (20 if outcome == "commit" else 0)
+
+
+async def test_an_async_call_after_the_server_ended_the_idle_connection_goes_on_a_new_one(
+    db: Database,
+) -> None:
+    """As Client: the next call after the server ended the idle connection does not fail."""
+    async with AsyncClient(db.dsn) as client:
+        await client.enqueue("before")
+        await asyncio.to_thread(end_client_sessions, db)
+        run = await client.enqueue("after")
+        assert (await client.get_run(run.id)).kind == "after"
+    assert await count_runs(db, "after") == 1
 
 
 async def test_one_client_serves_one_event_loop_after_another(client: AsyncClient, db: Database) -> None:

@@ -72,6 +72,38 @@ async def test_a_request_enqueues_in_its_transaction_and_the_in_process_worker_r
 
 
 @pytest.mark.asyncio
+async def test_a_request_whose_commit_fails_is_answered_as_failed_and_leaves_no_run(db: Database) -> None:
+    """The request's transaction commits before its response is sent: a commit refused at the
+    end (here by a deferred constraint) is the request's error. Ended after the response, the
+    client was told 200 with the id of a run that never existed."""
+    api = _example().create_app(db.dsn)
+    with db.connect() as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'order % refused at commit', NEW.id; END $$"
+        )
+        conn.execute(
+            "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON orders DEFERRABLE INITIALLY"
+            " DEFERRED FOR EACH ROW WHEN (NEW.item = 'refused') EXECUTE FUNCTION refuse_at_commit()"
+        )
+    async with LifespanManager(api) as manager:
+        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            refused = await http.post("/orders", json={"item": "refused"})
+            ok = await http.post("/orders", json={"item": "book"})
+            with db.connect() as conn:  # at once: the response came after the commit
+                runs = rows(conn, "SELECT id, payload FROM jobs.runs ORDER BY id")
+                orders = rows(conn, "SELECT id, item FROM orders ORDER BY id")
+    assert refused.status_code == 500, (
+        f"a request whose commit failed was answered {refused.status_code}: {refused.text}"
+    )
+    assert ok.status_code == 200, ok.text
+    body = ok.json()
+    assert orders == [{"id": body["order"], "item": "book"}]
+    assert [r["id"] for r in runs] == [body["run"]], f"runs after the refused and the good request: {runs}"
+
+
+@pytest.mark.asyncio
 async def test_an_app_started_again_runs_jobs_again_and_leaves_no_threads(db: Database) -> None:
     """One app object through two lifespans, as a test suite with a client per test does:
     each start gets a worker of its own (a worker's threads start once)."""

@@ -6,9 +6,15 @@ started and stopped by the app's lifespan, and an ``AsyncClient`` for request ha
     api = FastAPI(lifespan=tick.lifespan)
 
     @api.post("/orders")
-    async def create(conn=Depends(transaction), client=Depends(client)):
+    async def create(conn: Transaction, client=Depends(client)):
         await conn.execute("INSERT INTO orders ...")
         await client.enqueue("send-receipt", {...}, conn=conn)  # commits with the order
+
+``Transaction`` (FastAPI 0.121 or later) is ``transaction`` as a FastAPI dependency that ends
+before the response is sent: the handler's transaction has committed when the client reads
+the response, and a commit that fails is the request's error (500), not a success already
+sent. A plain ``Depends(transaction)`` ends after the response (FastAPI's default for a
+dependency that yields, since 0.118): write ``Depends(transaction, scope="function")``.
 
 ``Pgtick.lifespan`` follows the Starlette/FastAPI lifespan protocol (a callable taking
 the app and returning an async context manager whose yielded mapping becomes the
@@ -28,7 +34,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -47,7 +53,7 @@ try:  # FastAPI injects a parameter annotated with Starlette's Request
 except ImportError:  # any other ASGI framework: anything with .state
     Request = Any  # type: ignore[misc,assignment]
 
-__all__ = ["Pgtick", "client", "get_pgtick", "transaction"]
+__all__ = ["Pgtick", "Transaction", "client", "get_pgtick", "transaction"]
 
 log = logging.getLogger("pgtick.asgi")
 
@@ -195,6 +201,18 @@ async def client(request: Request) -> AsyncClient:
 
 async def transaction(request: Request) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A pooled connection inside a transaction that commits when the handler returns and
-    rolls back when it raises: runs enqueued with ``conn=`` share the outcome."""
+    rolls back when it raises: runs enqueued with ``conn=`` share the outcome. Under FastAPI,
+    take it as ``Transaction`` (or ``Depends(transaction, scope="function")``), so that it
+    commits before the response is sent (see the module docstring)."""
     async with get_pgtick(request).pool.connection() as conn, conn.transaction():
         yield conn
+
+
+try:
+    from fastapi import Depends
+except ImportError:  # another ASGI framework: call ``transaction`` from its own hooks
+    pass
+else:
+    #: ``transaction`` as a FastAPI parameter type, ended (committed or rolled back) before
+    #: the response is sent.
+    Transaction = Annotated[psycopg.AsyncConnection[Any], Depends(transaction, scope="function")]
