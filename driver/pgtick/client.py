@@ -930,10 +930,17 @@ def _ended_while_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     last error or the end of the stream. Nothing was sent on it since, so a call can go on
     another connection without doubt about what this one did."""
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):  # no socket any more
+        fd = conn.fileno()
+    except (OSError, ValueError, psycopg.OperationalError):  # no socket any more
         return True
-    return bool(readable)
+    # poll, not select: a process with more than FD_SETSIZE (1024) descriptors open, as a busy
+    # web server has, gets socket numbers that select() refuses.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
 
 
 def _discard(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:

@@ -572,6 +572,34 @@ def test_a_call_after_the_server_ended_the_idle_connection_goes_on_a_new_one(
     assert count_runs(db, "after") == 1
 
 
+def test_a_process_with_many_files_open_keeps_its_connection_from_call_to_call(db: Database) -> None:
+    """A busy web server holds more than 1,024 descriptors, so the client's socket gets a
+    number select() refuses; the check for a connection the server ended while idle must not
+    take that for an ended connection and open a new one at every call."""
+    held: list[int] = []
+    try:
+        while len(held) < 1100:  # the next socket is numbered above FD_SETSIZE
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        with Client(db.dsn) as client:
+            first = client.enqueue("many-files")
+            pid = backend_pid(client)
+            assert client._own is not None and client._own.fileno() > 1024
+            for _ in range(3):
+                client.enqueue("many-files")
+            assert backend_pid(client) == pid, "the client opened a new connection for a call"
+            assert client.get_run(first.id).kind == "many-files"
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert count_runs(db, "many-files") == 4
+
+
+def backend_pid(client: Client) -> int:
+    """The server process of the client's own connection."""
+    assert client._own is not None
+    return client._own.info.backend_pid
+
+
 SQL_FUNCTIONS = {
     "enqueue": "enqueue",
     "enqueue_many": "enqueue_many",
