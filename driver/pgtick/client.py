@@ -343,6 +343,8 @@ def read_time(
     the offset before the gap) or end (the first instant after it); ``dst_repeat`` first
     (default) or second; a naive datetime with ``fold=1`` means the second unless
     ``dst_repeat`` says otherwise. ``skip`` and ``both`` cannot name one instant and are refused."""
+    if zone is not None:  # checked even where it reads nothing: a misspelt zone is a mistake
+        zone = _zone(zone, zone_name)
     if value is None:
         return None
     if not isinstance(value, str | datetime):  # a date has no time of day, a number no unit

@@ -282,6 +282,21 @@ def test_a_naive_run_at_without_tz_is_refused_before_anything_is_written(
     assert count_runs(db, "mail") == 0
 
 
+def test_a_misspelt_tz_is_refused_even_without_a_run_at_to_read_in_it(client: Client, db: Database) -> None:
+    """tz= alone reads nothing, but a zone that does not exist is a caller's mistake (a typo
+    meant for a run_at forgotten or mistyped): refused by name, nothing written."""
+    for call in (
+        lambda: client.enqueue("mail", tz="Europe/Pariss"),
+        lambda: client.enqueue_many("mail", [{}], tz="Europe/Pariss"),
+        lambda: client.enqueue("mail", run_at=datetime(2031, 7, 1, 9, 0, tzinfo=UTC), tz="Europe/Pariss"),
+    ):
+        with pytest.raises(InvalidArgument, match="Europe/Pariss") as caught:
+            call()
+        assert caught.value.field == "tz"
+    assert count_runs(db, "mail") == 0
+    assert client.enqueue("mail", tz="Europe/Paris").kind == "mail"
+
+
 def test_enqueue_many_takes_its_payloads_from_any_iterable(client: Client, db: Database) -> None:
     runs = client.enqueue_many("gen", ({"i": i} for i in range(3)))
     assert [r.payload for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}]
