@@ -328,10 +328,11 @@ SELECT
     d.created_at,
     d.updated_at,
     -- The next start as jobs.definition_health.next_start_at reads it: the first QUEUED run
-    -- not waiting on dependencies, else the cursor while the scheduler advances it.
+    -- not waiting on dependencies, else the cursor's run (its occurrence delayed by the jitter)
+    -- while the scheduler advances it.
     CASE
         WHEN d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL
-            THEN least(queued.first_queued, d.next_run_at)
+            THEN least(queued.first_queued, d.next_run_at + jobs.jitter_offset(d.id, d.next_run_at, d.jitter))
         ELSE queued.first_queued
     END AS next_start_at
 FROM jobs.definitions AS d
@@ -339,7 +340,7 @@ LEFT JOIN LATERAL (
     SELECT min(r.scheduled_for) AS first_queued FROM jobs.runs AS r
     WHERE r.definition_id = d.id AND r.status = 'QUEUED' AND NOT r.blocked
 ) AS queued ON TRUE;
-COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor (next_run_at: how far its occurrences are materialized) and policies: what `pgtick definitions` lists. next_start_at: when its next run starts, the first QUEUED run not waiting on dependencies or else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs it queued still start).';
+COMMENT ON VIEW jobs.definition_list IS 'Every definition with its schedule, zone, state (paused, finished), cursor (next_run_at: how far its occurrences are materialized) and policies: what `pgtick definitions` lists. next_start_at: when its next run starts, the first QUEUED run not waiting on dependencies or else the cursor delayed by its jitter (the cursor only while it is enabled, not finished and its schedule readable; the runs it queued still start).';
 
 -- One run in full, with its attempt chain (first attempt to last) and its definition.
 -- (Dropped first: its columns grew definition_id, which a replace cannot add.)

@@ -265,12 +265,13 @@ LEFT JOIN LATERAL (
 ) AS live ON TRUE
 LEFT JOIN LATERAL (
     -- The next start: the first QUEUED run (materialized ahead of the cursor, queued by hand,
-    -- a retry), else the cursor. A paused or finished definition, or one whose schedule
+    -- a retry), else the cursor's run: its occurrence delayed by the definition's jitter, as
+    -- the scheduler will queue it. A paused or finished definition, or one whose schedule
     -- cannot be read, materializes nothing more, but the runs it has queued still start. A
     -- run waiting on dependencies starts when they complete, not at its time.
     SELECT CASE
         WHEN d.enabled AND d.finished_at IS NULL AND d.schedule_error IS NULL
-            THEN least(live.first_queued, d.next_run_at)
+            THEN least(live.first_queued, d.next_run_at + jobs.jitter_offset(d.id, d.next_run_at, d.jitter))
         ELSE live.first_queued
     END AS at
 ) AS next_start ON TRUE
@@ -378,7 +379,7 @@ LEFT JOIN LATERAL (
     WHERE c.definition_id = d.id
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
-COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start); and last_finished_at, when the last outcome (last_status) finished.';
+COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor delayed by its jitter (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start); and last_finished_at, when the last outcome (last_status) finished.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS

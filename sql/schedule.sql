@@ -90,9 +90,10 @@ COMMENT ON FUNCTION jobs._cron_number(text, text[], integer) IS 'Private: a cron
 -- Private: what is wrong with schedule text, or NULL. The driver parses a schedule fully
 -- before it saves one (pgtick.schedule); this is what SQL alone can tell, in the driver's
 -- words, for a definition written from psql: the shape (5 cron fields or a macro, or an RRULE
--- with FREQ=), each cron field's values, ranges and steps as cronie reads them, and an RRULE's
--- FREQ and its BYMONTH, BYHOUR, BYMINUTE and BYSECOND values. (Whether a rule has any
--- occurrence at all is the driver's to say: the scheduler records it in schedule_error.)
+-- with FREQ=), each cron field's values, ranges and steps as cronie reads them, a cron day of
+-- the month that none of its months has (31 February: it never runs), and an RRULE's FREQ and
+-- its BYMONTH, BYHOUR, BYMINUTE and BYSECOND values. (Whether an RRULE has any occurrence at
+-- all is the driver's to say: the scheduler records it in schedule_error.)
 CREATE OR REPLACE FUNCTION jobs._schedule_problem(schedule text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -119,6 +120,10 @@ DECLARE
     v_key text;
     v_value text;
     v_range int4range;
+    v_first integer;
+    v_last integer;
+    v_first_day integer := 31;  -- the earliest day of the month the cron field names
+    v_longest integer := 0;     -- the most days any month the cron field names has
     i integer;
 BEGIN
     IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$' THEN
@@ -169,8 +174,23 @@ BEGIN
                                   'write an RRULE such as FREQ=%s;INTERVAL=%s', v_where, v_step, v_item, v_size,
                                   c_restarts[i], v_step, c_units[i], c_freqs[i], v_step);
                 END IF;
+                v_first := CASE WHEN v_span = '*' THEN c_low[i] ELSE v_ends[1] END;
+                v_last := CASE WHEN v_span = '*' THEN c_high[i] ELSE v_ends[cardinality(v_ends)] END;
+                IF i = 3 THEN
+                    v_first_day := least(v_first_day, v_first);
+                ELSIF i = 4 THEN  -- February counts 29 days: a leap year has them
+                    SELECT greatest(v_longest, max((ARRAY[31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[m]))
+                      INTO v_longest
+                      FROM generate_series(v_first, v_last, coalesce(v_step::integer, 1)) AS m;
+                END IF;
             END LOOP;
         END LOOP;
+        -- A day of the month that none of the months has (31 February) never comes, unless a
+        -- restricted day of the week also picks days (Vixie cron: either field matches then).
+        IF v_fields[3] !~ '^\*' AND v_fields[5] ~ '^\*' AND v_first_day > v_longest THEN
+            RETURN format('schedule: cron: schedule has no occurrences (day-of-month %L never occurs in month %L)',
+                          v_fields[3], v_fields[4]);
+        END IF;
         RETURN NULL;
     END IF;
     -- (An RFC 5545 recurrence set may also be dates alone: RDATE lines without a rule.)
@@ -208,7 +228,7 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (shape, cron field values, ranges and steps, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
+COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (shape, cron field values, ranges and steps, a cron day of the month none of its months has, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
 
 -- Private: raise 22023 with what jobs._schedule_problem finds wrong with the schedule text.
 CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void

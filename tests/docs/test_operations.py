@@ -35,7 +35,8 @@ def seed(conn: Conn) -> int:
         "SELECT jobs.define('every-minute', 'tick', schedule => '* * * * *', max_concurrent_runs => 1,"
         " overlap_policy => 'skip')"
     )
-    conn.execute("SELECT jobs.define('broken', 'tick', schedule => '0 0 30 2 *')")  # never occurs
+    # An RRULE that never occurs: SQL takes it, the scheduler records a schedule error.
+    conn.execute("SELECT jobs.define('broken', 'tick', schedule => 'FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30')")
     conn.execute("SELECT jobs.define('launch', 'announce', run_at => now() - interval '1 hour')")
     conn.execute("SELECT jobs.materialize_one_shots()")
     conn.execute(

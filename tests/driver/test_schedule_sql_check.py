@@ -37,6 +37,14 @@ RRULES = [
 ]  # fmt: skip
 
 
+#: Cron days of the month that the months never have, and near misses that do occur (February
+#: 29th, a step that reaches a long month, a day of the week beside the day of the month).
+NEVER = [
+    "0 0 31 2 *", "0 0 30,31 feb *", "0 0 31 4,6,9,11 *", "0 0 31 2-6/2 *", "0 0 31 apr-jun/2 *",
+    "0 0 29 2 *", "0 0 31 */2 *", "0 0 31 2 mon", "0 0 31 2 */2", "0 0 */31 2 *", "0 0 30-31/5 2,4 *",
+]  # fmt: skip
+
+
 def _value(rng: random.Random, field: int) -> str:
     return rng.choice(GOOD[field]) if rng.random() < 0.93 else rng.choice(BAD)
 
@@ -65,7 +73,7 @@ def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
     conn: psycopg.Connection[Any],
 ) -> None:
     rng = random.Random(20261204)
-    texts = [*RRULES, "0 0 30 2 *", "@hourly", "0 0 * * fri-sun", "0 0 * * 5-0"]
+    texts = [*RRULES, *NEVER, "0 0 30 2 *", "@hourly", "0 0 * * fri-sun", "0 0 * * 5-0"]
     texts += [_cron(rng) for _ in range(1500)]
     sql = conn.execute(
         "SELECT t, jobs._schedule_problem(t) FROM unnest(%s::text[]) WITH ORDINALITY AS x (t, o) ORDER BY o",
@@ -84,6 +92,10 @@ def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
     assert refused_by_sql > 300, f"the cases barely reach SQL's checks ({refused_by_sql} refused)"
     accepted = sum(1 for _, problem in sql if problem is None)
     assert accepted > 150, f"the cases barely reach accepted schedules ({accepted})"
+    never = {text: problem for text, problem in sql if text in NEVER}
+    refused = {text for text, problem in never.items() if problem is not None}
+    expected = {text for text in NEVER if _driver_problem(text) is not None}
+    assert refused == expected, f"a day no month has: SQL refused {refused}, the driver {expected}"
 
 
 @pytest.mark.parametrize(
@@ -93,6 +105,8 @@ def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
         ("*/90 * * * *", "write an RRULE such as FREQ=MINUTELY;INTERVAL=90"),
         ("FREQ=BOGUS", "schedule: RRULE: unknown FREQ 'BOGUS'"),
         ("FREQ=DAILY;BYHOUR=99", "schedule: RRULE: BYHOUR value 99 out of range 0-23"),
+        ("0 0 31 2 *", "schedule: cron: schedule has no occurrences (day-of-month '31' never occurs"),
+        ("0 9 31 apr,jun *", "(day-of-month '31' never occurs in month 'apr,jun')"),
     ],
 )
 def test_jobs_define_and_define_many_refuse_a_bad_schedule_from_psql(

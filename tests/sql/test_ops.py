@@ -413,6 +413,31 @@ def test_definition_health_next_start_is_the_first_waiting_run_not_the_cursor(co
     )
 
 
+def test_the_next_start_of_a_jittered_cursor_is_its_run_s_start(conn: Conn) -> None:
+    """With nothing queued the next start is the cursor's occurrence delayed by its jitter, the
+    scheduled_for the scheduler will give its run, in jobs.definition_health (pgtick status,
+    the dashboard) and in jobs.definition_list (pgtick definitions)."""
+    def_id = int(
+        scalar(
+            conn,
+            "SELECT id FROM jobs.define('jittered', 'k', schedule => '0 * * * *',"
+            " jitter => interval '30 minutes')",
+        )
+    )
+    start = scalar(conn, "SELECT date_trunc('hour', now()) + interval '1 day'")
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (def_id, start))
+    starts = {
+        view: scalar(conn, f"SELECT next_start_at FROM jobs.{view} WHERE id = %s", (def_id,))
+        for view in ("definition_health", "definition_list")
+    }
+    conn.execute("SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)", (def_id, start, [start], None))
+    queued = scalar(conn, "SELECT scheduled_for FROM jobs.runs WHERE definition_id = %s", (def_id,))
+    assert queued > start, "the jitter of this occurrence is not 0: the case shows nothing"
+    assert starts == {"definition_health": queued, "definition_list": queued}, (
+        f"cursor {start}: the views said {starts}, its run starts at {queued}"
+    )
+
+
 def test_the_next_start_is_read_per_definition_through_its_runs_index(conn: Conn) -> None:
     """A page of jobs.definition_health and of jobs.definition_list reads each listed
     definition's runs through the (definition_id, id) index for its first queued run: never

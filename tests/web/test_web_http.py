@@ -1087,3 +1087,24 @@ def test_one_failed_run_is_counted_in_the_singular(client: TestClient, conn: Con
     login(client)
     form = client.get("/runs?status=FAILED&kind=lonely").text
     assert "Retry 1 failed run?" in form and "Delete 1 failed run from the history?" in form
+
+
+def test_a_jittered_definitions_next_runs_are_its_starts_as_the_cli_preview_shows_them(
+    db: Database, client: TestClient, conn: Conn
+) -> None:
+    """With jitter, each occurrence starts later by its definition's jobs.jitter_offset: the next
+    runs on the definition's page are those starts, as `pgtick preview --definition` lists them
+    and as the scheduler queues them, not the occurrences before their jitter."""
+    conn.execute(
+        "SELECT jobs.define('jittered', 'report', schedule => '0 3 * * *', jitter => interval '30 minutes')"
+    )
+    page = client.get("/definition?name=jittered").text
+    upcoming = page[page.index('id="upcoming"') :].split("</table>")[0]
+    shown = re.findall(r"<td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ)</td>", upcoming)
+    preview = _cli("preview", "--definition", "jittered", "--count", "10", "--dsn", db.dsn)
+    starts = [
+        datetime.fromisoformat(m.replace("Z", "+00:00")).strftime("%Y-%m-%d %H:%M:%SZ")
+        for m in re.findall(r"\s(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)", preview)
+    ]
+    assert len(shown) == 10 and shown == starts, f"page {shown}\npreview\n{preview}"
+    assert any(not start.endswith("03:00:00Z") for start in starts), preview

@@ -301,6 +301,11 @@ class Dashboard:
                 )
             except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 schedule_error = schedule_error or str(exc)
+        times = [o.utc for o in upcoming if o.utc is not None]
+        if row["jitter"] and times:  # runs start later by their jitter: show the starts
+            async with self.db.reading() as conn:
+                offsets = await queries.jitter_offsets(conn, row["id"], row["jitter"], times)
+            upcoming = timeview.delayed(upcoming, offsets)
         return self.render(
             request,
             "definition.html",

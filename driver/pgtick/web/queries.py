@@ -12,7 +12,7 @@ function that asks ``Features`` first and returns None when the schema lacks the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -320,6 +320,18 @@ async def definition(conn: Conn, name: str) -> Row | None:
         (name,),
     )
     return await cur.fetchone()
+
+
+async def jitter_offsets(
+    conn: Conn, definition_id: int, jitter: timedelta | None, times: list[datetime]
+) -> list[timedelta]:
+    """jobs.jitter_offset of each occurrence time, in order: how much later its run starts."""
+    cur = await conn.execute(
+        "SELECT jobs.jitter_offset(%s, t.at, %s) AS delay FROM unnest(%s::timestamptz[])"
+        " WITH ORDINALITY AS t (at, n) ORDER BY t.n",
+        (definition_id, jitter, times),
+    )
+    return [row["delay"] for row in await cur.fetchall()]
 
 
 # -- runs -------------------------------------------------------------------------------

@@ -131,6 +131,23 @@ def next_occurrence(
     return first
 
 
+def delayed(found: list[Occurrence], offsets: list[timedelta]) -> list[Occurrence]:
+    """Occurrences as their runs start: each run (`offsets` in order: the definition's
+    jobs.jitter_offset of each) later by its jitter, marked with it, as ``pgtick preview
+    --definition`` shows them; skipped wall times stay as they are."""
+    delays = iter(offsets)
+    out: list[Occurrence] = []
+    for item in found:
+        delay = next(delays) if item.utc is not None else timedelta(0)
+        if item.utc is None or not delay:
+            out.append(item)
+            continue
+        start = item.utc + delay
+        mark = f"jitter +{int(delay.total_seconds())}s"
+        out.append(Occurrence(start.astimezone(item.local.tzinfo), start, (*item.marks, mark)))
+    return out
+
+
 def labelled(run: datetime, timezone: str, now: datetime) -> Occurrence:
     """A stored run time in its definition's zone, marked when DST moves the offset before it."""
     zone = ZoneInfo(timezone)
@@ -143,6 +160,7 @@ __all__ = [
     "Occurrence",
     "Policy",
     "ScheduleError",
+    "delayed",
     "dst_marks",
     "labelled",
     "next_occurrence",
