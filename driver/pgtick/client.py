@@ -343,8 +343,6 @@ def read_time(
     the offset before the gap) or end (the first instant after it); ``dst_repeat`` first
     (default) or second; a naive datetime with ``fold=1`` means the second unless
     ``dst_repeat`` says otherwise. ``skip`` and ``both`` cannot name one instant and are refused."""
-    if zone is not None:  # checked even where it reads nothing: a misspelt zone is a mistake
-        zone = _zone(zone, zone_name)
     if value is None:
         return None
     if not isinstance(value, str | datetime):  # a date has no time of day, a number no unit
@@ -751,6 +749,8 @@ def _definition(rows: list[Row]) -> Definition:
 def _timed(options: EnqueueManyOptions) -> dict[str, Any]:
     """The options of an enqueuing call as sent: ``run_at`` read in ``tz`` (not sent)."""
     args: dict[str, Any] = {k: v for k, v in options.items() if k != "tz"}
+    if (zone := options.get("tz")) is not None:  # checked even where it reads nothing: not sent
+        _zone(zone, "tz")
     args["run_at"] = read_time(options.get("run_at"), options.get("tz"))
     return args
 
