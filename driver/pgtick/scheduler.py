@@ -413,8 +413,7 @@ class Scheduler:
             log.info("scheduler owner=%s %s", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
-            self._catching_up.clear()  # another leader moves the cursors meanwhile
-            self._planned_at = None
+            self._lost_lead()
             return report
         return self._lead(conn, report)
 
@@ -425,6 +424,7 @@ class Scheduler:
         leading = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
         if self.leading and not leading:
             log.warning("scheduler owner=%s lost the leader lease (expired or taken)", self.owner)
+            self._lost_lead()  # a break in the leading, even if the lease is taken again below
         if not leading:
             sent = time.monotonic()
             leading = sql.acquire_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
@@ -434,9 +434,16 @@ class Scheduler:
             log.info("scheduler owner=%s %s (lease)", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
-            self._planned_at = None
+            self._lost_lead()
             return report
         return self._lead(conn, report)
+
+    def _lost_lead(self) -> None:
+        """Forget what only an unbroken leading vouches for: occurrences that fell due before
+        leading again are a downtime (settled by the misfire policy), and another leader may
+        have moved the cursors of a catch-up meanwhile."""
+        self._catching_up.clear()
+        self._planned_at = None
 
     def _fenced(self) -> bool:
         """Lease mode: the lease renewed at the start of this tick may have expired by now.

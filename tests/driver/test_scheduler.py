@@ -187,6 +187,51 @@ def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(d
         scheduler.close()
 
 
+@pytest.mark.parametrize(("policy", "late_runs"), [("coalesce", 1), ("skip", 1), ("catch_up", 3)])
+def test_a_leader_whose_lease_lapsed_and_that_takes_it_again_keeps_the_misfire_promise(
+    db: Database, policy: str, late_runs: int
+) -> None:
+    """Lease leadership: a leader frozen past its lease (nobody took it over meanwhile) that
+    takes the lease again has had a break in its leading: the occurrences of an
+    every-10-seconds job that fell due while nobody led are a downtime, settled by the
+    misfire policy (coalesce and skip: one run, the latest; catch_up: each), not run one by
+    one as if this leader had ticked through them."""
+    base = utc(2026, 5, 4, 10, 0, 0)
+    clock = Clock(base - timedelta(seconds=1))
+    scheduler = Scheduler(
+        db.dsn,
+        owner="frozen",
+        tick_interval=1.0,
+        misfire_grace=60,
+        clock=clock,
+        leadership="lease",
+        lease_ttl=600,
+    )
+    try:
+        with db.connect() as conn:
+            definition_id = define(
+                conn,
+                "every-10s",
+                "DTSTART:20260504T000000Z\nRRULE:FREQ=SECONDLY;INTERVAL=10",
+                misfire_policy=policy,
+            )
+            assert scheduler.tick().leading  # cursor: base
+            assert scheduler.tick().leading  # base within the lookahead: materialized
+            assert run_times(conn, definition_id) == [base]
+            # Frozen 35 s: its lease lapsed and nobody led meanwhile.
+            conn.execute(
+                "UPDATE jobs.leases SET expires_at = clock_timestamp() - interval '1 second'"
+                " WHERE name = 'pgtick:leader'"
+            )
+            clock.now = base + timedelta(seconds=35)
+            assert scheduler.tick().leading  # renewal refused, the lease taken again
+            late = [base + timedelta(seconds=10 * k) for k in range(1, 4)]  # +10s .. +30s
+            expected = [base, *late] if late_runs == 3 else [base, late[-1]]
+            assert run_times(conn, definition_id) == expected
+    finally:
+        scheduler.close()
+
+
 def test_catch_up_is_bounded_per_tick(db: Database) -> None:
     clock = Clock(utc(2026, 5, 4, 0, 0, 30))
     scheduler = Scheduler(db.dsn, owner="t", clock=clock, max_catch_up=5)
