@@ -94,6 +94,9 @@ from pgtick.terminal import compact_duration, counted
 log = logging.getLogger("pgtick.scheduler")
 
 _BEHIND = timedelta(minutes=1)
+#: The longest tick (a day), and the longest leader lease (a year, as jobs.acquire_lease allows).
+MAX_TICK = 86_400.0
+MAX_LEASE_TTL = 365 * 86_400.0
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
 _LATEST = datetime.max.replace(tzinfo=UTC)
 
@@ -234,6 +237,14 @@ class Scheduler:
     ) -> None:
         if leadership not in ("auto", "lock", "lease"):
             raise ValueError(f"leadership must be auto, lock or lease, got {leadership!r}")
+        # The leader's session idles at most ten ticks (an idle_session_timeout, whose range
+        # ends near 24 days) and its lease lasts at most a year (jobs.acquire_lease).
+        if not 0 < tick_interval <= MAX_TICK:
+            raise ValueError(
+                f"tick_interval must be positive and at most {MAX_TICK:g} s, got {tick_interval!r}"
+            )
+        if lease_ttl is not None and not 0 < lease_ttl <= MAX_LEASE_TTL:
+            raise ValueError(f"lease_ttl must be positive and at most {MAX_LEASE_TTL:g} s, got {lease_ttl!r}")
         self.dsn = dsn
         self.leadership = leadership
         self.mode = leadership if leadership != "auto" else "lock"  # settled when connected

@@ -271,6 +271,16 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
     ("jitter-over-a-day", ["define", "x", "k", "--schedule", "0 0 1 1 *", "--jitter", "2d"], "--jitter:"),
     ("prune-older-than-huge", ["prune", "--older-than", "99999999999d"], "--older-than:"),
     ("lock-ttl-huge", ["lock", "x", "--ttl", "100000000d", "--", "true"], "--ttl:"),
+    (
+        "tick-over-a-day",
+        ["run", "examples/app.py", "--no-worker", "--tick", "30d"],
+        "--tick: must be at most",
+    ),
+    (
+        "lease-ttl-within-a-tick",
+        ["run", "examples/app.py", "--no-worker", "--tick", "10s", "--lease-ttl", "10s"],
+        "--lease-ttl must be longer than --tick",
+    ),
     ("payload-invalid", ["enqueue", "k", "--payload", "{'a': 1}"], "not valid JSON"),
     ("payload-not-object", ["enqueue", "k", "--payload", '"text"'], "JSON object"),
     ("payload-nan", ["enqueue", "k", "--payload", '{"a": NaN}'], "NaN is not a JSON number"),

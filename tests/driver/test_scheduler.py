@@ -232,6 +232,26 @@ def test_a_leader_whose_lease_lapsed_and_that_takes_it_again_keeps_the_misfire_p
         scheduler.close()
 
 
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"tick_interval": 0.0}, "tick_interval"),
+        ({"tick_interval": 30 * 86400.0}, "tick_interval"),
+        ({"tick_interval": float("nan")}, "tick_interval"),
+        ({"lease_ttl": 0.0}, "lease_ttl"),
+        ({"lease_ttl": 400 * 86400.0}, "lease_ttl"),
+    ],
+)
+def test_a_scheduler_given_a_tick_or_lease_it_cannot_lead_by_is_refused_naming_the_field(
+    db: Database, options: dict[str, Any], field: str
+) -> None:
+    """A tick or lease the leader could never work with (an idle_session_timeout past
+    PostgreSQL's range, a lease TTL jobs.acquire_lease refuses) is refused when the scheduler
+    is made, naming the field, instead of a tick that fails every time and never leads."""
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        Scheduler(db.dsn, owner="t", **options)
+
+
 def test_catch_up_is_bounded_per_tick(db: Database) -> None:
     clock = Clock(utc(2026, 5, 4, 0, 0, 30))
     scheduler = Scheduler(db.dsn, owner="t", clock=clock, max_catch_up=5)
