@@ -873,7 +873,10 @@ class Scheduler:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
         logged by name (the database recorded them and backs them off). With ``catch_ups``
         (one per call), each advanced definition's catch-up is recorded in the same statement.
-        Returns the definitions whose cursor moved."""
+        Returns the definitions whose cursor moved; none once the lease may have expired (the
+        reads and the planning before this statement can outlast it)."""
+        if self._fenced():
+            return set()
         run_ids = [c.definition_id for c in batch for _ in c.run_times]
         run_times = [t for c in batch for t in c.run_times]
         materialize: tuple[list[Any], ...] = (

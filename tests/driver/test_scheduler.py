@@ -27,6 +27,7 @@ from harness import (
     scalar,
     wait_for,
 )
+from pgtick import calls
 from pgtick.scheduler import Scheduler
 
 
@@ -250,6 +251,39 @@ def test_a_scheduler_given_a_tick_or_lease_it_cannot_lead_by_is_refused_naming_t
     is made, naming the field, instead of a tick that fails every time and never leads."""
     with pytest.raises(ValueError, match=rf"^{field} must be"):
         Scheduler(db.dsn, owner="t", **options)
+
+
+def test_a_leader_whose_lease_lapses_while_it_plans_writes_none_of_that_plan(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease leadership: a leader held up between reading the due definitions and writing
+    their runs (frozen, swapping; here the read answers after the lease has run out) writes
+    nothing of what it planned: the lease may be another leader's by then."""
+    ttl = 1.0
+    clock = Clock(utc(2026, 5, 4, 10, 0, 30))
+    scheduler = Scheduler(
+        db.dsn, owner="planning", tick_interval=0.2, clock=clock, leadership="lease", lease_ttl=ttl
+    )
+    try:
+        with db.connect() as conn:
+            definition_id = define(conn, "minutely", "* * * * *")
+            assert scheduler.tick().leading  # cursor: 10:01
+            assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 10, 1)
+            read = calls.due_definitions
+
+            def held_up(*args: Any) -> Any:
+                rows = read(*args)
+                time.sleep(ttl * 1.5)  # past the lease renewed at the start of the tick
+                return rows
+
+            monkeypatch.setattr(calls, "due_definitions", held_up)
+            clock.now = utc(2026, 5, 4, 10, 1, 0)
+            scheduler.tick()
+            assert run_times(conn, definition_id) == [], "a deposed leader wrote runs"
+            assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 10, 1)
+            assert not scheduler.leading
+    finally:
+        scheduler.close()
 
 
 def test_catch_up_is_bounded_per_tick(db: Database) -> None:
