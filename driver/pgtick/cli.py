@@ -449,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="claims in flight while runs are waiting, each for --batch free slots (1..16, default 1)",
     )
-    p.add_argument("--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)")
+    p.add_argument(
+        "--tick",
+        type=duration(timedelta(days=1)),
+        default=1.0,
+        help="scheduler tick (default 1s, at most 1d)",
+    )
     p.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
     p.add_argument("--heartbeat", type=parse_duration, default=5.0, help="heartbeat cadence (5s)")
     p.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
@@ -811,6 +816,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--processes must be at least 1, got {args.processes}")
     if args.no_scheduler and args.no_worker:
         raise UsageError("--no-scheduler and --no-worker together leave nothing to run")
+    if args.lease_ttl is not None and args.lease_ttl <= args.tick:
+        ttl, tick = (compact_duration(timedelta(seconds=s)) for s in (args.lease_ttl, args.tick))
+        raise UsageError(
+            f"--lease-ttl must be longer than --tick (got {ttl} and {tick}):"
+            " renewed once a tick, the leader lease would lapse between ticks"
+        )
     app = load_app(args.app)
     if not args.no_worker:
         claimable_kinds(app)  # an app its workers cannot claim for: said once, before anything starts

@@ -94,6 +94,9 @@ from pgtick.terminal import compact_duration, counted
 log = logging.getLogger("pgtick.scheduler")
 
 _BEHIND = timedelta(minutes=1)
+#: The longest tick (a day), and the longest leader lease (a year, as jobs.acquire_lease allows).
+MAX_TICK = 86_400.0
+MAX_LEASE_TTL = 365 * 86_400.0
 _EARLIEST = datetime.min.replace(tzinfo=UTC)
 _LATEST = datetime.max.replace(tzinfo=UTC)
 
@@ -234,6 +237,14 @@ class Scheduler:
     ) -> None:
         if leadership not in ("auto", "lock", "lease"):
             raise ValueError(f"leadership must be auto, lock or lease, got {leadership!r}")
+        # The leader's session idles at most ten ticks (an idle_session_timeout, whose range
+        # ends near 24 days) and its lease lasts at most a year (jobs.acquire_lease).
+        if not 0 < tick_interval <= MAX_TICK:
+            raise ValueError(
+                f"tick_interval must be positive and at most {MAX_TICK:g} s, got {tick_interval!r}"
+            )
+        if lease_ttl is not None and not 0 < lease_ttl <= MAX_LEASE_TTL:
+            raise ValueError(f"lease_ttl must be positive and at most {MAX_LEASE_TTL:g} s, got {lease_ttl!r}")
         self.dsn = dsn
         self.leadership = leadership
         self.mode = leadership if leadership != "auto" else "lock"  # settled when connected
@@ -413,8 +424,7 @@ class Scheduler:
             log.info("scheduler owner=%s %s", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
-            self._catching_up.clear()  # another leader moves the cursors meanwhile
-            self._planned_at = None
+            self._lost_lead()
             return report
         return self._lead(conn, report)
 
@@ -425,6 +435,7 @@ class Scheduler:
         leading = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
         if self.leading and not leading:
             log.warning("scheduler owner=%s lost the leader lease (expired or taken)", self.owner)
+            self._lost_lead()  # a break in the leading, even if the lease is taken again below
         if not leading:
             sent = time.monotonic()
             leading = sql.acquire_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
@@ -434,9 +445,16 @@ class Scheduler:
             log.info("scheduler owner=%s %s (lease)", self.owner, "is leader" if leading else "follows")
         self.leading = report.leading = leading
         if not leading:
-            self._planned_at = None
+            self._lost_lead()
             return report
         return self._lead(conn, report)
+
+    def _lost_lead(self) -> None:
+        """Forget what only an unbroken leading vouches for: occurrences that fell due before
+        leading again are a downtime (settled by the misfire policy), and another leader may
+        have moved the cursors of a catch-up meanwhile."""
+        self._catching_up.clear()
+        self._planned_at = None
 
     def _fenced(self) -> bool:
         """Lease mode: the lease renewed at the start of this tick may have expired by now.
@@ -855,7 +873,10 @@ class Scheduler:
         """One jobs.materialize_many statement for the whole batch; refused definitions are
         logged by name (the database recorded them and backs them off). With ``catch_ups``
         (one per call), each advanced definition's catch-up is recorded in the same statement.
-        Returns the definitions whose cursor moved."""
+        Returns the definitions whose cursor moved; none once the lease may have expired (the
+        reads and the planning before this statement can outlast it)."""
+        if self._fenced():
+            return set()
         run_ids = [c.definition_id for c in batch for _ in c.run_times]
         run_times = [t for c in batch for t in c.run_times]
         materialize: tuple[list[Any], ...] = (

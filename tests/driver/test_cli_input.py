@@ -279,6 +279,16 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
         "--ttl: must be at least 1s (got '1ms')",
     ),
     ("status-watch-1ms", ["status", "--watch", "1ms"], "--watch: must be at least 100ms (got '1ms')"),
+    (
+        "tick-over-a-day",
+        ["run", "examples/app.py", "--no-worker", "--tick", "30d"],
+        "--tick: must be at most",
+    ),
+    (
+        "lease-ttl-within-a-tick",
+        ["run", "examples/app.py", "--no-worker", "--tick", "10s", "--lease-ttl", "10s"],
+        "--lease-ttl must be longer than --tick",
+    ),
     ("payload-invalid", ["enqueue", "k", "--payload", "{'a': 1}"], "not valid JSON"),
     ("payload-not-object", ["enqueue", "k", "--payload", '"text"'], "JSON object"),
     ("payload-nan", ["enqueue", "k", "--payload", '{"a": NaN}'], "NaN is not a JSON number"),

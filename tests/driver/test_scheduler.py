@@ -27,6 +27,7 @@ from harness import (
     scalar,
     wait_for,
 )
+from pgtick import calls
 from pgtick.scheduler import Scheduler
 
 
@@ -183,6 +184,104 @@ def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(d
         # The lease allows ttl / 0.3 statements and the one under way: 4 at most, on any machine.
         assert 1 <= moved <= int(ttl / 0.3) + 1, moved
         assert not scheduler.leading
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize(("policy", "late_runs"), [("coalesce", 1), ("skip", 1), ("catch_up", 3)])
+def test_a_leader_whose_lease_lapsed_and_that_takes_it_again_keeps_the_misfire_promise(
+    db: Database, policy: str, late_runs: int
+) -> None:
+    """Lease leadership: a leader frozen past its lease (nobody took it over meanwhile) that
+    takes the lease again has had a break in its leading: the occurrences of an
+    every-10-seconds job that fell due while nobody led are a downtime, settled by the
+    misfire policy (coalesce and skip: one run, the latest; catch_up: each), not run one by
+    one as if this leader had ticked through them."""
+    base = utc(2026, 5, 4, 10, 0, 0)
+    clock = Clock(base - timedelta(seconds=1))
+    scheduler = Scheduler(
+        db.dsn,
+        owner="frozen",
+        tick_interval=1.0,
+        misfire_grace=60,
+        clock=clock,
+        leadership="lease",
+        lease_ttl=600,
+    )
+    try:
+        with db.connect() as conn:
+            definition_id = define(
+                conn,
+                "every-10s",
+                "DTSTART:20260504T000000Z\nRRULE:FREQ=SECONDLY;INTERVAL=10",
+                misfire_policy=policy,
+            )
+            assert scheduler.tick().leading  # cursor: base
+            assert scheduler.tick().leading  # base within the lookahead: materialized
+            assert run_times(conn, definition_id) == [base]
+            # Frozen 35 s: its lease lapsed and nobody led meanwhile.
+            conn.execute(
+                "UPDATE jobs.leases SET expires_at = clock_timestamp() - interval '1 second'"
+                " WHERE name = 'pgtick:leader'"
+            )
+            clock.now = base + timedelta(seconds=35)
+            assert scheduler.tick().leading  # renewal refused, the lease taken again
+            late = [base + timedelta(seconds=10 * k) for k in range(1, 4)]  # +10s .. +30s
+            expected = [base, *late] if late_runs == 3 else [base, late[-1]]
+            assert run_times(conn, definition_id) == expected
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"tick_interval": 0.0}, "tick_interval"),
+        ({"tick_interval": 30 * 86400.0}, "tick_interval"),
+        ({"tick_interval": float("nan")}, "tick_interval"),
+        ({"lease_ttl": 0.0}, "lease_ttl"),
+        ({"lease_ttl": 400 * 86400.0}, "lease_ttl"),
+    ],
+)
+def test_a_scheduler_given_a_tick_or_lease_it_cannot_lead_by_is_refused_naming_the_field(
+    db: Database, options: dict[str, Any], field: str
+) -> None:
+    """A tick or lease the leader could never work with (an idle_session_timeout past
+    PostgreSQL's range, a lease TTL jobs.acquire_lease refuses) is refused when the scheduler
+    is made, naming the field, instead of a tick that fails every time and never leads."""
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        Scheduler(db.dsn, owner="t", **options)
+
+
+def test_a_leader_whose_lease_lapses_while_it_plans_writes_none_of_that_plan(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lease leadership: a leader held up between reading the due definitions and writing
+    their runs (frozen, swapping; here the read answers after the lease has run out) writes
+    nothing of what it planned: the lease may be another leader's by then."""
+    ttl = 1.0
+    clock = Clock(utc(2026, 5, 4, 10, 0, 30))
+    scheduler = Scheduler(
+        db.dsn, owner="planning", tick_interval=0.2, clock=clock, leadership="lease", lease_ttl=ttl
+    )
+    try:
+        with db.connect() as conn:
+            definition_id = define(conn, "minutely", "* * * * *")
+            assert scheduler.tick().leading  # cursor: 10:01
+            assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 10, 1)
+            read = calls.due_definitions
+
+            def held_up(*args: Any) -> Any:
+                rows = read(*args)
+                time.sleep(ttl * 1.5)  # past the lease renewed at the start of the tick
+                return rows
+
+            monkeypatch.setattr(calls, "due_definitions", held_up)
+            clock.now = utc(2026, 5, 4, 10, 1, 0)
+            scheduler.tick()
+            assert run_times(conn, definition_id) == [], "a deposed leader wrote runs"
+            assert cursor_of(conn, definition_id) == utc(2026, 5, 4, 10, 1)
+            assert not scheduler.leading
     finally:
         scheduler.close()
 
