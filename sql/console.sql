@@ -20,16 +20,29 @@
 -- ---------------------------------------------------------------------------
 
 -- A worker announces itself and the kinds it runs (on start and on every reconnect).
+-- What it registers is shown to operators (jobs.workers, jobs.known_kinds, the CLI, psql,
+-- the dashboard) and any jobs_worker login may register: its worker id and kinds are names as
+-- jobs._check_name takes them, and its host holds no control character, so a login cannot
+-- write a terminal escape sequence or a forged line into what an operator reads.
 CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
+DECLARE
+    i integer;
 BEGIN
-    PERFORM jobs._check_text('worker', register_worker.worker, 200);
+    PERFORM jobs._check_name('worker', register_worker.worker);
     IF register_worker.kinds IS NULL OR cardinality(register_worker.kinds) > 1000 OR EXISTS (
         SELECT FROM unnest(register_worker.kinds) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200
     ) THEN   -- (at most what jobs.claim takes as its kinds)
         RAISE EXCEPTION 'kinds must be an array of at most 1000 names of 1 to 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. cardinality(register_worker.kinds) LOOP  -- (an empty array: no kind)
+        PERFORM jobs._check_name(format('kinds[%s]', i), register_worker.kinds[i]);
+    END LOOP;
+    IF register_worker.host ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'host must not contain control characters, got %', to_json(left(register_worker.host, 255))
             USING ERRCODE = '22023';
     END IF;
     -- The login is recorded: a worker id another login registers changes hands in plain sight.
@@ -44,7 +57,7 @@ BEGIN
     ORDER BY u.kind
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
 END $$;
-COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds.';
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds. Raises 22023 naming worker or kinds[i] unless each is a name (1 to 200 characters, no control, invisible or text-direction character, not only spaces), or host if it holds a control character.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
 -- for with the scope of session_user (the login; SET ROLE does not change it).
