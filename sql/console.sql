@@ -20,12 +20,16 @@
 -- ---------------------------------------------------------------------------
 
 -- A worker announces itself and the kinds it runs (on start and on every reconnect).
+-- What it registers is shown to operators (jobs.workers, jobs.known_kinds, the CLI, psql,
+-- the dashboard) and any jobs_worker login may register: its worker id and kinds are names as
+-- jobs._check_name takes them, and its host holds no control character, so a login cannot
+-- write a terminal escape sequence or a forged line into what an operator reads.
 CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM jobs._check_text('worker', register_worker.worker, 200);
+    PERFORM jobs._check_name('worker', register_worker.worker);
     IF register_worker.kinds IS NULL OR cardinality(register_worker.kinds) > 1000 THEN
         -- (at most what jobs.claim takes as its kinds)
         RAISE EXCEPTION 'kinds must be an array of at most 1000 names of 1 to 200 characters'
@@ -37,6 +41,10 @@ BEGIN
     -- would enter jobs.known_kinds as served. An empty list stays allowed (a worker of no kind).
     IF cardinality(register_worker.kinds) > 0 THEN
         PERFORM jobs._check_names('kinds', register_worker.kinds);
+    END IF;
+    IF register_worker.host ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'host must not contain control characters, got %', to_json(left(register_worker.host, 255))
+            USING ERRCODE = '22023';
     END IF;
     -- The login is recorded: a worker id another login registers changes hands in plain sight.
     INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds, login)
@@ -50,7 +58,7 @@ BEGIN
     ORDER BY u.kind
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
 END $$;
-COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds.';
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds. Raises 22023 naming worker or kinds[i] unless each is a name (1 to 200 characters, no control, invisible or text-direction character, not only spaces), or host if it holds a control character.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
 -- for with the scope of session_user (the login; SET ROLE does not change it).

@@ -467,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port (0..65535)",
     )
     p.add_argument(
+        "--metrics-bind",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="the address the metrics endpoint listens on (default 0.0.0.0: every interface;"
+        " 127.0.0.1 keeps it to this machine)",
+    )
+    p.add_argument(
         "--metrics-per-definition",
         action="store_true",
         help="also serve start lateness per definition id"
@@ -840,6 +847,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         worker=not args.no_worker,
         metrics_port=args.metrics_port,
+        metrics_bind=args.metrics_bind,
         metrics_per_definition=args.metrics_per_definition,
         listen=not args.no_listen,
         leadership=args.leadership,

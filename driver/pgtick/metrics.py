@@ -182,15 +182,22 @@ class DatabaseCollector(Collector):
 
 
 def serve_metrics(
-    port: int, dsn: str, owner: str | None, *, per_definition: bool = False
+    port: int, dsn: str, owner: str | None, *, per_definition: bool = False, bind: str = "0.0.0.0"
 ) -> tuple[WorkerMetrics, Any]:
-    """Start the HTTP endpoint; returns the worker listener and the server."""
+    """Start the HTTP endpoint on ``bind`` (every interface by default: the series name kinds,
+    queues, definitions and leases to whoever reaches the port); returns the worker listener
+    and the server."""
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, per_definition=per_definition)
     registry.register(DatabaseCollector(dsn, owner))
     try:
-        server, thread = start_http_server(port, registry=registry)
-    except OSError as exc:  # the port is taken, or not ours to listen on
-        raise PgtickError(f"metrics port {port}: cannot listen: {exc.strerror or exc}") from None
-    log.info("metrics on http://0.0.0.0:%d/metrics", port)
+        server, thread = start_http_server(port, addr=bind, registry=registry)
+    except OSError as exc:  # the port is taken, the address not this machine's, or not ours
+        where = f"metrics port {port}" if bind == "0.0.0.0" else f"--metrics-bind {bind} port {port}"
+        raise PgtickError(f"{where}: cannot listen: {exc.strerror or exc}") from None
+    log.info("metrics on http://%s/metrics", _host_port(bind, port))
     return metrics, (server, thread)
+
+
+def _host_port(bind: str, port: int) -> str:
+    return f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}"

@@ -99,6 +99,7 @@ class RunOptions:
     scheduler: bool = True
     worker: bool = True
     metrics_port: int | None = None
+    metrics_bind: str = "0.0.0.0"  # the address the metrics endpoint listens on
     metrics_per_definition: bool = False
     listen: bool = True
     leadership: str = "auto"
@@ -163,7 +164,11 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         # that schedules says it for the supervisor, which serves no metrics of its own.
         leader = group_scheduler() or worker_id
         listener, _ = serve_metrics(
-            options.metrics_port, dsn, leader, per_definition=options.metrics_per_definition
+            options.metrics_port,
+            dsn,
+            leader,
+            per_definition=options.metrics_per_definition,
+            bind=options.metrics_bind,
         )
     scheduler: Scheduler | None = None
     if options.scheduler:

@@ -398,3 +398,39 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_1(db: Database) -> None:
     assert result.stderr.splitlines() == [
         f"pgtick run: error: metrics port {port}: cannot listen: Address already in use"
     ], shown
+
+
+def test_metrics_bind_keeps_the_endpoint_to_the_address_given(db: Database) -> None:
+    """The series name kinds, queues, definitions and leases to whoever reaches the port:
+    ``--metrics-bind 127.0.0.1`` listens on the loopback alone, not on every interface, and
+    an address that is not this machine's is one readable line, exit 1."""
+    from pgtick.metrics import serve_metrics
+
+    _, (server, _thread) = serve_metrics(0, db.dsn, None, bind="127.0.0.1")
+    try:
+        host, port = server.server_address[:2]
+        assert host == "127.0.0.1", f"listening on {host}, not the loopback alone"
+        assert value(scrape(port), "pgtick_heartbeat_failures_total") == 0.0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    result = subprocess.run(
+        [
+            *PGTICK,
+            *("run", str(APPS / "metrics_app.py"), "--dsn", db.dsn),
+            *("--metrics-port", "0", "--metrics-bind", "192.0.2.1"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    shown = f"exit {result.returncode}\nstderr: {result.stderr[-2000:]}"
+    assert result.returncode == 1, shown
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "pgtick run: error: --metrics-bind 192.0.2.1 port 0: cannot listen: "
+    ), shown

@@ -119,6 +119,33 @@ def test_register_worker_rejects_bad_kinds(conn: Conn) -> None:
     expect_error(conn, "SELECT jobs.register_worker('', '{k}')", None, "22023", "worker")
 
 
+def test_a_worker_login_cannot_write_escape_sequences_into_what_operators_read(db: Database) -> None:
+    """Any jobs_worker login may register, and its worker id, kinds and host are shown to
+    operators (jobs.workers, jobs.known_kinds, psql, the CLI): a terminal escape sequence, a
+    line break or a text-direction override there is refused (22023, naming the field), and
+    nothing is recorded."""
+    hostile = [
+        ("\x1b]0;owned\x07w", ["k"], "h", "worker"),
+        ("w", ["report", "evil\x1b[2J"], "h", "kinds[2]"),
+        ("w", ["re\u202eport"], "h", "kinds[1]"),
+        ("w", ["   "], "h", "kinds[1]"),
+        ("w", ["k"], "host\nworker=w-forged state=alive", "host"),
+    ]
+    with db.worker_login("hostile") as login, psycopg.connect(db.dsn_as(login), autocommit=True) as worker:
+        for worker_id, kinds, host, field in hostile:
+            expect_error(
+                worker,
+                "SELECT jobs.register_worker(%s, %s, %s, 1)",
+                (worker_id, kinds, host),
+                "22023",
+                field,
+            )
+        worker.execute("SELECT jobs.register_worker('w-plain', '{report}', 'host-a', 1)")
+    with db.connect() as conn:
+        assert [r[0] for r in conn.execute("SELECT worker FROM jobs.worker_registry")] == ["w-plain"]
+        assert [r[0] for r in conn.execute("SELECT kind FROM jobs.known_kinds")] == ["report"]
+
+
 def test_run_detail_gives_the_attempt_chain_from_any_attempt(conn: Conn) -> None:
     conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3, backoff_initial => '0')")
     first = enqueue(conn, "k")

@@ -258,6 +258,25 @@ def test_a_wrong_password_is_refused(client: TestClient, conn: Conn) -> None:
     assert audit_rows(conn) == []
 
 
+def test_an_operator_secret_is_matched_whole_and_one_too_long_to_match_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A login's password is hashed up to 4096 bytes: a longer secret could never be matched
+    (the right password refused for ever), so it is refused when the dashboard starts, with one
+    readable line; and a password that only begins with the secret is not the secret."""
+    from pgtick.errors import UsageError
+    from pgtick.web.serve import PASSWORD_ENV, operator_secret
+
+    monkeypatch.setenv(PASSWORD_ENV, "s" * 5000)
+    with pytest.raises(UsageError, match="at most 4096 bytes"):
+        operator_secret(None)
+    longest = "é" * 2048  # 4096 bytes
+    secret = Secret.from_plain(longest)
+    assert secret.matches(longest)
+    assert not secret.matches(longest + "x"), "a password that only begins with the secret passed"
+    assert not secret.matches(longest[:-1])
+
+
 def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db: Database) -> None:
     """A page elsewhere that makes its own name resolve to 127.0.0.1 (DNS rebinding) would
     otherwise read the dashboard from the operator's browser."""

@@ -26,6 +26,9 @@ MAX_SESSIONS = 10_000
 MAX_SENT_FORMS = 1000
 
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+#: The longest secret, in UTF-8 bytes: a login's password is hashed only up to this length, so
+#: a longer secret could never be matched, and a longer password is refused outright.
+MAX_SECRET_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,21 @@ class Secret:
     def from_plain(cls, plain: str) -> Secret:
         if len(plain) < 8:
             raise ValueError("the operator password must be at least 8 characters long")
+        if len(plain.encode()) > MAX_SECRET_BYTES:
+            raise ValueError(
+                f"the operator password must be at most {MAX_SECRET_BYTES} bytes long,"
+                f" got {len(plain.encode())}"
+            )
         salt = secrets.token_bytes(16)
         return cls(salt, hashlib.scrypt(plain.encode(), salt=salt, **_SCRYPT))
 
     def matches(self, candidate: str) -> bool:
-        digest = hashlib.scrypt(candidate.encode()[:4096], salt=self.salt, **_SCRYPT)
-        return hmac.compare_digest(digest, self.digest)
+        """Whether candidate is the secret. One longer than any secret is hashed only as far
+        as a secret may reach (a huge form field costs no more) and refused: its head alone
+        must not pass for the secret."""
+        encoded = candidate.encode()
+        digest = hashlib.scrypt(encoded[:MAX_SECRET_BYTES], salt=self.salt, **_SCRYPT)
+        return hmac.compare_digest(digest, self.digest) and len(encoded) <= MAX_SECRET_BYTES
 
 
 @dataclass
