@@ -42,6 +42,28 @@
 -- search_path, and a call of one saves and restores settings, per RUNNING row and reason.
 DROP FUNCTION IF EXISTS jobs._deadline(timestamptz, interval);
 
+-- Private: what follows a reap's failures (jobs.reap, jobs.reap_worker): the retries queued by
+-- policy, the runs waiting on those that failed for good cancelled, the workers woken. Returns
+-- each failed run with its reason and its retry.
+CREATE OR REPLACE FUNCTION jobs._settle_reaped(dead bigint[])
+RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT r.id, r.failure_reason::text, n.retry_run_id
+      FROM jobs.runs AS r
+      LEFT JOIN jobs._enqueue_retries(_settle_reaped.dead, NULL) AS n ON n.retry_of = r.id
+     WHERE r.id = ANY (_settle_reaped.dead)
+     ORDER BY r.id;
+    -- Those without a retry failed for good: the runs waiting on them are cancelled.
+    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
+       FROM jobs.runs AS r
+      WHERE r.id = ANY (_settle_reaped.dead)
+        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
+    PERFORM jobs._notify();
+END $$;
+COMMENT ON FUNCTION jobs._settle_reaped(bigint[]) IS 'Private: after a reap failed these runs: queue their retries by policy, cancel the runs waiting on those without one, wake the workers; returns run_id, reason, retry_run_id.';
+
 -- Fail overdue RUNNING runs (Timeout, HeartbeatLost, Orphaned); returns each with its reason and retry run id.
 CREATE OR REPLACE FUNCTION jobs.reap() RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
@@ -107,18 +129,7 @@ BEGIN
     IF v_dead IS NULL THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT r.id, r.failure_reason::text, n.retry_run_id
-      FROM jobs.runs AS r
-      LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
-     WHERE r.id = ANY (v_dead)
-     ORDER BY r.id;
-    -- Those without a retry failed for good: the runs waiting on them are cancelled.
-    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
-       FROM jobs.runs AS r
-      WHERE r.id = ANY (v_dead)
-        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
-    PERFORM jobs._notify();
+    RETURN QUERY SELECT * FROM jobs._settle_reaped(v_dead);
 END $$;
 COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned), the last two only while no heartbeat of the run''s worker is in flight (a heartbeat waiting behind a table lock ages nothing); queue their retries by policy. Returns run_id, reason, retry_run_id.';
 
@@ -168,16 +179,6 @@ BEGIN
     IF v_dead IS NULL THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT r.id, r.failure_reason::text, n.retry_run_id
-      FROM jobs.runs AS r
-      LEFT JOIN jobs._enqueue_retries(v_dead, NULL) AS n ON n.retry_of = r.id
-     WHERE r.id = ANY (v_dead)
-     ORDER BY r.id;
-    PERFORM jobs._cascade_dependency_failure(array_agg(r.id))
-       FROM jobs.runs AS r
-      WHERE r.id = ANY (v_dead)
-        AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
-    PERFORM jobs._notify();
+    RETURN QUERY SELECT * FROM jobs._settle_reaped(v_dead);
 END $$;
 COMMENT ON FUNCTION jobs.reap_worker(text, text) IS 'Operator: fail now, as HeartbeatLost, every run RUNNING under this worker id (one known to be gone), whatever claim token it was claimed with, and queue their retries by policy, as jobs.reap does once the heartbeat timeout passed; the worker is fenced. message: the runs'' error (default: who declared the worker gone). Returns run_id, reason, retry_run_id.';
