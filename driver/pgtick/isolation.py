@@ -42,6 +42,8 @@ error. Measured costs are in the README ("Running jobs: threads, async, processe
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import multiprocessing
@@ -353,6 +355,8 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
     ctx = Context(run, spec, worker_id, timeout)
     try:
         result = spec.fn(ctx)
+        if inspect.iscoroutine(result):  # an async def job behind a plain decorator
+            result = asyncio.run(result)
     except BaseException as exc:
         text = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)  # even if __str__ raises
         trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
