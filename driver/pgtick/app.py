@@ -57,6 +57,13 @@ log = logging.getLogger("pgtick.job")
 CONFIRM_POLL = 0.25
 
 
+def is_coroutine_function(fn: object) -> bool:
+    """Whether calling ``fn`` makes a coroutine to await: an ``async def`` function, or an
+    object whose ``__call__`` is one (``inspect.iscoroutinefunction`` says no to those)."""
+    call = inspect.getattr_static(type(fn), "__call__", None)  # the class's, as a call finds it
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
 def error_classes(exc: BaseException) -> list[str]:
     """The exception's class and its bases, most specific first, e.g.
     ['BudgetExhausted', 'RuntimeError', 'Exception'] (the retry policy matches any)."""
@@ -145,7 +152,7 @@ class JobSpec:
     @cached_property
     def is_async(self) -> bool:
         """An ``async def`` job: it runs on the worker's event loop (``pgtick.aio``)."""
-        return inspect.iscoroutinefunction(self.fn)
+        return is_coroutine_function(self.fn)
 
 
 @dataclass(frozen=True)
@@ -336,7 +343,7 @@ class App:
             raise UsageError(f"job {kind}: isolation must be 'thread' or 'process', got {isolation!r}")
 
         def register(fn: JobFunction) -> JobFunction:
-            if isolation == "process" and inspect.iscoroutinefunction(fn):
+            if isolation == "process" and is_coroutine_function(fn):
                 raise UsageError(f"job {kind}: isolation='process' takes a plain function, not async def")
             self.jobs[kind] = JobSpec(
                 kind=kind,

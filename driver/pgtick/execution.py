@@ -7,6 +7,7 @@ the reporter sends to the database (``pgtick.reporter``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -74,6 +75,10 @@ def _run(ctx: Context, processes: ProcessPool | None) -> Outcome:
             result = asyncio.run(fn(ctx))
         else:
             result = fn(ctx)
+            if inspect.iscoroutine(result):
+                # An ``async def`` job behind a plain decorator (one that calls it and returns
+                # what it returns): its body is the coroutine, run here, on a loop of its own.
+                result = asyncio.run(result)
     except BaseException as exc:
         # Exception, and also SystemExit/KeyboardInterrupt raised by job code: uncaught
         # they would end the executor thread silently and leave the run RUNNING with

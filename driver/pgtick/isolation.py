@@ -15,6 +15,12 @@ a child process instead, and the executor thread that waits for it kills the chi
   child is killed at that instant (where a thread job's checkpoint would wait), and
   nothing is reported: the reaper ends the run.
 
+Each child leads a process group of its own, and the kill reaches the whole group: a
+process the job started (a ``subprocess`` it waits for) is stopped with it, not left to run
+on past the timeout or cancel; so is it when the child dies before reporting (a crash,
+``os._exit``) and when the worker process dies. Only a process the job starts in a new
+session (``start_new_session=True``) is out of reach.
+
 What travels (pickled over a pipe): to the child, the job's spec (its function and
 ``compensate`` by reference, so both must be importable module-level functions) and
 the run's row; back, the result or the
@@ -36,6 +42,8 @@ error. Measured costs are in the README ("Running jobs: threads, async, processe
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import multiprocessing
@@ -156,17 +164,30 @@ class JobProcess:
                 return self._exited(ctx), False
 
     def _exited(self, ctx: Context) -> Outcome:
+        self.kill_group()  # what its job started ends with it (the child, not yet reaped, holds its id)
         self.process.join(5)
         code = self.process.exitcode
         error = JobProcessExited(f"job process pid {self.pid} exited with code {code} before reporting")
         return outcome_of(ctx, error)
 
     def kill(self) -> None:
-        """SIGKILL the child (a hard stop) and reap it."""
-        if self.process.is_alive():
-            self.process.kill()
+        """SIGKILL the child and what the job started in it (a hard stop), and reap it."""
+        self.kill_group()
         self.process.join(10)
         self.close()
+
+    def kill_group(self) -> None:
+        """SIGKILL the child's process group: the child and the processes its job started (a
+        ``subprocess`` it waits for would run on, orphaned, past the timeout or cancel that
+        stopped the job). Called before the child is reaped, so its id is not yet reused."""
+        pid = self.process.pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # not yet a group of its own (killed before it began): the child alone
+        if self.process.is_alive():
+            self.process.kill()
 
     def close(self) -> None:
         """Tell an idle child to exit; kill it if it does not; release the pipes."""
@@ -177,7 +198,7 @@ class JobProcess:
                 pass
             self.process.join(2)
             if self.process.is_alive():
-                self.process.kill()
+                self.kill_group()
                 self.process.join(5)
         self.conn.close()
         for fd in (self._wake_r, self._wake_w):
@@ -265,7 +286,7 @@ class ProcessPool:
         for proc in procs:
             if proc in busy:
                 if proc.process.is_alive():
-                    proc.process.kill()  # its executor thread reaps it
+                    proc.kill_group()  # its executor thread reaps it
             else:
                 proc.close()
 
@@ -295,6 +316,12 @@ def _logging_setup() -> tuple[int, logging.Formatter | None]:
 
 
 def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any]) -> None:
+    # A process group of its own, led by the child: the worker's kill reaches the processes
+    # its jobs start too (JobProcess.kill_group).
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # refused (a sandbox): the kill reaches the child alone, as it did
+        pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a job stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     level, formatter = logging_setup
@@ -317,13 +344,19 @@ def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tupl
 
 def _exit_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])
-    os._exit(1)  # the worker process is gone: so is its job
+    try:
+        if os.getpgid(0) == os.getpid():  # the group is the child's own (not the worker's)
+            os.killpg(0, signal.SIGKILL)  # the worker process is gone: so is its job, and what it started
+    finally:
+        os._exit(1)
 
 
 def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float | None) -> tuple[Any, ...]:
     ctx = Context(run, spec, worker_id, timeout)
     try:
         result = spec.fn(ctx)
+        if inspect.iscoroutine(result):  # an async def job behind a plain decorator
+            result = asyncio.run(result)
     except BaseException as exc:
         text = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)  # even if __str__ raises
         trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))

@@ -14,9 +14,11 @@ supervisor serves no metrics), so the group reports its leader once.
 * SIGTERM or SIGINT to the supervisor: it closes every child's stdin, which a child
   reads as "stop": claim nothing more and drain within the grace period, as on its own
   SIGTERM. The supervisor waits for them (grace plus 15 s, then kills what is left) and
-  stops its scheduler. A second signal kills the children at once. A signal sent to the
-  whole process group (Ctrl-C in a terminal, systemd) reaches the children too; they
-  drain the same way.
+  stops its scheduler; it exits 0 when each child alive at the stop stopped cleanly (a
+  child that had died before, waiting for its restart, was logged then and is not
+  counted). A second signal kills the children at once. A signal sent to the whole
+  process group (Ctrl-C in a terminal, systemd) reaches the children too; they drain the
+  same way.
 * If the supervisor dies (kill -9), the children see their stdin close and drain too.
 
 The children are re-run from ``sys.argv``: the supervisor must be started from the
@@ -141,15 +143,25 @@ class Supervisor:
         return self._stop()
 
     def _stop(self) -> int:
+        """Stop the children alive now; 0 when each of them stopped cleanly. One that had died
+        before (logged, and waiting for its restart) is no part of the stop's outcome."""
         alive = [c for c in self.children if c.popen.poll() is None]
         log.info(
             "stopping %s (grace %.0fs)", counted(len(alive), "worker process", "worker processes"), self.grace
         )
         for child in alive:
             self._close_stdin(child)
+        for child in self.children:
+            if child not in alive:
+                log.info(
+                    "worker process %d (pid %d) had exited with code %d before the stop",
+                    child.index,
+                    child.popen.pid,
+                    child.popen.returncode,
+                )
         deadline = time.monotonic() + self.grace + 15.0
         codes = []
-        for child in self.children:
+        for child in alive:
             try:
                 code = child.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -258,19 +258,21 @@ class JobsTester:
 
 
 def _call(fn: Any, ctx: Context) -> Any:
-    """Call a job function; a coroutine function runs to completion on an event loop of its
-    own (in a helper thread when the test itself runs inside one)."""
-    if not inspect.iscoroutinefunction(fn):
-        return fn(ctx)
+    """Call a job function; a coroutine function (or a plain function that returns a
+    coroutine: an ``async def`` job behind a plain decorator) runs to completion on an event
+    loop of its own (in a helper thread when the test itself runs inside one)."""
+    job = fn(ctx)
+    if not inspect.iscoroutine(job):
+        return job
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(fn(ctx))
+        return asyncio.run(job)
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["result"] = asyncio.run(fn(ctx))
+            box["result"] = asyncio.run(job)
         except BaseException as exc:
             box["error"] = exc
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from recording import create_tables, record_compensation, recorded
@@ -96,3 +99,14 @@ class Unprintable(RuntimeError):
 @recorded
 def isolated_unprintable(ctx: Context) -> None:
     raise Unprintable()
+
+
+@app.job("starts-sleeper", isolation="process")
+def starts_sleeper(ctx: Context) -> None:
+    """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
+    file, and waits for it."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    written = Path(ctx.payload["sleeper"] + ".new")
+    written.write_text(str(sleeper.pid))
+    written.replace(ctx.payload["sleeper"])  # whole when it appears
+    sleeper.wait()

@@ -11,12 +11,19 @@
   the job does not run on beside the retry another worker starts after reaping the run.
 * A run whose task cannot be made (a job installed a task factory that raises) fails with
   the error; the other runs of its batch run, and the worker goes on claiming.
+* An ``async def`` job behind a plain decorator, and an object whose ``__call__`` is
+  ``async def``, run their bodies (calling them only makes a coroutine).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from harness import (
     Conn,
@@ -31,6 +38,7 @@ from harness import (
     wait_for,
     worker_thread,
 )
+from pgtick.app import App, Context
 from pgtick.worker import Worker
 
 
@@ -157,3 +165,51 @@ def test_a_run_whose_task_cannot_be_made_fails_and_the_worker_goes_on(db: Databa
     assert len(failed) == 1 and failed[0][0] in batch, f"not one run of the batch failed: {runs}"
     assert failed[0][2] == "the worker could not start the job's task: RuntimeError: no task today", runs
     assert all(r[1] == "COMPLETED" and r[3] == r[0] for r in runs[1:] if r is not failed[0]), runs
+
+
+def _plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
+    """A decorator as many are written: a plain function that calls the job and returns what
+    it returns (for an ``async def`` job, its coroutine)."""
+
+    @functools.wraps(fn)
+    def job(ctx: Context) -> Any:
+        return fn(ctx)
+
+    return job
+
+
+@_plainly_decorated
+async def decorated_job(ctx: Context) -> dict[str, str]:
+    await asyncio.sleep(0)
+    return {"ran": "decorated", "thread": threading.current_thread().name}
+
+
+class CallableJob:
+    """A job that is an object whose ``__call__`` is ``async def``."""
+
+    async def __call__(self, ctx: Context) -> dict[str, str]:
+        await asyncio.sleep(0)
+        return {"ran": "object", "thread": threading.current_thread().name}
+
+
+def test_an_async_job_behind_a_plain_decorator_or_an_async_call_method_runs_its_body(
+    db: Database, conn: Conn
+) -> None:
+    """Calling either returns a coroutine, not the job's result: the body runs (the object's
+    on the worker's event loop, as an ``async def`` job does; the decorated one, which looks
+    like a plain function, on a loop of its own in a job thread, and in a job process), and
+    the result is what the body returned, not a failure to store a coroutine."""
+    app = App("async-shapes")
+    app.job("decorated")(decorated_job)
+    app.job("decorated-in-a-process", isolation="process")(decorated_job)
+    app.job("object")(CallableJob())
+    worker = Worker(app, db.dsn, concurrency=3, poll_interval=0.1)
+    with worker_thread(worker):
+        ids = [scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (k,)) for k in app.jobs]
+        ended = [wait_finished(conn, run_id) for run_id in ids]
+    runs = conn.execute("SELECT kind, status::text, error, result FROM jobs.runs ORDER BY id").fetchall()
+    assert ended == ["COMPLETED"] * 3, runs
+    results = {kind: result for kind, _, _, result in runs}
+    assert results["decorated"]["ran"] == "decorated", runs
+    assert results["decorated-in-a-process"]["ran"] == "decorated", runs
+    assert results["object"] == {"ran": "object", "thread": "pgtick-loop"}, runs

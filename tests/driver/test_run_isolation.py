@@ -13,6 +13,9 @@
   beside the retry another worker starts after reaping the run.
 * Several workers in one Python process each own their job processes: stopping one leaves
   the jobs of the others running in their children.
+* The kill at a timeout or cancel reaches the processes the job started too (a
+  ``subprocess`` it waits for): they do not run on, orphaned, past the stop; nor past the
+  death of the worker process.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -63,6 +68,83 @@ def held_until_released(ctx: Context) -> dict[str, int]:
     while not release.exists() and time.monotonic() < give_up:
         time.sleep(0.02)
     return {"pid": os.getpid()}
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: neither gone nor a zombie (an orphan the container's init may
+    never reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def starts_a_sleeper(ctx: Context) -> None:
+    """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
+    file, and waits for it (no checkpoint), or with ``exit`` in the payload ends its own process
+    at once (``os._exit``)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    written = Path(ctx.payload["sleeper"] + ".new")
+    written.write_text(str(sleeper.pid))
+    written.replace(ctx.payload["sleeper"])  # whole when it appears
+    if ctx.payload.get("exit"):
+        os._exit(3)
+    sleeper.wait()
+
+
+@pytest.mark.parametrize("stop", ["timeout", "cancel", "exit"])
+def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
+    db: Database, tmp_path: Path, stop: str
+) -> None:
+    """A job that waits for a subprocess is killed at its timeout, or on cancel, or its process
+    exits before reporting: the subprocess is stopped with it, not left running (orphaned) for
+    its ten minutes."""
+    app = App("sleeper")
+    app.job("sleeper", isolation="process", timeout=2 if stop == "timeout" else None)(starts_a_sleeper)
+    sleeper_file = tmp_path / "sleeper"
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1)
+    with db.connect() as conn, worker_thread(worker):
+        payload = json.dumps({"sleeper": str(sleeper_file), "exit": stop == "exit"})
+        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('sleeper', %s)", (payload,))
+        wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
+        sleeper = int(sleeper_file.read_text())
+        if stop == "cancel":
+            conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+        status = wait_finished(conn, run_id)
+        give_up = time.monotonic() + 30  # a killed process is gone in milliseconds
+        while _running(sleeper) and time.monotonic() < give_up:
+            time.sleep(0.1)
+        running = _running(sleeper)
+    try:
+        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
+    except ProcessLookupError:
+        pass
+    assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), status
+    assert not running, f"the job's subprocess {sleeper} outlived the kill of its job ({stop})"
+
+
+def test_a_process_job_and_the_processes_it_started_end_when_its_worker_is_killed(
+    procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """SIGKILL to the worker process: its job process sees it gone and takes the processes its
+    job started with it, rather than leave them running, orphaned, for their ten minutes."""
+    replica = procs.replica("isolated_app.py", "replica")
+    sleeper_file = tmp_path / "sleeper"
+    payload = json.dumps({"sleeper": str(sleeper_file)})
+    scalar(conn, "SELECT id FROM jobs.enqueue('starts-sleeper', %s)", (payload,))
+    wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
+    sleeper = int(sleeper_file.read_text())
+    replica.send(signal.SIGKILL)
+    replica.wait(30)
+    give_up = time.monotonic() + 30  # the job process sees its worker gone at once
+    while _running(sleeper) and time.monotonic() < give_up:
+        time.sleep(0.1)
+    running = _running(sleeper)
+    try:
+        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
+    except ProcessLookupError:
+        pass
+    assert not running, f"the job's subprocess {sleeper} outlived its worker\n{replica.log()}"
 
 
 def test_stopping_one_worker_leaves_another_workers_process_jobs_running(

@@ -3,7 +3,9 @@ enqueue, run the due jobs inline, look at the outcomes. The first test is the RE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pgtick import App, Context
 
@@ -105,6 +107,30 @@ def test_an_async_job_that_raises_cancelled_error_itself_fails_as_a_worker_would
     outcomes = pgtick_jobs.run_due(app)
     got = [(o.run.id, o.status, o.error) for o in outcomes]
     assert got == [(run.id, "FAILED", "CancelledError: job code cancelled its task")], got
+
+
+def plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
+    """A decorator as many are written: a plain function that returns what the job returns."""
+
+    @functools.wraps(fn)
+    def job(ctx: Context) -> Any:
+        return fn(ctx)
+
+    return job
+
+
+@app.job("decorated-receipt")
+@plainly_decorated
+async def decorated_receipt(ctx: Context) -> str:
+    return f"decorated {ctx.payload['order']}"
+
+
+def test_an_async_job_behind_a_plain_decorator_runs_its_body_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    pgtick_jobs.enqueue("decorated-receipt", {"order": 7})
+    (outcome,) = pgtick_jobs.run_due(app)
+    assert (outcome.status, outcome.result) == ("COMPLETED", "decorated 7"), outcome
 
 
 def test_the_tester_works_where_workers_must_present_a_claim_token(pgtick_jobs: JobsTester) -> None:
