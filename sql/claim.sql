@@ -250,8 +250,10 @@ BEGIN
     IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
         PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
     END IF;
-    IF claim.worker IS NOT NULL AND length(claim.worker) NOT BETWEEN 1 AND 200 THEN
-        PERFORM jobs._check_text('worker', claim.worker, 200);
+    -- The worker id is written on the runs, where operators read it (jobs.running, the CLI, the
+    -- dashboard, reap messages): a name as jobs.register_worker takes it, no escape sequence.
+    IF claim.worker IS NOT NULL AND NOT jobs._plain_name(claim.worker) THEN
+        PERFORM jobs._check_name('worker', claim.worker);
     END IF;
     IF claim.kinds IS NOT NULL
        AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL) THEN

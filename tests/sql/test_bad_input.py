@@ -114,6 +114,11 @@ CASES: list[Case] = [
     bad("SELECT * FROM jobs.claim(NULL)", "batch_size"),
     bad("SELECT * FROM jobs.claim(1, '')", "worker"),
     bad("SELECT * FROM jobs.claim(1, repeat('w', 201))", "worker"),
+    # the id is written on the runs, which operators read: no escape sequence, no forged line
+    bad("SELECT * FROM jobs.claim(1, E'w\\x1b[2Jx')", "worker must not contain control"),
+    bad("SELECT * FROM jobs.claim(1, E'web-1\\n  forged')", "worker must not contain control"),
+    bad("SELECT * FROM jobs.claim(1, U&'web\\202E1')", "worker must not contain invisible"),
+    bad("SELECT * FROM jobs.claim(1, '   ')", "worker must not be blank"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{NULL}')", "kinds"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{}')", "kinds"),
     # jobs.heartbeat
