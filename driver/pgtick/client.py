@@ -490,6 +490,11 @@ def _jsonb(name: str, value: Any) -> Jsonb:
     return Jsonb(value, dumps=lambda _: text)
 
 
+def _brief(value: Any) -> str:
+    """A value named in a refusal: a Run by its id (its payload is the caller's data, and long)."""
+    return f"Run(id={value.id})" if isinstance(value, Run) else repr(value)[:80]
+
+
 def _sql_value(name: str, value: Any) -> Any:
     """An argument as sent, checked first: numbers in their documented range, durations
     finite and in range, flags true or false, the rest text without NUL (PostgreSQL text
@@ -497,11 +502,12 @@ def _sql_value(name: str, value: Any) -> Any:
     if name in ("payload", "payloads", "result"):
         return _jsonb(name, value)
     if name == "depends_on":
-        if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        if isinstance(value, str | bytes | Mapping | Run) or not isinstance(value, Iterable):
             raise InvalidArgument(
-                f"depends_on must be a list of run ids, got {type(value).__name__} {value!r}", field=name
+                f"depends_on must be a list of run ids or Runs, got {type(value).__name__} {_brief(value)}",
+                field=name,
             )
-        return [Int8(check_int(name, v)) for v in value]
+        return [Int8(check_int(name, v.id if isinstance(v, Run) else v)) for v in value]
     if name in RANGES:
         return check_int(name, value)
     if name in _DURATIONS:
@@ -574,7 +580,7 @@ class EnqueueManyOptions(PerRunOptions, total=False):
 
     run_at: datetime | None
     tz: str | tzinfo | None
-    depends_on: Sequence[int] | None
+    depends_on: Sequence[int | Run] | None  # run ids, or the Runs the client returned
 
 
 class EnqueueOptions(EnqueueManyOptions, total=False):

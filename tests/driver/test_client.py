@@ -297,6 +297,20 @@ def test_a_misspelt_tz_is_refused_even_without_a_run_at_to_read_in_it(client: Cl
     assert client.enqueue("mail", tz="Europe/Paris").kind == "mail"
 
 
+def test_depends_on_takes_the_runs_the_client_returned_as_well_as_their_ids(client: Client) -> None:
+    """A run just enqueued is at hand as a Run: it names itself in depends_on. A refusal names
+    a Run by its id, never with its payload (the caller's data, and long)."""
+    first = client.enqueue("step", {"secret": "x" * 500})
+    second = client.enqueue("step")
+    after = client.enqueue("step", depends_on=[first, second.id])
+    assert after.depends_on == [first.id, second.id] and after.blocked
+    with pytest.raises(
+        InvalidArgument, match=rf"list of run ids or Runs, got Run Run\(id={first.id}\)"
+    ) as caught:
+        client.enqueue("step", depends_on=first)  # type: ignore[arg-type]
+    assert caught.value.field == "depends_on" and "secret" not in str(caught.value)
+
+
 def test_enqueue_many_takes_its_payloads_from_any_iterable(client: Client, db: Database) -> None:
     runs = client.enqueue_many("gen", ({"i": i} for i in range(3)))
     assert [r.payload for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}]
