@@ -702,6 +702,16 @@ def register_worker(conn: Conn, worker_id: str, kinds: list[str], host: str, pid
     conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid))
 
 
+#: The server's heartbeat timeout in seconds, as a number: an interval too large for Python's
+#: timedelta (a mistaken value) still reads, and only ever makes the cadence the configured one.
+HEARTBEAT_TIMEOUT_SECONDS = "SELECT extract(epoch FROM heartbeat_timeout)::float8 FROM jobs.config"
+
+
+def heartbeat_timeout_seconds(conn: Conn) -> float | None:
+    row = conn.execute(HEARTBEAT_TIMEOUT_SECONDS).fetchone()
+    return None if row is None or _first(row) is None else float(_first(row))
+
+
 def worker_seen(conn: Conn, worker_id: str) -> None:
     conn.execute(WORKER_SEEN, (worker_id,))
 

@@ -72,6 +72,11 @@ class HeartbeatOwner(Protocol):
         """The loop ended on an error that is not the database's: nothing heartbeats any more."""
         ...
 
+    def server_heartbeat_timeout(self, seconds: float) -> None:
+        """``jobs.config.heartbeat_timeout`` as read at a beat: the timeout of the runs that have
+        none of their own, which the cadence must stay well inside."""
+        ...
+
     def overdue(self) -> list[Context]:
         """Held runs past a timeout only this worker knows (the kind's, when the run has none of
         its own for the server to enforce): the loop fails them as Timeout."""
@@ -162,19 +167,25 @@ class HeartbeatLoop:
                 ctx.request_cancel()
 
     def _seen(self, conn: psycopg.Connection[Any]) -> None:
-        """``jobs.worker_seen``, the worker's own sign of life, waiting at most half a beat for a
-        lock on the worker registry: a registry held locked (a migration, an operator's LOCK
-        TABLE) must not hold up the next heartbeat of the runs. Not seen this time is harmless:
-        ``jobs.workers`` may show the worker lost until the lock is released."""
+        """``jobs.worker_seen``, the worker's own sign of life, and the server's heartbeat
+        timeout, waiting at most half a beat for a lock on the worker registry or the settings:
+        a table held locked (a migration, an operator's LOCK TABLE) must not hold up the next
+        heartbeat of the runs. Not seen this time is harmless: ``jobs.workers`` may show the
+        worker lost until the lock is released, and the timeout read at the next beat."""
         try:
             with conn.transaction():
                 calls.local_lock_timeout(conn, min(SEEN_LOCK_WAIT, self.owner.heartbeat_interval() / 2))
+                # The server's heartbeat timeout, read at every beat: one an operator lowers
+                # reaches the cadence at the next beat, not when the worker next connects.
+                timeout = calls.heartbeat_timeout_seconds(conn)
+                if timeout is not None:
+                    self.owner.server_heartbeat_timeout(timeout)
                 calls.worker_seen(conn, self.worker_id)
         except psycopg.errors.LockNotAvailable:
             if not self._seen_blocked:
                 log.warning(
-                    "worker=%s not stamped seen: jobs.worker_registry is locked (the heartbeats of"
-                    " its runs go on)",
+                    "worker=%s not stamped seen: jobs.worker_registry or jobs.config is locked (the"
+                    " heartbeats of its runs go on)",
                     self.worker_id,
                 )
             self._seen_blocked = True

@@ -363,6 +363,10 @@ class Worker:
         self.events.on_heartbeat_failure()
         log.warning("worker=%s heartbeat failed (runs keep going): %s", self.worker_id, one_line(exc))
 
+    def server_heartbeat_timeout(self, seconds: float) -> None:
+        if seconds > 0:
+            self.default_heartbeat_timeout = seconds
+
     def heartbeat_died(self, exc: BaseException) -> None:
         self.fault(RuntimeError(f"the heartbeat loop ended: {describe(exc)}"), exc)
 

@@ -65,6 +65,36 @@ def test_short_per_run_heartbeat_timeout_is_honoured(db: Database) -> None:
     assert worker.stats.completed == 1 and worker.stats.fenced == 0, worker.stats
 
 
+def test_a_server_heartbeat_timeout_lowered_while_a_run_is_held_reaches_the_cadence(db: Database) -> None:
+    """jobs.config.heartbeat_timeout is the timeout of every run without one of its own. An
+    operator lowering it while a worker holds a run must not leave the worker beating at the
+    old cadence, past the new timeout, where the reaper would take the run from a live worker:
+    the worker reads it at every beat and beats within a third of it."""
+    app = App()
+    started = threading.Event()
+    release = threading.Event()
+
+    @app.job("long")
+    def long(ctx: Context) -> None:
+        started.set()
+        release.wait(120)
+
+    worker = Worker(app, db.dsn, poll_interval=0.1, heartbeat_interval=1.0)
+    with worker_thread(worker), db.connect() as conn:
+        try:
+            conn.execute("SELECT jobs.enqueue('long')")
+            assert started.wait(30)
+            assert worker.heartbeat_interval() == 1.0  # jobs.config: 60 s, a third is 20 s
+            conn.execute("UPDATE jobs.config SET heartbeat_timeout = interval '1.5 seconds'")
+            wait_for(
+                "the worker to beat within a third of the new timeout",
+                lambda: worker.heartbeat_interval() <= 0.5,
+                timeout=60,
+            )
+        finally:
+            release.set()
+
+
 def test_unknown_kind_waits_visibly_and_crashes_nothing(db: Database) -> None:
     """A run whose kind no worker knows stays QUEUED (no worker claims kinds it
     does not have) and shows in jobs.queue_stats with a growing oldest age."""
