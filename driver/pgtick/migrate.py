@@ -32,7 +32,7 @@ import psycopg
 
 from pgtick import calls
 from pgtick.db import behind_pooler
-from pgtick.errors import SchemaMismatch
+from pgtick.errors import PgtickError, SchemaMismatch
 
 log = logging.getLogger("pgtick.migrate")
 
@@ -44,8 +44,9 @@ _BOOTSTRAP_LINE = re.compile(r"^\\ir\s+\.\./migrations/bootstrap\.sql\s*$")
 _SQL_LINE = re.compile(r"^\\ir\s+([a-z0-9_]+\.sql)\s*$")
 
 
-class SchemaFilesMissing(RuntimeError):
-    """The sql/ and migrations/ directories, or a file install.sql names, could not be found."""
+class SchemaFilesMissing(PgtickError, RuntimeError):
+    """The sql/ and migrations/ directories, or a file install.sql names, could not be found:
+    a broken installation, which the CLI says in one line (exit code 1)."""
 
 
 @dataclass(frozen=True)
