@@ -21,8 +21,14 @@ SET standard_conforming_strings = on;
 SET quote_all_identifiers = off;
 
 -- Migrators run one at a time: session advisory lock 'pgtickMG' (key table: sql/helpers.sql).
+-- Another migrator's turn is waited for as long as it takes, whatever lock_timeout and
+-- statement_timeout the database sets: the lock outlives the transaction that takes it.
 \set pgtick_migration_lock 8099570450837491015
+BEGIN;
+SET LOCAL lock_timeout = 0;
+SET LOCAL statement_timeout = 0;
 SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
+COMMIT;
 
 -- The jobs schema and the migration ledger.
 \ir ../migrations/bootstrap.sql

@@ -151,7 +151,9 @@ def install_script(root: Path | None = None) -> str:
         "SET client_min_messages = warning;\n",
         *(f"SELECT current_setting('{name}') AS pgtick_{name} \\gset\n" for name in INSTALL_SETTINGS),
         *(f"SET {name} = {value};\n" for name, value in INSTALL_SETTINGS.items()),
+        "BEGIN;\nSET LOCAL lock_timeout = 0;\nSET LOCAL statement_timeout = 0;\n",
         f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
+        "COMMIT;\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
     ]
@@ -337,7 +339,13 @@ def _apply(
     caller = {name: _setting(conn, name) for name in INSTALL_SETTINGS}
     for name, value in INSTALL_SETTINGS.items():
         conn.execute(f"SET {name} = {value}")  # our names and values, not input
-    calls.advisory_lock(conn, plan.lock_key)
+    # Another migrator's turn is waited for as long as it takes, whatever lock_timeout and
+    # statement_timeout the database or role sets: the session lock, taken in a transaction
+    # whose SET LOCAL ends with it, outlives the transaction.
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = 0")
+        conn.execute("SET LOCAL statement_timeout = 0")
+        calls.advisory_lock(conn, plan.lock_key)
     try:
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
@@ -460,10 +468,18 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
         conn.execute("SET LOCAL client_min_messages = warning")
         for name, value in INSTALL_SETTINGS.items():
             conn.execute(f"SET LOCAL {name} = {value}")
-        # Another migrator's turn is waited for as long as it takes; only the table locks
-        # after it are bounded (_retrying_on_locks).
+        # Another migrator's turn is waited for as long as it takes (only the table locks
+        # after it are bounded, by _retrying_on_locks), whatever statement_timeout is set;
+        # the caller's statement_timeout is given back to the install after it.
         conn.execute("SET LOCAL lock_timeout = 0")
+        conn.execute(
+            "SELECT set_config('pgtick.statement_timeout', current_setting('statement_timeout'), true)"
+        )
+        conn.execute("SET LOCAL statement_timeout = 0")
         calls.advisory_xact_lock(conn, plan.lock_key)
+        conn.execute(
+            "SELECT set_config('statement_timeout', current_setting('pgtick.statement_timeout'), true)"
+        )
         calls.local_lock_timeout(conn, LOCK_WAIT)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)

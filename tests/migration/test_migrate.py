@@ -27,6 +27,7 @@ from harness import (
     scalar,
     wait_for,
 )
+from migration.test_install_includes import add_migration_line
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
 from pgtick.errors import SchemaMismatch
@@ -467,12 +468,7 @@ def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path:
     (root / "migrations" / "9999_broken.sql").write_text(
         "CREATE TABLE jobs.half_applied (id int);\nSELECT no_such_function();\n"
     )
-    install = root / "sql" / "install.sql"
-    install.write_text(
-        install.read_text().replace(
-            "\nBEGIN;\n", "\n\\set migration 9999_broken \\ir ../migrations/apply.sql\nBEGIN;\n", 1
-        )
-    )
+    add_migration_line(root, "9999_broken")
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.UndefinedFunction):
             migrate.apply(conn, root)

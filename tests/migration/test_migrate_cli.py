@@ -5,11 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from harness import Database, env_for
+from harness import Database, Server, env_for, psql_script_args, scalar, wait_for
 from pgtick import migrate
 
 
@@ -18,6 +20,13 @@ def _one_line(stderr: str) -> str:
     assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
     assert "Traceback" not in stderr
     return lines[0]
+
+
+@pytest.fixture
+def empty(pg: Server) -> Iterator[Database]:
+    database = pg.create_empty_database()
+    yield database
+    pg.drop_database(database)
 
 
 @pytest.mark.parametrize("sql", [False, True], ids=["apply", "--sql"])
@@ -45,3 +54,61 @@ def test_a_driver_without_its_schema_files_says_so_in_one_line(
     assert result.returncode == 1, result
     assert "cannot find sql/ and migrations/" in line, line
     assert result.stdout == ""
+
+
+#: The migration lock's key (sql/install.sql, pgtick_migration_lock).
+_MIGRATION_LOCK = migrate.install_plan().lock_key
+
+
+@pytest.mark.parametrize(
+    "path", ["pgtick migrate", "pgtick migrate through a pooler", "psql", "generated script"]
+)
+def test_a_migrator_waits_its_turn_whatever_timeouts_the_database_sets(
+    pg: Server, empty: Database, tmp_path: Path, path: str
+) -> None:
+    """Invariant: two migrators at once run one after the other. A database (or role) that
+    sets lock_timeout and statement_timeout, as many production databases do, must not make
+    the second one fail while it waits for the first one's migration lock: it waits, then
+    installs (the statements of the install itself still run under the database's
+    statement_timeout)."""
+    with pg.admin() as admin:
+        admin.execute(f"ALTER DATABASE \"{empty.name}\" SET lock_timeout = '100ms'")
+        admin.execute(f"ALTER DATABASE \"{empty.name}\" SET statement_timeout = '5s'")
+    env = env_for(None)
+    if path.startswith("pgtick migrate"):
+        args = [sys.executable, "-m", "pgtick", "migrate", "--dsn", empty.dsn]
+        # PGTICK_POOLER=1: the one-transaction install that a transaction-mode pooler needs.
+        env["PGTICK_POOLER"] = "1" if "pooler" in path else "0"
+    elif path == "psql":
+        args = psql_script_args(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    else:
+        script = tmp_path / "install.sql"
+        script.write_text(migrate.install_script())
+        args = psql_script_args(empty.dsn, script)
+    with psycopg.connect(empty.dsn, autocommit=True) as first:
+        first.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        second = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(None)
+        )
+        try:
+            # Waiting for the lock longer than either timeout allows, by the server's clock.
+            wait_for(
+                "the second migrator to wait on the migration lock for six seconds",
+                lambda: (
+                    second.poll() is not None
+                    or scalar(
+                        first,
+                        "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+                        " AND wait_event = 'advisory' AND now() - query_start > interval '6 seconds'",
+                    )
+                ),
+                timeout=60,
+            )
+            assert second.poll() is None, f"the second migrator stopped waiting: {second.communicate()}"
+        finally:
+            first.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+        _, err = second.communicate(timeout=240)
+    assert second.returncode == 0, err
+    with psycopg.connect(empty.dsn) as conn:
+        assert scalar(conn, "SELECT count(*) FROM jobs.schema_migrations") == len(migrate.migrations())
