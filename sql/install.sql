@@ -33,6 +33,10 @@ COMMIT;
 -- The jobs schema and the migration ledger.
 \ir ../migrations/bootstrap.sql
 
+-- Each migration commits the transaction before it and leaves its own open (apply.sql): the
+-- last one commits with the functions and views, below.
+BEGIN;
+
 -- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
 -- 0001: config, definitions, runs, retry policies, leases, leadership; types, indexes, roles.
 \set migration 0001_initial \ir ../migrations/apply.sql
@@ -99,8 +103,8 @@ DO $newer$ BEGIN
 END $newer$;
 \endif
 
--- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
-BEGIN;
+-- Functions and views, re-applied every time, in the transaction of the last migration
+-- (roles.sql grants on all, so last).
 \ir helpers.sql
 \ir history.sql
 \ir flow.sql

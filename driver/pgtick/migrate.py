@@ -156,19 +156,21 @@ def install_script(root: Path | None = None) -> str:
         "COMMIT;\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
+        # Each migration commits the transaction before it and leaves its own open: the last
+        # one commits with the functions and views (as sql/install.sql and apply.sql do).
+        "BEGIN;\n",
     ]
     for migration in plan.migrations:
         flag = f"pgtick_apply_{migration.version}"
         out += [
             f"\n-- migrations/{migration.path.name}\n",
-            "BEGIN;\n",
+            "COMMIT;\nBEGIN;\n",
             f"SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = "
             f"'{migration.version}') AS {flag} \\gset\n",
             f"\\if :{flag}\n",
             migration.sql(),
             _record(migration),
             "\\endif\n",
-            "COMMIT;\n",
         ]
     if any(m.version >= _FIRST_WITH_PACKAGE_VERSION for m in plan.migrations):
         out.append("\n-- the pgtick version that printed this script applied what it applied\n")
@@ -191,7 +193,7 @@ def install_script(root: Path | None = None) -> str:
             "END $newer$;\n",
             "\\endif\n",
         ]
-    out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
+    out.append("\n-- functions and views (re-applied every time), with the last migration\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += [

@@ -504,6 +504,37 @@ def test_a_migrator_stopped_before_the_functions_leaves_a_ledger_that_says_to_mi
         assert migrate.check_schema(conn) is None
 
 
+@pytest.mark.parametrize("path", ["psql", "generated script"])
+def test_a_psql_install_stopped_before_the_functions_leaves_a_ledger_that_says_to_migrate(
+    empty: Database, tmp_path: Path, path: str
+) -> None:
+    """psql commits the last migration with the functions too (sql/install.sql, `pgtick migrate
+    --sql`): an install that stops between them (here a function file that fails, as Ctrl-C
+    or a lost connection would stop it) leaves that migration unrecorded, so `pgtick run`
+    says to migrate rather than start on a complete ledger over missing functions."""
+    root = tmp_path / "root"
+    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
+    shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
+    roles = root / "sql" / "roles.sql"
+    roles.write_text(roles.read_text() + "\nSELECT no_such_function();\n")
+    script = root / "sql" / "install.sql"
+    if path == "generated script":
+        script = tmp_path / "install.sql"
+        script.write_text(migrate.install_script(root))
+    last = migrate.migrations()[-1]
+    result = psql_file(empty.dsn, script)
+    assert result.returncode != 0 and "no_such_function" in result.stderr, result.stderr
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        applied = migrate.applied_versions(conn)
+        assert applied == {m.version for m in migrate.migrations()[:-1]}, applied
+        with pytest.raises(SchemaMismatch, match=f"lacks migration {last.version}_{last.name}"):
+            migrate.check_schema(conn)
+    installed = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert installed.returncode == 0, installed.stderr
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        assert migrate.check_schema(conn) is None
+
+
 def test_a_schema_a_newer_pgtick_migrated_keeps_its_functions(db: Database, tmp_path: Path) -> None:
     """An older pgtick's migrate (driver, generated script, psql) refuses a schema whose
     ledger holds a migration it does not know, and leaves that pgtick's functions as they are."""
