@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,17 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harness import Database, Server, env_for, psql_script_args, scalar, wait_for
+from harness import (
+    Database,
+    Server,
+    checkout_schema,
+    dsn_for,
+    env_for,
+    psql_file,
+    psql_script_args,
+    scalar,
+    wait_for,
+)
 from pgtick import migrate
 
 
@@ -112,3 +123,60 @@ def test_a_migrator_waits_its_turn_whatever_timeouts_the_database_sets(
     assert second.returncode == 0, err
     with psycopg.connect(empty.dsn) as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.schema_migrations") == len(migrate.migrations())
+
+
+def test_a_schema_one_role_installed_and_a_superuser_upgraded_keeps_one_owner(
+    pg: Server, tmp_path: Path
+) -> None:
+    """A database owner installs (psql, an earlier release); a superuser runs `pgtick migrate`
+    later. Every object of the jobs schema still belongs to the schema's owner, so the
+    owner's SECURITY DEFINER functions can use what the upgrade created (jobs.enqueue calls a
+    helper function a later migration re-created) and no function runs with the superuser's
+    rights."""
+    owner = f"pgtick_installer_{os.getpid()}"
+    operator = f"pgtick_upg_operator_{os.getpid()}"
+    with pg.admin() as admin:
+        for role in (owner, operator):
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        admin.execute(f'CREATE ROLE "{owner}" LOGIN CREATEROLE')
+        admin.execute(f'CREATE ROLE "{operator}" LOGIN IN ROLE jobs_operator')
+    database = pg.create_empty_database()
+    try:
+        with pg.admin() as admin:
+            admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO "{owner}"')
+        added = subprocess.run(
+            [
+                "git",
+                "log",
+                "--first-parent",
+                "--diff-filter=A",
+                "--format=%H",
+                "--",
+                "migrations/0025_trace_context_check.sql",
+            ],
+            cwd=migrate.schema_root(),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert added, "the upgrade test needs the git history of migrations/0025_trace_context_check.sql"
+        script = checkout_schema(f"{added[-1]}^", tmp_path / "before")
+        installed = psql_file(dsn_for(pg.admin_dsn, database.name, user=owner), script)
+        assert installed.returncode == 0, installed.stderr
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            assert "0025" in migrate.apply(conn)
+            others = conn.execute(
+                "SELECT c.relname FROM pg_class AS c WHERE c.relnamespace = 'jobs'::regnamespace"
+                " AND c.relowner <> (SELECT nspowner FROM pg_namespace WHERE nspname = 'jobs')"
+                " UNION ALL SELECT p.oid::regprocedure::text FROM pg_proc AS p"
+                " WHERE p.pronamespace = 'jobs'::regnamespace"
+                " AND p.proowner <> (SELECT nspowner FROM pg_namespace WHERE nspname = 'jobs')"
+            ).fetchall()
+        assert others == [], f"objects of the jobs schema not owned by its owner {owner}: {others}"
+        with psycopg.connect(dsn_for(pg.admin_dsn, database.name, user=operator), autocommit=True) as conn:
+            assert scalar(conn, "SELECT (jobs.enqueue('report', '{}')).id") is not None
+    finally:
+        pg.drop_database(database)
+        with pg.admin() as admin:
+            for role in (owner, operator):
+                admin.execute(f'DROP ROLE IF EXISTS "{role}"')
