@@ -21,11 +21,21 @@ SET standard_conforming_strings = on;
 SET quote_all_identifiers = off;
 
 -- Migrators run one at a time: session advisory lock 'pgtickMG' (key table: sql/helpers.sql).
+-- Another migrator's turn is waited for as long as it takes, whatever lock_timeout and
+-- statement_timeout the database sets: the lock outlives the transaction that takes it.
 \set pgtick_migration_lock 8099570450837491015
+BEGIN;
+SET LOCAL lock_timeout = 0;
+SET LOCAL statement_timeout = 0;
 SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
+COMMIT;
 
 -- The jobs schema and the migration ledger.
 \ir ../migrations/bootstrap.sql
+
+-- Each migration commits the transaction before it and leaves its own open (apply.sql): the
+-- last one commits with the functions and views, below.
+BEGIN;
 
 -- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
 -- 0001: config, definitions, runs, retry policies, leases, leadership; types, indexes, roles.
@@ -93,8 +103,8 @@ DO $newer$ BEGIN
 END $newer$;
 \endif
 
--- Functions and views, re-applied every time, in one transaction (roles.sql grants on all, so last).
-BEGIN;
+-- Functions and views, re-applied every time, in the transaction of the last migration
+-- (roles.sql grants on all, so last).
 \ir helpers.sql
 \ir history.sql
 \ir flow.sql

@@ -15,6 +15,47 @@
 --                   and the scheduler's own calls (try_lead, materialize, reap, prune)
 -- ===========================================================================
 
+-- Every object of the schema belongs to the schema's owner, whoever migrates: a schema that one
+-- role installed and another (a superuser, say) upgraded would otherwise hold objects of both,
+-- and the first one's SECURITY DEFINER functions could not use what the second one created
+-- (jobs.enqueue stopped on a helper function a later migration made), while the second one's
+-- would run with its rights. Objects created by a migrator other than the owner are given to the
+-- owner here, on every install (which also mends a schema upgraded so before). The migrator is the
+-- owner, a member of it or a superuser (the bootstrap comments on the schema, which only they may).
+DO $owner$
+DECLARE
+    v_owner oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'jobs');
+    v_object record;
+BEGIN
+    FOR v_object IN
+        SELECT format('%s %s', CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                               WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+                      c.oid::regclass) AS what
+          FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'jobs'::regnamespace AND c.relowner <> v_owner
+           AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+           -- a sequence that a column owns follows its table
+           AND NOT (c.relkind = 'S' AND EXISTS (
+                SELECT FROM pg_catalog.pg_depend AS d
+                 WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid
+                   AND d.deptype IN ('a', 'i') AND d.refclassid = 'pg_catalog.pg_class'::regclass))
+        UNION ALL
+        SELECT format('%s %s', CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE'
+                                               ELSE 'FUNCTION' END, p.oid::regprocedure)
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = 'jobs'::regnamespace AND p.proowner <> v_owner
+        UNION ALL
+        SELECT format('%s %s', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::regtype)
+          FROM pg_catalog.pg_type AS t
+         WHERE t.typnamespace = 'jobs'::regnamespace AND t.typowner <> v_owner
+           AND t.typtype IN ('e', 'd', 'c', 'r') AND (t.typtype <> 'c' OR (
+                SELECT c.relkind FROM pg_catalog.pg_class AS c WHERE c.oid = t.typrelid) = 'c')
+    LOOP
+        EXECUTE format('ALTER %s OWNER TO %I', v_object.what, pg_catalog.pg_get_userbyid(v_owner));
+    END LOOP;
+END
+$owner$;
+
 -- The grants below are the whole of what pgtick's roles hold in the schema: what an earlier
 -- release granted and this one does not (a column a worker no longer reads, a call that is no
 -- longer theirs) is taken back here, in the install's transaction, before granting again.

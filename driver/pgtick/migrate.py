@@ -32,7 +32,7 @@ import psycopg
 
 from pgtick import calls
 from pgtick.db import behind_pooler
-from pgtick.errors import SchemaMismatch
+from pgtick.errors import PgtickError, SchemaMismatch
 
 log = logging.getLogger("pgtick.migrate")
 
@@ -44,8 +44,9 @@ _BOOTSTRAP_LINE = re.compile(r"^\\ir\s+\.\./migrations/bootstrap\.sql\s*$")
 _SQL_LINE = re.compile(r"^\\ir\s+([a-z0-9_]+\.sql)\s*$")
 
 
-class SchemaFilesMissing(RuntimeError):
-    """The sql/ and migrations/ directories, or a file install.sql names, could not be found."""
+class SchemaFilesMissing(PgtickError, RuntimeError):
+    """The sql/ and migrations/ directories, or a file install.sql names, could not be found:
+    a broken installation, which the CLI says in one line (exit code 1)."""
 
 
 @dataclass(frozen=True)
@@ -150,22 +151,26 @@ def install_script(root: Path | None = None) -> str:
         "SET client_min_messages = warning;\n",
         *(f"SELECT current_setting('{name}') AS pgtick_{name} \\gset\n" for name in INSTALL_SETTINGS),
         *(f"SET {name} = {value};\n" for name, value in INSTALL_SETTINGS.items()),
+        "BEGIN;\nSET LOCAL lock_timeout = 0;\nSET LOCAL statement_timeout = 0;\n",
         f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
+        "COMMIT;\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
+        # Each migration commits the transaction before it and leaves its own open: the last
+        # one commits with the functions and views (as sql/install.sql and apply.sql do).
+        "BEGIN;\n",
     ]
     for migration in plan.migrations:
         flag = f"pgtick_apply_{migration.version}"
         out += [
             f"\n-- migrations/{migration.path.name}\n",
-            "BEGIN;\n",
+            "COMMIT;\nBEGIN;\n",
             f"SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = "
             f"'{migration.version}') AS {flag} \\gset\n",
             f"\\if :{flag}\n",
             migration.sql(),
             _record(migration),
             "\\endif\n",
-            "COMMIT;\n",
         ]
     if any(m.version >= _FIRST_WITH_PACKAGE_VERSION for m in plan.migrations):
         out.append("\n-- the pgtick version that printed this script applied what it applied\n")
@@ -188,7 +193,7 @@ def install_script(root: Path | None = None) -> str:
             "END $newer$;\n",
             "\\endif\n",
         ]
-    out.append("\n-- functions and views (re-applied every time)\nBEGIN;\n")
+    out.append("\n-- functions and views (re-applied every time), with the last migration\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += [
@@ -336,7 +341,13 @@ def _apply(
     caller = {name: _setting(conn, name) for name in INSTALL_SETTINGS}
     for name, value in INSTALL_SETTINGS.items():
         conn.execute(f"SET {name} = {value}")  # our names and values, not input
-    calls.advisory_lock(conn, plan.lock_key)
+    # Another migrator's turn is waited for as long as it takes, whatever lock_timeout and
+    # statement_timeout the database or role sets: the session lock, taken in a transaction
+    # whose SET LOCAL ends with it, outlives the transaction.
+    with conn.transaction():
+        conn.execute("SET LOCAL lock_timeout = 0")
+        conn.execute("SET LOCAL statement_timeout = 0")
+        calls.advisory_lock(conn, plan.lock_key)
     try:
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
@@ -459,10 +470,18 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
         conn.execute("SET LOCAL client_min_messages = warning")
         for name, value in INSTALL_SETTINGS.items():
             conn.execute(f"SET LOCAL {name} = {value}")
-        # Another migrator's turn is waited for as long as it takes; only the table locks
-        # after it are bounded (_retrying_on_locks).
+        # Another migrator's turn is waited for as long as it takes (only the table locks
+        # after it are bounded, by _retrying_on_locks), whatever statement_timeout is set;
+        # the caller's statement_timeout is given back to the install after it.
         conn.execute("SET LOCAL lock_timeout = 0")
+        conn.execute(
+            "SELECT set_config('pgtick.statement_timeout', current_setting('statement_timeout'), true)"
+        )
+        conn.execute("SET LOCAL statement_timeout = 0")
         calls.advisory_xact_lock(conn, plan.lock_key)
+        conn.execute(
+            "SELECT set_config('statement_timeout', current_setting('pgtick.statement_timeout'), true)"
+        )
         calls.local_lock_timeout(conn, LOCK_WAIT)
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)

@@ -27,6 +27,7 @@ from harness import (
     scalar,
     wait_for,
 )
+from migration.test_install_includes import add_migration_line
 from pgtick import migrate
 from pgtick.embedded import EmbeddedPostgres
 from pgtick.errors import SchemaMismatch
@@ -467,12 +468,7 @@ def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path:
     (root / "migrations" / "9999_broken.sql").write_text(
         "CREATE TABLE jobs.half_applied (id int);\nSELECT no_such_function();\n"
     )
-    install = root / "sql" / "install.sql"
-    install.write_text(
-        install.read_text().replace(
-            "\nBEGIN;\n", "\n\\set migration 9999_broken \\ir ../migrations/apply.sql\nBEGIN;\n", 1
-        )
-    )
+    add_migration_line(root, "9999_broken")
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.UndefinedFunction):
             migrate.apply(conn, root)
@@ -505,6 +501,37 @@ def test_a_migrator_stopped_before_the_functions_leaves_a_ledger_that_says_to_mi
         with pytest.raises(SchemaMismatch, match=f"lacks migration {last.version}_{last.name}"):
             migrate.check_schema(conn)
         assert migrate.apply(conn) == [last.version]
+        assert migrate.check_schema(conn) is None
+
+
+@pytest.mark.parametrize("path", ["psql", "generated script"])
+def test_a_psql_install_stopped_before_the_functions_leaves_a_ledger_that_says_to_migrate(
+    empty: Database, tmp_path: Path, path: str
+) -> None:
+    """psql commits the last migration with the functions too (sql/install.sql, `pgtick migrate
+    --sql`): an install that stops between them (here a function file that fails, as Ctrl-C
+    or a lost connection would stop it) leaves that migration unrecorded, so `pgtick run`
+    says to migrate rather than start on a complete ledger over missing functions."""
+    root = tmp_path / "root"
+    shutil.copytree(migrate.schema_root() / "sql", root / "sql")
+    shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
+    roles = root / "sql" / "roles.sql"
+    roles.write_text(roles.read_text() + "\nSELECT no_such_function();\n")
+    script = root / "sql" / "install.sql"
+    if path == "generated script":
+        script = tmp_path / "install.sql"
+        script.write_text(migrate.install_script(root))
+    last = migrate.migrations()[-1]
+    result = psql_file(empty.dsn, script)
+    assert result.returncode != 0 and "no_such_function" in result.stderr, result.stderr
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        applied = migrate.applied_versions(conn)
+        assert applied == {m.version for m in migrate.migrations()[:-1]}, applied
+        with pytest.raises(SchemaMismatch, match=f"lacks migration {last.version}_{last.name}"):
+            migrate.check_schema(conn)
+    installed = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert installed.returncode == 0, installed.stderr
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
         assert migrate.check_schema(conn) is None
 
 
