@@ -743,6 +743,21 @@ def env_for(dsn: str | None) -> dict[str, str]:
     return env
 
 
+def pgtick_in_foreground(*args: str) -> subprocess.Popen[str]:
+    """A CLI call started as a shell starts a foreground command: Ctrl-C interrupts it, even
+    where the test runs with SIGINT ignored (a background job of a script), which a child
+    inherits. Its output piped as text, without the INFO log."""
+    return subprocess.Popen(
+        [*PGTICK, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"},
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 def pgtick(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """One CLI call to completion (no embedded server: callers pass --dsn)."""
     return subprocess.run(

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 from harness import (
-    PGTICK,
     ROOT,
     Database,
     Server,
     checkout_schema,
-    env_for,
     pgtick,
+    pgtick_in_foreground,
     psql_file,
     scalar,
     wait_for,
@@ -198,15 +197,7 @@ def test_a_migrate_stopped_by_ctrl_c_says_where_the_schema_stands(pg: Server, tm
             # The first release's jobs.retry_policies, altered again only by `blocked`: the
             # upgrade applies the migrations before it, then waits for this lock.
             holder.execute("LOCK TABLE jobs.retry_policies IN ACCESS SHARE MODE")
-            proc = subprocess.Popen(
-                [*PGTICK, "migrate", "--dsn", database.dsn],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"},
-                cwd=ROOT,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
-            )
+            proc = pgtick_in_foreground("migrate", "--dsn", database.dsn)
             try:
                 applied = "SELECT count(*) FROM jobs.schema_migrations WHERE version < %s"
                 wait_for(

@@ -32,6 +32,7 @@ from harness import (
     in_pty,
     migrated_server,
     pgtick,
+    pgtick_in_foreground,
     scalar,
     tty_env,
     wait_for,
@@ -714,15 +715,7 @@ def test_ctrl_c_during_a_backfill_withdraws_its_request_and_says_so(db: Database
     window = ["--from", (end - timedelta(hours=1)).isoformat(), "--to", end.isoformat()]
     with db.connect(autocommit=False) as holder, db.connect() as observer:
         holder.execute("LOCK TABLE jobs.runs IN SHARE MODE")  # the backfill's insert waits for it
-        proc = subprocess.Popen(
-            [*PGTICK, "backfill", "minutely", *window, "--dsn", db.dsn],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"},
-            cwd=ROOT,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell does
-        )
+        proc = pgtick_in_foreground("backfill", "minutely", *window, "--dsn", db.dsn)
         try:
             wait_for(
                 "the backfill's insert to wait for the lock",
