@@ -79,3 +79,20 @@ def test_the_async_client_example_enqueues_and_reads_the_run_back(db: Database) 
     assert (run.kind, run.payload, run.priority, run.status) == ("send-receipt", {"order": 7}, 5, "QUEUED")
     with db.connect() as conn:
         assert scalar(conn, "SELECT count(*) FROM jobs.runs") == 1
+
+
+def test_the_schedule_the_readme_says_only_the_full_parse_refuses_is_taken_by_sql(db: Database) -> None:
+    """The README's example of a rule SQL saves and the scheduler then marks in error: SQL takes
+    it, and the driver's full parse refuses it."""
+    from pgtick.definitions import validate_schedule
+    from pgtick.errors import InvalidArgument
+
+    found = re.search(
+        r"What only the full parse finds \(a rule with no\s+occurrence, such as `([^`]+)`\)", README
+    )
+    assert found, "the README gives no example of a rule only the full parse refuses"
+    schedule = found.group(1)
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT id FROM jobs.define('never', 'k', schedule => %s)", (schedule,))
+    with pytest.raises(InvalidArgument, match="no occurrences"):
+        validate_schedule(schedule, "UTC", "never")
