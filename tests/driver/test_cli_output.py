@@ -286,6 +286,25 @@ def test_every_other_command_prints_json_valid_against_its_schema(
     validate("backfill", json.loads(run_cli(capsys, *backfill, "--json", *dsn)))
 
 
+def test_define_from_file_prints_json_valid_against_the_schema_the_docs_name(
+    fixed: Database, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`define --from-file` prints a summary, not one definition's row: docs/cli.md names the
+    schema of that document, and it holds."""
+    row = re.search(
+        r"^\| `define --from-file` \| \[([\w-]+)\.json\]", (ROOT / "docs" / "cli.md").read_text(), re.M
+    )
+    assert row, "docs/cli.md names no --json schema for define --from-file"
+    lines = tmp_path / "definitions.jsonl"
+    lines.write_text(
+        '{"name": "from-file-a", "kind": "report", "schedule": "0 * * * *"}\n'
+        '{"name": "nightly-report", "kind": "report", "schedule": "0 4 * * *", "timezone": "Europe/Sofia"}\n'
+    )
+    data = json.loads(run_cli(capsys, "define", "--from-file", str(lines), "--json", "--dsn", fixed.dsn))
+    validate(row.group(1), data)
+    assert data == {"definitions": 2, "created": 1, "rescheduled": 1}, data
+
+
 def test_preview_json_says_what_dst_did_and_which_policy_chose_it(capsys: pytest.CaptureFixture[str]) -> None:
     """The JSON carries what the text shows: the effective policy, each run's offset and DST
     mark, and the wall times a gap skipped."""
