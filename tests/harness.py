@@ -1481,6 +1481,34 @@ def checkout_schema(ref: str, into: Path) -> Path:
     return into / "sql" / "install.sql"
 
 
+def commits_adding(migration: str) -> list[str]:
+    """The commits on the checkout's first-parent line (newest first) that added
+    migrations/``migration``: none while it is not committed."""
+    repo = migrate.schema_root()
+    added = subprocess.run(
+        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    if added.returncode != 0:
+        pytest.fail(f"this test needs the git history of {repo}: {added.stderr.strip()}")
+    return added.stdout.split()
+
+
+def revision_before(migration: str) -> str:
+    """The git revision just before migrations/``migration`` was added (the checkout itself
+    while that migration is not committed): what a user who installed then has."""
+    added = commits_adding(migration)
+    return f"{added[-1]}^" if added else "HEAD"
+
+
+def schema_before(migration: str, into: Path) -> Path:
+    """sql/ and migrations/ as they were just before migrations/``migration`` was added,
+    extracted into ``into``; returns that install.sql."""
+    return checkout_schema(revision_before(migration), into)
+
+
 def end_client_sessions(db: Database) -> None:
     """End the server sessions of this database's clients (pg_terminate_backend, as a restart
     or idle_session_timeout would) and wait until they are gone."""

@@ -5,7 +5,6 @@ scheduler starts; newer (migrated by a later release) is a warning, and it runs.
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,11 +15,11 @@ from harness import (
     ROOT,
     Database,
     Server,
-    checkout_schema,
     pgtick,
     pgtick_in_foreground,
     psql_file,
     scalar,
+    schema_before,
     wait_for,
 )
 from pgtick import migrate
@@ -29,25 +28,10 @@ from pgtick.errors import SchemaMismatch
 EXAMPLE = str(ROOT / "examples" / "app.py")
 
 
-def schema_before(migration: migrate.Migration, into: Path) -> Path:
-    """sql/ and migrations/ as they were just before ``migration`` was added (the checkout
-    itself while that migration is not committed), extracted into ``into``."""
-    added = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration.path.name}"],
-        cwd=migrate.schema_root(),
-        capture_output=True,
-        text=True,
-    )
-    if added.returncode != 0:
-        pytest.fail(f"this test needs the git history of the checkout: {added.stderr.strip()}")
-    ref = f"{added.stdout.split()[-1]}^" if added.stdout.split() else "HEAD"
-    return checkout_schema(ref, into)
-
-
 @contextmanager
 def installed_before(pg: Server, migration: migrate.Migration, into: Path) -> Iterator[Database]:
     """A database installed with psql from the schema as it was before ``migration``."""
-    script = schema_before(migration, into)
+    script = schema_before(migration.path.name, into)
     database = pg.create_empty_database()
     try:
         installed = psql_file(database.dsn, script)

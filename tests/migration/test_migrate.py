@@ -19,12 +19,14 @@ from harness import (
     Database,
     Server,
     checkout_schema,
+    commits_adding,
     dsn_for,
     pgtick,
     psql_file,
     psql_script_args,
     run_in_processes,
     scalar,
+    schema_before,
     wait_for,
 )
 from migration.test_install_includes import add_migration_line
@@ -226,26 +228,12 @@ def test_mixed_psql_and_driver_migrators_at_once(empty: Database, empty2: Databa
     assert snapshot(empty.dsn) == snapshot(empty2.dsn)
 
 
-def _commits_adding(migration: str) -> list[str]:
-    """The commits (newest first) that added migrations/`migration`: none while uncommitted."""
-    repo = migrate.schema_root()
-    added = subprocess.run(
-        ["git", "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", f"migrations/{migration}"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    )
-    if added.returncode != 0:
-        pytest.fail(f"the upgrade tests need the git history of {repo}: {added.stderr.strip()}")
-    return added.stdout.split()
-
-
 def _earlier_states() -> list[str]:
     """Git revisions of every earlier schema: the commit just before each migration after the
     first was added (what a user who installed then has in their database)."""
     refs: list[str] = []
     for migration in migrate.migrations()[1:]:
-        for commit in _commits_adding(migration.path.name):
+        for commit in commits_adding(migration.path.name):
             if f"{commit}^" not in refs:
                 refs.append(f"{commit}^")
     return refs
@@ -276,17 +264,11 @@ def test_upgrade_from_every_earlier_schema_equals_fresh_install(
             pg.drop_database(database)
 
 
-def _state_before(migration: str) -> str:
-    """The git revision just before `migration` was added (HEAD while it is not committed)."""
-    added = _commits_adding(migration)
-    return f"{added[-1]}^" if added else "HEAD"
-
-
 @contextmanager
 def _installed_before(pg: Server, migration: str, tmp_path: Path) -> Iterator[psycopg.Connection[Any]]:
     """A database with the schema as it was just before ``migration`` (installed with psql, as
     that release documented), an autocommit connection to it; dropped afterwards."""
-    script = checkout_schema(_state_before(migration), tmp_path / "before")
+    script = schema_before(migration, tmp_path / "before")
     database = pg.create_empty_database()
     try:
         installed = psql_file(database.dsn, script)

@@ -15,12 +15,12 @@ import pytest
 from harness import (
     Database,
     Server,
-    checkout_schema,
     dsn_for,
     env_for,
     psql_file,
     psql_script_args,
     scalar,
+    schema_before,
     wait_for,
 )
 from pgtick import migrate
@@ -148,23 +148,7 @@ def test_a_schema_one_role_installed_and_a_superuser_upgraded_keeps_one_owner(
     try:
         with pg.admin() as admin:
             admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO "{owner}"')
-        added = subprocess.run(
-            [
-                "git",
-                "log",
-                "--first-parent",
-                "--diff-filter=A",
-                "--format=%H",
-                "--",
-                "migrations/0025_trace_context_check.sql",
-            ],
-            cwd=migrate.schema_root(),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        assert added, "the upgrade test needs the git history of migrations/0025_trace_context_check.sql"
-        script = checkout_schema(f"{added[-1]}^", tmp_path / "before")
+        script = schema_before("0025_trace_context_check.sql", tmp_path / "before")
         installed = psql_file(dsn_for(pg.admin_dsn, database.name, user=owner), script)
         assert installed.returncode == 0, installed.stderr
         with psycopg.connect(database.dsn, autocommit=True) as conn:

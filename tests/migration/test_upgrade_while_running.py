@@ -49,6 +49,7 @@ from harness import (
     pgtick,
     processes,
     psql_file,
+    revision_before,
     scalar,
     start_sleepy_run,
     wait_finished,
@@ -68,23 +69,7 @@ TENANTS = 3
 def _previous_release(into: Path) -> tuple[Path, Path]:
     """The previous release's install.sql and driver directory, from the git history."""
     repo = migrate.schema_root()
-    added = subprocess.run(
-        [
-            "git",
-            "log",
-            "--first-parent",
-            "--diff-filter=A",
-            "--format=%H",
-            "--",
-            f"migrations/{FIRST_OF_THIS_RELEASE}",
-        ],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    )
-    if added.returncode != 0:
-        pytest.fail(f"the upgrade tests need the git history of {repo}: {added.stderr.strip()}")
-    ref = f"{added.stdout.split()[-1]}^" if added.stdout.split() else "HEAD"
+    ref = revision_before(FIRST_OF_THIS_RELEASE)
     script = checkout_schema(ref, into)
     archive = subprocess.run(["git", "archive", "--format=tar", ref, "driver"], cwd=repo, capture_output=True)
     assert archive.returncode == 0, archive.stderr.decode()

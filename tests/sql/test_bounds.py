@@ -13,7 +13,6 @@ An upgrade clamps rows written before the bounds existed, so it never fails on t
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from harness import (
     psql_file,
     rows,
     scalar,
+    schema_before,
 )
 from pgtick import migrate
 
@@ -359,22 +359,7 @@ VALUES ('nan', '{HUGE}', 'NaN', '{HUGE}'), ('inf', '1 second', 'Infinity', '1 ho
 
 def _schema_before_bounds(into: Path) -> Path:
     """sql/ and migrations/ as they were before migrations/0010_bounds.sql was added."""
-    root = migrate.schema_root()
-    added = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", "migrations/0010_bounds.sql"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
-    if added.returncode != 0:
-        pytest.fail(f"the upgrade test needs the git history of {root}: {added.stderr.strip()}")
-    ref = f"{added.stdout.split()[-1]}^" if added.stdout.split() else "HEAD"
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", ref, "sql", "migrations"], cwd=root, capture_output=True
-    )
-    assert archive.returncode == 0, archive.stderr.decode()
-    into.mkdir(parents=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    schema_before("0010_bounds.sql", into)
     (into / "migrations" / "0010_bounds.sql").unlink(missing_ok=True)
     install = into / "sql" / "install.sql"
     install.write_text(
