@@ -149,15 +149,10 @@ BEGIN
         RAISE EXCEPTION 'message must be at most 10000 characters, got %', length(reap_worker.message)
             USING ERRCODE = '22023';
     END IF;
-    -- jobs.fail's order: the definitions' keys shared, then the unique keys, then the rows (by id).
-    PERFORM pg_advisory_xact_lock_shared(k.key)
-       FROM (SELECT DISTINCT jobs._definition_key(r.definition_id) AS key FROM jobs.runs AS r
-              WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING' AND r.definition_id IS NOT NULL
-              ORDER BY 1) AS k;
-    PERFORM pg_advisory_xact_lock(k.key)
-       FROM (SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key) AS key FROM jobs.runs AS r
-              WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING' AND r.unique_key IS NOT NULL
-              ORDER BY 1) AS k;
+    -- The keys first, as jobs.fail takes them; the runs' ids are read unlocked for that, and
+    -- the rows locked below are only those still RUNNING under this worker.
+    PERFORM jobs._lock_keys_to_fail(array_agg(r.id))
+       FROM jobs.runs AS r WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING';
     WITH held AS (
         SELECT r.id FROM jobs.runs AS r
          WHERE r.worker = reap_worker.worker AND r.status = 'RUNNING'

@@ -102,6 +102,27 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout and Exception for a Timeout (as the Python driver reports a timeout), none otherwise; the failure reason is always appended.';
 
+-- Private: the locks a failure takes before the rows of the runs it fails, in this order.
+-- First their definitions' keys, shared: jobs.undefine holds a key while it waits for the rows
+-- of the runs it cancels, so asking for the key with a run held (a retry does) could close a
+-- cycle. Then their unique keys (a run's kind and key never change), before the rows too: an
+-- enqueue of a key holds it while it waits for a run's row, and must see the retry queued with
+-- the failure once it has the key, not only the run it waited for, FAILED. Keys in order, so
+-- two failures of several runs take them alike.
+CREATE OR REPLACE FUNCTION jobs._lock_keys_to_fail(runs bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(k.key)
+       FROM (SELECT DISTINCT jobs._definition_key(r.definition_id) AS key FROM jobs.runs AS r
+              WHERE r.id = ANY(_lock_keys_to_fail.runs) AND r.definition_id IS NOT NULL
+              ORDER BY 1) AS k;
+    PERFORM pg_advisory_xact_lock(k.key)
+       FROM (SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key) AS key FROM jobs.runs AS r
+              WHERE r.id = ANY(_lock_keys_to_fail.runs) AND r.unique_key IS NOT NULL
+              ORDER BY 1) AS k;
+END $$;
+COMMENT ON FUNCTION jobs._lock_keys_to_fail(bigint[]) IS 'Private: before failing these runs, lock their definitions'' keys (shared), then their unique keys, in key order: the order jobs.fail and jobs.reap_worker take them in, ahead of the rows.';
+
 -- Fail a run this worker owns; returns the retry row, the failed row if no retry is allowed, or NULL if fenced
 -- (a repeat of the worker's own failure: the same answer again).
 CREATE OR REPLACE FUNCTION jobs.fail(
@@ -130,16 +151,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    -- The definition's key before the run's row: jobs.undefine holds the key while it waits
-    -- for the rows of the runs it cancels, so asking for the key with a run held (the retry
-    -- below does) could close a cycle.
-    PERFORM pg_advisory_xact_lock_shared(jobs._definition_key(r.definition_id))
-       FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.definition_id IS NOT NULL;
-    -- Then the unique key's (a run's kind and key never change), before the row too: an enqueue
-    -- of the key holds it while it waits for this run's row, and must see the retry queued
-    -- with this failure once it has the key, not only the run it waited for, FAILED.
-    PERFORM pg_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key))
-       FROM jobs.runs AS r WHERE r.id = fail.run_id AND r.unique_key IS NOT NULL;
+    PERFORM jobs._lock_keys_to_fail(ARRAY[fail.run_id]);
     IF NOT jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token) THEN
         -- Not RUNNING for this worker. A repeat of its own failure (sent again because the
         -- answer was lost with the connection) gets that failure's answer again, changing
