@@ -17,9 +17,26 @@ BEGIN
     PERFORM jobs._check_duration('jobs.config.backoff_max', NEW.backoff_max, 'backoff_max');
     PERFORM jobs._check_range('jobs.config.max_attempts', NEW.max_attempts, 1, 1000);
     PERFORM jobs._check_range('jobs.config.max_payload_bytes', NEW.max_payload_bytes, 2, 268435456);
+    -- A lowered heartbeat timeout: workers learn it at their next beat, sent at the cadence the
+    -- timeout in force until now asked for, so to runs beaten before the change the reaper
+    -- applies that one for its length (jobs.reap). Lowered again within that time: the longer
+    -- one still in force is kept, from the new change.
+    IF TG_OP = 'UPDATE' AND NEW.heartbeat_timeout < OLD.heartbeat_timeout THEN
+        NEW.heartbeat_timeout_lowered_from := greatest(
+            OLD.heartbeat_timeout,
+            CASE WHEN OLD.heartbeat_timeout_lowered_at + OLD.heartbeat_timeout_lowered_from > now()
+                 THEN OLD.heartbeat_timeout_lowered_from END);
+        NEW.heartbeat_timeout_lowered_at := now();
+    ELSIF TG_OP = 'UPDATE' THEN
+        NEW.heartbeat_timeout_lowered_from := OLD.heartbeat_timeout_lowered_from;
+        NEW.heartbeat_timeout_lowered_at := OLD.heartbeat_timeout_lowered_at;
+    ELSE
+        NEW.heartbeat_timeout_lowered_from := NULL;
+        NEW.heartbeat_timeout_lowered_at := NULL;
+    END IF;
     RETURN NEW;
 END $$;
-COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds.';
+COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds; when heartbeat_timeout is lowered, record the timeout in force before and when (heartbeat_timeout_lowered_from, _at), which the reaper keeps for one of its lengths.';
 
 CREATE OR REPLACE TRIGGER config_bounds
 BEFORE INSERT OR UPDATE ON jobs.config
@@ -81,12 +98,23 @@ SELECT
     now() - r.heartbeat_at AS heartbeat_age,
     r.cancel_requested,
     r.timeout,
-    coalesce(r.heartbeat_timeout, c.heartbeat_timeout) AS heartbeat_timeout
+    -- jobs.config's as the reaper applies it: the previous one, for its length after it was
+    -- lowered, to a run whose last heartbeat came before that (jobs.reap).
+    coalesce(
+        r.heartbeat_timeout,
+        CASE
+            WHEN
+                r.heartbeat_at < c.heartbeat_timeout_lowered_at
+                AND c.heartbeat_timeout_lowered_at + c.heartbeat_timeout_lowered_from > now()
+                THEN greatest(c.heartbeat_timeout, c.heartbeat_timeout_lowered_from)
+            ELSE c.heartbeat_timeout
+        END
+    ) AS heartbeat_timeout
 FROM jobs.runs AS r
 CROSS JOIN jobs.config AS c
 LEFT JOIN jobs.definitions AS d ON r.definition_id = d.id
 WHERE r.status = 'RUNNING';
-COMMENT ON VIEW jobs.running IS 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s).';
+COMMENT ON VIEW jobs.running IS 'RUNNING runs with runtime and heartbeat age (NULL heartbeat_age: never heartbeated), and the heartbeat timeout after which the reaper fails them (the run''s own, else jobs.config''s; the previous one, for its length, to a run whose last heartbeat came before it was lowered).';
 
 -- Queue depth per kind and queue: live counts, recent outcomes, oldest due QUEUED age, and
 -- flow control: paused, blocked on dependencies, held back by a full rate window, limits.

@@ -5,7 +5,8 @@
 --     worker still heartbeats (a job hung in I/O, or a worker in a language
 --     with no timeout of its own, cannot hold its slot and caps forever);
 --   * HeartbeatLost: the last heartbeat is older than the run's heartbeat
---     timeout (runs.heartbeat_timeout, else jobs.config's);
+--     timeout (runs.heartbeat_timeout, else jobs.config's; for a heartbeat sent
+--     before jobs.config's was lowered, the previous one for its length, see jobs.reap);
 --   * Orphaned: never heartbeated, started longer ago than
 --     jobs.config.orphan_timeout (generous: a worker that never heartbeats,
 --     such as a psql script, still gets time to finish);
@@ -71,6 +72,17 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_dead bigint[];
     v_now numeric := extract(epoch FROM now());
+    -- jobs.config's heartbeat timeout, in seconds. A run whose last heartbeat came before the
+    -- timeout was lowered keeps the previous one for that one's length after the change: its
+    -- worker reads the setting at each beat, and until its next one it beats at the cadence the
+    -- previous timeout asked for, so the shorter one would fail runs whose workers are alive.
+    v_config jobs.config := (SELECT c FROM jobs.config AS c);
+    v_timeout numeric := extract(epoch FROM v_config.heartbeat_timeout);
+    v_lowered_at numeric := CASE
+        WHEN v_config.heartbeat_timeout_lowered_at + v_config.heartbeat_timeout_lowered_from > now()
+            THEN extract(epoch FROM v_config.heartbeat_timeout_lowered_at)
+    END;
+    v_timeout_before numeric := greatest(v_timeout, extract(epoch FROM v_config.heartbeat_timeout_lowered_from));
 BEGIN
     WITH overdue AS (
         SELECT s.id, first.reason
@@ -81,7 +93,9 @@ BEGIN
                    ('Timeout', extract(epoch FROM s.started_at) + extract(epoch FROM s.timeout)),
                    ('HeartbeatLost',
                     extract(epoch FROM s.heartbeat_at)
-                    + extract(epoch FROM coalesce(s.heartbeat_timeout, c.heartbeat_timeout))),
+                    + coalesce(extract(epoch FROM s.heartbeat_timeout),
+                               CASE WHEN extract(epoch FROM s.heartbeat_at) < v_lowered_at
+                                    THEN v_timeout_before ELSE v_timeout END)),
                    ('Orphaned',
                     CASE WHEN s.heartbeat_at IS NULL
                          THEN extract(epoch FROM s.started_at) + extract(epoch FROM c.orphan_timeout) END)
@@ -106,7 +120,6 @@ BEGIN
                    ELSE format('worker %s never heartbeated since it started at %s', r.worker, r.started_at)
                END
           FROM overdue AS o
-         CROSS JOIN jobs.config AS c
          WHERE r.id = o.id AND r.status = 'RUNNING'
            -- The deadline once more, on the row as this UPDATE finds it: a heartbeat that
            -- committed after this statement's snapshot, before its lock on the row, is seen here
@@ -115,7 +128,9 @@ BEGIN
            AND CASE o.reason
                    WHEN 'HeartbeatLost'
                        THEN extract(epoch FROM r.heartbeat_at)
-                            + extract(epoch FROM coalesce(r.heartbeat_timeout, c.heartbeat_timeout)) < v_now
+                            + coalesce(extract(epoch FROM r.heartbeat_timeout),
+                                       CASE WHEN extract(epoch FROM r.heartbeat_at) < v_lowered_at
+                                            THEN v_timeout_before ELSE v_timeout END) < v_now
                    WHEN 'Orphaned' THEN r.heartbeat_at IS NULL
                    ELSE TRUE
                END

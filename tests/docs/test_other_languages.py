@@ -343,8 +343,8 @@ def test_worker_sh_leaves_a_job_past_its_grace_to_the_reaper(conn: Conn, start_w
     wait_for("the worker's process group to be gone", worker.group_is_gone, timeout=60)
     assert run_row(conn, stuck)["status"] == "RUNNING", "not reported: the reaper hands it on"
 
-    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '0.3 seconds'")
-    time.sleep(0.5)
+    # Its last heartbeat ages past the heartbeat timeout (a minute).
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", (stuck,))
     reaped = rows(conn, "SELECT * FROM jobs.reap()")
     assert [(r["run_id"], r["reason"]) for r in reaped] == [(stuck, "HeartbeatLost")]
 

@@ -594,3 +594,86 @@ def test_reap_worker_fails_only_that_workers_runs_whatever_their_token(conn: Con
     assert conn.execute("SELECT * FROM jobs.reap_worker('gone')").fetchall() == [], (
         "a second call reaps again"
     )
+
+
+def _lowered(conn: Conn) -> tuple[Any, Any]:
+    row = conn.execute(
+        "SELECT heartbeat_timeout_lowered_from, heartbeat_timeout_lowered_at FROM jobs.config"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_a_lowered_heartbeat_timeout_keeps_the_previous_one_for_runs_beaten_before_it(conn: Conn) -> None:
+    """Workers read jobs.config.heartbeat_timeout at each beat and until their next one beat at
+    the cadence the previous timeout asked for (a third of it). So a run whose last heartbeat
+    came before the timeout was lowered is judged by the previous timeout for that one's length
+    after the change; a run beaten since is judged by the new one at once, and a run silent for
+    longer than the previous timeout is reaped as before."""
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 minute'")
+    early, late, silent = (_enqueue(conn, "report") for _ in range(3))
+    assert {r[0] for r in conn.execute("SELECT id FROM jobs.claim(3, 'w1')")} == {early, late, silent}
+    conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s, %s, %s]::bigint[], 'w1')", (early, late, silent))
+    # At a minute's timeout a worker beats every 20 s: 15 s since the last beat is alive.
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '15 seconds' WHERE id = %s", (early,))
+    conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", (silent,))
+
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 second'")
+    assert _lowered(conn)[0] == timedelta(minutes=1)
+    reaped = conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall()
+    assert reaped == [(silent, "HeartbeatLost")], "only the run silent for longer than the previous timeout"
+    assert run_row(conn, early)["status"] == "RUNNING", "beaten 15 s ago at a minute's cadence: alive"
+    shown = dict(conn.execute("SELECT id, heartbeat_timeout FROM jobs.running").fetchall())
+    assert shown == {early: timedelta(minutes=1), late: timedelta(minutes=1)}, shown
+
+    # The worker's next beat reads the new timeout: from then on its runs are judged by it.
+    conn.execute("SELECT * FROM jobs.heartbeat(ARRAY[%s]::bigint[], 'w1')", (late,))
+    assert dict(conn.execute("SELECT id, heartbeat_timeout FROM jobs.running").fetchall())[late] == timedelta(
+        seconds=1
+    )
+    late_reaped: list[Any] = []
+
+    def reaped_late() -> bool:
+        late_reaped.extend(conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall())
+        return bool(late_reaped)
+
+    wait_for("the run beaten after the change to be reaped by the new timeout", reaped_late, 60)
+    assert late_reaped == [(late, "HeartbeatLost")], late_reaped
+    assert run_row(conn, early)["status"] == "RUNNING"
+
+    # Once the previous timeout's length has passed since the change, the new one holds for all.
+    conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER config_bounds")
+    conn.execute(
+        "UPDATE jobs.config"
+        " SET heartbeat_timeout_lowered_at = heartbeat_timeout_lowered_at - interval '2 minutes'"
+    )
+    conn.execute("ALTER TABLE jobs.config ENABLE TRIGGER config_bounds")
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = c.heartbeat_timeout_lowered_at - interval '1 second'"
+        " FROM jobs.config AS c WHERE id = %s",
+        (early,),
+    )
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(early, "HeartbeatLost")]
+
+
+def test_the_config_remembers_the_longest_timeout_still_in_force_when_lowered_again(conn: Conn) -> None:
+    """Lowered twice within the first timeout's length: runs beaten before the second change
+    keep the first timeout (their workers may still beat at its cadence). Raised: nothing to
+    remember. The two columns are pgtick's: a direct write to them is kept out."""
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 minute'")
+    assert _lowered(conn) == (None, None)
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '30 seconds'")
+    first = _lowered(conn)
+    assert first[0] == timedelta(minutes=1) and first[1] is not None
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '10 seconds'")
+    second = _lowered(conn)
+    assert second[0] == timedelta(minutes=1) and second[1] >= first[1]
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '2 minutes'")
+    assert _lowered(conn) == second, "raising changes nothing remembered"
+    conn.execute(
+        "UPDATE jobs.config"
+        " SET heartbeat_timeout_lowered_from = '1 day', heartbeat_timeout_lowered_at = now()"
+    )
+    assert _lowered(conn) == second, "a direct write to the remembered timeout is kept out"
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 minute'")
+    assert _lowered(conn)[0] == timedelta(minutes=2)
