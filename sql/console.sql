@@ -193,6 +193,74 @@ WHERE
 GROUP BY r.kind;
 COMMENT ON VIEW jobs.kinds_without_worker IS 'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
 
+-- The registry's retention: worker ids and kinds leave it once nothing has said anything of
+-- them for older_than (default jobs.config.retention), so that workers that took a new id at
+-- each start, or a login that registered many kinds, do not fill jobs.workers, `pgtick
+-- workers`, `pgtick status` and the dashboard with entries nobody runs. jobs.prune calls it,
+-- so the leader's hourly prune keeps the registry to the retention too.
+-- A worker goes when it was last seen before the cutoff, is not alive (it stopped, or was not
+-- seen within jobs.config.heartbeat_timeout) and holds no RUNNING run. A kind goes when it was
+-- last registered before the cutoff and no registered worker lists it (a worker registers its
+-- kinds at start only: a worker that runs for months keeps them), no definition names it and
+-- no QUEUED or RUNNING run is of it. Rows are locked SKIP LOCKED (a registration in flight
+-- keeps its rows, to be looked at on the next call) and kinds in name order, the order
+-- jobs.register_worker locks them in; each lock re-reads its row, so a worker or kind
+-- registered again meanwhile stays.
+CREATE OR REPLACE FUNCTION jobs.prune_registry(older_than interval DEFAULT NULL)
+RETURNS TABLE (workers bigint, kinds bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+#variable_conflict use_column
+DECLARE
+    v_age interval := coalesce(prune_registry.older_than, (SELECT c.retention FROM jobs.config AS c));
+    v_cutoff timestamptz;
+    v_alive timestamptz := now() - (SELECT c.heartbeat_timeout FROM jobs.config AS c);
+    v_kinds text[];
+BEGIN
+    PERFORM jobs._check_duration('older_than', v_age);
+    v_cutoff := now() - v_age;
+    WITH gone AS (
+        SELECT w.worker
+          FROM jobs.worker_registry AS w
+         WHERE w.last_seen_at < v_cutoff
+           AND (w.stopped_at IS NOT NULL OR w.last_seen_at < v_alive)
+         ORDER BY w.worker
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM jobs.worker_registry AS w
+     USING gone AS g
+     WHERE w.worker = g.worker
+       AND NOT EXISTS (SELECT FROM jobs.runs AS r WHERE r.worker = w.worker AND r.status = 'RUNNING');
+    GET DIAGNOSTICS workers = ROW_COUNT;
+    -- The stale kinds first (jobs.known_kinds alone), then, only when there are some, set
+    -- differences (one pass each, whatever the number of kinds and workers) with the kinds
+    -- the registry, the definitions and the live runs still use.
+    SELECT array_agg(k.kind) INTO v_kinds FROM jobs.known_kinds AS k WHERE k.last_registered_at < v_cutoff;
+    kinds := 0;
+    IF v_kinds IS NOT NULL THEN
+        v_kinds := ARRAY(
+            SELECT u.kind FROM unnest(v_kinds) AS u (kind)
+            EXCEPT
+            SELECT x.kind FROM jobs.worker_registry AS w CROSS JOIN LATERAL unnest(w.kinds) AS x (kind)
+            EXCEPT
+            SELECT d.kind::text FROM jobs.definitions AS d
+            EXCEPT
+            SELECT r.kind::text FROM jobs.runs AS r
+             WHERE r.kind = ANY (v_kinds) AND r.status IN ('QUEUED', 'RUNNING')
+        );
+        WITH gone AS (
+            SELECT k.kind
+              FROM jobs.known_kinds AS k
+             WHERE k.kind = ANY (v_kinds) AND k.last_registered_at < v_cutoff
+             ORDER BY k.kind
+               FOR UPDATE SKIP LOCKED
+        )
+        DELETE FROM jobs.known_kinds AS k USING gone AS g WHERE k.kind = g.kind;
+        GET DIAGNOSTICS kinds = ROW_COUNT;
+    END IF;
+    RETURN NEXT;
+END $$;
+COMMENT ON FUNCTION jobs.prune_registry(interval) IS 'Remove from the worker registry what nothing has said anything of for older_than (default jobs.config.retention): workers last seen before it that are stopped or lost and hold no RUNNING run, and known kinds last registered before it that no registered worker lists, no definition names and no QUEUED or RUNNING run is of. Returns how many workers and kinds it removed. jobs.prune calls it. Raises 22023 naming older_than unless it is 0 seconds to 100 years.';
+
 -- ---------------------------------------------------------------------------
 -- Catch-ups after downtime
 -- ---------------------------------------------------------------------------

@@ -20,24 +20,31 @@ SET search_path = pg_catalog, pg_temp;
 SET standard_conforming_strings = on;
 SET quote_all_identifiers = off;
 
--- Migrators run one at a time: session advisory lock 'pgtickMG' (key table: sql/helpers.sql).
--- Another migrator's turn is waited for as long as it takes, whatever lock_timeout and
--- statement_timeout the database sets: the lock outlives the transaction that takes it.
+-- One transaction, from the migration lock to the functions and views: an install stopped
+-- anywhere (an error, Ctrl-C, a lost connection) leaves the database as it was before it (no
+-- jobs schema, no pgtick role or migration of it on a fresh database; the previous release's
+-- schema, ledger and functions on an upgrade), and running it again applies it whole. Nothing
+-- in the files needs a transaction of its own (no COMMIT, no CREATE INDEX CONCURRENTLY, no
+-- enum value used after it is added). `psql -1` is not needed (given, psql only warns that a
+-- transaction is already in progress, and at the end that none is).
+-- Migrators run one at a time: advisory lock 'pgtickMG' (key table: sql/helpers.sql), held by
+-- this transaction; `pgtick migrate` takes the same key for its session, so the two wait for
+-- each other. Another migrator's turn is waited for as long as it takes, whatever lock_timeout
+-- and statement_timeout the database sets; the install's statements keep them after it.
 \set pgtick_migration_lock 8099570450837491015
+SELECT current_setting('lock_timeout') AS pgtick_lock_timeout \gset
+SELECT current_setting('statement_timeout') AS pgtick_statement_timeout \gset
 BEGIN;
 SET LOCAL lock_timeout = 0;
 SET LOCAL statement_timeout = 0;
-SELECT pg_advisory_lock(:pgtick_migration_lock) AS pgtick_locked \gset
-COMMIT;
+SELECT pg_advisory_xact_lock(:pgtick_migration_lock) AS pgtick_locked \gset
+SELECT set_config('lock_timeout', :'pgtick_lock_timeout', true) AS pgtick_lock_timeout \gset
+SELECT set_config('statement_timeout', :'pgtick_statement_timeout', true) AS pgtick_statement_timeout \gset
 
 -- The jobs schema and the migration ledger.
 \ir ../migrations/bootstrap.sql
 
--- Each migration commits the transaction before it and leaves its own open (apply.sql): the
--- last one commits with the functions and views, below.
-BEGIN;
-
--- Migrations, forward-only, in order; each applied once and recorded in the same transaction.
+-- Migrations, forward-only, in order; each applied once and recorded (apply.sql).
 -- 0001: config, definitions, runs, retry policies, leases, leadership; types, indexes, roles.
 \set migration 0001_initial \ir ../migrations/apply.sql
 -- 0003: DST policy per definition; overlap, jitter, pause_after_failures, backfills.
@@ -105,8 +112,8 @@ DO $newer$ BEGIN
 END $newer$;
 \endif
 
--- Functions and views, re-applied every time, in the transaction of the last migration
--- (roles.sql grants on all, so last).
+-- Functions and views, re-applied every time, in the same transaction (roles.sql grants on
+-- all, so last).
 \ir helpers.sql
 \ir history.sql
 \ir flow.sql
@@ -128,7 +135,6 @@ END $newer$;
 \ir roles.sql
 COMMIT;
 
-SELECT pg_advisory_unlock(:pgtick_migration_lock) AS pgtick_unlocked \gset
 SELECT set_config('search_path', :'pgtick_search_path', false) AS pgtick_search_path \gset
 SELECT set_config('standard_conforming_strings', :'pgtick_standard_conforming_strings', false)
     AS pgtick_standard_conforming_strings \gset

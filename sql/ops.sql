@@ -504,6 +504,8 @@ BEGIN
     GET DIAGNOSTICS v_rows = ROW_COUNT;
     -- Recorded starts of rate limits no claim has touched for longer than any window (1 day).
     DELETE FROM jobs._rate_starts AS x WHERE x.started_at < now() - interval '1 day';
+    -- The worker registry and the known kinds, kept to the same retention.
+    PERFORM jobs.prune_registry(v_age);
     RETURN v_count + v_rows;
 END $$;
-COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; the runs of retry chains that blocked runs wait on stay, with their days. A call drops at most 50 days, and no more days once it has dropped batch_size runs (each dropped day holds its locks until commit): one that stopped with days left returns at least batch_size. Returns how many. Call again while it returns batch_size or more.';
+COMMENT ON FUNCTION jobs.prune(interval, integer) IS 'Delete finished runs older than older_than (default jobs.config.retention): every day of jobs.run_history that ended before it, dropped whole, and up to batch_size such runs still in jobs.runs; the runs of retry chains that blocked runs wait on stay, with their days. Then the worker registry to the same age (jobs.prune_registry). A call drops at most 50 days, and no more days once it has dropped batch_size runs (each dropped day holds its locks until commit): one that stopped with days left returns at least batch_size. Returns how many. Call again while it returns batch_size or more.';

@@ -10,11 +10,14 @@ short psql file of ``\\ir`` lines. Two equal paths follow it:
 ``pgtick migrate --sql`` (``install_script``) prints the plan with every include
 inlined, as one psql script; it is generated on demand, never committed.
 
-Both paths take the session advisory lock named in install.sql first, so
-concurrent migrators run one after the other; a migration already recorded in
-``jobs.schema_migrations`` is skipped (and recorded in the transaction that
-applies it), and everything in ``sql/`` is ``CREATE OR REPLACE`` and re-applied
-every time, in one transaction.
+Both paths take the advisory lock named in install.sql first (``apply`` for its
+session, psql for its transaction), so concurrent migrators run one after the other;
+a migration already recorded in ``jobs.schema_migrations`` is skipped (and recorded
+in the transaction that applies it), and everything in ``sql/`` is ``CREATE OR REPLACE`` and re-applied
+every time, in one transaction. The psql install (the file, or the printed script) is
+one transaction from the lock to the functions: stopped anywhere, it leaves nothing.
+``apply`` commits each migration on its own (the last with the functions), so that a
+migration waiting for a lock on a live system can give way and try again.
 """
 
 from __future__ import annotations
@@ -151,20 +154,22 @@ def install_script(root: Path | None = None) -> str:
         "SET client_min_messages = warning;\n",
         *(f"SELECT current_setting('{name}') AS pgtick_{name} \\gset\n" for name in INSTALL_SETTINGS),
         *(f"SET {name} = {value};\n" for name, value in INSTALL_SETTINGS.items()),
+        # One transaction, from the migration lock to the functions (as sql/install.sql): an
+        # install stopped anywhere leaves the database as it was, and a rerun applies it whole.
+        "SELECT current_setting('lock_timeout') AS pgtick_lock_timeout \\gset\n",
+        "SELECT current_setting('statement_timeout') AS pgtick_statement_timeout \\gset\n",
         "BEGIN;\nSET LOCAL lock_timeout = 0;\nSET LOCAL statement_timeout = 0;\n",
-        f"SELECT pg_advisory_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
-        "COMMIT;\n",
+        f"SELECT pg_advisory_xact_lock({plan.lock_key}) AS pgtick_locked \\gset\n",
+        "SELECT set_config('lock_timeout', :'pgtick_lock_timeout', true) AS pgtick_lock_timeout \\gset\n",
+        "SELECT set_config('statement_timeout', :'pgtick_statement_timeout', true)"
+        " AS pgtick_statement_timeout \\gset\n",
         "\n-- migrations/bootstrap.sql\n",
         plan.bootstrap.read_text(encoding="utf-8"),
-        # Each migration commits the transaction before it and leaves its own open: the last
-        # one commits with the functions and views (as sql/install.sql and apply.sql do).
-        "BEGIN;\n",
     ]
     for migration in plan.migrations:
         flag = f"pgtick_apply_{migration.version}"
         out += [
             f"\n-- migrations/{migration.path.name}\n",
-            "COMMIT;\nBEGIN;\n",
             f"SELECT NOT EXISTS (SELECT FROM jobs.schema_migrations WHERE version = "
             f"'{migration.version}') AS {flag} \\gset\n",
             f"\\if :{flag}\n",
@@ -193,12 +198,11 @@ def install_script(root: Path | None = None) -> str:
             "END $newer$;\n",
             "\\endif\n",
         ]
-    out.append("\n-- functions and views (re-applied every time), with the last migration\n")
+    out.append("\n-- functions and views (re-applied every time), in the same transaction\n")
     for path in plan.function_files:
         out += [f"\n-- sql/{path.name}\n", path.read_text(encoding="utf-8")]
     out += [
         "COMMIT;\n",
-        f"SELECT pg_advisory_unlock({plan.lock_key}) AS pgtick_unlocked \\gset\n",
         *(
             f"SELECT set_config('{name}', :'pgtick_{name}', false) AS pgtick_{name} \\gset\n"
             for name in INSTALL_SETTINGS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -486,31 +487,116 @@ def test_a_migrator_stopped_before_the_functions_leaves_a_ledger_that_says_to_mi
         assert migrate.check_schema(conn) is None
 
 
-@pytest.mark.parametrize("path", ["psql", "generated script"])
-def test_a_psql_install_stopped_before_the_functions_leaves_a_ledger_that_says_to_migrate(
-    empty: Database, tmp_path: Path, path: str
-) -> None:
-    """psql commits the last migration with the functions too (sql/install.sql, `pgtick migrate
-    --sql`): an install that stops between them (here a function file that fails, as Ctrl-C
-    or a lost connection would stop it) leaves that migration unrecorded, so `pgtick run`
-    says to migrate rather than start on a complete ledger over missing functions."""
+def schema_copy(tmp_path: Path) -> Path:
+    """A copy of sql/ and migrations/ to break on purpose; returns its root."""
     root = tmp_path / "root"
     shutil.copytree(migrate.schema_root() / "sql", root / "sql")
     shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
+    return root
+
+
+def psql_script(root: Path, tmp_path: Path, path: str) -> Path:
+    """The install psql runs: the root's sql/install.sql, or the script `pgtick migrate --sql`
+    prints from it."""
+    if path == "psql":
+        return root / "sql" / "install.sql"
+    script = tmp_path / "install.sql"
+    script.write_text(migrate.install_script(root))
+    return script
+
+
+def jobs_schema(dsn: str) -> tuple[str | None, set[str]]:
+    """The jobs schema (NULL when there is none) and the versions its ledger records."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema = scalar(conn, "SELECT to_regnamespace('jobs')::text")
+        return schema, migrate.applied_versions(conn) if schema else set()
+
+
+@pytest.mark.parametrize("path", ["psql", "generated script"])
+@pytest.mark.parametrize("broken", ["0015_history.sql", "roles.sql"])
+def test_a_psql_install_that_fails_midway_leaves_no_jobs_schema_and_a_rerun_installs_it(
+    empty: Database, tmp_path: Path, path: str, broken: str
+) -> None:
+    """The psql install (sql/install.sql, `pgtick migrate --sql`) is one transaction: one that
+    fails anywhere (here in a migration half way through, or in the last function file) leaves
+    no jobs schema, no ledger and no migration of it, not a half-installed schema; run again,
+    it installs the whole schema."""
+    root = schema_copy(tmp_path)
+    target = root / ("migrations" if broken[0].isdigit() else "sql") / broken
+    target.write_text(target.read_text() + "\nSELECT no_such_function();\n")
+    result = psql_file(empty.dsn, psql_script(root, tmp_path, path))
+    assert result.returncode != 0 and "no_such_function" in result.stderr, result.stderr
+    assert jobs_schema(empty.dsn) == (None, set()), "a failed psql install left a jobs schema behind"
+    installed = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
+    assert installed.returncode == 0, installed.stderr
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        assert migrate.check_schema(conn) is None
+
+
+@pytest.mark.parametrize("path", ["psql", "generated script"])
+def test_a_psql_upgrade_that_fails_midway_leaves_the_previous_schema_whole(
+    empty: Database, tmp_path: Path, path: str
+) -> None:
+    """An upgrade through psql of two migrations that fails after both applied (here in the
+    last function file) leaves the schema as the previous install left it: neither migration
+    applied nor recorded, the previous functions in place; not the first of them committed."""
+    assert psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql").returncode == 0
+    root = schema_copy(tmp_path)
+    (root / "migrations" / "9998_next.sql").write_text("CREATE TABLE jobs.half_applied (id int);\n")
+    add_migration_line(root, "9998_next")
+    (root / "migrations" / "9999_last.sql").write_text("CREATE TABLE jobs.half_applied_too (id int);\n")
+    add_migration_line(root, "9999_last")
+    console = root / "sql" / "console.sql"
+    text = console.read_text().replace("'Worker: record (or refresh) this worker,", "'Changed: ", 1)
+    console.write_text(text)
     roles = root / "sql" / "roles.sql"
     roles.write_text(roles.read_text() + "\nSELECT no_such_function();\n")
-    script = root / "sql" / "install.sql"
-    if path == "generated script":
-        script = tmp_path / "install.sql"
-        script.write_text(migrate.install_script(root))
-    last = migrate.migrations()[-1]
-    result = psql_file(empty.dsn, script)
+    result = psql_file(empty.dsn, psql_script(root, tmp_path, path))
     assert result.returncode != 0 and "no_such_function" in result.stderr, result.stderr
+    assert jobs_schema(empty.dsn) == ("jobs", {m.version for m in migrate.migrations()})
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
-        applied = migrate.applied_versions(conn)
-        assert applied == {m.version for m in migrate.migrations()[:-1]}, applied
-        with pytest.raises(SchemaMismatch, match=f"lacks migration {last.version}_{last.name}"):
-            migrate.check_schema(conn)
+        assert scalar(conn, "SELECT to_regclass('jobs.half_applied')") is None
+        assert scalar(conn, "SELECT to_regclass('jobs.half_applied_too')") is None
+        comment = "SELECT obj_description('jobs.register_worker(text, text[], text, integer)'::regprocedure)"
+        assert str(scalar(conn, comment)).startswith("Worker: record"), "a failed upgrade replaced a function"
+        assert migrate.check_schema(conn) is None
+
+
+def test_a_psql_install_stopped_with_ctrl_c_leaves_no_jobs_schema(empty: Database, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to psql) half way through the install: psql cancels the statement in
+    flight and stops; the install's one transaction rolls back, so no jobs schema is left."""
+    root = schema_copy(tmp_path)
+    target = root / "migrations" / "0015_history.sql"
+    target.write_text(target.read_text() + "\nSELECT pg_sleep(600);\n")
+    psql = subprocess.Popen(
+        psql_script_args(empty.dsn, root / "sql" / "install.sql"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with psycopg.connect(empty.dsn, autocommit=True) as conn:
+            wait_for(
+                "psql to reach the injected pause",
+                lambda: (
+                    scalar(
+                        conn,
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND query LIKE 'SELECT pg_sleep(600)%%'",
+                    )
+                    or psql.poll() is not None
+                ),
+                timeout=180,
+            )
+        assert psql.poll() is None, psql.communicate()
+        psql.send_signal(signal.SIGINT)
+        _, err = psql.communicate(timeout=120)
+    finally:
+        if psql.poll() is None:
+            psql.kill()
+            psql.wait()
+    assert psql.returncode != 0 and "canceling statement" in err, err
+    assert jobs_schema(empty.dsn) == (None, set()), "an install stopped with Ctrl-C left a jobs schema behind"
     installed = psql_file(empty.dsn, migrate.schema_root() / "sql" / "install.sql")
     assert installed.returncode == 0, installed.stderr
     with psycopg.connect(empty.dsn, autocommit=True) as conn:

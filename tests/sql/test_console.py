@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -117,6 +118,104 @@ def test_register_worker_rejects_bad_kinds(conn: Conn) -> None:
     expect_error(conn, "SELECT jobs.register_worker('w', NULL)", None, "22023", "kinds")
     expect_error(conn, "SELECT jobs.register_worker('w', %s)", ([""],), "22023", "kinds")
     expect_error(conn, "SELECT jobs.register_worker('', '{k}')", None, "22023", "worker")
+
+
+def age_registry(conn: Conn, age: str, *, workers: Sequence[str] = (), kinds: Sequence[str] = ()) -> None:
+    """Make these workers last seen (and stopped, if they stopped), and these kinds last
+    registered, ``age`` ago."""
+    conn.execute(
+        "UPDATE jobs.worker_registry SET last_seen_at = now() - %(age)s::interval,"
+        " stopped_at = CASE WHEN stopped_at IS NOT NULL THEN now() - %(age)s::interval END"
+        " WHERE worker = ANY (%(workers)s)",
+        {"age": age, "workers": list(workers)},
+    )
+    conn.execute(
+        "UPDATE jobs.known_kinds SET last_registered_at = now() - %s::interval WHERE kind = ANY (%s)",
+        (age, list(kinds)),
+    )
+
+
+def registry(conn: Conn) -> tuple[set[str], set[str]]:
+    workers = {r["worker"] for r in rows(conn, "SELECT worker FROM jobs.worker_registry")}
+    kinds = {r["kind"] for r in rows(conn, "SELECT kind FROM jobs.known_kinds")}
+    return workers, kinds
+
+
+def test_the_leaders_prune_removes_workers_and_kinds_past_the_retention_and_keeps_what_is_in_use(
+    conn: Conn,
+) -> None:
+    """The leader's prune (jobs.prune(NULL, batch)) keeps the registry to jobs.config.retention:
+    a stopped or lost worker not seen for longer goes, unless it still holds a RUNNING run; a
+    kind last registered longer ago goes unless a registered worker lists it, a definition
+    names it or a QUEUED or RUNNING run is of it. Nothing newer is touched."""
+    conn.execute("UPDATE jobs.config SET retention = '14 days'")
+    conn.execute("SELECT jobs.register_worker('w-stopped-old', '{k-stale,k-done}', 'h', 1)")
+    conn.execute("SELECT jobs.worker_stopped('w-stopped-old')")
+    conn.execute("SELECT jobs.register_worker('w-lost-old', '{k-stale}', 'h', 2)")
+    conn.execute("SELECT jobs.register_worker('w-stopped-recent', '{k-recent-worker}', 'h', 3)")
+    conn.execute("SELECT jobs.worker_stopped('w-stopped-recent')")
+    conn.execute("SELECT jobs.register_worker('w-alive', '{k-alive}', 'h', 4)")
+    conn.execute("SELECT jobs.register_worker('w-lost-holding', '{k-running}', 'h', 5)")
+    conn.execute("SELECT jobs.register_worker('w-kinds', '{k-def,k-queued,k-fresh}', 'h', 6)")
+    conn.execute("SELECT jobs.worker_stopped('w-kinds')")
+    conn.execute("SELECT jobs.define('def', 'k-def', run_at => now() + interval '1 day')")
+    enqueue(conn, "k-queued", run_at="now() + interval '1 day'")
+    running = enqueue(conn, "k-running")
+    assert claim(conn, "w-lost-holding") == [running]
+    done = enqueue(conn, "k-done")
+    assert claim(conn, "w-alive") == [done]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w-alive')", (done,)) is True
+    old = ["w-stopped-old", "w-lost-old", "w-lost-holding", "w-kinds"]
+    age_registry(conn, "15 days", workers=old)
+    age_registry(conn, "1 day", workers=["w-stopped-recent"])
+    # A live worker registers its kinds only when it starts: one up for months keeps them.
+    age_registry(conn, "15 days", kinds=["k-stale", "k-done", "k-alive", "k-running", "k-def", "k-queued"])
+    age_registry(conn, "13 days", kinds=["k-fresh", "k-recent-worker"])
+
+    conn.execute("SELECT jobs.prune(NULL, 10000)")
+
+    workers, kinds = registry(conn)
+    assert workers == {"w-stopped-recent", "w-alive", "w-lost-holding"}, workers
+    assert kinds == {"k-alive", "k-running", "k-def", "k-queued", "k-fresh", "k-recent-worker"}, kinds
+    line = "SELECT worker, state FROM jobs.workers ORDER BY worker"
+    assert [(r["worker"], r["state"]) for r in rows(conn, line)] == [
+        ("w-alive", "alive"),
+        ("w-lost-holding", "lost"),
+        ("w-stopped-recent", "stopped"),
+    ]
+    # Once its run has ended, the lost worker goes too, and the kind only it listed with it.
+    conn.execute("SELECT jobs.fail(%s, 'w-lost-holding', '{Error}', 'gone')", (running,))
+    assert one(conn, "SELECT * FROM jobs.prune_registry()") == {"workers": 1, "kinds": 1}
+    assert registry(conn) == (
+        {"w-stopped-recent", "w-alive"},
+        {"k-alive", "k-def", "k-queued", "k-fresh", "k-recent-worker"},
+    )
+    assert one(conn, "SELECT * FROM jobs.prune_registry()") == {"workers": 0, "kinds": 0}
+
+
+def test_prune_registry_follows_older_than_and_the_configured_retention(conn: Conn) -> None:
+    """older_than overrides jobs.config.retention, as for jobs.prune; a worker seen within the
+    heartbeat timeout is alive and stays whatever older_than says."""
+    conn.execute("SELECT jobs.register_worker('w-old', '{k-old}', 'h', 1)")
+    conn.execute("SELECT jobs.worker_stopped('w-old')")
+    conn.execute("SELECT jobs.register_worker('w-alive', '{k-alive}', 'h', 2)")
+    age_registry(conn, "3 days", workers=["w-old"], kinds=["k-old", "k-alive"])
+    assert one(conn, "SELECT * FROM jobs.prune_registry()") == {"workers": 0, "kinds": 0}
+    conn.execute("UPDATE jobs.config SET retention = '2 days'")
+    assert one(conn, "SELECT * FROM jobs.prune_registry()") == {"workers": 1, "kinds": 1}
+    assert registry(conn) == ({"w-alive"}, {"k-alive"})
+    assert one(conn, "SELECT * FROM jobs.prune_registry('0 seconds')") == {"workers": 0, "kinds": 0}
+    expect_error(conn, "SELECT jobs.prune_registry('-1 day')", None, "22023", "older_than")
+
+
+def test_register_worker_takes_at_most_1000_kinds_per_call(conn: Conn) -> None:
+    """One call registers at most as many kinds as jobs.claim takes: a login cannot add a
+    million kinds to jobs.known_kinds in one statement."""
+    kinds = [f"k{i}" for i in range(1001)]
+    expect_error(conn, "SELECT jobs.register_worker('w', %s)", (kinds,), "22023", "kinds", "1000")
+    assert registry(conn) == (set(), set())
+    conn.execute("SELECT jobs.register_worker('w', %s)", (kinds[:1000],))
+    assert scalar(conn, "SELECT count(*) FROM jobs.known_kinds") == 1000
 
 
 def test_a_worker_login_cannot_write_escape_sequences_into_what_operators_read(db: Database) -> None:
