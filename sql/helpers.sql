@@ -562,7 +562,10 @@ COMMENT ON FUNCTION jobs._check_positive(text, interval) IS 'Private: raises 220
 
 -- The bounds of every duration pgtick stores, by field: the one list that jobs._check_duration,
 -- jobs.define_many and the jobs.config trigger read (the CHECK constraints on the tables, from
--- migrations/0010_bounds.sql, say the same for a direct UPDATE). Within them, now() plus or minus
+-- migrations/0010_bounds.sql, say the same for a direct UPDATE; but jobs.limits' CHECK on
+-- rate_period, from migrations/0004_flow_control.sql, takes any positive period up to 1 day, so
+-- a row written by hand, or before jobs.set_limit refused them, may hold a shorter one, which
+-- jobs.claim enforces as written). Within them, now() plus or minus
 -- any value stays far inside timestamptz's range, a driver can hold it (Python's timedelta ends
 -- at 999999999 days), and no timeout is so short that a worker cannot keep its run alive.
 -- Intervals compare as PostgreSQL orders them: a month counts 30 days.
@@ -581,10 +584,11 @@ BEGIN
                    ('archive_after', '1 hour', '3660 days'),
                    ('older_than', '0 seconds', '100 years'),
                    ('lookahead', '0 seconds', '100 years'),
+                   ('rate_period', '1 second', '1 day'),
                    ('misfire_grace', '0 seconds', '100 years')) AS b (field, low, high)
      WHERE b.field = _duration_bounds.field;
 END $$;
-COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, misfire_grace).';
+COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, rate_period, misfire_grace).';
 
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
 -- A field with no bounds is a mistake in pgtick's own code: XX000.

@@ -16,6 +16,8 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
+from pgtick import json_numbers
+
 Conn = psycopg.Connection[Any]
 
 # --- migrations (migrate.py) -------------------------------------------------
@@ -413,8 +415,9 @@ DEFINE_MANY_FIELDS = frozenset(
 
 
 def define_many(conn: Conn, definitions: list[dict[str, Any]]) -> list[Any]:
-    """jobs.define_many: one row per definition (id, name, created, rescheduled)."""
-    return conn.execute("SELECT * FROM jobs.define_many(%s)", (Jsonb(definitions),)).fetchall()
+    """jobs.define_many: one row per definition (id, name, created, rescheduled); a Decimal in
+    a payload is written with every digit."""
+    return conn.execute("SELECT * FROM jobs.define_many(%s)", (json_numbers.jsonb(definitions),)).fetchall()
 
 
 def interval(conn: Conn, text: str) -> timedelta | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 import os
 import re
@@ -33,9 +32,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
-from pgtick import __version__, calls, migrate
+from pgtick import __version__, calls, db, json_numbers, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
-from pgtick.db import connect, connect_dicts, resolve_dsn, without_password
+from pgtick.db import resolve_dsn, without_password
 from pgtick.errors import InvalidArgument, PgtickError, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
@@ -771,6 +770,21 @@ def _error(command: str, message: str) -> None:
     print(f"pgtick {command}: error: {printable_line(message)}", file=sys.stderr)
 
 
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    """A command's connection (``db.connect``), reading the numbers of json and jsonb with
+    every digit (``json_numbers``): a payload or result prints as it is stored."""
+    conn = db.connect(dsn)
+    json_numbers.read_exactly(conn)
+    return conn
+
+
+def connect_dicts(dsn: str, *, application_name: str = "pgtick") -> psycopg.Connection[dict[str, Any]]:
+    """``connect`` with rows as dicts."""
+    conn = db.connect_dicts(dsn, application_name=application_name)
+    json_numbers.read_exactly(conn)
+    return conn
+
+
 def _jsonable(row: dict[str, Any] | None) -> dict[str, Any] | None:
     """A row for --json: times as UTC ISO 8601 strings, intervals as seconds."""
     if row is None:
@@ -1158,8 +1172,6 @@ def _backfill_note(runs: int, held: int | None) -> str:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> Result:
-    from psycopg.types.json import Jsonb
-
     run_at = read_time(args.run_at, args.tz, field_name="--run-at", zone_name="--tz")
     notices: list[str] = []
     with connect_dicts(_dsn(args)) as conn, conn.transaction():
@@ -1167,7 +1179,7 @@ def cmd_enqueue(args: argparse.Namespace) -> Result:
         row = calls.enqueue(
             conn,
             args.kind,
-            Jsonb(args.payload or {}),
+            json_numbers.jsonb(args.payload or {}),
             run_at,
             args.priority,
             args.key,
@@ -1541,7 +1553,7 @@ def _watch_status(args: argparse.Namespace, dsn: str) -> int:
                 _warn("status", f"connection back after {compact_duration(time.monotonic() - lost[1])}")
             lost = None
             if args.json:
-                print(json.dumps(snap))
+                print(json_numbers.dumps(snap))
             elif draws:  # clear the screen, then draw what fits on it
                 frame = render_status(snap, Style.detect(sys.stdout), args.wide)
                 draw(frame)

@@ -16,14 +16,14 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Unpack
 from zoneinfo import ZoneInfo
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from pgtick import calls
+from pgtick import calls, json_numbers
 from pgtick.app import App
 from pgtick.client import check_duration, read_time, unstorable_json, unstorable_text
 from pgtick.errors import InvalidArgument, UsageError
@@ -126,7 +126,7 @@ def define(conn: psycopg.Connection[Any], name: str, kind: str, **params: Any) -
     if params.get("schedule") is not None:
         check_schedule(name, params["schedule"], params.get("timezone"), params)
     if isinstance(params.get("payload"), dict):
-        params["payload"] = Jsonb(params["payload"])
+        params["payload"] = json_numbers.jsonb(params["payload"])
     params["run_at"] = _run_at(name, params)
     given = {k: v for k, v in params.items() if v is not None}
     return calls.define(conn, name, kind, given)
@@ -187,17 +187,18 @@ def define_many(conn: psycopg.Connection[Any], definitions: list[dict[str, Any]]
 
 def read_json(text: str) -> Any:
     """JSON text as PostgreSQL's jsonb takes it: no NaN or Infinity, no number past a
-    double's range (Python would read it as infinity), no NUL character or lone surrogate in
-    a key or string. ValueError says what is wrong ("is not valid JSON: ...")."""
+    double's range (a worker in Python would read it as infinity), no NUL character or lone
+    surrogate in a key or string. ValueError says what is wrong ("is not valid JSON: ...").
+    A number with a fraction or an exponent is a Decimal of its every digit (jsonb stores it
+    so; ``json_numbers.jsonb`` writes it so), an integer an int."""
 
     def refuse(constant: str) -> Any:
         raise ValueError(f"is not valid JSON: {constant} is not a JSON number")
 
-    def finite(number: str) -> float:
-        value = float(number)
-        if math.isinf(value):
+    def finite(number: str) -> Decimal:
+        if math.isinf(float(number)):
             raise ValueError(f"is not usable JSON: the number {number[:40]} is out of range")
-        return value
+        return Decimal(number)
 
     try:
         value = json.loads(text, parse_constant=refuse, parse_float=finite)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ from zoneinfo import ZoneInfo
 
 from rich.cells import cell_len
 
+from pgtick import json_numbers
 from pgtick.errors import UsageError
 
 # ---------------------------------------------------------------------------- style
@@ -534,8 +534,9 @@ def to_json(value: Any, *, ascii_only: bool = False) -> str:
     """``value`` as indented JSON; ``ascii_only`` escapes what is not ASCII (``\\u62a5``),
     for an output that is not UTF-8: the same document, nothing lost. DEL and C1 controls
     are escaped always (``\\u009b``): still the same document, and no escape sequence in a
-    stored value reaches the terminal."""
-    text = json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    stored value reaches the terminal. A Decimal (a jsonb number, read with every digit) is
+    written as that number, digit for digit."""
+    text = json_numbers.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
     return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
@@ -544,8 +545,6 @@ def _json_default(value: Any) -> Any:
         return iso(value)
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
     return str(value)
 
 
@@ -561,10 +560,12 @@ def to_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> str:
 def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
-    if isinstance(value, datetime | timedelta | Decimal):
+    if isinstance(value, datetime | timedelta):
         return _json_default(value)
+    if isinstance(value, Decimal):
+        return json_numbers.dumps(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, default=_json_default)
+        return json_numbers.dumps(value, ensure_ascii=False, default=_json_default)
     return value

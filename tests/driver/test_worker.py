@@ -267,8 +267,9 @@ def test_batches_of_capped_definitions_keep_at_most_capped_claimers_claims_in_fl
     "limit",
     [
         "jobs.set_limit('queue', 'tight', max_running => 499)",
-        # below 500 starts per period, so locked exclusively, and over a period too short to bind
-        "jobs.set_limit('kind', 'held', rate_limit => 499, rate_period => '1 millisecond')",
+        # below 500 starts per period, so locked exclusively, and over the shortest period
+        # jobs.set_limit takes, so it holds the 600 runs back for about a second at most
+        "jobs.set_limit('kind', 'held', rate_limit => 499, rate_period => '1 second')",
         "jobs.set_limit('kind', 'held', max_running => 400, per_key => true)",
     ],
     ids=["queue-below-roomy", "kind-rate", "per-key"],

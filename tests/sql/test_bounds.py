@@ -174,6 +174,16 @@ WRITERS: list[Case] = [
         "rate_period",
         "1 day",
     ),
+    refused(
+        "SELECT jobs.set_limit('queue', 'q', rate_limit => 1, rate_period => '100 microseconds')",
+        "rate_period",
+        "1 second",
+    ),
+    refused(
+        "SELECT jobs.set_limit('queue', 'q', rate_limit => 1, rate_period => '999 milliseconds')",
+        "rate_period",
+        "1 second",
+    ),
     refused(f"SELECT jobs.snooze(%(RUNNING)s, 'w1', '{HUGE}')", "delay", "365 days"),
     refused(f"SELECT jobs.prune('{HUGE}')", "older_than", "100 years"),
     # UPDATE jobs.config: the operator's writer, checked by its trigger

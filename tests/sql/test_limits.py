@@ -338,6 +338,50 @@ def test_set_limit_replaces_and_remove_limit_removes(conn: Conn) -> None:
     assert scalar(conn, "SELECT jobs.remove_limit('kind', 'x')") is False
 
 
+def test_set_limit_refuses_a_rate_period_under_one_second_and_keeps_the_limit(conn: Conn) -> None:
+    """A rate window shorter than a claim's own transaction counts almost none of its starts:
+    100 per 100 microseconds would be no limit at all. Periods from 1 second to 1 day pass;
+    a refused change leaves the limit as it was."""
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 5, rate_period => '1 minute')")
+    for period in ("100 microseconds", "1 millisecond", "0.5 seconds", "999999 microseconds"):
+        expect_error(
+            conn,
+            "SELECT jobs.set_limit('kind', 'api', rate_limit => 100, rate_period => %s)",
+            (period,),
+            "22023",
+            "rate_period",
+            "1 second",
+        )
+    row = conn.execute("SELECT rate_limit, rate_period::text FROM jobs.limits WHERE name = 'api'").fetchone()
+    assert row == (5, "00:01:00"), row
+    for period, shown in (("1 second", "00:00:01"), ("1.5 seconds", "00:00:01.5"), ("1 day", "1 day")):
+        row = conn.execute(
+            "SELECT rate_period::text FROM jobs.set_limit('kind', 'api', rate_limit => 1, rate_period => %s)",
+            (period,),
+        ).fetchone()
+        assert row == (shown,), (period, row)
+
+
+def test_a_rate_period_under_one_second_stored_by_hand_still_claims_and_can_be_replaced(conn: Conn) -> None:
+    """jobs.limits' CHECK takes any positive period up to 1 day, so a row written directly (or
+    by jobs.set_limit before it refused them) may hold 1 millisecond: claims go on, each
+    starting at most rate_limit of its runs, jobs.queue_stats reads it, and jobs.set_limit
+    replaces it with a valid period whose window counts the starts already made."""
+    ids = _runs(conn, 5, kind="api")
+    conn.execute(
+        "INSERT INTO jobs.limits (scope, name, rate_limit, rate_period)"
+        " VALUES ('kind', 'api', 2, '1 millisecond')"
+    )
+    first = _claim(conn)
+    assert first == ids[:2], first
+    row = conn.execute("SELECT kind_rate FROM jobs.queue_stats WHERE kind = 'api'").fetchone()
+    assert row == ("2 per 00:00:00.001",), row
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour')")
+    assert _claim(conn) == [], "the hour's window counts the two starts under the old period"
+    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 3, rate_period => '1 hour')")
+    assert _claim(conn) == ids[2:3]
+
+
 def test_queue_stats_shows_limits_pause_blocked_and_rate_limited(conn: Conn) -> None:
     """New columns come after the old ones, so a reader of the old columns is unaffected."""
     cols = [

@@ -642,6 +642,27 @@ def test_hostile_names_payloads_and_errors_are_escaped(client: TestClient, seede
     assert escape(HOSTILE_NAME) in client.get("/definitions").text
 
 
+def test_a_run_and_a_definition_show_the_numbers_of_their_json_with_every_digit(
+    client: TestClient, conn: Conn
+) -> None:
+    """jsonb keeps a number as a numeric, exactly; read as a float it would keep 17
+    significant digits and the page would show another amount."""
+    payload = '{"amount": 12345678901234567890.123456789, "rate": 0.1000000000000000055511151231257827}'
+    result = '{"total": 98765432109876543210.987654321, "price": 1.50}'
+    run = int(scalar(conn, "SELECT id FROM jobs.enqueue('invoice', %s::jsonb)", (payload,)))
+    assert scalar(conn, "SELECT count(*) FROM jobs.claim(1, 'w1', kinds => '{invoice}')") == 1
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w1', %s::jsonb)", (run, result)) is True
+    conn.execute(
+        "SELECT jobs.define('billing', 'invoice', schedule => '0 3 * * *', payload => %s::jsonb)", (payload,)
+    )
+    run_page = client.get(f"/runs/{run}").text
+    definition_page = client.get("/definition?" + urlencode({"name": "billing"})).text
+    for digits in ("12345678901234567890.123456789", "0.1000000000000000055511151231257827"):
+        assert digits in run_page and digits in definition_page, digits
+    for digits in ("98765432109876543210.987654321", "1.50"):
+        assert digits in run_page, digits
+
+
 def test_a_login_without_the_operator_role_gets_a_read_only_dashboard(
     db: Database, seeded: Seeded, conn: Conn
 ) -> None:

@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import Scope
 
+from pgtick import json_numbers
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
@@ -104,7 +105,7 @@ def fmt_age(value: timedelta | float | None) -> str:
 def fmt_json(value: Any) -> str:
     if value is None:
         return ""
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return json_numbers.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def fmt_pct(part: float, whole: float) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgtick import json_numbers
+
 Conn = psycopg.AsyncConnection[dict[str, Any]]
 Row = dict[str, Any]
 
@@ -308,7 +310,10 @@ async def definitions(conn: Conn, feats: Features) -> list[Row]:
 
 
 async def definition(conn: Conn, name: str) -> Row | None:
-    cur = await conn.execute(
+    """A definition's health and settings, its payload's numbers with every digit."""
+    cur = conn.cursor()
+    json_numbers.read_exactly(cur)
+    await cur.execute(
         """
         SELECT h.*, d.misfire_policy, d.priority, d.created_at, d.run_at,
                d.payload, d.max_attempts, d.timeout, d.heartbeat_timeout, d.updated_at, d.revision,
@@ -478,6 +483,7 @@ def every_run(feats: Features) -> sql.Composable:
 
 
 async def run(conn: Conn, feats: Features, run_id: int) -> Row | None:
+    """A run with its definition and timings, its payload's and result's numbers with every digit."""
     query = sql.SQL(
         """
         SELECT r.*, d.name AS definition, d.max_concurrent_runs,
@@ -490,7 +496,9 @@ async def run(conn: Conn, feats: Features, run_id: int) -> Row | None:
          WHERE r.id = %s
         """
     ).format(runs=every_run(feats))
-    cur = await conn.execute(query, (run_id,))
+    cur = conn.cursor()
+    json_numbers.read_exactly(cur)
+    await cur.execute(query, (run_id,))
     return await cur.fetchone()
 
 
