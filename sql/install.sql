@@ -97,7 +97,7 @@ SELECT set_config('statement_timeout', :'pgtick_statement_timeout', true) AS pgt
 \set migration 0026_blank_keys \ir ../migrations/apply.sql
 -- 0027: the login that registered each worker, shown in jobs.workers.
 \set migration 0027_worker_logins \ir ../migrations/apply.sql
--- 0028: a lowered heartbeat timeout applies to the reaper once every live worker has beaten.
+-- 0028: a lowered heartbeat timeout spares the runs last beaten before it, for the previous one's length.
 \set migration 0028_heartbeat_grace \ir ../migrations/apply.sql
 
 -- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
