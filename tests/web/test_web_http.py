@@ -25,7 +25,7 @@ from markupsafe import escape
 from psycopg import sql
 from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
-from web_support import PASSWORD, bulk_form, csrf_of, login, post
+from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
 from harness import Database, Server, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app, timeview
@@ -481,6 +481,74 @@ def test_a_run_now_form_sent_twice_queues_one_run_and_says_so(
     assert scalar(conn, manual) == before + 2, "a form shown after the first did not queue a run"
 
 
+def flash_of(client: TestClient, path: str) -> str:
+    """The text and links of the messages the page at `path` shows once (after an action)."""
+    return "\n".join(re.findall(r'<p class="flash ok">(.*?)</p>', client.get(path).text))
+
+
+def test_a_retry_sent_again_queues_nothing_and_links_the_retry_that_was_made(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """A run has one next attempt. The same retry form sent again (a double click, a resend),
+    another tab's form or a client without a form id finds the run retried: each goes back
+    to the run saying which run retried it, with a link to that run, rather than to an error
+    page; the repeat of the operator's own form says so."""
+    csrf = login(client)
+    run_id = seeded.hostile_run
+    shown = form_of(client, f"/runs/{run_id}", f"/runs/{run_id}/retry")
+    assert shown.get("once"), f"the retry form carries no form id: {shown}"
+    first = post(client, f"/runs/{run_id}/retry", csrf, **shown)
+    assert first.status_code == 303, first.text
+    new_run = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    assert f"run {run_id} retried as run {new_run}" in flash_of(client, f"/runs/{run_id}")
+
+    link = f'<a href="/runs/{new_run}">see run {new_run}</a>'
+    said = f"run {run_id} was already retried as run {new_run}"
+    for fields, mine in ((shown, True), ({**shown, "once": "another-tab"}, False), ({}, False)):
+        again = post(client, f"/runs/{run_id}/retry", csrf, **fields)
+        assert again.status_code == 303, f"{fields}: {again.status_code} {again.text[-300:]}"
+        assert again.headers["location"] == f"/runs/{run_id}"
+        flash = flash_of(client, again.headers["location"])
+        assert said in flash and link in flash, f"{fields}: {flash!r}"
+        assert ("(this retry form was sent already)" in flash) == mine, f"{fields}: {flash!r}"
+
+    # A run another operator retried before this page was shown, sent from the list of runs.
+    earlier = post(client, f"/runs/{seeded.chain[0]}/retry", csrf, once="old-page", next="/runs")
+    assert earlier.status_code == 303 and earlier.headers["location"] == "/runs"
+    flash = flash_of(client, "/runs")
+    assert f"was already retried as run {seeded.chain[1]}" in flash, flash
+    assert f'href="/runs/{seeded.chain[1]}"' in flash, flash
+
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)) == 1
+    assert [r[1] for r in audit_rows(conn)] == ["login", "retry"], "a retry that queued nothing was audited"
+
+
+def test_a_retry_that_waited_for_a_retry_made_meanwhile_links_it(
+    db: Database, client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """Two retries of one run at once (a double click, two operators): the second finds no
+    next attempt, then waits in jobs.retry for the run's lock while the first commits; it
+    queues nothing and links the first's retry rather than answering jobs.retry's refusal."""
+    csrf = login(client)
+    run_id = seeded.hostile_run
+    shown = form_of(client, f"/runs/{run_id}", f"/runs/{run_id}/retry")
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'pgtick-web' AND wait_event_type = 'Lock'"
+    )
+    with db.connect() as other, ThreadPoolExecutor(1) as pool:
+        with other.transaction():
+            first = scalar(other, "SELECT id FROM jobs.retry(%s)", (run_id,))
+            sent = pool.submit(post, client, f"/runs/{run_id}/retry", csrf, **shown)
+            wait_for("the dashboard's retry to wait for the run", lambda: scalar(conn, waiting) or None, 60)
+        response = sent.result(timeout=60)
+    assert response.status_code == 303, f"{response.status_code} {response.text[-300:]}"
+    flash = flash_of(client, f"/runs/{run_id}")
+    assert f"run {run_id} was already retried as run {first}: nothing more queued" in flash, flash
+    assert f'href="/runs/{first}"' in flash, flash
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)) == 1
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""
@@ -602,7 +670,6 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
     csrf = login(client)
     cases = [
         (f"/runs/{seeded.completed}/retry", {}, 400, "only FAILED or CANCELLED runs can be retried"),
-        (f"/runs/{seeded.chain[0]}/retry", {}, 400, f"was already retried as run {seeded.chain[1]}"),
         ("/runs/999999/cancel", {}, 404, "run 999999 does not exist"),
         (f"/runs/{2**63}/cancel", {}, 404, f"run {2**63} does not exist"),
         ("/runs/1/explode", {}, 404, "no such action"),

@@ -148,6 +148,17 @@ def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> tim
 # -- the app ----------------------------------------------------------------------------------
 
 
+class AlreadyDone(Exception):
+    """An action that finds what it was to do done already (a form sent twice, another
+    operator first): nothing is changed and nothing audited, and the page it returns to
+    says so in `message`, with a `link` (path, text) to what did it."""
+
+    def __init__(self, message: str, link: tuple[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.link = link
+
+
 #: The counts of jobs.queue_stats the overview adds up over every kind.
 OVERVIEW_TOTALS = ("queued", "scheduled", "running", "completed_1h", "failed_1h", "cancelled_1h", "lost_1h")
 
@@ -490,11 +501,16 @@ class Dashboard:
         call: Callable[[queries.Conn], Awaitable[tuple[str, dict[str, Any]]]],
         default_back: str,
     ) -> Response:
-        async with self.db.acting() as conn:
-            message, detail = await call(conn)
-            await queries.record_audit(
-                conn, self._actor(request), action, target, json.dumps(detail, default=str)
-            )
+        try:
+            async with self.db.acting() as conn:
+                message, detail = await call(conn)
+                await queries.record_audit(
+                    conn, self._actor(request), action, target, json.dumps(detail, default=str)
+                )
+        except AlreadyDone as done:  # (its transaction rolled back: nothing to audit)
+            log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), done)
+            self.session(request).flash("ok", done.message, done.link)
+            return self._back(request, form, default_back)
         log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), message)
         self.session(request).flash("ok", message)
         return self._back(request, form, default_back)
@@ -505,24 +521,56 @@ class Dashboard:
         if action not in ("cancel", "retry"):
             raise HTTPException(404, f"no such action on a run: {action[:40]!r}")
         form = await self._form(request)
+        if action == "retry":
+            return await self._retry(request, form, run_id)
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
-            if action == "cancel":
-                before = await queries.run_status(conn, run_id)
-                status = await queries.cancel(conn, run_id)
-                if before == "CANCELLED":
-                    return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
-                if status == "CANCELLED":
-                    return f"run {run_id} cancelled", {"status": status}
-                if status == "RUNNING":
-                    return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {
-                        "status": status
-                    }
-                return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
-            new_run = await queries.retry(conn, run_id)
-            return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
+            before = await queries.run_status(conn, run_id)
+            status = await queries.cancel(conn, run_id)
+            if before == "CANCELLED":
+                return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
+            if status == "CANCELLED":
+                return f"run {run_id} cancelled", {"status": status}
+            if status == "RUNNING":
+                return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {"status": status}
+            return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
 
         return await self._act(request, form, action, f"run {run_id}", call, f"/runs/{run_id}")
+
+    async def _retry(self, request: Request, form: FormData, run_id: int) -> Response:
+        """Retry a run: one next attempt, however often it is asked. A retry that finds the run
+        retried already (the same form sent twice, another tab's or another operator's form
+        first) queues nothing and says which run retried it; the form's random id tells the
+        operator's own repeat from another's retry."""
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        once = inputs.text(fields, "once", max_length=100)
+        session = self.session(request)
+        feats = self.db.features
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            earlier = await queries.next_attempt(conn, feats, run_id)
+            if earlier is None:
+                try:
+                    async with conn.transaction():  # (a savepoint: a refusal leaves ours usable)
+                        new_run = await queries.retry(conn, run_id)
+                except psycopg.errors.InvalidParameterValue:
+                    # jobs.retry waits for the run's lock: one retried meanwhile is refused then.
+                    earlier = await queries.next_attempt(conn, feats, run_id)
+                    if earlier is None:
+                        raise  # refused for another reason: its error page
+                else:
+                    if once is not None:
+                        session.remember(once, new_run)
+                    return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
+            mine = once is not None and session.sent.get(once) == earlier
+            raise AlreadyDone(
+                f"run {run_id} was already retried as run {earlier}"
+                + (" (this retry form was sent already)" if mine else "")
+                + ": nothing more queued",
+                (f"/runs/{earlier}", f"see run {earlier}"),
+            )
+
+        return await self._act(request, form, "retry", f"run {run_id}", call, f"/runs/{run_id}")
 
     async def definition_action(self, request: Request) -> Response:
         action = request.path_params["action"]
