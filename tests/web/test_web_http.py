@@ -27,7 +27,7 @@ from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
-from harness import Database, Server, scalar, terminate, wait_for
+from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
 
@@ -878,6 +878,108 @@ def test_the_charts_are_in_utc_and_a_per_key_limit_is_not_at_limit_by_its_total(
     assert "at limit" not in mail_row, "3 RUNNING under a limit of 2 per key, no key at its limit"
     conn.execute("SELECT jobs.enqueue('send', queue => 'mail', concurrency_key => 'a')")
     assert conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall() == [], "key a is at its limit"
+
+
+def cookie_attributes(set_cookie: str) -> set[str]:
+    """The attributes of a Set-Cookie header after its name=value, lower case, without values
+    but SameSite's (``{"httponly", "path", "samesite=strict", "secure"}``)."""
+    parts = [p.strip().lower() for p in set_cookie.split(";")[1:]]
+    return {p if p.startswith("samesite") else p.split("=")[0] for p in parts}
+
+
+HTTP, HTTPS = "http://127.0.0.1:8080", "https://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(
+    ("option", "base_url", "forwarded", "secure"),
+    [
+        ("", HTTP, None, False),
+        ("", HTTP, "https", False),  # any client can send the header: not trusted by default
+        ("cookie_secure", HTTP, None, True),  # (the proxy in front speaks HTTPS)
+        ("", HTTPS, None, True),  # the server speaks TLS itself
+        ("trust_proxy", HTTP, "https", True),
+        ("trust_proxy", HTTP, "HTTPS", True),
+        ("trust_proxy", HTTP, "http", False),
+        ("trust_proxy", HTTP, None, False),
+        ("trust_proxy", HTTP, "https, http", False),  # the client's, then the proxy's
+    ],
+)
+def test_the_session_cookie_is_secure_when_the_browser_reaches_the_dashboard_over_https(
+    db: Database, option: str, base_url: str, forwarded: str | None, secure: bool
+) -> None:
+    """Secure when told so, when served over TLS, or when a trusted proxy says the request
+    came over https; HttpOnly and SameSite=Strict always."""
+    app = create_app(
+        db.dsn_as("pgtick_t_operator"),
+        Secret.from_plain(PASSWORD),
+        cookie_secure=option == "cookie_secure",
+        trust_proxy=option == "trust_proxy",
+    )
+    headers = {} if forwarded is None else {"X-Forwarded-Proto": forwarded}
+    with TestClient(app, base_url=base_url) as client:
+        response = client.get("/login", headers=headers)
+    assert response.status_code == 200, response.text
+    attributes = cookie_attributes(response.headers["set-cookie"])
+    assert {"httponly", "samesite=strict"} <= attributes, attributes
+    assert ("secure" in attributes) == secure, attributes
+
+
+def test_the_session_cookie_a_login_sets_behind_a_trusted_proxy_is_secure(db: Database) -> None:
+    """The new session of a login (and of a logout) is marked as the first one was."""
+    app = create_app(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD), trust_proxy=True)
+    proxied = {"X-Forwarded-Proto": "https"}
+    with TestClient(app, base_url=HTTP) as client:  # (sends back no Secure cookie over http)
+        first = client.get("/login", headers=proxied)
+        session = first.headers["set-cookie"].split(";")[0]
+        token = re.search(r'name="csrf" value="([^"]+)"', first.text)
+        assert token is not None
+        response = client.post(
+            "/login",
+            data={"csrf": token.group(1), "name": "alice", "password": PASSWORD},
+            headers={**proxied, "Cookie": session},
+            follow_redirects=False,
+        )
+    assert response.status_code == 303, response.text
+    rotated = response.headers["set-cookie"]
+    assert rotated.split(";")[0] != session, "the login kept the session id"
+    assert {"secure", "httponly", "samesite=strict"} <= cookie_attributes(rotated), rotated
+
+
+@pytest.mark.parametrize(
+    ("options", "forwarded", "secure"),
+    [([], "https", False), (["--cookie-secure"], None, True), (["--trust-proxy"], "https", True)],
+)
+def test_pgtick_web_marks_the_session_cookie_secure_as_its_options_say(
+    db: Database, options: list[str], forwarded: str | None, secure: bool
+) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*PGTICK, "web", "--dsn", db.dsn, "--bind", f"127.0.0.1:{port}", *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/")
+    if forwarded is not None:
+        request.add_header("X-Forwarded-Proto", forwarded)
+
+    def set_cookie() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick web exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return str(response.headers["set-cookie"])
+        except OSError:
+            return None
+
+    try:
+        attributes = cookie_attributes(wait_for("pgtick web to answer", set_cookie, 90))
+    finally:
+        terminate(proc, 60)
+    assert {"httponly", "samesite=strict"} <= attributes, attributes
+    assert ("secure" in attributes) == secure, attributes
 
 
 def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded: Seeded) -> None:

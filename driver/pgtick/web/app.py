@@ -173,8 +173,12 @@ class Dashboard:
         *,
         refresh_seconds: int = 10,
         db_timeout: float = DEFAULT_TIMEOUT,
+        cookie_secure: bool = False,
+        trust_proxy: bool = False,
     ) -> None:
         self.db = Database(dsn, timeout=db_timeout)
+        self.cookie_secure = cookie_secure
+        self.trust_proxy = trust_proxy
         self.secret = secret
         self.sessions = Sessions()
         self._login_gate = asyncio.Lock()  # logins one at a time (see login)
@@ -211,12 +215,33 @@ class Dashboard:
     def finish(self, request: Request, response: Response) -> Response:
         session = request.scope.get("pgtick.session")
         if session is not None and request.cookies.get(COOKIE) != session.id:
-            response.set_cookie(COOKIE, session.id, httponly=True, samesite="strict", path="/")
+            response.set_cookie(
+                COOKIE,
+                session.id,
+                httponly=True,
+                samesite="strict",
+                path="/",
+                secure=self.over_https(request),
+            )
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
         response.headers["Cache-Control"] = "no-store"
         return response
+
+    def over_https(self, request: Request) -> bool:
+        """Whether the browser reached the dashboard over HTTPS, so its session cookie is
+        marked Secure (sent back over HTTPS only): always when told so (`cookie_secure`);
+        when the server itself speaks TLS; and, behind a proxy that terminates TLS, when the
+        request says so in X-Forwarded-Proto, if that proxy is trusted (`trust_proxy`: it sets
+        the header, never passing on a client's). A trusted proxy that appends to the header
+        put its own value last, after any the client sent: that one is read."""
+        if self.cookie_secure or request.url.scheme == "https":
+            return True
+        if not self.trust_proxy:
+            return False
+        forwarded = request.headers.get("x-forwarded-proto", "")
+        return forwarded.rsplit(",", 1)[-1].strip().lower() == "https"
 
     def error(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "error.html", {"status": status, "message": message}, status)
@@ -732,13 +757,27 @@ def create_app(
     refresh_seconds: int = 10,
     allowed_hosts: Sequence[str] | None = None,
     db_timeout: float = DEFAULT_TIMEOUT,
+    cookie_secure: bool = False,
+    trust_proxy: bool = False,
 ) -> Starlette:
     """The dashboard for the database at `dsn`; actions need `secret` (None: read-only).
     Its startup fails (``SchemaMismatch``) on a jobs schema older than this driver's.
 
     Every request's database work ends within `db_timeout` seconds: past it the request
-    answers 504 and its connection is replaced (see ``pgtick.web.db``)."""
-    dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds, db_timeout=db_timeout)
+    answers 504 and its connection is replaced (see ``pgtick.web.db``).
+
+    The session cookie is marked Secure when `cookie_secure` (browsers reach the dashboard
+    over HTTPS only), when the server speaks TLS itself, and, with `trust_proxy` (a proxy in
+    front terminates TLS and sets ``X-Forwarded-Proto``), on requests that header marks
+    ``https``; the header is ignored otherwise, since any client can send it."""
+    dash = Dashboard(
+        dsn,
+        secret,
+        refresh_seconds=refresh_seconds,
+        db_timeout=db_timeout,
+        cookie_secure=cookie_secure,
+        trust_proxy=trust_proxy,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
