@@ -351,6 +351,38 @@ def test_login_is_audited_and_logout_ends_the_operator_session(
     assert [(r[0], r[1]) for r in audit_rows(conn)] == [("alice (testclient)", "login")]
 
 
+def test_a_login_or_logout_form_sent_again_goes_back_saying_so_rather_than_to_an_error_page(
+    client: TestClient, conn: Conn
+) -> None:
+    """A login or logout changes the session's CSRF token, so the same form sent again (a
+    double click, the back button and resend) carries the old one. It changes nothing and
+    says why, as other actions sent twice do: the operator is logged in, or out, already. A
+    wrong token still refuses a login to a session without an operator, and a logout of an
+    operator's session (no other site may log an operator out)."""
+    shown = csrf_of(client)
+    fields = {"csrf": shown, "name": "alice", "password": PASSWORD, "next": "/runs"}
+    assert client.post("/login", data=fields, follow_redirects=False).status_code == 303
+    again = client.post("/login", data=fields, follow_redirects=False)
+    assert again.status_code == 303, f"{again.status_code} {again.text[-300:]}"
+    assert again.headers["location"] == "/runs"
+    assert "logged in as alice already" in flash_of(client, "/runs")
+    assert [r[1] for r in audit_rows(conn)] == ["login"], "the repeat logged in again"
+
+    operator = csrf_of(client, "/")
+    forged = post(client, "/logout", "forged")
+    assert forged.status_code == 403 and "operator: alice" in client.get("/").text
+    for _ in range(2):
+        response = post(client, "/logout", operator, next="/running")
+        assert response.status_code == 303, f"{response.status_code} {response.text[-300:]}"
+        assert response.headers["location"] == "/running"
+    page = client.get("/running").text
+    assert "logged out already" in page and "operator: alice" not in page
+
+    refused = client.post("/login", data={**fields, "csrf": "forged"}, follow_redirects=False)
+    assert refused.status_code == 403 and "CSRF token missing or wrong" in refused.text
+    assert "operator: alice" not in client.get("/").text
+
+
 @pytest.mark.parametrize("name", ["a\nb", "a\x01b", "ops\u202eteam"])
 def test_an_operator_name_that_would_forge_a_log_line_or_read_as_another_is_refused(
     client: TestClient, conn: Conn, name: str

@@ -148,6 +148,14 @@ def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> tim
 # -- the app ----------------------------------------------------------------------------------
 
 
+class CsrfRefused(HTTPException):
+    """A POST without the CSRF token of the session its cookie names (answered 403)."""
+
+    def __init__(self, form: FormData) -> None:
+        super().__init__(403, "CSRF token missing or wrong: reload the page and try again")
+        self.form = form
+
+
 class AlreadyDone(Exception):
     """An action that finds what it was to do done already (a form sent twice, another
     operator first): nothing is changed and nothing audited, and the page it returns to
@@ -466,7 +474,7 @@ class Dashboard:
         session = self.sessions.get(request.cookies.get(COOKIE))
         submitted = form.get("csrf")
         if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
-            raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again")
+            raise CsrfRefused(form)
         assert session is not None
         request.scope["pgtick.session"] = session
         if need_operator:
@@ -486,7 +494,18 @@ class Dashboard:
         return self.redirect(request, inputs.local_path(target if isinstance(target, str) else None, default))
 
     async def login(self, request: Request) -> Response:
-        form = await self._form(request, need_operator=False)
+        try:
+            form = await self._form(request, need_operator=False)
+        except CsrfRefused as refused:
+            # The login form sent again (a resend, a second click after the first had logged
+            # in): its token was the session's before the login, which changed it. Nothing is
+            # done; the operator is logged in already.
+            session = self.sessions.get(request.cookies.get(COOKIE))
+            if session is None or session.operator is None:
+                raise
+            request.scope["pgtick.session"] = session
+            session.flash("ok", f"logged in as {session.operator} already")
+            return self._back(request, refused.form, "/")
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         name = inputs.name(fields, "name", max_length=100)
         password = fields.get("password", "")
@@ -511,7 +530,17 @@ class Dashboard:
         return self._back(request, form, "/")
 
     async def logout(self, request: Request) -> Response:
-        form = await self._form(request, need_operator=False)
+        try:
+            form = await self._form(request, need_operator=False)
+        except CsrfRefused as refused:
+            # The logout form sent again (a double click, a resend): its token was that of the
+            # session the first logout ended. A session with no operator has nothing to end;
+            # an operator's stays refused (no other site may log an operator out).
+            session = self.sessions.get(request.cookies.get(COOKIE))
+            if session is not None and session.operator is not None:
+                raise
+            self.session(request).flash("ok", "logged out already")
+            return self._back(request, refused.form, "/")
         session = self.sessions.rotate(self.session(request))
         request.scope["pgtick.session"] = session
         session.flash("ok", "logged out")
