@@ -720,6 +720,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="longest a request waits for the database before it answers 504 (default 10s)",
     )
+    p.add_argument(
+        "--cookie-secure",
+        action="store_true",
+        help="mark the session cookie Secure: browsers reach the dashboard over HTTPS only",
+    )
+    p.add_argument(
+        "--trust-proxy",
+        action="store_true",
+        help="a proxy in front terminates TLS and sets X-Forwarded-Proto: mark the session"
+        " cookie Secure on requests it says came over https (ignored without this)",
+    )
     _command(sub, "dsn", "print the DSN in use (starts the embedded server if needed)", cmd_dsn)
     return parser
 
@@ -2183,7 +2194,14 @@ def cmd_web(args: argparse.Namespace) -> int:
         dsn = _dsn(args)
         with connect(dsn) as conn:  # a server it cannot reach, no schema or an older one: say so now
             migrate.check_schema(conn)  # (a newer one is the dashboard's warning as it starts)
-        return serve(dsn, args.bind, secret, args.db_timeout)
+        return serve(
+            dsn,
+            args.bind,
+            secret,
+            args.db_timeout,
+            cookie_secure=args.cookie_secure,
+            trust_proxy=args.trust_proxy,
+        )
     finally:
         if _embedded is not None:
             _embedded.stop()

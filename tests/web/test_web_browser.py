@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -255,6 +256,53 @@ def _steer(base: str, seeded: Seeded, page: Page, db: Database) -> None:
         page.goto(base + "/")
         page.wait_for_selector("svg.chart rect.ok")
         shot(page, "overview-operator")
+
+
+def test_a_double_click_on_retry_queues_one_attempt_and_says_so_in_a_real_browser(
+    dashboard: tuple[str, Seeded], page: Page, db: Database
+) -> None:
+    """An operator clicks retry twice, the second click before the first has answered: the
+    browser sends the form twice and ends on the run's page, which says the run was retried
+    and that the second click found it retried already, with a link to the retry; there is
+    one next attempt. (The run's lock is held until both requests wait for it, so that the
+    first cannot answer before the second click, however fast or slow the machine.)"""
+    base, seeded = dashboard
+    run_id = seeded.hostile_run
+    page.goto(base + "/login")
+    page.fill("input[name=name]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button:has-text('Log in')")
+    page.wait_for_selector("text=operator: alice")
+    page.goto(base + f"/runs/{run_id}")
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'pgtick-web' AND wait_event_type = 'Lock'"
+    )
+
+    def waiting_at_least(n: int) -> bool:
+        return bool(one(conn, waiting) >= n)
+
+    # The mouse, as a person clicks: a locator's click waits for the first click's page.
+    box = page.locator("button", has_text="retry").bounding_box()
+    assert box is not None
+    with db.connect() as conn, db.connect() as holder:
+        with holder.transaction():
+            holder.execute("SELECT FROM jobs.runs WHERE id = %s FOR UPDATE", (run_id,))
+            for clicks in (1, 2):
+                page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                wait_for(f"{clicks} retries waiting", partial(waiting_at_least, clicks), 60)
+        page.wait_for_selector(f"text=run {run_id} was already retried as run")
+        shot(page, "run-retried-twice")
+        new_run = one(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", run_id)
+        assert one(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", run_id) == 1
+    assert page.url == base + f"/runs/{run_id}", page.url
+    assert page.locator("#error-message").count() == 0, "the second click ended on an error page"
+    messages = page.locator(".flash").all_inner_texts()
+    assert any(f"run {run_id} retried as run {new_run}" in m for m in messages), messages
+    link = page.locator(".flash a", has_text=f"see run {new_run}")
+    assert link.get_attribute("href") == f"/runs/{new_run}"
+    link.click()
+    page.wait_for_url(base + f"/runs/{new_run}")
 
 
 #: Names as long as the schema takes them (200 characters), without a space to break at: a

@@ -25,9 +25,9 @@ from markupsafe import escape
 from psycopg import sql
 from starlette.testclient import TestClient
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
-from web_support import PASSWORD, bulk_form, csrf_of, login, post
+from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
-from harness import Database, Server, scalar, terminate, wait_for
+from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
 
@@ -351,6 +351,38 @@ def test_login_is_audited_and_logout_ends_the_operator_session(
     assert [(r[0], r[1]) for r in audit_rows(conn)] == [("alice (testclient)", "login")]
 
 
+def test_a_login_or_logout_form_sent_again_goes_back_saying_so_rather_than_to_an_error_page(
+    client: TestClient, conn: Conn
+) -> None:
+    """A login or logout changes the session's CSRF token, so the same form sent again (a
+    double click, the back button and resend) carries the old one. It changes nothing and
+    says why, as other actions sent twice do: the operator is logged in, or out, already. A
+    wrong token still refuses a login to a session without an operator, and a logout of an
+    operator's session (no other site may log an operator out)."""
+    shown = csrf_of(client)
+    fields = {"csrf": shown, "name": "alice", "password": PASSWORD, "next": "/runs"}
+    assert client.post("/login", data=fields, follow_redirects=False).status_code == 303
+    again = client.post("/login", data=fields, follow_redirects=False)
+    assert again.status_code == 303, f"{again.status_code} {again.text[-300:]}"
+    assert again.headers["location"] == "/runs"
+    assert "logged in as alice already" in flash_of(client, "/runs")
+    assert [r[1] for r in audit_rows(conn)] == ["login"], "the repeat logged in again"
+
+    operator = csrf_of(client, "/")
+    forged = post(client, "/logout", "forged")
+    assert forged.status_code == 403 and "operator: alice" in client.get("/").text
+    for _ in range(2):
+        response = post(client, "/logout", operator, next="/running")
+        assert response.status_code == 303, f"{response.status_code} {response.text[-300:]}"
+        assert response.headers["location"] == "/running"
+    page = client.get("/running").text
+    assert "logged out already" in page and "operator: alice" not in page
+
+    refused = client.post("/login", data={**fields, "csrf": "forged"}, follow_redirects=False)
+    assert refused.status_code == 403 and "CSRF token missing or wrong" in refused.text
+    assert "operator: alice" not in client.get("/").text
+
+
 @pytest.mark.parametrize("name", ["a\nb", "a\x01b", "ops\u202eteam"])
 def test_an_operator_name_that_would_forge_a_log_line_or_read_as_another_is_refused(
     client: TestClient, conn: Conn, name: str
@@ -481,6 +513,74 @@ def test_a_run_now_form_sent_twice_queues_one_run_and_says_so(
     assert scalar(conn, manual) == before + 2, "a form shown after the first did not queue a run"
 
 
+def flash_of(client: TestClient, path: str) -> str:
+    """The text and links of the messages the page at `path` shows once (after an action)."""
+    return "\n".join(re.findall(r'<p class="flash ok">(.*?)</p>', client.get(path).text))
+
+
+def test_a_retry_sent_again_queues_nothing_and_links_the_retry_that_was_made(
+    client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """A run has one next attempt. The same retry form sent again (a double click, a resend),
+    another tab's form or a client without a form id finds the run retried: each goes back
+    to the run saying which run retried it, with a link to that run, rather than to an error
+    page; the repeat of the operator's own form says so."""
+    csrf = login(client)
+    run_id = seeded.hostile_run
+    shown = form_of(client, f"/runs/{run_id}", f"/runs/{run_id}/retry")
+    assert shown.get("once"), f"the retry form carries no form id: {shown}"
+    first = post(client, f"/runs/{run_id}/retry", csrf, **shown)
+    assert first.status_code == 303, first.text
+    new_run = scalar(conn, "SELECT id FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    assert f"run {run_id} retried as run {new_run}" in flash_of(client, f"/runs/{run_id}")
+
+    link = f'<a href="/runs/{new_run}">see run {new_run}</a>'
+    said = f"run {run_id} was already retried as run {new_run}"
+    for fields, mine in ((shown, True), ({**shown, "once": "another-tab"}, False), ({}, False)):
+        again = post(client, f"/runs/{run_id}/retry", csrf, **fields)
+        assert again.status_code == 303, f"{fields}: {again.status_code} {again.text[-300:]}"
+        assert again.headers["location"] == f"/runs/{run_id}"
+        flash = flash_of(client, again.headers["location"])
+        assert said in flash and link in flash, f"{fields}: {flash!r}"
+        assert ("(this retry form was sent already)" in flash) == mine, f"{fields}: {flash!r}"
+
+    # A run another operator retried before this page was shown, sent from the list of runs.
+    earlier = post(client, f"/runs/{seeded.chain[0]}/retry", csrf, once="old-page", next="/runs")
+    assert earlier.status_code == 303 and earlier.headers["location"] == "/runs"
+    flash = flash_of(client, "/runs")
+    assert f"was already retried as run {seeded.chain[1]}" in flash, flash
+    assert f'href="/runs/{seeded.chain[1]}"' in flash, flash
+
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)) == 1
+    assert [r[1] for r in audit_rows(conn)] == ["login", "retry"], "a retry that queued nothing was audited"
+
+
+def test_a_retry_that_waited_for_a_retry_made_meanwhile_links_it(
+    db: Database, client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """Two retries of one run at once (a double click, two operators): the second finds no
+    next attempt, then waits in jobs.retry for the run's lock while the first commits; it
+    queues nothing and links the first's retry rather than answering jobs.retry's refusal."""
+    csrf = login(client)
+    run_id = seeded.hostile_run
+    shown = form_of(client, f"/runs/{run_id}", f"/runs/{run_id}/retry")
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'pgtick-web' AND wait_event_type = 'Lock'"
+    )
+    with db.connect() as other, ThreadPoolExecutor(1) as pool:
+        with other.transaction():
+            first = scalar(other, "SELECT id FROM jobs.retry(%s)", (run_id,))
+            sent = pool.submit(post, client, f"/runs/{run_id}/retry", csrf, **shown)
+            wait_for("the dashboard's retry to wait for the run", lambda: scalar(conn, waiting) or None, 60)
+        response = sent.result(timeout=60)
+    assert response.status_code == 303, f"{response.status_code} {response.text[-300:]}"
+    flash = flash_of(client, f"/runs/{run_id}")
+    assert f"run {run_id} was already retried as run {first}: nothing more queued" in flash, flash
+    assert f'href="/runs/{first}"' in flash, flash
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)) == 1
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""
@@ -602,7 +702,6 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
     csrf = login(client)
     cases = [
         (f"/runs/{seeded.completed}/retry", {}, 400, "only FAILED or CANCELLED runs can be retried"),
-        (f"/runs/{seeded.chain[0]}/retry", {}, 400, f"was already retried as run {seeded.chain[1]}"),
         ("/runs/999999/cancel", {}, 404, "run 999999 does not exist"),
         (f"/runs/{2**63}/cancel", {}, 404, f"run {2**63} does not exist"),
         ("/runs/1/explode", {}, 404, "no such action"),
@@ -832,6 +931,108 @@ def test_the_charts_are_in_utc_and_a_per_key_limit_is_not_at_limit_by_its_total(
     assert "at limit" not in mail_row, "3 RUNNING under a limit of 2 per key, no key at its limit"
     conn.execute("SELECT jobs.enqueue('send', queue => 'mail', concurrency_key => 'a')")
     assert conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall() == [], "key a is at its limit"
+
+
+def cookie_attributes(set_cookie: str) -> set[str]:
+    """The attributes of a Set-Cookie header after its name=value, lower case, without values
+    but SameSite's (``{"httponly", "path", "samesite=strict", "secure"}``)."""
+    parts = [p.strip().lower() for p in set_cookie.split(";")[1:]]
+    return {p if p.startswith("samesite") else p.split("=")[0] for p in parts}
+
+
+HTTP, HTTPS = "http://127.0.0.1:8080", "https://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize(
+    ("option", "base_url", "forwarded", "secure"),
+    [
+        ("", HTTP, None, False),
+        ("", HTTP, "https", False),  # any client can send the header: not trusted by default
+        ("cookie_secure", HTTP, None, True),  # (the proxy in front speaks HTTPS)
+        ("", HTTPS, None, True),  # the server speaks TLS itself
+        ("trust_proxy", HTTP, "https", True),
+        ("trust_proxy", HTTP, "HTTPS", True),
+        ("trust_proxy", HTTP, "http", False),
+        ("trust_proxy", HTTP, None, False),
+        ("trust_proxy", HTTP, "https, http", False),  # the client's, then the proxy's
+    ],
+)
+def test_the_session_cookie_is_secure_when_the_browser_reaches_the_dashboard_over_https(
+    db: Database, option: str, base_url: str, forwarded: str | None, secure: bool
+) -> None:
+    """Secure when told so, when served over TLS, or when a trusted proxy says the request
+    came over https; HttpOnly and SameSite=Strict always."""
+    app = create_app(
+        db.dsn_as("pgtick_t_operator"),
+        Secret.from_plain(PASSWORD),
+        cookie_secure=option == "cookie_secure",
+        trust_proxy=option == "trust_proxy",
+    )
+    headers = {} if forwarded is None else {"X-Forwarded-Proto": forwarded}
+    with TestClient(app, base_url=base_url) as client:
+        response = client.get("/login", headers=headers)
+    assert response.status_code == 200, response.text
+    attributes = cookie_attributes(response.headers["set-cookie"])
+    assert {"httponly", "samesite=strict"} <= attributes, attributes
+    assert ("secure" in attributes) == secure, attributes
+
+
+def test_the_session_cookie_a_login_sets_behind_a_trusted_proxy_is_secure(db: Database) -> None:
+    """The new session of a login (and of a logout) is marked as the first one was."""
+    app = create_app(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD), trust_proxy=True)
+    proxied = {"X-Forwarded-Proto": "https"}
+    with TestClient(app, base_url=HTTP) as client:  # (sends back no Secure cookie over http)
+        first = client.get("/login", headers=proxied)
+        session = first.headers["set-cookie"].split(";")[0]
+        token = re.search(r'name="csrf" value="([^"]+)"', first.text)
+        assert token is not None
+        response = client.post(
+            "/login",
+            data={"csrf": token.group(1), "name": "alice", "password": PASSWORD},
+            headers={**proxied, "Cookie": session},
+            follow_redirects=False,
+        )
+    assert response.status_code == 303, response.text
+    rotated = response.headers["set-cookie"]
+    assert rotated.split(";")[0] != session, "the login kept the session id"
+    assert {"secure", "httponly", "samesite=strict"} <= cookie_attributes(rotated), rotated
+
+
+@pytest.mark.parametrize(
+    ("options", "forwarded", "secure"),
+    [([], "https", False), (["--cookie-secure"], None, True), (["--trust-proxy"], "https", True)],
+)
+def test_pgtick_web_marks_the_session_cookie_secure_as_its_options_say(
+    db: Database, options: list[str], forwarded: str | None, secure: bool
+) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*PGTICK, "web", "--dsn", db.dsn, "--bind", f"127.0.0.1:{port}", *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/")
+    if forwarded is not None:
+        request.add_header("X-Forwarded-Proto", forwarded)
+
+    def set_cookie() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick web exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return str(response.headers["set-cookie"])
+        except OSError:
+            return None
+
+    try:
+        attributes = cookie_attributes(wait_for("pgtick web to answer", set_cookie, 90))
+    finally:
+        terminate(proc, 60)
+    assert {"httponly", "samesite=strict"} <= attributes, attributes
+    assert ("secure" in attributes) == secure, attributes
 
 
 def test_pgtick_run_serves_the_dashboard_beside_its_worker(db: Database, seeded: Seeded) -> None:

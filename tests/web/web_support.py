@@ -31,6 +31,17 @@ def post(client: TestClient, path: str, csrf: str, **fields: Any) -> Any:
     return client.post(path, data={"csrf": csrf, **fields}, follow_redirects=False)
 
 
+def form_of(client: TestClient, page: str, action: str) -> dict[str, str]:
+    """The hidden fields of the first form on ``page`` that posts to ``action``, as the browser
+    would send them, without the CSRF token."""
+    html = client.get(page).text
+    start = html.index(f'action="{action}"')
+    form = html[start : html.index("</form>", start)]
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+    fields.pop("csrf", None)
+    return {k: html_unescape(v) for k, v in fields.items()}
+
+
 def bulk_form(client: TestClient, page: str, action: str) -> dict[str, str]:
     """The hidden fields of a bulk action's form on ``page``, as the browser would send them
     (the filter, and the count and last run the page showed), without the CSRF token."""

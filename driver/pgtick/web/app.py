@@ -149,6 +149,25 @@ def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> tim
 # -- the app ----------------------------------------------------------------------------------
 
 
+class CsrfRefused(HTTPException):
+    """A POST without the CSRF token of the session its cookie names (answered 403)."""
+
+    def __init__(self, form: FormData) -> None:
+        super().__init__(403, "CSRF token missing or wrong: reload the page and try again")
+        self.form = form
+
+
+class AlreadyDone(Exception):
+    """An action that finds what it was to do done already (a form sent twice, another
+    operator first): nothing is changed and nothing audited, and the page it returns to
+    says so in `message`, with a `link` (path, text) to what did it."""
+
+    def __init__(self, message: str, link: tuple[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.link = link
+
+
 #: The counts of jobs.queue_stats the overview adds up over every kind.
 OVERVIEW_TOTALS = ("queued", "scheduled", "running", "completed_1h", "failed_1h", "cancelled_1h", "lost_1h")
 
@@ -163,8 +182,12 @@ class Dashboard:
         *,
         refresh_seconds: int = 10,
         db_timeout: float = DEFAULT_TIMEOUT,
+        cookie_secure: bool = False,
+        trust_proxy: bool = False,
     ) -> None:
         self.db = Database(dsn, timeout=db_timeout)
+        self.cookie_secure = cookie_secure
+        self.trust_proxy = trust_proxy
         self.secret = secret
         self.sessions = Sessions()
         self._login_gate = asyncio.Lock()  # logins one at a time (see login)
@@ -201,12 +224,33 @@ class Dashboard:
     def finish(self, request: Request, response: Response) -> Response:
         session = request.scope.get("pgtick.session")
         if session is not None and request.cookies.get(COOKIE) != session.id:
-            response.set_cookie(COOKIE, session.id, httponly=True, samesite="strict", path="/")
+            response.set_cookie(
+                COOKIE,
+                session.id,
+                httponly=True,
+                samesite="strict",
+                path="/",
+                secure=self.over_https(request),
+            )
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
         response.headers["Cache-Control"] = "no-store"
         return response
+
+    def over_https(self, request: Request) -> bool:
+        """Whether the browser reached the dashboard over HTTPS, so its session cookie is
+        marked Secure (sent back over HTTPS only): always when told so (`cookie_secure`);
+        when the server itself speaks TLS; and, behind a proxy that terminates TLS, when the
+        request says so in X-Forwarded-Proto, if that proxy is trusted (`trust_proxy`: it sets
+        the header, never passing on a client's). A trusted proxy that appends to the header
+        put its own value last, after any the client sent: that one is read."""
+        if self.cookie_secure or request.url.scheme == "https":
+            return True
+        if not self.trust_proxy:
+            return False
+        forwarded = request.headers.get("x-forwarded-proto", "")
+        return forwarded.rsplit(",", 1)[-1].strip().lower() == "https"
 
     def error(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "error.html", {"status": status, "message": message}, status)
@@ -431,7 +475,7 @@ class Dashboard:
         session = self.sessions.get(request.cookies.get(COOKIE))
         submitted = form.get("csrf")
         if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
-            raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again")
+            raise CsrfRefused(form)
         assert session is not None
         request.scope["pgtick.session"] = session
         if need_operator:
@@ -451,7 +495,18 @@ class Dashboard:
         return self.redirect(request, inputs.local_path(target if isinstance(target, str) else None, default))
 
     async def login(self, request: Request) -> Response:
-        form = await self._form(request, need_operator=False)
+        try:
+            form = await self._form(request, need_operator=False)
+        except CsrfRefused as refused:
+            # The login form sent again (a resend, a second click after the first had logged
+            # in): its token was the session's before the login, which changed it. Nothing is
+            # done; the operator is logged in already.
+            session = self.sessions.get(request.cookies.get(COOKIE))
+            if session is None or session.operator is None:
+                raise
+            request.scope["pgtick.session"] = session
+            session.flash("ok", f"logged in as {session.operator} already")
+            return self._back(request, refused.form, "/")
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         name = inputs.name(fields, "name", max_length=100)
         password = fields.get("password", "")
@@ -476,7 +531,17 @@ class Dashboard:
         return self._back(request, form, "/")
 
     async def logout(self, request: Request) -> Response:
-        form = await self._form(request, need_operator=False)
+        try:
+            form = await self._form(request, need_operator=False)
+        except CsrfRefused as refused:
+            # The logout form sent again (a double click, a resend): its token was that of the
+            # session the first logout ended. A session with no operator has nothing to end;
+            # an operator's stays refused (no other site may log an operator out).
+            session = self.sessions.get(request.cookies.get(COOKIE))
+            if session is not None and session.operator is not None:
+                raise
+            self.session(request).flash("ok", "logged out already")
+            return self._back(request, refused.form, "/")
         session = self.sessions.rotate(self.session(request))
         request.scope["pgtick.session"] = session
         session.flash("ok", "logged out")
@@ -491,11 +556,16 @@ class Dashboard:
         call: Callable[[queries.Conn], Awaitable[tuple[str, dict[str, Any]]]],
         default_back: str,
     ) -> Response:
-        async with self.db.acting() as conn:
-            message, detail = await call(conn)
-            await queries.record_audit(
-                conn, self._actor(request), action, target, json.dumps(detail, default=str)
-            )
+        try:
+            async with self.db.acting() as conn:
+                message, detail = await call(conn)
+                await queries.record_audit(
+                    conn, self._actor(request), action, target, json.dumps(detail, default=str)
+                )
+        except AlreadyDone as done:  # (its transaction rolled back: nothing to audit)
+            log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), done)
+            self.session(request).flash("ok", done.message, done.link)
+            return self._back(request, form, default_back)
         log.info("dashboard action=%s target=%s by %s: %s", action, target, self._actor(request), message)
         self.session(request).flash("ok", message)
         return self._back(request, form, default_back)
@@ -506,24 +576,56 @@ class Dashboard:
         if action not in ("cancel", "retry"):
             raise HTTPException(404, f"no such action on a run: {action[:40]!r}")
         form = await self._form(request)
+        if action == "retry":
+            return await self._retry(request, form, run_id)
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
-            if action == "cancel":
-                before = await queries.run_status(conn, run_id)
-                status = await queries.cancel(conn, run_id)
-                if before == "CANCELLED":
-                    return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
-                if status == "CANCELLED":
-                    return f"run {run_id} cancelled", {"status": status}
-                if status == "RUNNING":
-                    return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {
-                        "status": status
-                    }
-                return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
-            new_run = await queries.retry(conn, run_id)
-            return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
+            before = await queries.run_status(conn, run_id)
+            status = await queries.cancel(conn, run_id)
+            if before == "CANCELLED":
+                return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
+            if status == "CANCELLED":
+                return f"run {run_id} cancelled", {"status": status}
+            if status == "RUNNING":
+                return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {"status": status}
+            return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
 
         return await self._act(request, form, action, f"run {run_id}", call, f"/runs/{run_id}")
+
+    async def _retry(self, request: Request, form: FormData, run_id: int) -> Response:
+        """Retry a run: one next attempt, however often it is asked. A retry that finds the run
+        retried already (the same form sent twice, another tab's or another operator's form
+        first) queues nothing and says which run retried it; the form's random id tells the
+        operator's own repeat from another's retry."""
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        once = inputs.text(fields, "once", max_length=100)
+        session = self.session(request)
+        feats = self.db.features
+
+        async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
+            earlier = await queries.next_attempt(conn, feats, run_id)
+            if earlier is None:
+                try:
+                    async with conn.transaction():  # (a savepoint: a refusal leaves ours usable)
+                        new_run = await queries.retry(conn, run_id)
+                except psycopg.errors.InvalidParameterValue:
+                    # jobs.retry waits for the run's lock: one retried meanwhile is refused then.
+                    earlier = await queries.next_attempt(conn, feats, run_id)
+                    if earlier is None:
+                        raise  # refused for another reason: its error page
+                else:
+                    if once is not None:
+                        session.remember(once, new_run)
+                    return f"run {run_id} retried as run {new_run}", {"new_run": new_run}
+            mine = once is not None and session.sent.get(once) == earlier
+            raise AlreadyDone(
+                f"run {run_id} was already retried as run {earlier}"
+                + (" (this retry form was sent already)" if mine else "")
+                + ": nothing more queued",
+                (f"/runs/{earlier}", f"see run {earlier}"),
+            )
+
+        return await self._act(request, form, "retry", f"run {run_id}", call, f"/runs/{run_id}")
 
     async def definition_action(self, request: Request) -> Response:
         action = request.path_params["action"]
@@ -685,13 +787,27 @@ def create_app(
     refresh_seconds: int = 10,
     allowed_hosts: Sequence[str] | None = None,
     db_timeout: float = DEFAULT_TIMEOUT,
+    cookie_secure: bool = False,
+    trust_proxy: bool = False,
 ) -> Starlette:
     """The dashboard for the database at `dsn`; actions need `secret` (None: read-only).
     Its startup fails (``SchemaMismatch``) on a jobs schema older than this driver's.
 
     Every request's database work ends within `db_timeout` seconds: past it the request
-    answers 504 and its connection is replaced (see ``pgtick.web.db``)."""
-    dash = Dashboard(dsn, secret, refresh_seconds=refresh_seconds, db_timeout=db_timeout)
+    answers 504 and its connection is replaced (see ``pgtick.web.db``).
+
+    The session cookie is marked Secure when `cookie_secure` (browsers reach the dashboard
+    over HTTPS only), when the server speaks TLS itself, and, with `trust_proxy` (a proxy in
+    front terminates TLS and sets ``X-Forwarded-Proto``), on requests that header marks
+    ``https``; the header is ignored otherwise, since any client can send it."""
+    dash = Dashboard(
+        dsn,
+        secret,
+        refresh_seconds=refresh_seconds,
+        db_timeout=db_timeout,
+        cookie_secure=cookie_secure,
+        trust_proxy=trust_proxy,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 COOKIE = "pgtick_session"
 #: A session unused this long is forgotten (the operator logs in again).
@@ -59,12 +60,20 @@ class Secret:
         return hmac.compare_digest(digest, self.digest) and len(encoded) <= MAX_SECRET_BYTES
 
 
+class Flash(NamedTuple):
+    """A message shown once on the next page; `link` is (path, text) of a page it names."""
+
+    level: str
+    message: str
+    link: tuple[str, str] | None = None
+
+
 @dataclass
 class Session:
     id: str
     csrf: str
     operator: str | None = None
-    flashes: list[tuple[str, str]] = field(default_factory=list)
+    flashes: list[Flash] = field(default_factory=list)
     seen: float = field(default_factory=time.monotonic)
     #: The forms of an action that is not idempotent sent so far, by the random id each was
     #: rendered with, and what each did (None while it is being done).
@@ -80,10 +89,17 @@ class Session:
             self.sent.popitem(last=False)
         return True
 
-    def flash(self, level: str, message: str) -> None:
-        self.flashes.append((level, message))
+    def remember(self, form_id: str, run_id: int) -> None:
+        """Record what the form ``form_id`` did (the run it queued), as sent."""
+        self.sent[form_id] = run_id
+        self.sent.move_to_end(form_id)
+        if len(self.sent) > MAX_SENT_FORMS:
+            self.sent.popitem(last=False)
 
-    def take_flashes(self) -> list[tuple[str, str]]:
+    def flash(self, level: str, message: str, link: tuple[str, str] | None = None) -> None:
+        self.flashes.append(Flash(level, message, link))
+
+    def take_flashes(self) -> list[Flash]:
         taken, self.flashes = self.flashes, []
         return taken
 

@@ -601,6 +601,15 @@ async def retry(conn: Conn, run_id: int) -> int:
     return int(row["id"])
 
 
+async def next_attempt(conn: Conn, feats: Features, run_id: int) -> int | None:
+    """The id of the run's next attempt (the run whose retry_of it is), None when it has none."""
+    query = sql.SQL("SELECT n.id FROM {runs} AS n WHERE n.retry_of = %s LIMIT 1").format(
+        runs=every_run(feats)
+    )
+    row = await (await conn.execute(query, (run_id,))).fetchone()
+    return None if row is None else int(row["id"])
+
+
 async def run_now(conn: Conn, name: str) -> int:
     """jobs.run_now; the id of the queued run."""
     row = await (await conn.execute("SELECT id FROM jobs.run_now(%s)", (name,))).fetchone()

@@ -87,7 +87,16 @@ def listen(bind: str, option: str = "--bind") -> socket.socket:
         raise PgtickError(f"{option} {bind}: cannot listen: {reason}") from None
 
 
-def _config(dsn: str, bind: str, sock: socket.socket, secret: Secret | None, db_timeout: float) -> object:
+def _config(
+    dsn: str,
+    bind: str,
+    sock: socket.socket,
+    secret: Secret | None,
+    db_timeout: float,
+    *,
+    cookie_secure: bool = False,
+    trust_proxy: bool = False,
+) -> object:
     import uvicorn
 
     from pgtick.web.app import create_app
@@ -111,6 +120,8 @@ def _config(dsn: str, bind: str, sock: socket.socket, secret: Secret | None, db_
             secret,
             allowed_hosts=LOOPBACK_NAMES if _is_loopback(host) else None,
             db_timeout=db_timeout,
+            cookie_secure=cookie_secure,
+            trust_proxy=trust_proxy,
         ),
         host=host,
         port=port,
@@ -149,16 +160,27 @@ class _Stop:
                 signal.signal(sig, handler)
 
 
-def serve(dsn: str, bind: str, secret: Secret | None, db_timeout: float = DEFAULT_TIMEOUT) -> int:
+def serve(
+    dsn: str,
+    bind: str,
+    secret: Secret | None,
+    db_timeout: float = DEFAULT_TIMEOUT,
+    *,
+    cookie_secure: bool = False,
+    trust_proxy: bool = False,
+) -> int:
     """Serve in the foreground until interrupted; a request waits at most `db_timeout`
-    seconds for the database. A Ctrl-C at any moment, however early, ends it as a Ctrl-C
+    seconds for the database; `cookie_secure` and `trust_proxy` as ``create_app`` takes
+    them. A Ctrl-C at any moment, however early, ends it as a Ctrl-C
     (KeyboardInterrupt, once the server has stopped); a SIGTERM ends it with 0."""
     import uvicorn
 
     sock = listen(bind)
     stop = _Stop()
     with stop.caught(), sock:
-        config = _config(dsn, bind, sock, secret, db_timeout)
+        config = _config(
+            dsn, bind, sock, secret, db_timeout, cookie_secure=cookie_secure, trust_proxy=trust_proxy
+        )
         assert isinstance(config, uvicorn.Config)
         server = uvicorn.Server(config)
         stop.server = server
