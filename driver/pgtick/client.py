@@ -24,6 +24,10 @@ caller. Without ``conn=`` the client uses what it was built over:
   own when the connection is idle, and a savepoint of the transaction in progress
   (so it commits with it) when one is open.
 
+A call reads what it gets back in binary, so a caller's connection or pool whose session
+writes times or durations in another ``DateStyle`` or ``IntervalStyle`` (``SQL, DMY``,
+``sql_standard``) gets the same exact values; nothing is SET on a caller's session.
+
 Calls on one connection go one at a time, whichever client, thread or task makes them.
 A connection whose transaction has failed (a statement in it raised an error and it was
 not rolled back) is refused with ``pgtick.errors.WrongTransaction``: roll it back first.
@@ -57,6 +61,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
+from psycopg.types.string import TextBinaryLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
@@ -844,6 +849,40 @@ def _get_run(run_id: int) -> _Call[Run]:
     return _Call("get_run", _GET_RUN, {"run_id": checked}, found)
 
 
+#: The OID psycopg reads a column of a type it has no loader for by.
+_UNKNOWN_TYPE = 0
+
+
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
+    """The cursor a call runs on, whose query's rows come in binary (``binary=True``): in text,
+    times and durations come in the session's ``DateStyle`` and ``IntervalStyle``, and
+    psycopg reads only ISO and ``postgres`` (a caller's connection set to ``SQL, DMY`` or
+    ``sql_standard`` failed every call); in binary they are the same whatever the session
+    says, and nothing is SET on the caller's session. A server-binding cursor whatever the
+    connection's ``cursor_factory`` (Django's ``ClientCursor`` reads no binary). An enum (a
+    run's ``status``) has no binary loader in psycopg, which would give its label as bytes:
+    a type without one is read as text, which is what an enum's binary form is. Only this
+    cursor's loaders change, not the connection's."""
+    cursor = psycopg.Cursor(conn, row_factory=dict_row)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    return cursor
+
+
+def _cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Row]:
+    """``_cursor`` for an async connection."""
+    cursor = psycopg.AsyncCursor(conn, row_factory=dict_row)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    return cursor
+
+
+def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool | None:
+    """Whether a call's statement may be prepared: not on a connection whose cursors bind on
+    the client (its owner chose no server-side statements, a pooler's reason); else as the
+    connection's ``prepare_threshold`` says."""
+    factory = conn.cursor_factory
+    return False if issubclass(factory, psycopg.ClientCursor | psycopg.AsyncClientCursor) else None
+
+
 # -- the sync client ------------------------------------------------------------------
 
 
@@ -1139,7 +1178,11 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
 
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
-        with translate_errors(), self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
+        with (
+            translate_errors(),
+            self._connection(conn, wake) as c,
+            _cursor(c) as cur,
+        ):
             with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
                 # caller's when one is open (a non-autocommit connection always has one).
@@ -1147,7 +1190,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
                     with call.adapting():
-                        cur.execute(call.query, call.params)
+                        cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                     rows = cur.fetchall()
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
@@ -1335,13 +1378,16 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
         with translate_errors():
-            async with self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
+            async with (
+                self._connection(conn, wake) as c,
+                _cursor_async(c) as cur,
+            ):
                 with call.trace_context() as trace_context:
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
                         with call.adapting():
-                            await cur.execute(call.query, call.params)
+                            await cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                         rows = await cur.fetchall()
                         if trace_context:
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))

@@ -1025,3 +1025,79 @@ def test_get_run_finds_a_run_moved_to_history(client: Client, db: Database) -> N
     assert (moved.id, moved.status, moved.payload) == (run.id, "CANCELLED", {"day": "2026-01-01"})
     again = client.enqueue("report", {"day": "2026-01-01"}, idempotency_key="report-2026-01-01")
     assert again.id == run.id, "the key still returns the moved run"
+
+
+# -- the caller's session settings -------------------------------------------------------------
+
+#: Session settings a caller's connection may have that change how the server writes times and
+#: durations as text (and reads durations: sql_standard gives a leading sign to every field).
+SESSION_STYLES = [
+    "DateStyle = 'SQL, DMY'",
+    "DateStyle = 'German'",
+    "DateStyle = 'Postgres, MDY'",
+    "IntervalStyle = 'postgres_verbose'",
+    "IntervalStyle = 'sql_standard'",
+    "IntervalStyle = 'iso_8601'",
+]
+#: A time and durations with every field set, microseconds included, so that a field lost or
+#: misread on the way shows.
+STYLED_AT = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=ZoneInfo("Europe/Sofia"))
+STYLED_TIMEOUT = timedelta(days=3, hours=4, minutes=5, seconds=6, microseconds=7)
+STYLED_HEARTBEAT = timedelta(minutes=2, microseconds=500_001)
+
+
+def stored_times(db: Database, run_id: int) -> tuple[Any, ...] | None:
+    """What the database holds for a run, read on a connection of the default styles."""
+    with db.connect() as c:
+        return c.execute(
+            "SELECT scheduled_for, timeout, heartbeat_timeout, status FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+
+
+@pytest.mark.parametrize("style", SESSION_STYLES)
+@pytest.mark.parametrize("given", ["conn=", "Client(conn)", "conn= binding on the client"])
+def test_a_callers_connection_of_any_date_and_interval_style_gets_exact_times_and_durations(
+    db: Database, style: str, given: str
+) -> None:
+    """psycopg reads times only in the ISO DateStyle and durations only in the postgres
+    IntervalStyle: a caller's connection set otherwise failed every call that returns a run
+    or a definition (NotImplementedError), after its statement had run. The client reads
+    them whatever the session says, sends them so that the server reads them exactly, and
+    leaves the caller's settings as they were; also on a connection whose cursors bind on
+    the client (Django's)."""
+    factory = psycopg.ClientCursor if given.endswith("client") else psycopg.Cursor
+    with db.connect(autocommit=False, cursor_factory=factory) as conn:
+        conn.execute(f"SET {style}")
+        conn.commit()
+        shown = conn.execute(f"SHOW {style.split()[0]}").fetchone()
+        client = Client(conn) if given == "Client(conn)" else Client(db.dsn)
+        on = None if given == "Client(conn)" else conn
+        run = client.enqueue(
+            "styled", {"n": 1}, run_at=STYLED_AT, timeout=STYLED_TIMEOUT, heartbeat_timeout=STYLED_HEARTBEAT,
+            unique_key="styled-1", unique_for=STYLED_TIMEOUT, conn=on,
+        )  # fmt: skip
+        assert (run.scheduled_for, run.timeout, run.heartbeat_timeout, run.status) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT, "QUEUED"
+        ), run  # fmt: skip
+        assert run.created_at is not None and abs(run.created_at - datetime.now(UTC)) < timedelta(hours=1)
+        [many] = client.enqueue_many("styled", [{"n": 2}], run_at=STYLED_AT, timeout=STYLED_TIMEOUT, conn=on)
+        assert (many.scheduled_for, many.timeout) == (STYLED_AT, STYLED_TIMEOUT)
+        again = client.get_run(run.id, conn=on)
+        assert (again.scheduled_for, again.timeout, again.heartbeat_timeout) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT
+        )  # fmt: skip
+        defined = client.define(
+            "styled-once", "styled", run_at=STYLED_AT, timeout=STYLED_TIMEOUT,
+            heartbeat_timeout=STYLED_HEARTBEAT, conn=on,
+        )  # fmt: skip
+        assert (defined.run_at, defined.timeout, defined.heartbeat_timeout) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT
+        )  # fmt: skip
+        nightly = client.define("styled-nightly", "styled", "0 3 * * *", jitter=STYLED_HEARTBEAT, conn=on)
+        assert nightly.jitter == STYLED_HEARTBEAT and nightly.created_at is not None
+        assert client.cancel(many.id, conn=on) == "CANCELLED"
+        assert client.retry(many.id, conn=on).timeout == STYLED_TIMEOUT
+        assert conn.execute(f"SHOW {style.split()[0]}").fetchone() == shown, "the caller's setting changed"
+        conn.commit()
+        client.close()
+    assert stored_times(db, run.id) == (STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT, "QUEUED")

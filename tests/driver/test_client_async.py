@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -277,3 +277,42 @@ async def test_an_async_enqueue_on_the_clients_own_connection_notifies_after_its
             got.append(n.payload)
     assert got == ["after", "after"]
     assert await count_runs(db, "k") == 3
+
+
+@pytest.mark.parametrize(
+    "style",
+    [
+        "DateStyle = 'SQL, DMY'",
+        "DateStyle = 'German'",
+        "IntervalStyle = 'sql_standard'",
+        "IntervalStyle = 'postgres_verbose'",
+    ],
+)
+async def test_an_async_callers_connection_of_any_date_and_interval_style_gets_exact_times_and_durations(
+    db: Database, style: str
+) -> None:
+    """As for Client: the async client reads times and durations whatever the caller's session
+    says (it failed every call that returns a run), sends them exactly, and changes no setting."""
+    at = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    timeout = timedelta(days=3, hours=4, minutes=5, seconds=6, microseconds=7)
+    jitter = timedelta(minutes=2, microseconds=500_001)
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        await conn.execute(f"SET {style}")
+        await conn.commit()
+        show = f"SHOW {style.split()[0]}"
+        shown = await (await conn.execute(show)).fetchone()
+        for client, on in ((AsyncClient(db.dsn), conn), (AsyncClient(conn), None)):
+            run = await client.enqueue(
+                "styled", run_at=at, timeout=timeout, heartbeat_timeout=timeout, conn=on
+            )
+            assert (run.scheduled_for, run.timeout, run.heartbeat_timeout, run.status) == (
+                at, timeout, timeout, "QUEUED"
+            )  # fmt: skip
+            got = await client.get_run(run.id, conn=on)
+            assert (got.scheduled_for, got.timeout) == (at, timeout)
+            assert await client.cancel(run.id, conn=on) == "CANCELLED"
+            defined = await client.define("styled", "styled", "0 3 * * *", jitter=jitter, conn=on)
+            assert defined.jitter == jitter and defined.created_at is not None
+            await client.close()
+        assert await (await conn.execute(show)).fetchone() == shown, "the caller's setting changed"
+        await conn.commit()
