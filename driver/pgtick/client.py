@@ -9,8 +9,9 @@
 Every method is a thin ``SELECT * FROM jobs.<function>(name => value, ...)``: only
 the arguments the caller gave are sent, in named notation, so the SQL defaults
 apply to the rest and a schema that has more parameters still works. Errors of
-the SQL API arrive as ``pgtick.errors.InvalidArgument`` / ``NotFound`` (see
-``pgtick.errors``).
+the SQL API arrive as ``pgtick.errors.InvalidArgument`` / ``NotFound``, a login without
+the role a call needs as ``PermissionDenied``, a write in a read-only transaction or on a
+standby as ``ReadOnly`` (see ``pgtick.errors``).
 
 Transactions. With ``conn=`` a call runs on that connection inside whatever
 transaction it has open and never commits: it commits or rolls back with the
@@ -66,7 +67,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare, prepare_async, without_password
-from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, Session, UsageError, WrongTransaction, translate_errors
 from pgtick.schedule.zones import not_a_place
 
 __all__ = [
@@ -883,6 +884,17 @@ def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bo
     return False if issubclass(factory, psycopg.ClientCursor | psycopg.AsyncClientCursor) else None
 
 
+#: The role each call needs (docs: "The client's role needs jobs_operator"); the rest jobs_operator.
+_ROLES = {"get_run": "jobs_reader"}
+
+
+def _session(client: object, call: _Call[Any]) -> Session:
+    """What a refusal of ``call`` says to do: the role it needs, named with the method."""
+    return Session(
+        role=_ROLES.get(call.function, "jobs_operator"), what=f"{type(client).__name__}.{call.function}"
+    )
+
+
 # -- the sync client ------------------------------------------------------------------
 
 
@@ -1179,10 +1191,11 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
         with (
-            translate_errors(),
+            translate_errors(_session(self, call)) as session,
             self._connection(conn, wake) as c,
             _cursor(c) as cur,
         ):
+            session.info = c.info
             with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
                 # caller's when one is open (a non-autocommit connection always has one).
@@ -1377,11 +1390,12 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
 
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
-        with translate_errors():
+        with translate_errors(_session(self, call)) as session:
             async with (
                 self._connection(conn, wake) as c,
                 _cursor_async(c) as cur,
             ):
+                session.info = c.info
                 with call.trace_context() as trace_context:
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send

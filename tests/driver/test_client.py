@@ -19,12 +19,21 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from harness import Database, end_client_sessions, notifications_until_sentinel, wait_for
 from pgtick import AsyncClient, Client, Run
 from pgtick.client import Definition
-from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
+from pgtick.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PgtickError,
+    ReadOnly,
+    SchemaMismatch,
+    UsageError,
+)
 
 
 def count_runs(db: Database, kind: str) -> int:
@@ -1011,7 +1020,7 @@ def test_the_operator_role_is_enough_for_every_client_call(db: Database) -> None
         assert client.cancel(client.run_now("nightly").id) == "CANCELLED"
     with Client(db.dsn_as("pgtick_t_reader")) as reader:
         assert reader.get_run(run.id).id == run.id
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with pytest.raises(PermissionDenied, match=r"GRANT jobs_operator TO pgtick_t_reader\)$"):
             reader.enqueue("mail")
 
 
@@ -1025,6 +1034,70 @@ def test_get_run_finds_a_run_moved_to_history(client: Client, db: Database) -> N
     assert (moved.id, moved.status, moved.payload) == (run.id, "CANCELLED", {"day": "2026-01-01"})
     again = client.enqueue("report", {"day": "2026-01-01"}, idempotency_key="report-2026-01-01")
     assert again.id == run.id, "the key still returns the moved run"
+
+
+# -- what the session may do ---------------------------------------------------------------------
+
+
+def test_a_login_without_pgticks_roles_is_told_which_role_to_grant(db: Database) -> None:
+    """42501 (insufficient_privilege) reached the caller as a raw psycopg error with no word of
+    what to grant; it is a PermissionDenied naming the role the call needs and the login to
+    grant it to, with the SQLSTATE and the psycopg error as its cause. Nothing is written."""
+    with db.login_without_grants("nogrant") as login:
+        with Client(db.dsn_as(login)) as client:
+            with pytest.raises(PermissionDenied) as caught:
+                client.enqueue("mail", {"n": 1})
+            err = caught.value
+            assert (err.sqlstate, err.role) == ("42501", "jobs_operator"), vars(err)
+            assert str(err).startswith("permission denied for "), str(err)
+            assert str(err).endswith(
+                f"(Client.enqueue needs a login granted jobs_operator: GRANT jobs_operator TO {login})"
+            ), str(err)
+            assert isinstance(err.__cause__, psycopg.errors.InsufficientPrivilege)
+            assert isinstance(err, PgtickError) and not isinstance(err, UsageError), "not bad input"
+            with pytest.raises(
+                PermissionDenied,
+                match=f"Client.get_run needs a login granted jobs_reader: GRANT jobs_reader TO {login}",
+            ):
+                client.get_run(1)
+            for method in (lambda: client.define("nightly", "report", "0 3 * * *"), lambda: client.cancel(1)):
+                with pytest.raises(PermissionDenied, match="GRANT jobs_operator TO"):
+                    method()
+        with db.connect(user=login, autocommit=False) as conn:  # the caller's transaction
+            conn.execute("SELECT 1")
+            with pytest.raises(PermissionDenied, match=f"GRANT jobs_operator TO {login}"):
+                Client(db.dsn).enqueue_many("mail", [{"n": 2}], conn=conn)
+            assert conn.execute("SELECT 2").fetchone() == (2,), "the caller's transaction is still usable"
+    assert count_runs(db, "mail") == 0
+
+
+def test_a_call_in_a_read_only_transaction_says_it_needs_a_read_write_one(db: Database) -> None:
+    """25006 (read_only_sql_transaction) reached the caller as a raw psycopg error; it is a
+    ReadOnly that says the transaction only reads and what to do, with the SQLSTATE and the
+    psycopg error as its cause; the caller's transaction is still usable and nothing is written.
+    The same on the client's own connection to a session that defaults to read-only."""
+    with db.connect(autocommit=False) as conn, Client(db.dsn) as client:
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(ReadOnly) as caught:
+            client.enqueue("mail", {"n": 1}, conn=conn)
+        err = caught.value
+        assert (err.sqlstate, err.standby) == ("25006", False), vars(err)
+        assert str(err) == (
+            "cannot execute INSERT in a read-only transaction (the transaction is READ ONLY"
+            " (SET TRANSACTION READ ONLY, or default_transaction_read_only on): call it in a"
+            " read-write transaction)"
+        ), str(err)
+        assert isinstance(err.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        with pytest.raises(NotFound):  # a call that only reads goes on in it
+            client.get_run(1, conn=conn)
+        assert conn.execute("SELECT 1").fetchone() == (1,), "the caller's transaction is still usable"
+    read_only = make_conninfo(db.dsn, options="-c default_transaction_read_only=on")
+    with Client(read_only) as client:
+        with pytest.raises(ReadOnly, match=r"read-only transaction \(the transaction is READ ONLY"):
+            client.define("nightly", "report", "0 3 * * *")
+        with pytest.raises(ReadOnly):
+            client.cancel(1)
+    assert count_runs(db, "mail") == 0
 
 
 # -- the caller's session settings -------------------------------------------------------------

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from harness import Database, end_client_sessions
 from pgtick import AsyncClient, Run
-from pgtick.errors import InvalidArgument, NotFound, UsageError
+from pgtick.errors import InvalidArgument, NotFound, PermissionDenied, ReadOnly, UsageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -316,3 +316,30 @@ async def test_an_async_callers_connection_of_any_date_and_interval_style_gets_e
             await client.close()
         assert await (await conn.execute(show)).fetchone() == shown, "the caller's setting changed"
         await conn.commit()
+
+
+async def test_an_async_call_refused_a_privilege_or_in_a_read_only_transaction_says_what_to_do(
+    db: Database,
+) -> None:
+    """As for Client: 42501 is a PermissionDenied naming the role to grant and the login, 25006
+    a ReadOnly saying the transaction only reads; both keep the SQLSTATE and the psycopg
+    error, and leave the caller's transaction usable."""
+    with db.login_without_grants("nogrant_async") as login:
+        async with AsyncClient(db.dsn_as(login)) as client:
+            with pytest.raises(PermissionDenied) as denied:
+                await client.enqueue("mail")
+            assert (denied.value.sqlstate, denied.value.role) == ("42501", "jobs_operator")
+            assert str(denied.value).endswith(
+                f"(AsyncClient.enqueue needs a login granted jobs_operator: GRANT jobs_operator TO {login})"
+            ), str(denied.value)
+            assert isinstance(denied.value.__cause__, psycopg.errors.InsufficientPrivilege)
+            with pytest.raises(PermissionDenied, match=f"GRANT jobs_reader TO {login}"):
+                await client.get_run(1)
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn, AsyncClient(conn) as client:
+        await conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(ReadOnly, match="call it in a read-write transaction") as read_only:
+            await client.enqueue("mail", conn=conn)
+        assert (read_only.value.sqlstate, read_only.value.standby) == ("25006", False)
+        assert isinstance(read_only.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        assert await (await conn.execute("SELECT 1")).fetchone() == (1,), "the transaction is usable"
+    assert await count_runs(db, "mail") == 0
