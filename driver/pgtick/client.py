@@ -58,7 +58,8 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
+from psycopg.postgres import types as _pg_types
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
@@ -852,6 +853,31 @@ def _get_run(run_id: int) -> _Call[Run]:
 
 #: The OID psycopg reads a column of a type it has no loader for by.
 _UNKNOWN_TYPE = 0
+JSON_OID, JSONB_OID = _pg_types["json"].oid, _pg_types["jsonb"].oid
+
+
+#: The connection encodings psycopg reads JSON in as it is (UTF-8; SQL_ASCII, which converts nothing).
+_JSON_AS_SENT = ("utf-8", "ascii")
+
+
+def _read_json_in_its_encoding(cursor: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> None:
+    """psycopg reads JSON as UTF-8 whatever the connection's encoding, and the server sends it
+    in that encoding: on a caller's connection in LATIN1 a payload with an ``ü`` failed the call
+    (UnicodeDecodeError) after its statement had run. On such a connection this cursor's JSON
+    loaders, the ones the connection has (its ``loads`` kept), get it recoded to UTF-8 first."""
+    encoding = cursor.connection.info.encoding
+    if encoding in _JSON_AS_SENT:
+        return
+    for oid in (JSON_OID, JSONB_OID):
+        loader = cursor.adapters.get_loader(oid, Format.BINARY)
+        if loader is None:
+            continue
+
+        class Recoded(loader):  # type: ignore[valid-type,misc]
+            def load(self, data: Any) -> Any:
+                return super().load(bytes(data).decode(encoding).encode())
+
+        cursor.adapters.register_loader(oid, Recoded)
 
 
 def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
@@ -866,6 +892,7 @@ def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
     cursor's loaders change, not the connection's."""
     cursor = psycopg.Cursor(conn, row_factory=dict_row)
     cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    _read_json_in_its_encoding(cursor)
     return cursor
 
 
@@ -873,6 +900,7 @@ def _cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Row
     """``_cursor`` for an async connection."""
     cursor = psycopg.AsyncCursor(conn, row_factory=dict_row)
     cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    _read_json_in_its_encoding(cursor)
     return cursor
 
 

@@ -1174,3 +1174,25 @@ def test_a_callers_connection_of_any_date_and_interval_style_gets_exact_times_an
         conn.commit()
         client.close()
     assert stored_times(db, run.id) == (STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT, "QUEUED")
+
+
+@pytest.mark.parametrize("given", ["conn=", "Client(conn)"])
+def test_a_callers_connection_in_another_encoding_gets_its_payloads_back(db: Database, given: str) -> None:
+    """psycopg reads JSON as UTF-8 whatever the connection's encoding, and the server sends it in
+    that encoding: on a caller's connection in LATIN1 a payload with an ``ü`` failed the call
+    (UnicodeDecodeError) after its statement had run. The client reads it back as it was sent,
+    and leaves the connection's encoding as it was."""
+    payload = {"city": "Zürich", "note": "naïve"}
+    with db.connect(autocommit=False, client_encoding="LATIN1") as conn:
+        client = Client(conn) if given == "Client(conn)" else Client(db.dsn)
+        on = None if given == "Client(conn)" else conn
+        run = client.enqueue("receipt", payload, conn=on)
+        assert run.payload == payload, run.payload
+        assert client.get_run(run.id, conn=on).payload == payload
+        [many] = client.enqueue_many("receipt", [payload], conn=on)
+        assert many.payload == payload
+        assert conn.info.encoding == "iso8859-1", "the caller's encoding changed"
+        conn.commit()
+        client.close()
+    with db.connect() as c:
+        assert c.execute("SELECT payload FROM jobs.runs WHERE id = %s", (run.id,)).fetchone() == (payload,)

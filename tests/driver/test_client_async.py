@@ -343,3 +343,14 @@ async def test_an_async_call_refused_a_privilege_or_in_a_read_only_transaction_s
         assert isinstance(read_only.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
         assert await (await conn.execute("SELECT 1")).fetchone() == (1,), "the transaction is usable"
     assert await count_runs(db, "mail") == 0
+
+
+async def test_an_async_callers_connection_in_another_encoding_gets_its_payloads_back(db: Database) -> None:
+    """As for Client: a payload with an ``ü`` on a caller's LATIN1 connection is read back as sent."""
+    payload = {"city": "Zürich"}
+    async with (
+        await psycopg.AsyncConnection.connect(db.dsn, client_encoding="LATIN1") as conn,
+        AsyncClient(db.dsn) as client,
+    ):
+        run = await client.enqueue("receipt", payload, conn=conn)
+        assert run.payload == payload and (await client.get_run(run.id, conn=conn)).payload == payload
