@@ -123,7 +123,8 @@ class _Record:
 @dataclass(frozen=True)
 class Run(_Record):
     """One row of ``jobs.runs`` (one execution attempt). Columns a schema does not have are
-    None; columns this class does not name (a newer schema) are in ``extra``."""
+    None; columns this class does not name (a newer schema) are in ``extra``, as psycopg reads
+    them in binary (an enum's as its label; one of a type psycopg has no loader for as bytes)."""
 
     id: int
     kind: str
@@ -856,6 +857,18 @@ _UNKNOWN_TYPE = 0
 JSON_OID, JSONB_OID = _pg_types["json"].oid, _pg_types["jsonb"].oid
 
 
+class _EnumLabelLoader(TextBinaryLoader):
+    """A value of a type psycopg has no binary loader for, which the client's calls return
+    only for an enum: read as text, which is an enum's binary form. A value that is not text
+    (a column of another type a newer schema added, for ``extra``) stays bytes."""
+
+    def load(self, data: Any) -> Any:
+        try:
+            return super().load(data)
+        except UnicodeDecodeError:
+            return bytes(data)
+
+
 #: The connection encodings psycopg reads JSON in as it is (UTF-8; SQL_ASCII, which converts nothing).
 _JSON_AS_SENT = ("utf-8", "ascii")
 
@@ -888,10 +901,10 @@ def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
     says, and nothing is SET on the caller's session. A server-binding cursor whatever the
     connection's ``cursor_factory`` (Django's ``ClientCursor`` reads no binary). An enum (a
     run's ``status``) has no binary loader in psycopg, which would give its label as bytes:
-    a type without one is read as text, which is what an enum's binary form is. Only this
-    cursor's loaders change, not the connection's."""
+    a type without one is read as text (``_EnumLabelLoader``). Only this cursor's loaders
+    change, not the connection's."""
     cursor = psycopg.Cursor(conn, row_factory=dict_row)
-    cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
     _read_json_in_its_encoding(cursor)
     return cursor
 
@@ -899,7 +912,7 @@ def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
 def _cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Row]:
     """``_cursor`` for an async connection."""
     cursor = psycopg.AsyncCursor(conn, row_factory=dict_row)
-    cursor.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
     _read_json_in_its_encoding(cursor)
     return cursor
 

@@ -1196,3 +1196,18 @@ def test_a_callers_connection_in_another_encoding_gets_its_payloads_back(db: Dat
         client.close()
     with db.connect() as c:
         assert c.execute("SELECT payload FROM jobs.runs WHERE id = %s", (run.id,)).fetchone() == (payload,)
+
+
+def test_a_column_of_a_type_the_driver_cannot_read_does_not_fail_the_call(
+    client: Client, db: Database
+) -> None:
+    """A newer schema's (or an operator's) column of jobs.runs goes to Run.extra: one of a type
+    psycopg has no binary loader for, and which is not an enum (whose label is read as text),
+    comes as its bytes rather than failing the call."""
+    run = client.enqueue("report")
+    with db.connect() as conn:
+        conn.execute("ALTER TABLE jobs.runs ADD COLUMN spot point")
+        conn.execute("UPDATE jobs.runs SET spot = '(1, 2)' WHERE id = %s", (run.id,))
+    got = client.get_run(run.id)
+    assert got.status == "QUEUED"
+    assert got.extra["spot"] == b"?\xf0" + bytes(6) + b"@" + bytes(7), got.extra
