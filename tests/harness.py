@@ -112,6 +112,22 @@ class Database:
             with self.connect() as admin:
                 admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
 
+    @contextmanager
+    def login_without_grants(self, label: str) -> Iterator[str]:
+        """A LOGIN role granted none of pgtick's roles, dropped at the end (its sessions ended first)."""
+        name = f"pgtick_t_{label}_{os.getpid()}"
+        with self.connect() as admin:
+            admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
+            admin.execute(SQL("CREATE ROLE {} LOGIN").format(Identifier(name)))
+        try:
+            yield name
+        finally:
+            with self.connect() as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+                )
+                admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
+
     def psql(self, sql: str, *, user: str | None = None, check: bool = True) -> str:
         """Run SQL through the psql binary (tuples only, unaligned, '|' separated)."""
         dsn = self.dsn_as(user) if user else self.dsn

@@ -36,6 +36,8 @@ from pgtick import __version__, calls, db, json_numbers, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
 from pgtick.db import resolve_dsn, without_password
 from pgtick.errors import InvalidArgument, PgtickError, UsageError, translate_errors
+from pgtick.db import connect, connect_dicts, resolve_dsn, without_password
+from pgtick.errors import InvalidArgument, PermissionDenied, PgtickError, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
     Style,
@@ -2291,13 +2293,17 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         _error(args.command, str(exc))
         return 2
+    except PermissionDenied as exc:  # the server's line and the role this command needs
+        cause = exc.__cause__
+        line = (str(cause).strip().splitlines() or [str(exc)])[0] if cause is not None else str(exc)
+        role = _role_needed(args)
+        _error(args.command, f"{line} (pgtick {args.command} needs a login granted {role})" if role else line)
+        return 1
     except PgtickError as exc:
         _error(args.command, str(exc))
         return 1
     except psycopg.Error as exc:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        role = _role_needed(args) if isinstance(exc, psycopg.errors.InsufficientPrivilege) else None
-        _error(args.command, f"{line} (pgtick {args.command} needs a login granted {role})" if role else line)
+        _error(args.command, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         return 1
     except BrokenPipeError:  # the reader left (`pgtick runs | head`): stop quietly
         _discard_stdout()

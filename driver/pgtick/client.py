@@ -9,8 +9,9 @@
 Every method is a thin ``SELECT * FROM jobs.<function>(name => value, ...)``: only
 the arguments the caller gave are sent, in named notation, so the SQL defaults
 apply to the rest and a schema that has more parameters still works. Errors of
-the SQL API arrive as ``pgtick.errors.InvalidArgument`` / ``NotFound`` (see
-``pgtick.errors``).
+the SQL API arrive as ``pgtick.errors.InvalidArgument`` / ``NotFound``, a login without
+the role a call needs as ``PermissionDenied``, a write in a read-only transaction or on a
+standby as ``ReadOnly`` (see ``pgtick.errors``).
 
 Transactions. With ``conn=`` a call runs on that connection inside whatever
 transaction it has open and never commits: it commits or rolls back with the
@@ -23,6 +24,10 @@ caller. Without ``conn=`` the client uses what it was built over:
 * a psycopg connection: ``conn.transaction()`` on it, which is a transaction of its
   own when the connection is idle, and a savepoint of the transaction in progress
   (so it commits with it) when one is open.
+
+A call reads what it gets back in binary, so a caller's connection or pool whose session
+writes times or durations in another ``DateStyle`` or ``IntervalStyle`` (``SQL, DMY``,
+``sql_standard``) gets the same exact values; nothing is SET on a caller's session.
 
 Calls on one connection go one at a time, whichever client, thread or task makes them.
 A connection whose transaction has failed (a statement in it raised an error and it was
@@ -53,15 +58,17 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
+from psycopg.postgres import types as _pg_types
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8
+from psycopg.types.string import TextBinaryLoader
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgtick import instrumentation
 from pgtick.db import prepare, prepare_async, without_password
-from pgtick.errors import InvalidArgument, NotFound, UsageError, WrongTransaction, translate_errors
+from pgtick.errors import InvalidArgument, NotFound, Session, UsageError, WrongTransaction, translate_errors
 from pgtick.schedule.zones import not_a_place
 
 __all__ = [
@@ -116,7 +123,8 @@ class _Record:
 @dataclass(frozen=True)
 class Run(_Record):
     """One row of ``jobs.runs`` (one execution attempt). Columns a schema does not have are
-    None; columns this class does not name (a newer schema) are in ``extra``."""
+    None; columns this class does not name (a newer schema) are in ``extra``, as psycopg reads
+    them in binary (an enum's as its label; one of a type psycopg has no loader for as bytes)."""
 
     id: int
     kind: str
@@ -844,6 +852,90 @@ def _get_run(run_id: int) -> _Call[Run]:
     return _Call("get_run", _GET_RUN, {"run_id": checked}, found)
 
 
+#: The OID psycopg reads a column of a type it has no loader for by.
+_UNKNOWN_TYPE = 0
+JSON_OID, JSONB_OID = _pg_types["json"].oid, _pg_types["jsonb"].oid
+
+
+class _EnumLabelLoader(TextBinaryLoader):
+    """A value of a type psycopg has no binary loader for, which the client's calls return
+    only for an enum: read as text, which is an enum's binary form. A value that is not text
+    (a column of another type a newer schema added, for ``extra``) stays bytes."""
+
+    def load(self, data: Any) -> Any:
+        try:
+            return super().load(data)
+        except UnicodeDecodeError:
+            return bytes(data)
+
+
+#: The connection encodings psycopg reads JSON in as it is (UTF-8; SQL_ASCII, which converts nothing).
+_JSON_AS_SENT = ("utf-8", "ascii")
+
+
+def _read_json_in_its_encoding(cursor: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> None:
+    """psycopg reads JSON as UTF-8 whatever the connection's encoding, and the server sends it
+    in that encoding: on a caller's connection in LATIN1 a payload with an ``ü`` failed the call
+    (UnicodeDecodeError) after its statement had run. On such a connection this cursor's JSON
+    loaders, the ones the connection has (its ``loads`` kept), get it recoded to UTF-8 first."""
+    encoding = cursor.connection.info.encoding
+    if encoding in _JSON_AS_SENT:
+        return
+    for oid in (JSON_OID, JSONB_OID):
+        loader = cursor.adapters.get_loader(oid, Format.BINARY)
+        if loader is None:
+            continue
+
+        class Recoded(loader):  # type: ignore[valid-type,misc]
+            def load(self, data: Any) -> Any:
+                return super().load(bytes(data).decode(encoding).encode())
+
+        cursor.adapters.register_loader(oid, Recoded)
+
+
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
+    """The cursor a call runs on, whose query's rows come in binary (``binary=True``): in text,
+    times and durations come in the session's ``DateStyle`` and ``IntervalStyle``, and
+    psycopg reads only ISO and ``postgres`` (a caller's connection set to ``SQL, DMY`` or
+    ``sql_standard`` failed every call); in binary they are the same whatever the session
+    says, and nothing is SET on the caller's session. A server-binding cursor whatever the
+    connection's ``cursor_factory`` (Django's ``ClientCursor`` reads no binary). An enum (a
+    run's ``status``) has no binary loader in psycopg, which would give its label as bytes:
+    a type without one is read as text (``_EnumLabelLoader``). Only this cursor's loaders
+    change, not the connection's."""
+    cursor = psycopg.Cursor(conn, row_factory=dict_row)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
+    _read_json_in_its_encoding(cursor)
+    return cursor
+
+
+def _cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Row]:
+    """``_cursor`` for an async connection."""
+    cursor = psycopg.AsyncCursor(conn, row_factory=dict_row)
+    cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
+    _read_json_in_its_encoding(cursor)
+    return cursor
+
+
+def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool | None:
+    """Whether a call's statement may be prepared: not on a connection whose cursors bind on
+    the client (its owner chose no server-side statements, a pooler's reason); else as the
+    connection's ``prepare_threshold`` says."""
+    factory = conn.cursor_factory
+    return False if issubclass(factory, psycopg.ClientCursor | psycopg.AsyncClientCursor) else None
+
+
+#: The role each call needs (docs: "The client's role needs jobs_operator"); the rest jobs_operator.
+_ROLES = {"get_run": "jobs_reader"}
+
+
+def _session(client: object, call: _Call[Any]) -> Session:
+    """What a refusal of ``call`` says to do: the role it needs, named with the method."""
+    return Session(
+        role=_ROLES.get(call.function, "jobs_operator"), what=f"{type(client).__name__}.{call.function}"
+    )
+
+
 # -- the sync client ------------------------------------------------------------------
 
 
@@ -1139,7 +1231,12 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
 
     def _send(self, call: _Call[_R], conn: psycopg.Connection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
-        with translate_errors(), self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
+        with (
+            translate_errors(_session(self, call)) as session,
+            self._connection(conn, wake) as c,
+            _cursor(c) as cur,
+        ):
+            session.info = c.info
             with call.trace_context() as trace_context:
                 # The setting is transaction-local: both statements in one transaction, the
                 # caller's when one is open (a non-autocommit connection always has one).
@@ -1147,7 +1244,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
                     with call.adapting():
-                        cur.execute(call.query, call.params)
+                        cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                     rows = cur.fetchall()
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))
@@ -1334,14 +1431,18 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
 
     async def _send(self, call: _Call[_R], conn: psycopg.AsyncConnection[Any] | None) -> _R:
         wake = call.function in instrumentation.ENQUEUING
-        with translate_errors():
-            async with self._connection(conn, wake) as c, c.cursor(row_factory=dict_row) as cur:
+        with translate_errors(_session(self, call)) as session:
+            async with (
+                self._connection(conn, wake) as c,
+                _cursor_async(c) as cur,
+            ):
+                session.info = c.info
                 with call.trace_context() as trace_context:
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
                         with call.adapting():
-                            await cur.execute(call.query, call.params)
+                            await cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                         rows = await cur.fetchall()
                         if trace_context:
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, ("",))

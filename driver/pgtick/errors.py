@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import psycopg
 
@@ -93,6 +94,53 @@ class WrongTransaction(SqlApiError):
     default_sqlstate = "25000"
 
 
+class NotAllowed(PgtickError):
+    """The database refused the call for what the session may do, not for its arguments: the
+    server's message with what to do about it, its SQLSTATE, and the psycopg error as
+    ``__cause__``. Not a ``UsageError``: the CLI exits 1."""
+
+    default_sqlstate = "42501"
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate or self.default_sqlstate
+        self.hint = hint
+
+
+class PermissionDenied(NotAllowed):
+    """The login lacks the pgtick role the call needs (SQLSTATE 42501 insufficient_privilege):
+    ``role`` names it where the caller knows which (the client's calls: ``jobs_operator``,
+    ``get_run`` ``jobs_reader``), and the message says to grant it."""
+
+    default_sqlstate = "42501"
+
+    def __init__(
+        self, message: str, *, sqlstate: str | None = None, hint: str | None = None, role: str | None = None
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate, hint=hint)
+        self.role = role
+
+
+class ReadOnly(NotAllowed):
+    """The call writes and the transaction only reads (SQLSTATE 25006 read_only_sql_transaction):
+    the server is a standby, or the transaction or session is READ ONLY. ``standby`` says which
+    where the connection told (True, False), else None."""
+
+    default_sqlstate = "25006"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        hint: str | None = None,
+        standby: bool | None = None,
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate, hint=hint)
+        self.standby = standby
+
+
 class SchemaMismatch(PgtickError):
     """The database's jobs schema lacks a function or parameter this driver called
     (SQLSTATE 42883), or a table, column or the schema itself that it reads: the schema is
@@ -103,9 +151,43 @@ class SchemaMismatch(PgtickError):
 _SCHEMA_MISSING = ("42P01", "42703", "3F000")
 
 
-def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
+#: A role name SQL takes without quotes.
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+@dataclass
+class Session:
+    """What ``translate_errors`` knows of the call it wraps, to say what to do about a refusal:
+    the role the call needs (``PermissionDenied``) and the connection it ran on (a standby or
+    a read-only transaction, ``ReadOnly``; the login to grant the role to). The caller fills
+    in what it knows, also after the ``with`` began (the connection, once it has one)."""
+
+    role: str | None = None
+    what: str = "this call"
+    info: psycopg.ConnectionInfo | None = None
+
+    def login(self) -> str:
+        """The login a grant goes to, as the connection names it, else a placeholder."""
+        if self.info is None:
+            return "<login>"
+        name = self.info.parameter_status("session_authorization") or self.info.user
+        if not name:
+            return "<login>"
+        return name if _PLAIN_NAME.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+
+    def standby(self) -> bool | None:
+        """Whether the server is a standby, as the connection reports it (PostgreSQL 14 and
+        later report ``in_hot_standby``); None when it does not say."""
+        if self.info is None:
+            return None
+        reported = self.info.parameter_status("in_hot_standby")
+        return None if reported is None else reported == "on"
+
+
+def from_psycopg(exc: psycopg.Error, session: Session | None = None) -> PgtickError | None:
     """The driver exception for a psycopg error of the SQL API, or None when the error is
-    not one (a lost connection, a serialization failure: those stay psycopg errors)."""
+    not one (a lost connection, a serialization failure: those stay psycopg errors).
+    ``session``: what the caller knows of the call, for the advice of a refusal."""
     sqlstate = exc.sqlstate or ""
     diag = exc.diag
     message = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -118,6 +200,10 @@ def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
             f"{message} (this database has no jobs schema, or one older than pgtick {_version()}:"
             " run pgtick migrate)"
         )
+    if sqlstate == PermissionDenied.default_sqlstate:
+        return _permission_denied(message, diag.message_hint, session or Session())
+    if sqlstate == ReadOnly.default_sqlstate:
+        return _read_only(message, diag.message_hint, session or Session())
     if sqlstate == NotFound.default_sqlstate:
         cls: type[SqlApiError] = NotFound
     elif sqlstate == WrongTransaction.default_sqlstate:
@@ -131,6 +217,36 @@ def from_psycopg(exc: psycopg.Error) -> PgtickError | None:
     return cls(message, sqlstate=sqlstate, field=field, hint=diag.message_hint, detail=diag.message_detail)
 
 
+def _permission_denied(message: str, hint: str | None, session: Session) -> PermissionDenied:
+    if session.role is not None:
+        advice = (
+            f"{session.what} needs a login granted {session.role}: GRANT {session.role} TO {session.login()}"
+        )
+    else:
+        advice = (
+            "the login lacks the pgtick role this needs: jobs_operator to enqueue and manage runs,"
+            " jobs_reader to read them, jobs_worker to run them"
+        )
+    return PermissionDenied(f"{message} ({advice})", hint=hint, role=session.role)
+
+
+def _read_only(message: str, hint: str | None, session: Session) -> ReadOnly:
+    standby = session.standby()
+    if standby:
+        advice = "the server is a standby, which only reads: connect to the primary"
+    elif standby is None:
+        advice = (
+            "the server is a standby, or the transaction is READ ONLY: connect to the primary,"
+            " and call it in a read-write transaction"
+        )
+    else:
+        advice = (
+            "the transaction is READ ONLY (SET TRANSACTION READ ONLY, or default_transaction_read_only"
+            " on): call it in a read-write transaction"
+        )
+    return ReadOnly(f"{message} ({advice})", hint=hint, standby=standby)
+
+
 def _version() -> str:
     from pgtick import __version__
 
@@ -138,14 +254,16 @@ def _version() -> str:
 
 
 @contextmanager
-def translate_errors() -> Iterator[None]:
-    """Re-raise the SQL API's errors (class 22/23, P0002, 25000, 42883, and a missing table,
-    column or schema) as driver exceptions, chained to the psycopg error; every other
-    exception passes through unchanged."""
+def translate_errors(session: Session | None = None) -> Iterator[Session]:
+    """Re-raise the SQL API's errors (class 22/23, P0002, 25000, 42883, a missing table, column
+    or schema, and the refusals 42501 and 25006) as driver exceptions, chained to the psycopg
+    error; every other exception passes through unchanged. Yields ``session`` (a new one if
+    not given), which the caller may fill in as the call goes on."""
+    session = session or Session()
     try:
-        yield
+        yield session
     except psycopg.Error as exc:
-        mapped = from_psycopg(exc)
+        mapped = from_psycopg(exc, session)
         if mapped is None:
             raise
         raise mapped from exc

@@ -19,12 +19,21 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from harness import Database, end_client_sessions, notifications_until_sentinel, wait_for
 from pgtick import AsyncClient, Client, Run
 from pgtick.client import Definition
-from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError
+from pgtick.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PgtickError,
+    ReadOnly,
+    SchemaMismatch,
+    UsageError,
+)
 
 
 def count_runs(db: Database, kind: str) -> int:
@@ -1011,7 +1020,7 @@ def test_the_operator_role_is_enough_for_every_client_call(db: Database) -> None
         assert client.cancel(client.run_now("nightly").id) == "CANCELLED"
     with Client(db.dsn_as("pgtick_t_reader")) as reader:
         assert reader.get_run(run.id).id == run.id
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with pytest.raises(PermissionDenied, match=r"GRANT jobs_operator TO pgtick_t_reader\)$"):
             reader.enqueue("mail")
 
 
@@ -1025,3 +1034,180 @@ def test_get_run_finds_a_run_moved_to_history(client: Client, db: Database) -> N
     assert (moved.id, moved.status, moved.payload) == (run.id, "CANCELLED", {"day": "2026-01-01"})
     again = client.enqueue("report", {"day": "2026-01-01"}, idempotency_key="report-2026-01-01")
     assert again.id == run.id, "the key still returns the moved run"
+
+
+# -- what the session may do ---------------------------------------------------------------------
+
+
+def test_a_login_without_pgticks_roles_is_told_which_role_to_grant(db: Database) -> None:
+    """42501 (insufficient_privilege) reached the caller as a raw psycopg error with no word of
+    what to grant; it is a PermissionDenied naming the role the call needs and the login to
+    grant it to, with the SQLSTATE and the psycopg error as its cause. Nothing is written."""
+    with db.login_without_grants("nogrant") as login:
+        with Client(db.dsn_as(login)) as client:
+            with pytest.raises(PermissionDenied) as caught:
+                client.enqueue("mail", {"n": 1})
+            err = caught.value
+            assert (err.sqlstate, err.role) == ("42501", "jobs_operator"), vars(err)
+            assert str(err).startswith("permission denied for "), str(err)
+            assert str(err).endswith(
+                f"(Client.enqueue needs a login granted jobs_operator: GRANT jobs_operator TO {login})"
+            ), str(err)
+            assert isinstance(err.__cause__, psycopg.errors.InsufficientPrivilege)
+            assert isinstance(err, PgtickError) and not isinstance(err, UsageError), "not bad input"
+            with pytest.raises(
+                PermissionDenied,
+                match=f"Client.get_run needs a login granted jobs_reader: GRANT jobs_reader TO {login}",
+            ):
+                client.get_run(1)
+            for method in (lambda: client.define("nightly", "report", "0 3 * * *"), lambda: client.cancel(1)):
+                with pytest.raises(PermissionDenied, match="GRANT jobs_operator TO"):
+                    method()
+        with db.connect(user=login, autocommit=False) as conn:  # the caller's transaction
+            conn.execute("SELECT 1")
+            with pytest.raises(PermissionDenied, match=f"GRANT jobs_operator TO {login}"):
+                Client(db.dsn).enqueue_many("mail", [{"n": 2}], conn=conn)
+            assert conn.execute("SELECT 2").fetchone() == (2,), "the caller's transaction is still usable"
+    assert count_runs(db, "mail") == 0
+
+
+def test_a_call_in_a_read_only_transaction_says_it_needs_a_read_write_one(db: Database) -> None:
+    """25006 (read_only_sql_transaction) reached the caller as a raw psycopg error; it is a
+    ReadOnly that says the transaction only reads and what to do, with the SQLSTATE and the
+    psycopg error as its cause; the caller's transaction is still usable and nothing is written.
+    The same on the client's own connection to a session that defaults to read-only."""
+    with db.connect(autocommit=False) as conn, Client(db.dsn) as client:
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(ReadOnly) as caught:
+            client.enqueue("mail", {"n": 1}, conn=conn)
+        err = caught.value
+        assert (err.sqlstate, err.standby) == ("25006", False), vars(err)
+        assert str(err) == (
+            "cannot execute INSERT in a read-only transaction (the transaction is READ ONLY"
+            " (SET TRANSACTION READ ONLY, or default_transaction_read_only on): call it in a"
+            " read-write transaction)"
+        ), str(err)
+        assert isinstance(err.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        with pytest.raises(NotFound):  # a call that only reads goes on in it
+            client.get_run(1, conn=conn)
+        assert conn.execute("SELECT 1").fetchone() == (1,), "the caller's transaction is still usable"
+    read_only = make_conninfo(db.dsn, options="-c default_transaction_read_only=on")
+    with Client(read_only) as client:
+        with pytest.raises(ReadOnly, match=r"read-only transaction \(the transaction is READ ONLY"):
+            client.define("nightly", "report", "0 3 * * *")
+        with pytest.raises(ReadOnly):
+            client.cancel(1)
+    assert count_runs(db, "mail") == 0
+
+
+# -- the caller's session settings -------------------------------------------------------------
+
+#: Session settings a caller's connection may have that change how the server writes times and
+#: durations as text (and reads durations: sql_standard gives a leading sign to every field).
+SESSION_STYLES = [
+    "DateStyle = 'SQL, DMY'",
+    "DateStyle = 'German'",
+    "DateStyle = 'Postgres, MDY'",
+    "IntervalStyle = 'postgres_verbose'",
+    "IntervalStyle = 'sql_standard'",
+    "IntervalStyle = 'iso_8601'",
+]
+#: A time and durations with every field set, microseconds included, so that a field lost or
+#: misread on the way shows.
+STYLED_AT = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=ZoneInfo("Europe/Sofia"))
+STYLED_TIMEOUT = timedelta(days=3, hours=4, minutes=5, seconds=6, microseconds=7)
+STYLED_HEARTBEAT = timedelta(minutes=2, microseconds=500_001)
+
+
+def stored_times(db: Database, run_id: int) -> tuple[Any, ...] | None:
+    """What the database holds for a run, read on a connection of the default styles."""
+    with db.connect() as c:
+        return c.execute(
+            "SELECT scheduled_for, timeout, heartbeat_timeout, status FROM jobs.runs WHERE id = %s", (run_id,)
+        ).fetchone()
+
+
+@pytest.mark.parametrize("style", SESSION_STYLES)
+@pytest.mark.parametrize("given", ["conn=", "Client(conn)", "conn= binding on the client"])
+def test_a_callers_connection_of_any_date_and_interval_style_gets_exact_times_and_durations(
+    db: Database, style: str, given: str
+) -> None:
+    """psycopg reads times only in the ISO DateStyle and durations only in the postgres
+    IntervalStyle: a caller's connection set otherwise failed every call that returns a run
+    or a definition (NotImplementedError), after its statement had run. The client reads
+    them whatever the session says, sends them so that the server reads them exactly, and
+    leaves the caller's settings as they were; also on a connection whose cursors bind on
+    the client (Django's)."""
+    factory = psycopg.ClientCursor if given.endswith("client") else psycopg.Cursor
+    with db.connect(autocommit=False, cursor_factory=factory) as conn:
+        conn.execute(f"SET {style}")
+        conn.commit()
+        shown = conn.execute(f"SHOW {style.split()[0]}").fetchone()
+        client = Client(conn) if given == "Client(conn)" else Client(db.dsn)
+        on = None if given == "Client(conn)" else conn
+        run = client.enqueue(
+            "styled", {"n": 1}, run_at=STYLED_AT, timeout=STYLED_TIMEOUT, heartbeat_timeout=STYLED_HEARTBEAT,
+            unique_key="styled-1", unique_for=STYLED_TIMEOUT, conn=on,
+        )  # fmt: skip
+        assert (run.scheduled_for, run.timeout, run.heartbeat_timeout, run.status) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT, "QUEUED"
+        ), run  # fmt: skip
+        assert run.created_at is not None and abs(run.created_at - datetime.now(UTC)) < timedelta(hours=1)
+        [many] = client.enqueue_many("styled", [{"n": 2}], run_at=STYLED_AT, timeout=STYLED_TIMEOUT, conn=on)
+        assert (many.scheduled_for, many.timeout) == (STYLED_AT, STYLED_TIMEOUT)
+        again = client.get_run(run.id, conn=on)
+        assert (again.scheduled_for, again.timeout, again.heartbeat_timeout) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT
+        )  # fmt: skip
+        defined = client.define(
+            "styled-once", "styled", run_at=STYLED_AT, timeout=STYLED_TIMEOUT,
+            heartbeat_timeout=STYLED_HEARTBEAT, conn=on,
+        )  # fmt: skip
+        assert (defined.run_at, defined.timeout, defined.heartbeat_timeout) == (
+            STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT
+        )  # fmt: skip
+        nightly = client.define("styled-nightly", "styled", "0 3 * * *", jitter=STYLED_HEARTBEAT, conn=on)
+        assert nightly.jitter == STYLED_HEARTBEAT and nightly.created_at is not None
+        assert client.cancel(many.id, conn=on) == "CANCELLED"
+        assert client.retry(many.id, conn=on).timeout == STYLED_TIMEOUT
+        assert conn.execute(f"SHOW {style.split()[0]}").fetchone() == shown, "the caller's setting changed"
+        conn.commit()
+        client.close()
+    assert stored_times(db, run.id) == (STYLED_AT, STYLED_TIMEOUT, STYLED_HEARTBEAT, "QUEUED")
+
+
+@pytest.mark.parametrize("given", ["conn=", "Client(conn)"])
+def test_a_callers_connection_in_another_encoding_gets_its_payloads_back(db: Database, given: str) -> None:
+    """psycopg reads JSON as UTF-8 whatever the connection's encoding, and the server sends it in
+    that encoding: on a caller's connection in LATIN1 a payload with an ``ü`` failed the call
+    (UnicodeDecodeError) after its statement had run. The client reads it back as it was sent,
+    and leaves the connection's encoding as it was."""
+    payload = {"city": "Zürich", "note": "naïve"}
+    with db.connect(autocommit=False, client_encoding="LATIN1") as conn:
+        client = Client(conn) if given == "Client(conn)" else Client(db.dsn)
+        on = None if given == "Client(conn)" else conn
+        run = client.enqueue("receipt", payload, conn=on)
+        assert run.payload == payload, run.payload
+        assert client.get_run(run.id, conn=on).payload == payload
+        [many] = client.enqueue_many("receipt", [payload], conn=on)
+        assert many.payload == payload
+        assert conn.info.encoding == "iso8859-1", "the caller's encoding changed"
+        conn.commit()
+        client.close()
+    with db.connect() as c:
+        assert c.execute("SELECT payload FROM jobs.runs WHERE id = %s", (run.id,)).fetchone() == (payload,)
+
+
+def test_a_column_of_a_type_the_driver_cannot_read_does_not_fail_the_call(
+    client: Client, db: Database
+) -> None:
+    """A newer schema's (or an operator's) column of jobs.runs goes to Run.extra: one of a type
+    psycopg has no binary loader for, and which is not an enum (whose label is read as text),
+    comes as its bytes rather than failing the call."""
+    run = client.enqueue("report")
+    with db.connect() as conn:
+        conn.execute("ALTER TABLE jobs.runs ADD COLUMN spot point")
+        conn.execute("UPDATE jobs.runs SET spot = '(1, 2)' WHERE id = %s", (run.id,))
+    got = client.get_run(run.id)
+    assert got.status == "QUEUED"
+    assert got.extra["spot"] == b"?\xf0" + bytes(6) + b"@" + bytes(7), got.extra

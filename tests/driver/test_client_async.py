@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from harness import Database, end_client_sessions
 from pgtick import AsyncClient, Run
-from pgtick.errors import InvalidArgument, NotFound, UsageError
+from pgtick.errors import InvalidArgument, NotFound, PermissionDenied, ReadOnly, UsageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -277,3 +277,80 @@ async def test_an_async_enqueue_on_the_clients_own_connection_notifies_after_its
             got.append(n.payload)
     assert got == ["after", "after"]
     assert await count_runs(db, "k") == 3
+
+
+@pytest.mark.parametrize(
+    "style",
+    [
+        "DateStyle = 'SQL, DMY'",
+        "DateStyle = 'German'",
+        "IntervalStyle = 'sql_standard'",
+        "IntervalStyle = 'postgres_verbose'",
+    ],
+)
+async def test_an_async_callers_connection_of_any_date_and_interval_style_gets_exact_times_and_durations(
+    db: Database, style: str
+) -> None:
+    """As for Client: the async client reads times and durations whatever the caller's session
+    says (it failed every call that returns a run), sends them exactly, and changes no setting."""
+    at = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    timeout = timedelta(days=3, hours=4, minutes=5, seconds=6, microseconds=7)
+    jitter = timedelta(minutes=2, microseconds=500_001)
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn:
+        await conn.execute(f"SET {style}")
+        await conn.commit()
+        show = f"SHOW {style.split()[0]}"
+        shown = await (await conn.execute(show)).fetchone()
+        for client, on in ((AsyncClient(db.dsn), conn), (AsyncClient(conn), None)):
+            run = await client.enqueue(
+                "styled", run_at=at, timeout=timeout, heartbeat_timeout=timeout, conn=on
+            )
+            assert (run.scheduled_for, run.timeout, run.heartbeat_timeout, run.status) == (
+                at, timeout, timeout, "QUEUED"
+            )  # fmt: skip
+            got = await client.get_run(run.id, conn=on)
+            assert (got.scheduled_for, got.timeout) == (at, timeout)
+            assert await client.cancel(run.id, conn=on) == "CANCELLED"
+            defined = await client.define("styled", "styled", "0 3 * * *", jitter=jitter, conn=on)
+            assert defined.jitter == jitter and defined.created_at is not None
+            await client.close()
+        assert await (await conn.execute(show)).fetchone() == shown, "the caller's setting changed"
+        await conn.commit()
+
+
+async def test_an_async_call_refused_a_privilege_or_in_a_read_only_transaction_says_what_to_do(
+    db: Database,
+) -> None:
+    """As for Client: 42501 is a PermissionDenied naming the role to grant and the login, 25006
+    a ReadOnly saying the transaction only reads; both keep the SQLSTATE and the psycopg
+    error, and leave the caller's transaction usable."""
+    with db.login_without_grants("nogrant_async") as login:
+        async with AsyncClient(db.dsn_as(login)) as client:
+            with pytest.raises(PermissionDenied) as denied:
+                await client.enqueue("mail")
+            assert (denied.value.sqlstate, denied.value.role) == ("42501", "jobs_operator")
+            assert str(denied.value).endswith(
+                f"(AsyncClient.enqueue needs a login granted jobs_operator: GRANT jobs_operator TO {login})"
+            ), str(denied.value)
+            assert isinstance(denied.value.__cause__, psycopg.errors.InsufficientPrivilege)
+            with pytest.raises(PermissionDenied, match=f"GRANT jobs_reader TO {login}"):
+                await client.get_run(1)
+    async with await psycopg.AsyncConnection.connect(db.dsn) as conn, AsyncClient(conn) as client:
+        await conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(ReadOnly, match="call it in a read-write transaction") as read_only:
+            await client.enqueue("mail", conn=conn)
+        assert (read_only.value.sqlstate, read_only.value.standby) == ("25006", False)
+        assert isinstance(read_only.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        assert await (await conn.execute("SELECT 1")).fetchone() == (1,), "the transaction is usable"
+    assert await count_runs(db, "mail") == 0
+
+
+async def test_an_async_callers_connection_in_another_encoding_gets_its_payloads_back(db: Database) -> None:
+    """As for Client: a payload with an ``ü`` on a caller's LATIN1 connection is read back as sent."""
+    payload = {"city": "Zürich"}
+    async with (
+        await psycopg.AsyncConnection.connect(db.dsn, client_encoding="LATIN1") as conn,
+        AsyncClient(db.dsn) as client,
+    ):
+        run = await client.enqueue("receipt", payload, conn=conn)
+        assert run.payload == payload and (await client.get_run(run.id, conn=conn)).payload == payload

@@ -1,6 +1,7 @@
 """pgtick.errors maps the SQL API's SQLSTATEs in one place: class 22/23 -> InvalidArgument
-(naming the field, keeping the hint), P0002 -> NotFound, 42883 -> SchemaMismatch; anything
-else stays a psycopg error. The CLI goes through the same mapping (exit 2, one line)."""
+(naming the field, keeping the hint), P0002 -> NotFound, 42883 -> SchemaMismatch, 42501 ->
+PermissionDenied, 25006 -> ReadOnly; anything else stays a psycopg error. The CLI goes
+through the same mapping (one line; exit 2 for bad input, 1 for a refusal)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from harness import Database, pgtick
-from pgtick.errors import InvalidArgument, NotFound, SchemaMismatch, UsageError, translate_errors
+from pgtick.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ReadOnly,
+    SchemaMismatch,
+    Session,
+    UsageError,
+    translate_errors,
+)
 
 
 def test_22023_becomes_invalid_argument_naming_the_field(conn: psycopg.Connection[Any]) -> None:
@@ -71,3 +82,52 @@ def test_the_cli_reports_not_found_as_one_line_exit_2(db: Database) -> None:
     result = pgtick("cancel", "424242", "--dsn", db.dsn)
     assert result.returncode == 2, result
     assert result.stderr.strip() == "pgtick cancel: error: run 424242 does not exist"
+
+
+def test_42501_becomes_permission_denied_naming_pgticks_roles(db: Database) -> None:
+    with db.worker_login("denied") as login, db.connect(user=login) as conn:
+        with pytest.raises(PermissionDenied) as caught, translate_errors():
+            conn.execute("SELECT jobs.enqueue('k')")
+        assert caught.value.sqlstate == "42501" and caught.value.role is None
+        assert str(caught.value) == (
+            "permission denied for function enqueue (the login lacks the pgtick role this needs:"
+            " jobs_operator to enqueue and manage runs, jobs_reader to read them, jobs_worker to run them)"
+        )
+        with (
+            pytest.raises(PermissionDenied) as caught,
+            translate_errors(Session(role="jobs_operator")) as session,
+        ):
+            session.info = conn.info
+            conn.execute("SELECT jobs.cancel(1)")
+        assert str(caught.value).endswith(
+            f"(this call needs a login granted jobs_operator: GRANT jobs_operator TO {login})"
+        )
+
+
+def test_25006_becomes_read_only_saying_whether_the_server_is_a_standby(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Without the connection the advice names both causes; with it, the one it reports
+    (``in_hot_standby``: this server is a primary)."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(
+            ReadOnly, match="the server is a standby, or the transaction is READ ONLY"
+        ) as caught:
+            with conn.transaction(), translate_errors():
+                conn.execute("SELECT jobs.enqueue('k')")
+        assert (caught.value.sqlstate, caught.value.standby) == ("25006", None)
+        with pytest.raises(ReadOnly, match=r"\(the transaction is READ ONLY") as caught:
+            with conn.transaction(), translate_errors() as session:
+                session.info = conn.info
+                conn.execute("SELECT jobs.enqueue('k')")
+        assert caught.value.standby is False
+
+
+def test_the_cli_reports_a_read_only_session_as_one_line_exit_1(db: Database) -> None:
+    read_only = make_conninfo(db.dsn, options="-c default_transaction_read_only=on")
+    result = pgtick("enqueue", "k", "--dsn", read_only)
+    assert result.returncode == 1, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pgtick enqueue: error: cannot execute"), result.stderr
+    assert "read-only transaction (the" in lines[0] and "read-write transaction" in lines[0], lines[0]
