@@ -35,8 +35,6 @@ import psycopg
 from pgtick import __version__, calls, db, json_numbers, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
 from pgtick.db import resolve_dsn, without_password
-from pgtick.errors import InvalidArgument, PgtickError, UsageError, translate_errors
-from pgtick.db import connect, connect_dicts, resolve_dsn, without_password
 from pgtick.errors import InvalidArgument, PermissionDenied, PgtickError, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
