@@ -101,12 +101,18 @@ def isolated_unprintable(ctx: Context) -> None:
     raise Unprintable()
 
 
-@app.job("starts-sleeper", isolation="process")
 def starts_sleeper(ctx: Context) -> None:
     """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
-    file, and waits for it."""
+    file, and waits for it, or with ``exit`` in the payload ends its own process at once
+    (``os._exit``)."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     written = Path(ctx.payload["sleeper"] + ".new")
     written.write_text(str(sleeper.pid))
     written.replace(ctx.payload["sleeper"])  # whole when it appears
+    if ctx.payload.get("exit"):
+        os._exit(3)
     sleeper.wait()
+
+
+app.job("starts-sleeper", isolation="process")(starts_sleeper)
+app.job("starts-sleeper-timeout", isolation="process", timeout=2)(starts_sleeper)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -79,64 +77,29 @@ def _running(pid: int) -> bool:
         return False
 
 
-def starts_a_sleeper(ctx: Context) -> None:
-    """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
-    file, and waits for it (no checkpoint), or with ``exit`` in the payload ends its own process
-    at once (``os._exit``)."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    written = Path(ctx.payload["sleeper"] + ".new")
-    written.write_text(str(sleeper.pid))
-    written.replace(ctx.payload["sleeper"])  # whole when it appears
-    if ctx.payload.get("exit"):
-        os._exit(3)
-    sleeper.wait()
-
-
-@pytest.mark.parametrize("stop", ["timeout", "cancel", "exit"])
+@pytest.mark.parametrize("stop", ["timeout", "cancel", "exit", "worker-killed"])
 def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
-    db: Database, tmp_path: Path, stop: str
+    procs: Processes, conn: Conn, tmp_path: Path, stop: str
 ) -> None:
     """A job that waits for a subprocess is killed at its timeout, or on cancel, or its process
-    exits before reporting: the subprocess is stopped with it, not left running (orphaned) for
-    its ten minutes."""
-    app = App("sleeper")
-    app.job("sleeper", isolation="process", timeout=2 if stop == "timeout" else None)(starts_a_sleeper)
+    exits before reporting, or its worker process is killed (SIGKILL): the subprocess is stopped
+    with it, not left running (orphaned) for its ten minutes."""
+    replica = procs.replica("isolated_app.py", "replica")
+    kind = "starts-sleeper-timeout" if stop == "timeout" else "starts-sleeper"
     sleeper_file = tmp_path / "sleeper"
-    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1)
-    with db.connect() as conn, worker_thread(worker):
-        payload = json.dumps({"sleeper": str(sleeper_file), "exit": stop == "exit"})
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('sleeper', %s)", (payload,))
-        wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
-        sleeper = int(sleeper_file.read_text())
+    payload = json.dumps({"sleeper": str(sleeper_file), "exit": stop == "exit"})
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, payload))
+    wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
+    sleeper = int(sleeper_file.read_text())
+    status = None
+    if stop == "worker-killed":
+        replica.send(signal.SIGKILL)
+        replica.wait(30)
+    else:
         if stop == "cancel":
             conn.execute("SELECT jobs.cancel(%s)", (run_id,))
         status = wait_finished(conn, run_id)
-        give_up = time.monotonic() + 30  # a killed process is gone in milliseconds
-        while _running(sleeper) and time.monotonic() < give_up:
-            time.sleep(0.1)
-        running = _running(sleeper)
-    try:
-        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
-    except ProcessLookupError:
-        pass
-    assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), status
-    assert not running, f"the job's subprocess {sleeper} outlived the kill of its job ({stop})"
-
-
-def test_a_process_job_and_the_processes_it_started_end_when_its_worker_is_killed(
-    procs: Processes, conn: Conn, tmp_path: Path
-) -> None:
-    """SIGKILL to the worker process: its job process sees it gone and takes the processes its
-    job started with it, rather than leave them running, orphaned, for their ten minutes."""
-    replica = procs.replica("isolated_app.py", "replica")
-    sleeper_file = tmp_path / "sleeper"
-    payload = json.dumps({"sleeper": str(sleeper_file)})
-    scalar(conn, "SELECT id FROM jobs.enqueue('starts-sleeper', %s)", (payload,))
-    wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
-    sleeper = int(sleeper_file.read_text())
-    replica.send(signal.SIGKILL)
-    replica.wait(30)
-    give_up = time.monotonic() + 30  # the job process sees its worker gone at once
+    give_up = time.monotonic() + 30  # a killed process is gone in milliseconds
     while _running(sleeper) and time.monotonic() < give_up:
         time.sleep(0.1)
     running = _running(sleeper)
@@ -144,7 +107,10 @@ def test_a_process_job_and_the_processes_it_started_end_when_its_worker_is_kille
         os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
     except ProcessLookupError:
         pass
-    assert not running, f"the job's subprocess {sleeper} outlived its worker\n{replica.log()}"
+    context = f"run {run_id}: {status}\n{replica.log()}"
+    if stop != "worker-killed":
+        assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), context
+    assert not running, f"the job's subprocess {sleeper} outlived the kill of its job ({stop}): {context}"
 
 
 def test_stopping_one_worker_leaves_another_workers_process_jobs_running(
