@@ -18,8 +18,17 @@ a child process instead, and the executor thread that waits for it kills the chi
 Each child leads a process group of its own, and the kill reaches the whole group: a
 process the job started (a ``subprocess`` it waits for) is stopped with it, not left to run
 on past the timeout or cancel; so is it when the child dies before reporting (a crash,
-``os._exit``) and when the worker process dies. Only a process the job starts in a new
-session (``start_new_session=True``) is out of reach.
+``os._exit``) and when the worker process dies. On Linux the kill also reaches the processes
+that left the group: a process started in a session of its own (``start_new_session=True``,
+``os.setsid()``) and a daemon that double-forked away from its parent. The child is a child
+subreaper (``PR_SET_CHILD_SUBREAPER``), so every process its jobs start stays its descendant,
+orphaned or not; a kill stops the child, its descendants and their process groups
+(SIGSTOP, walked through the parent links in ``/proc`` until no new one appears, so none
+forks past the walk), then SIGKILLs them all. A child that sees the worker process gone
+does the same to its descendants before it exits. Out of reach is only what left the
+group when the child itself is gone first: a new-session process of a child that crashed or
+called ``os._exit`` (it has moved to init by then). Elsewhere the kill reaches the process
+group alone.
 
 What travels (pickled over a pipe): to the child, the job's spec (its function and
 ``compensate`` by reference, so both must be importable module-level functions) and
@@ -164,7 +173,7 @@ class JobProcess:
                 return self._exited(ctx), False
 
     def _exited(self, ctx: Context) -> Outcome:
-        self.kill_group()  # what its job started ends with it (the child, not yet reaped, holds its id)
+        self.kill_tree()  # what its job started ends with it (the child, not yet reaped, holds its id)
         self.process.join(5)
         code = self.process.exitcode
         error = JobProcessExited(f"job process pid {self.pid} exited with code {code} before reporting")
@@ -172,20 +181,23 @@ class JobProcess:
 
     def kill(self) -> None:
         """SIGKILL the child and what the job started in it (a hard stop), and reap it."""
-        self.kill_group()
+        self.kill_tree()
         self.process.join(10)
         self.close()
 
-    def kill_group(self) -> None:
-        """SIGKILL the child's process group: the child and the processes its job started (a
-        ``subprocess`` it waits for would run on, orphaned, past the timeout or cancel that
-        stopped the job). Called before the child is reaped, so its id is not yet reused."""
+    def kill_tree(self) -> None:
+        """SIGKILL the child, its descendants and its process group: the processes its job
+        started (a ``subprocess`` it waits for, one in a session of its own, a daemon) would
+        run on, orphaned, past the timeout or cancel that stopped the job. Called before the
+        child is reaped, so its id is not yet reused."""
         pid = self.process.pid
         if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # not yet a group of its own (killed before it began): the child alone
+            # Stopped, the child and its group fork no more while its tree is walked. Not yet
+            # a group of its own (killed before it began): the child alone.
+            _signal(pid, signal.SIGSTOP, group=True)
+            _signal(pid, signal.SIGSTOP)
+            kill_descendants(pid, stopped_root=True)
+            _signal(pid, signal.SIGKILL, group=True)
         if self.process.is_alive():
             self.process.kill()
 
@@ -198,7 +210,7 @@ class JobProcess:
                 pass
             self.process.join(2)
             if self.process.is_alive():
-                self.kill_group()
+                self.kill_tree()
                 self.process.join(5)
         self.conn.close()
         for fd in (self._wake_r, self._wake_w):
@@ -286,7 +298,7 @@ class ProcessPool:
         for proc in procs:
             if proc in busy:
                 if proc.process.is_alive():
-                    proc.kill_group()  # its executor thread reaps it
+                    proc.kill_tree()  # its executor thread reaps it
             else:
                 proc.close()
 
@@ -317,11 +329,13 @@ def _logging_setup() -> tuple[int, logging.Formatter | None]:
 
 def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any]) -> None:
     # A process group of its own, led by the child: the worker's kill reaches the processes
-    # its jobs start too (JobProcess.kill_group).
+    # its jobs start too (JobProcess.kill_tree).
     try:
         os.setpgid(0, 0)
     except OSError:  # refused (a sandbox): the kill reaches the child alone, as it did
         pass
+    # Those that leave the group (a new session, a daemon's double fork) stay descendants.
+    _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a job stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     level, formatter = logging_setup
@@ -345,10 +359,135 @@ def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tupl
 def _exit_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])
     try:
+        # The worker process is gone: so is its job, and what it started.
+        kill_descendants(os.getpid(), stopped_root=False)
         if os.getpgid(0) == os.getpid():  # the group is the child's own (not the worker's)
-            os.killpg(0, signal.SIGKILL)  # the worker process is gone: so is its job, and what it started
+            os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(1)
+
+
+# -- a job process's tree ----------------------------------------------------------------------
+
+#: prctl(2) option: orphaned descendants reparent to this process rather than to init.
+_PR_SET_CHILD_SUBREAPER = 36
+
+#: How long a kill waits for the processes it stopped to be stopped before its last walk.
+_SETTLE = 2.0
+
+
+def _become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): a process its jobs start that leaves its
+    parent (a daemon's double fork) stays its descendant, within reach of ``kill_descendants``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _signal(pid: int, sig: int, *, group: bool = False) -> None:
+    """Send ``sig`` to ``pid`` (or to the process group ``pid`` leads) if it is there."""
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stat(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc`` stat file after the command name (state, ppid, pgrp, ...)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _descendants(root: int) -> dict[int, int] | None:
+    """The processes below ``root``, each with its process group, by the parent links in
+    ``/proc`` (None without it)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    children: dict[int, list[tuple[int, int]]] = {}
+    for name in names:
+        if name.isdigit():
+            fields = _stat(f"/proc/{name}/stat")
+            if fields is not None and len(fields) > 2:
+                children.setdefault(int(fields[1]), []).append((int(name), int(fields[2])))
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for child, group in children.get(todo.pop(), ()):
+            if child not in found:
+                found[child] = group
+                todo.append(child)
+    return found
+
+
+def _settled(pid: int) -> bool:
+    """Whether no thread of ``pid`` runs: all stopped, dead, or in an uninterruptible wait (a
+    ``vfork`` parent waiting for its child's exec). A settled process forks no more."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields and fields[0] in (b"R", b"S"):
+            return False
+    return True
+
+
+def kill_descendants(root: int, *, stopped_root: bool) -> None:
+    """SIGKILL every descendant of ``root`` and every process group one of them is in (but the
+    caller's own): nothing without ``/proc``.
+
+    First each is stopped (SIGSTOP to it and to its group, so a member of the group forking
+    or exiting as the signal comes is stopped too), and the tree walked again until a walk
+    made once every process stopped so far had stopped (``root`` too when ``stopped_root``)
+    finds no new one: a fork completes before its parent stops, so no process forked during
+    the walk escapes it. A process that does not stop within ``_SETTLE`` seconds ends the
+    wait, not the kill."""
+    own = os.getpgid(0)
+    stopped: set[int] = set()
+    groups: set[int] = set()
+    deadline = time.monotonic() + _SETTLE
+    settled = False
+    while True:
+        found = _descendants(root)
+        if found is None:
+            break
+        new = found.keys() - stopped
+        for group in {found[pid] for pid in new} - groups - {own}:
+            _signal(group, signal.SIGSTOP, group=True)
+            groups.add(group)
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= new
+        if new:
+            settled = False
+        elif settled:
+            break
+        if time.monotonic() > deadline:
+            break
+        if not new:
+            watched = stopped | {root} if stopped_root else stopped
+            settled = all(_settled(pid) for pid in watched)
+            if not settled:
+                time.sleep(0.005)
+    for group in groups:
+        _signal(group, signal.SIGKILL, group=True)
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
 
 
 def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float | None) -> tuple[Any, ...]:

@@ -14,8 +14,8 @@
 * Several workers in one Python process each own their job processes: stopping one leaves
   the jobs of the others running in their children.
 * The kill at a timeout or cancel reaches the processes the job started too (a
-  ``subprocess`` it waits for): they do not run on, orphaned, past the stop; nor past the
-  death of the worker process.
+  ``subprocess`` it waits for, one in a session of its own, a double-forked daemon): they do
+  not run on, orphaned, past the stop; nor past the death of the worker process.
 """
 
 from __future__ import annotations
@@ -77,40 +77,79 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("stop", ["timeout", "cancel", "exit", "worker-killed"])
+def _stopped_growing(path: Path, timeout: float, still: float = 0.5) -> bool:
+    """Whether ``path``'s size stays the same for ``still`` seconds (ten of its 50 ms beats)
+    within ``timeout`` seconds."""
+    give_up = time.monotonic() + timeout
+    size, since = -1, time.monotonic()
+    while time.monotonic() < give_up:
+        now, grown = time.monotonic(), path.stat().st_size
+        if grown != size:
+            size, since = grown, now
+        elif now - since >= still:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("how", "stop"),
+    [
+        *(
+            (how, stop)
+            for how in ("subprocess", "new-session", "daemon", "hopping")
+            for stop in ("timeout", "cancel", "worker-killed")
+        ),
+        ("subprocess", "exit"),
+    ],
+)
 def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
-    procs: Processes, conn: Conn, tmp_path: Path, stop: str
+    procs: Processes, conn: Conn, tmp_path: Path, how: str, stop: str
 ) -> None:
-    """A job that waits for a subprocess is killed at its timeout, or on cancel, or its process
-    exits before reporting, or its worker process is killed (SIGKILL): the subprocess is stopped
-    with it, not left running (orphaned) for its ten minutes."""
+    """A job starts a process that appends to a file every 50 ms: a subprocess it waits for, one
+    in a session of its own (``start_new_session=True``), a daemon (double fork, ``setsid``), or
+    one that forks and exits after every beat. The job is killed at its timeout, or on cancel,
+    or its process exits before reporting, or its worker process is killed (SIGKILL): the
+    process it started is stopped with it and its file stops growing, rather than run on
+    (orphaned) for its ten minutes beside the run's retry."""
     replica = procs.replica("isolated_app.py", "replica")
     kind = "starts-sleeper-timeout" if stop == "timeout" else "starts-sleeper"
-    sleeper_file = tmp_path / "sleeper"
-    payload = json.dumps({"sleeper": str(sleeper_file), "exit": stop == "exit"})
+    sleeper_file, beats = tmp_path / "sleeper", tmp_path / "beats"
+    payload = json.dumps(
+        {"sleeper": str(sleeper_file), "beats": str(beats), "how": how, "exit": stop == "exit"}
+    )
     run_id = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, payload))
-    wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
+    wait_for("the job to start its process", lambda: sleeper_file.exists() or None, 60)
     sleeper = int(sleeper_file.read_text())
+    wait_for(f"process {sleeper} to beat", lambda: (beats.exists() and beats.stat().st_size > 0) or None, 60)
     status = None
-    if stop == "worker-killed":
-        replica.send(signal.SIGKILL)
-        replica.wait(30)
-    else:
-        if stop == "cancel":
-            conn.execute("SELECT jobs.cancel(%s)", (run_id,))
-        status = wait_finished(conn, run_id)
-    give_up = time.monotonic() + 30  # a killed process is gone in milliseconds
-    while _running(sleeper) and time.monotonic() < give_up:
-        time.sleep(0.1)
-    running = _running(sleeper)
     try:
-        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
-    except ProcessLookupError:
-        pass
-    context = f"run {run_id}: {status}\n{replica.log()}"
+        if stop == "worker-killed":
+            replica.send(signal.SIGKILL)
+            replica.wait(30)
+        else:
+            if stop == "cancel":
+                conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+            status = wait_finished(conn, run_id)
+        stopped = _stopped_growing(beats, 30)  # a killed process is gone in milliseconds
+        last = int(beats.read_text().split()[-1])  # the process that beat last
+        give_up = time.monotonic() + 30
+        while _running(last) and time.monotonic() < give_up:
+            time.sleep(0.1)
+        running = _running(last)
+    finally:
+        # Whatever the outcome, not left behind by the test: a hopping one by its group.
+        kill = os.killpg if how == "hopping" else os.kill
+        for pid in {sleeper, int(beats.read_text().split()[-1])}:
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    context = f"run {run_id}: {status}; first process {sleeper}, last {last}\n{replica.log()}"
     if stop != "worker-killed":
         assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), context
-    assert not running, f"the job's subprocess {sleeper} outlived the kill of its job ({stop}): {context}"
+    assert stopped, f"the job's {how} process beat on past the kill of its job ({stop}): {context}"
+    assert not running, f"the job's {how} process {last} outlived the kill of its job ({stop}): {context}"
 
 
 def test_stopping_one_worker_leaves_another_workers_process_jobs_running(
