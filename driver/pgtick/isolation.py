@@ -20,14 +20,16 @@ process the job started (a ``subprocess`` it waits for) is stopped with it, not 
 on past the timeout or cancel; so is it when the child dies before reporting (a crash,
 ``os._exit``) and when the worker process dies. On Linux the kill also reaches the processes
 that left the group: a process started in a session of its own (``start_new_session=True``,
-``os.setsid()``) and a daemon that double-forked away from its parent. The child is a child
-subreaper (``PR_SET_CHILD_SUBREAPER``), so every process its jobs start stays its descendant,
-orphaned or not; a kill stops the child, its descendants and their process groups
-(SIGSTOP, walked through the parent links in ``/proc`` until no new one appears, so none
-forks past the walk), then SIGKILLs them all. A child that sees the worker process gone
-does the same to its descendants before it exits. Out of reach is only what left the
-group when the child itself is gone first: a new-session process of a child that crashed or
-called ``os._exit`` (it has moved to init by then). Elsewhere the kill reaches the process
+``os.setsid()``) and a daemon that double-forked away from its parent. There the child is a
+guard: a child subreaper (``PR_SET_CHILD_SUBREAPER``) whose own child, the job process, runs
+the jobs, so every process the jobs start stays the guard's descendant, orphaned or not, even
+once the job process is gone. A kill stops the guard, its descendants and their process
+groups (SIGSTOP, walked through the parent links in ``/proc`` until no new one appears, so
+none forks past the walk), then SIGKILLs them all. The guard reaps the orphans that end (the
+job process, reused, is not left holding their exits); when the job process ends other than
+by a clean exit (a crash, ``os._exit``, a kill from outside) or the worker process dies, it
+stops and kills what is left below it, then exits as the job process did. Elsewhere (or
+where ``prctl`` is refused) the child runs the jobs itself and the kill reaches its process
 group alone.
 
 What travels (pickled over a pipe): to the child, the job's spec (its function and
@@ -65,7 +67,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from pgtick.app import Context, JobSpec, error_classes
 from pgtick.errors import JobTimeout
@@ -94,12 +96,14 @@ class JobProcess:
         )
         self.process.start()
         child.close()
+        self.job_pid: int | None = None  # the process the jobs run in, once it has said so
         self._wake_r, self._wake_w = os.pipe()  # written to interrupt the wait (cancel)
         os.set_blocking(self._wake_w, False)
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        """The id of the process the jobs run in (on Linux, a child of the guard ``process``)."""
+        return self.job_pid or self.process.pid
 
     def interrupt(self) -> None:
         try:
@@ -168,11 +172,17 @@ class JobProcess:
                     message = self.conn.recv()
                 except (EOFError, OSError):
                     return self._exited(ctx), False
+                if message[0] == "pid":  # sent once, as the process begins
+                    self.job_pid = message[1]
+                    continue
                 return _outcome(ctx, message), True
             if self.process.sentinel in ready:
                 return self._exited(ctx), False
 
     def _exited(self, ctx: Context) -> Outcome:
+        if self.job_pid not in (None, self.process.pid):
+            # A guard: it ends what the job started, then exits as the job process did.
+            self.process.join(_SETTLE + 5)
         self.kill_tree()  # what its job started ends with it (the child, not yet reaped, holds its id)
         self.process.join(5)
         code = self.process.exitcode
@@ -334,16 +344,75 @@ def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tupl
         os.setpgid(0, 0)
     except OSError:  # refused (a sandbox): the kill reaches the child alone, as it did
         pass
-    # Those that leave the group (a new session, a daemon's double fork) stay descendants.
-    _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a job stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A guard: the jobs run in a child of this process, a child subreaper, so the processes
+    # they start that leave the group (a new session, a daemon's double fork) stay its
+    # descendants, even once the job process is gone.
+    if _become_subreaper():
+        guard = os.getpid()
+        job = os.fork()
+        if job:
+            conn.close()
+            _guard(job)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the guard killed from outside: so is the job
+        if os.getppid() != guard:
+            os._exit(1)
+        code = 1
+        try:
+            _serve(conn, logging_setup, exit_with_parent=False)  # the guard watches the worker
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    _serve(conn, logging_setup, exit_with_parent=True)
+
+
+def _guard(job: int) -> NoReturn:
+    """Reap every child (the job process, and the orphans of what its jobs started); once the
+    job process has ended other than by a clean exit, kill what is left of its jobs' processes;
+    then end as the job process did."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if pid == job:
+            break
+    code = os.waitstatus_to_exitcode(status)
+    _ending.acquire()  # a kill for the worker's death under way: it ends this process
+    gone = parent is not None and bool(multiprocessing.connection.wait([parent.sentinel], 0))
+    if code != 0 or gone:  # killed, crashed, os._exit, or its worker is gone: so are its jobs
+        kill_descendants(os.getpid(), stopped_root=False)
+    if code < 0:  # killed by a signal: so is the guard, for the worker to read the same code
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL, SIGSTOP: not to be caught anyway
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 1)
+
+
+def _serve(
+    conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any], *, exit_with_parent: bool
+) -> None:
+    """Run the jobs the worker sends, one after another, until it sends None or goes."""
+    conn.send(("pid", os.getpid()))
     level, formatter = logging_setup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     parent = multiprocessing.parent_process()
-    if parent is not None:
+    if parent is not None and exit_with_parent:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
     while True:
         try:
@@ -356,8 +425,13 @@ def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tupl
         conn.send(_run_here(spec, run, worker_id, timeout))
 
 
+#: Held by whichever thread ends the process: the watch for the worker's death, or the guard.
+_ending = threading.Lock()
+
+
 def _exit_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])
+    _ending.acquire()
     try:
         # The worker process is gone: so is its job, and what it started.
         kill_descendants(os.getpid(), stopped_root=False)
@@ -369,8 +443,10 @@ def _exit_with(sentinel: int) -> None:
 
 # -- a job process's tree ----------------------------------------------------------------------
 
-#: prctl(2) option: orphaned descendants reparent to this process rather than to init.
+#: prctl(2) options: orphaned descendants reparent to this process rather than to init; a
+#: signal this process gets when its parent ends.
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 #: How long a kill waits for the processes it stopped to be stopped before its last walk.
 _SETTLE = 2.0
@@ -379,13 +455,16 @@ _SETTLE = 2.0
 def _become_subreaper() -> bool:
     """Make this process a child subreaper (Linux): a process its jobs start that leaves its
     parent (a daemon's double fork) stays its descendant, within reach of ``kill_descendants``."""
-    if not sys.platform.startswith("linux"):
-        return False
+    return sys.platform.startswith("linux") and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` through the C library (Linux); whether it was done."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

@@ -102,13 +102,15 @@ def isolated_unprintable(ctx: Context) -> None:
 
 
 #: A process that beats: it writes its id to the file named by argv[1] (whole when it appears),
-#: then appends its id, one line, to the file argv[2] every 50 ms for ten minutes. With argv[3]
+#: then appends its id, one line, to the file argv[2] every 50 ms for ten minutes (or argv[4]
+#: seconds). With argv[3]
 #: "daemon" it first leaves its parent as a daemon does (fork, setsid, fork; the first two
 #: exit); with "hopping" it starts a session of its own, then every 5 ms forks and exits, its
 #: child beating on (a moving target for whoever means to stop it).
 HEARTBEAT = """
 import os, sys, time
 pid_file, beats, how = sys.argv[1:4]
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 600
 if how == "daemon":
     if os.fork():
         os._exit(0)
@@ -120,7 +122,7 @@ if how == "hopping":
 with open(pid_file + ".new", "w") as out:
     out.write(str(os.getpid()))
 os.replace(pid_file + ".new", pid_file)
-give_up = time.monotonic() + 600
+give_up = time.monotonic() + seconds
 beat = 0.0
 with open(beats, "a") as out:
     while time.monotonic() < give_up:
@@ -160,3 +162,16 @@ def starts_sleeper(ctx: Context) -> None:
 
 app.job("starts-sleeper", isolation="process")(starts_sleeper)
 app.job("starts-sleeper-timeout", isolation="process", timeout=2)(starts_sleeper)
+
+
+@app.job("leaves-a-daemon", isolation="process")
+def leaves_a_daemon(ctx: Context) -> int:
+    """Starts a daemon (double fork, ``setsid``) that beats for half a second, and returns its
+    id once it has written it to the payload's ``sleeper`` file."""
+    pid_file = Path(ctx.payload["sleeper"])
+    args = [sys.executable, "-c", HEARTBEAT, str(pid_file), ctx.payload["beats"], "daemon", "0.5"]
+    subprocess.run(args, check=True)
+    give_up = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return int(pid_file.read_text())

@@ -15,7 +15,9 @@
   the jobs of the others running in their children.
 * The kill at a timeout or cancel reaches the processes the job started too (a
   ``subprocess`` it waits for, one in a session of its own, a double-forked daemon): they do
-  not run on, orphaned, past the stop; nor past the death of the worker process.
+  not run on, orphaned, past the stop; nor past the death of the worker process, nor past
+  a job process that exits before reporting. A daemon a completed job left behind is reaped
+  when it ends, not left a zombie of the reused job process.
 """
 
 from __future__ import annotations
@@ -98,9 +100,8 @@ def _stopped_growing(path: Path, timeout: float, still: float = 0.5) -> bool:
         *(
             (how, stop)
             for how in ("subprocess", "new-session", "daemon", "hopping")
-            for stop in ("timeout", "cancel", "worker-killed")
+            for stop in ("timeout", "cancel", "exit", "worker-killed")
         ),
-        ("subprocess", "exit"),
     ],
 )
 def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
@@ -150,6 +151,29 @@ def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
         assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), context
     assert stopped, f"the job's {how} process beat on past the kill of its job ({stop}): {context}"
     assert not running, f"the job's {how} process {last} outlived the kill of its job ({stop}): {context}"
+
+
+def test_a_daemon_a_process_job_left_behind_is_reaped_when_it_ends(
+    procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """A job that completes leaves a daemon that ends half a second later: its job process,
+    kept for the next job, is not left holding the daemon's exit (a zombie) for its lifetime."""
+    replica = procs.replica("isolated_app.py", "replica")
+    sleeper_file, beats = tmp_path / "sleeper", tmp_path / "beats"
+    payload = json.dumps({"sleeper": str(sleeper_file), "beats": str(beats)})
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('leaves-a-daemon', %s)", (payload,))
+    status = wait_finished(conn, run_id)
+    daemon = int(sleeper_file.read_text())
+    give_up = time.monotonic() + 30  # it beats for half a second
+    while Path(f"/proc/{daemon}").exists() and time.monotonic() < give_up:
+        time.sleep(0.1)
+    try:
+        stat = Path(f"/proc/{daemon}/stat").read_text()
+    except FileNotFoundError:
+        stat = None
+    context = f"run {run_id}: {status}; daemon {daemon}: {stat}\n{replica.log()}"
+    assert status == "COMPLETED", context
+    assert stat is None, f"the daemon's exit was never reaped: {context}"
 
 
 def test_stopping_one_worker_leaves_another_workers_process_jobs_running(
