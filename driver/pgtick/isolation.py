@@ -18,8 +18,19 @@ a child process instead, and the executor thread that waits for it kills the chi
 Each child leads a process group of its own, and the kill reaches the whole group: a
 process the job started (a ``subprocess`` it waits for) is stopped with it, not left to run
 on past the timeout or cancel; so is it when the child dies before reporting (a crash,
-``os._exit``) and when the worker process dies. Only a process the job starts in a new
-session (``start_new_session=True``) is out of reach.
+``os._exit``) and when the worker process dies. On Linux the kill also reaches the processes
+that left the group: a process started in a session of its own (``start_new_session=True``,
+``os.setsid()``) and a daemon that double-forked away from its parent. There the child is a
+guard: a child subreaper (``PR_SET_CHILD_SUBREAPER``) whose own child, the job process, runs
+the jobs, so every process the jobs start stays the guard's descendant, orphaned or not, even
+once the job process is gone. A kill stops the guard, its descendants and their process
+groups (SIGSTOP, walked through the parent links in ``/proc`` until no new one appears, so
+none forks past the walk), then SIGKILLs them all. The guard reaps the orphans that end (the
+job process, reused, is not left holding their exits); when the job process ends other than
+by a clean exit (a crash, ``os._exit``, a kill from outside) or the worker process dies, it
+stops and kills what is left below it, then exits as the job process did. Elsewhere (or
+where ``prctl`` is refused) the child runs the jobs itself and the kill reaches its process
+group alone.
 
 What travels (pickled over a pipe): to the child, the job's spec (its function and
 ``compensate`` by reference, so both must be importable module-level functions) and
@@ -56,7 +67,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from pgtick.app import Context, JobSpec, error_classes
 from pgtick.errors import JobTimeout
@@ -85,12 +96,14 @@ class JobProcess:
         )
         self.process.start()
         child.close()
+        self.job_pid: int | None = None  # the process the jobs run in, once it has said so
         self._wake_r, self._wake_w = os.pipe()  # written to interrupt the wait (cancel)
         os.set_blocking(self._wake_w, False)
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        """The id of the process the jobs run in (on Linux, a child of the guard ``process``)."""
+        return self.job_pid or self.process.pid
 
     def interrupt(self) -> None:
         try:
@@ -159,12 +172,18 @@ class JobProcess:
                     message = self.conn.recv()
                 except (EOFError, OSError):
                     return self._exited(ctx), False
+                if message[0] == "pid":  # sent once, as the process begins
+                    self.job_pid = message[1]
+                    continue
                 return _outcome(ctx, message), True
             if self.process.sentinel in ready:
                 return self._exited(ctx), False
 
     def _exited(self, ctx: Context) -> Outcome:
-        self.kill_group()  # what its job started ends with it (the child, not yet reaped, holds its id)
+        if self.job_pid not in (None, self.process.pid):
+            # A guard: it ends what the job started, then exits as the job process did.
+            self.process.join(_SETTLE + 5)
+        self.kill_tree()  # what its job started ends with it (the child, not yet reaped, holds its id)
         self.process.join(5)
         code = self.process.exitcode
         error = JobProcessExited(f"job process pid {self.pid} exited with code {code} before reporting")
@@ -172,20 +191,23 @@ class JobProcess:
 
     def kill(self) -> None:
         """SIGKILL the child and what the job started in it (a hard stop), and reap it."""
-        self.kill_group()
+        self.kill_tree()
         self.process.join(10)
         self.close()
 
-    def kill_group(self) -> None:
-        """SIGKILL the child's process group: the child and the processes its job started (a
-        ``subprocess`` it waits for would run on, orphaned, past the timeout or cancel that
-        stopped the job). Called before the child is reaped, so its id is not yet reused."""
+    def kill_tree(self) -> None:
+        """SIGKILL the child, its descendants and its process group: the processes its job
+        started (a ``subprocess`` it waits for, one in a session of its own, a daemon) would
+        run on, orphaned, past the timeout or cancel that stopped the job. Called before the
+        child is reaped, so its id is not yet reused."""
         pid = self.process.pid
         if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # not yet a group of its own (killed before it began): the child alone
+            # Stopped, the child and its group fork no more while its tree is walked. Not yet
+            # a group of its own (killed before it began): the child alone.
+            _signal(pid, signal.SIGSTOP, group=True)
+            _signal(pid, signal.SIGSTOP)
+            kill_descendants(pid, stopped_root=True)
+            _signal(pid, signal.SIGKILL, group=True)
         if self.process.is_alive():
             self.process.kill()
 
@@ -198,7 +220,7 @@ class JobProcess:
                 pass
             self.process.join(2)
             if self.process.is_alive():
-                self.kill_group()
+                self.kill_tree()
                 self.process.join(5)
         self.conn.close()
         for fd in (self._wake_r, self._wake_w):
@@ -286,7 +308,7 @@ class ProcessPool:
         for proc in procs:
             if proc in busy:
                 if proc.process.is_alive():
-                    proc.kill_group()  # its executor thread reaps it
+                    proc.kill_tree()  # its executor thread reaps it
             else:
                 proc.close()
 
@@ -317,19 +339,80 @@ def _logging_setup() -> tuple[int, logging.Formatter | None]:
 
 def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any]) -> None:
     # A process group of its own, led by the child: the worker's kill reaches the processes
-    # its jobs start too (JobProcess.kill_group).
+    # its jobs start too (JobProcess.kill_tree).
     try:
         os.setpgid(0, 0)
     except OSError:  # refused (a sandbox): the kill reaches the child alone, as it did
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a job stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A guard: the jobs run in a child of this process, a child subreaper, so the processes
+    # they start that leave the group (a new session, a daemon's double fork) stay its
+    # descendants, even once the job process is gone.
+    if _become_subreaper():
+        guard = os.getpid()
+        job = os.fork()
+        if job:
+            conn.close()
+            _guard(job)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the guard killed from outside: so is the job
+        if os.getppid() != guard:
+            os._exit(1)
+        code = 1
+        try:
+            _serve(conn, logging_setup, exit_with_parent=False)  # the guard watches the worker
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    _serve(conn, logging_setup, exit_with_parent=True)
+
+
+def _guard(job: int) -> NoReturn:
+    """Reap every child (the job process, and the orphans of what its jobs started); once the
+    job process has ended other than by a clean exit, kill what is left of its jobs' processes;
+    then end as the job process did."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if pid == job:
+            break
+    code = os.waitstatus_to_exitcode(status)
+    _ending.acquire()  # a kill for the worker's death under way: it ends this process
+    gone = parent is not None and bool(multiprocessing.connection.wait([parent.sentinel], 0))
+    if code != 0 or gone:  # killed, crashed, os._exit, or its worker is gone: so are its jobs
+        kill_descendants(os.getpid(), stopped_root=False)
+    if code < 0:  # killed by a signal: so is the guard, for the worker to read the same code
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL, SIGSTOP: not to be caught anyway
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 1)
+
+
+def _serve(
+    conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any], *, exit_with_parent: bool
+) -> None:
+    """Run the jobs the worker sends, one after another, until it sends None or goes."""
+    conn.send(("pid", os.getpid()))
     level, formatter = logging_setup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
     parent = multiprocessing.parent_process()
-    if parent is not None:
+    if parent is not None and exit_with_parent:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
     while True:
         try:
@@ -342,13 +425,148 @@ def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tupl
         conn.send(_run_here(spec, run, worker_id, timeout))
 
 
+#: Held by whichever thread ends the process: the watch for the worker's death, or the guard.
+_ending = threading.Lock()
+
+
 def _exit_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])
+    _ending.acquire()
     try:
+        # The worker process is gone: so is its job, and what it started.
+        kill_descendants(os.getpid(), stopped_root=False)
         if os.getpgid(0) == os.getpid():  # the group is the child's own (not the worker's)
-            os.killpg(0, signal.SIGKILL)  # the worker process is gone: so is its job, and what it started
+            os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(1)
+
+
+# -- a job process's tree ----------------------------------------------------------------------
+
+#: prctl(2) options: orphaned descendants reparent to this process rather than to init; a
+#: signal this process gets when its parent ends.
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
+
+#: How long a kill waits for the processes it stopped to be stopped before its last walk.
+_SETTLE = 2.0
+
+
+def _become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): a process its jobs start that leaves its
+    parent (a daemon's double fork) stays its descendant, within reach of ``kill_descendants``."""
+    return sys.platform.startswith("linux") and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` through the C library (Linux); whether it was done."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _signal(pid: int, sig: int, *, group: bool = False) -> None:
+    """Send ``sig`` to ``pid`` (or to the process group ``pid`` leads) if it is there."""
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stat(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc`` stat file after the command name (state, ppid, pgrp, ...)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _descendants(root: int) -> dict[int, int] | None:
+    """The processes below ``root``, each with its process group, by the parent links in
+    ``/proc`` (None without it)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    children: dict[int, list[tuple[int, int]]] = {}
+    for name in names:
+        if name.isdigit():
+            fields = _stat(f"/proc/{name}/stat")
+            if fields is not None and len(fields) > 2:
+                children.setdefault(int(fields[1]), []).append((int(name), int(fields[2])))
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for child, group in children.get(todo.pop(), ()):
+            if child not in found:
+                found[child] = group
+                todo.append(child)
+    return found
+
+
+def _settled(pid: int) -> bool:
+    """Whether no thread of ``pid`` runs: all stopped, dead, or in an uninterruptible wait (a
+    ``vfork`` parent waiting for its child's exec). A settled process forks no more."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields and fields[0] in (b"R", b"S"):
+            return False
+    return True
+
+
+def kill_descendants(root: int, *, stopped_root: bool) -> None:
+    """SIGKILL every descendant of ``root`` and every process group one of them is in (but the
+    caller's own): nothing without ``/proc``.
+
+    First each is stopped (SIGSTOP to it and to its group, so a member of the group forking
+    or exiting as the signal comes is stopped too), and the tree walked again until a walk
+    made once every process stopped so far had stopped (``root`` too when ``stopped_root``)
+    finds no new one: a fork completes before its parent stops, so no process forked during
+    the walk escapes it. A process that does not stop within ``_SETTLE`` seconds ends the
+    wait, not the kill."""
+    own = os.getpgid(0)
+    stopped: set[int] = set()
+    groups: set[int] = set()
+    deadline = time.monotonic() + _SETTLE
+    settled = False
+    while True:
+        found = _descendants(root)
+        if found is None:
+            break
+        new = found.keys() - stopped
+        for group in {found[pid] for pid in new} - groups - {own}:
+            _signal(group, signal.SIGSTOP, group=True)
+            groups.add(group)
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= new
+        if new:
+            settled = False
+        elif settled:
+            break
+        if time.monotonic() > deadline:
+            break
+        if not new:
+            watched = stopped | {root} if stopped_root else stopped
+            settled = all(_settled(pid) for pid in watched)
+            if not settled:
+                time.sleep(0.005)
+    for group in groups:
+        _signal(group, signal.SIGKILL, group=True)
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
 
 
 def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float | None) -> tuple[Any, ...]:

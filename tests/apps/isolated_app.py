@@ -101,12 +101,77 @@ def isolated_unprintable(ctx: Context) -> None:
     raise Unprintable()
 
 
-@app.job("starts-sleeper", isolation="process")
+#: A process that beats: it writes its id to the file named by argv[1] (whole when it appears),
+#: then appends its id, one line, to the file argv[2] every 50 ms for ten minutes (or argv[4]
+#: seconds). With argv[3]
+#: "daemon" it first leaves its parent as a daemon does (fork, setsid, fork; the first two
+#: exit); with "hopping" it starts a session of its own, then every 5 ms forks and exits, its
+#: child beating on (a moving target for whoever means to stop it).
+HEARTBEAT = """
+import os, sys, time
+pid_file, beats, how = sys.argv[1:4]
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 600
+if how == "daemon":
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+if how == "hopping":
+    os.setsid()
+with open(pid_file + ".new", "w") as out:
+    out.write(str(os.getpid()))
+os.replace(pid_file + ".new", pid_file)
+give_up = time.monotonic() + seconds
+beat = 0.0
+with open(beats, "a") as out:
+    while time.monotonic() < give_up:
+        if time.monotonic() >= beat:
+            out.write(f"{os.getpid()}\\n")
+            out.flush()
+            beat = time.monotonic() + 0.05
+        if how != "hopping":
+            time.sleep(0.05)
+        elif os.fork():
+            os._exit(0)
+        else:
+            time.sleep(0.005)
+"""
+
+
 def starts_sleeper(ctx: Context) -> None:
-    """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
-    file, and waits for it."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    written = Path(ctx.payload["sleeper"] + ".new")
-    written.write_text(str(sleeper.pid))
-    written.replace(ctx.payload["sleeper"])  # whole when it appears
-    sleeper.wait()
+    """Starts a process that beats (``HEARTBEAT``) into the payload's ``beats`` file for ten
+    minutes after writing its id to the ``sleeper`` file, and waits for it (no checkpoint),
+    or with ``exit`` in the payload ends its own process once the id is written
+    (``os._exit``). ``how`` says how the process is started: ``subprocess`` (a child in the
+    job's process group), ``new-session`` (``start_new_session=True``), ``daemon`` (a child
+    that double-forks into a session of its own and exits) or ``hopping`` (one that moves to a
+    new process every beat)."""
+    how = ctx.payload.get("how", "subprocess")
+    pid_file = Path(ctx.payload["sleeper"])
+    args = [sys.executable, "-c", HEARTBEAT, str(pid_file), ctx.payload["beats"], how]
+    beating = subprocess.Popen(args, start_new_session=how == "new-session")
+    give_up = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    if ctx.payload.get("exit"):
+        os._exit(3)
+    beating.wait()  # a daemon's parent exits at once, a hopping one at its first hop
+    time.sleep(600)
+
+
+app.job("starts-sleeper", isolation="process")(starts_sleeper)
+app.job("starts-sleeper-timeout", isolation="process", timeout=2)(starts_sleeper)
+
+
+@app.job("leaves-a-daemon", isolation="process")
+def leaves_a_daemon(ctx: Context) -> int:
+    """Starts a daemon (double fork, ``setsid``) that beats for half a second, and returns its
+    id once it has written it to the payload's ``sleeper`` file."""
+    pid_file = Path(ctx.payload["sleeper"])
+    args = [sys.executable, "-c", HEARTBEAT, str(pid_file), ctx.payload["beats"], "daemon", "0.5"]
+    subprocess.run(args, check=True)
+    give_up = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return int(pid_file.read_text())

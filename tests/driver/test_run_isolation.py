@@ -14,8 +14,10 @@
 * Several workers in one Python process each own their job processes: stopping one leaves
   the jobs of the others running in their children.
 * The kill at a timeout or cancel reaches the processes the job started too (a
-  ``subprocess`` it waits for): they do not run on, orphaned, past the stop; nor past the
-  death of the worker process.
+  ``subprocess`` it waits for, one in a session of its own, a double-forked daemon): they do
+  not run on, orphaned, past the stop; nor past the death of the worker process, nor past
+  a job process that exits before reporting. A daemon a completed job left behind is reaped
+  when it ends, not left a zombie of the reused job process.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -79,72 +79,101 @@ def _running(pid: int) -> bool:
         return False
 
 
-def starts_a_sleeper(ctx: Context) -> None:
-    """Starts a process that sleeps ten minutes, writes its id to the payload's ``sleeper``
-    file, and waits for it (no checkpoint), or with ``exit`` in the payload ends its own process
-    at once (``os._exit``)."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    written = Path(ctx.payload["sleeper"] + ".new")
-    written.write_text(str(sleeper.pid))
-    written.replace(ctx.payload["sleeper"])  # whole when it appears
-    if ctx.payload.get("exit"):
-        os._exit(3)
-    sleeper.wait()
+def _stopped_growing(path: Path, timeout: float, still: float = 0.5) -> bool:
+    """Whether ``path``'s size stays the same for ``still`` seconds (ten of its 50 ms beats)
+    within ``timeout`` seconds."""
+    give_up = time.monotonic() + timeout
+    size, since = -1, time.monotonic()
+    while time.monotonic() < give_up:
+        now, grown = time.monotonic(), path.stat().st_size
+        if grown != size:
+            size, since = grown, now
+        elif now - since >= still:
+            return True
+        time.sleep(0.05)
+    return False
 
 
-@pytest.mark.parametrize("stop", ["timeout", "cancel", "exit"])
+@pytest.mark.parametrize(
+    ("how", "stop"),
+    [
+        *(
+            (how, stop)
+            for how in ("subprocess", "new-session", "daemon", "hopping")
+            for stop in ("timeout", "cancel", "exit", "worker-killed")
+        ),
+    ],
+)
 def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
-    db: Database, tmp_path: Path, stop: str
+    procs: Processes, conn: Conn, tmp_path: Path, how: str, stop: str
 ) -> None:
-    """A job that waits for a subprocess is killed at its timeout, or on cancel, or its process
-    exits before reporting: the subprocess is stopped with it, not left running (orphaned) for
-    its ten minutes."""
-    app = App("sleeper")
-    app.job("sleeper", isolation="process", timeout=2 if stop == "timeout" else None)(starts_a_sleeper)
-    sleeper_file = tmp_path / "sleeper"
-    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1)
-    with db.connect() as conn, worker_thread(worker):
-        payload = json.dumps({"sleeper": str(sleeper_file), "exit": stop == "exit"})
-        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('sleeper', %s)", (payload,))
-        wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
-        sleeper = int(sleeper_file.read_text())
-        if stop == "cancel":
-            conn.execute("SELECT jobs.cancel(%s)", (run_id,))
-        status = wait_finished(conn, run_id)
-        give_up = time.monotonic() + 30  # a killed process is gone in milliseconds
-        while _running(sleeper) and time.monotonic() < give_up:
-            time.sleep(0.1)
-        running = _running(sleeper)
+    """A job starts a process that appends to a file every 50 ms: a subprocess it waits for, one
+    in a session of its own (``start_new_session=True``), a daemon (double fork, ``setsid``), or
+    one that forks and exits after every beat. The job is killed at its timeout, or on cancel,
+    or its process exits before reporting, or its worker process is killed (SIGKILL): the
+    process it started is stopped with it and its file stops growing, rather than run on
+    (orphaned) for its ten minutes beside the run's retry."""
+    replica = procs.replica("isolated_app.py", "replica")
+    kind = "starts-sleeper-timeout" if stop == "timeout" else "starts-sleeper"
+    sleeper_file, beats = tmp_path / "sleeper", tmp_path / "beats"
+    payload = json.dumps(
+        {"sleeper": str(sleeper_file), "beats": str(beats), "how": how, "exit": stop == "exit"}
+    )
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, payload))
+    wait_for("the job to start its process", lambda: sleeper_file.exists() or None, 60)
+    sleeper = int(sleeper_file.read_text())
+    wait_for(f"process {sleeper} to beat", lambda: (beats.exists() and beats.stat().st_size > 0) or None, 60)
+    status = None
     try:
-        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
-    except ProcessLookupError:
-        pass
-    assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), status
-    assert not running, f"the job's subprocess {sleeper} outlived the kill of its job ({stop})"
+        if stop == "worker-killed":
+            replica.send(signal.SIGKILL)
+            replica.wait(30)
+        else:
+            if stop == "cancel":
+                conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+            status = wait_finished(conn, run_id)
+        stopped = _stopped_growing(beats, 30)  # a killed process is gone in milliseconds
+        last = int(beats.read_text().split()[-1])  # the process that beat last
+        give_up = time.monotonic() + 30
+        while _running(last) and time.monotonic() < give_up:
+            time.sleep(0.1)
+        running = _running(last)
+    finally:
+        # Whatever the outcome, not left behind by the test: a hopping one by its group.
+        kill = os.killpg if how == "hopping" else os.kill
+        for pid in {sleeper, int(beats.read_text().split()[-1])}:
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    context = f"run {run_id}: {status}; first process {sleeper}, last {last}\n{replica.log()}"
+    if stop != "worker-killed":
+        assert status == ("CANCELLED" if stop == "cancel" else "FAILED"), context
+    assert stopped, f"the job's {how} process beat on past the kill of its job ({stop}): {context}"
+    assert not running, f"the job's {how} process {last} outlived the kill of its job ({stop}): {context}"
 
 
-def test_a_process_job_and_the_processes_it_started_end_when_its_worker_is_killed(
+def test_a_daemon_a_process_job_left_behind_is_reaped_when_it_ends(
     procs: Processes, conn: Conn, tmp_path: Path
 ) -> None:
-    """SIGKILL to the worker process: its job process sees it gone and takes the processes its
-    job started with it, rather than leave them running, orphaned, for their ten minutes."""
+    """A job that completes leaves a daemon that ends half a second later: its job process,
+    kept for the next job, is not left holding the daemon's exit (a zombie) for its lifetime."""
     replica = procs.replica("isolated_app.py", "replica")
-    sleeper_file = tmp_path / "sleeper"
-    payload = json.dumps({"sleeper": str(sleeper_file)})
-    scalar(conn, "SELECT id FROM jobs.enqueue('starts-sleeper', %s)", (payload,))
-    wait_for("the job to start its sleeper", lambda: sleeper_file.exists() or None, 60)
-    sleeper = int(sleeper_file.read_text())
-    replica.send(signal.SIGKILL)
-    replica.wait(30)
-    give_up = time.monotonic() + 30  # the job process sees its worker gone at once
-    while _running(sleeper) and time.monotonic() < give_up:
+    sleeper_file, beats = tmp_path / "sleeper", tmp_path / "beats"
+    payload = json.dumps({"sleeper": str(sleeper_file), "beats": str(beats)})
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('leaves-a-daemon', %s)", (payload,))
+    status = wait_finished(conn, run_id)
+    daemon = int(sleeper_file.read_text())
+    give_up = time.monotonic() + 30  # it beats for half a second
+    while Path(f"/proc/{daemon}").exists() and time.monotonic() < give_up:
         time.sleep(0.1)
-    running = _running(sleeper)
     try:
-        os.kill(sleeper, signal.SIGKILL)  # whatever the outcome, not left behind by the test
-    except ProcessLookupError:
-        pass
-    assert not running, f"the job's subprocess {sleeper} outlived its worker\n{replica.log()}"
+        stat = Path(f"/proc/{daemon}/stat").read_text()
+    except FileNotFoundError:
+        stat = None
+    context = f"run {run_id}: {status}; daemon {daemon}: {stat}\n{replica.log()}"
+    assert status == "COMPLETED", context
+    assert stat is None, f"the daemon's exit was never reaped: {context}"
 
 
 def test_stopping_one_worker_leaves_another_workers_process_jobs_running(
