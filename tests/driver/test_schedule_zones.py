@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgtick.schedule import Schedule, ScheduleError, anchor_for, parse_schedule
+from pgtick.schedule.rrule import Walked
 
 ZONES = (
     "UTC",
@@ -265,6 +266,55 @@ def test_a_day_skipped_across_the_date_line_keeps_its_shifted_occurrence() -> No
     for after in (datetime(2011, 12, 29, 20, tzinfo=UTC), datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC)):
         assert schedule.next_after(after) == shifted, after
     assert schedule.between(datetime(2011, 12, 30, 14, 0, 1, tzinfo=UTC), shifted, limit=5) == [shifted]
+
+
+@pytest.mark.parametrize(
+    ("after", "most"),
+    [
+        (datetime(2026, 3, 8, 7, 0, 30, tzinfo=UTC), 3700),  # just after the clocks sprang forward
+        (datetime(2026, 3, 8, 7, 59, 59, tzinfo=UTC), 3700),
+        (datetime(2026, 3, 8, 8, tzinfo=UTC), 10),  # an hour after: nothing runs late any more
+        (datetime(2026, 3, 8, 12, tzinfo=UTC), 10),
+        (datetime(2026, 3, 7, 12, tzinfo=UTC), 10),  # a day before the change
+        (datetime(2026, 10, 31, 12, tzinfo=UTC), 10),
+        (datetime(2026, 11, 1, 5, 30, tzinfo=UTC), 3700),  # 01:30 EDT, the first of two
+        (datetime(2026, 11, 1, 6, 30, tzinfo=UTC), 3700),  # 01:30 EST, the second of two
+        (datetime(2026, 11, 2, 6, tzinfo=UTC), 10),
+    ],
+)
+def test_a_rule_of_seconds_near_a_dst_change_walks_back_only_where_a_run_can_be_late(
+    after: datetime, most: int
+) -> None:
+    """A search backs up from its instant only as far as an earlier wall time can still run
+    at or after it: an hour within an hour after a spring-forward gap or before a fall-back,
+    else a second (a second reading still waits for the first readings of the repeated hour).
+    It backed up a whole day (the largest change any zone made) for two days around every
+    change, so each query of a rule of seconds walked 90,000 wall times, over a second: the
+    leader's tick, which asks twice per definition, fell seconds behind."""
+    zone = "America/New_York"
+    schedule = parse_schedule("FREQ=SECONDLY", zone, anchor=datetime(2026, 1, 1, tzinfo=ZoneInfo(zone)))
+    before = Walked.count
+    assert schedule.next_after(after) == after + timedelta(seconds=1)
+    assert Walked.count - before <= most
+
+
+@pytest.mark.parametrize(
+    ("zone", "gap_end"),
+    [
+        ("Europe/Dublin", datetime(2024, 3, 31, 1, tzinfo=UTC)),  # from GMT, an offset of zero
+        ("Africa/Casablanca", datetime(2024, 4, 14, 2, tzinfo=UTC)),  # after Ramadan, from +00
+        ("Australia/Lord_Howe", datetime(2024, 10, 5, 15, 30, tzinfo=UTC)),  # half an hour
+    ],
+)
+def test_a_wall_time_moved_to_the_end_of_a_gap_is_found_from_that_instant(
+    zone: str, gap_end: datetime
+) -> None:
+    """Searched from the first instant after a gap, the wall time the gap swallowed runs there
+    (``dst_gap=end``): the search reads that instant with the offset before the gap."""
+    anchor = datetime(2024, 1, 1, tzinfo=ZoneInfo(zone))
+    schedule = parse_schedule("15 * * * *", zone, anchor=anchor, dst_gap="end", dst_repeat="both")
+    assert schedule.next_after(gap_end, inclusive=True) == gap_end
+    assert schedule.next_after(gap_end - timedelta(seconds=1)) == gap_end
 
 
 @pytest.mark.parametrize("text", ["0 8 * * *", "FREQ=DAILY;BYHOUR=8"])
