@@ -536,6 +536,11 @@ def to_json(value: Any, *, ascii_only: bool = False) -> str:
     are escaped always (``\\u009b``): still the same document, and no escape sequence in a
     stored value reaches the terminal."""
     text = json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    return json_controls_escaped(text)
+
+
+def json_controls_escaped(text: str) -> str:
+    """JSON text with its DEL and C1 controls escaped (``\\u009b``): the same document."""
     return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

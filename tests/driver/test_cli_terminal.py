@@ -863,3 +863,77 @@ def test_a_run_of_a_deleted_definition_is_not_shown_as_ad_hoc(db: Database) -> N
     listed = json.loads(pgtick("runs", "--json", "--dsn", db.dsn).stdout)
     jsonschema.validate(listed, json.loads((SCHEMAS / "runs.json").read_text()))
     assert [(r["id"], r["definition_id"]) for r in listed] == [(adhoc, None), (run, define_id)], listed
+
+
+#: What a payload may hold and job code may log: an escape that clears the screen, C1's CSI
+#: (U+009B) and a line break followed by a forged outcome line.
+HOSTILE_TEXT = "A\033[2JB\x9b31mC\n05:00:00 run=1 kind=forged status=COMPLETED"
+
+TALKING_APP = """\
+import logging
+from pgtick.app import App
+app = App('talking')
+@app.job('talk')
+def talk(ctx):
+    ctx.logger.warning('the payload says %s', ctx.payload['text'])
+    try:
+        raise ValueError(ctx.payload['text'].split(chr(10))[0])
+    except ValueError:
+        logging.getLogger('shop').exception('the shop says %s', ctx.payload['text'])
+"""
+
+
+@pytest.mark.parametrize("where", ["terminal", "file", "json"])
+def test_what_job_code_logs_reaches_the_log_with_its_control_characters_written_out(
+    db: Database, tmp_path: Path, where: str
+) -> None:
+    """`pgtick run` logs what job code logs (``ctx.logger``, any logger, a traceback), and
+    job code logs what its payload holds. In the human format every control character of a
+    message is written out (``^[``, ``\\x9b``, a line break as ``^J``) and those of a traceback
+    but its line breaks: an escape cannot clear the operator's screen, and a payload cannot
+    forge a log line of its own. In JSON the message is kept whole, C1 controls escaped as
+    ``\\u009b`` as in every other JSON the CLI writes."""
+    app = tmp_path / "talking_app.py"
+    app.write_text(TALKING_APP)
+    with db.connect() as conn:
+        run_id = scalar(
+            conn, "SELECT id FROM jobs.enqueue('talk', jsonb_build_object('text', %s::text))", (HOSTILE_TEXT,)
+        )
+    argv = ["run", str(app), "--dsn", db.dsn, "--no-scheduler"]
+    done = f"run={run_id} kind=talk".encode()
+    if where == "terminal":
+        command = OnPty(argv, tty_env(), 40, 200)
+        try:
+            assert command.read_until(lambda out: done in out), command.out[-2000:]
+            assert command.interrupt() == 0
+        finally:
+            command.close()
+        out = command.out.decode()
+    else:
+        env = env_for(None)
+        env.pop("PGTICK_LOG", None)
+        env["PGTICK_LOG_FORMAT"] = "json" if where == "json" else "human"
+        log = tmp_path / "run.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen([*PGTICK, *argv], stdout=subprocess.PIPE, stderr=sink, env=env, cwd=ROOT)
+            try:
+                key = f'"run_id": {run_id}, "kind": "talk"' if where == "json" else done.decode()
+                wait_for("the run's outcome line", lambda: key in log.read_text() or None, 60)
+            finally:
+                proc.terminate()
+                proc.communicate(timeout=60)
+        out = log.read_text()
+    assert "\033[2J" not in out and "\x9b" not in out, f"a control sequence reached the log:\n{out!r}"
+    if where == "json":
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        said = {line["logger"]: line for line in lines}
+        assert said["pgtick.job"]["message"] == f"the payload says {HOSTILE_TEXT}"
+        assert said["shop"]["message"] == f"the shop says {HOSTILE_TEXT}"
+        assert said["shop"]["exception"].endswith("ValueError: A\033[2JB\x9b31mC")
+        return
+    forged = [line for line in out.splitlines() if "kind=forged" in line and "says" not in line]
+    assert not forged, f"a payload forged a log line:\n{out}"
+    written_out = "A^[[2JB\\x9b31mC^J05:00:00 run=1 kind=forged status=COMPLETED"
+    assert f"the payload says {written_out}" in out, out
+    assert f"the shop says {written_out}" in out, out
+    assert "ValueError: A^[[2JB\\x9b31mC" in out, out
