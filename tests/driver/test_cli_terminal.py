@@ -937,3 +937,47 @@ def test_what_job_code_logs_reaches_the_log_with_its_control_characters_written_
     assert f"the payload says {written_out}" in out, out
     assert f"the shop says {written_out}" in out, out
     assert "ValueError: A^[[2JB\\x9b31mC" in out, out
+
+
+def test_stored_text_the_sql_api_let_through_is_shown_with_its_control_characters_written_out(
+    db: Database,
+) -> None:
+    """`jobs.define` from psql or another language stores a schedule as given, control
+    characters and all (the scheduler then records why it cannot read it), and a database
+    written to by hand or before names were checked holds names, kinds and worker ids that
+    carry them. `status`, `definitions`, `runs` and `show` show each with its control
+    characters written out (``^[``), in a pipe and on a terminal: no escape sequence in stored
+    text reaches the operator's screen. `--json` keeps it as stored."""
+    hostile = "\033[2J\033]0;owned\a"
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('odd-rule', 'k', schedule => %s)", (f"FREQ=DAILY;X-A={hostile}",))
+        conn.execute(
+            "SELECT jobs.mark_schedule_error(id, revision, %s) FROM jobs.definitions WHERE name = 'odd-rule'",
+            (f"cannot read {hostile}",),
+        )
+        conn.execute("SELECT jobs.define('old-name', 'k', schedule => '0 3 * * *')")
+        conn.execute("UPDATE jobs.definitions SET name = %s WHERE name = 'old-name'", (f"old{hostile}",))
+        run = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, worker, started_at, finished_at, error,"
+            " failure_reason) SELECT id, %s, 'FAILED', %s, now(), now(), 'boom', 'Error'"
+            " FROM jobs.definitions WHERE name LIKE 'old%%' RETURNING id",
+            (f"kind{hostile}", f"worker{hostile}"),
+        )
+    commands = [
+        ["status"], ["status", "--wide"], ["definitions"], ["definitions", "--wide"],
+        ["runs"], ["runs", "--wide"], ["show", str(run)], ["workers", "--all"],
+    ]  # fmt: skip
+    for argv in commands:
+        piped = pgtick(*argv, "--dsn", db.dsn)
+        assert piped.returncode == 0, (argv, piped.stderr)
+        assert not _controls(piped.stdout.replace("\t", "")), (argv, piped.stdout)
+        code, out = in_pty([*argv, "--dsn", db.dsn], tty_env())
+        assert code == 0, (argv, out)
+        assert "\033[2J" not in out and "\033]0;" not in out and "\a" not in out, (argv, out)
+    shown = pgtick("definitions", "--wide", "--dsn", db.dsn).stdout
+    assert "FREQ=DAILY;X-A=^[[2J^[]0;owned^G" in shown, shown
+    shown = pgtick("show", str(run), "--dsn", db.dsn).stdout
+    assert "kind        kind^[[2J^[]0;owned^G" in shown and "worker      worker^[[2J" in shown, shown
+    as_json = json.loads(pgtick("show", str(run), "--json", "--dsn", db.dsn).stdout)
+    assert (as_json["kind"], as_json["worker"]) == (f"kind{hostile}", f"worker{hostile}")
