@@ -942,15 +942,17 @@ def test_what_job_code_logs_reaches_the_log_with_its_control_characters_written_
 def test_stored_text_the_sql_api_let_through_is_shown_with_its_control_characters_written_out(
     db: Database,
 ) -> None:
-    """`jobs.define` from psql or another language stores a schedule as given, control
-    characters and all (the scheduler then records why it cannot read it), and a database
-    written to by hand or before names were checked holds names, kinds and worker ids that
-    carry them. `status`, `definitions`, `runs` and `show` show each with its control
-    characters written out (``^[``), in a pipe and on a terminal: no escape sequence in stored
-    text reaches the operator's screen. `--json` keeps it as stored."""
+    """A database written to by hand, or before the SQL API checked names and schedules,
+    holds names, kinds, schedules and worker ids with control characters in them (and the
+    scheduler records why it cannot read such a schedule). `status`, `definitions`, `runs`
+    and `show` show each with its control characters written out (``^[``), in a pipe and on a
+    terminal: no escape sequence in stored text reaches the operator's screen. `--json`
+    keeps it as stored."""
     hostile = "\033[2J\033]0;owned\a"
     with db.connect() as conn:
-        conn.execute("SELECT jobs.define('odd-rule', 'k', schedule => %s)", (f"FREQ=DAILY;X-A={hostile}",))
+        conn.execute("SELECT jobs.define('odd-rule', 'k', schedule => 'FREQ=DAILY')")
+        odd = f"FREQ=DAILY;X-A={hostile}"
+        conn.execute("UPDATE jobs.definitions SET schedule = %s WHERE name = 'odd-rule'", (odd,))
         conn.execute(
             "SELECT jobs.mark_schedule_error(id, revision, %s) FROM jobs.definitions WHERE name = 'odd-rule'",
             (f"cannot read {hostile}",),
