@@ -89,7 +89,8 @@ COMMENT ON FUNCTION jobs._cron_number(text, text[], integer) IS 'Private: a cron
 
 -- Private: what is wrong with schedule text, or NULL. The driver parses a schedule fully
 -- before it saves one (pgtick.schedule); this is what SQL alone can tell, in the driver's
--- words, for a definition written from psql: the shape (5 cron fields or a macro, or an RRULE
+-- words, for a definition written from psql: a control character (but the line breaks
+-- between RRULE lines, and tabs), the shape (5 cron fields or a macro, or an RRULE
 -- with FREQ=), each cron field's values, ranges and steps as cronie reads them, a cron day of
 -- the month that none of its months has (31 February: it never runs), and an RRULE's FREQ and
 -- its BYMONTH, BYHOUR, BYMINUTE and BYSECOND values. (Whether an RRULE has any occurrence at
@@ -126,6 +127,12 @@ DECLARE
     v_longest integer := 0;     -- the most days any month the cron field names has
     i integer;
 BEGIN
+    -- Shown by every console that lists definitions: no escape sequence, only the line
+    -- breaks between the lines of an RRULE text (and tabs, white space to cron).
+    IF schedule ~ '[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]' THEN
+        RETURN format('schedule must not contain control characters (but line breaks), got %s',
+                      to_json(left(schedule, 200)));
+    END IF;
     IF schedule ~* '^\s*@(yearly|annually|monthly|weekly|daily|midnight|hourly)\s*$' THEN
         RETURN NULL;
     END IF;
@@ -228,7 +235,7 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (shape, cron field values, ranges and steps, a cron day of the month none of its months has, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
+COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (a control character but a line break or tab, shape, cron field values, ranges and steps, a cron day of the month none of its months has, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
 
 -- Private: raise 22023 with what jobs._schedule_problem finds wrong with the schedule text.
 CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void

@@ -1385,7 +1385,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     leader = snap["leader"]
     if leader:
         by = f"pid {leader['pid']}" if leader.get("pid") is not None else "by lease"
-        line = f"leader  {leader['owner']} ({by}), leading for {_age(leader['since'], now)}"
+        line = f"leader  {printable_line(leader['owner'])} ({by}), leading for {_age(leader['since'], now)}"
         out.extend(wrap(line, style.width, indent="    "))
     else:
         line = "leader  none: no scheduler is running, nothing new is materialized"
@@ -1455,7 +1455,7 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     if notes:
         out.append("")
         for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
-            wrapped = wrap(text, style.width, indent="    ")
+            wrapped = wrap(printable_line(text), style.width, indent="    ")  # names and errors as stored
             out.extend(paint(line, colour, style) for line in wrapped)
     queues = Table(
         [
@@ -1719,8 +1719,8 @@ def cmd_show(args: argparse.Namespace) -> Result:
         )
         lines = [head] if wide or not style.terminal else wrap(head, style.width, indent="  ")
 
-        def field(label: str, value: str) -> None:
-            lines.extend(_field_lines(label, value, style, wide))
+        def field(label: str, value: str) -> None:  # stored text, written out (see written_out)
+            lines.extend(_field_lines(label, printable(value), style, wide))
 
         field("definition", _definition_of(r) or "(ad-hoc)")
         field("kind", r["kind"])
@@ -2166,7 +2166,7 @@ def _not_run_notes(d: dict[str, Any], has_runs: bool) -> list[str]:
         reason = f" ({d['paused_reason']})" if d.get("paused_reason") else ""
         notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
     if d.get("schedule_error"):
-        notes.append(f"not scheduled until defined again: {d['schedule_error']}")
+        notes.append(f"not scheduled until defined again: {printable_line(d['schedule_error'])}")
     if not has_runs:
         notes.append("no further occurrences: the schedule has ended")
     return notes

@@ -37,6 +37,11 @@ log = logging.getLogger("pgtick.definitions")
 _RULE_LINE = re.compile(r"^\s*(?:RRULE|RDATE)\s*[:;]", re.IGNORECASE | re.MULTILINE)
 
 
+#: What a schedule may not hold (jobs._schedule_problem): a control character but a line break
+#: or a tab. Each would reach every terminal that shows the schedule.
+_SCHEDULE_CONTROL = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def validate_schedule(
     schedule: str, timezone: str, name: str, *, jitter: timedelta | None = None, **dst: Unpack[DstChoice]
 ) -> None:
@@ -49,6 +54,12 @@ def validate_schedule(
     two years (where a repeated hour can put two runs an hour apart), is refused: delayed
     runs could overtake or coincide."""
     now = datetime.now(UTC)
+    if _SCHEDULE_CONTROL.search(schedule):  # as jobs._schedule_problem says it
+        got = json.dumps(schedule[:200], ensure_ascii=False)
+        raise InvalidArgument(
+            f"definition={name} schedule must not contain control characters (but line breaks), got {got}",
+            field="schedule",
+        )
     why = not_a_place(timezone)
     if why is not None:  # the scheduler on another host would read localtime as its own zone
         raise InvalidArgument(f"definition={name} timezone {why}", field="timezone")

@@ -38,6 +38,7 @@ import psycopg
 from pgtick import calls
 from pgtick.db import connect
 from pgtick.identity import new_worker_id
+from pgtick.terminal import printable_line
 
 SKIP_WARN_AFTER = 3
 #: The longest grace between SIGTERM and SIGKILL when the lease is lost (else ttl / 6).
@@ -177,6 +178,8 @@ def run_locked(
             if not acquired:
                 held = calls.lease_holder(conn, name)
                 holder, until, skips = held if held else ("?", None, 0)
+                # Any owner text another language gave jobs.acquire_lease: shown, never obeyed.
+                holder = printable_line(str(holder))
                 print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
                 if skips >= SKIP_WARN_AFTER:
                     print(

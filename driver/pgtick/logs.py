@@ -8,7 +8,8 @@
   ``pgtick.worker``, ``pgtick.scheduler``, ``pgtick.supervisor``), the embedded server
   (``pgtick.embedded``).
 * the human format is ``time level logger message``, and on a terminal shorter:
-  ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up);
+  ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up); each message on one
+  line, its control characters written out (``^[``, ``^J``);
 * ``--log-format json`` (or ``PGTICK_LOG_FORMAT=json``) writes one JSON object per
   line with stable field names (docs/cli.md): ``ts``, ``level``, ``logger``,
   ``message``, and for run outcomes ``event: "run_outcome"``, ``run_id``, ``kind``,
@@ -24,7 +25,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from pgtick.terminal import compact_duration, printable
+from pgtick.terminal import compact_duration, json_controls_escaped, printable, printable_line
 
 #: Loggers ``pgtick run`` shows at INFO even without -v: these lines are its output.
 RUN_LOGGERS = (
@@ -63,10 +64,29 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        # C1 controls (U+009B is CSI) escaped as in every JSON the CLI writes: a terminal
+        # tailing the log would obey them; JSON escapes C0 itself.
+        return json_controls_escaped(json.dumps(entry, ensure_ascii=False, default=str))
 
 
-class TerminalFormatter(logging.Formatter):
+class HumanFormatter(logging.Formatter):
+    """The human format, whose lines show what was logged and do nothing else. Job code logs
+    what its payload holds: a message's control characters are written out (``^[``,
+    ``\\x9b``, a line break as ``^J``), so it can neither clear nor recolour the operator's
+    screen nor forge a line of its own; a traceback's too, but its line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable_line(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return printable(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info))
+
+
+class TerminalFormatter(HumanFormatter):
     """For a person at a terminal: ``05:02:50 run=12 kind=tick ...``; the level only from
     WARNING up, no logger name (the line fits 100 columns)."""
 
@@ -109,7 +129,7 @@ def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> N
     elif sys.stderr.isatty():
         handler.setFormatter(TerminalFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(HumanFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     global _handler
     root = logging.getLogger()
     if _handler is not None:  # configured before in this process (tests call main() again)

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -252,7 +252,8 @@ class Table:
 
     def render(self, style: Style, *, wide: bool = False) -> str:
         cols = [c for c in self.columns if wide or not c.wide_only]
-        cells = [[style.shown(_one_line(c.cell(r))) for c in cols] for r in self.rows]
+        shown_rows = [written_out(r) for r in self.rows]  # once a row: a list may have 10000
+        cells = [[style.shown(_one_line(c.cell(r))) for c in cols] for r in shown_rows]
         widths = [
             max([visible_len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)
         ]
@@ -336,6 +337,22 @@ def printable(text: str) -> str:
     it can neither recolour, clear nor retitle the screen nor move the cursor; tabs and line
     breaks stay."""
     return _CONTROL.sub(_shown_control, text)
+
+
+def written_out(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as a person's output shows it: its text (and the text in its lists) ``printable``.
+    The SQL API refuses control characters in names, kinds and worker ids, but a schedule
+    stored through ``jobs.define`` keeps them, and so does text written by hand or before
+    those checks: what a row holds is shown, never obeyed."""
+    return {k: _written_out_value(v) for k, v in row.items()}
+
+
+def _written_out_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [printable(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 #: Every control character, tab and line feed included.
@@ -537,6 +554,13 @@ def to_json(value: Any, *, ascii_only: bool = False) -> str:
     stored value reaches the terminal. A Decimal (a jsonb number, read with every digit) is
     written as that number, digit for digit."""
     text = json_numbers.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    stored value reaches the terminal."""
+    text = json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
+    return json_controls_escaped(text)
+
+
+def json_controls_escaped(text: str) -> str:
+    """JSON text with its DEL and C1 controls escaped (``\\u009b``): the same document."""
     return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

@@ -863,3 +863,123 @@ def test_a_run_of_a_deleted_definition_is_not_shown_as_ad_hoc(db: Database) -> N
     listed = json.loads(pgtick("runs", "--json", "--dsn", db.dsn).stdout)
     jsonschema.validate(listed, json.loads((SCHEMAS / "runs.json").read_text()))
     assert [(r["id"], r["definition_id"]) for r in listed] == [(adhoc, None), (run, define_id)], listed
+
+
+#: What a payload may hold and job code may log: an escape that clears the screen, C1's CSI
+#: (U+009B) and a line break followed by a forged outcome line.
+HOSTILE_TEXT = "A\033[2JB\x9b31mC\n05:00:00 run=1 kind=forged status=COMPLETED"
+
+TALKING_APP = """\
+import logging
+from pgtick.app import App
+app = App('talking')
+@app.job('talk')
+def talk(ctx):
+    ctx.logger.warning('the payload says %s', ctx.payload['text'])
+    try:
+        raise ValueError(ctx.payload['text'].split(chr(10))[0])
+    except ValueError:
+        logging.getLogger('shop').exception('the shop says %s', ctx.payload['text'])
+"""
+
+
+@pytest.mark.parametrize("where", ["terminal", "file", "json"])
+def test_what_job_code_logs_reaches_the_log_with_its_control_characters_written_out(
+    db: Database, tmp_path: Path, where: str
+) -> None:
+    """`pgtick run` logs what job code logs (``ctx.logger``, any logger, a traceback), and
+    job code logs what its payload holds. In the human format every control character of a
+    message is written out (``^[``, ``\\x9b``, a line break as ``^J``) and those of a traceback
+    but its line breaks: an escape cannot clear the operator's screen, and a payload cannot
+    forge a log line of its own. In JSON the message is kept whole, C1 controls escaped as
+    ``\\u009b`` as in every other JSON the CLI writes."""
+    app = tmp_path / "talking_app.py"
+    app.write_text(TALKING_APP)
+    with db.connect() as conn:
+        run_id = scalar(
+            conn, "SELECT id FROM jobs.enqueue('talk', jsonb_build_object('text', %s::text))", (HOSTILE_TEXT,)
+        )
+    argv = ["run", str(app), "--dsn", db.dsn, "--no-scheduler"]
+    done = f"run={run_id} kind=talk".encode()
+    if where == "terminal":
+        command = OnPty(argv, tty_env(), 40, 200)
+        try:
+            assert command.read_until(lambda out: done in out), command.out[-2000:]
+            assert command.interrupt() == 0
+        finally:
+            command.close()
+        out = command.out.decode()
+    else:
+        env = env_for(None)
+        env.pop("PGTICK_LOG", None)
+        env["PGTICK_LOG_FORMAT"] = "json" if where == "json" else "human"
+        log = tmp_path / "run.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen([*PGTICK, *argv], stdout=subprocess.PIPE, stderr=sink, env=env, cwd=ROOT)
+            try:
+                key = f'"run_id": {run_id}, "kind": "talk"' if where == "json" else done.decode()
+                wait_for("the run's outcome line", lambda: key in log.read_text() or None, 60)
+            finally:
+                proc.terminate()
+                proc.communicate(timeout=60)
+        out = log.read_text()
+    assert "\033[2J" not in out and "\x9b" not in out, f"a control sequence reached the log:\n{out!r}"
+    if where == "json":
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        said = {line["logger"]: line for line in lines}
+        assert said["pgtick.job"]["message"] == f"the payload says {HOSTILE_TEXT}"
+        assert said["shop"]["message"] == f"the shop says {HOSTILE_TEXT}"
+        assert said["shop"]["exception"].endswith("ValueError: A\033[2JB\x9b31mC")
+        return
+    forged = [line for line in out.splitlines() if "kind=forged" in line and "says" not in line]
+    assert not forged, f"a payload forged a log line:\n{out}"
+    written_out = "A^[[2JB\\x9b31mC^J05:00:00 run=1 kind=forged status=COMPLETED"
+    assert f"the payload says {written_out}" in out, out
+    assert f"the shop says {written_out}" in out, out
+    assert "ValueError: A^[[2JB\\x9b31mC" in out, out
+
+
+def test_stored_text_the_sql_api_let_through_is_shown_with_its_control_characters_written_out(
+    db: Database,
+) -> None:
+    """A database written to by hand, or before the SQL API checked names and schedules,
+    holds names, kinds, schedules and worker ids with control characters in them (and the
+    scheduler records why it cannot read such a schedule). `status`, `definitions`, `runs`
+    and `show` show each with its control characters written out (``^[``), in a pipe and on a
+    terminal: no escape sequence in stored text reaches the operator's screen. `--json`
+    keeps it as stored."""
+    hostile = "\033[2J\033]0;owned\a"
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.define('odd-rule', 'k', schedule => 'FREQ=DAILY')")
+        odd = f"FREQ=DAILY;X-A={hostile}"
+        conn.execute("UPDATE jobs.definitions SET schedule = %s WHERE name = 'odd-rule'", (odd,))
+        conn.execute(
+            "SELECT jobs.mark_schedule_error(id, revision, %s) FROM jobs.definitions WHERE name = 'odd-rule'",
+            (f"cannot read {hostile}",),
+        )
+        conn.execute("SELECT jobs.define('old-name', 'k', schedule => '0 3 * * *')")
+        conn.execute("UPDATE jobs.definitions SET name = %s WHERE name = 'old-name'", (f"old{hostile}",))
+        run = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, worker, started_at, finished_at, error,"
+            " failure_reason) SELECT id, %s, 'FAILED', %s, now(), now(), 'boom', 'Error'"
+            " FROM jobs.definitions WHERE name LIKE 'old%%' RETURNING id",
+            (f"kind{hostile}", f"worker{hostile}"),
+        )
+    commands = [
+        ["status"], ["status", "--wide"], ["definitions"], ["definitions", "--wide"],
+        ["runs"], ["runs", "--wide"], ["show", str(run)], ["workers", "--all"],
+    ]  # fmt: skip
+    for argv in commands:
+        piped = pgtick(*argv, "--dsn", db.dsn)
+        assert piped.returncode == 0, (argv, piped.stderr)
+        assert not _controls(piped.stdout.replace("\t", "")), (argv, piped.stdout)
+        code, out = in_pty([*argv, "--dsn", db.dsn], tty_env())
+        assert code == 0, (argv, out)
+        assert "\033[2J" not in out and "\033]0;" not in out and "\a" not in out, (argv, out)
+    shown = pgtick("definitions", "--wide", "--dsn", db.dsn).stdout
+    assert "FREQ=DAILY;X-A=^[[2J^[]0;owned^G" in shown, shown
+    shown = pgtick("show", str(run), "--dsn", db.dsn).stdout
+    assert "kind        kind^[[2J^[]0;owned^G" in shown and "worker      worker^[[2J" in shown, shown
+    as_json = json.loads(pgtick("show", str(run), "--json", "--dsn", db.dsn).stdout)
+    assert (as_json["kind"], as_json["worker"]) == (f"kind{hostile}", f"worker{hostile}")

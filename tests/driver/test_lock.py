@@ -266,3 +266,22 @@ def test_ctrl_c_on_a_terminal_reaches_the_command_once(db: Database, conn: Conn,
     assert marks.read_text() == "1", f"the command got {marks.read_text()} SIGINTs for one Ctrl-C"
     assert code == 4, f"exit {code}"
     assert lease(conn, "tty") == (None, False)
+
+
+def test_a_skip_names_a_holder_from_another_language_with_its_control_characters_written_out(
+    db: Database,
+) -> None:
+    """`jobs.acquire_lease` takes any owner text, so a lease taken from another language may
+    name its holder with an escape sequence in it: the skip line (and the warning after many
+    skips) shows it written out (``^[``), and the operator's terminal or a cron mail stays as
+    it was."""
+    with db.connect() as conn:
+        owner = "job\033[2J\033]0;x\a-7"
+        conn.execute("SELECT jobs.acquire_lease('report', %s, interval '1 hour')", (owner,))
+        conn.execute("UPDATE jobs.leases SET consecutive_skips = 100 WHERE name = 'report'")
+    skipped = pgtick(*lock(db.dsn, "report", "true", ttl=600))
+    assert skipped.returncode == 75, skipped
+    assert "held by job^[[2J^[]0;x^G-7 until" in skipped.stdout, skipped.stdout
+    assert "is job^[[2J^[]0;x^G-7 stuck?" in skipped.stderr, skipped.stderr
+    for text in (skipped.stdout, skipped.stderr):
+        assert "\033" not in text and "\a" not in text, repr(text)

@@ -45,6 +45,14 @@ NEVER = [
 ]  # fmt: skip
 
 
+#: Schedules with a control character: refused by both (an escape sequence in one would reach
+#: every terminal that shows it), but for line breaks and tabs.
+CONTROLS = [
+    "0\x0c9 * * * *", "0 9 * * *\x1f", "FREQ=DAILY;X-A=\x1b[2J", "FREQ=DAILY\x9b2J", "FREQ=DAILY\x07",
+    "DTSTART:20260101T090000\r\nRRULE:FREQ=DAILY", "0\t9 * * *\t",
+]  # fmt: skip
+
+
 def _value(rng: random.Random, field: int) -> str:
     return rng.choice(GOOD[field]) if rng.random() < 0.93 else rng.choice(BAD)
 
@@ -73,7 +81,7 @@ def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
     conn: psycopg.Connection[Any],
 ) -> None:
     rng = random.Random(20261204)
-    texts = [*RRULES, *NEVER, "0 0 30 2 *", "@hourly", "0 0 * * fri-sun", "0 0 * * 5-0"]
+    texts = [*RRULES, *NEVER, *CONTROLS, "0 0 30 2 *", "@hourly", "0 0 * * fri-sun", "0 0 * * 5-0"]
     texts += [_cron(rng) for _ in range(1500)]
     sql = conn.execute(
         "SELECT t, jobs._schedule_problem(t) FROM unnest(%s::text[]) WITH ORDINALITY AS x (t, o) ORDER BY o",
@@ -96,6 +104,8 @@ def test_sql_refuses_only_what_the_driver_refuses_and_says_it_the_same_way(
     refused = {text for text, problem in never.items() if problem is not None}
     expected = {text for text in NEVER if _driver_problem(text) is not None}
     assert refused == expected, f"a day no month has: SQL refused {refused}, the driver {expected}"
+    controls = {text for text, problem in sql if text in CONTROLS and problem is not None}
+    assert controls == set(CONTROLS[:5]), f"control characters: SQL refused {controls}"
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ BIG = 1_100_000  # characters: a payload over the default 1 MiB jobs.config.max_
 INVALID = "22023"
 NOT_FOUND = "P0002"
 INJECTION = "x'); DROP TABLE jobs.runs; --"
+SCHEDULE_CONTROL = "schedule must not contain control characters"
 
 Case = tuple[str, tuple[Any, ...] | None, str, str]
 
@@ -102,6 +103,15 @@ CASES: list[Case] = [
         'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
         ' "timezone": "EET"}]\')',
         "also the abbreviation of a fixed offset",
+    ),
+    # a schedule's control characters would reach every terminal that shows it: only the
+    # line breaks between the lines of an RRULE text (and tabs) are taken
+    bad("SELECT jobs.define('d', 'k', E'FREQ=DAILY;X-A=\\u001b[2J')", SCHEDULE_CONTROL),
+    bad("SELECT jobs.define('d', 'k', E'0 9 * * *\\u0007')", SCHEDULE_CONTROL),
+    bad("SELECT jobs.define('d', 'k', E'FREQ=DAILY\\u009b2J')", SCHEDULE_CONTROL),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "FREQ=DAILY;X-A=\\u001b"}]\')',
+        "definitions[0] (d): schedule must not contain control characters",
     ),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
