@@ -554,8 +554,6 @@ def to_json(value: Any, *, ascii_only: bool = False) -> str:
     stored value reaches the terminal. A Decimal (a jsonb number, read with every digit) is
     written as that number, digit for digit."""
     text = json_numbers.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
-    stored value reaches the terminal."""
-    text = json.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
     return json_controls_escaped(text)
 
 
