@@ -265,3 +265,30 @@ def test_a_step_larger_than_its_field_names_the_rrule_to_write(text: str, rrule:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     every = parse_schedule(rrule, "UTC", anchor=start).between(start, start + timedelta(days=200), limit=3)
     assert every[1] - every[0] == every[2] - every[1] > timedelta(0)
+
+
+def test_preview_shows_a_run_of_skipped_wall_times_as_one_range() -> None:
+    """A rule of minutes across the spring-forward hour skips sixty wall times: the text shows
+    them as one line from the first to the last, with how many; two in a row stay two lines;
+    a day that a zone skipped whole (Apia, 2011-12-30) is one line too."""
+    minutely = parse("* * * * *", dst_gap="skip")
+    lines = format_preview(minutely, datetime(2026, 3, 8, 6, 58, tzinfo=UTC), 3)
+    assert lines == [
+        "2026-03-08 01:59 Sun EST (-05:00)              2026-03-08T06:59:00Z",
+        "2026-03-08 02:00 Sun to 02:59 (60 wall times)  -                     DST gap: skipped",
+        "2026-03-08 03:00 Sun EDT (-04:00)              2026-03-08T07:00:00Z",
+        "2026-03-08 03:01 Sun EDT (-04:00)              2026-03-08T07:01:00Z",
+    ], lines
+    half_hourly = parse("*/30 * * * *", dst_gap="skip")
+    lines = format_preview(half_hourly, datetime(2026, 3, 8, 6, 0, tzinfo=UTC), 2)
+    assert [line.split("  ")[0] for line in lines if "skipped" in line] == [
+        "2026-03-08 02:00 Sun (wall time)",
+        "2026-03-08 02:30 Sun (wall time)",
+    ], lines
+    apia = parse_schedule("FREQ=HOURLY", "Pacific/Apia", anchor=datetime(2011, 12, 29, 10, tzinfo=UTC))
+    lines = format_preview(apia, datetime(2011, 12, 30, 8, 30, tzinfo=UTC), 2)
+    assert [line for line in lines if "skipped" in line] == [
+        "2011-12-30 00:00 Fri to 23:00 (24 wall times)  -                     DST gap: skipped"
+    ], lines
+    listed = preview(apia, datetime(2011, 12, 30, 8, 30, tzinfo=UTC), 2)
+    assert len(listed) == 26, "preview itself lists them all"

@@ -1119,6 +1119,28 @@ def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
     assert all("DST gap: moved" not in row for row in rows), rows
 
 
+def test_a_definitions_next_runs_show_consecutive_skipped_wall_times_as_one_row(
+    client: TestClient, conn: Conn
+) -> None:
+    """Every ten minutes from 01:00 to 02:50 on the second Sunday of March in New York, the
+    gap skipped: each year's six wall times in the gap are one row from the first to the last,
+    with how many, not six rows."""
+    conn.execute(
+        "SELECT jobs.define(name => 'ny-gap-minutes', kind => 'report', timezone => 'America/New_York',"
+        " schedule => 'FREQ=YEARLY;BYMONTH=3;BYDAY=2SU;BYHOUR=1,2;BYMINUTE=0,10,20,30,40,50',"
+        " dst_gap => 'skip')"
+    )
+    page = client.get("/definition?name=ny-gap-minutes").text
+    upcoming = page[page.index('id="upcoming"') :].split("</table>")[0]
+    rows = upcoming.split("<tr")[2:]
+    skipped = [row for row in rows if "DST gap: skipped" in row]
+    # Ten runs: 2027's six at 01:xx, then 2028's first four; 2027's gap between them.
+    assert len(rows) == 11 and len(skipped) == 1, rows
+    assert re.search(r"<td>2027-03-14 02:00:00 Sun \w* to 02:50:00 \(6 wall times\)</td>", skipped[0]), (
+        skipped
+    )
+
+
 def test_a_definition_without_a_next_run_has_its_page(client: TestClient, conn: Conn) -> None:
     """A one-shot, a schedule that has ended and one paused show their page: no next run
     where there is none, never an error."""

@@ -51,6 +51,40 @@ def format_offset(offset: timedelta | None) -> str:
     return f"{sign}{hours:02d}:{minutes:02d}" + (f":{seconds:02d}" if seconds else "")
 
 
+#: Consecutive wall times a gap skipped from which the text shows them as one range: a rule of
+#: minutes crossing a spring-forward hour would otherwise print sixty lines, one of seconds 3,600.
+SKIPPED_RANGE = 3
+
+
+def _with_gaps(occurrences: Sequence[Occurrence]) -> list[tuple[Occurrence, list[datetime]]]:
+    """The occurrences, each with the wall times it stands for: a run of `SKIPPED_RANGE` or
+    more consecutive skipped wall times becomes its first, standing for all of them."""
+    groups: list[list[Occurrence]] = []
+    for occurrence in occurrences:
+        if occurrence.at is None and groups and groups[-1][-1].at is None:
+            groups[-1].append(occurrence)
+        else:
+            groups.append([occurrence])
+    out: list[tuple[Occurrence, list[datetime]]] = []
+    for group in groups:
+        if len(group) >= SKIPPED_RANGE:
+            out.append((group[0], [o.wall for o in group]))
+        else:
+            out += [(o, [o.wall]) for o in group]
+    return out
+
+
+def _skipped_stamp(walls: Sequence[datetime], seconds: bool) -> str:
+    """``2026-03-08 02:00 Sun (wall time)``, or for a range of skipped wall times
+    ``2026-03-08 02:00 Sun to 02:59 (60 wall times)`` (the last one's date too when it differs)."""
+    first, last = walls[0], walls[-1]
+    if len(walls) == 1:
+        return f"{_stamp(first, seconds)} (wall time)"
+    clock = "%H:%M:%S" if seconds or last.second else "%H:%M"
+    until = last.strftime(clock) if last.date() == first.date() else _stamp(last, seconds)
+    return f"{_stamp(first, seconds)} to {until} ({len(walls)} wall times)"
+
+
 def _stamp(moment: datetime, seconds: bool = False) -> str:
     """``2026-03-08 03:30 Sun``; with the seconds when ``seconds`` or the moment has some."""
     return moment.strftime("%Y-%m-%d %H:%M:%S %a" if seconds or moment.second else "%Y-%m-%d %H:%M %a")
@@ -96,10 +130,10 @@ def format_preview(
     seconds = any(moment.second for moment in [*starts.values(), *walls])
     abbreviation = max((len(local.tzname() or "") for local in starts.values()), default=0)
     rows: list[tuple[str, str, str]] = []
-    for occurrence in occurrences:
+    for occurrence, gap in _with_gaps(occurrences):
         mark = _MARKS[occurrence.dst].format(gap=schedule.policy.gap) if occurrence.dst else ""
         if occurrence.at is None:
-            rows.append((f"{_stamp(occurrence.wall, seconds)} (wall time)", "-", mark))
+            rows.append((_skipped_stamp(gap, seconds), "-", mark))
             continue
         local = starts[occurrence.at]
         zone = f"{local.tzname() or '':<{abbreviation}}"

@@ -6,12 +6,13 @@ same anchor); this module only labels them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from pgtick.schedule import Schedule, ScheduleError, anchor_for, parse_schedule, preview
+from pgtick.schedule.preview import SKIPPED_RANGE
 
 #: A definition's stored DST policy, (dst_gap, dst_repeat); None is auto.
 Policy = tuple[str | None, str | None]
@@ -33,6 +34,8 @@ class Occurrence:
     local: datetime
     utc: datetime | None  # None: a wall time the DST policy skipped
     marks: tuple[str, ...]
+    until: datetime | None = None  # skipped: the last of consecutive wall times shown as one
+    walls: int = 1  # skipped: how many wall times this row stands for
 
 
 def offset_text(moment: datetime) -> str:
@@ -97,6 +100,26 @@ def occurrences(
             marks += (f"UTC offset changed {offset_text(previous)} → {offset_text(local)}",)
         out.append(Occurrence(local, item.at, marks))
         previous = local
+    return _skipped_ranges(out)
+
+
+def _skipped_ranges(found: list[Occurrence]) -> list[Occurrence]:
+    """Consecutive skipped wall times, `SKIPPED_RANGE` or more, as one row from the first to
+    the last (as ``pgtick preview`` prints them): a rule of minutes crossing a spring-forward
+    hour would otherwise list sixty."""
+    out: list[Occurrence] = []
+    group: list[Occurrence] = []
+    for item in [*found, None]:
+        if item is not None and item.utc is None and (not group or group[0].marks == item.marks):
+            group.append(item)
+            continue
+        if len(group) >= SKIPPED_RANGE:
+            out.append(replace(group[0], until=group[-1].local, walls=len(group)))
+        else:
+            out += group
+        group = [item] if item is not None and item.utc is None else []
+        if item is not None and item.utc is not None:
+            out.append(item)
     return out
 
 
