@@ -907,3 +907,36 @@ def test_a_migration_step_chosen_to_end_a_deadlock_is_rolled_back_and_tried_agai
         assert other_done.is_set(), "the other session did not finish"
         assert len(tries) == 2, f"expected one deadlock and one retry, the step ran {len(tries)} times"
         assert scalar(conn, "SELECT count(*) FROM b") == 1
+
+
+def test_the_rate_period_bound_keeps_the_rate_of_a_shorter_period_written_before_it(
+    pg: Server, tmp_path: Path
+) -> None:
+    """Limits stored with a period under a second before the table refused them: the upgrade
+    gives each a second's period and the starts its rate allows in one (rounded up, at most
+    1,000,000), leaves longer periods and limits without a rate alone, and the bound holds."""
+    with _installed_before(pg, "0029_rate_period_bound.sql", tmp_path) as conn:
+        conn.execute(
+            "INSERT INTO jobs.limits (scope, name, max_running, rate_limit, rate_period) VALUES"
+            " ('kind', 'ten-per-100ms', NULL, 10, '100 milliseconds'),"
+            " ('kind', 'three-per-700ms', NULL, 3, '700 milliseconds'),"
+            " ('kind', 'three-per-300ms', NULL, 3, '300 milliseconds'),"
+            " ('kind', 'flood', NULL, 1000000, '1 millisecond'),"
+            " ('queue', 'hourly', 5, 100, '1 hour'),"
+            " ('queue', 'running-only', 7, NULL, NULL)"
+        )
+        migrate.apply(conn)
+        assert "0029" in migrate.applied_versions(conn)
+        stored = conn.execute(
+            "SELECT name, max_running, rate_limit, rate_period::text FROM jobs.limits ORDER BY name"
+        ).fetchall()
+        assert stored == [
+            ("flood", None, 1000000, "00:00:01"),
+            ("hourly", 5, 100, "01:00:00"),
+            ("running-only", 7, None, None),
+            ("ten-per-100ms", None, 100, "00:00:01"),
+            ("three-per-300ms", None, 10, "00:00:01"),
+            ("three-per-700ms", None, 5, "00:00:01"),
+        ], stored
+        with pytest.raises(psycopg.errors.CheckViolation, match="limits_rate_period_check"):
+            conn.execute("UPDATE jobs.limits SET rate_period = '0.5 seconds' WHERE name = 'hourly'")

@@ -362,24 +362,15 @@ def test_set_limit_refuses_a_rate_period_under_one_second_and_keeps_the_limit(co
         assert row == (shown,), (period, row)
 
 
-def test_a_rate_period_under_one_second_stored_by_hand_still_claims_and_can_be_replaced(conn: Conn) -> None:
-    """jobs.limits' CHECK takes any positive period up to 1 day, so a row written directly (or
-    by jobs.set_limit before it refused them) may hold 1 millisecond: claims go on, each
-    starting at most rate_limit of its runs, jobs.queue_stats reads it, and jobs.set_limit
-    replaces it with a valid period whose window counts the starts already made."""
-    ids = _runs(conn, 5, kind="api")
-    conn.execute(
-        "INSERT INTO jobs.limits (scope, name, rate_limit, rate_period)"
-        " VALUES ('kind', 'api', 2, '1 millisecond')"
-    )
-    first = _claim(conn)
-    assert first == ids[:2], first
-    row = conn.execute("SELECT kind_rate FROM jobs.queue_stats WHERE kind = 'api'").fetchone()
-    assert row == ("2 per 00:00:00.001",), row
-    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 2, rate_period => '1 hour')")
-    assert _claim(conn) == [], "the hour's window counts the two starts under the old period"
-    conn.execute("SELECT jobs.set_limit('kind', 'api', rate_limit => 3, rate_period => '1 hour')")
-    assert _claim(conn) == ids[2:3]
+def test_a_rate_period_under_one_second_is_refused_by_the_table_too(conn: Conn) -> None:
+    """A row written into jobs.limits directly meets the same bound as jobs.set_limit: 23514
+    naming the constraint, nothing stored."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="limits_rate_period_check"):
+        conn.execute(
+            "INSERT INTO jobs.limits (scope, name, rate_limit, rate_period)"
+            " VALUES ('kind', 'api', 2, '1 millisecond')"
+        )
+    assert conn.execute("SELECT count(*) FROM jobs.limits").fetchone() == (0,)
 
 
 def test_queue_stats_shows_limits_pause_blocked_and_rate_limited(conn: Conn) -> None:
