@@ -42,7 +42,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -98,27 +98,24 @@ class Database:
     def dsn_as(self, user: str) -> str:
         return make_conninfo(self.dsn, user=user)
 
-    @contextmanager
-    def worker_login(self, label: str) -> Iterator[str]:
+    def worker_login(self, label: str) -> AbstractContextManager[str]:
         """A LOGIN role that is a member of jobs_worker and nothing else, dropped at the end."""
-        name = f"pgtick_t_{label}_{os.getpid()}"
-        with self.connect() as admin:
-            admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
-            admin.execute(SQL("CREATE ROLE {} LOGIN").format(Identifier(name)))
-            admin.execute(SQL("GRANT jobs_worker TO {}").format(Identifier(name)))
-        try:
-            yield name
-        finally:
-            with self.connect() as admin:
-                admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
+        return self._login(label, grant="jobs_worker")
+
+    def login_without_grants(self, label: str) -> AbstractContextManager[str]:
+        """A LOGIN role granted none of pgtick's roles, dropped at the end."""
+        return self._login(label)
 
     @contextmanager
-    def login_without_grants(self, label: str) -> Iterator[str]:
-        """A LOGIN role granted none of pgtick's roles, dropped at the end (its sessions ended first)."""
+    def _login(self, label: str, *, grant: str | None = None) -> Iterator[str]:
+        """A LOGIN role, a member of ``grant`` if given; at the end its sessions are ended and
+        it is dropped."""
         name = f"pgtick_t_{label}_{os.getpid()}"
         with self.connect() as admin:
             admin.execute(SQL("DROP ROLE IF EXISTS {}").format(Identifier(name)))
             admin.execute(SQL("CREATE ROLE {} LOGIN").format(Identifier(name)))
+            if grant is not None:
+                admin.execute(SQL("GRANT {} TO {}").format(Identifier(grant), Identifier(name)))
         try:
             yield name
         finally:

@@ -45,9 +45,4 @@ def form_of(client: TestClient, page: str, action: str) -> dict[str, str]:
 def bulk_form(client: TestClient, page: str, action: str) -> dict[str, str]:
     """The hidden fields of a bulk action's form on ``page``, as the browser would send them
     (the filter, and the count and last run the page showed), without the CSRF token."""
-    html = client.get(page).text
-    start = html.index(f'action="/runs/bulk/{action}"')
-    form = html[start : html.index("</form>", start)]
-    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
-    fields.pop("csrf", None)
-    return {k: html_unescape(v) for k, v in fields.items()}
+    return form_of(client, page, f"/runs/bulk/{action}")
