@@ -581,6 +581,32 @@ def test_a_retry_that_waited_for_a_retry_made_meanwhile_links_it(
     assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,)) == 1
 
 
+def test_two_cancels_of_a_queued_run_at_once_cancel_it_once_and_audit_it_once(
+    db: Database, client: TestClient, seeded: Seeded, conn: Conn
+) -> None:
+    """A double click or two operators: the second cancel waits in jobs.cancel for the run's
+    lock while the first commits, then finds the run cancelled. It says so, and only the first
+    is audited."""
+    csrf = login(client)
+    run_id = seeded.queued
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'pgtick-web' AND wait_event_type = 'Lock'"
+    )
+    with db.connect() as other, ThreadPoolExecutor(1) as pool:
+        with other.transaction():
+            assert scalar(other, "SELECT jobs.cancel(%s)::text", (run_id,)) == "CANCELLED"
+            other.execute("SELECT jobs.audit('bob', 'cancel', %s, '{}')", (f"run {run_id}",))
+            sent = pool.submit(post, client, f"/runs/{run_id}/cancel", csrf)
+            wait_for("the dashboard's cancel to wait for the run", lambda: scalar(conn, waiting) or None, 60)
+        response = sent.result(timeout=60)
+    assert response.status_code == 303, f"{response.status_code} {response.text[-300:]}"
+    flash = flash_of(client, f"/runs/{run_id}")
+    assert f"run {run_id} was cancelled already: nothing to cancel" in flash, flash
+    cancels = [(e[0], e[2]) for e in audit_rows(conn) if e[1] == "cancel"]
+    assert cancels == [("bob", f"run {run_id}")], cancels
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""

@@ -580,15 +580,14 @@ class Dashboard:
             return await self._retry(request, form, run_id)
 
         async def call(conn: queries.Conn) -> tuple[str, dict[str, Any]]:
-            before = await queries.run_status(conn, run_id)
-            status = await queries.cancel(conn, run_id)
-            if before == "CANCELLED":
-                return f"run {run_id} was cancelled already: nothing to cancel", {"status": status}
-            if status == "CANCELLED":
+            status, cancelled_now = await queries.cancel(conn, run_id)
+            if cancelled_now:
                 return f"run {run_id} cancelled", {"status": status}
+            if status == "CANCELLED":  # before this request, or by another while it waited
+                raise AlreadyDone(f"run {run_id} was cancelled already: nothing to cancel")
             if status == "RUNNING":
                 return f"run {run_id}: cancel requested (it stops at its next checkpoint)", {"status": status}
-            return f"run {run_id} had already finished ({status}): nothing to cancel", {"status": status}
+            raise AlreadyDone(f"run {run_id} had already finished ({status}): nothing to cancel")
 
         return await self._act(request, form, action, f"run {run_id}", call, f"/runs/{run_id}")
 

@@ -587,11 +587,22 @@ async def record_audit(conn: Conn, actor: str, action: str, target: str | None, 
     await conn.execute("SELECT jobs.audit(%s, %s, %s, %s::jsonb)", (actor, action, target, detail))
 
 
-async def cancel(conn: Conn, run_id: int) -> str:
-    """jobs.cancel; the run's status after it."""
+async def cancel(conn: Conn, run_id: int) -> tuple[str, bool]:
+    """jobs.cancel; the run's status after it, and whether this transaction cancelled it. A
+    run another transaction cancelled first (a second operator, a double click: this one waited
+    for that one's lock on the run) reads CANCELLED too, with the other's finished_at; one this
+    transaction cancelled has finished_at = now(), its start."""
     row = await (await conn.execute("SELECT jobs.cancel(%s) AS status", (run_id,))).fetchone()
     assert row is not None
-    return str(row["status"])
+    status = str(row["status"])
+    if status != "CANCELLED":
+        return status, False
+    mine = await (
+        await conn.execute(
+            "SELECT r.finished_at = now() AS mine FROM jobs.runs AS r WHERE r.id = %s", (run_id,)
+        )
+    ).fetchone()
+    return status, bool(mine and mine["mine"])
 
 
 async def retry(conn: Conn, run_id: int) -> int:
@@ -615,12 +626,6 @@ async def run_now(conn: Conn, name: str) -> int:
     row = await (await conn.execute("SELECT id FROM jobs.run_now(%s)", (name,))).fetchone()
     assert row is not None
     return int(row["id"])
-
-
-async def run_status(conn: Conn, run_id: int) -> str | None:
-    """The run's status (jobs.get_run: live or moved), None when there is no such run."""
-    row = await (await conn.execute("SELECT status::text FROM jobs.get_run(%s)", (run_id,))).fetchone()
-    return None if row is None else row["status"]
 
 
 async def pause_definition(conn: Conn, name: str) -> bool:
