@@ -35,7 +35,7 @@ import psycopg
 from pgtick import __version__, calls, db, json_numbers, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
 from pgtick.db import resolve_dsn, without_password
-from pgtick.errors import InvalidArgument, PermissionDenied, PgtickError, UsageError, translate_errors
+from pgtick.errors import InvalidArgument, PgtickError, Session, UsageError, translate_errors
 from pgtick.terminal import (
     Column,
     Style,
@@ -2281,7 +2281,9 @@ def _main(argv: Sequence[str] | None) -> int:
             # PGTICK_NOW, read like an argument before anything is done: a command that
             # changes something shows its result with it only after its commit.
             display_now()
-        with translate_errors():  # the SQL API's bad input -> InvalidArgument / NotFound (exit 2)
+        # The SQL API's bad input -> InvalidArgument / NotFound (exit 2); a refused privilege ->
+        # PermissionDenied naming the role this command needs (exit 1).
+        with translate_errors(Session(role=_role_needed(args), what=f"pgtick {args.command}")):
             result = args.fn(args)
         ran = True
         code = _emit(args, result) if isinstance(result, Result) else int(result)
@@ -2291,12 +2293,6 @@ def _main(argv: Sequence[str] | None) -> int:
     except UsageError as exc:
         _error(args.command, str(exc))
         return 2
-    except PermissionDenied as exc:  # the server's line and the role this command needs
-        cause = exc.__cause__
-        line = (str(cause).strip().splitlines() or [str(exc)])[0] if cause is not None else str(exc)
-        role = _role_needed(args)
-        _error(args.command, f"{line} (pgtick {args.command} needs a login granted {role})" if role else line)
-        return 1
     except PgtickError as exc:
         _error(args.command, str(exc))
         return 1

@@ -852,6 +852,8 @@ def _get_run(run_id: int) -> _Call[Run]:
     return _Call("get_run", _GET_RUN, {"run_id": checked}, found)
 
 
+_AnyCursor = TypeVar("_AnyCursor", psycopg.Cursor[Any], psycopg.AsyncCursor[Any])
+
 #: The OID psycopg reads a column of a type it has no loader for by.
 _UNKNOWN_TYPE = 0
 JSON_OID, JSONB_OID = _pg_types["json"].oid, _pg_types["jsonb"].oid
@@ -903,15 +905,17 @@ def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Row]:
     run's ``status``) has no binary loader in psycopg, which would give its label as bytes:
     a type without one is read as text (``_EnumLabelLoader``). Only this cursor's loaders
     change, not the connection's."""
-    cursor = psycopg.Cursor(conn, row_factory=dict_row)
-    cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
-    _read_json_in_its_encoding(cursor)
-    return cursor
+    return _reading(psycopg.Cursor(conn, row_factory=dict_row))
 
 
 def _cursor_async(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Row]:
     """``_cursor`` for an async connection."""
-    cursor = psycopg.AsyncCursor(conn, row_factory=dict_row)
+    return _reading(psycopg.AsyncCursor(conn, row_factory=dict_row))
+
+
+def _reading(cursor: _AnyCursor) -> _AnyCursor:
+    """``cursor`` with the loaders of a call: an enum's label as text, JSON in the connection's
+    encoding."""
     cursor.adapters.register_loader(_UNKNOWN_TYPE, _EnumLabelLoader)
     _read_json_in_its_encoding(cursor)
     return cursor

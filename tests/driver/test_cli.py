@@ -638,7 +638,9 @@ def test_a_login_refused_a_privilege_is_told_which_role_the_command_needs(
     assert result.returncode == 1, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "permission denied" in lines[0], result.stderr
-    assert lines[0].endswith(f"(pgtick {args[0]} needs a login granted {role})"), lines[0]
+    assert lines[0].endswith(f"(pgtick {args[0]} needs a login granted {role}: GRANT {role} TO <login>)"), (
+        lines[0]
+    )
 
 
 def ok(*args: str) -> str:
