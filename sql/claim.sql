@@ -176,31 +176,24 @@ FROM jobs.limits AS l
 WHERE l.max_running < 500 OR l.rate_limit < 500;
 COMMENT ON VIEW jobs.tight_limits IS 'The limits whose dispatch lock jobs.claim takes exclusively (below 500 running or 500 starts per period): claims of their runs follow one another commit by commit.';
 
--- Argument checks are plain expressions and the common case is one statement: in a claim,
--- each statement costs its plan-cache check and executor start, and each variable with a
--- default its set-up (the steps' variables are set up only when the steps run).
-CREATE OR REPLACE FUNCTION jobs.claim(
-    batch_size integer DEFAULT 1,
-    worker text DEFAULT NULL,
-    kinds text[] DEFAULT NULL,
-    heartbeat boolean DEFAULT FALSE,
-    queues text[] DEFAULT NULL,
-    claim_token text DEFAULT NULL
+-- What jobs.claim does when its common case did not claim: a limit or a capped definition is
+-- defined (or a claim token is missing where one is required), or the queue had nothing due for
+-- it. A function of its own, so that a session whose claims take only the common case never
+-- compiles it: a session's first claim compiles what it calls, and this is most of the claim.
+-- Called only by jobs.claim, under its settings and its identity, after its checks and locks;
+-- worker and token_hash are what the claim stamps on the runs, hint the session's claim path.
+CREATE OR REPLACE FUNCTION jobs._claim_rest(
+    batch_size integer, worker text, kinds text[], heartbeat boolean, queues text[], token_hash bytea, hint text
 )
 RETURNS SETOF jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_void text;
     v_sort text;
-    v_worker text;
-    v_token_hash bytea;
-    -- The path the session's last settings read chose (the session hint pgtick.claim_steps):
-    -- 'off' nothing capped, 'roomy' only roomy limits, 'on' the steps.
-    v_hint text;
+    v_worker text := _claim_rest.worker;
+    v_token_hash bytea := _claim_rest.token_hash;
+    v_hint text := _claim_rest.hint;
     -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
     -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
     -- counts the others as if they all did (see step 3).
@@ -232,107 +225,6 @@ DECLARE
     v_held_key bigint;              -- the highest dispatch lock key held before the steps
     v_slot boolean;                 -- a claim slot was taken (jobs._claim_slot); NULL: not tried
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = '25000',
-                  HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
-    END IF;
-    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
-        -- The dispatch locks of the first call are still held: a second call could
-        -- wait on a lower lock key and break the ascending lock order.
-        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
-            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
-    END IF;
-    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
-    -- The argument checks are plain expressions (no statement); the helpers, called only
-    -- when one fails, own the messages.
-    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
-        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
-    END IF;
-    -- The worker id is written on the runs, where operators read it (jobs.running, the CLI, the
-    -- dashboard, reap messages): a name as jobs.register_worker takes it, no escape sequence.
-    IF claim.worker IS NOT NULL AND NOT jobs._plain_name(claim.worker) THEN
-        PERFORM jobs._check_name('worker', claim.worker);
-    END IF;
-    IF claim.kinds IS NOT NULL
-       AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
-        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs (or be NULL for all), got %', claim.kinds
-            USING ERRCODE = '22023';
-    END IF;
-    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
-        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
-                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
-            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
-                USING ERRCODE = '22023';
-        END IF;
-    END IF;
-    IF claim.claim_token IS NOT NULL THEN
-        v_token_hash := jobs._claim_token_hash(claim.claim_token);
-    END IF;
-    v_worker := claim.worker;
-    IF v_worker IS NULL THEN
-        -- (A statement of its own: a statement's executor start builds every subquery it
-        -- holds, used or not.)
-        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-          INTO v_worker
-          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
-    END IF;
-    -- The worker's claim lock, shared (the key is jobs._claim_key's, inline), before any row:
-    -- held until this claim commits or rolls back, so a jobs.hand_back_unheld of this worker
-    -- (exclusive) waits for it and sees what it claimed, even when its client is gone. With it,
-    -- the claiming lock (jobs._claiming_key, inline), shared: a change that caps runs this claim
-    -- may read as uncapped (a new limit, a definition's first cap) waits for it to commit.
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0)),
-            pg_advisory_xact_lock_shared(8099570450837488460);
-
-    -- The common case first, in one statement: no limit and no capped definition defined, and
-    -- no claim token missing where one is required. Then there is no group to count under a
-    -- lock, so the statement locks the first batch_size due runs in claim order (within the
-    -- login's scope, outside paused queues), starts them and returns them; its one-time
-    -- filters read those settings in the same snapshot. Planned with sorts disabled, as the
-    -- first slice below is (its only sort is of the rows it returns; the claim never
-    -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
-    -- rules this path out), the settings are read on their own and the claim goes on from there.
-    -- A session whose last such read found something capped skips that statement: it goes to
-    -- the roomy limits' statements below if that was all it found, to the capped definitions'
-    -- statements if those were all it found, else to the steps (the session setting
-    -- pgtick.claim_steps: 'roomy', 'defs' or 'on'; a hint only: behind a transaction pooler it
-    -- may reach another client's claim, and RESET ALL drops it). A read that finds the hint
-    -- stale sets it right, and the steps take that one claim.
-    v_hint := CASE current_setting('pgtick.claim_steps', TRUE) WHEN 'on' THEN 'on' WHEN 'roomy' THEN 'roomy'
-                                                                WHEN 'defs' THEN 'defs' ELSE 'off' END;
-    IF v_hint = 'off' THEN
-        v_sort := current_setting('enable_sort');
-        v_void := set_config('enable_sort', 'off', TRUE);
-        RETURN QUERY
-        WITH c AS (
-            SELECT r.id
-              FROM jobs._claimable_here AS r
-             WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
-               AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
-               AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
-               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
-             ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT claim.batch_size
-               FOR UPDATE SKIP LOCKED
-        ),
-        -- The start time is the clock after the rows are locked, as in step 4 (v_started).
-        t AS MATERIALIZED (SELECT clock_timestamp() AS at),
-        started AS (
-            UPDATE jobs.runs AS r
-               SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
-                   claim_token_hash = v_token_hash,
-                   heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
-             WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
-            RETURNING r.*
-        )
-        SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
-        v_void := set_config('enable_sort', v_sort, TRUE);
-        IF FOUND THEN
-            RETURN;
-        END IF;
     -- Only roomy limits (max_running at least c_shared_min, no rate limit), no capped
     -- definition, and a batch no larger than c_shared_batch: the steps below would lock every
     -- group of the pool shared, each with a stripe, and find room for the whole pool unless a
@@ -349,7 +241,7 @@ BEGIN
     -- as they do when a group of the pool is not roomy. A session takes this path when its last
     -- settings read found only roomy limits (the hint), so the first claim after that read
     -- takes the steps.
-    ELSIF v_hint = 'roomy' AND claim.batch_size <= c_shared_batch THEN
+    IF v_hint = 'roomy' AND _claim_rest.batch_size <= c_shared_batch THEN
         v_sort := current_setting('enable_sort');
         v_void := set_config('enable_sort', 'off', TRUE);
         WITH c AS (
@@ -357,10 +249,10 @@ BEGIN
               FROM jobs._claimable_here AS r
              WHERE NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
                AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
-               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+               AND (_claim_rest.kinds IS NULL OR r.kind = ANY (_claim_rest.kinds))
+               AND (_claim_rest.queues IS NULL OR r.queue = ANY (_claim_rest.queues))
              ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT claim.batch_size
+             LIMIT _claim_rest.batch_size
                FOR UPDATE SKIP LOCKED
         ),
         g AS (   -- the pool's limit groups, as step 2 labels them, and their rows in the pool
@@ -435,7 +327,7 @@ BEGIN
                 UPDATE jobs.runs AS r
                    SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
                        claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                       heartbeat_at = CASE WHEN _claim_rest.heartbeat THEN (SELECT t.at FROM t) END
                  WHERE r.id = ANY (v_new_ids) AND (SELECT room.ok FROM room)
                 RETURNING r.*
             )
@@ -462,10 +354,10 @@ BEGIN
               FROM jobs._claimable_here AS r
              WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
                AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
-               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
-               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+               AND (_claim_rest.kinds IS NULL OR r.kind = ANY (_claim_rest.kinds))
+               AND (_claim_rest.queues IS NULL OR r.queue = ANY (_claim_rest.queues))
              ORDER BY r.priority DESC, r.scheduled_for, r.id
-             LIMIT 4 * claim.batch_size
+             LIMIT 4 * _claim_rest.batch_size
                FOR UPDATE SKIP LOCKED
         ),
         p AS MATERIALIZED (   -- the pool, numbered in claim order (c's rows come in the order locked)
@@ -497,7 +389,7 @@ BEGIN
                                                           WHERE r.status = 'RUNNING' AND r.definition_id = f.id)),
                                            0) AS room
                              FROM f
-                            WHERE f.k = w.k + 1 AND w.covered < claim.batch_size + 1 + claim.batch_size / 5
+                            WHERE f.k = w.k + 1 AND w.covered < _claim_rest.batch_size + 1 + _claim_rest.batch_size / 5
                            OFFSET 0) AS q
                    ) AS e
         ),
@@ -527,8 +419,8 @@ BEGIN
         -- room the first statement read cannot fill the batch from a full pool, or nothing can
         -- start from a pool that holds the whole queue, the steps take the claim at once.)
         IF cardinality(v_new_ids) > 0 AND NOT v_defs_overlap
-           AND (CASE WHEN cardinality(v_new_ids) < 4 * claim.batch_size THEN v_defs_open >= 1
-                     ELSE v_defs_cover >= claim.batch_size END) THEN
+           AND (CASE WHEN cardinality(v_new_ids) < 4 * _claim_rest.batch_size THEN v_defs_open >= 1
+                     ELSE v_defs_cover >= _claim_rest.batch_size END) THEN
             RETURN QUERY
             WITH g AS (   -- each capped definition's room: none where its lock is busy
                 SELECT u.id,
@@ -548,17 +440,17 @@ BEGIN
                  WHERE g.id IS NULL OR p.nth <= g.free
             ),
             pick AS (
-                SELECT array_agg(can.id) AS ids FROM can WHERE can.k <= claim.batch_size
+                SELECT array_agg(can.id) AS ids FROM can WHERE can.k <= _claim_rest.batch_size
             ),
             t AS MATERIALIZED (SELECT clock_timestamp() AS at),
             started AS (
                 UPDATE jobs.runs AS r
                    SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
                        claim_token_hash = v_token_hash,
-                       heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+                       heartbeat_at = CASE WHEN _claim_rest.heartbeat THEN (SELECT t.at FROM t) END
                  WHERE r.id = ANY ((SELECT pick.ids FROM pick)::bigint[])
-                   AND ((SELECT cardinality(pick.ids) FROM pick) = claim.batch_size
-                        OR cardinality(v_new_ids) < 4 * claim.batch_size)
+                   AND ((SELECT cardinality(pick.ids) FROM pick) = _claim_rest.batch_size
+                        OR cardinality(v_new_ids) < 4 * _claim_rest.batch_size)
                 RETURNING r.*
             )
             SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
@@ -577,7 +469,7 @@ BEGIN
         -- The pool grows past the ~4x oversample only while the groups it meets keep turning out
         -- full, and stops at c_pool_rows rows (4 x batch_size where that is more).
         c_pool_rows CONSTANT integer := 500;
-        v_pool_max integer := greatest(4 * claim.batch_size, c_pool_rows);
+        v_pool_max integer := greatest(4 * _claim_rest.batch_size, c_pool_rows);
         v_exact boolean;
         v_striped boolean[] := '{}';    -- per group: holds one of its stripes
         v_holders integer[];
@@ -586,8 +478,8 @@ BEGIN
         v_round integer := 0;
         v_limit integer;
         v_paused text[];
-        v_kinds text[] := claim.kinds;     -- what is asked, narrowed to the login's scope
-        v_queues text[] := claim.queues;
+        v_kinds text[] := _claim_rest.kinds;     -- what is asked, narrowed to the login's scope
+        v_queues text[] := _claim_rest.queues;
         v_scope_kinds text[];
         v_scope_queues text[];
         v_has_limits boolean;
@@ -682,8 +574,8 @@ BEGIN
 
         LOOP
             v_round := v_round + 1;
-            v_limit := CASE WHEN v_round = 1 THEN claim.batch_size
-                            ELSE least(3 * claim.batch_size, v_pool_max - cardinality(v_pool_ids)) END;
+            v_limit := CASE WHEN v_round = 1 THEN _claim_rest.batch_size
+                            ELSE least(3 * _claim_rest.batch_size, v_pool_max - cardinality(v_pool_ids)) END;
             v_nfull_before := v_nfull;
 
             -- 1. Lock the next slice of the candidate pool, in claim order. Both slices'
@@ -1009,7 +901,7 @@ BEGIN
                 v_pick := '{}';
                 v_skip := '{}';
                 IF cardinality(v_groups) = 0 THEN
-                    v_pick := v_pool_ids[1:claim.batch_size];   -- nothing capped: the fast path
+                    v_pick := v_pool_ids[1:_claim_rest.batch_size];   -- nothing capped: the fast path
                 ELSE
                     -- Greedy, in pool order, over each row's three group slots (v_row_groups).
                     v_room := array_fill(0, ARRAY[cardinality(v_groups)]);
@@ -1025,7 +917,7 @@ BEGIN
                             END IF;
                         END LOOP;
                         IF v_ok THEN
-                            IF cardinality(v_pick) < claim.batch_size THEN
+                            IF cardinality(v_pick) < _claim_rest.batch_size THEN
                                 v_pick := v_pick || v_pool_ids[i];
                                 FOR j IN 3 * i - 2 .. 3 * i LOOP
                                     v_gi := v_row_groups[j];
@@ -1052,7 +944,7 @@ BEGIN
                 -- and, after the first, where this one found a group with no room left that the
                 -- next leaves out. Where it found none, the rows it held back wait for busy groups,
                 -- and the next slice would most likely bring more of theirs.
-                v_more := cardinality(v_pick) < claim.batch_size AND cardinality(v_new_ids) = v_limit
+                v_more := cardinality(v_pick) < _claim_rest.batch_size AND cardinality(v_new_ids) = v_limit
                           AND cardinality(v_pool_ids) < v_pool_max AND (v_round = 1 OR v_nfull > v_nfull_before);
 
                 -- Nothing claimable without waiting: where the pool met more than one group, first
@@ -1176,11 +1068,146 @@ BEGIN
             UPDATE jobs.runs AS r
                SET status = 'RUNNING', started_at = v_started, worker = v_worker,
                    claim_token_hash = v_token_hash,
-                   heartbeat_at = CASE WHEN claim.heartbeat THEN v_started END
+                   heartbeat_at = CASE WHEN _claim_rest.heartbeat THEN v_started END
              WHERE r.id = ANY (v_pick)
             RETURNING r.*
         )
         SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
     END;
+END $$;
+COMMENT ON FUNCTION jobs._claim_rest(integer, text, text[], boolean, text[], bytea, text) IS 'Private: jobs.claim past its common case (limits, capped definitions, the settings read and the steps); called only by jobs.claim.';
+
+-- Argument checks are plain expressions and the common case is one statement: in a claim,
+-- each statement costs its plan-cache check and executor start, and each variable with a
+-- default its set-up. Everything past the common case is jobs._claim_rest (above): a
+-- session's first call of a PL/pgSQL function compiles all of it, so a session whose claims
+-- find nothing capped compiles only this much.
+CREATE OR REPLACE FUNCTION jobs.claim(
+    batch_size integer DEFAULT 1,
+    worker text DEFAULT NULL,
+    kinds text[] DEFAULT NULL,
+    heartbeat boolean DEFAULT FALSE,
+    queues text[] DEFAULT NULL,
+    claim_token text DEFAULT NULL
+)
+RETURNS SETOF jobs.runs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_void text;
+    v_sort text;
+    v_worker text;
+    v_token_hash bytea;
+    -- The path the session's last settings read chose (the session hint pgtick.claim_steps):
+    -- 'off' nothing capped, 'roomy' only roomy limits, 'on' the steps.
+    v_hint text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'jobs.claim needs READ COMMITTED isolation, not %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '25000',
+                  HINT = 'Each step must see a fresh snapshot; call it outside a REPEATABLE READ or SERIALIZABLE transaction.';
+    END IF;
+    IF current_setting('pgtick.claimed', TRUE) = 'yes' THEN
+        -- The dispatch locks of the first call are still held: a second call could
+        -- wait on a lower lock key and break the ascending lock order.
+        RAISE EXCEPTION 'jobs.claim was already called in this transaction'
+            USING ERRCODE = '25000', HINT = 'Commit between claims (autocommit does).';
+    END IF;
+    v_void := set_config('pgtick.claimed', 'yes', TRUE);  -- transaction-local
+    -- The argument checks are plain expressions (no statement); the helpers, called only
+    -- when one fails, own the messages.
+    IF claim.batch_size IS NULL OR claim.batch_size NOT BETWEEN 1 AND 1000 THEN
+        PERFORM jobs._check_range('batch_size', claim.batch_size, 1, 1000);
+    END IF;
+    -- The worker id is written on the runs, where operators read it (jobs.running, the CLI, the
+    -- dashboard, reap messages): a name as jobs.register_worker takes it, no escape sequence.
+    IF claim.worker IS NOT NULL AND NOT jobs._plain_name(claim.worker) THEN
+        PERFORM jobs._check_name('worker', claim.worker);
+    END IF;
+    IF claim.kinds IS NOT NULL
+       AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
+        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs (or be NULL for all), got %', claim.kinds
+            USING ERRCODE = '22023';
+    END IF;
+    IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
+        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+                SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
+            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF claim.claim_token IS NOT NULL THEN
+        v_token_hash := jobs._claim_token_hash(claim.claim_token);
+    END IF;
+    v_worker := claim.worker;
+    IF v_worker IS NULL THEN
+        -- (A statement of its own: a statement's executor start builds every subquery it
+        -- holds, used or not.)
+        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+          INTO v_worker
+          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
+    END IF;
+    -- The worker's claim lock, shared (the key is jobs._claim_key's, inline), before any row:
+    -- held until this claim commits or rolls back, so a jobs.hand_back_unheld of this worker
+    -- (exclusive) waits for it and sees what it claimed, even when its client is gone. With it,
+    -- the claiming lock (jobs._claiming_key, inline), shared: a change that caps runs this claim
+    -- may read as uncapped (a new limit, a definition's first cap) waits for it to commit.
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0)),
+            pg_advisory_xact_lock_shared(8099570450837488460);
+
+    -- The common case first, in one statement: no limit and no capped definition defined, and
+    -- no claim token missing where one is required. Then there is no group to count under a
+    -- lock, so the statement locks the first batch_size due runs in claim order (within the
+    -- login's scope, outside paused queues), starts them and returns them; its one-time
+    -- filters read those settings in the same snapshot. Planned with sorts disabled, as the
+    -- steps' first slice is (its only sort is of the rows it returns; the claim never
+    -- JIT-compiles). When it starts nothing (the queue is empty for this caller, or a setting
+    -- rules this path out), the settings are read on their own and the claim goes on from there.
+    -- A session whose last such read found something capped skips that statement: it goes to
+    -- the roomy limits' statements (jobs._claim_rest) if that was all it found, to the capped
+    -- definitions' statements if those were all it found, else to the steps (the session setting
+    -- pgtick.claim_steps: 'roomy', 'defs' or 'on'; a hint only: behind a transaction pooler it
+    -- may reach another client's claim, and RESET ALL drops it). A read that finds the hint
+    -- stale sets it right, and the steps take that one claim.
+    v_hint := CASE current_setting('pgtick.claim_steps', TRUE) WHEN 'on' THEN 'on' WHEN 'roomy' THEN 'roomy'
+                                                                WHEN 'defs' THEN 'defs' ELSE 'off' END;
+    IF v_hint = 'off' THEN
+        v_sort := current_setting('enable_sort');
+        v_void := set_config('enable_sort', 'off', TRUE);
+        RETURN QUERY
+        WITH c AS (
+            SELECT r.id
+              FROM jobs._claimable_here AS r
+             WHERE NOT EXISTS (SELECT FROM jobs.limits AS l)
+               AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.max_concurrent_runs IS NOT NULL)
+               AND (v_token_hash IS NOT NULL OR NOT coalesce((SELECT c.require_claim_token FROM jobs.config AS c), FALSE))
+               AND (claim.kinds IS NULL OR r.kind = ANY (claim.kinds))
+               AND (claim.queues IS NULL OR r.queue = ANY (claim.queues))
+             ORDER BY r.priority DESC, r.scheduled_for, r.id
+             LIMIT claim.batch_size
+               FOR UPDATE SKIP LOCKED
+        ),
+        -- The start time is the clock after the rows are locked, as in step 4 (v_started).
+        t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+        started AS (
+            UPDATE jobs.runs AS r
+               SET status = 'RUNNING', started_at = (SELECT t.at FROM t), worker = v_worker,
+                   claim_token_hash = v_token_hash,
+                   heartbeat_at = CASE WHEN claim.heartbeat THEN (SELECT t.at FROM t) END
+             WHERE r.id = ANY ((SELECT array_agg(c.id) FROM c)::bigint[])
+            RETURNING r.*
+        )
+        SELECT s.* FROM started AS s ORDER BY s.priority DESC, s.scheduled_for, s.id;
+        v_void := set_config('enable_sort', v_sort, TRUE);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM jobs._claim_rest(claim.batch_size, v_worker, claim.kinds, claim.heartbeat, claim.queues,
+                                                v_token_hash, v_hint);
 END $$;
 COMMENT ON FUNCTION jobs.claim(integer, text, text[], boolean, text[], text) IS 'Claim up to batch_size due QUEUED runs (optionally only of kinds and of queues) for worker, skipping paused queues and runs whose dependencies have not completed, and keeping every definition''s max_concurrent_runs and every queue/kind limit (running and rate, per concurrency key where per_key); returns them RUNNING. A login scoped in jobs.worker_scopes gets only runs within its scope. heartbeat => true stamps heartbeat_at at claim. claim_token: a worker secret whose sha256 is stored on the runs; their later calls must present it.';

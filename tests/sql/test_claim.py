@@ -556,6 +556,36 @@ def _hint(claimer: Conn) -> Any:
     return scalar(claimer, "SELECT coalesce(nullif(current_setting('pgtick.claim_steps', true), ''), 'off')")
 
 
+def _calls_past_the_common_case(claimer: Conn, batch: int) -> tuple[int, int]:
+    """Claim ``batch`` in a transaction of its own, with function calls counted; how many runs it
+    started and how often it called the private function that holds everything past the common
+    case (whose first call in a session compiles most of the claim)."""
+    calls = (
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+        " WHERE schemaname = 'jobs' AND funcname = '_claim_rest'"
+    )
+    with claimer.transaction():  # (counts not yet reported stay in the view: hence the difference)
+        claimer.execute("SET LOCAL track_functions = 'all'")
+        before = scalar(claimer, calls)
+        started = len(claimer.execute("SELECT id FROM jobs.claim(%s, 'w')", (batch,)).fetchall())
+        after = scalar(claimer, calls)
+    return started, int(after - before)
+
+
+def test_a_claim_with_nothing_capped_runs_only_the_common_case(db: Database, conn: Conn) -> None:
+    """A session whose claims find nothing capped never runs (so never compiles) the rest of
+    the claim; a limit, or an empty queue, takes it there."""
+    add_runs(conn, 12)
+    with db.connect() as claimer:
+        claim = partial(_calls_past_the_common_case, claimer, 10)
+        assert claim() == (10, 0), "an uncapped claim went past the common case"
+        assert claim() == (2, 0), "a claim of the last runs went past the common case"
+        assert claim() == (0, 1), "a claim of an empty queue skipped the settings read"
+        add_runs(conn, 5)
+        conn.execute("SELECT jobs.set_limit('queue', 'default', max_running => 13)")  # 12 RUNNING
+        assert claim() == (1, 1), "a claim under a limit did not go past the common case"
+
+
 def test_a_sessions_hint_of_something_capped_never_outlives_the_cap(db: Database, conn: Conn) -> None:
     """A session whose claim found a limit defined goes straight to the capped steps next time
     (a session hint). The hint must follow the settings both ways: once the limit is gone the
