@@ -126,13 +126,7 @@ def main() -> int:
 def prepare(conn: psycopg.Connection[Any], rows: int) -> None:
     """The two tables, filled alike with ``rows`` QUEUED runs (ids 1 to rows), and their loops."""
     conn.execute("CREATE SCHEMA bench_idx")
-    indexes = conn.execute(
-        "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index AS i"
-        " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = 'jobs.runs'::regclass"
-    ).fetchall()
-    missing = set(HOT_PATH) - {name for name, _ in indexes}
-    if missing:
-        raise SystemExit(f"jobs.runs has no index named {', '.join(sorted(missing))}")
+    indexes = runs_indexes(conn, HOT_PATH)
     for table in TABLES:
         name = table.replace("-", "_")
         conn.execute(
@@ -140,9 +134,7 @@ def prepare(conn: psycopg.Connection[Any], rows: int) -> None:
         )
         for index, definition in indexes:
             if table == "every-index" or index in HOT_PATH:
-                conn.execute(
-                    definition.replace(f"INDEX {index} ON jobs.runs", f"INDEX ON bench_idx.{name}", 1)
-                )
+                conn.execute(index_on(definition, index, f"bench_idx.{name}"))
         conn.execute(
             f"INSERT INTO bench_idx.{name} (id, kind, origin, queue) OVERRIDING SYSTEM VALUE"
             " SELECT g, 'noop', 'manual', 'default' FROM generate_series(1, %s) AS g",
@@ -151,6 +143,23 @@ def prepare(conn: psycopg.Connection[Any], rows: int) -> None:
         conn.execute(LOOP.format(name=name, table=name))
     conn.execute("VACUUM ANALYZE bench_idx.every_index")
     conn.execute("VACUUM ANALYZE bench_idx.hot_path")
+
+
+def runs_indexes(conn: psycopg.Connection[Any], required: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The indexes of jobs.runs, name and definition; exits if one of ``required`` is missing."""
+    indexes = conn.execute(
+        "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index AS i"
+        " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = 'jobs.runs'::regclass"
+    ).fetchall()
+    missing = set(required) - {name for name, _ in indexes}
+    if missing:
+        raise SystemExit(f"jobs.runs has no index named {', '.join(sorted(missing))}")
+    return [(str(name), str(definition)) for name, definition in indexes]
+
+
+def index_on(definition: str, index: str, table: str) -> str:
+    """The definition of jobs.runs's index ``index`` made for ``table`` instead (name left to it)."""
+    return definition.replace(f"INDEX {index} ON jobs.runs", f"INDEX ON {table}", 1)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import sys_bare, sys_pgtick
 from bench.harness import Server, connect
+from bench.profile_indexes import index_on, runs_indexes
 
 HOT_INDEXES = ("runs_pkey", "runs_claim_idx", "runs_running_idx", "runs_finished_idx")
 COPIES = {  # name: (indexes kept, None for all; constraints and trigger kept)
@@ -128,13 +129,7 @@ def prepare(conn: psycopg.Connection[Any]) -> None:
     """bare_jobs, and the copies of jobs.runs with the indexes, constraints and trigger each keeps."""
     conn.execute(sys_bare.SCHEMA)
     conn.execute("CREATE SCHEMA bench_tbl")
-    indexes = conn.execute(
-        "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index AS i"
-        " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = 'jobs.runs'::regclass"
-    ).fetchall()
-    missing = set(HOT_INDEXES) - {name for name, _ in indexes}
-    if missing:
-        raise SystemExit(f"jobs.runs has no index named {', '.join(sorted(missing))}")
+    indexes = runs_indexes(conn, HOT_INDEXES)
     checks = conn.execute(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
         " WHERE conrelid = 'jobs.runs'::regclass AND contype = 'c'"
@@ -154,7 +149,7 @@ def prepare(conn: psycopg.Connection[Any]) -> None:
         )
         for index, definition in indexes:
             if kept is None or index in kept:
-                conn.execute(definition.replace(f"INDEX {index} ON jobs.runs", f"INDEX ON {table}", 1))
+                conn.execute(index_on(definition, index, table))
         if rules:
             for (check,) in checks:
                 conn.execute(f"ALTER TABLE {table} ADD {check}")
