@@ -66,13 +66,18 @@ def statements(system: str) -> tuple[str, str]:
             "SELECT id FROM jobs.claim(%(batch)s, %(worker)s)",
             "SELECT jobs.complete_many(%(ids)s, 'w')",
         )
-    table = f"bench_tbl.{system.replace('-', '_')}"
+    table = copy_table(system)
     return (
         f"UPDATE {table} SET status = 'RUNNING', started_at = now(), worker = %s"
         f" WHERE id IN (SELECT id FROM {table} WHERE status = 'QUEUED'"
         "  ORDER BY priority DESC, scheduled_for, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id",
         f"UPDATE {table} SET status = 'COMPLETED', finished_at = now() WHERE id = ANY(%s)",
     )
+
+
+def copy_table(copy: str) -> str:
+    """The table of one of the COPIES."""
+    return f"bench_tbl.{copy.replace('-', '_')}"
 
 
 def main() -> int:
@@ -142,7 +147,7 @@ def prepare(conn: psycopg.Connection[Any]) -> None:
         "SELECT reloptions FROM pg_class WHERE oid = 'jobs.runs'::regclass"
     ).fetchone() or (None,)
     for copy, (kept, rules) in COPIES.items():
-        table = f"bench_tbl.{copy.replace('-', '_')}"
+        table = copy_table(copy)
         with_options = f" WITH ({', '.join(options)})" if options else ""
         conn.execute(
             f"CREATE TABLE {table} (LIKE jobs.runs INCLUDING DEFAULTS INCLUDING IDENTITY){with_options}"
@@ -164,9 +169,7 @@ def prepare(conn: psycopg.Connection[Any]) -> None:
 def drain(dsn: str, system: str, batch: int, rows: int) -> float:
     """Backend CPU µs per run to claim and complete ``rows`` fresh QUEUED runs, ``batch`` at a time."""
     claim, complete = statements(system)
-    table = {"bare-sql": "bare_jobs", "pgtick": "jobs.runs"}.get(
-        system, f"bench_tbl.{system.replace('-', '_')}"
-    )
+    table = {"bare-sql": "bare_jobs", "pgtick": "jobs.runs"}.get(system) or copy_table(system)
     with connect(dsn) as conn:
         if system == "bare-sql":
             conn.execute("TRUNCATE bare_jobs")

@@ -191,9 +191,9 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_void text;
     v_sort text;
-    v_worker text := _claim_rest.worker;
-    v_token_hash bytea := _claim_rest.token_hash;
-    v_hint text := _claim_rest.hint;
+    v_worker ALIAS FOR $2;          -- (the claim's own names, so its statements read alike)
+    v_token_hash ALIAS FOR $6;
+    v_hint ALIAS FOR $7;
     -- A limit of at least c_shared_min (running and rate) is locked in shared mode: many
     -- claimers hold it at once, each starting at most c_shared_batch of its runs, and each
     -- counts the others as if they all did (see step 3).
