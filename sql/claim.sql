@@ -1093,6 +1093,7 @@ CREATE OR REPLACE FUNCTION jobs.claim(
 RETURNS SETOF jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off  -- its plans outlive the size of jobs.runs they were made at (worker.sql)
 SET jit = off
 AS $$
 #variable_conflict use_column

@@ -629,7 +629,9 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS 'Remove the limit of a queu
 -- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
 CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET enable_seqscan = off  -- plans made on a small jobs.runs (worker.sql)
+AS $$
 #variable_conflict use_column
 BEGIN
     IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN

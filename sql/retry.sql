@@ -134,7 +134,9 @@ CREATE OR REPLACE FUNCTION jobs.fail(
     claim_token text DEFAULT NULL
 )
 RETURNS jobs.runs
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET enable_seqscan = off  -- plans made on a small jobs.runs (worker.sql)
+AS $$
 #variable_conflict use_column
 DECLARE
     v_failed jobs.runs;

@@ -13,6 +13,16 @@
 -- (claim_token_hash) and each call here requires claim_token_hash IS NOT DISTINCT FROM
 -- sha256(its claim_token). A run claimed without a token is fenced by the worker id alone
 -- (callers that predate tokens), and a caller presenting a token cannot touch it either.
+--
+-- Plans that outlive the table they were made for: a worker's session makes the plans of
+-- these calls (and of jobs.claim) at its first calls and keeps them for as long as it lives,
+-- and PostgreSQL makes them again only when jobs.runs is analyzed. A worker that starts on a
+-- new or empty jobs.runs would plan its look-ups by id as sequential scans of a table of a
+-- few pages, and go on reading the whole table in every claim, heartbeat and completion as
+-- it fills with runs, until autovacuum next analyzes it (never, where it is off). So the
+-- calls that find runs by id or by their worker run with sequential scans off
+-- (enable_seqscan = off): each finds its rows through an index whatever size the table had
+-- when its plans were made. A table without an index is still read whole.
 -- ===========================================================================
 
 -- Whether a run (its status, worker and claim_token_hash) is still held by worker with this
@@ -116,7 +126,8 @@ COMMENT ON FUNCTION jobs._hold_own_run(bigint, text, text) IS 'Private: locks (F
 CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 DECLARE
     v_token_hash bytea := jobs._fence_hash(heartbeat.worker, heartbeat.claim_token);
     v_locked bigint[];
@@ -222,7 +233,8 @@ COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the star
 CREATE OR REPLACE FUNCTION jobs.hand_back_unheld(held bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint, status jobs.run_status)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET lock_timeout = '5s' AS $$
+SET lock_timeout = '5s'
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(hand_back_unheld.worker, hand_back_unheld.claim_token);
@@ -288,7 +300,8 @@ COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker
 -- run is COMPLETED for a worker and claim token only by that worker's completion.
 CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(complete.worker, complete.claim_token);
@@ -376,7 +389,8 @@ CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
     run_id bigint, worker text, message text DEFAULT NULL, claim_token text DEFAULT NULL
 )
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     IF NOT jobs._hold_own_run(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token) THEN
@@ -410,7 +424,8 @@ COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The ow
 CREATE OR REPLACE FUNCTION jobs.unclaim(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_mine bigint[] := jobs._hold_own_runs(unclaim.run_ids, unclaim.worker, unclaim.claim_token);

@@ -11,6 +11,8 @@ found it: same attempt, scheduled_for, occurrence and place in the claim order.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from harness import Conn, Database, add_definition, add_runs, scalar
 
@@ -31,20 +33,21 @@ def _flushed_stats(conn: Conn, at_least_updates: int = 0) -> tuple[int, int]:
         time.sleep(0.05)
 
 
-def _others_holding_a_snapshot(conn: Conn) -> int:
-    """Other sessions holding back the pruning horizon: in this database, any with a snapshot
-    (an autovacuum ANALYZE of another table, a test harness connection in a transaction); in
-    any database, a write transaction that has run a while (a test elsewhere on the server
-    holding one open), since every snapshot taken while it runs, this session's own included,
-    keeps the versions made after it began."""
-    return int(
-        scalar(
-            conn,
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-            " AND ((datname = current_database() AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL))"
-            "      OR (backend_xid IS NOT NULL AND xact_start < clock_timestamp() - interval '0.2 seconds'))",
-        )
-    )
+def _until_older_transactions_end(conn: Conn, since: Any) -> None:
+    """Wait (30 s at most) until no other transaction that began before ``since`` (a server
+    clock reading) still runs: in this database any of them, with a snapshot or a write (an
+    autovacuum ANALYZE, a harness connection), and in any database a write, since a snapshot
+    taken while it runs, this session's own included, keeps the versions made dead after it
+    began. Then the versions this session's transactions before ``since`` made dead can be
+    pruned by its next statement."""
+    deadline = time.monotonic() + 30  # measured anyway after that: the attempt may still pass
+    while time.monotonic() < deadline and scalar(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND xact_start < %s"
+        " AND (backend_xid IS NOT NULL OR (datname = current_database() AND backend_xmin IS NOT NULL))",
+        (since,),
+    ):
+        time.sleep(0.01)
 
 
 def test_heartbeats_are_hot_updates(conn: Conn) -> None:
@@ -56,11 +59,13 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
     packed on the same pages is only ~2/3 HOT, because a page cannot prune the versions that
     the same statement just made dead; per-worker batches of ~10 are ~98% HOT.
 
-    A page cannot prune either while another session in the database holds a snapshot older
-    than its dead versions (an autovacuum ANALYZE holds one for as long as it runs on a loaded
-    machine). That is the database being busy, not the heartbeat's shape, so the measurement
-    is taken up to five times, each after such sessions are gone: a heartbeat that could not
-    be HOT (an indexed column changed) fails every time.
+    A page cannot prune either the versions a transaction still running may see: one that
+    began before they were made dead (in this database, or writing in any: a test elsewhere on
+    the server). A worker heartbeats every few seconds, long after such transactions end; the
+    rounds here follow each other at once, so each waits for the transactions that began
+    before the last one committed. That is the server being busy, not the heartbeat's shape,
+    and the measurement is taken up to five times: a heartbeat that could not be HOT (an
+    indexed column changed) fails every time.
     """
     workers, batch, rounds = 20, 10, 5
     conn.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = off)")
@@ -77,12 +82,11 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
 
     attempts: list[str] = []
     for _ in range(5):
-        quiet_by = time.monotonic() + 30  # measured anyway after that: the attempt may still pass
-        while _others_holding_a_snapshot(conn) and time.monotonic() < quiet_by:
-            time.sleep(0.1)
+        _until_older_transactions_end(conn, scalar(conn, "SELECT clock_timestamp()"))
         upd0, hot0 = _flushed_stats(conn)
         beats = 0
         for _ in range(rounds):
+            _until_older_transactions_end(conn, scalar(conn, "SELECT clock_timestamp()"))
             for name, ids in held.items():
                 answered = conn.execute("SELECT run_id FROM jobs.heartbeat(%s, %s)", (ids, name))
                 beats += len(answered.fetchall())
@@ -240,3 +244,63 @@ def test_next_due_reads_the_first_future_run_not_the_whole_scheduled_backlog(db:
                 )
             assert due == first
             assert read <= 100, f"jobs.next_due read {read} entries of runs_claim_idx for 5,000 future runs"
+
+
+# Each call of a worker's cycle, with what it needs from the runs the cycle's claim took.
+WORKER_CALLS: list[tuple[str, str, Callable[[list[int]], tuple[Any, ...]]]] = [
+    ("heartbeat", "SELECT * FROM jobs.heartbeat(%s, 'w', %s)", lambda ids: (ids, TOKEN)),
+    ("complete", "SELECT jobs.complete(%s, 'w', '{}', %s)", lambda ids: (ids[0], TOKEN)),
+    ("fail", "SELECT jobs.fail(%s, 'w', '{}', 'boom', 'Error', %s)", lambda ids: (ids[1], TOKEN)),
+    ("snooze", "SELECT jobs.snooze(%s, 'w', '1 hour', %s)", lambda ids: (ids[2], TOKEN)),
+    ("unclaim", "SELECT * FROM jobs.unclaim(%s, 'w', %s)", lambda ids: ([ids[3]], TOKEN)),
+    ("acknowledge_cancel", "SELECT jobs.acknowledge_cancel(%s, 'w', NULL, %s)", lambda ids: (ids[4], TOKEN)),
+    ("hand_back_unheld", "SELECT * FROM jobs.hand_back_unheld(%s, 'w', %s)", lambda ids: (ids[5:], TOKEN)),
+    ("complete_many", "SELECT * FROM jobs.complete_many(%s, 'w', %s)", lambda ids: (ids[5:], TOKEN)),
+]
+READ_WHOLE = "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'jobs.runs'::regclass"
+
+
+def _reads_whole(worker: Conn, sql: str, args: tuple[Any, ...]) -> tuple[int, list[tuple[Any, ...]]]:
+    """Make one call in a transaction of its own, as a worker does: the sequential scans of
+    jobs.runs it made (counted within the transaction, so none of the session's others), and
+    its rows."""
+    with worker.transaction():
+        before = scalar(worker, READ_WHOLE)
+        answer = worker.execute(sql, args).fetchall()
+        return scalar(worker, READ_WHOLE) - before, answer
+
+
+def _worker_cycle(conn: Conn, worker: Conn) -> dict[str, int]:
+    """Queue six runs; the worker claims them (and the run the last cycle gave back) and makes
+    each call of WORKER_CALLS. Which calls read jobs.runs whole, and how often."""
+    add_runs(conn, 6)
+    read_whole = {}
+    read_whole["claim"], claimed = _reads_whole(
+        worker, "SELECT id FROM jobs.claim(10, 'w', NULL, true, claim_token => %s)", (TOKEN,)
+    )
+    ids = [r[0] for r in claimed]
+    assert len(ids) >= 6, f"the cycle's claim took {ids}"
+    conn.execute("SELECT jobs.cancel(%s)", (ids[4],))
+    for name, sql, args in WORKER_CALLS:
+        read_whole[name], _ = _reads_whole(worker, sql, args(ids))
+    return {name: n for name, n in read_whole.items() if n}
+
+
+def test_a_worker_that_started_on_an_empty_table_finds_its_runs_by_index_as_it_fills(
+    db: Database, conn: Conn
+) -> None:
+    """A session keeps the plans of its calls until jobs.runs is analyzed, so a worker that
+    starts on a new, empty table must not read the whole table in every claim, heartbeat and
+    outcome as the table fills. The worker's calls are made (and planned) on an empty table
+    with autovacuum off for it (no ANALYZE to replan them), 5,000 finished runs are added, and
+    the same session's calls then read jobs.runs through its indexes only."""
+    conn.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = off)")
+    with db.connect() as worker:
+        for _ in range(6):  # past the custom plans PostgreSQL tries before it keeps a generic one
+            _worker_cycle(conn, worker)
+        conn.execute(
+            "INSERT INTO jobs.runs (kind, status, started_at, finished_at)"
+            " SELECT 'k', 'COMPLETED', now(), now() FROM generate_series(1, 5000)"
+        )
+        read_whole = _worker_cycle(conn, worker)
+    assert read_whole == {}, f"calls that read all of jobs.runs (sequential scans per call): {read_whole}"
