@@ -82,7 +82,6 @@ def test_heartbeats_are_hot_updates(conn: Conn) -> None:
 
     attempts: list[str] = []
     for _ in range(5):
-        _until_older_transactions_end(conn, scalar(conn, "SELECT clock_timestamp()"))
         upd0, hot0 = _flushed_stats(conn)
         beats = 0
         for _ in range(rounds):
@@ -248,6 +247,7 @@ def test_next_due_reads_the_first_future_run_not_the_whole_scheduled_backlog(db:
 
 # Each call of a worker's cycle, with what it needs from the runs the cycle's claim took.
 WORKER_CALLS: list[tuple[str, str, Callable[[list[int]], tuple[Any, ...]]]] = [
+    ("next_due", "SELECT * FROM jobs.next_due(NULL, NULL)", lambda ids: ()),
     ("heartbeat", "SELECT * FROM jobs.heartbeat(%s, 'w', %s)", lambda ids: (ids, TOKEN)),
     ("complete", "SELECT jobs.complete(%s, 'w', '{}', %s)", lambda ids: (ids[0], TOKEN)),
     ("fail", "SELECT jobs.fail(%s, 'w', '{}', 'boom', 'Error', %s)", lambda ids: (ids[1], TOKEN)),
