@@ -108,8 +108,13 @@ def _worker(dsn: str, worker: str, seed: int) -> dict[str, Any]:
         beater = threading.Thread(target=beat, name=f"{worker}-heartbeat", daemon=True)
         beater.start()
         deadline = time.monotonic() + SECONDS
+        halfway = deadline - SECONDS / 2
+        handed_back = False
         while time.monotonic() < deadline:
-            if rng.random() < 0.03:  # what the worker does not hold goes back to the queue
+            # What the worker does not hold goes back to the queue: now and then, and at least
+            # once per worker however few rounds a busy machine lets it make.
+            if rng.random() < 0.03 or (not handed_back and time.monotonic() >= halfway):
+                handed_back = True
                 with guard:  # (the abandoned runs of even id are left to the reaper)
                     holding = sorted({*held, *(i for i in abandoned if i % 2 == 0)})
                 back = rec.call(
