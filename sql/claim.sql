@@ -1130,14 +1130,15 @@ BEGIN
         PERFORM jobs._check_name('worker', claim.worker);
     END IF;
     IF claim.kinds IS NOT NULL
-       AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
-        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs (or be NULL for all), got %', claim.kinds
+       AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_ndims(claim.kinds) > 1
+            OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
+        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs in one list (or be NULL for all), got %', claim.kinds
             USING ERRCODE = '22023';
     END IF;
     IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)
-        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR EXISTS (
+        IF cardinality(claim.queues) NOT BETWEEN 1 AND 1000 OR array_ndims(claim.queues) > 1 OR EXISTS (
                 SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR length(q) NOT BETWEEN 1 AND 200) THEN
-            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters (or be NULL for all)'
+            RAISE EXCEPTION 'queues must hold 1 to 1000 non-empty queue names of up to 200 characters in one list (or be NULL for all)'
                 USING ERRCODE = '22023';
         END IF;
     END IF;

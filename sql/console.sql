@@ -369,7 +369,9 @@ BEGIN
     )
     SELECT d.id, record_catch_up.misfire_policy, record_catch_up.first_late,
            least(v_earliest, record_catch_up.first_late), record_catch_up.last_late,
-           record_catch_up.occurrences + v_superseded, record_catch_up.runs, v_superseded
+           -- (the column's integer holds the count up to its largest value)
+           least(record_catch_up.occurrences::bigint + v_superseded, 2147483647)::integer,
+           record_catch_up.runs, v_superseded
       FROM jobs.definitions AS d WHERE d.id = record_catch_up.definition_id
     ON CONFLICT ON CONSTRAINT catch_ups_once DO NOTHING
     RETURNING * INTO v_row;

@@ -107,7 +107,9 @@ BEGIN
     END IF;
     IF jsonb_typeof(enqueue.payload) IS DISTINCT FROM 'object'
        OR octet_length(enqueue.payload::text) > (SELECT c.max_payload_bytes FROM jobs.config AS c)
-       OR (octet_length(enqueue.payload::text) >= 200 AND jsonb_path_exists(enqueue.payload, 'strict $.**{100}')) THEN
+       OR (octet_length(enqueue.payload::text) >= 200
+           AND jsonb_path_exists(enqueue.payload, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")'))
+    THEN
         PERFORM jobs._check_payload('payload', enqueue.payload);
     END IF;
     IF NOT coalesce(isfinite(enqueue.run_at) AND enqueue.run_at >= '0001-01-02 00:00:00+00'

@@ -266,7 +266,8 @@ COMMENT ON FUNCTION jobs._refuse(text, text) IS 'Private: raises 22023 with the 
 -- What is wrong with a payload (NULL when nothing): not a JSON object, larger than max_bytes,
 -- or nested deeper than 100 levels. PostgreSQL stores far deeper JSON, but a driver decodes it
 -- recursively (Python's json gives up near 1000 levels), and a run whose payload cannot be
--- decoded is lost with the rest of its claimed batch. The depth walk stops at level 100.
+-- decoded is lost with the rest of its claimed batch. The depth walk looks no deeper than level
+-- 100 (the root is level 0): an array or object there is the 101st level.
 -- In PL/pgSQL, whose expressions are planned once per session: a SQL function is not inlined
 -- here (every function pins search_path, roles.sql), so it would be planned at every call.
 CREATE OR REPLACE FUNCTION jobs._payload_problem(payload jsonb, max_bytes integer) RETURNS text
@@ -278,7 +279,7 @@ BEGIN
         WHEN octet_length(payload::text) > max_bytes THEN
             format('is %s bytes; the limit is %s (jobs.config.max_payload_bytes)',
                    octet_length(payload::text), max_bytes)
-        WHEN jsonb_path_exists(payload, 'strict $.**{100}') THEN
+        WHEN jsonb_path_exists(payload, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")') THEN
             'nests deeper than 100 levels of arrays and objects'
     END;
 END $$;
@@ -544,11 +545,15 @@ BEGIN
     IF cardinality(value) NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION '% must hold 1 to 1000 names, got %', field, cardinality(value) USING ERRCODE = '22023';
     END IF;
+    IF array_ndims(value) > 1 THEN
+        RAISE EXCEPTION '% must be a list of names, not an array of % dimensions', field, array_ndims(value)
+            USING ERRCODE = '22023';
+    END IF;
     FOR i IN 1 .. cardinality(value) LOOP
         PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
     END LOOP;
 END $$;
-COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array is NULL (no list: any name) or holds 1 to 1000 names of 1 to 200 characters without control characters.';
+COMMENT ON FUNCTION jobs._check_names(text, text[]) IS 'Private: raises 22023 naming the field (and the element) unless the array is NULL (no list: any name) or a one-dimensional list of 1 to 1000 names of 1 to 200 characters without control characters.';
 
 -- Raise 22023 unless the interval is NULL (allowed: "use the default") or strictly positive.
 CREATE OR REPLACE FUNCTION jobs._check_positive(field text, value interval) RETURNS void

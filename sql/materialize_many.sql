@@ -143,12 +143,14 @@ BEGIN
                   materialize_many.new_next_run_ats) AS i (id, expected, new_next)
       LEFT JOIN unnest(materialize_many.run_definition_ids, materialize_many.run_times) AS t (id, at)
         ON t.id = i.id
-     WHERE NOT isfinite(i.new_next)
-        OR (t.id IS NOT NULL AND (t.at IS NULL OR NOT isfinite(t.at)
+     WHERE NOT isfinite(i.new_next) OR i.new_next < i.expected
+        OR (i.expected IS NOT NULL AND jobs._instant_problem(i.expected) IS NOT NULL)
+        OR (i.new_next IS NOT NULL AND jobs._instant_problem(i.new_next) IS NOT NULL)
+        OR (t.id IS NOT NULL AND (jobs._instant_problem(t.at) IS NOT NULL
                                   OR t.at < i.expected OR t.at >= i.new_next));
     v_bad := coalesce(v_bad, '{}');
     FOREACH v_id IN ARRAY v_bad LOOP
-        v_message := 'run_times must be finite and within [expected_next_run_at, new_next_run_at), and new_next_run_at finite (SQLSTATE 22023)';
+        v_message := 'run_times must be finite, from 0001-01-02 to 9999-12-30 UTC, and within [expected_next_run_at, new_next_run_at), and the cursors from 0001-01-02 to 9999-12-30 UTC, new_next_run_at not before expected_next_run_at (SQLSTATE 22023)';
         PERFORM jobs._materialize_failed(v_id, v_message);
         v_errors := v_errors || v_message;
     END LOOP;

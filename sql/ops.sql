@@ -8,7 +8,24 @@
 -- backoff computes with can then never make them fail for every run.
 CREATE OR REPLACE FUNCTION jobs._check_config() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
+DECLARE
+    v_unset text[];
 BEGIN
+    -- Every setting but archive_after (NULL: never archive) has a value: the NOT NULL
+    -- constraints would say 23502; the setting is named here with 22023, as for its bounds.
+    v_unset := array_remove(ARRAY[
+        CASE WHEN NEW.heartbeat_timeout IS NULL THEN 'heartbeat_timeout' END,
+        CASE WHEN NEW.orphan_timeout IS NULL THEN 'orphan_timeout' END,
+        CASE WHEN NEW.max_payload_bytes IS NULL THEN 'max_payload_bytes' END,
+        CASE WHEN NEW.retention IS NULL THEN 'retention' END,
+        CASE WHEN NEW.max_attempts IS NULL THEN 'max_attempts' END,
+        CASE WHEN NEW.backoff_initial IS NULL THEN 'backoff_initial' END,
+        CASE WHEN NEW.backoff_max IS NULL THEN 'backoff_max' END,
+        CASE WHEN NEW.require_claim_token IS NULL THEN 'require_claim_token' END], NULL);
+    IF cardinality(v_unset) > 0 THEN
+        RAISE EXCEPTION 'jobs.config.% must not be NULL', v_unset[1]
+            USING ERRCODE = '22023', HINT = 'Set it to a value; only archive_after may be NULL (never archive).';
+    END IF;
     PERFORM jobs._check_duration('jobs.config.heartbeat_timeout', NEW.heartbeat_timeout, 'heartbeat_timeout');
     PERFORM jobs._check_duration('jobs.config.orphan_timeout', NEW.orphan_timeout, 'orphan_timeout');
     PERFORM jobs._check_duration('jobs.config.retention', NEW.retention, 'retention');
@@ -42,6 +59,22 @@ CREATE OR REPLACE TRIGGER config_bounds
 BEFORE INSERT OR UPDATE ON jobs.config
 FOR EACH ROW EXECUTE FUNCTION jobs._check_config();
 COMMENT ON TRIGGER config_bounds ON jobs.config IS 'Refuse settings out of bounds with 22023 naming the setting (jobs._check_config).';
+
+-- jobs.config is one row that the reaper, retries, enqueue and prune read at every call: without
+-- it they would find no setting and quietly do nothing (no retry, no reaping, no payload limit).
+-- So it is changed with UPDATE only; a DELETE or TRUNCATE of it is refused, whatever it matches.
+CREATE OR REPLACE FUNCTION jobs._keep_config() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'jobs.config holds the settings every call reads; it cannot be emptied (% refused)', TG_OP
+        USING ERRCODE = '22023', HINT = 'Change a setting with UPDATE jobs.config SET ...';
+END $$;
+COMMENT ON FUNCTION jobs._keep_config() IS 'Private trigger: refuse (22023) a DELETE or TRUNCATE of jobs.config, whose one row every call reads.';
+
+CREATE OR REPLACE TRIGGER config_kept
+BEFORE DELETE OR TRUNCATE ON jobs.config
+FOR EACH STATEMENT EXECUTE FUNCTION jobs._keep_config();
+COMMENT ON TRIGGER config_kept ON jobs.config IS 'Refuse a DELETE or TRUNCATE of jobs.config with 22023 (jobs._keep_config): its row is changed with UPDATE only.';
 
 -- Who leads the scheduler, since when.
 -- The leader key (helpers.sql key table: 8099570450837490756, 'pgtickLD') is spelled out here rather than

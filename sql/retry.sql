@@ -147,9 +147,9 @@ BEGIN
         RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    IF cardinality(fail.error_classes) > 100 OR
+    IF cardinality(fail.error_classes) > 100 OR array_ndims(fail.error_classes) > 1 OR
        EXISTS (SELECT FROM unnest(fail.error_classes) AS k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 200) THEN
-        RAISE EXCEPTION 'error_classes must hold at most 100 non-empty names of up to 200 characters'
+        RAISE EXCEPTION 'error_classes must hold at most 100 non-empty names of up to 200 characters in one list'
             USING ERRCODE = '22023';
     END IF;
 
@@ -208,7 +208,7 @@ COMMENT ON FUNCTION jobs._active_run_of_key(text, text) IS 'Private: the oldest 
 -- Operator: retry a FAILED or CANCELLED run now as a new attempt, whatever the policy says.
 -- The new attempt's own failures follow the policy again while attempts remain: a run that
 -- inherits max_attempts (NULL) keeps inheriting it, and one past its budget gets max_attempts
--- = its attempt, so it is not retried by policy.
+-- = its attempt (at most 1000, the largest budget), so it is not retried by policy.
 CREATE OR REPLACE FUNCTION jobs.retry(run_id bigint) RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
@@ -271,12 +271,13 @@ BEGIN
     VALUES (
         v_run.definition_id, v_run.kind, v_run.payload, v_run.priority,
         -- The run's own budget, unless this attempt is past it (NULL: the policy's or
-        -- jobs.config's, as for the run, so a retry after it still follows the policy).
+        -- jobs.config's, as for the run, so a retry after it still follows the policy). Past
+        -- it, the budget is the attempt, at most the largest budget (1000): spent either way.
         CASE WHEN v_run.attempt + 1 > coalesce(
                       v_run.max_attempts,
                       (SELECT p.max_attempts FROM jobs.retry_policies AS p WHERE p.kind = v_run.kind),
                       (SELECT c.max_attempts FROM jobs.config AS c))
-             THEN v_run.attempt + 1 ELSE v_run.max_attempts END,
+             THEN least(v_run.attempt + 1, 1000) ELSE v_run.max_attempts END,
         v_run.timeout, v_run.heartbeat_timeout,
         'retry', v_run.attempt + 1, v_run.id, v_run.queue, v_run.concurrency_key, v_run.unique_key,
         v_run.occurrence_at, CASE WHEN v_deps <> 'met' THEN v_run.depends_on END, v_deps = 'pending',

@@ -694,15 +694,24 @@ BEGIN
         RAISE EXCEPTION 'definition_id and run_times must not be NULL' USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_range('run_times length', cardinality(materialize.run_times), 0, 10000);
-    IF EXISTS (SELECT FROM unnest(materialize.run_times) AS t
-                WHERE t IS NULL OR NOT isfinite(t)
-                   OR t < materialize.expected_next_run_at
-                   OR t >= materialize.new_next_run_at) THEN
-        RAISE EXCEPTION 'run_times must be finite and within [expected_next_run_at, new_next_run_at)'
-            USING ERRCODE = '22023';
+    IF materialize.expected_next_run_at IS NOT NULL THEN
+        PERFORM jobs._check_instant('expected_next_run_at', materialize.expected_next_run_at);
     END IF;
     IF materialize.new_next_run_at IS NOT NULL THEN
         PERFORM jobs._check_instant('new_next_run_at', materialize.new_next_run_at);
+    END IF;
+    IF materialize.new_next_run_at < materialize.expected_next_run_at THEN
+        RAISE EXCEPTION 'new_next_run_at (%) must not be before expected_next_run_at (%): a cursor only moves on',
+            materialize.new_next_run_at, materialize.expected_next_run_at USING ERRCODE = '22023';
+    END IF;
+    -- Each time a run's start, as every driver can hold it, within the window the cursor moves
+    -- over; a cursor not set yet (a new definition) or ended (NULL) bounds nothing on its side.
+    IF EXISTS (SELECT FROM unnest(materialize.run_times) AS t
+                WHERE jobs._instant_problem(t) IS NOT NULL
+                   OR t < materialize.expected_next_run_at
+                   OR t >= materialize.new_next_run_at) THEN
+        RAISE EXCEPTION 'run_times must be finite, from 0001-01-02 to 9999-12-30 UTC, and within [expected_next_run_at, new_next_run_at)'
+            USING ERRCODE = '22023';
     END IF;
 
     UPDATE jobs.definitions AS d

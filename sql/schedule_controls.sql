@@ -10,6 +10,14 @@
 -- Jitter and the run insert shared by jobs.materialize and jobs.finish_backfill.
 -- ===========================================================================
 
+-- Private: the error of jobs.jitter_offset for a jitter over a day (a SQL function cannot raise).
+CREATE OR REPLACE FUNCTION jobs._jitter_refused(jitter interval) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
+END $$;
+COMMENT ON FUNCTION jobs._jitter_refused(interval) IS 'Private: raises 22023 naming jitter (more than a day), for jobs.jitter_offset.';
+
 -- The delay of one occurrence: a deterministic offset in [0, jitter) from (definition, occurrence),
 -- so every leader computes the same start.
 CREATE OR REPLACE FUNCTION jobs.jitter_offset(definition_id bigint, occurrence timestamptz, jitter interval)
@@ -17,6 +25,9 @@ RETURNS interval
 LANGUAGE sql STABLE SECURITY DEFINER AS $$
     SELECT CASE
         WHEN jitter IS NULL OR jitter <= interval '0' THEN interval '0'
+        -- A definition's jitter is at most a day (jobs.define); a longer one is refused here
+        -- rather than computed past the range of an interval's microseconds.
+        WHEN jitter > interval '1 day' THEN jobs._jitter_refused(jitter)
         -- 52 bits of the hash as a fraction in [0, 1) of the jitter, in whole seconds
         -- (microseconds for a jitter under a second): shown and compared as written.
         ELSE make_interval(secs => floor(
@@ -26,7 +37,7 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
         ) / CASE WHEN jitter >= interval '1 second' THEN 1 ELSE 1000000 END)
     END
 $$;
-COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more.';
+COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more. 22023 for a jitter over a day (a definition''s bound).';
 
 -- Private: whether the run of a definition's past occurrence has moved to history. jobs.runs
 -- keeps each occurrence single by its occurrence index; history, which that index does not

@@ -317,7 +317,7 @@ BEGIN
             RAISE EXCEPTION 'result is larger than jobs.config.max_payload_bytes' USING ERRCODE = '22023';
         END IF;
         -- As deep as a payload may be: a driver reading the run back decodes it recursively.
-        IF jsonb_path_exists(complete.result, 'strict $.**{100}') THEN
+        IF jsonb_path_exists(complete.result, 'strict $.**{100} ? (@.type() == "object" || @.type() == "array")') THEN
             RAISE EXCEPTION 'result nests deeper than 100 levels of arrays and objects' USING ERRCODE = '22023';
         END IF;
     END IF;
@@ -463,9 +463,11 @@ BEGIN
     -- Kinds and queues as jobs.claim takes them, tested by expressions (an idle worker asks
     -- before each claim); the helper says what is wrong.
     IF (next_due.kinds IS NOT NULL
-        AND (cardinality(next_due.kinds) NOT BETWEEN 1 AND 1000 OR array_position(next_due.kinds, NULL) IS NOT NULL))
+        AND (cardinality(next_due.kinds) NOT BETWEEN 1 AND 1000 OR array_ndims(next_due.kinds) > 1
+             OR array_position(next_due.kinds, NULL) IS NOT NULL))
        OR (next_due.queues IS NOT NULL
-           AND (cardinality(next_due.queues) NOT BETWEEN 1 AND 1000 OR array_position(next_due.queues, NULL) IS NOT NULL))
+           AND (cardinality(next_due.queues) NOT BETWEEN 1 AND 1000 OR array_ndims(next_due.queues) > 1
+                OR array_position(next_due.queues, NULL) IS NOT NULL))
     THEN
         PERFORM jobs._check_names('kinds', next_due.kinds), jobs._check_names('queues', next_due.queues);
     END IF;

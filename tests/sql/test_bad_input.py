@@ -131,6 +131,11 @@ CASES: list[Case] = [
     bad("SELECT * FROM jobs.claim(1, '   ')", "worker must not be blank"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{NULL}')", "kinds"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{}')", "kinds"),
+    bad(
+        "SELECT * FROM jobs.claim(1, 'w', '{{a}}')",
+        "kinds must hold 1 to 1000 kind names without NULLs in one list",
+    ),
+    bad("SELECT * FROM jobs.claim(1, 'w', queues => '{{a, b}}')", "queues must hold 1 to 1000"),
     # jobs.heartbeat
     bad("SELECT * FROM jobs.heartbeat(NULL, 'w1')", "run_ids"),
     bad("SELECT * FROM jobs.heartbeat('{1}', NULL)", "worker"),
@@ -163,6 +168,7 @@ CASES: list[Case] = [
     bad("SELECT jobs.fail(%s, 'w1', '{}', 'm', 'HeartbeatLost')", "reason", params=("RUNNING",)),
     bad("SELECT jobs.fail(%s, 'w1', ARRAY['E', NULL])", "error_classes", params=("RUNNING",)),
     bad("SELECT jobs.fail(%s, 'w1', ARRAY[''])", "error_classes", params=("RUNNING",)),
+    bad("SELECT jobs.fail(%s, 'w1', '{{E}}')", "error_classes must hold", params=("RUNNING",)),
     bad(
         "SELECT jobs.fail(%s, 'w1', array(SELECT 'E' || g FROM generate_series(1, 101) g))",
         "error_classes",
@@ -343,6 +349,8 @@ CASES: list[Case] = [
     # jobs.next_due: kinds and queues as jobs.claim takes them
     bad("SELECT * FROM jobs.next_due(ARRAY[NULL]::text[])", "kinds[1]"),
     bad("SELECT * FROM jobs.next_due(queues => '{}')", "queues"),
+    bad("SELECT * FROM jobs.next_due('{{a}}')", "kinds must be a list of names"),
+    bad("SELECT * FROM jobs.next_due(queues => '{{a, b}}')", "queues must be a list of names"),
     # jobs.register_worker: no more kinds than jobs.claim takes
     bad(
         "SELECT jobs.register_worker('w', array(SELECT 'k' || g FROM generate_series(1, 1001) AS g))",

@@ -201,6 +201,49 @@ WRITERS: list[Case] = [
     refused(f"UPDATE jobs.config SET backoff_max = '{HUGE}'", "jobs.config.backoff_max", "366 days"),
     refused("UPDATE jobs.config SET max_attempts = 0", "jobs.config.max_attempts", "1000"),
     refused("UPDATE jobs.config SET max_payload_bytes = 1", "jobs.config.max_payload_bytes", "268435456"),
+    refused(
+        "UPDATE jobs.config SET heartbeat_timeout = NULL", "jobs.config.heartbeat_timeout must not be NULL"
+    ),
+    refused("UPDATE jobs.config SET max_attempts = NULL", "jobs.config.max_attempts must not be NULL"),
+    refused(
+        "UPDATE jobs.config SET require_claim_token = NULL", "jobs.config.require_claim_token must not be"
+    ),
+    # Without its one row, retries, reaping and the payload limit would find no setting
+    refused("DELETE FROM jobs.config", "jobs.config", "cannot be emptied", "DELETE"),
+    refused("TRUNCATE jobs.config", "jobs.config", "cannot be emptied", "TRUNCATE"),
+    # The leader's materialization: each run time as a driver can hold it, whatever the cursors
+    refused(
+        "SELECT jobs.materialize((SELECT id FROM jobs.definitions WHERE name = 'hourly'), NULL,"
+        " ARRAY['0100-01-01 00:00+00 BC'::timestamptz], NULL)",
+        "run_times",
+        "0001-01-02",
+    ),
+    refused(
+        "SELECT jobs.materialize((SELECT id FROM jobs.definitions WHERE name = 'hourly'), NULL,"
+        " ARRAY['294276-12-30 00:00+00'::timestamptz], '294276-12-31 00:00+00')",
+        "new_next_run_at",
+        "9999-12-30",
+    ),
+    refused(
+        "SELECT jobs.materialize((SELECT id FROM jobs.definitions WHERE name = 'hourly'), NULL,"
+        " ARRAY['infinity'::timestamptz], NULL)",
+        "run_times",
+    ),
+    refused(
+        "SELECT jobs.materialize((SELECT id FROM jobs.definitions WHERE name = 'hourly'), '2030-01-02',"
+        " '{}', '2030-01-01')",
+        "new_next_run_at",
+        "must not be before expected_next_run_at",
+    ),
+    refused("SELECT jobs.jitter_offset(1, now(), '170000000 years')", "jitter", "1 day"),
+    refused("SELECT jobs.jitter_offset(1, now(), '25 hours')", "jitter", "1 day"),
+    # Nested 101 levels (the root object and 100 arrays): one more than a payload may
+    refused(
+        "SELECT jobs.enqueue('k', jsonb_build_object('a',"
+        " (repeat('[', 100) || '1' || repeat(']', 100))::jsonb))",
+        "payload",
+        "100 levels",
+    ),
     # Direct writes to the other tables: their CHECK constraints
     checked(f"UPDATE jobs.runs SET timeout = '{HUGE}'", "runs_timeout_check"),
     checked(f"UPDATE jobs.runs SET heartbeat_timeout = '{HUGE}'", "runs_heartbeat_timeout_check"),
@@ -345,6 +388,12 @@ def test_config_check_constraints_hold_without_the_trigger(conn: Conn) -> None:
             " (repeat('[', 98) || repeat(']', 98))::jsonb))",
             "1",
         ),
+        (  # 100 levels: the root object and 99 arrays, the innermost holding a number
+            "SELECT payload->>'n' FROM jobs.enqueue('k', jsonb_build_object('n', 1, 'deep',"
+            " (repeat('[', 99) || '1' || repeat(']', 99))::jsonb))",
+            "1",
+        ),
+        ("SELECT jobs.jitter_offset(1, now(), '1 day') < interval '1 day'", "true"),
     ],
 )
 def test_the_bounds_themselves_are_accepted(conn: Conn, sql: str, expected: str) -> None:

@@ -369,6 +369,27 @@ def test_record_catch_up_rejects_nonsense(conn: Conn) -> None:
         )
 
 
+def test_record_catch_up_counts_up_to_the_largest_integer(conn: Conn) -> None:
+    """The most occurrences it takes, with runs superseded on top: recorded, the count held at
+    the column's largest value rather than overflowing it."""
+    definition = scalar(conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')")
+    now = scalar(conn, "SELECT now()")
+    cursor = now + timedelta(minutes=1)
+    conn.execute("UPDATE jobs.definitions SET next_run_at = %s", (cursor,))
+    conn.execute(
+        "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for) VALUES (%s, 'k', 'schedule', %s)",
+        (definition, now - timedelta(minutes=10)),
+    )
+    said = scalar(
+        conn,
+        "SELECT jobs.record_catch_up(%s, 'coalesce', %s, %s, 2147483647, 1, %s)",
+        (definition, now - timedelta(minutes=5), now, cursor),
+    )
+    assert said is not None
+    recorded = one(conn, "SELECT occurrences, runs, superseded FROM jobs.catch_ups")
+    assert recorded == {"occurrences": 2147483647, "runs": 1, "superseded": 1}, recorded
+
+
 @pytest.mark.parametrize(
     ("interval", "text"),
     [

@@ -177,6 +177,46 @@ def test_backoff_doubles_with_each_failure(conn: Conn) -> None:
     assert [round(float(w)) for w in waits] == [1, 2, 4]
 
 
+@pytest.mark.parametrize(
+    ("expected", "new_next", "run_time"),
+    [
+        (None, None, datetime(1, 1, 1, tzinfo=UTC)),  # no cursor either side
+        (None, T0 + MINUTE, datetime(1, 1, 1, tzinfo=UTC)),
+        (T0, None, datetime(9999, 12, 31, 12, tzinfo=UTC)),
+        (T0 + MINUTE, T0, None),  # a cursor moved back
+    ],
+    ids=["year-1-no-cursors", "year-1-new-definition", "year-9999-schedule-ends", "cursor-moved-back"],
+)
+def test_times_no_driver_can_hold_are_refused_whatever_the_cursors(
+    conn: Conn, expected: datetime | None, new_next: datetime | None, run_time: datetime | None
+) -> None:
+    """A run's start must be a time every driver can read back (a claim returning it would
+    otherwise fail for the whole batch), and the window check holds when a cursor is NULL."""
+    (good, poisoned) = _defs(conn, 2)
+    if expected is None:
+        conn.execute("UPDATE jobs.definitions SET next_run_at = NULL WHERE id = %s", (poisoned,))
+    else:
+        conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s", (expected, poisoned))
+    times = [T0] + ([run_time] if run_time is not None else [])
+    out = rows(
+        conn,
+        "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
+        (
+            [good, poisoned],
+            [T0, expected],
+            [T0 + MINUTE, new_next],
+            [None, None],
+            [good] + ([poisoned] if run_time is not None else []),
+            times,
+        ),
+    )
+    answer = {r["definition_id"]: (r["created"], r["error"]) for r in out}
+    assert answer[good] == (1, None)
+    assert answer[poisoned][0] == 0 and "run_times must be finite, from 0001-01-02" in answer[poisoned][1]
+    assert _occurrences(conn, poisoned) == []
+    assert scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (poisoned,)) == expected
+
+
 def test_bad_batches_are_refused_whole(conn: Conn) -> None:
     ids = _defs(conn, 2)
     call = "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)"

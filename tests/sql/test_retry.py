@@ -7,7 +7,17 @@ from typing import Any
 
 import pytest
 
-from harness import Conn, claim, enqueue, expect_error, materialize_occurrences, one, run_row, scalar
+from harness import (
+    Conn,
+    add_runs,
+    claim,
+    enqueue,
+    expect_error,
+    materialize_occurrences,
+    one,
+    run_row,
+    scalar,
+)
 
 CHAIN = ["BudgetExhausted", "RuntimeError", "Exception"]
 
@@ -290,6 +300,22 @@ def test_an_operator_retry_past_the_budget_is_not_retried_by_policy(conn: Conn) 
     assert claim(conn, "w1", kinds=["op"]) == [again["id"]]
     last = _fail(conn, again["id"], ["E"])
     assert last is not None and last["status"] == "FAILED", f"attempt 4 of 3 was retried: {last}"
+
+
+def test_an_operator_retry_past_the_largest_budget_is_queued_and_stays_out_of_policy(conn: Conn) -> None:
+    """An operator may retry a run any number of times. Past 1000 attempts (the largest budget a
+    run can hold) the new attempt's budget stays at 1000: spent, so a policy never retries it."""
+    _policy(conn, "op", max_attempts=3, backoff_initial="0")
+    (first, run_id) = add_runs(conn, 2, kind="op")
+    conn.execute("UPDATE jobs.runs SET attempt = 1000, retry_of = %s WHERE id = %s", (first, run_id))
+    conn.execute("SELECT jobs.cancel(id) FROM jobs.runs WHERE id IN (%s, %s)", (first, run_id))
+    again = one(conn, "SELECT * FROM jobs.retry(%s)", (run_id,))
+    assert (again["status"], again["attempt"], again["max_attempts"]) == ("QUEUED", 1001, 1000), again
+    assert claim(conn, "w1", kinds=["op"]) == [again["id"]]
+    last = _fail(conn, again["id"], ["E"])
+    assert last is not None and last["status"] == "FAILED", f"attempt 1001 was retried by policy: {last}"
+    further = one(conn, "SELECT * FROM jobs.retry(%s)", (again["id"],))
+    assert (further["attempt"], further["max_attempts"]) == (1002, 1000), further
 
 
 def test_absurd_backoff_is_refused_where_written_and_the_largest_keeps_fail_and_reap_working(
