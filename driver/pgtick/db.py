@@ -169,10 +169,30 @@ def connect_dicts(dsn: str, *, application_name: str = "pgtick") -> psycopg.Conn
 _URI_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s\"]*:)[^\s\"]*@", re.IGNORECASE)
 
 
+_QUOTED = re.compile(r'"([^"]*)"')
+# libpq's messages that quote an option's name, not a value: a name is no secret, and it is
+# what the reader must fix.
+_QUOTES_A_NAME = ("invalid connection option", "invalid URI query parameter")
+
+
 def without_password(message: str) -> str:
-    """libpq's message about a connection URL it cannot parse, which quotes the URL, with the
-    URL's password masked: the message goes to a terminal and to CI logs."""
-    return _URI_PASSWORD.sub(r"\1***@", message)
+    """libpq's message about a connection string or URL it cannot parse, with what could be a
+    password masked: the message goes to a terminal and to CI logs. A quoted URL keeps all but
+    its password; any other quoted token (a fragment of a value: ``invalid percent-encoded
+    token: "Sup3r%Secret"``, ``missing "=" after "Secret"``) is masked, unless the message
+    quotes an option's name or a single punctuation mark."""
+    message = _URI_PASSWORD.sub(r"\1***@", message)
+    names = message.lstrip().startswith(_QUOTES_A_NAME)
+
+    def mask(found: re.Match[str]) -> str:
+        token = found.group(1)
+        if re.match(r"postgres(?:ql)?://", token, re.IGNORECASE) or (len(token) == 1 and not token.isalnum()):
+            return found.group(0)
+        if names and re.fullmatch(r"[A-Za-z_]+", token):
+            return found.group(0)
+        return '"***"'
+
+    return _QUOTED.sub(mask, message)
 
 
 def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:

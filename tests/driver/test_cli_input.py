@@ -720,3 +720,42 @@ def test_a_url_that_cannot_be_read_is_quoted_without_its_password(where: str) ->
     assert_refused(result, "not a connection string or URL")
     assert "s3cr" not in result.stderr and "Pa55" not in result.stderr, result.stderr
     assert '"postgresql://app:***@[::1/app"' in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("dsn", "kept"),
+    [
+        ("postgresql://admin:Sup3r%Secret@db.example.com/app", "invalid percent-encoded token"),
+        ("host=db.example.com password=Sup3r Secret", 'missing "=" after'),
+    ],
+    ids=["percent-in-a-url-password", "space-in-a-keyword-password"],
+)
+@pytest.mark.parametrize("where", ["--dsn", "DATABASE_URL"])
+def test_a_password_libpq_cannot_read_is_not_quoted_in_the_error(where: str, dsn: str, kept: str) -> None:
+    """libpq quotes the token it stumbled on, which can be a piece of the password (a '%' in a
+    URL's, a space in a keyword string's): the error line says what is wrong without it."""
+    env = env_for(None)
+    argv = ["status"]
+    if where == "--dsn":
+        argv += ["--dsn", dsn]
+    else:
+        env["DATABASE_URL"] = dsn
+    result = subprocess.run(
+        [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert_refused(result, "not a connection string or URL")
+    assert kept in result.stderr, result.stderr
+    assert "Secret" not in result.stderr and "Sup3r" not in result.stderr, result.stderr
+
+
+def test_an_unknown_option_in_a_connection_string_is_named() -> None:
+    """An option's name is no secret, and it is what the reader must fix: it stays quoted."""
+    result = subprocess.run(
+        [PGTICK_EXE, "status", "--dsn", "host=db.example.com hots=1"],
+        capture_output=True,
+        text=True,
+        env=env_for(None),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert_refused(result, 'invalid connection option "hots"')
