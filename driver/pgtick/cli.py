@@ -772,13 +772,35 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _warn(command: str, message: str) -> None:
-    print(f"pgtick {command}: warning: {printable_line(message)}", file=sys.stderr)
+    _say(f"pgtick {command}: warning: {printable_line(message)}")
 
 
 def _error(command: str, message: str) -> None:
     """The one line a failed command writes: the message may quote stored or given text (a
     name, a payload), so its control characters are shown, not sent to the terminal."""
-    print(f"pgtick {command}: error: {printable_line(message)}", file=sys.stderr)
+    _say(f"pgtick {command}: error: {printable_line(message)}")
+
+
+def _say(line: str) -> None:
+    """A line on standard error. When it cannot be written (a full disk, a closed descriptor)
+    the line is dropped and so is the rest of standard error: a warning after a commit must not
+    turn the change into a failure, and the exit code still says how the command ended."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _discard_stderr()
+
+
+def _discard_stderr() -> None:
+    """Standard error to /dev/null from here on (the logging handler writes to it too)."""
+    sys.stderr = open(os.devnull, "w")  # lives as long as the process
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
 
 
 def connect(dsn: str) -> psycopg.Connection[Any]:
@@ -2242,6 +2264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     from pgtick.logs import setup_logging
 
+    if sys.stderr is None:  # started with standard error closed (2>&-): its lines go nowhere
+        _discard_stderr()
     parser = build_parser()
     try:
         import argcomplete
@@ -2256,7 +2280,7 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, undecodable = _argv_as_text(argv)
     if undecodable is not None:
-        print(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}", file=sys.stderr)
+        _say(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}")
         return 2
     args = _parse(parser, argv)
     if args.version:

@@ -759,3 +759,26 @@ def test_an_unknown_option_in_a_connection_string_is_named() -> None:
         timeout=60,
     )
     assert_refused(result, 'invalid connection option "hots"')
+
+
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+def test_a_standard_error_that_cannot_be_written_neither_stops_nor_fails_a_change(
+    pg: Server, stderr: str
+) -> None:
+    """An enqueue of a kind no worker registered warns on standard error after its commit.
+    Closed (2>&-) or full (/dev/full), the warning is dropped: the run is queued once, the
+    result is printed and the exit code is 0, so nobody runs it again for a second run."""
+    with pg.database() as database:
+        result = subprocess.run(
+            ["/bin/sh", "-c", f'exec "$0" "$@" {stderr}', PGTICK_EXE, "enqueue", "unregistered", "--json"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**env_for(None), "DATABASE_URL": database.dsn},
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert result.returncode == 0, result
+        shown = json.loads(result.stdout)
+        with database.connect() as conn:
+            queued = conn.execute("SELECT id FROM jobs.runs WHERE kind = 'unregistered'").fetchall()
+        assert [row[0] for row in queued] == [shown["id"]], (queued, shown)
