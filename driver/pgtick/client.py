@@ -306,11 +306,24 @@ def parse_time(text: str, field_name: str = "run_at") -> datetime:
     try:
         return datetime.fromisoformat(text.strip())
     except ValueError as exc:
-        year = "out of range" in str(exc) or "must be in" in str(exc)
-        why = "a date out of range (years 1 to 9999)" if year else "not an ISO 8601 time"
         raise InvalidArgument(
-            f"{field_name}: {why}: {text[:60]!r} (e.g. 2026-12-24T18:00:00+02:00)", field=field_name
+            f"{field_name}: {_why_not_a_time(str(exc))}: {text[:60]!r} (e.g. 2026-12-24T18:00:00+02:00)",
+            field=field_name,
         ) from None
+
+
+def _why_not_a_time(problem: str) -> str:
+    """What ``datetime.fromisoformat`` found wrong, in the words of the one who typed it."""
+    field = re.match(r"(month|hour|minute|second|microsecond) must be in (\d+)\.\.(\d+)", problem)
+    if field:
+        return f"the {field[1]} must be {field[2]} to {field[3]}"
+    if problem.startswith("day is out of range"):
+        return "no such day in that month"
+    if problem.startswith("year"):
+        return "a date out of range (years 1 to 9999)"
+    if problem.startswith("offset must be"):
+        return "the UTC offset must be under 24 hours"
+    return "not an ISO 8601 time"
 
 
 class _Reading(TypedDict, total=False):

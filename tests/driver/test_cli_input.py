@@ -324,6 +324,27 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
         "out of range",
     ),
     ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
+    ("run-at-month-13", ["enqueue", "k", "--run-at", "2026-13-01"], "--run-at: the month must be 1 to 12"),
+    (
+        "run-at-february-30",
+        ["enqueue", "k", "--run-at", "2026-02-30T00:00"],
+        "--run-at: no such day in that month",
+    ),
+    (
+        "run-at-hour-24",
+        ["enqueue", "k", "--run-at", "2026-01-01T24:00"],
+        "--run-at: the hour must be 0 to 23",
+    ),
+    (
+        "after-second-60",
+        ["preview", "@daily", "--after", "2026-01-01T00:00:60Z"],
+        "--after: the second must be 0",
+    ),
+    (
+        "run-at-offset-of-a-day",
+        ["enqueue", "k", "--run-at", "2026-01-01T00:00+25:00"],
+        "--run-at: the UTC offset must be under 24 hours",
+    ),
     ("migrate-sql-as-json", ["migrate", "--sql", "--json"], "give one of --sql or --json"),
     (
         "define-interval-past-the-calendar",
