@@ -36,6 +36,7 @@ from pgtick import __version__, calls, db, json_numbers, migrate
 from pgtick.client import BIGINT_MAX, MAX_DURATION, RANGES, parse_time, read_time
 from pgtick.db import resolve_dsn, without_password
 from pgtick.errors import InvalidArgument, PgtickError, Session, UsageError, translate_errors
+from pgtick.schedule.zones import strftime
 from pgtick.terminal import (
     Column,
     Style,
@@ -1190,7 +1191,7 @@ def _reading(wall: datetime, instant: datetime, zone: str) -> str:
 
     offset = wall.replace(tzinfo=UTC) - instant
     local = instant.astimezone(ZoneInfo(zone))
-    clock = local.strftime("%H:%M" if local.date() == wall.date() else "%Y-%m-%d %H:%M")
+    clock = strftime(local, "%H:%M" if local.date() == wall.date() else "%Y-%m-%d %H:%M")
     return f"{wall.replace(tzinfo=timezone(offset)).isoformat()} ({iso(instant)}, {clock} {local.tzname()})"
 
 

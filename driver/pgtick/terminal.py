@@ -33,6 +33,7 @@ from rich.cells import cell_len
 
 from pgtick import json_numbers
 from pgtick.errors import UsageError
+from pgtick.schedule.zones import strftime
 
 # ---------------------------------------------------------------------------- style
 
@@ -204,7 +205,7 @@ def local_time(when: datetime | None, zone: str | None, now: datetime) -> str:
     elif local.year == today.year:
         text = local.strftime("%b %d %H:%M")
     else:
-        text = local.strftime("%Y-%m-%d %H:%M")
+        text = strftime(local, "%Y-%m-%d %H:%M")
     return f"{text} {local.tzname()}"
 
 
@@ -213,7 +214,7 @@ def full_time(when: datetime | None, zone: str | None) -> str:
     if when is None:
         return ""
     local = when.astimezone(ZoneInfo(zone or "UTC"))
-    return local.strftime("%Y-%m-%d %H:%M:%S ") + (local.tzname() or "")
+    return strftime(local, "%Y-%m-%d %H:%M:%S ") + (local.tzname() or "")
 
 
 def iso(when: datetime | None) -> str | None:

@@ -803,3 +803,24 @@ def test_a_standard_error_that_cannot_be_written_neither_stops_nor_fails_a_chang
         with database.connect() as conn:
             queued = conn.execute("SELECT id FROM jobs.runs WHERE kind = 'unregistered'").fetchall()
         assert [row[0] for row in queued] == [shown["id"]], (queued, shown)
+
+
+def test_years_before_1000_print_with_four_digits(pg: Server) -> None:
+    """The C library writes the year 1 as "1": every time printed, in a run's details, a
+    listing and a preview (its UTC column is ISO 8601), keeps four digits."""
+    with pg.database() as database:
+        env = {**env_for(None), "DATABASE_URL": database.dsn, "COLUMNS": "200"}
+
+        def out(*argv: str) -> str:
+            result = subprocess.run(
+                [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+            )
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        run = json.loads(out("enqueue", "ancient", "--run-at", "0001-01-02T00:00Z", "--json"))
+        assert "0001-01-02 00:00:00 UTC" in out("show", str(run["id"])), out("show", str(run["id"]))
+        assert "0001-01-02 00:00" in out("runs", "--kind", "ancient")
+        shown = out("preview", "FREQ=DAILY", "--tz", "Etc/GMT+12", "--after", "0001-01-01", "--count", "1")
+        assert "0001-01-02 00:00 Tue" in shown and "0001-01-02T12:00:00Z" in shown, shown
+        assert not re.search(r"(?<![\d-])1-01-02", shown), shown

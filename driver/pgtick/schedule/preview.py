@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from pgtick.schedule.occurrences import Occurrence, Schedule
+from pgtick.schedule.zones import strftime
 
 _MARKS = {
     "moved": "DST gap: moved ({gap})",
@@ -81,13 +82,13 @@ def _skipped_stamp(walls: Sequence[datetime], seconds: bool) -> str:
     if len(walls) == 1:
         return f"{_stamp(first, seconds)} (wall time)"
     clock = "%H:%M:%S" if seconds or last.second else "%H:%M"
-    until = last.strftime(clock) if last.date() == first.date() else _stamp(last, seconds)
+    until = strftime(last, clock) if last.date() == first.date() else _stamp(last, seconds)
     return f"{_stamp(first, seconds)} to {until} ({len(walls)} wall times)"
 
 
 def _stamp(moment: datetime, seconds: bool = False) -> str:
     """``2026-03-08 03:30 Sun``; with the seconds when ``seconds`` or the moment has some."""
-    return moment.strftime("%Y-%m-%d %H:%M:%S %a" if seconds or moment.second else "%Y-%m-%d %H:%M %a")
+    return strftime(moment, "%Y-%m-%d %H:%M:%S %a" if seconds or moment.second else "%Y-%m-%d %H:%M %a")
 
 
 #: A DTSTART line in RRULE text: the rule starts there, not at the anchor.
@@ -141,7 +142,7 @@ def format_preview(
         extra = [mark] if mark else []
         if by_run[occurrence.at]:
             extra.append(f"jitter +{int(by_run[occurrence.at].total_seconds())}s")
-        utc = f"{occurrence.at + by_run[occurrence.at]:%Y-%m-%dT%H:%M:%SZ}"
+        utc = strftime(occurrence.at + by_run[occurrence.at], "%Y-%m-%dT%H:%M:%SZ")
         rows.append((stamp, utc, "; ".join(extra)))
     first = max((len(row[0]) for row in rows), default=0)
     return [f"{stamp:<{first}}  {utc:<20}  {extra}".rstrip() for stamp, utc, extra in rows]

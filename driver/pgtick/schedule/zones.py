@@ -285,3 +285,9 @@ def latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | None
         else:
             high = middle
     return low
+
+
+def strftime(moment: datetime, pattern: str) -> str:
+    """``moment.strftime(pattern)`` with ``%Y`` always four digits: the C library's strftime
+    writes the year 1 as ``1`` (glibc), so ``0001-01-02`` would show as ``1-01-02``."""
+    return moment.strftime(pattern.replace("%Y", f"{moment.year:04d}"))
