@@ -151,6 +151,21 @@ def test_pages_show_what_the_database_holds(client: TestClient, seeded: Seeded) 
     assert "3 failed runs match this filter" in only_batch
 
 
+def test_years_before_1000_show_with_four_digits(client: TestClient, db: Database) -> None:
+    """The C library writes the year 1 as "1": a run's times and a preview keep four digits."""
+    with db.connect() as conn:
+        run_id = scalar(conn, "SELECT (jobs.enqueue('ancient', run_at => '0001-01-02 00:00+00')).id")
+    page = client.get(f"/runs/{run_id}").text
+    assert "0001-01-02 00:00:00Z" in page, page
+    preview = client.get(
+        "/preview", params={"schedule": "FREQ=DAILY", "tz": "Etc/GMT+12", "after": "0001-01-03T00:00"}
+    )
+    assert preview.status_code == 200, preview.text
+    assert re.search(r"0001-01-0\d \d\d:\d\d:\d\d \w\w\w", preview.text), preview.text  # local
+    assert re.search(r"0001-01-0\d \d\d:\d\d:\d\dZ", preview.text), preview.text  # UTC
+    assert not re.search(r"(?<![\d-])1-01-0\d", page + preview.text)
+
+
 def test_unknown_runs_definitions_and_routes_are_404(client: TestClient) -> None:
     for path in ["/runs/999999", "/definition?name=nope", "/nowhere", "/static/nope.js"]:
         assert client.get(path).status_code == 404, path

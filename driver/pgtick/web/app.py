@@ -36,6 +36,7 @@ from starlette.types import Scope
 
 from pgtick import json_numbers
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
+from pgtick.schedule.zones import strftime
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
@@ -67,7 +68,7 @@ CSP = (
 def fmt_utc(value: datetime | None) -> str:
     if value is None:
         return ""
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return strftime(value.astimezone(UTC), "%Y-%m-%d %H:%M:%SZ")
 
 
 def fmt_local(value: datetime | None, zone: str | None = None) -> str:
@@ -78,8 +79,8 @@ def fmt_local(value: datetime | None, zone: str | None = None) -> str:
         from zoneinfo import ZoneInfo
 
         value = value.astimezone(ZoneInfo(zone))
-        return value.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return value.strftime("%Y-%m-%d %H:%M:%S")
+        return strftime(value, "%Y-%m-%d %H:%M:%S %Z")
+    return strftime(value, "%Y-%m-%d %H:%M:%S")
 
 
 def fmt_age(value: timedelta | float | None) -> str:
@@ -120,7 +121,9 @@ def make_templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json, counted=counted)
+    env.filters.update(
+        utc=fmt_utc, local=fmt_local, age=fmt_age, json=fmt_json, counted=counted, strftime=strftime
+    )
     env.globals.update(
         pct=fmt_pct, statuses=queries.STATUSES, urlencode=urlencode, form_id=lambda: secrets.token_urlsafe(16)
     )
