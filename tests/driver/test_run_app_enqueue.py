@@ -20,14 +20,19 @@ def test_a_job_enqueues_follow_ups_with_app_enqueue(
         parent = client.enqueue("fan-out", {"n": 3})
 
         def done() -> bool:
+            # The leaves may run and complete before their parent's completion commits: the
+            # worker reports outcomes apart from the job threads. So both are waited for.
             return bool(
                 scalar(
-                    conn, "SELECT count(*) = 3 FROM jobs.runs WHERE kind = 'leaf' AND status = 'COMPLETED'"
+                    conn,
+                    "SELECT count(*) FILTER (WHERE kind = 'leaf' AND status = 'COMPLETED') = 3"
+                    " AND bool_or(id = %s AND status = 'COMPLETED') FROM jobs.runs",
+                    (parent.id,),
                 )
             )
 
         try:
-            wait_for("three leaf runs to complete", done, timeout=60)
+            wait_for("three leaf runs and their parent to complete", done, timeout=60)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{procs.tails()}") from None
         finished = client.get_run(parent.id)
