@@ -38,7 +38,7 @@ import psycopg
 from pgtick import calls
 from pgtick.db import connect
 from pgtick.identity import new_worker_id
-from pgtick.terminal import printable_line
+from pgtick.terminal import iso, printable_line
 
 SKIP_WARN_AFTER = 3
 #: The longest grace between SIGTERM and SIGKILL when the lease is lost (else ttl / 6).
@@ -180,10 +180,17 @@ def run_locked(
                 holder, until, skips = held if held else ("?", None, 0)
                 # Any owner text another language gave jobs.acquire_lease: shown, never obeyed.
                 holder = printable_line(str(holder))
-                print(f"skipped: lease {name} held by {holder} until {until}", flush=True)
+                # On standard error: standard output is the command's (`-- pg_dump > x.sql`),
+                # and a skip must not leave a file that reads as its output.
+                print(
+                    f"pgtick lock: skipped: lease {name} held by {holder} until {iso(until) or '?'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if skips >= SKIP_WARN_AFTER:
                     print(
-                        f"warning: lease {name} skipped {skips} times in a row; is {holder} stuck?",
+                        f"pgtick lock: warning: lease {name} skipped {skips} times in a row;"
+                        f" is {holder} stuck?",
                         file=sys.stderr,
                     )
                 return skipped_exit

@@ -1,7 +1,8 @@
 """`pgtick lock NAME --ttl D -- CMD`: skip-if-running for any cron command.
 
 * while one invocation holds the lease (renewed past its TTL), another prints one
-  line `skipped: lease NAME held by OWNER until T` and exits 75 without running CMD;
+  line `pgtick lock: skipped: lease NAME held by OWNER until T` on standard error (standard
+  output is CMD's) and exits 75 without running CMD;
 * a holder killed with -9 keeps the lease until its TTL runs out, then the next
   invocation takes it;
 * CMD's exit status passes through, and the lease is released when CMD ends
@@ -52,9 +53,13 @@ def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
 
     second = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "echo RAN"))
     assert second.returncode == 75, second
-    lines = second.stdout.splitlines()
+    assert second.stdout == "", f"a skip must leave standard output, the command's, empty: {second}"
+    lines = second.stderr.splitlines()
     assert len(lines) == 1, f"a skip must print exactly one line: {second}"
-    assert re.fullmatch(rf"skipped: lease nightly held by {re.escape(owner)} until \S.*", lines[0]), lines
+    assert re.fullmatch(
+        rf"pgtick lock: skipped: lease nightly held by {re.escape(owner)} until \d{{4}}-\d\d-\d\dT\S+Z",
+        lines[0],
+    ), lines
     assert "RAN" not in second.stdout + second.stderr, second
     assert holder.popen.poll() is None, f"the holder died:\n{holder.tail()}"
 
@@ -68,7 +73,7 @@ def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
     while True:
         began = time.monotonic() - killed
         result = pgtick(*lock(db.dsn, "nightly", "sh", "-c", "exit 3"))
-        attempts.append((round(began, 2), result.returncode, result.stdout.strip()))
+        attempts.append((round(began, 2), result.returncode, result.stderr.strip()))
         slowest = max(slowest, time.monotonic() - killed - began)
         if result.returncode != 75:
             break
@@ -78,7 +83,7 @@ def test_second_lock_skips_while_held_and_takes_over_after_the_holder_is_killed(
     taken_at = scalar(conn, "SELECT acquired_at FROM jobs.leases WHERE name = 'nightly'")
 
     context = (
-        f"attempts after kill -9 (t, exit, stdout): {attempts}; lease after {after}; "
+        f"attempts after kill -9 (t, exit, stderr): {attempts}; lease after {after}; "
         f"dead holder's lease until {dead_until}, taken over at {taken_at}"
     )
     # On the server's clock (a CLI start on a busy machine can outlast the whole TTL): never
@@ -281,7 +286,7 @@ def test_a_skip_names_a_holder_from_another_language_with_its_control_characters
         conn.execute("UPDATE jobs.leases SET consecutive_skips = 100 WHERE name = 'report'")
     skipped = pgtick(*lock(db.dsn, "report", "true", ttl=600))
     assert skipped.returncode == 75, skipped
-    assert "held by job^[[2J^[]0;x^G-7 until" in skipped.stdout, skipped.stdout
+    assert "held by job^[[2J^[]0;x^G-7 until" in skipped.stderr, skipped.stderr
     assert "is job^[[2J^[]0;x^G-7 stuck?" in skipped.stderr, skipped.stderr
     for text in (skipped.stdout, skipped.stderr):
         assert "\033" not in text and "\a" not in text, repr(text)
