@@ -773,13 +773,28 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _warn(command: str, message: str) -> None:
-    _say(f"pgtick {command}: warning: {printable_line(message)}")
+    _say(f"pgtick {command}: warning: {_readable(message)}")
 
 
 def _error(command: str, message: str) -> None:
     """The one line a failed command writes: the message may quote stored or given text (a
     name, a payload), so its control characters are shown, not sent to the terminal."""
-    _say(f"pgtick {command}: error: {printable_line(message)}")
+    _say(f"pgtick {command}: error: {_readable(message)}")
+
+
+#: A word of an error line longer than this is a value quoted whole (a schedule, a name, a
+#: number of thousands of characters): it is cut, so the line stays one that can be read.
+_LONGEST_WORD = 200
+
+
+def _readable(message: str) -> str:
+    """An error or warning line: control characters shown (``printable_line``) and every word
+    longer than ``_LONGEST_WORD`` characters cut to its start and its length."""
+    return re.sub(
+        rf"\S{{{_LONGEST_WORD + 1},}}",
+        lambda word: f"{word.group()[:80]}... ({len(word.group())} characters)",
+        printable_line(message),
+    )
 
 
 def _say(line: str) -> None:

@@ -211,8 +211,18 @@ def read_json(text: str) -> Any:
             raise ValueError(f"is not usable JSON: the number {number[:40]} is out of range")
         return Decimal(number)
 
+    def integer(digits: str) -> int:
+        # Python converts at most 4300 digits (sys.get_int_max_str_digits): a worker in Python
+        # could not read the run's payload.
+        if len(digits.lstrip("-")) > 4300:
+            raise ValueError(
+                f"is not usable JSON: the integer {digits[:20]}... has {len(digits.lstrip('-'))} digits,"
+                " more than a worker in Python reads (4300)"
+            )
+        return int(digits)
+
     try:
-        value = json.loads(text, parse_constant=refuse, parse_float=finite)
+        value = json.loads(text, parse_constant=refuse, parse_float=finite, parse_int=integer)
     except json.JSONDecodeError as exc:
         raise ValueError(f"is not valid JSON: {exc}") from None
     except RecursionError:

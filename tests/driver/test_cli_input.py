@@ -324,6 +324,16 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
         "out of range",
     ),
     ("after-year-0", ["preview", "0 9 * * *", "--after", "0000-12-31"], "--after:"),
+    (
+        "schedule-with-a-huge-unknown-part",
+        ["define", "x", "k", "--schedule", "FREQ=DAILY;" + "Z" * 3000 + "=1"],
+        "(3002 characters)",
+    ),
+    (
+        "payload-with-an-integer-python-cannot-read",
+        ["enqueue", "k", "--payload", '{"a": ' + "9" * 5000 + "}"],
+        "has 5000 digits, more than a worker in Python reads (4300)",
+    ),
     ("run-at-month-13", ["enqueue", "k", "--run-at", "2026-13-01"], "--run-at: the month must be 1 to 12"),
     (
         "run-at-february-30",
@@ -387,6 +397,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], needle: str) -> Non
     assert len(result.stderr.splitlines()) == 1, f"expected exactly one line on stderr:\n{shown}"
     assert result.stderr.startswith("pgtick"), shown
     assert needle in result.stderr, f"the error should say {needle!r}:\n{shown}"
+    assert len(result.stderr) <= 500, f"an error line of {len(result.stderr)} characters:\n{shown}"
     assert result.stdout == "", shown
 
 
