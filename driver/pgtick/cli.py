@@ -124,8 +124,9 @@ STATUSES = ["QUEUED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
 # and within the range it documents; a bad one is one line naming the option, exit 2,
 # before any connection.
 
-_INTEGER = re.compile(r"^\s*([+-]?)(\d+)\s*$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+# ASCII digits only: Python's \d and int() also take the digits of other scripts.
+_INTEGER = re.compile(r"^\s*([+-]?)([0-9]+)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 
 
@@ -547,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--overlap", choices=["queue", "skip", "buffer_one", "cancel_other"], help="default queue"
         ),
         group.add_argument(
-            "--timeout", type=duration(timedelta(days=366)), help="a run's time limit (up to 366d)"
+            "--timeout",
+            type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
+            help="a run's time limit (1s to 366d)",
         ),
         group.add_argument("--paused", action="store_true", help="define it paused"),
         group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
@@ -918,7 +921,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         queues=args.queues,
     )
     try:
-        if args.web and supervisor.child_index() is None:
+        if args.web is not None and supervisor.child_index() is None:  # (--web "" is refused there)
             # One dashboard per `pgtick run`: the supervisor serves it, its worker children do not.
             with connect(dsn) as conn:  # a schema it cannot serve: one line, before it starts
                 migrate.check_schema(conn)

@@ -319,17 +319,21 @@ def _read_csv(text: str, path: str) -> list[dict[str, Any]]:
                 raise UsageError(f"{path}:{number}: {key} must not contain {why}")
             try:
                 if key in _INT_FIELDS:
+                    # int() also takes "1_0" and other scripts' digits: a cell is ASCII digits.
+                    if not re.fullmatch(r"\s*[+-]?[0-9]{1,19}\s*", cell):
+                        raise ValueError(cell)
                     item[key] = int(cell)
                 elif key == "payload":
                     item[key] = read_json(cell)
                 elif key == "enabled":
                     item[key] = {"true": True, "false": False}[cell.strip().lower()]
-                elif key in ("timeout", "heartbeat_timeout") and cell.replace(".", "", 1).isdigit():
+                elif key in ("timeout", "heartbeat_timeout") and re.fullmatch(r"[0-9]+(\.[0-9]+)?", cell):
                     item[key] = float(cell)
                 else:
                     item[key] = cell
             except (ValueError, KeyError) as exc:
-                raise UsageError(f"{path}:{number}: bad {key} {cell!r}") from exc
+                shown = cell if len(cell) <= 40 else cell[:40] + "..."
+                raise UsageError(f"{path}:{number}: bad {key} {shown!r}") from exc
         out.append(item)
     return out
 

@@ -956,6 +956,12 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
             b"b,k,@daily,high\n",
             "defs.csv:4: bad priority 'high'",
         ),
+        (b"name,kind,schedule,priority\na,k,@daily,1_0\n", "defs.csv:2: bad priority '1_0'"),
+        ("name,kind,schedule,priority\na,k,@daily,\u0663\n".encode(), "defs.csv:2: bad priority '\u0663'"),
+        (
+            b"name,kind,schedule,priority\na,k,@daily," + b"9" * 5000 + b"\n",
+            "defs.csv:2: bad priority '" + "9" * 40 + "...'",
+        ),
     ],
     ids=[
         "nul-in-a-cell",
@@ -965,6 +971,9 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
         "text-after-a-closing-quote",
         "a-cell-past-the-header",
         "a-record-after-a-cell-of-two-lines",
+        "an-integer-with-an-underscore",
+        "an-integer-in-another-script",
+        "an-integer-of-thousands-of-digits",
     ],
 )
 def test_a_definitions_csv_the_database_cannot_take_is_one_line_before_any_change(

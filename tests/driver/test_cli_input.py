@@ -334,6 +334,19 @@ REFUSED: list[tuple[str, list[str | bytes], str]] = [
         ["enqueue", "k", "--payload", '{"a": ' + "9" * 5000 + "}"],
         "has 5000 digits, more than a worker in Python reads (4300)",
     ),
+    (
+        "timeout-under-a-second",
+        ["define", "dd", "k", "--schedule", "@daily", "--timeout", "0.0004s"],
+        "--timeout: must be at least 1s",
+    ),
+    (
+        "duration-in-other-digits",
+        ["define", "dd", "k", "--schedule", "@daily", "--timeout", "\u0661\u0660m"],
+        "--timeout",
+    ),
+    ("integer-in-other-digits", ["enqueue", "k", "--priority", "\u0663"], "--priority"),
+    ("integer-with-an-underscore", ["enqueue", "k", "--priority", "1_0"], "--priority"),
+    ("web-empty", ["run", "examples/app.py", "--web", ""], "--web"),
     ("run-at-month-13", ["enqueue", "k", "--run-at", "2026-13-01"], "--run-at: the month must be 1 to 12"),
     (
         "run-at-february-30",
