@@ -14,6 +14,7 @@ docs/cli.md) and how to show it to a person. Tables and marks live in
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import logging
 import os
@@ -345,6 +346,11 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         message = " ".join(message.split())  # one line, whatever argparse built
+        unknown = re.fullmatch(r"argument COMMAND: invalid choice: '(.*)' \(choose from (.*)\)", message)
+        if unknown:  # a mistyped command: the closest one, not the list of all 25
+            close = difflib.get_close_matches(unknown[1], re.findall(r"'([^']*)'", unknown[2]), n=1)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            message = f"COMMAND: invalid choice: {_shown(unknown[1])}{guess}"
         self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
 
 
@@ -2258,16 +2264,51 @@ def cmd_dsn(args: argparse.Namespace) -> Result:
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parse argv; for ``pgtick lock ... -- CMD ARGS`` everything after the first ``--``
-    is the command, verbatim (its own options included)."""
+    is the command, verbatim (its own options included). Words no option takes are reported
+    by the command they were given to (``pgtick show: error: ...``)."""
     if "--" in argv:
         split = argv.index("--")
         head, command = argv[:split], argv[split + 1 :]
         subcommand = next((a for a in head if not a.startswith("-")), None)
         if subcommand == "lock":
-            args = parser.parse_args(head)
+            args = _parse_known(parser, head)
+            if args.cmd:
+                _subparser(parser, "lock").error(
+                    f"unrecognized arguments: {' '.join(args.cmd)} (the command goes after --)"
+                )
             args.cmd = command
             return args
-    return parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if getattr(args, "command", None) == "lock" and (args.cmd or extras):  # no -- before the command
+        given = " ".join([*args.cmd, *extras])
+        _subparser(parser, "lock").error(
+            f"give the command after --: pgtick lock {args.name} --ttl ... -- {given}"
+        )
+    _refuse_extras(parser, args, extras)
+    return args
+
+
+def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    args, extras = parser.parse_known_args(argv)
+    _refuse_extras(parser, args, extras)
+    return args
+
+
+def _refuse_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Words no option took: reported by the command they were given to."""
+    if extras:
+        _subparser(parser, getattr(args, "command", None)).error(
+            f"unrecognized arguments: {' '.join(extras)}"
+        )
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``command`` (the top-level parser when there is none)."""
+    for action in parser._actions:  # argparse keeps its subparsers there, and only there
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

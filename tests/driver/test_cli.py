@@ -43,6 +43,20 @@ INJECTION = "x'); DROP TABLE jobs.runs; --"
 BAD_INPUT = [
     ("unknown-command", ["frobnicate"], 2, "invalid choice: 'frobnicate'"),
     ("unknown-option", ["status", "--colour", "--dsn", "{dsn}"], 2, "unrecognized arguments: --colour"),
+    ("mistyped-command", ["stat"], 2, "pgtick: error: COMMAND: invalid choice: 'stat'; did you mean status?"),
+    ("unknown-option-named-by-its-command", ["show", "1", "--bogus"], 2, "pgtick show: error: unrecognized"),
+    (
+        "lock-without-dashes",
+        ["lock", "l", "--ttl", "5m", "echo", "hi", "--dsn", "{dsn}"],
+        2,
+        "pgtick lock: error: give the command after --: pgtick lock l --ttl ... -- echo hi",
+    ),
+    (
+        "lock-with-the-command-before-its-options",
+        ["lock", "l", "echo", "hi", "--ttl", "5m", "--dsn", "{dsn}"],
+        2,
+        "pgtick lock: error: give the command after --",
+    ),
     ("unreachable-db", ["status", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
     ("unreachable-db-migrate", ["migrate", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
     ("unreachable-db-run", ["run", EXAMPLE, "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
