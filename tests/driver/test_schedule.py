@@ -460,6 +460,21 @@ def test_date_until_includes_the_whole_day() -> None:
     assert runs[-1] == utc(2026, 1, 10, 18)
 
 
+@pytest.mark.parametrize("frequency", ["DAILY", "MINUTELY"])
+def test_a_utc_until_before_the_zones_first_wall_time_has_no_occurrences(frequency: str) -> None:
+    """UNTIL at the first instant of the year 1 is before every wall time of a zone west of
+    UTC: a rule with no occurrences, said at once, not a walk towards the year 9999 (which
+    held a leader's tick for minutes)."""
+    with pytest.raises(
+        ScheduleError, match=r"rule has no occurrences \(UNTIL: no wall time of America/New_York"
+    ):
+        parse_schedule(f"FREQ={frequency};UNTIL=00010101T000000Z", "America/New_York", anchor=utc(2023, 1, 1))
+    # East of UTC the same bound follows the zone's first wall times: the rule keeps its runs.
+    east = parse_schedule(f"FREQ={frequency};UNTIL=00010103T000000Z", "Asia/Tokyo", anchor=utc(1, 1, 1))
+    runs = east.between(utc(1, 1, 1), utc(1, 1, 5), limit=5)
+    assert runs and all(run <= utc(1, 1, 3) for run in runs), runs
+
+
 def test_exdate_and_rdate_in_other_notations() -> None:
     schedule = parse_schedule(
         "DTSTART;TZID=America/New_York:20260301T093000\nRRULE:FREQ=DAILY;COUNT=4\n"

@@ -538,7 +538,10 @@ def _until_wall_time(until: _DateTimeValue, zone: ZoneInfo) -> datetime | None:
     if until.is_date:  # a date bounds the rule inclusively: the whole day counts
         return until.value.replace(hour=23, minute=59, second=59)
     if until.is_utc:
-        return latest_wall_time_until(until.value.replace(tzinfo=UTC), zone)
+        try:
+            return latest_wall_time_until(until.value.replace(tzinfo=UTC), zone)
+        except ScheduleError as why:  # an UNTIL before every wall time: not one occurrence
+            raise ScheduleError(f"RRULE: rule has no occurrences (UNTIL: {why.detail})") from None
     return until.value
 
 

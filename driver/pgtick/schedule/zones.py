@@ -261,7 +261,8 @@ def latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | None
     """The latest whole-second wall time whose earliest run is at or before `instant`.
 
     None when every representable wall time qualifies.  Turns a UTC ``UNTIL`` into the
-    naive bound dateutil needs.
+    naive bound dateutil needs.  ScheduleError when none does: the instant is earlier than
+    the zone's first wall time, in the year 1 (``UNTIL=00010101T000000Z`` west of UTC).
     """
 
     def runs_by(wall: datetime) -> bool:
@@ -271,7 +272,10 @@ def latest_wall_time_until(instant: datetime, zone: ZoneInfo) -> datetime | None
     try:
         low = wall_time(instant, zone).replace(microsecond=0)
     except OverflowError:
-        return None
+        if instant.year > 1:  # past the last wall time: every one is before it
+            return None
+        first = strftime(instant, "%Y-%m-%dT%H:%M:%SZ")
+        raise ScheduleError(f"no wall time of {zone.key} is at or before {first}") from None
     try:
         high = low + timedelta(days=1)
     except OverflowError:
