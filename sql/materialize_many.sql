@@ -143,10 +143,12 @@ BEGIN
                   materialize_many.new_next_run_ats) AS i (id, expected, new_next)
       LEFT JOIN unnest(materialize_many.run_definition_ids, materialize_many.run_times) AS t (id, at)
         ON t.id = i.id
-     WHERE NOT isfinite(i.new_next) OR i.new_next < i.expected
-        OR (i.expected IS NOT NULL AND jobs._instant_problem(i.expected) IS NOT NULL)
-        OR (i.new_next IS NOT NULL AND jobs._instant_problem(i.new_next) IS NOT NULL)
-        OR (t.id IS NOT NULL AND (jobs._instant_problem(t.at) IS NOT NULL
+     -- (jobs._instant_problem's bounds, as expressions: no function call per run time)
+     WHERE i.new_next < i.expected
+        OR i.expected < '0001-01-02 00:00:00+00' OR i.expected >= '9999-12-31 00:00:00+00'
+        OR i.new_next < '0001-01-02 00:00:00+00' OR i.new_next >= '9999-12-31 00:00:00+00'
+        OR (t.id IS NOT NULL AND (t.at IS NULL
+                                  OR t.at < '0001-01-02 00:00:00+00' OR t.at >= '9999-12-31 00:00:00+00'
                                   OR t.at < i.expected OR t.at >= i.new_next));
     v_bad := coalesce(v_bad, '{}');
     FOREACH v_id IN ARRAY v_bad LOOP
