@@ -707,21 +707,25 @@ def test_a_count_rule_far_into_its_life_runs_as_walked_from_dtstart(
         ]
     ),
     times=st.sampled_from(["", ";BYHOUR=23", ";BYHOUR=5;BYMINUTE=30"]),
+    ends=st.sampled_from(
+        ["", "", ";COUNT=7", ";COUNT=40", ";BYSETPOS=1", ";BYSETPOS=-1", ";BYSETPOS=2;COUNT=5"]
+    ),
     offset=st.integers(0, 400 * 86400),
     zone_name=st.sampled_from(["UTC", "Europe/Sofia", "America/New_York"]),
 )
 def test_a_sub_daily_rule_that_leaves_days_out_runs_as_walked_from_dtstart(
-    frequency: str, interval: int, days: str, times: str, offset: int, zone_name: str
+    frequency: str, interval: int, days: str, times: str, ends: str, offset: int, zone_name: str
 ) -> None:
     """A rule of hours, minutes or seconds with day parts starts its expansion at the next day
-    they let through: what runs is what a walk from DTSTART over every left-out day gives."""
+    they let through, a COUNT counted and a BYSETPOS picked along: what runs is what a walk
+    from DTSTART over every left-out day gives."""
     # The walk from DTSTART passes every occurrence and, in seconds, every minute of a day
     # left out before the query: keep it short.
     offset %= {"HOURLY": 400, "MINUTELY": 60, "SECONDLY": 1}[frequency] * 86400
     if frequency == "SECONDLY" and days not in ("BYDAY=SU", "BYMONTHDAY=13"):
         days = "BYMONTHDAY=13"
     start = datetime(2027, 1, 11, 5, 30, 17)
-    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:FREQ={frequency};INTERVAL={interval};{days}{times}"
+    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:FREQ={frequency};INTERVAL={interval};{days}{times}{ends}"
     try:
         schedule = parse_schedule(text, zone_name)
     except ScheduleError:  # no occurrence at all (an hour the interval never reaches)
@@ -762,6 +766,29 @@ def test_a_rule_of_seconds_on_one_day_in_28_years_is_expanded_day_by_day() -> No
             "UTC",
             anchor=utc(2026, 12, 5),
         )
+
+
+@pytest.mark.timeout(60)  # walked second by second over 28 years, each took about 20 s
+def test_count_and_bysetpos_rules_on_one_day_in_28_years_are_expanded_day_by_day() -> None:
+    """COUNT and BYSETPOS do not send such a rule back to dateutil's walk: the occurrences are
+    counted, and picked within each period, day by day."""
+    anchor = utc(2026, 12, 5)
+    counted = parse_with_anchor(
+        "FREQ=SECONDLY;BYHOUR=23;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO;COUNT=3601", "UTC", anchor=anchor
+    )
+    assert counted.next_after(anchor) == utc(2044, 2, 29, 23, 0)
+    # 3,600 seconds in 2044's hour, counted before the query; the last one, in 2072.
+    assert counted.next_after(utc(2044, 2, 29, 23, 59, 59)) == utc(2072, 2, 29, 23, 0)
+    assert counted.next_after(utc(2072, 2, 29, 23, 0)) is None
+    picked = parse_with_anchor(
+        "FREQ=MINUTELY;BYHOUR=23;BYSECOND=0,30;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO;BYSETPOS=-1",
+        "UTC",
+        anchor=anchor,
+    )
+    assert picked.between(anchor, utc(2044, 2, 29, 23, 2), limit=5) == [
+        utc(2044, 2, 29, 23, 0, 30),
+        utc(2044, 2, 29, 23, 1, 30),
+    ]
 
 
 @pytest.mark.timeout(60)  # dateutil looks for such a period up to the year 9999: hours for MINUTELY

@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta, tzinfo
+from itertools import islice
 from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -127,8 +128,8 @@ class Rule:
     # by arithmetic, never walked.
     one_per_period: bool = False
     # A rule of hours, minutes or seconds with BYMONTH, BYMONTHDAY or BYYEARDAY (and its
-    # BYDAY), no COUNT and no BYSETPOS: those day parts as dateutil keywords, and its UNTIL
-    # as a wall time; it is expanded day by day (`_DayByDay`). Empty for any other rule.
+    # BYDAY): those day parts as dateutil keywords, and its UNTIL as a wall time; it is
+    # expanded day by day (`_DayByDay`), a COUNT counted along. Empty for any other rule.
     day_parts: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     until_wall: datetime | None = None
     # COUNT rules: (rebased start, occurrences before it), ascending; learned as walked.
@@ -147,7 +148,10 @@ class Rule:
         if not rebase:
             return self.template
         if self.day_parts:
-            return _DayByDay(self, not_before)
+            if self.count is None:
+                return _DayByDay(self, not_before)
+            left = self.count - self.counted_before(not_before, self.count)
+            return islice(_DayByDay(self, not_before), left) if left > 0 else None
         start = self.rebased_start(self.start, not_before)
         if start == self.start:
             return self.template
@@ -169,8 +173,11 @@ class Rule:
             since, counted = self.start, 0
         if since == start:
             return counted
-        # From a rebased start the rule expands as from DTSTART (see `rebased_start`).
-        expansion = self.template.replace(dtstart=since, count=None)
+        # From a rebased start the rule expands as from DTSTART (see `rebased_start`); a rule
+        # with day parts, day by day from any wall time.
+        expansion: Iterable[datetime] = (
+            _DayByDay(self, since) if self.day_parts else self.template.replace(dtstart=since, count=None)
+        )
         for wall in _walked(iter(expansion)):
             if wall >= start or counted >= limit:
                 break
@@ -277,7 +284,8 @@ class _DayByDay:
                 start = rule.rebased_start(self.start, lowest)
                 # Without its day parts (this day has them all): dateutil tests UNTIL only on
                 # a wall time it found, and with them it would look for the next one for years.
-                for wall in template.replace(dtstart=start, until=last, **_NO_DAY_PARTS):
+                # (COUNT counts across days: `expansion_from` and `counted_before` count.)
+                for wall in template.replace(dtstart=start, until=last, count=None, **_NO_DAY_PARTS):
                     if wall >= lowest:
                         yield wall
         except (ValueError, OverflowError):  # past the year 9999
@@ -495,11 +503,9 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
     except ValueError as error:
         raise ScheduleError(f"RRULE: rule has no occurrences ({error})") from None
     # Days of the week alone leave at most six days out: expanded as they are.
-    day_by_day = (
-        frequency in (HOURLY, MINUTELY, SECONDLY)
-        and "count" not in options
-        and "bysetpos" not in options
-        and bool(given & {"bymonth", "bymonthday", "byyearday"})
+    # Sub-daily periods never span two days, so BYSETPOS picks within a day's periods alike.
+    day_by_day = frequency in (HOURLY, MINUTELY, SECONDLY) and bool(
+        given & {"bymonth", "bymonthday", "byyearday"}
     )
     return Rule(
         template,
