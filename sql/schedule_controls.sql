@@ -11,8 +11,10 @@
 -- ===========================================================================
 
 -- Private: the error of jobs.jitter_offset for a jitter over a day (a SQL function cannot raise).
+-- Not IMMUTABLE: the planner would call such a function on a constant argument ahead of time,
+-- in a CASE branch that is never taken too.
 CREATE OR REPLACE FUNCTION jobs._jitter_refused(jitter interval) RETURNS interval
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
 END $$;
