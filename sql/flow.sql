@@ -289,9 +289,22 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 BEGIN
     PERFORM jobs._check_name('name', pause_queue.name);
     INSERT INTO jobs.paused_queues (name) VALUES (pause_queue.name) ON CONFLICT DO NOTHING;
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    -- A name nothing uses is paused all the same (runs may come), but it may be a typo that
+    -- leaves the queue meant running: say so, as an enqueue of an unknown kind does.
+    IF NOT EXISTS (SELECT FROM jobs.runs AS r
+                    WHERE (r.status = 'QUEUED' OR r.status = 'RUNNING') AND r.queue = pause_queue.name)
+       AND NOT EXISTS (SELECT FROM jobs.definitions AS d WHERE d.queue = pause_queue.name)
+       AND NOT EXISTS (SELECT FROM jobs.limits AS l WHERE l.scope = 'queue' AND l.name = pause_queue.name) THEN
+        RAISE NOTICE 'no queued or running run, definition or limit uses queue %: it is paused for the runs to come',
+            quote_literal(pause_queue.name)
+            USING HINT = 'Check the spelling: jobs.queues lists the queues in use.';
+    END IF;
+    RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs.pause_queue(text) IS 'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused.';
+COMMENT ON FUNCTION jobs.pause_queue(text) IS 'Stop claiming from the named queue: a claim that starts after this commits takes nothing from it; RUNNING runs finish. Returns false if it was already paused. A NOTICE says so when no live run, definition or limit uses the queue (a typo?).';
 
 -- Resume claiming from a paused queue; returns true if it was paused.
 CREATE OR REPLACE FUNCTION jobs.resume_queue(name text) RETURNS boolean

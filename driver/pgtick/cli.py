@@ -1311,8 +1311,12 @@ def cmd_pause_resume(args: argparse.Namespace) -> Result:
 
 def cmd_queue_pause(args: argparse.Namespace) -> Result:
     pause = args.command == "pause-queue"
+    notices: list[str] = []
     with connect(_dsn(args)) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         changed = calls.pause_queue(conn, args.name) if pause else calls.resume_queue(conn, args.name)
+    for notice in notices:  # a queue nothing uses: a typo?
+        _warn(args.command, notice)
     state = "paused" if pause else "resumed"
     text = (
         f"queue={args.name} {state}"

@@ -258,6 +258,7 @@ def test_every_other_command_prints_json_valid_against_its_schema(
     cases: list[tuple[str, list[str]]] = [
         ("define", ["define", "hourly", "report", "--schedule", "0 * * * *"]),
         ("enqueue", ["enqueue", "report", "--payload", '{"a": 1}']),
+        ("enqueue", ["enqueue", "report", "--queue", "mail"]),  # a queue in use, paused below
         ("run-now", ["run-now", "hourly"]),
         ("cancel", ["cancel", "--definition", "hourly"]),
         ("cancel", ["cancel", "10"]),

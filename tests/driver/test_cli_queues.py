@@ -24,6 +24,25 @@ def test_pause_and_resume_queue_from_the_cli(db: Database) -> None:
     assert pgtick("resume-queue", "mail", *dsn).stdout == "queue=mail already running\n"
 
 
+def test_pausing_a_queue_nothing_uses_warns_that_it_may_be_a_typo(db: Database) -> None:
+    """ "mial" for "mail": the pause is made (runs may come), but a warning says that no live
+    run, definition or limit uses the queue, so the operator sees that "mail" still runs."""
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('send', queue => 'mail')")
+    typo = pgtick("pause-queue", "mial", "--dsn", db.dsn)
+    assert typo.returncode == 0 and typo.stdout == "queue=mial paused\n", typo
+    assert typo.stderr.startswith(
+        "pgtick pause-queue: warning: no queued or running run, definition or limit uses"
+    ), typo
+    assert "'mial'" in typo.stderr and len(typo.stderr.splitlines()) == 1, typo.stderr
+    meant = pgtick("pause-queue", "mail", "--dsn", db.dsn)
+    assert (meant.returncode, meant.stdout, meant.stderr) == (0, "queue=mail paused\n", ""), meant
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.set_limit('queue', 'reports', max_running => 2)")
+    limited = pgtick("pause-queue", "reports", "--dsn", db.dsn)
+    assert limited.stderr == "", "a queue with a limit is in use"
+
+
 def test_enqueue_into_a_queue_with_a_concurrency_key(db: Database) -> None:
     out = pgtick("enqueue", "quick", "--queue", "tenants", "--concurrency-key", "acme", "--dsn", db.dsn)
     assert out.returncode == 0, out.stderr

@@ -107,3 +107,22 @@ def test_queues_view_lists_queues_in_use(conn: Conn) -> None:
     assert rows["a"] == (False, 2, None)
     assert rows["limited"] == (False, 0, 3)
     assert rows["idle"] == (True, 0, None)
+
+
+def test_pausing_a_queue_nothing_uses_raises_a_notice_and_pauses_it(conn: Conn) -> None:
+    """A queue no live run, definition or limit uses may be a typo: the pause is made, with a
+    NOTICE naming it; a queue in use, or one paused already, gets none."""
+    _enqueue(conn, "k", "mail", 1)
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    assert scalar(conn, "SELECT jobs.pause_queue('mial')") is True
+    assert notices == [
+        "no queued or running run, definition or limit uses queue 'mial': it is paused for the runs to come"
+    ], notices
+    assert scalar(conn, "SELECT count(*) FROM jobs.paused_queues WHERE name = 'mial'") == 1
+    notices.clear()
+    assert scalar(conn, "SELECT jobs.pause_queue('mial')") is False
+    conn.execute("SELECT jobs.define('nightly', 'k', '0 3 * * *', queue => 'reports')")
+    assert scalar(conn, "SELECT jobs.pause_queue('mail')") is True
+    assert scalar(conn, "SELECT jobs.pause_queue('reports')") is True
+    assert notices == [], notices
