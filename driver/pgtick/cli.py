@@ -1341,12 +1341,21 @@ def cmd_scope_worker(args: argparse.Namespace) -> Result:
         return Result(data, lambda st, w: text)
     if args.kinds is None and args.queues is None:
         raise UsageError("give --kinds, --queues or both (pgtick unscope-worker lifts a scope)")
-    with connect_dicts(_dsn(args)) as conn:
+    with connect_dicts(_dsn(args)) as conn, conn.transaction():
+        before = conn.execute(
+            "SELECT kinds, queues FROM jobs.worker_scopes WHERE role = %s", (args.role,)
+        ).fetchone()
         row = calls.scope_worker(conn, args.role, args.kinds, args.queues)
 
     def shown(names: list[str] | None) -> str:
         return "any" if names is None else ",".join(names)
 
+    # The scope is replaced whole: a list not given is "any". Widening one the login had
+    # (--queues alone, after --kinds) is what was asked, but worth a line.
+    for part, option in (("kinds", "--kinds"), ("queues", "--queues")):
+        if before is not None and before[part] is not None and row[part] is None:
+            widened = f"{part} widened from {shown(before[part])} to any"
+            _warn(args.command, f"{widened} ({option} not given; a scope is set whole)")
     text = f"role={row['role']} kinds={shown(row['kinds'])} queues={shown(row['queues'])}"
     return Result({**row, "scoped": True, "changed": True}, lambda st, w: text)
 

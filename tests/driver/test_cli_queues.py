@@ -92,6 +92,10 @@ def test_scope_and_unscope_a_worker_login_from_the_cli(db: Database) -> None:
             assert row == (["send-email", "send-sms"], ["mail"]), row
             out = pgtick("scope-worker", role, "--queues", "reports", "--json", *dsn)
             assert out.returncode == 0, out.stderr
+            assert out.stderr == (
+                "pgtick scope-worker: warning: kinds widened from send-email,send-sms to any"
+                " (--kinds not given; a scope is set whole)\n"
+            ), out.stderr
             assert json.loads(out.stdout) == {
                 "role": role,
                 "kinds": None,
