@@ -972,6 +972,7 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
         try:
             done = migrate.apply(conn, progress=progress)
         except KeyboardInterrupt:
+            conn.close()  # as for a backfill: its statement may still be ending
             _say_where_migrate_stopped(dsn, committed)
             raise
         except psycopg.Error as exc:
@@ -1124,6 +1125,9 @@ def cmd_backfill(args: argparse.Namespace) -> Result:
             with Bar("backfill", 1.0, enabled=_progress_enabled(), percent=True) as bar:
                 materialize_backfills(conn, progress=bar.reached, occurrences=held)
         except KeyboardInterrupt:
+            # The interrupted statement may still be ending on this connection: closed, not
+            # rolled back (a rollback then fails, and psycopg logs that on standard error).
+            conn.close()
             _withdraw_backfill(dsn, row["id"])
             raise
         done = calls.backfill_request(conn, row["id"])
