@@ -97,6 +97,7 @@ DECLARE
     v_deps text;
     v_moved_id bigint;
     v_moved_at timestamptz;
+    v_unique_since timestamptz;
 BEGIN
     -- Each check is first a plain expression (no statement) that a valid argument passes; where
     -- it does not, the helper that owns the message decides, in the same order as ever, so a bad
@@ -177,6 +178,11 @@ BEGIN
     IF enqueue.unique_key IS NOT NULL THEN
         PERFORM jobs._require_read_committed('an enqueue with a unique_key');
         PERFORM pg_advisory_xact_lock(jobs._unique_key(enqueue.kind, enqueue.unique_key));
+        -- unique_for as elapsed time (a day is 24 hours, a month 30 days, as jobs.reap counts):
+        -- now() - interval '1 day' steps back a calendar day in the session's TimeZone, 23 or
+        -- 25 hours across a DST change, so two callers with different settings would disagree
+        -- on whether a run of the key is in the window, and both add one.
+        v_unique_since := now() - make_interval(secs => extract(EPOCH FROM enqueue.unique_for));
         -- Under the lock, a fresh snapshot: any earlier enqueue of this key has committed.
         SELECT r.* INTO v_run
           FROM jobs.runs AS r
@@ -185,7 +191,7 @@ BEGIN
                    WHEN 'queued' THEN r.status = 'QUEUED'
                    WHEN 'active' THEN r.status IN ('QUEUED', 'RUNNING')
                    ELSE TRUE END
-           AND (enqueue.unique_for IS NULL OR r.created_at > now() - enqueue.unique_for)
+           AND (enqueue.unique_for IS NULL OR r.created_at > v_unique_since)
          ORDER BY r.id DESC
          LIMIT 1
            FOR UPDATE;
@@ -195,7 +201,7 @@ BEGIN
             SELECT k.run_id, k.finished_at INTO v_moved_id, v_moved_at
               FROM jobs.run_history_keys AS k
              WHERE k.kind = enqueue.kind AND k.unique_key = enqueue.unique_key
-               AND (enqueue.unique_for IS NULL OR k.created_at > now() - enqueue.unique_for)
+               AND (enqueue.unique_for IS NULL OR k.created_at > v_unique_since)
              ORDER BY k.run_id DESC
              LIMIT 1;
             IF v_moved_id IS NOT NULL THEN
@@ -272,7 +278,7 @@ COMMENT ON FUNCTION jobs.enqueue(
     text, jsonb, timestamptz, integer, text, integer, interval, interval,
     text, text, text, text, interval, text, bigint[]
 ) IS
-'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run, while it is kept (a key whose run retention pruned adds a new run). unique_key: while a run of the kind with that key is queued | active | ever (unique_while; ever = until pruned), created within unique_for, no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled; refused with on_conflict replace (a replace keeps what the queued run waits on); ignore and debounce leave a run of the key its own. Every argument is checked before the key is looked up: a bad call fails alike whatever the key''s state and changes nothing.';
+'Queue an ad-hoc run of kind at run_at in queue, with an optional concurrency_key. idempotency_key (per kind): a second call returns the existing run, while it is kept (a key whose run retention pruned adds a new run). unique_key: while a run of the kind with that key is queued | active | ever (unique_while; ever = until pruned), created within unique_for (elapsed time, whatever the session''s TimeZone: a day is 24 hours, a month 30 days), no run is added; on_conflict ignore returns it, replace updates a QUEUED one''s payload and scheduled_for, debounce moves a QUEUED one''s scheduled_for. depends_on: not claimable until those runs completed; cancelled (DependencyFailed) if one fails for good or is cancelled; refused with on_conflict replace (a replace keeps what the queued run waits on); ignore and debounce leave a run of the key its own. Every argument is checked before the key is looked up: a bad call fails alike whatever the key''s state and changes nothing.';
 
 -- Queue many ad-hoc runs of one kind in one statement (one per element of the JSON array payloads).
 CREATE OR REPLACE FUNCTION jobs.enqueue_many(

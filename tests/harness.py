@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -490,6 +490,21 @@ def run_row(conn: Conn, run_id: int) -> dict[str, Any]:
     assert row is not None, f"run {run_id} does not exist"
     assert cur.description is not None
     return {col.name: value for col, value in zip(cur.description, row, strict=True)}
+
+
+def spring_forward_zone(conn: Conn) -> str:
+    """A POSIX time zone (UTC in winter, UTC+1 in summer) whose clocks went forward twelve
+    hours before the server's now(): in a session set to it, ``now() - interval '1 day'`` is
+    23 hours back, not 24 (PostgreSQL steps back a calendar day in the session's zone)."""
+    now: datetime = scalar(conn, "SELECT now()")
+    at = now.astimezone(UTC) - timedelta(hours=12)
+    day = at.timetuple().tm_yday - 1  # POSIX n: the day of the year from 0, February 29 counted
+    zone = f"XST0XDT,{day}/{at.hour},{(day + 180) % 365}/0"
+    with conn.transaction():
+        conn.execute(f"SET LOCAL TIME ZONE '{zone}'")
+        gap = scalar(conn, "SELECT now() - (now() - interval '1 day')")
+    assert gap == timedelta(hours=23), f"zone {zone}: a day back is {gap}, not 23 hours"
+    return zone
 
 
 def digest(conn: Conn) -> dict[str, Any]:

@@ -8,7 +8,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import BlockedCall, Conn, Database, digest, expect_error, gated, race, run_row, scalar
+from harness import (
+    BlockedCall,
+    Conn,
+    Database,
+    digest,
+    expect_error,
+    gated,
+    race,
+    run_row,
+    scalar,
+    spring_forward_zone,
+)
 
 
 def _enqueue(conn: Conn, sql_args: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
@@ -221,6 +232,32 @@ def test_unique_for_limits_the_window(conn: Conn) -> None:
     assert same["id"] == old["id"]
     fresh = _enqueue(conn, "'k', unique_key => 'w', unique_while => 'ever', unique_for => '1 hour'")
     assert fresh["id"] != old["id"]
+
+
+def test_unique_for_is_elapsed_time_whatever_the_sessions_time_zone(conn: Conn) -> None:
+    """A run of the key created 23 hours 30 minutes ago is within unique_for '1 day' for every
+    caller. In a session whose zone sprang forward during that day, now() - interval '1 day'
+    is only 23 hours back: read that way, the run fell out of the window and a second run of
+    the key was queued beside it."""
+    first = _enqueue(conn, "'k', unique_key => 'daily', unique_while => 'ever'")
+    conn.execute(
+        "UPDATE jobs.runs SET created_at = now() - interval '23 hours 30 minutes' WHERE id = %s",
+        (first["id"],),
+    )
+    zone = spring_forward_zone(conn)
+    conn.execute(f"SET TIME ZONE '{zone}'")
+    again = _enqueue(conn, "'k', unique_key => 'daily', unique_while => 'ever', unique_for => '1 day'")
+    queued = conn.execute("SELECT id FROM jobs.runs WHERE unique_key = 'daily' ORDER BY id").fetchall()
+    assert again["id"] == first["id"] and queued == [(first["id"],)], (
+        f"zone {zone}: enqueue returned run {again['id']}; runs of the key {queued}"
+    )
+    # 24 hours and more back is out of the window, in any zone.
+    conn.execute(
+        "UPDATE jobs.runs SET created_at = now() - interval '24 hours 1 second' WHERE id = %s", (first["id"],)
+    )
+    conn.execute("SET TIME ZONE 'UTC'")
+    fresh = _enqueue(conn, "'k', unique_key => 'daily', unique_while => 'ever', unique_for => '1 day'")
+    assert fresh["id"] != first["id"]
 
 
 def test_idempotency_key_is_per_kind(conn: Conn) -> None:
