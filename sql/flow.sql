@@ -534,6 +534,10 @@ BEGIN
     -- From 1 second (jobs._duration_bounds): a rate window shorter than a claim's own
     -- transaction counts almost none of its starts, so it would lift the limit instead.
     PERFORM jobs._check_duration('rate_period', set_limit.rate_period);
+    -- Kept as elapsed time (1 day as 24:00:00): claims count the window as now() - rate_period,
+    -- and an interval with days steps back calendar days in the claiming session's TimeZone,
+    -- 23 hours across a spring-forward, which would forget (and drop) an hour of starts.
+    set_limit.rate_period := make_interval(secs => extract(EPOCH FROM set_limit.rate_period));
     IF set_limit.max_running IS NULL AND set_limit.rate_limit IS NULL THEN
         RAISE EXCEPTION 'give max_running, or rate_limit with rate_period (jobs.remove_limit removes a limit)'
             USING ERRCODE = '22023';
@@ -618,7 +622,7 @@ BEGIN
     PERFORM jobs._notify();  -- a raised limit may let waiting runs start
     RETURN v_limit;
 END $$;
-COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; rate_period from 1 second to 1 day; per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings (a new limit, or a per-key one whose queue or kind has runs of more than 1,000 keys: for every claim in progress, at most 5 s, then 55P03 and nothing changed); READ COMMITTED only (25000).';
+COMMENT ON FUNCTION jobs.set_limit(text, text, integer, integer, interval, boolean) IS 'Create or replace the limit of a queue or kind (scope queue | kind): at most max_running RUNNING and at most rate_limit starts per trailing rate_period, across all workers; rate_period from 1 second to 1 day, stored as elapsed time (1 day as 24:00:00, the same window whatever the claiming session''s TimeZone); per_key => true applies it to each concurrency_key separately. Waits for the claims in progress that started runs under the old settings (a new limit, or a per-key one whose queue or kind has runs of more than 1,000 keys: for every claim in progress, at most 5 s, then 55P03 and nothing changed); READ COMMITTED only (25000).';
 
 -- Remove the limit of a queue or kind; returns true if there was one.
 CREATE OR REPLACE FUNCTION jobs.remove_limit(scope text, name text) RETURNS boolean

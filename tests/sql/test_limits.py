@@ -22,6 +22,7 @@ from harness import (
     claim_after_a_wait,
     expect_error,
     scalar,
+    spring_forward_zone,
     wait_for,
     waits_on_lock,
 )
@@ -222,6 +223,27 @@ def test_rate_limit_counts_starts_in_the_trailing_window(conn: Conn) -> None:
     assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 3, "expired starts are dropped"
 
 
+def test_a_day_long_rate_window_is_24_hours_whatever_the_claimers_time_zone(conn: Conn) -> None:
+    """2 a day: two start, and 23 hours 30 minutes later the window still holds them for
+    every claimer. In a session whose zone sprang forward during that day, now() - interval
+    '1 day' is only 23 hours back: read that way, the claim found the window empty (and
+    dropped the two starts from it) and started two more within 24 hours."""
+    ids = _runs(conn, 4, queue="r")
+    conn.execute("SELECT jobs.set_limit('queue', 'r', rate_limit => 2, rate_period => '1 day')")
+    assert _claim(conn) == ids[:2]
+    conn.execute("UPDATE jobs._rate_starts SET started_at = started_at - interval '23 hours 30 minutes'")
+    conn.execute(
+        "UPDATE jobs.runs SET started_at = started_at - interval '23 hours 30 minutes'"
+        " WHERE started_at IS NOT NULL"
+    )
+    zone = spring_forward_zone(conn)
+    conn.execute(f"SET TIME ZONE '{zone}'")
+    started = _claim(conn)
+    conn.execute("SET TIME ZONE 'UTC'")
+    assert started == [], f"zone {zone}: started {started}, the day's 2 starts were already taken"
+    assert scalar(conn, "SELECT sum(starts) FROM jobs._rate_starts") == 2, "the day's starts are kept"
+
+
 def test_rate_limit_per_key(conn: Conn) -> None:
     _runs(conn, 4, kind="api", key="acme")
     _runs(conn, 4, kind="api", key="globex")
@@ -354,7 +376,8 @@ def test_set_limit_refuses_a_rate_period_under_one_second_and_keeps_the_limit(co
         )
     row = conn.execute("SELECT rate_limit, rate_period::text FROM jobs.limits WHERE name = 'api'").fetchone()
     assert row == (5, "00:01:00"), row
-    for period, shown in (("1 second", "00:00:01"), ("1.5 seconds", "00:00:01.5"), ("1 day", "1 day")):
+    # Kept as elapsed time: a day is 24 hours for every claimer, whatever its TimeZone.
+    for period, shown in (("1 second", "00:00:01"), ("1.5 seconds", "00:00:01.5"), ("1 day", "24:00:00")):
         row = conn.execute(
             "SELECT rate_period::text FROM jobs.set_limit('kind', 'api', rate_limit => 1, rate_period => %s)",
             (period,),
