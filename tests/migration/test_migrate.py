@@ -940,3 +940,38 @@ def test_the_rate_period_bound_keeps_the_rate_of_a_shorter_period_written_before
         ], stored
         with pytest.raises(psycopg.errors.CheckViolation, match="limits_rate_period_check"):
             conn.execute("UPDATE jobs.limits SET rate_period = '0.5 seconds' WHERE name = 'hourly'")
+
+
+def test_the_elapsed_rate_period_rule_keeps_the_length_of_a_period_in_days_written_before_it(
+    pg: Server, tmp_path: Path
+) -> None:
+    """Limits stored with a period that has a day field before the table refused one: the
+    upgrade keeps each period's length as hours (a day as 24:00:00) and leaves the others
+    alone; afterwards a period with a day field is refused by the table (23514, naming the
+    rule) and jobs.set_limit stores one given in days as hours."""
+    with _installed_before(pg, "0030_rate_period_elapsed.sql", tmp_path) as conn:
+        conn.execute(
+            "INSERT INTO jobs.limits (scope, name, max_running, rate_limit, rate_period) VALUES"
+            " ('kind', 'daily', NULL, 10, '1 day'),"
+            " ('kind', 'day-less-an-hour', NULL, 3, '1 day -1 hour'),"
+            " ('queue', 'hourly', 5, 100, '1 hour'),"
+            " ('queue', 'running-only', 7, NULL, NULL)"
+        )
+        migrate.apply(conn)
+        assert "0030" in migrate.applied_versions(conn)
+        stored = conn.execute(
+            "SELECT name, max_running, rate_limit, rate_period::text FROM jobs.limits ORDER BY name"
+        ).fetchall()
+        assert stored == [
+            ("daily", None, 10, "24:00:00"),
+            ("day-less-an-hour", None, 3, "23:00:00"),
+            ("hourly", 5, 100, "01:00:00"),
+            ("running-only", 7, None, None),
+        ], stored
+        with pytest.raises(psycopg.errors.CheckViolation, match="limits_rate_period_elapsed"):
+            conn.execute("UPDATE jobs.limits SET rate_period = '1 day' WHERE name = 'hourly'")
+        row = conn.execute(
+            "SELECT rate_period::text FROM jobs.set_limit('queue', 'hourly', max_running => 5,"
+            " rate_limit => 100, rate_period => '1 day')"
+        ).fetchone()
+        assert row == ("24:00:00",), row

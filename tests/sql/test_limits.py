@@ -385,6 +385,25 @@ def test_set_limit_refuses_a_rate_period_under_one_second_and_keeps_the_limit(co
         assert row == (shown,), (period, row)
 
 
+def test_a_rate_period_with_a_day_field_is_refused_by_the_table(conn: Conn) -> None:
+    """A row written into jobs.limits directly keeps the period as elapsed time too: a day field
+    (which now() - rate_period would step back in the claiming session's TimeZone, 23 or 25
+    hours across a DST change) is refused with 23514 naming the rule, and nothing is stored;
+    the same length in hours is taken."""
+    for period in ("1 day", "1 month -29 days", "2 days -30 hours"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="limits_rate_period_elapsed"):
+            conn.execute(
+                "INSERT INTO jobs.limits (scope, name, rate_limit, rate_period)"
+                " VALUES ('kind', 'api', 2, %s)",
+                (period,),
+            )
+    assert scalar(conn, "SELECT count(*) FROM jobs.limits") == 0
+    conn.execute(
+        "INSERT INTO jobs.limits (scope, name, rate_limit, rate_period) VALUES ('kind', 'api', 2, '24:00:00')"
+    )
+    assert scalar(conn, "SELECT rate_period::text FROM jobs.limits") == "24:00:00"
+
+
 def test_a_rate_period_under_one_second_is_refused_by_the_table_too(conn: Conn) -> None:
     """A row written into jobs.limits directly meets the same bound as jobs.set_limit: 23514
     naming the constraint, nothing stored."""
