@@ -718,10 +718,12 @@ class _Call(Generic[_R]):
     args: Mapping[str, Any] = field(default_factory=dict)
 
     @contextmanager
-    def adapting(self) -> Iterator[None]:
+    def adapting(self, info: psycopg.ConnectionInfo | None = None) -> Iterator[None]:
         """A JSON argument that the JSON dumps configured in psycopg cannot serialize either
         (a set, a Decimal...) is refused by name: psycopg raises a bare TypeError while it
-        adapts the arguments, before anything is sent."""
+        adapts the arguments, before anything is sent. So is a text argument with a character
+        the connection's encoding (``info``: a caller's connection in LATIN1) has no byte for,
+        which psycopg refuses with a bare UnicodeEncodeError."""
         try:
             yield
         except TypeError as exc:
@@ -729,6 +731,17 @@ class _Call(Generic[_R]):
             if named is None:
                 raise
             raise InvalidArgument(f"{named} must be JSON-serializable: {exc}", field=named) from exc
+        except UnicodeEncodeError as exc:
+            named = next((k for k, v in self.params.items() if isinstance(v, str) and v == exc.object), None)
+            if named is None:
+                raise
+            told = info.parameter_status("client_encoding") if info is not None else None
+            encoding = told or exc.encoding
+            raise InvalidArgument(
+                f"{named} has a character ({exc.object[exc.start]!r}) that the connection's client_encoding"
+                f" {encoding} cannot carry, got {exc.object[:60]!r}: use a UTF8 connection for it",
+                field=named,
+            ) from exc
 
     def adapt(self) -> None:
         """Serialize the JSON arguments now, with the JSON dumps configured in psycopg for
@@ -1260,7 +1273,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 with c.transaction() if trace_context and c.autocommit else nullcontext():
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                    with call.adapting():
+                    with call.adapting(c.info):
                         cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                     rows = cur.fetchall()
                     if trace_context:
@@ -1458,7 +1471,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                        with call.adapting():
+                        with call.adapting(c.info):
                             await cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                         rows = await cur.fetchall()
                         if trace_context:
