@@ -23,7 +23,10 @@ in the test's thread: it claims them through ``jobs.claim``, calls the job funct
 a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
 ``jobs.acknowledge_cancel`` with a claim token, as a worker does, so retry policies,
 backoff and fencing are the database's own, and a result that is not JSON (or that the
-database refuses) fails the run saying why, as it would in production. Runs that the
+database refuses) fails the run saying why, as it would in production. Each
+``ctx.checkpoint()`` first asks the database what a worker's heartbeat would tell the job
+(``jobs.heartbeat``): a cancel requested while the job runs (``client.cancel``) stops it
+there, and the run ends CANCELLED after the kind's compensation. Runs that the
 jobs enqueue and that are due at once run in the same call. A retry is scheduled after
 its backoff, so it is not due at once: ``run_due(app, include_future=True)`` runs it
 anyway.
@@ -36,7 +39,7 @@ import inspect
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -192,7 +195,8 @@ class JobsTester:
     def _execute(self, conn: psycopg.Connection[dict[str, Any]], app: App, run: dict[str, Any]) -> Outcome:
         spec = app.jobs[run["kind"]]
         timeout = run["timeout"].total_seconds() if isinstance(run["timeout"], timedelta) else spec.timeout
-        ctx = Context(run, spec, WORKER, timeout)
+        ctx = _InlineContext(run, spec, WORKER, timeout)
+        ctx.heartbeat = lambda: self._heartbeat(conn, ctx)
         result: Any = None
         exception: BaseException | None = None
         retry: dict[str, Any] | None = None
@@ -229,6 +233,17 @@ class JobsTester:
             exception=exception,
         )
 
+    def _heartbeat(self, conn: psycopg.Connection[dict[str, Any]], ctx: Context) -> None:
+        """What a worker's heartbeat tells a running job (``jobs.heartbeat``): its cancel was
+        requested, or the run is no longer this tester's (nothing is then reported)."""
+        if ctx.cancel_requested or ctx.abandoned:
+            return
+        rows = conn.execute(calls.HEARTBEAT, ([ctx.run_id], WORKER, self._token)).fetchall()
+        if not rows:
+            ctx.abandon()
+        elif rows[0]["cancel_requested"]:
+            ctx.request_cancel()
+
     def _fail(
         self,
         conn: psycopg.Connection[dict[str, Any]],
@@ -255,6 +270,19 @@ class JobsTester:
             ).fetchone()
             present = row[0] if row and row[0] else []
             conn.execute(f"TRUNCATE {', '.join(present)} RESTART IDENTITY CASCADE")
+
+
+class _InlineContext(Context):
+    """The Context ``run_due`` gives a job: each checkpoint first hears what a worker's
+    heartbeat would have told the job by then (``JobsTester._heartbeat``), so a cancel
+    requested while the job runs stops it there as it would in production."""
+
+    heartbeat: Callable[[], None] | None = None
+
+    def checkpoint(self) -> Awaitable[None]:
+        if self.heartbeat is not None:
+            self.heartbeat()
+        return super().checkpoint()
 
 
 def _call(fn: Any, ctx: Context) -> Any:

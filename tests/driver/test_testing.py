@@ -109,6 +109,41 @@ def test_an_async_job_that_raises_cancelled_error_itself_fails_as_a_worker_would
     assert got == [(run.id, "FAILED", "CancelledError: job code cancelled its task")], got
 
 
+compensated: list[int] = []
+
+
+@app.job("cancelled-while-running", mutating=True, compensate=lambda ctx: compensated.append(ctx.run_id))
+def cancelled_while_running(ctx: Context) -> str:
+    app.client.cancel(ctx.run_id)  # what an operator's or the application's cancel does meanwhile
+    ctx.checkpoint()
+    return "went on past its cancel"
+
+
+@app.job("cancelled-while-awaiting")
+async def cancelled_while_awaiting(ctx: Context) -> str:
+    app.client.cancel(ctx.run_id)
+    await ctx.checkpoint()
+    return "went on past its cancel"
+
+
+def test_a_cancel_requested_while_a_job_runs_stops_it_at_its_checkpoint_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """A worker's heartbeat tells a running job of its cancel, and its next checkpoint raises
+    Cancelled: the run ends CANCELLED after the kind's compensation. run_due gives the job the
+    same news at its checkpoint, rather than completing a cancelled run."""
+    from pgtick.errors import Cancelled
+
+    compensated.clear()
+    for kind in ["cancelled-while-running", "cancelled-while-awaiting"]:
+        run = pgtick_jobs.enqueue(kind)
+        [outcome] = pgtick_jobs.run_due(app)
+        assert (outcome.run.id, outcome.status, outcome.result) == (run.id, "CANCELLED", None), outcome
+        assert isinstance(outcome.exception, Cancelled), outcome.exception
+        if kind == "cancelled-while-running":
+            assert compensated == [run.id], "the kind's compensation did not run"
+
+
 def plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
     """A decorator as many are written: a plain function that returns what the job returns."""
 
