@@ -53,6 +53,7 @@ from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.db import connect, connect_dicts
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
+from pgtick.execution import describe, message_of
 from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
 __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
@@ -208,10 +209,11 @@ class JobsTester:
             # As the worker reads them: a cancel only when one was asked for, a run let go only
             # when it was lost; raised by job code on its own, either is a failure.
             if isinstance(exc, Cancelled) and ctx.cancel_requested:
-                calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(str(exc)), self._token)
+                calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(message_of(exc)), self._token)
             elif not (isinstance(exc, Abandoned) and ctx.abandoned):
                 reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
-                message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+                # As the worker words it, also for an error whose __str__ raises (execution).
+                message = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)
                 retry = self._fail(conn, ctx, error_classes(exc), storable(message), reason)
         else:
             # As the worker reports it: a result that is not JSON, or that the database

@@ -144,6 +144,33 @@ def test_a_cancel_requested_while_a_job_runs_stops_it_at_its_checkpoint_as_a_wor
             assert compensated == [run.id], "the kind's compensation did not run"
 
 
+class Unprintable(Exception):
+    """An error whose message cannot be had: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("the message depends on a closed resource")
+
+
+@app.job("fails-unprintably")
+def fails_unprintably(ctx: Context) -> None:
+    raise Unprintable()
+
+
+def test_an_error_whose_message_cannot_be_read_fails_the_run_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """A worker fails such a run saying the message could not be read; run_due did not report
+    it at all, raising the __str__'s error out of run_due with the run left RUNNING."""
+    run = pgtick_jobs.enqueue("fails-unprintably")
+    [outcome] = pgtick_jobs.run_due(app)
+    assert (outcome.run.id, outcome.status) == (run.id, "FAILED"), outcome
+    assert outcome.error == (
+        "Unprintable: (the error message could not be read:"
+        " RuntimeError: the message depends on a closed resource)"
+    ), outcome.error
+    assert isinstance(outcome.exception, Unprintable)
+
+
 def plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
     """A decorator as many are written: a plain function that returns what the job returns."""
 
