@@ -19,7 +19,9 @@ The database may sit behind a transaction pooler (PgBouncer in transaction mode)
 tester's connections then prepare no statements, as the driver's do (``pgtick.db``).
 
 ``run_due(app)`` executes the due runs of the app's kinds inline, one after the other
-in the test's thread: it claims them through ``jobs.claim``, calls the job function with
+in the test's thread (an ``async def`` job on one event loop for the whole test process, a
+thread of its own, as a worker runs all its async jobs on one loop): it claims them through
+``jobs.claim``, calls the job function with
 a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
 ``jobs.acknowledge_cancel`` with a claim token, as a worker does, so retry policies,
 backoff and fencing are the database's own, and a result that is not JSON (or that the
@@ -35,6 +37,7 @@ anyway.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import os
 import secrets
@@ -49,6 +52,7 @@ import psycopg
 import pytest
 
 from pgtick import calls, migrate
+from pgtick.aio import EventLoop
 from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.db import connect, connect_dicts
@@ -289,29 +293,50 @@ class _InlineContext(Context):
 
 def _call(fn: Any, ctx: Context) -> Any:
     """Call a job function; a coroutine function (or a plain function that returns a
-    coroutine: an ``async def`` job behind a plain decorator) runs to completion on an event
-    loop of its own (in a helper thread when the test itself runs inside one)."""
+    coroutine: an ``async def`` job behind a plain decorator) runs to completion on the
+    tester's one event loop (``_job_loop``)."""
     job = fn(ctx)
     if not inspect.iscoroutine(job):
         return job
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(job)
-    box: dict[str, Any] = {}
 
-    def run() -> None:
+    async def ended() -> tuple[bool, Any]:
         try:
-            box["result"] = asyncio.run(job)
-        except BaseException as exc:
-            box["error"] = exc
+            return True, await job
+        except BaseException as exc:  # raised in the test's thread as the job raised it
+            return False, exc
 
-    thread = threading.Thread(target=run, name="pgtick-testing-async")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
+    done, value = asyncio.run_coroutine_threadsafe(ended(), _job_loop()).result()
+    if not done:
+        raise value
+    return value
+
+
+_loop: EventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+
+
+def _job_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every async job ``run_due`` runs goes on: one per test process, on a
+    thread of its own (started at the first async job), as a worker runs all its async jobs
+    on one loop per process. What job code keeps bound to the loop (a client library's
+    connection, a lock) stays usable from one run, and one test, to the next."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or not _loop.thread.is_alive():
+            if _loop is None:
+                atexit.register(_stop_job_loop)
+            _loop = EventLoop(name="pgtick-testing-loop")
+            _loop.start()
+            _loop_pid = os.getpid()
+        return _loop.loop
+
+
+def _stop_job_loop() -> None:
+    """At exit: cancel what async jobs left running on the loop, and close it."""
+    with _loop_lock:
+        if _loop is not None and _loop_pid == os.getpid():
+            _loop.stop()
 
 
 # -- the pytest plugin ---------------------------------------------------------------------

@@ -171,6 +171,30 @@ def test_an_error_whose_message_cannot_be_read_fails_the_run_as_a_worker_would(
     assert isinstance(outcome.exception, Unprintable)
 
 
+loops: list[object] = []
+
+
+@app.job("notes-its-loop")
+async def notes_its_loop(ctx: Context) -> None:
+    import asyncio
+
+    loops.append(asyncio.get_running_loop())
+
+
+def test_async_jobs_run_on_one_event_loop_as_on_a_worker(pgtick_jobs: JobsTester) -> None:
+    """A worker runs every async job on one event loop per process, so job code may keep what
+    is bound to the loop (a client library's connection, a lock) from one run to the next.
+    run_due gave each job a loop of its own, and the second run of such code failed with
+    "attached to a different loop"."""
+    loops.clear()
+    pgtick_jobs.enqueue("notes-its-loop")
+    pgtick_jobs.enqueue("notes-its-loop")
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED", "COMPLETED"]
+    pgtick_jobs.enqueue("notes-its-loop")
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED"]
+    assert len(loops) == 3 and all(loop is loops[0] for loop in loops), loops
+
+
 def plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
     """A decorator as many are written: a plain function that returns what the job returns."""
 
