@@ -264,12 +264,13 @@ MAX_DURATION = timedelta(days=36_525)
 
 def check_int(field_name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int within [low, high] (default: the documented range of ``field_name``);
-    else InvalidArgument naming the field. Booleans and floats are not integers here."""
+    else InvalidArgument naming the field. Booleans and floats are not integers here. A value
+    that is not one is named briefly: a Run by its id, never with its payload."""
     if low is None or high is None:
         low, high = RANGES[field_name]
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidArgument(
-            f"{field_name} must be an integer between {low} and {high}, got {value!r}", field=field_name
+            f"{field_name} must be an integer between {low} and {high}, got {_brief(value)}", field=field_name
         )
     number = value.__index__()
     if not low <= number <= high:

@@ -320,6 +320,20 @@ def test_depends_on_takes_the_runs_the_client_returned_as_well_as_their_ids(clie
     assert caught.value.field == "depends_on" and "secret" not in str(caught.value)
 
 
+def test_a_run_given_where_a_run_id_goes_is_refused_by_its_id_not_its_payload(client: Client) -> None:
+    """cancel(run), retry(run), get_run(run): a refusal goes to logs and error trackers, and
+    printed the whole Run, payload and all (the caller's data: a card number, a token)."""
+    run = client.enqueue("charge", {"card": "4111 1111 1111 1111", "note": "x" * 500})
+    for method in (client.cancel, client.retry, client.get_run):
+        with pytest.raises(
+            InvalidArgument, match=rf"run_id must be an integer .*, got Run\(id={run.id}\)"
+        ) as caught:
+            method(run)  # type: ignore[arg-type]
+        assert caught.value.field == "run_id"
+        assert "4111" not in str(caught.value) and len(str(caught.value)) < 200, caught.value
+    assert client.get_run(run.id).status == "QUEUED"
+
+
 def test_enqueue_many_takes_its_payloads_from_any_iterable(client: Client, db: Database) -> None:
     runs = client.enqueue_many("gen", ({"i": i} for i in range(3)))
     assert [r.payload for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}]
