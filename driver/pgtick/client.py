@@ -1250,11 +1250,15 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 self._check_open()  # again under the lock: a close() on another thread came first
                 if not self._own_ready():
                     assert self._conninfo is not None
-                    self._own = psycopg.connect(
+                    opened = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    self._own_pid = os.getpid()
-                    self._own_pooled = prepare(self._own)
+                    try:
+                        pooled = prepare(opened)
+                    except BaseException:  # interrupted: a connection half set up is never used
+                        opened.close()
+                        raise
+                    self._own, self._own_pid, self._own_pooled = opened, os.getpid(), pooled
                 own = self._own
                 assert own is not None
                 with _committed(own, wake and not self._own_pooled):
@@ -1450,11 +1454,15 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                 self._check_open()  # again under the lock: a close() in another task came first
                 if not self._own_ready():
                     assert self._conninfo is not None
-                    self._own = await psycopg.AsyncConnection.connect(
+                    opened = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    self._own_pid = os.getpid()
-                    self._own_pooled = await prepare_async(self._own)
+                    try:
+                        pooled = await prepare_async(opened)
+                    except BaseException:  # cancelled: never used half set up (see Client)
+                        await opened.close()
+                        raise
+                    self._own, self._own_pid, self._own_pooled = opened, os.getpid(), pooled
                 own = self._own
                 assert own is not None
                 async with _committed_async(own, wake and not self._own_pooled):
