@@ -264,12 +264,13 @@ MAX_DURATION = timedelta(days=36_525)
 
 def check_int(field_name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int within [low, high] (default: the documented range of ``field_name``);
-    else InvalidArgument naming the field. Booleans and floats are not integers here."""
+    else InvalidArgument naming the field. Booleans and floats are not integers here. A value
+    that is not one is named briefly: a Run by its id, never with its payload."""
     if low is None or high is None:
         low, high = RANGES[field_name]
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidArgument(
-            f"{field_name} must be an integer between {low} and {high}, got {value!r}", field=field_name
+            f"{field_name} must be an integer between {low} and {high}, got {_brief(value)}", field=field_name
         )
     number = value.__index__()
     if not low <= number <= high:
@@ -718,10 +719,12 @@ class _Call(Generic[_R]):
     args: Mapping[str, Any] = field(default_factory=dict)
 
     @contextmanager
-    def adapting(self) -> Iterator[None]:
+    def adapting(self, info: psycopg.ConnectionInfo | None = None) -> Iterator[None]:
         """A JSON argument that the JSON dumps configured in psycopg cannot serialize either
         (a set, a Decimal...) is refused by name: psycopg raises a bare TypeError while it
-        adapts the arguments, before anything is sent."""
+        adapts the arguments, before anything is sent. So is a text argument with a character
+        the connection's encoding (``info``: a caller's connection in LATIN1) has no byte for,
+        which psycopg refuses with a bare UnicodeEncodeError."""
         try:
             yield
         except TypeError as exc:
@@ -729,6 +732,17 @@ class _Call(Generic[_R]):
             if named is None:
                 raise
             raise InvalidArgument(f"{named} must be JSON-serializable: {exc}", field=named) from exc
+        except UnicodeEncodeError as exc:
+            named = next((k for k, v in self.params.items() if isinstance(v, str) and v == exc.object), None)
+            if named is None:
+                raise
+            told = info.parameter_status("client_encoding") if info is not None else None
+            encoding = told or exc.encoding
+            raise InvalidArgument(
+                f"{named} has a character ({exc.object[exc.start]!r}) that the connection's client_encoding"
+                f" {encoding} cannot carry, got {exc.object[:60]!r}: use a UTF8 connection for it",
+                field=named,
+            ) from exc
 
     def adapt(self) -> None:
         """Serialize the JSON arguments now, with the JSON dumps configured in psycopg for
@@ -1236,11 +1250,15 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 self._check_open()  # again under the lock: a close() on another thread came first
                 if not self._own_ready():
                     assert self._conninfo is not None
-                    self._own = psycopg.connect(
+                    opened = psycopg.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    self._own_pid = os.getpid()
-                    self._own_pooled = prepare(self._own)
+                    try:
+                        pooled = prepare(opened)
+                    except BaseException:  # interrupted: a connection half set up is never used
+                        opened.close()
+                        raise
+                    self._own, self._own_pid, self._own_pooled = opened, os.getpid(), pooled
                 own = self._own
                 assert own is not None
                 with _committed(own, wake and not self._own_pooled):
@@ -1260,7 +1278,7 @@ class Client(_Source[psycopg.Connection[Any], ConnectionPool[Any]]):
                 with c.transaction() if trace_context and c.autocommit else nullcontext():
                     if trace_context:
                         cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                    with call.adapting():
+                    with call.adapting(c.info):
                         cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                     rows = cur.fetchall()
                     if trace_context:
@@ -1436,11 +1454,15 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                 self._check_open()  # again under the lock: a close() in another task came first
                 if not self._own_ready():
                     assert self._conninfo is not None
-                    self._own = await psycopg.AsyncConnection.connect(
+                    opened = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, application_name=self.application_name
                     )
-                    self._own_pid = os.getpid()
-                    self._own_pooled = await prepare_async(self._own)
+                    try:
+                        pooled = await prepare_async(opened)
+                    except BaseException:  # cancelled: never used half set up (see Client)
+                        await opened.close()
+                        raise
+                    self._own, self._own_pid, self._own_pooled = opened, os.getpid(), pooled
                 own = self._own
                 assert own is not None
                 async with _committed_async(own, wake and not self._own_pooled):
@@ -1458,7 +1480,7 @@ class AsyncClient(_Source[psycopg.AsyncConnection[Any], AsyncConnectionPool[Any]
                     async with c.transaction() if trace_context and c.autocommit else _async_null():
                         if trace_context:  # see Client._send
                             await cur.execute(instrumentation.SET_TRACE_CONTEXT, (trace_context,))
-                        with call.adapting():
+                        with call.adapting(c.info):
                             await cur.execute(call.query, call.params, prepare=_prepare(c), binary=True)
                         rows = await cur.fetchall()
                         if trace_context:

@@ -19,11 +19,16 @@ The database may sit behind a transaction pooler (PgBouncer in transaction mode)
 tester's connections then prepare no statements, as the driver's do (``pgtick.db``).
 
 ``run_due(app)`` executes the due runs of the app's kinds inline, one after the other
-in the test's thread: it claims them through ``jobs.claim``, calls the job function with
+in the test's thread (an ``async def`` job on one event loop for the whole test process, a
+thread of its own, as a worker runs all its async jobs on one loop): it claims them through
+``jobs.claim``, calls the job function with
 a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
 ``jobs.acknowledge_cancel`` with a claim token, as a worker does, so retry policies,
 backoff and fencing are the database's own, and a result that is not JSON (or that the
-database refuses) fails the run saying why, as it would in production. Runs that the
+database refuses) fails the run saying why, as it would in production. Each
+``ctx.checkpoint()`` first asks the database what a worker's heartbeat would tell the job
+(``jobs.heartbeat``): a cancel requested while the job runs (``client.cancel``) stops it
+there, and the run ends CANCELLED after the kind's compensation. Runs that the
 jobs enqueue and that are due at once run in the same call. A retry is scheduled after
 its backoff, so it is not due at once: ``run_due(app, include_future=True)`` runs it
 anyway.
@@ -32,11 +37,12 @@ anyway.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,10 +52,12 @@ import psycopg
 import pytest
 
 from pgtick import calls, migrate
+from pgtick.aio import EventLoop
 from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.db import connect, connect_dicts
 from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
+from pgtick.execution import describe, message_of
 from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
 
 __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
@@ -192,7 +200,8 @@ class JobsTester:
     def _execute(self, conn: psycopg.Connection[dict[str, Any]], app: App, run: dict[str, Any]) -> Outcome:
         spec = app.jobs[run["kind"]]
         timeout = run["timeout"].total_seconds() if isinstance(run["timeout"], timedelta) else spec.timeout
-        ctx = Context(run, spec, WORKER, timeout)
+        ctx = _InlineContext(run, spec, WORKER, timeout)
+        ctx.heartbeat = lambda: self._heartbeat(conn, ctx)
         result: Any = None
         exception: BaseException | None = None
         retry: dict[str, Any] | None = None
@@ -204,10 +213,11 @@ class JobsTester:
             # As the worker reads them: a cancel only when one was asked for, a run let go only
             # when it was lost; raised by job code on its own, either is a failure.
             if isinstance(exc, Cancelled) and ctx.cancel_requested:
-                calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(str(exc)), self._token)
+                calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(message_of(exc)), self._token)
             elif not (isinstance(exc, Abandoned) and ctx.abandoned):
                 reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"
-                message = str(exc) if isinstance(exc, JobTimeout) else f"{type(exc).__name__}: {exc}"
+                # As the worker words it, also for an error whose __str__ raises (execution).
+                message = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)
                 retry = self._fail(conn, ctx, error_classes(exc), storable(message), reason)
         else:
             # As the worker reports it: a result that is not JSON, or that the database
@@ -228,6 +238,17 @@ class JobsTester:
             result=result,
             exception=exception,
         )
+
+    def _heartbeat(self, conn: psycopg.Connection[dict[str, Any]], ctx: Context) -> None:
+        """What a worker's heartbeat tells a running job (``jobs.heartbeat``): its cancel was
+        requested, or the run is no longer this tester's (nothing is then reported)."""
+        if ctx.cancel_requested or ctx.abandoned:
+            return
+        rows = conn.execute(calls.HEARTBEAT, ([ctx.run_id], WORKER, self._token)).fetchall()
+        if not rows:
+            ctx.abandon()
+        elif rows[0]["cancel_requested"]:
+            ctx.request_cancel()
 
     def _fail(
         self,
@@ -257,31 +278,65 @@ class JobsTester:
             conn.execute(f"TRUNCATE {', '.join(present)} RESTART IDENTITY CASCADE")
 
 
+class _InlineContext(Context):
+    """The Context ``run_due`` gives a job: each checkpoint first hears what a worker's
+    heartbeat would have told the job by then (``JobsTester._heartbeat``), so a cancel
+    requested while the job runs stops it there as it would in production."""
+
+    heartbeat: Callable[[], None] | None = None
+
+    def checkpoint(self) -> Awaitable[None]:
+        if self.heartbeat is not None:
+            self.heartbeat()
+        return super().checkpoint()
+
+
 def _call(fn: Any, ctx: Context) -> Any:
     """Call a job function; a coroutine function (or a plain function that returns a
-    coroutine: an ``async def`` job behind a plain decorator) runs to completion on an event
-    loop of its own (in a helper thread when the test itself runs inside one)."""
+    coroutine: an ``async def`` job behind a plain decorator) runs to completion on the
+    tester's one event loop (``_job_loop``)."""
     job = fn(ctx)
     if not inspect.iscoroutine(job):
         return job
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(job)
-    box: dict[str, Any] = {}
 
-    def run() -> None:
+    async def ended() -> tuple[bool, Any]:
         try:
-            box["result"] = asyncio.run(job)
-        except BaseException as exc:
-            box["error"] = exc
+            return True, await job
+        except BaseException as exc:  # raised in the test's thread as the job raised it
+            return False, exc
 
-    thread = threading.Thread(target=run, name="pgtick-testing-async")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
+    done, value = asyncio.run_coroutine_threadsafe(ended(), _job_loop()).result()
+    if not done:
+        raise value
+    return value
+
+
+_loop: EventLoop | None = None
+_loop_pid = 0
+_loop_lock = threading.Lock()
+
+
+def _job_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every async job ``run_due`` runs goes on: one per test process, on a
+    thread of its own (started at the first async job), as a worker runs all its async jobs
+    on one loop per process. What job code keeps bound to the loop (a client library's
+    connection, a lock) stays usable from one run, and one test, to the next."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid() or not _loop.thread.is_alive():
+            if _loop is None:
+                atexit.register(_stop_job_loop)
+            _loop = EventLoop(name="pgtick-testing-loop")
+            _loop.start()
+            _loop_pid = os.getpid()
+        return _loop.loop
+
+
+def _stop_job_loop() -> None:
+    """At exit: cancel what async jobs left running on the loop, and close it."""
+    with _loop_lock:
+        if _loop is not None and _loop_pid == os.getpid():
+            _loop.stop()
 
 
 # -- the pytest plugin ---------------------------------------------------------------------

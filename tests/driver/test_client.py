@@ -320,6 +320,20 @@ def test_depends_on_takes_the_runs_the_client_returned_as_well_as_their_ids(clie
     assert caught.value.field == "depends_on" and "secret" not in str(caught.value)
 
 
+def test_a_run_given_where_a_run_id_goes_is_refused_by_its_id_not_its_payload(client: Client) -> None:
+    """cancel(run), retry(run), get_run(run): a refusal goes to logs and error trackers, and
+    printed the whole Run, payload and all (the caller's data: a card number, a token)."""
+    run = client.enqueue("charge", {"card": "4111 1111 1111 1111", "note": "x" * 500})
+    for method in (client.cancel, client.retry, client.get_run):
+        with pytest.raises(
+            InvalidArgument, match=rf"run_id must be an integer .*, got Run\(id={run.id}\)"
+        ) as caught:
+            method(run)  # type: ignore[arg-type]
+        assert caught.value.field == "run_id"
+        assert "4111" not in str(caught.value) and len(str(caught.value)) < 200, caught.value
+    assert client.get_run(run.id).status == "QUEUED"
+
+
 def test_enqueue_many_takes_its_payloads_from_any_iterable(client: Client, db: Database) -> None:
     runs = client.enqueue_many("gen", ({"i": i} for i in range(3)))
     assert [r.payload for r in runs] == [{"i": 0}, {"i": 1}, {"i": 2}]
@@ -1200,6 +1214,40 @@ def test_a_callers_connection_in_another_encoding_gets_its_payloads_back(db: Dat
         client.close()
     with db.connect() as c:
         assert c.execute("SELECT payload FROM jobs.runs WHERE id = %s", (run.id,)).fetchone() == (payload,)
+
+
+@pytest.mark.parametrize("given", ["conn=", "Client(conn)"])
+def test_text_the_callers_connection_encoding_cannot_carry_is_refused_by_name(
+    db: Database, given: str
+) -> None:
+    """A text argument with a character the caller's connection encoding has no byte for (a
+    euro sign on a LATIN1 connection) is an InvalidArgument naming the argument and its
+    encoding, not psycopg's UnicodeEncodeError; nothing is sent, and the caller's transaction
+    goes on."""
+    with db.connect(autocommit=False, client_encoding="LATIN1") as conn:
+        client = Client(conn) if given == "Client(conn)" else Client(db.dsn)
+        on = None if given == "Client(conn)" else conn
+        conn.execute("CREATE TEMP TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        refused: list[tuple[str, Callable[[], Any]]] = [
+            ("kind", lambda: client.enqueue("receipt\u20ac", conn=on)),
+            ("queue", lambda: client.enqueue("receipt", queue="\u20ac", conn=on)),
+            ("unique_key", lambda: client.enqueue("receipt", unique_key="order-1-\u20ac", conn=on)),
+            ("kind", lambda: client.enqueue_many("receipt\u20ac", [{}], conn=on)),
+            ("name", lambda: client.run_now("nightly-\u20ac", conn=on)),
+            ("name", lambda: client.pause_queue("\u20ac", conn=on)),
+        ]
+        for field, call in refused:
+            with pytest.raises(InvalidArgument) as caught:
+                call()
+            assert caught.value.field == field, caught.value
+            assert "LATIN1" in str(caught.value) and "\u20ac" in str(caught.value), caught.value
+        run = client.enqueue("receipt", {"order": 1}, queue="caf\u00e9", conn=on)  # LATIN1 has an é
+        assert run.queue == "caf\u00e9"
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+        conn.commit()
+        client.close()
+    assert count_runs(db, "receipt") == 1
 
 
 def test_a_column_of_a_type_the_driver_cannot_read_does_not_fail_the_call(

@@ -354,3 +354,18 @@ async def test_an_async_callers_connection_in_another_encoding_gets_its_payloads
     ):
         run = await client.enqueue("receipt", payload, conn=conn)
         assert run.payload == payload and (await client.get_run(run.id, conn=conn)).payload == payload
+
+
+async def test_text_an_async_callers_connection_encoding_cannot_carry_is_refused(db: Database) -> None:
+    """As for Client: a euro sign in the kind on a caller's LATIN1 connection is an
+    InvalidArgument naming the kind, and the caller's transaction goes on."""
+    async with (
+        await psycopg.AsyncConnection.connect(db.dsn, client_encoding="LATIN1") as conn,
+        AsyncClient(db.dsn) as client,
+    ):
+        with pytest.raises(InvalidArgument, match="LATIN1") as caught:
+            await client.enqueue("receipt\u20ac", conn=conn)
+        assert caught.value.field == "kind"
+        await client.enqueue("receipt", conn=conn)
+        await conn.commit()
+    assert await count_runs(db, "receipt") == 1

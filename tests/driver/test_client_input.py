@@ -184,6 +184,45 @@ def test_a_client_of_a_database_whose_default_isolation_is_serializable_enqueues
     assert asyncio.run(main()) > first.id
 
 
+def test_a_connection_whose_setup_was_interrupted_is_not_used_unprepared(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's connection is made fit for its calls right after it is opened (READ
+    COMMITTED here). When that setup is interrupted (a cancelled task, a timeout, Ctrl-C) the
+    call fails; the next call must not go on the half-set-up connection, where every
+    idempotent enqueue then failed as WrongTransaction for the life of the client."""
+    from psycopg.conninfo import make_conninfo
+
+    from pgtick.db import prepare, prepare_async
+
+    dsn = make_conninfo(db.dsn, options="-c default_transaction_isolation=serializable")
+
+    def interrupted_once(conn: psycopg.Connection[Any]) -> bool:
+        monkeypatch.setattr("pgtick.client.prepare", prepare)
+        raise KeyboardInterrupt("the first setup was interrupted")
+
+    async def interrupted_once_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+        monkeypatch.setattr("pgtick.client.prepare_async", prepare_async)
+        raise asyncio.CancelledError("the first setup was interrupted")
+
+    monkeypatch.setattr("pgtick.client.prepare", interrupted_once)
+    with Client(dsn) as client:
+        with pytest.raises(KeyboardInterrupt):
+            client.enqueue("k", idempotency_key="order-44")
+        first = client.enqueue("k", idempotency_key="order-44")
+        assert client.enqueue("k", idempotency_key="order-44").id == first.id
+
+    monkeypatch.setattr("pgtick.client.prepare_async", interrupted_once_async)
+
+    async def main() -> int:
+        async with AsyncClient(dsn) as client:
+            with pytest.raises(asyncio.CancelledError):
+                await client.enqueue("k", unique_key="order-45")
+            return (await client.enqueue("k", unique_key="order-45")).id
+
+    assert asyncio.run(main()) > first.id
+
+
 def test_the_async_client_refuses_the_same_before_any_sql() -> None:
     async def main() -> None:
         async with AsyncClient(NOWHERE) as client:

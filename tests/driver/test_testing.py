@@ -109,6 +109,92 @@ def test_an_async_job_that_raises_cancelled_error_itself_fails_as_a_worker_would
     assert got == [(run.id, "FAILED", "CancelledError: job code cancelled its task")], got
 
 
+compensated: list[int] = []
+
+
+@app.job("cancelled-while-running", mutating=True, compensate=lambda ctx: compensated.append(ctx.run_id))
+def cancelled_while_running(ctx: Context) -> str:
+    app.client.cancel(ctx.run_id)  # what an operator's or the application's cancel does meanwhile
+    ctx.checkpoint()
+    return "went on past its cancel"
+
+
+@app.job("cancelled-while-awaiting")
+async def cancelled_while_awaiting(ctx: Context) -> str:
+    app.client.cancel(ctx.run_id)
+    await ctx.checkpoint()
+    return "went on past its cancel"
+
+
+def test_a_cancel_requested_while_a_job_runs_stops_it_at_its_checkpoint_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """A worker's heartbeat tells a running job of its cancel, and its next checkpoint raises
+    Cancelled: the run ends CANCELLED after the kind's compensation. run_due gives the job the
+    same news at its checkpoint, rather than completing a cancelled run."""
+    from pgtick.errors import Cancelled
+
+    compensated.clear()
+    for kind in ["cancelled-while-running", "cancelled-while-awaiting"]:
+        run = pgtick_jobs.enqueue(kind)
+        [outcome] = pgtick_jobs.run_due(app)
+        assert (outcome.run.id, outcome.status, outcome.result) == (run.id, "CANCELLED", None), outcome
+        assert isinstance(outcome.exception, Cancelled), outcome.exception
+        if kind == "cancelled-while-running":
+            assert compensated == [run.id], "the kind's compensation did not run"
+
+
+class Unprintable(Exception):
+    """An error whose message cannot be had: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("the message depends on a closed resource")
+
+
+@app.job("fails-unprintably")
+def fails_unprintably(ctx: Context) -> None:
+    raise Unprintable()
+
+
+def test_an_error_whose_message_cannot_be_read_fails_the_run_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """A worker fails such a run saying the message could not be read; run_due did not report
+    it at all, raising the __str__'s error out of run_due with the run left RUNNING."""
+    run = pgtick_jobs.enqueue("fails-unprintably")
+    [outcome] = pgtick_jobs.run_due(app)
+    assert (outcome.run.id, outcome.status) == (run.id, "FAILED"), outcome
+    assert outcome.error == (
+        "Unprintable: (the error message could not be read:"
+        " RuntimeError: the message depends on a closed resource)"
+    ), outcome.error
+    assert isinstance(outcome.exception, Unprintable)
+
+
+loops: list[object] = []
+
+
+@app.job("notes-its-loop")
+async def notes_its_loop(ctx: Context) -> None:
+    import asyncio
+
+    loops.append(asyncio.get_running_loop())
+
+
+def test_async_jobs_run_on_one_event_loop_as_on_a_worker(pgtick_jobs: JobsTester) -> None:
+    """A worker runs every async job on one event loop per process, so job code may keep what
+    is bound to the loop (a client library's connection, a lock) from one run to the next.
+    run_due gave each job a loop of its own, and the second run of such code failed with
+    "attached to a different loop"."""
+    loops.clear()
+    pgtick_jobs.enqueue("notes-its-loop")
+    pgtick_jobs.enqueue("notes-its-loop")
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED", "COMPLETED"]
+    pgtick_jobs.enqueue("notes-its-loop")
+    assert [o.status for o in pgtick_jobs.run_due(app)] == ["COMPLETED"]
+    assert len(loops) == 3 and all(loop is loops[0] for loop in loops), loops
+
+
 def plainly_decorated(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
     """A decorator as many are written: a plain function that returns what the job returns."""
 
