@@ -737,6 +737,52 @@ def test_a_bulk_action_does_what_the_page_showed_or_nothing(
     ).fetchone() == (2,)
 
 
+def test_a_bulk_action_does_the_runs_it_may_and_names_those_the_sql_api_passes_over(
+    client: TestClient, conn: Conn
+) -> None:
+    """jobs.retry_many retries one of several failed runs of one unique key, and jobs.discard
+    keeps a failed attempt that a blocked run waits on: those are passed over on every click,
+    not taken by another action, so the click does the rest and names them, rather than
+    answering 409 "taken by another action meanwhile" for ever."""
+    csrf = login(client)
+    keyed = []
+    for _ in range(2):  # two failed runs of one unique key: a retry of both would run it twice
+        run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k1')"))
+        conn.execute("SELECT jobs.claim(1, 'w', ARRAY['keyed'])")
+        conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'keyed failed')", (run_id,))
+        keyed.append(run_id)
+    shown = bulk_form(client, "/runs?status=FAILED&kind=keyed", "retry")
+    assert shown["expected"] == "2"
+    response = post(client, "/runs/bulk/retry", csrf, **shown)
+    assert response.status_code == 303, f"{response.status_code}: {response.text[-400:]}"
+    assert (
+        "retried 1 failed run; passed over run " + str(keyed[1])
+        in client.get(response.headers["location"]).text
+    )
+    retried = conn.execute(
+        "SELECT retry_of FROM jobs.runs WHERE retry_of = ANY(%s) ORDER BY retry_of", (keyed,)
+    ).fetchall()
+    assert retried == [(keyed[0],)], retried
+
+    upstream = int(scalar(conn, "SELECT id FROM jobs.enqueue('upstream')"))
+    conn.execute("SELECT jobs.claim(1, 'w', ARRAY['upstream'])")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'upstream failed')", (upstream,))
+    conn.execute("SELECT jobs.retry(%s)", (upstream,))
+    conn.execute("SELECT jobs.enqueue('downstream', depends_on => ARRAY[%s]::bigint[])", (upstream,))
+    shown = bulk_form(client, "/runs?status=FAILED&kind=upstream", "discard")
+    assert shown["expected"] == "1"
+    response = post(client, "/runs/bulk/discard", csrf, **shown)
+    assert response.status_code == 303, f"{response.status_code}: {response.text[-400:]}"
+    assert (
+        f"discarded 0 failed runs; passed over run {upstream}"
+        in client.get(response.headers["location"]).text
+    )
+    assert status_of(conn, upstream) == "FAILED"
+    details = [r[3] for r in audit_rows(conn) if r[1].startswith("bulk_")]
+    assert [d["passed_over"] for d in details] == [[keyed[1]], [upstream]], details
+    assert [d.get("retried", d.get("discarded")) for d in details] == [1, 0], details
+
+
 def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:

@@ -727,17 +727,35 @@ class Dashboard:
                     f" {expected} the page showed: nothing was done; look at the list again",
                 )
             if action == "retry":
-                done = await queries.retry_many(conn, ids)
+                retried = set(await queries.retry_many(conn, ids))
+                done, left = len(retried), [i for i in ids if i not in retried]
             else:
                 done = await queries.discard(conn, ids)
-            if done != len(ids):  # the same action, sent twice at once, took the others first
+                left = ids if done < len(ids) else []  # (those it deleted are gone: not found below)
+            # What the SQL API passes over by its rules (a second failed run of a unique key, a
+            # run whose definition was deleted, an attempt a blocked run waits on) is passed over
+            # on every click: the rest is done. A run gone or retried meanwhile was taken by
+            # another action (the same one sent twice at once): then nothing is done.
+            kept = await queries.passed_over(conn, feats, left, unretried=action == "retry") if left else []
+            if done + len(kept) != len(ids):
                 raise HTTPException(
                     409,
-                    f"{len(ids) - done} of the {counted(len(ids), 'run')} taken by another action meanwhile:"
-                    " nothing was done; look at the list again",
+                    f"{len(ids) - done - len(kept)} of the {counted(len(ids), 'run')} taken by another"
+                    " action meanwhile: nothing was done; look at the list again",
                 )  # (raised in the action's transaction: what this one did is rolled back)
             past = "retried" if action == "retry" else "discarded"
-            return f"{past} {counted(done, 'failed run')}", {"filter": flt.params(), past: done, "runs": ids}
+            message = f"{past} {counted(done, 'failed run')}"
+            detail: dict[str, Any] = {"filter": flt.params(), past: done, "runs": ids}
+            if kept:
+                why = (
+                    "a run of its unique key is queued or running, or its definition was deleted"
+                    if action == "retry"
+                    else "a blocked run waits on its retry chain, or it links attempts that stay"
+                )
+                shown = ", ".join(str(i) for i in kept[:20]) + (", …" if len(kept) > 20 else "")
+                message += f"; passed over run{'s' if len(kept) > 1 else ''} {shown} ({why})"
+                detail["passed_over"] = kept
+            return message, detail
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
