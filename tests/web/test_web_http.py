@@ -30,6 +30,7 @@ from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
+from pgtick.web.serve import LOOPBACK_NAMES
 
 Conn = psycopg.Connection[Any]
 
@@ -1083,6 +1084,44 @@ def test_the_session_cookie_a_login_sets_behind_a_trusted_proxy_is_secure(db: Da
     rotated = response.headers["set-cookie"]
     assert rotated.split(";")[0] != session, "the login kept the session id"
     assert {"secure", "httponly", "samesite=strict"} <= cookie_attributes(rotated), rotated
+
+
+def test_behind_a_trusted_proxy_an_operator_logs_in_and_acts_from_the_proxys_site(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    """Bound to the loopback behind a proxy that terminates TLS (what --trust-proxy is for), the
+    browser's Origin names the proxy's site, not the loopback address the proxy connects to:
+    the site is the X-Forwarded-Host the proxy sets. Another site stays refused, and without
+    --trust-proxy the header is a client's and ignored."""
+    proxied = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "dash.example.com"}
+    site = {"Origin": "https://dash.example.com"}
+    dsn, secret = db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)
+    app = create_app(dsn, secret, allowed_hosts=LOOPBACK_NAMES, trust_proxy=True)
+    with TestClient(app, base_url="https://127.0.0.1:8080", headers=proxied) as client:
+        response = client.post(
+            "/login",
+            data={"csrf": csrf_of(client), "name": "alice", "password": PASSWORD},
+            headers=site,
+            follow_redirects=False,
+        )
+        assert response.status_code == 303, f"{response.status_code}: {response.text[-300:]}"
+        csrf = csrf_of(client, "/")
+        other = client.post(
+            f"/runs/{seeded.queued}/cancel", data={"csrf": csrf}, headers={"Origin": "https://evil.example"}
+        )
+        assert other.status_code == 403, other.status_code
+        assert status_of(conn, seeded.queued) == "QUEUED"
+        response = client.post(
+            f"/runs/{seeded.queued}/cancel", data={"csrf": csrf}, headers=site, follow_redirects=False
+        )
+        assert response.status_code == 303, f"{response.status_code}: {response.text[-300:]}"
+        assert status_of(conn, seeded.queued) == "CANCELLED"
+    with TestClient(create_app(dsn, secret), base_url="http://127.0.0.1:8080") as client:
+        forged = {"X-Forwarded-Host": "evil.example", "Origin": "http://evil.example"}
+        response = client.post(
+            "/login", data={"csrf": csrf_of(client), "name": "eve", "password": PASSWORD}, headers=forged
+        )
+        assert response.status_code == 403, response.status_code
 
 
 @pytest.mark.parametrize(

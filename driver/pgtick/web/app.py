@@ -255,6 +255,17 @@ class Dashboard:
         forwarded = request.headers.get("x-forwarded-proto", "")
         return forwarded.rsplit(",", 1)[-1].strip().lower() == "https"
 
+    def site(self, request: Request) -> str:
+        """The host and port the browser addressed, which a POST's Origin must name: the Host
+        header; behind a trusted proxy (`trust_proxy`), the X-Forwarded-Host it sets when it
+        does (its own value last, as X-Forwarded-Proto), since the Host it sends is then the
+        dashboard's own address (the loopback it is bound to), not the site the browser is on."""
+        if self.trust_proxy:
+            forwarded = request.headers.get("x-forwarded-host", "").rsplit(",", 1)[-1].strip()
+            if forwarded:
+                return forwarded.lower()
+        return request.headers.get("host", "").lower()
+
     def error(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "error.html", {"status": status, "message": message}, status)
 
@@ -472,7 +483,8 @@ class Dashboard:
     async def _form(self, request: Request, *, need_operator: bool = True) -> FormData:
         """The posted form, after the CSRF and login checks every POST passes."""
         origin = request.headers.get("origin")
-        if origin and origin != "null" and _origin_host(origin) != request.headers.get("host"):
+        origin_host = _origin_host(origin) if origin and origin != "null" else ""
+        if origin_host is None or (origin_host and origin_host.lower() != self.site(request)):
             raise HTTPException(403, "cross-site request refused (Origin does not match this site)")
         form = await request.form(max_files=0, max_fields=50)
         session = self.sessions.get(request.cookies.get(COOKIE))
