@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ import pytest
 from markupsafe import escape
 from psycopg import sql
 from starlette.testclient import TestClient
+from starlette.types import Message, Scope
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
@@ -1122,6 +1124,50 @@ def test_behind_a_trusted_proxy_an_operator_logs_in_and_acts_from_the_proxys_sit
             "/login", data={"csrf": csrf_of(client), "name": "eve", "password": PASSWORD}, headers=forged
         )
         assert response.status_code == 403, response.status_code
+
+
+def test_a_client_gone_while_sending_its_form_is_no_fault_of_the_dashboard(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A browser closed, or a network cut, while a POST's body was on its way: nobody waits
+    for an answer and nothing is wrong with the dashboard, so nothing is logged as an error
+    and nothing reaches the server as an exception (uvicorn logged a traceback for each)."""
+    app = create_app(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD))
+    messages: list[Message] = [
+        {"type": "http.request", "body": b"csrf=abc&name=al", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/login",
+        "raw_path": b"/login",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8080"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"100"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+    with TestClient(app, base_url=HTTP) as client, caplog.at_level(logging.INFO):
+        assert client.portal is not None
+        client.portal.call(app, scope, receive, send)
+        assert client.get("/login").status_code == 200
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -886,6 +886,12 @@ def create_app(
         log.error("dashboard database timeout on %s %s: %s", request.method, request.url.path, exc)
         return dash.error(request, 504, str(exc))
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client went away while sending its form (a closed browser, a cut network): no
+        # fault of the dashboard, and nobody reads the answer.
+        log.info("dashboard: the client went away during %s %s", request.method, request.url.path)
+        return Response(status_code=400)
+
     async def server_error(request: Request, exc: Exception) -> Response:
         # A fault of the dashboard itself (the server logs its traceback): answered with the
         # error page and its headers rather than the server's bare text.
@@ -928,6 +934,7 @@ def create_app(
             psycopg.Error: database_error,
             PoolTimeout: pool_timeout,
             DatabaseTimeout: database_timeout,
+            ClientDisconnect: client_gone,
             Exception: server_error,
         },
     )
