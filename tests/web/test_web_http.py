@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from html import unescape as html_unescape
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -266,6 +267,46 @@ def test_actions_need_an_operator_login(client: TestClient, seeded: Seeded, conn
     ).fetchone() == (0,)
     assert conn.execute("SELECT enabled FROM jobs.definitions WHERE name = 'capped'").fetchone() == (True,)
     assert audit_rows(conn) == []
+
+
+def test_the_pages_an_answer_to_an_action_links_go_back_to_where_the_action_was_sent_from(
+    client: TestClient, seeded: Seeded
+) -> None:
+    """After a restart of the dashboard (sessions live in its memory) or 12 idle hours, an
+    operator's next click is refused; the login that answer offers leads back to the page the
+    action was sent from, not to the action's address (which answers a GET with 405), and so
+    does the logout form on the answer to a refused action."""
+    run_id = seeded.failed_batch[0]
+    client.cookies.set("pgtick_session", "a session from before a restart")
+    refused = client.post(f"/runs/{run_id}/retry", data={"csrf": "stale", "next": f"/runs/{run_id}"})
+    assert refused.status_code == 403, refused.status_code
+    found = re.search(r'href="(/login\?[^"]*)"', refused.text)
+    assert found, refused.text[-800:]
+    link = html_unescape(found.group(1))
+    assert link == "/login?" + urlencode({"next": f"/runs/{run_id}"}), link
+    login_page = client.get(link).text
+    back = re.search(r'name="next" value="([^"]*)"', login_page)
+    assert back and html_unescape(back.group(1)) == f"/runs/{run_id}", back
+    token = re.search(r'name="csrf" value="([^"]+)"', login_page)
+    assert token
+    wrong = client.post(
+        "/login",
+        data={
+            "csrf": token.group(1),
+            "name": "alice",
+            "password": "wrong password",
+            "next": f"/runs/{run_id}",
+        },
+    )
+    assert wrong.status_code == 401, wrong.status_code
+    back = re.search(r'name="next" value="([^"]*)"', wrong.text[wrong.text.index('action="/login"') :])
+    assert back and html_unescape(back.group(1)) == f"/runs/{run_id}", "a wrong password lost the way back"
+    csrf = login(client)
+    answer = post(client, "/definitions/pause", csrf, name="ghost", next="/definitions")
+    assert answer.status_code == 404, answer.status_code
+    logout = answer.text[answer.text.index('action="/logout"') :]
+    back = re.search(r'name="next" value="([^"]*)"', logout)
+    assert back and html_unescape(back.group(1)) == "/definitions", back
 
 
 def test_a_wrong_password_is_refused(client: TestClient, conn: Conn) -> None:
@@ -799,7 +840,7 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
         ("/definitions/pause", {"name": "ghost"}, 404, "definition &#39;ghost&#39; does not exist"),
         ("/definitions/run-now", {"name": "x" * 201}, 400, "name is 201 characters long"),
         ("/runs/bulk/retry", {"since": "soon"}, 400, "since must be an ISO 8601 time"),
-        ("/queues/pause", {"name": ""}, 400, "queue"),
+        ("/queues/pause", {"name": ""}, 400, "name must be a non-empty text"),
     ]
     for path, fields, status, message in cases:
         response = post(client, path, csrf, **fields)

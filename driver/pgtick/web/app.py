@@ -218,11 +218,21 @@ class Dashboard:
             "can_act": self.secret is not None and self.db.access.operator,
             "login_configured": self.secret is not None,
             "refresh": self.refresh_seconds,
-            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "here": self.here(request),
             "now": datetime.now(UTC),
         }
         response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
         return self.finish(request, response)
+
+    @staticmethod
+    def here(request: Request) -> str:
+        """The page the login link and the logout form of this answer go back to: the page
+        itself, or for the answer to an action (a POST, whose address answers a GET with 405)
+        the page it was sent from, as the form's `next` names it (the overview when unknown)."""
+        if request.method in ("GET", "HEAD"):
+            return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        back: str = request.scope.get("pgtick.back", "/")
+        return back
 
     def finish(self, request: Request, response: Response) -> Response:
         session = request.scope.get("pgtick.session")
@@ -476,7 +486,8 @@ class Dashboard:
         )
 
     async def login_page(self, request: Request) -> Response:
-        return self.render(request, "login.html", {"problem": None, "name": ""})
+        back = request.query_params.get("next", "/")
+        return self.render(request, "login.html", {"problem": None, "name": "", "back": back})
 
     # posts
 
@@ -487,6 +498,8 @@ class Dashboard:
         if origin_host is None or (origin_host and origin_host.lower() != self.site(request)):
             raise HTTPException(403, "cross-site request refused (Origin does not match this site)")
         form = await request.form(max_files=0, max_fields=50)
+        target = form.get("next")
+        request.scope["pgtick.back"] = inputs.local_path(target if isinstance(target, str) else None, "/")
         session = self.sessions.get(request.cookies.get(COOKIE))
         submitted = form.get("csrf")
         if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
@@ -535,7 +548,12 @@ class Dashboard:
                 log.warning("dashboard login refused name=%r client=%s", name, request.client)
                 await asyncio.sleep(LOGIN_FAILURE_DELAY)
         if not ok:
-            return self.render(request, "login.html", {"problem": "wrong password", "name": name or ""}, 401)
+            return self.render(
+                request,
+                "login.html",
+                {"problem": "wrong password", "name": name or "", "back": self.here(request)},
+                401,
+            )
         client = request.client.host if request.client else "?"
         async with self.db.acting() as conn:  # audited first: a login that cannot be is refused
             await queries.record_audit(conn, f"{name} ({client})"[:200], "login", None, "{}")
