@@ -666,6 +666,19 @@ def test_two_cancels_of_a_queued_run_at_once_cancel_it_once_and_audit_it_once(
     assert cancels == [("bob", f"run {run_id}")], cancels
 
 
+def test_an_auto_refresh_leaves_the_answer_to_an_action_to_the_page_it_goes_back_to(
+    client: TestClient, seeded: Seeded
+) -> None:
+    """The overview refreshes itself in the background (app.js, with X-Refresh) and drops the
+    messages of the page it fetched; one that fires between an action and the page the action
+    goes back to (another tab) must leave that page its message."""
+    csrf = login(client)
+    response = post(client, f"/runs/{seeded.queued}/cancel", csrf, next=f"/runs/{seeded.queued}")
+    assert response.status_code == 303, response.status_code
+    assert client.get("/", headers={"X-Refresh": "1"}).status_code == 200
+    assert f"run {seeded.queued} cancelled" in client.get(response.headers["location"]).text
+
+
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
     """Pausing a paused definition, resuming a running one and cancelling a cancelled run say
     that nothing changed, as the queue actions do, rather than that they did it."""

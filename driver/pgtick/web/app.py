@@ -212,7 +212,9 @@ class Dashboard:
             "request": request,
             "operator": session.operator,
             "csrf": session.csrf,
-            "flashes": session.take_flashes(),
+            # (An auto-refresh in the background drops the messages of what it fetched: they stay
+            # for the page an action goes back to, which may be loading in another tab.)
+            "flashes": [] if request.headers.get("x-refresh") else session.take_flashes(),
             "access": self.db.access,
             "features": self.db.features,
             "can_act": self.secret is not None and self.db.access.operator,
