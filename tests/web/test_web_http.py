@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -349,6 +350,45 @@ def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db
     for base in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"):
         with TestClient(dashboard(), base_url=base) as local:
             assert local.get("/runs").status_code == 200, base
+
+
+def test_pgtick_web_bound_to_another_loopback_address_answers_requests_addressed_to_it(
+    db: Database,
+) -> None:
+    """127.0.0.2 is the loopback too: bound there, the dashboard answers the address it
+    announced (it answered every request with 400 "Invalid host header"), and still no other
+    name (DNS rebinding)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*PGTICK, "web", "--dsn", db.dsn_as("pgtick_t_reader"), "--bind", f"127.0.0.2:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def status(host: str | None) -> int | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick web exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        request = urllib.request.Request(f"http://127.0.0.2:{port}/runs")
+        if host is not None:
+            request.add_header("Host", host)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as refused:
+            return refused.code
+        except OSError:
+            return None
+
+    try:
+        answered = wait_for("pgtick web to answer", lambda: status(None), 90)
+        rebound = status(f"attacker.example:{port}")
+    finally:
+        terminate(proc, 60)
+    assert answered == 200, answered
+    assert rebound == 400, rebound
 
 
 def test_pages_answer_after_the_server_dropped_the_dashboards_connections(
