@@ -617,6 +617,48 @@ def flash_of(client: TestClient, path: str) -> str:
     return "\n".join(re.findall(r'<p class="flash ok">(.*?)</p>', client.get(path).text))
 
 
+def test_an_action_whose_connection_is_lost_says_it_may_have_been_done_and_its_form_stays_sent(
+    db: Database, client: TestClient, conn: Conn
+) -> None:
+    """A connection lost during an action (a server restart, a failover, a network cut) may have
+    lost the answer to a COMMIT the server made: the dashboard cannot tell whether the action was
+    done, so it says so, as for a timeout, and a run-now form sent again queues nothing more
+    rather than perhaps a second run."""
+    csrf = login(client)
+    form = form_of(client, "/definition?name=capped", "/definitions/run-now")
+    before = scalar(
+        conn,
+        "SELECT count(*) FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        " WHERE d.name = 'capped'",
+    )
+    with db.connect(autocommit=False) as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute("SELECT 1 FROM jobs.definitions WHERE name = 'capped' FOR UPDATE")
+        sent = pool.submit(post, client, "/definitions/run-now", csrf, **form)
+
+        def waiting() -> int | None:
+            row = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgtick-web'"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        pid = wait_for("the run-now to wait for the definition's lock", waiting, 60)
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        response = sent.result(timeout=60)
+        holder.rollback()
+    assert response.status_code == 503, f"{response.status_code}: {response.text[-400:]}"
+    assert "the change may or may not have been made" in response.text, response.text[-600:]
+    again = post(client, "/definitions/run-now", csrf, **form)
+    assert again.status_code == 303, again.status_code
+    assert "this run-now form was sent already" in client.get(again.headers["location"]).text
+    after = scalar(
+        conn,
+        "SELECT count(*) FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        " WHERE d.name = 'capped'",
+    )
+    assert after == before, f"the same form queued {after - before} runs"
+
+
 def test_a_retry_sent_again_queues_nothing_and_links_the_retry_that_was_made(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:

@@ -40,7 +40,7 @@ from pgtick.schedule.zones import strftime
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
-from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseTimeout
+from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseLost, DatabaseTimeout
 
 log = logging.getLogger("pgtick.web")
 HERE = Path(__file__).resolve().parent
@@ -700,7 +700,7 @@ class Dashboard:
 
         try:
             return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)
-        except DatabaseTimeout:
+        except (DatabaseTimeout, DatabaseLost):
             raise  # a commit cut on its way may have queued the run: the form stays sent
         except BaseException:
             if once is not None:  # nothing was done (the action's transaction rolled back)
@@ -906,6 +906,10 @@ def create_app(
         log.error("dashboard database timeout on %s %s: %s", request.method, request.url.path, exc)
         return dash.error(request, 504, str(exc))
 
+    async def database_lost(request: Request, exc: Exception) -> Response:
+        log.error("dashboard database connection lost on %s %s: %s", request.method, request.url.path, exc)
+        return dash.error(request, 503, str(exc))
+
     async def client_gone(request: Request, exc: Exception) -> Response:
         # The client went away while sending its form (a closed browser, a cut network): no
         # fault of the dashboard, and nobody reads the answer.
@@ -954,6 +958,7 @@ def create_app(
             psycopg.Error: database_error,
             PoolTimeout: pool_timeout,
             DatabaseTimeout: database_timeout,
+            DatabaseLost: database_lost,
             ClientDisconnect: client_gone,
             Exception: server_error,
         },
