@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from html import unescape as html_unescape
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -24,12 +27,14 @@ import pytest
 from markupsafe import escape
 from psycopg import sql
 from starlette.testclient import TestClient
+from starlette.types import Message, Scope
 from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, history, pages, seed
 from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
 from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
+from pgtick.web.serve import LOOPBACK_NAMES
 
 Conn = psycopg.Connection[Any]
 
@@ -265,6 +270,46 @@ def test_actions_need_an_operator_login(client: TestClient, seeded: Seeded, conn
     assert audit_rows(conn) == []
 
 
+def test_the_pages_an_answer_to_an_action_links_go_back_to_where_the_action_was_sent_from(
+    client: TestClient, seeded: Seeded
+) -> None:
+    """After a restart of the dashboard (sessions live in its memory) or 12 idle hours, an
+    operator's next click is refused; the login that answer offers leads back to the page the
+    action was sent from, not to the action's address (which answers a GET with 405), and so
+    does the logout form on the answer to a refused action."""
+    run_id = seeded.failed_batch[0]
+    client.cookies.set("pgtick_session", "a session from before a restart")
+    refused = client.post(f"/runs/{run_id}/retry", data={"csrf": "stale", "next": f"/runs/{run_id}"})
+    assert refused.status_code == 403, refused.status_code
+    found = re.search(r'href="(/login\?[^"]*)"', refused.text)
+    assert found, refused.text[-800:]
+    link = html_unescape(found.group(1))
+    assert link == "/login?" + urlencode({"next": f"/runs/{run_id}"}), link
+    login_page = client.get(link).text
+    back = re.search(r'name="next" value="([^"]*)"', login_page)
+    assert back and html_unescape(back.group(1)) == f"/runs/{run_id}", back
+    token = re.search(r'name="csrf" value="([^"]+)"', login_page)
+    assert token
+    wrong = client.post(
+        "/login",
+        data={
+            "csrf": token.group(1),
+            "name": "alice",
+            "password": "wrong password",
+            "next": f"/runs/{run_id}",
+        },
+    )
+    assert wrong.status_code == 401, wrong.status_code
+    back = re.search(r'name="next" value="([^"]*)"', wrong.text[wrong.text.index('action="/login"') :])
+    assert back and html_unescape(back.group(1)) == f"/runs/{run_id}", "a wrong password lost the way back"
+    csrf = login(client)
+    answer = post(client, "/definitions/pause", csrf, name="ghost", next="/definitions")
+    assert answer.status_code == 404, answer.status_code
+    logout = answer.text[answer.text.index('action="/logout"') :]
+    back = re.search(r'name="next" value="([^"]*)"', logout)
+    assert back and html_unescape(back.group(1)) == "/definitions", back
+
+
 def test_a_wrong_password_is_refused(client: TestClient, conn: Conn) -> None:
     response = client.post("/login", data={"csrf": csrf_of(client), "name": "mallory", "password": "guess"})
     assert response.status_code == 401
@@ -305,6 +350,45 @@ def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db
     for base in ("http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"):
         with TestClient(dashboard(), base_url=base) as local:
             assert local.get("/runs").status_code == 200, base
+
+
+def test_pgtick_web_bound_to_another_loopback_address_answers_requests_addressed_to_it(
+    db: Database,
+) -> None:
+    """127.0.0.2 is the loopback too: bound there, the dashboard answers the address it
+    announced (it answered every request with 400 "Invalid host header"), and still no other
+    name (DNS rebinding)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*PGTICK, "web", "--dsn", db.dsn_as("pgtick_t_reader"), "--bind", f"127.0.0.2:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def status(host: str | None) -> int | None:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"pgtick web exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+            )
+        request = urllib.request.Request(f"http://127.0.0.2:{port}/runs")
+        if host is not None:
+            request.add_header("Host", host)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as refused:
+            return refused.code
+        except OSError:
+            return None
+
+    try:
+        answered = wait_for("pgtick web to answer", lambda: status(None), 90)
+        rebound = status(f"attacker.example:{port}")
+    finally:
+        terminate(proc, 60)
+    assert answered == 200, answered
+    assert rebound == 400, rebound
 
 
 def test_pages_answer_after_the_server_dropped_the_dashboards_connections(
@@ -533,6 +617,48 @@ def flash_of(client: TestClient, path: str) -> str:
     return "\n".join(re.findall(r'<p class="flash ok">(.*?)</p>', client.get(path).text))
 
 
+def test_an_action_whose_connection_is_lost_says_it_may_have_been_done_and_its_form_stays_sent(
+    db: Database, client: TestClient, conn: Conn
+) -> None:
+    """A connection lost during an action (a server restart, a failover, a network cut) may have
+    lost the answer to a COMMIT the server made: the dashboard cannot tell whether the action was
+    done, so it says so, as for a timeout, and a run-now form sent again queues nothing more
+    rather than perhaps a second run."""
+    csrf = login(client)
+    form = form_of(client, "/definition?name=capped", "/definitions/run-now")
+    before = scalar(
+        conn,
+        "SELECT count(*) FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        " WHERE d.name = 'capped'",
+    )
+    with db.connect(autocommit=False) as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute("SELECT 1 FROM jobs.definitions WHERE name = 'capped' FOR UPDATE")
+        sent = pool.submit(post, client, "/definitions/run-now", csrf, **form)
+
+        def waiting() -> int | None:
+            row = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgtick-web'"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        pid = wait_for("the run-now to wait for the definition's lock", waiting, 60)
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        response = sent.result(timeout=60)
+        holder.rollback()
+    assert response.status_code == 503, f"{response.status_code}: {response.text[-400:]}"
+    assert "the change may or may not have been made" in response.text, response.text[-600:]
+    again = post(client, "/definitions/run-now", csrf, **form)
+    assert again.status_code == 303, again.status_code
+    assert "this run-now form was sent already" in client.get(again.headers["location"]).text
+    after = scalar(
+        conn,
+        "SELECT count(*) FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        " WHERE d.name = 'capped'",
+    )
+    assert after == before, f"the same form queued {after - before} runs"
+
+
 def test_a_retry_sent_again_queues_nothing_and_links_the_retry_that_was_made(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:
@@ -620,6 +746,19 @@ def test_two_cancels_of_a_queued_run_at_once_cancel_it_once_and_audit_it_once(
     assert f"run {run_id} was cancelled already: nothing to cancel" in flash, flash
     cancels = [(e[0], e[2]) for e in audit_rows(conn) if e[1] == "cancel"]
     assert cancels == [("bob", f"run {run_id}")], cancels
+
+
+def test_an_auto_refresh_leaves_the_answer_to_an_action_to_the_page_it_goes_back_to(
+    client: TestClient, seeded: Seeded
+) -> None:
+    """The overview refreshes itself in the background (app.js, with X-Refresh) and drops the
+    messages of the page it fetched; one that fires between an action and the page the action
+    goes back to (another tab) must leave that page its message."""
+    csrf = login(client)
+    response = post(client, f"/runs/{seeded.queued}/cancel", csrf, next=f"/runs/{seeded.queued}")
+    assert response.status_code == 303, response.status_code
+    assert client.get("/", headers={"X-Refresh": "1"}).status_code == 200
+    assert f"run {seeded.queued} cancelled" in client.get(response.headers["location"]).text
 
 
 def test_an_action_that_changes_nothing_says_so(client: TestClient, seeded: Seeded, conn: Conn) -> None:
@@ -737,6 +876,52 @@ def test_a_bulk_action_does_what_the_page_showed_or_nothing(
     ).fetchone() == (2,)
 
 
+def test_a_bulk_action_does_the_runs_it_may_and_names_those_the_sql_api_passes_over(
+    client: TestClient, conn: Conn
+) -> None:
+    """jobs.retry_many retries one of several failed runs of one unique key, and jobs.discard
+    keeps a failed attempt that a blocked run waits on: those are passed over on every click,
+    not taken by another action, so the click does the rest and names them, rather than
+    answering 409 "taken by another action meanwhile" for ever."""
+    csrf = login(client)
+    keyed = []
+    for _ in range(2):  # two failed runs of one unique key: a retry of both would run it twice
+        run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k1')"))
+        conn.execute("SELECT jobs.claim(1, 'w', ARRAY['keyed'])")
+        conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'keyed failed')", (run_id,))
+        keyed.append(run_id)
+    shown = bulk_form(client, "/runs?status=FAILED&kind=keyed", "retry")
+    assert shown["expected"] == "2"
+    response = post(client, "/runs/bulk/retry", csrf, **shown)
+    assert response.status_code == 303, f"{response.status_code}: {response.text[-400:]}"
+    assert (
+        "retried 1 failed run; passed over run " + str(keyed[1])
+        in client.get(response.headers["location"]).text
+    )
+    retried = conn.execute(
+        "SELECT retry_of FROM jobs.runs WHERE retry_of = ANY(%s) ORDER BY retry_of", (keyed,)
+    ).fetchall()
+    assert retried == [(keyed[0],)], retried
+
+    upstream = int(scalar(conn, "SELECT id FROM jobs.enqueue('upstream')"))
+    conn.execute("SELECT jobs.claim(1, 'w', ARRAY['upstream'])")
+    conn.execute("SELECT jobs.fail(%s, 'w', '{E}', 'upstream failed')", (upstream,))
+    conn.execute("SELECT jobs.retry(%s)", (upstream,))
+    conn.execute("SELECT jobs.enqueue('downstream', depends_on => ARRAY[%s]::bigint[])", (upstream,))
+    shown = bulk_form(client, "/runs?status=FAILED&kind=upstream", "discard")
+    assert shown["expected"] == "1"
+    response = post(client, "/runs/bulk/discard", csrf, **shown)
+    assert response.status_code == 303, f"{response.status_code}: {response.text[-400:]}"
+    assert (
+        f"discarded 0 failed runs; passed over run {upstream}"
+        in client.get(response.headers["location"]).text
+    )
+    assert status_of(conn, upstream) == "FAILED"
+    details = [r[3] for r in audit_rows(conn) if r[1].startswith("bulk_")]
+    assert [d["passed_over"] for d in details] == [[keyed[1]], [upstream]], details
+    assert [d.get("retried", d.get("discarded")) for d in details] == [1, 0], details
+
+
 def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
     client: TestClient, seeded: Seeded, conn: Conn
 ) -> None:
@@ -750,7 +935,7 @@ def test_bad_actions_answer_with_the_sql_apis_errors_and_change_nothing(
         ("/definitions/pause", {"name": "ghost"}, 404, "definition &#39;ghost&#39; does not exist"),
         ("/definitions/run-now", {"name": "x" * 201}, 400, "name is 201 characters long"),
         ("/runs/bulk/retry", {"since": "soon"}, 400, "since must be an ISO 8601 time"),
-        ("/queues/pause", {"name": ""}, 400, "queue"),
+        ("/queues/pause", {"name": ""}, 400, "name must be a non-empty text"),
     ]
     for path, fields, status, message in cases:
         response = post(client, path, csrf, **fields)
@@ -1037,6 +1222,88 @@ def test_the_session_cookie_a_login_sets_behind_a_trusted_proxy_is_secure(db: Da
     rotated = response.headers["set-cookie"]
     assert rotated.split(";")[0] != session, "the login kept the session id"
     assert {"secure", "httponly", "samesite=strict"} <= cookie_attributes(rotated), rotated
+
+
+def test_behind_a_trusted_proxy_an_operator_logs_in_and_acts_from_the_proxys_site(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    """Bound to the loopback behind a proxy that terminates TLS (what --trust-proxy is for), the
+    browser's Origin names the proxy's site, not the loopback address the proxy connects to:
+    the site is the X-Forwarded-Host the proxy sets. Another site stays refused, and without
+    --trust-proxy the header is a client's and ignored."""
+    proxied = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "dash.example.com"}
+    site = {"Origin": "https://dash.example.com"}
+    dsn, secret = db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD)
+    app = create_app(dsn, secret, allowed_hosts=LOOPBACK_NAMES, trust_proxy=True)
+    with TestClient(app, base_url="https://127.0.0.1:8080", headers=proxied) as client:
+        response = client.post(
+            "/login",
+            data={"csrf": csrf_of(client), "name": "alice", "password": PASSWORD},
+            headers=site,
+            follow_redirects=False,
+        )
+        assert response.status_code == 303, f"{response.status_code}: {response.text[-300:]}"
+        csrf = csrf_of(client, "/")
+        other = client.post(
+            f"/runs/{seeded.queued}/cancel", data={"csrf": csrf}, headers={"Origin": "https://evil.example"}
+        )
+        assert other.status_code == 403, other.status_code
+        assert status_of(conn, seeded.queued) == "QUEUED"
+        response = client.post(
+            f"/runs/{seeded.queued}/cancel", data={"csrf": csrf}, headers=site, follow_redirects=False
+        )
+        assert response.status_code == 303, f"{response.status_code}: {response.text[-300:]}"
+        assert status_of(conn, seeded.queued) == "CANCELLED"
+    with TestClient(create_app(dsn, secret), base_url="http://127.0.0.1:8080") as client:
+        forged = {"X-Forwarded-Host": "evil.example", "Origin": "http://evil.example"}
+        response = client.post(
+            "/login", data={"csrf": csrf_of(client), "name": "eve", "password": PASSWORD}, headers=forged
+        )
+        assert response.status_code == 403, response.status_code
+
+
+def test_a_client_gone_while_sending_its_form_is_no_fault_of_the_dashboard(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A browser closed, or a network cut, while a POST's body was on its way: nobody waits
+    for an answer and nothing is wrong with the dashboard, so nothing is logged as an error
+    and nothing reaches the server as an exception (uvicorn logged a traceback for each)."""
+    app = create_app(db.dsn_as("pgtick_t_operator"), Secret.from_plain(PASSWORD))
+    messages: list[Message] = [
+        {"type": "http.request", "body": b"csrf=abc&name=al", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/login",
+        "raw_path": b"/login",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8080"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"100"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+    with TestClient(app, base_url=HTTP) as client, caplog.at_level(logging.INFO):
+        assert client.portal is not None
+        client.portal.call(app, scope, receive, send)
+        assert client.get("/login").status_code == 200
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 @pytest.mark.parametrize(

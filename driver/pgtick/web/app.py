@@ -27,7 +27,7 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -40,7 +40,7 @@ from pgtick.schedule.zones import strftime
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
-from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseTimeout
+from pgtick.web.db import DEFAULT_TIMEOUT, ActionsUnavailable, Database, DatabaseLost, DatabaseTimeout
 
 log = logging.getLogger("pgtick.web")
 HERE = Path(__file__).resolve().parent
@@ -212,17 +212,29 @@ class Dashboard:
             "request": request,
             "operator": session.operator,
             "csrf": session.csrf,
-            "flashes": session.take_flashes(),
+            # (An auto-refresh in the background drops the messages of what it fetched: they stay
+            # for the page an action goes back to, which may be loading in another tab.)
+            "flashes": [] if request.headers.get("x-refresh") else session.take_flashes(),
             "access": self.db.access,
             "features": self.db.features,
             "can_act": self.secret is not None and self.db.access.operator,
             "login_configured": self.secret is not None,
             "refresh": self.refresh_seconds,
-            "here": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "here": self.here(request),
             "now": datetime.now(UTC),
         }
         response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
         return self.finish(request, response)
+
+    @staticmethod
+    def here(request: Request) -> str:
+        """The page the login link and the logout form of this answer go back to: the page
+        itself, or for the answer to an action (a POST, whose address answers a GET with 405)
+        the page it was sent from, as the form's `next` names it (the overview when unknown)."""
+        if request.method in ("GET", "HEAD"):
+            return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        back: str = request.scope.get("pgtick.back", "/")
+        return back
 
     def finish(self, request: Request, response: Response) -> Response:
         session = request.scope.get("pgtick.session")
@@ -254,6 +266,17 @@ class Dashboard:
             return False
         forwarded = request.headers.get("x-forwarded-proto", "")
         return forwarded.rsplit(",", 1)[-1].strip().lower() == "https"
+
+    def site(self, request: Request) -> str:
+        """The host and port the browser addressed, which a POST's Origin must name: the Host
+        header; behind a trusted proxy (`trust_proxy`), the X-Forwarded-Host it sets when it
+        does (its own value last, as X-Forwarded-Proto), since the Host it sends is then the
+        dashboard's own address (the loopback it is bound to), not the site the browser is on."""
+        if self.trust_proxy:
+            forwarded = request.headers.get("x-forwarded-host", "").rsplit(",", 1)[-1].strip()
+            if forwarded:
+                return forwarded.lower()
+        return request.headers.get("host", "").lower()
 
     def error(self, request: Request, status: int, message: str) -> Response:
         return self.render(request, "error.html", {"status": status, "message": message}, status)
@@ -465,16 +488,20 @@ class Dashboard:
         )
 
     async def login_page(self, request: Request) -> Response:
-        return self.render(request, "login.html", {"problem": None, "name": ""})
+        back = request.query_params.get("next", "/")
+        return self.render(request, "login.html", {"problem": None, "name": "", "back": back})
 
     # posts
 
     async def _form(self, request: Request, *, need_operator: bool = True) -> FormData:
         """The posted form, after the CSRF and login checks every POST passes."""
         origin = request.headers.get("origin")
-        if origin and origin != "null" and _origin_host(origin) != request.headers.get("host"):
+        origin_host = _origin_host(origin) if origin and origin != "null" else ""
+        if origin_host is None or (origin_host and origin_host.lower() != self.site(request)):
             raise HTTPException(403, "cross-site request refused (Origin does not match this site)")
         form = await request.form(max_files=0, max_fields=50)
+        target = form.get("next")
+        request.scope["pgtick.back"] = inputs.local_path(target if isinstance(target, str) else None, "/")
         session = self.sessions.get(request.cookies.get(COOKIE))
         submitted = form.get("csrf")
         if not csrf_ok(session, submitted if isinstance(submitted, str) else None):
@@ -523,7 +550,12 @@ class Dashboard:
                 log.warning("dashboard login refused name=%r client=%s", name, request.client)
                 await asyncio.sleep(LOGIN_FAILURE_DELAY)
         if not ok:
-            return self.render(request, "login.html", {"problem": "wrong password", "name": name or ""}, 401)
+            return self.render(
+                request,
+                "login.html",
+                {"problem": "wrong password", "name": name or "", "back": self.here(request)},
+                401,
+            )
         client = request.client.host if request.client else "?"
         async with self.db.acting() as conn:  # audited first: a login that cannot be is refused
             await queries.record_audit(conn, f"{name} ({client})"[:200], "login", None, "{}")
@@ -668,7 +700,7 @@ class Dashboard:
 
         try:
             return await self._act(request, form, action.replace("-", "_"), f"definition {name}", call, back)
-        except DatabaseTimeout:
+        except (DatabaseTimeout, DatabaseLost):
             raise  # a commit cut on its way may have queued the run: the form stays sent
         except BaseException:
             if once is not None:  # nothing was done (the action's transaction rolled back)
@@ -727,17 +759,35 @@ class Dashboard:
                     f" {expected} the page showed: nothing was done; look at the list again",
                 )
             if action == "retry":
-                done = await queries.retry_many(conn, ids)
+                retried = set(await queries.retry_many(conn, ids))
+                done, left = len(retried), [i for i in ids if i not in retried]
             else:
                 done = await queries.discard(conn, ids)
-            if done != len(ids):  # the same action, sent twice at once, took the others first
+                left = ids if done < len(ids) else []  # (those it deleted are gone: not found below)
+            # What the SQL API passes over by its rules (a second failed run of a unique key, a
+            # run whose definition was deleted, an attempt a blocked run waits on) is passed over
+            # on every click: the rest is done. A run gone or retried meanwhile was taken by
+            # another action (the same one sent twice at once): then nothing is done.
+            kept = await queries.passed_over(conn, feats, left, unretried=action == "retry") if left else []
+            if done + len(kept) != len(ids):
                 raise HTTPException(
                     409,
-                    f"{len(ids) - done} of the {counted(len(ids), 'run')} taken by another action meanwhile:"
-                    " nothing was done; look at the list again",
+                    f"{len(ids) - done - len(kept)} of the {counted(len(ids), 'run')} taken by another"
+                    " action meanwhile: nothing was done; look at the list again",
                 )  # (raised in the action's transaction: what this one did is rolled back)
             past = "retried" if action == "retry" else "discarded"
-            return f"{past} {counted(done, 'failed run')}", {"filter": flt.params(), past: done, "runs": ids}
+            message = f"{past} {counted(done, 'failed run')}"
+            detail: dict[str, Any] = {"filter": flt.params(), past: done, "runs": ids}
+            if kept:
+                why = (
+                    "a run of its unique key is queued or running, or its definition was deleted"
+                    if action == "retry"
+                    else "a blocked run waits on its retry chain, or it links attempts that stay"
+                )
+                shown = ", ".join(str(i) for i in kept[:20]) + (", …" if len(kept) > 20 else "")
+                message += f"; passed over run{'s' if len(kept) > 1 else ''} {shown} ({why})"
+                detail["passed_over"] = kept
+            return message, detail
 
         back = "/runs?" + urlencode(flt.params())
         return await self._act(request, form, f"bulk_{action}", target[:1000], call, back)
@@ -856,6 +906,16 @@ def create_app(
         log.error("dashboard database timeout on %s %s: %s", request.method, request.url.path, exc)
         return dash.error(request, 504, str(exc))
 
+    async def database_lost(request: Request, exc: Exception) -> Response:
+        log.error("dashboard database connection lost on %s %s: %s", request.method, request.url.path, exc)
+        return dash.error(request, 503, str(exc))
+
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client went away while sending its form (a closed browser, a cut network): no
+        # fault of the dashboard, and nobody reads the answer.
+        log.info("dashboard: the client went away during %s %s", request.method, request.url.path)
+        return Response(status_code=400)
+
     async def server_error(request: Request, exc: Exception) -> Response:
         # A fault of the dashboard itself (the server logs its traceback): answered with the
         # error page and its headers rather than the server's bare text.
@@ -898,6 +958,8 @@ def create_app(
             psycopg.Error: database_error,
             PoolTimeout: pool_timeout,
             DatabaseTimeout: database_timeout,
+            DatabaseLost: database_lost,
+            ClientDisconnect: client_gone,
             Exception: server_error,
         },
     )

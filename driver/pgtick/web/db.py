@@ -49,6 +49,11 @@ class DatabaseTimeout(Exception):
     """The database did not answer a request within the dashboard's limit."""
 
 
+class DatabaseLost(Exception):
+    """The connection was lost during an action (a server restart, a failover, a network cut):
+    whether the server committed it before the connection went is unknown."""
+
+
 @dataclass(frozen=True)
 class Access:
     login: str
@@ -170,12 +175,17 @@ class Database:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         token = _deadline.set(deadline)
+        used: Conn | None = None
         try:
             async with self.pool.connection(timeout=self.timeout) as conn:
+                used = conn
                 with _cut_at(conn, deadline):
                     yield conn
         except (psycopg.OperationalError, PoolTimeout) as exc:
             if loop.time() < deadline:
+                if unsure and used is not None and used.broken:  # (not an error the server sent)
+                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise DatabaseLost(f"the database connection was lost ({reason}){unsure}") from exc
                 raise
             raise DatabaseTimeout(f"database did not answer within {self.timeout:g} s{unsure}") from exc
         finally:

@@ -658,10 +658,10 @@ async def resume_queue(conn: Conn, name: str | None) -> bool:
     return bool(row and row["changed"])
 
 
-async def retry_many(conn: Conn, run_ids: list[int]) -> int:
-    """jobs.retry_many; how many runs it retried."""
-    cur = await conn.execute("SELECT id FROM jobs.retry_many(%s)", (run_ids,))
-    return len(await cur.fetchall())
+async def retry_many(conn: Conn, run_ids: list[int]) -> list[int]:
+    """jobs.retry_many; the ids of the runs it retried (not of their new attempts)."""
+    cur = await conn.execute("SELECT retry_of FROM jobs.retry_many(%s)", (run_ids,))
+    return [int(row["retry_of"]) for row in await cur.fetchall()]
 
 
 async def discard(conn: Conn, run_ids: list[int]) -> int:
@@ -669,3 +669,20 @@ async def discard(conn: Conn, run_ids: list[int]) -> int:
     row = await (await conn.execute("SELECT jobs.discard(%s) AS n", (run_ids,))).fetchone()
     assert row is not None
     return int(row["n"])
+
+
+async def passed_over(conn: Conn, feats: Features, run_ids: list[int], *, unretried: bool) -> list[int]:
+    """The runs among `run_ids` a bulk action left as they were, FAILED (with ``unretried``,
+    still without a next attempt): those jobs.retry_many or jobs.discard passed
+    over by their own rules. A run among them that is gone, or was retried, was taken by
+    another action meanwhile."""
+    query = sql.SQL(
+        "SELECT r.id FROM {runs} AS r WHERE r.id = ANY(%s) AND r.status = 'FAILED'{unretried} ORDER BY r.id"
+    ).format(
+        runs=every_run(feats),
+        unretried=sql.SQL(
+            " AND NOT EXISTS (SELECT FROM {} AS n WHERE n.retry_of = r.id)" if unretried else ""
+        ).format(every_run(feats)),
+    )
+    cur = await conn.execute(query, (run_ids,))
+    return [int(row["id"]) for row in await cur.fetchall()]

@@ -118,7 +118,8 @@ def _config(
         create_app(
             dsn,
             secret,
-            allowed_hosts=LOOPBACK_NAMES if _is_loopback(host) else None,
+            # (and the loopback address it is bound to, 127.0.0.2 as well as 127.0.0.1)
+            allowed_hosts=(*LOOPBACK_NAMES, host) if _is_loopback(host) else None,
             db_timeout=db_timeout,
             cookie_secure=cookie_secure,
             trust_proxy=trust_proxy,
