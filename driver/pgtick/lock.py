@@ -267,7 +267,8 @@ def run_locked(
             child = subprocess.Popen(cmd, process_group=0 if own_group else None)
         except OSError as exc:
             print(f"pgtick lock: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
-            return 127
+            # As a shell says it: 127 not found, 126 found but not run (not executable, say).
+            return 127 if isinstance(exc, FileNotFoundError) else 126
         _tell(watchdog, f"{child.pid} {int(own_group)} {grace}")
         for signum in early:  # came while Popen ran, before `child` was set
             send(signum)
