@@ -120,10 +120,10 @@ def message_of(exc: BaseException) -> str:
     not take down the thread that reports it."""
     try:
         return str(exc)
-    except Exception as error:  # whatever __str__ raises
+    except BaseException as error:  # whatever __str__ raises, SystemExit too: not the run's error
         try:
             why = f"{type(error).__name__}: {error}"
-        except Exception:
+        except BaseException:
             why = type(error).__name__
         return f"(the error message could not be read: {why})"
 

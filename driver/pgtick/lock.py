@@ -20,6 +20,12 @@ outlives CMD is stopped the same way before the lease is released, so nothing of
 beside the next holder. In a terminal's foreground CMD stays in pgtick's group, so that it
 keeps the terminal; there the loss of the lease still ends CMD itself with SIGKILL after
 the grace.
+
+pgtick itself killed (``kill -9``, the OOM killer) can neither stop CMD nor renew its lease,
+which another invocation takes once its ttl runs out: a watchdog, a small process of its own
+session started before CMD, sees pgtick's end (its pipe from pgtick closes without the word
+that CMD has ended) and stops CMD (its group, outside a terminal's foreground) the same way,
+SIGTERM then SIGKILL after the grace, well within the ttl.
 """
 
 from __future__ import annotations
@@ -91,6 +97,65 @@ def _stop_group(pgid: int, grace: float) -> None:
     until = time.monotonic() + 5.0
     while time.monotonic() < until and not _gone(pgid):
         time.sleep(0.05)
+
+
+#: The watchdog (run as ``python -I -S -c WATCHDOG``, so it needs nothing of pgtick): reads
+#: ``PID GROUP GRACE`` then, once CMD has ended, ``done``, from its standard input, the pipe
+#: pgtick holds. End of input without ``done`` after a PID: pgtick died, so CMD is stopped.
+WATCHDOG = """
+import os, signal, sys, time
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    signal.signal(s, signal.SIG_IGN)
+data = b""
+while True:
+    chunk = os.read(0, 4096)
+    if not chunk:
+        break
+    data += chunk
+words = data.split()
+if not words or b"done" in words:
+    sys.exit(0)
+pid, group, grace = int(words[0]), words[1] == b"1", float(words[2])
+def send(signum):
+    try:
+        os.killpg(pid, signum) if group else os.kill(pid, signum)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+if send(signal.SIGTERM):
+    print("pgtick lock: pgtick ended before the command; stopping the command", file=sys.stderr)
+    until = time.monotonic() + grace
+    while time.monotonic() < until and send(0):
+        time.sleep(0.05)
+    send(signal.SIGKILL)
+"""
+
+
+def _start_watchdog() -> subprocess.Popen[bytes] | None:
+    """The watchdog that stops CMD if pgtick dies first (None if it cannot be started: CMD
+    then runs as it did before there was one)."""
+    if not sys.executable:
+        return None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WATCHDOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # neither a terminal's nor a group kill of pgtick reaches it
+        )
+    except OSError as exc:
+        print(f"pgtick lock: cannot start the watchdog: {exc.strerror}", file=sys.stderr)
+        return None
+
+
+def _tell(watchdog: subprocess.Popen[bytes] | None, words: str) -> None:
+    if watchdog is None or watchdog.stdin is None:
+        return
+    try:
+        watchdog.stdin.write(words.encode() + b"\n")
+        watchdog.stdin.flush()
+    except OSError:  # the watchdog is gone: CMD runs on unwatched
+        pass
 
 
 def _renew(dsn: str, name: str, owner: str, ttl: timedelta) -> bool:
@@ -170,6 +235,7 @@ def run_locked(
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     renewer = threading.Thread(target=renew, name="pgtick-lease", daemon=True)
     acquired = False
+    watchdog: subprocess.Popen[bytes] | None = None
     try:
         with connect(dsn, application_name="pgtick-lock") as conn:
             sent = time.monotonic()
@@ -196,11 +262,14 @@ def run_locked(
                 return skipped_exit
         if early:  # stopped before CMD started: do not start it
             return 128 + early[0]
+        watchdog = _start_watchdog()
         try:
             child = subprocess.Popen(cmd, process_group=0 if own_group else None)
         except OSError as exc:
             print(f"pgtick lock: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
-            return 127
+            # As a shell says it: 127 not found, 126 found but not run (not executable, say).
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        _tell(watchdog, f"{child.pid} {int(own_group)} {grace}")
         for signum in early:  # came while Popen ran, before `child` was set
             send(signum)
         renewer.start()
@@ -224,6 +293,14 @@ def run_locked(
         if child is not None and own_group:
             # What CMD started in its group and left running stops before the lease goes.
             _stop_group(child.pid, grace if lost.is_set() else KILL_GRACE_MAX)
+        if watchdog is not None:
+            _tell(watchdog, "done")  # CMD has ended: nothing for the watchdog to stop
+            if watchdog.stdin is not None:
+                watchdog.stdin.close()
+            try:
+                watchdog.wait(5)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
         for s, handler in previous.items():
             signal.signal(s, handler)
         if acquired:

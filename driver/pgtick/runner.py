@@ -171,6 +171,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             bind=options.metrics_bind,
         )
     scheduler: Scheduler | None = None
+    worker: Worker | None = None
     if options.scheduler:
         scheduler = Scheduler(
             dsn,
@@ -196,17 +197,17 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
             queues=options.queues,
         )
         threads.append(_thread(worker.run, stop, "pgtick-worker", failures))
-    for t in threads:
-        t.start()
-        if scheduler is not None and t.name == "pgtick-scheduler" and options.worker:
-            # The scheduler's first tick settles a catch-up after downtime (it supersedes the
-            # runs made ahead before the downtime) before this process's worker can claim
-            # them; bounded, so a slow first tick delays the worker by FIRST_TICK_WAIT at most.
-            deadline = time.monotonic() + FIRST_TICK_WAIT
-            while not scheduler.first_tick_done.wait(0.1) and not stop.is_set():
-                if time.monotonic() > deadline:
-                    break
     try:
+        for t in threads:
+            t.start()
+            if scheduler is not None and t.name == "pgtick-scheduler" and options.worker:
+                # The scheduler's first tick settles a catch-up after downtime (it supersedes the
+                # runs made ahead before the downtime) before this process's worker can claim
+                # them; bounded, so a slow first tick delays the worker by FIRST_TICK_WAIT at most.
+                deadline = time.monotonic() + FIRST_TICK_WAIT
+                while not scheduler.first_tick_done.wait(0.1) and not stop.is_set():
+                    if time.monotonic() > deadline:
+                        break
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.5)
@@ -214,6 +215,10 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
         stop.set()
         for t in threads:
             t.join()
+    except SystemExit:  # the second signal: the worker ends its drain now and stops its job processes
+        stop.set()
+        _stop_now(worker, threads)
+        raise
     if failures:
         log.error("stopped: %s failed (exit code %d)", " and ".join(failures), EXIT_FAILED)
         return EXIT_FAILED
@@ -235,6 +240,29 @@ def _thread(
             log.error("%s failed: %s", name, describe(exc), exc_info=exc)
 
     return threading.Thread(target=run, name=name)
+
+
+#: Seconds a second signal waits, at most, for the worker to let its runs go and stop its job
+#: processes before the process exits anyway.
+STOP_NOW_WAIT = 10.0
+
+
+def _stop_now(worker: Worker | None, threads: list[threading.Thread]) -> None:
+    """End the worker's drain at once (its runs in flight are left to the reaper) and wait a
+    little for it, then for the threads to end; its job processes are killed either way: they
+    ignore SIGTERM, and Python's exit would wait for them (multiprocessing joins its children)."""
+    if worker is not None:
+        worker.hurry()
+    deadline = time.monotonic() + STOP_NOW_WAIT
+    try:
+        for t in threads:
+            if t.ident is not None:  # started
+                t.join(max(0.0, deadline - time.monotonic()))
+    except SystemExit:  # a third signal: wait no more
+        pass
+    finally:
+        if worker is not None:
+            worker.processes.close()
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -253,6 +253,7 @@ class Worker:
         self._lock = threading.Lock()
         self._active: dict[int, Context] = {}
         self._wake = threading.Event()
+        self._hurry = threading.Event()  # end the drain now (see hurry)
         # The timer: when the next QUEUED run is due (monotonic), and whether a wake-up
         # means work (a finished job, a run due now) or only a re-armed timer.
         self._due_at: float | None = None
@@ -1255,6 +1256,12 @@ class Worker:
             self.event_loop.stop()
         self.processes.close()
 
+    def hurry(self) -> None:
+        """End the drain now, the grace period or not (a second stop signal): what still runs
+        is left to the reaper, as when the grace runs out, and the job processes are killed."""
+        self._hurry.set()
+        self._wake.set()
+
     def _left_to_reaper(self, ctx: Context) -> None:
         self._leave([ctx.run_id])
 
@@ -1293,7 +1300,7 @@ class Worker:
             counted(len(self.held()), "run"),
             self.shutdown_grace,
         )
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._hurry.is_set():
             with self._lock:
                 if not self._active:
                     break
@@ -1315,8 +1322,9 @@ class Worker:
         left = self.held()
         if left:
             log.warning(
-                "worker=%s grace over; leaving runs=%s to the reaper",
+                "worker=%s %s; leaving runs=%s to the reaper",
                 self.worker_id,
+                "told to stop now" if self._hurry.is_set() else "grace over",
                 ",".join(map(str, sorted(left))),
             )
         return conn

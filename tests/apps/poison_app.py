@@ -50,6 +50,11 @@ class Unprintable(Exception):
         raise RuntimeError("this error cannot say what it is")
 
 
+class ExitsWhenPrinted(Exception):
+    def __str__(self) -> str:
+        raise SystemExit("this error exits when printed")
+
+
 def _raise(what: str) -> None:
     if what == "nul":
         raise ValueError("bad\x00byte")
@@ -57,6 +62,8 @@ def _raise(what: str) -> None:
         raise OSError(b"file \xff\xfe name".decode("utf-8", "surrogateescape"))
     if what == "unprintable":
         raise Unprintable()
+    if what == "exits-when-printed":
+        raise ExitsWhenPrinted()
     raise RuntimeError(what)
 
 

@@ -103,6 +103,12 @@ BAD_INPUT = [
         127,
         "",
     ),
+    (  # found but not executable (a directory): 126, as a shell says it
+        "lock-program-not-executable",
+        ["lock", "x", "--ttl", "5s", "--dsn", "{dsn}", "--", "/"],
+        126,
+        "Permission denied",
+    ),
     ("preview-garbage", ["preview", "garbage"], 2, "cron"),
     ("preview-bad-rrule", ["preview", "FREQ=DAILY;BYHOUR=25"], 2, "BYHOUR"),
     ("preview-unknown-zone", ["preview", "0 9 * * *", "--tz", "Nowhere/Land"], 2, "Nowhere/Land"),

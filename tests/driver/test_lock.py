@@ -4,7 +4,8 @@
   line `pgtick lock: skipped: lease NAME held by OWNER until T` on standard error (standard
   output is CMD's) and exits 75 without running CMD;
 * a holder killed with -9 keeps the lease until its TTL runs out, then the next
-  invocation takes it;
+  invocation takes it; its command (a shell line and what it started) is stopped before
+  that expiry, not left running beside the next holder;
 * CMD's exit status passes through, and the lease is released when CMD ends
   (normally, failing, or stopped by SIGTERM or SIGHUP, passed on to CMD);
 * Ctrl-C on the terminal reaches CMD once: the terminal signals its whole foreground
@@ -177,6 +178,39 @@ def test_what_the_command_leaves_running_ends_before_the_lease_is_released(
     left = int(pidfile.read_text())
     assert result.returncode == 0, result
     assert not _alive(left), f"the command's background process (pid {left}) outlived the lease"
+
+
+def test_a_holder_killed_with_9_has_its_command_stopped_before_its_lease_expires(
+    db: Database, procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """Killed with -9, pgtick can neither stop its command nor renew the lease, which the next
+    invocation takes at its expiry: the command (a shell line ticking, and a child of it that
+    ignores SIGTERM) must have ended by then, or two copies run at once."""
+    ticks, pidfile, script = tmp_path / "ticks", tmp_path / "pid", tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    line = f"{sys.executable} {script} {pidfile} & while :; do date +%s.%N >> {ticks}; sleep 0.05; done"
+    holder = procs.start("holder", lock(db.dsn, "nightly", "sh", "-c", line, ttl=6.0))
+    wait_for("the holder to take the lease", lambda: (lease(conn, "nightly") or (None,))[0], 60)
+    said = wait_for("the command to start", lambda: pidfile.read_text() if pidfile.exists() else None, 60)
+    child = int(said)
+    wait_for("the command to tick", lambda: ticks.exists() and ticks.read_text().strip(), 60)
+
+    group = os.getpgid(child)
+    try:
+        holder.send(signal.SIGKILL)
+        assert holder.wait(30) == -signal.SIGKILL
+        expires_at = scalar(conn, "SELECT expires_at FROM jobs.leases WHERE name = 'nightly'")
+        wait_for(f"the command's child (pid {child}) to end", lambda: not _alive(child) or None, 60)
+        last = max(float(t) for t in ticks.read_text().split())
+        time.sleep(0.5)  # a tick still running would have written again by now
+        assert max(float(t) for t in ticks.read_text().split()) == last, "the command still ticks"
+    finally:
+        try:
+            os.killpg(group, signal.SIGKILL)  # what a failure left running
+        except ProcessLookupError:
+            pass
+    late = last - expires_at.timestamp()
+    assert late < 0, f"the command ran {late:.2f}s past the dead holder's lease expiry at {expires_at}"
 
 
 def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:

@@ -37,6 +37,8 @@ ERRORS = {
     "nul": "ValueError: bad\\x00byte",
     "undecodable": "OSError: file \\udcff\\udcfe name",
     "unprintable": "Unprintable: (the error message could not be read: RuntimeError: this error cannot say",
+    # Its own class, not SystemExit's, so that its retry policy still matches it.
+    "exits-when-printed": "ExitsWhenPrinted: (the error message could not be read: SystemExit: this error",
 }
 
 

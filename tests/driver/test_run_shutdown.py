@@ -13,8 +13,17 @@ from __future__ import annotations
 import signal
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from harness import Conn, Proc, Processes, enqueue, executions, scalar, wait_finished, wait_for, wait_started
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: neither gone nor a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def signal_and_wait_for_drain(replica: Proc) -> float:
@@ -187,3 +196,32 @@ def test_a_job_that_leaves_a_thread_running_does_not_keep_the_process_after_sigt
     log = replica.log()
     assert code == 0, f"exit {code}\n{log}"
     assert "threads job code started still running: job-sleeper" in log, log
+
+
+def test_a_second_sigterm_while_draining_exits_at_once_and_leaves_the_run_to_the_reaper(
+    procs: Processes, conn: Conn
+) -> None:
+    """The first SIGTERM drains within a 60 s grace; a second one says "exiting now": the
+    process ends within seconds, exit code 1, with no traceback, even with a job in a job
+    process of its own (which ignores SIGTERM, and Python's exit waits for), and the run in
+    flight is left RUNNING to the reaper, as at the end of a grace; its job process is gone."""
+    replica = procs.replica("isolated_app.py", "replica", grace="60s")
+    worker = replica.worker_id
+    run_id = enqueue(conn, "stuck-mutating", "{}", max_attempts="1")
+    wait_started(conn, run_id)
+    job_pid = int(wait_for("the job to begin", lambda: scalar(conn, "SELECT max(pid) FROM executions"), 60))
+    signal_and_wait_for_drain(replica)
+    replica.send(signal.SIGTERM)
+    second = time.monotonic()
+    replica.wait_log(r"second signal: exiting now", timeout=60)
+    code = replica.wait(60)
+    took = time.monotonic() - second
+    left = conn.execute("SELECT status::text, worker FROM jobs.runs WHERE id = %s", (run_id,)).fetchone()
+    log = replica.log()
+
+    context = f"run {run_id}: {left}; took {took:.2f}s, exit {code}\n{log}"
+    assert took < 20, f"a second signal must not wait out the 60 s grace: {context}"
+    assert code == 1, context
+    assert "Traceback" not in log, context
+    assert left == ("RUNNING", worker), f"the run in flight is the reaper's: {context}"
+    wait_for(f"the job process (pid {job_pid}) to end", lambda: not _running(job_pid) or None, 30)
