@@ -316,6 +316,24 @@ def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_
         assert "'reports'" in result.stderr, result.stderr
 
 
+def test_a_worker_option_out_of_range_is_one_usage_line_as_pgtick_run_says_it(tmp_path: Path) -> None:
+    """`pgtick_worker` and `pgtick_scheduler` take `--concurrency` and `--tick` in the ranges
+    `pgtick run` takes them: a value outside is argparse's one line (exit 2), naming the
+    option, before any connection, never a traceback from the worker."""
+    unreachable = {"default": _postgresql_settings("postgresql://nobody@127.0.0.1:1/none")}
+    settings = {"APP": "shop.jobs:app"}
+    for command, option in (
+        (["pgtick_worker", "--concurrency", "0"], "--concurrency"),
+        (["pgtick_worker", "--concurrency", "-3"], "--concurrency"),
+        (["pgtick_worker", "--concurrency", "1001"], "--concurrency"),
+        (["pgtick_scheduler", "--tick", "2d"], "--tick"),
+    ):
+        result = configured(unreachable, settings, *command, "--skip-checks")
+        _one_error_line(result, option)
+        assert result.returncode == 2, f"{command}: exit {result.returncode}\n{result.stderr}"
+        assert "cannot connect" not in result.stderr, result.stderr
+
+
 #: The start of a script run with ``-c``: Django configured on the database argv[1] (a DSN),
 #: with the database settings ``EXTRA`` (a dict display) added.
 DJANGO_ON_ARGV = """
