@@ -229,3 +229,60 @@ def test_the_readmes_fastapi_snippet_defines_its_app_as_written(db: Database) ->
     )  # as a file runs it
     routes = [getattr(route, "path", None) for route in scope["api"].routes]
     assert "/orders" in routes, routes
+
+
+@pytest.mark.asyncio
+async def test_a_startup_cancelled_while_it_syncs_the_app_leaves_no_worker_claiming_runs(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped during the lifespan startup (Ctrl-C while the app's schedules are
+    written, say) cancels it while the startup goes on in its thread: once that thread is
+    done, no pgtick thread runs, and a run enqueued afterwards stays QUEUED."""
+    import asyncio
+
+    import pgtick
+    from pgtick.contrib import asgi
+
+    jobs = pgtick.App("cancelled-startup")
+
+    @jobs.job("after-cancelled-startup")
+    def work(ctx: pgtick.Context) -> None:
+        return None
+
+    syncing, go_on, synced = threading.Event(), threading.Event(), threading.Event()
+    from pgtick.definitions import sync_app as real_sync
+
+    def slow_sync(app: pgtick.App, conn: Any) -> None:
+        syncing.set()
+        try:
+            assert go_on.wait(60), "the test never let the startup go on"
+            real_sync(app, conn)
+        finally:
+            synced.set()
+
+    monkeypatch.setattr(asgi, "sync_app", slow_sync)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, db.dsn, scheduler=True, poll_interval=0.1)
+
+    async def serve() -> None:
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+
+    task = asyncio.create_task(serve())
+    assert await asyncio.to_thread(syncing.wait, 60), "the startup never reached the sync"
+    task.cancel()
+    await asyncio.sleep(0)  # the lifespan's shutdown begins while the sync still waits
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(synced.wait, 60), "the startup's sync never ended"
+    wait_for(
+        "no pgtick thread left running after the cancelled startup",
+        lambda: _pgtick_threads(before) == [],
+        timeout=60,
+    )
+    with db.connect() as conn:
+        run = scalar(conn, "SELECT id FROM jobs.enqueue('after-cancelled-startup')")
+        time.sleep(1.0)  # ten poll intervals of the worker that must not be running
+        status = rows(conn, "SELECT status::text AS status, worker FROM jobs.runs WHERE id = %s", (run,))
+    assert status == [{"status": "QUEUED", "worker": None}], f"run {run} was claimed: {status}"

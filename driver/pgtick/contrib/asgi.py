@@ -162,14 +162,22 @@ class Pgtick:
             configure=_configure,
             open=False,
         )  # checks the sizes before anything starts
+        starting: asyncio.Future[None] | None = None
         try:
             await pool.open(wait=True)
-            await asyncio.to_thread(self.start)
+            # A cancelled startup (the server stopped meanwhile) does not stop its thread:
+            # the threads it starts are only stopped once it has started them (below).
+            starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+            await asyncio.shield(starting)
             self._pool, self._client = pool, AsyncClient(pool)
             yield self
         finally:
             self._pool = self._client = None
             await pool.close()
+            if starting is not None:
+                await asyncio.wait([starting])
+                if not starting.cancelled():
+                    starting.exception()  # retrieved: a cancelled startup that failed started nothing
             await asyncio.to_thread(self.stop)
 
     @asynccontextmanager
