@@ -236,7 +236,7 @@ execute_from_command_line(["manage.py", *sys.argv[2:]])
 
 
 def configured(
-    databases: dict[str, Any], pgtick: dict[str, str], *args: str, env: dict[str, str] | None = None
+    databases: dict[str, Any], pgtick: dict[str, str] | str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``manage.py ARGS`` of a project with these ``DATABASES`` and ``PGTICK`` settings."""
     config = json.dumps({"DATABASES": databases, "PGTICK": pgtick})
@@ -314,6 +314,30 @@ def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_
         result = configured(unreachable, missing, *command)
         _one_error_line(result, "pgtick.E001")
         assert "'reports'" in result.stderr, result.stderr
+
+
+def test_a_pgtick_setting_that_is_not_a_dict_or_an_app_that_does_not_load_fails_the_check(
+    empty: Database,
+) -> None:
+    """`manage.py check` (which every deploy step runs) fails, one error each, when PGTICK is
+    not a dict (pgtick.E001: it was read as unset, so a worker said to set what was set) or
+    PGTICK["APP"] names no loadable pgtick.App (pgtick.E002: the worker would stop on it);
+    a worker given either says the same in one line."""
+    databases = {"default": _postgresql_settings(empty.dsn)}
+    for pgtick, expected in (
+        ("shop.jobs:app", ("pgtick.E001", "PGTICK must be a dict")),
+        ({"APP": "shop.jobs:nope"}, ("pgtick.E002", "no pgtick.App named 'nope'")),
+        ({"APP": "nomodule:app"}, ("pgtick.E002", "cannot import app module 'nomodule'")),
+    ):
+        for command in (["check"], ["check", "--database", "default"]):
+            result = configured(databases, pgtick, *command)
+            for text in expected:
+                _one_error_line(result, text)
+        worker = configured(databases, pgtick, "pgtick_worker", "--skip-checks")
+        _one_error_line(worker, expected[1])
+        assert worker.stderr.strip().count("\n") == 0, worker.stderr
+    fine = configured(databases, {"APP": "shop.jobs:app"}, "check")
+    assert fine.returncode == 0 and "pgtick.E" not in fine.stderr, fine.stderr
 
 
 def test_a_worker_option_out_of_range_is_one_usage_line_as_pgtick_run_says_it(tmp_path: Path) -> None:
