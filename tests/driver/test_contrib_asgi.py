@@ -286,3 +286,23 @@ async def test_a_startup_cancelled_while_it_syncs_the_app_leaves_no_worker_claim
         time.sleep(1.0)  # ten poll intervals of the worker that must not be running
         status = rows(conn, "SELECT status::text AS status, worker FROM jobs.runs WHERE id = %s", (run,))
     assert status == [{"status": "QUEUED", "worker": None}], f"run {run} was claimed: {status}"
+
+
+@pytest.mark.asyncio
+async def test_a_startup_that_cannot_reach_the_database_says_why(db: Database) -> None:
+    """A lifespan whose DSN reaches no server (a wrong port, the database down) fails with the
+    connection's own error, which names the server and says what went wrong, not with the
+    pool's "initialization incomplete" after retrying for its timeout; and no thread runs."""
+    import pgtick
+    from pgtick.contrib import asgi
+    from pgtick.errors import PgtickError
+
+    jobs = pgtick.App("unreachable")
+    jobs.job("k")(lambda ctx: None)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, "postgresql://postgres@127.0.0.1:1/none", scheduler=True)
+    with pytest.raises(PgtickError, match=r"cannot connect to PostgreSQL: .*port 1 failed"):
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+    left = _pgtick_threads(before)
+    assert left == [], f"threads left running after a failed startup: {left}"

@@ -152,7 +152,7 @@ class Pgtick:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Pgtick]:
-        """Open the pool and start the threads; stop and close on exit. A startup that fails
+        """Start the threads, then open the pool; stop and close on exit. A startup that fails
         at any step (a bad ``pool_size``, no schema, no database) leaves no thread running."""
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.dsn,
@@ -164,11 +164,13 @@ class Pgtick:
         )  # checks the sizes before anything starts
         starting: asyncio.Future[None] | None = None
         try:
-            await pool.open(wait=True)
+            # The startup first: its one connection says at once why the database cannot be
+            # reached (the pool would retry for its whole timeout, then say only that).
             # A cancelled startup (the server stopped meanwhile) does not stop its thread:
             # the threads it starts are only stopped once it has started them (below).
             starting = asyncio.ensure_future(asyncio.to_thread(self.start))
             await asyncio.shield(starting)
+            await pool.open(wait=True)
             self._pool, self._client = pool, AsyncClient(pool)
             yield self
         finally:
