@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from harness import ROOT, Database, Server, rows, scalar, wait_for
+from harness import ROOT, Database, Server, dsn_for, rows, scalar, wait_for
 
 PROJECT = ROOT / "examples" / "django_project"
 
@@ -338,6 +339,41 @@ def test_a_pgtick_setting_that_is_not_a_dict_or_an_app_that_does_not_load_fails_
         assert worker.stderr.strip().count("\n") == 0, worker.stderr
     fine = configured(databases, {"APP": "shop.jobs:app"}, "check")
     assert fine.returncode == 0 and "pgtick.E" not in fine.stderr, fine.stderr
+
+
+def test_manage_py_migrate_by_a_login_that_may_not_install_the_schema_is_one_error_line(
+    pg: Server,
+) -> None:
+    """`manage.py migrate` as the database's owner without the right to grant pgtick's roles
+    (an application login without CREATEROLE) stops in pgtick's Django migration: one
+    CommandError line that names pgtick and what PostgreSQL refused (exit 1), as
+    `pgtick_migrate` says it, not a traceback through Django's migration executor."""
+    login = f"pgtick_django_owner_{os.getpid()}"
+    with pg.admin() as admin:
+        admin.execute(f'DROP ROLE IF EXISTS "{login}"')
+        admin.execute(f'CREATE ROLE "{login}" LOGIN')
+    database = pg.create_empty_database()
+    try:
+        with pg.admin() as admin:
+            admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO "{login}"')
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            conn.execute(f'GRANT CREATE ON SCHEMA public TO "{login}"')
+        owner = _postgresql_settings(dsn_for(pg.admin_dsn, database.name, user=login))
+        for command in (["migrate", "--no-input"], ["pgtick_migrate"]):
+            result = configured({"default": owner}, {"APP": "shop.jobs:app"}, *command)
+            _one_error_line(
+                result, "pgtick could not migrate database 'default': must have admin option on role \"jobs_"
+            )
+            # `migrate` prints its system check warnings first (the schema is not installed).
+            errors = [line for line in result.stderr.splitlines() if "Error" in line]
+            assert errors == [line for line in errors if line.startswith("CommandError: pgtick")], (
+                result.stderr
+            )
+            assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
+    finally:
+        pg.drop_database(database)
+        with pg.admin() as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{login}"')
 
 
 def test_a_worker_option_out_of_range_is_one_usage_line_as_pgtick_run_says_it(tmp_path: Path) -> None:
