@@ -376,6 +376,24 @@ def test_manage_py_migrate_by_a_login_that_may_not_install_the_schema_is_one_err
             admin.execute(f'DROP ROLE IF EXISTS "{login}"')
 
 
+def test_a_flush_does_not_migrate_the_jobs_schema_again(empty: Database) -> None:
+    """`manage.py flush` (which Django's TransactionTestCase runs after every test) sends
+    post_migrate, but changes no schema: the jobs schema is not migrated again (its
+    functions are not re-created), as it is after `manage.py migrate`."""
+    assert manage(empty, "migrate", "--no-input").returncode == 0
+    query = "SELECT xmin::text FROM pg_proc WHERE oid = 'jobs.claim'::regproc"
+    with empty.connect() as conn:
+        before = scalar(conn, query)
+    flushed = manage(empty, "flush", "--no-input")
+    assert flushed.returncode == 0, flushed.stderr
+    with empty.connect() as conn:
+        after_flush = scalar(conn, query)
+    assert after_flush == before, "manage.py flush re-applied the jobs schema's functions"
+    assert manage(empty, "migrate", "--no-input").returncode == 0
+    with empty.connect() as conn:
+        assert scalar(conn, query) != before, "manage.py migrate no longer brings the schema up to date"
+
+
 def test_a_worker_option_out_of_range_is_one_usage_line_as_pgtick_run_says_it(tmp_path: Path) -> None:
     """`pgtick_worker` and `pgtick_scheduler` take `--concurrency` and `--tick` in the ranges
     `pgtick run` takes them: a value outside is argparse's one line (exit 2), naming the
