@@ -491,6 +491,33 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
     assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"
 
 
+#: A client made at import time (module level), as in a module that Django imports while it
+#: starts, before any request: with the database down (a container built or checked without
+#: one), then with it up.
+CLIENT_AT_IMPORT = (
+    DJANGO_ON_ARGV.replace("EXTRA", "{}")
+    + """
+from django.db import connection
+
+import pgtick.contrib.django as pgtick
+
+jobs = pgtick.client()
+if connection.connection is not None:
+    sys.exit("making a client opened a database connection")
+jobs.enqueue("from-a-kept-client")
+"""
+)
+
+
+def test_a_django_client_made_at_import_time_opens_no_connection(db: Database) -> None:
+    """`pgtick.contrib.django.client()` kept at module level, as its docs offer, is made while
+    Django imports the module: it opens no database connection then (Django warns against
+    queries at import, and a database that is down would stop the import), only at its
+    first call."""
+    kinds = _kinds_left_by(CLIENT_AT_IMPORT, db)
+    assert kinds == ["from-a-kept-client"], f"runs left: {kinds}"
+
+
 #: A persistent connection (CONN_MAX_AGE) that the server ends between two requests: the
 #: request that meets it fails, and the next one must get a new connection.
 DEAD_CONNECTION = (

@@ -122,7 +122,10 @@ class DjangoClient(Client):
     the ORM; ``conn=`` names another connection."""
 
     def __init__(self, using: str | None = None) -> None:
-        super().__init__(raw_connection(using))
+        _postgresql(using)  # a missing or non-PostgreSQL alias is refused now
+        # No connection of its own and none opened here: every call takes Django's connection
+        # of the moment (``_connection``), so a client made at import time needs no database.
+        super().__init__("")
         self.using = using
 
     @contextmanager
