@@ -7,6 +7,7 @@ fails rolls back both: no order, no run.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import threading
@@ -238,8 +239,6 @@ async def test_a_startup_cancelled_while_it_syncs_the_app_leaves_no_worker_claim
     """A server stopped during the lifespan startup (Ctrl-C while the app's schedules are
     written, say) cancels it while the startup goes on in its thread: once that thread is
     done, no pgtick thread runs, and a run enqueued afterwards stays QUEUED."""
-    import asyncio
-
     import pgtick
     from pgtick.contrib import asgi
 
@@ -306,3 +305,32 @@ async def test_a_startup_that_cannot_reach_the_database_says_why(db: Database) -
             pytest.fail("the lifespan started")
     left = _pgtick_threads(before)
     assert left == [], f"threads left running after a failed startup: {left}"
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_stops_on_an_error_is_logged_once_and_not_left_to_the_thread(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that stops on an error it cannot go on from (here the database refuses its
+    queues) while the app serves: the app's log says, on ``pgtick.asgi``, that pgtick stopped in
+    this process and why, and the thread ends without an unhandled exception (whose
+    traceback would reach stderr past the app's logging)."""
+    import pgtick
+    from pgtick.contrib import asgi
+
+    unhandled: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(repr(args.exc_value)))
+    jobs = pgtick.App("worker-stops")
+    jobs.job("k")(lambda ctx: None)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, db.dsn, poll_interval=0.1, worker_options={"queues": ["q" * 300]})
+    async with tick.lifespan(None):
+        await asyncio.to_thread(
+            wait_for,
+            "the worker to stop on the refused queues",
+            lambda: "pgtick-worker" not in _pgtick_threads(before),
+            60,
+        )
+    assert unhandled == [], f"the worker thread ended on an unhandled exception: {unhandled}"
+    said = [r.getMessage() for r in caplog.records if r.name == "pgtick.asgi" and r.levelname == "ERROR"]
+    assert len(said) == 1 and "until it restarts" in said[0] and "queues" in said[0], said

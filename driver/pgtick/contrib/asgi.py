@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -43,6 +43,7 @@ from pgtick.app import App
 from pgtick.client import AsyncClient
 from pgtick.db import connect, prepare_async
 from pgtick.definitions import sync_app
+from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.runner import check_schema
 from pgtick.scheduler import Scheduler
@@ -126,7 +127,9 @@ class Pgtick:
         self._stop.clear()
         for name, target in (("pgtick-worker", self.worker), ("pgtick-scheduler", self.scheduler)):
             if target is not None:
-                thread = threading.Thread(target=target.run, args=(self._stop,), name=name, daemon=True)
+                thread = threading.Thread(
+                    target=_logging_failure, args=(name, target.run, self._stop), name=name, daemon=True
+                )
                 thread.start()
                 self._threads.append(thread)
 
@@ -187,6 +190,22 @@ class Pgtick:
         """Starlette/FastAPI ``lifespan=``: the state has ``pgtick`` (this object)."""
         async with self.running():
             yield {"pgtick": self}
+
+
+def _logging_failure(name: str, run: Callable[[threading.Event], None], stop: threading.Event) -> None:
+    """``run(stop)`` in a thread of the app: an error it stops on (having stopped the other
+    thread and logged its traceback) is told on ``pgtick.asgi`` in one line, not left to the
+    thread, whose unhandled exception would go to stderr past the app's logging. The app goes
+    on serving requests; its enqueued runs wait for another worker or a restart."""
+    try:
+        run(stop)
+    except Exception as exc:
+        stop.set()
+        log.error(
+            "%s stopped: %s; pgtick runs and schedules nothing in this process until it restarts",
+            name,
+            describe(exc),
+        )
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
