@@ -14,6 +14,36 @@ BEGIN
     END IF;
 END
 $encoding$;
+-- A login that may not install says so first, in one line with whom to install as, rather
+-- than PostgreSQL's word on the first statement it may not run (a role's admin option, a
+-- schema's permission): on a database without the schema, CREATE on the database is needed;
+-- on one with it, the rights of the schema's owner (its tables are altered, its functions
+-- replaced). A superuser has both.
+DO $rights$
+DECLARE
+    v_owner text;
+BEGIN
+    IF to_regnamespace('jobs') IS NULL THEN
+        IF NOT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') THEN
+            RAISE EXCEPTION 'role % may not create the schema jobs in database %: nothing was installed',
+                current_user, pg_catalog.current_database()
+                USING ERRCODE = '42501',
+                      HINT = format('Migrate as the database owner or a superuser, or GRANT CREATE ON DATABASE %I TO %I.',
+                                    pg_catalog.current_database(), current_user);
+        END IF;
+    ELSE
+        SELECT r.rolname INTO v_owner
+          FROM pg_catalog.pg_namespace AS n JOIN pg_catalog.pg_roles AS r ON r.oid = n.nspowner
+         WHERE n.nspname = 'jobs';
+        IF NOT pg_catalog.pg_has_role(v_owner, 'USAGE') THEN
+            RAISE EXCEPTION 'role % may not migrate the schema jobs, which belongs to role %: nothing was changed',
+                current_user, v_owner
+                USING ERRCODE = '42501',
+                      HINT = format('Migrate as %s (or a member of it) or a superuser.', v_owner);
+        END IF;
+    END IF;
+END
+$rights$;
 -- A jobs schema that holds objects but no migration ledger is someone else's: installing over
 -- it would take its objects over (pin their search_path, revoke and grant on them). So is one
 -- whose schema_migrations is another tool's ledger (no text columns version and name).

@@ -7,6 +7,7 @@ fails rolls back both: no order, no run.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import threading
@@ -229,3 +230,107 @@ def test_the_readmes_fastapi_snippet_defines_its_app_as_written(db: Database) ->
     )  # as a file runs it
     routes = [getattr(route, "path", None) for route in scope["api"].routes]
     assert "/orders" in routes, routes
+
+
+@pytest.mark.asyncio
+async def test_a_startup_cancelled_while_it_syncs_the_app_leaves_no_worker_claiming_runs(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped during the lifespan startup (Ctrl-C while the app's schedules are
+    written, say) cancels it while the startup goes on in its thread: once that thread is
+    done, no pgtick thread runs, and a run enqueued afterwards stays QUEUED."""
+    import pgtick
+    from pgtick.contrib import asgi
+
+    jobs = pgtick.App("cancelled-startup")
+
+    @jobs.job("after-cancelled-startup")
+    def work(ctx: pgtick.Context) -> None:
+        return None
+
+    syncing, go_on, synced = threading.Event(), threading.Event(), threading.Event()
+    from pgtick.definitions import sync_app as real_sync
+
+    def slow_sync(app: pgtick.App, conn: Any) -> None:
+        syncing.set()
+        try:
+            assert go_on.wait(60), "the test never let the startup go on"
+            real_sync(app, conn)
+        finally:
+            synced.set()
+
+    monkeypatch.setattr(asgi, "sync_app", slow_sync)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, db.dsn, scheduler=True, poll_interval=0.1)
+
+    async def serve() -> None:
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+
+    task = asyncio.create_task(serve())
+    assert await asyncio.to_thread(syncing.wait, 60), "the startup never reached the sync"
+    task.cancel()
+    await asyncio.sleep(0)  # the lifespan's shutdown begins while the sync still waits
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(synced.wait, 60), "the startup's sync never ended"
+    wait_for(
+        "no pgtick thread left running after the cancelled startup",
+        lambda: _pgtick_threads(before) == [],
+        timeout=60,
+    )
+    with db.connect() as conn:
+        run = scalar(conn, "SELECT id FROM jobs.enqueue('after-cancelled-startup')")
+        time.sleep(1.0)  # ten poll intervals of the worker that must not be running
+        status = rows(conn, "SELECT status::text AS status, worker FROM jobs.runs WHERE id = %s", (run,))
+    assert status == [{"status": "QUEUED", "worker": None}], f"run {run} was claimed: {status}"
+
+
+@pytest.mark.asyncio
+async def test_a_startup_that_cannot_reach_the_database_says_why(db: Database) -> None:
+    """A lifespan whose DSN reaches no server (a wrong port, the database down) fails with the
+    connection's own error, which names the server and says what went wrong, not with the
+    pool's "initialization incomplete" after retrying for its timeout; and no thread runs."""
+    import pgtick
+    from pgtick.contrib import asgi
+    from pgtick.errors import PgtickError
+
+    jobs = pgtick.App("unreachable")
+    jobs.job("k")(lambda ctx: None)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, "postgresql://postgres@127.0.0.1:1/none", scheduler=True)
+    with pytest.raises(PgtickError, match=r"cannot connect to PostgreSQL: .*port 1 failed"):
+        async with tick.lifespan(None):
+            pytest.fail("the lifespan started")
+    left = _pgtick_threads(before)
+    assert left == [], f"threads left running after a failed startup: {left}"
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_stops_on_an_error_is_logged_once_and_not_left_to_the_thread(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that stops on an error it cannot go on from (here the database refuses its
+    queues) while the app serves: the app's log says, on ``pgtick.asgi``, that pgtick stopped in
+    this process and why, and the thread ends without an unhandled exception (whose
+    traceback would reach stderr past the app's logging)."""
+    import pgtick
+    from pgtick.contrib import asgi
+
+    unhandled: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(repr(args.exc_value)))
+    jobs = pgtick.App("worker-stops")
+    jobs.job("k")(lambda ctx: None)
+    before = set(threading.enumerate())
+    tick = asgi.Pgtick(jobs, db.dsn, poll_interval=0.1, worker_options={"queues": ["q" * 300]})
+    async with tick.lifespan(None):
+        await asyncio.to_thread(
+            wait_for,
+            "the worker to stop on the refused queues",
+            lambda: "pgtick-worker" not in _pgtick_threads(before),
+            60,
+        )
+    assert unhandled == [], f"the worker thread ended on an unhandled exception: {unhandled}"
+    said = [r.getMessage() for r in caplog.records if r.name == "pgtick.asgi" and r.levelname == "ERROR"]
+    assert len(said) == 1 and "until it restarts" in said[0] and "queues" in said[0], said

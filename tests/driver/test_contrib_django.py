@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from harness import ROOT, Database, Server, rows, scalar, wait_for
+from harness import ROOT, Database, Server, dsn_for, rows, scalar, wait_for
 
 PROJECT = ROOT / "examples" / "django_project"
 
@@ -236,7 +237,7 @@ execute_from_command_line(["manage.py", *sys.argv[2:]])
 
 
 def configured(
-    databases: dict[str, Any], pgtick: dict[str, str], *args: str, env: dict[str, str] | None = None
+    databases: dict[str, Any], pgtick: dict[str, str] | str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``manage.py ARGS`` of a project with these ``DATABASES`` and ``PGTICK`` settings."""
     config = json.dumps({"DATABASES": databases, "PGTICK": pgtick})
@@ -316,6 +317,101 @@ def test_an_unreachable_database_or_a_missing_alias_is_one_error_line_and_fails_
         assert "'reports'" in result.stderr, result.stderr
 
 
+def test_a_pgtick_setting_that_is_not_a_dict_or_an_app_that_does_not_load_fails_the_check(
+    empty: Database,
+) -> None:
+    """`manage.py check` (which every deploy step runs) fails, one error each, when PGTICK is
+    not a dict (pgtick.E001: it was read as unset, so a worker said to set what was set) or
+    PGTICK["APP"] names no loadable pgtick.App (pgtick.E002: the worker would stop on it);
+    a worker given either says the same in one line."""
+    databases = {"default": _postgresql_settings(empty.dsn)}
+    for pgtick, expected in (
+        ("shop.jobs:app", ("pgtick.E001", "PGTICK must be a dict")),
+        ({"APP": "shop.jobs:nope"}, ("pgtick.E002", "no pgtick.App named 'nope'")),
+        ({"APP": "nomodule:app"}, ("pgtick.E002", "cannot import app module 'nomodule'")),
+    ):
+        for command in (["check"], ["check", "--database", "default"]):
+            result = configured(databases, pgtick, *command)
+            for text in expected:
+                _one_error_line(result, text)
+        worker = configured(databases, pgtick, "pgtick_worker", "--skip-checks")
+        _one_error_line(worker, expected[1])
+        assert worker.stderr.strip().count("\n") == 0, worker.stderr
+    fine = configured(databases, {"APP": "shop.jobs:app"}, "check")
+    assert fine.returncode == 0 and "pgtick.E" not in fine.stderr, fine.stderr
+
+
+def test_manage_py_migrate_by_a_login_that_may_not_install_the_schema_is_one_error_line(
+    pg: Server,
+) -> None:
+    """`manage.py migrate` as the database's owner without the right to grant pgtick's roles
+    (an application login without CREATEROLE) stops in pgtick's Django migration: one
+    CommandError line that names pgtick and what PostgreSQL refused (exit 1), as
+    `pgtick_migrate` says it, not a traceback through Django's migration executor."""
+    login = f"pgtick_django_owner_{os.getpid()}"
+    with pg.admin() as admin:
+        admin.execute(f'DROP ROLE IF EXISTS "{login}"')
+        admin.execute(f'CREATE ROLE "{login}" LOGIN')
+    database = pg.create_empty_database()
+    try:
+        with pg.admin() as admin:
+            admin.execute(f'ALTER DATABASE "{database.name}" OWNER TO "{login}"')
+        with psycopg.connect(database.dsn, autocommit=True) as conn:
+            conn.execute(f'GRANT CREATE ON SCHEMA public TO "{login}"')
+        owner = _postgresql_settings(dsn_for(pg.admin_dsn, database.name, user=login))
+        for command in (["migrate", "--no-input"], ["pgtick_migrate"]):
+            result = configured({"default": owner}, {"APP": "shop.jobs:app"}, *command)
+            _one_error_line(
+                result, "pgtick could not migrate database 'default': must have admin option on role \"jobs_"
+            )
+            # `migrate` prints its system check warnings first (the schema is not installed).
+            errors = [line for line in result.stderr.splitlines() if "Error" in line]
+            assert errors == [line for line in errors if line.startswith("CommandError: pgtick")], (
+                result.stderr
+            )
+            assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
+    finally:
+        pg.drop_database(database)
+        with pg.admin() as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{login}"')
+
+
+def test_a_flush_does_not_migrate_the_jobs_schema_again(empty: Database) -> None:
+    """`manage.py flush` (which Django's TransactionTestCase runs after every test) sends
+    post_migrate, but changes no schema: the jobs schema is not migrated again (its
+    functions are not re-created), as it is after `manage.py migrate`."""
+    assert manage(empty, "migrate", "--no-input").returncode == 0
+    query = "SELECT xmin::text FROM pg_proc WHERE oid = 'jobs.claim'::regproc"
+    with empty.connect() as conn:
+        before = scalar(conn, query)
+    flushed = manage(empty, "flush", "--no-input")
+    assert flushed.returncode == 0, flushed.stderr
+    with empty.connect() as conn:
+        after_flush = scalar(conn, query)
+    assert after_flush == before, "manage.py flush re-applied the jobs schema's functions"
+    assert manage(empty, "migrate", "--no-input").returncode == 0
+    with empty.connect() as conn:
+        assert scalar(conn, query) != before, "manage.py migrate no longer brings the schema up to date"
+
+
+def test_a_worker_option_out_of_range_is_one_usage_line_as_pgtick_run_says_it(tmp_path: Path) -> None:
+    """`pgtick_worker` and `pgtick_scheduler` take `--concurrency` and `--tick` in the ranges
+    `pgtick run` takes them: a value outside is argparse's one line (exit 2), naming the
+    option, before any connection, never a traceback from the worker."""
+    unreachable = {"default": _postgresql_settings("postgresql://nobody@127.0.0.1:1/none")}
+    settings = {"APP": "shop.jobs:app"}
+    for command, option in (
+        (["pgtick_worker", "--concurrency", "0"], "--concurrency"),
+        (["pgtick_worker", "--concurrency", "-3"], "--concurrency"),
+        (["pgtick_worker", "--concurrency", "1001"], "--concurrency"),
+        (["pgtick_scheduler", "--tick", "2d"], "--tick"),
+    ):
+        result = configured(unreachable, settings, *command, "--skip-checks")
+        _one_error_line(result, option)
+        assert result.returncode == 2, f"{command}: exit {result.returncode}\n{result.stderr}"
+        assert "cannot connect" not in result.stderr, result.stderr
+
+
 #: The start of a script run with ``-c``: Django configured on the database argv[1] (a DSN),
 #: with the database settings ``EXTRA`` (a dict display) added.
 DJANGO_ON_ARGV = """
@@ -393,6 +489,33 @@ def test_a_kept_django_client_joins_each_atomic_block_and_outlives_the_requests_
     next works on the connection Django has now."""
     kinds = _kinds_left_by(KEPT_CLIENT, db)
     assert kinds == ["committed", "autocommitted"], f"runs left: {kinds}"
+
+
+#: A client made at import time (module level), as in a module that Django imports while it
+#: starts, before any request: with the database down (a container built or checked without
+#: one), then with it up.
+CLIENT_AT_IMPORT = (
+    DJANGO_ON_ARGV.replace("EXTRA", "{}")
+    + """
+from django.db import connection
+
+import pgtick.contrib.django as pgtick
+
+jobs = pgtick.client()
+if connection.connection is not None:
+    sys.exit("making a client opened a database connection")
+jobs.enqueue("from-a-kept-client")
+"""
+)
+
+
+def test_a_django_client_made_at_import_time_opens_no_connection(db: Database) -> None:
+    """`pgtick.contrib.django.client()` kept at module level, as its docs offer, is made while
+    Django imports the module: it opens no database connection then (Django warns against
+    queries at import, and a database that is down would stop the import), only at its
+    first call."""
+    kinds = _kinds_left_by(CLIENT_AT_IMPORT, db)
+    assert kinds == ["from-a-kept-client"], f"runs left: {kinds}"
 
 
 #: A persistent connection (CONN_MAX_AGE) that the server ends between two requests: the

@@ -176,3 +176,44 @@ def test_a_schema_one_role_installed_and_a_superuser_upgraded_keeps_one_owner(
                     admin.execute(f'REVOKE {role} FROM {member} GRANTED BY "{owner}"')
             for role in (owner, operator):
                 admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_a_login_that_may_not_install_says_so_in_one_line_and_changes_nothing(
+    pg: Server, empty: Database, db: Database
+) -> None:
+    """A login without CREATE on the database (an empty one) or without the rights of the jobs
+    schema's owner (a migrated one) runs `pgtick migrate`: exit 1, one line that says this
+    login may not install or migrate and whom to migrate as, rather than PostgreSQL's word on
+    the first statement it may not run (a role's admin option, a schema's permission); the
+    psql install stops on the same line, and nothing changes."""
+    login = f"pgtick_no_create_{os.getpid()}"
+    with pg.admin() as admin:
+        admin.execute(f'DROP ROLE IF EXISTS "{login}"')
+        admin.execute(f'CREATE ROLE "{login}" LOGIN')
+    script = Path(migrate.schema_root()) / "sql" / "install.sql"
+    try:
+        for database, expected in (
+            (empty, f"role {login} may not create the schema jobs in database {empty.name}"),
+            (db, f"role {login} may not migrate the schema jobs, which belongs to role "),
+        ):
+            with psycopg.connect(database.dsn) as conn:
+                before = scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'jobs'")
+            dsn = dsn_for(pg.admin_dsn, database.name, user=login)
+            result = subprocess.run(
+                [sys.executable, "-m", "pgtick", "migrate", "--dsn", dsn],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env_for(None),
+            )
+            line = _one_line(result.stderr)
+            assert result.returncode == 1, result
+            assert expected in line and "Migrate as" in line, line
+            by_psql = psql_file(dsn, script)
+            assert by_psql.returncode != 0 and expected in by_psql.stderr, by_psql.stderr
+            with psycopg.connect(database.dsn) as conn:
+                after = scalar(conn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'jobs'")
+            assert after == before, f"{database.name}: the jobs schema came or went"
+    finally:
+        with pg.admin() as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{login}"')

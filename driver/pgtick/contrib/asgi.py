@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -43,6 +43,7 @@ from pgtick.app import App
 from pgtick.client import AsyncClient
 from pgtick.db import connect, prepare_async
 from pgtick.definitions import sync_app
+from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.runner import check_schema
 from pgtick.scheduler import Scheduler
@@ -126,7 +127,9 @@ class Pgtick:
         self._stop.clear()
         for name, target in (("pgtick-worker", self.worker), ("pgtick-scheduler", self.scheduler)):
             if target is not None:
-                thread = threading.Thread(target=target.run, args=(self._stop,), name=name, daemon=True)
+                thread = threading.Thread(
+                    target=_logging_failure, args=(name, target.run, self._stop), name=name, daemon=True
+                )
                 thread.start()
                 self._threads.append(thread)
 
@@ -152,7 +155,7 @@ class Pgtick:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Pgtick]:
-        """Open the pool and start the threads; stop and close on exit. A startup that fails
+        """Start the threads, then open the pool; stop and close on exit. A startup that fails
         at any step (a bad ``pool_size``, no schema, no database) leaves no thread running."""
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.dsn,
@@ -162,14 +165,24 @@ class Pgtick:
             configure=_configure,
             open=False,
         )  # checks the sizes before anything starts
+        starting: asyncio.Future[None] | None = None
         try:
+            # The startup first: its one connection says at once why the database cannot be
+            # reached (the pool would retry for its whole timeout, then say only that).
+            # A cancelled startup (the server stopped meanwhile) does not stop its thread:
+            # the threads it starts are only stopped once it has started them (below).
+            starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+            await asyncio.shield(starting)
             await pool.open(wait=True)
-            await asyncio.to_thread(self.start)
             self._pool, self._client = pool, AsyncClient(pool)
             yield self
         finally:
             self._pool = self._client = None
             await pool.close()
+            if starting is not None:
+                await asyncio.wait([starting])
+                if not starting.cancelled():
+                    starting.exception()  # retrieved: a cancelled startup that failed started nothing
             await asyncio.to_thread(self.stop)
 
     @asynccontextmanager
@@ -177,6 +190,22 @@ class Pgtick:
         """Starlette/FastAPI ``lifespan=``: the state has ``pgtick`` (this object)."""
         async with self.running():
             yield {"pgtick": self}
+
+
+def _logging_failure(name: str, run: Callable[[threading.Event], None], stop: threading.Event) -> None:
+    """``run(stop)`` in a thread of the app: an error it stops on (having stopped the other
+    thread and logged its traceback) is told on ``pgtick.asgi`` in one line, not left to the
+    thread, whose unhandled exception would go to stderr past the app's logging. The app goes
+    on serving requests; its enqueued runs wait for another worker or a restart."""
+    try:
+        run(stop)
+    except Exception as exc:
+        stop.set()
+        log.error(
+            "%s stopped: %s; pgtick runs and schedules nothing in this process until it restarts",
+            name,
+            describe(exc),
+        )
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:

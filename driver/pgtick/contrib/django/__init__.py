@@ -12,7 +12,8 @@ Settings (all optional but ``APP``)::
 * ``manage.py check --database default`` warns when the schema is missing
   (``pgtick.W001``) or pgtick migrations are pending (``pgtick.W002``); add
   ``--fail-level WARNING`` to fail on them. Every ``check`` fails (``pgtick.E001``) when
-  ``PGTICK["DATABASE"]`` is not in ``DATABASES`` or not PostgreSQL.
+  ``PGTICK`` is not a dict or ``PGTICK["DATABASE"]`` is not in ``DATABASES`` or not
+  PostgreSQL, and (``pgtick.E002``) when ``PGTICK["APP"]`` is set but does not load.
 * ``manage.py pgtick_worker`` / ``pgtick_scheduler`` run a worker / the scheduler for
   ``PGTICK["APP"]``, like ``pgtick run --no-scheduler`` / ``--no-worker``. Job code may
   use the ORM: each job closes stale Django connections before and after it runs, and a
@@ -51,10 +52,17 @@ def _libpq_keywords() -> frozenset[str]:
 
 
 def _settings() -> Mapping[str, Any]:
+    """``settings.PGTICK`` (``{}`` when unset); ``ImproperlyConfigured`` when it is not a dict,
+    rather than its ``APP`` and ``DATABASE`` taken as unset."""
     from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
 
     value = getattr(settings, "PGTICK", {})
-    return value if isinstance(value, Mapping) else {}
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(
+            f'PGTICK must be a dict such as {{"APP": "yourapp.jobs:app"}}, not {type(value).__name__}'
+        )
+    return value
 
 
 def database_alias() -> str:
@@ -114,7 +122,10 @@ class DjangoClient(Client):
     the ORM; ``conn=`` names another connection."""
 
     def __init__(self, using: str | None = None) -> None:
-        super().__init__(raw_connection(using))
+        _postgresql(using)  # a missing or non-PostgreSQL alias is refused now
+        # No connection of its own and none opened here: every call takes Django's connection
+        # of the moment (``_connection``), so a client made at import time needs no database.
+        super().__init__("")
         self.using = using
 
     @contextmanager

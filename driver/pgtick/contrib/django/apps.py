@@ -30,5 +30,9 @@ def upgrade_jobs_schema(sender: AppConfig, using: str, **kwargs: Any) -> None:
     from pgtick.contrib.django import database_alias
     from pgtick.contrib.django.management.commands.pgtick_migrate import apply_schema
 
+    if kwargs.get("plan") is None:
+        # Sent by ``flush`` (``manage.py flush``, and after every TransactionTestCase test),
+        # which empties Django's tables and changes no schema: nothing to migrate.
+        return
     if using == database_alias():
         apply_schema(using)

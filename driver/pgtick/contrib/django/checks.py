@@ -1,5 +1,7 @@
-"""System checks. ``pgtick.E001``: pgtick's database alias is missing from ``DATABASES`` or
-not PostgreSQL (every ``manage.py`` command runs it). Database-tagged (``manage.py check
+"""System checks. ``pgtick.E001``: ``PGTICK`` is not a dict, or pgtick's database alias is
+missing from ``DATABASES`` or not PostgreSQL; ``pgtick.E002``: ``PGTICK["APP"]`` is set but
+cannot be loaded (every ``manage.py`` command runs both, so a deploy's ``check`` catches them
+before a worker starts). Database-tagged (``manage.py check
 --database ALIAS`` runs them, and ``manage.py migrate`` before migrating): is the jobs schema
 installed and up to date?
 
@@ -18,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DjangoDatabaseError
 
 from pgtick import migrate
-from pgtick.contrib.django import _postgresql, database_alias, raw_connection
+from pgtick.contrib.django import _postgresql, _settings, database_alias, jobs_app, raw_connection
 
 
 @checks.register()
@@ -38,16 +40,39 @@ def database_configured(app_configs: Sequence[Any] | None = None, **_: Any) -> l
     return []
 
 
+@checks.register()
+def app_loadable(app_configs: Sequence[Any] | None = None, **_: Any) -> list[checks.CheckMessage]:
+    """PGTICK["APP"], when set, names a pgtick.App that imports (an error: pgtick_worker and
+    pgtick_scheduler would stop on it). Unset is left alone: a project may only enqueue."""
+    try:
+        target = _settings().get("APP")
+    except ImproperlyConfigured:  # pgtick.E001 says why
+        return []
+    if not target:
+        return []
+    try:
+        jobs_app()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc).splitlines()[0],
+                hint="set PGTICK['APP'] to the pgtick.App of your jobs, as module:attr",
+                id="pgtick.E002",
+            )
+        ]
+    return []
+
+
 @checks.register(checks.Tags.database)
 def schema_migrated(
     app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **_: Any
 ) -> list[checks.CheckMessage]:
-    alias = database_alias()
-    if databases is None or alias not in databases:
-        return []
     try:
+        alias = database_alias()
         _postgresql(alias)
     except ImproperlyConfigured:  # pgtick.E001 says why
+        return []
+    if databases is None or alias not in databases:
         return []
     try:
         conn = raw_connection(alias)

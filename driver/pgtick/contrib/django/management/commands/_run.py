@@ -8,6 +8,7 @@ import inspect
 import pickle
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -16,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from pgtick.app import App, Context
-from pgtick.cli import parse_duration
+from pgtick.cli import duration, integer, parse_duration
 from pgtick.contrib.django import database_alias, dsn, jobs_app
 from pgtick.contrib.django.management.commands.pgtick_migrate import one_line
 from pgtick.errors import PgtickError
@@ -121,14 +122,19 @@ class RunCommand(BaseCommand):
             "--database", default=None, help="Django database alias (default: PGTICK['DATABASE'])"
         )
         if self.worker:
-            parser.add_argument("--concurrency", type=int, default=10, help="jobs at once (default 10)")
+            parser.add_argument(
+                "--concurrency", type=integer(1, 1000), default=10, help="jobs at once (1..1000, default 10)"
+            )
             parser.add_argument("--poll", type=parse_duration, default=1.0, help="poll fallback (default 1s)")
             parser.add_argument(
                 "--no-listen", action="store_true", help="poll only (automatic behind a pooler)"
             )
         if self.scheduler:
             parser.add_argument(
-                "--tick", type=parse_duration, default=1.0, help="scheduler tick (default 1s)"
+                "--tick",
+                type=duration(timedelta(days=1)),
+                default=1.0,
+                help="scheduler tick (default 1s, at most 1d)",
             )
         parser.add_argument("--grace", type=parse_duration, default=30.0, help="shutdown grace (30s)")
 

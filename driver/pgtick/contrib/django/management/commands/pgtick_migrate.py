@@ -19,9 +19,25 @@ def one_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _why(exc: BaseException) -> str:
+    """What stopped a migration, in one line: PostgreSQL's message with its hint, as
+    ``pgtick migrate`` says it."""
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        hint = f" ({exc.diag.message_hint})" if exc.diag.message_hint else ""
+        return f"{exc.diag.message_primary}{hint}"
+    return one_line(exc)
+
+
 def apply_schema(alias: str) -> list[str]:
-    with connect(dsn(alias), application_name="pgtick-migrate") as conn:
-        return migrate.apply(conn)
+    """Apply pgtick's schema migrations to the Django database ``alias``. A failure (no such
+    database, a login that may not install, the server down) is a ``CommandError`` of one
+    line, which every management command prints without a traceback: ``pgtick_migrate``,
+    and ``migrate``, which runs this from pgtick's Django migration and after migrating."""
+    try:
+        with connect(dsn(alias), application_name="pgtick-migrate") as conn:
+            return migrate.apply(conn)
+    except (PgtickError, ImproperlyConfigured, psycopg.Error) as exc:
+        raise CommandError(f"pgtick could not migrate database {alias!r}: {_why(exc)}") from exc
 
 
 class Command(BaseCommand):
@@ -33,9 +49,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"] or database_alias()
         try:
-            done = apply_schema(alias)
-        except (PgtickError, ImproperlyConfigured, psycopg.Error) as exc:
+            alias = options["database"] or database_alias()
+        except ImproperlyConfigured as exc:
             raise CommandError(one_line(exc)) from exc
+        done = apply_schema(alias)
         self.stdout.write(f"pgtick: applied {', '.join(done)}" if done else "pgtick: schema up to date")
