@@ -169,6 +169,24 @@ async def test_each_client_kind_stores_its_send_span_with_the_runs(
     assert plain is None, "an empty setting means no trace context"
 
 
+def test_run_now_names_its_send_span_after_the_definition_and_stores_its_context(
+    db: Database, telemetry: Telemetry
+) -> None:
+    """``run_now`` is given a definition, not a kind: its send span is ``send {definition}``
+    with the definition as its destination, and the run it queues carries that span's
+    context, as an enqueue's does."""
+    with Client(db.dsn) as client:
+        client.define("nightly-report", "report", schedule="0 3 * * *")
+        run = client.run_now("nightly-report")
+    (send,) = telemetry.finished("send nightly-report")
+    assert attrs(send)["messaging.destination.name"] == "nightly-report"
+    assert attrs(send)["messaging.operation.name"] == "run_now"
+    assert send.kind == SpanKind.PRODUCER
+    with db.connect() as conn:
+        stored = scalar(conn, "SELECT trace_context FROM jobs.runs WHERE id = %s", (run.id,))
+    assert int(stored["traceparent"].split("-")[2], 16) == send.context.span_id
+
+
 def test_an_async_job_on_the_workers_loop_continues_the_trace(db: Database, telemetry: Telemetry) -> None:
     app = App("otel-async")
 

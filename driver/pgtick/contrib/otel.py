@@ -7,10 +7,11 @@ and execution, with the trace context carried in the run row.
 Spans (names and attributes after the OpenTelemetry semantic conventions for messaging;
 ``messaging.system`` is ``pgtick``, the destination is the job kind):
 
-* ``send {kind}`` (PRODUCER) around ``Client.enqueue`` / ``enqueue_many`` / ``run_now``
-  (and ``AsyncClient``'s). Its context is stored with the runs (``jobs.runs.trace_context``,
-  W3C ``traceparent``/``tracestate``) in the same transaction, so it commits or rolls
-  back with them.
+* ``send {kind}`` (PRODUCER) around ``Client.enqueue`` / ``enqueue_many``, and
+  ``send {definition}`` around ``run_now`` (its kind is the definition's, which the span
+  starts before the database says), and ``AsyncClient``'s. Its context is stored with the
+  runs (``jobs.runs.trace_context``, W3C ``traceparent``/``tracestate``) in the same
+  transaction, so it commits or rolls back with them.
 * ``receive`` (CLIENT) for each worker claim that returned runs, with
   ``messaging.batch.message_count``.
 * ``process {kind}`` (CONSUMER) around the job code, a child of the run's ``send`` span,
