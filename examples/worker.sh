@@ -247,12 +247,19 @@ unreported() { # unreported RUN_ID STATUS: say why a report did not happen
 
 complete_run() { # complete_run RUN_ID RESULT
     local applied status
-    applied=$(report -v run_id="$1" -v worker="$WORKER" -v result="$2" <<'SQL'
+    # VERBOSITY=verbose puts the SQLSTATE in psql's error lines, kept to tell why it refused.
+    applied=$(report -v VERBOSITY=verbose -v run_id="$1" -v worker="$WORKER" -v result="$2" \
+        2>"$STATE/complete.err" <<'SQL'
 SELECT jobs.complete(:'run_id', :'worker', nullif(:'result', '')::jsonb, current_setting('pgtick.claim_token'))
 SQL
     )
     status=$?
-    if ((status == 3)); then # the result was refused: not JSON, or too large
+    cat "$STATE/complete.err" >&2
+    # The result was refused: not JSON (22P02), a \u0000 text cannot hold (22P05), too large
+    # or too deep (22023, 54001), not UTF-8 (42601: psql could not quote it, so the statement
+    # reached the server unquoted). Any other error (a lock or statement timeout, a server
+    # shutting down) says nothing about a job that succeeded: it is not failed for it.
+    if ((status == 3)) && grep -qE '^ERROR:  (22P02|22P05|22023|54001|42601):' "$STATE/complete.err"; then
         fail_run "$1" InvalidResult "the job printed a result that is not a JSON document"
     else
         reported "$1" "$status" "$applied" complete completed

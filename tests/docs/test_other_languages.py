@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from fixtures.processes import LossyProxy
@@ -440,6 +441,67 @@ def test_worker_sh_records_a_failure_whose_error_text_is_not_utf8(
     assert [(r["id"], r["status"]) for r in attempts(conn, run_id)] == [(run_id, "FAILED")]
     # The worker logs the failure once jobs.fail has answered, after its commit made it visible.
     worker.wait_log(f"run={run_id} failed class=ShellError", 60)
+    assert worker.terminate_and_wait() == 0, worker.log()
+
+
+def _script_with_job(tmp_path: Path, job: str) -> Path:
+    """worker.sh with one more job function, defined before its own kinds."""
+    script = tmp_path / "worker.sh"
+    text = WORKER_SH.read_text()
+    mark = "# greet {"
+    script.write_text(text.replace(mark, job + mark, 1))
+    return script
+
+
+def test_worker_sh_fails_a_run_whose_result_is_not_json_as_invalid_result(
+    conn: Conn, start_worker: Any, tmp_path: Path
+) -> None:
+    """Jobs that succeed but print something other than JSON (prose, or JSON whose text is not
+    UTF-8, which psql cannot even quote): jobs.complete refuses the result, and the run is
+    failed as InvalidResult, once, by policy."""
+    jobs = "job_prose() { printf 'all done\\n'; }\njob_latin() { printf '{\"word\": \"caf\\xe9\"}\\n'; }\n"
+    script = _script_with_job(tmp_path, jobs)
+    runs = [enqueue(conn, kind, max_attempts="1") for kind in ("prose", "latin")]
+    worker = start_worker(script=script)
+    for run_id in runs:
+
+        def failed(run_id: int = run_id) -> bool:
+            return bool(run_row(conn, run_id)["status"] == "FAILED")
+
+        worker.wait_until(f"run {run_id} to fail", failed, 120)
+        row = run_row(conn, run_id)
+        assert row["failure_reason"] == "Error", row
+        assert row["error"] == "the job printed a result that is not a JSON document", row
+        worker.wait_log(f"run={run_id} failed class=InvalidResult", 60)
+    assert worker.terminate_and_wait() == 0, worker.log()
+
+
+def test_worker_sh_does_not_fail_a_succeeded_job_whose_completion_errs_for_another_reason(
+    db: Database, conn: Conn, start_worker: Any, tmp_path: Path
+) -> None:
+    """A job that succeeded with a valid result, whose jobs.complete errs for a reason that is
+    not the result (here a lock timeout: an operator's transaction holds the run's row): the
+    worker must not record the success as a failure (InvalidResult), which its policy could
+    retry and run the job again. It leaves the run unreported, as for a database it cannot
+    reach, and the reaper hands it on."""
+    gate = tmp_path / "open"
+    job = f"job_gated() {{ while [[ ! -e {gate} ]]; do sleep 0.05; done; printf '{{\"ok\": true}}\\n'; }}\n"
+    script = _script_with_job(tmp_path, job)
+    # The worker's sessions from now on (each of its calls is a psql of its own).
+    conn.execute(sql.SQL("ALTER DATABASE {} SET lock_timeout = '200ms'").format(sql.Identifier(db.name)))
+    run_id = enqueue(conn, "gated")
+    worker = start_worker(script=script)
+    worker.wait_until("the run to be RUNNING", lambda: run_row(conn, run_id)["status"] == "RUNNING", 60)
+    with db.connect(autocommit=False) as operator:
+        operator.execute("SELECT FROM jobs.runs WHERE id = %s FOR UPDATE", (run_id,))
+        gate.touch()
+        worker.wait_log(f"run={run_id} outcome not reported", 60)
+        log = worker.log()
+        operator.rollback()
+    assert "InvalidResult" not in log and "could not be stored" not in log, log
+    assert "55P03" in log, "the lock timeout is in the log, for whoever looks into it"
+    row = run_row(conn, run_id)
+    assert (row["status"], row["failure_reason"]) == ("RUNNING", None), row
     assert worker.terminate_and_wait() == 0, worker.log()
 
 
