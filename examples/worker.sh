@@ -278,14 +278,19 @@ reported() { # reported RUN_ID PSQL_STATUS APPLIED CALL DONE: log what a fenced 
 
 fail_run() { # fail_run RUN_ID CLASS MESSAGE
     local answer status id next
-    answer=$(report -v run_id="$1" -v worker="$WORKER" -v class="$2" -v message="$3" <<'SQL'
+    answer=$(report -v VERBOSITY=verbose -v run_id="$1" -v worker="$WORKER" -v class="$2" -v message="$3" \
+        2>"$STATE/fail.err" <<'SQL'
 SELECT (f).id, (f).status
   FROM jobs.fail(:'run_id', :'worker', ARRAY[:'class', 'ShellError'], :'message',
                  claim_token => current_setting('pgtick.claim_token')) AS f
 SQL
     )
     status=$?
-    if ((status == 3)); then # the class or message was refused: not UTF-8, or too long
+    cat "$STATE/fail.err" >&2
+    # The class or message was refused: not UTF-8 (42601: psql could not quote it; 22021 from
+    # the server), or not a class name (22023). Any other error is no reason to report
+    # another class, which the policy may retry.
+    if ((status == 3)) && grep -qE '^ERROR:  (42601|22021|22P05|22023):' "$STATE/fail.err"; then
         set -- "$1" ShellError "the job's error class or message could not be stored (not UTF-8, or too long)"
         log "run=$1 $3"
         answer=$(report -v run_id="$1" -v worker="$WORKER" -v message="$3" <<'SQL'

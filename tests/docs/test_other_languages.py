@@ -476,16 +476,14 @@ def test_worker_sh_fails_a_run_whose_result_is_not_json_as_invalid_result(
     assert worker.terminate_and_wait() == 0, worker.log()
 
 
-def test_worker_sh_does_not_fail_a_succeeded_job_whose_completion_errs_for_another_reason(
-    db: Database, conn: Conn, start_worker: Any, tmp_path: Path
-) -> None:
-    """A job that succeeded with a valid result, whose jobs.complete errs for a reason that is
-    not the result (here a lock timeout: an operator's transaction holds the run's row): the
-    worker must not record the success as a failure (InvalidResult), which its policy could
-    retry and run the job again. It leaves the run unreported, as for a database it cannot
-    reach, and the reaper hands it on."""
+def _report_under_a_row_lock(
+    db: Database, conn: Conn, start_worker: Any, tmp_path: Path, outcome: str
+) -> tuple[int, str]:
+    """Run a job that ends with ``outcome`` (bash) while an operator's transaction holds its
+    run's row and the worker's sessions have a lock timeout: its report errs with 55P03.
+    Returns the run id and the worker's log once it gave up reporting."""
     gate = tmp_path / "open"
-    job = f"job_gated() {{ while [[ ! -e {gate} ]]; do sleep 0.05; done; printf '{{\"ok\": true}}\\n'; }}\n"
+    job = f"job_gated() {{ while [[ ! -e {gate} ]]; do sleep 0.05; done; {outcome}; }}\n"
     script = _script_with_job(tmp_path, job)
     # The worker's sessions from now on (each of its calls is a psql of its own).
     conn.execute(sql.SQL("ALTER DATABASE {} SET lock_timeout = '200ms'").format(sql.Identifier(db.name)))
@@ -498,11 +496,35 @@ def test_worker_sh_does_not_fail_a_succeeded_job_whose_completion_errs_for_anoth
         worker.wait_log(f"run={run_id} outcome not reported", 60)
         log = worker.log()
         operator.rollback()
-    assert "InvalidResult" not in log and "could not be stored" not in log, log
     assert "55P03" in log, "the lock timeout is in the log, for whoever looks into it"
     row = run_row(conn, run_id)
     assert (row["status"], row["failure_reason"]) == ("RUNNING", None), row
     assert worker.terminate_and_wait() == 0, worker.log()
+    return run_id, log
+
+
+def test_worker_sh_does_not_fail_a_succeeded_job_whose_completion_errs_for_another_reason(
+    db: Database, conn: Conn, start_worker: Any, tmp_path: Path
+) -> None:
+    """A job that succeeded with a valid result, whose jobs.complete errs for a reason that is
+    not the result (a lock timeout: an operator's transaction holds the run's row): the worker
+    must not record the success as a failure (InvalidResult), which its policy could retry
+    and run the job again. It leaves the run unreported, as for a database it cannot reach,
+    and the reaper hands it on."""
+    _, log = _report_under_a_row_lock(db, conn, start_worker, tmp_path, "printf '{\"ok\": true}\\n'")
+    assert "InvalidResult" not in log and "could not be stored" not in log, log
+
+
+def test_worker_sh_does_not_change_the_class_of_a_failure_whose_report_errs_for_another_reason(
+    db: Database, conn: Conn, start_worker: Any, tmp_path: Path
+) -> None:
+    """A job that failed with a class its policy denies (BadInput), whose jobs.fail errs for a
+    reason that is not its class or message (a lock timeout): the worker must not report it
+    again as ShellError, a class the policy may retry. It leaves the run unreported."""
+    conn.execute("SELECT jobs.set_retry_policy('gated', deny => '{BadInput}', max_attempts => 3)")
+    outcome = "raise BadInput 'the payload is wrong'"
+    _, log = _report_under_a_row_lock(db, conn, start_worker, tmp_path, outcome)
+    assert "could not be stored" not in log, log
 
 
 class _Cable:
