@@ -2197,6 +2197,8 @@ def _preview_definition(args: argparse.Namespace) -> Result:
         after = read_time(args.after, d["timezone"], field_name="--after", zone_name=zone_name)
         after = after or datetime.now(UTC)
 
+        queued = calls.queued_occurrences(conn, d["id"]) if not d["enabled"] else (0, None)
+
         def jitter(runs: Sequence[datetime]) -> list[timedelta]:
             return calls.jitter_offsets(conn, d["id"], d["jitter"], list(runs))
 
@@ -2216,19 +2218,30 @@ def _preview_definition(args: argparse.Namespace) -> Result:
     what = f"definition {d['name']!r} ({d['schedule']!r} in {d['timezone']})"
     out = [_preview_title(args.count, len(runs), what)]
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
-    out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0)]
+    out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0, queued)]
     out += [f"  {line}" for line in lines]
     data = _preview_data(schedule, occurrences, runs, definition=d["name"])
     return Result(data, lambda st, w: "\n".join(out))
 
 
-def _not_run_notes(d: dict[str, Any], has_runs: bool) -> list[str]:
+def _not_run_notes(
+    d: dict[str, Any], has_runs: bool, queued: tuple[int, datetime | None] = (0, None)
+) -> list[str]:
     """Why the scheduler will not run the occurrences a definition's preview lists: it is
-    paused, its schedule is in error, or the schedule has ended."""
+    paused (but the runs it materialized before the pause, `queued`, still start), its
+    schedule is in error, or the schedule has ended."""
     notes = []
     if not d["enabled"]:
         reason = f" ({d['paused_reason']})" if d.get("paused_reason") else ""
-        notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
+        count, last = queued
+        if count and last is not None:
+            local = strftime(last.astimezone(_zone(d["timezone"])), "%Y-%m-%d %H:%M %Z")
+            notes.append(
+                f"paused{reason}: {counted(count, 'run')} queued before the pause still start"
+                f" (the last at {local}); none of the later ones until `pgtick resume {d['name']}`"
+            )
+        else:
+            notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
     if d.get("schedule_error"):
         notes.append(f"not scheduled until defined again: {printable_line(d['schedule_error'])}")
     if not has_runs:
