@@ -558,6 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
             type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
             help="a run's time limit (1s to 366d)",
         ),
+        group.add_argument(
+            "--heartbeat-timeout",
+            type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
+            help="a run is reaped when its worker sends no heartbeat for this long (default: the config's)",
+        ),
+        group.add_argument("--queue", type=name_text, help="queue its runs go to (default 'default')"),
+        group.add_argument(
+            "--concurrency-key", type=name_text, help="tenant/customer key its runs carry for per-key limits"
+        ),
         group.add_argument("--paused", action="store_true", help="define it paused"),
         group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
         group.add_argument("--dst-repeat", choices=["first", "second", "both"], help="default: auto"),
@@ -1026,7 +1035,7 @@ def _span(versions: list[str]) -> str:
 
 
 #: What ``pgtick define NAME KIND`` sends for a field not given.
-DEFINE_DEFAULTS = {"tz": "UTC", "priority": 0, "misfire": "coalesce", "overlap": "queue"}
+DEFINE_DEFAULTS = {"tz": "UTC", "priority": 0, "misfire": "coalesce", "overlap": "queue", "queue": "default"}
 
 
 def cmd_define(args: argparse.Namespace) -> Result:
@@ -1094,6 +1103,9 @@ def cmd_define(args: argparse.Namespace) -> Result:
             misfire_policy=args.misfire,
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
+            heartbeat_timeout=(timedelta(seconds=args.heartbeat_timeout) if args.heartbeat_timeout else None),
+            queue=args.queue,
+            concurrency_key=args.concurrency_key,
             enabled=False if args.paused else None,
             dst_gap=args.dst_gap if recurring else None,
             dst_repeat=args.dst_repeat if recurring else None,
