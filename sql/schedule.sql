@@ -297,6 +297,43 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._drop_superseded(bigint[], timestamptz[], timestamptz[], boolean) IS 'Private: delete the QUEUED scheduled runs of each definition whose occurrence is at or after its takeover (without a recorded occurrence: whose start is after its boundary); a schedule change: the new schedule re-creates the occurrences it shares. moved_only: only those whose start is not their occurrence delayed by the current jitter (a resume). Runs waiting on them are cancelled. Returns how many were deleted.';
 
+-- Private: give the QUEUED scheduled runs of these definitions the definitions' current run
+-- settings (kind, payload, priority, max_attempts, timeouts, queue, concurrency key), as
+-- materializing them now would. Rows a claimer holds are waited for, in id order, and checked
+-- again: a run claimed meanwhile keeps its settings (a snoozed run, QUEUED again, takes the
+-- new ones for its next start). Returns how many runs changed.
+CREATE OR REPLACE FUNCTION jobs._restate_queued(definition_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_ids bigint[];
+    v_count integer;
+BEGIN
+    SELECT array_agg(x.id ORDER BY x.id) INTO v_ids
+      FROM (SELECT r.id FROM jobs.runs AS r
+             WHERE r.definition_id = ANY (definition_ids) AND r.status = 'QUEUED' AND r.origin = 'schedule'
+             ORDER BY r.id
+               FOR NO KEY UPDATE OF r) AS x;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    UPDATE jobs.runs AS r
+       SET kind = d.kind, payload = d.payload, priority = d.priority, max_attempts = d.max_attempts,
+           timeout = d.timeout, heartbeat_timeout = d.heartbeat_timeout, queue = d.queue,
+           concurrency_key = d.concurrency_key
+      FROM jobs.definitions AS d
+     WHERE r.id = ANY (v_ids) AND r.status = 'QUEUED' AND d.id = r.definition_id
+       AND (r.kind, r.payload, r.priority, r.max_attempts, r.timeout, r.heartbeat_timeout, r.queue,
+            r.concurrency_key)
+           IS DISTINCT FROM (d.kind, d.payload, d.priority, d.max_attempts, d.timeout, d.heartbeat_timeout,
+                             d.queue, d.concurrency_key);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM jobs._notify();  -- another queue or kind: its workers hear of the runs now
+    END IF;
+    RETURN v_count;
+END $$;
+COMMENT ON FUNCTION jobs._restate_queued(bigint[]) IS 'Private: give the QUEUED scheduled runs of these definitions their definition''s current kind, payload, priority, max_attempts, timeouts, queue and concurrency key (a re-declaration); RUNNING runs keep theirs. Returns how many runs changed.';
+
 -- Private: where a changed schedule takes over (its cursor_from). The old schedule has runs
 -- for its occurrences before its cursor (next_run_at); those after the change are dropped
 -- (jobs._drop_superseded). So the new schedule starts at the change, or at the old cursor
@@ -503,6 +540,20 @@ BEGIN
             IS NOT DISTINCT FROM (d.schedule, d.timezone, d.run_at, d.dst_gap, d.dst_repeat, d.jitter)
      HAVING count(*) > 0;
 
+    -- The scheduled runs that have not started (materialized ahead, or waiting) run as the
+    -- definition now says: a renamed kind or queue would leave them waiting for workers that no
+    -- longer take them, and a corrected payload would miss the next runs (a one-shot's only
+    -- one). Rows a claimer holds are waited for, in id order, and checked again: a run that
+    -- is running keeps what it started with. Retries and run_now's runs keep theirs.
+    PERFORM jobs._restate_queued(array_agg(d.id))
+       FROM jobs.definitions AS d
+       JOIN unnest(v_old) AS o ON o.id = d.id
+      WHERE (o.kind, o.payload, o.priority, o.max_attempts, o.timeout, o.heartbeat_timeout, o.queue,
+             o.concurrency_key)
+            IS DISTINCT FROM (d.kind, d.payload, d.priority, d.max_attempts, d.timeout, d.heartbeat_timeout,
+                              d.queue, d.concurrency_key)
+     HAVING count(*) > 0;
+
     -- A restart that keeps the schedule (enabling it again) keeps its pending backfills valid.
     UPDATE jobs.backfills AS b SET revision = d.revision
       FROM jobs.definitions AS d
@@ -609,7 +660,7 @@ COMMENT ON FUNCTION jobs.define(
     text, text, text, text, timestamptz, jsonb, boolean, integer, integer, integer, text, text, interval, interval,
     text, text, interval, integer, text, text
 ) IS
-'Create or replace the definition called name (exactly one of schedule or run_at). A new recurring definition starts at its creation: the scheduler runs its occurrences from that instant on (an occurrence before the scheduler''s next tick is run late, or caught up by misfire_policy). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
+'Create or replace the definition called name (exactly one of schedule or run_at). A new recurring definition starts at its creation: the scheduler runs its occurrences from that instant on (an occurrence before the scheduler''s next tick is run late, or caught up by misfire_policy). Changing schedule, timezone, DST policy or run_at resets the cursor to this instant, or to the old schedule''s cursor when that is earlier (cursor_from, see jobs._takeover), and deletes the never-started runs of the old schedule for later occurrences; the new schedule re-creates those the two share, once. Changing kind, payload, priority, max_attempts, timeouts, queue or concurrency_key also changes the scheduled runs that have not started yet (materialized ahead, or waiting). Declaring the same definition again changes nothing. enabled NULL keeps the current state; enabled true also clears an automatic pause, and a disabled recurring definition enabled again restarts at that instant, as jobs.resume (the disabled time is not caught up). dst_gap/dst_repeat NULL = auto; jitter delays each occurrence by a deterministic offset in [0, jitter); pause_after_failures pauses after that many consecutive final failures. Its runs go to queue and carry concurrency_key.';
 
 -- Pause a definition: no new occurrences are materialized (queued runs still run).
 CREATE OR REPLACE FUNCTION jobs.pause(name text) RETURNS jobs.definitions

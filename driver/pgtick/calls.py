@@ -840,6 +840,18 @@ def definition(conn: Conn, name: str) -> Any:
     return conn.execute("SELECT * FROM jobs.definitions WHERE name = %s", (name,)).fetchone()
 
 
+def queued_occurrences(conn: Conn, definition_id: int) -> tuple[int, datetime | None]:
+    """How many of a definition's scheduled runs are QUEUED (materialized, not started) and
+    the latest start among them."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            "SELECT count(*), max(scheduled_for) FROM jobs.runs"
+            " WHERE definition_id = %s AND status = 'QUEUED' AND origin = 'schedule'",
+            (definition_id,),
+        ).fetchone()
+    return (int(row[0]), row[1]) if row is not None else (0, None)
+
+
 def jitter_offsets(
     conn: Conn, definition_id: int, jitter: timedelta | None, times: list[datetime]
 ) -> list[Any]:

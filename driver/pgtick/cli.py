@@ -558,6 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
             type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
             help="a run's time limit (1s to 366d)",
         ),
+        group.add_argument(
+            "--heartbeat-timeout",
+            type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
+            help="a run is reaped when its worker sends no heartbeat for this long (default: the config's)",
+        ),
+        group.add_argument("--queue", type=name_text, help="queue its runs go to (default 'default')"),
+        group.add_argument(
+            "--concurrency-key", type=name_text, help="tenant/customer key its runs carry for per-key limits"
+        ),
         group.add_argument("--paused", action="store_true", help="define it paused"),
         group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
         group.add_argument("--dst-repeat", choices=["first", "second", "both"], help="default: auto"),
@@ -1026,7 +1035,7 @@ def _span(versions: list[str]) -> str:
 
 
 #: What ``pgtick define NAME KIND`` sends for a field not given.
-DEFINE_DEFAULTS = {"tz": "UTC", "priority": 0, "misfire": "coalesce", "overlap": "queue"}
+DEFINE_DEFAULTS = {"tz": "UTC", "priority": 0, "misfire": "coalesce", "overlap": "queue", "queue": "default"}
 
 
 def cmd_define(args: argparse.Namespace) -> Result:
@@ -1094,6 +1103,9 @@ def cmd_define(args: argparse.Namespace) -> Result:
             misfire_policy=args.misfire,
             overlap_policy=args.overlap,
             timeout=timedelta(seconds=args.timeout) if args.timeout else None,
+            heartbeat_timeout=(timedelta(seconds=args.heartbeat_timeout) if args.heartbeat_timeout else None),
+            queue=args.queue,
+            concurrency_key=args.concurrency_key,
             enabled=False if args.paused else None,
             dst_gap=args.dst_gap if recurring else None,
             dst_repeat=args.dst_repeat if recurring else None,
@@ -2197,6 +2209,8 @@ def _preview_definition(args: argparse.Namespace) -> Result:
         after = read_time(args.after, d["timezone"], field_name="--after", zone_name=zone_name)
         after = after or datetime.now(UTC)
 
+        queued = calls.queued_occurrences(conn, d["id"]) if not d["enabled"] else (0, None)
+
         def jitter(runs: Sequence[datetime]) -> list[timedelta]:
             return calls.jitter_offsets(conn, d["id"], d["jitter"], list(runs))
 
@@ -2216,19 +2230,30 @@ def _preview_definition(args: argparse.Namespace) -> Result:
     what = f"definition {d['name']!r} ({d['schedule']!r} in {d['timezone']})"
     out = [_preview_title(args.count, len(runs), what)]
     out += [f"  {line}" for line in header(schedule, anchor_note="local midnight of the day it was created")]
-    out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0)]
+    out += [f"  {line}" for line in _not_run_notes(d, bool(plain) or args.count == 0, queued)]
     out += [f"  {line}" for line in lines]
     data = _preview_data(schedule, occurrences, runs, definition=d["name"])
     return Result(data, lambda st, w: "\n".join(out))
 
 
-def _not_run_notes(d: dict[str, Any], has_runs: bool) -> list[str]:
+def _not_run_notes(
+    d: dict[str, Any], has_runs: bool, queued: tuple[int, datetime | None] = (0, None)
+) -> list[str]:
     """Why the scheduler will not run the occurrences a definition's preview lists: it is
-    paused, its schedule is in error, or the schedule has ended."""
+    paused (but the runs it materialized before the pause, `queued`, still start), its
+    schedule is in error, or the schedule has ended."""
     notes = []
     if not d["enabled"]:
         reason = f" ({d['paused_reason']})" if d.get("paused_reason") else ""
-        notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
+        count, last = queued
+        if count and last is not None:
+            local = strftime(last.astimezone(_zone(d["timezone"])), "%Y-%m-%d %H:%M %Z")
+            notes.append(
+                f"paused{reason}: {counted(count, 'run')} queued before the pause still start"
+                f" (the last at {local}); none of the later ones until `pgtick resume {d['name']}`"
+            )
+        else:
+            notes.append(f"paused{reason}: none of these runs until `pgtick resume {d['name']}`")
     if d.get("schedule_error"):
         notes.append(f"not scheduled until defined again: {printable_line(d['schedule_error'])}")
     if not has_runs:

@@ -128,3 +128,26 @@ def test_bad_scope_worker_arguments_exit_2_with_one_line(db: Database) -> None:
             assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
         with db.connect() as conn:
             assert scalar(conn, "SELECT count(*) FROM jobs.worker_scopes") == 0
+
+
+def test_define_from_the_cli_sets_and_keeps_a_definitions_queue_and_key(db: Database) -> None:
+    """`pgtick define` takes --queue, --concurrency-key and --heartbeat-timeout, as jobs.define
+    and define_many do: without them, editing a definition from the shell (a new payload, say)
+    moved it out of its queue into 'default' and dropped its concurrency key."""
+    with db.connect() as conn:
+        conn.execute(
+            "SELECT jobs.define('nightly', 'report', schedule => '0 3 * * *', queue => 'reports',"
+            " concurrency_key => 'tenant-1', heartbeat_timeout => '2 minutes')"
+        )
+    done = pgtick(
+        "define", "nightly", "report", "--schedule", "0 3 * * *", "--payload", '{"v": 2}',
+        "--queue", "reports", "--concurrency-key", "tenant-1", "--heartbeat-timeout", "2m",
+        "--dsn", db.dsn,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with db.connect() as conn:
+        stored = conn.execute(
+            "SELECT queue, concurrency_key, heartbeat_timeout::text, payload FROM jobs.definitions"
+            " WHERE name = 'nightly'"
+        ).fetchone()
+    assert stored == ("reports", "tenant-1", "00:02:00", {"v": 2}), stored

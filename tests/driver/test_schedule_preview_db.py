@@ -13,6 +13,7 @@ import re
 import subprocess
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -205,3 +206,32 @@ def test_preview_of_a_definition_says_when_the_scheduler_will_not_run_what_it_li
     assert "no further occurrences: the schedule has ended" in ended, ended
     text = ok("preview", "DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY;COUNT=2", "--count", "2")
     assert "no further occurrences: the schedule has ended" in text, text
+
+
+def test_preview_of_a_paused_definition_counts_the_runs_queued_before_the_pause(db: Database) -> None:
+    """A pause stops new occurrences, not the runs the scheduler had already materialized
+    ahead: those still start (jobs.definition_health's next_start_at is the first of them), so
+    the preview of a paused definition says how many and until when, rather than that none
+    of the listed occurrences runs."""
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute("SELECT jobs.define('often', 'k', '* * * * *', 'Europe/Sofia')")
+    scheduler = Scheduler(db.dsn, owner="t", lookahead=600)
+    try:
+        scheduler.materialize_due()
+        scheduler.materialize_due()
+    finally:
+        scheduler.close()
+    ok("pause", "often", "--dsn", db.dsn)
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), max(r.scheduled_for), min(h.next_start_at) FROM jobs.runs AS r"
+            " JOIN jobs.definition_health AS h ON h.id = r.definition_id"
+            " WHERE h.name = 'often' AND r.status = 'QUEUED'"
+        ).fetchone()
+    assert row is not None
+    queued, last, next_start = row
+    assert queued >= 5 and next_start is not None, (queued, next_start)
+    paused = ok("preview", "--definition", "often", "--count", "3", "--dsn", db.dsn)
+    local = last.astimezone(ZoneInfo("Europe/Sofia")).strftime("%Y-%m-%d %H:%M")
+    assert f"paused: {queued} runs queued before the pause still start (the last at {local}" in paused, paused
+    assert "none of these runs" not in paused, paused

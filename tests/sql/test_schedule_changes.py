@@ -339,8 +339,39 @@ def _materialize_loop(dsn: str, seconds: float) -> int:
     return created
 
 
+def _payload_loop(dsn: str, seconds: float) -> int:
+    """Re-declare the every-second definition again and again with another payload and priority."""
+    flips = itertools.count(1)
+
+    def flip(conn: Conn) -> int:
+        n = next(flips)
+        conn.execute(
+            "SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up',"
+            " payload => %s::jsonb, priority => %s)",
+            (FLIPS[0], json.dumps({"n": n}), n % 7),
+        )
+        time.sleep(random.uniform(0, 0.2))
+        return 1
+
+    return repeat_for(dsn, seconds, flip)
+
+
+def _claim_loop(dsn: str, seconds: float) -> int:
+    """A worker claiming the due runs and completing them at once."""
+
+    def work(conn: Conn) -> int:
+        got = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(10, 'w')").fetchall()]
+        for run_id in got:
+            conn.execute("SELECT jobs.complete(%s, 'w')", (run_id,))
+        time.sleep(0.02)
+        return len(got)
+
+    return repeat_for(dsn, seconds, work)
+
+
 def _race_member(dsn: str, seconds: float, role: str) -> int:
-    return _flip_loop(dsn, seconds) if role == "flip" else _materialize_loop(dsn, seconds)
+    loops = {"flip": _flip_loop, "payload": _payload_loop, "claim": _claim_loop}
+    return loops.get(role, _materialize_loop)(dsn, seconds)
 
 
 @pytest.mark.parametrize("materializers", [1, 2])
@@ -591,3 +622,93 @@ def test_two_occurrences_jittered_to_the_same_start_each_get_their_run(
         f" have these runs: {got}"
     )
     assert got[0]["scheduled_for"] == got[1]["scheduled_for"]
+
+
+_SETTINGS = (
+    "SELECT kind, payload, priority, max_attempts, timeout, heartbeat_timeout, queue, concurrency_key"
+    " FROM jobs.runs WHERE definition_id = %s AND status = 'QUEUED' ORDER BY id"
+)
+
+
+@pytest.mark.parametrize("how", ["define", "define_many"])
+@pytest.mark.parametrize("shape", ["recurring", "one-shot"])
+def test_runs_materialized_ahead_take_the_settings_of_a_re_declaration(
+    db: Database, conn: Conn, how: str, shape: str
+) -> None:
+    """A re-declaration that keeps the occurrences but changes what a run does (kind, payload,
+    priority, attempts, timeouts, queue, concurrency key) applies to the runs materialized
+    ahead that have not started: a renamed kind would otherwise leave them waiting for a
+    worker of the old kind forever, and a corrected payload would not reach the next runs (a
+    one-shot's only run)."""
+    at = scalar(conn, "SELECT date_trunc('minute', now()) + interval '3 minutes'")
+    timing: dict[str, Any] = {"schedule": "* * * * *"} if shape == "recurring" else {"run_at": at.isoformat()}
+    old = {"name": "d", "kind": "old", "payload": {"v": 1}, **timing}
+    new = {
+        **old,
+        "kind": "new",
+        "payload": {"v": 2},
+        "priority": 5,
+        "max_attempts": 7,
+        "timeout": 60,
+        "heartbeat_timeout": 30,
+        "queue": "other",
+        "concurrency_key": "ck",
+    }
+    conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([old]),))
+    definition_id = int(scalar(conn, "SELECT id FROM jobs.definitions WHERE name = 'd'"))
+    _materialize(db, None, 600)
+    before = rows(conn, _SETTINGS, (definition_id,))
+    assert before, "materialized ahead"
+    if how == "define":
+        conn.execute(
+            "SELECT jobs.define('d', 'new', schedule => %(schedule)s, run_at => %(run_at)s,"
+            " payload => '{\"v\": 2}', priority => 5, max_attempts => 7, timeout => '60 seconds',"
+            " heartbeat_timeout => '30 seconds', queue => 'other', concurrency_key => 'ck')",
+            {"schedule": timing.get("schedule"), "run_at": at if shape == "one-shot" else None},
+        )
+    else:
+        conn.execute("SELECT * FROM jobs.define_many(%s::jsonb)", (json.dumps([new]),))
+    after = rows(conn, _SETTINGS, (definition_id,))
+    expected = {
+        "kind": "new",
+        "payload": {"v": 2},
+        "priority": 5,
+        "max_attempts": 7,
+        "timeout": timedelta(seconds=60),
+        "heartbeat_timeout": timedelta(seconds=30),
+        "queue": "other",
+        "concurrency_key": "ck",
+    }
+    assert len(after) == len(before), f"{how} {shape}: the runs ahead stay: {before} -> {after}"
+    assert all(r == expected for r in after), f"{how} {shape}: runs ahead after the change: {after}"
+
+
+def test_re_declaring_run_settings_while_runs_are_claimed_keeps_every_occurrence_once(
+    db: Database, conn: Conn
+) -> None:
+    """Processes: one re-declares an every-second schedule's payload and priority over and over
+    (each change restates the runs materialized ahead), one materializes, one claims and
+    completes. No call fails (no deadlock between the restate and claims), every second has
+    exactly one run, and the runs still waiting carry the last declaration's payload."""
+    conn.execute("SELECT jobs.define('flip', 'k', schedule => %s, misfire_policy => 'catch_up')", (FLIPS[0],))
+    _materialize(db, None, 2.0)
+    first = scalar(conn, "SELECT min(scheduled_for) FROM jobs.runs")
+    flips, _created, claimed = run_in_processes(
+        _race_member, [(db.dsn, 6.0, role) for role in ("payload", "m", "claim")]
+    )
+    _materialize(db, None, 2.0)
+    ended = scalar(conn, "SELECT now()")
+    assert flips > 5 and claimed > 0, f"the race ran too little: {flips} re-declares, {claimed} claimed"
+    counts = {
+        r["t"]: r["runs"]
+        for r in rows(conn, "SELECT scheduled_for AS t, count(*) AS runs FROM jobs.runs GROUP BY 1")
+    }
+    seconds = [first + timedelta(seconds=i) for i in range(int((ended - first).total_seconds()))]
+    wrong = {t: counts.get(t, 0) for t in seconds if counts.get(t) != 1}
+    assert not wrong, f"{flips} re-declares: seconds without exactly one run: {sorted(wrong.items())[:10]}"
+    stale = rows(
+        conn,
+        "SELECT r.id, r.payload FROM jobs.runs AS r JOIN jobs.definitions AS d ON d.id = r.definition_id"
+        " WHERE r.status = 'QUEUED' AND (r.payload, r.priority) IS DISTINCT FROM (d.payload, d.priority)",
+    )
+    assert stale == [], f"runs waiting with an earlier declaration's settings: {stale}"
