@@ -251,6 +251,36 @@ def test_show_has_the_attempt_chain_and_the_error_as_stored(
     assert data["error"].startswith("ConnectionError: report server down\n\nTraceback")
 
 
+def undocumented(schema: dict[str, Any], data: Any, path: str = "") -> list[str]:
+    """The fields of ``data`` that ``schema`` does not name, where it names fields: what a
+    script reads that the docs never promised, even where the schema lets more fields by."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        branches = [schema, *schema.get("oneOf", []), *schema.get("anyOf", [])]
+        named = [b["properties"] for b in branches if "properties" in b]
+        if named:
+            known = {k: v for props in named for k, v in props.items()}
+            found += [f"{path}.{k}" for k in data if k not in known]
+            for k, v in data.items():
+                if k in known:
+                    found += undocumented(known[k], v, f"{path}.{k}")
+    elif isinstance(data, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(data):
+            found += undocumented(schema["items"], item, f"{path}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize(("name", "argv", "schema"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_field_of_the_json_is_named_in_its_schema(
+    fixed: Database, capsys: pytest.CaptureFixture[str], name: str, argv: list[str], schema: str
+) -> None:
+    """`status --json` lists each queue of each kind: the schema names every field a row has
+    (the queue, whether it is paused, its limits), not only those of a kind's totals."""
+    data = json.loads(run_cli(capsys, *argv, "--json", "--dsn", fixed.dsn))
+    document = json.loads((SCHEMAS / f"{schema}.json").read_text())
+    assert undocumented(document, data) == [], f"fields docs/schemas/{schema}.json does not name"
+
+
 def test_every_other_command_prints_json_valid_against_its_schema(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
