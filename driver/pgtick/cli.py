@@ -1526,9 +1526,12 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
             Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12, middle=True),
             Column(
                 "QUEUE",
-                lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
+                lambda q: q.get("queue") or "",
                 priority=2,
                 shrink=True,
+                middle=True,  # queues that share a prefix stay apart
+                min_width=12,  # room for a name beside " (paused)"
+                suffix=lambda q: " (paused)" if q.get("paused") else "",
             ),
             Column("QUEUED", lambda q: str(q["queued"]), right=True, priority=0),
             Column("OLDEST", lambda q: _age(q["oldest_queued_at"], now), right=True, priority=1),

@@ -244,6 +244,9 @@ class Column:
     min_width: int = 8
     right: bool = False
     colour: Callable[[dict[str, Any]], str | None] | None = None
+    # Text after the cell's that a cut leaves whole (a queue's " (paused)"): the cell's own
+    # text is cut to the room it leaves.
+    suffix: Callable[[dict[str, Any]], str] | None = None
 
 
 @dataclass
@@ -255,8 +258,15 @@ class Table:
         cols = [c for c in self.columns if wide or not c.wide_only]
         shown_rows = [written_out(r) for r in self.rows]  # once a row: a list may have 10000
         cells = [[style.shown(_one_line(c.cell(r))) for c in cols] for r in shown_rows]
+        tails = [[style.shown(_one_line(c.suffix(r))) if c.suffix else "" for c in cols] for r in shown_rows]
         widths = [
-            max([visible_len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)
+            max(
+                [
+                    visible_len(c.header),
+                    *(visible_len(row[i] + tail[i]) for row, tail in zip(cells, tails, strict=True)),
+                ]
+            )
+            for i, c in enumerate(cols)
         ]
         keep = list(range(len(cols)))
         if not wide:
@@ -267,11 +277,20 @@ class Table:
         shown = [list(row) for row in cells]
         for i in keep:
             column = [row[i] for row in cells]
-            cut = [_cut(text, widths[i], middle=cols[i].middle, marker=style.ellipsis) for text in column]
+            ends = [tail[i] for tail in tails]
+            room = [max(widths[i] - visible_len(end), 1) for end in ends]
+            cut = [
+                _cut(text, width, middle=cols[i].middle, marker=style.ellipsis)
+                for text, width in zip(column, room, strict=True)
+            ]
             if cols[i].middle:
-                cut = _kept_apart(column, cut, widths[i], style.ellipsis)
-            for row, text in zip(shown, cut, strict=True):
-                row[i] = text
+                for width in set(room):  # each room apart: cells cut alike at the same width
+                    at = [n for n, w in enumerate(room) if w == width]
+                    again = _kept_apart([column[n] for n in at], [cut[n] for n in at], width, style.ellipsis)
+                    for n, text in zip(at, again, strict=True):
+                        cut[n] = text
+            for row, text, end in zip(shown, cut, ends, strict=True):
+                row[i] = text + end
         for r, row in zip(self.rows, shown, strict=True):
             parts = []
             for i in keep:

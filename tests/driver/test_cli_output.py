@@ -886,3 +886,22 @@ def test_show_and_undefine_piped_keep_long_values_whole(
     assert cli.main(["undefine", name, "--dsn", db.dsn]) == 0
     said, _ = capsys.readouterr()
     assert said.startswith(f"definition={name} deleted\n"), said
+
+
+def test_a_paused_queue_says_so_in_status_however_its_name_is_cut(
+    db: Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue table cuts a long queue name to fit 100 columns; what it cuts is the name,
+    never the mark that the queue is paused (the one fact an operator looks for there)."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    with db.connect() as conn:
+        for queue in ("customer-notifications-eu", "customer-notifications-us"):
+            conn.execute("SELECT jobs.enqueue('billing.reconcile_invoices', queue => %s)", (queue,))
+        assert scalar(conn, "SELECT jobs.pause_queue('customer-notifications-eu')") is True
+    out = run_cli(capsys, "status", "--dsn", db.dsn)
+    table = out[out.index("KIND ") :].splitlines()
+    assert all(len(line) <= 100 for line in table), table
+    rows = [line for line in table[1:] if line.strip()]
+    assert len(rows) == 2, table
+    assert sorted("(paused)" in row for row in rows) == [False, True], table
+    assert len({row.split("  ")[1] for row in rows}) == 2, f"the two queues look alike: {table}"
