@@ -390,12 +390,12 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
-def wrap(text: str, width: int, indent: str = "", *, whole: bool = False) -> list[str]:
+def wrap(text: str, width: int, indent: str = "", *, whole: bool = False, middle: bool = False) -> list[str]:
     """``text`` in lines of at most ``width`` terminal columns, broken at spaces (a wide
     character counts two), the first line keeping the text's leading spaces and the lines
     after it indented by ``indent``; a word too long for any line is cut with an ellipsis
-    where it starts, or with ``whole`` (text that must be read in full) broken across lines.
-    Text that fits is left as it is."""
+    where it starts (with ``middle``, in its middle, as a table cuts a name), or with ``whole``
+    (text that must be read in full) broken across lines. Text that fits is left as it is."""
     if visible_len(text) <= width:
         return [text]
     lines: list[str] = []
@@ -421,7 +421,11 @@ def wrap(text: str, width: int, indent: str = "", *, whole: bool = False) -> lis
                 else:
                     line, fresh = line + "".join(piece), False
         elif visible_len(indent + word) > width:  # fits no line: cut it here
-            lines.append(_cut(candidate, width))
+            if middle:  # the word cut, not what precedes it on the line
+                before = line if fresh else f"{line} "
+                lines.append(before + _cut(word, max(width - visible_len(before), 1), middle=True))
+            else:
+                lines.append(_cut(candidate, width))
             line, fresh = indent, True
         else:
             lines.append(line.rstrip())

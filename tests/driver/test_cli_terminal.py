@@ -983,3 +983,34 @@ def test_stored_text_the_sql_api_let_through_is_shown_with_its_control_character
     assert "kind        kind^[[2J^[]0;owned^G" in shown and "worker      worker^[[2J" in shown, shown
     as_json = json.loads(pgtick("show", str(run), "--json", "--dsn", db.dsn).stdout)
     assert (as_json["kind"], as_json["worker"]) == (f"kind{hostile}", f"worker{hostile}")
+
+
+def test_show_on_a_narrow_terminal_cuts_names_in_the_middle_as_tables_do(db: Database) -> None:
+    """`show` cuts a definition name, kind or worker id too long for its line in the middle,
+    as a table does: two definitions that differ only at the end (the region, the worker's
+    pid and random part) stay apart."""
+    worker = "ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4"
+    with db.connect() as conn:
+        for region in ("eu-west", "us-east"):
+            conn.execute(
+                "SELECT jobs.define(%s, 'billing.reconcile_invoices_for_region', schedule => '0 6 * * 1')",
+                (f"customer-invoice-reconciliation-{region}-nightly",),
+            )
+        run = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, started_at, finished_at, worker)"
+            " SELECT id, kind, 'COMPLETED', now(), now(), %s FROM jobs.definitions"
+            " WHERE name LIKE '%%eu-west%%' RETURNING id",
+            (worker,),
+        )
+    env = {**tty_env(NO_COLOR="1"), "COLUMNS": "44"}
+    code, out = in_pty(["show", str(run), "--dsn", db.dsn], env)
+    out = out.replace("\r\n", "\n")
+    assert code == 0, out
+    fields = {
+        line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "  " in line[2:]
+    }
+    assert all(len(line) <= 44 for line in out.splitlines()), out
+    assert fields["definition"].endswith("west-nightly"), out
+    assert fields["kind"].endswith("region"), out
+    assert fields["worker"].endswith("a1b2c3d4"), out
