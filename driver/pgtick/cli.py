@@ -1521,13 +1521,16 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
             wrapped = wrap(printable_line(text), style.width, indent="    ")  # names and errors as stored
             out.extend(paint(line, colour, style) for line in wrapped)
+    kinds = [q["kind"] for q in snap["queues"]]
+    # A kind on several queues has rows that only the queue tells apart: then it stays longer.
+    queue_priority = 1 if len(set(kinds)) < len(kinds) else 2
     queues = Table(
         [
             Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12, middle=True),
             Column(
                 "QUEUE",
                 lambda q: q.get("queue") or "",
-                priority=2,
+                priority=queue_priority,
                 shrink=True,
                 middle=True,  # queues that share a prefix stay apart
                 min_width=12,  # room for a name beside " (paused)"

@@ -905,3 +905,25 @@ def test_a_paused_queue_says_so_in_status_however_its_name_is_cut(
     assert len(rows) == 2, table
     assert sorted("(paused)" in row for row in rows) == [False, True], table
     assert len({row.split("  ")[1] for row in rows}) == 2, f"the two queues look alike: {table}"
+
+
+def test_a_kind_on_several_queues_keeps_its_queue_column_on_a_narrow_terminal(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a kind has runs on more than one queue, its rows differ only by their queue: a
+    narrow terminal drops other columns first, so that no two rows look alike."""
+    from pgtick.terminal import Style
+
+    monkeypatch.setenv("PGTICK_NOW", NOW)
+    with db.connect() as conn:
+        for queue in ("default", "default", "mail", "bulk"):
+            conn.execute("SELECT jobs.enqueue('report', queue => %s)", (queue,))
+        conn.execute("SELECT jobs.enqueue('billing.reconcile_invoices_for_region')")
+    with psycopg.connect(db.dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        snap = cli.status_snapshot(conn)
+    out = cli.render_status(snap, Style(unicode=True, colour=False, width=60, terminal=True), False)
+    table = out[out.index("KIND ") :].splitlines()
+    assert all(len(line) <= 60 for line in table), table
+    assert "QUEUE" in table[0].split(), table
+    reports = [line for line in table[1:] if line.startswith("report ")]
+    assert len(set(reports)) == 3, f"three queues of report, three different rows: {table}"
