@@ -295,7 +295,10 @@ class Table:
             parts = []
             for i in keep:
                 text = row[i]
-                padded = _pad(text, widths[i], cols[i].right)
+                # The last column left-aligned is not padded: a coloured cell's spaces would
+                # sit inside its colour codes, past the rstrip below.
+                last = i == keep[-1] and not cols[i].right
+                padded = text if last else _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
                 parts.append(paint(padded, colour, style) if colour else padded)

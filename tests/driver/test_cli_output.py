@@ -927,3 +927,25 @@ def test_a_kind_on_several_queues_keeps_its_queue_column_on_a_narrow_terminal(
     assert "QUEUE" in table[0].split(), table
     reports = [line for line in table[1:] if line.startswith("report ")]
     assert len(set(reports)) == 3, f"three queues of report, three different rows: {table}"
+
+
+def test_a_coloured_last_column_ends_its_line_without_padding() -> None:
+    """A table's lines end where their text does: a coloured cell in the last column is not
+    padded inside its colour, where the line's trailing spaces could not be stripped."""
+    from pgtick.terminal import Column, Style, Table
+
+    table = Table(
+        [
+            Column("NAME", lambda r: r["name"]),
+            Column("STREAK", lambda r: r["streak"], colour=lambda r: "red" if r["streak"] else None),
+        ],
+        [
+            {"name": "a", "streak": "1 failed"},
+            {"name": "b", "streak": "10 failed"},
+            {"name": "c", "streak": ""},
+        ],
+    )
+    out = table.render(Style(unicode=True, colour=True, width=100, terminal=True))
+    plain = [re.sub(r"\033\[[0-9;]*m", "", line) for line in out.splitlines()]
+    assert [line for line in plain if line != line.rstrip()] == [], out
+    assert plain[1:] == ["a     1 failed", "b     10 failed", "c"], out
