@@ -265,6 +265,36 @@ def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Data
     assert "\033[" not in text, f"no screen codes into a pipe:\n{text!r}"
 
 
+def test_status_watch_json_prints_one_document_per_line_valid_against_the_schema(db: Database) -> None:
+    """`status --watch N --json` is JSON lines: each snapshot one `status --json` document on
+    a line of its own, so that a script reads them as they come."""
+    with db.connect() as conn:
+        add_history(conn, 1)
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "status", "--watch", "0.2", "--json", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        env=quiet,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + 60
+    try:
+        while out.count(b"\n") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                out += os.read(proc.stdout.fileno(), 65536)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    lines = out.decode().splitlines()[:2]
+    assert len(lines) == 2, f"two snapshots within 60 s:\n{out!r}"
+    schema = json.loads((SCHEMAS / "status.json").read_text())
+    for line in lines:
+        jsonschema.validate(json.loads(line), schema, cls=jsonschema.Draft202012Validator)
+
+
 def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> None:
     """`pgtick run --log-format json`: every stderr line is a JSON object valid against the
     documented schema, and each run outcome is one line with its id, kind, definition,
