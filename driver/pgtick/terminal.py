@@ -317,14 +317,24 @@ def visible_len(text: str) -> int:
 
 def _clusters(text: str) -> list[str]:
     """``text`` as the units a cut must keep whole: a character with the combining marks
-    (and other zero-width characters) after it, and emoji joined by a zero-width joiner."""
+    (and other zero-width characters) after it, emoji joined by a zero-width joiner, and the
+    two regional indicators of a flag (one alone is drawn as a box of its own)."""
     out: list[str] = []
     for ch in text:
-        if out and (cell_len(ch) == 0 or out[-1].endswith("\u200d")):
+        if out and (cell_len(ch) == 0 or out[-1].endswith("\u200d") or _second_of_flag(out[-1], ch)):
             out[-1] += ch
         else:
             out.append(ch)
     return out
+
+
+def _regional(ch: str) -> bool:
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def _second_of_flag(before: str, ch: str) -> bool:
+    """``ch`` completes a flag: a regional indicator after a lone one."""
+    return _regional(ch) and len(before) == 1 and _regional(before)
 
 
 def _head(parts: Sequence[str], width: int) -> list[str]:

@@ -949,3 +949,16 @@ def test_a_coloured_last_column_ends_its_line_without_padding() -> None:
     plain = [re.sub(r"\033\[[0-9;]*m", "", line) for line in out.splitlines()]
     assert [line for line in plain if line != line.rstrip()] == [], out
     assert plain[1:] == ["a     1 failed", "b     10 failed", "c"], out
+
+
+def test_a_cut_keeps_a_flag_whole() -> None:
+    """A flag is two regional indicators a terminal draws as one two-column character; one
+    alone is drawn as a box of its own (two columns, not the one it is counted as), so a cut
+    takes both or neither, and the line keeps the width it was counted at."""
+    from pgtick.terminal import clip, visible_len
+
+    for width in range(2, 9):
+        cut = clip("🇯🇵🇫🇷🇩🇪 flags", width)
+        indicators = [ch for ch in cut if 0x1F1E6 <= ord(ch) <= 0x1F1FF]
+        assert len(indicators) % 2 == 0, f"a flag cut in two at width {width}: {cut!r}"
+        assert visible_len(cut) <= width, cut
