@@ -1533,14 +1533,20 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         for text, colour in notes:  # long notes wrap with an indent, not mid-word at the edge
             wrapped = wrap(printable_line(text), style.width, indent="    ")  # names and errors as stored
             out.extend(paint(line, colour, style) for line in wrapped)
+    kinds = [q["kind"] for q in snap["queues"]]
+    # A kind on several queues has rows that only the queue tells apart: then it stays longer.
+    queue_priority = 1 if len(set(kinds)) < len(kinds) else 2
     queues = Table(
         [
             Column("KIND", lambda q: q["kind"], priority=0, shrink=True, min_width=12, middle=True),
             Column(
                 "QUEUE",
-                lambda q: (q.get("queue") or "") + (" (paused)" if q.get("paused") else ""),
-                priority=2,
+                lambda q: q.get("queue") or "",
+                priority=queue_priority,
                 shrink=True,
+                middle=True,  # queues that share a prefix stay apart
+                min_width=12,  # room for a name beside " (paused)"
+                suffix=lambda q: " (paused)" if q.get("paused") else "",
             ),
             Column("QUEUED", lambda q: str(q["queued"]), right=True, priority=0),
             Column("OLDEST", lambda q: _age(q["oldest_queued_at"], now), right=True, priority=1),
@@ -1795,11 +1801,11 @@ def cmd_show(args: argparse.Namespace) -> Result:
         )
         lines = [head] if wide or not style.terminal else wrap(head, style.width, indent="  ")
 
-        def field(label: str, value: str) -> None:  # stored text, written out (see written_out)
-            lines.extend(_field_lines(label, printable(value), style, wide))
+        def field(label: str, value: str, *, name: bool = False) -> None:  # stored text, written out
+            lines.extend(_field_lines(label, printable(value), style, wide, name=name))
 
-        field("definition", _definition_of(r) or "(ad-hoc)")
-        field("kind", r["kind"])
+        field("definition", _definition_of(r) or "(ad-hoc)", name=True)
+        field("kind", r["kind"], name=True)
         field(
             "attempt",
             f"{r['attempt']}"
@@ -1807,7 +1813,7 @@ def cmd_show(args: argparse.Namespace) -> Result:
             + f"  (origin {r['origin']})",
         )
         if r["worker"]:
-            field("worker", r["worker"])
+            field("worker", r["worker"], name=True)
         for label, key in (
             ("scheduled", "scheduled_for"),
             ("started", "started_at"),
@@ -1876,16 +1882,17 @@ _FIELD_INDENT = " " * 14
 _FIELD_ROOM = 12
 
 
-def _field_lines(label: str, value: str, style: Style, wide: bool) -> list[str]:
+def _field_lines(label: str, value: str, style: Style, wide: bool, *, name: bool = False) -> list[str]:
     """``  label       value`` in ``pgtick show``, fitted to a terminal's width: the value wrapped
     under itself, or under the label where the terminal leaves it too little room beside it
-    (a word too long for a line is cut, as a table cuts a cell)."""
+    (a word too long for a line is cut, as a table cuts a cell: a ``name``, a definition's,
+    a kind or a worker id, in the middle, so that two sharing a prefix stay apart)."""
     line = f"  {label:<11} {value}"
     if wide or not style.terminal or visible_len(line) <= style.width:
         return [line]  # piped: as stored, however long (to copy or grep)
     if style.width - len(_FIELD_INDENT) >= _FIELD_ROOM:
-        return wrap(line, style.width, indent=_FIELD_INDENT)
-    return [f"  {label}", *wrap(f"    {value}", style.width, indent="    ")]
+        return wrap(line, style.width, indent=_FIELD_INDENT, middle=name)
+    return [f"  {label}", *wrap(f"    {value}", style.width, indent="    ", middle=name)]
 
 
 def _block_lines(text: str, style: Style, wide: bool) -> list[str]:

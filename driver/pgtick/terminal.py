@@ -244,6 +244,9 @@ class Column:
     min_width: int = 8
     right: bool = False
     colour: Callable[[dict[str, Any]], str | None] | None = None
+    # Text after the cell's that a cut leaves whole (a queue's " (paused)"): the cell's own
+    # text is cut to the room it leaves.
+    suffix: Callable[[dict[str, Any]], str] | None = None
 
 
 @dataclass
@@ -255,8 +258,15 @@ class Table:
         cols = [c for c in self.columns if wide or not c.wide_only]
         shown_rows = [written_out(r) for r in self.rows]  # once a row: a list may have 10000
         cells = [[style.shown(_one_line(c.cell(r))) for c in cols] for r in shown_rows]
+        tails = [[style.shown(_one_line(c.suffix(r))) if c.suffix else "" for c in cols] for r in shown_rows]
         widths = [
-            max([visible_len(c.header), *(visible_len(row[i]) for row in cells)]) for i, c in enumerate(cols)
+            max(
+                [
+                    visible_len(c.header),
+                    *(visible_len(row[i] + tail[i]) for row, tail in zip(cells, tails, strict=True)),
+                ]
+            )
+            for i, c in enumerate(cols)
         ]
         keep = list(range(len(cols)))
         if not wide:
@@ -267,16 +277,28 @@ class Table:
         shown = [list(row) for row in cells]
         for i in keep:
             column = [row[i] for row in cells]
-            cut = [_cut(text, widths[i], middle=cols[i].middle, marker=style.ellipsis) for text in column]
+            ends = [tail[i] for tail in tails]
+            room = [max(widths[i] - visible_len(end), 1) for end in ends]
+            cut = [
+                _cut(text, width, middle=cols[i].middle, marker=style.ellipsis)
+                for text, width in zip(column, room, strict=True)
+            ]
             if cols[i].middle:
-                cut = _kept_apart(column, cut, widths[i], style.ellipsis)
-            for row, text in zip(shown, cut, strict=True):
-                row[i] = text
+                for width in set(room):  # each room apart: cells cut alike at the same width
+                    at = [n for n, w in enumerate(room) if w == width]
+                    again = _kept_apart([column[n] for n in at], [cut[n] for n in at], width, style.ellipsis)
+                    for n, text in zip(at, again, strict=True):
+                        cut[n] = text
+            for row, text, end in zip(shown, cut, ends, strict=True):
+                row[i] = text + end
         for r, row in zip(self.rows, shown, strict=True):
             parts = []
             for i in keep:
                 text = row[i]
-                padded = _pad(text, widths[i], cols[i].right)
+                # The last column left-aligned is not padded: a coloured cell's spaces would
+                # sit inside its colour codes, past the rstrip below.
+                last = i == keep[-1] and not cols[i].right
+                padded = text if last else _pad(text, widths[i], cols[i].right)
                 colour_of = cols[i].colour
                 colour = colour_of(r) if colour_of is not None else None
                 parts.append(paint(padded, colour, style) if colour else padded)
@@ -295,14 +317,24 @@ def visible_len(text: str) -> int:
 
 def _clusters(text: str) -> list[str]:
     """``text`` as the units a cut must keep whole: a character with the combining marks
-    (and other zero-width characters) after it, and emoji joined by a zero-width joiner."""
+    (and other zero-width characters) after it, emoji joined by a zero-width joiner, and the
+    two regional indicators of a flag (one alone is drawn as a box of its own)."""
     out: list[str] = []
     for ch in text:
-        if out and (cell_len(ch) == 0 or out[-1].endswith("\u200d")):
+        if out and (cell_len(ch) == 0 or out[-1].endswith("\u200d") or _second_of_flag(out[-1], ch)):
             out[-1] += ch
         else:
             out.append(ch)
     return out
+
+
+def _regional(ch: str) -> bool:
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def _second_of_flag(before: str, ch: str) -> bool:
+    """``ch`` completes a flag: a regional indicator after a lone one."""
+    return _regional(ch) and len(before) == 1 and _regional(before)
 
 
 def _head(parts: Sequence[str], width: int) -> list[str]:
@@ -371,12 +403,12 @@ def _pad(text: str, width: int, right: bool) -> str:
     return fill + text if right else text + fill
 
 
-def wrap(text: str, width: int, indent: str = "", *, whole: bool = False) -> list[str]:
+def wrap(text: str, width: int, indent: str = "", *, whole: bool = False, middle: bool = False) -> list[str]:
     """``text`` in lines of at most ``width`` terminal columns, broken at spaces (a wide
     character counts two), the first line keeping the text's leading spaces and the lines
     after it indented by ``indent``; a word too long for any line is cut with an ellipsis
-    where it starts, or with ``whole`` (text that must be read in full) broken across lines.
-    Text that fits is left as it is."""
+    where it starts (with ``middle``, in its middle, as a table cuts a name), or with ``whole``
+    (text that must be read in full) broken across lines. Text that fits is left as it is."""
     if visible_len(text) <= width:
         return [text]
     lines: list[str] = []
@@ -402,7 +434,11 @@ def wrap(text: str, width: int, indent: str = "", *, whole: bool = False) -> lis
                 else:
                     line, fresh = line + "".join(piece), False
         elif visible_len(indent + word) > width:  # fits no line: cut it here
-            lines.append(_cut(candidate, width))
+            if middle:  # the word cut, not what precedes it on the line
+                before = line if fresh else f"{line} "
+                lines.append(before + _cut(word, max(width - visible_len(before), 1), middle=True))
+            else:
+                lines.append(_cut(candidate, width))
             line, fresh = indent, True
         else:
             lines.append(line.rstrip())

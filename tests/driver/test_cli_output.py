@@ -251,6 +251,36 @@ def test_show_has_the_attempt_chain_and_the_error_as_stored(
     assert data["error"].startswith("ConnectionError: report server down\n\nTraceback")
 
 
+def undocumented(schema: dict[str, Any], data: Any, path: str = "") -> list[str]:
+    """The fields of ``data`` that ``schema`` does not name, where it names fields: what a
+    script reads that the docs never promised, even where the schema lets more fields by."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        branches = [schema, *schema.get("oneOf", []), *schema.get("anyOf", [])]
+        named = [b["properties"] for b in branches if "properties" in b]
+        if named:
+            known = {k: v for props in named for k, v in props.items()}
+            found += [f"{path}.{k}" for k in data if k not in known]
+            for k, v in data.items():
+                if k in known:
+                    found += undocumented(known[k], v, f"{path}.{k}")
+    elif isinstance(data, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(data):
+            found += undocumented(schema["items"], item, f"{path}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize(("name", "argv", "schema"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_field_of_the_json_is_named_in_its_schema(
+    fixed: Database, capsys: pytest.CaptureFixture[str], name: str, argv: list[str], schema: str
+) -> None:
+    """`status --json` lists each queue of each kind: the schema names every field a row has
+    (the queue, whether it is paused, its limits), not only those of a kind's totals."""
+    data = json.loads(run_cli(capsys, *argv, "--json", "--dsn", fixed.dsn))
+    document = json.loads((SCHEMAS / f"{schema}.json").read_text())
+    assert undocumented(document, data) == [], f"fields docs/schemas/{schema}.json does not name"
+
+
 def test_every_other_command_prints_json_valid_against_its_schema(
     fixed: Database, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -856,3 +886,79 @@ def test_show_and_undefine_piped_keep_long_values_whole(
     assert cli.main(["undefine", name, "--dsn", db.dsn]) == 0
     said, _ = capsys.readouterr()
     assert said.startswith(f"definition={name} deleted\n"), said
+
+
+def test_a_paused_queue_says_so_in_status_however_its_name_is_cut(
+    db: Database, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue table cuts a long queue name to fit 100 columns; what it cuts is the name,
+    never the mark that the queue is paused (the one fact an operator looks for there)."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    with db.connect() as conn:
+        for queue in ("customer-notifications-eu", "customer-notifications-us"):
+            conn.execute("SELECT jobs.enqueue('billing.reconcile_invoices', queue => %s)", (queue,))
+        assert scalar(conn, "SELECT jobs.pause_queue('customer-notifications-eu')") is True
+    out = run_cli(capsys, "status", "--dsn", db.dsn)
+    table = out[out.index("KIND ") :].splitlines()
+    assert all(len(line) <= 100 for line in table), table
+    rows = [line for line in table[1:] if line.strip()]
+    assert len(rows) == 2, table
+    assert sorted("(paused)" in row for row in rows) == [False, True], table
+    assert len({row.split("  ")[1] for row in rows}) == 2, f"the two queues look alike: {table}"
+
+
+def test_a_kind_on_several_queues_keeps_its_queue_column_on_a_narrow_terminal(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a kind has runs on more than one queue, its rows differ only by their queue: a
+    narrow terminal drops other columns first, so that no two rows look alike."""
+    from pgtick.terminal import Style
+
+    monkeypatch.setenv("PGTICK_NOW", NOW)
+    with db.connect() as conn:
+        for queue in ("default", "default", "mail", "bulk"):
+            conn.execute("SELECT jobs.enqueue('report', queue => %s)", (queue,))
+        conn.execute("SELECT jobs.enqueue('billing.reconcile_invoices_for_region')")
+    with psycopg.connect(db.dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        snap = cli.status_snapshot(conn)
+    out = cli.render_status(snap, Style(unicode=True, colour=False, width=60, terminal=True), False)
+    table = out[out.index("KIND ") :].splitlines()
+    assert all(len(line) <= 60 for line in table), table
+    assert "QUEUE" in table[0].split(), table
+    reports = [line for line in table[1:] if line.startswith("report ")]
+    assert len(set(reports)) == 3, f"three queues of report, three different rows: {table}"
+
+
+def test_a_coloured_last_column_ends_its_line_without_padding() -> None:
+    """A table's lines end where their text does: a coloured cell in the last column is not
+    padded inside its colour, where the line's trailing spaces could not be stripped."""
+    from pgtick.terminal import Column, Style, Table
+
+    table = Table(
+        [
+            Column("NAME", lambda r: r["name"]),
+            Column("STREAK", lambda r: r["streak"], colour=lambda r: "red" if r["streak"] else None),
+        ],
+        [
+            {"name": "a", "streak": "1 failed"},
+            {"name": "b", "streak": "10 failed"},
+            {"name": "c", "streak": ""},
+        ],
+    )
+    out = table.render(Style(unicode=True, colour=True, width=100, terminal=True))
+    plain = [re.sub(r"\033\[[0-9;]*m", "", line) for line in out.splitlines()]
+    assert [line for line in plain if line != line.rstrip()] == [], out
+    assert plain[1:] == ["a     1 failed", "b     10 failed", "c"], out
+
+
+def test_a_cut_keeps_a_flag_whole() -> None:
+    """A flag is two regional indicators a terminal draws as one two-column character; one
+    alone is drawn as a box of its own (two columns, not the one it is counted as), so a cut
+    takes both or neither, and the line keeps the width it was counted at."""
+    from pgtick.terminal import clip, visible_len
+
+    for width in range(2, 9):
+        cut = clip("🇯🇵🇫🇷🇩🇪 flags", width)
+        indicators = [ch for ch in cut if 0x1F1E6 <= ord(ch) <= 0x1F1FF]
+        assert len(indicators) % 2 == 0, f"a flag cut in two at width {width}: {cut!r}"
+        assert visible_len(cut) <= width, cut

@@ -265,6 +265,36 @@ def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Data
     assert "\033[" not in text, f"no screen codes into a pipe:\n{text!r}"
 
 
+def test_status_watch_json_prints_one_document_per_line_valid_against_the_schema(db: Database) -> None:
+    """`status --watch N --json` is JSON lines: each snapshot one `status --json` document on
+    a line of its own, so that a script reads them as they come."""
+    with db.connect() as conn:
+        add_history(conn, 1)
+    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
+    proc = subprocess.Popen(
+        [*PGTICK, "status", "--watch", "0.2", "--json", "--dsn", db.dsn],
+        stdout=subprocess.PIPE,
+        env=quiet,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + 60
+    try:
+        while out.count(b"\n") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                out += os.read(proc.stdout.fileno(), 65536)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    lines = out.decode().splitlines()[:2]
+    assert len(lines) == 2, f"two snapshots within 60 s:\n{out!r}"
+    schema = json.loads((SCHEMAS / "status.json").read_text())
+    for line in lines:
+        jsonschema.validate(json.loads(line), schema, cls=jsonschema.Draft202012Validator)
+
+
 def test_run_logs_one_json_line_per_outcome(db: Database, tmp_path: Path) -> None:
     """`pgtick run --log-format json`: every stderr line is a JSON object valid against the
     documented schema, and each run outcome is one line with its id, kind, definition,
@@ -983,3 +1013,34 @@ def test_stored_text_the_sql_api_let_through_is_shown_with_its_control_character
     assert "kind        kind^[[2J^[]0;owned^G" in shown and "worker      worker^[[2J" in shown, shown
     as_json = json.loads(pgtick("show", str(run), "--json", "--dsn", db.dsn).stdout)
     assert (as_json["kind"], as_json["worker"]) == (f"kind{hostile}", f"worker{hostile}")
+
+
+def test_show_on_a_narrow_terminal_cuts_names_in_the_middle_as_tables_do(db: Database) -> None:
+    """`show` cuts a definition name, kind or worker id too long for its line in the middle,
+    as a table does: two definitions that differ only at the end (the region, the worker's
+    pid and random part) stay apart."""
+    worker = "ip-10-20-130-44.eu-west-1.compute.internal-48211-a1b2c3d4"
+    with db.connect() as conn:
+        for region in ("eu-west", "us-east"):
+            conn.execute(
+                "SELECT jobs.define(%s, 'billing.reconcile_invoices_for_region', schedule => '0 6 * * 1')",
+                (f"customer-invoice-reconciliation-{region}-nightly",),
+            )
+        run = scalar(
+            conn,
+            "INSERT INTO jobs.runs (definition_id, kind, status, started_at, finished_at, worker)"
+            " SELECT id, kind, 'COMPLETED', now(), now(), %s FROM jobs.definitions"
+            " WHERE name LIKE '%%eu-west%%' RETURNING id",
+            (worker,),
+        )
+    env = {**tty_env(NO_COLOR="1"), "COLUMNS": "44"}
+    code, out = in_pty(["show", str(run), "--dsn", db.dsn], env)
+    out = out.replace("\r\n", "\n")
+    assert code == 0, out
+    fields = {
+        line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "  " in line[2:]
+    }
+    assert all(len(line) <= 44 for line in out.splitlines()), out
+    assert fields["definition"].endswith("west-nightly"), out
+    assert fields["kind"].endswith("region"), out
+    assert fields["worker"].endswith("a1b2c3d4"), out
