@@ -154,7 +154,7 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     if not app.has_database:
         app.use(dsn)  # app.enqueue in job code writes where this process works
     worker_id = options.owner or new_worker_id()
-    threads: list[threading.Thread] = []
+    threads: list[_Part] = []
     failures: list[str] = []
     listener = None
     if options.metrics_port is not None:
@@ -214,7 +214,8 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     except KeyboardInterrupt:
         stop.set()
         for t in threads:
-            t.join()
+            if t.ident is not None:  # started (see _Part: not join(), which the interrupt may have spoilt)
+                t.ended.wait()
     except SystemExit:  # the second signal: the worker ends its drain now and stops its job processes
         stop.set()
         _stop_now(worker, threads)
@@ -225,9 +226,22 @@ def run_app(app: App, dsn: str, options: RunOptions, stop: threading.Event | Non
     return 0
 
 
+class _Part(threading.Thread):
+    """The scheduler's or the worker's thread, with ``ended`` set once its target has returned.
+
+    A wait for it after a signal interrupted a ``join()`` reads ``ended``, not ``join()`` or
+    ``is_alive()``: on Python 3.11 an exception raised into ``join()`` (the second signal's
+    SystemExit) can leave the thread marked stopped while it still runs, and every later
+    ``join()`` then returns at once."""
+
+    def __init__(self, run: Callable[[], None], name: str) -> None:
+        super().__init__(target=run, name=name)
+        self.ended = threading.Event()
+
+
 def _thread(
     target: Callable[[threading.Event], None], stop: threading.Event, name: str, failures: list[str]
-) -> threading.Thread:
+) -> _Part:
     """A thread running ``target(stop)``; if it raises, the others are stopped and ``name``
     is added to ``failures``."""
 
@@ -238,8 +252,11 @@ def _thread(
             failures.append(name)
             stop.set()
             log.error("%s failed: %s", name, describe(exc), exc_info=exc)
+        finally:
+            part.ended.set()
 
-    return threading.Thread(target=run, name=name)
+    part = _Part(run, name)
+    return part
 
 
 #: Seconds a second signal waits, at most, for the worker to let its runs go and stop its job
@@ -247,7 +264,7 @@ def _thread(
 STOP_NOW_WAIT = 10.0
 
 
-def _stop_now(worker: Worker | None, threads: list[threading.Thread]) -> None:
+def _stop_now(worker: Worker | None, threads: list[_Part]) -> None:
     """End the worker's drain at once (its runs in flight are left to the reaper) and wait a
     little for it, then for the threads to end; its job processes are killed either way: they
     ignore SIGTERM, and Python's exit would wait for them (multiprocessing joins its children)."""
@@ -257,7 +274,7 @@ def _stop_now(worker: Worker | None, threads: list[threading.Thread]) -> None:
     try:
         for t in threads:
             if t.ident is not None:  # started
-                t.join(max(0.0, deadline - time.monotonic()))
+                t.ended.wait(max(0.0, deadline - time.monotonic()))
     except SystemExit:  # a third signal: wait no more
         pass
     finally:
