@@ -16,7 +16,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -242,37 +242,14 @@ def test_ctrl_c_while_the_command_loads_its_modules_ends_quietly() -> None:
     assert (code_, out, err) == (130, b"", b""), shown
 
 
-def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Database) -> None:
+def _watch_into_a_pipe(db: Database, options: list[str], enough: Callable[[bytes], bool]) -> bytes:
+    """What `pgtick status --watch 0.2 OPTIONS` writes into a pipe until ``enough`` of it has
+    come (or 60 s have passed); the command is stopped then."""
     with db.connect() as conn:
         add_history(conn, 1)
     quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
     proc = subprocess.Popen(
-        [*PGTICK, "status", "--watch", "0.2", "--dsn", db.dsn], stdout=subprocess.PIPE, env=quiet, cwd=ROOT
-    )
-    assert proc.stdout is not None
-    out = b""
-    deadline = time.monotonic() + 60
-    try:
-        while out.count(b"DEFINITION") < 2 and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-            if ready:
-                out += os.read(proc.stdout.fileno(), 65536)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    text = out.decode()
-    assert text.count("DEFINITION") >= 2, f"two snapshots within 60 s:\n{text}"
-    assert "\033[" not in text, f"no screen codes into a pipe:\n{text!r}"
-
-
-def test_status_watch_json_prints_one_document_per_line_valid_against_the_schema(db: Database) -> None:
-    """`status --watch N --json` is JSON lines: each snapshot one `status --json` document on
-    a line of its own, so that a script reads them as they come."""
-    with db.connect() as conn:
-        add_history(conn, 1)
-    quiet = {k: v for k, v in env_for(None).items() if k != "PGTICK_LOG"}
-    proc = subprocess.Popen(
-        [*PGTICK, "status", "--watch", "0.2", "--json", "--dsn", db.dsn],
+        [*PGTICK, "status", "--watch", "0.2", *options, "--dsn", db.dsn],
         stdout=subprocess.PIPE,
         env=quiet,
         cwd=ROOT,
@@ -281,13 +258,26 @@ def test_status_watch_json_prints_one_document_per_line_valid_against_the_schema
     out = b""
     deadline = time.monotonic() + 60
     try:
-        while out.count(b"\n") < 2 and time.monotonic() < deadline:
+        while not enough(out) and time.monotonic() < deadline:
             ready, _, _ = select.select([proc.stdout], [], [], 0.5)
             if ready:
                 out += os.read(proc.stdout.fileno(), 65536)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    return out
+
+
+def test_status_watch_into_a_pipe_prints_snapshots_without_screen_codes(db: Database) -> None:
+    text = _watch_into_a_pipe(db, [], lambda out: out.count(b"DEFINITION") >= 2).decode()
+    assert text.count("DEFINITION") >= 2, f"two snapshots within 60 s:\n{text}"
+    assert "\033[" not in text, f"no screen codes into a pipe:\n{text!r}"
+
+
+def test_status_watch_json_prints_one_document_per_line_valid_against_the_schema(db: Database) -> None:
+    """`status --watch N --json` is JSON lines: each snapshot one `status --json` document on
+    a line of its own, so that a script reads them as they come."""
+    out = _watch_into_a_pipe(db, ["--json"], lambda out: out.count(b"\n") >= 2)
     lines = out.decode().splitlines()[:2]
     assert len(lines) == 2, f"two snapshots within 60 s:\n{out!r}"
     schema = json.loads((SCHEMAS / "status.json").read_text())
