@@ -500,7 +500,14 @@ BEGIN
     -- the caller commits: a call drops at most c_days_per_call of them, and stops dropping
     -- once it has dropped batch_size runs, so that a retention cut by years is pruned over
     -- many calls rather than by one transaction that fills the server's lock table and fails.
-    FOR v_day IN SELECT h.day, h.part FROM jobs._history_days_before(v_cutoff) AS h LOOP
+    -- The days are listed before they are locked, and another prune (the leader's and an
+    -- operator's) may drop one and commit while this one waits for its lock: each is named by
+    -- its name, read with the list (its oid would then name nothing), and a day found gone
+    -- once locked is passed over.
+    FOR v_day IN SELECT h.day, format('%s.%I', c.relnamespace::regnamespace, c.relname) AS name
+                   FROM jobs._history_days_before(v_cutoff) AS h
+                   JOIN pg_catalog.pg_class AS c ON c.oid = h.part
+                  ORDER BY h.day LOOP
         IF v_days >= c_days_per_call OR v_count >= prune.batch_size THEN
             v_more := TRUE;
             EXIT;
@@ -508,16 +515,19 @@ BEGIN
         BEGIN
             PERFORM set_config('lock_timeout', '500ms', TRUE);
             -- ONLY: the parent alone (the DROP locks it), not every day of history with it.
-            EXECUTE format('LOCK TABLE ONLY jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.part);
+            EXECUTE format('LOCK TABLE ONLY jobs.run_history, %s IN ACCESS EXCLUSIVE MODE', v_day.name);
             PERFORM set_config('lock_timeout', v_wait, TRUE);
-        EXCEPTION WHEN lock_not_available THEN
-            EXIT;  -- the block's rollback restored lock_timeout
+        EXCEPTION
+            WHEN lock_not_available THEN
+                EXIT;  -- the block's rollback restored lock_timeout
+            WHEN undefined_table THEN
+                CONTINUE;  -- dropped by another prune meanwhile
         END;
-        EXECUTE format('SELECT EXISTS (SELECT FROM %s AS h WHERE h.id = ANY ($1))', v_day.part)
+        EXECUTE format('SELECT EXISTS (SELECT FROM %s AS h WHERE h.id = ANY ($1))', v_day.name)
            INTO v_held USING jobs._waited_on();
         CONTINUE WHEN v_held;
-        EXECUTE format('SELECT count(*) FROM %s', v_day.part) INTO v_rows;
-        EXECUTE format('DROP TABLE %s', v_day.part);
+        EXECUTE format('SELECT count(*) FROM %s', v_day.name) INTO v_rows;
+        EXECUTE format('DROP TABLE %s', v_day.name);
         DELETE FROM jobs.run_history_keys AS k   -- the keys of its runs (the day by finished_at)
          WHERE k.finished_at >= v_day.day::timestamp AT TIME ZONE 'UTC'
            AND k.finished_at < (v_day.day + 1)::timestamp AT TIME ZONE 'UTC';

@@ -1232,3 +1232,37 @@ def test_a_moved_run_holding_a_blank_key_from_before_is_refused_naming_the_key(c
     conn.execute("UPDATE jobs.run_history SET concurrency_key = NULL WHERE id = %s", (run_id,))
     assert scalar(conn, "SELECT id FROM jobs.get_run(%s)", (run_id,)) == run_id
     assert scalar(conn, "SELECT retry_of FROM jobs.retry(%s)", (run_id,)) == run_id
+
+
+def test_two_prunes_at_once_each_pass_over_the_day_the_other_dropped(db: Database, conn: Conn) -> None:
+    """The leader's hourly prune and an operator's `pgtick prune` list the days to drop before
+    they lock them: a day that the other prune dropped and committed while this one waited for
+    its lock is gone, not an error (it was named by a number, a syntax error)."""
+    for attempt in range(5):
+        finish_old(conn, 2, age="30 days")
+        assert _archive_all(conn) == 2
+        with db.connect(autocommit=False) as first, db.connect() as second:
+            assert scalar(first, "SELECT jobs.prune('14 days')") == 2  # dropped, not committed
+            pruning = BlockedCall(
+                conn, second, lambda: scalar(second, "SELECT jobs.prune('14 days')"), "the second prune to wait"
+            )
+            first.commit()  # within the half second the second prune waits for a day
+            outcome = pruning.join(90)
+        assert outcome == [0], f"attempt {attempt}: the second prune failed: {outcome}"
+        assert _partitions(conn) == []
+
+
+def test_a_dry_run_counts_past_a_day_that_a_prune_drops_meanwhile(db: Database, conn: Conn) -> None:
+    """`pgtick prune --dry-run` while the leader prunes: a day dropped while the count waited
+    for it counts as nothing left, not an error."""
+    finish_old(conn, 2, age="30 days")
+    finish_old(conn, 1, age="20 days")
+    assert _archive_all(conn) == 3
+    with db.connect(autocommit=False) as pruner, db.connect() as counter:
+        assert scalar(pruner, "SELECT jobs.prune('25 days')") == 2  # the oldest day, not committed
+        counting = BlockedCall(
+            conn, counter, lambda: scalar(counter, "SELECT jobs.prune_count('14 days')"), "the count to wait"
+        )
+        pruner.commit()
+        outcome = counting.join(90)
+    assert outcome == [1], f"the count failed or is wrong: {outcome}"
