@@ -217,7 +217,7 @@ DECLARE
     v_kinds text[];
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);
-    v_cutoff := now() - v_age;
+    v_cutoff := now() - make_interval(secs => extract(EPOCH FROM v_age));  -- elapsed, as jobs.prune
     WITH gone AS (
         SELECT w.worker
           FROM jobs.worker_registry AS w
@@ -530,6 +530,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER AS $$
 #variable_conflict use_column
 DECLARE
     v_age interval := coalesce(prune_count.older_than, (SELECT c.retention FROM jobs.config AS c));
+    v_cutoff timestamptz;
     v_kept bigint[];
     v_day record;
     v_rows bigint;
@@ -537,12 +538,13 @@ DECLARE
     v_count bigint;
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);  -- as jobs.prune
+    v_cutoff := now() - make_interval(secs => extract(EPOCH FROM v_age));  -- elapsed, as jobs.prune
     v_kept := jobs._waited_on();  -- kept by jobs.prune, with their days
-    SELECT count(*) INTO v_count FROM jobs.runs AS r WHERE r.finished_at < now() - v_age AND r.id <> ALL (v_kept);
+    SELECT count(*) INTO v_count FROM jobs.runs AS r WHERE r.finished_at < v_cutoff AND r.id <> ALL (v_kept);
     -- By name, and a day that a prune dropped while this waited for it counts nothing (as
     -- jobs.prune passes over it).
     FOR v_day IN SELECT format('%s.%I', c.relnamespace::regnamespace, c.relname) AS name
-                   FROM jobs._history_days_before(now() - v_age) AS d
+                   FROM jobs._history_days_before(v_cutoff) AS d
                    JOIN pg_catalog.pg_class AS c ON c.oid = d.part
                   ORDER BY d.day LOOP
         BEGIN

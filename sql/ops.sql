@@ -486,7 +486,10 @@ DECLARE
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);
     PERFORM jobs._check_range('batch_size', prune.batch_size, 1, 1000000);
-    v_cutoff := now() - v_age;
+    -- Elapsed time (a day is 24 hours, a month 30 days, as jobs.reap counts): now() - interval
+    -- '1 day' steps back a calendar day in the session's TimeZone, 23 or 25 hours across a DST
+    -- change, and a session in such a zone would delete runs (and free their keys) early.
+    v_cutoff := now() - make_interval(secs => extract(EPOCH FROM v_age));
     -- Whole days of history first: a DROP, whatever their size. A day that ends after the
     -- cutoff stays until it does, so history keeps up to a day more than the retention.
     -- A DROP locks jobs.run_history against readers while it waits for its lock, and a long

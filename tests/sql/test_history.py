@@ -24,6 +24,7 @@ from harness import (
     race_parts,
     rows,
     scalar,
+    spring_forward_zone,
 )
 
 
@@ -1266,3 +1267,28 @@ def test_a_dry_run_counts_past_a_day_that_a_prune_drops_meanwhile(db: Database, 
         pruner.commit()
         outcome = counting.join(90)
     assert outcome == [1], f"the count failed or is wrong: {outcome}"
+
+
+def test_retention_and_archive_after_are_elapsed_time_whatever_the_sessions_time_zone(conn: Conn) -> None:
+    """A run finished 23 hours 30 minutes ago is younger than a day for every caller. In a
+    session whose zone sprang forward during that day, now() - interval '1 day' is only 23
+    hours back: read that way, the prune deleted the run (and freed its idempotency key, so
+    the job ran again) and the archive moved it early."""
+    young = enqueue(conn, "k", idempotency_key="'pay-1'")
+    conn.execute(
+        "UPDATE jobs.runs SET status = 'COMPLETED', started_at = now() - interval '1 day',"
+        " finished_at = now() - interval '23 hours 30 minutes' WHERE id = %s",
+        (young,),
+    )
+    zone = spring_forward_zone(conn)
+    conn.execute(f"SET TIME ZONE '{zone}'")
+    assert scalar(conn, "SELECT jobs.archive()") == 0, f"zone {zone}: the archive moved a run finished 23.5 h ago"
+    assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 0
+    assert scalar(conn, "SELECT jobs.prune('1 day')") == 0, f"zone {zone}: pruned a run finished 23.5 h ago"
+    assert _where(conn, young) == "live"
+    assert enqueue(conn, "k", idempotency_key="'pay-1'") == young, "its key still holds"
+    # 24 hours and more back is older than a day, in any zone.
+    conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '24 hours 1 second' WHERE id = %s", (young,))
+    assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 1
+    assert scalar(conn, "SELECT jobs.archive()") == 1
+    conn.execute("SET TIME ZONE 'UTC'")
