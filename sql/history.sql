@@ -167,13 +167,15 @@ BEGIN
     -- found next are those left after it (a day it dropped is made again), not a dropped one.
     LOCK TABLE ONLY jobs.run_history IN ROW EXCLUSIVE MODE;
     -- archive_after as elapsed time, as jobs.prune counts the retention, whatever the TimeZone.
-    -- A run finished at -infinity (written by hand) has no day to be filed under: it stays in
-    -- jobs.runs, where the prune deletes it, and the runs behind it move.
+    -- A run finished at -infinity or before the year 1 (written by hand) has no day to be filed
+    -- under (a day's name and bounds carry no era: a BC day would be made as the AD day of the
+    -- same digits, and its run fit none): it stays in jobs.runs, where the prune deletes it, and
+    -- the runs behind it move.
     SELECT array_agg(v.run_id), array_agg(DISTINCT (v.finished_at AT TIME ZONE 'UTC')::date)
       INTO v_ids, v_days
       FROM jobs._lock_finished_before(now() - make_interval(secs => extract(EPOCH FROM v_after)),
                                       archive.batch_size) AS v
-     WHERE isfinite(v.finished_at);
+     WHERE isfinite(v.finished_at) AND v.finished_at >= '0001-01-01 00:00:00+00';
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;

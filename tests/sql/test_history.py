@@ -145,11 +145,15 @@ def test_a_day_is_attached_at_its_utc_bounds_whatever_the_sessions_datestyle_and
     }
 
 
-def test_a_run_finished_at_minus_infinity_neither_stops_the_archive_nor_outlives_the_prune(
-    conn: Conn,
+@pytest.mark.parametrize("finished", ["-infinity", "0044-03-15 12:00:00+00 BC"])
+def test_a_run_finished_before_the_first_day_neither_stops_the_archive_nor_outlives_the_prune(
+    conn: Conn, finished: str
 ) -> None:
+    """A finish time written by hand at -infinity, or before the year 1 (a BC day would be
+    filed under the AD day of the same digits, which has no room for it, and every archive
+    failed), has no day of history."""
     odd, *others = finish_old(conn, 3, age="2 days")
-    _set_finished(conn, odd, "-infinity")
+    _set_finished(conn, odd, finished)
     assert scalar(conn, "SELECT jobs.archive()") == len(others), "the runs behind it move"
     assert {r: _where(conn, r) for r in others} == dict.fromkeys(others, "history")
     assert _where(conn, odd) == "live", "it has no day of history to go to"
