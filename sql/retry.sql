@@ -254,8 +254,18 @@ BEGIN
     -- A run that never started waited on its dependencies (or was cancelled while it waited):
     -- its next attempt waits on them too, and is refused while one of them has failed for good.
     -- A run that started had them all completed.
+    -- A run it depends on that retention pruned meanwhile has no outcome left to wait on: the
+    -- retry is refused as a bad request (the run asked for exists), naming the pruned runs.
     IF v_run.depends_on IS NOT NULL AND v_run.started_at IS NULL THEN
-        v_deps := jobs._dependency_state(v_run.depends_on);
+        BEGIN
+            v_deps := jobs._dependency_state(v_run.depends_on);
+        EXCEPTION WHEN no_data_found THEN
+            RAISE EXCEPTION 'run % depends on runs that are no longer kept (pruned by retention): %', v_run.id,
+                (SELECT array_agg(d ORDER BY d) FROM unnest(v_run.depends_on) AS d
+                  WHERE NOT EXISTS (SELECT FROM jobs.runs_all AS r WHERE r.id = d))
+                USING ERRCODE = '22023', COLUMN = 'depends_on',
+                      HINT = 'Their outcome is gone: enqueue the work anew.';
+        END;
         IF v_deps = 'failed' THEN
             RAISE EXCEPTION 'run % depends on a run that failed or was cancelled (depends_on %): retry that one first',
                 v_run.id, v_run.depends_on
@@ -289,7 +299,7 @@ BEGIN
     PERFORM jobs._notify();
     RETURN v_next;
 END $$;
-COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy (its own failures are then retried by policy while attempts remain; an attempt past them ends the chain); a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, or a run it depends on failed for good or was cancelled (retry that one first).';
+COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy (its own failures are then retried by policy while attempts remain; an attempt past them ends the chain); a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, a run it depends on failed for good or was cancelled (retry that one first), or one it depends on was pruned.';
 
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(

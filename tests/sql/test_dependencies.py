@@ -675,3 +675,18 @@ def test_an_operator_retry_of_a_run_that_ran_does_not_wait_again(conn: Conn) -> 
     b2 = run_row(conn, int(scalar(conn, "SELECT (jobs.retry(%s)).id", (b,))))
     assert (b2["blocked"], b2["status"]) == (False, "QUEUED"), b2
     assert _claim(conn) == [b2["id"]]
+
+
+def test_an_operator_retry_of_a_run_whose_dependency_was_pruned_is_refused_naming_it(conn: Conn) -> None:
+    """A run cancelled before it started, retried after retention pruned a run it depends on:
+    that run's outcome is gone, so the retry is refused as a bad request (22023 naming the
+    pruned run), not reported as a missing run (P0002: the client's NotFound, 'no such run')."""
+    a = _enqueue(conn, "a")
+    b = _enqueue(conn, "b", [a])
+    assert _claim(conn) == [a]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w')", (a,)) is True
+    assert scalar(conn, "SELECT jobs.cancel(%s)", (b,)) == "CANCELLED"  # released, never started
+    conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '30 days' WHERE id = %s", (a,))
+    assert scalar(conn, "SELECT jobs.prune('14 days')") == 1
+    expect_error(conn, "SELECT jobs.retry(%s)", (b,), "22023", f"run {b} depends on", f"{{{a}}}", "pruned")
+    assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (b,)) == 0
