@@ -22,7 +22,8 @@
 -- jobs.enqueue takes FOR SHARE locks on the dependency chains while it decides whether the
 -- new run is blocked, so a completion or failure cannot slip between that decision and the
 -- commit that makes the new run visible. It locks the runs that are not blocked first and
--- the blocked ones after them (each set in ascending id order), as the paths that end a run
+-- the blocked ones after them (each set in ascending id order; the blocked ones only once no
+-- new retry has joined a chain, which it locks first), as the paths that end a run
 -- do: ids alone would not keep that order, since a retry gets a higher id than the runs
 -- enqueued on its chain before it, and an enqueue naming both the retry's chain and such a
 -- run would hold that run while it waits for the retry's completion, which waits for it.
@@ -124,6 +125,8 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_missing bigint[];
     v_chain bigint[];
+    v_fresh bigint[];
+    v_free bigint[];
     v_locked bigint[] := '{}';
     v_state text;
 BEGIN
@@ -136,24 +139,38 @@ BEGIN
     -- follows), and would cancel the new run as DependencyFailed while that retry may complete.
     PERFORM jobs._require_read_committed('enqueueing or retrying a run with depends_on');
     -- Lock every run of the chains: those not blocked first, then the blocked ones (each in
-    -- ascending ids; the header says why); a retry inserted meanwhile extends a chain, so look
-    -- again until the locked set covers it. A run pruned meanwhile drops out of the chain (the
-    -- lock skips a row deleted while it waited), so the set is never NULL.
+    -- ascending ids; the header says why). A retry inserted meanwhile (its run failed while this
+    -- waited for it) extends a chain, so look again until the locked set covers it; and the
+    -- blocked ones wait until a round finds no new run that is not: a retry found in a later
+    -- round, locked after them, would be waited for while they are held, and its completion,
+    -- which holds it, waits for them. A run pruned meanwhile drops out of the chain (the lock
+    -- skips a row deleted while it waited), so the set is never NULL.
     LOOP
         SELECT coalesce(array_agg(DISTINCT c.run_id ORDER BY c.run_id), '{}') INTO v_chain
           FROM jobs._chain_forward(depends_on) AS c;
         EXIT WHEN v_chain <@ v_locked;
-        PERFORM FROM jobs.runs AS r
-         WHERE r.id = ANY (v_chain) AND r.id <> ALL (v_locked)
-         ORDER BY r.blocked, r.id
-           FOR SHARE;
-        -- Then those in history: a run moved there while this waited is locked there (a new
-        -- statement, a new snapshot); runs only ever move from jobs.runs to history.
-        PERFORM FROM jobs.run_history AS h
-         WHERE h.id = ANY (v_chain) AND h.id <> ALL (v_locked)
-         ORDER BY h.id
-           FOR SHARE;
-        v_locked := v_locked || v_chain;
+        v_fresh := ARRAY(SELECT f FROM unnest(v_chain) AS f WHERE f <> ALL (v_locked));
+        SELECT coalesce(array_agg(l.id), '{}') INTO v_free
+          FROM (SELECT r.id FROM jobs.runs AS r
+                 WHERE r.id = ANY (v_fresh) AND NOT r.blocked
+                 ORDER BY r.id
+                   FOR SHARE) AS l;
+        -- Then those in history (never blocked): a run moved there while this waited is locked
+        -- there (a new statement, a new snapshot); runs only ever move from jobs.runs to history.
+        SELECT v_free || coalesce(array_agg(l.id), '{}') INTO v_free
+          FROM (SELECT h.id FROM jobs.run_history AS h
+                 WHERE h.id = ANY (v_fresh)
+                 ORDER BY h.id
+                   FOR SHARE) AS l;
+        IF cardinality(v_free) > 0 THEN
+            v_locked := v_locked || v_free;   -- look again before the blocked ones
+        ELSE
+            PERFORM FROM jobs.runs AS r
+             WHERE r.id = ANY (v_fresh)
+             ORDER BY r.id
+               FOR SHARE;
+            v_locked := v_locked || v_fresh;
+        END IF;
     END LOOP;
     -- Only now, with the chains locked (a prune can no longer delete them), is "exists" final.
     SELECT array_agg(d ORDER BY d) INTO v_missing

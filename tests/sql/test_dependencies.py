@@ -25,6 +25,7 @@ from harness import (
     race,
     run_row,
     scalar,
+    wait_for,
 )
 
 
@@ -690,3 +691,64 @@ def test_an_operator_retry_of_a_run_whose_dependency_was_pruned_is_refused_namin
     assert scalar(conn, "SELECT jobs.prune('14 days')") == 1
     expect_error(conn, "SELECT jobs.retry(%s)", (b,), "22023", f"run {b} depends on", f"{{{a}}}", "pruned")
     assert scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (b,)) == 0
+
+
+def _waits_for(observer: Conn, waiter: Conn, holder: Conn) -> bool:
+    return bool(
+        scalar(
+            observer,
+            "SELECT %s = ANY (pg_blocking_pids(%s))",
+            (holder.info.backend_pid, waiter.info.backend_pid),
+        )
+    )
+
+
+def test_an_enqueue_that_finds_a_new_retry_in_a_chain_locks_it_before_the_runs_waiting_on_it(
+    db: Database, conn: Conn
+) -> None:
+    """An enqueue names a (RUNNING) and b, which waits on a and c. It reads a's chain, then a
+    fails and its retry a2 is queued: the enqueue must lock a2 (or find it claimed) before it
+    locks b. Locked after b, a2 could be claimed and completed meanwhile, and the completion,
+    which holds a2 and then locks b, and the enqueue, which holds b and waits for a2, deadlocked
+    (one of them failed with 40P01). c's completion holds b for a moment, so that a2 is
+    claimed, if it can be, while the enqueue waits for b. Both end; the enqueue's run waits on b."""
+    conn.execute("SELECT jobs.set_retry_policy('a', max_attempts => 2, backoff_initial => '0', jitter => 0)")
+    a = _enqueue(conn, "a")
+    c = _enqueue(conn, "c")
+    assert _claim(conn) == [a, c]
+    b = _enqueue(conn, "b", [a, c])
+    completing: BlockedCall | None = None
+    with (
+        db.connect(autocommit=False) as failer,
+        db.connect(autocommit=False) as holder,
+        db.connect() as enqueuer,
+        db.connect() as completer,
+    ):
+        a2 = int(scalar(failer, "SELECT id FROM jobs.fail(%s, 'w', '{E}', 'once')", (a,)))  # not committed
+        assert scalar(holder, "SELECT jobs.complete(%s, 'w')", (c,)) is True  # holds b, not committed
+        enqueuing = BlockedCall(
+            conn, enqueuer, lambda: _enqueue(enqueuer, "e", [a, b]), "the enqueue to wait for a's failure"
+        )
+        failer.commit()  # a2 is queued; the enqueue goes on to b, held by c's completion
+        wait_for("the enqueue to wait for b", lambda: _waits_for(conn, enqueuer, holder), timeout=60)
+        claimed = [int(r[0]) for r in completer.execute("SELECT id FROM jobs.claim(1, 'w2', '{a}')")]
+        if claimed == [a2]:  # the enqueue left it free: its completion holds it and waits for b
+            completing = BlockedCall(
+                conn,
+                completer,
+                lambda: scalar(completer, "SELECT jobs.complete(%s, 'w2')", (a2,)),
+                "a2's completion to wait for b",
+            )
+        holder.commit()
+        enqueued = enqueuing.join(60)
+        if completing is not None:
+            completed = completing.join(60)
+        else:  # the enqueue held a2 (a claim passes over a locked run) until it committed
+            assert claimed == [], f"claimed {claimed}, not a2 = {a2}"
+            claimed = [int(r[0]) for r in completer.execute("SELECT id FROM jobs.claim(1, 'w2', '{a}')")]
+            assert claimed == [a2], f"claimed {claimed} once the enqueue committed, not a2 = {a2}"
+            completed = [scalar(completer, "SELECT jobs.complete(%s, 'w2')", (a2,))]
+    assert completed == [True], f"a2's completion: {completed}"
+    assert len(enqueued) == 1 and not isinstance(enqueued[0], Exception), f"the enqueue: {enqueued}"
+    assert run_row(conn, b)["blocked"] is False, "a2 and c completed"
+    assert run_row(conn, int(enqueued[0]))["blocked"] is True  # it waits for b
