@@ -269,6 +269,9 @@ BEGIN
              WHERE w.id <> ALL (v_doomed);
             EXIT WHEN cardinality(v_level) = 0;
             v_doomed := v_doomed || v_level;
+            -- A doomed run may be an operator's retry of a run that never started (it waits on
+            -- its dependencies again): the runs that name its earlier attempts wait on its chain.
+            v_level := jobs._chain_back(v_level);
         END LOOP;
         EXIT WHEN cardinality(v_doomed) = 0;
         WITH locked AS (
@@ -289,7 +292,7 @@ BEGIN
         -- may have committed a new dependent of it meanwhile, blocked: this round's snapshot
         -- did not see it, the next one does. Go on from what was just cancelled until a round
         -- finds nothing (each round cancels what it finds, so it ends).
-        v_level := v_doomed;
+        v_level := jobs._chain_back(v_doomed);
     END LOOP;
     RETURN v_total;
 END $$;

@@ -752,3 +752,20 @@ def test_an_enqueue_that_finds_a_new_retry_in_a_chain_locks_it_before_the_runs_w
     assert len(enqueued) == 1 and not isinstance(enqueued[0], Exception), f"the enqueue: {enqueued}"
     assert run_row(conn, b)["blocked"] is False, "a2 and c completed"
     assert run_row(conn, int(enqueued[0]))["blocked"] is True  # it waits for b
+
+
+def test_a_cascade_cancels_the_runs_that_name_an_earlier_attempt_of_a_run_it_cancels(conn: Conn) -> None:
+    """r was cancelled before it started and retried by hand: its retry r2 waits on d again,
+    and x, enqueued on r, waits on r's chain, whose last run is r2. d is cancelled: the cascade
+    cancels r2, and must cancel x too. It went down by the ids the runs name, so x, naming r
+    and not r2, stayed QUEUED and blocked for good."""
+    d = _enqueue(conn, "d")
+    r = _enqueue(conn, "r", [d])
+    assert scalar(conn, "SELECT jobs.cancel(%s)", (r,)) == "CANCELLED"
+    r2 = int(scalar(conn, "SELECT (jobs.retry(%s)).id", (r,)))
+    x = _enqueue(conn, "x", [r])
+    y = _enqueue(conn, "y", [x])
+    assert [run_row(conn, i)["blocked"] for i in (r2, x, y)] == [True, True, True]
+    assert scalar(conn, "SELECT jobs.cancel(%s)", (d,)) == "CANCELLED"
+    assert {i: _status(conn, i) for i in (r2, x, y)} == dict.fromkeys((r2, x, y), ("CANCELLED", "DependencyFailed"))
+    assert scalar(conn, "SELECT count(*) FROM jobs.blocked") == 0
