@@ -767,5 +767,7 @@ def test_a_cascade_cancels_the_runs_that_name_an_earlier_attempt_of_a_run_it_can
     y = _enqueue(conn, "y", [x])
     assert [run_row(conn, i)["blocked"] for i in (r2, x, y)] == [True, True, True]
     assert scalar(conn, "SELECT jobs.cancel(%s)", (d,)) == "CANCELLED"
-    assert {i: _status(conn, i) for i in (r2, x, y)} == dict.fromkeys((r2, x, y), ("CANCELLED", "DependencyFailed"))
+    assert {i: _status(conn, i) for i in (r2, x, y)} == dict.fromkeys(
+        (r2, x, y), ("CANCELLED", "DependencyFailed")
+    )
     assert scalar(conn, "SELECT count(*) FROM jobs.blocked") == 0

@@ -1249,7 +1249,10 @@ def test_two_prunes_at_once_each_pass_over_the_day_the_other_dropped(db: Databas
         with db.connect(autocommit=False) as first, db.connect() as second:
             assert scalar(first, "SELECT jobs.prune('14 days')") == 2  # dropped, not committed
             pruning = BlockedCall(
-                conn, second, lambda: scalar(second, "SELECT jobs.prune('14 days')"), "the second prune to wait"
+                conn,
+                second,
+                lambda: scalar(second, "SELECT jobs.prune('14 days')"),
+                "the second prune to wait",
             )
             first.commit()  # within the half second the second prune waits for a day
             outcome = pruning.join(90)
@@ -1286,13 +1289,17 @@ def test_retention_and_archive_after_are_elapsed_time_whatever_the_sessions_time
     )
     zone = spring_forward_zone(conn)
     conn.execute(f"SET TIME ZONE '{zone}'")
-    assert scalar(conn, "SELECT jobs.archive()") == 0, f"zone {zone}: the archive moved a run finished 23.5 h ago"
+    assert scalar(conn, "SELECT jobs.archive()") == 0, (
+        f"zone {zone}: the archive moved a run finished 23.5 h ago"
+    )
     assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 0
     assert scalar(conn, "SELECT jobs.prune('1 day')") == 0, f"zone {zone}: pruned a run finished 23.5 h ago"
     assert _where(conn, young) == "live"
     assert enqueue(conn, "k", idempotency_key="'pay-1'") == young, "its key still holds"
     # 24 hours and more back is older than a day, in any zone.
-    conn.execute("UPDATE jobs.runs SET finished_at = now() - interval '24 hours 1 second' WHERE id = %s", (young,))
+    conn.execute(
+        "UPDATE jobs.runs SET finished_at = now() - interval '24 hours 1 second' WHERE id = %s", (young,)
+    )
     assert scalar(conn, "SELECT jobs.prune_count('1 day')") == 1
     assert scalar(conn, "SELECT jobs.archive()") == 1
     conn.execute("SET TIME ZONE 'UTC'")
