@@ -146,7 +146,7 @@ SELECT
     w.worker,
     CASE
         WHEN w.stopped_at IS NOT NULL THEN 'stopped'
-        WHEN w.last_seen_at > now() - c.heartbeat_timeout THEN 'alive'
+        WHEN w.last_seen_at > now() - make_interval(secs => extract(EPOCH FROM c.heartbeat_timeout)) THEN 'alive'
         ELSE 'lost'
     END AS state,
     w.host,
@@ -188,7 +188,7 @@ WHERE
         SELECT FROM jobs.worker_registry AS w CROSS JOIN jobs.config AS c
         WHERE
             r.kind = any(w.kinds) AND w.stopped_at IS NULL
-            AND w.last_seen_at > now() - c.heartbeat_timeout
+            AND w.last_seen_at > now() - make_interval(secs => extract(EPOCH FROM c.heartbeat_timeout))
     )
 GROUP BY r.kind;
 COMMENT ON VIEW jobs.kinds_without_worker IS 'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
@@ -213,7 +213,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     v_age interval := coalesce(prune_registry.older_than, (SELECT c.retention FROM jobs.config AS c));
     v_cutoff timestamptz;
-    v_alive timestamptz := now() - (SELECT c.heartbeat_timeout FROM jobs.config AS c);
+    v_alive timestamptz := now() - (SELECT make_interval(secs => extract(EPOCH FROM c.heartbeat_timeout)) FROM jobs.config AS c);
     v_kinds text[];
 BEGIN
     PERFORM jobs._check_duration('older_than', v_age);

@@ -663,7 +663,7 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS 'Remove the limit of a queu
 -- Snooze
 -- ---------------------------------------------------------------------------
 
--- Put a RUNNING run back to QUEUED until now() + delay, same attempt; false when fenced.
+-- Put a RUNNING run back to QUEUED until delay has elapsed, same attempt; false when fenced.
 CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -679,7 +679,9 @@ BEGIN
         RETURN FALSE;
     END IF;
     UPDATE jobs.runs AS r
-       SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
+       -- Elapsed time (a day is 24 hours), as the reaper counts: now() + '1 day' would step a
+       -- calendar day in the session's TimeZone, 23 or 25 hours across a DST change.
+       SET status = 'QUEUED', scheduled_for = now() + make_interval(secs => extract(EPOCH FROM snooze.delay)),
            started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
      WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
     RETURN jobs._notify_if(FOUND);

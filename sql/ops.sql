@@ -41,7 +41,8 @@ BEGIN
     IF TG_OP = 'UPDATE' AND NEW.heartbeat_timeout < OLD.heartbeat_timeout THEN
         NEW.heartbeat_timeout_lowered_from := greatest(
             OLD.heartbeat_timeout,
-            CASE WHEN OLD.heartbeat_timeout_lowered_at + OLD.heartbeat_timeout_lowered_from > now()
+            CASE WHEN OLD.heartbeat_timeout_lowered_at
+                      + make_interval(secs => extract(EPOCH FROM OLD.heartbeat_timeout_lowered_from)) > now()
                  THEN OLD.heartbeat_timeout_lowered_from END);
         NEW.heartbeat_timeout_lowered_at := now();
     ELSIF TG_OP = 'UPDATE' THEN
@@ -138,7 +139,8 @@ SELECT
         CASE
             WHEN
                 r.heartbeat_at < c.heartbeat_timeout_lowered_at
-                AND c.heartbeat_timeout_lowered_at + c.heartbeat_timeout_lowered_from > now()
+                AND c.heartbeat_timeout_lowered_at
+                + make_interval(secs => extract(EPOCH FROM c.heartbeat_timeout_lowered_from)) > now()
                 THEN greatest(c.heartbeat_timeout, c.heartbeat_timeout_lowered_from)
             ELSE c.heartbeat_timeout
         END

@@ -79,7 +79,8 @@ DECLARE
     v_config jobs.config := (SELECT c FROM jobs.config AS c);
     v_timeout numeric := extract(epoch FROM v_config.heartbeat_timeout);
     v_lowered_at numeric := CASE
-        WHEN v_config.heartbeat_timeout_lowered_at + v_config.heartbeat_timeout_lowered_from > now()
+        WHEN extract(epoch FROM v_config.heartbeat_timeout_lowered_at)
+             + extract(epoch FROM v_config.heartbeat_timeout_lowered_from) > v_now
             THEN extract(epoch FROM v_config.heartbeat_timeout_lowered_at)
     END;
     v_timeout_before numeric := greatest(v_timeout, extract(epoch FROM v_config.heartbeat_timeout_lowered_from));

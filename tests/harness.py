@@ -492,18 +492,21 @@ def run_row(conn: Conn, run_id: int) -> dict[str, Any]:
     return {col.name: value for col, value in zip(cur.description, row, strict=True)}
 
 
-def spring_forward_zone(conn: Conn) -> str:
+def spring_forward_zone(conn: Conn, *, ahead: bool = False) -> str:
     """A POSIX time zone (UTC in winter, UTC+1 in summer) whose clocks went forward twelve
     hours before the server's now(): in a session set to it, ``now() - interval '1 day'`` is
-    23 hours back, not 24 (PostgreSQL steps back a calendar day in the session's zone)."""
+    23 hours back, not 24 (PostgreSQL steps back a calendar day in the session's zone). With
+    ``ahead``, the clocks go forward twelve hours after now(): ``now() + interval '1 day'`` is
+    23 hours on."""
     now: datetime = scalar(conn, "SELECT now()")
-    at = now.astimezone(UTC) - timedelta(hours=12)
+    at = now.astimezone(UTC) + timedelta(hours=12 if ahead else -12)
     day = at.timetuple().tm_yday - 1  # POSIX n: the day of the year from 0, February 29 counted
     zone = f"XST0XDT,{day}/{at.hour},{(day + 180) % 365}/0"
+    step = "(now() + interval '1 day') - now()" if ahead else "now() - (now() - interval '1 day')"
     with conn.transaction():
         conn.execute(f"SET LOCAL TIME ZONE '{zone}'")
-        gap = scalar(conn, "SELECT now() - (now() - interval '1 day')")
-    assert gap == timedelta(hours=23), f"zone {zone}: a day back is {gap}, not 23 hours"
+        gap = scalar(conn, f"SELECT {step}")
+    assert gap == timedelta(hours=23), f"zone {zone}: a day {'on' if ahead else 'back'} is {gap}, not 23 hours"
     return zone
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from harness import Database, claim, enqueue, expect_error, one, rows, scalar
+from harness import Database, claim, enqueue, expect_error, one, rows, scalar, spring_forward_zone
 
 Conn = psycopg.Connection[Any]
 
@@ -69,6 +69,27 @@ def test_workers_view_says_alive_stopped_or_lost_and_what_each_runs(conn: Conn) 
     assert scalar(conn, "SELECT jobs.worker_seen('w-lost')") is True
     assert scalar(conn, "SELECT state FROM jobs.workers WHERE worker = 'w-lost'") == "alive"
     assert scalar(conn, "SELECT jobs.worker_seen('nobody')") is None
+
+
+def test_a_worker_is_alive_for_the_heartbeat_timeout_as_elapsed_time_whatever_the_sessions_time_zone(
+    conn: Conn,
+) -> None:
+    """With a heartbeat timeout of a day, a worker seen 23 hours 30 minutes ago is alive for
+    every caller. In a session whose zone sprang forward during that day, now() - interval
+    '1 day' is only 23 hours back: read that way, jobs.workers called it lost, its kinds showed
+    as without a worker, and the registry's prune could drop it."""
+    conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 day'")
+    conn.execute("SELECT jobs.register_worker('w-slow', '{k}', 'host', 1)")
+    conn.execute(
+        "UPDATE jobs.worker_registry SET last_seen_at = now() - interval '23 hours 30 minutes' WHERE worker = 'w-slow'"
+    )
+    enqueue(conn, "k")
+    zone = spring_forward_zone(conn)
+    conn.execute(f"SET TIME ZONE '{zone}'")
+    assert scalar(conn, "SELECT state FROM jobs.workers WHERE worker = 'w-slow'") == "alive", zone
+    assert scalar(conn, "SELECT count(*) FROM jobs.kinds_without_worker") == 0, zone
+    assert one(conn, "SELECT * FROM jobs.prune_registry('1 hour')") == {"workers": 0, "kinds": 0}, zone
+    assert scalar(conn, "SELECT count(*) FROM jobs.worker_registry WHERE worker = 'w-slow'") == 1
 
 
 def test_a_worker_login_cannot_stamp_another_logins_worker_and_a_takeover_shows_its_login(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from datetime import timedelta
+
 import psycopg
 import pytest
 
@@ -333,6 +335,20 @@ def test_snooze_requeues_the_same_attempt_later_and_is_fenced(conn: Conn) -> Non
     conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (run["id"],))
     assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w2')")] == [run["id"]]
     assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (run["id"],)) is True
+
+
+def test_snooze_delays_by_elapsed_time_whatever_the_sessions_time_zone(conn: Conn) -> None:
+    """A run snoozed for a day is due 24 hours on for every caller. In a session whose zone
+    springs forward within that day, now() + interval '1 day' is only 23 hours on: read that
+    way, the run came back an hour early."""
+    run = _enqueue(conn, "'k', run_at => now() - interval '1 s'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    zone = spring_forward_zone(conn, ahead=True)
+    conn.execute(f"SET TIME ZONE '{zone}'")
+    with conn.transaction():  # one now() for both
+        assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 day')", (run["id"],)) is True
+        delay = scalar(conn, "SELECT scheduled_for - now() FROM jobs.runs WHERE id = %s", (run["id"],))
+    assert delay == timedelta(hours=24), f"zone {zone}: snoozed for {delay}"
 
 
 _OVERDUE = "UPDATE jobs.runs SET started_at = now() - interval '1 minute' WHERE id = %s"
