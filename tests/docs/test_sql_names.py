@@ -59,6 +59,26 @@ def test_every_jobs_object_the_docs_name_exists(conn: Conn) -> None:
     assert not missing, "the docs name jobs objects the schema does not have:\n" + "\n".join(missing)
 
 
+def test_every_column_the_docs_name_as_jobs_relation_column_exists(conn: Conn) -> None:
+    """`jobs.definition_health.lateness_p99`, `jobs.backfills.error`: a column a reader is told
+    to look at is there."""
+    columns: dict[str, set[str]] = {}
+    for relation, column in conn.execute(
+        "SELECT c.relname, a.attname FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid"
+        " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'jobs' AND a.attnum > 0 AND NOT a.attisdropped"
+    ):
+        columns.setdefault(relation, set()).add(column)
+    missing = [
+        f"{doc.relative_to(ROOT)}:{_line(text, m.start())}: jobs.{m.group(1)}.{m.group(2)}"
+        for doc in DOCS
+        for text in [doc.read_text()]
+        for m in re.finditer(r"\bjobs\.(\w+)\.(\w+)", text)
+        if m.group(1) in columns and m.group(2) not in columns[m.group(1)]
+    ]
+    assert not missing, "the docs name columns the schema does not have:\n" + "\n".join(missing)
+
+
 def test_every_argument_the_docs_give_a_jobs_function_is_one_of_its_arguments(conn: Conn) -> None:
     """Named notation (`jobs.define(..., timezone => ...)`) and a signature written out
     (`jobs.retry_many(run_ids)`, `jobs.heartbeat(run_ids bigint[], worker)`) use the
