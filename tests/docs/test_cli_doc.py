@@ -72,3 +72,24 @@ def test_every_command_that_calls_sql_is_in_the_table_of_what_it_calls_with_its_
             if needed is not None and needed != role:
                 wrong.append(f"pgtick {said}: docs/cli.md says {role}, its permission error names {needed}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_duration_option_with_a_ceiling_below_100_years_says_it_in_its_help() -> None:
+    """`pgtick define --help` is where a user looks first: an option refused past a day says
+    "1d" there, as its error does."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.type is None:
+                continue
+            ceiling = _ceiling(action)
+            if ceiling is None:
+                continue
+            bound = ceiling.group(1) + ceiling.group(2)
+            if not re.search(rf"\b{bound}\)", action.help or ""):
+                silent.append(
+                    f"pgtick {name} {action.option_strings[0]}: at most {bound}; help: {action.help!r}"
+                )
+    assert not silent, "\n".join(silent)
