@@ -495,7 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="lead by session lock or by lease (auto: lease behind a pooler)",
     )
     p.add_argument(
-        "--lease-ttl", type=duration(timedelta(days=1)), default=None, help="leader lease TTL (5s)"
+        "--lease-ttl",
+        type=duration(timedelta(days=1)),
+        default=None,
+        help="leader lease TTL (default 5s or five ticks, the longer; at most 1d)",
     )
     p.add_argument(
         "--log-format",
@@ -561,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_argument(
             "--heartbeat-timeout",
             type=duration(timedelta(days=366), minimum=timedelta(seconds=1)),
-            help="a run is reaped when its worker sends no heartbeat for this long (default: the config's)",
+            help="a run is reaped when its worker sends no heartbeat for this long"
+            " (default: the config's; 1s to 366d)",
         ),
         group.add_argument("--queue", type=name_text, help="queue its runs go to (default 'default')"),
         group.add_argument(
@@ -570,7 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
         group.add_argument("--paused", action="store_true", help="define it paused"),
         group.add_argument("--dst-gap", choices=["shift", "end", "skip"], help="default: auto"),
         group.add_argument("--dst-repeat", choices=["first", "second", "both"], help="default: auto"),
-        group.add_argument("--jitter", type=duration(timedelta(days=1)), help="delay each run by up to this"),
+        group.add_argument(
+            "--jitter", type=duration(timedelta(days=1)), help="delay each run by up to this (at most 1d)"
+        ),
         group.add_argument(
             "--pause-after-failures",
             type=sql_integer("pause_after_failures"),
@@ -737,7 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         type=duration(timedelta(hours=1)),
         default=10.0,
-        help="longest a request waits for the database before it answers 504 (default 10s)",
+        help="longest a request waits for the database before it answers 504 (default 10s, at most 1h)",
     )
     p.add_argument(
         "--cookie-secure",

@@ -47,3 +47,49 @@ def test_every_duration_option_with_a_ceiling_below_100_years_is_named_with_it()
             if not clause or not clause[0].endswith(phrase):
                 wrong.append(f"pgtick {name} {option}: at most {phrase}; docs/cli.md: {clause or 'nothing'}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_command_that_calls_sql_is_in_the_table_of_what_it_calls_with_its_role() -> None:
+    """docs/cli.md, "What each command calls": a command missing there leaves a psql user
+    without its SQL, and an operator without the role to grant; the role named there is the
+    one the command's permission error names."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    section = text.split("## What each command calls", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, list[tuple[str, str]]] = {}
+    for cells in re.findall(r"^\| `pgtick ([^`]+)` \|.*\| `(jobs_\w+)` \|$", section, flags=re.MULTILINE):
+        said, role = cells
+        for name in said.split(" / "):
+            table.setdefault(name.split()[0], []).append((said, role))
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    without_sql = {"migrate", "dsn", "web"}  # the schema's owner; no call; docs/dashboard.md
+    missing = sorted(set(commands.choices) - without_sql - set(table))
+    assert not missing, f"docs/cli.md says nothing of what these commands call: {missing}"
+    wrong = []
+    for name, rows in table.items():
+        for said, role in rows:
+            needed = cli._role_needed(argparse.Namespace(command=name, dry_run="--dry-run" in said))
+            if needed is not None and needed != role:
+                wrong.append(f"pgtick {said}: docs/cli.md says {role}, its permission error names {needed}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_duration_option_with_a_ceiling_below_100_years_says_it_in_its_help() -> None:
+    """`pgtick define --help` is where a user looks first: an option refused past a day says
+    "1d" there, as its error does."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.type is None:
+                continue
+            ceiling = _ceiling(action)
+            if ceiling is None:
+                continue
+            bound = ceiling.group(1) + ceiling.group(2)
+            if not re.search(rf"\b{bound}\)", action.help or ""):
+                silent.append(
+                    f"pgtick {name} {action.option_strings[0]}: at most {bound}; help: {action.help!r}"
+                )
+    assert not silent, "\n".join(silent)
