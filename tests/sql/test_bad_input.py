@@ -426,6 +426,14 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(
     assert digest(conn) == before, f"{sql}: changed the database"
 
 
+def test_claim_of_too_many_kinds_says_so_in_a_short_message(conn: Conn) -> None:
+    """1,001 kinds are refused naming kinds and their number, not by repeating the array: a
+    worker's log line, not kilobytes of names."""
+    many = [f"kind-{i}" for i in range(1001)]
+    err = expect_error(conn, "SELECT * FROM jobs.claim(1, 'w', %s)", (many,), "22023", "kinds", "1001 names")
+    assert len(err.diag.message_primary or "") < 400, err.diag.message_primary
+
+
 def test_payload_limit_follows_config(conn: Conn) -> None:
     """max_payload_bytes is read at call time: lower it and a modest payload is refused."""
     conn.execute("UPDATE jobs.config SET max_payload_bytes = 100")
