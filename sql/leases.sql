@@ -54,11 +54,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
 
--- Raise 22023 unless a lease's ttl is positive and at most a year.
+-- Raise 22023 unless a lease's ttl is positive and at most a year. Measured in seconds (a year
+-- being 365.25 days), not by interval comparison, which counts a year as 360 days and so
+-- would refuse the '365 days' that pgtick lock --ttl and pgtick run --lease-ttl accept.
 CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF ttl IS NULL OR ttl <= interval '0' OR ttl > interval '1 year' THEN
+    IF ttl IS NULL OR extract(EPOCH FROM ttl) <= 0 OR extract(EPOCH FROM ttl) > extract(EPOCH FROM interval '1 year') THEN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;

@@ -28,7 +28,7 @@ from harness import (
     wait_for,
 )
 from pgtick import calls
-from pgtick.scheduler import Scheduler
+from pgtick.scheduler import MAX_LEASE_TTL, Scheduler
 
 
 def run_times(conn: psycopg.Connection[Any], definition_id: int) -> list[datetime]:
@@ -251,6 +251,26 @@ def test_a_scheduler_given_a_tick_or_lease_it_cannot_lead_by_is_refused_naming_t
     is made, naming the field, instead of a tick that fails every time and never leads."""
     with pytest.raises(ValueError, match=rf"^{field} must be"):
         Scheduler(db.dsn, owner="t", **options)
+
+
+def test_the_longest_lease_the_scheduler_and_pgtick_lock_accept_is_one_the_database_grants(
+    db: Database,
+) -> None:
+    """The driver takes lease TTLs up to 365 days (``Scheduler(lease_ttl=...)``, ``pgtick run
+    --lease-ttl``, ``pgtick lock --ttl``): the database grants and renews such a lease, and
+    still refuses a longer one naming the ttl, so a leader given the longest TTL leads instead
+    of failing every tick."""
+    scheduler = Scheduler(db.dsn, owner="yearly", leadership="lease", lease_ttl=MAX_LEASE_TTL)
+    try:
+        assert scheduler.tick().leading, "a leader given the longest accepted lease TTL does not lead"
+        assert scheduler.tick().leading, "renewing the longest accepted lease TTL fails"
+    finally:
+        scheduler.close()
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT jobs.acquire_lease('yearly', 'o', interval '365 days')") is True
+        assert scalar(conn, "SELECT jobs.renew_lease('yearly', 'o', interval '1 year')") is True
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="ttl must be"):
+            conn.execute("SELECT jobs.renew_lease('yearly', 'o', interval '367 days')")
 
 
 def test_a_leader_whose_lease_lapses_while_it_plans_writes_none_of_that_plan(
