@@ -47,13 +47,14 @@ Leadership takes one of two forms (``leadership``):
   connection; a crashed leader's lock goes with its session, so a follower takes
   over on its next tick;
 * ``lease``: the lease ``pgtick:leader`` in ``jobs.leases``, taken with
-  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease``; it
-  needs no session, so it works through a transaction-mode pooler (PgBouncer),
-  where a session lock would be handed to other clients. A crashed leader's lease
-  expires after ``lease_ttl``, then a follower takes it. The leader's own writes
-  are fenced by the lease: a tick stops between phases once the lease it renewed
-  at the start may have expired (measured on this process's monotonic clock from
-  before the renewal was sent), so a deposed leader does no more than finish the
+  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease`` (and
+  between the statements of a tick once half the TTL has passed, so a long tick leads
+  to its end); it needs no session, so it works through a transaction-mode pooler
+  (PgBouncer), where a session lock would be handed to other clients. A crashed
+  leader's lease expires after ``lease_ttl``, then a follower takes it. The leader's
+  own writes are fenced by the lease: a tick stops between statements once the lease
+  may have expired (measured on this process's monotonic clock from before the last
+  granted renewal was sent) and a renewal is refused, so a deposed leader does no more than finish the
   statement in flight, and that one is harmless: materialization is a
   compare-and-set, reaping and pruning are idempotent.
 * ``auto`` (default): ``lease`` when the connection goes through a pooler
@@ -457,10 +458,17 @@ class Scheduler:
         self._planned_at = None
 
     def _fenced(self) -> bool:
-        """Lease mode: the lease renewed at the start of this tick may have expired by now.
-        Asked before each phase and each statement of the materialization that writes, so a
-        deposed leader stops writing within one statement."""
-        if self.mode == "lease" and time.monotonic() >= self._lease_until:
+        """Lease mode: the lease may have expired by now. Asked before each phase and each
+        statement of the materialization that writes, so a deposed leader stops writing within
+        one statement. Past half its TTL the lease is renewed first: a tick longer than the
+        lease (a burst of definitions due at one instant, a loaded machine) goes on leading
+        without a break, instead of stopping before its reaping and meeting its own late
+        occurrences next tick as if nobody had led (a downtime, for the misfire policy)."""
+        if self.mode != "lease":
+            return False
+        if self.leading and time.monotonic() >= self._lease_until - self.lease_ttl.total_seconds() / 2:
+            self._renew_mid_tick()
+        if time.monotonic() >= self._lease_until:
             if self.leading:
                 log.warning(
                     "scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner
@@ -469,6 +477,30 @@ class Scheduler:
             self._planned_at = None
             return True
         return False
+
+    def _renew_mid_tick(self) -> None:
+        """Renew the leader lease between two statements of a tick. The database's clock
+        decides: a renewal succeeds only while the lease is still this owner's and unexpired
+        there, so nobody else can have led meanwhile. A refused renewal leaves the lease to
+        run out on this process's clock (``_fenced`` then stops the tick)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        sent = time.monotonic()
+        try:
+            renewed = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        except psycopg.Error as exc:
+            if not self._session_healthy():
+                raise
+            log.warning(
+                "scheduler owner=%s could not renew the leader lease mid-tick: %s", self.owner, _one_line(exc)
+            )
+            return
+        if renewed:
+            self._lease_until = sent + self.lease_ttl.total_seconds()
+        else:
+            log.warning("scheduler owner=%s lost the leader lease mid-tick (expired or taken)", self.owner)
+            self._lease_until = float("-inf")
 
     def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
         """The leader's phases; in lease mode each starts only while the lease holds.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -157,14 +158,20 @@ def test_occurrences_late_while_the_leader_led_all_run_whatever_the_misfire_poli
     scheduler.close()
 
 
-def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(db: Database) -> None:
+def test_a_tick_longer_than_the_lease_renews_it_and_leads_to_the_end_without_a_break(db: Database) -> None:
     """Lease leadership: a tick that outlasts the lease (here each cursor's statement takes
-    0.3 s, for twenty new definitions one at a time) stops at the first statement after the
-    lease may have expired, so a leader that took over meanwhile is the only one writing."""
+    0.3 s, for twenty new definitions one at a time, against a 1 s lease) renews the lease
+    between its statements, so it initializes every definition, still reaps in the same tick
+    and keeps leading; the lease never lapses meanwhile (a rival trying to take it all along
+    never gets it). Stopping instead would leave the reaper behind every long tick and make
+    the next tick meet its own late occurrences as a downtime."""
     ttl = 1.0
     with db.connect() as conn:
         for i in range(20):
             define(conn, f"slow-{i:02}", "0 0 1 1 *")
+        stale = enqueue(conn, kind="stale")
+        assert claim(conn, "gone", kinds=["stale"]) == [stale]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (stale,))
         conn.execute(
             "CREATE FUNCTION public.slow_cursor() RETURNS trigger LANGUAGE plpgsql AS"
             " $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$"
@@ -174,17 +181,41 @@ def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(d
             " FOR EACH ROW EXECUTE FUNCTION public.slow_cursor()"
         )
     scheduler = Scheduler(
-        db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=ttl, batch=1
+        db.dsn, owner="long-tick", tick_interval=0.2, leadership="lease", lease_ttl=ttl, batch=1
     )
+    rival_took: list[str] = []
+    done = threading.Event()
+
+    def rival() -> None:
+        """Tries to take the lease from the moment the scheduler holds it."""
+        held = "SELECT owner FROM jobs.leases WHERE name = 'pgtick:leader'"
+        take = "SELECT jobs.acquire_lease('pgtick:leader', 'rival', interval '1 minute')"
+        with db.connect() as conn:
+            while not done.is_set() and scalar(conn, held) != "long-tick":
+                time.sleep(0.01)
+            while not done.is_set():
+                if scalar(conn, take):
+                    rival_took.append(str(scalar(conn, "SELECT clock_timestamp()")))
+                    return
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=rival)
+    watcher.start()
     try:
         report = scheduler.tick()
-        assert report.leading
+        done.set()
+        watcher.join(30)
         with db.connect() as conn:
             moved = scalar(conn, "SELECT count(*) FROM jobs.definitions WHERE next_run_at IS NOT NULL")
-        # The lease allows ttl / 0.3 statements and the one under way: 4 at most, on any machine.
-        assert 1 <= moved <= int(ttl / 0.3) + 1, moved
-        assert not scheduler.leading
+            status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (stale,))
+        assert not rival_took, f"the lease lapsed mid-tick and a rival took it at {rival_took}"
+        assert report.initialized == 20 and moved == 20, (report, moved)
+        assert [r["run_id"] for r in report.reaped] == [stale] and status == "FAILED", (report, status)
+        assert scheduler.leading and not report.phase_errors, report
     finally:
+        done.set()
+        if watcher.is_alive():
+            watcher.join(30)
         scheduler.close()
 
 
