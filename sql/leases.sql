@@ -34,13 +34,18 @@ BEGIN
     IF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
         RETURN FALSE;
     END IF;
+    -- jobs.leader always names its leader: a caller that gives no owner (jobs.try_lead() from
+    -- psql or another language) is named by its application_name, else by its backend pid.
     INSERT INTO jobs._leadership AS l (singleton, pid, owner, since)
-    VALUES (TRUE, pg_backend_pid(), left(try_lead.owner, 200), clock_timestamp())
+    VALUES (TRUE, pg_backend_pid(),
+            left(coalesce(nullif(try_lead.owner, ''), nullif(current_setting('application_name'), ''),
+                          'pid ' || pg_backend_pid()), 200),
+            clock_timestamp())
     ON CONFLICT (singleton) DO UPDATE
        SET pid = excluded.pid, owner = excluded.owner, since = excluded.since;
     RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
+COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent. owner names the leader in jobs.leader (default: the application_name, else the backend pid).';
 
 -- Give up leadership held by this session.
 CREATE OR REPLACE FUNCTION jobs.resign() RETURNS boolean

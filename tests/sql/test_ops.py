@@ -53,6 +53,23 @@ def test_leader_shows_owner_and_since_until_resign(db: Database, conn: Conn) -> 
         assert scalar(leader, "SELECT jobs.resign()") is False, "resigning twice is a no-op"
 
 
+def test_a_leader_that_gives_no_owner_is_named_by_its_application_or_its_pid(
+    db: Database, conn: Conn
+) -> None:
+    """jobs.try_lead() takes no owner from psql or another language: jobs.leader still names
+    the leader (its application_name, else its backend pid), never an owner NULL that
+    every reader of the view would have to guess about."""
+    with psycopg.connect(db.dsn, autocommit=True, application_name="nightly-go") as leader:
+        assert scalar(leader, "SELECT jobs.try_lead()") is True
+        assert scalar(conn, "SELECT owner FROM jobs.leader") == "nightly-go"
+        assert scalar(leader, "SELECT jobs.resign()") is True
+    with psycopg.connect(db.dsn, autocommit=True, application_name="") as leader:
+        pid = scalar(leader, "SELECT pg_backend_pid()")
+        assert scalar(leader, "SELECT jobs.try_lead(NULL)") is True
+        assert scalar(conn, "SELECT owner FROM jobs.leader") == f"pid {pid}"
+        assert scalar(leader, "SELECT jobs.resign()") is True
+
+
 def test_leader_row_goes_when_its_connection_closes(db: Database, conn: Conn) -> None:
     leader = db.connect()
     assert scalar(leader, "SELECT jobs.try_lead('short-lived')") is True
