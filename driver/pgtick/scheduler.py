@@ -460,13 +460,17 @@ class Scheduler:
     def _fenced(self) -> bool:
         """Lease mode: the lease may have expired by now. Asked before each phase and each
         statement of the materialization that writes, so a deposed leader stops writing within
-        one statement. Past half its TTL the lease is renewed first: a tick longer than the
+        one statement. Past half its TTL (and before it may have expired) the lease is renewed
+        first: a tick longer than the
         lease (a burst of definitions due at one instant, a loaded machine) goes on leading
         without a break, instead of stopping before its reaping and meeting its own late
         occurrences next tick as if nobody had led (a downtime, for the misfire policy)."""
         if self.mode != "lease":
             return False
-        if self.leading and time.monotonic() >= self._lease_until - self.lease_ttl.total_seconds() / 2:
+        if (
+            self.leading
+            and self._lease_until - self.lease_ttl.total_seconds() / 2 <= time.monotonic() < self._lease_until
+        ):
             self._renew_mid_tick()
         if time.monotonic() >= self._lease_until:
             if self.leading:

@@ -273,11 +273,20 @@ def test_no_listen_polls_on_a_direct_connection(procs: Processes, conn: Conn) ->
 
 def test_a_lease_leader_stops_its_tick_once_the_lease_may_have_expired(db: Database) -> None:
     """Fencing: the phases after materialization run only while the lease renewed at the
-    start of the tick still holds (here a 1 ms lease has lapsed by then: nothing is reaped);
-    a lease that holds lets the same tick reap."""
+    start of the tick still holds (here a 1 ms lease, granted by a statement that takes
+    20 ms, has lapsed by then, on both clocks: nothing is reaped and no renewal is
+    tried); a lease that holds lets the same tick reap."""
     with db.connect() as conn:
         (run_id,) = (enqueue(conn), claim(conn))[1]
         conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+        conn.execute(
+            "CREATE FUNCTION public.slow_lease() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER slow_lease BEFORE INSERT OR UPDATE ON jobs.leases"
+            " FOR EACH ROW EXECUTE FUNCTION public.slow_lease()"
+        )
     lapsing = Scheduler(db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=0.001)
     holding = Scheduler(db.dsn, owner="holding", tick_interval=0.2, leadership="lease", lease_ttl=TTL)
     try:

@@ -160,14 +160,14 @@ def test_occurrences_late_while_the_leader_led_all_run_whatever_the_misfire_poli
 
 def test_a_tick_longer_than_the_lease_renews_it_and_leads_to_the_end_without_a_break(db: Database) -> None:
     """Lease leadership: a tick that outlasts the lease (here each cursor's statement takes
-    0.3 s, for twenty new definitions one at a time, against a 1 s lease) renews the lease
+    0.3 s, for thirty new definitions one at a time: 9 s, against a 3 s lease) renews the lease
     between its statements, so it initializes every definition, still reaps in the same tick
     and keeps leading; the lease never lapses meanwhile (a rival trying to take it all along
     never gets it). Stopping instead would leave the reaper behind every long tick and make
     the next tick meet its own late occurrences as a downtime."""
-    ttl = 1.0
+    ttl = 3.0  # renewed once half of it has passed: a statement would have to take 1.5 s to miss that
     with db.connect() as conn:
-        for i in range(20):
+        for i in range(30):
             define(conn, f"slow-{i:02}", "0 0 1 1 *")
         stale = enqueue(conn, kind="stale")
         assert claim(conn, "gone", kinds=["stale"]) == [stale]
@@ -181,7 +181,13 @@ def test_a_tick_longer_than_the_lease_renews_it_and_leads_to_the_end_without_a_b
             " FOR EACH ROW EXECUTE FUNCTION public.slow_cursor()"
         )
     scheduler = Scheduler(
-        db.dsn, owner="long-tick", tick_interval=0.2, leadership="lease", lease_ttl=ttl, batch=1
+        db.dsn,
+        owner="long-tick",
+        tick_interval=0.2,
+        leadership="lease",
+        lease_ttl=ttl,
+        batch=1,
+        batches_per_tick=50,
     )
     rival_took: list[str] = []
     done = threading.Event()
@@ -209,7 +215,7 @@ def test_a_tick_longer_than_the_lease_renews_it_and_leads_to_the_end_without_a_b
             moved = scalar(conn, "SELECT count(*) FROM jobs.definitions WHERE next_run_at IS NOT NULL")
             status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (stale,))
         assert not rival_took, f"the lease lapsed mid-tick and a rival took it at {rival_took}"
-        assert report.initialized == 20 and moved == 20, (report, moved)
+        assert report.initialized == 30 and moved == 30, (report, moved)
         assert [r["run_id"] for r in report.reaped] == [stale] and status == "FAILED", (report, status)
         assert scheduler.leading and not report.phase_errors, report
     finally:
