@@ -347,14 +347,16 @@ class Scheduler:
 
     def _session_healthy(self) -> bool:
         """True when the leader session survived the error (an error the database reported on
-        a working connection): keeping it keeps the session lock, hence leadership."""
+        a working connection): keeping it keeps the session lock, hence leadership. A leader by
+        lease holds no session (behind a transaction pooler each statement may reach another
+        backend): its connection answering is enough."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return False
         try:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
-            return self._backend_pid(conn) == self._pid
+            return self._backend_pid(conn) == self._pid or self.mode == "lease"
         except psycopg.Error:
             return False
 
