@@ -29,9 +29,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF jobs._holds_lead() THEN
-        RETURN TRUE;  -- already leading: the lock must not be stacked
-    END IF;
-    IF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
+        -- Already leading: the lock must not be stacked. Its leadership row is written again
+        -- only if it is missing: the lock is the session's, but the row is transactional, and
+        -- a transaction that took the lead and rolled back leaves the lock without its row (a
+        -- leader jobs.leader would never show).
+        IF EXISTS (SELECT FROM jobs._leadership AS l WHERE l.pid = pg_backend_pid()) THEN
+            RETURN TRUE;
+        END IF;
+    ELSIF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
         RETURN FALSE;
     END IF;
     -- jobs.leader always names its leader: a caller that gives no owner (jobs.try_lead() from
