@@ -594,7 +594,9 @@ class Scheduler:
         # A schedule walk that takes long (a COUNT rule counted from its start) pings the
         # session well within its idle_session_timeout, so it is not ended mid-tick.
         every = self._idle_seconds / 3 if self._idle_seconds > 0 else 60.0
-        with keeping_alive(lambda: sql.ping(conn), every):
+        if self.mode == "lease":  # ... and keeps the lease renewed (see _fenced)
+            every = min(every, self.lease_ttl.total_seconds() / 4)
+        with keeping_alive(lambda: self._keep_alive(conn), every):
             self._phase(
                 "cursor initialization", lambda: self._init_cursors(conn, now, on_time_from, report), report
             )
@@ -606,6 +608,14 @@ class Scheduler:
             self._phase("backfills", lambda: self._backfills(conn, report), report)
         self._planning_took = timedelta(seconds=time.monotonic() - began)
         return report
+
+    def _keep_alive(self, conn: psycopg.Connection[Any]) -> None:
+        """Called now and then during a long schedule walk: a statement, so the session is not
+        idle, and in lease mode the lease renewed once half its TTL has passed, so a walk
+        longer than the lease (redone on every tick if it lapsed) does not stop the tick."""
+        sql.ping(conn)
+        if self.mode == "lease":
+            self._fenced()
 
     def _one_shots(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)
