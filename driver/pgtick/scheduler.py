@@ -54,9 +54,9 @@ Leadership takes one of two forms (``leadership``):
   leader's lease expires after ``lease_ttl``, then a follower takes it. The leader's
   own writes are fenced by the lease: a tick stops between statements once the lease
   may have expired (measured on this process's monotonic clock from before the last
-  granted renewal was sent) and a renewal is refused, so a deposed leader does no more than finish the
-  statement in flight, and that one is harmless: materialization is a
-  compare-and-set, reaping and pruning are idempotent.
+  granted renewal was sent; the database's clock decides whether a renewal is granted),
+  so a deposed leader does no more than finish the statement in flight, and that one
+  is harmless: materialization is a compare-and-set, reaping and pruning are idempotent.
 * ``auto`` (default): ``lease`` when the connection goes through a pooler
   (``pgtick.db.behind_pooler``), else ``lock``. Every replica of a deployment
   should reach PostgreSQL the same way, or be given the same mode: a lock leader
@@ -463,10 +463,10 @@ class Scheduler:
         """Lease mode: the lease may have expired by now. Asked before each phase and each
         statement of the materialization that writes, so a deposed leader stops writing within
         one statement. Past half its TTL (and before it may have expired) the lease is renewed
-        first: a tick longer than the
-        lease (a burst of definitions due at one instant, a loaded machine) goes on leading
-        without a break, instead of stopping before its reaping and meeting its own late
-        occurrences next tick as if nobody had led (a downtime, for the misfire policy)."""
+        first: a tick longer than the lease (a burst of definitions due at one instant, a
+        loaded machine) goes on leading without a break, instead of stopping before its
+        reaping and meeting its own late occurrences next tick as if nobody had led (a
+        downtime, for the misfire policy)."""
         if self.mode != "lease":
             return False
         if (
@@ -612,7 +612,7 @@ class Scheduler:
     def _keep_alive(self, conn: psycopg.Connection[Any]) -> None:
         """Called now and then during a long schedule walk: a statement, so the session is not
         idle, and in lease mode the lease renewed once half its TTL has passed, so a walk
-        longer than the lease (redone on every tick if it lapsed) does not stop the tick."""
+        longer than the lease does not stop the tick before it writes what it walked."""
         sql.ping(conn)
         if self.mode == "lease":
             self._fenced()
