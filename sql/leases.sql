@@ -29,18 +29,28 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF jobs._holds_lead() THEN
-        RETURN TRUE;  -- already leading: the lock must not be stacked
-    END IF;
-    IF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
+        -- Already leading: the lock must not be stacked. Its leadership row is written again
+        -- only if it is missing: the lock is the session's, but the row is transactional, and
+        -- a transaction that took the lead and rolled back leaves the lock without its row (a
+        -- leader jobs.leader would never show).
+        IF EXISTS (SELECT FROM jobs._leadership AS l WHERE l.pid = pg_backend_pid()) THEN
+            RETURN TRUE;
+        END IF;
+    ELSIF NOT pg_try_advisory_lock(jobs._leader_key()) THEN
         RETURN FALSE;
     END IF;
+    -- jobs.leader always names its leader: a caller that gives no owner (jobs.try_lead() from
+    -- psql or another language) is named by its application_name, else by its backend pid.
     INSERT INTO jobs._leadership AS l (singleton, pid, owner, since)
-    VALUES (TRUE, pg_backend_pid(), left(try_lead.owner, 200), clock_timestamp())
+    VALUES (TRUE, pg_backend_pid(),
+            left(coalesce(nullif(try_lead.owner, ''), nullif(current_setting('application_name'), ''),
+                          'pid ' || pg_backend_pid()), 200),
+            clock_timestamp())
     ON CONFLICT (singleton) DO UPDATE
        SET pid = excluded.pid, owner = excluded.owner, since = excluded.since;
     RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent.';
+COMMENT ON FUNCTION jobs.try_lead(text) IS 'Take the scheduler leader lock (session advisory lock) if free; true if this session leads. Idempotent. owner names the leader in jobs.leader (default: the application_name, else the backend pid).';
 
 -- Give up leadership held by this session.
 CREATE OR REPLACE FUNCTION jobs.resign() RETURNS boolean
@@ -54,11 +64,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.resign() IS 'Release the leader lock if this session holds it; true if it did.';
 
--- Raise 22023 unless a lease's ttl is positive and at most a year.
+-- Raise 22023 unless a lease's ttl is positive and at most a year. Measured in seconds (a year
+-- being 365.25 days), not by interval comparison, which counts a year as 360 days and so
+-- would refuse the '365 days' that pgtick lock --ttl and pgtick run --lease-ttl accept.
 CREATE OR REPLACE FUNCTION jobs._check_ttl(ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF ttl IS NULL OR ttl <= interval '0' OR ttl > interval '1 year' THEN
+    IF ttl IS NULL OR extract(EPOCH FROM ttl) <= 0 OR extract(EPOCH FROM ttl) > extract(EPOCH FROM interval '1 year') THEN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;

@@ -1467,7 +1467,8 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
     leader = snap["leader"]
     if leader:
         by = f"pid {leader['pid']}" if leader.get("pid") is not None else "by lease"
-        line = f"leader  {printable_line(leader['owner'])} ({by}), leading for {_age(leader['since'], now)}"
+        owner = printable_line(leader["owner"] or "(no owner)")  # one from before owners were required
+        line = f"leader  {owner} ({by}), leading for {_age(leader['since'], now)}"
         out.extend(wrap(line, style.width, indent="    "))
     else:
         line = "leader  none: no scheduler is running, nothing new is materialized"

@@ -47,15 +47,16 @@ Leadership takes one of two forms (``leadership``):
   connection; a crashed leader's lock goes with its session, so a follower takes
   over on its next tick;
 * ``lease``: the lease ``pgtick:leader`` in ``jobs.leases``, taken with
-  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease``; it
-  needs no session, so it works through a transaction-mode pooler (PgBouncer),
-  where a session lock would be handed to other clients. A crashed leader's lease
-  expires after ``lease_ttl``, then a follower takes it. The leader's own writes
-  are fenced by the lease: a tick stops between phases once the lease it renewed
-  at the start may have expired (measured on this process's monotonic clock from
-  before the renewal was sent), so a deposed leader does no more than finish the
-  statement in flight, and that one is harmless: materialization is a
-  compare-and-set, reaping and pruning are idempotent.
+  ``jobs.acquire_lease`` and renewed on every tick with ``jobs.renew_lease`` (and
+  between the statements of a tick once half the TTL has passed, so a long tick leads
+  to its end); it needs no session, so it works through a transaction-mode pooler
+  (PgBouncer), where a session lock would be handed to other clients. A crashed
+  leader's lease expires after ``lease_ttl``, then a follower takes it. The leader's
+  own writes are fenced by the lease: a tick stops between statements once the lease
+  may have expired (measured on this process's monotonic clock from before the last
+  granted renewal was sent; the database's clock decides whether a renewal is granted),
+  so a deposed leader does no more than finish the statement in flight, and that one
+  is harmless: materialization is a compare-and-set, reaping and pruning are idempotent.
 * ``auto`` (default): ``lease`` when the connection goes through a pooler
   (``pgtick.db.behind_pooler``), else ``lock``. Every replica of a deployment
   should reach PostgreSQL the same way, or be given the same mode: a lock leader
@@ -346,14 +347,16 @@ class Scheduler:
 
     def _session_healthy(self) -> bool:
         """True when the leader session survived the error (an error the database reported on
-        a working connection): keeping it keeps the session lock, hence leadership."""
+        a working connection): keeping it keeps the session lock, hence leadership. A leader by
+        lease holds no session (behind a transaction pooler each statement may reach another
+        backend): its connection answering is enough."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return False
         try:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
-            return self._backend_pid(conn) == self._pid
+            return self._backend_pid(conn) == self._pid or self.mode == "lease"
         except psycopg.Error:
             return False
 
@@ -457,10 +460,21 @@ class Scheduler:
         self._planned_at = None
 
     def _fenced(self) -> bool:
-        """Lease mode: the lease renewed at the start of this tick may have expired by now.
-        Asked before each phase and each statement of the materialization that writes, so a
-        deposed leader stops writing within one statement."""
-        if self.mode == "lease" and time.monotonic() >= self._lease_until:
+        """Lease mode: the lease may have expired by now. Asked before each phase and each
+        statement of the materialization that writes, so a deposed leader stops writing within
+        one statement. Past half its TTL (and before it may have expired) the lease is renewed
+        first: a tick longer than the lease (a burst of definitions due at one instant, a
+        loaded machine) goes on leading without a break, instead of stopping before its
+        reaping and meeting its own late occurrences next tick as if nobody had led (a
+        downtime, for the misfire policy)."""
+        if self.mode != "lease":
+            return False
+        if (
+            self.leading
+            and self._lease_until - self.lease_ttl.total_seconds() / 2 <= time.monotonic() < self._lease_until
+        ):
+            self._renew_mid_tick()
+        if time.monotonic() >= self._lease_until:
             if self.leading:
                 log.warning(
                     "scheduler owner=%s lease may have expired mid-tick: stopping the tick", self.owner
@@ -469,6 +483,30 @@ class Scheduler:
             self._planned_at = None
             return True
         return False
+
+    def _renew_mid_tick(self) -> None:
+        """Renew the leader lease between two statements of a tick. The database's clock
+        decides: a renewal succeeds only while the lease is still this owner's and unexpired
+        there, so nobody else can have led meanwhile. A refused renewal leaves the lease to
+        run out on this process's clock (``_fenced`` then stops the tick)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        sent = time.monotonic()
+        try:
+            renewed = sql.renew_lease(conn, sql.LEADER_LEASE, self.owner, self.lease_ttl)
+        except psycopg.Error as exc:
+            if not self._session_healthy():
+                raise
+            log.warning(
+                "scheduler owner=%s could not renew the leader lease mid-tick: %s", self.owner, _one_line(exc)
+            )
+            return
+        if renewed:
+            self._lease_until = sent + self.lease_ttl.total_seconds()
+        else:
+            log.warning("scheduler owner=%s lost the leader lease mid-tick (expired or taken)", self.owner)
+            self._lease_until = float("-inf")
 
     def _lead(self, conn: psycopg.Connection[Any], report: TickReport) -> TickReport:
         """The leader's phases; in lease mode each starts only while the lease holds.
@@ -556,7 +594,9 @@ class Scheduler:
         # A schedule walk that takes long (a COUNT rule counted from its start) pings the
         # session well within its idle_session_timeout, so it is not ended mid-tick.
         every = self._idle_seconds / 3 if self._idle_seconds > 0 else 60.0
-        with keeping_alive(lambda: sql.ping(conn), every):
+        if self.mode == "lease":  # ... and keeps the lease renewed (see _fenced)
+            every = min(every, self.lease_ttl.total_seconds() / 4)
+        with keeping_alive(lambda: self._keep_alive(conn), every):
             self._phase(
                 "cursor initialization", lambda: self._init_cursors(conn, now, on_time_from, report), report
             )
@@ -568,6 +608,14 @@ class Scheduler:
             self._phase("backfills", lambda: self._backfills(conn, report), report)
         self._planning_took = timedelta(seconds=time.monotonic() - began)
         return report
+
+    def _keep_alive(self, conn: psycopg.Connection[Any]) -> None:
+        """Called now and then during a long schedule walk: a statement, so the session is not
+        idle, and in lease mode the lease renewed once half its TTL has passed, so a walk
+        longer than the lease does not stop the tick before it writes what it walked."""
+        sql.ping(conn)
+        if self.mode == "lease":
+            self._fenced()
 
     def _one_shots(self, conn: psycopg.Connection[Any], report: TickReport) -> None:
         report.one_shots = sql.materialize_one_shots(conn, self.lookahead, self.misfire_grace)

@@ -501,6 +501,20 @@ def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFix
     }
 
 
+def test_status_names_a_leader_that_took_the_lead_from_psql_without_an_owner(
+    db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A leader in another language calls jobs.try_lead() as the contract lists it, with no
+    owner: status names it (by its application_name) instead of failing with a traceback."""
+    with psycopg.connect(db.dsn, autocommit=True, application_name="cron-in-go") as leader:
+        assert leader.execute("SELECT jobs.try_lead()").fetchone() == (True,)
+        pid = leader.info.backend_pid
+        out = _pgtick(capsys, "status", "--dsn", db.dsn)
+        assert f"leader  cron-in-go (pid {pid}), leading for" in out, out
+        snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+        assert (snap["leader"]["owner"], snap["leader"]["pid"]) == ("cron-in-go", pid), snap["leader"]
+
+
 def test_status_and_definitions_show_the_next_start_not_the_cursor(
     db: Database, conn: Conn, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

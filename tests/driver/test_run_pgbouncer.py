@@ -273,11 +273,20 @@ def test_no_listen_polls_on_a_direct_connection(procs: Processes, conn: Conn) ->
 
 def test_a_lease_leader_stops_its_tick_once_the_lease_may_have_expired(db: Database) -> None:
     """Fencing: the phases after materialization run only while the lease renewed at the
-    start of the tick still holds (here a 1 ms lease has lapsed by then: nothing is reaped);
-    a lease that holds lets the same tick reap."""
+    start of the tick still holds (here a 1 ms lease, granted by a statement that takes
+    20 ms, has lapsed by then, on both clocks: nothing is reaped and no renewal is
+    tried); a lease that holds lets the same tick reap."""
     with db.connect() as conn:
         (run_id,) = (enqueue(conn), claim(conn))[1]
         conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+        conn.execute(
+            "CREATE FUNCTION public.slow_lease() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER slow_lease BEFORE INSERT OR UPDATE ON jobs.leases"
+            " FOR EACH ROW EXECUTE FUNCTION public.slow_lease()"
+        )
     lapsing = Scheduler(db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=0.001)
     holding = Scheduler(db.dsn, owner="holding", tick_interval=0.2, leadership="lease", lease_ttl=TTL)
     try:
@@ -291,3 +300,43 @@ def test_a_lease_leader_stops_its_tick_once_the_lease_may_have_expired(db: Datab
     finally:
         lapsing.close()
         holding.close()
+
+
+def test_a_failing_phase_behind_the_pooler_is_reported_and_the_tick_goes_on(
+    db: Database, pooled: str
+) -> None:
+    """Behind a transaction pooler each statement may reach another server connection, so a
+    failing phase (here the reaper, refused by an operator's trigger) is judged by the
+    connection alone, not by the backend pid it had at connect: the error is reported, the
+    later phases run, and the leader keeps its lease and its unbroken leading."""
+    with db.connect() as conn:
+        (run_id,) = (enqueue(conn), claim(conn))[1]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+        conn.execute(
+            "CREATE FUNCTION public.no_reaping() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN IF NEW.status = 'FAILED' THEN RAISE EXCEPTION 'no_reaping: refused'; END IF;"
+            " RETURN NEW; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER no_reaping BEFORE UPDATE ON jobs.runs"
+            " FOR EACH ROW EXECUTE FUNCTION public.no_reaping()"
+        )
+    scheduler = Scheduler(pooled, owner="pooled", tick_interval=0.2, lease_ttl=60)
+    try:
+        first = scheduler.tick()
+        assert first.leading and scheduler.mode == "lease"
+        assert [e.split(":")[0] for e in first.phase_errors] == ["reap"], first.phase_errors
+        # Another client holds a server connection in a transaction (the pooler hands out the
+        # most recently used one first: the leader's), so the leader's next statements reach
+        # another backend.
+        with psycopg.connect(pooled, autocommit=False, prepare_threshold=None) as other:
+            other.execute("SELECT 1")
+            report = scheduler.tick()
+            assert report.leading and scheduler.leading, report
+            assert [e.split(":")[0] for e in report.phase_errors] == ["reap"], report.phase_errors
+            assert "no_reaping: refused" in report.phase_errors[0], report.phase_errors
+            other.rollback()
+        with db.connect() as conn:
+            assert lease_owners(conn) == ["pooled"]
+    finally:
+        scheduler.close()

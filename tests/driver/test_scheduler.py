@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from harness import (
     wait_for,
 )
 from pgtick import calls
-from pgtick.scheduler import Scheduler
+from pgtick.scheduler import MAX_LEASE_TTL, Scheduler
 
 
 def run_times(conn: psycopg.Connection[Any], definition_id: int) -> list[datetime]:
@@ -157,14 +158,20 @@ def test_occurrences_late_while_the_leader_led_all_run_whatever_the_misfire_poli
     scheduler.close()
 
 
-def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(db: Database) -> None:
+def test_a_tick_longer_than_the_lease_renews_it_and_leads_to_the_end_without_a_break(db: Database) -> None:
     """Lease leadership: a tick that outlasts the lease (here each cursor's statement takes
-    0.3 s, for twenty new definitions one at a time) stops at the first statement after the
-    lease may have expired, so a leader that took over meanwhile is the only one writing."""
-    ttl = 1.0
+    0.3 s, for thirty new definitions one at a time: 9 s, against a 3 s lease) renews the lease
+    between its statements, so it initializes every definition, still reaps in the same tick
+    and keeps leading; the lease never lapses meanwhile (a rival trying to take it all along
+    never gets it). Stopping instead would leave the reaper behind every long tick and make
+    the next tick meet its own late occurrences as a downtime."""
+    ttl = 3.0  # renewed once half of it has passed: a statement would have to take 1.5 s to miss that
     with db.connect() as conn:
-        for i in range(20):
+        for i in range(30):
             define(conn, f"slow-{i:02}", "0 0 1 1 *")
+        stale = enqueue(conn, kind="stale")
+        assert claim(conn, "gone", kinds=["stale"]) == [stale]
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (stale,))
         conn.execute(
             "CREATE FUNCTION public.slow_cursor() RETURNS trigger LANGUAGE plpgsql AS"
             " $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$"
@@ -174,17 +181,47 @@ def test_a_leader_whose_lease_lapses_mid_tick_stops_writing_within_a_statement(d
             " FOR EACH ROW EXECUTE FUNCTION public.slow_cursor()"
         )
     scheduler = Scheduler(
-        db.dsn, owner="lapsing", tick_interval=0.2, leadership="lease", lease_ttl=ttl, batch=1
+        db.dsn,
+        owner="long-tick",
+        tick_interval=0.2,
+        leadership="lease",
+        lease_ttl=ttl,
+        batch=1,
+        batches_per_tick=50,
     )
+    rival_took: list[str] = []
+    done = threading.Event()
+
+    def rival() -> None:
+        """Tries to take the lease from the moment the scheduler holds it."""
+        held = "SELECT owner FROM jobs.leases WHERE name = 'pgtick:leader'"
+        take = "SELECT jobs.acquire_lease('pgtick:leader', 'rival', interval '1 minute')"
+        with db.connect() as conn:
+            while not done.is_set() and scalar(conn, held) != "long-tick":
+                time.sleep(0.01)
+            while not done.is_set():
+                if scalar(conn, take):
+                    rival_took.append(str(scalar(conn, "SELECT clock_timestamp()")))
+                    return
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=rival)
+    watcher.start()
     try:
         report = scheduler.tick()
-        assert report.leading
+        done.set()
+        watcher.join(30)
         with db.connect() as conn:
             moved = scalar(conn, "SELECT count(*) FROM jobs.definitions WHERE next_run_at IS NOT NULL")
-        # The lease allows ttl / 0.3 statements and the one under way: 4 at most, on any machine.
-        assert 1 <= moved <= int(ttl / 0.3) + 1, moved
-        assert not scheduler.leading
+            status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (stale,))
+        assert not rival_took, f"the lease lapsed mid-tick and a rival took it at {rival_took}"
+        assert report.initialized == 30 and moved == 30, (report, moved)
+        assert [r["run_id"] for r in report.reaped] == [stale] and status == "FAILED", (report, status)
+        assert scheduler.leading and not report.phase_errors, report
     finally:
+        done.set()
+        if watcher.is_alive():
+            watcher.join(30)
         scheduler.close()
 
 
@@ -251,6 +288,26 @@ def test_a_scheduler_given_a_tick_or_lease_it_cannot_lead_by_is_refused_naming_t
     is made, naming the field, instead of a tick that fails every time and never leads."""
     with pytest.raises(ValueError, match=rf"^{field} must be"):
         Scheduler(db.dsn, owner="t", **options)
+
+
+def test_the_longest_lease_the_scheduler_and_pgtick_lock_accept_is_one_the_database_grants(
+    db: Database,
+) -> None:
+    """The driver takes lease TTLs up to 365 days (``Scheduler(lease_ttl=...)``, ``pgtick run
+    --lease-ttl``, ``pgtick lock --ttl``): the database grants and renews such a lease, and
+    still refuses a longer one naming the ttl, so a leader given the longest TTL leads instead
+    of failing every tick."""
+    scheduler = Scheduler(db.dsn, owner="yearly", leadership="lease", lease_ttl=MAX_LEASE_TTL)
+    try:
+        assert scheduler.tick().leading, "a leader given the longest accepted lease TTL does not lead"
+        assert scheduler.tick().leading, "renewing the longest accepted lease TTL fails"
+    finally:
+        scheduler.close()
+    with db.connect() as conn:
+        assert scalar(conn, "SELECT jobs.acquire_lease('yearly', 'o', interval '365 days')") is True
+        assert scalar(conn, "SELECT jobs.renew_lease('yearly', 'o', interval '1 year')") is True
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="ttl must be"):
+            conn.execute("SELECT jobs.renew_lease('yearly', 'o', interval '367 days')")
 
 
 def test_a_leader_whose_lease_lapses_while_it_plans_writes_none_of_that_plan(

@@ -227,6 +227,32 @@ def test_a_long_count_walk_keeps_the_leader_session_alive(db: Database) -> None:
     assert created >= 1, f"no run materialized after a {seconds:.1f} s walk: {reports}"
 
 
+def test_a_walk_longer_than_the_leader_lease_renews_it_and_materializes(db: Database) -> None:
+    """Lease leadership: the same walk of several seconds under a 1 s lease. The lease is
+    renewed while the rule is walked, so the one tick materializes the definition and keeps
+    leading; a lease left to lapse mid-walk would stop the tick before its write and break
+    the leading (the next tick's late occurrences would count as a downtime)."""
+    with db.connect() as conn:
+        definition_id = define(conn, "counted", "FREQ=SECONDLY;BYSECOND=0,30;COUNT=100000000")
+        conn.execute(
+            "UPDATE jobs.definitions SET created_at = now() - interval '120 days' WHERE id = %s",
+            (definition_id,),
+        )
+    scheduler = Scheduler(db.dsn, owner="t", lookahead=60, leadership="lease", lease_ttl=1.0)
+    try:
+        before, began = Walked.count, time.monotonic()
+        reports = [scheduler.tick()]
+        walked, seconds = Walked.count - before, time.monotonic() - began
+        leading = scheduler.leading
+    finally:
+        scheduler.close()
+    assert walked > 300_000, f"the rule's past was not walked ({walked} wall times): nothing to show"
+    assert all(r.leading for r in reports) and leading, reports
+    with db.connect() as conn:
+        created = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE definition_id = %s", (definition_id,))
+    assert created >= 1, f"no run materialized after a {seconds:.1f} s walk under a 1 s lease: {reports}"
+
+
 # -- every phase of the tick goes on when another one fails ---------------------------------
 
 

@@ -53,6 +53,45 @@ def test_leader_shows_owner_and_since_until_resign(db: Database, conn: Conn) -> 
         assert scalar(leader, "SELECT jobs.resign()") is False, "resigning twice is a no-op"
 
 
+def test_a_leader_that_gives_no_owner_is_named_by_its_application_or_its_pid(
+    db: Database, conn: Conn
+) -> None:
+    """jobs.try_lead() takes no owner from psql or another language: jobs.leader still names
+    the leader (its application_name, else its backend pid), never an owner NULL that
+    every reader of the view would have to guess about."""
+    with psycopg.connect(db.dsn, autocommit=True, application_name="nightly-go") as leader:
+        assert scalar(leader, "SELECT jobs.try_lead()") is True
+        assert scalar(conn, "SELECT owner FROM jobs.leader") == "nightly-go"
+        assert scalar(leader, "SELECT jobs.resign()") is True
+    with psycopg.connect(db.dsn, autocommit=True, application_name="") as leader:
+        pid = scalar(leader, "SELECT pg_backend_pid()")
+        assert scalar(leader, "SELECT jobs.try_lead(NULL)") is True
+        assert scalar(conn, "SELECT owner FROM jobs.leader") == f"pid {pid}"
+        assert scalar(leader, "SELECT jobs.resign()") is True
+
+
+def test_a_leader_whose_first_try_lead_rolled_back_shows_once_it_asks_again(db: Database, conn: Conn) -> None:
+    """The leader lock is the session's, its leadership row the transaction's: a caller that
+    took the lead inside a transaction that rolled back (another language's tick that failed
+    after jobs.try_lead) still holds the lock. Its next jobs.try_lead writes the row again,
+    so jobs.leader (status, alerts, metrics) never hides a session that leads."""
+    with psycopg.connect(db.dsn) as leader:
+        assert scalar(leader, "SELECT jobs.try_lead('rolled-back')") is True
+        leader.rollback()
+        assert rows(conn, "SELECT * FROM jobs.leader") == []
+        assert scalar(conn, "SELECT jobs.try_lead('other')") is False, "the lock outlived the rollback"
+        assert scalar(leader, "SELECT jobs.try_lead('rolled-back')") is True
+        leader.commit()
+        pid = scalar(leader, "SELECT pg_backend_pid()")
+        assert rows(conn, "SELECT pid, owner FROM jobs.leader") == [{"pid": pid, "owner": "rolled-back"}]
+        since = scalar(conn, "SELECT since FROM jobs.leader")
+        assert scalar(leader, "SELECT jobs.try_lead('rolled-back')") is True
+        leader.commit()
+        assert scalar(conn, "SELECT since FROM jobs.leader") == since, "a leader asking again keeps its since"
+        assert scalar(leader, "SELECT jobs.resign()") is True
+        leader.commit()
+
+
 def test_leader_row_goes_when_its_connection_closes(db: Database, conn: Conn) -> None:
     leader = db.connect()
     assert scalar(leader, "SELECT jobs.try_lead('short-lived')") is True
