@@ -169,3 +169,29 @@ def test_zones_that_share_their_name_with_an_abbreviation_of_the_same_offset_are
     for zone in ("UTC", "GMT", "EST", "MST", "HST", "Europe/Paris"):
         conn.execute("SELECT jobs.define(%s, 'k', '0 9 * * *', timezone => %s)", (f"d-{zone}", zone))
     assert scalar(conn, "SELECT current_setting('TimeZone')") == before
+
+
+def test_the_one_shot_phase_reads_only_one_shots_however_many_schedules_are_behind(conn: Conn) -> None:
+    """After downtime every recurring schedule's cursor has passed. The leader's one-shot phase
+    still reads only the one-shot definitions, not each of those schedules at every tick."""
+    conn.execute(
+        "INSERT INTO jobs.definitions (name, kind, schedule, next_run_at)"
+        " SELECT 'every-minute-' || i, 'k', '* * * * *', now() - interval '1 hour'"
+        " FROM generate_series(1, 5000) AS i"
+    )
+    conn.execute("SELECT jobs.define('once', 'k', run_at => now() - interval '1 second')")
+    conn.execute("ANALYZE jobs.definitions")
+    def tuples_read() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when the session goes idle
+        return int(
+            scalar(
+                conn,
+                "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+                " FROM pg_stat_user_tables WHERE relid = 'jobs.definitions'::regclass",
+            )
+        )
+
+    before = tuples_read()
+    assert scalar(conn, "SELECT jobs.materialize_one_shots()") == 1
+    read = tuples_read() - before
+    assert 0 < read < 100, f"the one-shot phase read {read} definitions"
