@@ -90,6 +90,16 @@ $$;
 COMMENT ON FUNCTION jobs._materialize_failed(bigint, text) IS 'Private: store why a definition''s run inserts failed, count the failure and set the backoff (1 s doubling, at most 5 minutes).';
 
 -- Compare-and-set many cursors and insert their runs in one statement; a refused definition is isolated.
+-- Whether an error's SQLSTATE is the server's trouble rather than something wrong with what a
+-- statement was given: insufficient resources (53), operator intervention (57, a statement or
+-- lock timeout among them), system errors (58), internal errors (XX), transaction rollbacks
+-- (40: a deadlock or a serialization failure), connection exceptions (08), and a lock not
+-- available (55P03, lock_timeout).
+CREATE OR REPLACE FUNCTION jobs._server_trouble(sqlstate text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT left(_server_trouble.sqlstate, 2) IN ('53', '57', '58', 'XX', '40', '08') OR _server_trouble.sqlstate = '55P03' $$;
+COMMENT ON FUNCTION jobs._server_trouble(text) IS 'Private: whether a SQLSTATE is the server''s trouble (resources, timeouts, deadlocks, serialization, connection, internal) rather than bad input.';
+
 CREATE OR REPLACE FUNCTION jobs.materialize_many(
     definition_ids bigint[],
     expected_next_run_ats timestamptz[],
@@ -188,6 +198,14 @@ BEGIN
                    materialize_many.run_times
                ) AS s;
     EXCEPTION WHEN OTHERS THEN
+        -- The server's trouble (out of resources, a lock or statement timeout, a deadlock or
+        -- serialization failure, a lost connection) is no definition's: the call fails, and the
+        -- leader's next tick tries the batch again, rather than one definition taking the blame
+        -- and a backoff.
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
+        IF jobs._server_trouble(v_state) THEN
+            RAISE;
+        END IF;
         -- Something in the batch was refused: one savepoint per definition finds it.
         v_ids := '{}';
         v_created := '{}';
@@ -221,6 +239,9 @@ BEGIN
                 END LOOP;
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT, v_state = RETURNED_SQLSTATE;
+                IF jobs._server_trouble(v_state) THEN
+                    RAISE;
+                END IF;
                 v_message := format('%s (SQLSTATE %s)', v_message, v_state);
                 PERFORM jobs._materialize_failed(v_row.id, v_message);
                 v_bad := v_bad || v_row.id;

@@ -278,3 +278,36 @@ def test_two_leaders_materialize_many_each_occurrence_exactly_once(db: Database,
     assert sum(r[0] for r in results) == total, f"reported {results}, {total} exist"
     # Rows the other process holds are skipped, not waited for: each round advances what it can.
     assert total >= 200, f"only {total} occurrences after 80 rounds"
+
+
+def test_the_servers_trouble_fails_the_call_and_blames_no_definition(db: Database, conn: Conn) -> None:
+    """A lock the insert cannot get within lock_timeout (here: another transaction's
+    uncommitted run of the same occurrence) is the server's trouble, not the definition's: the
+    call fails with its SQLSTATE and the leader's next tick tries again. Taken for a refusal, it
+    was stored as the definition's materialize_error and backed it off."""
+    (d,) = _defs(conn, 1)
+    with db.connect(autocommit=False) as other:
+        other.execute(
+            "INSERT INTO jobs.runs (definition_id, kind, origin, scheduled_for, occurrence_at)"
+            " VALUES (%s, 'k', 'schedule', %s, %s)",
+            (d, T0, T0),
+        )
+        conn.execute("SET lock_timeout = '200ms'")
+        expect_error(
+            conn,
+            "SELECT * FROM jobs.materialize_many(%s, %s, %s, %s, %s, %s)",
+            ([d], [T0], [T0 + MINUTE], [None], [d], [T0]),
+            "55P03",
+        )
+        conn.execute("RESET lock_timeout")
+        other.rollback()
+    state = rows(
+        conn,
+        "SELECT next_run_at, materialize_failures, materialize_error, materialize_retry_at"
+        " FROM jobs.definitions WHERE id = %s",
+        (d,),
+    )
+    assert state == [
+        {"next_run_at": T0, "materialize_failures": 0, "materialize_error": None, "materialize_retry_at": None}
+    ]
+    assert _materialize(conn, [d]) == {d: (1, None)}
