@@ -101,12 +101,13 @@ BEGIN
                          THEN extract(epoch FROM s.started_at) + extract(epoch FROM c.orphan_timeout) END)
                ) AS d (reason, deadline)
                 WHERE d.deadline < v_now
+                  -- A missing heartbeat is no reason while a heartbeat of the run's worker is in
+                  -- flight (see the head of this file); its timeout still is, even when the
+                  -- heartbeat's deadline passed first. (Tried only for a deadline that passed.)
+                  AND (d.reason = 'Timeout' OR s.worker IS NULL OR NOT jobs._heartbeat_in_flight(s.worker))
                 ORDER BY d.deadline
                 LIMIT 1) AS first
          WHERE s.status = 'RUNNING'
-           -- Not while a heartbeat of its worker is in flight (see the head of this file).
-           AND (first.reason = 'Timeout' OR s.worker IS NULL
-                OR NOT jobs._heartbeat_in_flight(s.worker))
          ORDER BY s.id
            FOR UPDATE OF s SKIP LOCKED
     ),

@@ -472,6 +472,37 @@ def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
     assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
 
 
+def test_a_run_past_its_timeout_is_failed_as_timeout_while_its_worker_has_a_heartbeat_in_flight(
+    db: Database, conn: Conn
+) -> None:
+    """A heartbeat of w1 in flight holds back only the reasons that are missing heartbeats: a
+    run of w1 whose heartbeat went stale before its timeout passed is still failed as Timeout by
+    that reap (a worker whose heartbeat transaction stays open must not keep a hung run RUNNING
+    past its timeout), while w1's stale run without a timeout is left to the next pass."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('hangs', max_attempts => 2, backoff_initial => '0', jitter => 0)"
+    )
+    hung = _enqueue(conn, "hangs", timeout="1 hour", heartbeat_timeout="1 minute")
+    stale = _enqueue(conn, "silent", heartbeat_timeout="1 minute")
+    assert _claim_one(conn, "w1", "hangs") == hung
+    assert _claim_one(conn, "w1", "silent") == stale
+    # Silent for two hours: the heartbeat deadline passed 1 h 59 min ago, the timeout 1 h ago.
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours',"
+        " started_at = now() - interval '2 hours' WHERE id = ANY (%s)",
+        ([hung, stale],),
+    )
+    with db.connect(autocommit=False) as in_flight:
+        in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
+        reaped = conn.execute("SELECT run_id, reason, retry_run_id IS NOT NULL FROM jobs.reap()").fetchall()
+        assert reaped == [(hung, "Timeout", True)], (
+            f"run {hung} is past its timeout while a heartbeat of w1 is in flight: {reaped}"
+        )
+        assert run_row(conn, stale)["status"] == "RUNNING", "a stale heartbeat waits for the next pass"
+        in_flight.commit()
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
+
+
 def test_a_heartbeat_that_commits_while_a_reap_reads_the_runs_keeps_its_run(db: Database, conn: Conn) -> None:
     """A heartbeat and a reap that a table lock held back go on at the same moment. When the
     heartbeat commits after the reap's snapshot but before the reap locks the run, the reap
