@@ -312,3 +312,43 @@ def test_a_worker_call_naming_runs_it_does_not_hold_locks_none_of_them(
                         if got != [(held,), (queued,)]:
                             locked.append((call, token, one, got))
     assert locked == [], f"fenced calls left runs locked (call, token, run named, rows free): {locked}"
+
+
+def test_a_fenced_failure_holds_no_lock_on_the_runs_unique_key(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B names A's run of a unique key in jobs.fail (A's worker id, without A's token, or
+    with a forged one) and keeps its transaction open. The call is fenced, and it must hold up
+    nobody meanwhile: an enqueue of the key still answers at once with A's run, and A still
+    fails its run, its retry queued under the key. A fenced call that took the key's lock would
+    stop every enqueue of the key, and A's own failure, for as long as B's transaction lasts."""
+    conn.execute("SELECT jobs.set_retry_policy('keyed', max_attempts => 2, jitter => 0)")
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1')"))
+    mine, other = logins
+    blocked = []
+    with _as(db, mine) as a, _as(db, other) as b:
+        assert _claim_one(a, "w-a", TOKEN) == run_id
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                fenced = scalar(b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x', claim_token => %s)).id", (run_id, token))
+                assert fenced is None, f"B's failure of A's run (token {token}) was not fenced"
+                with conn.transaction(force_rollback=True):
+                    conn.execute("SET LOCAL lock_timeout = '2s'")
+                    try:
+                        got = scalar(
+                            conn,
+                            "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1', on_conflict => 'ignore')",
+                        )
+                    except psycopg.errors.LockNotAvailable:
+                        blocked.append(token)
+                    else:
+                        assert got == run_id, f"the enqueue of k-1 answered run {got}, not A's run {run_id}"
+        assert blocked == [], f"a fenced jobs.fail (tokens {blocked}) held the unique key's lock open"
+        with b.transaction():
+            scalar(b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x')).id", (run_id,))
+            a.execute("SET lock_timeout = '2s'")
+            retry = a.execute(
+                "SELECT id, status::text FROM jobs.fail(%s, 'w-a', '{E}', 'boom', claim_token => %s)",
+                (run_id, TOKEN),
+            ).fetchone()
+        assert retry is not None and retry[1] == "QUEUED", f"A's failure answered {retry}"
