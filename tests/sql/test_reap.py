@@ -183,7 +183,7 @@ def test_a_reap_holds_the_unique_keys_of_the_runs_it_fails_and_no_others(db: Dat
     the live runs it leaves alone are not its business. Each lock it holds takes a slot of the
     server's shared lock table, so a reap that took the key of every RUNNING run (thousands of
     live unique jobs) would fail with 53200 on every pass and starve other sessions of locks."""
-    stale, live = _keyed_runs(conn, 3, 2000)
+    stale, _ = _keyed_runs(conn, 3, 2000)
     with db.connect(autocommit=False) as reaper:
         reaped = [r[0] for r in reaper.execute("SELECT run_id FROM jobs.reap() ORDER BY 1")]
         assert reaped == stale, reaped
@@ -212,7 +212,8 @@ def test_a_reap_of_many_runs_of_unique_keys_holds_at_most_a_thousand_keys_and_th
     while len(passes) < 10 and sum(map(len, passes)) < len(stale):
         passes.append([r[0] for r in conn.execute("SELECT run_id FROM jobs.reap() ORDER BY 1")])
     assert sorted(i for p in passes for i in p) == stale, (
-        f"{len(passes)} passes reaped {[len(p) for p in passes]} runs, not each of the {len(stale)} stale ones once"
+        f"{len(passes)} passes reaped {[len(p) for p in passes]} runs,"
+        f" not each of the {len(stale)} stale ones once"
     )
     assert [len(p) for p in passes] == [1000, 1000, 500], [len(p) for p in passes]
 
