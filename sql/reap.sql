@@ -23,9 +23,10 @@
 --   * a heartbeat stamps the time it writes, after its wait (jobs.heartbeat), and a reap judges
 --     against its own start, now(), taken before any wait of its own: a stall a reap waited
 --     through ages nothing;
---   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key) shared from
---     before it touches jobs.runs until it commits, and a reap fails a run for a missing
---     heartbeat (HeartbeatLost, Orphaned) only when it gets that key exclusive (only tried,
+--   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key, of its worker
+--     id and claim token) shared from before it touches jobs.runs until it commits, and a reap
+--     fails a run for a missing heartbeat (HeartbeatLost, Orphaned) only when it gets the key
+--     of the run's worker and token exclusive (only tried,
 --     before it locks the row, and released at once: jobs._heartbeat_in_flight, no lock per
 --     worker held to the end): a run whose worker's heartbeat is in flight, waiting behind the
 --     lock or about to commit, is left to the next pass, which sees the new stamp. A heartbeat
@@ -105,7 +106,7 @@ BEGIN
                   -- A missing heartbeat is no reason while a heartbeat of the run's worker is in
                   -- flight (see the head of this file); its timeout still is, even when the
                   -- heartbeat's deadline passed first. (Tried only for a deadline that passed.)
-                  AND (d.reason = 'Timeout' OR s.worker IS NULL OR NOT jobs._heartbeat_in_flight(s.worker))
+                  AND (d.reason = 'Timeout' OR s.worker IS NULL OR NOT jobs._heartbeat_in_flight(s.worker, s.claim_token_hash))
                 ORDER BY d.deadline
                 LIMIT 1) AS first
          WHERE s.status = 'RUNNING'

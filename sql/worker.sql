@@ -138,7 +138,7 @@ BEGIN
     END IF;
     -- Only tried: held by a reap that is failing one of this worker's runs, it is not needed
     -- (the runs that reap locks are skipped here, the others it leaves alone).
-    PERFORM pg_try_advisory_xact_lock_shared(jobs._heartbeat_key(heartbeat.worker));
+    PERFORM pg_try_advisory_xact_lock_shared(jobs._heartbeat_key(heartbeat.worker, v_token_hash));
     -- Found by id, only this worker's and token's rows locked, the fence applied to what the
     -- locks return (jobs._hold_own_runs).
     SELECT coalesce(array_agg(mine.id), '{}'),

@@ -330,14 +330,17 @@ def test_a_fenced_failure_holds_no_lock_on_the_runs_unique_key(
         assert _claim_one(a, "w-a", TOKEN) == run_id
         for token in (None, FORGED):
             with b.transaction(force_rollback=True):
-                fenced = scalar(b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x', claim_token => %s)).id", (run_id, token))
+                fenced = scalar(
+                    b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x', claim_token => %s)).id", (run_id, token)
+                )
                 assert fenced is None, f"B's failure of A's run (token {token}) was not fenced"
                 with conn.transaction(force_rollback=True):
                     conn.execute("SET LOCAL lock_timeout = '2s'")
                     try:
                         got = scalar(
                             conn,
-                            "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1', on_conflict => 'ignore')",
+                            "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1',"
+                            " on_conflict => 'ignore')",
                         )
                     except psycopg.errors.LockNotAvailable:
                         blocked.append(token)
@@ -352,3 +355,36 @@ def test_a_fenced_failure_holds_no_lock_on_the_runs_unique_key(
                 (run_id, TOKEN),
             ).fetchone()
         assert retry is not None and retry[1] == "QUEUED", f"A's failure answered {retry}"
+
+
+def test_a_heartbeat_held_open_under_a_workers_id_keeps_only_that_tokens_runs_from_the_reaper(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """A heartbeat in flight keeps the reaper off the runs it may stamp, those of its worker id
+    and claim token. Worker B, knowing only A's worker id, calls jobs.heartbeat under it (with no
+    token, or a forged one) and keeps its transaction open: A's run whose heartbeat is stale is
+    still reaped, as B could never stamp it. A's own heartbeat held open, with A's token, keeps
+    the reaper off A's stale run until it ends."""
+    stale, other = add_runs(conn, 2)
+    mine, intruder = logins
+    with _as(db, mine) as a, _as(db, intruder) as b:
+        assert _claim_one(a, "w-a", TOKEN) == stale
+        assert _claim_one(a, "w-a", TOKEN) == other
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours' WHERE id = %s", (stale,))
+        with a.transaction():
+            beat = a.execute(
+                "SELECT run_id FROM jobs.heartbeat(%s, 'w-a', claim_token => %s)", ([other], TOKEN)
+            ).fetchall()
+            assert beat == [(other,)], beat
+            reaped = conn.execute("SELECT run_id FROM jobs.reap()").fetchall()
+            assert reaped == [], f"A's heartbeat was in flight, yet the reap took {reaped}"
+        kept = []
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                b.execute(
+                    "SELECT count(*) FROM jobs.heartbeat(%s, 'w-a', claim_token => %s)", ([stale], token)
+                )
+                with conn.transaction(force_rollback=True):
+                    if conn.execute("SELECT run_id FROM jobs.reap()").fetchall() != [(stale,)]:
+                        kept.append(token)
+        assert kept == [], f"B's heartbeat under A's id (tokens {kept}) kept A's lost run from the reaper"
