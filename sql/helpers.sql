@@ -41,8 +41,10 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                                        retry (jobs.reap only tries  the failure
 --                                        it, and leaves the run for
 --                                        the next pass when busy)
---   jobs._claim_key(worker) transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker,
---                           (shared)     thing it locks)             0): one per worker id; a recovery
+--   jobs._claim_key(worker, transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker
+--   token_hash)             (shared)     thing it locks)             [|| ':' || hex of the claim token's
+--                                                                    hash], 0): one per worker id and
+--                                                                    token; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
 --                                                                    flight to commit or roll back
 --   jobs._heartbeat_key     transaction  jobs.heartbeat (shared,     hashtextextended('heartbeat:' ||
@@ -93,12 +95,18 @@ CREATE OR REPLACE FUNCTION jobs._unique_key(kind text, unique_key text) RETURNS 
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unique:' || jsonb_build_array(kind, unique_key)::text, 0) $$;
 COMMENT ON FUNCTION jobs._unique_key(text, text) IS 'Private: transaction advisory lock key of a kind and unique key, held by jobs.enqueue while it reads the key''s runs and inserts, and by jobs.fail and jobs.reap when they fail a run of the key and queue its retry.';
 
--- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
--- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
--- that worker begun before it (a claim whose client is gone may still be running).
-CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
-COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';
+-- Private: the claim lock key of one worker id and claim token (its hash; NULL: none): every
+-- jobs.claim holds it shared until it commits, so jobs.hand_back_unheld, holding it exclusive,
+-- sees the outcome of every claim of that worker and token begun before it (a claim whose
+-- client is gone may still be running). The token is part of the key: a caller that knows
+-- only the worker id (another login) cannot hold up that worker's claims, as it cannot hand
+-- back its runs.
+DROP FUNCTION IF EXISTS jobs._claim_key(text);
+CREATE OR REPLACE FUNCTION jobs._claim_key(worker text, token_hash bytea DEFAULT NULL) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('claim:' || worker || coalesce(':' || encode(token_hash, 'hex'), ''), 0)
+$$;
+COMMENT ON FUNCTION jobs._claim_key(text, bytea) IS 'Private: transaction advisory lock key of a worker id and claim token hash (NULL: none), held shared by each jobs.claim of that worker and token and exclusive by jobs.hand_back_unheld.';
 
 -- Private: the heartbeat key of one worker id and claim token (its hash; NULL: none): every
 -- jobs.heartbeat of that worker and token tries it shared before it touches jobs.runs, so a

@@ -388,3 +388,29 @@ def test_a_heartbeat_held_open_under_a_workers_id_keeps_only_that_tokens_runs_fr
                     if conn.execute("SELECT run_id FROM jobs.reap()").fetchall() != [(stale,)]:
                         kept.append(token)
         assert kept == [], f"B's heartbeat under A's id (tokens {kept}) kept A's lost run from the reaper"
+
+
+def test_a_hand_back_held_open_under_a_workers_id_holds_up_none_of_its_claims(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B calls jobs.hand_back_unheld under A's worker id (with no token, or a forged one)
+    and keeps its transaction open: it hands back nothing of A's, and A's claims go on at once.
+    The hand-back waits for the claims of its worker and token only (those whose runs it could
+    hand back), so a caller knowing only A's id cannot stop A from claiming."""
+    add_runs(conn, 2)
+    mine, other = logins
+    waited = []
+    with _as(db, mine) as a, _as(db, other) as b:
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                back = b.execute(
+                    "SELECT count(*) FROM jobs.hand_back_unheld('{}', 'w-a', claim_token => %s)", (token,)
+                ).fetchone()
+                assert back == (0,), back
+                with a.transaction():
+                    a.execute("SET LOCAL lock_timeout = '2s'")
+                    try:
+                        _claim_one(a, "w-a", TOKEN)
+                    except psycopg.errors.LockNotAvailable:
+                        waited.append(token)
+    assert waited == [], f"A's claims waited for B's hand-back under A's id (tokens {waited})"
