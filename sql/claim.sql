@@ -1160,7 +1160,8 @@ BEGIN
     -- (exclusive) waits for it and sees what it claimed, even when its client is gone. With it,
     -- the claiming lock (jobs._claiming_key, inline), shared: a change that caps runs this claim
     -- may read as uncapped (a new limit, a definition's first cap) waits for it to commit.
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended('claim:' || v_worker, 0)),
+    PERFORM pg_advisory_xact_lock_shared(
+                hashtextextended('claim:' || v_worker || coalesce(':' || encode(v_token_hash, 'hex'), ''), 0)),
             pg_advisory_xact_lock_shared(8099570450837488460);
 
     -- The common case first, in one statement: no limit and no capped definition defined, and

@@ -41,12 +41,15 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 --                                        retry (jobs.reap only tries  the failure
 --                                        it, and leaves the run for
 --                                        the next pass when busy)
---   jobs._claim_key(worker) transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker,
---                           (shared)     thing it locks)             0): one per worker id; a recovery
+--   jobs._claim_key(worker, transaction  jobs.claim (shared, first   hashtextextended('claim:' || worker
+--   token_hash)             (shared)     thing it locks)             [|| ':' || hex of the claim token's
+--                                                                    hash], 0): one per worker id and
+--                                                                    token; a recovery
 --                           (exclusive)  jobs.hand_back_unheld       waits for the worker's claims in
 --                                                                    flight to commit or roll back
 --   jobs._heartbeat_key     transaction  jobs.heartbeat (shared,     hashtextextended('heartbeat:' ||
---   (worker)                (shared)     only tried, first thing:    worker, 0): a heartbeat in flight,
+--   (worker, token_hash)    (shared)     only tried, first thing:    worker [|| ':' || hex of the claim
+--                                                                    token's hash], 0): a heartbeat in flight,
 --                                        before it waits for any     even one waiting behind a table
 --                                        lock on jobs.runs)          lock, keeps the reaper off its
 --                           (exclusive)  jobs.reap (session level,   worker's runs until it commits
@@ -92,20 +95,32 @@ CREATE OR REPLACE FUNCTION jobs._unique_key(kind text, unique_key text) RETURNS 
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('unique:' || jsonb_build_array(kind, unique_key)::text, 0) $$;
 COMMENT ON FUNCTION jobs._unique_key(text, text) IS 'Private: transaction advisory lock key of a kind and unique key, held by jobs.enqueue while it reads the key''s runs and inserts, and by jobs.fail and jobs.reap when they fail a run of the key and queue its retry.';
 
--- Private: the claim lock key of one worker id: every jobs.claim holds it shared until it
--- commits, so jobs.hand_back_unheld, holding it exclusive, sees the outcome of every claim of
--- that worker begun before it (a claim whose client is gone may still be running).
-CREATE OR REPLACE FUNCTION jobs._claim_key(worker text) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('claim:' || worker, 0) $$;
-COMMENT ON FUNCTION jobs._claim_key(text) IS 'Private: transaction advisory lock key of a worker id, held shared by each jobs.claim of that worker and exclusive by jobs.hand_back_unheld.';
+-- Private: the claim lock key of one worker id and claim token (its hash; NULL: none): every
+-- jobs.claim holds it shared until it commits, so jobs.hand_back_unheld, holding it exclusive,
+-- sees the outcome of every claim of that worker and token begun before it (a claim whose
+-- client is gone may still be running). The token is part of the key: a caller that knows
+-- only the worker id (another login) cannot hold up that worker's claims, as it cannot hand
+-- back its runs.
+DROP FUNCTION IF EXISTS jobs._claim_key(text);
+CREATE OR REPLACE FUNCTION jobs._claim_key(worker text, token_hash bytea DEFAULT NULL) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('claim:' || worker || coalesce(':' || encode(token_hash, 'hex'), ''), 0)
+$$;
+COMMENT ON FUNCTION jobs._claim_key(text, bytea) IS 'Private: transaction advisory lock key of a worker id and claim token hash (NULL: none), held shared by each jobs.claim of that worker and token and exclusive by jobs.hand_back_unheld.';
 
--- Private: the heartbeat key of one worker id: every jobs.heartbeat of that worker tries it
--- shared before it touches jobs.runs, so a heartbeat that waits behind a table lock (an ALTER
--- TABLE, a LOCK TABLE, a migration) holds it all the while; jobs.reap tries it exclusive before
--- it takes a run for a missing heartbeat, and leaves the worker's runs alone while it is held.
-CREATE OR REPLACE FUNCTION jobs._heartbeat_key(worker text) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('heartbeat:' || worker, 0) $$;
-COMMENT ON FUNCTION jobs._heartbeat_key(text) IS 'Private: transaction advisory lock key of a worker id, tried shared by each jobs.heartbeat of that worker before it touches jobs.runs, and tried exclusive by jobs.reap before it fails one of the worker''s runs as HeartbeatLost or Orphaned.';
+-- Private: the heartbeat key of one worker id and claim token (its hash; NULL: none): every
+-- jobs.heartbeat of that worker and token tries it shared before it touches jobs.runs, so a
+-- heartbeat that waits behind a table lock (an ALTER TABLE, a LOCK TABLE, a migration) holds it
+-- all the while; jobs.reap tries it exclusive before it takes a run for a missing heartbeat, and
+-- leaves the runs claimed with that id and token alone while it is held. The token is part of
+-- the key: a caller that knows only the worker id (another login) cannot keep its runs from the
+-- reaper by holding a heartbeat open, as it cannot stamp them.
+DROP FUNCTION IF EXISTS jobs._heartbeat_key(text);
+CREATE OR REPLACE FUNCTION jobs._heartbeat_key(worker text, token_hash bytea) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('heartbeat:' || worker || coalesce(':' || encode(token_hash, 'hex'), ''), 0)
+$$;
+COMMENT ON FUNCTION jobs._heartbeat_key(text, bytea) IS 'Private: transaction advisory lock key of a worker id and claim token hash (NULL: none), tried shared by each jobs.heartbeat of that worker and token before it touches jobs.runs, and tried exclusive by jobs.reap before it fails one of the runs claimed with them as HeartbeatLost or Orphaned.';
 
 -- Private: is a heartbeat of this worker in flight (its heartbeat key held shared)? Tried
 -- exclusive and released at once rather than held to the end of the reap: a reap fails the
@@ -113,10 +128,11 @@ COMMENT ON FUNCTION jobs._heartbeat_key(text) IS 'Private: transaction advisory 
 -- lock table, which a few thousand dead workers filled (every reap then failed, out of shared
 -- memory). Held or not, the key changes nothing for a heartbeat that comes after the try (it
 -- only tries it, and skips the rows the reap has locked).
-CREATE OR REPLACE FUNCTION jobs._heartbeat_in_flight(worker text) RETURNS boolean
+DROP FUNCTION IF EXISTS jobs._heartbeat_in_flight(text);
+CREATE OR REPLACE FUNCTION jobs._heartbeat_in_flight(worker text, token_hash bytea) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_key bigint := jobs._heartbeat_key(worker);
+    v_key bigint := jobs._heartbeat_key(worker, token_hash);
 BEGIN
     IF pg_try_advisory_lock(v_key) THEN
         PERFORM pg_advisory_unlock(v_key);
@@ -124,7 +140,7 @@ BEGIN
     END IF;
     RETURN TRUE;
 END $$;
-COMMENT ON FUNCTION jobs._heartbeat_in_flight(text) IS 'Private: true while a jobs.heartbeat of this worker holds its heartbeat key; tries the key exclusive at session level and releases it at once (no lock is left held).';
+COMMENT ON FUNCTION jobs._heartbeat_in_flight(text, bytea) IS 'Private: true while a jobs.heartbeat of this worker and claim token hash holds their heartbeat key; tries the key exclusive at session level and releases it at once (no lock is left held).';
 
 -- Private: the key every jobs.claim holds shared until it commits, whatever it claims. A
 -- change that makes runs capped which were not (a new limit, a definition's first

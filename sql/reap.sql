@@ -10,7 +10,8 @@
 --   * Orphaned: never heartbeated, started longer ago than
 --     jobs.config.orphan_timeout (generous: a worker that never heartbeats,
 --     such as a psql script, still gets time to finish);
--- then one insert of retry rows by policy (retry.sql). Rows another transaction
+-- (runs of unique keys: at most 1,000 a pass, each holding its key's lock to the end, the
+-- rest at the next passes), then one insert of retry rows by policy (retry.sql). Rows another transaction
 -- holds (a heartbeat or completion in flight) are skipped, never waited for, so
 -- the sweep cannot deadlock with workers. The old owner is fenced by the status
 -- change: its complete/fail/heartbeat no longer match.
@@ -22,9 +23,10 @@
 --   * a heartbeat stamps the time it writes, after its wait (jobs.heartbeat), and a reap judges
 --     against its own start, now(), taken before any wait of its own: a stall a reap waited
 --     through ages nothing;
---   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key) shared from
---     before it touches jobs.runs until it commits, and a reap fails a run for a missing
---     heartbeat (HeartbeatLost, Orphaned) only when it gets that key exclusive (only tried,
+--   * every jobs.heartbeat holds its worker's heartbeat key (jobs._heartbeat_key, of its worker
+--     id and claim token) shared from before it touches jobs.runs until it commits, and a reap
+--     fails a run for a missing heartbeat (HeartbeatLost, Orphaned) only when it gets the key
+--     of the run's worker and token exclusive (only tried,
 --     before it locks the row, and released at once: jobs._heartbeat_in_flight, no lock per
 --     worker held to the end): a run whose worker's heartbeat is in flight, waiting behind the
 --     lock or about to commit, is left to the next pass, which sees the new stamp. A heartbeat
@@ -86,7 +88,7 @@ DECLARE
     v_timeout_before numeric := greatest(v_timeout, extract(epoch FROM v_config.heartbeat_timeout_lowered_from));
 BEGIN
     WITH overdue AS (
-        SELECT s.id, first.reason
+        SELECT s.id, first.reason, s.unique_key IS NOT NULL AS keyed
           FROM jobs.runs AS s
          CROSS JOIN jobs.config AS c
          CROSS JOIN LATERAL (
@@ -102,14 +104,25 @@ BEGIN
                          THEN extract(epoch FROM s.started_at) + extract(epoch FROM c.orphan_timeout) END)
                ) AS d (reason, deadline)
                 WHERE d.deadline < v_now
+                  -- A missing heartbeat is no reason while a heartbeat of the run's worker is in
+                  -- flight (see the head of this file); its timeout still is, even when the
+                  -- heartbeat's deadline passed first. (Tried only for a deadline that passed.)
+                  AND (d.reason = 'Timeout' OR s.worker IS NULL OR NOT jobs._heartbeat_in_flight(s.worker, s.claim_token_hash))
                 ORDER BY d.deadline
                 LIMIT 1) AS first
          WHERE s.status = 'RUNNING'
-           -- Not while a heartbeat of its worker is in flight (see the head of this file).
-           AND (first.reason = 'Timeout' OR s.worker IS NULL
-                OR NOT jobs._heartbeat_in_flight(s.worker))
          ORDER BY s.id
            FOR UPDATE OF s SKIP LOCKED
+    ),
+    -- At most 1,000 runs of unique keys per pass: each is failed holding its key's advisory lock
+    -- to the end of this transaction, and those locks fill PostgreSQL's shared lock table, which
+    -- the whole server shares (max_locks_per_transaction x max_connections, 6,400 by default):
+    -- a pass over tens of thousands of them would end in 53200 (out of shared memory), every
+    -- pass again, and reap nothing. The rest are left to the next passes.
+    chosen AS (
+        SELECT o.id, o.reason, o.keyed FROM overdue AS o WHERE NOT o.keyed
+        UNION ALL
+        (SELECT o.id, o.reason, o.keyed FROM overdue AS o WHERE o.keyed ORDER BY o.id LIMIT 1000)
     ),
     failed AS (
         UPDATE jobs.runs AS r
@@ -120,7 +133,7 @@ BEGIN
                    WHEN 'HeartbeatLost' THEN format('no heartbeat from worker %s since %s', r.worker, r.heartbeat_at)
                    ELSE format('worker %s never heartbeated since it started at %s', r.worker, r.started_at)
                END
-          FROM overdue AS o
+          FROM chosen AS o
          WHERE r.id = o.id AND r.status = 'RUNNING'
            -- The deadline once more, on the row as this UPDATE finds it: a heartbeat that
            -- committed after this statement's snapshot, before its lock on the row, is seen here
@@ -137,7 +150,10 @@ BEGIN
                END
            -- A run of a unique key is failed with the key held (see jobs.fail), only tried: an
            -- enqueue holding it may be waiting for this row, so the run waits for the next pass.
-           AND (r.unique_key IS NULL OR pg_try_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key)))
+           -- The test names o (chosen), not only r, so that it is made on the chosen runs alone:
+           -- a condition on r alone would be tried on every RUNNING run as the scan reads it,
+           -- taking (and holding to the end) the key of every live run of a unique key.
+           AND (NOT o.keyed OR pg_try_advisory_xact_lock(jobs._unique_key(r.kind, r.unique_key)))
         RETURNING r.id
     )
     SELECT array_agg(f.id) INTO v_dead FROM failed AS f;
@@ -147,7 +163,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM jobs._settle_reaped(v_dead);
 END $$;
-COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned), the last two only while no heartbeat of the run''s worker is in flight (a heartbeat waiting behind a table lock ages nothing); queue their retries by policy. Returns run_id, reason, retry_run_id.';
+COMMENT ON FUNCTION jobs.reap() IS 'Fail every overdue RUNNING run, for whichever came first: past started_at + timeout (Timeout, even while it heartbeats), a heartbeat older than its heartbeat timeout (HeartbeatLost), or none since started_at + orphan_timeout (Orphaned), the last two only while no heartbeat of the run''s worker is in flight (a heartbeat waiting behind a table lock ages nothing); queue their retries by policy; runs of unique keys at most 1,000 a pass (each holds its key''s lock to the end: the rest wait for the next pass). Returns run_id, reason, retry_run_id.';
 
 -- An operator's reap of one worker known to be gone (a machine that died for good): every run
 -- RUNNING under that worker id fails now as HeartbeatLost, as the reaper would fail it once the

@@ -142,6 +142,8 @@ DECLARE
     v_failed jobs.runs;
     v_retry jobs.runs;
     v_retry_id bigint;
+    v_token_hash bytea := jobs._fence_hash(fail.worker, fail.claim_token);  -- 22023 naming the field
+    v_mine boolean;
 BEGIN
     IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
         RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
@@ -153,15 +155,29 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    PERFORM jobs._lock_keys_to_fail(ARRAY[fail.run_id]);
-    IF NOT jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token) THEN
+    IF fail.run_id IS NULL OR fail.run_id < 1 THEN
+        PERFORM jobs._check_range('run_id', fail.run_id, 1, 9223372036854775807);
+    END IF;
+    -- The keys are locked only for a run that is this worker's as last committed (the claim
+    -- that gave it the run has committed): a fenced call (a worker reaped meanwhile, or another
+    -- login naming the run) takes no lock, so it holds up no enqueue of the run's unique key and
+    -- no failure of its real owner, however long its transaction stays open. Then the fence
+    -- again, with the row locked.
+    v_mine := EXISTS (SELECT FROM jobs.runs AS r
+                       WHERE r.id = fail.run_id
+                         AND jobs._owned(r.status, r.worker, r.claim_token_hash, fail.worker, v_token_hash));
+    IF v_mine THEN
+        PERFORM jobs._lock_keys_to_fail(ARRAY[fail.run_id]);
+        v_mine := jobs._hold_own_run(fail.run_id, fail.worker, fail.claim_token);
+    END IF;
+    IF NOT v_mine THEN
         -- Not RUNNING for this worker. A repeat of its own failure (sent again because the
         -- answer was lost with the connection) gets that failure's answer again, changing
         -- nothing: the run FAILED for this worker and token with this reason and message
         -- (the reaper's failures have reasons and messages of their own). Else: fenced.
         SELECT r.* INTO v_failed FROM jobs.runs AS r
          WHERE r.id = fail.run_id AND r.status = 'FAILED' AND r.worker = fail.worker
-           AND r.claim_token_hash IS NOT DISTINCT FROM jobs._fence_hash(fail.worker, fail.claim_token)
+           AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
            AND r.failure_reason = fail.reason
            AND r.error IS NOT DISTINCT FROM left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000);
         IF NOT FOUND THEN

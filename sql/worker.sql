@@ -138,7 +138,7 @@ BEGIN
     END IF;
     -- Only tried: held by a reap that is failing one of this worker's runs, it is not needed
     -- (the runs that reap locks are skipped here, the others it leaves alone).
-    PERFORM pg_try_advisory_xact_lock_shared(jobs._heartbeat_key(heartbeat.worker));
+    PERFORM pg_try_advisory_xact_lock_shared(jobs._heartbeat_key(heartbeat.worker, v_token_hash));
     -- Found by id, only this worker's and token's rows locked, the fence applied to what the
     -- locks return (jobs._hold_own_runs).
     SELECT coalesce(array_agg(mine.id), '{}'),
@@ -224,7 +224,7 @@ COMMENT ON FUNCTION jobs._give_back_starts(bigint[]) IS 'Private: takes the star
 -- cancellation was requested meanwhile is CANCELLED (it never started). Without this they
 -- would wait RUNNING for the reaper and be failed as HeartbeatLost or Orphaned, an attempt
 -- spent on work that never ran.
--- It first takes the worker's claim lock (jobs._claim_key) exclusive: a claim of this worker
+-- It first takes the worker's claim lock (jobs._claim_key, of its id and token) exclusive: a claim of this worker
 -- still in progress on a connection its client has lost holds it shared until it commits or
 -- rolls back, so what such a claim took is seen here, not left behind. The wait is bounded
 -- (lock_timeout): past it the call raises 55P03 and changes nothing; call it again later.
@@ -254,7 +254,7 @@ BEGIN
         RAISE EXCEPTION 'held must not contain NULL run ids' USING ERRCODE = '22023';
     END IF;
     BEGIN
-        PERFORM pg_advisory_xact_lock(jobs._claim_key(hand_back_unheld.worker));
+        PERFORM pg_advisory_xact_lock(jobs._claim_key(hand_back_unheld.worker, v_token_hash));
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'a claim of worker % is still in progress', hand_back_unheld.worker
             USING ERRCODE = '55P03',

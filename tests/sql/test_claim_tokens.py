@@ -312,3 +312,105 @@ def test_a_worker_call_naming_runs_it_does_not_hold_locks_none_of_them(
                         if got != [(held,), (queued,)]:
                             locked.append((call, token, one, got))
     assert locked == [], f"fenced calls left runs locked (call, token, run named, rows free): {locked}"
+
+
+def test_a_fenced_failure_holds_no_lock_on_the_runs_unique_key(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B names A's run of a unique key in jobs.fail (A's worker id, without A's token, or
+    with a forged one) and keeps its transaction open. The call is fenced, and it must hold up
+    nobody meanwhile: an enqueue of the key still answers at once with A's run, and A still
+    fails its run, its retry queued under the key. A fenced call that took the key's lock would
+    stop every enqueue of the key, and A's own failure, for as long as B's transaction lasts."""
+    conn.execute("SELECT jobs.set_retry_policy('keyed', max_attempts => 2, jitter => 0)")
+    run_id = int(scalar(conn, "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1')"))
+    mine, other = logins
+    blocked = []
+    with _as(db, mine) as a, _as(db, other) as b:
+        assert _claim_one(a, "w-a", TOKEN) == run_id
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                fenced = scalar(
+                    b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x', claim_token => %s)).id", (run_id, token)
+                )
+                assert fenced is None, f"B's failure of A's run (token {token}) was not fenced"
+                with conn.transaction(force_rollback=True):
+                    conn.execute("SET LOCAL lock_timeout = '2s'")
+                    try:
+                        got = scalar(
+                            conn,
+                            "SELECT id FROM jobs.enqueue('keyed', unique_key => 'k-1',"
+                            " on_conflict => 'ignore')",
+                        )
+                    except psycopg.errors.LockNotAvailable:
+                        blocked.append(token)
+                    else:
+                        assert got == run_id, f"the enqueue of k-1 answered run {got}, not A's run {run_id}"
+        assert blocked == [], f"a fenced jobs.fail (tokens {blocked}) held the unique key's lock open"
+        with b.transaction():
+            scalar(b, "SELECT (jobs.fail(%s, 'w-a', '{E}', 'x')).id", (run_id,))
+            a.execute("SET lock_timeout = '2s'")
+            retry = a.execute(
+                "SELECT id, status::text FROM jobs.fail(%s, 'w-a', '{E}', 'boom', claim_token => %s)",
+                (run_id, TOKEN),
+            ).fetchone()
+        assert retry is not None and retry[1] == "QUEUED", f"A's failure answered {retry}"
+
+
+def test_a_heartbeat_held_open_under_a_workers_id_keeps_only_that_tokens_runs_from_the_reaper(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """A heartbeat in flight keeps the reaper off the runs it may stamp, those of its worker id
+    and claim token. Worker B, knowing only A's worker id, calls jobs.heartbeat under it (with no
+    token, or a forged one) and keeps its transaction open: A's run whose heartbeat is stale is
+    still reaped, as B could never stamp it. A's own heartbeat held open, with A's token, keeps
+    the reaper off A's stale run until it ends."""
+    stale, other = add_runs(conn, 2)
+    mine, intruder = logins
+    with _as(db, mine) as a, _as(db, intruder) as b:
+        assert _claim_one(a, "w-a", TOKEN) == stale
+        assert _claim_one(a, "w-a", TOKEN) == other
+        conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours' WHERE id = %s", (stale,))
+        with a.transaction():
+            beat = a.execute(
+                "SELECT run_id FROM jobs.heartbeat(%s, 'w-a', claim_token => %s)", ([other], TOKEN)
+            ).fetchall()
+            assert beat == [(other,)], beat
+            reaped = conn.execute("SELECT run_id FROM jobs.reap()").fetchall()
+            assert reaped == [], f"A's heartbeat was in flight, yet the reap took {reaped}"
+        kept = []
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                b.execute(
+                    "SELECT count(*) FROM jobs.heartbeat(%s, 'w-a', claim_token => %s)", ([stale], token)
+                )
+                with conn.transaction(force_rollback=True):
+                    if conn.execute("SELECT run_id FROM jobs.reap()").fetchall() != [(stale,)]:
+                        kept.append(token)
+        assert kept == [], f"B's heartbeat under A's id (tokens {kept}) kept A's lost run from the reaper"
+
+
+def test_a_hand_back_held_open_under_a_workers_id_holds_up_none_of_its_claims(
+    db: Database, conn: Conn, logins: tuple[str, str]
+) -> None:
+    """Worker B calls jobs.hand_back_unheld under A's worker id (with no token, or a forged one)
+    and keeps its transaction open: it hands back nothing of A's, and A's claims go on at once.
+    The hand-back waits for the claims of its worker and token only (those whose runs it could
+    hand back), so a caller knowing only A's id cannot stop A from claiming."""
+    add_runs(conn, 2)
+    mine, other = logins
+    waited = []
+    with _as(db, mine) as a, _as(db, other) as b:
+        for token in (None, FORGED):
+            with b.transaction(force_rollback=True):
+                back = b.execute(
+                    "SELECT count(*) FROM jobs.hand_back_unheld('{}', 'w-a', claim_token => %s)", (token,)
+                ).fetchone()
+                assert back == (0,), back
+                with a.transaction():
+                    a.execute("SET LOCAL lock_timeout = '2s'")
+                    try:
+                        _claim_one(a, "w-a", TOKEN)
+                    except psycopg.errors.LockNotAvailable:
+                        waited.append(token)
+    assert waited == [], f"A's claims waited for B's hand-back under A's id (tokens {waited})"

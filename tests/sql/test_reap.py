@@ -160,6 +160,64 @@ def test_reap_is_set_based_over_many_runs(conn: Conn) -> None:
     assert [r[0] for r in alive] == ids[20:]
 
 
+def _keyed_runs(conn: Conn, stale: int, live: int) -> tuple[list[int], list[int]]:
+    """Runs of unique keys u-1, u-2, ..., RUNNING for w1: ``stale`` ones (silent for two hours),
+    then ``live`` ones (heartbeated now); the ids of each."""
+    rows = conn.execute(
+        "INSERT INTO jobs.runs (kind, status, worker, started_at, heartbeat_at, unique_key)"
+        " SELECT 'keyed', 'RUNNING', 'w1', now() - interval '2 hours',"
+        "        CASE WHEN g <= %s THEN now() - interval '2 hours' ELSE now() END, 'u-' || g"
+        "   FROM generate_series(1, %s) AS g ORDER BY g RETURNING id, heartbeat_at < now()",
+        (stale, stale + live),
+    ).fetchall()
+    conn.execute("ANALYZE jobs.runs")
+    return sorted(r[0] for r in rows if r[1]), sorted(r[0] for r in rows if not r[1])
+
+
+def _advisory_locks_of(conn: Conn, pid: int) -> int:
+    return int(scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", (pid,)))
+
+
+def test_a_reap_holds_the_unique_keys_of_the_runs_it_fails_and_no_others(db: Database, conn: Conn) -> None:
+    """A reap fails a run of a unique key holding that key's lock until it commits; the keys of
+    the live runs it leaves alone are not its business. Each lock it holds takes a slot of the
+    server's shared lock table, so a reap that took the key of every RUNNING run (thousands of
+    live unique jobs) would fail with 53200 on every pass and starve other sessions of locks."""
+    stale, _ = _keyed_runs(conn, 3, 2000)
+    with db.connect(autocommit=False) as reaper:
+        reaped = [r[0] for r in reaper.execute("SELECT run_id FROM jobs.reap() ORDER BY 1")]
+        assert reaped == stale, reaped
+        held = _advisory_locks_of(conn, reaper.info.backend_pid)
+        assert held <= len(stale), f"a reap of {len(stale)} runs holds {held} advisory locks until it commits"
+        reaper.rollback()
+
+
+def test_a_reap_of_many_runs_of_unique_keys_holds_at_most_a_thousand_keys_and_the_next_passes_take_the_rest(
+    db: Database, conn: Conn
+) -> None:
+    """A fleet lost with tens of thousands of unique jobs running: one pass failing them all would
+    hold one key per run to its end, more than the server's shared lock table holds (6,400 slots
+    by default), and end in 53200 on every pass, reaping nothing. A pass takes at most 1,000 of
+    them; the next passes take the rest, each with its retry, none twice."""
+    conn.execute("SELECT jobs.set_retry_policy('keyed', max_attempts => 2, jitter => 0)")
+    stale, _ = _keyed_runs(conn, 2500, 0)
+    passes: list[list[int]] = []
+    with db.connect(autocommit=False) as reaper:
+        rows = reaper.execute("SELECT run_id, retry_run_id FROM jobs.reap() ORDER BY 1").fetchall()
+        held = _advisory_locks_of(conn, reaper.info.backend_pid)
+        reaper.commit()
+    assert held <= 1000, f"a reap of {len(rows)} runs of unique keys held {held} advisory locks at once"
+    passes.append([r[0] for r in rows])
+    assert all(r[1] is not None for r in rows), f"runs reaped without their retry: {rows[:5]}"
+    while len(passes) < 10 and sum(map(len, passes)) < len(stale):
+        passes.append([r[0] for r in conn.execute("SELECT run_id FROM jobs.reap() ORDER BY 1")])
+    assert sorted(i for p in passes for i in p) == stale, (
+        f"{len(passes)} passes reaped {[len(p) for p in passes]} runs,"
+        f" not each of the {len(stale)} stale ones once"
+    )
+    assert [len(p) for p in passes] == [1000, 1000, 500], [len(p) for p in passes]
+
+
 def test_run_past_its_timeout_is_reaped_as_timeout_while_it_still_heartbeats(conn: Conn) -> None:
     """The timeout is the server's: a run whose worker heartbeats on time but whose
     started_at + timeout has passed is failed as Timeout in the same reap pass as the lost ones,
@@ -468,6 +526,37 @@ def test_a_run_whose_worker_has_a_heartbeat_in_flight_is_left_to_the_next_pass(
         in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
         reaped = conn.execute("SELECT run_id, reason FROM jobs.reap() ORDER BY 1").fetchall()
         assert reaped == sorted([(overdue, "Timeout"), (other, "HeartbeatLost")]), reaped
+        in_flight.commit()
+    assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
+
+
+def test_a_run_past_its_timeout_is_failed_as_timeout_while_its_worker_has_a_heartbeat_in_flight(
+    db: Database, conn: Conn
+) -> None:
+    """A heartbeat of w1 in flight holds back only the reasons that are missing heartbeats: a
+    run of w1 whose heartbeat went stale before its timeout passed is still failed as Timeout by
+    that reap (a worker whose heartbeat transaction stays open must not keep a hung run RUNNING
+    past its timeout), while w1's stale run without a timeout is left to the next pass."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('hangs', max_attempts => 2, backoff_initial => '0', jitter => 0)"
+    )
+    hung = _enqueue(conn, "hangs", timeout="1 hour", heartbeat_timeout="1 minute")
+    stale = _enqueue(conn, "silent", heartbeat_timeout="1 minute")
+    assert _claim_one(conn, "w1", "hangs") == hung
+    assert _claim_one(conn, "w1", "silent") == stale
+    # Silent for two hours: the heartbeat deadline passed 1 h 59 min ago, the timeout 1 h ago.
+    conn.execute(
+        "UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours',"
+        " started_at = now() - interval '2 hours' WHERE id = ANY (%s)",
+        ([hung, stale],),
+    )
+    with db.connect(autocommit=False) as in_flight:
+        in_flight.execute(f"SELECT pg_advisory_xact_lock_shared({HEARTBEAT_KEY_W1})")
+        reaped = conn.execute("SELECT run_id, reason, retry_run_id IS NOT NULL FROM jobs.reap()").fetchall()
+        assert reaped == [(hung, "Timeout", True)], (
+            f"run {hung} is past its timeout while a heartbeat of w1 is in flight: {reaped}"
+        )
+        assert run_row(conn, stale)["status"] == "RUNNING", "a stale heartbeat waits for the next pass"
         in_flight.commit()
     assert conn.execute("SELECT run_id, reason FROM jobs.reap()").fetchall() == [(stale, "HeartbeatLost")]
 
