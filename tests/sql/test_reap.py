@@ -1,14 +1,12 @@
 """Reaping and fencing: a worker that went silent loses its run, cannot touch it afterwards,
 and the retry row is a new attempt another worker claims and completes.
 
-Time passes by moving the rows' timestamps into the past as the superuser (the
-test's clock), except where a short real wait checks a real due time.
+Time passes by moving the rows' timestamps as the superuser (the test's clock).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -59,7 +57,7 @@ def test_heartbeat_lost_is_reaped_fenced_and_retried(conn: Conn) -> None:
     its heartbeat omits the run, its fail returns NULL; the retry is claimable by w2 once due."""
     conn.execute(
         "SELECT jobs.set_retry_policy('report', max_attempts => 3,"
-        " backoff_initial => '400 milliseconds', jitter => 0)"
+        " backoff_initial => '5 minutes', jitter => 0)"
     )
     run_id = _enqueue(conn, "report", payload='{"n": 1}')
     assert _claim_one(conn, "w1", "report") == run_id
@@ -89,10 +87,9 @@ def test_heartbeat_lost_is_reaped_fenced_and_retried(conn: Conn) -> None:
     )
     assert retry["payload"] == {"n": 1} and retry["worker"] is None
     assert conn.execute("SELECT * FROM jobs.claim(1, 'w2')").fetchall() == [], "not due yet"
-    due_in = scalar(
-        conn, "SELECT extract(epoch FROM scheduled_for - now()) FROM jobs.runs WHERE id = %s", (retry_id,)
-    )
-    time.sleep(max(float(due_in), 0) + 0.05)
+    # Its backoff over (moved rather than waited for: a loaded machine can take any time
+    # between the reap and the claim above), the retry is claimable.
+    conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (retry_id,))
     assert _claim_one(conn, "w2", "report") == retry_id
     assert scalar(conn, "SELECT jobs.complete(%s, 'w2', '{\"ok\": 1}')", (retry_id,)) is True
     done = run_row(conn, retry_id)
