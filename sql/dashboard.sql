@@ -42,18 +42,25 @@ DECLARE
     v_ids bigint[];
     v_definition_id bigint;
     v_key bigint;
+    v_keys bigint[] := '{}';
     v_run jobs.runs;
 BEGIN
     PERFORM jobs._check_run_ids(retry_many.run_ids, 100000);
-    -- The unique keys' locks first, ascending, before any run's row (jobs.retry's order).
+    -- The unique keys' locks first, ascending, before any run's row (jobs.retry's order). Each
+    -- is a slot of the server's shared lock table until commit, so one call takes at most
+    -- 1,000 of them: the runs of further keys are passed over, for a next call (a bulk retry of
+    -- 10,000 runs of distinct keys would otherwise fill the table, out of shared memory).
     FOR v_key IN
         SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key)
           FROM jobs.runs_all AS r
          WHERE r.id = ANY(retry_many.run_ids) AND r.status = 'FAILED' AND r.unique_key IS NOT NULL
+           AND NOT EXISTS (SELECT FROM jobs.runs_all AS n WHERE n.retry_of = r.id)  -- retried already
          ORDER BY 1
+         LIMIT 1000
     LOOP
         PERFORM jobs._require_read_committed('retrying runs with a unique_key');
         PERFORM pg_advisory_xact_lock(v_key);
+        v_keys := v_keys || v_key;
     END LOOP;
     -- Rows are locked in ascending id order (as jobs.cancel_queued does); a run another session
     -- retried meanwhile is passed over, not an error, so one click never half-applies.
@@ -78,11 +85,12 @@ BEGIN
         PERFORM jobs._check_history_keys(v_id);
         SELECT r.* INTO v_run FROM jobs.runs_all AS r WHERE r.id = v_id;
         CONTINUE WHEN v_run.unique_key IS NOT NULL
-                  AND (jobs._active_run_of_key(v_run.kind, v_run.unique_key)).id IS NOT NULL;
+                  AND (jobs._unique_key(v_run.kind, v_run.unique_key) <> ALL (v_keys)
+                       OR (jobs._active_run_of_key(v_run.kind, v_run.unique_key)).id IS NOT NULL);
         RETURN NEXT jobs.retry(v_id);
     END LOOP;
 END $$;
-COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet, whose definition (if any) still exists and whose unique_key (if any) has no run queued or running (others are passed over); returns the new QUEUED attempts.';
+COMMENT ON FUNCTION jobs.retry_many(bigint[]) IS 'Operator: jobs.retry() each FAILED run among run_ids that was not retried yet, whose definition (if any) still exists and whose unique_key (if any) has no run queued or running (others are passed over, and so are the runs of unique keys past the first 1,000 in one call); returns the new QUEUED attempts.';
 
 -- Delete the FAILED runs among run_ids from the history; returns how many.
 CREATE OR REPLACE FUNCTION jobs.discard(run_ids bigint[]) RETURNS bigint

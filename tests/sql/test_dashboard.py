@@ -42,6 +42,40 @@ def test_retry_many_retries_each_unretried_failed_run_once_and_passes_over_the_r
     assert per_run == [(run_id, 1) for run_id in failed]
 
 
+def test_retry_many_of_runs_of_many_unique_keys_holds_at_most_a_thousand_keys_and_passes_over_the_rest(
+    db: Database, conn: Conn
+) -> None:
+    """A bulk retry of the dashboard (up to 10,000 runs) of runs of distinct unique keys holds
+    each key's lock until it commits, one slot of the server's shared lock table each (about
+    6,400 by default): all of them at once ended in 53200 and starved other sessions. One call
+    retries the runs of at most 1,000 keys and passes over the rest; the next calls take them."""
+    failed = [
+        int(r[0])
+        for r in conn.execute(
+            "INSERT INTO jobs.runs (kind, status, worker, started_at, finished_at, failure_reason, error,"
+            " unique_key)"
+            " SELECT 'keyed', 'FAILED', 'w', now() - interval '1 minute', now(), 'Error', 'boom', 'u-' || g"
+            "   FROM generate_series(1, 2500) AS g ORDER BY g RETURNING id"
+        )
+    ]
+    calls: list[int] = []
+    with db.connect(autocommit=False) as operator:
+        calls.append(len(operator.execute("SELECT retry_of FROM jobs.retry_many(%s)", (failed,)).fetchall()))
+        held = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+            (operator.info.backend_pid,),
+        ).fetchone()
+        operator.commit()
+    assert held is not None and held[0] <= 1100, f"a retry of {calls[0]} runs held {held[0]} advisory locks"
+    while len(calls) < 5 and sum(calls) < len(failed):
+        calls.append(len(conn.execute("SELECT retry_of FROM jobs.retry_many(%s)", (failed,)).fetchall()))
+    assert calls == [1000, 1000, 500], calls
+    retried = conn.execute(
+        "SELECT count(DISTINCT retry_of), count(*) FROM jobs.runs WHERE retry_of = ANY(%s)", (failed,)
+    ).fetchone()
+    assert retried == (2500, 2500), retried
+
+
 def test_discard_deletes_only_failed_runs(conn: Conn) -> None:
     failed = _failed_runs(conn, 2)
     queued = conn.execute("SELECT id FROM jobs.enqueue('k')").fetchone()

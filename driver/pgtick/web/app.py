@@ -765,7 +765,8 @@ class Dashboard:
                 done = await queries.discard(conn, ids)
                 left = ids if done < len(ids) else []  # (those it deleted are gone: not found below)
             # What the SQL API passes over by its rules (a second failed run of a unique key, a
-            # run whose definition was deleted, an attempt a blocked run waits on) is passed over
+            # run whose definition was deleted, the runs of unique keys past the first 1,000 of a
+            # retry, an attempt a blocked run waits on) is passed over
             # on every click: the rest is done. A run gone or retried meanwhile was taken by
             # another action (the same one sent twice at once): then nothing is done.
             kept = await queries.passed_over(conn, feats, left, unretried=action == "retry") if left else []
@@ -780,7 +781,8 @@ class Dashboard:
             detail: dict[str, Any] = {"filter": flt.params(), past: done, "runs": ids}
             if kept:
                 why = (
-                    "a run of its unique key is queued or running, or its definition was deleted"
+                    "a run of its unique key is queued or running, its definition was deleted, or"
+                    " it is past the 1,000 unique keys one retry takes: retry again for those"
                     if action == "retry"
                     else "a blocked run waits on its retry chain, or it links attempts that stay"
                 )
