@@ -655,6 +655,7 @@ BEGIN
         RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('delay', jobs._mixed_signs_problem(snooze.delay));
     IF NOT jobs._hold_own_run(snooze.run_id, snooze.worker, snooze.claim_token) THEN
         RETURN FALSE;
     END IF;

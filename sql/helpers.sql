@@ -595,6 +595,31 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, rate_period, misfire_grace).';
 
+-- Whether an interval's months, days and time have different signs ('-11 months 331 days',
+-- '1 day -23 hours'). PostgreSQL compares such a value counting a month as 30 days and a day as
+-- 24 hours, but adds it to a timestamp part by part, in calendar months and in days of the
+-- session's time zone: how long it then lasts depends on the date, and can be nothing or less
+-- (a lease of '-11 months 331 days', a day as compared, expires days before it is taken).
+CREATE OR REPLACE FUNCTION jobs._mixed_signs(value interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT (p.months > interval '0' OR p.days > interval '0' OR p.time > interval '0')
+       AND (p.months < interval '0' OR p.days < interval '0' OR p.time < interval '0')
+      FROM (SELECT date_trunc('month', value) AS months,
+                   date_trunc('day', value) - date_trunc('month', value) AS days,
+                   value - date_trunc('day', value) AS time) AS p
+$$;
+COMMENT ON FUNCTION jobs._mixed_signs(interval) IS 'Private: true when the months, days and time of an interval do not all have the same sign (zeros aside), so that its length as added to a timestamp depends on the date; NULL for NULL.';
+
+-- The refusal of such an interval, with the value it compares as.
+CREATE OR REPLACE FUNCTION jobs._mixed_signs_problem(value interval) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT CASE WHEN jobs._mixed_signs(value) THEN
+        format('must not mix positive and negative parts (months, days, time), got %s: its length would '
+               'depend on the date; give it in parts of one sign, such as %s', value, justify_interval(value))
+    END
+$$;
+COMMENT ON FUNCTION jobs._mixed_signs_problem(interval) IS 'Private: why an interval whose parts have different signs is refused (jobs._mixed_signs), naming the value it compares as; NULL when its parts agree or it is NULL.';
+
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
 -- A field with no bounds is a mistake in pgtick's own code: XX000.
 CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval) RETURNS text
@@ -612,9 +637,9 @@ BEGIN
     IF value NOT BETWEEN b.low::interval AND b.high::interval THEN
         RETURN format('must be an interval between %s and %s, got %s', b.low, b.high, value);
     END IF;
-    RETURN NULL;
+    RETURN jobs._mixed_signs_problem(value);
 END $$;
-COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL; XX000 for a field with no bounds.';
+COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds) or mixes signs (jobs._mixed_signs), or NULL when it is within them or NULL; XX000 for a field with no bounds.';
 
 -- Raise 22023 naming the field when a duration is outside its bounds (NULL passes: "the default").
 -- Every check here is a plain expression: the common call, with NULL, costs no statement.

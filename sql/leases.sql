@@ -62,8 +62,9 @@ BEGIN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('ttl', jobs._mixed_signs_problem(ttl));
 END $$;
-COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
+COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year whose parts have one sign (jobs.acquire_lease, jobs.renew_lease).';
 
 -- Take a lease if it is free or expired.
 CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval) RETURNS boolean

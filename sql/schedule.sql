@@ -416,6 +416,7 @@ BEGIN
     IF jitter IS NOT NULL AND (jitter < interval '0' OR jitter > interval '1 day') THEN
         RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('jitter', jobs._mixed_signs_problem(jitter));
     IF jitter > interval '0' AND NOT recurring THEN   -- a one-shot runs at its run_at
         RAISE EXCEPTION 'jitter applies to a recurring schedule, not to run_at'
             USING ERRCODE = '22023', HINT = 'Put the delay into run_at itself.';

@@ -17,6 +17,7 @@ INVALID = "22023"
 NOT_FOUND = "P0002"
 INJECTION = "x'); DROP TABLE jobs.runs; --"
 SCHEDULE_CONTROL = "schedule must not contain control characters"
+MIXED = "must not mix positive and negative parts (months, days, time)"
 
 Case = tuple[str, tuple[Any, ...] | None, str, str]
 
@@ -113,6 +114,45 @@ CASES: list[Case] = [
         'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "FREQ=DAILY;X-A=\\u001b"}]\')',
         "definitions[0] (d): schedule must not contain control characters",
     ),
+    # an interval whose months, days and time differ in sign compares as one length (a month as
+    # 30 days) but lasts another from each date it is added to, even less than nothing: a lease
+    # of '-11 months 331 days' (a day as compared) expired days before it was taken
+    bad(
+        "SELECT jobs.acquire_lease('l', 'o', '-11 months 331 days')",
+        f"ttl {MIXED}, got -11 mons +331 days: its length would depend on the date; give it in parts"
+        " of one sign, such as 1 day",
+    ),
+    bad("SELECT jobs.renew_lease('l', 'o', '1 day -23 hours')", f"ttl {MIXED}, got 1 day -23:00:00"),
+    bad("SELECT jobs.enqueue('k', timeout => '-1 month 31 days')", f"timeout {MIXED}, got -1 mons +31 days"),
+    bad("SELECT jobs.enqueue('k', heartbeat_timeout => '1 day -1 second')", f"heartbeat_timeout {MIXED}"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '1 month -1 day')", f"unique_for {MIXED}"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', timeout => '-1 month 31 days')", f"timeout {MIXED}"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', jitter => '1 day -1 hour')", f"jitter {MIXED}"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timeout => '-1 month 31 days')", f"timeout {MIXED}"),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "jitter": "1 day -1 hour"}]\')',
+        f"definitions[0] (d): jitter {MIXED}",
+    ),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "heartbeat_timeout": "-1 month 31 days"}]\')',
+        f"definitions[0] (d): heartbeat_timeout {MIXED}",
+    ),
+    bad("SELECT jobs.snooze(%s, 'w1', '1 day -1 hour')", f"delay {MIXED}", params=("RUNNING",)),
+    bad(
+        "SELECT jobs.set_limit('kind', 'k', rate_limit => 1, rate_period => '1 day -1 hour')",
+        f"rate_period {MIXED}",
+    ),
+    # kept as elapsed time (a year as 365.25 days): an hour as compared, minus 125 hours as stored
+    bad(
+        "SELECT jobs.set_limit('kind', 'k', rate_limit => 1, rate_period => '-1 year 360 days 1 hour')",
+        f"rate_period {MIXED}",
+    ),
+    bad("SELECT jobs.set_retry_policy('k', backoff_max => '1 month -1 day')", f"backoff_max {MIXED}"),
+    bad("SELECT jobs.prune('-11 months 331 days')", f"older_than {MIXED}"),
+    bad("SELECT jobs.materialize_one_shots('1 day -1 hour')", f"lookahead {MIXED}"),
+    bad("UPDATE jobs.config SET retention = '-11 months 331 days'", f"jobs.config.retention {MIXED}"),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
     bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),
