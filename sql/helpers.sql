@@ -490,11 +490,28 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN length(value) <= 200 AND value ~ '^[ -~]+$' AND value ~ '[!-~]';
 COMMENT ON FUNCTION jobs._plain_name(text) IS 'Private: true when the text is certainly a name (1 to 200 printable ASCII characters, not only spaces); where false, jobs._check_name decides.';
 
+-- The first character of the text that hides in it or turns the text after it around, or NULL:
+-- bidirectional overrides, isolates and marks (U+202E, U+2066, U+200F, U+061C...), line and
+-- paragraph separators, zero-width space, word joiner and the other invisible format characters
+-- (U+00AD soft hyphen, U+2061-2064, U+206A-206F, U+180E, U+FFF9-FFFB, U+1D173-1D17A, the
+-- language tag U+E0001), the combining grapheme joiner, the Hangul fillers and Khmer inherent
+-- vowels that show nothing (a name of U+3164 alone reads as blank), the byte order mark. A name
+-- holding one would read, in a terminal, a log line or the dashboard, as another name. Not
+-- refused: the zero-width (non-)joiners and variation selectors that scripts and emoji need,
+-- and the tags that spell a flag's region.
+CREATE OR REPLACE FUNCTION jobs._hidden_character(value text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT substring(value FROM U&'[\00AD\034F\061C\115F\1160\17B4\17B5\180E\200B\200E\200F\2028-\202E\2060-\2064\2066-\206F\3164\FEFF\FFA0\FFF9-\FFFB\+01D173-\+01D17A\+0E0001]')
+$$;
+COMMENT ON FUNCTION jobs._hidden_character(text) IS 'Private: the first character of the text that is invisible or turns text around (bidirectional overrides, isolates and marks, separators, zero-width space, invisible format characters, fillers that show nothing, the byte order mark), or NULL: what jobs._check_name refuses in a name.';
+
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables) or one that hides or turns text around, nor only spaces.
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_hidden text;
 BEGIN
     PERFORM jobs._check_text(field, value, 200);
     IF value ~ '[[:cntrl:]]' THEN
@@ -505,13 +522,11 @@ BEGIN
         RAISE EXCEPTION '% must not be blank (only spaces), got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
-    -- Characters that turn the text after them around or hide in it (bidirectional overrides and
-    -- isolates, line and paragraph separators, zero-width space, word joiner, byte order mark):
-    -- a name shown in a terminal, a log line or the dashboard would read as another.
-    IF value ~ U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]' THEN
+    v_hidden := upper(to_hex(ascii(jobs._hidden_character(value))));
+    IF v_hidden IS NOT NULL THEN
         RAISE EXCEPTION '% must not contain invisible or text-direction characters, got U+% at character %',
-            field, upper(to_hex(ascii(substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]')))),
-            strpos(value, substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]'))
+            field, lpad(v_hidden, greatest(4, length(v_hidden)), '0'),
+            strpos(value, jobs._hidden_character(value))
             USING ERRCODE = '22023';
     END IF;
 END $$;

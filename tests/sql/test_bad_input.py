@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from harness import Conn, add_definition, add_runs, digest, expect_error, scalar
+from pgtick.app import HIDDEN_CHARACTERS
 
 BIG = 1_100_000  # characters: a payload over the default 1 MiB jobs.config.max_payload_bytes
 INVALID = "22023"
@@ -49,6 +50,22 @@ CASES: list[Case] = [
         "queue must not contain invisible or text-direction",
     ),
     bad("SELECT jobs.define(U&'\\FEFFnightly', 'k', run_at => now())", "name must not contain invisible"),
+    # marks that turn text around, format characters and fillers that show nothing: a name
+    # holding one reads as another name, or (U+3164 alone) as no name at all
+    bad(
+        "SELECT jobs.enqueue(U&'report\\200F-2')",
+        "kind must not contain invisible or text-direction characters, got U+200F",
+    ),
+    bad(
+        "SELECT jobs.enqueue('k', queue => U&'\\3164')",
+        "queue must not contain invisible or text-direction characters, got U+3164",
+    ),
+    bad("SELECT jobs.define(U&'night\\00ADly', 'k', run_at => now())", "name must not contain invisible"),
+    bad("SELECT jobs.set_limit('kind', U&'k\\061C', max_running => 1)", "got U+061C at character 2"),
+    bad(
+        "SELECT * FROM jobs.claim(1, U&'web\\+01D1731')",
+        "worker must not contain invisible or text-direction characters, got U+1D173 at character 4",
+    ),
     bad("SELECT jobs.set_limit('queue', U&'q\\2066x', max_running => 1)", "name must not contain invisible"),
     bad("SELECT jobs.define('  ', 'k', run_at => now())", "name must not be blank"),
     bad(
@@ -540,10 +557,36 @@ def test_extreme_but_valid_timestamps(conn: psycopg.Connection[Any]) -> None:
 
 def test_names_in_any_script_are_taken(conn: Conn) -> None:
     """Only characters that hide or turn text around are refused in names: accents, other
-    scripts, the zero-width non-joiner Persian writes with, emoji joined by U+200D are names."""
-    names = ["été", "отчёт", "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627", "日報", "👩\u200d💻-build"]
+    scripts, the zero-width non-joiner Persian writes with, emoji joined by U+200D, variation
+    selectors and the tags of a region's flag are names."""
+    names = [
+        "été",
+        "отчёт",
+        "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627",
+        "日報",
+        "👩\u200d💻-build",
+        "❤\ufe0f-digest",  # a variation selector
+        # a region's flag, spelled with tags
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f-sales",
+    ]
     for name in names:
         conn.execute("SELECT jobs.enqueue(%s, queue => %s)", (name, name))
         conn.execute("SELECT jobs.define(%s, %s, run_at => now() + interval '1 day')", (name, name))
     assert sorted(r[0] for r in conn.execute("SELECT kind FROM jobs.runs").fetchall()) == sorted(names)
     assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == len(names)
+
+
+def test_the_driver_refuses_in_names_the_characters_the_sql_api_refuses(conn: Conn) -> None:
+    """pgtick.app.HIDDEN_CHARACTERS (job kinds, the dashboard's forms) is the set
+    jobs._hidden_character finds, over every code point: a name one side takes, the other takes."""
+    refused = {
+        chr(cp)
+        for (cp,) in conn.execute(
+            "SELECT cp FROM generate_series(1, 1114111) AS cp"
+            " WHERE cp NOT BETWEEN 55296 AND 57343 AND jobs._hidden_character(chr(cp)) IS NOT NULL"
+        ).fetchall()
+    }
+    assert refused == HIDDEN_CHARACTERS, (
+        f"only SQL: {sorted(f'U+{ord(c):04X}' for c in refused - HIDDEN_CHARACTERS)}, "
+        f"only the driver: {sorted(f'U+{ord(c):04X}' for c in HIDDEN_CHARACTERS - refused)}"
+    )
