@@ -517,7 +517,7 @@ DECLARE
     v_keys text[] := '{}';
 BEGIN
     IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
-        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
+        RAISE EXCEPTION 'scope must be queue or kind, got %', jobs._shown(set_limit.scope)
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_name('name', set_limit.name);
@@ -630,7 +630,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF remove_limit.scope IS NULL OR remove_limit.scope NOT IN ('queue', 'kind') THEN
-        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(remove_limit.scope, 'NULL')
+        RAISE EXCEPTION 'scope must be queue or kind, got %', jobs._shown(remove_limit.scope)
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_text('name', remove_limit.name, 200);

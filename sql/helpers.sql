@@ -505,6 +505,40 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
 $$;
 COMMENT ON FUNCTION jobs._hidden_character(text) IS 'Private: the first character of the text that is invisible or turns text around (bidirectional overrides, isolates and marks, separators, zero-width space, invisible format characters, fillers that show nothing, the byte order mark), or NULL: what jobs._check_name refuses in a name.';
 
+-- How an error message shows a refused text: quoted as quote_literal quotes it, at most 100
+-- characters (then how many there were), control and invisible or text-direction characters
+-- written as \n, \t, \r or \uXXXX (and a backslash as \\), so the message stays one short line
+-- that reads as what was sent, whatever was sent (10 MB, a forged log line, a U+202E); NULL
+-- as NULL.
+CREATE OR REPLACE FUNCTION jobs._shown(value text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_char text;
+    v_out text := '';
+BEGIN
+    IF value IS NULL THEN
+        RETURN 'NULL';
+    END IF;
+    IF length(value) <= 100 AND value !~ '[[:cntrl:]\\]' AND jobs._hidden_character(value) IS NULL THEN
+        RETURN quote_literal(value);
+    END IF;
+    FOREACH v_char IN ARRAY regexp_split_to_array(left(value, 100), '') LOOP
+        v_out := v_out || CASE
+            WHEN v_char = E'\n' THEN '\n'
+            WHEN v_char = E'\r' THEN '\r'
+            WHEN v_char = E'\t' THEN '\t'
+            WHEN v_char = '\' THEN '\\'
+            WHEN v_char = '''' THEN ''''''
+            WHEN v_char ~ '[[:cntrl:]]' OR jobs._hidden_character(v_char) IS NOT NULL
+                THEN '\u' || lpad(upper(to_hex(ascii(v_char))), greatest(4, length(to_hex(ascii(v_char)))), '0')
+            ELSE v_char
+        END;
+    END LOOP;
+    RETURN '''' || v_out || ''''
+        || CASE WHEN length(value) > 100 THEN format('... (%s characters)', length(value)) ELSE '' END;
+END $$;
+COMMENT ON FUNCTION jobs._shown(text) IS 'Private: a refused text as an error message shows it: quoted, at most 100 characters (then its length), control and invisible characters escaped (\n, \uXXXX); NULL as NULL.';
+
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables) or one that hides or turns text around, nor only spaces.

@@ -5,6 +5,7 @@ afterwards: runs, definitions, policies, config, leases, limits and paused queue
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import psycopg
@@ -590,3 +591,57 @@ def test_the_driver_refuses_in_names_the_characters_the_sql_api_refuses(conn: Co
         f"only SQL: {sorted(f'U+{ord(c):04X}' for c in refused - HIDDEN_CHARACTERS)}, "
         f"only the driver: {sorted(f'U+{ord(c):04X}' for c in HIDDEN_CHARACTERS - refused)}"
     )
+
+
+ECHOED = [
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => %(v)s)", "unique_while must be"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => %(v)s)", "on_conflict must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', misfire_policy => %(v)s)", "misfire_policy must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', overlap_policy => %(v)s)", "overlap_policy must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', dst_gap => %(v)s)", "dst_gap must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', dst_repeat => %(v)s)", "dst_repeat must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => %(v)s)", "timezone '"),
+    ("SELECT jobs.define('d', 'k', 'x' || %(v)s)", "schedule "),
+    ("SELECT jobs.fail(%(RUNNING)s, 'w1', reason => %(v)s)", "reason must be"),
+    ("SELECT jobs.set_limit(%(v)s, 'x', max_running => 1)", "scope must be"),
+    ("SELECT jobs.remove_limit(%(v)s, 'x')", "scope must be"),
+    ("SELECT * FROM jobs.claim(1, 'w', kinds => ARRAY[%(v)s, NULL])", "kinds must hold"),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'run_at', 'x' || %(v)s::text)))",
+        "run_at must be a timestamp, got 'x",
+    ),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'schedule', '0 9 * * *', 'timeout', %(v)s::text)))",
+        "timeout must be a number of seconds or an interval",
+    ),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'schedule', '0 9 * * *', 'jitter', %(v)s::text)))",
+        "jitter must be a number of seconds or an interval",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sql", "mention"), ECHOED, ids=[_label(c[0], None) for c in ECHOED])
+@pytest.mark.parametrize(
+    "value",
+    ["x" * 10_000_000, "later\n2026-12-07 ERROR:  forged", "pay\u202eyal"],
+    ids=["10MB", "newline", "U+202E"],
+)
+def test_a_refused_value_is_shown_in_one_short_line_as_sent(
+    conn: Conn, sql: str, mention: str, value: str
+) -> None:
+    """A message that shows the value it refuses shows at most 100 characters of it (then how
+    many there were), with line breaks and invisible or text-direction characters escaped: a
+    10 MB value makes no 10 MB message (in the server log, on a terminal), a line break
+    forges no log line, a U+202E turns no text around."""
+    ids = _seed(conn)
+    before = digest(conn)
+    err = expect_error(conn, sql, {"v": value, "RUNNING": ids["RUNNING"]}, INVALID, mention)
+    message = err.diag.message_primary or ""
+    assert len(message) < 400, f"{sql}: a message of {len(message)} characters"
+    hidden = [c for c in message if unicodedata.category(c) in ("Cc", "Cf") or c in HIDDEN_CHARACTERS]
+    assert not hidden, f"{sql}: the message holds {hidden!r}: {message!r}"
+    assert digest(conn) == before, f"{sql}: changed the database"
