@@ -660,7 +660,7 @@ BEGIN
         RETURN FALSE;
     END IF;
     UPDATE jobs.runs AS r
-       SET status = 'QUEUED', scheduled_for = now() + snooze.delay,
+       SET status = 'QUEUED', scheduled_for = now() + make_interval(secs => extract(EPOCH FROM snooze.delay)),
            started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
      WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
     RETURN jobs._notify_if(FOUND);

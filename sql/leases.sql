@@ -74,8 +74,11 @@ BEGIN
     PERFORM jobs._check_name('name', acquire_lease.name);
     PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
     PERFORM jobs._check_ttl(acquire_lease.ttl);
+    -- The ttl as elapsed time (1 day as 24 hours): a day added to a timestamp is a calendar day
+    -- of the caller's TimeZone, 23 hours on the day it springs forward.
     INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)
-    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(), clock_timestamp() + acquire_lease.ttl, 0)
+    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(),
+            clock_timestamp() + make_interval(secs => extract(EPOCH FROM acquire_lease.ttl)), 0)
     ON CONFLICT (name) DO UPDATE
        SET owner = excluded.owner, acquired_at = excluded.acquired_at,
            expires_at = excluded.expires_at, consecutive_skips = 0
@@ -98,7 +101,8 @@ BEGIN
     PERFORM jobs._check_name('name', renew_lease.name);
     PERFORM jobs._check_text('owner', renew_lease.owner, 200);
     PERFORM jobs._check_ttl(renew_lease.ttl);
-    UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
+    UPDATE jobs.leases AS l
+       SET expires_at = clock_timestamp() + make_interval(secs => extract(EPOCH FROM renew_lease.ttl))
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;
 END $$;
