@@ -598,7 +598,8 @@ BEGIN
         RAISE EXCEPTION '% must be a list of names, not an array of % dimensions', field, array_ndims(value)
             USING ERRCODE = '22023';
     END IF;
-    FOR i IN 1 .. cardinality(value) LOOP
+    -- By the list's own subscripts ('[0:1]={a,b}' holds [0] and [1]): an element is named where it is.
+    FOR i IN array_lower(value, 1) .. array_upper(value, 1) LOOP
         PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
     END LOOP;
 END $$;

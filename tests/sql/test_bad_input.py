@@ -106,6 +106,8 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue('k', unique_while => 'ever')", "need a unique_key"),
     bad("SELECT jobs.set_retry_policy('k', allow => '{NULL}')", "allow[1]"),
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY['E', ''])", "deny[2]"),
+    # an element is named by the list's own subscripts, not by its position from 1
+    bad("SELECT jobs.set_retry_policy('k', allow => '[5:6]={E,\"\"}')", "allow[6] must be a non-empty text"),
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY[repeat('E', 201)])", "deny[1]"),
     bad("SELECT jobs.acquire_lease(E'nightly\\n', 'o', '1 minute')", "control characters"),
     bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => NULL)", "timezone NULL is not"),
