@@ -66,7 +66,7 @@ BEGIN
                 RETURN 'run_at ' || v_text;
             END IF;
         EXCEPTION WHEN data_exception THEN
-            RETURN format('run_at must be a timestamp, got %s', quote_literal(e ->> 'run_at'));
+            RETURN format('run_at must be a timestamp, got %s', jobs._shown(e ->> 'run_at'));
         END;
     END IF;
     IF e ? 'payload' THEN
@@ -99,7 +99,7 @@ BEGIN
                 v_text := jobs._duration_problem(v_key, jobs._json_interval(e -> v_key));
             EXCEPTION WHEN data_exception THEN
                 SELECT format('%s must be a number of seconds or an interval between %s and %s, got %s',
-                              v_key, b.low, b.high, e -> v_key)
+                              v_key, b.low, b.high, jobs._shown((e -> v_key)::text))
                   INTO v_text FROM jobs._duration_bounds(v_key) AS b;
                 RETURN v_text;
             END;
@@ -126,7 +126,7 @@ BEGIN
         WHEN invalid_parameter_value THEN
             RETURN SQLERRM;
         WHEN data_exception THEN
-            RETURN format('jitter must be a number of seconds or an interval, got %s', e -> 'jitter');
+            RETURN format('jitter must be a number of seconds or an interval, got %s', jobs._shown((e -> 'jitter')::text));
     END;
     RETURN NULL;
 END $$;

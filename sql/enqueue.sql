@@ -143,14 +143,14 @@ BEGIN
         PERFORM jobs._check_key('unique_key', enqueue.unique_key);
     END IF;
     IF enqueue.unique_while IS NULL OR enqueue.unique_while NOT IN ('queued', 'active', 'ever') THEN
-        RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', coalesce(enqueue.unique_while, 'NULL')
+        RAISE EXCEPTION 'unique_while must be queued, active or ever, got %', jobs._shown(enqueue.unique_while)
             USING ERRCODE = '22023';
     END IF;
     IF enqueue.unique_for IS NOT NULL THEN
         PERFORM jobs._check_duration('unique_for', enqueue.unique_for);
     END IF;
     IF enqueue.on_conflict IS NULL OR enqueue.on_conflict NOT IN ('ignore', 'replace', 'debounce') THEN
-        RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', coalesce(enqueue.on_conflict, 'NULL')
+        RAISE EXCEPTION 'on_conflict must be ignore, replace or debounce, got %', jobs._shown(enqueue.on_conflict)
             USING ERRCODE = '22023';
     END IF;
     IF enqueue.unique_key IS NOT NULL AND enqueue.idempotency_key IS NOT NULL THEN

@@ -537,7 +537,7 @@ DECLARE
     v_keys text[] := '{}';
 BEGIN
     IF set_limit.scope IS NULL OR set_limit.scope NOT IN ('queue', 'kind') THEN
-        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(set_limit.scope, 'NULL')
+        RAISE EXCEPTION 'scope must be queue or kind, got %', jobs._shown(set_limit.scope)
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_name('name', set_limit.name);
@@ -650,7 +650,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
 BEGIN
     IF remove_limit.scope IS NULL OR remove_limit.scope NOT IN ('queue', 'kind') THEN
-        RAISE EXCEPTION 'scope must be queue or kind, got %', coalesce(remove_limit.scope, 'NULL')
+        RAISE EXCEPTION 'scope must be queue or kind, got %', jobs._shown(remove_limit.scope)
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_text('name', remove_limit.name, 200);
@@ -675,6 +675,7 @@ BEGIN
         RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('delay', jobs._mixed_signs_problem(snooze.delay));
     IF NOT jobs._hold_own_run(snooze.run_id, snooze.worker, snooze.claim_token) THEN
         RETURN FALSE;
     END IF;

@@ -506,11 +506,62 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN length(value) <= 200 AND value ~ '^[ -~]+$' AND value ~ '[!-~]';
 COMMENT ON FUNCTION jobs._plain_name(text) IS 'Private: true when the text is certainly a name (1 to 200 printable ASCII characters, not only spaces); where false, jobs._check_name decides.';
 
+-- The first character of the text that hides in it or turns the text after it around, or NULL:
+-- bidirectional overrides, isolates and marks (U+202E, U+2066, U+200F, U+061C...), line and
+-- paragraph separators, zero-width space, word joiner and the other invisible format characters
+-- (U+00AD soft hyphen, U+2061-2064, U+206A-206F, U+180E, U+FFF9-FFFB, U+1D173-1D17A, the
+-- language tag U+E0001), the combining grapheme joiner, the Hangul fillers and Khmer inherent
+-- vowels that show nothing (a name of U+3164 alone reads as blank), the byte order mark. A name
+-- holding one would read, in a terminal, a log line or the dashboard, as another name. Not
+-- refused: the zero-width (non-)joiners and variation selectors that scripts and emoji need,
+-- and the tags that spell a flag's region.
+CREATE OR REPLACE FUNCTION jobs._hidden_character(value text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT substring(value FROM U&'[\00AD\034F\061C\115F\1160\17B4\17B5\180E\200B\200E\200F\2028-\202E\2060-\2064\2066-\206F\3164\FEFF\FFA0\FFF9-\FFFB\+01D173-\+01D17A\+0E0001]')
+$$;
+COMMENT ON FUNCTION jobs._hidden_character(text) IS 'Private: the first character of the text that is invisible or turns text around (bidirectional overrides, isolates and marks, separators, zero-width space, invisible format characters, fillers that show nothing, the byte order mark), or NULL: what jobs._check_name refuses in a name.';
+
+-- How an error message shows a refused text: quoted as quote_literal quotes it, at most 100
+-- characters (then how many there were), control and invisible or text-direction characters
+-- written as \n, \t, \r or \uXXXX (and a backslash as \\), so the message stays one short line
+-- that reads as what was sent, whatever was sent (10 MB, a forged log line, a U+202E); NULL
+-- as NULL.
+CREATE OR REPLACE FUNCTION jobs._shown(value text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_char text;
+    v_out text := '';
+BEGIN
+    IF value IS NULL THEN
+        RETURN 'NULL';
+    END IF;
+    IF length(value) <= 100 AND value !~ '[[:cntrl:]\\]' AND jobs._hidden_character(value) IS NULL THEN
+        RETURN quote_literal(value);
+    END IF;
+    FOREACH v_char IN ARRAY regexp_split_to_array(left(value, 100), '') LOOP
+        v_out := v_out || CASE
+            WHEN v_char = E'\n' THEN '\n'
+            WHEN v_char = E'\r' THEN '\r'
+            WHEN v_char = E'\t' THEN '\t'
+            WHEN v_char = '\' THEN '\\'
+            WHEN v_char = '''' THEN ''''''
+            WHEN v_char ~ '[[:cntrl:]]' OR jobs._hidden_character(v_char) IS NOT NULL
+                THEN '\u' || lpad(upper(to_hex(ascii(v_char))), greatest(4, length(to_hex(ascii(v_char)))), '0')
+            ELSE v_char
+        END;
+    END LOOP;
+    RETURN '''' || v_out || ''''
+        || CASE WHEN length(value) > 100 THEN format('... (%s characters)', length(value)) ELSE '' END;
+END $$;
+COMMENT ON FUNCTION jobs._shown(text) IS 'Private: a refused text as an error message shows it: quoted, at most 100 characters (then its length), control and invisible characters escaped (\n, \uXXXX); NULL as NULL.';
+
 -- Raise 22023 naming the field unless the text is a name: 1 to 200 characters, none of them a
 -- control character (a newline or escape in a kind, queue or definition name would forge lines
 -- in logs and break the CLI's tables) or one that hides or turns text around, nor only spaces.
 CREATE OR REPLACE FUNCTION jobs._check_name(field text, value text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_hidden text;
 BEGIN
     PERFORM jobs._check_text(field, value, 200);
     IF value ~ '[[:cntrl:]]' THEN
@@ -521,13 +572,11 @@ BEGIN
         RAISE EXCEPTION '% must not be blank (only spaces), got %', field, to_json(value)
             USING ERRCODE = '22023';
     END IF;
-    -- Characters that turn the text after them around or hide in it (bidirectional overrides and
-    -- isolates, line and paragraph separators, zero-width space, word joiner, byte order mark):
-    -- a name shown in a terminal, a log line or the dashboard would read as another.
-    IF value ~ U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]' THEN
+    v_hidden := upper(to_hex(ascii(jobs._hidden_character(value))));
+    IF v_hidden IS NOT NULL THEN
         RAISE EXCEPTION '% must not contain invisible or text-direction characters, got U+% at character %',
-            field, upper(to_hex(ascii(substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]')))),
-            strpos(value, substring(value FROM U&'[\200B\2028-\202E\2060\2066-\2069\FEFF]'))
+            field, lpad(v_hidden, greatest(4, length(v_hidden)), '0'),
+            strpos(value, jobs._hidden_character(value))
             USING ERRCODE = '22023';
     END IF;
 END $$;
@@ -565,7 +614,8 @@ BEGIN
         RAISE EXCEPTION '% must be a list of names, not an array of % dimensions', field, array_ndims(value)
             USING ERRCODE = '22023';
     END IF;
-    FOR i IN 1 .. cardinality(value) LOOP
+    -- By the list's own subscripts ('[0:1]={a,b}' holds [0] and [1]): an element is named where it is.
+    FOR i IN array_lower(value, 1) .. array_upper(value, 1) LOOP
         PERFORM jobs._check_name(format('%s[%s]', field, i), value[i]);
     END LOOP;
 END $$;
@@ -611,6 +661,31 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._duration_bounds(text) IS 'Private: the smallest and largest interval accepted for a duration field (timeout, heartbeat_timeout, orphan_timeout, backoff_initial, backoff_max, unique_for, retention, archive_after, older_than, lookahead, rate_period, misfire_grace).';
 
+-- Whether an interval's months, days and time have different signs ('-11 months 331 days',
+-- '1 day -23 hours'). PostgreSQL compares such a value counting a month as 30 days and a day as
+-- 24 hours, but adds it to a timestamp part by part, in calendar months and in days of the
+-- session's time zone: how long it then lasts depends on the date, and can be nothing or less
+-- (a lease of '-11 months 331 days', a day as compared, expires days before it is taken).
+CREATE OR REPLACE FUNCTION jobs._mixed_signs(value interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT (p.months > interval '0' OR p.days > interval '0' OR p.time > interval '0')
+       AND (p.months < interval '0' OR p.days < interval '0' OR p.time < interval '0')
+      FROM (SELECT date_trunc('month', value) AS months,
+                   date_trunc('day', value) - date_trunc('month', value) AS days,
+                   value - date_trunc('day', value) AS time) AS p
+$$;
+COMMENT ON FUNCTION jobs._mixed_signs(interval) IS 'Private: true when the months, days and time of an interval do not all have the same sign (zeros aside), so that its length as added to a timestamp depends on the date; NULL for NULL.';
+
+-- The refusal of such an interval, with the value it compares as.
+CREATE OR REPLACE FUNCTION jobs._mixed_signs_problem(value interval) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT CASE WHEN jobs._mixed_signs(value) THEN
+        format('must not mix positive and negative parts (months, days, time), got %s: its length would '
+               'depend on the date; give it in parts of one sign, such as %s', value, justify_interval(value))
+    END
+$$;
+COMMENT ON FUNCTION jobs._mixed_signs_problem(interval) IS 'Private: why an interval whose parts have different signs is refused (jobs._mixed_signs), naming the value it compares as; NULL when its parts agree or it is NULL.';
+
 -- What is wrong with a duration (NULL when nothing, or when the value is NULL: "the default").
 -- A field with no bounds is a mistake in pgtick's own code: XX000.
 CREATE OR REPLACE FUNCTION jobs._duration_problem(field text, value interval) RETURNS text
@@ -628,9 +703,9 @@ BEGIN
     IF value NOT BETWEEN b.low::interval AND b.high::interval THEN
         RETURN format('must be an interval between %s and %s, got %s', b.low, b.high, value);
     END IF;
-    RETURN NULL;
+    RETURN jobs._mixed_signs_problem(value);
 END $$;
-COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds), or NULL when it is within them or NULL; XX000 for a field with no bounds.';
+COMMENT ON FUNCTION jobs._duration_problem(text, interval) IS 'Private: why the interval is out of the bounds of its field (jobs._duration_bounds) or mixes signs (jobs._mixed_signs), or NULL when it is within them or NULL; XX000 for a field with no bounds.';
 
 -- Raise 22023 naming the field when a duration is outside its bounds (NULL passes: "the default").
 -- Every check here is a plain expression: the common call, with NULL, costs no statement.

@@ -74,8 +74,9 @@ BEGIN
         RAISE EXCEPTION 'ttl must be a positive interval of at most a year, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('ttl', jobs._mixed_signs_problem(ttl));
 END $$;
-COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year (jobs.acquire_lease, jobs.renew_lease).';
+COMMENT ON FUNCTION jobs._check_ttl(interval) IS 'Private: raises 22023 naming ttl unless it is a positive interval of at most a year whose parts have one sign (jobs.acquire_lease, jobs.renew_lease).';
 
 -- Take a lease if it is free or expired.
 CREATE OR REPLACE FUNCTION jobs.acquire_lease(name text, owner text, ttl interval) RETURNS boolean
@@ -85,8 +86,11 @@ BEGIN
     PERFORM jobs._check_name('name', acquire_lease.name);
     PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
     PERFORM jobs._check_ttl(acquire_lease.ttl);
+    -- The ttl as elapsed time (1 day as 24 hours): a day added to a timestamp is a calendar day
+    -- of the caller's TimeZone, 23 hours on the day it springs forward.
     INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)
-    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(), clock_timestamp() + acquire_lease.ttl, 0)
+    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(),
+            clock_timestamp() + make_interval(secs => extract(EPOCH FROM acquire_lease.ttl)), 0)
     ON CONFLICT (name) DO UPDATE
        SET owner = excluded.owner, acquired_at = excluded.acquired_at,
            expires_at = excluded.expires_at, consecutive_skips = 0
@@ -109,7 +113,8 @@ BEGIN
     PERFORM jobs._check_name('name', renew_lease.name);
     PERFORM jobs._check_text('owner', renew_lease.owner, 200);
     PERFORM jobs._check_ttl(renew_lease.ttl);
-    UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
+    UPDATE jobs.leases AS l
+       SET expires_at = clock_timestamp() + make_interval(secs => extract(EPOCH FROM renew_lease.ttl))
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;
 END $$;

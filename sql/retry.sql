@@ -146,7 +146,7 @@ DECLARE
     v_mine boolean;
 BEGIN
     IF fail.reason IS NULL OR fail.reason NOT IN ('Error', 'Timeout') THEN
-        RAISE EXCEPTION 'reason must be Error or Timeout, got %', coalesce(fail.reason, 'NULL')
+        RAISE EXCEPTION 'reason must be Error or Timeout, got %', jobs._shown(fail.reason)
             USING ERRCODE = '22023';
     END IF;
     IF cardinality(fail.error_classes) > 100 OR array_ndims(fail.error_classes) > 1 OR

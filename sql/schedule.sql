@@ -29,7 +29,7 @@ BEGIN
         EXISTS (SELECT FROM jobs._zones AS z WHERE z.name = zone)
         OR EXISTS (SELECT FROM pg_catalog.pg_timezone_names AS z WHERE z.name = zone)
     ) THEN
-        RETURN format('timezone %s is not a known IANA time zone name', coalesce(quote_literal(zone), 'NULL'));
+        RETURN format('timezone %s is not a known IANA time zone name', jobs._shown(zone));
     END IF;
     -- Names of the time zone files that are no place: the host's own zone (localtime, whose
     -- rules the scheduler would read from its own host), the placeholder Factory, and the
@@ -204,7 +204,7 @@ BEGIN
     -- (The driver reads a part's name and value without the spaces around them: FREQ = DAILY.)
     IF schedule !~* '(^|[\s:;])FREQ\s*=' AND schedule !~* '(^|\n)\s*RDATE\s*[;:]' THEN
         RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=... or RDATE:...)',
-                      quote_literal(schedule));
+                      jobs._shown(schedule));
     END IF;
     -- The rules: RRULE:... lines, and lines without a property name (FREQ=...;...).
     FOREACH v_line IN ARRAY regexp_split_to_array(schedule, '\r?\n') LOOP
@@ -401,13 +401,13 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF dst_gap IS NOT NULL AND dst_gap NOT IN ('shift', 'end', 'skip') THEN
-        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', quote_literal(dst_gap)
+        RAISE EXCEPTION 'dst_gap must be shift, end or skip (NULL = auto), got %', jobs._shown(dst_gap)
             USING ERRCODE = '22023',
                   HINT = 'shift: the offset before the gap (RFC 5545); end: right after the gap; skip: no run.';
     END IF;
     IF dst_repeat IS NOT NULL AND dst_repeat NOT IN ('first', 'second', 'both') THEN
         RAISE EXCEPTION 'dst_repeat must be first, second or both (NULL = auto), got %',
-            quote_literal(dst_repeat) USING ERRCODE = '22023';
+            jobs._shown(dst_repeat) USING ERRCODE = '22023';
     END IF;
     IF (dst_gap IS NOT NULL OR dst_repeat IS NOT NULL) AND NOT recurring THEN
         RAISE EXCEPTION 'dst_gap and dst_repeat apply to a recurring schedule, not to run_at'
@@ -416,6 +416,7 @@ BEGIN
     IF jitter IS NOT NULL AND (jitter < interval '0' OR jitter > interval '1 day') THEN
         RAISE EXCEPTION 'jitter must be between 0 and 1 day, got %', jitter USING ERRCODE = '22023';
     END IF;
+    PERFORM jobs._refuse('jitter', jobs._mixed_signs_problem(jitter));
     IF jitter > interval '0' AND NOT recurring THEN   -- a one-shot runs at its run_at
         RAISE EXCEPTION 'jitter applies to a recurring schedule, not to run_at'
             USING ERRCODE = '22023', HINT = 'Put the delay into run_at itself.';
@@ -630,12 +631,12 @@ BEGIN
     END IF;
     IF define.misfire_policy IS NULL OR define.misfire_policy NOT IN ('coalesce', 'catch_up', 'skip') THEN
         RAISE EXCEPTION 'misfire_policy must be coalesce, catch_up or skip, got %',
-            coalesce(define.misfire_policy, 'NULL') USING ERRCODE = '22023';
+            jobs._shown(define.misfire_policy) USING ERRCODE = '22023';
     END IF;
     IF define.overlap_policy IS NULL
        OR define.overlap_policy NOT IN ('queue', 'skip', 'buffer_one', 'cancel_other') THEN
         RAISE EXCEPTION 'overlap_policy must be queue, skip, buffer_one or cancel_other, got %',
-            coalesce(define.overlap_policy, 'NULL') USING ERRCODE = '22023';
+            jobs._shown(define.overlap_policy) USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._check_duration('timeout', define.timeout);
     PERFORM jobs._check_duration('heartbeat_timeout', define.heartbeat_timeout);

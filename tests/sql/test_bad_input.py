@@ -5,18 +5,21 @@ afterwards: runs, definitions, policies, config, leases, limits and paused queue
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import psycopg
 import pytest
 
 from harness import Conn, add_definition, add_runs, digest, expect_error, scalar
+from pgtick.app import HIDDEN_CHARACTERS
 
 BIG = 1_100_000  # characters: a payload over the default 1 MiB jobs.config.max_payload_bytes
 INVALID = "22023"
 NOT_FOUND = "P0002"
 INJECTION = "x'); DROP TABLE jobs.runs; --"
 SCHEDULE_CONTROL = "schedule must not contain control characters"
+MIXED = "must not mix positive and negative parts (months, days, time)"
 
 Case = tuple[str, tuple[Any, ...] | None, str, str]
 
@@ -48,6 +51,22 @@ CASES: list[Case] = [
         "queue must not contain invisible or text-direction",
     ),
     bad("SELECT jobs.define(U&'\\FEFFnightly', 'k', run_at => now())", "name must not contain invisible"),
+    # marks that turn text around, format characters and fillers that show nothing: a name
+    # holding one reads as another name, or (U+3164 alone) as no name at all
+    bad(
+        "SELECT jobs.enqueue(U&'report\\200F-2')",
+        "kind must not contain invisible or text-direction characters, got U+200F",
+    ),
+    bad(
+        "SELECT jobs.enqueue('k', queue => U&'\\3164')",
+        "queue must not contain invisible or text-direction characters, got U+3164",
+    ),
+    bad("SELECT jobs.define(U&'night\\00ADly', 'k', run_at => now())", "name must not contain invisible"),
+    bad("SELECT jobs.set_limit('kind', U&'k\\061C', max_running => 1)", "got U+061C at character 2"),
+    bad(
+        "SELECT * FROM jobs.claim(1, U&'web\\+01D1731')",
+        "worker must not contain invisible or text-direction characters, got U+1D173 at character 4",
+    ),
     bad("SELECT jobs.set_limit('queue', U&'q\\2066x', max_running => 1)", "name must not contain invisible"),
     bad("SELECT jobs.define('  ', 'k', run_at => now())", "name must not be blank"),
     bad(
@@ -87,6 +106,8 @@ CASES: list[Case] = [
     bad("SELECT jobs.enqueue('k', unique_while => 'ever')", "need a unique_key"),
     bad("SELECT jobs.set_retry_policy('k', allow => '{NULL}')", "allow[1]"),
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY['E', ''])", "deny[2]"),
+    # an element is named by the list's own subscripts, not by its position from 1
+    bad("SELECT jobs.set_retry_policy('k', allow => '[5:6]={E,\"\"}')", "allow[6] must be a non-empty text"),
     bad("SELECT jobs.set_retry_policy('k', deny => ARRAY[repeat('E', 201)])", "deny[1]"),
     bad("SELECT jobs.acquire_lease(E'nightly\\n', 'o', '1 minute')", "control characters"),
     bad("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => NULL)", "timezone NULL is not"),
@@ -113,6 +134,45 @@ CASES: list[Case] = [
         'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "FREQ=DAILY;X-A=\\u001b"}]\')',
         "definitions[0] (d): schedule must not contain control characters",
     ),
+    # an interval whose months, days and time differ in sign compares as one length (a month as
+    # 30 days) but lasts another from each date it is added to, even less than nothing: a lease
+    # of '-11 months 331 days' (a day as compared) expired days before it was taken
+    bad(
+        "SELECT jobs.acquire_lease('l', 'o', '-11 months 331 days')",
+        f"ttl {MIXED}, got -11 mons +331 days: its length would depend on the date; give it in parts"
+        " of one sign, such as 1 day",
+    ),
+    bad("SELECT jobs.renew_lease('l', 'o', '1 day -23 hours')", f"ttl {MIXED}, got 1 day -23:00:00"),
+    bad("SELECT jobs.enqueue('k', timeout => '-1 month 31 days')", f"timeout {MIXED}, got -1 mons +31 days"),
+    bad("SELECT jobs.enqueue('k', heartbeat_timeout => '1 day -1 second')", f"heartbeat_timeout {MIXED}"),
+    bad("SELECT jobs.enqueue('k', unique_key => 'u', unique_for => '1 month -1 day')", f"unique_for {MIXED}"),
+    bad("SELECT jobs.enqueue_many('k', '[{}]', timeout => '-1 month 31 days')", f"timeout {MIXED}"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', jitter => '1 day -1 hour')", f"jitter {MIXED}"),
+    bad("SELECT jobs.define('d', 'k', '0 9 * * *', timeout => '-1 month 31 days')", f"timeout {MIXED}"),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "jitter": "1 day -1 hour"}]\')',
+        f"definitions[0] (d): jitter {MIXED}",
+    ),
+    bad(
+        'SELECT jobs.define_many(\'[{"name": "d", "kind": "k", "schedule": "0 9 * * *",'
+        ' "heartbeat_timeout": "-1 month 31 days"}]\')',
+        f"definitions[0] (d): heartbeat_timeout {MIXED}",
+    ),
+    bad("SELECT jobs.snooze(%s, 'w1', '1 day -1 hour')", f"delay {MIXED}", params=("RUNNING",)),
+    bad(
+        "SELECT jobs.set_limit('kind', 'k', rate_limit => 1, rate_period => '1 day -1 hour')",
+        f"rate_period {MIXED}",
+    ),
+    # kept as elapsed time (a year as 365.25 days): an hour as compared, minus 125 hours as stored
+    bad(
+        "SELECT jobs.set_limit('kind', 'k', rate_limit => 1, rate_period => '-1 year 360 days 1 hour')",
+        f"rate_period {MIXED}",
+    ),
+    bad("SELECT jobs.set_retry_policy('k', backoff_max => '1 month -1 day')", f"backoff_max {MIXED}"),
+    bad("SELECT jobs.prune('-11 months 331 days')", f"older_than {MIXED}"),
+    bad("SELECT jobs.materialize_one_shots('1 day -1 hour')", f"lookahead {MIXED}"),
+    bad("UPDATE jobs.config SET retention = '-11 months 331 days'", f"jobs.config.retention {MIXED}"),
     # jobs.run_now
     bad("SELECT jobs.run_now(NULL)", "name"),
     bad("SELECT jobs.run_now('no-such-definition')", "no-such-definition", NOT_FOUND),
@@ -427,10 +487,10 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(
 
 
 def test_claim_of_too_many_kinds_says_so_in_a_short_message(conn: Conn) -> None:
-    """1,001 kinds are refused naming kinds and their number, not by repeating the array: a
-    worker's log line, not kilobytes of names."""
+    """1,001 kinds are refused naming kinds, not by repeating the array: a worker's log line,
+    not kilobytes of names."""
     many = [f"kind-{i}" for i in range(1001)]
-    err = expect_error(conn, "SELECT * FROM jobs.claim(1, 'w', %s)", (many,), "22023", "kinds", "1001 names")
+    err = expect_error(conn, "SELECT * FROM jobs.claim(1, 'w', %s)", (many,), "22023", "kinds")
     assert len(err.diag.message_primary or "") < 400, err.diag.message_primary
 
 
@@ -508,10 +568,90 @@ def test_extreme_but_valid_timestamps(conn: psycopg.Connection[Any]) -> None:
 
 def test_names_in_any_script_are_taken(conn: Conn) -> None:
     """Only characters that hide or turn text around are refused in names: accents, other
-    scripts, the zero-width non-joiner Persian writes with, emoji joined by U+200D are names."""
-    names = ["été", "отчёт", "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627", "日報", "👩\u200d💻-build"]
+    scripts, the zero-width non-joiner Persian writes with, emoji joined by U+200D, variation
+    selectors and the tags of a region's flag are names."""
+    names = [
+        "été",
+        "отчёт",
+        "\u06af\u0632\u0627\u0631\u0634\u200c\u0647\u0627",
+        "日報",
+        "👩\u200d💻-build",
+        "❤\ufe0f-digest",  # a variation selector
+        # a region's flag, spelled with tags
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f-sales",
+    ]
     for name in names:
         conn.execute("SELECT jobs.enqueue(%s, queue => %s)", (name, name))
         conn.execute("SELECT jobs.define(%s, %s, run_at => now() + interval '1 day')", (name, name))
     assert sorted(r[0] for r in conn.execute("SELECT kind FROM jobs.runs").fetchall()) == sorted(names)
     assert scalar(conn, "SELECT count(*) FROM jobs.definitions") == len(names)
+
+
+def test_the_driver_refuses_in_names_the_characters_the_sql_api_refuses(conn: Conn) -> None:
+    """pgtick.app.HIDDEN_CHARACTERS (job kinds, the dashboard's forms) is the set
+    jobs._hidden_character finds, over every code point: a name one side takes, the other takes."""
+    refused = {
+        chr(cp)
+        for (cp,) in conn.execute(
+            "SELECT cp FROM generate_series(1, 1114111) AS cp"
+            " WHERE cp NOT BETWEEN 55296 AND 57343 AND jobs._hidden_character(chr(cp)) IS NOT NULL"
+        ).fetchall()
+    }
+    assert refused == HIDDEN_CHARACTERS, (
+        f"only SQL: {sorted(f'U+{ord(c):04X}' for c in refused - HIDDEN_CHARACTERS)}, "
+        f"only the driver: {sorted(f'U+{ord(c):04X}' for c in HIDDEN_CHARACTERS - refused)}"
+    )
+
+
+ECHOED = [
+    ("SELECT jobs.enqueue('k', unique_key => 'u', unique_while => %(v)s)", "unique_while must be"),
+    ("SELECT jobs.enqueue('k', unique_key => 'u', on_conflict => %(v)s)", "on_conflict must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', misfire_policy => %(v)s)", "misfire_policy must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', overlap_policy => %(v)s)", "overlap_policy must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', dst_gap => %(v)s)", "dst_gap must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', dst_repeat => %(v)s)", "dst_repeat must be"),
+    ("SELECT jobs.define('d', 'k', '0 9 * * *', timezone => %(v)s)", "timezone '"),
+    ("SELECT jobs.define('d', 'k', 'x' || %(v)s)", "schedule "),
+    ("SELECT jobs.fail(%(RUNNING)s, 'w1', reason => %(v)s)", "reason must be"),
+    ("SELECT jobs.set_limit(%(v)s, 'x', max_running => 1)", "scope must be"),
+    ("SELECT jobs.remove_limit(%(v)s, 'x')", "scope must be"),
+    ("SELECT * FROM jobs.claim(1, 'w', kinds => ARRAY[%(v)s, NULL])", "kinds must hold"),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'run_at', 'x' || %(v)s::text)))",
+        "run_at must be a timestamp, got 'x",
+    ),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'schedule', '0 9 * * *', 'timeout', %(v)s::text)))",
+        "timeout must be a number of seconds or an interval",
+    ),
+    (
+        "SELECT jobs.define_many(jsonb_build_array(jsonb_build_object("
+        "'name', 'd', 'kind', 'k', 'schedule', '0 9 * * *', 'jitter', %(v)s::text)))",
+        "jitter must be a number of seconds or an interval",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sql", "mention"), ECHOED, ids=[_label(c[0], None) for c in ECHOED])
+@pytest.mark.parametrize(
+    "value",
+    ["x" * 10_000_000, "later\n2026-12-07 ERROR:  forged", "pay\u202eyal"],
+    ids=["10MB", "newline", "U+202E"],
+)
+def test_a_refused_value_is_shown_in_one_short_line_as_sent(
+    conn: Conn, sql: str, mention: str, value: str
+) -> None:
+    """A message that shows the value it refuses shows at most 100 characters of it (then how
+    many there were), with line breaks and invisible or text-direction characters escaped: a
+    10 MB value makes no 10 MB message (in the server log, on a terminal), a line break
+    forges no log line, a U+202E turns no text around."""
+    ids = _seed(conn)
+    before = digest(conn)
+    err = expect_error(conn, sql, {"v": value, "RUNNING": ids["RUNNING"]}, INVALID, mention)
+    message = err.diag.message_primary or ""
+    assert len(message) < 400, f"{sql}: a message of {len(message)} characters"
+    hidden = [c for c in message if unicodedata.category(c) in ("Cc", "Cf") or c in HIDDEN_CHARACTERS]
+    assert not hidden, f"{sql}: the message holds {hidden!r}: {message!r}"
+    assert digest(conn) == before, f"{sql}: changed the database"
