@@ -1427,6 +1427,58 @@ def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
     assert all("DST gap: moved" not in row for row in rows), rows
 
 
+def test_a_next_run_at_a_dst_change_carries_the_mark_its_upcoming_runs_give_it(
+    client: TestClient, conn: Conn
+) -> None:
+    """The next run in the list of definitions is marked as the schedule module marks that
+    occurrence on the definition's page: 03:00 EDT on the spring-forward day is no moved run
+    for a job at 03:00 nor for an hourly one whose gap hour is skipped, while 02:30 read with
+    the offset before the gap (03:30 EDT) is moved, and 01:30 EST on the fall-back day is the
+    second of two readings."""
+    spring_end = datetime(2027, 3, 14, 7, tzinfo=UTC)  # 03:00 EDT, where the gap ends
+    cases = {
+        "ny-at-three": ("0 3 * * *", None, None, spring_end),
+        "ny-hourly": ("0 * * * *", None, None, spring_end),
+        "ny-shifted": ("30 2 * * *", "shift", None, spring_end + timedelta(minutes=30)),
+        "ny-second": ("30 1 * * *", None, "second", datetime(2027, 11, 7, 6, 30, tzinfo=UTC)),
+    }
+    for name, (schedule, gap, repeat, next_start) in cases.items():
+        conn.execute(
+            "SELECT jobs.define(name => %s, kind => 'report', schedule => %s,"
+            " timezone => 'America/New_York', dst_gap => %s, dst_repeat => %s)",
+            (name, schedule, gap, repeat),
+        )
+        conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE name = %s", (next_start, name))
+    listing = client.get("/definitions").text
+    marks = {}
+    for name, (*_, next_start) in cases.items():
+        row = listing[listing.index(f'data-name="{name}"') :].split("</tr>")[0]
+        assert next_start.strftime("%Y-%m-%d %H:%M") in row, row
+        titles = re.findall(r'<span class="badge dst" title="([^"]*)"', row)
+        marks[name] = [html_unescape(t) for t in titles if not t.startswith("UTC offset")]
+        schedule, gap, repeat, _ = cases[name]
+        # What the definition's page lists for that occurrence (its upcoming runs, computed
+        # from the second before it).
+        created = scalar(conn, "SELECT created_at FROM jobs.definitions WHERE name = %s", (name,))
+        upcoming = timeview.occurrences(
+            schedule,
+            "America/New_York",
+            after=next_start - timedelta(seconds=1),
+            count=1,
+            created_at=created,
+            policy=(gap, repeat),
+        )
+        runs = [o for o in upcoming if o.utc is not None]
+        assert runs[0].utc == next_start, upcoming
+        assert marks[name] == [m for m in runs[0].marks if not m.startswith("UTC offset")], (name, upcoming)
+    assert marks == {
+        "ny-at-three": [],
+        "ny-hourly": [],
+        "ny-shifted": ["DST gap: moved (shift)"],
+        "ny-second": ["DST repeat: second of two"],
+    }, marks
+
+
 def test_a_definitions_next_runs_show_consecutive_skipped_wall_times_as_one_row(
     client: TestClient, conn: Conn
 ) -> None:

@@ -135,6 +135,13 @@ def _policy(row: dict[str, Any]) -> timeview.Policy:
     return row["stored_dst_gap"], row["stored_dst_repeat"]
 
 
+def _schedule_ref(row: dict[str, Any]) -> timeview.ScheduleRef | None:
+    """A recurring definition's schedule as the scheduler reads it (None for a one-shot)."""
+    if not row["schedule"]:
+        return None
+    return row["schedule"], row["created_at"], _policy(row)
+
+
 def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> timeview.Occurrence | None:
     """A recurring definition's next start as the CLI shows it (next_start_at: the first
     QUEUED run not waiting on dependencies, a paused definition's too, else the cursor);
@@ -143,7 +150,7 @@ def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> tim
     if not row["schedule"]:
         return None
     if row.get("next_start_at") is not None:
-        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC))
+        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC), _schedule_ref(row))
     if row["paused"] or row["finished"] or row["next_run_at"] is not None:
         return None
     return next((o for o in upcoming if o.utc), None)
@@ -338,7 +345,9 @@ class Dashboard:
             row["at_cap"] = cap is not None and row["running"] >= cap
             row["next"] = None
             if row["next_start_at"] is not None:
-                row["next"] = timeview.labelled(row["next_start_at"], row["timezone"], now)
+                row["next"] = timeview.labelled(
+                    row["next_start_at"], row["timezone"], now, _schedule_ref(row)
+                )
                 continue
             if not row["schedule"] or row["paused"] or row["finished"] or row["schedule_error"]:
                 continue
