@@ -74,7 +74,9 @@ BEGIN
     PERFORM jobs._check_text('owner', acquire_lease.owner, 200);
     PERFORM jobs._check_ttl(acquire_lease.ttl);
     INSERT INTO jobs.leases AS l (name, owner, acquired_at, expires_at, consecutive_skips)
-    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(), clock_timestamp() + acquire_lease.ttl, 0)
+    -- (ttl as elapsed time: a day is 24 hours whatever the session's TimeZone)
+    VALUES (acquire_lease.name, acquire_lease.owner, clock_timestamp(),
+            clock_timestamp() + make_interval(secs => extract(EPOCH FROM acquire_lease.ttl)), 0)
     ON CONFLICT (name) DO UPDATE
        SET owner = excluded.owner, acquired_at = excluded.acquired_at,
            expires_at = excluded.expires_at, consecutive_skips = 0
@@ -87,7 +89,7 @@ BEGIN
      WHERE l.name = acquire_lease.name;
     RETURN FALSE;
 END $$;
-COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
+COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl (elapsed time: a day is 24 hours whatever the session''s TimeZone) if it is free or expired; false (and a counted skip) if someone else holds it.';
 
 -- Extend a lease; only its owner can, and only while it has not expired.
 CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval) RETURNS boolean
@@ -97,11 +99,12 @@ BEGIN
     PERFORM jobs._check_name('name', renew_lease.name);
     PERFORM jobs._check_text('owner', renew_lease.owner, 200);
     PERFORM jobs._check_ttl(renew_lease.ttl);
-    UPDATE jobs.leases AS l SET expires_at = clock_timestamp() + renew_lease.ttl
+    UPDATE jobs.leases AS l
+       SET expires_at = clock_timestamp() + make_interval(secs => extract(EPOCH FROM renew_lease.ttl))
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;
 END $$;
-COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
+COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl (elapsed time) if owner still holds it (not expired); false otherwise: stop the guarded work.';
 
 -- Release a lease; only its owner can.
 CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text) RETURNS boolean

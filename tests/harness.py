@@ -507,6 +507,21 @@ def spring_forward_zone(conn: Conn) -> str:
     return zone
 
 
+def zone_springing_forward_soon(conn: Conn) -> str:
+    """A POSIX time zone (UTC in winter, UTC+1 in summer) whose clocks go forward twelve hours
+    after the server's now(): in a session set to it, ``now() + interval '1 day'`` is 23 hours
+    ahead, not 24 (PostgreSQL steps on a calendar day in the session's zone)."""
+    now: datetime = scalar(conn, "SELECT now()")
+    at = now.astimezone(UTC) + timedelta(hours=12)
+    day = at.timetuple().tm_yday - 1  # POSIX n: the day of the year from 0, February 29 counted
+    zone = f"XST0XDT,{day}/{at.hour},{(day + 180) % 365}/0"
+    with conn.transaction():
+        conn.execute(f"SET LOCAL TIME ZONE '{zone}'")
+        gap = scalar(conn, "SELECT (now() + interval '1 day') - now()")
+    assert gap == timedelta(hours=23), f"zone {zone}: a day on is {gap}, not 23 hours"
+    return zone
+
+
 def digest(conn: Conn) -> dict[str, Any]:
     """Row counts and content hashes of every jobs table: equal digests mean nothing changed."""
     out: dict[str, Any] = {}

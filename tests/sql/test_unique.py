@@ -3,6 +3,7 @@ per-kind idempotency key, jobs.enqueue_many and jobs.snooze."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from harness import (
     run_row,
     scalar,
     spring_forward_zone,
+    zone_springing_forward_soon,
 )
 
 
@@ -333,6 +335,20 @@ def test_snooze_requeues_the_same_attempt_later_and_is_fenced(conn: Conn) -> Non
     conn.execute("UPDATE jobs.runs SET scheduled_for = now() WHERE id = %s", (run["id"],))
     assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w2')")] == [run["id"]]
     assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (run["id"],)) is True
+
+
+def test_a_snooze_of_a_day_is_24_hours_whatever_the_sessions_time_zone(conn: Conn) -> None:
+    """A worker whose session is set to a zone that springs forward within the day snoozes its
+    run for a day: it is due 24 hours later, as from a session in UTC, not 23 (a calendar
+    day in that zone)."""
+    run = _enqueue(conn, "'k', run_at => now() - interval '1 s'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    zone = zone_springing_forward_soon(conn)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL TIME ZONE '{zone}'")
+        assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 day')", (run["id"],)) is True
+        delay = scalar(conn, "SELECT scheduled_for - now() FROM jobs.runs WHERE id = %s", (run["id"],))
+    assert delay == timedelta(hours=24), f"zone {zone}: snoozed for {delay}"
 
 
 _OVERDUE = "UPDATE jobs.runs SET started_at = now() - interval '1 minute' WHERE id = %s"
