@@ -32,6 +32,7 @@ from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, histo
 from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
 from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
+from pgtick.schedule import parse_schedule
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
 from pgtick.web.serve import LOOPBACK_NAMES
@@ -1564,6 +1565,37 @@ def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None
     )
     assert [o.utc for o in skipped if o.local.day == 14 and o.local.month == 3] == [None], skipped
     assert len([o for o in skipped if o.utc is not None]) == 20
+
+
+def test_the_preview_form_reads_a_dst_policy_as_pgtick_preview_does(client: TestClient) -> None:
+    """The form's DST gap and repeat are --dst-gap and --dst-repeat: a daily 01:30 in New York
+    told to run both readings runs twice on the fall-back day, an hour apart, and the page names
+    the effective policy as the command heads its list; a value of neither is refused by name."""
+    params = {
+        "schedule": "30 1 * * *",
+        "tz": "America/New_York",
+        "after": "2027-11-06T12:00",
+        "count": "3",
+        "dst_repeat": "both",
+    }
+    page = client.get("/preview", params=params)
+    assert page.status_code == 200, page.text[-500:]
+    table = page.text[page.text.index('id="preview"') :].split("</table>")[0]
+    rows = table.split("<tr")[2:]
+    fall = [row for row in rows if "2027-11-07" in row]
+    assert len(fall) == 2 and all("DST repeat: runs at both readings" in row for row in fall), rows
+    expected = parse_schedule(
+        "30 1 * * *", "America/New_York", anchor=datetime(2027, 11, 6, tzinfo=UTC), dst_repeat="both"
+    ).between(datetime(2027, 11, 6, 17, tzinfo=UTC), datetime(2027, 11, 8, 17, tzinfo=UTC), limit=3)
+    assert [t.strftime("%H:%M") for t in expected[:2]] == ["05:30", "06:30"]
+    for row, at in zip(fall, expected[:2], strict=True):
+        assert at.strftime("%Y-%m-%d %H:%M") in row, (row, at)
+    policy = page.text[page.text.index('id="preview-policy"') :].split("</p>")[0]
+    assert "dst_gap=end (auto) dst_repeat=both" in policy and "(auto)" not in policy.split("dst_repeat")[1]
+    assert "<option selected>both</option>" in page.text
+    bad = client.get("/preview", params={**params, "dst_gap": "later"})
+    assert bad.status_code == 400
+    assert "dst_gap must be shift, end or skip (or auto), got &#39;later&#39;" in bad.text, bad.text[-800:]
 
 
 def _scans(conn: Conn, query: str, params: Any) -> list[str]:

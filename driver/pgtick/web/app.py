@@ -36,7 +36,7 @@ from starlette.types import Scope
 
 from pgtick import json_numbers
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
-from pgtick.schedule.zones import strftime
+from pgtick.schedule.zones import DST_GAPS, DST_REPEATS, strftime
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
@@ -407,15 +407,26 @@ class Dashboard:
         count = inputs.integer(params, "count", 1, 1000, default=10)
         assert count is not None
         after = inputs.instant(params, "after", tz) or datetime.now(UTC)
+        policy = (
+            inputs.choice(params, "dst_gap", DST_GAPS),
+            inputs.choice(params, "dst_repeat", DST_REPEATS),
+        )
         result: list[timeview.Occurrence] = []
-        problem = note = None
+        problem = note = effective = None
         if schedule:
             deadline = time.monotonic() + PREVIEW_SECONDS
             try:
                 # (On a thread: a schedule that takes long to expand holds this request only.)
                 result = await asyncio.to_thread(
-                    timeview.occurrences, schedule, tz, after=after, count=count, deadline=deadline
+                    timeview.occurrences,
+                    schedule,
+                    tz,
+                    after=after,
+                    count=count,
+                    policy=policy,
+                    deadline=deadline,
                 )
+                effective = timeview.policy_text(schedule, tz, after=after, policy=policy)
             except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 problem = str(exc)
             shown = sum(1 for o in result if o.utc is not None)
@@ -433,6 +444,11 @@ class Dashboard:
                 "tz": tz,
                 "count": count,
                 "after": params.get("after", ""),
+                "dst_gap": policy[0] or "auto",
+                "dst_repeat": policy[1] or "auto",
+                "dst_gaps": ("auto", *DST_GAPS),
+                "dst_repeats": ("auto", *DST_REPEATS),
+                "effective": effective,
                 "result": result,
                 "problem": problem,
                 "note": note,

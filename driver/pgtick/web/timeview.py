@@ -83,6 +83,12 @@ def occurrences(
     return _skipped_ranges(out)
 
 
+def policy_text(schedule_text: str, timezone: str, *, after: datetime, policy: Policy = (None, None)) -> str:
+    """The effective DST policy of a schedule previewed from `after`, as ``pgtick preview``
+    heads its list: ``dst_gap=shift (auto) dst_repeat=both``."""
+    return _parsed(schedule_text, timezone, anchor_for(after, timezone), policy).policy.describe()
+
+
 def _skipped_ranges(found: list[Occurrence]) -> list[Occurrence]:
     """Consecutive skipped wall times, `SKIPPED_RANGE` or more, as one row from the first to
     the last (as ``pgtick preview`` prints them): a rule of minutes crossing a spring-forward
@@ -214,4 +220,5 @@ __all__ = [
     "next_occurrence",
     "occurrences",
     "offset_text",
+    "policy_text",
 ]
