@@ -235,6 +235,25 @@ def test_a_reading_of_a_repeated_hour_whose_twin_the_rule_drops_is_not_marked_do
     assert [line.split("Z  ")[-1] for line in lines] == [mark.get(m, "DST repeat: doubled") for _, m in runs]
 
 
+@pytest.mark.parametrize(
+    ("start", "runs"),
+    [
+        # DTSTART at the first reading: both run, each doubled.
+        ("20261101T053000Z", [(utc(11, 1, 5, 30), "doubled"), (utc(11, 1, 6, 30), "doubled")]),
+        # DTSTART at the second reading: the first is before the rule starts, the second runs alone.
+        ("20261101T063000Z", [(utc(11, 1, 6, 30), "second of two")]),
+    ],
+)
+def test_a_dtstart_instant_in_a_repeated_hour_is_marked_as_the_readings_that_run(
+    start: str, runs: list[tuple[datetime, str]]
+) -> None:
+    """dst_repeat=both with a DTSTART that names an instant of the fall-back day's 01:30: when
+    the later reading runs too, both are marked doubled, not one first of two and one doubled."""
+    schedule = parse(f"DTSTART:{start}\nRRULE:FREQ=DAILY;COUNT=3", dst_repeat="both")
+    found = [(o.at, o.dst) for o in schedule.occurrences(FALL, inclusive=True) if o.at and o.at.day == 1]
+    assert found == runs, found
+
+
 def test_preview_marks_a_run_moved_by_the_gap_and_one_skipped_in_it() -> None:
     daily = parse("FREQ=DAILY;BYHOUR=2;BYMINUTE=30")
     assert format_preview(daily, datetime(2026, 3, 7, 5, tzinfo=UTC), 3)[1] == (

@@ -265,10 +265,12 @@ class Schedule:
         then (``dst_repeat=both``) a later reading of the same wall time."""
         assert self._start is not None and self._start.instant is not None
         at = self._start.instant
-        runs: list[tuple[datetime, DstMark | None]] = [(at, reading_of(at, self._zone))]
-        if self.policy.repeat == "both":
-            runs += [(later, mark) for later, mark in mapped.runs if later > at]
-        return replace(mapped, runs=tuple(runs))
+        later = [(t, mark) for t, mark in mapped.runs if t > at] if self.policy.repeat == "both" else []
+        # Both readings run (the instant, then the later one): each is marked doubled.
+        runs: list[tuple[datetime, DstMark | None]] = [
+            (at, "doubled" if later else reading_of(at, self._zone))
+        ]
+        return replace(mapped, runs=(*runs, *later))
 
 
 @lru_cache(maxsize=4096)
