@@ -687,7 +687,7 @@ BEGIN
      WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
     RETURN jobs._notify_if(FOUND);
 END $$;
-COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay, same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay (elapsed time: a day is 24 hours whatever the session''s TimeZone), same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
 
 -- ---------------------------------------------------------------------------
 -- What waits on what

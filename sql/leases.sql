@@ -103,7 +103,7 @@ BEGIN
      WHERE l.name = acquire_lease.name;
     RETURN FALSE;
 END $$;
-COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl if it is free or expired; false (and a counted skip) if someone else holds it.';
+COMMENT ON FUNCTION jobs.acquire_lease(text, text, interval) IS 'Take the named lease for ttl (elapsed time: a day is 24 hours whatever the session''s TimeZone) if it is free or expired; false (and a counted skip) if someone else holds it.';
 
 -- Extend a lease; only its owner can, and only while it has not expired.
 CREATE OR REPLACE FUNCTION jobs.renew_lease(name text, owner text, ttl interval) RETURNS boolean
@@ -118,7 +118,7 @@ BEGIN
      WHERE l.name = renew_lease.name AND l.owner = renew_lease.owner AND l.expires_at > clock_timestamp();
     RETURN FOUND;
 END $$;
-COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl if owner still holds it (not expired); false otherwise: stop the guarded work.';
+COMMENT ON FUNCTION jobs.renew_lease(text, text, interval) IS 'Extend the lease to now + ttl (elapsed time) if owner still holds it (not expired); false otherwise: stop the guarded work.';
 
 -- Release a lease; only its owner can.
 CREATE OR REPLACE FUNCTION jobs.release_lease(name text, owner text) RETURNS boolean

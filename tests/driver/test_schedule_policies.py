@@ -208,6 +208,52 @@ def test_preview_marks_the_doubled_hour_and_runs_one_real_hour_apart() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("drops", "runs"),
+    [
+        # A UTC UNTIL between the two readings ends the rule after the first.
+        ("UNTIL=20261101T055959Z", [(utc(11, 1, 5, 30), "first of two")]),
+        # An EXDATE instant removes one reading only: the other runs alone.
+        ("COUNT=3\nEXDATE:20261101T063000Z", [(utc(11, 1, 5, 30), "first of two")]),
+        ("COUNT=3\nEXDATE:20261101T053000Z", [(utc(11, 1, 6, 30), "second of two")]),
+        # Nothing drops either reading: both run, doubled.
+        ("UNTIL=20261101T063000Z", [(utc(11, 1, 5, 30), "doubled"), (utc(11, 1, 6, 30), "doubled")]),
+    ],
+)
+def test_a_reading_of_a_repeated_hour_whose_twin_the_rule_drops_is_not_marked_doubled(
+    drops: str, runs: list[tuple[datetime, str]]
+) -> None:
+    """dst_repeat=both on a daily 01:30 in New York: when the rule itself drops one reading
+    of the fall-back day's 01:30, the other runs alone and preview says which one it is."""
+    rule, _, exdate = drops.partition("\n")
+    text = f"DTSTART:20261030T013000\nRRULE:FREQ=DAILY;{rule}" + (f"\n{exdate}" if exdate else "")
+    schedule = parse(text, dst_repeat="both")
+    found = [(o.at, o.dst) for o in schedule.occurrences(FALL, inclusive=True) if o.at and o.at.day == 1]
+    assert found == runs, found
+    mark = {"first of two": "DST repeat: first of two", "second of two": "DST repeat: second of two"}
+    lines = [line for line in format_preview(schedule, FALL, 4) if line.startswith("2026-11-01")]
+    assert [line.split("Z  ")[-1] for line in lines] == [mark.get(m, "DST repeat: doubled") for _, m in runs]
+
+
+@pytest.mark.parametrize(
+    ("start", "runs"),
+    [
+        # DTSTART at the first reading: both run, each doubled.
+        ("20261101T053000Z", [(utc(11, 1, 5, 30), "doubled"), (utc(11, 1, 6, 30), "doubled")]),
+        # DTSTART at the second reading: the first is before the rule starts, the second runs alone.
+        ("20261101T063000Z", [(utc(11, 1, 6, 30), "second of two")]),
+    ],
+)
+def test_a_dtstart_instant_in_a_repeated_hour_is_marked_as_the_readings_that_run(
+    start: str, runs: list[tuple[datetime, str]]
+) -> None:
+    """dst_repeat=both with a DTSTART that names an instant of the fall-back day's 01:30: when
+    the later reading runs too, both are marked doubled, not one first of two and one doubled."""
+    schedule = parse(f"DTSTART:{start}\nRRULE:FREQ=DAILY;COUNT=3", dst_repeat="both")
+    found = [(o.at, o.dst) for o in schedule.occurrences(FALL, inclusive=True) if o.at and o.at.day == 1]
+    assert found == runs, found
+
+
 def test_preview_marks_a_run_moved_by_the_gap_and_one_skipped_in_it() -> None:
     daily = parse("FREQ=DAILY;BYHOUR=2;BYMINUTE=30")
     assert format_preview(daily, datetime(2026, 3, 7, 5, tzinfo=UTC), 3)[1] == (

@@ -975,3 +975,32 @@ def test_the_elapsed_rate_period_rule_keeps_the_length_of_a_period_in_days_writt
             " rate_limit => 100, rate_period => '1 day')"
         ).fetchone()
         assert row == ("24:00:00",), row
+
+
+def test_durations_stored_with_mixed_signs_before_the_rule_become_the_one_sign_value_they_compared_as(
+    pg: Server, tmp_path: Path
+) -> None:
+    """A retention, a definition's timeout and a retry policy's backoff stored as '1 mon -1 day'
+    (and the like) before such values were refused: the upgrade stores each as the one-sign
+    interval it compared as, leaves the others alone, and the leader's prune of the configured
+    retention runs instead of being refused every hour."""
+    with _installed_before(pg, "0032_one_sign_durations.sql", tmp_path) as conn:
+        conn.execute("SELECT jobs.define('mixed', 'k', schedule => '* * * * *')")
+        conn.execute("SELECT jobs.define('plain', 'k', schedule => '* * * * *', timeout => '1 day 2 hours')")
+        conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 2)")
+        # Written past the checks of today's functions (which the schema before this migration
+        # is installed with), as a release before those checks stored them.
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("UPDATE jobs.config SET archive_after = '2 days -1 hour', retention = '1 mon -1 day'")
+        conn.execute("UPDATE jobs.definitions SET timeout = '1 day -2 hours' WHERE name = 'mixed'")
+        conn.execute("UPDATE jobs.retry_policies SET backoff_max = '2 hours -30 minutes' WHERE kind = 'k'")
+        conn.execute("RESET session_replication_role")
+        migrate.apply(conn)
+        assert "0032" in migrate.applied_versions(conn)
+        config = conn.execute("SELECT archive_after::text, retention::text FROM jobs.config").fetchone()
+        assert config == ("1 day 23:00:00", "29 days"), config
+        timeouts = conn.execute("SELECT name, timeout::text FROM jobs.definitions ORDER BY name").fetchall()
+        assert timeouts == [("mixed", "22:00:00"), ("plain", "1 day 02:00:00")], timeouts
+        backoff = conn.execute("SELECT backoff_max::text FROM jobs.retry_policies WHERE kind = 'k'").fetchone()
+        assert backoff == ("01:30:00",), backoff
+        assert conn.execute("SELECT jobs.prune()").fetchone() == (0,)

@@ -3,9 +3,8 @@ per-kind idempotency key, jobs.enqueue_many and jobs.snooze."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest

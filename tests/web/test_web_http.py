@@ -32,6 +32,7 @@ from web_seed import HOSTILE_ERROR, HOSTILE_NAME, HOSTILE_PAYLOAD, Seeded, histo
 from web_support import PASSWORD, bulk_form, csrf_of, form_of, login, post
 
 from harness import PGTICK, Database, Server, free_port, scalar, terminate, wait_for
+from pgtick.schedule import parse_schedule
 from pgtick.web import Secret, create_app, timeview
 from pgtick.web.db import Database as WebDatabase
 from pgtick.web.serve import LOOPBACK_NAMES
@@ -1427,6 +1428,58 @@ def test_definitions_show_their_effective_dst_policy_and_next_runs_follow_it(
     assert all("DST gap: moved" not in row for row in rows), rows
 
 
+def test_a_next_run_at_a_dst_change_carries_the_mark_its_upcoming_runs_give_it(
+    client: TestClient, conn: Conn
+) -> None:
+    """The next run in the list of definitions is marked as the schedule module marks that
+    occurrence on the definition's page: 03:00 EDT on the spring-forward day is no moved run
+    for a job at 03:00 nor for an hourly one whose gap hour is skipped, while 02:30 read with
+    the offset before the gap (03:30 EDT) is moved, and 01:30 EST on the fall-back day is the
+    second of two readings."""
+    spring_end = datetime(2027, 3, 14, 7, tzinfo=UTC)  # 03:00 EDT, where the gap ends
+    cases = {
+        "ny-at-three": ("0 3 * * *", None, None, spring_end),
+        "ny-hourly": ("0 * * * *", None, None, spring_end),
+        "ny-shifted": ("30 2 * * *", "shift", None, spring_end + timedelta(minutes=30)),
+        "ny-second": ("30 1 * * *", None, "second", datetime(2027, 11, 7, 6, 30, tzinfo=UTC)),
+    }
+    for name, (schedule, gap, repeat, next_start) in cases.items():
+        conn.execute(
+            "SELECT jobs.define(name => %s, kind => 'report', schedule => %s,"
+            " timezone => 'America/New_York', dst_gap => %s, dst_repeat => %s)",
+            (name, schedule, gap, repeat),
+        )
+        conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE name = %s", (next_start, name))
+    listing = client.get("/definitions").text
+    marks = {}
+    for name, (*_, next_start) in cases.items():
+        row = listing[listing.index(f'data-name="{name}"') :].split("</tr>")[0]
+        assert next_start.strftime("%Y-%m-%d %H:%M") in row, row
+        titles = re.findall(r'<span class="badge dst" title="([^"]*)"', row)
+        marks[name] = [html_unescape(t) for t in titles if not t.startswith("UTC offset")]
+        schedule, gap, repeat, _ = cases[name]
+        # What the definition's page lists for that occurrence (its upcoming runs, computed
+        # from the second before it).
+        created = scalar(conn, "SELECT created_at FROM jobs.definitions WHERE name = %s", (name,))
+        upcoming = timeview.occurrences(
+            schedule,
+            "America/New_York",
+            after=next_start - timedelta(seconds=1),
+            count=1,
+            created_at=created,
+            policy=(gap, repeat),
+        )
+        runs = [o for o in upcoming if o.utc is not None]
+        assert runs[0].utc == next_start, upcoming
+        assert marks[name] == [m for m in runs[0].marks if not m.startswith("UTC offset")], (name, upcoming)
+    assert marks == {
+        "ny-at-three": [],
+        "ny-hourly": [],
+        "ny-shifted": ["DST gap: moved (shift)"],
+        "ny-second": ["DST repeat: second of two"],
+    }, marks
+
+
 def test_a_definitions_next_runs_show_consecutive_skipped_wall_times_as_one_row(
     client: TestClient, conn: Conn
 ) -> None:
@@ -1512,6 +1565,37 @@ def test_preview_marks_what_the_schedule_module_did_to_each_occurrence() -> None
     )
     assert [o.utc for o in skipped if o.local.day == 14 and o.local.month == 3] == [None], skipped
     assert len([o for o in skipped if o.utc is not None]) == 20
+
+
+def test_the_preview_form_reads_a_dst_policy_as_pgtick_preview_does(client: TestClient) -> None:
+    """The form's DST gap and repeat are --dst-gap and --dst-repeat: a daily 01:30 in New York
+    told to run both readings runs twice on the fall-back day, an hour apart, and the page names
+    the effective policy as the command heads its list; a value of neither is refused by name."""
+    params = {
+        "schedule": "30 1 * * *",
+        "tz": "America/New_York",
+        "after": "2027-11-06T12:00",
+        "count": "3",
+        "dst_repeat": "both",
+    }
+    page = client.get("/preview", params=params)
+    assert page.status_code == 200, page.text[-500:]
+    table = page.text[page.text.index('id="preview"') :].split("</table>")[0]
+    rows = table.split("<tr")[2:]
+    fall = [row for row in rows if "2027-11-07" in row]
+    assert len(fall) == 2 and all("DST repeat: runs at both readings" in row for row in fall), rows
+    expected = parse_schedule(
+        "30 1 * * *", "America/New_York", anchor=datetime(2027, 11, 6, tzinfo=UTC), dst_repeat="both"
+    ).between(datetime(2027, 11, 6, 17, tzinfo=UTC), datetime(2027, 11, 8, 17, tzinfo=UTC), limit=3)
+    assert [t.strftime("%H:%M") for t in expected[:2]] == ["05:30", "06:30"]
+    for row, at in zip(fall, expected[:2], strict=True):
+        assert at.strftime("%Y-%m-%d %H:%M") in row, (row, at)
+    policy = page.text[page.text.index('id="preview-policy"') :].split("</p>")[0]
+    assert "dst_gap=end (auto) dst_repeat=both" in policy and "(auto)" not in policy.split("dst_repeat")[1]
+    assert "<option selected>both</option>" in page.text
+    bad = client.get("/preview", params={**params, "dst_gap": "later"})
+    assert bad.status_code == 400
+    assert "dst_gap must be shift, end or skip (or auto), got &#39;later&#39;" in bad.text, bad.text[-800:]
 
 
 def _scans(conn: Conn, query: str, params: Any) -> list[str]:

@@ -27,6 +27,7 @@ from pgtick.schedule.zones import (
     DstPolicy,
     ScheduleError,
     WallTimeRuns,
+    fold_offsets,
     load_zone,
     reading_of,
     require_aware,
@@ -204,6 +205,18 @@ class Schedule:
                 return False
             return instant is None or moment > instant or (inclusive and moment == instant)
 
+        def marked(occurrence: Occurrence) -> Occurrence:
+            """A reading marked doubled whose twin the rule drops (a UTC UNTIL between the two,
+            an EXDATE instant) runs alone: it is the first or second of two, as when told so."""
+            if occurrence.dst != "doubled" or occurrence.at is None:
+                return occurrence
+            before, after = fold_offsets(occurrence.wall, self._zone)
+            readings = {(occurrence.wall - offset).replace(tzinfo=UTC) for offset in (before, after)}
+            twins = readings - {occurrence.at}
+            if any((bound is not None and twin > bound) or twin in self._exdate_instants for twin in twins):
+                return replace(occurrence, dst=reading_of(occurrence.at, self._zone))
+            return occurrence
+
         # Near a DST change a later wall time can run earlier (a gap shift, a second
         # reading); every policy maps a wall time at or after its earliest reading, which
         # never decreases, so what sorts below that is final.
@@ -230,7 +243,7 @@ class Schedule:
                         continue
                     if occurrence.at != previous and wanted(occurrence.at):
                         previous = occurrence.at
-                        yield occurrence
+                        yield marked(occurrence)
                 for at, mark in mapped.runs:
                     heapq.heappush(pending, (at, next(order), Occurrence(wall, at, mark)))
                 if mapped.skipped:
@@ -245,17 +258,19 @@ class Schedule:
                     yield occurrence
             elif occurrence.at != previous and wanted(occurrence.at):
                 previous = occurrence.at
-                yield occurrence
+                yield marked(occurrence)
 
     def _started(self, mapped: WallTimeRuns) -> WallTimeRuns:
         """The runs of DTSTART's wall time when DTSTART names an instant: that instant first,
         then (``dst_repeat=both``) a later reading of the same wall time."""
         assert self._start is not None and self._start.instant is not None
         at = self._start.instant
-        runs: list[tuple[datetime, DstMark | None]] = [(at, reading_of(at, self._zone))]
-        if self.policy.repeat == "both":
-            runs += [(later, mark) for later, mark in mapped.runs if later > at]
-        return replace(mapped, runs=tuple(runs))
+        later = [(t, mark) for t, mark in mapped.runs if t > at] if self.policy.repeat == "both" else []
+        # Both readings run (the instant, then the later one): each is marked doubled.
+        runs: list[tuple[datetime, DstMark | None]] = [
+            (at, "doubled" if later else reading_of(at, self._zone))
+        ]
+        return replace(mapped, runs=(*runs, *later))
 
 
 @lru_cache(maxsize=4096)

@@ -36,7 +36,7 @@ from starlette.types import Scope
 
 from pgtick import json_numbers
 from pgtick.errors import InvalidArgument, NotFound, from_psycopg
-from pgtick.schedule.zones import strftime
+from pgtick.schedule.zones import DST_GAPS, DST_REPEATS, strftime
 from pgtick.terminal import counted
 from pgtick.web import charts, inputs, queries, timeview
 from pgtick.web.auth import COOKIE, Secret, Session, Sessions, csrf_ok
@@ -135,6 +135,13 @@ def _policy(row: dict[str, Any]) -> timeview.Policy:
     return row["stored_dst_gap"], row["stored_dst_repeat"]
 
 
+def _schedule_ref(row: dict[str, Any]) -> timeview.ScheduleRef | None:
+    """A recurring definition's schedule as the scheduler reads it (None for a one-shot)."""
+    if not row["schedule"]:
+        return None
+    return row["schedule"], row["created_at"], _policy(row)
+
+
 def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> timeview.Occurrence | None:
     """A recurring definition's next start as the CLI shows it (next_start_at: the first
     QUEUED run not waiting on dependencies, a paused definition's too, else the cursor);
@@ -143,7 +150,7 @@ def _next_start(row: dict[str, Any], upcoming: list[timeview.Occurrence]) -> tim
     if not row["schedule"]:
         return None
     if row.get("next_start_at") is not None:
-        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC))
+        return timeview.labelled(row["next_start_at"], row["timezone"], datetime.now(UTC), _schedule_ref(row))
     if row["paused"] or row["finished"] or row["next_run_at"] is not None:
         return None
     return next((o for o in upcoming if o.utc), None)
@@ -338,7 +345,9 @@ class Dashboard:
             row["at_cap"] = cap is not None and row["running"] >= cap
             row["next"] = None
             if row["next_start_at"] is not None:
-                row["next"] = timeview.labelled(row["next_start_at"], row["timezone"], now)
+                row["next"] = timeview.labelled(
+                    row["next_start_at"], row["timezone"], now, _schedule_ref(row)
+                )
                 continue
             if not row["schedule"] or row["paused"] or row["finished"] or row["schedule_error"]:
                 continue
@@ -398,15 +407,26 @@ class Dashboard:
         count = inputs.integer(params, "count", 1, 1000, default=10)
         assert count is not None
         after = inputs.instant(params, "after", tz) or datetime.now(UTC)
+        policy = (
+            inputs.choice(params, "dst_gap", DST_GAPS),
+            inputs.choice(params, "dst_repeat", DST_REPEATS),
+        )
         result: list[timeview.Occurrence] = []
-        problem = note = None
+        problem = note = effective = None
         if schedule:
             deadline = time.monotonic() + PREVIEW_SECONDS
             try:
                 # (On a thread: a schedule that takes long to expand holds this request only.)
                 result = await asyncio.to_thread(
-                    timeview.occurrences, schedule, tz, after=after, count=count, deadline=deadline
+                    timeview.occurrences,
+                    schedule,
+                    tz,
+                    after=after,
+                    count=count,
+                    policy=policy,
+                    deadline=deadline,
                 )
+                effective = timeview.policy_text(schedule, tz, after=after, policy=policy)
             except (timeview.ScheduleError, ValueError, OverflowError) as exc:
                 problem = str(exc)
             shown = sum(1 for o in result if o.utc is not None)
@@ -424,6 +444,11 @@ class Dashboard:
                 "tz": tz,
                 "count": count,
                 "after": params.get("after", ""),
+                "dst_gap": policy[0] or "auto",
+                "dst_repeat": policy[1] or "auto",
+                "dst_gaps": ("auto", *DST_GAPS),
+                "dst_repeats": ("auto", *DST_REPEATS),
+                "effective": effective,
                 "result": result,
                 "problem": problem,
                 "note": note,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -67,6 +67,16 @@ def integer(
         raise BadInput(f"{field} must be an integer, got {raw[:40]!r}") from None
     if not low <= value <= high:
         raise BadInput(f"{field} must be between {low} and {high}, got {value}")
+    return value
+
+
+def choice(params: Mapping[str, str], field: str, allowed: Sequence[str]) -> str | None:
+    """One of `allowed`, or None for blank or ``auto`` (a DST policy left to auto)."""
+    value = text(params, field, max_length=20)
+    if value is None or value == "auto":
+        return None
+    if value not in allowed:
+        raise BadInput(f"{field} must be {', '.join(allowed[:-1])} or {allowed[-1]} (or auto), got {value!r}")
     return value
 
 

@@ -7,15 +7,18 @@ same anchor); this module only labels them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from pgtick.schedule import Schedule, ScheduleError, anchor_for, parse_schedule, preview
 from pgtick.schedule.preview import SKIPPED_RANGE
+from pgtick.schedule.zones import MAX_TRANSITION
 
 #: A definition's stored DST policy, (dst_gap, dst_repeat); None is auto.
 Policy = tuple[str | None, str | None]
+#: A stored definition's schedule as the scheduler reads it: (text, created_at, policy).
+ScheduleRef = tuple[str, datetime, Policy]
 
 #: How an occurrence's DST mark from pgtick.schedule reads on a page.
 _MARKS = {
@@ -25,8 +28,6 @@ _MARKS = {
     "first of two": "DST repeat: first of two",
     "second of two": "DST repeat: second of two",
 }
-
-_SECOND = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -44,27 +45,6 @@ def offset_text(moment: datetime) -> str:
     sign = "-" if seconds < 0 else "+"
     hours, rest = divmod(abs(seconds), 3600)
     return f"{sign}{hours:02d}:{rest // 60:02d}"
-
-
-def dst_marks(local: datetime, previous: datetime | None) -> tuple[str, ...]:
-    """Why this occurrence's local time deserves a look: moved out of a gap, in a repeated
-    hour, or on the other side of an offset change from the previous occurrence."""
-    zone = local.tzinfo
-    assert zone is not None
-    marks = []
-    before = (local.astimezone(UTC) - _SECOND).astimezone(zone)
-    if before.utcoffset() != local.utcoffset() and (before.utcoffset() or timedelta(0)) < (
-        local.utcoffset() or timedelta(0)
-    ):
-        marks.append("at the end of the spring-forward gap (a wall time inside the gap runs here)")
-    wall = local.replace(tzinfo=None)
-    first = wall.replace(tzinfo=zone, fold=0).utcoffset()
-    second = wall.replace(tzinfo=zone, fold=1).utcoffset()
-    if first != second:
-        marks.append("in the repeated hour (this wall time happens twice)")
-    if previous is not None and previous.utcoffset() != local.utcoffset():
-        marks.append(f"UTC offset changed {offset_text(previous)} → {offset_text(local)}")
-    return tuple(marks)
 
 
 def occurrences(
@@ -101,6 +81,12 @@ def occurrences(
         out.append(Occurrence(local, item.at, marks))
         previous = local
     return _skipped_ranges(out)
+
+
+def policy_text(schedule_text: str, timezone: str, *, after: datetime, policy: Policy = (None, None)) -> str:
+    """The effective DST policy of a schedule previewed from `after`, as ``pgtick preview``
+    heads its list: ``dst_gap=shift (auto) dst_repeat=both``."""
+    return _parsed(schedule_text, timezone, anchor_for(after, timezone), policy).policy.describe()
 
 
 def _skipped_ranges(found: list[Occurrence]) -> list[Occurrence]:
@@ -171,22 +157,68 @@ def delayed(found: list[Occurrence], offsets: list[timedelta]) -> list[Occurrenc
     return out
 
 
-def labelled(run: datetime, timezone: str, now: datetime) -> Occurrence:
-    """A stored run time in its definition's zone, marked when DST moves the offset before it."""
+def labelled(run: datetime, timezone: str, now: datetime, schedule: ScheduleRef | None = None) -> Occurrence:
+    """A stored run time in its definition's zone, marked as the upcoming runs are: when it is
+    an occurrence of the definition's `schedule` that DST moved or that falls in a repeated
+    hour, with the schedule module's mark (moved by the gap, which reading of the hour); else
+    when the instant is in a repeated hour; and when the UTC offset changes before it."""
     zone = ZoneInfo(timezone)
     local = run.astimezone(zone)
-    marks = dst_marks(local, now.astimezone(zone))
-    return Occurrence(local, run, tuple(m.replace("changed", "changes before it:") for m in marks))
+    marks: list[str] = []
+    mark = _schedule_mark(run, timezone, schedule) if schedule is not None else None
+    if mark is not None:
+        marks.append(mark)
+    elif _in_repeated_hour(local):
+        marks.append("in the repeated hour (this wall time happens twice)")
+    current = now.astimezone(zone)
+    if current.utcoffset() != local.utcoffset():
+        marks.append(f"UTC offset changes before it: {offset_text(current)} → {offset_text(local)}")
+    return Occurrence(local, run, tuple(marks))
+
+
+def _in_repeated_hour(local: datetime) -> bool:
+    wall = local.replace(tzinfo=None)
+    return bool(
+        wall.replace(tzinfo=local.tzinfo, fold=0).utcoffset()
+        != wall.replace(tzinfo=local.tzinfo, fold=1).utcoffset()
+    )
+
+
+def _schedule_mark(run: datetime, timezone: str, schedule: ScheduleRef) -> str | None:
+    """The schedule module's DST mark of the occurrence that runs at `run`, as the upcoming
+    runs show it; None when `run` is no such occurrence (a jittered start, a run queued by
+    hand) or DST did nothing to it. The schedule is read only near a change of the zone's
+    UTC offset, where an occurrence can carry a mark."""
+    zone = ZoneInfo(timezone)
+    offset = run.astimezone(zone).utcoffset()
+    try:
+        near = any(
+            (run + step).astimezone(zone).utcoffset() != offset for step in (-MAX_TRANSITION, MAX_TRANSITION)
+        )
+    except OverflowError:
+        return None
+    if not near:
+        return None
+    text, created_at, policy = schedule
+    try:
+        parsed = _parsed(text, timezone, anchor_for(created_at, timezone), policy)
+        found = next(parsed.occurrences(run, inclusive=True), None)
+    except (ScheduleError, ValueError, LookupError, OverflowError):
+        return None
+    if found is None or found.at != run or found.dst is None:
+        return None
+    return _MARKS[found.dst].format(gap=parsed.policy.gap)
 
 
 __all__ = [
     "Occurrence",
     "Policy",
     "ScheduleError",
+    "ScheduleRef",
     "delayed",
-    "dst_marks",
     "labelled",
     "next_occurrence",
     "occurrences",
     "offset_text",
+    "policy_text",
 ]
