@@ -506,7 +506,9 @@ def spring_forward_zone(conn: Conn, *, ahead: bool = False) -> str:
     with conn.transaction():
         conn.execute(f"SET LOCAL TIME ZONE '{zone}'")
         gap = scalar(conn, f"SELECT {step}")
-    assert gap == timedelta(hours=23), f"zone {zone}: a day {'on' if ahead else 'back'} is {gap}, not 23 hours"
+    assert gap == timedelta(hours=23), (
+        f"zone {zone}: a day {'on' if ahead else 'back'} is {gap}, not 23 hours"
+    )
     return zone
 
 

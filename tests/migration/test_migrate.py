@@ -1001,6 +1001,8 @@ def test_durations_stored_with_mixed_signs_before_the_rule_become_the_one_sign_v
         assert config == ("1 day 23:00:00", "29 days"), config
         timeouts = conn.execute("SELECT name, timeout::text FROM jobs.definitions ORDER BY name").fetchall()
         assert timeouts == [("mixed", "22:00:00"), ("plain", "1 day 02:00:00")], timeouts
-        backoff = conn.execute("SELECT backoff_max::text FROM jobs.retry_policies WHERE kind = 'k'").fetchone()
+        backoff = conn.execute(
+            "SELECT backoff_max::text FROM jobs.retry_policies WHERE kind = 'k'"
+        ).fetchone()
         assert backoff == ("01:30:00",), backoff
         assert conn.execute("SELECT jobs.prune()").fetchone() == (0,)

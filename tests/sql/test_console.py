@@ -81,7 +81,8 @@ def test_a_worker_is_alive_for_the_heartbeat_timeout_as_elapsed_time_whatever_th
     conn.execute("UPDATE jobs.config SET heartbeat_timeout = '1 day'")
     conn.execute("SELECT jobs.register_worker('w-slow', '{k}', 'host', 1)")
     conn.execute(
-        "UPDATE jobs.worker_registry SET last_seen_at = now() - interval '23 hours 30 minutes' WHERE worker = 'w-slow'"
+        "UPDATE jobs.worker_registry SET last_seen_at = now() - interval '23 hours 30 minutes'"
+        " WHERE worker = 'w-slow'"
     )
     enqueue(conn, "k")
     zone = spring_forward_zone(conn)

@@ -308,6 +308,11 @@ def test_the_servers_trouble_fails_the_call_and_blames_no_definition(db: Databas
         (d,),
     )
     assert state == [
-        {"next_run_at": T0, "materialize_failures": 0, "materialize_error": None, "materialize_retry_at": None}
+        {
+            "next_run_at": T0,
+            "materialize_failures": 0,
+            "materialize_error": None,
+            "materialize_retry_at": None,
+        }
     ]
     assert _materialize(conn, [d]) == {d: (1, None)}

@@ -181,6 +181,7 @@ def test_the_one_shot_phase_reads_only_one_shots_however_many_schedules_are_behi
     )
     conn.execute("SELECT jobs.define('once', 'k', run_at => now() - interval '1 second')")
     conn.execute("ANALYZE jobs.definitions")
+
     def tuples_read() -> int:
         conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when the session goes idle
         return int(
