@@ -1131,8 +1131,8 @@ BEGIN
     END IF;
     IF claim.kinds IS NOT NULL
        AND (cardinality(claim.kinds) NOT BETWEEN 1 AND 1000 OR array_ndims(claim.kinds) > 1
-            OR array_position(claim.kinds, NULL) IS NOT NULL) THEN
-        RAISE EXCEPTION 'kinds must hold 1 to 1000 kind names without NULLs in one list (or be NULL for all), got %', jobs._shown(claim.kinds::text)
+            OR array_position(claim.kinds, NULL) IS NOT NULL OR array_position(claim.kinds, '') IS NOT NULL) THEN
+        RAISE EXCEPTION 'kinds must hold 1 to 1000 non-empty kind names without NULLs in one list (or be NULL for all), got %', jobs._shown(claim.kinds::text)
             USING ERRCODE = '22023';
     END IF;
     IF claim.queues IS NOT NULL THEN   -- (nested: the subquery makes the test a statement)

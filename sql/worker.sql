@@ -464,10 +464,10 @@ BEGIN
     -- before each claim); the helper says what is wrong.
     IF (next_due.kinds IS NOT NULL
         AND (cardinality(next_due.kinds) NOT BETWEEN 1 AND 1000 OR array_ndims(next_due.kinds) > 1
-             OR array_position(next_due.kinds, NULL) IS NOT NULL))
+             OR array_position(next_due.kinds, NULL) IS NOT NULL OR array_position(next_due.kinds, '') IS NOT NULL))
        OR (next_due.queues IS NOT NULL
            AND (cardinality(next_due.queues) NOT BETWEEN 1 AND 1000 OR array_ndims(next_due.queues) > 1
-                OR array_position(next_due.queues, NULL) IS NOT NULL))
+                OR array_position(next_due.queues, NULL) IS NOT NULL OR array_position(next_due.queues, '') IS NOT NULL))
     THEN
         PERFORM jobs._check_names('kinds', next_due.kinds), jobs._check_names('queues', next_due.queues);
     END IF;

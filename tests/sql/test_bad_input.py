@@ -191,9 +191,10 @@ CASES: list[Case] = [
     bad("SELECT * FROM jobs.claim(1, '   ')", "worker must not be blank"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{NULL}')", "kinds"),
     bad("SELECT * FROM jobs.claim(1, 'w', '{}')", "kinds"),
+    bad("SELECT * FROM jobs.claim(1, 'w', ARRAY['k', ''])", "non-empty kind names"),
     bad(
         "SELECT * FROM jobs.claim(1, 'w', '{{a}}')",
-        "kinds must hold 1 to 1000 kind names without NULLs in one list",
+        "kinds must hold 1 to 1000 non-empty kind names without NULLs in one list",
     ),
     bad("SELECT * FROM jobs.claim(1, 'w', queues => '{{a, b}}')", "queues must hold 1 to 1000"),
     # jobs.heartbeat
@@ -409,6 +410,8 @@ CASES: list[Case] = [
     # jobs.next_due: kinds and queues as jobs.claim takes them
     bad("SELECT * FROM jobs.next_due(ARRAY[NULL]::text[])", "kinds[1]"),
     bad("SELECT * FROM jobs.next_due(queues => '{}')", "queues"),
+    bad("SELECT * FROM jobs.next_due(ARRAY['k', ''])", "kinds[2]"),
+    bad("SELECT * FROM jobs.next_due(queues => ARRAY[''])", "queues[1]"),
     bad("SELECT * FROM jobs.next_due('{{a}}')", "kinds must be a list of names"),
     bad("SELECT * FROM jobs.next_due(queues => '{{a, b}}')", "queues must be a list of names"),
     # jobs.register_worker: no more kinds than jobs.claim takes
