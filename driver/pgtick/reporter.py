@@ -43,6 +43,9 @@ log = logging.getLogger("pgtick.worker")
 _STATUS = {"complete": "COMPLETED", "fail": "FAILED", "cancel": "CANCELLED", "abandon": "ABANDONED"}
 
 
+#: The ``error`` of an ABANDONED outcome line.
+ABANDONED = "result not reported: the run is no longer this worker's"
+
 #: Longest error text sent (jobs.fail keeps as much).
 MAX_MESSAGE = 10000
 #: Longest account of why an outcome could not be stored.
@@ -215,12 +218,7 @@ class Reporter:
             return
         if o.action == "abandon" or ctx.abandoned:
             self.events.on_outcome(ctx.kind, "abandon")
-            log.info(
-                "run=%s kind=%s worker=%s abandoned: result not reported",
-                ctx.run_id,
-                ctx.kind,
-                self.worker_id,
-            )
+            log_run_outcome(ctx, self.worker_id, "ABANDONED", ABANDONED)
             self._forget(ctx, left=True)
             return
         what = {"complete": "completion" if o.plain else "result", "cancel": "cancellation"}
