@@ -43,12 +43,12 @@ from harness import (
     Processes,
     cancel_a_running_job,
     cut_off_mid_job,
+    env_for,
     executions,
     scalar,
     wait_finished,
     wait_for,
     wait_started,
-    env_for,
     worker_thread,
 )
 from pgtick.app import App, Context
