@@ -327,17 +327,27 @@ def close_idle_processes() -> None:
 # -- the child ------------------------------------------------------------------------------
 
 
-def _logging_setup() -> tuple[int, logging.Formatter | None]:
+def _logging_setup() -> tuple[int, logging.Formatter | None, dict[str, int]]:
+    """The worker's logging as a job process repeats it: the root level, the format, and the
+    levels set on named loggers (``pgtick run`` shows ``pgtick.job`` at INFO, what job code
+    logs through ``ctx.logger``, under a root at WARNING)."""
     root = logging.getLogger()
     formatter = root.handlers[0].formatter if root.handlers else None
     try:
         pickle.dumps(formatter)
     except Exception:
         formatter = None
-    return root.getEffectiveLevel(), formatter
+    levels = {
+        name: logger.level
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET
+    }
+    return root.getEffectiveLevel(), formatter, levels
 
 
-def _child_main(conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any]) -> None:
+def _child_main(
+    conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any, dict[str, int]]
+) -> None:
     # A process group of its own, led by the child: the worker's kill reaches the processes
     # its jobs start too (JobProcess.kill_tree).
     try:
@@ -403,14 +413,19 @@ def _guard(job: int) -> NoReturn:
 
 
 def _serve(
-    conn: multiprocessing.connection.Connection, logging_setup: tuple[int, Any], *, exit_with_parent: bool
+    conn: multiprocessing.connection.Connection,
+    logging_setup: tuple[int, Any, dict[str, int]],
+    *,
+    exit_with_parent: bool,
 ) -> None:
     """Run the jobs the worker sends, one after another, until it sends None or goes."""
     conn.send(("pid", os.getpid()))
-    level, formatter = logging_setup
+    level, formatter, levels = logging_setup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+    for name, named_level in levels.items():
+        logging.getLogger(name).setLevel(named_level)
     parent = multiprocessing.parent_process()
     if parent is not None and exit_with_parent:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()

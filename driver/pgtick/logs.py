@@ -6,7 +6,8 @@
   (logger ``pgtick.outcome``), what job code logs through ``ctx.logger`` (``pgtick.job``),
   start and stop, leadership, moves to history and catch-up progress (``pgtick.run``,
   ``pgtick.worker``, ``pgtick.scheduler``, ``pgtick.supervisor``), the embedded server
-  (``pgtick.embedded``).
+  (``pgtick.embedded``), the metrics endpoint (``pgtick.metrics``: its address, the gauges
+  left out and back).
 * the human format is ``time level logger message``, and on a terminal shorter:
   ``05:02:50 run=12 kind=tick ...`` (the level only from WARNING up); each message on one
   line, its control characters written out (``^[``, ``^J``);
@@ -36,6 +37,7 @@ RUN_LOGGERS = (
     "pgtick.scheduler",
     "pgtick.supervisor",
     "pgtick.embedded",
+    "pgtick.metrics",
 )
 
 outcome_log = logging.getLogger("pgtick.outcome")

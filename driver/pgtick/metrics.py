@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -143,6 +144,20 @@ class DatabaseCollector(Collector):
         self.owner = owner
         self.wait = wait
         self._reading = threading.Lock()
+        self._said: str | None = None  # the warning of the last failed read, said once
+
+    def _warn(self, text: str | None) -> None:
+        """Say why the gauges are left out once, not at every scrape of the same trouble (the
+        repeats go to DEBUG); a read that succeeds again says so."""
+        if text is None:
+            if self._said is not None:
+                log.info("metrics: the database gauges are back")
+            self._said = None
+        elif text != self._said:
+            self._said = text
+            log.warning("%s", text)
+        else:
+            log.debug("%s", text)
 
     def collect(self) -> Iterator[Any]:
         if not self._reading.acquire(timeout=self.wait):
@@ -175,9 +190,18 @@ class DatabaseCollector(Collector):
                     gauge["due_age"].add_metric([kind], float(age or 0))
                 gauge["failing"].add_metric([], calls.materialize_failing(conn))
                 gauge["leader"].add_metric([], 1.0 if calls.leads(conn, self.owner or "") else 0.0)
-        except Exception as exc:
-            log.warning("metrics: database unavailable: %s", one_line(exc))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A login that may not read the views (a worker-only login): the database is up,
+            # and no retry helps; say what does.
+            self._warn(
+                f"metrics: {exc.diag.message_primary or one_line(exc)}: the database gauges are"
+                " left out (the login needs jobs_reader: GRANT jobs_reader TO it)"
+            )
             return
+        except Exception as exc:
+            self._warn(f"metrics: database unavailable: {one_line(exc)}")
+            return
+        self._warn(None)
         yield from gauge.values()
 
 

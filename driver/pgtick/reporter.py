@@ -43,6 +43,9 @@ log = logging.getLogger("pgtick.worker")
 _STATUS = {"complete": "COMPLETED", "fail": "FAILED", "cancel": "CANCELLED", "abandon": "ABANDONED"}
 
 
+#: The ``error`` of an ABANDONED outcome line.
+ABANDONED = "result not reported: the run is no longer this worker's"
+
 #: Longest error text sent (jobs.fail keeps as much).
 MAX_MESSAGE = 10000
 #: Longest account of why an outcome could not be stored.
@@ -211,26 +214,11 @@ class Reporter:
         failure that says why; if even that is refused, as a failure with a fixed text;
         if that too is refused, the run is let go (the reaper fails it)."""
         ctx = o.ctx
-        with self._lock:
-            timed_out = ctx.run_id in self._timed_out
-            self._timed_out.discard(ctx.run_id)
-        if timed_out:
-            log.info(
-                "run=%s kind=%s worker=%s returned after its timeout: result not reported",
-                ctx.run_id,
-                ctx.kind,
-                self.worker_id,
-            )
-            self._forget(ctx)
+        if self._late(ctx):
             return
         if o.action == "abandon" or ctx.abandoned:
             self.events.on_outcome(ctx.kind, "abandon")
-            log.info(
-                "run=%s kind=%s worker=%s abandoned: result not reported",
-                ctx.run_id,
-                ctx.kind,
-                self.worker_id,
-            )
+            log_run_outcome(ctx, self.worker_id, "ABANDONED", ABANDONED)
             self._forget(ctx, left=True)
             return
         what = {"complete": "completion" if o.plain else "result", "cancel": "cancellation"}
@@ -282,9 +270,29 @@ class Reporter:
             self._timed_out.add(ctx.run_id)
         self.events.on_outcome(ctx.kind, "fail")
 
+    def _late(self, ctx: Context) -> bool:
+        """True (and the run let go) when its worker failed the run as Timeout: that failure
+        was its outcome, counted and logged; what its job returned afterwards is dropped."""
+        with self._lock:
+            timed_out = ctx.run_id in self._timed_out
+            self._timed_out.discard(ctx.run_id)
+        if timed_out:
+            log.info(
+                "run=%s kind=%s worker=%s returned after its timeout: result not reported",
+                ctx.run_id,
+                ctx.kind,
+                self.worker_id,
+            )
+            self._forget(ctx)
+        return timed_out
+
     def settle(self, o: Outcome, applied: bool, retry_run_id: int | None = None) -> None:
-        """The database answered for this outcome: applied, or fenced. Logs one line."""
+        """The database answered for this outcome: applied, or fenced. Logs one line. A
+        completion sent while its worker failed the run as Timeout (the job returned just as
+        its deadline passed) is fenced by that failure: not counted or logged a second time."""
         ctx = o.ctx
+        if not applied and self._late(ctx):
+            return
         self.events.on_outcome(ctx.kind, o.action if applied else "fenced")
         status = _STATUS[o.action] if applied else "FENCED"
         error = None

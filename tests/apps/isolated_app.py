@@ -47,6 +47,7 @@ def isolated_fails(ctx: Context) -> None:
 @recorded
 def isolated_returns(ctx: Context) -> dict[str, Any]:
     ctx.checkpoint()
+    ctx.logger.info("echo %s from the job process", ctx.payload.get("echo"))
     return {"pid": os.getpid(), "echo": ctx.payload.get("echo")}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -226,3 +227,32 @@ def test_without_opentelemetry_installed_the_import_names_the_extra() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "pip install 'pgtick[otel]'" in result.stdout, result.stdout
+
+
+def test_a_job_that_returns_after_its_run_was_failed_as_timeout_ends_its_span_in_error(
+    db: Database, telemetry: Telemetry
+) -> None:
+    """A job blocked past its kind's timeout (no checkpoint) is failed as Timeout by its worker;
+    when it returns at last, its result dropped, the attempt's span says it failed as the run
+    did, not that it completed."""
+    app = App("otel-timeout")
+
+    @app.job("blocks", timeout=1)
+    def blocks(ctx: Context) -> None:
+        time.sleep(3)
+
+    with db.connect() as conn:
+        sync_app(app, conn)
+    with Client(db.dsn) as client:
+        run = client.enqueue("blocks")
+    with db.connect() as conn:
+        reason = "SELECT failure_reason FROM jobs.runs WHERE id = %s"
+        _work(
+            app,
+            db.dsn,
+            lambda: scalar(conn, reason, (run.id,)) == "Timeout" and telemetry.finished("process blocks"),
+        )
+    (process,) = telemetry.finished("process blocks")
+    assert attrs(process)["pgtick.run.outcome"] == "fail", attrs(process)
+    assert attrs(process)["error.type"] == "JobTimeout", attrs(process)
+    assert process.status.status_code == StatusCode.ERROR, process.status

@@ -3,6 +3,7 @@ test scrapes /metrics and checks the series and their values."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import APPS, PGTICK, ROOT, Conn, Database, enqueue, free_port, scalar, stop_process, wait_for
@@ -434,3 +436,27 @@ def test_metrics_bind_keeps_the_endpoint_to_the_address_given(db: Database) -> N
     assert len(lines) == 1 and lines[0].startswith(
         "pgtick run: error: --metrics-bind 192.0.2.1 port 0: cannot listen: "
     ), shown
+
+
+def test_a_login_that_may_not_read_the_views_is_told_once_what_it_lacks(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--metrics-port` with a worker-only login: the database is up, but the login may not read
+    the views the gauges come from. The warning says so and what to grant, not that the
+    database is unavailable, and once, not at every scrape; the counters are still served."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgtick.metrics import DatabaseCollector, WorkerMetrics
+
+    with db.worker_login("metrics") as login:
+        registry = CollectorRegistry()
+        WorkerMetrics(registry)
+        registry.register(DatabaseCollector(db.dsn_as(login), login))
+        with caplog.at_level(logging.DEBUG, logger="pgtick.metrics"):
+            texts = [generate_latest(registry).decode() for _ in range(3)]
+    for text in texts:
+        assert "pgtick_claim_seconds_count" in text and "pgtick_queue_depth" not in text, text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "permission denied" in warnings[0] and "GRANT jobs_reader" in warnings[0], warnings
+    assert "unavailable" not in warnings[0], warnings

@@ -94,7 +94,12 @@ def test_a_job_hung_without_a_checkpoint_is_failed_by_the_server_timeout_and_ret
     failed = conn.execute(facts, (run_id,)).fetchone()
     retry = conn.execute("SELECT attempt, result FROM jobs.runs WHERE id = %s", (retry_id,)).fetchone()
     returned = _hung_attempt_returned(conn, run_id, hang + 30)
-    replica.wait_log(rf"run={run_id} kind=hangs worker=\S+ abandoned: result not reported", timeout=15)
+    # Its late return is one outcome line, ABANDONED (the run is no longer this worker's).
+    replica.wait_log(
+        rf"pgtick.outcome run={run_id} kind=hangs definition=- status=ABANDONED attempt=1 duration=\S+"
+        " error=result not reported: the run is no longer this worker's",
+        timeout=15,
+    )
     after = conn.execute(facts, (run_id,)).fetchone()
     log = replica.log()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,11 +33,17 @@ from pathlib import Path
 import pytest
 
 from harness import (
+    APPS,
+    FAST,
+    PGTICK,
+    ROOT,
     Conn,
     Database,
+    Proc,
     Processes,
     cancel_a_running_job,
     cut_off_mid_job,
+    env_for,
     executions,
     scalar,
     wait_finished,
@@ -398,3 +405,29 @@ def test_a_process_job_error_whose_message_cannot_be_read_fails_by_its_class_and
     context = f"runs {runs}\n{replica.log()}"
     assert len(runs) == 1, f"retried though never_retry names its class: {context}"
     assert runs[0][2].startswith("Unprintable: (the error message could not be read: ValueError"), context
+
+
+def test_what_a_process_job_logs_through_its_logger_shows_as_a_thread_jobs_does(
+    procs: Processes, conn: Conn
+) -> None:
+    """`pgtick run` without -v or PGTICK_LOG shows what job code logs through ``ctx.logger`` at
+    INFO (``pgtick.job``): so does a job in a process of its own."""
+    label = "default-log-level"
+    log = procs.directory / f"{label}.log"
+    env = {k: v for k, v in env_for(procs.dsn).items() if k != "PGTICK_LOG"}
+    args = ["run", str(APPS / "isolated_app.py"), "--dsn", procs.dsn, *FAST, "--grace", "5s"]
+    with log.open("wb") as stderr:
+        popen = subprocess.Popen(
+            [*PGTICK, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    replica = Proc(label, popen, log)
+    procs.started.append(replica)
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('isolated-returns', '{\"echo\": 7}')")
+    wait_finished(conn, run_id, timeout=60)
+    replica.wait_log(rf"INFO pgtick.outcome run={run_id} kind=isolated-returns ", timeout=15)
+    assert "INFO pgtick.job echo 7 from the job process" in replica.log(), replica.log()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from pgtick.aio import EventLoop
 from pgtick.app import App, Context
 from pgtick.events import Listeners, WorkerStats
 from pgtick.execution import Outcome, execute
-from pgtick.reporter import storable
+from pgtick.reporter import Reporter, storable
 
 
 def _context(app: App, kind: str, timeout: float | None = None) -> Context:
@@ -253,3 +254,34 @@ def test_a_worker_sends_more_run_ids_than_one_call_takes_in_several_calls(db: Da
         worker._close_done_conn()
     with db.connect() as conn:
         assert worker._heartbeat._stamp(conn, many) == {}
+
+
+def test_a_completion_fenced_by_its_timeout_failure_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The job returns just as its worker fails the run as Timeout: its plain completion,
+    already on its way, comes back fenced by that failure. The failure was the run's
+    outcome: counted once, one outcome line, no FENCED."""
+    app = App()
+
+    @app.job("slow")
+    def slow(ctx: Context) -> None:
+        return None
+
+    ctx = _context(app, "slow", timeout=1)
+    stats = WorkerStats()
+    released: list[int] = []
+    reporter = Reporter("w", stats, lambda c: released.append(c.run_id))
+    completion = Outcome(ctx, "complete")
+    assert completion.plain
+    reporter.add(completion)
+    sent = reporter.take_plain()  # the completer sends it ...
+    assert sent == [completion]
+    reporter.timed_out(ctx)  # ... while the heartbeat loop fails the run as Timeout
+    with caplog.at_level(logging.INFO, logger="pgtick"):
+        reporter.settle(completion, applied=False)
+    assert (stats.failed, stats.fenced, stats.completed) == (1, 0, 0), stats
+    assert "status=FENCED" not in caplog.text, caplog.text
+    assert "returned after its timeout" in caplog.text, caplog.text
+    assert released == [ctx.run_id]
+    assert not reporter.is_pending(ctx.run_id)

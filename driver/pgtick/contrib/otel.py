@@ -19,7 +19,8 @@ Spans (names and attributes after the OpenTelemetry semantic conventions for mes
   carries the same context (the database copies it), so every attempt is in that trace;
   an attempt after the first also links to the previous attempt's ``process`` span when
   this process ran it (``pgtick.link = previous_attempt``). A failed attempt has status
-  ERROR and ``error.type``.
+  ERROR and ``error.type``; so has one whose job returned after its worker (or the server)
+  failed the run past its timeout (``JobTimeout``), whatever the job returned.
 
 Metrics: ``messaging.client.sent.messages`` and ``messaging.client.consumed.messages``
 (counters), ``messaging.client.operation.duration`` (enqueue and claim, seconds) and
@@ -45,7 +46,8 @@ except ImportError as exc:  # the optional dependency: say which extra brings it
     raise ImportError(f"pgtick.contrib.otel needs OpenTelemetry: pip install 'pgtick[otel]' ({exc})") from exc
 
 from pgtick import __version__, instrumentation
-from pgtick.app import Context
+from pgtick.app import Context, error_classes
+from pgtick.errors import JobTimeout
 from pgtick.execution import Outcome
 
 __all__ = ["OtelInstrumentation", "instrument", "uninstrument"]
@@ -184,13 +186,28 @@ class OtelInstrumentation(instrumentation.Instrumentation):
             metric["messaging.destination.name"] = ctx.kind
             outcome = outcomes[-1] if outcomes else None
             if outcome is not None:
-                span.set_attribute("pgtick.run.outcome", outcome.action)
-                if outcome.action == "fail":
-                    error = (outcome.classes or ["Error"])[0]
+                action, error, message = _how_it_ended(ctx, outcome)
+                span.set_attribute("pgtick.run.outcome", action)
+                if error is not None:
                     span.set_attribute("error.type", error)
-                    span.set_status(Status(StatusCode.ERROR, outcome.message))
+                    span.set_status(Status(StatusCode.ERROR, message))
                     metric["error.type"] = error
             self.process_duration.record(time.monotonic() - began, metric)
+
+
+def _how_it_ended(ctx: Context, outcome: Outcome) -> tuple[str, str | None, str | None]:
+    """The attempt's outcome as the run recorded it: (action, error type, message). A job that
+    returns after the run stopped being its worker's had its result dropped: past its timeout
+    the run was failed as Timeout (by its worker, or the server's reap), otherwise it was
+    reaped or fenced (``abandon``)."""
+    if outcome.action == "fail":
+        return "fail", (outcome.classes or ["Error"])[0], outcome.message
+    if ctx.abandoned and outcome.action != "abandon":
+        if ctx.timeout is not None and time.monotonic() - ctx.timeout_from > ctx.timeout:
+            message = f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s"
+            return "fail", error_classes(JobTimeout(message))[0], message
+        return "abandon", None, None
+    return outcome.action, None, None
 
 
 def _carrier(value: Any) -> dict[str, str] | None:
