@@ -124,7 +124,7 @@ _LEVELS = {
 
 def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> None:
     """Configure the root logger once for this process (see the module doc)."""
-    fmt = log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human"
+    fmt = (log_format or os.environ.get("PGTICK_LOG_FORMAT") or "human").strip().lower()  # as PGTICK_LOG
     handler = _Quiet(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

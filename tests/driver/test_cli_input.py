@@ -689,6 +689,20 @@ def test_a_log_setting_that_is_no_setting_is_one_warning_and_the_command_runs(
     assert len(lines) == 1 and said in lines[0], result.stderr
 
 
+def test_a_log_format_is_read_whatever_its_case_as_the_log_level_is(seeded: Database) -> None:
+    """PGTICK_LOG=info is INFO; PGTICK_LOG_FORMAT=JSON is json, not a warning that it is no
+    format and lines for humans."""
+    env = {**env_for(None), "PGTICK_LOG_FORMAT": "JSON", "PGTICK_LOG": "loud"}
+    result = subprocess.run(
+        [PGTICK_EXE, "runs", "--dsn", seeded.dsn], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    line = json.loads(lines[0])
+    assert "PGTICK_LOG=LOUD is not a level" in line["message"], line
+
+
 def test_a_database_without_the_schema_says_to_migrate(pg: Server) -> None:
     empty = pg.create_empty_database()
     try:
