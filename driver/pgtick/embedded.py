@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
@@ -68,9 +69,17 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
+        """The server's socket directory, percent-encoded (a data directory's path may hold
+        ``%`` or ``#``), and its port: the socket's name has it (``.s.PGSQL.5432``), and a
+        ``$PGPORT`` set when the server started, or when a client connects, must not point
+        the DSN at a socket that is not there."""
         if self._server is None:
             raise RuntimeError("embedded PostgreSQL is not running")
-        return str(self._server.get_uri())
+        info = self._server.get_postmaster_info()
+        if info.socket_dir is None:  # pgserver listens on TCP on Windows only
+            return str(self._server.get_uri())
+        host = quote(str(info.socket_dir), safe="/")
+        return f"postgresql://postgres:@/postgres?host={host}&port={info.port}"
 
     def start(self) -> str:
         """Start (or attach to) the server; returns a DSN for the ``postgres`` database."""

@@ -128,3 +128,39 @@ def test_a_server_a_command_started_stays_up_for_psql_and_the_next_web_stops_it(
         web.send_signal(signal.SIGINT)
         assert web.wait(120) in (0, 130)  # 130: stopped by Ctrl-C
     wait_for("the embedded server to stop", lambda: not pidfile.exists(), timeout=60, interval=0.2)
+
+
+def test_the_dsn_names_the_servers_port_and_survives_a_data_path_with_uri_characters(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server started by a command under `$PGPORT` (its socket is `.s.PGSQL.5999`), then
+    `pgtick status` and `psql "$(pgtick dsn)"` from a shell without it, or with another one (a
+    second PostgreSQL's): the DSN carries the port, and the socket directory percent-encoded (a
+    `%`, `#` or `&` in the path is not the URI's)."""
+    odd = home / "a%41#b"
+    odd.mkdir()
+    odd.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN", "PGPORT")}
+    env["PGTICK_HOME"] = str(odd)
+    server = EmbeddedPostgres(odd / "pgdata")
+    try:
+        started = subprocess.run(
+            [*PGTICK, "dsn"], cwd=ROOT, env={**env, "PGPORT": "5999"}, capture_output=True, text=True, timeout=300
+        )
+        assert started.returncode == 0, started
+        assert (odd / "pgdata" / ".s.PGSQL.5999").exists()
+        status = subprocess.run([*PGTICK, "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert status.returncode == 0, status
+        again = subprocess.run(
+            [*PGTICK, "dsn"], cwd=ROOT, env={**env, "PGPORT": "5433"}, capture_output=True, text=True, timeout=300
+        )
+        assert again.returncode == 0, again
+        monkeypatch.setenv("PGPORT", "5433")
+        for dsn in (started.stdout.strip(), again.stdout.strip()):
+            with psycopg.connect(dsn, connect_timeout=30) as conn:
+                assert conn.execute("SELECT current_setting('data_directory')").fetchone() == (
+                    str(odd / "pgdata"),
+                )
+    finally:
+        server.start()
+        server.stop()
