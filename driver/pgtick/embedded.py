@@ -243,30 +243,50 @@ def _bundled_major() -> str | None:
 
 
 def _forget_stale_postmaster(data_dir: Path) -> None:
-    """Remove the lock files of a server that no longer runs but whose pid another process now
-    has (a server killed with -9, then a restart of the machine or container reuses its pid):
-    pgserver would take that process for the server and hand out a socket nothing listens on,
-    and PostgreSQL would refuse to start beside it. A pid that is gone is PostgreSQL's to see
-    stale; one that is a postgres of this data directory is the server, left alone. Called
-    under pgserver's machine-wide lock, so no other pgtick is starting the server meanwhile."""
+    """Remove the lock files of a server that no longer runs when PostgreSQL or pgserver would
+    not start beside them: its pid now another process's (a server killed with -9, then a
+    restart of the machine or container reuses its pid: pgserver would take that process for
+    the server and hand out a socket nothing listens on, and PostgreSQL would refuse to start),
+    or a file short of its eight lines (the server killed as it wrote it, or a full disk:
+    pgserver cannot read it, PostgreSQL refuses an empty one). A complete file whose pid is
+    gone is PostgreSQL's to see stale; one whose pid is a postgres of this data directory is
+    the server, left alone. Called under pgserver's machine-wide lock, so no other pgtick is
+    starting the server meanwhile."""
     import psutil
 
     pidfile = data_dir / "postmaster.pid"
     try:
-        lines = pidfile.read_text().splitlines()
-        pid = int(lines[0])
-    except (FileNotFoundError, IndexError, ValueError):
+        lines = pidfile.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
         return
+    complete = len(lines) == _POSTMASTER_PID_LINES
     try:
-        process = psutil.Process(pid)
-        if process.status() != psutil.STATUS_ZOMBIE and str(data_dir) in process.cmdline():
-            return  # the server itself
-    except psutil.NoSuchProcess:
-        return
-    except psutil.AccessDenied:  # another user's process: perhaps the server, left alone
-        return
+        pid: int | None = int(lines[0])
+    except (IndexError, ValueError):
+        pid = None
+    if pid is None:
+        running = _postgres_on(data_dir)
+        if running is not None:
+            raise EmbeddedServerError(
+                f"PostgreSQL pid {running} runs on {data_dir} but its postmaster.pid is not complete:"
+                " it is starting or stopping; try again"
+            )
+    else:
+        try:
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE and str(data_dir) in process.cmdline():
+                if complete:
+                    return  # the server itself
+                raise EmbeddedServerError(
+                    f"PostgreSQL pid {pid} on {data_dir} is starting or stopping; try again"
+                )
+        except psutil.NoSuchProcess:
+            if complete:
+                return
+        except psutil.AccessDenied:  # another user's process: perhaps the server, left alone
+            return
     log.warning("embedded PostgreSQL: removing the stale postmaster.pid of pid %s (not the server)", pid)
-    if len(lines) > 4 and lines[3].strip() and lines[4].strip():  # the port and socket directory
+    if pid is not None and len(lines) > 4 and lines[3].strip() and lines[4].strip():  # port, socket dir
         socket_lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
         try:
             if socket_lock.read_text().splitlines()[:1] == [str(pid)]:
@@ -274,6 +294,20 @@ def _forget_stale_postmaster(data_dir: Path) -> None:
         except (OSError, UnicodeDecodeError):  # none left, or not readable: PostgreSQL will say
             pass
     pidfile.unlink(missing_ok=True)
+
+
+#: pid, data directory, start time, port, socket directory, listen address, shared memory, status.
+_POSTMASTER_PID_LINES = 8
+
+
+def _postgres_on(data_dir: Path) -> int | None:
+    """The pid of a postgres process started on data_dir, if one runs."""
+    import psutil
+
+    for process in psutil.process_iter(attrs=["name", "cmdline"]):
+        if process.info["name"] == "postgres" and str(data_dir) in (process.info["cmdline"] or []):
+            return int(process.pid)
+    return None
 
 
 def _why(server_log: Path) -> str:

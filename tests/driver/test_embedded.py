@@ -130,6 +130,10 @@ def test_a_server_a_command_started_stays_up_for_psql_and_the_next_web_stops_it(
     wait_for("the embedded server to stop", lambda: not pidfile.exists(), timeout=60, interval=0.2)
 
 
+def _pgtick(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PGTICK, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_the_dsn_names_the_servers_port_and_survives_a_data_path_with_uri_characters(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,16 +148,12 @@ def test_the_dsn_names_the_servers_port_and_survives_a_data_path_with_uri_charac
     env["PGTICK_HOME"] = str(odd)
     server = EmbeddedPostgres(odd / "pgdata")
     try:
-        started = subprocess.run(
-            [*PGTICK, "dsn"], cwd=ROOT, env={**env, "PGPORT": "5999"}, capture_output=True, text=True, timeout=300
-        )
+        started = _pgtick({**env, "PGPORT": "5999"}, "dsn")
         assert started.returncode == 0, started
         assert (odd / "pgdata" / ".s.PGSQL.5999").exists()
-        status = subprocess.run([*PGTICK, "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        status = _pgtick(env, "status")
         assert status.returncode == 0, status
-        again = subprocess.run(
-            [*PGTICK, "dsn"], cwd=ROOT, env={**env, "PGPORT": "5433"}, capture_output=True, text=True, timeout=300
-        )
+        again = _pgtick({**env, "PGPORT": "5433"}, "dsn")
         assert again.returncode == 0, again
         monkeypatch.setenv("PGPORT", "5433")
         for dsn in (started.stdout.strip(), again.stdout.strip()):
@@ -161,6 +161,36 @@ def test_the_dsn_names_the_servers_port_and_survives_a_data_path_with_uri_charac
                 assert conn.execute("SELECT current_setting('data_directory')").fetchone() == (
                     str(odd / "pgdata"),
                 )
+    finally:
+        server.start()
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "left", ["", "4242\n", "4242\n{data}\n1700000000\n5432\n"], ids=["empty", "pid", "half"]
+)
+def test_a_postmaster_pid_the_server_did_not_finish_writing_does_not_wedge_every_command(
+    home: Path, left: str
+) -> None:
+    """The server killed while it wrote its postmaster.pid (at start, or on a full disk): a file
+    empty or short of its eight lines, with no server behind it. Every command stopped on it
+    with a traceback until the file was removed by hand; the next start removes it."""
+    data = home / "pgdata"
+    server = EmbeddedPostgres(data)
+    server.start()
+    server.stop()
+    assert not (data / "postmaster.pid").exists()
+    nobody = subprocess.Popen(["true"])
+    nobody.wait(30)  # a pid that is gone
+    (data / "postmaster.pid").write_text(left.replace("4242", str(nobody.pid)).format(data=data))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_HOME"] = str(home)
+    try:
+        done = _pgtick(env, "dsn")
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == 0, done
+        with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.start()
         server.stop()
