@@ -53,8 +53,10 @@ def test_a_data_directory_the_server_cannot_start_on_is_said_in_one_line(home: P
     done = subprocess.run([*PGTICK, "dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"pgtick dsn: error: the embedded PostgreSQL did not start on {home}"), last
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # not pgserver's own log lines besides (the log is in the data)
+    assert lines[0].startswith(f"pgtick dsn: error: the embedded PostgreSQL did not start on {home}"), lines
+    assert "postgresql.conf" in lines[0], lines
 
 
 def test_a_stale_postmaster_pid_that_another_process_now_has_does_not_keep_the_server_down(
