@@ -87,6 +87,13 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             from pgserver.postgres_server import PostgresServer, get_server  # slow import: late
 
+        unsafe = sorted({c for c in str(self.data_dir) if c.isspace() or c in _SHELL_CHARACTERS})
+        if unsafe:  # pgserver passes the socket directory (this one) to pg_ctl -o unquoted
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL cannot run on {self.data_dir}: its path has"
+                f" {' '.join(map(repr, unsafe))}, which the server's start command does not quote;"
+                " set $PGTICK_HOME to a directory whose path has none"
+            )
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
@@ -211,6 +218,10 @@ class EmbeddedPostgres:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+#: What a shell reads in an unquoted word (besides white space).
+_SHELL_CHARACTERS = frozenset("&;|$`'\"\\()<>*?[]{}")
 
 
 def _alive(pid: int) -> bool:

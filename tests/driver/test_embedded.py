@@ -196,3 +196,23 @@ def test_a_postmaster_pid_the_server_did_not_finish_writing_does_not_wedge_every
     finally:
         server.start()
         server.stop()
+
+
+@pytest.mark.parametrize("name", ["my data", "a&b", "it's"])
+def test_a_data_directory_path_the_server_cannot_be_given_is_refused_saying_why(
+    home: Path, name: str
+) -> None:
+    """pgserver hands the socket directory (the data directory) to the server through a shell,
+    unquoted: a space or a shell character in its path broke the start with the server's
+    `Try "postgres --help"`, or ran what followed an `&`. The command says what is wrong."""
+    odd = home / name
+    odd.mkdir()
+    odd.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_HOME"] = str(odd)
+    done = _pgtick(env, "dsn")
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"cannot run on {odd / 'pgdata'}" in lines[0], lines
+    assert "PGTICK_HOME" in lines[0], lines
