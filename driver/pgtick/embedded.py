@@ -7,6 +7,7 @@ default, or a throwaway one), returns its DSN, and stops it cleanly.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -100,6 +101,7 @@ class EmbeddedPostgres:
         self._refuse_another_major()
         with PostgresServer._lock:
             _forget_stale_postmaster(self.data_dir)
+            _forget_unreadable_users(self.data_dir)
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
         try:
@@ -305,6 +307,23 @@ def _forget_stale_postmaster(data_dir: Path) -> None:
         except (OSError, UnicodeDecodeError):  # none left, or not readable: PostgreSQL will say
             pass
     pidfile.unlink(missing_ok=True)
+
+
+def _forget_unreadable_users(data_dir: Path) -> None:
+    """Start a new list of the processes on the server when pgserver's is not a JSON list of
+    pids (it rewrites the file in place: a full disk or a crash as it writes leaves it empty or
+    cut, and pgserver then fails every start on it). Called under pgserver's machine-wide lock."""
+    users = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(users.read_text(errors="replace"))
+    except FileNotFoundError:
+        return
+    except ValueError:
+        pids = None
+    if isinstance(pids, list) and all(type(pid) is int for pid in pids):
+        return
+    log.warning("embedded PostgreSQL: %s is not a list of pids: starting a new one", users)
+    users.write_text("[]")
 
 
 #: pid, data directory, start time, port, socket directory, listen address, shared memory, status.

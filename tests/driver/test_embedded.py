@@ -216,3 +216,27 @@ def test_a_data_directory_path_the_server_cannot_be_given_is_refused_saying_why(
     assert len(lines) == 1, done.stderr
     assert f"cannot run on {odd / 'pgdata'}" in lines[0], lines
     assert "PGTICK_HOME" in lines[0], lines
+
+
+@pytest.mark.parametrize("left", ["", "[12, 3", '{"pid": 1}'], ids=["empty", "cut", "not-a-list"])
+def test_a_list_of_server_users_left_unreadable_does_not_wedge_every_command(home: Path, left: str) -> None:
+    """pgserver keeps the processes on the server in `.handle_pids.json`, rewritten in place: a
+    full disk or a crash as it writes leaves it empty or cut. Every command then stopped with
+    a JSONDecodeError traceback; the next start begins a new list."""
+    data = home / "pgdata"
+    server = EmbeddedPostgres(data)
+    server.start()
+    server.stop()
+    (data / ".handle_pids.json").write_text(left)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_HOME"] = str(home)
+    try:
+        done = _pgtick(env, "dsn")
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == 0, done
+        with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.start()
+        server.stop()
+    assert not (data / "postmaster.pid").exists()
