@@ -104,11 +104,15 @@ class EmbeddedPostgres:
             _forget_unreadable_users(self.data_dir)
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
+        failed = _FailedCommands()
         try:
-            self._server = get_server(self.data_dir, cleanup_mode=None)
+            with failed:
+                self._server = get_server(self.data_dir, cleanup_mode=None)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            # initdb says why on its stderr (a full disk) and writes no log; pg_ctl in the log.
+            why = _fatal(failed.stderr) or _why(self.data_dir / "log")
             raise EmbeddedServerError(
-                f"the embedded PostgreSQL did not start on {self.data_dir}: {_why(self.data_dir / 'log')}"
+                f"the embedded PostgreSQL did not start on {self.data_dir}: {why}"
             ) from exc
         if self._settings_differ():
             # Two pgtick commands started at once on a fresh directory must not both
@@ -340,6 +344,44 @@ def _postgres_on(data_dir: Path) -> int | None:
     return None
 
 
+class _FailedCommands(logging.Handler):
+    """The stderr of the PostgreSQL commands pgserver ran and saw fail, taken from its ERROR
+    log record (pgserver keeps it nowhere else), while pgtick's logging drops those records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.stderr: list[str] = []
+        self._logger = logging.getLogger("pgserver")
+        self._saved = (self._logger.level, self._logger.propagate)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Failed postgres command") and isinstance(record.args, tuple):
+            self.stderr.extend(line for line in str(record.args[-1]).splitlines() if line.strip())
+
+    def __enter__(self) -> None:
+        self._saved = (self._logger.level, self._logger.propagate)
+        if not self._logger.isEnabledFor(logging.ERROR):  # to be seen here, not shown
+            self._logger.setLevel(logging.ERROR)
+            self._logger.propagate = False
+        self._logger.addHandler(self)
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved[0])
+        self._logger.propagate = self._saved[1]
+
+
+def _fatal(lines: list[str]) -> str | None:
+    """The last FATAL line (and the DETAIL line after it) of a server's output, if any."""
+    for at in range(len(lines) - 1, -1, -1):
+        if "FATAL:" in lines[at]:
+            why = lines[at].split("FATAL:", 1)[1].strip()
+            if at + 1 < len(lines) and "DETAIL:" in lines[at + 1]:
+                why += f" ({lines[at + 1].split('DETAIL:', 1)[1].strip()})"
+            return why
+    return None
+
+
 def _why(server_log: Path) -> str:
     """The server log's last FATAL line (and its DETAIL), else its last line, else where to
     read the log."""
@@ -347,10 +389,7 @@ def _why(server_log: Path) -> str:
         lines = [line for line in server_log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         lines = []
-    for at in range(len(lines) - 1, -1, -1):
-        if "FATAL:" in lines[at]:
-            why = lines[at].split("FATAL:", 1)[1].strip()
-            if at + 1 < len(lines) and "DETAIL:" in lines[at + 1]:
-                why += f" ({lines[at + 1].split('DETAIL:', 1)[1].strip()})"
-            return why
+    fatal = _fatal(lines)
+    if fatal is not None:
+        return fatal
     return lines[-1].strip() if lines else f"see its log, {server_log}"

@@ -240,3 +240,28 @@ def test_a_list_of_server_users_left_unreadable_does_not_wedge_every_command(hom
         server.start()
         server.stop()
     assert not (data / "postmaster.pid").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounts a small tmpfs: root")
+def test_a_full_disk_is_said_with_the_servers_reason_not_a_log_that_is_not_there(home: Path) -> None:
+    """initdb on a full disk: it says why on its stderr and leaves no log. The command named a
+    log that did not exist; it says the disk is full."""
+    full = home / "full"
+    full.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=755", "tmpfs", str(full)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+        env["PGTICK_HOME"] = str(full)
+        done = _pgtick(env, "dsn")
+        assert done.returncode == 1, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        said = f"pgtick dsn: error: the embedded PostgreSQL did not start on {full}"
+        assert lines[0].startswith(said), lines
+        assert "No space left on device" in lines[0], lines
+    finally:
+        subprocess.run(["umount", str(full)], check=True, timeout=60)
