@@ -205,13 +205,14 @@ class EmbeddedPostgres:
     def _other_users(self) -> list[int]:
         """Take this process off the server's list of users (pgserver keeps one in the data
         directory, under its machine-wide lock); the other processes on it that still live
-        (one killed with -9 never took itself off)."""
+        (one killed with -9 never took itself off; its pid, reused by one of the server's own
+        processes, is no user)."""
         from pgserver.postgres_server import PostgresServer
 
         me = os.getpid()
         with PostgresServer._lock:
             users = self._server.global_process_id_list.get_and_remove(me)
-        return [pid for pid in users if pid != me and _alive(pid)]
+        return [pid for pid in users if pid != me and _alive(pid) and not _postgres(pid)]
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
@@ -238,6 +239,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def _postgres(pid: int) -> bool:
+    """Whether pid is a PostgreSQL server process (the postmaster or a backend)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).name() == "postgres")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _bundled_major() -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -265,3 +266,20 @@ def test_a_full_disk_is_said_with_the_servers_reason_not_a_log_that_is_not_there
         assert "No space left on device" in lines[0], lines
     finally:
         subprocess.run(["umount", str(full)], check=True, timeout=60)
+
+
+def test_a_user_pid_now_the_servers_own_process_does_not_keep_the_server_up(home: Path) -> None:
+    """A process on the server killed with -9 stays on pgserver's list of its users; when its pid
+    is reused by one of the server's own processes (in a container, pids are few and the
+    server's come next), the last pgtick out took that for a user and left the server running."""
+    data = home / "pgdata"
+    server = EmbeddedPostgres(data)
+    server.start()
+    try:
+        postmaster = int((data / "postmaster.pid").read_text().splitlines()[0])
+        backends = [p.pid for p in psutil.Process(postmaster).children()]
+        users = json.loads((data / ".handle_pids.json").read_text())
+        (data / ".handle_pids.json").write_text(json.dumps([*users, postmaster, *backends]))
+    finally:
+        server.stop()
+    wait_for("the server to stop", lambda: not (data / "postmaster.pid").exists(), timeout=60, interval=0.2)
