@@ -107,7 +107,15 @@ class EmbeddedPostgres:
         failed = _FailedCommands()
         try:
             with failed:
-                self._server = get_server(self.data_dir, cleanup_mode=None)
+                try:
+                    self._server = get_server(self.data_dir, cleanup_mode=None)
+                except subprocess.TimeoutExpired:
+                    # pgserver gives pg_ctl start ten seconds; a server in crash recovery, or
+                    # on a loaded machine, takes longer and still comes up: wait for it.
+                    if not _ready(self.data_dir, timeout=300):
+                        raise
+                    PostgresServer._instances.pop(self.data_dir, None)
+                    self._server = get_server(self.data_dir, cleanup_mode=None)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             # initdb says why on its stderr (a full disk) and writes no log; pg_ctl in the log.
             why = _fatal(failed.stderr) or _why(self.data_dir / "log")
@@ -239,6 +247,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def _ready(data_dir: Path, timeout: float) -> bool:
+    """Wait for the server starting on data_dir to say it is ready in its postmaster.pid; False
+    when it stops (or its file goes) first, or after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            lines = (data_dir / "postmaster.pid").read_text(errors="replace").splitlines()
+            pid = int(lines[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            return False
+        if not _alive(pid):
+            return False
+        if len(lines) == _POSTMASTER_PID_LINES and lines[-1].strip() == "ready":
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _postgres(pid: int) -> bool:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -283,3 +286,45 @@ def test_a_user_pid_now_the_servers_own_process_does_not_keep_the_server_up(home
     finally:
         server.stop()
     wait_for("the server to stop", lambda: not (data / "postmaster.pid").exists(), timeout=60, interval=0.2)
+
+
+@pytest.mark.timeout(400)
+def test_a_server_slower_to_start_than_pgservers_ten_seconds_is_waited_for(home: Path) -> None:
+    """pgserver gives `pg_ctl start` ten seconds; a server in crash recovery, or on a loaded
+    machine, takes longer and still comes up. The command failed meanwhile; it waits."""
+    data = home / "pgdata"
+    first = EmbeddedPostgres(data)
+    first.start()
+    first.stop()
+    held: list[int] = []
+
+    def hold_the_postmaster() -> None:  # stopped before it is ready, for longer than ten seconds
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not held:
+            try:
+                pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+            except (FileNotFoundError, IndexError, ValueError):
+                time.sleep(0.005)
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            held.append(pid)
+        if held:
+            time.sleep(15)
+            os.kill(held[0], signal.SIGCONT)
+
+    holder = threading.Thread(target=hold_the_postmaster)
+    holder.start()
+    second = EmbeddedPostgres(data)
+    try:
+        dsn = second.start()
+        holder.join(60)
+        assert held, "the postmaster was never seen starting"
+        with psycopg.connect(dsn, connect_timeout=30) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        holder.join(60)
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        second.start()
+        second.stop()
