@@ -7,6 +7,7 @@ default, or a throwaway one), returns its DSN, and stops it cleanly.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
@@ -68,9 +70,17 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
+        """The server's socket directory, percent-encoded (a data directory's path may hold
+        ``%`` or ``#``), and its port: the socket's name has it (``.s.PGSQL.5432``), and a
+        ``$PGPORT`` set when the server started, or when a client connects, must not point
+        the DSN at a socket that is not there."""
         if self._server is None:
             raise RuntimeError("embedded PostgreSQL is not running")
-        return str(self._server.get_uri())
+        info = self._server.get_postmaster_info()
+        if info.socket_dir is None:  # pgserver listens on TCP on Windows only
+            return str(self._server.get_uri())
+        host = quote(str(info.socket_dir), safe="/")
+        return f"postgresql://postgres:@/postgres?host={host}&port={info.port}"
 
     def start(self) -> str:
         """Start (or attach to) the server; returns a DSN for the ``postgres`` database."""
@@ -78,19 +88,39 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             from pgserver.postgres_server import PostgresServer, get_server  # slow import: late
 
+        unsafe = sorted({c for c in str(self.data_dir) if c.isspace() or c in _SHELL_CHARACTERS})
+        if unsafe:  # pgserver passes the socket directory (this one) to pg_ctl -o unquoted
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL cannot run on {self.data_dir}: its path has"
+                f" {' '.join(map(repr, unsafe))}, which the server's start command does not quote;"
+                " set $PGTICK_HOME to a directory whose path has none"
+            )
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         if self._tmp is not None:
             os.chmod(self._tmp, 0o755)  # pgserver runs postgres as its own user when root
         self._refuse_another_major()
         with PostgresServer._lock:
             _forget_stale_postmaster(self.data_dir)
+            _forget_unreadable_users(self.data_dir)
         # pgserver caches handles per directory; a stopped one must not be reused.
         PostgresServer._instances.pop(self.data_dir, None)
+        failed = _FailedCommands()
         try:
-            self._server = get_server(self.data_dir, cleanup_mode=None)
+            with failed:
+                try:
+                    self._server = get_server(self.data_dir, cleanup_mode=None)
+                except subprocess.TimeoutExpired:
+                    # pgserver gives pg_ctl start ten seconds; a server in crash recovery, or
+                    # on a loaded machine, takes longer and still comes up: wait for it.
+                    if not _ready(self.data_dir, timeout=300):
+                        raise
+                    PostgresServer._instances.pop(self.data_dir, None)
+                    self._server = get_server(self.data_dir, cleanup_mode=None)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            # initdb says why on its stderr (a full disk) and writes no log; pg_ctl in the log.
+            why = _fatal(failed.stderr) or _why(self.data_dir / "log")
             raise EmbeddedServerError(
-                f"the embedded PostgreSQL did not start on {self.data_dir}: {_why(self.data_dir / 'log')}"
+                f"the embedded PostgreSQL did not start on {self.data_dir}: {why}"
             ) from exc
         if self._settings_differ():
             # Two pgtick commands started at once on a fresh directory must not both
@@ -183,13 +213,14 @@ class EmbeddedPostgres:
     def _other_users(self) -> list[int]:
         """Take this process off the server's list of users (pgserver keeps one in the data
         directory, under its machine-wide lock); the other processes on it that still live
-        (one killed with -9 never took itself off)."""
+        (one killed with -9 never took itself off; its pid, reused by one of the server's own
+        processes, is no user)."""
         from pgserver.postgres_server import PostgresServer
 
         me = os.getpid()
         with PostgresServer._lock:
             users = self._server.global_process_id_list.get_and_remove(me)
-        return [pid for pid in users if pid != me and _alive(pid)]
+        return [pid for pid in users if pid != me and _alive(pid) and not _postgres(pid)]
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
@@ -204,6 +235,10 @@ class EmbeddedPostgres:
         self.stop()
 
 
+#: What a shell reads in an unquoted word (besides white space).
+_SHELL_CHARACTERS = frozenset("&;|$`'\"\\()<>*?[]{}")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -212,6 +247,34 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def _ready(data_dir: Path, timeout: float) -> bool:
+    """Wait for the server starting on data_dir to say it is ready in its postmaster.pid; False
+    when it stops (or its file goes) first, or after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            lines = (data_dir / "postmaster.pid").read_text(errors="replace").splitlines()
+            pid = int(lines[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            return False
+        if not _alive(pid):
+            return False
+        if len(lines) == _POSTMASTER_PID_LINES and lines[-1].strip() == "ready":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _postgres(pid: int) -> bool:
+    """Whether pid is a PostgreSQL server process (the postmaster or a backend)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).name() == "postgres")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _bundled_major() -> str | None:
@@ -234,30 +297,50 @@ def _bundled_major() -> str | None:
 
 
 def _forget_stale_postmaster(data_dir: Path) -> None:
-    """Remove the lock files of a server that no longer runs but whose pid another process now
-    has (a server killed with -9, then a restart of the machine or container reuses its pid):
-    pgserver would take that process for the server and hand out a socket nothing listens on,
-    and PostgreSQL would refuse to start beside it. A pid that is gone is PostgreSQL's to see
-    stale; one that is a postgres of this data directory is the server, left alone. Called
-    under pgserver's machine-wide lock, so no other pgtick is starting the server meanwhile."""
+    """Remove the lock files of a server that no longer runs when PostgreSQL or pgserver would
+    not start beside them: its pid now another process's (a server killed with -9, then a
+    restart of the machine or container reuses its pid: pgserver would take that process for
+    the server and hand out a socket nothing listens on, and PostgreSQL would refuse to start),
+    or a file short of its eight lines (the server killed as it wrote it, or a full disk:
+    pgserver cannot read it, PostgreSQL refuses an empty one). A complete file whose pid is
+    gone is PostgreSQL's to see stale; one whose pid is a postgres of this data directory is
+    the server, left alone. Called under pgserver's machine-wide lock, so no other pgtick is
+    starting the server meanwhile."""
     import psutil
 
     pidfile = data_dir / "postmaster.pid"
     try:
-        lines = pidfile.read_text().splitlines()
-        pid = int(lines[0])
-    except (FileNotFoundError, IndexError, ValueError):
+        lines = pidfile.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
         return
+    complete = len(lines) == _POSTMASTER_PID_LINES
     try:
-        process = psutil.Process(pid)
-        if process.status() != psutil.STATUS_ZOMBIE and str(data_dir) in process.cmdline():
-            return  # the server itself
-    except psutil.NoSuchProcess:
-        return
-    except psutil.AccessDenied:  # another user's process: perhaps the server, left alone
-        return
+        pid: int | None = int(lines[0])
+    except (IndexError, ValueError):
+        pid = None
+    if pid is None:
+        running = _postgres_on(data_dir)
+        if running is not None:
+            raise EmbeddedServerError(
+                f"PostgreSQL pid {running} runs on {data_dir} but its postmaster.pid is not complete:"
+                " it is starting or stopping; try again"
+            )
+    else:
+        try:
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE and str(data_dir) in process.cmdline():
+                if complete:
+                    return  # the server itself
+                raise EmbeddedServerError(
+                    f"PostgreSQL pid {pid} on {data_dir} is starting or stopping; try again"
+                )
+        except psutil.NoSuchProcess:
+            if complete:
+                return
+        except psutil.AccessDenied:  # another user's process: perhaps the server, left alone
+            return
     log.warning("embedded PostgreSQL: removing the stale postmaster.pid of pid %s (not the server)", pid)
-    if len(lines) > 4 and lines[3].strip() and lines[4].strip():  # the port and socket directory
+    if pid is not None and len(lines) > 4 and lines[3].strip() and lines[4].strip():  # port, socket dir
         socket_lock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock"
         try:
             if socket_lock.read_text().splitlines()[:1] == [str(pid)]:
@@ -267,6 +350,75 @@ def _forget_stale_postmaster(data_dir: Path) -> None:
     pidfile.unlink(missing_ok=True)
 
 
+def _forget_unreadable_users(data_dir: Path) -> None:
+    """Start a new list of the processes on the server when pgserver's is not a JSON list of
+    pids (it rewrites the file in place: a full disk or a crash as it writes leaves it empty or
+    cut, and pgserver then fails every start on it). Called under pgserver's machine-wide lock."""
+    users = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(users.read_text(errors="replace"))
+    except FileNotFoundError:
+        return
+    except ValueError:
+        pids = None
+    if isinstance(pids, list) and all(type(pid) is int for pid in pids):
+        return
+    log.warning("embedded PostgreSQL: %s is not a list of pids: starting a new one", users)
+    users.write_text("[]")
+
+
+#: pid, data directory, start time, port, socket directory, listen address, shared memory, status.
+_POSTMASTER_PID_LINES = 8
+
+
+def _postgres_on(data_dir: Path) -> int | None:
+    """The pid of a postgres process started on data_dir, if one runs."""
+    import psutil
+
+    for process in psutil.process_iter(attrs=["name", "cmdline"]):
+        if process.info["name"] == "postgres" and str(data_dir) in (process.info["cmdline"] or []):
+            return int(process.pid)
+    return None
+
+
+class _FailedCommands(logging.Handler):
+    """The stderr of the PostgreSQL commands pgserver ran and saw fail, taken from its ERROR
+    log record (pgserver keeps it nowhere else), while pgtick's logging drops those records."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.stderr: list[str] = []
+        self._logger = logging.getLogger("pgserver")
+        self._saved = (self._logger.level, self._logger.propagate)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Failed postgres command") and isinstance(record.args, tuple):
+            self.stderr.extend(line for line in str(record.args[-1]).splitlines() if line.strip())
+
+    def __enter__(self) -> None:
+        self._saved = (self._logger.level, self._logger.propagate)
+        if not self._logger.isEnabledFor(logging.ERROR):  # to be seen here, not shown
+            self._logger.setLevel(logging.ERROR)
+            self._logger.propagate = False
+        self._logger.addHandler(self)
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved[0])
+        self._logger.propagate = self._saved[1]
+
+
+def _fatal(lines: list[str]) -> str | None:
+    """The last FATAL line (and the DETAIL line after it) of a server's output, if any."""
+    for at in range(len(lines) - 1, -1, -1):
+        if "FATAL:" in lines[at]:
+            why = lines[at].split("FATAL:", 1)[1].strip()
+            if at + 1 < len(lines) and "DETAIL:" in lines[at + 1]:
+                why += f" ({lines[at + 1].split('DETAIL:', 1)[1].strip()})"
+            return why
+    return None
+
+
 def _why(server_log: Path) -> str:
     """The server log's last FATAL line (and its DETAIL), else its last line, else where to
     read the log."""
@@ -274,10 +426,7 @@ def _why(server_log: Path) -> str:
         lines = [line for line in server_log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         lines = []
-    for at in range(len(lines) - 1, -1, -1):
-        if "FATAL:" in lines[at]:
-            why = lines[at].split("FATAL:", 1)[1].strip()
-            if at + 1 < len(lines) and "DETAIL:" in lines[at + 1]:
-                why += f" ({lines[at + 1].split('DETAIL:', 1)[1].strip()})"
-            return why
+    fatal = _fatal(lines)
+    if fatal is not None:
+        return fatal
     return lines[-1].strip() if lines else f"see its log, {server_log}"

@@ -149,7 +149,9 @@ def setup_logging(*, verbose: bool, log_format: str | None, outcomes: bool) -> N
         said.warning("PGTICK_LOG_FORMAT=%s is not a log format (human, json): logging for humans", fmt)
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(min(level, logging.INFO) if outcomes else logging.NOTSET)
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    # pgserver logs a failed start as ERROR lines that carry the whole server log; pgtick.embedded
+    # says it in one line with the log's FATAL (the log stays in the data directory).
+    logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL)
 
 
 def log_outcome(
