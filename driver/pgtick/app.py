@@ -571,7 +571,9 @@ class Context:
             interrupt()
 
     def on_cancel(self, hook: Compensation) -> None:
-        """Register compensation for a mutating kind; hooks run last-registered first."""
+        """Register compensation for a mutating kind; hooks run last-registered first (the
+        kind's ``compensate`` last of all), each even when one before it raised; the run then
+        fails with the first error raised (not retried: its cancel was requested)."""
         if not self.spec.mutating:
             raise UsageError(f"job {self.kind}: on_cancel needs a kind registered with mutating=True")
         if inspect.iscoroutinefunction(hook):  # called plainly: its coroutine would never run
@@ -655,9 +657,23 @@ class Context:
         hooks = list(self._compensations)
         if self.spec.compensate is not None:
             hooks.insert(0, self.spec.compensate)
+        failed: BaseException | None = None
         for hook in reversed(hooks):
             self.logger.info("run=%s compensating after cancellation", self.run_id)
-            hook(self)
+            try:
+                hook(self)
+            except BaseException as exc:  # the other hooks still undo their part
+                from pgtick.execution import describe
+
+                self.logger.warning(
+                    "run=%s compensation %s failed: %s",
+                    self.run_id,
+                    getattr(hook, "__qualname__", hook),
+                    describe(exc),
+                )
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 class _Yield:
