@@ -353,6 +353,11 @@ class App:
         cancel, for code that never reaches a checkpoint (``pgtick.isolation``); its
         function and ``compensate`` must be importable (module-level) functions.
         """
+        if callable(kind):  # @app.job without its kind: the function came in as the kind
+            raise UsageError(
+                f'@app.job needs the job\'s kind: write @app.job("kind") above '
+                f"{getattr(kind, '__qualname__', kind)}, not @app.job"
+            )
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 200:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
         if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):  # as jobs._check_name refuses

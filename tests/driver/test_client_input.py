@@ -497,6 +497,17 @@ def test_a_job_function_is_registered_whatever_form_takes_the_context() -> None:
     assert len(app.jobs) == 7
 
 
+def test_app_job_without_its_kind_says_the_kind_is_missing() -> None:
+    """``@app.job`` written bare hands it the function as the kind: the error says to give
+    the kind, rather than that a function is not 1..200 characters."""
+    app = App("t")
+    with pytest.raises(
+        UsageError, match=r'^@app.job needs the job\'s kind: write @app.job\("kind"\) above _sends'
+    ):
+        app.job(_sends)  # type: ignore[arg-type]
+    assert app.jobs == {}
+
+
 def test_a_kind_registered_by_two_decorators_made_before_either_is_refused() -> None:
     """``app.job(kind)`` twice before either decorates: the second registration is refused,
     not silently put in place of the first."""
