@@ -489,9 +489,10 @@ def test_a_job_function_is_registered_whatever_form_takes_the_context() -> None:
             pass
 
     app = App("t")
-    for i, fn in enumerate(
-        [_sends, lambda *args: None, lambda ctx, more=1: None, Sender(), Sender().send, print]
-    ):
+    forms: list[Callable[..., Any]] = [
+        _sends, lambda *args: None, lambda ctx, more=1: None, Sender(), Sender().send, print
+    ]  # fmt: skip
+    for i, fn in enumerate(forms):
         app.job(f"k{i}")(fn)
     app.job("partial")(partial(_needs_two, order=1))
     assert len(app.jobs) == 7
