@@ -21,7 +21,9 @@ Stopping an async job:
   reaches a checkpoint within ``CHECKPOINT_GRACE`` waits there (and goes on if a heartbeat
   confirms the run), any other has its task cancelled, and nothing is reported. Code that
   blocks the loop without awaiting cannot be interrupted this way: use a thread job or
-  ``isolation="process"``.
+  ``isolation="process"``. It holds up the loop's other jobs (not heartbeats, which have a
+  thread of their own); a watchdog thread logs a warning naming its run once the loop has
+  run nothing else for ``LOOP_BLOCKED_AFTER``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ log = logging.getLogger("pgtick.worker")
 #: cancelled (seconds).
 CHECKPOINT_GRACE = 0.25
 
+#: How long the worker's event loop may run nothing (one callback holding it: an async job
+#: that calls ``time.sleep``, blocking I/O or long CPU work without awaiting) before the worker
+#: says which run blocks it (seconds).
+LOOP_BLOCKED_AFTER = 5.0
+
 #: How long a job whose task was cancelled (its cancel, timeout or loss) may go on before the
 #: worker says that it ignored the cancellation and still holds a slot (seconds).
 IGNORED_CANCEL_AFTER = 5.0
@@ -59,6 +66,8 @@ class EventLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._tasks: set[asyncio.Task[Outcome]] = set()
         self._stopping = threading.Event()  # set by ``stop``: any other stop of the loop is a job's
+        self._contexts: dict[asyncio.Task[Outcome], Context] = {}  # the run of each job's task
+        self._last_turn = time.monotonic()  # when the loop last ran the watchdog's callback
 
     @property
     def thread(self) -> threading.Thread:
@@ -66,6 +75,39 @@ class EventLoop:
 
     def start(self) -> None:
         self._thread.start()
+        threading.Thread(target=self._watch, name=f"{self._thread.name}-watch", daemon=True).start()
+
+    def _turned(self) -> None:
+        self._last_turn = time.monotonic()
+
+    def _watch(self, every: float = 1.0) -> None:
+        """Heartbeats run on a thread of their own, so a job that blocks the loop does not stop
+        them; but the loop's other jobs wait meanwhile, and no cancel or timeout interrupts
+        them. Say so, once a blockage, naming the run whose task holds the loop."""
+        said = False
+        while not self._stopping.wait(every):
+            if self.loop.is_closed():
+                return
+            try:
+                self.loop.call_soon_threadsafe(self._turned)
+            except RuntimeError:  # closed meanwhile
+                return
+            idle = time.monotonic() - self._last_turn
+            if idle < LOOP_BLOCKED_AFTER:
+                said = False
+            elif not said:
+                said = True
+                task = asyncio.current_task(self.loop)
+                ctx = self._contexts.get(task) if task is not None else None
+                who = "" if ctx is None else f"run={ctx.run_id} kind={ctx.kind} worker={ctx.worker_id} "
+                log.warning(
+                    "%sblocks the worker's event loop: it has run nothing else for %.0fs (a call that"
+                    " does not await: time.sleep, blocking I/O, CPU work); the other async jobs"
+                    " wait, and no cancel or timeout interrupts them, until it yields (run such"
+                    " code with asyncio.to_thread, or make the kind a thread job)",
+                    who or "an async job ",
+                    idle,
+                )
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -119,9 +161,11 @@ class EventLoop:
             done(failure(ctx, "the worker could not start the job's task", exc))
             return
         self._tasks.add(task)
+        self._contexts[task] = ctx
 
         def finished(t: asyncio.Task[Outcome]) -> None:
             self._tasks.discard(t)
+            self._contexts.pop(t, None)
             if t.cancelled():  # the loop shuts down, or job code cancelled its own task
                 why = (
                     "the worker's event loop stopped"

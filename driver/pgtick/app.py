@@ -121,6 +121,43 @@ def _seconds(value: float | timedelta | None) -> float | None:
     return seconds
 
 
+def _check_takes_context(kind: str, what: str, fn: object) -> None:
+    """A UsageError unless ``fn`` can be called as the worker calls it, ``fn(ctx)``: a
+    callable that takes one positional argument. A function that cannot would fail every run
+    with a TypeError (retried by its policy) instead of failing the import that registers it;
+    a generator function's body would never run (its call makes a generator, not a result)."""
+    if not callable(fn):
+        raise UsageError(f"job {kind}: {what} must be a function taking the run's Context, got {fn!r}")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise UsageError(
+            f"job {kind}: {what} must return its result, not yield it: "
+            f"{getattr(fn, '__qualname__', fn)!r} is a generator function"
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): the call will tell
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        shown = signature.replace(return_annotation=inspect.Signature.empty)
+        raise UsageError(
+            f"job {kind}: {what} is called with one argument, the run's Context, but "
+            f"{getattr(fn, '__qualname__', fn)}{shown} cannot take it: {exc}"
+        ) from None
+
+
+def _check_importable(kind: str, fn: object) -> None:
+    """A UsageError unless ``fn`` can be pickled by reference to a child process: a lambda or
+    a function defined inside another cannot be found there by its name."""
+    name = getattr(fn, "__qualname__", None)
+    if inspect.isfunction(fn) and isinstance(name, str) and ("<lambda>" in name or "<locals>" in name):
+        raise UsageError(
+            f"job {kind}: isolation='process' needs a module-level function (the job process "
+            f"imports it by name), got {name!r}"
+        )
+
+
 def _check_database(call: str, target: object, *, conninfo: bool) -> None:
     """A TypeError unless ``target`` is something ``app.enqueue`` writes through: a
     ``pgtick.Client``, or with ``conninfo`` a conninfo string; it says why an ``AsyncClient``
@@ -316,6 +353,11 @@ class App:
         cancel, for code that never reaches a checkpoint (``pgtick.isolation``); its
         function and ``compensate`` must be importable (module-level) functions.
         """
+        if callable(kind):  # @app.job without its kind: the function came in as the kind
+            raise UsageError(
+                f'@app.job needs the job\'s kind: write @app.job("kind") above '
+                f"{getattr(kind, '__qualname__', kind)}, not @app.job"
+            )
         if not isinstance(kind, str) or not kind.strip() or len(kind) > 200:
             raise UsageError(f"job kind must be 1..200 characters, got {kind!r}")
         if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):  # as jobs._check_name refuses
@@ -350,9 +392,17 @@ class App:
         if isolation not in ISOLATIONS:
             raise UsageError(f"job {kind}: isolation must be 'thread' or 'process', got {isolation!r}")
 
+        if compensate is not None:
+            _check_takes_context(kind, "compensate=", compensate)
+
         def register(fn: JobFunction) -> JobFunction:
+            if kind in self.jobs:  # registered since app.job(kind) was called
+                raise UsageError(f"job kind {kind!r} is registered twice")
+            _check_takes_context(kind, "the job", fn)
             if isolation == "process" and is_coroutine_function(fn):
                 raise UsageError(f"job {kind}: isolation='process' takes a plain function, not async def")
+            if isolation == "process":
+                _check_importable(kind, fn)
             self.jobs[kind] = JobSpec(
                 kind=kind,
                 fn=fn,
@@ -526,7 +576,9 @@ class Context:
             interrupt()
 
     def on_cancel(self, hook: Compensation) -> None:
-        """Register compensation for a mutating kind; hooks run last-registered first."""
+        """Register compensation for a mutating kind; hooks run last-registered first (the
+        kind's ``compensate`` last of all), each even when one before it raised; the run then
+        fails with the first error raised (not retried: its cancel was requested)."""
         if not self.spec.mutating:
             raise UsageError(f"job {self.kind}: on_cancel needs a kind registered with mutating=True")
         if inspect.iscoroutinefunction(hook):  # called plainly: its coroutine would never run
@@ -610,9 +662,23 @@ class Context:
         hooks = list(self._compensations)
         if self.spec.compensate is not None:
             hooks.insert(0, self.spec.compensate)
+        failed: BaseException | None = None
         for hook in reversed(hooks):
             self.logger.info("run=%s compensating after cancellation", self.run_id)
-            hook(self)
+            try:
+                hook(self)
+            except BaseException as exc:  # the other hooks still undo their part
+                from pgtick.execution import describe
+
+                self.logger.warning(
+                    "run=%s compensation %s failed: %s",
+                    self.run_id,
+                    getattr(hook, "__qualname__", hook),
+                    describe(exc),
+                )
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 class _Yield:

@@ -11,6 +11,7 @@ from collections import UserDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -421,6 +422,102 @@ def test_a_job_declared_with_a_bad_option_is_refused_at_declaration(
     with pytest.raises(UsageError, match=field):
         app.job("k", **options)(lambda ctx: None)
     assert "k" not in app.jobs
+
+
+def _takes_nothing() -> None:
+    pass
+
+
+def _needs_two(ctx: Any, order: int) -> None:
+    pass
+
+
+def _keyword_only(*, ctx: Any) -> None:
+    pass
+
+
+def _sends(ctx: Any) -> None:
+    pass
+
+
+def _yields(ctx: Any) -> Any:
+    yield ctx.payload
+
+
+async def _yields_async(ctx: Any) -> Any:
+    yield ctx.payload
+
+
+JOB_FUNCTIONS: list[tuple[str, Any, dict[str, Any], str]] = [
+    ("not-callable", "send_receipt", {}, r"must be a function taking the run's Context, got 'send_receipt'"),
+    ("no-argument", _takes_nothing, {}, r"_takes_nothing\(\) cannot take it: too many positional arguments"),
+    ("two-arguments", _needs_two, {}, r"_needs_two\(ctx: 'Any', order: 'int'\) cannot take it: .*'order'"),
+    ("keyword-only", _keyword_only, {}, r"_keyword_only\(\*, ctx: 'Any'\) cannot take it"),
+    ("generator", _yields, {}, r"must return its result, not yield it: '_yields' is a generator function"),
+    ("async-generator", _yields_async, {}, r"not yield it: '_yields_async' is a generator function"),
+    ("process-lambda", lambda ctx: None, {"isolation": "process"}, r"module-level function .*<lambda>"),
+    ("compensate-not-callable", _keyword_only, {"mutating": True, "compensate": 1}, r"compensate= must be a"),
+    ("compensate-no-argument", _sends, {"mutating": True, "compensate": _takes_nothing}, r"compensate="),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "options", "said"), [c[1:] for c in JOB_FUNCTIONS], ids=[c[0] for c in JOB_FUNCTIONS]
+)
+def test_a_job_function_the_worker_cannot_call_is_refused_at_registration(
+    fn: Any, options: dict[str, Any], said: str
+) -> None:
+    """The worker calls a job (and its compensation) as ``fn(ctx)``: a function that cannot
+    take that call, or whose body would not run (a generator function), or a local function
+    that a job process cannot import, is refused where it is registered, naming the kind,
+    not by a TypeError failing every run of it."""
+    app = App("t")
+    with pytest.raises(UsageError, match=f"^job k: .*{said}"):
+        app.job("k", **options)(fn)
+    assert "k" not in app.jobs
+
+
+def test_a_job_function_is_registered_whatever_form_takes_the_context() -> None:
+    """What can be called with one argument is a job: a default or ``*args`` after it, a
+    partial, a bound method, an object with ``__call__``, a builtin without a signature."""
+
+    class Sender:
+        def __call__(self, ctx: Any) -> None:
+            pass
+
+        async def send(self, ctx: Any, retries: int = 3) -> None:
+            pass
+
+    app = App("t")
+    forms: list[Callable[..., Any]] = [
+        _sends, lambda *args: None, lambda ctx, more=1: None, Sender(), Sender().send, print
+    ]  # fmt: skip
+    for i, fn in enumerate(forms):
+        app.job(f"k{i}")(fn)
+    app.job("partial")(partial(_needs_two, order=1))
+    assert len(app.jobs) == 7
+
+
+def test_app_job_without_its_kind_says_the_kind_is_missing() -> None:
+    """``@app.job`` written bare hands it the function as the kind: the error says to give
+    the kind, rather than that a function is not 1..200 characters."""
+    app = App("t")
+    with pytest.raises(
+        UsageError, match=r'^@app.job needs the job\'s kind: write @app.job\("kind"\) above _sends'
+    ):
+        app.job(_sends)  # type: ignore[arg-type]
+    assert app.jobs == {}
+
+
+def test_a_kind_registered_by_two_decorators_made_before_either_is_refused() -> None:
+    """``app.job(kind)`` twice before either decorates: the second registration is refused,
+    not silently put in place of the first."""
+    app = App("t")
+    first, second = app.job("k"), app.job("k")
+    first(_sends)
+    with pytest.raises(UsageError, match="job kind 'k' is registered twice"):
+        second(lambda ctx: None)
+    assert app.jobs["k"].fn is _sends
 
 
 def test_retry_on_takes_one_class_or_name_as_a_list_of_one() -> None:

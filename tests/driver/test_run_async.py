@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from harness import (
     Conn,
@@ -38,6 +41,7 @@ from harness import (
     wait_for,
     worker_thread,
 )
+from pgtick import aio
 from pgtick.app import App, Context
 from pgtick.worker import Worker
 
@@ -213,3 +217,56 @@ def test_an_async_job_behind_a_plain_decorator_or_an_async_call_method_runs_its_
     assert results["decorated"]["ran"] == "decorated", runs
     assert results["decorated-in-a-process"]["ran"] == "decorated", runs
     assert results["object"] == {"ran": "object", "thread": "pgtick-loop"}, runs
+
+
+def test_an_async_job_that_blocks_the_event_loop_is_named_and_its_heartbeats_go_on(
+    db: Database, conn: Conn, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that blocks the loop (a call that does not await) holds up every other async job:
+    the worker says which run does it, while the heartbeats of its run go on (they run on a
+    thread of their own, so the reaper does not take it); once it returns, the loop goes on."""
+    monkeypatch.setattr(aio, "LOOP_BLOCKED_AFTER", 1.0)
+    release = threading.Event()
+    app = App("blocking")
+
+    @app.job("blocks")
+    async def blocks(ctx: Context) -> str:
+        release.wait(300)  # no await: the loop runs nothing else meanwhile
+        return "released"
+
+    @app.job("awaits")
+    async def awaits(ctx: Context) -> str:
+        await asyncio.sleep(0)
+        return "ran"
+
+    said = "blocks the worker's event loop"
+    worker = Worker(app, db.dsn, concurrency=2, poll_interval=0.1, heartbeat_interval=0.2)
+    caplog.set_level(logging.WARNING, logger="pgtick.worker")
+    with worker_thread(worker):
+        blocked = scalar(conn, "SELECT id FROM jobs.enqueue('blocks')")
+        wait_for(
+            f"run {blocked} to start",
+            lambda: (
+                scalar(conn, "SELECT status = 'RUNNING' FROM jobs.runs WHERE id = %s", (blocked,)) or None
+            ),
+            timeout=60,
+        )
+        first = scalar(conn, "SELECT heartbeat_at FROM jobs.runs WHERE id = %s", (blocked,))
+        other = scalar(conn, "SELECT id FROM jobs.enqueue('awaits')")
+        wait_for(
+            "the warning", lambda: any(said in r.getMessage() for r in caplog.records) or None, timeout=60
+        )
+        wait_for(
+            f"a heartbeat of run {blocked} while it blocks the loop",
+            lambda: (
+                scalar(conn, "SELECT heartbeat_at > %s FROM jobs.runs WHERE id = %s", (first, blocked))
+                or None
+            ),
+            timeout=60,
+        )
+        release.set()
+        ended = [wait_finished(conn, run_id) for run_id in (blocked, other)]
+    warnings = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert ended == ["COMPLETED", "COMPLETED"], ended
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"run={blocked} kind=blocks worker={worker.worker_id} {said}"), warnings

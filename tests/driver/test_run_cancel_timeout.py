@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +23,10 @@ from harness import (
     wait_finished,
     wait_for,
     wait_retry_completed,
+    worker_thread,
 )
+from pgtick.app import App, Context
+from pgtick.worker import Worker
 
 
 def test_cancel_from_psql_reaches_a_running_job_and_compensation_runs_first(
@@ -184,3 +188,46 @@ def test_a_worker_whose_every_thread_is_held_by_a_hung_job_says_so_and_claims_ag
     wait_retry_completed(conn, run_id, timeout=60)
     log = replica.log()
     assert log.count("is held by jobs let go") == 1, f"said more than once:\n{log}"
+
+
+def test_a_compensation_that_raises_does_not_skip_the_others(db: Database, conn: Conn) -> None:
+    """Each hook undoes its own part: one that raises is logged, and the hooks after it (the
+    kind's ``compensate`` too) still run; the run fails with that error, not retried (its
+    cancel was requested)."""
+    ran: list[str] = []
+
+    def refund(ctx: Context) -> None:
+        ran.append("refund")
+
+    def release_seat(ctx: Context) -> None:
+        ran.append("release-seat")
+        raise RuntimeError("seat service down")
+
+    def unreserve(ctx: Context) -> None:
+        ran.append("unreserve")
+
+    app = App("compensating")
+
+    @app.job("book", mutating=True, compensate=refund, retry_on=[RuntimeError], max_attempts=3, backoff=0)
+    def book(ctx: Context) -> None:
+        ctx.on_cancel(unreserve)
+        ctx.on_cancel(release_seat)
+        give_up = time.monotonic() + 300
+        while time.monotonic() < give_up:
+            ctx.checkpoint()
+            time.sleep(0.05)
+
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=0.2)
+    with worker_thread(worker):
+        run_id = scalar(conn, "SELECT id FROM jobs.enqueue('book')")
+        wait_for(
+            f"run {run_id} to start",
+            lambda: scalar(conn, "SELECT status = 'RUNNING' FROM jobs.runs WHERE id = %s", (run_id,)) or None,
+            timeout=60,
+        )
+        conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+        status = wait_finished(conn, run_id)
+    error = scalar(conn, "SELECT error FROM jobs.runs WHERE id = %s", (run_id,))
+    retries = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE retry_of = %s", (run_id,))
+    assert ran == ["release-seat", "unreserve", "refund"], ran
+    assert (status, error, retries) == ("FAILED", "RuntimeError: seat service down", 0)
