@@ -949,14 +949,16 @@ def wait_finished(conn: Conn, run_id: int, timeout: float = 60) -> str:
 
 
 def wait_started(conn: Conn, run_id: int, timeout: float = 60) -> int:
-    """Wait until the run's job code has recorded its entry; the pid it runs in."""
-    return int(
-        wait_for(
-            f"run {run_id} to start",
-            lambda: scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,)),
-            timeout,
-        )
-    )
+    """Wait until the run's job code has recorded its entry; the pid it runs in. (The test app
+    makes public.executions when it starts, which may be after this begins to wait.)"""
+
+    def pid() -> Any:
+        try:
+            return scalar(conn, "SELECT pid FROM public.executions WHERE run_id = %s", (run_id,))
+        except psycopg.errors.UndefinedTable:
+            return None
+
+    return int(wait_for(f"run {run_id} to start", pid, timeout))
 
 
 #: The heartbeat timeout of a run whose worker a test kills: the reaper may take it this soon.

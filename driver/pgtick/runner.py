@@ -27,7 +27,7 @@ from pgtick.errors import UsageError
 from pgtick.execution import describe
 from pgtick.identity import new_worker_id
 from pgtick.scheduler import Scheduler
-from pgtick.supervisor import group_scheduler
+from pgtick.supervisor import StopSignals, group_scheduler
 from pgtick.worker import Worker, claimable_kinds
 
 log = logging.getLogger("pgtick.run")
@@ -285,8 +285,11 @@ def _stop_now(worker: Worker | None, threads: list[_Part]) -> None:
 def _install_signal_handlers(stop: threading.Event) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
+    signals = StopSignals()
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        if signals.is_repeat(signum):
+            return
         if stop.is_set():
             log.warning("second signal: exiting now")
             raise SystemExit(1)

@@ -233,8 +233,34 @@ def run_supervised(app: App, dsn: str, options: object, processes: int) -> int:
     return max(code, *scheduled) if scheduled else code
 
 
+#: Seconds within which the stop signal, delivered again, is the same stop: ``timeout`` (without
+#: ``--foreground``) sends its signal to the process and then to its process group, so the
+#: process gets it twice at once, which would otherwise read as the second signal.
+REPEAT_WINDOW = 0.5
+
+
+class StopSignals:
+    """Which signal stopped the process, and when: tells a second signal from the first one
+    delivered twice."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+
+    def is_repeat(self, signum: int) -> bool:
+        """Record ``signum``; whether it is the first signal again within REPEAT_WINDOW."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (signum, now)
+            return False
+        return self.first[0] == signum and now - self.first[1] < REPEAT_WINDOW
+
+
 def _install_signal_handlers(stop: threading.Event, supervisor: Supervisor) -> None:
+    signals = StopSignals()
+
     def handle(signum: int, frame: FrameType | None) -> None:
+        if signals.is_repeat(signum):
+            return
         if stop.is_set():
             log.warning("second signal: killing the worker processes")
             supervisor.kill()

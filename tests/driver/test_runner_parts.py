@@ -1,5 +1,6 @@
-"""The parts of ``pgtick run``'s main thread that need no database: waiting for the scheduler's
-and the worker's threads once a stop signal has interrupted a wait for them."""
+"""The parts of ``pgtick run``'s main thread that need no database: its stop signals, and
+waiting for the scheduler's and the worker's threads once a stop signal has interrupted a wait
+for them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from types import FrameType
 
 import pytest
 
-from pgtick import runner
+from pgtick import runner, supervisor
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
@@ -45,3 +46,48 @@ def test_a_second_signal_still_waits_for_a_worker_thread_whose_join_it_interrupt
     order.append("the wait returned")
     part.join(60)
     assert order == ["the worker thread ended", "the wait returned"], order
+
+
+def _handler_under_test(install: str) -> tuple[threading.Event, list[str]]:
+    """Install ``pgtick run``'s (``runner``) or the supervisor's stop handlers for SIGTERM and
+    SIGINT in this process; the stop event and the supervisor's kills."""
+    stop = threading.Event()
+    killed: list[str] = []
+    if install == "runner":
+        runner._install_signal_handlers(stop)
+    else:
+
+        class Kills:
+            def kill(self) -> None:
+                killed.append("killed")
+
+        supervisor._install_signal_handlers(stop, Kills())  # type: ignore[arg-type]
+    return stop, killed
+
+
+@pytest.mark.parametrize("install", ["runner", "supervisor"])
+def test_the_stop_signal_delivered_twice_at_once_is_one_stop_and_a_later_one_is_the_second(
+    install: str,
+) -> None:
+    """``timeout`` (without --foreground) sends SIGTERM to the process and then to its process
+    group: the process gets it twice at once, each handled. That is one stop (drain), not the
+    second signal that exits at once and leaves the runs in flight to the reaper; the same
+    signal after the window, or another signal, is the second."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for later in (signal.SIGTERM, signal.SIGINT):
+            stop, killed = _handler_under_test(install)
+            signal.raise_signal(signal.SIGTERM)  # each handled before raise_signal returns
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.is_set() and killed == []
+            if later == signal.SIGTERM:
+                threading.Event().wait(supervisor.REPEAT_WINDOW + 0.1)  # at least the window
+            if install == "runner":
+                with pytest.raises(SystemExit):
+                    signal.raise_signal(later)
+            else:
+                signal.raise_signal(later)
+                assert killed == ["killed"]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
