@@ -64,9 +64,9 @@ class EventLoop:
     def __init__(self, name: str = "pgtick-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._tasks: set[asyncio.Task[Outcome]] = set()
         self._stopping = threading.Event()  # set by ``stop``: any other stop of the loop is a job's
-        self._contexts: dict[asyncio.Task[Outcome], Context] = {}  # the run of each job's task
+        # The run of each job's task (which this also keeps referenced while it runs).
+        self._contexts: dict[asyncio.Task[Outcome], Context] = {}
         self._last_turn = time.monotonic()  # when the loop last ran the watchdog's callback
 
     @property
@@ -160,11 +160,9 @@ class EventLoop:
             log.error("run=%s kind=%s could not be started as a task", ctx.run_id, ctx.kind, exc_info=exc)
             done(failure(ctx, "the worker could not start the job's task", exc))
             return
-        self._tasks.add(task)
         self._contexts[task] = ctx
 
         def finished(t: asyncio.Task[Outcome]) -> None:
-            self._tasks.discard(t)
             self._contexts.pop(t, None)
             if t.cancelled():  # the loop shuts down, or job code cancelled its own task
                 why = (

@@ -38,9 +38,7 @@ def test_a_data_directory_of_another_postgresql_major_version_is_refused_in_one_
     not in pg_ctl's traceback."""
     (home / "pgdata").mkdir()
     (home / "pgdata" / "PG_VERSION").write_text("9\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(home)
-    done = subprocess.run([*PGTICK, "dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = _dsn_under(home)
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr, done.stderr
     assert "is of PostgreSQL 9, and the installed pgserver runs PostgreSQL" in done.stderr, done.stderr
@@ -52,9 +50,7 @@ def test_a_data_directory_the_server_cannot_start_on_is_said_in_one_line(home: P
     its PG_VERSION lost): the command says why from the server's log, not pg_ctl's traceback."""
     (home / "pgdata").mkdir()
     (home / "pgdata" / "PG_VERSION").write_text(f"{_bundled_major()}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(home)
-    done = subprocess.run([*PGTICK, "dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = _dsn_under(home)
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -109,9 +105,8 @@ def test_a_server_a_command_started_stays_up_for_psql_and_the_next_web_stops_it(
     """`psql "$(pgtick dsn)"` connects after `pgtick dsn` has exited: a command other than
     `run` and `web` leaves the server it started running, and the next `run` or `web` on the
     same data stops it when it exits (docs/cli.md)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(home)
-    done = subprocess.run([*PGTICK, "dsn"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = _home_env(home)
+    done = _pgtick(env, "dsn")
     assert done.returncode == 0, done
     pidfile = home / "pgdata" / "postmaster.pid"
     with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
@@ -138,6 +133,28 @@ def test_a_server_a_command_started_stays_up_for_psql_and_the_next_web_stops_it(
 
 def _pgtick(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PGTICK, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _home_env(home: Path) -> dict[str, str]:
+    """This environment with `$PGTICK_HOME` set to ``home`` and no DSN: commands use the
+    embedded server there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
+    env["PGTICK_HOME"] = str(home)
+    return env
+
+
+def _dsn_under(home: Path) -> subprocess.CompletedProcess[str]:
+    """`pgtick dsn` with the embedded server under ``home``."""
+    return _pgtick(_home_env(home), "dsn")
+
+
+def _dsn_connects(home: Path) -> None:
+    """`pgtick dsn` under ``home`` starts the server without a traceback and its DSN connects."""
+    done = _dsn_under(home)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done
+    with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_the_dsn_names_the_servers_port_and_survives_a_data_path_with_uri_characters(
@@ -189,14 +206,8 @@ def test_a_postmaster_pid_the_server_did_not_finish_writing_does_not_wedge_every
     nobody = subprocess.Popen(["true"])
     nobody.wait(30)  # a pid that is gone
     (data / "postmaster.pid").write_text(left.replace("4242", str(nobody.pid)).format(data=data))
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(home)
     try:
-        done = _pgtick(env, "dsn")
-        assert "Traceback" not in done.stderr, done.stderr
-        assert done.returncode == 0, done
-        with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+        _dsn_connects(home)
     finally:
         server.start()
         server.stop()
@@ -212,9 +223,7 @@ def test_a_data_directory_path_the_server_cannot_be_given_is_refused_saying_why(
     odd = home / name
     odd.mkdir()
     odd.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(odd)
-    done = _pgtick(env, "dsn")
+    done = _dsn_under(odd)
     assert done.returncode == 1, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -232,14 +241,8 @@ def test_a_list_of_server_users_left_unreadable_does_not_wedge_every_command(hom
     server.start()
     server.stop()
     (data / ".handle_pids.json").write_text(left)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-    env["PGTICK_HOME"] = str(home)
     try:
-        done = _pgtick(env, "dsn")
-        assert "Traceback" not in done.stderr, done.stderr
-        assert done.returncode == 0, done
-        with psycopg.connect(done.stdout.strip(), connect_timeout=30) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+        _dsn_connects(home)
     finally:
         server.start()
         server.stop()
@@ -258,9 +261,7 @@ def test_a_full_disk_is_said_with_the_servers_reason_not_a_log_that_is_not_there
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
-        env["PGTICK_HOME"] = str(full)
-        done = _pgtick(env, "dsn")
+        done = _dsn_under(full)
         assert done.returncode == 1, done
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
