@@ -55,6 +55,50 @@ def advisory_xact_lock(conn: Conn, key: int) -> None:
     conn.execute(ADVISORY_XACT_LOCK, (key,))
 
 
+#: The session of this database, other than this one, whose open transaction is the oldest of
+#: those holding a lock on something in the jobs schema (a table, a view, an index) for longer
+#: than the given seconds: the likeliest to hold up a migration that waits for one. Its
+#: application name, its state, how long its transaction has been open and the start of its
+#: statement (which another role's session shows only to a member of pg_read_all_stats).
+OLDEST_JOBS_LOCK_HOLDER = """
+SELECT a.pid, a.application_name, a.state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8,
+       left(regexp_replace(a.query, '\\s+', ' ', 'g'), 120)
+  FROM pg_catalog.pg_stat_activity AS a
+ WHERE a.datname = current_database() AND a.pid <> pg_catalog.pg_backend_pid()
+   AND a.xact_start < clock_timestamp() - make_interval(secs => %s)
+   AND EXISTS (SELECT FROM pg_catalog.pg_locks AS l
+                 JOIN pg_catalog.pg_class AS c ON c.oid = l.relation
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                WHERE l.pid = a.pid AND l.granted AND n.nspname = 'jobs')
+ ORDER BY a.xact_start
+ LIMIT 1
+"""
+
+
+def oldest_jobs_lock_holder(conn: Conn, older_than: float) -> Any:
+    """``(pid, application_name, state, transaction seconds, query)`` or None."""
+    return conn.execute(OLDEST_JOBS_LOCK_HOLDER, (older_than,)).fetchone()
+
+
+CONFIG_EXISTS = "SELECT to_regclass('jobs.config') IS NOT NULL"
+#: The shortest heartbeat timeout of a run that is running or may start: the server's, or a
+#: shorter one of a queued or running run's own.
+SHORTEST_HEARTBEAT_TIMEOUT = """
+SELECT extract(epoch FROM least(
+           (SELECT heartbeat_timeout FROM jobs.config),
+           (SELECT min(heartbeat_timeout) FROM jobs.runs WHERE status IN ('QUEUED', 'RUNNING'))))::float8
+"""
+
+
+def shortest_heartbeat_timeout(conn: Conn) -> float | None:
+    """SHORTEST_HEARTBEAT_TIMEOUT in seconds; None before the schema is installed."""
+    if not _first(conn.execute(CONFIG_EXISTS).fetchone()):
+        return None
+    row = conn.execute(SHORTEST_HEARTBEAT_TIMEOUT).fetchone()
+    return None if row is None or _first(row) is None else float(_first(row))
+
+
 def can_operate(conn: Conn) -> bool:
     """Whether this login has jobs_operator's rights (sync the app, schedule), not only a worker's
     (true where the role does not exist yet: the schema is not installed, which is said next)."""

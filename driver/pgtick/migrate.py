@@ -356,6 +356,7 @@ def _apply(
         conn.execute(plan.bootstrap.read_bytes())
         already = applied_versions(conn)
         _refuse_newer(already, plan)
+        longest = _longest_lock_wait(conn)
         pending = [m for m in plan.migrations if m.version not in already]
         total = len(pending) + 1
         # The last pending migration commits with the functions: a migrator stopped between
@@ -370,7 +371,7 @@ def _apply(
                 conn.execute(migration.sql().encode())
                 calls.record_migration(conn, migration.version, migration.name)
 
-            _retrying_on_locks(conn, f"migration {migration.version}_{migration.name}", apply_one)
+            _retrying_on_locks(conn, f"migration {migration.version}_{migration.name}", apply_one, longest)
             done.append(migration.version)
             if progress is not None:
                 progress(f"{migration.version}_{migration.name}", len(done), total)
@@ -386,7 +387,7 @@ def _apply(
                 calls.record_package_version(conn, _package_version(), done + last_version)
 
         step = f"migration {pending[-1].version}_{pending[-1].name} with" if pending else "re-applying"
-        _retrying_on_locks(conn, f"{step} the functions and views", apply_last_and_functions)
+        _retrying_on_locks(conn, f"{step} the functions and views", apply_last_and_functions, longest)
         done += last_version
         if progress is not None:
             if pending:
@@ -411,6 +412,14 @@ def _apply(
 #: migration lets them through; tried again, it commits once nobody holds what it needs.
 LOCK_WAIT = 0.5
 
+#: The longest wait (seconds) of a migration that keeps giving up: each try waits twice as long
+#: as the one before, from LOCK_WAIT up to this or to a quarter of the shortest heartbeat timeout
+#: of a queued or running run, whichever is shorter (never under LOCK_WAIT). A session whose
+#: every statement holds what the migration needs for longer than LOCK_WAIT (slow reads of a
+#: view the install re-creates, one after the other) would otherwise hold it up for ever; a
+#: heartbeat queued behind the migration's wait still arrives well within its timeout.
+LOCK_WAIT_MAX = 5.0
+
 #: How long (seconds, the upper bound of a random pause) a migration that gave up waiting for a
 #: lock lets the sessions that queued behind it run before it tries again.
 LOCK_RETRY_PAUSE = 0.5
@@ -419,18 +428,22 @@ LOCK_RETRY_PAUSE = 0.5
 LOCK_RETRY_LOG_EVERY = 10.0
 
 
-def _retrying_on_locks(conn: psycopg.Connection[Any], step: str, work: Callable[[], None]) -> None:
-    """``work`` in one transaction whose lock waits are bounded by LOCK_WAIT; a transaction
-    that gave up waiting, or that the server chose to end a deadlock with (re-creating a view
-    a claim in progress reads, say), is rolled back (nothing of it applied) and tried again
-    after a short pause, logged once and then every LOCK_RETRY_LOG_EVERY seconds while it
-    goes on."""
+def _retrying_on_locks(
+    conn: psycopg.Connection[Any], step: str, work: Callable[[], None], longest: float = LOCK_WAIT
+) -> None:
+    """``work`` in one transaction whose lock waits are bounded; a transaction that gave up
+    waiting, or that the server chose to end a deadlock with (re-creating a view a claim in
+    progress reads, say), is rolled back (nothing of it applied) and tried again after a short
+    pause, each try waiting twice as long as the one before, from LOCK_WAIT up to ``longest``
+    (``_longest_lock_wait``). Logged once and then every LOCK_RETRY_LOG_EVERY seconds while it
+    goes on, with the session most likely to hold it up (``_likely_holder``)."""
     since = time.monotonic()
     logged = 0.0
+    wait = LOCK_WAIT
     while True:
         try:
             with conn.transaction():
-                calls.local_lock_timeout(conn, LOCK_WAIT)
+                calls.local_lock_timeout(conn, wait)
                 work()
             return
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
@@ -438,13 +451,43 @@ def _retrying_on_locks(conn: psycopg.Connection[Any], step: str, work: Callable[
             if not logged or waited - logged >= LOCK_RETRY_LOG_EVERY:
                 logged = max(waited, 1e-9)
                 log.warning(
-                    "%s waits for a lock another session holds (%s); rolled back, trying again"
+                    "%s waits for a lock another session holds (%s%s); rolled back, trying again"
                     " (waiting %.0fs so far)",
                     step,
                     exc.diag.message_primary,
+                    _likely_holder(conn, wait),
                     waited,
                 )
             time.sleep(random.uniform(LOCK_RETRY_PAUSE / 2, LOCK_RETRY_PAUSE))
+            wait = min(max(longest, LOCK_WAIT), wait * 2)
+
+
+def _longest_lock_wait(conn: psycopg.Connection[Any]) -> float:
+    """LOCK_WAIT_MAX, or a quarter of the shortest heartbeat timeout of a run that is running
+    or may start (the server's, or a queued or running run's own) when that is shorter."""
+    heartbeat_timeout = calls.shortest_heartbeat_timeout(conn)
+    if heartbeat_timeout is None:
+        return LOCK_WAIT_MAX
+    return max(LOCK_WAIT, min(LOCK_WAIT_MAX, heartbeat_timeout / 4))
+
+
+def _likely_holder(conn: psycopg.Connection[Any], waited: float) -> str:
+    """``; the oldest transaction holding a jobs lock: pid 123 (pgtick-leader vm-1, active 52s:
+    SELECT …)``: the session of
+    this database whose transaction, open for longer than the migration waited, is the oldest
+    to hold a lock on the jobs schema; empty when there is none, or when this login may not
+    look (the warning says what it knows without it)."""
+    try:
+        row = calls.oldest_jobs_lock_holder(conn, waited)
+    except psycopg.Error:
+        return ""
+    if row is None:
+        return ""
+    pid, application, state, seconds, query = row
+    who = f"{application}, " if application else ""
+    state = state or "open"  # another role's session, to a login that may not see its state
+    doing = f": {query}" if query else ""
+    return f"; the oldest transaction holding a jobs lock: pid {pid} ({who}{state} {seconds:.0f}s{doing})"
 
 
 def _setting(conn: psycopg.Connection[Any], name: str) -> str | bytes:

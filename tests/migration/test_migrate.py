@@ -22,6 +22,7 @@ from harness import (
     checkout_schema,
     commits_adding,
     dsn_for,
+    enqueue,
     pgtick,
     psql_file,
     psql_script_args,
@@ -907,6 +908,74 @@ def test_a_migration_step_chosen_to_end_a_deadlock_is_rolled_back_and_tried_agai
         assert other_done.is_set(), "the other session did not finish"
         assert len(tries) == 2, f"expected one deadlock and one retry, the step ran {len(tries)} times"
         assert scalar(conn, "SELECT count(*) FROM b") == 1
+
+
+def test_a_migration_held_up_by_slow_readers_of_a_view_waits_longer_each_try_and_names_them(
+    empty: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two sessions take turns reading a view the install re-creates, each statement two seconds
+    long and starting a second after the other's: whenever the migration asks for the view, one
+    of them holds it for a second more at least. A migration that waited half a second each try
+    would never commit; each try waits twice as long as the one before (up to 5 s here: the
+    heartbeat timeout is a minute), so it commits, and its warning names the readers."""
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        migrate.apply(conn)
+        stop = threading.Event()
+
+        def read(offset: float) -> None:
+            with psycopg.connect(empty.dsn, autocommit=True, application_name="slow-reader") as own:
+                stop.wait(offset)
+                while not stop.is_set():
+                    own.execute("SELECT pg_sleep(2), (SELECT count(*) FROM jobs.queue_stats)")
+
+        readers = [threading.Thread(target=read, args=(offset,), daemon=True) for offset in (0.0, 1.0)]
+        for reader in readers:
+            reader.start()
+        reading = (
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'slow-reader'"
+            " AND state = 'active' AND datname = current_database()"
+        )
+        wait_for("both readers to read", lambda: scalar(conn, reading) == 2, 60)
+        outcome: list[object] = []
+
+        def migrating() -> None:
+            try:
+                outcome.append(migrate.apply(conn))
+            except Exception as exc:  # the test says what it was
+                outcome.append(exc)
+
+        with caplog.at_level("WARNING", logger="pgtick.migrate"):
+            thread = threading.Thread(target=migrating, daemon=True)
+            thread.start()
+            thread.join(90)
+            finished = not thread.is_alive()
+            stop.set()
+            thread.join(60)
+            for reader in readers:
+                reader.join(60)
+    assert finished, f"the migration did not commit within 90 s beside the readers: {caplog.text}"
+    assert outcome == [[]], outcome
+    assert "the functions and views waits for a lock" in caplog.text, caplog.text
+    assert "slow-reader" in caplog.text, caplog.text
+
+
+def test_a_migration_waits_at_most_a_quarter_of_the_shortest_heartbeat_timeout(empty: Database) -> None:
+    """The longest wait of a held-up migration: 5 s before the schema exists and under the
+    default minute; a quarter of the server's heartbeat timeout when that is shorter, or of a
+    queued run's own shorter one (a heartbeat queued behind the wait must still arrive in time);
+    never under half a second."""
+    with psycopg.connect(empty.dsn, autocommit=True) as conn:
+        assert migrate._longest_lock_wait(conn) == migrate.LOCK_WAIT_MAX == 5.0
+        migrate.apply(conn)
+        assert migrate._longest_lock_wait(conn) == 5.0
+        conn.execute("UPDATE jobs.config SET heartbeat_timeout = '8 seconds'")
+        assert migrate._longest_lock_wait(conn) == 2.0
+        run_id = enqueue(conn, "k", heartbeat_timeout="'4 seconds'")
+        assert migrate._longest_lock_wait(conn) == 1.0
+        conn.execute("SELECT jobs.cancel(%s)", (run_id,))
+        assert migrate._longest_lock_wait(conn) == 2.0
+        enqueue(conn, "k", heartbeat_timeout="'1 second'")
+        assert migrate._longest_lock_wait(conn) == migrate.LOCK_WAIT == 0.5
 
 
 def test_the_rate_period_bound_keeps_the_rate_of_a_shorter_period_written_before_it(

@@ -107,15 +107,24 @@ class Deployment:
         return proc
 
     def migrate(self) -> subprocess.CompletedProcess[str]:
-        """This release's `pgtick migrate`, a process of its own."""
-        return subprocess.run(
-            [*PGTICK, "migrate", "--dsn", self.db.dsn],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=env_for(None),
-            cwd=ROOT,
-        )
+        """This release's `pgtick migrate`, a process of its own. Taking longer than four
+        minutes fails with what it logged and what every session of the database held and
+        waited for at that moment."""
+        try:
+            return subprocess.run(
+                [*PGTICK, "migrate", "--dsn", self.db.dsn],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                env=env_for(None),
+                cwd=ROOT,
+            )
+        except subprocess.TimeoutExpired as exc:
+            said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+            raise AssertionError(
+                f"pgtick migrate did not finish within 240 s; it said:\n{said}\n"
+                f"the sessions of the database:\n{_sessions(self.db.dsn)}\n{self.procs.tails()}"
+            ) from None
 
 
 @pytest.fixture
@@ -178,6 +187,30 @@ SELECT a.application_name, extract(epoch FROM clock_timestamp() - a.query_start)
   FROM pg_stat_activity AS a
  WHERE a.datname = current_database() AND a.wait_event_type = 'Lock' AND a.application_name LIKE 'pgtick%'
 """
+
+
+#: Each session of this database: who, in what state, for how long its transaction has been
+#: open, what it waits for, the jobs relations it holds a lock on and its statement.
+SESSIONS_SQL = """
+SELECT a.pid, a.application_name, a.state, a.wait_event_type, a.wait_event,
+       round(extract(epoch FROM clock_timestamp() - a.xact_start)::numeric, 1) AS xact_seconds,
+       pg_blocking_pids(a.pid) AS blocked_by,
+       (SELECT string_agg(l.mode || ' ' || l.relation::regclass::text
+                          || CASE WHEN l.granted THEN '' ELSE ' (waiting)' END,
+                          ', ' ORDER BY l.relation::regclass::text)
+          FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+         WHERE l.pid = a.pid AND c.relnamespace = 'jobs'::regnamespace
+           AND c.relkind IN ('r', 'v', 'p')) AS jobs_locks,
+       left(a.query, 200) AS query
+  FROM pg_stat_activity AS a
+ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+ ORDER BY a.xact_start NULLS LAST
+"""
+
+
+def _sessions(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return "\n".join(repr(row) for row in conn.execute(SESSIONS_SQL).fetchall())
 
 
 @dataclass
