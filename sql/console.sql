@@ -19,12 +19,16 @@
 -- Workers
 -- ---------------------------------------------------------------------------
 
--- A worker announces itself and the kinds it runs (on start and on every reconnect).
+-- A worker announces itself, the kinds it runs and the queues it claims from (NULL: every
+-- queue), on start and on every reconnect.
 -- What it registers is shown to operators (jobs.workers, jobs.known_kinds, the CLI, psql,
 -- the dashboard) and any jobs_worker login may register: its worker id and kinds are names as
 -- jobs._check_name takes them, and its host holds no control character, so a login cannot
 -- write a terminal escape sequence or a forged line into what an operator reads.
-CREATE OR REPLACE FUNCTION jobs.register_worker(worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL)
+DROP FUNCTION IF EXISTS jobs.register_worker(text, text[], text, integer);
+CREATE OR REPLACE FUNCTION jobs.register_worker(
+    worker text, kinds text[], host text DEFAULT NULL, pid integer DEFAULT NULL, queues text[] DEFAULT NULL
+)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 #variable_conflict use_column
@@ -42,23 +46,25 @@ BEGIN
     IF cardinality(register_worker.kinds) > 0 THEN
         PERFORM jobs._check_names('kinds', register_worker.kinds);
     END IF;
+    -- The queues as jobs.claim takes them: NULL for every queue, else 1 to 1000 names.
+    PERFORM jobs._check_names('queues', register_worker.queues);
     IF register_worker.host ~ '[[:cntrl:]]' THEN
         RAISE EXCEPTION 'host must not contain control characters, got %', to_json(left(register_worker.host, 255))
             USING ERRCODE = '22023';
     END IF;
     -- The login is recorded: a worker id another login registers changes hands in plain sight.
-    INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds, login)
+    INSERT INTO jobs.worker_registry AS w (worker, host, pid, kinds, login, queues)
     VALUES (register_worker.worker, left(register_worker.host, 255), register_worker.pid, register_worker.kinds,
-            session_user)
+            session_user, register_worker.queues)
     ON CONFLICT (worker) DO UPDATE
        SET kinds = excluded.kinds, host = excluded.host, pid = excluded.pid,
-           last_seen_at = now(), stopped_at = NULL, login = excluded.login;
+           last_seen_at = now(), stopped_at = NULL, login = excluded.login, queues = excluded.queues;
     INSERT INTO jobs.known_kinds AS k (kind)
     SELECT DISTINCT u.kind FROM unnest(register_worker.kinds) AS u (kind)
     ORDER BY u.kind
     ON CONFLICT (kind) DO UPDATE SET last_registered_at = now();
 END $$;
-COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer) IS 'Worker: record (or refresh) this worker, the kinds it runs and the login (session_user) that registers it; the kinds join jobs.known_kinds. Raises 22023 naming worker or kinds[i] unless each is a name (1 to 200 characters, no control, invisible or text-direction character, not only spaces), or host if it holds a control character.';
+COMMENT ON FUNCTION jobs.register_worker(text, text[], text, integer, text[]) IS 'Worker: record (or refresh) this worker, the kinds it runs, the queues it claims from (NULL: every queue) and the login (session_user) that registers it; the kinds join jobs.known_kinds. Raises 22023 naming worker, kinds[i] or queues[i] unless each is a name (1 to 200 characters, no control, invisible or text-direction character, not only spaces), or host if it holds a control character.';
 
 -- What a worker login may claim: jobs.claim intersects the kinds and queues its caller asks
 -- for with the scope of session_user (the login; SET ROLE does not change it).
@@ -159,7 +165,8 @@ SELECT
     coalesce(r.run_ids, '{}') AS run_ids,
     r.oldest_heartbeat_age,
     r.oldest_heartbeat_at,
-    w.login
+    w.login,
+    w.queues
 FROM jobs.worker_registry AS w
 CROSS JOIN jobs.config AS c
 LEFT JOIN LATERAL (
@@ -173,25 +180,27 @@ LEFT JOIN LATERAL (
 ) AS r ON TRUE;
 COMMENT ON VIEW jobs.workers IS 'Registered workers: state (alive: seen within jobs.config.heartbeat_timeout; stopped; lost), kinds, last seen and its age, the runs each holds and the oldest heartbeat age among them, and the login that registered it. Each line is what a worker login said of itself: see docs/operations.md on what it can be trusted for.';
 
--- Kinds with due QUEUED runs that no alive worker runs.
+-- Kinds with due QUEUED runs that no alive worker runs: none registered the kind, or those
+-- that did claim from other queues than the runs'.
 CREATE OR REPLACE VIEW jobs.kinds_without_worker AS
 SELECT
     r.kind,
     count(*) AS queued,
     now() - min(r.scheduled_for) AS oldest_queued_age,
     r.kind IN (SELECT k.kind FROM jobs.known_kinds AS k) AS ever_registered,
-    min(r.scheduled_for) AS oldest_queued_at
+    min(r.scheduled_for) AS oldest_queued_at,
+    array_agg(DISTINCT r.queue::text ORDER BY r.queue::text) AS queues
 FROM jobs.runs AS r
 WHERE
     r.status = 'QUEUED' AND r.scheduled_for <= now()
     AND NOT EXISTS (
         SELECT FROM jobs.worker_registry AS w CROSS JOIN jobs.config AS c
         WHERE
-            r.kind = any(w.kinds) AND w.stopped_at IS NULL
+            r.kind = any(w.kinds) AND (w.queues IS NULL OR r.queue = any(w.queues)) AND w.stopped_at IS NULL
             AND w.last_seen_at > now() - make_interval(secs => extract(EPOCH FROM c.heartbeat_timeout))
     )
 GROUP BY r.kind;
-COMMENT ON VIEW jobs.kinds_without_worker IS 'Kinds with due QUEUED runs and no alive worker that runs them; ever_registered false means no worker ever did (a typo?).';
+COMMENT ON VIEW jobs.kinds_without_worker IS 'Kinds with due QUEUED runs that no alive worker runs (none registered the kind, or those that did claim from other queues), and the queues of those runs; ever_registered false means no worker ever did (a typo?).';
 
 -- The registry's retention: worker ids and kinds leave it once nothing has said anything of
 -- them for older_than (default jobs.config.retention), so that workers that took a new id at

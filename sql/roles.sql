@@ -129,7 +129,7 @@ jobs.acknowledge_cancel(bigint, text, text, text),
 jobs.next_due(text[], text[]),
 jobs.snooze(bigint, text, interval, text),
 jobs.unclaim(bigint[], text, text),
-jobs.register_worker(text, text[], text, integer),
+jobs.register_worker(text, text[], text, integer, text[]),
 jobs.worker_seen(text),
 jobs.worker_stopped(text)
 TO jobs_worker;

@@ -142,7 +142,7 @@ WORKER_FUNCTIONS = (
     "jobs.next_due(text[], text[])",
     "jobs.snooze(bigint, text, interval, text)",
     "jobs.unclaim(bigint[], text, text)",
-    "jobs.register_worker(text, text[], text, integer)",
+    "jobs.register_worker(text, text[], text, integer, text[])",
     "jobs.worker_seen(text)",
     "jobs.worker_stopped(text)",
 )
@@ -740,13 +740,15 @@ def finish_backfill(conn: Conn, backfill_id: int, times: list[datetime] | None, 
 
 # --- the operator's console (cli.py; sql/console.sql) -------------------------
 
-REGISTER_WORKER = "SELECT jobs.register_worker(%s, %s, %s, %s)"
+REGISTER_WORKER = "SELECT jobs.register_worker(%s, %s, %s, %s, %s)"
 WORKER_SEEN = "SELECT jobs.worker_seen(%s)"
 WORKER_STOPPED = "SELECT jobs.worker_stopped(%s)"
 
 
-def register_worker(conn: Conn, worker_id: str, kinds: list[str], host: str, pid: int) -> None:
-    conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid))
+def register_worker(
+    conn: Conn, worker_id: str, kinds: list[str], host: str, pid: int, queues: list[str] | None = None
+) -> None:
+    conn.execute(REGISTER_WORKER, (worker_id, kinds, host, pid, queues))
 
 
 #: The server's heartbeat timeout in seconds, as a number: an interval too large for Python's

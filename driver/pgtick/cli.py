@@ -1533,6 +1533,9 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
                 notes.append((f"{d['name']}: {d['last_catch_up']} ({relative(caught, now)})", None))
     for k in snap["kinds_without_worker"]:
         why = "no worker ever registered it" if not k["ever_registered"] else "no live worker runs it"
+        queues = k.get("queues") or []
+        if queues and queues != ["default"]:  # where the runs wait, unless only the default queue
+            why += f" in queue{'s' if len(queues) > 1 else ''} {', '.join(queues)}"
         oldest = relative(_when(k["oldest_queued_at"]), now)
         notes.append((f"kind {k['kind']}: {k['queued']} queued, oldest due {oldest}: {why}", "yellow"))
     if notes:
@@ -2034,7 +2037,7 @@ def _ids_that_fit(prefix: str, ids: Sequence[int], style: Style) -> str:
 
 WORKER_FIELDS = [
     "worker", "state", "host", "pid", "kinds", "started_at", "last_seen_at", "seen_age", "running",
-    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at", "login",
+    "run_ids", "oldest_heartbeat_age", "oldest_heartbeat_at", "login", "queues",
 ]  # fmt: skip
 
 
@@ -2060,6 +2063,7 @@ def cmd_workers(args: argparse.Namespace) -> Result:
                 Column("RUNS", lambda w: ",".join(map(str, w["run_ids"])), priority=2, shrink=True),
                 Column("HEARTBEAT", lambda w: _age(w["oldest_heartbeat_at"], now), priority=2, right=True),
                 Column("KINDS", lambda w: ",".join(w["kinds"]), priority=4, shrink=True, min_width=16),
+                Column("QUEUES", lambda w: ",".join(w["queues"]) if w["queues"] else "all", wide_only=True),
                 Column("HOST", lambda w: f"{w['host']}:{w['pid']}", wide_only=True),
                 Column("LOGIN", lambda w: w["login"] or "", wide_only=True),
             ],

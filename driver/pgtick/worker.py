@@ -757,7 +757,9 @@ class Worker:
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         conn = connect_dicts(self.dsn, application_name=f"pgtick-worker {self.worker_id}")
         read_tolerantly(conn)
-        calls.register_worker(conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid())
+        calls.register_worker(
+            conn, self.worker_id, self.kinds, socket.gethostname(), os.getpid(), self.queues
+        )
         timeout = calls.default_heartbeat_timeout(conn)
         if isinstance(timeout, timedelta):
             self.default_heartbeat_timeout = timeout.total_seconds()

@@ -121,6 +121,42 @@ def test_unknown_kind_waits_visibly_and_crashes_nothing(db: Database) -> None:
     assert stats == (1, True)
 
 
+def test_a_worker_registers_the_queues_it_claims_from(db: Database) -> None:
+    """A worker of some queues says so in the registry, so a kind's runs in another queue show
+    in jobs.kinds_without_worker while it runs the kind elsewhere; one of every queue registers
+    NULL and serves them all."""
+    app = App()
+    done = threading.Event()
+
+    @app.job("mail")
+    def mail(ctx: Context) -> None:
+        done.set()
+
+    with db.connect() as conn:
+        conn.execute("SELECT jobs.enqueue('mail', queue => 'outbox')")
+        conn.execute("SELECT jobs.enqueue('mail', queue => 'bulk')")
+    worker = Worker(app, db.dsn, poll_interval=0.1, queues=["outbox"])
+    with worker_thread(worker, join=10):
+        assert done.wait(30)
+        with db.connect() as conn:
+            registered = conn.execute(
+                "SELECT queues FROM jobs.workers WHERE worker = %s", (worker.worker_id,)
+            )
+            assert registered.fetchone() == (["outbox"],)
+            unserved = conn.execute("SELECT kind, queued, queues FROM jobs.kinds_without_worker").fetchall()
+            assert unserved == [("mail", 1, ["bulk"])]
+    every = Worker(app, db.dsn, poll_interval=0.1)
+    with worker_thread(every, join=10):
+        with db.connect() as conn:
+            wait_for(
+                "the bulk run to complete",
+                lambda: scalar(conn, "SELECT count(*) FROM jobs.runs WHERE status = 'COMPLETED'") == 2,
+                30,
+            )
+            registered = conn.execute("SELECT queues FROM jobs.workers WHERE worker = %s", (every.worker_id,))
+            assert registered.fetchone() == (None,)
+
+
 def test_batch_larger_than_concurrency_claims_ahead_and_runs_one_at_a_time(db: Database) -> None:
     """With batch_size above concurrency the worker holds runs claimed ahead, but never
     executes more than concurrency at once, and every run completes exactly once."""

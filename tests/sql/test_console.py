@@ -136,6 +136,46 @@ def test_kinds_without_worker_lists_due_runs_no_live_worker_takes(conn: Conn) ->
     ]
 
 
+def test_kinds_without_worker_counts_only_the_workers_that_claim_from_the_runs_queue(conn: Conn) -> None:
+    """A live worker of the kind that claims from other queues than a run's does not serve it:
+    the kind is listed with the queues its unserved due runs wait in, until a worker of the kind
+    claims from that queue or from every queue (queues NULL)."""
+    conn.execute("SELECT jobs.register_worker('w-mail', '{mail}', 'h', 1, '{outbox}')")
+    enqueue(conn, "mail", queue="'outbox'")
+    enqueue(conn, "mail", queue="'bulk'")
+    enqueue(conn, "mail", queue="'bulk'")
+    enqueue(conn, "mail", queue="'archive'")
+    listed = "SELECT kind, queued, ever_registered, queues FROM jobs.kinds_without_worker ORDER BY kind"
+    assert rows(conn, listed) == [
+        {"kind": "mail", "queued": 3, "ever_registered": True, "queues": ["archive", "bulk"]}
+    ]
+    assert one(conn, "SELECT queues FROM jobs.workers WHERE worker = 'w-mail'") == {"queues": ["outbox"]}
+    conn.execute("SELECT jobs.register_worker('w-bulk', '{mail}', 'h', 2, '{bulk,archive}')")
+    assert rows(conn, listed) == []
+    conn.execute("SELECT jobs.worker_stopped('w-bulk')")
+    assert rows(conn, listed) == [
+        {"kind": "mail", "queued": 3, "ever_registered": True, "queues": ["archive", "bulk"]}
+    ]
+    conn.execute("SELECT jobs.register_worker('w-any', '{mail}', 'h', 3)")  # every queue
+    assert rows(conn, listed) == []
+    assert one(conn, "SELECT queues FROM jobs.workers WHERE worker = 'w-any'") == {"queues": None}
+
+
+def test_register_worker_rejects_bad_queues_and_keeps_the_registration_before_it(conn: Conn) -> None:
+    conn.execute("SELECT jobs.register_worker('w', '{k}', 'h', 1, '{a}')")
+    expect_error(conn, "SELECT jobs.register_worker('w', '{k}', 'h', 1, '{}')", None, "22023", "queues")
+    expect_error(
+        conn, "SELECT jobs.register_worker('w', '{k}', 'h', 1, %s)", (["a", " "],), "22023", "queues[2]"
+    )
+    expect_error(
+        conn, "SELECT jobs.register_worker('w', '{k}', 'h', 1, %s)", (["a\nb"],), "22023", "queues[1]"
+    )
+    assert one(conn, "SELECT kinds, queues FROM jobs.workers WHERE worker = 'w'") == {
+        "kinds": ["k"],
+        "queues": ["a"],
+    }
+
+
 def test_register_worker_rejects_bad_kinds(conn: Conn) -> None:
     expect_error(conn, "SELECT jobs.register_worker('w', NULL)", None, "22023", "kinds")
     expect_error(conn, "SELECT jobs.register_worker('w', %s)", ([""],), "22023", "kinds")
