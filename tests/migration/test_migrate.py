@@ -558,7 +558,8 @@ def test_a_psql_upgrade_that_fails_midway_leaves_the_previous_schema_whole(
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
         assert scalar(conn, "SELECT to_regclass('jobs.half_applied')") is None
         assert scalar(conn, "SELECT to_regclass('jobs.half_applied_too')") is None
-        comment = "SELECT obj_description('jobs.register_worker(text, text[], text, integer)'::regprocedure)"
+        registration = "jobs.register_worker(text, text[], text, integer, text[])"
+        comment = f"SELECT obj_description('{registration}'::regprocedure)"
         assert str(scalar(conn, comment)).startswith("Worker: record"), "a failed upgrade replaced a function"
         assert migrate.check_schema(conn) is None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -464,5 +465,14 @@ def test_no_deadlocks_or_hangs_under_a_concurrent_mix(pg: Server, db: Database, 
         with log.open("rb") as fh:
             fh.seek(log_offset)
             tail = fh.read().decode("utf-8", "replace")
-        hits = [line for line in tail.splitlines() if "deadlock detected" in line]
+        lines = tail.splitlines()
+        hits = [line for line in lines if "deadlock detected" in line and not _of_another(line, db)]
         assert not hits, "server log:\n" + "\n".join(hits[:10])
+
+
+def _of_another(line: str, db: Database) -> bool:
+    """Whether a server log line names another test's database (a log_line_prefix with %d, as
+    CI's shared server has): another test session on the same server may cause a deadlock on
+    purpose. A line that names no database counts as this test's."""
+    named = re.findall(r"\bpgtick_[a-z]+_\d+_\d+\b", line)
+    return bool(named) and db.name not in named
