@@ -179,10 +179,13 @@ SQL
     fi
 }
 
-# The worker registry (jobs.workers, `pgtick workers`): who runs which kinds, seen when.
+# The worker registry (jobs.workers, `pgtick workers`): who runs which kinds from which
+# queues (NULL: every queue), seen when.
 register() {
-    if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v host="$(hostname)" -v pid="$MAIN" >/dev/null <<'SQL'
-SELECT jobs.register_worker(:'worker', string_to_array(:'kinds', ' '), :'host', :'pid')
+    if ! sql -v worker="$WORKER" -v kinds="${KINDS% }" -v host="$(hostname)" -v pid="$MAIN" \
+        -v queue="$QUEUE" >/dev/null <<'SQL'
+SELECT jobs.register_worker(:'worker', string_to_array(:'kinds', ' '), :'host', :'pid',
+                            queues => CASE WHEN :'queue' <> '' THEN ARRAY[:'queue'] END)
 SQL
     then
         log "cannot register the worker yet (database unavailable?); trying again on the next beat"

@@ -74,7 +74,11 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
     started: list[ShellWorker] = []
 
     def start(
-        grace: float = 10, label: str = "worker", dsn: str | None = None, script: Path = WORKER_SH
+        grace: float = 10,
+        label: str = "worker",
+        dsn: str | None = None,
+        script: Path = WORKER_SH,
+        queue: str = "",
     ) -> ShellWorker:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
         env.update(
@@ -82,6 +86,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
             PGTICK_POLL="0.1",
             PGTICK_HEARTBEAT="0.2",
             PGTICK_GRACE=str(grace),
+            PGTICK_QUEUE=queue,
             PSQL=psql_binary(),
         )
         log = tmp_path / f"{label}.log"
@@ -300,11 +305,12 @@ def test_worker_sh_registers_itself_and_its_kinds_and_stops_as_stopped(
     as stopped, not lost."""
     with db.worker_login("bash") as login:
         worker = start_worker(dsn=db.dsn_as(login))
-        row = one(conn, "SELECT worker, state, kinds, pid, last_seen_at FROM jobs.workers")
-        assert (row["state"], row["kinds"], row["pid"]) == (
+        row = one(conn, "SELECT worker, state, kinds, pid, last_seen_at, queues FROM jobs.workers")
+        assert (row["state"], row["kinds"], row["pid"], row["queues"]) == (
             "alive",
             ["greet", "nap", "shaky"],
             worker.proc.pid,
+            None,  # every queue
         ), row
         assert row["worker"].startswith("bash-"), row
         known = {r["kind"] for r in rows(conn, "SELECT kind FROM jobs.known_kinds")}
@@ -316,6 +322,25 @@ def test_worker_sh_registers_itself_and_its_kinds_and_stops_as_stopped(
         assert worker.terminate_and_wait() == 0, worker.log()
     assert scalar(conn, "SELECT state FROM jobs.workers") == "stopped", worker.log()
     assert "cannot register" not in worker.log(), worker.log()
+
+
+def test_worker_sh_of_one_queue_registers_it_and_leaves_the_others_to_show_unserved(
+    conn: Conn, start_worker: Any
+) -> None:
+    """PGTICK_QUEUE: the bash worker claims from that queue only and registers it, so a run of
+    its kind in another queue shows in jobs.kinds_without_worker while the one in its queue
+    completes."""
+    inside = enqueue(conn, "greet", payload='{"name": "in"}', queue="'images'")
+    outside = enqueue(conn, "greet", payload='{"name": "out"}', queue="'mail'")
+    worker = start_worker(queue="images")
+    worker.wait_until(
+        "the run of its queue to complete", lambda: run_row(conn, inside)["status"] == "COMPLETED", 60
+    )
+    assert one(conn, "SELECT queues FROM jobs.workers") == {"queues": ["images"]}
+    unserved = rows(conn, "SELECT kind, queued, queues FROM jobs.kinds_without_worker")
+    assert unserved == [{"kind": "greet", "queued": 1, "queues": ["mail"]}], unserved
+    assert run_row(conn, outside)["status"] == "QUEUED"
+    assert worker.terminate_and_wait() == 0, worker.log()
 
 
 def test_worker_sh_drains_the_running_job_on_sigterm(conn: Conn, start_worker: Any) -> None:
