@@ -269,7 +269,8 @@ LEFT JOIN LATERAL (
 ) AS held ON TRUE;
 COMMENT ON VIEW jobs.queue_stats IS 'Per kind and queue: due QUEUED (claimable when not paused or limited), future QUEUED (scheduled), RUNNING, outcomes in the last hour, the age of the oldest due QUEUED run, of the last hour''s CANCELLED those Skipped (overlap) and of its FAILED those lost (HeartbeatLost or Orphaned); then the queue, whether it is paused, QUEUED runs blocked on dependencies, due runs held back by a full rate window, and the queue''s and kind''s limits.';
 
--- One row per definition: cursor and next start in UTC and local time, last outcomes, failure and skip streaks.
+-- One row per definition: cursor and next start in UTC and local time (with the local time's UTC
+-- offset), last outcomes, failure and skip streaks.
 CREATE OR REPLACE VIEW jobs.definition_health AS
 SELECT
     d.id,
@@ -316,7 +317,11 @@ SELECT
     late.p99 AS lateness_p99,
     next_start.at AS next_start_at,
     next_start.at AT TIME ZONE d.timezone AS next_start_local,
-    last.finished_at AS last_finished_at
+    last.finished_at AS last_finished_at,
+    -- The local times' offsets from UTC: in the hour a fall-back repeats, one wall time is two
+    -- instants, told apart only by these.
+    (d.next_run_at AT TIME ZONE d.timezone) - (d.next_run_at AT TIME ZONE 'UTC') AS next_run_utc_offset,
+    (next_start.at AT TIME ZONE d.timezone) - (next_start.at AT TIME ZONE 'UTC') AS next_start_utc_offset
 FROM jobs.definitions AS d
 LEFT JOIN LATERAL (
     SELECT
@@ -442,7 +447,7 @@ LEFT JOIN LATERAL (
     WHERE c.definition_id = d.id
     ORDER BY c.caught_up_at DESC LIMIT 1
 ) AS catch_up ON TRUE;
-COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor delayed by its jitter (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start); and last_finished_at, when the last outcome (last_status) finished.';
+COMMENT ON VIEW jobs.definition_health IS 'Per definition: paused, the cursor (next_run_at, next_run_local: how far its occurrences are materialized, in UTC and local time), running/queued, last success and failure, consecutive failures (since the last success) and skips (since the last start), finished, schedule_error; the effective DST policy (dst_gap, dst_repeat, dst_auto: both chosen by auto), overlap_policy, jitter, pause_after_failures and paused_reason (why it was paused automatically); materialize_error, materialize_failures and materialize_retry_at when its runs could not be inserted; start lateness p50/p99 (started_at - scheduled_for) of the occurrences scheduled in the last hour; the last 20 outcomes oldest first (SKIPPED for overlap skips), and the last catch-up after downtime as a sentence. Page it (ORDER BY name LIMIT n): every row reads that definition''s runs; jobs.definition_summary counts them all. Then next_start_at and next_start_local: when its next run starts, the first QUEUED run not waiting on dependencies, else the cursor delayed by its jitter (the cursor only while it is enabled, not finished and its schedule readable; the runs a paused definition queued still start); and last_finished_at, when the last outcome (last_status) finished; last, next_run_utc_offset and next_start_utc_offset, the offsets from UTC of next_run_local and next_start_local (-04:00:00 for EDT), which tell apart the two instants of a wall time a fall-back repeats.';
 
 -- One row for all definitions: how many there are and how many need attention.
 CREATE OR REPLACE VIEW jobs.definition_summary AS

@@ -296,6 +296,35 @@ def test_definition_health_next_run_local_is_the_cursor_in_the_zone(conn: Conn) 
     )
 
 
+def test_definition_health_tells_apart_the_two_instants_of_a_repeated_wall_time(conn: Conn) -> None:
+    """New York falls back on 2031-11-02: 01:30 comes twice, at 05:30 UTC (EDT) and 06:30 UTC
+    (EST). next_run_local is 01:30 both times; next_run_utc_offset says which (as
+    next_start_utc_offset does for next_start_local); in summer and winter it is the zone's."""
+    def_id = _recurring(conn, "new-york", timezone="'America/New_York'")
+    query = (
+        "SELECT next_run_local, next_run_utc_offset, next_start_local, next_start_utc_offset"
+        " FROM jobs.definition_health WHERE id = %s"
+    )
+    assert one(conn, query, (def_id,))["next_run_utc_offset"] is None, "cursor not set yet"
+    for utc, offset in [
+        (datetime(2031, 11, 2, 5, 30, tzinfo=UTC), timedelta(hours=-4)),  # 01:30 EDT
+        (datetime(2031, 11, 2, 6, 30, tzinfo=UTC), timedelta(hours=-5)),  # 01:30 EST
+    ]:
+        conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s", (utc, def_id))
+        health = one(conn, query, (def_id,))
+        assert (health["next_run_local"], health["next_run_utc_offset"]) == (
+            datetime(2031, 11, 2, 1, 30),
+            offset,
+        )
+        assert (health["next_start_local"], health["next_start_utc_offset"]) == (
+            datetime(2031, 11, 2, 1, 30),
+            offset,
+        ), "with no jitter and no queued run the next start is the cursor"
+    kolkata = _recurring(conn, "kolkata", timezone="'Asia/Kolkata'")
+    conn.execute("UPDATE jobs.definitions SET next_run_at = '2031-07-01 00:00+00' WHERE id = %s", (kolkata,))
+    assert one(conn, query, (kolkata,))["next_run_utc_offset"] == timedelta(hours=5, minutes=30)
+
+
 def test_definition_health_outcomes_and_failure_streak(conn: Conn) -> None:
     """consecutive_failures counts FAILED runs since the last COMPLETED one."""
     def_id = _recurring(conn, "streaky")
