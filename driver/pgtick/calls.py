@@ -777,8 +777,12 @@ def worker_stopped(conn: Conn, worker_id: str) -> None:
     conn.execute(WORKER_STOPPED, (worker_id,))
 
 
-def leader_detail(conn: Conn) -> Any:
-    return conn.execute("SELECT owner, pid, since, leading_for FROM jobs.leader LIMIT 1").fetchone()
+def leaders(conn: Conn) -> list[Any]:
+    """Every scheduler that leads now, the longest-leading first: more than one when a replica
+    leads by the lock and another by the lease (they do not see each other)."""
+    return conn.execute(
+        "SELECT owner, pid, since, leading_for FROM jobs.leader ORDER BY since, pid"
+    ).fetchall()
 
 
 def status_definitions(conn: Conn, limit: int = 50, offset: int = 0) -> list[Any]:

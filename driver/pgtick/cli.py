@@ -1399,7 +1399,7 @@ def status_snapshot(
     conn: psycopg.Connection[Any], recent: int = 10, limit: int = 50, offset: int = 0
 ) -> dict[str, Any]:
     """What `pgtick status --json` prints (schema: docs/schemas/status.json)."""
-    leader = calls.leader_detail(conn)
+    leaders = [_jsonable(dict(row)) for row in calls.leaders(conn)]
     definitions = []
     for d in calls.status_definitions(conn, limit, offset):
         row = _jsonable(dict(d))
@@ -1410,7 +1410,8 @@ def status_snapshot(
         definitions.append(row)
     return {
         "now": iso(display_now()),
-        "leader": _jsonable(dict(leader)) if leader else _lease_leader(conn),
+        "leader": leaders[0] if leaders else _lease_leader(conn),
+        "other_leaders": leaders[1:],
         "schema": _jsonable(calls.schema_version(conn)),
         "summary": _jsonable(dict(calls.definition_summary(conn))),
         "definitions": definitions,
@@ -1472,6 +1473,14 @@ def render_status(snap: dict[str, Any], style: Style, wide: bool) -> str:
         out.extend(wrap(line, style.width, indent="    "))
     else:
         line = "leader  none: no scheduler is running, nothing new is materialized"
+        out.extend(paint(part, "red", style) for part in wrap(line, style.width, indent="    "))
+    for other in snap.get("other_leaders") or []:
+        by = f"pid {other['pid']}" if other.get("pid") is not None else "by lease"
+        owner = printable_line(other["owner"] or "(no owner)")
+        line = (
+            f"leader  also {owner} ({by}), leading for {_age(other['since'], now)}: a lock leader and"
+            " a lease leader do not see each other; give every replica the same --leadership"
+        )
         out.extend(paint(part, "red", style) for part in wrap(line, style.width, indent="    "))
     if wide or snap.get("schema") is None:  # the schema version: on --wide, or when unknown
         out.append(_schema_line(snap.get("schema")))

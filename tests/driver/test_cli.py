@@ -495,6 +495,7 @@ def test_status_of_an_empty_installation(db: Database, capsys: pytest.CaptureFix
     assert schema["schema_version"] == max(m.version for m in migrate.migrations())
     assert {k: v for k, v in snap.items() if k != "now"} == {
         "leader": None,
+        "other_leaders": [],
         "definitions": [],
         "queues": [],
         "kinds_without_worker": [],
@@ -513,6 +514,28 @@ def test_status_names_a_leader_that_took_the_lead_from_psql_without_an_owner(
         assert f"leader  cron-in-go (pid {pid}), leading for" in out, out
         snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
         assert (snap["leader"]["owner"], snap["leader"]["pid"]) == ("cron-in-go", pid), snap["leader"]
+
+
+def test_status_names_both_leaders_when_one_leads_by_the_lock_and_another_by_the_lease(
+    db: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A replica that leads by the lock and one that leads by the lease (behind a pooler) do not
+    see each other: both lead. Status names the first as the leader and the second on a line of
+    its own that says so (--json: other_leaders)."""
+    with psycopg.connect(db.dsn, autocommit=True) as by_lock:
+        assert by_lock.execute("SELECT jobs.try_lead('replica-a')").fetchone() == (True,)
+        by_lock.execute("SELECT jobs.acquire_lease('pgtick:leader', 'replica-b', '1 minute')")
+        out = _pgtick(capsys, "status", "--dsn", db.dsn)
+        lines = out.splitlines()
+        assert lines[0].startswith(f"leader  replica-a (pid {by_lock.info.backend_pid}), leading for"), out
+        assert lines[1].startswith("leader  also replica-b (by lease), leading for"), out
+        assert "give every replica the same --leadership" in out, out
+        snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+        assert snap["leader"]["owner"] == "replica-a", snap
+        assert [(o["owner"], o["pid"]) for o in snap["other_leaders"]] == [("replica-b", None)], snap
+        by_lock.execute("SELECT jobs.release_lease('pgtick:leader', 'replica-b')")
+        snap = json.loads(_pgtick(capsys, "status", "--json", "--dsn", db.dsn))
+        assert (snap["leader"]["owner"], snap["other_leaders"]) == ("replica-a", []), snap
 
 
 def test_status_and_definitions_show_the_next_start_not_the_cursor(
