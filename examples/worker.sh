@@ -28,6 +28,7 @@
 #   PGTICK_POLL=1                seconds between claims while the queue is empty
 #   PGTICK_HEARTBEAT=5           heartbeat cadence; keep it well under jobs.config.heartbeat_timeout
 #   PGTICK_GRACE=30              seconds a running job may take to finish after SIGTERM
+#   PGTICK_REPORT_TRIES=60       tries, a second apart, to report an outcome while the database is away
 #   PSQL=psql                    the psql binary
 
 set -uo pipefail # not -e: a failed psql call (a database blip) is handled, never fatal
@@ -41,6 +42,7 @@ QUEUE=${PGTICK_QUEUE:-}
 POLL=${PGTICK_POLL:-1}
 HEARTBEAT=${PGTICK_HEARTBEAT:-5}
 GRACE=${PGTICK_GRACE:-30}
+REPORT_TRIES=${PGTICK_REPORT_TRIES:-60}
 PSQL=${PSQL:-psql}
 WORKER="bash-$(hostname)-$$-$(printf '%04x%04x' "$RANDOM" "$RANDOM")"
 MAIN=$$
@@ -232,7 +234,7 @@ report() { # report SQL-ARGS...: run the statement on stdin, retrying while the 
         status=$?
         # 2: psql could not reach the server. Anything else is an answer (0), a refusal (3),
         # or a problem no retry fixes.
-        if ((status != 2)) || ((++tries >= 60)); then
+        if ((status != 2)) || ((++tries >= REPORT_TRIES)); then
             printf '%s' "$out"
             return "$status"
         fi

@@ -79,6 +79,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
         dsn: str | None = None,
         script: Path = WORKER_SH,
         queue: str = "",
+        report_tries: int = 60,
     ) -> ShellWorker:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGTICK_DSN")}
         env.update(
@@ -87,6 +88,7 @@ def start_worker(db: Database, tmp_path: Path) -> Iterator[Any]:
             PGTICK_HEARTBEAT="0.2",
             PGTICK_GRACE=str(grace),
             PGTICK_QUEUE=queue,
+            PGTICK_REPORT_TRIES=str(report_tries),
             PSQL=psql_binary(),
         )
         log = tmp_path / f"{label}.log"
@@ -623,16 +625,17 @@ def test_worker_sh_does_not_hand_back_a_run_whose_outcome_it_could_not_report(
     db: Database, conn: Conn, start_worker: Any
 ) -> None:
     """The database is out of reach from the moment a job ends until after the worker has
-    given up reporting it (a minute of retries) and a claim has failed. When it is back, the
+    given up reporting it (five tries a second apart) and a claim has failed. When it is back, the
     worker hands back what that claim may have taken, but not the run it could not report:
     its job ran, so queued again it would run twice; it is left to the reaper."""
     cable = _Cable(db.dsn)
     try:
         run_id = enqueue(conn, "nap", payload='{"steps": 10}', heartbeat_timeout="interval '10 minutes'")
-        worker = start_worker(dsn=cable.dsn)
+        worker = start_worker(dsn=cable.dsn, report_tries=5)
         worker.wait_log(f"run={run_id} kind=nap attempt=1 started")
         cable.unplug()
         worker.wait_log(f"run={run_id} outcome not reported", timeout=150)
+        assert worker.log().count("database unavailable while reporting") == 4, worker.log()
         worker.wait_log("claim failed", timeout=30)
         cable.plugged = True
         # The worker settles the failed claim before it claims again: a run queued now is run
