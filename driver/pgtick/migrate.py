@@ -473,10 +473,9 @@ def _longest_lock_wait(conn: psycopg.Connection[Any]) -> float:
 
 def _likely_holder(conn: psycopg.Connection[Any], waited: float) -> str:
     """``; the oldest transaction holding a jobs lock: pid 123 (pgtick-leader vm-1, active 52s:
-    SELECT …)``: the session of
-    this database whose transaction, open for longer than the migration waited, is the oldest
-    to hold a lock on the jobs schema; empty when there is none, or when this login may not
-    look (the warning says what it knows without it)."""
+    SELECT …)``: the session of this database whose transaction, open for longer than the
+    migration waited, is the oldest to hold a lock on the jobs schema; empty when there is none,
+    or when this login may not look (the warning says what it knows without it)."""
     try:
         row = calls.oldest_jobs_lock_holder(conn, waited)
     except psycopg.Error:
