@@ -22,6 +22,7 @@ migration waiting for a lock on a live system can give way and try again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -394,12 +395,23 @@ def _apply(
                 last = pending[-1]
                 progress(f"{last.version}_{last.name}", len(done), total)
             progress("functions and views", total, total)
-    finally:
-        calls.advisory_unlock(conn, plan.lock_key)
-        if not conn.closed and not conn.broken:
-            for name, theirs in caller.items():
-                _give_back(conn, name, theirs)
+    except BaseException:
+        # Stopped (Ctrl-C in the middle of a statement, a lost connection, an error): the lock
+        # and the settings are given back if the connection still takes a statement, and its
+        # close releases them otherwise; a failure to give them back never hides why it stopped.
+        with contextlib.suppress(psycopg.Error):
+            _give_back_all(conn, plan.lock_key, caller)
+        raise
+    _give_back_all(conn, plan.lock_key, caller)
     return done
+
+
+def _give_back_all(conn: psycopg.Connection[Any], lock_key: int, caller: dict[str, str | bytes]) -> None:
+    """Release the migration lock and give the caller's settings back."""
+    calls.advisory_unlock(conn, lock_key)
+    if not conn.closed and not conn.broken:
+        for name, theirs in caller.items():
+            _give_back(conn, name, theirs)
 
 
 #: Longest wait (seconds) of a migration's statement for a table lock before the migration's
@@ -442,9 +454,7 @@ def _retrying_on_locks(
     wait = LOCK_WAIT
     while True:
         try:
-            with conn.transaction():
-                calls.local_lock_timeout(conn, wait)
-                work()
+            _in_one_transaction(conn, wait, work)
             return
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             waited = time.monotonic() - since
@@ -460,6 +470,23 @@ def _retrying_on_locks(
                 )
             time.sleep(random.uniform(LOCK_RETRY_PAUSE / 2, LOCK_RETRY_PAUSE))
             wait = min(max(longest, LOCK_WAIT), wait * 2)
+
+
+def _in_one_transaction(conn: psycopg.Connection[Any], wait: float, work: Callable[[], None]) -> None:
+    """``work`` in a transaction whose lock waits are bounded by ``wait`` seconds: committed, or
+    rolled back when it fails. Interrupted (Ctrl-C) while a statement is still in flight, it is
+    not rolled back here (the ROLLBACK would only fail on the busy connection and hide why it
+    stopped): closing the connection, as the caller does, rolls it back."""
+    conn.execute("BEGIN")
+    try:
+        calls.local_lock_timeout(conn, wait)
+        work()
+    except BaseException:
+        if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.ACTIVE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _longest_lock_wait(conn: psycopg.Connection[Any]) -> float:
