@@ -25,7 +25,10 @@ pgtick itself killed (``kill -9``, the OOM killer) can neither stop CMD nor rene
 which another invocation takes once its ttl runs out: a watchdog, a small process of its own
 session started before CMD, sees pgtick's end (its pipe from pgtick closes without the word
 that CMD has ended) and stops CMD (its group, outside a terminal's foreground) the same way,
-SIGTERM then SIGKILL after the grace, well within the ttl.
+SIGTERM then SIGKILL after the grace, well within the ttl. pgtick frozen (SIGSTOP, a
+debugger) neither dies nor renews: pgtick tells the watchdog after each renewal until when
+the lease is surely held, and the watchdog stops CMD when that time comes without a newer
+one, by the time pgtick's own check would have, and kills it before the lease may expire.
 """
 
 from __future__ import annotations
@@ -99,23 +102,45 @@ def _stop_group(pgid: int, grace: float) -> None:
         time.sleep(0.05)
 
 
-#: The watchdog (run as ``python -I -S -c WATCHDOG``, so it needs nothing of pgtick): reads
-#: ``PID GROUP GRACE`` then, once CMD has ended, ``done``, from its standard input, the pipe
-#: pgtick holds. End of input without ``done`` after a PID: pgtick died, so CMD is stopped.
+#: The watchdog (run as ``python -I -S -c WATCHDOG``, so it needs nothing of pgtick) reads
+#: lines from its standard input, the pipe pgtick holds: ``PID GROUP GRACE`` once CMD runs;
+#: ``until STOP KILL`` at the start and after each renewal that answered; ``quiet`` once
+#: pgtick itself stops CMD; ``done`` once CMD has ended. STOP and KILL are ``time.monotonic()``
+#: instants (one clock for every process of the machine): by STOP, unless a later ``until``
+#: came, CMD gets SIGTERM, and by KILL SIGKILL, which is before the lease may expire. End of
+#: input without ``done`` means pgtick died; an ``until`` passed means pgtick stopped renewing
+#: without dying (frozen by SIGSTOP or a debugger, its machine suspended). Another invocation
+#: may then take the lease, so CMD is stopped; ``quiet`` only leaves out the line saying so.
 WATCHDOG = """
-import os, signal, sys, time
+import os, select, signal, sys, time
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, signal.SIG_IGN)
-data = b""
+data, cmd, stop, kill, quiet = b"", None, None, None, False
+why = "pgtick ended before the command"
 while True:
+    wait = None if stop is None else max(0.0, stop - time.monotonic())
+    if not select.select([0], [], [], wait)[0]:
+        why = "pgtick did not renew the lease in time"
+        break
     chunk = os.read(0, 4096)
     if not chunk:
+        kill = None
         break
     data += chunk
-words = data.split()
-if not words or b"done" in words:
+    *lines, data = data.split(b"\\n")
+    for line in lines:
+        words = line.split()
+        if words == [b"done"]:
+            sys.exit(0)
+        elif words == [b"quiet"]:
+            quiet = True
+        elif len(words) == 3 and words[0] == b"until":
+            stop, kill = float(words[1]), float(words[2])
+        elif len(words) == 3:
+            cmd = int(words[0]), words[1] == b"1", float(words[2])
+if cmd is None:
     sys.exit(0)
-pid, group, grace = int(words[0]), words[1] == b"1", float(words[2])
+pid, group, grace = cmd
 def send(signum):
     try:
         os.killpg(pid, signum) if group else os.kill(pid, signum)
@@ -123,8 +148,9 @@ def send(signum):
     except (ProcessLookupError, PermissionError):
         return False
 if send(signal.SIGTERM):
-    print("pgtick lock: pgtick ended before the command; stopping the command", file=sys.stderr)
-    until = time.monotonic() + grace
+    if not quiet:
+        print("pgtick lock: " + why + "; stopping the command", file=sys.stderr)
+    until = time.monotonic() + grace if kill is None else kill
     while time.monotonic() < until and send(0):
         time.sleep(0.05)
     send(signal.SIGKILL)
@@ -154,7 +180,7 @@ def _tell(watchdog: subprocess.Popen[bytes] | None, words: str) -> None:
     try:
         watchdog.stdin.write(words.encode() + b"\n")
         watchdog.stdin.flush()
-    except OSError:  # the watchdog is gone: CMD runs on unwatched
+    except (OSError, ValueError):  # the watchdog is gone (or its pipe closed): CMD runs on unwatched
         pass
 
 
@@ -198,9 +224,16 @@ def run_locked(
         else:
             child.send_signal(signum)
 
+    def watch_until() -> None:
+        # The watchdog acts a little after pgtick's own check would (which then tells it to keep
+        # quiet) and kills by the lease's conservative end, like pgtick's own grace does.
+        stop_at = held_until[0] - ttl / 6
+        _tell(watchdog, f"until {stop_at + min(0.5, grace / 2)} {stop_at + grace}")
+
     def stop_command(why: str) -> None:
         if lost.is_set():
             return
+        _tell(watchdog, "quiet")
         print(f"pgtick lock: lease {name} {why}; stopping the command", file=sys.stderr)
         kill_at.append(time.monotonic() + grace)
         lost.set()
@@ -220,6 +253,7 @@ def run_locked(
                 stop_command("lost")
                 return
             held_until[0] = sent + ttl
+            watch_until()
 
     early: list[int] = []  # signals that came before CMD was started
 
@@ -270,12 +304,15 @@ def run_locked(
             # As a shell says it: 127 not found, 126 found but not run (not executable, say).
             return 127 if isinstance(exc, FileNotFoundError) else 126
         _tell(watchdog, f"{child.pid} {int(own_group)} {grace}")
+        watch_until()
         for signum in early:  # came while Popen ran, before `child` was set
             send(signum)
         renewer.start()
         while True:
             try:
-                code = child.wait(timeout=min(grace, 1.0))
+                # Woken in time for the check below, a sixth of the ttl before the lease's end.
+                due = held_until[0] - ttl / 6 - time.monotonic()
+                code = child.wait(timeout=max(0.01, min(grace, 1.0, due if due > 0 else 1.0)))
                 break
             except subprocess.TimeoutExpired:
                 # A renewal that does not answer (a partition, a lock wait) cannot stop the
@@ -289,10 +326,12 @@ def run_locked(
             code = 1
         return 128 - code if code < 0 else code
     finally:
-        done.set()
         if child is not None and own_group:
-            # What CMD started in its group and left running stops before the lease goes.
+            # What CMD started in its group and left running stops before the lease goes, and
+            # the lease is renewed until it has (an ended process may stay a member until its
+            # new parent reaps it).
             _stop_group(child.pid, grace if lost.is_set() else KILL_GRACE_MAX)
+        done.set()
         if watchdog is not None:
             _tell(watchdog, "done")  # CMD has ended: nothing for the watchdog to stop
             if watchdog.stdin is not None:

@@ -5,7 +5,8 @@
   output is CMD's) and exits 75 without running CMD;
 * a holder killed with -9 keeps the lease until its TTL runs out, then the next
   invocation takes it; its command (a shell line and what it started) is stopped before
-  that expiry, not left running beside the next holder;
+  that expiry, not left running beside the next holder; so is a holder's frozen (SIGSTOP)
+  in the middle of its command;
 * CMD's exit status passes through, and the lease is released when CMD ends
   (normally, failing, or stopped by SIGTERM or SIGHUP, passed on to CMD);
 * Ctrl-C on the terminal reaches CMD once: the terminal signals its whole foreground
@@ -211,6 +212,46 @@ def test_a_holder_killed_with_9_has_its_command_stopped_before_its_lease_expires
             pass
     late = last - expires_at.timestamp()
     assert late < 0, f"the command ran {late:.2f}s past the dead holder's lease expiry at {expires_at}"
+
+
+def test_a_frozen_holder_has_its_command_stopped_before_its_lease_expires(
+    db: Database, procs: Processes, conn: Conn, tmp_path: Path
+) -> None:
+    """Frozen (SIGSTOP, a debugger, a suspended VM), pgtick neither renews the lease nor
+    dies, so its pipe to the watchdog stays open: the watchdog must still see the renewals
+    stop and end the command (and a child of it that ignores SIGTERM) before the lease
+    expires, or the next invocation runs a second copy beside it."""
+    ticks, pidfile, script = tmp_path / "ticks", tmp_path / "pid", tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    line = f"{sys.executable} {script} {pidfile} & while :; do date +%s.%N >> {ticks}; sleep 0.05; done"
+    holder = procs.start("holder", lock(db.dsn, "nightly", "sh", "-c", line, ttl=6.0))
+    wait_for("the holder to take the lease", lambda: (lease(conn, "nightly") or (None,))[0], 60)
+    said = wait_for("the command to start", lambda: pidfile.read_text() if pidfile.exists() else None, 60)
+    child = int(said)
+    wait_for("the command to tick", lambda: ticks.exists() and ticks.read_text().strip(), 60)
+
+    group = os.getpgid(child)
+    try:
+        holder.send(signal.SIGSTOP)
+        wait_for(f"the command's child (pid {child}) to end", lambda: not _alive(child) or None, 60)
+        last = max(float(t) for t in ticks.read_text().split())
+        time.sleep(0.5)  # a tick still running would have written again by now
+        assert max(float(t) for t in ticks.read_text().split()) == last, "the command still ticks"
+        # Read once the command has ended: a renewal in flight at the freeze may have moved it.
+        expires_at = scalar(conn, "SELECT expires_at FROM jobs.leases WHERE name = 'nightly'")
+        assert holder.popen.poll() is None, "the frozen holder was killed, not its command"
+    finally:
+        holder.send(signal.SIGCONT)
+        try:
+            os.killpg(group, signal.SIGKILL)  # what a failure left running
+        except ProcessLookupError:
+            pass
+    late = last - expires_at.timestamp()
+    assert late < 0, f"the command ran {late:.2f}s past the frozen holder's lease expiry at {expires_at}"
+    code = holder.wait(60)
+    log = holder.log()
+    assert code != 0, f"a holder whose command was stopped for want of renewals must not exit 0:\n{log}"
+    assert "pgtick lock: pgtick did not renew the lease in time; stopping the command" in log, log
 
 
 def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:
