@@ -32,6 +32,15 @@ BEGIN
     PERFORM jobs._check_duration('jobs.config.archive_after', NEW.archive_after, 'archive_after');
     PERFORM jobs._check_duration('jobs.config.backoff_initial', NEW.backoff_initial, 'backoff_initial');
     PERFORM jobs._check_duration('jobs.config.backoff_max', NEW.backoff_max, 'backoff_max');
+    -- The cap on the retry delay at least the first delay, when either is written: a row
+    -- stored before this rule that breaks it still takes UPDATEs of its other settings.
+    IF TG_OP = 'INSERT'
+       OR (NEW.backoff_initial, NEW.backoff_max) IS DISTINCT FROM (OLD.backoff_initial, OLD.backoff_max) THEN
+        PERFORM jobs._check_backoff_order(
+            'jobs.config.backoff_initial', NEW.backoff_initial, 'jobs.config.backoff_max', NEW.backoff_max,
+            'Every retry delay of a kind without a policy would be backoff_max: change both in one UPDATE'
+            || ' (UPDATE jobs.config SET backoff_initial = ..., backoff_max = ...).');
+    END IF;
     PERFORM jobs._check_range('jobs.config.max_attempts', NEW.max_attempts, 1, 1000);
     PERFORM jobs._check_range('jobs.config.max_payload_bytes', NEW.max_payload_bytes, 2, 268435456);
     -- A lowered heartbeat timeout: workers learn it at their next beat, sent at the cadence the
@@ -54,7 +63,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds; when heartbeat_timeout is lowered, record the timeout in force before and when (heartbeat_timeout_lowered_from, _at), which the reaper keeps for one of its lengths.';
+COMMENT ON FUNCTION jobs._check_config() IS 'Private trigger: refuse (22023, naming the setting and its range) a jobs.config row whose durations or numbers are out of bounds, or whose backoff_max is written below its backoff_initial; when heartbeat_timeout is lowered, record the timeout in force before and when (heartbeat_timeout_lowered_from, _at), which the reaper keeps for one of its lengths.';
 
 CREATE OR REPLACE TRIGGER config_bounds
 BEFORE INSERT OR UPDATE ON jobs.config

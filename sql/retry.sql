@@ -317,6 +317,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs.retry(bigint) IS 'Operator: queue a FAILED or CANCELLED run again now as attempt n+1 (retry_of = run_id), regardless of its retry policy (its own failures are then retried by policy while attempts remain; an attempt past them ends the chain); a run that never started waits again on the runs it depends on (the retry chains of depends_on). 22023 when the run was already retried, its definition was deleted, a run of its unique_key is queued or running, a run it depends on failed for good or was cancelled (retry that one first), or one it depends on was pruned.';
 
+-- Private: raise 22023 naming both fields unless the cap on a retry's delay is at least the
+-- first delay. A cap below it makes every delay the cap, whatever the first delay and the factor
+-- say: a policy that reads as one thing and does another. The caller's hint says where the
+-- values came from (a default, the row as it was).
+CREATE OR REPLACE FUNCTION jobs._check_backoff_order(
+    initial_field text, initial interval, max_field text, cap interval, hint text
+)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF cap < initial THEN
+        RAISE EXCEPTION '% must be at least %, got % % and % %',
+            max_field, initial_field, max_field, cap, initial_field, initial
+            USING ERRCODE = '22023', COLUMN = regexp_replace(max_field, '^.*[.]', ''), HINT = hint;
+    END IF;
+END $$;
+COMMENT ON FUNCTION jobs._check_backoff_order(text, interval, text, interval, text) IS 'Private: raises 22023 naming max_field and initial_field with both values (and the caller''s hint) when the cap on the retry delay is below the first delay, which would make every delay the cap.';
+
 -- Register or replace the retry policy of a kind (the Python driver calls this on registration).
 CREATE OR REPLACE FUNCTION jobs.set_retry_policy(
     kind text,
@@ -347,6 +365,10 @@ BEGIN
     END IF;
     PERFORM jobs._check_duration('backoff_initial', set_retry_policy.backoff_initial);
     PERFORM jobs._check_duration('backoff_max', set_retry_policy.backoff_max);
+    PERFORM jobs._check_backoff_order(
+        'backoff_initial', set_retry_policy.backoff_initial, 'backoff_max', set_retry_policy.backoff_max,
+        'Every retry delay would be backoff_max. backoff_initial defaults to 10 seconds and '
+        || 'backoff_max to 1 hour (not to jobs.config''s values): give both, or a smaller backoff_initial.');
     -- NaN compares greater than every number in PostgreSQL: BETWEEN refuses it and infinities.
     IF set_retry_policy.backoff_factor IS NULL OR set_retry_policy.backoff_factor NOT BETWEEN 1 AND 100 THEN
         RAISE EXCEPTION 'backoff_factor must be a number between 1 and 100, got %',
@@ -371,4 +393,4 @@ BEGIN
     RETURNING p.* INTO v_policy;
     RETURN v_policy;
 END $$;
-COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS 'Create or replace the retry policy of a kind.';
+COMMENT ON FUNCTION jobs.set_retry_policy(text, text[], text[], integer, interval, double precision, interval, double precision) IS 'Create or replace the retry policy of a kind. Delay before attempt n+1: backoff_initial * backoff_factor^(n-1), at most backoff_max, spread by +-jitter. 22023 naming the field for a value out of bounds (backoffs 0 to 366 days, backoff_factor 1 to 100, jitter 0 to 1, max_attempts 1 to 1000) and for a backoff_max below backoff_initial (given or default: 10 seconds and 1 hour), which would make every delay backoff_max.';

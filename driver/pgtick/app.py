@@ -341,6 +341,8 @@ class App:
         retry_on: error classes (or names) that may be retried, one or a list; None
         retries any class not in never_retry. never_retry always wins. max_attempts defaults
         to 3 when retry_on or never_retry is given, else 1 (no retries).
+        The delay before attempt n+1 is ``backoff * backoff_factor**(n-1)`` seconds, at most
+        ``backoff_max`` (which must not be below ``backoff``), spread by +-``jitter``.
         timeout (seconds) is enforced at ``ctx.checkpoint()``; a job that never
         reaches one has its run failed as Timeout by its worker soon after (the
         thread itself runs on, its result unreported). For a mutating
@@ -383,6 +385,12 @@ class App:
         backoff = _number(kind, "backoff", backoff, 0, longest)
         backoff_max = _number(kind, "backoff_max", backoff_max, 0, longest)
         backoff_factor = _number(kind, "backoff_factor", backoff_factor, 1, 100)
+        if backoff_max < backoff:  # every delay would be backoff_max (jobs.set_retry_policy refuses it too)
+            raise UsageError(
+                f"job {kind}: backoff_max must be at least backoff, got backoff_max {backoff_max:g} s and"
+                f" backoff {backoff:g} s (backoff_max is 3600 s when not given): every retry delay would be"
+                " backoff_max; give both, or a smaller backoff"
+            )
         jitter = _number(kind, "jitter", jitter, 0, 1)
         seconds = _seconds(timeout)
         if compensate is not None and not mutating:

@@ -250,6 +250,27 @@ def test_an_app_that_fails_to_import_is_one_line_naming_where(
     assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, shown
 
 
+def test_an_app_whose_job_caps_its_retry_delay_below_the_first_is_one_line_and_writes_nothing(
+    shared_db: Database, tmp_path: Path
+) -> None:
+    """``backoff=7200`` with the default ``backoff_max`` (3600) would make every retry delay
+    3600 s: `pgtick run` says so in one line, exit 2, before it writes any policy."""
+    app = tmp_path / "app.py"
+    app.write_text(
+        "from pgtick import App\napp = App('x')\n"
+        "@app.job('slow-retry', retry_on=[ConnectionError], backoff=7200)\ndef f(ctx): pass\n"
+    )
+    with shared_db.connect() as conn:
+        before = digest(conn)
+    result = pgtick("run", str(app), "--dsn", shared_db.dsn)
+    shown = f"exit {result.returncode}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, shown
+    said = "job slow-retry: backoff_max must be at least backoff, got backoff_max 3600 s and backoff 7200 s"
+    assert said in result.stderr, shown
+    with shared_db.connect() as conn:
+        assert digest(conn) == before
+
+
 @pytest.mark.parametrize(
     ("target", "said"),
     [

@@ -408,6 +408,9 @@ JOB_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("backoff-negative", {"backoff": -1}, "backoff"),
     ("backoff-factor-zero", {"backoff_factor": 0}, "backoff_factor"),
     ("backoff-max-nan", {"backoff_max": float("nan")}, "backoff_max"),
+    # A cap below the first delay would make every delay the cap; the default cap is named.
+    ("backoff-max-below-backoff", {"backoff": 10, "backoff_max": 5}, "backoff_max must be at least backoff"),
+    ("backoff-above-the-default-max", {"backoff": 7200}, "got backoff_max 3600 s and backoff 7200 s"),
     ("jitter-over-one", {"jitter": 5}, "jitter"),
     ("timeout-nan", {"timeout": float("nan")}, "timeout"),
     ("timeout-text", {"timeout": "30"}, "timeout"),

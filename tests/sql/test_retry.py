@@ -18,6 +18,7 @@ from harness import (
     run_row,
     scalar,
 )
+from pgtick import migrate
 
 CHAIN = ["BudgetExhausted", "RuntimeError", "Exception"]
 
@@ -336,11 +337,18 @@ def test_absurd_backoff_is_refused_where_written_and_the_largest_keeps_fail_and_
     expect_error(
         conn, "UPDATE jobs.config SET backoff_max = '400000 years'", None, "22023", "backoff_max", "366 days"
     )
-    _policy(conn, "forever", max_attempts=1000, backoff_initial="366 days", backoff_factor=100, jitter=0)
+    _policy(
+        conn,
+        "forever",
+        max_attempts=1000,
+        backoff_initial="366 days",
+        backoff_factor=100,
+        backoff_max="366 days",
+        jitter=0,
+    )
     expect_error(
         conn, "UPDATE jobs.retry_policies SET backoff_max = '400000 years'", None, "23514", "backoff_max"
     )
-    conn.execute("UPDATE jobs.retry_policies SET backoff_max = '366 days'")
 
     earlier = int(scalar(conn, "SELECT id FROM jobs.enqueue('forever', run_at => now() + interval '1 day')"))
     run_id = _start(conn, "forever")
@@ -358,6 +366,121 @@ def test_absurd_backoff_is_refused_where_written_and_the_largest_keeps_fail_and_
     conn.execute("UPDATE jobs.runs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (reaped_id,))
     reaped = conn.execute("SELECT run_id, reason, retry_run_id FROM jobs.reap()").fetchall()
     assert [r[:2] for r in reaped] == [(reaped_id, "HeartbeatLost")] and reaped[0][2] is not None, reaped
+
+
+def _policy_row(conn: Conn, kind: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        "SELECT backoff_initial::text, backoff_factor, backoff_max::text, jitter, updated_at"
+        " FROM jobs.retry_policies WHERE kind = %s",
+        (kind,),
+    ).fetchone()
+
+
+@pytest.mark.parametrize(
+    ("given", "cap", "first"),
+    [
+        ({"backoff_initial": "2 minutes", "backoff_max": "1 minute"}, "00:01:00", "00:02:00"),
+        # One of the two given, the other its default (10 seconds, 1 hour): the default is named.
+        ({"backoff_initial": "2 hours"}, "01:00:00", "02:00:00"),
+        ({"backoff_max": "5 seconds"}, "00:00:05", "00:00:10"),
+        ({"backoff_initial": "1 day", "backoff_max": "23:59:59.999999"}, "23:59:59.999999", "1 day"),
+    ],
+    ids=["both-given", "initial-above-the-default-max", "max-below-the-default-initial", "by-a-microsecond"],
+)
+def test_a_policy_whose_backoff_max_is_below_its_backoff_initial_is_refused_naming_both(
+    conn: Conn, given: dict[str, str], cap: str, first: str
+) -> None:
+    """A cap below the first delay made every delay the cap, whatever backoff_initial and the
+    factor said: the policy read as one thing and did another. It is refused with 22023 naming
+    both fields and both values (a default among them), and the kind keeps its policy."""
+    _policy(conn, "capped", max_attempts=4, backoff_initial="3 seconds", backoff_max="30 seconds")
+    before = _policy_row(conn, "capped")
+    args = "".join(f", {name} => %({name})s" for name in given)
+    for kind in ("capped", "new-kind"):
+        err = expect_error(
+            conn,
+            f"SELECT jobs.set_retry_policy(%(kind)s{args})",
+            {"kind": kind, **given},
+            "22023",
+            f"backoff_max must be at least backoff_initial, got backoff_max {cap}"
+            f" and backoff_initial {first}",
+        )
+        assert err.diag.column_name == "backoff_max", err.diag.column_name
+        assert "10 seconds" in (err.diag.message_hint or "") and "1 hour" in (err.diag.message_hint or "")
+    assert _policy_row(conn, "capped") == before
+    assert _policy_row(conn, "new-kind") is None
+
+
+def test_a_policy_whose_backoff_max_equals_its_backoff_initial_is_a_constant_delay(conn: Conn) -> None:
+    _policy(conn, "steady", max_attempts=3, backoff_initial="2 hours", backoff_max="2 hours", jitter=0)
+    run_id = _start(conn, "steady")
+    retry = _fail(conn, run_id, ["X"])
+    assert retry is not None
+    delay = retry["scheduled_for"] - run_row(conn, run_id)["finished_at"]
+    assert delay == timedelta(hours=2), delay
+
+
+@pytest.mark.parametrize(
+    ("update", "cap", "first"),
+    [
+        ("backoff_max = '5 seconds'", "00:00:05", "00:00:10"),
+        ("backoff_initial = '2 hours'", "01:00:00", "02:00:00"),
+        ("backoff_initial = '1 minute', backoff_max = '30 seconds'", "00:00:30", "00:01:00"),
+    ],
+    ids=["max-below-the-initial", "initial-above-the-max", "both"],
+)
+def test_a_config_whose_backoff_max_is_below_its_backoff_initial_is_refused_naming_both(
+    conn: Conn, update: str, cap: str, first: str
+) -> None:
+    """jobs.config's pair (for kinds without a policy) is held to the same rule where an
+    operator writes it; both can change in one UPDATE."""
+    conn.execute("UPDATE jobs.config SET backoff_initial = '10 seconds', backoff_max = '1 hour'")
+    before = conn.execute("SELECT c::text FROM jobs.config AS c").fetchone()
+    err = expect_error(
+        conn,
+        f"UPDATE jobs.config SET {update}",
+        None,
+        "22023",
+        "jobs.config.backoff_max must be at least jobs.config.backoff_initial,"
+        f" got jobs.config.backoff_max {cap} and jobs.config.backoff_initial {first}",
+    )
+    assert err.diag.column_name == "backoff_max", err.diag.column_name
+    assert conn.execute("SELECT c::text FROM jobs.config AS c").fetchone() == before
+    conn.execute("UPDATE jobs.config SET backoff_initial = '2 hours', backoff_max = '3 hours'")
+    assert conn.execute("SELECT backoff_initial::text, backoff_max::text FROM jobs.config").fetchone() == (
+        "02:00:00",
+        "03:00:00",
+    )
+
+
+def test_a_pair_stored_below_the_rule_keeps_retries_and_other_settings_working(conn: Conn) -> None:
+    """A policy and a jobs.config row written before the rule, with backoff_max below
+    backoff_initial, stay as they are: the functions re-applied over them, failures still
+    retried after the cap (as before), other settings still updated; only writing the pair
+    again is held to the rule."""
+    conn.execute(
+        "INSERT INTO jobs.retry_policies (kind, max_attempts, backoff_initial, backoff_max, jitter)"
+        " VALUES ('old-capped', 3, '2 hours', '1 minute', 0)"
+    )
+    with conn.transaction():
+        conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER config_bounds")
+        conn.execute(
+            "UPDATE jobs.config SET backoff_initial = '2 hours', backoff_max = '1 minute', max_attempts = 3"
+        )
+        conn.execute("ALTER TABLE jobs.config ENABLE TRIGGER config_bounds")
+    migrate.apply(conn)  # the functions and triggers re-applied over the rows
+    conn.execute("UPDATE jobs.config SET retention = '30 days'")  # an unrelated setting
+    for kind in ("old-capped", "no-policy"):
+        run_id = _start(conn, kind)
+        retry = _fail(conn, run_id, ["X"])
+        assert retry is not None and retry["status"] == "QUEUED", (kind, retry)
+        delay = (retry["scheduled_for"] - run_row(conn, run_id)["finished_at"]).total_seconds()
+        assert 60 * 0.8 - 1e-3 <= delay <= 60 * 1.2 + 1e-3, (kind, delay)
+    expect_error(conn, "UPDATE jobs.config SET backoff_max = '2 minutes'", None, "22023", "backoff_initial")
+    assert conn.execute("SELECT backoff_initial::text, backoff_max::text FROM jobs.config").fetchone() == (
+        "02:00:00",
+        "00:01:00",
+    )
 
 
 def _failed(conn: Conn, kind: str = "k") -> int:
