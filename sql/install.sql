@@ -109,6 +109,8 @@ SELECT set_config('statement_timeout', :'pgtick_statement_timeout', true) AS pgt
 \set migration 0032_one_sign_durations \ir ../migrations/apply.sql
 -- 0033: the queues each worker claims from, for jobs.kinds_without_worker.
 \set migration 0033_worker_queues \ir ../migrations/apply.sql
+-- 0034: a retry delay's cap at least its first delay, in the tables themselves.
+\set migration 0034_backoff_order \ir ../migrations/apply.sql
 
 -- A schema that a newer pgtick migrated (the ledger holds a migration after the last one above)
 -- keeps that pgtick's functions: these older ones are not put back over them.

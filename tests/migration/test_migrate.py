@@ -1076,3 +1076,41 @@ def test_durations_stored_with_mixed_signs_before_the_rule_become_the_one_sign_v
         ).fetchone()
         assert backoff == ("01:30:00",), backoff
         assert conn.execute("SELECT jobs.prune()").fetchone() == (0,)
+
+
+def test_a_backoff_cap_stored_below_the_first_delay_becomes_the_first_delay_and_is_refused_after(
+    pg: Server, tmp_path: Path
+) -> None:
+    """A retry policy and the config row stored with backoff_max below backoff_initial (every
+    delay was the cap) before the rule: the upgrade makes the first delay the cap, which gives
+    the same delays, leaves sound pairs alone, and from then on the tables refuse such a pair
+    however it is written."""
+    with _installed_before(pg, "0034_backoff_order.sql", tmp_path) as conn:
+        conn.execute("SELECT jobs.set_retry_policy('capped', max_attempts => 3)")
+        conn.execute("SELECT jobs.set_retry_policy('sound', max_attempts => 3, backoff_max => '2 hours')")
+        # Written past the checks of today's functions, as a release before them stored it.
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("UPDATE jobs.config SET backoff_initial = '2 hours', backoff_max = '1 minute'")
+        conn.execute(
+            "UPDATE jobs.retry_policies SET backoff_initial = '3 hours', backoff_max = '5 minutes'"
+            " WHERE kind = 'capped'"
+        )
+        conn.execute("RESET session_replication_role")
+        migrate.apply(conn)
+        assert "0034" in migrate.applied_versions(conn)
+        policies = conn.execute(
+            "SELECT kind, backoff_initial::text, backoff_max::text FROM jobs.retry_policies ORDER BY kind"
+        ).fetchall()
+        assert policies == [("capped", "00:05:00", "00:05:00"), ("sound", "00:00:10", "02:00:00")], policies
+        config = conn.execute("SELECT backoff_initial::text, backoff_max::text FROM jobs.config").fetchone()
+        assert config == ("00:01:00", "00:01:00"), config
+        conn.execute("SET session_replication_role = replica")
+        for statement, constraint in (
+            (
+                "UPDATE jobs.retry_policies SET backoff_initial = '1 day' WHERE kind = 'sound'",
+                "retry_policies_backoff_order",
+            ),
+            ("UPDATE jobs.config SET backoff_max = '1 second'", "config_backoff_order"),
+        ):
+            with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+                conn.execute(statement)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from harness import (
@@ -18,7 +19,6 @@ from harness import (
     run_row,
     scalar,
 )
-from pgtick import migrate
 
 CHAIN = ["BudgetExhausted", "RuntimeError", "Exception"]
 
@@ -453,34 +453,24 @@ def test_a_config_whose_backoff_max_is_below_its_backoff_initial_is_refused_nami
     )
 
 
-def test_a_pair_stored_below_the_rule_keeps_retries_and_other_settings_working(conn: Conn) -> None:
-    """A policy and a jobs.config row written before the rule, with backoff_max below
-    backoff_initial, stay as they are: the functions re-applied over them, failures still
-    retried after the cap (as before), other settings still updated; only writing the pair
-    again is held to the rule."""
-    conn.execute(
+def test_a_pair_written_past_the_functions_is_refused_by_the_tables(conn: Conn) -> None:
+    """The rule holds for any writer, not only jobs.set_retry_policy and the jobs.config trigger:
+    another language inserting a policy itself, or a row written with the trigger disabled, is
+    refused by the table's constraint, and nothing is stored."""
+    expect_error(
+        conn,
         "INSERT INTO jobs.retry_policies (kind, max_attempts, backoff_initial, backoff_max, jitter)"
-        " VALUES ('old-capped', 3, '2 hours', '1 minute', 0)"
+        " VALUES ('direct', 3, '2 hours', '1 minute', 0)",
+        None,
+        "23514",
+        "retry_policies_backoff_order",
     )
-    with conn.transaction():
+    assert scalar(conn, "SELECT count(*) FROM jobs.retry_policies WHERE kind = 'direct'") == 0
+    with pytest.raises(psycopg.errors.CheckViolation, match="config_backoff_order"), conn.transaction():
         conn.execute("ALTER TABLE jobs.config DISABLE TRIGGER config_bounds")
-        conn.execute(
-            "UPDATE jobs.config SET backoff_initial = '2 hours', backoff_max = '1 minute', max_attempts = 3"
-        )
-        conn.execute("ALTER TABLE jobs.config ENABLE TRIGGER config_bounds")
-    migrate.apply(conn)  # the functions and triggers re-applied over the rows
-    conn.execute("UPDATE jobs.config SET retention = '30 days'")  # an unrelated setting
-    for kind in ("old-capped", "no-policy"):
-        run_id = _start(conn, kind)
-        retry = _fail(conn, run_id, ["X"])
-        assert retry is not None and retry["status"] == "QUEUED", (kind, retry)
-        delay = (retry["scheduled_for"] - run_row(conn, run_id)["finished_at"]).total_seconds()
-        assert 60 * 0.8 - 1e-3 <= delay <= 60 * 1.2 + 1e-3, (kind, delay)
-    expect_error(conn, "UPDATE jobs.config SET backoff_max = '2 minutes'", None, "22023", "backoff_initial")
-    assert conn.execute("SELECT backoff_initial::text, backoff_max::text FROM jobs.config").fetchone() == (
-        "02:00:00",
-        "00:01:00",
-    )
+        conn.execute("UPDATE jobs.config SET backoff_initial = '2 hours', backoff_max = '1 minute'")
+    stored = conn.execute("SELECT backoff_initial::text, backoff_max::text FROM jobs.config").fetchone()
+    assert stored == ("00:00:10", "01:00:00"), stored
 
 
 def _failed(conn: Conn, kind: str = "k") -> int:
