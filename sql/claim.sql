@@ -1147,11 +1147,18 @@ BEGIN
     END IF;
     v_worker := claim.worker;
     IF v_worker IS NULL THEN
-        -- (A statement of its own: a statement's executor start builds every subquery it
-        -- holds, used or not.)
-        SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
-          INTO v_worker
-          FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
+        -- The session's own name, read once per session: pg_stat_activity copies the state of
+        -- every backend slot. The name stays the server process's (its pid and start), so the
+        -- session setting is kept only while it names this process.
+        v_worker := current_setting('pgtick.session_worker', TRUE);
+        IF v_worker IS NULL OR NOT starts_with(v_worker, 'sql-' || pg_backend_pid() || '-') THEN
+            -- (A statement of its own: a statement's executor start builds every subquery it
+            -- holds, used or not.)
+            SELECT format('sql-%s-%s', a.pid, to_char(a.backend_start, 'YYYYMMDDHH24MISSUS'))
+              INTO v_worker
+              FROM pg_stat_activity AS a WHERE a.pid = pg_backend_pid();
+            v_void := set_config('pgtick.session_worker', v_worker, FALSE);
+        END IF;
     END IF;
     -- The worker's claim lock, shared (the key is jobs._claim_key's, inline), before any row:
     -- held until this claim commits or rolls back, so a jobs.hand_back_unheld of this worker

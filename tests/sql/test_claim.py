@@ -383,6 +383,25 @@ def test_claim_marks_running_and_defaults_worker_to_the_session(conn: Conn) -> N
     assert scalar(conn, "SELECT jobs.complete(%s, %s)", (run_id, row[2])) is True
 
 
+def test_the_session_worker_is_the_same_at_every_claim_and_a_forged_one_is_not_taken(conn: Conn) -> None:
+    """The name a claim without a worker gives is read once per session and kept in a session
+    setting: every later claim of the session gives the same name, and a setting that names
+    another server process (set by hand, or left by a pooler's previous client of another
+    backend) is not taken for this one's."""
+    add_runs(conn, 3)
+    named = scalar(
+        conn,
+        "SELECT format('sql-%s-%s', pid, to_char(backend_start, 'YYYYMMDDHH24MISSUS'))"
+        " FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+    )
+    first = scalar(conn, "SELECT worker FROM jobs.claim()")
+    again = scalar(conn, "SELECT worker FROM jobs.claim()")
+    assert first == again == named, (first, again, named)
+    conn.execute("SELECT set_config('pgtick.session_worker', 'sql-1-20260101000000000000', false)")
+    forged = scalar(conn, "SELECT worker FROM jobs.claim()")
+    assert forged == named, forged
+
+
 # ---------------------------------------------------------------------------
 # overlap_policy = 'skip'
 # ---------------------------------------------------------------------------
