@@ -141,12 +141,13 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._waited_on_chain(bigint) IS 'Private: whether a blocked run depends on run_id or an earlier attempt of its chain.';
 
--- Private: the text appended to the error of a run whose retry or snooze folded into carrier.
+-- Private: the text appended to the error of a run whose retry, snooze or give-back folded into
+-- carrier.
 CREATE OR REPLACE FUNCTION jobs._folded_note(carrier bigint) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT format(' [no retry or snooze of its own: run %s, queued for the same unique_key, does its job]', carrier)
+    SELECT format(' [not queued again: run %s, already queued for the same unique_key, does its job]', carrier)
 $$;
-COMMENT ON FUNCTION jobs._folded_note(bigint) IS 'Private: the text appended to the error of a run whose retry (or snooze) folded into the QUEUED run carrier of its unique key.';
+COMMENT ON FUNCTION jobs._folded_note(bigint) IS 'Private: the text appended to the error of a run whose retry, snooze or give-back (jobs.unclaim, jobs.hand_back_unheld) folded into the QUEUED run carrier of its unique key.';
 
 -- Private: after jobs._enqueue_retries queued these retries (holding their keys' locks): each
 -- retry of a unique key that already had another QUEUED run is taken back, and the run that
@@ -189,6 +190,62 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION jobs._fold_retries(bigint[]) IS 'Private: take back each of these new retries whose unique key has another QUEUED run (one queued before, or the first retry of the key in this batch), unless runs wait on its chain; the failed run''s error names the run that carries on. Returns (retry_of, carrier). READ COMMITTED only (25000); hold the keys'' locks.';
+
+-- Private: lock the unique keys of these runs (those RUNNING with a key), in key order, before
+-- their rows: a run going back to the queue unstarted (jobs.unclaim, jobs.hand_back_unheld)
+-- checks its key's QUEUED run under the key's lock, as jobs.enqueue and jobs.fail do.
+CREATE OR REPLACE FUNCTION jobs._lock_unique_keys(run_ids bigint[]) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_keyed boolean;
+BEGIN
+    SELECT count(pg_advisory_xact_lock(k.key)) > 0 INTO v_keyed
+      FROM (SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key) AS key FROM jobs.runs AS r
+             WHERE r.id = ANY (_lock_unique_keys.run_ids) AND r.status = 'RUNNING' AND r.unique_key IS NOT NULL
+             ORDER BY 1) AS k;
+    IF v_keyed THEN
+        PERFORM jobs._require_read_committed('giving back a run with a unique_key');
+    END IF;
+    RETURN v_keyed;
+END $$;
+COMMENT ON FUNCTION jobs._lock_unique_keys(bigint[]) IS 'Private: take the unique-key locks (jobs._unique_key) of these runs that are RUNNING with a key, in key order; true if there were any (then READ COMMITTED only, 25000).';
+
+-- Private: of these runs going back to the queue unstarted (RUNNING, their keys locked), those
+-- that fold into a QUEUED run of their unique key instead: one queued already, or the first of
+-- this batch that goes back for the key; not a run asked to cancel, nor one others wait on.
+-- Returns (run_id, carrier).
+CREATE OR REPLACE FUNCTION jobs._fold_given_back(run_ids bigint[])
+RETURNS TABLE (run_id bigint, carrier bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_run record;
+    v_carrier bigint;
+    v_kept_keys text[] := '{}';
+    v_kept_ids bigint[] := '{}';
+    v_key text;
+BEGIN
+    FOR v_run IN
+        SELECT r.id, r.kind, r.unique_key FROM jobs.runs AS r
+         WHERE r.id = ANY (_fold_given_back.run_ids) AND r.unique_key IS NOT NULL AND NOT r.cancel_requested
+         ORDER BY r.id
+    LOOP
+        v_key := jsonb_build_array(v_run.kind, v_run.unique_key)::text;
+        v_carrier := coalesce(jobs._queued_run_of_key(v_run.kind, v_run.unique_key, '{}'),
+                              v_kept_ids[array_position(v_kept_keys, v_key)]);
+        IF v_carrier IS NULL OR jobs._waited_on_chain(v_run.id) THEN
+            IF v_key <> ALL (v_kept_keys) THEN
+                v_kept_keys := v_kept_keys || v_key;
+                v_kept_ids := v_kept_ids || v_run.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        run_id := v_run.id;
+        carrier := v_carrier;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION jobs._fold_given_back(bigint[]) IS 'Private: (run_id, carrier) for each of these runs of a unique key going back to the queue unstarted whose key has a QUEUED run already (or an earlier run of this batch going back), unless it was asked to cancel or runs wait on it: it ends CANCELLED naming carrier instead.';
 
 -- Private: the locks a failure takes before the rows of the runs it fails, in this order.
 -- First their definitions' keys, shared: jobs.undefine holds a key while it waits for the rows
@@ -271,7 +328,7 @@ BEGIN
                 -- (its retry folded into a QUEUED run of its unique key: the error names that run)
                 OR (r.unique_key IS NOT NULL
                     AND starts_with(r.error, left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)
-                                             || ' [no retry or snooze of its own: run ')));
+                                             || ' [not queued again: run ')));
         IF NOT FOUND THEN
             RETURN NULL;  -- fenced: reaped, cancelled, or never ours
         END IF;

@@ -478,21 +478,51 @@ def test_an_enqueue_that_waits_for_a_holder_to_fail_gets_its_retry_not_a_second_
     assert outcome == [active[0][0]], f"the enqueue returned {outcome}, the retry is {active[0][0]}"
 
 
+@pytest.mark.parametrize("how", ["unclaim", "hand_back_unheld"])
+def test_a_run_given_back_unstarted_folds_into_the_queued_run_of_its_key(conn: Conn, how: str) -> None:
+    """A claimed run of a key given back before it began (jobs.unclaim, or jobs.hand_back_unheld
+    after a lost claim answer) while a newer run of its key waits: it does not go back beside it
+    (two QUEUED runs of the key); it ends CANCELLED naming the run that does the key's job, and
+    the call counts it as given back."""
+    q = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'")
+    other = _enqueue(
+        conn, "'k', run_at => now() - interval '1 s', unique_key => 'other', unique_while => 'queued'"
+    )
+    assert len(conn.execute("SELECT jobs.claim(2, 'w')").fetchall()) == 2
+    newer = _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")
+    if how == "unclaim":
+        got = conn.execute(
+            "SELECT run_id FROM jobs.unclaim(%s, 'w') ORDER BY 1", ([q["id"], other["id"]],)
+        ).fetchall()
+        assert [r[0] for r in got] == [q["id"], other["id"]], got
+    else:
+        got = conn.execute(
+            "SELECT run_id, status::text FROM jobs.hand_back_unheld('{}', 'w') ORDER BY 1"
+        ).fetchall()
+        assert got == [(q["id"], "CANCELLED"), (other["id"], "QUEUED")], got
+    after = run_row(conn, q["id"])
+    assert after["status"] == "CANCELLED" and f"run {newer['id']}" in after["error"], after
+    assert _queued_of_key(conn, "q") == [newer["id"]]
+    assert _queued_of_key(conn, "other") == [other["id"]], "a run of a key with no queued run goes back"
+
+
 _GIVE_BACK = {
     "fail": "SELECT (f).id FROM jobs.fail(%s, 'w', '{E}', 'boom') AS f",
     "snooze": "SELECT jobs.snooze(%s, 'w', '0 seconds')",
+    "unclaim": "SELECT count(*) FROM jobs.unclaim(ARRAY[%s]::bigint[], 'w')",
 }
 
 
 @pytest.mark.parametrize("first", ["enqueue", "give_back"])
-@pytest.mark.parametrize("give_back", ["fail", "snooze"])
+@pytest.mark.parametrize("give_back", ["fail", "snooze", "unclaim"])
 def test_an_enqueue_and_a_retry_or_snooze_of_one_key_at_once_leave_one_queued_run(
     db: Database, conn: Conn, give_back: str, first: str
 ) -> None:
     """Invariant: with unique_while => 'queued', one QUEUED run per key, however an enqueue of
-    the key and a running run's retry (jobs.fail) or snooze interleave. Both take the key's
-    lock: whichever commits second sees the QUEUED run the first made and folds into it (the
-    enqueue returns it; the failed or snoozed run names it). Two sessions, real commits."""
+    the key and a running run's retry (jobs.fail), snooze or give-back (jobs.unclaim)
+    interleave. All take the key's lock: whichever commits second sees the QUEUED run the first
+    made and folds into it (the enqueue returns it; the failed, snoozed or given-back run names
+    it). Two sessions, real commits."""
     conn.execute(
         "SELECT jobs.set_retry_policy('sync', max_attempts => 3, backoff_initial => '0', jitter => 0)"
     )
