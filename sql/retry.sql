@@ -350,10 +350,11 @@ BEGIN
     SELECT x.retry_run_id INTO v_retry_id
       FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
     -- A run of a unique key whose key has a QUEUED run already: that run does the job (above).
-    IF v_retry_id IS NOT NULL AND v_failed.unique_key IS NOT NULL
-       AND EXISTS (SELECT FROM jobs._fold_retries(ARRAY[v_retry_id])) THEN
-        SELECT r.* INTO v_failed FROM jobs.runs AS r WHERE r.id = v_failed.id;
-        RETURN v_failed;   -- nothing waits on it (else it keeps its retry): no cascade
+    IF v_retry_id IS NOT NULL AND v_failed.unique_key IS NOT NULL THEN   -- (no statement otherwise)
+        IF EXISTS (SELECT FROM jobs._fold_retries(ARRAY[v_retry_id])) THEN
+            SELECT r.* INTO v_failed FROM jobs.runs AS r WHERE r.id = v_failed.id;
+            RETURN v_failed;   -- nothing waits on it (else it keeps its retry): no cascade
+        END IF;
     END IF;
     IF v_retry_id IS NULL THEN
         PERFORM jobs._cascade_dependency_failure(ARRAY[v_failed.id]);  -- failed for good
