@@ -31,9 +31,9 @@
 --      start; the caller claims again;
 --   4. pick rows in pool order while every group a row belongs to has room and mark
 --      them RUNNING. Rows of a group at its limit stay QUEUED (backpressure),
---      except scheduled occurrences of overlap_policy = 'skip' definitions that
---      find no free slot at all, which are recorded as CANCELLED with
---      failure_reason 'Skipped'.
+--      except new scheduled occurrences (jobs._new_occurrence: not a retry, not a run
+--      snoozed since it began) of overlap_policy = 'skip' definitions that find no
+--      free slot at all, which are recorded as CANCELLED with failure_reason 'Skipped'.
 -- One claim per transaction: a second call would still hold the first call's
 -- dispatch locks and could wait out of order, so it is refused.
 --
@@ -897,7 +897,8 @@ BEGIN
                 END LOOP;
 
                 -- 4. Pick in pool order while every group of the row has room (a busy group has
-                -- none). A scheduled row of a skip-policy definition that found no slot is skipped.
+                -- none). A scheduled row of a skip-policy definition that found no slot is a skip
+                -- candidate (skipped below if it is a new occurrence).
                 v_pick := '{}';
                 v_skip := '{}';
                 IF cardinality(v_groups) = 0 THEN
@@ -1027,12 +1028,22 @@ BEGIN
             END IF;
         END IF;
 
+        -- The skip candidates are skipped only if they are new occurrences: a run snoozed since it
+        -- began (or a retry, left out by origin above) waits for room like a manual run.
         IF cardinality(v_skip) > 0 THEN
-            UPDATE jobs.runs AS r
-               SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
-                   error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
-             WHERE r.id = ANY (v_skip);
-            PERFORM jobs._cascade_dependency_failure(v_skip);
+            WITH skipped AS (
+                UPDATE jobs.runs AS r
+                   SET status = 'CANCELLED', finished_at = now(), failure_reason = 'Skipped',
+                       error = 'skipped: definition at max_concurrent_runs (overlap_policy skip)'
+                  FROM jobs.definitions AS d
+                 WHERE r.id = ANY (v_skip) AND d.id = r.definition_id
+                   AND jobs._new_occurrence(r.origin, r.definition_id, r.occurrence_at, r.scheduled_for, d.jitter)
+                RETURNING r.id
+            )
+            SELECT coalesce(array_agg(skipped.id), '{}') INTO v_skip FROM skipped;
+            IF cardinality(v_skip) > 0 THEN
+                PERFORM jobs._cascade_dependency_failure(v_skip);
+            END IF;
         END IF;
 
         -- started_at is the clock now, not the transaction start: a claim that waited for a

@@ -341,20 +341,24 @@ BEGIN
     END IF;
     IF record_catch_up.misfire_policy <> 'catch_up' THEN
         -- Runs materialized before the downtime and never started are late occurrences too:
-        -- coalesce runs only the latest, skip runs none of them. The occurrences of a backfilled
-        -- window are not: an operator asked for each of them to run (jobs.backfill), and they
-        -- may still wait for a worker or a free slot when the scheduler restarts.
+        -- coalesce runs only the latest, skip runs none of them. A run that began and snoozed
+        -- is not one (jobs._new_occurrence): it asked to run later, and runs. The occurrences of
+        -- a backfilled window are not either: an operator asked for each of them to run
+        -- (jobs.backfill), and they may still wait for a worker or a free slot when the
+        -- scheduler restarts.
         WITH stale AS (
             SELECT r.id FROM jobs.runs AS r
+              JOIN jobs.definitions AS d ON d.id = r.definition_id
              WHERE r.definition_id = record_catch_up.definition_id AND r.status = 'QUEUED'
                AND r.origin = 'schedule' AND r.scheduled_for < record_catch_up.first_late
+               AND jobs._new_occurrence(r.origin, r.definition_id, r.occurrence_at, r.scheduled_for, d.jitter)
                AND NOT EXISTS (SELECT FROM jobs.backfills AS b
                                 WHERE b.definition_id = r.definition_id AND b.done_at IS NOT NULL
                                   AND b.error IS NULL
                                   AND coalesce(r.occurrence_at, r.scheduled_for)
                                       BETWEEN b.window_from AND b.window_to)
              ORDER BY r.id
-               FOR UPDATE SKIP LOCKED
+               FOR UPDATE OF r SKIP LOCKED
         ),
         superseded AS (
             UPDATE jobs.runs AS r
@@ -386,7 +390,7 @@ BEGIN
     RETURNING * INTO v_row;
     RETURN CASE WHEN v_row.id IS NOT NULL THEN jobs.describe_catch_up(v_row) END;
 END $$;
-COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS 'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started, except those of a backfilled window. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
+COMMENT ON FUNCTION jobs.record_catch_up(bigint, text, timestamptz, timestamptz, integer, integer, timestamptz) IS 'Scheduler, in the statement that materialized a catch-up (cursor now at next_run_at): record that occurrences first_late..last_late were late and how many runs the misfire policy made of them; with coalesce or skip, cancel (Skipped, with the reason) the definition''s older QUEUED scheduled runs that never started (not one snoozed since it began), except those of a backfilled window. Returns the catch-up as a sentence; NULL when nothing was recorded (a repeat by a second leader, or a stale cursor).';
 
 -- ---------------------------------------------------------------------------
 -- Definitions, runs, retention

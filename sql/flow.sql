@@ -664,20 +664,43 @@ COMMENT ON FUNCTION jobs.remove_limit(text, text) IS 'Remove the limit of a queu
 -- ---------------------------------------------------------------------------
 
 -- Put a RUNNING run back to QUEUED until delay has elapsed, same attempt; false when fenced.
+-- A run of a unique key whose key has a QUEUED run already (one enqueued with unique_while =>
+-- 'queued' while this one ran) does not go back: that run does the key's job, and this one
+-- ends CANCELLED, its error naming it (retry.sql, "One QUEUED run per unique key"); true too.
+-- The key's lock is taken before the run's row, as jobs.enqueue takes them.
 CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interval, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET enable_seqscan = off  -- plans made on a small jobs.runs (worker.sql)
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_key record;
+    v_carrier bigint;
 BEGIN
     IF snooze.delay IS NULL OR snooze.delay < interval '0' OR snooze.delay > interval '365 days' THEN
         RAISE EXCEPTION 'delay must be an interval between 0 and 365 days, got %', coalesce(snooze.delay::text, 'NULL')
             USING ERRCODE = '22023';
     END IF;
     PERFORM jobs._refuse('delay', jobs._mixed_signs_problem(snooze.delay));
+    -- A run's kind and unique key never change: read unlocked, to lock the key first.
+    SELECT r.kind, r.unique_key INTO v_key FROM jobs.runs AS r WHERE r.id = snooze.run_id AND r.status = 'RUNNING';
+    IF v_key.unique_key IS NOT NULL THEN
+        PERFORM jobs._require_read_committed('snoozing a run with a unique_key');
+        PERFORM pg_advisory_xact_lock(jobs._unique_key(v_key.kind, v_key.unique_key));
+    END IF;
     IF NOT jobs._hold_own_run(snooze.run_id, snooze.worker, snooze.claim_token) THEN
         RETURN FALSE;
+    END IF;
+    IF v_key.unique_key IS NOT NULL THEN
+        v_carrier := jobs._queued_run_of_key(v_key.kind, v_key.unique_key, '{}');
+        IF v_carrier IS NOT NULL AND NOT jobs._waited_on_chain(snooze.run_id) THEN
+            UPDATE jobs.runs AS r
+               SET status = 'CANCELLED', finished_at = now(),
+                   error = 'snoozed' || jobs._folded_note(v_carrier)
+             WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
+            RETURN FOUND;   -- nothing waits on it: no cascade
+        END IF;
     END IF;
     UPDATE jobs.runs AS r
        -- Elapsed time (a day is 24 hours), as the reaper counts: now() + '1 day' would step a
@@ -687,7 +710,7 @@ BEGIN
      WHERE r.id = snooze.run_id AND NOT r.cancel_requested;
     RETURN jobs._notify_if(FOUND);
 END $$;
-COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay (elapsed time: a day is 24 hours whatever the session''s TimeZone), same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise.';
+COMMENT ON FUNCTION jobs.snooze(bigint, text, interval, text) IS 'RUNNING -> QUEUED at now() + delay (elapsed time: a day is 24 hours whatever the session''s TimeZone), same attempt, if still owned by worker (and its claim_token, if it was claimed with one) and no cancellation was requested; returns false (and changes nothing) otherwise. A run of a unique key that has a QUEUED run already ends CANCELLED instead, its error naming that run, which does the key''s job (unless runs wait on this one); READ COMMITTED only for a run of a unique key (25000).';
 
 -- ---------------------------------------------------------------------------
 -- What waits on what

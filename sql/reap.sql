@@ -51,11 +51,23 @@ DROP FUNCTION IF EXISTS jobs._deadline(timestamptz, interval);
 CREATE OR REPLACE FUNCTION jobs._settle_reaped(dead bigint[])
 RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_retries bigint[];
+    v_keyed boolean;
 BEGIN
+    SELECT coalesce(array_agg(n.retry_run_id), '{}'), coalesce(bool_or(r.unique_key IS NOT NULL), FALSE)
+      INTO v_retries, v_keyed
+      FROM jobs._enqueue_retries(_settle_reaped.dead, NULL) AS n
+      JOIN jobs.runs AS r ON r.id = n.retry_of;
+    -- Retries of unique keys with a QUEUED run already fold into it (retry.sql); their keys'
+    -- locks are held (jobs.reap, jobs.reap_worker).
+    IF v_keyed THEN
+        PERFORM jobs._fold_retries(v_retries);
+    END IF;
     RETURN QUERY
-    SELECT r.id, r.failure_reason::text, n.retry_run_id
+    SELECT r.id, r.failure_reason::text, n.id
       FROM jobs.runs AS r
-      LEFT JOIN jobs._enqueue_retries(_settle_reaped.dead, NULL) AS n ON n.retry_of = r.id
+      LEFT JOIN jobs.runs AS n ON n.id = ANY (v_retries) AND n.retry_of = r.id
      WHERE r.id = ANY (_settle_reaped.dead)
      ORDER BY r.id;
     -- Those without a retry failed for good: the runs waiting on them are cancelled.
@@ -65,7 +77,7 @@ BEGIN
         AND NOT EXISTS (SELECT FROM jobs.runs AS n WHERE n.retry_of = r.id);
     PERFORM jobs._notify();
 END $$;
-COMMENT ON FUNCTION jobs._settle_reaped(bigint[]) IS 'Private: after a reap failed these runs: queue their retries by policy, cancel the runs waiting on those without one, wake the workers; returns run_id, reason, retry_run_id.';
+COMMENT ON FUNCTION jobs._settle_reaped(bigint[]) IS 'Private: after a reap failed these runs: queue their retries by policy (a retry of a unique key with a QUEUED run folds into it), cancel the runs waiting on those without one, wake the workers; returns run_id, reason, retry_run_id.';
 
 -- Fail overdue RUNNING runs (Timeout, HeartbeatLost, Orphaned); returns each with its reason and retry run id.
 CREATE OR REPLACE FUNCTION jobs.reap() RETURNS TABLE (run_id bigint, reason text, retry_run_id bigint)

@@ -102,6 +102,151 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._enqueue_retries(bigint[], text[]) IS 'Private: set-based retry-row insert for FAILED runs, by each kind''s policy (none for a run whose definition was deleted or whose cancellation was requested; the retry keeps the run''s queue, keys and occurrence); returns (retry_of, retry_run_id). error_classes NULL (the reaper): JobTimeout and Exception for a Timeout (as the Python driver reports a timeout), none otherwise; the failure reason is always appended.';
 
+-- ---------------------------------------------------------------------------
+-- One QUEUED run per unique key: a retry or a snooze folds into the run already queued.
+-- ---------------------------------------------------------------------------
+-- jobs.enqueue of a unique key that has a QUEUED run adds no run: it returns that run (or
+-- updates it: replace, debounce). A retry queued by policy, or a snoozed run going back to the
+-- queue, is the key's job asked for again, so it does the same: where a QUEUED run of the key
+-- already waits (one enqueued with unique_while => 'queued' while this one ran), no second
+-- QUEUED run is made. The run that failed (or snoozed) ends, its error naming the run that
+-- carries on; that run keeps its payload, time and attempts, as after an enqueue with
+-- on_conflict ignore. Nothing is lost (the key's job still runs, once) and nothing is done
+-- twice. The exception: a run that other runs wait on (depends_on its retry chain) keeps its
+-- own retry or snooze, since they wait on its chain's outcome, not on the key's.
+-- The callers hold the key's lock (jobs._unique_key), taken before the run's row as
+-- jobs.enqueue takes them, so an enqueue and a retry or snooze of one key are serialized: the
+-- later one sees the QUEUED run the earlier one made.
+
+-- Private: the QUEUED run of a kind and unique key that carries on the job of a run of the key
+-- instead of its retry or snooze: the newest (as jobs.enqueue finds it) other than the other_than
+-- ids; NULL if none. Call it holding the key's lock, in READ COMMITTED.
+CREATE OR REPLACE FUNCTION jobs._queued_run_of_key(kind text, unique_key text, other_than bigint[])
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT q.id FROM jobs.runs AS q
+     WHERE q.kind = _queued_run_of_key.kind AND q.unique_key = _queued_run_of_key.unique_key
+       AND q.status = 'QUEUED' AND q.id <> ALL (_queued_run_of_key.other_than)
+     ORDER BY q.id DESC LIMIT 1
+$$;
+COMMENT ON FUNCTION jobs._queued_run_of_key(text, text, bigint[]) IS 'Private: the newest QUEUED run of this kind and unique key other than the other_than ids (the run that carries on the key''s job instead of a retry or snooze of another run of the key), or NULL. Call it holding the key''s lock (jobs._unique_key).';
+
+-- Private: whether runs wait (depends_on) on the retry chain of run_id: such a run keeps its own
+-- retry or snooze, whose outcome they wait for.
+CREATE OR REPLACE FUNCTION jobs._waited_on_chain(run_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT FROM jobs.runs AS d WHERE d.blocked)
+           AND EXISTS (SELECT FROM jobs.runs AS d
+                        WHERE d.blocked AND d.depends_on && jobs._chain_back(ARRAY[_waited_on_chain.run_id]))
+$$;
+COMMENT ON FUNCTION jobs._waited_on_chain(bigint) IS 'Private: whether a blocked run depends on run_id or an earlier attempt of its chain.';
+
+-- Private: the text appended to the error of a run whose retry, snooze or give-back folded into
+-- carrier.
+CREATE OR REPLACE FUNCTION jobs._folded_note(carrier bigint) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format(' [not queued again: run %s, already queued for the same unique_key, does its job]', carrier)
+$$;
+COMMENT ON FUNCTION jobs._folded_note(bigint) IS 'Private: the text appended to the error of a run whose retry, snooze or give-back (jobs.unclaim, jobs.hand_back_unheld) folded into the QUEUED run carrier of its unique key.';
+
+-- Private: after jobs._enqueue_retries queued these retries (holding their keys' locks): each
+-- retry of a unique key that already had another QUEUED run is taken back, and the run that
+-- failed notes the run that carries on; so are all but the first of several retries of one key
+-- queued together (a reap of two runs of one key), which fold into the first. A retry of a run
+-- that other runs wait on stays. Returns (retry_of, carrier) of the retries taken back.
+CREATE OR REPLACE FUNCTION jobs._fold_retries(retry_ids bigint[])
+RETURNS TABLE (retry_of bigint, carrier bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_retry record;
+    v_carrier bigint;
+    v_kept_keys text[] := '{}';   -- the keys of this batch's retries kept, and
+    v_kept_ids bigint[] := '{}';  --   the first retry of each
+    v_key text;
+BEGIN
+    PERFORM jobs._require_read_committed('retrying a run with a unique_key');
+    FOR v_retry IN
+        SELECT n.id, n.retry_of, n.kind, n.unique_key FROM jobs.runs AS n
+         WHERE n.id = ANY (_fold_retries.retry_ids) AND n.unique_key IS NOT NULL AND n.status = 'QUEUED'
+         ORDER BY n.id
+    LOOP
+        v_key := jsonb_build_array(v_retry.kind, v_retry.unique_key)::text;
+        v_carrier := coalesce(jobs._queued_run_of_key(v_retry.kind, v_retry.unique_key, _fold_retries.retry_ids),
+                              v_kept_ids[array_position(v_kept_keys, v_key)]);
+        IF v_carrier IS NULL OR jobs._waited_on_chain(v_retry.retry_of) THEN
+            IF v_key <> ALL (v_kept_keys) THEN
+                v_kept_keys := v_kept_keys || v_key;
+                v_kept_ids := v_kept_ids || v_retry.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        DELETE FROM jobs.runs AS n WHERE n.id = v_retry.id;   -- made by this transaction
+        UPDATE jobs.runs AS r SET error = coalesce(r.error, '') || jobs._folded_note(v_carrier)
+         WHERE r.id = v_retry.retry_of;
+        retry_of := v_retry.retry_of;
+        carrier := v_carrier;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION jobs._fold_retries(bigint[]) IS 'Private: take back each of these new retries whose unique key has another QUEUED run (one queued before, or the first retry of the key in this batch), unless runs wait on its chain; the failed run''s error names the run that carries on. Returns (retry_of, carrier). READ COMMITTED only (25000); hold the keys'' locks.';
+
+-- Private: lock the unique keys of these runs (those RUNNING with a key), in key order, before
+-- their rows: a run going back to the queue unstarted (jobs.unclaim, jobs.hand_back_unheld)
+-- checks its key's QUEUED run under the key's lock, as jobs.enqueue and jobs.fail do.
+CREATE OR REPLACE FUNCTION jobs._lock_unique_keys(run_ids bigint[]) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_keyed boolean;
+BEGIN
+    SELECT count(pg_advisory_xact_lock(k.key)) > 0 INTO v_keyed
+      FROM (SELECT DISTINCT jobs._unique_key(r.kind, r.unique_key) AS key FROM jobs.runs AS r
+             WHERE r.id = ANY (_lock_unique_keys.run_ids) AND r.status = 'RUNNING' AND r.unique_key IS NOT NULL
+             ORDER BY 1) AS k;
+    IF v_keyed THEN
+        PERFORM jobs._require_read_committed('giving back a run with a unique_key');
+    END IF;
+    RETURN v_keyed;
+END $$;
+COMMENT ON FUNCTION jobs._lock_unique_keys(bigint[]) IS 'Private: take the unique-key locks (jobs._unique_key) of these runs that are RUNNING with a key, in key order; true if there were any (then READ COMMITTED only, 25000).';
+
+-- Private: of these runs going back to the queue unstarted (RUNNING, their keys locked), those
+-- that fold into a QUEUED run of their unique key instead: one queued already, or the first of
+-- this batch that goes back for the key; not a run asked to cancel, nor one others wait on.
+-- Returns (run_id, carrier).
+CREATE OR REPLACE FUNCTION jobs._fold_given_back(run_ids bigint[])
+RETURNS TABLE (run_id bigint, carrier bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_run record;
+    v_carrier bigint;
+    v_kept_keys text[] := '{}';
+    v_kept_ids bigint[] := '{}';
+    v_key text;
+BEGIN
+    FOR v_run IN
+        SELECT r.id, r.kind, r.unique_key FROM jobs.runs AS r
+         WHERE r.id = ANY (_fold_given_back.run_ids) AND r.unique_key IS NOT NULL AND NOT r.cancel_requested
+         ORDER BY r.id
+    LOOP
+        v_key := jsonb_build_array(v_run.kind, v_run.unique_key)::text;
+        v_carrier := coalesce(jobs._queued_run_of_key(v_run.kind, v_run.unique_key, '{}'),
+                              v_kept_ids[array_position(v_kept_keys, v_key)]);
+        IF v_carrier IS NULL OR jobs._waited_on_chain(v_run.id) THEN
+            IF v_key <> ALL (v_kept_keys) THEN
+                v_kept_keys := v_kept_keys || v_key;
+                v_kept_ids := v_kept_ids || v_run.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        run_id := v_run.id;
+        carrier := v_carrier;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION jobs._fold_given_back(bigint[]) IS 'Private: (run_id, carrier) for each of these runs of a unique key going back to the queue unstarted whose key has a QUEUED run already (or an earlier run of this batch going back), unless it was asked to cancel or runs wait on it: it ends CANCELLED naming carrier instead.';
+
 -- Private: the locks a failure takes before the rows of the runs it fails, in this order.
 -- First their definitions' keys, shared: jobs.undefine holds a key while it waits for the rows
 -- of the runs it cancels, so asking for the key with a run held (a retry does) could close a
@@ -179,7 +324,11 @@ BEGIN
          WHERE r.id = fail.run_id AND r.status = 'FAILED' AND r.worker = fail.worker
            AND r.claim_token_hash IS NOT DISTINCT FROM v_token_hash
            AND r.failure_reason = fail.reason
-           AND r.error IS NOT DISTINCT FROM left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000);
+           AND (r.error IS NOT DISTINCT FROM left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)
+                -- (its retry folded into a QUEUED run of its unique key: the error names that run)
+                OR (r.unique_key IS NOT NULL
+                    AND starts_with(r.error, left(coalesce(fail.message, fail.error_classes[1], fail.reason), 10000)
+                                             || ' [not queued again: run ')));
         IF NOT FOUND THEN
             RETURN NULL;  -- fenced: reaped, cancelled, or never ours
         END IF;
@@ -200,6 +349,13 @@ BEGIN
 
     SELECT x.retry_run_id INTO v_retry_id
       FROM jobs._enqueue_retries(ARRAY[v_failed.id], coalesce(fail.error_classes, '{}')) AS x;
+    -- A run of a unique key whose key has a QUEUED run already: that run does the job (above).
+    IF v_retry_id IS NOT NULL AND v_failed.unique_key IS NOT NULL THEN   -- (no statement otherwise)
+        IF EXISTS (SELECT FROM jobs._fold_retries(ARRAY[v_retry_id])) THEN
+            SELECT r.* INTO v_failed FROM jobs.runs AS r WHERE r.id = v_failed.id;
+            RETURN v_failed;   -- nothing waits on it (else it keeps its retry): no cascade
+        END IF;
+    END IF;
     IF v_retry_id IS NULL THEN
         PERFORM jobs._cascade_dependency_failure(ARRAY[v_failed.id]);  -- failed for good
         RETURN v_failed;

@@ -41,6 +41,26 @@ LANGUAGE sql STABLE SECURITY DEFINER AS $$
 $$;
 COMMENT ON FUNCTION jobs.jitter_offset(bigint, timestamptz, interval) IS 'How much later than its occurrence a run of this definition starts: deterministic in [0, jitter) from (definition_id, occurrence), in whole seconds when jitter is a second or more. 22023 for a jitter over a day (a definition''s bound).';
 
+-- Private: whether a scheduled run is still the new occurrence the scheduler made, due at its
+-- occurrence delayed by its definition's jitter. Only such a run is what an overlap policy is
+-- about (skip, buffer_one and cancel_other act for a new occurrence that comes due while the
+-- definition is busy) and what a coalescing catch-up supersedes. A run that began and asked to
+-- run later (jobs.snooze moves it to now() + delay) is not one any more, nor is a retry or a
+-- manual run: they wait for room. A run given back unstarted (jobs.unclaim,
+-- jobs.hand_back_unheld) keeps its time and is new still: it never began. A run materialized
+-- before runs recorded their occurrence (occurrence_at NULL) counts as new, and one made under
+-- an earlier jitter (its occurrence before the change took over) as begun: it waits.
+CREATE OR REPLACE FUNCTION jobs._new_occurrence(
+    origin text, definition_id bigint, occurrence_at timestamptz, scheduled_for timestamptz, jitter interval
+)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT origin = 'schedule'
+           AND (occurrence_at IS NULL
+                OR scheduled_for = occurrence_at + jobs.jitter_offset(definition_id, occurrence_at, jitter))
+$$;
+COMMENT ON FUNCTION jobs._new_occurrence(text, bigint, timestamptz, timestamptz, interval) IS 'Private: whether a run (origin, definition, occurrence_at, scheduled_for; jitter: its definition''s) is a scheduled occurrence still due when the scheduler made it for, never snoozed: the only runs overlap_policy skip and buffer_one skip, cancel_other acts for and a coalescing catch-up supersedes.';
+
 -- Private: whether the run of a definition's past occurrence has moved to history. jobs.runs
 -- keeps each occurrence single by its occurrence index; history, which that index does not
 -- cover, is looked up here: a window backfilled ahead of a cursor that stayed behind (the
@@ -133,9 +153,10 @@ COMMENT ON FUNCTION jobs._dst_auto(text) IS 'Private: the DST policy auto picks,
 -- ===========================================================================
 
 -- Private, called by jobs.claim after it picked, while it holds the dispatch locks of room_defs
--- (room_free = free slots counted under them): for buffer_one definitions every due scheduled
--- occurrence beyond the one that may wait is CANCELLED Skipped; for cancel_other definitions at
--- their cap, the running runs older than a waiting occurrence are asked to cancel. Rows locked
+-- (room_free = free slots counted under them): for buffer_one definitions every due new
+-- occurrence (jobs._new_occurrence) beyond the one that may wait is CANCELLED Skipped; for
+-- cancel_other definitions at their cap, the running runs older than a waiting new occurrence
+-- are asked to cancel. A run snoozed since it began, a retry or a manual run just waits. Rows locked
 -- by someone else are left for the next claim (SKIP LOCKED): it never waits.
 CREATE OR REPLACE FUNCTION jobs._apply_overlap(room_defs bigint[], room_free integer[], picked bigint[]) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
@@ -167,11 +188,13 @@ BEGIN
          WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
            AND q.id <> ALL (coalesce(picked, '{}'))
     ),
-    victims AS (  -- and of those that wait, only one may
+    victims AS (  -- and of those that wait, only one may (a run snoozed since it began waits too)
         SELECT q.id FROM jobs.runs AS q
           JOIN waiting AS w ON w.id = q.id
           JOIN room ON room.definition_id = w.definition_id
+          JOIN jobs.definitions AS d ON d.id = q.definition_id
          WHERE w.rn > room.free + 1 AND q.origin = 'schedule' AND q.status = 'QUEUED'
+           AND jobs._new_occurrence(q.origin, q.definition_id, q.occurrence_at, q.scheduled_for, d.jitter)
          ORDER BY q.id
            FOR UPDATE OF q SKIP LOCKED
     ),
@@ -187,7 +210,7 @@ BEGIN
         PERFORM jobs._cascade_dependency_failure(v_skipped);  -- runs waiting on them
     END IF;
 
-    WITH waiting AS (  -- per cancel_other definition at its cap: its newest due occurrence
+    WITH waiting AS (  -- per cancel_other definition at its cap: its newest due new occurrence
         SELECT q.definition_id, max(q.scheduled_for) AS newest
           FROM jobs.runs AS q
           JOIN unnest(room_defs, room_free) AS room (definition_id, free)
@@ -195,6 +218,7 @@ BEGIN
           JOIN jobs.definitions AS d ON d.id = q.definition_id AND d.overlap_policy = 'cancel_other'
          WHERE q.definition_id = ANY (v_defs) AND q.status = 'QUEUED' AND q.scheduled_for <= now()
            AND q.origin = 'schedule' AND q.id <> ALL (coalesce(picked, '{}'))
+           AND jobs._new_occurrence(q.origin, q.definition_id, q.occurrence_at, q.scheduled_for, d.jitter)
          GROUP BY q.definition_id
     ),
     victims AS (

@@ -240,6 +240,9 @@ DECLARE
     v_token_hash bytea := jobs._fence_hash(hand_back_unheld.worker, hand_back_unheld.claim_token);
     v_ids bigint[];
     v_cancelled bigint[];
+    v_keyed boolean;
+    v_folded bigint[];
+    v_carriers bigint[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN  -- the claims that commit while it waits
         PERFORM jobs._require_read_committed('jobs.hand_back_unheld');
@@ -260,6 +263,13 @@ BEGIN
             USING ERRCODE = '55P03',
                   HINT = 'Nothing was handed back; call jobs.hand_back_unheld again once that claim has ended.';
     END;
+    -- Their unique keys before their rows (retry.sql); none of them can change meanwhile:
+    -- only this worker's claims make runs RUNNING for it.
+    v_keyed := jobs._lock_unique_keys(ARRAY(
+        SELECT s.id FROM jobs.runs AS s
+         WHERE s.status = 'RUNNING' AND s.worker = hand_back_unheld.worker AND s.unique_key IS NOT NULL
+           AND s.claim_token_hash IS NOT DISTINCT FROM v_token_hash
+           AND s.id <> ALL (hand_back_unheld.held)));
     -- This statement's snapshot is taken after the lock: every claim of this worker begun
     -- before it has committed or rolled back.
     SELECT coalesce(array_agg(mine.id ORDER BY mine.id), '{}')
@@ -276,13 +286,23 @@ BEGIN
     END IF;
     -- None of them started: the starts their claim counted against rate limits go back too.
     PERFORM jobs._give_back_starts(v_ids);
+    -- A run whose unique key has a QUEUED run already folds into it (retry.sql).
+    IF v_keyed THEN
+        SELECT array_agg(f.run_id), array_agg(f.carrier) INTO v_folded, v_carriers
+          FROM jobs._fold_given_back(v_ids) AS f;
+    END IF;
     RETURN QUERY
     UPDATE jobs.runs AS r
-       SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED'::jobs.run_status ELSE 'QUEUED' END,
-           finished_at = CASE WHEN r.cancel_requested THEN now() END,
-           error = CASE WHEN r.cancel_requested THEN 'cancelled before it started' ELSE r.error END,
+       SET status = CASE WHEN r.cancel_requested OR f.carrier IS NOT NULL THEN 'CANCELLED'::jobs.run_status
+                         ELSE 'QUEUED' END,
+           finished_at = CASE WHEN r.cancel_requested OR f.carrier IS NOT NULL THEN now() END,
+           error = CASE WHEN r.cancel_requested THEN 'cancelled before it started'
+                        WHEN f.carrier IS NOT NULL THEN 'given back before it began' || jobs._folded_note(f.carrier)
+                        ELSE r.error END,
            started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
-     WHERE r.id = ANY (v_ids)
+      FROM unnest(v_ids) AS m (id)
+      LEFT JOIN unnest(v_folded, v_carriers) AS f (id, carrier) ON f.id = m.id
+     WHERE r.id = m.id
        AND jobs._owned(r.status, r.worker, r.claim_token_hash, hand_back_unheld.worker, v_token_hash)
     RETURNING r.id, r.status;
     SELECT array_agg(r.id) INTO v_cancelled
@@ -292,7 +312,7 @@ BEGIN
     END IF;
     PERFORM jobs._notify();  -- the runs handed back are claimable now
 END $$;
-COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker that lost the answer of a claim: every run still RUNNING for worker (and its claim_token, if claimed with one) other than the held ones goes back to QUEUED unchanged (same attempt, scheduled_for), or to CANCELLED if its cancellation was requested; waits for the worker''s claims in progress (55P03 after 5 s, nothing changed). Returns (run_id, status).';
+COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker that lost the answer of a claim: every run still RUNNING for worker (and its claim_token, if claimed with one) other than the held ones goes back to QUEUED unchanged (same attempt, scheduled_for), or to CANCELLED if its cancellation was requested or its unique key has a QUEUED run already (its error naming that run; READ COMMITTED only, 25000); waits for the worker''s claims in progress (55P03 after 5 s, nothing changed). Returns (run_id, status).';
 
 -- Mark a run COMPLETED; false when the run is not RUNNING for this worker (fenced). One row
 -- found by id: its lock is the update's own. A repeat of this worker's own completion (sent
@@ -419,8 +439,10 @@ COMMENT ON FUNCTION jobs.acknowledge_cancel(bigint, text, text, text) IS 'The ow
 -- a job that began and asks to run later). The starts the claim counted for them in rate
 -- limits' windows (jobs._rate_starts, one row per claim and group, at their started_at) are
 -- taken back: they never started, and would otherwise hold the window full for its period.
--- Fenced as snooze is; a run whose cancellation was requested stays with the worker. Returns
--- the ids put back.
+-- Fenced as snooze is; a run whose cancellation was requested stays with the worker. A run of
+-- a unique key whose key has a QUEUED run already (enqueued with unique_while => 'queued' while
+-- this one was claimed) folds into it instead: CANCELLED, its error naming that run (retry.sql,
+-- "One QUEUED run per unique key"). Returns the ids given back.
 CREATE OR REPLACE FUNCTION jobs.unclaim(run_ids bigint[], worker text, claim_token text DEFAULT NULL)
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -428,18 +450,37 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_mine bigint[] := jobs._hold_own_runs(unclaim.run_ids, unclaim.worker, unclaim.claim_token);
+    v_keyed boolean;
+    v_mine bigint[];
+    v_folded bigint[];
+    v_carriers bigint[];
 BEGIN
+    -- Unique keys before rows, as jobs.enqueue takes them (retry.sql): a run whose key has a
+    -- QUEUED run already folds into it instead of going back beside it.
+    IF unclaim.run_ids IS NOT NULL AND cardinality(unclaim.run_ids) <= 10000 THEN
+        v_keyed := jobs._lock_unique_keys(unclaim.run_ids);
+    END IF;
+    v_mine := jobs._hold_own_runs(unclaim.run_ids, unclaim.worker, unclaim.claim_token);
     PERFORM jobs._give_back_starts(array(SELECT r.id FROM jobs.runs AS r
                                           WHERE r.id = ANY (v_mine) AND NOT r.cancel_requested));
+    IF v_keyed THEN
+        SELECT array_agg(f.run_id), array_agg(f.carrier) INTO v_folded, v_carriers
+          FROM jobs._fold_given_back(v_mine) AS f;
+    END IF;
     RETURN QUERY
     UPDATE jobs.runs AS r
-       SET status = 'QUEUED', started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
-     WHERE r.id = ANY (v_mine) AND NOT r.cancel_requested
+       SET status = CASE WHEN f.carrier IS NULL THEN 'QUEUED' ELSE 'CANCELLED' END::jobs.run_status,
+           finished_at = CASE WHEN f.carrier IS NOT NULL THEN now() END,
+           error = CASE WHEN f.carrier IS NOT NULL THEN 'given back before it began' || jobs._folded_note(f.carrier)
+                        ELSE r.error END,
+           started_at = NULL, heartbeat_at = NULL, worker = NULL, claim_token_hash = NULL
+      FROM unnest(v_mine) AS m (id)
+      LEFT JOIN unnest(v_folded, v_carriers) AS f (id, carrier) ON f.id = m.id
+     WHERE r.id = m.id AND NOT r.cancel_requested
     RETURNING r.id;
     PERFORM jobs._notify_if(FOUND);
 END $$;
-COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claimed but never begun: RUNNING -> QUEUED with the same attempt and scheduled_for, no owner, for the runs among run_ids still RUNNING for worker (and its claim_token, if they were claimed with one) and not asked to cancel, and take back the starts their claim counted against rate limits; returns their ids. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
+COMMENT ON FUNCTION jobs.unclaim(bigint[], text, text) IS 'Give back runs claimed but never begun: RUNNING -> QUEUED with the same attempt and scheduled_for, no owner, for the runs among run_ids still RUNNING for worker (and its claim_token, if they were claimed with one) and not asked to cancel, and take back the starts their claim counted against rate limits; a run of a unique key that has a QUEUED run already ends CANCELLED instead, its error naming that run (READ COMMITTED only, 25000); returns their ids. Raises 22023 naming run_ids (NULL or over 10,000), worker or claim_token.';
 
 -- When the next QUEUED run this worker could claim becomes due, so an idle worker sleeps until
 -- then: of these kinds, in these queues, within the login's scope (jobs.worker_scopes), not in

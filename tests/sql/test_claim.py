@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -25,6 +26,7 @@ from harness import (
     add_runs,
     claim_after_a_wait,
     gated,
+    materialize_occurrences,
     probe,
     race,
     race_parts,
@@ -441,6 +443,70 @@ def test_overlap_skip_cancels_scheduled_occurrence_at_cap(conn: Conn) -> None:
     assert scalar(conn, "SELECT jobs.complete(%s, 'w0')", (running[skip_def],)) is True
     got = [r[0] for r in conn.execute("SELECT id FROM jobs.claim(5, 'w1')")]
     assert got == [manual]
+
+
+def _skip_policy_definition(conn: Conn, minutes_ago: list[int]) -> tuple[int, list[int]]:
+    """A minutely definition (cap 1, overlap_policy skip, max_attempts 3, a jitter) with the runs
+    of the occurrences that many minutes ago materialized as the scheduler makes them, in
+    occurrence order."""
+    def_id = int(
+        scalar(
+            conn,
+            "SELECT id FROM jobs.define('minutely', 'k', '* * * * *', max_concurrent_runs => 1,"
+            " overlap_policy => 'skip', max_attempts => 3, jitter => '20 seconds')",
+        )
+    )
+    base = scalar(conn, "SELECT date_trunc('minute', now())")
+    occurrences = [base - timedelta(minutes=m) for m in minutes_ago]
+    materialize_occurrences(conn, def_id, occurrences, base + timedelta(minutes=1))
+    ids = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM jobs.runs WHERE definition_id = %s ORDER BY occurrence_at", (def_id,)
+        )
+    ]
+    assert len(ids) == len(occurrences)
+    return def_id, ids
+
+
+def test_overlap_skip_skips_only_new_occurrences_never_a_snoozed_run_or_a_retry(conn: Conn) -> None:
+    """overlap_policy skip is for a new occurrence that comes due while the definition is at its
+    cap. A run that already started and asked to run later (jobs.snooze), or the retry of one that
+    failed, waits for room like a manual run: skipping it would drop work that had begun."""
+    _, (failed, snoozed, running, fresh) = _skip_policy_definition(conn, [10, 9, 8, 7])
+    claim = "SELECT id FROM jobs.claim(%s, %s)"
+
+    assert [r[0] for r in conn.execute(claim, (1, "w1"))] == [failed]
+    retry_id = scalar(conn, "SELECT id FROM jobs.fail(%s, 'w1', ARRAY['Exception'], 'boom')", (failed,))
+    assert retry_id != failed and run_row(conn, retry_id)["origin"] == "retry"
+    conn.execute(  # its backoff has passed
+        "UPDATE jobs.runs SET scheduled_for = now() - interval '1 minute' WHERE id = %s", (retry_id,)
+    )
+    assert [r[0] for r in conn.execute(claim, (1, "w1"))] == [snoozed]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w1', '0 seconds')", (snoozed,)) is True
+    # The definition's one slot goes to the next occurrence in claim order.
+    assert [r[0] for r in conn.execute(claim, (1, "w2"))] == [running]
+
+    # At the cap: the new occurrence is skipped; the snoozed run and the retry wait.
+    assert conn.execute(claim, (10, "w3")).fetchall() == []
+    got = {
+        run_id: (run_row(conn, run_id)["status"], run_row(conn, run_id)["failure_reason"])
+        for run_id in (snoozed, retry_id, fresh)
+    }
+    assert got == {
+        snoozed: ("QUEUED", None),
+        retry_id: ("QUEUED", None),
+        fresh: ("CANCELLED", "Skipped"),
+    }, f"only the new occurrence {fresh} may be skipped: {got}"
+
+    # Nothing is lost: each waiting run starts once the slot frees up again.
+    started = []
+    for _ in range(2):
+        worker = run_row(conn, running)["worker"]
+        assert scalar(conn, "SELECT jobs.complete(%s, %s)", (running, worker)) is True
+        (running,) = [r[0] for r in conn.execute(claim, (10, "w4"))]
+        started.append(running)
+    assert sorted(started) == sorted([snoozed, retry_id]), started
 
 
 def test_claim_twice_in_one_transaction_is_refused(conn: psycopg.Connection[Any]) -> None:

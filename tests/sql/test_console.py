@@ -413,6 +413,50 @@ def test_record_catch_up_once_supersede_stale_runs_and_say_it_in_a_sentence(
         assert status == "CANCELLED" and error.startswith("skipped: "), error
 
 
+@pytest.mark.parametrize("policy", ["coalesce", "skip"])
+def test_a_catch_up_supersedes_late_occurrences_never_a_run_snoozed_since_it_began(
+    conn: Conn, policy: str
+) -> None:
+    """coalesce and skip cancel the late occurrences that never started; a run that began and
+    snoozed (jobs.snooze) asked to run later, and a catch-up leaves it to run."""
+    definition = scalar(
+        conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *', jitter => '20 seconds')"
+    )
+    base = scalar(conn, "SELECT date_trunc('minute', now())")
+    began, late = base - timedelta(minutes=10), base - timedelta(minutes=9)
+    conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (definition, began))
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
+        (definition, began, [began, late], late + timedelta(minutes=1)),
+    )
+    snoozed, stale = (
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM jobs.runs WHERE definition_id = %s ORDER BY occurrence_at", (definition,)
+        )
+    )
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w')")] == [snoozed]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '0 seconds')", (snoozed,)) is True
+    now = scalar(conn, "SELECT now()")
+    cursor = now + timedelta(minutes=2)
+    conn.execute("UPDATE jobs.definitions SET next_run_at = %s WHERE id = %s", (cursor, definition))
+    assert scalar(
+        conn,
+        "SELECT jobs.record_catch_up(%s, %s, %s, %s, 2, %s, %s)",
+        (
+            definition,
+            policy,
+            now + timedelta(seconds=1),
+            now + timedelta(minutes=1),
+            int(policy == "coalesce"),
+            cursor,
+        ),
+    )
+    got = {r[0]: r[1:] for r in conn.execute("SELECT id, status::text, failure_reason FROM jobs.runs")}
+    assert got[snoozed] == ("QUEUED", None), got
+    assert got[stale] == ("CANCELLED", "Skipped"), got
+
+
 def test_record_catch_up_rejects_nonsense(conn: Conn) -> None:
     definition = scalar(conn, "SELECT id FROM jobs.define('d', 'k', schedule => '* * * * *')")
     bad = [

@@ -567,6 +567,65 @@ def test_cancel_other_leaves_a_newer_running_occurrence_alone(conn: Conn) -> Non
     assert statuses(conn, [older, running]) == [("QUEUED", None, False), ("RUNNING", None, False)]
 
 
+def materialized(conn: Conn, name: str, minutes_ago: list[int], **kw: Any) -> list[int]:
+    """The runs of a minutely definition (defined, with a jitter, on the first call) for the
+    occurrences that many minutes ago, as the scheduler materializes them (its cursor then left
+    at the next one), in occurrence order."""
+    d = define(conn, name, "* * * * *", jitter="20 seconds", **kw)
+    base = scalar(conn, "SELECT date_trunc('minute', now())")
+    occurrences = [base - timedelta(minutes=m) for m in minutes_ago]
+    cursor = scalar(conn, "SELECT next_run_at FROM jobs.definitions WHERE id = %s", (d["id"],))
+    if cursor is None or cursor > occurrences[0]:  # a new definition: its cursor at the first
+        conn.execute("SELECT jobs.materialize(%s, NULL, '{}', %s)", (d["id"], occurrences[0]))
+        cursor = occurrences[0]
+    conn.execute(
+        "SELECT jobs.materialize(%s, %s, %s::timestamptz[], %s)",
+        (d["id"], cursor, occurrences, occurrences[-1] + timedelta(minutes=1)),
+    )
+    return [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT id FROM jobs.runs WHERE definition_id = %s AND occurrence_at = ANY(%s)"
+            " ORDER BY occurrence_at",
+            (d["id"], occurrences),
+        )
+    ]
+
+
+def test_buffer_one_never_skips_a_run_snoozed_since_it_began(conn: Conn) -> None:
+    """buffer_one skips new occurrences beyond the one that waits; a run that began and asked to
+    run later (jobs.snooze) is not a new occurrence: it waits as well, and runs."""
+    snoozed, running = materialized(conn, "buffered", [10, 9], overlap_policy="buffer_one")
+    assert claim(conn, "w1") == [snoozed]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w1', '0 seconds')", (snoozed,)) is True
+    assert claim(conn, "w2") == [running]
+    buffered, extra = materialized(conn, "buffered", [8, 7], overlap_policy="buffer_one")
+    assert claim(conn, "w3", 10) == []
+    assert statuses(conn, [snoozed, running, buffered, extra]) == [
+        ("QUEUED", None, False),
+        ("RUNNING", None, False),
+        ("QUEUED", None, False),
+        ("CANCELLED", "Skipped", False),
+    ]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (running,)) is True
+    assert claim(conn, "w3") == [buffered]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w3')", (buffered,)) is True
+    assert claim(conn, "w3") == [snoozed]
+
+
+def test_cancel_other_is_not_set_off_by_a_snoozed_run(conn: Conn) -> None:
+    """cancel_other cancels a running occurrence for a newer occurrence; a run snoozed since it
+    began that comes due again is no newer occurrence: the running one is left alone."""
+    snoozed, running = materialized(conn, "latest-wins", [10, 9], overlap_policy="cancel_other")
+    assert claim(conn, "w1") == [snoozed]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w1', '0 seconds')", (snoozed,)) is True
+    assert claim(conn, "w2") == [running]
+    assert claim(conn, "w3") == []
+    assert statuses(conn, [snoozed, running]) == [("QUEUED", None, False), ("RUNNING", None, False)]
+    assert scalar(conn, "SELECT jobs.complete(%s, 'w2')", (running,)) is True
+    assert claim(conn, "w3") == [snoozed]
+
+
 def test_two_final_failures_committing_at_once_both_count(conn: Conn, db: Any) -> None:
     """Each failure counts the streak at commit, after the other committed: with
     pause_after_failures 2, two failures committed at the same moment pause it."""

@@ -207,6 +207,13 @@ def test_active_lets_a_new_run_in_after_completion_and_ever_does_not(conn: Conn)
     assert e2["id"] == e["id"], "ever: a completed run must still count"
 
 
+def _queued_of_key(conn: Conn, key: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT id FROM jobs.runs WHERE unique_key = %s AND status = 'QUEUED' ORDER BY id", (key,)
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def test_queued_lets_a_new_run_in_while_one_is_running(conn: Conn) -> None:
     q = _enqueue(
         conn,
@@ -217,13 +224,89 @@ def test_queued_lets_a_new_run_in_while_one_is_running(conn: Conn) -> None:
     conn.execute("SELECT jobs.claim(1, 'w')")
     newer = _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")
     assert newer["id"] != q["id"]
-    # The running one fails: its retry keeps the key beside the newer run (a retry is not an
-    # enqueue).
-    retry = int(scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{RuntimeError}')", (q["id"],)))
-    queued = conn.execute(
-        "SELECT id FROM jobs.runs WHERE unique_key = 'q' AND status = 'QUEUED' ORDER BY id"
-    ).fetchall()
-    assert [r[0] for r in queued] == [newer["id"], retry], queued
+    assert _queued_of_key(conn, "q") == [newer["id"]]
+
+
+def test_a_retry_folds_into_the_queued_run_of_its_key(conn: Conn) -> None:
+    """Invariant: one QUEUED run per unique key while one is queued. The running run fails with
+    a retry left while a newer run of its key waits: as an enqueue of the key would, the retry
+    folds into the queued run, which does the job (once); the failed run's error names it, and
+    a repeat of the failure (its answer lost) gets the same answer."""
+    q = _enqueue(
+        conn,
+        "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued',"
+        " max_attempts => 3",
+    )
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    newer = _enqueue(conn, "'k', '{\"v\": 2}', unique_key => 'q', unique_while => 'queued'")
+    fail = "SELECT id, status::text, error FROM jobs.fail(%s, 'w', '{RuntimeError}', 'boom')"
+    answer = conn.execute(fail, (q["id"],)).fetchone()
+    assert answer is not None and answer[:2] == (q["id"], "FAILED"), answer
+    assert answer[2].startswith("boom") and f"run {newer['id']}" in answer[2], answer[2]
+    assert _queued_of_key(conn, "q") == [newer["id"]], "a second QUEUED run of the key"
+    assert run_row(conn, newer["id"])["payload"] == {"v": 2}, "the queued run keeps its payload"
+    assert conn.execute(fail, (q["id"],)).fetchone() == answer, "a repeat of the failure"
+
+
+def test_a_snooze_folds_into_the_queued_run_of_its_key(conn: Conn) -> None:
+    """A running run of a key snoozes while a newer run of its key waits: it does not go back to
+    the queue beside it; it ends CANCELLED naming the run that does the key's job."""
+    q = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'")
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    newer = _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 minute')", (q["id"],)) is True
+    after = run_row(conn, q["id"])
+    assert after["status"] == "CANCELLED" and f"run {newer['id']}" in after["error"], after
+    assert _queued_of_key(conn, "q") == [newer["id"]]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '1 minute')", (q["id"],)) is False  # fenced now
+
+
+def test_a_run_others_wait_on_keeps_its_own_retry_and_snooze(conn: Conn) -> None:
+    """Runs that depend on a run wait for its chain's outcome: its retry (or snooze) is its
+    own, even beside a queued run of its key, and they keep waiting."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3)")
+    ids = {}
+    for name in ("failing", "snoozing"):
+        ids[name] = _enqueue(
+            conn, f"'k', run_at => now() - interval '1 s', unique_key => '{name}', unique_while => 'queued'"
+        )["id"]
+    dependents = {
+        name: int(
+            scalar(conn, "SELECT id FROM jobs.enqueue('after', depends_on => ARRAY[%s]::bigint[])", (i,))
+        )
+        for name, i in ids.items()
+    }
+    assert len(conn.execute("SELECT jobs.claim(2, 'w', '{k}')").fetchall()) == 2
+    for name in ids:
+        conn.execute("SELECT jobs.enqueue('k', unique_key => %s, unique_while => 'queued')", (name,))
+    retry = scalar(conn, "SELECT id FROM jobs.fail(%s, 'w', '{RuntimeError}', 'boom')", (ids["failing"],))
+    assert retry != ids["failing"]
+    assert scalar(conn, "SELECT jobs.snooze(%s, 'w', '0 seconds')", (ids["snoozing"],)) is True
+    assert len(_queued_of_key(conn, "failing")) == 2 and retry in _queued_of_key(conn, "failing")
+    assert ids["snoozing"] in _queued_of_key(conn, "snoozing")
+    for name, d in dependents.items():
+        row = run_row(conn, d)
+        assert (row["status"], row["blocked"]) == ("QUEUED", True), (name, row)
+
+
+def test_several_retries_of_one_key_from_one_reap_leave_one_queued_run(conn: Conn) -> None:
+    """Two runs of one key (unique_while queued lets a second start while the first runs) lost
+    with their worker: the reap queues one retry of the key, and the other failed run names it."""
+    conn.execute("SELECT jobs.set_retry_policy('k', max_attempts => 3)")
+    first = _enqueue(
+        conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'"
+    )
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    second = _enqueue(
+        conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'"
+    )
+    conn.execute("SELECT jobs.claim(1, 'w')")
+    reaped = conn.execute("SELECT run_id, retry_run_id FROM jobs.reap_worker('w') ORDER BY run_id").fetchall()
+    assert [r[0] for r in reaped] == [first["id"], second["id"]], reaped
+    retries = [r[1] for r in reaped if r[1] is not None]
+    assert len(retries) == 1 and _queued_of_key(conn, "q") == retries, (reaped, _queued_of_key(conn, "q"))
+    folded = next(r[0] for r in reaped if r[1] is None)
+    assert f"run {retries[0]}" in run_row(conn, folded)["error"]
 
 
 def test_unique_for_limits_the_window(conn: Conn) -> None:
@@ -393,6 +476,88 @@ def test_an_enqueue_that_waits_for_a_holder_to_fail_gets_its_retry_not_a_second_
     ).fetchall()
     assert len(active) == 1 and active[0][1:] == (2, "retry"), f"active runs of the key: {active}"
     assert outcome == [active[0][0]], f"the enqueue returned {outcome}, the retry is {active[0][0]}"
+
+
+@pytest.mark.parametrize("how", ["unclaim", "hand_back_unheld"])
+def test_a_run_given_back_unstarted_folds_into_the_queued_run_of_its_key(conn: Conn, how: str) -> None:
+    """A claimed run of a key given back before it began (jobs.unclaim, or jobs.hand_back_unheld
+    after a lost claim answer) while a newer run of its key waits: it does not go back beside it
+    (two QUEUED runs of the key); it ends CANCELLED naming the run that does the key's job, and
+    the call counts it as given back."""
+    q = _enqueue(conn, "'k', run_at => now() - interval '1 s', unique_key => 'q', unique_while => 'queued'")
+    other = _enqueue(
+        conn, "'k', run_at => now() - interval '1 s', unique_key => 'other', unique_while => 'queued'"
+    )
+    assert len(conn.execute("SELECT jobs.claim(2, 'w')").fetchall()) == 2
+    newer = _enqueue(conn, "'k', unique_key => 'q', unique_while => 'queued'")
+    if how == "unclaim":
+        got = conn.execute(
+            "SELECT run_id FROM jobs.unclaim(%s, 'w') ORDER BY 1", ([q["id"], other["id"]],)
+        ).fetchall()
+        assert [r[0] for r in got] == [q["id"], other["id"]], got
+    else:
+        got = conn.execute(
+            "SELECT run_id, status::text FROM jobs.hand_back_unheld('{}', 'w') ORDER BY 1"
+        ).fetchall()
+        assert got == [(q["id"], "CANCELLED"), (other["id"], "QUEUED")], got
+    after = run_row(conn, q["id"])
+    assert after["status"] == "CANCELLED" and f"run {newer['id']}" in after["error"], after
+    assert _queued_of_key(conn, "q") == [newer["id"]]
+    assert _queued_of_key(conn, "other") == [other["id"]], "a run of a key with no queued run goes back"
+
+
+_GIVE_BACK = {
+    "fail": "SELECT (f).id FROM jobs.fail(%s, 'w', '{E}', 'boom') AS f",
+    "snooze": "SELECT jobs.snooze(%s, 'w', '0 seconds')",
+    "unclaim": "SELECT count(*) FROM jobs.unclaim(ARRAY[%s]::bigint[], 'w')",
+}
+
+
+@pytest.mark.parametrize("first", ["enqueue", "give_back"])
+@pytest.mark.parametrize("give_back", ["fail", "snooze", "unclaim"])
+def test_an_enqueue_and_a_retry_or_snooze_of_one_key_at_once_leave_one_queued_run(
+    db: Database, conn: Conn, give_back: str, first: str
+) -> None:
+    """Invariant: with unique_while => 'queued', one QUEUED run per key, however an enqueue of
+    the key and a running run's retry (jobs.fail), snooze or give-back (jobs.unclaim)
+    interleave. All take the key's lock: whichever commits second sees the QUEUED run the first
+    made and folds into it (the enqueue returns it; the failed, snoozed or given-back run names
+    it). Two sessions, real commits."""
+    conn.execute(
+        "SELECT jobs.set_retry_policy('sync', max_attempts => 3, backoff_initial => '0', jitter => 0)"
+    )
+    holder = _enqueue(conn, "'sync', unique_key => 'account-7', unique_while => 'queued'")["id"]
+    assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w', '{sync}')")] == [holder]
+    enqueue_sql = "SELECT id FROM jobs.enqueue('sync', unique_key => 'account-7', unique_while => 'queued')"
+    with (
+        psycopg.connect(db.dsn, autocommit=True) as worker,
+        psycopg.connect(db.dsn, autocommit=True) as client,
+    ):
+        holding, waiting = (client, worker) if first == "enqueue" else (worker, client)
+        holding.execute("BEGIN")
+        if first == "enqueue":
+            enqueued = scalar(client, enqueue_sql)
+            blocked = BlockedCall(
+                conn,
+                worker,
+                lambda: scalar(worker, _GIVE_BACK[give_back], (holder,)),
+                f"the {give_back} to wait",
+            )
+        else:
+            scalar(worker, _GIVE_BACK[give_back], (holder,))
+            blocked = BlockedCall(conn, client, lambda: scalar(client, enqueue_sql), "the enqueue to wait")
+        holding.execute("COMMIT")
+        outcome = blocked.join(timeout=60)
+        assert outcome and not isinstance(outcome[0], Exception), outcome
+        del waiting
+    queued = _queued_of_key(conn, "account-7")
+    assert len(queued) == 1, f"QUEUED runs of the key: {queued}"
+    if first == "enqueue":
+        assert queued == [enqueued]
+        after = run_row(conn, holder)
+        assert after["status"] in ("FAILED", "CANCELLED") and f"run {enqueued}" in after["error"], after
+    else:
+        assert outcome == queued, f"the enqueue returned {outcome}, the queued run is {queued}"
 
 
 def test_the_reaper_leaves_a_holder_an_enqueue_of_its_key_holds_for_the_next_pass(
