@@ -300,6 +300,11 @@ class Worker:
         self._limits: dict[tuple[str, str], bool] | None = None
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
+        # Runs a hand back (jobs.unclaim) is giving back, each with whether a job thread took
+        # it from its queue meanwhile (under _lock): the thread lets it be, and once the call
+        # has answered, a run the server did not take back is reported abandoned in its stead,
+        # so each run is counted once: handed back, or abandoned.
+        self._handing_back: dict[int, bool] = {}
         self._dispatching: set[int] = set()  # claimed runs not yet held
         # Runs let go with no outcome recorded (abandoned while their ownership was in doubt,
         # or no outcome could be stored), most recent last (under _lock): they may still be
@@ -701,7 +706,11 @@ class Worker:
         """Put the held runs that have not begun back in the queue (``jobs.unclaim``), each
         marked abandoned first under the lock the executors take to begin a run (an executor
         that takes one later lets it be); the ids tried and those handed back. One the server
-        refuses (fenced) or that the call could not reach stays held."""
+        refuses (fenced) or that the call could not reach stays held.
+
+        An executor that takes one from its queue while the call is out lets it be too: one
+        handed back is counted and logged as that alone (by the caller), and one that stays
+        held is reported abandoned here, as the executor would have, never both."""
         with self._lock:
             waiting = [
                 c
@@ -710,9 +719,11 @@ class Worker:
             ]
             for ctx in waiting:
                 ctx.abandon()
+                self._handing_back[ctx.run_id] = False
         if not waiting:
             return conn, [], []
         handed: list[int] = []
+        taken: list[Context] = []
         try:
             if conn is None or conn.closed:
                 conn = self._connect()
@@ -721,9 +732,16 @@ class Worker:
         except DB_ERRORS as exc:
             log.warning("worker=%s cannot hand back runs that did not begin (the reaper will): %s",
                         self.worker_id, exc)  # fmt: skip
-        with self._lock:
-            for run_id in handed:
-                self._active.pop(run_id, None)
+        finally:
+            with self._lock:
+                for run_id in handed:
+                    self._active.pop(run_id, None)
+                back = set(handed)
+                for ctx in waiting:
+                    if self._handing_back.pop(ctx.run_id, False) and ctx.run_id not in back:
+                        taken.append(ctx)
+        for ctx in taken:  # held still, and its executor let it be: reported as it would have
+            self._finished(Outcome(ctx, "abandon"))
         return conn, [c.run_id for c in waiting], handed
 
     def _fail_runs(
@@ -1205,6 +1223,9 @@ class Worker:
             if ctx is None:
                 return
             with self._lock:  # decided under the lock a stopping worker takes to hand runs back
+                if ctx.run_id in self._handing_back:  # its hand back, in flight, decides (_unclaim_waiting)
+                    self._handing_back[ctx.run_id] = True
+                    continue
                 handed_back = ctx.run_id not in self._active
                 taken = ctx.run_id in self._started  # cancelled while every thread hung
                 waited_out = ctx.abandoned or ctx.cancel_requested  # while it waited for a slot
