@@ -92,9 +92,9 @@ from psycopg.pq import Format
 
 from pgtick import calls, instrumentation, isolation
 from pgtick.aio import EventLoop
-from pgtick.app import App, Context
+from pgtick.app import App, Context, error_classes
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
-from pgtick.errors import UsageError
+from pgtick.errors import JobTimeout, UsageError
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, describe, execute, failure, one_line
 from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
@@ -358,10 +358,21 @@ class Worker:
             ctx.abandon()
             self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
-    def timed_out(self, ctx: Context) -> None:
+    def timed_out(self, ctx: Context, message: str) -> None:
         # Counted now, as the failure it is: its job may never return, and when it does its
         # result is not reported (the reporter counts it no more).
         self.reporter.timed_out(ctx)
+        # What the instrumentation began for the run (a span) ends now, with that failure:
+        # its job may never return.
+        outcome = Outcome(
+            ctx, "fail", classes=error_classes(JobTimeout(message)), message=message, reason="Timeout"
+        )
+        try:
+            instrumentation.current.given_up(ctx, outcome)
+        except Exception as exc:  # a hook's fault: not the heartbeat loop's, nor the run's
+            log.error(
+                "run=%s kind=%s instrumentation failed: %s", ctx.run_id, ctx.kind, describe(exc), exc_info=exc
+            )
         ctx.abandon()
         self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 

@@ -256,3 +256,46 @@ def test_a_job_that_returns_after_its_run_was_failed_as_timeout_ends_its_span_in
     assert attrs(process)["pgtick.run.outcome"] == "fail", attrs(process)
     assert attrs(process)["error.type"] == "JobTimeout", attrs(process)
     assert process.status.status_code == StatusCode.ERROR, process.status
+
+
+def test_a_hung_jobs_span_ends_in_error_when_its_worker_fails_the_run_as_timeout(
+    db: Database, telemetry: Telemetry
+) -> None:
+    """A job blocked past its kind's timeout (no checkpoint) that does not return: its worker
+    fails the run as Timeout, and the attempt's span ends then, in error, saying the run timed
+    out, while the job's thread is still held. Its late return ends nothing a second time."""
+    app = App("otel-hung")
+    release = threading.Event()
+
+    @app.job("hangs", timeout=1)
+    def hangs(ctx: Context) -> None:
+        release.wait(120)
+
+    with db.connect() as conn:
+        sync_app(app, conn)
+    with Client(db.dsn) as client:
+        run = client.enqueue("hangs")
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=0.5, shutdown_grace=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with db.connect() as conn:
+            reason = "SELECT failure_reason FROM jobs.runs WHERE id = %s"
+            failed = lambda: scalar(conn, reason, (run.id,)) == "Timeout"  # noqa: E731
+            wait_for(f"run {run.id} to fail as Timeout", failed, timeout=60)
+        spans = wait_for("the attempt's span to end", lambda: telemetry.finished("process hangs"), timeout=60)
+        hung = not release.is_set()
+        release.set()
+        wait_for("the job's thread to come back", lambda: not worker.held(), timeout=60)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+    (process,) = spans
+    assert hung
+    assert attrs(process)["pgtick.run.outcome"] == "fail", attrs(process)
+    assert attrs(process)["error.type"] == "JobTimeout", attrs(process)
+    assert process.status.status_code == StatusCode.ERROR, process.status
+    assert "timeout" in (process.status.description or ""), process.status
+    assert len(telemetry.finished("process hangs")) == 1, "the late return ended a span again"
