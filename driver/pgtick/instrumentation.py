@@ -41,10 +41,11 @@ class Instrumentation:
         yield _ignore
 
     def given_up(self, ctx: Context, outcome: Outcome) -> None:
-        """The worker recorded ``outcome`` for a run whose job code has not returned (it failed
-        the run past its timeout), in another thread than the job's: what ``execute`` began for
-        the run ends now, with that outcome, whatever the job still does; its return, if it
-        comes, ends nothing a second time."""
+        """The run stopped being the worker's while its job code may still run (the worker
+        failed it past its kind's timeout: ``outcome`` is that failure; or it was reaped or
+        fenced: ``abandon``), said from another thread than the job's: what ``execute`` began
+        for the run ends now, with that outcome, whatever the job still does; its return, if it
+        comes, ends nothing a second time. Nothing, for a run whose job has not begun."""
 
 
 def _ignore(outcome: Outcome) -> None:

@@ -355,6 +355,7 @@ class Worker:
                 ctx.kind,
                 self.worker_id,
             )
+            self._given_up(Outcome(ctx, "abandon"))
             ctx.abandon()
             self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
@@ -362,19 +363,22 @@ class Worker:
         # Counted now, as the failure it is: its job may never return, and when it does its
         # result is not reported (the reporter counts it no more).
         self.reporter.timed_out(ctx)
-        # What the instrumentation began for the run (a span) ends now, with that failure:
-        # its job may never return.
-        outcome = Outcome(
-            ctx, "fail", classes=error_classes(JobTimeout(message)), message=message, reason="Timeout"
-        )
+        error = JobTimeout(message)
+        self._given_up(Outcome(ctx, "fail", classes=error_classes(error), message=message, reason="Timeout"))
+        ctx.abandon()
+        self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
+
+    def _given_up(self, outcome: Outcome) -> None:
+        """The run is no longer this worker's to report (failed past its timeout, or reaped)
+        while its job may still run, and may never return: what the instrumentation began for
+        it (a span) ends now, with ``outcome``."""
+        ctx = outcome.ctx
         try:
             instrumentation.current.given_up(ctx, outcome)
         except Exception as exc:  # a hook's fault: not the heartbeat loop's, nor the run's
             log.error(
                 "run=%s kind=%s instrumentation failed: %s", ctx.run_id, ctx.kind, describe(exc), exc_info=exc
             )
-        ctx.abandon()
-        self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
     def heartbeat_failed(self, exc: Exception) -> None:
         self.events.on_heartbeat_failure()

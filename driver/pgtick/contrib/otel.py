@@ -20,9 +20,11 @@ Spans (names and attributes after the OpenTelemetry semantic conventions for mes
   an attempt after the first also links to the previous attempt's ``process`` span when
   this process ran it (``pgtick.link = previous_attempt``). A failed attempt has status
   ERROR and ``error.type``; so has one whose job returned after its worker (or the server)
-  failed the run past its timeout (``JobTimeout``), whatever the job returned. When its
-  worker fails the run past its kind's timeout, the span ends then, in error (``JobTimeout``,
-  its description the run's error), even if the job never returns.
+  failed the run past its timeout (``JobTimeout``), whatever the job returned. The span
+  ends when the run stops being its worker's, even if the job never returns: failed by its
+  worker past its kind's timeout, in error (``JobTimeout``, described by the run's error);
+  reaped past the run's own timeout, in error (``JobTimeout``); otherwise reaped or fenced,
+  with outcome ``abandon``.
 
 Metrics: ``messaging.client.sent.messages`` and ``messaging.client.consumed.messages``
 (counters), ``messaging.client.operation.duration`` (enqueue and claim, seconds) and
@@ -237,13 +239,13 @@ class _Attempt:
 
 
 def _how_it_ended(ctx: Context, outcome: Outcome) -> tuple[str, str | None, str | None]:
-    """The attempt's outcome as the run recorded it: (action, error type, message). A job that
-    returns after the run stopped being its worker's had its result dropped: past its timeout
-    the run was failed as Timeout (by its worker, or the server's reap), otherwise it was
-    reaped or fenced (``abandon``)."""
+    """The attempt's outcome as the run recorded it: (action, error type, message). A run that
+    stopped being its worker's (its job's result, if any, dropped) was failed as Timeout past
+    its timeout (by its worker, or the server's reap), and otherwise reaped or fenced
+    (``abandon``)."""
     if outcome.action == "fail":
         return "fail", (outcome.classes or ["Error"])[0], outcome.message
-    if ctx.abandoned and outcome.action != "abandon":
+    if ctx.abandoned or outcome.action == "abandon":
         if ctx.timeout is not None and time.monotonic() - ctx.timeout_from > ctx.timeout:
             message = f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s"
             return "fail", error_classes(JobTimeout(message))[0], message
