@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +18,16 @@ from pgtick.errors import Abandoned, Cancelled, JobTimeout
 
 if TYPE_CHECKING:
     from pgtick.isolation import ProcessPool
+
+#: Most characters of a job error's ``Class: message`` that its run's error keeps: the head,
+#: then a note saying the message was shortened, so that what follows it (a process job's
+#: traceback) is kept too. The same in a thread, on the event loop and in a job process.
+MAX_ERROR_MESSAGE = 4000
+#: Most characters of a process job's traceback kept after its message: its end (the
+#: innermost frames and the error's own line), whole entries, with a note of what was left out.
+MAX_TRACEBACK = 5000
+#: Most characters of one entry of a traceback (a frame, an error's line) kept.
+MAX_TRACEBACK_ENTRY = 1000
 
 #: How a run ended in this process.
 Action = Literal["complete", "fail", "cancel", "abandon"]
@@ -101,7 +112,52 @@ def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
         return Outcome(ctx, "abandon")
     if isinstance(exc, JobTimeout):
         return Outcome(ctx, "fail", classes=error_classes(exc), message=message_of(exc), reason="Timeout")
-    return Outcome(ctx, "fail", classes=error_classes(exc), message=describe(exc))
+    return Outcome(ctx, "fail", classes=error_classes(exc), message=error_message(exc))
+
+
+def escaped(text: str) -> str:
+    """``text`` as PostgreSQL text takes it: NUL and what is not valid UTF-8 (lone surrogates,
+    undecodable bytes decoded with surrogateescape) shown as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def cut(text: str, limit: int, what: str = "") -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and a note of how many
+    more there were (``what`` names what was shortened), ``limit`` characters in all."""
+    if len(text) <= limit:
+        return text
+    note = f"({what}{' shortened: ' if what else ''}"
+    keep = max(limit - len(note) - 39, 0)  # room for the note
+    return f"{text[:keep]}… {note}{len(text) - keep} more characters)"
+
+
+def error_message(exc: BaseException) -> str:
+    """``describe(exc)`` as a run's error keeps it: escaped (``escaped``) and, past
+    MAX_ERROR_MESSAGE characters, its head with a note saying the message was shortened."""
+    return cut(escaped(describe(exc)), MAX_ERROR_MESSAGE, "message")
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The traceback of ``exc`` as a run's error keeps it after its message: escaped, each
+    entry (a frame, an error's line, a note) cut to MAX_TRACEBACK_ENTRY characters, and of
+    the whole the last entries that fit in MAX_TRACEBACK (the innermost frames and the
+    error's line), after a note of how many characters before them were left out."""
+    try:
+        entries = traceback.format_exception(exc)
+    except Exception as error:  # whatever formatting it raises: not the run's error
+        return f"(the traceback could not be formatted: {describe(error)})\n"
+    entries = [escaped(e) for e in entries]
+    entries = [e if len(e) <= MAX_TRACEBACK_ENTRY else cut(e, MAX_TRACEBACK_ENTRY) + "\n" for e in entries]
+    kept: list[str] = []
+    size = 0
+    for entry in reversed(entries):
+        if size + len(entry) > MAX_TRACEBACK - 80:  # room for the note
+            left_out = sum(map(len, entries)) - size
+            kept.append(f"(… {left_out} characters of the traceback before these left out)\n")
+            break
+        kept.append(entry)
+        size += len(entry)
+    return "".join(reversed(kept))
 
 
 def describe(exc: BaseException) -> str:

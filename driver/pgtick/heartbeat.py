@@ -64,8 +64,9 @@ class HeartbeatOwner(Protocol):
         """The heartbeat call failed (the runs keep going)."""
         ...
 
-    def timed_out(self, ctx: Context) -> None:
-        """A held run this loop has failed as Timeout: settled (a failure), and let go."""
+    def timed_out(self, ctx: Context, message: str) -> None:
+        """A held run this loop has failed as Timeout (``message``, its error): settled (a
+        failure), and let go."""
         ...
 
     def heartbeat_died(self, exc: BaseException) -> None:
@@ -231,4 +232,4 @@ class HeartbeatLoop:
             log.warning("run=%s kind=%s worker=%s %s", ctx.run_id, ctx.kind, self.worker_id, message)
             retry = failed[0] if failed[1] == "QUEUED" else None
             log_run_outcome(ctx, self.worker_id, "FAILED", f"Timeout: {message}", retry)
-            self.owner.timed_out(ctx)
+            self.owner.timed_out(ctx, message)

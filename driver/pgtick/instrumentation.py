@@ -1,5 +1,6 @@
 """Where tracing and metrics hook into the driver: one point each for enqueue (client.py),
-claim (worker.py) and execution (execution.py).
+claim (worker.py) and execution (execution.py), and one for a run the worker gives up on
+while its job code still runs (worker.py).
 
 ``current`` does nothing until an integration replaces it (``pgtick.contrib.otel.instrument``);
 the driver calls it unconditionally, so a hook costs one method call when nothing listens.
@@ -38,6 +39,13 @@ class Instrumentation:
     def execute(self, ctx: Context) -> Iterator[Callable[[Outcome], None]]:
         """Around the job code of one run; the yielded function is given the outcome."""
         yield _ignore
+
+    def given_up(self, ctx: Context, outcome: Outcome) -> None:
+        """The run stopped being the worker's while its job code may still run (the worker
+        failed it past its kind's timeout: ``outcome`` is that failure; or it was reaped or
+        fenced: ``abandon``), said from another thread than the job's: what ``execute`` began
+        for the run ends now, with that outcome, whatever the job still does; its return, if it
+        comes, ends nothing a second time. Nothing, for a run whose job has not begun."""
 
 
 def _ignore(outcome: Outcome) -> None:

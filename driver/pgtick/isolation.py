@@ -36,7 +36,9 @@ What travels (pickled over a pipe): to the child, the job's spec (its function a
 ``compensate`` by reference, so both must be importable module-level functions) and
 the run's row; back, the result or the
 exception's class chain (for the retry policy), its message and its traceback text
-(appended to the run's ``error``). In the child, ``ctx.checkpoint()`` still enforces
+(appended to the run's ``error``), both bounded in the child (``error_message``,
+``traceback_text``): a huge message comes back as its head, saying it was shortened, and
+the traceback still fits after it. In the child, ``ctx.checkpoint()`` still enforces
 the timeout; cancellation is the parent's kill, so ``ctx.on_cancel`` hooks registered
 in the child never run (use the kind's ``compensate=``).
 
@@ -71,7 +73,7 @@ from typing import Any, NoReturn
 
 from pgtick.app import Context, JobSpec, error_classes
 from pgtick.errors import JobTimeout
-from pgtick.execution import Outcome, describe, failure, message_of, outcome_of
+from pgtick.execution import Outcome, error_message, failure, message_of, outcome_of, traceback_text
 from pgtick.reporter import MAX_REFUSAL, refusal_text, result_json, storable
 
 log = logging.getLogger("pgtick.worker")
@@ -591,8 +593,11 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
         if inspect.iscoroutine(result):  # an async def job behind a plain decorator
             result = asyncio.run(result)
     except BaseException as exc:
-        text = message_of(exc) if isinstance(exc, JobTimeout) else describe(exc)  # even if __str__ raises
-        trace = f"job process pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
+        # Bounded here, before the pipe: a message of a million characters comes back as its
+        # head, saying it was shortened, and the traceback after it as its innermost frames.
+        # Both are read even if the error's __str__ raises.
+        text = message_of(exc) if isinstance(exc, JobTimeout) else error_message(exc)
+        trace = f"job process pid {os.getpid()}:\n" + traceback_text(exc)
         return ("error", error_classes(exc), text, trace, isinstance(exc, JobTimeout))
     try:
         # Unpickled here too: what pickles but cannot be unpickled (an exception whose

@@ -34,7 +34,7 @@ from pgtick import calls
 from pgtick.app import Context
 from pgtick.client import MERGED_KEYS, merged_keys
 from pgtick.events import WorkerListener
-from pgtick.execution import Outcome, describe, failure, message_of
+from pgtick.execution import Outcome, cut, describe, escaped, failure, message_of
 from pgtick.logs import log_outcome
 
 log = logging.getLogger("pgtick.worker")
@@ -60,11 +60,7 @@ def storable(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` as PostgreSQL text takes it: NUL and what is not valid UTF-8 (lone
     surrogates, undecodable bytes decoded with surrogateescape) shown as backslash
     escapes, cut to ``limit`` characters with a note of how much was cut."""
-    clean = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-    if len(clean) <= limit:
-        return clean
-    keep = max(limit - 40, 0)  # room for the note
-    return f"{clean[:keep]}… ({len(clean) - keep} more characters)"
+    return cut(escaped(text), limit)
 
 
 class NotJSON(ValueError):

@@ -92,9 +92,9 @@ from psycopg.pq import Format
 
 from pgtick import calls, instrumentation, isolation
 from pgtick.aio import EventLoop
-from pgtick.app import App, Context
+from pgtick.app import App, Context, error_classes
 from pgtick.db import DB_ERRORS, behind_pooler, connect, connect_dicts
-from pgtick.errors import UsageError
+from pgtick.errors import JobTimeout, UsageError
 from pgtick.events import Listeners, WorkerListener, WorkerStats
 from pgtick.execution import Outcome, describe, execute, failure, one_line
 from pgtick.heartbeat import MAX_CALL_IDS, HeartbeatLoop, chunks
@@ -300,6 +300,11 @@ class Worker:
         self._limits: dict[tuple[str, str], bool] | None = None
         self._facts_read = time.monotonic()
         self._started: set[int] = set()  # held runs whose job code has begun
+        # Runs a hand back (jobs.unclaim) is giving back, each with whether a job thread took
+        # it from its queue meanwhile (under _lock): the thread lets it be, and once the call
+        # has answered, a run the server did not take back is reported abandoned in its stead,
+        # so each run is counted once: handed back, or abandoned.
+        self._handing_back: dict[int, bool] = {}
         self._dispatching: set[int] = set()  # claimed runs not yet held
         # Runs let go with no outcome recorded (abandoned while their ownership was in doubt,
         # or no outcome could be stored), most recent last (under _lock): they may still be
@@ -350,15 +355,30 @@ class Worker:
                 ctx.kind,
                 self.worker_id,
             )
+            self._given_up(Outcome(ctx, "abandon"))
             ctx.abandon()
             self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
 
-    def timed_out(self, ctx: Context) -> None:
+    def timed_out(self, ctx: Context, message: str) -> None:
         # Counted now, as the failure it is: its job may never return, and when it does its
         # result is not reported (the reporter counts it no more).
         self.reporter.timed_out(ctx)
+        error = JobTimeout(message)
+        self._given_up(Outcome(ctx, "fail", classes=error_classes(error), message=message, reason="Timeout"))
         ctx.abandon()
         self.signal_work()  # its job may never return: the runs waiting behind it (_cycle)
+
+    def _given_up(self, outcome: Outcome) -> None:
+        """The run is no longer this worker's to report (failed past its timeout, or reaped)
+        while its job may still run, and may never return: what the instrumentation began for
+        it (a span) ends now, with ``outcome``."""
+        ctx = outcome.ctx
+        try:
+            instrumentation.current.given_up(ctx, outcome)
+        except Exception as exc:  # a hook's fault: not the heartbeat loop's, nor the run's
+            log.error(
+                "run=%s kind=%s instrumentation failed: %s", ctx.run_id, ctx.kind, describe(exc), exc_info=exc
+            )
 
     def heartbeat_failed(self, exc: Exception) -> None:
         self.events.on_heartbeat_failure()
@@ -701,7 +721,11 @@ class Worker:
         """Put the held runs that have not begun back in the queue (``jobs.unclaim``), each
         marked abandoned first under the lock the executors take to begin a run (an executor
         that takes one later lets it be); the ids tried and those handed back. One the server
-        refuses (fenced) or that the call could not reach stays held."""
+        refuses (fenced) or that the call could not reach stays held.
+
+        An executor that takes one from its queue while the call is out lets it be too: one
+        handed back is counted and logged as that alone (by the caller), and one that stays
+        held is reported abandoned here, as the executor would have, never both."""
         with self._lock:
             waiting = [
                 c
@@ -710,9 +734,11 @@ class Worker:
             ]
             for ctx in waiting:
                 ctx.abandon()
+                self._handing_back[ctx.run_id] = False
         if not waiting:
             return conn, [], []
         handed: list[int] = []
+        taken: list[Context] = []
         try:
             if conn is None or conn.closed:
                 conn = self._connect()
@@ -721,9 +747,16 @@ class Worker:
         except DB_ERRORS as exc:
             log.warning("worker=%s cannot hand back runs that did not begin (the reaper will): %s",
                         self.worker_id, exc)  # fmt: skip
-        with self._lock:
-            for run_id in handed:
-                self._active.pop(run_id, None)
+        finally:
+            with self._lock:
+                for run_id in handed:
+                    self._active.pop(run_id, None)
+                back = set(handed)
+                for ctx in waiting:
+                    if self._handing_back.pop(ctx.run_id, False) and ctx.run_id not in back:
+                        taken.append(ctx)
+        for ctx in taken:  # held still, and its executor let it be: reported as it would have
+            self._finished(Outcome(ctx, "abandon"))
         return conn, [c.run_id for c in waiting], handed
 
     def _fail_runs(
@@ -1205,6 +1238,9 @@ class Worker:
             if ctx is None:
                 return
             with self._lock:  # decided under the lock a stopping worker takes to hand runs back
+                if ctx.run_id in self._handing_back:  # its hand back, in flight, decides (_unclaim_waiting)
+                    self._handing_back[ctx.run_id] = True
+                    continue
                 handed_back = ctx.run_id not in self._active
                 taken = ctx.run_id in self._started  # cancelled while every thread hung
                 waited_out = ctx.abandoned or ctx.cancel_requested  # while it waited for a slot

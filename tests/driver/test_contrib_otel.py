@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -256,3 +257,95 @@ def test_a_job_that_returns_after_its_run_was_failed_as_timeout_ends_its_span_in
     assert attrs(process)["pgtick.run.outcome"] == "fail", attrs(process)
     assert attrs(process)["error.type"] == "JobTimeout", attrs(process)
     assert process.status.status_code == StatusCode.ERROR, process.status
+
+
+@pytest.mark.parametrize("whose", ["kind", "run"])
+def test_a_hung_jobs_span_ends_in_error_when_its_run_is_failed_as_timeout(
+    db: Database, telemetry: Telemetry, whose: str
+) -> None:
+    """A job blocked past its timeout (no checkpoint) that does not return: its worker fails
+    the run as Timeout (the kind's timeout, which only the worker knows) or the reaper does
+    (the run's own), and the attempt's span ends then, in error, saying the run timed out,
+    while the job's thread is still held. Its late return ends nothing a second time."""
+    app = App("otel-hung")
+    release = threading.Event()
+
+    @app.job("hangs", timeout=1 if whose == "kind" else None)
+    def hangs(ctx: Context) -> None:
+        release.wait(120)
+
+    with db.connect() as conn:
+        sync_app(app, conn)
+    with Client(db.dsn) as client:
+        run = client.enqueue("hangs", timeout=timedelta(seconds=1) if whose == "run" else None)
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=0.5, shutdown_grace=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with db.connect() as conn:
+
+            def failed() -> bool:
+                if whose == "run":  # the leader's reaper, here in the test
+                    conn.execute("SELECT jobs.reap()")
+                reason = "SELECT failure_reason FROM jobs.runs WHERE id = %s"
+                return bool(scalar(conn, reason, (run.id,)) == "Timeout")
+
+            wait_for(f"run {run.id} to fail as Timeout", failed, timeout=60)
+        spans = wait_for("the attempt's span to end", lambda: telemetry.finished("process hangs"), timeout=60)
+        hung = not release.is_set()
+        release.set()
+        wait_for("the job's thread to come back", lambda: not worker.held(), timeout=60)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+    (process,) = spans
+    assert hung
+    assert attrs(process)["pgtick.run.outcome"] == "fail", attrs(process)
+    assert attrs(process)["error.type"] == "JobTimeout", attrs(process)
+    assert process.status.status_code == StatusCode.ERROR, process.status
+    assert "timeout" in (process.status.description or ""), process.status
+    assert len(telemetry.finished("process hangs")) == 1, "the late return ended a span again"
+
+
+def test_a_hung_jobs_span_ends_when_its_run_is_reaped_from_its_worker(
+    db: Database, telemetry: Telemetry
+) -> None:
+    """A job that does not return, whose run an operator reaps (``jobs.reap_worker``, as for a
+    worker gone for good): the worker sees at its next heartbeat that the run is no longer
+    its own, and the attempt's span ends then, abandoned (not an error of the job's), while
+    the job's thread is still held."""
+    app = App("otel-reaped")
+    release = threading.Event()
+
+    @app.job("hangs")
+    def hangs(ctx: Context) -> None:
+        release.wait(120)
+
+    with db.connect() as conn:
+        sync_app(app, conn)
+    with Client(db.dsn) as client:
+        run = client.enqueue("hangs")
+    worker = Worker(app, db.dsn, concurrency=1, poll_interval=0.1, heartbeat_interval=0.5, shutdown_grace=5)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with db.connect() as conn:
+            status = "SELECT status::text FROM jobs.runs WHERE id = %s"
+            wait_for(f"run {run.id} to start", lambda: scalar(conn, status, (run.id,)) == "RUNNING", 60)
+            conn.execute("SELECT jobs.reap_worker(%s)", (worker.worker_id,))
+        spans = wait_for("the attempt's span to end", lambda: telemetry.finished("process hangs"), timeout=60)
+        hung = not release.is_set()
+        release.set()
+        wait_for("the job's thread to come back", lambda: not worker.held(), timeout=60)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+    (process,) = spans
+    assert hung
+    assert attrs(process)["pgtick.run.outcome"] == "abandon", attrs(process)
+    assert process.status.status_code != StatusCode.ERROR, process.status
+    assert len(telemetry.finished("process hangs")) == 1, "the late return ended a span again"

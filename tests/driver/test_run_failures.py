@@ -16,6 +16,7 @@ from harness import Conn, Database, Processes, runs_in, scalar, wait_for, worker
 from pgtick.app import App, Context
 from pgtick.definitions import sync_app
 from pgtick.errors import Abandoned, Cancelled, JobStopped
+from pgtick.reporter import MAX_MESSAGE
 from pgtick.worker import Worker
 
 
@@ -135,3 +136,49 @@ def test_job_code_raising_cancelled_or_abandoned_on_its_own_fails_its_run_by_pol
         (2, first, "FAILED", "Error"),
     ], runs
     assert [r[5] for r in runs] == [f"{name}: raised by run {r[0]} itself" for r in runs], runs
+
+
+#: Far longer than a run's error keeps.
+HUGE = 1_000_000
+
+
+def raises_a_huge_message(ctx: Context) -> None:
+    """Module level: a job process imports it by name."""
+    raise ValueError("x" * HUGE)
+
+
+async def raises_a_huge_message_async(ctx: Context) -> None:
+    raise ValueError("x" * HUGE)
+
+
+def test_an_error_with_a_huge_message_keeps_its_head_said_shortened_and_a_process_jobs_traceback(
+    db: Database,
+) -> None:
+    """An error whose message is far longer than a run's error keeps is stored as the head of
+    its message, saying the message was shortened, the same in a thread, on the event loop and
+    in a job process; a process job's traceback follows the head, its innermost frame and its
+    error's line there, and the whole fits the run's error."""
+    app = App()
+    app.job("in-thread", max_attempts=1)(raises_a_huge_message)
+    app.job("in-async", max_attempts=1)(raises_a_huge_message_async)
+    app.job("in-process", isolation="process", max_attempts=1)(raises_a_huge_message)
+    kinds = ["in-thread", "in-async", "in-process"]
+    worker = Worker(app, db.dsn, concurrency=3, poll_interval=0.1)
+    with worker_thread(worker), db.connect() as conn:
+        ids = [scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,)) for kind in kinds]
+        ended = "SELECT count(*) FROM jobs.runs WHERE status = 'FAILED'"
+        wait_for("the three runs to fail", lambda: scalar(conn, ended) == 3 or None, timeout=60)
+        errors = dict(conn.execute("SELECT kind, error FROM jobs.runs WHERE id = ANY(%s)", (ids,)).fetchall())
+    context = "\n".join(f"{k}: {len(e)} characters, {e[:80]!r} ... {e[-400:]!r}" for k, e in errors.items())
+    heads = {kind: error.split("\n\n", 1)[0] for kind, error in errors.items()}
+    head = heads["in-thread"]
+    assert head.startswith("ValueError: xxxx") and len(head) < MAX_MESSAGE // 2, context
+    assert "message shortened" in head and f"{HUGE}" not in head, context
+    assert heads == {kind: head for kind in kinds}, f"the engines store the message unlike: {context}"
+    assert errors["in-thread"] == head and errors["in-async"] == head, context
+    process = errors["in-process"]
+    trace = process[len(head) :]
+    assert len(process) <= MAX_MESSAGE, context
+    assert "job process pid" in trace and "Traceback (most recent call last)" in trace, context
+    assert "in raises_a_huge_message" in trace, f"the traceback lost its frames: {context}"
+    assert trace.rstrip().splitlines()[-1].startswith("ValueError: xxxx"), context

@@ -1214,3 +1214,69 @@ def test_runs_claimed_ahead_go_back_to_the_queue_when_every_thread_is_held_by_a_
         (later, "COMPLETED", None, 1),
     ], runs
     assert ran[later] == stuck.worker_id, ran
+
+
+@pytest.mark.parametrize("answer", ["handed-back", "call-cut"])
+def test_a_run_handed_back_at_stop_is_not_also_counted_abandoned(
+    db: Database, caplog: pytest.LogCaptureFixture, answer: str
+) -> None:
+    """A stopping worker hands back the runs claimed ahead that have not begun. A job thread
+    that comes free while that hand back waits for the database (here on a row lock) takes
+    those runs from its queue and lets them be: each run is counted and logged once, as
+    handed back when the call answers, as abandoned when it fails (its session ended), never
+    both."""
+    app = App()
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("hold")
+    def hold(ctx: Context) -> None:
+        started.set()
+        release.wait(120)
+
+    @app.job("quick")
+    def quick(ctx: Context) -> None:
+        pass
+
+    with db.connect() as conn:
+        first = scalar(conn, "SELECT id FROM jobs.enqueue('hold', priority => 10)")
+        ahead = [r[0] for r in conn.execute("SELECT (jobs.enqueue('quick')).id FROM generate_series(1, 2)")]
+    worker = Worker(app, db.dsn, concurrency=1, batch_size=3, poll_interval=0.1, heartbeat_interval=30.0)
+    running = WorkerThread(worker)
+    unclaim = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%unclaim%'"
+    with caplog.at_level(logging.INFO), db.connect() as conn, db.connect(autocommit=False) as locker:
+        running.thread.start()
+        try:
+            wait_for("all three runs claimed", lambda: len(worker.held()) == 3, timeout=60)
+            assert started.wait(60), "the first run never began"
+            locker.execute("SELECT 1 FROM jobs.runs WHERE id = %s FOR UPDATE", (ahead[-1],))
+            running.stop.set()
+            pid = wait_for("the hand back to wait for the locked run", lambda: scalar(conn, unclaim), 60)
+            release.set()  # the job thread comes free and takes the runs waiting in its queue
+            wait_for("the job thread to take the waiting runs", worker._tasks.empty, timeout=60)
+            if answer == "call-cut":
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            locker.rollback()
+            running.thread.join(60)
+        finally:
+            release.set()
+            locker.rollback()
+            running.finish(60)
+        runs = conn.execute(
+            "SELECT id, status::text, attempt, worker FROM jobs.runs WHERE id = ANY(%s) ORDER BY id",
+            ([first, *ahead],),
+        ).fetchall()
+    lines = [r.getMessage() for r in caplog.records]
+    abandoned = [line for line in lines if "status=ABANDONED" in line]
+    handed = [line for line in lines if "handed back runs=" in line]
+    context = f"runs {runs}; stats {worker.stats}\n" + "\n".join(lines)
+    assert not running.raised, running.raised
+    assert runs[0] == (first, "COMPLETED", 1, worker.worker_id), context
+    if answer == "handed-back":
+        assert runs[1:] == [(r, "QUEUED", 1, None) for r in ahead], context
+        assert handed and all(",".join(map(str, ahead)) in line for line in handed), context
+        assert abandoned == [] and worker.stats.abandoned == 0, f"handed back and abandoned: {context}"
+    else:  # still RUNNING for the worker: the reaper ends them
+        assert runs[1:] == [(r, "RUNNING", 1, worker.worker_id) for r in ahead], context
+        assert handed == [], context
+        assert [sum(f"run={r} " in line for line in abandoned) for r in ahead] == [1, 1], context
+        assert worker.stats.abandoned == 2, context

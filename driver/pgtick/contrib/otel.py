@@ -20,7 +20,11 @@ Spans (names and attributes after the OpenTelemetry semantic conventions for mes
   an attempt after the first also links to the previous attempt's ``process`` span when
   this process ran it (``pgtick.link = previous_attempt``). A failed attempt has status
   ERROR and ``error.type``; so has one whose job returned after its worker (or the server)
-  failed the run past its timeout (``JobTimeout``), whatever the job returned.
+  failed the run past its timeout (``JobTimeout``), whatever the job returned. The span
+  ends when the run stops being its worker's, even if the job never returns: failed by its
+  worker past its kind's timeout, in error (``JobTimeout``, described by the run's error);
+  reaped past the run's own timeout, in error (``JobTimeout``); otherwise reaped or fenced,
+  with outcome ``abandon``.
 
 Metrics: ``messaging.client.sent.messages`` and ``messaging.client.consumed.messages``
 (counters), ``messaging.client.operation.duration`` (enqueue and claim, seconds) and
@@ -36,6 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -84,6 +89,9 @@ class OtelInstrumentation(instrumentation.Instrumentation):
         # run id -> its process span, for the link from the attempt that retries it
         self._attempts: OrderedDict[int, trace.SpanContext] = OrderedDict()
         self._remember = remember_attempts
+        # run id -> its attempt whose span is still open: ended by the job's return, or by the
+        # worker giving up on the run first (``given_up``)
+        self._open: dict[int, _Attempt] = {}
         self._lock = threading.Lock()
 
     # -- enqueue -----------------------------------------------------------------
@@ -166,9 +174,7 @@ class OtelInstrumentation(instrumentation.Instrumentation):
         }
         if retry_of is not None:
             attributes["pgtick.run.retry_of"] = str(retry_of)
-        began = time.monotonic()
-        outcomes: list[Outcome] = []
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             f"process {ctx.kind}",
             context=parent,
             kind=SpanKind.CONSUMER,
@@ -176,33 +182,70 @@ class OtelInstrumentation(instrumentation.Instrumentation):
             links=links,
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            with self._lock:
-                self._attempts[ctx.run_id] = span.get_span_context()
-                while len(self._attempts) > self._remember:
-                    self._attempts.popitem(last=False)
-            yield outcomes.append
-            metric = {k: attributes[k] for k in ("messaging.system", "messaging.operation.name")}
-            metric["messaging.destination.name"] = ctx.kind
-            outcome = outcomes[-1] if outcomes else None
-            if outcome is not None:
-                action, error, message = _how_it_ended(ctx, outcome)
-                span.set_attribute("pgtick.run.outcome", action)
-                if error is not None:
-                    span.set_attribute("error.type", error)
-                    span.set_status(Status(StatusCode.ERROR, message))
-                    metric["error.type"] = error
-            self.process_duration.record(time.monotonic() - began, metric)
+        )
+        attempt = _Attempt(ctx, span, time.monotonic())
+        with self._lock:
+            self._attempts[ctx.run_id] = span.get_span_context()
+            while len(self._attempts) > self._remember:
+                self._attempts.popitem(last=False)
+            self._open[ctx.run_id] = attempt
+        outcomes: list[Outcome] = []
+        try:
+            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                yield outcomes.append
+        except BaseException:
+            self._end(attempt, None, record=False)
+            raise
+        self._end(attempt, outcomes[-1] if outcomes else None)
+
+    def given_up(self, ctx: Context, outcome: Outcome) -> None:
+        with self._lock:
+            attempt = self._open.get(ctx.run_id)
+        if attempt is not None and attempt.ctx is ctx:
+            self._end(attempt, outcome)
+
+    def _end(self, attempt: _Attempt, outcome: Outcome | None, *, record: bool = True) -> None:
+        """End the attempt's span with its outcome, once: by the job's return, or by its worker
+        giving up on the run first (``given_up``), whichever comes first."""
+        ctx, span = attempt.ctx, attempt.span
+        with self._lock:
+            if self._open.get(ctx.run_id) is not attempt:
+                return  # ended already
+            del self._open[ctx.run_id]
+        metric = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.name": "process",
+            "messaging.destination.name": ctx.kind,
+        }
+        if outcome is not None:
+            action, error, message = _how_it_ended(ctx, outcome)
+            span.set_attribute("pgtick.run.outcome", action)
+            if error is not None:
+                span.set_attribute("error.type", error)
+                span.set_status(Status(StatusCode.ERROR, message))
+                metric["error.type"] = error
+        span.end()
+        if record:
+            self.process_duration.record(time.monotonic() - attempt.began, metric)
+
+
+@dataclass
+class _Attempt:
+    """A run attempt whose ``process`` span is open."""
+
+    ctx: Context
+    span: trace.Span
+    began: float
 
 
 def _how_it_ended(ctx: Context, outcome: Outcome) -> tuple[str, str | None, str | None]:
-    """The attempt's outcome as the run recorded it: (action, error type, message). A job that
-    returns after the run stopped being its worker's had its result dropped: past its timeout
-    the run was failed as Timeout (by its worker, or the server's reap), otherwise it was
-    reaped or fenced (``abandon``)."""
+    """The attempt's outcome as the run recorded it: (action, error type, message). A run that
+    stopped being its worker's (its job's result, if any, dropped) was failed as Timeout past
+    its timeout (by its worker, or the server's reap), and otherwise reaped or fenced
+    (``abandon``)."""
     if outcome.action == "fail":
         return "fail", (outcome.classes or ["Error"])[0], outcome.message
-    if ctx.abandoned and outcome.action != "abandon":
+    if ctx.abandoned or outcome.action == "abandon":
         if ctx.timeout is not None and time.monotonic() - ctx.timeout_from > ctx.timeout:
             message = f"run {ctx.run_id} exceeded its timeout of {ctx.timeout:g}s"
             return "fail", error_classes(JobTimeout(message))[0], message
