@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pgtick.app import App, Context
     from pgtick.client import AsyncClient, Client, Definition, Run
+    from pgtick.errors import Snooze
 
 try:  # one source: the version in pyproject.toml, as installed
     __version__ = _package_version("pgtick")
 except PackageNotFoundError:  # imported from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["App", "AsyncClient", "Client", "Context", "Definition", "Run", "__version__"]
+__all__ = ["App", "AsyncClient", "Client", "Context", "Definition", "Run", "Snooze", "__version__"]
 
 _HOMES = {
     "App": "pgtick.app",
@@ -28,6 +29,7 @@ _HOMES = {
     "Client": "pgtick.client",
     "Definition": "pgtick.client",
     "Run": "pgtick.client",
+    "Snooze": "pgtick.errors",
 }
 
 

@@ -30,9 +30,9 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, S
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Unpack
 
-from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, UsageError
+from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, Snooze, UsageError
 
 if TYPE_CHECKING:
     from pgtick.client import Client, DefinitionOptions, EnqueueWithConnOptions, Run
@@ -592,6 +592,13 @@ class Context:
         if inspect.iscoroutinefunction(hook):  # called plainly: its coroutine would never run
             raise UsageError(f"job {self.kind}: on_cancel takes a plain function, not async def")
         self._compensations.append(hook)
+
+    def snooze(self, delay: float | timedelta) -> NoReturn:
+        """Stop here and run again later: raises ``pgtick.Snooze(delay)``, which puts the run
+        back to QUEUED, due ``delay`` (seconds or a timedelta, at most 365 days) from now, with
+        the same attempt. Not a failure: no retry policy is asked. A bad ``delay`` raises
+        ``InvalidArgument`` naming it instead."""
+        raise Snooze(delay)
 
     def checkpoint(self) -> Awaitable[None]:
         """Stop here if the run was cancelled, timed out, or is no longer ours.

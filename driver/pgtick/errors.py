@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 
@@ -33,6 +35,43 @@ class Abandoned(JobStopped):
 
 class JobTimeout(Exception):
     """The run exceeded its timeout; it fails with failure_reason 'Timeout'."""
+
+
+class Snooze(Exception):
+    """Raised by job code (or ``ctx.snooze(delay)``) to say "not now, run me again later": the
+    run goes back to QUEUED, due ``delay`` from now, with the same attempt (``jobs.snooze``).
+    Not a failure: no retry policy is asked and no attempt is used up. ``delay`` is seconds (a
+    number) or a ``timedelta``, more than 0 and at most 365 days; anything else is refused here,
+    as an ``InvalidArgument`` naming ``delay``."""
+
+    def __init__(self, delay: float | timedelta) -> None:
+        self.delay = snooze_delay(delay)
+        super().__init__(f"snoozed for {self.delay.total_seconds():g}s")
+
+    def __reduce__(self) -> tuple[type[Snooze], tuple[timedelta]]:
+        return (type(self), (self.delay,))
+
+
+#: The longest snooze ``jobs.snooze`` takes.
+MAX_SNOOZE = timedelta(days=365)
+
+
+def snooze_delay(delay: object) -> timedelta:
+    """``delay`` as a timedelta, or an ``InvalidArgument`` naming it: seconds (an int or a
+    float, not a bool) or a timedelta, more than 0 and at most 365 days, finite."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float | timedelta):
+        raise InvalidArgument(f"delay must be seconds or a timedelta, got {delay!r}", field="delay")
+    if isinstance(delay, timedelta):
+        value = delay
+    elif not math.isfinite(delay) or not 0 < delay <= MAX_SNOOZE.total_seconds():
+        value = None
+    else:
+        value = timedelta(seconds=delay)
+    if value is None or not timedelta(0) < value <= MAX_SNOOZE:
+        raise InvalidArgument(
+            f"delay must be more than 0 seconds and at most 365 days, got {delay!r}", field="delay"
+        )
+    return value
 
 
 # -- errors of the SQL API ----------------------------------------------------------

@@ -29,6 +29,7 @@ class WorkerStats:
     failed: int = 0
     cancelled: int = 0
     abandoned: int = 0
+    snoozed: int = 0
     fenced: int = 0
     heartbeat_failures: int = 0
     max_lateness: float = 0.0
@@ -49,6 +50,8 @@ class WorkerStats:
             self.cancelled += 1
         elif outcome == "abandon":
             self.abandoned += 1
+        elif outcome == "snooze":
+            self.snoozed += 1
         else:
             self.fenced += 1
 

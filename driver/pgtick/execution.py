@@ -10,11 +10,12 @@ import asyncio
 import inspect
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from pgtick import instrumentation
 from pgtick.app import Context, error_classes
-from pgtick.errors import Abandoned, Cancelled, JobTimeout
+from pgtick.errors import Abandoned, Cancelled, JobTimeout, Snooze
 
 if TYPE_CHECKING:
     from pgtick.isolation import ProcessPool
@@ -30,11 +31,11 @@ MAX_TRACEBACK = 5000
 MAX_TRACEBACK_ENTRY = 1000
 
 #: How a run ended in this process.
-Action = Literal["complete", "fail", "cancel", "abandon"]
+Action = Literal["complete", "fail", "cancel", "abandon", "snooze"]
 
 #: What became of an outcome once reported: its action, or "fenced" when the
 #: database no longer had the run RUNNING for this worker.
-Settlement = Literal["complete", "fail", "cancel", "abandon", "fenced"]
+Settlement = Literal["complete", "fail", "cancel", "abandon", "snooze", "fenced"]
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Outcome:
     classes: list[str] | None = None
     message: str | None = None
     reason: str = "Error"
+    #: How long a snoozed run waits before it is due again (action "snooze").
+    delay: timedelta | None = None
 
     @property
     def plain(self) -> bool:
@@ -105,7 +108,10 @@ def outcome_of(ctx: Context, exc: BaseException) -> Outcome:
     the worker has seen the run's cancel requested or lost (so a checkpoint raised it): job
     code that raises either on its own fails its run like any other error, retried by policy
     (cancelled, it would be refused, the database having no cancel requested; abandoned, it
-    would stay RUNNING until the reaper failed it as HeartbeatLost)."""
+    would stay RUNNING until the reaper failed it as HeartbeatLost). ``Snooze`` puts the run
+    back to QUEUED for later (``jobs.snooze``): not a failure."""
+    if isinstance(exc, Snooze):
+        return Outcome(ctx, "snooze", delay=exc.delay)
     if isinstance(exc, Cancelled) and ctx.cancel_requested:
         return Outcome(ctx, "cancel", message=message_of(exc))
     if isinstance(exc, Abandoned) and ctx.abandoned:

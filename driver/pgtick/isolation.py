@@ -72,7 +72,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from pgtick.app import Context, JobSpec, error_classes
-from pgtick.errors import JobTimeout
+from pgtick.errors import JobTimeout, Snooze
 from pgtick.execution import Outcome, error_message, failure, message_of, outcome_of, traceback_text
 from pgtick.reporter import MAX_REFUSAL, refusal_text, result_json, storable
 
@@ -246,6 +246,8 @@ def _cancelled(ctx: Context) -> Outcome:
 def _outcome(ctx: Context, message: tuple[Any, ...]) -> Outcome:
     if message[0] == "ok":
         return Outcome(ctx, "complete", result=message[1])
+    if message[0] == "snooze":  # the job raised pgtick.Snooze: its delay
+        return Outcome(ctx, "snooze", delay=message[1])
     if message[0] == "unstorable":
         why = f"the result could not be stored: {message[1]}"
         log.warning("run=%s kind=%s %s", ctx.run_id, ctx.kind, why)
@@ -592,6 +594,8 @@ def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float
         result = spec.fn(ctx)
         if inspect.iscoroutine(result):  # an async def job behind a plain decorator
             result = asyncio.run(result)
+    except Snooze as exc:
+        return ("snooze", exc.delay)
     except BaseException as exc:
         # Bounded here, before the pipe: a message of a million characters comes back as its
         # head, saying it was shortened, and the traceback after it as its innermost frames.

@@ -165,6 +165,7 @@ def log_outcome(
     worker: str,
     error: str | None = None,
     retry_run_id: int | None = None,
+    snoozed_for: float | None = None,
 ) -> None:
     """One line per run outcome: ``run=12 kind=report definition=nightly status=COMPLETED
     attempt=1 duration=0.53s``; the same facts as fields in JSON."""
@@ -184,12 +185,16 @@ def log_outcome(
     }
     if retry_run_id is not None:
         fields["retry_run_id"] = retry_run_id
+    if snoozed_for is not None:
+        fields["snoozed_for_s"] = snoozed_for
     text = (
         f"run={run_id} kind={kind} definition={definition or '-'} status={status} attempt={attempt}"
         f" duration={compact_duration(duration)}"
     )
     if retry_run_id is not None:
         text += f" retry=run {retry_run_id}"
+    if snoozed_for is not None:
+        text += f" due_in={compact_duration(snoozed_for)}"
     if error:  # its control characters written out: a terminal would obey them, journald hides the line
         lines = printable(error).splitlines()
         text += f" error={lines[0] if lines else ''}"

@@ -40,7 +40,16 @@ from pgtick.logs import log_outcome
 log = logging.getLogger("pgtick.worker")
 
 #: The status each applied action leaves the run in.
-_STATUS = {"complete": "COMPLETED", "fail": "FAILED", "cancel": "CANCELLED", "abandon": "ABANDONED"}
+_STATUS = {
+    "complete": "COMPLETED",
+    "fail": "FAILED",
+    "cancel": "CANCELLED",
+    "abandon": "ABANDONED",
+    "snooze": "SNOOZED",
+}
+
+#: The error a run gets when its job snoozed after its cancellation was requested.
+SNOOZED_WHILE_CANCELLED = "cancelled: its job snoozed after its cancellation was requested"
 
 
 #: The ``error`` of an ABANDONED outcome line.
@@ -107,7 +116,12 @@ def refusal_text(exc: BaseException) -> str:
 
 
 def log_run_outcome(
-    ctx: Context, worker_id: str, status: str, error: str | None = None, retry_run_id: int | None = None
+    ctx: Context,
+    worker_id: str,
+    status: str,
+    error: str | None = None,
+    retry_run_id: int | None = None,
+    snoozed_for: float | None = None,
 ) -> None:
     """The one line a run's outcome gets (``pgtick.logs.log_outcome``), its duration counted
     from when its job began; the reporter writes it, and the heartbeat loop for a run it fails
@@ -122,6 +136,7 @@ def log_run_outcome(
         worker=worker_id,
         error=error,
         retry_run_id=retry_run_id,
+        snoozed_for=snoozed_for,
     )
 
 
@@ -217,7 +232,11 @@ class Reporter:
             log_run_outcome(ctx, self.worker_id, "ABANDONED", ABANDONED)
             self._forget(ctx, left=True)
             return
-        what = {"complete": "completion" if o.plain else "result", "cancel": "cancellation"}
+        what = {
+            "complete": "completion" if o.plain else "result",
+            "cancel": "cancellation",
+            "snooze": "snooze",
+        }
         why = f"the {what.get(o.action, 'error')} could not be stored"
         attempts = [o]
         while attempts:
@@ -249,6 +268,8 @@ class Reporter:
             return calls.complete(
                 conn, ctx.run_id, self.worker_id, result_json(o.result), self.claim_token
             ), None
+        if o.action == "snooze":
+            return self._snooze(conn, o), None
         if o.action == "cancel":
             message = None if o.message is None else storable(o.message)
             return calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, message, self.claim_token), None
@@ -258,6 +279,21 @@ class Reporter:
         )
         retry = failed[0] if failed is not None and failed[1] == "QUEUED" else None
         return failed is not None, retry
+
+    def _snooze(self, conn: psycopg.Connection[Any], o: Outcome) -> bool:
+        """``jobs.snooze`` for ``o``: whether it was applied. Refused because the run's
+        cancellation was requested (the worker had not heard yet), the run ends CANCELLED
+        instead (``o`` becomes that cancellation); refused because the run is no longer this
+        worker's, it is fenced."""
+        ctx = o.ctx
+        assert o.delay is not None
+        if calls.snooze(conn, ctx.run_id, self.worker_id, o.delay, self.claim_token):
+            return True
+        why = SNOOZED_WHILE_CANCELLED
+        if calls.acknowledge_cancel(conn, ctx.run_id, self.worker_id, why, self.claim_token):
+            o.action, o.message = "cancel", SNOOZED_WHILE_CANCELLED
+            return True
+        return False
 
     def timed_out(self, ctx: Context) -> None:
         """Its worker failed the run as Timeout (the heartbeat loop wrote its outcome line):
@@ -297,7 +333,8 @@ class Reporter:
         elif o.action == "fail":
             message = None if o.message is None else storable(o.message)
             error = f"{o.reason}: {message}" if o.reason != "Error" else message
-        log_run_outcome(ctx, self.worker_id, status, error, retry_run_id)
+        snoozed_for = o.delay.total_seconds() if applied and o.action == "snooze" and o.delay else None
+        log_run_outcome(ctx, self.worker_id, status, error, retry_run_id, snoozed_for)
         self._forget(ctx)
 
     def _complete_alone(self, conn: psycopg.Connection[Any], run_id: int) -> bool:

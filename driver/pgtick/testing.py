@@ -23,7 +23,8 @@ in the test's thread (an ``async def`` job on one event loop for the whole test 
 thread of its own, as a worker runs all its async jobs on one loop): it claims them through
 ``jobs.claim``, calls the job function with
 a real ``Context``, and reports through ``jobs.complete`` / ``jobs.fail`` /
-``jobs.acknowledge_cancel`` with a claim token, as a worker does, so retry policies,
+``jobs.acknowledge_cancel`` (``jobs.snooze`` for a job that raises ``pgtick.Snooze``) with a
+claim token, as a worker does, so retry policies,
 backoff and fencing are the database's own, and a result that is not JSON (or that the
 database refuses) fails the run saying why, as it would in production. Each
 ``ctx.checkpoint()`` first asks the database what a worker's heartbeat would tell the job
@@ -56,9 +57,16 @@ from pgtick.aio import EventLoop
 from pgtick.app import App, Context, error_classes
 from pgtick.client import Client, EnqueueWithConnOptions, Run
 from pgtick.db import connect, connect_dicts
-from pgtick.errors import Abandoned, Cancelled, JobTimeout, translate_errors
+from pgtick.errors import Abandoned, Cancelled, JobTimeout, Snooze, translate_errors
 from pgtick.execution import describe, message_of
-from pgtick.reporter import MAX_REFUSAL, refusal_text, refused, result_json, storable
+from pgtick.reporter import (
+    MAX_REFUSAL,
+    SNOOZED_WHILE_CANCELLED,
+    refusal_text,
+    refused,
+    result_json,
+    storable,
+)
 
 __all__ = ["JobsTester", "Outcome", "database", "pgtick_dsn", "pgtick_jobs"]
 
@@ -212,7 +220,12 @@ class JobsTester:
             exception = exc
             # As the worker reads them: a cancel only when one was asked for, a run let go only
             # when it was lost; raised by job code on its own, either is a failure.
-            if isinstance(exc, Cancelled) and ctx.cancel_requested:
+            if isinstance(exc, Snooze):
+                # Back to QUEUED for later, same attempt; asked to cancel meanwhile, CANCELLED.
+                if not calls.snooze(conn, ctx.run_id, WORKER, exc.delay, self._token):
+                    why = SNOOZED_WHILE_CANCELLED
+                    calls.acknowledge_cancel(conn, ctx.run_id, WORKER, why, self._token)
+            elif isinstance(exc, Cancelled) and ctx.cancel_requested:
                 calls.acknowledge_cancel(conn, ctx.run_id, WORKER, storable(message_of(exc)), self._token)
             elif not (isinstance(exc, Abandoned) and ctx.abandoned):
                 reason = "Timeout" if isinstance(exc, JobTimeout) else "Error"

@@ -90,6 +90,36 @@ def test_job_code_raising_cancelled_or_abandoned_itself_fails_as_a_worker_would(
         assert (outcome.status, outcome.error) == ("FAILED", f"{name}: job code raised it"), name
 
 
+snoozed: set[int] = set()
+
+
+@app.job("snoozes-once", max_attempts=1)
+def snoozes_once(ctx: Context) -> str:
+    if ctx.run_id not in snoozed:
+        snoozed.add(ctx.run_id)
+        ctx.snooze(3600)
+    return "done"
+
+
+def test_a_job_that_snoozes_is_queued_again_with_the_same_attempt_as_a_worker_would(
+    pgtick_jobs: JobsTester,
+) -> None:
+    """Not a failure: the run is QUEUED again an hour on, same attempt, no retry row; only a
+    run_due that takes runs not yet due runs it again."""
+    pgtick_jobs.enqueue("snoozes-once")
+    [first] = pgtick_jobs.run_due(app)
+    assert (first.status, first.run.attempt, first.error, first.retry) == ("QUEUED", 1, None, None), first
+    assert type(first.exception).__name__ == "Snooze"
+    assert pgtick_jobs.run_due(app) == [], "the snoozed run ran before its delay"
+    [again] = pgtick_jobs.run_due(app, include_future=True)
+    assert (again.run.id, again.status, again.run.attempt, again.result) == (
+        first.run.id,
+        "COMPLETED",
+        1,
+        "done",
+    )
+
+
 @app.job("cancels-its-own-task")
 async def cancels_its_own_task(ctx: Context) -> None:
     import asyncio
