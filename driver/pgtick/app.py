@@ -158,6 +158,42 @@ def _check_importable(kind: str, fn: object) -> None:
         )
 
 
+#: The bounds of ``memory_limit``: the interpreter, pgtick and psycopg alone take some 30 MB of
+#: a job process's data memory, so a limit below 64 MiB fails every job; x86-64 gives a process
+#: 128 TiB of address space, so a limit above it is no limit (a unit mistaken, bytes meant).
+MIN_MEMORY_LIMIT = 64 * 2**20
+MAX_MEMORY_LIMIT = 2**47
+
+
+def size_text(size: int) -> str:
+    """``size`` bytes as read in a message: ``209715200 bytes (200 MiB)``."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size} bytes ({size / scale:.4g} {unit})"
+    return f"{size} bytes"
+
+
+def _check_memory_limit(kind: str, memory_limit: object, isolation: str) -> None:
+    """A UsageError unless ``memory_limit`` is a whole number of bytes within bounds, given to a
+    process job (a thread or async job shares the worker's memory: no limit of its own)."""
+    if isolation != "process":
+        raise UsageError(
+            f"job {kind}: memory_limit needs isolation='process' (a {isolation} job shares the "
+            "worker process's memory, which no limit of its own can cap)"
+        )
+    if isinstance(memory_limit, bool) or not isinstance(memory_limit, int):
+        raise UsageError(f"job {kind}: memory_limit must be a whole number of bytes, got {memory_limit!r}")
+    if not MIN_MEMORY_LIMIT <= memory_limit <= MAX_MEMORY_LIMIT:
+        raise UsageError(
+            f"job {kind}: memory_limit must be between {MIN_MEMORY_LIMIT} bytes (64 MiB) and "
+            f"{MAX_MEMORY_LIMIT} bytes (128 TiB), got {memory_limit!r}"
+        )
+    try:
+        import resource  # noqa: F401  (POSIX only)
+    except ImportError:
+        raise UsageError(f"job {kind}: memory_limit needs the resource module (POSIX), absent here") from None
+
+
 def _check_database(call: str, target: object, *, conninfo: bool) -> None:
     """A TypeError unless ``target`` is something ``app.enqueue`` writes through: a
     ``pgtick.Client``, or with ``conninfo`` a conninfo string; it says why an ``AsyncClient``
@@ -193,6 +229,7 @@ class JobSpec:
     mutating: bool
     compensate: Compensation | None
     isolation: Isolation = "thread"
+    memory_limit: int | None = None
 
     @cached_property
     def is_async(self) -> bool:
@@ -335,6 +372,7 @@ class App:
         mutating: bool = False,
         compensate: Compensation | None = None,
         isolation: Isolation = "thread",
+        memory_limit: int | None = None,
     ) -> Callable[[JobFunction], JobFunction]:
         """Register ``fn`` as the code of ``kind``.
 
@@ -354,6 +392,9 @@ class App:
         runs the function in a child process that is killed at its timeout or on
         cancel, for code that never reaches a checkpoint (``pgtick.isolation``); its
         function and ``compensate`` must be importable (module-level) functions.
+        ``memory_limit`` (bytes, with ``isolation="process"`` only) caps the data memory of
+        the job's process while the job runs: past it an allocation raises ``MemoryError``
+        and the run fails as ``pgtick.errors.MemoryLimitExceeded``.
         """
         if callable(kind):  # @app.job without its kind: the function came in as the kind
             raise UsageError(
@@ -399,6 +440,8 @@ class App:
             raise UsageError(f"job {kind}: compensate= takes a plain function, not async def")
         if isolation not in ISOLATIONS:
             raise UsageError(f"job {kind}: isolation must be 'thread' or 'process', got {isolation!r}")
+        if memory_limit is not None:
+            _check_memory_limit(kind, memory_limit, isolation)
 
         if compensate is not None:
             _check_takes_context(kind, "compensate=", compensate)
@@ -425,6 +468,7 @@ class App:
                 mutating=mutating,
                 compensate=compensate,
                 isolation=isolation,
+                memory_limit=memory_limit,
             )
             return fn
 

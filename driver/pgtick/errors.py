@@ -74,6 +74,12 @@ def snooze_delay(delay: object) -> timedelta:
     return value
 
 
+class MemoryLimitExceeded(MemoryError):
+    """A process job went past its kind's ``memory_limit`` (an allocation failed in its job
+    process); the run fails with failure_reason 'Error' and this class chain, so a retry
+    policy can name it or ``MemoryError``."""
+
+
 # -- errors of the SQL API ----------------------------------------------------------
 # The one place that maps a SQLSTATE raised by a jobs.* function to a driver exception.
 # The client, the CLI and the testing helpers all go through ``translate_errors``.

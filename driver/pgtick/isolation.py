@@ -50,7 +50,15 @@ ignore SIGINT/SIGTERM (the worker decides when they stop) and exit when the work
 dies. Job code in a child shares module-level state with the jobs that ran before it in
 that child, as it does in a thread. A worker inside a daemonic ``multiprocessing`` process
 cannot start job processes (Python forbids it): such runs fail with the reason in their
-error. Measured costs are in the README ("Running jobs: threads, async, processes").
+error.
+
+A kind's ``memory_limit`` caps the job process's data memory (``RLIMIT_DATA``, the soft
+limit) while its job runs, and is lifted after it for the next job: past it an allocation
+raises ``MemoryError``, which the run's error reports as ``MemoryLimitExceeded`` naming the
+limit; a job process that dies instead fails its run as ``JobProcessExited``, the error
+naming the limit too.
+
+Measured costs are in the README ("Running jobs: threads, async, processes").
 """
 
 from __future__ import annotations
@@ -68,11 +76,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from pgtick.app import Context, JobSpec, error_classes
-from pgtick.errors import JobTimeout, Snooze
+from pgtick.app import Context, JobSpec, error_classes, size_text
+from pgtick.errors import JobTimeout, MemoryLimitExceeded, Snooze
 from pgtick.execution import Outcome, error_message, failure, message_of, outcome_of, traceback_text
 from pgtick.reporter import MAX_REFUSAL, refusal_text, result_json, storable
 
@@ -188,7 +198,14 @@ class JobProcess:
         self.kill_tree()  # what its job started ends with it (the child, not yet reaped, holds its id)
         self.process.join(5)
         code = self.process.exitcode
-        error = JobProcessExited(f"job process pid {self.pid} exited with code {code} before reporting")
+        said = f"job process pid {self.pid} exited with code {code} before reporting"
+        if ctx.spec.memory_limit is not None:
+            # Code that aborts when an allocation fails (a C extension) ends so, not raising.
+            said += (
+                f"; it ran under its kind's memory limit of {size_text(ctx.spec.memory_limit)},"
+                " which an allocation that ended it may have exceeded"
+            )
+        error = JobProcessExited(said)
         return outcome_of(ctx, error)
 
     def kill(self) -> None:
@@ -588,15 +605,58 @@ def kill_descendants(root: int, *, stopped_root: bool) -> None:
         _signal(pid, signal.SIGKILL)
 
 
+@contextmanager
+def _memory_limit(limit: int | None) -> Iterator[None]:
+    """Cap this process's data memory at ``limit`` bytes while the job runs (the soft limit
+    alone: the process's own settles it back after the job, for the next job of the pool).
+
+    RLIMIT_DATA, not RLIMIT_AS: the address space counts what is reserved, not used. Measured
+    on Linux 6.18 with CPython 3.11, eight threads that each allocated a kilobyte took a process
+    from 58 MB of address space to 634 MB (a 64 MiB malloc arena and an 8 MiB stack reserved
+    per thread) and from 26 MB of data to 91 MB; under RLIMIT_AS at 200 MiB, starting them
+    failed with MemoryError in the thread machinery and hung the process. RLIMIT_DATA (Linux
+    4.7 and later: private writable memory, the heap and anonymous mappings, thread stacks
+    included) refuses a 1 GiB bytearray as RLIMIT_AS does, with MemoryError before a page of
+    it is touched, and lets the threads start. Memory mapped from a file or shared is not
+    counted, nor what the processes the job starts use (each inherits the limit, its own)."""
+    if limit is None:
+        yield
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    capped = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (capped, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _over_limit(ctx: Context, limit: int, exc: MemoryError) -> MemoryLimitExceeded:
+    """The MemoryError of a job past its kind's memory limit, as the run's error says it."""
+    detail = message_of(exc)
+    said = f" ({detail})" if detail else ""
+    error = MemoryLimitExceeded(
+        f"run {ctx.run_id} exceeded its memory limit of {size_text(limit)}: an allocation in its"
+        f" job process failed{said}"
+    )
+    return error.with_traceback(exc.__traceback__)
+
+
 def _run_here(spec: JobSpec, run: dict[str, Any], worker_id: str, timeout: float | None) -> tuple[Any, ...]:
     ctx = Context(run, spec, worker_id, timeout)
     try:
-        result = spec.fn(ctx)
-        if inspect.iscoroutine(result):  # an async def job behind a plain decorator
-            result = asyncio.run(result)
+        with _memory_limit(spec.memory_limit):
+            result = spec.fn(ctx)
+            if inspect.iscoroutine(result):  # an async def job behind a plain decorator
+                result = asyncio.run(result)
     except Snooze as exc:
         return ("snooze", exc.delay)
     except BaseException as exc:
+        if spec.memory_limit is not None and isinstance(exc, MemoryError):
+            if not isinstance(exc, MemoryLimitExceeded):
+                exc = _over_limit(ctx, spec.memory_limit, exc)
         # Bounded here, before the pipe: a message of a million characters comes back as its
         # head, saying it was shortened, and the traceback after it as its innermost frames.
         # Both are read even if the error's __str__ raises.

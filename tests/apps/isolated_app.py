@@ -51,6 +51,28 @@ def isolated_returns(ctx: Context) -> dict[str, Any]:
     return {"pid": os.getpid(), "echo": ctx.payload.get("echo")}
 
 
+@app.job(
+    "memory-capped",
+    isolation="process",
+    memory_limit=200 * 2**20,
+    retry_on=[MemoryError],
+    max_attempts=2,
+    backoff=0.2,
+    jitter=0.0,
+)
+def memory_capped(ctx: Context) -> dict[str, int]:
+    """Allocates one ``bytearray`` of the payload's ``allocate`` bytes (untouched past its
+    zeroing, and not even that when the allocation is refused)."""
+    block = bytearray(int(ctx.payload["allocate"]))
+    return {"pid": os.getpid(), "allocated": len(block)}
+
+
+@app.job("stuck-memory-capped", isolation="process", memory_limit=200 * 2**20)
+@recorded
+def stuck_memory_capped(ctx: Context) -> None:
+    time.sleep(3600)
+
+
 class TwoPartError(Exception):
     """An error that pickles but cannot be unpickled: pickle rebuilds it from ``args``, which
     holds one of the two arguments its ``__init__`` requires."""

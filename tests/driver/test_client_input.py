@@ -414,6 +414,20 @@ JOB_OPTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("jitter-over-one", {"jitter": 5}, "jitter"),
     ("timeout-nan", {"timeout": float("nan")}, "timeout"),
     ("timeout-text", {"timeout": "30"}, "timeout"),
+    # A memory limit caps a job process; a thread or async job shares the worker's memory.
+    ("memory-limit-on-a-thread-job", {"memory_limit": 2**30}, "memory_limit needs isolation='process'"),
+    ("memory-limit-zero", {"isolation": "process", "memory_limit": 0}, "memory_limit must be between"),
+    ("memory-limit-negative", {"isolation": "process", "memory_limit": -1}, "memory_limit must be between"),
+    # Megabytes meant for bytes: below what the interpreter alone takes.
+    (
+        "memory-limit-in-megabytes",
+        {"isolation": "process", "memory_limit": 512},
+        "memory_limit must be between",
+    ),
+    ("memory-limit-past-any-address-space", {"isolation": "process", "memory_limit": 2**60}, "memory_limit"),
+    ("memory-limit-text", {"isolation": "process", "memory_limit": "512MB"}, "memory_limit must be a whole"),
+    ("memory-limit-float", {"isolation": "process", "memory_limit": 2.5e8}, "memory_limit must be a whole"),
+    ("memory-limit-true", {"isolation": "process", "memory_limit": True}, "memory_limit must be a whole"),
 ]
 
 

@@ -8,6 +8,8 @@
 * Results come back; consecutive jobs reuse the pool's child process. A result that
   cannot be pickled (or unpickled) is stored if it is JSON, and otherwise fails the run as
   a thread job's result that is not JSON does.
+* A job past its kind's ``memory_limit`` fails (``MemoryLimitExceeded``, retried by its
+  policy) saying the limit, and its job process runs the next job.
 * A worker cut off from the database kills a job process once no heartbeat has confirmed
   the run within its heartbeat timeout, and reports nothing: the job does not run on
   beside the retry another worker starts after reaping the run.
@@ -339,12 +341,64 @@ def test_a_result_that_does_not_come_back_from_the_job_process_is_stored_when_js
     assert runs[1][4] is not None and set(runs[1][4]) == {"pid"} and runs[1][4]["pid"] != replica.pid, context
 
 
-def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
+def test_a_process_job_past_its_memory_limit_fails_by_its_policy_and_its_process_runs_the_next_job(
     procs: Processes, conn: Conn
+) -> None:
+    """A job of a kind declared with ``memory_limit=200 MiB`` that allocates 1 GiB at once
+    fails (MemoryLimitExceeded, a MemoryError: retried by its policy) saying the limit; the
+    job process stays up and, the limit lifted, runs the next job, within the limit, to
+    completion, as does the worker."""
+    replica = procs.replica("isolated_app.py", "replica", "--concurrency", "1")
+    hog = scalar(conn, "SELECT id FROM jobs.enqueue('memory-capped', %s)", (json.dumps({"allocate": 2**30}),))
+    wait_for(
+        f"run {hog} and its retry to fail",
+        lambda: scalar(conn, "SELECT count(*) = 2 FROM jobs.runs WHERE status = 'FAILED'") or None,
+        timeout=60,
+    )
+    within = scalar(
+        conn, "SELECT id FROM jobs.enqueue('memory-capped', %s)", (json.dumps({"allocate": 2**24}),)
+    )
+    status = wait_finished(conn, within)
+    runs = conn.execute(
+        "SELECT id, retry_of, attempt, status, failure_reason, error, result FROM jobs.runs ORDER BY id"
+    ).fetchall()
+    alive = replica.popen.poll()
+    log = replica.log()
+
+    context = f"runs {runs}\n{log}"
+    failed, retry, completed = runs
+    assert (retry[1], retry[2]) == (hog, 2), f"MemoryError not retried: {context}"
+    limit = "209715200 bytes (200 MiB)"
+    for r in (failed, retry):
+        assert r[3:5] == ("FAILED", "Error"), context
+        said = f"MemoryLimitExceeded: run {r[0]} exceeded its memory limit of {limit}: an allocation in its"
+        assert r[5].startswith(said), context
+        assert "Traceback (most recent call last)" in r[5] and "memory_capped" in r[5], context
+    assert status == "COMPLETED" and completed[6]["allocated"] == 2**24, context
+    job_pid = completed[6]["pid"]
+    assert f"job process pid {job_pid}:" in failed[5], f"the job process did not outlive its error: {context}"
+    assert alive is None, f"the worker died: {context}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "note"),
+    [
+        ("stuck-mutating", ""),
+        # Killed under a memory limit (as code that aborts when an allocation fails ends): the
+        # error says the limit, which the run may have exceeded; never a clean completion.
+        (
+            "stuck-memory-capped",
+            "; it ran under its kind's memory limit of 209715200 bytes (200 MiB), which an allocation"
+            " that ended it may have exceeded",
+        ),
+    ],
+)
+def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
+    procs: Processes, conn: Conn, kind: str, note: str
 ) -> None:
     replica = procs.replica("isolated_app.py", "replica")
     assert replica.worker_id  # started: its tables exist
-    run_id = scalar(conn, "SELECT id FROM jobs.enqueue('stuck-mutating')")
+    run_id = scalar(conn, "SELECT id FROM jobs.enqueue(%s)", (kind,))
     child = wait_started(conn, run_id)
     os.kill(child, signal.SIGKILL)
     status = wait_finished(conn, run_id)
@@ -356,7 +410,7 @@ def test_a_job_process_killed_from_outside_fails_the_run_with_its_exit_code(
     assert run is not None
     context = f"run {run_id}: {status} {run}; compensations {compensations}\n{log}"
     assert status == "FAILED" and run[0] == "Error", context
-    expected = f"JobProcessExited: job process pid {child} exited with code -9 before reporting"
+    expected = f"JobProcessExited: job process pid {child} exited with code -9 before reporting{note}"
     assert run[1] == expected, context
     assert compensations == 0, f"a failure is not a cancel: {context}"
     assert alive is None, f"the worker died with its job process: {context}"
