@@ -672,6 +672,7 @@ CREATE OR REPLACE FUNCTION jobs.snooze(run_id bigint, worker text, delay interva
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET enable_seqscan = off  -- plans made on a small jobs.runs (worker.sql)
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -281,6 +281,7 @@ CREATE OR REPLACE FUNCTION jobs.fail(
 RETURNS jobs.runs
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET enable_seqscan = off  -- plans made on a small jobs.runs (worker.sql)
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

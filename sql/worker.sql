@@ -22,7 +22,10 @@
 -- it fills with runs, until autovacuum next analyzes it (never, where it is off). So the
 -- calls that find runs by id or by their worker run with sequential scans off
 -- (enable_seqscan = off): each finds its rows through an index whatever size the table had
--- when its plans were made. A table without an index is still read whole.
+-- when its plans were made. A table without an index is still read whole, and priced as a
+-- disabled scan, above jit_above_cost: so these calls also run with jit = off, or on a server
+-- with JIT each would compile its plan again at every call (half a second for a failure's
+-- retry, which reads jobs.config).
 -- ===========================================================================
 
 -- Whether a run (its status, worker and claim_token_hash) is still held by worker with this
@@ -127,7 +130,8 @@ CREATE OR REPLACE FUNCTION jobs.heartbeat(run_ids bigint[], worker text, claim_t
 RETURNS TABLE (run_id bigint, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off
+SET jit = off AS $$
 DECLARE
     v_token_hash bytea := jobs._fence_hash(heartbeat.worker, heartbeat.claim_token);
     v_locked bigint[];
@@ -234,7 +238,8 @@ CREATE OR REPLACE FUNCTION jobs.hand_back_unheld(held bigint[], worker text, cla
 RETURNS TABLE (run_id bigint, status jobs.run_status)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET lock_timeout = '5s'
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(hand_back_unheld.worker, hand_back_unheld.claim_token);
@@ -321,7 +326,8 @@ COMMENT ON FUNCTION jobs.hand_back_unheld(bigint[], text, text) IS 'For a worker
 CREATE OR REPLACE FUNCTION jobs.complete(run_id bigint, worker text, result jsonb DEFAULT NULL, claim_token text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(complete.worker, complete.claim_token);
@@ -368,7 +374,8 @@ RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
-SET enable_bitmapscan = off AS $$
+SET enable_bitmapscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_token_hash bytea := jobs._fence_hash(complete_many.worker, complete_many.claim_token);
@@ -410,7 +417,8 @@ CREATE OR REPLACE FUNCTION jobs.acknowledge_cancel(
 )
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
     IF NOT jobs._hold_own_run(acknowledge_cancel.run_id, acknowledge_cancel.worker, acknowledge_cancel.claim_token) THEN
@@ -447,7 +455,8 @@ CREATE OR REPLACE FUNCTION jobs.unclaim(run_ids bigint[], worker text, claim_tok
 RETURNS TABLE (run_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off AS $$
+SET enable_seqscan = off
+SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_keyed boolean;

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from harness import Conn, Database, add_definition, add_runs, scalar
 
 STATS = """
@@ -304,3 +306,47 @@ def test_a_worker_that_started_on_an_empty_table_finds_its_runs_by_index_as_it_f
         )
         read_whole = _worker_cycle(conn, worker)
     assert read_whole == {}, f"calls that read all of jobs.runs (sequential scans per call): {read_whole}"
+
+
+def test_every_function_that_turns_a_plan_node_off_turns_jit_off_too(conn: Conn) -> None:
+    """A scan a function's statement cannot avoid (jobs.config has no index) with that scan
+    type turned off is priced as a disabled node, far above jit_above_cost: on a server with
+    JIT (PostgreSQL's default where LLVM is installed) its generic plan would be compiled again
+    at every call, half a second of server CPU for each failed run's retry. So every function
+    that turns a plan node off (enable_seqscan, enable_sort, ...) also sets jit = off."""
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text, p.proconfig FROM pg_proc AS p"
+        " WHERE p.pronamespace = 'jobs'::regnamespace"
+        "   AND EXISTS (SELECT FROM unnest(p.proconfig) AS c WHERE c LIKE 'enable\\_%=off')"
+        " ORDER BY 1"
+    ).fetchall()
+    assert len(rows) >= 8, rows  # the worker's calls: claim, heartbeat, complete, fail, ...
+    without = [name for name, config in rows if "jit=off" not in config]
+    assert not without, f"functions that turn a plan node off but leave JIT on: {without}"
+
+
+def test_a_failure_with_a_retry_compiles_nothing_where_jit_is_on(db: Database) -> None:
+    """Where the server has JIT, a worker's failure of a run whose kind retries, and the retry it
+    queues, run without compiling a plan (pg_stat_statements is not needed: JIT compilation
+    shows as the jit counters of EXPLAIN ANALYZE, so the statement inside is checked through
+    auto_explain's plan of it at the same settings)."""
+    with db.connect() as conn:
+        if not scalar(conn, "SELECT pg_jit_available()"):
+            pytest.skip("this server has no JIT (the catalog test above holds the rule here)")
+        conn.execute("SELECT jobs.set_retry_policy('flaky', max_attempts => 3)")
+        (run_id,) = add_runs(conn, 1, kind="flaky")
+        assert [r[0] for r in conn.execute("SELECT id FROM jobs.claim(1, 'w')")] == [run_id]
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET auto_explain.log_analyze = on")
+        conn.execute("SET auto_explain.log_level = notice")
+        conn.execute("SET client_min_messages = notice")
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        retry = scalar(conn, "SELECT (jobs.fail(%s, 'w', message => 'boom')).id", (run_id,))
+        assert retry is not None and retry != run_id, retry
+        plans = [n for n in notices if "plan:" in n]
+        assert plans, notices
+        compiled = [n for n in plans if "JIT:" in n]
+        assert not compiled, "a statement of jobs.fail was JIT-compiled:\n" + "\n\n".join(compiled)
