@@ -12,8 +12,9 @@ the session keeps: ``jobs.enqueue`` of a small payload, the same with an idempot
 never used before (over a history of 30 days, each with 100 keyed runs), what
 ``Client.get_run`` sends for a live run (``jobs.get_run`` where the schema has it, else a read
 of ``jobs.runs_all``), ``jobs.next_due()`` over a queue of future runs, ``jobs.heartbeat``
-of one run, ``jobs.complete`` of one run, and ``jobs.fail`` of one run whose kind's policy
-allows a retry (so the retry row is inserted). The two schemas
+of one run, ``jobs.complete`` of one run, ``jobs.fail`` of one run whose kind's policy
+allows a retry (so the retry row is inserted), and ``jobs.claim()`` of one run without a
+worker name (the session's own name is then the worker). The two schemas
 alternate, round after round, so that a burst of load elsewhere hits both. Prints one JSON
 line per call: the median microseconds of backend CPU per call for each schema over the
 rounds, every round's figure, their ratio and the load average.
@@ -52,7 +53,7 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
         # future runs for next_due to look over.
         conn.execute(
             "INSERT INTO jobs.runs (kind, origin) SELECT %s, 'manual' FROM generate_series(1, %s)",
-            (KIND, 3 * (calls + WARM)),
+            (KIND, 4 * (calls + WARM)),
         )
         conn.execute(
             "INSERT INTO jobs.runs (kind, origin, scheduled_for)"
@@ -79,9 +80,11 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         pid = int(row[0])
-        runs = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(1000, 'w')")]
+        # Three runs per call claimed for the calls on claimed runs, one left for the claim.
+        runs: list[int] = []
         while len(runs) < 3 * (calls + WARM):
-            more = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(1000, 'w')")]
+            batch = min(1000, 3 * (calls + WARM) - len(runs))
+            more = [int(r[0]) for r in conn.execute("SELECT id FROM jobs.claim(%s, 'w')", (batch,))]
             if not more:
                 raise SystemExit(f"claimed {len(runs)} runs, expected {3 * (calls + WARM)}")
             runs += more
@@ -108,6 +111,7 @@ def measure(dsn: str, calls: int) -> dict[str, float]:
             "fail": lambda i: conn.execute(
                 "SELECT (jobs.fail(%s, 'w', message => 'boom')).id", (next(failed),)
             ),
+            "claim_unnamed": lambda i: conn.execute("SELECT id FROM jobs.claim()"),
         }
         for name, step in steps.items():
             for i in range(WARM):
