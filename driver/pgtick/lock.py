@@ -69,13 +69,33 @@ def _in_terminal_foreground() -> bool:
 
 
 def _gone(pgid: int) -> bool:
-    """Whether no process of the group ``pgid`` is left."""
+    """Whether no process of the group ``pgid`` is left running. A process that has ended
+    stays a member until its parent reaps it, and a parent may never do so (pgtick lock as a
+    container's PID 1 inherits every orphan and reaps none): such members do not count."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # a member changed its user: it is there
         return False
+    return not _running_members(pgid)
+
+
+def _running_members(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` runs (or may: true where /proc cannot tell)."""
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return True
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):  # ended meanwhile, or not ours to read
+            continue
+        # After the name: state, ppid, pgrp. Z and X: ended, not yet reaped (or being reaped).
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
     return False
 
 

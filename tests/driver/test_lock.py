@@ -254,6 +254,26 @@ def test_a_frozen_holder_has_its_command_stopped_before_its_lease_expires(
     assert "pgtick lock: pgtick did not renew the lease in time; stopping the command" in log, log
 
 
+def test_a_group_left_with_only_ended_processes_counts_as_gone(tmp_path: Path) -> None:
+    """A process that has ended stays in its process group until its parent reaps it, and a
+    parent may never do so (pgtick lock as a container's PID 1 inherits the command's orphans
+    and reaps none): such a group counts as gone, or every exit of pgtick lock would wait out
+    its grace and a SIGKILL to processes that have already ended."""
+    from pgtick.lock import _gone
+
+    ended = subprocess.Popen(["true"], process_group=0)  # not reaped until the end of the test
+    running = subprocess.Popen(["sleep", "60"], process_group=0)
+    try:
+        wait_for(f"pid {ended.pid} to end", lambda: not _alive(ended.pid) or None, 60)
+        assert _gone(ended.pid), "a group whose only member has ended (a zombie) counts as running"
+        assert not _gone(running.pid), "a group with a running member counts as gone"
+    finally:
+        running.kill()
+        running.wait()
+        ended.wait()
+    assert _gone(running.pid) and _gone(ended.pid)
+
+
 def test_lock_passes_the_exit_status_through_and_releases_on_exit(db: Database, tmp_path: Path) -> None:
     with db.connect() as conn:
         failed = pgtick(*lock(db.dsn, "report", "sh", "-c", "echo out; exit 3", ttl=600))
