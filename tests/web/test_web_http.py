@@ -353,15 +353,16 @@ def test_a_loopback_dashboard_answers_only_requests_addressed_to_the_loopback(db
             assert local.get("/runs").status_code == 200, base
 
 
+@pytest.mark.parametrize(("bind", "address"), [("127.0.0.2", "127.0.0.2"), ("127.1", "127.0.0.1")])
 def test_pgtick_web_bound_to_another_loopback_address_answers_requests_addressed_to_it(
-    db: Database,
+    db: Database, bind: str, address: str
 ) -> None:
-    """127.0.0.2 is the loopback too: bound there, the dashboard answers the address it
-    announced (it answered every request with 400 "Invalid host header"), and still no other
-    name (DNS rebinding)."""
+    """127.0.0.2 is the loopback too, and so is 127.1 (short for 127.0.0.1): bound there, the
+    dashboard answers the address it is bound to and still no other name (DNS rebinding), and
+    does not warn that other machines can reach it."""
     port = free_port()
     proc = subprocess.Popen(
-        [*PGTICK, "web", "--dsn", db.dsn_as("pgtick_t_reader"), "--bind", f"127.0.0.2:{port}"],
+        [*PGTICK, "web", "--dsn", db.dsn_as("pgtick_t_reader"), "--bind", f"{bind}:{port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -372,7 +373,7 @@ def test_pgtick_web_bound_to_another_loopback_address_answers_requests_addressed
             raise AssertionError(
                 f"pgtick web exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
             )
-        request = urllib.request.Request(f"http://127.0.0.2:{port}/runs")
+        request = urllib.request.Request(f"http://{address}:{port}/runs")
         if host is not None:
             request.add_header("Host", host)
         try:
@@ -390,6 +391,8 @@ def test_pgtick_web_bound_to_another_loopback_address_answers_requests_addressed
         terminate(proc, 60)
     assert answered == 200, answered
     assert rebound == 400, rebound
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert "reachable from other machines" not in stderr, stderr
 
 
 def test_pages_answer_after_the_server_dropped_the_dashboards_connections(

@@ -102,8 +102,11 @@ def _config(
     from pgtick.web.app import create_app
 
     host, _ = parse_bind(bind)
-    port = sock.getsockname()[1]  # the one the system chose, for port 0
-    if not _is_loopback(host):
+    # The address the socket holds, not the text given: 127.1 and a name that resolves to
+    # the loopback are the loopback too, and get its guard against other Host names.
+    address, port = sock.getsockname()[:2]  # (port: the one the system chose, for port 0)
+    loopback = _is_loopback(address)
+    if not loopback:
         log.warning(
             "dashboard bound to %s, reachable from other machines: put it behind TLS%s",
             host,
@@ -119,7 +122,7 @@ def _config(
             dsn,
             secret,
             # (and the loopback address it is bound to, 127.0.0.2 as well as 127.0.0.1)
-            allowed_hosts=(*LOOPBACK_NAMES, host) if _is_loopback(host) else None,
+            allowed_hosts=(*LOOPBACK_NAMES, host, address) if loopback else None,
             db_timeout=db_timeout,
             cookie_secure=cookie_secure,
             trust_proxy=trust_proxy,
