@@ -1005,6 +1005,31 @@ def test_a_login_without_the_operator_role_gets_a_read_only_dashboard(
     assert status_of(conn, seeded.queued) == "QUEUED"
 
 
+def test_a_grant_or_revoke_of_the_operator_role_takes_effect_at_the_next_request(
+    db: Database, seeded: Seeded, conn: Conn
+) -> None:
+    """The dashboard reads the login's roles in each request's transaction, not once at
+    start: granted jobs_operator while it runs, the login can act without a restart; revoked,
+    an action is refused with the reason, nothing changed."""
+    with db.login_without_grants("dash") as name:
+        role = sql.Identifier(name)
+        conn.execute(sql.SQL("GRANT jobs_reader TO {}").format(role))
+        with _client(db.dsn_as(name), Secret.from_plain(PASSWORD)) as dashboard:
+            refused = dashboard.post(
+                "/login", data={"csrf": csrf_of(dashboard), "name": "bob", "password": PASSWORD}
+            )
+            assert refused.status_code == 403 and "not a member of jobs_operator" in refused.text
+            conn.execute(sql.SQL("GRANT jobs_operator TO {}").format(role))
+            csrf = login(dashboard, "bob")
+            assert 'action="/runs/' in dashboard.get(f"/runs/{seeded.queued}").text, "no action offered"
+            conn.execute(sql.SQL("REVOKE jobs_operator FROM {}").format(role))
+            response = post(dashboard, f"/runs/{seeded.queued}/cancel", csrf)
+            assert response.status_code == 403, response.text
+            assert "not a member of jobs_operator" in response.text
+            assert status_of(conn, seeded.queued) == "QUEUED"
+            assert 'action="/runs/' not in dashboard.get(f"/runs/{seeded.queued}").text, "an action offered"
+
+
 def test_without_an_operator_password_the_dashboard_is_read_only(db: Database, seeded: Seeded) -> None:
     with _client(db.dsn_as("pgtick_t_operator"), None) as anonymous:
         assert "started without an operator password" in anonymous.get("/login").text

@@ -137,9 +137,6 @@ class Database:
 
     async def open(self) -> None:
         await self.pool.open(wait=True, timeout=30)
-        async with self._connection() as conn:
-            row = await queries.access(conn)
-            self.access = Access(row["login"], row["reader"], row["operator"])
         async with self.reading() as conn:
             self.features = await features(conn)
 
@@ -150,22 +147,26 @@ class Database:
     async def reading(self) -> AsyncIterator[Conn]:
         """A read-only transaction as jobs_reader (or as the login, if it cannot take that role)."""
         async with self._connection() as conn, conn.transaction():
-            await queries.begin_reading(conn, as_reader=self.access.reader, timeout=self.timeout)
+            self._saw(await queries.begin_reading(conn, timeout=self.timeout))
             yield conn
 
     @asynccontextmanager
     async def acting(self) -> AsyncIterator[Conn]:
         """A transaction as jobs_operator: the action and its audit entry commit together."""
-        if not self.access.operator:
-            raise ActionsUnavailable(
-                f"the database login {self.access.login!r} is not a member of jobs_operator, "
-                "so the dashboard is read-only"
-            )
         # Cut while the commit was on its way, the change may have been made.
         unsure = "; the change may or may not have been made: look before trying again"
         async with self._connection(unsure) as conn, conn.transaction():
-            await queries.begin_acting(conn, timeout=self.timeout)
+            self._saw(await queries.begin_acting(conn, timeout=self.timeout))
+            if not self.access.operator:
+                raise ActionsUnavailable(
+                    f"the database login {self.access.login!r} is not a member of jobs_operator, "
+                    "so the dashboard is read-only"
+                )
             yield conn
+
+    def _saw(self, row: dict[str, Any]) -> None:
+        """The login's access as a transaction just read it (the pages offer actions by it)."""
+        self.access = Access(row["login"], row["reader"], row["operator"])
 
     @asynccontextmanager
     async def _connection(self, unsure: str = "") -> AsyncIterator[Conn]:

@@ -40,51 +40,56 @@ class Features:
         return name in self.relations or name in self.columns
 
 
-async def access(conn: Conn) -> Row:
-    """The login and whether it may take the reader and operator roles."""
-    cur = await conn.execute(
-        """
-        SELECT current_user AS login,
-               pg_catalog.pg_has_role('jobs_reader', 'MEMBER') AS reader,
-               pg_catalog.pg_has_role('jobs_operator', 'MEMBER') AS operator
-        """
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return row
+#: The login and whether it may take the reader and operator roles, read in every page's and
+#: action's transaction (before its role is set): a grant or revoke takes effect at the next
+#: request, not at the dashboard's restart.
+_ACCESS = (
+    "current_user AS login,"
+    " pg_catalog.pg_has_role('jobs_reader', 'MEMBER') AS reader,"
+    " pg_catalog.pg_has_role('jobs_operator', 'MEMBER') AS operator"
+)
 
 
-async def begin_reading(conn: Conn, *, as_reader: bool, timeout: float) -> None:
+async def begin_reading(conn: Conn, *, timeout: float) -> Row:
     """Settings of a page's transaction: read only, the dashboard's limit (seconds) on each
-    statement, times in UTC, the reader role."""
+    statement, times in UTC, the reader role if the login may take it. Returns the login's
+    access (``_ACCESS``)."""
     await conn.execute("SET TRANSACTION READ ONLY")
-    await _transaction_settings(conn, timeout)
-    if as_reader:
+    access = await _transaction_settings(conn, timeout)
+    if access["reader"]:
         await conn.execute("SET LOCAL ROLE jobs_reader")
+    return access
 
 
-async def begin_acting(conn: Conn, *, timeout: float) -> None:
+async def begin_acting(conn: Conn, *, timeout: float) -> Row:
     """Settings of an action's transaction: the dashboard's limit (seconds) on each
-    statement, times in UTC, the operator role."""
-    await _transaction_settings(conn, timeout)
-    await conn.execute("SET LOCAL ROLE jobs_operator")
+    statement, times in UTC, the operator role if the login may take it (the caller refuses
+    the action otherwise). Returns the login's access (``_ACCESS``)."""
+    access = await _transaction_settings(conn, timeout)
+    if access["operator"]:
+        await conn.execute("SET LOCAL ROLE jobs_operator")
+    return access
 
 
-async def _transaction_settings(conn: Conn, timeout: float) -> None:
+async def _transaction_settings(conn: Conn, timeout: float) -> Row:
     """``SET LOCAL statement_timeout`` to `timeout` seconds (in whole milliseconds, from 1 to
     the setting's maximum), ``TimeZone`` to UTC: the pages show times in UTC, and what the
     server computes per minute or per day (the charts' buckets) follows the session's zone,
     which the database or the login may set to another; and ``jit`` off: the statements run
     in milliseconds, but the estimates of some (every definition with its streaks, over a
     large history) pass ``jit_above_cost``, and compiling them took longer than running them
-    (over half a second of each /definitions page)."""
+    (over half a second of each /definitions page). Returns the login's access, in the same
+    round trip."""
     milliseconds = min(2**31 - 1, max(1, round(timeout * 1000)))
-    await conn.execute(
+    cur = await conn.execute(
         "SELECT pg_catalog.set_config('statement_timeout', %s, true),"
         " pg_catalog.set_config('TimeZone', 'UTC', true),"
-        " pg_catalog.set_config('jit', 'off', true)",
+        " pg_catalog.set_config('jit', 'off', true), " + _ACCESS,
         (str(milliseconds),),
     )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
 
 
 async def features(conn: Conn) -> Features:
