@@ -149,6 +149,47 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 COMMENT ON FUNCTION jobs._folded_note(bigint) IS 'Private: the text appended to the error of a run whose retry, snooze or give-back (jobs.unclaim, jobs.hand_back_unheld) folded into the QUEUED run carrier of its unique key.';
 
+-- Private: of these runs of a unique key (ids, with the run whose retry chain others may wait on,
+-- their kinds and keys), those that fold into another QUEUED run of their key instead of going
+-- back to the queue themselves: the newest queued one other than the other_than ids, or the
+-- first of these runs (in id order) that goes back for the key. A run whose chain other runs
+-- wait on never folds, and may carry the later ones of its key. Returns (run_id, carrier).
+CREATE OR REPLACE FUNCTION jobs._carriers(
+    ids bigint[], chains bigint[], kinds text[], unique_keys text[], other_than bigint[]
+)
+RETURNS TABLE (run_id bigint, carrier bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_run record;
+    v_carrier bigint;
+    v_kept_keys text[] := '{}';   -- the keys of the runs that go back, and
+    v_kept_ids bigint[] := '{}';  --   the first of each key
+    v_key text;
+BEGIN
+    FOR v_run IN
+        SELECT u.id, u.chain, u.kind, u.unique_key
+          FROM unnest(_carriers.ids, _carriers.chains, _carriers.kinds, _carriers.unique_keys)
+               AS u (id, chain, kind, unique_key)
+         ORDER BY u.id
+    LOOP
+        v_key := jsonb_build_array(v_run.kind, v_run.unique_key)::text;
+        v_carrier := coalesce(jobs._queued_run_of_key(v_run.kind, v_run.unique_key, _carriers.other_than),
+                              v_kept_ids[array_position(v_kept_keys, v_key)]);
+        IF v_carrier IS NULL OR jobs._waited_on_chain(v_run.chain) THEN
+            IF v_key <> ALL (v_kept_keys) THEN
+                v_kept_keys := v_kept_keys || v_key;
+                v_kept_ids := v_kept_ids || v_run.id;
+            END IF;
+            CONTINUE;
+        END IF;
+        run_id := v_run.id;
+        carrier := v_carrier;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION jobs._carriers(bigint[], bigint[], text[], text[], bigint[]) IS 'Private: (run_id, carrier) for each of these runs of a unique key whose key has another QUEUED run (not one of other_than), or an earlier one of these runs going back, that does its job instead; never a run whose chain (chains) other runs wait on.';
+
 -- Private: after jobs._enqueue_retries queued these retries (holding their keys' locks): each
 -- retry of a unique key that already had another QUEUED run is taken back, and the run that
 -- failed notes the run that carries on; so are all but the first of several retries of one key
@@ -159,33 +200,24 @@ RETURNS TABLE (retry_of bigint, carrier bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    v_retry record;
-    v_carrier bigint;
-    v_kept_keys text[] := '{}';   -- the keys of this batch's retries kept, and
-    v_kept_ids bigint[] := '{}';  --   the first retry of each
-    v_key text;
+    v_fold record;
 BEGIN
     PERFORM jobs._require_read_committed('retrying a run with a unique_key');
-    FOR v_retry IN
-        SELECT n.id, n.retry_of, n.kind, n.unique_key FROM jobs.runs AS n
-         WHERE n.id = ANY (_fold_retries.retry_ids) AND n.unique_key IS NOT NULL AND n.status = 'QUEUED'
-         ORDER BY n.id
+    FOR v_fold IN
+        SELECT f.run_id, f.carrier, n.retry_of
+          FROM (SELECT array_agg(n.id) AS ids, array_agg(n.retry_of) AS chains, array_agg(n.kind::text) AS kinds,
+                       array_agg(n.unique_key::text) AS unique_keys
+                  FROM jobs.runs AS n
+                 WHERE n.id = ANY (_fold_retries.retry_ids) AND n.unique_key IS NOT NULL AND n.status = 'QUEUED'
+               ) AS a
+         CROSS JOIN LATERAL jobs._carriers(a.ids, a.chains, a.kinds, a.unique_keys, _fold_retries.retry_ids) AS f
+          JOIN jobs.runs AS n ON n.id = f.run_id
     LOOP
-        v_key := jsonb_build_array(v_retry.kind, v_retry.unique_key)::text;
-        v_carrier := coalesce(jobs._queued_run_of_key(v_retry.kind, v_retry.unique_key, _fold_retries.retry_ids),
-                              v_kept_ids[array_position(v_kept_keys, v_key)]);
-        IF v_carrier IS NULL OR jobs._waited_on_chain(v_retry.retry_of) THEN
-            IF v_key <> ALL (v_kept_keys) THEN
-                v_kept_keys := v_kept_keys || v_key;
-                v_kept_ids := v_kept_ids || v_retry.id;
-            END IF;
-            CONTINUE;
-        END IF;
-        DELETE FROM jobs.runs AS n WHERE n.id = v_retry.id;   -- made by this transaction
-        UPDATE jobs.runs AS r SET error = coalesce(r.error, '') || jobs._folded_note(v_carrier)
-         WHERE r.id = v_retry.retry_of;
-        retry_of := v_retry.retry_of;
-        carrier := v_carrier;
+        DELETE FROM jobs.runs AS n WHERE n.id = v_fold.run_id;   -- made by this transaction
+        UPDATE jobs.runs AS r SET error = coalesce(r.error, '') || jobs._folded_note(v_fold.carrier)
+         WHERE r.id = v_fold.retry_of;
+        retry_of := v_fold.retry_of;
+        carrier := v_fold.carrier;
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -216,35 +248,14 @@ COMMENT ON FUNCTION jobs._lock_unique_keys(bigint[]) IS 'Private: take the uniqu
 -- Returns (run_id, carrier).
 CREATE OR REPLACE FUNCTION jobs._fold_given_back(run_ids bigint[])
 RETURNS TABLE (run_id bigint, carrier bigint)
-LANGUAGE plpgsql STABLE AS $$
-#variable_conflict use_column
-DECLARE
-    v_run record;
-    v_carrier bigint;
-    v_kept_keys text[] := '{}';
-    v_kept_ids bigint[] := '{}';
-    v_key text;
-BEGIN
-    FOR v_run IN
-        SELECT r.id, r.kind, r.unique_key FROM jobs.runs AS r
-         WHERE r.id = ANY (_fold_given_back.run_ids) AND r.unique_key IS NOT NULL AND NOT r.cancel_requested
-         ORDER BY r.id
-    LOOP
-        v_key := jsonb_build_array(v_run.kind, v_run.unique_key)::text;
-        v_carrier := coalesce(jobs._queued_run_of_key(v_run.kind, v_run.unique_key, '{}'),
-                              v_kept_ids[array_position(v_kept_keys, v_key)]);
-        IF v_carrier IS NULL OR jobs._waited_on_chain(v_run.id) THEN
-            IF v_key <> ALL (v_kept_keys) THEN
-                v_kept_keys := v_kept_keys || v_key;
-                v_kept_ids := v_kept_ids || v_run.id;
-            END IF;
-            CONTINUE;
-        END IF;
-        run_id := v_run.id;
-        carrier := v_carrier;
-        RETURN NEXT;
-    END LOOP;
-END $$;
+LANGUAGE sql STABLE AS $$
+    SELECT f.run_id, f.carrier
+      FROM (SELECT array_agg(r.id) AS ids, array_agg(r.kind::text) AS kinds, array_agg(r.unique_key::text) AS unique_keys
+              FROM jobs.runs AS r
+             WHERE r.id = ANY (_fold_given_back.run_ids) AND r.unique_key IS NOT NULL AND NOT r.cancel_requested
+           ) AS a
+     CROSS JOIN LATERAL jobs._carriers(a.ids, a.ids, a.kinds, a.unique_keys, '{}') AS f
+$$;
 COMMENT ON FUNCTION jobs._fold_given_back(bigint[]) IS 'Private: (run_id, carrier) for each of these runs of a unique key going back to the queue unstarted whose key has a QUEUED run already (or an earlier run of this batch going back), unless it was asked to cancel or runs wait on it: it ends CANCELLED naming carrier instead.';
 
 -- Private: the locks a failure takes before the rows of the runs it fails, in this order.
