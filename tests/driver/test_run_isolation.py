@@ -129,7 +129,11 @@ def test_the_kill_of_a_process_job_stops_the_processes_its_job_started(
         {"sleeper": str(sleeper_file), "beats": str(beats), "how": how, "exit": stop == "exit"}
     )
     run_id = scalar(conn, "SELECT id FROM jobs.enqueue(%s, %s)", (kind, payload))
-    wait_for("the job to start its process", lambda: sleeper_file.exists() or None, 60)
+    try:
+        wait_for("the job to start its process", lambda: sleeper_file.exists() or None, 60)
+    except AssertionError as exc:
+        status = scalar(conn, "SELECT status::text FROM jobs.runs WHERE id = %s", (run_id,))
+        raise AssertionError(f"{exc}; run {run_id}: {status}\n{replica.log()}") from None
     sleeper = int(sleeper_file.read_text())
     wait_for(f"process {sleeper} to beat", lambda: (beats.exists() and beats.stat().st_size > 0) or None, 60)
     status = None
