@@ -69,9 +69,12 @@ def _alive(pid: int) -> bool:
 
 
 def held_until_released(ctx: Context) -> dict[str, int]:
-    """Writes its process id to the payload's ``started`` file, then waits (no checkpoint) for
-    the payload's ``release`` file to exist, five minutes at most."""
-    Path(ctx.payload["started"]).write_text(str(os.getpid()))
+    """Writes its process id to the payload's ``started`` file (whole: a reader that sees the
+    file sees the id), then waits (no checkpoint) for the payload's ``release`` file to exist,
+    five minutes at most."""
+    started = Path(ctx.payload["started"])
+    started.with_name(started.name + ".new").write_text(str(os.getpid()))
+    os.replace(started.with_name(started.name + ".new"), started)
     release = Path(ctx.payload["release"])
     give_up = time.monotonic() + 300
     while not release.exists() and time.monotonic() < give_up:
