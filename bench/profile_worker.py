@@ -1,16 +1,17 @@
 """Where one worker process spends a no-op drain: per-thread cProfile of ``pgtick.worker.Worker``.
 
     .venv/bin/python bench/profile_worker.py [--jobs 10000] [--batch 10] [--concurrency 10]
-                                             [--no-profile] [--self N] [--dsn DSN]
+                                             [--async] [--no-profile] [--self N] [--dsn DSN]
 
 Queues ``--jobs`` no-op runs in a fresh database (embedded and throwaway unless ``--dsn``),
-runs one Worker in this process until they are all COMPLETED, and prints one line: wall time,
-rate, Python CPU per job (all threads), the number of claims and rows per claim, and the load
-average. With profiling on (the default) it then prints the claim loop's profile by cumulative
-time: the share spent waiting for the claim, for the completer and for finished jobs. With
-``--self N`` it also prints the N functions with the most self time over every thread of the
-worker (blocking waits such as ``SimpleQueue.get`` and ``lock.acquire`` included: they are
-threads waiting, not CPU).
+runs one Worker in this process until they are all COMPLETED (the no-op a plain function on a
+job thread, or with ``--async`` an ``async def`` on the worker's event loop), and prints one
+line: wall time, rate, Python CPU per job (all threads), the number of claims and rows per
+claim, and the load average. With profiling on (the default) it then prints the claim loop's
+profile by cumulative time: the share spent waiting for the claim, for the completer and for
+finished jobs. With ``--self N`` it also prints the N functions with the most self time over
+every thread of the worker (blocking waits such as ``SimpleQueue.get`` and ``lock.acquire``
+included: they are threads waiting, not CPU).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--async", dest="is_async", action="store_true", help="the no-op as an async def job")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--self", type=int, default=0, metavar="N", help="also the top N by self time")
     parser.add_argument("--dsn", help="a superuser DSN instead of an embedded server")
@@ -54,9 +56,13 @@ def main() -> int:
         sys_pgtick.fill(dsn, args.jobs)
         app = App("profile")
 
-        @app.job(sys_pgtick.KIND)
         def noop(ctx: Context) -> None:
             return None
+
+        async def async_noop(ctx: Context) -> None:
+            return None
+
+        app.job(sys_pgtick.KIND)(async_noop if args.is_async else noop)
 
         worker = Worker(app, dsn, worker_id="profile", concurrency=args.concurrency, batch_size=args.batch)
         profiles: list[cProfile.Profile] = []

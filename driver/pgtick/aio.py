@@ -68,6 +68,7 @@ class EventLoop:
         # The run of each job's task (which this also keeps referenced while it runs).
         self._contexts: dict[asyncio.Task[Outcome], Context] = {}
         self._last_turn = time.monotonic()  # when the loop last ran the watchdog's callback
+        self._job_watch = JobWatch()  # the jobs' timeouts and ownership, on one timer
 
     @property
     def thread(self) -> threading.Thread:
@@ -152,7 +153,7 @@ class EventLoop:
     def _create(self, ctx: Context, done: Callable[[Outcome], None]) -> None:
         """Make ``ctx``'s run a task; if that fails (a task factory a job installed raises), the
         run fails with the error and the rest of its batch goes on."""
-        job = run_job(ctx)
+        job = run_job(ctx, self._job_watch)
         try:
             task = self.loop.create_task(job, name=f"pgtick-run-{ctx.run_id}")
         except BaseException as exc:
@@ -195,16 +196,119 @@ class EventLoop:
             self.loop.close()
 
 
-async def run_job(ctx: Context) -> Outcome:
+class JobWatch:
+    """The instants at which a loop's async jobs must be interrupted, on one timer: each job's
+    timeout, and the instant its run's ownership falls in doubt (no heartbeat confirmed it
+    within its heartbeat timeout: a reaper may have failed it and its retry may be running).
+    A job that does not reach a checkpoint (where it waits for a confirmation) within
+    CHECKPOINT_GRACE of that instant has its task cancelled.
+
+    The timer is set for the earliest of those instants. A job that starts later than the
+    others, as each new one does, sets nothing, and one that ends leaves the timer as it is
+    (when it fires it finds nothing due and sets itself again for what is left), so a job's
+    start and end cost a dictionary entry, not a timer each. Used on the loop's thread only."""
+
+    __slots__ = ("_at", "_jobs", "_timer")
+
+    def __init__(self) -> None:
+        self._jobs: dict[asyncio.Task[Any], _Watched] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0  # the monotonic instant the timer fires at, while it is set
+
+    def add(
+        self,
+        task: asyncio.Task[Any],
+        ctx: Context,
+        interrupt: Callable[[str], None],
+        deadline: float | None,
+    ) -> None:
+        self._jobs[task] = _Watched(ctx, interrupt, deadline)
+        owned_until = ctx._owned_until
+        at = deadline
+        if owned_until is not None and (at is None or owned_until < at):
+            at = owned_until + 0.001  # (a millisecond past the instant: surely past it)
+        if at is not None and (self._timer is None or at < self._at):
+            self._set(at)
+
+    def discard(self, task: asyncio.Task[Any]) -> None:
+        self._jobs.pop(task, None)
+
+    def _set(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = at
+        self._timer = asyncio.get_running_loop().call_later(max(at - time.monotonic(), 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        earliest: float | None = None
+        for task, job in list(self._jobs.items()):
+            at = self._look(task, job, now)
+            if at is None:
+                continue
+            earliest = at if earliest is None else min(earliest, at)
+        if earliest is not None:
+            self._set(earliest)
+
+    def _look(self, task: asyncio.Task[Any], job: _Watched, now: float) -> float | None:
+        """Interrupt the job if it is due; else the instant to look at it again (None: never)."""
+        ctx, deadline = job.ctx, job.deadline
+        if task.done():
+            return None
+        if deadline is not None and now >= deadline:
+            del self._jobs[task]
+            job.interrupt("timeout")
+            return None
+        owned_for = ctx._owned_for()
+        if owned_for is None:
+            return deadline
+        if owned_for >= 0 or ctx._confirming:
+            job.grace = None
+            at = now + owned_for + 0.001 if owned_for >= 0 else now + CONFIRM_POLL
+        else:
+            if job.grace is None:
+                job.grace = now + CHECKPOINT_GRACE
+            at = job.grace
+            if now >= at:
+                del self._jobs[task]
+                log.warning(
+                    "run=%s kind=%s worker=%s job cancelled: no heartbeat has reached the database"
+                    " within its heartbeat timeout of %gs, so it may have been reaped and retried"
+                    " elsewhere; nothing is reported (the reaper ends the run)",
+                    ctx.run_id,
+                    ctx.kind,
+                    ctx.worker_id,
+                    ctx._heartbeat_timeout,
+                )
+                job.interrupt("abandoned")
+                return None
+        return at if deadline is None else min(at, deadline)
+
+
+class _Watched:
+    """One job in a ``JobWatch``: its run, its interrupt, the instant of its timeout, and the
+    instant it is cancelled unless it reaches a checkpoint (set once its run falls in doubt)."""
+
+    __slots__ = ("ctx", "deadline", "grace", "interrupt")
+
+    def __init__(self, ctx: Context, interrupt: Callable[[str], None], deadline: float | None) -> None:
+        self.ctx = ctx
+        self.interrupt = interrupt
+        self.deadline = deadline
+        self.grace: float | None = None
+
+
+async def run_job(ctx: Context, watch: JobWatch) -> Outcome:
     """Await the job's coroutine; cancellation, lost ownership and the timeout cancel it.
     Instrumented like ``pgtick.execution.execute``."""
     with instrumentation.current.execute(ctx) as ended:
-        outcome = await _run_job(ctx)
+        outcome = await _run_job(ctx, watch)
         ended(outcome)
     return outcome
 
 
-async def _run_job(ctx: Context) -> Outcome:
+async def _run_job(ctx: Context, watch: JobWatch) -> Outcome:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -233,45 +337,8 @@ async def _run_job(ctx: Context) -> Outcome:
         reason = "abandoned" if ctx.abandoned else "cancel"
         loop.call_soon_threadsafe(interrupt_here, reason)
 
-    def watch_ownership() -> None:
-        """Past the instant the run stops being surely this worker's (no heartbeat confirmed it
-        within its heartbeat timeout), a reaper may have failed it and its retry may be running:
-        a job that does not reach a checkpoint (where it waits for a confirmation) within
-        CHECKPOINT_GRACE of that instant has its task cancelled."""
-        owned_for = ctx._owned_for()
-        if owned_for is None or task.done():
-            return
-        if owned_for >= 0 or ctx._confirming:
-            grace[0] = None
-            # (a millisecond past the instant: surely past it)
-            watch[0] = loop.call_later(owned_for + 0.001 if owned_for >= 0 else CONFIRM_POLL, watch_ownership)
-            return
-        now = time.monotonic()
-        until = grace[0]
-        if until is None:
-            until = grace[0] = now + CHECKPOINT_GRACE
-        if now < until:
-            watch[0] = loop.call_later(until - now, watch_ownership)
-            return
-        log.warning(
-            "run=%s kind=%s worker=%s job cancelled: no heartbeat has reached the database within"
-            " its heartbeat timeout of %gs, so it may have been reaped and retried elsewhere;"
-            " nothing is reported (the reaper ends the run)",
-            ctx.run_id,
-            ctx.kind,
-            ctx.worker_id,
-            ctx._heartbeat_timeout,
-        )
-        interrupt_here("abandoned")
-
-    grace: list[float | None] = [None]  # in doubt and not at a checkpoint: cancelled at this instant
-    timer: asyncio.TimerHandle | None = None
-    if ctx.timeout is not None:
-        left = ctx.timeout - (time.monotonic() - ctx.timeout_from)
-        timer = loop.call_later(max(left, 0.0), interrupt_here, "timeout")
-    owned_for = ctx._owned_for()
     # Called once the task runs (a run in doubt already waits in the checkpoint below by then).
-    watch = [None if owned_for is None else loop.call_later(max(owned_for, 0.0), watch_ownership)]
+    watch.add(task, ctx, interrupt_here, None if ctx.timeout is None else ctx.timeout_from + ctx.timeout)
     ctx._interrupt = interrupt
     if ctx.cancel_requested or ctx.abandoned:
         interrupt()
@@ -289,10 +356,7 @@ async def _run_job(ctx: Context) -> Outcome:
         return outcome_of(ctx, exc)
     finally:
         ctx._interrupt = None
-        if timer is not None:
-            timer.cancel()
-        if watch[0] is not None:
-            watch[0].cancel()
+        watch.discard(task)
     return Outcome(ctx, "complete", result=result)
 
 

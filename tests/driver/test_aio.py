@@ -98,7 +98,8 @@ def test_a_cancel_interrupts_the_await_and_compensation_runs_once_off_the_loop()
     assert len(compensated) == 1 and compensated[0] != loop.thread.name, compensated
 
 
-def test_the_timeout_interrupts_the_await_and_other_jobs_go_on() -> None:
+def _sleeps_and_quick() -> App:
+    """An app with two kinds: ``sleeps`` awaits an hour, ``quick`` checkpoints and returns."""
     app = App()
 
     @app.job("sleeps")
@@ -110,6 +111,11 @@ def test_the_timeout_interrupts_the_await_and_other_jobs_go_on() -> None:
         await ctx.checkpoint()
         return "done"
 
+    return app
+
+
+def test_the_timeout_interrupts_the_await_and_other_jobs_go_on() -> None:
+    app = _sleeps_and_quick()
     loop = EventLoop()
     loop.start()
     began = time.monotonic()
@@ -122,6 +128,44 @@ def test_the_timeout_interrupts_the_await_and_other_jobs_go_on() -> None:
     assert stopped.classes is not None and stopped.classes[0] == "JobTimeout", stopped
     assert time.monotonic() - began >= 0.2
     assert (finished.action, finished.result) == ("complete", "done"), finished
+
+
+def test_each_jobs_timeout_and_doubt_end_it_on_time_whatever_the_order_the_jobs_start_in() -> None:
+    """The loop's jobs share one timer: a job that starts after one with a later instant (a
+    long timeout), after one that ended, or after one interrupted, still ends at its own."""
+    app = _sleeps_and_quick()
+    loop = EventLoop()
+    loop.start()
+    done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+    ended: dict[int, tuple[Outcome, float]] = {}
+
+    def until(run_id: int) -> tuple[Outcome, float]:
+        while run_id not in ended:
+            outcome = done.get(timeout=30)
+            ended[outcome.ctx.run_id] = (outcome, time.monotonic())
+        return ended[run_id]
+
+    try:
+        loop.submit(_context(app, "sleeps", 1, timeout=600), done.put)  # the timer: 10 minutes on
+        loop.submit(_context(app, "quick", 2), done.put)
+        assert until(2)[0].action == "complete"
+        began = time.monotonic()
+        loop.submit(_context(app, "sleeps", 3, timeout=0.3), done.put)
+        timed_out, at = until(3)
+        assert (timed_out.action, timed_out.reason) == ("fail", "Timeout"), timed_out
+        assert 0.3 <= at - began < 60, f"run 3 timed out {at - began:.3f}s after it started"
+        # After an interruption the timer is back at run 1's instant; a run in doubt comes first.
+        doubtful = _context(app, "sleeps", 4, timeout=600)
+        confirmed = time.monotonic()
+        doubtful.owned(confirmed, 0.3)
+        loop.submit(doubtful, done.put)
+        abandoned, at = until(4)
+        assert abandoned.action == "abandon", abandoned
+        after = at - confirmed
+        assert 0.3 <= after < 60, f"run 4 was let go {after:.3f}s after its last confirmation"
+        assert 1 not in ended, ended[1]
+    finally:
+        loop.stop()
 
 
 def test_a_checkpoint_in_an_async_job_sees_the_cancel_and_compensates_on_the_loop() -> None:
