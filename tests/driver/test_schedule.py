@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from croniter import croniter
-from dateutil.rrule import rrulestr
+from dateutil.rrule import rrule, rrulestr
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -738,6 +738,73 @@ def test_a_sub_daily_rule_that_leaves_days_out_runs_as_walked_from_dtstart(
     if zone_name == "UTC":
         oracle = rrulestr(text).xafter(query.replace(tzinfo=None), inc=True)
         assert [run.replace(tzinfo=None) for run in rebased] == list(islice(oracle, 3)), text
+
+
+#: Rules whose every INTERVAL-th period from DTSTART (Monday 2027-01-11 05:30:17) misses the
+#: days and times their BY parts allow, and so have no occurrence at all.
+NEVER_LANDING = [
+    # A week is 1,440 steps of 7 minutes: each step falls on the same minute of every week.
+    "FREQ=MINUTELY;INTERVAL=7;BYDAY=SU;BYHOUR=5;BYMINUTE=30",
+    # 7-hour steps reach 23:00 only on days 1, 8, 15, ... after DTSTART: Tuesdays.
+    "FREQ=HOURLY;INTERVAL=7;BYMONTH=7;BYDAY=MO;BYHOUR=23;COUNT=7",
+    "FREQ=DAILY;INTERVAL=7;BYDAY=TU",
+    "FREQ=DAILY;INTERVAL=14;BYDAY=SU;BYMONTH=3",
+    "FREQ=SECONDLY;INTERVAL=2;BYSECOND=18",
+    "FREQ=MINUTELY;INTERVAL=1440;BYHOUR=6",
+]
+
+
+@pytest.mark.timeout(60)  # dateutil looks for a first one up to the year 9999: minutes, a hang
+@pytest.mark.parametrize("rule", NEVER_LANDING)
+def test_a_rule_whose_steps_never_land_on_its_days_and_times_is_refused_at_once(rule: str) -> None:
+    with pytest.raises(ScheduleError, match="never land on a day and time its BY parts allow"):
+        parse_schedule(f"DTSTART:20270111T053017\nRRULE:{rule}", "Europe/Sofia")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    frequency=st.sampled_from(["DAILY", "HOURLY", "MINUTELY"]),
+    interval=st.integers(1, 10),
+    days=st.lists(st.sampled_from(["MO", "TU", "WE", "TH", "FR", "SA", "SU"]), max_size=3),
+    hours=st.lists(st.integers(0, 23), max_size=2),
+    minutes=st.lists(st.integers(0, 59), max_size=2),
+    start_day=st.integers(0, 6),
+    start_minute=st.integers(0, 1439),
+)
+def test_a_rule_is_refused_for_never_landing_exactly_when_a_walk_over_its_cycle_finds_nothing(
+    frequency: str,
+    interval: int,
+    days: list[str],
+    hours: list[int],
+    minutes: list[int],
+    start_day: int,
+    start_minute: int,
+) -> None:
+    """Weekdays repeat every 7 days, and the days a step reaches every ``interval`` days at
+    most: a rule with an occurrence has one within that many weeks of DTSTART, which dateutil
+    walks here."""
+    start = datetime(2027, 1, 11) + timedelta(days=start_day, minutes=start_minute, seconds=17)
+    parts = [f"FREQ={frequency}", f"INTERVAL={interval}"]
+    if days:
+        parts.append("BYDAY=" + ",".join(sorted(set(days))))
+    if hours and frequency != "DAILY":
+        parts.append("BYHOUR=" + ",".join(map(str, sorted(set(hours)))))
+    if minutes and frequency == "MINUTELY":
+        parts.append("BYMINUTE=" + ",".join(map(str, sorted(set(minutes)))))
+    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:{';'.join(parts)}"
+    try:
+        parse_schedule(text, "UTC")
+        refused = False
+    except ScheduleError as error:
+        assert "never land" in str(error), (text, str(error))
+        refused = True
+    try:
+        rule = rrulestr(text)
+        assert isinstance(rule, rrule)
+        first = next(iter(rule.replace(until=start + timedelta(days=7 * interval + 1))), None)
+    except ValueError:  # dateutil's own check: no time of day a step reaches passes BYHOUR
+        first = None
+    assert refused == (first is None), (text, first)
 
 
 @pytest.mark.timeout(60)  # a walk minute by minute over 28 years takes minutes: a hang, not a speed

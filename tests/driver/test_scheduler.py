@@ -555,12 +555,25 @@ def test_broken_schedule_never_crashes_the_tick(db: Database) -> None:
 
 
 @pytest.mark.timeout(120)  # the walk to the year 9999 it once made took hours: a hang, not a speed
-def test_a_rule_no_period_can_satisfy_is_recorded_within_one_tick(db: Database) -> None:
-    """BYSETPOS=2 of a rule whose minutes hold one occurrence never picks any: from psql it
-    is taken, and the leader's tick records it at once while the other definition gets its
-    cursor, instead of looking for such a minute until the year 9999."""
+@pytest.mark.parametrize(
+    ("rule", "why"),
+    [
+        ("FREQ=MINUTELY;BYSETPOS=2", "BYSETPOS"),
+        # Steps of 7 minutes from a Monday 05:30 fall on the same minute of every week.
+        (
+            "DTSTART:20270111T053000\nRRULE:FREQ=MINUTELY;INTERVAL=7;BYDAY=SU;BYHOUR=5;BYMINUTE=30",
+            "never land",
+        ),
+    ],
+)
+def test_a_rule_no_period_can_satisfy_is_recorded_within_one_tick(db: Database, rule: str, why: str) -> None:
+    """BYSETPOS=2 of a rule whose minutes hold one occurrence never picks any, and steps that
+    never reach an allowed day and time never make one: from psql such a rule is taken, and the
+    leader's tick records it at once while the other definition gets its cursor, instead of
+    looking for an occurrence until the year 9999 (minutes or hours in which no other
+    definition's runs are made)."""
     with db.connect() as conn:
-        conn.execute("SELECT jobs.define('never', 'k', 'FREQ=MINUTELY;BYSETPOS=2')")
+        conn.execute("SELECT jobs.define('never', 'k', %s)", (rule,))
         conn.execute("SELECT jobs.define('fine', 'k', '* * * * *')")
     scheduler = Scheduler(db.dsn, owner="t")
     try:
@@ -571,7 +584,7 @@ def test_a_rule_no_period_can_satisfy_is_recorded_within_one_tick(db: Database) 
     with db.connect() as conn:
         found = conn.execute("SELECT name, coalesce(schedule_error, '') FROM jobs.definitions").fetchall()
     rows = dict(found)
-    assert "BYSETPOS" in rows["never"] and rows["fine"] == "", rows
+    assert why in rows["never"] and rows["fine"] == "", rows
 
 
 # -- define ---------------------------------------------------------------------------

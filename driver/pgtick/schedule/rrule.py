@@ -9,6 +9,7 @@ creation day).  `Rule` is shared with cron, which is expanded the same way.
 from __future__ import annotations
 
 import calendar
+import math
 import re
 import threading
 import time
@@ -498,6 +499,11 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
                 f"RRULE: rule has no occurrences (BYSETPOS counts the occurrences within one "
                 f"FREQ={frequency_name} period, which holds at most {held} here)"
             )
+    if _never_lands(frequency, start, options):
+        raise ScheduleError(
+            f"RRULE: rule has no occurrences (steps of INTERVAL={options['interval']} "
+            f"{frequency_name} periods from DTSTART never land on a day and time its BY parts allow)"
+        )
     try:
         template = rrule(frequency, dtstart=start, **options)
     except ValueError as error:
@@ -519,6 +525,91 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
         day_parts=tuple((k, tuple(options[k])) for k in _DAY_PARTS if k in options) if day_by_day else (),
         until_wall=options.get("until"),
     )
+
+
+#: Periods of a sub-daily or daily FREQ in a day.
+_PERIODS_PER_DAY = {DAILY: 1, HOURLY: 24, MINUTELY: 1440, SECONDLY: 86400}
+
+#: Days in which the Gregorian calendar repeats, weekdays included (400 years).
+_CALENDAR_CYCLE = 146097
+
+
+def _never_lands(frequency: int, start: datetime, options: dict[str, Any]) -> bool:
+    """Whether a DAILY or shorter rule's periods, every INTERVAL-th from DTSTART's, never fall
+    on a day and a time of day that its limiting BY parts allow: BYMONTH, BYMONTHDAY,
+    BYYEARDAY and BYDAY limit the days, and BYHOUR (HOURLY and shorter), BYMINUTE (MINUTELY and
+    shorter) and BYSECOND (SECONDLY) the periods within a day. ``options`` has the rule's
+    defaults made explicit.
+
+    dateutil looks for a first occurrence up to the year 9999, one period after another, which
+    takes minutes for ``FREQ=MINUTELY;INTERVAL=7;BYDAY=SU;BYHOUR=5;BYMINUTE=30`` from a Monday
+    05:30 (a week is a whole number of 7-minute steps: every step falls on the same minute of
+    each week, never that one). Here: the periods of day D (counted from DTSTART's) that a step
+    reaches depend only on D modulo ``p``, the steps' own cycle in days; the days the BY parts
+    allow repeat every 7 days (weekdays alone) or every 400 years. Only a day whose residue
+    modulo the common part of the two cycles matches one of the residues with a time allowed can
+    ever hold an occurrence, and one cycle of allowed days shows them all. COUNT, UNTIL, BYSETPOS
+    and EXDATE only take occurrences away, so they do not matter here."""
+    per_day = _PERIODS_PER_DAY.get(frequency)
+    if per_day is None or "byweekno" in options:
+        return False
+    if any(getattr(day, "n", None) for day in options.get("byweekday") or ()):
+        return False
+    hours = options.get("byhour") if frequency >= HOURLY else None
+    minutes = options.get("byminute") if frequency >= MINUTELY else None
+    seconds = options.get("bysecond") if frequency >= SECONDLY else None
+    hours = sorted(set(hours)) if hours else range(24)
+    minutes = sorted(set(minutes)) if minutes else range(60)
+    seconds = sorted(set(seconds)) if seconds else range(60)
+    if frequency == DAILY:
+        times, first = [0], 0
+    elif frequency == HOURLY:
+        times, first = list(hours), start.hour
+    elif frequency == MINUTELY:
+        times = [h * 60 + m for h in hours for m in minutes]
+        first = start.hour * 60 + start.minute
+    else:
+        times = [(h * 60 + m) * 60 + s for h in hours for m in minutes for s in seconds]
+        first = (start.hour * 60 + start.minute) * 60 + start.second
+    interval = options["interval"]
+    # The periods a step reaches are first + k * interval; on day D, period t of the day is one
+    # when D * per_day + t - first is a multiple of interval. That holds, for a given t, for the
+    # days D of one residue modulo p, or for none.
+    common = math.gcd(per_day, interval)
+    p = interval // common
+    inverse = pow(per_day // common, -1, p) if p > 1 else 0
+    residues = {((first - t) // common * inverse) % p for t in times if (first - t) % common == 0}
+    if not residues:
+        return True
+    months = set(options.get("bymonth") or ())
+    month_days = set(options.get("bymonthday") or ())
+    year_days = set(options.get("byyearday") or ())
+    week_days = {getattr(day, "weekday", day) for day in options.get("byweekday") or ()}
+    if frequency >= HOURLY and not (months or month_days or year_days or week_days):
+        return False
+    cycle = _CALENDAR_CYCLE if months or month_days or year_days else 7 if week_days else 1
+    shared = math.gcd(p, cycle)
+    wanted = {r % shared for r in residues}
+    day0 = start.date().toordinal()
+    for d in range(cycle):
+        if d % shared not in wanted:
+            continue
+        day = date.fromordinal(day0 + d)
+        if week_days and day.weekday() not in week_days:
+            continue
+        if months and day.month not in months:
+            continue
+        if month_days:
+            month_length = calendar.monthrange(day.year, day.month)[1]
+            if not {day.day, day.day - month_length - 1} & month_days:
+                continue
+        if year_days:
+            day_of_year = day.timetuple().tm_yday
+            year_length = 366 if calendar.isleap(day.year) else 365
+            if not {day_of_year, day_of_year - year_length - 1} & year_days:
+                continue
+        return False
+    return True
 
 
 def _largest_set(frequency: int, options: dict[str, Any]) -> int:
