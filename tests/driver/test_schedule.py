@@ -761,6 +761,24 @@ def test_a_rule_whose_steps_never_land_on_its_days_and_times_is_refused_at_once(
         parse_schedule(f"DTSTART:20270111T053017\nRRULE:{rule}", "Europe/Sofia")
 
 
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "FREQ=DAILY;INTERVAL=7;BYMONTH=3",  # Mondays in March
+        "FREQ=HOURLY;INTERVAL=7;BYMONTH=7;BYDAY=TU;BYHOUR=23",  # the Tuesdays of the rule above
+        "FREQ=MINUTELY;INTERVAL=7;BYDAY=MO;BYHOUR=5;BYMINUTE=30",
+        "FREQ=HOURLY;INTERVAL=5;BYMONTH=2;BYMONTHDAY=29;BYHOUR=0",
+    ],
+)
+def test_a_rule_whose_steps_land_on_its_days_and_times_runs_when_dateutil_says(rule: str) -> None:
+    text = f"DTSTART:20270111T053017\nRRULE:{rule}"
+    schedule = parse_schedule(text, "UTC")
+    after = datetime(2027, 1, 12)
+    walked = rrulestr(text).after(after)
+    assert walked is not None
+    assert schedule.next_after(after.replace(tzinfo=UTC)) == walked.replace(tzinfo=UTC), text
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     frequency=st.sampled_from(["DAILY", "HOURLY", "MINUTELY"]),

@@ -539,7 +539,7 @@ def _never_lands(frequency: int, start: datetime, options: dict[str, Any]) -> bo
     on a day and a time of day that its limiting BY parts allow: BYMONTH, BYMONTHDAY,
     BYYEARDAY and BYDAY limit the days, and BYHOUR (HOURLY and shorter), BYMINUTE (MINUTELY and
     shorter) and BYSECOND (SECONDLY) the periods within a day. ``options`` has the rule's
-    defaults made explicit.
+    defaults made explicit, and its day parts let some day through (``some_day_matches``).
 
     dateutil looks for a first occurrence up to the year 9999, one period after another, which
     takes minutes for ``FREQ=MINUTELY;INTERVAL=7;BYDAY=SU;BYHOUR=5;BYMINUTE=30`` from a Monday
@@ -558,37 +558,47 @@ def _never_lands(frequency: int, start: datetime, options: dict[str, Any]) -> bo
     hours = options.get("byhour") if frequency >= HOURLY else None
     minutes = options.get("byminute") if frequency >= MINUTELY else None
     seconds = options.get("bysecond") if frequency >= SECONDLY else None
-    hours = sorted(set(hours)) if hours else range(24)
-    minutes = sorted(set(minutes)) if minutes else range(60)
-    seconds = sorted(set(seconds)) if seconds else range(60)
-    if frequency == DAILY:
-        times, first = [0], 0
-    elif frequency == HOURLY:
-        times, first = list(hours), start.hour
-    elif frequency == MINUTELY:
-        times = [h * 60 + m for h in hours for m in minutes]
-        first = start.hour * 60 + start.minute
-    else:
-        times = [(h * 60 + m) * 60 + s for h in hours for m in minutes for s in seconds]
-        first = (start.hour * 60 + start.minute) * 60 + start.second
-    interval = options["interval"]
-    # The periods a step reaches are first + k * interval; on day D, period t of the day is one
-    # when D * per_day + t - first is a multiple of interval. That holds, for a given t, for the
-    # days D of one residue modulo p, or for none.
-    common = math.gcd(per_day, interval)
-    p = interval // common
-    inverse = pow(per_day // common, -1, p) if p > 1 else 0
-    residues = {((first - t) // common * inverse) % p for t in times if (first - t) % common == 0}
-    if not residues:
-        return True
+    if frequency > DAILY and not (hours or minutes or seconds):
+        return False  # every period of a day is allowed: each day holds one a step reaches
     months = set(options.get("bymonth") or ())
     month_days = set(options.get("bymonthday") or ())
     year_days = set(options.get("byyearday") or ())
     week_days = {getattr(day, "weekday", day) for day in options.get("byweekday") or ()}
-    if frequency >= HOURLY and not (months or month_days or year_days or week_days):
-        return False
-    cycle = _CALENDAR_CYCLE if months or month_days or year_days else 7 if week_days else 1
+    any_day = not (months or month_days or year_days or week_days)
+    # The periods a step reaches are first + k * interval; on day D, period t of the day is one
+    # when D * per_day + t - first is a multiple of interval. That holds, for a given t, for the
+    # days D of one residue modulo p, or for none.
+    interval = options["interval"]
+    common = math.gcd(per_day, interval)
+    p = interval // common
+    inverse = pow(per_day // common, -1, p) if p > 1 else 0
+    if frequency == DAILY:
+        times: Iterable[int] = (0,)
+        first = 0
+    else:
+        hours = sorted(set(hours)) if hours else range(24)
+        minutes = sorted(set(minutes)) if minutes else range(60)
+        seconds = sorted(set(seconds)) if seconds else range(60)
+        if frequency == HOURLY:
+            times, first = hours, start.hour
+        elif frequency == MINUTELY:
+            times = (h * 60 + m for h in hours for m in minutes)
+            first = start.hour * 60 + start.minute
+        else:
+            times = ((h * 60 + m) * 60 + s for h in hours for m in minutes for s in seconds)
+            first = (start.hour * 60 + start.minute) * 60 + start.second
+    residues = set()
+    for t in times:
+        if (first - t) % common == 0:
+            if any_day:
+                return False
+            residues.add((first - t) // common * inverse % p)
+    if not residues or any_day:
+        return not residues
+    cycle = _CALENDAR_CYCLE if months or month_days or year_days else 7
     shared = math.gcd(p, cycle)
+    if shared == 1:
+        return False  # every day the parts allow can be reached, and some day is allowed
     wanted = {r % shared for r in residues}
     day0 = start.date().toordinal()
     for d in range(cycle):
