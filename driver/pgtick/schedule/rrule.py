@@ -551,20 +551,15 @@ def _never_lands(frequency: int, start: datetime, options: dict[str, Any]) -> bo
     ever hold an occurrence, and one cycle of allowed days shows them all. COUNT, UNTIL, BYSETPOS
     and EXDATE only take occurrences away, so they do not matter here."""
     per_day = _PERIODS_PER_DAY.get(frequency)
-    if per_day is None or "byweekno" in options:
-        return False
-    if any(getattr(day, "n", None) for day in options.get("byweekday") or ()):
+    if per_day is None:
         return False
     hours = options.get("byhour") if frequency >= HOURLY else None
     minutes = options.get("byminute") if frequency >= MINUTELY else None
     seconds = options.get("bysecond") if frequency >= SECONDLY else None
     if frequency > DAILY and not (hours or minutes or seconds):
         return False  # every period of a day is allowed: each day holds one a step reaches
-    months = set(options.get("bymonth") or ())
-    month_days = set(options.get("bymonthday") or ())
-    year_days = set(options.get("byyearday") or ())
-    week_days = {getattr(day, "weekday", day) for day in options.get("byweekday") or ()}
-    any_day = not (months or month_days or year_days or week_days)
+    # (BYWEEKNO and BYDAY ordinals are refused for these frequencies.)
+    day_parts = {k: options[k] for k in _DAY_PARTS if options.get(k)}
     # The periods a step reaches are first + k * interval; on day D, period t of the day is one
     # when D * per_day + t - first is a multiple of interval. That holds, for a given t, for the
     # days D of one residue modulo p, or for none.
@@ -590,34 +585,28 @@ def _never_lands(frequency: int, start: datetime, options: dict[str, Any]) -> bo
     residues = set()
     for t in times:
         if (first - t) % common == 0:
-            if any_day:
-                return False
+            if not day_parts:
+                return False  # every day is allowed: this period is reached on some
             residues.add((first - t) // common * inverse % p)
-    if not residues or any_day:
-        return not residues
-    cycle = _CALENDAR_CYCLE if months or month_days or year_days else 7
+    if not residues:
+        return True
+    cycle = 7 if day_parts.keys() == {"byweekday"} else _CALENDAR_CYCLE
     shared = math.gcd(p, cycle)
     if shared == 1:
         return False  # every day the parts allow can be reached, and some day is allowed
     wanted = {r % shared for r in residues}
-    day0 = start.date().toordinal()
-    for d in range(cycle):
-        if d % shared not in wanted:
-            continue
-        day = date.fromordinal(day0 + d)
-        if week_days and day.weekday() not in week_days:
-            continue
-        if months and day.month not in months:
-            continue
-        if month_days:
-            month_length = calendar.monthrange(day.year, day.month)[1]
-            if not {day.day, day.day - month_length - 1} & month_days:
-                continue
-        if year_days:
-            day_of_year = day.timetuple().tm_yday
-            year_length = 366 if calendar.isleap(day.year) else 365
-            if not {day_of_year, day_of_year - year_length - 1} & year_days:
-                continue
+    # The days the parts allow in one cycle, found by a daily rule of the same parts, as the
+    # expansion of a rule with day parts finds them (_DayByDay).
+    first_day = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    try:
+        last_day = first_day + timedelta(days=cycle - 1)
+    except OverflowError:
+        last_day = datetime.max
+    try:
+        for day in rrule(DAILY, dtstart=first_day, until=last_day, **day_parts):
+            if (day - first_day).days % shared in wanted:
+                return False
+    except (ValueError, OverflowError):  # past the year 9999: the walk's own end decides
         return False
     return True
 
