@@ -237,9 +237,12 @@ COMMENT ON FUNCTION jobs._release_dependents(bigint[]) IS 'Private: after runs C
 -- Private: cancel (DependencyFailed) every blocked run waiting on these runs, transitively.
 -- jit off: the per-id probes are estimated at hundreds of rows each, which for a wide level
 -- crosses jit_above_cost, and compiling then costs far more than the probes themselves.
+-- Sequential scans off: a session keeps its plans, and a probe planned while jobs.runs was
+-- small would read every run once per doomed id when it has grown (as the worker's calls).
 CREATE OR REPLACE FUNCTION jobs._cascade_dependency_failure(run_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET jit = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_level bigint[];
@@ -257,16 +260,20 @@ BEGIN
         -- Down the chain one level per statement, each id of the level one probe of
         -- runs_depends_on_idx (OFFSET 0 keeps the probe per id: a recursive join, or one
         -- overlap test with the whole level, ends up filtering every blocked run per doomed id,
-        -- minutes for thousands). Ids only grow along depends_on: it ends.
+        -- minutes for thousands). The probe tests depends_on alone, and the status and blocked
+        -- are tested outside it: inside, a plan made on statistics from before the dependents
+        -- were enqueued combined the probe with runs_claim_idx (its predicate is the QUEUED
+        -- status), reading every QUEUED run once per doomed id. Ids only grow along
+        -- depends_on: it ends.
         v_doomed := '{}';
         LOOP
             SELECT coalesce(array_agg(DISTINCT w.id), '{}') INTO v_level
               FROM unnest(v_level) AS d (id)
              CROSS JOIN LATERAL (
-                   SELECT r.id FROM jobs.runs AS r
-                    WHERE r.blocked AND r.status = 'QUEUED' AND r.depends_on @> ARRAY[d.id]
+                   SELECT r.id, r.blocked, r.status FROM jobs.runs AS r
+                    WHERE r.depends_on @> ARRAY[d.id]
                    OFFSET 0) AS w
-             WHERE w.id <> ALL (v_doomed);
+             WHERE w.blocked AND w.status = 'QUEUED' AND w.id <> ALL (v_doomed);
             EXIT WHEN cardinality(v_level) = 0;
             v_doomed := v_doomed || v_level;
             -- A doomed run may be an operator's retry of a run that never started (it waits on

@@ -171,6 +171,57 @@ def test_a_wide_cascade_walks_the_dependency_index_not_every_blocked_run(conn: C
     assert took < 10, f"cancelling 1250 roots with 5000 dependents among 40000 blocked runs took {took:.1f}s"
 
 
+@pytest.mark.parametrize("ending", ["cancel", "fail", "reap"])
+def test_a_cascade_planned_on_statistics_from_before_its_dependents_probes_them_by_their_index(
+    db: Database, ending: str
+) -> None:
+    """One run with 5,000 dependents, enqueued after jobs.runs was analyzed with 3,000 other runs
+    QUEUED and none blocked (autoanalyze lags a burst of enqueues). Ending it, by cancel, a final
+    failure or the reaper, cancels every dependent, each found through the depends_on index: a
+    probe planned with the QUEUED test inside it also read runs_claim_idx, every QUEUED run once
+    per dependent (tens of seconds here, holding the ended run's locks). Read from the
+    transaction's own scan counters, so no timing is involved."""
+    with db.connect() as conn:
+        conn.execute("ALTER TABLE jobs.runs SET (autovacuum_enabled = false)")
+        add_runs(conn, 3_000, kind="other")
+        conn.execute("ANALYZE jobs.runs")
+        root = _enqueue(conn, "root")
+        dependents = scalar(
+            conn,
+            "SELECT count(*) FROM jobs.enqueue_many('leaf', (SELECT jsonb_agg('{}'::jsonb)"
+            " FROM generate_series(1, 5000)), depends_on => ARRAY[%s]::bigint[])",
+            (root,),
+        )
+        assert dependents == 5_000
+        if ending != "cancel":
+            claimed = conn.execute("SELECT id FROM jobs.claim(1, 'w', kinds => ARRAY['root'])").fetchall()
+            assert claimed == [(root,)], claimed
+        if ending == "reap":
+            conn.execute(
+                "UPDATE jobs.runs SET heartbeat_at = now() - interval '2 hours',"
+                " started_at = now() - interval '2 hours' WHERE id = %s",
+                (root,),
+            )
+        call = {
+            "cancel": "SELECT jobs.cancel(%(root)s) IS NOT NULL",
+            "fail": "SELECT jobs.fail(%(root)s, 'w', message => 'boom') IS NOT NULL",
+            "reap": "SELECT jobs.reap() IS NOT NULL",
+        }[ending]
+        with conn.transaction():
+            conn.execute("SET LOCAL statement_timeout = '300s'")
+            conn.execute(call, {"root": root})
+            scans = conn.execute(
+                "SELECT pg_stat_get_xact_numscans('jobs.runs_claim_idx'::regclass),"
+                "       pg_stat_get_xact_numscans('jobs.runs_depends_on_idx'::regclass)"
+            ).fetchone()
+        assert scans is not None and scans[0] < 100 and scans[1] >= 5_000, (
+            f"{ending}: {scans} scans of runs_claim_idx and runs_depends_on_idx; expected a"
+            " probe of the depends_on index per dependent and no walk of the QUEUED runs per probe"
+        )
+        cascaded = scalar(conn, "SELECT count(*) FROM jobs.runs WHERE failure_reason = 'DependencyFailed'")
+        assert cascaded == 5_000, f"{ending}: {cascaded} dependents cancelled, expected 5000"
+
+
 def test_a_dependent_enqueued_while_the_cascade_waits_for_its_dependency_is_cancelled_too(
     db: Database, conn: Conn
 ) -> None:
