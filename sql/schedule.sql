@@ -87,6 +87,210 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION jobs._cron_number(text, text[], integer) IS 'Private: a cron field value as a number (digits, or a month or weekday name); NULL when it is neither.';
 
+
+-- Private: what is wrong with a date-time of RRULE text (DTSTART, RDATE, EXDATE, UNTIL), as the
+-- driver reads one: YYYYMMDD, or YYYYMMDDTHHMMSS with an optional Z, a day the calendar has.
+CREATE OR REPLACE FUNCTION jobs._rrule_date_time_problem(place text, item text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_parts text[] := regexp_match(upper(btrim(item, E' \t\n\r\f\v')),
+                                   '^([0-9]{4})([0-9]{2})([0-9]{2})(?:T([0-9]{2})([0-9]{2})([0-9]{2})Z?)?$');
+BEGIN
+    IF v_parts IS NULL OR v_parts[1]::integer < 1 OR v_parts[2]::integer NOT BETWEEN 1 AND 12 THEN
+        RETURN format('schedule: %s: invalid date-time %L', place, item);
+    END IF;
+    IF v_parts[3]::integer NOT BETWEEN 1 AND extract(DAY FROM (make_date(v_parts[1]::integer, v_parts[2]::integer, 1)
+                                                             + interval '1 month' - interval '1 day'))
+       OR coalesce(v_parts[4]::integer, 0) > 23 OR coalesce(v_parts[5]::integer, 0) > 59
+       OR coalesce(v_parts[6]::integer, 0) > 59 THEN
+        RETURN format('schedule: %s: invalid date-time %L', place, item);
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION jobs._rrule_date_time_problem(text, text) IS 'Private: what is wrong with a date-time of RRULE text (YYYYMMDD or YYYYMMDDTHHMMSS[Z], a real day and time), or NULL.';
+
+-- Private: what is wrong with RRULE text as SQL can tell without its time zone and start: the
+-- properties and their parameters, the date-times, and each rule's parts and values, checked in
+-- the order the driver checks them and said as it says them (the driver also finds a rule that
+-- never occurs, and a TZID that names no zone).
+CREATE OR REPLACE FUNCTION jobs._rrule_problem(schedule text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    c_space CONSTANT text := E' \t\n\r\f\v';
+    -- BY parts of numbers: smallest and largest absolute value, and whether negative ones count
+    -- from the end (none may be 0 then).
+    c_lists CONSTANT jsonb := '{"BYSECOND": [0, 59, false], "BYMINUTE": [0, 59, false], "BYHOUR": [0, 23, false],
+                                "BYMONTH": [1, 12, false], "BYMONTHDAY": [1, 31, true], "BYYEARDAY": [1, 366, true],
+                                "BYWEEKNO": [1, 53, true], "BYSETPOS": [1, 366, true]}';
+    -- The longest INTERVAL of each frequency: a thousand years.
+    c_most CONSTANT jsonb := '{"YEARLY": 1000, "MONTHLY": 12000, "WEEKLY": 52142, "DAILY": 365000,
+                               "HOURLY": 8760000, "MINUTELY": 525600000, "SECONDLY": 31536000000}';
+    v_rules text[] := '{}';
+    v_has_start boolean := FALSE;
+    v_has_dates boolean := FALSE;
+    v_line text;
+    v_head text;
+    v_value text;
+    v_prop text;
+    v_params text[];
+    v_param text;
+    v_name text;
+    v_item text;
+    v_rule text;
+    v_part text;
+    v_names text[];
+    v_values text[];
+    v_freq text;
+    v_list jsonb;
+    v_number numeric;
+    v_day text[];
+    v_problem text;
+    i integer;
+BEGIN
+    FOREACH v_line IN ARRAY regexp_split_to_array(schedule, '\r\n|\r|\n') LOOP
+        v_line := btrim(v_line, c_space);
+        CONTINUE WHEN v_line = '';
+        IF strpos(v_line, ':') = 0 THEN  -- a rule alone: FREQ=...;...
+            v_rules := v_rules || v_line;
+            CONTINUE;
+        END IF;
+        v_head := split_part(v_line, ':', 1);
+        v_value := substr(v_line, strpos(v_line, ':') + 1);
+        v_params := regexp_split_to_array(v_head, ';');
+        v_prop := upper(btrim(v_params[1], c_space));
+        v_params := v_params[2:];
+        IF v_prop = 'RRULE' THEN
+            IF cardinality(v_params) > 0 THEN
+                RETURN format('schedule: RRULE: unsupported parameter %L', v_params[1]);
+            END IF;
+            v_rules := v_rules || v_value;
+        ELSIF v_prop IN ('DTSTART', 'RDATE', 'EXDATE') THEN
+            IF v_prop = 'DTSTART' AND v_has_start THEN
+                RETURN 'schedule: DTSTART: given more than once';
+            END IF;
+            FOREACH v_param IN ARRAY v_params LOOP
+                v_name := upper(btrim(split_part(v_param, '=', 1), c_space));
+                CONTINUE WHEN v_name = 'TZID';
+                IF v_name <> 'VALUE' OR strpos(v_param, '=') = 0
+                   OR upper(btrim(substr(v_param, strpos(v_param, '=') + 1), c_space)) NOT IN ('DATE-TIME', 'DATE') THEN
+                    RETURN format('schedule: %s: unsupported parameter %L', v_prop, v_param);
+                END IF;
+            END LOOP;
+            FOREACH v_item IN ARRAY regexp_split_to_array(v_value, ',') LOOP
+                v_problem := jobs._rrule_date_time_problem(v_prop, v_item);
+                IF v_problem IS NOT NULL THEN
+                    RETURN v_problem;
+                END IF;
+            END LOOP;
+            IF v_prop = 'DTSTART' THEN
+                IF strpos(v_value, ',') > 0 THEN
+                    RETURN 'schedule: DTSTART: expected exactly one date-time';
+                END IF;
+                v_has_start := TRUE;
+            END IF;
+            v_has_dates := v_has_dates OR v_prop = 'RDATE';
+        ELSE
+            RETURN format('schedule: unsupported property %L (use DTSTART, RRULE, RDATE, EXDATE)', v_prop);
+        END IF;
+    END LOOP;
+    IF cardinality(v_rules) = 0 AND NOT v_has_dates THEN
+        RETURN 'schedule: RRULE: no RRULE or RDATE line';
+    END IF;
+    FOREACH v_rule IN ARRAY v_rules LOOP
+        v_names := '{}';
+        v_values := '{}';
+        FOREACH v_part IN ARRAY string_to_array(btrim(v_rule, c_space), ';') LOOP
+            CONTINUE WHEN btrim(v_part, c_space) = '';
+            v_name := upper(btrim(split_part(v_part, '=', 1), c_space));
+            v_value := upper(btrim(substr(v_part, strpos(v_part, '=') + 1), c_space));
+            IF strpos(v_part, '=') = 0 OR v_name = '' OR v_value = '' THEN
+                RETURN format('schedule: RRULE: malformed part %L (expected NAME=VALUE)', v_part);
+            END IF;
+            IF v_name = ANY (v_names) THEN
+                RETURN format('schedule: RRULE: %s given more than once', v_name);
+            END IF;
+            v_names := v_names || v_name;
+            v_values := v_values || v_value;
+        END LOOP;
+        v_freq := v_values[array_position(v_names, 'FREQ')];
+        IF v_freq IS NULL THEN
+            RETURN 'schedule: RRULE: missing FREQ';
+        END IF;
+        IF NOT c_most ? v_freq THEN
+            RETURN format('schedule: RRULE: unknown FREQ %L', v_freq);
+        END IF;
+        IF 'COUNT' = ANY (v_names) AND 'UNTIL' = ANY (v_names) THEN
+            RETURN 'schedule: RRULE: COUNT and UNTIL cannot both be given';
+        END IF;
+        FOR i IN 1 .. cardinality(v_names) LOOP
+            v_name := v_names[i];
+            v_value := v_values[i];
+            CONTINUE WHEN v_name = 'FREQ';
+            -- RFC 5545: parts that only make sense with some frequencies.
+            IF (v_name = 'BYWEEKNO' AND v_freq <> 'YEARLY')
+               OR (v_name = 'BYYEARDAY' AND v_freq IN ('MONTHLY', 'WEEKLY', 'DAILY'))
+               OR (v_name = 'BYMONTHDAY' AND v_freq = 'WEEKLY') THEN
+                RETURN format('schedule: RRULE: %s cannot be used with FREQ=%s', v_name, v_freq);
+            END IF;
+            v_list := c_lists -> v_name;
+            IF v_list IS NOT NULL THEN
+                FOREACH v_item IN ARRAY regexp_split_to_array(v_value, ',') LOOP
+                    IF v_item !~ (CASE WHEN (v_list ->> 2)::boolean THEN '^[+-]?[0-9]+$' ELSE '^[0-9]+$' END) THEN
+                        RETURN format('schedule: RRULE: invalid %s value %L', v_name, v_item);
+                    END IF;
+                    v_number := v_item::numeric;
+                    IF abs(v_number) NOT BETWEEN (v_list ->> 0)::integer AND (v_list ->> 1)::integer
+                       OR ((v_list ->> 2)::boolean AND v_number = 0) THEN
+                        RETURN format('schedule: RRULE: %s value %s out of range %s-%s%s', v_name, v_number,
+                                      v_list ->> 0, v_list ->> 1,
+                                      CASE WHEN (v_list ->> 2)::boolean
+                                           THEN format(' or -%s--%s', v_list ->> 1, v_list ->> 0) ELSE '' END);
+                    END IF;
+                END LOOP;
+            ELSIF v_name = 'INTERVAL' THEN
+                IF v_value !~ '^[0-9]+$' OR v_value::numeric = 0 THEN
+                    RETURN format('schedule: RRULE: INTERVAL must be a positive integer, got %L', v_value);
+                END IF;
+                IF v_value::numeric > (c_most ->> v_freq)::numeric THEN
+                    RETURN format('schedule: RRULE: INTERVAL must be at most %s, got %s',
+                                  to_char((c_most ->> v_freq)::bigint, 'FM999,999,999,999'), v_value);
+                END IF;
+            ELSIF v_name = 'COUNT' THEN
+                IF v_value !~ '^[0-9]+$' THEN
+                    RETURN format('schedule: RRULE: COUNT must be a non-negative integer, got %L', v_value);
+                END IF;
+            ELSIF v_name = 'UNTIL' THEN
+                v_problem := jobs._rrule_date_time_problem('RRULE: UNTIL', v_value);
+                IF v_problem IS NOT NULL THEN
+                    RETURN v_problem;
+                END IF;
+            ELSIF v_name = 'WKST' THEN
+                IF v_value NOT IN ('MO', 'TU', 'WE', 'TH', 'FR', 'SA', 'SU') THEN
+                    RETURN format('schedule: RRULE: invalid WKST value %L', v_value);
+                END IF;
+            ELSIF v_name = 'BYDAY' THEN
+                FOREACH v_item IN ARRAY regexp_split_to_array(v_value, ',') LOOP
+                    v_day := regexp_match(v_item, '^([+-]?[0-9]{1,2})?(MO|TU|WE|TH|FR|SA|SU)$');
+                    IF v_day IS NULL THEN
+                        RETURN format('schedule: RRULE: invalid BYDAY value %L', v_item);
+                    END IF;
+                    CONTINUE WHEN v_day[1] IS NULL;
+                    IF abs(v_day[1]::integer) NOT BETWEEN 1 AND 53 THEN
+                        RETURN format('schedule: RRULE: BYDAY value %L ordinal out of range 1-53', v_item);
+                    END IF;
+                    IF v_freq NOT IN ('MONTHLY', 'YEARLY') THEN
+                        RETURN format('schedule: RRULE: BYDAY value %L needs FREQ=MONTHLY or YEARLY', v_item);
+                    END IF;
+                END LOOP;
+            ELSE
+                RETURN format('schedule: RRULE: unknown part %L', v_name);
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION jobs._rrule_problem(text) IS 'Private: what is wrong with RRULE text as SQL can tell (properties and their parameters, date-times, each rule''s parts and values, said as the driver says them), or NULL.';
+
 -- Private: what is wrong with schedule text, or NULL. The driver parses a schedule fully
 -- before it saves one (pgtick.schedule); this is what SQL alone can tell, in the driver's
 -- words, for a definition written from psql: a control character (but the line breaks
@@ -116,11 +320,6 @@ DECLARE
     v_size integer;
     v_ends integer[];
     v_end text;
-    v_line text;
-    v_part text;
-    v_key text;
-    v_value text;
-    v_range int4range;
     v_first integer;
     v_last integer;
     v_first_day integer := 31;  -- the earliest day of the month the cron field names
@@ -206,36 +405,9 @@ BEGIN
         RETURN format('schedule %s is neither a 5-field cron expression nor an RRULE (FREQ=... or RDATE:...)',
                       jobs._shown(schedule));
     END IF;
-    -- The rules: RRULE:... lines, and lines without a property name (FREQ=...;...).
-    FOREACH v_line IN ARRAY regexp_split_to_array(schedule, '\r?\n') LOOP
-        v_line := btrim(v_line);
-        CONTINUE WHEN v_line = '' OR (strpos(v_line, ':') > 0 AND v_line !~* '^RRULE\s*:');
-        FOREACH v_part IN ARRAY string_to_array(regexp_replace(v_line, '^RRULE\s*:', '', 'i'), ';') LOOP
-            v_key := upper(btrim(split_part(v_part, '=', 1)));
-            v_value := upper(btrim(substr(v_part, strpos(v_part, '=') + 1)));
-            IF v_key = 'FREQ'
-               AND v_value NOT IN ('YEARLY', 'MONTHLY', 'WEEKLY', 'DAILY', 'HOURLY', 'MINUTELY', 'SECONDLY') THEN
-                RETURN format('schedule: RRULE: unknown FREQ %L', v_value);
-            END IF;
-            v_range := CASE v_key WHEN 'BYMONTH' THEN int4range(1, 12, '[]')
-                                  WHEN 'BYHOUR' THEN int4range(0, 23, '[]')
-                                  WHEN 'BYMINUTE' THEN int4range(0, 59, '[]')
-                                  WHEN 'BYSECOND' THEN int4range(0, 59, '[]') END;
-            CONTINUE WHEN v_range IS NULL;
-            FOREACH v_end IN ARRAY string_to_array(v_value, ',') LOOP
-                IF v_end !~ '^[0-9]{1,9}$' THEN
-                    RETURN format('schedule: RRULE: invalid %s value %L', v_key, v_end);
-                END IF;
-                IF NOT v_range @> v_end::integer THEN
-                    RETURN format('schedule: RRULE: %s value %s out of range %s-%s', v_key, v_end,
-                                  lower(v_range), upper(v_range) - 1);
-                END IF;
-            END LOOP;
-        END LOOP;
-    END LOOP;
-    RETURN NULL;
+    RETURN jobs._rrule_problem(schedule);
 END $$;
-COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (a control character but a line break or tab, shape, cron field values, ranges and steps, a cron day of the month none of its months has, an RRULE''s FREQ and BYMONTH/BYHOUR/BYMINUTE/BYSECOND values), or NULL.';
+COMMENT ON FUNCTION jobs._schedule_problem(text) IS 'Private: what is wrong with schedule text as SQL can tell (a control character but a line break or tab, shape, cron field values, ranges and steps, a cron day of the month none of its months has, RRULE text as jobs._rrule_problem checks it), or NULL.';
 
 -- Private: raise 22023 with what jobs._schedule_problem finds wrong with the schedule text.
 CREATE OR REPLACE FUNCTION jobs._check_schedule_shape(schedule text) RETURNS void
