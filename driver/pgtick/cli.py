@@ -26,7 +26,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -67,6 +67,8 @@ from pgtick.terminal import (
 )
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
     from pgtick.schedule import Occurrence, Schedule
 
 log = logging.getLogger("pgtick.cli")
@@ -342,7 +344,21 @@ def _argv_as_text(argv: Sequence[str]) -> tuple[list[str], str | None]:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line and exits 2."""
+    """argparse that reports a usage error as one line and exits 2, and lets a failure to write
+    its help or usage reach the caller (argparse drops it and exits 0 as if it had been shown)."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if not message:
+            return
+        if file is None or file is sys.stderr:  # a usage error still exits 2 (as _say)
+            with suppress(OSError, ValueError, AttributeError):
+                sys.stderr.write(message)
+                sys.stderr.flush()
+            return
+        file.write(message)
+        flush = getattr(file, "flush", None)
+        if flush is not None:
+            flush()
 
     def error(self, message: str) -> NoReturn:
         message = " ".join(message.split())  # one line, whatever argparse built
@@ -350,7 +366,7 @@ class Parser(argparse.ArgumentParser):
         if unknown:  # a mistyped command: the closest one, not the list of all 25
             close = difflib.get_close_matches(unknown[1], re.findall(r"'([^']*)'", unknown[2]), n=1)
             guess = f"; did you mean {close[0]}?" if close else ""
-            message = f"COMMAND: invalid choice: {_shown(unknown[1])}{guess}"
+            message = f"COMMAND: invalid choice: {_shown(db.without_password(unknown[1]))}{guess}"
         self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
 
 
@@ -998,7 +1014,8 @@ def cmd_migrate(args: argparse.Namespace) -> Result | int:
             diag = exc.diag
             message = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             hint = f" ({diag.message_hint})" if diag.message_hint else ""
-            raise PgtickError(f"migrating stopped: {message}{hint}") from exc
+            where = "".join(f" ({note})" for note in getattr(exc, "__notes__", ()))
+            raise PgtickError(f"migrating stopped: {message}{hint}{where}") from exc
     return Result(
         {"applied": done},
         lambda style, wide: f"applied migrations: {', '.join(done)}" if done else "schema up to date",
@@ -2347,6 +2364,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
                 )
             args.cmd = command
             return args
+    _refuse_options_before_the_command(parser, argv)
     args, extras = parser.parse_known_args(argv)
     if getattr(args, "command", None) == "lock" and (args.cmd or extras):  # no -- before the command
         given = " ".join([*args.cmd, *extras])
@@ -2355,6 +2373,24 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         )
     _refuse_extras(parser, args, extras)
     return args
+
+
+def _refuse_options_before_the_command(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """``pgtick --dsn URL status``: an option of the command typed before it. argparse would
+    read its value as the command (and quote it, password and all) or report the option as one
+    the command does not take; say where it goes instead, without its value."""
+    commands = _commands(parser)
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    at = next((i for i, word in enumerate(words) if word in commands), None)
+    if at is None:
+        return
+    word = words[at]
+    command = commands[word]
+    for given in argv[:at]:
+        option = given.split("=", 1)[0]
+        if option.startswith("-") and option not in parser._option_string_actions:
+            if option in command._option_string_actions:
+                command.error(f"{option} goes after the command: pgtick {word} {option} ...")
 
 
 def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -2371,13 +2407,18 @@ def _refuse_extras(parser: argparse.ArgumentParser, args: argparse.Namespace, ex
         )
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands' parsers by name."""
+    for action in parser._actions:  # argparse keeps its subparsers there, and only there
+        if isinstance(action, argparse._SubParsersAction):
+            found: dict[str, argparse.ArgumentParser] = action.choices
+            return found
+    return {}
+
+
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
     """The parser of ``command`` (the top-level parser when there is none)."""
-    for action in parser._actions:  # argparse keeps its subparsers there, and only there
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            found: argparse.ArgumentParser = action.choices[command]
-            return found
-    return parser
+    return _commands(parser).get(command or "", parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -2411,12 +2452,20 @@ def _main(argv: Sequence[str] | None) -> int:
     if undecodable is not None:
         _say(f"pgtick: error: an argument is not valid UTF-8: {undecodable!r}")
         return 2
-    args = _parse(parser, argv)
-    if args.version:
-        if args.command is not None:
-            parser.error(f"--version takes no command (got {args.command})")
-        print(f"pgtick {__version__}")
-        return 0
+    try:
+        args = _parse(parser, argv)  # --help is written here
+        if args.version:
+            if args.command is not None:
+                parser.error(f"--version takes no command (got {args.command})")
+            print(f"pgtick {__version__}", flush=True)
+            return 0
+    except BrokenPipeError:  # the reader left: stop quietly, as a command does
+        _discard_stdout()
+        return 1
+    except OSError as exc:  # a full disk, a closed descriptor
+        _discard_stdout()
+        _say(f"pgtick: error: cannot write the output: {exc.strerror or exc}")
+        return 1
     setup_logging(
         verbose=args.verbose,
         log_format=getattr(args, "log_format", None),

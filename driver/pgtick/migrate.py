@@ -369,7 +369,7 @@ def _apply(
         for migration in pending[:-1]:
 
             def apply_one(migration: Migration = migration) -> None:
-                conn.execute(migration.sql().encode())
+                _run_file(conn, migration.path)
                 calls.record_migration(conn, migration.version, migration.name)
 
             _retrying_on_locks(conn, f"migration {migration.version}_{migration.name}", apply_one, longest)
@@ -380,10 +380,10 @@ def _apply(
 
         def apply_last_and_functions() -> None:
             for migration in pending[-1:]:
-                conn.execute(migration.sql().encode())
+                _run_file(conn, migration.path)
                 calls.record_migration(conn, migration.version, migration.name)
             for path in plan.function_files:
-                conn.execute(path.read_bytes())
+                _run_file(conn, path)
             if done or last_version:
                 calls.record_package_version(conn, _package_version(), done + last_version)
 
@@ -412,6 +412,26 @@ def _give_back_all(conn: psycopg.Connection[Any], lock_key: int, caller: dict[st
     if not conn.closed and not conn.broken:
         for name, theirs in caller.items():
             _give_back(conn, name, theirs)
+
+
+def _run_file(conn: psycopg.Connection[Any], path: Path) -> None:
+    """Run one file of the schema. An error the server raises carries a note naming the file and
+    the line of the statement it stopped at (or, in a function body, the server's own context):
+    "syntax error at end of input" alone does not say where."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        conn.execute(text.encode())
+    except psycopg.Error as exc:
+        if exc.sqlstate is not None:
+            where = f"{path.parent.name}/{path.name}"
+            position = exc.diag.statement_position
+            if position is not None and position.isdigit():
+                where += f", line {text[: int(position) - 1].count(chr(10)) + 1}"
+            context = (exc.diag.context or "").strip().splitlines()
+            if context:
+                where += f": {context[-1]}"
+            exc.add_note(f"in {where}")
+        raise
 
 
 #: Longest wait (seconds) of a migration's statement for a table lock before the migration's
@@ -562,11 +582,11 @@ def _apply_in_one_transaction(conn: psycopg.Connection[Any], plan: InstallPlan) 
         for migration in plan.migrations:
             if migration.version in already:
                 continue
-            conn.execute(migration.sql().encode())
+            _run_file(conn, migration.path)
             calls.record_migration(conn, migration.version, migration.name)
             done.append(migration.version)
         for path in plan.function_files:
-            conn.execute(path.read_bytes())
+            _run_file(conn, path)
         if done:
             calls.record_package_version(conn, _package_version(), done)
 

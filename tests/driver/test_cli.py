@@ -195,6 +195,26 @@ BAD_INPUT = [
     ("runs-limit-zero", ["runs", "--dsn", "{dsn}", "--limit", "0"], 2, "error"),
     ("version-and-more", ["--version", "extra"], 2, "invalid choice: 'extra'"),
     ("version-and-a-command", ["--version", "status", "--dsn", "{dsn}"], 2, "--version takes no command"),
+    # A command's option typed before the command: where it goes, never its value (a password).
+    (
+        "dsn-before-the-command",
+        ["--dsn", "postgresql://u:s3cr3t@127.0.0.1:1/x", "status"],
+        2,
+        "pgtick status: error: --dsn goes after the command: pgtick status --dsn ...",
+    ),
+    (
+        "dsn-with-equals-before-the-command",
+        ["--dsn=postgresql://u:s3cr3t@127.0.0.1:1/x", "runs"],
+        2,
+        "pgtick runs: error: --dsn goes after the command",
+    ),
+    ("json-before-the-command", ["--json", "status", "--dsn", "{dsn}"], 2, "--json goes after the command"),
+    (
+        "a-url-as-the-command",
+        ["postgresql://u:s3cr3t@127.0.0.1:1/x"],
+        2,
+        "'postgresql://u:***@127.0.0.1:1/x'",
+    ),
 ]
 
 
@@ -223,6 +243,7 @@ def test_bad_input_exits_with_one_line_and_no_traceback(
     assert len(result.stderr.splitlines()) == 1, f"expected exactly one line on stderr:\n{shown}"
     assert result.stderr.startswith("pgtick"), shown
     assert needle in result.stderr, f"the error should mention {needle!r}:\n{shown}"
+    assert "s3cr3t" not in result.stderr, f"a password reached standard error:\n{shown}"
     assert result.stdout == "", shown
     if code == 2:  # bad input changes nothing (a runtime failure, like a missing program, may)
         with shared_db.connect() as conn:
@@ -959,6 +980,21 @@ def test_an_output_or_input_that_cannot_be_used_is_one_line(db: Database) -> Non
                 timeout=60,
             )
 
+    # The version and the help too: argparse alone would drop the help and exit 0.
+    for shown_before_connecting in (["--version"], ["define", "--help"]):
+        with open("/dev/full", "w") as full:
+            told = subprocess.run(
+                [*PGTICK, *shown_before_connecting],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env_for(None),
+                timeout=60,
+            )
+        assert (told.returncode, told.stderr) == (
+            1,
+            "pgtick: error: cannot write the output: No space left on device\n",
+        ), (shown_before_connecting, told)
     result = into_a_full_disk("runs")
     assert result.returncode == 1, result.stderr
     assert result.stderr == "pgtick runs: error: cannot write the output: No space left on device\n", (

@@ -206,3 +206,27 @@ def test_a_migrate_stopped_by_ctrl_c_says_where_the_schema_stands(pg: Server, tm
         " (pgtick run refuses to start until then)\n"
     )
     assert err == expected, err
+
+
+def test_a_migration_the_database_refuses_is_named_with_what_it_committed_left_as_it_was(
+    db: Database,
+) -> None:
+    """The server's message alone ("constraint ... already exists", "syntax error at end of
+    input") does not say which file of the schema it stopped at: the error line names it. Here
+    the ledger lacks the last migration while the schema has it, so applying it again fails;
+    its transaction rolls back, and the ledger stays as it was."""
+    last = migrate.migrations()[-1]
+    with db.connect() as conn:
+        conn.execute("DELETE FROM jobs.schema_migrations WHERE version = %s", (last.version,))
+    result = pgtick("migrate", "--dsn", db.dsn)
+    shown = f"exit {result.returncode}\nstderr: {result.stderr!r}"
+    assert result.returncode == 1, shown
+    assert "Traceback" not in result.stderr, shown
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and errors[0].startswith("pgtick migrate: error: migrating stopped: "), shown
+    assert errors[0].endswith(f"(in migrations/{last.path.name})"), shown
+    with db.connect() as conn:
+        assert (
+            scalar(conn, "SELECT count(*) FROM jobs.schema_migrations WHERE version = %s", (last.version,))
+            == 0
+        )

@@ -454,8 +454,10 @@ def test_failed_migration_leaves_nothing_half_applied(empty: Database, tmp_path:
     )
     add_migration_line(root, "9999_broken")
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.UndefinedFunction):
+        with pytest.raises(psycopg.errors.UndefinedFunction) as caught:
             migrate.apply(conn, root)
+        # Where it stopped, as `pgtick migrate` says it: the file and the statement's line.
+        assert caught.value.__notes__ == ["in migrations/9999_broken.sql, line 2"], caught.value.__notes__
         assert conn.execute("SELECT to_regclass('jobs.half_applied')").fetchone() == (None,)
         versions = migrate.applied_versions(conn)
     assert "9999" not in versions
@@ -474,10 +476,12 @@ def test_a_migrator_stopped_before_the_functions_leaves_a_ledger_that_says_to_mi
     shutil.copytree(migrate.schema_root() / "migrations", root / "migrations")
     roles = root / "sql" / "roles.sql"
     roles.write_text(roles.read_text() + "\nSELECT no_such_function();\n")
+    broken_line = len(roles.read_text().splitlines())
     last = migrate.migrations()[-1]
     with psycopg.connect(empty.dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.UndefinedFunction):
+        with pytest.raises(psycopg.errors.UndefinedFunction) as caught:
             migrate.apply(conn, root)
+        assert caught.value.__notes__ == [f"in sql/roles.sql, line {broken_line}"], caught.value.__notes__
         assert last.version not in migrate.applied_versions(conn)
         assert conn.execute(
             "SELECT to_regprocedure('jobs.claim(integer, text, text[], boolean, text[], text)')"
