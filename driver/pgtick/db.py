@@ -201,6 +201,8 @@ def resolve_dsn(explicit: str | None, start_embedded: Callable[[], str]) -> str:
         return explicit
     for variable in ("DATABASE_URL", "PGTICK_DSN"):
         env = os.environ.get(variable)
+        if env and not env.strip():  # as --dsn ' ': libpq would read it as every default
+            raise UsageError(f"${variable}: must not be blank (unset it for the next choice)")
         if env:
             try:
                 conninfo_to_dict(env)

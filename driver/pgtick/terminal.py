@@ -355,20 +355,26 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) if any(c.isspace() and c != " " for c in text) else text
 
 
-#: Control characters but tab and line feed (C0, DEL and C1).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: The bidirectional marks, embeddings, overrides and isolates: not controls to Unicode, but
+#: a terminal shows the text after one turned around (U+202E reverses the rest of the line).
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: Control characters but tab and line feed (C0, DEL and C1), and the bidirectional ones.
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 
 
 def _shown_control(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"^{chr(code ^ 0x40)}" if code < 0x80 else f"\\x{code:02x}"
+    if code < 0x80:
+        return f"^{chr(code ^ 0x40)}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
     """Stored text (a job's error) as a terminal should show it: a control character is
     written as ``^[`` (C0, DEL: caret notation) or ``\\x9b`` (C1), so an escape sequence in
-    it can neither recolour, clear nor retitle the screen nor move the cursor; tabs and line
-    breaks stay."""
+    it can neither recolour, clear nor retitle the screen nor move the cursor, and a
+    bidirectional formatting character as ``\\u202e``, so it cannot turn the line around; tabs
+    and line breaks stay."""
     return _CONTROL.sub(_shown_control, text)
 
 
@@ -388,8 +394,8 @@ def _written_out_value(value: Any) -> Any:
     return value
 
 
-#: Every control character, tab and line feed included.
-_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: Every control character, tab and line feed included, and the bidirectional ones.
+_ANY_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 
 
 def printable_line(text: str) -> str:
@@ -580,22 +586,26 @@ def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int],
 
 
 #: What JSON leaves unescaped that a terminal acts on: DEL and the C1 controls (U+009B is
-#: CSI, the start of an escape sequence). JSON escapes C0 itself.
-_JSON_CONTROL = re.compile(r"[\x7f-\x9f]")
+#: CSI, the start of an escape sequence), and the bidirectional marks, embeddings, overrides
+#: and isolates, which turn the text after them around on the screen (a payload holding U+202E
+#: would show its line reversed). JSON escapes C0 itself.
+_JSON_CONTROL = re.compile(f"[\x7f-\x9f{_BIDI}]")
 
 
 def to_json(value: Any, *, ascii_only: bool = False) -> str:
     """``value`` as indented JSON; ``ascii_only`` escapes what is not ASCII (``\\u62a5``),
-    for an output that is not UTF-8: the same document, nothing lost. DEL and C1 controls
-    are escaped always (``\\u009b``): still the same document, and no escape sequence in a
-    stored value reaches the terminal. A Decimal (a jsonb number, read with every digit) is
+    for an output that is not UTF-8: the same document, nothing lost. DEL, C1 controls and
+    bidirectional formatting characters are escaped always (``\\u009b``, ``\\u202e``): still
+    the same document, and no escape sequence or reversal in a stored value reaches the
+    terminal. A Decimal (a jsonb number, read with every digit) is
     written as that number, digit for digit."""
     text = json_numbers.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
     return json_controls_escaped(text)
 
 
 def json_controls_escaped(text: str) -> str:
-    """JSON text with its DEL and C1 controls escaped (``\\u009b``): the same document."""
+    """JSON text with its DEL, C1 controls and bidirectional formatting characters escaped
+    (``\\u009b``): the same document."""
     return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

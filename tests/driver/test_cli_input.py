@@ -727,6 +727,16 @@ def test_a_bad_dsn_in_the_environment_is_a_usage_error_naming_the_variable(
         [PGTICK_EXE, *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
     assert_refused(result, f"${variable}: not a connection string or URL")
+    # Blank, as --dsn ' ' is refused: libpq would take it for every default (the local socket).
+    blank = subprocess.run(
+        [PGTICK_EXE, *argv],
+        capture_output=True,
+        text=True,
+        env={**env, variable: " \t"},
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert_refused(blank, f"${variable}: must not be blank")
 
 
 @pytest.mark.parametrize("variable", ["DATABASE_URL", "PGTICK_DSN"])

@@ -749,20 +749,22 @@ def test_control_characters_in_an_error_reach_the_terminal_as_text(
     the operator's terminal) and a tab as a space in a table; --json keeps it as stored."""
     error = (
         "CalledProcessError: \033[31mFAILED\033[0m test_x\tassert 1 == 2 \033[1m(see log)"
-        "\033]0;owned\007\033[2J\x9b2K\x7f"
+        "\033]0;owned\007\033[2J\x9b2K\x7f \u202edesrever"
     )
     with fixed.connect() as conn:
         conn.execute("UPDATE jobs.runs SET error = %s WHERE id = 5", (error,))
     for argv in (["runs", "--status", "FAILED", "--wide"], ["show", "5"]):
         out = run_cli(capsys, *argv, "--dsn", fixed.dsn)
-        shown = [c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+        shown = [
+            c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c == "\u202e"
+        ]
         assert not shown, f"control characters reached the terminal from `pgtick {argv[0]}`: {shown}\n{out}"
         assert "CalledProcessError: ^[[31mFAILED^[[0m test_x" in out, out
     runs = run_cli(capsys, "runs", "--status", "FAILED", "--wide", "--dsn", fixed.dsn)
     assert "\t" not in runs and "test_x assert" in runs, runs
     show = run_cli(capsys, "show", "5", "--dsn", fixed.dsn)
     assert "  CalledProcessError: ^[[31mFAILED^[[0m test_x\tassert 1 == 2 ^[[1m(see log)" in show, show
-    assert "^[]0;owned^G^[[2J\\x9b2K^?" in show, show
+    assert "^[]0;owned^G^[[2J\\x9b2K^? \\u202edesrever" in show, show
     data = json.loads(run_cli(capsys, "show", "5", "--json", "--dsn", fixed.dsn))
     assert data["error"] == error
 

@@ -793,8 +793,9 @@ def test_an_error_line_that_quotes_the_input_writes_its_control_characters_out(
 
 def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) -> None:
     """JSON escapes C0 controls but not DEL or C1 (U+009B is CSI, an escape sequence's
-    start): `show` and --json write those as ``\\u009b``, the same JSON value."""
-    payload = {"a": "x\x9b2Jy\x7f", "b": "\x1b[31m"}
+    start) nor the bidirectional overrides: `show` and --json write those as ``\\u009b``,
+    the same JSON value."""
+    payload = {"a": "x\x9b2Jy\x7f", "b": "\x1b[31m", "c": "abc\u202edef\u2067g"}
     result = {"out": "\x9b31mred\x85"}
     with db.connect() as conn:
         run = scalar(conn, "SELECT id FROM jobs.enqueue('k', payload => %s::jsonb)", (json.dumps(payload),))
@@ -809,6 +810,8 @@ def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) ->
     assert '"a": "x\\u009b2Jy\\u007f"' in text.stdout and '"out": "\\u009b31mred\\u0085"' in text.stdout, (
         text.stdout
     )
+    # A bidirectional override would show the rest of its line reversed: escaped as well.
+    assert '"c": "abc\\u202edef\\u2067g"' in text.stdout, text.stdout
     as_json = pgtick("show", str(run), "--json", "--dsn", db.dsn)
     assert as_json.returncode == 0, as_json.stderr
     assert not _controls(as_json.stdout.replace("\t", "")), repr(as_json.stdout)
