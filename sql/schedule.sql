@@ -281,6 +281,11 @@ BEGIN
                     IF v_freq NOT IN ('MONTHLY', 'YEARLY') THEN
                         RETURN format('schedule: RRULE: BYDAY value %L needs FREQ=MONTHLY or YEARLY', v_item);
                     END IF;
+                    -- Counted within the month (FREQ=MONTHLY, or BYMONTH): five of each at most.
+                    IF (v_freq = 'MONTHLY' OR 'BYMONTH' = ANY (v_names)) AND abs(v_day[1]::integer) > 5 THEN
+                        RETURN format('schedule: RRULE: BYDAY value %L ordinal out of range 1-5 '
+                                      '(a month has at most five of each weekday)', v_item);
+                    END IF;
                 END LOOP;
             ELSE
                 RETURN format('schedule: RRULE: unknown part %L', v_name);

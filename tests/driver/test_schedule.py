@@ -1078,6 +1078,11 @@ def test_format_preview_keeps_its_columns_in_place_across_a_dst_change(
         ("BYHOUR=8", "RRULE: missing FREQ"),
         ("FREQ=WEEKLY;BYDAY=XX", "RRULE: invalid BYDAY value 'XX'"),
         ("FREQ=DAILY;BYDAY=1MO", "RRULE: BYDAY value '1MO' needs FREQ=MONTHLY or YEARLY"),
+        # Within a month there are five of each weekday at most (dateutil raises IndexError).
+        ("FREQ=MONTHLY;BYDAY=40MO", "RRULE: BYDAY value '40MO' ordinal out of range 1-5 (a month has"),
+        ("FREQ=MONTHLY;BYDAY=-6FR", "RRULE: BYDAY value '-6FR' ordinal out of range 1-5"),
+        ("FREQ=YEARLY;BYMONTH=12;BYDAY=40MO", "RRULE: BYDAY value '40MO' ordinal out of range 1-5"),
+        ("FREQ=YEARLY;BYDAY=54MO", "RRULE: BYDAY value '54MO' ordinal out of range 1-53"),
         ("FREQ=DAILY;BYHOUR=24", "RRULE: BYHOUR value 24 out of range 0-23"),
         ("FREQ=MONTHLY;BYMONTHDAY=0", "RRULE: BYMONTHDAY value 0 out of range"),
         ("FREQ=DAILY;INTERVAL=0", "RRULE: INTERVAL must be a positive integer"),

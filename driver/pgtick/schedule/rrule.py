@@ -405,7 +405,9 @@ def _positive_integer(text: str, part: str, *, most: int | None = None, allow_ze
     return int(text)
 
 
-def _byday(text: str, frequency: int) -> list[weekday]:
+def _byday(text: str, frequency: int, in_months: bool) -> list[weekday]:
+    """BYDAY's weekdays; an ordinal counts them within the year, or within the month with
+    FREQ=MONTHLY or BYMONTH (``in_months``), where there are at most five of each."""
     days = []
     for item in text.split(","):
         match = _BYDAY_ITEM.fullmatch(item)
@@ -421,6 +423,11 @@ def _byday(text: str, frequency: int) -> list[weekday]:
             raise ScheduleError(f"RRULE: BYDAY value {item!r} ordinal out of range 1-53")
         if frequency not in (MONTHLY, YEARLY):
             raise ScheduleError(f"RRULE: BYDAY value {item!r} needs FREQ=MONTHLY or YEARLY")
+        if in_months and abs(ordinal) > 5:  # (dateutil fails on these with an IndexError)
+            raise ScheduleError(
+                f"RRULE: BYDAY value {item!r} ordinal out of range 1-5"
+                " (a month has at most five of each weekday)"
+            )
         days.append(day(ordinal))
     return days
 
@@ -474,7 +481,7 @@ def _parse_rule(text: str, start: datetime, zone: ZoneInfo) -> Rule:
                 raise ScheduleError(f"RRULE: invalid WKST value {value!r}")
             options["wkst"] = _WEEKDAY_CODES.index(value)
         elif name == "BYDAY":
-            options["byweekday"] = _byday(value, frequency)
+            options["byweekday"] = _byday(value, frequency, frequency == MONTHLY or "BYMONTH" in parts)
         else:
             raise ScheduleError(f"RRULE: unknown part {name!r}")
 
@@ -776,7 +783,7 @@ def _has_occurrence(rule: Rule) -> bool:
     try:
         expansion = rule.expansion_from(None, rebase=True)  # day by day where that is faster
         return expansion is not None and next(iter(expansion), None) is not None
-    except ValueError:  # dateutil: an empty BYxxx combination, or past the year 9999
+    except (ValueError, IndexError):  # dateutil: an empty BYxxx combination, or past the year 9999
         return False
 
 
