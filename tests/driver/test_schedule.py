@@ -451,6 +451,40 @@ def test_utc_until_is_exact_inside_a_repeated_hour() -> None:
     assert both == runs[:6] + sorted(runs[6:] + [utc(2026, 11, 1, 6, m) for m in (0, 10, 20, 30, 40)])
 
 
+@pytest.mark.parametrize(
+    "beside",
+    ["RDATE;TZID=America/New_York:20241201T090000", "RRULE:FREQ=WEEKLY;BYDAY=SU;BYHOUR=9;BYMINUTE=0;COUNT=6"],
+    ids=["an-rdate", "a-second-rule"],
+)
+def test_a_utc_until_bounds_its_own_rules_instants_whatever_else_the_set_holds(beside: str) -> None:
+    """RFC 5545: a rule's UNTIL bounds that rule's instances. Daily at 01:30 New York until
+    06:00Z on the day the clocks go back: 01:30 EDT (05:30Z) runs, its second reading 01:30
+    EST (06:30Z) does not, with or without another rule or an RDATE in the set, and what
+    those give runs past the UNTIL."""
+    base = "DTSTART;TZID=America/New_York:20241101T013000\nRRULE:FREQ=DAILY;UNTIL=20241103T060000Z"
+    alone = parse_schedule(base, "America/New_York", anchor=utc(2024, 11, 1), dst_repeat="both")
+    ours = [utc(2024, 11, 1, 5, 30), utc(2024, 11, 2, 5, 30), utc(2024, 11, 3, 5, 30)]
+    assert alone.between(utc(2024, 11, 1), utc(2025, 1, 1), limit=50) == ours
+    schedule = parse_schedule(
+        f"{base}\n{beside}", "America/New_York", anchor=utc(2024, 11, 1), dst_repeat="both"
+    )
+    runs = schedule.between(utc(2024, 11, 1), utc(2025, 1, 1), limit=50)
+    others = [r for r in runs if r.astimezone(ZoneInfo("America/New_York")).hour != 1]
+    assert [r for r in runs if r not in others] == ours, runs
+    assert others and all(r > utc(2024, 11, 3, 6) for r in others), runs
+    # The one left of a doubled wall time runs as the reading it is, not as one of two.
+    third = next(o for o in schedule.occurrences(utc(2024, 11, 3)) if o.at == ours[2])
+    assert third.dst != "doubled", third
+
+
+def test_a_utc_until_bounds_a_gap_time_shifted_past_it() -> None:
+    """02:30 New York on the day the clocks spring forward does not exist; dst_gap=shift runs
+    it at 03:30 EDT (07:30Z), past an UNTIL of 07:15Z: it does not run."""
+    text = "DTSTART;TZID=America/New_York:20260307T023000\nRRULE:FREQ=DAILY;UNTIL=20260308T071500Z"
+    schedule = parse_schedule(text, "America/New_York", anchor=utc(2026, 3, 7), dst_gap="shift")
+    assert schedule.between(utc(2026, 3, 1), utc(2026, 4, 1), limit=10) == [utc(2026, 3, 7, 7, 30)]
+
+
 def test_date_until_includes_the_whole_day() -> None:
     schedule = parse_schedule(
         "DTSTART:20260101T000000\nRRULE:FREQ=DAILY;BYHOUR=20;UNTIL=20260110", "Europe/Sofia"

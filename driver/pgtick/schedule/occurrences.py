@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from itertools import count
+from itertools import count, dropwhile, groupby
 from typing import Literal
 from zoneinfo import ZoneInfo
-
-from dateutil.rrule import rruleset
 
 from pgtick.schedule.cron import parse_cron
 from pgtick.schedule.rrule import DateValue, Rule, _walked, follows_real_time, parse_rrule_text
@@ -135,19 +133,31 @@ class Schedule:
             assert occurrence.at is not None
             yield occurrence.at
 
-    def _wall_times(self, not_before: datetime | None, *, rebase: bool) -> Iterator[datetime]:
-        expansion = rruleset()
+    def _wall_times(
+        self, not_before: datetime | None, *, rebase: bool
+    ) -> Iterator[tuple[datetime, datetime | None]]:
+        """The wall times of the rules and RDATEs in order, once each, but the EXDATEs; each
+        with the latest instant it may run at: a rule's UTC UNTIL bounds the instants of that
+        rule alone (RFC 5545), so a wall time another rule or an RDATE gives too is bounded by
+        none of them (None)."""
+        streams: list[Iterator[tuple[datetime, datetime | None]]] = []
         for rule in self._rules:
             restarted = rule.expansion_from(not_before, rebase=rebase)
-            if restarted is not None:  # an rrule, or wall times in order (dateutil iterates either)
-                expansion.rrule(restarted)  # type: ignore[arg-type]
-        for rdate in self._rdates:
-            expansion.rdate(rdate)
-        for exdate in self._exdates:
-            expansion.exdate(exdate)
-        if not_before is None:
-            return _walked(iter(expansion))
-        return _walked(expansion.xafter(not_before, inc=True))
+            if restarted is not None:  # an rrule, or wall times in order
+                streams.append(_tagged(_from(iter(restarted), not_before), rule.until_utc))
+        rdates = sorted(r for r in self._rdates if not_before is None or r >= not_before)
+        if rdates:
+            streams.append(_tagged(iter(rdates), None))
+        excluded = set(self._exdates)
+        if len(streams) == 1:  # one rule (most schedules): its wall times come once each already
+            yield from (pair for pair in streams[0] if pair[0] not in excluded)
+            return
+        merged = heapq.merge(*streams, key=_first)
+        for wall, same in groupby(merged, key=_first):
+            if wall in excluded:
+                continue
+            bounds = [bound for _, bound in same]
+            yield wall, None if None in bounds else max(b for b in bounds if b is not None)
 
     def _start_wall_time(self, instant: datetime) -> datetime | None:
         """The earliest wall time that can run at or after `instant` (None: past 9999; the
@@ -194,26 +204,19 @@ class Schedule:
             if not_before is None and instant.astimezone(UTC).year > 5000:
                 return
 
-        # A UTC UNTIL bounds instants: a second reading can run after it.  (With several
-        # rules or RDATEs the latest UNTIL bounds them all.)
-        bound = None
-        if not self._rdates and not self._rdate_instants and all(rule.until_utc for rule in self._rules):
-            bound = max(rule.until_utc for rule in self._rules if rule.until_utc)
-
         def wanted(moment: datetime) -> bool:
-            if (bound is not None and moment > bound) or moment in self._exdate_instants:
+            if moment in self._exdate_instants:
                 return False
             return instant is None or moment > instant or (inclusive and moment == instant)
 
         def marked(occurrence: Occurrence) -> Occurrence:
-            """A reading marked doubled whose twin the rule drops (a UTC UNTIL between the two,
-            an EXDATE instant) runs alone: it is the first or second of two, as when told so."""
+            """A reading marked doubled whose twin the rule drops (an EXDATE instant) runs
+            alone: it is the first or second of two, as when told so."""
             if occurrence.dst != "doubled" or occurrence.at is None:
                 return occurrence
             before, after = fold_offsets(occurrence.wall, self._zone)
             readings = {(occurrence.wall - offset).replace(tzinfo=UTC) for offset in (before, after)}
-            twins = readings - {occurrence.at}
-            if any((bound is not None and twin > bound) or twin in self._exdate_instants for twin in twins):
+            if any(twin in self._exdate_instants for twin in readings - {occurrence.at}):
                 return replace(occurrence, dst=reading_of(occurrence.at, self._zone))
             return occurrence
 
@@ -228,13 +231,15 @@ class Schedule:
         previous: datetime | None = None
         reached = not_before or datetime.min
         try:
-            for wall in self._wall_times(not_before, rebase=rebase):
+            for wall, bound in self._wall_times(not_before, rebase=rebase):
                 reached = wall
                 mapped = runs_of_wall_time(wall, self._zone, self.policy)
                 if mapped is None:
                     break
                 if self._start is not None and wall == self._start.wall:
                     mapped = self._started(mapped)
+                if bound is not None:  # a UTC UNTIL: a later reading or a gap's shift runs past it
+                    mapped = _until(mapped, bound, self._zone)
                 while pending and pending[0][0] <= mapped.earliest:
                     key, _, occurrence = heapq.heappop(pending)
                     if occurrence.at is None:
@@ -271,6 +276,31 @@ class Schedule:
             (at, "doubled" if later else reading_of(at, self._zone))
         ]
         return replace(mapped, runs=(*runs, *later))
+
+
+def _until(mapped: WallTimeRuns, bound: datetime, zone: ZoneInfo) -> WallTimeRuns:
+    """The runs of a wall time at or before a UTC UNTIL; a reading marked doubled whose twin
+    falls past it runs alone, marked as the reading it is."""
+    runs = [(at, mark) for at, mark in mapped.runs if at <= bound]
+    skipped = mapped.skipped and mapped.earliest <= bound
+    if len(runs) == len(mapped.runs) and skipped == mapped.skipped:
+        return mapped
+    alone = [(at, reading_of(at, zone) if mark == "doubled" else mark) for at, mark in runs]
+    return replace(mapped, runs=tuple(alone), skipped=skipped)
+
+
+def _from(walls: Iterator[datetime], not_before: datetime | None) -> Iterator[datetime]:
+    """The wall times at or after `not_before` (all when None), counted for the walk's pings."""
+    walked = _walked(walls)
+    return walked if not_before is None else dropwhile(lambda wall: wall < not_before, walked)
+
+
+def _tagged(walls: Iterator[datetime], bound: datetime | None) -> Iterator[tuple[datetime, datetime | None]]:
+    return ((wall, bound) for wall in walls)
+
+
+def _first(pair: tuple[datetime, datetime | None]) -> datetime:
+    return pair[0]
 
 
 @lru_cache(maxsize=4096)
