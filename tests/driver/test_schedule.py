@@ -494,6 +494,27 @@ def test_date_until_includes_the_whole_day() -> None:
     assert runs[-1] == utc(2026, 1, 10, 18)
 
 
+@pytest.mark.parametrize(
+    "rules",
+    ["RRULE:FREQ=DAILY;BYHOUR=9,17", "RRULE:FREQ=DAILY;BYHOUR=9\nRRULE:FREQ=DAILY;BYHOUR=17"],
+    ids=["one-rule", "two-rules"],
+)
+def test_an_exdate_without_a_time_of_day_leaves_out_the_whole_day(rules: str) -> None:
+    """An EXDATE given as a date (VALUE=DATE, or eight digits) leaves out every run of that day
+    in the schedule's zone, as a date UNTIL takes in the whole day; it used to leave out a
+    midnight that never ran, and so nothing. A date-time EXDATE still leaves out that run alone."""
+    text = (
+        f"DTSTART;TZID=Europe/London:20240101T090000\n{rules}\n"
+        "EXDATE;VALUE=DATE:20240103\nEXDATE:20240105\nEXDATE:20240106T170000"
+    )
+    schedule = parse_schedule(text, "Europe/London", anchor=utc(2024, 1, 1))
+    runs = schedule.between(utc(2024, 1, 1), utc(2024, 1, 8), limit=50)
+    days = {}
+    for run in runs:
+        days.setdefault(run.day, []).append(run.hour)
+    assert days == {1: [9, 17], 2: [9, 17], 4: [9, 17], 6: [9], 7: [9, 17]}, runs
+
+
 @pytest.mark.parametrize("frequency", ["DAILY", "MINUTELY"])
 def test_a_utc_until_before_the_zones_first_wall_time_has_no_occurrences(frequency: str) -> None:
     """UNTIL at the first instant of the year 1 is before every wall time of a zone west of

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from itertools import count, dropwhile, groupby
 from typing import Literal
@@ -76,6 +76,8 @@ class Schedule:
     _start: DateValue | None = field(repr=False, default=None)
     # The rules start at the anchor (an RRULE without DTSTART), not at a DTSTART of their own.
     _anchored: bool = field(repr=False, default=False)
+    # EXDATE dates (no time of day): every wall time of those days is left out.
+    _exdate_days: frozenset[date] = field(repr=False, default=frozenset())
 
     @property
     def zone(self) -> ZoneInfo:
@@ -148,13 +150,16 @@ class Schedule:
         rdates = sorted(r for r in self._rdates if not_before is None or r >= not_before)
         if rdates:
             streams.append(_tagged(iter(rdates), None))
-        excluded = set(self._exdates)
+        excluded, days = set(self._exdates), self._exdate_days
         if len(streams) == 1:  # one rule (most schedules): its wall times come once each already
-            yield from (pair for pair in streams[0] if pair[0] not in excluded)
+            if days:
+                yield from (p for p in streams[0] if p[0] not in excluded and p[0].date() not in days)
+            else:
+                yield from (pair for pair in streams[0] if pair[0] not in excluded)
             return
         merged = heapq.merge(*streams, key=_first)
         for wall, same in groupby(merged, key=_first):
-            if wall in excluded:
+            if wall in excluded or wall.date() in days:
                 continue
             bounds = [bound for _, bound in same]
             yield wall, None if None in bounds else max(b for b in bounds if b is not None)
@@ -370,6 +375,7 @@ def parse_schedule(
             frozenset(parts.exdate_instants),
             parts.start,
             parts.anchored,
+            frozenset(parts.exdate_days),
         )
         if next(schedule.occurrences(None, include_skipped=True), None) is None:
             raise ScheduleError("RRULE: rule has no occurrences")

@@ -674,6 +674,7 @@ class DateValue:
 
     wall: datetime
     instant: datetime | None = None
+    is_date: bool = False  # an EXDATE without a time of day: the whole day, as a date UNTIL is
 
 
 @dataclass(frozen=True)
@@ -688,6 +689,7 @@ class RRuleParts:
     exdate_instants: tuple[datetime, ...] = ()
     start: DateValue | None = None
     anchored: bool = False  # no DTSTART: the rules start at the anchor
+    exdate_days: tuple[date, ...] = ()  # EXDATE dates: every wall time of those days
 
 
 def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -> list[DateValue]:
@@ -708,6 +710,9 @@ def _date_values(prop: str, params: Sequence[str], value: str, zone: ZoneInfo) -
             raise ScheduleError(f"{prop}: {item!r} is UTC but a TZID is also given")
         if prop == "DTSTART" and value_zone is not None and value_zone.key != zone.key:
             raise ScheduleError(f"DTSTART: TZID {value_zone.key!r} is not {zone.key!r}")
+        if prop == "EXDATE" and parsed.is_date:  # a day of the schedule's calendar, not an instant
+            wall_times.append(DateValue(parsed.value, is_date=True))
+            continue
         if parsed.is_utc:
             source_zone: tzinfo = UTC
         elif value_zone is not None and value_zone.key != zone.key:
@@ -771,11 +776,12 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
     return RRuleParts(
         rules,
         tuple(d.wall for d in rdates if d.instant is None),
-        tuple(d.wall for d in exdates if d.instant is None),
+        tuple(d.wall for d in exdates if d.instant is None and not d.is_date),
         tuple(d.instant for d in rdates if d.instant is not None),
         tuple(d.instant for d in exdates if d.instant is not None),
         start if start is not None and start.instant is not None else None,
         anchored=start is None,
+        exdate_days=tuple(d.wall.date() for d in exdates if d.is_date),
     )
 
 
