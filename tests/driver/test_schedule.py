@@ -509,7 +509,7 @@ def test_an_exdate_without_a_time_of_day_leaves_out_the_whole_day(rules: str) ->
     )
     schedule = parse_schedule(text, "Europe/London", anchor=utc(2024, 1, 1))
     runs = schedule.between(utc(2024, 1, 1), utc(2024, 1, 8), limit=50)
-    days = {}
+    days: dict[int, list[int]] = {}
     for run in runs:
         days.setdefault(run.day, []).append(run.hour)
     assert days == {1: [9, 17], 2: [9, 17], 4: [9, 17], 6: [9], 7: [9, 17]}, runs
