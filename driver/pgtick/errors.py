@@ -253,7 +253,7 @@ def from_psycopg(exc: psycopg.Error, session: Session | None = None) -> PgtickEr
         cls: type[SqlApiError] = NotFound
     elif sqlstate == WrongTransaction.default_sqlstate:
         cls = WrongTransaction
-    elif sqlstate[:2] in ("22", "23"):
+    elif sqlstate[:2] in ("22", "23") or sqlstate == "54000":  # 54000: a value past a server limit
         cls = InvalidArgument
     else:
         return None
@@ -300,10 +300,11 @@ def _version() -> str:
 
 @contextmanager
 def translate_errors(session: Session | None = None) -> Iterator[Session]:
-    """Re-raise the SQL API's errors (class 22/23, P0002, 25000, 42883, a missing table, column
-    or schema, and the refusals 42501 and 25006) as driver exceptions, chained to the psycopg
-    error; every other exception passes through unchanged. Yields ``session`` (a new one if
-    not given), which the caller may fill in as the call goes on."""
+    """Re-raise the SQL API's errors (class 22/23, a value past a server limit 54000, P0002,
+    25000, 42883, a missing table, column or schema, and the refusals 42501 and 25006) as driver
+    exceptions, chained to the psycopg error; every other exception passes through unchanged.
+    Yields ``session`` (a new one if not given), which the caller may fill in as the call goes
+    on."""
     session = session or Session()
     try:
         yield session

@@ -1,7 +1,8 @@
-"""pgtick.errors maps the SQL API's SQLSTATEs in one place: class 22/23 -> InvalidArgument
-(naming the field, keeping the hint), P0002 -> NotFound, 42883 -> SchemaMismatch, 42501 ->
-PermissionDenied, 25006 -> ReadOnly; anything else stays a psycopg error. The CLI goes
-through the same mapping (one line; exit 2 for bad input, 1 for a refusal)."""
+"""pgtick.errors maps the SQL API's SQLSTATEs in one place: class 22/23 and 54000 (a value past
+a server limit) -> InvalidArgument (naming the field, keeping the hint), P0002 -> NotFound,
+42883 -> SchemaMismatch, 42501 -> PermissionDenied, 25006 -> ReadOnly; anything else stays a
+psycopg error. The CLI goes through the same mapping (one line; exit 2 for bad input, 1 for a
+refusal)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def test_class_23_becomes_invalid_argument(conn: psycopg.Connection[Any]) -> Non
     with pytest.raises(InvalidArgument) as caught, translate_errors():
         conn.execute("INSERT INTO jobs.runs (kind, attempt) VALUES ('k', 0)")
     assert caught.value.sqlstate == "23514", vars(caught.value)
+
+
+def test_a_value_past_a_server_limit_becomes_invalid_argument(conn: psycopg.Connection[Any]) -> None:
+    """54000, program_limit_exceeded: what a caller sent is too large for the server (a payload
+    string past jsonb's 256 MB, here an array past its maximum size), bad input like 22023."""
+    with pytest.raises(InvalidArgument, match="array size exceeds the maximum") as caught, translate_errors():
+        conn.execute("SELECT array_fill(1, ARRAY[%s])", (200_000_000,))
+    assert caught.value.sqlstate == "54000", vars(caught.value)
 
 
 def test_p0002_becomes_not_found(conn: psycopg.Connection[Any]) -> None:
