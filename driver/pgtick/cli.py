@@ -749,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Filled from whatever follows the first `--` (see main): a REMAINDER positional
     # after NAME would swallow the options that follow it (`NAME --ttl 5m -- cmd`).
-    p.add_argument("cmd", nargs="*", metavar="-- COMMAND", help="the command and its arguments")
+    p.add_argument("cmd", nargs="*", default=[], metavar="-- COMMAND", help="the command and its arguments")
 
     p = _command(sub, "web", "serve the web dashboard", cmd_web, output=None)
     p.add_argument("--bind", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")

@@ -57,6 +57,13 @@ BAD_INPUT = [
         2,
         "pgtick lock: error: give the command after --",
     ),
+    # The command was given: only the name is missing, and the line says that alone.
+    (
+        "lock-without-a-name",
+        ["lock", "--ttl", "10", "--", "true"],
+        2,
+        "required: name (see pgtick lock --help)",
+    ),
     ("unreachable-db", ["status", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
     ("unreachable-db-migrate", ["migrate", "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
     ("unreachable-db-run", ["run", EXAMPLE, "--dsn", NOWHERE], 1, "cannot connect to PostgreSQL"),
