@@ -880,6 +880,65 @@ def test_a_rule_is_refused_for_never_landing_exactly_when_a_walk_over_its_cycle_
     assert refused == (first is None), (text, first)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    frequency=st.sampled_from(["YEARLY", "MONTHLY", "WEEKLY"]),
+    interval=st.sampled_from([1, 1, 2, 3, 7, 12, 53]),
+    days=st.lists(st.sampled_from(["MO", "FR", "1MO", "-1FR", "5SU", "2TU", "-5WE"]), max_size=2),
+    monthdays=st.lists(st.sampled_from([1, 13, 29, 30, 31, -1, -31]), max_size=2),
+    months=st.lists(st.integers(1, 12), max_size=2),
+    setpos=st.sampled_from([None, 1, 2, -1, 3]),
+    weekno=st.sampled_from([None, 1, -1, 53, -53]),
+    start_day=st.integers(0, 400),
+)
+@example("MONTHLY", 1, [], [], [], 2, None, 0)  # the DTSTART day alone: one a month, no second
+@example("MONTHLY", 1, ["MO"], [1], [], 2, None, 0)
+@example("MONTHLY", 1, ["1MO"], [-1], [], None, None, 0)
+@example("YEARLY", 1, [], [], [6], None, 1, 0)
+@example("YEARLY", 1, [], [], [7], None, -53, 0)
+@example("MONTHLY", 1, ["5SU"], [1], [], None, None, 0)
+def test_a_rule_is_refused_for_parts_that_never_meet_exactly_when_dateutil_finds_nothing_before_9999(
+    frequency: str,
+    interval: int,
+    days: list[str],
+    monthdays: list[int],
+    months: list[int],
+    setpos: int | None,
+    weekno: int | None,
+    start_day: int,
+) -> None:
+    """A yearly, monthly or weekly rule whose BY parts never meet is refused after a search
+    of two turns of the 400-year calendar, from DTSTART moved whole turns ahead: the refusal
+    holds exactly when dateutil, walking from DTSTART to the year 9999, finds no occurrence."""
+    if frequency != "YEARLY" and weekno is not None:
+        weekno = None  # BYWEEKNO goes with YEARLY alone
+    if frequency != "MONTHLY" and not (frequency == "YEARLY" and months):
+        days = [d for d in days if d.isalpha()]  # an ordinal counts within the month or year
+    if frequency == "WEEKLY":
+        monthdays = []
+    parts = [f"FREQ={frequency}", f"INTERVAL={interval}"]
+    for name, values in (("BYDAY", days), ("BYMONTHDAY", monthdays), ("BYMONTH", months)):
+        if values:
+            parts.append(f"{name}=" + ",".join(map(str, dict.fromkeys(values))))
+    if setpos is not None:
+        parts.append(f"BYSETPOS={setpos}")
+    if weekno is not None:
+        parts.append(f"BYWEEKNO={weekno}")
+    start = datetime(2026, 1, 1, 9, 30) + timedelta(days=start_day)
+    text = f"DTSTART:{start:%Y%m%dT%H%M%S}\nRRULE:{';'.join(parts)}"
+    try:
+        parse_schedule(text, "UTC")
+        refused = False
+    except ScheduleError as error:
+        assert "no occurrences" in str(error), (text, str(error))
+        refused = True
+    try:
+        first = next(iter(rrulestr(text)), None)
+    except (ValueError, IndexError):  # dateutil's end: no occurrence before the year 9999
+        first = None
+    assert refused == (first is None), (text, first)
+
+
 @pytest.mark.timeout(60)  # a walk minute by minute over 28 years takes minutes: a hang, not a speed
 def test_a_rule_of_seconds_on_one_day_in_28_years_is_expanded_day_by_day() -> None:
     """Every 29 February that is a Monday, each second of 23:00-23:59: dateutil would walk

@@ -787,10 +787,37 @@ def _parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts
 
 def _has_occurrence(rule: Rule) -> bool:
     try:
+        if not _parts_ever_match(rule):
+            return False
         expansion = rule.expansion_from(None, rebase=True)  # day by day where that is faster
         return expansion is not None and next(iter(expansion), None) is not None
     except (ValueError, IndexError):  # dateutil: an empty BYxxx combination, or past the year 9999
         return False
+
+
+#: The Gregorian calendar comes round every 400 years: 4,800 months, 20,871 weeks.
+_CALENDAR_PERIODS = {YEARLY: 400, MONTHLY: 4800, WEEKLY: 20871}
+
+
+def _parts_ever_match(rule: Rule) -> bool:
+    """Whether a yearly, monthly or weekly rule's parts pick any time at all (COUNT and UNTIL
+    aside), decided within two turns of the calendar. Its steps from DTSTART come back to the
+    same months, weekdays and week numbers once whole 400-year cycles have passed, so what none
+    of the steps of one such turn picks, none ever will; dateutil, asked for a first occurrence,
+    would look until the year 9999 (a second for a monthly rule whose BYDAY and BYMONTHDAY never
+    meet). The same search from DTSTART moved that many whole turns ahead, the latest that still
+    leaves two before 9999, ends there. A rule whose turn is too long to move has few steps
+    before 9999: the first-occurrence search decides it."""
+    periods = _CALENDAR_PERIODS.get(rule.frequency)
+    if periods is None or rule.start is None:
+        return True
+    years = 400 * (rule.interval // math.gcd(rule.interval, periods))  # a turn of its steps
+    turns = (datetime.max.year - 1 - 2 * years - rule.start.year) // years
+    if turns < 1:
+        return True
+    moved = rule.start.replace(year=rule.start.year + turns * years)
+    probe = rule.template.replace(dtstart=moved, count=None, until=None)
+    return next(iter(probe), None) is not None
 
 
 def parse_rrule_text(text: str, zone: ZoneInfo, anchor: datetime) -> RRuleParts:
