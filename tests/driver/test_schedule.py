@@ -908,7 +908,7 @@ def test_a_rule_is_refused_for_parts_that_never_meet_exactly_when_dateutil_finds
     start_day: int,
 ) -> None:
     """A yearly, monthly or weekly rule whose BY parts never meet is refused after a search
-    of two turns of the 400-year calendar, from DTSTART moved whole turns ahead: the refusal
+    of at most two turns of the 400-year calendar, from DTSTART moved whole turns ahead: the refusal
     holds exactly when dateutil, walking from DTSTART to the year 9999, finds no occurrence."""
     if frequency != "YEARLY" and weekno is not None:
         weekno = None  # BYWEEKNO goes with YEARLY alone

@@ -805,14 +805,14 @@ def _parts_ever_match(rule: Rule) -> bool:
     same months, weekdays and week numbers once whole 400-year cycles have passed, so what none
     of the steps of one such turn picks, none ever will; dateutil, asked for a first occurrence,
     would look until the year 9999 (a second for a monthly rule whose BYDAY and BYMONTHDAY never
-    meet). The same search from DTSTART moved that many whole turns ahead, the latest that still
-    leaves two before 9999, ends there. A rule whose turn is too long to move has few steps
+    meet). The same search from DTSTART moved whole turns ahead, the latest that still leaves a
+    whole turn before 9999, ends there. A rule whose turn is too long to move has few steps
     before 9999: the first-occurrence search decides it."""
     periods = _CALENDAR_PERIODS.get(rule.frequency)
     if periods is None or rule.start is None:
         return True
     years = 400 * (rule.interval // math.gcd(rule.interval, periods))  # a turn of its steps
-    turns = (datetime.max.year - 1 - 2 * years - rule.start.year) // years
+    turns = (datetime.max.year - 1 - years - rule.start.year) // years
     if turns < 1:
         return True
     moved = rule.start.replace(year=rule.start.year + turns * years)
