@@ -33,24 +33,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Unpack
 
 from pgtick.errors import Abandoned, Cancelled, InvalidArgument, JobTimeout, Snooze, UsageError
+from pgtick.terminal import HIDDEN_CHARACTERS
 
 if TYPE_CHECKING:
     from pgtick.client import Client, DefinitionOptions, EnqueueWithConnOptions, Run
-
-#: Characters a name must not hold, as jobs._check_name refuses them (jobs._hidden_character):
-#: they hide in the text or turn the text after them around (bidirectional overrides, isolates
-#: and marks, line and paragraph separators, zero-width space, word joiner and the other
-#: invisible format characters, fillers that show nothing, byte order mark), so a name would
-#: read as another.
-HIDDEN_CHARACTERS = frozenset(
-    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b\u200e\u200f"
-    + "".join(map(chr, range(0x2028, 0x202F)))
-    + "".join(map(chr, range(0x2060, 0x2065)))
-    + "".join(map(chr, range(0x2066, 0x2070)))
-    + "\u3164\ufeff\uffa0\ufff9\ufffa\ufffb"
-    + "".join(map(chr, range(0x1D173, 0x1D17B)))
-    + "\U000e0001"
-)
 
 JobFunction = Callable[["Context"], Any]
 Compensation = Callable[["Context"], None]

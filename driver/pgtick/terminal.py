@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -355,26 +356,42 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) if any(c.isspace() and c != " " for c in text) else text
 
 
-#: The bidirectional marks, embeddings, overrides and isolates: not controls to Unicode, but
-#: a terminal shows the text after one turned around (U+202E reverses the rest of the line).
-_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-#: Control characters but tab and line feed (C0, DEL and C1), and the bidirectional ones.
-_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
+#: Characters a name must not hold, as jobs._check_name refuses them (jobs._hidden_character):
+#: they hide in the text or turn the text after them around (bidirectional overrides, isolates
+#: and marks, line and paragraph separators, zero-width space, word joiner and the other
+#: invisible format characters, fillers that show nothing, byte order mark), so a name would
+#: read as another.
+HIDDEN_CHARACTERS = frozenset(
+    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b\u200e\u200f"
+    + "".join(map(chr, range(0x2028, 0x202F)))
+    + "".join(map(chr, range(0x2060, 0x2065)))
+    + "".join(map(chr, range(0x2066, 0x2070)))
+    + "\u3164\ufeff\uffa0\ufff9\ufffa\ufffb"
+    + "".join(map(chr, range(0x1D173, 0x1D17B)))
+    + "\U000e0001"
+)
+#: The same, for a regular expression's character class.
+_HIDDEN = "".join(re.escape(c) for c in sorted(HIDDEN_CHARACTERS))
+#: Control characters but tab and line feed (C0, DEL and C1), and the hidden ones: a terminal
+#: shows nothing for those, or the text after one turned around (U+202E reverses the line).
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_HIDDEN}]")
 
 
 def _shown_control(match: re.Match[str]) -> str:
     code = ord(match.group())
     if code < 0x80:
         return f"^{chr(code ^ 0x40)}"
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def printable(text: str) -> str:
     """Stored text (a job's error) as a terminal should show it: a control character is
     written as ``^[`` (C0, DEL: caret notation) or ``\\x9b`` (C1), so an escape sequence in
     it can neither recolour, clear nor retitle the screen nor move the cursor, and a
-    bidirectional formatting character as ``\\u202e``, so it cannot turn the line around; tabs
-    and line breaks stay."""
+    hidden one (HIDDEN_CHARACTERS) as ``\\u202e``, so it can neither hide nor turn the line
+    around; tabs and line breaks stay."""
     return _CONTROL.sub(_shown_control, text)
 
 
@@ -394,8 +411,8 @@ def _written_out_value(value: Any) -> Any:
     return value
 
 
-#: Every control character, tab and line feed included, and the bidirectional ones.
-_ANY_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+#: Every control character, tab and line feed included, and the hidden ones.
+_ANY_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_HIDDEN}]")
 
 
 def printable_line(text: str) -> str:
@@ -586,27 +603,27 @@ def _fit(cols: list[Column], natural: list[int], limit: int) -> tuple[list[int],
 
 
 #: What JSON leaves unescaped that a terminal acts on: DEL and the C1 controls (U+009B is
-#: CSI, the start of an escape sequence), and the bidirectional marks, embeddings, overrides
-#: and isolates, which turn the text after them around on the screen (a payload holding U+202E
-#: would show its line reversed). JSON escapes C0 itself.
-_JSON_CONTROL = re.compile(f"[\x7f-\x9f{_BIDI}]")
+#: CSI, the start of an escape sequence), and the HIDDEN_CHARACTERS, which show nothing or turn
+#: the text after them around on the screen (a payload holding U+202E would show its line
+#: reversed). JSON escapes C0 itself.
+_JSON_CONTROL = re.compile(f"[\x7f-\x9f{_HIDDEN}]")
 
 
 def to_json(value: Any, *, ascii_only: bool = False) -> str:
     """``value`` as indented JSON; ``ascii_only`` escapes what is not ASCII (``\\u62a5``),
     for an output that is not UTF-8: the same document, nothing lost. DEL, C1 controls and
-    bidirectional formatting characters are escaped always (``\\u009b``, ``\\u202e``): still
-    the same document, and no escape sequence or reversal in a stored value reaches the
-    terminal. A Decimal (a jsonb number, read with every digit) is
-    written as that number, digit for digit."""
+    HIDDEN_CHARACTERS are escaped always (``\\u009b``, ``\\u202e``): still the same document,
+    and no escape sequence, hidden text or reversal in a stored value reaches the terminal. A
+    Decimal (a jsonb number, read with every digit) is written as that number, digit for
+    digit."""
     text = json_numbers.dumps(value, indent=2, ensure_ascii=ascii_only, default=_json_default)
     return json_controls_escaped(text)
 
 
 def json_controls_escaped(text: str) -> str:
-    """JSON text with its DEL, C1 controls and bidirectional formatting characters escaped
-    (``\\u009b``): the same document."""
-    return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    """JSON text with its DEL, C1 controls and HIDDEN_CHARACTERS escaped (``\\u009b``, a
+    surrogate pair past U+FFFF): the same document."""
+    return _JSON_CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], text)
 
 
 def _json_default(value: Any) -> Any:

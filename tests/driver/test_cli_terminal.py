@@ -793,9 +793,14 @@ def test_an_error_line_that_quotes_the_input_writes_its_control_characters_out(
 
 def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) -> None:
     """JSON escapes C0 controls but not DEL or C1 (U+009B is CSI, an escape sequence's
-    start) nor the bidirectional overrides: `show` and --json write those as ``\\u009b``,
-    the same JSON value."""
-    payload = {"a": "x\x9b2Jy\x7f", "b": "\x1b[31m", "c": "abc\u202edef\u2067g"}
+    start) nor the characters that hide or turn text around (HIDDEN_CHARACTERS): `show` and
+    --json write those as ``\\u009b``, the same JSON value."""
+    payload = {
+        "a": "x\x9b2Jy\x7f",
+        "b": "\x1b[31m",
+        "c": "abc\u202edef\u2067g",
+        "d": "zero\u200bwidth\U000e0001",
+    }
     result = {"out": "\x9b31mred\x85"}
     with db.connect() as conn:
         run = scalar(conn, "SELECT id FROM jobs.enqueue('k', payload => %s::jsonb)", (json.dumps(payload),))
@@ -812,6 +817,8 @@ def test_show_escapes_the_c1_controls_of_a_payload_and_a_result(db: Database) ->
     )
     # A bidirectional override would show the rest of its line reversed: escaped as well.
     assert '"c": "abc\\u202edef\\u2067g"' in text.stdout, text.stdout
+    # And the characters that show nothing, past U+FFFF as a surrogate pair (the same JSON value).
+    assert '"d": "zero\\u200bwidth\\udb40\\udc01"' in text.stdout, text.stdout
     as_json = pgtick("show", str(run), "--json", "--dsn", db.dsn)
     assert as_json.returncode == 0, as_json.stderr
     assert not _controls(as_json.stdout.replace("\t", "")), repr(as_json.stdout)

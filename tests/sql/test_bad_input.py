@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from harness import Conn, add_definition, add_runs, digest, expect_error, scalar
-from pgtick.app import HIDDEN_CHARACTERS
+from pgtick.terminal import HIDDEN_CHARACTERS
 
 BIG = 1_100_000  # characters: a payload over the default 1 MiB jobs.config.max_payload_bytes
 INVALID = "22023"
@@ -591,7 +591,7 @@ def test_names_in_any_script_are_taken(conn: Conn) -> None:
 
 
 def test_the_driver_refuses_in_names_the_characters_the_sql_api_refuses(conn: Conn) -> None:
-    """pgtick.app.HIDDEN_CHARACTERS (job kinds, the dashboard's forms) is the set
+    """pgtick.terminal.HIDDEN_CHARACTERS (job kinds, the dashboard's forms) is the set
     jobs._hidden_character finds, over every code point: a name one side takes, the other takes."""
     refused = {
         chr(cp)

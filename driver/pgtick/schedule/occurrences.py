@@ -151,18 +151,18 @@ class Schedule:
         if rdates:
             streams.append(_tagged(iter(rdates), None))
         excluded, days = set(self._exdates), self._exdate_days
+
+        def kept(wall: datetime) -> bool:
+            return wall not in excluded and not (days and wall.date() in days)
+
         if len(streams) == 1:  # one rule (most schedules): its wall times come once each already
-            if days:
-                yield from (p for p in streams[0] if p[0] not in excluded and p[0].date() not in days)
-            else:
-                yield from (pair for pair in streams[0] if pair[0] not in excluded)
+            yield from (pair for pair in streams[0] if kept(pair[0]))
             return
         merged = heapq.merge(*streams, key=_first)
         for wall, same in groupby(merged, key=_first):
-            if wall in excluded or wall.date() in days:
-                continue
-            bounds = [bound for _, bound in same]
-            yield wall, None if None in bounds else max(b for b in bounds if b is not None)
+            if kept(wall):
+                bounds = [bound for _, bound in same]
+                yield wall, None if None in bounds else max(b for b in bounds if b is not None)
 
     def _start_wall_time(self, instant: datetime) -> datetime | None:
         """The earliest wall time that can run at or after `instant` (None: past 9999; the

@@ -795,8 +795,8 @@ def _has_occurrence(rule: Rule) -> bool:
         return False
 
 
-#: The Gregorian calendar comes round every 400 years: 4,800 months, 20,871 weeks.
-_CALENDAR_PERIODS = {YEARLY: 400, MONTHLY: 4800, WEEKLY: 20871}
+#: The periods of a turn of the calendar (400 years, _CALENDAR_CYCLE days), per FREQ.
+_CALENDAR_PERIODS = {YEARLY: 400, MONTHLY: 400 * 12, WEEKLY: _CALENDAR_CYCLE // 7}
 
 
 def _parts_ever_match(rule: Rule) -> bool:

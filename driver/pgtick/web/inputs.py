@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pgtick.app import HIDDEN_CHARACTERS
 from pgtick.client import read_time
 from pgtick.errors import InvalidArgument
 from pgtick.schedule.zones import not_a_place
+from pgtick.terminal import HIDDEN_CHARACTERS
 from pgtick.web.queries import STATUSES, RunFilter
 
 
